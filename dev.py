@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""Set up and run sqlalchemy_watchdog from a fresh clone, with only Python 3.11+.
+
+    python3 dev.py example   # the orders example on SQLite (watchdog.db)
+    python3 dev.py test      # the test suite (extra arguments go to pytest)
+
+Creates ./.venv on first use and (re)installs the package with its test
+extras whenever pyproject.toml changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
+STAMP = VENV / ".installed"
+
+
+def ensure_env() -> None:
+    if sys.version_info < (3, 11):
+        sys.exit(f"Python 3.11+ is needed, this is {sys.version.split()[0]}")
+    if not PYTHON.exists():
+        print("creating .venv ...", flush=True)
+        venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
+    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if STAMP.exists() and STAMP.read_text() == wanted:
+        return
+    print("installing sqlalchemy-watchdog[test] into .venv ...", flush=True)
+    pip = [str(PYTHON), "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "install", "-e", f"{ROOT}[test]"], check=True)
+    STAMP.write_text(wanted)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("example", "test"):
+        print(__doc__)
+        return 2
+    ensure_env()
+    command, rest = argv[0], argv[1:]
+    if command == "example":
+        cmd = [str(PYTHON), str(ROOT / "examples" / "orders.py"), *rest]
+    else:
+        cmd = [str(PYTHON), "-m", "pytest", *rest]
+    return subprocess.run(cmd, cwd=ROOT).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

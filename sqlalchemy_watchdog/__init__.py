@@ -1,0 +1,47 @@
+"""sqlalchemy_watchdog: a durable job queue in your application's own database.
+
+Enqueue jobs inside your own SQLAlchemy transaction with :func:`enqueue`,
+run them with a :class:`Runner`, and inspect or command the queue from any
+process with :class:`Watchdog`. The asyncio twins live in
+:mod:`sqlalchemy_watchdog.asyncio`.
+"""
+
+from .client import Watchdog, enqueue, enqueue_select
+from .errors import EnqueueConflict, ErrorCode, InvalidJob, WatchdogError
+from .jobs import (
+    CancelResult,
+    CancelStatus,
+    Decision,
+    EnqueueResult,
+    EnqueueStatus,
+    Job,
+    JobState,
+    JobView,
+    LaneFailure,
+    Outcome,
+)
+from .model import WatchdogJob, metadata
+
+__all__ = [
+    "CancelResult",
+    "CancelStatus",
+    "Decision",
+    "EnqueueConflict",
+    "EnqueueResult",
+    "EnqueueStatus",
+    "ErrorCode",
+    "InvalidJob",
+    "Job",
+    "JobState",
+    "JobView",
+    "LaneFailure",
+    "Outcome",
+    "Watchdog",
+    "WatchdogError",
+    "WatchdogJob",
+    "enqueue",
+    "enqueue_select",
+    "metadata",
+]
+
+__version__ = "0.1.0"

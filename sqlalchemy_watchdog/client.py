@@ -1,0 +1,240 @@
+"""Transactional enqueue, and the :class:`Watchdog` client for reads and commands."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar, overload
+
+from sqlalchemy import Connection, Engine, Select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from . import store
+from .errors import EnqueueConflict, InvalidJob
+from .jobs import (
+    CancelResult,
+    CancelStatus,
+    EnqueueResult,
+    EnqueueStatus,
+    Job,
+    JobView,
+    LaneFailure,
+)
+from .model import WatchdogJob
+
+__all__ = ["enqueue", "enqueue_select", "Watchdog", "EVENT_QUEUED", "EVENT_STOP"]
+
+T = TypeVar("T")
+
+#: NOTIFY payloads: new work, or a cancellation/lane failure to act on.
+EVENT_QUEUED = "queued"
+EVENT_STOP = "stop"
+
+
+def _connection(target: Session | Connection) -> Connection:
+    if isinstance(target, Session):
+        # The bind our table maps to, inside the session's transaction.
+        return target.connection(bind_arguments={"mapper": WatchdogJob})
+    if isinstance(target, Connection):
+        return target
+    raise TypeError(
+        f"expected a Session or a Connection, not {type(target).__name__}"
+        " (use sqlalchemy_watchdog.asyncio for AsyncSession / AsyncConnection)"
+    )
+
+
+def _roll_back(target: Session | Connection) -> None:
+    """Roll back the caller's innermost transaction after a conflicting replay.
+
+    PostgreSQL has already aborted it; SQLite only undid the one statement,
+    so without this the caller's other writes could commit without their job.
+    """
+    if isinstance(target, Session):
+        nested = target.get_nested_transaction()
+        if nested is not None:
+            nested.rollback()
+        else:
+            target.rollback()
+        return
+    transaction = target.get_nested_transaction() or target.get_transaction()
+    if transaction is not None:
+        transaction.rollback()
+    else:
+        target.rollback()
+
+
+@overload
+def enqueue(target: Session | Connection, jobs: Job) -> EnqueueResult: ...
+@overload
+def enqueue(target: Session | Connection, jobs: Iterable[Job]) -> list[EnqueueResult]: ...
+
+
+def enqueue(
+    target: Session | Connection, jobs: Job | Iterable[Job]
+) -> EnqueueResult | list[EnqueueResult]:
+    """Add a job (or many, in one statement) inside the caller's transaction.
+
+    Nothing is committed here: the caller's ``commit()`` makes the job durable
+    together with the caller's own writes, and a rollback drops both.
+
+    :returns: an :class:`EnqueueResult` per job (``queued`` or ``duplicate``
+        for an identical replay), in input order.
+    :raises EnqueueConflict: the ``job_id`` exists with other contents. The
+        caller's transaction (its innermost savepoint, if any) is rolled back,
+        so its other writes cannot commit without their job.
+    """
+    single = isinstance(jobs, Job)
+    batch = [jobs] if single else list(jobs)  # type: ignore[list-item, arg-type]
+    conn = _connection(target)
+    try:
+        results = store.enqueue(conn, batch)
+    except EnqueueConflict:
+        _roll_back(target)
+        raise
+    if any(r.status is EnqueueStatus.QUEUED for r in results):
+        store.notify(conn, EVENT_QUEUED)
+    return results[0] if single else results
+
+
+_SELECT_COLUMNS = ("job_id", "queue", "lane", "priority", "payload", "max_recoveries")
+
+
+def enqueue_select(target: Session | Connection, source: Select[Any]) -> list[EnqueueResult]:
+    """Enqueue one job per row of an arbitrary SELECT, in the caller's transaction.
+
+    The SELECT's columns are labelled ``job_id`` and ``queue`` (required), and
+    optionally ``lane``, ``priority``, ``payload`` (JSON text) and
+    ``max_recoveries``. Every row is validated like a :class:`Job` before
+    anything is written; an invalid row raises :class:`InvalidJob` naming the
+    field and the row.
+    """
+    conn = _connection(target)
+    result = conn.execute(source)
+    names = set(result.keys())
+    unknown = names - set(_SELECT_COLUMNS)
+    if unknown:
+        raise InvalidJob(
+            "select", f"unknown column(s) {sorted(unknown)}; label columns as {list(_SELECT_COLUMNS)}"
+        )
+    for required in ("job_id", "queue"):
+        if required not in names:
+            raise InvalidJob("select", f"must have a column labelled {required!r}")
+    jobs = [_job_of_row(index, row) for index, row in enumerate(result.mappings())]
+    return enqueue(target, jobs) if jobs else []
+
+
+def _job_of_row(index: int, row: Any) -> Job:
+    try:
+        payload_text = row.get("payload")
+        if payload_text is None:
+            payload = None
+        elif isinstance(payload_text, str):
+            try:
+                payload = json.loads(payload_text, parse_constant=_refuse_constant)
+            except ValueError as error:
+                raise InvalidJob("payload", f"is not valid JSON text: {error}") from None
+        else:
+            raise InvalidJob("payload", f"must be JSON text, not {type(payload_text).__name__}")
+        return Job(
+            row["job_id"],
+            row["queue"],
+            lane=row.get("lane"),
+            priority=row.get("priority", 0),
+            payload=payload,
+            max_recoveries=row.get("max_recoveries"),
+        )
+    except InvalidJob as error:
+        raise InvalidJob(error.field, f"row {index}: {str(error).split(': ', 1)[1]}") from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not strict JSON")
+
+
+class Watchdog:
+    """Reads and commands on the queue, from any process.
+
+    Each call runs in its own short transaction on ``engine``. To enqueue
+    next to your own writes, use :func:`enqueue` with your session instead;
+    :meth:`enqueue` here is the stand-alone convenience.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        if not isinstance(engine, Engine):
+            raise TypeError(
+                f"Watchdog takes an Engine, not {type(engine).__name__}"
+                " (use sqlalchemy_watchdog.asyncio.AsyncWatchdog for an AsyncEngine)"
+            )
+        self.engine = engine
+
+    def _run(self, fn: Callable[..., T], *args: Any, write: bool = True, **kwargs: Any) -> T:
+        def work() -> T:
+            with self.engine.connect() as conn:
+                return store.transact(conn, fn, *args, write=write, **kwargs)
+
+        return store.retrying(work, what=fn.__name__)
+
+    def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        return self._run(fn, *args, write=False)
+
+    _write = _run
+
+    def enqueue(self, jobs: Job | Iterable[Job]) -> Any:
+        """Enqueue in a transaction of its own (see :func:`enqueue`)."""
+        return self._write(enqueue, jobs)
+
+    def read(self, job_id: str) -> JobView | None:
+        """The job, or None if there is no such job."""
+        return self._read(store.read, job_id)
+
+    def read_queue_head(self, queue: str) -> JobView | None:
+        """The queue's running job, else its next queued job; None when idle."""
+        return self._read(store.read_queue_head, queue)
+
+    def read_settled(self, limit: int = 100, after_sequence: int = 0) -> list[JobView]:
+        """Settled jobs in admission order, ``limit`` (1-256) after ``after_sequence``."""
+        return self._read(store.read_settled, limit, after_sequence)
+
+    def has_pending_work(self) -> bool:
+        """Whether any job is queued or running."""
+        return self._read(store.has_pending_work)
+
+    def cancel(self, job_id: str, cancellation_id: str, *, only_if_queued: bool = False) -> CancelResult:
+        """Record a cancellation: a queued job is settled ``cancelled`` when next
+        claimed; a running job's handler is told to stop and its settlement
+        becomes ``cancelled``. Idempotent per ``cancellation_id``."""
+        return self._write(cancel_in, job_id, cancellation_id, only_if_queued=only_if_queued)
+
+    def fail_lane(self, lane: str, reason: str) -> LaneFailure:
+        """Settle up to one batch of the lane's live jobs ``failed``, running
+        ones first; their handlers are told to stop. Call again while
+        ``.more`` is true."""
+        return self._write(fail_lane_in, lane, reason)
+
+    def purge(self, queue: str) -> int:
+        """Delete the queue's queued jobs (running and settled ones stay); returns how many."""
+        return self._write(store.purge, queue)
+
+
+def cancel_in(
+    conn: Connection, job_id: str, cancellation_id: str, *, only_if_queued: bool = False
+) -> CancelResult:
+    """:func:`store.cancel` plus the wake-up, in the caller's transaction."""
+    try:
+        result = store.cancel(conn, job_id, cancellation_id, only_if_queued=only_if_queued)
+    except IntegrityError:
+        # A concurrent cancellation took this cancellation_id for another job.
+        conn.rollback()
+        return CancelResult(job_id, CancelStatus.CONFLICT)
+    if result.status is CancelStatus.RECORDED:
+        store.notify(conn, EVENT_STOP)
+    return result
+
+
+def fail_lane_in(conn: Connection, lane: str, reason: str) -> LaneFailure:
+    """:func:`store.fail_lane` plus the wake-up, in the caller's transaction."""
+    result = store.fail_lane(conn, lane, reason)
+    if result.jobs:
+        store.notify(conn, EVENT_STOP)
+    return result

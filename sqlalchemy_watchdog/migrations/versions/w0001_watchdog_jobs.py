@@ -1,0 +1,108 @@
+"""Create watchdog_jobs.
+
+Revision ID: w0001_watchdog_jobs
+Revises:
+Create Date: 2026-12-02
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "w0001_watchdog_jobs"
+down_revision = None
+branch_labels = ("watchdog",)
+depends_on = None
+
+LIVE = "state IN ('queued', 'running')"
+
+
+def _partial(where: str) -> dict[str, object]:
+    return {"postgresql_where": sa.text(where), "sqlite_where": sa.text(where)}
+
+
+def upgrade() -> None:
+    op.create_table(
+        "watchdog_jobs",
+        sa.Column(
+            "sequence",
+            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+            primary_key=True,
+            autoincrement=True,
+        ),
+        sa.Column("job_id", sa.Text(), nullable=False),
+        sa.Column("queue_name", sa.Text(), nullable=False),
+        sa.Column("lane", sa.Text(), nullable=False),
+        sa.Column("priority", sa.BigInteger(), nullable=False),
+        sa.Column("payload_json", sa.Text(), nullable=False),
+        sa.Column("recovery_max", sa.Integer(), nullable=True),
+        sa.Column("state", sa.Text(), nullable=False),
+        sa.Column("outcome", sa.Text(), nullable=True),
+        sa.Column("claim_token", sa.Text(), nullable=True),
+        sa.Column("recovery_count", sa.Integer(), server_default=sa.text("0"), nullable=False),
+        sa.Column("cancellation_id", sa.Text(), nullable=True),
+        sa.Column("failure_reason", sa.Text(), nullable=True),
+        sa.Column("lease_until", sa.BigInteger(), nullable=True),
+        sa.PrimaryKeyConstraint("sequence", name="pk_watchdog_jobs"),
+        sa.UniqueConstraint("job_id", name="uq_watchdog_jobs_job_id"),
+        sa.UniqueConstraint("cancellation_id", name="uq_watchdog_jobs_cancellation_id"),
+        sa.CheckConstraint("length(job_id) BETWEEN 1 AND 256", name="ck_watchdog_jobs_job_id_length"),
+        sa.CheckConstraint(
+            "length(queue_name) BETWEEN 1 AND 256", name="ck_watchdog_jobs_queue_name_length"
+        ),
+        sa.CheckConstraint("length(lane) BETWEEN 1 AND 512", name="ck_watchdog_jobs_lane_length"),
+        sa.CheckConstraint(
+            "cancellation_id IS NULL OR length(cancellation_id) BETWEEN 1 AND 256",
+            name="ck_watchdog_jobs_cancellation_id_length",
+        ),
+        sa.CheckConstraint(
+            "state IN ('queued', 'running', 'settled')", name="ck_watchdog_jobs_state_known"
+        ),
+        sa.CheckConstraint(
+            "outcome IS NULL OR outcome IN "
+            "('completed', 'failed', 'cancelled', 'outcome_unknown', 'interrupted')",
+            name="ck_watchdog_jobs_outcome_known",
+        ),
+        sa.CheckConstraint(
+            "recovery_max IS NULL OR recovery_max >= 0",
+            name="ck_watchdog_jobs_recovery_max_nonnegative",
+        ),
+        sa.CheckConstraint("recovery_count >= 0", name="ck_watchdog_jobs_recovery_count_nonnegative"),
+        sa.CheckConstraint(
+            "(state = 'queued' AND outcome IS NULL AND claim_token IS NULL AND lease_until IS NULL)"
+            " OR (state = 'running' AND outcome IS NULL AND claim_token IS NOT NULL"
+            " AND lease_until IS NOT NULL)"
+            " OR (state = 'settled' AND outcome IS NOT NULL AND lease_until IS NULL)",
+            name="ck_watchdog_jobs_state_grammar",
+        ),
+        sqlite_autoincrement=True,
+    )
+    op.create_index(
+        "ix_watchdog_jobs_ready",
+        "watchdog_jobs",
+        ["queue_name", sa.column("priority").desc(), "sequence"],
+        **_partial("state = 'queued'"),
+    )
+    op.create_index(
+        "ix_watchdog_jobs_lease",
+        "watchdog_jobs",
+        ["lease_until", "sequence"],
+        **_partial("state = 'running'"),
+    )
+    op.create_index(
+        "ix_watchdog_jobs_live_lane",
+        "watchdog_jobs",
+        ["lane", sa.column("state").desc(), "sequence"],
+        **_partial(LIVE),
+    )
+    op.create_index(
+        "ix_watchdog_jobs_live_queue",
+        "watchdog_jobs",
+        ["queue_name", "state", sa.column("priority").desc(), "sequence"],
+        **_partial(LIVE),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("watchdog_jobs")

@@ -1,0 +1,159 @@
+"""The ``watchdog_jobs`` table as a declarative model.
+
+The CHECK constraints are the state grammar; the database itself refuses a
+row in an impossible state, whoever writes it:
+
+* ``queued``: no outcome, no claim token
+* ``running``: no outcome, a claim token and a lease
+* ``settled``: an outcome
+
+The table lives on its own :data:`metadata` (with a naming convention, so
+constraint names are stable across dialects and migrations). Use it beside
+your own declarative ``Base`` in one ``Session``; list it in Alembic's
+``target_metadata`` so autogenerate leaves the table alone.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Index,
+    Integer,
+    MetaData,
+    Text,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from .jobs import (
+    CANCELLATION_ID_MAX_LENGTH,
+    JOB_ID_MAX_LENGTH,
+    LANE_MAX_LENGTH,
+    QUEUE_MAX_LENGTH,
+    JobState,
+    Outcome,
+)
+
+__all__ = ["metadata", "WatchdogBase", "WatchdogJob", "jobs_table"]
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+#: The MetaData holding ``watchdog_jobs``; add it to Alembic's ``target_metadata``.
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def _in(column: str, values: list[str]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+_STATES = [s.value for s in JobState]
+_OUTCOMES = [o.value for o in Outcome]
+
+
+class WatchdogBase(DeclarativeBase):
+    """The declarative base of sqlalchemy_watchdog's own tables."""
+
+    metadata = metadata
+
+
+class WatchdogJob(WatchdogBase):
+    """One job: a row of ``watchdog_jobs``.
+
+    Read it freely with the ORM; change it only through the library's
+    operations, which keep the state machine and the claims intact.
+    """
+
+    __tablename__ = "watchdog_jobs"
+
+    sequence: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    job_id: Mapped[str] = mapped_column(Text, unique=True)
+    queue_name: Mapped[str] = mapped_column(Text)
+    lane: Mapped[str] = mapped_column(Text)
+    priority: Mapped[int] = mapped_column(BigInteger)
+    payload_json: Mapped[str] = mapped_column(Text)
+    recovery_max: Mapped[int | None] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(Text)
+    outcome: Mapped[str | None] = mapped_column(Text)
+    claim_token: Mapped[str | None] = mapped_column(Text)
+    recovery_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    cancellation_id: Mapped[str | None] = mapped_column(Text, unique=True)
+    failure_reason: Mapped[str | None] = mapped_column(Text)
+    #: Milliseconds since the Unix epoch, compared with the database clock.
+    lease_until: Mapped[int | None] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        CheckConstraint(f"length(job_id) BETWEEN 1 AND {JOB_ID_MAX_LENGTH}", name="job_id_length"),
+        CheckConstraint(
+            f"length(queue_name) BETWEEN 1 AND {QUEUE_MAX_LENGTH}", name="queue_name_length"
+        ),
+        CheckConstraint(f"length(lane) BETWEEN 1 AND {LANE_MAX_LENGTH}", name="lane_length"),
+        CheckConstraint(
+            f"cancellation_id IS NULL OR length(cancellation_id) BETWEEN 1 AND {CANCELLATION_ID_MAX_LENGTH}",
+            name="cancellation_id_length",
+        ),
+        CheckConstraint(_in("state", _STATES), name="state_known"),
+        CheckConstraint(f"outcome IS NULL OR {_in('outcome', _OUTCOMES)}", name="outcome_known"),
+        CheckConstraint("recovery_max IS NULL OR recovery_max >= 0", name="recovery_max_nonnegative"),
+        CheckConstraint("recovery_count >= 0", name="recovery_count_nonnegative"),
+        CheckConstraint(
+            "(state = 'queued' AND outcome IS NULL AND claim_token IS NULL AND lease_until IS NULL)"
+            " OR (state = 'running' AND outcome IS NULL AND claim_token IS NOT NULL"
+            " AND lease_until IS NOT NULL)"
+            " OR (state = 'settled' AND outcome IS NOT NULL AND lease_until IS NULL)",
+            name="state_grammar",
+        ),
+        {"sqlite_autoincrement": True},
+    )
+
+    def __repr__(self) -> str:
+        return f"WatchdogJob(job_id={self.job_id!r}, state={self.state!r}, outcome={self.outcome!r})"
+
+
+def _partial(where: str) -> dict[str, object]:
+    return {"postgresql_where": text(where), "sqlite_where": text(where)}
+
+
+_LIVE = "state IN ('queued', 'running')"
+# Claims read the best queued job of the served queues; settled history never
+# enters these partial indexes, so a long history cannot slow claims.
+Index(
+    "ix_watchdog_jobs_ready",
+    WatchdogJob.queue_name,
+    WatchdogJob.priority.desc(),
+    WatchdogJob.sequence,
+    **_partial("state = 'queued'"),
+)
+Index(
+    "ix_watchdog_jobs_lease",
+    WatchdogJob.lease_until,
+    WatchdogJob.sequence,
+    **_partial("state = 'running'"),
+)
+# 'running' sorts after 'queued': fail_lane takes running jobs first.
+Index(
+    "ix_watchdog_jobs_live_lane",
+    WatchdogJob.lane,
+    WatchdogJob.state.desc(),
+    WatchdogJob.sequence,
+    **_partial(_LIVE),
+)
+Index(
+    "ix_watchdog_jobs_live_queue",
+    WatchdogJob.queue_name,
+    WatchdogJob.state,
+    WatchdogJob.priority.desc(),
+    WatchdogJob.sequence,
+    **_partial(_LIVE),
+)
+
+#: The Core ``Table`` behind :class:`WatchdogJob`; the statements use it.
+jobs_table = WatchdogJob.__table__

@@ -1,0 +1,511 @@
+"""The one store: runs the statements of :mod:`.statements` on a sync ``Connection``.
+
+Every function here takes a ``Connection`` already inside a transaction and
+leaves committing to its caller, so the same code serves the sync client,
+the runner, and (through ``AsyncConnection.run_sync``) the asyncio API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Engine, Row
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+
+from . import statements as sql
+from .errors import EnqueueConflict, ErrorCode, WatchdogError
+from .jobs import (
+    CancelResult,
+    CancelStatus,
+    Decision,
+    EnqueueResult,
+    EnqueueStatus,
+    Job,
+    JobState,
+    JobView,
+    LaneFailure,
+    Outcome,
+    SettleStatus,
+    bound_reason,
+    check_int,
+    check_text,
+    CANCELLATION_ID_MAX_LENGTH,
+    LANE_MAX_LENGTH,
+    QUEUE_MAX_LENGTH,
+    JOB_ID_MAX_LENGTH,
+)
+
+__all__ = [
+    "Claim",
+    "ClaimBatch",
+    "Recovery",
+    "now_ms",
+    "view",
+    "enqueue",
+    "read",
+    "read_queue_head",
+    "read_settled",
+    "has_pending_work",
+    "claim",
+    "settle",
+    "renew",
+    "release",
+    "cancel",
+    "fail_lane",
+    "purge",
+    "expired_claims",
+    "reconcile",
+    "seconds_until_next_expiry",
+    "begin_write",
+    "write_transaction",
+    "retrying",
+]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Rows per multi-row INSERT (6 parameters each stay below every bind limit).
+ENQUEUE_CHUNK = 1000
+#: Live jobs settled per ``fail_lane`` call.
+LANE_FAILURE_BATCH = 100
+NO_POLICY_REASON = "Execution disappeared without a recovery policy"
+
+
+def now_ms() -> int:
+    """The application clock in milliseconds since the epoch."""
+    return time.time_ns() // 1_000_000
+
+
+def new_claim_token() -> str:
+    return f"claim_{uuid.uuid4().hex}"
+
+
+def view(row: Row[Any]) -> JobView:
+    """Turn a row of :data:`statements.COLUMNS` into a :class:`JobView`."""
+    m = row._mapping
+    return JobView(
+        sequence=m["sequence"],
+        job_id=m["job_id"],
+        queue=m["queue_name"],
+        lane=m["lane"],
+        priority=m["priority"],
+        payload=json.loads(m["payload_json"]),
+        max_recoveries=m["recovery_max"],
+        state=JobState(m["state"]),
+        outcome=None if m["outcome"] is None else Outcome(m["outcome"]),
+        failure_reason=m["failure_reason"],
+        recovery_count=m["recovery_count"],
+        cancellation_id=m["cancellation_id"],
+    )
+
+
+# -- enqueue -----------------------------------------------------------------
+
+
+def enqueue(conn: Connection, jobs: Sequence[Job]) -> list[EnqueueResult]:
+    """Admit ``jobs`` in the connection's current transaction.
+
+    Identical replays (in the table or within ``jobs``) are duplicates; a
+    conflicting replay raises :class:`EnqueueConflict` after the statement
+    failed -- the caller must roll back (the public ``enqueue`` does).
+    """
+    firsts: dict[str, Job] = {}
+    for job in jobs:
+        if not isinstance(job, Job):
+            raise TypeError(f"enqueue takes Job objects, not {type(job).__name__}")
+        seen = firsts.get(job.job_id)
+        if seen is None:
+            firsts[job.job_id] = job
+        elif not _same(seen, job):
+            raise EnqueueConflict(job.job_id)
+    unique = list(firsts.values())
+    admitted: set[str] = set()
+    for start in range(0, len(unique), ENQUEUE_CHUNK):
+        chunk = unique[start : start + ENQUEUE_CHUNK]
+        stmt = sql.enqueue_rows(conn.dialect.name, [_row(job) for job in chunk])
+        try:
+            admitted.update(conn.execute(stmt).scalars())
+        except IntegrityError as error:
+            raise _conflict_of(conn, chunk, error) from error
+    results: list[EnqueueResult] = []
+    first_seen: set[str] = set()
+    for job in jobs:
+        queued = job.job_id in admitted and job.job_id not in first_seen
+        first_seen.add(job.job_id)
+        results.append(
+            EnqueueResult(job.job_id, EnqueueStatus.QUEUED if queued else EnqueueStatus.DUPLICATE)
+        )
+    return results
+
+
+def _same(a: Job, b: Job) -> bool:
+    return _row(a) == _row(b)
+
+
+def _row(job: Job) -> dict[str, Any]:
+    return {
+        "job_id": job.job_id,
+        "queue_name": job.queue,
+        "lane": job.lane,
+        "priority": job.priority,
+        "payload_json": job.payload_json,
+        "recovery_max": job.max_recoveries,
+    }
+
+
+def _conflict_of(conn: Connection, chunk: Sequence[Job], error: IntegrityError) -> Exception:
+    """Name the job whose replay conflicted; a NOT NULL failure on job_id is ours."""
+    message = str(error.orig).lower()
+    if "job_id" not in message or ("null" not in message and "not-null" not in message):
+        return error
+    if len(chunk) == 1:
+        return EnqueueConflict(chunk[0].job_id)
+    # The failed statement named no job; the transaction may be aborted, so
+    # the offender cannot be looked up. Name the candidates instead.
+    conflict = EnqueueConflict(chunk[0].job_id)
+    conflict.args = (
+        f"one of {len(chunk)} jobs (the first is {chunk[0].job_id!r}) is already enqueued "
+        "with different contents; the transaction was rolled back",
+    )
+    return conflict
+
+
+# -- reads -------------------------------------------------------------------
+
+
+def read(conn: Connection, job_id: str) -> JobView | None:
+    check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
+    row = conn.execute(sql.read_job(job_id)).first()
+    return None if row is None else view(row)
+
+
+def read_claim(conn: Connection, job_id: str) -> tuple[JobView, str | None] | None:
+    """The job and its current claim token (private to the runner)."""
+    row = conn.execute(sql.read_job(job_id)).first()
+    return None if row is None else (view(row), row.claim_token)
+
+
+def read_queue_head(conn: Connection, queue: str) -> JobView | None:
+    check_text("queue", queue, QUEUE_MAX_LENGTH)
+    row = conn.execute(sql.read_queue_head(queue)).first()
+    return None if row is None else view(row)
+
+
+def read_settled(conn: Connection, limit: int, after_sequence: int = 0) -> list[JobView]:
+    check_int("limit", limit, 1, 256)
+    check_int("after_sequence", after_sequence, 0, 2**63 - 1)
+    return [view(row) for row in conn.execute(sql.read_settled(limit, after_sequence))]
+
+
+def has_pending_work(conn: Connection) -> bool:
+    return bool(conn.execute(sql.has_pending_work()).scalar())
+
+
+# -- the claim life cycle ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A job this process claimed, with the secret token that settles it."""
+
+    job: JobView
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimBatch:
+    """What one claim statement took: jobs to run, and jobs it found cancelled."""
+
+    claimed: tuple[Claim, ...]
+    cancelled: tuple[JobView, ...]
+
+
+def claim(
+    conn: Connection,
+    *,
+    queues: Sequence[str] | None,
+    limit: int = 1,
+    lease_ms: int,
+    now: int | None = None,
+) -> ClaimBatch:
+    """Claim up to ``limit`` ready jobs of ``queues`` (all queues if None)."""
+    token = new_claim_token()
+    stmt = sql.claim(
+        conn.dialect.name,
+        claim_token=token,
+        now_ms=now_ms() if now is None else now,
+        lease_ms=lease_ms,
+        queues=queues,
+        limit=limit,
+    )
+    rows = sorted(conn.execute(stmt).all(), key=lambda r: (-r.priority, r.sequence))
+    claimed: list[Claim] = []
+    cancelled: list[JobView] = []
+    for row in rows:
+        job = view(row)
+        if job.state is JobState.RUNNING:
+            claimed.append(Claim(job, row.claim_token))
+        elif job.state is JobState.SETTLED:
+            cancelled.append(job)
+        else:  # pragma: no cover - the CHECK grammar forbids it
+            raise WatchdogError(ErrorCode.CLAIM_UNAVAILABLE, f"claim returned {job.state}")
+    return ClaimBatch(tuple(claimed), tuple(cancelled))
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    status: SettleStatus
+    job: JobView | None
+
+
+def settle(
+    conn: Connection,
+    *,
+    job_id: str,
+    claim_token: str,
+    decision: Decision,
+    now: int | None = None,
+) -> Settlement:
+    """Settle the exact claim; see :func:`statements.settle`."""
+    if not isinstance(decision, Decision):
+        raise WatchdogError(
+            ErrorCode.INVALID_INPUT, f"decision: must be a Decision, not {type(decision).__name__}"
+        )
+    row = conn.execute(
+        sql.settle(
+            job_id=job_id,
+            claim_token=claim_token,
+            outcome=decision.outcome,
+            reason=decision.reason,
+            now_ms=now_ms() if now is None else now,
+        )
+    ).first()
+    if row is not None:
+        return Settlement(SettleStatus.SETTLED, view(row))
+    prior = read_claim(conn, job_id)
+    if prior is None:
+        return Settlement(SettleStatus.MISSING, None)
+    job, token = prior
+    expected = decision.outcome if job.cancellation_id is None else Outcome.CANCELLED
+    if job.state is JobState.SETTLED and token == claim_token and job.outcome is expected:
+        return Settlement(SettleStatus.REPLAYED, job)
+    return Settlement(SettleStatus.CONFLICT, job)
+
+
+def renew(
+    conn: Connection, claims: Sequence[tuple[str, str]], *, lease_ms: int, now: int | None = None
+) -> set[str]:
+    """Renew exact claims; returns the job_ids still held (the rest are lost)."""
+    if not claims:
+        return set()
+    stmt = sql.renew(claims=claims, now_ms=now_ms() if now is None else now, lease_ms=lease_ms)
+    return {row.job_id for row in conn.execute(stmt)}
+
+
+def release(conn: Connection, claims: Sequence[tuple[str, str]]) -> set[str]:
+    """End the leases of claims a stopping runner could not finish."""
+    if not claims:
+        return set()
+    return set(conn.execute(sql.release(claims=claims)).scalars())
+
+
+def cancel(
+    conn: Connection, job_id: str, cancellation_id: str, *, only_if_queued: bool = False
+) -> CancelResult:
+    """Record a cancellation.
+
+    ``replayed`` when this ``cancellation_id`` is already recorded for this
+    job; ``conflict`` when the job already has another cancellation, has
+    settled (or, with ``only_if_queued``, is running), or when the
+    ``cancellation_id`` names another job's cancellation. Two concurrent
+    cancellations sharing one ``cancellation_id`` on different jobs fail the
+    later statement with an ``IntegrityError``; the client reports it as a
+    conflict.
+    """
+    check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
+    check_text("cancellation_id", cancellation_id, CANCELLATION_ID_MAX_LENGTH)
+    if not isinstance(only_if_queued, bool):
+        raise WatchdogError(ErrorCode.INVALID_INPUT, "only_if_queued: must be a bool")
+    holder = conn.execute(sql.cancellation_holder(cancellation_id)).scalar()
+    if holder is not None:
+        status = CancelStatus.REPLAYED if holder == job_id else CancelStatus.CONFLICT
+        return CancelResult(job_id, status)
+    stmt = sql.cancel(job_id=job_id, cancellation_id=cancellation_id, only_if_queued=only_if_queued)
+    if conn.execute(stmt).first() is not None:
+        return CancelResult(job_id, CancelStatus.RECORDED)
+    prior = read(conn, job_id)
+    return CancelResult(job_id, CancelStatus.MISSING if prior is None else CancelStatus.CONFLICT)
+
+
+def notify(conn: Connection, event: str) -> None:
+    """Wake listening runners when the transaction commits (PostgreSQL only)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(sql.notify(event))
+
+
+def fail_lane(conn: Connection, lane: str, reason: str, *, batch: int = LANE_FAILURE_BATCH) -> LaneFailure:
+    """Settle one batch of the lane's live jobs ``failed``; ``more`` if any remain."""
+    check_text("lane", lane, LANE_MAX_LENGTH)
+    if not isinstance(reason, str) or not reason:
+        raise WatchdogError(ErrorCode.INVALID_INPUT, "reason: must be a non-empty str")
+    rows = conn.execute(
+        sql.fail_lane(conn.dialect.name, lane=lane, reason=bound_reason(reason), batch=batch)
+    ).all()
+    jobs = tuple(sorted((view(row) for row in rows), key=lambda j: j.sequence))
+    more = bool(conn.execute(sql.lane_has_live_jobs(lane)).scalar())
+    return LaneFailure(jobs, more)
+
+
+def purge(conn: Connection, queue: str) -> int:
+    """Delete the queue's queued jobs; returns how many."""
+    check_text("queue", queue, QUEUE_MAX_LENGTH)
+    return conn.execute(sql.purge(queue)).rowcount
+
+
+# -- recovery ----------------------------------------------------------------
+
+
+def expired_claims(conn: Connection, *, limit: int, now: int | None = None) -> list[Claim]:
+    """Running jobs whose lease has ended, earliest first."""
+    stmt = sql.expired_claims(now_ms=now_ms() if now is None else now, limit=limit)
+    return [Claim(view(row), row.claim_token) for row in conn.execute(stmt)]
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """What recovering one disappeared claim did."""
+
+    job_id: str
+    #: ``requeued``, ``settled`` (interrupted or cancelled) or ``lost_race``.
+    status: str
+    job: JobView | None
+
+
+def recovery_reason(job: JobView) -> str:
+    if job.max_recoveries is None:
+        return NO_POLICY_REASON
+    return f"Restart recovery budget exhausted ({job.max_recoveries} recoveries)"
+
+
+def reconcile(conn: Connection, expired: Claim, *, now: int | None = None) -> Recovery:
+    """Requeue the dead claim within its budget, else settle it ``interrupted``."""
+    job = expired.job
+    requeue = job.max_recoveries is not None and job.recovery_count < job.max_recoveries
+    row = conn.execute(
+        sql.reconcile(
+            job_id=job.job_id,
+            claim_token=expired.token,
+            recovery_count=job.recovery_count,
+            requeue=requeue,
+            reason=recovery_reason(job),
+            now_ms=now_ms() if now is None else now,
+        )
+    ).first()
+    if row is None:
+        return Recovery(job.job_id, "lost_race", None)
+    after = view(row)
+    return Recovery(job.job_id, "requeued" if after.state is JobState.QUEUED else "settled", after)
+
+
+def seconds_until_next_expiry(conn: Connection) -> float | None:
+    """Seconds until the earliest running lease ends (by the database clock)."""
+    lease_until, clock = conn.execute(sql.next_lease_expiry()).one()
+    if lease_until is None:
+        return None
+    return max(0.0, (lease_until - clock) / 1000.0)
+
+
+# -- transactions ------------------------------------------------------------
+
+
+def begin_write(conn: Connection) -> None:
+    """On SQLite, take the write lock at the start of the transaction.
+
+    A deferred transaction that reads first and writes later cannot wait for
+    the lock (SQLite returns "database is locked" at once); ``BEGIN
+    IMMEDIATE`` waits for it under the busy timeout instead.
+    """
+    if conn.dialect.name != "sqlite":
+        return
+    dbapi = conn.connection.dbapi_connection
+    if getattr(dbapi, "in_transaction", False):
+        return
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def transact(conn: Connection, fn: Callable[..., T], *args: Any, write: bool = True, **kwargs: Any) -> T:
+    """Run ``fn(conn, *args, **kwargs)`` in a transaction of its own on ``conn``."""
+    with conn.begin():
+        if write:
+            begin_write(conn)
+        return fn(conn, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def write_transaction(engine: Engine) -> Iterator[Connection]:
+    """A connection in a new write transaction, committed on success."""
+    with engine.connect() as conn:
+        with conn.begin():
+            begin_write(conn)
+            yield conn
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether retrying the whole transaction may succeed."""
+    if isinstance(error, DBAPIError) and error.connection_invalidated:
+        return True
+    if isinstance(error, OperationalError):
+        return True
+    orig = getattr(error, "orig", None)
+    sqlstate = getattr(orig, "sqlstate", None)
+    # serialization_failure, deadlock_detected
+    return sqlstate in ("40001", "40P01")
+
+
+class Backoff:
+    """Jittered exponential backoff over a bounded number of attempts.
+
+    ``delay_after(error, what)`` returns how long to sleep before the next
+    attempt, or raises ``WatchdogError(store_unavailable)`` when the error
+    is not transient or the attempts are spent. Shared by the sync and the
+    asyncio paths, which differ only in how they sleep.
+    """
+
+    def __init__(self, attempts: int = 8, base_delay: float = 0.02, max_delay: float = 1.0) -> None:
+        self.attempts = attempts
+        self.attempt = 0
+        self.delay = base_delay
+        self.max_delay = max_delay
+
+    def delay_after(self, error: DBAPIError, what: str) -> float:
+        self.attempt += 1
+        if not is_transient(error) or self.attempt >= self.attempts:
+            raise WatchdogError(ErrorCode.STORE_UNAVAILABLE, f"{what} failed: {error.orig!r}") from error
+        log.debug("%s: transient failure (attempt %d): %s", what, self.attempt, error.orig)
+        delay = self.delay * (0.5 + random.random())
+        self.delay = min(self.max_delay, self.delay * 2)
+        return delay
+
+
+def retrying(work: Callable[[], T], *, what: str = "store operation", attempts: int = 8) -> T:
+    """Run ``work`` (a whole transaction), retrying transient failures.
+
+    "database is locked", a dropped connection, a serialization failure: each
+    is retried with jittered backoff; after ``attempts`` the last one is
+    raised as ``WatchdogError(store_unavailable)``.
+    """
+    backoff = Backoff(attempts)
+    while True:
+        try:
+            return work()
+        except DBAPIError as error:
+            time.sleep(backoff.delay_after(error, what))

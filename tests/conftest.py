@@ -1,0 +1,172 @@
+"""Shared fixtures: every store-level test runs on SQLite and on PostgreSQL.
+
+PostgreSQL comes from ``WATCHDOG_TEST_POSTGRES_URL`` (any database on the
+server; the run creates and drops a throwaway database of its own), else
+from testcontainers when a Docker engine answers, else its tests skip with
+the reason. Under ``CI=true`` an unreachable PostgreSQL fails the run.
+
+Slow fault tests (marker ``slow``) run when ``CI=true`` or
+``WATCHDOG_SLOW_TESTS=1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, create_engine, make_url, text
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from sqlalchemy_watchdog import metadata
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+RUN_SLOW = IN_CI or os.environ.get("WATCHDOG_SLOW_TESTS") == "1"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if RUN_SLOW:
+        return
+    skip = pytest.mark.skip(reason="slow fault test: set WATCHDOG_SLOW_TESTS=1 (CI runs it)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run ``async def`` tests on a fresh event loop (no plugin needed)."""
+    if not inspect.iscoroutinefunction(pyfuncitem.obj):
+        return None
+    names = pyfuncitem._fixtureinfo.argnames
+    asyncio.run(pyfuncitem.obj(**{name: pyfuncitem.funcargs[name] for name in names}))
+    return True
+
+
+# -- PostgreSQL ---------------------------------------------------------------
+
+
+def _psycopg(url: URL) -> URL:
+    return url.set(drivername="postgresql+psycopg")
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        docker.from_env().ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[URL]:
+    """A URL of a PostgreSQL server where this run may create databases."""
+    configured = os.environ.get("WATCHDOG_TEST_POSTGRES_URL")
+    if configured:
+        url = _psycopg(make_url(configured))
+        try:
+            engine = create_engine(url)
+            with engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            engine.dispose()
+        except Exception as error:
+            message = f"WATCHDOG_TEST_POSTGRES_URL={configured} is unreachable: {error}"
+            if IN_CI:
+                pytest.fail(message)
+            pytest.skip(message)
+        yield url
+        return
+    if _docker_answers():
+        from testcontainers.postgres import PostgresContainer
+
+        with PostgresContainer("postgres:16-alpine", driver="psycopg") as container:
+            yield _psycopg(make_url(container.get_connection_url()))
+        return
+    message = (
+        "no PostgreSQL: set WATCHDOG_TEST_POSTGRES_URL "
+        "(e.g. postgresql+psycopg://postgres@127.0.0.1:5432/postgres) or run a Docker engine"
+    )
+    if IN_CI:
+        pytest.fail(message + " -- CI=true requires the PostgreSQL tests to run")
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_server: URL) -> Iterator[URL]:
+    """A throwaway database of this test run, dropped at the end."""
+    name = f"watchdog_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(postgres_server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield postgres_server.set(database=name)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+# -- the two dialects -----------------------------------------------------------
+
+DIALECTS = ["sqlite", "postgresql"]
+
+
+@pytest.fixture(params=DIALECTS)
+def dialect(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def db_url(dialect: str, request: pytest.FixtureRequest, tmp_path: Path) -> URL:
+    """A URL of an empty database of the test's dialect (sync driver)."""
+    if dialect == "sqlite":
+        return make_url(f"sqlite:///{tmp_path / 'watchdog.db'}")
+    url: URL = request.getfixturevalue("postgres_url")
+    return url
+
+
+def _reset_postgres(url: URL) -> None:
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("DROP SCHEMA public CASCADE"))
+        conn.execute(text("CREATE SCHEMA public"))
+    engine.dispose()
+
+
+@pytest.fixture
+def empty_engine(db_url: URL) -> Iterator[Engine]:
+    """An engine on an empty database (no tables)."""
+    if db_url.get_backend_name() == "postgresql":
+        _reset_postgres(db_url)
+    engine = create_engine(db_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def engine(empty_engine: Engine) -> Engine:
+    """An engine on a database holding a fresh ``watchdog_jobs`` table."""
+    metadata.create_all(empty_engine)
+    return empty_engine
+
+
+def async_url(url: URL) -> URL:
+    if url.get_backend_name() == "sqlite":
+        return url.set(drivername="sqlite+aiosqlite")
+    return url.set(drivername="postgresql+psycopg")
+
+
+def make_async_engine(engine: Engine) -> AsyncEngine:
+    """An AsyncEngine (aiosqlite / async psycopg) on ``engine``'s database.
+
+    Create it inside the async test (an engine belongs to one event loop) and
+    ``await dispose()`` it at the end.
+    """
+    return create_async_engine(async_url(engine.url))
