@@ -21,6 +21,7 @@ from .jobs import (
     Outcome,
 )
 from .model import WatchdogJob, metadata
+from .runner import Runner, RunningJob, StopReason, TickResult, TickStatus, handler
 
 __all__ = [
     "CancelResult",
@@ -36,11 +37,17 @@ __all__ = [
     "JobView",
     "LaneFailure",
     "Outcome",
+    "Runner",
+    "RunningJob",
+    "StopReason",
+    "TickResult",
+    "TickStatus",
     "Watchdog",
     "WatchdogError",
     "WatchdogJob",
     "enqueue",
     "enqueue_select",
+    "handler",
     "metadata",
 ]
 
