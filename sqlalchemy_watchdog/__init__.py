@@ -21,7 +21,8 @@ from .jobs import (
     Outcome,
 )
 from .model import WatchdogJob, metadata
-from .runner import Runner, RunningJob, StopReason, TickResult, TickStatus, handler
+from .execution import RunningJob, StopReason, TickResult, TickStatus, handler
+from .runner import Runner
 
 __all__ = [
     "CancelResult",

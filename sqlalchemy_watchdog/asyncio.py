@@ -10,7 +10,13 @@ SQLAlchemy's own asyncio layer is built -- so both behave identically on
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+import inspect
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from datetime import timedelta
 from typing import Any, TypeVar, overload
 
 from sqlalchemy import Select
@@ -18,9 +24,34 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from . import client, store
-from .jobs import CancelResult, EnqueueResult, Job, JobView, LaneFailure
+from .client import EVENT_QUEUED, EVENT_STOP
+from .errors import WatchdogError
+from .execution import (
+    CallHandler,
+    Execution,
+    Probe,
+    RunnerSettings,
+    RunningJob,
+    Step,
+    StopReason,
+    StoreCall,
+    TickResult,
+    TickStatus,
+    decision_of_exception,
+    decision_of_result,
+    drive_async,
+    execute,
+    lost,
+    probe_failed,
+    recover_one,
+    release_and_recover,
+    renewals,
+)
+from .jobs import CancelResult, Decision, EnqueueResult, Job, JobState, JobView, LaneFailure
 
-__all__ = ["enqueue", "enqueue_select", "AsyncWatchdog"]
+log = logging.getLogger(__name__)
+
+__all__ = ["enqueue", "enqueue_select", "AsyncWatchdog", "AsyncRunner", "run_store"]
 
 T = TypeVar("T")
 
@@ -52,6 +83,22 @@ async def enqueue_select(target: AsyncSession | AsyncConnection, source: Select[
     return await _run_sync(target, client.enqueue_select, source)
 
 
+async def run_store(
+    engine: AsyncEngine, fn: Callable[..., T], *args: Any, write: bool = True, **kwargs: Any
+) -> T:
+    """Run the sync store function ``fn(conn, ...)`` in a transaction of its
+    own, through ``AsyncConnection.run_sync``, retrying transient failures."""
+    backoff = store.Backoff()
+    while True:
+        try:
+            async with engine.connect() as conn:
+                return await conn.run_sync(
+                    lambda sync: store.transact(sync, fn, *args, write=write, **kwargs)
+                )
+        except DBAPIError as error:
+            await asyncio.sleep(backoff.delay_after(error, fn.__name__))
+
+
 class AsyncWatchdog:
     """Async twin of :class:`sqlalchemy_watchdog.Watchdog` over an ``AsyncEngine``."""
 
@@ -61,15 +108,7 @@ class AsyncWatchdog:
         self.engine = engine
 
     async def _run(self, fn: Callable[..., T], *args: Any, write: bool = True, **kwargs: Any) -> T:
-        backoff = store.Backoff()
-        while True:
-            try:
-                async with self.engine.connect() as conn:
-                    return await conn.run_sync(
-                        lambda sync: store.transact(sync, fn, *args, write=write, **kwargs)
-                    )
-            except DBAPIError as error:
-                await asyncio.sleep(backoff.delay_after(error, fn.__name__))
+        return await run_store(self.engine, fn, *args, write=write, **kwargs)
 
     async def enqueue(self, jobs: Job | Iterable[Job]) -> Any:
         return await self._run(client.enqueue, jobs)
@@ -94,3 +133,336 @@ class AsyncWatchdog:
 
     async def purge(self, queue: str) -> int:
         return await self._run(store.purge, queue)
+
+
+class AsyncRunner:
+    """The :class:`~sqlalchemy_watchdog.Runner` for asyncio, over an ``AsyncEngine``.
+
+    Handlers are coroutine functions ``async def handler(job) -> Decision |
+    None`` run as tasks on the event loop (plain functions run in a thread).
+    A cancellation, lane failure, lost lease or the end of the shutdown grace
+    cancels the handler's task; the settlement then follows the same rules
+    as the sync runner, through the same store code and the same steps.
+    Parameters are those of :class:`~sqlalchemy_watchdog.Runner`.
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        handlers: Mapping[str, Callable[[RunningJob], Any]] | None = None,
+        *,
+        queues: Iterable[str] | None = None,
+        concurrency: int = 1,
+        lease: timedelta = timedelta(seconds=120),
+        heartbeat: timedelta = timedelta(seconds=10),
+        poll_interval: timedelta = timedelta(seconds=2),
+        grace: timedelta = timedelta(seconds=30),
+        is_alive: Callable[[JobView], Any] | None = None,
+        clock: Callable[[], int] = store.now_ms,
+    ) -> None:
+        if not isinstance(engine, AsyncEngine):
+            raise TypeError(
+                f"AsyncRunner takes an AsyncEngine, not {type(engine).__name__}"
+                " (use sqlalchemy_watchdog.Runner for a sync Engine)"
+            )
+        self.engine = engine
+        self.settings = RunnerSettings.build(
+            handlers,
+            queues=queues,
+            concurrency=concurrency,
+            lease=lease,
+            heartbeat=heartbeat,
+            poll_interval=poll_interval,
+            grace=grace,
+            is_alive=is_alive,
+        )
+        self._clock = clock
+        self._active: dict[str, Execution] = {}
+        self._wake: asyncio.Event | None = None
+        self._stopping: asyncio.Event | None = None
+        self._heartbeat_now: asyncio.Event | None = None
+
+    @property
+    def queues(self) -> tuple[str, ...]:
+        return self.settings.queues
+
+    def _events(self) -> tuple[asyncio.Event, asyncio.Event, asyncio.Event]:
+        # Made on first use, inside the running loop.
+        if self._wake is None or self._stopping is None or self._heartbeat_now is None:
+            self._wake, self._stopping, self._heartbeat_now = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        return self._wake, self._stopping, self._heartbeat_now
+
+    # -- driving the shared steps ------------------------------------------------
+
+    async def _store(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await run_store(self.engine, fn, *args, **kwargs)
+
+    async def _perform(self, step: Step) -> Any:
+        if isinstance(step, StoreCall):
+            return await self._store(step.fn, *step.args, **step.kwargs)
+        if isinstance(step, CallHandler):
+            return await self._call_handler(step.execution)
+        if isinstance(step, Probe):
+            try:
+                alive = self.settings.is_alive(step.job)  # type: ignore[misc]
+                if inspect.isawaitable(alive):
+                    alive = await alive
+                return bool(alive)
+            except Exception as error:
+                return probe_failed(step.job, error)
+        raise TypeError(step)  # pragma: no cover
+
+    async def _call_handler(self, execution: Execution) -> Decision | None:
+        job = execution.job
+        fn = self.settings.handlers[job.queue]
+        if inspect.iscoroutinefunction(fn):
+            task: asyncio.Future[Any] = asyncio.ensure_future(fn(job))
+        else:
+            task = asyncio.ensure_future(asyncio.to_thread(fn, job))
+        execution.task = task
+        if execution.signal.event.is_set():
+            task.cancel()
+        # wait() never raises the handler's own cancellation into this task.
+        await asyncio.wait({task})
+        if task.cancelled():
+            reason = execution.signal.reason or StopReason.SHUTDOWN
+            if reason is StopReason.SHUTDOWN:
+                return None  # no decision: recovery requeues or interrupts it
+            return Decision.failed(f"execution stopped ({reason.value})")
+        error = task.exception()
+        if error is not None:
+            log.warning("job %s: handler raised %s: %s", job.job_id, type(error).__name__, error)
+            return decision_of_exception(error)
+        result = task.result()
+        if inspect.isawaitable(result):  # a plain function that returned a coroutine
+            result = await result
+        return decision_of_result(result)
+
+    def _stop_execution(self, execution: Execution, reason: StopReason) -> None:
+        execution.signal.request(reason)
+        if execution.task is not None:
+            execution.task.cancel()
+
+    async def _recover_one(self) -> TickResult | None:
+        result = await drive_async(
+            recover_one(self.settings, dict(self._active), self._clock), self._perform
+        )
+        for execution in list(self._active.values()):
+            if execution.signal.reason is StopReason.LEASE_LOST and execution.task is not None:
+                execution.task.cancel()
+        if result is not None and result.status is TickStatus.REQUEUED:
+            self._events()[0].set()
+        return result
+
+    async def _claim(self, limit: int) -> tuple[list[Execution], tuple[JobView, ...]]:
+        batch = await self._store(
+            store.claim,
+            queues=self.settings.queues,
+            limit=limit,
+            lease_ms=self.settings.lease_ms,
+            now=self._clock(),
+        )
+        for job in batch.cancelled:
+            log.info("job %s cancelled before it ran", job.job_id)
+        executions = [Execution.of(claim) for claim in batch.claimed]
+        for execution in executions:
+            self._active[execution.job_id] = execution
+        return executions, batch.cancelled
+
+    async def _execute(self, execution: Execution) -> TickResult:
+        try:
+            return await drive_async(execute(execution, self._clock), self._perform)
+        finally:
+            if self._active.get(execution.job_id) is execution:
+                del self._active[execution.job_id]
+            execution.done.set()
+            self._events()[0].set()
+
+    async def _renew_all(self) -> None:
+        executions = list(self._active.values())
+        if not executions:
+            return
+        held = await self._store(
+            store.renew, [e.pair for e in executions], lease_ms=self.settings.lease_ms, now=self._clock()
+        )
+        for execution in renewals(executions, held):
+            reason = lost(execution, await self._store(store.read, execution.job_id))
+            self._stop_execution(execution, reason)
+
+    # -- public API ----------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask :meth:`run_forever` to shut down gracefully."""
+        wake, stopping, _ = self._events()
+        stopping.set()
+        wake.set()
+
+    async def tick(self) -> TickResult:
+        """One step, as :meth:`Runner.tick <sqlalchemy_watchdog.Runner.tick>`."""
+        recovery = await self._recover_one()
+        if recovery is not None and recovery.status is not TickStatus.LIVENESS_UNKNOWN:
+            return recovery
+        executions, cancelled = await self._claim(1)
+        if cancelled:
+            return TickResult(TickStatus.SETTLED, cancelled[0], cancelled[0].job_id)
+        if not executions:
+            return recovery or TickResult(TickStatus.IDLE)
+        heartbeat = asyncio.create_task(self._heartbeat_loop())
+        try:
+            return await self._execute(executions[0])
+        finally:
+            heartbeat.cancel()
+            await asyncio.gather(heartbeat, return_exceptions=True)
+
+    async def run_until_idle(self, *, max_ticks: int | None = None) -> list[JobView]:
+        """Tick until nothing is ready; returns the jobs settled meanwhile."""
+        settled: list[JobView] = []
+        ticks = 0
+        while max_ticks is None or ticks < max_ticks:
+            ticks += 1
+            result = await self.tick()
+            if result.status in (TickStatus.IDLE, TickStatus.LIVENESS_UNKNOWN):
+                break
+            if result.job is not None and result.job.state is JobState.SETTLED:
+                settled.append(result.job)
+        return settled
+
+    async def run_forever(self, *, install_signal_handlers: bool = True) -> None:
+        """Serve the queues until SIGINT/SIGTERM or :meth:`stop`; shutdown as
+        :meth:`Runner.run_forever <sqlalchemy_watchdog.Runner.run_forever>`."""
+        wake, stopping, _ = self._events()
+        loop = asyncio.get_running_loop()
+        installed: list[int] = []
+        if install_signal_handlers and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.stop)
+                installed.append(sig)
+        background = [asyncio.create_task(self._heartbeat_loop())]
+        if self.engine.dialect.name == "postgresql":
+            background.append(asyncio.create_task(self._listen()))
+        log.info("async runner started: queues=%s concurrency=%d", ",".join(self.queues), self.settings.concurrency)
+        try:
+            await self._loop()
+        finally:
+            try:
+                await self._shutdown()
+            finally:
+                for task in background:
+                    task.cancel()
+                await asyncio.gather(*background, return_exceptions=True)
+                for sig in installed:
+                    loop.remove_signal_handler(sig)
+                stopping.clear()
+                log.info("async runner stopped")
+
+    # -- the loop --------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        wake, stopping, _ = self._events()
+        settings = self.settings
+        recovery_due = 0.0
+        failures = 0
+        tasks: set[asyncio.Task[Any]] = set()
+        while not stopping.is_set():
+            try:
+                if time.monotonic() >= recovery_due:
+                    await self._recover_one()
+                    until_expiry = await self._store(store.seconds_until_next_expiry)
+                    recovery_due = time.monotonic() + min(
+                        settings.poll_interval_s,
+                        settings.poll_interval_s if until_expiry is None else until_expiry,
+                    )
+                free = settings.concurrency - len(self._active)
+                taken = 0
+                if free > 0:
+                    wake.clear()
+                    executions, cancelled = await self._claim(free)
+                    for execution in executions:
+                        task = asyncio.create_task(self._execute(execution))
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
+                    taken = len(executions) + len(cancelled)
+                failures = 0
+                if taken and taken == free:
+                    continue
+                timeout = max(0.0, min(settings.poll_interval_s, recovery_due - time.monotonic()))
+                try:
+                    await asyncio.wait_for(wake.wait(), timeout)
+                except asyncio.TimeoutError:
+                    pass
+            except Exception as error:
+                failures += 1
+                delay = min(30.0, 0.25 * 2 ** min(failures, 7))
+                if isinstance(error, WatchdogError):
+                    log.error("async runner: %s; retrying in %.1fs", error, delay)
+                else:
+                    log.exception("async runner: unexpected error; retrying in %.1fs", delay)
+                try:
+                    await asyncio.wait_for(stopping.wait(), delay)
+                except asyncio.TimeoutError:
+                    pass
+
+    async def _heartbeat_loop(self) -> None:
+        _, _, now = self._events()
+        while True:
+            try:
+                await asyncio.wait_for(now.wait(), self.settings.heartbeat_s)
+            except asyncio.TimeoutError:
+                pass
+            now.clear()
+            try:
+                await self._renew_all()
+            except Exception as error:
+                log.error("heartbeat failed: %s", error)
+
+    async def _listen(self) -> None:
+        import psycopg
+
+        wake, _, heartbeat_now = self._events()
+        args, kwargs = self.engine.sync_engine.dialect.create_connect_args(self.engine.url)
+        failures = 0
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(*args, **kwargs, autocommit=True)
+            except Exception as error:
+                failures += 1
+                log.warning("listener: cannot connect (%s); polling meanwhile", error)
+                await asyncio.sleep(min(30.0, 0.25 * 2 ** min(failures, 7)))
+                continue
+            failures = 0
+            try:
+                async with conn:
+                    await conn.execute(f"LISTEN {store.sql.CHANNEL}")
+                    wake.set()
+                    async for note in conn.notifies():
+                        if note.payload == EVENT_STOP:
+                            heartbeat_now.set()
+                        elif note.payload == EVENT_QUEUED:
+                            wake.set()
+            except Exception as error:
+                log.warning("listener: connection lost (%s); reconnecting", error)
+                await asyncio.sleep(0.5)
+
+    async def _shutdown(self) -> None:
+        running = [e for e in self._active.values() if not e.done.is_set()]
+        if running:
+            waiters = [asyncio.ensure_future(asyncio.to_thread(e.done.wait)) for e in running]
+            await asyncio.wait(waiters, timeout=self.settings.grace_s)
+            for waiter in waiters:
+                waiter.cancel()
+        leftover = [e for e in self._active.values() if not e.done.is_set()]
+        if not leftover:
+            return
+        # Cancel the handlers, then settle what they leave (their settles are
+        # the normal path); what still runs after that is handed to recovery.
+        for execution in leftover:
+            self._stop_execution(execution, StopReason.SHUTDOWN)
+        deadline = time.monotonic() + min(2.0, max(0.1, self.settings.grace_s))
+        while any(not e.done.is_set() for e in leftover) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        leftover = [e for e in leftover if not e.done.is_set()]
+        if leftover:
+            try:
+                await self._store(release_and_recover, [e.pair for e in leftover])
+            except WatchdogError as error:
+                log.error("shutdown: could not hand %d running job(s) to recovery: %s", len(leftover), error)
