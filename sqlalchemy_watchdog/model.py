@@ -123,11 +123,12 @@ def _partial(where: str) -> dict[str, object]:
 
 
 _LIVE = "state IN ('queued', 'running')"
-# Claims read the best queued job of the served queues; settled history never
-# enters these partial indexes, so a long history cannot slow claims.
+# Settled history never enters these partial indexes, so a long history
+# cannot slow claims, recovery or lane failures.
+# Claims over several (or all) queues read queued jobs in claim order here;
+# a one-queue claim and read_queue_head use ix_watchdog_jobs_live_queue.
 Index(
     "ix_watchdog_jobs_ready",
-    WatchdogJob.queue_name,
     WatchdogJob.priority.desc(),
     WatchdogJob.sequence,
     **_partial("state = 'queued'"),

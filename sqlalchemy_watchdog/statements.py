@@ -25,6 +25,7 @@ from sqlalchemy import (
     exists,
     func,
     literal,
+    literal_column,
     not_,
     null,
     select,
@@ -84,10 +85,17 @@ COLUMNS = (
     c.lease_until,
 )
 
-_LIVE = (JobState.QUEUED.value, JobState.RUNNING.value)
 _QUEUED = JobState.QUEUED.value
 _RUNNING = JobState.RUNNING.value
 _SETTLED = JobState.SETTLED.value
+
+# States in WHERE clauses are SQL literals, not bound parameters: the
+# partial indexes' predicates must be provable from the query text itself
+# (SQLite requires it; PostgreSQL needs it for generic prepared plans).
+IS_QUEUED = c.state == literal_column(f"'{_QUEUED}'")
+IS_RUNNING = c.state == literal_column(f"'{_RUNNING}'")
+IS_SETTLED = c.state == literal_column(f"'{_SETTLED}'")
+IS_LIVE = c.state.in_([literal_column(f"'{_QUEUED}'"), literal_column(f"'{_RUNNING}'")])
 
 
 class db_clock_ms(FunctionElement[int]):
@@ -100,7 +108,7 @@ class db_clock_ms(FunctionElement[int]):
 
 @compiles(db_clock_ms, "postgresql")
 def _pg_clock(element: db_clock_ms, compiler: Any, **kw: Any) -> str:
-    return "CAST(floor(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) AS BIGINT)"
+    return "CAST(floor(EXTRACT(EPOCH FROM statement_timestamp()) * 1000) AS BIGINT)"
 
 
 @compiles(db_clock_ms, "sqlite")
@@ -176,7 +184,7 @@ def read_queue_head(queue: str) -> Select[Any]:
     """The queue's running job, else its next queued one."""
     return (
         select(*COLUMNS)
-        .where(c.queue_name == queue, c.state.in_(_LIVE))
+        .where(c.queue_name == queue, IS_LIVE)
         .order_by(
             case((c.state == _RUNNING, 0), else_=1),
             c.priority.desc(),
@@ -189,14 +197,14 @@ def read_queue_head(queue: str) -> Select[Any]:
 def read_settled(limit: int, after_sequence: int) -> Select[Any]:
     return (
         select(*COLUMNS)
-        .where(c.state == _SETTLED, c.sequence > after_sequence)
+        .where(IS_SETTLED, c.sequence > after_sequence)
         .order_by(c.sequence)
         .limit(limit)
     )
 
 
 def has_pending_work() -> Select[Any]:
-    return select(exists().where(c.state.in_(_LIVE)))
+    return select(exists().where(IS_LIVE))
 
 
 def _picked(dialect: str, pick: Select[Any], *, skip_locked: bool) -> ColumnElement[bool]:
@@ -227,14 +235,14 @@ def claim(
     ``cancelled`` instead of being run. Running rows locked by another
     claimer are skipped, never waited for.
     """
-    pick = select(c.sequence).where(c.state == _QUEUED)
+    pick = select(c.sequence).where(IS_QUEUED)
     if queues is not None:
         pick = pick.where(c.queue_name.in_(list(queues)))
     pick = pick.order_by(c.priority.desc(), c.sequence).limit(limit)
     runnable = c.cancellation_id.is_(None)
     return (
         update(t)
-        .where(_picked(dialect, pick, skip_locked=True), c.state == _QUEUED)
+        .where(_picked(dialect, pick, skip_locked=True), IS_QUEUED)
         .values(
             state=case((runnable, _RUNNING), else_=_SETTLED),
             outcome=case((runnable, null()), else_=Outcome.CANCELLED.value),
@@ -263,7 +271,7 @@ def settle(
         update(t)
         .where(
             c.job_id == job_id,
-            c.state == _RUNNING,
+            IS_RUNNING,
             c.claim_token == claim_token,
             c.lease_until > effective_now(now_ms),
         )
@@ -288,7 +296,7 @@ def renew(*, claims: Sequence[tuple[str, str]], now_ms: int, lease_ms: int) -> U
         update(t)
         .where(
             tuple_(c.job_id, c.claim_token).in_(list(claims)),
-            c.state == _RUNNING,
+            IS_RUNNING,
             c.lease_until > now,
             c.cancellation_id.is_(None),
         )
@@ -305,7 +313,7 @@ def release(*, claims: Sequence[tuple[str, str]]) -> Update:
     """
     return (
         update(t)
-        .where(tuple_(c.job_id, c.claim_token).in_(list(claims)), c.state == _RUNNING)
+        .where(tuple_(c.job_id, c.claim_token).in_(list(claims)), IS_RUNNING)
         .values(lease_until=db_clock_ms() - 1)
         .returning(c.job_id)
     )
@@ -313,10 +321,9 @@ def release(*, claims: Sequence[tuple[str, str]]) -> Update:
 
 def cancel(*, job_id: str, cancellation_id: str, only_if_queued: bool) -> Update:
     """Record a cancellation on a live job (``only_if_queued``: a queued one)."""
-    states = (_QUEUED,) if only_if_queued else _LIVE
     return (
         update(t)
-        .where(c.job_id == job_id, c.cancellation_id.is_(None), c.state.in_(states))
+        .where(c.job_id == job_id, c.cancellation_id.is_(None), IS_QUEUED if only_if_queued else IS_LIVE)
         .values(cancellation_id=cancellation_id)
         .returning(c.job_id)
     )
@@ -341,13 +348,13 @@ def fail_lane(dialect: str, *, lane: str, reason: str, batch: int) -> Update:
     # 'running' sorts after 'queued', so DESC puts running jobs first.
     pick = (
         select(c.sequence)
-        .where(c.lane == lane, c.state.in_(_LIVE))
+        .where(c.lane == lane, IS_LIVE)
         .order_by(c.state.desc(), c.sequence)
         .limit(batch)
     )
     return (
         update(t)
-        .where(_picked(dialect, pick, skip_locked=False), c.state.in_(_LIVE))
+        .where(_picked(dialect, pick, skip_locked=False), IS_LIVE)
         .values(
             state=_SETTLED,
             outcome=Outcome.FAILED.value,
@@ -360,19 +367,19 @@ def fail_lane(dialect: str, *, lane: str, reason: str, batch: int) -> Update:
 
 
 def lane_has_live_jobs(lane: str) -> Select[Any]:
-    return select(exists().where(c.lane == lane, c.state.in_(_LIVE)))
+    return select(exists().where(c.lane == lane, IS_LIVE))
 
 
 def purge(queue: str) -> Delete:
     """Delete the queue's queued jobs; running and settled ones stay."""
-    return delete(t).where(c.queue_name == queue, c.state == _QUEUED)
+    return delete(t).where(c.queue_name == queue, IS_QUEUED)
 
 
 def expired_claims(*, now_ms: int, limit: int) -> Select[Any]:
     """Running jobs whose lease has ended, earliest lease first."""
     return (
         select(*COLUMNS)
-        .where(c.state == _RUNNING, c.lease_until <= effective_now(now_ms))
+        .where(IS_RUNNING, c.lease_until <= effective_now(now_ms))
         .order_by(c.lease_until, c.sequence)
         .limit(limit)
     )
@@ -382,7 +389,7 @@ def next_lease_expiry() -> Select[Any]:
     """The earliest lease of any running job, and the database clock."""
     return select(
         select(c.lease_until)
-        .where(c.state == _RUNNING)
+        .where(IS_RUNNING)
         .order_by(c.lease_until)
         .limit(1)
         .scalar_subquery(),
@@ -425,7 +432,7 @@ def reconcile(
         update(t)
         .where(
             c.job_id == job_id,
-            c.state == _RUNNING,
+            IS_RUNNING,
             c.claim_token == claim_token,
             c.recovery_count == recovery_count,
             c.lease_until <= effective_now(now_ms),

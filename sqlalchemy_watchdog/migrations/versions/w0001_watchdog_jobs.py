@@ -81,7 +81,7 @@ def upgrade() -> None:
     op.create_index(
         "ix_watchdog_jobs_ready",
         "watchdog_jobs",
-        ["queue_name", sa.column("priority").desc(), "sequence"],
+        [sa.column("priority").desc(), "sequence"],
         **_partial("state = 'queued'"),
     )
     op.create_index(

@@ -1,0 +1,555 @@
+"""The ``sqlalchemy-watchdog`` command: migrate, inspect, command and run the queue.
+
+::
+
+    sqlalchemy-watchdog [--url URL] [--json] [--log-level LEVEL] COMMAND ...
+
+    upgrade                                   create / migrate the watchdog_jobs table
+    show JOB_ID                               one job
+    head QUEUE                                the queue's running job, else its next queued one
+    settled [--limit N] [--after SEQUENCE]    settled jobs in admission order, paged
+    cancel JOB_ID CANCELLATION_ID [--only-if-queued]
+    fail-lane LANE REASON                     settle every live job of the lane ``failed``
+    purge QUEUE                               delete the queue's queued jobs
+    run MODULE[:ATTR]                         serve the queues until SIGINT / SIGTERM
+
+The database is ``--url``, else the environment variable
+``WATCHDOG_DATABASE_URL``, else ``sqlite:///watchdog.db`` in the working
+directory. A bare ``postgresql://`` URL uses psycopg 3.
+
+Exit status: 0 on success; 1 when the operation failed or found nothing
+(an error of the library, of the database, a missing job, a cancellation
+that was not recorded); 2 for a usage error. ``python -m
+sqlalchemy_watchdog.cli`` is the same command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TextIO
+
+from sqlalchemy import Engine, create_engine, inspect, make_url
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+from .client import Watchdog
+from .errors import WatchdogError
+from .jobs import CancelStatus, JobView
+from .model import jobs_table
+
+__all__ = ["main", "DEFAULT_URL", "URL_ENV"]
+
+#: The environment variable naming the database when ``--url`` is not given.
+URL_ENV = "WATCHDOG_DATABASE_URL"
+#: The database when neither ``--url`` nor :data:`URL_ENV` is given.
+DEFAULT_URL = "sqlite:///watchdog.db"
+
+log = logging.getLogger(__name__)
+
+_MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+_VERSIONS_DIR = _MIGRATIONS_DIR / "versions"
+
+
+class CommandFailed(Exception):
+    """The command could not do what it was asked; exit status 1."""
+
+
+class UsageError(Exception):
+    """The command line makes no sense; exit status 2."""
+
+
+# -- the database ------------------------------------------------------------------
+
+
+def database_url(value: str | None) -> URL:
+    """The URL to use: ``value``, else ``$WATCHDOG_DATABASE_URL``, else the default.
+
+    A bare ``postgresql://`` URL gets the psycopg 3 driver (psycopg2 is not a
+    dependency of this package).
+    """
+    raw = value or os.environ.get(URL_ENV) or DEFAULT_URL
+    try:
+        url = make_url(raw)
+    except ArgumentError as error:
+        raise UsageError(f"invalid database URL {raw!r}: {error}") from None
+    if url.drivername == "postgresql":
+        url = url.set(drivername="postgresql+psycopg")
+    return url
+
+
+def _shown(url: URL) -> str:
+    return url.render_as_string(hide_password=True)
+
+
+def open_engine(url: URL) -> Engine:
+    """A sync engine on ``url``; an unknown dialect or driver is a usage error."""
+    try:
+        return create_engine(url)
+    except ArgumentError as error:  # includes NoSuchModuleError
+        raise UsageError(f"cannot use {_shown(url)}: {error}") from None
+
+
+def _require_table(engine: Engine) -> None:
+    """Fail clearly (and without creating an empty SQLite file) when the
+    database has no ``watchdog_jobs`` table yet."""
+    url = engine.url
+    hint = f"run `sqlalchemy-watchdog --url {_shown(url)} upgrade` first"
+    if url.get_backend_name() == "sqlite":
+        database = url.database or ""
+        if database and database != ":memory:" and not database.startswith("file:"):
+            if not Path(database).exists():
+                raise CommandFailed(f"no SQLite database at {database}; {hint}")
+    if not inspect(engine).has_table(jobs_table.name):
+        raise CommandFailed(f"no table {jobs_table.name} in {_shown(url)}; {hint}")
+
+
+# -- output ----------------------------------------------------------------------------
+
+
+def _job_dict(job: JobView) -> dict[str, Any]:
+    return {
+        "sequence": job.sequence,
+        "job_id": job.job_id,
+        "queue": job.queue,
+        "lane": job.lane,
+        "priority": job.priority,
+        "state": job.state.value,
+        "outcome": None if job.outcome is None else job.outcome.value,
+        "failure_reason": job.failure_reason,
+        "recovery_count": job.recovery_count,
+        "max_recoveries": job.max_recoveries,
+        "cancellation_id": job.cancellation_id,
+        "payload": job.payload,
+    }
+
+
+def _print_json(value: Any, out: TextIO) -> None:
+    print(json.dumps(value, ensure_ascii=False, sort_keys=False), file=out)
+
+
+def _print_job(job: JobView, out: TextIO) -> None:
+    fields = _job_dict(job)
+    fields["payload"] = json.dumps(job.payload, ensure_ascii=False, sort_keys=True)
+    width = max(len(name) for name in fields)
+    for name, value in fields.items():
+        print(f"{name:<{width}}  {'-' if value is None else value}", file=out)
+
+
+def _print_table(jobs: Sequence[JobView], out: TextIO) -> None:
+    header = ("sequence", "job_id", "queue", "outcome", "failure_reason")
+    rows = [
+        (
+            str(job.sequence),
+            job.job_id,
+            job.queue,
+            job.outcome.value if job.outcome else "-",
+            job.failure_reason or "",
+        )
+        for job in jobs
+    ]
+    widths = [max(len(cells[i]) for cells in [header, *rows]) for i in range(len(header) - 1)]
+    for cells in [header, *rows]:
+        line = "  ".join(cell.ljust(width) for cell, width in zip(cells, widths))
+        print(f"{line}  {cells[-1]}".rstrip(), file=out)
+
+
+# -- commands ---------------------------------------------------------------------------
+
+
+def cmd_upgrade(args: argparse.Namespace, out: TextIO) -> int:
+    """Apply the package's Alembic revisions (branch ``watchdog``) up to ``args.revision``.
+
+    Runs without an ``env.py``: the revisions shipped in
+    ``sqlalchemy_watchdog/migrations/versions`` are applied on one connection,
+    recorded in the database's ``alembic_version`` table as ``alembic
+    upgrade`` would.
+    """
+    from alembic.config import Config
+    from alembic.runtime.environment import EnvironmentContext
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
+    from .model import metadata
+
+    engine = open_engine(args.url)
+    try:
+        script = ScriptDirectory(_MIGRATIONS_DIR, version_locations=[_VERSIONS_DIR])
+        target = args.revision
+
+        def upgrade(rev: Any, context: Any) -> Any:
+            return script._upgrade_revs(target, rev)
+
+        try:
+            with EnvironmentContext(
+                Config(), script, fn=upgrade, destination_rev=target, as_sql=False
+            ) as env, engine.connect() as conn:
+                env.configure(connection=conn, target_metadata=metadata)
+                with env.begin_transaction():
+                    env.run_migrations()
+        except CommandError as error:
+            raise CommandFailed(
+                f"{error} (if this database's migrations are run by your application's own "
+                "Alembic environment, run `alembic upgrade heads` there instead)"
+            ) from None
+        with engine.connect() as conn:
+            heads = sorted(MigrationContext.configure(conn).get_current_heads())
+        if args.json:
+            _print_json({"url": _shown(engine.url), "heads": heads}, out)
+        else:
+            print(f"{_shown(engine.url)} is at revision {', '.join(heads) or '(none)'}", file=out)
+        return 0
+    finally:
+        engine.dispose()
+
+
+def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
+    """Print one job; exit 1 when there is no such job."""
+    job = _watchdog(args).read(args.job_id)
+    if args.json:
+        _print_json(None if job is None else _job_dict(job), out)
+    elif job is not None:
+        _print_job(job, out)
+    if job is None:
+        raise CommandFailed(f"no job {args.job_id!r}")
+    return 0
+
+
+def cmd_head(args: argparse.Namespace, out: TextIO) -> int:
+    """Print the queue's running job, else its next queued one (idle: a note, exit 0)."""
+    job = _watchdog(args).read_queue_head(args.queue)
+    if args.json:
+        _print_json(None if job is None else _job_dict(job), out)
+    elif job is None:
+        print(f"queue {args.queue!r} is idle", file=out)
+    else:
+        _print_job(job, out)
+    return 0
+
+
+def cmd_settled(args: argparse.Namespace, out: TextIO) -> int:
+    """Print up to ``--limit`` settled jobs after sequence ``--after``."""
+    jobs = _watchdog(args).read_settled(limit=args.limit, after_sequence=args.after)
+    if args.json:
+        for job in jobs:
+            _print_json(_job_dict(job), out)
+        return 0
+    if not jobs:
+        print(f"no settled jobs after sequence {args.after}", file=out)
+        return 0
+    _print_table(jobs, out)
+    if len(jobs) == args.limit:
+        print(f"(more may follow: --after {jobs[-1].sequence})", file=out)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace, out: TextIO) -> int:
+    """Record a cancellation; exit 1 unless it is ``recorded`` or ``replayed``."""
+    result = _watchdog(args).cancel(args.job_id, args.cancellation_id, only_if_queued=args.only_if_queued)
+    if args.json:
+        _print_json({"job_id": result.job_id, "status": result.status.value}, out)
+    else:
+        print(f"{result.job_id}: {result.status.value}", file=out)
+    if result.status is CancelStatus.MISSING:
+        raise CommandFailed(f"no job {args.job_id!r}")
+    if result.status is CancelStatus.CONFLICT:
+        raise CommandFailed(
+            f"cancellation of {args.job_id!r} not recorded: the job has settled"
+            + (" or is running" if args.only_if_queued else "")
+            + ", already has another cancellation, or the cancellation id is taken by another job"
+        )
+    return 0
+
+
+def cmd_fail_lane(args: argparse.Namespace, out: TextIO) -> int:
+    """Settle every live job of the lane ``failed``, one batch per call, while ``.more``."""
+    watchdog = _watchdog(args)
+    total = 0
+    while True:
+        failure = watchdog.fail_lane(args.lane, args.reason)
+        total += failure.settled
+        for job in failure.jobs:
+            if not args.json:
+                print(f"{job.job_id}: failed", file=out)
+        if not failure.more or not failure.jobs:
+            break
+    if args.json:
+        _print_json({"lane": args.lane, "settled": total}, out)
+    else:
+        print(f"lane {args.lane!r}: {total} job(s) settled failed", file=out)
+    return 0
+
+
+def cmd_purge(args: argparse.Namespace, out: TextIO) -> int:
+    """Delete the queue's queued jobs and say how many."""
+    deleted = _watchdog(args).purge(args.queue)
+    if args.json:
+        _print_json({"queue": args.queue, "deleted": deleted}, out)
+    else:
+        print(f"queue {args.queue!r}: {deleted} queued job(s) deleted", file=out)
+    return 0
+
+
+def load_target(spec: str) -> tuple[Any, bool]:
+    """Import ``MODULE[:ATTR]``; return the attribute (or the module) and
+    whether an attribute was named. The working directory is importable."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or (":" in spec and not attr) or ":" in attr:
+        raise UsageError(f"expected MODULE or MODULE:ATTR, got {spec!r}")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name and (module_name == error.name or module_name.startswith(error.name + ".")):
+            raise CommandFailed(f"cannot import {module_name!r}: {error}") from None
+        raise
+    if not attr:
+        return module, False
+    target: Any = module
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise CommandFailed(f"module {module_name!r} has no attribute {attr!r}") from None
+    return target, True
+
+
+def build_runner(args: argparse.Namespace, engine: Engine) -> Any:
+    """The runner ``run`` serves: see :func:`cmd_run`."""
+    from .asyncio import AsyncRunner
+    from .runner import Runner
+
+    target, named = load_target(args.target)
+    options: dict[str, Any] = {}
+    if args.queues:
+        options["queues"] = args.queues
+    if args.concurrency is not None:
+        options["concurrency"] = args.concurrency
+    for name in ("lease", "heartbeat", "poll_interval", "grace"):
+        seconds = getattr(args, name)
+        if seconds is not None:
+            options[name] = timedelta(seconds=seconds)
+    if not named:
+        return Runner(engine, None, **options)  # the handlers registered with @handler
+    if isinstance(target, Mapping):
+        return Runner(engine, target, **options)
+    if isinstance(target, (Runner, AsyncRunner)) or callable(target):
+        if options:
+            raise UsageError(
+                f"{args.target} builds its own runner; the options "
+                f"{', '.join('--' + n.replace('_', '-') for n in options)} apply only "
+                "to `run MODULE` or `run MODULE:HANDLERS_MAPPING`"
+            )
+        runner = target if isinstance(target, (Runner, AsyncRunner)) else target(engine)
+        if not isinstance(runner, (Runner, AsyncRunner)):
+            raise CommandFailed(
+                f"{args.target}(engine) returned {type(runner).__name__}, not a Runner or AsyncRunner"
+            )
+        return runner
+    raise CommandFailed(
+        f"{args.target} is a {type(target).__name__}; expected a Runner, a factory "
+        "engine -> Runner, or a mapping of queue names to handlers"
+    )
+
+
+def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
+    """Serve the queues until SIGINT / SIGTERM.
+
+    ``MODULE`` is imported for its ``@handler`` registrations and a
+    ``Runner(engine)`` serves them. ``MODULE:ATTR`` names instead a mapping
+    ``{queue: handler}``, a ``Runner`` / ``AsyncRunner``, or a factory
+    ``engine -> Runner | AsyncRunner`` (an async runner brings its own
+    ``AsyncEngine``). The options ``--queue``, ``--concurrency``, ``--lease``,
+    ``--heartbeat``, ``--poll-interval`` and ``--grace`` apply when this
+    command builds the runner.
+    """
+    from .asyncio import AsyncRunner
+
+    engine = open_engine(args.url)
+    try:
+        runner = build_runner(args, engine)
+        if isinstance(runner, AsyncRunner):
+            asyncio.run(runner.run_forever())
+        else:
+            runner.run_forever()
+        return 0
+    finally:
+        engine.dispose()
+
+
+def _watchdog(args: argparse.Namespace) -> Watchdog:
+    engine: Engine = args.engine
+    _require_table(engine)
+    return Watchdog(engine)
+
+
+# -- the parser --------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``sqlalchemy-watchdog``."""
+    parser = argparse.ArgumentParser(
+        prog="sqlalchemy-watchdog",
+        description="Migrate, inspect, command and run a sqlalchemy_watchdog job queue.",
+        epilog=f"The database: --url, else ${URL_ENV}, else {DEFAULT_URL}.",
+    )
+    parser.add_argument("--url", help=f"SQLAlchemy database URL (default: ${URL_ENV} or {DEFAULT_URL})")
+    parser.add_argument("--json", action="store_true", help="print JSON (one object per line)")
+    parser.add_argument(
+        "--log-level",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging level (default: INFO for run, WARNING otherwise)",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    upgrade = commands.add_parser("upgrade", help="create or migrate the watchdog_jobs table")
+    upgrade.add_argument(
+        "revision", nargs="?", default="heads", help="target revision (default: heads)"
+    )
+    upgrade.set_defaults(func=cmd_upgrade, needs_engine=False)
+
+    show = commands.add_parser("show", help="print one job")
+    show.add_argument("job_id")
+    show.set_defaults(func=cmd_show)
+
+    head = commands.add_parser("head", help="the queue's running job, else its next queued one")
+    head.add_argument("queue")
+    head.set_defaults(func=cmd_head)
+
+    settled = commands.add_parser("settled", help="settled jobs in admission order")
+    settled.add_argument("--limit", type=_positive_int, default=100, help="1-256 (default: 100)")
+    settled.add_argument(
+        "--after", type=_non_negative_int, default=0, metavar="SEQUENCE",
+        help="only jobs with a greater sequence (default: 0)",
+    )
+    settled.set_defaults(func=cmd_settled)
+
+    cancel = commands.add_parser("cancel", help="record a cancellation (idempotent per CANCELLATION_ID)")
+    cancel.add_argument("job_id")
+    cancel.add_argument("cancellation_id")
+    cancel.add_argument(
+        "--only-if-queued", action="store_true", help="refuse (conflict) when the job is already running"
+    )
+    cancel.set_defaults(func=cmd_cancel)
+
+    fail_lane = commands.add_parser("fail-lane", help="settle every live job of a lane failed")
+    fail_lane.add_argument("lane")
+    fail_lane.add_argument("reason")
+    fail_lane.set_defaults(func=cmd_fail_lane)
+
+    purge = commands.add_parser("purge", help="delete a queue's queued jobs")
+    purge.add_argument("queue")
+    purge.set_defaults(func=cmd_purge)
+
+    run = commands.add_parser(
+        "run",
+        help="serve the queues until SIGINT/SIGTERM",
+        description=cmd_run.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("target", metavar="MODULE[:ATTR]")
+    run.add_argument(
+        "--queue", dest="queues", action="append", metavar="QUEUE",
+        help="serve only this queue (repeatable; default: every queue with a handler)",
+    )
+    run.add_argument("--concurrency", type=_positive_int, help="handlers run at once (default: 1)")
+    run.add_argument("--lease", type=_seconds, metavar="SECONDS", help="claim lease (default: 120)")
+    run.add_argument("--heartbeat", type=_seconds, metavar="SECONDS", help="lease renewal period (default: 10)")
+    run.add_argument(
+        "--poll-interval", type=_seconds, metavar="SECONDS", help="look for work this often (default: 2)"
+    )
+    run.add_argument(
+        "--grace", type=_seconds, metavar="SECONDS",
+        help="on shutdown, time running handlers get to finish (default: 30)",
+    )
+    run.set_defaults(func=cmd_run, needs_engine=False)
+    return parser
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    level = args.log_level or ("INFO" if args.command == "run" else "WARNING")
+    # A no-op when the host process (or a test runner) configured logging already.
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``sqlalchemy-watchdog`` with ``argv`` (default: ``sys.argv[1:]``).
+
+    :returns: the exit status: 0 success, 1 failure, 2 usage error.
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help (0) or a usage error (2)
+        return exit_.code if isinstance(exit_.code, int) else 2
+    _configure_logging(args)
+    engine: Engine | None = None
+    try:
+        args.url = database_url(args.url)
+        if getattr(args, "needs_engine", True):
+            engine = open_engine(args.url)
+            args.engine = engine
+        func: Callable[[argparse.Namespace, TextIO], int] = args.func
+        return func(args, sys.stdout)
+    except UsageError as error:
+        parser.print_usage(sys.stderr)
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 2
+    except CommandFailed as error:
+        print(f"{parser.prog}: {error}", file=sys.stderr)
+        return 1
+    except WatchdogError as error:
+        print(f"{parser.prog}: error ({error.code.value}): {error}", file=sys.stderr)
+        return 1
+    except SQLAlchemyError as error:
+        detail = getattr(error, "orig", None) or error
+        print(f"{parser.prog}: database error: {type(detail).__name__}: {detail}".rstrip(), file=sys.stderr)
+        return 1
+    finally:
+        if engine is not None:
+            engine.dispose()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
