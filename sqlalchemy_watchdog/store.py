@@ -464,6 +464,10 @@ def is_transient(error: BaseException) -> bool:
     if isinstance(error, DBAPIError) and error.connection_invalidated:
         return True
     if isinstance(error, OperationalError):
+        if type(error.orig).__module__.startswith(("sqlite3", "aiosqlite")):
+            # "no such table" is an OperationalError too; only contention passes.
+            message = str(error.orig).lower()
+            return "locked" in message or "busy" in message
         return True
     orig = getattr(error, "orig", None)
     sqlstate = getattr(orig, "sqlstate", None)
