@@ -364,6 +364,9 @@ class AsyncRunner:
         failures = 0
         tasks: set[asyncio.Task[Any]] = set()
         while not stopping.is_set():
+            # Cleared before looking at the state, so a wake-up that arrives
+            # while we look is never lost and a stale one never spins us.
+            wake.clear()
             try:
                 if time.monotonic() >= recovery_due:
                     await self._recover_one()
@@ -375,7 +378,6 @@ class AsyncRunner:
                 free = settings.concurrency - len(self._active)
                 taken = 0
                 if free > 0:
-                    wake.clear()
                     executions, cancelled = await self._claim(free)
                     for execution in executions:
                         task = asyncio.create_task(self._execute(execution))

@@ -348,16 +348,22 @@ async def drive_async(steps: Steps[T], perform: Callable[[Step], Awaitable[Any]]
 
 
 def execute(execution: Execution, clock: Callable[[], int]) -> Steps[TickResult]:
-    """Check the claim is still ours and uncancelled, run the handler, settle
-    with the exact claim, and say what happened."""
+    """Run the handler unless the claim was already stopped, settle with the
+    exact claim, and say what happened.
+
+    The execution is registered with its runner when it is claimed, before
+    the handler starts, so a cancellation or lane failure recorded after the
+    claim reaches it through the heartbeat (at once on PostgreSQL, through
+    NOTIFY): if that happened before the start, the handler never runs.
+    Either way the settle below is guarded by the database: a recorded
+    cancellation turns it into ``cancelled``, a lost claim is refused.
+    """
     job_id = execution.job_id
     try:
-        current = yield StoreCall(store.read, (job_id,))
-        if current is None or current.state is not JobState.RUNNING or current.cancellation_id:
-            # Cancelled or failed between claim and start: the handler never
-            # runs; the settle below turns into "cancelled" or is refused.
-            execution.signal.request(stop_reason_of(current))
-            decision = Decision.failed("execution stopped before it started")
+        if execution.signal.reason is StopReason.SHUTDOWN:
+            decision: Decision | None = None
+        elif execution.signal.event.is_set():
+            decision = Decision.failed(f"execution stopped before it started ({_reason(execution)})")
         else:
             decision = yield CallHandler(execution)
         if decision is None:
@@ -390,6 +396,11 @@ def execute(execution: Execution, clock: Callable[[], int]) -> Steps[TickResult]
         return TickResult(TickStatus.SETTLED, settled, job_id)
     log.warning("job %s: settlement rejected (%s): the claim was lost", job_id, settlement.status.value)
     return TickResult(TickStatus.REJECTED, settled, job_id)
+
+
+def _reason(execution: Execution) -> str:
+    reason = execution.signal.reason
+    return reason.value if reason is not None else "stop requested"
 
 
 def _outcome(job: JobView | None) -> str:

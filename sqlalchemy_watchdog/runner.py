@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
 from datetime import timedelta
 from types import FrameType
 from typing import Any, TypeVar
@@ -27,7 +28,7 @@ from sqlalchemy import Engine
 
 from . import store
 from .client import EVENT_QUEUED, EVENT_STOP
-from .errors import WatchdogError
+from .errors import ErrorCode, WatchdogError
 from .execution import (
     UNKNOWN,
     CallHandler,
@@ -119,6 +120,7 @@ class Runner:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._heartbeat_now = threading.Event()
+        self._settler: _Settler | None = None
 
     @property
     def queues(self) -> tuple[str, ...]:
@@ -136,6 +138,9 @@ class Runner:
 
     def _perform(self, step: Step) -> Any:
         if isinstance(step, StoreCall):
+            settler = self._settler
+            if step.fn is store.settle and settler is not None:
+                return settler.settle(step.kwargs)
             return self._store(step.fn, *step.args, **step.kwargs)
         if isinstance(step, CallHandler):
             job = step.execution.job
@@ -245,6 +250,7 @@ class Runner:
         previous = self._install_signals() if install_signal_handlers else {}
         heartbeat = _Heartbeat(self)
         heartbeat.start()
+        settler = self._settler = _Settler(self)
         listener = _Listener.start_for(self)
         log.info(
             "runner started: queues=%s concurrency=%d", ",".join(self.queues), self.settings.concurrency
@@ -256,6 +262,8 @@ class Runner:
                 self._shutdown()
             finally:
                 heartbeat.stop()
+                settler.stop()
+                self._settler = None
                 if listener is not None:
                     listener.stop()
                 for sig, previous_handler in previous.items():
@@ -270,6 +278,9 @@ class Runner:
         recovery_due = 0.0
         failures = 0
         while not self._stopping.is_set():
+            # Cleared before looking at the state, so a wake-up that arrives
+            # while we look is never lost and a stale one never spins us.
+            self._wake.clear()
             try:
                 if time.monotonic() >= recovery_due:
                     self._recover_one()
@@ -281,7 +292,6 @@ class Runner:
                 free = settings.concurrency - len(self._active)
                 taken = 0
                 if free > 0:
-                    self._wake.clear()
                     executions, cancelled = self._claim(free)
                     for execution in executions:
                         thread = threading.Thread(
@@ -348,6 +358,58 @@ class Runner:
             self._store(release_and_recover, [e.pair for e in leftover])
         except WatchdogError as error:
             log.error("shutdown: could not hand %d running job(s) to recovery: %s", len(leftover), error)
+
+
+class _Settler:
+    """Settles finished executions in batches: every settle that is waiting
+    when a batch starts shares one transaction and one commit.
+
+    Each settle keeps its own guard (exact token, live lease); a failed
+    batch fails each waiting execution's settle, which recovery then covers.
+    """
+
+    MAX_BATCH = 256
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self._pending: list[tuple[Mapping[str, Any], Future[Any]]] = []
+        self._cond = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="watchdog-settler", daemon=True)
+        self._thread.start()
+
+    def settle(self, request: Mapping[str, Any]) -> Any:
+        future: Future[Any] = Future()
+        with self._cond:
+            if self._stopped:
+                raise WatchdogError(ErrorCode.SETTLEMENT_REJECTED, "runner stopped")
+            self._pending.append((request, future))
+            self._cond.notify()
+        return future.result()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._stopped:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                batch = self._pending[: self.MAX_BATCH]
+                del self._pending[: self.MAX_BATCH]
+            try:
+                results = self.runner._store(store.settle_many, [request for request, _ in batch])
+            except BaseException as error:
+                for _, future in batch:
+                    future.set_exception(error)
+                continue
+            for (_, future), result in zip(batch, results):
+                future.set_result(result)
 
 
 class _Heartbeat:
