@@ -27,7 +27,8 @@ __all__ = ["enqueue", "enqueue_select", "Watchdog", "EVENT_QUEUED", "EVENT_STOP"
 
 T = TypeVar("T")
 
-#: NOTIFY payloads: new work, or a cancellation/lane failure to act on.
+#: NOTIFY payloads: new work (sent by the table's INSERT trigger), or a
+#: cancellation/lane failure to act on.
 EVENT_QUEUED = "queued"
 EVENT_STOP = "stop"
 
@@ -92,8 +93,7 @@ def enqueue(
     except EnqueueConflict:
         _roll_back(target)
         raise
-    if any(r.status is EnqueueStatus.QUEUED for r in results):
-        store.notify(conn, EVENT_QUEUED)
+    # On PostgreSQL a statement trigger NOTIFYs idle runners at commit.
     return results[0] if single else results
 
 

@@ -104,5 +104,26 @@ def upgrade() -> None:
     )
 
 
+    if op.get_bind().dialect.name == "postgresql":
+        # Wake idle runners when an INSERT into the table commits.
+        op.execute(
+            """
+            CREATE OR REPLACE FUNCTION watchdog_jobs_notify_queued() RETURNS trigger
+            LANGUAGE plpgsql AS $$
+            BEGIN
+                PERFORM pg_notify('watchdog_jobs', 'queued');
+                RETURN NULL;
+            END
+            $$
+            """
+        )
+        op.execute(
+            "CREATE TRIGGER watchdog_jobs_queued AFTER INSERT ON watchdog_jobs "
+            "FOR EACH STATEMENT EXECUTE FUNCTION watchdog_jobs_notify_queued()"
+        )
+
+
 def downgrade() -> None:
     op.drop_table("watchdog_jobs")
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute("DROP FUNCTION IF EXISTS watchdog_jobs_notify_queued()")
