@@ -332,7 +332,7 @@ class AsyncRunner:
         :meth:`Runner.run_forever <sqlalchemy_watchdog.Runner.run_forever>`."""
         wake, stopping, _ = self._events()
         loop = asyncio.get_running_loop()
-        installed: list[int] = []
+        installed: list[signal.Signals] = []
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self.stop)

@@ -16,7 +16,6 @@ from .jobs import (
     CancelResult,
     CancelStatus,
     EnqueueResult,
-    EnqueueStatus,
     Job,
     JobView,
     LaneFailure,
@@ -86,7 +85,7 @@ def enqueue(
         so its other writes cannot commit without their job.
     """
     single = isinstance(jobs, Job)
-    batch = [jobs] if single else list(jobs)  # type: ignore[list-item, arg-type]
+    batch: list[Job] = [jobs] if isinstance(jobs, Job) else list(jobs)
     conn = _connection(target)
     try:
         results = store.enqueue(conn, batch)

@@ -15,6 +15,8 @@ your own declarative ``Base`` in one ``Session``; list it in Alembic's
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from sqlalchemy import (
     DDL,
     BigInteger,
@@ -22,6 +24,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    Table,
     Text,
     event,
     text,
@@ -120,7 +123,7 @@ class WatchdogJob(WatchdogBase):
         return f"WatchdogJob(job_id={self.job_id!r}, state={self.state!r}, outcome={self.outcome!r})"
 
 
-def _partial(where: str) -> dict[str, object]:
+def _partial(where: str) -> dict[str, Any]:
     return {"postgresql_where": text(where), "sqlite_where": text(where)}
 
 
@@ -159,7 +162,7 @@ Index(
 )
 
 #: The Core ``Table`` behind :class:`WatchdogJob`; the statements use it.
-jobs_table = WatchdogJob.__table__
+jobs_table: Table = cast(Table, WatchdogJob.__table__)
 
 # On PostgreSQL every INSERT statement into the table (enqueue, enqueue_select,
 # or your own SQL) wakes idle runners through NOTIFY when its transaction

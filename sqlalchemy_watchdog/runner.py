@@ -30,7 +30,6 @@ from . import store
 from .client import EVENT_QUEUED, EVENT_STOP
 from .errors import ErrorCode, WatchdogError
 from .execution import (
-    UNKNOWN,
     CallHandler,
     Execution,
     Probe,
@@ -408,7 +407,7 @@ class _Settler:
                 for _, future in batch:
                     future.set_exception(error)
                 continue
-            for (_, future), result in zip(batch, results):
+            for (_, future), result in zip(batch, results, strict=True):
                 future.set_result(result)
 
 

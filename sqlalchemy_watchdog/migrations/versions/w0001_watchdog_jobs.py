@@ -7,6 +7,8 @@ Create Date: 2026-12-02
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -18,7 +20,7 @@ depends_on = None
 LIVE = "state IN ('queued', 'running')"
 
 
-def _partial(where: str) -> dict[str, object]:
+def _partial(where: str) -> dict[str, Any]:
     return {"postgresql_where": sa.text(where), "sqlite_where": sa.text(where)}
 
 
