@@ -46,6 +46,7 @@ from .execution import (
     recover_one,
     release_and_recover,
     renewals,
+    slots_taken,
 )
 from .jobs import CancelResult, Decision, EnqueueResult, Job, JobState, JobView, LaneFailure
 
@@ -223,7 +224,10 @@ class AsyncRunner:
         if execution.signal.event.is_set():
             task.cancel()
         # wait() never raises the handler's own cancellation into this task.
-        await asyncio.wait({task})
+        try:
+            await asyncio.wait({task})
+        finally:
+            self._free_slot(execution)
         if task.cancelled():
             reason = execution.signal.reason or StopReason.SHUTDOWN
             if reason is StopReason.SHUTDOWN:
@@ -269,12 +273,18 @@ class AsyncRunner:
             self._active[execution.job_id] = execution
         return executions, batch.cancelled
 
+    def _free_slot(self, execution: Execution) -> None:
+        if execution.slot_held:
+            execution.slot_held = False
+            self._events()[0].set()
+
     async def _execute(self, execution: Execution) -> TickResult:
         try:
             return await drive_async(execute(execution, self._clock), self._perform)
         finally:
             if self._active.get(execution.job_id) is execution:
                 del self._active[execution.job_id]
+            self._free_slot(execution)
             execution.done.set()
             self._events()[0].set()
 
@@ -375,7 +385,7 @@ class AsyncRunner:
                         settings.poll_interval_s,
                         settings.poll_interval_s if until_expiry is None else until_expiry,
                     )
-                free = settings.concurrency - len(self._active)
+                free = settings.concurrency - slots_taken(self._active.values())
                 taken = 0
                 if free > 0:
                     executions, cancelled = await self._claim(free)

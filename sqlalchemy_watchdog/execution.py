@@ -258,6 +258,10 @@ class Execution:
     signal: StopSignal
     done: threading.Event = field(default_factory=threading.Event)
     task: Any = None
+    #: Whether it still occupies one of the runner's ``concurrency`` slots:
+    #: from the claim until its handler returns. Its settle then overlaps
+    #: with the next claim; the heartbeat keeps renewing it until settled.
+    slot_held: bool = True
 
     @classmethod
     def of(cls, claim: Claim) -> Execution:
@@ -315,6 +319,11 @@ class Probe:
 UNKNOWN = object()
 Step = StoreCall | CallHandler | Probe
 Steps = Generator[Step, Any, T]
+
+
+def slots_taken(executions: Iterable[Execution]) -> int:
+    """How many of the runner's concurrency slots are in use."""
+    return sum(1 for e in executions if e.slot_held)
 
 
 def drive(steps: Steps[T], perform: Callable[[Step], Any]) -> T:

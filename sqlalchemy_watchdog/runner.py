@@ -49,6 +49,7 @@ from .execution import (
     recover_one,
     release_and_recover,
     renewals,
+    slots_taken,
 )
 from .jobs import Decision, JobState, JobView
 
@@ -148,6 +149,8 @@ class Runner:
             except Exception as error:
                 log.warning("job %s: handler raised %s: %s", job.job_id, type(error).__name__, error)
                 return decision_of_exception(error)
+            finally:
+                self._free_slot(step.execution)
         if isinstance(step, Probe):
             try:
                 return bool(self.settings.is_alive(step.job))  # type: ignore[misc]
@@ -183,6 +186,11 @@ class Runner:
                 self._active[execution.job_id] = execution
         return executions, batch.cancelled
 
+    def _free_slot(self, execution: Execution) -> None:
+        if execution.slot_held:
+            execution.slot_held = False
+            self._wake.set()
+
     def _execute(self, execution: Execution) -> TickResult:
         try:
             return drive(execute(execution, self._clock), self._perform)
@@ -190,6 +198,7 @@ class Runner:
             with self._lock:
                 if self._active.get(execution.job_id) is execution:
                     del self._active[execution.job_id]
+            self._free_slot(execution)
             execution.done.set()
             self._wake.set()
 
@@ -288,7 +297,7 @@ class Runner:
                         settings.poll_interval_s,
                         settings.poll_interval_s if until_expiry is None else until_expiry,
                     )
-                free = settings.concurrency - len(self._active)
+                free = settings.concurrency - slots_taken(self._active_view().values())
                 taken = 0
                 if free > 0:
                     executions, cancelled = self._claim(free)
