@@ -240,7 +240,7 @@ class AsyncRunner:
         result = task.result()
         if inspect.isawaitable(result):  # a plain function that returned a coroutine
             result = await result
-        return decision_of_result(result)
+        return decision_of_result(result, job)
 
     def _stop_execution(self, execution: Execution, reason: StopReason) -> None:
         execution.signal.request(reason)

@@ -145,9 +145,18 @@ class TickResult:
     job_id: str | None = None
 
 
-def decision_of_result(result: object) -> Decision:
-    """A handler's return value as a decision (None means completed)."""
+def decision_of_result(result: object, job: RunningJob) -> Decision | None:
+    """A handler's return value as a decision.
+
+    None means ``completed`` -- unless the runner had asked the handler to
+    stop for shutdown: then returning None cannot be told apart from
+    abandoning the work, so there is no decision and the job is handed to
+    recovery (requeued within its budget, else ``interrupted``). A handler
+    that did finish says so with ``Decision.completed()``.
+    """
     if result is None:
+        if job.stop_reason is StopReason.SHUTDOWN:
+            return None
         return Decision.completed()
     if isinstance(result, Decision):
         return result

@@ -10,7 +10,7 @@ import enum
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from .errors import InvalidJob
@@ -167,6 +167,7 @@ class Job:
 
     job_id: str
     queue: str
+    _: KW_ONLY
     lane: str | None = None
     priority: int = 0
     payload: Any = None

@@ -145,7 +145,7 @@ class Runner:
         if isinstance(step, CallHandler):
             job = step.execution.job
             try:
-                return decision_of_result(self.settings.handlers[job.queue](job))
+                return decision_of_result(self.settings.handlers[job.queue](job), job)
             except Exception as error:
                 log.warning("job %s: handler raised %s: %s", job.job_id, type(error).__name__, error)
                 return decision_of_exception(error)
