@@ -46,7 +46,7 @@ from .errors import WatchdogError
 from .jobs import CancelStatus, JobView
 from .model import jobs_table
 
-__all__ = ["main", "DEFAULT_URL", "URL_ENV"]
+__all__ = ["DEFAULT_URL", "URL_ENV", "main"]
 
 #: The environment variable naming the database when ``--url`` is not given.
 URL_ENV = "WATCHDOG_DATABASE_URL"
@@ -105,9 +105,9 @@ def _require_table(engine: Engine) -> None:
     hint = f"run `sqlalchemy-watchdog --url {_shown(url)} upgrade` first"
     if url.get_backend_name() == "sqlite":
         database = url.database or ""
-        if database and database != ":memory:" and not database.startswith("file:"):
-            if not Path(database).exists():
-                raise CommandFailed(f"no SQLite database at {database}; {hint}")
+        on_disk = database not in ("", ":memory:") and not database.startswith("file:")
+        if on_disk and not Path(database).exists():
+            raise CommandFailed(f"no SQLite database at {database}; {hint}")
     if not inspect(engine).has_table(jobs_table.name):
         raise CommandFailed(f"no table {jobs_table.name} in {_shown(url)}; {hint}")
 

@@ -1,0 +1,440 @@
+"""The ``sqlalchemy-watchdog`` command, on SQLite and PostgreSQL.
+
+Most tests call :func:`sqlalchemy_watchdog.cli.main` in-process; one runs a
+real worker process with ``python -m sqlalchemy_watchdog.cli run`` and stops
+it with SIGTERM, and one runs the installed console script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, inspect, text
+from sqlalchemy.engine import URL
+
+from sqlalchemy_watchdog import (
+    Decision,
+    Job,
+    JobState,
+    JobView,
+    Outcome,
+    Runner,
+    RunningJob,
+    Watchdog,
+    enqueue,
+    metadata,
+    store,
+)
+from sqlalchemy_watchdog.cli import main
+from sqlalchemy_watchdog.store import LANE_FAILURE_BATCH
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def url_arg(url: URL) -> str:
+    return url.render_as_string(hide_password=False)
+
+
+#: ``cli(*args) -> (exit status, stdout, stderr)``
+Cli = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def cli(db_url: URL, capsys: pytest.CaptureFixture[str]) -> Cli:
+    """``cli(*args) -> (exit status, stdout, stderr)`` against the test database."""
+
+    def run(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        status = main(["--url", url_arg(db_url), *args])
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    return run
+
+
+def add(engine: Engine, *jobs: Job) -> None:
+    with engine.begin() as conn:
+        enqueue(conn, list(jobs))
+
+
+def read(engine: Engine, job_id: str) -> JobView:
+    job = Watchdog(engine).read(job_id)
+    assert job is not None, job_id
+    return job
+
+
+def claim_one(engine: Engine, queue: str) -> store.Claim:
+    with engine.begin() as conn:
+        batch = store.claim(conn, queues=[queue], limit=1, lease_ms=60_000)
+    assert len(batch.claimed) == 1
+    return batch.claimed[0]
+
+
+# -- upgrade ------------------------------------------------------------------------
+
+
+def test_upgrade_creates_the_table_and_is_idempotent(empty_engine: Engine, cli: Cli) -> None:
+    assert not inspect(empty_engine).has_table("watchdog_jobs")
+    status, out, _ = cli("upgrade")
+    assert status == 0
+    assert "w0001_watchdog_jobs" in out
+    assert inspect(empty_engine).has_table("watchdog_jobs")
+    status, out, _ = cli("--json", "upgrade")
+    assert status == 0
+    assert json.loads(out)["heads"] == ["w0001_watchdog_jobs"]
+    with empty_engine.connect() as conn:
+        versions = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    assert versions == ["w0001_watchdog_jobs"]
+    # The migrated table is the model: jobs go in and come out.
+    add(empty_engine, Job("a", "q"))
+    assert read(empty_engine, "a").state is JobState.QUEUED
+
+
+def test_upgrade_matches_the_model(empty_engine: Engine, cli: Cli) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    assert cli("upgrade")[0] == 0
+    with empty_engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), metadata)
+    assert diff == []
+
+
+def test_upgrade_refuses_a_database_with_foreign_revisions(empty_engine: Engine, cli: Cli) -> None:
+    with empty_engine.begin() as conn:
+        conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)"))
+        conn.execute(text("INSERT INTO alembic_version VALUES ('app0001')"))
+    status, _, err = cli("upgrade")
+    assert status == 1
+    assert "app0001" in err and "alembic upgrade heads" in err
+
+
+# -- reads ----------------------------------------------------------------------------
+
+
+def test_show(engine: Engine, cli: Cli) -> None:
+    add(engine, Job("order-1", "emails", lane="team:7", priority=3, payload={"to": "ada@example.com"}))
+    status, out, _ = cli("show", "order-1")
+    assert status == 0
+    lines = dict(line.split(None, 1) for line in out.splitlines())
+    assert lines["job_id"] == "order-1"
+    assert lines["lane"] == "team:7"
+    assert lines["state"] == "queued"
+    assert lines["outcome"] == "-"
+    assert json.loads(lines["payload"]) == {"to": "ada@example.com"}
+
+    status, out, _ = cli("--json", "show", "order-1")
+    assert status == 0
+    shown = json.loads(out)
+    assert shown["priority"] == 3 and shown["payload"] == {"to": "ada@example.com"}
+
+
+def test_show_missing_job_exits_1(engine: Engine, cli: Cli) -> None:
+    status, out, err = cli("show", "nope")
+    assert status == 1
+    assert out == ""
+    assert "no job 'nope'" in err
+    status, out, _ = cli("--json", "show", "nope")
+    assert status == 1 and json.loads(out) is None
+
+
+def test_head(engine: Engine, cli: Cli) -> None:
+    status, out, _ = cli("head", "emails")
+    assert (status, out.strip()) == (0, "queue 'emails' is idle")
+    add(engine, Job("low", "emails"), Job("high", "emails", priority=5), Job("other", "sms", priority=9))
+    status, out, _ = cli("--json", "head", "emails")
+    assert status == 0 and json.loads(out)["job_id"] == "high"
+    claim_one(engine, "emails")  # "high" is running now: the running job is the head
+    add(engine, Job("higher", "emails", priority=50))
+    status, out, _ = cli("head", "emails")
+    assert status == 0
+    assert "high\n" in out and "running" in out
+
+
+def test_settled_pages_in_admission_order(engine: Engine, cli: Cli) -> None:
+    add(engine, *(Job(f"job-{i}", "q") for i in range(5)), Job("still-queued", "other"))
+
+    def handle(job: RunningJob) -> Decision | None:
+        return Decision.failed("boom") if job.job_id == "job-3" else None
+
+    Runner(engine, {"q": handle}).run_until_idle()
+    status, out, _ = cli("settled", "--limit", "2")
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["sequence", "job_id", "queue", "outcome", "failure_reason"]
+    assert [line.split()[1] for line in lines[1:3]] == ["job-0", "job-1"]
+    assert lines[3].startswith("(more may follow: --after ")
+    after = lines[3].split("--after ")[1].rstrip(")")
+
+    status, out, _ = cli("--json", "settled", "--after", after)
+    assert status == 0
+    jobs = [json.loads(line) for line in out.splitlines()]
+    assert [j["job_id"] for j in jobs] == ["job-2", "job-3", "job-4"]
+    assert jobs[1]["outcome"] == "failed" and jobs[1]["failure_reason"] == "boom"
+
+    status, out, _ = cli("settled", "--after", "1000000")
+    assert (status, out.strip()) == (0, "no settled jobs after sequence 1000000")
+
+
+# -- commands ---------------------------------------------------------------------------
+
+
+def test_cancel(engine: Engine, cli: Cli) -> None:
+    add(engine, Job("a", "q"), Job("b", "q"))
+    assert cli("cancel", "a", "cancel-a")[:2] == (0, "a: recorded\n")
+    assert cli("cancel", "a", "cancel-a")[:2] == (0, "a: replayed\n")
+    status, out, err = cli("cancel", "a", "cancel-a-again")
+    assert (status, out) == (1, "a: conflict\n")
+    assert "not recorded" in err
+    status, out, err = cli("--json", "cancel", "ghost", "cancel-ghost")
+    assert status == 1 and json.loads(out) == {"job_id": "ghost", "status": "missing"}
+    assert "no job 'ghost'" in err
+    assert read(engine, "a").cancellation_id == "cancel-a"
+
+
+def test_cancel_only_if_queued_refuses_a_running_job(engine: Engine, cli: Cli) -> None:
+    add(engine, Job("a", "q"))
+    claim_one(engine, "q")
+    status, out, err = cli("cancel", "a", "cancel-a", "--only-if-queued")
+    assert (status, out) == (1, "a: conflict\n")
+    assert "or is running" in err
+    assert cli("cancel", "a", "cancel-a")[:2] == (0, "a: recorded\n")
+
+
+def test_fail_lane_repeats_until_the_lane_is_empty(engine: Engine, cli: Cli) -> None:
+    count = LANE_FAILURE_BATCH + 5
+    add(engine, *(Job(f"j{i}", "q", lane="team:1") for i in range(count)), Job("other", "q", lane="team:2"))
+    claim_one(engine, "q")  # one of them running
+    status, out, _ = cli("--json", "fail-lane", "team:1", "upstream key revoked")
+    assert status == 0
+    assert json.loads(out) == {"lane": "team:1", "settled": count}
+    job = read(engine, "j0")
+    assert (job.outcome, job.failure_reason) == (Outcome.FAILED, "upstream key revoked")
+    assert read(engine, "other").state is JobState.QUEUED
+    status, out, _ = cli("fail-lane", "team:1", "again")
+    assert (status, out.strip()) == (0, "lane 'team:1': 0 job(s) settled failed")
+
+
+def test_purge_deletes_only_queued_jobs(engine: Engine, cli: Cli) -> None:
+    add(engine, Job("running", "q", priority=9), Job("q1", "q"), Job("q2", "q"), Job("elsewhere", "other"))
+    claim_one(engine, "q")
+    status, out, _ = cli("purge", "q")
+    assert (status, out.strip()) == (0, "queue 'q': 2 queued job(s) deleted")
+    watchdog = Watchdog(engine)
+    assert watchdog.read("q1") is None and watchdog.read("q2") is None
+    assert read(engine, "running").state is JobState.RUNNING
+    assert read(engine, "elsewhere").state is JobState.QUEUED
+
+
+# -- errors -------------------------------------------------------------------------------
+
+
+def test_usage_errors_exit_2(engine: Engine, cli: Cli, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert cli("frobnicate")[0] == 2
+    assert cli("show")[0] == 2
+    assert cli("settled", "--limit", "0")[0] == 2
+    assert cli("settled", "--limit", "ten")[0] == 2
+    assert cli("run", "a:b:c")[0] == 2
+    assert cli("run", ":attr")[0] == 2
+    capsys.readouterr()
+    assert main(["--url", "nosuchdialect://x", "show", "a"]) == 2
+    assert "nosuchdialect" in capsys.readouterr().err
+    assert main(["--help"]) == 0
+
+
+def test_watchdog_errors_exit_1_with_their_message(engine: Engine, cli: Cli) -> None:
+    status, _, err = cli("settled", "--limit", "257")
+    assert status == 1
+    assert "invalid_input" in err and "limit" in err
+    status, _, err = cli("show", "x" * 257)
+    assert status == 1 and "job_id" in err
+
+
+def test_missing_table_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "absent.db"
+    assert main(["--url", f"sqlite:///{path}", "show", "a"]) == 1
+    assert "upgrade" in capsys.readouterr().err
+    assert not path.exists()  # a read never creates the database file
+
+
+def test_missing_table_on_either_dialect(empty_engine: Engine, cli: Cli) -> None:
+    with empty_engine.begin() as conn:  # the database exists (on SQLite: the file)
+        conn.execute(text("CREATE TABLE unrelated (id INTEGER PRIMARY KEY)"))
+    status, _, err = cli("head", "q")
+    assert status == 1
+    assert "no table watchdog_jobs" in err and "upgrade" in err
+
+
+def test_url_from_the_environment(
+    engine: Engine, db_url: URL, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    add(engine, Job("from-env", "q"))
+    monkeypatch.setenv("WATCHDOG_DATABASE_URL", url_arg(db_url))
+    assert main(["show", "from-env"]) == 0
+    assert "from-env" in capsys.readouterr().out
+
+
+# -- run --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def app_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Path]]:
+    """A fresh importable module name in ``tmp_path`` (the working directory)."""
+    name = f"watchdog_cli_app_{uuid.uuid4().hex[:8]}"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name, tmp_path / f"{name}.py"
+    sys.modules.pop(name, None)
+
+
+FACTORY_MODULE = '''
+from datetime import timedelta
+from sqlalchemy_watchdog import Decision, Runner
+
+def make_runner(engine):
+    def handle(job):
+        if (job.payload or {}).get("last"):
+            runner.stop()
+        return Decision.failed("declined") if (job.payload or {}).get("declined") else None
+
+    runner = Runner(engine, {"cli-q": handle}, poll_interval=timedelta(milliseconds=50))
+    return runner
+
+def handle_mapped(job):
+    return None
+
+HANDLERS = {"cli-q": handle_mapped}
+'''
+
+
+def test_run_with_a_runner_factory(engine: Engine, cli: Cli, app_module: tuple[str, Path]) -> None:
+    name, path = app_module
+    path.write_text(FACTORY_MODULE)
+    add(
+        engine,
+        Job("ok", "cli-q", priority=2),
+        Job("declined", "cli-q", priority=1, payload={"declined": True}),
+        Job("last", "cli-q", priority=0, payload={"last": True}),
+    )
+    status, _, err = cli("run", f"{name}:make_runner")
+    assert status == 0, err
+    watchdog = Watchdog(engine)
+    assert read(engine, "ok").outcome is Outcome.COMPLETED
+    assert read(engine, "declined").outcome is Outcome.FAILED
+    assert read(engine, "last").outcome is Outcome.COMPLETED
+    assert not watchdog.has_pending_work()
+
+
+ASYNC_MODULE = '''
+from datetime import timedelta
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import NullPool
+from sqlalchemy_watchdog.asyncio import AsyncRunner
+
+def make_runner(engine):
+    driver = "sqlite+aiosqlite" if engine.dialect.name == "sqlite" else "postgresql+psycopg"
+    async_engine = create_async_engine(engine.url.set(drivername=driver), poolclass=NullPool)
+
+    async def handle(job):
+        if (job.payload or {}).get("last"):
+            runner.stop()
+
+    runner = AsyncRunner(async_engine, {"cli-async": handle}, poll_interval=timedelta(milliseconds=50))
+    return runner
+'''
+
+
+def test_run_with_an_async_runner_factory(engine: Engine, cli: Cli, app_module: tuple[str, Path]) -> None:
+    name, path = app_module
+    path.write_text(ASYNC_MODULE)
+    add(engine, Job("first", "cli-async", priority=1), Job("last", "cli-async", payload={"last": True}))
+    status, _, err = cli("run", f"{name}:make_runner")
+    assert status == 0, err
+    watchdog = Watchdog(engine)
+    assert [j.outcome for j in watchdog.read_settled()] == [Outcome.COMPLETED, Outcome.COMPLETED]
+
+
+def test_run_refuses_options_with_a_factory_and_bad_targets(engine: Engine, cli: Cli, app_module: tuple[str, Path]) -> None:
+    name, path = app_module
+    path.write_text(FACTORY_MODULE + "\nNOT_A_RUNNER = 42\n")
+    status, _, err = cli("run", f"{name}:make_runner", "--concurrency", "4")
+    assert status == 2 and "--concurrency" in err
+    status, _, err = cli("run", f"{name}:NOT_A_RUNNER")
+    assert status == 1 and "int" in err
+    status, _, err = cli("run", f"{name}:missing")
+    assert status == 1 and "no attribute 'missing'" in err
+    status, _, err = cli("run", "no_such_module_for_cli_tests")
+    assert status == 1 and "cannot import" in err
+    # A mapping gets the runner options; an invalid one is refused before it runs.
+    status, _, err = cli("run", f"{name}:HANDLERS", "--lease", "1", "--heartbeat", "1")
+    assert status == 1 and "heartbeat" in err
+    status, _, err = cli("run", f"{name}:HANDLERS", "--queue", "not-served")
+    assert status == 1 and "not-served" in err
+
+
+WORKER_MODULE = '''
+from sqlalchemy_watchdog import handler
+
+@handler("cli-sub")
+def work(job):
+    return None
+'''
+
+
+def test_run_in_a_subprocess_until_sigterm(engine: Engine, db_url: URL, tmp_path: Path) -> None:
+    name = f"watchdog_cli_worker_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(WORKER_MODULE)
+    add(engine, Job("sub-1", "cli-sub"), Job("sub-2", "cli-sub", payload={"n": 2}))
+    env = {**os.environ, "WATCHDOG_DATABASE_URL": url_arg(db_url), "PYTHONPATH": str(ROOT)}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "sqlalchemy_watchdog.cli", "run", name, "--poll-interval", "0.1"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        watchdog = Watchdog(engine)
+        deadline = time.monotonic() + 30
+        while watchdog.has_pending_work() and time.monotonic() < deadline and worker.poll() is None:
+            time.sleep(0.05)
+        assert not watchdog.has_pending_work(), worker.poll()
+        worker.send_signal(signal.SIGTERM)
+        _, err = worker.communicate(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert worker.returncode == 0, err
+    assert "settled job sub-1: completed" in err  # INFO logging is on for `run`
+    assert "runner stopped" in err
+    assert [j.job_id for j in Watchdog(engine).read_settled()] == ["sub-1", "sub-2"]
+
+
+def test_console_script(engine: Engine, db_url: URL) -> None:
+    script = Path(sys.executable).parent / "sqlalchemy-watchdog"
+    if not script.exists():
+        pytest.skip(f"console script not installed beside {sys.executable}")
+    add(engine, Job("via-script", "q"))
+    done = subprocess.run(
+        [str(script), "--url", url_arg(db_url), "--json", "show", "via-script"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["state"] == "queued"
+    done = subprocess.run([str(script), "frobnicate"], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
