@@ -108,8 +108,9 @@ def enqueue_select(target: Session | Connection, source: Select[Any]) -> list[En
     anything is written; an invalid row raises :class:`InvalidJob` naming the
     field and the row.
     """
-    conn = _connection(target)
-    result = conn.execute(source)
+    # Through the Session when there is one, so its pending rows are flushed
+    # and the SELECT sees what the caller just added.
+    result = target.execute(source) if isinstance(target, Session) else _connection(target).execute(source)
     names = set(result.keys())
     unknown = names - set(_SELECT_COLUMNS)
     if unknown:

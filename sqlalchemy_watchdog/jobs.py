@@ -142,7 +142,12 @@ def encode_payload(payload: Any) -> str:
     the same text and an identical replay is recognised as a duplicate.
     """
     _check_json(payload)
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    try:
+        text = json.dumps(
+            payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    except (TypeError, ValueError) as error:  # e.g. a read-only mapping, a 5,000-digit int
+        raise InvalidJob("payload", f"cannot be encoded as JSON: {error}") from None
     size = len(text.encode("utf-8"))
     if size > PAYLOAD_MAX_BYTES:
         raise InvalidJob("payload", f"must be at most {PAYLOAD_MAX_BYTES} bytes of JSON, got {size}")

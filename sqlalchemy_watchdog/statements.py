@@ -176,6 +176,13 @@ def enqueue_rows(dialect: str, rows: Sequence[Mapping[str, Any]]) -> Insert:
     ).returning(c.job_id)
 
 
+def stored_contents(job_ids: Sequence[str]) -> Select[Any]:
+    """What an identical replay compares, for the stored jobs among ``job_ids``."""
+    return select(
+        c.job_id, c.queue_name, c.lane, c.priority, c.payload_json, c.recovery_max
+    ).where(c.job_id.in_(list(job_ids)))
+
+
 def read_job(job_id: str) -> Select[Any]:
     return select(*COLUMNS).where(c.job_id == job_id)
 

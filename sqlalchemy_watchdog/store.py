@@ -131,6 +131,12 @@ def enqueue(conn: Connection, jobs: Sequence[Job]) -> list[EnqueueResult]:
     admitted: set[str] = set()
     for start in range(0, len(unique), ENQUEUE_CHUNK):
         chunk = unique[start : start + ENQUEUE_CHUNK]
+        if len(chunk) > 1:
+            # Name the offender of a batch before the statement fails (after,
+            # PostgreSQL's transaction is aborted and cannot be asked).
+            offender = _first_conflict(conn, chunk)
+            if offender is not None:
+                raise EnqueueConflict(offender)
         stmt = sql.enqueue_rows(conn.dialect.name, [_row(job) for job in chunk])
         try:
             admitted.update(conn.execute(stmt).scalars())
@@ -145,6 +151,19 @@ def enqueue(conn: Connection, jobs: Sequence[Job]) -> list[EnqueueResult]:
             EnqueueResult(job.job_id, EnqueueStatus.QUEUED if queued else EnqueueStatus.DUPLICATE)
         )
     return results
+
+
+def _first_conflict(conn: Connection, chunk: Sequence[Job]) -> str | None:
+    """The first job of ``chunk`` stored with other contents, if any."""
+    stored = {
+        row.job_id: row._asdict()
+        for row in conn.execute(sql.stored_contents([job.job_id for job in chunk]))
+    }
+    for job in chunk:
+        row = stored.get(job.job_id)
+        if row is not None and row != _row(job):
+            return job.job_id
+    return None
 
 
 def _same(a: Job, b: Job) -> bool:
@@ -169,8 +188,8 @@ def _conflict_of(conn: Connection, chunk: Sequence[Job], error: IntegrityError) 
         return error
     if len(chunk) == 1:
         return EnqueueConflict(chunk[0].job_id)
-    # The failed statement named no job; the transaction may be aborted, so
-    # the offender cannot be looked up. Name the candidates instead.
+    # A concurrent transaction committed a conflicting job after our
+    # look-up; the aborted transaction cannot be asked which one.
     conflict = EnqueueConflict(chunk[0].job_id)
     conflict.args = (
         f"one of {len(chunk)} jobs (the first is {chunk[0].job_id!r}) is already enqueued "

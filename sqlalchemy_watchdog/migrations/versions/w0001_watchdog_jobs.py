@@ -24,6 +24,10 @@ def _partial(where: str) -> dict[str, Any]:
     return {"postgresql_where": sa.text(where), "sqlite_where": sa.text(where)}
 
 
+# Names are final (op.f): an environment whose target_metadata carries a
+# naming convention must not prefix them again.
+
+
 def upgrade() -> None:
     op.create_table(
         "watchdog_jobs",
@@ -46,60 +50,60 @@ def upgrade() -> None:
         sa.Column("cancellation_id", sa.Text(), nullable=True),
         sa.Column("failure_reason", sa.Text(), nullable=True),
         sa.Column("lease_until", sa.BigInteger(), nullable=True),
-        sa.PrimaryKeyConstraint("sequence", name="pk_watchdog_jobs"),
-        sa.UniqueConstraint("job_id", name="uq_watchdog_jobs_job_id"),
-        sa.UniqueConstraint("cancellation_id", name="uq_watchdog_jobs_cancellation_id"),
-        sa.CheckConstraint("length(job_id) BETWEEN 1 AND 256", name="ck_watchdog_jobs_job_id_length"),
+        sa.PrimaryKeyConstraint("sequence", name=op.f("pk_watchdog_jobs")),
+        sa.UniqueConstraint("job_id", name=op.f("uq_watchdog_jobs_job_id")),
+        sa.UniqueConstraint("cancellation_id", name=op.f("uq_watchdog_jobs_cancellation_id")),
+        sa.CheckConstraint("length(job_id) BETWEEN 1 AND 256", name=op.f("ck_watchdog_jobs_job_id_length")),
         sa.CheckConstraint(
-            "length(queue_name) BETWEEN 1 AND 256", name="ck_watchdog_jobs_queue_name_length"
+            "length(queue_name) BETWEEN 1 AND 256", name=op.f("ck_watchdog_jobs_queue_name_length")
         ),
-        sa.CheckConstraint("length(lane) BETWEEN 1 AND 512", name="ck_watchdog_jobs_lane_length"),
+        sa.CheckConstraint("length(lane) BETWEEN 1 AND 512", name=op.f("ck_watchdog_jobs_lane_length")),
         sa.CheckConstraint(
             "cancellation_id IS NULL OR length(cancellation_id) BETWEEN 1 AND 256",
-            name="ck_watchdog_jobs_cancellation_id_length",
+            name=op.f("ck_watchdog_jobs_cancellation_id_length"),
         ),
         sa.CheckConstraint(
-            "state IN ('queued', 'running', 'settled')", name="ck_watchdog_jobs_state_known"
+            "state IN ('queued', 'running', 'settled')", name=op.f("ck_watchdog_jobs_state_known")
         ),
         sa.CheckConstraint(
             "outcome IS NULL OR outcome IN "
             "('completed', 'failed', 'cancelled', 'outcome_unknown', 'interrupted')",
-            name="ck_watchdog_jobs_outcome_known",
+            name=op.f("ck_watchdog_jobs_outcome_known"),
         ),
         sa.CheckConstraint(
             "recovery_max IS NULL OR recovery_max >= 0",
-            name="ck_watchdog_jobs_recovery_max_nonnegative",
+            name=op.f("ck_watchdog_jobs_recovery_max_nonnegative"),
         ),
-        sa.CheckConstraint("recovery_count >= 0", name="ck_watchdog_jobs_recovery_count_nonnegative"),
+        sa.CheckConstraint("recovery_count >= 0", name=op.f("ck_watchdog_jobs_recovery_count_nonnegative")),
         sa.CheckConstraint(
             "(state = 'queued' AND outcome IS NULL AND claim_token IS NULL AND lease_until IS NULL)"
             " OR (state = 'running' AND outcome IS NULL AND claim_token IS NOT NULL"
             " AND lease_until IS NOT NULL)"
             " OR (state = 'settled' AND outcome IS NOT NULL AND lease_until IS NULL)",
-            name="ck_watchdog_jobs_state_grammar",
+            name=op.f("ck_watchdog_jobs_state_grammar"),
         ),
         sqlite_autoincrement=True,
     )
     op.create_index(
-        "ix_watchdog_jobs_ready",
+        op.f("ix_watchdog_jobs_ready"),
         "watchdog_jobs",
         [sa.column("priority").desc(), "sequence"],
         **_partial("state = 'queued'"),
     )
     op.create_index(
-        "ix_watchdog_jobs_lease",
+        op.f("ix_watchdog_jobs_lease"),
         "watchdog_jobs",
         ["lease_until", "sequence"],
         **_partial("state = 'running'"),
     )
     op.create_index(
-        "ix_watchdog_jobs_live_lane",
+        op.f("ix_watchdog_jobs_live_lane"),
         "watchdog_jobs",
         ["lane", sa.column("state").desc(), "sequence"],
         **_partial(LIVE),
     )
     op.create_index(
-        "ix_watchdog_jobs_live_queue",
+        op.f("ix_watchdog_jobs_live_queue"),
         "watchdog_jobs",
         ["queue_name", "state", sa.column("priority").desc(), "sequence"],
         **_partial(LIVE),

@@ -1,0 +1,345 @@
+"""Alembic: the repository's own environment, and an application's environment
+that includes sqlalchemy_watchdog's revisions through ``version_locations``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.migration import MigrationContext
+from sqlalchemy import CheckConstraint, Engine, MetaData, UniqueConstraint, create_engine, inspect, text
+from sqlalchemy.engine import URL
+
+import sqlalchemy_watchdog
+from sqlalchemy_watchdog import Job, JobState, Watchdog, enqueue
+
+REPO = Path(__file__).resolve().parent.parent
+ALEMBIC_INI = REPO / "alembic.ini"
+ALEMBIC = [sys.executable, "-m", "alembic"]
+
+
+def repo_config() -> Config:
+    """The repository's alembic.ini (its env.py leaves pytest's logging alone)."""
+    config = Config(str(ALEMBIC_INI))
+    config.attributes["configure_logger"] = False
+    return config
+
+
+def run(engine: Engine, operation: Any, *args: Any) -> None:
+    """Run an Alembic command of the repository's environment on ``engine``."""
+    config = repo_config()
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        operation(config, *args)
+
+
+def tables(engine: Engine) -> set[str]:
+    return set(inspect(engine).get_table_names())
+
+
+def differences(engine: Engine, target: MetaData | list[MetaData]) -> list[Any]:
+    with engine.connect() as conn:
+        return compare_metadata(MigrationContext.configure(conn), target)
+
+
+def schema_names(engine: Engine) -> dict[str, set[str]]:
+    """Names of watchdog_jobs' constraints and indexes as the database reports them."""
+    inspector = inspect(engine)
+    return {
+        "check": {c["name"] for c in inspector.get_check_constraints("watchdog_jobs")},
+        "unique": {c["name"] for c in inspector.get_unique_constraints("watchdog_jobs")},
+        "index": {
+            i["name"]
+            for i in inspector.get_indexes("watchdog_jobs")
+            if not i.get("duplicates_constraint")
+        },
+    }
+
+
+def model_names() -> dict[str, set[str]]:
+    table = sqlalchemy_watchdog.metadata.tables["watchdog_jobs"]
+    return {
+        "check": {c.name for c in table.constraints if isinstance(c, CheckConstraint)},
+        "unique": {c.name for c in table.constraints if isinstance(c, UniqueConstraint)},
+        "index": {i.name for i in table.indexes},
+    }
+
+
+# -- the repository's own environment ------------------------------------------------
+
+
+def test_upgrade_head_creates_the_jobs_table(empty_engine: Engine) -> None:
+    run(empty_engine, command.upgrade, "head")
+    assert "watchdog_jobs" in tables(empty_engine)
+    with empty_engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == (
+            "w0001_watchdog_jobs"
+        )
+
+
+def test_migrated_table_takes_jobs(empty_engine: Engine) -> None:
+    run(empty_engine, command.upgrade, "head")
+    with empty_engine.begin() as conn:
+        enqueue(conn, Job("job-1", "emails", payload={"to": "a@example.com"}))
+    job = Watchdog(empty_engine).read("job-1")
+    assert job is not None and job.state is JobState.QUEUED and job.sequence >= 1
+
+
+def test_downgrade_base_removes_the_jobs_table(empty_engine: Engine) -> None:
+    run(empty_engine, command.upgrade, "head")
+    run(empty_engine, command.downgrade, "base")
+    assert "watchdog_jobs" not in tables(empty_engine)
+
+
+def test_upgrade_downgrade_upgrade_works(empty_engine: Engine) -> None:
+    run(empty_engine, command.upgrade, "head")
+    with empty_engine.begin() as conn:
+        enqueue(conn, Job("before", "q"))
+    run(empty_engine, command.downgrade, "base")
+    run(empty_engine, command.upgrade, "head")
+    with empty_engine.begin() as conn:
+        enqueue(conn, Job("after", "q"))
+    watchdog = Watchdog(empty_engine)
+    assert watchdog.read("before") is None
+    assert watchdog.read("after") is not None
+    assert differences(empty_engine, sqlalchemy_watchdog.metadata) == []
+
+
+def test_migrated_schema_equals_the_model(empty_engine: Engine) -> None:
+    run(empty_engine, command.upgrade, "head")
+    assert differences(empty_engine, sqlalchemy_watchdog.metadata) == []
+
+
+def test_migrated_constraint_names_equal_the_models(empty_engine: Engine) -> None:
+    # compare_metadata ignores CHECK constraints, so compare their names directly:
+    # a later migration must be able to drop or alter them by their model name.
+    run(empty_engine, command.upgrade, "head")
+    assert schema_names(empty_engine) == model_names()
+
+
+def triggers_and_functions(engine: Engine) -> set[str]:
+    """The table's triggers (and, on PostgreSQL, our trigger functions) by name."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            return set(conn.execute(text("SELECT name FROM sqlite_master WHERE type = 'trigger'")).scalars())
+        triggers = conn.execute(
+            text(
+                "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal"
+                " AND tgrelid = to_regclass('watchdog_jobs')"
+            )
+        ).scalars()
+        functions = conn.execute(
+            text("SELECT proname FROM pg_proc WHERE proname LIKE 'watchdog%'")
+        ).scalars()
+        return {f"trigger {name}" for name in triggers} | {f"function {name}" for name in functions}
+
+
+def test_migration_creates_and_drops_the_same_triggers_as_the_model(empty_engine: Engine) -> None:
+    # Triggers are invisible to compare_metadata too.
+    sqlalchemy_watchdog.metadata.create_all(empty_engine)
+    created = triggers_and_functions(empty_engine)
+    sqlalchemy_watchdog.metadata.drop_all(empty_engine)
+    assert triggers_and_functions(empty_engine) == set()
+    run(empty_engine, command.upgrade, "head")
+    assert triggers_and_functions(empty_engine) == created
+    run(empty_engine, command.downgrade, "base")
+    assert triggers_and_functions(empty_engine) == set()
+
+
+def test_alembic_cli_upgrade_head_from_the_repository_root_uses_watchdog_database_url(
+    db_url: URL, empty_engine: Engine
+) -> None:
+    env = {**os.environ, "WATCHDOG_DATABASE_URL": db_url.render_as_string(hide_password=False)}
+    result = subprocess.run(
+        [*ALEMBIC, "upgrade", "head"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert "watchdog_jobs" in tables(empty_engine)
+    run(empty_engine, command.check)  # raises AutogenerateDiffsDetected on any drift
+
+
+def test_alembic_defaults_to_watchdog_db_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("WATCHDOG_DATABASE_URL", raising=False)
+    monkeypatch.chdir(tmp_path)
+    command.upgrade(repo_config(), "head")
+    engine = create_engine(f"sqlite:///{tmp_path / 'watchdog.db'}")
+    try:
+        assert "watchdog_jobs" in tables(engine)
+    finally:
+        engine.dispose()
+
+
+# -- an application's own environment (the README recipe) ----------------------------
+
+APP_ALEMBIC_INI = """\
+[alembic]
+script_location = %(here)s/migrations
+path_separator = space
+version_locations = %(here)s/migrations/versions sqlalchemy_watchdog:migrations/versions
+sqlalchemy.url = {url}
+"""
+
+APP_MODELS = '''\
+from sqlalchemy import String
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Order(Base):
+    __tablename__ = "orders"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    reference: Mapped[str] = mapped_column(String(40), unique=True)
+'''
+
+APP_ENV = '''\
+from alembic import context
+from sqlalchemy import engine_from_config, pool
+
+import sqlalchemy_watchdog
+from myapp.models import Base
+
+config = context.config
+
+# Both: autogenerate then knows watchdog_jobs and never proposes to drop it.
+target_metadata = [Base.metadata, sqlalchemy_watchdog.metadata]
+
+connectable = engine_from_config(
+    config.get_section(config.config_ini_section, {}),
+    prefix="sqlalchemy.",
+    poolclass=pool.NullPool,
+)
+with connectable.connect() as connection:
+    context.configure(connection=connection, target_metadata=target_metadata)
+    with context.begin_transaction():
+        context.run_migrations()
+'''
+
+APP_REVISION = '''\
+"""Create orders."""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "a0001_orders"
+down_revision = None
+branch_labels = ("app",)
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "orders",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("reference", sa.String(length=40), nullable=False),
+        sa.PrimaryKeyConstraint("id"),
+        sa.UniqueConstraint("reference"),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("orders")
+'''
+
+
+@pytest.fixture
+def app_env(tmp_path: Path, db_url: URL, empty_engine: Engine) -> Path:
+    """A throwaway application with its own Alembic environment and ``orders`` table."""
+    root = tmp_path / "app"
+    (root / "myapp").mkdir(parents=True)
+    (root / "myapp" / "__init__.py").write_text("")
+    (root / "myapp" / "models.py").write_text(APP_MODELS)
+    (root / "migrations" / "versions").mkdir(parents=True)
+    (root / "migrations" / "env.py").write_text(APP_ENV)
+    (root / "migrations" / "versions" / "a0001_orders.py").write_text(APP_REVISION)
+    url = db_url.render_as_string(hide_password=False).replace("%", "%%")
+    (root / "alembic.ini").write_text(APP_ALEMBIC_INI.format(url=url))
+    return root
+
+
+@pytest.fixture
+def app_alembic(app_env: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Run an Alembic command in the application's environment, as its CLI would."""
+    monkeypatch.syspath_prepend(str(app_env))
+    monkeypatch.delenv("WATCHDOG_DATABASE_URL", raising=False)
+    for name in [m for m in sys.modules if m == "myapp" or m.startswith("myapp.")]:
+        monkeypatch.delitem(sys.modules, name)
+
+    def alembic(operation: Any, *args: Any) -> None:
+        operation(Config(str(app_env / "alembic.ini")), *args)
+
+    yield alembic
+    for name in [m for m in sys.modules if m == "myapp" or m.startswith("myapp.")]:
+        del sys.modules[name]
+
+
+def app_metadata(root: Path) -> MetaData:
+    spec = importlib.util.spec_from_file_location(f"app_models_{id(root)}", root / "myapp" / "models.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Base.metadata
+
+
+def test_application_upgrade_heads_creates_its_table_and_the_jobs_table(
+    app_alembic: Any, empty_engine: Engine
+) -> None:
+    app_alembic(command.upgrade, "heads")
+    assert {"orders", "watchdog_jobs"} <= tables(empty_engine)
+    with empty_engine.connect() as conn:
+        versions = set(conn.execute(text("SELECT version_num FROM alembic_version")).scalars())
+    assert versions == {"a0001_orders", "w0001_watchdog_jobs"}
+    assert schema_names(empty_engine) == model_names()
+    with empty_engine.begin() as conn:
+        conn.execute(text("INSERT INTO orders (id, reference) VALUES (1, 'A-1')"))
+        enqueue(conn, Job("confirm-A-1", "emails"))
+    assert Watchdog(empty_engine).read("confirm-A-1") is not None
+
+
+def test_application_autogenerate_finds_no_difference_and_keeps_the_jobs_table(
+    app_alembic: Any, app_env: Path, empty_engine: Engine
+) -> None:
+    app_alembic(command.upgrade, "heads")
+    app_alembic(command.check)  # `alembic check`: raises AutogenerateDiffsDetected on any drift
+
+    app = app_metadata(app_env)
+    assert differences(empty_engine, [app, sqlalchemy_watchdog.metadata]) == []
+    # Without sqlalchemy_watchdog.metadata in target_metadata, autogenerate would
+    # propose to drop our table: that is what listing it prevents.
+    dropped = [d[1].name for d in differences(empty_engine, app) if d[0] == "remove_table"]
+    assert "watchdog_jobs" in dropped
+
+
+def test_application_can_upgrade_and_downgrade_the_watchdog_branch_alone(
+    app_alembic: Any, empty_engine: Engine
+) -> None:
+    app_alembic(command.upgrade, "watchdog@head")
+    assert "watchdog_jobs" in tables(empty_engine)
+    assert "orders" not in tables(empty_engine)
+    app_alembic(command.downgrade, "watchdog@base")
+    assert "watchdog_jobs" not in tables(empty_engine)
+
+
+@pytest.mark.parametrize("dialect", ["sqlite"])  # the in-process tests above cover both dialects
+def test_application_cli_upgrade_heads_creates_both_tables(app_env: Path, empty_engine: Engine) -> None:
+    env = {**os.environ, "PYTHONPATH": str(app_env)}
+    env.pop("WATCHDOG_DATABASE_URL", None)
+    result = subprocess.run(
+        [*ALEMBIC, "upgrade", "heads"], cwd=app_env, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert {"orders", "watchdog_jobs"} <= tables(empty_engine)
