@@ -216,16 +216,24 @@ class AsyncRunner:
     async def _call_handler(self, execution: Execution) -> Decision | None:
         job = execution.job
         fn = self.settings.handlers[job.queue]
-        if inspect.iscoroutinefunction(fn):
+        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
             task: asyncio.Future[Any] = asyncio.ensure_future(fn(job))
         else:
             task = asyncio.ensure_future(asyncio.to_thread(fn, job))
-        execution.task = task
-        if execution.signal.event.is_set():
-            task.cancel()
-        # wait() never raises the handler's own cancellation into this task.
         try:
-            await asyncio.wait({task})
+            while True:
+                execution.task = task
+                if execution.signal.event.is_set():
+                    task.cancel()
+                # wait() never raises the handler's own cancellation into this task.
+                await asyncio.wait({task})
+                if task.cancelled() or task.exception() is not None:
+                    break
+                if not inspect.isawaitable(task.result()):
+                    break
+                # A plain callable returned a coroutine: run it as a task of its
+                # own, so a cancellation can reach it like any async handler.
+                task = asyncio.ensure_future(task.result())
         finally:
             self._free_slot(execution)
         if task.cancelled():
@@ -237,10 +245,7 @@ class AsyncRunner:
         if error is not None:
             log.warning("job %s: handler raised %s: %s", job.job_id, type(error).__name__, error)
             return decision_of_exception(error)
-        result = task.result()
-        if inspect.isawaitable(result):  # a plain function that returned a coroutine
-            result = await result
-        return decision_of_result(result, job)
+        return decision_of_result(task.result(), job)
 
     def _stop_execution(self, execution: Execution, reason: StopReason) -> None:
         execution.signal.request(reason)
@@ -249,7 +254,7 @@ class AsyncRunner:
 
     async def _recover_one(self) -> TickResult | None:
         result = await drive_async(
-            recover_one(self.settings, dict(self._active), self._clock), self._perform
+            recover_one(self.settings, dict(self._active)), self._perform
         )
         for execution in list(self._active.values()):
             if execution.signal.reason is StopReason.LEASE_LOST and execution.task is not None:

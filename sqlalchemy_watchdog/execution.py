@@ -425,9 +425,7 @@ def _outcome(job: JobView | None) -> str:
     return job.outcome.value if job is not None and job.outcome is not None else "?"
 
 
-def recover_one(
-    settings: RunnerSettings, active: Mapping[str, Execution], clock: Callable[[], int]
-) -> Steps[TickResult | None]:
+def recover_one(settings: RunnerSettings, active: Mapping[str, Execution]) -> Steps[TickResult | None]:
     """Recover the first disappeared claim whose execution is dead.
 
     Only claims whose lease has ended are considered. This runner's own
@@ -437,7 +435,7 @@ def recover_one(
     same token, count and an ended lease, so concurrent recoverers never
     both win.
     """
-    expired = yield StoreCall(store.expired_claims, kwargs=dict(limit=settings.recovery_batch, now=clock()))
+    expired = yield StoreCall(store.expired_claims, kwargs=dict(limit=settings.recovery_batch))
     unknown: TickResult | None = None
     for claim in expired:
         job = claim.job
@@ -452,7 +450,7 @@ def recover_one(
                 continue
             if alive:
                 continue
-        recovery = yield StoreCall(store.reconcile, (claim,), dict(now=clock()))
+        recovery = yield StoreCall(store.reconcile, (claim,))
         if recovery.status == "lost_race":
             continue
         if recovery.status == "requeued":

@@ -163,7 +163,7 @@ class Runner:
             return dict(self._active)
 
     def _recover_one(self) -> TickResult | None:
-        result = drive(recover_one(self.settings, self._active_view(), self._clock), self._perform)
+        result = drive(recover_one(self.settings, self._active_view()), self._perform)
         if result is not None and result.status is TickStatus.REQUEUED:
             self._wake.set()
         return result

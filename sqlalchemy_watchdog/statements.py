@@ -2,10 +2,17 @@
 
 Each builder returns a statement for the given dialect name (``postgresql``
 or ``sqlite``); :mod:`sqlalchemy_watchdog.store` runs them. Time is in
-milliseconds since the Unix epoch. Every lease comparison and extension uses
-``max(application now, database clock)`` computed inside the statement, so a
-delayed request cannot resurrect an expired lease and a skewed worker clock
-cannot extend one.
+milliseconds since the Unix epoch, and always read inside the statement:
+
+* a claim holder's own checks (settle, renew) require ``lease_until >
+  max(application now, database clock)``: a delayed request cannot
+  resurrect an expired lease, and a worker clock running ahead can only
+  shorten its own lease, never lengthen it;
+* leases are extended from the database clock alone (``clock + lease``), so
+  no worker clock can stretch one;
+* recovery takes over another runner's claim only when ``lease_until <=
+  database clock``, so a recoverer's clock running ahead cannot steal a live
+  lease.
 """
 
 from __future__ import annotations
@@ -254,7 +261,7 @@ def claim(
             state=case((runnable, _RUNNING), else_=_SETTLED),
             outcome=case((runnable, null()), else_=Outcome.CANCELLED.value),
             claim_token=case((runnable, claim_token), else_=null()),
-            lease_until=case((runnable, effective_now(now_ms) + lease_ms), else_=null()),
+            lease_until=case((runnable, db_clock_ms() + lease_ms), else_=null()),
         )
         .returning(*COLUMNS)
     )
@@ -298,16 +305,15 @@ def renew(*, claims: Sequence[tuple[str, str]], now_ms: int, lease_ms: int) -> U
     The claims not returned have been lost (lease expired, cancellation
     recorded, lane failed or job settled elsewhere).
     """
-    now = effective_now(now_ms)
     return (
         update(t)
         .where(
             tuple_(c.job_id, c.claim_token).in_(list(claims)),
             IS_RUNNING,
-            c.lease_until > now,
+            c.lease_until > effective_now(now_ms),
             c.cancellation_id.is_(None),
         )
-        .values(lease_until=now + lease_ms)
+        .values(lease_until=db_clock_ms() + lease_ms)
         .returning(c.job_id, c.claim_token)
     )
 
@@ -382,11 +388,11 @@ def purge(queue: str) -> Delete:
     return delete(t).where(c.queue_name == queue, IS_QUEUED)
 
 
-def expired_claims(*, now_ms: int, limit: int) -> Select[Any]:
-    """Running jobs whose lease has ended, earliest lease first."""
+def expired_claims(*, limit: int) -> Select[Any]:
+    """Running jobs whose lease has ended by the database clock, earliest first."""
     return (
         select(*COLUMNS)
-        .where(IS_RUNNING, c.lease_until <= effective_now(now_ms))
+        .where(IS_RUNNING, c.lease_until <= db_clock_ms())
         .order_by(c.lease_until, c.sequence)
         .limit(limit)
     )
@@ -411,12 +417,11 @@ def reconcile(
     recovery_count: int,
     requeue: bool,
     reason: str,
-    now_ms: int,
 ) -> Update:
     """Requeue or settle a disappeared claim, if nobody else got there first.
 
-    Conditional on the same token, the same recovery count and an expired
-    lease, so of two recoverers only one wins, and a claim that was renewed
+    Conditional on the same token, the same recovery count and a lease
+    ended by the database clock, so of two recoverers only one wins, and a claim that was renewed
     or settled meanwhile is left alone. A recorded cancellation settles the
     job ``cancelled`` instead.
     """
@@ -442,7 +447,7 @@ def reconcile(
             IS_RUNNING,
             c.claim_token == claim_token,
             c.recovery_count == recovery_count,
-            c.lease_until <= effective_now(now_ms),
+            c.lease_until <= db_clock_ms(),
         )
         .values(**values, lease_until=null())
         .returning(*COLUMNS)

@@ -403,9 +403,13 @@ def purge(conn: Connection, queue: str) -> int:
 # -- recovery ----------------------------------------------------------------
 
 
-def expired_claims(conn: Connection, *, limit: int, now: int | None = None) -> list[Claim]:
-    """Running jobs whose lease has ended, earliest first."""
-    stmt = sql.expired_claims(now_ms=now_ms() if now is None else now, limit=limit)
+def expired_claims(conn: Connection, *, limit: int) -> list[Claim]:
+    """Running jobs whose lease has ended by the database clock, earliest first.
+
+    Only the database clock decides whether another runner's claim is dead,
+    so a recoverer whose own clock runs ahead cannot steal a live lease.
+    """
+    stmt = sql.expired_claims(limit=limit)
     return [Claim(view(row), row.claim_token) for row in conn.execute(stmt)]
 
 
@@ -425,7 +429,7 @@ def recovery_reason(job: JobView) -> str:
     return f"Restart recovery budget exhausted ({job.max_recoveries} recoveries)"
 
 
-def reconcile(conn: Connection, expired: Claim, *, now: int | None = None) -> Recovery:
+def reconcile(conn: Connection, expired: Claim) -> Recovery:
     """Requeue the dead claim within its budget, else settle it ``interrupted``."""
     job = expired.job
     requeue = job.max_recoveries is not None and job.recovery_count < job.max_recoveries
@@ -436,7 +440,6 @@ def reconcile(conn: Connection, expired: Claim, *, now: int | None = None) -> Re
             recovery_count=job.recovery_count,
             requeue=requeue,
             reason=recovery_reason(job),
-            now_ms=now_ms() if now is None else now,
         )
     ).first()
     if row is None:
