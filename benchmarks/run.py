@@ -1,0 +1,822 @@
+#!/usr/bin/env python3
+"""The sqlalchemy_watchdog benchmark, with procrastinate and pgqueuer side by side.
+
+    .venv/bin/python benchmarks/run.py [--quick] [--repeat N] [--json out.json]
+
+Starts from empty databases (``watchdog_bench_<pid>_*`` on the PostgreSQL
+server of ``WATCHDOG_BENCH_POSTGRES``, default
+``postgresql://postgres@127.0.0.1:5432/postgres``, and SQLite files in a
+temporary directory), runs every workload ``--repeat`` times per queue,
+prints the medians as a table with ratios against watchdog, and drops its
+databases. See benchmarks/README.md for what each figure means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import importlib.metadata
+import json
+import os
+import platform
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import harness
+from harness import (
+    Child,
+    ScenarioFailed,
+    ScenarioTimeout,
+    Target,
+    median,
+    percentile,
+    poll_until,
+    stop_all,
+)
+
+SUBJECT_MODULES = {
+    "watchdog": "subjects",
+    "procrastinate": "peers.procrastinate_peer",
+    "pgqueuer": "peers.pgqueuer_peer",
+}
+PEERS = ("procrastinate", "pgqueuer")
+
+
+def load_subject(name: str) -> Any:
+    return importlib.import_module(SUBJECT_MODULES[name]).SUBJECT
+
+
+# -- configuration ----------------------------------------------------------------------
+
+
+@dataclass
+class Config:
+    repeat: int = 3
+    quick: bool = False
+    #: jobs enqueued one per transaction, per subject
+    single: dict[str, int] = field(default_factory=lambda: {"watchdog": 2000, "procrastinate": 1000, "pgqueuer": 2000})
+    #: transactions of BATCH_SIZE jobs (one call each)
+    batches: int = 10
+    batch_size: int = 1000
+    #: jobs drained per measurement, per subject (procrastinate drains ~100/s)
+    drain: dict[str, int] = field(default_factory=lambda: {"watchdog": 5000, "procrastinate": 1500, "pgqueuer": 5000})
+    concurrencies: tuple[int, ...] = (1, 4, 16)
+    processes: tuple[int, ...] = (1, 2)
+    latency_samples: int = 200
+    latency_warmup: int = 5
+    claim_jobs: int = 2000
+    #: jobs per alternation between the empty and the long table
+    claim_round: int = 250
+    history_rows: int = 1_000_000
+    sqlite_single: int = 300
+    sqlite_drain: int = 500
+    sqlite_concurrencies: tuple[int, ...] = (1, 4)
+    poll_pg: float = 0.005
+    poll_sqlite: float = 0.02
+
+    @classmethod
+    def make(cls, quick: bool, repeat: int | None) -> Config:
+        if not quick:
+            return cls(repeat=repeat or 3)
+        return cls(
+            repeat=repeat or 1,
+            quick=True,
+            single={"watchdog": 200, "procrastinate": 100, "pgqueuer": 200},
+            batches=3,
+            drain={"watchdog": 300, "procrastinate": 100, "pgqueuer": 300},
+            latency_samples=20,
+            latency_warmup=3,
+            claim_jobs=200,
+            claim_round=100,
+            history_rows=1_000_000,
+            sqlite_single=50,
+            sqlite_drain=60,
+        )
+
+
+def drain_timeout(n: int) -> float:
+    return 60.0 + n / 20.0
+
+
+# -- the workloads -------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, config: Config, subjects: list[str], scenarios: set[str], workdir: Path) -> None:
+        self.config = config
+        self.subjects = {name: load_subject(name) for name in subjects}
+        self.scenarios = scenarios
+        self.workdir = workdir
+        self.targets: dict[tuple[str, str], Target] = {}
+        #: results[key][subject] = [value per repeat]; latency values are dicts
+        self.results: dict[str, dict[str, list[Any]]] = {}
+        self.errors: list[str] = []
+        self.started = time.monotonic()
+
+    # -- bookkeeping --------------------------------------------------------------------
+
+    def log(self, message: str) -> None:
+        print(f"[{time.monotonic() - self.started:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    def record(self, key: str, subject: str, value: Any) -> None:
+        self.results.setdefault(key, {}).setdefault(subject, []).append(value)
+
+    def measure(self, key: str, subject: str, what: str, fn: Callable[[], Any], timeout: float = 300.0) -> Any:
+        try:
+            with harness.deadline(timeout, f"{key} [{subject}]"):
+                value = fn()
+        except (ScenarioTimeout, ScenarioFailed, Exception) as error:
+            message = f"{key} [{subject}]: {type(error).__name__}: {error}"
+            if not isinstance(error, (ScenarioTimeout, ScenarioFailed)):
+                message += "\n" + traceback.format_exc(limit=6)
+            self.errors.append(message)
+            self.log(f"FAILED {message}")
+            value = None
+        else:
+            self.log(f"{key:<28} {subject:<13} {what.format(value) if value is not None else '-'}")
+        self.record(key, subject, value)
+        return value
+
+    def target(self, subject: str, dialect: str) -> Target:
+        key = (subject, dialect)
+        if key not in self.targets:
+            if dialect == "postgresql":
+                target = harness.create_database(subject)
+            else:
+                path = self.workdir / f"{subject}.db"
+                target = Target("sqlite", str(path), path.name)
+            self.subjects[subject].install(target)
+            self.targets[key] = target
+        return self.targets[key]
+
+    def in_order(self, r: int, dialect: str) -> list[str]:
+        """Subjects for this dialect, rotated per repeat so none always goes first."""
+        names = [n for n, s in self.subjects.items() if dialect in s.dialects]
+        if not names:
+            return []
+        shift = r % len(names)
+        return names[shift:] + names[:shift]
+
+    # -- 1. and 2.: enqueue ----------------------------------------------------------------
+
+    def enqueue_single(self, r: int, dialect: str) -> None:
+        prefix = "pg" if dialect == "postgresql" else "sqlite"
+        for name in self.in_order(r, dialect):
+            subject = self.subjects[name]
+            target = self.target(name, dialect)
+            n = self.config.single[name] if dialect == "postgresql" else self.config.sqlite_single
+
+            def run(subject: Any = subject, target: Target = target, n: int = n) -> float:
+                subject.reset(target)
+                return n / subject.enqueue_single(target, n, f"single-{r}")
+
+            self.measure(f"{prefix}.enqueue_single", name, "{:,.0f} jobs/s", run)
+
+    def enqueue_batch(self, r: int, dialect: str) -> None:
+        prefix = "pg" if dialect == "postgresql" else "sqlite"
+        c = self.config
+        for name in self.in_order(r, dialect):
+            subject = self.subjects[name]
+            target = self.target(name, dialect)
+
+            def run(subject: Any = subject, target: Target = target) -> float:
+                subject.reset(target)
+                seconds = subject.enqueue_batch(target, c.batches, c.batch_size, f"batch-{r}")
+                return c.batches * c.batch_size / seconds
+
+            self.measure(f"{prefix}.enqueue_batch", name, "{:,.0f} jobs/s", run)
+
+    # -- 3.: drain ---------------------------------------------------------------------------
+
+    def workers(
+        self, name: str, target: Target, *, procs: int, concurrency: int, defaults: bool, latency: bool, tag: str
+    ) -> list[Child]:
+        argv = [
+            sys.executable,
+            str(HERE / "run.py"),
+            "worker",
+            "--subject",
+            name,
+            "--target",
+            target.to_json(),
+            "--concurrency",
+            str(concurrency),
+        ]
+        if defaults:
+            argv.append("--defaults")
+        if latency:
+            argv.append("--latency")
+        children = [Child(argv, self.workdir / f"{tag}-{name}-{i}.log") for i in range(procs)]
+        try:
+            for child in children:
+                child.wait_ready(60)
+        except BaseException:
+            stop_all(children)
+            raise
+        return children
+
+    def drain_once(
+        self, name: str, dialect: str, *, n: int, procs: int, concurrency: int, defaults: bool, tag: str
+    ) -> float:
+        subject = self.subjects[name]
+        target = self.target(name, dialect)
+        subject.reset(target)
+        interval = self.config.poll_pg if dialect == "postgresql" else self.config.poll_sqlite
+        children = self.workers(
+            name, target, procs=procs, concurrency=concurrency, defaults=defaults, latency=False, tag=tag
+        )
+        probe = subject.probe(target)
+        try:
+            # Warm-up: a moment to reach the LISTEN, then one job per worker,
+            # drained, so every worker has connected and is idle again before
+            # the clock starts.
+            time.sleep(0.3)
+            subject.prefill(target, procs, f"{tag}-warm")
+            poll_until(lambda: not probe.live(), timeout=60, interval=0.01, what="warm-up", children=children)
+            before = probe.completed()
+            started = subject.prefill(target, n, tag)
+            finished = poll_until(
+                lambda: not probe.live(), timeout=drain_timeout(n), interval=interval, what="drain", children=children
+            )
+            done = probe.completed() - before
+            if done != n:
+                raise ScenarioFailed(f"drain: {done} of {n} jobs completed")
+            return n / (finished - started)
+        finally:
+            probe.close()
+            stop_all(children)
+
+    def drain(self, r: int, dialect: str) -> None:
+        c = self.config
+        prefix = "pg" if dialect == "postgresql" else "sqlite"
+        concurrencies = c.concurrencies if dialect == "postgresql" else c.sqlite_concurrencies
+        shapes: list[tuple[str, int, int, bool]] = []
+        for procs in c.processes:
+            for concurrency in concurrencies:
+                shapes.append((f"{prefix}.drain.c{concurrency}.p{procs}", procs, concurrency, False))
+        if dialect == "postgresql":
+            for procs in c.processes:
+                shapes.append((f"{prefix}.drain.defaults.p{procs}", procs, 1, True))
+        for key, procs, concurrency, defaults in shapes:
+            for name in self.in_order(r, dialect):
+                n = c.drain[name] if dialect == "postgresql" else c.sqlite_drain
+                self.measure(
+                    key,
+                    name,
+                    "{:,.0f} jobs/s",
+                    functools.partial(
+                        self.drain_once,
+                        name,
+                        dialect,
+                        n=n,
+                        procs=procs,
+                        concurrency=concurrency,
+                        defaults=defaults,
+                        tag=f"{key}-{r}",
+                    ),
+                    timeout=drain_timeout(n) + 180.0,  # + worker start, warm-up and shutdown
+                )
+
+    # -- 4.: enqueue-to-start latency -----------------------------------------------------
+
+    def latency_once(self, name: str, r: int) -> dict[str, float]:
+        subject = self.subjects[name]
+        target = self.target(name, "postgresql")
+        subject.reset(target)
+        c = self.config
+        (child,) = self.workers(
+            name, target, procs=1, concurrency=1, defaults=True, latency=True, tag=f"latency-{r}"
+        )
+        client = subject.latency_client(target)
+        samples: list[float] = []
+        try:
+            time.sleep(0.5)  # let the worker reach its idle wait
+            for i in range(c.latency_warmup + c.latency_samples):
+                key = f"lat-{r}-{i}"
+                committed = client.enqueue(key)
+                # Warm-up jobs may wait for a worker still setting up its LISTEN
+                # (pgqueuer's fallback poll is 30 s); measured ones must not.
+                wait = 60 if i < c.latency_warmup else 15
+                try:
+                    got, started = child.starts.get(timeout=wait)
+                except Exception:
+                    raise ScenarioTimeout(f"latency: job {key} did not start within {wait}s; {child.tail()}") from None
+                if got != key:
+                    raise ScenarioFailed(f"latency: expected {key} to start, got {got}")
+                if i >= c.latency_warmup:
+                    samples.append((started - committed) * 1000.0)
+                # Let the job settle and the worker go idle again, off any poll rhythm.
+                time.sleep(random.uniform(0.03, 0.06))
+        finally:
+            client.close()
+            stop_all([child])
+        return {
+            "p50": percentile(samples, 50),
+            "p95": percentile(samples, 95),
+            "p99": percentile(samples, 99),
+            "samples": len(samples),
+        }
+
+    def latency(self, r: int) -> None:
+        for name in self.in_order(r, "postgresql"):
+            self.measure(
+                "pg.latency",
+                name,
+                "p50 {0[p50]:.1f} ms, p95 {0[p95]:.1f} ms, p99 {0[p99]:.1f} ms",
+                functools.partial(self.latency_once, name, r),
+            )
+
+    # -- 5. and 6.: claim cost against a settled history ---------------------------------
+
+    def claim_cost(self, dialect: str) -> None:
+        from subjects import Watchdog, claim_settle, insert_history
+
+        if "watchdog" not in self.subjects:
+            return
+        c = self.config
+        prefix = "pg" if dialect == "postgresql" else "sqlite"
+        subject = Watchdog()
+        if dialect == "postgresql":
+            empty = harness.create_database("claim_empty")
+            history = harness.create_database("claim_history")
+        else:
+            empty = Target("sqlite", str(self.workdir / "claim_empty.db"), "claim_empty.db")
+            history = Target("sqlite", str(self.workdir / "claim_history.db"), "claim_history.db")
+        try:
+            subject.install(empty)
+            subject.install(history)
+            self.log(f"{prefix}: inserting {c.history_rows:,} settled rows ...")
+            with harness.deadline(900.0, f"{prefix}: inserting the history"):
+                seconds = insert_history(history, c.history_rows)
+            self.log(f"{prefix}: history inserted and analysed in {seconds:.1f}s")
+            # Each repeat claims claim_jobs jobs on each table, in rounds that
+            # alternate between the two, so a change in machine load hits both.
+            rounds = max(1, c.claim_jobs // c.claim_round)
+            for r in range(c.repeat):
+                subject.reset(empty)
+                spent = {"empty": 0.0, "history": 0.0}
+                jobs = {"empty": 0, "history": 0}
+                failed = False
+                for k in range(rounds):
+                    order = [("empty", empty), ("history", history)]
+                    if k % 2:
+                        order.reverse()
+                    for label, target in order:
+                        try:
+                            with harness.deadline(300.0, f"{prefix}.claim.{label}"):
+                                spent[label] += claim_settle(target, c.claim_round, f"claim-{label}-{r}-{k}")
+                            jobs[label] += c.claim_round + 1  # claim_settle adds a warm-up job
+                        except Exception as error:
+                            self.errors.append(f"{prefix}.claim.{label}: {type(error).__name__}: {error}")
+                            self.log(f"FAILED {prefix}.claim.{label}: {error}")
+                            failed = True
+                            break
+                    if failed:
+                        break
+                if failed:
+                    continue
+                per_job = {label: spent[label] / jobs[label] * 1000.0 for label in spent}
+                ratio = per_job["history"] / per_job["empty"]
+                self.record(f"{prefix}.claim.empty", "watchdog", per_job["empty"])
+                self.record(f"{prefix}.claim.history", "watchdog", per_job["history"])
+                self.record(f"{prefix}.claim.ratio", "watchdog", ratio)
+                self.log(
+                    f"{prefix}.claim  {jobs['empty']} jobs each: empty {per_job['empty']:.3f} ms/job,"
+                    f" {c.history_rows:,} settled {per_job['history']:.3f} ms/job, ratio {ratio:.2f}x"
+                )
+        finally:
+            harness.drop_database(empty)
+            harness.drop_database(history)
+
+    # -- the whole run -----------------------------------------------------------------
+
+    def run(self) -> None:
+        c = self.config
+        s = self.scenarios
+        for r in range(c.repeat):
+            self.log(f"=== repeat {r + 1} of {c.repeat} ===")
+            for dialect in ("postgresql", "sqlite"):
+                if dialect not in s:
+                    continue
+                if "enqueue" in s:
+                    self.enqueue_single(r, dialect)
+                    self.enqueue_batch(r, dialect)
+                if "drain" in s:
+                    self.drain(r, dialect)
+                if "latency" in s and dialect == "postgresql":
+                    self.latency(r)
+        if "claim" in s:
+            for dialect in ("postgresql", "sqlite"):
+                if dialect in s:
+                    self.claim_cost(dialect)
+
+    def close(self) -> None:
+        for target in self.targets.values():
+            harness.drop_database(target)
+
+
+# -- the report ------------------------------------------------------------------------------
+
+
+def machine_facts(workdir: Path) -> dict[str, Any]:
+    facts: dict[str, Any] = {
+        "nproc": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "loadavg_at_start": os.getloadavg(),
+    }
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                facts["memory_gib"] = round(int(line.split()[1]) / 1024 / 1024, 1)
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                facts["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        facts["postgresql"] = harness.server_facts()
+    except Exception as error:
+        facts["postgresql"] = {"error": str(error)}
+    probe = sqlite3.connect(str(workdir / "facts.db"))
+    facts["sqlite"] = {
+        "version": sqlite3.sqlite_version,
+        "journal_mode": probe.execute("PRAGMA journal_mode").fetchone()[0],
+        "synchronous": {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}.get(
+            probe.execute("PRAGMA synchronous").fetchone()[0]
+        ),
+    }
+    probe.close()
+    try:
+        facts["sqlite"]["filesystem"] = subprocess.run(
+            ["findmnt", "-n", "-o", "FSTYPE", "-T", str(workdir)], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except Exception:
+        pass
+    versions: dict[str, str | None] = {}
+    for package in ("sqlalchemy-watchdog", "SQLAlchemy", "psycopg", "procrastinate", "pgqueuer", "asyncpg"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    facts["packages"] = versions
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "sqlalchemy_watchdog"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        facts["watchdog_commit"] = head + ("+dirty" if dirty else "")
+    except Exception:
+        pass
+    return facts
+
+
+def describe_machine(f: dict[str, Any]) -> str:
+    pg = f.get("postgresql", {})
+    sq = f.get("sqlite", {})
+    lines = [
+        (
+            f"machine: {f.get('nproc')} CPUs ({f.get('cpu', '?')}), {f.get('memory_gib', '?')} GiB RAM,"
+            f" load {', '.join(f'{x:.2f}' for x in f['loadavg_at_start'])} at start; Python {f['python']}"
+        ),
+        (
+            f"PostgreSQL {pg.get('version', '?')}: fsync={pg.get('fsync')},"
+            f" synchronous_commit={pg.get('synchronous_commit')}, wal_sync_method={pg.get('wal_sync_method')},"
+            f" full_page_writes={pg.get('full_page_writes')}, shared_buffers={pg.get('shared_buffers')}"
+        ),
+        (
+            f"SQLite {sq.get('version')}: journal_mode={sq.get('journal_mode')},"
+            f" synchronous={sq.get('synchronous')} (defaults), files on {sq.get('filesystem', '?')}"
+        ),
+        "versions: "
+        + ", ".join(f"{k} {v}" for k, v in f["packages"].items() if v)
+        + (f"; watchdog at {f['watchdog_commit']}" if "watchdog_commit" in f else ""),
+    ]
+    return "\n".join(lines)
+
+
+THROUGHPUT_ROWS = [
+    ("pg.enqueue_single", "enqueue, 1 job per transaction"),
+    ("pg.enqueue_batch", "enqueue, 1,000 jobs per statement"),
+    ("pg.drain.c1.p1", "drain, concurrency 1, 1 process"),
+    ("pg.drain.c4.p1", "drain, concurrency 4, 1 process"),
+    ("pg.drain.c16.p1", "drain, concurrency 16, 1 process"),
+    ("pg.drain.c1.p2", "drain, concurrency 1, 2 processes"),
+    ("pg.drain.c4.p2", "drain, concurrency 4, 2 processes"),
+    ("pg.drain.c16.p2", "drain, concurrency 16, 2 processes"),
+    ("pg.drain.defaults.p1", "drain, each queue's defaults, 1 process"),
+    ("pg.drain.defaults.p2", "drain, each queue's defaults, 2 processes"),
+]
+
+
+def summarise(results: dict[str, dict[str, list[Any]]]) -> dict[str, dict[str, Any]]:
+    """Medians over the repeats (latency: the median of each percentile)."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, per_subject in results.items():
+        out[key] = {}
+        for subject, values in per_subject.items():
+            if key.endswith("latency"):
+                out[key][subject] = {
+                    p: median([v[p] for v in values if v is not None]) for p in ("p50", "p95", "p99")
+                }
+            else:
+                out[key][subject] = median(values)
+    return out
+
+
+def _fmt_rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _fmt_ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def render_table(summary: dict[str, dict[str, Any]], subjects: list[str], history_rows: int) -> str:
+    peers = [p for p in PEERS if p in subjects]
+    header = ["PostgreSQL", *subjects, *(f"wd vs {p}" for p in peers)]
+    rows: list[list[str]] = []
+
+    def ratio(wd: float | None, peer: float | None, lower_is_better: bool = False) -> float | None:
+        if not wd or not peer:
+            return None
+        return peer / wd if lower_is_better else wd / peer
+
+    for key, label in THROUGHPUT_ROWS:
+        if key not in summary:
+            continue
+        values = summary[key]
+        wd = values.get("watchdog")
+        rows.append(
+            [
+                label + " (jobs/s)",
+                *(_fmt_rate(values.get(s)) for s in subjects),
+                *(_fmt_ratio(ratio(wd, values.get(p))) for p in peers),
+            ]
+        )
+    if "pg.latency" in summary:
+        values = summary["pg.latency"]
+        for p in ("p50", "p95", "p99"):
+            wd = (values.get("watchdog") or {}).get(p)
+
+            def ms(s: str, p: str = p) -> str:
+                v = (values.get(s) or {}).get(p)
+                return "-" if v is None else f"{v:.1f}"
+
+            rows.append(
+                [
+                    f"enqueue-to-start latency {p} (ms)",
+                    *(ms(s) for s in subjects),
+                    *(_fmt_ratio(ratio(wd, (values.get(q) or {}).get(p), lower_is_better=True)) for q in peers),
+                ]
+            )
+    claim_rows = []
+    for prefix, name in (("pg", "PostgreSQL"), ("sqlite", "SQLite")):
+        if f"{prefix}.claim.empty" not in summary:
+            continue
+        empty = summary[f"{prefix}.claim.empty"].get("watchdog")
+        history = summary[f"{prefix}.claim.history"].get("watchdog")
+        ratio_value = summary.get(f"{prefix}.claim.ratio", {}).get("watchdog")
+        claim_rows.append((name, empty, history, ratio_value))
+
+    sqlite_rows = []
+    for key, label in THROUGHPUT_ROWS:
+        skey = "sqlite" + key[2:]
+        if skey in summary:
+            sqlite_rows.append([label + " (jobs/s)", _fmt_rate(summary[skey].get("watchdog"))])
+
+    def table(head: list[str], body: list[list[str]]) -> list[str]:
+        widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+        line = lambda r: "| " + " | ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
+        ) + " |"
+        return [line(head), "|" + "|".join(("-" * (w + 2)) for w in widths) + "|", *(line(r) for r in body)]
+
+    out: list[str] = []
+    if rows:
+        out.extend(table(header, rows))
+        out.append("")
+        out.append("ratios: throughput watchdog/peer, latency peer/watchdog -- above 1.00x watchdog is better")
+    if sqlite_rows:
+        out.append("")
+        out.extend(table(["SQLite (watchdog only)", "watchdog"], sqlite_rows))
+    if claim_rows:
+        out.append("")
+        body = []
+        for name, empty, history, ratio_value in claim_rows:
+            body.append(
+                [
+                    name,
+                    "-" if empty is None else f"{empty:.3f}",
+                    "-" if history is None else f"{history:.3f}",
+                    _fmt_ratio(ratio_value),
+                ]
+            )
+        out.extend(
+            table(
+                [
+                    "claim+settle one job at a time (watchdog)",
+                    "empty table (ms/job)",
+                    f"{history_rows:,} settled rows (ms/job)",
+                    "cost ratio",
+                ],
+                body,
+            )
+        )
+    return "\n".join(out)
+
+
+def check_targets(summary: dict[str, dict[str, Any]], config: Config) -> list[dict[str, Any]]:
+    """The targets of issue 5, as measured in this run."""
+    checks: list[dict[str, Any]] = []
+
+    def get(key: str, subject: str) -> Any:
+        return summary.get(key, {}).get(subject)
+
+    drain_keys = [k for k, _ in THROUGHPUT_ROWS if k.startswith("pg.drain.")]
+    wd_best = max(
+        ((get(k, "watchdog"), k) for k in drain_keys if get(k, "watchdog") is not None), default=(None, None)
+    )
+    for peer, factor in (("pgqueuer", 2.0), ("procrastinate", 10.0)):
+        base = max(
+            (v for v in (get("pg.drain.defaults.p1", peer), get("pg.drain.defaults.p2", peer)) if v is not None),
+            default=None,
+        )
+        if wd_best[0] is not None and base:
+            checks.append(
+                {
+                    "target": f"drain >= {factor:g}x {peer} with its defaults",
+                    "measured": f"{wd_best[0] / base:.2f}x (watchdog best {wd_best[0]:,.0f} jobs/s at {wd_best[1]};"
+                    f" {peer} defaults best of 1/2 processes {base:,.0f} jobs/s)",
+                    "met": wd_best[0] >= factor * base,
+                }
+            )
+    for key, label, factor in (
+        ("pg.enqueue_batch", "batch enqueue >= pgqueuer", 1.0),
+        ("pg.enqueue_single", "one-job-per-transaction enqueue >= 1.5x pgqueuer", 1.5),
+    ):
+        wd, pq = get(key, "watchdog"), get(key, "pgqueuer")
+        if wd and pq:
+            checks.append(
+                {"target": label, "measured": f"{wd / pq:.2f}x ({wd:,.0f} vs {pq:,.0f} jobs/s)", "met": wd >= factor * pq}
+            )
+    latency = get("pg.latency", "watchdog")
+    if latency and latency.get("p50") is not None:
+        checks.append(
+            {"target": "median wake latency <= 5 ms", "measured": f"{latency['p50']:.1f} ms", "met": latency["p50"] <= 5.0}
+        )
+    for prefix in ("pg", "sqlite"):
+        ratio_value = get(f"{prefix}.claim.ratio", "watchdog")
+        if ratio_value is not None:
+            checks.append(
+                {
+                    "target": f"{prefix}: claim cost with {config.history_rows:,} settled rows <= 1.3x empty",
+                    "measured": f"{ratio_value:.2f}x",
+                    "met": ratio_value <= 1.3,
+                }
+            )
+    return checks
+
+
+# -- entry points ------------------------------------------------------------------------
+
+
+def worker_entry(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="run.py worker")
+    parser.add_argument("--subject", required=True, choices=sorted(SUBJECT_MODULES))
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--defaults", action="store_true")
+    parser.add_argument("--latency", action="store_true")
+    args = parser.parse_args(argv)
+    harness.exit_with_parent()
+    load_subject(args.subject).worker_main(
+        Target.from_json(args.target), args.concurrency, args.defaults, args.latency
+    )
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "worker":
+        worker_entry(sys.argv[2:])
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes, one repeat: a smoke test (~2 min)")
+    parser.add_argument("--repeat", type=int, default=None, help="runs per figure; medians are reported (default 3, --quick 1)")
+    parser.add_argument("--json", type=Path, default=None, help="also write every run and the medians here")
+    parser.add_argument(
+        "--subjects", default="watchdog,procrastinate,pgqueuer", help="comma-separated (default: all three)"
+    )
+    parser.add_argument(
+        "--scenarios",
+        default="enqueue,drain,latency,claim,postgresql,sqlite",
+        help="comma-separated subset of enqueue,drain,latency,claim and of the dialects postgresql,sqlite",
+    )
+    parser.add_argument(
+        "--drain-jobs", type=int, default=None, help="jobs per drain measurement for every queue (default: per queue)"
+    )
+    args = parser.parse_args()
+    config = Config.make(args.quick, args.repeat)
+    if args.drain_jobs:
+        config.drain = {name: args.drain_jobs for name in config.drain}
+        config.sqlite_drain = args.drain_jobs
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminated)
+    subjects = [s.strip() for s in args.subjects.split(",") if s.strip()]
+    available = []
+    for name in subjects:
+        if name not in SUBJECT_MODULES:
+            parser.error(f"unknown subject {name!r}")
+        try:
+            if name != "watchdog":
+                importlib.import_module(name)
+            load_subject(name)
+            available.append(name)
+        except ImportError as error:
+            print(f"skipping {name}: {error} (install the bench extra: pip install -e '.[bench]')", file=sys.stderr)
+    scenarios = {s.strip() for s in args.scenarios.split(",") if s.strip()}
+    if not scenarios & {"postgresql", "sqlite"}:
+        scenarios |= {"postgresql", "sqlite"}
+
+    with tempfile.TemporaryDirectory(prefix="watchdog_bench_") as tmp:
+        workdir = Path(tmp)
+        facts = machine_facts(workdir)
+        print(describe_machine(facts), file=sys.stderr, flush=True)
+        pg = facts.get("postgresql", {})
+        if pg.get("fsync") != "on" or pg.get("synchronous_commit") != "on":
+            print("WARNING: the server is not at durable defaults; figures are not comparable", file=sys.stderr)
+        bench = Bench(config, available, scenarios, workdir)
+        try:
+            bench.run()
+        except KeyboardInterrupt:
+            print("interrupted; reporting what was measured", file=sys.stderr)
+        finally:
+            bench.close()
+            harness.drop_all_created()
+        summary = summarise(bench.results)
+        checks = check_targets(summary, config)
+        elapsed = time.monotonic() - bench.started
+
+    print()
+    print(describe_machine(facts))
+    mode = "quick" if config.quick else "full"
+    print(f"mode: {mode}, medians of {config.repeat} run(s), {elapsed:.0f}s in all")
+    print()
+    print(render_table(summary, available, config.history_rows))
+    if checks:
+        print()
+        print("targets (issue 5):")
+        for check in checks:
+            print(f"  [{'met' if check['met'] else 'MISSED'}] {check['target']}: {check['measured']}")
+    if bench.errors:
+        print()
+        print(f"{len(bench.errors)} measurement(s) failed:")
+        for failure in bench.errors:
+            print("  - " + failure.replace("\n", "\n    "))
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": facts,
+                    "config": asdict(config),
+                    "subjects": available,
+                    "runs": bench.results,
+                    "medians": summary,
+                    "targets": checks,
+                    "errors": bench.errors,
+                    "elapsed_s": elapsed,
+                },
+                indent=2,
+                default=str,
+            )
+            + "\n"
+        )
+        print(f"\nwrote {args.json}")
+    return 1 if bench.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
