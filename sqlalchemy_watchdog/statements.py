@@ -1,7 +1,12 @@
 """Every SQL statement of the queue, built in one place with SQLAlchemy Core.
 
-Each builder returns a statement for the given dialect name (``postgresql``
-or ``sqlite``); :mod:`sqlalchemy_watchdog.store` runs them. Time is in
+Each statement is built once per dialect (``postgresql`` or ``sqlite``) and
+kept: values travel as named bind parameters, so SQLAlchemy compiles each
+statement once, psycopg can prepare it server-side, and the hot path (claim,
+settle, renew) builds nothing per call. Many rows travel as one parameter
+per column (``unnest`` of arrays on PostgreSQL) or one JSON array
+(``json_each`` on SQLite), so a batch is still one constant statement.
+:mod:`sqlalchemy_watchdog.store` runs them. Time is in
 milliseconds since the Unix epoch, and always read inside the statement:
 
 * a claim holder's own checks (settle, renew) require ``lease_until >
@@ -17,11 +22,21 @@ milliseconds since the Unix epoch, and always read inside the statement:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Sequence
+from functools import cache
 from typing import Any
 
 from sqlalchemy import (
+    ARRAY,
     BigInteger,
+    BindParameter,
+    Integer,
+    Text,
+    bindparam,
+    cast,
+    true,
+    type_coerce,
     Delete,
     Insert,
     Select,
@@ -31,7 +46,6 @@ from sqlalchemy import (
     delete,
     exists,
     func,
-    literal,
     literal_column,
     not_,
     null,
@@ -137,8 +151,8 @@ class effective_now(FunctionElement[int]):
     inherit_cache = True
     name = "effective_now"
 
-    def __init__(self, now_ms: int) -> None:
-        super().__init__(literal(int(now_ms), BigInteger()), db_clock_ms())
+    def __init__(self, now_ms: ColumnElement[int]) -> None:
+        super().__init__(now_ms, db_clock_ms())
 
 
 @compiles(effective_now, "postgresql")
@@ -160,8 +174,72 @@ def _insert(dialect: str) -> Any:
     raise NotImplementedError(f"sqlalchemy_watchdog supports PostgreSQL and SQLite, not {dialect}")
 
 
-def enqueue_rows(dialect: str, rows: Sequence[Mapping[str, Any]]) -> Insert:
-    """Insert queued jobs; ``RETURNING job_id`` names the ones newly admitted.
+def _p(name: str, type_: Any = None) -> BindParameter[Any]:
+    return bindparam(name, type_=type_)
+
+
+#: The application clock (epoch ms) as sent by the caller.
+NOW = _p("now", BigInteger())
+
+
+# -- many rows as one parameter ------------------------------------------------
+
+Fields = tuple[tuple[str, Any], ...]
+
+ENQUEUE_FIELDS: Fields = (
+    ("job_id", Text()),
+    ("queue_name", Text()),
+    ("lane", Text()),
+    ("priority", BigInteger()),
+    ("payload_json", Text()),
+    ("recovery_max", Integer()),
+)
+SETTLE_FIELDS: Fields = (
+    ("job_id", Text()),
+    ("claim_token", Text()),
+    ("outcome", Text()),
+    ("reason", Text()),
+)
+
+
+def _rows(dialect: str, name: str, fields: Fields) -> tuple[Any, dict[str, Any], Any]:
+    """A FROM source yielding rows sent in bind parameters, in order.
+
+    Returns the source, its columns by field name, and its ordering column.
+    """
+    if dialect == "postgresql":
+        arrays = [
+            cast(bindparam(f"{name}_{field}", type_=ARRAY(type_)), ARRAY(type_)) for field, type_ in fields
+        ]
+        source = (
+            func.unnest(*arrays)
+            .table_valued(*(field for field, _ in fields), with_ordinality="ordinal")
+            .render_derived(name=name)
+        )
+        return source, {field: source.c[field] for field, _ in fields}, source.c.ordinal
+    source = func.json_each(bindparam(name, type_=Text())).table_valued("key", "value").alias(name)
+    columns = {
+        field: type_coerce(func.json_extract(source.c.value, f"$[{index}]"), type_)
+        for index, (field, type_) in enumerate(fields)
+    }
+    return source, columns, source.c.key
+
+
+def rows_params(dialect: str, name: str, fields: Fields, rows: Sequence[Sequence[Any]]) -> dict[str, Any]:
+    """The bind parameters that carry ``rows`` (tuples in ``fields`` order)."""
+    if dialect == "postgresql":
+        return {f"{name}_{field}": [row[i] for row in rows] for i, (field, _) in enumerate(fields)}
+    return {name: json.dumps([list(row) for row in rows], ensure_ascii=False)}
+
+
+# -- enqueue --------------------------------------------------------------------
+
+
+@cache
+def enqueue_rows(dialect: str) -> Insert:
+    """Insert queued jobs (rows of :data:`ENQUEUE_FIELDS` in the ``jobs``
+    parameter(s), admitted in their order); ``RETURNING job_id`` names the
+    ones newly admitted.
 
     A replay of an identical job matches the conflict target and updates
     nothing (no row returned: a duplicate). A replay with other contents sets
@@ -169,7 +247,16 @@ def enqueue_rows(dialect: str, rows: Sequence[Mapping[str, Any]]) -> Insert:
     caller's transaction -- never a silent no-op that would commit the
     caller's writes beside an unrelated old job.
     """
-    ins = _insert(dialect).values([{**row, "state": _QUEUED} for row in rows])
+    source, cols, order = _rows(dialect, "jobs", ENQUEUE_FIELDS)
+    names = [field for field, _ in ENQUEUE_FIELDS]
+    # WHERE true: SQLite's parser needs it between INSERT ... SELECT and ON CONFLICT.
+    rows = (
+        select(*(cols[name] for name in names), literal_column(f"'{_QUEUED}'"))
+        .select_from(source)
+        .where(true())
+        .order_by(order)
+    )
+    ins = _insert(dialect).from_select([*names, "state"], rows)
     ex = ins.excluded
     identical = and_(
         c.queue_name == ex.queue_name,
@@ -178,200 +265,215 @@ def enqueue_rows(dialect: str, rows: Sequence[Mapping[str, Any]]) -> Insert:
         c.payload_json == ex.payload_json,
         c.recovery_max.is_not_distinct_from(ex.recovery_max),
     )
-    return ins.on_conflict_do_update(
+    stmt: Insert = ins.on_conflict_do_update(
         index_elements=[c.job_id], set_={"job_id": null()}, where=not_(identical)
     ).returning(c.job_id)
+    return stmt
 
 
-def stored_contents(job_ids: Sequence[str]) -> Select[Any]:
-    """What an identical replay compares, for the stored jobs among ``job_ids``."""
-    return select(
-        c.job_id, c.queue_name, c.lane, c.priority, c.payload_json, c.recovery_max
-    ).where(c.job_id.in_(list(job_ids)))
+@cache
+def stored_contents() -> Select[Any]:
+    """What an identical replay compares, for the stored jobs among ``:job_ids``."""
+    return select(c.job_id, c.queue_name, c.lane, c.priority, c.payload_json, c.recovery_max).where(
+        c.job_id.in_(bindparam("job_ids", expanding=True))
+    )
 
 
-def read_job(job_id: str) -> Select[Any]:
-    return select(*COLUMNS).where(c.job_id == job_id)
+# -- reads ----------------------------------------------------------------------
 
 
-def read_queue_head(queue: str) -> Select[Any]:
+@cache
+def read_job() -> Select[Any]:
+    return select(*COLUMNS).where(c.job_id == _p("job"))
+
+
+@cache
+def read_queue_head() -> Select[Any]:
     """The queue's running job, else its next queued one."""
     return (
         select(*COLUMNS)
-        .where(c.queue_name == queue, IS_LIVE)
-        .order_by(
-            case((c.state == _RUNNING, 0), else_=1),
-            c.priority.desc(),
-            c.sequence,
-        )
+        .where(c.queue_name == _p("queue"), IS_LIVE)
+        .order_by(case((IS_RUNNING, 0), else_=1), c.priority.desc(), c.sequence)
         .limit(1)
     )
 
 
-def read_settled(limit: int, after_sequence: int) -> Select[Any]:
+@cache
+def read_settled() -> Select[Any]:
     return (
         select(*COLUMNS)
-        .where(IS_SETTLED, c.sequence > after_sequence)
+        .where(IS_SETTLED, c.sequence > _p("after_sequence"))
         .order_by(c.sequence)
-        .limit(limit)
+        .limit(_p("limit", Integer()))
     )
 
 
+@cache
 def has_pending_work() -> Select[Any]:
     return select(exists().where(IS_LIVE))
 
 
-def _picked(dialect: str, pick: Select[Any], *, skip_locked: bool) -> ColumnElement[bool]:
-    """``sequence IN (pick)``, evaluated exactly once.
-
-    On PostgreSQL the pick is a MATERIALIZED CTE locking its rows, so the
-    planner cannot run a ``LIMIT`` subquery twice and touch more rows than
-    asked for.
-    """
-    if dialect == "postgresql":
-        cte = pick.with_for_update(skip_locked=skip_locked).cte().prefix_with("MATERIALIZED")
-        return c.sequence.in_(select(cte.c.sequence))
-    return c.sequence.in_(pick)
+# -- the claim life cycle -------------------------------------------------------
 
 
-def claim(
-    dialect: str,
-    *,
-    claim_token: str,
-    now_ms: int,
-    lease_ms: int,
-    queues: Sequence[str] | None,
-    limit: int,
-) -> Update:
-    """Take up to ``limit`` of the best queued jobs of ``queues``.
+@cache
+def claim(dialect: str, filtered: bool) -> Update:
+    """Take up to ``:limit`` of the best queued jobs (of ``:queues`` when
+    ``filtered``) under ``:token`` for ``:lease_ms``.
 
     A job whose cancellation was recorded while it waited is settled
-    ``cancelled`` instead of being run. Running rows locked by another
-    claimer are skipped, never waited for.
+    ``cancelled`` instead of being run. On PostgreSQL the pick is a
+    MATERIALIZED CTE that locks exactly its rows and skips rows another
+    claimer holds, so the planner can neither run a ``LIMIT`` subquery twice
+    nor touch more rows than asked for; the locked rows are still queued
+    when the update reaches them, so the update goes to them by key alone.
     """
     pick = select(c.sequence).where(IS_QUEUED)
-    if queues is not None:
-        pick = pick.where(c.queue_name.in_(list(queues)))
-    pick = pick.order_by(c.priority.desc(), c.sequence).limit(limit)
+    if filtered:
+        pick = pick.where(c.queue_name.in_(bindparam("queues", expanding=True)))
+    pick = pick.order_by(c.priority.desc(), c.sequence).limit(_p("limit", Integer()))
+    if dialect == "postgresql":
+        cte = pick.with_for_update(skip_locked=True).cte("ready").prefix_with("MATERIALIZED")
+        target: ColumnElement[bool] = c.sequence.in_(select(cte.c.sequence))
+    else:
+        # SQLite runs one writer at a time: the pick cannot change under us.
+        target = and_(c.sequence.in_(pick), IS_QUEUED)
     runnable = c.cancellation_id.is_(None)
     return (
         update(t)
-        .where(_picked(dialect, pick, skip_locked=True), IS_QUEUED)
+        .where(target)
         .values(
             state=case((runnable, _RUNNING), else_=_SETTLED),
             outcome=case((runnable, null()), else_=Outcome.CANCELLED.value),
-            claim_token=case((runnable, claim_token), else_=null()),
-            lease_until=case((runnable, db_clock_ms() + lease_ms), else_=null()),
+            claim_token=case((runnable, _p("token", Text())), else_=null()),
+            lease_until=case((runnable, db_clock_ms() + _p("lease_ms", BigInteger())), else_=null()),
         )
         .returning(*COLUMNS)
     )
 
 
-def settle(
-    *,
-    job_id: str,
-    claim_token: str,
-    outcome: Outcome,
-    reason: str | None,
-    now_ms: int,
-) -> Update:
-    """Settle the exact claim, only while its lease lives.
+@cache
+def settle(dialect: str) -> Update:
+    """Settle exact claims (rows of :data:`SETTLE_FIELDS` in ``settles``),
+    each only while its lease lives by ``max(:now, database clock)``.
 
     A recorded cancellation turns any decision into ``cancelled``. The claim
-    token stays on the row so a repeated settle can be recognised as a replay.
+    token stays on the row so a repeated settle can be recognised as a
+    replay. One statement settles a whole batch; every row keeps its own
+    guard.
     """
+    source, cols, _ = _rows(dialect, "settles", SETTLE_FIELDS)
     uncancelled = c.cancellation_id.is_(None)
     return (
         update(t)
         .where(
-            c.job_id == job_id,
+            c.job_id == cols["job_id"],
             IS_RUNNING,
-            c.claim_token == claim_token,
-            c.lease_until > effective_now(now_ms),
+            c.claim_token == cols["claim_token"],
+            c.lease_until > effective_now(NOW),
         )
         .values(
             state=_SETTLED,
-            outcome=case((uncancelled, outcome.value), else_=Outcome.CANCELLED.value),
-            failure_reason=case((uncancelled, reason), else_=null()),
+            outcome=case((uncancelled, cols["outcome"]), else_=Outcome.CANCELLED.value),
+            failure_reason=case((uncancelled, cols["reason"]), else_=null()),
             lease_until=null(),
         )
         .returning(*COLUMNS)
     )
 
 
-def renew(*, claims: Sequence[tuple[str, str]], now_ms: int, lease_ms: int) -> Update:
-    """Extend the leases of exact, live, uncancelled claims ``(job_id, token)``.
+_CLAIMS: BindParameter[Any] = bindparam("claims", expanding=True)
 
-    The claims not returned have been lost (lease expired, cancellation
+
+@cache
+def renew() -> Update:
+    """Extend the leases of exact, live, uncancelled ``:claims`` ``(job_id, token)``.
+
+    The claims not returned have been lost (lease ended, cancellation
     recorded, lane failed or job settled elsewhere).
     """
     return (
         update(t)
         .where(
-            tuple_(c.job_id, c.claim_token).in_(list(claims)),
+            tuple_(c.job_id, c.claim_token).in_(_CLAIMS),
             IS_RUNNING,
-            c.lease_until > effective_now(now_ms),
+            c.lease_until > effective_now(NOW),
             c.cancellation_id.is_(None),
         )
-        .values(lease_until=db_clock_ms() + lease_ms)
+        .values(lease_until=db_clock_ms() + _p("lease_ms", BigInteger()))
         .returning(c.job_id, c.claim_token)
     )
 
 
-def release(*, claims: Sequence[tuple[str, str]]) -> Update:
-    """End the leases of exact claims now, for a runner shutting down.
+@cache
+def release() -> Update:
+    """End the leases of exact ``:claims`` now, for a runner shutting down.
 
     The jobs stay ``running``; the next recovery pass handles them at once
     instead of after a whole lease.
     """
     return (
         update(t)
-        .where(tuple_(c.job_id, c.claim_token).in_(list(claims)), IS_RUNNING)
+        .where(tuple_(c.job_id, c.claim_token).in_(_CLAIMS), IS_RUNNING)
         .values(lease_until=db_clock_ms() - 1)
         .returning(c.job_id)
     )
 
 
-def cancel(*, job_id: str, cancellation_id: str, only_if_queued: bool) -> Update:
-    """Record a cancellation on a live job (``only_if_queued``: a queued one)."""
+@cache
+def cancel(only_if_queued: bool) -> Update:
+    """Record ``:cancellation`` on live job ``:job`` (``only_if_queued``: a queued one)."""
     return (
         update(t)
-        .where(c.job_id == job_id, c.cancellation_id.is_(None), IS_QUEUED if only_if_queued else IS_LIVE)
-        .values(cancellation_id=cancellation_id)
+        .where(
+            c.job_id == _p("job"),
+            c.cancellation_id.is_(None),
+            IS_QUEUED if only_if_queued else IS_LIVE,
+        )
+        .values(cancellation_id=_p("cancellation", Text()))
         .returning(c.job_id)
     )
 
 
-def cancellation_holder(cancellation_id: str) -> Select[Any]:
-    """The job_id whose cancellation has this id, if any."""
-    return select(c.job_id).where(c.cancellation_id == cancellation_id)
+@cache
+def cancellation_holder() -> Select[Any]:
+    """The job_id whose cancellation has ``:cancellation``, if any."""
+    return select(c.job_id).where(c.cancellation_id == _p("cancellation"))
 
 
 #: The LISTEN/NOTIFY channel of runners on PostgreSQL.
 CHANNEL = "watchdog_jobs"
 
 
-def notify(event: str) -> Select[Any]:
-    """``pg_notify``; PostgreSQL folds identical notifications of one transaction."""
-    return select(func.pg_notify(CHANNEL, event))
+@cache
+def notify() -> Select[Any]:
+    """``pg_notify`` of ``:event``; PostgreSQL folds identical notifications of one transaction."""
+    return select(func.pg_notify(CHANNEL, _p("event", Text())))
 
 
-def fail_lane(dialect: str, *, lane: str, reason: str, batch: int) -> Update:
-    """Settle a batch of the lane's live jobs ``failed``, running ones first."""
+@cache
+def fail_lane(dialect: str) -> Update:
+    """Settle a batch (``:batch``) of lane ``:lane_name``'s live jobs ``failed``
+    with ``:reason``, running ones first; their claims are dropped."""
     # 'running' sorts after 'queued', so DESC puts running jobs first.
     pick = (
         select(c.sequence)
-        .where(c.lane == lane, IS_LIVE)
+        .where(c.lane == _p("lane_name"), IS_LIVE)
         .order_by(c.state.desc(), c.sequence)
-        .limit(batch)
+        .limit(_p("batch", Integer()))
     )
+    if dialect == "postgresql":
+        cte = pick.with_for_update().cte("lane_jobs").prefix_with("MATERIALIZED")
+        target: ColumnElement[bool] = c.sequence.in_(select(cte.c.sequence))
+    else:
+        target = c.sequence.in_(pick)
     return (
         update(t)
-        .where(_picked(dialect, pick, skip_locked=False), IS_LIVE)
+        .where(target, IS_LIVE)
         .values(
             state=_SETTLED,
             outcome=Outcome.FAILED.value,
-            failure_reason=reason,
+            failure_reason=_p("reason", Text()),
             lease_until=null(),
             claim_token=null(),
         )
@@ -379,51 +481,51 @@ def fail_lane(dialect: str, *, lane: str, reason: str, batch: int) -> Update:
     )
 
 
-def lane_has_live_jobs(lane: str) -> Select[Any]:
-    return select(exists().where(c.lane == lane, IS_LIVE))
+@cache
+def lane_has_live_jobs() -> Select[Any]:
+    return select(exists().where(c.lane == _p("lane_name"), IS_LIVE))
 
 
-def purge(queue: str) -> Delete:
-    """Delete the queue's queued jobs; running and settled ones stay."""
-    return delete(t).where(c.queue_name == queue, IS_QUEUED)
+@cache
+def purge() -> Delete:
+    """Delete queue ``:queue``'s queued jobs; running and settled ones stay."""
+    return delete(t).where(c.queue_name == _p("queue"), IS_QUEUED)
 
 
-def expired_claims(*, limit: int) -> Select[Any]:
-    """Running jobs whose lease has ended by the database clock, earliest first."""
+# -- recovery -------------------------------------------------------------------
+
+
+@cache
+def expired_claims() -> Select[Any]:
+    """Up to ``:limit`` running jobs whose lease has ended by the database
+    clock, earliest first."""
     return (
         select(*COLUMNS)
         .where(IS_RUNNING, c.lease_until <= db_clock_ms())
         .order_by(c.lease_until, c.sequence)
-        .limit(limit)
+        .limit(_p("limit", Integer()))
     )
 
 
+@cache
 def next_lease_expiry() -> Select[Any]:
     """The earliest lease of any running job, and the database clock."""
     return select(
-        select(c.lease_until)
-        .where(IS_RUNNING)
-        .order_by(c.lease_until)
-        .limit(1)
-        .scalar_subquery(),
+        select(c.lease_until).where(IS_RUNNING).order_by(c.lease_until).limit(1).scalar_subquery(),
         db_clock_ms(),
     )
 
 
-def reconcile(
-    *,
-    job_id: str,
-    claim_token: str,
-    recovery_count: int,
-    requeue: bool,
-    reason: str,
-) -> Update:
-    """Requeue or settle a disappeared claim, if nobody else got there first.
+@cache
+def reconcile(requeue: bool) -> Update:
+    """Requeue (or settle ``interrupted`` with ``:reason``) the disappeared
+    claim ``:job`` / ``:token`` / ``:count``, if nobody
+    else got there first.
 
     Conditional on the same token, the same recovery count and a lease
-    ended by the database clock, so of two recoverers only one wins, and a claim that was renewed
-    or settled meanwhile is left alone. A recorded cancellation settles the
-    job ``cancelled`` instead.
+    ended by the database clock, so of two recoverers only one wins, and a
+    claim that was renewed or settled meanwhile is left alone. A recorded
+    cancellation settles the job ``cancelled`` instead.
     """
     uncancelled = c.cancellation_id.is_(None)
     if requeue:
@@ -438,15 +540,15 @@ def reconcile(
         values = dict(
             state=_SETTLED,
             outcome=case((uncancelled, Outcome.INTERRUPTED.value), else_=Outcome.CANCELLED.value),
-            failure_reason=case((uncancelled, reason), else_=null()),
+            failure_reason=case((uncancelled, _p("reason", Text())), else_=null()),
         )
     return (
         update(t)
         .where(
-            c.job_id == job_id,
+            c.job_id == _p("job"),
             IS_RUNNING,
-            c.claim_token == claim_token,
-            c.recovery_count == recovery_count,
+            c.claim_token == _p("token"),
+            c.recovery_count == _p("count"),
             c.lease_until <= db_clock_ms(),
         )
         .values(**values, lease_until=null())

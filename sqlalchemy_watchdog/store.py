@@ -137,9 +137,10 @@ def enqueue(conn: Connection, jobs: Sequence[Job]) -> list[EnqueueResult]:
             offender = _first_conflict(conn, chunk)
             if offender is not None:
                 raise EnqueueConflict(offender)
-        stmt = sql.enqueue_rows(conn.dialect.name, [_row(job) for job in chunk])
+        dialect = conn.dialect.name
+        params = sql.rows_params(dialect, "jobs", sql.ENQUEUE_FIELDS, [_values(job) for job in chunk])
         try:
-            admitted.update(conn.execute(stmt).scalars())
+            admitted.update(conn.execute(sql.enqueue_rows(dialect), params).scalars())
         except IntegrityError as error:
             raise _conflict_of(conn, chunk, error) from error
     results: list[EnqueueResult] = []
@@ -157,7 +158,7 @@ def _first_conflict(conn: Connection, chunk: Sequence[Job]) -> str | None:
     """The first job of ``chunk`` stored with other contents, if any."""
     stored = {
         row.job_id: row._asdict()
-        for row in conn.execute(sql.stored_contents([job.job_id for job in chunk]))
+        for row in conn.execute(sql.stored_contents(), {"job_ids": [job.job_id for job in chunk]})
     }
     for job in chunk:
         row = stored.get(job.job_id)
@@ -168,6 +169,11 @@ def _first_conflict(conn: Connection, chunk: Sequence[Job]) -> str | None:
 
 def _same(a: Job, b: Job) -> bool:
     return _row(a) == _row(b)
+
+
+def _values(job: Job) -> tuple[Any, ...]:
+    """The job in :data:`statements.ENQUEUE_FIELDS` order."""
+    return (job.job_id, job.queue, job.lane, job.priority, job.payload_json, job.max_recoveries)
 
 
 def _row(job: Job) -> dict[str, Any]:
@@ -203,26 +209,27 @@ def _conflict_of(conn: Connection, chunk: Sequence[Job], error: IntegrityError) 
 
 def read(conn: Connection, job_id: str) -> JobView | None:
     check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
-    row = conn.execute(sql.read_job(job_id)).first()
+    row = conn.execute(sql.read_job(), {"job": job_id}).first()
     return None if row is None else view(row)
 
 
 def read_claim(conn: Connection, job_id: str) -> tuple[JobView, str | None] | None:
     """The job and its current claim token (private to the runner)."""
-    row = conn.execute(sql.read_job(job_id)).first()
+    row = conn.execute(sql.read_job(), {"job": job_id}).first()
     return None if row is None else (view(row), row.claim_token)
 
 
 def read_queue_head(conn: Connection, queue: str) -> JobView | None:
     check_text("queue", queue, QUEUE_MAX_LENGTH)
-    row = conn.execute(sql.read_queue_head(queue)).first()
+    row = conn.execute(sql.read_queue_head(), {"queue": queue}).first()
     return None if row is None else view(row)
 
 
 def read_settled(conn: Connection, limit: int, after_sequence: int = 0) -> list[JobView]:
     check_int("limit", limit, 1, 256)
     check_int("after_sequence", after_sequence, 0, 2**63 - 1)
-    return [view(row) for row in conn.execute(sql.read_settled(limit, after_sequence))]
+    params = {"limit": limit, "after_sequence": after_sequence}
+    return [view(row) for row in conn.execute(sql.read_settled(), params)]
 
 
 def has_pending_work(conn: Connection) -> bool:
@@ -257,16 +264,11 @@ def claim(
     now: int | None = None,
 ) -> ClaimBatch:
     """Claim up to ``limit`` ready jobs of ``queues`` (all queues if None)."""
-    token = new_claim_token()
-    stmt = sql.claim(
-        conn.dialect.name,
-        claim_token=token,
-        now_ms=now_ms() if now is None else now,
-        lease_ms=lease_ms,
-        queues=queues,
-        limit=limit,
-    )
-    rows = sorted(conn.execute(stmt).all(), key=lambda r: (-r.priority, r.sequence))
+    params: dict[str, Any] = {"token": new_claim_token(), "lease_ms": lease_ms, "limit": limit}
+    if queues is not None:
+        params["queues"] = list(queues)
+    stmt = sql.claim(conn.dialect.name, queues is not None)
+    rows = sorted(conn.execute(stmt, params).all(), key=lambda r: (-r.priority, r.sequence))
     claimed: list[Claim] = []
     cancelled: list[JobView] = []
     for row in rows:
@@ -295,21 +297,44 @@ def settle(
     now: int | None = None,
 ) -> Settlement:
     """Settle the exact claim; see :func:`statements.settle`."""
-    if not isinstance(decision, Decision):
-        raise WatchdogError(
-            ErrorCode.INVALID_INPUT, f"decision: must be a Decision, not {type(decision).__name__}"
-        )
-    row = conn.execute(
-        sql.settle(
-            job_id=job_id,
-            claim_token=claim_token,
-            outcome=decision.outcome,
-            reason=decision.reason,
-            now_ms=now_ms() if now is None else now,
-        )
-    ).first()
-    if row is not None:
-        return Settlement(SettleStatus.SETTLED, view(row))
+    request = {"job_id": job_id, "claim_token": claim_token, "decision": decision, "now": now}
+    return settle_many(conn, [request])[0]
+
+
+def settle_many(conn: Connection, requests: Sequence[Mapping[str, Any]]) -> list[Settlement]:
+    """Settle exact claims in one statement of the caller's transaction.
+
+    Each request is ``settle``'s keywords. Every row keeps its own guard
+    (exact token, live lease); only the statement and the commit are
+    shared, which is what makes a busy runner fast on a durable database.
+    The lease is checked against the latest ``now`` of the batch.
+    """
+    for request in requests:
+        if not isinstance(request["decision"], Decision):
+            raise WatchdogError(
+                ErrorCode.INVALID_INPUT,
+                f"decision: must be a Decision, not {type(request['decision']).__name__}",
+            )
+    job_ids = [request["job_id"] for request in requests]
+    if len(set(job_ids)) < len(job_ids):  # one statement updates a row once
+        return [result for request in requests for result in settle_many(conn, [request])]
+    dialect = conn.dialect.name
+    rows = [
+        (r["job_id"], r["claim_token"], r["decision"].outcome.value, r["decision"].reason) for r in requests
+    ]
+    params = sql.rows_params(dialect, "settles", sql.SETTLE_FIELDS, rows)
+    params["now"] = max((r.get("now") or now_ms()) for r in requests)
+    settled = {row.job_id: view(row) for row in conn.execute(sql.settle(dialect), params)}
+    return [
+        Settlement(SettleStatus.SETTLED, settled[r["job_id"]])
+        if r["job_id"] in settled
+        else _unsettled(conn, r["job_id"], r["claim_token"], r["decision"])
+        for r in requests
+    ]
+
+
+def _unsettled(conn: Connection, job_id: str, claim_token: str, decision: Decision) -> Settlement:
+    """Why a settle updated nothing: a replay, a conflict, or no such job."""
     prior = read_claim(conn, job_id)
     if prior is None:
         return Settlement(SettleStatus.MISSING, None)
@@ -320,31 +345,21 @@ def settle(
     return Settlement(SettleStatus.CONFLICT, job)
 
 
-def settle_many(conn: Connection, requests: Sequence[Mapping[str, Any]]) -> list[Settlement]:
-    """Settle several exact claims in the caller's one transaction.
-
-    Each settle is still its own guarded statement (exact token, live
-    lease); only the commit is shared, which is what makes a busy runner
-    fast on a durable database.
-    """
-    return [settle(conn, **request) for request in requests]
-
-
 def renew(
     conn: Connection, claims: Sequence[tuple[str, str]], *, lease_ms: int, now: int | None = None
 ) -> set[str]:
     """Renew exact claims; returns the job_ids still held (the rest are lost)."""
     if not claims:
         return set()
-    stmt = sql.renew(claims=claims, now_ms=now_ms() if now is None else now, lease_ms=lease_ms)
-    return {row.job_id for row in conn.execute(stmt)}
+    params = {"claims": list(claims), "now": now_ms() if now is None else now, "lease_ms": lease_ms}
+    return {row.job_id for row in conn.execute(sql.renew(), params)}
 
 
 def release(conn: Connection, claims: Sequence[tuple[str, str]]) -> set[str]:
     """End the leases of claims a stopping runner could not finish."""
     if not claims:
         return set()
-    return set(conn.execute(sql.release(claims=claims)).scalars())
+    return set(conn.execute(sql.release(), {"claims": list(claims)}).scalars())
 
 
 def cancel(
@@ -364,12 +379,12 @@ def cancel(
     check_text("cancellation_id", cancellation_id, CANCELLATION_ID_MAX_LENGTH)
     if not isinstance(only_if_queued, bool):
         raise WatchdogError(ErrorCode.INVALID_INPUT, "only_if_queued: must be a bool")
-    holder = conn.execute(sql.cancellation_holder(cancellation_id)).scalar()
+    holder = conn.execute(sql.cancellation_holder(), {"cancellation": cancellation_id}).scalar()
     if holder is not None:
         status = CancelStatus.REPLAYED if holder == job_id else CancelStatus.CONFLICT
         return CancelResult(job_id, status)
-    stmt = sql.cancel(job_id=job_id, cancellation_id=cancellation_id, only_if_queued=only_if_queued)
-    if conn.execute(stmt).first() is not None:
+    params = {"job": job_id, "cancellation": cancellation_id}
+    if conn.execute(sql.cancel(only_if_queued), params).first() is not None:
         return CancelResult(job_id, CancelStatus.RECORDED)
     prior = read(conn, job_id)
     return CancelResult(job_id, CancelStatus.MISSING if prior is None else CancelStatus.CONFLICT)
@@ -378,7 +393,7 @@ def cancel(
 def notify(conn: Connection, event: str) -> None:
     """Wake listening runners when the transaction commits (PostgreSQL only)."""
     if conn.dialect.name == "postgresql":
-        conn.execute(sql.notify(event))
+        conn.execute(sql.notify(), {"event": event})
 
 
 def fail_lane(conn: Connection, lane: str, reason: str, *, batch: int = LANE_FAILURE_BATCH) -> LaneFailure:
@@ -386,18 +401,17 @@ def fail_lane(conn: Connection, lane: str, reason: str, *, batch: int = LANE_FAI
     check_text("lane", lane, LANE_MAX_LENGTH)
     if not isinstance(reason, str) or not reason:
         raise WatchdogError(ErrorCode.INVALID_INPUT, "reason: must be a non-empty str")
-    rows = conn.execute(
-        sql.fail_lane(conn.dialect.name, lane=lane, reason=bound_reason(reason), batch=batch)
-    ).all()
+    params = {"lane_name": lane, "reason": bound_reason(reason), "batch": batch}
+    rows = conn.execute(sql.fail_lane(conn.dialect.name), params).all()
     jobs = tuple(sorted((view(row) for row in rows), key=lambda j: j.sequence))
-    more = bool(conn.execute(sql.lane_has_live_jobs(lane)).scalar())
+    more = bool(conn.execute(sql.lane_has_live_jobs(), {"lane_name": lane}).scalar())
     return LaneFailure(jobs, more)
 
 
 def purge(conn: Connection, queue: str) -> int:
     """Delete the queue's queued jobs; returns how many."""
     check_text("queue", queue, QUEUE_MAX_LENGTH)
-    return conn.execute(sql.purge(queue)).rowcount
+    return conn.execute(sql.purge(), {"queue": queue}).rowcount
 
 
 # -- recovery ----------------------------------------------------------------
@@ -409,8 +423,8 @@ def expired_claims(conn: Connection, *, limit: int) -> list[Claim]:
     Only the database clock decides whether another runner's claim is dead,
     so a recoverer whose own clock runs ahead cannot steal a live lease.
     """
-    stmt = sql.expired_claims(limit=limit)
-    return [Claim(view(row), row.claim_token) for row in conn.execute(stmt)]
+    rows = conn.execute(sql.expired_claims(), {"limit": limit})
+    return [Claim(view(row), row.claim_token) for row in rows]
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,15 +447,13 @@ def reconcile(conn: Connection, expired: Claim) -> Recovery:
     """Requeue the dead claim within its budget, else settle it ``interrupted``."""
     job = expired.job
     requeue = job.max_recoveries is not None and job.recovery_count < job.max_recoveries
-    row = conn.execute(
-        sql.reconcile(
-            job_id=job.job_id,
-            claim_token=expired.token,
-            recovery_count=job.recovery_count,
-            requeue=requeue,
-            reason=recovery_reason(job),
-        )
-    ).first()
+    params = {
+        "job": job.job_id,
+        "token": expired.token,
+        "count": job.recovery_count,
+        "reason": recovery_reason(job),
+    }
+    row = conn.execute(sql.reconcile(requeue), params).first()
     if row is None:
         return Recovery(job.job_id, "lost_race", None)
     after = view(row)
