@@ -85,7 +85,12 @@ async def enqueue_select(target: AsyncSession | AsyncConnection, source: Select[
 
 
 async def run_store(
-    engine: AsyncEngine, fn: Callable[..., T], *args: Any, write: bool = True, **kwargs: Any
+    engine: AsyncEngine,
+    fn: Callable[..., T],
+    *args: Any,
+    write: bool = True,
+    autocommit: bool = False,
+    **kwargs: Any,
 ) -> T:
     """Run the sync store function ``fn(conn, ...)`` in a transaction of its
     own, through ``AsyncConnection.run_sync``, retrying transient failures."""
@@ -94,7 +99,9 @@ async def run_store(
         try:
             async with engine.connect() as conn:
                 return await conn.run_sync(
-                    lambda sync: store.transact(sync, fn, *args, write=write, **kwargs)
+                    lambda sync: store.transact(
+                        sync, fn, *args, write=write, autocommit=autocommit, **kwargs
+                    )
                 )
         except DBAPIError as error:
             await asyncio.sleep(backoff.delay_after(error, fn.__name__))
@@ -112,7 +119,12 @@ class AsyncWatchdog:
         return await run_store(self.engine, fn, *args, write=write, **kwargs)
 
     async def enqueue(self, jobs: Job | Iterable[Job]) -> Any:
-        return await self._run(client.enqueue, jobs)
+        """Enqueue in a transaction of its own, as :meth:`Watchdog.enqueue
+        <sqlalchemy_watchdog.Watchdog.enqueue>`."""
+        batch = [jobs] if isinstance(jobs, Job) else list(jobs)
+        autocommit = store.one_statement(self.engine.dialect.name, batch)
+        results = await run_store(self.engine, store.enqueue, batch, autocommit=autocommit)
+        return results[0] if isinstance(jobs, Job) else results
 
     async def read(self, job_id: str) -> JobView | None:
         return await self._run(store.read, job_id, write=False)

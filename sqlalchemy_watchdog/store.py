@@ -171,6 +171,15 @@ def _same(a: Job, b: Job) -> bool:
     return _row(a) == _row(b)
 
 
+def one_statement(conn_or_dialect: Connection | str, jobs: Sequence[Job]) -> bool:
+    """Whether enqueueing ``jobs`` writes with one statement (atomic by itself).
+
+    Only on PostgreSQL: SQLite's writers want ``BEGIN IMMEDIATE``.
+    """
+    dialect = conn_or_dialect if isinstance(conn_or_dialect, str) else conn_or_dialect.dialect.name
+    return dialect == "postgresql" and len({job.job_id for job in jobs}) <= ENQUEUE_CHUNK
+
+
 def _values(job: Job) -> tuple[Any, ...]:
     """The job in :data:`statements.ENQUEUE_FIELDS` order."""
     return (job.job_id, job.queue, job.lane, job.priority, job.payload_json, job.max_recoveries)
@@ -486,8 +495,21 @@ def begin_write(conn: Connection) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def transact(conn: Connection, fn: Callable[..., T], *args: Any, write: bool = True, **kwargs: Any) -> T:
-    """Run ``fn(conn, *args, **kwargs)`` in a transaction of its own on ``conn``."""
+def transact(
+    conn: Connection,
+    fn: Callable[..., T],
+    *args: Any,
+    write: bool = True,
+    autocommit: bool = False,
+    **kwargs: Any,
+) -> T:
+    """Run ``fn(conn, *args, **kwargs)`` in a transaction of its own on ``conn``.
+
+    ``autocommit`` runs it without BEGIN/COMMIT, for work whose one writing
+    statement is atomic by itself: two round trips fewer.
+    """
+    if autocommit:
+        return fn(conn.execution_options(isolation_level="AUTOCOMMIT"), *args, **kwargs)
     with conn.begin():
         if write:
             begin_write(conn)
