@@ -116,7 +116,8 @@ class AsyncWatchdog:
         self.engine = engine
 
     async def _run(self, fn: Callable[..., T], *args: Any, write: bool = True, **kwargs: Any) -> T:
-        return await run_store(self.engine, fn, *args, write=write, **kwargs)
+        autocommit = store.self_committing(self.engine.dialect.name)
+        return await run_store(self.engine, fn, *args, write=write, autocommit=autocommit, **kwargs)
 
     async def enqueue(self, jobs: Job | Iterable[Job]) -> Any:
         """Enqueue in a transaction of its own, as :meth:`Watchdog.enqueue
@@ -208,7 +209,8 @@ class AsyncRunner:
     # -- driving the shared steps ------------------------------------------------
 
     async def _store(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await run_store(self.engine, fn, *args, **kwargs)
+        autocommit = store.self_committing(self.engine.dialect.name)
+        return await run_store(self.engine, fn, *args, autocommit=autocommit, **kwargs)
 
     async def _perform(self, step: Step) -> Any:
         if isinstance(step, StoreCall):

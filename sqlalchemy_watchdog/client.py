@@ -169,8 +169,16 @@ class Watchdog:
         self.engine = engine
 
     def _run(
-        self, fn: Callable[..., T], *args: Any, write: bool = True, autocommit: bool = False, **kwargs: Any
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        write: bool = True,
+        autocommit: bool | None = None,
+        **kwargs: Any,
     ) -> T:
+        if autocommit is None:
+            autocommit = store.self_committing(self.engine.dialect.name)
+
         def work() -> T:
             with self.engine.connect() as conn:
                 return store.transact(conn, fn, *args, write=write, autocommit=autocommit, **kwargs)

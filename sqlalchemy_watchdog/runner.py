@@ -121,6 +121,7 @@ class Runner:
         self._stopping = threading.Event()
         self._heartbeat_now = threading.Event()
         self._settler: _Settler | None = None
+        self._autocommit = store.self_committing(engine.dialect.name)
 
     @property
     def queues(self) -> tuple[str, ...]:
@@ -132,7 +133,7 @@ class Runner:
     def _store(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         def work() -> T:
             with self.engine.connect() as conn:
-                return store.transact(conn, fn, *args, **kwargs)
+                return store.transact(conn, fn, *args, autocommit=self._autocommit, **kwargs)
 
         return store.retrying(work, what=fn.__name__)
 

@@ -171,6 +171,18 @@ def _same(a: Job, b: Job) -> bool:
     return _row(a) == _row(b)
 
 
+def self_committing(dialect: str) -> bool:
+    """Whether the store's operations run without BEGIN/COMMIT on ``dialect``.
+
+    Every store operation but a multi-chunk enqueue is made of statements
+    each correct on its own (one conditional write, plus reads), so on
+    PostgreSQL they run in autocommit: one round trip instead of three.
+    SQLite keeps ``BEGIN IMMEDIATE`` transactions (no round trips to save,
+    and a reader that later writes must hold the lock from the start).
+    """
+    return dialect == "postgresql"
+
+
 def one_statement(conn_or_dialect: Connection | str, jobs: Sequence[Job]) -> bool:
     """Whether enqueueing ``jobs`` writes with one statement (atomic by itself).
 
