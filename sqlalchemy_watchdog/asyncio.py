@@ -33,6 +33,7 @@ from .execution import (
     RunnerSettings,
     RunningJob,
     Step,
+    check_clock,
     StopReason,
     StoreCall,
     TickResult,
@@ -48,7 +49,7 @@ from .execution import (
     renewals,
     slots_taken,
 )
-from .jobs import CancelResult, Decision, EnqueueResult, Job, JobState, JobView, LaneFailure
+from .jobs import CancelResult, Decision, EnqueueResult, Job, JobState, JobView, LaneFailure, job_batch
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class AsyncWatchdog:
     async def enqueue(self, jobs: Job | Iterable[Job]) -> Any:
         """Enqueue in a transaction of its own, as :meth:`Watchdog.enqueue
         <sqlalchemy_watchdog.Watchdog.enqueue>`."""
-        batch = [jobs] if isinstance(jobs, Job) else list(jobs)
+        batch = job_batch(jobs)
         autocommit = store.one_statement(self.engine.dialect.name, batch)
         results = await run_store(self.engine, store.enqueue, batch, autocommit=autocommit)
         return results[0] if isinstance(jobs, Job) else results
@@ -190,7 +191,7 @@ class AsyncRunner:
             grace=grace,
             is_alive=is_alive,
         )
-        self._clock = clock
+        self._clock = check_clock(clock)
         self._active: dict[str, Execution] = {}
         self._wake: asyncio.Event | None = None
         self._stopping: asyncio.Event | None = None

@@ -19,6 +19,7 @@ from .jobs import (
     Job,
     JobView,
     LaneFailure,
+    job_batch,
 )
 from .model import WatchdogJob
 
@@ -85,7 +86,7 @@ def enqueue(
         so its other writes cannot commit without their job.
     """
     single = isinstance(jobs, Job)
-    batch: list[Job] = [jobs] if isinstance(jobs, Job) else list(jobs)
+    batch = job_batch(jobs)
     conn = _connection(target)
     try:
         results = store.enqueue(conn, batch)
@@ -198,7 +199,7 @@ class Watchdog:
     def enqueue(self, jobs: Job | Iterable[Job]) -> EnqueueResult | list[EnqueueResult]:
         """Enqueue in a transaction of its own (see :func:`enqueue`); on
         PostgreSQL up to 1,000 jobs go as one self-committing statement."""
-        batch = [jobs] if isinstance(jobs, Job) else list(jobs)
+        batch = job_batch(jobs)
         autocommit = store.one_statement(self.engine.dialect.name, batch)
         results: list[EnqueueResult] = self._write(store.enqueue, batch, autocommit=autocommit)
         return results[0] if isinstance(jobs, Job) else results

@@ -179,6 +179,13 @@ def stop_reason_of(job: JobView | None) -> StopReason:
     return StopReason.LEASE_LOST
 
 
+def check_clock(clock: object) -> Callable[[], int]:
+    """Refuse a runner ``clock`` that cannot be called."""
+    if not callable(clock):
+        raise InvalidJob("clock", f"must be a callable returning epoch milliseconds, not {type(clock).__name__}")
+    return clock  # type: ignore[return-value]
+
+
 def _ms(value: timedelta, name: str) -> int:
     if not isinstance(value, timedelta):
         raise InvalidJob(name, f"must be a datetime.timedelta, not {type(value).__name__}")
@@ -479,11 +486,17 @@ def probe_failed(job: JobView, error: BaseException) -> object:
 
 
 def renewals(executions: Iterable[Execution], held: set[str]) -> list[Execution]:
-    """The executions whose claim was not renewed and are not yet told to stop."""
+    """The executions whose claim was not renewed and whose handler still runs.
+
+    One whose handler has returned is settling: its renewal fails because
+    the settle just committed (nothing to stop), or its claim was lost and
+    the database refuses the settle (which logs it) -- either way there is
+    no handler left to tell.
+    """
     return [
         e
         for e in executions
-        if e.job_id not in held and not e.signal.event.is_set() and not e.done.is_set()
+        if e.job_id not in held and e.slot_held and not e.signal.event.is_set() and not e.done.is_set()
     ]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
@@ -189,6 +189,19 @@ class Job:
         if self.max_recoveries is not None:
             check_int("max_recoveries", self.max_recoveries, 0, _INT32_MAX)
         object.__setattr__(self, "payload_json", encode_payload(self.payload))
+
+
+def job_batch(jobs: object) -> list[Job]:
+    """``jobs`` (a Job or an iterable of Jobs) as a list, or a clear TypeError."""
+    if isinstance(jobs, Job):
+        return [jobs]
+    if isinstance(jobs, (str, bytes, Mapping)) or not isinstance(jobs, Iterable):
+        raise TypeError(f"enqueue takes a Job or an iterable of Jobs, not {type(jobs).__name__}")
+    batch = list(jobs)
+    for job in batch:
+        if not isinstance(job, Job):
+            raise TypeError(f"enqueue takes Job objects, not {type(job).__name__}")
+    return batch
 
 
 @dataclass(frozen=True, slots=True)

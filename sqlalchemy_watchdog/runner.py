@@ -36,6 +36,7 @@ from .execution import (
     RunnerSettings,
     RunningJob,
     Step,
+    check_clock,
     StopReason,
     StoreCall,
     TickResult,
@@ -114,7 +115,7 @@ class Runner:
             grace=grace,
             is_alive=is_alive,
         )
-        self._clock = clock
+        self._clock = check_clock(clock)
         self._active: dict[str, Execution] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()

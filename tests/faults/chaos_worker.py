@@ -1,0 +1,202 @@
+"""A worker process for the fault tests: ``Runner.run_forever`` with handlers
+that leave an audit trail, and hooks to die at precise moments.
+
+    python tests/faults/chaos_worker.py --url URL [--queue chaos] [--concurrency N]
+        [--lease S] [--heartbeat S] [--poll S] [--grace S] [--clock-offset-ms MS]
+        [--kill-in-settle JOB_ID --kill-phase before|after]
+
+A job's payload says what its handler does (``{"action": ...}``):
+
+* ``quick`` (default): write the audit start and end rows, return completed.
+* ``sleep``: wait ``seconds`` for ``stop_requested``; a stop is recorded and
+  raised (the settle then decides what counts).
+* ``block``: like ``sleep`` with ``seconds`` = 600: runs until told to stop.
+* ``ignore_stop``: sleep ``seconds`` without looking at ``stop_requested``.
+* ``fail``: return ``Decision.failed("chaos failure")``.
+
+``{"only_first": N}`` applies the action to runs with ``recovery_count < N``
+only; later runs (after a recovery) are ``quick``.
+
+Every execution inserts a ``fault_audit`` row when it starts (database clock,
+and the lease it holds at that moment) in a transaction of its own, and
+stamps its end, so the tests can see every run -- including runs whose
+process was killed before its settlement committed.
+
+``--kill-in-settle JOB_ID`` SIGKILLs this process inside the settle of that
+job: ``before`` the settle statement runs (the handler has returned and its
+side effects are committed), or ``after`` it ran but before its transaction
+committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from sqlalchemy import Engine, create_engine, insert, literal, select, update
+from sqlalchemy.exc import DBAPIError
+
+from sqlalchemy_watchdog import Decision, Runner, RunningJob, statements, store
+from sqlalchemy_watchdog.model import jobs_table
+from tests.faults.helpers import audit
+
+log = logging.getLogger("chaos_worker")
+
+
+def _audit_write(engine: Engine, stmt: Any, what: str) -> None:
+    """Write an audit row in a committed transaction of its own, riding out
+    a database restart (the audit trail must not be the thing that fails)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with store.write_transaction(engine) as conn:
+                conn.execute(stmt)
+            return
+        except DBAPIError as error:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("audit %s failed (%s); retrying", what, type(error).__name__)
+            time.sleep(0.2)
+
+
+def make_handler(engine: Engine):  # type: ignore[no-untyped-def]
+    pid = os.getpid()
+
+    def handle(job: RunningJob) -> Decision | None:
+        payload = job.payload if isinstance(job.payload, dict) else {}
+        action = payload.get("action", "quick")
+        if job.recovery_count >= payload.get("only_first", 1 << 30):
+            action = "quick"  # the chaos applies to the first run(s) only
+        exec_id = uuid.uuid4().hex
+        clock = statements.db_clock_ms()
+        lease = (
+            select(jobs_table.c.lease_until)
+            .where(jobs_table.c.job_id == job.job_id)
+            .scalar_subquery()
+        )
+        _audit_write(
+            engine,
+            insert(audit).values(
+                job_id=job.job_id,
+                exec_id=exec_id,
+                pid=pid,
+                recovery_count=job.recovery_count,
+                started_ms=clock,
+                lease_seen=lease,
+            ),
+            "start",
+        )
+        stopped = None
+        if action == "sleep" or action == "block":
+            seconds = float(payload.get("seconds", 600))
+            if job.stop_requested.wait(seconds):
+                stopped = job.stop_reason.value if job.stop_reason else "unknown"
+        elif action == "ignore_stop":
+            time.sleep(float(payload.get("seconds", 600)))
+        _audit_write(
+            engine,
+            update(audit)
+            .where(audit.c.exec_id == exec_id)
+            .values(ended_ms=statements.db_clock_ms(), stop_reason=stopped, note=literal(action)),
+            "end",
+        )
+        if stopped is not None:
+            raise RuntimeError(f"stopped: {stopped}")
+        if action == "fail":
+            return Decision.failed("chaos failure")
+        return None
+
+    return handle
+
+
+def install_settle_kill(job_ids: set[str], phase: str) -> None:
+    """SIGKILL this process inside the settle of one of ``job_ids``.
+
+    The runner settles through ``store.settle`` or, batched, through
+    ``store.settle_many``; both are wrapped (module attributes, looked up at
+    call time by the runner).
+    """
+
+    def die(job_id: str, where: str) -> None:
+        log.warning("chaos: SIGKILL %s of %s", where, job_id)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)  # pragma: no cover - never reached
+
+    def wrap(real: Any, victims_of: Any) -> Any:
+        def wrapper(conn: Any, *args: Any, **kwargs: Any) -> Any:
+            victims = victims_of(*args, **kwargs) & job_ids
+            if not victims:
+                return real(conn, *args, **kwargs)
+            victim = min(victims)
+            if phase == "before":
+                die(victim, "before the settle statement")
+            real(conn, *args, **kwargs)
+            die(victim, "after the settle statement, before its commit")
+
+        wrapper.__name__ = real.__name__
+        return wrapper
+
+    if hasattr(store, "settle_many"):
+        store.settle_many = wrap(  # type: ignore[assignment]
+            store.settle_many, lambda requests, *a, **k: {r["job_id"] for r in requests}
+        )
+    store.settle = wrap(store.settle, lambda *a, **k: {k["job_id"]})  # type: ignore[assignment]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--name", default="worker")
+    parser.add_argument("--queue", action="append")
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--lease", type=float, default=3.0)
+    parser.add_argument("--heartbeat", type=float, default=0.5)
+    parser.add_argument("--poll", type=float, default=0.2)
+    parser.add_argument("--grace", type=float, default=5.0)
+    parser.add_argument("--clock-offset-ms", type=int, default=0)
+    parser.add_argument("--kill-in-settle", action="append", default=[])
+    parser.add_argument("--kill-phase", choices=("before", "after"), default="before")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(
+        level=args.log_level,
+        stream=sys.stderr,
+        format=f"%(asctime)s {args.name}[%(process)d] %(levelname)s %(name)s: %(message)s",
+    )
+    engine = create_engine(args.url)
+    if args.kill_in_settle:
+        install_settle_kill(set(args.kill_in_settle), args.kill_phase)
+    queues = args.queue or ["chaos"]
+    handle = make_handler(engine)
+    offset = args.clock_offset_ms
+    runner = Runner(
+        engine,
+        {queue: handle for queue in queues},
+        concurrency=args.concurrency,
+        lease=timedelta(seconds=args.lease),
+        heartbeat=timedelta(seconds=args.heartbeat),
+        poll_interval=timedelta(seconds=args.poll),
+        grace=timedelta(seconds=args.grace),
+        clock=(lambda: store.now_ms() + offset) if offset else store.now_ms,
+    )
+    print("chaos-worker ready", file=sys.stderr, flush=True)
+    runner.run_forever()
+    print("chaos-worker exited", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

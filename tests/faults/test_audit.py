@@ -1,0 +1,145 @@
+"""Fault 7: the audit -- many jobs, several worker processes, one killed.
+
+PostgreSQL: 4 worker processes (4 handler threads each) run 5,000 jobs;
+SQLite: 3 processes (2 threads each) run 1,000 jobs on one database file.
+Mid-run one worker is SIGKILLed and a replacement started, and another is
+frozen with SIGSTOP past its lease and then resumed, so some claims die or
+go stale and are recovered. Every handler execution writes an audit row (job,
+pid, recovery count, start and end in the database clock), and a trigger
+logs every state change with the lease the row had.
+
+Then: every job is settled exactly once (``completed``); each claim ran its
+handler at most once; and a later execution of a job only started after the
+earlier claim was recovered -- at a moment when, by the database clock, that
+claim's lease had ended. No two executions of one job overlap under a live
+lease.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import defaultdict
+from itertools import pairwise
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, func, select
+from sqlalchemy.engine import URL
+
+from sqlalchemy_watchdog import Job
+from sqlalchemy_watchdog.model import jobs_table
+from tests.faults.helpers import (
+    WorkerPool,
+    assert_settled_exactly_once,
+    audit_rows,
+    enqueue_jobs,
+    transition_rows,
+    wait_until,
+)
+
+pytestmark = pytest.mark.slow
+
+SHAPE = {
+    # dialect: (processes, threads per process, jobs)
+    "postgresql": (4, 4, 5_000),
+    "sqlite": (3, 2, 1_000),
+}
+
+
+def _settled(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                select(func.count()).select_from(jobs_table).where(jobs_table.c.state == "settled")
+            ).scalar_one()
+        )
+
+
+def _check_no_overlap(
+    runs_by_job: dict[str, list[dict[str, Any]]], log_by_job: dict[str, list[dict[str, Any]]], frozen_pid: int
+) -> int:
+    """Returns how many jobs ran more than once (all checked).
+
+    A handler frozen by SIGSTOP may finish after its lease was lost and the
+    job started again elsewhere: that run had no live lease any more (its
+    settle is refused), so only its start is held to the rule."""
+    reruns = 0
+    for job_id, runs in runs_by_job.items():
+        counts = [r["recovery_count"] for r in runs]
+        assert len(counts) == len(set(counts)), f"{job_id}: one claim ran its handler twice: {runs}"
+        runs = sorted(runs, key=lambda r: r["recovery_count"])
+        if len(runs) > 1:
+            reruns += 1
+        for earlier, later in pairwise(runs):
+            recoveries = [
+                t
+                for t in log_by_job[job_id]
+                if t["old_state"] == "running" and t["new_state"] == "queued" and t["old_count"] == earlier["recovery_count"]
+            ]
+            assert len(recoveries) == 1, f"{job_id}: rerun without exactly one recovery: {log_by_job[job_id]}"
+            (recovery,) = recoveries
+            assert recovery["old_lease"] is not None and recovery["old_lease"] <= recovery["at_ms"], (
+                f"{job_id}: recovered under a live lease: {recovery}"
+            )
+            assert later["started_ms"] >= recovery["at_ms"], (
+                f"{job_id}: run {later} started before the earlier claim was recovered ({recovery})"
+            )
+            if earlier["ended_ms"] is not None and earlier["pid"] != frozen_pid:
+                assert later["started_ms"] >= earlier["ended_ms"], f"{job_id}: runs overlap: {earlier} {later}"
+    return reruns
+
+
+def test_audit_every_job_settled_once_and_no_overlapping_runs(
+    instrumented: Engine, db_url: URL, workers: WorkerPool, dialect: str
+) -> None:
+    engine = instrumented
+    processes, threads, total = SHAPE[dialect]
+    ids = [f"audit-{i:05d}" for i in range(total)]
+    enqueue_jobs(engine, [Job(j, "chaos", max_recoveries=3) for j in ids])
+    timing = {"concurrency": threads, "lease": 5, "heartbeat": 1, "poll": 0.5, "log_level": "WARNING"}
+
+    started = time.monotonic()
+    pool = [workers.start(db_url, f"w{i}", **timing) for i in range(processes)]
+    wait_until(lambda: _settled(engine) >= total // 3, timeout=300, what="a third of the jobs", interval=0.2)
+    victim = pool[0]
+    victim.send(signal.SIGKILL)
+    victim.wait(30)
+    pool.append(workers.start(db_url, "replacement", **timing))
+    # Freeze another worker past its lease, then let it go on.
+    wait_until(lambda: _settled(engine) >= total // 2, timeout=300, what="half of the jobs", interval=0.2)
+    frozen = pool[1]
+    frozen.send(signal.SIGSTOP)
+    time.sleep(timing["lease"] + 1.5)
+    frozen.send(signal.SIGCONT)
+    wait_until(lambda: _settled(engine) == total, timeout=480, what="every job to settle", interval=0.5)
+    elapsed = time.monotonic() - started
+
+    for worker in pool[1:]:
+        worker.send(signal.SIGTERM)
+    for worker in pool[1:]:
+        assert worker.wait(60) == 0, worker.log_text()[-2000:]
+        assert "Traceback" not in worker.log_text(), worker.log_text()[-4000:]
+
+    rows = assert_settled_exactly_once(engine, ids)
+    assert {r["outcome"] for r in rows.values()} == {"completed"}
+
+    runs_by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for run in audit_rows(engine):
+        runs_by_job[run["job_id"]].append(run)
+    assert set(runs_by_job) == set(ids), "a job settled completed without running"
+    log_by_job: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for t in transition_rows(engine):
+        log_by_job[t["job_id"]].append(t)
+    reruns = _check_no_overlap(runs_by_job, log_by_job, frozen.pid)
+    for job_id, row in rows.items():
+        requeues = [t for t in log_by_job[job_id] if t["old_state"] == "running" and t["new_state"] == "queued"]
+        assert row["recovery_count"] == len(requeues), (job_id, row, requeues)
+        settling = [r for r in runs_by_job[job_id] if r["recovery_count"] == row["recovery_count"]]
+        assert len(settling) == 1 and settling[0]["ended_ms"] is not None, (job_id, runs_by_job[job_id])
+    pids = {run["pid"] for runs in runs_by_job.values() for run in runs}
+    assert victim.pid in pids and len(pids) == processes + 1
+    print(
+        f"\n{dialect}: {total} jobs, {processes}+1 processes x {threads} threads, "
+        f"{elapsed:.1f}s, {reruns} job(s) run again after the SIGKILL/SIGSTOP"
+    )

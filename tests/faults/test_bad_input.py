@@ -1,0 +1,451 @@
+"""Fault 10: hostile and malformed input, as a table.
+
+Every entry of ``REFUSED`` is a call with one bad argument. Each must raise a
+clear error whose message names the field, and leave the database exactly as
+it was (a full dump of ``watchdog_jobs`` before and after, on a table
+already holding queued, running, cancelled and settled jobs).
+
+``ROUND_TRIP`` holds inputs that look dangerous but are valid -- quotes, SQL
+metacharacters, format strings, control characters, non-ASCII at the exact
+length limits: they must be stored and read back exactly.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, create_engine, literal, select, text
+from sqlalchemy.engine import URL
+
+from sqlalchemy_watchdog import (
+    Decision,
+    EnqueueConflict,
+    InvalidJob,
+    Job,
+    Outcome,
+    Runner,
+    Watchdog,
+    WatchdogError,
+    enqueue,
+    enqueue_select,
+    metadata,
+    store,
+)
+from sqlalchemy_watchdog.asyncio import AsyncWatchdog
+from sqlalchemy_watchdog.asyncio import enqueue as async_enqueue
+from sqlalchemy_watchdog.jobs import (
+    FAILURE_REASON_MAX_LENGTH,
+    PAYLOAD_MAX_BYTES,
+    PAYLOAD_MAX_DEPTH,
+    CancelStatus,
+)
+from tests.conftest import DIALECTS, make_async_engine
+from tests.faults.helpers import dump_jobs
+
+HEAVY = "x" * (PAYLOAD_MAX_BYTES - 2)  # '"' + HEAVY + '"' is exactly the limit
+
+
+def nested(depth: int, leaf: Any = 0) -> Any:
+    """``depth`` levels of arrays around ``leaf``."""
+    value = leaf
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def nested_objects(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = {"k": value}
+    return value
+
+
+def handler(job: Any) -> None:
+    return None
+
+
+def _seed(engine: Engine) -> None:
+    """Queued, running (and cancelled), settled jobs: something to damage."""
+    wd = Watchdog(engine)
+    wd.enqueue([Job("seed-running", "q"), Job("seed-queued", "q"), Job("seed-settled", "q2")])
+    with store.write_transaction(engine) as conn:
+        store.claim(conn, queues=["q2"], lease_ms=1)
+    time.sleep(0.01)  # the 1 ms lease has ended by the database clock
+    with store.write_transaction(engine) as conn:
+        (settled,) = store.expired_claims(conn, limit=5)
+    with store.write_transaction(engine) as conn:
+        store.reconcile(conn, settled)  # interrupted
+    with store.write_transaction(engine) as conn:
+        store.claim(conn, queues=["q"], lease_ms=60_000, limit=1)
+    wd.cancel("seed-queued", "seed-cancel")
+
+
+@dataclass(frozen=True)
+class Entry:
+    field: str
+    call: Callable[[Engine], Any]
+    #: The error type; InvalidJob entries are also checked for ``.field``.
+    error: type[BaseException] = InvalidJob
+    #: Text the message must contain besides the field name.
+    says: str | None = None
+
+
+def job(**overrides: Any) -> Callable[[Engine], Any]:
+    """Enqueue ``Job(**defaults | overrides)`` through the public client."""
+    fields = {"job_id": "new-job", "queue": "q", **overrides}
+    return lambda engine: Watchdog(engine).enqueue(Job(**fields))
+
+
+def wd(method: str, *args: Any, **kwargs: Any) -> Callable[[Engine], Any]:
+    return lambda engine: getattr(Watchdog(engine), method)(*args, **kwargs)
+
+
+def runner(**kwargs: Any) -> Callable[[Engine], Any]:
+    settings = {"handlers": {"q": handler}, **kwargs}
+    engine_override = settings.pop("engine", None)
+
+    def build(engine: Engine) -> Any:
+        return Runner(engine_override if engine_override is not None else engine, **settings)
+
+    return build
+
+
+def settle_with(decision: Any) -> Callable[[Engine], Any]:
+    """Settle the seeded running job's exact claim with ``decision``."""
+
+    def call(engine: Engine) -> Any:
+        row = next(r for r in dump_jobs(engine) if r["job_id"] == "seed-running")
+        with store.write_transaction(engine) as conn:
+            return store.settle(conn, job_id="seed-running", claim_token=row["claim_token"], decision=decision)
+
+    return call
+
+
+def _in_transaction(engine: Engine, fn: Callable[[Any], Any]) -> Any:
+    with engine.begin() as conn:
+        return fn(conn)
+
+
+def conflicting_batch(engine: Engine) -> Any:
+    with engine.begin() as conn:
+        enqueue(conn, [Job("fresh", "q"), Job("seed-queued", "other-queue")])
+
+
+def conflicting_batch_in_savepoint(engine: Engine) -> Any:
+    """The caller's own writes in the same transaction must not commit without their job."""
+    with engine.begin() as conn:
+        enqueue(conn, Job("fresh-too", "q"))
+        enqueue(conn, Job("seed-settled", "q", payload={"changed": True}))
+
+
+def enqueue_select_of(**columns: Any) -> Callable[[Engine], Any]:
+    def call(engine: Engine) -> Any:
+        with engine.begin() as conn:
+            return enqueue_select(conn, select(*[literal(v).label(k) for k, v in columns.items()]))
+
+    return call
+
+
+REFUSED: dict[str, Entry] = {
+    # ids
+    "job_id empty": Entry("job_id", job(job_id="")),
+    "job_id 257 chars": Entry("job_id", job(job_id="j" * 257)),
+    "job_id with NUL": Entry("job_id", job(job_id="a\x00b")),
+    "job_id lone surrogate": Entry("job_id", job(job_id="a\ud800")),
+    "job_id int": Entry("job_id", job(job_id=123)),
+    "job_id None": Entry("job_id", job(job_id=None)),
+    "job_id bytes": Entry("job_id", job(job_id=b"abc")),
+    "queue empty": Entry("queue", job(queue="")),
+    "queue 257 chars": Entry("queue", job(queue="q" * 257)),
+    "queue list": Entry("queue", job(queue=["q"])),
+    "lane empty": Entry("lane", job(lane="")),
+    "lane 513 chars": Entry("lane", job(lane="l" * 513)),
+    "lane with NUL": Entry("lane", job(lane="\x00")),
+    # payloads
+    "payload NaN": Entry("payload", job(payload=math.nan)),
+    "payload inf": Entry("payload", job(payload=math.inf)),
+    "payload nested -inf": Entry("payload", job(payload={"a": [1, -math.inf]})),
+    "payload over 1 MiB": Entry("payload", job(payload=HEAVY + "x")),
+    "payload multibyte over 1 MiB": Entry("payload", job(payload="é" * (PAYLOAD_MAX_BYTES // 2))),
+    "payload arrays too deep": Entry("payload", job(payload=nested(PAYLOAD_MAX_DEPTH + 1))),
+    "payload objects too deep": Entry("payload", job(payload=nested_objects(PAYLOAD_MAX_DEPTH + 1))),
+    "payload 100k deep": Entry("payload", job(payload=nested(100_000))),
+    "payload set": Entry("payload", job(payload={1, 2})),
+    "payload bytes": Entry("payload", job(payload=b"raw")),
+    "payload datetime": Entry("payload", job(payload={"at": datetime.datetime(2024, 1, 1)})),
+    "payload object": Entry("payload", job(payload=object())),
+    "payload int key": Entry("payload", job(payload={1: "one"})),
+    "payload lone surrogate": Entry("payload", job(payload={"s": "\udc80"})),
+    # priority and budget
+    "priority bool": Entry("priority", job(priority=True)),
+    "priority float": Entry("priority", job(priority=1.5)),
+    "priority 2**63": Entry("priority", job(priority=2**63)),
+    "priority -2**63-1": Entry("priority", job(priority=-(2**63) - 1)),
+    "priority str": Entry("priority", job(priority="1")),
+    "priority None": Entry("priority", job(priority=None)),
+    "max_recoveries -1": Entry("max_recoveries", job(max_recoveries=-1)),
+    "max_recoveries bool": Entry("max_recoveries", job(max_recoveries=True)),
+    "max_recoveries float": Entry("max_recoveries", job(max_recoveries=1.0)),
+    "max_recoveries 2**31": Entry("max_recoveries", job(max_recoveries=2**31)),
+    # enqueue plumbing
+    "enqueue non-Job": Entry("Job", lambda e: Watchdog(e).enqueue([{"job_id": "x", "queue": "q"}]), TypeError),
+    "enqueue None": Entry("Job", lambda e: Watchdog(e).enqueue(None), TypeError),
+    "enqueue an int": Entry("Job", lambda e: Watchdog(e).enqueue(5), TypeError),
+    "enqueue fn with None": Entry("Job", lambda e: _in_transaction(e, lambda conn: enqueue(conn, None)), TypeError),
+    "enqueue into a str": Entry("Session", lambda e: enqueue("not a session", Job("x", "q")), TypeError),
+    "conflicting duplicate in one batch": Entry(
+        "job_id", lambda e: Watchdog(e).enqueue([Job("dup", "q"), Job("dup", "q2")]), EnqueueConflict
+    ),
+    "conflicting replay in a batch": Entry("job_id", conflicting_batch, EnqueueConflict, says="'seed-queued'"),
+    "conflicting replay after own writes": Entry("job_id", conflicting_batch_in_savepoint, EnqueueConflict),
+    "enqueue_select NaN payload": Entry("payload", enqueue_select_of(job_id="s1", queue="q", payload="NaN")),
+    "enqueue_select payload not JSON": Entry("payload", enqueue_select_of(job_id="s1", queue="q", payload="{")),
+    "enqueue_select unknown column": Entry("select", enqueue_select_of(job_id="s1", queue="q", color="red")),
+    "enqueue_select without queue": Entry("select", enqueue_select_of(job_id="s1")),
+    "enqueue_select bad priority": Entry("priority", enqueue_select_of(job_id="s1", queue="q", priority=1.5)),
+    # reads
+    "read empty id": Entry("job_id", wd("read", "")),
+    "read int id": Entry("job_id", wd("read", 5)),
+    "read 257 chars": Entry("job_id", wd("read", "r" * 257)),
+    "read_queue_head None": Entry("queue", wd("read_queue_head", None)),
+    "read_settled limit 0": Entry("limit", wd("read_settled", 0)),
+    "read_settled limit 257": Entry("limit", wd("read_settled", 257)),
+    "read_settled limit bool": Entry("limit", wd("read_settled", True)),
+    "read_settled limit str": Entry("limit", wd("read_settled", "5")),
+    "read_settled after -1": Entry("after_sequence", wd("read_settled", 10, -1)),
+    "read_settled after float": Entry("after_sequence", wd("read_settled", 10, 0.5)),
+    # commands
+    "cancel int job_id": Entry("job_id", wd("cancel", 123, "c1")),
+    "cancel int cancellation_id": Entry("cancellation_id", wd("cancel", "seed-running", 5)),
+    "cancel empty cancellation_id": Entry("cancellation_id", wd("cancel", "seed-running", "")),
+    "cancel 257-char cancellation_id": Entry("cancellation_id", wd("cancel", "seed-running", "c" * 257)),
+    "cancel NUL cancellation_id": Entry("cancellation_id", wd("cancel", "seed-running", "c\x00")),
+    "cancel only_if_queued str": Entry(
+        "only_if_queued", wd("cancel", "seed-running", "c1", only_if_queued="yes"), WatchdogError
+    ),
+    "fail_lane empty reason": Entry("reason", wd("fail_lane", "q", ""), WatchdogError),
+    "fail_lane None reason": Entry("reason", wd("fail_lane", "q", None), WatchdogError),
+    "fail_lane int reason": Entry("reason", wd("fail_lane", "q", 7), WatchdogError),
+    "fail_lane empty lane": Entry("lane", wd("fail_lane", "", "down")),
+    "fail_lane int lane": Entry("lane", wd("fail_lane", 5, "down")),
+    "purge empty": Entry("queue", wd("purge", "")),
+    "purge None": Entry("queue", wd("purge", None)),
+    # decisions
+    "decision str outcome": Entry("decision", lambda e: Decision("completed")),
+    "decision cancelled": Entry("decision", lambda e: Decision(Outcome.CANCELLED)),
+    "decision interrupted": Entry("decision", lambda e: Decision(Outcome.INTERRUPTED)),
+    "decision None": Entry("decision", lambda e: Decision(None)),
+    "decision int reason": Entry("reason", lambda e: Decision.failed(123)),
+    "settle with a str decision": Entry("decision", settle_with("completed"), WatchdogError),
+    "settle with a dict decision": Entry("decision", settle_with({"outcome": "completed"}), WatchdogError),
+    # clients and runners
+    "Watchdog of a str": Entry("Engine", lambda e: Watchdog("sqlite://"), TypeError),
+    "Runner of a str": Entry("Engine", runner(engine="sqlite://"), TypeError),
+    "Runner no handlers": Entry("handlers", runner(handlers={})),
+    "Runner handler not callable": Entry("handlers", runner(handlers={"q": 5})),
+    "Runner empty queue name": Entry("queue", runner(handlers={"": handler})),
+    "Runner queues as str": Entry("queues", runner(queues="q")),
+    "Runner queue without handler": Entry("queues", runner(queues=["nope"])),
+    "Runner concurrency 0": Entry("concurrency", runner(concurrency=0)),
+    "Runner concurrency bool": Entry("concurrency", runner(concurrency=True)),
+    "Runner concurrency str": Entry("concurrency", runner(concurrency="2")),
+    "Runner concurrency float": Entry("concurrency", runner(concurrency=2.0)),
+    "Runner lease int": Entry("lease", runner(lease=120)),
+    "Runner lease zero": Entry("lease", runner(lease=timedelta(0))),
+    "Runner lease negative": Entry("lease", runner(lease=timedelta(seconds=-5))),
+    "Runner heartbeat over a third": Entry("heartbeat", runner(heartbeat=timedelta(seconds=60))),
+    "Runner heartbeat float": Entry("heartbeat", runner(heartbeat=1.0)),
+    "Runner poll_interval zero": Entry("poll_interval", runner(poll_interval=timedelta(0))),
+    "Runner grace negative": Entry("grace", runner(grace=timedelta(seconds=-1))),
+    "Runner grace int": Entry("grace", runner(grace=30)),
+    "Runner is_alive str": Entry("is_alive", runner(is_alive="yes")),
+    "Runner clock str": Entry("clock", runner(clock="now")),
+}
+
+#: Entries expected to fail: {entry: reason}. Empty: every known bug is fixed.
+XFAIL: dict[str, str] = {}
+#: Entries failing on one dialect only: {(entry, dialect): reason}.
+XFAIL_ON: dict[tuple[str, str], str] = {}
+
+
+def _params() -> list[Any]:
+    params = []
+    for name, entry in REFUSED.items():
+        marks = [pytest.mark.xfail(strict=True, reason=XFAIL[name])] if name in XFAIL else []
+        params.append(pytest.param(name, entry, id=name, marks=marks))
+    return params
+
+
+@pytest.fixture(scope="module", params=DIALECTS)
+def seeded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """One seeded database per dialect for the whole table (entries write
+    nothing, and each compares its own before and after)."""
+    if request.param == "sqlite":
+        engine = create_engine(f"sqlite:///{tmp_path_factory.mktemp('bad-input') / 'watchdog.db'}")
+        metadata.create_all(engine)
+        _seed(engine)
+        yield engine
+        engine.dispose()
+        return
+    server: URL = request.getfixturevalue("postgres_server")
+    name = f"watchdog_bad_input_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    engine = create_engine(server.set(database=name))
+    try:
+        metadata.create_all(engine)
+        _seed(engine)
+        yield engine
+    finally:
+        engine.dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.mark.parametrize("name, entry", _params())
+def test_refused_with_a_clear_error_and_nothing_written(
+    seeded: Engine, name: str, entry: Entry, request: pytest.FixtureRequest
+) -> None:
+    engine = seeded
+    reason = XFAIL_ON.get((name, engine.dialect.name))
+    if reason is not None:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+    before = dump_jobs(engine)
+    assert {r["state"] for r in before} == {"queued", "running", "settled"}
+    with pytest.raises(entry.error) as caught:
+        entry.call(engine)
+    message = str(caught.value)
+    assert entry.field in message, f"the message does not name {entry.field!r}: {message!r}"
+    if entry.says is not None:
+        assert entry.says in message, f"the message does not say {entry.says!r}: {message!r}"
+    if isinstance(caught.value, InvalidJob):
+        assert caught.value.field == entry.field, caught.value.field
+    if isinstance(caught.value, WatchdogError) and not isinstance(caught.value, EnqueueConflict):
+        assert caught.value.code.value == "invalid_input", caught.value.code
+    assert dump_jobs(engine) == before, "the database changed"
+
+
+async def test_async_api_refuses_bad_input_too(engine: Engine) -> None:
+    _seed(engine)
+    before = dump_jobs(engine)
+    aengine = make_async_engine(engine)
+    try:
+        awd = AsyncWatchdog(aengine)
+        for call, field in [
+            (lambda: awd.cancel(1, "c"), "job_id"),
+            (lambda: awd.read_settled(0), "limit"),
+            (lambda: awd.fail_lane("q", ""), "reason"),
+            (lambda: awd.enqueue(Job("x", "q", payload=math.nan)), "payload"),
+        ]:
+            with pytest.raises(WatchdogError) as caught:
+                await call()
+            assert field in str(caught.value)
+        with pytest.raises(TypeError, match="AsyncSession"):
+            await async_enqueue("nope", Job("x", "q"))  # type: ignore[arg-type]
+    finally:
+        await aengine.dispose()
+    assert dump_jobs(engine) == before
+
+
+async def test_async_enqueue_of_a_non_job_is_a_type_error(engine: Engine, request: pytest.FixtureRequest) -> None:
+    _seed(engine)
+    before = dump_jobs(engine)
+    aengine = make_async_engine(engine)
+    try:
+        with pytest.raises(TypeError, match="Job"):
+            await AsyncWatchdog(aengine).enqueue([{"job_id": "x", "queue": "q"}])
+    finally:
+        await aengine.dispose()
+    assert dump_jobs(engine) == before
+
+
+# -- valid input that looks dangerous -----------------------------------------------
+
+NASTY = [
+    "'; DROP TABLE watchdog_jobs; --",
+    'double "quoted"',
+    "back\\slash\\",
+    "%s %(job_id)s %% {0} {}",
+    "? :name $1 @p",
+    "line\nbreak\ttab\rreturn",
+    " padded ",
+    "NULL",
+    "\x01\x1f\x7f",
+    "\u202eright-to-left",
+    "é" * 256,
+    "😀" * 256,
+    "x" * 256,
+]
+
+
+@pytest.mark.parametrize("text", NASTY, ids=[f"id{i}" for i in range(len(NASTY))])
+def test_dangerous_looking_valid_ids_round_trip(engine: Engine, text: str) -> None:
+    lane = (text * 2)[:512]
+    payload = {text: text, "nul": "a\x00b", "quotes": "'\"`", "big": 2**62, "tiny": -1.5e-300, "deep": [[[]]]}
+    wd = Watchdog(engine)
+    first = wd.enqueue(Job(text, text, lane=lane, payload=payload, priority=2**63 - 1, max_recoveries=2**31 - 1))
+    assert first.status.value == "queued"
+    assert wd.enqueue(Job(text, text, lane=lane, payload=payload, priority=2**63 - 1, max_recoveries=2**31 - 1)).status.value == "duplicate"
+    got = wd.read(text)
+    assert (got.job_id, got.queue, got.lane, got.payload, got.priority, got.max_recoveries) == (
+        text, text, lane, payload, 2**63 - 1, 2**31 - 1,
+    )
+    assert wd.read_queue_head(text).job_id == text
+    assert wd.cancel(text, text).status is CancelStatus.RECORDED
+    assert wd.cancel(text, text).status is CancelStatus.REPLAYED
+    assert wd.read(text).cancellation_id == text
+    # A handler on that queue: the claim finds it cancelled, the settle keeps it exact.
+    settled = Runner(engine, {text: handler}).run_until_idle()
+    assert [(j.job_id, j.outcome) for j in settled] == [(text, Outcome.CANCELLED)]
+    assert wd.read_settled(1)[0].job_id == text
+    assert wd.fail_lane(lane, text).settled == 0
+
+
+def test_limits_are_inclusive(engine: Engine) -> None:
+    """The documented limits are accepted exactly at the edge."""
+    wd = Watchdog(engine)
+    edge = [
+        Job("heavy", "q", payload=HEAVY),
+        Job("deep", "q", payload=nested(PAYLOAD_MAX_DEPTH)),
+        Job("deep-objects", "q", payload=nested_objects(PAYLOAD_MAX_DEPTH)),
+        Job("lowest", "q", priority=-(2**63)),
+        Job("highest", "q", priority=2**63 - 1),
+    ]
+    wd.enqueue(edge)
+    assert wd.read("heavy").payload == HEAVY
+    assert wd.read("deep").payload == nested(PAYLOAD_MAX_DEPTH)
+    assert wd.read("deep-objects").payload == nested_objects(PAYLOAD_MAX_DEPTH)
+    assert wd.read_queue_head("q").job_id == "highest"
+    assert wd.read("lowest").priority == -(2**63)
+    assert wd.read_settled(256) == [] and wd.read_settled(1) == []
+
+
+def test_failure_reasons_are_bounded_and_nul_free(engine: Engine) -> None:
+    wd = Watchdog(engine)
+    wd.enqueue([Job("long", "q"), Job("nul", "q")])
+    reasons = {"long": "r" * (FAILURE_REASON_MAX_LENGTH * 3), "nul": "before\x00after"}
+    Runner(engine, {"q": lambda job: Decision.failed(reasons[job.job_id])}).run_until_idle()
+    assert len(wd.read("long").failure_reason) == FAILURE_REASON_MAX_LENGTH
+    assert "\x00" not in wd.read("nul").failure_reason
+
+
+@pytest.mark.parametrize(
+    "returned",
+    ["done", 1, {"outcome": "completed"}, Outcome.COMPLETED],
+    ids=["str", "int", "dict", "bare-outcome"],
+)
+def test_unknown_decision_kinds_from_a_handler_fail_the_job_clearly(engine: Engine, returned: Any) -> None:
+    Watchdog(engine).enqueue(Job("j", "q"))
+    (settled,) = Runner(engine, {"q": lambda job: returned}).run_until_idle()
+    assert settled.outcome is Outcome.FAILED
+    assert "not a Decision" in settled.failure_reason and type(returned).__name__ in settled.failure_reason
