@@ -186,6 +186,13 @@ class Bench:
                 return n / subject.enqueue_single(target, n, f"single-{r}")
 
             self.measure(f"{prefix}.enqueue_single", name, "{:,.0f} jobs/s", run)
+            if hasattr(subject, "enqueue_single_in_session"):
+
+                def run_in_session(subject: Any = subject, target: Target = target, n: int = n) -> float:
+                    subject.reset(target)
+                    return n / subject.enqueue_single_in_session(target, n, f"session-{r}")
+
+                self.measure(f"{prefix}.enqueue_single_session", name, "{:,.0f} jobs/s", run_in_session)
 
     def enqueue_batch(self, r: int, dialect: str) -> None:
         prefix = "pg" if dialect == "postgresql" else "sqlite"
@@ -518,6 +525,7 @@ def describe_machine(f: dict[str, Any]) -> str:
 
 THROUGHPUT_ROWS = [
     ("pg.enqueue_single", "enqueue, 1 job per transaction"),
+    ("pg.enqueue_single_session", "enqueue, 1 job in the caller's Session + commit"),
     ("pg.enqueue_batch", "enqueue, 1,000 jobs per statement"),
     ("pg.drain.c1.p1", "drain, concurrency 1, 1 process"),
     ("pg.drain.c4.p1", "drain, concurrency 4, 1 process"),

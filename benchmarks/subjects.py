@@ -94,6 +94,24 @@ class Watchdog:
         return Job(job_id, QUEUE, payload={"i": i})
 
     def enqueue_single(self, target: Target, n: int, tag: str) -> float:
+        """One job per transaction of its own: ``Watchdog.enqueue``, the
+        equivalent of the peers' stand-alone enqueue calls."""
+        from sqlalchemy_watchdog import Watchdog as Client
+
+        engine = _engine(target)
+        try:
+            client = Client(engine)
+            client.enqueue(self._job(f"{tag}-warm", -1))
+            started = time.perf_counter()
+            for i in range(n):
+                client.enqueue(self._job(f"{tag}-{i}", i))
+            return time.perf_counter() - started
+        finally:
+            engine.dispose()
+
+    def enqueue_single_in_session(self, target: Target, n: int, tag: str) -> float:
+        """One job in the caller's own Session transaction, committed with it:
+        what an application enqueueing beside its ORM writes pays."""
         from sqlalchemy.orm import Session
 
         from sqlalchemy_watchdog import enqueue
