@@ -284,7 +284,6 @@ class AsyncRunner:
             queues=self.settings.queues,
             limit=limit,
             lease_ms=self.settings.lease_ms,
-            now=self._clock(),
         )
         for job in batch.cancelled:
             log.info("job %s cancelled before it ran", job.job_id)
@@ -476,12 +475,9 @@ class AsyncRunner:
                 await asyncio.sleep(0.5)
 
     async def _shutdown(self) -> None:
-        running = [e for e in self._active.values() if not e.done.is_set()]
-        if running:
-            waiters = [asyncio.ensure_future(asyncio.to_thread(e.done.wait)) for e in running]
-            await asyncio.wait(waiters, timeout=self.settings.grace_s)
-            for waiter in waiters:
-                waiter.cancel()
+        # Polled rather than waited on in threads: a thread blocked on an
+        # execution that never ends would hold the event loop's exit.
+        await _until_done(list(self._active.values()), self.settings.grace_s)
         leftover = [e for e in self._active.values() if not e.done.is_set()]
         if not leftover:
             return
@@ -489,12 +485,17 @@ class AsyncRunner:
         # the normal path); what still runs after that is handed to recovery.
         for execution in leftover:
             self._stop_execution(execution, StopReason.SHUTDOWN)
-        deadline = time.monotonic() + min(2.0, max(0.1, self.settings.grace_s))
-        while any(not e.done.is_set() for e in leftover) and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        await _until_done(leftover, min(2.0, max(0.1, self.settings.grace_s)))
         leftover = [e for e in leftover if not e.done.is_set()]
         if leftover:
             try:
                 await self._store(release_and_recover, [e.pair for e in leftover])
             except WatchdogError as error:
                 log.error("shutdown: could not hand %d running job(s) to recovery: %s", len(leftover), error)
+
+
+async def _until_done(executions: list[Execution], timeout: float) -> None:
+    """Wait until every execution is done, or ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while any(not e.done.is_set() for e in executions) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)

@@ -15,6 +15,7 @@ their handlers in threads and settles them with the exact claim.
 from __future__ import annotations
 
 import logging
+import queue
 import signal
 import threading
 import time
@@ -122,6 +123,7 @@ class Runner:
         self._stopping = threading.Event()
         self._heartbeat_now = threading.Event()
         self._settler: _Settler | None = None
+        self._workers: _Workers | None = None
         self._autocommit = store.self_committing(engine.dialect.name)
 
     @property
@@ -178,7 +180,6 @@ class Runner:
             queues=self.settings.queues,
             limit=limit,
             lease_ms=self.settings.lease_ms,
-            now=self._clock(),
         )
         for job in batch.cancelled:
             log.info("job %s cancelled before it ran", job.job_id)
@@ -261,6 +262,7 @@ class Runner:
         heartbeat = _Heartbeat(self)
         heartbeat.start()
         settler = self._settler = _Settler(self)
+        self._workers = _Workers(self)
         listener = _Listener.start_for(self)
         log.info(
             "runner started: queues=%s concurrency=%d", ",".join(self.queues), self.settings.concurrency
@@ -274,6 +276,8 @@ class Runner:
                 heartbeat.stop()
                 settler.stop()
                 self._settler = None
+                self._workers.stop()
+                self._workers = None
                 if listener is not None:
                     listener.stop()
                 for sig, previous_handler in previous.items():
@@ -284,6 +288,8 @@ class Runner:
     # -- the loop --------------------------------------------------------------------
 
     def _loop(self) -> None:
+        workers = self._workers
+        assert workers is not None
         settings = self.settings
         recovery_due = 0.0
         failures = 0
@@ -304,14 +310,7 @@ class Runner:
                 if free > 0:
                     executions, cancelled = self._claim(free)
                     for execution in executions:
-                        thread = threading.Thread(
-                            target=self._execute,
-                            args=(execution,),
-                            name=f"watchdog-job-{execution.job_id}"[:60],
-                            daemon=True,
-                        )
-                        execution.task = thread
-                        thread.start()
+                        workers.run(execution)
                     taken = len(executions) + len(cancelled)
                 failures = 0
                 if taken and taken == free:
@@ -368,6 +367,51 @@ class Runner:
             self._store(release_and_recover, [e.pair for e in leftover])
         except WatchdogError as error:
             log.error("shutdown: could not hand %d running job(s) to recovery: %s", len(leftover), error)
+
+
+class _Workers:
+    """Handler threads, started as needed up to ``concurrency`` and reused.
+
+    A thread per job cost more than a no-op handler; a worker that is busy
+    with a handler that ignores its stop signal is simply not reused (it is
+    a daemon thread and never blocks the process from exiting).
+    """
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self._queue: queue.SimpleQueue[Execution | None] = queue.SimpleQueue()
+        self._idle = 0
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def run(self, execution: Execution) -> None:
+        with self._lock:
+            if self._idle > 0:
+                self._idle -= 1
+            else:
+                thread = threading.Thread(
+                    target=self._serve, name=f"watchdog-handler-{len(self._threads)}", daemon=True
+                )
+                self._threads.append(thread)
+                thread.start()
+        self._queue.put(execution)
+
+    def _serve(self) -> None:
+        while True:
+            execution = self._queue.get()
+            if execution is None:
+                return
+            try:
+                self.runner._execute(execution)
+            except BaseException:  # pragma: no cover - _execute logs its own failures
+                log.exception("job %s: execution failed", execution.job_id)
+            with self._lock:
+                self._idle += 1
+
+    def stop(self) -> None:
+        """Let idle workers end; busy ones end after their execution."""
+        for _ in self._threads:
+            self._queue.put(None)
 
 
 class _Settler:

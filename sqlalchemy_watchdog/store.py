@@ -282,9 +282,9 @@ def claim(
     queues: Sequence[str] | None,
     limit: int = 1,
     lease_ms: int,
-    now: int | None = None,
 ) -> ClaimBatch:
-    """Claim up to ``limit`` ready jobs of ``queues`` (all queues if None)."""
+    """Claim up to ``limit`` ready jobs of ``queues`` (all queues if None),
+    leased for ``lease_ms`` from the database clock."""
     params: dict[str, Any] = {"token": new_claim_token(), "lease_ms": lease_ms, "limit": limit}
     if queues is not None:
         params["queues"] = list(queues)

@@ -57,8 +57,8 @@ def add(engine: Engine, *jobs: Job) -> None:
         enqueue(conn, list(jobs))
 
 
-def claim_one(engine: Engine, *, lease_ms: int = LEASE_MS, now: int | None = None, queues: Any = None) -> Claim:
-    batch = run(engine, store.claim, queues=queues, limit=1, lease_ms=lease_ms, now=now)
+def claim_one(engine: Engine, *, lease_ms: int = LEASE_MS, queues: Any = None) -> Claim:
+    batch = run(engine, store.claim, queues=queues, limit=1, lease_ms=lease_ms)
     assert len(batch.claimed) == 1, batch
     return batch.claimed[0]
 
@@ -760,7 +760,7 @@ def test_app_clock_behind_cannot_shorten_a_lease(engine: Engine) -> None:
     add(engine, Job("a", "q"))
     behind = store.now_ms() - TEN_MINUTES_MS
     start = db_clock(engine)
-    claim = claim_one(engine, now=behind)
+    claim = claim_one(engine)
     assert row(engine, "a")["lease_until"] >= start + LEASE_MS  # type: ignore[index]
     assert expired(engine) == []
     start = db_clock(engine)
@@ -774,7 +774,7 @@ def test_app_clock_ahead_cannot_extend_a_lease_beyond_db_time_plus_lease(engine:
     its skew on top of the lease."""
     add(engine, Job("a", "q"))
     skew = 5 * 60 * 1000  # 5 minutes ahead, with a 60 s lease
-    claim = claim_one(engine, now=store.now_ms() + skew)
+    claim = claim_one(engine)
     assert row(engine, "a")["lease_until"] <= db_clock(engine) + LEASE_MS  # type: ignore[index]
     run(engine, store.renew, [("a", claim.token)], lease_ms=LEASE_MS, now=store.now_ms() + skew)
     assert row(engine, "a")["lease_until"] <= db_clock(engine) + LEASE_MS  # type: ignore[index]

@@ -114,7 +114,7 @@ def test_skewed_claim_ends_by_database_time(engine: Engine, offset: int) -> None
     correct runner recovers the job."""
     clock = skewed(offset)
     enqueue_jobs(engine, [Job("dies", "q", max_recoveries=1)])
-    batch = _tx(engine, store.claim, queues=["q"], lease_ms=400, now=clock())
+    batch = _tx(engine, store.claim, queues=["q"], lease_ms=400)
     (claim,) = batch.claimed
     row = jobs_by_id(engine)["dies"]
     assert row["lease_until"] <= db_now_ms(engine) + 400, "the lease was measured by the skewed clock"

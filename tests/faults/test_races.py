@@ -60,8 +60,8 @@ def _together(*calls: Callable[[], Any]) -> list[Any]:
         return list(pool.map(run, calls))
 
 
-def _claim_one(engine: Engine, job_id: str, *, lease_ms: int, now: int | None = None) -> store.Claim:
-    batch = _tx(engine, store.claim, queues=[job_id], limit=1, lease_ms=lease_ms, now=now)
+def _claim_one(engine: Engine, job_id: str, *, lease_ms: int) -> store.Claim:
+    batch = _tx(engine, store.claim, queues=[job_id], limit=1, lease_ms=lease_ms)
     (claim,) = batch.claimed
     assert claim.job.job_id == job_id
     return claim

@@ -202,7 +202,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             (r for r in self.model.rows.values() if r.state == "queued" and (queues is None or r.queue_name in queues)),
             key=lambda r: (-r.priority, r.order),
         )[:limit]
-        batch = self.tx(store.claim, queues=queues, limit=limit, lease_ms=lease, now=db + skew)
+        batch = self.tx(store.claim, queues=queues, limit=limit, lease_ms=lease)
         runnable = [r.job_id for r in candidates if r.cancellation_id is None]
         cancelled = [r.job_id for r in candidates if r.cancellation_id is not None]
         assert [c.job.job_id for c in batch.claimed] == runnable
