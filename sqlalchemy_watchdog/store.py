@@ -131,16 +131,19 @@ def enqueue(conn: Connection, jobs: Sequence[Job]) -> list[EnqueueResult]:
     admitted: set[str] = set()
     for start in range(0, len(unique), ENQUEUE_CHUNK):
         chunk = unique[start : start + ENQUEUE_CHUNK]
-        if len(chunk) > 1:
-            # Name the offender of a batch before the statement fails (after,
-            # PostgreSQL's transaction is aborted and cannot be asked).
-            offender = _first_conflict(conn, chunk)
-            if offender is not None:
-                raise EnqueueConflict(offender)
         dialect = conn.dialect.name
         params = sql.rows_params(dialect, "jobs", sql.ENQUEUE_FIELDS, [_values(job) for job in chunk])
+        stmt = sql.enqueue_rows(dialect)
+        # To name the offender of a failed batch the connection must still
+        # answer afterwards: SQLite's and an autocommit connection's do; in a
+        # PostgreSQL transaction a savepoint keeps it usable.
+        savepoint = len(chunk) > 1 and dialect == "postgresql" and not _autocommit(conn)
         try:
-            admitted.update(conn.execute(sql.enqueue_rows(dialect), params).scalars())
+            if savepoint:
+                with conn.begin_nested():
+                    admitted.update(conn.execute(stmt, params).scalars())
+            else:
+                admitted.update(conn.execute(stmt, params).scalars())
         except IntegrityError as error:
             raise _conflict_of(conn, chunk, error) from error
     results: list[EnqueueResult] = []
@@ -152,6 +155,11 @@ def enqueue(conn: Connection, jobs: Sequence[Job]) -> list[EnqueueResult]:
             EnqueueResult(job.job_id, EnqueueStatus.QUEUED if queued else EnqueueStatus.DUPLICATE)
         )
     return results
+
+
+def _autocommit(conn: Connection) -> bool:
+    """Whether each statement on ``conn`` commits by itself (no look-up round trip)."""
+    return bool(getattr(conn.connection.dbapi_connection, "autocommit", False))
 
 
 def _first_conflict(conn: Connection, chunk: Sequence[Job]) -> str | None:
@@ -215,8 +223,10 @@ def _conflict_of(conn: Connection, chunk: Sequence[Job], error: IntegrityError) 
         return error
     if len(chunk) == 1:
         return EnqueueConflict(chunk[0].job_id)
-    # A concurrent transaction committed a conflicting job after our
-    # look-up; the aborted transaction cannot be asked which one.
+    offender = _first_conflict(conn, chunk)
+    if offender is not None:
+        return EnqueueConflict(offender)
+    # Not found (a concurrent transaction's conflicting job rolled back since).
     conflict = EnqueueConflict(chunk[0].job_id)
     conflict.args = (
         f"one of {len(chunk)} jobs (the first is {chunk[0].job_id!r}) is already enqueued "
