@@ -299,7 +299,13 @@ class AsyncRunner:
 
     async def _execute(self, execution: Execution) -> TickResult:
         try:
-            return await drive_async(execute(execution, self._clock), self._perform)
+            steps = execute(
+                execution,
+                self._clock,
+                fresh_for=self.settings.heartbeat_s,
+                lease_ms=self.settings.lease_ms,
+            )
+            return await drive_async(steps, self._perform)
         finally:
             if self._active.get(execution.job_id) is execution:
                 del self._active[execution.job_id]

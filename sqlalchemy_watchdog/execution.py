@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -274,6 +275,8 @@ class Execution:
     signal: StopSignal
     done: threading.Event = field(default_factory=threading.Event)
     task: Any = None
+    #: When the claim was taken, on this process's monotonic clock.
+    claimed_at: float = field(default_factory=time.monotonic)
     #: Whether it still occupies one of the runner's ``concurrency`` slots:
     #: from the claim until its handler returns. Its settle then overlaps
     #: with the next claim; the heartbeat keeps renewing it until settled.
@@ -372,19 +375,30 @@ async def drive_async(steps: Steps[T], perform: Callable[[Step], Awaitable[Any]]
         return stop.value  # type: ignore[no-any-return]
 
 
-def execute(execution: Execution, clock: Callable[[], int]) -> Steps[TickResult]:
-    """Run the handler unless the claim was already stopped, settle with the
-    exact claim, and say what happened.
+def execute(
+    execution: Execution, clock: Callable[[], int], *, fresh_for: float, lease_ms: int
+) -> Steps[TickResult]:
+    """Run the handler unless the claim was already stopped or lost, settle
+    with the exact claim, and say what happened.
 
     The execution is registered with its runner when it is claimed, before
     the handler starts, so a cancellation or lane failure recorded after the
     claim reaches it through the heartbeat (at once on PostgreSQL, through
     NOTIFY): if that happened before the start, the handler never runs.
+    A handler that starts within ``fresh_for`` seconds of its claim (the
+    heartbeat interval, well inside the lease) needs no database check; one
+    that starts later -- the process was paused, starved or stopped between
+    claim and start -- first renews its exact claim, and does not run if the
+    claim was lost meanwhile (another runner may already be running it).
     Either way the settle below is guarded by the database: a recorded
     cancellation turns it into ``cancelled``, a lost claim is refused.
     """
     job_id = execution.job_id
     try:
+        if time.monotonic() - execution.claimed_at > fresh_for and not execution.signal.event.is_set():
+            held = yield StoreCall(store.renew, ([execution.pair],), dict(lease_ms=lease_ms, now=clock()))
+            if job_id not in held:
+                lost(execution, (yield StoreCall(store.read, (job_id,))))
         if execution.signal.reason is StopReason.SHUTDOWN:
             decision: Decision | None = None
         elif execution.signal.event.is_set():

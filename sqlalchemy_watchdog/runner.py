@@ -196,7 +196,13 @@ class Runner:
 
     def _execute(self, execution: Execution) -> TickResult:
         try:
-            return drive(execute(execution, self._clock), self._perform)
+            steps = execute(
+                execution,
+                self._clock,
+                fresh_for=self.settings.heartbeat_s,
+                lease_ms=self.settings.lease_ms,
+            )
+            return drive(steps, self._perform)
         finally:
             with self._lock:
                 if self._active.get(execution.job_id) is execution:

@@ -676,3 +676,50 @@ def test_a_handler_stopped_by_shutdown_is_handed_to_recovery_not_settled_complet
     assert blocking.reasons == [StopReason.SHUTDOWN]
     job = read(engine, "a")
     assert (job.state, job.outcome, job.recovery_count) == (JobState.QUEUED, None, 1)
+
+
+# -- a pause between claim and start -----------------------------------------
+
+
+def test_a_handler_starting_long_after_its_claim_does_not_run_if_the_claim_was_lost(engine: Engine) -> None:
+    """The process paused (stopped, starved) between claim and start, long
+    enough for the lease to end: the runner re-checks the claim before the
+    handler starts and leaves the job to recovery instead of running it."""
+    ran: list[str] = []
+    worker = Runner(
+        engine,
+        {"q": lambda job: ran.append(job.job_id)},
+        lease=timedelta(seconds=3),
+        heartbeat=timedelta(seconds=1),
+    )
+    add(engine, Job("paused", "q", max_recoveries=1))
+    executions, _ = worker._claim(1)
+    (execution,) = executions
+    token = raw(engine, "paused")["claim_token"]
+    with engine.begin() as conn:  # the lease ends while the process is paused
+        assert store.release(conn, [("paused", token)]) == {"paused"}
+    execution.claimed_at -= 2.0  # ... and the pause outlasted a heartbeat
+    before = raw(engine, "paused")
+    result = worker._execute(execution)
+    assert ran == []
+    assert result.status is TickStatus.REJECTED
+    assert execution.job.stop_reason is StopReason.LEASE_LOST
+    assert raw(engine, "paused") == before  # left to recovery, untouched
+    [recovered] = worker.run_until_idle()
+    assert (recovered.outcome, ran) == (Outcome.COMPLETED, ["paused"])
+
+
+def test_a_handler_starting_late_runs_when_its_claim_still_holds(engine: Engine) -> None:
+    ran: list[str] = []
+    worker = Runner(
+        engine,
+        {"q": lambda job: ran.append(job.job_id)},
+        lease=timedelta(seconds=30),
+        heartbeat=timedelta(seconds=1),
+    )
+    add(engine, Job("late", "q"))
+    (execution,), _ = worker._claim(1)
+    execution.claimed_at -= 2.0
+    result = worker._execute(execution)
+    assert ran == ["late"]
+    assert result.job is not None and result.job.outcome is Outcome.COMPLETED
