@@ -279,6 +279,7 @@ class AsyncRunner:
         return result
 
     async def _claim(self, limit: int) -> tuple[list[Execution], tuple[JobView, ...]]:
+        asked_at = time.monotonic()
         batch = await self._store(
             store.claim,
             queues=self.settings.queues,
@@ -287,7 +288,7 @@ class AsyncRunner:
         )
         for job in batch.cancelled:
             log.info("job %s cancelled before it ran", job.job_id)
-        executions = [Execution.of(claim) for claim in batch.claimed]
+        executions = [Execution.of(claim, asked_at) for claim in batch.claimed]
         for execution in executions:
             self._active[execution.job_id] = execution
         return executions, batch.cancelled

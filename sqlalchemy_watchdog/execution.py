@@ -275,7 +275,9 @@ class Execution:
     signal: StopSignal
     done: threading.Event = field(default_factory=threading.Event)
     task: Any = None
-    #: When the claim was taken, on this process's monotonic clock.
+    #: When the claim was asked for, on this process's monotonic clock: no
+    #: later than the database took it, so a pause anywhere after that point
+    #: (even before the claim's answer was read) counts against the start.
     claimed_at: float = field(default_factory=time.monotonic)
     #: Whether it still occupies one of the runner's ``concurrency`` slots:
     #: from the claim until its handler returns. Its settle then overlaps
@@ -283,7 +285,9 @@ class Execution:
     slot_held: bool = True
 
     @classmethod
-    def of(cls, claim: Claim) -> Execution:
+    def of(cls, claim: Claim, asked_at: float) -> Execution:
+        """The execution of ``claim``, asked for at ``asked_at`` (``time.monotonic()``
+        read before the claim statement was sent)."""
         signal = StopSignal()
         job = claim.job
         running = RunningJob(
@@ -297,7 +301,7 @@ class Execution:
             _signal=signal,
         )
         log.info("claimed job %s (queue %s, recovery %d)", job.job_id, job.queue, job.recovery_count)
-        return cls(claim, running, signal)
+        return cls(claim, running, signal, claimed_at=asked_at)
 
     @property
     def job_id(self) -> str:

@@ -175,6 +175,7 @@ class Runner:
     def _claim(self, limit: int) -> tuple[list[Execution], tuple[JobView, ...]]:
         """Claim up to ``limit`` jobs: the executions to run, and the jobs
         found cancelled while queued (settled by the claim itself)."""
+        asked_at = time.monotonic()
         batch = self._store(
             store.claim,
             queues=self.settings.queues,
@@ -183,7 +184,7 @@ class Runner:
         )
         for job in batch.cancelled:
             log.info("job %s cancelled before it ran", job.job_id)
-        executions = [Execution.of(claim) for claim in batch.claimed]
+        executions = [Execution.of(claim, asked_at) for claim in batch.claimed]
         with self._lock:
             for execution in executions:
                 self._active[execution.job_id] = execution

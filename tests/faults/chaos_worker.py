@@ -17,8 +17,9 @@ A job's payload says what its handler does (``{"action": ...}``):
 ``{"only_first": N}`` applies the action to runs with ``recovery_count < N``
 only; later runs (after a recovery) are ``quick``.
 
-Every execution inserts a ``fault_audit`` row when it starts (database clock,
-and the lease it holds at that moment) in a transaction of its own, and
+Every execution inserts a ``fault_audit`` row when it starts (the moment the
+handler was called, the database clock when the row is written, and the
+job's lease at that moment) in a transaction of its own, and
 stamps its end, so the tests can see every run -- including runs whose
 process was killed before its settlement committed.
 
@@ -73,6 +74,7 @@ def make_handler(engine: Engine):  # type: ignore[no-untyped-def]
     pid = os.getpid()
 
     def handle(job: RunningJob) -> Decision | None:
+        called = store.now_ms()
         payload = job.payload if isinstance(job.payload, dict) else {}
         action = payload.get("action", "quick")
         if job.recovery_count >= payload.get("only_first", 1 << 30):
@@ -91,6 +93,7 @@ def make_handler(engine: Engine):  # type: ignore[no-untyped-def]
                 exec_id=exec_id,
                 pid=pid,
                 recovery_count=job.recovery_count,
+                called_ms=called,
                 started_ms=clock,
                 lease_seen=lease,
             ),

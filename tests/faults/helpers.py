@@ -56,6 +56,10 @@ audit = Table(
     Column("exec_id", Text, nullable=False),
     Column("pid", Integer, nullable=False),
     Column("recovery_count", Integer, nullable=False),
+    # When the runner called the handler (the worker's clock; same host as the
+    # database): the audit write below may wait on the database.
+    Column("called_ms", BigInteger, nullable=False),
+    # When the start row was written (database clock).
     Column("started_ms", BigInteger, nullable=False),
     Column("lease_seen", BigInteger),
     Column("ended_ms", BigInteger),
