@@ -83,10 +83,11 @@ def check_text(field_name: str, value: object, max_length: int) -> str:
         )
     if "\x00" in value:
         raise InvalidJob(field_name, "must not contain a NUL character")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidJob(field_name, "must be valid Unicode (no lone surrogates)") from None
+    if not value.isascii():  # isascii() is O(1); only non-ASCII text can hold a lone surrogate
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidJob(field_name, "must be valid Unicode (no lone surrogates)") from None
     return value
 
 
@@ -100,21 +101,20 @@ def check_int(field_name: str, value: object, low: int, high: int) -> int:
 
 
 def _check_json(value: Any) -> None:
-    """Refuse anything that is not strict JSON, without recursion."""
+    """Refuse anything that is not strict JSON, without recursion.
+
+    Strings are not looked into here: a lone surrogate in any of them (keys
+    included) makes the encoded text fail UTF-8 encoding in
+    :func:`encode_payload`, which checks the whole text once.
+    """
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
-        if item is None or isinstance(item, (bool, int)):
+        if item is None or isinstance(item, (str, bool, int)):
             continue
         if isinstance(item, float):
             if not math.isfinite(item):
                 raise InvalidJob("payload", f"must be strict JSON; {item!r} is not a JSON number")
-            continue
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                raise InvalidJob("payload", "strings must be valid Unicode") from None
             continue
         if depth >= PAYLOAD_MAX_DEPTH:
             raise InvalidJob("payload", f"must nest at most {PAYLOAD_MAX_DEPTH} levels deep")
@@ -127,12 +127,17 @@ def _check_json(value: Any) -> None:
                         "payload",
                         f"object keys must be str, not {type(key).__name__} ({key!r})",
                     )
-                stack.append((key, depth + 1))
                 stack.append((child, depth + 1))
         else:
             raise InvalidJob(
                 "payload", f"must be strict JSON; {type(item).__name__} is not a JSON type"
             )
+
+
+#: Canonical payload JSON: sorted keys, fixed separators, strict numbers.
+_PAYLOAD_ENCODER = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
 
 
 def encode_payload(payload: Any) -> str:
@@ -143,12 +148,13 @@ def encode_payload(payload: Any) -> str:
     """
     _check_json(payload)
     try:
-        text = json.dumps(
-            payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
+        text = _PAYLOAD_ENCODER.encode(payload)
     except (TypeError, ValueError) as error:  # e.g. a read-only mapping, a 5,000-digit int
         raise InvalidJob("payload", f"cannot be encoded as JSON: {error}") from None
-    size = len(text.encode("utf-8"))
+    try:
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidJob("payload", "strings must be valid Unicode (no lone surrogates)") from None
     if size > PAYLOAD_MAX_BYTES:
         raise InvalidJob("payload", f"must be at most {PAYLOAD_MAX_BYTES} bytes of JSON, got {size}")
     return text

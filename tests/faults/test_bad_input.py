@@ -184,6 +184,8 @@ REFUSED: dict[str, Entry] = {
     "payload object": Entry("payload", job(payload=object())),
     "payload int key": Entry("payload", job(payload={1: "one"})),
     "payload lone surrogate": Entry("payload", job(payload={"s": "\udc80"})),
+    "payload key lone surrogate": Entry("payload", job(payload={"k\ud800": 1})),
+    "payload nested lone surrogate": Entry("payload", job(payload=[{"a": ["x", "\udfff"]}])),
     # priority and budget
     "priority bool": Entry("priority", job(priority=True)),
     "priority float": Entry("priority", job(priority=1.5)),
