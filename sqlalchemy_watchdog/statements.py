@@ -219,7 +219,7 @@ def _rows(dialect: str, name: str, fields: Fields) -> tuple[Any, dict[str, Any],
             .table_valued("value", with_ordinality="ordinal")
             .render_derived(name=name)
         )
-        columns = {
+        columns: dict[str, ColumnElement[Any]] = {
             field: cast(source.c.value.op("->>")(literal_column(str(index))), type_)
             for index, (field, type_) in enumerate(fields)
         }
