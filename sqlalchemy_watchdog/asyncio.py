@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from . import client, store
 from .client import EVENT_QUEUED, EVENT_STOP
-from .errors import WatchdogError
+from .errors import ErrorCode, WatchdogError
 from .execution import (
     CallHandler,
     Execution,
@@ -193,6 +193,7 @@ class AsyncRunner:
         )
         self._clock = check_clock(clock)
         self._active: dict[str, Execution] = {}
+        self._settler: _AsyncSettler | None = None
         self._wake: asyncio.Event | None = None
         self._stopping: asyncio.Event | None = None
         self._heartbeat_now: asyncio.Event | None = None
@@ -215,6 +216,9 @@ class AsyncRunner:
 
     async def _perform(self, step: Step) -> Any:
         if isinstance(step, StoreCall):
+            settler = self._settler
+            if step.fn is store.settle and settler is not None:
+                return await settler.settle(step.kwargs)
             return await self._store(step.fn, *step.args, **step.kwargs)
         if isinstance(step, CallHandler):
             return await self._call_handler(step.execution)
@@ -314,6 +318,15 @@ class AsyncRunner:
             execution.done.set()
             self._events()[0].set()
 
+    async def _execute_logged(self, execution: Execution) -> None:
+        """:meth:`_execute` as a background task: a failure is logged (the
+        claim's lease then ends and recovery covers the job), never left as
+        an unretrieved task exception."""
+        try:
+            await self._execute(execution)
+        except Exception:
+            log.exception("job %s: execution failed", execution.job_id)
+
     async def _renew_all(self) -> None:
         executions = list(self._active.values())
         if not executions:
@@ -373,7 +386,8 @@ class AsyncRunner:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self.stop)
                 installed.append(sig)
-        background = [asyncio.create_task(self._heartbeat_loop())]
+        settler = self._settler = _AsyncSettler(self)
+        background = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(settler.run())]
         if self.engine.dialect.name == "postgresql":
             background.append(asyncio.create_task(self._listen()))
         log.info("async runner started: queues=%s concurrency=%d", ",".join(self.queues), self.settings.concurrency)
@@ -386,6 +400,7 @@ class AsyncRunner:
                 for task in background:
                     task.cancel()
                 await asyncio.gather(*background, return_exceptions=True)
+                self._settler = None
                 for sig in installed:
                     loop.remove_signal_handler(sig)
                 stopping.clear()
@@ -416,7 +431,7 @@ class AsyncRunner:
                 if free > 0:
                     executions, cancelled = await self._claim(free)
                     for execution in executions:
-                        task = asyncio.create_task(self._execute(execution))
+                        task = asyncio.create_task(self._execute_logged(execution))
                         tasks.add(task)
                         task.add_done_callback(tasks.discard)
                     taken = len(executions) + len(cancelled)
@@ -499,6 +514,61 @@ class AsyncRunner:
                 await self._store(release_and_recover, [e.pair for e in leftover])
             except WatchdogError as error:
                 log.error("shutdown: could not hand %d running job(s) to recovery: %s", len(leftover), error)
+
+
+class _AsyncSettler:
+    """Settles finished executions in batches, as the sync runner's settler:
+    every settle waiting when a batch starts shares one ``settle_many``
+    statement and one commit (each row keeps its own guard), so a runner
+    needs one connection for settling however many handlers finish at once.
+    """
+
+    MAX_BATCH = 256
+
+    def __init__(self, runner: AsyncRunner) -> None:
+        self.runner = runner
+        self._pending: list[tuple[Mapping[str, Any], asyncio.Future[Any]]] = []
+        self._ready = asyncio.Event()
+        self._stopped = False
+
+    async def settle(self, request: Mapping[str, Any]) -> Any:
+        if self._stopped:
+            raise WatchdogError(ErrorCode.SETTLEMENT_REJECTED, "runner stopped")
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending.append((request, future))
+        self._ready.set()
+        return await future
+
+    async def run(self) -> None:
+        """Settle until cancelled; then fail whatever still waits."""
+        try:
+            while True:
+                await self._ready.wait()
+                self._ready.clear()
+                while self._pending:
+                    batch = self._pending[: self.MAX_BATCH]
+                    del self._pending[: self.MAX_BATCH]
+                    try:
+                        results = await self.runner._store(store.settle_many, [request for request, _ in batch])
+                    except BaseException as error:
+                        failure = error if isinstance(error, Exception) else WatchdogError(
+                            ErrorCode.SETTLEMENT_REJECTED, "runner stopped"
+                        )
+                        for _, future in batch:
+                            if not future.done():
+                                future.set_exception(failure)
+                        if not isinstance(error, Exception):
+                            raise
+                        continue
+                    for (_, future), result in zip(batch, results, strict=True):
+                        if not future.done():
+                            future.set_result(result)
+        finally:
+            self._stopped = True
+            for _, future in self._pending:
+                if not future.done():
+                    future.set_exception(WatchdogError(ErrorCode.SETTLEMENT_REJECTED, "runner stopped"))
+            self._pending.clear()
 
 
 async def _until_done(executions: list[Execution], timeout: float) -> None:

@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, select, text
+from sqlalchemy import Engine, event, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sqlalchemy_watchdog import (
@@ -379,6 +379,40 @@ async def test_async_notify_wakes_an_idle_runner_long_before_the_poll_interval(e
             elapsed = time.monotonic() - started
         assert job.outcome is Outcome.COMPLETED
         assert elapsed < 5, f"took {elapsed:.1f}s with a 30 s poll interval"
+
+
+async def test_async_handlers_finishing_together_share_settle_statements_and_each_settles_once(
+    engine: Engine,
+) -> None:
+    """As the sync runner: settles waiting together are one statement and
+    one commit, so ``concurrency=N`` does not need N connections to settle."""
+    jobs = 16
+    settles: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("UPDATE") and "settles" in statement:
+            settles.append(statement)
+
+    async with async_engine_of(engine) as aengine:
+        await AsyncWatchdog(aengine).enqueue([Job(f"j{i}", "q") for i in range(jobs)])
+        started = 0
+        go = asyncio.Event()
+
+        async def together(job: RunningJob) -> None:
+            nonlocal started
+            started += 1
+            if started == jobs:
+                go.set()
+            await asyncio.wait_for(go.wait(), 15)
+
+        event.listen(aengine.sync_engine, "before_cursor_execute", count)
+        try:
+            async with serving(runner(aengine, {"q": together}, concurrency=jobs)):
+                finished = [await settled(aengine, f"j{i}", timeout=30) for i in range(jobs)]
+        finally:
+            event.remove(aengine.sync_engine, "before_cursor_execute", count)
+    assert [j.outcome for j in finished] == [Outcome.COMPLETED] * jobs, [j.failure_reason for j in finished]
+    assert 1 <= len(settles) < jobs
 
 
 async def test_async_stop_lets_a_handler_finish_within_grace(engine: Engine) -> None:

@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, select, text
+from sqlalchemy import Engine, create_engine, event, select, text
 
 import sqlalchemy_watchdog
 from sqlalchemy_watchdog import (
@@ -556,6 +556,32 @@ def test_concurrency_runs_that_many_handlers_at_once_and_no_more(engine: Engine)
         jobs = [settled(engine, f"j{i}", timeout=30) for i in range(6)]
     assert [j.outcome for j in jobs] == [Outcome.COMPLETED] * 6, [j.failure_reason for j in jobs]
     assert most[0] == 3
+
+
+def test_handlers_finishing_together_share_settle_statements_and_each_settles_once(engine: Engine) -> None:
+    """Settles waiting at the same moment go out as one statement and one
+    commit (each row still guarded by its own claim): a busy runner does not
+    pay a durable commit per job."""
+    jobs = 8
+    add(engine, *(Job(f"j{i}", "q") for i in range(jobs)))
+    barrier = threading.Barrier(jobs, timeout=15)
+    settles: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("UPDATE") and "settles" in statement:
+            settles.append(statement)
+
+    def together(job: RunningJob) -> None:
+        barrier.wait()
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        with serving(runner(engine, {"q": together}, concurrency=jobs)):
+            finished = [settled(engine, f"j{i}", timeout=30) for i in range(jobs)]
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert [j.outcome for j in finished] == [Outcome.COMPLETED] * jobs, [j.failure_reason for j in finished]
+    assert 1 <= len(settles) < jobs
 
 
 def _listening(engine: Engine) -> bool:

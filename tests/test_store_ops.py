@@ -356,6 +356,57 @@ def test_recorded_cancellation_turns_any_decision_into_cancelled(engine: Engine,
     assert settle(engine, claim, decision).status is SettleStatus.REPLAYED
 
 
+def test_settle_many_guards_every_claim_of_a_batch_on_its_own(engine: Engine) -> None:
+    """One statement, one commit -- and each row its own verdict, in request order."""
+    add(engine, *(Job(j, "q") for j in ["live", "lost", "cancelled", "done", "wrong-token"]))
+    claims = {c.job.job_id: c for c in run(engine, store.claim, queues=None, limit=5, lease_ms=LEASE_MS).claimed}
+    assert set(claims) == {"live", "lost", "cancelled", "done", "wrong-token"}
+    settle(engine, claims["done"], Decision.completed())
+    assert cancel(engine, "cancelled", "stop-it") is CancelStatus.RECORDED
+    end_lease(engine, "lost")
+    untouched = {j: row(engine, j) for j in ["lost", "wrong-token", "done"]}
+
+    def request(job_id: str, decision: Decision, token: str | None = None) -> dict[str, Any]:
+        return {"job_id": job_id, "claim_token": token or claims[job_id].token, "decision": decision, "now": None}
+
+    results = run(
+        engine,
+        store.settle_many,
+        [
+            request("live", Decision.failed("card declined")),
+            request("lost", Decision.completed()),
+            request("cancelled", Decision.completed()),
+            request("done", Decision.completed()),
+            request("wrong-token", Decision.completed(), token="claim_not-the-real-one"),
+            {"job_id": "nope", "claim_token": "claim_x", "decision": Decision.completed(), "now": None},
+        ],
+    )
+    assert [r.status for r in results] == [
+        SettleStatus.SETTLED,
+        SettleStatus.CONFLICT,
+        SettleStatus.SETTLED,
+        SettleStatus.REPLAYED,
+        SettleStatus.CONFLICT,
+        SettleStatus.MISSING,
+    ]
+    assert results[0].job is not None and (results[0].job.outcome, results[0].job.failure_reason) == (
+        Outcome.FAILED,
+        "card declined",
+    )
+    assert results[2].job is not None and results[2].job.outcome is Outcome.CANCELLED
+    assert {j: row(engine, j) for j in untouched} == untouched
+
+
+def test_settle_many_with_one_job_twice_settles_it_once_and_replays_the_same_decision(engine: Engine) -> None:
+    add(engine, Job("a", "q"))
+    claim = claim_one(engine)
+    same = {"job_id": "a", "claim_token": claim.token, "decision": Decision.completed(), "now": None}
+    other = {**same, "decision": Decision.failed("late")}
+    results = run(engine, store.settle_many, [same, same, other])
+    assert [r.status for r in results] == [SettleStatus.SETTLED, SettleStatus.REPLAYED, SettleStatus.CONFLICT]
+    assert row(engine, "a")["outcome"] == "completed"  # type: ignore[index]
+
+
 def test_settle_refuses_a_non_decision_before_writing(engine: Engine) -> None:
     add(engine, Job("a", "q"))
     claim = claim_one(engine)
