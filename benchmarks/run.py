@@ -77,6 +77,8 @@ class Config:
     drain: dict[str, int] = field(default_factory=lambda: {"watchdog": 5000, "procrastinate": 1500, "pgqueuer": 5000})
     concurrencies: tuple[int, ...] = (1, 4, 16)
     processes: tuple[int, ...] = (1, 2)
+    #: AsyncRunner drains (watchdog only, PostgreSQL, one process)
+    async_concurrencies: tuple[int, ...] = (4, 16)
     latency_samples: int = 200
     latency_warmup: int = 5
     claim_jobs: int = 2000
@@ -211,7 +213,16 @@ class Bench:
     # -- 3.: drain ---------------------------------------------------------------------------
 
     def workers(
-        self, name: str, target: Target, *, procs: int, concurrency: int, defaults: bool, latency: bool, tag: str
+        self,
+        name: str,
+        target: Target,
+        *,
+        procs: int,
+        concurrency: int,
+        defaults: bool,
+        latency: bool,
+        tag: str,
+        use_asyncio: bool = False,
     ) -> list[Child]:
         argv = [
             sys.executable,
@@ -228,6 +239,8 @@ class Bench:
             argv.append("--defaults")
         if latency:
             argv.append("--latency")
+        if use_asyncio:
+            argv.append("--asyncio")
         children = [Child(argv, self.workdir / f"{tag}-{name}-{i}.log") for i in range(procs)]
         try:
             for child in children:
@@ -238,14 +251,30 @@ class Bench:
         return children
 
     def drain_once(
-        self, name: str, dialect: str, *, n: int, procs: int, concurrency: int, defaults: bool, tag: str
+        self,
+        name: str,
+        dialect: str,
+        *,
+        n: int,
+        procs: int,
+        concurrency: int,
+        defaults: bool,
+        tag: str,
+        use_asyncio: bool = False,
     ) -> float:
         subject = self.subjects[name]
         target = self.target(name, dialect)
         subject.reset(target)
         interval = self.config.poll_pg if dialect == "postgresql" else self.config.poll_sqlite
         children = self.workers(
-            name, target, procs=procs, concurrency=concurrency, defaults=defaults, latency=False, tag=tag
+            name,
+            target,
+            procs=procs,
+            concurrency=concurrency,
+            defaults=defaults,
+            latency=False,
+            tag=tag,
+            use_asyncio=use_asyncio,
         )
         probe = subject.probe(target)
         try:
@@ -272,15 +301,20 @@ class Bench:
         c = self.config
         prefix = "pg" if dialect == "postgresql" else "sqlite"
         concurrencies = c.concurrencies if dialect == "postgresql" else c.sqlite_concurrencies
-        shapes: list[tuple[str, int, int, bool]] = []
+        # key, processes, concurrency, each queue's defaults, AsyncRunner
+        shapes: list[tuple[str, int, int, bool, bool]] = []
         for procs in c.processes:
             for concurrency in concurrencies:
-                shapes.append((f"{prefix}.drain.c{concurrency}.p{procs}", procs, concurrency, False))
+                shapes.append((f"{prefix}.drain.c{concurrency}.p{procs}", procs, concurrency, False, False))
         if dialect == "postgresql":
             for procs in c.processes:
-                shapes.append((f"{prefix}.drain.defaults.p{procs}", procs, 1, True))
-        for key, procs, concurrency, defaults in shapes:
+                shapes.append((f"{prefix}.drain.defaults.p{procs}", procs, 1, True, False))
+            for concurrency in c.async_concurrencies:
+                shapes.append((f"{prefix}.drain.async.c{concurrency}.p1", 1, concurrency, False, True))
+        for key, procs, concurrency, defaults, use_asyncio in shapes:
             for name in self.in_order(r, dialect):
+                if use_asyncio and name != "watchdog":
+                    continue  # the peers are asyncio already; this row is our AsyncRunner
                 n = c.drain[name] if dialect == "postgresql" else c.sqlite_drain
                 self.measure(
                     key,
@@ -295,6 +329,7 @@ class Bench:
                         concurrency=concurrency,
                         defaults=defaults,
                         tag=f"{key}-{r}",
+                        use_asyncio=use_asyncio,
                     ),
                     timeout=drain_timeout(n) + 180.0,  # + worker start, warm-up and shutdown
                 )
@@ -535,6 +570,8 @@ THROUGHPUT_ROWS = [
     ("pg.drain.c16.p2", "drain, concurrency 16, 2 processes"),
     ("pg.drain.defaults.p1", "drain, each queue's defaults, 1 process"),
     ("pg.drain.defaults.p2", "drain, each queue's defaults, 2 processes"),
+    ("pg.drain.async.c4.p1", "drain, AsyncRunner, concurrency 4, 1 process"),
+    ("pg.drain.async.c16.p1", "drain, AsyncRunner, concurrency 16, 1 process"),
 ]
 
 
@@ -717,10 +754,12 @@ def worker_entry(argv: list[str]) -> None:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--defaults", action="store_true")
     parser.add_argument("--latency", action="store_true")
+    parser.add_argument("--asyncio", action="store_true", help="watchdog only: AsyncRunner")
     args = parser.parse_args(argv)
     harness.exit_with_parent()
+    extra = {"use_asyncio": True} if args.asyncio else {}
     load_subject(args.subject).worker_main(
-        Target.from_json(args.target), args.concurrency, args.defaults, args.latency
+        Target.from_json(args.target), args.concurrency, args.defaults, args.latency, **extra
     )
 
 

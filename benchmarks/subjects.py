@@ -182,7 +182,9 @@ class Watchdog:
 
     # -- the worker process ---------------------------------------------------------
 
-    def worker_main(self, target: Target, concurrency: int, defaults: bool, latency: bool) -> None:
+    def worker_main(
+        self, target: Target, concurrency: int, defaults: bool, latency: bool, use_asyncio: bool = False
+    ) -> None:
         import logging
 
         from sqlalchemy import text
@@ -190,6 +192,9 @@ class Watchdog:
         from sqlalchemy_watchdog import Runner
 
         logging.basicConfig(level=logging.WARNING)
+        if use_asyncio:
+            self._async_worker_main(target, concurrency)
+            return
 
         if latency:
 
@@ -216,6 +221,33 @@ class Watchdog:
         print("READY", flush=True)
         runner.run_forever()
         engine.dispose()
+
+
+    @staticmethod
+    def _async_worker_main(target: Target, concurrency: int) -> None:
+        """``AsyncRunner`` with a no-op coroutine handler over an ``AsyncEngine``
+        (``postgresql+psycopg`` in async mode), default pool."""
+        import asyncio
+
+        from sqlalchemy import text
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        from sqlalchemy_watchdog.asyncio import AsyncRunner
+
+        async def handler(job: Any) -> None:
+            return None
+
+        async def main() -> None:
+            engine = create_async_engine(target.sqlalchemy_url)
+            async with engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+            print("READY", flush=True)
+            try:
+                await AsyncRunner(engine, {QUEUE: handler}, concurrency=concurrency).run_forever()
+            finally:
+                await engine.dispose()
+
+        asyncio.run(main())
 
 
 class _LatencyClient:
