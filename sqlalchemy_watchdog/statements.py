@@ -3,9 +3,9 @@
 Each statement is built once per dialect (``postgresql`` or ``sqlite``) and
 kept: values travel as named bind parameters, so SQLAlchemy compiles each
 statement once, psycopg can prepare it server-side, and the hot path (claim,
-settle, renew) builds nothing per call. Many rows travel as one parameter
-per column (``unnest`` of arrays on PostgreSQL) or one JSON array
-(``json_each`` on SQLite), so a batch is still one constant statement.
+settle, renew) builds nothing per call. Many rows travel as one JSON array
+parameter (``json_array_elements`` on PostgreSQL, ``json_each`` on SQLite),
+so a batch is still one constant statement.
 :mod:`sqlalchemy_watchdog.store` runs them. Time is in
 milliseconds since the Unix epoch, and always read inside the statement:
 
