@@ -364,6 +364,24 @@ def drive(steps: Steps[T], perform: Callable[[Step], Any]) -> T:
         return stop.value  # type: ignore[no-any-return]
 
 
+def resume(
+    steps: Steps[T], perform: Callable[[Step], Any], *, answer: Any = None, error: WatchdogError | None = None
+) -> T:
+    """Go on with ``steps`` after its current step was answered elsewhere
+    (``answer``, or ``error`` thrown back in), then as :func:`drive`."""
+    try:
+        step = steps.throw(error) if error is not None else steps.send(answer)
+        while True:
+            try:
+                answer = perform(step)
+            except WatchdogError as failure:
+                step = steps.throw(failure)
+                continue
+            step = steps.send(answer)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
 async def drive_async(steps: Steps[T], perform: Callable[[Step], Awaitable[Any]]) -> T:
     """Run ``steps`` with an async ``perform``."""
     try:

@@ -14,6 +14,7 @@ their handlers in threads and settles them with the exact claim.
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import signal
@@ -51,6 +52,7 @@ from .execution import (
     recover_one,
     release_and_recover,
     renewals,
+    resume,
     slots_taken,
 )
 from .jobs import Decision, JobState, JobView
@@ -195,22 +197,67 @@ class Runner:
             execution.slot_held = False
             self._wake.set()
 
-    def _execute(self, execution: Execution) -> TickResult:
+    def _execute(self, execution: Execution, *, hand_off: bool = False) -> TickResult | None:
+        """Run ``execution``'s steps in this thread.
+
+        With ``hand_off`` (handler threads under :meth:`run_forever`) the
+        settle is handed to the settler with the rest of the steps, and this
+        thread is free for the next job at once: it does not wait for the
+        batch's commit. Returns None then; the settler finishes the steps.
+        """
+        steps = execute(
+            execution,
+            self._clock,
+            fresh_for=self.settings.heartbeat_s,
+            lease_ms=self.settings.lease_ms,
+        )
+        handed_off = False
         try:
-            steps = execute(
-                execution,
-                self._clock,
-                fresh_for=self.settings.heartbeat_s,
-                lease_ms=self.settings.lease_ms,
-            )
-            return drive(steps, self._perform)
+            step = next(steps)
+            while True:
+                settler = self._settler
+                if hand_off and settler is not None and isinstance(step, StoreCall) and step.fn is store.settle:
+                    try:
+                        settler.submit(step.kwargs, functools.partial(self._after_settle, execution, steps))
+                    except WatchdogError as error:
+                        step = steps.throw(error)
+                        continue
+                    handed_off = True
+                    return None
+                try:
+                    answer = self._perform(step)
+                except WatchdogError as error:
+                    step = steps.throw(error)
+                    continue
+                step = steps.send(answer)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
         finally:
-            with self._lock:
-                if self._active.get(execution.job_id) is execution:
-                    del self._active[execution.job_id]
-            self._free_slot(execution)
-            execution.done.set()
-            self._wake.set()
+            if not handed_off:
+                self._retire(execution)
+
+    def _after_settle(
+        self, execution: Execution, steps: Any, answer: Any, error: BaseException | None
+    ) -> None:
+        """The rest of a handed-off execution, on the settler's thread."""
+        try:
+            if error is None or isinstance(error, WatchdogError):
+                resume(steps, self._perform, answer=answer, error=error)
+            else:
+                log.error("job %s: settlement failed, recovery will handle it: %r", execution.job_id, error)
+        except Exception:
+            log.exception("job %s: execution failed", execution.job_id)
+        finally:
+            self._retire(execution)
+
+    def _retire(self, execution: Execution) -> None:
+        """The execution is over: forget it, free its slot, wake the loop."""
+        with self._lock:
+            if self._active.get(execution.job_id) is execution:
+                del self._active[execution.job_id]
+        self._free_slot(execution)
+        execution.done.set()
+        self._wake.set()
 
     # -- public API ----------------------------------------------------------------
 
@@ -235,7 +282,9 @@ class Runner:
         heartbeat = _Heartbeat(self)
         heartbeat.start()
         try:
-            return self._execute(executions[0])
+            result = self._execute(executions[0])
+            assert result is not None  # no hand-off: run here to the end
+            return result
         finally:
             heartbeat.stop()
 
@@ -409,7 +458,7 @@ class _Workers:
             if execution is None:
                 return
             try:
-                self.runner._execute(execution)
+                self.runner._execute(execution, hand_off=True)
             except BaseException:  # pragma: no cover - _execute logs its own failures
                 log.exception("job %s: execution failed", execution.job_id)
             with self._lock:
@@ -427,25 +476,40 @@ class _Settler:
 
     Each settle keeps its own guard (exact token, live lease); a failed
     batch fails each waiting execution's settle, which recovery then covers.
+    A handler thread hands its settle over (:meth:`submit`) and goes on to
+    the next job; the settler finishes that execution once the batch is in.
     """
 
     MAX_BATCH = 256
 
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
-        self._pending: list[tuple[Mapping[str, Any], Future[Any]]] = []
+        self._pending: list[tuple[Mapping[str, Any], Callable[[Any, BaseException | None], None]]] = []
         self._cond = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="watchdog-settler", daemon=True)
         self._thread.start()
 
-    def settle(self, request: Mapping[str, Any]) -> Any:
-        future: Future[Any] = Future()
+    def submit(self, request: Mapping[str, Any], then: Callable[[Any, BaseException | None], None]) -> None:
+        """Settle ``request`` in the next batch, then call ``then(result, error)``
+        on the settler's thread."""
         with self._cond:
             if self._stopped:
                 raise WatchdogError(ErrorCode.SETTLEMENT_REJECTED, "runner stopped")
-            self._pending.append((request, future))
+            self._pending.append((request, then))
             self._cond.notify()
+
+    def settle(self, request: Mapping[str, Any]) -> Any:
+        """Settle ``request`` in the next batch and wait for its result."""
+        future: Future[Any] = Future()
+
+        def then(result: Any, error: BaseException | None) -> None:
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+        self.submit(request, then)
         return future.result()
 
     def stop(self) -> None:
@@ -466,11 +530,14 @@ class _Settler:
             try:
                 results = self.runner._store(store.settle_many, [request for request, _ in batch])
             except BaseException as error:
-                for _, future in batch:
-                    future.set_exception(error)
-                continue
-            for (_, future), result in zip(batch, results, strict=True):
-                future.set_result(result)
+                outcomes: list[tuple[Any, BaseException | None]] = [(None, error)] * len(batch)
+            else:
+                outcomes = [(result, None) for result in results]
+            for (_, then), (result, failure) in zip(batch, outcomes, strict=True):
+                try:
+                    then(result, failure)
+                except BaseException:  # pragma: no cover - the callbacks log their own failures
+                    log.exception("settler: a settle's continuation failed")
 
 
 class _Heartbeat:
