@@ -8,6 +8,7 @@ process with :class:`Watchdog`. The asyncio twins live in
 
 from .client import Watchdog, enqueue, enqueue_select
 from .errors import EnqueueConflict, ErrorCode, InvalidJob, WatchdogError
+from .execution import RunningJob, StopReason, TickResult, TickStatus, handler
 from .jobs import (
     CancelResult,
     CancelStatus,
@@ -21,7 +22,6 @@ from .jobs import (
     Outcome,
 )
 from .model import WatchdogJob, metadata
-from .execution import RunningJob, StopReason, TickResult, TickStatus, handler
 from .runner import Runner
 
 __all__ = [

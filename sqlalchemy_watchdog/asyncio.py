@@ -33,11 +33,11 @@ from .execution import (
     RunnerSettings,
     RunningJob,
     Step,
-    check_clock,
     StopReason,
     StoreCall,
     TickResult,
     TickStatus,
+    check_clock,
     decision_of_exception,
     decision_of_result,
     drive_async,
@@ -49,7 +49,16 @@ from .execution import (
     renewals,
     slots_taken,
 )
-from .jobs import CancelResult, Decision, EnqueueResult, Job, JobState, JobView, LaneFailure, job_batch
+from .jobs import (
+    CancelResult,
+    Decision,
+    EnqueueResult,
+    Job,
+    JobState,
+    JobView,
+    LaneFailure,
+    job_batch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -441,7 +450,7 @@ class AsyncRunner:
                 timeout = max(0.0, min(settings.poll_interval_s, recovery_due - time.monotonic()))
                 try:
                     await asyncio.wait_for(wake.wait(), timeout)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             except Exception as error:
                 failures += 1
@@ -452,7 +461,7 @@ class AsyncRunner:
                     log.exception("async runner: unexpected error; retrying in %.1fs", delay)
                 try:
                     await asyncio.wait_for(stopping.wait(), delay)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
 
     async def _heartbeat_loop(self) -> None:
@@ -460,7 +469,7 @@ class AsyncRunner:
         while True:
             try:
                 await asyncio.wait_for(now.wait(), self.settings.heartbeat_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             now.clear()
             try:

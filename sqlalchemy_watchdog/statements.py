@@ -28,21 +28,18 @@ from functools import cache
 from typing import Any
 
 from sqlalchemy import (
-    ARRAY,
     BigInteger,
     BindParameter,
-    Integer,
-    Text,
-    bindparam,
-    cast,
-    true,
-    type_coerce,
     Delete,
     Insert,
+    Integer,
     Select,
+    Text,
     Update,
     and_,
+    bindparam,
     case,
+    cast,
     delete,
     exists,
     func,
@@ -50,7 +47,9 @@ from sqlalchemy import (
     not_,
     null,
     select,
+    true,
     tuple_,
+    type_coerce,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite

@@ -23,6 +23,10 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from . import statements as sql
 from .errors import EnqueueConflict, ErrorCode, WatchdogError
 from .jobs import (
+    CANCELLATION_ID_MAX_LENGTH,
+    JOB_ID_MAX_LENGTH,
+    LANE_MAX_LENGTH,
+    QUEUE_MAX_LENGTH,
     CancelResult,
     CancelStatus,
     Decision,
@@ -37,10 +41,6 @@ from .jobs import (
     bound_reason,
     check_int,
     check_text,
-    CANCELLATION_ID_MAX_LENGTH,
-    LANE_MAX_LENGTH,
-    QUEUE_MAX_LENGTH,
-    JOB_ID_MAX_LENGTH,
 )
 
 __all__ = [
