@@ -350,16 +350,13 @@ def slots_taken(executions: Iterable[Execution]) -> int:
 
 
 def drive(steps: Steps[T], perform: Callable[[Step], Any]) -> T:
-    """Run ``steps`` with a sync ``perform``; its WatchdogErrors go back in."""
+    """Run ``steps`` with a sync ``perform``; its WatchdogErrors go back in.
+
+    Any other exception from ``perform`` leaves ``steps`` suspended at that
+    step, so a runner may answer it later with :func:`resume`.
+    """
     try:
-        step = next(steps)
-        while True:
-            try:
-                answer = perform(step)
-            except WatchdogError as error:
-                step = steps.throw(error)
-                continue
-            step = steps.send(answer)
+        return _drive_from(steps, next(steps), perform)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
 
@@ -370,16 +367,20 @@ def resume(
     """Go on with ``steps`` after its current step was answered elsewhere
     (``answer``, or ``error`` thrown back in), then as :func:`drive`."""
     try:
-        step = steps.throw(error) if error is not None else steps.send(answer)
-        while True:
-            try:
-                answer = perform(step)
-            except WatchdogError as failure:
-                step = steps.throw(failure)
-                continue
-            step = steps.send(answer)
+        return _drive_from(steps, steps.throw(error) if error is not None else steps.send(answer), perform)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
+
+
+def _drive_from(steps: Steps[T], step: Step, perform: Callable[[Step], Any]) -> T:
+    """Perform ``step`` and every later one until ``steps`` raises StopIteration."""
+    while True:
+        try:
+            answer = perform(step)
+        except WatchdogError as error:
+            step = steps.throw(error)
+            continue
+        step = steps.send(answer)
 
 
 async def drive_async(steps: Steps[T], perform: Callable[[Step], Awaitable[Any]]) -> T:

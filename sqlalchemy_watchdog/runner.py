@@ -213,28 +213,23 @@ class Runner:
         )
         handed_off = False
         try:
-            step = next(steps)
-            while True:
-                settler = self._settler
-                if hand_off and settler is not None and isinstance(step, StoreCall) and step.fn is store.settle:
-                    try:
-                        settler.submit(step.kwargs, functools.partial(self._after_settle, execution, steps))
-                    except WatchdogError as error:
-                        step = steps.throw(error)
-                        continue
-                    handed_off = True
-                    return None
-                try:
-                    answer = self._perform(step)
-                except WatchdogError as error:
-                    step = steps.throw(error)
-                    continue
-                step = steps.send(answer)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
+            perform = functools.partial(self._perform_or_hand_off, execution, steps) if hand_off else self._perform
+            return drive(steps, perform)
+        except _HandedOff:
+            handed_off = True
+            return None
         finally:
             if not handed_off:
                 self._retire(execution)
+
+    def _perform_or_hand_off(self, execution: Execution, steps: Any, step: Step) -> Any:
+        """:meth:`_perform`, except that a settle goes to the settler with the
+        rest of ``steps`` (:class:`_HandedOff` then leaves :func:`drive`)."""
+        settler = self._settler
+        if settler is None or not (isinstance(step, StoreCall) and step.fn is store.settle):
+            return self._perform(step)
+        settler.submit(step.kwargs, functools.partial(self._after_settle, execution, steps))
+        raise _HandedOff
 
     def _after_settle(
         self, execution: Execution, steps: Any, answer: Any, error: BaseException | None
@@ -423,6 +418,10 @@ class Runner:
             self._store(release_and_recover, [e.pair for e in leftover])
         except WatchdogError as error:
             log.error("shutdown: could not hand %d running job(s) to recovery: %s", len(leftover), error)
+
+
+class _HandedOff(Exception):
+    """An execution's settle went to the settler, which finishes the execution."""
 
 
 class _Workers:
