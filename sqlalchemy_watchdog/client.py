@@ -22,15 +22,12 @@ from .jobs import (
     job_batch,
 )
 from .model import WatchdogJob
+from .wakeups import EVENT_QUEUED, EVENT_STOP
 
 __all__ = ["enqueue", "enqueue_select", "Watchdog", "EVENT_QUEUED", "EVENT_STOP"]
 
 T = TypeVar("T")
 
-#: NOTIFY payloads: new work (sent by the table's INSERT trigger), or a
-#: cancellation/lane failure to act on.
-EVENT_QUEUED = "queued"
-EVENT_STOP = "stop"
 
 
 def _connection(target: Session | Connection) -> Connection:

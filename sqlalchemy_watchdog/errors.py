@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["ErrorCode", "WatchdogError", "InvalidJob", "EnqueueConflict"]
+__all__ = ["ErrorCode", "WatchdogError", "InvalidJob", "EnqueueConflict", "redacted"]
 
 
 class ErrorCode(str, enum.Enum):
@@ -59,3 +59,14 @@ class EnqueueConflict(WatchdogError):
             f"job_id {job_id!r} is already enqueued with a different queue, lane, "
             "priority, payload or recovery policy; the transaction was rolled back",
         )
+
+
+def redacted(error: BaseException) -> str:
+    """A one-line description of ``error`` safe for logs: a database error's
+    SQLSTATE and first message line, never its DETAIL (row values, claim
+    tokens, payloads) or the statement's parameters."""
+    orig = getattr(error, "orig", None) or error
+    sqlstate = getattr(orig, "sqlstate", None)
+    first = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+    prefix = f"{type(orig).__name__}"
+    return f"{prefix} [{sqlstate}]: {first}" if sqlstate else f"{prefix}: {first}"

@@ -1,12 +1,30 @@
-"""What the sync :class:`~sqlalchemy_watchdog.Runner` and the
-:class:`~sqlalchemy_watchdog.asyncio.AsyncRunner` share.
+"""The runner core: every rule of a runner, written once and free of I/O.
 
-The decisions of a runner -- how a claimed job is checked, run and settled,
-and how a disappeared claim is recovered -- are written once here as
-generators of steps (:class:`StoreCall`, :class:`CallHandler`,
-:class:`Probe`). Each runner drives them with its own I/O: the sync one
-calls the store on a ``Connection`` and handlers in threads, the async one
-goes through ``AsyncConnection.run_sync`` and awaits coroutine handlers.
+This module is internal; its public names are re-exported from
+:mod:`sqlalchemy_watchdog`.
+
+A runner is a loop of small decisions: how many jobs to claim for the free
+slots, whether a claimed job may still start, how a handler's answer becomes
+a settlement, what a refused settlement means, which disappeared claims to
+recover and with what budget, when to look again, how long to back off after
+a failed pass, and how to shut down. Each decision is a generator of
+**steps** -- typed requests for I/O (:class:`StoreCall`, :class:`RunHandler`, :class:`Stop`, :class:`Probe`, :class:`Spawn`,
+:class:`WaitDone`) -- driven by one of two drivers that only perform them:
+
+* :class:`~sqlalchemy_watchdog.Runner` runs store calls on a ``Connection``
+  and handlers in threads;
+* :class:`~sqlalchemy_watchdog.asyncio.AsyncRunner` runs store calls through
+  ``AsyncConnection.run_sync`` and handlers as tasks.
+
+Neither driver contains a rule the other lacks. A store failure reaches the
+generator that asked for it as a :class:`~sqlalchemy_watchdog.WatchdogError`
+thrown at its ``yield``; a generator is only ever driven by one thread, from
+its first step to its return.
+
+An execution's steps end where its settlement starts (:func:`execute`
+returns a :class:`SettleRequest`): the driver settles it -- in a batch with
+others, on whatever thread or task does that -- and the job's end is then
+the pure function :func:`conclude` of the execution and its settlement.
 """
 
 from __future__ import annotations
@@ -15,15 +33,13 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, TypeVar
-
-from sqlalchemy import Connection
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import store
-from .errors import InvalidJob, WatchdogError
+from .errors import InvalidJob, WatchdogError, redacted
 from .jobs import (
     QUEUE_MAX_LENGTH,
     Decision,
@@ -34,7 +50,10 @@ from .jobs import (
     bound_reason,
     check_text,
 )
-from .store import Claim
+from .store import Claim, RecoveryCause, RecoveryStatus, SettleRequest, Settlement
+
+if TYPE_CHECKING:
+    from .codecs import PayloadCodec
 
 __all__ = [
     "Handler",
@@ -54,22 +73,51 @@ T = TypeVar("T")
 #: A handler takes the running job; it returns None (completed) or a Decision.
 Handler = Callable[["RunningJob"], "Decision | None"]
 
-_registry: dict[str, Callable[..., Any]] = {}
+
+# -- the handler registry --------------------------------------------------------
 
 
-def handler(queue: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+@dataclass(frozen=True, slots=True)
+class _Registered:
+    fn: Callable[..., Any]
+    max_recoveries: int | None
+
+
+_registry: dict[str, _Registered] = {}
+
+_UNSET: Any = object()
+
+
+def _check_budget(name: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1_000_000:
+        raise InvalidJob(name, f"must be None or an int from 0 to 1000000, got {value!r}")
+    return value
+
+
+def handler(
+    queue: str, *, max_recoveries: int | None = _UNSET
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as the handler of ``queue``.
 
-    A :class:`Runner` (or ``AsyncRunner``) built without ``handlers`` serves
-    every queue registered this way.
+    A :class:`~sqlalchemy_watchdog.Runner` (or ``AsyncRunner``) built
+    without ``handlers`` serves every queue registered this way.
+
+    :param max_recoveries: the recovery budget of this queue's jobs that do
+        not carry one of their own (``Job(max_recoveries=None)``): how many
+        times a job whose execution disappeared (killed worker, lost lease)
+        is requeued before it settles ``interrupted``. Overrides the
+        runner's ``max_recoveries`` for this queue.
     """
     check_text("queue", queue, QUEUE_MAX_LENGTH)
+    budget = _UNSET if max_recoveries is _UNSET else _check_budget("max_recoveries", max_recoveries)
 
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         existing = _registry.get(queue)
-        if existing is not None and existing is not fn:
-            raise ValueError(f"queue {queue!r} already has a handler: {existing!r}")
-        _registry[queue] = fn
+        if existing is not None and existing.fn is not fn:
+            raise ValueError(f"queue {queue!r} already has a handler: {existing.fn!r}")
+        _registry[queue] = _Registered(fn, budget)
         return fn
 
     return register
@@ -77,7 +125,10 @@ def handler(queue: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
 def registered_handlers() -> dict[str, Callable[..., Any]]:
     """A copy of the handlers registered with :func:`handler`."""
-    return dict(_registry)
+    return {queue: entry.fn for queue, entry in _registry.items()}
+
+
+# -- what a handler sees -----------------------------------------------------------
 
 
 class StopReason(str, enum.Enum):
@@ -91,13 +142,18 @@ class StopReason(str, enum.Enum):
 
 @dataclass(eq=False)
 class StopSignal:
+    """The stop request of one execution: the first reason wins."""
+
     event: threading.Event = field(default_factory=threading.Event)
     reason: StopReason | None = None
 
-    def request(self, reason: StopReason) -> None:
-        if self.reason is None:
+    def request(self, reason: StopReason) -> bool:
+        """Ask the handler to stop; whether this was the first request."""
+        first = self.reason is None
+        if first:
             self.reason = reason
         self.event.set()
+        return first
 
 
 @dataclass(frozen=True)
@@ -129,6 +185,8 @@ class RunningJob:
 
 
 class TickStatus(str, enum.Enum):
+    """What one tick of a runner did."""
+
     IDLE = "idle"
     SETTLED = "settled"
     RECOVERED = "recovered"
@@ -144,6 +202,249 @@ class TickResult:
     status: TickStatus
     job: JobView | None = None
     job_id: str | None = None
+
+
+# -- settings --------------------------------------------------------------------
+
+#: The longest duration a runner accepts: what ``threading`` can wait for.
+MAX_DURATION = timedelta(seconds=min(threading.TIMEOUT_MAX, 10 * 365 * 86400))
+
+
+def _duration(value: object, name: str, *, zero: bool = False) -> timedelta:
+    if not isinstance(value, timedelta):
+        raise InvalidJob(name, f"must be a datetime.timedelta, not {type(value).__name__}")
+    if value < timedelta(0) or (value == timedelta(0) and not zero):
+        raise InvalidJob(name, f"must be {'non-negative' if zero else 'positive'}, got {value}")
+    if value > MAX_DURATION:
+        raise InvalidJob(name, f"must be at most {MAX_DURATION}, got {value}")
+    if not zero and value < timedelta(milliseconds=1):
+        raise InvalidJob(name, f"must be at least 1 millisecond, got {value}")
+    return value
+
+
+def check_clock(clock: object) -> Callable[[], int]:
+    """Refuse a runner ``clock`` that cannot be called."""
+    if not callable(clock):
+        raise InvalidJob("clock", f"must be a callable returning epoch milliseconds, not {type(clock).__name__}")
+    return clock  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """Validated runner settings, shared by :class:`Runner` and ``AsyncRunner``."""
+
+    handlers: Mapping[str, Callable[..., Any]]
+    queues: tuple[str, ...]
+    concurrency: int
+    lease_ms: int
+    heartbeat_s: float
+    poll_interval_s: float
+    grace_s: float
+    is_alive: Callable[[JobView], Any] | None
+    #: The recovery budget of a job without one of its own, per queue; a
+    #: queue not listed uses :attr:`max_recoveries`.
+    budgets: Mapping[str, int | None] = field(default_factory=dict)
+    max_recoveries: int | None = None
+    codec: PayloadCodec | None = None
+    recovery_batch: int = 16
+
+    @classmethod
+    def build(
+        cls,
+        handlers: Mapping[str, Callable[..., Any]] | None,
+        *,
+        queues: Iterable[str] | None,
+        concurrency: int,
+        lease: timedelta,
+        heartbeat: timedelta,
+        poll_interval: timedelta,
+        grace: timedelta,
+        is_alive: Callable[[JobView], Any] | None,
+        max_recoveries: int | None = None,
+        codec: PayloadCodec | None = None,
+    ) -> RunnerSettings:
+        table = dict(registered_handlers() if handlers is None else handlers)
+        for queue, fn in table.items():
+            check_text("queue", queue, QUEUE_MAX_LENGTH)
+            if not callable(fn):
+                raise InvalidJob("handlers", f"handler of {queue!r} is not callable")
+        if isinstance(queues, str):
+            raise InvalidJob("queues", "must be an iterable of queue names, not a str")
+        served = tuple(table) if queues is None else tuple(queues)
+        if not served:
+            raise InvalidJob(
+                "handlers", "no handlers: pass handlers={queue: fn} or register with @handler(queue)"
+            )
+        for queue in served:
+            check_text("queues", queue, QUEUE_MAX_LENGTH)
+            if queue not in table:
+                raise InvalidJob("queues", f"queue {queue!r} has no handler")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= 10_000:
+            raise InvalidJob("concurrency", f"must be an int from 1 to 10000, got {concurrency!r}")
+        lease = _duration(lease, "lease")
+        heartbeat = _duration(heartbeat, "heartbeat")
+        if heartbeat * 3 > lease:
+            raise InvalidJob(
+                "heartbeat",
+                f"must be at most a third of the lease ({lease}) so a renewal can fail "
+                f"twice before the lease ends, got {heartbeat}",
+            )
+        poll_interval = _duration(poll_interval, "poll_interval")
+        grace = _duration(grace, "grace", zero=True)
+        if is_alive is not None and not callable(is_alive):
+            raise InvalidJob("is_alive", "must be callable")
+        default_budget = _check_budget("max_recoveries", max_recoveries)
+        if codec is not None and not (callable(getattr(codec, "decode", None))):
+            raise InvalidJob("codec", "must have a decode(value) method (see sqlalchemy_watchdog.codecs)")
+        budgets: dict[str, int | None] = {}
+        for queue, fn in table.items():
+            registered = _registry.get(queue)
+            if registered is not None and registered.fn is fn and registered.max_recoveries is not _UNSET:
+                budgets[queue] = registered.max_recoveries
+        return cls(
+            handlers=table,
+            queues=served,
+            concurrency=concurrency,
+            lease_ms=lease // timedelta(milliseconds=1),
+            heartbeat_s=heartbeat.total_seconds(),
+            poll_interval_s=poll_interval.total_seconds(),
+            grace_s=grace.total_seconds(),
+            is_alive=is_alive,
+            budgets=budgets,
+            max_recoveries=default_budget,
+            codec=codec,
+        )
+
+    def budget_for(self, job: JobView) -> int | None:
+        """The recovery budget of ``job``: its own, else its queue's handler
+        default, else the runner's ``max_recoveries``."""
+        if job.max_recoveries is not None:
+            return job.max_recoveries
+        return self.budgets.get(job.queue, self.max_recoveries)
+
+
+# -- executions ------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Execution:
+    """A claim this runner is executing, with its handler's view and stop signal."""
+
+    claim: Claim
+    job: RunningJob
+    signal: StopSignal
+    done: threading.Event = field(default_factory=threading.Event)
+    #: The driver's handle on the running handler (the async driver's task).
+    task: Any = None
+    #: When the claim was asked for, on this process's monotonic clock: no
+    #: later than the database took it, so a pause anywhere after that point
+    #: (even before the claim's answer was read) counts against the start.
+    claimed_at: float = field(default_factory=time.monotonic)
+    #: The decision made without running the handler (its payload could
+    #: not be decoded), if any.
+    refused: Decision | None = None
+    #: Whether it still occupies one of the runner's ``concurrency`` slots:
+    #: from the claim until its handler returns. Its settle then overlaps
+    #: with the next claim; the heartbeat keeps renewing it until settled.
+    slot_held: bool = True
+
+    @property
+    def job_id(self) -> str:
+        return self.claim.job.job_id
+
+    @property
+    def pair(self) -> tuple[str, str]:
+        return (self.claim.job.job_id, self.claim.token)
+
+
+# -- steps: what a driver performs -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCall(Generic[T]):
+    """Run ``fn(conn, *args, **kwargs)`` in a transaction of its own; the
+    answer is its result (a failure comes back as a WatchdogError)."""
+
+    fn: Callable[..., T]
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RunHandler:
+    """Run the execution's handler; the answer is its :class:`Decision`, or
+    None when shutdown stopped it before it decided."""
+
+    execution: Execution
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Tell an execution's handler to stop (an async handler's task is cancelled)."""
+
+    execution: Execution
+    reason: StopReason
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """Ask ``is_alive(job)``; the answer is True, False, or :data:`UNKNOWN`."""
+
+    job: JobView
+
+
+@dataclass(frozen=True, slots=True)
+class Spawn:
+    """Start running these claimed executions in the background."""
+
+    executions: tuple[Execution, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WaitDone:
+    """Wait until every execution is done, or ``timeout`` seconds."""
+
+    executions: tuple[Execution, ...]
+    timeout: float
+
+
+UNKNOWN: Any = object()
+Step = StoreCall[Any] | RunHandler | Stop | Probe | Spawn | WaitDone
+Steps = Generator[Step, Any, T]
+
+
+def drive(steps: Steps[T], perform: Callable[[Step], Any]) -> T:
+    """Run ``steps`` to the end with a sync ``perform``; a WatchdogError it
+    raises goes back into ``steps`` at the step that caused it."""
+    try:
+        step = next(steps)
+        while True:
+            try:
+                answer = perform(step)
+            except WatchdogError as error:
+                step = steps.throw(error)
+                continue
+            step = steps.send(answer)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+async def drive_async(steps: Steps[T], perform: Callable[[Step], Awaitable[Any]]) -> T:
+    """:func:`drive` with an async ``perform``."""
+    try:
+        step = next(steps)
+        while True:
+            try:
+                answer = await perform(step)
+            except WatchdogError as error:
+                step = steps.throw(error)
+                continue
+            step = steps.send(answer)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+# -- handler answers -----------------------------------------------------------------
 
 
 def decision_of_result(result: object, job: RunningJob) -> Decision | None:
@@ -166,9 +467,27 @@ def decision_of_result(result: object, job: RunningJob) -> Decision | None:
     )
 
 
-def decision_of_exception(error: BaseException) -> Decision:
-    """A handler's exception as a ``failed`` decision with a bounded reason."""
+def decision_of_exception(job: RunningJob, error: BaseException) -> Decision:
+    """A handler's exception as a ``failed`` decision with a bounded reason;
+    the exception is logged with its traceback."""
+    log.error(
+        "job %s: handler raised %s: %s",
+        job.job_id,
+        type(error).__name__,
+        error,
+        exc_info=(type(error), error, error.__traceback__),
+        extra={"job_id": job.job_id, "queue": job.queue},
+    )
     return Decision.failed(bound_reason(f"{type(error).__name__}: {error}"))
+
+
+def decision_of_cancelled_task(execution: Execution) -> Decision | None:
+    """The decision of an async handler whose task was cancelled: none for a
+    shutdown (recovery takes it), else ``failed`` with the stop's reason."""
+    reason = execution.signal.reason or StopReason.SHUTDOWN
+    if reason is StopReason.SHUTDOWN:
+        return None
+    return Decision.failed(f"execution stopped ({reason.value})")
 
 
 def stop_reason_of(job: JobView | None) -> StopReason:
@@ -180,286 +499,6 @@ def stop_reason_of(job: JobView | None) -> StopReason:
     return StopReason.LEASE_LOST
 
 
-def check_clock(clock: object) -> Callable[[], int]:
-    """Refuse a runner ``clock`` that cannot be called."""
-    if not callable(clock):
-        raise InvalidJob("clock", f"must be a callable returning epoch milliseconds, not {type(clock).__name__}")
-    return clock  # type: ignore[return-value]
-
-
-def _ms(value: timedelta, name: str) -> int:
-    if not isinstance(value, timedelta):
-        raise InvalidJob(name, f"must be a datetime.timedelta, not {type(value).__name__}")
-    ms = int(value.total_seconds() * 1000)
-    if ms <= 0:
-        raise InvalidJob(name, f"must be positive, got {value}")
-    return ms
-
-
-@dataclass(frozen=True)
-class RunnerSettings:
-    """Validated runner settings, shared by :class:`Runner` and ``AsyncRunner``."""
-
-    handlers: Mapping[str, Callable[..., Any]]
-    queues: tuple[str, ...]
-    concurrency: int
-    lease_ms: int
-    heartbeat_s: float
-    poll_interval_s: float
-    grace_s: float
-    is_alive: Callable[[JobView], Any] | None
-    recovery_batch: int = 16
-
-    @classmethod
-    def build(
-        cls,
-        handlers: Mapping[str, Callable[..., Any]] | None,
-        *,
-        queues: Iterable[str] | None,
-        concurrency: int,
-        lease: timedelta,
-        heartbeat: timedelta,
-        poll_interval: timedelta,
-        grace: timedelta,
-        is_alive: Callable[[JobView], Any] | None,
-    ) -> RunnerSettings:
-        table = dict(registered_handlers() if handlers is None else handlers)
-        for queue, fn in table.items():
-            check_text("queue", queue, QUEUE_MAX_LENGTH)
-            if not callable(fn):
-                raise InvalidJob("handlers", f"handler of {queue!r} is not callable")
-        served = tuple(table) if queues is None else tuple(queues)
-        if isinstance(queues, str):
-            raise InvalidJob("queues", "must be an iterable of queue names, not a str")
-        if not served:
-            raise InvalidJob(
-                "handlers", "no handlers: pass handlers={queue: fn} or register with @handler(queue)"
-            )
-        for queue in served:
-            check_text("queues", queue, QUEUE_MAX_LENGTH)
-            if queue not in table:
-                raise InvalidJob("queues", f"queue {queue!r} has no handler")
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise InvalidJob("concurrency", f"must be an int >= 1, got {concurrency!r}")
-        lease_ms = _ms(lease, "lease")
-        heartbeat_ms = _ms(heartbeat, "heartbeat")
-        if heartbeat_ms * 3 > lease_ms:
-            raise InvalidJob(
-                "heartbeat",
-                f"must be at most a third of the lease ({lease}) so a renewal can fail "
-                f"twice before the lease ends, got {heartbeat}",
-            )
-        poll_ms = _ms(poll_interval, "poll_interval")
-        if not isinstance(grace, timedelta) or grace.total_seconds() < 0:
-            raise InvalidJob("grace", f"must be a non-negative datetime.timedelta, got {grace!r}")
-        if is_alive is not None and not callable(is_alive):
-            raise InvalidJob("is_alive", "must be callable")
-        return cls(
-            handlers=table,
-            queues=served,
-            concurrency=concurrency,
-            lease_ms=lease_ms,
-            heartbeat_s=heartbeat_ms / 1000,
-            poll_interval_s=poll_ms / 1000,
-            grace_s=grace.total_seconds(),
-            is_alive=is_alive,
-        )
-
-
-@dataclass(eq=False)
-class Execution:
-    """A claim this runner is executing, with its handler's view and stop signal."""
-
-    claim: Claim
-    job: RunningJob
-    signal: StopSignal
-    done: threading.Event = field(default_factory=threading.Event)
-    task: Any = None
-    #: When the claim was asked for, on this process's monotonic clock: no
-    #: later than the database took it, so a pause anywhere after that point
-    #: (even before the claim's answer was read) counts against the start.
-    claimed_at: float = field(default_factory=time.monotonic)
-    #: Whether it still occupies one of the runner's ``concurrency`` slots:
-    #: from the claim until its handler returns. Its settle then overlaps
-    #: with the next claim; the heartbeat keeps renewing it until settled.
-    slot_held: bool = True
-
-    @classmethod
-    def of(cls, claim: Claim, asked_at: float) -> Execution:
-        """The execution of ``claim``, asked for at ``asked_at`` (``time.monotonic()``
-        read before the claim statement was sent)."""
-        signal = StopSignal()
-        job = claim.job
-        running = RunningJob(
-            job_id=job.job_id,
-            queue=job.queue,
-            lane=job.lane,
-            priority=job.priority,
-            payload=job.payload,
-            recovery_count=job.recovery_count,
-            max_recoveries=job.max_recoveries,
-            _signal=signal,
-        )
-        log.info("claimed job %s (queue %s, recovery %d)", job.job_id, job.queue, job.recovery_count)
-        return cls(claim, running, signal, claimed_at=asked_at)
-
-    @property
-    def job_id(self) -> str:
-        return self.claim.job.job_id
-
-    @property
-    def pair(self) -> tuple[str, str]:
-        return (self.claim.job.job_id, self.claim.token)
-
-
-# -- steps ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class StoreCall:
-    """Run ``fn(conn, *args, **kwargs)`` in a write transaction of its own."""
-
-    fn: Callable[..., Any]
-    args: tuple[Any, ...] = ()
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class CallHandler:
-    """Run the execution's handler; the answer is its :class:`Decision`, or
-    None when shutdown stopped it before it decided."""
-
-    execution: Execution
-
-
-@dataclass(frozen=True, slots=True)
-class Probe:
-    """Ask ``is_alive(job)``; the answer is True, False, or :data:`UNKNOWN`."""
-
-    job: JobView
-
-
-UNKNOWN = object()
-Step = StoreCall | CallHandler | Probe
-Steps = Generator[Step, Any, T]
-
-
-def slots_taken(executions: Iterable[Execution]) -> int:
-    """How many of the runner's concurrency slots are in use."""
-    return sum(1 for e in executions if e.slot_held)
-
-
-def drive(steps: Steps[T], perform: Callable[[Step], Any]) -> T:
-    """Run ``steps`` with a sync ``perform``; its WatchdogErrors go back in.
-
-    Any other exception from ``perform`` leaves ``steps`` suspended at that
-    step, so a runner may answer it later with :func:`resume`.
-    """
-    try:
-        return _drive_from(steps, next(steps), perform)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-
-
-def resume(
-    steps: Steps[T], perform: Callable[[Step], Any], *, answer: Any = None, error: WatchdogError | None = None
-) -> T:
-    """Go on with ``steps`` after its current step was answered elsewhere
-    (``answer``, or ``error`` thrown back in), then as :func:`drive`."""
-    try:
-        return _drive_from(steps, steps.throw(error) if error is not None else steps.send(answer), perform)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-
-
-def _drive_from(steps: Steps[T], step: Step, perform: Callable[[Step], Any]) -> T:
-    """Perform ``step`` and every later one until ``steps`` raises StopIteration."""
-    while True:
-        try:
-            answer = perform(step)
-        except WatchdogError as error:
-            step = steps.throw(error)
-            continue
-        step = steps.send(answer)
-
-
-async def drive_async(steps: Steps[T], perform: Callable[[Step], Awaitable[Any]]) -> T:
-    """Run ``steps`` with an async ``perform``."""
-    try:
-        step = next(steps)
-        while True:
-            try:
-                answer = await perform(step)
-            except WatchdogError as error:
-                step = steps.throw(error)
-                continue
-            step = steps.send(answer)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-
-
-def execute(
-    execution: Execution, clock: Callable[[], int], *, fresh_for: float, lease_ms: int
-) -> Steps[TickResult]:
-    """Run the handler unless the claim was already stopped or lost, settle
-    with the exact claim, and say what happened.
-
-    The execution is registered with its runner when it is claimed, before
-    the handler starts, so a cancellation or lane failure recorded after the
-    claim reaches it through the heartbeat (at once on PostgreSQL, through
-    NOTIFY): if that happened before the start, the handler never runs.
-    A handler that starts within ``fresh_for`` seconds of its claim (the
-    heartbeat interval, well inside the lease) needs no database check; one
-    that starts later -- the process was paused, starved or stopped between
-    claim and start -- first renews its exact claim, and does not run if the
-    claim was lost meanwhile (another runner may already be running it).
-    Either way the settle below is guarded by the database: a recorded
-    cancellation turns it into ``cancelled``, a lost claim is refused.
-    """
-    job_id = execution.job_id
-    try:
-        if time.monotonic() - execution.claimed_at > fresh_for and not execution.signal.event.is_set():
-            held = yield StoreCall(store.renew, ([execution.pair],), dict(lease_ms=lease_ms, now=clock()))
-            if job_id not in held:
-                lost(execution, (yield StoreCall(store.read, (job_id,))))
-        if execution.signal.reason is StopReason.SHUTDOWN:
-            decision: Decision | None = None
-        elif execution.signal.event.is_set():
-            decision = Decision.failed(f"execution stopped before it started ({_reason(execution)})")
-        else:
-            decision = yield CallHandler(execution)
-        if decision is None:
-            # Stopped by shutdown before it decided: hand it to recovery now.
-            recoveries = yield StoreCall(release_and_recover, ([execution.pair],))
-            for recovery in recoveries:
-                status = TickStatus.REQUEUED if recovery.status == "requeued" else TickStatus.RECOVERED
-                return TickResult(status, recovery.job, job_id)
-            return TickResult(TickStatus.REJECTED, None, job_id)
-        settlement = yield StoreCall(
-            store.settle,
-            kwargs=dict(
-                job_id=job_id, claim_token=execution.claim.token, decision=decision, now=clock()
-            ),
-        )
-    except WatchdogError as error:
-        log.error("job %s: settlement failed, recovery will handle it: %s", job_id, error)
-        return TickResult(TickStatus.REJECTED, None, job_id)
-    settled = settlement.job
-    if settlement.status in (SettleStatus.SETTLED, SettleStatus.REPLAYED):
-        log.info(
-            "settled job %s: %s%s",
-            job_id,
-            _outcome(settled),
-            f" ({settled.failure_reason})" if settled.failure_reason else "",
-        )
-        return TickResult(TickStatus.SETTLED, settled, job_id)
-    if settled is not None and settled.state is JobState.SETTLED:
-        log.info("job %s was settled elsewhere (%s); this claim's decision is dropped", job_id, _outcome(settled))
-        return TickResult(TickStatus.SETTLED, settled, job_id)
-    log.warning("job %s: settlement rejected (%s): the claim was lost", job_id, settlement.status.value)
-    return TickResult(TickStatus.REJECTED, settled, job_id)
-
-
 def _reason(execution: Execution) -> str:
     reason = execution.signal.reason
     return reason.value if reason is not None else "stop requested"
@@ -469,24 +508,338 @@ def _outcome(job: JobView | None) -> str:
     return job.outcome.value if job is not None and job.outcome is not None else "?"
 
 
-def recover_one(settings: RunnerSettings, active: Mapping[str, Execution]) -> Steps[TickResult | None]:
+# -- the core of one runner -------------------------------------------------------------
+
+
+class RunnerCore:
+    """The state of one runner and every rule it follows.
+
+    Shared by the driver's loop, its heartbeat, its handler threads or
+    tasks and its settler; the table of active executions is guarded by a
+    lock (uncontended under asyncio).
+    """
+
+    #: The longest back-off after failed loop passes, in seconds.
+    MAX_BACKOFF_S = 30.0
+    #: How long a claim the database refuses to recover is left alone, at most.
+    MAX_ISOLATION_S = 600.0
+
+    def __init__(self, settings: RunnerSettings, clock: Callable[[], int]) -> None:
+        self.settings = settings
+        self.clock = check_clock(clock)
+        self._active: dict[str, Execution] = {}
+        self._lock = threading.Lock()
+        self.recovery_due = 0.0
+        self.failures = 0
+        #: Claims whose recovery the database refused: (job_id, token) ->
+        #: (monotonic time until which they are skipped, refusals so far).
+        self._isolated: dict[tuple[str, str], tuple[float, int]] = {}
+
+    # -- the table of executions
+
+    def active(self) -> list[Execution]:
+        """The executions this runner holds a claim for."""
+        with self._lock:
+            return list(self._active.values())
+
+    def own(self, job_id: str, token: str) -> Execution | None:
+        with self._lock:
+            execution = self._active.get(job_id)
+        return execution if execution is not None and execution.claim.token == token else None
+
+    def free_slots(self) -> int:
+        """How many of the runner's concurrency slots are free."""
+        with self._lock:
+            return self.settings.concurrency - sum(1 for e in self._active.values() if e.slot_held)
+
+    def admit(self, claim: Claim, asked_at: float) -> Execution:
+        """Register the execution of ``claim``, asked for at ``asked_at``
+        (``time.monotonic()`` read before the claim statement was sent).
+
+        Registered before its handler starts, so a cancellation or lane
+        failure recorded after the claim reaches it through the heartbeat."""
+        signal = StopSignal()
+        job = claim.job
+        payload, refused = self._decoded(job)
+        running = RunningJob(
+            job_id=job.job_id,
+            queue=job.queue,
+            lane=job.lane,
+            priority=job.priority,
+            payload=payload,
+            recovery_count=job.recovery_count,
+            max_recoveries=job.max_recoveries,
+            _signal=signal,
+        )
+        execution = Execution(claim, running, signal, claimed_at=asked_at, refused=refused)
+        with self._lock:
+            self._active[job.job_id] = execution
+        log.info("claimed job %s (queue %s, recovery %d)", job.job_id, job.queue, job.recovery_count)
+        return execution
+
+    def _decoded(self, job: JobView) -> tuple[Any, Decision | None]:
+        """The payload the handler sees (through the runner's codec), or the
+        ``failed`` decision of a payload the codec cannot decode."""
+        codec = self.settings.codec
+        if codec is None:
+            return job.payload, None
+        try:
+            return codec.decode(job.payload), None
+        except Exception as error:
+            log.error("job %s: its payload could not be decoded (%s)", job.job_id, redacted(error))
+            return None, Decision.failed(bound_reason(f"payload could not be decoded: {redacted(error)}"))
+
+    def release_slot(self, execution: Execution) -> bool:
+        """The handler returned: free its slot (its settle may still be under
+        way). Whether a slot was freed, so the driver wakes its loop."""
+        if execution.slot_held:
+            execution.slot_held = False
+            return True
+        return False
+
+    def retire(self, execution: Execution) -> None:
+        """The execution is over: forget it and free its slot."""
+        with self._lock:
+            if self._active.get(execution.job_id) is execution:
+                del self._active[execution.job_id]
+        execution.slot_held = False
+        execution.done.set()
+
+    # -- the loop's timing
+
+    def recovery_is_due(self) -> bool:
+        return time.monotonic() >= self.recovery_due
+
+    def schedule_recovery(self, until_expiry: float | None) -> None:
+        """Look for disappeared claims again when the next lease ends, and
+        at least every poll interval."""
+        poll = self.settings.poll_interval_s
+        self.recovery_due = time.monotonic() + min(poll, poll if until_expiry is None else until_expiry)
+
+    def idle_wait(self) -> float:
+        """How long an idle loop waits for a wake-up before looking again."""
+        return max(0.0, min(self.settings.poll_interval_s, self.recovery_due - time.monotonic()))
+
+    def pass_succeeded(self) -> None:
+        self.failures = 0
+
+    def pass_failed(self, error: BaseException, who: str = "runner") -> float:
+        """Log a failed loop pass; how long to back off before the next one."""
+        self.failures += 1
+        delay = min(self.MAX_BACKOFF_S, 0.25 * 2 ** min(self.failures, 7))
+        if isinstance(error, WatchdogError):
+            log.error("%s: %s; retrying in %.1fs", who, error, delay)
+        else:
+            log.error("%s: unexpected error (%s); retrying in %.1fs", who, redacted(error), delay, exc_info=error)
+        return delay
+
+    # -- isolating claims the database refuses to recover
+
+    def isolated(self, claim: Claim) -> bool:
+        entry = self._isolated.get((claim.job.job_id, claim.token))
+        return entry is not None and entry[0] > time.monotonic()
+
+    def isolate(self, claim: Claim, error: WatchdogError) -> None:
+        key = (claim.job.job_id, claim.token)
+        _, refusals = self._isolated.get(key, (0.0, 0))
+        refusals += 1
+        pause = min(self.MAX_ISOLATION_S, 5.0 * 2 ** min(refusals - 1, 10))
+        self._isolated[key] = (time.monotonic() + pause, refusals)
+        log.error(
+            "job %s: the database refused its recovery (%s); skipping it for %.0fs (refusal %d)",
+            claim.job.job_id,
+            error,
+            pause,
+            refusals,
+        )
+
+    def forget_isolated(self, claims: Iterable[Claim]) -> None:
+        """Drop isolation entries of claims that are no longer expired."""
+        live = {(c.job.job_id, c.token) for c in claims}
+        for key in [k for k in self._isolated if k not in live]:
+            del self._isolated[key]
+
+    @property
+    def isolated_jobs(self) -> tuple[str, ...]:
+        """The job_ids whose recovery the database refused and that are skipped for now."""
+        now = time.monotonic()
+        return tuple(sorted({job_id for (job_id, _), (until, _) in self._isolated.items() if until > now}))
+
+
+# -- the rules, as steps ---------------------------------------------------------------
+
+
+def claim_steps(core: RunnerCore, limit: int) -> Steps[tuple[list[Execution], tuple[JobView, ...]]]:
+    """Claim up to ``limit`` jobs: the executions to run, and the jobs the
+    claim found cancelled while queued (settled by the claim itself)."""
+    asked_at = time.monotonic()
+    batch = yield StoreCall(
+        store.claim,
+        kwargs=dict(queues=core.settings.queues, limit=limit, lease_ms=core.settings.lease_ms),
+    )
+    for job in batch.cancelled:
+        log.info("job %s cancelled before it ran", job.job_id)
+    return [core.admit(claim, asked_at) for claim in batch.claimed], batch.cancelled
+
+
+def stop(execution: Execution, reason: StopReason) -> Steps[None]:
+    """Tell ``execution``'s handler to stop, and log why."""
+    if execution.signal.reason is None:
+        level = logging.INFO if reason in (StopReason.CANCELLED, StopReason.LANE_FAILED) else logging.WARNING
+        log.log(level, "job %s: stopping its handler (%s)", execution.job_id, reason.value)
+    yield Stop(execution, reason)
+
+
+def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | TickResult]:
+    """Run the handler unless the claim was already stopped or lost; end in
+    the request that settles it with the exact claim, or in the result of
+    handing an abandoned job to recovery.
+
+    A handler that starts within a heartbeat interval of its claim (well
+    inside the lease) needs no database check; one that starts later -- the
+    process was paused, starved or stopped between claim and start -- first
+    renews its exact claim, and does not run if the claim was lost meanwhile
+    (another runner may already be running it). Either way the settle is
+    guarded by the database: a recorded cancellation turns it into
+    ``cancelled``, a lost claim is refused.
+    """
+    settings = core.settings
+    job_id = execution.job_id
+    try:
+        late = time.monotonic() - execution.claimed_at > settings.heartbeat_s
+        if late and not execution.signal.event.is_set():
+            held = yield StoreCall(
+                store.renew, ([execution.pair],), dict(lease_ms=settings.lease_ms, now=core.clock())
+            )
+            if job_id not in held:
+                row = yield StoreCall(store.read, (job_id,))
+                yield from stop(execution, stop_reason_of(row))
+        if execution.signal.reason is StopReason.SHUTDOWN:
+            decision: Decision | None = None
+        elif execution.signal.event.is_set():
+            decision = Decision.failed(f"execution stopped before it started ({_reason(execution)})")
+        elif execution.refused is not None:
+            decision = execution.refused
+        else:
+            decision = yield RunHandler(execution)
+        if decision is None:
+            # Stopped by shutdown before it decided: hand it to recovery now.
+            return (yield from abandon(core, [execution]))
+    except WatchdogError as error:
+        log.error("job %s: could not run or hand over its claim (%s); recovery will handle it", job_id, error)
+        return TickResult(TickStatus.REJECTED, None, job_id)
+    return SettleRequest(job_id, execution.claim.token, decision, core.clock())
+
+
+def conclude(execution: Execution, settlement: Settlement | None) -> TickResult:
+    """What a settle attempt means for the execution (logged); None when the
+    database refused it (recovery then covers the job)."""
+    job_id = execution.job_id
+    if settlement is None:
+        return TickResult(TickStatus.REJECTED, None, job_id)
+    settled = settlement.job
+    if settlement.status in (SettleStatus.SETTLED, SettleStatus.REPLAYED):
+        log.info(
+            "settled job %s: %s%s",
+            job_id,
+            _outcome(settled),
+            f" ({settled.failure_reason})" if settled is not None and settled.failure_reason else "",
+        )
+        return TickResult(TickStatus.SETTLED, settled, job_id)
+    if settled is not None and settled.state is JobState.SETTLED:
+        log.info("job %s was settled elsewhere (%s); this claim's decision is dropped", job_id, _outcome(settled))
+        return TickResult(TickStatus.SETTLED, settled, job_id)
+    log.warning("job %s: settlement rejected (%s): the claim was lost", job_id, settlement.status.value)
+    return TickResult(TickStatus.REJECTED, settled, job_id)
+
+
+#: The reason a job is settled ``failed`` with when the database refused to
+#: store its own decision (short, to fit constraints the library did not make).
+REFUSED_SETTLE_REASON = "settle refused by the database"
+
+
+def settle_batch(requests: Sequence[SettleRequest], *, fallback: bool = True) -> Steps[list[Settlement | None]]:
+    """Settle ``requests`` in one statement; isolate a row the database refuses.
+
+    Every row keeps its own guard (exact token, live lease); only the
+    statement and the commit are shared. When the database refuses the
+    batch for a reason that is not transient (a constraint the library did
+    not create, say), each request is settled alone, so one poison row
+    cannot take the others with it; a row refused alone is settled
+    ``failed`` with :data:`REFUSED_SETTLE_REASON`, and if even that is
+    refused it is left to its lease (logged; recovery then isolates it). A
+    transient failure (the database is unreachable) fails the batch:
+    recovery covers its jobs.
+    """
+    try:
+        return list((yield StoreCall(store.settle_many, (list(requests),))))
+    except WatchdogError as error:
+        if store.transient_failure(error):
+            log.error("settle of %d job(s) failed (%s); recovery will handle them", len(requests), error)
+            return [None] * len(requests)
+        if len(requests) > 1:
+            log.warning("a batch of %d settles was refused (%s); settling each alone", len(requests), error)
+            results: list[Settlement | None] = []
+            for request in requests:
+                results.extend((yield from settle_batch([request], fallback=fallback)))
+            return results
+        (request,) = requests
+        if not fallback:
+            log.error("job %s: the database refused its settlement (%s); left to its lease", request.job_id, error)
+            return [None]
+        log.error(
+            "job %s: the database refused its settlement (%s); settling it failed instead", request.job_id, error
+        )
+        failed = SettleRequest(
+            request.job_id, request.claim_token, Decision.failed(REFUSED_SETTLE_REASON), request.now
+        )
+        return list((yield from settle_batch([failed], fallback=False)))
+
+
+def abandon(core: RunnerCore, executions: Sequence[Execution]) -> Steps[TickResult]:
+    """End the leases of executions that stopped without deciding (shutdown)
+    and recover them at once: requeued within their budget, else settled
+    ``interrupted`` with a reason saying the shutdown's grace ran out."""
+    budgets = {e.job_id: core.settings.budget_for(e.claim.job) for e in executions}
+    recoveries = yield StoreCall(
+        store.release_and_recover, ([e.pair for e in executions], budgets), dict(cause=RecoveryCause.SHUTDOWN)
+    )
+    result = TickResult(TickStatus.REJECTED, None, executions[0].job_id if executions else None)
+    for recovery in recoveries:
+        log.warning(
+            "shutdown: job %s was still running after the grace period: %s",
+            recovery.job_id,
+            recovery.status.value if recovery.job is None else recovery.job.state.value,
+        )
+        status = TickStatus.REQUEUED if recovery.status is RecoveryStatus.REQUEUED else TickStatus.RECOVERED
+        result = TickResult(status, recovery.job, recovery.job_id)
+    return result
+
+
+def recover(core: RunnerCore) -> Steps[TickResult | None]:
     """Recover the first disappeared claim whose execution is dead.
 
-    Only claims whose lease has ended are considered. This runner's own
-    lapsed claims are lost (their handlers are told to stop); others are
-    probed with ``is_alive`` when one is set: alive stays, a probe that
-    raises is *unknown* and stays too. The reconcile is conditional on the
-    same token, count and an ended lease, so concurrent recoverers never
-    both win.
+    Only claims whose lease has ended by the database clock are considered.
+    This runner's own lapsed claims are lost (their handlers are told to
+    stop); others are probed with ``is_alive`` when one is set: alive
+    stays, a probe that raises is *unknown* and stays too. The reconcile is
+    conditional on the same token, count and an ended lease, so concurrent
+    recoverers never both win. A claim the database refuses to recover is
+    isolated for a while, never blocking the others or the loop.
     """
-    expired = yield StoreCall(store.expired_claims, kwargs=dict(limit=settings.recovery_batch))
+    settings = core.settings
+    expired: list[Claim] = yield StoreCall(
+        store.expired_claims, kwargs=dict(limit=settings.recovery_batch + len(core.isolated_jobs))
+    )
+    core.forget_isolated(expired)
     unknown: TickResult | None = None
     for claim in expired:
+        if core.isolated(claim):
+            continue
         job = claim.job
-        own = active.get(job.job_id)
-        if own is not None and own.claim.token == claim.token:
-            own.signal.request(StopReason.LEASE_LOST)
-            log.warning("job %s: this runner's own lease ended; stopping its handler", job.job_id)
+        own = core.own(job.job_id, claim.token)
+        if own is not None:
+            yield from stop(own, StopReason.LEASE_LOST)
         elif settings.is_alive is not None:
             alive = yield Probe(job)
             if alive is UNKNOWN:
@@ -494,15 +847,21 @@ def recover_one(settings: RunnerSettings, active: Mapping[str, Execution]) -> St
                 continue
             if alive:
                 continue
-        recovery = yield StoreCall(store.reconcile, (claim,))
-        if recovery.status == "lost_race":
+        try:
+            recovery = yield StoreCall(store.reconcile, (claim,), dict(max_recoveries=settings.budget_for(job)))
+        except WatchdogError as error:
+            if store.transient_failure(error):
+                raise
+            core.isolate(claim, error)
             continue
-        if recovery.status == "requeued":
+        if recovery.status is RecoveryStatus.LOST_RACE:
+            continue
+        if recovery.status is RecoveryStatus.REQUEUED:
             log.warning(
                 "recovered job %s: requeued (recovery %d of %s)",
                 job.job_id,
                 job.recovery_count + 1,
-                job.max_recoveries,
+                settings.budget_for(job),
             )
             return TickResult(TickStatus.REQUEUED, recovery.job, job.job_id)
         log.warning(
@@ -515,51 +874,114 @@ def recover_one(settings: RunnerSettings, active: Mapping[str, Execution]) -> St
     return unknown
 
 
-def probe_failed(job: JobView, error: BaseException) -> object:
-    log.warning(
-        "job %s: liveness probe failed (%s: %s); leaving it alone", job.job_id, type(error).__name__, error
-    )
+def probe_failed(job: JobView, error: BaseException) -> Any:
+    """A liveness probe that raised: the execution's state is unknown."""
+    log.warning("job %s: liveness probe failed (%s); leaving it alone", job.job_id, redacted(error))
     return UNKNOWN
 
 
-def renewals(executions: Iterable[Execution], held: set[str]) -> list[Execution]:
-    """The executions whose claim was not renewed and whose handler still runs.
+def renew(core: RunnerCore) -> Steps[None]:
+    """The heartbeat: renew every claim this runner holds; tell the handlers
+    whose claim was not renewed to stop, and why (judged from the row).
 
     One whose handler has returned is settling: its renewal fails because
     the settle just committed (nothing to stop), or its claim was lost and
     the database refuses the settle (which logs it) -- either way there is
     no handler left to tell.
     """
-    return [
-        e
-        for e in executions
-        if e.job_id not in held and e.slot_held and not e.signal.event.is_set() and not e.done.is_set()
-    ]
+    executions = core.active()
+    if not executions:
+        return
+    held = yield StoreCall(
+        store.renew, ([e.pair for e in executions],), dict(lease_ms=core.settings.lease_ms, now=core.clock())
+    )
+    for execution in executions:
+        if (
+            execution.job_id in held
+            or not execution.slot_held
+            or execution.signal.event.is_set()
+            or execution.done.is_set()
+        ):
+            continue
+        row = yield StoreCall(store.read, (execution.job_id,))
+        yield from stop(execution, stop_reason_of(row))
 
 
-def lost(execution: Execution, row: JobView | None) -> StopReason:
-    """Tell a handler whose claim was not renewed to stop, and why."""
-    reason = stop_reason_of(row)
-    level = logging.INFO if reason is not StopReason.LEASE_LOST else logging.WARNING
-    log.log(level, "job %s: claim not renewed (%s); stopping its handler", execution.job_id, reason.value)
-    execution.signal.request(reason)
-    return reason
+def loop_pass(core: RunnerCore) -> Steps[float]:
+    """One pass of :meth:`Runner.run_forever`'s loop; returns how long to
+    wait for a wake-up before the next (0: go on at once).
+
+    Recover when due -- a recovery the database refuses never keeps the
+    loop from claiming -- then claim for the free slots and start what was
+    claimed. When every free slot was filled there may be more ready work,
+    so the next pass follows at once.
+    """
+    if core.recovery_is_due():
+        until_expiry: float | None = None
+        try:
+            result = yield from recover(core)
+            until_expiry = yield StoreCall(store.seconds_until_next_expiry)
+        except WatchdogError as error:
+            log.error("runner: recovery failed (%s); claiming goes on", error)
+            result = None
+        core.schedule_recovery(until_expiry)
+        if result is not None and result.status is TickStatus.REQUEUED:
+            core.recovery_due = 0.0  # there may be more to recover, and the requeued job is ready
+    free = core.free_slots()
+    if free <= 0:
+        return core.idle_wait()
+    executions, cancelled = yield from claim_steps(core, free)
+    if executions:
+        yield Spawn(tuple(executions))
+    taken = len(executions) + len(cancelled)
+    if taken and taken == free:
+        return 0.0
+    return core.idle_wait()
 
 
-def release_and_recover(conn: Connection, claims: list[tuple[str, str]]) -> list[store.Recovery]:
-    """End the leases of abandoned claims and recover them at once (shutdown)."""
-    store.release(conn, claims)
-    tokens = dict(claims)
-    results = []
-    for expired in store.expired_claims(conn, limit=len(claims) + 64):
-        if tokens.get(expired.job.job_id) == expired.token:
-            recovery = store.reconcile(conn, expired)
-            log.warning(
-                "shutdown: job %s still running after the grace period: %s",
-                recovery.job_id,
-                recovery.status if recovery.job is None else (
-                    recovery.job.outcome.value if recovery.job.outcome else recovery.job.state.value
-                ),
-            )
-            results.append(recovery)
-    return results
+def tick(core: RunnerCore) -> Steps[TickResult | Execution]:
+    """One step of a custom loop: recover a disappeared claim if any; else
+    claim one job. Returns the recovery's or the claim's result, or the
+    execution the driver then runs to the end with :func:`execute` (with a
+    heartbeat beside it)."""
+    recovery = yield from recover(core)
+    if recovery is not None and recovery.status is not TickStatus.LIVENESS_UNKNOWN:
+        return recovery
+    executions, cancelled = yield from claim_steps(core, 1)
+    if cancelled:
+        return TickResult(TickStatus.SETTLED, cancelled[0], cancelled[0].job_id)
+    if not executions:
+        return recovery or TickResult(TickStatus.IDLE)
+    return executions[0]
+
+
+def until_idle(result: TickResult, settled: list[JobView]) -> bool:
+    """The rule of ``run_until_idle``: collect what a tick settled; whether
+    to stop (nothing was ready, or only executions of unknown liveness)."""
+    if result.status in (TickStatus.IDLE, TickStatus.LIVENESS_UNKNOWN):
+        return True
+    if result.job is not None and result.job.state is JobState.SETTLED:
+        settled.append(result.job)
+    return False
+
+
+def shutdown(core: RunnerCore) -> Steps[None]:
+    """Shut down: give running handlers ``grace`` to finish, then ask them to
+    stop (an async handler's task is cancelled) and give them a short moment
+    to settle; what still runs after that has its lease ended on purpose and
+    is recovered at once -- never left running under a live lease, never lost."""
+    grace = core.settings.grace_s
+    yield WaitDone(tuple(core.active()), grace)
+    leftover = [e for e in core.active() if not e.done.is_set()]
+    if not leftover:
+        return
+    for execution in leftover:
+        yield from stop(execution, StopReason.SHUTDOWN)
+    yield WaitDone(tuple(leftover), min(2.0, max(0.1, grace)))
+    leftover = [e for e in leftover if not e.done.is_set()]
+    if not leftover:
+        return
+    try:
+        yield from abandon(core, leftover)
+    except WatchdogError as error:
+        log.error("shutdown: could not hand %d running job(s) to recovery: %s", len(leftover), error)

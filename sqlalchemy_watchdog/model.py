@@ -31,6 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from .wakeups import DROP_NOTIFY_FUNCTION_SQL, NOTIFY_FUNCTION_SQL, NOTIFY_TRIGGER_SQL
 from .jobs import (
     CANCELLATION_ID_MAX_LENGTH,
     JOB_ID_MAX_LENGTH,
@@ -166,24 +167,11 @@ jobs_table: Table = cast(Table, WatchdogJob.__table__)
 
 # On PostgreSQL every INSERT statement into the table (enqueue, enqueue_select,
 # or your own SQL) wakes idle runners through NOTIFY when its transaction
-# commits; PostgreSQL folds identical notifications of one transaction. One
-# trigger per statement costs no extra round trip on the enqueue path.
-NOTIFY_FUNCTION_SQL = """\
-CREATE OR REPLACE FUNCTION watchdog_jobs_notify_queued() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('watchdog_jobs', 'queued');
-    RETURN NULL;
-END
-$$"""
-NOTIFY_TRIGGER_SQL = (
-    "CREATE TRIGGER watchdog_jobs_queued AFTER INSERT ON watchdog_jobs "
-    "FOR EACH STATEMENT EXECUTE FUNCTION watchdog_jobs_notify_queued()"
-)
+# commits (see the wakeups module).
 event.listen(jobs_table, "after_create", DDL(NOTIFY_FUNCTION_SQL).execute_if(dialect="postgresql"))
 event.listen(jobs_table, "after_create", DDL(NOTIFY_TRIGGER_SQL).execute_if(dialect="postgresql"))
 event.listen(
     jobs_table,
     "after_drop",
-    DDL("DROP FUNCTION IF EXISTS watchdog_jobs_notify_queued()").execute_if(dialect="postgresql"),
+    DDL(DROP_NOTIFY_FUNCTION_SQL).execute_if(dialect="postgresql"),
 )

@@ -10,52 +10,58 @@ their handlers in threads and settles them with the exact claim.
         deliver(job.payload["to"])          # None -> settled "completed"
 
     Runner(engine).run_forever()            # until SIGINT/SIGTERM or stop()
+
+Every rule the runner follows lives in :mod:`sqlalchemy_watchdog.execution`;
+this module only performs its steps with threads and a sync ``Connection``.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import queue
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future
 from datetime import timedelta
 from types import FrameType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Engine
 
 from . import store
-from .client import EVENT_QUEUED, EVENT_STOP
-from .errors import ErrorCode, WatchdogError
 from .execution import (
-    CallHandler,
     Execution,
     Probe,
+    RunHandler,
+    RunnerCore,
     RunnerSettings,
     RunningJob,
+    Spawn,
     Step,
-    StopReason,
+    Stop,
     StoreCall,
     TickResult,
-    TickStatus,
-    check_clock,
+    WaitDone,
+    conclude,
     decision_of_exception,
     decision_of_result,
     drive,
     execute,
-    lost,
+    loop_pass,
     probe_failed,
-    recover_one,
-    release_and_recover,
-    renewals,
-    resume,
-    slots_taken,
+    renew,
+    settle_batch,
+    shutdown,
+    tick,
+    until_idle,
 )
-from .jobs import Decision, JobState, JobView
+from .jobs import Decision, JobView
+from .store import SettleRequest, Settlement
+from .wakeups import Listener
+
+if TYPE_CHECKING:
+    from .codecs import PayloadCodec
 
 __all__ = ["Runner"]
 
@@ -71,19 +77,29 @@ class Runner:
     :param handlers: ``{queue: handler}``; None uses the handlers registered
         with :func:`~sqlalchemy_watchdog.handler`. A handler is called with a
         :class:`RunningJob` and returns None (``completed``) or a
-        :class:`Decision`; an exception settles ``failed``.
+        :class:`Decision`; an exception settles ``failed`` (and is logged
+        with its traceback).
     :param queues: the queues to serve (default: every queue with a handler).
     :param concurrency: handlers run at once, each in its own thread.
     :param lease: how long a claim lives without a heartbeat.
     :param heartbeat: how often running claims are renewed (at most lease/3).
     :param poll_interval: how often an idle runner looks for work when no
-        wake-up arrives (on PostgreSQL, LISTEN/NOTIFY wakes it at once).
+        wake-up arrives (on PostgreSQL with psycopg, LISTEN/NOTIFY wakes it
+        at once).
     :param grace: on shutdown, how long running handlers may take to finish
         before they are asked to stop and their jobs handed to recovery.
     :param is_alive: ``is_alive(job) -> bool`` for executions that live
         outside this process, asked before a claim whose lease ended is
         recovered. True leaves the job running; an exception means unknown
         (neither requeued nor settled). Default: the lease alone decides.
+    :param max_recoveries: the recovery budget of jobs that carry none of
+        their own and whose handler sets none (``@handler(queue,
+        max_recoveries=...)``): how many times a job whose execution
+        disappeared is requeued before it settles ``interrupted``. None (the
+        default) settles such a job ``interrupted`` at once: at most once.
+        A number gives at least once.
+    :param codec: a :class:`~sqlalchemy_watchdog.codecs.PayloadCodec` whose
+        ``decode`` turns the stored JSON payload into what handlers see.
     :param clock: the application clock in epoch milliseconds (for tests);
         the database clock is always consulted too.
     """
@@ -100,6 +116,8 @@ class Runner:
         poll_interval: timedelta = timedelta(seconds=2),
         grace: timedelta = timedelta(seconds=30),
         is_alive: Callable[[JobView], bool] | None = None,
+        max_recoveries: int | None = None,
+        codec: PayloadCodec | None = None,
         clock: Callable[[], int] = store.now_ms,
     ) -> None:
         if not isinstance(engine, Engine):
@@ -117,10 +135,10 @@ class Runner:
             poll_interval=poll_interval,
             grace=grace,
             is_alive=is_alive,
+            max_recoveries=max_recoveries,
+            codec=codec,
         )
-        self._clock = check_clock(clock)
-        self._active: dict[str, Execution] = {}
-        self._lock = threading.Lock()
+        self.core = RunnerCore(self.settings, clock)
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._heartbeat_now = threading.Event()
@@ -133,7 +151,14 @@ class Runner:
         """The queues this runner claims from."""
         return self.settings.queues
 
-    # -- driving the shared steps ------------------------------------------------
+    @property
+    def isolated_jobs(self) -> tuple[str, ...]:
+        """Jobs whose recovery the database refused (a constraint the
+        library did not create, say), skipped for a while so they cannot
+        stall the runner; each refusal is logged."""
+        return self.core.isolated_jobs
+
+    # -- performing steps --------------------------------------------------------
 
     def _store(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         def work() -> T:
@@ -144,114 +169,75 @@ class Runner:
 
     def _perform(self, step: Step) -> Any:
         if isinstance(step, StoreCall):
-            settler = self._settler
-            if step.fn is store.settle and settler is not None:
-                return settler.settle(step.kwargs)
             return self._store(step.fn, *step.args, **step.kwargs)
-        if isinstance(step, CallHandler):
-            job = step.execution.job
-            try:
-                return decision_of_result(self.settings.handlers[job.queue](job), job)
-            except Exception as error:
-                log.warning("job %s: handler raised %s: %s", job.job_id, type(error).__name__, error)
-                return decision_of_exception(error)
-            finally:
-                self._free_slot(step.execution)
+        if isinstance(step, RunHandler):
+            return self._run_handler(step.execution)
+        if isinstance(step, Stop):
+            step.execution.signal.request(step.reason)
+            return None
         if isinstance(step, Probe):
+            assert self.settings.is_alive is not None
             try:
-                return bool(self.settings.is_alive(step.job))  # type: ignore[misc]
+                return bool(self.settings.is_alive(step.job))
             except Exception as error:
                 return probe_failed(step.job, error)
+        if isinstance(step, Spawn):
+            workers = self._workers
+            assert workers is not None, "executions are spawned only by run_forever"
+            for execution in step.executions:
+                workers.run(execution)
+            return None
+        if isinstance(step, WaitDone):
+            deadline = time.monotonic() + step.timeout
+            for execution in step.executions:
+                execution.done.wait(max(0.0, deadline - time.monotonic()))
+            return None
         raise TypeError(step)  # pragma: no cover
 
-    def _active_view(self) -> dict[str, Execution]:
-        with self._lock:
-            return dict(self._active)
+    def _run_handler(self, execution: Execution) -> Decision | None:
+        job = execution.job
+        try:
+            return decision_of_result(self.settings.handlers[job.queue](job), job)
+        except Exception as error:
+            return decision_of_exception(job, error)
+        finally:
+            if self.core.release_slot(execution):
+                self._wake.set()
 
-    def _recover_one(self) -> TickResult | None:
-        result = drive(recover_one(self.settings, self._active_view()), self._perform)
-        if result is not None and result.status is TickStatus.REQUEUED:
-            self._wake.set()
-        return result
-
-    def _claim(self, limit: int) -> tuple[list[Execution], tuple[JobView, ...]]:
-        """Claim up to ``limit`` jobs: the executions to run, and the jobs
-        found cancelled while queued (settled by the claim itself)."""
-        asked_at = time.monotonic()
-        batch = self._store(
-            store.claim,
-            queues=self.settings.queues,
-            limit=limit,
-            lease_ms=self.settings.lease_ms,
-        )
-        for job in batch.cancelled:
-            log.info("job %s cancelled before it ran", job.job_id)
-        executions = [Execution.of(claim, asked_at) for claim in batch.claimed]
-        with self._lock:
-            for execution in executions:
-                self._active[execution.job_id] = execution
-        return executions, batch.cancelled
-
-    def _free_slot(self, execution: Execution) -> None:
-        if execution.slot_held:
-            execution.slot_held = False
-            self._wake.set()
+    def _settle(self, requests: list[SettleRequest]) -> list[Settlement | None]:
+        return drive(settle_batch(requests), self._perform)
 
     def _execute(self, execution: Execution, *, hand_off: bool = False) -> TickResult | None:
-        """Run ``execution``'s steps in this thread.
-
-        With ``hand_off`` (handler threads under :meth:`run_forever`) the
-        settle is handed to the settler with the rest of the steps, and this
-        thread is free for the next job at once: it does not wait for the
-        batch's commit. Returns None then; the settler finishes the steps.
-        """
-        steps = execute(
-            execution,
-            self._clock,
-            fresh_for=self.settings.heartbeat_s,
-            lease_ms=self.settings.lease_ms,
-        )
-        handed_off = False
+        """Run ``execution`` to its settle request in this thread, then settle
+        it here -- or, with ``hand_off`` (handler threads under
+        :meth:`run_forever`), hand the request to the settler, which settles
+        it in a batch and finishes the execution; None then."""
         try:
-            perform = functools.partial(self._perform_or_hand_off, execution, steps) if hand_off else self._perform
-            return drive(steps, perform)
-        except _HandedOff:
-            handed_off = True
-            return None
-        finally:
-            if not handed_off:
-                self._retire(execution)
-
-    def _perform_or_hand_off(self, execution: Execution, steps: Any, step: Step) -> Any:
-        """:meth:`_perform`, except that a settle goes to the settler with the
-        rest of ``steps`` (:class:`_HandedOff` then leaves :func:`drive`)."""
+            outcome = drive(execute(self.core, execution), self._perform)
+        except BaseException:
+            self._retire(execution)
+            raise
+        if isinstance(outcome, TickResult):
+            self._retire(execution)
+            return outcome
         settler = self._settler
-        if settler is None or not (isinstance(step, StoreCall) and step.fn is store.settle):
-            return self._perform(step)
-        settler.submit(step.kwargs, functools.partial(self._after_settle, execution, steps))
-        raise _HandedOff
-
-    def _after_settle(
-        self, execution: Execution, steps: Any, answer: Any, error: BaseException | None
-    ) -> None:
-        """The rest of a handed-off execution, on the settler's thread."""
+        if hand_off and settler is not None and settler.submit(outcome, execution):
+            return None
         try:
-            if error is None or isinstance(error, WatchdogError):
-                resume(steps, self._perform, answer=answer, error=error)
-            else:
-                log.error("job %s: settlement failed, recovery will handle it: %r", execution.job_id, error)
-        except Exception:
-            log.exception("job %s: execution failed", execution.job_id)
+            (settlement,) = self._settle([outcome])
+            return conclude(execution, settlement)
+        finally:
+            self._retire(execution)
+
+    def _finish(self, execution: Execution, settlement: Settlement | None) -> None:
+        """A handed-off execution's settle is in: conclude it and retire it."""
+        try:
+            conclude(execution, settlement)
         finally:
             self._retire(execution)
 
     def _retire(self, execution: Execution) -> None:
-        """The execution is over: forget it, free its slot, wake the loop."""
-        with self._lock:
-            if self._active.get(execution.job_id) is execution:
-                del self._active[execution.job_id]
-        self._free_slot(execution)
-        execution.done.set()
+        self.core.retire(execution)
         self._wake.set()
 
     # -- public API ----------------------------------------------------------------
@@ -265,19 +251,13 @@ class Runner:
         """One step: recover a disappeared claim if any; else claim one job,
         run its handler in this thread (heartbeats keep its lease alive) and
         settle it. For custom loops and tests."""
-        recovery = self._recover_one()
-        if recovery is not None and recovery.status is not TickStatus.LIVENESS_UNKNOWN:
-            return recovery
-        executions, cancelled = self._claim(1)
-        if cancelled:
-            job = cancelled[0]
-            return TickResult(TickStatus.SETTLED, job, job.job_id)
-        if not executions:
-            return recovery or TickResult(TickStatus.IDLE)
+        outcome = drive(tick(self.core), self._perform)
+        if isinstance(outcome, TickResult):
+            return outcome
         heartbeat = _Heartbeat(self)
         heartbeat.start()
         try:
-            result = self._execute(executions[0])
+            result = self._execute(outcome)
             assert result is not None  # no hand-off: run here to the end
             return result
         finally:
@@ -293,11 +273,8 @@ class Runner:
         ticks = 0
         while max_ticks is None or ticks < max_ticks:
             ticks += 1
-            result = self.tick()
-            if result.status in (TickStatus.IDLE, TickStatus.LIVENESS_UNKNOWN):
+            if until_idle(self.tick(), settled):
                 break
-            if result.job is not None and result.job.state is JobState.SETTLED:
-                settled.append(result.job)
         return settled
 
     def run_forever(self, *, install_signal_handlers: bool = True) -> None:
@@ -306,28 +283,27 @@ class Runner:
         Shutdown stops claiming, gives running handlers ``grace`` to finish,
         then sets their ``stop_requested``; a job still running after that
         has its lease ended on purpose and is recovered at once (requeued
-        within its budget, else settled ``interrupted``) -- never left
-        running under a live lease, never lost.
+        within its budget, else settled ``interrupted`` with a reason saying
+        the shutdown's grace ran out) -- never left running under a live
+        lease, never lost.
         """
         previous = self._install_signals() if install_signal_handlers else {}
         heartbeat = _Heartbeat(self)
         heartbeat.start()
         settler = self._settler = _Settler(self)
-        self._workers = _Workers(self)
-        listener = _Listener.start_for(self)
-        log.info(
-            "runner started: queues=%s concurrency=%d", ",".join(self.queues), self.settings.concurrency
-        )
+        workers = self._workers = _Workers(self)
+        listener = Listener.start_for(self.engine, self._wake.set, self._heartbeat_now.set)
+        log.info("runner started: queues=%s concurrency=%d", ",".join(self.queues), self.settings.concurrency)
         try:
             self._loop()
         finally:
             try:
-                self._shutdown()
+                drive(shutdown(self.core), self._perform)
             finally:
                 heartbeat.stop()
                 settler.stop()
                 self._settler = None
-                self._workers.stop()
+                workers.stop()
                 self._workers = None
                 if listener is not None:
                     listener.stop()
@@ -339,54 +315,21 @@ class Runner:
     # -- the loop --------------------------------------------------------------------
 
     def _loop(self) -> None:
-        workers = self._workers
-        assert workers is not None
-        settings = self.settings
-        recovery_due = 0.0
-        failures = 0
         while not self._stopping.is_set():
             # Cleared before looking at the state, so a wake-up that arrives
             # while we look is never lost and a stale one never spins us.
             self._wake.clear()
             try:
-                if time.monotonic() >= recovery_due:
-                    self._recover_one()
-                    until_expiry = self._store(store.seconds_until_next_expiry)
-                    recovery_due = time.monotonic() + min(
-                        settings.poll_interval_s,
-                        settings.poll_interval_s if until_expiry is None else until_expiry,
-                    )
-                free = settings.concurrency - slots_taken(self._active_view().values())
-                taken = 0
-                if free > 0:
-                    executions, cancelled = self._claim(free)
-                    for execution in executions:
-                        workers.run(execution)
-                    taken = len(executions) + len(cancelled)
-                failures = 0
-                if taken and taken == free:
-                    continue  # free slots were all filled: there may be more ready work
-                self._wake.wait(max(0.0, min(settings.poll_interval_s, recovery_due - time.monotonic())))
+                wait = drive(loop_pass(self.core), self._perform)
             except Exception as error:
-                failures += 1
-                delay = min(30.0, 0.25 * 2 ** min(failures, 7))
-                if isinstance(error, WatchdogError):
-                    log.error("runner: %s; retrying in %.1fs", error, delay)
-                else:
-                    log.exception("runner: unexpected error; retrying in %.1fs", delay)
-                self._stopping.wait(delay)
+                self._stopping.wait(self.core.pass_failed(error))
+                continue
+            self.core.pass_succeeded()
+            if wait > 0:
+                self._wake.wait(wait)
 
     def _renew_all(self) -> None:
-        executions = list(self._active_view().values())
-        if not executions:
-            return
-        held = self._store(
-            store.renew, [e.pair for e in executions], lease_ms=self.settings.lease_ms, now=self._clock()
-        )
-        for execution in renewals(executions, held):
-            lost(execution, self._store(store.read, execution.job_id))
-
-    # -- shutdown --------------------------------------------------------------------
+        drive(renew(self.core), self._perform)
 
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
@@ -397,31 +340,6 @@ class Runner:
             self.stop()
 
         return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def _shutdown(self) -> None:
-        deadline = time.monotonic() + self.settings.grace_s
-        for execution in list(self._active_view().values()):
-            execution.done.wait(max(0.0, deadline - time.monotonic()))
-        leftover = [e for e in self._active_view().values() if not e.done.is_set()]
-        if not leftover:
-            return
-        for execution in leftover:
-            execution.signal.request(StopReason.SHUTDOWN)
-        # A short moment for handlers that honour stop_requested.
-        stop_deadline = time.monotonic() + min(2.0, max(0.1, self.settings.grace_s))
-        for execution in leftover:
-            execution.done.wait(max(0.0, stop_deadline - time.monotonic()))
-        leftover = [e for e in leftover if not e.done.is_set()]
-        if not leftover:
-            return
-        try:
-            self._store(release_and_recover, [e.pair for e in leftover])
-        except WatchdogError as error:
-            log.error("shutdown: could not hand %d running job(s) to recovery: %s", len(leftover), error)
-
-
-class _HandedOff(Exception):
-    """An execution's settle went to the settler, which finishes the execution."""
 
 
 class _Workers:
@@ -458,7 +376,7 @@ class _Workers:
                 return
             try:
                 self.runner._execute(execution, hand_off=True)
-            except BaseException:  # pragma: no cover - _execute logs its own failures
+            except BaseException:  # pragma: no cover - a bug; the lease then ends and recovery covers it
                 log.exception("job %s: execution failed", execution.job_id)
             with self._lock:
                 self._idle += 1
@@ -471,45 +389,32 @@ class _Workers:
 
 class _Settler:
     """Settles finished executions in batches: every settle that is waiting
-    when a batch starts shares one transaction and one commit.
+    when a batch starts shares one statement and one commit.
 
-    Each settle keeps its own guard (exact token, live lease); a failed
-    batch fails each waiting execution's settle, which recovery then covers.
-    A handler thread hands its settle over (:meth:`submit`) and goes on to
-    the next job; the settler finishes that execution once the batch is in.
+    A handler thread hands its settle request over (:meth:`submit`) and goes
+    on to the next job; the settler concludes and retires that execution
+    once the batch is in.
     """
 
     MAX_BATCH = 256
 
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
-        self._pending: list[tuple[Mapping[str, Any], Callable[[Any, BaseException | None], None]]] = []
+        self._pending: list[tuple[SettleRequest, Execution]] = []
         self._cond = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="watchdog-settler", daemon=True)
         self._thread.start()
 
-    def submit(self, request: Mapping[str, Any], then: Callable[[Any, BaseException | None], None]) -> None:
-        """Settle ``request`` in the next batch, then call ``then(result, error)``
-        on the settler's thread."""
+    def submit(self, request: SettleRequest, execution: Execution) -> bool:
+        """Settle ``request`` in the next batch; False once the settler stopped
+        (the caller then settles it itself)."""
         with self._cond:
             if self._stopped:
-                raise WatchdogError(ErrorCode.SETTLEMENT_REJECTED, "runner stopped")
-            self._pending.append((request, then))
+                return False
+            self._pending.append((request, execution))
             self._cond.notify()
-
-    def settle(self, request: Mapping[str, Any]) -> Any:
-        """Settle ``request`` in the next batch and wait for its result."""
-        future: Future[Any] = Future()
-
-        def then(result: Any, error: BaseException | None) -> None:
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(result)
-
-        self.submit(request, then)
-        return future.result()
+            return True
 
     def stop(self) -> None:
         with self._cond:
@@ -527,16 +432,12 @@ class _Settler:
                 batch = self._pending[: self.MAX_BATCH]
                 del self._pending[: self.MAX_BATCH]
             try:
-                results = self.runner._store(store.settle_many, [request for request, _ in batch])
-            except BaseException as error:
-                outcomes: list[tuple[Any, BaseException | None]] = [(None, error)] * len(batch)
-            else:
-                outcomes = [(result, None) for result in results]
-            for (_, then), (result, failure) in zip(batch, outcomes, strict=True):
-                try:
-                    then(result, failure)
-                except BaseException:  # pragma: no cover - the callbacks log their own failures
-                    log.exception("settler: a settle's continuation failed")
+                settlements = self.runner._settle([request for request, _ in batch])
+            except Exception:  # pragma: no cover - settle_batch answers store failures itself
+                log.exception("settler: a batch of %d settles failed", len(batch))
+                settlements = [None] * len(batch)
+            for (_, execution), settlement in zip(batch, settlements, strict=True):
+                self.runner._finish(execution, settlement)
 
 
 class _Heartbeat:
@@ -566,56 +467,3 @@ class _Heartbeat:
                 runner._renew_all()
             except Exception as error:
                 log.error("heartbeat failed: %s", error)
-
-
-class _Listener:
-    """LISTEN on PostgreSQL: wake the loop on new work; on a cancellation or
-    lane failure, renew at once (which finds the stopped claims)."""
-
-    def __init__(self, runner: Runner) -> None:
-        self.runner = runner
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="watchdog-listener", daemon=True)
-
-    @classmethod
-    def start_for(cls, runner: Runner) -> _Listener | None:
-        if runner.engine.dialect.name != "postgresql":
-            return None
-        listener = cls(runner)
-        listener._thread.start()
-        return listener
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        import psycopg
-
-        runner = self.runner
-        args, kwargs = runner.engine.dialect.create_connect_args(runner.engine.url)
-        failures = 0
-        while not self._stop.is_set():
-            try:
-                conn = psycopg.connect(*args, **kwargs, autocommit=True)
-            except Exception as error:
-                failures += 1
-                log.warning("listener: cannot connect (%s); polling meanwhile", error)
-                self._stop.wait(min(30.0, 0.25 * 2 ** min(failures, 7)))
-                continue
-            failures = 0
-            try:
-                with conn:
-                    conn.execute(f"LISTEN {store.sql.CHANNEL}")
-                    # Whatever was committed while nobody listened is found by one pass.
-                    runner._wake.set()
-                    while not self._stop.is_set():
-                        for note in conn.notifies(timeout=0.5):
-                            if note.payload == EVENT_STOP:
-                                runner._heartbeat_now.set()
-                            elif note.payload == EVENT_QUEUED:
-                                runner._wake.set()
-            except Exception as error:
-                if not self._stop.is_set():
-                    log.warning("listener: connection lost (%s); reconnecting", error)
-                    self._stop.wait(0.5)

@@ -59,6 +59,7 @@ from sqlalchemy.sql.functions import FunctionElement
 
 from .jobs import JobState, Outcome
 from .model import jobs_table
+from .wakeups import CHANNEL
 
 __all__ = [
     "COLUMNS",
@@ -75,7 +76,6 @@ __all__ = [
     "cancel",
     "cancellation_holder",
     "notify",
-    "CHANNEL",
     "fail_lane",
     "lane_has_live_jobs",
     "purge",
@@ -443,10 +443,6 @@ def cancel(only_if_queued: bool) -> Update:
 def cancellation_holder() -> Select[Any]:
     """The job_id whose cancellation has ``:cancellation``, if any."""
     return select(c.job_id).where(c.cancellation_id == _p("cancellation"))
-
-
-#: The LISTEN/NOTIFY channel of runners on PostgreSQL.
-CHANNEL = "watchdog_jobs"
 
 
 @cache

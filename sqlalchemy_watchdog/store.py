@@ -8,6 +8,7 @@ the runner, and (through ``AsyncConnection.run_sync``) the asyncio API.
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import logging
 import random
@@ -47,6 +48,10 @@ __all__ = [
     "Claim",
     "ClaimBatch",
     "Recovery",
+    "RecoveryCause",
+    "RecoveryStatus",
+    "SettleRequest",
+    "Settlement",
     "now_ms",
     "view",
     "enqueue",
@@ -314,7 +319,23 @@ def claim(
 
 
 @dataclass(frozen=True, slots=True)
+class SettleRequest:
+    """One settle of a batch: the exact claim and what its handler decided.
+
+    ``now`` is the application clock (epoch milliseconds) when the handler
+    returned; the database clock is consulted too (the later one counts).
+    """
+
+    job_id: str
+    claim_token: str
+    decision: Decision
+    now: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Settlement:
+    """What one settle did, and the job as it now is."""
+
     status: SettleStatus
     job: JobView | None
 
@@ -328,38 +349,35 @@ def settle(
     now: int | None = None,
 ) -> Settlement:
     """Settle the exact claim; see :func:`statements.settle`."""
-    request = {"job_id": job_id, "claim_token": claim_token, "decision": decision, "now": now}
-    return settle_many(conn, [request])[0]
+    return settle_many(conn, [SettleRequest(job_id, claim_token, decision, now)])[0]
 
 
-def settle_many(conn: Connection, requests: Sequence[Mapping[str, Any]]) -> list[Settlement]:
+def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Settlement]:
     """Settle exact claims in one statement of the caller's transaction.
 
-    Each request is ``settle``'s keywords. Every row keeps its own guard
-    (exact token, live lease); only the statement and the commit are
-    shared, which is what makes a busy runner fast on a durable database.
-    The lease is checked against the latest ``now`` of the batch.
+    Every row keeps its own guard (exact token, live lease); only the
+    statement and the commit are shared, which is what makes a busy runner
+    fast on a durable database. The lease is checked against the latest
+    ``now`` of the batch.
     """
     for request in requests:
-        if not isinstance(request["decision"], Decision):
+        if not isinstance(request.decision, Decision):
             raise WatchdogError(
                 ErrorCode.INVALID_INPUT,
-                f"decision: must be a Decision, not {type(request['decision']).__name__}",
+                f"decision: must be a Decision, not {type(request.decision).__name__}",
             )
-    job_ids = [request["job_id"] for request in requests]
+    job_ids = [request.job_id for request in requests]
     if len(set(job_ids)) < len(job_ids):  # one statement updates a row once
         return [result for request in requests for result in settle_many(conn, [request])]
     dialect = conn.dialect.name
-    rows = [
-        (r["job_id"], r["claim_token"], r["decision"].outcome.value, r["decision"].reason) for r in requests
-    ]
+    rows = [(r.job_id, r.claim_token, r.decision.outcome.value, r.decision.reason) for r in requests]
     params = sql.rows_params(dialect, "settles", sql.SETTLE_FIELDS, rows)
-    params["now"] = max((r.get("now") or now_ms()) for r in requests)
+    params["now"] = max((r.now or now_ms()) for r in requests)
     settled = {row.job_id: view(row) for row in conn.execute(sql.settle(dialect), params)}
     return [
-        Settlement(SettleStatus.SETTLED, settled[r["job_id"]])
-        if r["job_id"] in settled
-        else _unsettled(conn, r["job_id"], r["claim_token"], r["decision"])
+        Settlement(SettleStatus.SETTLED, settled[r.job_id])
+        if r.job_id in settled
+        else _unsettled(conn, r.job_id, r.claim_token, r.decision)
         for r in requests
     ]
 
@@ -458,37 +476,102 @@ def expired_claims(conn: Connection, *, limit: int) -> list[Claim]:
     return [Claim(view(row), row.claim_token) for row in rows]
 
 
+class RecoveryStatus(str, enum.Enum):
+    """What recovering one disappeared claim did."""
+
+    #: Back in the queue, its recovery count one higher.
+    REQUEUED = "requeued"
+    #: Settled: ``interrupted`` (no budget left), or ``cancelled``.
+    SETTLED = "settled"
+    #: Somebody else recovered, renewed or settled it first; nothing changed.
+    LOST_RACE = "lost_race"
+
+
+class RecoveryCause(str, enum.Enum):
+    """Why a claim is being recovered; an ``interrupted`` job's reason says which."""
+
+    #: Its lease ended: the worker died, froze or lost its database.
+    VANISHED = "vanished"
+    #: Its runner shut down and the handler outlived the grace period.
+    SHUTDOWN = "shutdown"
+
+
 @dataclass(frozen=True, slots=True)
 class Recovery:
     """What recovering one disappeared claim did."""
 
     job_id: str
-    #: ``requeued``, ``settled`` (interrupted or cancelled) or ``lost_race``.
-    status: str
+    status: RecoveryStatus
     job: JobView | None
 
 
-def recovery_reason(job: JobView) -> str:
-    if job.max_recoveries is None:
+#: ``interrupted`` after a shutdown whose grace the handler outlived.
+SHUTDOWN_REASON = "Runner shut down while the job was running (its handler outlived the grace period)"
+_FROM_JOB: Any = object()
+
+
+def recovery_reason(
+    job: JobView, max_recoveries: int | None = _FROM_JOB, cause: RecoveryCause = RecoveryCause.VANISHED
+) -> str:
+    """The ``failure_reason`` of a job settled ``interrupted`` by recovery."""
+    budget = job.max_recoveries if max_recoveries is _FROM_JOB else max_recoveries
+    if cause is RecoveryCause.SHUTDOWN:
+        policy = "no recovery policy" if budget is None else f"recovery budget exhausted ({budget} recoveries)"
+        return f"{SHUTDOWN_REASON}; {policy}"
+    if budget is None:
         return NO_POLICY_REASON
-    return f"Restart recovery budget exhausted ({job.max_recoveries} recoveries)"
+    return f"Restart recovery budget exhausted ({budget} recoveries)"
 
 
-def reconcile(conn: Connection, expired: Claim) -> Recovery:
-    """Requeue the dead claim within its budget, else settle it ``interrupted``."""
+def reconcile(
+    conn: Connection,
+    expired: Claim,
+    *,
+    max_recoveries: int | None = _FROM_JOB,
+    cause: RecoveryCause = RecoveryCause.VANISHED,
+) -> Recovery:
+    """Requeue the dead claim within its budget, else settle it ``interrupted``.
+
+    The budget is ``max_recoveries`` (default: the job's own); ``cause``
+    goes into an ``interrupted`` job's reason. One conditional statement:
+    the same token, the same recovery count and an ended lease.
+    """
     job = expired.job
-    requeue = job.max_recoveries is not None and job.recovery_count < job.max_recoveries
+    budget = job.max_recoveries if max_recoveries is _FROM_JOB else max_recoveries
+    requeue = budget is not None and job.recovery_count < budget
     params = {
         "job": job.job_id,
         "token": expired.token,
         "count": job.recovery_count,
-        "reason": recovery_reason(job),
+        "reason": recovery_reason(job, budget, cause),
     }
     row = conn.execute(sql.reconcile(requeue), params).first()
     if row is None:
-        return Recovery(job.job_id, "lost_race", None)
+        return Recovery(job.job_id, RecoveryStatus.LOST_RACE, None)
     after = view(row)
-    return Recovery(job.job_id, "requeued" if after.state is JobState.QUEUED else "settled", after)
+    status = RecoveryStatus.REQUEUED if after.state is JobState.QUEUED else RecoveryStatus.SETTLED
+    return Recovery(job.job_id, status, after)
+
+
+def release_and_recover(
+    conn: Connection,
+    claims: Sequence[tuple[str, str]],
+    budgets: Mapping[str, int | None] | None = None,
+    *,
+    cause: RecoveryCause = RecoveryCause.SHUTDOWN,
+) -> list[Recovery]:
+    """End the leases of abandoned claims and recover them at once (shutdown).
+
+    ``budgets`` maps a job_id to its recovery budget (default: the job's own).
+    """
+    release(conn, claims)
+    tokens = dict(claims)
+    results = []
+    for expired in expired_claims(conn, limit=len(claims) + 64):
+        if tokens.get(expired.job.job_id) == expired.token:
+            budget = _FROM_JOB if budgets is None else budgets.get(expired.job.job_id, _FROM_JOB)
+            results.append(reconcile(conn, expired, max_recoveries=budget, cause=cause))
+    return results
 
 
 def seconds_until_next_expiry(conn: Connection) -> float | None:
@@ -586,6 +669,14 @@ class Backoff:
         delay = self.delay * (0.5 + random.random())
         self.delay = min(self.max_delay, self.delay * 2)
         return delay
+
+
+def transient_failure(error: WatchdogError) -> bool:
+    """Whether a store operation failed because the database was unreachable
+    or contended (retried until the attempts ran out), rather than refusing
+    the statement itself."""
+    cause = error.__cause__
+    return isinstance(cause, BaseException) and is_transient(cause)
 
 
 def retrying(work: Callable[[], T], *, what: str = "store operation", attempts: int = 8) -> T:

@@ -366,8 +366,8 @@ def test_settle_many_guards_every_claim_of_a_batch_on_its_own(engine: Engine) ->
     end_lease(engine, "lost")
     untouched = {j: row(engine, j) for j in ["lost", "wrong-token", "done"]}
 
-    def request(job_id: str, decision: Decision, token: str | None = None) -> dict[str, Any]:
-        return {"job_id": job_id, "claim_token": token or claims[job_id].token, "decision": decision, "now": None}
+    def request(job_id: str, decision: Decision, token: str | None = None) -> store.SettleRequest:
+        return store.SettleRequest(job_id, token or claims[job_id].token, decision)
 
     results = run(
         engine,
@@ -378,7 +378,7 @@ def test_settle_many_guards_every_claim_of_a_batch_on_its_own(engine: Engine) ->
             request("cancelled", Decision.completed()),
             request("done", Decision.completed()),
             request("wrong-token", Decision.completed(), token="claim_not-the-real-one"),
-            {"job_id": "nope", "claim_token": "claim_x", "decision": Decision.completed(), "now": None},
+            store.SettleRequest("nope", "claim_x", Decision.completed()),
         ],
     )
     assert [r.status for r in results] == [
@@ -400,8 +400,8 @@ def test_settle_many_guards_every_claim_of_a_batch_on_its_own(engine: Engine) ->
 def test_settle_many_with_one_job_twice_settles_it_once_and_replays_the_same_decision(engine: Engine) -> None:
     add(engine, Job("a", "q"))
     claim = claim_one(engine)
-    same = {"job_id": "a", "claim_token": claim.token, "decision": Decision.completed(), "now": None}
-    other = {**same, "decision": Decision.failed("late")}
+    same = store.SettleRequest("a", claim.token, Decision.completed())
+    other = store.SettleRequest("a", claim.token, Decision.failed("late"))
     results = run(engine, store.settle_many, [same, same, other])
     assert [r.status for r in results] == [SettleStatus.SETTLED, SettleStatus.REPLAYED, SettleStatus.CONFLICT]
     assert row(engine, "a")["outcome"] == "completed"  # type: ignore[index]

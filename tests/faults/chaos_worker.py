@@ -153,7 +153,7 @@ def install_settle_kill(job_ids: set[str], phase: str) -> None:
 
     if hasattr(store, "settle_many"):
         store.settle_many = wrap(  # type: ignore[assignment]
-            store.settle_many, lambda requests, *a, **k: {r["job_id"] for r in requests}
+            store.settle_many, lambda requests, *a, **k: {r.job_id for r in requests}
         )
     store.settle = wrap(store.settle, lambda *a, **k: {k["job_id"]})  # type: ignore[assignment]
 

@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 
 from sqlalchemy_watchdog import Job, store
-from sqlalchemy_watchdog.store import NO_POLICY_REASON
+from sqlalchemy_watchdog.store import NO_POLICY_REASON, SHUTDOWN_REASON
 from tests.faults.helpers import (
     WorkerPool,
     assert_settled_exactly_once,
@@ -224,7 +224,7 @@ def test_sigterm_stops_claiming_and_hands_over_unfinished_work(
     assert honours["stop_reason"] == "shutdown"
     assert rows["ignores"]["state"] == "queued" and rows["ignores"]["recovery_count"] == 1
     assert rows["ignores-no-policy"]["outcome"] == "interrupted"
-    assert rows["ignores-no-policy"]["failure_reason"] == NO_POLICY_REASON
+    assert rows["ignores-no-policy"]["failure_reason"] == f"{SHUTDOWN_REASON}; no recovery policy"
     assert all(rows[j.job_id]["state"] == "queued" for j in waiting)
 
     workers.start(db_url, "w2", concurrency=2, **TIMING)

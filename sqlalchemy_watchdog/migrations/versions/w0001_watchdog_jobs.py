@@ -12,6 +12,8 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
+from sqlalchemy_watchdog.wakeups import DROP_NOTIFY_FUNCTION_SQL, NOTIFY_FUNCTION_SQL, NOTIFY_TRIGGER_SQL
+
 revision = "w0001_watchdog_jobs"
 down_revision = None
 branch_labels = ("watchdog",)
@@ -112,24 +114,13 @@ def upgrade() -> None:
 
     if op.get_bind().dialect.name == "postgresql":
         # Wake idle runners when an INSERT into the table commits.
-        op.execute(
-            """
-            CREATE OR REPLACE FUNCTION watchdog_jobs_notify_queued() RETURNS trigger
-            LANGUAGE plpgsql AS $$
-            BEGIN
-                PERFORM pg_notify('watchdog_jobs', 'queued');
-                RETURN NULL;
-            END
-            $$
-            """
-        )
-        op.execute(
-            "CREATE TRIGGER watchdog_jobs_queued AFTER INSERT ON watchdog_jobs "
-            "FOR EACH STATEMENT EXECUTE FUNCTION watchdog_jobs_notify_queued()"
-        )
+        # The SQL lives with the listeners (wakeups); a change to it needs a
+        # revision of its own carrying the new SQL.
+        op.execute(NOTIFY_FUNCTION_SQL)
+        op.execute(NOTIFY_TRIGGER_SQL)
 
 
 def downgrade() -> None:
     op.drop_table("watchdog_jobs")
     if op.get_bind().dialect.name == "postgresql":
-        op.execute("DROP FUNCTION IF EXISTS watchdog_jobs_notify_queued()")
+        op.execute(DROP_NOTIFY_FUNCTION_SQL)

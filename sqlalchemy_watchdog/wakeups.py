@@ -1,0 +1,184 @@
+"""Wake-ups on PostgreSQL: the channel, its events, the trigger, the listeners.
+
+Internal module. Idle runners LISTEN on :data:`CHANNEL`. A statement-level
+INSERT trigger on ``watchdog_jobs`` sends :data:`EVENT_QUEUED` when an
+enqueue commits (PostgreSQL folds identical notifications of one
+transaction, and one trigger per statement costs no round trip on the
+enqueue path); a cancellation or lane failure sends :data:`EVENT_STOP`, on
+which a runner renews its claims at once and so finds the handlers to stop.
+
+The listeners take their connection from the application's engine, so
+whatever the engine does to connect -- ``connect_args``, a ``do_connect``
+hook supplying an IAM token, a ``creator`` function, SSL settings -- holds
+for them too. The connection is detached from the pool (it never returns
+there in LISTEN state). Only psycopg 3 delivers notifications this way; on
+another driver the runner polls (and says so once in its log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.util import greenlet_spawn
+
+from .errors import redacted
+
+__all__ = [
+    "CHANNEL",
+    "EVENT_QUEUED",
+    "EVENT_STOP",
+    "NOTIFY_FUNCTION_SQL",
+    "NOTIFY_TRIGGER_SQL",
+    "DROP_NOTIFY_FUNCTION_SQL",
+    "Listener",
+    "listen_async",
+    "listens",
+]
+
+log = logging.getLogger("sqlalchemy_watchdog.runner")
+
+#: The LISTEN/NOTIFY channel of runners on PostgreSQL.
+CHANNEL = "watchdog_jobs"
+#: New work was committed (sent by the table's INSERT trigger).
+EVENT_QUEUED = "queued"
+#: A cancellation or lane failure was recorded: running handlers may have to stop.
+EVENT_STOP = "stop"
+
+NOTIFY_FUNCTION_SQL = f"""\
+CREATE OR REPLACE FUNCTION watchdog_jobs_notify_queued() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('{CHANNEL}', '{EVENT_QUEUED}');
+    RETURN NULL;
+END
+$$"""
+NOTIFY_TRIGGER_SQL = (
+    "CREATE TRIGGER watchdog_jobs_queued AFTER INSERT ON watchdog_jobs "
+    "FOR EACH STATEMENT EXECUTE FUNCTION watchdog_jobs_notify_queued()"
+)
+DROP_NOTIFY_FUNCTION_SQL = "DROP FUNCTION IF EXISTS watchdog_jobs_notify_queued()"
+
+_LISTEN_SQL = f"LISTEN {CHANNEL}"
+
+
+def listens(dialect_name: str, driver: str) -> bool:
+    """Whether a runner on this dialect and driver is woken by NOTIFY."""
+    if dialect_name != "postgresql":
+        return False
+    if driver != "psycopg":
+        log.info("runner: the %s driver delivers no notifications here; polling instead", driver)
+        return False
+    return True
+
+
+def _backoff(failures: int) -> float:
+    return min(30.0, 0.25 * 2 ** min(failures, 7))
+
+
+def _dispatch(payload: str, on_queued: Callable[[], None], on_stop: Callable[[], None]) -> None:
+    if payload == EVENT_STOP:
+        on_stop()
+    elif payload == EVENT_QUEUED:
+        on_queued()
+
+
+class Listener:
+    """A thread LISTENing on a connection of ``engine`` (psycopg 3):
+    ``on_queued`` on new work, ``on_stop`` on a cancellation or lane failure.
+
+    Whatever was committed while nobody listened (before the first LISTEN,
+    or across a reconnect) is covered by calling ``on_queued`` once the
+    LISTEN is in place.
+    """
+
+    def __init__(self, engine: Engine, on_queued: Callable[[], None], on_stop: Callable[[], None]) -> None:
+        self.engine = engine
+        self.on_queued = on_queued
+        self.on_stop = on_stop
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="watchdog-listener", daemon=True)
+
+    @classmethod
+    def start_for(
+        cls, engine: Engine, on_queued: Callable[[], None], on_stop: Callable[[], None]
+    ) -> Listener | None:
+        """A started listener, or None where the engine cannot listen."""
+        if not listens(engine.dialect.name, engine.dialect.driver):
+            return None
+        listener = cls(engine, on_queued, on_stop)
+        listener._thread.start()
+        return listener
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                raw = self.engine.raw_connection()
+            except Exception as error:
+                failures += 1
+                log.warning("listener: cannot connect (%s); polling meanwhile", redacted(error))
+                self._stop.wait(_backoff(failures))
+                continue
+            failures = 0
+            try:
+                driver_conn: Any = raw.driver_connection
+                raw.detach()  # closed, never pooled, when done: it LISTENs
+                driver_conn.autocommit = True
+                driver_conn.execute(_LISTEN_SQL)
+                self.on_queued()
+                while not self._stop.is_set():
+                    for note in driver_conn.notifies(timeout=0.5):
+                        _dispatch(note.payload, self.on_queued, self.on_stop)
+            except Exception as error:
+                if not self._stop.is_set():
+                    log.warning("listener: connection lost (%s); reconnecting", redacted(error))
+                    self._stop.wait(0.5)
+            finally:
+                try:
+                    raw.close()
+                except Exception:  # pragma: no cover - already broken
+                    pass
+
+
+async def listen_async(engine: AsyncEngine, on_queued: Callable[[], None], on_stop: Callable[[], None]) -> None:
+    """:class:`Listener` for an ``AsyncEngine``, until cancelled."""
+    failures = 0
+    while True:
+        try:
+            raw = await engine.raw_connection()
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            failures += 1
+            log.warning("listener: cannot connect (%s); polling meanwhile", redacted(error))
+            await asyncio.sleep(_backoff(failures))
+            continue
+        failures = 0
+        try:
+            driver_conn: Any = raw.driver_connection
+            raw.detach()  # closed, never pooled, when done: it LISTENs
+            await driver_conn.set_autocommit(True)
+            await driver_conn.execute(_LISTEN_SQL)
+            on_queued()
+            async for note in driver_conn.notifies():
+                _dispatch(note.payload, on_queued, on_stop)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            log.warning("listener: connection lost (%s); reconnecting", redacted(error))
+            await asyncio.sleep(0.5)
+        finally:
+            try:
+                await greenlet_spawn(raw.close)
+            except Exception:  # pragma: no cover - already broken
+                pass
