@@ -7,7 +7,7 @@ process with :class:`Watchdog`. The asyncio twins live in
 """
 
 from .client import Watchdog, enqueue, enqueue_select
-from .errors import EnqueueConflict, ErrorCode, InvalidJob, WatchdogError
+from .errors import EnqueueConflict, ErrorCode, InvalidJob, WatchdogError, redacted
 from .execution import RunningJob, StopReason, TickResult, TickStatus, handler
 from .jobs import (
     CancelResult,
@@ -50,6 +50,7 @@ __all__ = [
     "enqueue_select",
     "handler",
     "metadata",
+    "redacted",
 ]
 
 __version__ = "0.1.0"
