@@ -305,3 +305,51 @@ def test_one_cancellation_id_sent_for_two_jobs_at_once_is_recorded_for_one(engin
         assert (rows[winner]["cancellation_id"], rows[loser]["cancellation_id"]) == (cid, None)
         assert watchdog.cancel(winner, cid).status is CancelStatus.REPLAYED
         assert watchdog.cancel(loser, cid).status is CancelStatus.CONFLICT
+
+
+def test_concurrent_lane_failures_settle_each_job_once_and_leave_the_lane_empty(engine: Engine) -> None:
+    """Four callers fail one lane at once, each calling again while ``more``:
+    every live job is reported by exactly one of them, all end ``failed``,
+    and a caller told ``more=False`` finds the lane empty."""
+    count = store.LANE_FAILURE_BATCH * 2 + 17
+    ids = [f"l{i:03d}" for i in range(count)]
+    enqueue_jobs(engine, [Job(j, "q", lane="team:9") for j in ids] + [Job("elsewhere", "q", lane="team:1")])
+    _tx(engine, store.claim, queues=["q"], limit=10, lease_ms=60_000)  # some running
+    watchdog = Watchdog(engine)
+
+    def fail_all() -> list[str]:
+        taken: list[str] = []
+        while True:
+            failure = watchdog.fail_lane("team:9", "key revoked")
+            taken += [job.job_id for job in failure.jobs]
+            if not failure.more:
+                assert not any(
+                    r["lane"] == "team:9" and r["state"] != "settled" for r in jobs_by_id(engine).values()
+                )
+                return taken
+
+    results = _together(*[fail_all] * 4)
+    reported = Counter(j for taken in results for j in taken)
+    assert set(reported) == set(ids) and max(reported.values()) == 1
+    rows = jobs_by_id(engine)
+    assert {rows[j]["outcome"] for j in ids} == {"failed"}
+    assert rows["elsewhere"]["state"] != "settled"
+
+
+def test_concurrent_purges_and_claims_take_each_queued_job_once(engine: Engine) -> None:
+    """Purges racing each other and a claimer: each queued job is deleted by
+    exactly one purge or claimed, never both, and the counts add up."""
+    count = 300
+    enqueue_jobs(engine, [Job(f"p{i:03d}", "q") for i in range(count)])
+    watchdog = Watchdog(engine)
+    purged_a, purged_b, batch = _together(
+        lambda: watchdog.purge("q"),
+        lambda: watchdog.purge("q"),
+        lambda: _tx(engine, store.claim, queues=["q"], limit=50, lease_ms=60_000),
+    )
+    rows = jobs_by_id(engine)
+    claimed = {c.job.job_id for c in batch.claimed}
+    assert set(rows) == claimed
+    assert all(r["state"] == "running" for r in rows.values())
+    assert purged_a + purged_b + len(claimed) == count
+    assert watchdog.purge("q") == 0
