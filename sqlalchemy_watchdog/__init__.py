@@ -7,6 +7,7 @@ process with :class:`Watchdog`. The asyncio twins live in
 """
 
 from .client import Watchdog, enqueue, enqueue_select
+from .codecs import PayloadCodec, TaggedJSON
 from .errors import EnqueueConflict, ErrorCode, InvalidJob, WatchdogError, redacted
 from .execution import RunningJob, StopReason, TickResult, TickStatus, handler
 from .jobs import (
@@ -38,9 +39,11 @@ __all__ = [
     "JobView",
     "LaneFailure",
     "Outcome",
+    "PayloadCodec",
     "Runner",
     "RunningJob",
     "StopReason",
+    "TaggedJSON",
     "TickResult",
     "TickStatus",
     "Watchdog",
