@@ -7,7 +7,8 @@ process with :class:`Watchdog`. The asyncio twins live in
 """
 
 from .client import Watchdog, enqueue, enqueue_select
-from .errors import EnqueueConflict, ErrorCode, InvalidJob, WatchdogError
+from .codecs import PayloadCodec, TaggedJSON
+from .errors import EnqueueConflict, ErrorCode, InvalidJob, WatchdogError, redacted
 from .execution import RunningJob, StopReason, TickResult, TickStatus, handler
 from .jobs import (
     CancelResult,
@@ -38,9 +39,11 @@ __all__ = [
     "JobView",
     "LaneFailure",
     "Outcome",
+    "PayloadCodec",
     "Runner",
     "RunningJob",
     "StopReason",
+    "TaggedJSON",
     "TickResult",
     "TickStatus",
     "Watchdog",
@@ -50,6 +53,7 @@ __all__ = [
     "enqueue_select",
     "handler",
     "metadata",
+    "redacted",
 ]
 
 __version__ = "0.1.0"

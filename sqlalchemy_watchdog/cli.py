@@ -3,6 +3,7 @@
 ::
 
     sqlalchemy-watchdog [--url URL] [--json] [--log-level LEVEL] COMMAND ...
+    sqlalchemy-watchdog --version
 
     upgrade                                   create / migrate the watchdog_jobs table
     show JOB_ID                               one job
@@ -13,14 +14,27 @@
     purge QUEUE                               delete the queue's queued jobs
     run MODULE[:ATTR]                         serve the queues until SIGINT / SIGTERM
 
-The database is ``--url``, else the environment variable
+The global options ``--url``, ``--json`` and ``--log-level`` go before or
+after the command. The database is ``--url``, else the environment variable
 ``WATCHDOG_DATABASE_URL``, else ``sqlite:///watchdog.db`` in the working
-directory. A bare ``postgresql://`` URL uses psycopg 3.
+directory. A bare ``postgresql://`` URL uses psycopg 3. Only ``upgrade``
+creates anything: every other command (``run`` included) refuses a database
+without the ``watchdog_jobs`` table, and never creates a SQLite file.
 
-Exit status: 0 on success; 1 when the operation failed or found nothing
-(an error of the library, of the database, a missing job, a cancellation
-that was not recorded); 2 for a usage error. ``python -m
-sqlalchemy_watchdog.cli`` is the same command.
+Exit status:
+
+* 0: the command did what it was asked, including finding that there is
+  nothing to report or do (``head`` of an idle queue, ``settled`` with no
+  settled jobs, ``fail-lane`` of a lane without live jobs, ``purge`` of an
+  empty queue), a cancellation ``recorded`` or ``replayed``, ``run`` stopped
+  by SIGINT / SIGTERM;
+* 1: it could not: the named job does not exist (``show``, ``cancel``), a
+  cancellation was not recorded (``conflict``), no ``watchdog_jobs`` table,
+  an error of the library, of the database or of the ``run`` target;
+* 2: a usage error (unknown command or option, a bad value, an unusable
+  URL); one line on stderr, nothing done.
+
+``python -m sqlalchemy_watchdog.cli`` is the same command.
 """
 
 from __future__ import annotations
@@ -31,7 +45,9 @@ import importlib
 import json
 import logging
 import os
+import re
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -42,7 +58,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from .client import Watchdog
-from .errors import WatchdogError
+from .errors import WatchdogError, redacted
 from .jobs import CancelStatus, JobView
 from .model import jobs_table
 
@@ -54,6 +70,18 @@ URL_ENV = "WATCHDOG_DATABASE_URL"
 DEFAULT_URL = "sqlite:///watchdog.db"
 
 log = logging.getLogger(__name__)
+
+#: The exit-status rule, as ``--help`` prints it.
+EXIT_STATUS_HELP = """\
+exit status:
+  0  done, including "nothing there": head of an idle queue, no settled jobs,
+     nothing to fail or purge, a cancellation recorded or replayed
+  1  not done: no such job (show, cancel), a cancellation not recorded
+     (conflict), no watchdog_jobs table, a library or database error
+  2  usage error (one line on stderr; nothing done)"""
+
+#: The message for a database without the table (every command but upgrade).
+NO_TABLE = "no watchdog_jobs table: run `sqlalchemy-watchdog upgrade` first"
 
 _MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 _VERSIONS_DIR = _MIGRATIONS_DIR / "versions"
@@ -79,11 +107,23 @@ def database_url(value: str | None) -> URL:
     raw = value or os.environ.get(URL_ENV) or DEFAULT_URL
     try:
         url = make_url(raw)
-    except ArgumentError as error:
-        raise UsageError(f"invalid database URL {raw!r}: {error}") from None
+    except (ArgumentError, ValueError, TypeError) as error:
+        # The message may quote the URL: mask its password in both.
+        reason = _mask_password(str(error).splitlines()[0] if str(error) else type(error).__name__, raw)
+        raise UsageError(f"invalid database URL {_mask_password(raw, raw)!r}: {reason}") from None
+    if url.port is not None and not 0 < url.port < 65536:
+        raise UsageError(f"invalid database URL {_shown(url)!r}: port {url.port} is not 1-65535")
     if url.drivername == "postgresql":
         url = url.set(drivername="postgresql+psycopg")
     return url
+
+
+def _mask_password(text: str, raw: str) -> str:
+    """``text`` with the password of URL ``raw`` (``scheme://user:PASSWORD@``) masked."""
+    match = re.match(r"[^:/?#]+://[^:/@?#]*:([^@/?#]*)@", raw)
+    if match is None or not match.group(1):
+        return text
+    return text.replace(match.group(1), "***")
 
 
 def _shown(url: URL) -> str:
@@ -94,22 +134,35 @@ def open_engine(url: URL) -> Engine:
     """A sync engine on ``url``; an unknown dialect or driver is a usage error."""
     try:
         return create_engine(url)
-    except ArgumentError as error:  # includes NoSuchModuleError
-        raise UsageError(f"cannot use {_shown(url)}: {error}") from None
+    except (ArgumentError, ValueError, TypeError) as error:  # includes NoSuchModuleError
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UsageError(f"cannot use {_shown(url)}: {reason}") from None
 
 
 def _require_table(engine: Engine) -> None:
     """Fail clearly (and without creating an empty SQLite file) when the
     database has no ``watchdog_jobs`` table yet."""
-    url = engine.url
-    hint = f"run `sqlalchemy-watchdog --url {_shown(url)} upgrade` first"
+    _require_file(engine.url)
+    if not inspect(engine).has_table(jobs_table.name):
+        raise CommandFailed(f"{NO_TABLE} (database: {_shown(engine.url)})")
+
+
+async def _require_table_async(engine: Any) -> None:
+    """:func:`_require_table` for an ``AsyncEngine``."""
+    _require_file(engine.url)
+    async with engine.connect() as conn:
+        present = await conn.run_sync(lambda sync: inspect(sync).has_table(jobs_table.name))
+    if not present:
+        raise CommandFailed(f"{NO_TABLE} (database: {_shown(engine.url)})")
+
+
+def _require_file(url: URL) -> None:
+    """Refuse a SQLite URL whose database file does not exist (connecting would create it)."""
     if url.get_backend_name() == "sqlite":
         database = url.database or ""
         on_disk = database not in ("", ":memory:") and not database.startswith("file:")
         if on_disk and not Path(database).exists():
-            raise CommandFailed(f"no SQLite database at {database}; {hint}")
-    if not inspect(engine).has_table(jobs_table.name):
-        raise CommandFailed(f"no table {jobs_table.name} in {_shown(url)}; {hint}")
+            raise CommandFailed(f"{NO_TABLE} (there is no SQLite database at {database})")
 
 
 # -- output ----------------------------------------------------------------------------
@@ -280,7 +333,9 @@ def cmd_fail_lane(args: argparse.Namespace, out: TextIO) -> int:
         for job in failure.jobs:
             if not args.json:
                 print(f"{job.job_id}: failed", file=out)
-        if not failure.more or not failure.jobs:
+        if not failure.more:
+            # (An empty batch with ``more`` means a concurrent caller took
+            # this batch: call again rather than stop with live jobs left.)
             break
     if args.json:
         _print_json({"lane": args.lane, "settled": total}, out)
@@ -340,10 +395,10 @@ def build_runner(args: argparse.Namespace, engine: Engine) -> Any:
         seconds = getattr(args, name)
         if seconds is not None:
             options[name] = timedelta(seconds=seconds)
-    if not named:
-        return Runner(engine, None, **options)  # the handlers registered with @handler
-    if isinstance(target, Mapping):
-        return Runner(engine, target, **options)
+    if not named or isinstance(target, Mapping):
+        _require_table(engine)  # before the runner: "no table" is the first thing to fix
+        # Without an attribute: the handlers registered with @handler.
+        return Runner(engine, target if named else None, **options)
     if isinstance(target, (Runner, AsyncRunner)) or callable(target):
         if options:
             raise UsageError(
@@ -372,16 +427,25 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     ``engine -> Runner | AsyncRunner`` (an async runner brings its own
     ``AsyncEngine``). The options ``--queue``, ``--concurrency``, ``--lease``,
     ``--heartbeat``, ``--poll-interval`` and ``--grace`` apply when this
-    command builds the runner.
+    command builds the runner. A database without the ``watchdog_jobs``
+    table is refused at start (exit 1).
     """
     from .asyncio import AsyncRunner
 
     engine = open_engine(args.url)
     try:
         runner = build_runner(args, engine)
+        # The database the runner will use (a target may bring its own
+        # engine) must have the table: refuse now rather than retry forever.
         if isinstance(runner, AsyncRunner):
-            asyncio.run(runner.run_forever())
+
+            async def serve() -> None:
+                await _require_table_async(runner.engine)
+                await runner.run_forever()
+
+            asyncio.run(serve())
         else:
+            _require_table(getattr(runner, "engine", engine))
             runner.run_forever()
         return 0
     finally:
@@ -397,13 +461,31 @@ def _watchdog(args: argparse.Namespace) -> Watchdog:
 # -- the parser --------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line on stderr (exit 2), never a traceback."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+#: The most threads a runner started here may run at once.
+CONCURRENCY_MAX = 1024
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not an integer: {text[:40]!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _concurrency(text: str) -> int:
+    value = _positive_int(text)
+    if value > CONCURRENCY_MAX:
+        raise argparse.ArgumentTypeError(f"must be at most {CONCURRENCY_MAX}, got {text[:40]}")
     return value
 
 
@@ -411,37 +493,87 @@ def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not an integer: {text[:40]!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
     return value
 
 
+#: The longest duration option accepted, in seconds: what a thread can wait.
+SECONDS_MAX = threading.TIMEOUT_MAX
+
+
 def _seconds(text: str) -> float:
+    """A duration option: seconds from 0 to :data:`SECONDS_MAX` (argparse
+    names the option in the error)."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text[:40]!r}") from None
+    if not 0 <= value <= SECONDS_MAX:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds from 0 to {SECONDS_MAX:.0f}, got {text[:40]!r}"
+        )
     return value
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sqlalchemy-watchdog")
+    except PackageNotFoundError:  # running from a source tree
+        from . import __version__
+
+        return __version__
+
+
+def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """``--url``, ``--json``, ``--log-level``: on the main parser with their
+    defaults, and on every command with ``SUPPRESS`` (so a command only
+    overrides what was given after it)."""
+
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument(
+        "--url", default=default(None), help=f"SQLAlchemy database URL (default: ${URL_ENV} or {DEFAULT_URL})"
+    )
+    parser.add_argument(
+        "--json", action="store_true", default=default(False), help="print JSON (one object per line)"
+    )
+    parser.add_argument(
+        "--log-level",
+        default=default(None),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging level (default: INFO for run, WARNING otherwise)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``sqlalchemy-watchdog``."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="sqlalchemy-watchdog",
         description="Migrate, inspect, command and run a sqlalchemy_watchdog job queue.",
-        epilog=f"The database: --url, else ${URL_ENV}, else {DEFAULT_URL}.",
+        epilog=(
+            f"The database: --url, else ${URL_ENV}, else {DEFAULT_URL}.\n"
+            "--url, --json and --log-level go before or after the command.\n"
+            "Only upgrade creates anything (a table, a SQLite file).\n\n" + EXIT_STATUS_HELP
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--url", help=f"SQLAlchemy database URL (default: ${URL_ENV} or {DEFAULT_URL})")
-    parser.add_argument("--json", action="store_true", help="print JSON (one object per line)")
-    parser.add_argument(
-        "--log-level",
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="logging level (default: INFO for run, WARNING otherwise)",
-    )
+    _global_options(parser, suppress=False)
+    parser.add_argument("--version", action="version", version=f"sqlalchemy-watchdog {_version()}")
+    common = argparse.ArgumentParser(add_help=False)
+    _global_options(common, suppress=True)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_parser = commands.add_parser
+
+    def command(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        parser_: argparse.ArgumentParser = add_parser(name, parents=[common], **kwargs)
+        return parser_
+
+    commands.add_parser = command  # type: ignore[method-assign]
 
     upgrade = commands.add_parser("upgrade", help="create or migrate the watchdog_jobs table")
     upgrade.add_argument(
@@ -493,7 +625,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--queue", dest="queues", action="append", metavar="QUEUE",
         help="serve only this queue (repeatable; default: every queue with a handler)",
     )
-    run.add_argument("--concurrency", type=_positive_int, help="handlers run at once (default: 1)")
+    run.add_argument(
+        "--concurrency", type=_concurrency, help=f"handlers run at once, 1-{CONCURRENCY_MAX} (default: 1)"
+    )
     run.add_argument("--lease", type=_seconds, metavar="SECONDS", help="claim lease (default: 120)")
     run.add_argument("--heartbeat", type=_seconds, metavar="SECONDS", help="lease renewal period (default: 10)")
     run.add_argument(
@@ -533,8 +667,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         func: Callable[[argparse.Namespace, TextIO], int] = args.func
         return func(args, sys.stdout)
     except UsageError as error:
-        parser.print_usage(sys.stderr)
-        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        print(f"{parser.prog}: error: {error} (see --help)", file=sys.stderr)
         return 2
     except CommandFailed as error:
         print(f"{parser.prog}: {error}", file=sys.stderr)
@@ -543,8 +676,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{parser.prog}: error ({error.code.value}): {error}", file=sys.stderr)
         return 1
     except SQLAlchemyError as error:
-        detail = getattr(error, "orig", None) or error
-        print(f"{parser.prog}: database error: {type(detail).__name__}: {detail}".rstrip(), file=sys.stderr)
+        # Never the row, the SQL or its parameters (claim tokens, payloads).
+        print(f"{parser.prog}: database error: {redacted(error)}", file=sys.stderr)
         return 1
     finally:
         if engine is not None:

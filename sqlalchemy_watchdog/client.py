@@ -240,10 +240,13 @@ def cancel_in(
     """:func:`store.cancel` plus the wake-up, in the caller's transaction."""
     try:
         result = store.cancel(conn, job_id, cancellation_id, only_if_queued=only_if_queued)
-    except IntegrityError:
-        # A concurrent cancellation took this cancellation_id for another job.
+    except IntegrityError as error:
+        if store.violation(error) != ("unique", "cancellation_id"):
+            raise
+        # A concurrent request took this cancellation_id between our read and
+        # our update: another job's (a conflict), or this job's (a replay).
         conn.rollback()
-        return CancelResult(job_id, CancelStatus.CONFLICT)
+        return CancelResult(job_id, store.cancel_status_now(conn, job_id, cancellation_id))
     if result.status is CancelStatus.RECORDED:
         store.notify(conn, EVENT_STOP)
     return result

@@ -61,12 +61,64 @@ class EnqueueConflict(WatchdogError):
         )
 
 
+#: The longest description :func:`redacted` returns.
+REDACTED_MAX_LENGTH = 500
+
+
 def redacted(error: BaseException) -> str:
-    """A one-line description of ``error`` safe for logs: a database error's
-    SQLSTATE and first message line, never its DETAIL (row values, claim
-    tokens, payloads) or the statement's parameters."""
-    orig = getattr(error, "orig", None) or error
-    sqlstate = getattr(orig, "sqlstate", None)
-    first = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
-    prefix = f"{type(orig).__name__}"
-    return f"{prefix} [{sqlstate}]: {first}" if sqlstate else f"{prefix}: {first}"
+    """A one-line description of a database error that is safe to log.
+
+    It names the driver's exception type, the SQLSTATE and the constraint
+    (when the driver reports them) and the database's primary message, and
+    never anything that may hold data: no ``DETAIL`` (PostgreSQL's
+    ``Failing row contains (...)`` carries the claim token and the payload),
+    no SQL text, no bound parameters (SQLAlchemy's ``[parameters: ...]``,
+    whatever ``hide_parameters`` says), and for data exceptions (SQLSTATE
+    class 22, whose messages quote the offending input) not the value either.
+
+    Works on SQLAlchemy's wrappers (``DBAPIError`` and kin: their driver
+    error is described) and on bare driver or other exceptions alike::
+
+        try:
+            conn.execute(stmt, params)
+        except DBAPIError as error:
+            log.warning("claim failed: %s", redacted(error))
+        # claim failed: CheckViolation (SQLSTATE 23514, constraint
+        # ck_watchdog_jobs_state_grammar): new row for relation "watchdog_jobs"
+        # violates check constraint "ck_watchdog_jobs_state_grammar"
+    """
+    orig = getattr(error, "orig", None)
+    err = orig if isinstance(orig, BaseException) else error
+    notes: list[str] = []
+    sqlstate = getattr(err, "sqlstate", None)
+    diag = getattr(err, "diag", None)
+    primary: str | None = None
+    if isinstance(sqlstate, str) and sqlstate:
+        notes.append(f"SQLSTATE {sqlstate}")
+    if diag is not None:  # psycopg: the server's fields, one by one
+        constraint = getattr(diag, "constraint_name", None)
+        if constraint:
+            notes.append(f"constraint {constraint}")
+        primary = getattr(diag, "message_primary", None)
+    errorname = getattr(err, "sqlite_errorname", None)
+    if isinstance(errorname, str) and errorname:
+        notes.append(errorname)
+    if primary is None:
+        if err is error and not isinstance(err, WatchdogError) and _is_sqlalchemy(err):
+            # A SQLAlchemy error without a driver error: its first argument is
+            # the message; str() would append the SQL and its parameters.
+            primary = str(err.args[0]) if err.args else ""
+        else:
+            primary = str(err)
+    primary = primary.strip().splitlines()[0] if primary.strip() else ""
+    if isinstance(sqlstate, str) and sqlstate.startswith("22") and ":" in primary:
+        primary = primary.split(":", 1)[0] + ": (value not shown)"
+    head = type(err).__name__ + (f" ({', '.join(notes)})" if notes else "")
+    text = f"{head}: {primary}" if primary else head
+    if len(text) > REDACTED_MAX_LENGTH:
+        text = text[: REDACTED_MAX_LENGTH - 1] + "…"
+    return text
+
+
+def _is_sqlalchemy(error: BaseException) -> bool:
+    return any(cls.__module__.startswith("sqlalchemy.") for cls in type(error).__mro__)

@@ -11,9 +11,12 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidJob
+
+if TYPE_CHECKING:
+    from .codecs import PayloadCodec
 
 __all__ = [
     "JOB_ID_MAX_LENGTH",
@@ -174,6 +177,12 @@ class Job:
     :param payload: any strict-JSON value (at most :data:`PAYLOAD_MAX_BYTES`).
     :param max_recoveries: ``None`` means an execution that disappears is
         settled ``interrupted``; ``N >= 0`` allows N requeues first.
+    :param codec: an optional :class:`~sqlalchemy_watchdog.PayloadCodec`
+        (e.g. :class:`~sqlalchemy_watchdog.TaggedJSON`): ``payload`` is
+        replaced by ``codec.encode(payload)`` before it is validated, so
+        :attr:`payload` holds the JSON form that is stored. The codec is not
+        part of the job's identity: jobs whose encoded payloads are equal
+        are the same job (an identical replay).
     """
 
     job_id: str
@@ -183,6 +192,7 @@ class Job:
     priority: int = 0
     payload: Any = None
     max_recoveries: int | None = None
+    codec: PayloadCodec | None = field(default=None, repr=False, compare=False)
     payload_json: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -194,7 +204,24 @@ class Job:
         check_int("priority", self.priority, PRIORITY_MIN, PRIORITY_MAX)
         if self.max_recoveries is not None:
             check_int("max_recoveries", self.max_recoveries, 0, _INT32_MAX)
+        if self.codec is not None:
+            object.__setattr__(self, "payload", _encoded(self.codec, self.payload))
         object.__setattr__(self, "payload_json", encode_payload(self.payload))
+
+
+def _encoded(codec: Any, payload: Any) -> Any:
+    """``codec.encode(payload)``; a codec's own failure is bad input too."""
+    encode = getattr(codec, "encode", None)
+    if not callable(encode) or not callable(getattr(codec, "decode", None)):
+        raise InvalidJob("codec", f"must be a PayloadCodec (encode and decode), not {type(codec).__name__}")
+    try:
+        return encode(payload)
+    except InvalidJob:
+        raise
+    except Exception as error:  # a codec refusing a value, in its own words
+        raise InvalidJob(
+            "payload", f"{type(codec).__name__}.encode failed: {type(error).__name__}: {error}"
+        ) from None
 
 
 def job_batch(jobs: object) -> list[Job]:

@@ -323,7 +323,9 @@ def has_pending_work() -> Select[Any]:
 @cache
 def claim(dialect: str, filtered: bool) -> Update:
     """Take up to ``:limit`` of the best queued jobs (of ``:queues`` when
-    ``filtered``) under ``:token`` for ``:lease_ms``.
+    ``filtered``) for ``:lease_ms``, each under its own claim token
+    ``:token.<sequence>``, so a settle or renew of one job of the batch
+    cannot name another's claim.
 
     A job whose cancellation was recorded while it waited is settled
     ``cancelled`` instead of being run. On PostgreSQL the pick is a
@@ -349,7 +351,8 @@ def claim(dialect: str, filtered: bool) -> Update:
         .values(
             state=case((runnable, _RUNNING), else_=_SETTLED),
             outcome=case((runnable, null()), else_=Outcome.CANCELLED.value),
-            claim_token=case((runnable, _p("token", Text())), else_=null()),
+            # Each job its own token: the statement's random token and the row's key.
+            claim_token=case((runnable, _p("token", Text()) + "." + cast(c.sequence, Text)), else_=null()),
             lease_until=case((runnable, db_clock_ms() + _p("lease_ms", BigInteger())), else_=null()),
         )
         .returning(*COLUMNS)

@@ -12,6 +12,7 @@ import enum
 import json
 import logging
 import random
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,7 +23,7 @@ from sqlalchemy import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from . import statements as sql
-from .errors import EnqueueConflict, ErrorCode, WatchdogError
+from .errors import EnqueueConflict, ErrorCode, WatchdogError, redacted
 from .jobs import (
     CANCELLATION_ID_MAX_LENGTH,
     JOB_ID_MAX_LENGTH,
@@ -222,9 +223,10 @@ def _row(job: Job) -> dict[str, Any]:
 
 
 def _conflict_of(conn: Connection, chunk: Sequence[Job], error: IntegrityError) -> Exception:
-    """Name the job whose replay conflicted; a NOT NULL failure on job_id is ours."""
-    message = str(error.orig).lower()
-    if "job_id" not in message or ("null" not in message and "not-null" not in message):
+    """Name the job whose replay conflicted: only a NOT NULL failure on
+    ``watchdog_jobs.job_id`` is ours (the conflicting replay sets it to
+    NULL); any other integrity error is returned as it is, the database's."""
+    if violation(error) != ("not_null", "job_id"):
         return error
     if len(chunk) == 1:
         return EnqueueConflict(chunk[0].job_id)
@@ -238,6 +240,45 @@ def _conflict_of(conn: Connection, chunk: Sequence[Job], error: IntegrityError) 
         "with different contents; the transaction was rolled back",
     )
     return conflict
+
+
+#: PostgreSQL's SQLSTATEs of the integrity violations the store interprets.
+_PG_VIOLATIONS = {"23502": "not_null", "23505": "unique"}
+#: The unique constraints of ``watchdog_jobs`` (named by the model's naming
+#: convention and by the migration alike), by column.
+_UNIQUE_COLUMNS = {
+    f"uq_{sql.t.name}_job_id": "job_id",
+    f"uq_{sql.t.name}_cancellation_id": "cancellation_id",
+}
+#: SQLite's fixed wording of a one-column NOT NULL / UNIQUE failure.
+_SQLITE_VIOLATION = re.compile(
+    rf"(NOT NULL|UNIQUE) constraint failed: {re.escape(sql.t.name)}\.(\w+)"
+)
+
+
+def violation(error: IntegrityError) -> tuple[str, str] | None:
+    """``(kind, column)`` when ``error`` is a NOT NULL (``"not_null"``) or a
+    one-column UNIQUE (``"unique"``) violation on ``watchdog_jobs``, else None.
+
+    Read from the driver's diagnostics, never from the message text as a
+    whole (which carries the failing row's values on PostgreSQL): psycopg's
+    SQLSTATE, table, column and constraint names; SQLite's message, whose
+    format SQLite fixes, matched in full.
+    """
+    orig = error.orig
+    diag = getattr(orig, "diag", None)
+    if diag is not None:  # psycopg
+        kind = _PG_VIOLATIONS.get(getattr(orig, "sqlstate", None) or "")
+        if kind is None or diag.table_name != sql.t.name:
+            return None
+        if kind == "not_null":
+            return (kind, diag.column_name) if diag.column_name else None
+        column = _UNIQUE_COLUMNS.get(diag.constraint_name or "")
+        return (kind, column) if column else None
+    match = _SQLITE_VIOLATION.fullmatch(str(orig).strip())
+    if match is None:
+        return None
+    return ("not_null" if match.group(1) == "NOT NULL" else "unique", match.group(2))
 
 
 # -- reads -------------------------------------------------------------------
@@ -422,7 +463,8 @@ def cancel(
     ``cancellation_id`` names another job's cancellation. Two concurrent
     cancellations sharing one ``cancellation_id`` on different jobs fail the
     later statement with an ``IntegrityError``; the client reports it as a
-    conflict.
+    conflict. Identical requests answer ``recorded`` once and ``replayed``
+    otherwise, whatever their interleaving.
     """
     check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
     check_text("cancellation_id", cancellation_id, CANCELLATION_ID_MAX_LENGTH)
@@ -435,8 +477,23 @@ def cancel(
     params = {"job": job_id, "cancellation": cancellation_id}
     if conn.execute(sql.cancel(only_if_queued), params).first() is not None:
         return CancelResult(job_id, CancelStatus.RECORDED)
+    # Nothing updated. The read above and the update are separate statements
+    # (each committed on its own on PostgreSQL): an identical request may have
+    # recorded this very cancellation in between, so decide from the row as
+    # it is now, never from the earlier read.
+    return CancelResult(job_id, cancel_status_now(conn, job_id, cancellation_id))
+
+
+def cancel_status_now(conn: Connection, job_id: str, cancellation_id: str) -> CancelStatus:
+    """Why a cancellation was not recorded, read afresh: ``replayed`` if the
+    job now holds this very ``cancellation_id``, ``missing`` if there is no
+    such job, else ``conflict``."""
     prior = read(conn, job_id)
-    return CancelResult(job_id, CancelStatus.MISSING if prior is None else CancelStatus.CONFLICT)
+    if prior is None:
+        return CancelStatus.MISSING
+    if prior.cancellation_id == cancellation_id:
+        return CancelStatus.REPLAYED
+    return CancelStatus.CONFLICT
 
 
 def notify(conn: Connection, event: str) -> None:
@@ -664,7 +721,7 @@ class Backoff:
     def delay_after(self, error: DBAPIError, what: str) -> float:
         self.attempt += 1
         if not is_transient(error) or self.attempt >= self.attempts:
-            raise WatchdogError(ErrorCode.STORE_UNAVAILABLE, f"{what} failed: {error.orig!r}") from error
+            raise WatchdogError(ErrorCode.STORE_UNAVAILABLE, f"{what} failed: {redacted(error)}") from None
         log.debug("%s: transient failure (attempt %d): %s", what, self.attempt, error.orig)
         delay = self.delay * (0.5 + random.random())
         self.delay = min(self.max_delay, self.delay * 2)
@@ -675,7 +732,7 @@ def transient_failure(error: WatchdogError) -> bool:
     """Whether a store operation failed because the database was unreachable
     or contended (retried until the attempts ran out), rather than refusing
     the statement itself."""
-    cause = error.__cause__
+    cause = error.__cause__ or error.__context__
     return isinstance(cause, BaseException) and is_transient(cause)
 
 

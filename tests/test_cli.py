@@ -248,8 +248,125 @@ def test_usage_errors_exit_2(engine: Engine, cli: Cli, capsys: pytest.CaptureFix
     assert cli("run", ":attr")[0] == 2
     capsys.readouterr()
     assert main(["--url", "nosuchdialect://x", "show", "a"]) == 2
-    assert "nosuchdialect" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "nosuchdialect" in err and len(err.splitlines()) == 1
     assert main(["--help"]) == 0
+
+
+def test_global_options_go_before_or_after_the_command(engine: Engine, db_url: URL, capsys: pytest.CaptureFixture[str]) -> None:
+    add(engine, Job("anywhere", "q"))
+    url = url_arg(db_url)
+    for argv in (
+        ["--url", url, "--json", "show", "anywhere"],
+        ["show", "anywhere", "--url", url, "--json"],
+        ["--json", "show", "--url", url, "anywhere", "--log-level", "WARNING"],
+        ["--url", "sqlite:////nonexistent/elsewhere.db", "show", "anywhere", "--json", "--url", url],
+    ):
+        capsys.readouterr()
+        assert main(argv) == 0, argv
+        assert json.loads(capsys.readouterr().out)["job_id"] == "anywhere"
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"sqlalchemy-watchdog {version('sqlalchemy-watchdog')}\n"
+
+
+def test_exit_status_rule(engine: Engine, cli: Cli, capsys: pytest.CaptureFixture[str]) -> None:
+    """0: done, "nothing there" included; 1: not done; 2: usage error. The
+    rule is the one --help prints."""
+    add(engine, Job("a", "q", lane="l"), Job("b", "q"))
+    table = [
+        (["show", "a"], 0),
+        (["show", "ghost"], 1),
+        (["head", "idle-queue"], 0),
+        (["settled"], 0),  # none settled yet
+        (["cancel", "a", "c1"], 0),
+        (["cancel", "a", "c1"], 0),  # replayed
+        (["cancel", "a", "c2"], 1),  # conflict
+        (["cancel", "ghost", "c3"], 1),  # missing
+        (["fail-lane", "no-such-lane", "r"], 0),
+        (["fail-lane", "l", "r"], 0),
+        (["purge", "empty-queue"], 0),
+        (["purge", "q"], 0),
+        (["show", "a", "--bogus"], 2),
+    ]
+    for argv, expected in table:
+        assert cli(*argv)[0] == expected, argv
+    assert main(["--help"]) == 0
+    assert "exit status:" in capsys.readouterr().out
+
+
+#: Hostile command lines: each a usage error (exit 2), one line on stderr
+#: naming the culprit, no traceback, no password.
+HOSTILE = [
+    (["run", "json", "--lease", "1e300"], "--lease"),
+    (["run", "json", "--grace", "1e300"], "--grace"),
+    (["run", "json", "--heartbeat", "1e10"], "--heartbeat"),
+    (["run", "json", "--poll-interval", "-1"], "--poll-interval"),
+    (["run", "json", "--lease", "nan"], "--lease"),
+    (["run", "json", "--lease", "inf"], "--lease"),
+    (["run", "json", "--lease", "ten"], "--lease"),
+    (["run", "json", "--concurrency", "9" * 400], "--concurrency"),
+    (["run", "json", "--concurrency", "0"], "--concurrency"),
+    (["--url", "postgresql://u:pw-secret@127.0.0.1:notaport/db", "show", "x"], "notaport"),
+    (["show", "x", "--url", "postgresql://u:pw-secret@127.0.0.1:notaport/db"], "notaport"),
+    (["--url", "postgresql://u:pw-secret@127.0.0.1:99999999999999999999999/db", "head", "q"], "URL"),
+    (["--url", "not a url", "show", "x"], "URL"),
+    (["--url", "nosuchdialect://u:pw-secret@h/x", "show", "x"], "nosuchdialect"),
+    (["--url", "sqlite+nosuchdriver:///x.db", "show", "x"], "nosuchdriver"),
+    (["--log-level", "LOUD", "show", "x"], "--log-level"),
+    (["show", "x", "--log-level", "LOUD"], "--log-level"),
+    (["settled", "--limit", "1e3"], "--limit"),
+    (["settled", "--after", "-1"], "--after"),
+    (["settled", "--after", "9" * 5000], "--after"),
+    (["show"], "job_id"),
+    (["frobnicate"], "frobnicate"),
+    ([], "COMMAND"),
+    (["run", "a:b:c"], "a:b:c"),
+]
+
+
+@pytest.mark.parametrize(("argv", "named"), HOSTILE, ids=lambda v: " ".join(v)[:60] if isinstance(v, list) else None)
+def test_hostile_command_lines_are_usage_errors(
+    argv: list[str], named: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the default database would be ./watchdog.db
+    monkeypatch.delenv("WATCHDOG_DATABASE_URL", raising=False)
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert len(err.splitlines()) == 1, err
+    assert named in err
+    assert "Traceback" not in err and "pw-secret" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_database_errors_are_printed_without_row_contents(engine: Engine, cli: Cli) -> None:
+    """A database refusal reaching the command line shows the SQLSTATE /
+    constraint, never the failing row (claim token, payload)."""
+    add(engine, Job("a", "q", payload={"secret": "payload-secret-7"}))
+    claim = claim_one(engine, "q")
+    with engine.begin() as conn:  # the row now holds a secret reason too
+        conn.execute(text("UPDATE watchdog_jobs SET failure_reason = 'reason-secret-8'"))
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text(
+                "ALTER TABLE watchdog_jobs ADD CONSTRAINT ck_no_cancel CHECK (cancellation_id IS NULL)"
+            ))
+        else:
+            conn.execute(text(
+                "CREATE TRIGGER no_cancel BEFORE UPDATE OF cancellation_id ON watchdog_jobs "
+                "BEGIN SELECT RAISE(ABORT, 'cancellations are disabled'); END"
+            ))
+    status, _, err = cli("cancel", "a", "cid-secret-9")
+    assert status == 1
+    assert len(err.splitlines()) == 1, err
+    for secret in (claim.token, "payload-secret-7", "reason-secret-8", "cid-secret-9"):
+        assert secret not in err, err
+    assert ("ck_no_cancel" if engine.dialect.name == "postgresql" else "cancellations are disabled") in err
 
 
 def test_watchdog_errors_exit_1_with_their_message(engine: Engine, cli: Cli) -> None:
@@ -260,19 +377,56 @@ def test_watchdog_errors_exit_1_with_their_message(engine: Engine, cli: Cli) -> 
     assert status == 1 and "job_id" in err
 
 
-def test_missing_table_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+NO_TABLE = "no watchdog_jobs table: run `sqlalchemy-watchdog upgrade` first"
+
+#: Every command but upgrade, with arguments; "run" names an importable module.
+READ_AND_COMMAND_LINES = [
+    ["show", "a"],
+    ["head", "q"],
+    ["settled"],
+    ["cancel", "a", "cancel-a"],
+    ["fail-lane", "lane", "reason"],
+    ["purge", "q"],
+    ["run", "json"],
+]
+
+
+@pytest.mark.parametrize("argv", READ_AND_COMMAND_LINES, ids=lambda argv: argv[0])
+def test_no_command_but_upgrade_creates_a_sqlite_file(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every command but ``upgrade``, ``run`` included, refuses a SQLite URL
+    whose file does not exist, with the hint, exit 1, and leaves no file."""
     path = tmp_path / "absent.db"
-    assert main(["--url", f"sqlite:///{path}", "show", "a"]) == 1
-    assert "upgrade" in capsys.readouterr().err
-    assert not path.exists()  # a read never creates the database file
+    assert main(["--url", f"sqlite:///{path}", *argv]) == 1
+    err = capsys.readouterr().err
+    assert NO_TABLE in err and str(path) in err
+    assert not path.exists()
 
 
-def test_missing_table_on_either_dialect(empty_engine: Engine, cli: Cli) -> None:
+@pytest.mark.parametrize("argv", READ_AND_COMMAND_LINES, ids=lambda argv: argv[0])
+def test_missing_table_on_either_dialect(argv: list[str], empty_engine: Engine, cli: Cli) -> None:
+    """A database without the table: every command but ``upgrade`` (``run``
+    at start, instead of retrying forever) refuses with the hint, exit 1,
+    and creates nothing."""
     with empty_engine.begin() as conn:  # the database exists (on SQLite: the file)
         conn.execute(text("CREATE TABLE unrelated (id INTEGER PRIMARY KEY)"))
-    status, _, err = cli("head", "q")
+    status, _, err = cli(*argv)
     assert status == 1
-    assert "no table watchdog_jobs" in err and "upgrade" in err
+    assert NO_TABLE in err
+    assert inspect(empty_engine).get_table_names() == ["unrelated"]
+
+
+def test_run_refuses_a_database_without_the_table_whatever_the_runner(
+    empty_engine: Engine, cli: Cli, app_module: tuple[str, Path]
+) -> None:
+    """A factory's runner, sync or async, is checked on its own engine."""
+    name, path = app_module
+    path.write_text(FACTORY_MODULE + ASYNC_MODULE.replace("def make_runner", "def make_async_runner"))
+    for target in (f"{name}:make_runner", f"{name}:make_async_runner", f"{name}:HANDLERS"):
+        status, _, err = cli("run", target)
+        assert status == 1, err
+        assert NO_TABLE in err
 
 
 def test_url_from_the_environment(

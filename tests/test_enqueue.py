@@ -636,3 +636,64 @@ def test_many_concurrent_enqueues_of_one_job_id_end_with_one_row(engine: Engine,
     else:
         assert all(isinstance(o, EnqueueConflict) for o in others), others
     assert len(job_rows(engine)) == 1
+
+
+# -- integrity errors that are not a conflicting replay ---------------------------
+
+
+@pytest.fixture
+def altered(empty_engine: Engine) -> Engine:
+    """``watchdog_jobs`` with an extra NOT NULL column the library knows
+    nothing about, ``parent_job_id`` (no default), as an application's own
+    migration might add it. SQLite cannot ``ADD COLUMN ... NOT NULL`` without
+    a default, so there the table is created with the column."""
+    from sqlalchemy import Column, MetaData
+
+    if empty_engine.dialect.name == "postgresql":
+        jobs_table.create(empty_engine)
+        with empty_engine.begin() as conn:
+            conn.execute(text("ALTER TABLE watchdog_jobs ADD COLUMN parent_job_id text NOT NULL"))
+    else:
+        copy = jobs_table.to_metadata(MetaData())
+        copy.append_column(Column("parent_job_id", Text, nullable=False))
+        copy.create(empty_engine)
+    return empty_engine
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_a_not_null_failure_of_another_column_is_the_databases_error_not_a_conflict(
+    altered: Engine, count: int
+) -> None:
+    """A job whose payload mentions ``job_id`` and ``null``, refused because of
+    an application's NOT NULL column named ``parent_job_id``: the database's
+    IntegrityError reaches the caller, never an EnqueueConflict for a job
+    that does not exist."""
+    from sqlalchemy.exc import IntegrityError
+
+    jobs = [Job(f"fresh-{i}", "q", payload={"note": "job_id is null", "job_id": None}) for i in range(count)]
+    with pytest.raises(IntegrityError) as raised, altered.begin() as conn:
+        enqueue(conn, jobs)
+    assert not isinstance(raised.value, EnqueueConflict)
+    assert "parent_job_id" in str(raised.value.orig)
+    # The stand-alone client reports it as a store error, not a conflict.
+    with pytest.raises(WatchdogError) as failed:
+        Watchdog(altered).enqueue(jobs)
+    assert not isinstance(failed.value, EnqueueConflict)
+    assert "job_id is null" not in str(failed.value)  # no row contents in the message
+    assert job_rows(altered) == []
+
+
+def test_a_conflicting_replay_is_still_a_conflict_beside_an_application_column(empty_engine: Engine) -> None:
+    """With an extra NOT NULL column that has a default, a conflicting replay
+    is recognised by its own constraint and column, on either dialect."""
+    jobs_table.create(empty_engine)
+    with empty_engine.begin() as conn:
+        conn.execute(text("ALTER TABLE watchdog_jobs ADD COLUMN tenant_job_id text NOT NULL DEFAULT 'null job_id'"))
+    Watchdog(empty_engine).enqueue(ORIGINAL)
+    other = Job("order-1", "emails", payload={"job_id": None})
+    with pytest.raises(EnqueueConflict) as raised:
+        Watchdog(empty_engine).enqueue(other)
+    assert raised.value.job_id == "order-1"
+    with pytest.raises(EnqueueConflict) as raised, empty_engine.begin() as conn:
+        enqueue(conn, [Job("order-2", "emails"), other])
+    assert raised.value.job_id == "order-1"

@@ -153,6 +153,29 @@ def test_claim_tokens_differ_between_claims(engine: Engine) -> None:
     assert claim_one(engine).token != claim_one(engine).token
 
 
+def test_each_job_of_one_claim_batch_has_its_own_token_and_only_it_settles_or_renews_the_job(engine: Engine) -> None:
+    """The claim token is a fencing token per job: within one claim batch
+    the tokens differ, and job B's claim cannot be settled, renewed or
+    released by naming job A's token."""
+    add(engine, Job("a", "q", priority=1), Job("b", "q"))
+    batch = run(engine, store.claim, queues=None, limit=2, lease_ms=LEASE_MS)
+    claim_a, claim_b = batch.claimed
+    assert (claim_a.job.job_id, claim_b.job.job_id) == ("a", "b")
+    assert claim_a.token != claim_b.token
+    before = row(engine, "b")
+    wrong = run(
+        engine, store.settle, job_id="b", claim_token=claim_a.token, decision=Decision.completed()
+    )
+    assert wrong.status is SettleStatus.CONFLICT
+    assert run(engine, store.renew, [("b", claim_a.token)], lease_ms=LEASE_MS) == set()
+    assert run(engine, store.release, [("b", claim_a.token)]) == set()
+    assert row(engine, "b") == before
+    right = run(
+        engine, store.settle, job_id="b", claim_token=claim_b.token, decision=Decision.completed()
+    )
+    assert right.status is SettleStatus.SETTLED
+
+
 def test_claim_settles_a_queued_job_with_a_recorded_cancellation_as_cancelled(engine: Engine) -> None:
     add(engine, Job("a", "q"))
     assert cancel(engine, "a", "stop-a") is CancelStatus.RECORDED

@@ -13,6 +13,7 @@ length limits: they must be stored and read back exactly.
 from __future__ import annotations
 
 import datetime
+import decimal
 import math
 import time
 import uuid
@@ -40,6 +41,7 @@ from sqlalchemy_watchdog import (
     store,
 )
 from sqlalchemy_watchdog.asyncio import AsyncWatchdog
+from sqlalchemy_watchdog.codecs import TaggedJSON
 from sqlalchemy_watchdog.asyncio import enqueue as async_enqueue
 from sqlalchemy_watchdog.jobs import (
     FAILURE_REASON_MAX_LENGTH,
@@ -186,6 +188,15 @@ REFUSED: dict[str, Entry] = {
     "payload lone surrogate": Entry("payload", job(payload={"s": "\udc80"})),
     "payload key lone surrogate": Entry("payload", job(payload={"k\ud800": 1})),
     "payload nested lone surrogate": Entry("payload", job(payload=[{"a": ["x", "\udfff"]}])),
+    # payloads through the opt-in codec
+    "codec naive datetime": Entry(
+        "payload", job(codec=TaggedJSON(), payload={"at": datetime.datetime(2024, 1, 1)}), says="naive datetime"
+    ),
+    "codec NaN Decimal": Entry("payload", job(codec=TaggedJSON(), payload=decimal.Decimal("NaN")), says="non-finite"),
+    "codec set": Entry("payload", job(codec=TaggedJSON(), payload={"s": {1, 2}}), says="set"),
+    "codec bytes": Entry("payload", job(codec=TaggedJSON(), payload=b"raw"), says="bytes"),
+    "codec time of day": Entry("payload", job(codec=TaggedJSON(), payload=datetime.time(12)), says="time"),
+    "codec not a codec": Entry("codec", job(codec="json", payload=1)),
     # priority and budget
     "priority bool": Entry("priority", job(priority=True)),
     "priority float": Entry("priority", job(priority=1.5)),

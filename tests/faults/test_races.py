@@ -254,3 +254,102 @@ def test_heartbeat_racing_its_own_settle_reports_no_lost_lease(
     assert settled.outcome.value == "completed"
     lost = [r.getMessage() for r in caplog.records if "claim not renewed" in r.getMessage()]
     assert lost == [], lost
+
+
+# -- idempotent commands under concurrency ---------------------------------------
+
+CALLERS = 6
+
+
+def test_concurrent_identical_cancels_all_answer_recorded_or_replayed(engine: Engine) -> None:
+    """Six callers send the same cancellation of a queued job at the same
+    moment: one is ``recorded`` and the other five ``replayed``, never a
+    ``conflict``, whatever the interleaving; the job holds that cancellation."""
+    ids = [f"k{i}" for i in range(ROUNDS)]
+    enqueue_jobs(engine, [Job(j, "q") for j in ids])
+    watchdog = Watchdog(engine)
+    for job_id in ids:
+        results = _together(*[lambda j=job_id: watchdog.cancel(j, f"cid-{j}")] * CALLERS)
+        statuses = Counter(r.status for r in results)
+        assert statuses == Counter({CancelStatus.RECORDED: 1, CancelStatus.REPLAYED: CALLERS - 1}), statuses
+        assert jobs_by_id(engine)[job_id]["cancellation_id"] == f"cid-{job_id}"
+
+
+def test_concurrent_identical_cancels_from_the_cli_all_exit_0(engine: Engine, db_url: URL) -> None:
+    """The command-line ``cancel`` sent six times at once succeeds six times."""
+    from sqlalchemy_watchdog.cli import main
+
+    ids = [f"cli{i}" for i in range(5)]
+    enqueue_jobs(engine, [Job(j, "q") for j in ids])
+    url = url_string(db_url)
+    for job_id in ids:
+        statuses = _together(*[lambda j=job_id: main(["--url", url, "cancel", j, f"cid-{j}"])] * CALLERS)
+        assert statuses == [0] * CALLERS
+
+
+def test_one_cancellation_id_sent_for_two_jobs_at_once_is_recorded_for_one(engine: Engine) -> None:
+    """The same cancellation id sent at once for two different jobs: one job
+    records it, the other answers ``conflict`` (through the unique index when
+    the statements overlap) and stays uncancelled. Repeating the winner's
+    request is then a replay."""
+    pairs = [(f"a{i}", f"b{i}") for i in range(ROUNDS)]
+    enqueue_jobs(engine, [Job(j, "q") for pair in pairs for j in pair])
+    watchdog = Watchdog(engine)
+    for a, b in pairs:
+        cid = f"shared-{a}"
+        results = _together(lambda: watchdog.cancel(a, cid), lambda: watchdog.cancel(b, cid))
+        assert sorted(r.status.value for r in results) == ["conflict", "recorded"], results
+        winner = next(r.job_id for r in results if r.status is CancelStatus.RECORDED)
+        loser = b if winner == a else a
+        rows = jobs_by_id(engine)
+        assert (rows[winner]["cancellation_id"], rows[loser]["cancellation_id"]) == (cid, None)
+        assert watchdog.cancel(winner, cid).status is CancelStatus.REPLAYED
+        assert watchdog.cancel(loser, cid).status is CancelStatus.CONFLICT
+
+
+def test_concurrent_lane_failures_settle_each_job_once_and_leave_the_lane_empty(engine: Engine) -> None:
+    """Four callers fail one lane at once, each calling again while ``more``:
+    every live job is reported by exactly one of them, all end ``failed``,
+    and a caller told ``more=False`` finds the lane empty."""
+    count = store.LANE_FAILURE_BATCH * 2 + 17
+    ids = [f"l{i:03d}" for i in range(count)]
+    enqueue_jobs(engine, [Job(j, "q", lane="team:9") for j in ids] + [Job("elsewhere", "q", lane="team:1")])
+    _tx(engine, store.claim, queues=["q"], limit=10, lease_ms=60_000)  # some running
+    watchdog = Watchdog(engine)
+
+    def fail_all() -> list[str]:
+        taken: list[str] = []
+        while True:
+            failure = watchdog.fail_lane("team:9", "key revoked")
+            taken += [job.job_id for job in failure.jobs]
+            if not failure.more:
+                assert not any(
+                    r["lane"] == "team:9" and r["state"] != "settled" for r in jobs_by_id(engine).values()
+                )
+                return taken
+
+    results = _together(*[fail_all] * 4)
+    reported = Counter(j for taken in results for j in taken)
+    assert set(reported) == set(ids) and max(reported.values()) == 1
+    rows = jobs_by_id(engine)
+    assert {rows[j]["outcome"] for j in ids} == {"failed"}
+    assert rows["elsewhere"]["state"] != "settled"
+
+
+def test_concurrent_purges_and_claims_take_each_queued_job_once(engine: Engine) -> None:
+    """Purges racing each other and a claimer: each queued job is deleted by
+    exactly one purge or claimed, never both, and the counts add up."""
+    count = 300
+    enqueue_jobs(engine, [Job(f"p{i:03d}", "q") for i in range(count)])
+    watchdog = Watchdog(engine)
+    purged_a, purged_b, batch = _together(
+        lambda: watchdog.purge("q"),
+        lambda: watchdog.purge("q"),
+        lambda: _tx(engine, store.claim, queues=["q"], limit=50, lease_ms=60_000),
+    )
+    rows = jobs_by_id(engine)
+    claimed = {c.job.job_id for c in batch.claimed}
+    assert set(rows) == claimed
+    assert all(r["state"] == "running" for r in rows.values())
+    assert purged_a + purged_b + len(claimed) == count
+    assert watchdog.purge("q") == 0

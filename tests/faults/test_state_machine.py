@@ -208,7 +208,7 @@ class WatchdogMachine(RuleBasedStateMachine):
         assert [c.job.job_id for c in batch.claimed] == runnable
         assert sorted(j.job_id for j in batch.cancelled) == sorted(cancelled)
         tokens = {c.job.job_id: c.token for c in batch.claimed}
-        assert len(set(tokens.values())) <= 1, "one claim statement, one token"
+        assert len(set(tokens.values())) == len(tokens), "each claimed job its own token"
         for row in candidates:
             if row.cancellation_id is None:
                 row.state, row.claim_token, row.lease_until = "running", tokens[row.job_id], db + lease
