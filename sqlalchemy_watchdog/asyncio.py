@@ -482,6 +482,8 @@ class AsyncRunner:
 
         wake, _, heartbeat_now = self._events()
         args, kwargs = self.engine.sync_engine.dialect.create_connect_args(self.engine.url)
+        if "database" in kwargs:  # asyncpg's name for it; psycopg (libpq) says dbname
+            kwargs["dbname"] = kwargs.pop("database")
         failures = 0
         while True:
             try:
