@@ -262,3 +262,19 @@ def test_the_runner_fails_a_worker_snippet_whose_jobs_fail(tmp_path: Path) -> No
     assert broken.code != worker.code
     with pytest.raises(pytest.fail.Exception, match="settled readme-probe Outcome.FAILED: NameError"):
         run_block(broken, tmp_path / "work", None)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_readme_links_to_its_own_sections_resolve() -> None:
+    markdown = README.read_text(encoding="utf-8")
+    outside_code = re.sub(r"^\s*```.*?^\s*```", "", markdown, flags=re.M | re.S)
+    anchors = {_slug(m) for m in re.findall(r"^#{1,6} (.+)$", outside_code, re.M)}
+    links = set(re.findall(r"\]\(#([^)]+)\)", outside_code))
+    assert links, "the README links to its own sections"
+    assert links <= anchors, f"links to missing sections: {sorted(links - anchors)}"
+    for target in re.findall(r"\]\((docs/[^)#]+)", outside_code):
+        assert (README.parent / target).is_file(), target
