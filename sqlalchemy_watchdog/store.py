@@ -266,14 +266,20 @@ def violation(error: IntegrityError) -> tuple[str, str] | None:
     format SQLite fixes, matched in full.
     """
     orig = error.orig
+    # psycopg 3 and psycopg2 carry the server's fields as ``diag``; asyncpg's
+    # own exception (the cause of SQLAlchemy's adapted one) as attributes.
     diag = getattr(orig, "diag", None)
-    if diag is not None:  # psycopg
-        kind = _PG_VIOLATIONS.get(getattr(orig, "sqlstate", None) or "")
-        if kind is None or diag.table_name != sql.t.name:
+    if diag is None and hasattr(getattr(orig, "__cause__", None), "table_name"):
+        diag = orig.__cause__
+    if diag is not None:
+        sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or ""
+        kind = _PG_VIOLATIONS.get(sqlstate)
+        if kind is None or getattr(diag, "table_name", None) != sql.t.name:
             return None
         if kind == "not_null":
-            return (kind, diag.column_name) if diag.column_name else None
-        column = _UNIQUE_COLUMNS.get(diag.constraint_name or "")
+            column = getattr(diag, "column_name", None)
+            return (kind, column) if column else None
+        column = _UNIQUE_COLUMNS.get(getattr(diag, "constraint_name", None) or "")
         return (kind, column) if column else None
     match = _SQLITE_VIOLATION.fullmatch(str(orig).strip())
     if match is None:

@@ -11,14 +11,15 @@ The listeners take their connection from the application's engine, so
 whatever the engine does to connect -- ``connect_args``, a ``do_connect``
 hook supplying an IAM token, a ``creator`` function, SSL settings -- holds
 for them too. The connection is detached from the pool (it never returns
-there in LISTEN state). Only psycopg 3 delivers notifications this way; on
-another driver the runner polls (and says so once in its log).
+there in LISTEN state). psycopg 3, psycopg2 and asyncpg deliver
+notifications; on another driver the runner polls (and says so in its log).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import select
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -67,11 +68,15 @@ DROP_NOTIFY_FUNCTION_SQL = "DROP FUNCTION IF EXISTS watchdog_jobs_notify_queued(
 _LISTEN_SQL = f"LISTEN {CHANNEL}"
 
 
+#: The drivers whose connections deliver notifications to a listener.
+LISTENING_DRIVERS = frozenset({"psycopg", "psycopg2", "asyncpg"})
+
+
 def listens(dialect_name: str, driver: str) -> bool:
     """Whether a runner on this dialect and driver is woken by NOTIFY."""
     if dialect_name != "postgresql":
         return False
-    if driver != "psycopg":
+    if driver not in LISTENING_DRIVERS:
         log.info("runner: the %s driver delivers no notifications here; polling instead", driver)
         return False
     return True
@@ -134,11 +139,14 @@ class Listener:
                 driver_conn: Any = raw.driver_connection
                 raw.detach()  # closed, never pooled, when done: it LISTENs
                 driver_conn.autocommit = True
-                driver_conn.execute(_LISTEN_SQL)
-                self.on_queued()
-                while not self._stop.is_set():
-                    for note in driver_conn.notifies(timeout=0.5):
-                        _dispatch(note.payload, self.on_queued, self.on_stop)
+                if self.engine.dialect.driver == "psycopg2":
+                    self._serve_psycopg2(driver_conn)
+                else:
+                    driver_conn.execute(_LISTEN_SQL)
+                    self.on_queued()
+                    while not self._stop.is_set():
+                        for note in driver_conn.notifies(timeout=0.5):
+                            _dispatch(note.payload, self.on_queued, self.on_stop)
             except Exception as error:
                 if not self._stop.is_set():
                     log.warning("listener: connection lost (%s); reconnecting", redacted(error))
@@ -148,6 +156,29 @@ class Listener:
                     raw.close()
                 except Exception:  # pragma: no cover - already broken
                     pass
+
+
+    def _serve_psycopg2(self, driver_conn: Any) -> None:
+        with driver_conn.cursor() as cursor:
+            cursor.execute(_LISTEN_SQL)
+        self.on_queued()
+        while not self._stop.is_set():
+            if select.select([driver_conn], [], [], 0.5) == ([], [], []):
+                continue
+            driver_conn.poll()
+            while driver_conn.notifies:
+                _dispatch(driver_conn.notifies.pop(0).payload, self.on_queued, self.on_stop)
+
+
+async def _serve_asyncpg(driver_conn: Any, on_queued: Callable[[], None], on_stop: Callable[[], None]) -> None:
+    def deliver(connection: Any, pid: int, channel: str, payload: str) -> None:
+        _dispatch(payload, on_queued, on_stop)
+
+    await driver_conn.add_listener(CHANNEL, deliver)
+    on_queued()
+    while not driver_conn.is_closed():
+        await asyncio.sleep(1.0)
+    raise ConnectionError("the listening connection was closed")
 
 
 async def listen_async(engine: AsyncEngine, on_queued: Callable[[], None], on_stop: Callable[[], None]) -> None:
@@ -167,11 +198,14 @@ async def listen_async(engine: AsyncEngine, on_queued: Callable[[], None], on_st
         try:
             driver_conn: Any = raw.driver_connection
             raw.detach()  # closed, never pooled, when done: it LISTENs
-            await driver_conn.set_autocommit(True)
-            await driver_conn.execute(_LISTEN_SQL)
-            on_queued()
-            async for note in driver_conn.notifies():
-                _dispatch(note.payload, on_queued, on_stop)
+            if engine.dialect.driver == "asyncpg":
+                await _serve_asyncpg(driver_conn, on_queued, on_stop)
+            else:
+                await driver_conn.set_autocommit(True)
+                await driver_conn.execute(_LISTEN_SQL)
+                on_queued()
+                async for note in driver_conn.notifies():
+                    _dispatch(note.payload, on_queued, on_stop)
         except asyncio.CancelledError:
             raise
         except Exception as error:

@@ -1,4 +1,4 @@
-"""Fault 9: a Hypothesis state machine against an in-memory model of DESIGN.md.
+"""Fault 9: a Hypothesis state machine against an in-memory model of docs/design.md.
 
 Hypothesis drives random sequences of enqueue, claim, settle, renew,
 cancel, fail_lane, purge, recover (expired_claims + reconcile, including
@@ -10,7 +10,7 @@ Time: the database clock is the model's (see
 :func:`tests.faults.helpers.controlled_db_clock`: the statements read it
 from a one-row table the machine sets), so leases end exactly when the model
 says. The application clock passed as ``now=`` is the database clock plus a
-drawn skew (none, +-40 ms, +-10 minutes): the model follows DESIGN.md as
+drawn skew (none, +-40 ms, +-10 minutes): the model follows docs/design.md#time as
 fixed for skewed clocks -- a holder's settle and renew need ``lease_until >
 max(app now, db clock)``, leases are extended from the database clock, and
 recovery takes a claim only when ``lease_until <= db clock``.
@@ -76,7 +76,7 @@ LIVE = ("queued", "running")
 
 @dataclass
 class Row:
-    """One job as DESIGN.md says it is stored."""
+    """One job as docs/design.md#the-table says it is stored."""
 
     order: int
     job_id: str

@@ -1,0 +1,280 @@
+"""Every snippet of README.md runs as pasted.
+
+The README promises that its Python snippets run as pasted into a fresh
+interpreter. This module extracts them and runs them, one test per block
+(``README.md:LINE``), with these conventions -- README authors, follow them;
+a new block is picked up by itself:
+
+* Every ```` ```python ```` block is a complete program. It runs in a fresh
+  interpreter (a subprocess of this Python) in a fresh temporary working
+  directory, so nothing carries over from one block to the next. Before it
+  runs, the shell blocks the README marks ``<!-- readme-test: run -->`` (the
+  Quickstart's ``sqlalchemy-watchdog upgrade``) run there, as the reader runs
+  them first: the ``watchdog_jobs`` table exists in ``sqlite:///watchdog.db``.
+  The block must exit with status 0.
+* ``mailer`` stands for the reader's own code (the README says so): the
+  working directory holds :data:`MAILER`, a ``mailer.py`` whose
+  ``send(order_id)`` notes the call in ``mailer.log`` and returns True.
+* A block that calls ``run_forever()`` serves until SIGTERM. Before it starts,
+  the test enqueues :data:`PROBE`, a job of the queue ``emails`` with payload
+  ``{"order_id": 42}``; once that job is settled the test sends SIGTERM. The
+  job must be ``completed``, ``mailer.send(42)`` must have been called and
+  the process must exit with status 0.
+* A block defining ``def test_...`` is a pytest module: it is saved as
+  ``test_snippet.py`` and run with ``python -m pytest``, which must pass.
+* A block naming ``postgresql+psycopg://app@localhost/app`` (the README's
+  example PostgreSQL URL) runs on PostgreSQL: that URL is replaced by a fresh
+  throwaway database (``WATCHDOG_TEST_POSTGRES_URL``, see ``conftest.py``),
+  and the marked shell blocks run with ``WATCHDOG_DATABASE_URL`` set to it.
+  Without a PostgreSQL server such a block is skipped.
+* ``<!-- readme-test: skip: REASON -->`` on the line before a block: not run
+  here; the reason says where it is tested (e.g. the Alembic ``env.py`` lines,
+  run by ``tests/test_alembic_recipe.py``).
+* Blocks that are deliberately not runnable use other fences: ``sh``,
+  ``ini``, ``text``, ``python-untested`` (code of an API that is not there
+  yet), or none. Only shell blocks marked ``run`` are run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import URL
+
+from sqlalchemy_watchdog import Job, JobState, Outcome, Watchdog
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+BIN = Path(sys.executable).parent
+#: The README's example PostgreSQL URL, replaced by a throwaway database.
+EXAMPLE_POSTGRES_URL = "postgresql+psycopg://app@localhost/app"
+#: The stand-in for the reader's own ``mailer`` module.
+MAILER = '''\
+"""Stand-in for the reader's own mail code (README: "mailer stands for your own code")."""
+
+
+def send(order_id: int) -> bool:
+    with open("mailer.log", "a") as log:
+        log.write(f"{order_id}\\n")
+    return True
+'''
+#: The job a serving block must complete.
+PROBE = Job("readme-probe", "emails", payload={"order_id": 42})
+#: Fence languages a README block may have; only ``python`` (and marked ``sh``) run.
+KNOWN_LANGUAGES = {"python", "python-untested", "sh", "ini", "text", ""}
+TIMEOUT = 120.0
+
+FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>[^\s`]*)\s*$")
+MARKER = re.compile(r"^\s*<!--\s*readme-test:\s*(?P<what>[^>]*?)\s*-->\s*$")
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int  # of the opening fence, 1-based
+    lang: str
+    code: str
+    marker: str | None  # the readme-test marker on the line before, if any
+
+    @property
+    def id(self) -> str:
+        return f"README.md:{self.line}"
+
+
+def blocks(markdown: str) -> list[Block]:
+    """The fenced code blocks of ``markdown``, dedented, in order."""
+    found: list[Block] = []
+    lines = markdown.splitlines()
+    i = 0
+    while i < len(lines):
+        opening = FENCE.match(lines[i])
+        if opening is None:
+            i += 1
+            continue
+        indent = opening["indent"]
+        end = i + 1
+        while end < len(lines) and lines[end].rstrip() != f"{indent}```":
+            end += 1
+        if end == len(lines):
+            raise AssertionError(f"README.md:{i + 1}: unclosed code fence")
+        previous = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        marker = MARKER.match(previous)
+        code = textwrap.dedent("\n".join(lines[i + 1 : end])) + "\n"
+        found.append(Block(i + 1, opening["lang"], code, marker["what"] if marker else None))
+        i = end + 1
+    return found
+
+
+ALL_BLOCKS = blocks(README.read_text(encoding="utf-8"))
+SETUP = [b for b in ALL_BLOCKS if b.lang == "sh" and b.marker == "run"]
+PYTHON = [b for b in ALL_BLOCKS if b.lang == "python"]
+
+
+def _env(database_url: str | None) -> dict[str, str]:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("WATCHDOG_DATABASE_URL", None)
+    env.pop("PYTHONPATH", None)  # as pasted: the package as installed, the directory's modules
+    if database_url is not None:
+        env["WATCHDOG_DATABASE_URL"] = database_url
+    return env
+
+
+def _fail(what: str, result: subprocess.CompletedProcess[str] | None, out: str = "") -> None:
+    detail = out if result is None else f"{result.stdout}\n{result.stderr}"
+    pytest.fail(f"{what}\n--- output ---\n{detail[-6000:]}", pytrace=False)
+
+
+def run_block(block: Block, workdir: Path, database_url: URL | None) -> None:
+    """Run ``block`` as the conventions above say; fail the test if it does not hold."""
+    rendered = None if database_url is None else database_url.render_as_string(hide_password=False)
+    env = _env(rendered)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "mailer.py").write_text(MAILER)
+    for setup in SETUP:
+        result = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", setup.code],
+            cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT,
+        )
+        if result.returncode != 0:
+            _fail(f"{setup.id} (set-up shell block) exited {result.returncode}", result)
+    code = block.code if rendered is None else block.code.replace(EXAMPLE_POSTGRES_URL, rendered)
+    if re.search(r"^def test_", code, re.M):
+        (workdir / "test_snippet.py").write_text(code)
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_snippet.py"],
+            cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT,
+        )
+        if result.returncode != 0:
+            _fail(f"{block.id}: its tests failed (exit {result.returncode})", result)
+        return
+    script = workdir / "snippet.py"
+    script.write_text(code)
+    if "run_forever()" not in code:
+        result = subprocess.run(
+            [sys.executable, str(script)], cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT
+        )
+        if result.returncode != 0:
+            _fail(f"{block.id} exited {result.returncode}", result)
+        return
+    serve(block, script, workdir, env, rendered or f"sqlite:///{workdir / 'watchdog.db'}")
+
+
+def serve(block: Block, script: Path, workdir: Path, env: dict[str, str], url: str) -> None:
+    """Run a serving block until it settled :data:`PROBE`, then SIGTERM it."""
+    engine = create_engine(url)
+    try:
+        watchdog = Watchdog(engine)
+        watchdog.enqueue(PROBE)
+        log = (workdir / "serve.log").open("w+")
+        process = subprocess.Popen(
+            [sys.executable, str(script)], cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT, text=True
+        )
+        try:
+            deadline = time.monotonic() + TIMEOUT
+            job = watchdog.read(PROBE.job_id)
+            while job is not None and job.state is not JobState.SETTLED:
+                if process.poll() is not None:
+                    break
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+                job = watchdog.read(PROBE.job_id)
+            still_running = process.poll() is None
+            if still_running:
+                process.send_signal(signal.SIGTERM)
+            try:
+                status = process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+                status = None
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        log.seek(0)
+        output = log.read()
+        log.close()
+        if not still_running:
+            _fail(f"{block.id} exited ({process.returncode}) before it served {PROBE.job_id}", None, output)
+        if job is None or job.state is not JobState.SETTLED:
+            _fail(f"{block.id} did not settle {PROBE.job_id} within {TIMEOUT:.0f}s: {job}", None, output)
+        if job.outcome is not Outcome.COMPLETED:
+            _fail(f"{block.id} settled {PROBE.job_id} {job.outcome}: {job.failure_reason}", None, output)
+        mailed = (workdir / "mailer.log").read_text().split() if (workdir / "mailer.log").exists() else []
+        if "42" not in mailed:
+            _fail(f"{block.id} completed {PROBE.job_id} without calling mailer.send(42)", None, output)
+        if status != 0:
+            _fail(f"{block.id} exited {status} after SIGTERM (expected 0)", None, output)
+    finally:
+        engine.dispose()
+
+
+def _reset_postgres(url: URL) -> None:
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("DROP SCHEMA public CASCADE"))
+        conn.execute(text("CREATE SCHEMA public"))
+    engine.dispose()
+
+
+@pytest.mark.parametrize("block", [b for b in PYTHON], ids=lambda b: b.id)
+def test_readme_python_block_runs_as_pasted(block: Block, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    if block.marker is not None:
+        if block.marker.startswith("skip:"):
+            pytest.skip(f"{block.id}: {block.marker}")
+        pytest.fail(f"{block.id}: unknown marker <!-- readme-test: {block.marker} -->")
+    database_url: URL | None = None
+    if EXAMPLE_POSTGRES_URL in block.code:
+        database_url = request.getfixturevalue("postgres_url")
+        _reset_postgres(database_url)
+    run_block(block, tmp_path / "work", database_url)
+
+
+def test_readme_blocks_use_known_fences_and_markers() -> None:
+    # A typo (```pyhton) or a stray marker would silently take a block out of the test.
+    for block in ALL_BLOCKS:
+        assert block.lang in KNOWN_LANGUAGES, f"{block.id}: unknown fence language {block.lang!r}"
+        if block.marker is not None:
+            assert block.marker == "run" and block.lang == "sh" or (
+                block.marker.startswith("skip: ") and block.lang == "python"
+            ), f"{block.id}: marker {block.marker!r} on a {block.lang!r} block"
+    assert SETUP, "the Quickstart's set-up command is marked <!-- readme-test: run -->"
+    assert len(PYTHON) >= 8, "the README's Python snippets were not found"
+    serving = [b for b in PYTHON if "run_forever()" in b.code and b.marker is None]
+    assert len(serving) >= 2, "the worker snippets (sync and asyncio) are run"
+
+
+def test_the_runner_fails_a_worker_snippet_whose_jobs_fail(tmp_path: Path) -> None:
+    # The harness must be able to fail: a worker snippet that forgets to define
+    # `mailer` runs, but settles every job `failed` (NameError) -- what a reader
+    # pasting the old README got.
+    [worker] = [b for b in PYTHON if "Runner(engine).run_forever()" in b.code]
+    broken = Block(worker.line, worker.lang, worker.code.replace("import mailer", ""), None)
+    assert broken.code != worker.code
+    with pytest.raises(pytest.fail.Exception, match="settled readme-probe Outcome.FAILED: NameError"):
+        run_block(broken, tmp_path / "work", None)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_readme_links_to_its_own_sections_resolve() -> None:
+    markdown = README.read_text(encoding="utf-8")
+    outside_code = re.sub(r"^\s*```.*?^\s*```", "", markdown, flags=re.M | re.S)
+    anchors = {_slug(m) for m in re.findall(r"^#{1,6} (.+)$", outside_code, re.M)}
+    links = set(re.findall(r"\]\(#([^)]+)\)", outside_code))
+    assert links, "the README links to its own sections"
+    assert links <= anchors, f"links to missing sections: {sorted(links - anchors)}"
+    for target in re.findall(r"\]\((docs/[^)#]+)", outside_code):
+        assert (README.parent / target).is_file(), target
