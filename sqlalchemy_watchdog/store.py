@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, Row
+from sqlalchemy import Connection, Engine, Row, select
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from . import statements as sql
@@ -502,12 +502,31 @@ def seconds_until_next_expiry(conn: Connection) -> float | None:
 # -- transactions ------------------------------------------------------------
 
 
+#: Store functions that only read. On SQLite they never take the write lock,
+#: whatever ``write`` their caller passed: in WAL mode a read does not wait
+#: for the writer at all, and a polling runner does not queue for the lock
+#: behind the application's writes only to look.
+READ_ONLY: frozenset[Callable[..., Any]] = frozenset(
+    {
+        read,
+        read_claim,
+        read_queue_head,
+        read_settled,
+        has_pending_work,
+        expired_claims,
+        seconds_until_next_expiry,
+    }
+)
+
+
 def begin_write(conn: Connection) -> None:
     """On SQLite, take the write lock at the start of the transaction.
 
     A deferred transaction that reads first and writes later cannot wait for
-    the lock (SQLite returns "database is locked" at once); ``BEGIN
-    IMMEDIATE`` waits for it under the busy timeout instead.
+    the lock (SQLite returns "database is locked" at once, or
+    ``SQLITE_BUSY_SNAPSHOT`` in WAL mode); ``BEGIN IMMEDIATE`` waits for it
+    under the driver's busy timeout instead (pysqlite's ``timeout``, 5 s by
+    default), in line with the application's own writers.
     """
     if conn.dialect.name != "sqlite":
         return
@@ -515,6 +534,24 @@ def begin_write(conn: Connection) -> None:
     if getattr(dbapi, "in_transaction", False):
         return
     conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _nothing_to_claim(conn: Connection, kwargs: Mapping[str, Any]) -> bool:
+    """On SQLite, whether a claim would find no queued job, read without the
+    write lock (a claim that finds nothing must not queue for the lock)."""
+    if conn.dialect.name != "sqlite":
+        return False
+    dbapi = conn.connection.dbapi_connection
+    if getattr(dbapi, "in_transaction", False):
+        # Already in a transaction (e.g. an explicit BEGIN from a "begin"
+        # event): a read before the first write would make it a
+        # read-then-write transaction. Claim directly.
+        return False
+    pick = select(sql.c.sequence).where(sql.IS_QUEUED).limit(1)
+    queues = kwargs.get("queues")
+    if queues is not None:
+        pick = pick.where(sql.c.queue_name.in_(list(queues)))
+    return conn.execute(pick).first() is None
 
 
 def transact(
@@ -528,12 +565,17 @@ def transact(
     """Run ``fn(conn, *args, **kwargs)`` in a transaction of its own on ``conn``.
 
     ``autocommit`` runs it without BEGIN/COMMIT, for work whose one writing
-    statement is atomic by itself: two round trips fewer.
+    statement is atomic by itself: two round trips fewer. On SQLite a
+    ``write`` transaction takes the write lock first (:func:`begin_write`),
+    except for the functions of :data:`READ_ONLY`, and a :func:`claim` first
+    looks, without the lock, whether any job is queued at all.
     """
     if autocommit:
         return fn(conn.execution_options(isolation_level="AUTOCOMMIT"), *args, **kwargs)
     with conn.begin():
-        if write:
+        if fn is claim and _nothing_to_claim(conn, kwargs):
+            return ClaimBatch((), ())  # type: ignore[return-value]
+        if write and fn not in READ_ONLY:
             begin_write(conn)
         return fn(conn, *args, **kwargs)
 
