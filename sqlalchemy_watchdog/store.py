@@ -502,10 +502,10 @@ def seconds_until_next_expiry(conn: Connection) -> float | None:
 # -- transactions ------------------------------------------------------------
 
 
-#: Store functions that only read. On SQLite they never take the write lock,
-#: whatever ``write`` their caller passed: in WAL mode a read does not wait
-#: for the writer at all, and a polling runner does not queue for the lock
-#: behind the application's writes only to look.
+#: Store functions that only read. In WAL mode they never take SQLite's write
+#: lock, whatever ``write`` their caller passed: a WAL reader does not wait for
+#: the writer, so a polling runner does not queue for the lock behind the
+#: application's writes only to look.
 READ_ONLY: frozenset[Callable[..., Any]] = frozenset(
     {
         read,
@@ -517,6 +517,23 @@ READ_ONLY: frozenset[Callable[..., Any]] = frozenset(
         seconds_until_next_expiry,
     }
 )
+
+
+def reads_beside_writer(conn: Connection) -> bool:
+    """Whether ``conn`` is SQLite in WAL mode, where reads never block the writer.
+
+    With a rollback journal they do: a committing writer must wait (sleeping
+    in the busy handler) until every reader's shared lock is gone, so there
+    the store's reads keep taking the write lock, which serialises them with
+    the writers instead. The journal mode is read once per pooled connection.
+    """
+    if conn.dialect.name != "sqlite":
+        return False
+    info = conn.connection.info
+    mode = info.get("watchdog_journal_mode")
+    if mode is None:
+        mode = info["watchdog_journal_mode"] = str(conn.exec_driver_sql("PRAGMA journal_mode").scalar()).lower()
+    return bool(mode == "wal")
 
 
 def begin_write(conn: Connection) -> None:
@@ -537,10 +554,8 @@ def begin_write(conn: Connection) -> None:
 
 
 def _nothing_to_claim(conn: Connection, kwargs: Mapping[str, Any]) -> bool:
-    """On SQLite, whether a claim would find no queued job, read without the
+    """In WAL mode, whether a claim would find no queued job, read without the
     write lock (a claim that finds nothing must not queue for the lock)."""
-    if conn.dialect.name != "sqlite":
-        return False
     dbapi = conn.connection.dbapi_connection
     if getattr(dbapi, "in_transaction", False):
         # Already in a transaction (e.g. an explicit BEGIN from a "begin"
@@ -566,16 +581,18 @@ def transact(
 
     ``autocommit`` runs it without BEGIN/COMMIT, for work whose one writing
     statement is atomic by itself: two round trips fewer. On SQLite a
-    ``write`` transaction takes the write lock first (:func:`begin_write`),
-    except for the functions of :data:`READ_ONLY`, and a :func:`claim` first
-    looks, without the lock, whether any job is queued at all.
+    ``write`` transaction takes the write lock first (:func:`begin_write`);
+    in WAL mode (:func:`reads_beside_writer`) the functions of
+    :data:`READ_ONLY` do not, and a :func:`claim` first looks, without the
+    lock, whether any job is queued at all.
     """
     if autocommit:
         return fn(conn.execution_options(isolation_level="AUTOCOMMIT"), *args, **kwargs)
     with conn.begin():
-        if fn is claim and _nothing_to_claim(conn, kwargs):
+        lock_free_reads = reads_beside_writer(conn)
+        if fn is claim and lock_free_reads and _nothing_to_claim(conn, kwargs):
             return ClaimBatch((), ())  # type: ignore[return-value]
-        if write and fn not in READ_ONLY:
+        if write and not (lock_free_reads and fn in READ_ONLY):
             begin_write(conn)
         return fn(conn, *args, **kwargs)
 

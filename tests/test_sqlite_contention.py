@@ -4,8 +4,8 @@ On SQLite one connection writes at a time. An application's web processes
 hold the write lock for a moment on every request; the runner must then wait
 for the lock like they do (``BEGIN IMMEDIATE`` under the driver's busy
 timeout) and get it right after it is released -- not fail, back off and
-fall behind -- and it must not queue for the lock when it only looks (an idle
-poll, the recovery pass's reads).
+fall behind. In WAL mode it must not queue for the lock when it only looks (an
+idle poll, the recovery pass's reads).
 
 The other writer is a real process holding ``BEGIN IMMEDIATE`` with an
 uncommitted row, in both journal modes: the rollback journal (SQLite's
@@ -44,17 +44,33 @@ print("RELEASED", time.time(), flush=True)
 """
 
 
-@pytest.fixture(params=["delete", "wal"])
-def sqlite_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    """A SQLite file in the given journal mode, with ``watchdog_jobs`` and an
+def _sqlite_file(tmp_path: Path, journal_mode: str) -> Engine:
+    """A SQLite file in ``journal_mode``, with ``watchdog_jobs`` and an
     application table; the engine as a user builds it (driver defaults)."""
     path = tmp_path / "app.db"
     conn = sqlite3.connect(path)
-    conn.execute(f"PRAGMA journal_mode={request.param}")
+    conn.execute(f"PRAGMA journal_mode={journal_mode}")
     conn.execute("CREATE TABLE app_orders (id INTEGER PRIMARY KEY, note TEXT)")
     conn.close()
     engine = create_engine(f"sqlite:///{path}")
     metadata.create_all(engine)
+    return engine
+
+
+@pytest.fixture(params=["delete", "wal"])
+def sqlite_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    """Both journal modes: the rollback journal (SQLite's default) and WAL."""
+    engine = _sqlite_file(tmp_path, request.param)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def wal_engine(tmp_path: Path) -> Iterator[Engine]:
+    """WAL, where readers never wait for the writer. (With a rollback journal
+    a reader's shared lock would stall a committing writer instead, so there
+    the store's reads serialise with the writers on purpose.)"""
+    engine = _sqlite_file(tmp_path, "wal")
     yield engine
     engine.dispose()
 
@@ -111,9 +127,9 @@ def test_a_300ms_write_lock_delays_the_runner_only_until_it_is_released(
     assert not [r for r in caplog.records if "transient failure" in r.getMessage()]
 
 
-def test_an_idle_runner_does_not_wait_for_another_process_write_lock(sqlite_engine: Engine) -> None:
-    runner = Runner(sqlite_engine, {QUEUE: lambda job: None})
-    holder = held_lock(sqlite_engine, 1.0)
+def test_an_idle_runner_in_wal_mode_does_not_wait_for_another_process_write_lock(wal_engine: Engine) -> None:
+    runner = Runner(wal_engine, {QUEUE: lambda job: None})
+    holder = held_lock(wal_engine, 1.0)
     began = time.monotonic()
     result = runner.tick()  # the recovery pass's reads, then a claim of an empty queue
     took = time.monotonic() - began
@@ -135,15 +151,15 @@ def test_an_idle_runner_does_not_wait_for_another_process_write_lock(sqlite_engi
     ],
     ids=lambda value: getattr(value, "__name__", None),
 )
-def test_store_reads_in_a_write_transaction_do_not_queue_for_the_lock(
-    sqlite_engine: Engine, fn: object, args: tuple[object, ...], kwargs: dict[str, object]
+def test_store_reads_in_a_write_transaction_do_not_queue_for_the_lock_in_wal_mode(
+    wal_engine: Engine, fn: object, args: tuple[object, ...], kwargs: dict[str, object]
 ) -> None:
     """The runners call every store function with ``write=True``; the pure
     reads (and a claim with nothing to take) must still not take the lock."""
-    Watchdog(sqlite_engine).enqueue(Job("order-1", QUEUE))
-    holder = held_lock(sqlite_engine, 1.0)
+    Watchdog(wal_engine).enqueue(Job("order-1", QUEUE))
+    holder = held_lock(wal_engine, 1.0)
     began = time.monotonic()
-    with sqlite_engine.connect() as conn:
+    with wal_engine.connect() as conn:
         store.transact(conn, fn, *args, write=True, **kwargs)  # type: ignore[arg-type]
     took = time.monotonic() - began
     holder.released_at()
