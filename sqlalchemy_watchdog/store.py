@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, Row
+from sqlalchemy import Connection, Engine, Row, select
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from . import statements as sql
@@ -648,12 +648,48 @@ def seconds_until_next_expiry(conn: Connection) -> float | None:
 # -- transactions ------------------------------------------------------------
 
 
+#: Store functions that only read. In WAL mode they never take SQLite's write
+#: lock, whatever ``write`` their caller passed: a WAL reader does not wait for
+#: the writer, so a polling runner does not queue for the lock behind the
+#: application's writes only to look.
+READ_ONLY: frozenset[Callable[..., Any]] = frozenset(
+    {
+        read,
+        read_claim,
+        read_queue_head,
+        read_settled,
+        has_pending_work,
+        expired_claims,
+        seconds_until_next_expiry,
+    }
+)
+
+
+def reads_beside_writer(conn: Connection) -> bool:
+    """Whether ``conn`` is SQLite in WAL mode, where reads never block the writer.
+
+    With a rollback journal they do: a committing writer must wait (sleeping
+    in the busy handler) until every reader's shared lock is gone, so there
+    the store's reads keep taking the write lock, which serialises them with
+    the writers instead. The journal mode is read once per pooled connection.
+    """
+    if conn.dialect.name != "sqlite":
+        return False
+    info = conn.connection.info
+    mode = info.get("watchdog_journal_mode")
+    if mode is None:
+        mode = info["watchdog_journal_mode"] = str(conn.exec_driver_sql("PRAGMA journal_mode").scalar()).lower()
+    return bool(mode == "wal")
+
+
 def begin_write(conn: Connection) -> None:
     """On SQLite, take the write lock at the start of the transaction.
 
     A deferred transaction that reads first and writes later cannot wait for
-    the lock (SQLite returns "database is locked" at once); ``BEGIN
-    IMMEDIATE`` waits for it under the busy timeout instead.
+    the lock (SQLite returns "database is locked" at once, or
+    ``SQLITE_BUSY_SNAPSHOT`` in WAL mode); ``BEGIN IMMEDIATE`` waits for it
+    under the driver's busy timeout instead (pysqlite's ``timeout``, 5 s by
+    default), in line with the application's own writers.
     """
     if conn.dialect.name != "sqlite":
         return
@@ -661,6 +697,22 @@ def begin_write(conn: Connection) -> None:
     if getattr(dbapi, "in_transaction", False):
         return
     conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _nothing_to_claim(conn: Connection, kwargs: Mapping[str, Any]) -> bool:
+    """In WAL mode, whether a claim would find no queued job, read without the
+    write lock (a claim that finds nothing must not queue for the lock)."""
+    dbapi = conn.connection.dbapi_connection
+    if getattr(dbapi, "in_transaction", False):
+        # Already in a transaction (e.g. an explicit BEGIN from a "begin"
+        # event): a read before the first write would make it a
+        # read-then-write transaction. Claim directly.
+        return False
+    pick = select(sql.c.sequence).where(sql.IS_QUEUED).limit(1)
+    queues = kwargs.get("queues")
+    if queues is not None:
+        pick = pick.where(sql.c.queue_name.in_(list(queues)))
+    return conn.execute(pick).first() is None
 
 
 def transact(
@@ -674,12 +726,19 @@ def transact(
     """Run ``fn(conn, *args, **kwargs)`` in a transaction of its own on ``conn``.
 
     ``autocommit`` runs it without BEGIN/COMMIT, for work whose one writing
-    statement is atomic by itself: two round trips fewer.
+    statement is atomic by itself: two round trips fewer. On SQLite a
+    ``write`` transaction takes the write lock first (:func:`begin_write`);
+    in WAL mode (:func:`reads_beside_writer`) the functions of
+    :data:`READ_ONLY` do not, and a :func:`claim` first looks, without the
+    lock, whether any job is queued at all.
     """
     if autocommit:
         return fn(conn.execution_options(isolation_level="AUTOCOMMIT"), *args, **kwargs)
     with conn.begin():
-        if write:
+        lock_free_reads = reads_beside_writer(conn)
+        if fn is claim and lock_free_reads and _nothing_to_claim(conn, kwargs):
+            return ClaimBatch((), ())  # type: ignore[return-value]
+        if write and not (lock_free_reads and fn in READ_ONLY):
             begin_write(conn)
         return fn(conn, *args, **kwargs)
 
