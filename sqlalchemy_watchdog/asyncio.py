@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import queue
 import signal
 import threading
 import time
@@ -215,6 +216,7 @@ class AsyncRunner:
         self._autocommit = store.self_committing(engine.dialect.name)
         self._settler: _AsyncSettler | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._threads = _DaemonThreads()
         self._wake: asyncio.Event | None = None
         self._stopping: asyncio.Event | None = None
         self._heartbeat_now: asyncio.Event | None = None
@@ -280,7 +282,7 @@ class AsyncRunner:
         if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
             task: asyncio.Future[Any] = asyncio.ensure_future(fn(job))
         else:
-            task = asyncio.ensure_future(asyncio.to_thread(fn, job))
+            task = self._threads.submit(fn, job)
         try:
             while True:
                 execution.task = task
@@ -423,6 +425,69 @@ class AsyncRunner:
                 await self._renew_all()
             except Exception as error:
                 log.error("heartbeat failed: %s", error)
+
+
+class _DaemonThreads:
+    """Threads for plain (blocking) handlers, started as needed and reused.
+
+    Not ``asyncio.to_thread``: the loop's default executor has ``cpus + 4``
+    threads, fewer than a large ``concurrency``, and its threads are joined
+    at exit, so one handler ignoring its stop would keep the process alive
+    after the runner returned. These are daemon threads, as the sync
+    runner's handler threads are.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], asyncio.Future[Any]]] = (
+            queue.SimpleQueue()
+        )
+        self._idle = 0
+        self._lock = threading.Lock()
+        self._started = 0
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        """``fn(*args)`` in a daemon thread, as a future of the running loop."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        with self._lock:
+            if self._idle > 0:
+                self._idle -= 1
+            else:
+                self._started += 1
+                threading.Thread(
+                    target=self._serve, name=f"watchdog-async-handler-{self._started}", daemon=True
+                ).start()
+        self._queue.put((fn, args, future))
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            fn, args, future = self._queue.get()
+            loop = future.get_loop()
+            try:
+                result = fn(*args)
+            except BaseException as error:
+                _resolve(loop, future, None, error)
+            else:
+                _resolve(loop, future, result, None)
+            with self._lock:
+                self._idle += 1
+
+
+def _resolve(
+    loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any, error: BaseException | None
+) -> None:
+    def settle() -> None:
+        if future.done():  # cancelled meanwhile (a stop): nobody waits for the answer
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    try:
+        loop.call_soon_threadsafe(settle)
+    except RuntimeError:  # the loop has closed: nobody waits
+        pass
 
 
 async def _wait(event: asyncio.Event, timeout: float) -> None:

@@ -1,6 +1,8 @@
 """Runners in real worker processes (``tests/workers/worker.py``), on SQLite
-and on PostgreSQL: killed with SIGKILL, stopped with SIGTERM, commanded from
-another process, and three of them sharing one set of jobs.
+and on PostgreSQL, each test once with ``Runner`` and once with
+``AsyncRunner`` workers (``runner_kind``): killed with SIGKILL, stopped with
+SIGTERM, commanded from another process, and three of them sharing one set
+of jobs.
 
 Every handler writes to an ``audit`` table in the same database, so the test
 sees what ran where, and how many times.
@@ -27,12 +29,12 @@ from sqlalchemy_watchdog import (
     JobState,
     JobView,
     Outcome,
-    Runner,
     RunningJob,
     Watchdog,
     enqueue,
 )
 from sqlalchemy_watchdog.model import jobs_table
+from tests.runner_kinds import RunnerDriver
 
 WORKER = Path(__file__).resolve().parent / "workers" / "worker.py"
 REPO = Path(__file__).resolve().parent.parent
@@ -94,15 +96,19 @@ def audited(engine: Engine) -> Engine:
 
 
 class Workers:
-    """Starts worker processes and makes sure none outlives the test."""
+    """Starts worker processes of one runner kind and makes sure none
+    outlives the test."""
 
-    def __init__(self, engine: Engine, logs: Path) -> None:
+    def __init__(self, engine: Engine, logs: Path, runner_kind: str = "sync") -> None:
         self.url = engine.url.render_as_string(hide_password=False)
         self.logs = logs
+        self.runner_kind = runner_kind
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, *handles: str, **options: Any) -> subprocess.Popen[bytes]:
         argv = [sys.executable, str(WORKER), self.url]
+        if self.runner_kind == "async":
+            argv.append("--asyncio")
         for handle in handles:
             argv += ["--handle", handle]
         for name, value in options.items():
@@ -116,9 +122,23 @@ class Workers:
     def output(self) -> str:
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.logs.glob("worker-*.log")))
 
-    def terminate(self, proc: subprocess.Popen[bytes], timeout: float = 30) -> int:
+    def stop(self, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+        """SIGTERM, then wait until ``run_forever`` returned (or the process ended)."""
         proc.send_signal(signal.SIGTERM)
-        return proc.wait(timeout)
+        wait_until(lambda: "runner stopped" in self.output() or proc.poll() is not None, timeout,
+                   "run_forever to return after SIGTERM")
+
+    def exit_code(self, proc: subprocess.Popen[bytes]) -> int:
+        """The exit code of a stopped worker, which must exit within seconds."""
+        try:
+            return proc.wait(5)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("run_forever returned but the process did not exit:\n" + self.output()) from None
+
+    def terminate(self, proc: subprocess.Popen[bytes], timeout: float = 30) -> int:
+        """SIGTERM: ``run_forever`` returns within ``timeout``, the process exits."""
+        self.stop(proc, timeout)
+        return self.exit_code(proc)
 
     def cleanup(self) -> None:
         for proc in self.procs:
@@ -128,8 +148,9 @@ class Workers:
 
 
 @pytest.fixture
-def workers(audited: Engine, tmp_path: Path) -> Iterator[Workers]:
-    started_workers = Workers(audited, tmp_path)
+def workers(audited: Engine, tmp_path: Path, runner_kind: str) -> Iterator[Workers]:
+    """Worker processes running the test's runner kind (``--asyncio`` for ``async``)."""
+    started_workers = Workers(audited, tmp_path, runner_kind)
     try:
         yield started_workers
     finally:
@@ -155,7 +176,7 @@ def settle_all(engine: Engine, job_ids: list[str], timeout: float) -> dict[str, 
 
 
 def test_worker_killed_mid_job_is_recovered_by_another_runner_after_the_lease(
-    audited: Engine, workers: Workers
+    audited: Engine, workers: Workers, runners: RunnerDriver
 ) -> None:
     """SIGKILL leaves two claims behind. Once their leases end, another
     runner requeues the job with a recovery budget (and runs it to
@@ -173,7 +194,7 @@ def test_worker_killed_mid_job_is_recovered_by_another_runner_after_the_lease(
     def rerun(job: RunningJob) -> None:
         recoveries.append((job.job_id, job.recovery_count))
 
-    survivor = Runner(audited, {"q": rerun}, lease=timedelta(seconds=3), heartbeat=timedelta(seconds=1))
+    survivor = runners.runner({"q": rerun}, lease=timedelta(seconds=3), heartbeat=timedelta(seconds=1))
     jobs = {}
 
     def recovered() -> bool:
@@ -191,7 +212,6 @@ def test_worker_killed_mid_job_is_recovered_by_another_runner_after_the_lease(
 
 # -- graceful shutdown ---------------------------------------------------------
 
-
 def test_sigterm_lets_a_job_finish_within_grace_and_hands_a_job_outliving_it_to_recovery(
     audited: Engine, workers: Workers
 ) -> None:
@@ -206,7 +226,7 @@ def test_sigterm_lets_a_job_finish_within_grace_and_hands_a_job_outliving_it_to_
     )
     wait_until(lambda: started(audited, "finishing", "stuck-budget", "stuck-no-policy"), what="three jobs to start")
     stopped_at = time.monotonic()
-    assert workers.terminate(proc) == 0, workers.output()
+    workers.stop(proc)
     # well within the 60 s lease: nothing was left running for recovery to find later
     assert time.monotonic() - stopped_at < 20
     finishing = read(audited, "finishing")
@@ -219,6 +239,7 @@ def test_sigterm_lets_a_job_finish_within_grace_and_hands_a_job_outliving_it_to_
         Outcome.INTERRUPTED,
         f"{store.SHUTDOWN_REASON}; no recovery policy",  # the shutdown's grace ran out, said so
     )
+    assert workers.exit_code(proc) == 0, workers.output()
 
 
 # -- commands from another process ---------------------------------------------

@@ -3,7 +3,13 @@ that leave an audit trail, and hooks to die at precise moments.
 
     python tests/faults/chaos_worker.py --url URL [--queue chaos] [--concurrency N]
         [--lease S] [--heartbeat S] [--poll S] [--grace S] [--clock-offset-ms MS]
-        [--kill-in-settle JOB_ID --kill-phase before|after]
+        [--kill-in-settle JOB_ID --kill-phase before|after] [--asyncio]
+
+With ``--asyncio`` it runs an ``AsyncRunner`` (``asyncio.run(runner.run_forever())``
+on an ``AsyncEngine``) with the coroutine twin of the handler: the same
+audit rows (through the runner's AsyncEngine), a stop arrives as the cancellation
+of its task (recorded, then re-raised), and ``ignore_stop`` is a blocking
+call in a thread, as a plain function that never looks at its stop.
 
 A job's payload says what its handler does (``{"action": ...}``):
 
@@ -32,10 +38,12 @@ committed.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import signal
 import sys
+import threading
 import time
 import uuid
 from datetime import timedelta
@@ -46,8 +54,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from sqlalchemy import Engine, create_engine, insert, literal, select, update
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from sqlalchemy_watchdog import Decision, Runner, RunningJob, statements, store
+from sqlalchemy_watchdog.asyncio import AsyncRunner, run_store
+from sqlalchemy_watchdog.errors import WatchdogError
 from sqlalchemy_watchdog.model import jobs_table
 from tests.faults.helpers import audit
 
@@ -122,6 +133,86 @@ def make_handler(engine: Engine):  # type: ignore[no-untyped-def]
     return handle
 
 
+def _execute(conn: Any, stmt: Any) -> None:
+    conn.execute(stmt)
+
+
+async def _audit_write_async(aengine: AsyncEngine, stmt: Any, what: str) -> None:
+    """:func:`_audit_write` on the worker's AsyncEngine (its one pool)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            await run_store(aengine, _execute, stmt)
+            return
+        except (DBAPIError, WatchdogError) as error:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("audit %s failed (%s); retrying", what, type(error).__name__)
+            await asyncio.sleep(0.2)
+
+
+async def _in_daemon_thread(fn: Any, *args: Any) -> Any:
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def run() -> None:
+        result = fn(*args)
+        loop.call_soon_threadsafe(lambda: future.done() or future.set_result(result))
+
+    threading.Thread(target=run, daemon=True).start()
+    return await future
+
+
+def make_async_handler(aengine: AsyncEngine):  # type: ignore[no-untyped-def]
+    """The coroutine twin of :func:`make_handler`'s handler, writing its
+    audit rows through the runner's own AsyncEngine."""
+    pid = os.getpid()
+
+    async def handle(job: RunningJob) -> Decision | None:
+        called = store.now_ms()
+        payload = job.payload if isinstance(job.payload, dict) else {}
+        action = payload.get("action", "quick")
+        if job.recovery_count >= payload.get("only_first", 1 << 30):
+            action = "quick"
+        exec_id = uuid.uuid4().hex
+        lease = select(jobs_table.c.lease_until).where(jobs_table.c.job_id == job.job_id).scalar_subquery()
+        start = insert(audit).values(
+            job_id=job.job_id, exec_id=exec_id, pid=pid, recovery_count=job.recovery_count,
+            called_ms=called, started_ms=statements.db_clock_ms(), lease_seen=lease,
+        )
+        await _audit_write_async(aengine, start, "start")
+
+        def end(stopped: str | None) -> Any:
+            return (
+                update(audit)
+                .where(audit.c.exec_id == exec_id)
+                .values(ended_ms=statements.db_clock_ms(), stop_reason=stopped, note=literal(action))
+            )
+
+        if action == "sleep" or action == "block":
+            try:
+                await asyncio.sleep(float(payload.get("seconds", 600)))
+            except asyncio.CancelledError:
+                stopped = job.stop_reason.value if job.stop_reason else "unknown"
+                await _audit_write_async(aengine, end(stopped), "end")
+                raise
+        elif action == "ignore_stop":
+            # A blocking call the task's cancellation cannot reach, in a daemon
+            # thread: asyncio.to_thread's would hold the process at exit.
+            await _in_daemon_thread(time.sleep, float(payload.get("seconds", 600)))
+        await _audit_write_async(aengine, end(None), "end")
+        if action == "fail":
+            return Decision.failed("chaos failure")
+        return None
+
+    return handle
+
+
+def async_url(url: str) -> str:
+    backend, rest = url.split(":", 1)
+    return ("sqlite+aiosqlite:" if backend.startswith("sqlite") else "postgresql+psycopg:") + rest
+
+
 def install_settle_kill(job_ids: set[str], phase: str) -> None:
     """SIGKILL this process inside the settle of one of ``job_ids``.
 
@@ -172,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-in-settle", action="append", default=[])
     parser.add_argument("--kill-phase", choices=("before", "after"), default="before")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--asyncio", action="store_true", help="run an AsyncRunner instead")
     args = parser.parse_args(argv)
 
     logging.basicConfig(
@@ -183,11 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.kill_in_settle:
         install_settle_kill(set(args.kill_in_settle), args.kill_phase)
     queues = args.queue or ["chaos"]
-    handle = make_handler(engine)
     offset = args.clock_offset_ms
-    runner = Runner(
-        engine,
-        {queue: handle for queue in queues},
+    settings: dict[str, Any] = dict(
         concurrency=args.concurrency,
         lease=timedelta(seconds=args.lease),
         heartbeat=timedelta(seconds=args.heartbeat),
@@ -195,8 +284,24 @@ def main(argv: list[str] | None = None) -> int:
         grace=timedelta(seconds=args.grace),
         clock=(lambda: store.now_ms() + offset) if offset else store.now_ms,
     )
-    print("chaos-worker ready", file=sys.stderr, flush=True)
-    runner.run_forever()
+    if args.asyncio:
+        engine.dispose()  # the async worker uses its AsyncEngine alone
+
+        async def serve() -> None:
+            aengine = create_async_engine(async_url(args.url))
+            try:
+                handle = make_async_handler(aengine)
+                runner = AsyncRunner(aengine, {queue: handle for queue in queues}, **settings)
+                print("chaos-worker ready", file=sys.stderr, flush=True)
+                await runner.run_forever()
+            finally:
+                await aengine.dispose()
+
+        asyncio.run(serve())
+    else:
+        runner = Runner(engine, {queue: make_handler(engine) for queue in queues}, **settings)
+        print("chaos-worker ready", file=sys.stderr, flush=True)
+        runner.run_forever()
     print("chaos-worker exited", file=sys.stderr, flush=True)
     return 0
 

@@ -3,7 +3,8 @@
 The runner's ``clock=`` is its application clock. Whatever it says, a lease
 must be measured by the database: a skewed runner can neither hold a lease
 longer than ``lease`` of database time, nor treat another runner's live lease
-as expired and take its job.
+as expired and take its job. Proven for ``Runner`` and ``AsyncRunner``
+(the ``runners`` driver of tests/runner_kinds.py).
 """
 
 from __future__ import annotations
@@ -11,14 +12,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from datetime import timedelta
 
 import pytest
 from sqlalchemy import Engine
 
-from sqlalchemy_watchdog import Decision, Job, Runner, TickStatus, store
+from sqlalchemy_watchdog import Decision, Job, TickResult, TickStatus, store
 from sqlalchemy_watchdog.jobs import SettleStatus
 from tests.faults.helpers import db_now_ms, enqueue_jobs, jobs_by_id, wait_until
+from tests.runner_kinds import RunnerDriver
 
 TEN_MINUTES = 10 * 60 * 1000
 
@@ -37,8 +40,10 @@ def _tx(engine: Engine, fn: Callable, *args, **kwargs):  # type: ignore[no-untyp
         return store.transact(conn, fn, *args, **kwargs)
 
 
-def _blocking_runner(engine: Engine, clock: Callable[[], int], lease_s: float, heartbeat_s: float):  # type: ignore[no-untyped-def]
-    """A runner whose handler blocks until released; ``tick`` runs in a thread."""
+def _blocking_runner(
+    runners: RunnerDriver, clock: Callable[[], int], lease_s: float, heartbeat_s: float
+) -> tuple[threading.Event, Future[TickResult]]:
+    """A runner whose handler blocks until released; its ``tick`` runs in the background."""
     started = threading.Event()
     release = threading.Event()
 
@@ -46,28 +51,24 @@ def _blocking_runner(engine: Engine, clock: Callable[[], int], lease_s: float, h
         started.set()
         release.wait(30)
 
-    runner = Runner(
-        engine,
+    runner = runners.runner(
         {"q": handle},
         lease=timedelta(seconds=lease_s),
         heartbeat=timedelta(seconds=heartbeat_s),
         clock=clock,
     )
-    results: list = []
-    thread = threading.Thread(target=lambda: results.append(runner.tick()), daemon=True)
-    thread.start()
+    result = runner.tick_in_background()
     assert started.wait(30), "the handler did not start"
-    return release, thread, results
+    return release, result
 
 
 @pytest.mark.parametrize("offset", SKEWS)
-def test_skewed_runner_cannot_steal_a_live_lease(engine: Engine, offset: int) -> None:
+def test_skewed_runner_cannot_steal_a_live_lease(engine: Engine, runners: RunnerDriver, offset: int) -> None:
     enqueue_jobs(engine, [Job("held", "q", max_recoveries=3)])
-    release, thread, results = _blocking_runner(engine, store.now_ms, lease_s=30, heartbeat_s=1)
+    release, result = _blocking_runner(runners, store.now_ms, lease_s=30, heartbeat_s=1)
     try:
         held = jobs_by_id(engine)["held"]
-        thief = Runner(
-            engine,
+        thief = runners.runner(
             {"q": lambda job: None},
             lease=timedelta(seconds=30),
             heartbeat=timedelta(seconds=1),
@@ -83,18 +84,17 @@ def test_skewed_runner_cannot_steal_a_live_lease(engine: Engine, offset: int) ->
         )
     finally:
         release.set()
-        thread.join(30)
-    assert results and results[0].status is TickStatus.SETTLED
+    assert result.result(30).status is TickStatus.SETTLED
     assert jobs_by_id(engine)["held"]["outcome"] == "completed"
 
 
 @pytest.mark.parametrize("offset", SKEWS)
-def test_skewed_runner_lease_never_outlives_database_time(engine: Engine, offset: int) -> None:
+def test_skewed_runner_lease_never_outlives_database_time(engine: Engine, runners: RunnerDriver, offset: int) -> None:
     """While a skewed runner runs a job, heartbeats included, its lease
     stays within ``lease`` of the database clock."""
     lease_ms = 1500
     enqueue_jobs(engine, [Job("mine", "q")])
-    release, thread, _ = _blocking_runner(engine, skewed(offset), lease_s=lease_ms / 1000, heartbeat_s=0.3)
+    release, result = _blocking_runner(runners, skewed(offset), lease_s=lease_ms / 1000, heartbeat_s=0.3)
     try:
         ahead_by = []
         deadline = time.monotonic() + 1.2  # spans a few heartbeats
@@ -103,12 +103,12 @@ def test_skewed_runner_lease_never_outlives_database_time(engine: Engine, offset
             time.sleep(0.1)
     finally:
         release.set()
-        thread.join(30)
+        result.result(30)
     assert max(ahead_by) <= lease_ms + 250, f"lease ran {max(ahead_by)} ms past the database clock"
 
 
 @pytest.mark.parametrize("offset", SKEWS)
-def test_skewed_claim_ends_by_database_time(engine: Engine, offset: int) -> None:
+def test_skewed_claim_ends_by_database_time(engine: Engine, runners: RunnerDriver, offset: int) -> None:
     """A skewed claimer that stops renewing loses its claim when the
     database says the lease ended: its renew and settle are refused and a
     correct runner recovers the job."""
@@ -122,7 +122,7 @@ def test_skewed_claim_ends_by_database_time(engine: Engine, offset: int) -> None
     assert _tx(engine, store.renew, [("dies", claim.token)], lease_ms=400, now=clock()) == set()
     settled = _tx(engine, store.settle, job_id="dies", claim_token=claim.token, decision=Decision.completed(), now=clock())
     assert settled.status is SettleStatus.CONFLICT
-    rescuer = Runner(engine, {"q": lambda job: None}, lease=timedelta(seconds=30), heartbeat=timedelta(seconds=1))
+    rescuer = runners.runner({"q": lambda job: None}, lease=timedelta(seconds=30), heartbeat=timedelta(seconds=1))
     assert rescuer.tick().status is TickStatus.REQUEUED
     assert rescuer.tick().status is TickStatus.SETTLED
     final = wait_until(lambda: jobs_by_id(engine)["dies"], timeout=5, what="the row")

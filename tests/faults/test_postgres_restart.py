@@ -5,7 +5,9 @@ crash-restarted with ``pg_ctl restart -m immediate`` mid-run, and, separately,
 the worker's backends are killed with ``pg_terminate_backend``. The worker
 must log, reconnect and go on -- no crash loop, a bounded number of
 connections in ``pg_stat_activity`` throughout, and every job settled
-exactly once.
+exactly once. Each case runs with a ``Runner`` worker and with an
+``AsyncRunner`` worker (fewer jobs: the async run proves the same
+recovery paths, not a longer soak).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from tests.faults.private_postgres import PrivatePostgres, find_bindir
 
 pytestmark = pytest.mark.slow
 
-JOBS = 150
+JOBS = {"sync": 150, "async": 80}
 CONCURRENCY = 2
 # SQLAlchemy's default QueuePool (5 + 10 overflow) plus the LISTEN connection.
 MAX_CONNECTIONS = 5 + 10 + 1
@@ -129,9 +131,9 @@ def _settled(engine: Engine) -> int:
 
 
 def _start_run(
-    server: PrivatePostgres, name: str, engine: Engine, workers: WorkerPool, app: str
+    server: PrivatePostgres, name: str, engine: Engine, workers: WorkerPool, app: str, runner_kind: str
 ) -> tuple[Worker, list[str]]:
-    ids = [f"job-{i:04d}" for i in range(JOBS)]
+    ids = [f"job-{i:04d}" for i in range(JOBS[runner_kind])]
     enqueue_jobs(
         engine,
         [Job(j, "chaos", payload={"action": "sleep", "seconds": 0.02}, max_recoveries=5) for j in ids],
@@ -143,6 +145,7 @@ def _start_run(
         lease=3,
         heartbeat=0.5,
         poll=0.2,
+        asyncio=runner_kind == "async",
     )
     return worker, ids
 
@@ -150,7 +153,7 @@ def _start_run(
 def _finish_and_check(
     engine: Engine, worker: Worker, ids: list[str], sampler: ConnectionSampler
 ) -> None:
-    wait_until(lambda: _settled(engine) == JOBS, timeout=180, what="every job to settle", interval=0.2)
+    wait_until(lambda: _settled(engine) == len(ids), timeout=180, what="every job to settle", interval=0.2)
     rows = assert_settled_exactly_once(engine, ids)
     outcomes = {r["outcome"] for r in rows.values()}
     assert outcomes == {"completed"}, outcomes
@@ -172,13 +175,13 @@ def _finish_and_check(
 
 
 def test_pg_ctl_restart_immediate_mid_run(
-    database: tuple[PrivatePostgres, str, Engine], workers: WorkerPool
+    database: tuple[PrivatePostgres, str, Engine], workers: WorkerPool, runner_kind: str
 ) -> None:
     server, name, engine = database
     app = "chaos-restart"
-    worker, ids = _start_run(server, name, engine, workers, app)
+    worker, ids = _start_run(server, name, engine, workers, app, runner_kind)
     with ConnectionSampler(server, app) as sampler:
-        for threshold in (30, 80):
+        for threshold in (len(ids) // 5, len(ids) * 8 // 15):
             wait_until(lambda n=threshold: _settled(engine) >= n, timeout=120, what=f"{threshold} settled", interval=0.1)
             server.restart_immediate()
         _finish_and_check(engine, worker, ids, sampler)
@@ -187,14 +190,14 @@ def test_pg_ctl_restart_immediate_mid_run(
 
 
 def test_pg_terminate_backend_mid_run(
-    database: tuple[PrivatePostgres, str, Engine], workers: WorkerPool
+    database: tuple[PrivatePostgres, str, Engine], workers: WorkerPool, runner_kind: str
 ) -> None:
     server, name, engine = database
     app = "chaos-terminate"
-    worker, ids = _start_run(server, name, engine, workers, app)
+    worker, ids = _start_run(server, name, engine, workers, app, runner_kind)
     killed = []
     with ConnectionSampler(server, app) as sampler:
-        for threshold in (20, 60, 100):
+        for threshold in (len(ids) * 2 // 15, len(ids) * 6 // 15, len(ids) * 10 // 15):
             wait_until(lambda n=threshold: _settled(engine) >= n, timeout=120, what=f"{threshold} settled", interval=0.1)
             with engine.connect() as conn:
                 killed.append(

@@ -3,7 +3,9 @@
 Each test runs ``tests/faults/chaos_worker.py`` processes against a real
 database (an SQLite file shared by the processes, and PostgreSQL), signals
 them at a precise moment, and reads the outcome from the database: the
-rows, the trigger-fed transition log and the handlers' audit trail.
+rows, the trigger-fed transition log and the handlers' audit trail. Each
+case runs with ``Runner`` workers and with ``AsyncRunner`` workers
+(``runner_kind``; ``chaos_worker.py --asyncio``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ HEARTBEAT = 0.5
 TIMING = {"lease": LEASE, "heartbeat": HEARTBEAT, "poll": 0.2}
 
 
+def kind(runner_kind: str) -> dict[str, bool]:
+    """The worker options of ``runner_kind``."""
+    return {"asyncio": runner_kind == "async"}
+
+
 def _first_recovery(engine: Engine, job_id: str, token: str) -> dict:
     """The transition that took the job away from the dead claim ``token``."""
     for t in transition_rows(engine, job_id):
@@ -42,7 +49,7 @@ def _first_recovery(engine: Engine, job_id: str, token: str) -> dict:
 
 
 def test_sigkill_mid_handler_recovers_within_budget_else_interrupts(
-    instrumented: Engine, db_url: URL, workers: WorkerPool
+    instrumented: Engine, db_url: URL, workers: WorkerPool, runner_kind: str
 ) -> None:
     """Fault 1. Three jobs die with their worker mid-handler. After the lease
     (never before it) another runner requeues and completes the one with a
@@ -58,7 +65,7 @@ def test_sigkill_mid_handler_recovers_within_budget_else_interrupts(
     jobs += [Job(f"bystander-{i}", "chaos", max_recoveries=1) for i in range(5)]
     enqueue_jobs(engine, jobs)
 
-    w1 = workers.start(db_url, "w1", concurrency=3, **TIMING)
+    w1 = workers.start(db_url, "w1", concurrency=3, **TIMING, **kind(runner_kind))
     wait_until(lambda: len(audit_rows(engine)) >= 3, timeout=60, what="three handlers to start")
     assert {a["job_id"] for a in audit_rows(engine)} == set(victims)
     w1.kill()
@@ -67,7 +74,7 @@ def test_sigkill_mid_handler_recovers_within_budget_else_interrupts(
     dead = {j: (row["claim_token"], row["lease_until"]) for j, row in jobs_by_id(engine).items() if j in victims}
     assert all(row_state == "running" for row_state in (r["state"] for j, r in jobs_by_id(engine).items() if j in victims))
 
-    w2 = workers.start(db_url, "w2", concurrency=2, **TIMING)
+    w2 = workers.start(db_url, "w2", concurrency=2, **TIMING, **kind(runner_kind))
     wait_until(
         lambda: all(r["state"] == "settled" for r in jobs_by_id(engine).values()),
         timeout=60,
@@ -97,7 +104,7 @@ def test_sigkill_mid_handler_recovers_within_budget_else_interrupts(
 
 @pytest.mark.parametrize("phase", ["before", pytest.param("after", marks=pytest.mark.slow)])
 def test_sigkill_after_handler_returned_before_settle_commit(
-    instrumented: Engine, db_url: URL, workers: WorkerPool, phase: str
+    instrumented: Engine, db_url: URL, workers: WorkerPool, phase: str, runner_kind: str
 ) -> None:
     """Fault 2. The handler returned (its side effect committed) and the
     process dies before its settle statement ran (``before``) or after it ran
@@ -105,7 +112,7 @@ def test_sigkill_after_handler_returned_before_settle_commit(
     exactly one settlement."""
     engine = instrumented
     enqueue_jobs(engine, [Job("victim", "chaos", max_recoveries=2), Job("other", "chaos", max_recoveries=2)])
-    w1 = workers.start(db_url, "w1", kill_in_settle="victim", kill_phase=phase, **TIMING)
+    w1 = workers.start(db_url, "w1", kill_in_settle="victim", kill_phase=phase, **TIMING, **kind(runner_kind))
     wait_until(lambda: not w1.alive, timeout=60, what="w1 to kill itself in the settle")
     assert w1.proc.returncode == -signal.SIGKILL, w1.log_text()
     assert "chaos: SIGKILL" in w1.log_text()
@@ -122,7 +129,7 @@ def test_sigkill_after_handler_returned_before_settle_commit(
     else:
         assert row["state"] == "running", "the uncommitted settle must not be visible"
 
-    workers.start(db_url, "w2", **TIMING)
+    workers.start(db_url, "w2", **TIMING, **kind(runner_kind))
     wait_until(
         lambda: all(r["state"] == "settled" for r in jobs_by_id(engine).values()),
         timeout=60,
@@ -139,19 +146,21 @@ def test_sigkill_after_handler_returned_before_settle_commit(
         assert runs[1]["started_ms"] >= row["lease_until"], "the rerun started under the dead claim's lease"
 
 
-def test_sigstop_past_lease_then_sigcont(instrumented: Engine, db_url: URL, workers: WorkerPool) -> None:
+def test_sigstop_past_lease_then_sigcont(
+    instrumented: Engine, db_url: URL, workers: WorkerPool, runner_kind: str
+) -> None:
     """Fault 3. A worker frozen past its lease loses the job to another; on
     SIGCONT its heartbeat and settle are refused (the row is not touched by
     it), its handler is told to stop (``lease_lost``), and only the new
     claim's settlement counts."""
     engine = instrumented
     enqueue_jobs(engine, [Job("victim", "chaos", payload={"action": "block", "only_first": 1}, max_recoveries=1)])
-    w1 = workers.start(db_url, "w1", **TIMING)
+    w1 = workers.start(db_url, "w1", **TIMING, **kind(runner_kind))
     wait_until(lambda: audit_rows(engine, "victim"), timeout=60, what="the handler to start")
     w1.send(signal.SIGSTOP)
     old_token = jobs_by_id(engine)["victim"]["claim_token"]
 
-    w2 = workers.start(db_url, "w2", **TIMING)
+    w2 = workers.start(db_url, "w2", **TIMING, **kind(runner_kind))
     wait_until(lambda: jobs_by_id(engine)["victim"]["state"] == "settled", timeout=60, what="w2 to settle")
     settled = jobs_by_id(engine)["victim"]
     assert settled["outcome"] == "completed" and settled["recovery_count"] == 1
@@ -181,7 +190,7 @@ def test_sigstop_past_lease_then_sigcont(instrumented: Engine, db_url: URL, work
 
 @pytest.mark.slow
 def test_sigterm_stops_claiming_and_hands_over_unfinished_work(
-    instrumented: Engine, db_url: URL, workers: WorkerPool
+    instrumented: Engine, db_url: URL, workers: WorkerPool, runner_kind: str
 ) -> None:
     """Fault 4. SIGTERM: nothing is claimed after the signal; a job finishing
     within the grace period settles; one that honours ``stop_requested``
@@ -198,15 +207,18 @@ def test_sigterm_stops_claiming_and_hands_over_unfinished_work(
     ]
     waiting = [Job(f"waiting-{i}", "chaos") for i in range(4)]
     enqueue_jobs(engine, jobs + waiting)
-    w1 = workers.start(db_url, "w1", concurrency=4, grace=grace, **TIMING)
+    w1 = workers.start(db_url, "w1", concurrency=4, grace=grace, **TIMING, **kind(runner_kind))
     wait_until(lambda: len(audit_rows(engine)) == 4, timeout=60, what="four handlers to start")
 
     signalled_ms = db_now_ms(engine)
     sent = time.monotonic()
     w1.send(signal.SIGTERM)
-    code = w1.wait(timeout=grace + 2 + 15)
+    wait_until(
+        lambda: "runner stopped" in w1.log_text() or not w1.alive,
+        timeout=grace + 2 + 15,
+        what="run_forever to return after SIGTERM",
+    )
     took = time.monotonic() - sent
-    assert code == 0, w1.log_text()
     assert took < grace + 2 + 5, f"shutdown took {took:.1f}s with grace {grace}s"
 
     claims_after = [
@@ -226,8 +238,12 @@ def test_sigterm_stops_claiming_and_hands_over_unfinished_work(
     assert rows["ignores-no-policy"]["outcome"] == "interrupted"
     assert rows["ignores-no-policy"]["failure_reason"] == f"{SHUTDOWN_REASON}; no recovery policy"
     assert all(rows[j.job_id]["state"] == "queued" for j in waiting)
+    # run_forever has returned: the process exits at once (a handler still
+    # blocking in a thread must not hold it)
+    code = w1.wait(timeout=5)
+    assert code == 0, w1.log_text()
 
-    workers.start(db_url, "w2", concurrency=2, **TIMING)
+    workers.start(db_url, "w2", concurrency=2, **TIMING, **kind(runner_kind))
     wait_until(
         lambda: all(r["state"] == "settled" for r in jobs_by_id(engine).values()),
         timeout=60,

@@ -2,10 +2,14 @@
 
     python tests/workers/worker.py URL --handle QUEUE=KIND [--handle ...]
         [--sleep-ms N] [--lease S] [--heartbeat S] [--grace S] [--poll S]
-        [--concurrency N]
+        [--concurrency N] [--asyncio]
 
 Builds a :class:`sqlalchemy_watchdog.Runner` on the database at ``URL`` and
-calls ``run_forever()`` (SIGTERM/SIGINT stop it gracefully). Every handler
+calls ``run_forever()`` (SIGTERM/SIGINT stop it gracefully). With
+``--asyncio`` it runs an ``AsyncRunner`` on an ``AsyncEngine`` instead, as
+``asyncio.run(runner.run_forever())``, with coroutine handlers (``work``,
+``block``; a stop cancels their task) and the plain ``hang`` (a blocking
+call that ignores every stop, run in a thread). Every handler
 writes to the ``audit`` table (``job_id``, ``pid``, ``event``) of the same
 database, which the test creates; a ``ready`` row (job_id ``-``) is written
 before the runner starts. Handler kinds:
@@ -17,11 +21,16 @@ before the runner starts. Handler kinds:
     ``stopped:<stop_reason>``, returns None.
 ``hang``
     writes ``started``, then sleeps forever, ignoring ``stop_requested``.
+
+The coroutine twins write the same rows (through a thread: the audit uses
+the sync engine); ``block`` records ``stopped:<stop_reason>`` when its task
+is cancelled.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import sys
@@ -31,8 +40,10 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from sqlalchemy_watchdog import Runner, RunningJob
+from sqlalchemy_watchdog.asyncio import AsyncRunner
 
 AUDIT = text("INSERT INTO audit (job_id, pid, event) VALUES (:job_id, :pid, :event)")
 
@@ -61,6 +72,32 @@ def make_handler(engine: Engine, kind: str, sleep_ms: int) -> Callable[[RunningJ
     return {"work": work, "block": block, "hang": hang}[kind]
 
 
+def make_async_handler(engine: Engine, kind: str, sleep_ms: int) -> Callable[[RunningJob], Any]:
+    async def work(job: RunningJob) -> None:
+        await asyncio.to_thread(audit, engine, job.job_id, "started")
+        await asyncio.sleep(sleep_ms / 1000)
+
+    async def block(job: RunningJob) -> None:
+        await asyncio.to_thread(audit, engine, job.job_id, "started")
+        try:
+            await asyncio.sleep(300)
+        except asyncio.CancelledError:
+            reason = job.stop_reason.value if job.stop_reason is not None else "unknown"
+            await asyncio.to_thread(audit, engine, job.job_id, f"stopped:{reason}")
+            raise
+        await asyncio.to_thread(audit, engine, job.job_id, "stopped:timeout")
+
+    if kind == "hang":
+        return make_handler(engine, kind, sleep_ms)  # a blocking call: a thread
+    return {"work": work, "block": block}[kind]
+
+
+def async_url(url: str) -> str:
+    backend = url.split(":", 1)[0].split("+", 1)[0]
+    rest = url.split(":", 1)[1]
+    return ("sqlite+aiosqlite:" if backend == "sqlite" else "postgresql+psycopg:") + rest
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("url")
@@ -71,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--grace", type=float, default=5.0)
     parser.add_argument("--poll", type=float, default=0.2)
     parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--asyncio", action="store_true", help="run an AsyncRunner instead")
     args = parser.parse_args(argv)
 
     logging.basicConfig(
@@ -79,21 +117,33 @@ def main(argv: list[str] | None = None) -> None:
         format=f"%(asctime)s [{os.getpid()}] %(name)s %(levelname)s %(message)s",
     )
     engine = create_engine(args.url)
+    make = make_async_handler if args.asyncio else make_handler
     handlers = {}
     for spec in args.handle:
         queue, _, kind = spec.partition("=")
-        handlers[queue] = make_handler(engine, kind, args.sleep_ms)
-    runner = Runner(
-        engine,
-        handlers,
+        handlers[queue] = make(engine, kind, args.sleep_ms)
+    settings: dict[str, Any] = dict(
         concurrency=args.concurrency,
         lease=timedelta(seconds=args.lease),
         heartbeat=timedelta(seconds=args.heartbeat),
         grace=timedelta(seconds=args.grace),
         poll_interval=timedelta(seconds=args.poll),
     )
-    audit(engine, "-", "ready")
-    runner.run_forever()
+    if args.asyncio:
+
+        async def serve() -> None:
+            aengine = create_async_engine(async_url(args.url))
+            try:
+                await AsyncRunner(aengine, handlers, **settings).run_forever()
+            finally:
+                await aengine.dispose()
+
+        audit(engine, "-", "ready")
+        asyncio.run(serve())
+    else:
+        runner = Runner(engine, handlers, **settings)
+        audit(engine, "-", "ready")
+        runner.run_forever()
     engine.dispose()
 
 

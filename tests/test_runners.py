@@ -1,0 +1,1124 @@
+"""The runner contract, proven for both runners on both dialects.
+
+Every test here runs four ways: ``Runner`` (sync, handler threads) and
+``AsyncRunner`` (asyncio tasks) -- the ``runners`` fixture, see
+tests/runner_kinds.py -- each on SQLite and on PostgreSQL. A test reads like
+the guarantee; which runner it drives is invisible in its body. Handlers are
+plain functions (AsyncRunner runs them in a thread), or :func:`dual` where
+the behaviour is about coroutine handlers: a stop cancels their task.
+
+Nothing is mocked: real databases, real threads and event loops; leases run
+out by the database clock, or by the runner's own ``clock=`` moved forward.
+A pause between claim and start is made with SQLAlchemy's own pool events
+on the runner's engine (public API), not by reaching into the runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, create_engine, select, text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+import sqlalchemy_watchdog
+from sqlalchemy_watchdog import (
+    Decision,
+    InvalidJob,
+    Job,
+    JobState,
+    JobView,
+    Outcome,
+    Runner,
+    RunningJob,
+    StopReason,
+    TickStatus,
+    Watchdog,
+    enqueue,
+    execution,
+    handler,
+    store,
+)
+from sqlalchemy_watchdog.asyncio import AsyncRunner
+from sqlalchemy_watchdog.jobs import FAILURE_REASON_MAX_LENGTH
+from sqlalchemy_watchdog.model import jobs_table
+from tests.runner_kinds import RunnerDriver, dual
+
+LEASE = timedelta(seconds=3)
+HEARTBEAT = timedelta(seconds=1)
+POLL = timedelta(milliseconds=100)
+NO_POLICY = "Execution disappeared without a recovery policy"
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
+    """Poll ``predicate`` until it is truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def add(engine: Engine, *jobs: Job) -> None:
+    with engine.begin() as conn:
+        enqueue(conn, list(jobs))
+
+
+def read(engine: Engine, job_id: str) -> JobView:
+    job = Watchdog(engine).read(job_id)
+    assert job is not None, job_id
+    return job
+
+
+def raw(engine: Engine, job_id: str) -> dict[str, Any]:
+    with engine.connect() as conn:
+        return dict(conn.execute(select(jobs_table).where(jobs_table.c.job_id == job_id)).one()._mapping)
+
+
+def settled(engine: Engine, job_id: str, timeout: float = 15.0) -> JobView:
+    return wait_until(
+        lambda: (job := read(engine, job_id)).state is JobState.SETTLED and job,
+        timeout,
+        f"{job_id} to settle",
+    )
+
+
+def db_clock(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(select(store.sql.db_clock_ms())).scalar_one())
+
+
+def make(runners: RunnerDriver, handlers: dict[str, Callable[[RunningJob], Any]] | None, **kwargs: Any) -> Any:
+    """A runner with this module's short lease, heartbeat and poll by default."""
+    kwargs.setdefault("lease", LEASE)
+    kwargs.setdefault("heartbeat", HEARTBEAT)
+    kwargs.setdefault("poll_interval", POLL)
+    return runners.runner(handlers, **kwargs)
+
+
+def done(job: RunningJob) -> None:
+    return None
+
+
+class Blocking:
+    """A handler that says it started, then runs until it is told to stop,
+    recording why: a plain function waits for ``stop_requested``, a coroutine
+    sleeps until its task is cancelled. :attr:`handler` has both shapes."""
+
+    def __init__(self, decision: Decision | None = None) -> None:
+        self.started = threading.Event()
+        self.reasons: list[StopReason | None] = []
+        self.decision = decision
+
+        def plain(job: RunningJob) -> Decision | None:
+            self.started.set()
+            stopped = job.stop_requested.wait(30)
+            self.reasons.append(job.stop_reason if stopped else None)
+            return self.decision
+
+        async def coroutine(job: RunningJob) -> Decision | None:
+            self.started.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                self.reasons.append(job.stop_reason)
+                raise
+            self.reasons.append(None)
+            return self.decision
+
+        self.handler = dual(plain, coroutine)
+
+
+class Stubborn:
+    """A handler that ignores every request to stop until :attr:`release`
+    is set: a plain function blocks its thread, a coroutine swallows the
+    cancellation of its task."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+        def plain(job: RunningJob) -> None:
+            self.started.set()
+            self.release.wait(60)
+
+        async def coroutine(job: RunningJob) -> None:
+            self.started.set()
+            while not self.release.is_set():
+                try:
+                    await asyncio.sleep(0.05)
+                except asyncio.CancelledError:
+                    continue
+
+        self.handler = dual(plain, coroutine)
+
+
+# -- decisions -----------------------------------------------------------------
+
+
+def test_handler_returning_none_settles_completed(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("a", "q", payload={"to": "x@example.com"}))
+    result = make(runners, {"q": done}).tick()
+    assert result.status is TickStatus.SETTLED
+    assert result.job is not None
+    assert (result.job.job_id, result.job.outcome, result.job.failure_reason) == ("a", Outcome.COMPLETED, None)
+    assert read(engine, "a").outcome is Outcome.COMPLETED
+
+
+def test_handler_receives_the_running_job(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("a", "q", lane="team-key:7", priority=3, payload={"n": [1, 2]}, max_recoveries=4))
+    seen: list[tuple[Any, ...]] = []
+
+    def record(job: RunningJob) -> None:
+        seen.append(
+            (job.job_id, job.queue, job.lane, job.priority, job.payload, job.recovery_count,
+             job.max_recoveries, job.stop_requested.is_set(), job.stop_reason)
+        )
+        assert read(engine, "a").state is JobState.RUNNING
+
+    async def record_async(job: RunningJob) -> None:
+        record(job)
+
+    make(runners, {"q": dual(record, record_async)}).run_until_idle()
+    assert seen == [("a", "q", "team-key:7", 3, {"n": [1, 2]}, 0, 4, False, None)]
+
+
+def test_handler_decisions_settle_failed_and_outcome_unknown(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("fail", "fail"), Job("unknown", "unknown"), Job("explicit", "explicit"))
+
+    async def unknown(job: RunningJob) -> Decision:
+        await asyncio.sleep(0)
+        return Decision.outcome_unknown()
+
+    worker = make(
+        runners,
+        {
+            "fail": lambda job: Decision.failed("card declined"),
+            "unknown": dual(lambda job: Decision.outcome_unknown(), unknown),
+            "explicit": lambda job: Decision.completed(),
+        },
+    )
+    outcomes = {job.job_id: (job.outcome, job.failure_reason) for job in worker.run_until_idle()}
+    assert outcomes == {
+        "fail": (Outcome.FAILED, "card declined"),
+        "unknown": (Outcome.OUTCOME_UNKNOWN, None),
+        "explicit": (Outcome.COMPLETED, None),
+    }
+    assert read(engine, "fail").failure_reason == "card declined"
+
+
+def test_handler_exception_settles_failed_with_its_type_and_message(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("a", "q"))
+
+    def boom(job: RunningJob) -> None:
+        raise ValueError("card declined for order 42")
+
+    async def boom_async(job: RunningJob) -> None:
+        boom(job)
+
+    (job,) = make(runners, {"q": dual(boom, boom_async)}).run_until_idle()
+    assert job.outcome is Outcome.FAILED
+    assert job.failure_reason is not None
+    assert "ValueError" in job.failure_reason and "card declined for order 42" in job.failure_reason
+    assert read(engine, "a").failure_reason == job.failure_reason
+
+
+def test_handler_exception_reason_is_bounded(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("a", "q"))
+
+    def boom(job: RunningJob) -> None:
+        raise RuntimeError("x" * 100_000)
+
+    (job,) = make(runners, {"q": boom}).run_until_idle()
+    assert job.outcome is Outcome.FAILED
+    stored = read(engine, "a").failure_reason
+    assert stored is not None and stored.startswith("RuntimeError")
+    assert len(stored) <= FAILURE_REASON_MAX_LENGTH
+
+
+@pytest.mark.parametrize("value", [42, "ok", {"status": "done"}], ids=["int", "str", "dict"])
+def test_handler_returning_something_else_settles_failed(engine: Engine, runners: RunnerDriver, value: Any) -> None:
+    add(engine, Job("a", "q"))
+
+    async def wrong(job: RunningJob) -> Any:
+        return value
+
+    (job,) = make(runners, {"q": dual(lambda job: value, wrong)}).run_until_idle()
+    assert job.outcome is Outcome.FAILED
+    assert job.failure_reason is not None and type(value).__name__ in job.failure_reason
+
+
+# -- order and queues ----------------------------------------------------------
+
+
+def test_run_until_idle_returns_the_settled_jobs_in_priority_then_admission_order(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    add(
+        engine,
+        Job("a", "q"),
+        Job("b", "q", priority=1),
+        Job("c", "q"),
+        Job("d", "q", priority=1),
+        Job("e", "q", priority=2),
+    )
+    Watchdog(engine).cancel("e", "stop-e")
+    ran: list[str] = []
+    settled_jobs = make(runners, {"q": lambda job: ran.append(job.job_id)}).run_until_idle()
+    assert [j.job_id for j in settled_jobs] == ["e", "b", "d", "a", "c"]
+    assert ran == ["b", "d", "a", "c"]
+    assert [j.outcome for j in settled_jobs] == [Outcome.CANCELLED] + [Outcome.COMPLETED] * 4
+    assert not Watchdog(engine).has_pending_work()
+
+
+def test_run_until_idle_with_no_work_returns_nothing(engine: Engine, runners: RunnerDriver) -> None:
+    worker = make(runners, {"q": done})
+    assert worker.run_until_idle() == []
+    assert worker.tick().status is TickStatus.IDLE
+
+
+def test_run_until_idle_respects_max_ticks(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, *(Job(f"j{i}", "q") for i in range(3)))
+    assert [j.job_id for j in make(runners, {"q": done}).run_until_idle(max_ticks=2)] == ["j0", "j1"]
+    assert read(engine, "j2").state is JobState.QUEUED
+
+
+def test_runner_ignores_queues_it_does_not_serve(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("mine", "emails"), Job("theirs", "sms", priority=10), Job("skipped", "reports"))
+    ran: list[str] = []
+    worker = make(
+        runners,
+        {"emails": lambda job: ran.append(job.job_id), "reports": lambda job: ran.append(job.job_id)},
+        queues=["emails"],
+    )
+    assert worker.queues == ("emails",)
+    assert [j.job_id for j in worker.run_until_idle()] == ["mine"]
+    assert ran == ["mine"]
+    assert read(engine, "theirs").state is JobState.QUEUED
+    assert read(engine, "skipped").state is JobState.QUEUED
+
+
+@pytest.fixture
+def empty_registry() -> Iterator[dict[str, Any]]:
+    saved = dict(execution._registry)
+    execution._registry.clear()
+    try:
+        yield execution._registry
+    finally:
+        execution._registry.clear()
+        execution._registry.update(saved)
+
+
+def test_handlers_registered_with_the_decorator_are_used_when_handlers_is_none(
+    engine: Engine, runners: RunnerDriver, empty_registry: dict[str, Any]
+) -> None:
+    ran: list[str] = []
+
+    @handler("emails")
+    def send(job: RunningJob) -> None:
+        ran.append(job.job_id)
+
+    @sqlalchemy_watchdog.handler("sms")
+    def text_message(job: RunningJob) -> Decision:
+        return Decision.failed("no signal")
+
+    add(engine, Job("e", "emails"), Job("s", "sms"), Job("x", "unregistered"))
+    worker = runners.runner(None, lease=LEASE, heartbeat=HEARTBEAT)
+    assert set(worker.queues) == {"emails", "sms"}
+    outcomes = {j.job_id: j.outcome for j in worker.run_until_idle()}
+    assert outcomes == {"e": Outcome.COMPLETED, "s": Outcome.FAILED}
+    assert ran == ["e"]
+    assert read(engine, "x").state is JobState.QUEUED
+
+
+def test_a_queue_can_have_only_one_registered_handler(empty_registry: dict[str, Any]) -> None:
+    handler("q")(done)
+    handler("q")(done)  # the same function again is fine
+    with pytest.raises(ValueError):
+        handler("q")(lambda job: None)
+
+
+# -- settings ------------------------------------------------------------------
+
+
+def build(runner_kind: str, handlers: Any = None, **kwargs: Any) -> Runner | AsyncRunner:
+    """A runner of ``runner_kind`` on an in-memory SQLite database it never uses."""
+    if runner_kind == "sync":
+        return Runner(create_engine("sqlite://"), handlers, **kwargs)
+    return AsyncRunner(create_async_engine("sqlite+aiosqlite://"), handlers, **kwargs)
+
+
+def test_no_handlers_at_all_is_refused(runner_kind: str, empty_registry: dict[str, Any]) -> None:
+    with pytest.raises(InvalidJob) as caught:
+        build(runner_kind)
+    assert caught.value.field == "handlers"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"lease": timedelta(seconds=30), "heartbeat": timedelta(seconds=15)}, "heartbeat"),
+        ({"lease": timedelta(seconds=30), "heartbeat": timedelta(seconds=30)}, "heartbeat"),
+        ({"lease": timedelta(seconds=30), "heartbeat": timedelta(seconds=60)}, "heartbeat"),
+        ({"concurrency": 0}, "concurrency"),
+        ({"concurrency": -1}, "concurrency"),
+        ({"concurrency": 1.5}, "concurrency"),
+        ({"lease": 120}, "lease"),
+        ({"heartbeat": 10.0}, "heartbeat"),
+        ({"poll_interval": 2}, "poll_interval"),
+        ({"grace": 30}, "grace"),
+        ({"lease": timedelta(0)}, "lease"),
+        ({"queues": ["q", "unhandled"]}, "queues"),
+        ({"queues": "q"}, "queues"),
+        ({"is_alive": True}, "is_alive"),
+        ({"clock": 0}, "clock"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_invalid_settings_are_refused_naming_the_field(runner_kind: str, kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidJob) as caught:
+        build(runner_kind, {"q": done}, **kwargs)
+    assert caught.value.field == field
+    assert str(caught.value).startswith(f"{field}:")
+
+
+def test_handlers_that_are_not_callable_are_refused(runner_kind: str) -> None:
+    with pytest.raises(InvalidJob) as caught:
+        build(runner_kind, {"q": "not a function"})
+    assert caught.value.field == "handlers"
+
+
+def test_a_heartbeat_a_third_of_the_lease_is_accepted(runner_kind: str) -> None:
+    build(runner_kind, {"q": done}, lease=timedelta(seconds=30), heartbeat=timedelta(seconds=10))
+
+
+def test_each_runner_refuses_the_other_kind_of_engine_naming_the_right_runner() -> None:
+    with pytest.raises(TypeError, match="AsyncRunner"):
+        Runner(create_async_engine("sqlite+aiosqlite://"), {"q": done})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="sqlalchemy_watchdog.Runner"):
+        AsyncRunner(create_engine("sqlite://"), {"q": done})  # type: ignore[arg-type]
+
+
+# -- cancellation and lane failure ---------------------------------------------
+
+
+def test_cancelling_a_queued_job_settles_it_cancelled_without_running_the_handler(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    add(engine, Job("a", "q"), Job("b", "q"))
+    assert Watchdog(engine).cancel("a", "stop-a").status.value == "recorded"
+    ran: list[str] = []
+    result = make(runners, {"q": lambda job: ran.append(job.job_id)}).run_until_idle()
+    assert [(j.job_id, j.outcome) for j in result] == [("a", Outcome.CANCELLED), ("b", Outcome.COMPLETED)]
+    assert ran == ["b"]
+    assert read(engine, "a").outcome is Outcome.CANCELLED
+
+
+def test_cancelling_a_running_job_stops_its_handler_and_settles_it_cancelled(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    add(engine, Job("a", "q"))
+    blocking = Blocking()
+    with make(runners, {"q": blocking.handler}).serving():
+        assert blocking.started.wait(15)
+        assert Watchdog(engine).cancel("a", "stop-a").status.value == "recorded"
+        job = settled(engine, "a")
+        wait_until(lambda: blocking.reasons, what="the handler to stop")
+    assert blocking.reasons == [StopReason.CANCELLED]
+    assert (job.outcome, job.failure_reason) == (Outcome.CANCELLED, None)
+
+
+def test_cancelling_a_running_job_settles_it_cancelled_whatever_its_handler_then_decides(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    """The handler answers its stop with a decision of its own (here
+    ``completed``): the recorded cancellation wins."""
+    add(engine, Job("a", "q"))
+    blocking = Blocking(Decision.completed())
+    with make(runners, {"q": blocking.handler}).serving():
+        assert blocking.started.wait(15)
+        Watchdog(engine).cancel("a", "stop-a")
+        job = settled(engine, "a")
+    assert (job.outcome, job.failure_reason) == (Outcome.CANCELLED, None)
+
+
+def test_fail_lane_stops_a_running_handler_and_the_job_keeps_the_lane_failure(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    add(engine, Job("a", "q", lane="provider-x"), Job("b", "q", lane="provider-x"))
+    blocking = Blocking()
+    worker = make(runners, {"q": blocking.handler})
+    with worker.serving():
+        assert blocking.started.wait(15)
+        result = Watchdog(engine).fail_lane("provider-x", "provider x is down")
+        assert (result.settled, result.more) == (2, False)
+        wait_until(lambda: blocking.reasons, what="the handler to stop")
+    assert blocking.reasons == [StopReason.LANE_FAILED]
+    for job_id in ("a", "b"):
+        job = read(engine, job_id)
+        assert (job.outcome, job.failure_reason) == (Outcome.FAILED, "provider x is down")
+
+
+# -- lost leases ---------------------------------------------------------------
+
+
+def _own_claim(engine: Engine, job_id: str) -> tuple[str, str]:
+    return (job_id, raw(engine, job_id)["claim_token"])
+
+
+def test_settle_after_the_lease_ran_out_is_rejected_and_the_row_unchanged(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    """The runner's clock jumps past the lease while the handler works."""
+    add(engine, Job("a", "q"))
+    offset = [0]
+    snapshot: list[dict[str, Any]] = []
+
+    def outlive_the_lease(job: RunningJob) -> None:
+        offset[0] = 10 * 60 * 1000
+        snapshot.append(raw(engine, "a"))
+
+    worker = make(runners, {"q": outlive_the_lease}, clock=lambda: store.now_ms() + offset[0])
+    result = worker.tick()
+    assert result.status is TickStatus.REJECTED
+    after = raw(engine, "a")
+    assert after == snapshot[0]
+    assert after["state"] == "running" and after["outcome"] is None
+
+
+def test_lost_lease_stops_the_handler_and_its_settle_is_rejected(engine: Engine, runners: RunnerDriver) -> None:
+    """The lease is ended under the handler: the heartbeat cannot renew it,
+    the handler is told to stop, and its decision is never written."""
+    add(engine, Job("a", "q"))
+    reasons: list[StopReason | None] = []
+    snapshot: list[dict[str, Any]] = []
+
+    def lose_the_lease(job: RunningJob) -> None:
+        with store.write_transaction(engine) as conn:
+            assert store.release(conn, [_own_claim(engine, "a")]) == {"a"}
+        snapshot.append(raw(engine, "a"))
+        job.stop_requested.wait(15)
+        reasons.append(job.stop_reason)
+
+    worker = make(runners, {"q": lose_the_lease})
+    result = worker.tick()
+    wait_until(lambda: reasons, what="the handler to be told to stop")
+    assert reasons == [StopReason.LEASE_LOST]
+    assert result.status is TickStatus.REJECTED
+    assert raw(engine, "a") == snapshot[0]
+    # the next tick recovers the disappeared claim
+    recovered = worker.tick()
+    assert recovered.status is TickStatus.RECOVERED
+    assert recovered.job is not None
+    assert (recovered.job.outcome, recovered.job.failure_reason) == (Outcome.INTERRUPTED, NO_POLICY)
+
+
+def test_lost_lease_stops_a_serving_handler_and_recovery_runs_the_job_again(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    """Serving: a handler whose lease is ended under it is stopped with
+    ``lease_lost`` (a coroutine's task is cancelled), the lost claim settles
+    nothing, and recovery runs the job again within its budget."""
+    add(engine, Job("a", "q", max_recoveries=1))
+    blocking = Blocking(Decision.completed())
+
+    def first_run_blocks(job: RunningJob) -> Decision | None:
+        return blocking.handler.plain(job) if job.recovery_count == 0 else None
+
+    async def first_run_blocks_async(job: RunningJob) -> Decision | None:
+        return await blocking.handler.coroutine(job) if job.recovery_count == 0 else None
+
+    worker = make(runners, {"q": dual(first_run_blocks, first_run_blocks_async)},
+                  lease=timedelta(milliseconds=1500), heartbeat=timedelta(milliseconds=300))
+    with worker.serving():
+        assert blocking.started.wait(15)
+        with store.write_transaction(engine) as conn:
+            assert store.release(conn, [_own_claim(engine, "a")]) == {"a"}
+        wait_until(lambda: blocking.reasons, what="the handler to stop")
+        job = settled(engine, "a")
+    assert blocking.reasons == [StopReason.LEASE_LOST]
+    assert (job.outcome, job.recovery_count) == (Outcome.COMPLETED, 1)
+
+
+def test_heartbeat_keeps_a_handler_running_longer_than_the_lease_alive(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("a", "q"))
+    leases: list[int] = []
+
+    def outlast(job: RunningJob) -> None:
+        first = raw(engine, "a")["lease_until"]
+        leases.append(first)
+        wait_until(lambda: db_clock(engine) > first + 500, what="the first lease to pass")
+        leases.append(raw(engine, "a")["lease_until"])
+
+    worker = make(runners, {"q": outlast}, lease=timedelta(milliseconds=1500), heartbeat=timedelta(milliseconds=500))
+    (job,) = worker.run_until_idle()
+    assert job.outcome is Outcome.COMPLETED
+    assert leases[1] > leases[0]
+
+
+def test_heartbeat_keeps_a_coroutine_handler_alive_under_run_forever(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("a", "q"))
+    leases: list[int] = []
+
+    def outlast(job: RunningJob) -> None:
+        first = raw(engine, "a")["lease_until"]
+        leases.append(first)
+        wait_until(lambda: db_clock(engine) > first + 500, what="the first lease to pass")
+        leases.append(raw(engine, "a")["lease_until"])
+
+    async def outlast_async(job: RunningJob) -> None:
+        await asyncio.to_thread(outlast, job)
+
+    worker = make(runners, {"q": dual(outlast, outlast_async)}, lease=timedelta(milliseconds=1500),
+                  heartbeat=timedelta(milliseconds=500))
+    with worker.serving():
+        job = settled(engine, "a")
+    assert job.outcome is Outcome.COMPLETED
+    assert leases[1] > leases[0]
+
+
+# -- a pause between claim and start -----------------------------------------
+
+
+class PauseAfterClaim:
+    """SQLAlchemy events for a runner's engine that pause the runner for
+    ``seconds`` right after its first claim committed (the connection goes
+    back to the pool), as a process stopped or starved between claim and
+    start would; :attr:`row` is the claimed row as it was then."""
+
+    def __init__(self, engine: Engine, job_id: str, seconds: float) -> None:
+        self.engine = engine
+        self.job_id = job_id
+        self.seconds = seconds
+        self.row: dict[str, Any] | None = None
+        self.listen = {"after_cursor_execute": self._after_execute, "checkin": self._checkin}
+
+    def _after_execute(self, conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
+        compiled = getattr(context, "compiled", None)
+        if compiled is not None and {"token", "lease_ms", "limit"} <= set(compiled.binds):
+            conn.info["test_claimed"] = True
+
+    def _checkin(self, dbapi_connection: Any, record: Any) -> None:
+        if record.info.pop("test_claimed", False) and self.row is None:
+            self.row = raw(self.engine, self.job_id)
+            time.sleep(self.seconds)
+
+
+def test_a_handler_starting_long_after_its_claim_does_not_run_if_the_claim_was_lost(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    """The process paused between claim and start, long enough for the lease
+    to end: the runner re-checks the claim before the handler starts and
+    leaves the job to recovery instead of running it."""
+    add(engine, Job("paused", "q", max_recoveries=1))
+    ran: list[str] = []
+    pause = PauseAfterClaim(engine, "paused", seconds=2.0)
+    worker = make(
+        runners, {"q": lambda job: ran.append(job.job_id)}, lease=timedelta(milliseconds=1500),
+        heartbeat=timedelta(milliseconds=500), listen=pause.listen,
+    )
+    result = worker.tick()
+    assert pause.row is not None and pause.row["state"] == "running"
+    assert ran == []
+    assert result.status is TickStatus.REJECTED
+    assert raw(engine, "paused") == pause.row  # left to recovery, untouched
+    [recovered] = worker.run_until_idle()
+    assert (recovered.outcome, recovered.recovery_count, ran) == (Outcome.COMPLETED, 1, ["paused"])
+
+
+def test_a_handler_starting_late_runs_when_its_claim_still_holds(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("late", "q"))
+    ran: list[str] = []
+    pause = PauseAfterClaim(engine, "late", seconds=0.8)
+    worker = make(
+        runners, {"q": lambda job: ran.append(job.job_id)}, lease=timedelta(seconds=30),
+        heartbeat=timedelta(milliseconds=500), listen=pause.listen,
+    )
+    result = worker.tick()
+    assert pause.row is not None
+    assert ran == ["late"]
+    assert result.job is not None and result.job.outcome is Outcome.COMPLETED
+
+
+# -- recovery and liveness probes ----------------------------------------------
+
+
+def _expired_claim_of_another_process(engine: Engine, job: Job) -> dict[str, Any]:
+    add(engine, job)
+    with store.write_transaction(engine) as conn:
+        store.claim(conn, queues=[job.queue], limit=1, lease_ms=1)
+    row = raw(engine, job.job_id)
+    wait_until(lambda: db_clock(engine) > row["lease_until"], what="the lease to end")
+    return row
+
+
+def test_runner_recovers_an_expired_claim_within_its_budget(engine: Engine, runners: RunnerDriver) -> None:
+    _expired_claim_of_another_process(engine, Job("a", "q", max_recoveries=1))
+    counts: list[int] = []
+    result = make(runners, {"q": lambda job: counts.append(job.recovery_count)}).run_until_idle()
+    assert [(j.job_id, j.outcome, j.recovery_count) for j in result] == [("a", Outcome.COMPLETED, 1)]
+    assert counts == [1]
+
+
+def test_runner_interrupts_an_expired_claim_without_a_policy(engine: Engine, runners: RunnerDriver) -> None:
+    _expired_claim_of_another_process(engine, Job("a", "q"))
+    ran: list[str] = []
+    result = make(runners, {"q": lambda job: ran.append(job.job_id)}).run_until_idle()
+    assert [(j.job_id, j.outcome, j.failure_reason) for j in result] == [("a", Outcome.INTERRUPTED, NO_POLICY)]
+    assert ran == []
+
+
+def test_runner_interrupts_an_expired_claim_whose_budget_is_spent(engine: Engine, runners: RunnerDriver) -> None:
+    _expired_claim_of_another_process(engine, Job("a", "q", max_recoveries=0))
+    ran: list[str] = []
+    result = make(runners, {"q": lambda job: ran.append(job.job_id)}).run_until_idle()
+    assert [(j.job_id, j.outcome, j.failure_reason) for j in result] == [
+        ("a", Outcome.INTERRUPTED, "Restart recovery budget exhausted (0 recoveries)")
+    ]
+    assert ran == []
+
+
+def test_a_probe_that_raises_leaves_the_expired_job_running_and_the_runner_goes_on(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    before = _expired_claim_of_another_process(engine, Job("external", "ext", max_recoveries=3))
+    add(engine, Job("a", "q"), Job("b", "q"))
+    probed: list[str] = []
+
+    def probe(job: JobView) -> bool:
+        probed.append(job.job_id)
+        raise ConnectionError("orchestrator unreachable")
+
+    worker = make(runners, {"q": done}, is_alive=probe)
+    assert [(j.job_id, j.outcome) for j in worker.run_until_idle()] == [
+        ("a", Outcome.COMPLETED),
+        ("b", Outcome.COMPLETED),
+    ]
+    assert "external" in probed
+    assert raw(engine, "external") == before
+    unknown = worker.tick()
+    assert (unknown.status, unknown.job_id) == (TickStatus.LIVENESS_UNKNOWN, "external")
+    assert raw(engine, "external") == before
+
+
+def test_a_probe_saying_alive_keeps_the_expired_job_running(engine: Engine, runners: RunnerDriver) -> None:
+    before = _expired_claim_of_another_process(engine, Job("external", "ext"))
+    probed: list[str] = []
+    worker = make(runners, {"q": done}, is_alive=lambda job: probed.append(job.job_id) or True)
+    assert worker.run_until_idle() == []
+    assert probed == ["external"]
+    assert raw(engine, "external") == before
+
+
+def test_a_probe_saying_dead_lets_the_expired_job_be_recovered(engine: Engine, runners: RunnerDriver) -> None:
+    _expired_claim_of_another_process(engine, Job("external", "ext"))
+    worker = make(runners, {"q": done}, is_alive=lambda job: False)
+    assert [(j.job_id, j.outcome) for j in worker.run_until_idle()] == [("external", Outcome.INTERRUPTED)]
+
+
+def test_an_idle_runner_recovers_a_claim_when_its_lease_ends_not_at_the_next_poll(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    add(engine, Job("a", "q"))
+    with store.write_transaction(engine) as conn:
+        store.claim(conn, queues=None, limit=1, lease_ms=1500)
+    with make(runners, {"q": done}, poll_interval=timedelta(seconds=30)).serving():
+        job = settled(engine, "a", timeout=10)
+    assert (job.outcome, job.failure_reason) == (Outcome.INTERRUPTED, NO_POLICY)
+
+
+def test_a_serving_runner_requeues_an_expired_claim_within_budget_and_runs_it(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    _expired_claim_of_another_process(engine, Job("a", "q", max_recoveries=2))
+    counts: list[int] = []
+    with make(runners, {"q": lambda job: counts.append(job.recovery_count)}).serving():
+        job = settled(engine, "a")
+    assert (job.outcome, job.recovery_count, counts) == (Outcome.COMPLETED, 1, [1])
+
+
+# -- concurrency and settle batching -----------------------------------------
+
+
+def test_concurrency_runs_that_many_handlers_at_once_and_no_more(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, *(Job(f"j{i}", "q") for i in range(6)))
+    barrier = threading.Barrier(3, timeout=15)
+    lock = threading.Lock()
+    now_running = [0]
+    most = [0]
+
+    def meet(job: RunningJob) -> None:
+        with lock:
+            now_running[0] += 1
+            most[0] = max(most[0], now_running[0])
+        try:
+            barrier.wait()  # raises BrokenBarrierError unless 3 run at once
+        finally:
+            with lock:
+                now_running[0] -= 1
+
+    with make(runners, {"q": meet}, concurrency=3).serving():
+        jobs = [settled(engine, f"j{i}", timeout=30) for i in range(6)]
+    assert [j.outcome for j in jobs] == [Outcome.COMPLETED] * 6, [j.failure_reason for j in jobs]
+    assert most[0] == 3
+
+
+class Meeting:
+    """A handler that returns once ``size`` handlers run at the same time
+    (a plain function blocks its thread, a coroutine awaits), and counts
+    the most that ever ran at once."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.lock = threading.Lock()
+        self.arrived = 0
+        self.running = 0
+        self.most = 0
+        self.everyone = threading.Event()
+        self.broken = threading.Event()  # one gave up: the others give up at once
+
+    def _arrive(self) -> None:
+        with self.lock:
+            self.arrived += 1
+            self.running += 1
+            self.most = max(self.most, self.running)
+            if self.arrived >= self.size:
+                self.everyone.set()
+
+    def _leave(self) -> None:
+        with self.lock:
+            self.running -= 1
+
+    def _give_up(self) -> None:
+        self.broken.set()
+        raise TimeoutError(f"only {self.running} of {self.size} handlers ran at once")
+
+    def plain(self, job: RunningJob) -> None:
+        self._arrive()
+        try:
+            deadline = time.monotonic() + 6
+            while not self.everyone.wait(0.01):
+                if self.broken.is_set() or time.monotonic() > deadline:
+                    self._give_up()
+        finally:
+            self._leave()
+
+    async def coroutine(self, job: RunningJob) -> None:
+        self._arrive()
+        try:
+            deadline = time.monotonic() + 6
+            while not self.everyone.is_set():
+                if self.broken.is_set() or time.monotonic() > deadline:
+                    self._give_up()
+                await asyncio.sleep(0.01)
+        finally:
+            self._leave()
+
+
+def test_concurrency_runs_that_many_coroutine_handlers_at_once_and_no_more(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    meeting = Meeting(4)
+    add(engine, *(Job(f"j{i}", "q") for i in range(8)))
+    with make(runners, {"q": dual(meeting.plain, meeting.coroutine)}, concurrency=4).serving():
+        jobs = [settled(engine, f"j{i}", timeout=30) for i in range(8)]
+    assert [j.outcome for j in jobs] == [Outcome.COMPLETED] * 8, [j.failure_reason for j in jobs]
+    assert meeting.most == 4
+
+
+def test_concurrency_runs_that_many_plain_handlers_at_once_even_beyond_a_default_thread_pool(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    """``concurrency=N`` means N blocking handlers at once, whatever the
+    machine's core count (asyncio's default executor has ``cpus + 4``
+    threads, at most 32)."""
+    size = 40
+    meeting = Meeting(size)
+    add(engine, *(Job(f"j{i}", "q") for i in range(size)))
+    with make(runners, {"q": meeting.plain}, concurrency=size).serving():
+        jobs = [settled(engine, f"j{i}", timeout=60) for i in range(size)]
+    assert [j.outcome for j in jobs] == [Outcome.COMPLETED] * size, {j.failure_reason for j in jobs}
+    assert meeting.most == size
+
+
+def test_handlers_finishing_together_share_settle_statements_and_each_settles_once(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    """Settles waiting at the same moment go out as one statement and one
+    commit (each row still guarded by its own claim): a busy runner does not
+    pay a durable commit per job, nor need a connection per handler."""
+    jobs = 8
+    add(engine, *(Job(f"j{i}", "q") for i in range(jobs)))
+    meeting = Meeting(jobs)
+    settles: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("UPDATE") and "settles" in statement:
+            settles.append(statement)
+
+    worker = make(runners, {"q": dual(meeting.plain, meeting.coroutine)}, concurrency=jobs,
+                  listen={"before_cursor_execute": count})
+    with worker.serving():
+        finished = [settled(engine, f"j{i}", timeout=30) for i in range(jobs)]
+    assert [j.outcome for j in finished] == [Outcome.COMPLETED] * jobs, [j.failure_reason for j in finished]
+    assert 1 <= len(settles) < jobs
+
+
+# -- wake-ups ------------------------------------------------------------------
+
+
+def _listening(engine: Engine) -> bool:
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND query ILIKE 'LISTEN %'"
+                )
+            ).scalar()
+        )
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])  # LISTEN/NOTIFY is PostgreSQL's
+def test_notify_wakes_an_idle_runner_long_before_the_poll_interval(engine: Engine, runners: RunnerDriver) -> None:
+    worker = make(runners, {"q": done}, poll_interval=timedelta(seconds=30))
+    with worker.serving():
+        wait_until(lambda: _listening(engine), what="the runner to LISTEN")
+        add(engine, Job("warm-up", "q"))
+        settled(engine, "warm-up", timeout=10)
+        time.sleep(0.3)  # let the loop go idle on its 30 s wait
+        started = time.monotonic()
+        add(engine, Job("a", "q"))
+        job = settled(engine, "a", timeout=10)
+        elapsed = time.monotonic() - started
+    assert job.outcome is Outcome.COMPLETED
+    assert elapsed < 5, f"took {elapsed:.1f}s with a 30 s poll interval"
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])  # LISTEN/NOTIFY is PostgreSQL's
+def test_notify_stops_a_cancelled_handler_long_before_the_next_heartbeat(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    add(engine, Job("a", "q"))
+    blocking = Blocking()
+    worker = make(
+        runners, {"q": blocking.handler}, lease=timedelta(seconds=90), heartbeat=timedelta(seconds=30),
+        poll_interval=timedelta(seconds=30),
+    )
+    with worker.serving():
+        assert blocking.started.wait(15)
+        wait_until(lambda: _listening(engine), what="the runner to LISTEN")
+        started = time.monotonic()
+        Watchdog(engine).cancel("a", "stop-a")
+        wait_until(lambda: blocking.reasons, timeout=10, what="the handler to stop")
+        elapsed = time.monotonic() - started
+        job = settled(engine, "a")
+    assert blocking.reasons == [StopReason.CANCELLED]
+    assert job.outcome is Outcome.CANCELLED
+    assert elapsed < 5, f"took {elapsed:.1f}s with a 30 s heartbeat"
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])  # LISTEN/NOTIFY is PostgreSQL's
+def test_the_listener_connects_like_the_engine_and_notify_wakes_the_runner(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    """The runner's engine connects only through a ``do_connect`` hook (its
+    URL names a database that does not exist; the hook puts the right one in):
+    the LISTEN connection must be made the same way, so NOTIFY still wakes
+    an idle runner long before its 30 s poll."""
+    real = engine.url.database
+    assert real is not None
+
+    def connect_to_the_real_database(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+        cparams["dbname"] = real
+
+    worker = make(
+        runners, {"q": done}, poll_interval=timedelta(seconds=30),
+        url=engine.url.set(database=f"{real}_no_such_database"),
+        listen={"do_connect": connect_to_the_real_database},
+    )
+    add(engine, Job("warm-up", "q"))
+    with worker.serving():
+        settled(engine, "warm-up", timeout=10)  # the runner's own connections work
+        time.sleep(1.0)  # the listener connects; the loop goes idle on its 30 s wait
+        started = time.monotonic()
+        add(engine, Job("a", "q"))
+        job = wait_until(
+            lambda: (j := read(engine, "a")).state is JobState.SETTLED and j,
+            timeout=3,
+            what="NOTIFY to wake the runner (the poll interval is 30 s)",
+        )
+        elapsed = time.monotonic() - started
+    assert job.outcome is Outcome.COMPLETED
+    assert elapsed < 3
+
+
+def test_an_idle_runner_picks_up_new_work_by_polling(engine: Engine, runners: RunnerDriver) -> None:
+    with make(runners, {"q": done}, poll_interval=timedelta(milliseconds=200)).serving():
+        add(engine, Job("warm-up", "q"))
+        settled(engine, "warm-up")
+        add(engine, Job("a", "q"))
+        assert settled(engine, "a", timeout=10).outcome is Outcome.COMPLETED
+
+
+# -- shutdown ------------------------------------------------------------------
+
+
+def test_stop_lets_a_handler_finish_within_grace(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("a", "q"))
+    started = threading.Event()
+
+    def slow(job: RunningJob) -> None:
+        started.set()
+        time.sleep(0.5)
+
+    async def slow_async(job: RunningJob) -> None:
+        started.set()
+        await asyncio.sleep(0.5)
+
+    worker = make(runners, {"q": dual(slow, slow_async)}, grace=timedelta(seconds=10))
+    with worker.serving():
+        assert started.wait(15)
+    # run_forever returned: the job settled with the handler's own decision
+    assert read(engine, "a").outcome is Outcome.COMPLETED
+
+
+def test_stop_claims_nothing_more_while_running_handlers_finish(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("first", "q", priority=1), Job("waiting", "q"))
+    started = threading.Event()
+
+    def slow(job: RunningJob) -> None:
+        started.set()
+        time.sleep(0.5)
+
+    async def slow_async(job: RunningJob) -> None:
+        started.set()
+        await asyncio.sleep(0.5)
+
+    worker = make(runners, {"q": dual(slow, slow_async)}, grace=timedelta(seconds=10))
+    with worker.serving():
+        assert started.wait(15)
+        worker.stop()
+        # the slot frees within grace; serving() waits for run_forever to return
+    assert read(engine, "first").outcome is Outcome.COMPLETED
+    assert read(engine, "waiting").state is JobState.QUEUED
+
+
+@pytest.mark.parametrize(
+    ("max_recoveries", "state", "outcome"),
+    [(1, JobState.QUEUED, None), (None, JobState.SETTLED, Outcome.INTERRUPTED)],
+    ids=["requeued", "interrupted"],
+)
+def test_a_job_outliving_grace_is_handed_to_recovery_at_once(
+    engine: Engine, runners: RunnerDriver, max_recoveries: int | None, state: JobState, outcome: Outcome | None
+) -> None:
+    """The handler ignores its stop (a blocked thread, a coroutine that
+    swallows its cancellation): run_forever still returns, and the job is
+    recovered at once instead of waiting for its 60 s lease."""
+    add(engine, Job("a", "q", max_recoveries=max_recoveries))
+    stubborn = Stubborn()
+    worker = make(runners, {"q": stubborn.handler}, lease=timedelta(seconds=60), heartbeat=timedelta(seconds=5),
+                  grace=timedelta(milliseconds=200))
+    try:
+        with worker.serving():
+            assert stubborn.started.wait(15)
+        job = read(engine, "a")  # right after run_forever returned, long before the 60 s lease
+        assert (job.state, job.outcome) == (state, outcome)
+        assert job.recovery_count == (1 if max_recoveries else 0)
+        if outcome is not None:
+            # The reason says the shutdown outlived its grace, not that the worker vanished.
+            assert job.failure_reason == f"{store.SHUTDOWN_REASON}; no recovery policy"
+    finally:
+        stubborn.release.set()
+
+
+@pytest.mark.parametrize(
+    ("max_recoveries", "state", "outcome"),
+    [(1, JobState.QUEUED, None), (None, JobState.SETTLED, Outcome.INTERRUPTED)],
+    ids=["requeued", "interrupted"],
+)
+def test_a_handler_stopped_by_shutdown_is_handed_to_recovery_not_settled_completed(
+    engine: Engine, runners: RunnerDriver, max_recoveries: int | None, state: JobState, outcome: Outcome | None
+) -> None:
+    """After grace the handler is asked to stop (``stop_requested`` with
+    reason ``shutdown``; a coroutine's task is cancelled) and gives up: it
+    did not finish its work, so the job is recovered -- requeued within its
+    budget, else interrupted -- never reported ``completed``."""
+    add(engine, Job("a", "q", max_recoveries=max_recoveries))
+    blocking = Blocking()
+    worker = make(runners, {"q": blocking.handler}, lease=timedelta(seconds=60), heartbeat=timedelta(seconds=5),
+                  grace=timedelta(milliseconds=200))
+    with worker.serving():
+        assert blocking.started.wait(15)
+    assert blocking.reasons == [StopReason.SHUTDOWN]
+    job = read(engine, "a")
+    assert (job.state, job.outcome) == (state, outcome)
+    assert job.recovery_count == (1 if max_recoveries else 0)
+
+
+def test_a_handler_that_finishes_after_the_shutdown_stop_settles_with_its_decision(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    """A handler that answers the shutdown stop with an explicit decision
+    (it did finish) is settled with that decision."""
+    add(engine, Job("a", "q", max_recoveries=1))
+    started = threading.Event()
+
+    def finish(job: RunningJob) -> Decision:
+        started.set()
+        job.stop_requested.wait(30)
+        return Decision.completed()
+
+    async def finish_async(job: RunningJob) -> Decision:
+        started.set()
+        while not job.stop_requested.is_set():
+            try:
+                await asyncio.sleep(0.02)
+            except asyncio.CancelledError:
+                break
+        return Decision.completed()
+
+    worker = make(runners, {"q": dual(finish, finish_async)}, lease=timedelta(seconds=60),
+                  heartbeat=timedelta(seconds=5), grace=timedelta(milliseconds=200))
+    with worker.serving():
+        assert started.wait(15)
+    job = read(engine, "a")
+    assert (job.state, job.outcome, job.recovery_count) == (JobState.SETTLED, Outcome.COMPLETED, 0)
+
+
+# -- AsyncRunner only: handler shapes -------------------------------------------
+
+
+@pytest.mark.parametrize("runner_kind", ["async"])
+@pytest.mark.parametrize("shape", ["async-call-object", "lambda-returning-a-coroutine"])
+def test_a_handler_of_any_shape_returning_a_coroutine_is_cancelled_like_a_coroutine_function(
+    engine: Engine, runners: RunnerDriver, shape: str
+) -> None:
+    """A class-based handler (``async def __call__``) or a lambda returning a
+    coroutine is a coroutine handler too: a cancellation cancels it."""
+    add(engine, Job("a", "q"))
+    blocking = Blocking()
+    coroutine = blocking.handler.coroutine
+
+    class Handler:
+        async def __call__(self, job: RunningJob) -> None:
+            await coroutine(job)
+
+    handle = Handler() if shape == "async-call-object" else (lambda job: coroutine(job))
+    with make(runners, {"q": handle}, grace=timedelta(milliseconds=200)).serving():
+        assert blocking.started.wait(15)
+        Watchdog(engine).cancel("a", "stop-a")
+        wait_until(lambda: blocking.reasons, timeout=4, what="the handler to be cancelled")
+    assert blocking.reasons == [StopReason.CANCELLED]
+    assert settled(engine, "a").outcome is Outcome.CANCELLED
