@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from . import client, store
 from .execution import (
+    default_poll_interval,
     Execution,
     Probe,
     RunHandler,
@@ -187,7 +188,7 @@ class AsyncRunner:
         concurrency: int = 1,
         lease: timedelta = timedelta(seconds=120),
         heartbeat: timedelta = timedelta(seconds=10),
-        poll_interval: timedelta = timedelta(seconds=2),
+        poll_interval: timedelta | None = None,
         grace: timedelta = timedelta(seconds=30),
         is_alive: Callable[[JobView], Any] | None = None,
         max_recoveries: int | None = None,
@@ -206,7 +207,7 @@ class AsyncRunner:
             concurrency=concurrency,
             lease=lease,
             heartbeat=heartbeat,
-            poll_interval=poll_interval,
+            poll_interval=default_poll_interval(engine) if poll_interval is None else poll_interval,
             grace=grace,
             is_alive=is_alive,
             max_recoveries=max_recoveries,
@@ -304,7 +305,7 @@ class AsyncRunner:
             return decision_of_cancelled_task(execution)
         error = task.exception()
         if error is not None:
-            return decision_of_exception(job, error)
+            return decision_of_exception(execution, error)
         return decision_of_result(task.result(), job)
 
     async def _settle(self, requests: list[SettleRequest]) -> list[Settlement | None]:

@@ -178,6 +178,7 @@ def _job_dict(job: JobView) -> dict[str, Any]:
         "state": job.state.value,
         "outcome": None if job.outcome is None else job.outcome.value,
         "failure_reason": job.failure_reason,
+        "failure_detail": job.failure_detail,
         "recovery_count": job.recovery_count,
         "max_recoveries": job.max_recoveries,
         "cancellation_id": job.cancellation_id,
@@ -192,9 +193,14 @@ def _print_json(value: Any, out: TextIO) -> None:
 def _print_job(job: JobView, out: TextIO) -> None:
     fields = _job_dict(job)
     fields["payload"] = json.dumps(job.payload, ensure_ascii=False, sort_keys=True)
+    detail = fields.pop("failure_detail")
     width = max(len(name) for name in fields)
     for name, value in fields.items():
         print(f"{name:<{width}}  {'-' if value is None else value}", file=out)
+    if detail:  # the handler's traceback, last: it spans lines
+        print(f"{'failure_detail':<{width}}", file=out)
+        for line in detail.rstrip().splitlines():
+            print(f"  {line}", file=out)
 
 
 def _print_table(jobs: Sequence[JobView], out: TextIO) -> None:
@@ -631,7 +637,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--lease", type=_seconds, metavar="SECONDS", help="claim lease (default: 120)")
     run.add_argument("--heartbeat", type=_seconds, metavar="SECONDS", help="lease renewal period (default: 10)")
     run.add_argument(
-        "--poll-interval", type=_seconds, metavar="SECONDS", help="look for work this often (default: 2)"
+        "--poll-interval", type=_seconds, metavar="SECONDS", help="look for work this often when idle (default: 2 with NOTIFY on PostgreSQL, 0.25 otherwise)"
     )
     run.add_argument(
         "--grace", type=_seconds, metavar="SECONDS",

@@ -33,6 +33,7 @@ import enum
 import logging
 import threading
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -50,6 +51,7 @@ from .jobs import (
     bound_reason,
     check_text,
 )
+from .wakeups import listens
 from .store import Claim, RecoveryCause, RecoveryStatus, SettleRequest, Settlement
 
 if TYPE_CHECKING:
@@ -222,6 +224,21 @@ def _duration(value: object, name: str, *, zero: bool = False) -> timedelta:
     return value
 
 
+#: The idle poll of a runner that LISTEN/NOTIFY wakes (a safety net only).
+NOTIFIED_POLL_INTERVAL = timedelta(seconds=2)
+#: The idle poll of a runner without wake-ups (SQLite): how long a new job
+#: may wait before an idle runner sees it.
+POLLING_POLL_INTERVAL = timedelta(milliseconds=250)
+
+
+def default_poll_interval(engine: Any) -> timedelta:
+    """The default ``poll_interval`` of a runner on ``engine`` (sync or async)."""
+    dialect = engine.dialect
+    if listens(dialect.name, dialect.driver):
+        return NOTIFIED_POLL_INTERVAL
+    return POLLING_POLL_INTERVAL
+
+
 def check_clock(clock: object) -> Callable[[], int]:
     """Refuse a runner ``clock`` that cannot be called."""
     if not callable(clock):
@@ -343,6 +360,8 @@ class Execution:
     #: The decision made without running the handler (its payload could
     #: not be decoded), if any.
     refused: Decision | None = None
+    #: The traceback of its handler's exception, kept with the job.
+    failure_detail: str | None = None
     #: Whether it still occupies one of the runner's ``concurrency`` slots:
     #: from the claim until its handler returns. Its settle then overlaps
     #: with the next claim; the heartbeat keeps renewing it until settled.
@@ -467,9 +486,12 @@ def decision_of_result(result: object, job: RunningJob) -> Decision | None:
     )
 
 
-def decision_of_exception(job: RunningJob, error: BaseException) -> Decision:
+def decision_of_exception(execution: Execution, error: BaseException) -> Decision:
     """A handler's exception as a ``failed`` decision with a bounded reason;
-    the exception is logged with its traceback."""
+    the exception is logged with its traceback, which is kept with the job
+    (``JobView.failure_detail``)."""
+    job = execution.job
+    execution.failure_detail = "".join(traceback.format_exception(error))
     log.error(
         "job %s: handler raised %s: %s",
         job.job_id,
@@ -728,7 +750,7 @@ def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | Tic
     except WatchdogError as error:
         log.error("job %s: could not run or hand over its claim (%s); recovery will handle it", job_id, error)
         return TickResult(TickStatus.REJECTED, None, job_id)
-    return SettleRequest(job_id, execution.claim.token, decision, core.clock())
+    return SettleRequest(job_id, execution.claim.token, decision, core.clock(), execution.failure_detail)
 
 
 def conclude(execution: Execution, settlement: Settlement | None) -> TickResult:

@@ -49,6 +49,8 @@ LANE_MAX_LENGTH = 512
 CANCELLATION_ID_MAX_LENGTH = 256
 #: Failure reasons are cut to this many characters before they are stored.
 FAILURE_REASON_MAX_LENGTH = 2000
+#: The longest traceback kept with a failed job (its last characters are kept).
+FAILURE_DETAIL_MAX_LENGTH = 8000
 #: The largest payload accepted, measured as its canonical UTF-8 JSON text.
 PAYLOAD_MAX_BYTES = 1024 * 1024
 #: The deepest nesting of arrays and objects accepted in a payload.
@@ -302,6 +304,10 @@ class JobView:
     failure_reason: str | None
     recovery_count: int
     cancellation_id: str | None
+    #: The traceback of a handler that raised (the last
+    #: :data:`FAILURE_DETAIL_MAX_LENGTH` characters); None otherwise, and for
+    #: jobs settled before revision ``w0002``.
+    failure_detail: str | None = None
 
     @property
     def cancellation_requested(self) -> bool:

@@ -93,6 +93,8 @@ class WatchdogJob(WatchdogBase):
     recovery_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     cancellation_id: Mapped[str | None] = mapped_column(Text, unique=True)
     failure_reason: Mapped[str | None] = mapped_column(Text)
+    #: The traceback of a handler that raised (bounded; revision w0002).
+    failure_detail: Mapped[str | None] = mapped_column(Text)
     #: Milliseconds since the Unix epoch, compared with the database clock.
     lease_until: Mapped[int | None] = mapped_column(BigInteger)
 

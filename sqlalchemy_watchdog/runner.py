@@ -31,6 +31,7 @@ from sqlalchemy import Engine
 
 from . import store
 from .execution import (
+    default_poll_interval,
     Execution,
     Probe,
     RunHandler,
@@ -84,8 +85,9 @@ class Runner:
     :param lease: how long a claim lives without a heartbeat.
     :param heartbeat: how often running claims are renewed (at most lease/3).
     :param poll_interval: how often an idle runner looks for work when no
-        wake-up arrives (on PostgreSQL with psycopg, LISTEN/NOTIFY wakes it
-        at once).
+        wake-up arrives. Default: 2 s where LISTEN/NOTIFY wakes the runner
+        at once (PostgreSQL), 0.25 s elsewhere (SQLite has no wake-ups: the
+        poll bounds how long a new job waits; an idle poll is a short read).
     :param grace: on shutdown, how long running handlers may take to finish
         before they are asked to stop and their jobs handed to recovery.
     :param is_alive: ``is_alive(job) -> bool`` for executions that live
@@ -113,7 +115,7 @@ class Runner:
         concurrency: int = 1,
         lease: timedelta = timedelta(seconds=120),
         heartbeat: timedelta = timedelta(seconds=10),
-        poll_interval: timedelta = timedelta(seconds=2),
+        poll_interval: timedelta | None = None,
         grace: timedelta = timedelta(seconds=30),
         is_alive: Callable[[JobView], bool] | None = None,
         max_recoveries: int | None = None,
@@ -132,7 +134,7 @@ class Runner:
             concurrency=concurrency,
             lease=lease,
             heartbeat=heartbeat,
-            poll_interval=poll_interval,
+            poll_interval=default_poll_interval(engine) if poll_interval is None else poll_interval,
             grace=grace,
             is_alive=is_alive,
             max_recoveries=max_recoveries,
@@ -199,7 +201,7 @@ class Runner:
         try:
             return decision_of_result(self.settings.handlers[job.queue](job), job)
         except Exception as error:
-            return decision_of_exception(job, error)
+            return decision_of_exception(execution, error)
         finally:
             if self.core.release_slot(execution):
                 self._wake.set()

@@ -102,6 +102,7 @@ COLUMNS = (
     c.recovery_count,
     c.cancellation_id,
     c.failure_reason,
+    c.failure_detail,
     c.lease_until,
 )
 
@@ -198,6 +199,7 @@ SETTLE_FIELDS: Fields = (
     ("claim_token", Text()),
     ("outcome", Text()),
     ("reason", Text()),
+    ("detail", Text()),
 )
 
 
@@ -383,6 +385,7 @@ def settle(dialect: str) -> Update:
             state=_SETTLED,
             outcome=case((uncancelled, cols["outcome"]), else_=Outcome.CANCELLED.value),
             failure_reason=case((uncancelled, cols["reason"]), else_=null()),
+            failure_detail=case((uncancelled, cols["detail"]), else_=null()),
             lease_until=null(),
         )
         .returning(*COLUMNS)
@@ -538,6 +541,7 @@ def reconcile(requeue: bool) -> Update:
             claim_token=case((uncancelled, null()), else_=c.claim_token),
             recovery_count=c.recovery_count + case((uncancelled, 1), else_=0),
             failure_reason=null(),
+            failure_detail=null(),
         )
     else:
         values = dict(

@@ -26,6 +26,7 @@ from . import statements as sql
 from .errors import EnqueueConflict, ErrorCode, WatchdogError, redacted
 from .jobs import (
     CANCELLATION_ID_MAX_LENGTH,
+    FAILURE_DETAIL_MAX_LENGTH,
     JOB_ID_MAX_LENGTH,
     LANE_MAX_LENGTH,
     QUEUE_MAX_LENGTH,
@@ -111,6 +112,7 @@ def view(row: Row[Any]) -> JobView:
         failure_reason=m["failure_reason"],
         recovery_count=m["recovery_count"],
         cancellation_id=m["cancellation_id"],
+        failure_detail=m["failure_detail"],
     )
 
 
@@ -377,6 +379,8 @@ class SettleRequest:
     claim_token: str
     decision: Decision
     now: int | None = None
+    #: The traceback of a handler that raised, kept with a ``failed`` job.
+    detail: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,7 +421,9 @@ def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Set
     if len(set(job_ids)) < len(job_ids):  # one statement updates a row once
         return [result for request in requests for result in settle_many(conn, [request])]
     dialect = conn.dialect.name
-    rows = [(r.job_id, r.claim_token, r.decision.outcome.value, r.decision.reason) for r in requests]
+    rows = [
+        (r.job_id, r.claim_token, r.decision.outcome.value, r.decision.reason, _detail(r)) for r in requests
+    ]
     params = sql.rows_params(dialect, "settles", sql.SETTLE_FIELDS, rows)
     params["now"] = max((r.now or now_ms()) for r in requests)
     settled = {row.job_id: view(row) for row in conn.execute(sql.settle(dialect), params)}
@@ -427,6 +433,18 @@ def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Set
         else _unsettled(conn, r.job_id, r.claim_token, r.decision)
         for r in requests
     ]
+
+
+def _detail(request: SettleRequest) -> str | None:
+    """The request's traceback, bounded to its last characters; only a
+    ``failed`` decision keeps one."""
+    detail = request.detail
+    if detail is None or request.decision.outcome is not Outcome.FAILED:
+        return None
+    detail = detail.replace("\x00", "\\0")
+    if len(detail) > FAILURE_DETAIL_MAX_LENGTH:
+        detail = "…" + detail[-(FAILURE_DETAIL_MAX_LENGTH - 1) :]
+    return detail
 
 
 def _unsettled(conn: Connection, job_id: str, claim_token: str, decision: Decision) -> Settlement:

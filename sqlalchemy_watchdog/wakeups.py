@@ -77,7 +77,7 @@ def listens(dialect_name: str, driver: str) -> bool:
     if dialect_name != "postgresql":
         return False
     if driver not in LISTENING_DRIVERS:
-        log.info("runner: the %s driver delivers no notifications here; polling instead", driver)
+        log.debug("runner: the %s driver delivers no notifications here; polling instead", driver)
         return False
     return True
 

@@ -86,14 +86,14 @@ def test_upgrade_creates_the_table_and_is_idempotent(empty_engine: Engine, cli: 
     assert not inspect(empty_engine).has_table("watchdog_jobs")
     status, out, _ = cli("upgrade")
     assert status == 0
-    assert "w0001_watchdog_jobs" in out
+    assert "w0002_failure_detail" in out
     assert inspect(empty_engine).has_table("watchdog_jobs")
     status, out, _ = cli("--json", "upgrade")
     assert status == 0
-    assert json.loads(out)["heads"] == ["w0001_watchdog_jobs"]
+    assert json.loads(out)["heads"] == ["w0002_failure_detail"]
     with empty_engine.connect() as conn:
         versions = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
-    assert versions == ["w0001_watchdog_jobs"]
+    assert versions == ["w0002_failure_detail"]
     # The migrated table is the model: jobs go in and come out.
     add(empty_engine, Job("a", "q"))
     assert read(empty_engine, "a").state is JobState.QUEUED
@@ -136,6 +136,25 @@ def test_show(engine: Engine, cli: Cli) -> None:
     assert status == 0
     shown = json.loads(out)
     assert shown["priority"] == 3 and shown["payload"] == {"to": "ada@example.com"}
+
+
+def test_show_prints_a_failed_handlers_traceback(engine: Engine, cli: Cli) -> None:
+    from sqlalchemy_watchdog import Runner
+
+    def broken(job: Any) -> None:
+        raise KeyError("missing")
+
+    add(engine, Job("order-2", "emails"))
+    Runner(engine, {"emails": broken}).run_until_idle()
+    status, out, _ = cli("show", "order-2")
+    assert status == 0
+    lines = dict(line.split(None, 1) for line in out.splitlines() if len(line.split(None, 1)) == 2 and not line.startswith(" "))
+    assert lines["failure_reason"] == "KeyError: 'missing'"
+    detail = out[out.index("failure_detail") :].splitlines()
+    assert detail[1].strip() == "Traceback (most recent call last):"
+    assert detail[-1].strip() == "KeyError: 'missing'"
+    status, out, _ = cli("--json", "show", "order-2")
+    assert json.loads(out)["failure_detail"].rstrip().endswith("KeyError: 'missing'")
 
 
 def test_show_missing_job_exits_1(engine: Engine, cli: Cli) -> None:

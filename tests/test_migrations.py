@@ -20,7 +20,7 @@ from sqlalchemy import CheckConstraint, Engine, MetaData, UniqueConstraint, crea
 from sqlalchemy.engine import URL
 
 import sqlalchemy_watchdog
-from sqlalchemy_watchdog import Job, JobState, Watchdog, enqueue
+from sqlalchemy_watchdog import Decision, Job, JobState, Watchdog, enqueue, store
 
 REPO = Path(__file__).resolve().parent.parent
 ALEMBIC_INI = REPO / "alembic.ini"
@@ -77,13 +77,15 @@ def model_names() -> dict[str, set[str]]:
 # -- the repository's own environment ------------------------------------------------
 
 
+#: The package's newest revision.
+HEAD = "w0002_failure_detail"
+
+
 def test_upgrade_head_creates_the_jobs_table(empty_engine: Engine) -> None:
     run(empty_engine, command.upgrade, "head")
     assert "watchdog_jobs" in tables(empty_engine)
     with empty_engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == (
-            "w0001_watchdog_jobs"
-        )
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == HEAD
 
 
 def test_migrated_table_takes_jobs(empty_engine: Engine) -> None:
@@ -302,7 +304,7 @@ def test_application_upgrade_heads_creates_its_table_and_the_jobs_table(
     assert {"orders", "watchdog_jobs"} <= tables(empty_engine)
     with empty_engine.connect() as conn:
         versions = set(conn.execute(text("SELECT version_num FROM alembic_version")).scalars())
-    assert versions == {"a0001_orders", "w0001_watchdog_jobs"}
+    assert versions == {"a0001_orders", HEAD}
     assert schema_names(empty_engine) == model_names()
     with empty_engine.begin() as conn:
         conn.execute(text("INSERT INTO orders (id, reference) VALUES (1, 'A-1')"))
@@ -343,3 +345,49 @@ def test_application_cli_upgrade_heads_creates_both_tables(app_env: Path, empty_
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert {"orders", "watchdog_jobs"} <= tables(empty_engine)
+
+
+def _jobs_in_every_state(engine: Engine) -> dict[str, tuple[str, str | None, str | None]]:
+    """Queued, running and settled (completed, failed) jobs, written as w0001's
+    schema stores them (today's statements read a column w0001 lacks)."""
+    rows = [
+        ("waiting", "queued", None, None, None, None),
+        ("running", "running", None, "claim_x.1", 4_102_444_800_000, None),
+        ("done", "settled", "completed", "claim_x.2", None, None),
+        ("broken", "settled", "failed", "claim_x.3", None, "no"),
+    ]
+    with engine.begin() as conn:
+        for job_id, state, outcome, token, lease, reason in rows:
+            conn.execute(
+                text(
+                    "INSERT INTO watchdog_jobs (job_id, queue_name, lane, priority, payload_json, state,"
+                    " outcome, claim_token, lease_until, failure_reason, recovery_count)"
+                    " VALUES (:job_id, 'q', :job_id, 0, 'null', :state, :outcome, :token, :lease, :reason, 0)"
+                ),
+                dict(job_id=job_id, state=state, outcome=outcome, token=token, lease=lease, reason=reason),
+            )
+    return {job_id: (state, outcome, reason) for job_id, state, outcome, _, _, reason in rows}
+
+
+def test_w0002_upgrades_and_downgrades_a_table_holding_jobs_in_every_state(empty_engine: Engine) -> None:
+    """Rows keep their meaning both ways; rows from before the upgrade have no
+    recorded traceback (NULL)."""
+    run(empty_engine, command.upgrade, "w0001_watchdog_jobs")
+    before = _jobs_in_every_state(empty_engine)
+    assert {state for state, _, _ in before.values()} == {"queued", "running", "settled"}
+    run(empty_engine, command.upgrade, "head")
+    watchdog = Watchdog(empty_engine)
+    for job_id, (state, outcome, reason) in before.items():
+        job = watchdog.read(job_id)
+        assert job is not None and (job.state.value, job.outcome and job.outcome.value, job.failure_reason) == (
+            state,
+            outcome,
+            reason,
+        )
+        assert job.failure_detail is None
+    assert differences(empty_engine, sqlalchemy_watchdog.metadata) == []
+    run(empty_engine, command.downgrade, "w0001_watchdog_jobs")
+    with empty_engine.connect() as conn:
+        rows = conn.execute(text("SELECT job_id, state, outcome, failure_reason FROM watchdog_jobs"))
+        assert {row.job_id: (row.state, row.outcome, row.failure_reason) for row in rows} == before
+        assert "failure_detail" not in {c["name"] for c in inspect(conn).get_columns("watchdog_jobs")}

@@ -1,0 +1,306 @@
+"""The runner core's own rules, proven for both runners on both dialects:
+a row the database refuses to settle or recover cannot stall a runner, the
+default recovery budgets, bounded settings, the payload codec, and handler
+failures logged with their tracebacks."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, select, text
+
+from sqlalchemy_watchdog import (
+    Decision,
+    InvalidJob,
+    Job,
+    JobState,
+    JobView,
+    Outcome,
+    RunningJob,
+    Watchdog,
+    enqueue,
+    handler,
+    store,
+)
+from sqlalchemy_watchdog.codecs import TaggedJSON
+from sqlalchemy_watchdog.execution import REFUSED_SETTLE_REASON
+from sqlalchemy_watchdog.model import jobs_table
+from tests.runner_kinds import RunnerDriver
+
+LEASE = timedelta(seconds=2)
+HEARTBEAT = timedelta(milliseconds=300)
+POLL = timedelta(milliseconds=100)
+
+
+def add(engine: Engine, *jobs: Job) -> None:
+    with engine.begin() as conn:
+        enqueue(conn, list(jobs))
+
+
+def read(engine: Engine, job_id: str) -> JobView:
+    job = Watchdog(engine).read(job_id)
+    assert job is not None, job_id
+    return job
+
+
+def wait_until(predicate: Any, timeout: float = 20.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def settled(engine: Engine, job_id: str, timeout: float = 20.0) -> JobView:
+    return wait_until(
+        lambda: (job := read(engine, job_id)).state is JobState.SETTLED and job, timeout, f"{job_id} to settle"
+    )
+
+
+def refuse(engine: Engine, name: str, condition_pg: str, condition_sqlite: str) -> None:
+    """A rule of the user's own that the library did not create: a CHECK on
+    PostgreSQL (its error's DETAIL echoes the whole row, claim token
+    included), a trigger raising a constraint error on SQLite."""
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text(f"ALTER TABLE watchdog_jobs ADD CONSTRAINT {name} CHECK ({condition_pg}) NOT VALID"))
+        else:
+            conn.execute(
+                text(
+                    f"CREATE TRIGGER {name} BEFORE UPDATE ON watchdog_jobs "
+                    f"WHEN NOT ({condition_sqlite}) BEGIN SELECT RAISE(ABORT, '{name}'); END"
+                )
+            )
+
+
+# -- a row the database refuses ------------------------------------------------------
+
+
+def test_a_decision_the_database_refuses_settles_failed_and_other_jobs_go_on(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    """A handler's long reason breaks a CHECK of the user's (``length <
+    40``): that job alone is settled ``failed`` with a short reason saying
+    the database refused its settlement; the jobs settled beside it in the
+    same batches are not dragged down."""
+    long_reason = "x" * 100
+    refuse(
+        engine,
+        "ck_short_reason",
+        "failure_reason IS NULL OR length(failure_reason) < 40",
+        "NEW.failure_reason IS NULL OR length(NEW.failure_reason) < 40",
+    )
+    add(engine, Job("poison", "p"), *(Job(f"ok-{i}", "q") for i in range(12)))
+    worker = runners.runner(
+        {"p": lambda job: Decision.failed(long_reason), "q": lambda job: None},
+        concurrency=8,
+        lease=LEASE,
+        heartbeat=HEARTBEAT,
+        poll_interval=POLL,
+    )
+    with worker.serving():
+        jobs = [settled(engine, f"ok-{i}") for i in range(12)]
+        poison = settled(engine, "poison")
+    assert [j.outcome for j in jobs] == [Outcome.COMPLETED] * 12
+    assert (poison.outcome, poison.failure_reason) == (Outcome.FAILED, REFUSED_SETTLE_REASON)
+
+
+def test_a_job_the_database_refuses_to_settle_or_recover_is_isolated_and_never_stalls_the_runner(
+    engine: Engine, runners: RunnerDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The database refuses every settle of one job, and its recovery too.
+    Its claim lapses; the runner's recovery is refused, logged and skipped
+    for a while (``isolated_jobs``), and every other queue goes on being
+    claimed and settled. The logs never carry the claim token, although
+    PostgreSQL's error DETAIL echoes the row."""
+    refuse(
+        engine,
+        "ck_never_settle_poison",
+        "job_id <> 'poison' OR state <> 'settled'",
+        "NEW.job_id <> 'poison' OR NEW.state <> 'settled'",
+    )
+    add(engine, Job("poison", "p"))
+    worker = runners.runner(
+        {"p": lambda job: None, "q": lambda job: None},
+        lease=LEASE,
+        heartbeat=HEARTBEAT,
+        poll_interval=POLL,
+    )
+    caplog.set_level(logging.INFO, logger="sqlalchemy_watchdog")
+    with worker.serving():
+        wait_until(lambda: worker.runner.isolated_jobs == ("poison",), timeout=30, what="poison to be isolated")
+        token = read_token(engine, "poison")
+        add(engine, *(Job(f"later-{i}", "q") for i in range(5)))
+        later = [settled(engine, f"later-{i}") for i in range(5)]
+    assert [j.outcome for j in later] == [Outcome.COMPLETED] * 5
+    assert read(engine, "poison").state is JobState.RUNNING  # left alone, nothing lost
+    assert token is not None and token not in caplog.text
+    assert "refused its recovery" in caplog.text
+
+
+def read_token(engine: Engine, job_id: str) -> str | None:
+    with engine.connect() as conn:
+        token = conn.execute(select(jobs_table.c.claim_token).where(jobs_table.c.job_id == job_id)).scalar()
+    return None if token is None else str(token)
+
+
+# -- default recovery budgets ------------------------------------------------------------
+
+
+def abandon_claim(engine: Engine, queue: str) -> None:
+    """A worker claims the queue's job and vanishes: its lease ends at once."""
+    with engine.begin() as conn:
+        store.begin_write(conn)
+        batch = store.claim(conn, queues=[queue], limit=1, lease_ms=1)
+        assert batch.claimed
+    time.sleep(0.05)
+
+
+def test_a_runner_default_budget_requeues_jobs_without_one_of_their_own(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    add(engine, Job("a", "q"), Job("own-zero", "q", max_recoveries=0))
+    worker = runners.runner({"q": lambda job: None}, max_recoveries=2, lease=LEASE, heartbeat=HEARTBEAT)
+    abandon_claim(engine, "q")  # "a": the first admitted
+    result = worker.tick()
+    assert (result.job_id, result.status.value) == ("a", "requeued")
+    assert read(engine, "a").recovery_count == 1
+    abandon_claim(engine, "q")
+    abandon_claim(engine, "q")
+    worker.tick()
+    worker.tick()
+    own = read(engine, "own-zero")  # its own budget (0) wins over the runner's
+    assert (own.outcome, own.failure_reason) == (
+        Outcome.INTERRUPTED,
+        "Restart recovery budget exhausted (0 recoveries)",
+    )
+
+
+def test_a_handler_default_budget_overrides_the_runners(engine: Engine, runners: RunnerDriver) -> None:
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+
+    @handler(queue, max_recoveries=0)
+    def work(job: RunningJob) -> None:
+        return None
+
+    add(engine, Job("a", queue))
+    worker = runners.runner({queue: work}, max_recoveries=5, lease=LEASE, heartbeat=HEARTBEAT)
+    abandon_claim(engine, queue)
+    result = worker.tick()
+    assert result.job is not None
+    assert (result.job.outcome, result.job.failure_reason) == (
+        Outcome.INTERRUPTED,
+        "Restart recovery budget exhausted (0 recoveries)",
+    )
+
+
+@pytest.mark.parametrize("budget", [-1, True, 1.5, "3", 10**9])
+def test_a_bad_default_budget_is_refused_naming_the_field(engine: Engine, budget: Any) -> None:
+    with pytest.raises(InvalidJob) as caught:
+        handler("q-bad", max_recoveries=budget)
+    assert caught.value.field == "max_recoveries"
+    from sqlalchemy_watchdog import Runner
+
+    with pytest.raises(InvalidJob) as caught:
+        Runner(engine, {"q": lambda job: None}, max_recoveries=budget)
+    assert caught.value.field == "max_recoveries"
+
+
+# -- bounded settings -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        ({"poll_interval": timedelta(days=10**6)}, "poll_interval"),
+        ({"grace": timedelta(days=10**6)}, "grace"),
+        ({"heartbeat": timedelta(days=10**6)}, "heartbeat"),
+        ({"lease": timedelta(days=10**6)}, "lease"),
+        ({"heartbeat": timedelta(milliseconds=1001), "lease": timedelta(seconds=3)}, "heartbeat"),
+        ({"poll_interval": timedelta(microseconds=10)}, "poll_interval"),
+        ({"concurrency": 10**6}, "concurrency"),
+        ({"grace": timedelta(seconds=-1)}, "grace"),
+    ],
+)
+def test_durations_beyond_what_the_runner_can_wait_are_refused_naming_the_field(
+    runners: RunnerDriver, settings: dict[str, Any], field: str
+) -> None:
+    """``threading`` cannot wait longer than ``TIMEOUT_MAX``; a 1,001 ms
+    heartbeat is more than a third of a 3 s lease (compared exactly)."""
+    with pytest.raises(InvalidJob) as caught:
+        runners.runner({"q": lambda job: None}, **settings)
+    assert caught.value.field == field
+
+
+def test_a_heartbeat_of_exactly_a_third_of_the_lease_is_accepted(runners: RunnerDriver) -> None:
+    runners.runner({"q": lambda job: None}, heartbeat=timedelta(seconds=1), lease=timedelta(seconds=3))
+
+
+# -- the payload codec --------------------------------------------------------------------
+
+
+def test_handlers_see_payloads_decoded_by_the_runners_codec(engine: Engine, runners: RunnerDriver) -> None:
+    due = datetime(2026, 3, 1, 12, 30, tzinfo=UTC)
+    add(engine, Job("inv", "billing", codec=TaggedJSON(), payload={"due": due, "amount": Decimal("19.90")}))
+    seen: list[Any] = []
+    worker = runners.runner({"billing": lambda job: seen.append(job.payload)}, codec=TaggedJSON())
+    [job] = worker.run_until_idle()
+    assert job.outcome is Outcome.COMPLETED
+    assert seen == [{"due": due, "amount": Decimal("19.90")}]
+
+
+def test_a_payload_the_codec_cannot_decode_fails_the_job_without_running_it(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    add(engine, Job("bad", "billing", payload={"$decimal": "not a number"}))
+    ran: list[str] = []
+    worker = runners.runner({"billing": lambda job: ran.append(job.job_id)}, codec=TaggedJSON())
+    [job] = worker.run_until_idle()
+    assert ran == []
+    assert job.outcome is Outcome.FAILED
+    assert job.failure_reason is not None and job.failure_reason.startswith("payload could not be decoded")
+
+
+# -- handler failures --------------------------------------------------------------------------
+
+
+def test_a_handler_exception_is_logged_with_its_traceback(
+    engine: Engine, runners: RunnerDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(job: RunningJob) -> None:
+        {}["missing"]  # noqa: B018 - the bug under test
+
+    add(engine, Job("a", "q"))
+    caplog.set_level(logging.INFO, logger="sqlalchemy_watchdog")
+    [job] = runners.runner({"q": broken}).run_until_idle()
+    assert (job.outcome, job.failure_reason) == (Outcome.FAILED, "KeyError: 'missing'")
+    [record] = [r for r in caplog.records if "handler raised" in r.getMessage()]
+    assert record.exc_info is not None and record.exc_info[0] is KeyError
+    assert "in broken" in caplog.text  # the traceback names the handler's frame
+
+
+def test_a_handler_exception_keeps_its_traceback_with_the_job(engine: Engine, runners: RunnerDriver) -> None:
+    """``read`` (and the CLI's ``show``) carry the traceback of a handler
+    that raised; a job that did not raise carries none."""
+
+    def broken(job: RunningJob) -> None:
+        if job.job_id == "bad":
+            raise ValueError("no such customer")
+
+    add(engine, Job("bad", "q"), Job("good", "q"))
+    runners.runner({"q": broken}).run_until_idle()
+    bad, good = read(engine, "bad"), read(engine, "good")
+    assert bad.failure_detail is not None
+    assert bad.failure_detail.startswith("Traceback (most recent call last):")
+    assert 'raise ValueError("no such customer")' in bad.failure_detail
+    assert bad.failure_detail.rstrip().endswith("ValueError: no such customer")
+    assert good.failure_detail is None
