@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, inspect, text
@@ -25,17 +26,16 @@ from sqlalchemy_watchdog import (
     Decision,
     Job,
     JobState,
-    JobView,
     Outcome,
     Runner,
     RunningJob,
     Watchdog,
-    enqueue,
     metadata,
     store,
 )
 from sqlalchemy_watchdog.cli import main
 from sqlalchemy_watchdog.store import LANE_FAILURE_BATCH
+from tests.helpers import add, read
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,15 +61,6 @@ def cli(db_url: URL, capsys: pytest.CaptureFixture[str]) -> Cli:
     return run
 
 
-def add(engine: Engine, *jobs: Job) -> None:
-    with engine.begin() as conn:
-        enqueue(conn, list(jobs))
-
-
-def read(engine: Engine, job_id: str) -> JobView:
-    job = Watchdog(engine).read(job_id)
-    assert job is not None, job_id
-    return job
 
 
 def claim_one(engine: Engine, queue: str) -> store.Claim:

@@ -20,17 +20,15 @@ from sqlalchemy_watchdog import (
     InvalidJob,
     Job,
     JobState,
-    JobView,
     Outcome,
     RunningJob,
-    Watchdog,
-    enqueue,
     handler,
     store,
 )
 from sqlalchemy_watchdog.codecs import TaggedJSON
 from sqlalchemy_watchdog.execution import REFUSED_SETTLE_REASON
 from sqlalchemy_watchdog.model import jobs_table
+from tests.helpers import add, read, settled, wait_until
 from tests.runner_kinds import RunnerDriver
 
 LEASE = timedelta(seconds=2)
@@ -38,32 +36,8 @@ HEARTBEAT = timedelta(milliseconds=300)
 POLL = timedelta(milliseconds=100)
 
 
-def add(engine: Engine, *jobs: Job) -> None:
-    with engine.begin() as conn:
-        enqueue(conn, list(jobs))
 
 
-def read(engine: Engine, job_id: str) -> JobView:
-    job = Watchdog(engine).read(job_id)
-    assert job is not None, job_id
-    return job
-
-
-def wait_until(predicate: Any, timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
-
-
-def settled(engine: Engine, job_id: str, timeout: float = 20.0) -> JobView:
-    return wait_until(
-        lambda: (job := read(engine, job_id)).state is JobState.SETTLED and job, timeout, f"{job_id} to settle"
-    )
 
 
 def refuse(engine: Engine, name: str, condition_pg: str, condition_sqlite: str) -> None:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 from sqlalchemy import Column, Engine, Integer, MetaData, Table, Text, func, select
 
-from sqlalchemy_watchdog import store
 from sqlalchemy_watchdog import (
     Job,
     JobState,
@@ -31,9 +30,10 @@ from sqlalchemy_watchdog import (
     Outcome,
     RunningJob,
     Watchdog,
-    enqueue,
+    store,
 )
 from sqlalchemy_watchdog.model import jobs_table
+from tests.helpers import add, read, wait_until
 from tests.runner_kinds import RunnerDriver
 
 WORKER = Path(__file__).resolve().parent / "workers" / "worker.py"
@@ -54,26 +54,7 @@ audit_table = Table(
 # -- helpers -------------------------------------------------------------------
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
-
-def add(engine: Engine, *jobs: Job) -> None:
-    with engine.begin() as conn:
-        enqueue(conn, list(jobs))
-
-
-def read(engine: Engine, job_id: str) -> JobView:
-    job = Watchdog(engine).read(job_id)
-    assert job is not None, job_id
-    return job
 
 
 def events(engine: Engine, event: str | None = None) -> list[tuple[str, int, str]]:

@@ -39,14 +39,13 @@ from sqlalchemy_watchdog import (
     StopReason,
     TickStatus,
     Watchdog,
-    enqueue,
     execution,
     handler,
     store,
 )
 from sqlalchemy_watchdog.asyncio import AsyncRunner
 from sqlalchemy_watchdog.jobs import FAILURE_REASON_MAX_LENGTH
-from sqlalchemy_watchdog.model import jobs_table
+from tests.helpers import add, raw, read, settled, wait_until
 from tests.runner_kinds import RunnerDriver, dual
 
 LEASE = timedelta(seconds=3)
@@ -58,40 +57,9 @@ NO_POLICY = "Execution disappeared without a recovery policy"
 # -- helpers -------------------------------------------------------------------
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    """Poll ``predicate`` until it is truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
-def add(engine: Engine, *jobs: Job) -> None:
-    with engine.begin() as conn:
-        enqueue(conn, list(jobs))
 
-
-def read(engine: Engine, job_id: str) -> JobView:
-    job = Watchdog(engine).read(job_id)
-    assert job is not None, job_id
-    return job
-
-
-def raw(engine: Engine, job_id: str) -> dict[str, Any]:
-    with engine.connect() as conn:
-        return dict(conn.execute(select(jobs_table).where(jobs_table.c.job_id == job_id)).one()._mapping)
-
-
-def settled(engine: Engine, job_id: str, timeout: float = 15.0) -> JobView:
-    return wait_until(
-        lambda: (job := read(engine, job_id)).state is JobState.SETTLED and job,
-        timeout,
-        f"{job_id} to settle",
-    )
 
 
 def db_clock(engine: Engine) -> int:

@@ -19,7 +19,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -40,6 +39,7 @@ from sqlalchemy.engine import URL
 
 from sqlalchemy_watchdog import Job, enqueue, statements
 from sqlalchemy_watchdog.model import jobs_table
+from tests.helpers import wait_until
 
 T = TypeVar("T")
 
@@ -203,17 +203,6 @@ def enqueue_jobs(engine: Engine, jobs: Sequence[Job], chunk: int = 1000) -> None
 
 # -- polling -----------------------------------------------------------------
 
-
-def wait_until(predicate: Callable[[], T], *, timeout: float, what: str, interval: float = 0.05) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 # -- worker processes --------------------------------------------------------

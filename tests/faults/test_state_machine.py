@@ -91,6 +91,8 @@ class Row:
     recovery_count: int = 0
     cancellation_id: str | None = None
     failure_reason: str | None = None
+    #: A handler's traceback: the settles modelled here carry none.
+    failure_detail: str | None = None
     lease_until: int | None = None
 
     def columns(self) -> dict[str, Any]:

@@ -1,0 +1,54 @@
+"""Small helpers shared by the test modules: put jobs in, read them back, wait."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine, select
+
+from sqlalchemy_watchdog import Job, JobState, JobView, Watchdog, enqueue
+from sqlalchemy_watchdog.model import jobs_table
+
+T = TypeVar("T")
+
+
+def add(engine: Engine, *jobs: Job) -> None:
+    """Enqueue ``jobs`` in one committed transaction."""
+    with engine.begin() as conn:
+        enqueue(conn, list(jobs))
+
+
+def read(engine: Engine, job_id: str) -> JobView:
+    """The job, which must exist."""
+    job = Watchdog(engine).read(job_id)
+    assert job is not None, job_id
+    return job
+
+
+def raw(engine: Engine, job_id: str) -> dict[str, Any]:
+    """The job's row, every column (claim token and lease included)."""
+    with engine.connect() as conn:
+        return dict(conn.execute(select(jobs_table).where(jobs_table.c.job_id == job_id)).one()._mapping)
+
+
+def wait_until(
+    predicate: Callable[[], T], timeout: float = 20.0, what: str = "condition", interval: float = 0.05
+) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def settled(engine: Engine, job_id: str, timeout: float = 20.0) -> JobView:
+    """Wait until the job is settled; return it."""
+    return wait_until(
+        lambda: (job := read(engine, job_id)).state is JobState.SETTLED and job, timeout, f"{job_id} to settle"
+    )
