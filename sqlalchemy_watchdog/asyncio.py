@@ -61,7 +61,7 @@ from .jobs import (
     LaneFailure,
     job_batch,
 )
-from .store import SettleRequest, Settlement
+from .store import Settlement, SettleRequest
 from .wakeups import listen_async, listens
 
 if TYPE_CHECKING:

@@ -8,8 +8,9 @@ slots, whether a claimed job may still start, how a handler's answer becomes
 a settlement, what a refused settlement means, which disappeared claims to
 recover and with what budget, when to look again, how long to back off after
 a failed pass, and how to shut down. Each decision is a generator of
-**steps** -- typed requests for I/O (:class:`StoreCall`, :class:`RunHandler`, :class:`Stop`, :class:`Probe`, :class:`Spawn`,
-:class:`WaitDone`) -- driven by one of two drivers that only perform them:
+**steps** -- typed requests for I/O (:class:`StoreCall`, :class:`RunHandler`,
+:class:`Stop`, :class:`Probe`, :class:`Spawn`, :class:`WaitDone`) -- driven by
+one of two drivers that only perform them:
 
 * :class:`~sqlalchemy_watchdog.Runner` runs store calls on a ``Connection``
   and handlers in threads;
@@ -50,7 +51,7 @@ from .jobs import (
     bound_reason,
     check_text,
 )
-from .store import Claim, RecoveryCause, RecoveryStatus, SettleRequest, Settlement
+from .store import Claim, RecoveryCause, RecoveryStatus, Settlement, SettleRequest
 
 if TYPE_CHECKING:
     from .codecs import PayloadCodec

@@ -57,7 +57,7 @@ from .execution import (
     until_idle,
 )
 from .jobs import Decision, JobView
-from .store import SettleRequest, Settlement
+from .store import Settlement, SettleRequest
 from .wakeups import Listener
 
 if TYPE_CHECKING:

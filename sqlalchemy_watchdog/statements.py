@@ -369,7 +369,7 @@ def settle(dialect: str) -> Update:
     replay. One statement settles a whole batch; every row keeps its own
     guard.
     """
-    source, cols, _ = _rows(dialect, "settles", SETTLE_FIELDS)
+    _source, cols, _ = _rows(dialect, "settles", SETTLE_FIELDS)
     uncancelled = c.cancellation_id.is_(None)
     return (
         update(t)

@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 from sqlalchemy import Column, Engine, Integer, MetaData, Table, Text, func, select
 
-from sqlalchemy_watchdog import store
 from sqlalchemy_watchdog import (
     Job,
     JobState,
@@ -32,6 +31,7 @@ from sqlalchemy_watchdog import (
     RunningJob,
     Watchdog,
     enqueue,
+    store,
 )
 from sqlalchemy_watchdog.model import jobs_table
 from tests.runner_kinds import RunnerDriver
@@ -113,7 +113,7 @@ class Workers:
             argv += ["--handle", handle]
         for name, value in options.items():
             argv += [f"--{name.replace('_', '-')}", str(value)]
-        log = open(self.logs / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
+        log = open(self.logs / f"worker-{len(self.procs)}.log", "wb")
         proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.procs.append(proc)
