@@ -464,7 +464,7 @@ def _watchdog(args: argparse.Namespace) -> Watchdog:
 class _Parser(argparse.ArgumentParser):
     """Usage errors in one line on stderr (exit 2), never a traceback."""
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> Any:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
@@ -567,13 +567,13 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     _global_options(common, suppress=True)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    add_parser = commands.add_parser
+    add_parser: Callable[..., argparse.ArgumentParser] = commands.add_parser
 
     def command(name: str, **kwargs: Any) -> argparse.ArgumentParser:
         parser_: argparse.ArgumentParser = add_parser(name, parents=[common], **kwargs)
         return parser_
 
-    commands.add_parser = command  # type: ignore[method-assign]
+    commands.add_parser = command  # type: ignore[method-assign,assignment]
 
     upgrade = commands.add_parser("upgrade", help="create or migrate the watchdog_jobs table")
     upgrade.add_argument(

@@ -227,7 +227,7 @@ def check_clock(clock: object) -> Callable[[], int]:
     """Refuse a runner ``clock`` that cannot be called."""
     if not callable(clock):
         raise InvalidJob("clock", f"must be a callable returning epoch milliseconds, not {type(clock).__name__}")
-    return clock  # type: ignore[return-value]
+    return clock
 
 
 @dataclass(frozen=True)
@@ -627,7 +627,7 @@ class RunnerCore:
     def pass_failed(self, error: BaseException, who: str = "runner") -> float:
         """Log a failed loop pass; how long to back off before the next one."""
         self.failures += 1
-        delay = min(self.MAX_BACKOFF_S, 0.25 * 2 ** min(self.failures, 7))
+        delay = min(self.MAX_BACKOFF_S, 0.25 * 2.0 ** min(self.failures, 7))
         if isinstance(error, WatchdogError):
             log.error("%s: %s; retrying in %.1fs", who, error, delay)
         else:

@@ -163,7 +163,7 @@ class Runner:
     def _store(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         def work() -> T:
             with self.engine.connect() as conn:
-                return store.transact(conn, fn, *args, autocommit=self._autocommit, **kwargs)
+                return store.transact_as(conn, store.TxMode(autocommit=self._autocommit), fn, *args, **kwargs)
 
         return store.retrying(work, what=fn.__name__)
 

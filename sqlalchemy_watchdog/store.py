@@ -275,8 +275,9 @@ def violation(error: IntegrityError) -> tuple[str, str] | None:
     # psycopg 3 and psycopg2 carry the server's fields as ``diag``; asyncpg's
     # own exception (the cause of SQLAlchemy's adapted one) as attributes.
     diag = getattr(orig, "diag", None)
-    if diag is None and hasattr(getattr(orig, "__cause__", None), "table_name"):
-        diag = orig.__cause__
+    cause = getattr(orig, "__cause__", None)
+    if diag is None and hasattr(cause, "table_name"):
+        diag = cause
     if diag is not None:
         sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or ""
         kind = _PG_VIOLATIONS.get(sqlstate)
@@ -648,7 +649,8 @@ def seconds_until_next_expiry(conn: Connection) -> float | None:
     lease_until, clock = conn.execute(sql.next_lease_expiry()).one()
     if lease_until is None:
         return None
-    return max(0.0, (lease_until - clock) / 1000.0)
+    seconds: float = (lease_until - clock) / 1000.0
+    return max(0.0, seconds)
 
 
 # -- transactions ------------------------------------------------------------
