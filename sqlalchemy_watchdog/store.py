@@ -1,5 +1,8 @@
 """The one store: runs the statements of :mod:`.statements` on a sync ``Connection``.
 
+Internal module: its names may change in any release; the public API is
+what :mod:`sqlalchemy_watchdog` exports.
+
 Every function here takes a ``Connection`` already inside a transaction and
 leaves committing to its caller, so the same code serves the sync client,
 the runner, and (through ``AsyncConnection.run_sync``) the asyncio API.

@@ -42,6 +42,7 @@ from sqlalchemy_watchdog import (
     enqueue,
     execution,
     handler,
+    statements,
     store,
 )
 from sqlalchemy_watchdog.asyncio import AsyncRunner
@@ -96,7 +97,7 @@ def settled(engine: Engine, job_id: str, timeout: float = 15.0) -> JobView:
 
 def db_clock(engine: Engine) -> int:
     with engine.connect() as conn:
-        return int(conn.execute(select(store.sql.db_clock_ms())).scalar_one())
+        return int(conn.execute(select(statements.db_clock_ms())).scalar_one())
 
 
 def make(runners: RunnerDriver, handlers: dict[str, Callable[[RunningJob], Any]] | None, **kwargs: Any) -> Any:
