@@ -2,7 +2,8 @@
 """Set up and run sqlalchemy_watchdog from a fresh clone, with only Python 3.11+.
 
     python3 dev.py example   # the orders example on SQLite (watchdog.db)
-    python3 dev.py test      # the test suite (extra arguments go to pytest)
+    python3 dev.py test      # ruff + mypy --strict, then the test suite
+                             # (extra arguments go to pytest)
 
 Creates ./.venv on first use and (re)installs the package with its test
 extras whenever pyproject.toml changes.
@@ -47,8 +48,19 @@ def main(argv: list[str]) -> int:
     command, rest = argv[0], argv[1:]
     if command == "example":
         cmd = [str(PYTHON), str(ROOT / "examples" / "orders.py"), *rest]
-    else:
-        cmd = [str(PYTHON), "-m", "pytest", *rest]
+        return subprocess.run(cmd, cwd=ROOT).returncode
+    # Static checks first: a lint or type error fails the run before any test.
+    checks = [
+        [str(PYTHON), "-m", "ruff", "check", "sqlalchemy_watchdog", "tests", "benchmarks"],
+        [str(PYTHON), "-m", "mypy", "--strict", "sqlalchemy_watchdog"],
+    ]
+    for check in checks:
+        print("$", " ".join(check[2:]), flush=True)
+        returncode = subprocess.run(check, cwd=ROOT).returncode
+        if returncode != 0:
+            print(f"{check[2]} failed (exit {returncode}); not running the tests", file=sys.stderr)
+            return returncode
+    cmd = [str(PYTHON), "-m", "pytest", *rest]
     return subprocess.run(cmd, cwd=ROOT).returncode
 
 

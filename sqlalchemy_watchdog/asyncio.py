@@ -18,15 +18,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
 
-from sqlalchemy import Select
+from sqlalchemy import Connection, Select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from . import client, store
 from .execution import (
-    default_poll_interval,
     Execution,
     Probe,
     RunHandler,
@@ -43,6 +42,7 @@ from .execution import (
     decision_of_cancelled_task,
     decision_of_exception,
     decision_of_result,
+    default_poll_interval,
     drive_async,
     execute,
     loop_pass,
@@ -62,7 +62,7 @@ from .jobs import (
     LaneFailure,
     job_batch,
 )
-from .store import SettleRequest, Settlement
+from .store import Settlement, SettleRequest
 from .wakeups import listen_async, listens
 
 if TYPE_CHECKING:
@@ -70,9 +70,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["enqueue", "enqueue_select", "AsyncWatchdog", "AsyncRunner", "run_store"]
+__all__ = ["enqueue", "enqueue_select", "AsyncWatchdog", "AsyncRunner"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 async def _run_sync(target: AsyncSession | AsyncConnection, fn: Callable[..., T], *args: Any) -> T:
@@ -104,23 +105,33 @@ async def enqueue_select(target: AsyncSession | AsyncConnection, source: Select[
 
 async def run_store(
     engine: AsyncEngine,
-    fn: Callable[..., T],
-    *args: Any,
-    write: bool = True,
-    autocommit: bool = False,
-    **kwargs: Any,
+    fn: Callable[Concatenate[Connection, P], T],
+    /,
+    *args: P.args,
+    **kwargs: P.kwargs,
 ) -> T:
-    """Run the sync store function ``fn(conn, ...)`` in a transaction of its
-    own, through ``AsyncConnection.run_sync``, retrying transient failures."""
+    """Internal: run the sync store function ``fn(conn, ...)`` in a write
+    transaction of its own, through ``AsyncConnection.run_sync``, retrying
+    transient failures (:func:`run_store_as` with :data:`store.WRITE`).
+
+    Not part of the public API; kept importable for the test suite."""
+    return await run_store_as(engine, store.WRITE, fn, *args, **kwargs)
+
+
+async def run_store_as(
+    engine: AsyncEngine,
+    mode: store.TxMode,
+    fn: Callable[Concatenate[Connection, P], T],
+    /,
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> T:
+    """Internal: :func:`run_store` in the given transaction ``mode``."""
     backoff = store.Backoff()
     while True:
         try:
             async with engine.connect() as conn:
-                return await conn.run_sync(
-                    lambda sync: store.transact(
-                        sync, fn, *args, write=write, autocommit=autocommit, **kwargs
-                    )
-                )
+                return await conn.run_sync(lambda sync: store.transact_as(sync, mode, fn, *args, **kwargs))
         except DBAPIError as error:
             await asyncio.sleep(backoff.delay_after(error, fn.__name__))
 
@@ -133,37 +144,60 @@ class AsyncWatchdog:
             raise TypeError(f"AsyncWatchdog takes an AsyncEngine, not {type(engine).__name__}")
         self.engine = engine
 
-    async def _run(self, fn: Callable[..., T], *args: Any, write: bool = True, **kwargs: Any) -> T:
+    async def _run(
+        self, fn: Callable[Concatenate[Connection, P], T], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
         autocommit = store.self_committing(self.engine.dialect.name)
-        return await run_store(self.engine, fn, *args, write=write, autocommit=autocommit, **kwargs)
+        return await run_store_as(self.engine, store.TxMode(autocommit=autocommit), fn, *args, **kwargs)
 
-    async def enqueue(self, jobs: Job | Iterable[Job]) -> Any:
+    async def _read(
+        self, fn: Callable[Concatenate[Connection, P], T], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        autocommit = store.self_committing(self.engine.dialect.name)
+        mode = store.TxMode(write=False, autocommit=autocommit)
+        return await run_store_as(self.engine, mode, fn, *args, **kwargs)
+
+    @overload
+    async def enqueue(self, jobs: Job) -> EnqueueResult: ...
+    @overload
+    async def enqueue(self, jobs: Iterable[Job]) -> list[EnqueueResult]: ...
+
+    async def enqueue(self, jobs: Job | Iterable[Job]) -> EnqueueResult | list[EnqueueResult]:
         """Enqueue in a transaction of its own, as :meth:`Watchdog.enqueue
         <sqlalchemy_watchdog.Watchdog.enqueue>`."""
         batch = job_batch(jobs)
         autocommit = store.one_statement(self.engine.dialect.name, batch)
-        results = await run_store(self.engine, store.enqueue, batch, autocommit=autocommit)
+        results = await run_store_as(self.engine, store.TxMode(autocommit=autocommit), store.enqueue, batch)
         return results[0] if isinstance(jobs, Job) else results
 
     async def read(self, job_id: str) -> JobView | None:
-        return await self._run(store.read, job_id, write=False)
+        """The job, or None if there is no such job."""
+        return await self._read(store.read, job_id)
 
     async def read_queue_head(self, queue: str) -> JobView | None:
-        return await self._run(store.read_queue_head, queue, write=False)
+        """The queue's running job, else its next queued job; None when idle."""
+        return await self._read(store.read_queue_head, queue)
 
     async def read_settled(self, limit: int = 100, after_sequence: int = 0) -> list[JobView]:
-        return await self._run(store.read_settled, limit, after_sequence, write=False)
+        """Settled jobs in admission order, ``limit`` (1-256) after ``after_sequence``."""
+        return await self._read(store.read_settled, limit, after_sequence)
 
     async def has_pending_work(self) -> bool:
-        return await self._run(store.has_pending_work, write=False)
+        """Whether any job is queued or running."""
+        return await self._read(store.has_pending_work)
 
     async def cancel(self, job_id: str, cancellation_id: str, *, only_if_queued: bool = False) -> CancelResult:
+        """Cancel the job, as :meth:`Watchdog.cancel <sqlalchemy_watchdog.Watchdog.cancel>`."""
         return await self._run(client.cancel_in, job_id, cancellation_id, only_if_queued=only_if_queued)
 
     async def fail_lane(self, lane: str, reason: str) -> LaneFailure:
+        """Settle up to one batch of the lane's live jobs ``failed``, as
+        :meth:`Watchdog.fail_lane <sqlalchemy_watchdog.Watchdog.fail_lane>`."""
         return await self._run(client.fail_lane_in, lane, reason)
 
     async def purge(self, queue: str) -> int:
+        """Delete the queue's queued jobs (running and settled ones stay), as
+        :meth:`Watchdog.purge <sqlalchemy_watchdog.Watchdog.purge>`."""
         return await self._run(store.purge, queue)
 
 
@@ -241,7 +275,7 @@ class AsyncRunner:
     # -- performing steps --------------------------------------------------------
 
     async def _store(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await run_store(self.engine, fn, *args, autocommit=self._autocommit, **kwargs)
+        return await run_store_as(self.engine, store.TxMode(autocommit=self._autocommit), fn, *args, **kwargs)
 
     async def _perform(self, step: Step) -> Any:
         if isinstance(step, StoreCall):

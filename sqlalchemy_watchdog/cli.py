@@ -470,7 +470,7 @@ def _watchdog(args: argparse.Namespace) -> Watchdog:
 class _Parser(argparse.ArgumentParser):
     """Usage errors in one line on stderr (exit 2), never a traceback."""
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> Any:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
@@ -573,13 +573,13 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     _global_options(common, suppress=True)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    add_parser = commands.add_parser
+    add_parser: Callable[..., argparse.ArgumentParser] = commands.add_parser
 
     def command(name: str, **kwargs: Any) -> argparse.ArgumentParser:
         parser_: argparse.ArgumentParser = add_parser(name, parents=[common], **kwargs)
         return parser_
 
-    commands.add_parser = command  # type: ignore[method-assign]
+    commands.add_parser = command  # type: ignore[method-assign,assignment]
 
     upgrade = commands.add_parser("upgrade", help="create or migrate the watchdog_jobs table")
     upgrade.add_argument(
@@ -637,7 +637,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--lease", type=_seconds, metavar="SECONDS", help="claim lease (default: 120)")
     run.add_argument("--heartbeat", type=_seconds, metavar="SECONDS", help="lease renewal period (default: 10)")
     run.add_argument(
-        "--poll-interval", type=_seconds, metavar="SECONDS", help="look for work this often when idle (default: 2 with NOTIFY on PostgreSQL, 0.25 otherwise)"
+        "--poll-interval",
+        type=_seconds,
+        metavar="SECONDS",
+        help="look for work this often when idle (default: 2 with NOTIFY on PostgreSQL, 0.25 otherwise)",
     )
     run.add_argument(
         "--grace", type=_seconds, metavar="SECONDS",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar, overload
+from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
 from sqlalchemy import Connection, Engine, Select
 from sqlalchemy.exc import IntegrityError
@@ -27,6 +27,7 @@ from .wakeups import EVENT_QUEUED, EVENT_STOP
 __all__ = ["enqueue", "enqueue_select", "Watchdog", "EVENT_QUEUED", "EVENT_STOP"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 
@@ -168,25 +169,25 @@ class Watchdog:
 
     def _run(
         self,
-        fn: Callable[..., T],
-        *args: Any,
-        write: bool = True,
-        autocommit: bool | None = None,
-        **kwargs: Any,
+        mode: store.TxMode,
+        fn: Callable[Concatenate[Connection, P], T],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
     ) -> T:
-        if autocommit is None:
-            autocommit = store.self_committing(self.engine.dialect.name)
-
         def work() -> T:
             with self.engine.connect() as conn:
-                return store.transact(conn, fn, *args, write=write, autocommit=autocommit, **kwargs)
+                return store.transact_as(conn, mode, fn, *args, **kwargs)
 
         return store.retrying(work, what=fn.__name__)
 
-    def _read(self, fn: Callable[..., T], *args: Any) -> T:
-        return self._run(fn, *args, write=False)
+    def _read(self, fn: Callable[Concatenate[Connection, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        autocommit = store.self_committing(self.engine.dialect.name)
+        return self._run(store.TxMode(write=False, autocommit=autocommit), fn, *args, **kwargs)
 
-    _write = _run
+    def _write(self, fn: Callable[Concatenate[Connection, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        autocommit = store.self_committing(self.engine.dialect.name)
+        return self._run(store.TxMode(autocommit=autocommit), fn, *args, **kwargs)
 
     @overload
     def enqueue(self, jobs: Job) -> EnqueueResult: ...
@@ -198,7 +199,7 @@ class Watchdog:
         PostgreSQL up to 1,000 jobs go as one self-committing statement."""
         batch = job_batch(jobs)
         autocommit = store.one_statement(self.engine.dialect.name, batch)
-        results: list[EnqueueResult] = self._write(store.enqueue, batch, autocommit=autocommit)
+        results = self._run(store.TxMode(autocommit=autocommit), store.enqueue, batch)
         return results[0] if isinstance(jobs, Job) else results
 
     def read(self, job_id: str) -> JobView | None:

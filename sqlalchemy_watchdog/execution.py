@@ -8,8 +8,9 @@ slots, whether a claimed job may still start, how a handler's answer becomes
 a settlement, what a refused settlement means, which disappeared claims to
 recover and with what budget, when to look again, how long to back off after
 a failed pass, and how to shut down. Each decision is a generator of
-**steps** -- typed requests for I/O (:class:`StoreCall`, :class:`RunHandler`, :class:`Stop`, :class:`Probe`, :class:`Spawn`,
-:class:`WaitDone`) -- driven by one of two drivers that only perform them:
+**steps** -- typed requests for I/O (:class:`StoreCall`, :class:`RunHandler`,
+:class:`Stop`, :class:`Probe`, :class:`Spawn`, :class:`WaitDone`) -- driven by
+one of two drivers that only perform them:
 
 * :class:`~sqlalchemy_watchdog.Runner` runs store calls on a ``Connection``
   and handlers in threads;
@@ -51,8 +52,8 @@ from .jobs import (
     bound_reason,
     check_text,
 )
+from .store import Claim, RecoveryCause, RecoveryStatus, Settlement, SettleRequest
 from .wakeups import listens
-from .store import Claim, RecoveryCause, RecoveryStatus, SettleRequest, Settlement
 
 if TYPE_CHECKING:
     from .codecs import PayloadCodec
@@ -243,7 +244,7 @@ def check_clock(clock: object) -> Callable[[], int]:
     """Refuse a runner ``clock`` that cannot be called."""
     if not callable(clock):
         raise InvalidJob("clock", f"must be a callable returning epoch milliseconds, not {type(clock).__name__}")
-    return clock  # type: ignore[return-value]
+    return clock
 
 
 @dataclass(frozen=True)
@@ -648,7 +649,7 @@ class RunnerCore:
     def pass_failed(self, error: BaseException, who: str = "runner") -> float:
         """Log a failed loop pass; how long to back off before the next one."""
         self.failures += 1
-        delay = min(self.MAX_BACKOFF_S, 0.25 * 2 ** min(self.failures, 7))
+        delay = min(self.MAX_BACKOFF_S, 0.25 * 2.0 ** min(self.failures, 7))
         if isinstance(error, WatchdogError):
             log.error("%s: %s; retrying in %.1fs", who, error, delay)
         else:

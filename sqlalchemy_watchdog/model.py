@@ -15,6 +15,7 @@ your own declarative ``Base`` in one ``Session``; list it in Alembic's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 from sqlalchemy import (
@@ -31,7 +32,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from .wakeups import DROP_NOTIFY_FUNCTION_SQL, NOTIFY_FUNCTION_SQL, NOTIFY_TRIGGER_SQL
 from .jobs import (
     CANCELLATION_ID_MAX_LENGTH,
     JOB_ID_MAX_LENGTH,
@@ -40,6 +40,7 @@ from .jobs import (
     JobState,
     Outcome,
 )
+from .wakeups import DROP_NOTIFY_FUNCTION_SQL, NOTIFY_FUNCTION_SQL, NOTIFY_TRIGGER_SQL
 
 __all__ = ["metadata", "WatchdogBase", "WatchdogJob", "jobs_table"]
 
@@ -170,10 +171,15 @@ jobs_table: Table = cast(Table, WatchdogJob.__table__)
 # On PostgreSQL every INSERT statement into the table (enqueue, enqueue_select,
 # or your own SQL) wakes idle runners through NOTIFY when its transaction
 # commits (see the wakeups module).
-event.listen(jobs_table, "after_create", DDL(NOTIFY_FUNCTION_SQL).execute_if(dialect="postgresql"))
-event.listen(jobs_table, "after_create", DDL(NOTIFY_TRIGGER_SQL).execute_if(dialect="postgresql"))
-event.listen(
-    jobs_table,
-    "after_drop",
-    DDL(DROP_NOTIFY_FUNCTION_SQL).execute_if(dialect="postgresql"),
-)
+
+
+def _postgresql_ddl(statement: str) -> DDL:
+    """``DDL(statement)`` run on PostgreSQL only (SQLAlchemy leaves ``DDL.__init__`` unannotated)."""
+    make: Callable[[str], DDL] = DDL
+    ddl: DDL = make(statement).execute_if(dialect="postgresql")
+    return ddl
+
+
+event.listen(jobs_table, "after_create", _postgresql_ddl(NOTIFY_FUNCTION_SQL))
+event.listen(jobs_table, "after_create", _postgresql_ddl(NOTIFY_TRIGGER_SQL))
+event.listen(jobs_table, "after_drop", _postgresql_ddl(DROP_NOTIFY_FUNCTION_SQL))

@@ -31,7 +31,6 @@ from sqlalchemy import Engine
 
 from . import store
 from .execution import (
-    default_poll_interval,
     Execution,
     Probe,
     RunHandler,
@@ -47,6 +46,7 @@ from .execution import (
     conclude,
     decision_of_exception,
     decision_of_result,
+    default_poll_interval,
     drive,
     execute,
     loop_pass,
@@ -58,7 +58,7 @@ from .execution import (
     until_idle,
 )
 from .jobs import Decision, JobView
-from .store import SettleRequest, Settlement
+from .store import Settlement, SettleRequest
 from .wakeups import Listener
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ class Runner:
     def _store(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         def work() -> T:
             with self.engine.connect() as conn:
-                return store.transact(conn, fn, *args, autocommit=self._autocommit, **kwargs)
+                return store.transact_as(conn, store.TxMode(autocommit=self._autocommit), fn, *args, **kwargs)
 
         return store.retrying(work, what=fn.__name__)
 

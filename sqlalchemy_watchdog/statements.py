@@ -1,5 +1,8 @@
 """Every SQL statement of the queue, built in one place with SQLAlchemy Core.
 
+Internal module: its names may change in any release; the public API is
+what :mod:`sqlalchemy_watchdog` exports.
+
 Each statement is built once per dialect (``postgresql`` or ``sqlite``) and
 kept: values travel as named bind parameters, so SQLAlchemy compiles each
 statement once, psycopg can prepare it server-side, and the hot path (claim,
@@ -371,7 +374,7 @@ def settle(dialect: str) -> Update:
     replay. One statement settles a whole batch; every row keeps its own
     guard.
     """
-    source, cols, _ = _rows(dialect, "settles", SETTLE_FIELDS)
+    _source, cols, _ = _rows(dialect, "settles", SETTLE_FIELDS)
     uncancelled = c.cancellation_id.is_(None)
     return (
         update(t)

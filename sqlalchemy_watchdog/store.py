@@ -1,5 +1,8 @@
 """The one store: runs the statements of :mod:`.statements` on a sync ``Connection``.
 
+Internal module: its names may change in any release; the public API is
+what :mod:`sqlalchemy_watchdog` exports.
+
 Every function here takes a ``Connection`` already inside a transaction and
 leaves committing to its caller, so the same code serves the sync client,
 the runner, and (through ``AsyncConnection.run_sync``) the asyncio API.
@@ -17,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from sqlalchemy import Connection, Engine, Row, select
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
@@ -72,6 +75,11 @@ __all__ = [
     "reconcile",
     "seconds_until_next_expiry",
     "begin_write",
+    "TxMode",
+    "READ",
+    "WRITE",
+    "transact",
+    "transact_as",
     "write_transaction",
     "retrying",
 ]
@@ -79,6 +87,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 #: Rows per multi-row INSERT (6 parameters each stay below every bind limit).
 ENQUEUE_CHUNK = 1000
@@ -271,8 +280,9 @@ def violation(error: IntegrityError) -> tuple[str, str] | None:
     # psycopg 3 and psycopg2 carry the server's fields as ``diag``; asyncpg's
     # own exception (the cause of SQLAlchemy's adapted one) as attributes.
     diag = getattr(orig, "diag", None)
-    if diag is None and hasattr(getattr(orig, "__cause__", None), "table_name"):
-        diag = orig.__cause__
+    cause = getattr(orig, "__cause__", None)
+    if diag is None and hasattr(cause, "table_name"):
+        diag = cause
     if diag is not None:
         sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or ""
         kind = _PG_VIOLATIONS.get(sqlstate)
@@ -660,7 +670,8 @@ def seconds_until_next_expiry(conn: Connection) -> float | None:
     lease_until, clock = conn.execute(sql.next_lease_expiry()).one()
     if lease_until is None:
         return None
-    return max(0.0, (lease_until - clock) / 1000.0)
+    seconds: float = (lease_until - clock) / 1000.0
+    return max(0.0, seconds)
 
 
 # -- transactions ------------------------------------------------------------
@@ -733,30 +744,59 @@ def _nothing_to_claim(conn: Connection, kwargs: Mapping[str, Any]) -> bool:
     return conn.execute(pick).first() is None
 
 
-def transact(
+@dataclass(frozen=True)
+class TxMode:
+    """How :func:`transact_as` runs its function.
+
+    ``write``: on SQLite, take the write lock first (:func:`begin_write`).
+    ``autocommit``: run without BEGIN/COMMIT, for work whose one writing
+    statement is atomic by itself (two round trips fewer).
+
+    A value passed positionally, so that these options never collide with
+    the keyword arguments of the store function being run.
+    """
+
+    write: bool = True
+    autocommit: bool = False
+
+
+#: A write transaction with BEGIN/COMMIT: what :func:`transact` runs.
+WRITE = TxMode()
+#: A reading transaction (no write lock taken up front on SQLite).
+READ = TxMode(write=False)
+
+
+def transact(conn: Connection, fn: Callable[Concatenate[Connection, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """Run ``fn(conn, *args, **kwargs)`` in a write transaction of its own on
+    ``conn`` (:func:`transact_as` with :data:`WRITE`)."""
+    return transact_as(conn, WRITE, fn, *args, **kwargs)
+
+
+def transact_as(
     conn: Connection,
-    fn: Callable[..., T],
-    *args: Any,
-    write: bool = True,
-    autocommit: bool = False,
-    **kwargs: Any,
+    mode: TxMode,
+    fn: Callable[Concatenate[Connection, P], T],
+    /,
+    *args: P.args,
+    **kwargs: P.kwargs,
 ) -> T:
     """Run ``fn(conn, *args, **kwargs)`` in a transaction of its own on ``conn``.
 
-    ``autocommit`` runs it without BEGIN/COMMIT, for work whose one writing
-    statement is atomic by itself: two round trips fewer. On SQLite a
-    ``write`` transaction takes the write lock first (:func:`begin_write`);
+    ``mode.autocommit`` runs it without BEGIN/COMMIT, for work whose one
+    writing statement is atomic by itself: two round trips fewer. On SQLite a
+    ``mode.write`` transaction takes the write lock first (:func:`begin_write`);
     in WAL mode (:func:`reads_beside_writer`) the functions of
     :data:`READ_ONLY` do not, and a :func:`claim` first looks, without the
     lock, whether any job is queued at all.
     """
-    if autocommit:
+    if mode.autocommit:
         return fn(conn.execution_options(isolation_level="AUTOCOMMIT"), *args, **kwargs)
     with conn.begin():
         lock_free_reads = reads_beside_writer(conn)
         if fn is claim and lock_free_reads and _nothing_to_claim(conn, kwargs):
-            return ClaimBatch((), ())  # type: ignore[return-value]
-        if write and not (lock_free_reads and fn in READ_ONLY):
+            # fn is claim, so T is ClaimBatch; mypy cannot narrow a TypeVar by identity.
+            return cast(T, ClaimBatch((), ()))
+        if mode.write and not (lock_free_reads and fn in READ_ONLY):
             begin_write(conn)
         return fn(conn, *args, **kwargs)
 

@@ -83,7 +83,7 @@ def listens(dialect_name: str, driver: str) -> bool:
 
 
 def _backoff(failures: int) -> float:
-    return min(30.0, 0.25 * 2 ** min(failures, 7))
+    return min(30.0, 0.25 * 2.0 ** min(failures, 7))
 
 
 def _dispatch(payload: str, on_queued: Callable[[], None], on_stop: Callable[[], None]) -> None:

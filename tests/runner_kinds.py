@@ -152,7 +152,7 @@ class DrivenRunner:
         def tick() -> None:
             try:
                 future.set_result(self.runner.tick())  # type: ignore[arg-type]
-            except BaseException as error:  # noqa: BLE001 - handed to the test
+            except BaseException as error:
                 future.set_exception(error)
 
         threading.Thread(target=tick, name="test-tick", daemon=True).start()
@@ -172,7 +172,7 @@ class DrivenRunner:
             try:
                 runner.run_forever(install_signal_handlers=False)
                 future.set_result(None)
-            except BaseException as error:  # noqa: BLE001 - handed to the test
+            except BaseException as error:
                 future.set_exception(error)
 
         threading.Thread(target=serve, name="test-runner", daemon=True).start()

@@ -18,9 +18,9 @@ from sqlalchemy_watchdog import (
     JobState,
     Watchdog,
     enqueue,
+    store,
 )
 from sqlalchemy_watchdog import asyncio as watchdog_asyncio
-from sqlalchemy_watchdog import store
 from sqlalchemy_watchdog.asyncio import AsyncWatchdog
 from sqlalchemy_watchdog.model import jobs_table
 from tests.conftest import make_async_engine

@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 
 from sqlalchemy_watchdog import EnqueueStatus, InvalidJob, Job, PayloadCodec, TaggedJSON, Watchdog
 
-UTC = datetime.timezone.utc
+UTC = datetime.UTC
 codec = TaggedJSON()
 
 

@@ -562,7 +562,7 @@ def in_thread(engine: Engine, job: Job) -> tuple[threading.Thread, dict[str, Any
             with engine.connect() as conn:
                 outcome["result"] = enqueue(conn, job)
                 conn.commit()
-        except BaseException as error:  # noqa: BLE001 - reported to the test
+        except BaseException as error:
             outcome["error"] = error
 
     thread = threading.Thread(target=work)
@@ -621,7 +621,7 @@ def test_many_concurrent_enqueues_of_one_job_id_end_with_one_row(engine: Engine,
                 barrier.wait(5)
                 outcomes[i] = enqueue(conn, job).status
                 conn.commit()
-        except BaseException as error:  # noqa: BLE001 - reported to the test
+        except BaseException as error:
             outcomes[i] = error
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]

@@ -251,7 +251,7 @@ def test_a_handler_exception_is_logged_with_its_traceback(
     engine: Engine, runners: RunnerDriver, caplog: pytest.LogCaptureFixture
 ) -> None:
     def broken(job: RunningJob) -> None:
-        {}["missing"]  # noqa: B018 - the bug under test
+        {}["missing"]
 
     add(engine, Job("a", "q"))
     caplog.set_level(logging.INFO, logger="sqlalchemy_watchdog")

@@ -20,7 +20,7 @@ from sqlalchemy import CheckConstraint, Engine, MetaData, UniqueConstraint, crea
 from sqlalchemy.engine import URL
 
 import sqlalchemy_watchdog
-from sqlalchemy_watchdog import Decision, Job, JobState, Watchdog, enqueue, store
+from sqlalchemy_watchdog import Job, JobState, Watchdog, enqueue
 
 REPO = Path(__file__).resolve().parent.parent
 ALEMBIC_INI = REPO / "alembic.ini"

@@ -244,7 +244,7 @@ def test_readme_blocks_use_known_fences_and_markers() -> None:
     for block in ALL_BLOCKS:
         assert block.lang in KNOWN_LANGUAGES, f"{block.id}: unknown fence language {block.lang!r}"
         if block.marker is not None:
-            assert block.marker == "run" and block.lang == "sh" or (
+            assert (block.marker == "run" and block.lang == "sh") or (
                 block.marker.startswith("skip: ") and block.lang == "python"
             ), f"{block.id}: marker {block.marker!r} on a {block.lang!r} block"
     assert SETUP, "the Quickstart's set-up command is marked <!-- readme-test: run -->"

@@ -20,8 +20,8 @@ from sqlalchemy_watchdog import (
     Outcome,
     Watchdog,
     enqueue,
+    store,
 )
-from sqlalchemy_watchdog import store
 from sqlalchemy_watchdog.store import Claim
 
 LEASE_MS = 60_000

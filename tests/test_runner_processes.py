@@ -94,7 +94,7 @@ class Workers:
             argv += ["--handle", handle]
         for name, value in options.items():
             argv += [f"--{name.replace('_', '-')}", str(value)]
-        log = open(self.logs / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
+        log = open(self.logs / f"worker-{len(self.procs)}.log", "wb")
         proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.procs.append(proc)

@@ -41,6 +41,7 @@ from sqlalchemy_watchdog import (
     Watchdog,
     execution,
     handler,
+    statements,
     store,
 )
 from sqlalchemy_watchdog.asyncio import AsyncRunner
@@ -64,7 +65,7 @@ NO_POLICY = "Execution disappeared without a recovery policy"
 
 def db_clock(engine: Engine) -> int:
     with engine.connect() as conn:
-        return int(conn.execute(select(store.sql.db_clock_ms())).scalar_one())
+        return int(conn.execute(select(statements.db_clock_ms())).scalar_one())
 
 
 def make(runners: RunnerDriver, handlers: dict[str, Callable[[RunningJob], Any]] | None, **kwargs: Any) -> Any:

@@ -154,13 +154,13 @@ def test_an_idle_runner_in_wal_mode_does_not_wait_for_another_process_write_lock
 def test_store_reads_in_a_write_transaction_do_not_queue_for_the_lock_in_wal_mode(
     wal_engine: Engine, fn: object, args: tuple[object, ...], kwargs: dict[str, object]
 ) -> None:
-    """The runners call every store function with ``write=True``; the pure
+    """The runners call every store function in a write transaction; the pure
     reads (and a claim with nothing to take) must still not take the lock."""
     Watchdog(wal_engine).enqueue(Job("order-1", QUEUE))
     holder = held_lock(wal_engine, 1.0)
     began = time.monotonic()
     with wal_engine.connect() as conn:
-        store.transact(conn, fn, *args, write=True, **kwargs)  # type: ignore[arg-type]
+        store.transact(conn, fn, *args, **kwargs)  # type: ignore[arg-type]
     took = time.monotonic() - began
     holder.released_at()
     assert took < 0.5, f"{getattr(fn, '__name__', fn)} waited {took:.2f}s for the write lock"

@@ -256,7 +256,7 @@ def test_concurrent_claimers_never_take_the_same_job_twice(engine: Engine) -> No
                     sizes.append(len(batch.claimed))
                     if not batch.claimed and len(taken) >= len(job_ids):
                         return
-        except BaseException as error:  # noqa: BLE001 - reported by the test thread
+        except BaseException as error:
             errors.append(error)
 
     threads = [threading.Thread(target=claimer) for _ in range(4)]
@@ -799,7 +799,7 @@ def test_two_concurrent_reconciles_of_one_expired_claim_exactly_one_wins(
             results.append(
                 store.retrying(lambda: run(engine, store.reconcile, observed)).status
             )
-        except BaseException as error:  # noqa: BLE001 - reported by the test thread
+        except BaseException as error:
             errors.append(error)
 
     threads = [threading.Thread(target=recover) for _ in range(2)]

@@ -232,7 +232,7 @@ class Worker:
                 args += [flag, str(value)]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed by close()
+        self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
         self.pid = self.proc.pid
 

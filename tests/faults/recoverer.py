@@ -18,7 +18,7 @@ def recover_all(url: str) -> dict[str, str]:
     try:
         while True:
             with engine.connect() as conn:
-                expired = store.transact(conn, store.expired_claims, limit=25, write=False)
+                expired = store.transact_as(conn, store.READ, store.expired_claims, limit=25)
             if not expired:
                 return won
             for claim in expired:

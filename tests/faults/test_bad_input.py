@@ -41,8 +41,8 @@ from sqlalchemy_watchdog import (
     store,
 )
 from sqlalchemy_watchdog.asyncio import AsyncWatchdog
-from sqlalchemy_watchdog.codecs import TaggedJSON
 from sqlalchemy_watchdog.asyncio import enqueue as async_enqueue
+from sqlalchemy_watchdog.codecs import TaggedJSON
 from sqlalchemy_watchdog.jobs import (
     FAILURE_REASON_MAX_LENGTH,
     PAYLOAD_MAX_BYTES,
