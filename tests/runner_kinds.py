@@ -15,7 +15,7 @@ driven on a private event loop in a thread) -- on the test's database
         future = worker.tick_in_background()
 
 Handlers are plain functions, written once: ``Runner`` calls them in its
-threads, ``AsyncRunner`` in a thread of its own (``asyncio.to_thread``).
+threads, ``AsyncRunner`` in daemon threads of its own.
 Where the behaviour is about coroutine handlers (a stop cancels the task),
 give :func:`dual` both shapes: the ``async`` kind then runs the coroutine.
 
