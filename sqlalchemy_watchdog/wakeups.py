@@ -18,6 +18,7 @@ notifications; on another driver the runner polls (and says so in its log).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import select
 import threading
@@ -26,7 +27,6 @@ from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.util import greenlet_spawn
 
 from .errors import redacted
 
@@ -135,9 +135,9 @@ class Listener:
                 self._stop.wait(_backoff(failures))
                 continue
             failures = 0
+            driver_conn: Any = raw.driver_connection
+            raw.detach()  # never pooled again: it LISTENs; closed below
             try:
-                driver_conn: Any = raw.driver_connection
-                raw.detach()  # closed, never pooled, when done: it LISTENs
                 driver_conn.autocommit = True
                 if self.engine.dialect.driver == "psycopg2":
                     self._serve_psycopg2(driver_conn)
@@ -152,10 +152,10 @@ class Listener:
                     log.warning("listener: connection lost (%s); reconnecting", redacted(error))
                     self._stop.wait(0.5)
             finally:
-                try:
-                    raw.close()
-                except Exception:  # pragma: no cover - already broken
-                    pass
+                # Closed directly: the pool's close would first roll back, and
+                # log an ERROR, on a connection the server already dropped.
+                with contextlib.suppress(Exception):
+                    driver_conn.close()
 
 
     def _serve_psycopg2(self, driver_conn: Any) -> None:
@@ -195,9 +195,9 @@ async def listen_async(engine: AsyncEngine, on_queued: Callable[[], None], on_st
             await asyncio.sleep(_backoff(failures))
             continue
         failures = 0
+        driver_conn: Any = raw.driver_connection
+        raw.detach()  # never pooled again: it LISTENs; closed below
         try:
-            driver_conn: Any = raw.driver_connection
-            raw.detach()  # closed, never pooled, when done: it LISTENs
             if engine.dialect.driver == "asyncpg":
                 await _serve_asyncpg(driver_conn, on_queued, on_stop)
             else:
@@ -212,7 +212,9 @@ async def listen_async(engine: AsyncEngine, on_queued: Callable[[], None], on_st
             log.warning("listener: connection lost (%s); reconnecting", redacted(error))
             await asyncio.sleep(0.5)
         finally:
-            try:
-                await greenlet_spawn(raw.close)
-            except Exception:  # pragma: no cover - already broken
-                pass
+            # Closed directly (see Listener._run); asyncpg's terminate() never waits.
+            with contextlib.suppress(Exception):
+                if engine.dialect.driver == "asyncpg":
+                    driver_conn.terminate()
+                else:
+                    await driver_conn.close()
