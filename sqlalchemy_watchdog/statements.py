@@ -325,6 +325,19 @@ def has_pending_work() -> Select[Any]:
 # -- the claim life cycle -------------------------------------------------------
 
 
+_QUEUES: BindParameter[Any] = bindparam("queues", expanding=True)
+
+
+@cache
+def any_queued(filtered: bool) -> Select[Any]:
+    """A queued job's ``sequence``, if any (of the expanding ``:queues`` when
+    ``filtered``): whether a claim would find anything."""
+    pick = select(c.sequence).where(IS_QUEUED)
+    if filtered:
+        pick = pick.where(c.queue_name.in_(_QUEUES))
+    return pick.limit(1)
+
+
 @cache
 def claim(dialect: str, filtered: bool) -> Update:
     """Take up to ``:limit`` of the best queued jobs (of ``:queues`` when
@@ -341,7 +354,7 @@ def claim(dialect: str, filtered: bool) -> Update:
     """
     pick = select(c.sequence).where(IS_QUEUED)
     if filtered:
-        pick = pick.where(c.queue_name.in_(bindparam("queues", expanding=True)))
+        pick = pick.where(c.queue_name.in_(_QUEUES))
     pick = pick.order_by(c.priority.desc(), c.sequence).limit(_p("limit", Integer()))
     if dialect == "postgresql":
         cte = pick.with_for_update(skip_locked=True).cte("ready").prefix_with("MATERIALIZED")

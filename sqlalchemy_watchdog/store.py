@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
-from sqlalchemy import Connection, Engine, Row, select
+from sqlalchemy import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from . import statements as sql
@@ -737,11 +737,9 @@ def _nothing_to_claim(conn: Connection, kwargs: Mapping[str, Any]) -> bool:
         # event): a read before the first write would make it a
         # read-then-write transaction. Claim directly.
         return False
-    pick = select(sql.c.sequence).where(sql.IS_QUEUED).limit(1)
     queues = kwargs.get("queues")
-    if queues is not None:
-        pick = pick.where(sql.c.queue_name.in_(list(queues)))
-    return conn.execute(pick).first() is None
+    params = {} if queues is None else {"queues": list(queues)}
+    return conn.execute(sql.any_queued(queues is not None), params).first() is None
 
 
 @dataclass(frozen=True)
