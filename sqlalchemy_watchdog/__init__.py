@@ -16,11 +16,13 @@ from .jobs import (
     Decision,
     EnqueueResult,
     EnqueueStatus,
+    FailedAttempt,
     Job,
     JobState,
     JobView,
     LaneFailure,
     Outcome,
+    RetryPolicy,
 )
 from .model import WatchdogJob, metadata
 from .runner import Runner
@@ -33,6 +35,7 @@ __all__ = [
     "EnqueueResult",
     "EnqueueStatus",
     "ErrorCode",
+    "FailedAttempt",
     "InvalidJob",
     "Job",
     "JobState",
@@ -40,6 +43,7 @@ __all__ = [
     "LaneFailure",
     "Outcome",
     "PayloadCodec",
+    "RetryPolicy",
     "Runner",
     "RunningJob",
     "StopReason",

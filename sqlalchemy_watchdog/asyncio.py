@@ -51,6 +51,7 @@ from .execution import (
     settle_batch,
     shutdown,
     tick,
+    time_out,
     until_idle,
 )
 from .jobs import (
@@ -60,6 +61,7 @@ from .jobs import (
     Job,
     JobView,
     LaneFailure,
+    RetryPolicy,
     job_batch,
 )
 from .store import Settlement, SettleRequest
@@ -76,9 +78,9 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 
-async def _run_sync(target: AsyncSession | AsyncConnection, fn: Callable[..., T], *args: Any) -> T:
+async def _run_sync(target: AsyncSession | AsyncConnection, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     if isinstance(target, (AsyncSession, AsyncConnection)):
-        return await target.run_sync(fn, *args)
+        return await target.run_sync(fn, *args, **kwargs)
     raise TypeError(
         f"expected an AsyncSession or an AsyncConnection, not {type(target).__name__}"
         " (use sqlalchemy_watchdog.enqueue for a sync Session / Connection)"
@@ -86,16 +88,20 @@ async def _run_sync(target: AsyncSession | AsyncConnection, fn: Callable[..., T]
 
 
 @overload
-async def enqueue(target: AsyncSession | AsyncConnection, jobs: Job) -> EnqueueResult: ...
+async def enqueue(
+    target: AsyncSession | AsyncConnection, jobs: Job, *, delay: timedelta | None = None
+) -> EnqueueResult: ...
 @overload
-async def enqueue(target: AsyncSession | AsyncConnection, jobs: Iterable[Job]) -> list[EnqueueResult]: ...
+async def enqueue(
+    target: AsyncSession | AsyncConnection, jobs: Iterable[Job], *, delay: timedelta | None = None
+) -> list[EnqueueResult]: ...
 
 
 async def enqueue(
-    target: AsyncSession | AsyncConnection, jobs: Job | Iterable[Job]
+    target: AsyncSession | AsyncConnection, jobs: Job | Iterable[Job], *, delay: timedelta | None = None
 ) -> EnqueueResult | list[EnqueueResult]:
     """Async :func:`sqlalchemy_watchdog.enqueue`: same semantics, same code."""
-    return await _run_sync(target, client.enqueue, jobs)
+    return await _run_sync(target, client.enqueue, jobs, delay=delay)
 
 
 async def enqueue_select(target: AsyncSession | AsyncConnection, source: Select[Any]) -> list[EnqueueResult]:
@@ -158,16 +164,20 @@ class AsyncWatchdog:
         return await run_store_as(self.engine, mode, fn, *args, **kwargs)
 
     @overload
-    async def enqueue(self, jobs: Job) -> EnqueueResult: ...
+    async def enqueue(self, jobs: Job, *, delay: timedelta | None = None) -> EnqueueResult: ...
     @overload
-    async def enqueue(self, jobs: Iterable[Job]) -> list[EnqueueResult]: ...
+    async def enqueue(self, jobs: Iterable[Job], *, delay: timedelta | None = None) -> list[EnqueueResult]: ...
 
-    async def enqueue(self, jobs: Job | Iterable[Job]) -> EnqueueResult | list[EnqueueResult]:
+    async def enqueue(
+        self, jobs: Job | Iterable[Job], *, delay: timedelta | None = None
+    ) -> EnqueueResult | list[EnqueueResult]:
         """Enqueue in a transaction of its own, as :meth:`Watchdog.enqueue
         <sqlalchemy_watchdog.Watchdog.enqueue>`."""
         batch = job_batch(jobs)
         autocommit = store.one_statement(self.engine.dialect.name, batch)
-        results = await run_store_as(self.engine, store.TxMode(autocommit=autocommit), store.enqueue, batch)
+        results = await run_store_as(
+            self.engine, store.TxMode(autocommit=autocommit), store.enqueue, batch, delay=delay
+        )
         return results[0] if isinstance(jobs, Job) else results
 
     async def read(self, job_id: str) -> JobView | None:
@@ -227,6 +237,8 @@ class AsyncRunner:
         is_alive: Callable[[JobView], Any] | None = None,
         max_recoveries: int | None = None,
         codec: PayloadCodec | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: timedelta | None = None,
         clock: Callable[[], int] = store.now_ms,
     ) -> None:
         if not isinstance(engine, AsyncEngine):
@@ -246,6 +258,8 @@ class AsyncRunner:
             is_alive=is_alive,
             max_recoveries=max_recoveries,
             codec=codec,
+            retry=retry,
+            timeout=timeout,
         )
         self.core = RunnerCore(self.settings, clock)
         self._autocommit = store.self_committing(engine.dialect.name)
@@ -318,6 +332,11 @@ class AsyncRunner:
             task: asyncio.Future[Any] = asyncio.ensure_future(fn(job))
         else:
             task = self._threads.submit(fn, job)
+        timer = None
+        if execution.deadline is not None:
+            timer = asyncio.get_running_loop().call_later(
+                max(0.0, execution.deadline - time.monotonic()), self._time_out
+            )
         try:
             while True:
                 execution.task = task
@@ -333,6 +352,8 @@ class AsyncRunner:
                 # own, so a cancellation can reach it like any async handler.
                 task = asyncio.ensure_future(task.result())
         finally:
+            if timer is not None:
+                timer.cancel()
             if self.core.release_slot(execution):
                 self._events()[0].set()
         if task.cancelled():
@@ -374,6 +395,19 @@ class AsyncRunner:
     async def _renew_all(self) -> None:
         await drive_async(renew(self.core), self._perform)
 
+    def _time_out(self) -> None:
+        """Stop the handlers past their deadline: their tasks are cancelled."""
+        for step in time_out(self.core):
+            assert isinstance(step, Stop)
+            step.execution.signal.request(step.reason)
+            if step.execution.task is not None:
+                step.execution.task.cancel()
+
+    def _jobs_arrived(self) -> None:
+        """A wake-up: jobs were enqueued (some may be delayed only briefly)."""
+        self.core.jobs_arrived()
+        self._events()[0].set()
+
     # -- public API ----------------------------------------------------------------
 
     def stop(self) -> None:
@@ -407,7 +441,7 @@ class AsyncRunner:
     async def run_forever(self, *, install_signal_handlers: bool = True) -> None:
         """Serve the queues until SIGINT/SIGTERM or :meth:`stop`; shutdown as
         :meth:`Runner.run_forever <sqlalchemy_watchdog.Runner.run_forever>`."""
-        wake, stopping, heartbeat_now = self._events()
+        _, stopping, heartbeat_now = self._events()
         loop = asyncio.get_running_loop()
         installed: list[signal.Signals] = []
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
@@ -417,7 +451,7 @@ class AsyncRunner:
         settler = self._settler = _AsyncSettler(self)
         background = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(settler.run())]
         if listens(self.engine.dialect.name, self.engine.dialect.driver):
-            background.append(asyncio.create_task(listen_async(self.engine, wake.set, heartbeat_now.set)))
+            background.append(asyncio.create_task(listen_async(self.engine, self._jobs_arrived, heartbeat_now.set)))
         log.info("async runner started: queues=%s concurrency=%d", ",".join(self.queues), self.settings.concurrency)
         try:
             await self._loop()

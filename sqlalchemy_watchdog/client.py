@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
 from sqlalchemy import Connection, Engine, Select
@@ -64,19 +65,25 @@ def _roll_back(target: Session | Connection) -> None:
 
 
 @overload
-def enqueue(target: Session | Connection, jobs: Job) -> EnqueueResult: ...
+def enqueue(target: Session | Connection, jobs: Job, *, delay: timedelta | None = None) -> EnqueueResult: ...
 @overload
-def enqueue(target: Session | Connection, jobs: Iterable[Job]) -> list[EnqueueResult]: ...
+def enqueue(
+    target: Session | Connection, jobs: Iterable[Job], *, delay: timedelta | None = None
+) -> list[EnqueueResult]: ...
 
 
 def enqueue(
-    target: Session | Connection, jobs: Job | Iterable[Job]
+    target: Session | Connection, jobs: Job | Iterable[Job], *, delay: timedelta | None = None
 ) -> EnqueueResult | list[EnqueueResult]:
     """Add a job (or many, in one statement) inside the caller's transaction.
 
     Nothing is committed here: the caller's ``commit()`` makes the job durable
     together with the caller's own writes, and a rollback drops both.
 
+    :param delay: make the jobs wait this long (counted from the database
+        clock at insert) before any runner may claim them. Not part of a
+        job's identity: replaying a job with another delay is a duplicate.
+        For a fixed time use ``Job(run_at=...)`` instead (not both).
     :returns: an :class:`EnqueueResult` per job (``queued`` or ``duplicate``
         for an identical replay), in input order.
     :raises EnqueueConflict: the ``job_id`` exists with other contents. The
@@ -87,7 +94,7 @@ def enqueue(
     batch = job_batch(jobs)
     conn = _connection(target)
     try:
-        results = store.enqueue(conn, batch)
+        results = store.enqueue(conn, batch, delay=delay)
     except EnqueueConflict:
         _roll_back(target)
         raise
@@ -95,17 +102,17 @@ def enqueue(
     return results[0] if single else results
 
 
-_SELECT_COLUMNS = ("job_id", "queue", "lane", "priority", "payload", "max_recoveries")
+_SELECT_COLUMNS = ("job_id", "queue", "lane", "priority", "payload", "max_recoveries", "run_at")
 
 
 def enqueue_select(target: Session | Connection, source: Select[Any]) -> list[EnqueueResult]:
     """Enqueue one job per row of an arbitrary SELECT, in the caller's transaction.
 
     The SELECT's columns are labelled ``job_id`` and ``queue`` (required), and
-    optionally ``lane``, ``priority``, ``payload`` (JSON text) and
-    ``max_recoveries``. Every row is validated like a :class:`Job` before
-    anything is written; an invalid row raises :class:`InvalidJob` naming the
-    field and the row.
+    optionally ``lane``, ``priority``, ``payload`` (JSON text),
+    ``max_recoveries`` and ``run_at`` (a timezone-aware datetime, or NULL).
+    Every row is validated like a :class:`Job` before anything is written;
+    an invalid row raises :class:`InvalidJob` naming the field and the row.
     """
     # Through the Session when there is one, so its pending rows are flushed
     # and the SELECT sees what the caller just added.
@@ -142,6 +149,7 @@ def _job_of_row(index: int, row: Any) -> Job:
             priority=row.get("priority", 0),
             payload=payload,
             max_recoveries=row.get("max_recoveries"),
+            run_at=row.get("run_at"),
         )
     except InvalidJob as error:
         raise InvalidJob(error.field, f"row {index}: {str(error).split(': ', 1)[1]}") from None
@@ -190,16 +198,18 @@ class Watchdog:
         return self._run(store.TxMode(autocommit=autocommit), fn, *args, **kwargs)
 
     @overload
-    def enqueue(self, jobs: Job) -> EnqueueResult: ...
+    def enqueue(self, jobs: Job, *, delay: timedelta | None = None) -> EnqueueResult: ...
     @overload
-    def enqueue(self, jobs: Iterable[Job]) -> list[EnqueueResult]: ...
+    def enqueue(self, jobs: Iterable[Job], *, delay: timedelta | None = None) -> list[EnqueueResult]: ...
 
-    def enqueue(self, jobs: Job | Iterable[Job]) -> EnqueueResult | list[EnqueueResult]:
+    def enqueue(
+        self, jobs: Job | Iterable[Job], *, delay: timedelta | None = None
+    ) -> EnqueueResult | list[EnqueueResult]:
         """Enqueue in a transaction of its own (see :func:`enqueue`); on
         PostgreSQL up to 1,000 jobs go as one self-committing statement."""
         batch = job_batch(jobs)
         autocommit = store.one_statement(self.engine.dialect.name, batch)
-        results = self._run(store.TxMode(autocommit=autocommit), store.enqueue, batch)
+        results = self._run(store.TxMode(autocommit=autocommit), store.enqueue, batch, delay=delay)
         return results[0] if isinstance(jobs, Job) else results
 
     def read(self, job_id: str) -> JobView | None:

@@ -48,9 +48,13 @@ from .jobs import (
     JobState,
     JobView,
     Outcome,
+    RetryPolicy,
     SettleStatus,
     bound_reason,
+    check_duration,
     check_text,
+    duration_ms,
+    history_with,
 )
 from .store import Claim, RecoveryCause, RecoveryStatus, Settlement, SettleRequest
 from .wakeups import listens
@@ -84,6 +88,8 @@ Handler = Callable[["RunningJob"], "Decision | None"]
 class _Registered:
     fn: Callable[..., Any]
     max_recoveries: int | None
+    retry: RetryPolicy | None = None
+    timeout: timedelta | None = None
 
 
 _registry: dict[str, _Registered] = {}
@@ -99,8 +105,24 @@ def _check_budget(name: str, value: object) -> int | None:
     return value
 
 
+def check_retry(value: object, name: str = "retry") -> RetryPolicy | None:
+    """A retry policy argument: None or a :class:`RetryPolicy`."""
+    if value is not None and not isinstance(value, RetryPolicy):
+        raise InvalidJob(name, f"must be a RetryPolicy or None, not {type(value).__name__}")
+    return value
+
+
+def check_timeout(value: object, name: str = "timeout") -> timedelta | None:
+    """A timeout argument: None or a positive timedelta."""
+    return None if value is None else check_duration(name, value)
+
+
 def handler(
-    queue: str, *, max_recoveries: int | None = _UNSET
+    queue: str,
+    *,
+    max_recoveries: int | None = _UNSET,
+    retry: RetryPolicy | None = _UNSET,
+    timeout: timedelta | None = _UNSET,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as the handler of ``queue``.
 
@@ -112,15 +134,21 @@ def handler(
         times a job whose execution disappeared (killed worker, lost lease)
         is requeued before it settles ``interrupted``. Overrides the
         runner's ``max_recoveries`` for this queue.
+    :param retry: the :class:`~sqlalchemy_watchdog.RetryPolicy` of this
+        queue's jobs that carry none of their own; overrides the runner's.
+    :param timeout: how long one attempt of this queue's jobs may run when
+        the job sets no ``timeout`` of its own; overrides the runner's.
     """
     check_text("queue", queue, QUEUE_MAX_LENGTH)
     budget = _UNSET if max_recoveries is _UNSET else _check_budget("max_recoveries", max_recoveries)
+    policy = _UNSET if retry is _UNSET else check_retry(retry)
+    limit = _UNSET if timeout is _UNSET else check_timeout(timeout)
 
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         existing = _registry.get(queue)
         if existing is not None and existing.fn is not fn:
             raise ValueError(f"queue {queue!r} already has a handler: {existing.fn!r}")
-        _registry[queue] = _Registered(fn, budget)
+        _registry[queue] = _Registered(fn, budget, policy, limit)
         return fn
 
     return register
@@ -141,6 +169,8 @@ class StopReason(str, enum.Enum):
     LANE_FAILED = "lane_failed"
     LEASE_LOST = "lease_lost"
     SHUTDOWN = "shutdown"
+    #: The attempt outlived its timeout; it counts as a failed attempt.
+    TIMEOUT = "timeout"
 
 
 @dataclass(eq=False)
@@ -164,9 +194,10 @@ class RunningJob:
     """The job a handler runs.
 
     ``stop_requested`` is set when the handler should stop: the job was
-    cancelled, its lane failed, its lease was lost, or the runner is shutting
-    down (:attr:`stop_reason` says which). A long handler should check it
-    (``job.stop_requested.wait(0)`` / ``.is_set()``) between steps.
+    cancelled, its lane failed, its lease was lost, its attempt timed out,
+    or the runner is shutting down (:attr:`stop_reason` says which). A long
+    handler should check it (``job.stop_requested.wait(0)`` /
+    ``.is_set()``) between steps.
     """
 
     job_id: str
@@ -177,6 +208,14 @@ class RunningJob:
     recovery_count: int
     max_recoveries: int | None
     _signal: StopSignal = field(repr=False, compare=False)
+    #: The attempt this is (1 is the first).
+    attempt: int = 1
+    #: Attempts in all under the policy that applies (1: no retries).
+    max_attempts: int = 1
+    #: How many times the job was snoozed before this attempt.
+    snoozes: int = 0
+    #: How long this attempt may run (None: no limit).
+    timeout: timedelta | None = None
 
     @property
     def stop_requested(self) -> threading.Event:
@@ -265,6 +304,11 @@ class RunnerSettings:
     max_recoveries: int | None = None
     codec: PayloadCodec | None = None
     recovery_batch: int = 16
+    #: Retry policies and timeouts of handlers registered with their own, by queue.
+    retries: Mapping[str, RetryPolicy | None] = field(default_factory=dict)
+    retry: RetryPolicy | None = None
+    timeouts: Mapping[str, timedelta | None] = field(default_factory=dict)
+    timeout: timedelta | None = None
 
     @classmethod
     def build(
@@ -280,6 +324,8 @@ class RunnerSettings:
         is_alive: Callable[[JobView], Any] | None,
         max_recoveries: int | None = None,
         codec: PayloadCodec | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: timedelta | None = None,
     ) -> RunnerSettings:
         table = dict(registered_handlers() if handlers is None else handlers)
         for queue, fn in table.items():
@@ -315,10 +361,18 @@ class RunnerSettings:
         if codec is not None and not (callable(getattr(codec, "decode", None))):
             raise InvalidJob("codec", "must have a decode(value) method (see sqlalchemy_watchdog.codecs)")
         budgets: dict[str, int | None] = {}
+        retries: dict[str, RetryPolicy | None] = {}
+        timeouts: dict[str, timedelta | None] = {}
         for queue, fn in table.items():
             registered = _registry.get(queue)
-            if registered is not None and registered.fn is fn and registered.max_recoveries is not _UNSET:
+            if registered is None or registered.fn is not fn:
+                continue
+            if registered.max_recoveries is not _UNSET:
                 budgets[queue] = registered.max_recoveries
+            if registered.retry is not _UNSET:
+                retries[queue] = registered.retry
+            if registered.timeout is not _UNSET:
+                timeouts[queue] = registered.timeout
         return cls(
             handlers=table,
             queues=served,
@@ -331,6 +385,10 @@ class RunnerSettings:
             budgets=budgets,
             max_recoveries=default_budget,
             codec=codec,
+            retries=retries,
+            retry=check_retry(retry),
+            timeouts=timeouts,
+            timeout=check_timeout(timeout),
         )
 
     def budget_for(self, job: JobView) -> int | None:
@@ -339,6 +397,18 @@ class RunnerSettings:
         if job.max_recoveries is not None:
             return job.max_recoveries
         return self.budgets.get(job.queue, self.max_recoveries)
+
+    def policy_for(self, job: JobView) -> RetryPolicy | None:
+        """The retry policy of ``job``: its own, else its handler's, else the runner's."""
+        if job.retry is not None:
+            return job.retry
+        return self.retries.get(job.queue, self.retry)
+
+    def timeout_for(self, job: JobView) -> timedelta | None:
+        """The per-attempt timeout of ``job``: its own, else its handler's, else the runner's."""
+        if job.timeout is not None:
+            return job.timeout
+        return self.timeouts.get(job.queue, self.timeout)
 
 
 # -- executions ------------------------------------------------------------------
@@ -367,6 +437,9 @@ class Execution:
     #: from the claim until its handler returns. Its settle then overlaps
     #: with the next claim; the heartbeat keeps renewing it until settled.
     slot_held: bool = True
+    #: When its handler must have returned (monotonic), if it has a timeout;
+    #: set when the handler starts. The driver stops it then.
+    deadline: float | None = None
 
     @property
     def job_id(self) -> str:
@@ -479,6 +552,8 @@ def decision_of_result(result: object, job: RunningJob) -> Decision | None:
     if result is None:
         if job.stop_reason is StopReason.SHUTDOWN:
             return None
+        if job.stop_reason is StopReason.TIMEOUT:
+            return Decision.failed(timed_out(job))
         return Decision.completed()
     if isinstance(result, Decision):
         return result
@@ -501,7 +576,16 @@ def decision_of_exception(execution: Execution, error: BaseException) -> Decisio
         exc_info=(type(error), error, error.__traceback__),
         extra={"job_id": job.job_id, "queue": job.queue},
     )
+    if job.stop_reason is StopReason.TIMEOUT:
+        return Decision.failed(bound_reason(f"{timed_out(job)} ({type(error).__name__}: {error})"))
     return Decision.failed(bound_reason(f"{type(error).__name__}: {error}"))
+
+
+def timed_out(job: RunningJob) -> str:
+    """The reason of an attempt that outlived its timeout."""
+    timeout = job.timeout
+    seconds = 0.0 if timeout is None else timeout.total_seconds()
+    return f"timed out after {seconds:g}s"
 
 
 def decision_of_cancelled_task(execution: Execution) -> Decision | None:
@@ -510,6 +594,8 @@ def decision_of_cancelled_task(execution: Execution) -> Decision | None:
     reason = execution.signal.reason or StopReason.SHUTDOWN
     if reason is StopReason.SHUTDOWN:
         return None
+    if reason is StopReason.TIMEOUT:
+        return Decision.failed(timed_out(execution.job))
     return Decision.failed(f"execution stopped ({reason.value})")
 
 
@@ -553,6 +639,8 @@ class RunnerCore:
         self._active: dict[str, Execution] = {}
         self._lock = threading.Lock()
         self.recovery_due = 0.0
+        #: When to make due delayed jobs ready next (monotonic).
+        self.promotion_due = 0.0
         self.failures = 0
         #: Claims whose recovery the database refused: (job_id, token) ->
         #: (monotonic time until which they are skipped, refusals so far).
@@ -593,11 +681,17 @@ class RunnerCore:
             recovery_count=job.recovery_count,
             max_recoveries=job.max_recoveries,
             _signal=signal,
+            attempt=job.attempt,
+            max_attempts=max(job.attempt, policy.max_attempts) if (policy := self.settings.policy_for(job)) else 1,
+            snoozes=job.snoozes,
+            timeout=self.settings.timeout_for(job),
         )
         execution = Execution(claim, running, signal, claimed_at=asked_at, refused=refused)
         with self._lock:
             self._active[job.job_id] = execution
-        log.info("claimed job %s (queue %s, recovery %d)", job.job_id, job.queue, job.recovery_count)
+        log.info(
+            "claimed job %s (queue %s, attempt %d, recovery %d)", job.job_id, job.queue, job.attempt, job.recovery_count
+        )
         return execution
 
     def _decoded(self, job: JobView) -> tuple[Any, Decision | None]:
@@ -639,9 +733,46 @@ class RunnerCore:
         poll = self.settings.poll_interval_s
         self.recovery_due = time.monotonic() + min(poll, poll if until_expiry is None else until_expiry)
 
+    def promotion_is_due(self) -> bool:
+        return time.monotonic() >= self.promotion_due
+
+    def schedule_promotion(self, next_in: float | None) -> None:
+        """Look for due delayed jobs again when the next one is due, and at
+        least every poll interval (other processes enqueue delayed jobs too)."""
+        poll = self.settings.poll_interval_s
+        self.promotion_due = time.monotonic() + min(poll, poll if next_in is None else next_in)
+
+    def expect_ready(self, seconds: float) -> None:
+        """A job will be due in ``seconds`` (a retry or a snooze of this
+        runner, or a new delayed job): promote no later than that."""
+        self.promotion_due = min(self.promotion_due, time.monotonic() + max(0.0, seconds))
+
+    def jobs_arrived(self) -> None:
+        """New jobs were enqueued (a wake-up): one may be delayed only briefly."""
+        self.promotion_due = 0.0
+
     def idle_wait(self) -> float:
         """How long an idle loop waits for a wake-up before looking again."""
-        return max(0.0, min(self.settings.poll_interval_s, self.recovery_due - time.monotonic()))
+        now = time.monotonic()
+        return max(0.0, min(self.settings.poll_interval_s, self.recovery_due - now, self.promotion_due - now))
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline (monotonic) of a running handler not yet stopped."""
+        deadlines = [
+            e.deadline
+            for e in self.active()
+            if e.deadline is not None and e.slot_held and not e.signal.event.is_set()
+        ]
+        return min(deadlines, default=None)
+
+    def overdue(self) -> list[Execution]:
+        """Executions whose handler outlived its timeout and was not stopped yet."""
+        now = time.monotonic()
+        return [
+            e
+            for e in self.active()
+            if e.deadline is not None and e.deadline <= now and e.slot_held and not e.signal.event.is_set()
+        ]
 
     def pass_succeeded(self) -> None:
         self.failures = 0
@@ -705,10 +836,19 @@ def claim_steps(core: RunnerCore, limit: int) -> Steps[tuple[list[Execution], tu
     return [core.admit(claim, asked_at) for claim in batch.claimed], batch.cancelled
 
 
+def time_out(core: RunnerCore) -> Steps[None]:
+    """Tell every handler that outlived its attempt's timeout to stop
+    (:attr:`StopReason.TIMEOUT`); its attempt then counts as failed."""
+    for execution in core.overdue():
+        yield from stop(execution, StopReason.TIMEOUT)
+
+
 def stop(execution: Execution, reason: StopReason) -> Steps[None]:
     """Tell ``execution``'s handler to stop, and log why."""
     if execution.signal.reason is None:
         level = logging.INFO if reason in (StopReason.CANCELLED, StopReason.LANE_FAILED) else logging.WARNING
+        if reason is StopReason.TIMEOUT:
+            level = logging.WARNING
         log.log(level, "job %s: stopping its handler (%s)", execution.job_id, reason.value)
     yield Stop(execution, reason)
 
@@ -744,6 +884,9 @@ def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | Tic
         elif execution.refused is not None:
             decision = execution.refused
         else:
+            timeout = execution.job.timeout
+            if timeout is not None:
+                execution.deadline = time.monotonic() + timeout.total_seconds()
             decision = yield RunHandler(execution)
         if decision is None:
             # Stopped by shutdown before it decided: hand it to recovery now.
@@ -751,7 +894,49 @@ def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | Tic
     except WatchdogError as error:
         log.error("job %s: could not run or hand over its claim (%s); recovery will handle it", job_id, error)
         return TickResult(TickStatus.REJECTED, None, job_id)
-    return SettleRequest(job_id, execution.claim.token, decision, core.clock(), execution.failure_detail)
+    return settle_request(core, execution, decision)
+
+
+def settle_request(core: RunnerCore, execution: Execution, decision: Decision) -> SettleRequest:
+    """What the decision means for the job under its retry policy: settle
+    it, or requeue it on the same row (a retry or a snooze), by one
+    statement guarded by the exact claim.
+
+    * a snooze waits ``after`` and uses no attempt;
+    * a retryable ``failed`` decision (a raised exception, a timeout,
+      ``Decision.failed(reason)``, ``Decision.retry``) with attempts left
+      under the policy waits ``after`` (``Decision.retry``) or the policy's
+      backoff and moves to the next attempt; without attempts left -- or
+      with ``retry=False``, or no policy at all -- it settles ``failed``;
+    * every failed attempt goes into the job's bounded failure history;
+    * ``completed`` and ``outcome_unknown`` settle (never retried).
+    """
+    claim = execution.claim
+    job = claim.job
+    now = core.clock()
+    if decision.snoozed:
+        after = decision.after
+        assert after is not None
+        core.expect_ready(after.total_seconds())
+        return SettleRequest(job.job_id, claim.token, decision, now)
+    if decision.outcome is not Outcome.FAILED:
+        return SettleRequest(job.job_id, claim.token, decision, now, execution.failure_detail)
+    history = history_with(
+        job.failure_history, at_ms=now, attempt=job.attempt, reason=decision.reason or "failed"
+    )
+    policy = core.settings.policy_for(job)
+    if decision.retryable and policy is not None and job.attempt < policy.max_attempts:
+        wait = decision.after if decision.after is not None else policy.delay(job.attempt)
+        core.expect_ready(wait.total_seconds())
+        log.info(
+            "job %s: attempt %d of %d failed; retrying in %.3fs", job.job_id, job.attempt, policy.max_attempts,
+            wait.total_seconds(),
+        )
+        return SettleRequest(
+            job.job_id, claim.token, decision, now, execution.failure_detail,
+            requeue_after_ms=duration_ms(wait), history=history,
+        )  # fmt: skip
+    return SettleRequest(job.job_id, claim.token, decision, now, execution.failure_detail, history=history)
 
 
 def conclude(execution: Execution, settlement: Settlement | None) -> TickResult:
@@ -761,6 +946,17 @@ def conclude(execution: Execution, settlement: Settlement | None) -> TickResult:
     if settlement is None:
         return TickResult(TickStatus.REJECTED, None, job_id)
     settled = settlement.job
+    if settlement.status is SettleStatus.REQUEUED:
+        assert settled is not None
+        log.info(
+            "job %s: back to %s (attempt %d, %d snooze(s))%s",
+            job_id,
+            settled.state.value,
+            settled.attempt,
+            settled.snoozes,
+            f" until {settled.ready_at:%Y-%m-%d %H:%M:%S.%f}"[:-3] if settled.ready_at is not None else "",
+        )
+        return TickResult(TickStatus.REQUEUED, settled, job_id)
     if settlement.status in (SettleStatus.SETTLED, SettleStatus.REPLAYED):
         log.info(
             "settled job %s: %s%s",
@@ -912,7 +1108,10 @@ def renew(core: RunnerCore) -> Steps[None]:
     the database refuses the settle (which logs it) -- either way there is
     no handler left to tell.
     """
-    executions = core.active()
+    # A timed-out attempt is not renewed: its handler settles within the
+    # lease it still has, or -- if it ignores the stop -- its lease ends and
+    # recovery takes the job, as for any execution that stopped answering.
+    executions = [e for e in core.active() if e.signal.reason is not StopReason.TIMEOUT]
     if not executions:
         return
     held = yield StoreCall(
@@ -950,6 +1149,8 @@ def loop_pass(core: RunnerCore) -> Steps[float]:
         core.schedule_recovery(until_expiry)
         if result is not None and result.status is TickStatus.REQUEUED:
             core.recovery_due = 0.0  # there may be more to recover, and the requeued job is ready
+    if core.promotion_is_due():
+        yield from promote(core)
     free = core.free_slots()
     if free <= 0:
         return core.idle_wait()
@@ -962,14 +1163,30 @@ def loop_pass(core: RunnerCore) -> Steps[float]:
     return core.idle_wait()
 
 
+def promote(core: RunnerCore) -> Steps[None]:
+    """Make the delayed jobs whose time has come ``queued``, and note when
+    the next one is due. A failure is logged and tried again later: it
+    never keeps the runner from claiming what is ready."""
+    try:
+        promotion = yield StoreCall(store.promote, kwargs=dict(limit=store.PROMOTE_BATCH))
+    except WatchdogError as error:
+        log.error("runner: promoting delayed jobs failed (%s); claiming goes on", error)
+        core.schedule_promotion(None)
+        return
+    if promotion.promoted:
+        log.debug("%d delayed job(s) are ready", promotion.promoted)
+    core.schedule_promotion(0.0 if promotion.promoted >= store.PROMOTE_BATCH else promotion.next_in)
+
+
 def tick(core: RunnerCore) -> Steps[TickResult | Execution]:
     """One step of a custom loop: recover a disappeared claim if any; else
-    claim one job. Returns the recovery's or the claim's result, or the
-    execution the driver then runs to the end with :func:`execute` (with a
-    heartbeat beside it)."""
+    make due delayed jobs ready and claim one job. Returns the recovery's or
+    the claim's result, or the execution the driver then runs to the end
+    with :func:`execute` (with a heartbeat beside it)."""
     recovery = yield from recover(core)
     if recovery is not None and recovery.status is not TickStatus.LIVENESS_UNKNOWN:
         return recovery
+    yield from promote(core)
     executions, cancelled = yield from claim_steps(core, 1)
     if cancelled:
         return TickResult(TickStatus.SETTLED, cancelled[0], cancelled[0].job_id)

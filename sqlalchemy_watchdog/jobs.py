@@ -9,8 +9,10 @@ from __future__ import annotations
 import enum
 import json
 import math
+import random
 from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidJob
@@ -28,8 +30,13 @@ __all__ = [
     "PAYLOAD_MAX_DEPTH",
     "PRIORITY_MIN",
     "PRIORITY_MAX",
+    "MAX_ATTEMPTS_LIMIT",
+    "FAILURE_HISTORY_LENGTH",
+    "MAX_DELAY",
     "JobState",
     "Outcome",
+    "RetryPolicy",
+    "FailedAttempt",
     "Job",
     "Decision",
     "JobView",
@@ -58,11 +65,29 @@ PAYLOAD_MAX_DEPTH = 64
 PRIORITY_MIN = -(2**63)
 PRIORITY_MAX = 2**63 - 1
 _INT32_MAX = 2**31 - 1
+#: The largest ``max_attempts`` a retry policy may ask for.
+MAX_ATTEMPTS_LIMIT = 1000
+#: How many failed attempts a job remembers (the latest ones).
+FAILURE_HISTORY_LENGTH = 10
+#: Each remembered failure keeps at most this many characters of its reason.
+FAILURE_HISTORY_REASON_LENGTH = 500
+#: The longest delay, backoff, snooze or timeout accepted (about ten years).
+MAX_DELAY = timedelta(days=3650)
+#: The range of ``run_at`` accepted (stored as epoch milliseconds).
+_RUN_AT_MIN = datetime(1970, 1, 1, tzinfo=UTC)
+_RUN_AT_MAX = datetime(9999, 1, 1, tzinfo=UTC)
 
 
 class JobState(str, enum.Enum):
-    """Where a job is in its life: ``queued`` → ``running`` → ``settled``."""
+    """Where a job is in its life: (``delayed`` →) ``queued`` → ``running`` → ``settled``.
 
+    A ``delayed`` job waits for its time (``run_at``, an enqueue ``delay``, a
+    retry's backoff or a snooze); it becomes ``queued`` when the time comes.
+    A retried or snoozed job goes from ``running`` back to ``delayed`` (or
+    ``queued``); ``settled`` is final.
+    """
+
+    DELAYED = "delayed"
     QUEUED = "queued"
     RUNNING = "running"
     SETTLED = "settled"
@@ -103,6 +128,46 @@ def check_int(field_name: str, value: object, low: int, high: int) -> int:
     if not low <= value <= high:
         raise InvalidJob(field_name, f"must be between {low} and {high}, got {value}")
     return value
+
+
+def check_duration(field_name: str, value: object, *, low: timedelta = timedelta(milliseconds=1)) -> timedelta:
+    """Return ``value`` if it is a timedelta within ``[low, MAX_DELAY]`` (whole milliseconds count)."""
+    if not isinstance(value, timedelta):
+        raise InvalidJob(field_name, f"must be a datetime.timedelta, not {type(value).__name__}")
+    if value < low:
+        what = "positive" if low > timedelta(0) else "non-negative"
+        raise InvalidJob(field_name, f"must be {what} (at least {low}), got {value}")
+    if value > MAX_DELAY:
+        raise InvalidJob(field_name, f"must be at most {MAX_DELAY}, got {value}")
+    return value
+
+
+def duration_ms(value: timedelta) -> int:
+    """A checked duration in whole milliseconds."""
+    return value // timedelta(milliseconds=1)
+
+
+def check_datetime(field_name: str, value: object) -> datetime:
+    """Return ``value`` if it is a timezone-aware datetime the table can hold."""
+    if not isinstance(value, datetime):
+        raise InvalidJob(field_name, f"must be a timezone-aware datetime.datetime, not {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidJob(
+            field_name, f"must be timezone-aware (e.g. datetime.now(timezone.utc)), got naive {value.isoformat()}"
+        )
+    if not _RUN_AT_MIN <= value < _RUN_AT_MAX:
+        raise InvalidJob(field_name, f"must be between 1970 and 9999, got {value.isoformat()}")
+    return value
+
+
+def epoch_ms(value: datetime) -> int:
+    """A checked aware datetime in milliseconds since the Unix epoch."""
+    return (value - _RUN_AT_MIN) // timedelta(milliseconds=1)
+
+
+def from_epoch_ms(value: int | None) -> datetime | None:
+    """Epoch milliseconds as an aware UTC datetime (None stays None)."""
+    return None if value is None else _RUN_AT_MIN + timedelta(milliseconds=value)
 
 
 def _check_json(value: Any) -> None:
@@ -166,6 +231,120 @@ def encode_payload(payload: Any) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How a failed attempt is retried: at most ``max_attempts`` attempts in
+    all, the n-th retry waiting ``backoff * factor**(n-1)`` (at most
+    ``max_backoff``), spread by ``± jitter`` (a fraction) so that jobs that
+    failed together do not all come back at once.
+
+    Give it to a job (``Job(..., retry=...)``), to a handler
+    (``@handler(queue, retry=...)``) or to a runner (``Runner(..., retry=...)``);
+    the first of those that has one applies. Without any, a failed attempt
+    is final (``max_attempts=1``).
+
+    :param max_attempts: attempts in all, the first included (1 to
+        :data:`MAX_ATTEMPTS_LIMIT`).
+    :param backoff: the wait before the first retry (positive).
+    :param factor: how much each further retry waits longer (1 to 100).
+    :param max_backoff: the longest wait between attempts.
+    :param jitter: the random spread, a fraction from 0 to 1 of the wait.
+    """
+
+    max_attempts: int = 5
+    backoff: timedelta = timedelta(seconds=1)
+    factor: float = 2.0
+    max_backoff: timedelta = timedelta(hours=1)
+    jitter: float = 0.1
+
+    def __post_init__(self) -> None:
+        check_int("max_attempts", self.max_attempts, 1, MAX_ATTEMPTS_LIMIT)
+        check_duration("backoff", self.backoff)
+        check_duration("max_backoff", self.max_backoff)
+        if self.max_backoff < self.backoff:
+            raise InvalidJob("max_backoff", f"must be at least backoff ({self.backoff}), got {self.max_backoff}")
+        for name, value, low, high in (("factor", self.factor, 1.0, 100.0), ("jitter", self.jitter, 0.0, 1.0)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InvalidJob(name, f"must be a number, not {type(value).__name__}")
+            if not (math.isfinite(value) and low <= value <= high):
+                raise InvalidJob(name, f"must be from {low:g} to {high:g}, got {value!r}")
+
+    def delay(self, attempt: int, *, rng: random.Random | None = None) -> timedelta:
+        """The wait after failed attempt number ``attempt`` (1-based)."""
+        base = min(
+            self.max_backoff.total_seconds(),
+            self.backoff.total_seconds() * float(self.factor) ** min(max(attempt - 1, 0), 1000),
+        )
+        spread = (rng or random).uniform(-float(self.jitter), float(self.jitter)) if self.jitter else 0.0
+        return timedelta(seconds=max(0.001, base * (1.0 + spread)))
+
+    def to_json(self) -> str:
+        """The backoff part as canonical JSON (``max_attempts`` is stored on its own)."""
+        return json.dumps(
+            {
+                "backoff_ms": duration_ms(self.backoff),
+                "factor": float(self.factor),
+                "jitter": float(self.jitter),
+                "max_backoff_ms": duration_ms(self.max_backoff),
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_stored(cls, max_attempts: int | None, text: str | None) -> RetryPolicy | None:
+        """The policy stored with a job, if it has one."""
+        if max_attempts is None:
+            return None
+        if text is None:
+            return cls(max_attempts=max_attempts)
+        data = json.loads(text)
+        return cls(
+            max_attempts=max_attempts,
+            backoff=timedelta(milliseconds=data["backoff_ms"]),
+            factor=data["factor"],
+            max_backoff=timedelta(milliseconds=data["max_backoff_ms"]),
+            jitter=data["jitter"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FailedAttempt:
+    """One failed attempt in a job's history (:attr:`JobView.failure_history`)."""
+
+    #: When the attempt failed (the runner's clock, UTC).
+    at: datetime
+    #: Which attempt it was (1 is the first).
+    attempt: int
+    #: Why, cut to ``FAILURE_HISTORY_REASON_LENGTH`` characters.
+    reason: str
+
+
+def history_of(text: str | None) -> tuple[FailedAttempt, ...]:
+    """A stored failure history (JSON) as values."""
+    if not text:
+        return ()
+    entries = json.loads(text)
+    return tuple(
+        FailedAttempt(
+            at=from_epoch_ms(int(entry["at"])) or _RUN_AT_MIN,
+            attempt=int(entry["attempt"]),
+            reason=str(entry["reason"]),
+        )
+        for entry in entries
+    )
+
+
+def history_with(history: tuple[FailedAttempt, ...], *, at_ms: int, attempt: int, reason: str) -> str:
+    """``history`` with one more failed attempt, as stored (JSON): the latest
+    :data:`FAILURE_HISTORY_LENGTH` entries, each reason bounded."""
+    if len(reason) > FAILURE_HISTORY_REASON_LENGTH:
+        reason = reason[: FAILURE_HISTORY_REASON_LENGTH - 1] + "…"
+    entries = [{"at": epoch_ms(e.at), "attempt": e.attempt, "reason": e.reason} for e in history]
+    entries.append({"at": at_ms, "attempt": attempt, "reason": reason})
+    return json.dumps(entries[-FAILURE_HISTORY_LENGTH:], ensure_ascii=False, separators=(",", ":"))
+
+
+@dataclass(frozen=True, slots=True)
 class Job:
     """A job to enqueue; every field is checked when it is built.
 
@@ -179,6 +358,13 @@ class Job:
     :param payload: any strict-JSON value (at most :data:`PAYLOAD_MAX_BYTES`).
     :param max_recoveries: ``None`` means an execution that disappears is
         settled ``interrupted``; ``N >= 0`` allows N requeues first.
+    :param run_at: when the job may start, a timezone-aware datetime (naive
+        is refused); until then it is ``delayed`` and no runner claims it. A
+        time in the past runs at once. Part of the job's identity.
+    :param retry: its own :class:`RetryPolicy` (else its handler's, else
+        its runner's, else none: a failed attempt is final).
+    :param timeout: how long one attempt may run; then its handler is told
+        to stop (:attr:`StopReason.TIMEOUT`) and the attempt counts as failed.
     :param codec: an optional :class:`~sqlalchemy_watchdog.PayloadCodec`
         (e.g. :class:`~sqlalchemy_watchdog.TaggedJSON`): ``payload`` is
         replaced by ``codec.encode(payload)`` before it is validated, so
@@ -194,6 +380,9 @@ class Job:
     priority: int = 0
     payload: Any = None
     max_recoveries: int | None = None
+    run_at: datetime | None = None
+    retry: RetryPolicy | None = None
+    timeout: timedelta | None = None
     codec: PayloadCodec | None = field(default=None, repr=False, compare=False)
     payload_json: str = field(init=False, repr=False, compare=False)
 
@@ -206,9 +395,35 @@ class Job:
         check_int("priority", self.priority, PRIORITY_MIN, PRIORITY_MAX)
         if self.max_recoveries is not None:
             check_int("max_recoveries", self.max_recoveries, 0, _INT32_MAX)
+        if self.run_at is not None:
+            check_datetime("run_at", self.run_at)
+        if self.retry is not None and not isinstance(self.retry, RetryPolicy):
+            raise InvalidJob("retry", f"must be a RetryPolicy, not {type(self.retry).__name__}")
+        if self.timeout is not None:
+            check_duration("timeout", self.timeout)
         if self.codec is not None:
             object.__setattr__(self, "payload", _encoded(self.codec, self.payload))
         object.__setattr__(self, "payload_json", encode_payload(self.payload))
+
+    @property
+    def run_at_ms(self) -> int | None:
+        """:attr:`run_at` in epoch milliseconds, as stored."""
+        return None if self.run_at is None else epoch_ms(self.run_at)
+
+    @property
+    def timeout_ms(self) -> int | None:
+        """:attr:`timeout` in milliseconds, as stored."""
+        return None if self.timeout is None else duration_ms(self.timeout)
+
+    @property
+    def max_attempts(self) -> int | None:
+        """The job's own ``max_attempts`` (None: its handler's or runner's policy)."""
+        return None if self.retry is None else self.retry.max_attempts
+
+    @property
+    def retry_json(self) -> str | None:
+        """The job's own backoff settings as stored."""
+        return None if self.retry is None else self.retry.to_json()
 
 
 def _encoded(codec: Any, payload: Any) -> Any:
@@ -243,23 +458,54 @@ def job_batch(jobs: object) -> list[Job]:
 class Decision:
     """What a handler decided; returned from a handler to settle its job.
 
-    Use the constructors: :meth:`completed`, :meth:`failed`,
-    :meth:`outcome_unknown`.
+    Use the constructors: :meth:`completed`, :meth:`failed`, :meth:`retry`,
+    :meth:`snooze`, :meth:`outcome_unknown`.
+
+    ``outcome`` is the outcome the job settles with; None for a snooze
+    (which does not settle it). ``retryable`` says whether a ``failed`` decision
+    may be retried under the job's :class:`RetryPolicy`; ``after`` is an
+    explicit wait before the next attempt (a retry's or a snooze's).
     """
 
-    outcome: Outcome
+    outcome: Outcome | None
     reason: str | None = None
+    _: KW_ONLY
+    #: None: True for ``failed``, else False.
+    retryable: bool | None = None
+    after: timedelta | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.outcome, Outcome) or self.outcome not in _DECIDABLE:
+        if self.retryable is None:
+            object.__setattr__(self, "retryable", self.outcome is Outcome.FAILED)
+        if self.outcome is None:
+            if self.after is None:
+                raise InvalidJob(
+                    "decision",
+                    f"outcome must be one of {sorted(o.value for o in _DECIDABLE)}, got None "
+                    "(a snooze is Decision.snooze(after))",
+                )
+        elif not isinstance(self.outcome, Outcome) or self.outcome not in _DECIDABLE:
             raise InvalidJob(
                 "decision",
                 f"outcome must be one of {sorted(o.value for o in _DECIDABLE)}, got {self.outcome!r}",
             )
+        if not isinstance(self.retryable, bool):
+            raise InvalidJob("retry", f"must be a bool, not {type(self.retryable).__name__}")
+        if self.retryable and self.outcome is not Outcome.FAILED:
+            raise InvalidJob("retry", "only a failed decision can be retried")
+        if self.after is not None:
+            if self.outcome is not None and not self.retryable:
+                raise InvalidJob("after", "only a retry or a snooze waits (Decision.retry / Decision.snooze)")
+            check_duration("after", self.after, low=timedelta(0) if self.retryable else timedelta(milliseconds=1))
         if self.reason is not None:
             if not isinstance(self.reason, str):
                 raise InvalidJob("reason", f"must be a str, not {type(self.reason).__name__}")
             object.__setattr__(self, "reason", bound_reason(self.reason))
+
+    @property
+    def snoozed(self) -> bool:
+        """Whether this is a snooze: run again later, no attempt used."""
+        return self.outcome is None
 
     @classmethod
     def completed(cls) -> Decision:
@@ -267,13 +513,32 @@ class Decision:
         return cls(Outcome.COMPLETED)
 
     @classmethod
-    def failed(cls, reason: str) -> Decision:
-        """The job failed, for ``reason``."""
-        return cls(Outcome.FAILED, reason)
+    def failed(cls, reason: str, *, retry: bool = True) -> Decision:
+        """The attempt failed, for ``reason``.
+
+        Retried after the policy's backoff while attempts are left (see
+        :class:`RetryPolicy`); ``retry=False`` fails the job at once.
+        """
+        return cls(Outcome.FAILED, reason, retryable=retry)
+
+    @classmethod
+    def retry(cls, reason: str, *, after: timedelta | None = None) -> Decision:
+        """Run the job again after ``after`` (default: the policy's backoff).
+
+        Uses an attempt: with none left the job settles ``failed`` with
+        ``reason``.
+        """
+        return cls(Outcome.FAILED, reason, retryable=True, after=after)
+
+    @classmethod
+    def snooze(cls, after: timedelta) -> Decision:
+        """Run the job again after ``after`` without using an attempt (the
+        job's ``snoozes`` count goes up)."""
+        return cls(None, None, after=after)
 
     @classmethod
     def outcome_unknown(cls, reason: str | None = None) -> Decision:
-        """The side effect may or may not have happened."""
+        """The side effect may or may not have happened; never retried."""
         return cls(Outcome.OUTCOME_UNKNOWN, reason)
 
 
@@ -308,6 +573,23 @@ class JobView:
     #: :data:`FAILURE_DETAIL_MAX_LENGTH` characters); None otherwise, and for
     #: jobs settled before revision ``w0002``.
     failure_detail: str | None = None
+    #: The job's own requested start (``Job.run_at``), if it has one.
+    run_at: datetime | None = None
+    #: When it becomes (or became) ready: its ``run_at``, the end of an
+    #: enqueue ``delay``, a retry's backoff or a snooze. None when it never waited.
+    ready_at: datetime | None = None
+    #: The attempt it is on (1 is the first); a retry moves to the next.
+    attempt: int = 1
+    #: Its own ``max_attempts`` (None: its handler's or runner's policy applies).
+    max_attempts: int | None = None
+    #: How many times it was snoozed.
+    snoozes: int = 0
+    #: Its own per-attempt timeout, if it has one.
+    timeout: timedelta | None = None
+    #: Its own retry policy, if it has one.
+    retry: RetryPolicy | None = None
+    #: The latest failed attempts (at most ``FAILURE_HISTORY_LENGTH``), oldest first.
+    failure_history: tuple[FailedAttempt, ...] = ()
 
     @property
     def cancellation_requested(self) -> bool:
@@ -345,6 +627,8 @@ class CancelResult:
 
 class SettleStatus(str, enum.Enum):
     SETTLED = "settled"
+    #: Not settled: back to ``delayed``/``queued`` for a retry or a snooze.
+    REQUEUED = "requeued"
     REPLAYED = "replayed"
     CONFLICT = "conflict"
     MISSING = "missing"

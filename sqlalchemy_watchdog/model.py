@@ -3,9 +3,12 @@
 The CHECK constraints are the state grammar; the database itself refuses a
 row in an impossible state, whoever writes it:
 
-* ``queued``: no outcome, no claim token
+* ``delayed``: no outcome, no claim token, no lease, a ready time
+* ``queued``: no outcome, no claim token, no lease
 * ``running``: no outcome, a claim token and a lease
-* ``settled``: an outcome
+* ``settled``: an outcome, no lease
+
+and attempts stay within their bounds (``1 <= attempt <= max_attempts``).
 
 The table lives on its own :data:`metadata` (with a naming convention, so
 constraint names are stable across dialects and migrations). Use it beside
@@ -36,6 +39,7 @@ from .jobs import (
     CANCELLATION_ID_MAX_LENGTH,
     JOB_ID_MAX_LENGTH,
     LANE_MAX_LENGTH,
+    MAX_ATTEMPTS_LIMIT,
     QUEUE_MAX_LENGTH,
     JobState,
     Outcome,
@@ -62,6 +66,16 @@ def _in(column: str, values: list[str]) -> str:
 
 _STATES = [s.value for s in JobState]
 _OUTCOMES = [o.value for o in Outcome]
+
+#: The state grammar (revision w0003): what each state requires of the row.
+STATE_GRAMMAR = (
+    "(state = 'delayed' AND outcome IS NULL AND claim_token IS NULL AND lease_until IS NULL"
+    " AND ready_at IS NOT NULL)"
+    " OR (state = 'queued' AND outcome IS NULL AND claim_token IS NULL AND lease_until IS NULL)"
+    " OR (state = 'running' AND outcome IS NULL AND claim_token IS NOT NULL"
+    " AND lease_until IS NOT NULL)"
+    " OR (state = 'settled' AND outcome IS NOT NULL AND lease_until IS NULL)"
+)
 
 
 class WatchdogBase(DeclarativeBase):
@@ -98,6 +112,22 @@ class WatchdogJob(WatchdogBase):
     failure_detail: Mapped[str | None] = mapped_column(Text)
     #: Milliseconds since the Unix epoch, compared with the database clock.
     lease_until: Mapped[int | None] = mapped_column(BigInteger)
+    # -- revision w0003: time and failure policy (epoch / duration milliseconds)
+    #: The job's own requested start (``Job.run_at``); part of its identity.
+    run_at: Mapped[int | None] = mapped_column(BigInteger)
+    #: When a ``delayed`` job becomes ready (kept afterwards: when it did).
+    ready_at: Mapped[int | None] = mapped_column(BigInteger)
+    #: The attempt the job is on, from 1; a retry moves to the next.
+    attempt: Mapped[int] = mapped_column(Integer, server_default=text("1"))
+    #: The job's own retry policy: attempts in all, and its backoff as JSON.
+    max_attempts: Mapped[int | None] = mapped_column(Integer)
+    retry_policy: Mapped[str | None] = mapped_column(Text)
+    #: The job's own per-attempt timeout.
+    timeout_ms: Mapped[int | None] = mapped_column(BigInteger)
+    #: How many times a handler snoozed the job.
+    snoozes: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    #: The latest failed attempts, a bounded JSON array.
+    failure_history: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         CheckConstraint(f"length(job_id) BETWEEN 1 AND {JOB_ID_MAX_LENGTH}", name="job_id_length"),
@@ -113,13 +143,15 @@ class WatchdogJob(WatchdogBase):
         CheckConstraint(f"outcome IS NULL OR {_in('outcome', _OUTCOMES)}", name="outcome_known"),
         CheckConstraint("recovery_max IS NULL OR recovery_max >= 0", name="recovery_max_nonnegative"),
         CheckConstraint("recovery_count >= 0", name="recovery_count_nonnegative"),
+        CheckConstraint(STATE_GRAMMAR, name="state_grammar"),
         CheckConstraint(
-            "(state = 'queued' AND outcome IS NULL AND claim_token IS NULL AND lease_until IS NULL)"
-            " OR (state = 'running' AND outcome IS NULL AND claim_token IS NOT NULL"
-            " AND lease_until IS NOT NULL)"
-            " OR (state = 'settled' AND outcome IS NOT NULL AND lease_until IS NULL)",
-            name="state_grammar",
+            f"max_attempts IS NULL OR max_attempts BETWEEN 1 AND {MAX_ATTEMPTS_LIMIT}", name="max_attempts_range"
         ),
+        CheckConstraint(
+            "attempt >= 1 AND (max_attempts IS NULL OR attempt <= max_attempts)", name="attempt_bounds"
+        ),
+        CheckConstraint("snoozes >= 0", name="snoozes_nonnegative"),
+        CheckConstraint("timeout_ms IS NULL OR timeout_ms > 0", name="timeout_positive"),
         {"sqlite_autoincrement": True},
     )
 
@@ -131,9 +163,13 @@ def _partial(where: str) -> dict[str, Any]:
     return {"postgresql_where": text(where), "sqlite_where": text(where)}
 
 
-_LIVE = "state IN ('queued', 'running')"
+#: Jobs not settled yet; the literal order matters: SQLite uses a partial
+#: index only for a query whose WHERE repeats its predicate.
+LIVE = "state IN ('delayed', 'queued', 'running')"
+_LIVE = LIVE
 # Settled history never enters these partial indexes, so a long history
-# cannot slow claims, recovery or lane failures.
+# cannot slow claims, recovery or lane failures; delayed jobs never enter
+# the ready index, so jobs waiting for their time cannot slow a claim.
 # Claims over several (or all) queues read queued jobs in claim order here;
 # a one-queue claim and read_queue_head use ix_watchdog_jobs_live_queue.
 Index(
@@ -142,13 +178,21 @@ Index(
     WatchdogJob.sequence,
     **_partial("state = 'queued'"),
 )
+# Delayed jobs by the time they become ready: promotion and the runner's
+# "when is the next one due" read.
+Index(
+    "ix_watchdog_jobs_delayed",
+    WatchdogJob.ready_at,
+    WatchdogJob.sequence,
+    **_partial("state = 'delayed'"),
+)
 Index(
     "ix_watchdog_jobs_lease",
     WatchdogJob.lease_until,
     WatchdogJob.sequence,
     **_partial("state = 'running'"),
 )
-# 'running' sorts after 'queued': fail_lane takes running jobs first.
+# 'running' sorts after 'queued' and 'delayed': fail_lane takes running jobs first.
 Index(
     "ix_watchdog_jobs_live_lane",
     WatchdogJob.lane,

@@ -55,9 +55,10 @@ from .execution import (
     settle_batch,
     shutdown,
     tick,
+    time_out,
     until_idle,
 )
-from .jobs import Decision, JobView
+from .jobs import Decision, JobView, RetryPolicy
 from .store import Settlement, SettleRequest
 from .wakeups import Listener
 
@@ -102,6 +103,14 @@ class Runner:
         A number gives at least once.
     :param codec: a :class:`~sqlalchemy_watchdog.codecs.PayloadCodec` whose
         ``decode`` turns the stored JSON payload into what handlers see.
+    :param retry: the :class:`~sqlalchemy_watchdog.RetryPolicy` of jobs
+        that carry none of their own and whose handler sets none
+        (``@handler(queue, retry=...)``). None (the default): a failed
+        attempt is final.
+    :param timeout: how long one attempt may run, for jobs that set no
+        ``timeout`` and whose handler sets none; then the handler is told to
+        stop (``StopReason.TIMEOUT``) and the attempt counts as failed.
+        None (the default): no limit.
     :param clock: the application clock in epoch milliseconds (for tests);
         the database clock is always consulted too.
     """
@@ -120,6 +129,8 @@ class Runner:
         is_alive: Callable[[JobView], bool] | None = None,
         max_recoveries: int | None = None,
         codec: PayloadCodec | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: timedelta | None = None,
         clock: Callable[[], int] = store.now_ms,
     ) -> None:
         if not isinstance(engine, Engine):
@@ -139,11 +150,16 @@ class Runner:
             is_alive=is_alive,
             max_recoveries=max_recoveries,
             codec=codec,
+            retry=retry,
+            timeout=timeout,
         )
         self.core = RunnerCore(self.settings, clock)
         self._wake = threading.Event()
         self._stopping = threading.Event()
+        # Wakes the heartbeat thread: to renew now (_renew_requested), to
+        # look at a new handler's deadline, or to stop.
         self._heartbeat_now = threading.Event()
+        self._renew_requested = False
         self._settler: _Settler | None = None
         self._workers: _Workers | None = None
         self._autocommit = store.self_committing(engine.dialect.name)
@@ -198,6 +214,8 @@ class Runner:
 
     def _run_handler(self, execution: Execution) -> Decision | None:
         job = execution.job
+        if execution.deadline is not None:
+            self._heartbeat_now.set()  # the heartbeat thread keeps the deadlines
         try:
             return decision_of_result(self.settings.handlers[job.queue](job), job)
         except Exception as error:
@@ -294,7 +312,7 @@ class Runner:
         heartbeat.start()
         settler = self._settler = _Settler(self)
         workers = self._workers = _Workers(self)
-        listener = Listener.start_for(self.engine, self._wake.set, self._heartbeat_now.set)
+        listener = Listener.start_for(self.engine, self._jobs_arrived, self._renew_now)
         log.info("runner started: queues=%s concurrency=%d", ",".join(self.queues), self.settings.concurrency)
         try:
             self._loop()
@@ -330,8 +348,21 @@ class Runner:
             if wait > 0:
                 self._wake.wait(wait)
 
+    def _jobs_arrived(self) -> None:
+        """A wake-up: jobs were enqueued (some may be delayed only briefly)."""
+        self.core.jobs_arrived()
+        self._wake.set()
+
+    def _renew_now(self) -> None:
+        """A wake-up: a job was cancelled or its lane failed; renew now to find out which."""
+        self._renew_requested = True
+        self._heartbeat_now.set()
+
     def _renew_all(self) -> None:
         drive(renew(self.core), self._perform)
+
+    def _time_out(self) -> None:
+        drive(time_out(self.core), self._perform)
 
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
@@ -443,7 +474,8 @@ class _Settler:
 
 
 class _Heartbeat:
-    """A thread renewing every running claim of a runner each heartbeat."""
+    """A thread renewing every running claim of a runner each heartbeat, and
+    stopping handlers at their attempt's deadline."""
 
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
@@ -460,11 +492,25 @@ class _Heartbeat:
 
     def _run(self) -> None:
         runner = self.runner
+        interval = runner.settings.heartbeat_s
+        next_renewal = time.monotonic() + interval
         while not self._stop.is_set():
-            runner._heartbeat_now.wait(runner.settings.heartbeat_s)
+            wait = next_renewal - time.monotonic()
+            deadline = runner.core.next_deadline()
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+            runner._heartbeat_now.wait(max(0.0, wait))
             runner._heartbeat_now.clear()
             if self._stop.is_set():
                 return
+            try:
+                runner._time_out()
+            except Exception:  # pragma: no cover - time_out only signals handlers
+                log.exception("heartbeat: stopping timed-out handlers failed")
+            if not runner._renew_requested and time.monotonic() < next_renewal:
+                continue
+            runner._renew_requested = False
+            next_renewal = time.monotonic() + interval
             try:
                 runner._renew_all()
             except Exception as error:

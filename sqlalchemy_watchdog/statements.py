@@ -73,6 +73,8 @@ __all__ = [
     "read_queue_head",
     "read_settled",
     "has_pending_work",
+    "next_ready",
+    "promote",
     "claim",
     "settle",
     "renew",
@@ -107,8 +109,17 @@ COLUMNS = (
     c.failure_reason,
     c.failure_detail,
     c.lease_until,
+    c.run_at,
+    c.ready_at,
+    c.attempt,
+    c.max_attempts,
+    c.retry_policy,
+    c.timeout_ms,
+    c.snoozes,
+    c.failure_history,
 )
 
+_DELAYED = JobState.DELAYED.value
 _QUEUED = JobState.QUEUED.value
 _RUNNING = JobState.RUNNING.value
 _SETTLED = JobState.SETTLED.value
@@ -116,10 +127,12 @@ _SETTLED = JobState.SETTLED.value
 # States in WHERE clauses are SQL literals, not bound parameters: the
 # partial indexes' predicates must be provable from the query text itself
 # (SQLite requires it; PostgreSQL needs it for generic prepared plans).
+IS_DELAYED = c.state == literal_column(f"'{_DELAYED}'")
 IS_QUEUED = c.state == literal_column(f"'{_QUEUED}'")
 IS_RUNNING = c.state == literal_column(f"'{_RUNNING}'")
 IS_SETTLED = c.state == literal_column(f"'{_SETTLED}'")
-IS_LIVE = c.state.in_([literal_column(f"'{_QUEUED}'"), literal_column(f"'{_RUNNING}'")])
+# The same literal order as the live indexes' predicate (model.LIVE).
+IS_LIVE = c.state.in_([literal_column(f"'{state}'") for state in (_DELAYED, _QUEUED, _RUNNING)])
 
 
 class db_clock_ms(FunctionElement[int]):
@@ -189,20 +202,33 @@ NOW = _p("now", BigInteger())
 
 Fields = tuple[tuple[str, Any], ...]
 
-ENQUEUE_FIELDS: Fields = (
+#: What identifies a job: an identical replay has equal values in all of these.
+IDENTITY_FIELDS: Fields = (
     ("job_id", Text()),
     ("queue_name", Text()),
     ("lane", Text()),
     ("priority", BigInteger()),
     ("payload_json", Text()),
     ("recovery_max", Integer()),
+    ("run_at", BigInteger()),
+    ("max_attempts", Integer()),
+    ("retry_policy", Text()),
+    ("timeout_ms", BigInteger()),
 )
+#: An enqueued row: its identity, then the enqueue's delay (not part of it).
+ENQUEUE_FIELDS: Fields = (*IDENTITY_FIELDS, ("delay_ms", BigInteger()))
 SETTLE_FIELDS: Fields = (
     ("job_id", Text()),
     ("claim_token", Text()),
     ("outcome", Text()),
     ("reason", Text()),
     ("detail", Text()),
+    # A requeue (retry or snooze) instead of a settle: ready again delay_ms
+    # after the database clock, with these counters moved and this history.
+    ("delay_ms", BigInteger()),
+    ("attempt_add", Integer()),
+    ("snooze_add", Integer()),
+    ("history", Text()),
 )
 
 
@@ -257,15 +283,24 @@ def enqueue_rows(dialect: str) -> Insert:
     caller's writes beside an unrelated old job.
     """
     source, cols, order = _rows(dialect, "jobs", ENQUEUE_FIELDS)
-    names = [field for field, _ in ENQUEUE_FIELDS]
+    names = [field for field, _ in IDENTITY_FIELDS]
+    clock = db_clock_ms()
+    # The ready time: the job's run_at, else the end of the enqueue's delay
+    # (from the database clock); a job whose time has not come is delayed.
+    ready_at = case(
+        (cols["run_at"].is_not(None), cols["run_at"]),
+        (cols["delay_ms"].is_not(None), clock + cols["delay_ms"]),
+        else_=null(),
+    )
+    state = case((ready_at > clock, literal_column(f"'{_DELAYED}'")), else_=literal_column(f"'{_QUEUED}'"))
     # WHERE true: SQLite's parser needs it between INSERT ... SELECT and ON CONFLICT.
     rows = (
-        select(*(cols[name] for name in names), literal_column(f"'{_QUEUED}'"))
+        select(*(cols[name] for name in names), ready_at, state)
         .select_from(source)
         .where(true())
         .order_by(order)
     )
-    ins = _insert(dialect).from_select([*names, "state"], rows)
+    ins = _insert(dialect).from_select([*names, "ready_at", "state"], rows)
     ex = ins.excluded
     identical = and_(
         c.queue_name == ex.queue_name,
@@ -273,6 +308,10 @@ def enqueue_rows(dialect: str) -> Insert:
         c.priority == ex.priority,
         c.payload_json == ex.payload_json,
         c.recovery_max.is_not_distinct_from(ex.recovery_max),
+        c.run_at.is_not_distinct_from(ex.run_at),
+        c.max_attempts.is_not_distinct_from(ex.max_attempts),
+        c.retry_policy.is_not_distinct_from(ex.retry_policy),
+        c.timeout_ms.is_not_distinct_from(ex.timeout_ms),
     )
     stmt: Insert = ins.on_conflict_do_update(
         index_elements=[c.job_id], set_={"job_id": null()}, where=not_(identical)
@@ -283,9 +322,7 @@ def enqueue_rows(dialect: str) -> Insert:
 @cache
 def stored_contents() -> Select[Any]:
     """What an identical replay compares, for the stored jobs among ``:job_ids``."""
-    return select(c.job_id, c.queue_name, c.lane, c.priority, c.payload_json, c.recovery_max).where(
-        c.job_id.in_(bindparam("job_ids", expanding=True))
-    )
+    return select(*(c[name] for name, _ in IDENTITY_FIELDS)).where(c.job_id.in_(bindparam("job_ids", expanding=True)))
 
 
 # -- reads ----------------------------------------------------------------------
@@ -298,11 +335,11 @@ def read_job() -> Select[Any]:
 
 @cache
 def read_queue_head() -> Select[Any]:
-    """The queue's running job, else its next queued one."""
+    """The queue's running job, else its next queued one, else its next delayed one."""
     return (
         select(*COLUMNS)
         .where(c.queue_name == _p("queue"), IS_LIVE)
-        .order_by(case((IS_RUNNING, 0), else_=1), c.priority.desc(), c.sequence)
+        .order_by(case((IS_RUNNING, 0), (IS_QUEUED, 1), else_=2), c.priority.desc(), c.sequence)
         .limit(1)
     )
 
@@ -336,6 +373,39 @@ def any_queued(filtered: bool) -> Select[Any]:
     if filtered:
         pick = pick.where(c.queue_name.in_(_QUEUES))
     return pick.limit(1)
+
+
+@cache
+def next_ready() -> Select[Any]:
+    """The earliest ready time of any delayed job, and the database clock."""
+    return select(
+        select(c.ready_at).where(IS_DELAYED).order_by(c.ready_at).limit(1).scalar_subquery(),
+        db_clock_ms(),
+    )
+
+
+@cache
+def promote(dialect: str) -> Update:
+    """Make up to ``:limit`` delayed jobs whose time has come (by the
+    database clock) ``queued``, earliest first; they keep their ``sequence``,
+    so among ready jobs the order stays priority, then admission.
+
+    Promotion is the only way out of ``delayed`` besides a cancellation or a
+    lane failure; it is idempotent, and two runners promoting at once skip
+    each other's rows (PostgreSQL) or take turns (SQLite's one writer).
+    """
+    pick = (
+        select(c.sequence)
+        .where(IS_DELAYED, c.ready_at <= db_clock_ms())
+        .order_by(c.ready_at, c.sequence)
+        .limit(_p("limit", Integer()))
+    )
+    if dialect == "postgresql":
+        cte = pick.with_for_update(skip_locked=True).cte("due").prefix_with("MATERIALIZED")
+        target: ColumnElement[bool] = c.sequence.in_(select(cte.c.sequence))
+    else:
+        target = c.sequence.in_(pick)
+    return update(t).where(target, IS_DELAYED).values(state=_QUEUED).returning(c.sequence)
 
 
 @cache
@@ -382,13 +452,20 @@ def settle(dialect: str) -> Update:
     """Settle exact claims (rows of :data:`SETTLE_FIELDS` in ``settles``),
     each only while its lease lives by ``max(:now, database clock)``.
 
-    A recorded cancellation turns any decision into ``cancelled``. The claim
+    A row with a ``delay_ms`` is requeued instead (a retry or a snooze):
+    ``delayed`` until ``database clock + delay_ms`` (``queued`` at once for
+    0), its claim dropped, its attempt or snooze count moved. A recorded
+    cancellation turns any decision, a requeue included, into ``cancelled``. The claim
     token stays on the row so a repeated settle can be recognised as a
     replay. One statement settles a whole batch; every row keeps its own
     guard.
     """
     _source, cols, _ = _rows(dialect, "settles", SETTLE_FIELDS)
-    uncancelled = c.cancellation_id.is_(None)
+    cancelled = c.cancellation_id.is_not(None)
+    delay = cols["delay_ms"]
+    # A requeue (retry or snooze) of an uncancelled job: back to waiting.
+    requeue = and_(c.cancellation_id.is_(None), delay.is_not(None))
+    snooze = cols["snooze_add"] > 0
     return (
         update(t)
         .where(
@@ -398,10 +475,21 @@ def settle(dialect: str) -> Update:
             c.lease_until > effective_now(NOW),
         )
         .values(
-            state=_SETTLED,
-            outcome=case((uncancelled, cols["outcome"]), else_=Outcome.CANCELLED.value),
-            failure_reason=case((uncancelled, cols["reason"]), else_=null()),
-            failure_detail=case((uncancelled, cols["detail"]), else_=null()),
+            state=case(
+                (requeue, case((delay > 0, _DELAYED), else_=_QUEUED)),
+                else_=_SETTLED,
+            ),
+            outcome=case((cancelled, Outcome.CANCELLED.value), (requeue, null()), else_=cols["outcome"]),
+            claim_token=case((requeue, null()), else_=c.claim_token),
+            ready_at=case((requeue, db_clock_ms() + delay), else_=c.ready_at),
+            attempt=c.attempt + case((requeue, cols["attempt_add"]), else_=0),
+            snoozes=c.snoozes + case((requeue, cols["snooze_add"]), else_=0),
+            # A snooze keeps the last failure's reason; anything else records its own.
+            failure_reason=case((cancelled, null()), (snooze, c.failure_reason), else_=cols["reason"]),
+            failure_detail=case((cancelled, null()), (snooze, c.failure_detail), else_=cols["detail"]),
+            failure_history=case(
+                (cancelled, c.failure_history), else_=func.coalesce(cols["history"], c.failure_history)
+            ),
             lease_until=null(),
         )
         .returning(*COLUMNS)
@@ -448,15 +536,22 @@ def release() -> Update:
 
 @cache
 def cancel(only_if_queued: bool) -> Update:
-    """Record ``:cancellation`` on live job ``:job`` (``only_if_queued``: a queued one)."""
+    """Record ``:cancellation`` on live job ``:job`` (``only_if_queued``: one
+    that has not started: queued or delayed)."""
+    not_started = c.state.in_([literal_column(f"'{_DELAYED}'"), literal_column(f"'{_QUEUED}'")])
     return (
         update(t)
         .where(
             c.job_id == _p("job"),
             c.cancellation_id.is_(None),
-            IS_QUEUED if only_if_queued else IS_LIVE,
+            not_started if only_if_queued else IS_LIVE,
         )
-        .values(cancellation_id=_p("cancellation", Text()))
+        .values(
+            cancellation_id=_p("cancellation", Text()),
+            # A delayed job is made queued, so the next claim settles it
+            # cancelled instead of it waiting for its time.
+            state=case((IS_DELAYED, _QUEUED), else_=c.state),
+        )
         .returning(c.job_id)
     )
 
@@ -510,8 +605,8 @@ def lane_has_live_jobs() -> Select[Any]:
 
 @cache
 def purge() -> Delete:
-    """Delete queue ``:queue``'s queued jobs; running and settled ones stay."""
-    return delete(t).where(c.queue_name == _p("queue"), IS_QUEUED)
+    """Delete queue ``:queue``'s queued and delayed jobs; running and settled ones stay."""
+    return delete(t).where(c.queue_name == _p("queue"), IS_LIVE, c.state != literal_column(f"'{_RUNNING}'"))
 
 
 # -- recovery -------------------------------------------------------------------

@@ -20,13 +20,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from sqlalchemy import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from . import statements as sql
-from .errors import EnqueueConflict, ErrorCode, WatchdogError, redacted
+from .errors import EnqueueConflict, ErrorCode, InvalidJob, WatchdogError, redacted
 from .jobs import (
     CANCELLATION_ID_MAX_LENGTH,
     FAILURE_DETAIL_MAX_LENGTH,
@@ -43,10 +44,15 @@ from .jobs import (
     JobView,
     LaneFailure,
     Outcome,
+    RetryPolicy,
     SettleStatus,
     bound_reason,
+    check_duration,
     check_int,
     check_text,
+    duration_ms,
+    from_epoch_ms,
+    history_of,
 )
 
 __all__ = [
@@ -64,6 +70,8 @@ __all__ = [
     "read_queue_head",
     "read_settled",
     "has_pending_work",
+    "Promotion",
+    "promote",
     "claim",
     "settle",
     "renew",
@@ -89,8 +97,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 P = ParamSpec("P")
 
-#: Rows per multi-row INSERT (6 parameters each stay below every bind limit).
+#: Rows per multi-row INSERT (all rows travel as one JSON parameter).
 ENQUEUE_CHUNK = 1000
+#: Delayed jobs made queued per promotion statement.
+PROMOTE_BATCH = 1000
 #: Live jobs settled per ``fail_lane`` call.
 LANE_FAILURE_BATCH = 100
 NO_POLICY_REASON = "Execution disappeared without a recovery policy"
@@ -122,19 +132,43 @@ def view(row: Row[Any]) -> JobView:
         recovery_count=m["recovery_count"],
         cancellation_id=m["cancellation_id"],
         failure_detail=m["failure_detail"],
+        run_at=from_epoch_ms(m["run_at"]),
+        ready_at=from_epoch_ms(m["ready_at"]),
+        attempt=m["attempt"],
+        max_attempts=m["max_attempts"],
+        snoozes=m["snoozes"],
+        timeout=None if m["timeout_ms"] is None else timedelta(milliseconds=m["timeout_ms"]),
+        retry=RetryPolicy.from_stored(m["max_attempts"], m["retry_policy"]),
+        failure_history=history_of(m["failure_history"]),
     )
 
 
 # -- enqueue -----------------------------------------------------------------
 
 
-def enqueue(conn: Connection, jobs: Sequence[Job]) -> list[EnqueueResult]:
+def check_delay(delay: object, jobs: Sequence[Job]) -> int | None:
+    """An enqueue's ``delay`` in milliseconds (None: none), checked."""
+    if delay is None:
+        return None
+    check_duration("delay", delay)
+    assert isinstance(delay, timedelta)
+    for job in jobs:
+        if isinstance(job, Job) and job.run_at is not None:
+            raise InvalidJob("delay", f"cannot be combined with run_at (job {job.job_id!r} has one)")
+    return duration_ms(delay)
+
+
+def enqueue(conn: Connection, jobs: Sequence[Job], *, delay: timedelta | None = None) -> list[EnqueueResult]:
     """Admit ``jobs`` in the connection's current transaction.
 
     Identical replays (in the table or within ``jobs``) are duplicates; a
     conflicting replay raises :class:`EnqueueConflict` after the statement
     failed -- the caller must roll back (the public ``enqueue`` does).
+    ``delay`` makes every job wait that long after the database clock (it
+    is not part of a job's identity: a replay with another delay is a
+    duplicate).
     """
+    delay_ms = check_delay(delay, jobs)
     firsts: dict[str, Job] = {}
     for job in jobs:
         if not isinstance(job, Job):
@@ -149,7 +183,7 @@ def enqueue(conn: Connection, jobs: Sequence[Job]) -> list[EnqueueResult]:
     for start in range(0, len(unique), ENQUEUE_CHUNK):
         chunk = unique[start : start + ENQUEUE_CHUNK]
         dialect = conn.dialect.name
-        params = sql.rows_params(dialect, "jobs", sql.ENQUEUE_FIELDS, [_values(job) for job in chunk])
+        params = sql.rows_params(dialect, "jobs", sql.ENQUEUE_FIELDS, [(*_values(job), delay_ms) for job in chunk])
         stmt = sql.enqueue_rows(dialect)
         # To name the offender of a failed batch the connection must still
         # answer afterwards: SQLite's and an autocommit connection's do; in a
@@ -218,19 +252,24 @@ def one_statement(conn_or_dialect: Connection | str, jobs: Sequence[Job]) -> boo
 
 
 def _values(job: Job) -> tuple[Any, ...]:
-    """The job in :data:`statements.ENQUEUE_FIELDS` order."""
-    return (job.job_id, job.queue, job.lane, job.priority, job.payload_json, job.max_recoveries)
+    """The job in :data:`statements.IDENTITY_FIELDS` order."""
+    return (
+        job.job_id,
+        job.queue,
+        job.lane,
+        job.priority,
+        job.payload_json,
+        job.max_recoveries,
+        job.run_at_ms,
+        job.max_attempts,
+        job.retry_json,
+        job.timeout_ms,
+    )
 
 
 def _row(job: Job) -> dict[str, Any]:
-    return {
-        "job_id": job.job_id,
-        "queue_name": job.queue,
-        "lane": job.lane,
-        "priority": job.priority,
-        "payload_json": job.payload_json,
-        "recovery_max": job.max_recoveries,
-    }
+    """The job's identity as the stored row's columns."""
+    return dict(zip((name for name, _ in sql.IDENTITY_FIELDS), _values(job), strict=True))
 
 
 def _conflict_of(conn: Connection, chunk: Sequence[Job], error: IntegrityError) -> Exception:
@@ -335,6 +374,34 @@ def has_pending_work(conn: Connection) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class Promotion:
+    """What one promotion did: how many delayed jobs became queued, and in
+    how many seconds the next delayed job is due (None: none is delayed)."""
+
+    promoted: int
+    next_in: float | None
+
+
+def next_ready_in(conn: Connection) -> float | None:
+    """Seconds until the earliest delayed job is due by the database clock
+    (0 when one is due now; None when none is delayed)."""
+    ready_at, clock = conn.execute(sql.next_ready()).one()
+    if ready_at is None:
+        return None
+    seconds: float = max(0.0, (ready_at - clock) / 1000.0)
+    return seconds
+
+
+def promote(conn: Connection, *, limit: int = PROMOTE_BATCH) -> Promotion:
+    """Make up to ``limit`` due delayed jobs ``queued`` (the earliest first)."""
+    due = next_ready_in(conn)
+    if due is None or due > 0:
+        return Promotion(0, due)
+    promoted = len(conn.execute(sql.promote(conn.dialect.name), {"limit": limit}).all())
+    return Promotion(promoted, next_ready_in(conn))
+
+
+@dataclass(frozen=True, slots=True)
 class Claim:
     """A job this process claimed, with the secret token that settles it."""
 
@@ -391,6 +458,33 @@ class SettleRequest:
     now: int | None = None
     #: The traceback of a handler that raised, kept with a ``failed`` job.
     detail: str | None = None
+    #: Requeue instead of settling (a retry or a snooze): ready again this
+    #: many milliseconds after the database clock. None settles the job
+    #: with ``decision.outcome``.
+    requeue_after_ms: int | None = None
+    #: The failure history to store (JSON), when this attempt failed.
+    history: str | None = None
+
+    @property
+    def row(self) -> tuple[Any, ...]:
+        """The request in :data:`statements.SETTLE_FIELDS` order."""
+        decision = self.decision
+        delay = self.requeue_after_ms
+        if delay is None and decision.snoozed:
+            assert decision.after is not None
+            delay = duration_ms(decision.after)
+        requeued = delay is not None
+        return (
+            self.job_id,
+            self.claim_token,
+            None if requeued or decision.outcome is None else decision.outcome.value,
+            decision.reason,
+            _detail(self),
+            delay,
+            1 if requeued and not decision.snoozed else 0,
+            1 if requeued and decision.snoozed else 0,
+            self.history,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,18 +525,18 @@ def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Set
     if len(set(job_ids)) < len(job_ids):  # one statement updates a row once
         return [result for request in requests for result in settle_many(conn, [request])]
     dialect = conn.dialect.name
-    rows = [
-        (r.job_id, r.claim_token, r.decision.outcome.value, r.decision.reason, _detail(r)) for r in requests
-    ]
-    params = sql.rows_params(dialect, "settles", sql.SETTLE_FIELDS, rows)
+    params = sql.rows_params(dialect, "settles", sql.SETTLE_FIELDS, [r.row for r in requests])
     params["now"] = max((r.now or now_ms()) for r in requests)
     settled = {row.job_id: view(row) for row in conn.execute(sql.settle(dialect), params)}
     return [
-        Settlement(SettleStatus.SETTLED, settled[r.job_id])
-        if r.job_id in settled
-        else _unsettled(conn, r.job_id, r.claim_token, r.decision)
+        _settled(settled[r.job_id]) if r.job_id in settled else _unsettled(conn, r.job_id, r.claim_token, r.decision)
         for r in requests
     ]
+
+
+def _settled(job: JobView) -> Settlement:
+    status = SettleStatus.SETTLED if job.state is JobState.SETTLED else SettleStatus.REQUEUED
+    return Settlement(status, job)
 
 
 def _detail(request: SettleRequest) -> str | None:
@@ -451,6 +545,8 @@ def _detail(request: SettleRequest) -> str | None:
     detail = request.detail
     if detail is None or request.decision.outcome is not Outcome.FAILED:
         return None
+    if not isinstance(detail, str):
+        raise WatchdogError(ErrorCode.INVALID_INPUT, f"detail: must be a str, not {type(detail).__name__}")
     detail = detail.replace("\x00", "\\0")
     if len(detail) > FAILURE_DETAIL_MAX_LENGTH:
         detail = "…" + detail[-(FAILURE_DETAIL_MAX_LENGTH - 1) :]
@@ -458,7 +554,11 @@ def _detail(request: SettleRequest) -> str | None:
 
 
 def _unsettled(conn: Connection, job_id: str, claim_token: str, decision: Decision) -> Settlement:
-    """Why a settle updated nothing: a replay, a conflict, or no such job."""
+    """Why a settle updated nothing: a replay, a conflict, or no such job.
+
+    A requeue (retry, snooze) drops its claim token, so its replay cannot be
+    recognised and answers ``conflict``: the runner then leaves the job to
+    whoever holds it now."""
     prior = read_claim(conn, job_id)
     if prior is None:
         return Settlement(SettleStatus.MISSING, None)
@@ -549,7 +649,7 @@ def fail_lane(conn: Connection, lane: str, reason: str, *, batch: int = LANE_FAI
 
 
 def purge(conn: Connection, queue: str) -> int:
-    """Delete the queue's queued jobs; returns how many."""
+    """Delete the queue's queued and delayed jobs; returns how many."""
     check_text("queue", queue, QUEUE_MAX_LENGTH)
     return conn.execute(sql.purge(), {"queue": queue}).rowcount
 
@@ -690,6 +790,7 @@ READ_ONLY: frozenset[Callable[..., Any]] = frozenset(
         has_pending_work,
         expired_claims,
         seconds_until_next_expiry,
+        next_ready_in,
     }
 )
 
@@ -728,11 +829,15 @@ def begin_write(conn: Connection) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def _in_transaction(conn: Connection) -> bool:
+    """Whether the DBAPI connection already runs a transaction of its own."""
+    return bool(getattr(conn.connection.dbapi_connection, "in_transaction", False))
+
+
 def _nothing_to_claim(conn: Connection, kwargs: Mapping[str, Any]) -> bool:
     """In WAL mode, whether a claim would find no queued job, read without the
     write lock (a claim that finds nothing must not queue for the lock)."""
-    dbapi = conn.connection.dbapi_connection
-    if getattr(dbapi, "in_transaction", False):
+    if _in_transaction(conn):
         # Already in a transaction (e.g. an explicit BEGIN from a "begin"
         # event): a read before the first write would make it a
         # read-then-write transaction. Claim directly.
@@ -794,6 +899,11 @@ def transact_as(
         if fn is claim and lock_free_reads and _nothing_to_claim(conn, kwargs):
             # fn is claim, so T is ClaimBatch; mypy cannot narrow a TypeVar by identity.
             return cast(T, ClaimBatch((), ()))
+        if fn is promote and lock_free_reads and not _in_transaction(conn):
+            # Look first, without the write lock: usually nothing is due.
+            due = next_ready_in(conn)
+            if due is None or due > 0:
+                return cast(T, Promotion(0, due))
         if mode.write and not (lock_free_reads and fn in READ_ONLY):
             begin_write(conn)
         return fn(conn, *args, **kwargs)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from sqlalchemy_watchdog import (
     EnqueueStatus,
     Job,
     JobState,
+    RetryPolicy,
     Watchdog,
     enqueue,
     store,
@@ -224,7 +226,7 @@ async def test_async_enqueue_refuses_sync_targets(engine: Engine) -> None:
 
 
 def populate(engine: Engine) -> None:
-    """Queued, running, settled (completed, failed, cancelled) jobs across two queues."""
+    """Delayed, queued, running, settled (completed, failed, cancelled) jobs across two queues."""
     with engine.begin() as conn:
         enqueue(
             conn,
@@ -237,6 +239,7 @@ def populate(engine: Engine) -> None:
                 Job("other", "other", lane="team:1"),
             ],
         )
+        enqueue(conn, Job("tomorrow", "q", retry=RetryPolicy(max_attempts=3)), delay=timedelta(days=1))
     for decision in (Decision.completed(), Decision.failed("boom")):
         with store.write_transaction(engine) as conn:
             taken = store.claim(conn, queues=["q"], lease_ms=60_000).claimed[0]
@@ -266,7 +269,7 @@ async def test_async_watchdog_reads_equal_the_sync_reads(engine: Engine) -> None
     finally:
         await aengine.dispose()
     # The fixture above really covers every state the reads can show.
-    assert {sync.read(j).state for j in ("done", "runs", "waits")} == set(JobState)  # type: ignore[union-attr]
+    assert {sync.read(j).state for j in ("done", "runs", "waits", "tomorrow")} == set(JobState)  # type: ignore[union-attr]
     assert [j.job_id for j in sync.read_settled()] == ["done", "failed", "other"]
     head = sync.read_queue_head("q")
     assert head is not None and head.job_id == "runs"

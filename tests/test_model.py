@@ -300,10 +300,15 @@ CHECK_NAMES = {
     "ck_watchdog_jobs_recovery_max_nonnegative",
     "ck_watchdog_jobs_recovery_count_nonnegative",
     "ck_watchdog_jobs_state_grammar",
+    "ck_watchdog_jobs_max_attempts_range",
+    "ck_watchdog_jobs_attempt_bounds",
+    "ck_watchdog_jobs_snoozes_nonnegative",
+    "ck_watchdog_jobs_timeout_positive",
 }
 UNIQUE_NAMES = {"uq_watchdog_jobs_job_id", "uq_watchdog_jobs_cancellation_id"}
 INDEX_NAMES = {
     "ix_watchdog_jobs_ready",
+    "ix_watchdog_jobs_delayed",
     "ix_watchdog_jobs_lease",
     "ix_watchdog_jobs_live_lane",
     "ix_watchdog_jobs_live_queue",
