@@ -682,7 +682,7 @@ class RunnerCore:
             max_recoveries=job.max_recoveries,
             _signal=signal,
             attempt=job.attempt,
-            max_attempts=max(job.attempt, policy.max_attempts) if (policy := self.settings.policy_for(job)) else 1,
+            max_attempts=max(job.attempt, policy.max_attempts if (policy := self.settings.policy_for(job)) else 1),
             snoozes=job.snoozes,
             timeout=self.settings.timeout_for(job),
         )
@@ -704,7 +704,10 @@ class RunnerCore:
             return codec.decode(job.payload), None
         except Exception as error:
             log.error("job %s: its payload could not be decoded (%s)", job.job_id, redacted(error))
-            return None, Decision.failed(bound_reason(f"payload could not be decoded: {redacted(error)}"))
+            # Not retried: another attempt would decode the same payload.
+            return None, Decision.failed(
+                bound_reason(f"payload could not be decoded: {redacted(error)}"), retry=False
+            )
 
     def release_slot(self, execution: Execution) -> bool:
         """The handler returned: free its slot (its settle may still be under
