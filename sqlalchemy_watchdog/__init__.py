@@ -26,6 +26,7 @@ from .jobs import (
 )
 from .model import WatchdogJob, metadata
 from .runner import Runner
+from .schedules import Schedule
 
 __all__ = [
     "CancelResult",
@@ -46,6 +47,7 @@ __all__ = [
     "RetryPolicy",
     "Runner",
     "RunningJob",
+    "Schedule",
     "StopReason",
     "TaggedJSON",
     "TickResult",
