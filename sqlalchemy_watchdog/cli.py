@@ -13,6 +13,7 @@
     fail-lane LANE REASON                     settle every live job of the lane ``failed``
     purge QUEUE                               delete the queue's queued jobs
     run MODULE[:ATTR]                         serve the queues until SIGINT / SIGTERM
+    schedules MODULE[:ATTR] [--count N]       the cron schedules a module defines, and their next slots
 
 The global options ``--url``, ``--json`` and ``--log-level`` go before or
 after the command. The database is ``--url``, else the environment variable
@@ -20,17 +21,19 @@ after the command. The database is ``--url``, else the environment variable
 directory. A bare ``postgresql://`` URL uses psycopg 3. Only ``upgrade``
 creates anything: every other command (``run`` included) refuses a database
 without the ``watchdog_jobs`` table, and never creates a SQLite file.
+``schedules`` uses no database at all.
 
 Exit status:
 
 * 0: the command did what it was asked, including finding that there is
   nothing to report or do (``head`` of an idle queue, ``settled`` with no
   settled jobs, ``fail-lane`` of a lane without live jobs, ``purge`` of an
-  empty queue), a cancellation ``recorded`` or ``replayed``, ``run`` stopped
-  by SIGINT / SIGTERM;
+  empty queue, ``schedules`` of a module without schedules), a cancellation
+  ``recorded`` or ``replayed``, ``run`` stopped by SIGINT / SIGTERM;
 * 1: it could not: the named job does not exist (``show``, ``cancel``), a
   cancellation was not recorded (``conflict``), no ``watchdog_jobs`` table,
-  an error of the library, of the database or of the ``run`` target;
+  a module that cannot be imported (``run``, ``schedules``), an error of the
+  library, of the database or of the ``run`` target;
 * 2: a usage error (unknown command or option, a bad value, an unusable
   URL); one line on stderr, nothing done.
 
@@ -49,9 +52,10 @@ import re
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO
+from zoneinfo import ZoneInfo
 
 from sqlalchemy import Engine, create_engine, inspect, make_url
 from sqlalchemy.engine import URL
@@ -61,6 +65,7 @@ from .client import Watchdog
 from .errors import WatchdogError, redacted
 from .jobs import CancelStatus, JobView
 from .model import jobs_table
+from .schedules import Schedule, check_schedules
 
 __all__ = ["DEFAULT_URL", "URL_ENV", "main"]
 
@@ -75,9 +80,10 @@ log = logging.getLogger(__name__)
 EXIT_STATUS_HELP = """\
 exit status:
   0  done, including "nothing there": head of an idle queue, no settled jobs,
-     nothing to fail or purge, a cancellation recorded or replayed
+     nothing to fail or purge, no schedules, a cancellation recorded or replayed
   1  not done: no such job (show, cancel), a cancellation not recorded
-     (conflict), no watchdog_jobs table, a library or database error
+     (conflict), no watchdog_jobs table, a module that cannot be imported,
+     a library or database error
   2  usage error (one line on stderr; nothing done)"""
 
 #: The message for a database without the table (every command but upgrade).
@@ -458,6 +464,101 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         engine.dispose()
 
 
+def collect_schedules(target: Any) -> list[Schedule]:
+    """The :class:`Schedule` values of ``target``, in definition order, each once.
+
+    A module gives its module-level schedules, also those inside its
+    module-level lists and tuples; a named attribute must be a schedule or a
+    list / tuple of them.
+    """
+    if isinstance(target, Schedule):
+        values: list[Any] = [target]
+    elif isinstance(target, (list, tuple)):
+        values = list(target)
+    elif isinstance(target, type(sys)):  # a module
+        values = [value for name, value in vars(target).items() if not name.startswith("__")]
+    else:
+        raise CommandFailed(f"expected a module, a Schedule or a list of them, got a {type(target).__name__}")
+    found: list[Schedule] = []
+    for value in values:
+        items = value if isinstance(value, (list, tuple)) else [value]
+        for item in items:
+            if isinstance(item, Schedule) and not any(item is seen or item == seen for seen in found):
+                found.append(item)
+    return found
+
+
+def _slot_texts(schedule: Schedule, slot: datetime) -> tuple[str, str]:
+    """A slot as local wall-clock time (offset and zone abbreviation) and as UTC."""
+    local = slot.astimezone(ZoneInfo(schedule.timezone))
+    return (
+        f"{local.isoformat(sep=' ', timespec='minutes')} {local.tzname()}",
+        f"{slot:%Y-%m-%d %H:%M} UTC",
+    )
+
+
+def cmd_schedules(args: argparse.Namespace, out: TextIO) -> int:
+    """Print the cron schedules ``MODULE`` defines, each with its next slots.
+
+    ``MODULE`` is imported (the working directory is importable) and every
+    module-level :class:`~sqlalchemy_watchdog.Schedule` is listed, also
+    those inside module-level lists and tuples; ``MODULE:ATTR`` names one
+    schedule or a list of them. Each is shown with its next ``--count``
+    slots, in its own time zone and in UTC. No database is used. A module
+    without schedules is not an error; one that cannot be imported is
+    (exit 1), and so are two schedules with the same name.
+    """
+    module_name = args.target.partition(":")[0]
+    try:
+        target, _ = load_target(args.target)
+    except (CommandFailed, UsageError):
+        raise
+    except Exception as error:  # the module's own code failed: one line, no traceback
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise CommandFailed(
+            f"cannot import {module_name!r}: {type(error).__name__}" + (f": {first}" if first else "")
+        ) from None
+    schedules = check_schedules(collect_schedules(target))
+    now = datetime.now(UTC)
+    rows = [(schedule, schedule.slots(now, args.count)) for schedule in schedules]
+    if args.json:
+        for schedule, slots in rows:
+            _print_json(
+                {
+                    "name": schedule.name,
+                    "cron": schedule.cron,
+                    "timezone": schedule.timezone,
+                    "queue": schedule.queue,
+                    "lane": schedule.lane if schedule.lane is not None else schedule.queue,
+                    "priority": schedule.priority,
+                    "catch_up": schedule.catch_up,
+                    "next": [
+                        {
+                            "local": slot.astimezone(ZoneInfo(schedule.timezone)).isoformat(),
+                            "utc": f"{slot:%Y-%m-%dT%H:%M:%SZ}",
+                        }
+                        for slot in slots
+                    ],
+                },
+                out,
+            )
+        return 0
+    if not rows:
+        print(f"no schedules in {args.target!r}", file=out)
+        return 0
+    header = ("name", "cron", "timezone", "queue", "next (local)", "next (UTC)")
+    lines: list[tuple[str, ...]] = [header]
+    for schedule, slots in rows:
+        texts = [_slot_texts(schedule, slot) for slot in slots] or [("-", "-")]
+        lines.append((schedule.name, schedule.cron, schedule.timezone, schedule.queue, *texts[0]))
+        lines.extend(("", "", "", "", *text) for text in texts[1:])
+    widths = [max(len(cells[i]) for cells in lines) for i in range(len(header) - 1)]
+    for cells in lines:
+        line = "  ".join(cell.ljust(width) for cell, width in zip(cells, widths))
+        print(f"{line}  {cells[-1]}".rstrip(), file=out)
+    return 0
+
+
 def _watchdog(args: argparse.Namespace) -> Watchdog:
     engine: Engine = args.engine
     _require_table(engine)
@@ -492,6 +593,17 @@ def _concurrency(text: str) -> int:
     value = _positive_int(text)
     if value > CONCURRENCY_MAX:
         raise argparse.ArgumentTypeError(f"must be at most {CONCURRENCY_MAX}, got {text[:40]}")
+    return value
+
+
+#: The most slots ``schedules --count`` prints per schedule.
+SCHEDULE_COUNT_MAX = 1000
+
+
+def _slot_count(text: str) -> int:
+    value = _positive_int(text)
+    if value > SCHEDULE_COUNT_MAX:
+        raise argparse.ArgumentTypeError(f"must be at most {SCHEDULE_COUNT_MAX}, got {text[:40]}")
     return value
 
 
@@ -647,6 +759,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="on shutdown, time running handlers get to finish (default: 30)",
     )
     run.set_defaults(func=cmd_run, needs_engine=False)
+
+    schedules = commands.add_parser(
+        "schedules",
+        help="the cron schedules a module defines, and their next slots (no database)",
+        description=cmd_schedules.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    schedules.add_argument("target", metavar="MODULE[:ATTR]")
+    schedules.add_argument(
+        "--count", type=_slot_count, default=3, metavar="N",
+        help=f"next slots shown per schedule, 1-{SCHEDULE_COUNT_MAX} (default: 3)",
+    )
+    schedules.set_defaults(func=cmd_schedules, needs_engine=False, needs_url=False)
     return parser
 
 
@@ -669,7 +794,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args)
     engine: Engine | None = None
     try:
-        args.url = database_url(args.url)
+        if getattr(args, "needs_url", True):  # (schedules uses no database)
+            args.url = database_url(args.url)
         if getattr(args, "needs_engine", True):
             engine = open_engine(args.url)
             args.engine = engine

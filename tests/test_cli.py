@@ -336,6 +336,10 @@ HOSTILE = [
     (["frobnicate"], "frobnicate"),
     ([], "COMMAND"),
     (["run", "a:b:c"], "a:b:c"),
+    (["schedules", "json", "--count", "0"], "--count"),
+    (["schedules", "json", "--count", "1001"], "--count"),
+    (["schedules", "a:b:c"], "a:b:c"),
+    (["schedules"], "MODULE"),
 ]
 
 
@@ -602,3 +606,117 @@ def test_console_script(engine: Engine, db_url: URL) -> None:
     assert json.loads(done.stdout)["state"] == "queued"
     done = subprocess.run([str(script), "frobnicate"], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
+
+
+# -- schedules ----------------------------------------------------------------------------------
+
+SCHEDULES_MODULE = '''
+from sqlalchemy_watchdog import Schedule
+
+NIGHTLY = Schedule("nightly-report", "30 2 * * *", "reports", timezone="Europe/Berlin")
+SCHEDULES = [
+    NIGHTLY,  # listed twice: shown once
+    Schedule("new-year", "0 0 1 1 *", "fun", timezone="America/New_York", priority=3),
+]
+MORE = (Schedule("leap-day", "0 12 29 2 *", "rare"),)
+NOT_A_SCHEDULE = {"name": "ignored"}
+'''
+
+
+def _schedules_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    status = main(["schedules", *args])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_schedules_lists_a_modules_schedules_with_their_next_slots(
+    app_module: tuple[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No database is used: not even a bad database URL in the environment
+    matters, and no SQLite file appears."""
+    from datetime import UTC, datetime
+    from zoneinfo import ZoneInfo
+
+    name, path = app_module
+    path.write_text(SCHEDULES_MODULE)
+    monkeypatch.setenv("WATCHDOG_DATABASE_URL", "not a url")
+    before = datetime.now(UTC)
+    status, out, err = _schedules_cli(capsys, name, "--count", "2")
+    assert (status, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0].split() == ["name", "cron", "timezone", "queue", "next", "(local)", "next", "(UTC)"]
+    module = sys.modules[name]
+    expected_rows: list[list[str]] = []
+    for schedule in (module.NIGHTLY, module.SCHEDULES[1], module.MORE[0]):
+        for index, slot in enumerate(schedule.slots(before, 2)):
+            local = slot.astimezone(ZoneInfo(schedule.timezone))
+            cells = [schedule.name, *schedule.cron.split(), schedule.timezone, schedule.queue] if index == 0 else []
+            expected_rows.append(
+                [*cells, *local.isoformat(sep=" ", timespec="minutes").split(), local.tzname() or "",
+                 f"{slot:%Y-%m-%d}", f"{slot:%H:%M}", "UTC"]
+            )
+    assert [line.split() for line in lines[1:]] == expected_rows
+    # e.g. the Berlin night slot in winter: 02:30 local is 01:30 UTC (in summer 00:30 UTC).
+    nightly = lines[1]
+    assert "02:30+01:00 CET" in nightly or "02:30+02:00 CEST" in nightly
+    assert list(path.parent.glob("*.db")) == []
+
+
+def test_schedules_json(app_module: tuple[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    name, path = app_module
+    path.write_text(SCHEDULES_MODULE)
+    status, out, _ = _schedules_cli(capsys, name, "--json", "--count", "1")
+    assert status == 0
+    shown = [json.loads(line) for line in out.splitlines()]
+    assert [s["name"] for s in shown] == ["nightly-report", "new-year", "leap-day"]
+    new_year = shown[1]
+    assert {k: new_year[k] for k in ("cron", "timezone", "queue", "lane", "priority", "catch_up")} == {
+        "cron": "0 0 1 1 *", "timezone": "America/New_York", "queue": "fun", "lane": "fun", "priority": 3, "catch_up": 1,
+    }
+    [slot] = new_year["next"]
+    assert slot["local"].endswith("-01-01T00:00:00-05:00")
+    assert slot["utc"].endswith("-01-01T05:00:00Z")
+    # MODULE:ATTR names one schedule or a list of them.
+    status, out, _ = _schedules_cli(capsys, f"{name}:MORE", "--json")
+    assert status == 0 and [json.loads(line)["name"] for line in out.splitlines()] == ["leap-day"]
+    assert len(json.loads(out)["next"]) == 3  # the default count
+
+
+def test_schedules_of_a_module_without_any_is_not_an_error(
+    app_module: tuple[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    name, path = app_module
+    path.write_text("VALUE = 1\n")
+    assert _schedules_cli(capsys, name) == (0, f"no schedules in {name!r}\n", "")
+    assert _schedules_cli(capsys, name, "--json") == (0, "", "")
+
+
+def test_schedules_errors_are_one_line(app_module: tuple[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    name, path = app_module
+    cases = [
+        # A module that cannot be imported, for any reason: exit 1, one line.
+        ("raise RuntimeError('boom at import')\n", name, f"cannot import {name!r}: RuntimeError: boom at import"),
+        ("import no_such_dependency_for_cli_tests\n", name, "No module named 'no_such_dependency_for_cli_tests'"),
+        (
+            "from sqlalchemy_watchdog import Schedule\nBAD = Schedule('x', '61 * * * *', 'q')\n",
+            name,
+            "InvalidJob: cron: '61 * * * *' is not a valid cron expression: Bad minute",
+        ),
+        ("", "no_such_module_for_cli_tests", "cannot import 'no_such_module_for_cli_tests'"),
+        # Two schedules sharing a name would share job ids: refused as a runner refuses them.
+        (
+            "from sqlalchemy_watchdog import Schedule\n"
+            "A = Schedule('same', '0 * * * *', 'q')\nB = Schedule('same', '0 0 * * *', 'q')\n",
+            name,
+            "schedules: the name 'same' is used by more than one schedule",
+        ),
+        ("VALUE = 1\n", f"{name}:VALUE", "expected a module, a Schedule or a list of them, got a int"),
+    ]
+    for source, target, message in cases:
+        sys.modules.pop(name, None)
+        path.write_text(source)
+        status, out, err = _schedules_cli(capsys, target)
+        assert (status, out) == (1, ""), (source, err)
+        assert len(err.splitlines()) == 1 and message in err, err
+        assert "Traceback" not in err
