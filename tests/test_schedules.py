@@ -521,3 +521,22 @@ def test_enqueueing_a_plan_twice_leaves_one_job_per_slot(engine: Engine) -> None
     assert upcoming.state is JobState.DELAYED
     assert upcoming.run_at == schedules[2].next_slot(now)
     assert (upcoming.max_recoveries, read(engine, jobs[-2].job_id).queue) == (1, "q")
+
+
+def test_a_changed_schedule_conflicts_with_its_slots_already_enqueued(engine: Engine) -> None:
+    """A slot keeps the contents it was enqueued with: planning it again from
+    a schedule whose payload changed (a deploy) reuses the job id with other
+    contents, which is an EnqueueConflict like any such replay -- whoever
+    enqueues plans must expect it."""
+    from sqlalchemy_watchdog import EnqueueConflict
+
+    now = datetime.now(UTC)
+    before = Schedule("report", "0 3 * * *", "q", payload={"v": 1}, catch_up=0)
+    after = Schedule("report", "0 3 * * *", "q", payload={"v": 2}, catch_up=0)
+    [job], _ = plan([before], now)
+    Watchdog(engine).enqueue(job)
+    [changed], _ = plan([after], now)
+    assert changed.job_id == job.job_id
+    with pytest.raises(EnqueueConflict):
+        Watchdog(engine).enqueue(changed)
+    assert read(engine, job.job_id).payload == {"v": 1}
