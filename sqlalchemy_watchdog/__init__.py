@@ -22,7 +22,12 @@ from .jobs import (
     JobView,
     LaneFailure,
     Outcome,
+    PauseStatus,
+    QueuePause,
+    QueueStats,
+    Retention,
     RetryPolicy,
+    Stats,
 )
 from .model import WatchdogJob, metadata
 from .runner import Runner
@@ -42,10 +47,15 @@ __all__ = [
     "JobView",
     "LaneFailure",
     "Outcome",
+    "PauseStatus",
     "PayloadCodec",
+    "QueuePause",
+    "QueueStats",
+    "Retention",
     "RetryPolicy",
     "Runner",
     "RunningJob",
+    "Stats",
     "StopReason",
     "TaggedJSON",
     "TickResult",

@@ -25,6 +25,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from . import client, store
+from .errors import InvalidJob
 from .execution import (
     Execution,
     Probe,
@@ -55,13 +56,20 @@ from .execution import (
     until_idle,
 )
 from .jobs import (
+    PRUNE_BATCH_MAX,
     CancelResult,
     Decision,
     EnqueueResult,
     Job,
+    JobState,
     JobView,
     LaneFailure,
+    Outcome,
+    PauseStatus,
+    Retention,
     RetryPolicy,
+    Stats,
+    check_int,
     job_batch,
 )
 from .store import Settlement, SettleRequest
@@ -181,8 +189,8 @@ class AsyncWatchdog:
         return results[0] if isinstance(jobs, Job) else results
 
     async def read(self, job_id: str) -> JobView | None:
-        """The job, or None if there is no such job."""
-        return await self._read(store.read, job_id)
+        """The job, or None if there is no such job (with its reruns listed)."""
+        return await self._read(store.read_with_reruns, job_id)
 
     async def read_queue_head(self, queue: str) -> JobView | None:
         """The queue's running job, else its next queued job; None when idle."""
@@ -206,9 +214,77 @@ class AsyncWatchdog:
         return await self._run(client.fail_lane_in, lane, reason)
 
     async def purge(self, queue: str) -> int:
-        """Delete the queue's queued jobs (running and settled ones stay), as
+        """Delete the queue's queued and delayed jobs (running and settled ones stay), as
         :meth:`Watchdog.purge <sqlalchemy_watchdog.Watchdog.purge>`."""
         return await self._run(store.purge, queue)
+
+    async def list_jobs(
+        self,
+        *,
+        queue: str | None = None,
+        state: JobState | str | None = None,
+        outcome: Outcome | str | None = None,
+        lane: str | None = None,
+        job_id_prefix: str | None = None,
+        limit: int = 100,
+        after_sequence: int = 0,
+    ) -> list[JobView]:
+        """A page of jobs, as :meth:`Watchdog.list_jobs <sqlalchemy_watchdog.Watchdog.list_jobs>`."""
+        return await self._read(
+            store.list_jobs,
+            queue=queue,
+            state=state,
+            outcome=outcome,
+            lane=lane,
+            job_id_prefix=job_id_prefix,
+            limit=limit,
+            after_sequence=after_sequence,
+        )
+
+    async def stats(self) -> Stats:
+        """Every queue's stats, as :meth:`Watchdog.stats <sqlalchemy_watchdog.Watchdog.stats>`."""
+        return await self._read(store.stats)
+
+    async def prune(
+        self,
+        *,
+        older_than: timedelta,
+        outcomes: Iterable[Outcome | str] | None = None,
+        limit: int | None = None,
+        batch: int = 1000,
+        include_undated: bool = False,
+    ) -> int:
+        """Delete old settled jobs in batches, as :meth:`Watchdog.prune
+        <sqlalchemy_watchdog.Watchdog.prune>`."""
+        values = store.check_outcomes(outcomes)
+        store.check_duration("older_than", older_than, low=timedelta(0))
+        check_int("batch", batch, 1, PRUNE_BATCH_MAX)
+        if limit is not None:
+            check_int("limit", limit, 1, 2**63 - 1)
+        if not isinstance(include_undated, bool):
+            raise InvalidJob("include_undated", f"must be a bool, not {type(include_undated).__name__}")
+        total = 0
+        while limit is None or total < limit:
+            size = batch if limit is None else min(batch, limit - total)
+            deleted = await self._run(
+                store.prune_batch, older_than=older_than, outcomes=values, limit=size, include_undated=include_undated
+            )
+            total += deleted
+            if deleted < size:
+                break
+        return total
+
+    async def pause(self, queue: str, *, reason: str | None = None) -> PauseStatus:
+        """Pause ``queue``, as :meth:`Watchdog.pause <sqlalchemy_watchdog.Watchdog.pause>`."""
+        return await self._run(store.pause, queue, reason)
+
+    async def resume(self, queue: str) -> PauseStatus:
+        """Resume ``queue``, as :meth:`Watchdog.resume <sqlalchemy_watchdog.Watchdog.resume>`."""
+        return await self._run(store.resume, queue)
+
+    async def rerun(self, job_id: str, *, rerun_id: str) -> EnqueueResult:
+        """Rerun a settled job, as :meth:`Watchdog.rerun <sqlalchemy_watchdog.Watchdog.rerun>`."""
+        return await self._run(store.rerun, job_id, rerun_id)
 
 
 class AsyncRunner:
@@ -239,6 +315,7 @@ class AsyncRunner:
         codec: PayloadCodec | None = None,
         retry: RetryPolicy | None = None,
         timeout: timedelta | None = None,
+        retention: Retention | None = None,
         clock: Callable[[], int] = store.now_ms,
     ) -> None:
         if not isinstance(engine, AsyncEngine):
@@ -260,6 +337,7 @@ class AsyncRunner:
             codec=codec,
             retry=retry,
             timeout=timeout,
+            retention=retention,
         )
         self.core = RunnerCore(self.settings, clock)
         self._autocommit = store.self_committing(engine.dialect.name)
