@@ -25,7 +25,6 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from . import client, store
-from .errors import InvalidJob
 from .execution import (
     Execution,
     Probe,
@@ -56,7 +55,6 @@ from .execution import (
     until_idle,
 )
 from .jobs import (
-    PRUNE_BATCH_MAX,
     CancelResult,
     Decision,
     EnqueueResult,
@@ -69,7 +67,6 @@ from .jobs import (
     Retention,
     RetryPolicy,
     Stats,
-    check_int,
     job_batch,
 )
 from .store import Settlement, SettleRequest
@@ -256,19 +253,10 @@ class AsyncWatchdog:
     ) -> int:
         """Delete old settled jobs in batches, as :meth:`Watchdog.prune
         <sqlalchemy_watchdog.Watchdog.prune>`."""
-        values = store.check_outcomes(outcomes)
-        store.check_duration("older_than", older_than, low=timedelta(0))
-        check_int("batch", batch, 1, PRUNE_BATCH_MAX)
-        if limit is not None:
-            check_int("limit", limit, 1, 2**63 - 1)
-        if not isinstance(include_undated, bool):
-            raise InvalidJob("include_undated", f"must be a bool, not {type(include_undated).__name__}")
+        pruning = store.Pruning.of(older_than, outcomes, limit, batch, include_undated)
         total = 0
-        while limit is None or total < limit:
-            size = batch if limit is None else min(batch, limit - total)
-            deleted = await self._run(
-                store.prune_batch, older_than=older_than, outcomes=values, limit=size, include_undated=include_undated
-            )
+        while size := pruning.next_batch(total):
+            deleted = await self._run(pruning.run_batch, size)
             total += deleted
             if deleted < size:
                 break

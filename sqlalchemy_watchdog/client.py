@@ -14,7 +14,6 @@ from sqlalchemy.orm import Session
 from . import store
 from .errors import EnqueueConflict, InvalidJob
 from .jobs import (
-    PRUNE_BATCH_MAX,
     CancelResult,
     CancelStatus,
     EnqueueResult,
@@ -25,7 +24,6 @@ from .jobs import (
     Outcome,
     PauseStatus,
     Stats,
-    check_int,
     job_batch,
 )
 from .model import WatchdogJob
@@ -297,19 +295,10 @@ class Watchdog:
         settled before revision w0004 have no recorded time and are left
         alone unless ``include_undated``.
         """
-        values = store.check_outcomes(outcomes)
-        store.check_duration("older_than", older_than, low=timedelta(0))
-        check_int("batch", batch, 1, PRUNE_BATCH_MAX)
-        if limit is not None:
-            check_int("limit", limit, 1, 2**63 - 1)
-        if not isinstance(include_undated, bool):
-            raise InvalidJob("include_undated", f"must be a bool, not {type(include_undated).__name__}")
+        pruning = store.Pruning.of(older_than, outcomes, limit, batch, include_undated)
         total = 0
-        while limit is None or total < limit:
-            size = batch if limit is None else min(batch, limit - total)
-            deleted = self._write(
-                store.prune_batch, older_than=older_than, outcomes=values, limit=size, include_undated=include_undated
-            )
+        while size := pruning.next_batch(total):
+            deleted = self._write(pruning.run_batch, size)
             total += deleted
             if deleted < size:
                 break

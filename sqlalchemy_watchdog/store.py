@@ -810,6 +810,44 @@ def check_outcomes(outcomes: object) -> list[str] | None:
     return sorted(set(values))
 
 
+@dataclass(frozen=True, slots=True)
+class Pruning:
+    """A checked ``prune`` request: what to delete, in batches of ``batch``."""
+
+    older_than: timedelta
+    outcomes: list[str] | None
+    limit: int | None
+    batch: int
+    include_undated: bool
+
+    @classmethod
+    def of(
+        cls,
+        older_than: object,
+        outcomes: object,
+        limit: object,
+        batch: object,
+        include_undated: object,
+    ) -> Pruning:
+        """Check every argument before anything is deleted."""
+        values = check_outcomes(outcomes)
+        age = check_duration("older_than", older_than, low=timedelta(0))
+        size = check_int("batch", batch, 1, PRUNE_BATCH_MAX)
+        total = None if limit is None else check_int("limit", limit, 1, 2**63 - 1)
+        if not isinstance(include_undated, bool):
+            raise InvalidJob("include_undated", f"must be a bool, not {type(include_undated).__name__}")
+        return cls(age, values, total, size, include_undated)
+
+    def next_batch(self, deleted: int) -> int:
+        """The size of the next batch after ``deleted`` rows (0: done)."""
+        return self.batch if self.limit is None else min(self.batch, self.limit - deleted)
+
+    def run_batch(self, conn: Connection, size: int) -> int:
+        return prune_batch(
+            conn, older_than=self.older_than, outcomes=self.outcomes, limit=size, include_undated=self.include_undated
+        )
+
+
 def prune_batch(
     conn: Connection,
     *,
