@@ -897,7 +897,7 @@ def _member(kind: type[JobState] | type[Outcome], field: str, value: object) -> 
         return str(kind(value).value)
     except ValueError:
         known = ", ".join(member.value for member in kind)
-        raise InvalidJob(field, f"unknown {field} {value!r} (known: {known})") from None
+        raise InvalidJob(field, f"{value!r} is not a known {kind.__name__} (known: {known})") from None
 
 
 def list_jobs(
