@@ -59,9 +59,14 @@ from .jobs import (
     Decision,
     EnqueueResult,
     Job,
+    JobState,
     JobView,
     LaneFailure,
+    Outcome,
+    PauseStatus,
+    Retention,
     RetryPolicy,
+    Stats,
     job_batch,
 )
 from .store import Settlement, SettleRequest
@@ -181,8 +186,8 @@ class AsyncWatchdog:
         return results[0] if isinstance(jobs, Job) else results
 
     async def read(self, job_id: str) -> JobView | None:
-        """The job, or None if there is no such job."""
-        return await self._read(store.read, job_id)
+        """The job, or None if there is no such job (with its reruns listed)."""
+        return await self._read(store.read_with_reruns, job_id)
 
     async def read_queue_head(self, queue: str) -> JobView | None:
         """The queue's running job, else its next queued job; None when idle."""
@@ -206,9 +211,68 @@ class AsyncWatchdog:
         return await self._run(client.fail_lane_in, lane, reason)
 
     async def purge(self, queue: str) -> int:
-        """Delete the queue's queued jobs (running and settled ones stay), as
+        """Delete the queue's queued and delayed jobs (running and settled ones stay), as
         :meth:`Watchdog.purge <sqlalchemy_watchdog.Watchdog.purge>`."""
         return await self._run(store.purge, queue)
+
+    async def list_jobs(
+        self,
+        *,
+        queue: str | None = None,
+        state: JobState | str | None = None,
+        outcome: Outcome | str | None = None,
+        lane: str | None = None,
+        job_id_prefix: str | None = None,
+        limit: int = 100,
+        after_sequence: int = 0,
+    ) -> list[JobView]:
+        """A page of jobs, as :meth:`Watchdog.list_jobs <sqlalchemy_watchdog.Watchdog.list_jobs>`."""
+        return await self._read(
+            store.list_jobs,
+            queue=queue,
+            state=state,
+            outcome=outcome,
+            lane=lane,
+            job_id_prefix=job_id_prefix,
+            limit=limit,
+            after_sequence=after_sequence,
+        )
+
+    async def stats(self) -> Stats:
+        """Every queue's stats, as :meth:`Watchdog.stats <sqlalchemy_watchdog.Watchdog.stats>`."""
+        return await self._read(store.stats)
+
+    async def prune(
+        self,
+        *,
+        older_than: timedelta,
+        outcomes: Iterable[Outcome | str] | None = None,
+        limit: int | None = None,
+        batch: int = 1000,
+        include_undated: bool = False,
+    ) -> int:
+        """Delete old settled jobs in batches, as :meth:`Watchdog.prune
+        <sqlalchemy_watchdog.Watchdog.prune>`."""
+        pruning = store.Pruning.of(older_than, outcomes, limit, batch, include_undated)
+        total = 0
+        while size := pruning.next_batch(total):
+            deleted = await self._run(pruning.run_batch, size)
+            total += deleted
+            if deleted < size:
+                break
+        return total
+
+    async def pause(self, queue: str, *, reason: str | None = None) -> PauseStatus:
+        """Pause ``queue``, as :meth:`Watchdog.pause <sqlalchemy_watchdog.Watchdog.pause>`."""
+        return await self._run(store.pause, queue, reason)
+
+    async def resume(self, queue: str) -> PauseStatus:
+        """Resume ``queue``, as :meth:`Watchdog.resume <sqlalchemy_watchdog.Watchdog.resume>`."""
+        return await self._run(store.resume, queue)
+
+    async def rerun(self, job_id: str, *, rerun_id: str) -> EnqueueResult:
+        """Rerun a settled job, as :meth:`Watchdog.rerun <sqlalchemy_watchdog.Watchdog.rerun>`."""
+        return await self._run(store.rerun, job_id, rerun_id)
 
 
 class AsyncRunner:
@@ -239,6 +303,7 @@ class AsyncRunner:
         codec: PayloadCodec | None = None,
         retry: RetryPolicy | None = None,
         timeout: timedelta | None = None,
+        retention: Retention | None = None,
         clock: Callable[[], int] = store.now_ms,
     ) -> None:
         if not isinstance(engine, AsyncEngine):
@@ -260,6 +325,7 @@ class AsyncRunner:
             codec=codec,
             retry=retry,
             timeout=timeout,
+            retention=retention,
         )
         self.core = RunnerCore(self.settings, clock)
         self._autocommit = store.self_committing(engine.dialect.name)

@@ -18,8 +18,12 @@ from .jobs import (
     CancelStatus,
     EnqueueResult,
     Job,
+    JobState,
     JobView,
     LaneFailure,
+    Outcome,
+    PauseStatus,
+    Stats,
     job_batch,
 )
 from .model import WatchdogJob
@@ -213,8 +217,8 @@ class Watchdog:
         return results[0] if isinstance(jobs, Job) else results
 
     def read(self, job_id: str) -> JobView | None:
-        """The job, or None if there is no such job."""
-        return self._read(store.read, job_id)
+        """The job, or None if there is no such job (with its reruns listed)."""
+        return self._read(store.read_with_reruns, job_id)
 
     def read_queue_head(self, queue: str) -> JobView | None:
         """The queue's running job, else its next queued job; None when idle."""
@@ -225,8 +229,98 @@ class Watchdog:
         return self._read(store.read_settled, limit, after_sequence)
 
     def has_pending_work(self) -> bool:
-        """Whether any job is queued or running."""
+        """Whether any job is delayed, queued or running."""
         return self._read(store.has_pending_work)
+
+    def list_jobs(
+        self,
+        *,
+        queue: str | None = None,
+        state: JobState | str | None = None,
+        outcome: Outcome | str | None = None,
+        lane: str | None = None,
+        job_id_prefix: str | None = None,
+        limit: int = 100,
+        after_sequence: int = 0,
+    ) -> list[JobView]:
+        """Jobs in admission order, ``limit`` (1-1000) after ``after_sequence``
+        (pass the last job's ``sequence`` to read the next page), matching
+        every filter given.
+
+        Cost: one read of the primary key in order from ``after_sequence``,
+        stopping after ``limit`` matches: O(limit) rows when the filters
+        match most jobs; a filter that matches few jobs in a long history
+        reads the rows between its matches (use ``after_sequence`` to page).
+        """
+        return self._read(
+            store.list_jobs,
+            queue=queue,
+            state=state,
+            outcome=outcome,
+            lane=lane,
+            job_id_prefix=job_id_prefix,
+            limit=limit,
+            after_sequence=after_sequence,
+        )
+
+    def stats(self) -> Stats:
+        """How every queue is doing: counts by live state, jobs settled in the
+        last minute and hour by outcome, the age of the oldest ready job,
+        running jobs with expired leases, and pauses.
+
+        Cost: index reads only -- the live jobs (``ix_watchdog_jobs_live_queue``),
+        the running ones (``ix_watchdog_jobs_lease``), the queued ones (their
+        ready time), and the jobs settled in the last hour
+        (``ix_watchdog_jobs_settled``): O(live jobs + jobs settled in the last
+        hour), never the whole history.
+        """
+        return self._read(store.stats)
+
+    def prune(
+        self,
+        *,
+        older_than: timedelta,
+        outcomes: Iterable[Outcome | str] | None = None,
+        limit: int | None = None,
+        batch: int = 1000,
+        include_undated: bool = False,
+    ) -> int:
+        """Delete settled jobs that settled more than ``older_than`` ago (by
+        the database clock), oldest first, in batches of ``batch`` rows --
+        each its own short transaction, so claims never wait long -- until
+        none is left or ``limit`` were deleted. Returns how many.
+
+        Queued, delayed and running jobs are never pruned. A pruned
+        ``job_id`` is free again: enqueueing it creates a new job. Jobs
+        settled before revision w0004 have no recorded time and are left
+        alone unless ``include_undated``.
+        """
+        pruning = store.Pruning.of(older_than, outcomes, limit, batch, include_undated)
+        total = 0
+        while size := pruning.next_batch(total):
+            deleted = self._write(pruning.run_batch, size)
+            total += deleted
+            if deleted < size:
+                break
+        return total
+
+    def pause(self, queue: str, *, reason: str | None = None) -> PauseStatus:
+        """Pause ``queue``: from the moment this commits no runner claims its
+        jobs (the claim statement itself checks); running jobs finish
+        normally and enqueueing still works. Idempotent."""
+        return self._write(store.pause, queue, reason)
+
+    def resume(self, queue: str) -> PauseStatus:
+        """Resume ``queue`` and wake idle runners. Idempotent."""
+        return self._write(store.resume, queue)
+
+    def rerun(self, job_id: str, *, rerun_id: str) -> EnqueueResult:
+        """Enqueue a copy of settled job ``job_id`` as a new job (settled stays
+        final). Its ``job_id`` is derived from the original's and ``rerun_id``
+        (``<job_id>~rerun~<rerun_id>``, or a hash when that is too long), so
+        the same call again is a duplicate; the copy's ``rerun_of`` names the
+        original, whose :meth:`read` lists its reruns."""
+        return self._write(store.rerun, job_id, rerun_id)
 
     def cancel(self, job_id: str, cancellation_id: str, *, only_if_queued: bool = False) -> CancelResult:
         """Record a cancellation: a queued job is settled ``cancelled`` when next

@@ -48,6 +48,7 @@ from .jobs import (
     JobState,
     JobView,
     Outcome,
+    Retention,
     RetryPolicy,
     SettleStatus,
     bound_reason,
@@ -309,6 +310,8 @@ class RunnerSettings:
     retry: RetryPolicy | None = None
     timeouts: Mapping[str, timedelta | None] = field(default_factory=dict)
     timeout: timedelta | None = None
+    #: How long settled jobs are kept before this runner prunes them.
+    retention: Retention | None = None
 
     @classmethod
     def build(
@@ -326,6 +329,7 @@ class RunnerSettings:
         codec: PayloadCodec | None = None,
         retry: RetryPolicy | None = None,
         timeout: timedelta | None = None,
+        retention: Retention | None = None,
     ) -> RunnerSettings:
         table = dict(registered_handlers() if handlers is None else handlers)
         for queue, fn in table.items():
@@ -389,6 +393,7 @@ class RunnerSettings:
             retry=check_retry(retry),
             timeouts=timeouts,
             timeout=check_timeout(timeout),
+            retention=_checked_retention(retention),
         )
 
     def budget_for(self, job: JobView) -> int | None:
@@ -409,6 +414,12 @@ class RunnerSettings:
         if job.timeout is not None:
             return job.timeout
         return self.timeouts.get(job.queue, self.timeout)
+
+
+def _checked_retention(retention: object) -> Retention | None:
+    if retention is not None and not isinstance(retention, Retention):
+        raise InvalidJob("retention", f"must be a Retention or None, not {type(retention).__name__}")
+    return retention
 
 
 # -- executions ------------------------------------------------------------------
@@ -641,6 +652,8 @@ class RunnerCore:
         self.recovery_due = 0.0
         #: When to make due delayed jobs ready next (monotonic).
         self.promotion_due = 0.0
+        #: When to prune settled jobs next (monotonic).
+        self.retention_due = 0.0
         self.failures = 0
         #: Claims whose recovery the database refused: (job_id, token) ->
         #: (monotonic time until which they are skipped, refusals so far).
@@ -736,6 +749,15 @@ class RunnerCore:
         poll = self.settings.poll_interval_s
         self.recovery_due = time.monotonic() + min(poll, poll if until_expiry is None else until_expiry)
 
+    #: The pause between prune batches while there is more to prune.
+    PRUNE_PAUSE_S = 0.2
+
+    def retention_is_due(self) -> bool:
+        return time.monotonic() >= self.retention_due
+
+    def schedule_retention(self, seconds: float) -> None:
+        self.retention_due = time.monotonic() + seconds
+
     def promotion_is_due(self) -> bool:
         return time.monotonic() >= self.promotion_due
 
@@ -757,7 +779,10 @@ class RunnerCore:
     def idle_wait(self) -> float:
         """How long an idle loop waits for a wake-up before looking again."""
         now = time.monotonic()
-        return max(0.0, min(self.settings.poll_interval_s, self.recovery_due - now, self.promotion_due - now))
+        wait = min(self.settings.poll_interval_s, self.recovery_due - now, self.promotion_due - now)
+        if self.settings.retention is not None:
+            wait = min(wait, self.retention_due - now)
+        return max(0.0, wait)
 
     def next_deadline(self) -> float | None:
         """The earliest deadline (monotonic) of a running handler not yet stopped."""
@@ -1154,6 +1179,8 @@ def loop_pass(core: RunnerCore) -> Steps[float]:
             core.recovery_due = 0.0  # there may be more to recover, and the requeued job is ready
     if core.promotion_is_due():
         yield from promote(core)
+    if core.settings.retention is not None and core.retention_is_due():
+        yield from prune(core)
     free = core.free_slots()
     if free <= 0:
         return core.idle_wait()
@@ -1164,6 +1191,31 @@ def loop_pass(core: RunnerCore) -> Steps[float]:
     if taken and taken == free:
         return 0.0
     return core.idle_wait()
+
+
+def prune(core: RunnerCore) -> Steps[None]:
+    """Prune settled jobs past the runner's :class:`Retention`: one batch
+    per outcome, then back to claiming; more batches follow soon while
+    there is more to delete. One runner at a time (an advisory lock on
+    PostgreSQL; SQLite's write lock is exclusive anyway)."""
+    retention = core.settings.retention
+    assert retention is not None
+    ages = {outcome.value: age for outcome, age in retention.ages().items()}
+    if not ages:
+        core.schedule_retention(retention.every.total_seconds())
+        return
+    try:
+        deleted = yield StoreCall(store.prune_retention, (ages, retention.batch))
+    except WatchdogError as error:
+        log.error("runner: pruning settled jobs failed (%s); trying again later", error)
+        core.schedule_retention(retention.every.total_seconds())
+        return
+    if deleted is None:
+        log.debug("another runner is pruning")
+    elif deleted:
+        log.info("pruned %d settled job(s)", deleted)
+    more = deleted is not None and deleted >= retention.batch
+    core.schedule_retention(RunnerCore.PRUNE_PAUSE_S if more else retention.every.total_seconds())
 
 
 def promote(core: RunnerCore) -> Steps[None]:

@@ -7,6 +7,7 @@ when it is built, so bad input is refused before any SQL runs.
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import math
 import random
@@ -42,6 +43,11 @@ __all__ = [
     "JobView",
     "EnqueueStatus",
     "EnqueueResult",
+    "PauseStatus",
+    "QueuePause",
+    "QueueStats",
+    "Stats",
+    "Retention",
     "CancelStatus",
     "CancelResult",
     "SettleStatus",
@@ -54,6 +60,8 @@ QUEUE_MAX_LENGTH = 256
 #: A 256-character identity plus a prefix such as ``team-key:`` still fits.
 LANE_MAX_LENGTH = 512
 CANCELLATION_ID_MAX_LENGTH = 256
+#: The longest pause reason accepted.
+PAUSE_REASON_MAX_LENGTH = 2000
 #: Failure reasons are cut to this many characters before they are stored.
 FAILURE_REASON_MAX_LENGTH = 2000
 #: The longest traceback kept with a failed job (its last characters are kept).
@@ -167,7 +175,12 @@ def epoch_ms(value: datetime) -> int:
 
 def from_epoch_ms(value: int | None) -> datetime | None:
     """Epoch milliseconds as an aware UTC datetime (None stays None)."""
-    return None if value is None else _RUN_AT_MIN + timedelta(milliseconds=value)
+    return None if value is None else at_epoch_ms(value)
+
+
+def at_epoch_ms(value: int) -> datetime:
+    """Epoch milliseconds as an aware UTC datetime."""
+    return _RUN_AT_MIN + timedelta(milliseconds=value)
 
 
 def _check_json(value: Any) -> None:
@@ -326,7 +339,7 @@ def history_of(text: str | None) -> tuple[FailedAttempt, ...]:
     entries = json.loads(text)
     return tuple(
         FailedAttempt(
-            at=from_epoch_ms(int(entry["at"])) or _RUN_AT_MIN,
+            at=at_epoch_ms(int(entry["at"])),
             attempt=int(entry["attempt"]),
             reason=str(entry["reason"]),
         )
@@ -383,6 +396,8 @@ class Job:
     run_at: datetime | None = None
     retry: RetryPolicy | None = None
     timeout: timedelta | None = None
+    #: The job this one reruns (set by ``Watchdog.rerun``).
+    rerun_of: str | None = None
     codec: PayloadCodec | None = field(default=None, repr=False, compare=False)
     payload_json: str = field(init=False, repr=False, compare=False)
 
@@ -401,6 +416,8 @@ class Job:
             raise InvalidJob("retry", f"must be a RetryPolicy, not {type(self.retry).__name__}")
         if self.timeout is not None:
             check_duration("timeout", self.timeout)
+        if self.rerun_of is not None:
+            check_text("rerun_of", self.rerun_of, JOB_ID_MAX_LENGTH)
         if self.codec is not None:
             object.__setattr__(self, "payload", _encoded(self.codec, self.payload))
         object.__setattr__(self, "payload_json", encode_payload(self.payload))
@@ -439,6 +456,16 @@ def _encoded(codec: Any, payload: Any) -> Any:
         raise InvalidJob(
             "payload", f"{type(codec).__name__}.encode failed: {type(error).__name__}: {error}"
         ) from None
+
+
+def rerun_job_id(job_id: str, rerun_id: str) -> str:
+    """The ``job_id`` of rerun ``rerun_id`` of job ``job_id``:
+    ``<job_id>~rerun~<rerun_id>`` when it fits in :data:`JOB_ID_MAX_LENGTH`,
+    else ``rerun~<sha256 of both>`` (deterministic either way)."""
+    plain = f"{job_id}~rerun~{rerun_id}"
+    if len(plain) <= JOB_ID_MAX_LENGTH:
+        return plain
+    return "rerun~" + hashlib.sha256(f"{job_id}\x00{rerun_id}".encode()).hexdigest()
 
 
 def job_batch(jobs: object) -> list[Job]:
@@ -590,11 +617,117 @@ class JobView:
     retry: RetryPolicy | None = None
     #: The latest failed attempts (at most ``FAILURE_HISTORY_LENGTH``), oldest first.
     failure_history: tuple[FailedAttempt, ...] = ()
+    #: When it was enqueued, by the database clock (None: before revision w0004).
+    enqueued_at: datetime | None = None
+    #: When its current or last attempt started (None: it never started, or before w0004).
+    started_at: datetime | None = None
+    #: When it settled (None: not settled, or settled before w0004).
+    settled_at: datetime | None = None
+    #: The job this one reruns (:meth:`Watchdog.rerun`), if it is a rerun.
+    rerun_of: str | None = None
+    #: The reruns of this job, by job_id (filled by ``Watchdog.read`` only).
+    reruns: tuple[str, ...] = ()
 
     @property
     def cancellation_requested(self) -> bool:
         """Whether a cancellation has been recorded for this job."""
         return self.cancellation_id is not None
+
+
+class PauseStatus(str, enum.Enum):
+    """What :meth:`Watchdog.pause` / :meth:`Watchdog.resume` did."""
+
+    PAUSED = "paused"
+    ALREADY_PAUSED = "already_paused"
+    RESUMED = "resumed"
+    NOT_PAUSED = "not_paused"
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePause:
+    """A paused queue: no runner claims its jobs until it is resumed."""
+
+    queue: str
+    reason: str | None
+    #: When the pause committed, by the database clock.
+    paused_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """How one queue is doing (:meth:`Watchdog.stats`)."""
+
+    queue: str
+    #: Jobs by live state.
+    delayed: int = 0
+    queued: int = 0
+    running: int = 0
+    #: Running jobs whose lease has ended (their worker is gone or frozen;
+    #: recovery takes them).
+    expired_leases: int = 0
+    #: How long the oldest ready (queued) job has been ready; None when none is queued.
+    oldest_ready_age: timedelta | None = None
+    #: Jobs settled in the last minute and in the last hour, by outcome.
+    settled_last_minute: Mapping[Outcome, int] = field(default_factory=dict)
+    settled_last_hour: Mapping[Outcome, int] = field(default_factory=dict)
+    #: The pause, if the queue is paused.
+    pause: QueuePause | None = None
+
+    @property
+    def paused(self) -> bool:
+        return self.pause is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """A snapshot of every queue that has live jobs, recent settlements or a pause."""
+
+    #: The database clock when the snapshot was taken.
+    at: datetime
+    queues: tuple[QueueStats, ...]
+
+    def queue(self, name: str) -> QueueStats:
+        """The stats of queue ``name`` (all zero if it has nothing)."""
+        for stats in self.queues:
+            if stats.queue == name:
+                return stats
+        return QueueStats(name)
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How long a runner keeps settled jobs before it prunes them, by outcome.
+
+    None keeps that outcome forever. Pruning frees a ``job_id``: after its
+    job is pruned, enqueueing the same ``job_id`` creates a new job.
+
+    :param every: how often the runner prunes (one runner at a time).
+    :param batch: rows deleted per statement, so claims never wait long.
+    """
+
+    completed: timedelta | None = None
+    failed: timedelta | None = None
+    cancelled: timedelta | None = None
+    outcome_unknown: timedelta | None = None
+    interrupted: timedelta | None = None
+    every: timedelta = timedelta(minutes=1)
+    batch: int = 1000
+
+    def __post_init__(self) -> None:
+        for outcome in Outcome:
+            age = getattr(self, outcome.value)
+            if age is not None:
+                check_duration(outcome.value, age)
+        check_duration("every", self.every, low=timedelta(seconds=1))
+        check_int("batch", self.batch, 1, PRUNE_BATCH_MAX)
+
+    def ages(self) -> dict[Outcome, timedelta]:
+        """The outcomes pruned, with their age."""
+        return {o: age for o in Outcome if (age := getattr(self, o.value)) is not None}
+
+
+#: The most rows one prune statement deletes.
+PRUNE_BATCH_MAX = 10_000
 
 
 class EnqueueStatus(str, enum.Enum):

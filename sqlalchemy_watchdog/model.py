@@ -40,13 +40,14 @@ from .jobs import (
     JOB_ID_MAX_LENGTH,
     LANE_MAX_LENGTH,
     MAX_ATTEMPTS_LIMIT,
+    PAUSE_REASON_MAX_LENGTH,
     QUEUE_MAX_LENGTH,
     JobState,
     Outcome,
 )
 from .wakeups import DROP_NOTIFY_FUNCTION_SQL, NOTIFY_FUNCTION_SQL, NOTIFY_TRIGGER_SQL
 
-__all__ = ["metadata", "WatchdogBase", "WatchdogJob", "jobs_table"]
+__all__ = ["metadata", "WatchdogBase", "WatchdogJob", "WatchdogQueuePause", "jobs_table", "pauses_table"]
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -128,6 +129,13 @@ class WatchdogJob(WatchdogBase):
     snoozes: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     #: The latest failed attempts, a bounded JSON array.
     failure_history: Mapped[str | None] = mapped_column(Text)
+    # -- revision w0004: operations (epoch milliseconds, database clock)
+    enqueued_at: Mapped[int | None] = mapped_column(BigInteger)
+    #: When the current or last attempt started.
+    started_at: Mapped[int | None] = mapped_column(BigInteger)
+    settled_at: Mapped[int | None] = mapped_column(BigInteger)
+    #: The job_id this job reruns (Watchdog.rerun); part of its identity.
+    rerun_of: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         CheckConstraint(f"length(job_id) BETWEEN 1 AND {JOB_ID_MAX_LENGTH}", name="job_id_length"),
@@ -152,6 +160,10 @@ class WatchdogJob(WatchdogBase):
         ),
         CheckConstraint("snoozes >= 0", name="snoozes_nonnegative"),
         CheckConstraint("timeout_ms IS NULL OR timeout_ms > 0", name="timeout_positive"),
+        CheckConstraint("settled_at IS NULL OR state = 'settled'", name="settled_at_settled"),
+        CheckConstraint(
+            f"rerun_of IS NULL OR length(rerun_of) BETWEEN 1 AND {JOB_ID_MAX_LENGTH}", name="rerun_of_length"
+        ),
         {"sqlite_autoincrement": True},
     )
 
@@ -186,6 +198,15 @@ Index(
     WatchdogJob.sequence,
     **_partial("state = 'delayed'"),
 )
+# Settled jobs by when they settled: pruning and the recent-outcome stats.
+Index(
+    "ix_watchdog_jobs_settled",
+    WatchdogJob.settled_at,
+    WatchdogJob.sequence,
+    **_partial("state = 'settled'"),
+)
+# Reruns by the job they rerun.
+Index("ix_watchdog_jobs_rerun_of", WatchdogJob.rerun_of, **_partial("rerun_of IS NOT NULL"))
 Index(
     "ix_watchdog_jobs_lease",
     WatchdogJob.lease_until,
@@ -211,6 +232,29 @@ Index(
 
 #: The Core ``Table`` behind :class:`WatchdogJob`; the statements use it.
 jobs_table: Table = cast(Table, WatchdogJob.__table__)
+
+
+class WatchdogQueuePause(WatchdogBase):
+    """A paused queue (revision w0004): runners claim none of its jobs.
+
+    Change it only through ``Watchdog.pause`` / ``resume``.
+    """
+
+    __tablename__ = "watchdog_queue_pauses"
+
+    queue_name: Mapped[str] = mapped_column(Text, primary_key=True)
+    reason: Mapped[str | None] = mapped_column(Text)
+    #: Epoch milliseconds, database clock.
+    paused_at: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        CheckConstraint(f"length(queue_name) BETWEEN 1 AND {QUEUE_MAX_LENGTH}", name="queue_name_length"),
+        CheckConstraint(f"reason IS NULL OR length(reason) <= {PAUSE_REASON_MAX_LENGTH}", name="reason_length"),
+    )
+
+
+#: The Core ``Table`` behind :class:`WatchdogQueuePause`.
+pauses_table: Table = cast(Table, WatchdogQueuePause.__table__)
 
 # On PostgreSQL every INSERT statement into the table (enqueue, enqueue_select,
 # or your own SQL) wakes idle runners through NOTIFY when its transaction

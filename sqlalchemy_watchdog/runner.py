@@ -58,7 +58,7 @@ from .execution import (
     time_out,
     until_idle,
 )
-from .jobs import Decision, JobView, RetryPolicy
+from .jobs import Decision, JobView, Retention, RetryPolicy
 from .store import Settlement, SettleRequest
 from .wakeups import Listener
 
@@ -111,6 +111,10 @@ class Runner:
         ``timeout`` and whose handler sets none; then the handler is told to
         stop (``StopReason.TIMEOUT``) and the attempt counts as failed.
         None (the default): no limit.
+    :param retention: a :class:`~sqlalchemy_watchdog.Retention`: how long
+        settled jobs are kept, by outcome, before this runner prunes them in
+        the background (one runner at a time, in small batches). None (the
+        default) keeps every settled job.
     :param clock: the application clock in epoch milliseconds (for tests);
         the database clock is always consulted too.
     """
@@ -131,6 +135,7 @@ class Runner:
         codec: PayloadCodec | None = None,
         retry: RetryPolicy | None = None,
         timeout: timedelta | None = None,
+        retention: Retention | None = None,
         clock: Callable[[], int] = store.now_ms,
     ) -> None:
         if not isinstance(engine, Engine):
@@ -152,6 +157,7 @@ class Runner:
             codec=codec,
             retry=retry,
             timeout=timeout,
+            retention=retention,
         )
         self.core = RunnerCore(self.settings, clock)
         self._wake = threading.Event()

@@ -57,11 +57,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.dml import ReturningDelete
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.functions import FunctionElement
 
 from .jobs import JobState, Outcome
-from .model import jobs_table
+from .model import jobs_table, pauses_table
 from .wakeups import CHANNEL
 
 __all__ = [
@@ -91,6 +92,7 @@ __all__ = [
 
 t = jobs_table
 c = t.c
+pauses = pauses_table
 
 #: The columns every read returns (``lease_until`` only where a caller needs it).
 COLUMNS = (
@@ -117,6 +119,10 @@ COLUMNS = (
     c.timeout_ms,
     c.snoozes,
     c.failure_history,
+    c.enqueued_at,
+    c.started_at,
+    c.settled_at,
+    c.rerun_of,
 )
 
 _DELAYED = JobState.DELAYED.value
@@ -183,10 +189,14 @@ def _sqlite_effective_now(element: effective_now, compiler: Any, **kw: Any) -> s
 
 
 def _insert(dialect: str) -> Any:
+    return _insert_into(dialect, t)
+
+
+def _insert_into(dialect: str, table: Any) -> Any:
     if dialect == "postgresql":
-        return postgresql.insert(t)
+        return postgresql.insert(table)
     if dialect == "sqlite":
-        return sqlite.insert(t)
+        return sqlite.insert(table)
     raise NotImplementedError(f"sqlalchemy_watchdog supports PostgreSQL and SQLite, not {dialect}")
 
 
@@ -214,6 +224,7 @@ IDENTITY_FIELDS: Fields = (
     ("max_attempts", Integer()),
     ("retry_policy", Text()),
     ("timeout_ms", BigInteger()),
+    ("rerun_of", Text()),
 )
 #: An enqueued row: its identity, then the enqueue's delay (not part of it).
 ENQUEUE_FIELDS: Fields = (*IDENTITY_FIELDS, ("delay_ms", BigInteger()))
@@ -295,12 +306,12 @@ def enqueue_rows(dialect: str) -> Insert:
     state = case((ready_at > clock, literal_column(f"'{_DELAYED}'")), else_=literal_column(f"'{_QUEUED}'"))
     # WHERE true: SQLite's parser needs it between INSERT ... SELECT and ON CONFLICT.
     rows = (
-        select(*(cols[name] for name in names), ready_at, state)
+        select(*(cols[name] for name in names), ready_at, state, clock)
         .select_from(source)
         .where(true())
         .order_by(order)
     )
-    ins = _insert(dialect).from_select([*names, "ready_at", "state"], rows)
+    ins = _insert(dialect).from_select([*names, "ready_at", "state", "enqueued_at"], rows)
     ex = ins.excluded
     identical = and_(
         c.queue_name == ex.queue_name,
@@ -312,6 +323,7 @@ def enqueue_rows(dialect: str) -> Insert:
         c.max_attempts.is_not_distinct_from(ex.max_attempts),
         c.retry_policy.is_not_distinct_from(ex.retry_policy),
         c.timeout_ms.is_not_distinct_from(ex.timeout_ms),
+        c.rerun_of.is_not_distinct_from(ex.rerun_of),
     )
     stmt: Insert = ins.on_conflict_do_update(
         index_elements=[c.job_id], set_={"job_id": null()}, where=not_(identical)
@@ -364,12 +376,16 @@ def has_pending_work() -> Select[Any]:
 
 _QUEUES: BindParameter[Any] = bindparam("queues", expanding=True)
 
+#: The job's queue is not paused: read in the claim statement itself, so a
+#: pause that committed before the claim started is never crossed.
+UNPAUSED = ~exists().where(pauses.c.queue_name == c.queue_name)
+
 
 @cache
 def any_queued(filtered: bool) -> Select[Any]:
     """A queued job's ``sequence``, if any (of the expanding ``:queues`` when
     ``filtered``): whether a claim would find anything."""
-    pick = select(c.sequence).where(IS_QUEUED)
+    pick = select(c.sequence).where(IS_QUEUED, UNPAUSED)
     if filtered:
         pick = pick.where(c.queue_name.in_(_QUEUES))
     return pick.limit(1)
@@ -416,13 +432,14 @@ def claim(dialect: str, filtered: bool) -> Update:
     cannot name another's claim.
 
     A job whose cancellation was recorded while it waited is settled
-    ``cancelled`` instead of being run. On PostgreSQL the pick is a
+    ``cancelled`` instead of being run. Jobs of a paused queue are not
+    taken (:data:`UNPAUSED`). On PostgreSQL the pick is a
     MATERIALIZED CTE that locks exactly its rows and skips rows another
     claimer holds, so the planner can neither run a ``LIMIT`` subquery twice
     nor touch more rows than asked for; the locked rows are still queued
     when the update reaches them, so the update goes to them by key alone.
     """
-    pick = select(c.sequence).where(IS_QUEUED)
+    pick = select(c.sequence).where(IS_QUEUED, UNPAUSED)
     if filtered:
         pick = pick.where(c.queue_name.in_(_QUEUES))
     pick = pick.order_by(c.priority.desc(), c.sequence).limit(_p("limit", Integer()))
@@ -433,10 +450,13 @@ def claim(dialect: str, filtered: bool) -> Update:
         # SQLite runs one writer at a time: the pick cannot change under us.
         target = and_(c.sequence.in_(pick), IS_QUEUED)
     runnable = c.cancellation_id.is_(None)
+    clock = db_clock_ms()
     return (
         update(t)
         .where(target)
         .values(
+            started_at=case((runnable, clock), else_=c.started_at),
+            settled_at=case((runnable, null()), else_=clock),
             state=case((runnable, _RUNNING), else_=_SETTLED),
             outcome=case((runnable, null()), else_=Outcome.CANCELLED.value),
             # Each job its own token: the statement's random token and the row's key.
@@ -490,6 +510,7 @@ def settle(dialect: str) -> Update:
             failure_history=case(
                 (cancelled, c.failure_history), else_=func.coalesce(cols["history"], c.failure_history)
             ),
+            settled_at=case((requeue, null()), else_=db_clock_ms()),
             lease_until=null(),
         )
         .returning(*COLUMNS)
@@ -593,6 +614,7 @@ def fail_lane(dialect: str) -> Update:
             failure_reason=_p("reason", Text()),
             lease_until=null(),
             claim_token=null(),
+            settled_at=db_clock_ms(),
         )
         .returning(*COLUMNS)
     )
@@ -653,12 +675,14 @@ def reconcile(requeue: bool) -> Update:
             recovery_count=c.recovery_count + case((uncancelled, 1), else_=0),
             failure_reason=null(),
             failure_detail=null(),
+            settled_at=case((uncancelled, null()), else_=db_clock_ms()),
         )
     else:
         values = dict(
             state=_SETTLED,
             outcome=case((uncancelled, Outcome.INTERRUPTED.value), else_=Outcome.CANCELLED.value),
             failure_reason=case((uncancelled, _p("reason", Text())), else_=null()),
+            settled_at=db_clock_ms(),
         )
     return (
         update(t)
@@ -672,3 +696,148 @@ def reconcile(requeue: bool) -> Update:
         .values(**values, lease_until=null())
         .returning(*COLUMNS)
     )
+
+
+# -- operations: retention, listing, stats, pauses, reruns ---------------------------
+
+
+_OUTCOMES: BindParameter[Any] = bindparam("outcomes", expanding=True)
+
+
+@cache
+def prune(dialect: str, by_outcome: bool, include_undated: bool) -> Delete:
+    """Delete up to ``:limit`` settled jobs that settled before
+    ``database clock - :age_ms`` (of ``:outcomes`` when ``by_outcome``),
+    oldest first; ``include_undated`` takes those with no recorded
+    ``settled_at`` (settled before revision w0004) too.
+
+    Only ``settled`` rows can match: queued, delayed and running jobs are
+    never pruned. The pick reads ``ix_watchdog_jobs_settled`` in order, so a
+    batch costs O(limit) however long the history is.
+    """
+    old = c.settled_at < db_clock_ms() - _p("age_ms", BigInteger())
+    if include_undated:
+        old = old | c.settled_at.is_(None)
+    pick = select(c.sequence).where(IS_SETTLED, old)
+    if by_outcome:
+        pick = pick.where(c.outcome.in_(_OUTCOMES))
+    pick = pick.order_by(c.settled_at, c.sequence).limit(_p("limit", Integer()))
+    if dialect == "postgresql":
+        cte = pick.with_for_update(skip_locked=True).cte("old").prefix_with("MATERIALIZED")
+        target: ColumnElement[bool] = c.sequence.in_(select(cte.c.sequence))
+    else:
+        target = c.sequence.in_(pick)
+    return delete(t).where(target, IS_SETTLED)
+
+
+#: The filters :func:`list_jobs` may combine (each one a bound parameter).
+LIST_FILTERS = ("queue", "state", "outcome", "lane", "job_id_prefix")
+
+
+@cache
+def list_jobs(filters: tuple[str, ...]) -> Select[Any]:
+    """Up to ``:limit`` jobs with ``sequence > :after_sequence`` in admission
+    order, matching the named ``filters`` (``:queue``, ``:state``,
+    ``:outcome``, ``:lane``, ``:job_id_prefix`` -- a prefix compared with
+    ``substr``, so LIKE wildcards in it mean nothing)."""
+    query = select(*COLUMNS).where(c.sequence > _p("after_sequence", BigInteger()))
+    for name in filters:
+        if name == "queue":
+            query = query.where(c.queue_name == _p("queue", Text()))
+        elif name == "state":
+            query = query.where(c.state == _p("state", Text()))
+        elif name == "outcome":
+            query = query.where(c.outcome == _p("outcome", Text()))
+        elif name == "lane":
+            query = query.where(c.lane == _p("lane", Text()))
+        elif name == "job_id_prefix":
+            prefix = _p("job_id_prefix", Text())
+            query = query.where(func.substr(c.job_id, 1, func.length(prefix)) == prefix)
+        else:  # pragma: no cover - the store checks the names
+            raise ValueError(name)
+    return query.order_by(c.sequence).limit(_p("limit", Integer()))
+
+
+@cache
+def live_counts() -> Select[Any]:
+    """Live jobs per queue and state (``ix_watchdog_jobs_live_queue`` alone)."""
+    return select(c.queue_name, c.state, func.count()).where(IS_LIVE).group_by(c.queue_name, c.state)
+
+
+@cache
+def expired_counts() -> Select[Any]:
+    """Running jobs per queue whose lease has ended by the database clock."""
+    return (
+        select(c.queue_name, func.count())
+        .where(IS_RUNNING, c.lease_until <= db_clock_ms())
+        .group_by(c.queue_name)
+    )
+
+
+@cache
+def oldest_ready() -> Select[Any]:
+    """Per queue, the earliest time a queued job became ready (its ready
+    time, else its enqueue time; rows from before w0004 have neither)."""
+    return (
+        select(c.queue_name, func.min(func.coalesce(c.ready_at, c.enqueued_at)))
+        .where(IS_QUEUED)
+        .group_by(c.queue_name)
+    )
+
+
+@cache
+def recent_outcomes() -> Select[Any]:
+    """Per queue and outcome: jobs settled in the last minute and the last
+    hour by the database clock (a range of ``ix_watchdog_jobs_settled``)."""
+    clock = db_clock_ms()
+    last_minute = func.sum(case((c.settled_at >= clock - 60_000, 1), else_=0))
+    return (
+        select(c.queue_name, c.outcome, last_minute, func.count())
+        .where(IS_SETTLED, c.settled_at >= clock - 3_600_000)
+        .group_by(c.queue_name, c.outcome)
+    )
+
+
+@cache
+def stats_clock() -> Select[Any]:
+    return select(db_clock_ms())
+
+
+@cache
+def paused_queues() -> Select[Any]:
+    return select(pauses.c.queue_name, pauses.c.reason, pauses.c.paused_at).order_by(pauses.c.queue_name)
+
+
+@cache
+def pause(dialect: str) -> Insert:
+    """Pause ``:queue`` with ``:reason`` unless it is paused already (then no row returns)."""
+    stmt: Insert = (
+        _insert_into(dialect, pauses)
+        .values(queue_name=_p("queue", Text()), reason=_p("reason", Text()), paused_at=db_clock_ms())
+        .on_conflict_do_nothing(index_elements=[pauses.c.queue_name])
+        .returning(pauses.c.queue_name)
+    )
+    return stmt
+
+
+@cache
+def resume() -> ReturningDelete[Any]:
+    """Resume ``:queue``; returns its row if it was paused."""
+    return delete(pauses).where(pauses.c.queue_name == _p("queue", Text())).returning(pauses.c.queue_name)
+
+
+@cache
+def reruns_of() -> Select[Any]:
+    """The job_ids of the reruns of ``:job``, in admission order."""
+    return select(c.job_id).where(c.rerun_of == _p("job", Text())).order_by(c.sequence)
+
+
+@cache
+def try_advisory_lock() -> Select[Any]:
+    """PostgreSQL: take the session advisory lock ``:key`` if it is free."""
+    return select(func.pg_try_advisory_lock(_p("key", BigInteger())))
+
+
+@cache
+def advisory_unlock() -> Select[Any]:
+    return select(func.pg_advisory_unlock(_p("key", BigInteger())))

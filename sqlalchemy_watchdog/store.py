@@ -11,6 +11,7 @@ the runner, and (through ``AsyncConnection.run_sync``) the asyncio API.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import json
 import logging
@@ -18,7 +19,7 @@ import random
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
@@ -33,6 +34,8 @@ from .jobs import (
     FAILURE_DETAIL_MAX_LENGTH,
     JOB_ID_MAX_LENGTH,
     LANE_MAX_LENGTH,
+    PAUSE_REASON_MAX_LENGTH,
+    PRUNE_BATCH_MAX,
     QUEUE_MAX_LENGTH,
     CancelResult,
     CancelStatus,
@@ -44,8 +47,13 @@ from .jobs import (
     JobView,
     LaneFailure,
     Outcome,
+    PauseStatus,
+    QueuePause,
+    QueueStats,
     RetryPolicy,
     SettleStatus,
+    Stats,
+    at_epoch_ms,
     bound_reason,
     check_duration,
     check_int,
@@ -53,9 +61,12 @@ from .jobs import (
     duration_ms,
     from_epoch_ms,
     history_of,
+    rerun_job_id,
 )
+from .wakeups import EVENT_QUEUED
 
 __all__ = [
+    "check_duration",
     "Claim",
     "ClaimBatch",
     "Recovery",
@@ -140,6 +151,10 @@ def view(row: Row[Any]) -> JobView:
         timeout=None if m["timeout_ms"] is None else timedelta(milliseconds=m["timeout_ms"]),
         retry=RetryPolicy.from_stored(m["max_attempts"], m["retry_policy"]),
         failure_history=history_of(m["failure_history"]),
+        enqueued_at=from_epoch_ms(m["enqueued_at"]),
+        started_at=from_epoch_ms(m["started_at"]),
+        settled_at=from_epoch_ms(m["settled_at"]),
+        rerun_of=m["rerun_of"],
     )
 
 
@@ -264,6 +279,7 @@ def _values(job: Job) -> tuple[Any, ...]:
         job.max_attempts,
         job.retry_json,
         job.timeout_ms,
+        job.rerun_of,
     )
 
 
@@ -774,6 +790,242 @@ def seconds_until_next_expiry(conn: Connection) -> float | None:
     return max(0.0, seconds)
 
 
+# -- operations: retention, listing, stats, pauses, reruns ------------------------
+
+#: The largest page :func:`list_jobs` returns.
+LIST_LIMIT_MAX = 1000
+
+
+def check_outcomes(outcomes: object) -> list[str] | None:
+    """Outcome filters as stored values (None: every outcome)."""
+    if outcomes is None:
+        return None
+    if isinstance(outcomes, (str, Outcome)):
+        outcomes = [outcomes]
+    if not isinstance(outcomes, Iterable):
+        raise InvalidJob("outcomes", f"must be an iterable of outcomes, not {type(outcomes).__name__}")
+    values = [_member(Outcome, "outcomes", outcome) for outcome in outcomes]
+    if not values:
+        raise InvalidJob("outcomes", "must name at least one outcome (None prunes every outcome)")
+    return sorted(set(values))
+
+
+@dataclass(frozen=True, slots=True)
+class Pruning:
+    """A checked ``prune`` request: what to delete, in batches of ``batch``."""
+
+    older_than: timedelta
+    outcomes: list[str] | None
+    limit: int | None
+    batch: int
+    include_undated: bool
+
+    @classmethod
+    def of(
+        cls,
+        older_than: object,
+        outcomes: object,
+        limit: object,
+        batch: object,
+        include_undated: object,
+    ) -> Pruning:
+        """Check every argument before anything is deleted."""
+        values = check_outcomes(outcomes)
+        age = check_duration("older_than", older_than, low=timedelta(0))
+        size = check_int("batch", batch, 1, PRUNE_BATCH_MAX)
+        total = None if limit is None else check_int("limit", limit, 1, 2**63 - 1)
+        if not isinstance(include_undated, bool):
+            raise InvalidJob("include_undated", f"must be a bool, not {type(include_undated).__name__}")
+        return cls(age, values, total, size, include_undated)
+
+    def next_batch(self, deleted: int) -> int:
+        """The size of the next batch after ``deleted`` rows (0: done)."""
+        return self.batch if self.limit is None else min(self.batch, self.limit - deleted)
+
+    def run_batch(self, conn: Connection, size: int) -> int:
+        return prune_batch(
+            conn, older_than=self.older_than, outcomes=self.outcomes, limit=size, include_undated=self.include_undated
+        )
+
+
+def prune_batch(
+    conn: Connection,
+    *,
+    older_than: timedelta,
+    outcomes: Sequence[str] | None = None,
+    limit: int = 1000,
+    include_undated: bool = False,
+) -> int:
+    """Delete one batch (at most ``limit``) of settled jobs that settled
+    more than ``older_than`` ago by the database clock; returns how many."""
+    check_duration("older_than", older_than, low=timedelta(0))
+    check_int("limit", limit, 1, PRUNE_BATCH_MAX)
+    params: dict[str, Any] = {"age_ms": duration_ms(older_than), "limit": limit}
+    if outcomes is not None:
+        params["outcomes"] = list(outcomes)
+    stmt = sql.prune(conn.dialect.name, outcomes is not None, bool(include_undated))
+    return conn.execute(stmt, params).rowcount
+
+
+#: The key of the PostgreSQL advisory lock one pruning runner holds.
+PRUNE_LOCK_KEY = 0x5741_5443_4844_4F47 & 0x7FFF_FFFF_FFFF_FFFF  # "WATCHDOG"
+
+
+def prune_retention(conn: Connection, ages: Mapping[str, timedelta], batch: int) -> int | None:
+    """One runner's retention pass: one batch per outcome of ``ages``.
+
+    On PostgreSQL it runs only if this connection gets the advisory lock
+    (another runner pruning at the same moment makes this one skip: None);
+    on SQLite every batch holds the write lock, which is exclusive anyway.
+    Returns how many jobs were deleted, or None when another runner prunes.
+    """
+    locking = conn.dialect.name == "postgresql"
+    if locking and not conn.execute(sql.try_advisory_lock(), {"key": PRUNE_LOCK_KEY}).scalar():
+        return None
+    try:
+        return sum(
+            prune_batch(conn, older_than=age, outcomes=[outcome], limit=batch) for outcome, age in ages.items()
+        )
+    finally:
+        if locking:
+            conn.execute(sql.advisory_unlock(), {"key": PRUNE_LOCK_KEY})
+
+
+def _member(kind: type[JobState] | type[Outcome], field: str, value: object) -> str:
+    """``value`` as a stored member of ``kind``, or a clear error naming ``field``."""
+    try:
+        return str(kind(value).value)
+    except ValueError:
+        known = ", ".join(member.value for member in kind)
+        raise InvalidJob(field, f"{value!r} is not a known {kind.__name__} (known: {known})") from None
+
+
+def list_jobs(
+    conn: Connection,
+    *,
+    queue: str | None = None,
+    state: JobState | str | None = None,
+    outcome: Outcome | str | None = None,
+    lane: str | None = None,
+    job_id_prefix: str | None = None,
+    limit: int = 100,
+    after_sequence: int = 0,
+) -> list[JobView]:
+    """Jobs in admission order after ``after_sequence`` (keyset paging)."""
+    params: dict[str, Any] = {
+        "limit": check_int("limit", limit, 1, LIST_LIMIT_MAX),
+        "after_sequence": check_int("after_sequence", after_sequence, 0, 2**63 - 1),
+    }
+    if queue is not None:
+        params["queue"] = check_text("queue", queue, QUEUE_MAX_LENGTH)
+    if state is not None:
+        params["state"] = _member(JobState, "state", state)
+    if outcome is not None:
+        params["outcome"] = _member(Outcome, "outcome", outcome)
+    if lane is not None:
+        params["lane"] = check_text("lane", lane, LANE_MAX_LENGTH)
+    if job_id_prefix is not None:
+        params["job_id_prefix"] = check_text("job_id_prefix", job_id_prefix, JOB_ID_MAX_LENGTH)
+    filters = tuple(name for name in sql.LIST_FILTERS if name in params)
+    return [view(row) for row in conn.execute(sql.list_jobs(filters), params)]
+
+
+def stats(conn: Connection) -> Stats:
+    """Every queue's counts, recent outcomes, oldest ready age and pause."""
+    clock = conn.execute(sql.stats_clock()).scalar_one()
+    queues: dict[str, dict[str, Any]] = {}
+
+    def entry(queue: str) -> dict[str, Any]:
+        return queues.setdefault(queue, {"minute": {}, "hour": {}})
+
+    for queue, state, count in conn.execute(sql.live_counts()):
+        entry(queue)[state] = count
+    for queue, count in conn.execute(sql.expired_counts()):
+        entry(queue)["expired_leases"] = count
+    for queue, ready in conn.execute(sql.oldest_ready()):
+        if ready is not None:
+            entry(queue)["oldest_ready_age"] = timedelta(milliseconds=max(0, clock - ready))
+    for queue, outcome, last_minute, last_hour in conn.execute(sql.recent_outcomes()):
+        e = entry(queue)
+        e["minute"][Outcome(outcome)] = int(last_minute or 0)
+        e["hour"][Outcome(outcome)] = int(last_hour)
+    for queue, reason, paused_at in conn.execute(sql.paused_queues()):
+        entry(queue)["pause"] = QueuePause(queue, reason, at_epoch_ms(paused_at))
+    result = []
+    for queue in sorted(queues):
+        e = queues[queue]
+        result.append(
+            QueueStats(
+                queue,
+                delayed=e.get(JobState.DELAYED.value, 0),
+                queued=e.get(JobState.QUEUED.value, 0),
+                running=e.get(JobState.RUNNING.value, 0),
+                expired_leases=e.get("expired_leases", 0),
+                oldest_ready_age=e.get("oldest_ready_age"),
+                settled_last_minute={o: n for o, n in e["minute"].items() if n},
+                settled_last_hour=dict(e["hour"]),
+                pause=e.get("pause"),
+            )
+        )
+    return Stats(at_epoch_ms(clock), tuple(result))
+
+
+def pause(conn: Connection, queue: str, reason: str | None = None) -> PauseStatus:
+    """Pause ``queue``: from the commit on no claim takes its jobs."""
+    check_text("queue", queue, QUEUE_MAX_LENGTH)
+    if reason is not None:
+        check_text("reason", reason, PAUSE_REASON_MAX_LENGTH)
+    row = conn.execute(sql.pause(conn.dialect.name), {"queue": queue, "reason": reason}).first()
+    return PauseStatus.PAUSED if row is not None else PauseStatus.ALREADY_PAUSED
+
+
+def resume(conn: Connection, queue: str) -> PauseStatus:
+    """Resume ``queue``; idle runners are woken (NOTIFY on PostgreSQL)."""
+    check_text("queue", queue, QUEUE_MAX_LENGTH)
+    if conn.execute(sql.resume(), {"queue": queue}).first() is None:
+        return PauseStatus.NOT_PAUSED
+    notify(conn, EVENT_QUEUED)
+    return PauseStatus.RESUMED
+
+
+def read_with_reruns(conn: Connection, job_id: str) -> JobView | None:
+    """:func:`read`, with the job's reruns listed."""
+    job = read(conn, job_id)
+    if job is None:
+        return None
+    reruns = tuple(conn.execute(sql.reruns_of(), {"job": job_id}).scalars())
+    return dataclasses.replace(job, reruns=reruns) if reruns else job
+
+
+#: The longest ``rerun_id`` accepted.
+RERUN_ID_MAX_LENGTH = 128
+
+
+def rerun(conn: Connection, job_id: str, rerun_id: str) -> EnqueueResult:
+    """Enqueue a copy of settled job ``job_id`` as a new job (see
+    :func:`~sqlalchemy_watchdog.jobs.rerun_job_id`); the same call again is
+    a duplicate."""
+    check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
+    check_text("rerun_id", rerun_id, RERUN_ID_MAX_LENGTH)
+    original = read(conn, job_id)
+    if original is None:
+        raise InvalidJob("job_id", f"no job {job_id!r} to rerun")
+    if original.state is not JobState.SETTLED:
+        raise InvalidJob("job_id", f"job {job_id!r} is {original.state.value}; only a settled job can be rerun")
+    copy = Job(
+        rerun_job_id(job_id, rerun_id),
+        original.queue,
+        lane=original.lane,
+        priority=original.priority,
+        payload=original.payload,
+        max_recoveries=original.max_recoveries,
+        retry=original.retry,
+        timeout=original.timeout,
+        rerun_of=job_id,
+    )
+    return enqueue(conn, [copy])[0]
+
+
 # -- transactions ------------------------------------------------------------
 
 
@@ -791,6 +1043,9 @@ READ_ONLY: frozenset[Callable[..., Any]] = frozenset(
         expired_claims,
         seconds_until_next_expiry,
         next_ready_in,
+        list_jobs,
+        stats,
+        read_with_reruns,
     }
 )
 

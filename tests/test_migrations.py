@@ -78,7 +78,7 @@ def model_names() -> dict[str, set[str]]:
 
 
 #: The package's newest revision.
-HEAD = "w0003_time_and_retries"
+HEAD = "w0004_operations"
 
 
 def test_upgrade_head_creates_the_jobs_table(empty_engine: Engine) -> None:

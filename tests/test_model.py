@@ -282,9 +282,9 @@ def test_enqueued_job_joins_with_the_application_row_in_an_orm_query(engine: Eng
     assert [tuple(r) for r in rows] == [("A", JobState.QUEUED, 0), ("B", JobState.QUEUED, 5)]
 
 
-def test_watchdog_metadata_holds_only_the_watchdog_table() -> None:
+def test_watchdog_metadata_holds_only_the_watchdog_tables() -> None:
     assert sqlalchemy_watchdog.metadata is WatchdogJob.metadata
-    assert list(sqlalchemy_watchdog.metadata.tables) == ["watchdog_jobs"]
+    assert sorted(sqlalchemy_watchdog.metadata.tables) == ["watchdog_jobs", "watchdog_queue_pauses"]
     assert AppBase.metadata is not sqlalchemy_watchdog.metadata
 
 
@@ -304,11 +304,15 @@ CHECK_NAMES = {
     "ck_watchdog_jobs_attempt_bounds",
     "ck_watchdog_jobs_snoozes_nonnegative",
     "ck_watchdog_jobs_timeout_positive",
+    "ck_watchdog_jobs_settled_at_settled",
+    "ck_watchdog_jobs_rerun_of_length",
 }
 UNIQUE_NAMES = {"uq_watchdog_jobs_job_id", "uq_watchdog_jobs_cancellation_id"}
 INDEX_NAMES = {
     "ix_watchdog_jobs_ready",
     "ix_watchdog_jobs_delayed",
+    "ix_watchdog_jobs_settled",
+    "ix_watchdog_jobs_rerun_of",
     "ix_watchdog_jobs_lease",
     "ix_watchdog_jobs_live_lane",
     "ix_watchdog_jobs_live_queue",

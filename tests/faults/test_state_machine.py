@@ -94,6 +94,15 @@ class Row:
     #: A handler's traceback: the settles modelled here carry none.
     failure_detail: str | None = None
     lease_until: int | None = None
+    # Revision w0003: the jobs here have no time or retry policy of their own.
+    run_at: int | None = None
+    ready_at: int | None = None
+    attempt: int = 1
+    max_attempts: int | None = None
+    retry_policy: str | None = None
+    timeout_ms: int | None = None
+    snoozes: int = 0
+    failure_history: str | None = None
 
     def columns(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "order"}
@@ -132,7 +141,10 @@ class Model:
         )
 
 
-COLUMNS = [c.name for c in jobs_table.columns if c.name != "sequence"]
+#: Columns of revision w0004 (operations), modelled with pause, prune and
+#: rerun by the operations rules.
+OPERATIONS_COLUMNS = {"enqueued_at", "started_at", "settled_at", "rerun_of"}
+COLUMNS = [c.name for c in jobs_table.columns if c.name != "sequence" and c.name not in OPERATIONS_COLUMNS]
 
 
 class WatchdogMachine(RuleBasedStateMachine):
