@@ -74,6 +74,7 @@ from .wakeups import listen_async, listens
 
 if TYPE_CHECKING:
     from .codecs import PayloadCodec
+    from .schedules import Schedule
 
 log = logging.getLogger(__name__)
 
@@ -304,6 +305,7 @@ class AsyncRunner:
         retry: RetryPolicy | None = None,
         timeout: timedelta | None = None,
         retention: Retention | None = None,
+        schedules: Iterable[Schedule] | None = None,
         clock: Callable[[], int] = store.now_ms,
     ) -> None:
         if not isinstance(engine, AsyncEngine):
@@ -326,6 +328,7 @@ class AsyncRunner:
             retry=retry,
             timeout=timeout,
             retention=retention,
+            schedules=schedules,
         )
         self.core = RunnerCore(self.settings, clock)
         self._autocommit = store.self_committing(engine.dialect.name)

@@ -37,7 +37,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import store
@@ -62,6 +62,7 @@ from .wakeups import listens
 
 if TYPE_CHECKING:
     from .codecs import PayloadCodec
+    from .schedules import Schedule
 
 __all__ = [
     "Handler",
@@ -312,6 +313,8 @@ class RunnerSettings:
     timeout: timedelta | None = None
     #: How long settled jobs are kept before this runner prunes them.
     retention: Retention | None = None
+    #: Periodic jobs this runner enqueues (any number of runners may).
+    schedules: tuple[Schedule, ...] = ()
 
     @classmethod
     def build(
@@ -330,6 +333,7 @@ class RunnerSettings:
         retry: RetryPolicy | None = None,
         timeout: timedelta | None = None,
         retention: Retention | None = None,
+        schedules: Iterable[Schedule] | None = None,
     ) -> RunnerSettings:
         table = dict(registered_handlers() if handlers is None else handlers)
         for queue, fn in table.items():
@@ -394,6 +398,7 @@ class RunnerSettings:
             timeouts=timeouts,
             timeout=check_timeout(timeout),
             retention=_checked_retention(retention),
+            schedules=_checked_schedules(schedules),
         )
 
     def budget_for(self, job: JobView) -> int | None:
@@ -420,6 +425,12 @@ def _checked_retention(retention: object) -> Retention | None:
     if retention is not None and not isinstance(retention, Retention):
         raise InvalidJob("retention", f"must be a Retention or None, not {type(retention).__name__}")
     return retention
+def _checked_schedules(schedules: object) -> tuple[Schedule, ...]:
+    if schedules is None:
+        return ()
+    from .schedules import check_schedules
+
+    return check_schedules(schedules)
 
 
 # -- executions ------------------------------------------------------------------
@@ -654,6 +665,8 @@ class RunnerCore:
         self.promotion_due = 0.0
         #: When to prune settled jobs next (monotonic).
         self.retention_due = 0.0
+        #: When to enqueue the schedules' next slots (monotonic).
+        self.schedules_due = 0.0
         self.failures = 0
         #: Claims whose recovery the database refused: (job_id, token) ->
         #: (monotonic time until which they are skipped, refusals so far).
@@ -767,6 +780,19 @@ class RunnerCore:
         poll = self.settings.poll_interval_s
         self.promotion_due = time.monotonic() + min(poll, poll if next_in is None else next_in)
 
+    #: The longest wait before the schedules are looked at again (a clock
+    #: that jumps is noticed within it).
+    MAX_SCHEDULE_WAIT_S = 60.0
+
+    def schedules_are_due(self) -> bool:
+        return time.monotonic() >= self.schedules_due
+
+    def schedule_schedules(self, until_next: float | None) -> None:
+        """Enqueue the schedules' slots again when the next one is due (at
+        most a minute from now; a failure looks again after a poll interval)."""
+        wait = self.settings.poll_interval_s if until_next is None else min(until_next, self.MAX_SCHEDULE_WAIT_S)
+        self.schedules_due = time.monotonic() + wait
+
     def expect_ready(self, seconds: float) -> None:
         """A job will be due in ``seconds`` (a retry or a snooze of this
         runner, or a new delayed job): promote no later than that."""
@@ -782,6 +808,8 @@ class RunnerCore:
         wait = min(self.settings.poll_interval_s, self.recovery_due - now, self.promotion_due - now)
         if self.settings.retention is not None:
             wait = min(wait, self.retention_due - now)
+        if self.settings.schedules:
+            wait = min(wait, self.schedules_due - now)
         return max(0.0, wait)
 
     def next_deadline(self) -> float | None:
@@ -1177,6 +1205,8 @@ def loop_pass(core: RunnerCore) -> Steps[float]:
         core.schedule_recovery(until_expiry)
         if result is not None and result.status is TickStatus.REQUEUED:
             core.recovery_due = 0.0  # there may be more to recover, and the requeued job is ready
+    if core.settings.schedules and core.schedules_are_due():
+        yield from enqueue_schedules(core)
     if core.promotion_is_due():
         yield from promote(core)
     if core.settings.retention is not None and core.retention_is_due():
@@ -1218,6 +1248,38 @@ def prune(core: RunnerCore) -> Steps[None]:
     core.schedule_retention(RunnerCore.PRUNE_PAUSE_S if more else retention.every.total_seconds())
 
 
+def enqueue_schedules(core: RunnerCore) -> Steps[None]:
+    """Enqueue the schedules' due slots ahead of time, and note when to look again.
+
+    Each slot is a delayed job whose ``job_id`` is derived from the
+    schedule's name and the slot's time, so however many runners do this,
+    one job exists per slot. The next slot of each schedule is enqueued as
+    soon as the previous one is due, so it starts on time; a runner that was
+    down enqueues at most the schedule's ``catch_up`` missed slots. A slot
+    already enqueued with other contents (an older deploy's payload) is kept
+    as it is and logged.
+    """
+    from .schedules import plan
+
+    now = datetime.now(UTC)
+    jobs, next_at = plan(core.settings.schedules, now)
+    try:
+        results = yield StoreCall(store.enqueue_each, (jobs,))
+    except WatchdogError as error:
+        log.error("runner: enqueueing scheduled jobs failed (%s); trying again soon", error)
+        core.schedule_schedules(None)
+        return
+    for job, result in zip(jobs, results, strict=True):
+        if result is None:
+            log.warning("schedule slot %s is already enqueued with other contents; kept as it is", job.job_id)
+        elif result.status.value == "queued":
+            log.info("enqueued schedule slot %s", job.job_id)
+    until = None if next_at is None else max(0.0, (next_at - now).total_seconds())
+    core.schedule_schedules(until)
+    if until is not None:
+        core.expect_ready(until)
+
+
 def promote(core: RunnerCore) -> Steps[None]:
     """Make the delayed jobs whose time has come ``queued``, and note when
     the next one is due. A failure is logged and tried again later: it
@@ -1241,6 +1303,8 @@ def tick(core: RunnerCore) -> Steps[TickResult | Execution]:
     recovery = yield from recover(core)
     if recovery is not None and recovery.status is not TickStatus.LIVENESS_UNKNOWN:
         return recovery
+    if core.settings.schedules and core.schedules_are_due():
+        yield from enqueue_schedules(core)
     yield from promote(core)
     executions, cancelled = yield from claim_steps(core, 1)
     if cancelled:

@@ -64,6 +64,7 @@ from .wakeups import Listener
 
 if TYPE_CHECKING:
     from .codecs import PayloadCodec
+    from .schedules import Schedule
 
 __all__ = ["Runner"]
 
@@ -115,6 +116,9 @@ class Runner:
         settled jobs are kept, by outcome, before this runner prunes them in
         the background (one runner at a time, in small batches). None (the
         default) keeps every settled job.
+    :param schedules: :class:`~sqlalchemy_watchdog.Schedule` objects
+        (periodic jobs, the ``[cron]`` extra) this runner enqueues: each due
+        slot once, however many runners are given the same schedules.
     :param clock: the application clock in epoch milliseconds (for tests);
         the database clock is always consulted too.
     """
@@ -136,6 +140,7 @@ class Runner:
         retry: RetryPolicy | None = None,
         timeout: timedelta | None = None,
         retention: Retention | None = None,
+        schedules: Iterable[Schedule] | None = None,
         clock: Callable[[], int] = store.now_ms,
     ) -> None:
         if not isinstance(engine, Engine):
@@ -158,6 +163,7 @@ class Runner:
             retry=retry,
             timeout=timeout,
             retention=retention,
+            schedules=schedules,
         )
         self.core = RunnerCore(self.settings, clock)
         self._wake = threading.Event()

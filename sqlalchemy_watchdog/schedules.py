@@ -36,6 +36,8 @@ from .jobs import (
     PRIORITY_MIN,
     QUEUE_MAX_LENGTH,
     Job,
+    RetryPolicy,
+    check_duration,
     check_int,
     check_text,
     encode_payload,
@@ -120,6 +122,8 @@ class Schedule:
     :param priority: the jobs' priority.
     :param max_recoveries: the jobs' recovery budget (see
         :class:`~sqlalchemy_watchdog.Job`).
+    :param retry: the jobs' :class:`~sqlalchemy_watchdog.RetryPolicy`.
+    :param timeout: the jobs' per-attempt timeout.
     :param catch_up: 0-100, how many missed slots :func:`plan` enqueues
         after a time without any runner (the latest ones); 0 never runs a
         slot late that was not enqueued before.
@@ -152,6 +156,8 @@ class Schedule:
     lane: str | None = None
     priority: int = 0
     max_recoveries: int | None = None
+    retry: RetryPolicy | None = None
+    timeout: timedelta | None = None
     catch_up: int = 1
     payload_json: str = field(init=False, repr=False, compare=False)
     _zone: ZoneInfo = field(init=False, repr=False, compare=False)
@@ -173,6 +179,10 @@ class Schedule:
         check_int("priority", self.priority, PRIORITY_MIN, PRIORITY_MAX)
         if self.max_recoveries is not None:
             check_int("max_recoveries", self.max_recoveries, 0, _INT32_MAX)
+        if self.retry is not None and not isinstance(self.retry, RetryPolicy):
+            raise InvalidJob("retry", f"must be a RetryPolicy, not {type(self.retry).__name__}")
+        if self.timeout is not None:
+            check_duration("timeout", self.timeout)
         check_int("catch_up", self.catch_up, 0, CATCH_UP_MAX)
         object.__setattr__(self, "payload_json", encode_payload(self.payload))
         object.__setattr__(self, "_zone", _load_zone(self.timezone))
@@ -251,6 +261,8 @@ class Schedule:
             priority=self.priority,
             payload=json.loads(self.payload_json),
             max_recoveries=self.max_recoveries,
+            retry=self.retry,
+            timeout=self.timeout,
             run_at=slot,
         )
 

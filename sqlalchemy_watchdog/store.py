@@ -223,6 +223,25 @@ def enqueue(conn: Connection, jobs: Sequence[Job], *, delay: timedelta | None = 
     return results
 
 
+def enqueue_each(conn: Connection, jobs: Sequence[Job]) -> list[EnqueueResult | None]:
+    """Enqueue ``jobs`` one statement each; a conflicting replay is skipped
+    (None) instead of failing the others -- for a runner enqueueing its
+    schedules' slots, where another runner (or an older deploy with other
+    contents) may have enqueued the same slot first."""
+    results: list[EnqueueResult | None] = []
+    for job in jobs:
+        savepoint = conn.dialect.name == "postgresql" and not _autocommit(conn)
+        try:
+            if savepoint:
+                with conn.begin_nested():
+                    results.append(enqueue(conn, [job])[0])
+            else:
+                results.append(enqueue(conn, [job])[0])
+        except EnqueueConflict:
+            results.append(None)
+    return results
+
+
 def _autocommit(conn: Connection) -> bool:
     """Whether each statement on ``conn`` commits by itself (no look-up round trip)."""
     return bool(getattr(conn.connection.dbapi_connection, "autocommit", False))

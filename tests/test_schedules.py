@@ -540,3 +540,60 @@ def test_a_changed_schedule_conflicts_with_its_slots_already_enqueued(engine: En
     with pytest.raises(EnqueueConflict):
         Watchdog(engine).enqueue(changed)
     assert read(engine, job.job_id).payload == {"v": 1}
+
+
+# -- schedules given to runners ---------------------------------------------------------
+
+
+def schedule_jobs(engine: Engine) -> dict[str, Any]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(jobs_table.c.job_id, jobs_table.c.state, jobs_table.c.payload_json).where(
+                jobs_table.c.job_id.like("schedule:%")
+            )
+        ).all()
+    return {row.job_id: (row.state, row.payload_json) for row in rows}
+
+
+def test_runners_given_the_same_schedule_leave_one_job_per_slot(engine: Engine, runners: Any) -> None:
+    """Several runners (of the test's kind) enqueue the latest slot and the
+    next one ahead: one job each, the latest run at once, the next delayed."""
+    ran: list[str] = []
+    every_minute = Schedule("tick", "* * * * *", "periodic", payload={"n": 1})
+    workers = [
+        runners.runner({"periodic": lambda job: ran.append(job.job_id)}, schedules=[every_minute]) for _ in range(3)
+    ]
+    before = datetime.now(UTC)
+    for worker in workers:
+        worker.run_until_idle()
+    jobs = schedule_jobs(engine)
+    latest = every_minute.slots(before - timedelta(minutes=1), 1)[0]
+    assert len(jobs) in (2, 3), jobs  # 3 only when a minute turned during the test
+    assert jobs[every_minute.job_id_for(latest)][0] in ("settled", "running", "queued")
+    assert ran.count(every_minute.job_id_for(latest)) <= 1
+    upcoming = [job_id for job_id, (state, _) in jobs.items() if state == "delayed"]
+    assert len(upcoming) == 1 and read(engine, upcoming[0]).run_at > before  # type: ignore[union-attr]
+    assert ran, "the latest slot did not run"
+    assert len(ran) == len(set(ran)), "a slot ran twice"
+
+
+def test_a_runner_keeps_a_slot_enqueued_with_other_contents(engine: Engine, runners: Any) -> None:
+    """After a deploy that changed a schedule, its already enqueued next slot
+    conflicts: the runner keeps it as it is, and goes on serving."""
+    old = Schedule("report", "0 0 1 1 *", "periodic", payload={"v": 1}, catch_up=0)
+    new = Schedule("report", "0 0 1 1 *", "periodic", payload={"v": 2}, catch_up=0)
+    upcoming = old.next_slot(datetime.now(UTC))
+    Watchdog(engine).enqueue(old.job_for(upcoming))
+    worker = runners.runner({"periodic": lambda job: None, "other": lambda job: None}, schedules=[new])
+    Watchdog(engine).enqueue(Job("other-1", "other"))
+    settled = worker.run_until_idle()
+    assert [job.job_id for job in settled] == ["other-1"]
+    assert schedule_jobs(engine) == {old.job_id_for(upcoming): ("delayed", '{"v":1}')}
+
+
+def test_a_runner_refuses_schedules_that_are_not_schedules(engine: Engine) -> None:
+    from sqlalchemy_watchdog import Runner
+
+    with pytest.raises(InvalidJob) as refused:
+        Runner(engine, {"q": lambda job: None}, schedules=["* * * * *"])
+    assert refused.value.field == "schedules"
