@@ -12,6 +12,15 @@
     cancel JOB_ID CANCELLATION_ID [--only-if-queued]
     fail-lane LANE REASON                     settle every live job of the lane ``failed``
     purge QUEUE                               delete the queue's queued jobs
+    ls [--queue Q] [--state S] [--outcome O] [--lane L] [--prefix P] [--limit N] [--after SEQUENCE]
+                                              jobs in admission order, filtered, paged
+    stats [--watch [--interval SECONDS]]      per queue: jobs by state, expired leases,
+                                              oldest ready age, recent outcomes, pause
+    prune --older-than DURATION [--outcome O ...] [--limit N] [--include-undated]
+                                              delete jobs settled more than DURATION ago
+    pause QUEUE [--reason TEXT]               no runner claims the queue's jobs until resume
+    resume QUEUE                              runners claim the queue's jobs again
+    rerun JOB_ID --rerun-id ID                enqueue a copy of a settled job
     run MODULE[:ATTR]                         serve the queues until SIGINT / SIGTERM
     schedules MODULE[:ATTR] [--count N]       the cron schedules a module defines, and their next slots
 
@@ -23,17 +32,28 @@ creates anything: every other command (``run`` included) refuses a database
 without the ``watchdog_jobs`` table, and never creates a SQLite file.
 ``schedules`` uses no database at all.
 
+Times (``ls``, ``stats``) are UTC, by the database clock. ``ls`` pages like
+``settled``: a full page ends with the ``--after`` value of the next one.
+``stats --watch`` redraws the table in place (ANSI home + clear screen)
+every ``--interval`` seconds (default 2) until Ctrl-C; with ``--json`` it
+prints one document per line instead. A ``prune`` DURATION is whole days,
+hours, minutes or seconds, units combined largest first: ``30d``, ``12h``,
+``15m``, ``90s``, ``1h30m``.
+
 Exit status:
 
 * 0: the command did what it was asked, including finding that there is
   nothing to report or do (``head`` of an idle queue, ``settled`` with no
   settled jobs, ``fail-lane`` of a lane without live jobs, ``purge`` of an
-  empty queue, ``schedules`` of a module without schedules), a cancellation
-  ``recorded`` or ``replayed``, ``run`` stopped by SIGINT / SIGTERM;
-* 1: it could not: the named job does not exist (``show``, ``cancel``), a
-  cancellation was not recorded (``conflict``), no ``watchdog_jobs`` table,
-  a module that cannot be imported (``run``, ``schedules``), an error of the
-  library, of the database or of the ``run`` target;
+  empty queue, ``schedules`` of a module without schedules, ``ls``
+  matching nothing, ``prune`` with nothing old enough), a cancellation
+  ``recorded`` or ``replayed``, ``pause`` / ``resume`` of a queue already
+  paused / not paused, a ``rerun`` that is a duplicate, ``run`` stopped by
+  SIGINT / SIGTERM, ``stats --watch`` stopped by Ctrl-C;
+* 1: it could not: the named job does not exist (``show``, ``cancel``,
+  ``rerun``), a cancellation was not recorded (``conflict``), the job to
+  ``rerun`` has not settled, no ``watchdog_jobs`` table, a module that
+  cannot be imported (``run``, ``schedules``), an error of the
 * 2: a usage error (unknown command or option, a bad value, an unusable
   URL); one line on stderr, nothing done.
 
@@ -51,6 +71,7 @@ import os
 import re
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -63,9 +84,10 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from .client import Watchdog
 from .errors import WatchdogError, redacted
-from .jobs import CancelStatus, JobView
+from .jobs import MAX_DELAY, CancelStatus, JobState, JobView, Outcome, PauseStatus, QueueStats, Stats
 from .model import jobs_table
 from .schedules import Schedule, check_schedules
+from .store import LIST_LIMIT_MAX
 
 __all__ = ["DEFAULT_URL", "URL_ENV", "main"]
 
@@ -80,10 +102,12 @@ log = logging.getLogger(__name__)
 EXIT_STATUS_HELP = """\
 exit status:
   0  done, including "nothing there": head of an idle queue, no settled jobs,
-     nothing to fail or purge, no schedules, a cancellation recorded or replayed
-  1  not done: no such job (show, cancel), a cancellation not recorded
-     (conflict), no watchdog_jobs table, a module that cannot be imported,
-     a library or database error
+     nothing to fail, purge, list or prune, no schedules, a cancellation
+     recorded or replayed, a queue already paused / not paused, a duplicate
+     rerun, stats --watch stopped by Ctrl-C
+  1  not done: no such job (show, cancel, rerun), a cancellation not recorded
+     (conflict), a rerun of a job not settled, no watchdog_jobs table, a
+     module that cannot be imported, a library or database error
   2  usage error (one line on stderr; nothing done)"""
 
 #: The message for a database without the table (every command but upgrade).
@@ -559,6 +583,260 @@ def cmd_schedules(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+# -- operations: ls, stats, prune, pause, resume, rerun ----------------------------------
+
+
+def _when(value: datetime | None) -> str:
+    """A database time for a table: ``2026-01-31T12:00:05Z`` (UTC), ``-`` when unknown."""
+    return "-" if value is None else value.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _when_json(value: datetime | None) -> str | None:
+    """A database time for JSON: ISO 8601 in UTC to the millisecond, or null."""
+    return None if value is None else value.isoformat(timespec="milliseconds")
+
+
+def _age(value: timedelta) -> str:
+    """A short age: ``45s``, ``12m05s``, ``3h07m``, ``2d04h``."""
+    seconds = int(value.total_seconds())
+    days, seconds = divmod(seconds, 86400)
+    hours, seconds = divmod(seconds, 3600)
+    minutes, seconds = divmod(seconds, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{seconds:02d}s"
+    return f"{seconds}s"
+
+
+def _column_lines(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Left-aligned columns two spaces apart, the header first; the last column is not padded."""
+    widths = [max(len(cells[i]) for cells in [header, *rows]) for i in range(len(header) - 1)]
+    lines = []
+    for cells in [header, *rows]:
+        line = "  ".join(cell.ljust(width) for cell, width in zip(cells, widths))
+        lines.append(f"{line}  {cells[-1]}".rstrip())
+    return lines
+
+
+def _listed_job_dict(job: JobView) -> dict[str, Any]:
+    """A job as ``ls --json`` prints it: :func:`_job_dict` with its attempt,
+    times and ``rerun_of``."""
+    return {
+        **_job_dict(job),
+        "attempt": job.attempt,
+        "enqueued_at": _when_json(job.enqueued_at),
+        "started_at": _when_json(job.started_at),
+        "settled_at": _when_json(job.settled_at),
+        "rerun_of": job.rerun_of,
+    }
+
+
+def cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
+    """Print up to ``--limit`` jobs matching the filters after sequence ``--after``."""
+    jobs = _watchdog(args).list_jobs(
+        queue=args.queue,
+        state=args.state,
+        outcome=args.outcome,
+        lane=args.lane,
+        job_id_prefix=args.prefix,
+        limit=args.limit,
+        after_sequence=args.after,
+    )
+    if args.json:
+        for job in jobs:
+            _print_json(_listed_job_dict(job), out)
+        return 0
+    if not jobs:
+        print(f"no matching jobs after sequence {args.after}", file=out)
+        return 0
+    header = ("sequence", "job_id", "queue", "state", "attempt", "enqueued_at", "started_at", "settled_at")
+    rows = [
+        (
+            str(job.sequence),
+            job.job_id,
+            job.queue,
+            job.state.value if job.outcome is None else f"{job.state.value}/{job.outcome.value}",
+            str(job.attempt),
+            _when(job.enqueued_at),
+            _when(job.started_at),
+            _when(job.settled_at),
+        )
+        for job in jobs
+    ]
+    print("\n".join(_column_lines(header, rows)), file=out)
+    if len(jobs) == args.limit:
+        print(f"(more may follow: --after {jobs[-1].sequence})", file=out)
+    return 0
+
+
+def _outcome_counts(counts: Mapping[Outcome, int]) -> dict[str, int]:
+    """Every outcome's count (zeros included), in :class:`Outcome` order."""
+    return {outcome.value: counts.get(outcome, 0) for outcome in Outcome}
+
+
+def _queue_stats_dict(queue: QueueStats) -> dict[str, Any]:
+    age = queue.oldest_ready_age
+    return {
+        "queue": queue.queue,
+        "delayed": queue.delayed,
+        "queued": queue.queued,
+        "running": queue.running,
+        "expired_leases": queue.expired_leases,
+        "oldest_ready_age_seconds": None if age is None else age.total_seconds(),
+        "settled_last_minute": _outcome_counts(queue.settled_last_minute),
+        "settled_last_hour": _outcome_counts(queue.settled_last_hour),
+        "paused": queue.paused,
+        "pause": None
+        if queue.pause is None
+        else {"reason": queue.pause.reason, "paused_at": _when_json(queue.pause.paused_at)},
+    }
+
+
+def stats_document(stats: Stats) -> dict[str, Any]:
+    """The JSON document ``stats --json`` prints: ``at`` (the database clock)
+    and one object per queue with every key always present (outcome counts
+    include zeros; ``oldest_ready_age_seconds`` and ``pause`` may be null)."""
+    return {"at": _when_json(stats.at), "queues": [_queue_stats_dict(queue) for queue in stats.queues]}
+
+
+def _counts_cell(counts: Mapping[Outcome, int]) -> str:
+    cell = ",".join(f"{outcome.value}={counts[outcome]}" for outcome in Outcome if counts.get(outcome))
+    return cell or "-"
+
+
+def render_stats(stats: Stats) -> str:
+    """``stats`` as a table, one row per queue."""
+    lines = [f"queues at {_when(stats.at)} (database clock)"]
+    if not stats.queues:
+        lines.append("no queue has live jobs, jobs settled in the last hour, or a pause")
+        return "\n".join(lines) + "\n"
+    header = (
+        "queue", "delayed", "queued", "running", "expired_leases", "oldest_ready",
+        "last_minute", "last_hour", "paused",
+    )
+    rows = []
+    for queue in stats.queues:
+        pause = queue.pause
+        if pause is None:
+            paused = "-"
+        else:
+            paused = f"since {_when(pause.paused_at)}" + (f": {pause.reason}" if pause.reason else "")
+        rows.append(
+            (
+                queue.queue,
+                str(queue.delayed),
+                str(queue.queued),
+                str(queue.running),
+                str(queue.expired_leases),
+                "-" if queue.oldest_ready_age is None else _age(queue.oldest_ready_age),
+                _counts_cell(queue.settled_last_minute),
+                _counts_cell(queue.settled_last_hour),
+                paused,
+            )
+        )
+    return "\n".join(lines + _column_lines(header, rows)) + "\n"
+
+
+#: What ``stats --watch`` writes before each frame: cursor home, clear the screen.
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
+
+
+def cmd_stats(args: argparse.Namespace, out: TextIO) -> int:
+    """Print every queue's stats once, or with ``--watch`` every ``--interval``
+    seconds until Ctrl-C (exit 0): a table redrawn in place, or with
+    ``--json`` one document per line."""
+    if args.interval is not None and not args.watch:
+        raise UsageError("--interval applies only with --watch")
+    watchdog = _watchdog(args)
+
+    def frame() -> str:
+        stats = watchdog.stats()
+        if args.json:
+            return json.dumps(stats_document(stats), ensure_ascii=False) + "\n"
+        return render_stats(stats)
+
+    if not args.watch:
+        out.write(frame())
+        return 0
+    interval = WATCH_INTERVAL_DEFAULT if args.interval is None else args.interval
+    try:
+        while True:
+            text = frame()
+            if not args.json:
+                text = f"{CLEAR_SCREEN}{text}\n(every {interval:g}s; Ctrl-C to stop)\n"
+            out.write(text)
+            out.flush()
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_prune(args: argparse.Namespace, out: TextIO) -> int:
+    """Delete settled jobs that settled more than ``--older-than`` ago; say how many."""
+    deleted = _watchdog(args).prune(
+        older_than=args.older_than,
+        outcomes=args.outcomes,
+        limit=args.limit,
+        include_undated=args.include_undated,
+    )
+    if args.json:
+        _print_json(
+            {
+                "deleted": deleted,
+                "older_than_seconds": args.older_than.total_seconds(),
+                "outcomes": args.outcomes,
+                "include_undated": args.include_undated,
+            },
+            out,
+        )
+    else:
+        which = "settled" if args.outcomes is None else "/".join(args.outcomes)
+        print(f"{deleted} {which} job(s) pruned (settled more than {format_duration(args.older_than)} ago)", file=out)
+    return 0
+
+
+def cmd_pause(args: argparse.Namespace, out: TextIO) -> int:
+    """Pause a queue (idempotent): no runner claims its jobs until ``resume``."""
+    status = _watchdog(args).pause(args.queue, reason=args.reason)
+    if args.json:
+        _print_json({"queue": args.queue, "status": status.value}, out)
+    else:
+        note = " (its reason is unchanged)" if status is PauseStatus.ALREADY_PAUSED and args.reason else ""
+        print(f"queue {args.queue!r}: {status.value.replace('_', ' ')}{note}", file=out)
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace, out: TextIO) -> int:
+    """Resume a queue (idempotent)."""
+    status = _watchdog(args).resume(args.queue)
+    if args.json:
+        _print_json({"queue": args.queue, "status": status.value}, out)
+    else:
+        print(f"queue {args.queue!r}: {status.value.replace('_', ' ')}", file=out)
+    return 0
+
+
+def cmd_rerun(args: argparse.Namespace, out: TextIO) -> int:
+    """Enqueue a copy of a settled job; exit 1 when it is missing or not settled."""
+    watchdog = _watchdog(args)
+    original = watchdog.read(args.job_id)
+    if original is None:
+        raise CommandFailed(f"no job {args.job_id!r}")
+    if original.state is not JobState.SETTLED:
+        raise CommandFailed(
+            f"job {args.job_id!r} is {original.state.value}: only a settled job can be rerun"
+        )
+    result = watchdog.rerun(args.job_id, rerun_id=args.rerun_id)
+    if args.json:
+        _print_json({"job_id": result.job_id, "rerun_of": args.job_id, "status": result.status.value}, out)
+    else:
+        print(f"{result.job_id}: {result.status.value}", file=out)
+    return 0
+
+
 def _watchdog(args: argparse.Namespace) -> Watchdog:
     engine: Engine = args.engine
     _require_table(engine)
@@ -668,6 +946,161 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     )
 
 
+#: A DURATION option: whole days, hours, minutes and seconds, largest unit first.
+_DURATION = re.compile(r"(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?")
+_DURATION_UNITS = (86400, 3600, 60, 1)
+
+
+def parse_duration(text: str) -> timedelta:
+    """A DURATION: ``30d``, ``12h``, ``15m``, ``90s``, or units combined
+    largest first (``1d12h``, ``1h30m``); from ``0s`` to 3650 days.
+
+    Nothing else is accepted (no sign, no fraction, no space, no other
+    unit): argparse names the option in the error.
+    """
+    match = _DURATION.fullmatch(text) if 0 < len(text) <= 40 else None
+    if match is None or not any(match.groups()):
+        raise argparse.ArgumentTypeError(
+            f"expected a duration such as 30d, 12h, 15m, 90s or 1h30m, got {text[:40]!r}"
+        )
+    seconds = sum(int(part) * unit for part, unit in zip(match.groups(), _DURATION_UNITS) if part)
+    if seconds > MAX_DELAY.total_seconds():
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_DELAY.days}d, got {text[:40]!r}")
+    return timedelta(seconds=seconds)
+
+
+def format_duration(value: timedelta) -> str:
+    """A whole-second duration as :func:`parse_duration` reads it (``1h30m``, ``0s``)."""
+    seconds = int(value.total_seconds())
+    parts = []
+    for unit, name in zip(_DURATION_UNITS, "dhms"):
+        count, seconds = divmod(seconds, unit)
+        if count:
+            parts.append(f"{count}{name}")
+    return "".join(parts) or "0s"
+
+
+def _int_between(low: int, high: int) -> Callable[[str], int]:
+    """An integer option from ``low`` to ``high`` (argparse names the option in the error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text) if len(text) <= 40 else None
+        except ValueError:
+            value = None
+        if value is None:
+            raise argparse.ArgumentTypeError(f"not an integer: {text[:40]!r}")
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low} to {high}, got {value}")
+        return value
+
+    return parse
+
+
+#: The shortest and the default ``stats --watch --interval``, in seconds.
+WATCH_INTERVAL_MIN = 0.1
+WATCH_INTERVAL_DEFAULT = 2.0
+
+
+def _watch_interval(text: str) -> float:
+    value = _seconds(text)
+    if value < WATCH_INTERVAL_MIN:
+        raise argparse.ArgumentTypeError(f"must be at least {WATCH_INTERVAL_MIN} seconds, got {text[:40]!r}")
+    return value
+
+
+#: The largest ``sequence`` (a 64-bit signed integer).
+SEQUENCE_MAX = 2**63 - 1
+
+
+def _add_operations_commands(commands: Any) -> None:
+    """The operator commands: ``ls``, ``stats``, ``prune``, ``pause``, ``resume``, ``rerun``."""
+    ls = commands.add_parser(
+        "ls",
+        help="list jobs in admission order, filtered and paged",
+        description="Jobs in admission (sequence) order, with their attempt and times (UTC, "
+        "database clock). A full page ends with the --after value of the next one.",
+    )
+    ls.add_argument("--queue", help="only this queue's jobs")
+    ls.add_argument("--state", choices=[state.value for state in JobState], help="only jobs in this state")
+    ls.add_argument(
+        "--outcome", choices=[outcome.value for outcome in Outcome], help="only settled jobs with this outcome"
+    )
+    ls.add_argument("--lane", help="only this lane's jobs")
+    ls.add_argument("--prefix", metavar="JOB_ID_PREFIX", help="job_ids starting with this literal text")
+    ls.add_argument(
+        "--limit", type=_int_between(1, LIST_LIMIT_MAX), default=100, help=f"1-{LIST_LIMIT_MAX} (default: 100)"
+    )
+    ls.add_argument(
+        "--after", type=_int_between(0, SEQUENCE_MAX), default=0, metavar="SEQUENCE",
+        help="only jobs with a greater sequence (default: 0)",
+    )
+    ls.set_defaults(func=cmd_ls)
+
+    stats = commands.add_parser(
+        "stats",
+        help="per queue: jobs by state, expired leases, oldest ready age, recent outcomes, pause",
+        description="Every queue with live jobs, jobs settled in the last hour, or a pause. "
+        "--json prints one JSON document (with --watch: one per line).",
+    )
+    stats.add_argument("--watch", action="store_true", help="redraw every --interval seconds until Ctrl-C")
+    stats.add_argument(
+        "--interval", type=_watch_interval, metavar="SECONDS",
+        help=f"with --watch: seconds between redraws, at least {WATCH_INTERVAL_MIN} "
+        f"(default: {WATCH_INTERVAL_DEFAULT:g})",
+    )
+    stats.set_defaults(func=cmd_stats)
+
+    prune = commands.add_parser(
+        "prune",
+        help="delete settled jobs that settled more than DURATION ago",
+        description="Delete settled jobs that settled more than DURATION ago (database clock), oldest "
+        "first, in short batches. Queued, delayed and running jobs are never deleted. A pruned "
+        "job_id can be enqueued again as a new job.",
+    )
+    prune.add_argument(
+        "--older-than", type=parse_duration, required=True, metavar="DURATION",
+        help="30d, 12h, 15m, 90s, or combined largest unit first (1h30m)",
+    )
+    prune.add_argument(
+        "--outcome", dest="outcomes", action="extend", nargs="+", metavar="OUTCOME",
+        choices=[outcome.value for outcome in Outcome],
+        help="only these outcomes (repeatable; default: every outcome)",
+    )
+    prune.add_argument(
+        "--limit", type=_int_between(1, SEQUENCE_MAX), help="delete at most this many (default: no limit)"
+    )
+    prune.add_argument(
+        "--include-undated", action="store_true",
+        help="also jobs settled before revision w0004 (no settled time recorded)",
+    )
+    prune.set_defaults(func=cmd_prune)
+
+    pause = commands.add_parser(
+        "pause",
+        help="stop runners claiming a queue's jobs (idempotent)",
+        description="From the moment this commits no runner claims the queue's jobs; running jobs "
+        "finish and enqueueing still works. Pausing a paused queue keeps its reason.",
+    )
+    pause.add_argument("queue")
+    pause.add_argument("--reason", help="why (shown by stats)")
+    pause.set_defaults(func=cmd_pause)
+
+    resume = commands.add_parser("resume", help="let runners claim a paused queue's jobs again (idempotent)")
+    resume.add_argument("queue")
+    resume.set_defaults(func=cmd_resume)
+
+    rerun = commands.add_parser(
+        "rerun",
+        help="enqueue a copy of a settled job",
+        description="Enqueue a copy of settled job JOB_ID as the new job JOB_ID~rerun~ID (a hash when "
+        "that is too long). The same command again is a duplicate, not a second copy.",
+    )
+    rerun.add_argument("job_id")
+    rerun.add_argument("--rerun-id", required=True, metavar="ID", help="names this rerun (1-128 characters)")
+    rerun.set_defaults(func=cmd_rerun)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``sqlalchemy-watchdog``."""
     parser = _Parser(
@@ -676,7 +1109,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             f"The database: --url, else ${URL_ENV}, else {DEFAULT_URL}.\n"
             "--url, --json and --log-level go before or after the command.\n"
-            "Only upgrade creates anything (a table, a SQLite file).\n\n" + EXIT_STATUS_HELP
+            "Only upgrade creates anything (a table, a SQLite file).\n"
+            "Times are UTC, by the database clock. DURATION (prune): 30d, 12h, 15m, 90s, 1h30m.\n\n"
+            + EXIT_STATUS_HELP
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -731,6 +1166,8 @@ def build_parser() -> argparse.ArgumentParser:
     purge = commands.add_parser("purge", help="delete a queue's queued jobs")
     purge.add_argument("queue")
     purge.set_defaults(func=cmd_purge)
+
+    _add_operations_commands(commands)
 
     run = commands.add_parser(
         "run",

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -720,3 +722,425 @@ def test_schedules_errors_are_one_line(app_module: tuple[str, Path], capsys: pyt
         assert (status, out) == (1, ""), (source, err)
         assert len(err.splitlines()) == 1 and message in err, err
         assert "Traceback" not in err
+
+
+# -- operations: ls, stats, prune, pause, resume, rerun ----------------------------------------
+
+
+def age_settled(engine: Engine, days: float, *job_ids: str) -> None:
+    """Move the jobs' settled time ``days`` into the past (as if they settled then)."""
+    with engine.begin() as conn:
+        for job_id in job_ids:
+            conn.execute(
+                text("UPDATE watchdog_jobs SET settled_at = settled_at - :ms WHERE job_id = :job_id"),
+                {"ms": int(days * 86_400_000), "job_id": job_id},
+            )
+
+
+def job_ids(engine: Engine) -> set[str]:
+    with engine.connect() as conn:
+        return set(conn.execute(text("SELECT job_id FROM watchdog_jobs")).scalars())
+
+
+def run_all(engine: Engine, queue: str, failing: tuple[str, ...] = ()) -> None:
+    def handle(job: RunningJob) -> Decision | None:
+        return Decision.failed("declined") if job.job_id in failing else None
+
+    Runner(engine, {queue: handle}).run_until_idle()
+
+
+def test_ls_table_filters_and_pages(engine: Engine, cli: Cli) -> None:
+    add(
+        engine,
+        Job("a_1", "emails", lane="team:1"),
+        Job("ab2", "emails", lane="team:2"),
+        Job("a_3", "emails", lane="team:1"),
+        Job("sms-1", "sms", lane="team:1"),
+    )
+    run_all(engine, "emails", failing=("ab2",))
+    add(engine, Job("a_4", "emails"))
+    claim_one(engine, "sms")
+
+    status, out, _ = cli("ls")
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "sequence", "job_id", "queue", "state", "attempt", "enqueued_at", "started_at", "settled_at",
+    ]
+    rows = {cells[1]: cells for cells in (line.split() for line in lines[1:])}
+    assert list(rows) == ["a_1", "ab2", "a_3", "sms-1", "a_4"]  # admission order, no paging note
+    assert rows["a_1"][3] == "settled/completed" and rows["ab2"][3] == "settled/failed"
+    assert rows["sms-1"][3] == "running" and rows["a_4"][3] == "queued"
+    assert rows["a_1"][4] == "1"
+    # Times: UTC to the second; a queued job has not started nor settled.
+    for cell in rows["a_1"][5:]:
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", cell), cell
+    assert rows["sms-1"][7] == "-" and rows["sms-1"][6] != "-"
+    assert rows["a_4"][6:] == ["-", "-"]
+
+    # A full page says where the next one starts; the next page follows on.
+    status, out, _ = cli("ls", "--limit", "2")
+    lines = out.splitlines()
+    assert [line.split()[1] for line in lines[1:3]] == ["a_1", "ab2"]
+    assert lines[3].startswith("(more may follow: --after ")
+    after = lines[3].split("--after ")[1].rstrip(")")
+    status, out, _ = cli("ls", "--limit", "2", "--after", after)
+    assert [line.split()[1] for line in out.splitlines()[1:3]] == ["a_3", "sms-1"]
+
+    def listed(*argv: str) -> list[str]:
+        status, out, err = cli("--json", "ls", *argv)
+        assert status == 0, err
+        return [json.loads(line)["job_id"] for line in out.splitlines()]
+
+    assert listed("--queue", "sms") == ["sms-1"]
+    assert listed("--state", "settled") == ["a_1", "ab2", "a_3"]
+    assert listed("--outcome", "failed") == ["ab2"]
+    assert listed("--lane", "team:1", "--state", "settled") == ["a_1", "a_3"]
+    assert listed("--prefix", "a_") == ["a_1", "a_3", "a_4"]  # literal: "_" is no wildcard
+    assert listed("--queue", "emails", "--after", after, "--limit", "1") == ["a_3"]
+
+    status, out, _ = cli("ls", "--queue", "nothing-here")
+    assert (status, out.strip()) == (0, "no matching jobs after sequence 0")
+    status, out, _ = cli("--json", "ls", "--queue", "nothing-here")
+    assert (status, out) == (0, "")
+
+
+def test_ls_json_carries_attempt_times_and_rerun_of(engine: Engine, cli: Cli) -> None:
+    add(engine, Job("orig", "q", payload={"n": 1}))
+    run_all(engine, "q")
+    Watchdog(engine).rerun("orig", rerun_id="again")
+    status, out, _ = cli("--json", "ls")
+    assert status == 0
+    orig, copy = (json.loads(line) for line in out.splitlines())
+    assert orig["job_id"] == "orig" and orig["outcome"] == "completed" and orig["attempt"] == 1
+    enqueued, started, settled_ = (
+        datetime.fromisoformat(orig[name]) for name in ("enqueued_at", "started_at", "settled_at")
+    )
+    assert enqueued.utcoffset() == timedelta(0)
+    assert enqueued <= started <= settled_
+    assert abs(datetime.now(UTC) - settled_) < timedelta(minutes=5)
+    assert orig["rerun_of"] is None
+    assert copy["job_id"] == "orig~rerun~again" and copy["rerun_of"] == "orig"
+    assert copy["state"] == "queued" and copy["payload"] == {"n": 1}
+    assert copy["started_at"] is None and copy["settled_at"] is None
+
+
+def test_stats_table_and_json(engine: Engine, cli: Cli) -> None:
+    status, out, _ = cli("stats")
+    assert status == 0
+    assert out.splitlines()[1] == "no queue has live jobs, jobs settled in the last hour, or a pause"
+    status, out, _ = cli("--json", "stats")
+    assert status == 0 and json.loads(out)["queues"] == []
+
+    add(engine, *(Job(f"done-{i}", "emails") for i in range(3)))
+    run_all(engine, "emails", failing=("done-1",))
+    add(
+        engine,
+        Job("waiting-1", "emails"),
+        Job("waiting-2", "emails"),
+        Job("later", "emails", run_at=datetime.now(UTC) + timedelta(hours=1)),
+        Job("stuck", "emails", priority=9),
+    )
+    with engine.begin() as conn:  # "stuck" is running under a lease that has ended
+        assert [c.job.job_id for c in store.claim(conn, queues=["emails"], limit=1, lease_ms=1).claimed] == ["stuck"]
+    Watchdog(engine).pause("sms", reason="provider outage")
+
+    status, out, _ = cli("--json", "stats")
+    assert status == 0
+    document = json.loads(out)
+    assert datetime.fromisoformat(document["at"]).utcoffset() == timedelta(0)
+    emails, sms = document["queues"]
+    age = emails.pop("oldest_ready_age_seconds")
+    assert 0 <= age < 300
+    assert emails == {
+        "queue": "emails",
+        "delayed": 1,
+        "queued": 2,
+        "running": 1,
+        "expired_leases": 1,
+        "settled_last_minute": {"completed": 2, "failed": 1, "cancelled": 0, "outcome_unknown": 0, "interrupted": 0},
+        "settled_last_hour": {"completed": 2, "failed": 1, "cancelled": 0, "outcome_unknown": 0, "interrupted": 0},
+        "paused": False,
+        "pause": None,
+    }
+    paused_at = datetime.fromisoformat(sms["pause"].pop("paused_at"))
+    assert abs(paused_at - datetime.fromisoformat(document["at"])) < timedelta(minutes=5)
+    assert sms == {
+        "queue": "sms",
+        "delayed": 0,
+        "queued": 0,
+        "running": 0,
+        "expired_leases": 0,
+        "oldest_ready_age_seconds": None,
+        "settled_last_minute": {"completed": 0, "failed": 0, "cancelled": 0, "outcome_unknown": 0, "interrupted": 0},
+        "settled_last_hour": {"completed": 0, "failed": 0, "cancelled": 0, "outcome_unknown": 0, "interrupted": 0},
+        "paused": True,
+        "pause": {"reason": "provider outage"},
+    }
+
+    status, out, _ = cli("stats")
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("queues at ") and lines[0].endswith("Z (database clock)")
+    assert lines[1].split() == [
+        "queue", "delayed", "queued", "running", "expired_leases", "oldest_ready", "last_minute", "last_hour", "paused",
+    ]
+    emails_row = lines[2].split(None, 8)
+    assert emails_row[:5] == ["emails", "1", "2", "1", "1"]
+    assert re.fullmatch(r"\d+s|\d+m\d\ds", emails_row[5]), emails_row[5]
+    assert emails_row[6:] == ["completed=2,failed=1", "completed=2,failed=1", "-"]
+    sms_row = lines[3].split(None, 8)
+    assert sms_row[:8] == ["sms", "0", "0", "0", "0", "-", "-", "-"]
+    assert re.fullmatch(r"since \S+Z: provider outage", sms_row[8]), sms_row[8]
+
+
+def read_frames(process: subprocess.Popen[bytes], until: Callable[[bytes], bool], timeout: float = 30) -> bytes:
+    """Read the process's stdout as it comes until ``until(everything so far)``."""
+    import selectors
+
+    assert process.stdout is not None
+    seen = b""
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        while not until(seen):
+            remaining = deadline - time.monotonic()
+            assert remaining > 0 and process.poll() is None, (seen, process.poll())
+            if selector.select(remaining):
+                seen += os.read(process.stdout.fileno(), 65536)
+    return seen
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
+def test_stats_watch_redraws_until_sigint(engine: Engine, db_url: URL, tmp_path: Path, as_json: bool) -> None:
+    """``stats --watch`` redraws every --interval (showing what changed) and
+    exits 0 on Ctrl-C; with --json it prints one document per line instead."""
+    add(engine, Job("first", "before"))
+    env = {**os.environ, "WATCHDOG_DATABASE_URL": url_arg(db_url), "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "sqlalchemy_watchdog.cli", "stats", "--watch", "--interval", "0.2"]
+    watcher = subprocess.Popen(
+        [*argv, "--json"] if as_json else argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        seen = read_frames(watcher, lambda seen: b"before" in seen)
+        add(engine, Job("second", "after"))  # a later frame shows the new queue
+        seen += read_frames(watcher, lambda more: b"after" in seen + more)
+        watcher.send_signal(signal.SIGINT)
+        rest, err = watcher.communicate(timeout=30)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
+    assert watcher.returncode == 0, err
+    assert b"Traceback" not in err
+    output = (seen + rest).decode()
+    if as_json:
+        assert "\x1b" not in output
+        documents = [json.loads(line) for line in output.splitlines()]
+        frames = [[q["queue"] for q in document["queues"]] for document in documents]
+    else:
+        assert output.startswith("\x1b[H\x1b[2J")
+        frames = [
+            [line.split()[0] for line in frame.splitlines()[2:] if line and not line.startswith("(")]
+            for frame in output.split("\x1b[H\x1b[2J")[1:]
+        ]
+        assert all(frame.splitlines()[0].startswith("queues at ") for frame in output.split("\x1b[H\x1b[2J")[1:])
+    assert len(frames) >= 2
+    assert frames[0] == ["before"]
+    assert frames[-1] == ["after", "before"]
+
+
+def test_stats_usage_errors(engine: Engine, cli: Cli) -> None:
+    status, out, err = cli("stats", "--interval", "1")
+    assert (status, out) == (2, "") and "--interval applies only with --watch" in err
+    for bad in ("0", "0.01", "-1", "nan", "soon"):
+        status, out, err = cli("stats", "--watch", "--interval", bad)
+        assert (status, out) == (2, ""), bad
+        assert "--interval" in err and len(err.splitlines()) == 1
+
+
+def test_prune_deletes_old_settled_jobs_only(engine: Engine, cli: Cli) -> None:
+    add(engine, *(Job(name, "q") for name in ("old-ok-1", "old-ok-2", "old-failed", "new-ok", "undated")))
+    run_all(engine, "q", failing=("old-failed",))
+    age_settled(engine, 3, "old-ok-1", "old-ok-2", "old-failed")
+    with engine.begin() as conn:  # settled before revision w0004: no time recorded
+        conn.execute(text("UPDATE watchdog_jobs SET settled_at = NULL WHERE job_id = 'undated'"))
+    add(engine, Job("running", "q"), Job("queued", "q"), Job("delayed", "q", run_at=datetime.now(UTC) + timedelta(days=1)))
+    claim_one(engine, "q")
+
+    status, out, _ = cli("prune", "--older-than", "2d", "--outcome", "failed")
+    assert (status, out) == (0, "1 failed job(s) pruned (settled more than 2d ago)\n")
+    assert "old-failed" not in job_ids(engine)
+    status, out, _ = cli("--json", "prune", "--older-than", "2d", "--limit", "1")
+    assert status == 0
+    assert json.loads(out) == {"deleted": 1, "older_than_seconds": 172800.0, "outcomes": None, "include_undated": False}
+    status, out, _ = cli("prune", "--older-than", "4d")  # none settled that long ago
+    assert (status, out) == (0, "0 settled job(s) pruned (settled more than 4d ago)\n")
+    status, out, _ = cli("prune", "--older-than", "1d12h", "--outcome", "completed", "failed", "--outcome", "cancelled")
+    assert (status, out) == (0, "1 completed/failed/cancelled job(s) pruned (settled more than 1d12h ago)\n")
+    assert job_ids(engine) == {"new-ok", "undated", "running", "queued", "delayed"}
+    status, out, _ = cli("prune", "--older-than", "0s")  # everything settled, but undated rows stay
+    assert (status, out) == (0, "1 settled job(s) pruned (settled more than 0s ago)\n")
+    assert job_ids(engine) == {"undated", "running", "queued", "delayed"}
+    status, out, _ = cli("prune", "--older-than", "0s", "--include-undated")
+    assert (status, out) == (0, "1 settled job(s) pruned (settled more than 0s ago)\n")
+    assert job_ids(engine) == {"running", "queued", "delayed"}  # live jobs are never pruned
+
+
+#: Bad prune command lines: exit 2, one line naming the option, nothing deleted.
+BAD_PRUNES = [
+    (["prune"], "--older-than"),
+    (["prune", "--older-than", "30"], "--older-than"),
+    (["prune", "--older-than", "30x"], "--older-than"),
+    (["prune", "--older-than", "30D"], "--older-than"),
+    (["prune", "--older-than", "-1d"], "--older-than"),
+    (["prune", "--older-than", "+1d"], "--older-than"),
+    (["prune", "--older-than", "1.5h"], "--older-than"),
+    (["prune", "--older-than", " 30d"], "--older-than"),
+    (["prune", "--older-than", "30 d"], "--older-than"),
+    (["prune", "--older-than", "1h1d"], "--older-than"),
+    (["prune", "--older-than", "1d1d"], "--older-than"),
+    (["prune", "--older-than", "d"], "--older-than"),
+    (["prune", "--older-than", ""], "--older-than"),
+    (["prune", "--older-than", "\u0663d"], "--older-than"),  # an Arabic-Indic digit
+    (["prune", "--older-than", "3651d"], "--older-than"),
+    (["prune", "--older-than", "9" * 5000 + "d"], "--older-than"),
+    (["prune", "--older-than", "1d", "--outcome", "finished"], "--outcome"),
+    (["prune", "--older-than", "1d", "--outcome"], "--outcome"),
+    (["prune", "--older-than", "1d", "--limit", "0"], "--limit"),
+    (["prune", "--older-than", "1d", "--limit", "many"], "--limit"),
+]
+
+
+@pytest.mark.parametrize(("argv", "named"), BAD_PRUNES, ids=lambda v: repr(" ".join(v)[:40]) if isinstance(v, list) else None)
+def test_prune_refuses_bad_input(argv: list[str], named: str, engine: Engine, cli: Cli) -> None:
+    add(engine, Job("old", "q"))
+    run_all(engine, "q")
+    age_settled(engine, 4000, "old")
+    status, out, err = cli(*argv)
+    assert (status, out) == (2, "")
+    assert len(err.splitlines()) == 1, err
+    assert named in err
+    assert job_ids(engine) == {"old"}
+
+
+@pytest.mark.parametrize(
+    ("text_", "expected"),
+    [
+        ("30d", timedelta(days=30)),
+        ("12h", timedelta(hours=12)),
+        ("15m", timedelta(minutes=15)),
+        ("90s", timedelta(seconds=90)),
+        ("1h30m", timedelta(minutes=90)),
+        ("1d2h3m4s", timedelta(days=1, hours=2, minutes=3, seconds=4)),
+        ("0s", timedelta(0)),
+        ("3650d", timedelta(days=3650)),
+    ],
+)
+def test_duration_syntax(text_: str, expected: timedelta) -> None:
+    from sqlalchemy_watchdog.cli import format_duration, parse_duration
+
+    assert parse_duration(text_) == expected
+    assert parse_duration(format_duration(expected)) == expected
+
+
+def test_pause_and_resume_are_idempotent_and_stop_claims(engine: Engine, cli: Cli) -> None:
+    add(engine, Job("a", "q"))
+    assert cli("pause", "q", "--reason", "deploying")[:2] == (0, "queue 'q': paused\n")
+    assert cli("pause", "q", "--reason", "other")[:2] == (0, "queue 'q': already paused (its reason is unchanged)\n")
+    status, out, _ = cli("--json", "pause", "q")
+    assert (status, json.loads(out)) == (0, {"queue": "q", "status": "already_paused"})
+    pause = Watchdog(engine).stats().queue("q").pause
+    assert pause is not None and pause.reason == "deploying"
+    with engine.begin() as conn:
+        assert store.claim(conn, queues=["q"], limit=1, lease_ms=60_000).claimed == ()
+
+    assert cli("resume", "q")[:2] == (0, "queue 'q': resumed\n")
+    assert cli("resume", "q")[:2] == (0, "queue 'q': not paused\n")
+    status, out, _ = cli("--json", "resume", "never-paused")
+    assert (status, json.loads(out)) == (0, {"queue": "never-paused", "status": "not_paused"})
+    assert claim_one(engine, "q").job.job_id == "a"
+    status, out, _ = cli("--json", "pause", "q")
+    assert (status, json.loads(out)) == (0, {"queue": "q", "status": "paused"})
+    assert Watchdog(engine).stats().queue("q").pause.reason is None  # type: ignore[union-attr]
+
+
+def test_pause_refuses_a_bad_reason(engine: Engine, cli: Cli) -> None:
+    status, out, err = cli("pause", "q", "--reason", "x" * 2001)
+    assert (status, out) == (1, "")
+    assert "invalid_input" in err and "reason" in err
+    assert not Watchdog(engine).stats().queue("q").paused
+
+
+def test_rerun(engine: Engine, cli: Cli) -> None:
+    add(engine, Job("orig", "q", lane="team:1", priority=4, payload={"n": 1}), Job("live", "q"))
+    run_all(engine, "q", failing=("orig",))
+    add(engine, Job("waiting", "q"))
+
+    assert cli("rerun", "orig", "--rerun-id", "ticket-7")[:2] == (0, "orig~rerun~ticket-7: queued\n")
+    assert cli("rerun", "orig", "--rerun-id", "ticket-7")[:2] == (0, "orig~rerun~ticket-7: duplicate\n")
+    status, out, _ = cli("--json", "rerun", "orig", "--rerun-id", "ticket-8")
+    assert (status, json.loads(out)) == (0, {"job_id": "orig~rerun~ticket-8", "rerun_of": "orig", "status": "queued"})
+    copy = read(engine, "orig~rerun~ticket-7")
+    assert (copy.state, copy.queue, copy.lane, copy.priority, copy.payload, copy.rerun_of) == (
+        JobState.QUEUED, "q", "team:1", 4, {"n": 1}, "orig",
+    )
+    assert read(engine, "orig").reruns == ("orig~rerun~ticket-7", "orig~rerun~ticket-8")
+
+    before = job_ids(engine)
+    status, out, err = cli("rerun", "ghost", "--rerun-id", "r")
+    assert (status, out) == (1, "") and "no job 'ghost'" in err
+    status, out, err = cli("rerun", "waiting", "--rerun-id", "r")
+    assert (status, out) == (1, "")
+    assert "job 'waiting' is queued: only a settled job can be rerun" in err
+    status, out, err = cli("rerun", "orig", "--rerun-id", "x" * 129)
+    assert (status, out) == (1, "") and "rerun_id" in err
+    status, out, err = cli("rerun", "orig")
+    assert (status, out) == (2, "") and "--rerun-id" in err
+    assert job_ids(engine) == before
+
+
+def test_operations_exit_status_rule(engine: Engine, cli: Cli) -> None:
+    add(engine, Job("done", "q"))
+    run_all(engine, "q")
+    add(engine, Job("waiting", "q"))
+    table = [
+        (["ls"], 0),
+        (["ls", "--queue", "none"], 0),
+        (["ls", "--state", "finished"], 2),
+        (["ls", "--limit", "1001"], 2),
+        (["ls", "--after", "-1"], 2),
+        (["stats"], 0),
+        (["prune", "--older-than", "30d"], 0),  # nothing that old
+        (["prune", "--older-than", "30"], 2),
+        (["pause", "q"], 0),
+        (["pause", "q"], 0),
+        (["resume", "q"], 0),
+        (["resume", "q"], 0),
+        (["rerun", "done", "--rerun-id", "r"], 0),
+        (["rerun", "done", "--rerun-id", "r"], 0),  # duplicate
+        (["rerun", "waiting", "--rerun-id", "r"], 1),
+        (["rerun", "ghost", "--rerun-id", "r"], 1),
+    ]
+    for argv, expected in table:
+        assert cli(*argv)[0] == expected, argv
+
+
+OPERATIONS_COMMAND_LINES = [
+    ["ls"],
+    ["stats"],
+    ["prune", "--older-than", "1d"],
+    ["pause", "q"],
+    ["resume", "q"],
+    ["rerun", "a", "--rerun-id", "r"],
+]
+
+
+@pytest.mark.parametrize("argv", OPERATIONS_COMMAND_LINES, ids=lambda argv: argv[0])
+def test_operations_refuse_a_missing_sqlite_file(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    test_no_command_but_upgrade_creates_a_sqlite_file(argv, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("argv", OPERATIONS_COMMAND_LINES, ids=lambda argv: argv[0])
+def test_operations_refuse_a_missing_table(argv: list[str], empty_engine: Engine, cli: Cli) -> None:
+    test_missing_table_on_either_dialect(argv, empty_engine, cli)
