@@ -460,7 +460,7 @@ def test_w0004_upgrades_and_downgrades_a_table_holding_jobs_in_every_state(empty
     run(empty_engine, command.upgrade, "w0003_time_and_retries")
     before = _w0003_jobs_in_every_state(empty_engine)
     assert {state for state, _, _ in before.values()} == {"delayed", "queued", "running", "settled"}
-    run(empty_engine, command.upgrade, "w0004_operations")
+    run(empty_engine, command.upgrade, "head")
     assert differences(empty_engine, sqlalchemy_watchdog.metadata) == []
     watchdog = Watchdog(empty_engine)
     for job_id, (state, outcome, attempt) in before.items():
