@@ -391,3 +391,116 @@ def test_w0002_upgrades_and_downgrades_a_table_holding_jobs_in_every_state(empty
         rows = conn.execute(text("SELECT job_id, state, outcome, failure_reason FROM watchdog_jobs"))
         assert {row.job_id: (row.state, row.outcome, row.failure_reason) for row in rows} == before
         assert "failure_detail" not in {c["name"] for c in inspect(conn).get_columns("watchdog_jobs")}
+
+
+# -- w0004: operations (timestamps, reruns, pauses) ------------------------------------------
+
+_W0004_COLUMNS = {"enqueued_at", "started_at", "settled_at", "rerun_of"}
+_W0004_INDEXES = {"ix_watchdog_jobs_settled", "ix_watchdog_jobs_rerun_of"}
+
+
+def _w0003_jobs_in_every_state(engine: Engine) -> dict[str, tuple[str, str | None, int]]:
+    """Delayed, queued, running and settled jobs (every outcome) and a job
+    retried once, written as w0003's schema stores them."""
+    far = 4_102_444_800_000
+    history = '[{"at": 1700000000000, "attempt": 1, "reason": "flaky"}]'
+    rows = [
+        # job_id, state, outcome, claim_token, lease_until, ready_at, attempt, max_attempts, history, cancellation
+        ("later", "delayed", None, None, None, far, 1, None, None, None),
+        ("waiting", "queued", None, None, None, None, 1, None, None, None),
+        ("retried", "queued", None, None, None, 1_700_000_001_000, 2, 3, history, None),
+        ("running", "running", None, "claim_x.4", far, None, 1, None, None, None),
+        ("done", "settled", "completed", "claim_x.5", None, None, 1, None, None, None),
+        ("broken", "settled", "failed", "claim_x.6", None, None, 2, 2, history, None),
+        ("stopped", "settled", "cancelled", None, None, None, 1, None, None, "stop-it"),
+        ("lost", "settled", "interrupted", "claim_x.8", None, None, 1, None, None, None),
+        ("unsure", "settled", "outcome_unknown", "claim_x.9", None, None, 1, None, None, None),
+    ]
+    with engine.begin() as conn:
+        for job_id, state, outcome, token, lease, ready, attempt, max_attempts, failures, cancellation in rows:
+            conn.execute(
+                text(
+                    "INSERT INTO watchdog_jobs (job_id, queue_name, lane, priority, payload_json, state, outcome,"
+                    " claim_token, lease_until, recovery_count, cancellation_id, ready_at, attempt, max_attempts,"
+                    " failure_history, snoozes)"
+                    " VALUES (:job_id, 'q', :job_id, 0, '{\"n\": 1}', :state, :outcome, :token, :lease, 0,"
+                    " :cancellation, :ready, :attempt, :max_attempts, :failures, 0)"
+                ),
+                dict(
+                    job_id=job_id,
+                    state=state,
+                    outcome=outcome,
+                    token=token,
+                    lease=lease,
+                    cancellation=cancellation,
+                    ready=ready,
+                    attempt=attempt,
+                    max_attempts=max_attempts,
+                    failures=failures,
+                ),
+            )
+    return {job_id: (state, outcome, attempt) for job_id, state, outcome, _, _, _, attempt, _, _, _ in rows}
+
+
+def _w0004_rows(engine: Engine) -> dict[str, tuple[str, str | None, int]]:
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT job_id, state, outcome, attempt FROM watchdog_jobs"))
+        return {row.job_id: (row.state, row.outcome, row.attempt) for row in rows}
+
+
+def test_w0004_upgrades_and_downgrades_a_table_holding_jobs_in_every_state(empty_engine: Engine) -> None:
+    """Rows keep their meaning both ways; rows from before the upgrade have no
+    recorded times (NULL); the downgrade drops the new columns, indexes and
+    the pauses table, and keeps every row."""
+    from datetime import timedelta
+
+    from sqlalchemy_watchdog import Decision, PauseStatus
+    from sqlalchemy_watchdog import store as watchdog_store
+
+    run(empty_engine, command.upgrade, "w0003_time_and_retries")
+    before = _w0003_jobs_in_every_state(empty_engine)
+    assert {state for state, _, _ in before.values()} == {"delayed", "queued", "running", "settled"}
+    run(empty_engine, command.upgrade, "head")
+    assert differences(empty_engine, sqlalchemy_watchdog.metadata) == []
+    watchdog = Watchdog(empty_engine)
+    for job_id, (state, outcome, attempt) in before.items():
+        job = watchdog.read(job_id)
+        assert job is not None
+        assert (job.state.value, job.outcome and job.outcome.value, job.attempt) == (state, outcome, attempt)
+        assert (job.enqueued_at, job.started_at, job.settled_at, job.rerun_of, job.reruns) == (None,) * 4 + ((),)
+    retried = watchdog.read("retried")
+    assert retried is not None and retried.max_attempts == 3 and [f.reason for f in retried.failure_history] == ["flaky"]
+    assert [job.job_id for job in watchdog.list_jobs()] == list(before)
+    stats = watchdog.stats().queue("q")
+    assert (stats.delayed, stats.queued, stats.running, stats.settled_last_hour) == (1, 2, 1, {})
+    # Undated settled jobs stay unless asked for.
+    assert watchdog.prune(older_than=timedelta(0)) == 0
+    # The upgraded table works: a claim and a settle record their times; pauses and reruns work.
+    with watchdog_store.write_transaction(empty_engine) as conn:
+        [claim] = watchdog_store.claim(conn, queues=["q"], limit=1, lease_ms=60_000).claimed
+    with watchdog_store.write_transaction(empty_engine) as conn:
+        watchdog_store.settle(conn, job_id=claim.job.job_id, claim_token=claim.token, decision=Decision.completed())
+    assert claim.job.job_id == "waiting"
+    waiting = watchdog.read("waiting")
+    assert waiting is not None and waiting.started_at is not None and waiting.settled_at is not None
+    assert watchdog.rerun("done", rerun_id="again").job_id == "done~rerun~again"
+    assert watchdog.pause("q", reason="migrating") is PauseStatus.PAUSED
+
+    run(empty_engine, command.downgrade, "w0003_time_and_retries")
+    with empty_engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "w0003_time_and_retries"
+        columns = {c["name"] for c in inspect(conn).get_columns("watchdog_jobs")}
+        indexes = {i["name"] for i in inspect(conn).get_indexes("watchdog_jobs")}
+    assert "watchdog_queue_pauses" not in tables(empty_engine)
+    assert not columns & _W0004_COLUMNS and {"attempt", "ready_at", "failure_history"} <= columns
+    assert not indexes & _W0004_INDEXES
+    after = {**before, "waiting": ("settled", "completed", 1), "done~rerun~again": ("queued", None, 1)}
+    assert _w0004_rows(empty_engine) == after
+
+    # And up again: the same rows, the times they had are gone, the pause too.
+    run(empty_engine, command.upgrade, "head")
+    assert differences(empty_engine, sqlalchemy_watchdog.metadata) == []
+    assert _w0004_rows(empty_engine) == after
+    waiting = watchdog.read("waiting")
+    assert waiting is not None and (waiting.started_at, waiting.settled_at) == (None, None)
+    assert watchdog.stats().queue("q").pause is None
