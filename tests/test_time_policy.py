@@ -276,11 +276,11 @@ def test_a_run_at_in_the_past_is_queued_at_once(engine: Engine) -> None:
 
 def test_a_run_at_in_the_future_waits_until_then(engine: Engine) -> None:
     now = db_clock(engine)
-    add(engine, Job("soon", "q", run_at=at(now + 600)), Job("much-later", "q", run_at=at(now + HOUR_MS)))
+    add(engine, Job("soon", "q", run_at=at(now + 1000)), Job("much-later", "q", run_at=at(now + HOUR_MS)))
     assert states(engine) == {"soon": "delayed", "much-later": "delayed"}
-    assert ms(read(engine, "soon").ready_at) == now + 600
+    assert ms(read(engine, "soon").ready_at) == now + 1000
     promote_until(engine, 1)
-    assert db_clock(engine) >= now + 600
+    assert db_clock(engine) >= now + 1000
     assert states(engine) == {"soon": "queued", "much-later": "delayed"}
 
 
@@ -525,13 +525,13 @@ def test_enqueue_select_refuses_a_naive_run_at_naming_the_field_and_row_and_writ
 def test_promotion_moves_due_jobs_earliest_first_in_bounded_batches_and_is_idempotent(engine: Engine) -> None:
     now = db_clock(engine)
     # j4 is due first, j0 last; admission order is the other way round.
-    add(engine, *(Job(f"j{i}", "q", run_at=at(now + 800 - 10 * i)) for i in range(5)))
+    add(engine, *(Job(f"j{i}", "q", run_at=at(now + 1200 - 10 * i)) for i in range(5)))
     add(engine, Job("later", "q", run_at=at(now + HOUR_MS)))
     before = {row["job_id"]: (row["sequence"], row["ready_at"]) for row in job_rows(engine)}
     assert set(states(engine).values()) == {"delayed"}
     nothing_due = promote(engine)
-    assert nothing_due.promoted == 0 and nothing_due.next_in is not None and 0 < nothing_due.next_in <= 0.8
-    wait_until(lambda: db_clock(engine) >= now + 800, what="every j to be due")
+    assert nothing_due.promoted == 0 and nothing_due.next_in is not None and 0 < nothing_due.next_in <= 1.2
+    wait_until(lambda: db_clock(engine) >= now + 1200, what="every j to be due")
 
     first = promote(engine, limit=2)
     assert (first.promoted, first.next_in) == (2, 0.0)
@@ -556,8 +556,9 @@ def test_promotion_with_no_delayed_job_reports_none_due(engine: Engine) -> None:
 def test_two_concurrent_promoters_never_move_a_job_twice(engine: Engine) -> None:
     jobs = 300
     now = db_clock(engine)
-    add(engine, *(Job(f"j{i:03}", "q", run_at=at(now + 500)) for i in range(jobs)))
-    wait_until(lambda: db_clock(engine) > now + 500, what="the jobs to be due")
+    add(engine, *(Job(f"j{i:03}", "q", run_at=at(now + 1500)) for i in range(jobs)))
+    assert set(states(engine).values()) == {"delayed"}
+    wait_until(lambda: db_clock(engine) > now + 1500, what="the jobs to be due")
     barrier = threading.Barrier(2, timeout=15)
     counts: list[list[int]] = [[], []]
     errors: list[BaseException] = []
