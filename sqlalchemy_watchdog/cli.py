@@ -7,11 +7,11 @@
 
     upgrade                                   create / migrate the watchdog_jobs table
     show JOB_ID                               one job
-    head QUEUE                                the queue's running job, else its next queued one
+    head QUEUE                                the queue's running job, else its next queued (or delayed) one
     settled [--limit N] [--after SEQUENCE]    settled jobs in admission order, paged
     cancel JOB_ID CANCELLATION_ID [--only-if-queued]
     fail-lane LANE REASON                     settle every live job of the lane ``failed``
-    purge QUEUE                               delete the queue's queued jobs
+    purge QUEUE                               delete the queue's queued and delayed jobs
     ls [--queue Q] [--state S] [--outcome O] [--lane L] [--prefix P] [--limit N] [--after SEQUENCE]
                                               jobs in admission order, filtered, paged
     stats [--watch [--interval SECONDS]]      per queue: jobs by state, expired leases,
@@ -314,7 +314,7 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_head(args: argparse.Namespace, out: TextIO) -> int:
-    """Print the queue's running job, else its next queued one (idle: a note, exit 0)."""
+    """Print the queue's running job, else its next queued, else delayed one (idle: a note, exit 0)."""
     job = _watchdog(args).read_queue_head(args.queue)
     if args.json:
         _print_json(None if job is None else _job_dict(job), out)
@@ -381,12 +381,12 @@ def cmd_fail_lane(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_purge(args: argparse.Namespace, out: TextIO) -> int:
-    """Delete the queue's queued jobs and say how many."""
+    """Delete the queue's queued and delayed jobs and say how many."""
     deleted = _watchdog(args).purge(args.queue)
     if args.json:
         _print_json({"queue": args.queue, "deleted": deleted}, out)
     else:
-        print(f"queue {args.queue!r}: {deleted} queued job(s) deleted", file=out)
+        print(f"queue {args.queue!r}: {deleted} queued or delayed job(s) deleted", file=out)
     return 0
 
 
@@ -1138,7 +1138,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("job_id")
     show.set_defaults(func=cmd_show)
 
-    head = commands.add_parser("head", help="the queue's running job, else its next queued one")
+    head = commands.add_parser("head", help="the queue's running job, else its next queued (or delayed) one")
     head.add_argument("queue")
     head.set_defaults(func=cmd_head)
 
@@ -1163,7 +1163,7 @@ def build_parser() -> argparse.ArgumentParser:
     fail_lane.add_argument("reason")
     fail_lane.set_defaults(func=cmd_fail_lane)
 
-    purge = commands.add_parser("purge", help="delete a queue's queued jobs")
+    purge = commands.add_parser("purge", help="delete a queue's queued and delayed jobs")
     purge.add_argument("queue")
     purge.set_defaults(func=cmd_purge)
 

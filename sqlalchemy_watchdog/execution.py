@@ -462,6 +462,13 @@ class Execution:
     #: When its handler must have returned (monotonic), if it has a timeout;
     #: set when the handler starts. The driver stops it then.
     deadline: float | None = None
+    #: In how many seconds a retry or snooze asked for makes the job due
+    #: again; the runner promotes then, once the requeue has committed.
+    requeue_in: float | None = None
+    #: Whether its handler runs in a thread the driver cannot interrupt (a
+    #: plain handler under the async driver): a stop only signals it, and
+    #: its slot and claim stay held until the thread returns.
+    threaded: bool = False
 
     @property
     def job_id(self) -> str:
@@ -744,11 +751,16 @@ class RunnerCore:
         return False
 
     def retire(self, execution: Execution) -> None:
-        """The execution is over: forget it and free its slot."""
+        """The execution is over (its settle, if any, committed): forget it
+        and free its slot. A retry or snooze it asked for is due in
+        ``requeue_in``: promote no later than that (the requeue has
+        committed by now, so a promotion then finds it)."""
         with self._lock:
             if self._active.get(execution.job_id) is execution:
                 del self._active[execution.job_id]
         execution.slot_held = False
+        if execution.requeue_in is not None:
+            self.expect_ready(execution.requeue_in)
         execution.done.set()
 
     # -- the loop's timing
@@ -973,7 +985,7 @@ def settle_request(core: RunnerCore, execution: Execution, decision: Decision) -
     if decision.snoozed:
         after = decision.after
         assert after is not None
-        core.expect_ready(after.total_seconds())
+        execution.requeue_in = after.total_seconds()
         return SettleRequest(job.job_id, claim.token, decision, now)
     if decision.outcome is not Outcome.FAILED:
         return SettleRequest(job.job_id, claim.token, decision, now, execution.failure_detail)
@@ -983,7 +995,7 @@ def settle_request(core: RunnerCore, execution: Execution, decision: Decision) -
     policy = core.settings.policy_for(job)
     if decision.retryable and policy is not None and job.attempt < policy.max_attempts:
         wait = decision.after if decision.after is not None else policy.delay(job.attempt)
-        core.expect_ready(wait.total_seconds())
+        execution.requeue_in = wait.total_seconds()
         log.info(
             "job %s: attempt %d of %d failed; retrying in %.3fs", job.job_id, job.attempt, policy.max_attempts,
             wait.total_seconds(),

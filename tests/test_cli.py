@@ -240,7 +240,7 @@ def test_purge_deletes_only_queued_jobs(engine: Engine, cli: Cli) -> None:
     add(engine, Job("running", "q", priority=9), Job("q1", "q"), Job("q2", "q"), Job("elsewhere", "other"))
     claim_one(engine, "q")
     status, out, _ = cli("purge", "q")
-    assert (status, out.strip()) == (0, "queue 'q': 2 queued job(s) deleted")
+    assert (status, out.strip()) == (0, "queue 'q': 2 queued or delayed job(s) deleted")
     watchdog = Watchdog(engine)
     assert watchdog.read("q1") is None and watchdog.read("q2") is None
     assert read(engine, "running").state is JobState.RUNNING
