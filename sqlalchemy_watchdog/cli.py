@@ -49,7 +49,7 @@ import re
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -204,8 +204,8 @@ def _print_job(job: JobView, out: TextIO) -> None:
 
 
 def _iso(value: datetime | None) -> str | None:
-    """An aware UTC datetime as ISO 8601 to the millisecond (as stored)."""
-    return None if value is None else value.isoformat(timespec="milliseconds")
+    """An aware datetime as ISO 8601 in UTC, to the millisecond (as stored)."""
+    return None if value is None else value.astimezone(UTC).isoformat(timespec="milliseconds")
 
 
 def _milliseconds(value: timedelta | None) -> int | None:

@@ -15,7 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +158,7 @@ def show_lines(out: str) -> dict[str, str]:
 
 
 def test_show_a_delayed_job_with_its_own_policy(engine: Engine, cli: Cli) -> None:
-    run_at = datetime(2031, 5, 4, 3, 2, 1, 123000, tzinfo=timezone(timedelta(hours=2)))
+    run_at = datetime.fromisoformat("2031-05-04T03:02:01.123+02:00")
     policy = RetryPolicy(
         max_attempts=3, backoff=timedelta(seconds=2), factor=3, max_backoff=timedelta(seconds=90), jitter=0.25
     )
