@@ -233,6 +233,105 @@ def _print_job(job: JobView, out: TextIO) -> None:
             print(f"  {line}", file=out)
 
 
+def _iso(value: datetime | None) -> str | None:
+    """An aware datetime as ISO 8601 in UTC, to the millisecond (as stored)."""
+    return None if value is None else value.astimezone(UTC).isoformat(timespec="milliseconds")
+
+
+def _milliseconds(value: timedelta | None) -> int | None:
+    return None if value is None else value // timedelta(milliseconds=1)
+
+
+def _duration_text(value: timedelta) -> str:
+    """``30s``, ``0.25s``: whole milliseconds, as stored."""
+    ms = value // timedelta(milliseconds=1)
+    if ms % 1000 == 0:
+        return f"{ms // 1000}s"
+    return f"{ms / 1000:.3f}".rstrip("0") + "s"
+
+
+def _one_line(text: str) -> str:
+    """``text`` on one line: line breaks shown as ``\\n``."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+#: What ``show`` prints for a job without a retry policy or timeout of its own.
+_NOT_ITS_OWN = "- (its handler's or runner's, if any)"
+
+
+def _show_dict(job: JobView) -> dict[str, Any]:
+    """What ``show --json`` prints: :func:`_job_dict` and the job's time and
+    failure policy (datetimes ISO 8601, durations in milliseconds)."""
+    fields = _job_dict(job)
+    retry = job.retry
+    fields.update(
+        run_at=_iso(job.run_at),
+        ready_at=_iso(job.ready_at),
+        attempt=job.attempt,
+        max_attempts=job.max_attempts,
+        snoozes=job.snoozes,
+        timeout_ms=_milliseconds(job.timeout),
+        retry=None
+        if retry is None
+        else {
+            "max_attempts": retry.max_attempts,
+            "backoff_ms": _milliseconds(retry.backoff),
+            "factor": retry.factor,
+            "max_backoff_ms": _milliseconds(retry.max_backoff),
+            "jitter": retry.jitter,
+        },
+        failure_history=[
+            {"at": _iso(entry.at), "attempt": entry.attempt, "reason": entry.reason} for entry in job.failure_history
+        ],
+    )
+    return fields
+
+
+def _print_show(job: JobView, out: TextIO) -> None:
+    """What ``show`` prints: one ``name  value`` line per field, then the
+    failure history (one line per failed attempt) and the traceback."""
+    retry = job.retry
+    lines: list[tuple[str, object]] = [
+        ("sequence", job.sequence),
+        ("job_id", job.job_id),
+        ("queue", job.queue),
+        ("lane", job.lane),
+        ("priority", job.priority),
+        ("state", job.state.value),
+        ("run_at", _iso(job.run_at)),
+        ("ready_at", _iso(job.ready_at)),
+        ("attempt", job.attempt if job.max_attempts is None else f"{job.attempt} of {job.max_attempts}"),
+        ("snoozes", job.snoozes),
+        ("timeout", _NOT_ITS_OWN if job.timeout is None else _duration_text(job.timeout)),
+        (
+            "retry",
+            _NOT_ITS_OWN
+            if retry is None
+            else f"max_attempts={retry.max_attempts}, backoff={_duration_text(retry.backoff)},"
+            f" factor={retry.factor:g}, max_backoff={_duration_text(retry.max_backoff)}, jitter={retry.jitter:g}",
+        ),
+        ("outcome", None if job.outcome is None else job.outcome.value),
+        ("failure_reason", None if job.failure_reason is None else _one_line(job.failure_reason)),
+        ("recovery_count", job.recovery_count),
+        ("max_recoveries", job.max_recoveries),
+        ("cancellation_id", job.cancellation_id),
+        ("payload", json.dumps(job.payload, ensure_ascii=False, sort_keys=True)),
+    ]
+    width = max(len(name) for name in [*(name for name, _ in lines), "failure_history", "failure_detail"])
+    for name, value in lines:
+        print(f"{name:<{width}}  {'-' if value is None else value}", file=out)
+    if not job.failure_history:
+        print(f"{'failure_history':<{width}}  -", file=out)
+    else:  # oldest first, one line per failed attempt
+        print(f"{'failure_history':<{width}}", file=out)
+        for entry in job.failure_history:
+            print(f"  {_iso(entry.at)}  attempt {entry.attempt}  {_one_line(entry.reason)}", file=out)
+    if job.failure_detail:  # the handler's traceback, last: it spans lines
+        print(f"{'failure_detail':<{width}}", file=out)
+        for line in job.failure_detail.rstrip().splitlines():
+            print(f"  {line}", file=out)
+
+
 def _print_table(jobs: Sequence[JobView], out: TextIO) -> None:
     header = ("sequence", "job_id", "queue", "outcome", "failure_reason")
     rows = [
@@ -302,12 +401,14 @@ def cmd_upgrade(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
-    """Print one job; exit 1 when there is no such job."""
+    """Print one job, with its time and failure policy (``run_at``,
+    ``ready_at``, the attempt it is on, snoozes, timeout, retry policy) and
+    its failure history; exit 1 when there is no such job."""
     job = _watchdog(args).read(args.job_id)
     if args.json:
-        _print_json(None if job is None else _job_dict(job), out)
+        _print_json(None if job is None else _show_dict(job), out)
     elif job is not None:
-        _print_job(job, out)
+        _print_show(job, out)
     if job is None:
         raise CommandFailed(f"no job {args.job_id!r}")
     return 0
