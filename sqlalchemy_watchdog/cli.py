@@ -283,6 +283,11 @@ def _show_dict(job: JobView) -> dict[str, Any]:
         failure_history=[
             {"at": _iso(entry.at), "attempt": entry.attempt, "reason": entry.reason} for entry in job.failure_history
         ],
+        enqueued_at=_iso(job.enqueued_at),
+        started_at=_iso(job.started_at),
+        settled_at=_iso(job.settled_at),
+        rerun_of=job.rerun_of,
+        reruns=list(job.reruns),
     )
     return fields
 
@@ -298,6 +303,9 @@ def _print_show(job: JobView, out: TextIO) -> None:
         ("lane", job.lane),
         ("priority", job.priority),
         ("state", job.state.value),
+        ("enqueued_at", _iso(job.enqueued_at)),
+        ("started_at", _iso(job.started_at)),
+        ("settled_at", _iso(job.settled_at)),
         ("run_at", _iso(job.run_at)),
         ("ready_at", _iso(job.ready_at)),
         ("attempt", job.attempt if job.max_attempts is None else f"{job.attempt} of {job.max_attempts}"),
@@ -315,6 +323,8 @@ def _print_show(job: JobView, out: TextIO) -> None:
         ("recovery_count", job.recovery_count),
         ("max_recoveries", job.max_recoveries),
         ("cancellation_id", job.cancellation_id),
+        ("rerun_of", job.rerun_of),
+        ("reruns", ", ".join(job.reruns) or None),
         ("payload", json.dumps(job.payload, ensure_ascii=False, sort_keys=True)),
     ]
     width = max(len(name) for name in [*(name for name, _ in lines), "failure_history", "failure_detail"])
@@ -401,9 +411,10 @@ def cmd_upgrade(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
-    """Print one job, with its time and failure policy (``run_at``,
-    ``ready_at``, the attempt it is on, snoozes, timeout, retry policy) and
-    its failure history; exit 1 when there is no such job."""
+    """Print one job, with when it was enqueued, started and settled, its
+    time and failure policy (``run_at``, ``ready_at``, the attempt it is on,
+    snoozes, timeout, retry policy), its rerun links and its failure
+    history; exit 1 when there is no such job."""
     job = _watchdog(args).read(args.job_id)
     if args.json:
         _print_json(None if job is None else _show_dict(job), out)
@@ -692,11 +703,6 @@ def _when(value: datetime | None) -> str:
     return "-" if value is None else value.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _when_json(value: datetime | None) -> str | None:
-    """A database time for JSON: ISO 8601 in UTC to the millisecond, or null."""
-    return None if value is None else value.isoformat(timespec="milliseconds")
-
-
 def _age(value: timedelta) -> str:
     """A short age: ``45s``, ``12m05s``, ``3h07m``, ``2d04h``."""
     seconds = int(value.total_seconds())
@@ -728,9 +734,9 @@ def _listed_job_dict(job: JobView) -> dict[str, Any]:
     return {
         **_job_dict(job),
         "attempt": job.attempt,
-        "enqueued_at": _when_json(job.enqueued_at),
-        "started_at": _when_json(job.started_at),
-        "settled_at": _when_json(job.settled_at),
+        "enqueued_at": _iso(job.enqueued_at),
+        "started_at": _iso(job.started_at),
+        "settled_at": _iso(job.settled_at),
         "rerun_of": job.rerun_of,
     }
 
@@ -792,7 +798,7 @@ def _queue_stats_dict(queue: QueueStats) -> dict[str, Any]:
         "paused": queue.paused,
         "pause": None
         if queue.pause is None
-        else {"reason": queue.pause.reason, "paused_at": _when_json(queue.pause.paused_at)},
+        else {"reason": queue.pause.reason, "paused_at": _iso(queue.pause.paused_at)},
     }
 
 
@@ -800,7 +806,7 @@ def stats_document(stats: Stats) -> dict[str, Any]:
     """The JSON document ``stats --json`` prints: ``at`` (the database clock)
     and one object per queue with every key always present (outcome counts
     include zeros; ``oldest_ready_age_seconds`` and ``pause`` may be null)."""
-    return {"at": _when_json(stats.at), "queues": [_queue_stats_dict(queue) for queue in stats.queues]}
+    return {"at": _iso(stats.at), "queues": [_queue_stats_dict(queue) for queue in stats.queues]}
 
 
 def _counts_cell(counts: Mapping[Outcome, int]) -> str:

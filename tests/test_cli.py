@@ -247,6 +247,21 @@ def test_show_prints_the_failure_history_one_line_per_attempt(engine: Engine, cl
     assert (shown["attempt"], shown["max_attempts"], shown["snoozes"]) == (2, None, 1)
 
 
+def test_show_prints_when_a_job_was_enqueued_started_and_settled_and_its_reruns(engine: Engine, cli: Cli) -> None:
+    from sqlalchemy_watchdog import Runner, Watchdog
+
+    add(engine, Job("timed", "emails"))
+    Runner(engine, {"emails": lambda job: None}).run_until_idle()
+    Watchdog(engine).rerun("timed", rerun_id="again")
+    lines = show_lines(cli("show", "timed")[1])
+    enqueued, started, settled = (datetime.fromisoformat(lines[k]) for k in ("enqueued_at", "started_at", "settled_at"))
+    assert enqueued <= started <= settled
+    assert (lines["rerun_of"], lines["reruns"]) == ("-", "timed~rerun~again")
+    shown = json.loads(cli("--json", "show", "timed~rerun~again")[1])
+    assert shown["rerun_of"] == "timed" and shown["enqueued_at"] and shown["started_at"] is None
+    assert shown["settled_at"] is None and shown["reruns"] == []
+
+
 def test_show_missing_job_exits_1(engine: Engine, cli: Cli) -> None:
     status, out, err = cli("show", "nope")
     assert status == 1
