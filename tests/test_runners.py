@@ -16,6 +16,7 @@ on the runner's engine (public API), not by reaching into the runner.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -1767,3 +1768,34 @@ def test_a_serving_runner_runs_a_retry_soon_even_when_its_requeue_commits_late(
         assert hold.released.wait(15)
         job = settled(engine, "a", timeout=10)  # a third of the poll interval
     assert (job.outcome, job.attempt, len(starts)) == (Outcome.COMPLETED, 2, 2)
+
+
+# -- structured logging ------------------------------------------------------------------
+
+
+def test_log_records_about_a_job_carry_its_fields(
+    engine: Engine, runners: RunnerDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A handler's ``job.log`` / ``job.logger(name)`` records, and the
+    runner's own records about the job, carry job_id, queue, lane, attempt
+    and recovery_count as attributes (a JSON formatter writes them out)."""
+
+    def handler(job: RunningJob) -> None:
+        job.log.info("working", extra={"step": 1})
+        job.logger("myapp.emails").warning("careful", extra={"attempt": "mine"})
+
+    add(engine, Job("logged", "q", lane="team:1", retry=RetryPolicy(max_attempts=2)))
+    with caplog.at_level(logging.INFO):
+        runners.runner({"q": handler}).run_until_idle()
+    fields = {"job_id": "logged", "queue": "q", "lane": "team:1", "attempt": 1, "recovery_count": 0}
+
+    def of(record: logging.LogRecord) -> dict[str, object]:
+        return {name: getattr(record, name, None) for name in fields}
+
+    working = next(r for r in caplog.records if r.getMessage() == "working")
+    assert working.name == "sqlalchemy_watchdog.job" and of(working) == fields and working.step == 1  # type: ignore[attr-defined]
+    careful = next(r for r in caplog.records if r.getMessage() == "careful")
+    assert careful.name == "myapp.emails" and of(careful) == {**fields, "attempt": "mine"}  # the call's extra wins
+    runner_records = [r for r in caplog.records if r.name == "sqlalchemy_watchdog.runner" and "logged" in r.getMessage()]
+    assert {r.getMessage().split(" ")[0] for r in runner_records} >= {"claimed", "settled"}
+    assert all(of(r) == fields for r in runner_records), [(r.getMessage(), of(r)) for r in runner_records]
