@@ -517,9 +517,9 @@ class Decision:
                 f"outcome must be one of {sorted(o.value for o in _DECIDABLE)}, got {self.outcome!r}",
             )
         if not isinstance(self.retryable, bool):
-            raise InvalidJob("retry", f"must be a bool, not {type(self.retryable).__name__}")
+            raise InvalidJob("retryable", f"must be a bool, not {type(self.retryable).__name__}")
         if self.retryable and self.outcome is not Outcome.FAILED:
-            raise InvalidJob("retry", "only a failed decision can be retried")
+            raise InvalidJob("retryable", "only a failed decision can be retried")
         if self.after is not None:
             if self.outcome is not None and not self.retryable:
                 raise InvalidJob("after", "only a retry or a snooze waits (Decision.retry / Decision.snooze)")

@@ -457,6 +457,9 @@ def claim(dialect: str, filtered: bool) -> Update:
         .values(
             started_at=case((runnable, clock), else_=c.started_at),
             settled_at=case((runnable, null()), else_=clock),
+            # Settled cancelled here: a retried job's last failure is not its end.
+            failure_reason=case((runnable, c.failure_reason), else_=null()),
+            failure_detail=case((runnable, c.failure_detail), else_=null()),
             state=case((runnable, _RUNNING), else_=_SETTLED),
             outcome=case((runnable, null()), else_=Outcome.CANCELLED.value),
             # Each job its own token: the statement's random token and the row's key.
@@ -612,6 +615,7 @@ def fail_lane(dialect: str) -> Update:
             state=_SETTLED,
             outcome=Outcome.FAILED.value,
             failure_reason=_p("reason", Text()),
+            failure_detail=null(),
             lease_until=null(),
             claim_token=null(),
             settled_at=db_clock_ms(),
@@ -682,6 +686,7 @@ def reconcile(requeue: bool) -> Update:
             state=_SETTLED,
             outcome=case((uncancelled, Outcome.INTERRUPTED.value), else_=Outcome.CANCELLED.value),
             failure_reason=case((uncancelled, _p("reason", Text())), else_=null()),
+            failure_detail=null(),
             settled_at=db_clock_ms(),
         )
     return (
