@@ -546,6 +546,8 @@ class Decision:
         Retried after the policy's backoff while attempts are left (see
         :class:`RetryPolicy`); ``retry=False`` fails the job at once.
         """
+        if not isinstance(retry, bool):
+            raise InvalidJob("retry", f"must be a bool, not {type(retry).__name__}")
         return cls(Outcome.FAILED, reason, retryable=retry)
 
     @classmethod

@@ -3,13 +3,16 @@ that leave an audit trail, and hooks to die at precise moments.
 
     python tests/faults/chaos_worker.py --url URL [--queue chaos] [--concurrency N]
         [--lease S] [--heartbeat S] [--poll S] [--grace S] [--clock-offset-ms MS]
-        [--kill-in-settle JOB_ID --kill-phase before|after] [--asyncio]
+        [--kill-in-settle JOB_ID --kill-phase before|after] [--asyncio [--plain]]
 
 With ``--asyncio`` it runs an ``AsyncRunner`` (``asyncio.run(runner.run_forever())``
 on an ``AsyncEngine``) with the coroutine twin of the handler: the same
 audit rows (through the runner's AsyncEngine), a stop arrives as the cancellation
 of its task (recorded, then re-raised), and ``ignore_stop`` is a blocking
-call in a thread, as a plain function that never looks at its stop.
+call in a thread, as a plain function that never looks at its stop. With
+``--plain`` too, the ``AsyncRunner`` is given the plain handler of the sync
+worker instead (it runs it in a thread of its own), its audit rows written
+through a sync engine.
 
 A job's payload says what its handler does (``{"action": ...}``):
 
@@ -17,17 +20,23 @@ A job's payload says what its handler does (``{"action": ...}``):
 * ``sleep``: wait ``seconds`` for ``stop_requested``; a stop is recorded and
   raised (the settle then decides what counts).
 * ``block``: like ``sleep`` with ``seconds`` = 600: runs until told to stop.
-* ``ignore_stop``: sleep ``seconds`` without looking at ``stop_requested``.
-* ``fail``: return ``Decision.failed("chaos failure")``.
+* ``ignore_stop``: sleep ``seconds`` without looking at ``stop_requested``
+  (the stop reason it was given, if any, is recorded all the same).
+* ``ignore_cancel`` (``--asyncio``): sleep ``seconds``, swallowing every
+  cancellation of its task -- an async handler that ignores its stop.
+* ``fail``: return ``Decision.failed("chaos failure")`` (retryable).
 
-``{"only_first": N}`` applies the action to runs with ``recovery_count < N``
-only; later runs (after a recovery) are ``quick``.
+``{"per_attempt": {"1": ACTION, ...}}`` picks the action of an attempt
+(``RunningJob.attempt``) instead of ``action``. ``{"only_first": N}``
+applies the chosen action to runs with ``recovery_count < N`` only; later
+runs (after a recovery) are ``quick``.
 
 Every execution inserts a ``fault_audit`` row when it starts (the moment the
 handler was called, the database clock when the row is written, and the
-job's lease at that moment) in a transaction of its own, and
-stamps its end, so the tests can see every run -- including runs whose
-process was killed before its settlement committed.
+job's lease at that moment; its ``note`` says ``attempt N``) in a
+transaction of its own, and stamps its end (``note``: ``attempt N: ACTION``),
+so the tests can see every run -- including runs whose process was killed
+before its settlement committed.
 
 ``--kill-in-settle JOB_ID`` SIGKILLs this process inside the settle of that
 job: ``before`` the settle statement runs (the handler has returned and its
@@ -87,7 +96,7 @@ def make_handler(engine: Engine):  # type: ignore[no-untyped-def]
     def handle(job: RunningJob) -> Decision | None:
         called = store.now_ms()
         payload = job.payload if isinstance(job.payload, dict) else {}
-        action = payload.get("action", "quick")
+        action = payload.get("per_attempt", {}).get(str(job.attempt), payload.get("action", "quick"))
         if job.recovery_count >= payload.get("only_first", 1 << 30):
             action = "quick"  # the chaos applies to the first run(s) only
         exec_id = uuid.uuid4().hex
@@ -107,21 +116,28 @@ def make_handler(engine: Engine):  # type: ignore[no-untyped-def]
                 called_ms=called,
                 started_ms=clock,
                 lease_seen=lease,
+                note=f"attempt {job.attempt}",
             ),
             "start",
         )
         stopped = None
+        told = None  # the stop reason an ignore_stop handler was given (not acted on)
         if action == "sleep" or action == "block":
             seconds = float(payload.get("seconds", 600))
             if job.stop_requested.wait(seconds):
                 stopped = job.stop_reason.value if job.stop_reason else "unknown"
         elif action == "ignore_stop":
             time.sleep(float(payload.get("seconds", 600)))
+            told = job.stop_reason.value if job.stop_reason else None
         _audit_write(
             engine,
             update(audit)
             .where(audit.c.exec_id == exec_id)
-            .values(ended_ms=statements.db_clock_ms(), stop_reason=stopped, note=literal(action)),
+            .values(
+                ended_ms=statements.db_clock_ms(),
+                stop_reason=stopped or told,
+                note=literal(f"attempt {job.attempt}: {action}"),
+            ),
             "end",
         )
         if stopped is not None:
@@ -171,14 +187,14 @@ def make_async_handler(aengine: AsyncEngine):  # type: ignore[no-untyped-def]
     async def handle(job: RunningJob) -> Decision | None:
         called = store.now_ms()
         payload = job.payload if isinstance(job.payload, dict) else {}
-        action = payload.get("action", "quick")
+        action = payload.get("per_attempt", {}).get(str(job.attempt), payload.get("action", "quick"))
         if job.recovery_count >= payload.get("only_first", 1 << 30):
             action = "quick"
         exec_id = uuid.uuid4().hex
         lease = select(jobs_table.c.lease_until).where(jobs_table.c.job_id == job.job_id).scalar_subquery()
         start = insert(audit).values(
             job_id=job.job_id, exec_id=exec_id, pid=pid, recovery_count=job.recovery_count,
-            called_ms=called, started_ms=statements.db_clock_ms(), lease_seen=lease,
+            called_ms=called, started_ms=statements.db_clock_ms(), lease_seen=lease, note=f"attempt {job.attempt}",
         )
         await _audit_write_async(aengine, start, "start")
 
@@ -186,7 +202,11 @@ def make_async_handler(aengine: AsyncEngine):  # type: ignore[no-untyped-def]
             return (
                 update(audit)
                 .where(audit.c.exec_id == exec_id)
-                .values(ended_ms=statements.db_clock_ms(), stop_reason=stopped, note=literal(action))
+                .values(
+                    ended_ms=statements.db_clock_ms(),
+                    stop_reason=stopped,
+                    note=literal(f"attempt {job.attempt}: {action}"),
+                )
             )
 
         if action == "sleep" or action == "block":
@@ -200,6 +220,16 @@ def make_async_handler(aengine: AsyncEngine):  # type: ignore[no-untyped-def]
             # A blocking call the task's cancellation cannot reach, in a daemon
             # thread: asyncio.to_thread's would hold the process at exit.
             await _in_daemon_thread(time.sleep, float(payload.get("seconds", 600)))
+        elif action == "ignore_cancel":
+            told = None
+            deadline = time.monotonic() + float(payload.get("seconds", 600))
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    await asyncio.sleep(left)
+                except asyncio.CancelledError:  # ignoring its stop is the point
+                    told = job.stop_reason.value if job.stop_reason else "unknown"
+            await _audit_write_async(aengine, end(told), "end")
+            return None
         await _audit_write_async(aengine, end(None), "end")
         if action == "fail":
             return Decision.failed("chaos failure")
@@ -264,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-phase", choices=("before", "after"), default="before")
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--asyncio", action="store_true", help="run an AsyncRunner instead")
+    parser.add_argument("--plain", action="store_true", help="with --asyncio: give it the plain handler")
     args = parser.parse_args(argv)
 
     logging.basicConfig(
@@ -285,12 +316,13 @@ def main(argv: list[str] | None = None) -> int:
         clock=(lambda: store.now_ms() + offset) if offset else store.now_ms,
     )
     if args.asyncio:
-        engine.dispose()  # the async worker uses its AsyncEngine alone
+        if not args.plain:
+            engine.dispose()  # the async worker uses its AsyncEngine alone
 
         async def serve() -> None:
             aengine = create_async_engine(async_url(args.url))
             try:
-                handle = make_async_handler(aengine)
+                handle = make_handler(engine) if args.plain else make_async_handler(aengine)
                 runner = AsyncRunner(aengine, {queue: handle for queue in queues}, **settings)
                 print("chaos-worker ready", file=sys.stderr, flush=True)
                 await runner.run_forever()

@@ -3,7 +3,8 @@
 Every entry of ``REFUSED`` is a call with one bad argument. Each must raise a
 clear error whose message names the field, and leave the database exactly as
 it was (a full dump of ``watchdog_jobs`` before and after, on a table
-already holding queued, running, cancelled and settled jobs).
+already holding queued, running, cancelled, settled and delayed jobs, one of
+them waiting for its retry).
 
 ``ROUND_TRIP`` holds inputs that look dangerous but are valid -- quotes, SQL
 metacharacters, format strings, control characters, non-ASCII at the exact
@@ -19,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -32,6 +33,7 @@ from sqlalchemy_watchdog import (
     InvalidJob,
     Job,
     Outcome,
+    RetryPolicy,
     Runner,
     Watchdog,
     WatchdogError,
@@ -40,11 +42,14 @@ from sqlalchemy_watchdog import (
     metadata,
     store,
 )
-from sqlalchemy_watchdog.asyncio import AsyncWatchdog
+from sqlalchemy_watchdog import execution as ex
+from sqlalchemy_watchdog import handler as register_handler
+from sqlalchemy_watchdog.asyncio import AsyncRunner, AsyncWatchdog
 from sqlalchemy_watchdog.asyncio import enqueue as async_enqueue
 from sqlalchemy_watchdog.codecs import TaggedJSON
 from sqlalchemy_watchdog.jobs import (
     FAILURE_REASON_MAX_LENGTH,
+    MAX_DELAY,
     PAYLOAD_MAX_BYTES,
     PAYLOAD_MAX_DEPTH,
     CancelStatus,
@@ -53,6 +58,7 @@ from tests.conftest import DIALECTS, make_async_engine
 from tests.faults.helpers import dump_jobs
 
 HEAVY = "x" * (PAYLOAD_MAX_BYTES - 2)  # '"' + HEAVY + '"' is exactly the limit
+LATER = datetime.datetime(2100, 1, 1, tzinfo=UTC)
 
 
 def nested(depth: int, leaf: Any = 0) -> Any:
@@ -75,9 +81,15 @@ def handler(job: Any) -> None:
 
 
 def _seed(engine: Engine) -> None:
-    """Queued, running (and cancelled), settled jobs: something to damage."""
+    """Queued, running (and cancelled), settled and delayed jobs -- one
+    waiting for its second attempt: something to damage."""
     wd = Watchdog(engine)
     wd.enqueue([Job("seed-running", "q"), Job("seed-queued", "q"), Job("seed-settled", "q2")])
+    wd.enqueue(Job("seed-delayed", "q3", run_at=LATER, retry=RetryPolicy(max_attempts=2), timeout=timedelta(seconds=9)))
+    wd.enqueue(Job("seed-retried", "q4", retry=RetryPolicy(max_attempts=3, backoff=timedelta(hours=1))))
+    # Its first attempt fails: requeued (delayed) for the second, not settled.
+    assert Runner(engine, {"q4": lambda job: Decision.failed("seed failure")}).run_until_idle() == []
+    assert wd.read("seed-retried").attempt == 2
     with store.write_transaction(engine) as conn:
         store.claim(conn, queues=["q2"], lease_ms=1)
     time.sleep(0.01)  # the 1 ms lease has ended by the database clock
@@ -118,6 +130,43 @@ def runner(**kwargs: Any) -> Callable[[Engine], Any]:
         return Runner(engine_override if engine_override is not None else engine, **settings)
 
     return build
+
+
+def policy(**fields: Any) -> Callable[[Engine], Any]:
+    """Enqueue a job with ``RetryPolicy(**fields)`` (the policy refuses first)."""
+    return lambda engine: Watchdog(engine).enqueue(Job("new-job", "q", retry=RetryPolicy(**fields)))
+
+
+def delayed(delay: Any, *jobs: Job) -> Callable[[Engine], Any]:
+    """Enqueue ``jobs`` (default: one plain job) with ``delay``, through the client."""
+    return lambda engine: Watchdog(engine).enqueue(list(jobs) or Job("new-job", "q"), delay=delay)
+
+
+def delayed_in_transaction(delay: Any) -> Callable[[Engine], Any]:
+    """The same through ``enqueue(connection, ...)`` in the caller's transaction."""
+    return lambda engine: _in_transaction(engine, lambda conn: enqueue(conn, Job("new-job", "q"), delay=delay))
+
+
+def async_runner(**kwargs: Any) -> Callable[[Engine], Any]:
+    """Build an AsyncRunner on the database's AsyncEngine (never connected)."""
+
+    def build(engine: Engine) -> Any:
+        return AsyncRunner(make_async_engine(engine), {"q": handler}, **kwargs)
+
+    return build
+
+
+def registered(**kwargs: Any) -> Callable[[Engine], Any]:
+    """``@handler("q-bad", **kwargs)``: refused before anything is registered."""
+
+    def call(engine: Engine) -> Any:
+        before = dict(ex._registry)
+        try:
+            return register_handler("q-bad", **kwargs)(handler)
+        finally:
+            assert ex._registry == before, "a refused @handler registered something"
+
+    return call
 
 
 def settle_with(decision: Any) -> Callable[[Engine], Any]:
@@ -224,6 +273,83 @@ REFUSED: dict[str, Entry] = {
     "enqueue_select unknown column": Entry("select", enqueue_select_of(job_id="s1", queue="q", color="red")),
     "enqueue_select without queue": Entry("select", enqueue_select_of(job_id="s1")),
     "enqueue_select bad priority": Entry("priority", enqueue_select_of(job_id="s1", queue="q", priority=1.5)),
+    "enqueue_select naive run_at": Entry(
+        "run_at", enqueue_select_of(job_id="s1", queue="q", run_at=datetime.datetime(2030, 1, 1)), says="row 0"
+    ),
+    "enqueue_select run_at str": Entry("run_at", enqueue_select_of(job_id="s1", queue="q", run_at="2030-01-01")),
+    # run_at
+    "run_at naive": Entry("run_at", job(run_at=datetime.datetime(2030, 1, 1)), says="naive"),
+    "run_at before 1970": Entry("run_at", job(run_at=datetime.datetime(1969, 12, 31, 23, 59, tzinfo=UTC))),
+    "run_at in 9999": Entry("run_at", job(run_at=datetime.datetime(9999, 6, 1, tzinfo=UTC))),
+    "run_at year 1 with an offset": Entry(
+        "run_at", job(run_at=datetime.datetime(1, 1, 2, tzinfo=timezone(timedelta(hours=12))))
+    ),
+    "run_at str": Entry("run_at", job(run_at="2030-01-01T00:00:00+00:00")),
+    "run_at epoch int": Entry("run_at", job(run_at=1_900_000_000)),
+    "run_at date": Entry("run_at", job(run_at=datetime.date(2030, 1, 1))),
+    # enqueue delay
+    "delay zero": Entry("delay", delayed(timedelta(0))),
+    "delay negative": Entry("delay", delayed(timedelta(seconds=-1))),
+    "delay under 1 ms": Entry("delay", delayed(timedelta(microseconds=999))),
+    "delay over MAX_DELAY": Entry("delay", delayed(MAX_DELAY + timedelta(milliseconds=1))),
+    "delay int": Entry("delay", delayed(5)),
+    "delay float": Entry("delay", delayed(1.5)),
+    "delay zero in a transaction": Entry("delay", delayed_in_transaction(timedelta(0))),
+    "delay with run_at": Entry("delay", delayed(timedelta(seconds=1), Job("new-job", "q", run_at=LATER)), says="run_at"),
+    "delay with run_at later in a batch": Entry(
+        "delay",
+        delayed(timedelta(seconds=1), Job("new-job", "q"), Job("new-job-2", "q", run_at=LATER)),
+        says="'new-job-2'",
+    ),
+    # RetryPolicy
+    "max_attempts 0": Entry("max_attempts", policy(max_attempts=0)),
+    "max_attempts 1001": Entry("max_attempts", policy(max_attempts=1001)),
+    "max_attempts bool": Entry("max_attempts", policy(max_attempts=True)),
+    "max_attempts float": Entry("max_attempts", policy(max_attempts=3.0)),
+    "max_attempts None": Entry("max_attempts", policy(max_attempts=None)),
+    "backoff zero": Entry("backoff", policy(backoff=timedelta(0))),
+    "backoff negative": Entry("backoff", policy(backoff=timedelta(seconds=-1))),
+    "backoff int": Entry("backoff", policy(backoff=1)),
+    "backoff over MAX_DELAY": Entry("backoff", policy(backoff=MAX_DELAY * 2, max_backoff=MAX_DELAY * 2)),
+    "max_backoff under backoff": Entry(
+        "max_backoff", policy(backoff=timedelta(seconds=10), max_backoff=timedelta(seconds=9))
+    ),
+    "max_backoff over MAX_DELAY": Entry("max_backoff", policy(max_backoff=MAX_DELAY + timedelta(days=1))),
+    "factor under 1": Entry("factor", policy(factor=0.5)),
+    "factor over 100": Entry("factor", policy(factor=101)),
+    "factor NaN": Entry("factor", policy(factor=math.nan)),
+    "factor inf": Entry("factor", policy(factor=math.inf)),
+    "factor bool": Entry("factor", policy(factor=True)),
+    "factor str": Entry("factor", policy(factor="2")),
+    "jitter negative": Entry("jitter", policy(jitter=-0.1)),
+    "jitter over 1": Entry("jitter", policy(jitter=1.5)),
+    "jitter NaN": Entry("jitter", policy(jitter=math.nan)),
+    "Job retry int": Entry("retry", job(retry=3)),
+    "Job retry dict": Entry("retry", job(retry={"max_attempts": 3})),
+    "Job retry True": Entry("retry", job(retry=True)),
+    # per-attempt timeouts: the job's, the handler's, the runners'
+    "Job timeout zero": Entry("timeout", job(timeout=timedelta(0))),
+    "Job timeout negative": Entry("timeout", job(timeout=timedelta(seconds=-1))),
+    "Job timeout over MAX_DELAY": Entry("timeout", job(timeout=MAX_DELAY + timedelta(days=1))),
+    "Job timeout int": Entry("timeout", job(timeout=30)),
+    "Job timeout float": Entry("timeout", job(timeout=0.5)),
+    "@handler timeout zero": Entry("timeout", registered(timeout=timedelta(0))),
+    "@handler timeout negative": Entry("timeout", registered(timeout=timedelta(seconds=-1))),
+    "@handler timeout over MAX_DELAY": Entry("timeout", registered(timeout=MAX_DELAY * 2)),
+    "@handler timeout int": Entry("timeout", registered(timeout=30)),
+    "@handler retry str": Entry("retry", registered(retry="x")),
+    "@handler retry int": Entry("retry", registered(retry=3)),
+    "Runner timeout zero": Entry("timeout", runner(timeout=timedelta(0))),
+    "Runner timeout negative": Entry("timeout", runner(timeout=timedelta(seconds=-1))),
+    "Runner timeout over MAX_DELAY": Entry("timeout", runner(timeout=MAX_DELAY * 2)),
+    "Runner timeout int": Entry("timeout", runner(timeout=30)),
+    "Runner retry int": Entry("retry", runner(retry=3)),
+    "Runner retry dict": Entry("retry", runner(retry={"max_attempts": 3})),
+    "AsyncRunner timeout zero": Entry("timeout", async_runner(timeout=timedelta(0))),
+    "AsyncRunner timeout negative": Entry("timeout", async_runner(timeout=timedelta(seconds=-1))),
+    "AsyncRunner timeout over MAX_DELAY": Entry("timeout", async_runner(timeout=MAX_DELAY * 2)),
+    "AsyncRunner timeout int": Entry("timeout", async_runner(timeout=30)),
+    "AsyncRunner retry int": Entry("retry", async_runner(retry=3)),
     # reads
     "read empty id": Entry("job_id", wd("read", "")),
     "read int id": Entry("job_id", wd("read", 5)),
@@ -257,6 +383,18 @@ REFUSED: dict[str, Entry] = {
     "decision interrupted": Entry("decision", lambda e: Decision(Outcome.INTERRUPTED)),
     "decision None": Entry("decision", lambda e: Decision(None)),
     "decision int reason": Entry("reason", lambda e: Decision.failed(123)),
+    "decision snooze 0": Entry("after", lambda e: Decision.snooze(timedelta(0))),
+    "decision snooze negative": Entry("after", lambda e: Decision.snooze(timedelta(seconds=-1))),
+    "decision snooze over MAX_DELAY": Entry("after", lambda e: Decision.snooze(MAX_DELAY * 2)),
+    "decision snooze int": Entry("after", lambda e: Decision.snooze(5)),
+    "decision retry after -1s": Entry("after", lambda e: Decision.retry("r", after=timedelta(seconds=-1))),
+    "decision retry after int": Entry("after", lambda e: Decision.retry("r", after=1)),
+    "decision completed retryable": Entry("retryable", lambda e: Decision(Outcome.COMPLETED, retryable=True)),
+    "decision failed retry str": Entry("retry", lambda e: Decision.failed("r", retry="yes")),
+    "decision completed with after": Entry("after", lambda e: Decision(Outcome.COMPLETED, after=timedelta(seconds=1))),
+    "decision failed retry=False with after": Entry(
+        "after", lambda e: Decision(Outcome.FAILED, "r", retryable=False, after=timedelta(seconds=1))
+    ),
     "settle with a str decision": Entry("decision", settle_with("completed"), WatchdogError),
     "settle with a dict decision": Entry("decision", settle_with({"outcome": "completed"}), WatchdogError),
     # clients and runners
@@ -334,7 +472,7 @@ def test_refused_with_a_clear_error_and_nothing_written(
     if reason is not None:
         request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
     before = dump_jobs(engine)
-    assert {r["state"] for r in before} == {"queued", "running", "settled"}
+    assert {r["state"] for r in before} == {"queued", "running", "settled", "delayed"}
     with pytest.raises(entry.error) as caught:
         entry.call(engine)
     message = str(caught.value)
@@ -348,6 +486,11 @@ def test_refused_with_a_clear_error_and_nothing_written(
     assert dump_jobs(engine) == before, "the database changed"
 
 
+async def _async_enqueue_in_transaction(aengine: Any, delay: Any) -> Any:
+    async with aengine.begin() as conn:
+        return await async_enqueue(conn, Job("x", "q"), delay=delay)
+
+
 async def test_async_api_refuses_bad_input_too(engine: Engine) -> None:
     _seed(engine)
     before = dump_jobs(engine)
@@ -359,6 +502,10 @@ async def test_async_api_refuses_bad_input_too(engine: Engine) -> None:
             (lambda: awd.read_settled(0), "limit"),
             (lambda: awd.fail_lane("q", ""), "reason"),
             (lambda: awd.enqueue(Job("x", "q", payload=math.nan)), "payload"),
+            (lambda: awd.enqueue(Job("x", "q"), delay=timedelta(0)), "delay"),
+            (lambda: awd.enqueue([Job("x", "q"), Job("y", "q", run_at=LATER)], delay=timedelta(seconds=1)), "delay"),
+            (lambda: _async_enqueue_in_transaction(aengine, delay=timedelta(seconds=-1)), "delay"),
+            (lambda: _async_enqueue_in_transaction(aengine, delay=5), "delay"),
         ]:
             with pytest.raises(WatchdogError) as caught:
                 await call()

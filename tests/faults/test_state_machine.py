@@ -1,30 +1,56 @@
 """Fault 9: a Hypothesis state machine against an in-memory model of docs/design.md.
 
-Hypothesis drives random sequences of enqueue, claim, settle, renew,
-cancel, fail_lane, purge, recover (expired_claims + reconcile, including
-replays of stale recoveries), reads and the passing of time through the
-store functions, on SQLite and PostgreSQL, and compares the database with a
-plain-Python model of the design after every step.
+Hypothesis drives random sequences of enqueue, promotion, claim, settle,
+renew, cancel, fail_lane, purge, recover (expired_claims + reconcile,
+including replays of stale recoveries), reads and the passing of time
+through the store functions, on SQLite and PostgreSQL, and compares the
+database with a plain-Python model of the design after every step.
 
 Time: the database clock is the model's (see
 :func:`tests.faults.helpers.controlled_db_clock`: the statements read it
-from a one-row table the machine sets), so leases end exactly when the model
-says. The application clock passed as ``now=`` is the database clock plus a
-drawn skew (none, +-40 ms, +-10 minutes): the model follows docs/design.md#time as
+from a one-row table the machine sets), so leases end -- and delayed jobs
+become due -- exactly when the model says, with no margin to guess. The
+application clock passed as ``now=`` is the database clock plus a drawn
+skew (none, +-40 ms, +-10 minutes): the model follows docs/design.md#time as
 fixed for skewed clocks -- a holder's settle and renew need ``lease_until >
 max(app now, db clock)``, leases are extended from the database clock, and
 recovery takes a claim only when ``lease_until <= db clock``.
 
-Invariants after every step: the CHECK grammar holds on every row; a
-settled row never changes again; ``recovery_count <= recovery_max``; at most
-one live claim per job (probed with a rolled-back renew of every claim ever
-issued); and the database equals the model, column by column, with rows in
-admission order.
+Time and failure policy (issue 9): jobs carry a ``run_at`` (before, at or
+after the clock; in UTC and in another zone), their own ``RetryPolicy`` and
+``timeout``, and enqueues a ``delay`` (refused beside a ``run_at``); a job
+whose ready time is later than the database clock is ``delayed`` and no claim
+takes it until a promotion (``store.promote``, earliest ready first) finds
+it due. Settles of known claims go through the runner's own decision path
+(``execution.decision_of_*`` and ``execution.settle_request`` on a real
+``Runner``'s core, the policy being the job's own, else its
+``@handler(queue, retry=, timeout=)``'s, else the ``Runner(retry=,
+timeout=)``'s): completions, final and retryable failures (within and past
+``max_attempts``, after the backoff -- exact without jitter, within its
+bounds with it -- or an explicit ``after``, 0 included), snoozes, raised
+exceptions and timeouts (returned, raised or cancelled) as failed attempts,
+each failure appended to the history. Cancel, fail_lane and purge act on
+delayed jobs too; recovery counts in ``recovery_count``, never in
+``attempt``.
+
+Invariants after every step: the CHECK grammar holds on every row (a
+delayed row has a ready time and no claim); ``1 <= attempt <=
+max_attempts``; a settled row never changes; ``recovery_count <=
+recovery_max``; at most one live claim per job (probed with a rolled-back
+renew of every claim ever issued); and the database equals the model,
+column by column (the failure history parsed), with rows in admission
+order.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -40,25 +66,113 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import Engine, delete
 
-from sqlalchemy_watchdog import Decision, EnqueueConflict, Job, Outcome, store
-from sqlalchemy_watchdog.jobs import CancelStatus, SettleStatus, bound_reason
+from sqlalchemy_watchdog import (
+    Decision,
+    EnqueueConflict,
+    InvalidJob,
+    Job,
+    Outcome,
+    RetryPolicy,
+    Runner,
+    RunningJob,
+    handler,
+    store,
+)
+from sqlalchemy_watchdog import execution as ex
+from sqlalchemy_watchdog.execution import StopReason
+from sqlalchemy_watchdog.jobs import (
+    FAILURE_DETAIL_MAX_LENGTH,
+    FAILURE_HISTORY_LENGTH,
+    CancelStatus,
+    SettleStatus,
+    bound_reason,
+)
 from sqlalchemy_watchdog.model import jobs_table
 from tests.faults.helpers import controlled_db_clock, dump_jobs
 
-JOB_IDS = ["a", "b", "c", "d", "e", "f"]
-QUEUES = ["q1", "q2"]
-LANES = ["l1", "l2"]
+JOB_IDS = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]
+QUEUES = ["q1", "q2", "q3"]
+LANES = ["l1", "l2", "l3"]
 CANCEL_IDS = ["x1", "x2", "x3", "x4"]
 LEASES = [100, 1_000, 5_000]
 SKEWS = [0, 0, 0, 40, -40, 600_000, -600_000]
 BASE = 1_700_000_000_000
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+PLUS_5 = timezone(timedelta(hours=5))
 
-DECISIONS = [
-    Decision.completed(),
-    Decision.failed("boom"),
-    Decision.outcome_unknown(),
-    Decision.outcome_unknown("maybe"),
-    Decision(Outcome.COMPLETED, "with a note"),
+
+def ms(n: int) -> timedelta:
+    return timedelta(milliseconds=n)
+
+
+def at(epoch_ms: int, tz: timezone = UTC) -> datetime:
+    """The aware datetime ``epoch_ms`` milliseconds after the epoch, in ``tz``."""
+    return (EPOCH + ms(epoch_ms)).astimezone(tz)
+
+
+def epoch_of(value: datetime | None) -> int | None:
+    """An aware datetime read back from the library, as epoch milliseconds (UTC checked)."""
+    if value is None:
+        return None
+    assert value.utcoffset() == timedelta(0), f"not UTC: {value!r}"
+    return (value - EPOCH) // ms(1)
+
+
+# The clock starts at BASE and only moves forward: these run_at lie before,
+# at and after it, and a later enqueue finds more of them in the past.
+RUN_ATS = [
+    None,
+    None,
+    None,
+    None,
+    at(BASE - 1_000),
+    at(BASE),
+    at(BASE + 300, PLUS_5),
+    at(BASE + 2_000),
+    at(BASE + 8_000, PLUS_5),
+]
+DELAYS = [None, None, None, ms(1), ms(100), ms(1_000)]
+#: Time passing before a promotion or a runner's tick (milliseconds).
+WAITS = [0, 0, 1, 100, 500, 2_000]
+RETRIES = [
+    None,
+    None,
+    None,
+    RetryPolicy(max_attempts=1),
+    RetryPolicy(max_attempts=2, backoff=ms(100), jitter=0.0),
+    RetryPolicy(max_attempts=3, backoff=ms(50), factor=3.0, max_backoff=ms(120), jitter=0.5),
+]
+TIMEOUTS = [None, None, timedelta(seconds=1)]
+
+# Policies below the job's own: q1 has no @handler settings (the Runner's
+# apply), q2's @handler sets both, q3's @handler says "no retries" (and
+# keeps the Runner's timeout).
+RUNNER_RETRY = RetryPolicy(max_attempts=3, backoff=ms(1), factor=100.0, max_backoff=ms(50), jitter=0.0)
+RUNNER_TIMEOUT = timedelta(seconds=2)
+HANDLER_RETRY: dict[str, RetryPolicy | None] = {
+    "q2": RetryPolicy(max_attempts=4, backoff=ms(20), factor=2.0, max_backoff=ms(60), jitter=0.2),
+    "q3": None,
+}
+HANDLER_TIMEOUT = {"q2": ms(500)}
+
+#: How a handler ends, and the decision it returns (if it returns one).
+DECISIONS: list[tuple[str, Decision | None]] = [
+    ("return", Decision.completed()),
+    ("return", Decision(Outcome.COMPLETED, "with a note")),
+    ("return", Decision.outcome_unknown()),
+    ("return", Decision.outcome_unknown("maybe")),
+    ("return", Decision.failed("boom")),
+    ("return", Decision.failed("final", retry=False)),
+    ("return", Decision.failed("r" * 700)),  # cut to 500 characters in the history
+    ("return", Decision.retry("again")),
+    ("return", Decision.retry("at once", after=timedelta(0))),
+    ("return", Decision.retry("later", after=ms(300))),
+    ("return", Decision.snooze(ms(1))),
+    ("return", Decision.snooze(ms(400))),
+    ("raise", None),  # the handler raised: a retryable failure, its traceback kept
+    ("timeout", None),  # told to stop at its timeout, returned None
+    ("timeout-raise", None),  # told to stop at its timeout, raised
+    ("timeout-cancelled", None),  # an async handler's task cancelled at its timeout
 ]
 
 jobs_strategy = st.builds(
@@ -69,9 +183,17 @@ jobs_strategy = st.builds(
     priority=st.sampled_from([-1, 0, 1]),
     payload=st.sampled_from([None, 1, {"k": "v"}, ["x", 2]]),
     max_recoveries=st.sampled_from([None, 0, 1, 2]),
+    run_at=st.sampled_from(RUN_ATS),
+    retry=st.sampled_from(RETRIES),
+    timeout=st.sampled_from(TIMEOUTS),
 )
 
-LIVE = ("queued", "running")
+LIVE = ("delayed", "queued", "running")
+NOT_STARTED = ("delayed", "queued")
+#: read_queue_head and fail_lane take running jobs first, then queued, then delayed.
+RANK = {"running": 0, "queued": 1, "delayed": 2}
+
+History = list[tuple[int, int, str]]
 
 
 @dataclass
@@ -85,27 +207,44 @@ class Row:
     priority: int
     payload_json: str
     recovery_max: int | None
-    state: str = "queued"
+    run_at: int | None
+    max_attempts: int | None
+    retry_policy: str | None
+    timeout_ms: int | None
+    ready_at: int | None
+    state: str
+    #: The job's own RetryPolicy (stored as max_attempts + retry_policy).
+    policy: RetryPolicy | None = None
     outcome: str | None = None
     claim_token: str | None = None
     recovery_count: int = 0
     cancellation_id: str | None = None
     failure_reason: str | None = None
-    #: A handler's traceback: the settles modelled here carry none.
+    #: A handler's traceback (only the "raise" kinds of settle carry one).
     failure_detail: str | None = None
     lease_until: int | None = None
-    # Revision w0003: the jobs here have no time or retry policy of their own.
-    run_at: int | None = None
-    ready_at: int | None = None
     attempt: int = 1
-    max_attempts: int | None = None
-    retry_policy: str | None = None
-    timeout_ms: int | None = None
     snoozes: int = 0
-    failure_history: str | None = None
+    #: (at, attempt, reason) of each failed attempt; None until the first.
+    failure_history: History | None = None
 
     def columns(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "order"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("order", "policy")}
+
+
+def identity(job: Job) -> tuple[Any, ...]:
+    """What makes two jobs with one job_id the same job (the enqueue delay is not part of it)."""
+    return (
+        job.queue,
+        job.lane,
+        job.priority,
+        job.payload_json,
+        job.max_recoveries,
+        job.run_at_ms,
+        job.max_attempts,
+        job.retry_json,
+        job.timeout_ms,
+    )
 
 
 @dataclass
@@ -114,18 +253,42 @@ class Model:
     admitted: int = 0
 
     def same(self, row: Row, job: Job) -> bool:
-        return (row.queue_name, row.lane, row.priority, row.payload_json, row.recovery_max) == (
+        stored = (
+            row.queue_name,
+            row.lane,
+            row.priority,
+            row.payload_json,
+            row.recovery_max,
+            row.run_at,
+            row.max_attempts,
+            row.retry_policy,
+            row.timeout_ms,
+        )
+        return stored == identity(job)
+
+    def admit(self, job: Job, now: int, delay_ms: int | None) -> None:
+        self.admitted += 1
+        if job.run_at is not None:
+            ready_at: int | None = (job.run_at - EPOCH) // ms(1)
+        elif delay_ms is not None:
+            ready_at = now + delay_ms
+        else:
+            ready_at = None
+        self.rows[job.job_id] = Row(
+            self.admitted,
+            job.job_id,
             job.queue,
             job.lane,
             job.priority,
             job.payload_json,
             job.max_recoveries,
-        )
-
-    def admit(self, job: Job) -> None:
-        self.admitted += 1
-        self.rows[job.job_id] = Row(
-            self.admitted, job.job_id, job.queue, job.lane, job.priority, job.payload_json, job.max_recoveries
+            run_at=None if job.run_at is None else (job.run_at - EPOCH) // ms(1),
+            max_attempts=None if job.retry is None else job.retry.max_attempts,
+            retry_policy=None if job.retry is None else job.retry.to_json(),
+            timeout_ms=None if job.timeout is None else job.timeout // ms(1),
+            ready_at=ready_at,
+            state="delayed" if ready_at is not None and ready_at > now else "queued",
+            policy=job.retry,
         )
 
     def live_claim(self, job_id: str, token: str, now: int) -> bool:
@@ -147,6 +310,42 @@ OPERATIONS_COLUMNS = {"enqueued_at", "started_at", "settled_at", "rerun_of"}
 COLUMNS = [c.name for c in jobs_table.columns if c.name != "sequence" and c.name not in OPERATIONS_COLUMNS]
 
 
+def policy_of(queue: str, own: RetryPolicy | None) -> RetryPolicy | None:
+    """The retry policy that applies: the job's own, else its @handler's, else the Runner's."""
+    if own is not None:
+        return own
+    return HANDLER_RETRY.get(queue, RUNNER_RETRY)
+
+
+def timeout_of(queue: str, own: timedelta | None) -> timedelta:
+    return own if own is not None else HANDLER_TIMEOUT.get(queue, RUNNER_TIMEOUT)
+
+
+def history_reason(reason: str) -> str:
+    """A reason as the failure history keeps it (at most 500 characters)."""
+    return reason if len(reason) <= 500 else reason[:499] + "…"
+
+
+def stored_history(text: str | None) -> History | None:
+    if text is None:
+        return None
+    entries = json.loads(text)
+    assert len(entries) <= FAILURE_HISTORY_LENGTH, entries
+    return [(e["at"], e["attempt"], e["reason"]) for e in entries]
+
+
+def backoff_bounds(policy: RetryPolicy, attempt: int) -> tuple[int, int]:
+    """The wait in whole milliseconds after failed attempt ``attempt``: the
+    contract's ``min(max_backoff, backoff * factor**(attempt-1)) * (1 ± jitter)``."""
+    base = min(policy.max_backoff.total_seconds(), policy.backoff.total_seconds() * policy.factor ** (attempt - 1))
+    if policy.jitter == 0:
+        exact = round(base * 1000)
+        return exact, exact
+    low = max(0.001, base * (1 - policy.jitter))
+    high = base * (1 + policy.jitter)
+    return math.floor(low * 1000) - 1, math.ceil(high * 1000) + 1
+
+
 class WatchdogMachine(RuleBasedStateMachine):
     engine: Engine
 
@@ -154,6 +353,19 @@ class WatchdogMachine(RuleBasedStateMachine):
         super().__init__()
         self.engine = engine
         self.set_clock = set_clock
+        self.app_now = BASE
+        # A real Runner's settings and core (never started): its decision
+        # path turns what a handler did into the settle request it sends.
+        self.runner = Runner(
+            engine,
+            {"q1": q1_handler, "q2": q2_handler, "q3": q3_handler},
+            lease=timedelta(seconds=5),
+            heartbeat=timedelta(seconds=1),
+            poll_interval=timedelta(seconds=1),
+            retry=RUNNER_RETRY,
+            timeout=RUNNER_TIMEOUT,
+            clock=lambda: self.app_now,
+        )
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -174,43 +386,72 @@ class WatchdogMachine(RuleBasedStateMachine):
         self.set_clock(self.db)
         self.model = Model()
         self.claims: list[tuple[str, str]] = []  # every (job_id, token) ever issued
+        self.claimed: dict[tuple[str, str], store.Claim] = {}  # ... and what its claim returned
         self.expired_seen: list[store.Claim] = []
         self.settled_rows: dict[str, dict[str, Any]] = {}
         for job in jobs:  # start with some work (conflicting replays are refused as usual)
-            self.enqueue([job])
+            self.enqueue([job], None)
 
     # -- rules ------------------------------------------------------------------
 
-    @rule(jobs=st.lists(jobs_strategy, min_size=1, max_size=3))
-    def enqueue(self, jobs: list[Job]) -> None:
+    @rule(jobs=st.lists(jobs_strategy, min_size=1, max_size=3), delay=st.sampled_from(DELAYS))
+    def enqueue(self, jobs: list[Job], delay: timedelta | None) -> None:
+        if delay is not None and any(job.run_at is not None for job in jobs):
+            with pytest.raises(InvalidJob) as refused:
+                self.tx(store.enqueue, jobs, delay=delay)
+            assert refused.value.field == "delay"
+            return
         first: dict[str, Job] = {}
         conflict = False
         for job in jobs:
             seen = first.setdefault(job.job_id, job)
             row = self.model.rows.get(job.job_id)
-            if (seen is not job and not _same_job(seen, job)) or (row is not None and not self.model.same(row, job)):
+            if (seen is not job and identity(seen) != identity(job)) or (
+                row is not None and not self.model.same(row, job)
+            ):
                 conflict = True
         if conflict:
             with pytest.raises(EnqueueConflict):
-                self.tx(store.enqueue, jobs)
+                self.tx(store.enqueue, jobs, delay=delay)
             return
-        results = self.tx(store.enqueue, jobs)
+        results = self.tx(store.enqueue, jobs, delay=delay)
         expected = []
         for job in jobs:
             if job.job_id in self.model.rows:
-                expected.append("duplicate")
+                expected.append("duplicate")  # another delay changes nothing either
             else:
-                self.model.admit(job)
+                self.model.admit(job, self.db, None if delay is None else delay // ms(1))
                 expected.append("queued")
         assert [r.status.value for r in results] == expected
+
+    @rule(limit=st.sampled_from([1, 1, 2, 1_000]), wait=st.sampled_from(WAITS))
+    def promote(self, limit: int, wait: int = 0) -> None:
+        """Some time later, delayed jobs whose time has come (by the database
+        clock) become queued, earliest ready first; the answer says when the
+        next is due."""
+        self.advance_time(wait)
+        db = self.db
+        due = sorted(
+            (r for r in self.model.rows.values() if r.state == "delayed" and r.ready_at <= db),
+            key=lambda r: (r.ready_at, r.order),
+        )
+        promotion = self.tx(store.promote, limit=limit)
+        for row in due[:limit]:
+            row.state = "queued"
+        waiting = [r.ready_at for r in self.model.rows.values() if r.state == "delayed"]
+        next_in = None if not waiting else max(0.0, (min(waiting) - db) / 1000.0)
+        assert promotion == store.Promotion(len(due[:limit]), next_in)
 
     @rule(
         queues=st.one_of(st.none(), st.lists(st.sampled_from(QUEUES), min_size=1, max_size=2, unique=True)),
         limit=st.integers(1, 3),
         lease=st.sampled_from(LEASES),
         skew=st.sampled_from(SKEWS),
+        promote_first=st.booleans(),
     )
-    def claim(self, queues: list[str] | None, limit: int, lease: int, skew: int) -> None:
+    def claim(self, queues: list[str] | None, limit: int, lease: int, skew: int, promote_first: bool) -> None:
+        if promote_first:  # as a runner's tick does
+            self.promote(1_000)
         db = self.db
         candidates = sorted(
             (r for r in self.model.rows.values() if r.state == "queued" and (queues is None or r.queue_name in queues)),
@@ -221,6 +462,9 @@ class WatchdogMachine(RuleBasedStateMachine):
         cancelled = [r.job_id for r in candidates if r.cancellation_id is not None]
         assert [c.job.job_id for c in batch.claimed] == runnable
         assert sorted(j.job_id for j in batch.cancelled) == sorted(cancelled)
+        for claimed in batch.claimed:
+            ready_at = epoch_of(claimed.job.ready_at)
+            assert ready_at is None or ready_at <= db, f"claimed before its time: {claimed.job}"
         tokens = {c.job.job_id: c.token for c in batch.claimed}
         assert len(set(tokens.values())) == len(tokens), "each claimed job its own token"
         for row in candidates:
@@ -228,31 +472,162 @@ class WatchdogMachine(RuleBasedStateMachine):
                 row.state, row.claim_token, row.lease_until = "running", tokens[row.job_id], db + lease
                 self.claims.append((row.job_id, row.claim_token))
             else:
+                # Settled cancelled: a retried attempt's failure is not its end.
                 row.state, row.outcome = "settled", "cancelled"
+                row.failure_reason = row.failure_detail = None
+        for claimed in batch.claimed:
+            self.claimed[(claimed.job.job_id, claimed.token)] = claimed
 
-    @rule(data=st.data(), decision=st.sampled_from(DECISIONS), skew=st.sampled_from(SKEWS))
-    def settle(self, data: st.DataObject, decision: Decision, skew: int) -> None:
-        if self.claims and data.draw(st.integers(0, 4), "known claim?") > 0:
-            job_id, token = data.draw(st.sampled_from(self.claims), "claim")
+    def _decide(self, execution: ex.Execution, kind: str, returned: Decision | None) -> Decision:
+        """What the runner makes of a handler that ended as ``kind``."""
+        job: RunningJob = execution.job
+        if kind.startswith("timeout"):
+            execution.signal.request(StopReason.TIMEOUT)
+        decision: Decision | None
+        if kind == "return":
+            decision = ex.decision_of_result(returned, job)
+        elif kind == "timeout":
+            decision = ex.decision_of_result(None, job)
+        elif kind == "timeout-cancelled":
+            decision = ex.decision_of_cancelled_task(execution)
         else:
-            job_id, token = data.draw(st.sampled_from(JOB_IDS), "job"), "claim_bogus"
-        app = self.db + skew
+            try:
+                raise (RuntimeError("stuck") if kind == "timeout-raise" else ValueError("bad input"))
+            except Exception as error:
+                decision = ex.decision_of_exception(execution, error)
+        assert decision is not None
+        return decision
+
+    @staticmethod
+    def _expected_reason(claim: store.Claim, kind: str, returned: Decision | None) -> str | None:
+        if kind == "return":
+            assert returned is not None
+            return returned.reason
+        if kind == "raise":
+            return "ValueError: bad input"
+        seconds = timeout_of(claim.job.queue, claim.job.timeout).total_seconds()
+        timed_out = f"timed out after {seconds:g}s"
+        return f"{timed_out} (RuntimeError: stuck)" if kind == "timeout-raise" else timed_out
+
+    @rule(data=st.data(), how=st.sampled_from(DECISIONS), skew=st.sampled_from(SKEWS))
+    def settle(self, data: st.DataObject, how: tuple[str, Decision | None], skew: int) -> None:
+        which = data.draw(st.integers(0, 4), "which claim?") if self.claims else 0
+        live = [c for c in self.claims if self.model.live_claim(*c, self.db)]
+        if which > 1 and live:  # mostly a claim the runner still holds
+            self._settle(*data.draw(st.sampled_from(live), "live claim"), how, skew)
+        elif which > 0:  # an old one, maybe lost or settled since
+            self._settle(*data.draw(st.sampled_from(self.claims), "claim"), how, skew)
+        else:
+            self._settle(data.draw(st.sampled_from(JOB_IDS), "job"), "claim_bogus", how, skew)
+
+    # One argument and a name sorting first: Hypothesis orders rules by
+    # their number of arguments, then by name, and its simplest programs
+    # repeat the first rule -- let that be a runner's tick, which moves jobs
+    # through their whole life, rather than time passing alone.
+    @rule(
+        tick=st.tuples(
+            st.sampled_from(DECISIONS),
+            st.sampled_from(LEASES),
+            st.sampled_from(SKEWS),
+            st.sampled_from(WAITS),
+        )
+    )
+    def a_runner_tick(self, tick: tuple[tuple[str, Decision | None], int, int, int]) -> None:
+        """Some time after the last step, a runner's tick: promote, claim one
+        job and settle it with what its handler did."""
+        how, lease, skew, wait = tick
+        self.advance_time(wait)
+        before = len(self.claims)
+        self.claim(None, 1, lease, 0, True)
+        if len(self.claims) > before:
+            self._settle(*self.claims[-1], how, skew)
+
+    def _settle(self, job_id: str, token: str, how: tuple[str, Decision | None], skew: int) -> None:
+        """Settle ``(job_id, token)``: a claim issued earlier goes through the
+        runner's decision path, a bogus token straight to store.settle."""
+        kind, returned = how
+        db = self.db
+        app = self.app_now = db + skew
+        execution: ex.Execution | None = None
+        request: store.SettleRequest | None = None
+        claim = self.claimed.get((job_id, token))
+        if claim is not None:
+            execution = self.runner.core.admit(claim, time.monotonic())
+            decision = self._decide(execution, kind, returned)
+            assert decision.reason == self._expected_reason(claim, kind, returned)
+            request = ex.settle_request(self.runner.core, execution, decision)
+            assert request.now == app
+            (result,) = self.tx(store.settle_many, [request])
+        else:
+            decision = returned if returned is not None else Decision.failed("boom")
+            result = self.tx(store.settle, job_id=job_id, claim_token=token, decision=decision, now=app)
         row = self.model.rows.get(job_id)
-        result = self.tx(store.settle, job_id=job_id, claim_token=token, decision=decision, now=app)
-        if self.model.live_claim(job_id, token, max(app, self.db)):
-            assert result.status is SettleStatus.SETTLED
-            assert row is not None
-            row.state, row.lease_until = "settled", None
-            if row.cancellation_id is None:
-                row.outcome, row.failure_reason = decision.outcome.value, decision.reason
-            else:
-                row.outcome, row.failure_reason = "cancelled", None
+        if self.model.live_claim(job_id, token, max(app, db)):
+            assert row is not None and request is not None and execution is not None
+            expected = self._settled(row, decision, request, execution, app, db)
+            assert result.status is expected, (result, row)
         elif row is None:
             assert result.status is SettleStatus.MISSING
         else:
-            expected = decision.outcome.value if row.cancellation_id is None else "cancelled"
-            replay = row.state == "settled" and row.claim_token == token and row.outcome == expected
+            if row.cancellation_id is not None:
+                outcome: str | None = "cancelled"
+            else:
+                outcome = None if decision.outcome is None else decision.outcome.value
+            replay = row.state == "settled" and row.claim_token == token and row.outcome == outcome
             assert result.status is (SettleStatus.REPLAYED if replay else SettleStatus.CONFLICT)
+
+    def _settled(
+        self, row: Row, decision: Decision, request: store.SettleRequest, execution: ex.Execution, app: int, db: int
+    ) -> SettleStatus:
+        """Apply a settle of the live claim to the model; the status it answers."""
+        row.lease_until = None
+        policy = policy_of(row.queue_name, row.policy)
+        wait: int | None = None
+        if decision.snoozed:
+            assert decision.after is not None and request.requeue_after_ms is None, request
+            wait = decision.after // ms(1)  # the request's row takes it from the decision
+        elif (
+            decision.outcome is Outcome.FAILED
+            and decision.retryable
+            and policy is not None
+            and row.attempt < policy.max_attempts
+        ):
+            # A retry: after the decision's own wait, else the policy's backoff.
+            wait = request.requeue_after_ms
+            assert wait is not None, request
+            low, high = (
+                (decision.after // ms(1),) * 2 if decision.after is not None else backoff_bounds(policy, row.attempt)
+            )
+            assert low <= wait <= high, (wait, low, high, policy, row.attempt)
+        else:
+            assert request.requeue_after_ms is None, request
+        if row.cancellation_id is not None:
+            # A recorded cancellation wins over any decision, a requeue included.
+            row.state, row.outcome, row.failure_reason, row.failure_detail = "settled", "cancelled", None, None
+            return SettleStatus.SETTLED
+        if decision.snoozed:
+            assert wait is not None
+            # No attempt used; the last failure's reason and detail are kept.
+            row.state, row.claim_token, row.ready_at = "delayed", None, db + wait
+            row.snoozes += 1
+            return SettleStatus.REQUEUED
+        if decision.outcome is not Outcome.FAILED:
+            assert decision.outcome is not None
+            row.state, row.outcome = "settled", decision.outcome.value
+            row.failure_reason, row.failure_detail = decision.reason, None
+            return SettleStatus.SETTLED
+        entry = (app, row.attempt, history_reason(decision.reason or "failed"))
+        row.failure_history = [*(row.failure_history or []), entry][-FAILURE_HISTORY_LENGTH:]
+        detail = execution.failure_detail
+        assert detail is None or (len(detail) < FAILURE_DETAIL_MAX_LENGTH and "\x00" not in detail)
+        row.failure_reason, row.failure_detail = decision.reason, detail
+        if wait is not None:
+            row.state = "delayed" if wait > 0 else "queued"
+            row.claim_token, row.ready_at = None, db + wait
+            row.attempt += 1
+            return SettleStatus.REQUEUED
+        row.state, row.outcome = "settled", "failed"
+        return SettleStatus.SETTLED
 
     @precondition(lambda self: bool(self.claims))
     @rule(data=st.data(), lease=st.sampled_from(LEASES), skew=st.sampled_from(SKEWS))
@@ -292,9 +667,11 @@ class WatchdogMachine(RuleBasedStateMachine):
             expected = CancelStatus.REPLAYED if holder == job_id else CancelStatus.CONFLICT
         elif row is None:
             expected = CancelStatus.MISSING
-        elif row.cancellation_id is None and row.state in (("queued",) if only_if_queued else LIVE):
+        elif row.cancellation_id is None and row.state in (NOT_STARTED if only_if_queued else LIVE):
             expected = CancelStatus.RECORDED
             row.cancellation_id = cancellation_id
+            if row.state == "delayed":
+                row.state = "queued"  # the next claim settles it cancelled, without waiting for its time
         else:
             expected = CancelStatus.CONFLICT
         result = self.tx(store.cancel, job_id, cancellation_id, only_if_queued=only_if_queued)
@@ -302,13 +679,13 @@ class WatchdogMachine(RuleBasedStateMachine):
 
     @rule(
         lane=st.sampled_from(LANES),
-        batch=st.integers(1, 4),
+        batch=st.integers(1, 3),
         reason=st.sampled_from(["lane down", "r" * 2100, "nul\x00inside"]),
     )
     def fail_lane(self, lane: str, batch: int, reason: str) -> None:
         live = sorted(
             (r for r in self.model.rows.values() if r.lane == lane and r.state in LIVE),
-            key=lambda r: (0 if r.state == "running" else 1, r.order),
+            key=lambda r: (RANK[r.state], r.order),
         )
         taken, rest = live[:batch], live[batch:]
         result = self.tx(store.fail_lane, lane, reason, batch=batch)
@@ -316,11 +693,12 @@ class WatchdogMachine(RuleBasedStateMachine):
         assert result.more == bool(rest)
         for row in taken:
             row.state, row.outcome, row.failure_reason = "settled", "failed", bound_reason(reason)
+            row.failure_detail = None
             row.lease_until = row.claim_token = None
 
     @rule(queue=st.sampled_from(QUEUES))
     def purge(self, queue: str) -> None:
-        doomed = [j for j, r in self.model.rows.items() if r.queue_name == queue and r.state == "queued"]
+        doomed = [j for j, r in self.model.rows.items() if r.queue_name == queue and r.state in NOT_STARTED]
         assert self.tx(store.purge, queue) == len(doomed)
         for job_id in doomed:
             del self.model.rows[job_id]
@@ -340,10 +718,12 @@ class WatchdogMachine(RuleBasedStateMachine):
         view = claim.job
         requeue = view.max_recoveries is not None and view.recovery_count < view.max_recoveries
         row.lease_until = None
+        row.failure_detail = None  # every reconcile clears a traceback
         if row.cancellation_id is not None:
             row.state, row.outcome, row.failure_reason = "settled", "cancelled", None
             return "settled", row
         if requeue:
+            # A recovery is not an attempt: attempt, snoozes and history stay.
             row.state, row.claim_token, row.failure_reason = "queued", None, None
             row.recovery_count += 1
             return "requeued", row
@@ -373,10 +753,11 @@ class WatchdogMachine(RuleBasedStateMachine):
         status, _ = self._reconcile_expected(claim)
         assert self.tx(store.reconcile, claim).status == status
 
-    @rule(ms=st.sampled_from([1, 99, 100, 500, 1_000, 6_000]))
-    def advance_time(self, ms: int) -> None:
-        self.t += ms
-        self.set_clock(self.db)
+    @rule(step=st.sampled_from([1, 99, 100, 300, 500, 1_000, 6_000]))
+    def advance_time(self, step: int) -> None:
+        if step:
+            self.t += step
+            self.set_clock(self.db)
 
     @rule(job_id=st.sampled_from(JOB_IDS), queue=st.sampled_from(QUEUES), limit=st.integers(1, 4))
     def reads(self, job_id: str, queue: str, limit: int) -> None:
@@ -388,13 +769,18 @@ class WatchdogMachine(RuleBasedStateMachine):
             pending = store.has_pending_work(conn)
         assert (job is None) == (job_id not in rows)
         if job is not None:
-            assert (job.state.value, job.cancellation_requested) == (
-                rows[job_id].state,
-                rows[job_id].cancellation_id is not None,
-            )
+            row = rows[job_id]
+            assert (job.state.value, job.cancellation_requested) == (row.state, row.cancellation_id is not None)
+            # The policy fields as JobView shows them.
+            assert (epoch_of(job.run_at), epoch_of(job.ready_at)) == (row.run_at, row.ready_at)
+            assert (job.attempt, job.snoozes, job.max_attempts) == (row.attempt, row.snoozes, row.max_attempts)
+            assert job.retry == row.policy
+            assert job.timeout == (None if row.timeout_ms is None else ms(row.timeout_ms))
+            history = [(epoch_of(f.at), f.attempt, f.reason) for f in job.failure_history]
+            assert history == (row.failure_history or [])
         live = sorted(
             (r for r in rows.values() if r.queue_name == queue and r.state in LIVE),
-            key=lambda r: (0 if r.state == "running" else 1, -r.priority, r.order),
+            key=lambda r: (RANK[r.state], -r.priority, r.order),
         )
         assert (head.job_id if head else None) == (live[0].job_id if live else None)
         in_order = sorted((r for r in rows.values() if r.state == "settled"), key=lambda r: r.order)
@@ -411,12 +797,17 @@ class WatchdogMachine(RuleBasedStateMachine):
         for row in dumped:
             state = row["state"]
             # the CHECK grammar
-            if state == "queued":
+            if state == "delayed":
+                assert row["outcome"] is None and row["claim_token"] is None and row["lease_until"] is None, row
+                assert row["ready_at"] is not None, row
+            elif state == "queued":
                 assert row["outcome"] is None and row["claim_token"] is None and row["lease_until"] is None, row
             elif state == "running":
                 assert row["outcome"] is None and row["claim_token"] and row["lease_until"] is not None, row
             else:
                 assert state == "settled" and row["outcome"] is not None and row["lease_until"] is None, row
+            assert row["attempt"] >= 1 and (row["max_attempts"] is None or row["attempt"] <= row["max_attempts"]), row
+            assert row["snoozes"] >= 0, row
             # recovery budget
             budget = row["recovery_max"]
             assert row["recovery_count"] <= (0 if budget is None else budget), row
@@ -430,7 +821,9 @@ class WatchdogMachine(RuleBasedStateMachine):
         model_rows = sorted(self.model.rows.values(), key=lambda r: r.order)
         assert [r["job_id"] for r in dumped] == [r.job_id for r in model_rows]
         for got, want in zip(dumped, model_rows):
-            assert {c: got[c] for c in COLUMNS} == want.columns()
+            columns = {c: got[c] for c in COLUMNS}
+            columns["failure_history"] = stored_history(got["failure_history"])
+            assert columns == want.columns()
 
     @invariant()
     def at_most_one_live_claim_per_job(self) -> None:
@@ -447,18 +840,36 @@ class WatchdogMachine(RuleBasedStateMachine):
         assert held == uncancelled
 
 
-def _same_job(a: Job, b: Job) -> bool:
-    return (a.queue, a.lane, a.priority, a.payload_json, a.max_recoveries) == (
-        b.queue,
-        b.lane,
-        b.priority,
-        b.payload_json,
-        b.max_recoveries,
-    )
+# The machine's handlers are never called: they carry the @handler settings
+# (registered for the run only, see _registered_handlers).
+def q1_handler(job: RunningJob) -> None:
+    return None
+
+
+def q2_handler(job: RunningJob) -> None:
+    return None
+
+
+def q3_handler(job: RunningJob) -> None:
+    return None
+
+
+@contextmanager
+def _registered_handlers() -> Iterator[None]:
+    """Register q2's and q3's handlers with their own policy for the run, and
+    restore the registry after (other tests register queues of their own)."""
+    saved = dict(ex._registry)
+    try:
+        handler("q2", retry=HANDLER_RETRY["q2"], timeout=HANDLER_TIMEOUT["q2"])(q2_handler)
+        handler("q3", retry=None)(q3_handler)
+        yield
+    finally:
+        ex._registry.clear()
+        ex._registry.update(saved)
 
 
 FAST = settings(
-    max_examples=60,
+    max_examples=35,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
@@ -467,7 +878,7 @@ THOROUGH = settings(FAST, max_examples=300, stateful_step_count=60)
 
 
 def _run(engine: Engine, config: settings) -> None:
-    with controlled_db_clock(engine.url, BASE) as (clocked, set_clock):
+    with _registered_handlers(), controlled_db_clock(engine.url, BASE) as (clocked, set_clock):
         run_state_machine_as_test(lambda: WatchdogMachine(clocked, set_clock), settings=config)
 
 
@@ -478,3 +889,76 @@ def test_queue_matches_model(engine: Engine) -> None:
 @pytest.mark.slow
 def test_queue_matches_model_thoroughly(engine: Engine) -> None:
     _run(engine, THOROUGH)
+
+
+# -- what the machine found, pinned ---------------------------------------------------
+
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "cancelled while running",
+        "cancelled at the claim",
+        "interrupted by recovery",
+        "lane failed",
+    ],
+)
+def test_a_job_settled_after_a_retried_attempt_keeps_no_stale_failure(engine: Engine, path: str) -> None:
+    """A job whose first attempt raised (and is waiting for its retry) is
+    then settled otherwise: its ``failure_reason`` says why *it settled*, and
+    its ``failure_detail`` -- "the traceback of a handler that raised; None
+    otherwise" -- does not describe an earlier attempt. The failed attempt
+    stays in ``failure_history``, where it belongs."""
+
+    def raises(job: RunningJob) -> None:
+        raise ValueError("first attempt")
+
+    policy = RetryPolicy(max_attempts=3, backoff=ms(1), jitter=0.0)
+    store_tx = store.write_transaction
+    with store_tx(engine) as conn:
+        store.enqueue(conn, [Job("j", "q", retry=policy)])
+    assert Runner(engine, {"q": raises}).tick().status.value == "requeued"
+    with engine.connect() as conn:
+        waiting = store.read(conn, "j")
+    assert waiting is not None and waiting.attempt == 2
+    assert waiting.failure_reason == "ValueError: first attempt" and waiting.failure_detail
+    time.sleep(0.01)  # its 1 ms backoff has passed by the database clock
+
+    expected: tuple[str | None, str | None]
+    if path == "cancelled while running":
+        with store_tx(engine) as conn:
+            assert store.promote(conn).promoted == 1
+        with store_tx(engine) as conn:
+            (claim,) = store.claim(conn, queues=["q"], lease_ms=60_000).claimed
+        with store_tx(engine) as conn:
+            store.cancel(conn, "j", "stop-it")
+        with store_tx(engine) as conn:
+            settled = store.settle(conn, job_id="j", claim_token=claim.token, decision=Decision.completed())
+        assert settled.status is SettleStatus.SETTLED
+        expected = (None, None)
+    elif path == "cancelled at the claim":
+        with store_tx(engine) as conn:
+            store.cancel(conn, "j", "stop-it")
+        with store_tx(engine) as conn:
+            assert [j.job_id for j in store.claim(conn, queues=["q"], lease_ms=60_000).cancelled] == ["j"]
+        expected = (None, None)
+    elif path == "interrupted by recovery":
+        with store_tx(engine) as conn:
+            assert store.promote(conn).promoted == 1
+        with store_tx(engine) as conn:
+            store.claim(conn, queues=["q"], lease_ms=1)
+        time.sleep(0.01)  # the worker "died": its 1 ms lease has ended
+        with store_tx(engine) as conn:
+            (expired,) = store.expired_claims(conn, limit=5)
+            assert store.reconcile(conn, expired).status is store.RecoveryStatus.SETTLED
+        expected = (store.NO_POLICY_REASON, None)
+    else:
+        with store_tx(engine) as conn:
+            assert [j.job_id for j in store.fail_lane(conn, "q", "lane down").jobs] == ["j"]
+        expected = ("lane down", None)
+    with engine.connect() as conn:
+        job = store.read(conn, "j")
+    assert job is not None and job.state.value == "settled"
+    assert [(f.attempt, f.reason) for f in job.failure_history] == [(1, "ValueError: first attempt")]
+    assert (job.failure_reason, job.failure_detail) == expected
