@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,6 +44,9 @@ from sqlalchemy_watchdog.testing import (
 )
 from tests.conftest import make_async_engine
 from tests.helpers import add, read, wait_until
+
+#: The plugin's end-to-end tests run a user's test module with pytest's pytester.
+pytest_plugins = ["pytester"]
 
 HOUR = timedelta(hours=1)
 
@@ -557,3 +561,209 @@ def test_runner_factory_serves_in_the_background_and_close_stops_every_runner(en
     add(engine, Job("b", "q"))
     time.sleep(0.3)  # several poll intervals: a stopped runner claims nothing
     assert read(engine, "b").state is JobState.QUEUED
+
+
+# -- the pytest plugin, end to end (pytester) ------------------------------------------
+#: A user's test module using the plugin's fixtures and the helpers.
+USER_TESTS = '''
+import threading
+from datetime import timedelta
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from sqlalchemy_watchdog import Job, Outcome, Watchdog, enqueue
+from sqlalchemy_watchdog.testing import assert_enqueued, assert_not_enqueued, drain
+
+
+def test_the_tables_are_migrated_to_the_packages_head(watchdog_engine):
+    with watchdog_engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "{head}"
+        assert conn.execute(text("SELECT count(*) FROM watchdog_queue_pauses")).scalar_one() == 0
+
+
+def test_enqueue_in_a_session_then_drain(watchdog_engine):
+    with Session(watchdog_engine) as session:
+        enqueue(session, Job("confirm-order-1", "emails", payload={{"order_id": 1}}))
+        assert_enqueued(session, queue="emails", payload={{"order_id": 1}})
+        session.commit()
+    [job] = drain(watchdog_engine, {{"emails": lambda job: None}})
+    assert job.outcome is Outcome.COMPLETED
+
+
+def test_every_test_starts_from_an_empty_table(watchdog_engine):
+    assert_not_enqueued(watchdog_engine)
+
+
+def test_a_runner_from_the_factory(watchdog_engine, watchdog_runner):
+    Watchdog(watchdog_engine).enqueue(Job("a", "emails"))
+    [job] = watchdog_runner({{"emails": lambda job: None}}).run_until_idle()
+    assert job.job_id == "a"
+
+
+def test_a_served_runner_is_stopped_at_teardown(watchdog_engine, watchdog_runner):
+    ran = threading.Event()
+    watchdog_runner.serve({{"emails": lambda job: ran.set()}}, poll_interval=timedelta(milliseconds=50))
+    Watchdog(watchdog_engine).enqueue(Job("served", "emails"))
+    assert ran.wait(20)
+
+
+def test_a_failure_shows_what_is_enqueued(watchdog_engine):
+    Watchdog(watchdog_engine).enqueue(Job("confirm-order-1", "emails", payload={{"order_id": 1}}))
+    assert_enqueued(watchdog_engine, queue="emails", payload={{"order_id": 2}})
+'''
+
+
+def user_tests(pytester: pytest.Pytester) -> None:
+    from tests.test_migrations import HEAD
+
+    pytester.makepyfile(test_user=USER_TESTS.format(head=HEAD))
+
+
+def runner_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("watchdog-test-runner")]
+
+
+def test_the_plugin_is_installed_as_a_pytest11_entry_point() -> None:
+    from importlib.metadata import entry_points
+
+    [plugin] = [ep for ep in entry_points(group="pytest11") if ep.name == "sqlalchemy_watchdog"]
+    assert plugin.value == "sqlalchemy_watchdog.pytest_plugin"
+
+
+def test_a_users_tests_run_on_the_plugins_fixtures_sqlite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WATCHDOG_TEST_DATABASE_URL", raising=False)
+    user_tests(pytester)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=5, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*def test_a_failure_shows_what_is_enqueued(watchdog_engine):",
+            "E*AssertionError: expected a job matching queue='emails', payload containing {'order_id': 2}; found none",
+            "E*jobs enqueued (any queue, admission order):",
+            'E*  - confirm-order-1  queue=emails  state=queued  payload={"order_id": 1}',
+        ]
+    )
+    # The failure points at the user's line, not into the library.
+    assert "sqlalchemy_watchdog/testing.py" not in result.stdout.str()
+    assert runner_threads() == []  # the served runner was stopped at teardown
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])
+def test_on_postgresql_each_test_gets_a_schema_of_its_own_dropped_afterwards(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, engine: Engine
+) -> None:
+    url = engine.url.render_as_string(hide_password=False)
+    monkeypatch.setenv("WATCHDOG_TEST_DATABASE_URL", url)
+    user_tests(pytester)
+    pytester.makepyfile(
+        test_schema='''
+        import asyncio
+
+        from sqlalchemy import text
+        from sqlalchemy.ext.asyncio import create_async_engine
+        from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+        from sqlalchemy_watchdog import Job, Watchdog
+        from sqlalchemy_watchdog.testing import assert_enqueued_async
+
+        SEEN = []
+
+
+        class Base(DeclarativeBase):
+            pass
+
+
+        class Order(Base):
+            __tablename__ = "orders"
+            id: Mapped[int] = mapped_column(primary_key=True)
+
+
+        def test_a_schema_of_its_own(watchdog_engine, watchdog_database_url):
+            assert watchdog_database_url.get_backend_name() == "postgresql"
+            Base.metadata.create_all(watchdog_engine)  # the application's tables land there too
+            with watchdog_engine.connect() as conn:
+                schema = conn.execute(text("SELECT current_schema()")).scalar_one()
+                tables = set(conn.execute(text(
+                    "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+                )).scalars())
+            assert schema.startswith("watchdog_test_")
+            assert {"watchdog_jobs", "watchdog_queue_pauses", "alembic_version", "orders"} <= tables
+            SEEN.append(schema)
+
+
+        def test_another_schema_and_an_async_engine_on_the_same_url(watchdog_engine):
+            Watchdog(watchdog_engine).enqueue(Job("a", "q"))
+
+            async def check():
+                async_engine = create_async_engine(watchdog_engine.url)
+                try:
+                    await assert_enqueued_async(async_engine, job_id="a")
+                    async with async_engine.connect() as conn:
+                        return (await conn.execute(text("SELECT current_schema()"))).scalar_one()
+                finally:
+                    await async_engine.dispose()
+
+            schema = asyncio.run(check())
+            assert schema.startswith("watchdog_test_") and schema not in SEEN
+        '''
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=7, failed=1)
+    with engine.connect() as conn:
+        left = conn.exec_driver_sql("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'watchdog_test_%%'").all()
+    assert left == []
+
+
+def test_a_named_sqlite_file_gets_the_tables_for_each_test_and_loses_them_after(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    from sqlalchemy import create_engine, inspect, text
+
+    database = tmp_path / "shared.db"
+    seed = create_engine(f"sqlite:///{database}")
+    with seed.begin() as conn:
+        conn.execute(text("CREATE TABLE mine (id INTEGER PRIMARY KEY)"))
+    pytester.makepyfile(
+        test_file='''
+        from sqlalchemy_watchdog import Job, Watchdog
+        from sqlalchemy_watchdog.testing import assert_not_enqueued
+
+
+        def test_one(watchdog_engine):
+            assert_not_enqueued(watchdog_engine)
+            Watchdog(watchdog_engine).enqueue(Job("a", "q"))
+
+
+        def test_two(watchdog_engine):
+            assert_not_enqueued(watchdog_engine)
+            Watchdog(watchdog_engine).enqueue(Job("a", "q"))
+        '''
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--watchdog-database-url=sqlite:///{database}")
+    result.assert_outcomes(passed=2)
+    assert set(inspect(seed).get_table_names()) == {"mine"}
+    # A file holding the table already (an interrupted run) is refused, not reused.
+    with seed.begin() as conn:
+        conn.execute(text("CREATE TABLE watchdog_jobs (id INTEGER)"))
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--watchdog-database-url=sqlite:///{database}")
+    result.assert_outcomes(errors=2)
+    result.stdout.fnmatch_lines(["*already holds a watchdog_jobs table*"])
+    assert set(inspect(seed).get_table_names()) == {"mine", "watchdog_jobs"}
+    seed.dispose()
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("sqlite://", "*in-memory SQLite database*"),
+        ("sqlite:///:memory:", "*in-memory SQLite database*"),
+        ("mysql://app@localhost/app", "*runs on PostgreSQL and SQLite, not mysql*"),
+        ("not a url", "*--watchdog-database-url: Could not parse*"),
+    ],
+)
+def test_an_unusable_database_url_is_an_error_saying_why(pytester: pytest.Pytester, url: str, message: str) -> None:
+    pytester.makepyfile(test_any="def test_any(watchdog_engine):\n    pass\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--watchdog-database-url={url}")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([message])
