@@ -35,6 +35,7 @@ from .execution import (
     Spawn,
     Step,
     Stop,
+    StopReason,
     StoreCall,
     TickResult,
     WaitDone,
@@ -191,7 +192,7 @@ class AsyncWatchdog:
         return await self._read(store.read_with_reruns, job_id)
 
     async def read_queue_head(self, queue: str) -> JobView | None:
-        """The queue's running job, else its next queued job; None when idle."""
+        """The queue's running job, else its next queued job, else its next delayed one; None when idle."""
         return await self._read(store.read_queue_head, queue)
 
     async def read_settled(self, limit: int = 100, after_sequence: int = 0) -> list[JobView]:
@@ -199,7 +200,7 @@ class AsyncWatchdog:
         return await self._read(store.read_settled, limit, after_sequence)
 
     async def has_pending_work(self) -> bool:
-        """Whether any job is queued or running."""
+        """Whether any job is delayed, queued or running."""
         return await self._read(store.has_pending_work)
 
     async def cancel(self, job_id: str, cancellation_id: str, *, only_if_queued: bool = False) -> CancelResult:
@@ -366,9 +367,7 @@ class AsyncRunner:
         if isinstance(step, RunHandler):
             return await self._run_handler(step.execution)
         if isinstance(step, Stop):
-            step.execution.signal.request(step.reason)
-            if step.execution.task is not None:
-                step.execution.task.cancel()
+            self._stop(step.execution, step.reason)
             return None
         if isinstance(step, Probe):
             assert self.settings.is_alive is not None
@@ -401,6 +400,7 @@ class AsyncRunner:
             task: asyncio.Future[Any] = asyncio.ensure_future(fn(job))
         else:
             task = self._threads.submit(fn, job)
+            execution.threaded = True
         timer = None
         if execution.deadline is not None:
             timer = asyncio.get_running_loop().call_later(
@@ -409,7 +409,7 @@ class AsyncRunner:
         try:
             while True:
                 execution.task = task
-                if execution.signal.event.is_set():
+                if execution.signal.event.is_set() and not execution.threaded:
                     task.cancel()
                 # wait() never raises the handler's own cancellation into this task.
                 await asyncio.wait({task})
@@ -420,6 +420,7 @@ class AsyncRunner:
                 # A plain callable returned a coroutine: run it as a task of its
                 # own, so a cancellation can reach it like any async handler.
                 task = asyncio.ensure_future(task.result())
+                execution.threaded = False
         finally:
             if timer is not None:
                 timer.cancel()
@@ -464,13 +465,19 @@ class AsyncRunner:
     async def _renew_all(self) -> None:
         await drive_async(renew(self.core), self._perform)
 
+    def _stop(self, execution: Execution, reason: StopReason) -> None:
+        """Tell a handler to stop: a coroutine handler's task is cancelled; a
+        plain handler's thread cannot be, so it is only signalled and keeps
+        its slot and claim until it returns (as under the sync runner)."""
+        execution.signal.request(reason)
+        if execution.task is not None and not execution.threaded:
+            execution.task.cancel()
+
     def _time_out(self) -> None:
-        """Stop the handlers past their deadline: their tasks are cancelled."""
+        """Stop the handlers past their deadline (see :meth:`_stop`)."""
         for step in time_out(self.core):
             assert isinstance(step, Stop)
-            step.execution.signal.request(step.reason)
-            if step.execution.task is not None:
-                step.execution.task.cancel()
+            self._stop(step.execution, step.reason)
 
     def _jobs_arrived(self) -> None:
         """A wake-up: jobs were enqueued (some may be delayed only briefly)."""

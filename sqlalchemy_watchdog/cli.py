@@ -7,11 +7,11 @@
 
     upgrade                                   create / migrate the watchdog_jobs table
     show JOB_ID                               one job
-    head QUEUE                                the queue's running job, else its next queued one
+    head QUEUE                                the queue's running job, else its next queued (or delayed) one
     settled [--limit N] [--after SEQUENCE]    settled jobs in admission order, paged
     cancel JOB_ID CANCELLATION_ID [--only-if-queued]
     fail-lane LANE REASON                     settle every live job of the lane ``failed``
-    purge QUEUE                               delete the queue's queued jobs
+    purge QUEUE                               delete the queue's queued and delayed jobs
     ls [--queue Q] [--state S] [--outcome O] [--lane L] [--prefix P] [--limit N] [--after SEQUENCE]
                                               jobs in admission order, filtered, paged
     stats [--watch [--interval SECONDS]]      per queue: jobs by state, expired leases,
@@ -233,6 +233,115 @@ def _print_job(job: JobView, out: TextIO) -> None:
             print(f"  {line}", file=out)
 
 
+def _iso(value: datetime | None) -> str | None:
+    """An aware datetime as ISO 8601 in UTC, to the millisecond (as stored)."""
+    return None if value is None else value.astimezone(UTC).isoformat(timespec="milliseconds")
+
+
+def _milliseconds(value: timedelta | None) -> int | None:
+    return None if value is None else value // timedelta(milliseconds=1)
+
+
+def _duration_text(value: timedelta) -> str:
+    """``30s``, ``0.25s``: whole milliseconds, as stored."""
+    ms = value // timedelta(milliseconds=1)
+    if ms % 1000 == 0:
+        return f"{ms // 1000}s"
+    return f"{ms / 1000:.3f}".rstrip("0") + "s"
+
+
+def _one_line(text: str) -> str:
+    """``text`` on one line: line breaks shown as ``\\n``."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+#: What ``show`` prints for a job without a retry policy or timeout of its own.
+_NOT_ITS_OWN = "- (its handler's or runner's, if any)"
+
+
+def _show_dict(job: JobView) -> dict[str, Any]:
+    """What ``show --json`` prints: :func:`_job_dict` and the job's time and
+    failure policy (datetimes ISO 8601, durations in milliseconds)."""
+    fields = _job_dict(job)
+    retry = job.retry
+    fields.update(
+        run_at=_iso(job.run_at),
+        ready_at=_iso(job.ready_at),
+        attempt=job.attempt,
+        max_attempts=job.max_attempts,
+        snoozes=job.snoozes,
+        timeout_ms=_milliseconds(job.timeout),
+        retry=None
+        if retry is None
+        else {
+            "max_attempts": retry.max_attempts,
+            "backoff_ms": _milliseconds(retry.backoff),
+            "factor": retry.factor,
+            "max_backoff_ms": _milliseconds(retry.max_backoff),
+            "jitter": retry.jitter,
+        },
+        failure_history=[
+            {"at": _iso(entry.at), "attempt": entry.attempt, "reason": entry.reason} for entry in job.failure_history
+        ],
+        enqueued_at=_iso(job.enqueued_at),
+        started_at=_iso(job.started_at),
+        settled_at=_iso(job.settled_at),
+        rerun_of=job.rerun_of,
+        reruns=list(job.reruns),
+    )
+    return fields
+
+
+def _print_show(job: JobView, out: TextIO) -> None:
+    """What ``show`` prints: one ``name  value`` line per field, then the
+    failure history (one line per failed attempt) and the traceback."""
+    retry = job.retry
+    lines: list[tuple[str, object]] = [
+        ("sequence", job.sequence),
+        ("job_id", job.job_id),
+        ("queue", job.queue),
+        ("lane", job.lane),
+        ("priority", job.priority),
+        ("state", job.state.value),
+        ("enqueued_at", _iso(job.enqueued_at)),
+        ("started_at", _iso(job.started_at)),
+        ("settled_at", _iso(job.settled_at)),
+        ("run_at", _iso(job.run_at)),
+        ("ready_at", _iso(job.ready_at)),
+        ("attempt", job.attempt if job.max_attempts is None else f"{job.attempt} of {job.max_attempts}"),
+        ("snoozes", job.snoozes),
+        ("timeout", _NOT_ITS_OWN if job.timeout is None else _duration_text(job.timeout)),
+        (
+            "retry",
+            _NOT_ITS_OWN
+            if retry is None
+            else f"max_attempts={retry.max_attempts}, backoff={_duration_text(retry.backoff)},"
+            f" factor={retry.factor:g}, max_backoff={_duration_text(retry.max_backoff)}, jitter={retry.jitter:g}",
+        ),
+        ("outcome", None if job.outcome is None else job.outcome.value),
+        ("failure_reason", None if job.failure_reason is None else _one_line(job.failure_reason)),
+        ("recovery_count", job.recovery_count),
+        ("max_recoveries", job.max_recoveries),
+        ("cancellation_id", job.cancellation_id),
+        ("rerun_of", job.rerun_of),
+        ("reruns", ", ".join(job.reruns) or None),
+        ("payload", json.dumps(job.payload, ensure_ascii=False, sort_keys=True)),
+    ]
+    width = max(len(name) for name in [*(name for name, _ in lines), "failure_history", "failure_detail"])
+    for name, value in lines:
+        print(f"{name:<{width}}  {'-' if value is None else value}", file=out)
+    if not job.failure_history:
+        print(f"{'failure_history':<{width}}  -", file=out)
+    else:  # oldest first, one line per failed attempt
+        print(f"{'failure_history':<{width}}", file=out)
+        for entry in job.failure_history:
+            print(f"  {_iso(entry.at)}  attempt {entry.attempt}  {_one_line(entry.reason)}", file=out)
+    if job.failure_detail:  # the handler's traceback, last: it spans lines
+        print(f"{'failure_detail':<{width}}", file=out)
+        for line in job.failure_detail.rstrip().splitlines():
+            print(f"  {line}", file=out)
+
+
 def _print_table(jobs: Sequence[JobView], out: TextIO) -> None:
     header = ("sequence", "job_id", "queue", "outcome", "failure_reason")
     rows = [
@@ -315,19 +424,22 @@ def cmd_upgrade(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
-    """Print one job; exit 1 when there is no such job."""
+    """Print one job, with when it was enqueued, started and settled, its
+    time and failure policy (``run_at``, ``ready_at``, the attempt it is on,
+    snoozes, timeout, retry policy), its rerun links and its failure
+    history; exit 1 when there is no such job."""
     job = _watchdog(args).read(args.job_id)
     if args.json:
-        _print_json(None if job is None else _job_dict(job), out)
+        _print_json(None if job is None else _show_dict(job), out)
     elif job is not None:
-        _print_job(job, out)
+        _print_show(job, out)
     if job is None:
         raise CommandFailed(f"no job {args.job_id!r}")
     return 0
 
 
 def cmd_head(args: argparse.Namespace, out: TextIO) -> int:
-    """Print the queue's running job, else its next queued one (idle: a note, exit 0)."""
+    """Print the queue's running job, else its next queued, else delayed one (idle: a note, exit 0)."""
     job = _watchdog(args).read_queue_head(args.queue)
     if args.json:
         _print_json(None if job is None else _job_dict(job), out)
@@ -394,12 +506,12 @@ def cmd_fail_lane(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_purge(args: argparse.Namespace, out: TextIO) -> int:
-    """Delete the queue's queued jobs and say how many."""
+    """Delete the queue's queued and delayed jobs and say how many."""
     deleted = _watchdog(args).purge(args.queue)
     if args.json:
         _print_json({"queue": args.queue, "deleted": deleted}, out)
     else:
-        print(f"queue {args.queue!r}: {deleted} queued job(s) deleted", file=out)
+        print(f"queue {args.queue!r}: {deleted} queued or delayed job(s) deleted", file=out)
     return 0
 
 
@@ -604,11 +716,6 @@ def _when(value: datetime | None) -> str:
     return "-" if value is None else value.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _when_json(value: datetime | None) -> str | None:
-    """A database time for JSON: ISO 8601 in UTC to the millisecond, or null."""
-    return None if value is None else value.isoformat(timespec="milliseconds")
-
-
 def _age(value: timedelta) -> str:
     """A short age: ``45s``, ``12m05s``, ``3h07m``, ``2d04h``."""
     seconds = int(value.total_seconds())
@@ -640,9 +747,9 @@ def _listed_job_dict(job: JobView) -> dict[str, Any]:
     return {
         **_job_dict(job),
         "attempt": job.attempt,
-        "enqueued_at": _when_json(job.enqueued_at),
-        "started_at": _when_json(job.started_at),
-        "settled_at": _when_json(job.settled_at),
+        "enqueued_at": _iso(job.enqueued_at),
+        "started_at": _iso(job.started_at),
+        "settled_at": _iso(job.settled_at),
         "rerun_of": job.rerun_of,
     }
 
@@ -704,7 +811,7 @@ def _queue_stats_dict(queue: QueueStats) -> dict[str, Any]:
         "paused": queue.paused,
         "pause": None
         if queue.pause is None
-        else {"reason": queue.pause.reason, "paused_at": _when_json(queue.pause.paused_at)},
+        else {"reason": queue.pause.reason, "paused_at": _iso(queue.pause.paused_at)},
     }
 
 
@@ -712,7 +819,7 @@ def stats_document(stats: Stats) -> dict[str, Any]:
     """The JSON document ``stats --json`` prints: ``at`` (the database clock)
     and one object per queue with every key always present (outcome counts
     include zeros; ``oldest_ready_age_seconds`` and ``pause`` may be null)."""
-    return {"at": _when_json(stats.at), "queues": [_queue_stats_dict(queue) for queue in stats.queues]}
+    return {"at": _iso(stats.at), "queues": [_queue_stats_dict(queue) for queue in stats.queues]}
 
 
 def _counts_cell(counts: Mapping[Outcome, int]) -> str:
@@ -1151,7 +1258,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("job_id")
     show.set_defaults(func=cmd_show)
 
-    head = commands.add_parser("head", help="the queue's running job, else its next queued one")
+    head = commands.add_parser("head", help="the queue's running job, else its next queued (or delayed) one")
     head.add_argument("queue")
     head.set_defaults(func=cmd_head)
 
@@ -1176,7 +1283,7 @@ def build_parser() -> argparse.ArgumentParser:
     fail_lane.add_argument("reason")
     fail_lane.set_defaults(func=cmd_fail_lane)
 
-    purge = commands.add_parser("purge", help="delete a queue's queued jobs")
+    purge = commands.add_parser("purge", help="delete a queue's queued and delayed jobs")
     purge.add_argument("queue")
     purge.set_defaults(func=cmd_purge)
 

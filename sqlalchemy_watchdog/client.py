@@ -221,7 +221,7 @@ class Watchdog:
         return self._read(store.read_with_reruns, job_id)
 
     def read_queue_head(self, queue: str) -> JobView | None:
-        """The queue's running job, else its next queued job; None when idle."""
+        """The queue's running job, else its next queued job, else its next delayed one; None when idle."""
         return self._read(store.read_queue_head, queue)
 
     def read_settled(self, limit: int = 100, after_sequence: int = 0) -> list[JobView]:
@@ -335,7 +335,7 @@ class Watchdog:
         return self._write(fail_lane_in, lane, reason)
 
     def purge(self, queue: str) -> int:
-        """Delete the queue's queued jobs (running and settled ones stay); returns how many."""
+        """Delete the queue's queued and delayed jobs (running and settled ones stay); returns how many."""
         return self._write(store.purge, queue)
 
 

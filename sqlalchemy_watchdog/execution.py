@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Handler",
+    "JobLogger",
     "RunningJob",
     "StopReason",
     "TickStatus",
@@ -224,8 +225,45 @@ class RunningJob:
         return self._signal.event
 
     @property
+    def log_fields(self) -> dict[str, Any]:
+        """What identifies this attempt in a log record: ``job_id``,
+        ``queue``, ``lane``, ``attempt``, ``recovery_count``."""
+        return {
+            "job_id": self.job_id,
+            "queue": self.queue,
+            "lane": self.lane,
+            "attempt": self.attempt,
+            "recovery_count": self.recovery_count,
+        }
+
+    @property
+    def log(self) -> JobLogger:
+        """A logger (``sqlalchemy_watchdog.job``) whose every record carries
+        :attr:`log_fields` as attributes, for a JSON or ``extra``-aware
+        formatter: ``job.log.info("sent %s", to)``."""
+        return self.logger(_JOB_LOG)
+
+    def logger(self, logger: logging.Logger | str) -> JobLogger:
+        """``logger`` (or the logger of that name) adding :attr:`log_fields`
+        to every record, beside any ``extra`` of the call."""
+        base = logging.getLogger(logger) if isinstance(logger, str) else logger
+        return JobLogger(base, self.log_fields)
+
+    @property
     def stop_reason(self) -> StopReason | None:
         return self._signal.reason
+
+
+_JOB_LOG = logging.getLogger("sqlalchemy_watchdog.job")
+
+
+class JobLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """A logger adapter adding a job's fields to every record; an ``extra``
+    given to a call is merged in (the call's values win)."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        kwargs["extra"] = {**(self.extra or {}), **(kwargs.get("extra") or {})}
+        return msg, kwargs
 
 
 class TickStatus(str, enum.Enum):
@@ -462,6 +500,13 @@ class Execution:
     #: When its handler must have returned (monotonic), if it has a timeout;
     #: set when the handler starts. The driver stops it then.
     deadline: float | None = None
+    #: In how many seconds a retry or snooze asked for makes the job due
+    #: again; the runner promotes then, once the requeue has committed.
+    requeue_in: float | None = None
+    #: Whether its handler runs in a thread the driver cannot interrupt (a
+    #: plain handler under the async driver): a stop only signals it, and
+    #: its slot and claim stay held until the thread returns.
+    threaded: bool = False
 
     @property
     def job_id(self) -> str:
@@ -596,7 +641,7 @@ def decision_of_exception(execution: Execution, error: BaseException) -> Decisio
         type(error).__name__,
         error,
         exc_info=(type(error), error, error.__traceback__),
-        extra={"job_id": job.job_id, "queue": job.queue},
+        extra=job.log_fields,
     )
     if job.stop_reason is StopReason.TIMEOUT:
         return Decision.failed(bound_reason(f"{timed_out(job)} ({type(error).__name__}: {error})"))
@@ -716,7 +761,12 @@ class RunnerCore:
         with self._lock:
             self._active[job.job_id] = execution
         log.info(
-            "claimed job %s (queue %s, attempt %d, recovery %d)", job.job_id, job.queue, job.attempt, job.recovery_count
+            "claimed job %s (queue %s, attempt %d, recovery %d)",
+            job.job_id,
+            job.queue,
+            job.attempt,
+            job.recovery_count,
+            extra=running.log_fields,
         )
         return execution
 
@@ -744,11 +794,16 @@ class RunnerCore:
         return False
 
     def retire(self, execution: Execution) -> None:
-        """The execution is over: forget it and free its slot."""
+        """The execution is over (its settle, if any, committed): forget it
+        and free its slot. A retry or snooze it asked for is due in
+        ``requeue_in``: promote no later than that (the requeue has
+        committed by now, so a promotion then finds it)."""
         with self._lock:
             if self._active.get(execution.job_id) is execution:
                 del self._active[execution.job_id]
         execution.slot_held = False
+        if execution.requeue_in is not None:
+            self.expect_ready(execution.requeue_in)
         execution.done.set()
 
     # -- the loop's timing
@@ -905,7 +960,8 @@ def stop(execution: Execution, reason: StopReason) -> Steps[None]:
         level = logging.INFO if reason in (StopReason.CANCELLED, StopReason.LANE_FAILED) else logging.WARNING
         if reason is StopReason.TIMEOUT:
             level = logging.WARNING
-        log.log(level, "job %s: stopping its handler (%s)", execution.job_id, reason.value)
+        fields = execution.job.log_fields
+        log.log(level, "job %s: stopping its handler (%s)", execution.job_id, reason.value, extra=fields)
     yield Stop(execution, reason)
 
 
@@ -973,7 +1029,7 @@ def settle_request(core: RunnerCore, execution: Execution, decision: Decision) -
     if decision.snoozed:
         after = decision.after
         assert after is not None
-        core.expect_ready(after.total_seconds())
+        execution.requeue_in = after.total_seconds()
         return SettleRequest(job.job_id, claim.token, decision, now)
     if decision.outcome is not Outcome.FAILED:
         return SettleRequest(job.job_id, claim.token, decision, now, execution.failure_detail)
@@ -983,10 +1039,10 @@ def settle_request(core: RunnerCore, execution: Execution, decision: Decision) -
     policy = core.settings.policy_for(job)
     if decision.retryable and policy is not None and job.attempt < policy.max_attempts:
         wait = decision.after if decision.after is not None else policy.delay(job.attempt)
-        core.expect_ready(wait.total_seconds())
+        execution.requeue_in = wait.total_seconds()
         log.info(
             "job %s: attempt %d of %d failed; retrying in %.3fs", job.job_id, job.attempt, policy.max_attempts,
-            wait.total_seconds(),
+            wait.total_seconds(), extra=execution.job.log_fields,
         )
         return SettleRequest(
             job.job_id, claim.token, decision, now, execution.failure_detail,
@@ -1011,6 +1067,7 @@ def conclude(execution: Execution, settlement: Settlement | None) -> TickResult:
             settled.attempt,
             settled.snoozes,
             f" until {settled.ready_at:%Y-%m-%d %H:%M:%S.%f}"[:-3] if settled.ready_at is not None else "",
+            extra=execution.job.log_fields,
         )
         return TickResult(TickStatus.REQUEUED, settled, job_id)
     if settlement.status in (SettleStatus.SETTLED, SettleStatus.REPLAYED):
@@ -1019,6 +1076,7 @@ def conclude(execution: Execution, settlement: Settlement | None) -> TickResult:
             job_id,
             _outcome(settled),
             f" ({settled.failure_reason})" if settled is not None and settled.failure_reason else "",
+            extra=execution.job.log_fields,
         )
         return TickResult(TickStatus.SETTLED, settled, job_id)
     if settled is not None and settled.state is JobState.SETTLED:

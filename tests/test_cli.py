@@ -29,6 +29,7 @@ from sqlalchemy_watchdog import (
     Job,
     JobState,
     Outcome,
+    RetryPolicy,
     Runner,
     RunningJob,
     Watchdog,
@@ -150,6 +151,117 @@ def test_show_prints_a_failed_handlers_traceback(engine: Engine, cli: Cli) -> No
     assert json.loads(out)["failure_detail"].rstrip().endswith("KeyError: 'missing'")
 
 
+def show_lines(out: str) -> dict[str, str]:
+    """The ``name  value`` lines of ``show``'s output (not the blocks: their
+    heading line has a name only, their lines are indented)."""
+    pairs = [line.split(None, 1) for line in out.splitlines() if line and not line.startswith(" ")]
+    return {pair[0]: pair[1] for pair in pairs if len(pair) == 2}
+
+
+def test_show_a_delayed_job_with_its_own_policy(engine: Engine, cli: Cli) -> None:
+    run_at = datetime.fromisoformat("2031-05-04T03:02:01.123+02:00")
+    policy = RetryPolicy(
+        max_attempts=3, backoff=timedelta(seconds=2), factor=3, max_backoff=timedelta(seconds=90), jitter=0.25
+    )
+    add(engine, Job("later", "emails", run_at=run_at, retry=policy, timeout=timedelta(milliseconds=2500)))
+    status, out, _ = cli("show", "later")
+    assert status == 0
+    lines = show_lines(out)
+    assert lines["state"] == "delayed"
+    # Shown in UTC, to the millisecond, as stored.
+    assert lines["run_at"] == lines["ready_at"] == "2031-05-04T01:02:01.123+00:00"
+    assert lines["attempt"] == "1 of 3"
+    assert lines["snoozes"] == "0"
+    assert lines["timeout"] == "2.5s"
+    assert lines["retry"] == "max_attempts=3, backoff=2s, factor=3, max_backoff=90s, jitter=0.25"
+    assert lines["failure_history"] == "-"
+
+    status, out, _ = cli("--json", "show", "later")
+    assert status == 0
+    shown = json.loads(out)
+    assert datetime.fromisoformat(shown["run_at"]) == run_at
+    assert datetime.fromisoformat(shown["ready_at"]) == run_at
+    assert (shown["state"], shown["attempt"], shown["max_attempts"], shown["snoozes"]) == ("delayed", 1, 3, 0)
+    assert shown["timeout_ms"] == 2500
+    assert shown["retry"] == {
+        "max_attempts": 3, "backoff_ms": 2000, "factor": 3.0, "max_backoff_ms": 90_000, "jitter": 0.25,
+    }
+    assert shown["failure_history"] == []
+
+
+def test_show_a_job_without_a_policy_of_its_own(engine: Engine, cli: Cli) -> None:
+    add(engine, Job("plain", "emails"))
+    lines = show_lines(cli("show", "plain")[1])
+    assert (lines["run_at"], lines["ready_at"]) == ("-", "-")  # it never waited
+    assert lines["attempt"] == "1"  # no "of M": its handler's or runner's policy decides
+    assert lines["timeout"].startswith("- ") and lines["retry"].startswith("- ")
+    shown = json.loads(cli("--json", "show", "plain")[1])
+    assert {k: shown[k] for k in ("run_at", "ready_at", "max_attempts", "timeout_ms", "retry")} == dict.fromkeys(
+        ("run_at", "ready_at", "max_attempts", "timeout_ms", "retry")
+    )
+    assert (shown["attempt"], shown["snoozes"], shown["failure_history"]) == (1, 0, [])
+
+
+def test_show_prints_the_failure_history_one_line_per_attempt(engine: Engine, cli: Cli) -> None:
+    own = RetryPolicy(max_attempts=3, backoff=timedelta(milliseconds=1), jitter=0)
+    add(engine, Job("own", "emails", retry=own), Job("runners", "emails"))
+
+    def flaky(job: RunningJob) -> Decision:
+        if job.job_id == "runners" and job.attempt == 2:
+            return Decision.snooze(timedelta(hours=1))
+        # Straight back to queued (after=0): run_until_idle runs every attempt.
+        return Decision.retry(f"attempt {job.attempt} failed:\nsecond line", after=timedelta(0))
+
+    before = datetime.now(UTC)
+    runner = Runner(engine, {"emails": flaky}, retry=RetryPolicy(max_attempts=4))
+    runner.run_until_idle()
+    after = datetime.now(UTC)
+
+    status, out, _ = cli("show", "own")
+    assert status == 0
+    lines = show_lines(out)
+    assert (lines["state"], lines["outcome"], lines["attempt"]) == ("settled", "failed", "3 of 3")
+    assert lines["failure_reason"] == "attempt 3 failed:\\nsecond line"  # one line too
+    history = out[out.index("failure_history") :].splitlines()[1:]
+    assert len(history) == 3  # one line per failed attempt, the reason's line break shown as \n
+    for number, line in enumerate(history, start=1):
+        at, word, attempt, reason = line.split(None, 3)
+        assert before - timedelta(seconds=1) <= datetime.fromisoformat(at) <= after + timedelta(seconds=1)
+        assert (word, attempt, reason) == ("attempt", str(number), f"attempt {number} failed:\\nsecond line")
+    shown = json.loads(cli("--json", "show", "own")[1])
+    assert [(e["attempt"], e["reason"]) for e in shown["failure_history"]] == [
+        (n, f"attempt {n} failed:\nsecond line") for n in (1, 2, 3)
+    ]
+    assert [datetime.fromisoformat(e["at"]) for e in shown["failure_history"]] == [
+        datetime.fromisoformat(line.split()[0]) for line in history
+    ]
+
+    # The runner's policy applied: the job has no max_attempts of its own to show.
+    status, out, _ = cli("show", "runners")
+    lines = show_lines(out)
+    assert (lines["state"], lines["attempt"], lines["snoozes"]) == ("delayed", "2", "1")
+    ready_at = datetime.fromisoformat(lines["ready_at"])
+    assert after + timedelta(minutes=59) < ready_at < after + timedelta(minutes=61)
+    assert [line.split()[2] for line in out[out.index("failure_history") :].splitlines()[1:]] == ["1"]
+    shown = json.loads(cli("--json", "show", "runners")[1])
+    assert (shown["attempt"], shown["max_attempts"], shown["snoozes"]) == (2, None, 1)
+
+
+def test_show_prints_when_a_job_was_enqueued_started_and_settled_and_its_reruns(engine: Engine, cli: Cli) -> None:
+    from sqlalchemy_watchdog import Runner, Watchdog
+
+    add(engine, Job("timed", "emails"))
+    Runner(engine, {"emails": lambda job: None}).run_until_idle()
+    Watchdog(engine).rerun("timed", rerun_id="again")
+    lines = show_lines(cli("show", "timed")[1])
+    enqueued, started, settled = (datetime.fromisoformat(lines[k]) for k in ("enqueued_at", "started_at", "settled_at"))
+    assert enqueued <= started <= settled
+    assert (lines["rerun_of"], lines["reruns"]) == ("-", "timed~rerun~again")
+    shown = json.loads(cli("--json", "show", "timed~rerun~again")[1])
+    assert shown["rerun_of"] == "timed" and shown["enqueued_at"] and shown["started_at"] is None
+    assert shown["settled_at"] is None and shown["reruns"] == []
+
+
 def test_show_missing_job_exits_1(engine: Engine, cli: Cli) -> None:
     status, out, err = cli("show", "nope")
     assert status == 1
@@ -240,7 +352,7 @@ def test_purge_deletes_only_queued_jobs(engine: Engine, cli: Cli) -> None:
     add(engine, Job("running", "q", priority=9), Job("q1", "q"), Job("q2", "q"), Job("elsewhere", "other"))
     claim_one(engine, "q")
     status, out, _ = cli("purge", "q")
-    assert (status, out.strip()) == (0, "queue 'q': 2 queued job(s) deleted")
+    assert (status, out.strip()) == (0, "queue 'q': 2 queued or delayed job(s) deleted")
     watchdog = Watchdog(engine)
     assert watchdog.read("q1") is None and watchdog.read("q2") is None
     assert read(engine, "running").state is JobState.RUNNING

@@ -8,6 +8,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,10 @@ from alembic.config import Config
 from alembic.migration import MigrationContext
 from sqlalchemy import CheckConstraint, Engine, MetaData, UniqueConstraint, create_engine, inspect, text
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import IntegrityError
 
 import sqlalchemy_watchdog
-from sqlalchemy_watchdog import Job, JobState, Watchdog, enqueue
+from sqlalchemy_watchdog import Decision, Job, JobState, Outcome, RetryPolicy, Watchdog, enqueue, store
 
 REPO = Path(__file__).resolve().parent.parent
 ALEMBIC_INI = REPO / "alembic.ini"
@@ -504,3 +506,184 @@ def test_w0004_upgrades_and_downgrades_a_table_holding_jobs_in_every_state(empty
     waiting = watchdog.read("waiting")
     assert waiting is not None and (waiting.started_at, waiting.settled_at) == (None, None)
     assert watchdog.stats().queue("q").pause is None
+
+
+# -- w0003: time and failure policy ----------------------------------------------------
+
+W0002 = "w0002_failure_detail"
+W0002_COLUMNS = [
+    "sequence", "job_id", "queue_name", "lane", "priority", "payload_json", "recovery_max", "state", "outcome",
+    "claim_token", "recovery_count", "cancellation_id", "failure_reason", "lease_until", "failure_detail",
+]  # fmt: skip
+YEAR_2100_MS = 4_102_444_800_000
+
+
+def _w0002_jobs(engine: Engine) -> dict[str, dict[str, Any]]:
+    """Jobs in every state w0002 knows, written as its schema stores them:
+    those of :func:`_jobs_in_every_state`, plus a queued and a running job
+    with a recorded cancellation, a failure with its traceback, and the
+    other outcomes; the last one, ``deleted-top``, holds the highest
+    sequence. Returns every row, every column, by job_id."""
+    _jobs_in_every_state(engine)
+    common = {"queue_name": "q", "priority": 0, "payload_json": "null", "recovery_max": None, "outcome": None,
+              "claim_token": None, "recovery_count": 0, "cancellation_id": None, "failure_reason": None,
+              "lease_until": None, "failure_detail": None}  # fmt: skip
+    rows = [
+        {"job_id": "waiting-with-policy", "state": "queued", "priority": 3, "payload_json": '{"n":1}',
+         "recovery_max": 2},
+        {"job_id": "cancel-requested", "state": "queued", "cancellation_id": "c-1"},
+        {"job_id": "running-recovered", "state": "running", "claim_token": "claim_y.3", "lease_until": YEAR_2100_MS,
+         "recovery_count": 1, "recovery_max": 3},
+        {"job_id": "running-cancelled", "state": "running", "claim_token": "claim_y.4", "lease_until": YEAR_2100_MS,
+         "cancellation_id": "c-2"},
+        {"job_id": "failed-with-detail", "state": "settled", "outcome": "failed", "claim_token": "claim_y.6",
+         "failure_reason": "ValueError: no", "failure_detail": "Traceback (most recent call last):\n  ..."},
+        {"job_id": "cancelled", "state": "settled", "outcome": "cancelled", "cancellation_id": "c-3"},
+        {"job_id": "unknown", "state": "settled", "outcome": "outcome_unknown", "claim_token": "claim_y.8",
+         "failure_reason": "bank did not answer"},
+        {"job_id": "interrupted", "state": "settled", "outcome": "interrupted", "claim_token": "claim_y.9",
+         "failure_reason": "Restart recovery budget exhausted (2 recoveries)", "recovery_count": 2,
+         "recovery_max": 2},
+        {"job_id": "deleted-top", "state": "queued"},
+    ]  # fmt: skip
+    with engine.begin() as conn:
+        for row in rows:
+            values = {**common, "lane": row["job_id"], **row}
+            names = ", ".join(values)
+            conn.execute(
+                text(f"INSERT INTO watchdog_jobs ({names}) VALUES ({', '.join(':' + n for n in values)})"), values
+            )
+    return _rows_by_id(engine, W0002_COLUMNS)
+
+
+def _rows_by_id(engine: Engine, columns: list[str]) -> dict[str, dict[str, Any]]:
+    with engine.connect() as conn:
+        rows = conn.execute(text(f"SELECT {', '.join(columns)} FROM watchdog_jobs ORDER BY sequence")).mappings()
+        return {row["job_id"]: dict(row) for row in rows}
+
+
+def _raw_insert_w0002(engine: Engine, job_id: str) -> int:
+    """A queued job written as w0002's schema stores it; its sequence."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO watchdog_jobs (job_id, queue_name, lane, priority, payload_json, state, recovery_count)"
+                " VALUES (:job_id, 'q', 'q', 0, 'null', 'queued', 0)"
+            ),
+            {"job_id": job_id},
+        )
+        return int(
+            conn.execute(text("SELECT sequence FROM watchdog_jobs WHERE job_id = :j"), {"j": job_id}).scalar_one()
+        )
+
+
+def test_w0003_upgrades_and_downgrades_a_table_holding_jobs_in_every_state(empty_engine: Engine) -> None:
+    """Upgrading keeps every row's meaning (first attempt, no snoozes, no
+    policy or history) and the sequence counter; jobs delayed, retried and
+    snoozed on head become queued on the way down, and nothing else changes."""
+    engine = empty_engine
+    run(engine, command.upgrade, W0002)
+    before = _w0002_jobs(engine)
+    # The rows really cover every state and outcome, cancellations and a traceback.
+    assert {row["state"] for row in before.values()} == {"queued", "running", "settled"}
+    assert {row["outcome"] for row in before.values()} == {None, *(outcome.value for outcome in Outcome)}
+    assert {row["state"] for row in before.values() if row["cancellation_id"]} == {"queued", "running", "settled"}
+    assert any(row["failure_detail"] for row in before.values())
+    top = before.pop("deleted-top")["sequence"]
+    assert top == max(row["sequence"] for row in before.values()) + 1
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM watchdog_jobs WHERE job_id = 'deleted-top'"))
+
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []
+    assert schema_names(engine) == model_names()
+    new_columns = ["attempt", "snoozes", "run_at", "ready_at", "max_attempts", "retry_policy", "timeout_ms",
+                   "failure_history"]  # fmt: skip
+    upgraded = _rows_by_id(engine, W0002_COLUMNS + new_columns)
+    assert set(upgraded) == set(before)
+    for job_id, row in before.items():
+        assert {c: upgraded[job_id][c] for c in W0002_COLUMNS} == row, job_id
+        assert {c: upgraded[job_id][c] for c in new_columns} == {
+            "attempt": 1, "snoozes": 0, "run_at": None, "ready_at": None, "max_attempts": None,
+            "retry_policy": None, "timeout_ms": None, "failure_history": None,
+        }, job_id  # fmt: skip
+    watchdog = Watchdog(engine)
+    for job_id, row in before.items():
+        job = watchdog.read(job_id)
+        assert job is not None
+        assert (job.state.value, job.outcome and job.outcome.value, job.failure_reason, job.cancellation_id) == (
+            row["state"], row["outcome"], row["failure_reason"], row["cancellation_id"]
+        ), job_id
+        assert (job.attempt, job.snoozes, job.retry, job.timeout, job.failure_history) == (1, 0, None, None, ())
+    # The sequence goes on above the old maximum, even the deleted one's.
+    with engine.begin() as conn:
+        enqueue(conn, Job("after-upgrade", "later"))
+    after_upgrade = watchdog.read("after-upgrade")
+    assert after_upgrade is not None and after_upgrade.sequence > top
+    # A migrated running job is still held by its claim: its exact token (only) renews it.
+    with store.write_transaction(engine) as conn:
+        renewed = store.renew(conn, [("running", "claim_x.1"), ("running-recovered", "wrong")], lease_ms=60_000)
+    assert renewed == {"running"}
+    before["running"]["lease_until"] = _rows_by_id(engine, ["job_id", "lease_until"])["running"]["lease_until"]
+
+    # On head: jobs delayed, scheduled, retried and snoozed, and one with a policy of its own.
+    with engine.begin() as conn:
+        enqueue(conn, Job("delayed", "later"), delay=timedelta(hours=1))
+        enqueue(conn, Job("scheduled", "later", run_at=datetime(2999, 1, 1, tzinfo=UTC)))
+        enqueue(conn, Job("with-policy", "later", retry=RetryPolicy(max_attempts=3), timeout=timedelta(seconds=9)))
+        enqueue(conn, [Job("retried", "r", retry=RetryPolicy(max_attempts=3)), Job("snoozed", "r")])
+    with store.write_transaction(engine) as conn:
+        claims = store.claim(conn, queues=["r"], limit=2, lease_ms=60_000).claimed
+        by_id = {c.job.job_id: c for c in claims}
+        retried, snoozed = store.settle_many(
+            conn,
+            [
+                store.SettleRequest("retried", by_id["retried"].token, Decision.failed("boom"),
+                                    requeue_after_ms=3_600_000),
+                store.SettleRequest("snoozed", by_id["snoozed"].token, Decision.snooze(timedelta(hours=1))),
+            ],
+        )  # fmt: skip
+    assert retried.job is not None and (retried.job.state, retried.job.attempt) == (JobState.DELAYED, 2)
+    assert snoozed.job is not None and (snoozed.job.state, snoozed.job.snoozes) == (JobState.DELAYED, 1)
+    head = _rows_by_id(engine, W0002_COLUMNS)
+    made_on_head = {"delayed", "scheduled", "retried", "snoozed"}
+    assert {job_id for job_id, row in head.items() if row["state"] == "delayed"} == made_on_head
+
+    run(engine, command.downgrade, W0002)
+    with engine.connect() as conn:
+        assert {c["name"] for c in inspect(conn).get_columns("watchdog_jobs")} == set(W0002_COLUMNS)
+    down = _rows_by_id(engine, W0002_COLUMNS)
+    assert set(down) == set(head)
+    for job_id, row in head.items():
+        expected = {**row, "state": "queued"} if job_id in made_on_head else row
+        assert down[job_id] == expected, job_id
+    for job_id, row in before.items():
+        assert down[job_id] == row, job_id
+    # w0002's grammar is back (no delayed state), and its table still takes jobs above the old maximum.
+    assert _raw_insert_w0002(engine, "after-downgrade") > max(row["sequence"] for row in down.values())
+    with pytest.raises(IntegrityError):
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE watchdog_jobs SET state = 'delayed' WHERE job_id = 'delayed'"))
+    # And up again: the same schema as the model, the same rows.
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []
+    assert schema_names(engine) == model_names()
+    again = _rows_by_id(engine, W0002_COLUMNS)
+    assert {job_id: row for job_id, row in again.items() if job_id != "after-downgrade"} == down
+
+
+@pytest.mark.parametrize("dialect", ["sqlite"])  # the table is rebuilt on SQLite only
+def test_w0003_keeps_the_sequence_counter_of_a_table_whose_jobs_were_all_deleted(empty_engine: Engine) -> None:
+    run(empty_engine, command.upgrade, W0002)
+    top = max(_raw_insert_w0002(empty_engine, f"j{i}") for i in range(3))
+    with empty_engine.begin() as conn:
+        conn.execute(text("DELETE FROM watchdog_jobs"))
+    run(empty_engine, command.upgrade, "head")
+    with empty_engine.begin() as conn:
+        enqueue(conn, Job("new", "q"))
+    job = Watchdog(empty_engine).read("new")
+    assert job is not None and job.sequence > top
+    with empty_engine.begin() as conn:
+        conn.execute(text("DELETE FROM watchdog_jobs"))
+    run(empty_engine, command.downgrade, W0002)
+    assert _raw_insert_w0002(empty_engine, "after-downgrade") > job.sequence

@@ -16,10 +16,11 @@ on the runner's engine (public API), not by reaching into the runner.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -34,11 +35,14 @@ from sqlalchemy_watchdog import (
     JobState,
     JobView,
     Outcome,
+    RetryPolicy,
     Runner,
     RunningJob,
     StopReason,
+    TickResult,
     TickStatus,
     Watchdog,
+    enqueue,
     execution,
     handler,
     statements,
@@ -1091,3 +1095,707 @@ def test_a_handler_of_any_shape_returning_a_coroutine_is_cancelled_like_a_corout
         wait_until(lambda: blocking.reasons, timeout=4, what="the handler to be cancelled")
     assert blocking.reasons == [StopReason.CANCELLED]
     assert settled(engine, "a").outcome is Outcome.CANCELLED
+
+
+# -- time and failure policy ---------------------------------------------------
+#
+# Retries, snoozes and timeouts, for both runner kinds on both dialects.
+# Backoffs are tens of milliseconds with jitter=0; a tick does not wait for a
+# delayed job, so these tests tick (or serve) until the job settles, and
+# judge every wait by the database clock the ready times are counted from.
+
+
+def quick_retry(max_attempts: int, backoff_ms: int = 20, factor: float = 2.0) -> RetryPolicy:
+    """A retry policy with a short backoff and no jitter."""
+    return RetryPolicy(
+        max_attempts=max_attempts, backoff=timedelta(milliseconds=backoff_ms), factor=factor, jitter=0.0
+    )
+
+
+def epoch_ms(value: datetime | None) -> int:
+    assert value is not None
+    return (value - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+
+
+def tick_until_settled(worker: Any, engine: Engine, *job_ids: str, timeout: float = 20.0) -> list[TickResult]:
+    """Tick ``worker`` until every one of ``job_ids`` has settled; the tick
+    results, idle ones left out (a retry waits for its time, a tick does not)."""
+    results: list[TickResult] = []
+
+    def all_settled() -> bool:
+        result = worker.tick()
+        if result.status is not TickStatus.IDLE:
+            results.append(result)
+        return all(read(engine, job_id).state is JobState.SETTLED for job_id in job_ids)
+
+    wait_until(all_settled, timeout, what=f"{', '.join(job_ids)} to settle", interval=0.01)
+    return results
+
+
+def test_a_failing_job_is_retried_with_backoff_until_it_succeeds(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("a", "q", retry=quick_retry(5, backoff_ms=50, factor=4.0)))
+    starts: list[tuple[int, int]] = []  # (attempt, database clock when it started)
+
+    def flaky(job: RunningJob) -> None:
+        starts.append((job.attempt, db_clock(engine)))
+        if job.attempt < 3:
+            raise ConnectionError(f"provider down (attempt {job.attempt})")
+
+    results = tick_until_settled(make(runners, {"q": flaky}), engine, "a")
+    assert [r.status for r in results] == [TickStatus.REQUEUED, TickStatus.REQUEUED, TickStatus.SETTLED]
+    requeued = [r.job for r in results[:2]]
+    assert [(j.state, j.attempt) for j in requeued if j is not None] == [(JobState.DELAYED, 2), (JobState.DELAYED, 3)]
+    assert [attempt for attempt, _ in starts] == [1, 2, 3]
+    # The waits are the policy's: 50 ms, then 50 * 4 ms, from the failed attempt's settle;
+    # the next attempt never starts before its ready time.
+    for (_, started), (_, next_started), job, backoff in zip(starts, starts[1:], requeued, (50, 200)):
+        assert job is not None
+        ready = epoch_ms(job.ready_at)
+        assert backoff <= ready - started < backoff + 5000
+        assert next_started >= ready
+    job = read(engine, "a")
+    assert (job.state, job.outcome, job.attempt, job.failure_reason) == (JobState.SETTLED, Outcome.COMPLETED, 3, None)
+    assert [(e.attempt, e.reason) for e in job.failure_history] == [
+        (1, "ConnectionError: provider down (attempt 1)"),
+        (2, "ConnectionError: provider down (attempt 2)"),
+    ]
+    assert raw(engine, "a")["attempt"] == 3
+
+
+def test_a_job_failing_every_attempt_settles_failed_with_the_last_reason(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("a", "q", retry=quick_retry(3)))
+
+    def always(job: RunningJob) -> None:
+        raise ValueError(f"bad row {job.attempt}")
+
+    results = tick_until_settled(make(runners, {"q": always}), engine, "a")
+    assert [r.status for r in results] == [TickStatus.REQUEUED, TickStatus.REQUEUED, TickStatus.SETTLED]
+    job = read(engine, "a")
+    assert (job.outcome, job.attempt, job.failure_reason) == (Outcome.FAILED, 3, "ValueError: bad row 3")
+    assert [(e.attempt, e.reason) for e in job.failure_history] == [
+        (1, "ValueError: bad row 1"),
+        (2, "ValueError: bad row 2"),
+        (3, "ValueError: bad row 3"),
+    ]
+    assert job.failure_detail is not None and "bad row 3" in job.failure_detail
+
+
+def test_decision_failed_without_retry_fails_at_once(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("a", "q", retry=quick_retry(5)))
+    worker = make(runners, {"q": lambda job: Decision.failed("card is invalid", retry=False)}, retry=quick_retry(5))
+    (job,) = worker.run_until_idle()
+    assert (job.outcome, job.attempt, job.failure_reason) == (Outcome.FAILED, 1, "card is invalid")
+    assert [(e.attempt, e.reason) for e in job.failure_history] == [(1, "card is invalid")]
+
+
+def test_decision_failed_is_retried_under_the_policy(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("a", "q", retry=quick_retry(2)))
+    results = tick_until_settled(make(runners, {"q": lambda job: Decision.failed("busy")}), engine, "a")
+    assert [r.status for r in results] == [TickStatus.REQUEUED, TickStatus.SETTLED]
+    job = read(engine, "a")
+    assert (job.outcome, job.attempt, [e.attempt for e in job.failure_history]) == (Outcome.FAILED, 2, [1, 2])
+
+
+def test_decision_retry_waits_at_least_its_after(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("a", "q", retry=quick_retry(3)))  # its own backoff would be 20 ms
+    starts: list[int] = []
+
+    def later(job: RunningJob) -> Decision | None:
+        starts.append(db_clock(engine))
+        return Decision.retry("rate limited", after=timedelta(milliseconds=400)) if job.attempt == 1 else None
+
+    worker = make(runners, {"q": later})
+    first = worker.tick()
+    settled_by = db_clock(engine)
+    assert first.status is TickStatus.REQUEUED and first.job is not None
+    assert (first.job.state, first.job.attempt, first.job.failure_reason) == (JobState.DELAYED, 2, "rate limited")
+    # ready = the settle's database clock + 400 ms, and the settle came between these two readings
+    ready = epoch_ms(first.job.ready_at)
+    assert starts[0] + 400 <= ready <= settled_by + 400
+    tick_until_settled(worker, engine, "a")
+    assert len(starts) == 2 and starts[1] >= ready
+    assert read(engine, "a").outcome is Outcome.COMPLETED
+
+
+def test_decision_retry_after_zero_is_queued_at_once_and_without_attempts_left_settles_failed(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    add(engine, Job("policy", "q", retry=quick_retry(2)), Job("no-policy", "q"))
+
+    def again(job: RunningJob) -> Decision:
+        return Decision.retry(f"again {job.attempt}", after=timedelta(0))
+
+    worker = make(runners, {"q": again})
+    first = worker.tick()
+    assert first.status is TickStatus.REQUEUED and first.job is not None
+    assert (first.job.job_id, first.job.state, first.job.attempt) == ("policy", JobState.QUEUED, 2)
+    settled_jobs = worker.run_until_idle()  # queued: no wait for the next attempt
+    assert {j.job_id: (j.outcome, j.attempt, j.failure_reason) for j in settled_jobs} == {
+        "policy": (Outcome.FAILED, 2, "again 2"),
+        "no-policy": (Outcome.FAILED, 1, "again 1"),
+    }
+
+
+def test_a_snooze_uses_no_attempt_and_counts_snoozes(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("a", "q", retry=quick_retry(2)))
+    seen: list[tuple[int, int, int]] = []
+
+    def sleepy(job: RunningJob) -> Decision | None:
+        seen.append((job.attempt, job.snoozes, job.max_attempts))
+        if job.attempt == 1:
+            raise RuntimeError("first failure")
+        if job.snoozes < 2:
+            return Decision.snooze(timedelta(milliseconds=20))
+        return None
+
+    results = tick_until_settled(make(runners, {"q": sleepy}), engine, "a")
+    assert seen == [(1, 0, 2), (2, 0, 2), (2, 1, 2), (2, 2, 2)]
+    snoozed = [r.job for r in results[1:3]]
+    # While snoozed the job keeps its attempt and its last failure.
+    assert [(j.state, j.attempt, j.snoozes, j.failure_reason) for j in snoozed if j is not None] == [
+        (JobState.DELAYED, 2, 1, "RuntimeError: first failure"),
+        (JobState.DELAYED, 2, 2, "RuntimeError: first failure"),
+    ]
+    job = read(engine, "a")
+    assert (job.outcome, job.attempt, job.snoozes) == (Outcome.COMPLETED, 2, 2)
+    assert [e.attempt for e in job.failure_history] == [1]
+
+
+def test_outcome_unknown_is_never_retried(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("a", "q", retry=quick_retry(5)))
+    worker = make(runners, {"q": lambda job: Decision.outcome_unknown("bank did not answer")}, retry=quick_retry(5))
+    (job,) = worker.run_until_idle()
+    assert (job.outcome, job.attempt, job.failure_history) == (Outcome.OUTCOME_UNKNOWN, 1, ())
+    assert worker.tick().status is TickStatus.IDLE
+
+
+def test_the_retry_policy_is_the_jobs_own_else_its_handlers_else_the_runners(
+    engine: Engine, runners: RunnerDriver, empty_registry: dict[str, Any]
+) -> None:
+    seen: dict[str, set[int]] = {}
+
+    def failing(job: RunningJob) -> None:
+        seen.setdefault(job.job_id, set()).add(job.max_attempts)
+        raise RuntimeError("no")
+
+    def on_h(job: RunningJob) -> None:
+        failing(job)
+
+    def on_r(job: RunningJob) -> None:
+        failing(job)
+
+    def on_off(job: RunningJob) -> None:
+        failing(job)
+
+    handler("h", retry=quick_retry(3))(on_h)
+    handler("r")(on_r)
+    handler("off", retry=None)(on_off)  # explicitly none: the runner's does not apply
+    expected = {
+        "own-on-h": 4,
+        "handlers": 3,
+        "own-on-r": 4,
+        "runners": 2,
+        "handler-says-none": 1,
+        "own-on-off": 2,
+    }
+    add(
+        engine,
+        Job("own-on-h", "h", retry=quick_retry(4)),
+        Job("handlers", "h"),
+        Job("own-on-r", "r", retry=quick_retry(4)),
+        Job("runners", "r"),
+        Job("handler-says-none", "off"),
+        Job("own-on-off", "off", retry=quick_retry(2)),
+    )
+    worker = make(runners, {"h": on_h, "r": on_r, "off": on_off}, retry=quick_retry(2))
+    tick_until_settled(worker, engine, *expected)
+    assert {job_id: read(engine, job_id).attempt for job_id in expected} == expected
+    assert {job_id: read(engine, job_id).outcome for job_id in expected} == dict.fromkeys(expected, Outcome.FAILED)
+    assert seen == {job_id: {attempts} for job_id, attempts in expected.items()}
+
+
+def test_the_running_job_shows_attempt_max_attempts_snoozes_and_timeout(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("own", "q", retry=quick_retry(3), timeout=timedelta(seconds=5)), Job("plain", "p"))
+    seen: list[tuple[str, int, int, int, timedelta | None]] = []
+
+    def handle(job: RunningJob) -> Decision | None:
+        seen.append((job.job_id, job.attempt, job.max_attempts, job.snoozes, job.timeout))
+        if job.job_id == "own" and job.snoozes == 0:
+            return Decision.snooze(timedelta(milliseconds=20))
+        if job.job_id == "own" and job.attempt == 1:
+            return Decision.failed("once")
+        return None
+
+    tick_until_settled(make(runners, {"q": handle, "p": handle}), engine, "own", "plain")
+    five = timedelta(seconds=5)
+    assert [s for s in seen if s[0] == "own"] == [("own", 1, 3, 0, five), ("own", 1, 3, 1, five), ("own", 2, 3, 1, five)]
+    assert [s for s in seen if s[0] == "plain"] == [("plain", 1, 1, 0, None)]
+
+
+def test_run_until_idle_leaves_a_job_delayed_into_the_future_waiting(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("now", "q"))
+    with engine.begin() as conn:
+        enqueue(conn, Job("later", "q"), delay=timedelta(hours=1))
+    ran: list[str] = []
+    assert [j.job_id for j in make(runners, {"q": lambda job: ran.append(job.job_id)}).run_until_idle()] == ["now"]
+    assert ran == ["now"]
+    assert read(engine, "later").state is JobState.DELAYED
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"retry": 3}, "retry"),
+        ({"retry": {"max_attempts": 3}}, "retry"),
+        ({"timeout": 5}, "timeout"),
+        ({"timeout": timedelta(0)}, "timeout"),
+    ],
+    ids=["retry-int", "retry-dict", "timeout-int", "timeout-zero"],
+)
+def test_invalid_retry_or_timeout_settings_are_refused_naming_the_field(
+    runner_kind: str, kwargs: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(InvalidJob) as caught:
+        build(runner_kind, {"q": done}, **kwargs)
+    assert caught.value.field == field
+
+
+def test_the_handler_decorator_refuses_a_bad_retry_or_timeout(empty_registry: dict[str, Any]) -> None:
+    with pytest.raises(InvalidJob) as caught:
+        handler("q", retry=3)  # type: ignore[arg-type]
+    assert caught.value.field == "retry"
+    with pytest.raises(InvalidJob) as caught:
+        handler("q", timeout=1.5)  # type: ignore[arg-type]
+    assert caught.value.field == "timeout"
+    assert empty_registry == {}
+
+
+# -- timeouts ----------------------------------------------------------------------
+
+
+class UntilStopped:
+    """A handler whose first attempt runs until it is told to stop (a plain
+    function waits for ``stop_requested``, a coroutine sleeps until its task
+    is cancelled) and then ends as ``ending`` says: ``returns`` (None; a
+    coroutine lets its cancellation through), ``raises`` (TimeoutError) or
+    ``decides`` (``Decision.completed()``). Later attempts return at once.
+    Records why it was stopped, whether a coroutine was cancelled, and how
+    long the first attempt ran."""
+
+    def __init__(self, ending: str) -> None:
+        self.ending = ending
+        self.reasons: list[StopReason | None] = []
+        self.cancelled: list[bool] = []
+        self.ran_for: list[float] = []
+
+        def plain(job: RunningJob) -> Decision | None:
+            if job.attempt > 1:
+                return None
+            started = time.monotonic()
+            stopped = job.stop_requested.wait(30)
+            self.ran_for.append(time.monotonic() - started)
+            self.reasons.append(job.stop_reason if stopped else None)
+            return self._end()
+
+        async def coroutine(job: RunningJob) -> Decision | None:
+            if job.attempt > 1:
+                return None
+            started = time.monotonic()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                self.ran_for.append(time.monotonic() - started)
+                self.reasons.append(job.stop_reason)
+                self.cancelled.append(True)
+                if self.ending == "returns":
+                    raise
+                return self._end()
+            self.reasons.append(None)
+            return None
+
+        self.handler = dual(plain, coroutine)
+
+    def _end(self) -> Decision | None:
+        if self.ending == "raises":
+            raise TimeoutError("gave up")
+        if self.ending == "decides":
+            return Decision.completed()
+        return None
+
+    def shape(self, runners: RunnerDriver) -> Callable[[RunningJob], Any]:
+        """The function the runner kind runs (for ``@handler`` registration)."""
+        return self.handler.coroutine if runners.is_async else self.handler.plain
+
+
+TIMED_OUT = "timed out after 0.2s"
+
+
+@pytest.mark.parametrize(
+    ("ending", "reason"),
+    [("returns", TIMED_OUT), ("raises", f"{TIMED_OUT} (TimeoutError: gave up)")],
+)
+def test_a_handler_outliving_its_timeout_is_stopped_and_the_attempt_fails_and_is_retried(
+    engine: Engine, runners: RunnerDriver, ending: str, reason: str
+) -> None:
+    add(engine, Job("a", "q", timeout=timedelta(milliseconds=200), retry=quick_retry(2)))
+    slow = UntilStopped(ending)
+    worker = make(runners, {"q": slow.handler})
+    first = worker.tick()
+    assert slow.reasons == [StopReason.TIMEOUT]
+    assert slow.cancelled == ([True] if runners.is_async else [])  # a coroutine's task is cancelled
+    assert 0.15 <= slow.ran_for[0] < 2.5, slow.ran_for  # by its timeout, long before the 3 s lease
+    assert first.status is TickStatus.REQUEUED and first.job is not None
+    assert (first.job.attempt, first.job.failure_reason) == (2, reason)
+    tick_until_settled(worker, engine, "a")
+    job = read(engine, "a")
+    assert (job.outcome, job.attempt, job.recovery_count) == (Outcome.COMPLETED, 2, 0)
+    assert [(e.attempt, e.reason) for e in job.failure_history] == [(1, reason)]
+
+
+def test_a_timed_out_attempt_without_attempts_left_settles_failed(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("a", "q", timeout=timedelta(milliseconds=200)))
+    slow = UntilStopped("returns")
+    result = make(runners, {"q": slow.handler}).tick()
+    assert result.status is TickStatus.SETTLED and result.job is not None
+    assert (result.job.outcome, result.job.failure_reason, result.job.attempt) == (Outcome.FAILED, TIMED_OUT, 1)
+    assert slow.reasons == [StopReason.TIMEOUT]
+
+
+def test_a_decision_returned_after_the_timeout_stop_is_honoured(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("a", "q", timeout=timedelta(milliseconds=200), retry=quick_retry(3)))
+    slow = UntilStopped("decides")
+    result = make(runners, {"q": slow.handler}).tick()
+    assert slow.reasons == [StopReason.TIMEOUT]
+    assert result.status is TickStatus.SETTLED and result.job is not None
+    assert (result.job.outcome, result.job.attempt, result.job.failure_history) == (Outcome.COMPLETED, 1, ())
+
+
+@pytest.mark.parametrize("where", ["handler", "runner"])
+def test_a_handlers_or_runners_timeout_stops_the_handler_like_a_jobs_own(
+    engine: Engine, runners: RunnerDriver, empty_registry: dict[str, Any], where: str
+) -> None:
+    slow = UntilStopped("returns")
+    fn = slow.shape(runners)
+    settings: dict[str, Any] = {}
+    if where == "handler":
+        handler("q", timeout=timedelta(milliseconds=200))(fn)
+    else:
+        settings["timeout"] = timedelta(milliseconds=200)
+    add(engine, Job("a", "q"))
+    result = make(runners, {"q": fn}, **settings).tick()
+    assert slow.reasons == [StopReason.TIMEOUT]
+    assert result.job is not None and (result.job.outcome, result.job.failure_reason) == (Outcome.FAILED, TIMED_OUT)
+
+
+def test_the_timeout_is_the_jobs_own_else_its_handlers_else_the_runners(
+    engine: Engine, runners: RunnerDriver, empty_registry: dict[str, Any]
+) -> None:
+    seen: dict[str, timedelta | None] = {}
+
+    def on_h(job: RunningJob) -> None:
+        seen[job.job_id] = job.timeout
+
+    def on_r(job: RunningJob) -> None:
+        seen[job.job_id] = job.timeout
+
+    def on_off(job: RunningJob) -> None:
+        seen[job.job_id] = job.timeout
+
+    handler("h", timeout=timedelta(seconds=20))(on_h)
+    handler("r")(on_r)
+    handler("off", timeout=None)(on_off)
+    add(
+        engine,
+        Job("own-on-h", "h", timeout=timedelta(seconds=10)),
+        Job("handlers", "h"),
+        Job("own-on-r", "r", timeout=timedelta(seconds=5)),
+        Job("runners", "r"),
+        Job("handler-says-none", "off"),
+        Job("own-on-off", "off", timeout=timedelta(seconds=7)),
+    )
+    worker = make(runners, {"h": on_h, "r": on_r, "off": on_off}, timeout=timedelta(seconds=30))
+    assert len(worker.run_until_idle()) == 6
+    assert seen == {
+        "own-on-h": timedelta(seconds=10),
+        "handlers": timedelta(seconds=20),
+        "own-on-r": timedelta(seconds=5),
+        "runners": timedelta(seconds=30),
+        "handler-says-none": None,
+        "own-on-off": timedelta(seconds=7),
+    }
+
+
+def test_a_handler_ignoring_its_timeout_loses_its_lease_and_the_job_is_recovered_not_retried(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    """A timed-out claim is no longer renewed: a handler that keeps running
+    (a blocked thread; a coroutine swallowing its cancellation) loses its
+    lease, its late settle is refused, and recovery takes the job -- counted
+    in recovery_count, never as an attempt."""
+    add(engine, Job("a", "q", timeout=timedelta(milliseconds=200), max_recoveries=1, retry=quick_retry(3)))
+    seen: list[tuple[int, int]] = []
+    reasons: list[StopReason | None] = []
+
+    def lease_passed() -> bool:
+        return db_clock(engine) > raw(engine, "a")["lease_until"]
+
+    def plain(job: RunningJob) -> None:
+        seen.append((job.attempt, job.recovery_count))
+        if job.recovery_count:
+            return
+        job.stop_requested.wait(10)
+        reasons.append(job.stop_reason)
+        wait_until(lease_passed, timeout=10, what="the lease to run out")  # ignores the stop
+
+    async def coroutine(job: RunningJob) -> None:
+        seen.append((job.attempt, job.recovery_count))
+        if job.recovery_count:
+            return
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            reasons.append(job.stop_reason)
+        deadline = time.monotonic() + 10
+        while not lease_passed() and time.monotonic() < deadline:  # swallows every cancellation
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                pass
+
+    worker = make(runners, {"q": dual(plain, coroutine)}, lease=timedelta(milliseconds=600),
+                  heartbeat=timedelta(milliseconds=200))  # fmt: skip
+    first = worker.tick()
+    assert reasons == [StopReason.TIMEOUT]
+    assert lease_passed()
+    assert first.status is TickStatus.REJECTED
+    stuck = read(engine, "a")
+    assert (stuck.state, stuck.attempt, stuck.recovery_count, stuck.failure_history) == (JobState.RUNNING, 1, 0, ())
+    worker.run_until_idle()
+    job = read(engine, "a")
+    assert (job.outcome, job.attempt, job.recovery_count, job.failure_history) == (Outcome.COMPLETED, 1, 1, ())
+    assert seen == [(1, 0), (1, 1)]
+
+
+# -- delayed jobs under run_forever -------------------------------------------------
+
+
+def test_run_forever_starts_a_delayed_job_when_it_is_due_not_at_the_next_poll(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    """The runner learns of the delayed job by its own look at start-up (no
+    wake-up) and sleeps until it is due, not for its 30 s poll interval."""
+    with engine.begin() as conn:
+        enqueue(conn, Job("a", "q"), delay=timedelta(milliseconds=800))
+    ready = epoch_ms(read(engine, "a").ready_at)
+    starts: list[int] = []
+    with make(runners, {"q": lambda job: starts.append(db_clock(engine))}, poll_interval=timedelta(seconds=30)).serving():
+        job = settled(engine, "a", timeout=10)
+    assert job.outcome is Outcome.COMPLETED
+    assert ready <= starts[0] < ready + 3000, starts[0] - ready
+
+
+def test_an_idle_polling_runner_starts_a_delayed_job_enqueued_meanwhile_soon_after_its_time(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    starts: dict[str, int] = {}
+
+    def record(job: RunningJob) -> None:
+        starts[job.job_id] = db_clock(engine)
+
+    with make(runners, {"q": record}, poll_interval=timedelta(milliseconds=200)).serving():
+        add(engine, Job("warm-up", "q"))
+        settled(engine, "warm-up")
+        with engine.begin() as conn:
+            enqueue(conn, Job("a", "q"), delay=timedelta(milliseconds=500))
+        job = settled(engine, "a", timeout=10)
+    ready = epoch_ms(job.ready_at)
+    assert job.outcome is Outcome.COMPLETED
+    assert ready <= starts["a"] < ready + 3000, starts["a"] - ready
+
+
+def test_a_serving_runner_runs_its_retry_when_due_not_at_the_next_poll(engine: Engine, runners: RunnerDriver) -> None:
+    backoff_ms = 300
+    add(engine, Job("a", "q", retry=quick_retry(2, backoff_ms=backoff_ms)))
+    starts: list[int] = []
+
+    def flaky(job: RunningJob) -> None:
+        starts.append(db_clock(engine))
+        if job.attempt == 1:
+            raise ConnectionError("try later")
+
+    with make(runners, {"q": flaky}, poll_interval=timedelta(seconds=30)).serving():
+        job = settled(engine, "a", timeout=10)  # a third of the poll interval
+    assert (job.outcome, job.attempt) == (Outcome.COMPLETED, 2)
+    assert len(starts) == 2
+    assert backoff_ms <= starts[1] - starts[0] < backoff_ms + 3000, starts[1] - starts[0]
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])  # LISTEN/NOTIFY is PostgreSQL's
+def test_notify_makes_an_idle_runner_start_a_new_delayed_job_soon_after_its_time(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    starts: dict[str, int] = {}
+
+    def record(job: RunningJob) -> None:
+        starts[job.job_id] = db_clock(engine)
+
+    worker = make(runners, {"q": record}, poll_interval=timedelta(seconds=30))
+    with worker.serving():
+        wait_until(lambda: _listening(engine), what="the runner to LISTEN")
+        add(engine, Job("warm-up", "q"))
+        settled(engine, "warm-up", timeout=10)
+        time.sleep(0.3)  # let the loop go idle on its 30 s wait
+        with engine.begin() as conn:
+            enqueue(conn, Job("a", "q"), delay=timedelta(milliseconds=500))
+        job = settled(engine, "a", timeout=10)
+    ready = epoch_ms(job.ready_at)
+    assert job.outcome is Outcome.COMPLETED
+    assert ready <= starts["a"] < ready + 3000, starts["a"] - ready
+
+
+def test_a_plain_handler_ignoring_its_timeout_keeps_its_attempt_until_recovery_takes_the_job(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    """The same plain function for both kinds (Runner's handler thread,
+    AsyncRunner's daemon thread): a thread cannot be cancelled, so while it
+    keeps running its attempt is not over -- it is neither settled nor
+    retried beside the running thread; it loses its lease and recovery takes
+    the job (recovery_count + 1, attempt unchanged)."""
+    add(engine, Job("a", "q", timeout=timedelta(milliseconds=200), max_recoveries=1, retry=quick_retry(3)))
+    seen: list[tuple[int, int]] = []
+    reasons: list[StopReason | None] = []
+    first_returned = threading.Event()
+
+    def lease_passed() -> bool:
+        lease = raw(engine, "a")["lease_until"]
+        return lease is None or db_clock(engine) > lease
+
+    def sleeps_past_the_lease(job: RunningJob) -> None:
+        seen.append((job.attempt, job.recovery_count))
+        if len(seen) > 1:
+            return
+        try:
+            job.stop_requested.wait(10)
+            reasons.append(job.stop_reason)
+            wait_until(lease_passed, timeout=10, what="the lease to run out")  # ignores the stop
+        finally:
+            first_returned.set()
+
+    worker = make(runners, {"q": sleeps_past_the_lease}, lease=timedelta(milliseconds=600),
+                  heartbeat=timedelta(milliseconds=200))  # fmt: skip
+    first = worker.tick()
+    try:
+        assert reasons == [StopReason.TIMEOUT]
+        assert first.status is TickStatus.REJECTED, first
+        assert first_returned.is_set()  # the tick ended with the handler, not before it
+        stuck = read(engine, "a")
+        assert (stuck.state, stuck.attempt, stuck.recovery_count) == (JobState.RUNNING, 1, 0)
+        worker.run_until_idle()
+        job = read(engine, "a")
+        assert (job.outcome, job.attempt, job.recovery_count, job.failure_history) == (Outcome.COMPLETED, 1, 1, ())
+        assert seen == [(1, 0), (1, 1)]
+    finally:
+        first_returned.wait(15)
+
+
+def test_a_serving_runner_stops_a_handler_at_its_timeout_and_retries_the_job(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    add(engine, Job("a", "q", timeout=timedelta(milliseconds=200), retry=quick_retry(2, backoff_ms=300)))
+    slow = UntilStopped("returns")
+    with make(runners, {"q": slow.handler}, poll_interval=timedelta(seconds=30)).serving():
+        job = settled(engine, "a", timeout=15)
+    assert slow.reasons == [StopReason.TIMEOUT]
+    assert slow.cancelled == ([True] if runners.is_async else [])
+    assert 0.15 <= slow.ran_for[0] < 2.5, slow.ran_for
+    assert (job.outcome, job.attempt) == (Outcome.COMPLETED, 2)
+    assert [(e.attempt, e.reason) for e in job.failure_history] == [(1, TIMED_OUT)]
+
+
+class HoldTheRow:
+    """Holds job ``job_id``'s row for ``seconds`` from another connection
+    (PostgreSQL: a row lock; SQLite: the write lock), as a busy database
+    would: a settle of that job waits meanwhile; reads do not."""
+
+    def __init__(self, engine: Engine, job_id: str, seconds: float) -> None:
+        self.engine = engine
+        self.job_id = job_id
+        self.seconds = seconds
+        self.held = threading.Event()
+        self.released = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._hold, name="test-hold-row", daemon=True).start()
+        assert self.held.wait(10)
+
+    def _hold(self) -> None:
+        try:
+            with self.engine.connect() as conn:
+                if self.engine.dialect.name == "sqlite":
+                    conn.exec_driver_sql("BEGIN IMMEDIATE")
+                else:
+                    conn.execute(text("SELECT 1 FROM watchdog_jobs WHERE job_id = :j FOR UPDATE"), {"j": self.job_id})
+                self.held.set()
+                time.sleep(self.seconds)
+                conn.rollback()
+        finally:
+            self.held.set()
+            self.released.set()
+
+
+def test_a_serving_runner_runs_a_retry_soon_even_when_its_requeue_commits_late(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    """The requeue of a failed attempt waits a second for a row another
+    connection holds; meanwhile the runner's loop looks for due delayed jobs
+    (the retry's 1 ms backoff made it due) and finds none yet. Once the
+    requeue commits, the retry must still run long before the 30 s poll.
+    (SQLite in WAL mode: the loop's look reads beside the held write lock.)"""
+    if engine.dialect.name == "sqlite":
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode=WAL").scalar() == "wal"
+    add(engine, Job("a", "q", retry=quick_retry(2, backoff_ms=1)))
+    hold = HoldTheRow(engine, "a", seconds=1.0)
+    starts: list[int] = []
+
+    def flaky(job: RunningJob) -> None:
+        starts.append(db_clock(engine))
+        if job.attempt == 1:
+            hold.start()
+            raise ConnectionError("try later")
+
+    with make(runners, {"q": flaky}, poll_interval=timedelta(seconds=30)).serving():
+        assert hold.released.wait(15)
+        job = settled(engine, "a", timeout=10)  # a third of the poll interval
+    assert (job.outcome, job.attempt, len(starts)) == (Outcome.COMPLETED, 2, 2)
+
+
+# -- structured logging ------------------------------------------------------------------
+
+
+def test_log_records_about_a_job_carry_its_fields(
+    engine: Engine, runners: RunnerDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A handler's ``job.log`` / ``job.logger(name)`` records, and the
+    runner's own records about the job, carry job_id, queue, lane, attempt
+    and recovery_count as attributes (a JSON formatter writes them out)."""
+
+    def handler(job: RunningJob) -> None:
+        job.log.info("working", extra={"step": 1})
+        job.logger("myapp.emails").warning("careful", extra={"attempt": "mine"})
+
+    add(engine, Job("logged", "q", lane="team:1", retry=RetryPolicy(max_attempts=2)))
+    with caplog.at_level(logging.INFO):
+        runners.runner({"q": handler}).run_until_idle()
+    fields = {"job_id": "logged", "queue": "q", "lane": "team:1", "attempt": 1, "recovery_count": 0}
+
+    def of(record: logging.LogRecord) -> dict[str, object]:
+        return {name: getattr(record, name, None) for name in fields}
+
+    working = next(r for r in caplog.records if r.getMessage() == "working")
+    assert working.name == "sqlalchemy_watchdog.job" and of(working) == fields and working.step == 1  # type: ignore[attr-defined]
+    careful = next(r for r in caplog.records if r.getMessage() == "careful")
+    assert careful.name == "myapp.emails" and of(careful) == {**fields, "attempt": "mine"}  # the call's extra wins
+    runner_records = [r for r in caplog.records if r.name == "sqlalchemy_watchdog.runner" and "logged" in r.getMessage()]
+    assert {r.getMessage().split(" ")[0] for r in runner_records} >= {"claimed", "settled"}
+    assert all(of(r) == fields for r in runner_records), [(r.getMessage(), of(r)) for r in runner_records]
