@@ -78,7 +78,7 @@ from pathlib import Path
 from typing import Any, TextIO
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import Engine, create_engine, inspect, make_url
+from sqlalchemy import Connection, Engine, create_engine, inspect, make_url
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -363,6 +363,34 @@ def _print_table(jobs: Sequence[JobView], out: TextIO) -> None:
 # -- commands ---------------------------------------------------------------------------
 
 
+def apply_revisions(conn: Connection, revision: str = "heads") -> None:
+    """Apply the package's Alembic revisions up to ``revision`` on ``conn``
+    (committed here), without an ``env.py``, recording them in the
+    database's ``alembic_version`` table as ``alembic upgrade`` would. What
+    ``upgrade`` runs; the pytest plugin's ``watchdog_engine`` too.
+
+    :raises alembic.util.CommandError: e.g. the database holds revisions
+        these do not know (an application's own Alembic environment).
+    """
+    from alembic.config import Config
+    from alembic.runtime.environment import EnvironmentContext
+    from alembic.script import ScriptDirectory
+
+    from .model import metadata
+
+    script = ScriptDirectory(str(_MIGRATIONS_DIR), version_locations=[str(_VERSIONS_DIR)])
+
+    def upgrade(rev: Any, context: Any) -> Any:
+        return script._upgrade_revs(revision, rev)
+
+    with EnvironmentContext(Config(), script, fn=upgrade, destination_rev=revision, as_sql=False) as env:
+        env.configure(connection=conn, target_metadata=metadata)
+        with env.begin_transaction():
+            env.run_migrations()
+    if conn.in_transaction():
+        conn.commit()
+
+
 def cmd_upgrade(args: argparse.Namespace, out: TextIO) -> int:
     """Apply the package's Alembic revisions (branch ``watchdog``) up to ``args.revision``.
 
@@ -371,29 +399,14 @@ def cmd_upgrade(args: argparse.Namespace, out: TextIO) -> int:
     recorded in the database's ``alembic_version`` table as ``alembic
     upgrade`` would.
     """
-    from alembic.config import Config
-    from alembic.runtime.environment import EnvironmentContext
     from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
     from alembic.util import CommandError
-
-    from .model import metadata
 
     engine = open_engine(args.url)
     try:
-        script = ScriptDirectory(_MIGRATIONS_DIR, version_locations=[_VERSIONS_DIR])
-        target = args.revision
-
-        def upgrade(rev: Any, context: Any) -> Any:
-            return script._upgrade_revs(target, rev)
-
         try:
-            with EnvironmentContext(
-                Config(), script, fn=upgrade, destination_rev=target, as_sql=False
-            ) as env, engine.connect() as conn:
-                env.configure(connection=conn, target_metadata=metadata)
-                with env.begin_transaction():
-                    env.run_migrations()
+            with engine.connect() as conn:
+                apply_revisions(conn, args.revision)
         except CommandError as error:
             raise CommandFailed(
                 f"{error} (if this database's migrations are run by your application's own "

@@ -88,6 +88,7 @@ __all__ = [
     "expired_claims",
     "reconcile",
     "release",
+    "make_due",
 ]
 
 t = jobs_table
@@ -846,3 +847,25 @@ def try_advisory_lock() -> Select[Any]:
 @cache
 def advisory_unlock() -> Select[Any]:
     return select(func.pg_advisory_unlock(_p("key", BigInteger())))
+
+
+# -- testing only ---------------------------------------------------------------
+
+
+@cache
+def make_due(filtered: bool) -> Update:
+    """FOR TESTS ONLY (:func:`sqlalchemy_watchdog.testing.drain` with
+    ``advance_time=True``): set ``ready_at`` of every delayed job (of the
+    expanding ``:queues`` when ``filtered``) whose time has not come to the
+    database clock, so the next promotion makes it ``queued``. Jobs already
+    due keep their ``ready_at``.
+
+    A delayed job stays ``delayed`` here -- promotion remains the only way
+    to ``queued`` -- and the row keeps every CHECK of the state grammar
+    (a delayed job has a ``ready_at``). Never run by a runner.
+    """
+    clock = db_clock_ms()
+    stmt = update(t).where(IS_DELAYED, c.ready_at > clock)
+    if filtered:
+        stmt = stmt.where(c.queue_name.in_(_QUEUES))
+    return stmt.values(ready_at=clock).returning(c.sequence)

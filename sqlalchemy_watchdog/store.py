@@ -93,6 +93,7 @@ __all__ = [
     "expired_claims",
     "reconcile",
     "seconds_until_next_expiry",
+    "make_due",
     "begin_write",
     "TxMode",
     "READ",
@@ -1043,6 +1044,30 @@ def rerun(conn: Connection, job_id: str, rerun_id: str) -> EnqueueResult:
         rerun_of=job_id,
     )
     return enqueue(conn, [copy])[0]
+
+
+# -- testing only ------------------------------------------------------------
+
+
+def make_due(conn: Connection, queues: Iterable[str] | None = None) -> int:
+    """FOR TESTS ONLY: make every delayed job whose time has not come (of
+    ``queues``; None: of every queue) due now, by the database clock -- a
+    future ``run_at``, an enqueue's ``delay``, a retry's backoff, a snooze.
+    They stay ``delayed`` until the next promotion (any runner's tick) makes
+    them ``queued``. Returns how many jobs were changed.
+
+    It rewrites the jobs' ``ready_at``, so it has no place in production:
+    :func:`sqlalchemy_watchdog.testing.drain` (``advance_time=True``) runs it
+    to play a test's delayed jobs without waiting.
+    """
+    if queues is None:
+        return len(conn.execute(sql.make_due(False)).all())
+    if isinstance(queues, str):
+        raise InvalidJob("queues", "must be an iterable of queue names, not one string")
+    names = [check_text("queue", queue, QUEUE_MAX_LENGTH) for queue in queues]
+    if not names:
+        return 0
+    return len(conn.execute(sql.make_due(True), {"queues": names}).all())
 
 
 # -- transactions ------------------------------------------------------------

@@ -25,6 +25,7 @@ from sqlalchemy_watchdog import (
 from sqlalchemy_watchdog import asyncio as watchdog_asyncio
 from sqlalchemy_watchdog.asyncio import AsyncWatchdog
 from sqlalchemy_watchdog.model import jobs_table
+from sqlalchemy_watchdog.testing import assert_enqueued_async, assert_not_enqueued, assert_not_enqueued_async
 from tests.conftest import make_async_engine
 
 QUEUED = EnqueueStatus.QUEUED
@@ -74,6 +75,8 @@ async def test_async_session_commit_makes_both_durable(db: Engine) -> None:
         async with AsyncSession(aengine) as session:
             session.add_all([Order(reference="A-1"), Order(reference="A-2")])
             result = await watchdog_asyncio.enqueue(session, Job("confirm-A-1", "emails"))
+            await assert_enqueued_async(session, job_id="confirm-A-1")  # in the session's transaction
+            await assert_not_enqueued_async(aengine)  # nowhere else before the commit
             await session.commit()
     finally:
         await aengine.dispose()
@@ -89,10 +92,12 @@ async def test_async_session_rollback_drops_both(db: Engine) -> None:
             session.add(Order(reference="A-1"))
             await session.flush()
             await watchdog_asyncio.enqueue(session, Job("confirm-A-1", "emails"))
+            await assert_enqueued_async(session, job_id="confirm-A-1", count=1)
             await session.rollback()
     finally:
         await aengine.dispose()
-    assert order_refs(db) == [] and job_rows(db) == []
+    assert order_refs(db) == []
+    assert_not_enqueued(db)
 
 
 async def test_async_identical_replay_is_duplicate_and_changes_nothing(db: Engine) -> None:

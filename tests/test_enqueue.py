@@ -23,6 +23,7 @@ from sqlalchemy_watchdog import (
     enqueue_select,
 )
 from sqlalchemy_watchdog.model import jobs_table
+from sqlalchemy_watchdog.testing import assert_enqueued, assert_not_enqueued, enqueued_jobs
 
 QUEUED = EnqueueStatus.QUEUED
 DUPLICATE = EnqueueStatus.DUPLICATE
@@ -97,10 +98,12 @@ def test_commit_makes_the_callers_rows_and_the_job_durable_together(db: Engine) 
         result = enqueue(session, Job("confirm-A-1", "emails", payload={"order": "A-1"}))
         assert result.status is QUEUED and result.status == "queued"
         assert result.job_id == "confirm-A-1"
+        assert_enqueued(session, job_id="confirm-A-1")  # in the session's transaction
+        assert_not_enqueued(db)  # nowhere else before the commit
         session.commit()
     assert order_refs(db) == ["A-1", "A-2"]
-    job = Watchdog(db).read("confirm-A-1")
-    assert job is not None and job.state is JobState.QUEUED and job.payload == {"order": "A-1"}
+    [job] = assert_enqueued(db, job_id="confirm-A-1", state=JobState.QUEUED)
+    assert job.payload == {"order": "A-1"}
 
 
 def test_rollback_drops_the_callers_rows_and_the_job_together(db: Engine) -> None:
@@ -110,14 +113,15 @@ def test_rollback_drops_the_callers_rows_and_the_job_together(db: Engine) -> Non
         enqueue(session, Job("confirm-A-1", "emails"))
         session.rollback()
     assert order_refs(db) == []
-    assert job_rows(db) == []
+    assert_not_enqueued(db)
 
 
 def test_closing_the_session_without_commit_writes_nothing(db: Engine) -> None:
     with Session(db) as session:
         session.add(Order(reference="A-1"))
         enqueue(session, Job("confirm-A-1", "emails"))
-    assert order_refs(db) == [] and job_rows(db) == []
+    assert order_refs(db) == []
+    assert_not_enqueued(db)
 
 
 def test_connection_commit_makes_both_durable_and_rollback_drops_both(db: Engine) -> None:
@@ -499,6 +503,7 @@ def test_enqueue_select_sees_orders_added_in_the_same_session(db: Engine) -> Non
     with Session(db) as session:
         session.add_all([Order(id=1, reference="A", priority=1), Order(id=2, reference="B", priority=2)])
         results = enqueue_select(session, confirmation_select())
+        assert [job.job_id for job in enqueued_jobs(session)] == ["confirm-A", "confirm-B"]
         session.commit()
     assert [r.job_id for r in results] == ["confirm-A", "confirm-B"]
     assert [row["job_id"] for row in job_rows(db)] == ["confirm-A", "confirm-B"]

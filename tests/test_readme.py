@@ -15,6 +15,8 @@ a new block is picked up by itself:
 * ``mailer`` stands for the reader's own code (the README says so): the
   working directory holds :data:`MAILER`, a ``mailer.py`` whose
   ``send(order_id)`` notes the call in ``mailer.log`` and returns True.
+  It also holds ``orders.py``, a copy of ``examples/orders.py``, for the
+  tests of the example that the README says to save next to it.
 * A block that calls ``run_forever()`` serves until SIGTERM. Before it starts,
   the test enqueues :data:`PROBE`, a job of the queue ``emails`` with payload
   ``{"order_id": 42}``; once that job is settled the test sends SIGTERM. The
@@ -54,6 +56,8 @@ from sqlalchemy.engine import URL
 from sqlalchemy_watchdog import Job, JobState, Outcome, Watchdog
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+#: The example, importable as ``orders`` by the README's tests of it.
+EXAMPLE = README.parent / "examples" / "orders.py"
 BIN = Path(sys.executable).parent
 #: The README's example PostgreSQL URL, replaced by a throwaway database.
 EXAMPLE_POSTGRES_URL = "postgresql+psycopg://app@localhost/app"
@@ -138,6 +142,7 @@ def run_block(block: Block, workdir: Path, database_url: URL | None) -> None:
     env = _env(rendered)
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "mailer.py").write_text(MAILER)
+    (workdir / "orders.py").write_text(EXAMPLE.read_text(encoding="utf-8"))
     for setup in SETUP:
         result = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", setup.code],
