@@ -198,9 +198,11 @@ Index(
     WatchdogJob.sequence,
     **_partial("state = 'delayed'"),
 )
-# Settled jobs by when they settled: pruning and the recent-outcome stats.
+# Settled jobs by outcome, then by when they settled: pruning one outcome reads
+# only its own old rows, and the recent-outcome stats read one range per outcome.
 Index(
     "ix_watchdog_jobs_settled",
+    WatchdogJob.outcome,
     WatchdogJob.settled_at,
     WatchdogJob.sequence,
     **_partial("state = 'settled'"),

@@ -707,27 +707,25 @@ def reconcile(requeue: bool) -> Update:
 # -- operations: retention, listing, stats, pauses, reruns ---------------------------
 
 
-_OUTCOMES: BindParameter[Any] = bindparam("outcomes", expanding=True)
-
-
 @cache
-def prune(dialect: str, by_outcome: bool, include_undated: bool) -> Delete:
-    """Delete up to ``:limit`` settled jobs that settled before
-    ``database clock - :age_ms`` (of ``:outcomes`` when ``by_outcome``),
-    oldest first; ``include_undated`` takes those with no recorded
-    ``settled_at`` (settled before revision w0004) too.
+def prune(dialect: str, undated: bool) -> Delete:
+    """Delete up to ``:limit`` settled jobs of outcome ``:outcome`` that
+    settled before ``database clock - :age_ms``, oldest first -- or, when
+    ``undated``, that have no recorded ``settled_at`` (settled before
+    revision w0004).
 
     Only ``settled`` rows can match: queued, delayed and running jobs are
-    never pruned. The pick reads ``ix_watchdog_jobs_settled`` in order, so a
-    batch costs O(limit) however long the history is.
+    never pruned. The pick reads ``ix_watchdog_jobs_settled`` (outcome,
+    then time) in order, so a batch costs O(limit) however long the history
+    is, other outcomes' rows included.
     """
-    old = c.settled_at < db_clock_ms() - _p("age_ms", BigInteger())
-    if include_undated:
-        old = old | c.settled_at.is_(None)
-    pick = select(c.sequence).where(IS_SETTLED, old)
-    if by_outcome:
-        pick = pick.where(c.outcome.in_(_OUTCOMES))
-    pick = pick.order_by(c.settled_at, c.sequence).limit(_p("limit", Integer()))
+    pick = select(c.sequence).where(IS_SETTLED, c.outcome == _p("outcome", Text()))
+    if undated:
+        pick = pick.where(c.settled_at.is_(None)).order_by(c.sequence)
+    else:
+        pick = pick.where(c.settled_at < db_clock_ms() - _p("age_ms", BigInteger()))
+        pick = pick.order_by(c.settled_at, c.sequence)
+    pick = pick.limit(_p("limit", Integer()))
     if dialect == "postgresql":
         cte = pick.with_for_update(skip_locked=True).cte("old").prefix_with("MATERIALIZED")
         target: ColumnElement[bool] = c.sequence.in_(select(cte.c.sequence))
@@ -797,9 +795,11 @@ def recent_outcomes() -> Select[Any]:
     hour by the database clock (a range of ``ix_watchdog_jobs_settled``)."""
     clock = db_clock_ms()
     last_minute = func.sum(case((c.settled_at >= clock - 60_000, 1), else_=0))
+    # Every outcome named, so the index (outcome, settled_at) serves one range per outcome.
+    every_outcome = c.outcome.in_([literal_column(f"'{o.value}'") for o in Outcome])
     return (
         select(c.queue_name, c.outcome, last_minute, func.count())
-        .where(IS_SETTLED, c.settled_at >= clock - 3_600_000)
+        .where(IS_SETTLED, every_outcome, c.settled_at >= clock - 3_600_000)
         .group_by(c.queue_name, c.outcome)
     )
 

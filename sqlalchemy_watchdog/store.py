@@ -876,15 +876,21 @@ def prune_batch(
     limit: int = 1000,
     include_undated: bool = False,
 ) -> int:
-    """Delete one batch (at most ``limit``) of settled jobs that settled
-    more than ``older_than`` ago by the database clock; returns how many."""
+    """Delete at most ``limit`` settled jobs that settled more than
+    ``older_than`` ago by the database clock (of ``outcomes``, default
+    every outcome; with ``include_undated`` also those with no recorded
+    time), outcome by outcome, each the oldest first; returns how many."""
     check_duration("older_than", older_than, low=timedelta(0))
     check_int("limit", limit, 1, PRUNE_BATCH_MAX)
-    params: dict[str, Any] = {"age_ms": duration_ms(older_than), "limit": limit}
-    if outcomes is not None:
-        params["outcomes"] = list(outcomes)
-    stmt = sql.prune(conn.dialect.name, outcomes is not None, bool(include_undated))
-    return conn.execute(stmt, params).rowcount
+    dialect = conn.dialect.name
+    deleted = 0
+    for outcome in outcomes if outcomes is not None else [o.value for o in Outcome]:
+        for undated in (True, False) if include_undated else (False,):
+            if deleted >= limit:
+                return deleted
+            params = {"outcome": outcome, "age_ms": duration_ms(older_than), "limit": limit - deleted}
+            deleted += conn.execute(sql.prune(dialect, undated), params).rowcount
+    return deleted
 
 
 #: The key of the PostgreSQL advisory lock one pruning runner holds.

@@ -54,7 +54,9 @@ def upgrade() -> None:
             op.add_column(TABLE, sa.Column(column, sa.BigInteger() if type_ == "BIGINT" else sa.Text(), nullable=True))
             if check is not None:
                 op.create_check_constraint(op.f(f"ck_{TABLE}_{check[0]}"), TABLE, check[1])
-    op.create_index(op.f(f"ix_{TABLE}_settled"), TABLE, ["settled_at", "sequence"], **_partial("state = 'settled'"))
+    op.create_index(
+        op.f(f"ix_{TABLE}_settled"), TABLE, ["outcome", "settled_at", "sequence"], **_partial("state = 'settled'")
+    )
     op.create_index(op.f(f"ix_{TABLE}_rerun_of"), TABLE, ["rerun_of"], **_partial("rerun_of IS NOT NULL"))
     op.create_table(
         PAUSES,
