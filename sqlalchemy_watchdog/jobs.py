@@ -155,14 +155,20 @@ def duration_ms(value: timedelta) -> int:
     return value // timedelta(milliseconds=1)
 
 
-def check_datetime(field_name: str, value: object) -> datetime:
-    """Return ``value`` if it is a timezone-aware datetime the table can hold."""
+def check_aware(field_name: str, value: object) -> datetime:
+    """Return ``value`` if it is a timezone-aware datetime, else :class:`InvalidJob`."""
     if not isinstance(value, datetime):
         raise InvalidJob(field_name, f"must be a timezone-aware datetime.datetime, not {type(value).__name__}")
     if value.tzinfo is None or value.utcoffset() is None:
         raise InvalidJob(
             field_name, f"must be timezone-aware (e.g. datetime.now(timezone.utc)), got naive {value.isoformat()}"
         )
+    return value
+
+
+def check_datetime(field_name: str, value: object) -> datetime:
+    """Return ``value`` if it is a timezone-aware datetime the table can hold."""
+    value = check_aware(field_name, value)
     if not _RUN_AT_MIN <= value < _RUN_AT_MAX:
         raise InvalidJob(field_name, f"must be between 1970 and 9999, got {value.isoformat()}")
     return value

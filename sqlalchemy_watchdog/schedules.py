@@ -37,6 +37,7 @@ from .jobs import (
     QUEUE_MAX_LENGTH,
     Job,
     RetryPolicy,
+    check_aware,
     check_duration,
     check_int,
     check_text,
@@ -85,17 +86,6 @@ def _cronsim() -> type[CronSim]:
     except ImportError as error:
         raise ImportError(f"cron schedules need the cronsim package: {_INSTALL_HINT}") from error
     return CronSim
-
-
-def _aware(field_name: str, value: object) -> datetime:
-    """Return ``value`` if it is a timezone-aware datetime, else :class:`InvalidJob`."""
-    if not isinstance(value, datetime):
-        raise InvalidJob(field_name, f"must be a timezone-aware datetime.datetime, not {type(value).__name__}")
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise InvalidJob(
-            field_name, f"must be timezone-aware (e.g. datetime.now(timezone.utc)), got naive {value.isoformat()}"
-        )
-    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +188,7 @@ class Schedule:
         datetime, and when there is no slot after it (none in the 50 years
         after it, or none before the year 9999).
         """
-        after = _aware("after", after)
+        after = check_aware("after", after)
         for slot in self._iterate(after):
             return slot
         raise InvalidJob(
@@ -210,7 +200,7 @@ class Schedule:
         ``after``, ascending, as aware UTC datetimes. Fewer when the
         schedule ends first (no slot within 50 years, or past the year 9999).
         """
-        after = _aware("after", after)
+        after = check_aware("after", after)
         check_int("count", count, 0, SLOTS_MAX)
         found: list[datetime] = []
         if count == 0:
@@ -241,7 +231,7 @@ class Schedule:
     # -- internals ----------------------------------------------------------------------
 
     def _check_slot(self, slot: object) -> datetime:
-        slot = _aware("slot", slot)
+        slot = check_aware("slot", slot)
         utc = slot.astimezone(UTC)
         try:
             before = utc - _SECOND
@@ -419,7 +409,7 @@ def plan(schedules: Sequence[Schedule], now: datetime) -> tuple[list[Job], datet
     timezone-aware; ``schedules`` is checked as :func:`check_schedules` does.
     """
     checked = check_schedules(schedules)
-    now = _aware("now", now).astimezone(UTC)
+    now = check_aware("now", now).astimezone(UTC)
     planned: list[tuple[datetime, str, Job]] = []
     next_plan: datetime | None = None
     for schedule in checked:
