@@ -44,6 +44,7 @@ order.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -64,7 +65,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from sqlalchemy import Engine, delete
+from sqlalchemy import Engine, delete, select, update
 
 from sqlalchemy_watchdog import (
     Decision,
@@ -72,9 +73,11 @@ from sqlalchemy_watchdog import (
     InvalidJob,
     Job,
     Outcome,
+    PauseStatus,
     RetryPolicy,
     Runner,
     RunningJob,
+    Watchdog,
     handler,
     store,
 )
@@ -87,7 +90,7 @@ from sqlalchemy_watchdog.jobs import (
     SettleStatus,
     bound_reason,
 )
-from sqlalchemy_watchdog.model import jobs_table
+from sqlalchemy_watchdog.model import jobs_table, pauses_table
 from tests.faults.helpers import controlled_db_clock, dump_jobs
 
 JOB_IDS = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]
@@ -227,6 +230,13 @@ class Row:
     snoozes: int = 0
     #: (at, attempt, reason) of each failed attempt; None until the first.
     failure_history: History | None = None
+    #: Revision w0004: the database clock at enqueue, at the start of the
+    #: current or last attempt, and at settling (None: never, or a row from
+    #: before the upgrade); the job this one reruns.
+    enqueued_at: int | None = None
+    started_at: int | None = None
+    settled_at: int | None = None
+    rerun_of: str | None = None
 
     def columns(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in ("order", "policy")}
@@ -244,6 +254,7 @@ def identity(job: Job) -> tuple[Any, ...]:
         job.max_attempts,
         job.retry_json,
         job.timeout_ms,
+        job.rerun_of,
     )
 
 
@@ -263,6 +274,7 @@ class Model:
             row.max_attempts,
             row.retry_policy,
             row.timeout_ms,
+            row.rerun_of,
         )
         return stored == identity(job)
 
@@ -289,6 +301,8 @@ class Model:
             ready_at=ready_at,
             state="delayed" if ready_at is not None and ready_at > now else "queued",
             policy=job.retry,
+            enqueued_at=now,
+            rerun_of=job.rerun_of,
         )
 
     def live_claim(self, job_id: str, token: str, now: int) -> bool:
@@ -304,10 +318,7 @@ class Model:
         )
 
 
-#: Columns of revision w0004 (operations), modelled with pause, prune and
-#: rerun by the operations rules.
-OPERATIONS_COLUMNS = {"enqueued_at", "started_at", "settled_at", "rerun_of"}
-COLUMNS = [c.name for c in jobs_table.columns if c.name != "sequence" and c.name not in OPERATIONS_COLUMNS]
+COLUMNS = [c.name for c in jobs_table.columns if c.name != "sequence"]
 
 
 def policy_of(queue: str, own: RetryPolicy | None) -> RetryPolicy | None:
@@ -382,6 +393,7 @@ class WatchdogMachine(RuleBasedStateMachine):
     def start(self, jobs: list[Job]) -> None:
         with store.write_transaction(self.engine) as conn:
             conn.execute(delete(jobs_table))
+            conn.execute(delete(pauses_table))
         self.t = 0
         self.set_clock(self.db)
         self.model = Model()
@@ -389,6 +401,8 @@ class WatchdogMachine(RuleBasedStateMachine):
         self.claimed: dict[tuple[str, str], store.Claim] = {}  # ... and what its claim returned
         self.expired_seen: list[store.Claim] = []
         self.settled_rows: dict[str, dict[str, Any]] = {}
+        self.pauses: dict[str, tuple[str | None, int]] = {}  # queue -> (reason, paused_at)
+        self.watchdog = Watchdog(self.engine)
         for job in jobs:  # start with some work (conflicting replays are refused as usual)
             self.enqueue([job], None)
 
@@ -454,7 +468,13 @@ class WatchdogMachine(RuleBasedStateMachine):
             self.promote(1_000)
         db = self.db
         candidates = sorted(
-            (r for r in self.model.rows.values() if r.state == "queued" and (queues is None or r.queue_name in queues)),
+            (
+                r
+                for r in self.model.rows.values()
+                if r.state == "queued"
+                and (queues is None or r.queue_name in queues)
+                and r.queue_name not in self.pauses  # the claim statement skips paused queues
+            ),
             key=lambda r: (-r.priority, r.order),
         )[:limit]
         batch = self.tx(store.claim, queues=queues, limit=limit, lease_ms=lease)
@@ -470,11 +490,13 @@ class WatchdogMachine(RuleBasedStateMachine):
         for row in candidates:
             if row.cancellation_id is None:
                 row.state, row.claim_token, row.lease_until = "running", tokens[row.job_id], db + lease
+                row.started_at = db  # each attempt's start
                 self.claims.append((row.job_id, row.claim_token))
             else:
                 # Settled cancelled: a retried attempt's failure is not its end.
                 row.state, row.outcome = "settled", "cancelled"
                 row.failure_reason = row.failure_detail = None
+                row.settled_at = db  # started_at stays the last attempt's (if any)
         for claimed in batch.claimed:
             self.claimed[(claimed.job.job_id, claimed.token)] = claimed
 
@@ -581,6 +603,8 @@ class WatchdogMachine(RuleBasedStateMachine):
     ) -> SettleStatus:
         """Apply a settle of the live claim to the model; the status it answers."""
         row.lease_until = None
+        # Whatever settles writes settled_at; a requeue (retry, snooze) leaves it NULL.
+        settled_now = db
         policy = policy_of(row.queue_name, row.policy)
         wait: int | None = None
         if decision.snoozed:
@@ -604,6 +628,7 @@ class WatchdogMachine(RuleBasedStateMachine):
         if row.cancellation_id is not None:
             # A recorded cancellation wins over any decision, a requeue included.
             row.state, row.outcome, row.failure_reason, row.failure_detail = "settled", "cancelled", None, None
+            row.settled_at = settled_now
             return SettleStatus.SETTLED
         if decision.snoozed:
             assert wait is not None
@@ -615,6 +640,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             assert decision.outcome is not None
             row.state, row.outcome = "settled", decision.outcome.value
             row.failure_reason, row.failure_detail = decision.reason, None
+            row.settled_at = settled_now
             return SettleStatus.SETTLED
         entry = (app, row.attempt, history_reason(decision.reason or "failed"))
         row.failure_history = [*(row.failure_history or []), entry][-FAILURE_HISTORY_LENGTH:]
@@ -627,6 +653,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             row.attempt += 1
             return SettleStatus.REQUEUED
         row.state, row.outcome = "settled", "failed"
+        row.settled_at = settled_now
         return SettleStatus.SETTLED
 
     @precondition(lambda self: bool(self.claims))
@@ -695,6 +722,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             row.state, row.outcome, row.failure_reason = "settled", "failed", bound_reason(reason)
             row.failure_detail = None
             row.lease_until = row.claim_token = None
+            row.settled_at = self.db
 
     @rule(queue=st.sampled_from(QUEUES))
     def purge(self, queue: str) -> None:
@@ -721,6 +749,7 @@ class WatchdogMachine(RuleBasedStateMachine):
         row.failure_detail = None  # every reconcile clears a traceback
         if row.cancellation_id is not None:
             row.state, row.outcome, row.failure_reason = "settled", "cancelled", None
+            row.settled_at = now
             return "settled", row
         if requeue:
             # A recovery is not an attempt: attempt, snoozes and history stay.
@@ -728,6 +757,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             row.recovery_count += 1
             return "requeued", row
         row.state, row.outcome, row.failure_reason = "settled", "interrupted", store.recovery_reason(view)
+        row.settled_at = now
         return "settled", row
 
     @rule(limit=st.integers(1, 3))
