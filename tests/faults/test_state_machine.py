@@ -785,7 +785,7 @@ class WatchdogMachine(RuleBasedStateMachine):
         assert self.tx(store.reconcile, claim).status == status
 
     # Now and then past the minute and the hour of stats()' windows.
-    @rule(step=st.sampled_from([1, 99, 100, 300, 500, 1_000, 6_000, 1_000, 6_000, 61_000, 3_601_000]))
+    @rule(step=st.sampled_from([1, 99, 100, 300, 500, 1_000, 6_000, 1_000, 6_000, 60_000, 61_000, 3_600_000]))
     def advance_time(self, step: int) -> None:
         if step:
             self.t += step
