@@ -33,6 +33,7 @@ from sqlalchemy_watchdog import (
     InvalidJob,
     Job,
     Outcome,
+    Retention,
     RetryPolicy,
     Runner,
     Watchdog,
@@ -50,10 +51,12 @@ from sqlalchemy_watchdog.codecs import TaggedJSON
 from sqlalchemy_watchdog.jobs import (
     FAILURE_REASON_MAX_LENGTH,
     MAX_DELAY,
+    PAUSE_REASON_MAX_LENGTH,
     PAYLOAD_MAX_BYTES,
     PAYLOAD_MAX_DEPTH,
     CancelStatus,
 )
+from sqlalchemy_watchdog.model import pauses_table
 from tests.conftest import DIALECTS, make_async_engine
 from tests.faults.helpers import dump_jobs
 
@@ -100,6 +103,7 @@ def _seed(engine: Engine) -> None:
     with store.write_transaction(engine) as conn:
         store.claim(conn, queues=["q"], lease_ms=60_000, limit=1)
     wd.cancel("seed-queued", "seed-cancel")
+    wd.pause("seed-paused", reason="seed")  # a pause a bad resume must not lift
 
 
 @dataclass(frozen=True)
@@ -295,7 +299,9 @@ REFUSED: dict[str, Entry] = {
     "delay int": Entry("delay", delayed(5)),
     "delay float": Entry("delay", delayed(1.5)),
     "delay zero in a transaction": Entry("delay", delayed_in_transaction(timedelta(0))),
-    "delay with run_at": Entry("delay", delayed(timedelta(seconds=1), Job("new-job", "q", run_at=LATER)), says="run_at"),
+    "delay with run_at": Entry(
+        "delay", delayed(timedelta(seconds=1), Job("new-job", "q", run_at=LATER)), says="run_at"
+    ),
     "delay with run_at later in a batch": Entry(
         "delay",
         delayed(timedelta(seconds=1), Job("new-job", "q"), Job("new-job-2", "q", run_at=LATER)),
@@ -419,6 +425,77 @@ REFUSED: dict[str, Entry] = {
     "Runner grace int": Entry("grace", runner(grace=30)),
     "Runner is_alive str": Entry("is_alive", runner(is_alive="yes")),
     "Runner clock str": Entry("clock", runner(clock="now")),
+    # operations (issue 10). Every other argument of each call is valid and
+    # would change something (older_than=0 prunes the settled seeds).
+    "prune older_than negative": Entry("older_than", wd("prune", older_than=timedelta(seconds=-1))),
+    "prune older_than int": Entry("older_than", wd("prune", older_than=0)),
+    "prune older_than None": Entry("older_than", wd("prune", older_than=None)),
+    "prune outcome unknown": Entry("outcomes", wd("prune", older_than=timedelta(0), outcomes=["done"])),
+    "prune outcome unknown beside a known": Entry(
+        "outcomes", wd("prune", older_than=timedelta(0), outcomes=["interrupted", "done"])
+    ),
+    "prune outcomes empty": Entry("outcomes", wd("prune", older_than=timedelta(0), outcomes=[])),
+    "prune outcomes int": Entry("outcomes", wd("prune", older_than=timedelta(0), outcomes=5)),
+    "prune outcome int": Entry("outcomes", wd("prune", older_than=timedelta(0), outcomes=[5])),
+    "prune batch 0": Entry("batch", wd("prune", older_than=timedelta(0), batch=0)),
+    "prune batch 10001": Entry("batch", wd("prune", older_than=timedelta(0), batch=10_001)),
+    "prune batch str": Entry("batch", wd("prune", older_than=timedelta(0), batch="5")),
+    "prune limit 0": Entry("limit", wd("prune", older_than=timedelta(0), limit=0)),
+    "prune limit negative": Entry("limit", wd("prune", older_than=timedelta(0), limit=-1)),
+    "prune include_undated str": Entry("include_undated", wd("prune", older_than=timedelta(0), include_undated="yes")),
+    "prune include_undated int": Entry("include_undated", wd("prune", older_than=timedelta(0), include_undated=1)),
+    "prune_batch older_than negative": Entry(
+        "older_than",
+        lambda e: _in_transaction(e, lambda c: store.prune_batch(c, older_than=timedelta(seconds=-1))),
+    ),
+    "prune_batch limit 0": Entry(
+        "limit", lambda e: _in_transaction(e, lambda c: store.prune_batch(c, older_than=timedelta(0), limit=0))
+    ),
+    "list_jobs limit 0": Entry("limit", wd("list_jobs", limit=0)),
+    "list_jobs limit 1001": Entry("limit", wd("list_jobs", limit=1001)),
+    "list_jobs after_sequence negative": Entry("after_sequence", wd("list_jobs", after_sequence=-1)),
+    "list_jobs after_sequence str": Entry("after_sequence", wd("list_jobs", after_sequence="0")),
+    "list_jobs state unknown": Entry("state", wd("list_jobs", state="finished")),
+    "list_jobs outcome unknown": Entry("outcome", wd("list_jobs", outcome="done")),
+    "list_jobs queue NUL": Entry("queue", wd("list_jobs", queue="q\x00")),
+    "list_jobs queue lone surrogate": Entry("queue", wd("list_jobs", queue="q\ud800")),
+    "list_jobs queue 257 chars": Entry("queue", wd("list_jobs", queue="q" * 257)),
+    "list_jobs lane NUL": Entry("lane", wd("list_jobs", lane="l\x00")),
+    "list_jobs lane lone surrogate": Entry("lane", wd("list_jobs", lane="l\udfff")),
+    "list_jobs lane too long": Entry("lane", wd("list_jobs", lane="l" * 10_000)),
+    "list_jobs prefix NUL": Entry("job_id_prefix", wd("list_jobs", job_id_prefix="seed\x00")),
+    "list_jobs prefix lone surrogate": Entry("job_id_prefix", wd("list_jobs", job_id_prefix="seed\ud800")),
+    "list_jobs prefix 257 chars": Entry("job_id_prefix", wd("list_jobs", job_id_prefix="s" * 257)),
+    "pause queue empty": Entry("queue", wd("pause", "")),
+    "pause queue NUL": Entry("queue", wd("pause", "q\x00")),
+    "pause queue lone surrogate": Entry("queue", wd("pause", "q\ud800")),
+    "pause queue 257 chars": Entry("queue", wd("pause", "q" * 257)),
+    "pause queue int": Entry("queue", wd("pause", 5)),
+    "pause reason too long": Entry("reason", wd("pause", "q", reason="r" * (PAUSE_REASON_MAX_LENGTH + 1))),
+    "pause reason NUL": Entry("reason", wd("pause", "q", reason="a\x00b")),
+    "pause reason empty": Entry("reason", wd("pause", "q", reason="")),
+    "resume queue empty": Entry("queue", wd("resume", "")),
+    "resume queue NUL": Entry("queue", wd("resume", "seed-paused\x00")),
+    "resume queue lone surrogate": Entry("queue", wd("resume", "seed-paused\ud800")),
+    "resume queue 257 chars": Entry("queue", wd("resume", "q" * 257)),
+    "rerun missing job": Entry("job_id", wd("rerun", "no-such-job", rerun_id="r1"), says="no job"),
+    "rerun running job": Entry("job_id", wd("rerun", "seed-running", rerun_id="r1"), says="only a settled job"),
+    "rerun delayed job": Entry("job_id", wd("rerun", "seed-delayed", rerun_id="r1"), says="only a settled job"),
+    "rerun job_id NUL": Entry("job_id", wd("rerun", "seed-settled\x00", rerun_id="r1")),
+    "rerun rerun_id empty": Entry("rerun_id", wd("rerun", "seed-settled", rerun_id="")),
+    "rerun rerun_id 129 chars": Entry("rerun_id", wd("rerun", "seed-settled", rerun_id="r" * 129)),
+    "rerun rerun_id NUL": Entry("rerun_id", wd("rerun", "seed-settled", rerun_id="r\x00")),
+    "rerun rerun_id int": Entry("rerun_id", wd("rerun", "seed-settled", rerun_id=1)),
+    "Retention completed negative": Entry("completed", lambda e: Retention(completed=timedelta(seconds=-1))),
+    "Retention failed int": Entry("failed", lambda e: Retention(failed=60)),
+    "Retention interrupted negative": Entry("interrupted", lambda e: Retention(interrupted=timedelta(days=-1))),
+    "Retention every zero": Entry("every", lambda e: Retention(every=timedelta(0))),
+    "Retention every negative": Entry("every", lambda e: Retention(every=timedelta(seconds=-1))),
+    "Retention batch 0": Entry("batch", lambda e: Retention(batch=0)),
+    "Retention batch 10001": Entry("batch", lambda e: Retention(batch=10_001)),
+    "Runner retention dict": Entry("retention", runner(retention={"completed": timedelta(0)})),
+    "Runner retention timedelta": Entry("retention", runner(retention=timedelta(days=1))),
+    "AsyncRunner retention dict": Entry("retention", async_runner(retention={"completed": timedelta(0)})),
 }
 
 #: Entries expected to fail: {entry: reason}. Empty: every known bug is fixed.
@@ -473,6 +550,8 @@ def test_refused_with_a_clear_error_and_nothing_written(
         request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
     before = dump_jobs(engine)
     assert {r["state"] for r in before} == {"queued", "running", "settled", "delayed"}
+    pauses_before = _pauses(engine)
+    assert [p[0] for p in pauses_before] == ["seed-paused"]
     with pytest.raises(entry.error) as caught:
         entry.call(engine)
     message = str(caught.value)
@@ -484,6 +563,12 @@ def test_refused_with_a_clear_error_and_nothing_written(
     if isinstance(caught.value, WatchdogError) and not isinstance(caught.value, EnqueueConflict):
         assert caught.value.code.value == "invalid_input", caught.value.code
     assert dump_jobs(engine) == before, "the database changed"
+    assert _pauses(engine) == pauses_before, "the pauses changed"
+
+
+def _pauses(engine: Engine) -> list[Any]:
+    with engine.connect() as conn:
+        return list(conn.execute(select(pauses_table).order_by(pauses_table.c.queue_name)).all())
 
 
 async def _async_enqueue_in_transaction(aengine: Any, delay: Any) -> Any:
@@ -506,6 +591,17 @@ async def test_async_api_refuses_bad_input_too(engine: Engine) -> None:
             (lambda: awd.enqueue([Job("x", "q"), Job("y", "q", run_at=LATER)], delay=timedelta(seconds=1)), "delay"),
             (lambda: _async_enqueue_in_transaction(aengine, delay=timedelta(seconds=-1)), "delay"),
             (lambda: _async_enqueue_in_transaction(aengine, delay=5), "delay"),
+            (lambda: awd.prune(older_than=timedelta(seconds=-1)), "older_than"),
+            (lambda: awd.prune(older_than=timedelta(0), outcomes=[]), "outcomes"),
+            (lambda: awd.prune(older_than=timedelta(0), batch=10_001), "batch"),
+            (lambda: awd.prune(older_than=timedelta(0), include_undated=None), "include_undated"),
+            (lambda: awd.list_jobs(limit=1001), "limit"),
+            (lambda: awd.list_jobs(state="gone"), "state"),
+            (lambda: awd.pause("q\x00"), "queue"),
+            (lambda: awd.pause("q", reason="r" * (PAUSE_REASON_MAX_LENGTH + 1)), "reason"),
+            (lambda: awd.resume("q\ud800"), "queue"),
+            (lambda: awd.rerun("seed-running", rerun_id="r1"), "job_id"),
+            (lambda: awd.rerun("seed-settled", rerun_id=""), "rerun_id"),
         ]:
             with pytest.raises(WatchdogError) as caught:
                 await call()
@@ -555,10 +651,20 @@ def test_dangerous_looking_valid_ids_round_trip(engine: Engine, text: str) -> No
     wd = Watchdog(engine)
     first = wd.enqueue(Job(text, text, lane=lane, payload=payload, priority=2**63 - 1, max_recoveries=2**31 - 1))
     assert first.status.value == "queued"
-    assert wd.enqueue(Job(text, text, lane=lane, payload=payload, priority=2**63 - 1, max_recoveries=2**31 - 1)).status.value == "duplicate"
+    assert (
+        wd.enqueue(
+            Job(text, text, lane=lane, payload=payload, priority=2**63 - 1, max_recoveries=2**31 - 1)
+        ).status.value
+        == "duplicate"
+    )
     got = wd.read(text)
     assert (got.job_id, got.queue, got.lane, got.payload, got.priority, got.max_recoveries) == (
-        text, text, lane, payload, 2**63 - 1, 2**31 - 1,
+        text,
+        text,
+        lane,
+        payload,
+        2**63 - 1,
+        2**31 - 1,
     )
     assert wd.read_queue_head(text).job_id == text
     assert wd.cancel(text, text).status is CancelStatus.RECORDED

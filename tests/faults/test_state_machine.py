@@ -44,6 +44,7 @@ order.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -64,7 +65,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from sqlalchemy import Engine, delete
+from sqlalchemy import Engine, delete, select, update
 
 from sqlalchemy_watchdog import (
     Decision,
@@ -72,9 +73,12 @@ from sqlalchemy_watchdog import (
     InvalidJob,
     Job,
     Outcome,
+    PauseStatus,
+    QueueStats,
     RetryPolicy,
     Runner,
     RunningJob,
+    Watchdog,
     handler,
     store,
 )
@@ -87,7 +91,7 @@ from sqlalchemy_watchdog.jobs import (
     SettleStatus,
     bound_reason,
 )
-from sqlalchemy_watchdog.model import jobs_table
+from sqlalchemy_watchdog.model import jobs_table, pauses_table
 from tests.faults.helpers import controlled_db_clock, dump_jobs
 
 JOB_IDS = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]
@@ -227,6 +231,13 @@ class Row:
     snoozes: int = 0
     #: (at, attempt, reason) of each failed attempt; None until the first.
     failure_history: History | None = None
+    #: Revision w0004: the database clock at enqueue, at the start of the
+    #: current or last attempt, and at settling (None: never, or a row from
+    #: before the upgrade); the job this one reruns.
+    enqueued_at: int | None = None
+    started_at: int | None = None
+    settled_at: int | None = None
+    rerun_of: str | None = None
 
     def columns(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in ("order", "policy")}
@@ -244,6 +255,7 @@ def identity(job: Job) -> tuple[Any, ...]:
         job.max_attempts,
         job.retry_json,
         job.timeout_ms,
+        job.rerun_of,
     )
 
 
@@ -263,6 +275,7 @@ class Model:
             row.max_attempts,
             row.retry_policy,
             row.timeout_ms,
+            row.rerun_of,
         )
         return stored == identity(job)
 
@@ -289,6 +302,8 @@ class Model:
             ready_at=ready_at,
             state="delayed" if ready_at is not None and ready_at > now else "queued",
             policy=job.retry,
+            enqueued_at=now,
+            rerun_of=job.rerun_of,
         )
 
     def live_claim(self, job_id: str, token: str, now: int) -> bool:
@@ -304,10 +319,7 @@ class Model:
         )
 
 
-#: Columns of revision w0004 (operations), modelled with pause, prune and
-#: rerun by the operations rules.
-OPERATIONS_COLUMNS = {"enqueued_at", "started_at", "settled_at", "rerun_of"}
-COLUMNS = [c.name for c in jobs_table.columns if c.name != "sequence" and c.name not in OPERATIONS_COLUMNS]
+COLUMNS = [c.name for c in jobs_table.columns if c.name != "sequence"]
 
 
 def policy_of(queue: str, own: RetryPolicy | None) -> RetryPolicy | None:
@@ -382,6 +394,7 @@ class WatchdogMachine(RuleBasedStateMachine):
     def start(self, jobs: list[Job]) -> None:
         with store.write_transaction(self.engine) as conn:
             conn.execute(delete(jobs_table))
+            conn.execute(delete(pauses_table))
         self.t = 0
         self.set_clock(self.db)
         self.model = Model()
@@ -389,6 +402,8 @@ class WatchdogMachine(RuleBasedStateMachine):
         self.claimed: dict[tuple[str, str], store.Claim] = {}  # ... and what its claim returned
         self.expired_seen: list[store.Claim] = []
         self.settled_rows: dict[str, dict[str, Any]] = {}
+        self.pauses: dict[str, tuple[str | None, int]] = {}  # queue -> (reason, paused_at)
+        self.watchdog = Watchdog(self.engine)
         for job in jobs:  # start with some work (conflicting replays are refused as usual)
             self.enqueue([job], None)
 
@@ -454,7 +469,13 @@ class WatchdogMachine(RuleBasedStateMachine):
             self.promote(1_000)
         db = self.db
         candidates = sorted(
-            (r for r in self.model.rows.values() if r.state == "queued" and (queues is None or r.queue_name in queues)),
+            (
+                r
+                for r in self.model.rows.values()
+                if r.state == "queued"
+                and (queues is None or r.queue_name in queues)
+                and r.queue_name not in self.pauses  # the claim statement skips paused queues
+            ),
             key=lambda r: (-r.priority, r.order),
         )[:limit]
         batch = self.tx(store.claim, queues=queues, limit=limit, lease_ms=lease)
@@ -470,11 +491,13 @@ class WatchdogMachine(RuleBasedStateMachine):
         for row in candidates:
             if row.cancellation_id is None:
                 row.state, row.claim_token, row.lease_until = "running", tokens[row.job_id], db + lease
+                row.started_at = db  # each attempt's start
                 self.claims.append((row.job_id, row.claim_token))
             else:
                 # Settled cancelled: a retried attempt's failure is not its end.
                 row.state, row.outcome = "settled", "cancelled"
                 row.failure_reason = row.failure_detail = None
+                row.settled_at = db  # started_at stays the last attempt's (if any)
         for claimed in batch.claimed:
             self.claimed[(claimed.job.job_id, claimed.token)] = claimed
 
@@ -581,6 +604,8 @@ class WatchdogMachine(RuleBasedStateMachine):
     ) -> SettleStatus:
         """Apply a settle of the live claim to the model; the status it answers."""
         row.lease_until = None
+        # Whatever settles writes settled_at; a requeue (retry, snooze) leaves it NULL.
+        settled_now = db
         policy = policy_of(row.queue_name, row.policy)
         wait: int | None = None
         if decision.snoozed:
@@ -604,6 +629,7 @@ class WatchdogMachine(RuleBasedStateMachine):
         if row.cancellation_id is not None:
             # A recorded cancellation wins over any decision, a requeue included.
             row.state, row.outcome, row.failure_reason, row.failure_detail = "settled", "cancelled", None, None
+            row.settled_at = settled_now
             return SettleStatus.SETTLED
         if decision.snoozed:
             assert wait is not None
@@ -615,6 +641,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             assert decision.outcome is not None
             row.state, row.outcome = "settled", decision.outcome.value
             row.failure_reason, row.failure_detail = decision.reason, None
+            row.settled_at = settled_now
             return SettleStatus.SETTLED
         entry = (app, row.attempt, history_reason(decision.reason or "failed"))
         row.failure_history = [*(row.failure_history or []), entry][-FAILURE_HISTORY_LENGTH:]
@@ -627,6 +654,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             row.attempt += 1
             return SettleStatus.REQUEUED
         row.state, row.outcome = "settled", "failed"
+        row.settled_at = settled_now
         return SettleStatus.SETTLED
 
     @precondition(lambda self: bool(self.claims))
@@ -695,6 +723,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             row.state, row.outcome, row.failure_reason = "settled", "failed", bound_reason(reason)
             row.failure_detail = None
             row.lease_until = row.claim_token = None
+            row.settled_at = self.db
 
     @rule(queue=st.sampled_from(QUEUES))
     def purge(self, queue: str) -> None:
@@ -721,6 +750,7 @@ class WatchdogMachine(RuleBasedStateMachine):
         row.failure_detail = None  # every reconcile clears a traceback
         if row.cancellation_id is not None:
             row.state, row.outcome, row.failure_reason = "settled", "cancelled", None
+            row.settled_at = now
             return "settled", row
         if requeue:
             # A recovery is not an attempt: attempt, snoozes and history stay.
@@ -728,6 +758,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             row.recovery_count += 1
             return "requeued", row
         row.state, row.outcome, row.failure_reason = "settled", "interrupted", store.recovery_reason(view)
+        row.settled_at = now
         return "settled", row
 
     @rule(limit=st.integers(1, 3))
@@ -753,7 +784,8 @@ class WatchdogMachine(RuleBasedStateMachine):
         status, _ = self._reconcile_expected(claim)
         assert self.tx(store.reconcile, claim).status == status
 
-    @rule(step=st.sampled_from([1, 99, 100, 300, 500, 1_000, 6_000]))
+    # Now and then past the minute and the hour of stats()' windows.
+    @rule(step=st.sampled_from([1, 99, 100, 300, 500, 1_000, 6_000, 1_000, 6_000, 60_000, 61_000, 3_600_000]))
     def advance_time(self, step: int) -> None:
         if step:
             self.t += step
@@ -786,6 +818,263 @@ class WatchdogMachine(RuleBasedStateMachine):
         in_order = sorted((r for r in rows.values() if r.state == "settled"), key=lambda r: r.order)
         assert [j.job_id for j in settled] == [r.job_id for r in in_order[:limit]]
         assert pending == any(r.state in LIVE for r in rows.values())
+
+    # -- operations (issue 10): pauses, pruning, reruns, listing, stats ---------
+
+    @rule(queue=st.sampled_from(QUEUES), reason=st.sampled_from([None, "deploy", "n" * 500]))
+    def pause(self, queue: str, reason: str | None) -> None:
+        """A pause: from its commit no claim takes the queue's jobs (the
+        claim rule skips them); running jobs, enqueues and promotions go on."""
+        expected = PauseStatus.ALREADY_PAUSED if queue in self.pauses else PauseStatus.PAUSED
+        assert self.watchdog.pause(queue, reason=reason) is expected
+        self.pauses.setdefault(queue, (reason, self.db))
+
+    @rule(queue=st.sampled_from(QUEUES))
+    def resume(self, queue: str) -> None:
+        expected = PauseStatus.RESUMED if queue in self.pauses else PauseStatus.NOT_PAUSED
+        assert self.watchdog.resume(queue) is expected
+        self.pauses.pop(queue, None)
+
+    @rule(job_id=st.sampled_from(JOB_IDS))
+    def legacy_times(self, job_id: str) -> None:
+        """A row from before revision w0004: its times are NULL (what the
+        upgrade leaves); only ``include_undated`` prunes it once settled."""
+        row = self.model.rows.get(job_id)
+        with store.write_transaction(self.engine) as conn:
+            conn.execute(
+                update(jobs_table)
+                .where(jobs_table.c.job_id == job_id)
+                .values(enqueued_at=None, started_at=None, settled_at=None)
+            )
+        if row is not None:
+            row.enqueued_at = row.started_at = row.settled_at = None
+            self.settled_rows.pop(job_id, None)  # re-read as it is now
+
+    @rule(
+        older_than=st.sampled_from([0, 0, 1, 100, 1_000, 60_000]),
+        outcomes=st.sampled_from(
+            [None, None, [Outcome.COMPLETED], ["failed", "cancelled"], "interrupted", [Outcome.OUTCOME_UNKNOWN]]
+        ),
+        limit=st.sampled_from([None, None, 1, 2]),
+        batch=st.sampled_from([1, 2, 1_000]),
+        include_undated=st.booleans(),
+        one_batch=st.booleans(),
+    )
+    def prune(
+        self,
+        older_than: int,
+        outcomes: Any,
+        limit: int | None,
+        batch: int,
+        include_undated: bool,
+        one_batch: bool,
+    ) -> None:
+        """Prune settled jobs older than ``older_than`` by the database clock:
+        never a live job; oldest first; a pruned job_id is free again."""
+        if outcomes is None:
+            wanted = None
+        else:
+            listed = [outcomes] if isinstance(outcomes, str) else outcomes
+            wanted = {Outcome(o).value for o in listed}
+        cutoff = self.db - older_than
+        eligible = [
+            r
+            for r in self.model.rows.values()
+            if r.state == "settled"
+            and (wanted is None or r.outcome in wanted)
+            and ((r.settled_at is not None and r.settled_at < cutoff) or (include_undated and r.settled_at is None))
+        ]
+        before = {r["job_id"] for r in dump_jobs(self.engine)}
+        if one_batch:  # one statement, as a runner's retention pass runs it
+            size = limit or batch
+            values = None if wanted is None else sorted(wanted)
+            deleted = self.tx(
+                store.prune_batch,
+                older_than=ms(older_than),
+                outcomes=values,
+                limit=size,
+                include_undated=include_undated,
+            )
+        else:
+            size = len(eligible) if limit is None else limit
+            deleted = self.watchdog.prune(
+                older_than=ms(older_than), outcomes=outcomes, limit=limit, batch=batch, include_undated=include_undated
+            )
+        gone = before - {r["job_id"] for r in dump_jobs(self.engine)}
+        assert deleted == len(gone) == min(size, len(eligible)), (deleted, gone, eligible)
+        # Only eligible (settled, old enough, of the outcomes) jobs go.
+        assert gone <= {r.job_id for r in eligible}, (gone, eligible)
+        dated = [r for r in eligible if r.settled_at is not None]
+        if wanted is not None and len(wanted) == 1 and len(dated) == len(eligible):
+            # Within one outcome: oldest settled first, then admission order.
+            oldest = sorted(dated, key=lambda r: (r.settled_at, r.order))[: len(gone)]
+            assert gone == {r.job_id for r in oldest}, (gone, oldest)
+        for job_id in gone:
+            del self.model.rows[job_id]
+            self.settled_rows.pop(job_id, None)
+
+    @rule(
+        data=st.data(),
+        rerun_id=st.sampled_from(["r1", "r2", "z" * 128]),
+    )
+    def rerun(self, data: st.DataObject, rerun_id: str) -> None:
+        """A rerun of a settled job: a new queued job with a derived job_id,
+        the original's fields and ``rerun_of``; the same call again is a duplicate."""
+        job_id = data.draw(st.sampled_from(sorted(set(JOB_IDS) | set(self.model.rows))), "job to rerun")
+        original = self.model.rows.get(job_id)
+        if original is None or original.state != "settled":
+            with pytest.raises(InvalidJob) as refused:
+                self.watchdog.rerun(job_id, rerun_id=rerun_id)
+            assert refused.value.field == "job_id"
+            return
+        plain = f"{job_id}~rerun~{rerun_id}"
+        new_id = (
+            plain if len(plain) <= 256 else "rerun~" + hashlib.sha256(f"{job_id}\x00{rerun_id}".encode()).hexdigest()
+        )
+        copy = Job(
+            new_id,
+            original.queue_name,
+            lane=original.lane,
+            priority=original.priority,
+            payload=json.loads(original.payload_json),
+            max_recoveries=original.recovery_max,
+            retry=original.policy,
+            timeout=None if original.timeout_ms is None else ms(original.timeout_ms),
+            rerun_of=job_id,
+        )
+        existing = self.model.rows.get(new_id)
+        if existing is not None and not self.model.same(existing, copy):
+            # The original was pruned and enqueued again as another job.
+            with pytest.raises(EnqueueConflict):
+                self.watchdog.rerun(job_id, rerun_id=rerun_id)
+            return
+        result = self.watchdog.rerun(job_id, rerun_id=rerun_id)
+        assert result.job_id == new_id
+        if existing is None:
+            self.model.admit(copy, self.db, None)
+            assert result.status.value == "queued"
+        else:
+            assert result.status.value == "duplicate"
+        view = self.watchdog.read(job_id)
+        assert view is not None
+        reruns = sorted((r for r in self.model.rows.values() if r.rerun_of == job_id), key=lambda r: r.order)
+        assert view.reruns == tuple(r.job_id for r in reruns)
+
+    @rule(
+        queue=st.sampled_from([None, *QUEUES]),
+        state=st.sampled_from([None, "delayed", "queued", "running", "settled"]),
+        outcome=st.sampled_from([None, None, Outcome.COMPLETED, "failed", "cancelled"]),
+        lane=st.sampled_from([None, None, *LANES]),
+        prefix=st.sampled_from([None, None, "a", "b~rerun~", "a~rerun~r", "%", "_"]),
+        limit=st.sampled_from([1, 2, 1_000]),
+    )
+    def list_jobs(
+        self, queue: str | None, state: str | None, outcome: Any, lane: str | None, prefix: str | None, limit: int
+    ) -> None:
+        """Page through list_jobs (keyset on sequence): the pages join up to
+        the model's matching jobs in admission order, none twice, none missed."""
+        want_outcome = None if outcome is None else Outcome(outcome).value
+        expected = [
+            r
+            for r in sorted(self.model.rows.values(), key=lambda r: r.order)
+            if (queue is None or r.queue_name == queue)
+            and (state is None or r.state == state)
+            and (want_outcome is None or r.outcome == want_outcome)
+            and (lane is None or r.lane == lane)
+            and (prefix is None or r.job_id.startswith(prefix))
+        ]
+        seen: list[Any] = []
+        after = 0
+        for _ in range(len(expected) // limit + 1):
+            page = self.watchdog.list_jobs(
+                queue=queue,
+                state=state,
+                outcome=outcome,
+                lane=lane,
+                job_id_prefix=prefix,
+                limit=limit,
+                after_sequence=after,
+            )
+            assert len(page) <= limit
+            seen.extend(page)
+            if len(page) < limit:
+                break
+            after = page[-1].sequence
+        else:
+            assert (
+                self.watchdog.list_jobs(
+                    queue=queue,
+                    state=state,
+                    outcome=outcome,
+                    lane=lane,
+                    job_id_prefix=prefix,
+                    limit=limit,
+                    after_sequence=after,
+                )
+                == []
+            )
+        assert [v.job_id for v in seen] == [r.job_id for r in expected]
+        for got, row in zip(seen, expected):
+            assert (got.state.value, None if got.outcome is None else got.outcome.value) == (row.state, row.outcome)
+            assert (epoch_of(got.enqueued_at), epoch_of(got.started_at), epoch_of(got.settled_at)) == (
+                row.enqueued_at,
+                row.started_at,
+                row.settled_at,
+            )
+            assert got.rerun_of == row.rerun_of and got.reruns == ()
+
+    @rule()
+    def stats(self) -> None:
+        """stats() against the model: with the controlled clock every count,
+        age and window is exact."""
+        db = self.db
+        got = self.watchdog.stats()
+        assert epoch_of(got.at) == db
+        expected: dict[str, dict[str, Any]] = {}
+
+        def entry(queue: str) -> dict[str, Any]:
+            return expected.setdefault(
+                queue,
+                {"delayed": 0, "queued": 0, "running": 0, "expired": 0, "ready": [], "minute": {}, "hour": {}},
+            )
+
+        for r in self.model.rows.values():
+            if r.state in LIVE:
+                e = entry(r.queue_name)
+                e[r.state] += 1
+                if r.state == "running" and r.lease_until is not None and r.lease_until <= db:
+                    e["expired"] += 1
+                if r.state == "queued":
+                    ready = r.ready_at if r.ready_at is not None else r.enqueued_at
+                    if ready is not None:
+                        e["ready"].append(ready)
+            elif r.settled_at is not None and r.settled_at >= db - 3_600_000:
+                e = entry(r.queue_name)
+                outcome = Outcome(r.outcome)
+                e["hour"][outcome] = e["hour"].get(outcome, 0) + 1
+                if r.settled_at >= db - 60_000:
+                    e["minute"][outcome] = e["minute"].get(outcome, 0) + 1
+        for queue in self.pauses:
+            entry(queue)
+        assert [q.queue for q in got.queues] == sorted(expected)
+        for q in got.queues:
+            e = expected[q.queue]
+            assert (q.delayed, q.queued, q.running, q.expired_leases) == (
+                e["delayed"],
+                e["queued"],
+                e["running"],
+                e["expired"],
+            ), q
+            age = None if not e["ready"] else ms(max(0, db - min(e["ready"])))
+            assert q.oldest_ready_age == age, (q, e)
+            assert dict(q.settled_last_minute) == e["minute"] and dict(q.settled_last_hour) == e["hour"], q
+            pause = self.pauses.get(q.queue)
+            if pause is None:
+                assert q.pause is None and not q.paused
+            else:
+                assert q.pause is not None and q.paused
+                assert (q.pause.queue, q.pause.reason, epoch_of(q.pause.paused_at)) == (q.queue, *pause)
+        assert got.queue("nowhere") == QueueStats("nowhere")
 
     # -- invariants ---------------------------------------------------------------
 
@@ -824,6 +1113,9 @@ class WatchdogMachine(RuleBasedStateMachine):
             columns = {c: got[c] for c in COLUMNS}
             columns["failure_history"] = stored_history(got["failure_history"])
             assert columns == want.columns()
+        with self.engine.connect() as conn:
+            paused = conn.execute(select(pauses_table).order_by(pauses_table.c.queue_name)).all()
+        assert {q: (reason, at) for q, reason, at in paused} == self.pauses
 
     @invariant()
     def at_most_one_live_claim_per_job(self) -> None:
@@ -892,7 +1184,6 @@ def test_queue_matches_model_thoroughly(engine: Engine) -> None:
 
 
 # -- what the machine found, pinned ---------------------------------------------------
-
 
 
 @pytest.mark.parametrize(
