@@ -25,6 +25,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from . import client, store
+from .errors import redacted
 from .execution import (
     Execution,
     Probe,
@@ -48,6 +49,7 @@ from .execution import (
     execute,
     loop_pass,
     probe_failed,
+    prune,
     renew,
     settle_batch,
     shutdown,
@@ -526,6 +528,8 @@ class AsyncRunner:
                 installed.append(sig)
         settler = self._settler = _AsyncSettler(self)
         background = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(settler.run())]
+        if self.settings.retention is not None:
+            background.append(asyncio.create_task(self._prune_loop()))
         if listens(self.engine.dialect.name, self.engine.dialect.driver):
             background.append(asyncio.create_task(listen_async(self.engine, self._jobs_arrived, heartbeat_now.set)))
         log.info("async runner started: queues=%s concurrency=%d", ",".join(self.queues), self.settings.concurrency)
@@ -560,6 +564,16 @@ class AsyncRunner:
             self.core.pass_succeeded()
             if wait > 0:
                 await _wait(wake, wait)
+
+    async def _prune_loop(self) -> None:
+        """Prune settled jobs past the retention, beside the claiming loop (a
+        task of its own: a batch never delays a claim)."""
+        while True:
+            await asyncio.sleep(self.core.until_retention())
+            try:
+                await drive_async(prune(self.core), self._perform)
+            except Exception as error:  # pragma: no cover - prune answers store failures itself
+                log.error("pruner: %s", redacted(error))
 
     async def _heartbeat_loop(self) -> None:
         _, _, now = self._events()

@@ -823,6 +823,10 @@ class RunnerCore:
     def retention_is_due(self) -> bool:
         return time.monotonic() >= self.retention_due
 
+    def until_retention(self) -> float:
+        """Seconds until the next prune pass is due (0: now)."""
+        return max(0.0, self.retention_due - time.monotonic())
+
     def schedule_retention(self, seconds: float) -> None:
         self.retention_due = time.monotonic() + seconds
 
@@ -861,8 +865,6 @@ class RunnerCore:
         """How long an idle loop waits for a wake-up before looking again."""
         now = time.monotonic()
         wait = min(self.settings.poll_interval_s, self.recovery_due - now, self.promotion_due - now)
-        if self.settings.retention is not None:
-            wait = min(wait, self.retention_due - now)
         if self.settings.schedules:
             wait = min(wait, self.schedules_due - now)
         return max(0.0, wait)
@@ -1267,8 +1269,6 @@ def loop_pass(core: RunnerCore) -> Steps[float]:
         yield from enqueue_schedules(core)
     if core.promotion_is_due():
         yield from promote(core)
-    if core.settings.retention is not None and core.retention_is_due():
-        yield from prune(core)
     free = core.free_slots()
     if free <= 0:
         return core.idle_wait()
@@ -1283,9 +1283,14 @@ def loop_pass(core: RunnerCore) -> Steps[float]:
 
 def prune(core: RunnerCore) -> Steps[None]:
     """Prune settled jobs past the runner's :class:`Retention`: one batch
-    per outcome, then back to claiming; more batches follow soon while
-    there is more to delete. One runner at a time (an advisory lock on
-    PostgreSQL; SQLite's write lock is exclusive anyway)."""
+    per outcome, then a pause; more batches follow soon while there is
+    more to delete. One runner at a time (an advisory lock on PostgreSQL;
+    SQLite's write lock is exclusive anyway).
+
+    Drivers run it beside the claiming loop (a thread of the sync runner, a
+    task of the async one), never in it: a batch's DELETE then delays no
+    claim on PostgreSQL, where deleting settled rows locks nothing a claim
+    reads; on SQLite it holds the write lock for one batch, as any writer."""
     retention = core.settings.retention
     assert retention is not None
     ages = {outcome.value: age for outcome, age in retention.ages().items()}

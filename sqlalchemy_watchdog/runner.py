@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import Engine
 
 from . import store
+from .errors import redacted
 from .execution import (
     Execution,
     Probe,
@@ -51,6 +52,7 @@ from .execution import (
     execute,
     loop_pass,
     probe_failed,
+    prune,
     renew,
     settle_batch,
     shutdown,
@@ -325,6 +327,7 @@ class Runner:
         settler = self._settler = _Settler(self)
         workers = self._workers = _Workers(self)
         listener = Listener.start_for(self.engine, self._jobs_arrived, self._renew_now)
+        pruner = _Pruner(self) if self.settings.retention is not None else None
         log.info("runner started: queues=%s concurrency=%d", ",".join(self.queues), self.settings.concurrency)
         try:
             self._loop()
@@ -332,6 +335,8 @@ class Runner:
             try:
                 drive(shutdown(self.core), self._perform)
             finally:
+                if pruner is not None:
+                    pruner.stop()
                 heartbeat.stop()
                 settler.stop()
                 self._settler = None
@@ -483,6 +488,29 @@ class _Settler:
                 settlements = [None] * len(batch)
             for (_, execution), settlement in zip(batch, settlements, strict=True):
                 self.runner._finish(execution, settlement)
+
+
+class _Pruner:
+    """A thread pruning settled jobs past the runner's retention, beside the
+    claiming loop so that a batch never delays a claim."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="watchdog-pruner", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        runner = self.runner
+        while not self._stop.wait(runner.core.until_retention()):
+            try:
+                drive(prune(runner.core), runner._perform)
+            except Exception as error:  # pragma: no cover - prune answers store failures itself
+                log.error("pruner: %s", redacted(error))
 
 
 class _Heartbeat:
