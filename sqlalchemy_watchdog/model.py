@@ -31,6 +31,7 @@ from sqlalchemy import (
     Table,
     Text,
     event,
+    func,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -206,6 +207,14 @@ Index(
     WatchdogJob.settled_at,
     WatchdogJob.sequence,
     **_partial("state = 'settled'"),
+)
+# Queued jobs by queue and the time they became ready (their ready time, else
+# their enqueue time): stats() finds each queue's oldest ready job with one probe.
+Index(
+    "ix_watchdog_jobs_queued_since",
+    WatchdogJob.queue_name,
+    func.coalesce(WatchdogJob.ready_at, WatchdogJob.enqueued_at),
+    **_partial("state = 'queued'"),
 )
 # Reruns by the job they rerun.
 Index("ix_watchdog_jobs_rerun_of", WatchdogJob.rerun_of, **_partial("rerun_of IS NOT NULL"))

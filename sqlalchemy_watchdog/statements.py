@@ -741,15 +741,16 @@ LIST_FILTERS = ("queue", "state", "outcome", "lane", "job_id_prefix")
 @cache
 def list_jobs(filters: tuple[str, ...]) -> Select[Any]:
     """Up to ``:limit`` jobs with ``sequence > :after_sequence`` in admission
-    order, matching the named ``filters`` (``:queue``, ``:state``,
+    order, matching the named ``filters`` (``:queue``, ``state=<state>``,
     ``:outcome``, ``:lane``, ``:job_id_prefix`` -- a prefix compared with
     ``substr``, so LIKE wildcards in it mean nothing)."""
     query = select(*COLUMNS).where(c.sequence > _p("after_sequence", BigInteger()))
     for name in filters:
         if name == "queue":
             query = query.where(c.queue_name == _p("queue", Text()))
-        elif name == "state":
-            query = query.where(c.state == _p("state", Text()))
+        elif name.startswith("state="):
+            # A literal, so the planner can use the state's partial indexes.
+            query = query.where(c.state == literal_column(f"'{JobState(name[6:]).value}'"))
         elif name == "outcome":
             query = query.where(c.outcome == _p("outcome", Text()))
         elif name == "lane":
@@ -779,14 +780,21 @@ def expired_counts() -> Select[Any]:
 
 
 @cache
-def oldest_ready() -> Select[Any]:
-    """Per queue, the earliest time a queued job became ready (its ready
-    time, else its enqueue time; rows from before w0004 have neither)."""
-    return (
-        select(c.queue_name, func.min(func.coalesce(c.ready_at, c.enqueued_at)))
-        .where(IS_QUEUED)
-        .group_by(c.queue_name)
+def oldest_ready(dialect: str) -> Select[Any]:
+    """For each queue of ``:queues`` (a JSON array), the earliest time one of
+    its queued jobs became ready (its ready time, else its enqueue time;
+    rows from before w0004 have neither): one probe of
+    ``ix_watchdog_jobs_queued_since`` per queue, whatever the backlog."""
+    source, cols, _ = _rows(dialect, "queues", (("queue", Text()),))
+    since = func.coalesce(c.ready_at, c.enqueued_at)
+    first = (
+        select(since)
+        .where(IS_QUEUED, c.queue_name == cols["queue"], since.is_not(None))
+        .order_by(since)
+        .limit(1)
+        .scalar_subquery()
     )
+    return select(cols["queue"], first).select_from(source)
 
 
 @cache

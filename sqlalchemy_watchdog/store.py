@@ -952,7 +952,9 @@ def list_jobs(
         params["lane"] = check_text("lane", lane, LANE_MAX_LENGTH)
     if job_id_prefix is not None:
         params["job_id_prefix"] = check_text("job_id_prefix", job_id_prefix, JOB_ID_MAX_LENGTH)
-    filters = tuple(name for name in sql.LIST_FILTERS if name in params)
+    filters = tuple(
+        f"state={params.pop('state')}" if name == "state" else name for name in sql.LIST_FILTERS if name in params
+    )
     return [view(row) for row in conn.execute(sql.list_jobs(filters), params)]
 
 
@@ -968,7 +970,9 @@ def stats(conn: Connection) -> Stats:
         entry(queue)[state] = count
     for queue, count in conn.execute(sql.expired_counts()):
         entry(queue)["expired_leases"] = count
-    for queue, ready in conn.execute(sql.oldest_ready()):
+    waiting = [queue for queue, e in queues.items() if e.get(JobState.QUEUED.value)]
+    params = sql.rows_params(conn.dialect.name, "queues", (("queue", None),), [(queue,) for queue in waiting])
+    for queue, ready in conn.execute(sql.oldest_ready(conn.dialect.name), params) if waiting else ():
         if ready is not None:
             entry(queue)["oldest_ready_age"] = timedelta(milliseconds=max(0, clock - ready))
     for queue, outcome, last_minute, last_hour in conn.execute(sql.recent_outcomes()):

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, text
 
 from sqlalchemy_watchdog import Job, JobState, JobView, Watchdog, enqueue
 from sqlalchemy_watchdog.model import jobs_table
@@ -52,3 +52,20 @@ def settled(engine: Engine, job_id: str, timeout: float = 20.0) -> JobView:
     return wait_until(
         lambda: (job := read(engine, job_id)).state is JobState.SETTLED and job, timeout, f"{job_id} to settle"
     )
+
+
+def index_names(engine: Engine, table: str = "watchdog_jobs") -> set[str]:
+    """The names of ``table``'s indexes as the database's catalog lists them
+    (the inspector skips expression indexes on SQLite), those backing a
+    primary key or unique constraint left out."""
+    if engine.dialect.name == "sqlite":
+        query = "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = :t AND sql IS NOT NULL"
+    else:
+        query = (
+            "SELECT i.relname FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid"
+            " JOIN pg_class t ON t.oid = x.indrelid WHERE t.relname = :t"
+            " AND t.relnamespace = current_schema()::regnamespace"
+            " AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = x.indexrelid)"
+        )
+    with engine.connect() as conn:
+        return set(conn.execute(text(query), {"t": table}).scalars())

@@ -23,6 +23,7 @@ from sqlalchemy.exc import IntegrityError
 
 import sqlalchemy_watchdog
 from sqlalchemy_watchdog import Decision, Job, JobState, Outcome, RetryPolicy, Watchdog, enqueue, store
+from tests.helpers import index_names
 
 REPO = Path(__file__).resolve().parent.parent
 ALEMBIC_INI = REPO / "alembic.ini"
@@ -59,11 +60,7 @@ def schema_names(engine: Engine) -> dict[str, set[str]]:
     return {
         "check": {c["name"] for c in inspector.get_check_constraints("watchdog_jobs")},
         "unique": {c["name"] for c in inspector.get_unique_constraints("watchdog_jobs")},
-        "index": {
-            i["name"]
-            for i in inspector.get_indexes("watchdog_jobs")
-            if not i.get("duplicates_constraint")
-        },
+        "index": index_names(engine),
     }
 
 

@@ -7,7 +7,7 @@ Create Date: 2026-12-03
 Adds to ``watchdog_jobs`` when each job was enqueued, started its current or
 last attempt and settled (epoch milliseconds by the database clock), and
 which job a rerun copies (``rerun_of``); adds the indexes that pruning, the
-recent-outcome stats and rerun links read; creates ``watchdog_queue_pauses``.
+stats (recent outcomes, each queue's oldest ready job) and rerun links read; creates ``watchdog_queue_pauses``.
 
 Rows that exist before the upgrade keep NULL in the three times: when they
 were enqueued, started or settled was never recorded. Pruning by age leaves
@@ -58,6 +58,12 @@ def upgrade() -> None:
         op.f(f"ix_{TABLE}_settled"), TABLE, ["outcome", "settled_at", "sequence"], **_partial("state = 'settled'")
     )
     op.create_index(op.f(f"ix_{TABLE}_rerun_of"), TABLE, ["rerun_of"], **_partial("rerun_of IS NOT NULL"))
+    op.create_index(
+        op.f(f"ix_{TABLE}_queued_since"),
+        TABLE,
+        ["queue_name", sa.text("coalesce(ready_at, enqueued_at)")],
+        **_partial("state = 'queued'"),
+    )
     op.create_table(
         PAUSES,
         sa.Column("queue_name", sa.Text(), nullable=False),
@@ -72,6 +78,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     sqlite = op.get_bind().dialect.name == "sqlite"
     op.drop_table(PAUSES)
+    op.drop_index(op.f(f"ix_{TABLE}_queued_since"), table_name=TABLE)
     op.drop_index(op.f(f"ix_{TABLE}_rerun_of"), table_name=TABLE)
     op.drop_index(op.f(f"ix_{TABLE}_settled"), table_name=TABLE)
     for column in reversed(COLUMNS):
