@@ -136,6 +136,13 @@ def runner(**kwargs: Any) -> Callable[[Engine], Any]:
     return build
 
 
+def scheduled(*args: Any, **fields: Any) -> Callable[[Engine], Any]:
+    """A runner given ``Schedule(*args, **fields)`` (the schedule refuses first)."""
+    from sqlalchemy_watchdog import Schedule
+
+    return lambda engine: Runner(engine, {"q": handler}, schedules=[Schedule(*args, **fields)])
+
+
 def policy(**fields: Any) -> Callable[[Engine], Any]:
     """Enqueue a job with ``RetryPolicy(**fields)`` (the policy refuses first)."""
     return lambda engine: Watchdog(engine).enqueue(Job("new-job", "q", retry=RetryPolicy(**fields)))
@@ -210,6 +217,21 @@ def enqueue_select_of(**columns: Any) -> Callable[[Engine], Any]:
 
 
 REFUSED: dict[str, Entry] = {
+    "Schedule cron 61 minutes": Entry("cron", scheduled("s", "61 * * * *", "q"), says="Bad minute"),
+    "Schedule cron six fields": Entry("cron", scheduled("s", "0 * * * * *", "q")),
+    "Schedule cron empty": Entry("cron", scheduled("s", "", "q")),
+    "Schedule cron not a str": Entry("cron", scheduled("s", 5, "q")),
+    "Schedule cron never matches": Entry("cron", scheduled("s", "0 0 30 2 *", "q")),
+    "Schedule unknown timezone": Entry("timezone", scheduled("s", "* * * * *", "q", timezone="Mars/Olympus")),
+    "Schedule timezone not a str": Entry("timezone", scheduled("s", "* * * * *", "q", timezone=1)),
+    "Schedule name with a space": Entry("name", scheduled("a b", "* * * * *", "q")),
+    "Schedule name empty": Entry("name", scheduled("", "* * * * *", "q")),
+    "Schedule catch_up 101": Entry("catch_up", scheduled("s", "* * * * *", "q", catch_up=101)),
+    "Schedule catch_up -1": Entry("catch_up", scheduled("s", "* * * * *", "q", catch_up=-1)),
+    "Schedule payload not JSON": Entry("payload", scheduled("s", "* * * * *", "q", payload={1, 2})),
+    "Schedule timeout zero": Entry("timeout", scheduled("s", "* * * * *", "q", timeout=timedelta(0))),
+    "Schedule retry int": Entry("retry", scheduled("s", "* * * * *", "q", retry=3)),
+    "Runner schedules a str": Entry("schedules", runner(schedules="* * * * *")),
     # ids
     "job_id empty": Entry("job_id", job(job_id="")),
     "job_id 257 chars": Entry("job_id", job(job_id="j" * 257)),
