@@ -193,6 +193,7 @@ def test_worker_killed_mid_job_is_recovered_by_another_runner_after_the_lease(
 
 # -- graceful shutdown ---------------------------------------------------------
 
+@pytest.mark.slow  # real processes, ~5 s each: CI runs it
 def test_sigterm_lets_a_job_finish_within_grace_and_hands_a_job_outliving_it_to_recovery(
     audited: Engine, workers: Workers
 ) -> None:

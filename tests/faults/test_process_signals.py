@@ -146,6 +146,7 @@ def test_sigkill_after_handler_returned_before_settle_commit(
         assert runs[1]["started_ms"] >= row["lease_until"], "the rerun started under the dead claim's lease"
 
 
+@pytest.mark.slow  # real processes, ~5 s each: CI runs it
 def test_sigstop_past_lease_then_sigcont(
     instrumented: Engine, db_url: URL, workers: WorkerPool, runner_kind: str
 ) -> None:
