@@ -422,6 +422,14 @@ class Bench:
                 per_round[label].append(seconds / (c.claim_round + 1) * 1000.0)
         return per_round
 
+    def scratch_target(self, dialect: str, name: str) -> Target:
+        """An empty database of its own for one scenario: ``watchdog_bench_<pid>_<name>`` on
+        the PostgreSQL server, or ``<name>.db`` in the work directory (drop it with
+        ``harness.drop_database``)."""
+        if dialect == "postgresql":
+            return harness.create_database(name)
+        return Target("sqlite", str(self.workdir / f"{name}.db"), f"{name}.db")
+
     def claim_cost(self, dialect: str) -> None:
         from subjects import Watchdog, insert_history
 
@@ -430,12 +438,8 @@ class Bench:
         c = self.config
         prefix = "pg" if dialect == "postgresql" else "sqlite"
         subject = Watchdog()
-        if dialect == "postgresql":
-            empty = harness.create_database("claim_empty")
-            history = harness.create_database("claim_history")
-        else:
-            empty = Target("sqlite", str(self.workdir / "claim_empty.db"), "claim_empty.db")
-            history = Target("sqlite", str(self.workdir / "claim_history.db"), "claim_history.db")
+        empty = self.scratch_target(dialect, "claim_empty")
+        history = self.scratch_target(dialect, "claim_history")
         try:
             subject.install(empty)
             subject.install(history)
@@ -477,12 +481,8 @@ class Bench:
         c = self.config
         prefix = "pg" if dialect == "postgresql" else "sqlite"
         subject = Watchdog()
-        if dialect == "postgresql":
-            empty = harness.create_database("delayed_empty")
-            delayed = harness.create_database("delayed_far")
-        else:
-            empty = Target("sqlite", str(self.workdir / "delayed_empty.db"), "delayed_empty.db")
-            delayed = Target("sqlite", str(self.workdir / "delayed_far.db"), "delayed_far.db")
+        empty = self.scratch_target(dialect, "delayed_empty")
+        delayed = self.scratch_target(dialect, "delayed_far")
         try:
             subject.install(empty)
             subject.install(delayed)
@@ -654,10 +654,7 @@ class Bench:
 
         c = self.config
         prefix = "pg" if dialect == "postgresql" else "sqlite"
-        if dialect == "postgresql":
-            target = harness.create_database("prune")
-        else:
-            target = Target("sqlite", str(self.workdir / "prune.db"), "prune.db")
+        target = self.scratch_target(dialect, "prune")
         try:
             SUBJECT.install(target)
             for r in range(c.repeat):
