@@ -101,7 +101,8 @@ class Instrumentation:
 
     def recovered(self, job: JobView, recovery: Recovery, cause: str) -> None:
         """A disappeared execution of ``job`` was recovered: requeued, or
-        settled ``interrupted``; ``cause`` is ``expired`` or ``shutdown``."""
+        settled ``interrupted``; ``cause`` is ``vanished`` (its lease ended)
+        or ``shutdown`` (its runner's grace period ran out)."""
 
 
 _active: Instrumentation | None = None
