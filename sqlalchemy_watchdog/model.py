@@ -39,11 +39,11 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from .jobs import (
     CANCELLATION_ID_MAX_LENGTH,
     JOB_ID_MAX_LENGTH,
-    TRACE_CONTEXT_MAX_LENGTH,
     LANE_MAX_LENGTH,
     MAX_ATTEMPTS_LIMIT,
     PAUSE_REASON_MAX_LENGTH,
     QUEUE_MAX_LENGTH,
+    TRACE_CONTEXT_MAX_LENGTH,
     JobState,
     Outcome,
 )
