@@ -61,6 +61,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess tes
 from sqlalchemy import Engine
 
 from . import telemetry
+from .errors import InvalidJob
 from .jobs import Decision, EnqueueResult, EnqueueStatus, Job, JobView, Outcome
 from .store import Recovery, RecoveryStatus, SettleRequest
 
@@ -110,12 +111,13 @@ class OpenTelemetryInstrumentation(telemetry.Instrumentation):
         stats_every: timedelta = timedelta(seconds=5),
     ) -> None:
         if stats_engine is not None and not isinstance(stats_engine, Engine):
-            raise TypeError(
-                f"stats_engine must be a sqlalchemy Engine, not {type(stats_engine).__name__}"
-                " (for an AsyncEngine, pass a sync Engine on the same database)"
+            raise InvalidJob(
+                "stats_engine",
+                f"must be a sqlalchemy Engine, not {type(stats_engine).__name__}"
+                " (for an AsyncEngine, pass a sync Engine on the same database)",
             )
         if not isinstance(stats_every, timedelta) or stats_every <= timedelta(0):
-            raise ValueError(f"stats_every must be a positive timedelta, not {stats_every!r}")
+            raise InvalidJob("stats_every", f"must be a positive datetime.timedelta, not {stats_every!r}")
         version = _version()
         self.tracer = trace.get_tracer(_SCOPE, version, tracer_provider=tracer_provider)
         meter = metrics.get_meter(_SCOPE, version, meter_provider=meter_provider)
