@@ -92,6 +92,12 @@ OUTCOME = "watchdog.job.outcome"
 STATE = "watchdog.job.state"
 
 
+#: Histogram buckets (seconds): the messaging conventions' for durations,
+#: and for waits the same stretched to an hour (a backlog can wait long).
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+WAIT_BUCKETS = (*DURATION_BUCKETS, 30.0, 60.0, 300.0, 900.0, 3600.0)
+
+
 def _version() -> str:
     from . import __version__
 
@@ -128,12 +134,16 @@ class OpenTelemetryInstrumentation(telemetry.Instrumentation):
             "messaging.client.consumed.messages", unit="{message}", description="Attempts started by runners."
         )
         self.process_duration = meter.create_histogram(
-            "messaging.process.duration", unit="s", description="How long an attempt's handler ran."
+            "messaging.process.duration",
+            unit="s",
+            description="How long an attempt's handler ran.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )
         self.wait_duration = meter.create_histogram(
             "watchdog.job.wait.duration",
             unit="s",
             description="From when a job was enqueued (or became ready) to when its attempt started.",
+            explicit_bucket_boundaries_advisory=WAIT_BUCKETS,
         )
         self.settled = meter.create_counter(
             "watchdog.job.settled", unit="{job}", description="Jobs settled, by queue and outcome."

@@ -132,6 +132,17 @@ def test_show(engine: Engine, cli: Cli) -> None:
     assert shown["priority"] == 3 and shown["payload"] == {"to": "ada@example.com"}
 
 
+def test_show_prints_the_trace_context_a_job_was_enqueued_under(engine: Engine, cli: Cli) -> None:
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    add(engine, Job("traced", "emails"))
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE watchdog_jobs SET trace_context = :c"), {"c": json.dumps({"traceparent": parent})})
+    status, out, _ = cli("show", "traced")
+    assert status == 0 and dict(line.split(None, 1) for line in out.splitlines())["traceparent"] == parent
+    status, out, _ = cli("--json", "show", "traced")
+    assert json.loads(out)["trace_context"] == {"traceparent": parent}
+
+
 def test_show_prints_a_failed_handlers_traceback(engine: Engine, cli: Cli) -> None:
     from sqlalchemy_watchdog import Runner
 

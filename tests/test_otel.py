@@ -186,6 +186,8 @@ def test_each_attempt_continues_the_trace_of_the_request_that_enqueued_it(engine
     assert otel.total("watchdog.job.settled", **{"watchdog.job.outcome": "completed"}) == 1
     durations = {p.attributes.get("error.type"): p.count for p in otel.points("messaging.process.duration")}
     assert durations == {"failed": 1, None: 1}
+    # Seconds, in the messaging conventions' buckets (not the SDK's millisecond-sized defaults).
+    assert all(p.explicit_bounds[:2] == (0.005, 0.01) for p in otel.points("messaging.process.duration"))
     assert sum(p.count for p in otel.points("watchdog.job.wait.duration")) == 2
 
 
