@@ -22,12 +22,14 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import timedelta
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 
 from . import store
 from .errors import redacted
@@ -177,6 +179,8 @@ class Runner:
         self._settler: _Settler | None = None
         self._workers: _Workers | None = None
         self._autocommit = store.self_committing(engine.dialect.name)
+        #: Per thread: whether it holds a connection across store calls, and which.
+        self._held = threading.local()
 
     @property
     def queues(self) -> tuple[str, ...]:
@@ -193,11 +197,47 @@ class Runner:
     # -- performing steps --------------------------------------------------------
 
     def _store(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        def work() -> T:
-            with self.engine.connect() as conn:
-                return store.transact_as(conn, store.TxMode(autocommit=self._autocommit), fn, *args, **kwargs)
+        mode = store.TxMode(autocommit=self._autocommit)
+        held = self._held
+        if not getattr(held, "holding", False):
 
-        return store.retrying(work, what=fn.__name__)
+            def work() -> T:
+                with self.engine.connect() as conn:
+                    return store.transact_as(conn, mode, fn, *args, **kwargs)
+
+            return store.retrying(work, what=fn.__name__)
+
+        def work_held() -> T:
+            conn = held.conn
+            if conn is None or conn.closed or conn.invalidated:
+                conn = held.conn = self.engine.connect()
+                if self._autocommit:
+                    conn.execution_options(isolation_level="AUTOCOMMIT")
+            try:
+                return store.transact_as(conn, mode, fn, *args, **kwargs)
+            except DBAPIError:
+                # Whatever failed, the next attempt starts on a fresh connection.
+                held.conn = None
+                conn.close()
+                raise
+
+        return store.retrying(work_held, what=fn.__name__)
+
+    @contextmanager
+    def _holding_connection(self) -> Iterator[None]:
+        """Within this block, the calling thread's store calls reuse one
+        connection (the loop, settler, heartbeat and pruner threads: a
+        checkout, an isolation-level change and a check-in less per call);
+        handler threads check one out per call, so they never hold more
+        than the pool has."""
+        held = self._held
+        held.holding, held.conn = True, None
+        try:
+            yield
+        finally:
+            conn, held.holding, held.conn = held.conn, False, None
+            if conn is not None:
+                conn.close()
 
     def _perform(self, step: Step) -> Any:
         if isinstance(step, StoreCall):
@@ -333,7 +373,8 @@ class Runner:
         pruner = _Pruner(self) if self.settings.retention is not None else None
         log.info("runner started: queues=%s concurrency=%d", ",".join(self.queues), self.settings.concurrency)
         try:
-            self._loop()
+            with self._holding_connection():
+                self._loop()
         finally:
             try:
                 drive(shutdown(self.core), self._perform)
@@ -476,6 +517,10 @@ class _Settler:
         self._thread.join(timeout=30)
 
     def _run(self) -> None:
+        with self.runner._holding_connection():
+            self._serve()
+
+    def _serve(self) -> None:
         while True:
             with self._cond:
                 while not self._pending and not self._stopped:
@@ -508,6 +553,10 @@ class _Pruner:
         self._thread.join(timeout=30)
 
     def _run(self) -> None:
+        with self.runner._holding_connection():
+            self._prune()
+
+    def _prune(self) -> None:
         runner = self.runner
         while not self._stop.wait(runner.core.until_retention()):
             try:
@@ -534,6 +583,10 @@ class _Heartbeat:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
+        with self.runner._holding_connection():
+            self._beat()
+
+    def _beat(self) -> None:
         runner = self.runner
         interval = runner.settings.heartbeat_s
         next_renewal = time.monotonic() + interval

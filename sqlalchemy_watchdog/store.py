@@ -1228,7 +1228,9 @@ def transact_as(
     lock, whether any job is queued at all.
     """
     if mode.autocommit:
-        return fn(conn.execution_options(isolation_level="AUTOCOMMIT"), *args, **kwargs)
+        if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        return fn(conn, *args, **kwargs)
     with conn.begin():
         lock_free_reads = reads_beside_writer(conn)
         if fn is claim and lock_free_reads and _nothing_to_claim(conn, kwargs):
