@@ -10,13 +10,14 @@ SQLAlchemy's own asyncio layer is built -- so both behave identically on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import queue
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
 
@@ -335,6 +336,8 @@ class AsyncRunner:
         )
         self.core = RunnerCore(self.settings, clock)
         self._autocommit = store.self_committing(engine.dialect.name)
+        #: The tasks that keep one connection across store calls, and theirs.
+        self._held: dict[asyncio.Task[Any], AsyncConnection | None] = {}
         self._settler: _AsyncSettler | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._threads = _DaemonThreads()
@@ -361,7 +364,40 @@ class AsyncRunner:
     # -- performing steps --------------------------------------------------------
 
     async def _store(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await run_store_as(self.engine, store.TxMode(autocommit=self._autocommit), fn, *args, **kwargs)
+        mode = store.TxMode(autocommit=self._autocommit)
+        task = asyncio.current_task()
+        if task not in self._held:
+            return await run_store_as(self.engine, mode, fn, *args, **kwargs)
+        backoff = store.Backoff()
+        while True:
+            conn = self._held[task]
+            try:
+                if conn is None or conn.closed or conn.invalidated:
+                    conn = self._held[task] = await self.engine.connect()
+                    if self._autocommit:
+                        await conn.execution_options(isolation_level="AUTOCOMMIT")
+                return await conn.run_sync(lambda sync: store.transact_as(sync, mode, fn, *args, **kwargs))
+            except DBAPIError as error:
+                # Whatever failed, the next attempt starts on a fresh connection.
+                self._held[task] = None
+                if conn is not None:
+                    await conn.close()
+                await asyncio.sleep(backoff.delay_after(error, fn.__name__))
+
+    @contextlib.asynccontextmanager
+    async def _holding_connection(self) -> AsyncIterator[None]:
+        """Within this block, the current task's store calls reuse one
+        connection (the loop, settler, heartbeat and pruner tasks); the
+        executions' own tasks check one out per call."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._held[task] = None
+        try:
+            yield
+        finally:
+            conn = self._held.pop(task, None)
+            if conn is not None:
+                await conn.close()
 
     async def _perform(self, step: Step) -> Any:
         if isinstance(step, StoreCall):
@@ -562,6 +598,10 @@ class AsyncRunner:
     # -- the loop --------------------------------------------------------------------
 
     async def _loop(self) -> None:
+        async with self._holding_connection():
+            await self._serve()
+
+    async def _serve(self) -> None:
         wake, stopping, _ = self._events()
         while not stopping.is_set():
             # Cleared before looking at the state, so a wake-up that arrives
@@ -579,6 +619,10 @@ class AsyncRunner:
     async def _prune_loop(self) -> None:
         """Prune settled jobs past the retention, beside the claiming loop (a
         task of its own: a batch never delays a claim)."""
+        async with self._holding_connection():
+            await self._prune_forever()
+
+    async def _prune_forever(self) -> None:
         while True:
             await asyncio.sleep(self.core.until_retention())
             try:
@@ -587,6 +631,10 @@ class AsyncRunner:
                 log.error("pruner: %s", redacted(error))
 
     async def _heartbeat_loop(self) -> None:
+        async with self._holding_connection():
+            await self._beat()
+
+    async def _beat(self) -> None:
         _, _, now = self._events()
         while True:
             await _wait(now, self.settings.heartbeat_s)
@@ -692,6 +740,10 @@ class _AsyncSettler:
 
     async def run(self) -> None:
         """Settle until cancelled; then settle whatever still waits one by one."""
+        async with self.runner._holding_connection():
+            await self._serve()
+
+    async def _serve(self) -> None:
         try:
             while True:
                 await self._ready.wait()
