@@ -72,6 +72,7 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -1012,7 +1013,14 @@ def cmd_dashboard(args: argparse.Namespace, out: TextIO) -> int:
     print(DASHBOARD_LOOPBACK_NOTE, file=out)
     out.flush()
     level = (args.log_level or "INFO").lower()
-    uvicorn.run(app, host=args.host, port=args.port, log_level=level, server_header=False)
+    # uvicorn shuts down on SIGINT / SIGTERM, then raises the signal again
+    # for the handler it found: a quiet one here, so that a stop exits 0.
+    quiet = {sig: signal.signal(sig, lambda signum, frame: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=level, server_header=False)
+    finally:
+        for sig, previous in quiet.items():
+            signal.signal(sig, previous)
     return 0
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar, cast
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup, escape
@@ -101,11 +101,20 @@ def _shown(value: object, pattern: re.Pattern[str]) -> Markup:
     for match in pattern.finditer(text):
         parts.append(escape(text[position : match.start()]))
         code = ord(match.group())
-        shown = f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-        parts.append(Markup('<span class="ctl" title="U+{:04X}">{}</span>').format(code, shown))
+        parts.append(Markup('<span class="ctl" title="U+{:04X}">{}</span>').format(code, _escape_code(code)))
         position = match.end()
     parts.append(escape(text[position:]))
     return Markup("").join(parts)
+
+
+def plain(value: object) -> str:
+    """Text for a title or an attribute: invisible characters as escapes, no markup."""
+    text = "" if value is None else str(value)
+    return _INVISIBLE.sub(lambda m: _escape_code(ord(m.group())), text)
+
+
+def _escape_code(code: int) -> str:
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def visible(value: object) -> Markup:
@@ -302,7 +311,15 @@ def create_app(
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(visible=visible, visible_text=visible_text, when=when, age=age, pretty_json=pretty_json)
+    env.filters.update(
+        hidden_value=hidden_value,
+        plain=plain,
+        visible=visible,
+        visible_text=visible_text,
+        when=when,
+        age=age,
+        pretty_json=pretty_json,
+    )
     settings = _Settings(
         client=_Client(engine),
         read_only=read_only,
@@ -589,10 +606,24 @@ _ACTION_FIELDS: dict[str, tuple[tuple[str, bool], ...]] = {
 }
 
 
+#: Hidden fields carry their value percent-encoded under this prefix, so that
+#: the page holds no control character of an id even inside an attribute.
+_ENCODED = "enc."
+
+
+def hidden_value(value: object) -> str:
+    """A hidden field's value as the page carries it (see :data:`_ENCODED`)."""
+    return quote(str(value), safe="")
+
+
 def _action_fields(action: str, form: Mapping[str, str]) -> dict[str, str]:
     fields: dict[str, str] = {}
     for name, required in _ACTION_FIELDS[action]:
-        value = form.get(name, "")
+        encoded = form.get(_ENCODED + name)
+        try:
+            value = unquote(encoded, errors="strict") if encoded is not None else form.get(name, "")
+        except UnicodeDecodeError:
+            raise InvalidJob(name, "is not percent-encoded UTF-8") from None
         if required and not value:
             raise InvalidJob(name, "is missing")
         fields[name] = value
