@@ -492,3 +492,15 @@ def test_dashboard_command_serves_on_loopback_and_says_so(tmp_path: Path) -> Non
     finally:
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=20) == 0
+
+
+def test_the_confirmation_page_posts_what_it_shows(engine: Engine, watchdog: Watchdog, dashboard: Dashboard) -> None:
+    """The confirmation page's own form (not a hand-made one) runs the action."""
+    watchdog.enqueue(Job("confirm-me", "cq"))
+    page = dashboard.post("cancel", job_id="confirm-me", cancellation_id="from-form").text
+    fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', page))
+    assert fields.pop("csrf_token") == dashboard.token
+    done = dashboard.client.post("/actions/cancel", data={"csrf_token": dashboard.token, **{
+        name: html.unescape(value) for name, value in fields.items()
+    }})
+    assert status_of(done.text) == "recorded" and watchdog.read("confirm-me").cancellation_id == "from-form"

@@ -524,7 +524,7 @@ class _Pages:
             return await self._error(request, 403, str(refused))
         except InvalidJob as error:
             return await self._error(request, 400, str(error))
-        if action in DESTRUCTIVE_ACTIONS and form.get("confirm") != "yes":
+        if action in DESTRUCTIVE_ACTIONS and "yes" not in (form.get("confirm"), form.get(_ENCODED + "confirm")):
             return await self._render(request, "confirm.html", {"action": action, "fields": fields})
         try:
             result = await self._run(action, fields)
