@@ -135,10 +135,12 @@ def when(value: datetime | None) -> str:
 
 
 def age(value: timedelta | None) -> str:
-    """A duration as ``2h 05m``, ``3m 07s`` or ``4.2s``."""
+    """A duration as ``2h 05m``, ``3m 07s``, ``4.2s`` or ``5 ms``."""
     if value is None:
         return "—"
     seconds = value.total_seconds()
+    if seconds < 1:
+        return f"{round(seconds * 1000)} ms"
     if seconds < 60:
         return f"{seconds:.1f}s"
     whole = int(seconds)
