@@ -73,7 +73,7 @@ def ensure_browser() -> None:
         install = subprocess.run([*apt, "install", "-y", *packages], env=env, stdout=subprocess.DEVNULL)
         if install.returncode == 0 and BROWSER.exists() and BROWSER_DRIVER.exists():
             return
-        why = f"apt-get install chromium chromium-driver failed (exit {install.returncode})"
+        why = f"apt-get install chromium chromium-driver exited {install.returncode} without them"
     print(
         f"WARNING: {BROWSER} / {BROWSER_DRIVER} missing ({why}): the dashboard's browser tests "
         "will be skipped (and fail under CI=true). Install Debian's chromium and chromium-driver.",
