@@ -404,8 +404,15 @@ class AsyncRunner:
     async def _run_handler(self, execution: Execution) -> Decision | None:
         job = execution.job
         fn = self.settings.handlers[job.queue]
+        # The attempt's trace context (a copy of this task's without one),
+        # current in the handler's task or thread.
+        context = execution.trace.context() if execution.trace is not None else None
+        loop = asyncio.get_running_loop()
         if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
-            task: asyncio.Future[Any] = asyncio.ensure_future(fn(job))
+            task: asyncio.Future[Any] = loop.create_task(fn(job), context=context)
+        elif context is not None:
+            task = self._threads.submit(context.run, fn, job)
+            execution.threaded = True
         else:
             task = self._threads.submit(fn, job)
             execution.threaded = True
@@ -427,7 +434,11 @@ class AsyncRunner:
                     break
                 # A plain callable returned a coroutine: run it as a task of its
                 # own, so a cancellation can reach it like any async handler.
-                task = asyncio.ensure_future(task.result())
+                awaitable = task.result()
+                if asyncio.iscoroutine(awaitable):
+                    task = loop.create_task(awaitable, context=context)
+                else:
+                    task = asyncio.ensure_future(awaitable)
                 execution.threaded = False
         finally:
             if timer is not None:

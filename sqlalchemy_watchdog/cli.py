@@ -292,6 +292,7 @@ def _show_dict(job: JobView) -> dict[str, Any]:
         settled_at=_iso(job.settled_at),
         rerun_of=job.rerun_of,
         reruns=list(job.reruns),
+        trace_context=None if job.trace_context is None else dict(job.trace_context),
     )
     return fields
 
@@ -329,6 +330,7 @@ def _print_show(job: JobView, out: TextIO) -> None:
         ("cancellation_id", job.cancellation_id),
         ("rerun_of", job.rerun_of),
         ("reruns", ", ".join(job.reruns) or None),
+        ("traceparent", None if job.trace_context is None else job.trace_context.get("traceparent")),
         ("payload", json.dumps(job.payload, ensure_ascii=False, sort_keys=True)),
     ]
     width = max(len(name) for name in [*(name for name, _ in lines), "failure_history", "failure_detail"])

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from . import store
+from . import store, telemetry
 from .errors import InvalidJob, WatchdogError, redacted
 from .jobs import (
     QUEUE_MAX_LENGTH,
@@ -57,7 +57,7 @@ from .jobs import (
     duration_ms,
     history_with,
 )
-from .store import Claim, RecoveryCause, RecoveryStatus, Settlement, SettleRequest
+from .store import Claim, Recovery, RecoveryCause, RecoveryStatus, Settlement, SettleRequest
 from .wakeups import listens
 
 if TYPE_CHECKING:
@@ -219,6 +219,11 @@ class RunningJob:
     snoozes: int = 0
     #: How long this attempt may run (None: no limit).
     timeout: timedelta | None = None
+    #: The W3C trace context the job was enqueued under (``traceparent``,
+    #: ``tracestate``, ...), None when none was recorded. With
+    #: :mod:`sqlalchemy_watchdog.otel` installed the handler already runs in
+    #: the attempt's span, which continues this trace.
+    trace_context: Mapping[str, str] | None = None
 
     @property
     def stop_requested(self) -> threading.Event:
@@ -507,6 +512,16 @@ class Execution:
     #: plain handler under the async driver): a stop only signals it, and
     #: its slot and claim stay held until the thread returns.
     threaded: bool = False
+    #: The instrumentation's view of this attempt (:mod:`.telemetry`), if any.
+    trace: telemetry.AttemptTrace | None = None
+
+    def traced(self, what: str, *args: Any) -> None:
+        """Tell the attempt's trace ``what`` happened (a no-op without one;
+        an instrumentation failure is logged, never raised)."""
+        trace = self.trace
+        if trace is not None:
+            with telemetry.guarded(what):
+                getattr(trace, what)(*args)
 
     @property
     def job_id(self) -> str:
@@ -756,6 +771,7 @@ class RunnerCore:
             max_attempts=max(job.attempt, policy.max_attempts if (policy := self.settings.policy_for(job)) else 1),
             snoozes=job.snoozes,
             timeout=self.settings.timeout_for(job),
+            trace_context=job.trace_context,
         )
         execution = Execution(claim, running, signal, claimed_at=asked_at, refused=refused)
         with self._lock:
@@ -804,6 +820,8 @@ class RunnerCore:
         execution.slot_held = False
         if execution.requeue_in is not None:
             self.expect_ready(execution.requeue_in)
+        execution.traced("end")
+        execution.trace = None
         execution.done.set()
 
     # -- the loop's timing
@@ -944,8 +962,12 @@ def claim_steps(core: RunnerCore, limit: int) -> Steps[tuple[list[Execution], tu
         store.claim,
         kwargs=dict(queues=core.settings.queues, limit=limit, lease_ms=core.settings.lease_ms),
     )
+    instrumentation = telemetry.active()
     for job in batch.cancelled:
         log.info("job %s cancelled before it ran", job.job_id)
+        if instrumentation is not None:
+            with telemetry.guarded("settled_unrun"):
+                instrumentation.settled_unrun(job)
     return [core.admit(claim, asked_at) for claim in batch.claimed], batch.cancelled
 
 
@@ -964,6 +986,7 @@ def stop(execution: Execution, reason: StopReason) -> Steps[None]:
             level = logging.WARNING
         fields = execution.job.log_fields
         log.log(level, "job %s: stopping its handler (%s)", execution.job_id, reason.value, extra=fields)
+        execution.traced("stop_requested", reason)
     yield Stop(execution, reason)
 
 
@@ -982,6 +1005,10 @@ def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | Tic
     """
     settings = core.settings
     job_id = execution.job_id
+    instrumentation = telemetry.active()
+    if instrumentation is not None:
+        with telemetry.guarded("attempt"):
+            execution.trace = instrumentation.attempt(execution)
     try:
         late = time.monotonic() - execution.claimed_at > settings.heartbeat_s
         if late and not execution.signal.event.is_set():
@@ -1004,11 +1031,17 @@ def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | Tic
             decision = yield RunHandler(execution)
         if decision is None:
             # Stopped by shutdown before it decided: hand it to recovery now.
-            return (yield from abandon(core, [execution]))
+            abandoned = yield from abandon(core, [execution])
+            execution.traced("concluded", abandoned)
+            return abandoned
     except WatchdogError as error:
         log.error("job %s: could not run or hand over its claim (%s); recovery will handle it", job_id, error)
-        return TickResult(TickStatus.REJECTED, None, job_id)
-    return settle_request(core, execution, decision)
+        rejected = TickResult(TickStatus.REJECTED, None, job_id)
+        execution.traced("concluded", rejected)
+        return rejected
+    request = settle_request(core, execution, decision)
+    execution.traced("decided", decision, request)
+    return request
 
 
 def settle_request(core: RunnerCore, execution: Execution, decision: Decision) -> SettleRequest:
@@ -1054,8 +1087,15 @@ def settle_request(core: RunnerCore, execution: Execution, decision: Decision) -
 
 
 def conclude(execution: Execution, settlement: Settlement | None) -> TickResult:
-    """What a settle attempt means for the execution (logged); None when the
-    database refused it (recovery then covers the job)."""
+    """What a settle attempt means for the execution (logged, and told to its
+    trace); ``settlement`` None when the database refused it (recovery then
+    covers the job)."""
+    result = _concluded(execution, settlement)
+    execution.traced("concluded", result)
+    return result
+
+
+def _concluded(execution: Execution, settlement: Settlement | None) -> TickResult:
     job_id = execution.job_id
     if settlement is None:
         return TickResult(TickStatus.REJECTED, None, job_id)
@@ -1140,7 +1180,9 @@ def abandon(core: RunnerCore, executions: Sequence[Execution]) -> Steps[TickResu
         store.release_and_recover, ([e.pair for e in executions], budgets), dict(cause=RecoveryCause.SHUTDOWN)
     )
     result = TickResult(TickStatus.REJECTED, None, executions[0].job_id if executions else None)
+    claimed = {e.job_id: e.claim.job for e in executions}
     for recovery in recoveries:
+        _trace_recovery(claimed[recovery.job_id], recovery, RecoveryCause.SHUTDOWN)
         log.warning(
             "shutdown: job %s was still running after the grace period: %s",
             recovery.job_id,
@@ -1191,6 +1233,7 @@ def recover(core: RunnerCore) -> Steps[TickResult | None]:
             continue
         if recovery.status is RecoveryStatus.LOST_RACE:
             continue
+        _trace_recovery(job, recovery, RecoveryCause.VANISHED)
         if recovery.status is RecoveryStatus.REQUEUED:
             log.warning(
                 "recovered job %s: requeued (recovery %d of %s)",
@@ -1207,6 +1250,13 @@ def recover(core: RunnerCore) -> Steps[TickResult | None]:
         )
         return TickResult(TickStatus.RECOVERED, recovery.job, job.job_id)
     return unknown
+
+
+def _trace_recovery(job: JobView, recovery: Recovery, cause: RecoveryCause) -> None:
+    instrumentation = telemetry.active()
+    if instrumentation is not None and recovery.status is not RecoveryStatus.LOST_RACE:
+        with telemetry.guarded("recovered"):
+            instrumentation.recovered(job, recovery, cause.value)
 
 
 def probe_failed(job: JobView, error: BaseException) -> Any:

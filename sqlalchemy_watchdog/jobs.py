@@ -58,6 +58,8 @@ __all__ = [
 ]
 
 JOB_ID_MAX_LENGTH = 256
+#: The longest stored trace context (JSON text of its propagation fields).
+TRACE_CONTEXT_MAX_LENGTH = 4096
 QUEUE_MAX_LENGTH = 256
 #: A 256-character identity plus a prefix such as ``team-key:`` still fits.
 LANE_MAX_LENGTH = 512
@@ -637,6 +639,9 @@ class JobView:
     rerun_of: str | None = None
     #: The reruns of this job, by job_id (filled by ``Watchdog.read`` only).
     reruns: tuple[str, ...] = ()
+    #: The W3C trace context it was enqueued under (``traceparent``, ...;
+    #: see :mod:`sqlalchemy_watchdog.otel`), None when none was recorded.
+    trace_context: Mapping[str, str] | None = None
 
     @property
     def cancellation_requested(self) -> bool:

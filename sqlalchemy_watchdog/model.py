@@ -43,6 +43,7 @@ from .jobs import (
     MAX_ATTEMPTS_LIMIT,
     PAUSE_REASON_MAX_LENGTH,
     QUEUE_MAX_LENGTH,
+    TRACE_CONTEXT_MAX_LENGTH,
     JobState,
     Outcome,
 )
@@ -137,6 +138,10 @@ class WatchdogJob(WatchdogBase):
     settled_at: Mapped[int | None] = mapped_column(BigInteger)
     #: The job_id this job reruns (Watchdog.rerun); part of its identity.
     rerun_of: Mapped[str | None] = mapped_column(Text)
+    # -- revision w0005: trace context
+    #: The W3C trace context (JSON object of propagation fields) the job was
+    #: enqueued under, continued by the runner; not part of its identity.
+    trace_context: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         CheckConstraint(f"length(job_id) BETWEEN 1 AND {JOB_ID_MAX_LENGTH}", name="job_id_length"),
@@ -164,6 +169,10 @@ class WatchdogJob(WatchdogBase):
         CheckConstraint("settled_at IS NULL OR state = 'settled'", name="settled_at_settled"),
         CheckConstraint(
             f"rerun_of IS NULL OR length(rerun_of) BETWEEN 1 AND {JOB_ID_MAX_LENGTH}", name="rerun_of_length"
+        ),
+        CheckConstraint(
+            f"trace_context IS NULL OR length(trace_context) BETWEEN 2 AND {TRACE_CONTEXT_MAX_LENGTH}",
+            name="trace_context_length",
         ),
         {"sqlite_autoincrement": True},
     )

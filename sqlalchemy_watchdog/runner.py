@@ -231,7 +231,10 @@ class Runner:
         if execution.deadline is not None:
             self._heartbeat_now.set()  # the heartbeat thread keeps the deadlines
         try:
-            return decision_of_result(self.settings.handlers[job.queue](job), job)
+            handler = self.settings.handlers[job.queue]
+            trace = execution.trace
+            result = handler(job) if trace is None else trace.context().run(handler, job)
+            return decision_of_result(result, job)
         except Exception as error:
             return decision_of_exception(execution, error)
         finally:

@@ -124,6 +124,7 @@ COLUMNS = (
     c.started_at,
     c.settled_at,
     c.rerun_of,
+    c.trace_context,
 )
 
 _DELAYED = JobState.DELAYED.value
@@ -227,8 +228,9 @@ IDENTITY_FIELDS: Fields = (
     ("timeout_ms", BigInteger()),
     ("rerun_of", Text()),
 )
-#: An enqueued row: its identity, then the enqueue's delay (not part of it).
-ENQUEUE_FIELDS: Fields = (*IDENTITY_FIELDS, ("delay_ms", BigInteger()))
+#: An enqueued row: its identity, then what is not part of it -- the
+#: enqueue's delay and the trace context it was enqueued under.
+ENQUEUE_FIELDS: Fields = (*IDENTITY_FIELDS, ("delay_ms", BigInteger()), ("trace_context", Text()))
 SETTLE_FIELDS: Fields = (
     ("job_id", Text()),
     ("claim_token", Text()),
@@ -307,12 +309,12 @@ def enqueue_rows(dialect: str) -> Insert:
     state = case((ready_at > clock, literal_column(f"'{_DELAYED}'")), else_=literal_column(f"'{_QUEUED}'"))
     # WHERE true: SQLite's parser needs it between INSERT ... SELECT and ON CONFLICT.
     rows = (
-        select(*(cols[name] for name in names), ready_at, state, clock)
+        select(*(cols[name] for name in names), ready_at, state, clock, cols["trace_context"])
         .select_from(source)
         .where(true())
         .order_by(order)
     )
-    ins = _insert(dialect).from_select([*names, "ready_at", "state", "enqueued_at"], rows)
+    ins = _insert(dialect).from_select([*names, "ready_at", "state", "enqueued_at", "trace_context"], rows)
     ex = ins.excluded
     identical = and_(
         c.queue_name == ex.queue_name,

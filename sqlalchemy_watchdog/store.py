@@ -28,6 +28,7 @@ from sqlalchemy import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from . import statements as sql
+from . import telemetry
 from .errors import EnqueueConflict, ErrorCode, InvalidJob, WatchdogError, redacted
 from .jobs import (
     CANCELLATION_ID_MAX_LENGTH,
@@ -158,6 +159,7 @@ def view(row: Row[Any]) -> JobView:
         started_at=from_epoch_ms(m["started_at"]),
         settled_at=from_epoch_ms(m["settled_at"]),
         rerun_of=m["rerun_of"],
+        trace_context=telemetry.decode_trace_context(m["trace_context"]),
     )
 
 
@@ -197,11 +199,35 @@ def enqueue(conn: Connection, jobs: Sequence[Job], *, delay: timedelta | None = 
         elif not _same(seen, job):
             raise EnqueueConflict(job.job_id)
     unique = list(firsts.values())
+    instrumentation = telemetry.active()
+    if instrumentation is None:
+        return _enqueue(conn, jobs, unique, delay_ms, None)
+    trace = telemetry.EnqueueTrace()
+    with telemetry.guarded("enqueue"):
+        trace = instrumentation.enqueue(unique)
+    try:
+        results = _enqueue(conn, jobs, unique, delay_ms, trace.trace_context)
+    except BaseException as error:
+        with telemetry.guarded("enqueue"):
+            trace.failed(error)
+            trace.end()
+        raise
+    with telemetry.guarded("enqueue"):
+        trace.admitted(results)
+        trace.end()
+    return results
+
+
+def _enqueue(
+    conn: Connection, jobs: Sequence[Job], unique: Sequence[Job], delay_ms: int | None, trace_context: str | None
+) -> list[EnqueueResult]:
     admitted: set[str] = set()
     for start in range(0, len(unique), ENQUEUE_CHUNK):
         chunk = unique[start : start + ENQUEUE_CHUNK]
         dialect = conn.dialect.name
-        params = sql.rows_params(dialect, "jobs", sql.ENQUEUE_FIELDS, [(*_values(job), delay_ms) for job in chunk])
+        params = sql.rows_params(
+            dialect, "jobs", sql.ENQUEUE_FIELDS, [(*_values(job), delay_ms, trace_context) for job in chunk]
+        )
         stmt = sql.enqueue_rows(dialect)
         # To name the offender of a failed batch the connection must still
         # answer afterwards: SQLite's and an autocommit connection's do; in a

@@ -80,14 +80,14 @@ def test_upgrade_creates_the_table_and_is_idempotent(empty_engine: Engine, cli: 
     assert not inspect(empty_engine).has_table("watchdog_jobs")
     status, out, _ = cli("upgrade")
     assert status == 0
-    assert "w0004_operations" in out
+    assert "w0005_trace_context" in out
     assert inspect(empty_engine).has_table("watchdog_jobs")
     status, out, _ = cli("--json", "upgrade")
     assert status == 0
-    assert json.loads(out)["heads"] == ["w0004_operations"]
+    assert json.loads(out)["heads"] == ["w0005_trace_context"]
     with empty_engine.connect() as conn:
         versions = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
-    assert versions == ["w0004_operations"]
+    assert versions == ["w0005_trace_context"]
     # The migrated table is the model: jobs go in and come out.
     add(empty_engine, Job("a", "q"))
     assert read(empty_engine, "a").state is JobState.QUEUED
@@ -130,6 +130,17 @@ def test_show(engine: Engine, cli: Cli) -> None:
     assert status == 0
     shown = json.loads(out)
     assert shown["priority"] == 3 and shown["payload"] == {"to": "ada@example.com"}
+
+
+def test_show_prints_the_trace_context_a_job_was_enqueued_under(engine: Engine, cli: Cli) -> None:
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    add(engine, Job("traced", "emails"))
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE watchdog_jobs SET trace_context = :c"), {"c": json.dumps({"traceparent": parent})})
+    status, out, _ = cli("show", "traced")
+    assert status == 0 and dict(line.split(None, 1) for line in out.splitlines())["traceparent"] == parent
+    status, out, _ = cli("--json", "show", "traced")
+    assert json.loads(out)["trace_context"] == {"traceparent": parent}
 
 
 def test_show_prints_a_failed_handlers_traceback(engine: Engine, cli: Cli) -> None:

@@ -5,6 +5,7 @@ that includes sqlalchemy_watchdog's revisions through ``version_locations``.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -77,7 +78,7 @@ def model_names() -> dict[str, set[str]]:
 
 
 #: The package's newest revision.
-HEAD = "w0004_operations"
+HEAD = "w0005_trace_context"
 
 
 def test_upgrade_head_creates_the_jobs_table(empty_engine: Engine) -> None:
@@ -503,6 +504,43 @@ def test_w0004_upgrades_and_downgrades_a_table_holding_jobs_in_every_state(empty
     waiting = watchdog.read("waiting")
     assert waiting is not None and (waiting.started_at, waiting.settled_at) == (None, None)
     assert watchdog.stats().queue("q").pause is None
+
+
+# -- w0005: trace context ------------------------------------------------------------
+
+
+def test_w0005_adds_and_drops_the_trace_context_keeping_every_row(empty_engine: Engine) -> None:
+    """Rows from before the upgrade have no trace context; a job enqueued
+    with one keeps it; the downgrade drops the column and its CHECK and
+    keeps every row, and the upgrade after it works again."""
+    from sqlalchemy_watchdog import store as watchdog_store
+
+    run(empty_engine, command.upgrade, "w0003_time_and_retries")
+    before = _w0003_jobs_in_every_state(empty_engine)
+    run(empty_engine, command.upgrade, "w0004_operations")
+    run(empty_engine, command.upgrade, "head")
+    assert differences(empty_engine, sqlalchemy_watchdog.metadata) == []
+    watchdog = Watchdog(empty_engine)
+    assert all(job.trace_context is None for job in watchdog.list_jobs())
+    carrier = '{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}'
+    with empty_engine.begin() as conn:
+        watchdog_store.enqueue(conn, [Job("traced", "q")])
+        conn.execute(text("UPDATE watchdog_jobs SET trace_context = :c WHERE job_id = 'traced'"), {"c": carrier})
+    traced = watchdog.read("traced")
+    assert traced is not None and traced.trace_context == json.loads(carrier)
+    with pytest.raises(IntegrityError), empty_engine.begin() as conn:
+        conn.execute(text("UPDATE watchdog_jobs SET trace_context = :c WHERE job_id = 'traced'"), {"c": "x" * 4097})
+
+    run(empty_engine, command.downgrade, "w0004_operations")
+    with empty_engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "w0004_operations"
+        assert "trace_context" not in {c["name"] for c in inspect(conn).get_columns("watchdog_jobs")}
+    assert _w0004_rows(empty_engine) == {**before, "traced": ("queued", None, 1)}
+
+    run(empty_engine, command.upgrade, "head")
+    assert differences(empty_engine, sqlalchemy_watchdog.metadata) == []
+    traced = watchdog.read("traced")
+    assert traced is not None and traced.trace_context is None
 
 
 # -- w0003: time and failure policy ----------------------------------------------------

@@ -307,6 +307,7 @@ CHECK_NAMES = {
     "ck_watchdog_jobs_timeout_positive",
     "ck_watchdog_jobs_settled_at_settled",
     "ck_watchdog_jobs_rerun_of_length",
+    "ck_watchdog_jobs_trace_context_length",
 }
 UNIQUE_NAMES = {"uq_watchdog_jobs_job_id", "uq_watchdog_jobs_cancellation_id"}
 INDEX_NAMES = {

@@ -41,6 +41,7 @@ from sqlalchemy_watchdog import (
     enqueue,
     enqueue_select,
     metadata,
+    otel,
     store,
 )
 from sqlalchemy_watchdog import execution as ex
@@ -518,6 +519,12 @@ REFUSED: dict[str, Entry] = {
     "Runner retention dict": Entry("retention", runner(retention={"completed": timedelta(0)})),
     "Runner retention timedelta": Entry("retention", runner(retention=timedelta(days=1))),
     "AsyncRunner retention dict": Entry("retention", async_runner(retention={"completed": timedelta(0)})),
+    # OpenTelemetry (extra [otel]): refused before anything is installed.
+    "instrument stats_engine URL": Entry("stats_engine", lambda e: otel.instrument(stats_engine=str(e.url))),
+    "instrument stats_engine connection": Entry("stats_engine", lambda e: otel.instrument(stats_engine=e.connect())),
+    "instrument stats_every zero": Entry("stats_every", lambda e: otel.instrument(stats_every=timedelta(0))),
+    "instrument stats_every negative": Entry("stats_every", lambda e: otel.instrument(stats_every=timedelta(-1))),
+    "instrument stats_every seconds": Entry("stats_every", lambda e: otel.instrument(stats_every=5)),
 }
 
 #: Entries expected to fail: {entry: reason}. Empty: every known bug is fixed.

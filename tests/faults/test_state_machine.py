@@ -81,6 +81,7 @@ from sqlalchemy_watchdog import (
     Watchdog,
     handler,
     store,
+    telemetry,
 )
 from sqlalchemy_watchdog import execution as ex
 from sqlalchemy_watchdog.execution import StopReason
@@ -238,6 +239,9 @@ class Row:
     started_at: int | None = None
     settled_at: int | None = None
     rerun_of: str | None = None
+    #: Revision w0005: the trace context of the enqueue call that admitted
+    #: it (never changed by a replay or any later transition).
+    trace_context: str | None = None
 
     def columns(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in ("order", "policy")}
@@ -279,7 +283,7 @@ class Model:
         )
         return stored == identity(job)
 
-    def admit(self, job: Job, now: int, delay_ms: int | None) -> None:
+    def admit(self, job: Job, now: int, delay_ms: int | None, trace_context: str | None = None) -> None:
         self.admitted += 1
         if job.run_at is not None:
             ready_at: int | None = (job.run_at - EPOCH) // ms(1)
@@ -304,6 +308,7 @@ class Model:
             policy=job.retry,
             enqueued_at=now,
             rerun_of=job.rerun_of,
+            trace_context=trace_context,
         )
 
     def live_claim(self, job_id: str, token: str, now: int) -> bool:
@@ -435,7 +440,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             if job.job_id in self.model.rows:
                 expected.append("duplicate")  # another delay changes nothing either
             else:
-                self.model.admit(job, self.db, None if delay is None else delay // ms(1))
+                self.model.admit(job, self.db, None if delay is None else delay // ms(1), TAGGING.last)
                 expected.append("queued")
         assert [r.status.value for r in results] == expected
 
@@ -951,7 +956,7 @@ class WatchdogMachine(RuleBasedStateMachine):
         result = self.watchdog.rerun(job_id, rerun_id=rerun_id)
         assert result.job_id == new_id
         if existing is None:
-            self.model.admit(copy, self.db, None)
+            self.model.admit(copy, self.db, None, TAGGING.last)
             assert result.status.value == "queued"
         else:
             assert result.status.value == "duplicate"
@@ -1169,9 +1174,34 @@ FAST = settings(
 THOROUGH = settings(FAST, max_examples=300, stateful_step_count=60)
 
 
+class _Tagging(telemetry.Instrumentation):
+    """Instrumentation giving each enqueue call its own trace context (every
+    third call none, as from an uninstrumented producer); ``last`` is the
+    context of the latest call, which the model expects on the jobs it admitted."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.last: str | None = None
+
+    def enqueue(self, jobs: Any) -> telemetry.EnqueueTrace:
+        self.calls += 1
+        trace = telemetry.EnqueueTrace()
+        if self.calls % 3:
+            trace.trace_context = f'{{"traceparent":"00-{self.calls:032x}-{self.calls:016x}-01"}}'
+        self.last = trace.trace_context
+        return trace
+
+
+TAGGING = _Tagging()
+
+
 def _run(engine: Engine, config: settings) -> None:
-    with _registered_handlers(), controlled_db_clock(engine.url, BASE) as (clocked, set_clock):
-        run_state_machine_as_test(lambda: WatchdogMachine(clocked, set_clock), settings=config)
+    telemetry.install(TAGGING)
+    try:
+        with _registered_handlers(), controlled_db_clock(engine.url, BASE) as (clocked, set_clock):
+            run_state_machine_as_test(lambda: WatchdogMachine(clocked, set_clock), settings=config)
+    finally:
+        telemetry.uninstall()
 
 
 def test_queue_matches_model(engine: Engine) -> None:
