@@ -3,7 +3,9 @@
 
     python3 dev.py example   # the orders example on SQLite (watchdog.db)
     python3 dev.py test      # ruff + mypy --strict, then the test suite
-                             # (extra arguments go to pytest)
+                             # (extra arguments go to pytest); installs Debian's
+                             # chromium + chromium-driver for the browser tests
+                             # when they are missing (as root or with sudo -n)
 
 Creates ./.venv on first use and (re)installs the package with its test
 extras whenever pyproject.toml changes.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -40,6 +43,45 @@ def ensure_env() -> None:
     STAMP.write_text(wanted)
 
 
+#: Debian's browser and its WebDriver, which the dashboard's browser tests
+#: (tests/test_web_browser.py) drive; nothing else is downloaded for them.
+BROWSER = Path("/usr/bin/chromium")
+BROWSER_DRIVER = Path("/usr/bin/chromedriver")
+
+
+def ensure_browser() -> None:
+    """Install Debian's chromium and chromium-driver with apt-get when missing
+    (as root, else through `sudo -n`); else warn: the browser tests then skip,
+    and fail under CI=true."""
+    if BROWSER.exists() and BROWSER_DRIVER.exists():
+        return
+    why = None
+    if shutil.which("apt-get") is None:
+        why = "no apt-get on this machine"
+    elif hasattr(os, "geteuid") and os.geteuid() == 0:
+        prefix: list[str] = []
+    elif shutil.which("sudo") and subprocess.run(["sudo", "-n", "true"], capture_output=True).returncode == 0:
+        prefix = ["sudo", "-n"]
+    else:
+        why = "not root and `sudo -n` is not allowed"
+    if why is None:
+        print("installing Debian's chromium and chromium-driver for the browser tests ...", flush=True)
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        apt = [*prefix, "apt-get", "-q", "-o", "Dpkg::Use-Pty=0"]
+        subprocess.run([*apt, "update"], env=env, stdout=subprocess.DEVNULL)
+        packages = ["chromium", "chromium-driver"]
+        install = subprocess.run([*apt, "install", "-y", *packages], env=env, stdout=subprocess.DEVNULL)
+        if install.returncode == 0 and BROWSER.exists() and BROWSER_DRIVER.exists():
+            return
+        why = f"apt-get install chromium chromium-driver exited {install.returncode} without them"
+    print(
+        f"WARNING: {BROWSER} / {BROWSER_DRIVER} missing ({why}): the dashboard's browser tests "
+        "will be skipped (and fail under CI=true). Install Debian's chromium and chromium-driver.",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("example", "test"):
         print(__doc__)
@@ -60,6 +102,7 @@ def main(argv: list[str]) -> int:
         if returncode != 0:
             print(f"{check[2]} failed (exit {returncode}); not running the tests", file=sys.stderr)
             return returncode
+    ensure_browser()
     cmd = [str(PYTHON), "-m", "pytest", *rest]
     return subprocess.run(cmd, cwd=ROOT).returncode
 

@@ -28,6 +28,7 @@ from .jobs import (
     Retention,
     RetryPolicy,
     Stats,
+    Throughput,
 )
 from .model import WatchdogJob, metadata
 from .runner import Runner
@@ -62,6 +63,7 @@ __all__ = [
     "TaggedJSON",
     "TickResult",
     "TickStatus",
+    "Throughput",
     "Watchdog",
     "WatchdogError",
     "WatchdogJob",

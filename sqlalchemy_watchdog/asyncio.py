@@ -71,6 +71,7 @@ from .jobs import (
     Retention,
     RetryPolicy,
     Stats,
+    Throughput,
     job_batch,
 )
 from .store import Settlement, SettleRequest
@@ -278,6 +279,11 @@ class AsyncWatchdog:
     async def rerun(self, job_id: str, *, rerun_id: str) -> EnqueueResult:
         """Rerun a settled job, as :meth:`Watchdog.rerun <sqlalchemy_watchdog.Watchdog.rerun>`."""
         return await self._run(store.rerun, job_id, rerun_id)
+
+    async def throughput(self) -> Throughput:
+        """Jobs settled per minute over the last hour, as :meth:`Watchdog.throughput
+        <sqlalchemy_watchdog.Watchdog.throughput>`."""
+        return await self._read(store.throughput)
 
 
 class AsyncRunner:

@@ -23,6 +23,8 @@
     rerun JOB_ID --rerun-id ID                enqueue a copy of a settled job
     run MODULE[:ATTR]                         serve the queues until SIGINT / SIGTERM
     schedules MODULE[:ATTR] [--count N]       the cron schedules a module defines, and their next slots
+    dashboard [--host H] [--port P] [--read-only]
+                                              serve the web dashboard (the ``web`` extra) on 127.0.0.1
 
 The global options ``--url``, ``--json`` and ``--log-level`` go before or
 after the command. The database is ``--url``, else the environment variable
@@ -65,10 +67,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import ipaddress
 import json
 import logging
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -959,6 +963,69 @@ def cmd_rerun(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+#: The hosts ``dashboard`` may bind to: it has no ``authorize``, so only this machine may reach it.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+#: What ``dashboard`` says about that, at start.
+DASHBOARD_LOOPBACK_NOTE = (
+    "no authorize function here: the dashboard binds to 127.0.0.1 only (loopback), so only this "
+    "machine can reach it; anyone on it may run its actions"
+)
+
+
+def _loopback_host(text: str) -> str:
+    """``--host`` of ``dashboard``: a loopback address, nothing else."""
+    try:
+        loopback = text == "localhost" or ipaddress.ip_address(text).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise argparse.ArgumentTypeError(
+            f"{text[:60]!r} is not a loopback address: without an authorize function the dashboard "
+            "binds to 127.0.0.1 only. To serve it to others, mount "
+            "sqlalchemy_watchdog.web.create_app(engine, authorize=...) in your own application"
+        )
+    return text
+
+
+def cmd_dashboard(args: argparse.Namespace, out: TextIO) -> int:
+    """Serve the web dashboard with uvicorn until SIGINT / SIGTERM.
+
+    The command has no ``authorize`` function (it cannot know who is who),
+    so it binds to a loopback address only (default 127.0.0.1) and says so:
+    whoever can reach the port may view and, unless ``--read-only``, run the
+    actions. To serve the dashboard to others, mount
+    ``sqlalchemy_watchdog.web.create_app(engine, authorize=...)`` in your own
+    ASGI application behind its authentication. Needs the ``web`` extra
+    (``pip install 'sqlalchemy-watchdog[web]'``).
+    """
+    try:
+        import uvicorn
+
+        from .web import create_app
+    except ImportError as error:
+        raise CommandFailed(
+            f"the dashboard needs the web extra (missing: {error.name}): pip install 'sqlalchemy-watchdog[web]'"
+        ) from None
+    engine: Engine = args.engine
+    _require_table(engine)
+    app = create_app(engine, read_only=args.read_only)
+    shown_host = f"[{args.host}]" if ":" in args.host else args.host
+    mode = " (read-only: no actions)" if args.read_only else ""
+    print(f"serving the dashboard of {_shown(engine.url)} at http://{shown_host}:{args.port}/{mode}", file=out)
+    print(DASHBOARD_LOOPBACK_NOTE, file=out)
+    out.flush()
+    level = (args.log_level or "INFO").lower()
+    # uvicorn shuts down on SIGINT / SIGTERM, then raises the signal again
+    # for the handler it found: a quiet one here, so that a stop exits 0.
+    quiet = {sig: signal.signal(sig, lambda signum, frame: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=level, server_header=False)
+    finally:
+        for sig, previous in quiet.items():
+            signal.signal(sig, previous)
+    return 0
+
+
 def _watchdog(args: argparse.Namespace) -> Watchdog:
     engine: Engine = args.engine
     _require_table(engine)
@@ -1064,7 +1131,7 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         "--log-level",
         default=default(None),
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="logging level (default: INFO for run, WARNING otherwise)",
+        help="logging level (default: INFO for run and dashboard, WARNING otherwise)",
     )
 
 
@@ -1331,11 +1398,25 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"next slots shown per schedule, 1-{SCHEDULE_COUNT_MAX} (default: 3)",
     )
     schedules.set_defaults(func=cmd_schedules, needs_engine=False, needs_url=False)
+
+    dashboard = commands.add_parser(
+        "dashboard",
+        help="serve the web dashboard on 127.0.0.1 (needs the web extra)",
+        description=cmd_dashboard.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    dashboard.add_argument(
+        "--host", type=_loopback_host, default="127.0.0.1",
+        help="a loopback address: 127.0.0.1 (default), ::1 or localhost; nothing else (no authorize here)",
+    )
+    dashboard.add_argument("--port", type=_int_between(1, 65535), default=8000, help="default: 8000")
+    dashboard.add_argument("--read-only", action="store_true", help="show no action and refuse every one")
+    dashboard.set_defaults(func=cmd_dashboard)
     return parser
 
 
 def _configure_logging(args: argparse.Namespace) -> None:
-    level = args.log_level or ("INFO" if args.command == "run" else "WARNING")
+    level = args.log_level or ("INFO" if args.command in ("run", "dashboard") else "WARNING")
     # A no-op when the host process (or a test runner) configured logging already.
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 

@@ -47,6 +47,8 @@ __all__ = [
     "QueuePause",
     "QueueStats",
     "Stats",
+    "Throughput",
+    "THROUGHPUT_MINUTES",
     "Retention",
     "CancelStatus",
     "CancelResult",
@@ -791,3 +793,37 @@ class LaneFailure:
     def settled(self) -> int:
         """How many jobs this call settled ``failed``."""
         return len(self.jobs)
+
+
+#: The minutes :meth:`Watchdog.throughput` counts (the last hour).
+THROUGHPUT_MINUTES = 60
+
+
+@dataclass(frozen=True, slots=True)
+class Throughput:
+    """Jobs settled per minute over the last hour, by queue and outcome
+    (:meth:`Watchdog.throughput`): what the dashboard's chart draws."""
+
+    #: The database clock when it was read; the last minute ends here.
+    at: datetime
+    #: ``{queue: {outcome: counts}}``, each ``counts`` a tuple of
+    #: :data:`THROUGHPUT_MINUTES` numbers, the oldest minute first; only the
+    #: queues and outcomes that settled anything in the hour.
+    queues: Mapping[str, Mapping[Outcome, tuple[int, ...]]]
+
+    @property
+    def start(self) -> datetime:
+        """When the first minute begins (an hour before :attr:`at`)."""
+        return self.at - timedelta(minutes=THROUGHPUT_MINUTES)
+
+    def per_minute(self, queue: str | None = None) -> dict[Outcome, tuple[int, ...]]:
+        """The counts of ``queue`` (None: every queue added up), by outcome."""
+        total: dict[Outcome, list[int]] = {}
+        for name, outcomes in self.queues.items():
+            if queue is not None and name != queue:
+                continue
+            for outcome, counts in outcomes.items():
+                sums = total.setdefault(outcome, [0] * THROUGHPUT_MINUTES)
+                for minute, count in enumerate(counts):
+                    sums[minute] += count
+        return {outcome: tuple(total[outcome]) for outcome in Outcome if outcome in total}

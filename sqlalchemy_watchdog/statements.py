@@ -879,3 +879,22 @@ def make_due(filtered: bool) -> Update:
     if filtered:
         stmt = stmt.where(c.queue_name.in_(_QUEUES))
     return stmt.values(ready_at=clock).returning(c.sequence)
+
+
+# -- the dashboard's chart ----------------------------------------------------------
+
+
+@cache
+def settled_per_minute() -> Select[Any]:
+    """Per queue, outcome and minute: jobs settled since ``:since`` (epoch
+    milliseconds), the minute counted from ``:since`` (0 is the oldest).
+    Like :func:`recent_outcomes`, one range of ``ix_watchdog_jobs_settled``
+    per outcome."""
+    since = _p("since", BigInteger())
+    minute = ((c.settled_at - since) // literal_column("60000", BigInteger())).label("minute")
+    every_outcome = c.outcome.in_([literal_column(f"'{o.value}'") for o in Outcome])
+    return (
+        select(c.queue_name, c.outcome, minute, func.count())
+        .where(IS_SETTLED, every_outcome, c.settled_at >= since)
+        .group_by(c.queue_name, c.outcome, minute)
+    )

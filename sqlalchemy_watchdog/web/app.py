@@ -1,0 +1,704 @@
+"""The dashboard application: routes, CSRF protection, authorization and rendering.
+
+Every read and every action goes through :class:`~sqlalchemy_watchdog.Watchdog`
+(a sync ``Engine``, called in Starlette's thread pool) or
+:class:`~sqlalchemy_watchdog.asyncio.AsyncWatchdog` (an ``AsyncEngine``): the
+dashboard adds no SQL of its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import inspect
+import json
+import re
+import secrets
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar, cast
+from urllib.parse import parse_qsl, quote, unquote, urlencode
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup, escape
+from sqlalchemy import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from ..asyncio import AsyncWatchdog
+from ..client import Watchdog
+from ..errors import InvalidJob, WatchdogError
+from ..jobs import (
+    CancelResult,
+    EnqueueResult,
+    JobState,
+    JobView,
+    LaneFailure,
+    Outcome,
+    PauseStatus,
+    Stats,
+    Throughput,
+)
+from . import chart
+
+__all__ = ["ACTIONS", "DESTRUCTIVE_ACTIONS", "VIEW", "Authorize", "create_app"]
+
+T = TypeVar("T")
+
+#: What ``authorize(request, action)`` is asked about: every action by name.
+ACTIONS = ("cancel", "fail_lane", "purge", "pause", "resume", "rerun")
+#: The actions that destroy or end something: each asks for confirmation first.
+DESTRUCTIVE_ACTIONS = frozenset({"cancel", "fail_lane", "purge"})
+#: What ``authorize(request, action)`` is asked before any page is shown.
+VIEW = "view"
+
+#: ``authorize(request, action) -> bool`` (or an awaitable of it): may this
+#: request see the dashboard (``action == "view"``) or run ``action``?
+Authorize = Callable[[Request, str], "bool | Awaitable[bool]"]
+
+_HERE = Path(__file__).resolve().parent
+_COOKIE = "watchdog_csrf"
+_FIELD = "csrf_token"
+#: The largest action form accepted, in bytes.
+_FORM_MAX_BYTES = 64 * 1024
+#: The page sizes the job list offers (``list_jobs`` takes up to 1,000).
+PAGE_SIZES = (25, 50, 100, 250, 1000)
+_DEFAULT_PAGE = 50
+#: ``fail_lane`` settles one batch per call; the dashboard calls it at most this often per click.
+_LANE_BATCHES_MAX = 100
+_SECURITY_HEADERS = {
+    "content-security-policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "x-content-type-options": "nosniff",
+    "x-frame-options": "DENY",
+    "referrer-policy": "same-origin",
+    "cache-control": "no-store",
+}
+
+# Characters that must not reach the page as themselves: C0/C1 controls,
+# zero-width and bidirectional controls (which could disguise a job id).
+_INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
+_INVISIBLE_BUT_LINES = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"
+)
+
+
+def _shown(value: object, pattern: re.Pattern[str]) -> Markup:
+    """``value`` as HTML-escaped text whose invisible characters are shown as
+    escapes (``\\x07``, ``\\u202e``) in a marked span."""
+    text = "" if value is None else str(value)
+    parts: list[Markup] = []
+    position = 0
+    for match in pattern.finditer(text):
+        parts.append(escape(text[position : match.start()]))
+        code = ord(match.group())
+        parts.append(Markup('<span class="ctl" title="U+{:04X}">{}</span>').format(code, _escape_code(code)))
+        position = match.end()
+    parts.append(escape(text[position:]))
+    return Markup("").join(parts)
+
+
+def plain(value: object) -> str:
+    """Text for a title or an attribute: invisible characters as escapes, no markup."""
+    text = "" if value is None else str(value)
+    return _INVISIBLE.sub(lambda m: _escape_code(ord(m.group())), text)
+
+
+def _escape_code(code: int) -> str:
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def visible(value: object) -> Markup:
+    """One-line text (an id, a lane): every control character shown as an escape."""
+    return _shown(value, _INVISIBLE)
+
+
+def visible_text(value: object) -> Markup:
+    """Multi-line text (a payload, a traceback): line breaks and tabs kept."""
+    return _shown(value, _INVISIBLE_BUT_LINES)
+
+
+def when(value: datetime | None) -> str:
+    """A database time as ``2026-01-31 12:00:00.123 UTC``."""
+    if value is None:
+        return "—"
+    return value.strftime("%Y-%m-%d %H:%M:%S.") + f"{value.microsecond // 1000:03d} UTC"
+
+
+def age(value: timedelta | None) -> str:
+    """A duration as ``2h 05m``, ``3m 07s``, ``4.2s`` or ``5 ms``."""
+    if value is None:
+        return "—"
+    seconds = value.total_seconds()
+    if seconds < 1:
+        return f"{round(seconds * 1000)} ms"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    days, whole = divmod(whole, 86400)
+    hours, whole = divmod(whole, 3600)
+    minutes, secs = divmod(whole, 60)
+    if days:
+        return f"{days}d {hours:02d}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    return f"{minutes}m {secs:02d}s"
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+# -- the library, sync or async ------------------------------------------------------
+
+
+class _Client:
+    """The library's operations as coroutines, over a sync or an async engine."""
+
+    def __init__(self, engine: Engine | AsyncEngine) -> None:
+        self._async: AsyncWatchdog | None = None
+        self._sync: Watchdog | None = None
+        if isinstance(engine, AsyncEngine):
+            self._async = AsyncWatchdog(engine)
+        elif isinstance(engine, Engine):
+            self._sync = Watchdog(engine)
+        else:
+            raise TypeError(f"create_app takes an Engine or an AsyncEngine, not {type(engine).__name__}")
+
+    async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if self._async is not None:
+            return await getattr(self._async, name)(*args, **kwargs)
+        return await run_in_threadpool(getattr(self._sync, name), *args, **kwargs)
+
+    async def stats(self) -> Stats:
+        return cast(Stats, await self._call("stats"))
+
+    async def throughput(self) -> Throughput:
+        return cast(Throughput, await self._call("throughput"))
+
+    async def read(self, job_id: str) -> JobView | None:
+        return cast("JobView | None", await self._call("read", job_id))
+
+    async def list_jobs(self, **filters: Any) -> list[JobView]:
+        return cast("list[JobView]", await self._call("list_jobs", **filters))
+
+    async def cancel(self, job_id: str, cancellation_id: str) -> CancelResult:
+        return cast(CancelResult, await self._call("cancel", job_id, cancellation_id))
+
+    async def fail_lane(self, lane: str, reason: str) -> LaneFailure:
+        return cast(LaneFailure, await self._call("fail_lane", lane, reason))
+
+    async def purge(self, queue: str) -> int:
+        return cast(int, await self._call("purge", queue))
+
+    async def pause(self, queue: str, reason: str | None) -> PauseStatus:
+        return cast(PauseStatus, await self._call("pause", queue, reason=reason))
+
+    async def resume(self, queue: str) -> PauseStatus:
+        return cast(PauseStatus, await self._call("resume", queue))
+
+    async def rerun(self, job_id: str, rerun_id: str) -> EnqueueResult:
+        return cast(EnqueueResult, await self._call("rerun", job_id, rerun_id=rerun_id))
+
+
+# -- CSRF: a signed per-session token, in a cookie and in every form -------------------
+
+
+class _Csrf:
+    """Double-submit tokens: the cookie holds ``token.signature``, each form
+    the token; a POST must carry both, matching, with a valid signature."""
+
+    def __init__(self, secret: bytes) -> None:
+        self._secret = secret
+
+    def _signature(self, token: str) -> str:
+        return hmac.new(self._secret, token.encode(), hashlib.sha256).hexdigest()
+
+    def cookie_value(self, token: str) -> str:
+        return f"{token}.{self._signature(token)}"
+
+    def token_of(self, cookie: str | None) -> str | None:
+        """The token of a cookie value whose signature holds, else None."""
+        if not cookie or cookie.count(".") != 1:
+            return None
+        token, signature = cookie.split(".")
+        if not token or not hmac.compare_digest(signature, self._signature(token)):
+            return None
+        return token
+
+    def accepts(self, cookie: str | None, submitted: str | None) -> bool:
+        token = self.token_of(cookie)
+        return token is not None and submitted is not None and hmac.compare_digest(token, submitted)
+
+
+# -- the application -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Settings:
+    client: _Client
+    read_only: bool
+    authorize: Authorize | None
+    base_path: str | None
+    csrf: _Csrf
+    refresh_seconds: float
+    title: str
+    env: Environment
+
+
+class _Refused(Exception):
+    """The request may not do this: a 403 page saying why."""
+
+
+def create_app(
+    engine: Engine | AsyncEngine,
+    *,
+    read_only: bool = False,
+    authorize: Authorize | None = None,
+    base_path: str | None = None,
+    secret: str | bytes | None = None,
+    refresh_seconds: float = 5.0,
+    title: str = "sqlalchemy-watchdog",
+) -> Starlette:
+    """The dashboard as an ASGI application (Starlette).
+
+    Mount it under any path of a Starlette or FastAPI app
+    (``app.mount("/watchdog", create_app(engine))``) or serve it alone
+    (``sqlalchemy-watchdog dashboard``).
+
+    :param engine: a sync ``Engine`` (its calls run in the thread pool) or an
+        ``AsyncEngine``, on a database holding the ``watchdog_jobs`` table.
+    :param read_only: hide every action and refuse every POST (403).
+    :param authorize: ``authorize(request, action) -> bool``, or a coroutine
+        function: asked with ``"view"`` before any page is shown and with the
+        action's name (:data:`ACTIONS`) before an action runs and to decide
+        which buttons a page shows; False gives 403. None allows everything
+        to anyone who reaches the application: put it behind your own
+        authentication, or bind it to 127.0.0.1 (what the CLI does).
+    :param base_path: the path the browser sees the dashboard under, for its
+        links (e.g. behind a proxy that strips a prefix); default: the ASGI
+        ``root_path``, which ``Mount`` sets.
+    :param secret: the key signing the CSRF cookie; default: a random key
+        per process (tokens of other processes are then refused: give one
+        secret to every process behind a load balancer).
+    :param refresh_seconds: how often the overview refreshes itself (0: never).
+    :param title: the page title.
+    """
+    if not isinstance(read_only, bool):
+        raise TypeError(f"read_only must be a bool, not {type(read_only).__name__}")
+    if authorize is not None and not callable(authorize):
+        raise TypeError(f"authorize must be callable, not {type(authorize).__name__}")
+    if base_path is not None:
+        if not isinstance(base_path, str) or (base_path and not base_path.startswith("/")):
+            raise ValueError(f"base_path must be a path starting with '/', got {base_path!r}")
+        base_path = base_path.rstrip("/")
+    if isinstance(secret, str):
+        secret = secret.encode()
+    if secret is not None and (not isinstance(secret, bytes) or len(secret) < 16):
+        raise ValueError("secret must be at least 16 bytes (or characters) long")
+    if isinstance(refresh_seconds, bool) or not isinstance(refresh_seconds, (int, float)) or refresh_seconds < 0:
+        raise ValueError(f"refresh_seconds must be a number >= 0, got {refresh_seconds!r}")
+    env = Environment(
+        loader=FileSystemLoader(_HERE / "templates"),
+        autoescape=select_autoescape(["html"], default_for_string=True, default=True),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(
+        hidden_value=hidden_value,
+        plain=plain,
+        visible=visible,
+        visible_text=visible_text,
+        when=when,
+        age=age,
+        pretty_json=pretty_json,
+    )
+    settings = _Settings(
+        client=_Client(engine),
+        read_only=read_only,
+        authorize=authorize,
+        base_path=base_path,
+        csrf=_Csrf(secret or secrets.token_bytes(32)),
+        refresh_seconds=float(refresh_seconds),
+        title=title,
+        env=env,
+    )
+    pages = _Pages(settings)
+    routes = [
+        Route("/", pages.overview, methods=["GET"], name="overview"),
+        Route("/overview.fragment", pages.overview_fragment, methods=["GET"], name="overview_fragment"),
+        Route("/jobs", pages.jobs, methods=["GET"], name="jobs"),
+        Route("/job", pages.job, methods=["GET"], name="job"),
+        Route("/lane", pages.lane, methods=["GET"], name="lane"),
+        Route("/actions/{action}", pages.action, methods=["POST"], name="action"),
+        Mount("/static", app=StaticFiles(directory=_HERE / "static"), name="static"),
+    ]
+    return Starlette(routes=routes)
+
+
+class _Pages:
+    def __init__(self, settings: _Settings) -> None:
+        self.s = settings
+
+    # -- rendering ---------------------------------------------------------------
+
+    def _prefix(self, request: Request) -> str:
+        if self.s.base_path is not None:
+            return self.s.base_path
+        return str(request.scope.get("root_path", "")).rstrip("/")
+
+    async def _allowed(self, request: Request) -> dict[str, bool]:
+        """Which actions this request may run (all False when read-only)."""
+        if self.s.read_only:
+            return dict.fromkeys(ACTIONS, False)
+        return {action: await self._authorized(request, action) for action in ACTIONS}
+
+    async def _authorized(self, request: Request, action: str) -> bool:
+        if self.s.authorize is None:
+            return True
+        verdict = self.s.authorize(request, action)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+        return verdict is True
+
+    def _token(self, request: Request) -> tuple[str, bool]:
+        """The session's CSRF token, and whether it is new (to be set as a cookie)."""
+        token = self.s.csrf.token_of(request.cookies.get(_COOKIE))
+        if token is not None:
+            return token, False
+        return secrets.token_urlsafe(32), True
+
+    async def _render(
+        self, request: Request, template: str, context: Mapping[str, Any], status: int = 200
+    ) -> Response:
+        prefix = self._prefix(request)
+        token, new = self._token(request)
+
+        def href(path: str, /, **params: Any) -> str:
+            query = urlencode({k: v for k, v in params.items() if v is not None and v != ""})
+            return f"{prefix}{path}" + (f"?{query}" if query else "")
+
+        page = self.s.env.get_template(template).render(
+            {
+                "title": self.s.title,
+                "read_only": self.s.read_only,
+                "allowed": await self._allowed(request),
+                "destructive": DESTRUCTIVE_ACTIONS,
+                "csrf_field": _FIELD,
+                "csrf_token": token,
+                "href": href,
+                "static": lambda name: f"{prefix}/static/{name}",
+                "refresh_seconds": self.s.refresh_seconds,
+                "new_id": lambda: f"dashboard-{secrets.token_hex(6)}",
+                "states": [state.value for state in JobState],
+                "outcomes": [outcome.value for outcome in Outcome],
+                **context,
+            }
+        )
+        response = HTMLResponse(page, status_code=status, headers=_SECURITY_HEADERS)
+        if new:
+            response.set_cookie(
+                _COOKIE,
+                self.s.csrf.cookie_value(token),
+                path=prefix or "/",
+                httponly=True,
+                samesite="strict",
+                secure=request.url.scheme == "https",
+            )
+        return response
+
+    async def _guarded(
+        self, request: Request, template: str, build: Callable[[], Awaitable[Mapping[str, Any]]]
+    ) -> Response:
+        """Check ``view``, build the page's context, render; errors as pages."""
+        if not await self._authorized(request, VIEW):
+            return await self._error(request, 403, "You may not view this dashboard.")
+        try:
+            context = await build()
+        except _NotFound as missing:
+            return await self._error(request, 404, str(missing))
+        except InvalidJob as error:
+            return await self._error(request, 400, str(error))
+        except WatchdogError as error:
+            return await self._error(request, 503, f"The database could not answer: {error}")
+        return await self._render(request, template, context)
+
+    async def _error(self, request: Request, status: int, message: str) -> Response:
+        return await self._render(request, "error.html", {"status": status, "message": message}, status)
+
+    # -- pages -------------------------------------------------------------------------
+
+    async def _overview_context(self) -> dict[str, Any]:
+        stats = await self.s.client.stats()
+        throughput = await self.s.client.throughput()
+        return {
+            "stats": stats,
+            "chart": chart.render(throughput),
+            "paused": [queue for queue in stats.queues if queue.paused],
+        }
+
+    async def overview(self, request: Request) -> Response:
+        return await self._guarded(request, "overview.html", self._overview_context)
+
+    async def overview_fragment(self, request: Request) -> Response:
+        return await self._guarded(request, "_overview.html", self._overview_context)
+
+    async def jobs(self, request: Request) -> Response:
+        query = request.query_params
+
+        async def build() -> dict[str, Any]:
+            filters = _filters(query)
+            limit = _page_size(query.get("limit"))
+            after = _after(query.get("after"))
+            jobs = await self.s.client.list_jobs(**filters, limit=limit, after_sequence=after)
+            return {
+                "filters": filters,
+                "jobs": jobs,
+                "limit": limit,
+                "after": after,
+                "page_sizes": PAGE_SIZES,
+                "next_after": jobs[-1].sequence if len(jobs) == limit else None,
+            }
+
+        return await self._guarded(request, "jobs.html", build)
+
+    async def job(self, request: Request) -> Response:
+        job_id = request.query_params.get("job_id", "")
+
+        async def build() -> dict[str, Any]:
+            if not job_id:
+                raise InvalidJob("job_id", "is missing")
+            job = await self.s.client.read(job_id)
+            if job is None:
+                raise _NotFound(f"There is no job {job_id!r} (it may have been pruned or purged).")
+            return {"job": job, "timeline": _timeline(job)}
+
+        return await self._guarded(request, "job.html", build)
+
+    async def lane(self, request: Request) -> Response:
+        query = request.query_params
+        lane = query.get("lane", "")
+
+        async def build() -> dict[str, Any]:
+            if not lane:
+                raise InvalidJob("lane", "is missing")
+            limit = _page_size(query.get("limit"))
+            after = _after(query.get("after"))
+            jobs = await self.s.client.list_jobs(lane=lane, limit=limit, after_sequence=after)
+            return {
+                "lane": lane,
+                "jobs": jobs,
+                "limit": limit,
+                "after": after,
+                "next_after": jobs[-1].sequence if len(jobs) == limit else None,
+            }
+
+        return await self._guarded(request, "lane.html", build)
+
+    # -- actions -------------------------------------------------------------------------
+
+    async def action(self, request: Request) -> Response:
+        action = str(request.path_params["action"]).replace("-", "_")
+        if action not in ACTIONS:
+            return await self._error(request, 404, f"There is no action {action!r}.")
+        try:
+            if self.s.read_only:
+                raise _Refused("This dashboard is read-only: it runs no action.")
+            form = await _form(request)
+            if not self.s.csrf.accepts(request.cookies.get(_COOKIE), form.get(_FIELD)):
+                raise _Refused(
+                    "The form's security token is missing or does not match this browser session "
+                    "(was the page open for long, or sent from elsewhere?). Reload the page and try again."
+                )
+            if not await self._authorized(request, action):
+                raise _Refused(f"You may not {action.replace('_', ' ')} here.")
+            fields = _action_fields(action, form)
+        except _Refused as refused:
+            return await self._error(request, 403, str(refused))
+        except InvalidJob as error:
+            return await self._error(request, 400, str(error))
+        if action in DESTRUCTIVE_ACTIONS and "yes" not in (form.get("confirm"), form.get(_ENCODED + "confirm")):
+            return await self._render(request, "confirm.html", {"action": action, "fields": fields})
+        try:
+            result = await self._run(action, fields)
+        except InvalidJob as error:
+            result = _Result(action, fields, "refused", str(error), 409)
+        except WatchdogError as error:
+            return await self._error(request, 503, f"The database could not answer: {error}")
+        return await self._render(request, "result.html", {"result": result}, result.http_status)
+
+    async def _run(self, action: str, fields: dict[str, str]) -> _Result:
+        client = self.s.client
+        if action == "cancel":
+            cancelled = await client.cancel(fields["job_id"], fields["cancellation_id"])
+            return _Result(action, fields, cancelled.status.value, _CANCEL_TEXT[cancelled.status.value])
+        if action == "fail_lane":
+            settled = 0
+            for _ in range(_LANE_BATCHES_MAX):
+                failure = await client.fail_lane(fields["lane"], fields["reason"])
+                settled += failure.settled
+                if not failure.more:
+                    break
+            more = " More live jobs remain: run it again." if failure.more else ""
+            return _Result(action, fields, f"settled {settled}", f"{settled} live job(s) settled failed.{more}")
+        if action == "purge":
+            deleted = await client.purge(fields["queue"])
+            return _Result(action, fields, f"deleted {deleted}", f"{deleted} queued or delayed job(s) deleted.")
+        if action == "pause":
+            paused = await client.pause(fields["queue"], fields.get("reason") or None)
+            return _Result(action, fields, paused.value, _PAUSE_TEXT[paused.value])
+        if action == "resume":
+            resumed = await client.resume(fields["queue"])
+            return _Result(action, fields, resumed.value, _PAUSE_TEXT[resumed.value])
+        rerun = await client.rerun(fields["job_id"], fields["rerun_id"])
+        fields = {**fields, "new_job_id": rerun.job_id}
+        return _Result(action, fields, rerun.status.value, _RERUN_TEXT[rerun.status.value])
+
+
+class _NotFound(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class _Result:
+    """What an action did, in the library's words (``status``)."""
+
+    action: str
+    fields: dict[str, str]
+    status: str
+    text: str
+    http_status: int = 200
+
+
+_CANCEL_TEXT = {
+    "recorded": "The cancellation is recorded: a queued job settles cancelled when next claimed, "
+    "a running job's handler is told to stop.",
+    "replayed": "This cancellation was recorded already (a repeated request): nothing changed.",
+    "conflict": "Not recorded: the job has settled, or already has another cancellation.",
+    "missing": "There is no such job.",
+}
+_PAUSE_TEXT = {
+    "paused": "The queue is paused: no runner claims its jobs until it is resumed.",
+    "already_paused": "The queue was paused already (its first reason stays).",
+    "resumed": "The queue is resumed: runners claim its jobs again.",
+    "not_paused": "The queue was not paused.",
+}
+_RERUN_TEXT = {
+    "queued": "A copy of the job is queued as a new job.",
+    "duplicate": "This rerun exists already (a repeated request): nothing changed.",
+}
+
+#: The fields of each action's form: (name, required).
+_ACTION_FIELDS: dict[str, tuple[tuple[str, bool], ...]] = {
+    "cancel": (("job_id", True), ("cancellation_id", True)),
+    "fail_lane": (("lane", True), ("reason", True)),
+    "purge": (("queue", True),),
+    "pause": (("queue", True), ("reason", False)),
+    "resume": (("queue", True),),
+    "rerun": (("job_id", True), ("rerun_id", True)),
+}
+
+
+#: Hidden fields carry their value percent-encoded under this prefix, so that
+#: the page holds no control character of an id even inside an attribute.
+_ENCODED = "enc."
+
+
+def hidden_value(value: object) -> str:
+    """A hidden field's value as the page carries it (see :data:`_ENCODED`)."""
+    return quote(str(value), safe="")
+
+
+def _action_fields(action: str, form: Mapping[str, str]) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for name, required in _ACTION_FIELDS[action]:
+        encoded = form.get(_ENCODED + name)
+        try:
+            value = unquote(encoded, errors="strict") if encoded is not None else form.get(name, "")
+        except UnicodeDecodeError:
+            raise InvalidJob(name, "is not percent-encoded UTF-8") from None
+        if required and not value:
+            raise InvalidJob(name, "is missing")
+        fields[name] = value
+    return fields
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """The URL-encoded form of a POST (first value of each field)."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != "application/x-www-form-urlencoded":
+        raise _Refused("Actions take a form (application/x-www-form-urlencoded).")
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > _FORM_MAX_BYTES:
+            raise InvalidJob("form", f"must be at most {_FORM_MAX_BYTES} bytes")
+    try:
+        pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False, max_num_fields=32)
+    except (UnicodeDecodeError, ValueError) as error:
+        raise InvalidJob("form", f"cannot be read: {error}") from None
+    form: dict[str, str] = {}
+    for name, value in pairs:
+        form.setdefault(name, value)
+    return form
+
+
+def _filters(query: Mapping[str, str]) -> dict[str, str]:
+    """The job list's filters given in the query (empty ones left out)."""
+    names = {"queue": "queue", "state": "state", "outcome": "outcome", "lane": "lane", "prefix": "job_id_prefix"}
+    return {target: query[name] for name, target in names.items() if query.get(name)}
+
+
+def _page_size(text: str | None) -> int:
+    if not text:
+        return _DEFAULT_PAGE
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidJob("limit", f"must be one of {list(PAGE_SIZES)}, got {text[:20]!r}") from None
+    if value not in PAGE_SIZES:
+        raise InvalidJob("limit", f"must be one of {list(PAGE_SIZES)}, got {value}")
+    return value
+
+
+def _after(text: str | None) -> int:
+    if not text:
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidJob("after", f"must be a sequence number, got {text[:20]!r}") from None
+    if not 0 <= value < 2**63:
+        raise InvalidJob("after", f"must be from 0 to {2**63 - 1}, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class _Event:
+    at: datetime
+    what: str
+    detail: str | None = None
+
+
+def _timeline(job: JobView) -> Sequence[_Event]:
+    """The job's recorded times, oldest first."""
+    events = [
+        _Event(job.enqueued_at, "enqueued") if job.enqueued_at else None,
+        _Event(job.run_at, "requested start (run_at)") if job.run_at else None,
+        _Event(job.ready_at, "ready") if job.ready_at and job.ready_at != job.run_at else None,
+        _Event(job.started_at, f"attempt {job.attempt} started") if job.started_at else None,
+        *(_Event(f.at, f"attempt {f.attempt} failed", f.reason) for f in job.failure_history),
+        _Event(job.settled_at, f"settled {job.outcome.value if job.outcome else ''}", job.failure_reason)
+        if job.settled_at
+        else None,
+    ]
+    return sorted((event for event in events if event is not None), key=lambda event: event.at)

@@ -1,0 +1,506 @@
+"""The web dashboard (``sqlalchemy_watchdog.web``) through Starlette's TestClient,
+on SQLite and PostgreSQL: pages, each action's result in the library's words,
+CSRF, ``read_only``, ``authorize``, escaping, mounting, the sync and async
+engines, the ``throughput()`` read behind the chart, and the ``dashboard``
+command. The real-browser tests are in ``test_web_browser.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.routing import Mount
+from starlette.testclient import TestClient
+
+from sqlalchemy_watchdog import (
+    Decision,
+    Job,
+    JobState,
+    Outcome,
+    Runner,
+    Watchdog,
+)
+from sqlalchemy_watchdog.asyncio import AsyncWatchdog
+from sqlalchemy_watchdog.cli import main
+from sqlalchemy_watchdog.jobs import THROUGHPUT_MINUTES
+from sqlalchemy_watchdog.web import ACTIONS, create_app
+from tests.conftest import make_async_engine
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Untrusted text: markup that would run if it reached the page unescaped.
+SCRIPT = "<script>window.__xss=1</script>"
+IMG = "<img src=x onerror=window.__xss=2>"
+CONTROL = "\x07bell\x1b[31m\u202egpj.exe"
+
+
+def token_of(page: str) -> str:
+    match = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert match is not None, "the page has no action form"
+    return match.group(1)
+
+
+def status_of(page: str) -> str:
+    match = re.search(r'id="result-status" data-status="([^"]+)"', page)
+    assert match is not None, f"no result on the page: {page[:2000]}"
+    return html.unescape(match.group(1))
+
+
+class Dashboard:
+    """A TestClient on the dashboard, with its CSRF token at hand."""
+
+    def __init__(self, client: TestClient, prefix: str = "") -> None:
+        self.client = client
+        self.prefix = prefix
+        page = client.get(prefix + "/")
+        assert page.status_code == 200, page.text
+        self.token = token_of(page.text) if "csrf_token" in page.text else ""
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self.client.get(self.prefix + path, params=params)
+
+    def post(self, action: str, *, token: str | None = None, **fields: str) -> Any:
+        data = {"csrf_token": self.token if token is None else token, **fields}
+        return self.client.post(f"{self.prefix}/actions/{action}", data=data)
+
+
+@pytest.fixture
+def watchdog(engine: Engine) -> Watchdog:
+    return Watchdog(engine)
+
+
+@pytest.fixture
+def dashboard(engine: Engine, watchdog: Watchdog) -> Iterator[Dashboard]:
+    # A queue with something to show, so the overview has action forms.
+    watchdog.enqueue(Job("seed", "seed-queue"))
+    with TestClient(create_app(engine)) as client:
+        yield Dashboard(client)
+
+
+def settle(engine: Engine, handlers: dict[str, Any]) -> None:
+    Runner(engine, handlers).run_until_idle()
+
+
+# -- pages ---------------------------------------------------------------------------
+
+
+def test_pages_show_queues_jobs_and_a_job(engine: Engine, watchdog: Watchdog, dashboard: Dashboard) -> None:
+    watchdog.enqueue(
+        [Job(f"order-{n}", "emails", lane=f"customer:{n % 2}", payload={"order_id": n}) for n in range(6)]
+        + [Job("report-1", "reports")]
+    )
+    settle(engine, {"emails": lambda job: Decision.failed("smtp down", retry=False) if job.payload["order_id"] < 2 else None})
+    watchdog.pause("reports", reason="month end")
+
+    overview = dashboard.get("/")
+    assert overview.status_code == 200
+    assert overview.headers["content-security-policy"].startswith("default-src 'none'; script-src 'self'")
+    page = overview.text
+    assert "4 completed" in page and "2 failed" in page  # settled in the last hour, by outcome
+    assert "month end" in page and 'class="badge paused"' in page
+    assert "<svg" in page and "Jobs settled per minute over the last hour: 4 completed, 2 failed" in page
+    assert dashboard.get("/overview.fragment").text.count("<table") == 1  # the swappable part alone
+
+    listed = dashboard.get("/jobs", queue="emails", outcome="failed").text
+    assert "order-0" in listed and "order-1" in listed and "order-2" not in listed
+    assert dashboard.get("/jobs", prefix="order-5").text.count('href="/job?job_id=') == 1
+    lane = dashboard.get("/lane", lane="customer:1").text
+    assert "order-1" in lane and "order-3" in lane and "order-2" not in lane
+
+    job = dashboard.get("/job", job_id="order-0").text
+    assert "smtp down" in job and "attempt 1 failed" in job and "enqueued" in job
+    assert "&#34;order_id&#34;: 0" in job  # the payload, pretty-printed JSON
+    assert dashboard.get("/job", job_id="nope").status_code == 404
+
+
+def test_job_list_pages_by_sequence(engine: Engine, watchdog: Watchdog, dashboard: Dashboard) -> None:
+    watchdog.enqueue([Job(f"bulk-{n:03d}", "bulk") for n in range(60)])
+    first = dashboard.get("/jobs", queue="bulk", limit="25").text
+    ids = re.findall(r"bulk-\d{3}", first)
+    assert ids[0] == "bulk-000" and len(set(ids)) == 25
+    after = re.search(r'rel="next" href="[^"]*after=(\d+)', first)
+    assert after is not None
+    second = dashboard.get("/jobs", queue="bulk", limit="25", after=after.group(1)).text
+    assert sorted(set(re.findall(r"bulk-\d{3}", second)))[0] == "bulk-025"
+    last = dashboard.get("/jobs", queue="bulk", limit="50", after=after.group(1)).text
+    assert len(set(re.findall(r"bulk-\d{3}", last))) == 35 and 'rel="next"' not in last
+
+
+@pytest.mark.parametrize(
+    ("query", "status", "names"),
+    [
+        ({"state": "bogus"}, 400, "state"),
+        ({"outcome": "won"}, 400, "outcome"),
+        ({"limit": "7"}, 400, "limit"),
+        ({"after": "x"}, 400, "after"),
+    ],
+)
+def test_bad_filters_are_refused_naming_the_field(
+    dashboard: Dashboard, query: dict[str, str], status: int, names: str
+) -> None:
+    response = dashboard.get("/jobs", **query)
+    assert response.status_code == status
+    assert f"{names}" in response.text
+
+
+def test_missing_subjects(dashboard: Dashboard) -> None:
+    assert dashboard.get("/job").status_code == 400
+    assert dashboard.get("/lane").status_code == 400
+    assert dashboard.post("explode").status_code == 404
+
+
+# -- actions ----------------------------------------------------------------------------
+
+
+def test_cancel_confirms_first_then_reports_the_library_result(
+    engine: Engine, watchdog: Watchdog, dashboard: Dashboard
+) -> None:
+    watchdog.enqueue([Job("a", "q"), Job("b", "q")])
+    asking = dashboard.post("cancel", job_id="a", cancellation_id="web-1")
+    assert asking.status_code == 200 and "Yes, cancel" in asking.text
+    assert watchdog.read("a").cancellation_id is None  # nothing done before the confirmation
+    assert token_of(asking.text) == dashboard.token
+
+    assert status_of(dashboard.post("cancel", job_id="a", cancellation_id="web-1", confirm="yes").text) == "recorded"
+    assert watchdog.read("a").cancellation_id == "web-1"
+    # A double click sends the same form again: one cancellation.
+    assert status_of(dashboard.post("cancel", job_id="a", cancellation_id="web-1", confirm="yes").text) == "replayed"
+    assert status_of(dashboard.post("cancel", job_id="a", cancellation_id="web-2", confirm="yes").text) == "conflict"
+    assert status_of(dashboard.post("cancel", job_id="zz", cancellation_id="web-3", confirm="yes").text) == "missing"
+    settle(engine, {"q": lambda job: None})
+    assert watchdog.read("a").outcome is Outcome.CANCELLED
+    assert watchdog.read("b").outcome is Outcome.COMPLETED
+
+
+def test_pause_resume_purge_fail_lane_rerun(engine: Engine, watchdog: Watchdog, dashboard: Dashboard) -> None:
+    watchdog.enqueue([Job(f"p{n}", "pq") for n in range(3)] + [Job(f"l{n}", "lq", lane="bad-lane") for n in range(2)])
+
+    assert status_of(dashboard.post("pause", queue="pq", reason="maintenance").text) == "paused"
+    assert status_of(dashboard.post("pause", queue="pq").text) == "already_paused"
+    assert watchdog.stats().queue("pq").pause.reason == "maintenance"
+    assert Runner(engine, {"pq": lambda job: None}).run_until_idle() == []  # paused: nothing claimed
+    assert status_of(dashboard.post("resume", queue="pq").text) == "resumed"
+    assert status_of(dashboard.post("resume", queue="pq").text) == "not_paused"
+
+    assert "Yes, purge" in dashboard.post("purge", queue="pq").text
+    assert watchdog.stats().queue("pq").queued == 3
+    assert status_of(dashboard.post("purge", queue="pq", confirm="yes").text) == "deleted 3"
+    assert status_of(dashboard.post("purge", queue="pq", confirm="yes").text) == "deleted 0"
+
+    assert "Yes, fail lane" in dashboard.post("fail-lane", lane="bad-lane", reason="vendor gone").text
+    assert watchdog.read("l0").state is JobState.QUEUED
+    done = dashboard.post("fail-lane", lane="bad-lane", reason="vendor gone", confirm="yes")
+    assert status_of(done.text) == "settled 2"
+    assert watchdog.read("l1").outcome is Outcome.FAILED and watchdog.read("l1").failure_reason == "vendor gone"
+
+    rerun = dashboard.post("rerun", job_id="l0", rerun_id="ticket-7")
+    assert status_of(rerun.text) == "queued" and "l0~rerun~ticket-7" in rerun.text
+    assert status_of(dashboard.post("rerun", job_id="l0", rerun_id="ticket-7").text) == "duplicate"
+    assert watchdog.read("l0").reruns == ("l0~rerun~ticket-7",)
+    refused = dashboard.post("rerun", job_id="l0~rerun~ticket-7", rerun_id="again")
+    assert refused.status_code == 409 and status_of(refused.text) == "refused"
+    assert "only a settled job can be rerun" in html.unescape(refused.text)
+
+
+def test_an_action_without_its_fields_is_a_bad_request(watchdog: Watchdog, dashboard: Dashboard) -> None:
+    response = dashboard.post("cancel", job_id="seed")
+    assert response.status_code == 400 and "cancellation_id" in response.text
+    assert watchdog.read("seed").cancellation_id is None
+
+
+# -- CSRF, read_only, authorize ----------------------------------------------------------------
+
+
+def test_csrf_token_is_required_and_must_match_the_cookie(engine: Engine, watchdog: Watchdog) -> None:
+    watchdog.enqueue(Job("victim", "q"))
+    app = create_app(engine, secret="s" * 32)
+    with TestClient(app) as client:
+        dashboard = Dashboard(client)
+        fields = {"job_id": "victim", "cancellation_id": "csrf", "confirm": "yes"}
+        assert dashboard.post("cancel", token="", **fields).status_code == 403
+        assert dashboard.post("cancel", token=dashboard.token[:-1] + "x", **fields).status_code == 403
+        # A request from another site carries no cookie (SameSite=Strict) but may know a token.
+        with TestClient(app) as stranger:
+            refused = stranger.post("/actions/cancel", data={"csrf_token": dashboard.token, **fields})
+            assert refused.status_code == 403 and "security token" in refused.text
+        # A forged cookie needs the secret.
+        with TestClient(app, cookies={"watchdog_csrf": "forged.0000"}) as forger:
+            assert forger.post("/actions/cancel", data={"csrf_token": "forged", **fields}).status_code == 403
+        # Not a form at all.
+        assert client.post("/actions/cancel", json={"csrf_token": dashboard.token, **fields}).status_code == 403
+        assert watchdog.read("victim").cancellation_id is None
+        assert status_of(dashboard.post("cancel", **fields).text) == "recorded"
+    # The token is bound to the secret: another process (another secret) refuses it.
+    with TestClient(create_app(engine, secret="t" * 32), cookies=client.cookies) as other:
+        assert other.post("/actions/pause", data={"csrf_token": dashboard.token, "queue": "q"}).status_code == 403
+
+
+def test_the_csrf_cookie_is_http_only_strict_and_scoped(engine: Engine) -> None:
+    parent = Starlette(routes=[Mount("/ops/watchdog", create_app(engine))])
+    with TestClient(parent) as client:
+        cookie = client.get("/ops/watchdog/").headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=strict" in cookie and "path=/ops/watchdog" in cookie
+
+
+def test_read_only_hides_and_refuses_every_action(engine: Engine, watchdog: Watchdog) -> None:
+    watchdog.enqueue([Job("ro-1", "q"), Job("ro-2", "q", lane="l")])
+    with TestClient(create_app(engine, read_only=True)) as client:
+        pages = [client.get(path).text for path in ("/", "/jobs", "/job?job_id=ro-1", "/lane?lane=l")]
+        for page in pages:
+            assert "/actions/" not in page and 'method="post"' not in page
+        assert "read-only" in pages[0]
+        # Even with a valid token (from a writable twin on the same secret) every POST is refused.
+        with TestClient(create_app(engine, secret="k" * 32)) as twin:
+            token = token_of(twin.get("/").text)
+            cookies = twin.cookies
+        with TestClient(create_app(engine, read_only=True, secret="k" * 32), cookies=cookies) as ro:
+            for action, fields in [
+                ("cancel", {"job_id": "ro-1", "cancellation_id": "x", "confirm": "yes"}),
+                ("pause", {"queue": "q"}),
+                ("purge", {"queue": "q", "confirm": "yes"}),
+                ("fail-lane", {"lane": "l", "reason": "r", "confirm": "yes"}),
+                ("resume", {"queue": "q"}),
+                ("rerun", {"job_id": "ro-1", "rerun_id": "r"}),
+            ]:
+                response = ro.post(f"/actions/{action}", data={"csrf_token": token, **fields})
+                assert response.status_code == 403 and "read-only" in response.text, action
+    assert watchdog.stats().queue("q").queued == 2 and not watchdog.stats().queue("q").paused
+    assert watchdog.read("ro-1").cancellation_id is None
+
+
+def test_authorize_decides_per_action(engine: Engine, watchdog: Watchdog) -> None:
+    watchdog.enqueue(Job("auth-1", "q"))
+    asked: list[tuple[str, str]] = []
+
+    async def authorize(request: Request, action: str) -> bool:  # a coroutine function works too
+        asked.append((request.headers.get("x-user", ""), action))
+        return action in ("view", "pause") or request.headers.get("x-user") == "admin"
+
+    with TestClient(create_app(engine, authorize=authorize)) as client:
+        dashboard = Dashboard(client)
+        page = client.get("/job", params={"job_id": "auth-1"}).text
+        assert "Cancel job" not in page
+        overview = client.get("/").text
+        assert "Pause</button>" in overview and "Purge" not in overview
+        refused = dashboard.post("cancel", job_id="auth-1", cancellation_id="c", confirm="yes")
+        assert refused.status_code == 403 and "You may not cancel" in refused.text
+        assert watchdog.read("auth-1").cancellation_id is None
+        assert status_of(dashboard.post("pause", queue="q").text) == "paused"
+        admin = client.post(
+            "/actions/cancel",
+            data={"csrf_token": dashboard.token, "job_id": "auth-1", "cancellation_id": "c", "confirm": "yes"},
+            headers={"x-user": "admin"},
+        )
+        assert status_of(admin.text) == "recorded"
+    assert {action for _, action in asked} >= {"view", *ACTIONS}
+
+
+def test_authorize_can_refuse_viewing(engine: Engine) -> None:
+    with TestClient(create_app(engine, authorize=lambda request, action: False)) as client:
+        for path in ("/", "/overview.fragment", "/jobs", "/job?job_id=x", "/lane?lane=x"):
+            response = client.get(path)
+            assert response.status_code == 403 and "You may not view" in response.text, path
+
+
+# -- untrusted data stays data ------------------------------------------------------------------
+
+
+def test_untrusted_text_is_escaped_everywhere(engine: Engine, watchdog: Watchdog) -> None:
+    nasty_id = f"{SCRIPT}{IMG}{CONTROL}"
+    watchdog.enqueue(
+        Job(nasty_id, f"q{SCRIPT}", lane=f"lane{IMG}{CONTROL}", payload={SCRIPT: [IMG, CONTROL]})
+    )
+    settle(engine, {f"q{SCRIPT}": lambda job: Decision.failed(f"{SCRIPT}{IMG}{CONTROL}", retry=False)})
+    watchdog.pause(f"q{SCRIPT}", reason=IMG)
+    with TestClient(create_app(engine)) as client:
+        pages = {
+            path: client.get(path, params=params).text
+            for path, params in [
+                ("/", {}),
+                ("/jobs", {}),
+                ("/job", {"job_id": nasty_id}),
+                ("/lane", {"lane": f"lane{IMG}{CONTROL}"}),
+            ]
+        }
+        token = token_of(pages["/"])
+        pages["confirm"] = client.post(
+            "/actions/purge", data={"csrf_token": token, "queue": f"q{SCRIPT}"}
+        ).text
+        pages["result"] = client.post(
+            "/actions/rerun", data={"csrf_token": token, "job_id": nasty_id, "rerun_id": IMG}
+        ).text
+    for name, page in pages.items():
+        assert SCRIPT not in page and "<img src=x" not in page, name
+        assert "\x07" not in page and "\x1b" not in page and "\u202e" not in page, name
+        assert "&lt;script&gt;window.__xss=1&lt;/script&gt;" in page or "&lt;img src=x" in page, name
+    # Control characters are shown as escapes, visibly marked.
+    assert '<span class="ctl" title="U+0007">\\x07</span>' in pages["/job"]
+    assert '<span class="ctl" title="U+202E">\\u202e</span>' in pages["/lane"]
+
+
+# -- sync or async, mounted anywhere --------------------------------------------------------------
+
+
+def test_an_async_engine_serves_the_same_pages_and_actions(engine: Engine) -> None:
+    async def prepare() -> None:
+        async_engine = make_async_engine(engine)
+        try:
+            await AsyncWatchdog(async_engine).enqueue([Job("async-1", "aq"), Job("async-2", "aq")])
+            assert (await AsyncWatchdog(async_engine).throughput()).queues == {}
+        finally:
+            await async_engine.dispose()
+
+    asyncio.run(prepare())
+    app_engine = make_async_engine(engine)
+    with TestClient(create_app(app_engine)) as client:  # the app's calls run on the client's event loop
+        dashboard = Dashboard(client)
+        assert "async-1" in dashboard.get("/jobs", queue="aq").text
+        assert status_of(dashboard.post("pause", queue="aq").text) == "paused"
+        cancelled = dashboard.post("cancel", job_id="async-2", cancellation_id="c", confirm="yes")
+        assert status_of(cancelled.text) == "recorded"
+        client.portal.call(app_engine.dispose)
+    watchdog = Watchdog(engine)
+    assert watchdog.stats().queue("aq").paused and watchdog.read("async-2").cancellation_id == "c"
+
+
+def test_mounted_under_a_path_of_a_fastapi_app(engine: Engine, watchdog: Watchdog) -> None:
+    from fastapi import FastAPI
+
+    watchdog.enqueue(Job("mounted-1", "mq"))
+    app = FastAPI()
+    app.mount("/ops/watchdog", create_app(engine))
+    with TestClient(app) as client:
+        dashboard = Dashboard(client, prefix="/ops/watchdog")
+        overview = dashboard.get("/").text
+        links = re.findall(r'(?:href|action|src)="([^"#]+)"', overview)
+        assert links and all(link.startswith("/ops/watchdog/") for link in links), links
+        assert client.get("/ops/watchdog/static/dashboard.js").status_code == 200
+        assert status_of(dashboard.post("pause", queue="mq").text) == "paused"
+    # Behind a proxy that strips the prefix, base_path names what the browser sees.
+    with TestClient(create_app(engine, base_path="/proxied/wd/")) as client:
+        links = re.findall(r'(?:href|action|src)="([^"#]+)"', client.get("/").text)
+        assert all(link.startswith("/proxied/wd/") for link in links), links
+
+
+def test_create_app_refuses_bad_arguments(engine: Engine) -> None:
+    with pytest.raises(TypeError, match="Engine or an AsyncEngine"):
+        create_app("sqlite://")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="read_only"):
+        create_app(engine, read_only="yes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="authorize"):
+        create_app(engine, authorize="admin")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="base_path"):
+        create_app(engine, base_path="watchdog")
+    with pytest.raises(ValueError, match="secret"):
+        create_app(engine, secret="short")
+    with pytest.raises(ValueError, match="refresh_seconds"):
+        create_app(engine, refresh_seconds=-1)
+
+
+# -- the chart's read ---------------------------------------------------------------------------
+
+
+def test_throughput_counts_settled_jobs_per_minute(engine: Engine, watchdog: Watchdog) -> None:
+    assert watchdog.throughput().queues == {}
+    watchdog.enqueue([Job(f"t{n}", "ok" if n % 3 else "bad") for n in range(9)])
+    settle(engine, {"ok": lambda job: None, "bad": lambda job: Decision.failed("no", retry=False)})
+    watchdog.enqueue(Job("still-queued", "ok"))
+    throughput = watchdog.throughput()
+    assert set(throughput.queues) == {"ok", "bad"}
+    ok = throughput.queues["ok"][Outcome.COMPLETED]
+    assert len(ok) == THROUGHPUT_MINUTES and sum(ok) == 6 and ok[-1] == 6  # all in the last minute
+    assert throughput.queues["bad"] == {Outcome.FAILED: (0,) * (THROUGHPUT_MINUTES - 1) + (3,)}
+    total = throughput.per_minute()
+    assert (sum(total[Outcome.COMPLETED]), sum(total[Outcome.FAILED])) == (6, 3)
+    assert throughput.per_minute("bad") == {Outcome.FAILED: throughput.queues["bad"][Outcome.FAILED]}
+    hour = {q.queue: dict(q.settled_last_hour) for q in watchdog.stats().queues}
+    assert hour == {"ok": {Outcome.COMPLETED: 6}, "bad": {Outcome.FAILED: 3}}  # agrees with stats()
+
+
+# -- import boundaries and the command ----------------------------------------------------------------
+
+
+def test_core_never_imports_the_web_package_and_a_missing_extra_says_what_to_install() -> None:
+    check = (
+        "import sys\n"
+        "import sqlalchemy_watchdog, sqlalchemy_watchdog.cli, sqlalchemy_watchdog.asyncio\n"
+        "assert 'sqlalchemy_watchdog.web' not in sys.modules and 'starlette' not in sys.modules\n"
+        "sys.modules['starlette'] = None\n"
+        "try:\n"
+        "    import sqlalchemy_watchdog.web\n"
+        "except ImportError as error:\n"
+        "    print(error)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'sqlalchemy-watchdog[web]'" in out.stdout
+
+
+def test_dashboard_command_refuses_a_host_that_is_not_loopback(
+    db_url: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = db_url.render_as_string(hide_password=False)
+    assert main(["--url", url, "dashboard", "--host", "0.0.0.0"]) == 2
+    assert "binds to 127.0.0.1 only" in capsys.readouterr().err
+
+
+def test_dashboard_command_serves_on_loopback_and_says_so(tmp_path: Path) -> None:
+    database = tmp_path / "dash.db"
+    url = f"sqlite:///{database}"
+    cli = [sys.executable, "-m", "sqlalchemy_watchdog.cli", "--url", url]
+    assert subprocess.run([*cli, "upgrade"], capture_output=True, timeout=60).returncode == 0
+    Watchdog(__import__("sqlalchemy").create_engine(url)).enqueue(Job("served-1", "served"))
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [*cli, "dashboard", "--port", str(port), "--read-only"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert server.stdout is not None
+        said = server.stdout.readline() + server.stdout.readline()
+        assert f"http://127.0.0.1:{port}/ (read-only" in said and "binds to 127.0.0.1 only" in said
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/jobs", timeout=5) as response:
+                    page = response.read().decode()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        assert "served-1" in page and "/actions/" not in page
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=20) == 0
+
+
+def test_the_confirmation_page_posts_what_it_shows(engine: Engine, watchdog: Watchdog, dashboard: Dashboard) -> None:
+    """The confirmation page's own form (not a hand-made one) runs the action."""
+    watchdog.enqueue(Job("confirm-me", "cq"))
+    page = dashboard.post("cancel", job_id="confirm-me", cancellation_id="from-form").text
+    fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', page))
+    assert fields.pop("csrf_token") == dashboard.token
+    done = dashboard.client.post("/actions/cancel", data={"csrf_token": dashboard.token, **{
+        name: html.unescape(value) for name, value in fields.items()
+    }})
+    assert status_of(done.text) == "recorded" and watchdog.read("confirm-me").cancellation_id == "from-form"
