@@ -389,21 +389,25 @@ def inprocess_once(bench: Any, concurrency: int, jobs: int, use_asyncio: bool, t
 
 
 def inprocess(bench: Any, r: int) -> None:
+    """Each in-process drain beside the same runner in a process of its own (run.py's
+    drain row of that shape), measured one after the other so load hits both alike."""
     c = bench.config
     jobs = c.drain["watchdog"]
     for concurrency in c.inprocess_concurrencies:
         for use_asyncio in (False, True):
             kind = "async" if use_asyncio else "sync"
             key = f"pg.inproc.{kind}.c{concurrency}"
-            bench.measure(
-                key,
-                "watchdog",
-                "{:,.0f} jobs/s",
-                lambda concurrency=concurrency, use_asyncio=use_asyncio, key=key: inprocess_once(
+            pair = [
+                (key, lambda concurrency=concurrency, use_asyncio=use_asyncio, key=key: inprocess_once(
                     bench, concurrency, jobs, use_asyncio, f"{key}-{r}"
-                ),
-                timeout=600,
-            )
+                )),
+                (f"pg.separate.{kind}.c{concurrency}", lambda concurrency=concurrency, use_asyncio=use_asyncio, key=key: bench.drain_once(
+                    "watchdog", "postgresql", n=jobs, procs=1, concurrency=concurrency, defaults=False,
+                    tag=f"{key}-separate-{r}", use_asyncio=use_asyncio,
+                )),
+            ]
+            for name, fn in pair if r % 2 == 0 else reversed(pair):
+                bench.measure(name, "watchdog", "{:,.0f} jobs/s", fn, timeout=600)
 
 
 # -- scale-out ---------------------------------------------------------------------------------
@@ -640,10 +644,10 @@ def render(results: dict[str, dict[str, list[Any]]], summary: dict[str, dict[str
         for key in inproc:
             _, _, kind, conc = key.split(".")
             value = summary[key]["watchdog"]
-            separate_key = f"pg.drain.{'async.' if kind == 'async' else ''}{conc}.p1"
+            separate_key = f"pg.separate.{kind}.{conc}"
             separate = summary.get(separate_key, {}).get("watchdog")
             ratio = f"{value / separate:.2f}x" if value and separate else "-"
-            sep = f"{separate:,.0f}" if separate else "- (run with drain)"
+            sep = f"{separate:,.0f}{_spread(results[separate_key]['watchdog'])}" if separate else "-"
             runner = "AsyncRunner" if kind == "async" else "Runner"
             lines.append(
                 f"| {runner}, concurrency {conc[1:]} | {value or 0:,.0f}{_spread(results[key]['watchdog'])} | {sep} | {ratio} |"
@@ -692,7 +696,7 @@ def plot(summary: dict[str, dict[str, Any]], subjects: list[str], directory: Pat
 
     directory.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    drains = [k for k in summary if k.startswith("pg.drain.") or k.startswith("pg.inproc.")]
+    drains = [k for k in summary if k.startswith(("pg.drain.", "pg.inproc.", "pg.separate."))]
     if drains:
         fig, ax = plt.subplots(figsize=(11, 5))
         width = 0.8 / max(1, len(subjects))

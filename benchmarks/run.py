@@ -115,7 +115,7 @@ class Config:
     producers: int = 16
     producer_jobs: dict[str, int] = field(default_factory=lambda: {"watchdog": 300, "procrastinate": 150, "pgqueuer": 300})
     #: "inprocess": Runner / AsyncRunner concurrencies (drain["watchdog"] jobs each)
-    inprocess_concurrencies: tuple[int, ...] = (4, 16)
+    inprocess_concurrencies: tuple[int, ...] = (4,)
     #: "scaleout": runner processes of scaleout_concurrency each, draining scaleout_jobs
     scaleout_processes: tuple[int, ...] = (1, 2, 4, 8)
     scaleout_concurrency: int = 4
