@@ -698,6 +698,7 @@ def plot(summary: dict[str, dict[str, Any]], subjects: list[str], directory: Pat
     written: list[Path] = []
     drains = [k for k in summary if k.startswith(("pg.drain.", "pg.inproc.", "pg.separate."))]
     if drains:
+        subjects = [n for n in subjects if any(summary[k].get(n) for k in drains)]
         fig, ax = plt.subplots(figsize=(11, 5))
         width = 0.8 / max(1, len(subjects))
         for i, name in enumerate(subjects):

@@ -566,15 +566,3 @@ def test_statement_uses_its_index(planned: Planned, case: Case, request: pytest.
         assert not plan.full_scan, f"{case.name} ({label}) scans {TABLE} whole:\n{plan.text}"
         if case.ordered:
             assert not plan.sorts, f"{case.name} ({label}) sorts what it read instead of reading in order:\n{plan.text}"
-
-
-def index_usage(planned: Planned) -> dict[str, list[str]]:
-    """For the index review: each index the plans read, and by which statements."""
-    usage: dict[str, list[str]] = {}
-    for case in PLANS:
-        if planned.dialect not in case.index:
-            continue
-        for label, plan in _plans(planned, case):
-            for index in sorted(plan.indexes):
-                usage.setdefault(index, []).append(f"{case.name} ({label})")
-    return usage
