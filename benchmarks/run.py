@@ -38,6 +38,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import harness
+import round2
 from harness import (
     Child,
     ScenarioFailed,
@@ -107,6 +108,23 @@ class Config:
     sqlite_concurrencies: tuple[int, ...] = (1, 4)
     poll_pg: float = 0.005
     poll_sqlite: float = 0.02
+    # -- round 2 (benchmarks/round2.py)
+    #: "txn": samples per kind (enqueue / session.add, 1 and 100 rows)
+    txn_samples: int = 300
+    #: "producers": processes enqueueing at once, and jobs each (one per transaction)
+    producers: int = 16
+    producer_jobs: dict[str, int] = field(default_factory=lambda: {"watchdog": 300, "procrastinate": 150, "pgqueuer": 300})
+    #: "inprocess": Runner / AsyncRunner concurrencies (drain["watchdog"] jobs each)
+    inprocess_concurrencies: tuple[int, ...] = (4,)
+    #: "scaleout": runner processes of scaleout_concurrency each, draining scaleout_jobs
+    scaleout_processes: tuple[int, ...] = (1, 2, 4, 8)
+    scaleout_concurrency: int = 4
+    scaleout_jobs: int = 5000
+    #: "scale": settled history, jobs scheduled in the future, queued backlog; timed calls
+    scale_settled: int = 1_000_000
+    scale_scheduled: int = 1_000_000
+    scale_queued: int = 100_000
+    scale_calls: int = 20
 
     @classmethod
     def make(cls, quick: bool, repeat: int | None) -> Config:
@@ -135,6 +153,14 @@ class Config:
             stats_calls=30,
             sqlite_single=50,
             sqlite_drain=60,
+            txn_samples=50,
+            producer_jobs={"watchdog": 50, "procrastinate": 30, "pgqueuer": 50},
+            inprocess_concurrencies=(4,),
+            scaleout_jobs=600,
+            scale_settled=20_000,
+            scale_scheduled=20_000,
+            scale_queued=5_000,
+            scale_calls=5,
         )
 
 
@@ -796,6 +822,18 @@ class Bench:
                     self.prune_cost(dialect)
         if "stats" in s and "postgresql" in s:
             self.stats_cost()
+        if "postgresql" in s:
+            for r in range(c.repeat):
+                if "txn" in s and "watchdog" in self.subjects:
+                    round2.txn(self, r)
+                if "producers" in s:
+                    round2.producers(self, r)
+                if "inprocess" in s and "watchdog" in self.subjects:
+                    round2.inprocess(self, r)
+                if "scaleout" in s and "watchdog" in self.subjects:
+                    round2.scaleout(self, r)
+            if "scale" in s and "watchdog" in self.subjects:
+                round2.scale(self)
 
     def close(self) -> None:
         for target in self.targets.values():
@@ -1544,6 +1582,12 @@ def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "retention-worker":
         retention_worker_entry(sys.argv[2:])
         return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "producer":
+        round2.producer_entry(sys.argv[2:])
+        return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "inprocess":
+        round2.inprocess_entry(sys.argv[2:])
+        return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat: a smoke test (~2 min)")
     parser.add_argument("--repeat", type=int, default=None, help="runs per figure; medians are reported (default 3, --quick 1)")
@@ -1553,12 +1597,22 @@ def main() -> int:
     )
     parser.add_argument(
         "--scenarios",
-        default="enqueue,drain,latency,claim,delayed,lateness,prune,stats,postgresql,sqlite",
+        default=(
+            "enqueue,drain,latency,claim,delayed,lateness,prune,stats,txn,producers,inprocess,scaleout,scale,"
+            "postgresql,sqlite"
+        ),
         help=(
-            "comma-separated subset of enqueue,drain,latency,claim,delayed,lateness,prune,stats"
-            " and of the dialects postgresql,sqlite"
+            "comma-separated subset of enqueue,drain,latency,claim,delayed,lateness,prune,stats,"
+            "txn,producers,inprocess,scaleout,scale and of the dialects postgresql,sqlite"
         ),
     )
+    parser.add_argument(
+        "--scale-settled",
+        type=int,
+        default=None,
+        help="scale: settled and scheduled jobs (default 1,000,000; --quick 20,000); queued: a tenth (at least 2,000)",
+    )
+    parser.add_argument("--plot", type=Path, default=None, help="write drain, latency and scale-out charts (PNG) here")
     parser.add_argument(
         "--drain-jobs", type=int, default=None, help="jobs per drain measurement for every queue (default: per queue)"
     )
@@ -1567,6 +1621,9 @@ def main() -> int:
     if args.drain_jobs:
         config.drain = {name: args.drain_jobs for name in config.drain}
         config.sqlite_drain = args.drain_jobs
+    if args.scale_settled:
+        config.scale_settled = config.scale_scheduled = args.scale_settled
+        config.scale_queued = max(2_000, args.scale_settled // 10)
 
     def terminated(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
@@ -1613,6 +1670,14 @@ def main() -> int:
     print(f"mode: {mode}, medians of {config.repeat} run(s), {elapsed:.0f}s in all")
     print()
     print(render_table(summary, available, config))
+    more = round2.render(bench.results, summary, config)
+    if more:
+        print()
+        print(more)
+    print(f"\nload at the end: {round2.load()}")
+    if args.plot:
+        for path in round2.plot(summary, available, args.plot):
+            print(f"wrote {path}")
     if checks:
         print()
         print("targets:")

@@ -22,7 +22,9 @@ Every subject (this one and ``peers/*.py``) offers the same operations, so
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import sys
 import time
 from datetime import timedelta
 from typing import Any
@@ -192,6 +194,8 @@ class Watchdog:
         from sqlalchemy_watchdog import Runner
 
         logging.basicConfig(level=logging.WARNING)
+        if os.environ.get("WATCHDOG_BENCH_COUNT_SQL"):
+            _count_statements_at_exit()
         if use_asyncio:
             self._async_worker_main(target, concurrency)
             return
@@ -248,6 +252,31 @@ class Watchdog:
                 await engine.dispose()
 
         asyncio.run(main())
+
+
+def _count_statements_at_exit() -> None:
+    """Count every statement this process sends (by its first words) and print the
+    counts to stderr at exit: round trips per job for benchmarks/profile_drain.py."""
+    import atexit
+    import collections
+    import re
+
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    counts: collections.Counter[str] = collections.Counter()
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        words = re.sub(r"\s+", " ", statement.strip())[:60]
+        counts[words] += 1
+
+    event.listen(Engine, "before_cursor_execute", count)
+
+    def report() -> None:
+        for words, n in counts.most_common():
+            print(f"SQLCOUNT {n} {words}", file=sys.stderr, flush=True)
+
+    atexit.register(report)
 
 
 class _LatencyClient:
