@@ -219,12 +219,15 @@ Index(
 )
 # Queued jobs by queue and the time they became ready (their ready time, else
 # their enqueue time): stats() finds each queue's oldest ready job with one probe.
+# PostgreSQL only (revision w0006): SQLite's planner took it for claims, which
+# then sorted the queue's whole backlog; there stats() reads the queue's
+# queued jobs in ix_watchdog_jobs_live_queue instead.
 Index(
     "ix_watchdog_jobs_queued_since",
     WatchdogJob.queue_name,
     func.coalesce(WatchdogJob.ready_at, WatchdogJob.enqueued_at),
     **_partial("state = 'queued'"),
-)
+).ddl_if(dialect="postgresql")
 # Reruns by the job they rerun.
 Index("ix_watchdog_jobs_rerun_of", WatchdogJob.rerun_of, **_partial("rerun_of IS NOT NULL"))
 Index(

@@ -371,7 +371,10 @@ def read_settled() -> Select[Any]:
 
 @cache
 def has_pending_work() -> Select[Any]:
-    return select(exists().where(IS_LIVE))
+    """A live job's queue, if any: the first entry of
+    ``ix_watchdog_jobs_live_queue`` (an unordered EXISTS was planned as a scan
+    that reads the whole settled history when no job is live)."""
+    return select(c.queue_name).where(IS_LIVE).order_by(c.queue_name).limit(1)
 
 
 # -- the claim life cycle -------------------------------------------------------
@@ -380,8 +383,13 @@ def has_pending_work() -> Select[Any]:
 _QUEUES: BindParameter[Any] = bindparam("queues", expanding=True)
 
 #: The job's queue is not paused: read in the claim statement itself, so a
-#: pause that committed before the claim started is never crossed.
-UNPAUSED = ~exists().where(pauses.c.queue_name == c.queue_name)
+#: pause that committed before the claim started is never crossed. NOT IN
+#: (``queue_name`` and the pauses' key are NOT NULL, so it means NOT EXISTS):
+#: PostgreSQL checks it per row against a hashed set, where a NOT EXISTS
+#: becomes an anti-join whose estimates made it read and sort a queue's
+#: whole backlog instead of reading ``ix_watchdog_jobs_live_queue`` in
+#: claim order (tests/test_plans.py).
+UNPAUSED = c.queue_name.not_in(select(pauses.c.queue_name).scalar_subquery())
 
 
 @cache
@@ -390,7 +398,9 @@ def any_queued(filtered: bool) -> Select[Any]:
     ``filtered``): whether a claim would find anything."""
     pick = select(c.sequence).where(IS_QUEUED, UNPAUSED)
     if filtered:
-        pick = pick.where(c.queue_name.in_(_QUEUES))
+        # IS_LIVE repeats ix_watchdog_jobs_live_queue's predicate: SQLite
+        # uses a partial index only for a query whose WHERE has its terms.
+        pick = pick.where(c.queue_name.in_(_QUEUES), IS_LIVE)
     return pick.limit(1)
 
 
@@ -428,7 +438,7 @@ def promote(dialect: str) -> Update:
 
 
 @cache
-def claim(dialect: str, filtered: bool) -> Update:
+def claim(dialect: str, filtered: bool, one_queue: bool = False) -> Update:
     """Take up to ``:limit`` of the best queued jobs (of ``:queues`` when
     ``filtered``) for ``:lease_ms``, each under its own claim token
     ``:token.<sequence>``, so a settle or renew of one job of the batch
@@ -436,7 +446,8 @@ def claim(dialect: str, filtered: bool) -> Update:
 
     A job whose cancellation was recorded while it waited is settled
     ``cancelled`` instead of being run. Jobs of a paused queue are not
-    taken (:data:`UNPAUSED`). On PostgreSQL the pick is a
+    taken (:data:`UNPAUSED`). ``one_queue``: ``:queues`` holds one queue
+    (SQLite then reads it in ``ix_watchdog_jobs_live_queue``). On PostgreSQL the pick is a
     MATERIALIZED CTE that locks exactly its rows and skips rows another
     claimer holds, so the planner can neither run a ``LIMIT`` subquery twice
     nor touch more rows than asked for; the locked rows are still queued
@@ -445,6 +456,12 @@ def claim(dialect: str, filtered: bool) -> Update:
     pick = select(c.sequence).where(IS_QUEUED, UNPAUSED)
     if filtered:
         pick = pick.where(c.queue_name.in_(_QUEUES))
+        if dialect == "sqlite" and one_queue:
+            # One queue: its jobs in claim order in ix_watchdog_jobs_live_queue,
+            # which SQLite uses only for a query repeating the index's predicate.
+            # Several: ix_watchdog_jobs_ready in claim order, skipping other
+            # queues' rows (live_queue would read all of their jobs and sort them).
+            pick = pick.where(IS_LIVE)
     pick = pick.order_by(c.priority.desc(), c.sequence).limit(_p("limit", Integer()))
     if dialect == "postgresql":
         cte = pick.with_for_update(skip_locked=True).cte("ready").prefix_with("MATERIALIZED")
@@ -723,7 +740,9 @@ def prune(dialect: str, undated: bool) -> Delete:
     """
     pick = select(c.sequence).where(IS_SETTLED, c.outcome == _p("outcome", Text()))
     if undated:
-        pick = pick.where(c.settled_at.is_(None)).order_by(c.sequence)
+        # Ordered as the index is (settled_at is NULL throughout), so the pick
+        # reads ix_watchdog_jobs_settled, not the primary key filtered.
+        pick = pick.where(c.settled_at.is_(None)).order_by(c.settled_at, c.sequence)
     else:
         pick = pick.where(c.settled_at < db_clock_ms() - _p("age_ms", BigInteger()))
         pick = pick.order_by(c.settled_at, c.sequence)
@@ -785,13 +804,16 @@ def expired_counts() -> Select[Any]:
 def oldest_ready(dialect: str) -> Select[Any]:
     """For each queue of ``:queues`` (a JSON array), the earliest time one of
     its queued jobs became ready (its ready time, else its enqueue time;
-    rows from before w0004 have neither): one probe of
-    ``ix_watchdog_jobs_queued_since`` per queue, whatever the backlog."""
+    rows from before w0004 have neither): on PostgreSQL one probe of
+    ``ix_watchdog_jobs_queued_since`` per queue, whatever the backlog; on
+    SQLite (no such index) a read of the queue's queued jobs in
+    ``ix_watchdog_jobs_live_queue``."""
     source, cols, _ = _rows(dialect, "queues", (("queue", Text()),))
     since = func.coalesce(c.ready_at, c.enqueued_at)
     first = (
         select(since)
         .where(IS_QUEUED, c.queue_name == cols["queue"], since.is_not(None))
+        .where(*([IS_LIVE] if dialect == "sqlite" else []))
         .order_by(since)
         .limit(1)
         .scalar_subquery()

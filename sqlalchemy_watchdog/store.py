@@ -431,7 +431,7 @@ def read_settled(conn: Connection, limit: int, after_sequence: int = 0) -> list[
 
 
 def has_pending_work(conn: Connection) -> bool:
-    return bool(conn.execute(sql.has_pending_work()).scalar())
+    return conn.execute(sql.has_pending_work()).first() is not None
 
 
 # -- the claim life cycle ----------------------------------------------------
@@ -493,7 +493,7 @@ def claim(
     params: dict[str, Any] = {"token": new_claim_token(), "lease_ms": lease_ms, "limit": limit}
     if queues is not None:
         params["queues"] = list(queues)
-    stmt = sql.claim(conn.dialect.name, queues is not None)
+    stmt = sql.claim(conn.dialect.name, queues is not None, queues is not None and len(set(queues)) == 1)
     rows = sorted(conn.execute(stmt, params).all(), key=lambda r: (-r.priority, r.sequence))
     claimed: list[Claim] = []
     cancelled: list[JobView] = []

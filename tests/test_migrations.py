@@ -65,12 +65,17 @@ def schema_names(engine: Engine) -> dict[str, set[str]]:
     }
 
 
-def model_names() -> dict[str, set[str]]:
+#: Indexes the model creates on PostgreSQL only (``ddl_if``; revision w0006).
+POSTGRESQL_ONLY_INDEXES = {"ix_watchdog_jobs_queued_since"}
+
+
+def model_names(dialect: str = "postgresql") -> dict[str, set[str]]:
     table = sqlalchemy_watchdog.metadata.tables["watchdog_jobs"]
+    indexes = {i.name for i in table.indexes if isinstance(i.name, str)}
     return {
         "check": {c.name for c in table.constraints if isinstance(c, CheckConstraint)},
         "unique": {c.name for c in table.constraints if isinstance(c, UniqueConstraint)},
-        "index": {i.name for i in table.indexes},
+        "index": indexes if dialect == "postgresql" else indexes - POSTGRESQL_ONLY_INDEXES,
     }
 
 
@@ -78,7 +83,7 @@ def model_names() -> dict[str, set[str]]:
 
 
 #: The package's newest revision.
-HEAD = "w0005_trace_context"
+HEAD = "w0006_index_review"
 
 
 def test_upgrade_head_creates_the_jobs_table(empty_engine: Engine) -> None:
@@ -125,7 +130,7 @@ def test_migrated_constraint_names_equal_the_models(empty_engine: Engine) -> Non
     # compare_metadata ignores CHECK constraints, so compare their names directly:
     # a later migration must be able to drop or alter them by their model name.
     run(empty_engine, command.upgrade, "head")
-    assert schema_names(empty_engine) == model_names()
+    assert schema_names(empty_engine) == model_names(empty_engine.dialect.name)
 
 
 def triggers_and_functions(engine: Engine) -> set[str]:
@@ -305,7 +310,7 @@ def test_application_upgrade_heads_creates_its_table_and_the_jobs_table(
     with empty_engine.connect() as conn:
         versions = set(conn.execute(text("SELECT version_num FROM alembic_version")).scalars())
     assert versions == {"a0001_orders", HEAD}
-    assert schema_names(empty_engine) == model_names()
+    assert schema_names(empty_engine) == model_names(empty_engine.dialect.name)
     with empty_engine.begin() as conn:
         conn.execute(text("INSERT INTO orders (id, reference) VALUES (1, 'A-1')"))
         enqueue(conn, Job("confirm-A-1", "emails"))
@@ -543,6 +548,17 @@ def test_w0005_adds_and_drops_the_trace_context_keeping_every_row(empty_engine: 
     assert traced is not None and traced.trace_context is None
 
 
+def test_w0006_drops_the_queued_since_index_on_sqlite_only(empty_engine: Engine) -> None:
+    run(empty_engine, command.upgrade, "w0005_trace_context")
+    assert "ix_watchdog_jobs_queued_since" in index_names(empty_engine)
+    run(empty_engine, command.upgrade, "head")
+    kept = empty_engine.dialect.name == "postgresql"
+    assert ("ix_watchdog_jobs_queued_since" in index_names(empty_engine)) is kept
+    assert differences(empty_engine, sqlalchemy_watchdog.metadata) == []
+    run(empty_engine, command.downgrade, "w0005_trace_context")
+    assert "ix_watchdog_jobs_queued_since" in index_names(empty_engine)
+
+
 # -- w0003: time and failure policy ----------------------------------------------------
 
 W0002 = "w0002_failure_detail"
@@ -631,7 +647,7 @@ def test_w0003_upgrades_and_downgrades_a_table_holding_jobs_in_every_state(empty
 
     run(engine, command.upgrade, "head")
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
-    assert schema_names(engine) == model_names()
+    assert schema_names(engine) == model_names(engine.dialect.name)
     new_columns = ["attempt", "snoozes", "run_at", "ready_at", "max_attempts", "retry_policy", "timeout_ms",
                    "failure_history"]  # fmt: skip
     upgraded = _rows_by_id(engine, W0002_COLUMNS + new_columns)
@@ -702,7 +718,7 @@ def test_w0003_upgrades_and_downgrades_a_table_holding_jobs_in_every_state(empty
     # And up again: the same schema as the model, the same rows.
     run(engine, command.upgrade, "head")
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
-    assert schema_names(engine) == model_names()
+    assert schema_names(engine) == model_names(engine.dialect.name)
     again = _rows_by_id(engine, W0002_COLUMNS)
     assert {job_id: row for job_id, row in again.items() if job_id != "after-downgrade"} == down
 

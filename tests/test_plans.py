@@ -364,23 +364,11 @@ LIVE_QUEUE = "ix_watchdog_jobs_live_queue"
 #: Reads the jobs table by no index, by design (see the case).
 NONE = ""
 
-# Known misses, each a strict xfail until the statement is fixed (see the report in
-# benchmarks/README.md, "Index review").
-CLAIM_SORTS = (
-    "the NOT EXISTS pause check becomes an anti-join whose estimate (every row of a one-queue"
-    " pick 'matches' a pause, as the pauses table's queue_name has no distinct-count statistics)"
-    " makes a sort look free: the planner reads the queue's whole backlog by"
-    " ix_watchdog_jobs_queued_since and sorts it, where ix_watchdog_jobs_live_queue delivers"
-    " claim order and stops at the first row (34 ms against 0.3 ms for a 100,000-job backlog)"
-)
-PENDING_SCANS = (
-    "EXISTS (state IN live states) is planned as a Seq Scan that stops at the first live row:"
-    " with no live job it reads the whole settled history (35 ms at 200,000 rows)"
-)
-UNDATED_SCANS = (
-    "the undated prune orders by sequence, so the planner walks the primary key in order and"
-    " filters, reading the whole history when few undated rows are left (52 ms at 200,000 rows)"
-)
+# Misses this table found and that were fixed (revision w0006 and the statements):
+# the one-queue claim read and sorted its queue's whole backlog (a NOT EXISTS pause
+# check planned as an anti-join; on SQLite, ix_watchdog_jobs_queued_since chosen);
+# has_pending_work scanned the settled history; the undated prune walked the primary
+# key. A new miss goes in a case's ``xfail`` (strict) until it is fixed.
 
 
 @dataclass(frozen=True)
@@ -426,7 +414,7 @@ PLANS: list[Case] = [
     Case("read_settled", "read_settled", (), lambda d: {"after_sequence": 10_000, "limit": 100}, on(PK), ordered=True),
     # Any index holding exactly the live jobs answers it at its first entry.
     Case(
-        "has_pending_work", "has_pending_work", (), _none, on(LIVE_QUEUE, LIVE_LANE), xfail=((PG, PENDING_SCANS),)
+        "has_pending_work", "has_pending_work", (), _none, on(LIVE_QUEUE, LIVE_LANE)
     ),
     # -- the claim life cycle
     # Run only on SQLite in WAL mode (a claim's read-only pre-check).
@@ -445,11 +433,10 @@ PLANS: list[Case] = [
     Case(
         "claim(one queue)",
         "claim",
-        (D, True),
+        (D, True, True),
         _claim([BACKLOG_QUEUE]),
         on(LIVE_QUEUE),
         ordered=True,
-        xfail=((PG, CLAIM_SORTS), (LITE, CLAIM_SORTS)),
     ),
     # Several queues: the ready index in claim order, skipping other queues' rows.
     Case(
@@ -459,7 +446,6 @@ PLANS: list[Case] = [
         _claim(["q3", "q4", BACKLOG_QUEUE]),
         on(READY, LIVE_QUEUE),
         ordered=True,
-        xfail=((LITE, CLAIM_SORTS),),
     ),
     # By job_id, or over the running jobs alone (the lease index holds nothing else).
     Case("settle(1)", "settle", (D,), _settle(1), on(JOB_ID, LEASE)),
@@ -500,7 +486,6 @@ PLANS: list[Case] = [
         (D, True),
         lambda d: {"outcome": "completed", "limit": 1000},
         on(SETTLED),
-        xfail=((PG, UNDATED_SCANS),),
     ),
     # list_jobs pages in admission order: the primary key, filtered (the cost its docstring states).
     Case("list_jobs()", "list_jobs", ((),), _list(), on(PK), ordered=True),
@@ -512,8 +497,11 @@ PLANS: list[Case] = [
     Case("list_jobs(job_id_prefix)", "list_jobs", (("job_id_prefix",),), _list(job_id_prefix="qd-1"), on(PK)),
     Case("live_counts", "live_counts", (), _none, on(LIVE_QUEUE)),
     Case("expired_counts", "expired_counts", (), _none, on(LEASE)),
-    Case("oldest_ready", "oldest_ready", (D,), _oldest_ready, on(QUEUED_SINCE)),
+    # SQLite has no ix_watchdog_jobs_queued_since (w0006): the queue's queued jobs, by queue and state.
+    Case("oldest_ready", "oldest_ready", (D,), _oldest_ready, {PG: (QUEUED_SINCE,), LITE: (LIVE_QUEUE,)}),
     Case("recent_outcomes", "recent_outcomes", (), _none, on(SETTLED)),
+    # The dashboard's chart: the last hour, one range per outcome.
+    Case("settled_per_minute", "settled_per_minute", (), lambda d: {"since": NOW - 3_600_000}, on(SETTLED)),
     Case("reruns_of", "reruns_of", (), lambda d: {"job": "s-6"}, on(RERUN_OF)),
     Case("make_due(all)", "make_due", (False,), _none, on(DELAYED)),
     Case("make_due(queues)", "make_due", (True,), lambda d: {"queues": ["q3"]}, on(DELAYED, LIVE_QUEUE)),
