@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from . import client, store
 from .errors import redacted
 from .execution import (
+    DEFAULT_CONCURRENCY,
     Execution,
     Probe,
     RunHandler,
@@ -304,7 +305,7 @@ class AsyncRunner:
         handlers: Mapping[str, Callable[[RunningJob], Any]] | None = None,
         *,
         queues: Iterable[str] | None = None,
-        concurrency: int = 1,
+        concurrency: int = DEFAULT_CONCURRENCY,
         lease: timedelta = timedelta(seconds=120),
         heartbeat: timedelta = timedelta(seconds=10),
         poll_interval: timedelta | None = None,

@@ -88,6 +88,7 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from .client import Watchdog
 from .errors import WatchdogError, redacted
+from .execution import DEFAULT_CONCURRENCY
 from .jobs import MAX_DELAY, CancelStatus, JobState, JobView, Outcome, PauseStatus, QueueStats, Stats
 from .model import jobs_table
 from .schedules import Schedule, check_schedules
@@ -1370,7 +1371,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve only this queue (repeatable; default: every queue with a handler)",
     )
     run.add_argument(
-        "--concurrency", type=_concurrency, help=f"handlers run at once, 1-{CONCURRENCY_MAX} (default: 1)"
+        "--concurrency",
+        type=_concurrency,
+        help=f"handlers run at once, 1-{CONCURRENCY_MAX} (default: {DEFAULT_CONCURRENCY})",
     )
     run.add_argument("--lease", type=_seconds, metavar="SECONDS", help="claim lease (default: 120)")
     run.add_argument("--heartbeat", type=_seconds, metavar="SECONDS", help="lease renewal period (default: 10)")

@@ -34,6 +34,7 @@ from sqlalchemy.exc import DBAPIError
 from . import store
 from .errors import redacted
 from .execution import (
+    DEFAULT_CONCURRENCY,
     Execution,
     Probe,
     RunHandler,
@@ -87,7 +88,9 @@ class Runner:
         :class:`Decision`; an exception settles ``failed`` (and is logged
         with its traceback).
     :param queues: the queues to serve (default: every queue with a handler).
-    :param concurrency: handlers run at once, each in its own thread.
+    :param concurrency: handlers run at once, each in its own thread
+        (default 10, :data:`~sqlalchemy_watchdog.execution.DEFAULT_CONCURRENCY`;
+        1 runs one handler at a time).
     :param lease: how long a claim lives without a heartbeat.
     :param heartbeat: how often running claims are renewed (at most lease/3).
     :param poll_interval: how often an idle runner looks for work when no
@@ -133,7 +136,7 @@ class Runner:
         handlers: Mapping[str, Callable[[RunningJob], Decision | None]] | None = None,
         *,
         queues: Iterable[str] | None = None,
-        concurrency: int = 1,
+        concurrency: int = DEFAULT_CONCURRENCY,
         lease: timedelta = timedelta(seconds=120),
         heartbeat: timedelta = timedelta(seconds=10),
         poll_interval: timedelta | None = None,

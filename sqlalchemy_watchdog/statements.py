@@ -455,6 +455,9 @@ def claim(dialect: str, filtered: bool, one_queue: bool = False) -> Update:
     """
     pick = select(c.sequence).where(IS_QUEUED, UNPAUSED)
     if filtered:
+        # An expanding IN (not = ANY(array)): one queue renders as an
+        # equality, which PostgreSQL reads in ix_watchdog_jobs_live_queue
+        # (with ANY it read the ready index filtered, past other queues' jobs).
         pick = pick.where(c.queue_name.in_(_QUEUES))
         if dialect == "sqlite" and one_queue:
             # One queue: its jobs in claim order in ix_watchdog_jobs_live_queue,
