@@ -229,16 +229,11 @@ def _enqueue(
             dialect, "jobs", sql.ENQUEUE_FIELDS, [(*_values(job), delay_ms, trace_context) for job in chunk]
         )
         stmt = sql.enqueue_rows(dialect)
-        # To name the offender of a failed batch the connection must still
-        # answer afterwards: SQLite's and an autocommit connection's do; in a
-        # PostgreSQL transaction a savepoint keeps it usable.
-        savepoint = len(chunk) > 1 and dialect == "postgresql" and not _autocommit(conn)
+        # One statement, no savepoint around it: one round trip in the
+        # caller's transaction. A conflict's offender is named afterwards
+        # (see _conflict_of).
         try:
-            if savepoint:
-                with conn.begin_nested():
-                    admitted.update(conn.execute(stmt, params).scalars())
-            else:
-                admitted.update(conn.execute(stmt, params).scalars())
+            admitted.update(conn.execute(stmt, params).scalars())
         except IntegrityError as error:
             raise _conflict_of(conn, chunk, error) from error
     results: list[EnqueueResult] = []
@@ -344,10 +339,19 @@ def _conflict_of(conn: Connection, chunk: Sequence[Job], error: IntegrityError) 
         return error
     if len(chunk) == 1:
         return EnqueueConflict(chunk[0].job_id)
-    offender = _first_conflict(conn, chunk)
+    if conn.dialect.name == "postgresql" and not _autocommit(conn):
+        # PostgreSQL aborted the caller's transaction: ask on a connection of
+        # its own, which sees the committed jobs (a conflict with a job this
+        # same transaction enqueued is not found: the message says so).
+        with conn.engine.connect() as other:
+            offender = _first_conflict(other, chunk)
+    else:
+        # SQLite undid only the statement; an autocommit connection is idle.
+        offender = _first_conflict(conn, chunk)
     if offender is not None:
         return EnqueueConflict(offender)
-    # Not found (a concurrent transaction's conflicting job rolled back since).
+    # Not found: the conflicting job was enqueued earlier in the same
+    # (now aborted) transaction, or a concurrent one rolled back since.
     conflict = EnqueueConflict(chunk[0].job_id)
     conflict.args = (
         f"one of {len(chunk)} jobs (the first is {chunk[0].job_id!r}) is already enqueued "

@@ -345,6 +345,35 @@ def test_conflicting_replay_in_a_batch_names_the_conflicting_job_id(engine: Engi
     assert "order-1" in str(caught.value)
 
 
+def test_a_batch_in_the_callers_transaction_is_one_statement_and_a_conflict_still_names_its_job(
+    engine: Engine,
+) -> None:
+    """One round trip for a batch (no savepoint around it); after a conflict
+    the offender is found all the same (on PostgreSQL, whose transaction is
+    aborted, on a connection of its own) and the caller's writes roll back."""
+    from sqlalchemy import event
+
+    enqueue_original(engine)
+    statements: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    with Session(engine) as session:
+        session.connection()  # the transaction is open before the count starts
+        event.listen(engine, "before_cursor_execute", count)
+        try:
+            enqueue(session, [Job(f"batch-{i}", "q", payload={"i": i}) for i in range(100)])
+            assert len(statements) == 1, statements
+            with pytest.raises(EnqueueConflict) as caught:
+                enqueue(session, [Job("new-1", "q"), CONFLICTS["priority"], Job("new-2", "q")])
+        finally:
+            event.remove(engine, "before_cursor_execute", count)
+        session.commit()
+    assert caught.value.job_id == "order-1"
+    assert not enqueued_jobs(engine, job_id="batch-0") and not enqueued_jobs(engine, job_id="new-1")
+
+
 def test_more_than_a_thousand_jobs_in_one_call(engine: Engine) -> None:
     jobs = [Job(f"bulk-{i:05}", "bulk", priority=i % 7, payload={"i": i}) for i in range(1_050)]
     with engine.begin() as conn:

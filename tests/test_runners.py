@@ -77,6 +77,9 @@ def make(runners: RunnerDriver, handlers: dict[str, Callable[[RunningJob], Any]]
     kwargs.setdefault("lease", LEASE)
     kwargs.setdefault("heartbeat", HEARTBEAT)
     kwargs.setdefault("poll_interval", POLL)
+    # One handler at a time unless a test says otherwise: these bodies count
+    # handler calls and stops one job at a time. The default (10) has its own test.
+    kwargs.setdefault("concurrency", 1)
     return runners.runner(handlers, **kwargs)
 
 
@@ -424,6 +427,32 @@ def test_cancelling_a_running_job_settles_it_cancelled_whatever_its_handler_then
         Watchdog(engine).cancel("a", "stop-a")
         job = settled(engine, "a")
     assert (job.outcome, job.failure_reason) == (Outcome.CANCELLED, None)
+
+
+def test_the_default_concurrency_runs_ten_handlers_at_once(engine: Engine, runners: RunnerDriver) -> None:
+    from sqlalchemy_watchdog.execution import DEFAULT_CONCURRENCY
+
+    assert DEFAULT_CONCURRENCY == 10
+    add(engine, *(Job(f"j{i}", "q") for i in range(12)))
+    started: list[str] = []
+    lock = threading.Lock()
+    release = threading.Event()
+
+    def hold(job: RunningJob) -> None:
+        with lock:
+            started.append(job.job_id)
+        release.wait(15)
+
+    settings = {"lease": LEASE, "heartbeat": HEARTBEAT, "poll_interval": POLL}
+    with runners.runner({"q": hold}, **settings).serving():
+        wait_until(lambda: len(started) == 10, what="ten handlers to start")
+        time.sleep(0.3)  # a slot-less runner claims nothing more meanwhile
+        assert len(started) == 10
+        with engine.connect() as conn:
+            running = conn.execute(text("SELECT count(*) FROM watchdog_jobs WHERE state = 'running'")).scalar_one()
+        assert running == 10
+        release.set()
+        wait_until(lambda: len(started) == 12, what="the last two to start")
 
 
 def test_fail_lane_stops_a_running_handler_and_the_job_keeps_the_lane_failure(
