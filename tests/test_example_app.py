@@ -99,8 +99,16 @@ def test_order_to_settled_job_to_dashboard(database: str) -> None:
         eventually(lambda: '"confirmed"' in request(f"{base}/orders/{placed['id']}")[1], "the order to be confirmed")
         eventually(lambda: '"rejected"' in request(f"{base}/orders/{rejected['id']}")[1], "the order to be rejected")
 
-        status, page = request(f"{base}/watchdog/job?job_id={placed['job_id']}")
-        assert status == 200 and "outcome-completed" in page and "/watchdog/lane?lane=customer%3Aada" in page
+        # The handler commits the order's new status before the runner's settler
+        # commits the job's settlement: wait for the job page to show it.
+        job_page = f"{base}/watchdog/job?job_id={placed['job_id']}"
+        eventually(lambda: "outcome-completed" in request(job_page)[1], "the job page to show it completed")
+        status, page = request(job_page)
+        assert status == 200 and "/watchdog/lane?lane=customer%3Aada" in page
+        eventually(
+            lambda: rejected["job_id"] in request(f"{base}/watchdog/jobs?queue=confirmations&outcome=failed")[1],
+            "the rejected order's job to settle failed",
+        )
         failed = request(f"{base}/watchdog/jobs?queue=confirmations&outcome=failed")[1]
         assert rejected["job_id"] in failed and placed["job_id"] not in failed
 

@@ -59,7 +59,13 @@ def _loop(stop: threading.Event, errors: list[BaseException], step: Callable[[],
 def test_prune_racing_claims_settles_and_recoveries_never_deletes_a_live_job(instrumented: Engine) -> None:
     engine = instrumented
     ids = [f"job-{i}" for i in range(240)]
+    # A few jobs only the dying claimer takes, without a recovery budget: each is
+    # settled ``interrupted`` by a recovery, whatever the race between the threads
+    # on "q" (where a job dies twice only by chance).
+    doomed = [f"doomed-{i}" for i in range(4)]
+    enqueue_jobs(engine, [Job(j, "doomed", lane="l0", max_recoveries=0) for j in doomed])
     enqueue_jobs(engine, [Job(j, "q", lane=f"l{i % 4}", max_recoveries=1) for i, j in enumerate(ids)])
+    ids = doomed + ids
     stop = threading.Event()
     errors: list[BaseException] = []
     pruned: list[int] = []
@@ -73,7 +79,7 @@ def test_prune_racing_claims_settles_and_recoveries_never_deletes_a_live_job(ins
             time.sleep(0.005)
 
     def die() -> None:  # claims and walks away: its leases end at once
-        _tx(engine, store.claim, queues=["q"], limit=1, lease_ms=1)
+        _tx(engine, store.claim, queues=["doomed", "q"], limit=1, lease_ms=1)
         time.sleep(0.01)
 
     def recover() -> None:
