@@ -62,11 +62,12 @@ from sqlalchemy import Engine
 
 from . import telemetry
 from .errors import InvalidJob
+from .execution import StopReason, TickResult, TickStatus
 from .jobs import Decision, EnqueueResult, EnqueueStatus, Job, JobView, Outcome
 from .store import Recovery, RecoveryStatus, SettleRequest
 
 if TYPE_CHECKING:
-    from .execution import Execution, StopReason, TickResult
+    from .execution import Execution
 
 __all__ = ["MESSAGING_SYSTEM", "OpenTelemetryInstrumentation", "instrument", "uninstrument"]
 
@@ -305,7 +306,7 @@ class _Attempt(telemetry.AttemptTrace):
 
     def stop_requested(self, reason: StopReason) -> None:
         self.span.add_event("watchdog.stop_requested", {"watchdog.stop.reason": reason.value})
-        if reason.value == "lease_lost":
+        if reason is StopReason.LEASE_LOST:
             self.owner.lost_leases.add(1, {SYSTEM: MESSAGING_SYSTEM, DESTINATION: self.queue})
 
     def decided(self, decision: Decision, request: SettleRequest) -> None:
@@ -324,22 +325,22 @@ class _Attempt(telemetry.AttemptTrace):
                 )
 
     def concluded(self, result: TickResult) -> None:
-        status = result.status.value
+        status = result.status
         job = result.job
-        if status == "settled" and job is not None and job.outcome is not None:
+        if status is TickStatus.SETTLED and job is not None and job.outcome is not None:
             self.outcome = job.outcome.value
             self.span.set_attribute(OUTCOME, self.outcome)
             self.span.add_event("watchdog.settled", {OUTCOME: self.outcome})
             if job.outcome is Outcome.CANCELLED:
                 self.span.add_event("watchdog.cancelled")
             self.owner.settled.add(1, {SYSTEM: MESSAGING_SYSTEM, DESTINATION: self.queue, OUTCOME: self.outcome})
-        elif status == "requeued":
+        elif status is TickStatus.REQUEUED:
             attributes: dict[str, Any] = {}
             if job is not None:
                 attributes = {STATE: job.state.value, ATTEMPT: job.attempt}
             self.span.add_event("watchdog.requeued", attributes)
         else:
-            self.span.add_event("watchdog.settle_rejected", {"watchdog.tick.status": status})
+            self.span.add_event("watchdog.settle_rejected", {"watchdog.tick.status": status.value})
             if self.error_type is None:
                 self.error_type = "claim_lost"
                 self.span.set_attribute(ERROR_TYPE, "claim_lost")
