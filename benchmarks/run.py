@@ -106,6 +106,8 @@ class Config:
     sqlite_single: int = 300
     sqlite_drain: int = 500
     sqlite_concurrencies: tuple[int, ...] = (1, 4)
+    #: drain rows to run, by a part of their key ("defaults", "c16", "async"); None: all
+    drain_rows: tuple[str, ...] | None = None
     poll_pg: float = 0.005
     poll_sqlite: float = 0.02
     # -- round 2 (benchmarks/round2.py)
@@ -364,6 +366,8 @@ class Bench:
                 shapes.append((f"{prefix}.drain.defaults.p{procs}", procs, 1, True, False))
             for concurrency in c.async_concurrencies:
                 shapes.append((f"{prefix}.drain.async.c{concurrency}.p1", 1, concurrency, False, True))
+        if c.drain_rows is not None:
+            shapes = [s for s in shapes if any(part in s[0].split(".") for part in c.drain_rows)]
         for key, procs, concurrency, defaults, use_asyncio in shapes:
             for name in self.in_order(r, dialect):
                 if use_asyncio and name != "watchdog":
@@ -1616,8 +1620,15 @@ def main() -> int:
     parser.add_argument(
         "--drain-jobs", type=int, default=None, help="jobs per drain measurement for every queue (default: per queue)"
     )
+    parser.add_argument(
+        "--drain-rows",
+        default=None,
+        help="drain rows to run, by a part of their key: e.g. defaults,c16,p1 (a row runs if any part matches)",
+    )
     args = parser.parse_args()
     config = Config.make(args.quick, args.repeat)
+    if args.drain_rows:
+        config.drain_rows = tuple(part.strip() for part in args.drain_rows.split(",") if part.strip())
     if args.drain_jobs:
         config.drain = {name: args.drain_jobs for name in config.drain}
         config.sqlite_drain = args.drain_jobs

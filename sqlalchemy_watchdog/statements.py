@@ -77,6 +77,7 @@ __all__ = [
     "next_ready",
     "promote",
     "claim",
+    "queue_params",
     "settle",
     "renew",
     "cancel",
@@ -437,29 +438,39 @@ def promote(dialect: str) -> Update:
     return update(t).where(target, IS_DELAYED).values(state=_QUEUED).returning(c.sequence)
 
 
+def queue_params(queues: Sequence[str]) -> dict[str, str]:
+    """The bind parameters of :func:`claim`'s ``queue_count`` queues."""
+    return {f"queue_{index}": queue for index, queue in enumerate(queues)}
+
+
 @cache
-def claim(dialect: str, filtered: bool, one_queue: bool = False) -> Update:
-    """Take up to ``:limit`` of the best queued jobs (of ``:queues`` when
-    ``filtered``) for ``:lease_ms``, each under its own claim token
-    ``:token.<sequence>``, so a settle or renew of one job of the batch
-    cannot name another's claim.
+def claim(dialect: str, queue_count: int | None) -> Update:
+    """Take up to ``:limit`` of the best queued jobs (of the ``queue_count``
+    queues ``:queue_0``, ``:queue_1``, ...; of every queue when None) for
+    ``:lease_ms``, each under its own claim token ``:token.<sequence>``, so
+    a settle or renew of one job of the batch cannot name another's claim.
 
     A job whose cancellation was recorded while it waited is settled
     ``cancelled`` instead of being run. Jobs of a paused queue are not
-    taken (:data:`UNPAUSED`). ``one_queue``: ``:queues`` holds one queue
-    (SQLite then reads it in ``ix_watchdog_jobs_live_queue``). On PostgreSQL the pick is a
-    MATERIALIZED CTE that locks exactly its rows and skips rows another
-    claimer holds, so the planner can neither run a ``LIMIT`` subquery twice
-    nor touch more rows than asked for; the locked rows are still queued
-    when the update reaches them, so the update goes to them by key alone.
+    taken (:data:`UNPAUSED`). On PostgreSQL the pick is a MATERIALIZED CTE
+    that locks exactly its rows and skips rows another claimer holds, so
+    the planner can neither run a ``LIMIT`` subquery twice nor touch more
+    rows than asked for; the locked rows are still queued when the update
+    reaches them, so the update goes to them by key alone.
+
+    One bind parameter per queue (not an expanding ``IN``): the text of the
+    statement is fixed for a runner's queues, so the store can send it
+    precompiled and the driver prepares it once (see ``store.execute_rows``).
     """
     pick = select(c.sequence).where(IS_QUEUED, UNPAUSED)
-    if filtered:
-        # An expanding IN (not = ANY(array)): one queue renders as an
-        # equality, which PostgreSQL reads in ix_watchdog_jobs_live_queue
-        # (with ANY it read the ready index filtered, past other queues' jobs).
-        pick = pick.where(c.queue_name.in_(_QUEUES))
-        if dialect == "sqlite" and one_queue:
+    if queue_count is not None:
+        if queue_count < 1:
+            raise ValueError("queue_count: at least 1")
+        # One queue renders as ``IN (:queue_0)``, which PostgreSQL reads as an
+        # equality in ix_watchdog_jobs_live_queue (with = ANY(array) it read
+        # the ready index filtered, past other queues' jobs).
+        pick = pick.where(c.queue_name.in_([_p(f"queue_{index}", Text()) for index in range(queue_count)]))
+        if dialect == "sqlite" and queue_count == 1:
             # One queue: its jobs in claim order in ix_watchdog_jobs_live_queue,
             # which SQLite uses only for a query repeating the index's predicate.
             # Several: ix_watchdog_jobs_ready in claim order, skipping other

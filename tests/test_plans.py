@@ -336,7 +336,7 @@ def _claim(queues: list[str] | None) -> Params:
     def params(dialect: str) -> dict[str, Any]:
         values: dict[str, Any] = {"token": "tok", "lease_ms": 60_000, "limit": 1}
         if queues is not None:
-            values["queues"] = queues
+            values.update(sql.queue_params(queues))
         return values
 
     return params
@@ -428,12 +428,12 @@ PLANS: list[Case] = [
     ),
     Case("next_ready", "next_ready", (), _none, on(DELAYED), ordered=True),
     Case("promote", "promote", (D,), lambda d: {"limit": 100}, on(DELAYED), ordered=True),
-    Case("claim(all queues)", "claim", (D, False), _claim(None), on(READY), ordered=True),
+    Case("claim(all queues)", "claim", (D, None), _claim(None), on(READY), ordered=True),
     # What every runner sends: the queues it has handlers for.
     Case(
         "claim(one queue)",
         "claim",
-        (D, True, True),
+        (D, 1),
         _claim([BACKLOG_QUEUE]),
         on(LIVE_QUEUE),
         ordered=True,
@@ -442,7 +442,7 @@ PLANS: list[Case] = [
     Case(
         "claim(three queues)",
         "claim",
-        (D, True),
+        (D, 3),
         _claim(["q3", "q4", BACKLOG_QUEUE]),
         on(READY, LIVE_QUEUE),
         ordered=True,

@@ -852,3 +852,80 @@ def test_app_clock_ahead_cannot_extend_a_lease_beyond_db_time_plus_lease(engine:
     assert row(engine, "a")["lease_until"] <= db_clock(engine) + LEASE_MS  # type: ignore[index]
     run(engine, store.renew, [("a", claim.token)], lease_ms=LEASE_MS, now=store.now_ms() + skew)
     assert row(engine, "a")["lease_until"] <= db_clock(engine) + LEASE_MS  # type: ignore[index]
+
+
+# -- the hot statements reach the driver precompiled (store.execute_rows) ---------
+
+
+def test_a_hot_statement_opens_the_transaction_its_caller_commits_or_rolls_back(engine: Engine) -> None:
+    """The claim, settle and enqueue statements go to the DBAPI cursor as
+    text; the SQLAlchemy transaction still begins with them, so the caller's
+    ``commit()`` makes them durable and its ``rollback()`` drops them."""
+    with engine.connect() as conn:
+        store.enqueue(conn, [Job("dropped", "q")])
+        assert conn.in_transaction()
+        conn.rollback()
+    with engine.connect() as conn:
+        store.enqueue(conn, [Job("kept", "q")])
+        conn.commit()
+    assert row(engine, "dropped") is None and row(engine, "kept") is not None
+    with engine.connect() as conn:
+        [claim] = store.claim(conn, queues=["q"], limit=5, lease_ms=LEASE_MS).claimed
+        conn.rollback()
+    assert row(engine, "kept")["state"] == "queued"  # type: ignore[index]
+    with engine.connect() as conn:
+        [claim] = store.claim(conn, queues=["q"], limit=5, lease_ms=LEASE_MS).claimed
+        conn.commit()
+    assert row(engine, "kept")["claim_token"] == claim.token  # type: ignore[index]
+
+
+def test_listeners_see_every_hot_statement_and_their_answers_are_the_same(engine: Engine) -> None:
+    """With engine events listening (OpenTelemetry's SQLAlchemy
+    instrumentation, a test counting statements), the hot statements go
+    through SQLAlchemy's execution and every listener sees them."""
+    from sqlalchemy import event
+
+    seen: list[str] = []
+
+    def listen(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        seen.append(statement)
+
+    add(engine, Job("quiet", "q", payload={"n": 1}))
+    quiet = claim_one(engine, queues=["q"])
+    event.listen(engine, "after_cursor_execute", listen)
+    try:
+        add(engine, Job("heard", "q", payload={"n": 1}))
+        heard = claim_one(engine, queues=["q", "other"])
+        # Claimed through the driver's tuples (quiet) or SQLAlchemy's rows
+        # (heard), a job reads back as the same JobView as store.read gives.
+        assert [quiet.job, heard.job] == [run(engine, store.read, "quiet"), run(engine, store.read, "heard")]
+        settled = [settle(engine, c, Decision.completed()) for c in (quiet, heard)]
+    finally:
+        event.remove(engine, "after_cursor_execute", listen)
+    assert any(s.startswith("INSERT INTO watchdog_jobs") for s in seen)
+    assert any("started_at=CASE" in s for s in seen)  # the claim
+    assert sum("settles" in s for s in seen) == 2
+    assert [s.status for s in settled] == [SettleStatus.SETTLED, SettleStatus.SETTLED]
+    assert [s.job.outcome for s in settled] == [Outcome.COMPLETED, Outcome.COMPLETED]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])  # a server backend to terminate
+def test_a_dropped_connection_under_a_hot_statement_is_invalidated_and_transient(engine: Engine) -> None:
+    """A driver error in the precompiled path takes SQLAlchemy's own route:
+    wrapped as ``DBAPIError``, the connection invalidated on a disconnect,
+    so the runner's retry starts over on a fresh connection."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    add(engine, Job("a", "q"))
+    with engine.connect() as conn:
+        pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        conn.commit()
+        with engine.connect() as killer:
+            killer.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        with pytest.raises(DBAPIError) as raised:
+            store.claim(conn, queues=["q"], limit=1, lease_ms=LEASE_MS)
+        assert raised.value.connection_invalidated and store.is_transient(raised.value)
+        assert conn.invalidated
+    assert row(engine, "a")["state"] == "queued"  # type: ignore[index]
+    assert claim_one(engine, queues=["q"]).job.job_id == "a"
