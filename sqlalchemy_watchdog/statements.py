@@ -7,7 +7,7 @@ Each statement is built once per dialect (``postgresql`` or ``sqlite``) and
 kept: values travel as named bind parameters, so SQLAlchemy compiles each
 statement once, psycopg can prepare it server-side, and the hot path (claim,
 settle, renew) builds nothing per call. Many rows travel as one JSON array
-parameter (``json_array_elements`` on PostgreSQL, ``json_each`` on SQLite),
+parameter (``jsonb_array_elements`` on PostgreSQL, ``json_each`` on SQLite),
 so a batch is still one constant statement.
 :mod:`sqlalchemy_watchdog.store` runs them. Time is in
 milliseconds since the Unix epoch, and always read inside the statement:
@@ -253,14 +253,16 @@ def _rows(dialect: str, name: str, fields: Fields) -> tuple[Any, dict[str, Any],
 
     One text parameter, whatever the batch size: encoding it is one call to
     the C JSON encoder, where per-column arrays cost psycopg a Python loop
-    over every element. PostgreSQL reads it with ``json_array_elements``,
-    SQLite with ``json_each``.
+    over every element. PostgreSQL reads it as ``jsonb`` with
+    ``jsonb_array_elements`` (parsed once: ``->>`` on ``json`` re-parses the
+    element for every field, which made a 1,000-row enqueue statement 1.7x
+    slower), SQLite with ``json_each``.
 
     Returns the source, its columns by field name, and its ordering column.
     """
     if dialect == "postgresql":
         source = (
-            func.json_array_elements(cast(bindparam(name, type_=Text()), postgresql.JSON()))
+            func.jsonb_array_elements(cast(bindparam(name, type_=Text()), postgresql.JSONB()))
             .table_valued("value", with_ordinality="ordinal")
             .render_derived(name=name)
         )
