@@ -89,7 +89,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def profile(shape: str, jobs: int, rate: int, raw_dir: Path | None) -> dict[str, object]:
+def profile(shape: str, jobs: int, rate: int, raw_dir: Path | None, count_sql: bool = False) -> dict[str, object]:
     from subjects import SUBJECT
 
     kind, conc = shape.split("-c")
@@ -105,7 +105,10 @@ def profile(shape: str, jobs: int, rate: int, raw_dir: Path | None) -> dict[str,
     ]
     if kind == "async":
         argv.append("--asyncio")
-    env = {**os.environ, "WATCHDOG_BENCH_COUNT_SQL": "1"}
+    # Counting statements attaches a SQLAlchemy event listener, which makes the
+    # store send its hot statements through SQLAlchemy's execution (so that the
+    # listener sees them): a different path than an application's. Only on request.
+    env = {**os.environ, "WATCHDOG_BENCH_COUNT_SQL": "1"} if count_sql else dict(os.environ)
     worker_proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=open(workdir / "worker.log", "w"), text=True, env=env
     )
@@ -169,13 +172,18 @@ def main() -> int:
     parser.add_argument("--shapes", default="sync-c1,sync-c16,async-c16")
     parser.add_argument("--rate", type=int, default=1000, help="py-spy samples per second")
     parser.add_argument("--raw", type=Path, default=None, help="keep py-spy's collapsed stacks here")
+    parser.add_argument(
+        "--count-sql",
+        action="store_true",
+        help="also count the statements per job (a SQLAlchemy listener: the hot statements then take SQLAlchemy's path)",
+    )
     args = parser.parse_args()
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"profile: {load}", flush=True)
     results = []
     try:
         for shape in args.shapes.split(","):
-            result = profile(shape, args.jobs, args.rate, args.raw)
+            result = profile(shape, args.jobs, args.rate, args.raw, args.count_sql)
             results.append(result)
             print(f"  {shape}: {result['rate']:,.0f} jobs/s, wall {result['wall_us']:,.0f} us/job,"
                   f" worker CPU {result['cpu_us']:,.0f} us/job", flush=True)
@@ -191,6 +199,8 @@ def main() -> int:
         cells = [f"{r['groups'].get(name, 0.0):,.0f}" for r in results]  # type: ignore[attr-defined]
         print(f"| {name} | " + " | ".join(cells) + " |")
     for result in results:
+        if not result["statements"]:
+            continue
         print(f"\n| {result['shape']}: statements per job | per job |")
         print("| --- | --- |")
         for words, per_job in result["statements"].items():  # type: ignore[attr-defined]

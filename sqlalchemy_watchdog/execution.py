@@ -786,14 +786,15 @@ class RunnerCore:
         execution = Execution(claim, running, signal, claimed_at=asked_at, refused=refused)
         with self._lock:
             self._active[job.job_id] = execution
-        log.info(
-            "claimed job %s (queue %s, attempt %d, recovery %d)",
-            job.job_id,
-            job.queue,
-            job.attempt,
-            job.recovery_count,
-            extra=running.log_fields,
-        )
+        if log.isEnabledFor(logging.INFO):  # its fields are built per job: only when logged
+            log.info(
+                "claimed job %s (queue %s, attempt %d, recovery %d)",
+                job.job_id,
+                job.queue,
+                job.attempt,
+                job.recovery_count,
+                extra=running.log_fields,
+            )
         return execution
 
     def _decoded(self, job: JobView) -> tuple[Any, Decision | None]:
@@ -1123,13 +1124,14 @@ def _concluded(execution: Execution, settlement: Settlement | None) -> TickResul
         )
         return TickResult(TickStatus.REQUEUED, settled, job_id)
     if settlement.status in (SettleStatus.SETTLED, SettleStatus.REPLAYED):
-        log.info(
-            "settled job %s: %s%s",
-            job_id,
-            _outcome(settled),
-            f" ({settled.failure_reason})" if settled is not None and settled.failure_reason else "",
-            extra=execution.job.log_fields,
-        )
+        if log.isEnabledFor(logging.INFO):  # the common case: no record built unless logged
+            log.info(
+                "settled job %s: %s%s",
+                job_id,
+                _outcome(settled),
+                f" ({settled.failure_reason})" if settled is not None and settled.failure_reason else "",
+                extra=execution.job.log_fields,
+            )
         return TickResult(TickStatus.SETTLED, settled, job_id)
     if settled is not None and settled.state is JobState.SETTLED:
         log.info("job %s was settled elsewhere (%s); this claim's decision is dropped", job_id, _outcome(settled))
