@@ -447,9 +447,10 @@ PLANS: list[Case] = [
         on(READY, LIVE_QUEUE),
         ordered=True,
     ),
-    # By job_id, or over the running jobs alone (the lease index holds nothing else).
-    Case("settle(1)", "settle", (D,), _settle(1), on(JOB_ID, LEASE)),
-    Case("settle(50)", "settle", (D,), _settle(50), on(JOB_ID, LEASE)),
+    # By job_id, one lookup per row: never the lease index, which also holds the entries
+    # of jobs settled since the last vacuum (statements.settle).
+    Case("settle(1)", "settle", (D,), _settle(1), on(JOB_ID)),
+    Case("settle(50)", "settle", (D,), _settle(50), on(JOB_ID)),
     Case("renew", "renew", (), _claims, on(JOB_ID, LEASE)),
     Case("release", "release", (), _claims, on(JOB_ID, LEASE)),
     Case("cancel(live)", "cancel", (False,), lambda d: {"job": "qd-5", "cancellation": "x"}, on(JOB_ID)),
