@@ -274,17 +274,23 @@ def execute_rows(conn: Connection, stmt: Executable, params: Mapping[str, Any]) 
         # What Connection.execute does first (its autobegin): the caller's
         # commit() or rollback() then ends the transaction this statement is in.
         conn.begin()
+    # Outside the try: SQLAlchemy's own errors (a connection left invalid
+    # inside a transaction) propagate as they are, as from Connection.execute.
+    dbapi_connection = conn.connection.dbapi_connection
+    assert dbapi_connection is not None
     cursor = None
     try:
-        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        cursor = dbapi_connection.cursor()
         cursor.execute(pre.text, args)
         # Every hot statement has RETURNING (and cursor.description would
         # build a column object per column per execute).
-        rows = cursor.fetchall()
+        rows: list[Sequence[Any]] = list(cursor.fetchall())
         cursor.close()
-    except Exception as error:
+    except conn.dialect.loaded_dbapi.Error as error:
+        # Wrapped as DBAPIError, the connection invalidated on a disconnect,
+        # the cursor closed otherwise: SQLAlchemy's own handling.
         conn._handle_dbapi_exception(error, pre.text, args, cursor, None)
-    return list(rows)
+    return rows
 
 
 # -- enqueue -----------------------------------------------------------------
