@@ -76,7 +76,7 @@ from .jobs import (
     job_batch,
 )
 from .store import Settlement, SettleRequest
-from .wakeups import listen_async, listens
+from .wakeups import Waiting, listen_async, listens
 
 if TYPE_CHECKING:
     from .codecs import PayloadCodec
@@ -585,7 +585,10 @@ class AsyncRunner:
         if self.settings.retention is not None:
             background.append(asyncio.create_task(self._prune_loop()))
         if listens(self.engine.dialect.name, self.engine.dialect.driver):
-            background.append(asyncio.create_task(listen_async(self.engine, self._jobs_arrived, heartbeat_now.set)))
+            self.core.waiting = Waiting(self.settings.poll_interval_s)
+            background.append(
+                asyncio.create_task(listen_async(self.engine, self._jobs_arrived, heartbeat_now.set, self.core.waiting))
+            )
         log.info("async runner started: queues=%s concurrency=%d", ",".join(self.queues), self.settings.concurrency)
         try:
             await self._loop()
@@ -593,6 +596,7 @@ class AsyncRunner:
             try:
                 await drive_async(shutdown(self.core), self._perform)
             finally:
+                self.core.waiting = None
                 for task in background:
                     task.cancel()
                 await asyncio.gather(*background, return_exceptions=True)

@@ -58,7 +58,7 @@ from .jobs import (
     history_with,
 )
 from .store import Claim, Recovery, RecoveryCause, RecoveryStatus, Settlement, SettleRequest
-from .wakeups import listens
+from .wakeups import Waiting, listens
 
 if TYPE_CHECKING:
     from .codecs import PayloadCodec
@@ -741,6 +741,9 @@ class RunnerCore:
         #: Claims whose recovery the database refused: (job_id, token) ->
         #: (monotonic time until which they are skipped, refusals so far).
         self._isolated: dict[tuple[str, str], tuple[float, int]] = {}
+        #: Where NOTIFY wakes the runner: its side of the waiting lock, told
+        #: after each claim whether the runner now waits for work.
+        self.waiting: Waiting | None = None
 
     # -- the table of executions
 
@@ -1339,7 +1342,11 @@ def loop_pass(core: RunnerCore) -> Steps[float]:
         yield Spawn(tuple(executions))
     taken = len(executions) + len(cancelled)
     if taken and taken == free:
+        if core.waiting is not None:
+            core.waiting.busy()  # a backlog: no wake-up needed
         return 0.0
+    if core.waiting is not None:
+        core.waiting.idle()
     return core.idle_wait()
 
 

@@ -65,7 +65,7 @@ from .execution import (
 )
 from .jobs import Decision, JobView, Retention, RetryPolicy
 from .store import Settlement, SettleRequest
-from .wakeups import Listener
+from .wakeups import Listener, Waiting
 
 if TYPE_CHECKING:
     from .codecs import PayloadCodec
@@ -372,7 +372,9 @@ class Runner:
         heartbeat.start()
         settler = self._settler = _Settler(self)
         workers = self._workers = _Workers(self)
-        listener = Listener.start_for(self.engine, self._jobs_arrived, self._renew_now)
+        waiting = Waiting(self.settings.poll_interval_s)
+        listener = Listener.start_for(self.engine, self._jobs_arrived, self._renew_now, waiting)
+        self.core.waiting = waiting if listener is not None else None
         pruner = _Pruner(self) if self.settings.retention is not None else None
         log.info("runner started: queues=%s concurrency=%d", ",".join(self.queues), self.settings.concurrency)
         try:
@@ -390,6 +392,7 @@ class Runner:
                 workers.stop()
                 self._workers = None
                 if listener is not None:
+                    self.core.waiting = None
                     listener.stop()
                 for sig, previous_handler in previous.items():
                     signal.signal(sig, previous_handler)

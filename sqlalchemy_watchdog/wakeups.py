@@ -2,10 +2,45 @@
 
 Internal module. Idle runners LISTEN on :data:`CHANNEL`. A statement-level
 INSERT trigger on ``watchdog_jobs`` sends :data:`EVENT_QUEUED` when an
-enqueue commits (PostgreSQL folds identical notifications of one
-transaction, and one trigger per statement costs no round trip on the
-enqueue path); a cancellation or lane failure sends :data:`EVENT_STOP`, on
-which a runner renews its claims at once and so finds the handlers to stop.
+enqueue commits -- but only while a runner waits for work (PostgreSQL folds
+identical notifications of one transaction, and one trigger per statement
+costs no round trip on the enqueue path); a cancellation or lane failure
+sends :data:`EVENT_STOP`, on which a runner renews its claims at once and
+so finds the handlers to stop.
+
+Why only while a runner waits: PostgreSQL holds a database-wide lock from a
+notifying transaction's pre-commit until its commit is flushed, so commits
+that notify are flushed one at a time instead of together. Many producers
+committing at once with nobody waiting (every runner busy, or none running)
+pay that for nothing.
+
+How, without ever missing a wake-up -- the *waiting lock*
+(:data:`WAITING_LOCK`, a PostgreSQL advisory lock):
+
+* The trigger takes the lock **shared**, for its transaction, if it can
+  (``pg_try_advisory_xact_lock_shared``). If it can, no runner waits and it
+  does not notify; the shared lock is held until that transaction ends. If
+  it cannot, a runner waits, and it notifies.
+* A runner whose claim came back short (nothing more to do) asks its
+  listener to take the lock **exclusively**, for the listener's session
+  (``pg_try_advisory_lock``), and then looks for work once more. Getting the
+  exclusive lock proves that every transaction which enqueued without
+  notifying has ended, so that last look sees their jobs; and from then on
+  every enqueue notifies, until the runner lets the lock go. A failed try
+  never waits (an enqueue is never held up by a runner).
+* Only one session holds the lock exclusively: the *sentinel*. Any
+  notification reaches every listener, so another idle runner is *covered*
+  while a sentinel exists -- it takes its last look, and waits.
+* A sentinel whose claim fills every free slot (a backlog: no wake-up is
+  needed) lets the lock go and notifies :data:`EVENT_HANDOVER`, so covered
+  runners look again and one of them takes over. The lock dies with the
+  listener's session, so a runner that crashed holds nothing; covered
+  runners look again every ``poll_interval``.
+* When the try fails because enqueueing transactions are still open (no
+  sentinel), the runner looks for work again every :data:`RETRY_S` until it
+  gets the lock.
+
+See ``docs/design.md`` ("Wake-ups") for the argument in full.
 
 The listeners take their connection from the application's engine, so
 whatever the engine does to connect -- ``connect_args``, a ``do_connect``
@@ -21,8 +56,10 @@ import asyncio
 import contextlib
 import logging
 import select
+import socket
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sqlalchemy import Engine
@@ -34,9 +71,12 @@ __all__ = [
     "CHANNEL",
     "EVENT_QUEUED",
     "EVENT_STOP",
+    "EVENT_HANDOVER",
+    "WAITING_LOCK",
     "NOTIFY_FUNCTION_SQL",
     "NOTIFY_TRIGGER_SQL",
     "DROP_NOTIFY_FUNCTION_SQL",
+    "Waiting",
     "Listener",
     "listen_async",
     "listens",
@@ -46,16 +86,30 @@ log = logging.getLogger("sqlalchemy_watchdog.runner")
 
 #: The LISTEN/NOTIFY channel of runners on PostgreSQL.
 CHANNEL = "watchdog_jobs"
-#: New work was committed (sent by the table's INSERT trigger).
+#: New work was committed (sent by the table's INSERT trigger while a runner waits).
 EVENT_QUEUED = "queued"
 #: A cancellation or lane failure was recorded: running handlers may have to stop.
 EVENT_STOP = "stop"
+#: The sentinel stopped waiting: covered runners look for work and take over.
+EVENT_HANDOVER = "handover"
+
+#: The waiting lock: a two-key PostgreSQL advisory lock ("WATC", "NOTI").
+#: Exclusive: held by the one waiting runner's listener session (the
+#: sentinel). Shared: held by each enqueueing transaction that did not notify.
+WAITING_LOCK = (0x5741_5443, 0x4E4F_5449)
+
+_KEYS = f"{WAITING_LOCK[0]}, {WAITING_LOCK[1]}"
 
 NOTIFY_FUNCTION_SQL = f"""\
 CREATE OR REPLACE FUNCTION watchdog_jobs_notify_queued() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('{CHANNEL}', '{EVENT_QUEUED}');
+    -- Shared until this transaction ends: no runner can start waiting before
+    -- then, so one that does looks for work after this commit. Taken only
+    -- while no runner waits; while one does, notify it instead.
+    IF NOT pg_try_advisory_xact_lock_shared({_KEYS}) THEN
+        PERFORM pg_notify('{CHANNEL}', '{EVENT_QUEUED}');
+    END IF;
     RETURN NULL;
 END
 $$"""
@@ -66,6 +120,24 @@ NOTIFY_TRIGGER_SQL = (
 DROP_NOTIFY_FUNCTION_SQL = "DROP FUNCTION IF EXISTS watchdog_jobs_notify_queued()"
 
 _LISTEN_SQL = f"LISTEN {CHANNEL}"
+
+#: Become the sentinel if no enqueueing transaction is open and no other
+#: runner waits; else say which of the two it is. One statement, autocommit.
+WAIT_SQL = f"""\
+SELECT CASE
+    WHEN pg_try_advisory_lock({_KEYS}) THEN 'sentinel'
+    WHEN EXISTS (
+        SELECT FROM pg_locks
+        WHERE locktype = 'advisory' AND objsubid = 2
+          AND classid = {WAITING_LOCK[0]} AND objid = {WAITING_LOCK[1]}
+          AND mode = 'ExclusiveLock' AND granted
+          AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    ) THEN 'covered'
+    ELSE 'open'
+END"""
+#: Stop waiting: let the lock go (this session holds no other advisory lock)
+#: and tell covered runners to look again.
+STOP_WAITING_SQL = f"SELECT pg_advisory_unlock_all(), pg_notify('{CHANNEL}', '{EVENT_HANDOVER}')"
 
 
 #: The drivers whose connections deliver notifications to a listener.
@@ -86,43 +158,220 @@ def _backoff(failures: int) -> float:
     return min(30.0, 0.25 * 2.0 ** min(failures, 7))
 
 
-def _dispatch(payload: str, on_queued: Callable[[], None], on_stop: Callable[[], None]) -> None:
-    if payload == EVENT_STOP:
-        on_stop()
-    elif payload == EVENT_QUEUED:
-        on_queued()
+class Waiting:
+    """Whether a runner is announced as waiting for work: its listener's side
+    of the waiting lock (see the module's docstring), shared by the runner's
+    loop (:meth:`idle`, :meth:`busy`) and its listener (the rest).
+
+    Thread-safe; the loop never waits on the database for it: :meth:`idle`
+    and :meth:`busy` only record what the loop saw and ``kick`` the listener,
+    which runs the statements on its own connection.
+    """
+
+    #: How soon a runner that could not take the lock (an enqueueing
+    #: transaction was open) looks for work and tries again.
+    RETRY_S = 0.05
+
+    # states of the listener's session
+    OFF = "off"  # holds nothing, has not tried since it was last told idle
+    SENTINEL = "sentinel"  # holds the lock exclusively
+    COVERED = "covered"  # another runner is the sentinel
+    OPEN = "open"  # enqueueing transactions were open; try again soon
+
+    def __init__(self, poll_interval_s: float, kick: Callable[[], None] = lambda: None) -> None:
+        self.poll_interval_s = poll_interval_s
+        self.kick = kick
+        self._lock = threading.Lock()
+        self._idle = False
+        self.state = self.OFF
+        self._due = 0.0
+
+    # -- the loop's side
+
+    def idle(self) -> None:
+        """The runner's claim came back short: it waits for work."""
+        self._want(True)
+
+    def busy(self) -> None:
+        """The runner's claim filled every free slot: no wake-up is needed."""
+        self._want(False)
+
+    def _want(self, idle: bool) -> None:
+        with self._lock:
+            if self._idle == idle:
+                return
+            self._idle = idle
+        self.kick()
+
+    # -- the listener's side
+
+    def next_statement(self, now: float) -> str | None:
+        """The statement the listener should run now, if any."""
+        with self._lock:
+            if self._idle:
+                if self.state == self.OFF or (self.state in (self.COVERED, self.OPEN) and now >= self._due):
+                    return WAIT_SQL
+                return None
+            if self.state == self.SENTINEL:
+                return STOP_WAITING_SQL
+            self.state = self.OFF
+            return None
+
+    def ran(self, statement: str, answer: Any, now: float) -> bool:
+        """Record what ``statement`` answered; True when the runner must look
+        for work now (after every try to wait: its last look)."""
+        with self._lock:
+            if statement == STOP_WAITING_SQL:
+                self.state = self.OFF
+                return False
+            self.state = str(answer)
+            self._due = now + (self.RETRY_S if self.state == self.OPEN else self.poll_interval_s)
+            return True
+
+    def handed_over(self) -> None:
+        """The sentinel stopped waiting: a covered runner tries to take over."""
+        with self._lock:
+            if self.state != self.COVERED:
+                return
+            self.state = self.OFF
+        self.kick()
+
+    def disconnected(self) -> None:
+        """The listener's session ended, and the lock with it."""
+        with self._lock:
+            self.state = self.OFF
+
+    def timeout(self, now: float, longest: float) -> float:
+        """How long the listener may wait for a notification before it must act."""
+        with self._lock:
+            if self._idle and self.state in (self.COVERED, self.OPEN):
+                return max(0.0, min(longest, self._due - now))
+            return longest
+
+
+class _Wakeups:
+    """What a listener does with a notification and with the waiting lock's
+    statements; the driver-specific loops below only move bytes."""
+
+    def __init__(self, on_queued: Callable[[], None], on_stop: Callable[[], None], waiting: Waiting | None) -> None:
+        self.on_queued = on_queued
+        self.on_stop = on_stop
+        self.waiting = waiting
+
+    def dispatch(self, payload: str) -> None:
+        if payload == EVENT_STOP:
+            self.on_stop()
+        elif payload == EVENT_QUEUED:
+            self.on_queued()
+        elif payload == EVENT_HANDOVER:
+            if self.waiting is not None:
+                self.waiting.handed_over()
+            self.on_queued()
+
+    def act(self, run: Callable[[str], Any]) -> None:
+        """Run what the waiting lock needs now (sync drivers)."""
+        if self.waiting is None:
+            return
+        while (statement := self.waiting.next_statement(time.monotonic())) is not None:
+            if self.waiting.ran(statement, run(statement), time.monotonic()):
+                self.on_queued()
+
+    async def act_async(self, run: Callable[[str], Awaitable[Any]]) -> None:
+        """:meth:`act` for the asyncio drivers."""
+        if self.waiting is None:
+            return
+        while (statement := self.waiting.next_statement(time.monotonic())) is not None:
+            if self.waiting.ran(statement, await run(statement), time.monotonic()):
+                self.on_queued()
+
+    def step_down(self, run: Callable[[str], Any]) -> None:
+        """The listener stops: a sentinel lets the lock go and tells covered
+        runners at once (else they would notice only at their next poll)."""
+        if self.waiting is not None and self.waiting.state == Waiting.SENTINEL:
+            with contextlib.suppress(Exception):  # the session's end lets the lock go anyway
+                run(STOP_WAITING_SQL)
+
+    async def step_down_async(self, run: Callable[[str], Awaitable[Any]]) -> None:
+        """:meth:`step_down` for the asyncio drivers."""
+        if self.waiting is not None and self.waiting.state == Waiting.SENTINEL:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(run(STOP_WAITING_SQL), 5)
+
+    def timeout(self, longest: float) -> float:
+        return longest if self.waiting is None else self.waiting.timeout(time.monotonic(), longest)
+
+    def connected(self) -> None:
+        """LISTEN is in place: whatever was committed while nobody listened
+        (before the first LISTEN, or across a reconnect) is looked for now."""
+        if self.waiting is not None:
+            self.waiting.disconnected()
+        self.on_queued()
 
 
 class Listener:
-    """A thread LISTENing on a connection of ``engine`` (psycopg 3):
-    ``on_queued`` on new work, ``on_stop`` on a cancellation or lane failure.
+    """A thread LISTENing on a connection of ``engine`` (psycopg 3 or
+    psycopg2): ``on_queued`` on new work, ``on_stop`` on a cancellation or
+    lane failure; and the holder of the runner's side of the waiting lock
+    (``waiting``), whose ``kick`` it takes over.
 
     Whatever was committed while nobody listened (before the first LISTEN,
     or across a reconnect) is covered by calling ``on_queued`` once the
     LISTEN is in place.
     """
 
-    def __init__(self, engine: Engine, on_queued: Callable[[], None], on_stop: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        on_queued: Callable[[], None],
+        on_stop: Callable[[], None],
+        waiting: Waiting | None = None,
+    ) -> None:
         self.engine = engine
-        self.on_queued = on_queued
-        self.on_stop = on_stop
+        self.wakeups = _Wakeups(on_queued, on_stop, waiting)
         self._stop = threading.Event()
+        self._kick_in, self._kick_out = socket.socketpair()
+        self._kick_in.setblocking(False)
+        self._kick_out.setblocking(False)
+        if waiting is not None:
+            waiting.kick = self._kick
         self._thread = threading.Thread(target=self._run, name="watchdog-listener", daemon=True)
 
     @classmethod
     def start_for(
-        cls, engine: Engine, on_queued: Callable[[], None], on_stop: Callable[[], None]
+        cls,
+        engine: Engine,
+        on_queued: Callable[[], None],
+        on_stop: Callable[[], None],
+        waiting: Waiting | None = None,
     ) -> Listener | None:
         """A started listener, or None where the engine cannot listen."""
         if not listens(engine.dialect.name, engine.dialect.driver):
             return None
-        listener = cls(engine, on_queued, on_stop)
+        listener = cls(engine, on_queued, on_stop, waiting)
         listener._thread.start()
         return listener
 
     def stop(self) -> None:
         self._stop.set()
+        self._kick()
         self._thread.join(timeout=10)
+        self._kick_in.close()
+        self._kick_out.close()
+
+    def _kick(self) -> None:
+        with contextlib.suppress(OSError):  # full (a kick is pending anyway) or closed
+            self._kick_in.send(b"\0")
+
+    def _wait(self, fileno: int) -> bool:
+        """Wait for the connection to have input, a kick, or the next due
+        action; True when the connection has input."""
+        kicks = self._kick_out.fileno()
+        ready, _, _ = select.select([fileno, kicks], [], [], self.wakeups.timeout(0.5))
+        if kicks in ready:
+            with contextlib.suppress(OSError):
+                while self._kick_out.recv(4096):
+                    pass
+        return fileno in ready
 
     def _run(self) -> None:
         failures = 0
@@ -138,15 +387,10 @@ class Listener:
             driver_conn: Any = raw.driver_connection
             raw.detach()  # never pooled again: it LISTENs; closed below
             try:
-                driver_conn.autocommit = True
                 if self.engine.dialect.driver == "psycopg2":
                     self._serve_psycopg2(driver_conn)
                 else:
-                    driver_conn.execute(_LISTEN_SQL)
-                    self.on_queued()
-                    while not self._stop.is_set():
-                        for note in driver_conn.notifies(timeout=0.5):
-                            _dispatch(note.payload, self.on_queued, self.on_stop)
+                    self._serve_psycopg(driver_conn)
             except Exception as error:
                 if not self._stop.is_set():
                     log.warning("listener: connection lost (%s); reconnecting", redacted(error))
@@ -157,32 +401,122 @@ class Listener:
                 with contextlib.suppress(Exception):
                     driver_conn.close()
 
+    def _serve_psycopg(self, driver_conn: Any) -> None:
+        driver_conn.autocommit = True
+        driver_conn.execute(_LISTEN_SQL)
+        self.wakeups.connected()
+
+        def run(statement: str) -> Any:
+            return driver_conn.execute(statement).fetchone()[0]
+
+        while not self._stop.is_set():
+            self.wakeups.act(run)
+            # Notifications that came in while a statement ran wait in
+            # psycopg's backlog, not on the socket: drained before waiting.
+            for note in driver_conn.notifies(timeout=0):
+                self.wakeups.dispatch(note.payload)
+            if self._wait(driver_conn.fileno()):
+                for note in driver_conn.notifies(timeout=0):
+                    self.wakeups.dispatch(note.payload)
+                if driver_conn.closed:
+                    raise ConnectionError("the listening connection was closed")
+        self.wakeups.step_down(run)
 
     def _serve_psycopg2(self, driver_conn: Any) -> None:
+        driver_conn.autocommit = True
         with driver_conn.cursor() as cursor:
             cursor.execute(_LISTEN_SQL)
-        self.on_queued()
+        self.wakeups.connected()
+
+        def run(statement: str) -> Any:
+            with driver_conn.cursor() as cursor:
+                cursor.execute(statement)
+                return cursor.fetchone()[0]
+
         while not self._stop.is_set():
-            if select.select([driver_conn], [], [], 0.5) == ([], [], []):
-                continue
-            driver_conn.poll()
+            self.wakeups.act(run)
+            if self._wait(driver_conn.fileno()):
+                driver_conn.poll()
             while driver_conn.notifies:
-                _dispatch(driver_conn.notifies.pop(0).payload, self.on_queued, self.on_stop)
+                self.wakeups.dispatch(driver_conn.notifies.pop(0).payload)
+        self.wakeups.step_down(run)
 
 
-async def _serve_asyncpg(driver_conn: Any, on_queued: Callable[[], None], on_stop: Callable[[], None]) -> None:
+async def _serve_asyncpg(driver_conn: Any, wakeups: _Wakeups, kicked: asyncio.Event) -> None:
     def deliver(connection: Any, pid: int, channel: str, payload: str) -> None:
-        _dispatch(payload, on_queued, on_stop)
+        wakeups.dispatch(payload)
 
     await driver_conn.add_listener(CHANNEL, deliver)
-    on_queued()
-    while not driver_conn.is_closed():
-        await asyncio.sleep(1.0)
+    wakeups.connected()
+    try:
+        while not driver_conn.is_closed():
+            kicked.clear()
+            await wakeups.act_async(driver_conn.fetchval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(kicked.wait(), wakeups.timeout(1.0))
+    except asyncio.CancelledError:
+        await wakeups.step_down_async(driver_conn.fetchval)
+        raise
     raise ConnectionError("the listening connection was closed")
 
 
-async def listen_async(engine: AsyncEngine, on_queued: Callable[[], None], on_stop: Callable[[], None]) -> None:
+async def _serve_psycopg_async(driver_conn: Any, wakeups: _Wakeups, kicked: asyncio.Event) -> None:
+    await driver_conn.set_autocommit(True)
+    await driver_conn.execute(_LISTEN_SQL)
+    wakeups.connected()
+
+    async def run(statement: str) -> Any:
+        return (await (await driver_conn.execute(statement)).fetchone())[0]
+
+    try:
+        await _listen_psycopg_async(driver_conn, wakeups, kicked, run)
+    except asyncio.CancelledError:
+        await wakeups.step_down_async(run)
+        raise
+
+
+async def _listen_psycopg_async(
+    driver_conn: Any, wakeups: _Wakeups, kicked: asyncio.Event, run: Callable[[str], Awaitable[Any]]
+) -> None:
+    loop = asyncio.get_running_loop()
+    readable = asyncio.Event()
+    while True:
+        kicked.clear()
+        await wakeups.act_async(run)
+        async for note in driver_conn.notifies(timeout=0):  # the backlog (see Listener)
+            wakeups.dispatch(note.payload)
+        # psycopg adds its own reader for the socket while it runs a
+        # statement, so ours is only there while we wait.
+        readable.clear()
+        fileno = driver_conn.fileno()
+        loop.add_reader(fileno, readable.set)
+        try:
+            waits = [asyncio.ensure_future(readable.wait()), asyncio.ensure_future(kicked.wait())]
+            try:
+                await asyncio.wait(waits, timeout=wakeups.timeout(1.0), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waits:
+                    waiter.cancel()
+        finally:
+            loop.remove_reader(fileno)
+        if readable.is_set():
+            async for note in driver_conn.notifies(timeout=0):
+                wakeups.dispatch(note.payload)
+            if driver_conn.closed:
+                raise ConnectionError("the listening connection was closed")
+
+
+async def listen_async(
+    engine: AsyncEngine,
+    on_queued: Callable[[], None],
+    on_stop: Callable[[], None],
+    waiting: Waiting | None = None,
+) -> None:
     """:class:`Listener` for an ``AsyncEngine``, until cancelled."""
+    wakeups = _Wakeups(on_queued, on_stop, waiting)
+    kicked = asyncio.Event()
+    if waiting is not None:
+        waiting.kick = kicked.set
     failures = 0
     while True:
         try:
@@ -199,13 +533,9 @@ async def listen_async(engine: AsyncEngine, on_queued: Callable[[], None], on_st
         raw.detach()  # never pooled again: it LISTENs; closed below
         try:
             if engine.dialect.driver == "asyncpg":
-                await _serve_asyncpg(driver_conn, on_queued, on_stop)
+                await _serve_asyncpg(driver_conn, wakeups, kicked)
             else:
-                await driver_conn.set_autocommit(True)
-                await driver_conn.execute(_LISTEN_SQL)
-                on_queued()
-                async for note in driver_conn.notifies():
-                    _dispatch(note.payload, on_queued, on_stop)
+                await _serve_psycopg_async(driver_conn, wakeups, kicked)
         except asyncio.CancelledError:
             raise
         except Exception as error:

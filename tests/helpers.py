@@ -69,3 +69,36 @@ def index_names(engine: Engine, table: str = "watchdog_jobs") -> set[str]:
         )
     with engine.connect() as conn:
         return set(conn.execute(text(query), {"t": table}).scalars())
+
+
+def waiting_sessions(engine: Engine) -> int:
+    """PostgreSQL: how many sessions hold the waiting lock exclusively -- 1
+    while a runner waits for NOTIFY (the sentinel), else 0."""
+    from sqlalchemy_watchdog.wakeups import WAITING_LOCK
+
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
+                    " AND classid = :classid AND objid = :objid AND mode = 'ExclusiveLock' AND granted"
+                    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                ),
+                {"classid": WAITING_LOCK[0], "objid": WAITING_LOCK[1]},
+            ).scalar_one()
+        )
+
+
+def listening_sessions(engine: Engine) -> int:
+    """PostgreSQL: how many runners' listeners are connected -- sessions whose
+    last statement was their LISTEN or one of the waiting lock's statements."""
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND (query ILIKE 'LISTEN %' OR query LIKE '%pg_try_advisory_lock(%'"
+                    " OR query LIKE '%pg_advisory_unlock_all()%') AND pid <> pg_backend_pid()"
+                )
+            ).scalar_one()
+        )

@@ -83,7 +83,7 @@ def model_names(dialect: str = "postgresql") -> dict[str, set[str]]:
 
 
 #: The package's newest revision.
-HEAD = "w0006_index_review"
+HEAD = "w0007_notify_when_waiting"
 
 
 def test_upgrade_head_creates_the_jobs_table(empty_engine: Engine) -> None:
@@ -148,6 +148,26 @@ def triggers_and_functions(engine: Engine) -> set[str]:
             text("SELECT proname FROM pg_proc WHERE proname LIKE 'watchdog%'")
         ).scalars()
         return {f"trigger {name}" for name in triggers} | {f"function {name}" for name in functions}
+
+
+def _notify_function(engine: Engine) -> str:
+    with engine.connect() as conn:
+        return str(conn.execute(text("SELECT pg_get_functiondef('watchdog_jobs_notify_queued'::regproc)")).scalar_one())
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])  # SQLite has no trigger function
+def test_head_notifies_only_while_a_runner_waits_and_the_downgrade_always_notifies(empty_engine: Engine) -> None:
+    """w0007's trigger function is the model's (create_all), and going down
+    to w0006 restores the one that notifies on every enqueue."""
+    run(empty_engine, command.upgrade, "head")
+    migrated = _notify_function(empty_engine)
+    assert "pg_try_advisory_xact_lock_shared" in migrated
+    run(empty_engine, command.downgrade, "w0006_index_review")
+    assert "pg_try_advisory_xact_lock_shared" not in _notify_function(empty_engine)
+    assert "pg_notify('watchdog_jobs', 'queued')" in _notify_function(empty_engine)
+    run(empty_engine, command.downgrade, "base")
+    sqlalchemy_watchdog.metadata.create_all(empty_engine)
+    assert _notify_function(empty_engine) == migrated
 
 
 def test_migration_creates_and_drops_the_same_triggers_as_the_model(empty_engine: Engine) -> None:

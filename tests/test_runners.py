@@ -50,7 +50,7 @@ from sqlalchemy_watchdog import (
 )
 from sqlalchemy_watchdog.asyncio import AsyncRunner
 from sqlalchemy_watchdog.jobs import FAILURE_REASON_MAX_LENGTH
-from tests.helpers import add, raw, read, settled, wait_until
+from tests.helpers import add, listening_sessions, raw, read, settled, wait_until, waiting_sessions
 from tests.runner_kinds import RunnerDriver, dual
 
 LEASE = timedelta(seconds=3)
@@ -882,15 +882,8 @@ def test_handlers_finishing_together_share_settle_statements_and_each_settles_on
 
 
 def _listening(engine: Engine) -> bool:
-    with engine.connect() as conn:
-        return bool(
-            conn.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND query ILIKE 'LISTEN %'"
-                )
-            ).scalar()
-        )
+    """Whether an idle runner waits for NOTIFY: its listener holds the waiting lock."""
+    return waiting_sessions(engine) > 0
 
 
 @pytest.mark.parametrize("dialect", ["postgresql"])  # LISTEN/NOTIFY is PostgreSQL's
@@ -921,7 +914,8 @@ def test_notify_stops_a_cancelled_handler_long_before_the_next_heartbeat(
     )
     with worker.serving():
         assert blocking.started.wait(15)
-        wait_until(lambda: _listening(engine), what="the runner to LISTEN")
+        # Busy (its one slot is taken), so it holds no waiting lock: only LISTENs.
+        wait_until(lambda: listening_sessions(engine), what="the runner to LISTEN")
         started = time.monotonic()
         Watchdog(engine).cancel("a", "stop-a")
         wait_until(lambda: blocking.reasons, timeout=10, what="the handler to stop")

@@ -12,7 +12,21 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
-from sqlalchemy_watchdog.wakeups import DROP_NOTIFY_FUNCTION_SQL, NOTIFY_FUNCTION_SQL, NOTIFY_TRIGGER_SQL
+# The wake-up trigger as this revision created it (w0007 replaced its
+# function); frozen here, as a revision's SQL must be.
+NOTIFY_FUNCTION_SQL = """\
+CREATE OR REPLACE FUNCTION watchdog_jobs_notify_queued() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('watchdog_jobs', 'queued');
+    RETURN NULL;
+END
+$$"""
+NOTIFY_TRIGGER_SQL = (
+    "CREATE TRIGGER watchdog_jobs_queued AFTER INSERT ON watchdog_jobs "
+    "FOR EACH STATEMENT EXECUTE FUNCTION watchdog_jobs_notify_queued()"
+)
+DROP_NOTIFY_FUNCTION_SQL = "DROP FUNCTION IF EXISTS watchdog_jobs_notify_queued()"
 
 revision = "w0001_watchdog_jobs"
 down_revision = None
@@ -114,8 +128,6 @@ def upgrade() -> None:
 
     if op.get_bind().dialect.name == "postgresql":
         # Wake idle runners when an INSERT into the table commits.
-        # The SQL lives with the listeners (wakeups); a change to it needs a
-        # revision of its own carrying the new SQL.
         op.execute(NOTIFY_FUNCTION_SQL)
         op.execute(NOTIFY_TRIGGER_SQL)
 
