@@ -200,6 +200,8 @@ def _check_json(value: Any) -> None:
     included) makes the encoded text fail UTF-8 encoding in
     :func:`encode_payload`, which checks the whole text once.
     """
+    if type(value) is dict and _flat(value):
+        return
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
@@ -227,6 +229,24 @@ def _check_json(value: Any) -> None:
             )
 
 
+#: Exact types a flat payload's values may have without a closer look.
+_SCALARS = frozenset({str, int, bool, type(None)})
+
+
+def _flat(value: dict[Any, Any]) -> bool:
+    """Whether ``value`` is a plain dict of ``str`` keys and finite scalars,
+    the common payload: strict JSON as it stands (the fast path of
+    :func:`_check_json`; False sends anything else to the full check)."""
+    for key, item in value.items():
+        if type(key) is not str:
+            return False
+        kind = type(item)
+        if kind in _SCALARS or (kind is float and math.isfinite(item)):
+            continue
+        return False
+    return True
+
+
 #: Canonical payload JSON: sorted keys, fixed separators, strict numbers.
 _PAYLOAD_ENCODER = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
@@ -239,6 +259,8 @@ def encode_payload(payload: Any) -> str:
     Keys are sorted and separators fixed, so equal payloads always encode to
     the same text and an identical replay is recognised as a duplicate.
     """
+    if payload is None:  # the default: no need for the encoder
+        return "null"
     _check_json(payload)
     try:
         text = _PAYLOAD_ENCODER.encode(payload)
