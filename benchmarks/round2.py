@@ -6,7 +6,9 @@
   ``before_cursor_execute`` listener during the warm-up rounds, none listening
   during the timed ones).
 * ``producers``: 16 client processes enqueueing one job per transaction at once,
-  every queue; watchdog once more with its NOTIFY trigger disabled.
+  every queue; watchdog three times more: with the trigger of before revision w0007
+  (a NOTIFY on every enqueue), with the trigger disabled, and with a runner (its
+  defaults, a process of its own) draining while they enqueue.
 * ``inprocess``: drains by a Runner thread in a process whose main thread enqueues
   the jobs and polls for the end (run.py's drain rows run the runner in a process
   of its own).
@@ -188,10 +190,20 @@ def producer_entry(argv: list[str]) -> None:
     print(f"DONE {end - elapsed:.6f} {end:.6f}", flush=True)
 
 
-def producers_once(bench: Any, name: str, jobs: int, tag: str) -> float:
-    c = bench.config
+def producers_once(bench: Any, name: str, jobs: int, tag: str, *, runner: bool = False) -> float:
     target = bench.target(name, "postgresql")
     bench.subjects[name].reset(target)
+    workers = (
+        bench.workers(name, target, procs=1, concurrency=1, defaults=True, latency=False, tag=tag) if runner else []
+    )
+    try:
+        return _produce(bench, name, target, jobs, tag)
+    finally:
+        harness.stop_all(workers)
+
+
+def _produce(bench: Any, name: str, target: Target, jobs: int, tag: str) -> float:
+    c = bench.config
     go = bench.workdir / f"{tag}.go"
     procs = [
         subprocess.Popen(
@@ -266,6 +278,20 @@ def _trigger(target: Target, enabled: bool) -> None:
         conn.execute(f"ALTER TABLE watchdog_jobs {'ENABLE' if enabled else 'DISABLE'} TRIGGER watchdog_jobs_queued")  # type: ignore[arg-type]
 
 
+def _notify_always(target: Target, always: bool) -> None:
+    """Put back the trigger function of before revision w0007 (a NOTIFY on
+    every enqueue), or the shipped one."""
+    import psycopg
+
+    from sqlalchemy_watchdog.wakeups import NOTIFY_FUNCTION_SQL
+
+    before_w0007 = NOTIFY_FUNCTION_SQL.split("BEGIN", 1)[0] + (
+        "BEGIN\n    PERFORM pg_notify('watchdog_jobs', 'queued');\n    RETURN NULL;\nEND\n$$"
+    )
+    with psycopg.connect(target.dsn, autocommit=True) as conn:
+        conn.execute(before_w0007 if always else NOTIFY_FUNCTION_SQL)  # type: ignore[arg-type]
+
+
 def producers(bench: Any, r: int) -> None:
     c = bench.config
     for name in bench.in_order(r, "postgresql"):
@@ -288,6 +314,36 @@ def producers(bench: Any, r: int) -> None:
                 _trigger(target, True)
 
         bench.measure("pg.producers_no_notify", "watchdog", "{:,.0f} jobs/s", without_notify, timeout=900)
+
+        def notifying_always() -> float:
+            _notify_always(target, True)
+            try:
+                return producers_once(bench, "watchdog", c.producer_jobs["watchdog"], f"producers-always-{r}")
+            finally:
+                _notify_always(target, False)
+
+        bench.measure("pg.producers_notify_always", "watchdog", "{:,.0f} jobs/s", notifying_always, timeout=900)
+        bench.measure(
+            "pg.producers_with_runner",
+            "watchdog",
+            "{:,.0f} jobs/s",
+            lambda: producers_once(bench, "watchdog", c.producer_jobs["watchdog"], f"producers-runner-{r}", runner=True),
+            timeout=900,
+        )
+
+        def with_runner_notifying_always() -> float:
+            _notify_always(target, True)
+            try:
+                return producers_once(
+                    bench, "watchdog", c.producer_jobs["watchdog"], f"producers-runner-always-{r}", runner=True
+                )
+            finally:
+                _notify_always(target, False)
+
+        bench.measure(
+            "pg.producers_with_runner_notify_always", "watchdog", "{:,.0f} jobs/s", with_runner_notifying_always,
+            timeout=900,
+        )
 
 
 # -- in-process drain ------------------------------------------------------------------------
@@ -640,9 +696,15 @@ def render(results: dict[str, dict[str, list[Any]]], summary: dict[str, dict[str
         lines = ["| 16 producer processes, 1 job per transaction (jobs/s) | median (min-max) |", "| --- | --- |"]
         for name, values in prod.items():
             lines.append(f"| {name} | {summary['pg.producers'][name] or 0:,.0f}{_spread(values)} |")
-        quiet = results.get("pg.producers_no_notify", {}).get("watchdog")
-        if quiet:
-            lines.append(f"| watchdog, NOTIFY trigger disabled | {summary['pg.producers_no_notify']['watchdog'] or 0:,.0f}{_spread(quiet)} |")
+        for key, label in (
+            ("pg.producers_notify_always", "watchdog, the trigger before w0007 (NOTIFY on every enqueue)"),
+            ("pg.producers_no_notify", "watchdog, NOTIFY trigger disabled"),
+            ("pg.producers_with_runner", "watchdog, a runner draining meanwhile (its defaults)"),
+            ("pg.producers_with_runner_notify_always", "watchdog, a runner draining meanwhile, the trigger before w0007"),
+        ):
+            values = results.get(key, {}).get("watchdog")
+            if values:
+                lines.append(f"| {label} | {summary[key]['watchdog'] or 0:,.0f}{_spread(values)} |")
         parts.append("\n".join(lines))
     inproc = sorted(k for k in results if k.startswith("pg.inproc."))
     if inproc:
