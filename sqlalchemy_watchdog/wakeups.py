@@ -185,6 +185,13 @@ class Waiting:
         self._idle = False
         self.state = self.OFF
         self._due = 0.0
+        #: A WAIT_SQL was sent and its answer is not recorded yet: the
+        #: session may hold the lock already.
+        self._asking = False
+        #: A handover was dispatched since that WAIT_SQL was sent. asyncpg
+        #: runs notification callbacks while a statement's answer is still on
+        #: its way, so a 'covered' answer may name a sentinel already gone.
+        self._handed_over = False
 
     # -- the loop's side
 
@@ -210,6 +217,8 @@ class Waiting:
         with self._lock:
             if self._idle:
                 if self.state == self.OFF or (self.state in (self.COVERED, self.OPEN) and now >= self._due):
+                    self._asking = True
+                    self._handed_over = False
                     return WAIT_SQL
                 return None
             if self.state == self.SENTINEL:
@@ -224,22 +233,36 @@ class Waiting:
             if statement == STOP_WAITING_SQL:
                 self.state = self.OFF
                 return False
+            self._asking = False
             self.state = str(answer)
+            if self.state == self.COVERED and self._handed_over:
+                self.state = self.OFF  # covered by a sentinel that has handed over: try again now
             self._due = now + (self.RETRY_S if self.state == self.OPEN else self.poll_interval_s)
             return True
 
     def handed_over(self) -> None:
         """The sentinel stopped waiting: a covered runner tries to take over."""
         with self._lock:
+            if self._asking:
+                self._handed_over = True  # the answer on its way may be 'covered' by it
+                return
             if self.state != self.COVERED:
                 return
             self.state = self.OFF
         self.kick()
 
+    def may_hold_lock(self) -> bool:
+        """Whether the listener's session may hold the lock exclusively: it
+        is the sentinel, or a WAIT_SQL's answer never came back (a stop
+        cancelled it), so the session must step down before it goes."""
+        with self._lock:
+            return self.state == self.SENTINEL or self._asking
+
     def disconnected(self) -> None:
         """The listener's session ended, and the lock with it."""
         with self._lock:
             self.state = self.OFF
+            self._asking = False
 
     def timeout(self, now: float, longest: float) -> float:
         """How long the listener may wait for a notification before it must act."""
@@ -287,14 +310,14 @@ class _Wakeups:
     def step_down(self, run: Callable[[str], Any]) -> None:
         """The listener stops: a sentinel lets the lock go and tells covered
         runners at once (else they would notice only at their next poll)."""
-        if self.waiting is not None and self.waiting.state == Waiting.SENTINEL:
+        if self.waiting is not None and self.waiting.may_hold_lock():
             with contextlib.suppress(Exception):  # the session's end lets the lock go anyway
                 run(STOP_WAITING_SQL)
 
     async def step_down_async(self, run: Callable[[str], Awaitable[Any]]) -> None:
         """:meth:`step_down` for the asyncio drivers."""
-        if self.waiting is not None and self.waiting.state == Waiting.SENTINEL:
-            with contextlib.suppress(Exception):
+        if self.waiting is not None and self.waiting.may_hold_lock():
+            with contextlib.suppress(Exception):  # e.g. a connection the stop cancelled mid-statement
                 await asyncio.wait_for(run(STOP_WAITING_SQL), 5)
 
     def timeout(self, longest: float) -> float:
