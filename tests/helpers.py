@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select as io_select
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -102,3 +103,33 @@ def listening_sessions(engine: Engine) -> int:
                 )
             ).scalar_one()
         )
+
+
+class Notifications:
+    """A session LISTENing on the runners' channel, as a runner's listener does
+    (PostgreSQL): what the trigger and the runners send, as a test sees it."""
+
+    def __init__(self, engine: Engine) -> None:
+        from sqlalchemy_watchdog.wakeups import CHANNEL
+
+        self._raw = engine.raw_connection()
+        self.conn: Any = self._raw.driver_connection
+        self.conn.autocommit = True
+        self.conn.execute(f"LISTEN {CHANNEL}")
+
+    def drain(self) -> list[str]:
+        """The payloads that arrived so far."""
+        return [n.payload for n in self.conn.notifies(timeout=0)]
+
+    def received(self, within: float) -> list[str]:
+        """The payloads that arrived, waiting up to ``within`` seconds for the
+        first (PostgreSQL delivers one per transaction and payload)."""
+        payloads = self.drain()
+        deadline = time.monotonic() + within
+        while not payloads and (left := deadline - time.monotonic()) > 0:
+            io_select.select([self.conn.fileno()], [], [], left)
+            payloads += self.drain()
+        return payloads
+
+    def close(self) -> None:
+        self._raw.close()

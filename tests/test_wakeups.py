@@ -11,7 +11,6 @@ waits for a poll interval in the races the lock is there for.
 
 from __future__ import annotations
 
-import select
 import threading
 import time
 from collections.abc import Iterator
@@ -22,8 +21,8 @@ import pytest
 from sqlalchemy import Engine, text
 
 from sqlalchemy_watchdog import Job, JobState, Outcome, RunningJob, enqueue
-from sqlalchemy_watchdog.wakeups import CHANNEL, EVENT_QUEUED, WAIT_SQL, WAITING_LOCK
-from tests.helpers import add, listening_sessions, read, settled, wait_until, waiting_sessions
+from sqlalchemy_watchdog.wakeups import EVENT_QUEUED, WAIT_SQL, WAITING_LOCK
+from tests.helpers import Notifications, add, listening_sessions, read, settled, wait_until, waiting_sessions
 from tests.runner_kinds import RunnerDriver
 
 pytestmark = pytest.mark.parametrize("dialect", ["postgresql"])  # LISTEN/NOTIFY is PostgreSQL's
@@ -42,29 +41,6 @@ class Gate:
     def __call__(self, job: RunningJob) -> None:
         self.started.append(job.job_id)
         assert self.open.wait(30), "the test never opened the gate"
-
-
-class Notifications:
-    """A session LISTENing on the runners' channel, as a runner's listener does."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._raw = engine.raw_connection()
-        self.conn: Any = self._raw.driver_connection
-        self.conn.autocommit = True
-        self.conn.execute(f"LISTEN {CHANNEL}")
-
-    def received(self, within: float) -> list[str]:
-        """The payloads that arrive within ``within`` seconds (all of them,
-        once the first has come: PostgreSQL delivers one per transaction)."""
-        payloads: list[str] = []
-        deadline = time.monotonic() + within
-        while not payloads and (left := deadline - time.monotonic()) > 0:
-            select.select([self.conn.fileno()], [], [], left)
-            payloads += [n.payload for n in self.conn.notifies(timeout=0)]
-        return payloads
-
-    def close(self) -> None:
-        self._raw.close()
 
 
 @pytest.fixture
@@ -187,14 +163,9 @@ def test_a_runner_whose_waiting_session_is_terminated_waits_again_and_is_still_w
     worker = runners.runner({"q": lambda job: None}, concurrency=1, poll_interval=POLL)
     with worker.serving():
         wait_until(lambda: waiting_sessions(engine) == 1, what="the idle runner to wait")
+        pid = _lock_holder(engine)
+        assert pid is not None
         with engine.connect() as conn:
-            pid = conn.execute(
-                text(
-                    "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
-                    " AND classid = :a AND objid = :b AND mode = 'ExclusiveLock' AND granted"
-                ),
-                dict(a=WAITING_LOCK[0], b=WAITING_LOCK[1]),
-            ).scalar_one()
             conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
         wait_until(
             lambda: waiting_sessions(engine) == 1 and _lock_holder(engine) not in (None, pid),

@@ -24,18 +24,16 @@ holds the lock (``pg_locks``) names the process to signal
 
 from __future__ import annotations
 
-import select
 import signal
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.engine import URL
 
 from sqlalchemy_watchdog import Job, enqueue, store
-from sqlalchemy_watchdog.wakeups import CHANNEL, EVENT_QUEUED, WAIT_SQL, WAITING_LOCK
+from sqlalchemy_watchdog.wakeups import EVENT_QUEUED, WAIT_SQL, WAITING_LOCK
 from tests.faults.helpers import (
     Worker,
     WorkerPool,
@@ -44,7 +42,7 @@ from tests.faults.helpers import (
     enqueue_jobs,
     jobs_by_id,
 )
-from tests.helpers import wait_until
+from tests.helpers import Notifications, wait_until
 
 pytestmark = [
     pytest.mark.slow,  # real processes, ~5 s each: CI runs it
@@ -121,31 +119,6 @@ def holds_shared_waiting_lock(conn: Connection) -> bool:
 def sessions_of(engine: Engine, name: str) -> int:
     with engine.connect() as conn:
         return int(conn.execute(_SESSIONS_SQL, {"name": name}).scalar_one())
-
-
-class Notifications:
-    """A session LISTENing on the runners' channel, as every runner's listener does."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._raw = engine.raw_connection()
-        self.conn: Any = self._raw.driver_connection
-        self.conn.autocommit = True
-        self.conn.execute(f"LISTEN {CHANNEL}")
-
-    def drain(self) -> list[str]:
-        return [n.payload for n in self.conn.notifies(timeout=0)]
-
-    def received(self, within: float) -> list[str]:
-        """The payloads that arrived, waiting up to ``within`` seconds for the first."""
-        payloads = self.drain()
-        deadline = time.monotonic() + within
-        while not payloads and (left := deadline - time.monotonic()) > 0:
-            select.select([self.conn.fileno()], [], [], left)
-            payloads += self.drain()
-        return payloads
-
-    def close(self) -> None:
-        self._raw.close()
 
 
 @pytest.fixture
