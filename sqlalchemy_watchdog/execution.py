@@ -865,10 +865,18 @@ class RunnerCore:
     def promotion_is_due(self) -> bool:
         return time.monotonic() >= self.promotion_due
 
+    #: How often a busy runner that NOTIFY wakes looks for due delayed jobs:
+    #: enqueues notify only while a runner waits (see ``wakeups``), so a busy
+    #: one is not told of a delayed job enqueued meanwhile.
+    BUSY_PROMOTION_S = 0.25
+
     def schedule_promotion(self, next_in: float | None) -> None:
         """Look for due delayed jobs again when the next one is due, and at
-        least every poll interval (other processes enqueue delayed jobs too)."""
+        least every poll interval (other processes enqueue delayed jobs too)
+        -- every :attr:`BUSY_PROMOTION_S` while busy where NOTIFY wakes it."""
         poll = self.settings.poll_interval_s
+        if self.waiting is not None and not self.waiting.waits():
+            poll = min(poll, self.BUSY_PROMOTION_S)
         self.promotion_due = time.monotonic() + min(poll, poll if next_in is None else next_in)
 
     #: The longest wait before the schedules are looked at again (a clock

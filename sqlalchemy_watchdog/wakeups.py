@@ -251,6 +251,12 @@ class Waiting:
             self.state = self.OFF
         self.kick()
 
+    def waits(self) -> bool:
+        """Whether the runner is announced as waiting for work (its last
+        claim came back short); a busy runner is told of no enqueue."""
+        with self._lock:
+            return self._idle
+
     def may_hold_lock(self) -> bool:
         """Whether the listener's session may hold the lock exclusively: it
         is the sentinel, or a WAIT_SQL's answer never came back (a stop

@@ -227,3 +227,25 @@ def test_when_the_waiting_runner_stops_another_idle_runner_waits_in_its_place_at
             assert time.monotonic() - started < 3
     finally:
         first.stop()
+
+
+def test_a_busy_runner_promotes_a_delayed_job_enqueued_meanwhile_soon_after_its_time(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    """A runner with every slot taken waits for nothing, so the enqueue of a
+    delayed job does not notify it; it looks for due delayed jobs every
+    quarter second instead of every poll interval."""
+    gate = Gate()
+    worker = runners.runner({"q": gate}, concurrency=1, poll_interval=POLL)
+    with worker.serving():
+        wait_until(lambda: waiting_sessions(engine) == 1, what="the idle runner to wait")
+        add(engine, Job("a", "q"))
+        wait_until(lambda: gate.started == ["a"] and waiting_sessions(engine) == 0, timeout=5, what="a busy runner")
+        with engine.begin() as conn:
+            enqueue(conn, Job("b", "q"), delay=timedelta(milliseconds=300))
+        enqueued = time.monotonic()
+        assert read(engine, "b").state is JobState.DELAYED
+        wait_until(lambda: read(engine, "b").state is JobState.QUEUED, timeout=5, what="the busy runner to promote b")
+        assert time.monotonic() - enqueued < 2, "promoted by the poll, not by the busy runner's look"
+        gate.open.set()
+        assert settled(engine, "b", timeout=10).outcome is Outcome.COMPLETED
