@@ -280,16 +280,25 @@ def _trigger(target: Target, enabled: bool) -> None:
 
 def _notify_always(target: Target, always: bool) -> None:
     """Put back the trigger function of before revision w0007 (a NOTIFY on
-    every enqueue), or the shipped one."""
+    every enqueue; the revision's downgrade SQL), or the shipped one."""
     import psycopg
 
-    from sqlalchemy_watchdog.wakeups import NOTIFY_FUNCTION_SQL
-
-    before_w0007 = NOTIFY_FUNCTION_SQL.split("BEGIN", 1)[0] + (
-        "BEGIN\n    PERFORM pg_notify('watchdog_jobs', 'queued');\n    RETURN NULL;\nEND\n$$"
+    from sqlalchemy_watchdog.migrations.versions.w0007_notify_when_waiting import (
+        NOTIFY_ALWAYS_SQL,
+        NOTIFY_WHEN_WAITING_SQL,
     )
+
     with psycopg.connect(target.dsn, autocommit=True) as conn:
-        conn.execute(before_w0007 if always else NOTIFY_FUNCTION_SQL)  # type: ignore[arg-type]
+        conn.execute(NOTIFY_ALWAYS_SQL if always else NOTIFY_WHEN_WAITING_SQL)  # type: ignore[arg-type]
+
+
+def _with_old_trigger(target: Target, run: Any) -> float:
+    """``run()`` with the trigger of before revision w0007 in place."""
+    _notify_always(target, True)
+    try:
+        return float(run())
+    finally:
+        _notify_always(target, False)
 
 
 def producers(bench: Any, r: int) -> None:
@@ -315,35 +324,18 @@ def producers(bench: Any, r: int) -> None:
 
         bench.measure("pg.producers_no_notify", "watchdog", "{:,.0f} jobs/s", without_notify, timeout=900)
 
-        def notifying_always() -> float:
-            _notify_always(target, True)
-            try:
-                return producers_once(bench, "watchdog", c.producer_jobs["watchdog"], f"producers-always-{r}")
-            finally:
-                _notify_always(target, False)
+        jobs = c.producer_jobs["watchdog"]
+        for key, tag, runner, old_trigger in (
+            ("pg.producers_notify_always", "always", False, True),
+            ("pg.producers_with_runner", "runner", True, False),
+            ("pg.producers_with_runner_notify_always", "runner-always", True, True),
+        ):
 
-        bench.measure("pg.producers_notify_always", "watchdog", "{:,.0f} jobs/s", notifying_always, timeout=900)
-        bench.measure(
-            "pg.producers_with_runner",
-            "watchdog",
-            "{:,.0f} jobs/s",
-            lambda: producers_once(bench, "watchdog", c.producer_jobs["watchdog"], f"producers-runner-{r}", runner=True),
-            timeout=900,
-        )
+            def once(tag: str = tag, runner: bool = runner) -> float:
+                return producers_once(bench, "watchdog", jobs, f"producers-{tag}-{r}", runner=runner)
 
-        def with_runner_notifying_always() -> float:
-            _notify_always(target, True)
-            try:
-                return producers_once(
-                    bench, "watchdog", c.producer_jobs["watchdog"], f"producers-runner-always-{r}", runner=True
-                )
-            finally:
-                _notify_always(target, False)
-
-        bench.measure(
-            "pg.producers_with_runner_notify_always", "watchdog", "{:,.0f} jobs/s", with_runner_notifying_always,
-            timeout=900,
-        )
+            run = (lambda once=once: _with_old_trigger(target, once)) if old_trigger else once
+            bench.measure(key, "watchdog", "{:,.0f} jobs/s", run, timeout=900)
 
 
 # -- in-process drain ------------------------------------------------------------------------

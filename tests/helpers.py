@@ -72,22 +72,29 @@ def index_names(engine: Engine, table: str = "watchdog_jobs") -> set[str]:
         return set(conn.execute(text(query), {"t": table}).scalars())
 
 
-def waiting_sessions(engine: Engine) -> int:
-    """PostgreSQL: how many sessions hold the waiting lock exclusively -- 1
-    while a runner waits for NOTIFY (the sentinel), else 0."""
+def waiting_lock_holders(engine: Engine) -> list[int]:
+    """PostgreSQL: the backend pids holding the waiting lock exclusively --
+    the one runner's listener that waits for NOTIFY (the sentinel), or none."""
     from sqlalchemy_watchdog.wakeups import WAITING_LOCK
 
     with engine.connect() as conn:
-        return int(
-            conn.execute(
+        return [
+            int(pid)
+            for pid in conn.execute(
                 text(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
+                    "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
                     " AND classid = :classid AND objid = :objid AND mode = 'ExclusiveLock' AND granted"
                     " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
                 ),
                 {"classid": WAITING_LOCK[0], "objid": WAITING_LOCK[1]},
-            ).scalar_one()
-        )
+            ).scalars()
+        ]
+
+
+def waiting_sessions(engine: Engine) -> int:
+    """PostgreSQL: how many sessions hold the waiting lock exclusively -- 1
+    while a runner waits for NOTIFY (the sentinel), else 0."""
+    return len(waiting_lock_holders(engine))
 
 
 def listening_sessions(engine: Engine) -> int:

@@ -22,7 +22,16 @@ from sqlalchemy import Engine, text
 
 from sqlalchemy_watchdog import Job, JobState, Outcome, RunningJob, enqueue
 from sqlalchemy_watchdog.wakeups import EVENT_QUEUED, WAIT_SQL, WAITING_LOCK
-from tests.helpers import Notifications, add, listening_sessions, read, settled, wait_until, waiting_sessions
+from tests.helpers import (
+    Notifications,
+    add,
+    listening_sessions,
+    read,
+    settled,
+    wait_until,
+    waiting_lock_holders,
+    waiting_sessions,
+)
 from tests.runner_kinds import RunnerDriver
 
 pytestmark = pytest.mark.parametrize("dialect", ["postgresql"])  # LISTEN/NOTIFY is PostgreSQL's
@@ -179,15 +188,8 @@ def test_a_runner_whose_waiting_session_is_terminated_waits_again_and_is_still_w
 
 
 def _lock_holder(engine: Engine) -> int | None:
-    with engine.connect() as conn:
-        pid = conn.execute(
-            text(
-                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
-                " AND classid = :a AND objid = :b AND mode = 'ExclusiveLock' AND granted"
-            ),
-            dict(a=WAITING_LOCK[0], b=WAITING_LOCK[1]),
-        ).scalar()
-    return int(pid) if pid is not None else None
+    holders = waiting_lock_holders(engine)
+    return holders[0] if holders else None
 
 
 def test_a_stopped_runner_lets_the_waiting_lock_go(engine: Engine, runners: RunnerDriver) -> None:
