@@ -1625,8 +1625,16 @@ def main() -> int:
         default=None,
         help="drain rows to run, by a part of their key: e.g. defaults,c16,p1 (a row runs if any part matches)",
     )
+    parser.add_argument(
+        "--concurrencies",
+        default=None,
+        help="drain concurrencies per worker process (default 1,4,16; the async rows use the same)",
+    )
     args = parser.parse_args()
     config = Config.make(args.quick, args.repeat)
+    if args.concurrencies:
+        config.concurrencies = tuple(int(part) for part in args.concurrencies.split(",") if part.strip())
+        config.async_concurrencies = config.concurrencies
     if args.drain_rows:
         config.drain_rows = tuple(part.strip() for part in args.drain_rows.split(",") if part.strip())
     if args.drain_jobs:

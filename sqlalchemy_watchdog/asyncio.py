@@ -49,6 +49,7 @@ from .execution import (
     default_poll_interval,
     drive_async,
     execute,
+    finish,
     loop_pass,
     probe_failed,
     prune,
@@ -461,7 +462,7 @@ class AsyncRunner:
         try:
             while True:
                 execution.task = task
-                if execution.signal.event.is_set() and not execution.threaded:
+                if execution.signal.is_set() and not execution.threaded:
                     task.cancel()
                 # wait() never raises the handler's own cancellation into this task.
                 await asyncio.wait({task})
@@ -492,9 +493,10 @@ class AsyncRunner:
     async def _settle(self, requests: list[SettleRequest]) -> list[Settlement | None]:
         return await drive_async(settle_batch(requests), self._perform)
 
-    async def _execute(self, execution: Execution) -> TickResult:
+    async def _execute(self, execution: Execution, *, quiet: bool = False) -> TickResult | None:
         """Run ``execution`` to the end: its steps, then its settle (in the
-        settler's next batch while :meth:`run_forever` runs)."""
+        settler's next batch while :meth:`run_forever` runs). ``quiet``: the
+        result is not wanted (None), only logged and traced."""
         try:
             outcome = await drive_async(execute(self.core, execution), self._perform)
             if isinstance(outcome, TickResult):
@@ -504,6 +506,9 @@ class AsyncRunner:
                 settlement = await settler.settle(outcome)
             else:
                 (settlement,) = await self._settle([outcome])
+            if quiet:
+                finish(execution, settlement)
+                return None
             return conclude(execution, settlement)
         finally:
             self.core.retire(execution)
@@ -514,7 +519,7 @@ class AsyncRunner:
         claim's lease then ends and recovery covers the job), never left as
         an unretrieved task exception."""
         try:
-            await self._execute(execution)
+            await self._execute(execution, quiet=True)
         except Exception:
             log.exception("job %s: execution failed", execution.job_id)
 
@@ -555,7 +560,9 @@ class AsyncRunner:
             return outcome
         heartbeat = asyncio.create_task(self._heartbeat_loop())
         try:
-            return await self._execute(outcome)
+            result = await self._execute(outcome)
+            assert result is not None
+            return result
         finally:
             heartbeat.cancel()
             await asyncio.gather(heartbeat, return_exceptions=True)

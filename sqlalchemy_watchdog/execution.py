@@ -176,19 +176,75 @@ class StopReason(str, enum.Enum):
     TIMEOUT = "timeout"
 
 
-@dataclass(eq=False)
+#: Guards the creation of every :class:`Flag`'s event against its setting.
+_FLAGS = threading.Lock()
+
+
+class Flag:
+    """A one-way flag whose :class:`threading.Event` is made only when asked for.
+
+    Every claimed job carries two (its stop signal, its end), and almost
+    none is ever waited on; an ``Event`` (a ``Condition`` and its lock) cost
+    more to make than the rest of an execution's bookkeeping.
+    """
+
+    __slots__ = ("_event", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._event: threading.Event | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        with _FLAGS:
+            self._set = True
+            event = self._event
+        if event is not None:
+            event.set()
+
+    @property
+    def event(self) -> threading.Event:
+        """The flag as an ``Event`` (made now if needed; set if the flag is)."""
+        event = self._event
+        if event is None:
+            with _FLAGS:
+                event = self._event
+                if event is None:
+                    event = self._event = threading.Event()
+                    if self._set:
+                        event.set()
+        return event
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._set or self.event.wait(timeout)
+
+
 class StopSignal:
     """The stop request of one execution: the first reason wins."""
 
-    event: threading.Event = field(default_factory=threading.Event)
-    reason: StopReason | None = None
+    __slots__ = ("_flag", "reason")
+
+    def __init__(self) -> None:
+        self.reason: StopReason | None = None
+        self._flag = Flag()
+
+    @property
+    def event(self) -> threading.Event:
+        """Set once a stop was requested (what a handler waits on)."""
+        return self._flag.event
+
+    def is_set(self) -> bool:
+        """Whether a stop was requested."""
+        return self._flag.is_set()
 
     def request(self, reason: StopReason) -> bool:
         """Ask the handler to stop; whether this was the first request."""
         first = self.reason is None
         if first:
             self.reason = reason
-        self.event.set()
+        self._flag.set()
         return first
 
 
@@ -496,7 +552,7 @@ class Execution:
     claim: Claim
     job: RunningJob
     signal: StopSignal
-    done: threading.Event = field(default_factory=threading.Event)
+    done: Flag = field(default_factory=Flag)
     #: The driver's handle on the running handler (the async driver's task).
     task: Any = None
     #: When the claim was asked for, on this process's monotonic clock: no
@@ -914,7 +970,7 @@ class RunnerCore:
         deadlines = [
             e.deadline
             for e in self.active()
-            if e.deadline is not None and e.slot_held and not e.signal.event.is_set()
+            if e.deadline is not None and e.slot_held and not e.signal.is_set()
         ]
         return min(deadlines, default=None)
 
@@ -924,7 +980,7 @@ class RunnerCore:
         return [
             e
             for e in self.active()
-            if e.deadline is not None and e.deadline <= now and e.slot_held and not e.signal.event.is_set()
+            if e.deadline is not None and e.deadline <= now and e.slot_held and not e.signal.is_set()
         ]
 
     def pass_succeeded(self) -> None:
@@ -1033,7 +1089,7 @@ def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | Tic
             execution.trace = instrumentation.attempt(execution)
     try:
         late = time.monotonic() - execution.claimed_at > settings.heartbeat_s
-        if late and not execution.signal.event.is_set():
+        if late and not execution.signal.is_set():
             held = yield StoreCall(
                 store.renew, ([execution.pair],), dict(lease_ms=settings.lease_ms, now=core.clock())
             )
@@ -1042,7 +1098,7 @@ def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | Tic
                 yield from stop(execution, stop_reason_of(row))
         if execution.signal.reason is StopReason.SHUTDOWN:
             decision: Decision | None = None
-        elif execution.signal.event.is_set():
+        elif execution.signal.is_set():
             decision = Decision.failed(f"execution stopped before it started ({_reason(execution)})")
         elif execution.refused is not None:
             decision = execution.refused
@@ -1115,6 +1171,20 @@ def conclude(execution: Execution, settlement: Settlement | None) -> TickResult:
     result = _concluded(execution, settlement)
     execution.traced("concluded", result)
     return result
+
+
+def finish(execution: Execution, settlement: Settlement | None) -> None:
+    """:func:`conclude` a settle whose result nobody reads (a handed-off
+    settle under ``run_forever``): a plain settle that is neither logged nor
+    traced is left at that, so the settled job's view is never built."""
+    if (
+        execution.trace is None
+        and settlement is not None
+        and settlement.status is SettleStatus.SETTLED
+        and not log.isEnabledFor(logging.INFO)
+    ):
+        return
+    conclude(execution, settlement)
 
 
 def _concluded(execution: Execution, settlement: Settlement | None) -> TickResult:
@@ -1310,7 +1380,7 @@ def renew(core: RunnerCore) -> Steps[None]:
         if (
             execution.job_id in held
             or not execution.slot_held
-            or execution.signal.event.is_set()
+            or execution.signal.is_set()
             or execution.done.is_set()
         ):
             continue

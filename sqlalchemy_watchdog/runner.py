@@ -53,6 +53,7 @@ from .execution import (
     default_poll_interval,
     drive,
     execute,
+    finish,
     loop_pass,
     probe_failed,
     prune,
@@ -312,7 +313,7 @@ class Runner:
     def _finish(self, execution: Execution, settlement: Settlement | None) -> None:
         """A handed-off execution's settle is in: conclude it and retire it."""
         try:
-            conclude(execution, settlement)
+            finish(execution, settlement)
         finally:
             self._retire(execution)
 

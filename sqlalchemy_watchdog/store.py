@@ -691,12 +691,36 @@ class SettleRequest:
         )
 
 
-@dataclass(frozen=True, slots=True)
 class Settlement:
-    """What one settle did, and the job as it now is."""
+    """What one settle did, and the job as it now is.
 
-    status: SettleStatus
-    job: JobView | None
+    A settle statement's row becomes a :class:`JobView` only when ``job`` is
+    first read: a busy runner reads it only to log or trace the settle."""
+
+    __slots__ = ("_job", "_row", "status")
+
+    def __init__(self, status: SettleStatus, job: JobView | None = None, *, row: Sequence[Any] | None = None) -> None:
+        self.status = status
+        self._job = job
+        self._row = row
+
+    @property
+    def job(self) -> JobView | None:
+        row = self._row
+        if row is not None:
+            self._job = view(row)
+            self._row = None
+        return self._job
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Settlement):
+            return NotImplemented
+        return self.status is other.status and self.job == other.job
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Settlement(status={self.status!r}, job={self.job!r})"
 
 
 def settle(
@@ -731,16 +755,17 @@ def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Set
     dialect = conn.dialect.name
     params = sql.rows_params(dialect, "settles", sql.SETTLE_FIELDS, [r.row for r in requests])
     params["now"] = max((r.now or now_ms()) for r in requests)
-    settled = {row[1]: view(row) for row in execute_rows(conn, sql.settle(dialect), params)}
+    settled = {row[1]: row for row in execute_rows(conn, sql.settle(dialect), params)}
     return [
         _settled(settled[r.job_id]) if r.job_id in settled else _unsettled(conn, r.job_id, r.claim_token, r.decision)
         for r in requests
     ]
 
 
-def _settled(job: JobView) -> Settlement:
-    status = SettleStatus.SETTLED if job.state is JobState.SETTLED else SettleStatus.REQUEUED
-    return Settlement(status, job)
+def _settled(row: Sequence[Any]) -> Settlement:
+    # Position 7 of statements.COLUMNS is the state.
+    status = SettleStatus.SETTLED if row[7] == JobState.SETTLED.value else SettleStatus.REQUEUED
+    return Settlement(status, row=row)
 
 
 def _detail(request: SettleRequest) -> str | None:

@@ -6,6 +6,7 @@ failures logged with their tracebacks."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -278,3 +279,63 @@ def test_a_handler_exception_keeps_its_traceback_with_the_job(engine: Engine, ru
     assert 'raise ValueError("no such customer")' in bad.failure_detail
     assert bad.failure_detail.rstrip().endswith("ValueError: no such customer")
     assert good.failure_detail is None
+
+
+# -- the hot path's lazy parts ---------------------------------------------------------
+
+
+def test_a_stop_requested_before_the_handler_looks_is_seen_on_its_event() -> None:
+    """A stop signal makes its ``threading.Event`` only when asked for; a stop
+    requested before that is still seen, and one requested after wakes a waiter."""
+    from sqlalchemy_watchdog.execution import StopReason, StopSignal
+
+    early = StopSignal()
+    assert early.request(StopReason.CANCELLED) is True
+    assert early.request(StopReason.TIMEOUT) is False  # the first reason wins
+    assert early.is_set() and early.event.is_set() and early.reason is StopReason.CANCELLED
+
+    late = StopSignal()
+    event = late.event
+    assert not event.is_set() and not late.is_set()
+    woke: list[bool] = []
+    waiter = threading.Thread(target=lambda: woke.append(event.wait(10)))
+    waiter.start()
+    late.request(StopReason.LEASE_LOST)
+    waiter.join(10)
+    assert woke == [True] and late.event is event
+
+
+def test_a_flag_set_while_its_event_is_being_made_is_never_missed() -> None:
+    """Many threads setting and asking for the event at once: every event
+    handed out ends up set."""
+    from sqlalchemy_watchdog.execution import Flag
+
+    for _ in range(200):
+        flag = Flag()
+        events: list[threading.Event] = []
+        threads = [threading.Thread(target=lambda: events.append(flag.event)) for _ in range(3)]
+        threads.insert(1, threading.Thread(target=flag.set))
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert flag.is_set() and flag.wait(0)
+        assert all(event is flag.event and event.is_set() for event in events)
+
+
+def test_a_settlement_reads_its_job_from_the_settle_row_when_asked(engine: Engine) -> None:
+    """``settle_many`` hands back the statement's row, read into the job view on
+    first access: the same view a read of the row gives."""
+    job_id = f"lazy-{uuid.uuid4().hex[:8]}"
+    with engine.begin() as conn:
+        store.enqueue(conn, [Job(job_id=job_id, queue="lazy", payload={"n": 1})])
+    with engine.begin() as conn:
+        (claim,) = store.claim(conn, queues=["lazy"], limit=1, lease_ms=60_000).claimed
+    with engine.begin() as conn:
+        (settlement,) = store.settle_many(conn, [store.SettleRequest(job_id, claim.token, Decision.completed())])
+    with engine.connect() as conn:
+        stored = store.read(conn, job_id)
+    assert settlement.status is store.SettleStatus.SETTLED
+    assert settlement.job == stored and settlement.job is settlement.job
+    assert settlement == store.Settlement(store.SettleStatus.SETTLED, stored)
+    assert settlement != store.Settlement(store.SettleStatus.REPLAYED, stored)
