@@ -40,6 +40,7 @@ from sqlalchemy import (
     Text,
     Update,
     and_,
+    any_,
     bindparam,
     case,
     cast,
@@ -501,7 +502,13 @@ def claim(dialect: str, queue_count: int | None) -> Update:
     pick = pick.order_by(c.priority.desc(), c.sequence).limit(_p("limit", Integer()))
     if dialect == "postgresql":
         cte = pick.with_for_update(skip_locked=True).cte("ready").prefix_with("MATERIALIZED")
-        target: ColumnElement[bool] = c.sequence.in_(select(cte.c.sequence))
+        # = ANY(ARRAY(...)), not IN (SELECT ...): the planner takes the array for
+        # a few elements whatever it knows of the table, so the generic plan of
+        # the prepared claim goes to each row by key too. With IN, the generic plan
+        # of a queue holding most of the table hash-joined a scan of the whole
+        # table (7 ms a claim at 20,000 jobs, against 0.3): PostgreSQL kept to
+        # custom plans only while it judged the generic one dearer.
+        target: ColumnElement[bool] = c.sequence == any_(func.array(select(cte.c.sequence).scalar_subquery()))
     else:
         # SQLite runs one writer at a time: the pick cannot change under us.
         target = and_(c.sequence.in_(pick), IS_QUEUED)

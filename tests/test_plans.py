@@ -17,8 +17,10 @@ an empty table.
   execution on a connection, and PostgreSQL's plan cache then switches to
   the generic plan if that one looks no dearer than the custom ones had: the
   statement is ``PREPARE``d and executed five times (in a transaction rolled
-  back afterwards) before ``EXPLAIN EXECUTE``. Both must use the index, and
-  neither may ``Seq Scan`` the jobs table.
+  back afterwards) before ``EXPLAIN EXECUTE``. And its generic plan
+  (``plan_cache_mode = force_generic_plan``), which the plan cache may switch
+  to at any later execution. All three must use the index, and none may
+  ``Seq Scan`` the jobs table.
 * SQLite: ``EXPLAIN QUERY PLAN`` of the same, which must name the index
   (``USING INDEX`` / ``USING COVERING INDEX`` / ``USING INTEGER PRIMARY
   KEY``) and never ``SCAN`` the jobs table without one.
@@ -256,8 +258,10 @@ _PYFORMAT = re.compile(r"%\((\w+)\)s|%%")
 CUSTOM_PLANS = 5
 
 
-def pg_cached_plan(engine: Engine, statement: str, parameters: dict[str, Any]) -> Plan:
-    """The plan the sixth execution of ``statement``, prepared server-side, runs."""
+def pg_cached_plan(engine: Engine, statement: str, parameters: dict[str, Any], *, generic: bool = False) -> Plan:
+    """The plan the sixth execution of ``statement``, prepared server-side, runs
+    (``generic``: the generic plan, which the plan cache may switch to at any
+    later execution once it judges it no dearer than the custom ones)."""
     numbers: dict[str, int] = {}
 
     def number(match: re.Match[str]) -> str:
@@ -271,6 +275,8 @@ def pg_cached_plan(engine: Engine, statement: str, parameters: dict[str, Any]) -
         # EXECUTE's arguments take no type from the prepared statement's: send literals.
         arguments = ", ".join(psycopg_sql.Literal(parameters[name]).as_string(raw) for name in numbers)
         execute = "EXECUTE watchdog_plan" + (f"({arguments})" if numbers else "")
+        if generic:
+            conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")
         conn.exec_driver_sql("PREPARE watchdog_plan AS " + prepared)
         for _ in range(CUSTOM_PLANS):
             conn.exec_driver_sql(execute.replace("%", "%%"))
@@ -531,6 +537,7 @@ def _plans(planned: Planned, case: Case) -> list[tuple[str, Plan]]:
     return [
         ("first executions", pg_first_plan(planned.engine, statement, parameters)),
         ("prepared, 6th execution", pg_cached_plan(planned.engine, statement, parameters)),
+        ("generic plan", pg_cached_plan(planned.engine, statement, parameters, generic=True)),
     ]
 
 
@@ -555,3 +562,33 @@ def test_statement_uses_its_index(planned: Planned, case: Case, request: pytest.
         assert not plan.full_scan, f"{case.name} ({label}) scans {TABLE} whole:\n{plan.text}"
         if case.ordered:
             assert not plan.sorts, f"{case.name} ({label}) sorts what it read instead of reading in order:\n{plan.text}"
+
+
+
+def test_the_claims_generic_plan_goes_by_key_when_one_queue_holds_the_table(postgres_server: URL) -> None:
+    """A queue that holds most of the table (one busy queue, a fresh history):
+    the generic plan of the one-queue claim must still reach the picked rows
+    by key. With ``IN (SELECT ...)`` it hash-joined a scan of the whole table
+    (7 ms a claim at 20,000 jobs), ready for the plan cache to choose."""
+    name = f"watchdog_plans_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(postgres_server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    engine = create_engine(postgres_server.set(database=name))
+    try:
+        metadata.create_all(engine)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "INSERT INTO watchdog_jobs (job_id, queue_name, lane, priority, payload_json, state, enqueued_at)"
+                " SELECT 'one-' || n, 'busy', 'one-' || n, 0, '{}', 'queued', 0 FROM generate_series(1, 20000) n"
+            )
+            conn.exec_driver_sql("ANALYZE watchdog_jobs")
+        statement, parameters = sent(engine, sql.claim(PG, 1), _claim(["busy"])(PG))
+        plan = pg_cached_plan(engine, statement, parameters, generic=True)
+        assert not plan.full_scan, f"the generic claim plan scans {TABLE} whole:\n{plan.text}"
+        assert PK in plan.indexes, plan.text
+    finally:
+        engine.dispose()
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
