@@ -190,7 +190,7 @@ def from_epoch_ms(value: int | None) -> datetime | None:
 
 def at_epoch_ms(value: int) -> datetime:
     """Epoch milliseconds as an aware UTC datetime."""
-    return _RUN_AT_MIN + timedelta(milliseconds=value)
+    return _RUN_AT_MIN + timedelta(0, 0, 0, value)  # positional: keywords cost a third more
 
 
 def _check_json(value: Any) -> None:
