@@ -288,6 +288,30 @@ class AsyncWatchdog:
         return await self._read(store.throughput)
 
 
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """Whether a handler is a coroutine function (or an object whose
+    ``__call__`` is one)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+def _finished(task: asyncio.Future[Any]) -> asyncio.Future[None]:
+    """A future done once ``task`` is, whichever way it ended -- what
+    ``asyncio.wait({task})`` gives, without its set, counters and timeout
+    machinery (a drain waits on every handler this way). Cancelling the
+    waiter (a cancelled caller) leaves ``task`` alone."""
+    waiter: asyncio.Future[None] = task.get_loop().create_future()
+    if task.done():
+        waiter.set_result(None)
+        return waiter
+
+    def done(_: asyncio.Future[Any]) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    task.add_done_callback(done)
+    return waiter
+
 class AsyncRunner:
     """The :class:`~sqlalchemy_watchdog.Runner` for asyncio, over an ``AsyncEngine``.
 
@@ -346,6 +370,8 @@ class AsyncRunner:
         self._autocommit = store.self_committing(engine.dialect.name)
         #: The tasks that keep one connection across store calls, and theirs.
         self._held: dict[asyncio.Task[Any], AsyncConnection | None] = {}
+        #: Whether each queue's handler is a coroutine function (asked on first use).
+        self._async_queues: dict[str, bool] = {}
         self._settler: _AsyncSettler | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._threads = _DaemonThreads()
@@ -446,7 +472,10 @@ class AsyncRunner:
         # current in the handler's task or thread.
         context = execution.trace.context() if execution.trace is not None else None
         loop = asyncio.get_running_loop()
-        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+        is_async = self._async_queues.get(job.queue)
+        if is_async is None:  # asked once per queue, not once per job
+            is_async = self._async_queues[job.queue] = _is_async(fn)
+        if is_async:
             task: asyncio.Future[Any] = loop.create_task(fn(job), context=context)
         elif context is not None:
             task = self._threads.submit(context.run, fn, job)
@@ -464,8 +493,8 @@ class AsyncRunner:
                 execution.task = task
                 if execution.signal.is_set() and not execution.threaded:
                     task.cancel()
-                # wait() never raises the handler's own cancellation into this task.
-                await asyncio.wait({task})
+                # Never raises the handler's own cancellation into this task.
+                await _finished(task)
                 if task.cancelled() or task.exception() is not None:
                     break
                 if not inspect.isawaitable(task.result()):
