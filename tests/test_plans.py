@@ -33,6 +33,7 @@ arbiter index PostgreSQL reports for it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -159,15 +160,21 @@ def planned(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         yield Planned(dialect, engine)
         engine.dispose()
         return
-    server: URL = request.getfixturevalue("postgres_server")
+    with own_database(request.getfixturevalue("postgres_server")) as engine:
+        _seed(engine, dialect)
+        yield Planned(dialect, engine)
+
+
+@contextlib.contextmanager
+def own_database(server: URL) -> Iterator[Engine]:
+    """An engine on a PostgreSQL database of its own on ``server``, dropped afterwards."""
     name = f"watchdog_plans_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     admin = create_engine(server, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
     engine = create_engine(server.set(database=name))
     try:
-        _seed(engine, dialect)
-        yield Planned(dialect, engine)
+        yield engine
     finally:
         engine.dispose()
         with admin.connect() as conn:
@@ -570,12 +577,7 @@ def test_the_claims_generic_plan_goes_by_key_when_one_queue_holds_the_table(post
     the generic plan of the one-queue claim must still reach the picked rows
     by key. With ``IN (SELECT ...)`` it hash-joined a scan of the whole table
     (7 ms a claim at 20,000 jobs), ready for the plan cache to choose."""
-    name = f"watchdog_plans_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(postgres_server, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    engine = create_engine(postgres_server.set(database=name))
-    try:
+    with own_database(postgres_server) as engine:
         metadata.create_all(engine)
         with engine.begin() as conn:
             conn.exec_driver_sql(
@@ -587,8 +589,3 @@ def test_the_claims_generic_plan_goes_by_key_when_one_queue_holds_the_table(post
         plan = pg_cached_plan(engine, statement, parameters, generic=True)
         assert not plan.full_scan, f"the generic claim plan scans {TABLE} whole:\n{plan.text}"
         assert PK in plan.indexes, plan.text
-    finally:
-        engine.dispose()
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
