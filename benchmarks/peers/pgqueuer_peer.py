@@ -104,12 +104,14 @@ class PgQueuer:
     def probe(self, target: Target) -> Any:
         from subjects import _Probe
 
-        # A completed job leaves the queue table; its log row says 'successful'
-        # (the periodic log aggregation may fold log rows into statistics).
+        # A completed job leaves the queue table; its log row says 'successful'.
+        # The periodic log aggregation counts log rows into statistics and marks
+        # them ``aggregated`` (pgqueuer 1.6 keeps them): count each row once, as a
+        # log row or, once aggregated (and possibly gone), in the statistics.
         return _Probe(
             target,
             "SELECT EXISTS (SELECT 1 FROM pgqueuer)",
-            "SELECT (SELECT count(*) FROM pgqueuer_log WHERE status = 'successful')"
+            "SELECT (SELECT count(*) FROM pgqueuer_log WHERE status = 'successful' AND NOT aggregated)"
             " + (SELECT coalesce(sum(count), 0) FROM pgqueuer_statistics WHERE status = 'successful')",
         )
 
