@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE))
 
 import harness
 import psycopg
-from sqlalchemy import create_engine, text
+from sqlalchemy import Connection, Engine, create_engine, text
 
 from sqlalchemy_watchdog import Decision, Job, store
 from sqlalchemy_watchdog.model import WatchdogBase
@@ -44,31 +44,36 @@ def backend_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) * TICK_S
 
 
-def one_round(engine: object, jobs: int, batch: int, tag: str) -> tuple[float, float, float]:
+def claim_and_settle(conn: Connection, batch: int) -> int:
+    """Claim up to ``batch`` jobs and settle them completed, as a runner's
+    loop and settler do; how many there were."""
+    claimed = store.claim(conn, queues=["q"], limit=batch, lease_ms=60_000).claimed
+    if not claimed:
+        return 0
+    settled = store.settle_many(
+        conn, [store.SettleRequest(c.job.job_id, c.token, Decision.completed()) for c in claimed]
+    )
+    assert all(s.status is store.SettleStatus.SETTLED for s in settled)
+    return len(claimed)
+
+
+def one_round(target: harness.Target, engine: Engine, jobs: int, batch: int, tag: str) -> tuple[float, float, float]:
     """(wall, client CPU, server CPU) in microseconds per job."""
-    with engine.begin() as conn:  # type: ignore[attr-defined]
+    with engine.begin() as conn:
         conn.execute(text("TRUNCATE watchdog_jobs"))
         for start in range(0, jobs, 1000):
             store.enqueue(conn, [Job(job_id=f"{tag}-{i}", queue="q", payload={"i": i}) for i in range(start, min(jobs, start + 1000))])
-    with psycopg.connect(engine.url.render_as_string(hide_password=False).replace("postgresql+psycopg", "postgresql"), autocommit=True) as admin:  # type: ignore[attr-defined]
+    with psycopg.connect(target.dsn, autocommit=True) as admin:
         admin.execute("VACUUM ANALYZE watchdog_jobs")
-    with engine.connect() as conn:  # type: ignore[attr-defined]
+    with engine.connect() as conn:
         conn = conn.execution_options(isolation_level="AUTOCOMMIT")
         pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
         for _ in range(10):  # warm-up: psycopg prepares a statement after its fifth execution
-            claimed = store.claim(conn, queues=["q"], limit=1, lease_ms=60_000).claimed
-            store.settle_many(conn, [store.SettleRequest(c.job.job_id, c.token, Decision.completed()) for c in claimed])
+            claim_and_settle(conn, 1)
         done = 10
         wall0, cpu0, server0 = time.perf_counter(), time.process_time(), backend_cpu_s(pid)
-        while True:
-            claimed = store.claim(conn, queues=["q"], limit=batch, lease_ms=60_000).claimed
-            if not claimed:
-                break
-            settled = store.settle_many(
-                conn, [store.SettleRequest(c.job.job_id, c.token, Decision.completed()) for c in claimed]
-            )
-            assert all(s.status is store.SettleStatus.SETTLED for s in settled)
-            done += len(claimed)
+        while taken := claim_and_settle(conn, batch):
+            done += taken
         wall, cpu, server = time.perf_counter() - wall0, time.process_time() - cpu0, backend_cpu_s(pid) - server0
     measured = done - 10
     assert measured == jobs - 10, (measured, jobs)
@@ -90,7 +95,7 @@ def main() -> int:
         results: dict[int, list[tuple[float, float, float]]] = {b: [] for b in batches}
         for r in range(args.rounds):
             for b in batches if r % 2 == 0 else reversed(batches):
-                results[b].append(one_round(engine, args.jobs, b, f"r{r}b{b}"))
+                results[b].append(one_round(target, engine, args.jobs, b, f"r{r}b{b}"))
                 wall, cpu, server = results[b][-1]
                 print(f"round {r + 1} batch {b}: wall {wall:.0f}, client {cpu:.0f}, server {server:.0f} us/job", file=sys.stderr)
         engine.dispose()

@@ -288,7 +288,6 @@ class AsyncWatchdog:
         return await self._read(store.throughput)
 
 
-
 def _is_async(fn: Callable[..., Any]) -> bool:
     """Whether a handler is a coroutine function (or an object whose
     ``__call__`` is one)."""
@@ -311,6 +310,7 @@ def _finished(task: asyncio.Future[Any]) -> asyncio.Future[None]:
 
     task.add_done_callback(done)
     return waiter
+
 
 class AsyncRunner:
     """The :class:`~sqlalchemy_watchdog.Runner` for asyncio, over an ``AsyncEngine``.

@@ -27,7 +27,7 @@ from sqlalchemy_watchdog import (
     store,
 )
 from sqlalchemy_watchdog.codecs import TaggedJSON
-from sqlalchemy_watchdog.execution import REFUSED_SETTLE_REASON
+from sqlalchemy_watchdog.execution import REFUSED_SETTLE_REASON, Flag, StopReason, StopSignal
 from sqlalchemy_watchdog.model import jobs_table
 from tests.helpers import add, read, settled, wait_until
 from tests.runner_kinds import RunnerDriver
@@ -287,8 +287,6 @@ def test_a_handler_exception_keeps_its_traceback_with_the_job(engine: Engine, ru
 def test_a_stop_requested_before_the_handler_looks_is_seen_on_its_event() -> None:
     """A stop signal makes its ``threading.Event`` only when asked for; a stop
     requested before that is still seen, and one requested after wakes a waiter."""
-    from sqlalchemy_watchdog.execution import StopReason, StopSignal
-
     early = StopSignal()
     assert early.request(StopReason.CANCELLED) is True
     assert early.request(StopReason.TIMEOUT) is False  # the first reason wins
@@ -308,8 +306,6 @@ def test_a_stop_requested_before_the_handler_looks_is_seen_on_its_event() -> Non
 def test_a_flag_set_while_its_event_is_being_made_is_never_missed() -> None:
     """Many threads setting and asking for the event at once: every event
     handed out ends up set."""
-    from sqlalchemy_watchdog.execution import Flag
-
     for _ in range(200):
         flag = Flag()
         events: list[threading.Event] = []
