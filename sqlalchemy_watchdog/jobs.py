@@ -11,8 +11,8 @@ import hashlib
 import json
 import math
 import random
-from collections.abc import Iterable, Mapping
-from dataclasses import KW_ONLY, dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import KW_ONLY, dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -253,6 +253,34 @@ _PAYLOAD_ENCODER = json.JSONEncoder(
 )
 
 
+def _one_shot_encoder() -> Callable[[Any], str]:
+    """``_PAYLOAD_ENCODER.encode``, the same text, without its per-call set-up.
+
+    ``JSONEncoder.encode`` builds CPython's C encoder object on every call,
+    about half the cost of encoding a small payload. This builds it once,
+    with the very arguments ``encode`` passes, but no circular-reference
+    markers: :func:`_check_json` has already refused anything nested deeper
+    than :data:`PAYLOAD_MAX_DEPTH`, which a cycle would be. Where the C
+    encoder is missing (another Python), ``encode`` itself.
+    """
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - CPython always has it
+        return _PAYLOAD_ENCODER.encode
+    e = _PAYLOAD_ENCODER
+    iterate = make(
+        None, e.default, json.encoder.encode_basestring, e.indent, e.key_separator, e.item_separator,
+        e.sort_keys, e.skipkeys, e.allow_nan,
+    )
+
+    def encode(payload: Any) -> str:
+        return "".join(iterate(payload, 0))
+
+    return encode
+
+
+_encode_checked_json = _one_shot_encoder()
+
+
 def encode_payload(payload: Any) -> str:
     """Validate ``payload`` and return its canonical JSON text.
 
@@ -263,7 +291,7 @@ def encode_payload(payload: Any) -> str:
         return "null"
     _check_json(payload)
     try:
-        text = _PAYLOAD_ENCODER.encode(payload)
+        text = _encode_checked_json(payload)
     except (TypeError, ValueError) as error:  # e.g. a read-only mapping, a 5,000-digit int
         raise InvalidJob("payload", f"cannot be encoded as JSON: {error}") from None
     try:
@@ -389,7 +417,7 @@ def history_with(history: tuple[FailedAttempt, ...], *, at_ms: int, attempt: int
     return json.dumps(entries[-FAILURE_HISTORY_LENGTH:], ensure_ascii=False, separators=(",", ":"))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Job:
     """A job to enqueue; every field is checked when it is built.
 
@@ -433,26 +461,57 @@ class Job:
     codec: PayloadCodec | None = field(default=None, repr=False, compare=False)
     payload_json: str = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        check_text("job_id", self.job_id, JOB_ID_MAX_LENGTH)
-        check_text("queue", self.queue, QUEUE_MAX_LENGTH)
-        if self.lane is None:
-            object.__setattr__(self, "lane", self.queue)
-        check_text("lane", self.lane, LANE_MAX_LENGTH)
-        check_int("priority", self.priority, PRIORITY_MIN, PRIORITY_MAX)
-        if self.max_recoveries is not None:
-            check_int("max_recoveries", self.max_recoveries, 0, _INT32_MAX)
-        if self.run_at is not None:
-            check_datetime("run_at", self.run_at)
-        if self.retry is not None and not isinstance(self.retry, RetryPolicy):
-            raise InvalidJob("retry", f"must be a RetryPolicy, not {type(self.retry).__name__}")
-        if self.timeout is not None:
-            check_duration("timeout", self.timeout)
-        if self.rerun_of is not None:
-            check_text("rerun_of", self.rerun_of, JOB_ID_MAX_LENGTH)
-        if self.codec is not None:
-            object.__setattr__(self, "payload", _encoded(self.codec, self.payload))
-        object.__setattr__(self, "payload_json", encode_payload(self.payload))
+    # Written out rather than generated: a frozen dataclass's own __init__
+    # sets each field through object.__setattr__, which made building a Job
+    # a third slower (batch enqueue builds thousands). Fields are set through
+    # their slots' descriptors (_JOB_SLOTS), after every check has passed.
+    def __init__(
+        self,
+        job_id: str,
+        queue: str,
+        *,
+        lane: str | None = None,
+        priority: int = 0,
+        payload: Any = None,
+        max_recoveries: int | None = None,
+        run_at: datetime | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: timedelta | None = None,
+        rerun_of: str | None = None,
+        codec: PayloadCodec | None = None,
+    ) -> None:
+        check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
+        check_text("queue", queue, QUEUE_MAX_LENGTH)
+        if lane is None:
+            lane = queue
+        else:
+            check_text("lane", lane, LANE_MAX_LENGTH)
+        check_int("priority", priority, PRIORITY_MIN, PRIORITY_MAX)
+        if max_recoveries is not None:
+            check_int("max_recoveries", max_recoveries, 0, _INT32_MAX)
+        if run_at is not None:
+            check_datetime("run_at", run_at)
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise InvalidJob("retry", f"must be a RetryPolicy, not {type(retry).__name__}")
+        if timeout is not None:
+            check_duration("timeout", timeout)
+        if rerun_of is not None:
+            check_text("rerun_of", rerun_of, JOB_ID_MAX_LENGTH)
+        if codec is not None:
+            payload = _encoded(codec, payload)
+        payload_json = encode_payload(payload)
+        _set_job_id(self, job_id)
+        _set_queue(self, queue)
+        _set_lane(self, lane)
+        _set_priority(self, priority)
+        _set_payload(self, payload)
+        _set_max_recoveries(self, max_recoveries)
+        _set_run_at(self, run_at)
+        _set_retry(self, retry)
+        _set_timeout(self, timeout)
+        _set_rerun_of(self, rerun_of)
+        _set_codec(self, codec)
+        _set_payload_json(self, payload_json)
 
     @property
     def run_at_ms(self) -> int | None:
@@ -473,6 +532,18 @@ class Job:
     def retry_json(self) -> str | None:
         """The job's own backoff settings as stored."""
         return None if self.retry is None else self.retry.to_json()
+
+
+#: The setters of Job's slots, one per field in order (Job.__init__ sets them all).
+_JOB_SLOTS: tuple[Callable[[Job, Any], None], ...] = tuple(Job.__dict__[f.name].__set__ for f in fields(Job))
+assert tuple(f.name for f in fields(Job)) == (
+    "job_id", "queue", "lane", "priority", "payload", "max_recoveries", "run_at",
+    "retry", "timeout", "rerun_of", "codec", "payload_json",
+), "Job.__init__ must set every field"
+(
+    _set_job_id, _set_queue, _set_lane, _set_priority, _set_payload, _set_max_recoveries, _set_run_at,
+    _set_retry, _set_timeout, _set_rerun_of, _set_codec, _set_payload_json,
+) = _JOB_SLOTS
 
 
 def _encoded(codec: Any, payload: Any) -> Any:

@@ -301,8 +301,16 @@ def _rows(dialect: str, name: str, fields: Fields, *, counted: bool = False) -> 
 
 def rows_params(dialect: str, name: str, fields: Fields, rows: Sequence[Sequence[Any]]) -> dict[str, Any]:
     """The bind parameters that carry ``rows`` (tuples in ``fields`` order),
-    and their count (for a ``counted`` source)."""
-    return {name: json.dumps([list(row) for row in rows], ensure_ascii=False), f"{name}_count": len(rows)}
+    and their count (for a ``counted`` source).
+
+    A row may be shorter than ``fields``: the fields it leaves out are read
+    as NULL (``->>`` and ``json_extract`` past an array's end are NULL).
+    """
+    return {name: _ROWS_ENCODER.encode(rows), f"{name}_count": len(rows)}
+
+
+#: Tuples encode as JSON arrays; ``check_circular`` is off (rows are flat).
+_ROWS_ENCODER = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=(",", ":"))
 
 
 # -- enqueue --------------------------------------------------------------------

@@ -375,13 +375,26 @@ def _enqueue(
     conn: Connection, jobs: Sequence[Job], unique: Sequence[Job], delay_ms: int | None, trace_context: str | None
 ) -> list[EnqueueResult]:
     admitted: set[str] = set()
+    dialect = conn.dialect.name
+    stmt = sql.enqueue_rows(dialect)
+    plain = delay_ms is None and trace_context is None
     for start in range(0, len(unique), ENQUEUE_CHUNK):
         chunk = unique[start : start + ENQUEUE_CHUNK]
-        dialect = conn.dialect.name
-        params = sql.rows_params(
-            dialect, "jobs", sql.ENQUEUE_FIELDS, [(*_values(job), delay_ms, trace_context) for job in chunk]
-        )
-        stmt = sql.enqueue_rows(dialect)
+        # A row may stop after its last non-NULL field (the statement reads a
+        # missing one as NULL): most jobs are their first five fields, which
+        # halves encoding the parameter.
+        rows = [
+            (job.job_id, job.queue, job.lane, job.priority, job.payload_json)
+            if plain
+            and job.max_recoveries is None
+            and job.run_at is None
+            and job.retry is None
+            and job.timeout is None
+            and job.rerun_of is None
+            else (*_values(job), delay_ms, trace_context)
+            for job in chunk
+        ]
+        params = sql.rows_params(dialect, "jobs", sql.ENQUEUE_FIELDS, rows)
         # One statement, no savepoint around it: one round trip in the
         # caller's transaction. A conflict's offender is named afterwards
         # (see _conflict_of).
@@ -389,6 +402,8 @@ def _enqueue(
             admitted.update(row[0] for row in execute_rows(conn, stmt, params))
         except IntegrityError as error:
             raise _conflict_of(conn, chunk, error) from error
+    if len(admitted) == len(jobs):  # the common case: every job new, none twice
+        return [_queued(job.job_id) for job in jobs]
     results: list[EnqueueResult] = []
     first_seen: set[str] = set()
     for job in jobs:
@@ -398,6 +413,21 @@ def _enqueue(
             EnqueueResult(job.job_id, EnqueueStatus.QUEUED if queued else EnqueueStatus.DUPLICATE)
         )
     return results
+
+
+_new_result = EnqueueResult.__new__
+_set_result_job_id = cast(Any, EnqueueResult.__dict__["job_id"]).__set__
+_set_result_status = cast(Any, EnqueueResult.__dict__["status"]).__set__
+assert tuple(f.name for f in dataclasses.fields(EnqueueResult)) == ("job_id", "status")
+
+
+def _queued(job_id: str) -> EnqueueResult:
+    """``EnqueueResult(job_id, QUEUED)`` without the frozen dataclass's
+    per-field ``object.__setattr__`` (a batch enqueue makes one per job)."""
+    result = _new_result(EnqueueResult)
+    _set_result_job_id(result, job_id)
+    _set_result_status(result, EnqueueStatus.QUEUED)
+    return result
 
 
 def enqueue_each(conn: Connection, jobs: Sequence[Job]) -> list[EnqueueResult | None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from sqlalchemy_watchdog import (
     InvalidJob,
     Job,
     JobState,
+    RetryPolicy,
     Watchdog,
     WatchdogError,
     enqueue,
@@ -292,6 +294,35 @@ def test_batch_returns_one_result_per_job_in_input_order(engine: Engine) -> None
     ]
     # Admission order follows the input order.
     assert [row["job_id"] for row in job_rows(engine)] == ["b", "c", "a", "d"]
+
+
+def test_a_batch_mixing_plain_jobs_and_jobs_with_every_option_stores_each_as_given(engine: Engine) -> None:
+    # Plain jobs travel as shorter rows than the others (store._enqueue): the
+    # fields a row leaves out must read as NULL, never as a neighbour's values.
+    run_at = datetime(2031, 5, 6, 7, 8, 9, 123000, tzinfo=UTC)
+    full = Job(
+        "full", "q", lane="l", priority=-7, payload={"x": [1]}, max_recoveries=2, run_at=run_at,
+        retry=RetryPolicy(max_attempts=3, backoff=timedelta(seconds=2)), timeout=timedelta(seconds=9),
+        rerun_of="older",
+    )  # fmt: skip
+    batch = [Job("plain-1", "q"), full, Job("plain-2", "q", payload=7), Job("recoverable", "q", max_recoveries=0)]
+    with engine.begin() as conn:
+        assert [r.status for r in enqueue(conn, batch)] == [QUEUED] * 4
+    rows = {row["job_id"]: row for row in job_rows(engine)}
+    options = ("recovery_max", "run_at", "max_attempts", "retry_policy", "timeout_ms", "rerun_of", "trace_context")
+    for job_id in ("plain-1", "plain-2"):
+        assert {name: rows[job_id][name] for name in options} == dict.fromkeys(options), job_id
+        assert rows[job_id]["state"] == "queued" and rows[job_id]["ready_at"] is None
+    assert rows["plain-2"]["payload_json"] == "7"
+    assert rows["recoverable"]["recovery_max"] == 0
+    stored = rows["full"]
+    assert (stored["lane"], stored["priority"], stored["payload_json"]) == ("l", -7, '{"x":[1]}')
+    assert (stored["recovery_max"], stored["max_attempts"], stored["timeout_ms"]) == (2, 3, 9000)
+    assert stored["run_at"] == stored["ready_at"] == full.run_at_ms and stored["state"] == "delayed"
+    assert (stored["retry_policy"], stored["rerun_of"]) == (full.retry_json, "older")
+    # And every one is an identical replay of itself.
+    with engine.begin() as conn:
+        assert [r.status for r in enqueue(conn, batch)] == [DUPLICATE] * 4
 
 
 def test_batch_of_one_returns_a_list(engine: Engine) -> None:

@@ -222,6 +222,15 @@ def test_any_strict_json_payload_round_trips_through_its_text(payload: Any) -> N
     assert Job("job-1", "emails", payload=json.loads(job.payload_json)).payload_json == job.payload_json
 
 
+@given(json_values)
+def test_payload_text_is_the_standard_libraries_canonical_encoding(payload: Any) -> None:
+    # The payload encoder reuses one C encoder object (jobs._one_shot_encoder);
+    # its text must be exactly what json.dumps gives with the same options, or
+    # a replay built by another release would no longer be identical.
+    expected = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    assert Job("job-1", "emails", payload=payload).payload_json == expected
+
+
 # -- the value itself ------------------------------------------------------------
 
 
@@ -231,6 +240,25 @@ def test_job_is_frozen() -> None:
         job.queue = "other"  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         job.priority = 9  # type: ignore[misc]
+
+
+def test_replace_builds_a_checked_job_with_the_defaults_of_a_new_one() -> None:
+    job = Job("job-1", "emails", payload={"a": 1}, priority=3)
+    moved = dataclasses.replace(job, queue="sms", lane=None)
+    assert (moved.queue, moved.lane, moved.priority, moved.payload_json) == ("sms", "sms", 3, '{"a":1}')
+    assert moved == Job("job-1", "sms", payload={"a": 1}, priority=3)
+    with pytest.raises(InvalidJob) as raised:
+        dataclasses.replace(job, priority=2**63)
+    assert raised.value.field == "priority"
+
+
+def test_every_field_of_a_job_is_set_when_it_is_built() -> None:
+    job = Job("job-1", "emails")
+    assert {f.name: getattr(job, f.name) for f in dataclasses.fields(job)} == {
+        "job_id": "job-1", "queue": "emails", "lane": "emails", "priority": 0, "payload": None,
+        "max_recoveries": None, "run_at": None, "retry": None, "timeout": None, "rerun_of": None,
+        "codec": None, "payload_json": "null",
+    }  # fmt: skip
 
 
 def test_jobs_with_equal_fields_are_equal() -> None:
