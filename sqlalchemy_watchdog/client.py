@@ -269,10 +269,9 @@ class Watchdog:
         last minute and hour by outcome, the age of the oldest ready job,
         running jobs with expired leases, and pauses.
 
-        Cost: index reads only -- a count of the live jobs
-        (``ix_watchdog_jobs_live_queue``), the expired leases
-        (``ix_watchdog_jobs_lease``), one probe per queue for its oldest ready
-        job (``ix_watchdog_jobs_queued_since``), and the jobs settled in the
+        Cost: index reads only -- a count of the live jobs with each queue's
+        oldest ready time (``ix_watchdog_jobs_live_queue``), the expired leases
+        (``ix_watchdog_jobs_lease``), and the jobs settled in the
         last hour, one range per outcome (``ix_watchdog_jobs_settled``):
         O(live jobs + jobs settled in the last hour), never the history.
         """

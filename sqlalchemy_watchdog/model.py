@@ -31,7 +31,6 @@ from sqlalchemy import (
     Table,
     Text,
     event,
-    func,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -109,7 +108,9 @@ class WatchdogJob(WatchdogBase):
     outcome: Mapped[str | None] = mapped_column(Text)
     claim_token: Mapped[str | None] = mapped_column(Text)
     recovery_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
-    cancellation_id: Mapped[str | None] = mapped_column(Text, unique=True)
+    #: Unique among the jobs that have one (``uq_watchdog_jobs_cancellation_id``,
+    #: a partial index since revision w0008).
+    cancellation_id: Mapped[str | None] = mapped_column(Text)
     failure_reason: Mapped[str | None] = mapped_column(Text)
     #: The traceback of a handler that raised (bounded; revision w0002).
     failure_detail: Mapped[str | None] = mapped_column(Text)
@@ -192,6 +193,13 @@ _LIVE = LIVE
 # Settled history never enters these partial indexes, so a long history
 # cannot slow claims, recovery or lane failures; delayed jobs never enter
 # the ready index, so jobs waiting for their time cannot slow a claim.
+#
+# Every index a row enters costs its enqueue, and every claim and settle
+# (each changes ``state``, so PostgreSQL writes each index a new entry):
+# a ready job with a default lane enters four -- the primary key, job_id,
+# ix_watchdog_jobs_ready and ix_watchdog_jobs_live_queue -- and no other
+# (revision w0008; docs/design.md "Indexes").
+#
 # Claims over several (or all) queues read queued jobs in claim order here;
 # a one-queue claim and read_queue_head use ix_watchdog_jobs_live_queue.
 Index(
@@ -217,39 +225,45 @@ Index(
     WatchdogJob.sequence,
     **_partial("state = 'settled'"),
 )
-# Queued jobs by queue and the time they became ready (their ready time, else
-# their enqueue time): stats() finds each queue's oldest ready job with one probe.
-# PostgreSQL only (revision w0006): SQLite's planner took it for claims, which
-# then sorted the queue's whole backlog; there stats() reads the queue's
-# queued jobs in ix_watchdog_jobs_live_queue instead.
-Index(
-    "ix_watchdog_jobs_queued_since",
-    WatchdogJob.queue_name,
-    func.coalesce(WatchdogJob.ready_at, WatchdogJob.enqueued_at),
-    **_partial("state = 'queued'"),
-).ddl_if(dialect="postgresql")
 # Reruns by the job they rerun.
 Index("ix_watchdog_jobs_rerun_of", WatchdogJob.rerun_of, **_partial("rerun_of IS NOT NULL"))
+# Only jobs that have a cancellation id: a NULL would be an entry per job for nothing.
+Index(
+    "uq_watchdog_jobs_cancellation_id",
+    WatchdogJob.cancellation_id,
+    unique=True,
+    **_partial("cancellation_id IS NOT NULL"),
+)
 Index(
     "ix_watchdog_jobs_lease",
     WatchdogJob.lease_until,
     WatchdogJob.sequence,
     **_partial("state = 'running'"),
 )
+#: Live jobs whose lane is their own, not their queue's name (the default):
+#: a default lane's jobs are its queue's, found in ix_watchdog_jobs_live_queue.
+CUSTOM_LANE = "lane <> queue_name"
 # 'running' sorts after 'queued' and 'delayed': fail_lane takes running jobs first.
 Index(
     "ix_watchdog_jobs_live_lane",
     WatchdogJob.lane,
     WatchdogJob.state.desc(),
     WatchdogJob.sequence,
-    **_partial(_LIVE),
+    **_partial(f"{_LIVE} AND {CUSTOM_LANE}"),
 )
+# Live jobs by queue: one-queue claims in claim order, purge, the per-queue
+# counts of stats(), and the lane failures of a default lane. The ready and
+# enqueue times close the key (after the unique sequence they never order
+# anything) so that stats() finds each queue's oldest ready job in the same
+# index-only read that counts its jobs.
 Index(
     "ix_watchdog_jobs_live_queue",
     WatchdogJob.queue_name,
     WatchdogJob.state,
     WatchdogJob.priority.desc(),
     WatchdogJob.sequence,
+    WatchdogJob.ready_at,
+    WatchdogJob.enqueued_at,
     **_partial(_LIVE),
 )
 

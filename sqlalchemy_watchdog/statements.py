@@ -45,15 +45,16 @@ from sqlalchemy import (
     case,
     cast,
     delete,
-    exists,
     func,
     literal_column,
     not_,
     null,
+    or_,
     select,
     true,
     tuple_,
     type_coerce,
+    union_all,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -674,25 +675,54 @@ def notify() -> Select[Any]:
     return select(func.pg_notify(CHANNEL, _p("event", Text())))
 
 
+#: A lane's jobs that name it as their own lane (ix_watchdog_jobs_live_lane's
+#: predicate, written as the index writes it), and its queue's jobs when the
+#: lane is a queue's name and its jobs kept that default (ix_watchdog_jobs_live_queue).
+IS_CUSTOM_LANE = c.lane != c.queue_name
+IS_DEFAULT_LANE = c.lane == c.queue_name
+
+
+def _lane_jobs(lane: ColumnElement[Any]) -> tuple[Select[Any], Select[Any]]:
+    """Lane ``lane``'s live jobs in two parts, each read in its own index:
+    the jobs given it as their lane (running first, then in admission
+    order), and -- when it is a queue's name -- that queue's jobs whose lane
+    is the default, its index read backwards (running first, then queued
+    from the lowest priority and newest, then delayed)."""
+    custom = (
+        select(c.sequence, c.state)
+        .where(c.lane == lane, IS_LIVE, IS_CUSTOM_LANE)
+        .order_by(c.state.desc(), c.sequence)
+    )
+    # ix_watchdog_jobs_live_queue read backwards: running (the last state) first.
+    own = (
+        select(c.sequence, c.state)
+        .where(c.queue_name == lane, IS_LIVE, IS_DEFAULT_LANE)
+        .order_by(c.state.desc(), c.priority, c.sequence.desc())
+    )
+    return custom, own
+
+
 @cache
 def fail_lane(dialect: str) -> Update:
     """Settle a batch (``:batch``) of lane ``:lane_name``'s live jobs ``failed``
-    with ``:reason``, running ones first; their claims are dropped."""
-    # 'running' sorts after 'queued', so DESC puts running jobs first.
-    pick = (
-        select(c.sequence)
-        .where(c.lane == _p("lane_name"), IS_LIVE)
-        .order_by(c.state.desc(), c.sequence)
-        .limit(_p("batch", Integer()))
-    )
+    with ``:reason``, running ones first; their claims are dropped.
+
+    The lane's jobs come from two indexes (:func:`_lane_jobs`): at most a
+    batch from each, locked on PostgreSQL, of which the update takes a batch,
+    running jobs first. The order only decides which batch a job falls in:
+    the calls that follow settle the rest."""
+    batch = _p("batch", Integer())
+    custom, own = (part.limit(batch) for part in _lane_jobs(_p("lane_name", Text())))
     if dialect == "postgresql":
-        cte = pick.with_for_update().cte("lane_jobs").prefix_with("MATERIALIZED")
-        target: ColumnElement[bool] = c.sequence.in_(select(cte.c.sequence))
+        parts = [part.with_for_update().cte(name).prefix_with("MATERIALIZED") for part, name in
+                 ((custom, "custom_lane"), (own, "default_lane"))]  # fmt: skip
+        both = union_all(*(select(part.c.sequence, part.c.state) for part in parts)).subquery("lane_jobs")
     else:
-        target = c.sequence.in_(pick)
+        both = union_all(*(select(part.subquery()) for part in (custom, own))).subquery("lane_jobs")
+    pick = select(both.c.sequence).order_by(both.c.state.desc(), both.c.sequence).limit(batch)
     return (
         update(t)
-        .where(target, IS_LIVE)
+        .where(c.sequence.in_(pick), IS_LIVE)
         .values(
             state=_SETTLED,
             outcome=Outcome.FAILED.value,
@@ -708,7 +738,14 @@ def fail_lane(dialect: str) -> Update:
 
 @cache
 def lane_has_live_jobs() -> Select[Any]:
-    return select(exists().where(c.lane == _p("lane_name"), IS_LIVE))
+    """Whether lane ``:lane_name`` has a live job. Each part is a first row in
+    its index's order, not an EXISTS: PostgreSQL costs an EXISTS as a scan
+    that stops at the first match, and a queue's default-lane jobs, which it
+    takes for rare (it does not know that ``lane = queue_name`` holds for
+    most rows), can all sit behind the settled history."""
+    parts = _lane_jobs(_p("lane_name", Text()))
+    firsts = (part.with_only_columns(c.sequence).limit(1).scalar_subquery() for part in parts)
+    return select(or_(*(first.is_not(None) for first in firsts)))
 
 
 @cache
@@ -848,8 +885,15 @@ def list_jobs(filters: tuple[str, ...]) -> Select[Any]:
 
 @cache
 def live_counts() -> Select[Any]:
-    """Live jobs per queue and state (``ix_watchdog_jobs_live_queue`` alone)."""
-    return select(c.queue_name, c.state, func.count()).where(IS_LIVE).group_by(c.queue_name, c.state)
+    """Live jobs per queue and state, and the earliest time one of them became
+    ready (its ready time, else its enqueue time; rows from before w0004 have
+    neither): for the queued ones, the queue's oldest ready job. One
+    index-only read of ``ix_watchdog_jobs_live_queue``, which holds both times."""
+    return (
+        select(c.queue_name, c.state, func.count(), func.min(func.coalesce(c.ready_at, c.enqueued_at)))
+        .where(IS_LIVE)
+        .group_by(c.queue_name, c.state)
+    )
 
 
 @cache
@@ -860,27 +904,6 @@ def expired_counts() -> Select[Any]:
         .where(IS_RUNNING, c.lease_until <= db_clock_ms())
         .group_by(c.queue_name)
     )
-
-
-@cache
-def oldest_ready(dialect: str) -> Select[Any]:
-    """For each queue of ``:queues`` (a JSON array), the earliest time one of
-    its queued jobs became ready (its ready time, else its enqueue time;
-    rows from before w0004 have neither): on PostgreSQL one probe of
-    ``ix_watchdog_jobs_queued_since`` per queue, whatever the backlog; on
-    SQLite (no such index) a read of the queue's queued jobs in
-    ``ix_watchdog_jobs_live_queue``."""
-    source, cols, _ = _rows(dialect, "queues", (("queue", Text()),))
-    since = func.coalesce(c.ready_at, c.enqueued_at)
-    first = (
-        select(since)
-        .where(IS_QUEUED, c.queue_name == cols["queue"], since.is_not(None))
-        .where(*([IS_LIVE] if dialect == "sqlite" else []))
-        .order_by(since)
-        .limit(1)
-        .scalar_subquery()
-    )
-    return select(cols["queue"], first).select_from(source)
 
 
 @cache

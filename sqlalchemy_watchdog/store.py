@@ -1212,15 +1212,13 @@ def stats(conn: Connection) -> Stats:
     def entry(queue: str) -> dict[str, Any]:
         return queues.setdefault(queue, {"minute": {}, "hour": {}})
 
-    for queue, state, count in conn.execute(sql.live_counts()):
-        entry(queue)[state] = count
+    for queue, state, count, since in conn.execute(sql.live_counts()):
+        e = entry(queue)
+        e[state] = count
+        if state == JobState.QUEUED.value and since is not None:
+            e["oldest_ready_age"] = timedelta(milliseconds=max(0, clock - since))
     for queue, count in conn.execute(sql.expired_counts()):
         entry(queue)["expired_leases"] = count
-    waiting = [queue for queue, e in queues.items() if e.get(JobState.QUEUED.value)]
-    params = sql.rows_params(conn.dialect.name, "queues", (("queue", None),), [(queue,) for queue in waiting])
-    for queue, ready in conn.execute(sql.oldest_ready(conn.dialect.name), params) if waiting else ():
-        if ready is not None:
-            entry(queue)["oldest_ready_age"] = timedelta(milliseconds=max(0, clock - ready))
     for queue, outcome, last_minute, last_hour in conn.execute(sql.recent_outcomes()):
         e = entry(queue)
         e["minute"][Outcome(outcome)] = int(last_minute or 0)

@@ -65,17 +65,12 @@ def schema_names(engine: Engine) -> dict[str, set[str]]:
     }
 
 
-#: Indexes the model creates on PostgreSQL only (``ddl_if``; revision w0006).
-POSTGRESQL_ONLY_INDEXES = {"ix_watchdog_jobs_queued_since"}
-
-
-def model_names(dialect: str = "postgresql") -> dict[str, set[str]]:
+def model_names() -> dict[str, set[str]]:
     table = sqlalchemy_watchdog.metadata.tables["watchdog_jobs"]
-    indexes = {i.name for i in table.indexes if isinstance(i.name, str)}
     return {
         "check": {c.name for c in table.constraints if isinstance(c, CheckConstraint)},
         "unique": {c.name for c in table.constraints if isinstance(c, UniqueConstraint)},
-        "index": indexes if dialect == "postgresql" else indexes - POSTGRESQL_ONLY_INDEXES,
+        "index": {i.name for i in table.indexes if isinstance(i.name, str)},
     }
 
 
@@ -83,7 +78,7 @@ def model_names(dialect: str = "postgresql") -> dict[str, set[str]]:
 
 
 #: The package's newest revision.
-HEAD = "w0007_notify_when_waiting"
+HEAD = "w0008_fewer_index_entries"
 
 
 def test_upgrade_head_creates_the_jobs_table(empty_engine: Engine) -> None:
@@ -130,7 +125,7 @@ def test_migrated_constraint_names_equal_the_models(empty_engine: Engine) -> Non
     # compare_metadata ignores CHECK constraints, so compare their names directly:
     # a later migration must be able to drop or alter them by their model name.
     run(empty_engine, command.upgrade, "head")
-    assert schema_names(empty_engine) == model_names(empty_engine.dialect.name)
+    assert schema_names(empty_engine) == model_names()
 
 
 def triggers_and_functions(engine: Engine) -> set[str]:
@@ -330,7 +325,7 @@ def test_application_upgrade_heads_creates_its_table_and_the_jobs_table(
     with empty_engine.connect() as conn:
         versions = set(conn.execute(text("SELECT version_num FROM alembic_version")).scalars())
     assert versions == {"a0001_orders", HEAD}
-    assert schema_names(empty_engine) == model_names(empty_engine.dialect.name)
+    assert schema_names(empty_engine) == model_names()
     with empty_engine.begin() as conn:
         conn.execute(text("INSERT INTO orders (id, reference) VALUES (1, 'A-1')"))
         enqueue(conn, Job("confirm-A-1", "emails"))
@@ -571,10 +566,9 @@ def test_w0005_adds_and_drops_the_trace_context_keeping_every_row(empty_engine: 
 def test_w0006_drops_the_queued_since_index_on_sqlite_only(empty_engine: Engine) -> None:
     run(empty_engine, command.upgrade, "w0005_trace_context")
     assert "ix_watchdog_jobs_queued_since" in index_names(empty_engine)
-    run(empty_engine, command.upgrade, "head")
+    run(empty_engine, command.upgrade, "w0006_index_review")
     kept = empty_engine.dialect.name == "postgresql"
     assert ("ix_watchdog_jobs_queued_since" in index_names(empty_engine)) is kept
-    assert differences(empty_engine, sqlalchemy_watchdog.metadata) == []
     run(empty_engine, command.downgrade, "w0005_trace_context")
     assert "ix_watchdog_jobs_queued_since" in index_names(empty_engine)
 
@@ -667,7 +661,7 @@ def test_w0003_upgrades_and_downgrades_a_table_holding_jobs_in_every_state(empty
 
     run(engine, command.upgrade, "head")
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
-    assert schema_names(engine) == model_names(engine.dialect.name)
+    assert schema_names(engine) == model_names()
     new_columns = ["attempt", "snoozes", "run_at", "ready_at", "max_attempts", "retry_policy", "timeout_ms",
                    "failure_history"]  # fmt: skip
     upgraded = _rows_by_id(engine, W0002_COLUMNS + new_columns)
@@ -738,7 +732,7 @@ def test_w0003_upgrades_and_downgrades_a_table_holding_jobs_in_every_state(empty
     # And up again: the same schema as the model, the same rows.
     run(engine, command.upgrade, "head")
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
-    assert schema_names(engine) == model_names(engine.dialect.name)
+    assert schema_names(engine) == model_names()
     again = _rows_by_id(engine, W0002_COLUMNS)
     assert {job_id: row for job_id, row in again.items() if job_id != "after-downgrade"} == down
 
@@ -758,3 +752,78 @@ def test_w0003_keeps_the_sequence_counter_of_a_table_whose_jobs_were_all_deleted
         conn.execute(text("DELETE FROM watchdog_jobs"))
     run(empty_engine, command.downgrade, W0002)
     assert _raw_insert_w0002(empty_engine, "after-downgrade") > job.sequence
+
+
+# -- w0008: fewer index entries ---------------------------------------------------------
+
+W0007 = "w0007_notify_when_waiting"
+
+
+def _all_rows(engine: Engine) -> dict[str, dict[str, Any]]:
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT * FROM watchdog_jobs ORDER BY sequence")).mappings()
+        return {row["job_id"]: dict(row) for row in rows}
+
+
+def _cancellation_rule_holds(engine: Engine) -> None:
+    """Two jobs may not share a cancellation id; any number may have none."""
+    with pytest.raises(IntegrityError):
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE watchdog_jobs SET cancellation_id = 'c-1' WHERE job_id = 'cancelled'"))
+    with engine.begin() as conn:
+        enqueue(conn, [Job(f"no-cancellation-{i}", "q") for i in range(3)])
+        conn.execute(text("DELETE FROM watchdog_jobs WHERE job_id LIKE 'no-cancellation-%'"))
+
+
+def test_w0008_keeps_every_row_the_sequence_counter_and_the_cancellation_rule_both_ways(
+    empty_engine: Engine,
+) -> None:
+    """On SQLite the table is rebuilt (its UNIQUE constraint cannot be dropped
+    in place); on PostgreSQL the indexes are swapped. Either way every row and
+    column survives, a deleted top sequence is not reused, and cancellation
+    ids stay unique."""
+    engine = empty_engine
+    run(engine, command.upgrade, W0007)
+    _w0002_jobs(engine)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE watchdog_jobs SET enqueued_at = 5, ready_at = 7, attempt = 1, rerun_of = 'waiting',"
+                " trace_context = '{\"traceparent\":\"x\"}' WHERE job_id = 'waiting-with-policy'"
+            )
+        )
+    before = _all_rows(engine)
+    top = before.pop("deleted-top")["sequence"]
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM watchdog_jobs WHERE job_id = 'deleted-top'"))
+
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []
+    assert schema_names(engine) == model_names()
+    assert _all_rows(engine) == before
+    _cancellation_rule_holds(engine)
+    with engine.begin() as conn:
+        enqueue(conn, Job("after-upgrade", "q"))
+    upgraded = Watchdog(engine).read("after-upgrade")
+    assert upgraded is not None and upgraded.sequence > top
+    # The lanes of the old rows are their job ids (own lanes): fail_lane still finds them.
+    failure = Watchdog(engine).fail_lane("waiting-with-policy", reason="gone")
+    assert [job.job_id for job in failure.jobs] == ["waiting-with-policy"]
+
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM watchdog_jobs WHERE job_id IN ('after-upgrade', 'waiting-with-policy')"))
+    del before["waiting-with-policy"]
+    run(engine, command.downgrade, W0007)
+    assert _all_rows(engine) == before
+    _cancellation_rule_holds(engine)
+    assert "uq_watchdog_jobs_cancellation_id" in {c["name"] for c in inspect(engine).get_unique_constraints("watchdog_jobs")}
+    if engine.dialect.name == "postgresql":
+        assert "ix_watchdog_jobs_queued_since" in index_names(engine)
+    with engine.begin() as conn:
+        enqueue(conn, Job("after-downgrade", "q"))
+    down = Watchdog(engine).read("after-downgrade")
+    assert down is not None and down.sequence > upgraded.sequence
+
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []
+    assert schema_names(engine) == model_names()

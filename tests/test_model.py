@@ -309,13 +309,14 @@ CHECK_NAMES = {
     "ck_watchdog_jobs_rerun_of_length",
     "ck_watchdog_jobs_trace_context_length",
 }
-UNIQUE_NAMES = {"uq_watchdog_jobs_job_id", "uq_watchdog_jobs_cancellation_id"}
+UNIQUE_NAMES = {"uq_watchdog_jobs_job_id"}
 INDEX_NAMES = {
     "ix_watchdog_jobs_ready",
     "ix_watchdog_jobs_delayed",
     "ix_watchdog_jobs_settled",
     "ix_watchdog_jobs_rerun_of",
-    "ix_watchdog_jobs_queued_since",
+    # A partial unique index since w0008: only jobs that have a cancellation id.
+    "uq_watchdog_jobs_cancellation_id",
     "ix_watchdog_jobs_lease",
     "ix_watchdog_jobs_live_lane",
     "ix_watchdog_jobs_live_queue",
@@ -341,7 +342,4 @@ def test_created_database_carries_the_stable_constraint_names(engine: Engine) ->
     inspector = inspect(engine)
     assert {c["name"] for c in inspector.get_check_constraints("watchdog_jobs")} == CHECK_NAMES
     assert {c["name"] for c in inspector.get_unique_constraints("watchdog_jobs")} == UNIQUE_NAMES
-    # ix_watchdog_jobs_queued_since is PostgreSQL's only (revision w0006).
-    expected = INDEX_NAMES if engine.dialect.name == "postgresql" else INDEX_NAMES - {"ix_watchdog_jobs_queued_since"}
-    assert index_names(engine) >= expected
-    assert "ix_watchdog_jobs_queued_since" not in index_names(engine) - expected
+    assert index_names(engine) == INDEX_NAMES

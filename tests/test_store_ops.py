@@ -14,6 +14,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import pytest
@@ -615,6 +616,40 @@ def test_fail_lane_leaves_settled_jobs_alone(engine: Engine) -> None:
     result = run(engine, store.fail_lane, "L", "down")
     assert [j.job_id for j in result.jobs] == ["live"]
     assert row(engine, "done") == before
+
+
+def test_fail_lane_of_a_queues_name_takes_its_default_lane_jobs_and_jobs_given_that_lane(engine: Engine) -> None:
+    # A default-lane job is found through its queue (ix_watchdog_jobs_live_queue), a job
+    # given a lane of its own through ix_watchdog_jobs_live_lane: "mail" is both here.
+    add(
+        engine,
+        Job("m1", "mail"),
+        Job("m2", "mail", priority=5),
+        Job("m3", "mail", run_at=datetime(2099, 1, 1, tzinfo=UTC)),
+        Job("tenant", "mail", lane="tenant-7"),  # in the queue, not in the lane
+        Job("bulk", "bulk", lane="mail"),  # in the lane, not in the queue
+        Job("sms", "sms"),
+    )
+    assert claim_one(engine, queues=["mail"]).job.job_id == "m2"
+    first = run(engine, store.fail_lane, "mail", "provider down", batch=2)
+    assert "m2" in {j.job_id for j in first.jobs} and first.more is True  # the running job first
+    failed = {j.job_id for j in first.jobs}
+    while True:
+        more = run(engine, store.fail_lane, "mail", "provider down", batch=2)
+        failed |= {j.job_id for j in more.jobs}
+        if not more.more:
+            break
+    assert failed == {"m1", "m2", "m3", "bulk"}
+    assert {j: row(engine, j)["outcome"] for j in failed} == dict.fromkeys(failed, "failed")  # type: ignore[index]
+    assert [row(engine, j)["state"] for j in ("tenant", "sms")] == ["queued", "queued"]  # type: ignore[index]
+    assert not lane_has_live_jobs(engine, "mail") and lane_has_live_jobs(engine, "tenant-7")
+    assert run(engine, store.fail_lane, "tenant-7", "down").settled == 1
+    assert not lane_has_live_jobs(engine, "tenant-7") and lane_has_live_jobs(engine, "sms")
+
+
+def lane_has_live_jobs(engine: Engine, lane: str) -> bool:
+    with engine.connect() as conn:
+        return bool(conn.execute(sql.lane_has_live_jobs(), {"lane_name": lane}).scalar())
 
 
 def test_client_fail_lane_reports_count_and_more(engine: Engine) -> None:

@@ -97,7 +97,8 @@ from tests.faults.helpers import controlled_db_clock, dump_jobs
 
 JOB_IDS = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]
 QUEUES = ["q1", "q2", "q3"]
-LANES = ["l1", "l2", "l3"]
+#: Lanes of their own, one of them a queue's name; a job without one has its queue's.
+LANES = ["l1", "l2", "q1"]
 CANCEL_IDS = ["x1", "x2", "x3", "x4"]
 LEASES = [100, 1_000, 5_000]
 SKEWS = [0, 0, 0, 40, -40, 600_000, -600_000]
@@ -184,7 +185,7 @@ jobs_strategy = st.builds(
     Job,
     job_id=st.sampled_from(JOB_IDS),
     queue=st.sampled_from(QUEUES),
-    lane=st.sampled_from(LANES),
+    lane=st.sampled_from([*LANES, None]),
     priority=st.sampled_from([-1, 0, 1]),
     payload=st.sampled_from([None, 1, {"k": "v"}, ["x", 2]]),
     max_recoveries=st.sampled_from([None, 0, 1, 2]),
@@ -711,16 +712,22 @@ class WatchdogMachine(RuleBasedStateMachine):
         assert result.status is expected
 
     @rule(
-        lane=st.sampled_from(LANES),
+        lane=st.sampled_from([*LANES, *QUEUES]),
         batch=st.integers(1, 3),
         reason=st.sampled_from(["lane down", "r" * 2100, "nul\x00inside"]),
     )
     def fail_lane(self, lane: str, batch: int, reason: str) -> None:
-        live = sorted(
-            (r for r in self.model.rows.values() if r.lane == lane and r.state in LIVE),
-            key=lambda r: (RANK[r.state], r.order),
+        live = [r for r in self.model.rows.values() if r.lane == lane and r.state in LIVE]
+        # docs/design.md "Indexes": a batch from the jobs given the lane as their own
+        # (running first, then admission order) and a batch from the default-lane jobs
+        # of the queue of that name (its index backwards: running first, then the
+        # lowest priority, newest first); of both, a batch, running first.
+        own = sorted((r for r in live if r.lane != r.queue_name), key=lambda r: (RANK[r.state], r.order))
+        default = sorted(
+            (r for r in live if r.lane == r.queue_name), key=lambda r: (RANK[r.state], r.priority, -r.order)
         )
-        taken, rest = live[:batch], live[batch:]
+        taken = sorted(own[:batch] + default[:batch], key=lambda r: (RANK[r.state], r.order))[:batch]
+        rest = [r for r in live if r not in taken]
         result = self.tx(store.fail_lane, lane, reason, batch=batch)
         assert [j.job_id for j in result.jobs] == [r.job_id for r in sorted(taken, key=lambda r: r.order)]
         assert result.more == bool(rest)
