@@ -191,23 +191,13 @@ def _partial(where: str) -> dict[str, Any]:
 LIVE = "state IN ('delayed', 'queued', 'running')"
 _LIVE = LIVE
 # Settled history never enters these partial indexes, so a long history
-# cannot slow claims, recovery or lane failures; delayed jobs never enter
-# the ready index, so jobs waiting for their time cannot slow a claim.
+# cannot slow claims, recovery or lane failures.
 #
 # Every index a row enters costs its enqueue, and every claim and settle
 # (each changes ``state``, so PostgreSQL writes each index a new entry):
-# a ready job with a default lane enters four -- the primary key, job_id,
-# ix_watchdog_jobs_ready and ix_watchdog_jobs_live_queue -- and no other
-# (revision w0008; docs/design.md "Indexes").
-#
-# Claims over several (or all) queues read queued jobs in claim order here;
-# a one-queue claim and read_queue_head use ix_watchdog_jobs_live_queue.
-Index(
-    "ix_watchdog_jobs_ready",
-    WatchdogJob.priority.desc(),
-    WatchdogJob.sequence,
-    **_partial("state = 'queued'"),
-)
+# a ready job with a default lane enters three -- the primary key, job_id
+# and ix_watchdog_jobs_live_queue -- and no other (revision w0008;
+# docs/design.md "Indexes").
 # Delayed jobs by the time they become ready: promotion and the runner's
 # "when is the next one due" read.
 Index(
@@ -251,8 +241,9 @@ Index(
     WatchdogJob.sequence,
     **_partial(f"{_LIVE} AND {CUSTOM_LANE}"),
 )
-# Live jobs by queue: one-queue claims in claim order, purge, the per-queue
-# counts of stats(), and the lane failures of a default lane. The ready and
+# Live jobs by queue: claims (each queue's queued jobs in claim order), purge,
+# read_queue_head, the per-queue counts of stats(), and the lane failures of a
+# default lane. The ready and
 # enqueue times close the key (after the unique sequence they never order
 # anything) so that stats() finds each queue's oldest ready job in the same
 # index-only read that counts its jobs.

@@ -429,11 +429,11 @@ UNPAUSED = c.queue_name.not_in(select(pauses.c.queue_name).scalar_subquery())
 def any_queued(filtered: bool) -> Select[Any]:
     """A queued job's ``sequence``, if any (of the expanding ``:queues`` when
     ``filtered``): whether a claim would find anything."""
-    pick = select(c.sequence).where(IS_QUEUED, UNPAUSED)
+    # IS_LIVE repeats ix_watchdog_jobs_live_queue's predicate: SQLite uses a
+    # partial index only for a query whose WHERE has its terms.
+    pick = select(c.sequence).where(IS_QUEUED, UNPAUSED, IS_LIVE)
     if filtered:
-        # IS_LIVE repeats ix_watchdog_jobs_live_queue's predicate: SQLite
-        # uses a partial index only for a query whose WHERE has its terms.
-        pick = pick.where(c.queue_name.in_(_QUEUES), IS_LIVE)
+        pick = pick.where(c.queue_name.in_(_QUEUES))
     return pick.limit(1)
 
 
@@ -475,6 +475,30 @@ def queue_params(queues: Sequence[str]) -> dict[str, str]:
     return {f"queue_{index}": queue for index, queue in enumerate(queues)}
 
 
+#: Claim order: higher priority first, then admission order.
+CLAIM_ORDER = (c.priority.desc(), c.sequence)
+
+
+def _queue_pick(dialect: str, index: int, limit: BindParameter[Any], *more: str) -> Select[Any]:
+    """The ``sequence`` (and the ``more`` columns) of up to ``limit`` of queue
+    ``:queue_<index>``'s queued jobs in claim order, read in that order in
+    ``ix_watchdog_jobs_live_queue``; on PostgreSQL locked, skipping rows
+    another claimer holds."""
+    # IN (:queue_0), which PostgreSQL reads as an equality in the index (with
+    # = ANY(array) it read another index filtered, past other queues' jobs).
+    queue = _p(f"queue_{index}", Text())
+    # The pause check names the parameter, not the column: a condition of no
+    # row, checked once before the index is read, so a paused queue's backlog
+    # is never walked (on the column it was a filter on every row read).
+    unpaused = queue.not_in(select(pauses.c.queue_name).scalar_subquery())
+    pick = select(c.sequence, *(c[name] for name in more)).where(IS_QUEUED, unpaused, c.queue_name.in_([queue]))
+    if dialect == "sqlite":
+        # SQLite uses a partial index only for a query repeating its predicate.
+        pick = pick.where(IS_LIVE)
+    pick = pick.order_by(*CLAIM_ORDER).limit(limit)
+    return pick.with_for_update(skip_locked=True) if dialect == "postgresql" else pick
+
+
 @cache
 def claim(dialect: str, queue_count: int | None) -> Update:
     """Take up to ``:limit`` of the best queued jobs (of the ``queue_count``
@@ -485,32 +509,41 @@ def claim(dialect: str, queue_count: int | None) -> Update:
     A job whose cancellation was recorded while it waited is settled
     ``cancelled`` instead of being run. Jobs of a paused queue are not
     taken (:data:`UNPAUSED`). On PostgreSQL the pick is a MATERIALIZED CTE
-    that locks exactly its rows and skips rows another claimer holds, so
-    the planner can neither run a ``LIMIT`` subquery twice nor touch more
-    rows than asked for; the locked rows are still queued when the update
+    that locks its rows and skips rows another claimer holds, so the
+    planner can neither run a ``LIMIT`` subquery twice nor touch more rows
+    than it locked; the locked rows are still queued when the update
     reaches them, so the update goes to them by key alone.
 
     One bind parameter per queue (not an expanding ``IN``): the text of the
     statement is fixed for a runner's queues, so the store can send it
     precompiled and the driver prepares it once (see ``store.execute_rows``).
     """
-    pick = select(c.sequence).where(IS_QUEUED, UNPAUSED)
-    if queue_count is not None:
-        if queue_count < 1:
-            raise ValueError("queue_count: at least 1")
-        # One queue renders as ``IN (:queue_0)``, which PostgreSQL reads as an
-        # equality in ix_watchdog_jobs_live_queue (with = ANY(array) it read
-        # the ready index filtered, past other queues' jobs).
-        pick = pick.where(c.queue_name.in_([_p(f"queue_{index}", Text()) for index in range(queue_count)]))
-        if dialect == "sqlite" and queue_count == 1:
-            # One queue: its jobs in claim order in ix_watchdog_jobs_live_queue,
-            # which SQLite uses only for a query repeating the index's predicate.
-            # Several: ix_watchdog_jobs_ready in claim order, skipping other
-            # queues' rows (live_queue would read all of their jobs and sort them).
-            pick = pick.where(IS_LIVE)
-    pick = pick.order_by(c.priority.desc(), c.sequence).limit(_p("limit", Integer()))
+    limit = _p("limit", Integer())
+    pick: Select[Any]
+    if queue_count is None:
+        # Every queue: every queued job sorted (no index holds them all in claim
+        # order). Runners always name their queues; this serves tests and tools.
+        pick = select(c.sequence).where(IS_QUEUED, UNPAUSED).order_by(*CLAIM_ORDER).limit(limit)
+        if dialect == "postgresql":
+            pick = pick.with_for_update(skip_locked=True)
+    elif queue_count < 1:
+        raise ValueError("queue_count: at least 1")
+    elif queue_count == 1:
+        pick = _queue_pick(dialect, 0, limit)
+    else:
+        # Several queues: the best `limit` of each queue (each read in claim
+        # order in ix_watchdog_jobs_live_queue and, on PostgreSQL, locked), and
+        # of those the best `limit`. The rows locked and not taken are free again
+        # when the claim commits. No index holds the queued jobs of all queues in
+        # claim order (it would cost every enqueue an entry), and one that did
+        # made a claim read past the backlogs of queues it does not serve.
+        each = [
+            _queue_pick(dialect, index, limit, "priority").subquery(f"queue_{index}") for index in range(queue_count)
+        ]
+        best = union_all(*(select(part.c.sequence, part.c.priority) for part in each)).subquery("queues")
+        pick = select(best.c.sequence).order_by(best.c.priority.desc(), best.c.sequence).limit(limit)
     if dialect == "postgresql":
-        cte = pick.with_for_update(skip_locked=True).cte("ready").prefix_with("MATERIALIZED")
+        cte = pick.cte("ready").prefix_with("MATERIALIZED")
         # = ANY(ARRAY(...)), not IN (SELECT ...): the planner takes the array for
         # a few elements whatever it knows of the table, so the generic plan of
         # the prepared claim goes to each row by key too. With IN, the generic plan

@@ -311,7 +311,6 @@ CHECK_NAMES = {
 }
 UNIQUE_NAMES = {"uq_watchdog_jobs_job_id"}
 INDEX_NAMES = {
-    "ix_watchdog_jobs_ready",
     "ix_watchdog_jobs_delayed",
     "ix_watchdog_jobs_settled",
     "ix_watchdog_jobs_rerun_of",

@@ -233,6 +233,10 @@ def _pg_plan(document: Any) -> Plan:
     sorts = False
 
     def reads_jobs(node: dict[str, Any]) -> bool:
+        """Whether ``node`` reads the jobs table other than through a LIMIT:
+        sorting the few rows that limited reads return is not sorting the table."""
+        if node["Node Type"] == "Limit":
+            return False
         return node.get("Relation Name") == TABLE or any(reads_jobs(child) for child in node.get("Plans", []))
 
     def walk(node: dict[str, Any]) -> None:
@@ -302,13 +306,17 @@ def sqlite_plan(engine: Engine, statement: str, parameters: Any) -> Plan:
         conn.rollback()
     indexes: set[str] = set()
     full_scan = False
-    sorts = False
+    # A sort counts when the query it sorts for reads the jobs table itself (its
+    # rows share a parent), not when it sorts the few rows of limited subqueries.
+    sorting: set[int] = set()
+    reading: set[int] = set()
     for row in rows:
         detail = row[-1]
         if "USE TEMP B-TREE FOR" in detail and "ORDER BY" in detail:
-            sorts = True
+            sorting.add(row[1])
         if not re.match(rf"(SCAN|SEARCH) {TABLE}\b", detail):
             continue
+        reading.add(row[1])
         found = _SQLITE_INDEX.search(detail)
         if found:
             indexes.add(found.group(1))
@@ -316,7 +324,7 @@ def sqlite_plan(engine: Engine, statement: str, parameters: Any) -> Plan:
             indexes.add(PK)
         elif detail.startswith("SCAN"):
             full_scan = True
-    return Plan(frozenset(indexes), full_scan, sorts, "\n".join(str(tuple(row)) for row in rows))
+    return Plan(frozenset(indexes), full_scan, bool(sorting & reading), "\n".join(str(tuple(row)) for row in rows))
 
 
 # -- the table of expected plans -------------------------------------------------------------
@@ -362,7 +370,6 @@ def _list(**values: Any) -> Params:
 PG, LITE = "postgresql", "sqlite"
 JOB_ID = {PG: "uq_watchdog_jobs_job_id", LITE: "sqlite_autoindex_watchdog_jobs_1"}
 CANCELLATION_ID = "uq_watchdog_jobs_cancellation_id"
-READY = "ix_watchdog_jobs_ready"
 DELAYED = "ix_watchdog_jobs_delayed"
 SETTLED = "ix_watchdog_jobs_settled"
 RERUN_OF = "ix_watchdog_jobs_rerun_of"
@@ -428,7 +435,7 @@ PLANS: list[Case] = [
     ),
     # -- the claim life cycle
     # Run only on SQLite in WAL mode (a claim's read-only pre-check).
-    Case("any_queued(all)", "any_queued", (False,), _none, {LITE: (READY, LIVE_QUEUE)}),
+    Case("any_queued(all)", "any_queued", (False,), _none, {LITE: (LIVE_QUEUE,)}),
     Case(
         "any_queued(queues)",
         "any_queued",
@@ -438,7 +445,9 @@ PLANS: list[Case] = [
     ),
     Case("next_ready", "next_ready", (), _none, on(DELAYED), ordered=True),
     Case("promote", "promote", (D,), lambda d: {"limit": 100}, on(DELAYED), ordered=True),
-    Case("claim(all queues)", "claim", (D, None), _claim(None), on(READY), ordered=True),
+    # Every queue: no index holds every queue's queued jobs in claim order (w0008),
+    # so they are read and sorted -- runners always name their queues.
+    Case("claim(all queues)", "claim", (D, None), _claim(None), on(NONE)),
     # What every runner sends: the queues it has handlers for.
     Case(
         "claim(one queue)",
@@ -448,13 +457,14 @@ PLANS: list[Case] = [
         on(LIVE_QUEUE),
         ordered=True,
     ),
-    # Several queues: the ready index in claim order, skipping other queues' rows.
+    # Several queues: each read in claim order in live_queue (the backlog queue too:
+    # never all its jobs), then the best of those few sorted.
     Case(
         "claim(three queues)",
         "claim",
         (D, 3),
         _claim(["q3", "q4", BACKLOG_QUEUE]),
-        on(READY, LIVE_QUEUE),
+        on(LIVE_QUEUE),
         ordered=True,
     ),
     # By job_id, one lookup per row: never the lease index, which also holds the entries
@@ -534,7 +544,7 @@ PLANS: list[Case] = [
     # list_jobs pages in admission order: the primary key, filtered (the cost its docstring states).
     Case("list_jobs()", "list_jobs", ((),), _list(), on(PK), ordered=True),
     Case("list_jobs(queue)", "list_jobs", (("queue",),), _list(queue="q3"), on(PK)),
-    Case("list_jobs(state=queued)", "list_jobs", (("state=queued",),), _list(), on(PK, READY, LIVE_QUEUE)),
+    Case("list_jobs(state=queued)", "list_jobs", (("state=queued",),), _list(), on(PK, LIVE_QUEUE)),
     Case("list_jobs(state=settled, outcome)", "list_jobs", (("state=settled", "outcome"),), _list(outcome="failed"), on(PK, SETTLED)),
     # No index holds settled jobs by lane: a rare lane is a read of the whole table either way.
     Case("list_jobs(lane)", "list_jobs", (("lane",),), _list(lane="l3"), on(NONE)),
@@ -621,3 +631,41 @@ def test_the_claims_generic_plan_goes_by_key_when_one_queue_holds_the_table(post
         plan = pg_cached_plan(engine, statement, parameters, generic=True)
         assert not plan.full_scan, f"the generic claim plan scans {TABLE} whole:\n{plan.text}"
         assert PK in plan.indexes, plan.text
+
+
+@pytest.mark.parametrize("queue_count", [1, 3])
+def test_a_claim_never_reads_a_paused_queues_backlog(postgres_server: URL, queue_count: int) -> None:
+    """The pause check of each queue's pick names the parameter, so it is a
+    one-time filter: the paused queue's index range is never read. As a filter
+    on the column it was checked on every row of the paused backlog, each claim."""
+    with own_database(postgres_server) as engine:
+        metadata.create_all(engine)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "INSERT INTO watchdog_jobs (job_id, queue_name, lane, priority, payload_json, state, enqueued_at)"
+                " SELECT 'p-' || n, 'paused', 'paused', 9, '{}', 'queued', 0 FROM generate_series(1, 20000) n"
+                " UNION ALL SELECT 'o-' || n, 'open', 'open', 0, '{}', 'queued', 0 FROM generate_series(1, 100) n"
+            )
+            conn.exec_driver_sql("INSERT INTO watchdog_queue_pauses (queue_name, paused_at) VALUES ('paused', 0)")
+            conn.exec_driver_sql("ANALYZE watchdog_jobs")
+        queues = ["paused", "open", "empty"][:queue_count]
+        statement, parameters = sent(engine, sql.claim(PG, queue_count), _claim(queues)(PG))
+        with engine.connect() as conn:
+            document = conn.exec_driver_sql(
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters
+            ).scalar_one()
+            conn.rollback()
+        read: list[int] = []
+
+        def walk(node: dict[str, Any]) -> None:
+            if node.get("Relation Name") == TABLE and node.get("Index Name") == LIVE_QUEUE:
+                # Rows a filter removed were read too.
+                read.append(node["Actual Rows"] + node.get("Rows Removed by Filter", 0) if node["Actual Loops"] else 0)
+            for child in node.get("Plans", []):
+                walk(child)
+
+        walk(document[0]["Plan"])
+        assert len(read) == queue_count, json.dumps(document, indent=1)
+        assert read[0] == 0, json.dumps(document, indent=1)  # the paused queue: never read
+        if queue_count > 1:
+            assert read[1] == 1  # the open queue: its first job (limit 1)

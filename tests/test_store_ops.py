@@ -235,6 +235,64 @@ def test_claim_takes_only_jobs_of_the_given_queues(engine: Engine) -> None:
     assert run(engine, store.claim, queues=["nothing-here"], limit=10, lease_ms=LEASE_MS).claimed == ()
 
 
+def test_a_claim_of_several_queues_takes_the_best_jobs_of_all_of_them_in_claim_order(engine: Engine) -> None:
+    # Each queue is read on its own (w0008: no index holds every queue's queued jobs),
+    # so the claim must still rank across them, never take a fixed share per queue.
+    add(
+        engine,
+        Job("e-low", "emails", priority=-1),
+        Job("e-1", "emails", priority=3),
+        Job("s-1", "sms", priority=7),
+        Job("e-2", "emails", priority=3),
+        Job("s-2", "sms"),
+        Job("p-1", "push", priority=5),
+        Job("other", "other", priority=99),
+        Job("later", "emails", priority=3, run_at=datetime(2099, 1, 1, tzinfo=UTC)),
+    )
+    run(engine, store.pause, "push")
+    queues = ["emails", "sms", "push"]
+    first = run(engine, store.claim, queues=queues, limit=3, lease_ms=LEASE_MS)
+    assert [c.job.job_id for c in first.claimed] == ["s-1", "e-1", "e-2"]
+    rest = run(engine, store.claim, queues=queues, limit=10, lease_ms=LEASE_MS)
+    assert [c.job.job_id for c in rest.claimed] == ["s-2", "e-low"]  # push is paused
+    assert run(engine, store.claim, queues=queues, limit=10, lease_ms=LEASE_MS).claimed == ()
+    assert {j: row(engine, j)["state"] for j in ("p-1", "other", "later")} == {  # type: ignore[index]
+        "p-1": "queued", "other": "queued", "later": "delayed",
+    }  # fmt: skip
+
+
+def test_concurrent_claimers_of_several_queues_never_take_the_same_job_twice(engine: Engine) -> None:
+    # A claim of several queues locks up to its limit in each and keeps the best of
+    # them; the rows it did not keep are free again when it commits.
+    job_ids = [f"{queue}{i:02d}" for queue in ("a", "b", "c") for i in range(15)]
+    add(engine, *(Job(job_id, job_id[0], priority=int(job_id[1:]) % 3) for job_id in job_ids))
+    taken: list[str] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(4, timeout=10)
+
+    def claimer(queues: list[str]) -> None:
+        try:
+            barrier.wait()
+            idle = 0
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and idle < 3:
+                batch = store.retrying(lambda: run(engine, store.claim, queues=queues, limit=4, lease_ms=LEASE_MS))
+                with lock:
+                    taken.extend(c.job.job_id for c in batch.claimed)
+                idle = 0 if batch.claimed else idle + 1
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=claimer, args=(q,)) for q in (["a", "b", "c"], ["c", "b", "a"], ["a", "c"], ["b"])]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert sorted(taken) == job_ids  # every job claimed, none twice
+
+
 def test_concurrent_claimers_never_take_the_same_job_twice(engine: Engine) -> None:
     job_ids = [f"j{i:02d}" for i in range(40)]
     add(engine, *(Job(job_id, "q") for job_id in job_ids))

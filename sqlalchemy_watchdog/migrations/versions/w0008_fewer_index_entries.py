@@ -6,10 +6,13 @@ Create Date: 2026-12-04
 
 Every index a row enters costs its enqueue, and its claim and settle too:
 each of those changes ``state``, so PostgreSQL writes every index a new
-entry for the row. A ready job entered seven indexes; it now enters four
-(the primary key, ``job_id``, ``ix_watchdog_jobs_ready`` and
-``ix_watchdog_jobs_live_queue``) unless it has a lane of its own or a
-cancellation id:
+entry for the row. A ready job entered seven indexes; it now enters three
+(the primary key, ``job_id`` and ``ix_watchdog_jobs_live_queue``) unless it
+has a lane of its own or a cancellation id:
+
+* ``ix_watchdog_jobs_ready`` (the queued jobs of every queue in claim
+  order) is dropped: a claim reads each of its queues in
+  ``ix_watchdog_jobs_live_queue``, a claim of several queues each of them.
 
 * ``uq_watchdog_jobs_cancellation_id`` becomes a partial unique index over
   the jobs that have a cancellation id (was: a UNIQUE constraint, one NULL
@@ -49,6 +52,7 @@ depends_on = None
 TABLE = "watchdog_jobs"
 LIVE = "state IN ('delayed', 'queued', 'running')"
 CANCELLATION = f"uq_{TABLE}_cancellation_id"
+READY = f"ix_{TABLE}_ready"
 #: The UNIQUE constraint as the table's stored SQL holds it (SQLite).
 CANCELLATION_CONSTRAINT = f"CONSTRAINT {CANCELLATION} UNIQUE (cancellation_id)"
 JOB_ID_CONSTRAINT = f"CONSTRAINT uq_{TABLE}_job_id UNIQUE (job_id),"
@@ -121,23 +125,21 @@ def _rebuild_sqlite(*, unique_constraint: bool) -> None:
 
 
 def upgrade() -> None:
-    sqlite = op.get_bind().dialect.name == "sqlite"
-    if sqlite:
+    op.drop_index(op.f(READY), table_name=TABLE)
+    _drop_live_indexes()
+    if op.get_bind().dialect.name == "sqlite":
         _rebuild_sqlite(unique_constraint=False)
     else:
         op.drop_constraint(CANCELLATION, TABLE, type_="unique")
         op.drop_index(op.f(f"ix_{TABLE}_queued_since"), table_name=TABLE)
     op.create_index(CANCELLATION, TABLE, ["cancellation_id"], unique=True, **_partial("cancellation_id IS NOT NULL"))
-    _drop_live_indexes()
     _live_indexes(new=True)
 
 
 def downgrade() -> None:
-    sqlite = op.get_bind().dialect.name == "sqlite"
     op.drop_index(CANCELLATION, table_name=TABLE)
     _drop_live_indexes()
-    _live_indexes(new=False)
-    if sqlite:
+    if op.get_bind().dialect.name == "sqlite":
         _rebuild_sqlite(unique_constraint=True)
     else:
         op.create_unique_constraint(CANCELLATION, TABLE, ["cancellation_id"])
@@ -147,3 +149,5 @@ def downgrade() -> None:
             ["queue_name", sa.text("coalesce(ready_at, enqueued_at)")],
             **_partial("state = 'queued'"),
         )
+    _live_indexes(new=False)
+    op.create_index(op.f(READY), TABLE, [sa.column("priority").desc(), "sequence"], **_partial("state = 'queued'"))
