@@ -47,45 +47,49 @@ QUEUE = "bench"
 
 #: Each variant: the DDL turning the model's index set into it (run on a table holding the model's set).
 MODEL = "model (as in model.py)"
-CANCELLATION_PARTIAL = [
-    "ALTER TABLE watchdog_jobs DROP CONSTRAINT uq_watchdog_jobs_cancellation_id",
-    "CREATE UNIQUE INDEX uq_watchdog_jobs_cancellation_id ON watchdog_jobs (cancellation_id)"
-    " WHERE cancellation_id IS NOT NULL",
+LIVE = "state IN ('delayed', 'queued', 'running')"
+#: Revision w0008 back to w0007: the index set a ready job entered seven of.
+BEFORE_W0008 = "the set before w0008 (7 entries per ready job)"
+CANCELLATION_FULL = [
+    "DROP INDEX uq_watchdog_jobs_cancellation_id",
+    "ALTER TABLE watchdog_jobs ADD CONSTRAINT uq_watchdog_jobs_cancellation_id UNIQUE (cancellation_id)",
+]
+READY = ["CREATE INDEX ix_watchdog_jobs_ready ON watchdog_jobs (priority DESC, sequence) WHERE state = 'queued'"]
+UNDO_W0008 = [
+    *CANCELLATION_FULL,
+    *READY,
+    "CREATE INDEX ix_watchdog_jobs_queued_since ON watchdog_jobs (queue_name, coalesce(ready_at, enqueued_at))"
+    " WHERE state = 'queued'",
+    "DROP INDEX ix_watchdog_jobs_live_lane",
+    f"CREATE INDEX ix_watchdog_jobs_live_lane ON watchdog_jobs (lane, state DESC, sequence) WHERE {LIVE}",
+    "DROP INDEX ix_watchdog_jobs_live_queue",
+    "CREATE INDEX ix_watchdog_jobs_live_queue ON watchdog_jobs (queue_name, state, priority DESC, sequence)"
+    f" WHERE {LIVE}",
 ]
 VARIANTS: dict[str, list[str]] = {
     MODEL: [],
-    "cancellation_id unique made partial": CANCELLATION_PARTIAL,
-    "- ix_watchdog_jobs_queued_since": ["DROP INDEX ix_watchdog_jobs_queued_since"],
-    "- ix_watchdog_jobs_ready": ["DROP INDEX ix_watchdog_jobs_ready"],
+    BEFORE_W0008: UNDO_W0008,
+    "+ ix_watchdog_jobs_ready (dropped in w0008)": READY,
+    "cancellation_id NULLs indexed again (before w0008)": CANCELLATION_FULL,
     "- ix_watchdog_jobs_live_queue": ["DROP INDEX ix_watchdog_jobs_live_queue"],
     "- ix_watchdog_jobs_live_lane": ["DROP INDEX ix_watchdog_jobs_live_lane"],
-    "- ready, cancellation_id partial": ["DROP INDEX ix_watchdog_jobs_ready", *CANCELLATION_PARTIAL],
-    "- ready, - queued_since, cancellation_id partial": [
-        "DROP INDEX ix_watchdog_jobs_ready",
-        "DROP INDEX ix_watchdog_jobs_queued_since",
-        *CANCELLATION_PARTIAL,
-    ],
     # Not an index: the statement-level NOTIFY trigger, for scale.
     "- the NOTIFY trigger (not an index)": ["ALTER TABLE watchdog_jobs DISABLE TRIGGER watchdog_jobs_queued"],
     "PK + job_id unique only": [
-        "ALTER TABLE watchdog_jobs DROP CONSTRAINT uq_watchdog_jobs_cancellation_id",
-        *(
-            f"DROP INDEX {name}"
-            for name in (
-                "ix_watchdog_jobs_ready",
-                "ix_watchdog_jobs_delayed",
-                "ix_watchdog_jobs_settled",
-                "ix_watchdog_jobs_queued_since",
-                "ix_watchdog_jobs_rerun_of",
-                "ix_watchdog_jobs_lease",
-                "ix_watchdog_jobs_live_lane",
-                "ix_watchdog_jobs_live_queue",
-            )
-        ),
+        f"DROP INDEX {name}"
+        for name in (
+            "uq_watchdog_jobs_cancellation_id",
+            "ix_watchdog_jobs_delayed",
+            "ix_watchdog_jobs_settled",
+            "ix_watchdog_jobs_rerun_of",
+            "ix_watchdog_jobs_lease",
+            "ix_watchdog_jobs_live_lane",
+            "ix_watchdog_jobs_live_queue",
+        )
     ],
 }
 #: The variants the claim figure is measured for (each rebuild costs an index build on the history).
-CLAIM_VARIANTS = (MODEL, "cancellation_id unique made partial", "- ix_watchdog_jobs_queued_since")
+CLAIM_VARIANTS = (MODEL, BEFORE_W0008)
 
 
 def load() -> str:
@@ -191,15 +195,21 @@ def reindex_to(target: Target, variant: str) -> None:
 def restore_model(target: Target, variant: str) -> None:
     """Undo ``variant`` (one of CLAIM_VARIANTS) on the history table."""
     with psycopg.connect(target.dsn, autocommit=True) as conn:
-        if variant == "cancellation_id unique made partial":
-            conn.execute("DROP INDEX uq_watchdog_jobs_cancellation_id")
+        if variant == BEFORE_W0008:
+            conn.execute("ALTER TABLE watchdog_jobs DROP CONSTRAINT uq_watchdog_jobs_cancellation_id")
             conn.execute(
-                "ALTER TABLE watchdog_jobs ADD CONSTRAINT uq_watchdog_jobs_cancellation_id UNIQUE (cancellation_id)"
+                "CREATE UNIQUE INDEX uq_watchdog_jobs_cancellation_id ON watchdog_jobs (cancellation_id)"
+                " WHERE cancellation_id IS NOT NULL"
             )
-        elif variant == "- ix_watchdog_jobs_queued_since":
+            for name in ("ready", "queued_since", "live_lane", "live_queue"):
+                conn.execute(f"DROP INDEX ix_watchdog_jobs_{name}")
             conn.execute(
-                "CREATE INDEX ix_watchdog_jobs_queued_since ON watchdog_jobs"
-                " (queue_name, coalesce(ready_at, enqueued_at)) WHERE state = 'queued'"
+                "CREATE INDEX ix_watchdog_jobs_live_lane ON watchdog_jobs (lane, state DESC, sequence)"
+                f" WHERE {LIVE} AND lane <> queue_name"
+            )
+            conn.execute(
+                "CREATE INDEX ix_watchdog_jobs_live_queue ON watchdog_jobs"
+                f" (queue_name, state, priority DESC, sequence, ready_at, enqueued_at) WHERE {LIVE}"
             )
 
 
