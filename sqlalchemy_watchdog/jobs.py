@@ -513,6 +513,16 @@ class Job:
         _set_codec(self, codec)
         _set_payload_json(self, payload_json)
 
+    def __post_init__(self) -> None:
+        # Not called by Job's own __init__: a dataclass subclass's generated
+        # __init__ sets the fields and calls this, so its jobs are checked and
+        # encoded like any other.
+        Job.__init__(
+            self, self.job_id, self.queue, lane=self.lane, priority=self.priority, payload=self.payload,
+            max_recoveries=self.max_recoveries, run_at=self.run_at, retry=self.retry, timeout=self.timeout,
+            rerun_of=self.rerun_of, codec=self.codec,
+        )  # fmt: skip
+
     @property
     def run_at_ms(self) -> int | None:
         """:attr:`run_at` in epoch milliseconds, as stored."""

@@ -261,6 +261,24 @@ def test_every_field_of_a_job_is_set_when_it_is_built() -> None:
     }  # fmt: skip
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class TenantJob(Job):
+    tenant: str = "none"
+
+
+def test_a_dataclass_subclass_of_job_is_checked_and_encoded_like_a_job() -> None:
+    job = TenantJob("job-1", "emails", payload={"b": 1, "a": 2}, tenant="acme")
+    assert (job.tenant, job.lane, job.payload_json) == ("acme", "emails", '{"a":2,"b":1}')
+    assert refused_subclass("queue", lambda: TenantJob("job-1", ""))
+    assert refused_subclass("payload", lambda: TenantJob("job-1", "q", payload=float("nan")))
+
+
+def refused_subclass(field: str, build: Any) -> bool:
+    with pytest.raises(InvalidJob) as caught:
+        build()
+    return caught.value.field == field
+
+
 def test_jobs_with_equal_fields_are_equal() -> None:
     a = Job("job-1", "emails", priority=2, payload=[1, 2])
     b = Job("job-1", "emails", priority=2, payload=[1, 2])
