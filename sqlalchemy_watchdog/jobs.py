@@ -464,7 +464,7 @@ class Job:
     # Written out rather than generated: a frozen dataclass's own __init__
     # sets each field through object.__setattr__, which made building a Job
     # a third slower (batch enqueue builds thousands). Fields are set through
-    # their slots' descriptors (_JOB_SLOTS), after every check has passed.
+    # their slots' descriptors (slot_setters), after every check has passed.
     def __init__(
         self,
         job_id: str,
@@ -544,16 +544,26 @@ class Job:
         return None if self.retry is None else self.retry.to_json()
 
 
-#: The setters of Job's slots, one per field in order (Job.__init__ sets them all).
-_JOB_SLOTS: tuple[Callable[[Job, Any], None], ...] = tuple(Job.__dict__[f.name].__set__ for f in fields(Job))
-assert tuple(f.name for f in fields(Job)) == (
-    "job_id", "queue", "lane", "priority", "payload", "max_recoveries", "run_at",
-    "retry", "timeout", "rerun_of", "codec", "payload_json",
-), "Job.__init__ must set every field"
+def slot_setters(cls: type, names: tuple[str, ...]) -> tuple[Callable[[Any, Any], None], ...]:
+    """The setters of a frozen slots dataclass's fields, in ``names`` order,
+    which must name all its fields in their declared order (else TypeError).
+
+    For building instances on a hot path: a frozen dataclass's own ``__init__``
+    sets each field through ``object.__setattr__``, several times slower than
+    the slot's setter. Whoever uses them must set every field."""
+    declared = tuple(f.name for f in fields(cls))
+    if declared != names:
+        raise TypeError(f"{cls.__name__} has the fields {declared}, not {names}")
+    return tuple(cls.__dict__[name].__set__ for name in names)
+
+
 (
     _set_job_id, _set_queue, _set_lane, _set_priority, _set_payload, _set_max_recoveries, _set_run_at,
     _set_retry, _set_timeout, _set_rerun_of, _set_codec, _set_payload_json,
-) = _JOB_SLOTS
+) = slot_setters(Job, (
+    "job_id", "queue", "lane", "priority", "payload", "max_recoveries", "run_at",
+    "retry", "timeout", "rerun_of", "codec", "payload_json",
+))  # fmt: skip
 
 
 def _encoded(codec: Any, payload: Any) -> Any:

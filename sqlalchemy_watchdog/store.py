@@ -69,6 +69,7 @@ from .jobs import (
     duration_ms,
     history_of,
     rerun_job_id,
+    slot_setters,
 )
 from .wakeups import EVENT_QUEUED
 
@@ -154,11 +155,10 @@ _JOBVIEW_FIELDS = (
     "max_attempts", "snoozes", "timeout", "retry", "failure_history", "enqueued_at", "started_at",
     "settled_at", "rerun_of", "reruns", "trace_context",
 )  # fmt: skip
-assert tuple(f.name for f in dataclasses.fields(JobView)) == _JOBVIEW_FIELDS, "view() must fill every JobView field"
 #: Each field's slot setter: a frozen dataclass's __init__ sets its 27 slots one
 #: object.__setattr__ call at a time (by name, through a global), 3.5x slower
 #: than the slots' own setters -- and view() runs for every claimed job.
-_JOBVIEW_SETTERS = tuple(getattr(JobView, name).__set__ for name in _JOBVIEW_FIELDS)
+_JOBVIEW_SETTERS = slot_setters(JobView, _JOBVIEW_FIELDS)
 _new_object = object.__new__
 
 
@@ -415,16 +415,13 @@ def _enqueue(
     return results
 
 
-_new_result = EnqueueResult.__new__
-_set_result_job_id = cast(Any, EnqueueResult.__dict__["job_id"]).__set__
-_set_result_status = cast(Any, EnqueueResult.__dict__["status"]).__set__
-assert tuple(f.name for f in dataclasses.fields(EnqueueResult)) == ("job_id", "status")
+_set_result_job_id, _set_result_status = slot_setters(EnqueueResult, ("job_id", "status"))
 
 
 def _queued(job_id: str) -> EnqueueResult:
     """``EnqueueResult(job_id, QUEUED)`` without the frozen dataclass's
     per-field ``object.__setattr__`` (a batch enqueue makes one per job)."""
-    result = _new_result(EnqueueResult)
+    result = _new_object(EnqueueResult)
     _set_result_job_id(result, job_id)
     _set_result_status(result, EnqueueStatus.QUEUED)
     return result

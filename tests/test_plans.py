@@ -614,19 +614,28 @@ def test_statement_uses_its_index(planned: Planned, case: Case, request: pytest.
 
 
 
+@contextlib.contextmanager
+def seeded_database(server: URL, *statements: str) -> Iterator[Engine]:
+    """A database of its own with the model's tables, ``statements`` run in it, analysed."""
+    with own_database(server) as engine:
+        metadata.create_all(engine)
+        with engine.begin() as conn:
+            for statement in statements:
+                conn.exec_driver_sql(statement)
+            conn.exec_driver_sql("ANALYZE watchdog_jobs")
+        yield engine
+
+
 def test_the_claims_generic_plan_goes_by_key_when_one_queue_holds_the_table(postgres_server: URL) -> None:
     """A queue that holds most of the table (one busy queue, a fresh history):
     the generic plan of the one-queue claim must still reach the picked rows
     by key. With ``IN (SELECT ...)`` it hash-joined a scan of the whole table
     (7 ms a claim at 20,000 jobs), ready for the plan cache to choose."""
-    with own_database(postgres_server) as engine:
-        metadata.create_all(engine)
-        with engine.begin() as conn:
-            conn.exec_driver_sql(
-                "INSERT INTO watchdog_jobs (job_id, queue_name, lane, priority, payload_json, state, enqueued_at)"
-                " SELECT 'one-' || n, 'busy', 'one-' || n, 0, '{}', 'queued', 0 FROM generate_series(1, 20000) n"
-            )
-            conn.exec_driver_sql("ANALYZE watchdog_jobs")
+    seed = (
+        "INSERT INTO watchdog_jobs (job_id, queue_name, lane, priority, payload_json, state, enqueued_at)"
+        " SELECT 'one-' || n, 'busy', 'one-' || n, 0, '{}', 'queued', 0 FROM generate_series(1, 20000) n"
+    )
+    with seeded_database(postgres_server, seed) as engine:
         statement, parameters = sent(engine, sql.claim(PG, 1), _claim(["busy"])(PG))
         plan = pg_cached_plan(engine, statement, parameters, generic=True)
         assert not plan.full_scan, f"the generic claim plan scans {TABLE} whole:\n{plan.text}"
@@ -638,16 +647,13 @@ def test_a_claim_never_reads_a_paused_queues_backlog(postgres_server: URL, queue
     """The pause check of each queue's pick names the parameter, so it is a
     one-time filter: the paused queue's index range is never read. As a filter
     on the column it was checked on every row of the paused backlog, each claim."""
-    with own_database(postgres_server) as engine:
-        metadata.create_all(engine)
-        with engine.begin() as conn:
-            conn.exec_driver_sql(
-                "INSERT INTO watchdog_jobs (job_id, queue_name, lane, priority, payload_json, state, enqueued_at)"
-                " SELECT 'p-' || n, 'paused', 'paused', 9, '{}', 'queued', 0 FROM generate_series(1, 20000) n"
-                " UNION ALL SELECT 'o-' || n, 'open', 'open', 0, '{}', 'queued', 0 FROM generate_series(1, 100) n"
-            )
-            conn.exec_driver_sql("INSERT INTO watchdog_queue_pauses (queue_name, paused_at) VALUES ('paused', 0)")
-            conn.exec_driver_sql("ANALYZE watchdog_jobs")
+    seed = (
+        "INSERT INTO watchdog_jobs (job_id, queue_name, lane, priority, payload_json, state, enqueued_at)"
+        " SELECT 'p-' || n, 'paused', 'paused', 9, '{}', 'queued', 0 FROM generate_series(1, 20000) n"
+        " UNION ALL SELECT 'o-' || n, 'open', 'open', 0, '{}', 'queued', 0 FROM generate_series(1, 100) n"
+    )
+    pause = "INSERT INTO watchdog_queue_pauses (queue_name, paused_at) VALUES ('paused', 0)"
+    with seeded_database(postgres_server, seed, pause) as engine:
         queues = ["paused", "open", "empty"][:queue_count]
         statement, parameters = sent(engine, sql.claim(PG, queue_count), _claim(queues)(PG))
         with engine.connect() as conn:
