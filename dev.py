@@ -29,7 +29,7 @@ STAMP = VENV / ".installed"
 
 
 def ensure_env() -> None:
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 -- dev.py itself may be run by an older python3
         sys.exit(f"Python 3.11+ is needed, this is {sys.version.split()[0]}")
     if not PYTHON.exists():
         print("creating .venv ...", flush=True)

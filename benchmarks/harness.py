@@ -99,9 +99,7 @@ def drop_database(target: Target) -> None:
     assert target.name.startswith(DB_PREFIX), target.name  # never anyone else's database
     try:
         with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(target.name))
-            )
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(target.name)))
     except Exception as error:  # pragma: no cover - best effort
         print(f"warning: could not drop {target.name}: {error}", file=sys.stderr)
     with _created_lock:

@@ -62,7 +62,10 @@ def one_round(target: harness.Target, engine: Engine, jobs: int, batch: int, tag
     with engine.begin() as conn:
         conn.execute(text("TRUNCATE watchdog_jobs"))
         for start in range(0, jobs, 1000):
-            store.enqueue(conn, [Job(job_id=f"{tag}-{i}", queue="q", payload={"i": i}) for i in range(start, min(jobs, start + 1000))])
+            store.enqueue(
+                conn,
+                [Job(job_id=f"{tag}-{i}", queue="q", payload={"i": i}) for i in range(start, min(jobs, start + 1000))],
+            )
     with psycopg.connect(target.dsn, autocommit=True) as admin:
         admin.execute("VACUUM ANALYZE watchdog_jobs")
     with engine.connect() as conn:
@@ -97,7 +100,10 @@ def main() -> int:
             for b in batches if r % 2 == 0 else reversed(batches):
                 results[b].append(one_round(target, engine, args.jobs, b, f"r{r}b{b}"))
                 wall, cpu, server = results[b][-1]
-                print(f"round {r + 1} batch {b}: wall {wall:.0f}, client {cpu:.0f}, server {server:.0f} us/job", file=sys.stderr)
+                print(
+                    f"round {r + 1} batch {b}: wall {wall:.0f}, client {cpu:.0f}, server {server:.0f} us/job",
+                    file=sys.stderr,
+                )
         engine.dispose()
     finally:
         harness.drop_all_created()

@@ -295,7 +295,9 @@ def main() -> int:
         drop_all_created()
     base = statistics.median(results[MODEL])
     raw_base = statistics.median(statement_rates[MODEL])
-    print("\n| index set | enqueue(), 1,000 jobs per statement (jobs/s) | vs model | the statement alone (jobs/s) | vs model |")
+    print(
+        "\n| index set | enqueue(), 1,000 jobs per statement (jobs/s) | vs model | the statement alone (jobs/s) | vs model |"
+    )
     print("| --- | --- | --- | --- | --- |")
     for variant, values in results.items():
         raw = statement_rates[variant]

@@ -163,9 +163,7 @@ def main() -> int:
     for (dialect, mode), rates in results.items():
         base = statistics.median(results[(dialect, "off")])
         median = statistics.median(rates)
-        print(
-            f"| {dialect} | {mode} | {median:,.0f} | {min(rates):,.0f}-{max(rates):,.0f} | {median / base:.2f}x |"
-        )
+        print(f"| {dialect} | {mode} | {median:,.0f} | {min(rates):,.0f}-{max(rates):,.0f} | {median / base:.2f}x |")
     return 0
 
 

@@ -40,7 +40,10 @@ from harness import create_database, drop_all_created
 GROUPS: list[tuple[str, tuple[str, ...]]] = [
     ("ours: sqlalchemy_watchdog", ("sqlalchemy_watchdog/",)),
     ("SQLAlchemy: SQL build/compile/cache key", ("sqlalchemy/sql/",)),
-    ("SQLAlchemy: result rows", ("sqlalchemy/engine/result.py", "sqlalchemy/engine/cursor.py", "sqlalchemy/engine/row.py")),
+    (
+        "SQLAlchemy: result rows",
+        ("sqlalchemy/engine/result.py", "sqlalchemy/engine/cursor.py", "sqlalchemy/engine/row.py"),
+    ),
     ("SQLAlchemy: engine/connection/pool/events", ("sqlalchemy/engine/", "sqlalchemy/pool/", "sqlalchemy/event/")),
     ("SQLAlchemy: other (util, dialect, orm)", ("sqlalchemy/",)),
     ("driver: psycopg (Python layer)", ("psycopg/", "psycopg_pool/", "psycopg_binary/")),
@@ -66,7 +69,11 @@ def operation_of(frames: list[str]) -> str:
         for frame in frames:
             if marker in frame:
                 name = frame.split(" (")[0]
-                return f"store.{name}" if marker.endswith("store.py") else f"{name} ({frame.rsplit('/', 1)[-1].split(':')[0]})"
+                return (
+                    f"store.{name}"
+                    if marker.endswith("store.py")
+                    else f"{name} ({frame.rsplit('/', 1)[-1].split(':')[0]})"
+                )
     return "outside sqlalchemy_watchdog"
 
 
@@ -100,8 +107,15 @@ def profile(shape: str, jobs: int, rate: int, raw_dir: Path | None, count_sql: b
     out = workdir / "stacks.txt"
     spy_bin = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     argv = [
-        sys.executable, str(HERE / "run.py"), "worker", "--subject", "watchdog",
-        "--target", target.to_json(), "--concurrency", str(concurrency),
+        sys.executable,
+        str(HERE / "run.py"),
+        "worker",
+        "--subject",
+        "watchdog",
+        "--target",
+        target.to_json(),
+        "--concurrency",
+        str(concurrency),
     ]
     if kind == "async":
         argv.append("--asyncio")
@@ -123,9 +137,21 @@ def profile(shape: str, jobs: int, rate: int, raw_dir: Path | None, count_sql: b
         harness.poll_until(lambda: not probe.live(), timeout=60, interval=0.005, what="warm-up")
         # Attach only now: start-up and imports stay out of the samples.
         spy = subprocess.Popen(
-            [spy_bin, "record", "--gil", "--format", "raw", "--rate", str(rate), "--output", str(out),
-             "--pid", str(worker_proc.pid)],
-            stdout=subprocess.DEVNULL, stderr=open(workdir / "py-spy.log", "w"),
+            [
+                spy_bin,
+                "record",
+                "--gil",
+                "--format",
+                "raw",
+                "--rate",
+                str(rate),
+                "--output",
+                str(out),
+                "--pid",
+                str(worker_proc.pid),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(workdir / "py-spy.log", "w"),
         )
         time.sleep(1.0)
         cpu_before = cpu_seconds(worker_proc.pid)
@@ -185,8 +211,11 @@ def main() -> int:
         for shape in args.shapes.split(","):
             result = profile(shape, args.jobs, args.rate, args.raw, args.count_sql)
             results.append(result)
-            print(f"  {shape}: {result['rate']:,.0f} jobs/s, wall {result['wall_us']:,.0f} us/job,"
-                  f" worker CPU {result['cpu_us']:,.0f} us/job", flush=True)
+            print(
+                f"  {shape}: {result['rate']:,.0f} jobs/s, wall {result['wall_us']:,.0f} us/job,"
+                f" worker CPU {result['cpu_us']:,.0f} us/job",
+                flush=True,
+            )
     finally:
         drop_all_created()
     names = [name for name, _ in GROUPS] + ["other (stdlib, interpreter)", "native (GIL held, no Python frame)"]

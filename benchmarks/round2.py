@@ -87,11 +87,19 @@ def txn_cost(target: Target, samples: int, warmup: int = 20) -> dict[str, Any]:
     event.listen(engine, "before_cursor_execute", count)
 
     def jobs(tag: str, n: int) -> list[Any]:
-        return [Job(f"{tag}-{i}", QUEUE, lane=f"customer-{i}", payload={"order_id": i, "note": "x" * 40}) for i in range(n)]
+        return [
+            Job(f"{tag}-{i}", QUEUE, lane=f"customer-{i}", payload={"order_id": i, "note": "x" * 40}) for i in range(n)
+        ]
 
     def orders(tag: str, n: int) -> list[Any]:
         return [
-            Order(reference=f"{tag}-{i}", kind=QUEUE, customer=f"customer-{i}", priority=0, payload=json.dumps({"order_id": i, "note": "x" * 40}))
+            Order(
+                reference=f"{tag}-{i}",
+                kind=QUEUE,
+                customer=f"customer-{i}",
+                priority=0,
+                payload=json.dumps({"order_id": i, "note": "x" * 40}),
+            )
             for i in range(n)
         ]
 
@@ -404,7 +412,11 @@ def inprocess_entry(argv: list[str]) -> None:
 
     def live() -> bool:
         with engine.connect() as conn:
-            return bool(conn.execute(text("SELECT EXISTS (SELECT 1 FROM watchdog_jobs WHERE state IN ('queued', 'running'))")).scalar())
+            return bool(
+                conn.execute(
+                    text("SELECT EXISTS (SELECT 1 FROM watchdog_jobs WHERE state IN ('queued', 'running'))")
+                ).scalar()
+            )
 
     def put(tag: str, n: int) -> float:
         with Session(engine) as session:
@@ -455,13 +467,25 @@ def inprocess(bench: Any, r: int) -> None:
             kind = "async" if use_asyncio else "sync"
             key = f"pg.inproc.{kind}.c{concurrency}"
             pair = [
-                (key, lambda concurrency=concurrency, use_asyncio=use_asyncio, key=key: inprocess_once(
-                    bench, concurrency, jobs, use_asyncio, f"{key}-{r}"
-                )),
-                (f"pg.separate.{kind}.c{concurrency}", lambda concurrency=concurrency, use_asyncio=use_asyncio, key=key: bench.drain_once(
-                    "watchdog", "postgresql", n=jobs, procs=1, concurrency=concurrency, defaults=False,
-                    tag=f"{key}-separate-{r}", use_asyncio=use_asyncio,
-                )),
+                (
+                    key,
+                    lambda concurrency=concurrency, use_asyncio=use_asyncio, key=key: inprocess_once(
+                        bench, concurrency, jobs, use_asyncio, f"{key}-{r}"
+                    ),
+                ),
+                (
+                    f"pg.separate.{kind}.c{concurrency}",
+                    lambda concurrency=concurrency, use_asyncio=use_asyncio, key=key: bench.drain_once(
+                        "watchdog",
+                        "postgresql",
+                        n=jobs,
+                        procs=1,
+                        concurrency=concurrency,
+                        defaults=False,
+                        tag=f"{key}-separate-{r}",
+                        use_asyncio=use_asyncio,
+                    ),
+                ),
             ]
             for name, fn in pair if r % 2 == 0 else reversed(pair):
                 bench.measure(name, "watchdog", "{:,.0f} jobs/s", fn, timeout=600)
@@ -673,8 +697,10 @@ def render(results: dict[str, dict[str, list[Any]]], summary: dict[str, dict[str
         for n in (1, 100):
             for kind in ("enqueue", "session_add"):
                 k = f"{kind}_{n}"
-                label = f"enqueue(session, {'job' if n == 1 else '[100 jobs]'})" if kind == "enqueue" else (
-                    f"session.add{'' if n == 1 else '_all'}({'row' if n == 1 else '[100 rows]'}) + flush()"
+                label = (
+                    f"enqueue(session, {'job' if n == 1 else '[100 jobs]'})"
+                    if kind == "enqueue"
+                    else (f"session.add{'' if n == 1 else '_all'}({'row' if n == 1 else '[100 rows]'}) + flush()")
                 )
                 ratio = med[f"{k}_p50"] / med[f"session_add_{n}_p50"]
                 lines.append(
@@ -692,7 +718,10 @@ def render(results: dict[str, dict[str, list[Any]]], summary: dict[str, dict[str
             ("pg.producers_notify_always", "watchdog, the trigger before w0007 (NOTIFY on every enqueue)"),
             ("pg.producers_no_notify", "watchdog, NOTIFY trigger disabled"),
             ("pg.producers_with_runner", "watchdog, a runner draining meanwhile (its defaults)"),
-            ("pg.producers_with_runner_notify_always", "watchdog, a runner draining meanwhile, the trigger before w0007"),
+            (
+                "pg.producers_with_runner_notify_always",
+                "watchdog, a runner draining meanwhile, the trigger before w0007",
+            ),
         ):
             values = results.get(key, {}).get("watchdog")
             if values:
@@ -742,7 +771,11 @@ def render(results: dict[str, dict[str, list[Any]]], summary: dict[str, dict[str
             low = f" ({min(spread):.2f}-{max(spread):.2f})" if len(spread) > 1 else ""
             other = small.get(op) if small else None
             ratio = f"{value / other:.2f}x" if value and other else "-"
-            lines.append(f"| {op} | {value:.2f}{low} | {other:.2f} | {ratio} |" if other else f"| {op} | {value:.2f}{low} | - | - |")
+            lines.append(
+                f"| {op} | {value:.2f}{low} | {other:.2f} | {ratio} |"
+                if other
+                else f"| {op} | {value:.2f}{low} | - | - |"
+            )
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
 
@@ -782,7 +815,12 @@ def plot(summary: dict[str, dict[str, Any]], subjects: list[str], directory: Pat
         names = [n for n in subjects if summary["pg.latency"].get(n)]
         width = 0.25
         for i, p in enumerate(("p50", "p95", "p99")):
-            ax.bar([x + i * width for x in range(len(names))], [summary["pg.latency"][n][p] or 0 for n in names], width, label=p)
+            ax.bar(
+                [x + i * width for x in range(len(names))],
+                [summary["pg.latency"][n][p] or 0 for n in names],
+                width,
+                label=p,
+            )
         ax.set_xticks([x + width for x in range(len(names))])
         ax.set_xticklabels(names)
         ax.set_ylabel("enqueue-to-start (ms)")

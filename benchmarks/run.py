@@ -119,7 +119,9 @@ class Config:
     txn_samples: int = 300
     #: "producers": processes enqueueing at once, and jobs each (one per transaction)
     producers: int = 16
-    producer_jobs: dict[str, int] = field(default_factory=lambda: {"watchdog": 300, "procrastinate": 150, "pgqueuer": 300})
+    producer_jobs: dict[str, int] = field(
+        default_factory=lambda: {"watchdog": 300, "procrastinate": 150, "pgqueuer": 300}
+    )
     #: "inprocess": Runner / AsyncRunner concurrencies (drain["watchdog"] jobs each)
     inprocess_concurrencies: tuple[int, ...] = (4,)
     #: "scaleout": runner processes of scaleout_concurrency each, draining scaleout_jobs
@@ -407,9 +409,7 @@ class Bench:
         target = self.target(name, "postgresql")
         subject.reset(target)
         c = self.config
-        (child,) = self.workers(
-            name, target, procs=1, concurrency=1, defaults=True, latency=True, tag=f"latency-{r}"
-        )
+        (child,) = self.workers(name, target, procs=1, concurrency=1, defaults=True, latency=True, tag=f"latency-{r}")
         client = subject.latency_client(target)
         try:
             time.sleep(0.5)  # let the worker reach its idle wait
@@ -1214,9 +1214,7 @@ def summarise(results: dict[str, dict[str, list[Any]]]) -> dict[str, dict[str, A
         out[key] = {}
         for subject, values in per_subject.items():
             if key.endswith("latency"):
-                out[key][subject] = {
-                    p: median([v[p] for v in values if v is not None]) for p in ("p50", "p95", "p99")
-                }
+                out[key][subject] = {p: median([v[p] for v in values if v is not None]) for p in ("p50", "p95", "p99")}
             elif any(isinstance(v, dict) for v in values):
                 present = [v for v in values if v is not None]
                 combined: dict[str, Any] = {}
@@ -1301,9 +1299,9 @@ def render_table(summary: dict[str, dict[str, Any]], subjects: list[str], config
 
     def table(head: list[str], body: list[list[str]]) -> list[str]:
         widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-        line = lambda r: "| " + " | ".join(
-            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
-        ) + " |"
+        line = lambda r: (
+            "| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) + " |"
+        )
         return [line(head), "|" + "|".join(("-" * (w + 2)) for w in widths) + "|", *(line(r) for r in body)]
 
     out: list[str] = []
@@ -1464,9 +1462,7 @@ def check_targets(summary: dict[str, dict[str, Any]], config: Config) -> list[di
         return summary.get(key, {}).get(subject)
 
     drain_keys = [k for k, _ in THROUGHPUT_ROWS if k.startswith("pg.drain.")]
-    wd_best = max(
-        ((get(k, "watchdog"), k) for k in drain_keys if get(k, "watchdog") is not None), default=(None, None)
-    )
+    wd_best = max(((get(k, "watchdog"), k) for k in drain_keys if get(k, "watchdog") is not None), default=(None, None))
     for peer, factor in (("pgqueuer", 2.0), ("procrastinate", 10.0)):
         base = max(
             (v for v in (get("pg.drain.defaults.p1", peer), get("pg.drain.defaults.p2", peer)) if v is not None),
@@ -1500,12 +1496,20 @@ def check_targets(summary: dict[str, dict[str, Any]], config: Config) -> list[di
         wd, pq = get(key, "watchdog"), get(key, "pgqueuer")
         if wd and pq:
             checks.append(
-                {"target": label, "measured": f"{wd / pq:.2f}x ({wd:,.0f} vs {pq:,.0f} jobs/s)", "met": wd >= factor * pq}
+                {
+                    "target": label,
+                    "measured": f"{wd / pq:.2f}x ({wd:,.0f} vs {pq:,.0f} jobs/s)",
+                    "met": wd >= factor * pq,
+                }
             )
     latency = get("pg.latency", "watchdog")
     if latency and latency.get("p50") is not None:
         checks.append(
-            {"target": "median wake latency <= 5 ms", "measured": f"{latency['p50']:.1f} ms", "met": latency["p50"] <= 5.0}
+            {
+                "target": "median wake latency <= 5 ms",
+                "measured": f"{latency['p50']:.1f} ms",
+                "met": latency["p50"] <= 5.0,
+            }
         )
     for prefix in ("pg", "sqlite"):
         ratio_value = get(f"{prefix}.claim.ratio", "watchdog")
@@ -1618,7 +1622,9 @@ def main() -> int:
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat: a smoke test (~2 min)")
-    parser.add_argument("--repeat", type=int, default=None, help="runs per figure; medians are reported (default 3, --quick 1)")
+    parser.add_argument(
+        "--repeat", type=int, default=None, help="runs per figure; medians are reported (default 3, --quick 1)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write every run and the medians here")
     parser.add_argument(
         "--subjects", default="watchdog,procrastinate,pgqueuer", help="comma-separated (default: all three)"

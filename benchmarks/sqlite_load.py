@@ -280,9 +280,7 @@ def percentile(values: list[float], p: float) -> float:
 class Child:
     def __init__(self, argv: list[str], log: Path) -> None:
         self.log = open(log, "w", buffering=1)
-        self.proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=self.log, text=True, start_new_session=True
-        )
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.log, text=True, start_new_session=True)
 
     def wait_ready(self, timeout: float = 60) -> None:
         assert self.proc.stdout is not None
@@ -302,7 +300,9 @@ class Child:
         self.log.close()
 
 
-def child_argv(role: str, args: argparse.Namespace, db: str, journal: str, timeout: float | None, **extra: Any) -> list[str]:
+def child_argv(
+    role: str, args: argparse.Namespace, db: str, journal: str, timeout: float | None, **extra: Any
+) -> list[str]:
     argv = [sys.executable, __file__, "--role", role, "--db", db, "--journal", journal]
     if timeout is not None:
         argv += ["--timeout", str(timeout)]
@@ -339,9 +339,16 @@ def one_run(args: argparse.Namespace, journal: str, timeout: float | None, workd
         apps = [
             Child(
                 child_argv(
-                    "app", args, db, journal, timeout,
-                    index=k, rate=args.rate / args.apps, duration=args.duration,
-                    start_at=start_at, out=outs[k],
+                    "app",
+                    args,
+                    db,
+                    journal,
+                    timeout,
+                    index=k,
+                    rate=args.rate / args.apps,
+                    duration=args.duration,
+                    start_at=start_at,
+                    out=outs[k],
                 ),
                 workdir / f"{tag}-app{k}.log",
             )
@@ -447,7 +454,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--journals", default="delete,wal")
     parser.add_argument("--timeouts", default="default,30", help="busy timeouts: 'default' (the driver's) or seconds")
-    parser.add_argument("--poll-interval", type=float, help="the runners' poll_interval in seconds (default: the Runner's)")
+    parser.add_argument(
+        "--poll-interval", type=float, help="the runners' poll_interval in seconds (default: the Runner's)"
+    )
     parser.add_argument("--json")
     parser.add_argument("--workdir", help="keep the files and logs here instead of a temporary directory")
     # child arguments
@@ -495,9 +504,12 @@ def main() -> int:
                 tag = f"{journal}-{timeout}-{rep}"
                 result = one_run(args, journal, timeout, workdir, tag)
                 everything.setdefault(name, []).append(result)
-                print(f"  run {rep + 1} {name}: " + ", ".join(
-                    f"{key}={fmt(spec, result[key])}" for key, _, spec in FIGURES
-                ) + (f" errors={result['app_errors']}" if result["app_errors"] else ""), flush=True)
+                print(
+                    f"  run {rep + 1} {name}: "
+                    + ", ".join(f"{key}={fmt(spec, result[key])}" for key, _, spec in FIGURES)
+                    + (f" errors={result['app_errors']}" if result["app_errors"] else ""),
+                    flush=True,
+                )
     names = list(everything)
     width = max(len(label) for _, label, _ in FIGURES)
     print()

@@ -233,7 +233,6 @@ class Watchdog:
         runner.run_forever()
         engine.dispose()
 
-
     @staticmethod
     def _async_worker_main(target: Target, concurrency: int) -> None:
         """``AsyncRunner`` with a no-op coroutine handler over an ``AsyncEngine``
@@ -311,8 +310,7 @@ def insert_history(target: Target, rows: int) -> float:
     """``rows`` settled jobs in one statement, then ANALYZE; returns seconds taken."""
     started = time.perf_counter()
     columns = (
-        "job_id, queue_name, lane, priority, payload_json, recovery_max,"
-        " state, outcome, claim_token, recovery_count"
+        "job_id, queue_name, lane, priority, payload_json, recovery_max, state, outcome, claim_token, recovery_count"
     )
     if target.dialect == "postgresql":
         import psycopg

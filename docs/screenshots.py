@@ -37,8 +37,10 @@ def seed(engine: Engine) -> None:
     watchdog.enqueue(
         [Job(f"confirm-order-{n}", "emails", lane=f"customer:{n % 7}", payload={"order_id": n}) for n in range(180)]
         + [Job(f"charge-{n}", "payments", payload={"order_id": n, "amount_cents": 1990 + n}) for n in range(90)]
-        + [Job(f"webhook-{n}", "webhooks", lane="partner:acme", payload={"event": "order.paid", "n": n})
-           for n in range(40)]
+        + [
+            Job(f"webhook-{n}", "webhooks", lane="partner:acme", payload={"event": "order.paid", "n": n})
+            for n in range(40)
+        ]
     )
 
     def charge(job: object) -> Decision | None:
@@ -74,8 +76,11 @@ def seed(engine: Engine) -> None:
             "sync-invoice-2024-118",
             "invoices",
             lane="tenant:northwind",
-            payload={"invoice": "2024-118", "lines": [{"sku": "A-100", "qty": 3}, {"sku": "B-7", "qty": 1}],
-                     "customer": {"id": 4711, "name": "Northwind Traders"}},
+            payload={
+                "invoice": "2024-118",
+                "lines": [{"sku": "A-100", "qty": 3}, {"sku": "B-7", "qty": 1}],
+                "customer": {"id": 4711, "name": "Northwind Traders"},
+            },
             retry=policy,
             max_recoveries=2,
         )
@@ -93,9 +98,17 @@ def browser(width: int) -> webdriver.Chrome:
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
     for flag in (
-        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--hide-scrollbars", f"--window-size={width},900", f"--user-data-dir={tempfile.mkdtemp()}",
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        f"--window-size={width},900",
+        f"--user-data-dir={tempfile.mkdtemp()}",
     ):
         options.add_argument(flag)
     return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)

@@ -128,8 +128,7 @@ def main() -> None:
         session.add(Order(id=1006, customer="fay", amount_cents=777, card="visa"))
         session.flush()  # order 1006 is now written inside this transaction
         payload = {"order_id": 1001, "amount_cents": 9999, "card": "visa"}  # not 2500
-        conflicting = Job("confirm-order-1001", "confirmations", lane="customer:ada",
-                          payload=payload, max_recoveries=3)
+        conflicting = Job("confirm-order-1001", "confirmations", lane="customer:ada", payload=payload, max_recoveries=3)
         try:
             enqueue(session, conflicting)
         except EnqueueConflict as error:

@@ -163,15 +163,11 @@ class AsyncWatchdog:
             raise TypeError(f"AsyncWatchdog takes an AsyncEngine, not {type(engine).__name__}")
         self.engine = engine
 
-    async def _run(
-        self, fn: Callable[Concatenate[Connection, P], T], /, *args: P.args, **kwargs: P.kwargs
-    ) -> T:
+    async def _run(self, fn: Callable[Concatenate[Connection, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         autocommit = store.self_committing(self.engine.dialect.name)
         return await run_store_as(self.engine, store.TxMode(autocommit=autocommit), fn, *args, **kwargs)
 
-    async def _read(
-        self, fn: Callable[Concatenate[Connection, P], T], /, *args: P.args, **kwargs: P.kwargs
-    ) -> T:
+    async def _read(self, fn: Callable[Concatenate[Connection, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         autocommit = store.self_committing(self.engine.dialect.name)
         mode = store.TxMode(write=False, autocommit=autocommit)
         return await run_store_as(self.engine, mode, fn, *args, **kwargs)

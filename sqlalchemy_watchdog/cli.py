@@ -576,9 +576,7 @@ def build_runner(args: argparse.Namespace, engine: Engine) -> Any:
             )
         runner = target if isinstance(target, (Runner, AsyncRunner)) else target(engine)
         if not isinstance(runner, (Runner, AsyncRunner)):
-            raise CommandFailed(
-                f"{args.target}(engine) returned {type(runner).__name__}, not a Runner or AsyncRunner"
-            )
+            raise CommandFailed(f"{args.target}(engine) returned {type(runner).__name__}, not a Runner or AsyncRunner")
         return runner
     raise CommandFailed(
         f"{args.target} is a {type(target).__name__}; expected a Runner, a factory "
@@ -841,8 +839,15 @@ def render_stats(stats: Stats) -> str:
         lines.append("no queue has live jobs, jobs settled in the last hour, or a pause")
         return "\n".join(lines) + "\n"
     header = (
-        "queue", "delayed", "queued", "running", "expired_leases", "oldest_ready",
-        "last_minute", "last_hour", "paused",
+        "queue",
+        "delayed",
+        "queued",
+        "running",
+        "expired_leases",
+        "oldest_ready",
+        "last_minute",
+        "last_hour",
+        "paused",
     )
     rows = []
     for queue in stats.queues:
@@ -953,9 +958,7 @@ def cmd_rerun(args: argparse.Namespace, out: TextIO) -> int:
     if original is None:
         raise CommandFailed(f"no job {args.job_id!r}")
     if original.state is not JobState.SETTLED:
-        raise CommandFailed(
-            f"job {args.job_id!r} is {original.state.value}: only a settled job can be rerun"
-        )
+        raise CommandFailed(f"job {args.job_id!r} is {original.state.value}: only a settled job can be rerun")
     result = watchdog.rerun(args.job_id, rerun_id=args.rerun_id)
     if args.json:
         _print_json({"job_id": result.job_id, "rerun_of": args.job_id, "status": result.status.value}, out)
@@ -1097,9 +1100,7 @@ def _seconds(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text[:40]!r}") from None
     if not 0 <= value <= SECONDS_MAX:
-        raise argparse.ArgumentTypeError(
-            f"must be a number of seconds from 0 to {SECONDS_MAX:.0f}, got {text[:40]!r}"
-        )
+        raise argparse.ArgumentTypeError(f"must be a number of seconds from 0 to {SECONDS_MAX:.0f}, got {text[:40]!r}")
     return value
 
 
@@ -1125,9 +1126,7 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     parser.add_argument(
         "--url", default=default(None), help=f"SQLAlchemy database URL (default: ${URL_ENV} or {DEFAULT_URL})"
     )
-    parser.add_argument(
-        "--json", action="store_true", default=default(False), help="print JSON (one object per line)"
-    )
+    parser.add_argument("--json", action="store_true", default=default(False), help="print JSON (one object per line)")
     parser.add_argument(
         "--log-level",
         default=default(None),
@@ -1150,9 +1149,7 @@ def parse_duration(text: str) -> timedelta:
     """
     match = _DURATION.fullmatch(text) if 0 < len(text) <= 40 else None
     if match is None or not any(match.groups()):
-        raise argparse.ArgumentTypeError(
-            f"expected a duration such as 30d, 12h, 15m, 90s or 1h30m, got {text[:40]!r}"
-        )
+        raise argparse.ArgumentTypeError(f"expected a duration such as 30d, 12h, 15m, 90s or 1h30m, got {text[:40]!r}")
     seconds = sum(int(part) * unit for part, unit in zip(match.groups(), _DURATION_UNITS) if part)
     if seconds > MAX_DELAY.total_seconds():
         raise argparse.ArgumentTypeError(f"must be at most {MAX_DELAY.days}d, got {text[:40]!r}")
@@ -1222,7 +1219,10 @@ def _add_operations_commands(commands: Any) -> None:
         "--limit", type=_int_between(1, LIST_LIMIT_MAX), default=100, help=f"1-{LIST_LIMIT_MAX} (default: 100)"
     )
     ls.add_argument(
-        "--after", type=_int_between(0, SEQUENCE_MAX), default=0, metavar="SEQUENCE",
+        "--after",
+        type=_int_between(0, SEQUENCE_MAX),
+        default=0,
+        metavar="SEQUENCE",
         help="only jobs with a greater sequence (default: 0)",
     )
     ls.set_defaults(func=cmd_ls)
@@ -1235,7 +1235,9 @@ def _add_operations_commands(commands: Any) -> None:
     )
     stats.add_argument("--watch", action="store_true", help="redraw every --interval seconds until Ctrl-C")
     stats.add_argument(
-        "--interval", type=_watch_interval, metavar="SECONDS",
+        "--interval",
+        type=_watch_interval,
+        metavar="SECONDS",
         help=f"with --watch: seconds between redraws, at least {WATCH_INTERVAL_MIN} "
         f"(default: {WATCH_INTERVAL_DEFAULT:g})",
     )
@@ -1249,11 +1251,18 @@ def _add_operations_commands(commands: Any) -> None:
         "job_id can be enqueued again as a new job.",
     )
     prune.add_argument(
-        "--older-than", type=parse_duration, required=True, metavar="DURATION",
+        "--older-than",
+        type=parse_duration,
+        required=True,
+        metavar="DURATION",
         help="30d, 12h, 15m, 90s, or combined largest unit first (1h30m)",
     )
     prune.add_argument(
-        "--outcome", dest="outcomes", action="extend", nargs="+", metavar="OUTCOME",
+        "--outcome",
+        dest="outcomes",
+        action="extend",
+        nargs="+",
+        metavar="OUTCOME",
         choices=[outcome.value for outcome in Outcome],
         help="only these outcomes (repeatable; default: every outcome)",
     )
@@ -1261,7 +1270,8 @@ def _add_operations_commands(commands: Any) -> None:
         "--limit", type=_int_between(1, SEQUENCE_MAX), help="delete at most this many (default: no limit)"
     )
     prune.add_argument(
-        "--include-undated", action="store_true",
+        "--include-undated",
+        action="store_true",
         help="also jobs settled before revision w0004 (no settled time recorded)",
     )
     prune.set_defaults(func=cmd_prune)
@@ -1300,8 +1310,7 @@ def build_parser() -> argparse.ArgumentParser:
             f"The database: --url, else ${URL_ENV}, else {DEFAULT_URL}.\n"
             "--url, --json and --log-level go before or after the command.\n"
             "Only upgrade creates anything (a table, a SQLite file).\n"
-            "Times are UTC, by the database clock. DURATION (prune): 30d, 12h, 15m, 90s, 1h30m.\n\n"
-            + EXIT_STATUS_HELP
+            "Times are UTC, by the database clock. DURATION (prune): 30d, 12h, 15m, 90s, 1h30m.\n\n" + EXIT_STATUS_HELP
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -1319,9 +1328,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser = command  # type: ignore[method-assign,assignment]
 
     upgrade = commands.add_parser("upgrade", help="create or migrate the watchdog_jobs table")
-    upgrade.add_argument(
-        "revision", nargs="?", default="heads", help="target revision (default: heads)"
-    )
+    upgrade.add_argument("revision", nargs="?", default="heads", help="target revision (default: heads)")
     upgrade.set_defaults(func=cmd_upgrade, needs_engine=False)
 
     show = commands.add_parser("show", help="print one job")
@@ -1335,7 +1342,10 @@ def build_parser() -> argparse.ArgumentParser:
     settled = commands.add_parser("settled", help="settled jobs in admission order")
     settled.add_argument("--limit", type=_positive_int, default=100, help="1-256 (default: 100)")
     settled.add_argument(
-        "--after", type=_non_negative_int, default=0, metavar="SEQUENCE",
+        "--after",
+        type=_non_negative_int,
+        default=0,
+        metavar="SEQUENCE",
         help="only jobs with a greater sequence (default: 0)",
     )
     settled.set_defaults(func=cmd_settled)
@@ -1367,7 +1377,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("target", metavar="MODULE[:ATTR]")
     run.add_argument(
-        "--queue", dest="queues", action="append", metavar="QUEUE",
+        "--queue",
+        dest="queues",
+        action="append",
+        metavar="QUEUE",
         help="serve only this queue (repeatable; default: every queue with a handler)",
     )
     run.add_argument(
@@ -1384,7 +1397,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="look for work this often when idle (default: 2 with NOTIFY on PostgreSQL, 0.25 otherwise)",
     )
     run.add_argument(
-        "--grace", type=_seconds, metavar="SECONDS",
+        "--grace",
+        type=_seconds,
+        metavar="SECONDS",
         help="on shutdown, time running handlers get to finish (default: 30)",
     )
     run.set_defaults(func=cmd_run, needs_engine=False)
@@ -1397,7 +1412,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     schedules.add_argument("target", metavar="MODULE[:ATTR]")
     schedules.add_argument(
-        "--count", type=_slot_count, default=3, metavar="N",
+        "--count",
+        type=_slot_count,
+        default=3,
+        metavar="N",
         help=f"next slots shown per schedule, 1-{SCHEDULE_COUNT_MAX} (default: 3)",
     )
     schedules.set_defaults(func=cmd_schedules, needs_engine=False, needs_url=False)
@@ -1409,7 +1427,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     dashboard.add_argument(
-        "--host", type=_loopback_host, default="127.0.0.1",
+        "--host",
+        type=_loopback_host,
+        default="127.0.0.1",
         help="a loopback address: 127.0.0.1 (default), ::1 or localhost; nothing else (no authorize here)",
     )
     dashboard.add_argument("--port", type=_int_between(1, 65535), default=8000, help="default: 8000")

@@ -36,7 +36,6 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 
-
 def _connection(target: Session | Connection) -> Connection:
     if isinstance(target, Session):
         # The bind our table maps to, inside the session's transaction.
@@ -125,9 +124,7 @@ def enqueue_select(target: Session | Connection, source: Select[Any]) -> list[En
     names = set(result.keys())
     unknown = names - set(_SELECT_COLUMNS)
     if unknown:
-        raise InvalidJob(
-            "select", f"unknown column(s) {sorted(unknown)}; label columns as {list(_SELECT_COLUMNS)}"
-        )
+        raise InvalidJob("select", f"unknown column(s) {sorted(unknown)}; label columns as {list(_SELECT_COLUMNS)}")
     for required in ("job_id", "queue"):
         if required not in names:
             raise InvalidJob("select", f"must have a column labelled {required!r}")
@@ -347,9 +344,7 @@ class Watchdog:
         return self._read(store.throughput)
 
 
-def cancel_in(
-    conn: Connection, job_id: str, cancellation_id: str, *, only_if_queued: bool = False
-) -> CancelResult:
+def cancel_in(conn: Connection, job_id: str, cancellation_id: str, *, only_if_queued: bool = False) -> CancelResult:
     """:func:`store.cancel` plus the wake-up, in the caller's transaction."""
     try:
         result = store.cancel(conn, job_id, cancellation_id, only_if_queued=only_if_queued)

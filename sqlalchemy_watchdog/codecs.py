@@ -114,8 +114,7 @@ class TaggedJSON:
             if value.tzinfo is None or value.utcoffset() is None:
                 raise InvalidJob(
                     "payload",
-                    f"TaggedJSON refuses the naive datetime {value.isoformat()} "
-                    "(give it a tzinfo, e.g. timezone.utc)",
+                    f"TaggedJSON refuses the naive datetime {value.isoformat()} (give it a tzinfo, e.g. timezone.utc)",
                 )
             return {_DATETIME: value.isoformat()}
         if isinstance(value, datetime.date):
@@ -139,9 +138,7 @@ class TaggedJSON:
         dump = getattr(value, "model_dump", None)
         if callable(dump) and not isinstance(value, type):
             return self._encode(dump(), depth)
-        raise InvalidJob(
-            "payload", f"TaggedJSON cannot encode {type(value).__name__}; it is not a JSON type"
-        )
+        raise InvalidJob("payload", f"TaggedJSON cannot encode {type(value).__name__}; it is not a JSON type")
 
     def _decode(self, value: Any, depth: int) -> Any:
         if isinstance(value, list):

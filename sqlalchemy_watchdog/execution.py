@@ -453,9 +453,7 @@ class RunnerSettings:
             raise InvalidJob("queues", "must be an iterable of queue names, not a str")
         served = tuple(table) if queues is None else tuple(queues)
         if not served:
-            raise InvalidJob(
-                "handlers", "no handlers: pass handlers={queue: fn} or register with @handler(queue)"
-            )
+            raise InvalidJob("handlers", "no handlers: pass handlers={queue: fn} or register with @handler(queue)")
         for queue in served:
             check_text("queues", queue, QUEUE_MAX_LENGTH)
             if queue not in table:
@@ -534,6 +532,8 @@ def _checked_retention(retention: object) -> Retention | None:
     if retention is not None and not isinstance(retention, Retention):
         raise InvalidJob("retention", f"must be a Retention or None, not {type(retention).__name__}")
     return retention
+
+
 def _checked_schedules(schedules: object) -> tuple[Schedule, ...]:
     if schedules is None:
         return ()
@@ -705,9 +705,7 @@ def decision_of_result(result: object, job: RunningJob) -> Decision | None:
         return Decision.completed()
     if isinstance(result, Decision):
         return result
-    return Decision.failed(
-        f"handler returned {type(result).__name__}, not a Decision or None: {result!r}"[:500]
-    )
+    return Decision.failed(f"handler returned {type(result).__name__}, not a Decision or None: {result!r}"[:500])
 
 
 def decision_of_exception(execution: Execution, error: BaseException) -> Decision:
@@ -867,9 +865,7 @@ class RunnerCore:
         except Exception as error:
             log.error("job %s: its payload could not be decoded (%s)", job.job_id, redacted(error))
             # Not retried: another attempt would decode the same payload.
-            return None, Decision.failed(
-                bound_reason(f"payload could not be decoded: {redacted(error)}"), retry=False
-            )
+            return None, Decision.failed(bound_reason(f"payload could not be decoded: {redacted(error)}"), retry=False)
 
     def release_slot(self, execution: Execution) -> bool:
         """The handler returned: free its slot (its settle may still be under
@@ -968,9 +964,7 @@ class RunnerCore:
     def next_deadline(self) -> float | None:
         """The earliest deadline (monotonic) of a running handler not yet stopped."""
         deadlines = [
-            e.deadline
-            for e in self.active()
-            if e.deadline is not None and e.slot_held and not e.signal.is_set()
+            e.deadline for e in self.active() if e.deadline is not None and e.slot_held and not e.signal.is_set()
         ]
         return min(deadlines, default=None)
 
@@ -1090,9 +1084,7 @@ def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | Tic
     try:
         late = time.monotonic() - execution.claimed_at > settings.heartbeat_s
         if late and not execution.signal.is_set():
-            held = yield StoreCall(
-                store.renew, ([execution.pair],), dict(lease_ms=settings.lease_ms, now=core.clock())
-            )
+            held = yield StoreCall(store.renew, ([execution.pair],), dict(lease_ms=settings.lease_ms, now=core.clock()))
             if job_id not in held:
                 row = yield StoreCall(store.read, (job_id,))
                 yield from stop(execution, stop_reason_of(row))
@@ -1146,16 +1138,18 @@ def settle_request(core: RunnerCore, execution: Execution, decision: Decision) -
         return SettleRequest(job.job_id, claim.token, decision, now)
     if decision.outcome is not Outcome.FAILED:
         return SettleRequest(job.job_id, claim.token, decision, now, execution.failure_detail)
-    history = history_with(
-        job.failure_history, at_ms=now, attempt=job.attempt, reason=decision.reason or "failed"
-    )
+    history = history_with(job.failure_history, at_ms=now, attempt=job.attempt, reason=decision.reason or "failed")
     policy = core.settings.policy_for(job)
     if decision.retryable and policy is not None and job.attempt < policy.max_attempts:
         wait = decision.after if decision.after is not None else policy.delay(job.attempt)
         execution.requeue_in = wait.total_seconds()
         log.info(
-            "job %s: attempt %d of %d failed; retrying in %.3fs", job.job_id, job.attempt, policy.max_attempts,
-            wait.total_seconds(), extra=execution.job.log_fields,
+            "job %s: attempt %d of %d failed; retrying in %.3fs",
+            job.job_id,
+            job.attempt,
+            policy.max_attempts,
+            wait.total_seconds(),
+            extra=execution.job.log_fields,
         )
         return SettleRequest(
             job.job_id, claim.token, decision, now, execution.failure_detail,
@@ -1255,12 +1249,8 @@ def settle_batch(requests: Sequence[SettleRequest], *, fallback: bool = True) ->
         if not fallback:
             log.error("job %s: the database refused its settlement (%s); left to its lease", request.job_id, error)
             return [None]
-        log.error(
-            "job %s: the database refused its settlement (%s); settling it failed instead", request.job_id, error
-        )
-        failed = SettleRequest(
-            request.job_id, request.claim_token, Decision.failed(REFUSED_SETTLE_REASON), request.now
-        )
+        log.error("job %s: the database refused its settlement (%s); settling it failed instead", request.job_id, error)
+        failed = SettleRequest(request.job_id, request.claim_token, Decision.failed(REFUSED_SETTLE_REASON), request.now)
         return list((yield from settle_batch([failed], fallback=False)))
 
 
@@ -1377,12 +1367,7 @@ def renew(core: RunnerCore) -> Steps[None]:
         store.renew, ([e.pair for e in executions],), dict(lease_ms=core.settings.lease_ms, now=core.clock())
     )
     for execution in executions:
-        if (
-            execution.job_id in held
-            or not execution.slot_held
-            or execution.signal.is_set()
-            or execution.done.is_set()
-        ):
+        if execution.job_id in held or not execution.slot_held or execution.signal.is_set() or execution.done.is_set():
             continue
         row = yield StoreCall(store.read, (execution.job_id,))
         yield from stop(execution, stop_reason_of(row))

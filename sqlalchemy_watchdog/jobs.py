@@ -120,9 +120,7 @@ def check_text(field_name: str, value: object, max_length: int) -> str:
     if not isinstance(value, str):
         raise InvalidJob(field_name, f"must be a str, not {type(value).__name__}")
     if not 1 <= len(value) <= max_length:
-        raise InvalidJob(
-            field_name, f"must be 1 to {max_length} characters long, got {len(value)}"
-        )
+        raise InvalidJob(field_name, f"must be 1 to {max_length} characters long, got {len(value)}")
     if "\x00" in value:
         raise InvalidJob(field_name, "must not contain a NUL character")
     if not value.isascii():  # isascii() is O(1); only non-ASCII text can hold a lone surrogate
@@ -224,9 +222,7 @@ def _check_json(value: Any) -> None:
                     )
                 stack.append((child, depth + 1))
         else:
-            raise InvalidJob(
-                "payload", f"must be strict JSON; {type(item).__name__} is not a JSON type"
-            )
+            raise InvalidJob("payload", f"must be strict JSON; {type(item).__name__} is not a JSON type")
 
 
 #: Exact types a flat payload's values may have without a closer look.
@@ -248,9 +244,7 @@ def _flat(value: dict[Any, Any]) -> bool:
 
 
 #: Canonical payload JSON: sorted keys, fixed separators, strict numbers.
-_PAYLOAD_ENCODER = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-)
+_PAYLOAD_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def _one_shot_encoder() -> Callable[[Any], str]:
@@ -268,8 +262,15 @@ def _one_shot_encoder() -> Callable[[Any], str]:
         return _PAYLOAD_ENCODER.encode
     e = _PAYLOAD_ENCODER
     iterate = make(
-        None, e.default, json.encoder.encode_basestring, e.indent, e.key_separator, e.item_separator,
-        e.sort_keys, e.skipkeys, e.allow_nan,
+        None,
+        e.default,
+        json.encoder.encode_basestring,
+        e.indent,
+        e.key_separator,
+        e.item_separator,
+        e.sort_keys,
+        e.skipkeys,
+        e.allow_nan,
     )
 
     def encode(payload: Any) -> str:
@@ -576,9 +577,7 @@ def _encoded(codec: Any, payload: Any) -> Any:
     except InvalidJob:
         raise
     except Exception as error:  # a codec refusing a value, in its own words
-        raise InvalidJob(
-            "payload", f"{type(codec).__name__}.encode failed: {type(error).__name__}: {error}"
-        ) from None
+        raise InvalidJob("payload", f"{type(codec).__name__}.encode failed: {type(error).__name__}: {error}") from None
 
 
 def rerun_job_id(job_id: str, rerun_id: str) -> str:

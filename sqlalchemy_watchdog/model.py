@@ -146,9 +146,7 @@ class WatchdogJob(WatchdogBase):
 
     __table_args__ = (
         CheckConstraint(f"length(job_id) BETWEEN 1 AND {JOB_ID_MAX_LENGTH}", name="job_id_length"),
-        CheckConstraint(
-            f"length(queue_name) BETWEEN 1 AND {QUEUE_MAX_LENGTH}", name="queue_name_length"
-        ),
+        CheckConstraint(f"length(queue_name) BETWEEN 1 AND {QUEUE_MAX_LENGTH}", name="queue_name_length"),
         CheckConstraint(f"length(lane) BETWEEN 1 AND {LANE_MAX_LENGTH}", name="lane_length"),
         CheckConstraint(
             f"cancellation_id IS NULL OR length(cancellation_id) BETWEEN 1 AND {CANCELLATION_ID_MAX_LENGTH}",
@@ -162,9 +160,7 @@ class WatchdogJob(WatchdogBase):
         CheckConstraint(
             f"max_attempts IS NULL OR max_attempts BETWEEN 1 AND {MAX_ATTEMPTS_LIMIT}", name="max_attempts_range"
         ),
-        CheckConstraint(
-            "attempt >= 1 AND (max_attempts IS NULL OR attempt <= max_attempts)", name="attempt_bounds"
-        ),
+        CheckConstraint("attempt >= 1 AND (max_attempts IS NULL OR attempt <= max_attempts)", name="attempt_bounds"),
         CheckConstraint("snoozes >= 0", name="snoozes_nonnegative"),
         CheckConstraint("timeout_ms IS NULL OR timeout_ms > 0", name="timeout_positive"),
         CheckConstraint("settled_at IS NULL OR state = 'settled'", name="settled_at_settled"),

@@ -274,9 +274,7 @@ class _Send(telemetry.EnqueueTrace):
             self.span.set_attribute("watchdog.enqueue.queued", sum(queued.values()))
             self.span.set_attribute("watchdog.enqueue.duplicates", duplicates)
         for queue, count in queued.items():
-            self.owner.sent.add(
-                count, {SYSTEM: MESSAGING_SYSTEM, DESTINATION: queue, OPERATION_NAME: "enqueue"}
-            )
+            self.owner.sent.add(count, {SYSTEM: MESSAGING_SYSTEM, DESTINATION: queue, OPERATION_NAME: "enqueue"})
 
     def failed(self, error: BaseException) -> None:
         self.span.record_exception(error)
@@ -320,9 +318,7 @@ class _Attempt(telemetry.AttemptTrace):
             self.span.set_status(Status(StatusCode.ERROR, reason))
             self.span.set_attribute(ERROR_TYPE, "failed")
             if request.requeue_after_ms is not None:
-                self.span.add_event(
-                    "watchdog.retry_scheduled", {"watchdog.requeue.delay_ms": request.requeue_after_ms}
-                )
+                self.span.add_event("watchdog.retry_scheduled", {"watchdog.requeue.delay_ms": request.requeue_after_ms})
 
     def concluded(self, result: TickResult) -> None:
         status = result.status

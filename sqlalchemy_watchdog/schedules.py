@@ -156,9 +156,7 @@ class Schedule:
         if not isinstance(self.name, str):
             raise InvalidJob("name", f"must be a str, not {type(self.name).__name__}")
         if not 1 <= len(self.name) <= SCHEDULE_NAME_MAX_LENGTH:
-            raise InvalidJob(
-                "name", f"must be 1 to {SCHEDULE_NAME_MAX_LENGTH} characters long, got {len(self.name)}"
-            )
+            raise InvalidJob("name", f"must be 1 to {SCHEDULE_NAME_MAX_LENGTH} characters long, got {len(self.name)}")
         if _NAME.fullmatch(self.name) is None:
             raise InvalidJob(
                 "name", f"may hold only ASCII letters, digits and _ - . : (it goes into job ids), got {self.name!r}"
@@ -191,9 +189,7 @@ class Schedule:
         after = check_aware("after", after)
         for slot in self._iterate(after):
             return slot
-        raise InvalidJob(
-            "after", f"schedule {self.name!r} ({self.cron}) has no slot after {after.isoformat()}"
-        )
+        raise InvalidJob("after", f"schedule {self.name!r} ({self.cron}) has no slot after {after.isoformat()}")
 
     def slots(self, after: datetime, count: int) -> list[datetime]:
         """The first ``count`` (0 to :data:`SLOTS_MAX`) slots strictly after

@@ -170,9 +170,7 @@ def _sqlite_clock(element: db_clock_ms, compiler: Any, **kw: Any) -> str:
 
 @compiles(db_clock_ms)
 def _other_clock(element: db_clock_ms, compiler: Any, **kw: Any) -> str:
-    raise NotImplementedError(
-        f"sqlalchemy_watchdog supports PostgreSQL and SQLite, not {compiler.dialect.name}"
-    )
+    raise NotImplementedError(f"sqlalchemy_watchdog supports PostgreSQL and SQLite, not {compiler.dialect.name}")
 
 
 class effective_now(FunctionElement[int]):
@@ -722,9 +720,7 @@ def _lane_jobs(lane: ColumnElement[Any]) -> tuple[Select[Any], Select[Any]]:
     is the default, its index read backwards (running first, then queued
     from the lowest priority and newest, then delayed)."""
     custom = (
-        select(c.sequence, c.state)
-        .where(c.lane == lane, IS_LIVE, IS_CUSTOM_LANE)
-        .order_by(c.state.desc(), c.sequence)
+        select(c.sequence, c.state).where(c.lane == lane, IS_LIVE, IS_CUSTOM_LANE).order_by(c.state.desc(), c.sequence)
     )
     # ix_watchdog_jobs_live_queue read backwards: running (the last state) first.
     own = (
@@ -932,11 +928,7 @@ def live_counts() -> Select[Any]:
 @cache
 def expired_counts() -> Select[Any]:
     """Running jobs per queue whose lease has ended by the database clock."""
-    return (
-        select(c.queue_name, func.count())
-        .where(IS_RUNNING, c.lease_until <= db_clock_ms())
-        .group_by(c.queue_name)
-    )
+    return select(c.queue_name, func.count()).where(IS_RUNNING, c.lease_until <= db_clock_ms()).group_by(c.queue_name)
 
 
 @cache

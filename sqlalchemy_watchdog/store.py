@@ -409,9 +409,7 @@ def _enqueue(
     for job in jobs:
         queued = job.job_id in admitted and job.job_id not in first_seen
         first_seen.add(job.job_id)
-        results.append(
-            EnqueueResult(job.job_id, EnqueueStatus.QUEUED if queued else EnqueueStatus.DUPLICATE)
-        )
+        results.append(EnqueueResult(job.job_id, EnqueueStatus.QUEUED if queued else EnqueueStatus.DUPLICATE))
     return results
 
 
@@ -549,9 +547,7 @@ _UNIQUE_COLUMNS = {
     f"uq_{sql.t.name}_cancellation_id": "cancellation_id",
 }
 #: SQLite's fixed wording of a one-column NOT NULL / UNIQUE failure.
-_SQLITE_VIOLATION = re.compile(
-    rf"(NOT NULL|UNIQUE) constraint failed: {re.escape(sql.t.name)}\.(\w+)"
-)
+_SQLITE_VIOLATION = re.compile(rf"(NOT NULL|UNIQUE) constraint failed: {re.escape(sql.t.name)}\.(\w+)")
 
 
 def violation(error: IntegrityError) -> tuple[str, str] | None:
@@ -848,9 +844,7 @@ def _unsettled(conn: Connection, job_id: str, claim_token: str, decision: Decisi
     return Settlement(SettleStatus.CONFLICT, job)
 
 
-def renew(
-    conn: Connection, claims: Sequence[tuple[str, str]], *, lease_ms: int, now: int | None = None
-) -> set[str]:
+def renew(conn: Connection, claims: Sequence[tuple[str, str]], *, lease_ms: int, now: int | None = None) -> set[str]:
     """Renew exact claims; returns the job_ids still held (the rest are lost)."""
     if not claims:
         return set()
@@ -865,9 +859,7 @@ def release(conn: Connection, claims: Sequence[tuple[str, str]]) -> set[str]:
     return set(conn.execute(sql.release(), {"claims": list(claims)}).scalars())
 
 
-def cancel(
-    conn: Connection, job_id: str, cancellation_id: str, *, only_if_queued: bool = False
-) -> CancelResult:
+def cancel(conn: Connection, job_id: str, cancellation_id: str, *, only_if_queued: bool = False) -> CancelResult:
     """Record a cancellation.
 
     ``replayed`` when this ``cancellation_id`` is already recorded for this
@@ -1152,9 +1144,7 @@ def prune_retention(conn: Connection, ages: Mapping[str, timedelta], batch: int)
     if locking and not conn.execute(sql.try_advisory_lock(), {"key": PRUNE_LOCK_KEY}).scalar():
         return None
     try:
-        return sum(
-            prune_batch(conn, older_than=age, outcomes=[outcome], limit=batch) for outcome, age in ages.items()
-        )
+        return sum(prune_batch(conn, older_than=age, outcomes=[outcome], limit=batch) for outcome, age in ages.items())
     finally:
         if locking:
             conn.execute(sql.advisory_unlock(), {"key": PRUNE_LOCK_KEY})

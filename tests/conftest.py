@@ -31,9 +31,7 @@ RUN_SLOW = IN_CI or os.environ.get("WATCHDOG_SLOW_TESTS") == "1"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "xfail_kind(kind, reason): strict xfail for one runner kind (sync/async) only"
-    )
+    config.addinivalue_line("markers", "xfail_kind(kind, reason): strict xfail for one runner kind (sync/async) only")
 
 
 def xfail_kind(kind: str, reason: str) -> pytest.MarkDecorator:

@@ -34,9 +34,7 @@ def raw(engine: Engine, job_id: str) -> dict[str, Any]:
         return dict(conn.execute(select(jobs_table).where(jobs_table.c.job_id == job_id)).one()._mapping)
 
 
-def wait_until(
-    predicate: Callable[[], T], timeout: float = 20.0, what: str = "condition", interval: float = 0.05
-) -> T:
+def wait_until(predicate: Callable[[], T], timeout: float = 20.0, what: str = "condition", interval: float = 0.05) -> T:
     """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:

@@ -33,7 +33,7 @@ from sqlalchemy_watchdog.migrations import VERSIONS_DIR
 README = Path(__file__).resolve().parent.parent / "README.md"
 SECTION = "## Using it from your own Alembic environment"
 
-MODELS = '''\
+MODELS = """\
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -45,7 +45,7 @@ class Order(Base):
     __tablename__ = "orders"
     id: Mapped[int] = mapped_column(primary_key=True)
     email: Mapped[str]
-'''
+"""
 MODELS_LATER = MODELS + "    status: Mapped[str | None]\n"
 
 FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
@@ -104,7 +104,11 @@ class App:
     def alembic(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
             [sys.executable, "-m", "alembic", *args],
-            cwd=self.root, env=self.env, capture_output=True, text=True, timeout=120,
+            cwd=self.root,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         if check and result.returncode != 0:
             pytest.fail(f"alembic {shlex.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")

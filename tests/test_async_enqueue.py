@@ -192,9 +192,7 @@ def confirmation_select() -> Any:
 
 
 @pytest.mark.parametrize("target", ["session", "connection"])
-async def test_async_enqueue_select_admits_one_job_per_row_and_replays_as_duplicate(
-    db: Engine, target: str
-) -> None:
+async def test_async_enqueue_select_admits_one_job_per_row_and_replays_as_duplicate(db: Engine, target: str) -> None:
     with Session(db) as session:
         session.add_all([Order(reference="A"), Order(reference="B")])
         session.commit()

@@ -64,8 +64,6 @@ def cli(db_url: URL, capsys: pytest.CaptureFixture[str]) -> Cli:
     return run
 
 
-
-
 def claim_one(engine: Engine, queue: str) -> store.Claim:
     with engine.begin() as conn:
         batch = store.claim(conn, queues=[queue], limit=1, lease_ms=60_000)
@@ -153,7 +151,9 @@ def test_show_prints_a_failed_handlers_traceback(engine: Engine, cli: Cli) -> No
     Runner(engine, {"emails": broken}).run_until_idle()
     status, out, _ = cli("show", "order-2")
     assert status == 0
-    lines = dict(line.split(None, 1) for line in out.splitlines() if len(line.split(None, 1)) == 2 and not line.startswith(" "))
+    lines = dict(
+        line.split(None, 1) for line in out.splitlines() if len(line.split(None, 1)) == 2 and not line.startswith(" ")
+    )
     assert lines["failure_reason"] == "KeyError: 'missing'"
     detail = out[out.index("failure_detail") :].splitlines()
     assert detail[1].strip() == "Traceback (most recent call last):"
@@ -195,7 +195,11 @@ def test_show_a_delayed_job_with_its_own_policy(engine: Engine, cli: Cli) -> Non
     assert (shown["state"], shown["attempt"], shown["max_attempts"], shown["snoozes"]) == ("delayed", 1, 3, 0)
     assert shown["timeout_ms"] == 2500
     assert shown["retry"] == {
-        "max_attempts": 3, "backoff_ms": 2000, "factor": 3.0, "max_backoff_ms": 90_000, "jitter": 0.25,
+        "max_attempts": 3,
+        "backoff_ms": 2000,
+        "factor": 3.0,
+        "max_backoff_ms": 90_000,
+        "jitter": 0.25,
     }
     assert shown["failure_history"] == []
 
@@ -388,7 +392,9 @@ def test_usage_errors_exit_2(engine: Engine, cli: Cli, capsys: pytest.CaptureFix
     assert main(["--help"]) == 0
 
 
-def test_global_options_go_before_or_after_the_command(engine: Engine, db_url: URL, capsys: pytest.CaptureFixture[str]) -> None:
+def test_global_options_go_before_or_after_the_command(
+    engine: Engine, db_url: URL, capsys: pytest.CaptureFixture[str]
+) -> None:
     add(engine, Job("anywhere", "q"))
     url = url_arg(db_url)
     for argv in (
@@ -492,14 +498,14 @@ def test_database_errors_are_printed_without_row_contents(engine: Engine, cli: C
         conn.execute(text("UPDATE watchdog_jobs SET failure_reason = 'reason-secret-8'"))
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
-            conn.execute(text(
-                "ALTER TABLE watchdog_jobs ADD CONSTRAINT ck_no_cancel CHECK (cancellation_id IS NULL)"
-            ))
+            conn.execute(text("ALTER TABLE watchdog_jobs ADD CONSTRAINT ck_no_cancel CHECK (cancellation_id IS NULL)"))
         else:
-            conn.execute(text(
-                "CREATE TRIGGER no_cancel BEFORE UPDATE OF cancellation_id ON watchdog_jobs "
-                "BEGIN SELECT RAISE(ABORT, 'cancellations are disabled'); END"
-            ))
+            conn.execute(
+                text(
+                    "CREATE TRIGGER no_cancel BEFORE UPDATE OF cancellation_id ON watchdog_jobs "
+                    "BEGIN SELECT RAISE(ABORT, 'cancellations are disabled'); END"
+                )
+            )
     status, _, err = cli("cancel", "a", "cid-secret-9")
     assert status == 1
     assert len(err.splitlines()) == 1, err
@@ -590,7 +596,7 @@ def app_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tupl
     sys.modules.pop(name, None)
 
 
-FACTORY_MODULE = '''
+FACTORY_MODULE = """
 from datetime import timedelta
 from sqlalchemy_watchdog import Decision, Runner
 
@@ -607,7 +613,7 @@ def handle_mapped(job):
     return None
 
 HANDLERS = {"cli-q": handle_mapped}
-'''
+"""
 
 
 def test_run_with_a_runner_factory(engine: Engine, cli: Cli, app_module: tuple[str, Path]) -> None:
@@ -628,7 +634,7 @@ def test_run_with_a_runner_factory(engine: Engine, cli: Cli, app_module: tuple[s
     assert not watchdog.has_pending_work()
 
 
-ASYNC_MODULE = '''
+ASYNC_MODULE = """
 from datetime import timedelta
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
@@ -644,7 +650,7 @@ def make_runner(engine):
 
     runner = AsyncRunner(async_engine, {"cli-async": handle}, poll_interval=timedelta(milliseconds=50))
     return runner
-'''
+"""
 
 
 def test_run_with_an_async_runner_factory(engine: Engine, cli: Cli, app_module: tuple[str, Path]) -> None:
@@ -657,7 +663,9 @@ def test_run_with_an_async_runner_factory(engine: Engine, cli: Cli, app_module: 
     assert [j.outcome for j in watchdog.read_settled()] == [Outcome.COMPLETED, Outcome.COMPLETED]
 
 
-def test_run_refuses_options_with_a_factory_and_bad_targets(engine: Engine, cli: Cli, app_module: tuple[str, Path]) -> None:
+def test_run_refuses_options_with_a_factory_and_bad_targets(
+    engine: Engine, cli: Cli, app_module: tuple[str, Path]
+) -> None:
     name, path = app_module
     path.write_text(FACTORY_MODULE + "\nNOT_A_RUNNER = 42\n")
     status, _, err = cli("run", f"{name}:make_runner", "--concurrency", "4")
@@ -675,13 +683,13 @@ def test_run_refuses_options_with_a_factory_and_bad_targets(engine: Engine, cli:
     assert status == 1 and "not-served" in err
 
 
-WORKER_MODULE = '''
+WORKER_MODULE = """
 from sqlalchemy_watchdog import handler
 
 @handler("cli-sub")
 def work(job):
     return None
-'''
+"""
 
 
 def test_run_in_a_subprocess_until_sigterm(engine: Engine, db_url: URL, tmp_path: Path) -> None:
@@ -735,7 +743,7 @@ def test_console_script(engine: Engine, db_url: URL) -> None:
 
 # -- schedules ----------------------------------------------------------------------------------
 
-SCHEDULES_MODULE = '''
+SCHEDULES_MODULE = """
 from sqlalchemy_watchdog import Schedule
 
 NIGHTLY = Schedule("nightly-report", "30 2 * * *", "reports", timezone="Europe/Berlin")
@@ -745,7 +753,7 @@ SCHEDULES = [
 ]
 MORE = (Schedule("leap-day", "0 12 29 2 *", "rare"),)
 NOT_A_SCHEDULE = {"name": "ignored"}
-'''
+"""
 
 
 def _schedules_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -778,8 +786,14 @@ def test_schedules_lists_a_modules_schedules_with_their_next_slots(
             local = slot.astimezone(ZoneInfo(schedule.timezone))
             cells = [schedule.name, *schedule.cron.split(), schedule.timezone, schedule.queue] if index == 0 else []
             expected_rows.append(
-                [*cells, *local.isoformat(sep=" ", timespec="minutes").split(), local.tzname() or "",
-                 f"{slot:%Y-%m-%d}", f"{slot:%H:%M}", "UTC"]
+                [
+                    *cells,
+                    *local.isoformat(sep=" ", timespec="minutes").split(),
+                    local.tzname() or "",
+                    f"{slot:%Y-%m-%d}",
+                    f"{slot:%H:%M}",
+                    "UTC",
+                ]
             )
     assert [line.split() for line in lines[1:]] == expected_rows
     # e.g. the Berlin night slot in winter: 02:30 local is 01:30 UTC (in summer 00:30 UTC).
@@ -797,7 +811,12 @@ def test_schedules_json(app_module: tuple[str, Path], capsys: pytest.CaptureFixt
     assert [s["name"] for s in shown] == ["nightly-report", "new-year", "leap-day"]
     new_year = shown[1]
     assert {k: new_year[k] for k in ("cron", "timezone", "queue", "lane", "priority", "catch_up")} == {
-        "cron": "0 0 1 1 *", "timezone": "America/New_York", "queue": "fun", "lane": "fun", "priority": 3, "catch_up": 1,
+        "cron": "0 0 1 1 *",
+        "timezone": "America/New_York",
+        "queue": "fun",
+        "lane": "fun",
+        "priority": 3,
+        "catch_up": 1,
     }
     [slot] = new_year["next"]
     assert slot["local"].endswith("-01-01T00:00:00-05:00")
@@ -888,7 +907,14 @@ def test_ls_table_filters_and_pages(engine: Engine, cli: Cli) -> None:
     assert status == 0
     lines = out.splitlines()
     assert lines[0].split() == [
-        "sequence", "job_id", "queue", "state", "attempt", "enqueued_at", "started_at", "settled_at",
+        "sequence",
+        "job_id",
+        "queue",
+        "state",
+        "attempt",
+        "enqueued_at",
+        "started_at",
+        "settled_at",
     ]
     rows = {cells[1]: cells for cells in (line.split() for line in lines[1:])}
     assert list(rows) == ["a_1", "ab2", "a_3", "sms-1", "a_4"]  # admission order, no paging note
@@ -1006,7 +1032,15 @@ def test_stats_table_and_json(engine: Engine, cli: Cli) -> None:
     lines = out.splitlines()
     assert lines[0].startswith("queues at ") and lines[0].endswith("Z (database clock)")
     assert lines[1].split() == [
-        "queue", "delayed", "queued", "running", "expired_leases", "oldest_ready", "last_minute", "last_hour", "paused",
+        "queue",
+        "delayed",
+        "queued",
+        "running",
+        "expired_leases",
+        "oldest_ready",
+        "last_minute",
+        "last_hour",
+        "paused",
     ]
     emails_row = lines[2].split(None, 8)
     assert emails_row[:5] == ["emails", "1", "2", "1", "1"]
@@ -1088,7 +1122,12 @@ def test_prune_deletes_old_settled_jobs_only(engine: Engine, cli: Cli) -> None:
     age_settled(engine, 3, "old-ok-1", "old-ok-2", "old-failed")
     with engine.begin() as conn:  # settled before revision w0004: no time recorded
         conn.execute(text("UPDATE watchdog_jobs SET settled_at = NULL WHERE job_id = 'undated'"))
-    add(engine, Job("running", "q"), Job("queued", "q"), Job("delayed", "q", run_at=datetime.now(UTC) + timedelta(days=1)))
+    add(
+        engine,
+        Job("running", "q"),
+        Job("queued", "q"),
+        Job("delayed", "q", run_at=datetime.now(UTC) + timedelta(days=1)),
+    )
     claim_one(engine, "q")
 
     status, out, _ = cli("prune", "--older-than", "2d", "--outcome", "failed")
@@ -1135,7 +1174,9 @@ BAD_PRUNES = [
 ]
 
 
-@pytest.mark.parametrize(("argv", "named"), BAD_PRUNES, ids=lambda v: repr(" ".join(v)[:40]) if isinstance(v, list) else None)
+@pytest.mark.parametrize(
+    ("argv", "named"), BAD_PRUNES, ids=lambda v: repr(" ".join(v)[:40]) if isinstance(v, list) else None
+)
 def test_prune_refuses_bad_input(argv: list[str], named: str, engine: Engine, cli: Cli) -> None:
     add(engine, Job("old", "q"))
     run_all(engine, "q")
@@ -1206,7 +1247,12 @@ def test_rerun(engine: Engine, cli: Cli) -> None:
     assert (status, json.loads(out)) == (0, {"job_id": "orig~rerun~ticket-8", "rerun_of": "orig", "status": "queued"})
     copy = read(engine, "orig~rerun~ticket-7")
     assert (copy.state, copy.queue, copy.lane, copy.priority, copy.payload, copy.rerun_of) == (
-        JobState.QUEUED, "q", "team:1", 4, {"n": 1}, "orig",
+        JobState.QUEUED,
+        "q",
+        "team:1",
+        4,
+        {"n": 1},
+        "orig",
     )
     assert read(engine, "orig").reruns == ("orig~rerun~ticket-7", "orig~rerun~ticket-8")
 
@@ -1260,7 +1306,9 @@ OPERATIONS_COMMAND_LINES = [
 
 
 @pytest.mark.parametrize("argv", OPERATIONS_COMMAND_LINES, ids=lambda argv: argv[0])
-def test_operations_refuse_a_missing_sqlite_file(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_operations_refuse_a_missing_sqlite_file(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     test_no_command_but_upgrade_creates_a_sqlite_file(argv, tmp_path, capsys)
 
 

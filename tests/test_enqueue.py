@@ -512,9 +512,7 @@ def test_enqueue_select_conflict_rolls_back_caller_writes(db: Engine) -> None:
     [("", "job_id"), ("x" * 300, "job_id")],
     ids=["empty job_id", "over-long job_id"],
 )
-def test_enqueue_select_refuses_an_invalid_row_naming_field_and_row(
-    db: Engine, bad_reference: str, field: str
-) -> None:
+def test_enqueue_select_refuses_an_invalid_row_naming_field_and_row(db: Engine, bad_reference: str, field: str) -> None:
     add_orders(db, "A", bad_reference, "C")
     source = select(orders.c.reference.label("job_id"), literal("q", Text).label("queue")).order_by(orders.c.id)
     with db.connect() as conn:

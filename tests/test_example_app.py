@@ -80,14 +80,22 @@ def test_order_to_settled_job_to_dashboard(database: str) -> None:
         processes.append(
             subprocess.Popen(
                 [sys.executable, "-m", "uvicorn", "fastapi_app:app", "--host", "127.0.0.1", "--port", str(port)],
-                cwd=EXAMPLES, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                cwd=EXAMPLES,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
             )
         )
         eventually(lambda: request(f"{base}/orders/0")[0] == 404, "the app to serve")
         processes.append(
             subprocess.Popen(
                 [*cli, "run", "fastapi_app", "--poll-interval", "0.2", "--log-level", "WARNING"],
-                cwd=EXAMPLES, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                cwd=EXAMPLES,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
             )
         )
         status, body = request(f"{base}/orders", {"customer": "ada", "amount_cents": 1990})

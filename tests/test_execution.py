@@ -37,10 +37,6 @@ HEARTBEAT = timedelta(milliseconds=300)
 POLL = timedelta(milliseconds=100)
 
 
-
-
-
-
 def refuse(engine: Engine, name: str, condition_pg: str, condition_sqlite: str) -> None:
     """A rule of the user's own that the library did not create: a CHECK on
     PostgreSQL (its error's DETAIL echoes the whole row, claim token
@@ -140,9 +136,7 @@ def abandon_claim(engine: Engine, queue: str) -> None:
     time.sleep(0.05)
 
 
-def test_a_runner_default_budget_requeues_jobs_without_one_of_their_own(
-    engine: Engine, runners: RunnerDriver
-) -> None:
+def test_a_runner_default_budget_requeues_jobs_without_one_of_their_own(engine: Engine, runners: RunnerDriver) -> None:
     add(engine, Job("a", "q"), Job("own-zero", "q", max_recoveries=0))
     worker = runners.runner({"q": lambda job: None}, max_recoveries=2, lease=LEASE, heartbeat=HEARTBEAT)
     abandon_claim(engine, "q")  # "a": the first admitted

@@ -187,9 +187,7 @@ def test_database_rejects_an_update_into_an_impossible_state(engine: Engine, cas
     assignments, constraints = IMPOSSIBLE_UPDATES[case]
     with engine.begin() as conn:
         insert(conn)
-    rejected(
-        engine, lambda conn: conn.execute(text(f"UPDATE watchdog_jobs SET {assignments}")), constraints
-    )
+    rejected(engine, lambda conn: conn.execute(text(f"UPDATE watchdog_jobs SET {assignments}")), constraints)
     with engine.connect() as conn:
         assert conn.execute(text("SELECT state, outcome FROM watchdog_jobs")).one() == ("queued", None)
 
@@ -197,16 +195,10 @@ def test_database_rejects_an_update_into_an_impossible_state(engine: Engine, cas
 def test_database_accepts_the_state_machine_transitions(engine: Engine) -> None:
     with engine.begin() as conn:
         insert(conn)
-        conn.execute(
-            text("UPDATE watchdog_jobs SET state = 'running', claim_token = 'c', lease_until = 5")
-        )
+        conn.execute(text("UPDATE watchdog_jobs SET state = 'running', claim_token = 'c', lease_until = 5"))
         conn.execute(text("UPDATE watchdog_jobs SET state = 'queued', claim_token = NULL, lease_until = NULL"))
-        conn.execute(
-            text("UPDATE watchdog_jobs SET state = 'running', claim_token = 'd', lease_until = 6")
-        )
-        conn.execute(
-            text("UPDATE watchdog_jobs SET state = 'settled', outcome = 'failed', lease_until = NULL")
-        )
+        conn.execute(text("UPDATE watchdog_jobs SET state = 'running', claim_token = 'd', lease_until = 6"))
+        conn.execute(text("UPDATE watchdog_jobs SET state = 'settled', outcome = 'failed', lease_until = NULL"))
     with engine.connect() as conn:
         row = conn.execute(text("SELECT state, outcome, claim_token FROM watchdog_jobs")).one()
     assert tuple(row) == ("settled", "failed", "d")
@@ -218,9 +210,7 @@ def test_migrated_schema_rejects_and_accepts_the_same_rows_as_the_model(migrated
     with migrated.begin() as conn:
         insert(conn)
     for assignments, constraints in IMPOSSIBLE_UPDATES.values():
-        rejected(
-            migrated, lambda conn: conn.execute(text(f"UPDATE watchdog_jobs SET {assignments}")), constraints
-        )
+        rejected(migrated, lambda conn: conn.execute(text(f"UPDATE watchdog_jobs SET {assignments}")), constraints)
     for case, overrides in POSSIBLE_ROWS.items():
         with migrated.begin() as conn:
             conn.execute(text("DELETE FROM watchdog_jobs"))

@@ -640,9 +640,7 @@ def test_a_runner_prunes_what_its_retention_says_and_nothing_else(engine: Engine
     assert sum(counts) == 3
 
 
-def test_a_runner_prunes_batch_after_batch_while_batches_come_back_full(
-    engine: Engine, runners: RunnerDriver
-) -> None:
+def test_a_runner_prunes_batch_after_batch_while_batches_come_back_full(engine: Engine, runners: RunnerDriver) -> None:
     ids = [f"old-{i}" for i in range(5)]
     settle_as(engine, COMPLETED, *ids)
     settled_ago(engine, 2 * HOUR, *ids)

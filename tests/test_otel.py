@@ -76,9 +76,7 @@ class Otel:
         return found
 
     def total(self, metric: str, **attributes: Any) -> float:
-        return sum(
-            p.value for p in self.points(metric) if all(p.attributes.get(k) == v for k, v in attributes.items())
-        )
+        return sum(p.value for p in self.points(metric) if all(p.attributes.get(k) == v for k, v in attributes.items()))
 
 
 @pytest.fixture
@@ -139,7 +137,15 @@ def test_each_attempt_continues_the_trace_of_the_request_that_enqueued_it(engine
         return None
 
     with tracer.start_as_current_span("POST /orders"), Session(engine) as session:
-        enqueue(session, Job("order-1", "mail", payload={"to": "a@example.com"}, retry=RetryPolicy(max_attempts=2, backoff=timedelta(milliseconds=1))))
+        enqueue(
+            session,
+            Job(
+                "order-1",
+                "mail",
+                payload={"to": "a@example.com"},
+                retry=RetryPolicy(max_attempts=2, backoff=timedelta(milliseconds=1)),
+            ),
+        )
         session.commit()
     runner = Runner(engine, {"mail": handle})
     runner.run_until_idle()
@@ -177,9 +183,7 @@ def test_each_attempt_continues_the_trace_of_the_request_that_enqueued_it(engine
     assert _attrs(second)["watchdog.job.outcome"] == "completed" and "watchdog.settled" in _events(second)
     # The handler's own spans nest under its attempt.
     handler_spans = otel.finished("send email")
-    assert sorted(s.parent.span_id for s in handler_spans if s.parent) == sorted(
-        _ids(s)[1] for s in (first, second)
-    )
+    assert sorted(s.parent.span_id for s in handler_spans if s.parent) == sorted(_ids(s)[1] for s in (first, second))
 
     assert otel.total("messaging.client.sent.messages", **{"messaging.destination.name": "mail"}) == 1
     assert otel.total("messaging.client.consumed.messages") == 2
@@ -428,7 +432,7 @@ from sqlalchemy.orm import Session
 import sqlalchemy_watchdog
 from sqlalchemy_watchdog import Job, Runner, enqueue, metadata
 from sqlalchemy_watchdog.asyncio import AsyncRunner
-engine = create_engine("sqlite:///{tmp_path / 'plain.db'}")
+engine = create_engine("sqlite:///{tmp_path / "plain.db"}")
 metadata.create_all(engine)
 with Session(engine) as session:
     enqueue(session, Job("j", "q"))

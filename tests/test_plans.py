@@ -124,7 +124,9 @@ def seed_statements(dialect: str) -> list[str]:
         f" SELECT 'r-' || n, 'q' || (n % {QUEUES}), 'l' || (n % {LANES}), 0, '{{}}', 'running', 'rt-' || n,"
         f" CASE WHEN n % 2 = 0 THEN {NOW} + 600000 ELSE {NOW} - 600000 END, {NOW}, {NOW} FROM {source}"
     )
-    out.append(f"INSERT INTO watchdog_queue_pauses (queue_name, reason, paused_at) VALUES ('{PAUSED_QUEUE}', NULL, {NOW})")
+    out.append(
+        f"INSERT INTO watchdog_queue_pauses (queue_name, reason, paused_at) VALUES ('{PAUSED_QUEUE}', NULL, {NOW})"
+    )
     return out
 
 
@@ -430,9 +432,7 @@ PLANS: list[Case] = [
     Case("read_queue_head", "read_queue_head", (), lambda d: {"queue": BACKLOG_QUEUE}, on(LIVE_QUEUE)),
     Case("read_settled", "read_settled", (), lambda d: {"after_sequence": 10_000, "limit": 100}, on(PK), ordered=True),
     # Any index holding exactly the live jobs answers it at its first entry.
-    Case(
-        "has_pending_work", "has_pending_work", (), _none, on(LIVE_QUEUE, LIVE_LANE)
-    ),
+    Case("has_pending_work", "has_pending_work", (), _none, on(LIVE_QUEUE, LIVE_LANE)),
     # -- the claim life cycle
     # Run only on SQLite in WAL mode (a claim's read-only pre-check).
     Case("any_queued(all)", "any_queued", (False,), _none, {LITE: (LIVE_QUEUE,)}),
@@ -516,7 +516,11 @@ PLANS: list[Case] = [
     Case("expired_claims", "expired_claims", (), lambda d: {"limit": 100}, on(LEASE), ordered=True),
     Case("next_lease_expiry", "next_lease_expiry", (), _none, on(LEASE), ordered=True),
     Case(
-        "reconcile(requeue)", "reconcile", (True,), lambda d: {"job": "r-3", "token": "rt-3", "count": 0}, on(JOB_ID, LEASE)
+        "reconcile(requeue)",
+        "reconcile",
+        (True,),
+        lambda d: {"job": "r-3", "token": "rt-3", "count": 0},
+        on(JOB_ID, LEASE),
     ),
     Case(
         "reconcile(interrupt)",
@@ -545,7 +549,13 @@ PLANS: list[Case] = [
     Case("list_jobs()", "list_jobs", ((),), _list(), on(PK), ordered=True),
     Case("list_jobs(queue)", "list_jobs", (("queue",),), _list(queue="q3"), on(PK)),
     Case("list_jobs(state=queued)", "list_jobs", (("state=queued",),), _list(), on(PK, LIVE_QUEUE)),
-    Case("list_jobs(state=settled, outcome)", "list_jobs", (("state=settled", "outcome"),), _list(outcome="failed"), on(PK, SETTLED)),
+    Case(
+        "list_jobs(state=settled, outcome)",
+        "list_jobs",
+        (("state=settled", "outcome"),),
+        _list(outcome="failed"),
+        on(PK, SETTLED),
+    ),
     # No index holds settled jobs by lane: a rare lane is a read of the whole table either way.
     Case("list_jobs(lane)", "list_jobs", (("lane",),), _list(lane="l3"), on(NONE)),
     Case("list_jobs(job_id_prefix)", "list_jobs", (("job_id_prefix",),), _list(job_id_prefix="qd-1"), on(PK)),
@@ -613,7 +623,6 @@ def test_statement_uses_its_index(planned: Planned, case: Case, request: pytest.
             assert not plan.sorts, f"{case.name} ({label}) sorts what it read instead of reading in order:\n{plan.text}"
 
 
-
 @contextlib.contextmanager
 def seeded_database(server: URL, *statements: str) -> Iterator[Engine]:
     """A database of its own with the model's tables, ``statements`` run in it, analysed."""
@@ -657,9 +666,7 @@ def test_a_claim_never_reads_a_paused_queues_backlog(postgres_server: URL, queue
         queues = ["paused", "open", "empty"][:queue_count]
         statement, parameters = sent(engine, sql.claim(PG, queue_count), _claim(queues)(PG))
         with engine.connect() as conn:
-            document = conn.exec_driver_sql(
-                "EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters
-            ).scalar_one()
+            document = conn.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters).scalar_one()
             conn.rollback()
         read: list[int] = []
 

@@ -146,7 +146,11 @@ def run_block(block: Block, workdir: Path, database_url: URL | None) -> None:
     for setup in SETUP:
         result = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", setup.code],
-            cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT,
+            cwd=workdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
         )
         if result.returncode != 0:
             _fail(f"{setup.id} (set-up shell block) exited {result.returncode}", result)
@@ -155,7 +159,11 @@ def run_block(block: Block, workdir: Path, database_url: URL | None) -> None:
         (workdir / "test_snippet.py").write_text(code)
         result = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_snippet.py"],
-            cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT,
+            cwd=workdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
         )
         if result.returncode != 0:
             _fail(f"{block.id}: its tests failed (exit {result.returncode})", result)

@@ -54,9 +54,6 @@ audit_table = Table(
 # -- helpers -------------------------------------------------------------------
 
 
-
-
-
 def events(engine: Engine, event: str | None = None) -> list[tuple[str, int, str]]:
     query = select(audit_table.c.job_id, audit_table.c.pid, audit_table.c.event).order_by(audit_table.c.id)
     if event is not None:
@@ -106,8 +103,11 @@ class Workers:
     def stop(self, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
         """SIGTERM, then wait until ``run_forever`` returned (or the process ended)."""
         proc.send_signal(signal.SIGTERM)
-        wait_until(lambda: "runner stopped" in self.output() or proc.poll() is not None, timeout,
-                   "run_forever to return after SIGTERM")
+        wait_until(
+            lambda: "runner stopped" in self.output() or proc.poll() is not None,
+            timeout,
+            "run_forever to return after SIGTERM",
+        )
 
     def exit_code(self, proc: subprocess.Popen[bytes]) -> int:
         """The exit code of a stopped worker, which must exit within seconds."""
@@ -193,6 +193,7 @@ def test_worker_killed_mid_job_is_recovered_by_another_runner_after_the_lease(
 
 # -- graceful shutdown ---------------------------------------------------------
 
+
 @pytest.mark.slow  # real processes, ~5 s each: CI runs it
 def test_sigterm_lets_a_job_finish_within_grace_and_hands_a_job_outliving_it_to_recovery(
     audited: Engine, workers: Workers
@@ -203,9 +204,7 @@ def test_sigterm_lets_a_job_finish_within_grace_and_hands_a_job_outliving_it_to_
         Job("stuck-budget", "stuck", max_recoveries=1),
         Job("stuck-no-policy", "stuck"),
     )
-    proc = workers.start(
-        "slow=work", "stuck=hang", sleep_ms=800, concurrency=3, lease=60, heartbeat=5, grace=2
-    )
+    proc = workers.start("slow=work", "stuck=hang", sleep_ms=800, concurrency=3, lease=60, heartbeat=5, grace=2)
     wait_until(lambda: started(audited, "finishing", "stuck-budget", "stuck-no-policy"), what="three jobs to start")
     stopped_at = time.monotonic()
     workers.stop(proc)
@@ -255,10 +254,7 @@ def test_cancel_and_fail_lane_from_this_process_stop_handlers_in_a_worker_proces
 def test_three_worker_processes_drain_one_set_of_jobs_each_executed_exactly_once(
     audited: Engine, workers: Workers
 ) -> None:
-    procs = [
-        workers.start("q=work", sleep_ms=20, concurrency=2, lease=20, heartbeat=2, poll=0.1)
-        for _ in range(3)
-    ]
+    procs = [workers.start("q=work", sleep_ms=20, concurrency=2, lease=20, heartbeat=2, poll=0.1) for _ in range(3)]
     wait_until(lambda: len(events(audited, "ready")) == 3, what="three workers to start")
     job_ids = [f"job-{i:03d}" for i in range(150)]
     add(audited, *(Job(job_id, "q", payload={"i": i}) for i, job_id in enumerate(job_ids)))

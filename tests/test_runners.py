@@ -62,11 +62,6 @@ NO_POLICY = "Execution disappeared without a recovery policy"
 # -- helpers -------------------------------------------------------------------
 
 
-
-
-
-
-
 def db_clock(engine: Engine) -> int:
     with engine.connect() as conn:
         return int(conn.execute(select(statements.db_clock_ms())).scalar_one())
@@ -158,8 +153,17 @@ def test_handler_receives_the_running_job(engine: Engine, runners: RunnerDriver)
 
     def record(job: RunningJob) -> None:
         seen.append(
-            (job.job_id, job.queue, job.lane, job.priority, job.payload, job.recovery_count,
-             job.max_recoveries, job.stop_requested.is_set(), job.stop_reason)
+            (
+                job.job_id,
+                job.queue,
+                job.lane,
+                job.priority,
+                job.payload,
+                job.recovery_count,
+                job.max_recoveries,
+                job.stop_requested.is_set(),
+                job.stop_reason,
+            )
         )
         assert read(engine, "a").state is JobState.RUNNING
 
@@ -541,8 +545,12 @@ def test_lost_lease_stops_a_serving_handler_and_recovery_runs_the_job_again(
     async def first_run_blocks_async(job: RunningJob) -> Decision | None:
         return await blocking.handler.coroutine(job) if job.recovery_count == 0 else None
 
-    worker = make(runners, {"q": dual(first_run_blocks, first_run_blocks_async)},
-                  lease=timedelta(milliseconds=1500), heartbeat=timedelta(milliseconds=300))
+    worker = make(
+        runners,
+        {"q": dual(first_run_blocks, first_run_blocks_async)},
+        lease=timedelta(milliseconds=1500),
+        heartbeat=timedelta(milliseconds=300),
+    )
     with worker.serving():
         assert blocking.started.wait(15)
         with store.write_transaction(engine) as conn:
@@ -582,8 +590,12 @@ def test_heartbeat_keeps_a_coroutine_handler_alive_under_run_forever(engine: Eng
     async def outlast_async(job: RunningJob) -> None:
         await asyncio.to_thread(outlast, job)
 
-    worker = make(runners, {"q": dual(outlast, outlast_async)}, lease=timedelta(milliseconds=1500),
-                  heartbeat=timedelta(milliseconds=500))
+    worker = make(
+        runners,
+        {"q": dual(outlast, outlast_async)},
+        lease=timedelta(milliseconds=1500),
+        heartbeat=timedelta(milliseconds=500),
+    )
     with worker.serving():
         job = settled(engine, "a")
     assert job.outcome is Outcome.COMPLETED
@@ -628,8 +640,11 @@ def test_a_handler_starting_long_after_its_claim_does_not_run_if_the_claim_was_l
     ran: list[str] = []
     pause = PauseAfterClaim(engine, "paused", seconds=2.0)
     worker = make(
-        runners, {"q": lambda job: ran.append(job.job_id)}, lease=timedelta(milliseconds=1500),
-        heartbeat=timedelta(milliseconds=500), listen=pause.listen,
+        runners,
+        {"q": lambda job: ran.append(job.job_id)},
+        lease=timedelta(milliseconds=1500),
+        heartbeat=timedelta(milliseconds=500),
+        listen=pause.listen,
     )
     result = worker.tick()
     assert pause.row is not None and pause.row["state"] == "running"
@@ -645,8 +660,11 @@ def test_a_handler_starting_late_runs_when_its_claim_still_holds(engine: Engine,
     ran: list[str] = []
     pause = PauseAfterClaim(engine, "late", seconds=0.8)
     worker = make(
-        runners, {"q": lambda job: ran.append(job.job_id)}, lease=timedelta(seconds=30),
-        heartbeat=timedelta(milliseconds=500), listen=pause.listen,
+        runners,
+        {"q": lambda job: ran.append(job.job_id)},
+        lease=timedelta(seconds=30),
+        heartbeat=timedelta(milliseconds=500),
+        listen=pause.listen,
     )
     result = worker.tick()
     assert pause.row is not None
@@ -870,8 +888,12 @@ def test_handlers_finishing_together_share_settle_statements_and_each_settles_on
         if statement.lstrip().upper().startswith("UPDATE") and "settles" in statement:
             settles.append(statement)
 
-    worker = make(runners, {"q": dual(meeting.plain, meeting.coroutine)}, concurrency=jobs,
-                  listen={"before_cursor_execute": count})
+    worker = make(
+        runners,
+        {"q": dual(meeting.plain, meeting.coroutine)},
+        concurrency=jobs,
+        listen={"before_cursor_execute": count},
+    )
     with worker.serving():
         finished = [settled(engine, f"j{i}", timeout=30) for i in range(jobs)]
     assert [j.outcome for j in finished] == [Outcome.COMPLETED] * jobs, [j.failure_reason for j in finished]
@@ -903,13 +925,14 @@ def test_notify_wakes_an_idle_runner_long_before_the_poll_interval(engine: Engin
 
 
 @pytest.mark.parametrize("dialect", ["postgresql"])  # LISTEN/NOTIFY is PostgreSQL's
-def test_notify_stops_a_cancelled_handler_long_before_the_next_heartbeat(
-    engine: Engine, runners: RunnerDriver
-) -> None:
+def test_notify_stops_a_cancelled_handler_long_before_the_next_heartbeat(engine: Engine, runners: RunnerDriver) -> None:
     add(engine, Job("a", "q"))
     blocking = Blocking()
     worker = make(
-        runners, {"q": blocking.handler}, lease=timedelta(seconds=90), heartbeat=timedelta(seconds=30),
+        runners,
+        {"q": blocking.handler},
+        lease=timedelta(seconds=90),
+        heartbeat=timedelta(seconds=30),
         poll_interval=timedelta(seconds=30),
     )
     with worker.serving():
@@ -941,7 +964,9 @@ def test_the_listener_connects_like_the_engine_and_notify_wakes_the_runner(
         cparams["dbname"] = real
 
     worker = make(
-        runners, {"q": done}, poll_interval=timedelta(seconds=30),
+        runners,
+        {"q": done},
+        poll_interval=timedelta(seconds=30),
         url=engine.url.set(database=f"{real}_no_such_database"),
         listen={"do_connect": connect_to_the_real_database},
     )
@@ -1025,8 +1050,13 @@ def test_a_job_outliving_grace_is_handed_to_recovery_at_once(
     recovered at once instead of waiting for its 60 s lease."""
     add(engine, Job("a", "q", max_recoveries=max_recoveries))
     stubborn = Stubborn()
-    worker = make(runners, {"q": stubborn.handler}, lease=timedelta(seconds=60), heartbeat=timedelta(seconds=5),
-                  grace=timedelta(milliseconds=200))
+    worker = make(
+        runners,
+        {"q": stubborn.handler},
+        lease=timedelta(seconds=60),
+        heartbeat=timedelta(seconds=5),
+        grace=timedelta(milliseconds=200),
+    )
     try:
         with worker.serving():
             assert stubborn.started.wait(15)
@@ -1054,8 +1084,13 @@ def test_a_handler_stopped_by_shutdown_is_handed_to_recovery_not_settled_complet
     budget, else interrupted -- never reported ``completed``."""
     add(engine, Job("a", "q", max_recoveries=max_recoveries))
     blocking = Blocking()
-    worker = make(runners, {"q": blocking.handler}, lease=timedelta(seconds=60), heartbeat=timedelta(seconds=5),
-                  grace=timedelta(milliseconds=200))
+    worker = make(
+        runners,
+        {"q": blocking.handler},
+        lease=timedelta(seconds=60),
+        heartbeat=timedelta(seconds=5),
+        grace=timedelta(milliseconds=200),
+    )
     with worker.serving():
         assert blocking.started.wait(15)
     assert blocking.reasons == [StopReason.SHUTDOWN]
@@ -1086,8 +1121,13 @@ def test_a_handler_that_finishes_after_the_shutdown_stop_settles_with_its_decisi
                 break
         return Decision.completed()
 
-    worker = make(runners, {"q": dual(finish, finish_async)}, lease=timedelta(seconds=60),
-                  heartbeat=timedelta(seconds=5), grace=timedelta(milliseconds=200))
+    worker = make(
+        runners,
+        {"q": dual(finish, finish_async)},
+        lease=timedelta(seconds=60),
+        heartbeat=timedelta(seconds=5),
+        grace=timedelta(milliseconds=200),
+    )
     with worker.serving():
         assert started.wait(15)
     job = read(engine, "a")
@@ -1131,9 +1171,7 @@ def test_a_handler_of_any_shape_returning_a_coroutine_is_cancelled_like_a_corout
 
 def quick_retry(max_attempts: int, backoff_ms: int = 20, factor: float = 2.0) -> RetryPolicy:
     """A retry policy with a short backoff and no jitter."""
-    return RetryPolicy(
-        max_attempts=max_attempts, backoff=timedelta(milliseconds=backoff_ms), factor=factor, jitter=0.0
-    )
+    return RetryPolicy(max_attempts=max_attempts, backoff=timedelta(milliseconds=backoff_ms), factor=factor, jitter=0.0)
 
 
 def epoch_ms(value: datetime | None) -> int:
@@ -1352,7 +1390,11 @@ def test_the_running_job_shows_attempt_max_attempts_snoozes_and_timeout(engine: 
 
     tick_until_settled(make(runners, {"q": handle, "p": handle}), engine, "own", "plain")
     five = timedelta(seconds=5)
-    assert [s for s in seen if s[0] == "own"] == [("own", 1, 3, 0, five), ("own", 1, 3, 1, five), ("own", 2, 3, 1, five)]
+    assert [s for s in seen if s[0] == "own"] == [
+        ("own", 1, 3, 0, five),
+        ("own", 1, 3, 1, five),
+        ("own", 2, 3, 1, five),
+    ]
     assert [s for s in seen if s[0] == "plain"] == [("plain", 1, 1, 0, None)]
 
 
@@ -1612,7 +1654,9 @@ def test_run_forever_starts_a_delayed_job_when_it_is_due_not_at_the_next_poll(
         enqueue(conn, Job("a", "q"), delay=timedelta(milliseconds=800))
     ready = epoch_ms(read(engine, "a").ready_at)
     starts: list[int] = []
-    with make(runners, {"q": lambda job: starts.append(db_clock(engine))}, poll_interval=timedelta(seconds=30)).serving():
+    with make(
+        runners, {"q": lambda job: starts.append(db_clock(engine))}, poll_interval=timedelta(seconds=30)
+    ).serving():
         job = settled(engine, "a", timeout=10)
     assert job.outcome is Outcome.COMPLETED
     assert ready <= starts[0] < ready + 3000, starts[0] - ready
@@ -1820,6 +1864,8 @@ def test_log_records_about_a_job_carry_its_fields(
     assert working.name == "sqlalchemy_watchdog.job" and of(working) == fields and working.step == 1  # type: ignore[attr-defined]
     careful = next(r for r in caplog.records if r.getMessage() == "careful")
     assert careful.name == "myapp.emails" and of(careful) == {**fields, "attempt": "mine"}  # the call's extra wins
-    runner_records = [r for r in caplog.records if r.name == "sqlalchemy_watchdog.runner" and "logged" in r.getMessage()]
+    runner_records = [
+        r for r in caplog.records if r.name == "sqlalchemy_watchdog.runner" and "logged" in r.getMessage()
+    ]
     assert {r.getMessage().split(" ")[0] for r in runner_records} >= {"claimed", "settled"}
     assert all(of(r) == fields for r in runner_records), [(r.getMessage(), of(r)) for r in runner_records]

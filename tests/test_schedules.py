@@ -85,8 +85,12 @@ def test_the_slots_are_one_sequence_whatever_the_start() -> None:
     any earlier instant -- across both daylight-saving transitions, for a
     fixed-time expression and for wall-clock ones."""
     for cron in ("30 2 * * *", "0 * * * *", "*/20 1-3 * * *", "0 1,2,3 * * *"):
-        for zone, day in (("Europe/Berlin", (2024, 3, 31)), ("Europe/Berlin", (2024, 10, 27)),
-                          ("America/New_York", (2024, 3, 10)), ("America/New_York", (2024, 11, 3))):
+        for zone, day in (
+            ("Europe/Berlin", (2024, 3, 31)),
+            ("Europe/Berlin", (2024, 10, 27)),
+            ("America/New_York", (2024, 3, 10)),
+            ("America/New_York", (2024, 11, 3)),
+        ):
             schedule = Schedule("s", cron, "q", timezone=zone)
             start = datetime(*day, tzinfo=ZoneInfo(zone)) - timedelta(days=1)
             sequence = schedule.slots(start, 200)  # well beyond the 3 days swept below
@@ -118,14 +122,25 @@ def test_job_ids_are_deterministic_and_unique_per_instant() -> None:
 
 def test_job_for_carries_the_schedules_fields_and_run_at() -> None:
     schedule = Schedule(
-        "nightly", "15 2 * * *", "reports", payload={"kind": "nightly", "days": [1, 2]},
-        timezone="Europe/Berlin", lane="reports:nightly", priority=7, max_recoveries=2,
+        "nightly",
+        "15 2 * * *",
+        "reports",
+        payload={"kind": "nightly", "days": [1, 2]},
+        timezone="Europe/Berlin",
+        lane="reports:nightly",
+        priority=7,
+        max_recoveries=2,
     )
     slot = schedule.next_slot(utc(2024, 5, 10))
     job = schedule.job_for(slot)
     assert job == Job(
-        "schedule:nightly:2024-05-10T00:15:00Z", "reports", lane="reports:nightly", priority=7,
-        payload={"days": [1, 2], "kind": "nightly"}, max_recoveries=2, run_at=slot,
+        "schedule:nightly:2024-05-10T00:15:00Z",
+        "reports",
+        lane="reports:nightly",
+        priority=7,
+        payload={"days": [1, 2], "kind": "nightly"},
+        max_recoveries=2,
+        run_at=slot,
     )
     assert job.run_at == utc(2024, 5, 10, 0, 15)
     assert Schedule("plain", "0 0 * * *", "q").job_for(utc(2024, 5, 10)).lane == "q"
@@ -174,7 +189,10 @@ def test_plan_after_three_days_down_enqueues_only_catch_up_missed_slots_and_the_
 
 def test_plan_default_catch_up_is_one() -> None:
     jobs, _ = plan([Schedule("hourly", "0 * * * *", "q")], utc(2024, 5, 13, 10, 30))
-    assert [job.job_id for job in jobs] == ["schedule:hourly:2024-05-13T10:00:00Z", "schedule:hourly:2024-05-13T11:00:00Z"]
+    assert [job.job_id for job in jobs] == [
+        "schedule:hourly:2024-05-13T10:00:00Z",
+        "schedule:hourly:2024-05-13T11:00:00Z",
+    ]
 
 
 def test_plan_counts_a_slot_at_now_as_due() -> None:
@@ -380,7 +398,9 @@ BAD_SCHEDULES = [
 ]
 
 
-@pytest.mark.parametrize(("override", "field", "message"), BAD_SCHEDULES, ids=lambda v: repr(v)[:40] if isinstance(v, dict) else None)
+@pytest.mark.parametrize(
+    ("override", "field", "message"), BAD_SCHEDULES, ids=lambda v: repr(v)[:40] if isinstance(v, dict) else None
+)
 def test_bad_schedules_are_refused_naming_the_field(override: dict[str, Any], field: str, message: str) -> None:
     fields = {**GOOD, **override}
     with pytest.raises(InvalidJob) as caught:
@@ -414,7 +434,11 @@ def test_bad_arguments_to_the_methods_name_the_field() -> None:
         (lambda: plan([schedule], NAIVE), "now", "naive"),
         (lambda: plan([schedule], None), "now", "not NoneType"),
         (lambda: plan("s", utc(2024, 5, 10)), "schedules", "not str"),
-        (lambda: plan([schedule, Schedule("s", "0 0 * * *", "q")], utc(2024, 5, 10)), "schedules", "'s' is used by more than one"),
+        (
+            lambda: plan([schedule, Schedule("s", "0 0 * * *", "q")], utc(2024, 5, 10)),
+            "schedules",
+            "'s' is used by more than one",
+        ),
     ]
     for call, field, message in cases:
         with pytest.raises(InvalidJob) as caught:

@@ -88,7 +88,9 @@ def wait_for_db_clock_past(engine: Engine, instant_ms: int, timeout: float = 10.
         time.sleep(0.02)
 
 
-def settle(engine: Engine, claim: Claim, decision: Decision, *, token: str | None = None, now: int | None = None) -> store.Settlement:
+def settle(
+    engine: Engine, claim: Claim, decision: Decision, *, token: str | None = None, now: int | None = None
+) -> store.Settlement:
     return run(
         engine,
         store.settle,
@@ -164,16 +166,12 @@ def test_each_job_of_one_claim_batch_has_its_own_token_and_only_it_settles_or_re
     assert (claim_a.job.job_id, claim_b.job.job_id) == ("a", "b")
     assert claim_a.token != claim_b.token
     before = row(engine, "b")
-    wrong = run(
-        engine, store.settle, job_id="b", claim_token=claim_a.token, decision=Decision.completed()
-    )
+    wrong = run(engine, store.settle, job_id="b", claim_token=claim_a.token, decision=Decision.completed())
     assert wrong.status is SettleStatus.CONFLICT
     assert run(engine, store.renew, [("b", claim_a.token)], lease_ms=LEASE_MS) == set()
     assert run(engine, store.release, [("b", claim_a.token)]) == set()
     assert row(engine, "b") == before
-    right = run(
-        engine, store.settle, job_id="b", claim_token=claim_b.token, decision=Decision.completed()
-    )
+    right = run(engine, store.settle, job_id="b", claim_token=claim_b.token, decision=Decision.completed())
     assert right.status is SettleStatus.SETTLED
 
 
@@ -284,7 +282,9 @@ def test_concurrent_claimers_of_several_queues_never_take_the_same_job_twice(eng
         except BaseException as error:
             errors.append(error)
 
-    threads = [threading.Thread(target=claimer, args=(q,)) for q in (["a", "b", "c"], ["c", "b", "a"], ["a", "c"], ["b"])]
+    threads = [
+        threading.Thread(target=claimer, args=(q,)) for q in (["a", "b", "c"], ["c", "b", "a"], ["a", "c"], ["b"])
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -307,9 +307,7 @@ def test_concurrent_claimers_never_take_the_same_job_twice(engine: Engine) -> No
             barrier.wait()
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
-                batch = store.retrying(
-                    lambda: run(engine, store.claim, queues=["q"], limit=3, lease_ms=LEASE_MS)
-                )
+                batch = store.retrying(lambda: run(engine, store.claim, queues=["q"], limit=3, lease_ms=LEASE_MS))
                 with lock:
                     taken.extend(c.job.job_id for c in batch.claimed)
                     sizes.append(len(batch.claimed))
@@ -407,9 +405,7 @@ def test_settle_after_a_real_lease_expiry_is_a_conflict_and_the_row_is_unchanged
 
 
 def test_settle_of_an_unknown_job_is_missing(engine: Engine) -> None:
-    result = run(
-        engine, store.settle, job_id="nope", claim_token="claim_x", decision=Decision.completed()
-    )
+    result = run(engine, store.settle, job_id="nope", claim_token="claim_x", decision=Decision.completed())
     assert result == store.Settlement(SettleStatus.MISSING, None)
 
 
@@ -889,9 +885,7 @@ def test_two_concurrent_reconciles_of_one_expired_claim_exactly_one_wins(
     def recover() -> None:
         try:
             barrier.wait()
-            results.append(
-                store.retrying(lambda: run(engine, store.reconcile, observed)).status
-            )
+            results.append(store.retrying(lambda: run(engine, store.reconcile, observed)).status)
         except BaseException as error:
             errors.append(error)
 

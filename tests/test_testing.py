@@ -375,7 +375,10 @@ def test_advance_time_plays_a_whole_retry_schedule_without_waiting(engine: Engin
         attempts.append(job.attempt)
         return Decision.failed(f"attempt {job.attempt} failed") if job.attempt < 4 else None
 
-    add(engine, Job("a", "q", retry=RetryPolicy(max_attempts=5, backoff=HOUR, factor=10, max_backoff=timedelta(days=30))))
+    add(
+        engine,
+        Job("a", "q", retry=RetryPolicy(max_attempts=5, backoff=HOUR, factor=10, max_backoff=timedelta(days=30))),
+    )
     started = time.monotonic()
     [job] = drain(engine, {"q": flaky}, advance_time=True)
     assert time.monotonic() - started < 60
@@ -455,7 +458,12 @@ def test_bad_drain_settings_are_refused_and_nothing_runs(engine: Engine, kwargs:
 
 def test_drain_passes_runner_settings_on(engine: Engine) -> None:
     add(engine, Job("a", "q"))
-    [job] = drain(engine, {"q": lambda job: Decision.failed("down")}, retry=RetryPolicy(max_attempts=2, backoff=HOUR), advance_time=True)
+    [job] = drain(
+        engine,
+        {"q": lambda job: Decision.failed("down")},
+        retry=RetryPolicy(max_attempts=2, backoff=HOUR),
+        advance_time=True,
+    )
     assert (job.outcome, job.attempt) == (Outcome.FAILED, 2)
 
 
@@ -565,7 +573,7 @@ def test_runner_factory_serves_in_the_background_and_close_stops_every_runner(en
 
 # -- the pytest plugin, end to end (pytester) ------------------------------------------
 #: A user's test module using the plugin's fixtures and the helpers.
-USER_TESTS = '''
+USER_TESTS = """
 import threading
 from datetime import timedelta
 
@@ -611,7 +619,7 @@ def test_a_served_runner_is_stopped_at_teardown(watchdog_engine, watchdog_runner
 def test_a_failure_shows_what_is_enqueued(watchdog_engine):
     Watchdog(watchdog_engine).enqueue(Job("confirm-order-1", "emails", payload={{"order_id": 1}}))
     assert_enqueued(watchdog_engine, queue="emails", payload={{"order_id": 2}})
-'''
+"""
 
 
 def user_tests(pytester: pytest.Pytester) -> None:
@@ -631,7 +639,9 @@ def test_the_plugin_is_installed_as_a_pytest11_entry_point() -> None:
     assert plugin.value == "sqlalchemy_watchdog.pytest_plugin"
 
 
-def test_a_users_tests_run_on_the_plugins_fixtures_sqlite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_users_tests_run_on_the_plugins_fixtures_sqlite(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("WATCHDOG_TEST_DATABASE_URL", raising=False)
     user_tests(pytester)
     result = pytester.runpytest("-p", "no:cacheprovider")
@@ -657,7 +667,7 @@ def test_on_postgresql_each_test_gets_a_schema_of_its_own_dropped_afterwards(
     monkeypatch.setenv("WATCHDOG_TEST_DATABASE_URL", url)
     user_tests(pytester)
     pytester.makepyfile(
-        test_schema='''
+        test_schema="""
         import asyncio
 
         from sqlalchemy import text
@@ -706,7 +716,7 @@ def test_on_postgresql_each_test_gets_a_schema_of_its_own_dropped_afterwards(
 
             schema = asyncio.run(check())
             assert schema.startswith("watchdog_test_") and schema not in SEEN
-        '''
+        """
     )
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(passed=7, failed=1)
@@ -725,7 +735,7 @@ def test_a_named_sqlite_file_gets_the_tables_for_each_test_and_loses_them_after(
     with seed.begin() as conn:
         conn.execute(text("CREATE TABLE mine (id INTEGER PRIMARY KEY)"))
     pytester.makepyfile(
-        test_file='''
+        test_file="""
         from sqlalchemy_watchdog import Job, Watchdog
         from sqlalchemy_watchdog.testing import assert_not_enqueued
 
@@ -738,7 +748,7 @@ def test_a_named_sqlite_file_gets_the_tables_for_each_test_and_loses_them_after(
         def test_two(watchdog_engine):
             assert_not_enqueued(watchdog_engine)
             Watchdog(watchdog_engine).enqueue(Job("a", "q"))
-        '''
+        """
     )
     result = pytester.runpytest("-p", "no:cacheprovider", f"--watchdog-database-url=sqlite:///{database}")
     result.assert_outcomes(passed=2)

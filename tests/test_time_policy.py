@@ -236,7 +236,12 @@ def test_a_job_shows_its_own_time_and_retry_policy_read_back_as_given(engine: En
     assert (own.attempt, own.snoozes, own.failure_history) == (1, 0, ())
     plain = read(engine, "plain")
     assert (plain.state, plain.run_at, plain.ready_at, plain.retry, plain.max_attempts, plain.timeout) == (
-        JobState.QUEUED, None, None, None, None, None
+        JobState.QUEUED,
+        None,
+        None,
+        None,
+        None,
+        None,
     )
     assert (plain.attempt, plain.snoozes, plain.failure_history) == (1, 0, ())
 
@@ -597,9 +602,7 @@ def test_cancelling_a_delayed_job_lets_the_next_claim_settle_it_cancelled_withou
     assert (job.state, job.cancellation_id) == (JobState.QUEUED, "stop-later")
     batch = claim(engine, limit=5)
     assert batch.claimed == ()
-    assert [(j.job_id, j.state, j.outcome) for j in batch.cancelled] == [
-        ("later", JobState.SETTLED, Outcome.CANCELLED)
-    ]
+    assert [(j.job_id, j.state, j.outcome) for j in batch.cancelled] == [("later", JobState.SETTLED, Outcome.CANCELLED)]
     assert Watchdog(engine).cancel("later", "stop-later").status is CancelStatus.REPLAYED
 
 
@@ -751,7 +754,11 @@ def test_a_requeue_moves_the_job_to_its_next_attempt_delayed_from_the_database_c
     job = settlement.job
     assert job is not None and job == read(engine, "a")
     assert (job.state, job.outcome, job.attempt, job.snoozes, job.failure_reason) == (
-        JobState.DELAYED, None, 2, 0, "card declined"
+        JobState.DELAYED,
+        None,
+        2,
+        0,
+        "card declined",
     )
     assert before + 60_000 - TOLERANCE_MS <= ms(job.ready_at) <= after + 60_000 + TOLERANCE_MS
     stored = raw(engine, "a")
@@ -806,7 +813,11 @@ def test_a_recorded_cancellation_turns_a_requeue_into_cancelled(engine: Engine, 
     job = settlement.job
     assert job is not None
     assert (job.state, job.outcome, job.failure_reason, job.attempt, job.snoozes) == (
-        JobState.SETTLED, Outcome.CANCELLED, None, 1, 0
+        JobState.SETTLED,
+        Outcome.CANCELLED,
+        None,
+        1,
+        0,
     )
 
 

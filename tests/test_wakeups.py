@@ -60,7 +60,9 @@ def notifications(engine: Engine) -> Iterator[Notifications]:
 
 
 def _take_waiting_lock(conn: Any) -> bool:
-    return bool(conn.execute(text("SELECT pg_try_advisory_lock(:a, :b)"), dict(a=WAITING_LOCK[0], b=WAITING_LOCK[1])).scalar())
+    return bool(
+        conn.execute(text("SELECT pg_try_advisory_lock(:a, :b)"), dict(a=WAITING_LOCK[0], b=WAITING_LOCK[1])).scalar()
+    )
 
 
 def test_an_enqueue_sends_no_notification_while_no_runner_waits(engine: Engine, notifications: Notifications) -> None:
@@ -97,9 +99,7 @@ def test_an_open_enqueueing_transaction_keeps_a_runner_from_starting_to_wait(eng
             assert other_runner.execute(text(WAIT_SQL)).scalar() == "covered"
 
 
-def test_an_idle_runner_holds_the_waiting_lock_and_a_busy_one_lets_it_go(
-    engine: Engine, runners: RunnerDriver
-) -> None:
+def test_an_idle_runner_holds_the_waiting_lock_and_a_busy_one_lets_it_go(engine: Engine, runners: RunnerDriver) -> None:
     gate = Gate()
     worker = runners.runner({"q": gate}, concurrency=1, poll_interval=POLL)
     with worker.serving():

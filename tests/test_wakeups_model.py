@@ -673,7 +673,9 @@ class WaitingLockMachine(RuleBasedStateMachine):
         for session in self.db.sessions:
             statement = session.running
             if session.alive and statement is not None and not statement.done:
-                whose = f"{session.owner}'s session" if session.connected else f"{session.owner}'s orphan s{session.sid}"
+                whose = (
+                    f"{session.owner}'s session" if session.connected else f"{session.owner}'s orphan s{session.sid}"
+                )
                 found.append((f"server: a step of {statement.name} for {whose}", self._server_step(session)))
         return found
 
@@ -1080,7 +1082,10 @@ class WaitingLockMachine(RuleBasedStateMachine):
         ]
 
     @precondition(lambda self: bool(self._listening()) or any(s.alive and not s.connected for s in self.db.sessions))
-    @rule(data=st.data(), fault=st.sampled_from(["the server ends a session", "a connection breaks", "the server reaps an orphan"]))
+    @rule(
+        data=st.data(),
+        fault=st.sampled_from(["the server ends a session", "a connection breaks", "the server reaps an orphan"]),
+    )
     def a_fault(self, data: st.DataObject, fault: str) -> None:
         """The server ends a listener's session (pg_terminate_backend, a
         restart): its locks go at once, with no handover, and the listener
@@ -1161,7 +1166,9 @@ class WaitingLockMachine(RuleBasedStateMachine):
         if not self.quiescent():
             return
         for r in self._listening():
-            if r.session in self.db.exclusive_holders() and not (r.waiting._idle and r.waiting.state == Waiting.SENTINEL):
+            if r.session in self.db.exclusive_holders() and not (
+                r.waiting._idle and r.waiting.state == Waiting.SENTINEL
+            ):
                 self.fail(f"{r.name} holds W but is {r.waiting.state} and {'idle' if r.waiting._idle else 'busy'}")
 
     @invariant()
@@ -1216,7 +1223,11 @@ def test_the_model_reads_the_modules_sql() -> None:
     keys = WAITING_LOCK
     modelled = Trigger(True, Call("pg_try_advisory_xact_lock_shared", keys), Call("pg_notify", (LISTENS_ON, "queued")))
     assert modelled == TRIGGER
-    assert [answer for _, answer in WAIT.branches] + [WAIT.otherwise] == [Waiting.SENTINEL, Waiting.COVERED, Waiting.OPEN]
+    assert [answer for _, answer in WAIT.branches] + [WAIT.otherwise] == [
+        Waiting.SENTINEL,
+        Waiting.COVERED,
+        Waiting.OPEN,
+    ]
     assert WAIT.branches[0][0] == Call("pg_try_advisory_lock", keys)
     assert dict(WAIT.branches[1][0].terms) == dict(  # type: ignore[union-attr]
         locktype="advisory", objsubid=2, classid=keys[0], objid=keys[1], mode=EXCLUSIVE, granted=True, database=DB_OID

@@ -104,7 +104,10 @@ def test_pages_show_queues_jobs_and_a_job(engine: Engine, watchdog: Watchdog, da
         [Job(f"order-{n}", "emails", lane=f"customer:{n % 2}", payload={"order_id": n}) for n in range(6)]
         + [Job("report-1", "reports")]
     )
-    settle(engine, {"emails": lambda job: Decision.failed("smtp down", retry=False) if job.payload["order_id"] < 2 else None})
+    settle(
+        engine,
+        {"emails": lambda job: Decision.failed("smtp down", retry=False) if job.payload["order_id"] < 2 else None},
+    )
     watchdog.pause("reports", reason="month end")
 
     overview = dashboard.get("/")
@@ -322,9 +325,7 @@ def test_authorize_can_refuse_viewing(engine: Engine) -> None:
 
 def test_untrusted_text_is_escaped_everywhere(engine: Engine, watchdog: Watchdog) -> None:
     nasty_id = f"{SCRIPT}{IMG}{CONTROL}"
-    watchdog.enqueue(
-        Job(nasty_id, f"q{SCRIPT}", lane=f"lane{IMG}{CONTROL}", payload={SCRIPT: [IMG, CONTROL]})
-    )
+    watchdog.enqueue(Job(nasty_id, f"q{SCRIPT}", lane=f"lane{IMG}{CONTROL}", payload={SCRIPT: [IMG, CONTROL]}))
     settle(engine, {f"q{SCRIPT}": lambda job: Decision.failed(f"{SCRIPT}{IMG}{CONTROL}", retry=False)})
     watchdog.pause(f"q{SCRIPT}", reason=IMG)
     with TestClient(create_app(engine)) as client:
@@ -338,9 +339,7 @@ def test_untrusted_text_is_escaped_everywhere(engine: Engine, watchdog: Watchdog
             ]
         }
         token = token_of(pages["/"])
-        pages["confirm"] = client.post(
-            "/actions/purge", data={"csrf_token": token, "queue": f"q{SCRIPT}"}
-        ).text
+        pages["confirm"] = client.post("/actions/purge", data={"csrf_token": token, "queue": f"q{SCRIPT}"}).text
         pages["result"] = client.post(
             "/actions/rerun", data={"csrf_token": token, "job_id": nasty_id, "rerun_id": IMG}
         ).text
@@ -451,9 +450,7 @@ def test_core_never_imports_the_web_package_and_a_missing_extra_says_what_to_ins
     assert "pip install 'sqlalchemy-watchdog[web]'" in out.stdout
 
 
-def test_dashboard_command_refuses_a_host_that_is_not_loopback(
-    db_url: Any, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_dashboard_command_refuses_a_host_that_is_not_loopback(db_url: Any, capsys: pytest.CaptureFixture[str]) -> None:
     url = db_url.render_as_string(hide_password=False)
     assert main(["--url", url, "dashboard", "--host", "0.0.0.0"]) == 2
     assert "binds to 127.0.0.1 only" in capsys.readouterr().err
@@ -472,7 +469,10 @@ def test_dashboard_command_serves_on_loopback_and_says_so(tmp_path: Path) -> Non
         port = probe.getsockname()[1]
     server = subprocess.Popen(
         [*cli, "dashboard", "--port", str(port), "--read-only"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
         assert server.stdout is not None
@@ -500,7 +500,8 @@ def test_the_confirmation_page_posts_what_it_shows(engine: Engine, watchdog: Wat
     page = dashboard.post("cancel", job_id="confirm-me", cancellation_id="from-form").text
     fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', page))
     assert fields.pop("csrf_token") == dashboard.token
-    done = dashboard.client.post("/actions/cancel", data={"csrf_token": dashboard.token, **{
-        name: html.unescape(value) for name, value in fields.items()
-    }})
+    done = dashboard.client.post(
+        "/actions/cancel",
+        data={"csrf_token": dashboard.token, **{name: html.unescape(value) for name, value in fields.items()}},
+    )
     assert status_of(done.text) == "recorded" and watchdog.read("confirm-me").cancellation_id == "from-form"

@@ -235,7 +235,9 @@ def test_overview_list_filter_and_job_page(browser: Any, base_url: str, engine: 
 
     browser.get(f"{base_url}/rw/")
     assert "Queues" in browser.title or "Overview" in browser.title
-    row = wait_for(lambda: [r for r in all_css(browser, "table.queues tbody tr") if "mail" in r.text], "the mail row")[0]
+    row = wait_for(lambda: [r for r in all_css(browser, "table.queues tbody tr") if "mail" in r.text], "the mail row")[
+        0
+    ]
     assert "1 failed" in row.text and "3" in row.text  # 3 queued
     assert by_css(browser, "svg.chart").get_attribute("aria-label").endswith("1 failed")
 
@@ -311,8 +313,10 @@ def test_read_only_and_a_refusing_authorize(browser: Any, base_url: str, engine:
     assert "Resume" in buttons and "Pause" not in buttons and not any("Purge" in b for b in buttons)
     token = by_css(browser, "input[name=csrf_token]").get_attribute("value")
     submit_form(
-        browser, "/deny/actions/cancel",
-        {"enc.job_id": "guarded-1", "enc.cancellation_id": "sneaky", "confirm": "yes"}, token=token,
+        browser,
+        "/deny/actions/cancel",
+        {"enc.job_id": "guarded-1", "enc.cancellation_id": "sneaky", "confirm": "yes"},
+        token=token,
     )
     wait_for(lambda: all_css(browser, "p.error"), "the refusal")
     assert "You may not cancel" in by_css(browser, "p.error").text
@@ -400,6 +404,7 @@ def test_keyboard_reaches_everything_with_a_visible_focus_and_text_contrast(
     else:
         assert ("BUTTON", "", "Cancel job…") in wanted or ("BUTTON", "", "Rerun") in wanted
     reached: set[tuple[str, str, str]] = set()
+
     def tab() -> None:
         ActionChains(browser).send_keys(Keys.TAB).perform()
 

@@ -81,9 +81,7 @@ class PgQueuer:
                 await queries.enqueue(ENTRYPOINT, b'{"i":-1}')
                 started = time.perf_counter()
                 for _ in range(batches):
-                    await queries.enqueue(
-                        [ENTRYPOINT] * size, [b'{"i":%d}' % i for i in range(size)], [0] * size
-                    )
+                    await queries.enqueue([ENTRYPOINT] * size, [b'{"i":%d}' % i for i in range(size)], [0] * size)
                 return time.perf_counter() - started
             finally:
                 await conn.close()

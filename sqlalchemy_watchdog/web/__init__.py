@@ -21,8 +21,7 @@ try:
     import starlette  # noqa: F401
 except ImportError as error:  # pragma: no cover - exercised by a subprocess test
     raise ImportError(
-        "sqlalchemy_watchdog.web needs the web extra "
-        f"(missing: {error.name}): pip install 'sqlalchemy-watchdog[web]'",
+        f"sqlalchemy_watchdog.web needs the web extra (missing: {error.name}): pip install 'sqlalchemy-watchdog[web]'",
         name=error.name,
     ) from error
 

@@ -377,9 +377,7 @@ class _Pages:
             return token, False
         return secrets.token_urlsafe(32), True
 
-    async def _render(
-        self, request: Request, template: str, context: Mapping[str, Any], status: int = 200
-    ) -> Response:
+    async def _render(self, request: Request, template: str, context: Mapping[str, Any], status: int = 200) -> Response:
         prefix = self._prefix(request)
         token, new = self._token(request)
 

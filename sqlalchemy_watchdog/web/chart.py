@@ -75,7 +75,7 @@ def render(throughput: Throughput, queue: str | None = None) -> Markup:
         y = _TOP + plot_height
         begins = start + timedelta(minutes=minute)
         tip = ", ".join(f"{counts[o][minute]} {o.value}" for o in Outcome if o in counts and counts[o][minute])
-        parts.append(Markup('<g><title>{} UTC: {}</title>').format(begins.strftime("%H:%M"), tip))
+        parts.append(Markup("<g><title>{} UTC: {}</title>").format(begins.strftime("%H:%M"), tip))
         for outcome in Outcome:
             if outcome not in counts or not counts[outcome][minute]:
                 continue
@@ -102,11 +102,12 @@ def render(throughput: Throughput, queue: str | None = None) -> Markup:
 def legend(hour: dict[Outcome, int]) -> Markup:
     """The chart's key: each outcome's colour and its count in the hour."""
     items = [
-        Markup('<li><svg width="12" height="12" aria-hidden="true"><rect width="12" height="12" fill="{}"/></svg> '
-               "{} <strong>{}</strong></li>").format(COLOURS[o], o.value, hour.get(o, 0))
+        Markup(
+            '<li><svg width="12" height="12" aria-hidden="true"><rect width="12" height="12" fill="{}"/></svg> '
+            "{} <strong>{}</strong></li>"
+        ).format(COLOURS[o], o.value, hour.get(o, 0))
         for o in Outcome
     ]
-    return Markup('<ul class="legend" aria-label="settled in the last hour">') + Markup("").join(items) + Markup(
-        "</ul>"
+    return (
+        Markup('<ul class="legend" aria-label="settled in the last hour">') + Markup("").join(items) + Markup("</ul>")
     )
-

@@ -101,11 +101,7 @@ def make_handler(engine: Engine):  # type: ignore[no-untyped-def]
             action = "quick"  # the chaos applies to the first run(s) only
         exec_id = uuid.uuid4().hex
         clock = statements.db_clock_ms()
-        lease = (
-            select(jobs_table.c.lease_until)
-            .where(jobs_table.c.job_id == job.job_id)
-            .scalar_subquery()
-        )
+        lease = select(jobs_table.c.lease_until).where(jobs_table.c.job_id == job.job_id).scalar_subquery()
         _audit_write(
             engine,
             insert(audit).values(
@@ -193,8 +189,14 @@ def make_async_handler(aengine: AsyncEngine):  # type: ignore[no-untyped-def]
         exec_id = uuid.uuid4().hex
         lease = select(jobs_table.c.lease_until).where(jobs_table.c.job_id == job.job_id).scalar_subquery()
         start = insert(audit).values(
-            job_id=job.job_id, exec_id=exec_id, pid=pid, recovery_count=job.recovery_count,
-            called_ms=called, started_ms=statements.db_clock_ms(), lease_seen=lease, note=f"attempt {job.attempt}",
+            job_id=job.job_id,
+            exec_id=exec_id,
+            pid=pid,
+            recovery_count=job.recovery_count,
+            called_ms=called,
+            started_ms=statements.db_clock_ms(),
+            lease_seen=lease,
+            note=f"attempt {job.attempt}",
         )
         await _audit_write_async(aengine, start, "start")
 

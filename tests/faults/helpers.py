@@ -97,8 +97,9 @@ _PG_TRIGGER = [
     f"""
     CREATE OR REPLACE FUNCTION fault_log_transition() RETURNS trigger AS $$
     BEGIN
-        INSERT INTO fault_transitions ({_COLS}) VALUES ({_VALS.format(
-            clock="CAST(floor(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) AS BIGINT)")});
+        INSERT INTO fault_transitions ({_COLS}) VALUES ({
+        _VALS.format(clock="CAST(floor(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) AS BIGINT)")
+    });
         RETURN NEW;
     END $$ LANGUAGE plpgsql
     """,
@@ -124,8 +125,9 @@ _SQLITE_TRIGGER = [
          OR OLD.failure_reason IS NOT NEW.failure_reason
          OR OLD.payload_json IS NOT NEW.payload_json
     BEGIN
-        INSERT INTO fault_transitions ({_COLS}) VALUES ({_VALS.format(
-            clock="CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)")});
+        INSERT INTO fault_transitions ({_COLS}) VALUES ({
+        _VALS.format(clock="CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)")
+    });
     END
     """,
 ]
@@ -202,7 +204,6 @@ def enqueue_jobs(engine: Engine, jobs: Sequence[Job], chunk: int = 1000) -> None
 
 
 # -- polling -----------------------------------------------------------------
-
 
 
 # -- worker processes --------------------------------------------------------

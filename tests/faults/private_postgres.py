@@ -83,13 +83,26 @@ class PrivatePostgres:
 
     def start(self) -> None:
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync")
-        self._run("pg_ctl", "-D", str(self.data), "-o", self.options, "-l", str(self.logfile), "-w", "-t", "60", "start")
+        self._run(
+            "pg_ctl", "-D", str(self.data), "-o", self.options, "-l", str(self.logfile), "-w", "-t", "60", "start"
+        )
 
     def restart_immediate(self) -> None:
         """Crash-stop (no checkpoint, clients cut off) and start again."""
         self._run(
-            "pg_ctl", "-D", str(self.data), "-o", self.options, "-l", str(self.logfile),
-            "-m", "immediate", "-w", "-t", "60", "restart",
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-o",
+            self.options,
+            "-l",
+            str(self.logfile),
+            "-m",
+            "immediate",
+            "-w",
+            "-t",
+            "60",
+            "restart",
         )
 
     def stop(self) -> None:

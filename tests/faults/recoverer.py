@@ -22,6 +22,7 @@ def recover_all(url: str) -> dict[str, str]:
             if not expired:
                 return won
             for claim in expired:
+
                 def work(claim: store.Claim = claim) -> store.Recovery:
                     with engine.connect() as conn:
                         return store.transact(conn, store.reconcile, claim)

@@ -90,7 +90,9 @@ def _check_no_overlap(runs_by_job: dict[str, list[dict[str, Any]]], log_by_job: 
             recoveries = [
                 t
                 for t in history
-                if t["old_state"] == "running" and t["new_state"] == "queued" and t["old_count"] == earlier["recovery_count"]
+                if t["old_state"] == "running"
+                and t["new_state"] == "queued"
+                and t["old_count"] == earlier["recovery_count"]
             ]
             assert len(recoveries) == 1, f"{job_id}: rerun without exactly one recovery: {history}"
             (recovery,) = recoveries
@@ -114,8 +116,14 @@ def test_audit_every_job_settled_once_and_no_overlapping_runs(
     processes, threads, total = SHAPE[(dialect, runner_kind)]
     ids = [f"audit-{i:05d}" for i in range(total)]
     enqueue_jobs(engine, [Job(j, "chaos", max_recoveries=3) for j in ids])
-    timing = {"concurrency": threads, "lease": 5, "heartbeat": 1, "poll": 0.5, "log_level": "WARNING",
-              "asyncio": runner_kind == "async"}
+    timing = {
+        "concurrency": threads,
+        "lease": 5,
+        "heartbeat": 1,
+        "poll": 0.5,
+        "log_level": "WARNING",
+        "asyncio": runner_kind == "async",
+    }
 
     started = time.monotonic()
     pool = [workers.start(db_url, f"w{i}", **timing) for i in range(processes)]

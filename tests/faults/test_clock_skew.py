@@ -120,7 +120,9 @@ def test_skewed_claim_ends_by_database_time(engine: Engine, runners: RunnerDrive
     assert row["lease_until"] <= db_now_ms(engine) + 400, "the lease was measured by the skewed clock"
     time.sleep(0.6)
     assert _tx(engine, store.renew, [("dies", claim.token)], lease_ms=400, now=clock()) == set()
-    settled = _tx(engine, store.settle, job_id="dies", claim_token=claim.token, decision=Decision.completed(), now=clock())
+    settled = _tx(
+        engine, store.settle, job_id="dies", claim_token=claim.token, decision=Decision.completed(), now=clock()
+    )
     assert settled.status is SettleStatus.CONFLICT
     rescuer = runners.runner({"q": lambda job: None}, lease=timedelta(seconds=30), heartbeat=timedelta(seconds=1))
     assert rescuer.tick().status is TickStatus.REQUEUED

@@ -156,9 +156,7 @@ def _start_run(
     return worker, ids
 
 
-def _finish_and_check(
-    engine: Engine, worker: Worker, ids: list[str], sampler: ConnectionSampler
-) -> None:
+def _finish_and_check(engine: Engine, worker: Worker, ids: list[str], sampler: ConnectionSampler) -> None:
     wait_until(lambda: _settled(engine) == len(ids), timeout=180, what="every job to settle", interval=0.2)
     rows = assert_settled_exactly_once(engine, ids)
     outcomes = {r["outcome"] for r in rows.values()}
@@ -188,7 +186,9 @@ def test_pg_ctl_restart_immediate_mid_run(
     worker, ids = _start_run(server, name, engine, workers, app, runner_kind)
     with ConnectionSampler(server, app) as sampler:
         for threshold in (len(ids) // 5, len(ids) * 8 // 15):
-            wait_until(lambda n=threshold: _settled(engine) >= n, timeout=120, what=f"{threshold} settled", interval=0.1)
+            wait_until(
+                lambda n=threshold: _settled(engine) >= n, timeout=120, what=f"{threshold} settled", interval=0.1
+            )
             server.restart_immediate()
         _finish_and_check(engine, worker, ids, sampler)
     log = worker.log_text()
@@ -204,7 +204,9 @@ def test_pg_terminate_backend_mid_run(
     killed = []
     with ConnectionSampler(server, app) as sampler:
         for threshold in (len(ids) * 2 // 15, len(ids) * 6 // 15, len(ids) * 10 // 15):
-            wait_until(lambda n=threshold: _settled(engine) >= n, timeout=120, what=f"{threshold} settled", interval=0.1)
+            wait_until(
+                lambda n=threshold: _settled(engine) >= n, timeout=120, what=f"{threshold} settled", interval=0.1
+            )
             with engine.connect() as conn:
                 killed.append(
                     len(

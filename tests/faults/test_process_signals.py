@@ -72,7 +72,9 @@ def test_sigkill_mid_handler_recovers_within_budget_else_interrupts(
     assert w1.proc.returncode == -signal.SIGKILL
     # The dead claims: their last lease, now that nothing renews it.
     dead = {j: (row["claim_token"], row["lease_until"]) for j, row in jobs_by_id(engine).items() if j in victims}
-    assert all(row_state == "running" for row_state in (r["state"] for j, r in jobs_by_id(engine).items() if j in victims))
+    assert all(
+        row_state == "running" for row_state in (r["state"] for j, r in jobs_by_id(engine).items() if j in victims)
+    )
 
     w2 = workers.start(db_url, "w2", concurrency=2, **TIMING, **kind(runner_kind))
     wait_until(
@@ -203,7 +205,13 @@ def test_sigterm_stops_claiming_and_hands_over_unfinished_work(
     jobs = [
         Job("finishes", "chaos", priority=9, payload={"action": "ignore_stop", "seconds": 1.0}),
         Job("honours", "chaos", priority=9, payload={"action": "block", "only_first": 1}),
-        Job("ignores", "chaos", priority=9, payload={"action": "ignore_stop", "seconds": 120, "only_first": 1}, max_recoveries=1),
+        Job(
+            "ignores",
+            "chaos",
+            priority=9,
+            payload={"action": "ignore_stop", "seconds": 120, "only_first": 1},
+            max_recoveries=1,
+        ),
         Job("ignores-no-policy", "chaos", priority=9, payload={"action": "ignore_stop", "seconds": 120}),
     ]
     waiting = [Job(f"waiting-{i}", "chaos") for i in range(4)]
@@ -222,9 +230,7 @@ def test_sigterm_stops_claiming_and_hands_over_unfinished_work(
     took = time.monotonic() - sent
     assert took < grace + 2 + 5, f"shutdown took {took:.1f}s with grace {grace}s"
 
-    claims_after = [
-        t for t in transition_rows(engine) if t["new_state"] == "running" and t["at_ms"] >= signalled_ms
-    ]
+    claims_after = [t for t in transition_rows(engine) if t["new_state"] == "running" and t["at_ms"] >= signalled_ms]
     assert not claims_after, f"claimed after SIGTERM: {claims_after}"
     rows = jobs_by_id(engine)
     now = db_now_ms(engine)

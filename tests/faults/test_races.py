@@ -73,7 +73,9 @@ def test_late_recovery_of_a_completed_claim_loses(engine: Engine) -> None:
     enqueue_jobs(engine, [Job(f"j{i}", "q", max_recoveries=3) for i in range(5)])
     claims = _tx(engine, store.claim, queues=["q"], limit=5, lease_ms=150).claimed
     for claim in claims:
-        done = _tx(engine, store.settle, job_id=claim.job.job_id, claim_token=claim.token, decision=Decision.completed())
+        done = _tx(
+            engine, store.settle, job_id=claim.job.job_id, claim_token=claim.token, decision=Decision.completed()
+        )
         assert done.status is SettleStatus.SETTLED
     before = jobs_by_id(engine)
     time.sleep(0.2)  # every lease would have ended by now
@@ -179,7 +181,9 @@ def test_cancellation_during_recovery_never_runs_again(engine: Engine, max_recov
         orders[f"{recovery.status}/{cancel.status.value}"] += 1
 
     ran: list[str] = []
-    runner = Runner(engine, {"q": lambda job: ran.append(job.job_id)}, lease=timedelta(seconds=30), heartbeat=timedelta(seconds=5))
+    runner = Runner(
+        engine, {"q": lambda job: ran.append(job.job_id)}, lease=timedelta(seconds=30), heartbeat=timedelta(seconds=5)
+    )
     runner.run_until_idle()
     assert ran == [], f"cancelled jobs ran again: {ran}"
     rows = jobs_by_id(engine)
@@ -323,9 +327,7 @@ def test_concurrent_lane_failures_settle_each_job_once_and_leave_the_lane_empty(
             failure = watchdog.fail_lane("team:9", "key revoked")
             taken += [job.job_id for job in failure.jobs]
             if not failure.more:
-                assert not any(
-                    r["lane"] == "team:9" and r["state"] != "settled" for r in jobs_by_id(engine).values()
-                )
+                assert not any(r["lane"] == "team:9" and r["state"] != "settled" for r in jobs_by_id(engine).values())
                 return taken
 
     results = _together(*[fail_all] * 4)

@@ -96,8 +96,10 @@ def test_sigkill_in_a_second_attempt_counts_the_recovery_apart_from_the_attempts
 
     w1 = workers.start(db_url, "w1", concurrency=2, **TIMING, **kind(runner_kind))
     wait_until(
-        lambda: any(attempt == 2 for _, attempt, _, _ in runs_of(engine, "victim"))
-        and jobs_by_id(engine)["flaky"]["state"] == "settled",
+        lambda: (
+            any(attempt == 2 for _, attempt, _, _ in runs_of(engine, "victim"))
+            and jobs_by_id(engine)["flaky"]["state"] == "settled"
+        ),
         timeout=60,
         what="the victim's second attempt to start and the bystander to finish",
     )
@@ -133,8 +135,6 @@ def test_sigkill_in_a_second_attempt_counts_the_recovery_apart_from_the_attempts
     assert (rows["flaky"]["outcome"], rows["flaky"]["attempt"], rows["flaky"]["recovery_count"]) == ("completed", 2, 0)
     assert [(a, c) for _, a, c, _ in runs_of(engine, "flaky")] == [(1, 0), (2, 0)]
     assert w2.alive
-
-
 
 
 @pytest.mark.parametrize(

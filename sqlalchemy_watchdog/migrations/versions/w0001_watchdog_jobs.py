@@ -70,20 +70,15 @@ def upgrade() -> None:
         sa.UniqueConstraint("job_id", name=op.f("uq_watchdog_jobs_job_id")),
         sa.UniqueConstraint("cancellation_id", name=op.f("uq_watchdog_jobs_cancellation_id")),
         sa.CheckConstraint("length(job_id) BETWEEN 1 AND 256", name=op.f("ck_watchdog_jobs_job_id_length")),
-        sa.CheckConstraint(
-            "length(queue_name) BETWEEN 1 AND 256", name=op.f("ck_watchdog_jobs_queue_name_length")
-        ),
+        sa.CheckConstraint("length(queue_name) BETWEEN 1 AND 256", name=op.f("ck_watchdog_jobs_queue_name_length")),
         sa.CheckConstraint("length(lane) BETWEEN 1 AND 512", name=op.f("ck_watchdog_jobs_lane_length")),
         sa.CheckConstraint(
             "cancellation_id IS NULL OR length(cancellation_id) BETWEEN 1 AND 256",
             name=op.f("ck_watchdog_jobs_cancellation_id_length"),
         ),
+        sa.CheckConstraint("state IN ('queued', 'running', 'settled')", name=op.f("ck_watchdog_jobs_state_known")),
         sa.CheckConstraint(
-            "state IN ('queued', 'running', 'settled')", name=op.f("ck_watchdog_jobs_state_known")
-        ),
-        sa.CheckConstraint(
-            "outcome IS NULL OR outcome IN "
-            "('completed', 'failed', 'cancelled', 'outcome_unknown', 'interrupted')",
+            "outcome IS NULL OR outcome IN ('completed', 'failed', 'cancelled', 'outcome_unknown', 'interrupted')",
             name=op.f("ck_watchdog_jobs_outcome_known"),
         ),
         sa.CheckConstraint(
@@ -124,7 +119,6 @@ def upgrade() -> None:
         ["queue_name", "state", sa.column("priority").desc(), "sequence"],
         **_partial(LIVE),
     )
-
 
     if op.get_bind().dialect.name == "postgresql":
         # Wake idle runners when an INSERT into the table commits.

@@ -154,9 +154,7 @@ def _create_indexes(*, new: bool) -> None:
         **_partial(live),
     )
     if new:
-        op.create_index(
-            op.f(f"ix_{TABLE}_delayed"), TABLE, ["ready_at", "sequence"], **_partial("state = 'delayed'")
-        )
+        op.create_index(op.f(f"ix_{TABLE}_delayed"), TABLE, ["ready_at", "sequence"], **_partial("state = 'delayed'"))
 
 
 def _rebuild_sqlite(*, new: bool) -> None:
