@@ -8,7 +8,16 @@ process with :class:`Watchdog`. The asyncio twins live in
 
 from .client import Watchdog, enqueue, enqueue_select
 from .codecs import PayloadCodec, TaggedJSON
-from .errors import EnqueueConflict, ErrorCode, InvalidJob, WatchdogError, redacted
+from .connections import follow_failover
+from .errors import (
+    EnqueueConflict,
+    ErrorCode,
+    InvalidJob,
+    PreparedStatementsRefused,
+    WakeupsUnavailable,
+    WatchdogError,
+    redacted,
+)
 from .execution import RunningJob, StopReason, TickResult, TickStatus, handler
 from .jobs import (
     CancelResult,
@@ -33,6 +42,7 @@ from .jobs import (
 from .model import WatchdogJob, metadata
 from .runner import Runner
 from .schedules import Schedule
+from .wakeups import WakeupMode, WakeupStatus
 
 __all__ = [
     "CancelResult",
@@ -51,6 +61,7 @@ __all__ = [
     "Outcome",
     "PauseStatus",
     "PayloadCodec",
+    "PreparedStatementsRefused",
     "QueuePause",
     "QueueStats",
     "Retention",
@@ -63,12 +74,16 @@ __all__ = [
     "TaggedJSON",
     "TickResult",
     "TickStatus",
+    "WakeupMode",
+    "WakeupStatus",
+    "WakeupsUnavailable",
     "Throughput",
     "Watchdog",
     "WatchdogError",
     "WatchdogJob",
     "enqueue",
     "enqueue_select",
+    "follow_failover",
     "handler",
     "metadata",
     "redacted",

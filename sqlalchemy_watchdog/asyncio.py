@@ -18,6 +18,7 @@ import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
 
@@ -26,7 +27,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from . import client, store
-from .errors import redacted
+from .connections import follow_failover
+from .errors import InvalidJob, redacted
 from .execution import (
     DEFAULT_CONCURRENCY,
     Execution,
@@ -77,7 +79,16 @@ from .jobs import (
     job_batch,
 )
 from .store import Settlement, SettleRequest
-from .wakeups import Waiting, listen_async, listens
+from .wakeups import (
+    Waiting,
+    WakeupMode,
+    WakeupStatus,
+    check_wakeups,
+    connect_and_prove_async,
+    decide,
+    listen_async,
+    polling_reason,
+)
 
 if TYPE_CHECKING:
     from .codecs import PayloadCodec
@@ -162,6 +173,7 @@ class AsyncWatchdog:
         if not isinstance(engine, AsyncEngine):
             raise TypeError(f"AsyncWatchdog takes an AsyncEngine, not {type(engine).__name__}")
         self.engine = engine
+        follow_failover(engine)
 
     async def _run(self, fn: Callable[Concatenate[Connection, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         autocommit = store.self_committing(self.engine.dialect.name)
@@ -339,20 +351,33 @@ class AsyncRunner:
         retention: Retention | None = None,
         schedules: Iterable[Schedule] | None = None,
         clock: Callable[[], int] = store.now_ms,
+        wakeups: WakeupMode | str = WakeupMode.AUTO,
+        listen_engine: AsyncEngine | None = None,
     ) -> None:
         if not isinstance(engine, AsyncEngine):
             raise TypeError(
                 f"AsyncRunner takes an AsyncEngine, not {type(engine).__name__}"
                 " (use sqlalchemy_watchdog.Runner for a sync Engine)"
             )
+        if listen_engine is not None and not isinstance(listen_engine, AsyncEngine):
+            raise InvalidJob("listen_engine", f"must be an AsyncEngine, not {type(listen_engine).__name__}")
         self.engine = engine
+        self.listen_engine = listen_engine if listen_engine is not None else engine
+        self.wakeups = check_wakeups(wakeups)
+        follow_failover(engine)
+        follow_failover(self.listen_engine)
+        self._default_poll = poll_interval is None
+        if poll_interval is None:
+            poll_interval = default_poll_interval(self.listen_engine, self.wakeups)
+        #: The wake-ups in force (see :attr:`Runner.wakeup_status <sqlalchemy_watchdog.Runner.wakeup_status>`).
+        self.wakeup_status = WakeupStatus(self.wakeups, False, "not started", poll_interval.total_seconds())
         self.settings = RunnerSettings.build(
             handlers,
             queues=queues,
             concurrency=concurrency,
             lease=lease,
             heartbeat=heartbeat,
-            poll_interval=default_poll_interval(engine) if poll_interval is None else poll_interval,
+            poll_interval=poll_interval,
             grace=grace,
             is_alive=is_alive,
             max_recoveries=max_recoveries,
@@ -616,12 +641,24 @@ class AsyncRunner:
         background = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(settler.run())]
         if self.settings.retention is not None:
             background.append(asyncio.create_task(self._prune_loop()))
-        if listens(self.engine.dialect.name, self.engine.dialect.driver):
-            self.core.waiting = Waiting(self.settings.poll_interval_s)
-            background.append(
-                asyncio.create_task(listen_async(self.engine, self._jobs_arrived, heartbeat_now.set, self.core.waiting))
-            )
-        log.info("async runner started: queues=%s concurrency=%d", ",".join(self.queues), self.settings.concurrency)
+        try:
+            listening = await self._start_listener(heartbeat_now)
+        except BaseException:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            self._settler = None
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            raise
+        if listening is not None:
+            background.append(listening)
+        log.info(
+            "async runner started: queues=%s concurrency=%d wakeups=%s",
+            ",".join(self.queues),
+            self.settings.concurrency,
+            self.wakeup_status,
+        )
         try:
             await self._loop()
         finally:
@@ -637,6 +674,39 @@ class AsyncRunner:
                     loop.remove_signal_handler(sig)
                 stopping.clear()
                 log.info("async runner stopped")
+
+    async def _start_listener(self, heartbeat_now: asyncio.Event) -> asyncio.Task[None] | None:
+        """As :meth:`Runner._start_listener <sqlalchemy_watchdog.Runner._start_listener>`:
+        the listening task, or None (the runner polls, and says why)."""
+        engine = self.listen_engine
+        reason = polling_reason(self.wakeups, engine.dialect.name, engine.dialect.driver)
+        first: Any = None
+        if reason is None:
+            first, proof = await connect_and_prove_async(engine)
+            if proof is not None and not proof.proven:
+                reason = proof.reason
+        if reason is not None:
+            if self._default_poll:
+                fast = default_poll_interval(engine, WakeupMode.POLL).total_seconds()
+                self.settings = self.core.settings = replace(self.settings, poll_interval_s=fast)
+            self.wakeup_status = decide(
+                self.wakeups,
+                reason,
+                proof_failed=engine.dialect.name == "postgresql" and self.wakeups is not WakeupMode.POLL,
+                poll_interval_s=self.settings.poll_interval_s,
+            )
+            return None
+        self.core.waiting = Waiting(self.settings.poll_interval_s)
+        self.wakeup_status = WakeupStatus(self.wakeups, True, "", self.settings.poll_interval_s)
+        return asyncio.create_task(
+            listen_async(engine, self._jobs_arrived, heartbeat_now.set, self.core.waiting, first=first)
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<AsyncRunner queues={','.join(self.queues)} concurrency={self.settings.concurrency} "
+            f"wakeups={self.wakeup_status}>"
+        )
 
     # -- the loop --------------------------------------------------------------------
 

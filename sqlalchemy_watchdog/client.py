@@ -12,6 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from . import store
+from .connections import follow_failover
 from .errors import EnqueueConflict, InvalidJob
 from .jobs import (
     CancelResult,
@@ -176,6 +177,7 @@ class Watchdog:
                 " (use sqlalchemy_watchdog.asyncio.AsyncWatchdog for an AsyncEngine)"
             )
         self.engine = engine
+        follow_failover(engine)
 
     def _run(
         self,

@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from typing import ClassVar
 
-__all__ = ["ErrorCode", "WatchdogError", "InvalidJob", "EnqueueConflict", "redacted"]
+__all__ = [
+    "ErrorCode",
+    "WatchdogError",
+    "InvalidJob",
+    "EnqueueConflict",
+    "PreparedStatementsRefused",
+    "WakeupsUnavailable",
+    "redacted",
+]
 
 
 class ErrorCode(str, enum.Enum):
@@ -18,6 +28,7 @@ class ErrorCode(str, enum.Enum):
     SETTLEMENT_REJECTED = "settlement_rejected"
     INVALID_INPUT = "invalid_input"
     ENQUEUE_CONFLICT = "enqueue_conflict"
+    PREPARED_STATEMENTS = "prepared_statements"
 
 
 class WatchdogError(Exception):
@@ -58,6 +69,52 @@ class EnqueueConflict(WatchdogError):
             ErrorCode.ENQUEUE_CONFLICT,
             f"job_id {job_id!r} is already enqueued with a different queue, lane, "
             "priority, payload or recovery policy; the transaction was rolled back",
+        )
+
+
+class PreparedStatementsRefused(WatchdogError):
+    """The database connection refused a prepared statement: the engine
+    prepares statements on a connection that is not one server session (a
+    connection pooler in transaction mode, such as PgBouncer before 1.21 or
+    without ``max_prepared_statements``). The message names the engine
+    setting that fixes it for the driver in use (:attr:`driver`).
+    """
+
+    #: What to pass to ``create_engine``/``create_async_engine``, per driver.
+    REMEDIES: ClassVar[Mapping[str, str]] = {
+        "psycopg": 'connect_args={"prepare_threshold": None}',
+        "asyncpg": (
+            'connect_args={"statement_cache_size": 0, "prepared_statement_cache_size": 0, '
+            '"prepared_statement_name_func": lambda: f"__asyncpg_{uuid.uuid4()}__"}'
+        ),
+    }
+
+    def __init__(self, driver: str, cause: str) -> None:
+        self.driver = driver
+        remedy = self.REMEDIES.get(driver, "the driver's setting that turns server-side prepared statements off")
+        super().__init__(
+            ErrorCode.PREPARED_STATEMENTS,
+            f"the database refused a prepared statement ({cause}): the {driver} engine prepares statements "
+            "on a connection that is not one server session -- a pooler in transaction mode? "
+            f"Create the engine with {remedy}, or let the pooler keep prepared statements "
+            "(PgBouncer >= 1.21: max_prepared_statements). See the deployment guide.",
+        )
+
+
+class WakeupsUnavailable(WatchdogError):
+    """A runner was asked for ``wakeups="listen"`` but its listening
+    connection is not proven to be one PostgreSQL session (or the driver
+    delivers no notifications). The message says what the proof found and
+    what to set (``listen_engine`` with a direct URL, or ``wakeups="poll"``).
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(
+            ErrorCode.WAKE_UNAVAILABLE,
+            f'wakeups="listen" needs a direct session to PostgreSQL: {reason}. Give the runner '
+            "listen_engine=create_engine(<a direct URL, not through a transaction-mode pooler>) "
+            '(CLI: --listen-url), or use wakeups="auto" or "poll".',
         )
 
 

@@ -58,7 +58,7 @@ from .jobs import (
     history_with,
 )
 from .store import Claim, Recovery, RecoveryCause, RecoveryStatus, Settlement, SettleRequest
-from .wakeups import Waiting, listens
+from .wakeups import Waiting, WakeupMode, listens
 
 if TYPE_CHECKING:
     from .codecs import PayloadCodec
@@ -372,10 +372,12 @@ NOTIFIED_POLL_INTERVAL = timedelta(seconds=2)
 POLLING_POLL_INTERVAL = timedelta(milliseconds=250)
 
 
-def default_poll_interval(engine: Any) -> timedelta:
-    """The default ``poll_interval`` of a runner on ``engine`` (sync or async)."""
+def default_poll_interval(engine: Any, wakeups: WakeupMode = WakeupMode.AUTO) -> timedelta:
+    """The default ``poll_interval`` of a runner on ``engine`` (sync or async)
+    that listens there as ``wakeups`` says (a runner whose session proof
+    fails polls at :data:`POLLING_POLL_INTERVAL` instead)."""
     dialect = engine.dialect
-    if listens(dialect.name, dialect.driver):
+    if wakeups is not WakeupMode.POLL and listens(dialect.name, dialect.driver):
         return NOTIFIED_POLL_INTERVAL
     return POLLING_POLL_INTERVAL
 

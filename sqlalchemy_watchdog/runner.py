@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -32,7 +33,8 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from . import store
-from .errors import redacted
+from .connections import follow_failover
+from .errors import InvalidJob, redacted
 from .execution import (
     DEFAULT_CONCURRENCY,
     Execution,
@@ -66,7 +68,16 @@ from .execution import (
 )
 from .jobs import Decision, JobView, Retention, RetryPolicy
 from .store import Settlement, SettleRequest
-from .wakeups import Listener, Waiting
+from .wakeups import (
+    Listener,
+    Waiting,
+    WakeupMode,
+    WakeupStatus,
+    check_wakeups,
+    connect_and_prove,
+    decide,
+    polling_reason,
+)
 
 if TYPE_CHECKING:
     from .codecs import PayloadCodec
@@ -129,6 +140,18 @@ class Runner:
         slot once, however many runners are given the same schedules.
     :param clock: the application clock in epoch milliseconds (for tests);
         the database clock is always consulted too.
+    :param wakeups: how :meth:`run_forever` learns of new work on
+        PostgreSQL (a :class:`~sqlalchemy_watchdog.wakeups.WakeupMode`):
+        ``"auto"`` (the default) LISTENs where the listening connection is
+        proven to be one server session of the primary, else polls every
+        0.25 s and logs one WARNING saying why; ``"listen"`` refuses to start
+        without that proof (:class:`~sqlalchemy_watchdog.errors.WakeupsUnavailable`);
+        ``"poll"`` never LISTENs and takes no session lock. Behind a pooler in
+        transaction mode, give ``listen_engine``. :attr:`wakeup_status` says
+        what is in force.
+    :param listen_engine: an ``Engine`` with a direct URL (not through a
+        transaction-mode pooler) used only for the listening session; default:
+        ``engine``.
     """
 
     def __init__(
@@ -150,20 +173,33 @@ class Runner:
         retention: Retention | None = None,
         schedules: Iterable[Schedule] | None = None,
         clock: Callable[[], int] = store.now_ms,
+        wakeups: WakeupMode | str = WakeupMode.AUTO,
+        listen_engine: Engine | None = None,
     ) -> None:
         if not isinstance(engine, Engine):
             raise TypeError(
                 f"Runner takes an Engine, not {type(engine).__name__}"
                 " (use sqlalchemy_watchdog.asyncio.AsyncRunner for an AsyncEngine)"
             )
+        if listen_engine is not None and not isinstance(listen_engine, Engine):
+            raise InvalidJob("listen_engine", f"must be an Engine, not {type(listen_engine).__name__}")
         self.engine = engine
+        self.listen_engine = listen_engine if listen_engine is not None else engine
+        self.wakeups = check_wakeups(wakeups)
+        follow_failover(engine)
+        follow_failover(self.listen_engine)
+        #: Whether the poll interval is the default's (shortened when the runner cannot listen).
+        self._default_poll = poll_interval is None
+        if poll_interval is None:
+            poll_interval = default_poll_interval(self.listen_engine, self.wakeups)
+        self.wakeup_status = WakeupStatus(self.wakeups, False, "not started", poll_interval.total_seconds())
         self.settings = RunnerSettings.build(
             handlers,
             queues=queues,
             concurrency=concurrency,
             lease=lease,
             heartbeat=heartbeat,
-            poll_interval=default_poll_interval(engine) if poll_interval is None else poll_interval,
+            poll_interval=poll_interval,
             grace=grace,
             is_alive=is_alive,
             max_recoveries=max_recoveries,
@@ -373,11 +409,24 @@ class Runner:
         heartbeat.start()
         settler = self._settler = _Settler(self)
         workers = self._workers = _Workers(self)
-        waiting = Waiting(self.settings.poll_interval_s)
-        listener = Listener.start_for(self.engine, self._jobs_arrived, self._renew_now, waiting)
-        self.core.waiting = waiting if listener is not None else None
+        try:
+            listener = self._start_listener()
+        except BaseException:
+            heartbeat.stop()
+            settler.stop()
+            self._settler = None
+            workers.stop()
+            self._workers = None
+            for sig, previous_handler in previous.items():
+                signal.signal(sig, previous_handler)
+            raise
         pruner = _Pruner(self) if self.settings.retention is not None else None
-        log.info("runner started: queues=%s concurrency=%d", ",".join(self.queues), self.settings.concurrency)
+        log.info(
+            "runner started: queues=%s concurrency=%d wakeups=%s",
+            ",".join(self.queues),
+            self.settings.concurrency,
+            self.wakeup_status,
+        )
         try:
             with self._holding_connection():
                 self._loop()
@@ -399,6 +448,43 @@ class Runner:
                     signal.signal(sig, previous_handler)
                 self._stopping.clear()
                 log.info("runner stopped")
+
+    def _start_listener(self) -> Listener | None:
+        """Listen where :attr:`wakeups` allows it and the listening session is
+        proven (see :mod:`sqlalchemy_watchdog.connections`); else poll, and say why."""
+        engine = self.listen_engine
+        reason = polling_reason(self.wakeups, engine.dialect.name, engine.dialect.driver)
+        first: Any = None
+        if reason is None:
+            first, proof = connect_and_prove(engine)
+            if proof is not None and not proof.proven:
+                reason = proof.reason
+        if reason is not None:
+            self._poll_without_listening()
+            self.wakeup_status = decide(
+                self.wakeups,
+                reason,
+                proof_failed=engine.dialect.name == "postgresql" and self.wakeups is not WakeupMode.POLL,
+                poll_interval_s=self.settings.poll_interval_s,
+            )
+            return None
+        waiting = Waiting(self.settings.poll_interval_s)
+        listener = Listener.start_for(engine, self._jobs_arrived, self._renew_now, waiting, first=first)
+        self.core.waiting = waiting if listener is not None else None
+        self.wakeup_status = WakeupStatus(self.wakeups, True, "", self.settings.poll_interval_s)
+        return listener
+
+    def _poll_without_listening(self) -> None:
+        """The runner will not listen: a default poll interval becomes the fast one."""
+        if self._default_poll:
+            fast = default_poll_interval(self.listen_engine, WakeupMode.POLL).total_seconds()
+            self.settings = self.core.settings = replace(self.settings, poll_interval_s=fast)
+
+    def __repr__(self) -> str:
+        return (
+            f"<Runner queues={','.join(self.queues)} concurrency={self.settings.concurrency} "
+            f"wakeups={self.wakeup_status}>"
+        )
 
     # -- the loop --------------------------------------------------------------------
 

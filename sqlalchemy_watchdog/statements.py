@@ -981,14 +981,11 @@ def reruns_of() -> Select[Any]:
 
 
 @cache
-def try_advisory_lock() -> Select[Any]:
-    """PostgreSQL: take the session advisory lock ``:key`` if it is free."""
-    return select(func.pg_try_advisory_lock(_p("key", BigInteger())))
-
-
-@cache
-def advisory_unlock() -> Select[Any]:
-    return select(func.pg_advisory_unlock(_p("key", BigInteger())))
+def try_advisory_xact_lock() -> Select[Any]:
+    """PostgreSQL: take the advisory lock ``:key`` for this transaction if it
+    is free. Never a session lock: behind a pooler in transaction mode a
+    session lock would stay with whichever server session ran it."""
+    return select(func.pg_try_advisory_xact_lock(_p("key", BigInteger())))
 
 
 # -- testing only ---------------------------------------------------------------

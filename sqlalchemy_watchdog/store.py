@@ -34,6 +34,7 @@ from sqlalchemy.sql.elements import ClauseElement
 
 from . import statements as sql
 from . import telemetry
+from .connections import prepared_statement_failure
 from .errors import EnqueueConflict, ErrorCode, InvalidJob, WatchdogError, redacted
 from .jobs import (
     CANCELLATION_ID_MAX_LENGTH,
@@ -352,6 +353,18 @@ def enqueue(conn: Connection, jobs: Sequence[Job], *, delay: timedelta | None = 
         elif not _same(seen, job):
             raise EnqueueConflict(job.job_id)
     unique = list(firsts.values())
+    try:
+        return _enqueue_traced(conn, jobs, unique, delay_ms)
+    except DBAPIError as error:
+        refused = prepared_statement_failure(error)
+        if refused is None:
+            raise
+        raise refused from error
+
+
+def _enqueue_traced(
+    conn: Connection, jobs: Sequence[Job], unique: list[Job], delay_ms: int | None
+) -> list[EnqueueResult]:
     instrumentation = telemetry.active()
     if instrumentation is None:
         return _enqueue(conn, jobs, unique, delay_ms, None)
@@ -1133,21 +1146,22 @@ PRUNE_LOCK_KEY = 0x5741_5443_4844_4F47 & 0x7FFF_FFFF_FFFF_FFFF  # "WATCHDOG"
 
 
 def prune_retention(conn: Connection, ages: Mapping[str, timedelta], batch: int) -> int | None:
-    """One runner's retention pass: one batch per outcome of ``ages``.
+    """One runner's retention pass: one batch per outcome of ``ages``, in one
+    transaction (:data:`NEEDS_TRANSACTION`).
 
-    On PostgreSQL it runs only if this connection gets the advisory lock
+    On PostgreSQL it runs only if its transaction gets the advisory lock
     (another runner pruning at the same moment makes this one skip: None);
-    on SQLite every batch holds the write lock, which is exclusive anyway.
+    the lock is the transaction's, never the session's, so it is correct
+    behind a pooler in transaction mode and ends with the commit. On SQLite
+    every batch holds the write lock, which is exclusive anyway.
     Returns how many jobs were deleted, or None when another runner prunes.
     """
-    locking = conn.dialect.name == "postgresql"
-    if locking and not conn.execute(sql.try_advisory_lock(), {"key": PRUNE_LOCK_KEY}).scalar():
+    if (
+        conn.dialect.name == "postgresql"
+        and not conn.execute(sql.try_advisory_xact_lock(), {"key": PRUNE_LOCK_KEY}).scalar()
+    ):
         return None
-    try:
-        return sum(prune_batch(conn, older_than=age, outcomes=[outcome], limit=batch) for outcome, age in ages.items())
-    finally:
-        if locking:
-            conn.execute(sql.advisory_unlock(), {"key": PRUNE_LOCK_KEY})
+    return sum(prune_batch(conn, older_than=age, outcomes=[outcome], limit=batch) for outcome, age in ages.items())
 
 
 def _member(kind: type[JobState] | type[Outcome], field: str, value: object) -> str:
@@ -1335,6 +1349,12 @@ READ_ONLY: frozenset[Callable[..., Any]] = frozenset(
 )
 
 
+#: Store functions that need a transaction of their own even where the
+#: runner's operations run in autocommit: their statements hold a
+#: transaction-scoped lock across several statements.
+NEEDS_TRANSACTION: frozenset[Callable[..., Any]] = frozenset({prune_retention})
+
+
 def reads_beside_writer(conn: Connection) -> bool:
     """Whether ``conn`` is SQLite in WAL mode, where reads never block the writer.
 
@@ -1432,10 +1452,12 @@ def transact_as(
     :data:`READ_ONLY` do not, and a :func:`claim` first looks, without the
     lock, whether any job is queued at all.
     """
-    if mode.autocommit:
+    if mode.autocommit and fn not in NEEDS_TRANSACTION:
         if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
             conn = conn.execution_options(isolation_level="AUTOCOMMIT")
         return fn(conn, *args, **kwargs)
+    if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+        conn = conn.execution_options(isolation_level=conn.default_isolation_level)
     with conn.begin():
         lock_free_reads = reads_beside_writer(conn)
         if fn is claim and lock_free_reads and _nothing_to_claim(conn, kwargs):
@@ -1493,6 +1515,9 @@ class Backoff:
 
     def delay_after(self, error: DBAPIError, what: str) -> float:
         self.attempt += 1
+        refused = prepared_statement_failure(error)
+        if refused is not None:
+            raise refused from None
         if not is_transient(error) or self.attempt >= self.attempts:
             raise WatchdogError(ErrorCode.STORE_UNAVAILABLE, f"{what} failed: {redacted(error)}") from None
         log.debug("%s: transient failure (attempt %d): %s", what, self.attempt, error.orig)

@@ -54,18 +54,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import select
 import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from .errors import redacted
+from .connections import SessionProof, prove_session, prove_session_async
+from .errors import InvalidJob, WakeupsUnavailable, redacted
 
 __all__ = [
     "CHANNEL",
@@ -76,6 +79,13 @@ __all__ = [
     "NOTIFY_FUNCTION_SQL",
     "NOTIFY_TRIGGER_SQL",
     "DROP_NOTIFY_FUNCTION_SQL",
+    "WakeupMode",
+    "WakeupStatus",
+    "check_wakeups",
+    "polling_reason",
+    "decide",
+    "connect_and_prove",
+    "connect_and_prove_async",
     "Waiting",
     "Listener",
     "listen_async",
@@ -152,6 +162,155 @@ def listens(dialect_name: str, driver: str) -> bool:
         log.debug("runner: the %s driver delivers no notifications here; polling instead", driver)
         return False
     return True
+
+
+class WakeupMode(str, enum.Enum):
+    """How a runner learns of new work (its ``wakeups`` argument).
+
+    ``AUTO`` (the default) listens where the connection is proven to be one
+    PostgreSQL session, else polls at the fast interval and logs one WARNING
+    saying why and what to set. ``LISTEN`` refuses to start without that
+    proof. ``POLL`` never LISTENs and never takes the waiting lock.
+    """
+
+    AUTO = "auto"
+    LISTEN = "listen"
+    POLL = "poll"
+
+
+def check_wakeups(value: object) -> WakeupMode:
+    """``value`` as a :class:`WakeupMode`, or a clear error naming ``wakeups``."""
+    try:
+        return WakeupMode(value)
+    except ValueError:
+        known = ", ".join(repr(mode.value) for mode in WakeupMode)
+        raise InvalidJob("wakeups", f"{value!r} is not a wake-up mode (known: {known})") from None
+
+
+@dataclass(frozen=True)
+class WakeupStatus:
+    """The wake-ups in force for a runner: what was asked, whether it
+    listens (LISTEN/NOTIFY on a proven session), and why not."""
+
+    requested: WakeupMode
+    listening: bool
+    #: Why the runner polls instead ("" while it listens).
+    reason: str = ""
+    #: How often an idle runner looks for work without a wake-up, in seconds.
+    poll_interval_s: float = 0.0
+
+    def __str__(self) -> str:
+        if self.listening:
+            return f"listen (LISTEN/NOTIFY; backstop poll {self.poll_interval_s:g}s)"
+        return f"poll every {self.poll_interval_s:g}s ({self.reason})"
+
+
+def polling_reason(mode: WakeupMode, dialect_name: str, driver: str) -> str | None:
+    """Why a runner polls without trying to listen, or None (try: prove the
+    session first)."""
+    if mode is WakeupMode.POLL:
+        return 'wakeups="poll"'
+    if dialect_name != "postgresql":
+        return f"{dialect_name} has no LISTEN/NOTIFY"
+    if driver not in LISTENING_DRIVERS:
+        return f"the {driver} driver delivers no notifications"
+    return None
+
+
+def decide(mode: WakeupMode, reason: str, *, proof_failed: bool, poll_interval_s: float) -> WakeupStatus:
+    """The status of a runner that will not listen, for ``reason``: raises
+    :class:`~sqlalchemy_watchdog.errors.WakeupsUnavailable` where
+    ``wakeups="listen"`` was asked, and logs the one WARNING of ``"auto"``
+    when a PostgreSQL connection failed the proof (or its driver cannot listen)."""
+    if mode is WakeupMode.LISTEN:
+        raise WakeupsUnavailable(reason)
+    if mode is WakeupMode.AUTO and (proof_failed or "driver" in reason):
+        log.warning(
+            "runner: LISTEN/NOTIFY wake-ups are off: %s. Polling every %gs instead. For wake-ups within "
+            "milliseconds give the runner listen_engine=create_engine(<a direct URL to the primary>) "
+            '(CLI: --listen-url); to poll without this check, wakeups="poll"',
+            reason,
+            poll_interval_s,
+        )
+    return WakeupStatus(mode, False, reason, poll_interval_s)
+
+
+def _autocommit_driver_connection(engine: Engine) -> Any:
+    raw = engine.raw_connection()
+    driver_conn: Any = raw.driver_connection
+    raw.detach()  # never pooled again: it LISTENs; closed by its user
+    try:
+        driver_conn.autocommit = True
+    except BaseException:
+        with contextlib.suppress(Exception):
+            driver_conn.close()
+        raise
+    return driver_conn
+
+
+def connect_and_prove(engine: Engine) -> tuple[Any, SessionProof | None]:
+    """A detached autocommit driver connection of ``engine`` and its
+    :func:`~sqlalchemy_watchdog.connections.prove_session` verdict; ``(None,
+    None)`` when no connection could be made (the listener connects later).
+    A connection that failed its proof is closed and returned as None."""
+    try:
+        driver_conn = _autocommit_driver_connection(engine)
+    except Exception as error:
+        log.warning("listener: cannot connect (%s); polling meanwhile", redacted(error))
+        return None, None
+    try:
+        proof = prove_session(engine, driver_conn)
+    except Exception as error:
+        proof = SessionProof(False, f"the session check failed: {redacted(error)}")
+    if not proof.proven:
+        with contextlib.suppress(Exception):
+            driver_conn.close()
+        return None, proof
+    return driver_conn, proof
+
+
+async def _async_driver_connection(engine: AsyncEngine) -> Any:
+    raw = await engine.raw_connection()
+    driver_conn: Any = raw.driver_connection
+    raw.detach()  # never pooled again: it LISTENs; closed by its user
+    if engine.dialect.driver != "asyncpg":
+        try:
+            await driver_conn.set_autocommit(True)
+        except BaseException:
+            await _close_async(engine, driver_conn)
+            raise
+    return driver_conn
+
+
+async def _close_async(engine: AsyncEngine, driver_conn: Any) -> None:
+    # Closed directly (see Listener._run); asyncpg's terminate() never waits.
+    with contextlib.suppress(Exception):
+        if engine.dialect.driver == "asyncpg":
+            driver_conn.terminate()
+        else:
+            await driver_conn.close()
+
+
+async def connect_and_prove_async(engine: AsyncEngine) -> tuple[Any, SessionProof | None]:
+    """:func:`connect_and_prove` for an ``AsyncEngine``."""
+    try:
+        driver_conn = await _async_driver_connection(engine)
+    except asyncio.CancelledError:
+        raise
+    except Exception as error:
+        log.warning("listener: cannot connect (%s); polling meanwhile", redacted(error))
+        return None, None
+    try:
+        proof = await prove_session_async(engine, driver_conn)
+    except asyncio.CancelledError:
+        await _close_async(engine, driver_conn)
+        raise
+    except Exception as error:
+        proof = SessionProof(False, f"the session check failed: {redacted(error)}")
+    if not proof.proven:
+        await _close_async(engine, driver_conn)
+        return None, proof
+    return driver_conn, proof
 
 
 def _backoff(failures: int) -> float:
@@ -354,9 +513,16 @@ class Listener:
         on_queued: Callable[[], None],
         on_stop: Callable[[], None],
         waiting: Waiting | None = None,
+        *,
+        first: Any = None,
+        prove: bool = True,
     ) -> None:
         self.engine = engine
         self.wakeups = _Wakeups(on_queued, on_stop, waiting)
+        #: A proven driver connection to serve first (see :func:`connect_and_prove`).
+        self._first = first
+        #: Whether every new connection is proven before it listens.
+        self._prove = prove
         self._stop = threading.Event()
         self._kick_in, self._kick_out = socket.socketpair()
         self._kick_in.setblocking(False)
@@ -372,11 +538,14 @@ class Listener:
         on_queued: Callable[[], None],
         on_stop: Callable[[], None],
         waiting: Waiting | None = None,
+        *,
+        first: Any = None,
+        prove: bool = True,
     ) -> Listener | None:
         """A started listener, or None where the engine cannot listen."""
         if not listens(engine.dialect.name, engine.dialect.driver):
             return None
-        listener = cls(engine, on_queued, on_stop, waiting)
+        listener = cls(engine, on_queued, on_stop, waiting, first=first, prove=prove)
         listener._thread.start()
         return listener
 
@@ -402,19 +571,32 @@ class Listener:
                     pass
         return fileno in ready
 
+    def _connect(self) -> Any:
+        """A connection to listen on: the proven first one, else a new one,
+        proven unless told otherwise; None after a failure (logged)."""
+        first, self._first = self._first, None
+        if first is not None:
+            return first
+        if not self._prove:
+            try:
+                return _autocommit_driver_connection(self.engine)
+            except Exception as error:
+                log.warning("listener: cannot connect (%s); polling meanwhile", redacted(error))
+                return None
+        driver_conn, proof = connect_and_prove(self.engine)
+        if proof is not None and not proof.proven:
+            log.warning("listener: the new connection is not one PostgreSQL session (%s); polling", proof.reason)
+        return driver_conn
+
     def _run(self) -> None:
         failures = 0
         while not self._stop.is_set():
-            try:
-                raw = self.engine.raw_connection()
-            except Exception as error:
+            driver_conn = self._connect()
+            if driver_conn is None:
                 failures += 1
-                log.warning("listener: cannot connect (%s); polling meanwhile", redacted(error))
                 self._stop.wait(_backoff(failures))
                 continue
             failures = 0
-            driver_conn: Any = raw.driver_connection
-            raw.detach()  # never pooled again: it LISTENs; closed below
             try:
                 if self.engine.dialect.driver == "psycopg2":
                     self._serve_psycopg2(driver_conn)
@@ -431,7 +613,6 @@ class Listener:
                     driver_conn.close()
 
     def _serve_psycopg(self, driver_conn: Any) -> None:
-        driver_conn.autocommit = True
         driver_conn.execute(_LISTEN_SQL)
         self.wakeups.connected()
 
@@ -452,7 +633,6 @@ class Listener:
         self.wakeups.step_down(run)
 
     def _serve_psycopg2(self, driver_conn: Any) -> None:
-        driver_conn.autocommit = True
         with driver_conn.cursor() as cursor:
             cursor.execute(_LISTEN_SQL)
         self.wakeups.connected()
@@ -490,7 +670,6 @@ async def _serve_asyncpg(driver_conn: Any, wakeups: _Wakeups, kicked: asyncio.Ev
 
 
 async def _serve_psycopg_async(driver_conn: Any, wakeups: _Wakeups, kicked: asyncio.Event) -> None:
-    await driver_conn.set_autocommit(True)
     await driver_conn.execute(_LISTEN_SQL)
     wakeups.connected()
 
@@ -540,26 +719,39 @@ async def listen_async(
     on_queued: Callable[[], None],
     on_stop: Callable[[], None],
     waiting: Waiting | None = None,
+    *,
+    first: Any = None,
+    prove: bool = True,
 ) -> None:
-    """:class:`Listener` for an ``AsyncEngine``, until cancelled."""
+    """:class:`Listener` for an ``AsyncEngine``, until cancelled: ``first``
+    is a proven connection to serve first; every new one is proven first
+    (unless ``prove`` is false)."""
     wakeups = _Wakeups(on_queued, on_stop, waiting)
     kicked = asyncio.Event()
     if waiting is not None:
         waiting.kick = kicked.set
     failures = 0
     while True:
-        try:
-            raw = await engine.raw_connection()
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:
-            failures += 1
-            log.warning("listener: cannot connect (%s); polling meanwhile", redacted(error))
-            await asyncio.sleep(_backoff(failures))
-            continue
+        driver_conn, first = first, None
+        if driver_conn is None:
+            if prove:
+                driver_conn, proof = await connect_and_prove_async(engine)
+                if proof is not None and not proof.proven:
+                    log.warning(
+                        "listener: the new connection is not one PostgreSQL session (%s); polling", proof.reason
+                    )
+            else:
+                try:
+                    driver_conn = await _async_driver_connection(engine)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:
+                    log.warning("listener: cannot connect (%s); polling meanwhile", redacted(error))
+            if driver_conn is None:
+                failures += 1
+                await asyncio.sleep(_backoff(failures))
+                continue
         failures = 0
-        driver_conn: Any = raw.driver_connection
-        raw.detach()  # never pooled again: it LISTENs; closed below
         try:
             if engine.dialect.driver == "asyncpg":
                 await _serve_asyncpg(driver_conn, wakeups, kicked)
@@ -571,9 +763,4 @@ async def listen_async(
             log.warning("listener: connection lost (%s); reconnecting", redacted(error))
             await asyncio.sleep(0.5)
         finally:
-            # Closed directly (see Listener._run); asyncpg's terminate() never waits.
-            with contextlib.suppress(Exception):
-                if engine.dialect.driver == "asyncpg":
-                    driver_conn.terminate()
-                else:
-                    await driver_conn.close()
+            await _close_async(engine, driver_conn)

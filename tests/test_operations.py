@@ -695,7 +695,7 @@ def test_runners_prune_nothing_while_another_holds_the_prune_lock(engine: Engine
     attempts: list[str] = []
 
     def tries(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if "pg_try_advisory_lock" in statement:
+        if "pg_try_advisory_xact_lock" in statement:
             attempts.append(statement)
 
     retention = Retention(completed=HOUR, every=timedelta(seconds=1))

@@ -570,7 +570,7 @@ PLANS: list[Case] = [
 ]
 
 #: Statements that do not read the jobs table: the coverage test knows them; nothing to plan.
-NOT_ON_JOBS = {"notify", "stats_clock", "paused_queues", "pause", "resume", "try_advisory_lock", "advisory_unlock"}
+NOT_ON_JOBS = {"notify", "stats_clock", "paused_queues", "pause", "resume", "try_advisory_xact_lock"}
 
 
 def test_every_statement_builder_is_planned() -> None:
