@@ -93,6 +93,7 @@ from .jobs import MAX_DELAY, CancelStatus, JobState, JobView, Outcome, PauseStat
 from .model import jobs_table
 from .schedules import Schedule, check_schedules
 from .store import LIST_LIMIT_MAX
+from .wakeups import WakeupMode
 
 __all__ = ["DEFAULT_URL", "URL_ENV", "main"]
 
@@ -563,6 +564,13 @@ def build_runner(args: argparse.Namespace, engine: Engine) -> Any:
         seconds = getattr(args, name)
         if seconds is not None:
             options[name] = timedelta(seconds=seconds)
+    if args.wakeups is not None:
+        options["wakeups"] = args.wakeups
+    if args.listen_url is not None:
+        listen_url = database_url(args.listen_url)
+        if listen_url.get_backend_name() != "postgresql":
+            raise UsageError(f"--listen-url must be a PostgreSQL URL, not {_shown(listen_url)}")
+        options["listen_engine"] = open_engine(listen_url)
     if not named or isinstance(target, Mapping):
         _require_table(engine)  # before the runner: "no table" is the first thing to fix
         # Without an attribute: the handlers registered with @handler.
@@ -592,13 +600,16 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     ``{queue: handler}``, a ``Runner`` / ``AsyncRunner``, or a factory
     ``engine -> Runner | AsyncRunner`` (an async runner brings its own
     ``AsyncEngine``). The options ``--queue``, ``--concurrency``, ``--lease``,
-    ``--heartbeat``, ``--poll-interval`` and ``--grace`` apply when this
-    command builds the runner. A database without the ``watchdog_jobs``
+    ``--heartbeat``, ``--poll-interval``, ``--grace``, ``--wakeups`` and
+    ``--listen-url`` apply when this command builds the runner (behind a
+    connection pooler in transaction mode, ``--listen-url`` names a direct
+    URL for the listening session). A database without the ``watchdog_jobs``
     table is refused at start (exit 1).
     """
     from .asyncio import AsyncRunner
 
     engine = open_engine(args.url)
+    runner: Any = None
     try:
         runner = build_runner(args, engine)
         # The database the runner will use (a target may bring its own
@@ -615,6 +626,8 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
             runner.run_forever()
         return 0
     finally:
+        if runner is not None and args.listen_url is not None:
+            runner.listen_engine.dispose()
         engine.dispose()
 
 
@@ -1401,6 +1414,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=_seconds,
         metavar="SECONDS",
         help="on shutdown, time running handlers get to finish (default: 30)",
+    )
+    run.add_argument(
+        "--wakeups",
+        choices=[mode.value for mode in WakeupMode],
+        help="auto (default): LISTEN/NOTIFY where the session is proven direct, else poll and warn; "
+        "listen: refuse to start without it; poll: never LISTEN",
+    )
+    run.add_argument(
+        "--listen-url",
+        metavar="URL",
+        help="a direct PostgreSQL URL for the listening session (when --url goes through a pooler)",
     )
     run.set_defaults(func=cmd_run, needs_engine=False)
 

@@ -794,6 +794,10 @@ class RunnerCore:
         #: When to enqueue the schedules' next slots (monotonic).
         self.schedules_due = 0.0
         self.failures = 0
+        #: Maintenance steps of the current loop pass that failed, with
+        #: their errors: logged with the pass's own failure as one line, or
+        #: each on its own when the claim went through.
+        self.deferred: list[tuple[str, WatchdogError]] = []
         #: Claims whose recovery the database refused: (job_id, token) ->
         #: (monotonic time until which they are skipped, refusals so far).
         self._isolated: dict[tuple[str, str], tuple[float, int]] = {}
@@ -813,10 +817,27 @@ class RunnerCore:
             execution = self._active.get(job_id)
         return execution if execution is not None and execution.claim.token == token else None
 
+    #: The fewest settles that may wait for the database before the runner
+    #: stops claiming (see :meth:`free_slots`); the bound is the larger of
+    #: this and twice the concurrency.
+    SETTLE_BACKLOG_MIN = 256
+
+    @property
+    def settle_backlog_max(self) -> int:
+        """How many finished executions may wait for their settle before the
+        runner stops claiming: a database that is slow to settle then holds
+        up new claims instead of growing the runner's memory."""
+        return max(self.SETTLE_BACKLOG_MIN, 2 * self.settings.concurrency)
+
     def free_slots(self) -> int:
-        """How many of the runner's concurrency slots are free."""
+        """How many of the runner's concurrency slots are free (none while
+        the settle backlog is full)."""
         with self._lock:
-            return self.settings.concurrency - sum(1 for e in self._active.values() if e.slot_held)
+            running = sum(1 for e in self._active.values() if e.slot_held)
+            settling = len(self._active) - running
+        if settling >= self.settle_backlog_max:
+            return 0
+        return self.settings.concurrency - running
 
     def admit(self, claim: Claim, asked_at: float) -> Execution:
         """Register the execution of ``claim``, asked for at ``asked_at``
@@ -983,14 +1004,31 @@ class RunnerCore:
         self.failures = 0
 
     def pass_failed(self, error: BaseException, who: str = "runner") -> float:
-        """Log a failed loop pass; how long to back off before the next one."""
+        """Log a failed loop pass -- one line, naming the maintenance steps
+        that failed before it in the same pass -- and return how long to
+        back off before the next one."""
         self.failures += 1
         delay = min(self.MAX_BACKOFF_S, 0.25 * 2.0 ** min(self.failures, 7))
+        deferred, self.deferred = self.deferred, []
+        also = f" ({' and '.join(what for what, _ in deferred)} failed too)" if deferred else ""
         if isinstance(error, WatchdogError):
-            log.error("%s: %s; retrying in %.1fs", who, error, delay)
+            log.error("%s: %s%s; retrying in %.1fs", who, error, also, delay)
         else:
-            log.error("%s: unexpected error (%s); retrying in %.1fs", who, redacted(error), delay, exc_info=error)
+            log.error(
+                "%s: unexpected error (%s)%s; retrying in %.1fs", who, redacted(error), also, delay, exc_info=error
+            )
         return delay
+
+    def defer_failure(self, what: str, error: WatchdogError) -> None:
+        """A maintenance step (recovery, promotion, scheduling) of this pass
+        failed; the pass goes on to claim (see :meth:`report_deferred`)."""
+        self.deferred.append((what, error))
+
+    def report_deferred(self) -> None:
+        """The pass went through: log each maintenance step that failed in it."""
+        deferred, self.deferred = self.deferred, []
+        for what, error in deferred:
+            log.error("runner: %s failed (%s); claiming goes on", what, error)
 
     # -- isolating claims the database refuses to recover
 
@@ -1390,19 +1428,21 @@ def loop_pass(core: RunnerCore) -> Steps[float]:
             result = yield from recover(core)
             until_expiry = yield StoreCall(store.seconds_until_next_expiry)
         except WatchdogError as error:
-            log.error("runner: recovery failed (%s); claiming goes on", error)
+            core.defer_failure("recovery", error)
             result = None
         core.schedule_recovery(until_expiry)
         if result is not None and result.status is TickStatus.REQUEUED:
             core.recovery_due = 0.0  # there may be more to recover, and the requeued job is ready
     if core.settings.schedules and core.schedules_are_due():
-        yield from enqueue_schedules(core)
+        yield from enqueue_schedules(core, defer=True)
     if core.promotion_is_due():
-        yield from promote(core)
+        yield from promote(core, defer=True)
     free = core.free_slots()
     if free <= 0:
+        core.report_deferred()
         return core.idle_wait()
     executions, cancelled = yield from claim_steps(core, free)
+    core.report_deferred()
     if executions:
         yield Spawn(tuple(executions))
     taken = len(executions) + len(cancelled)
@@ -1445,7 +1485,7 @@ def prune(core: RunnerCore) -> Steps[None]:
     core.schedule_retention(RunnerCore.PRUNE_PAUSE_S if more else retention.every.total_seconds())
 
 
-def enqueue_schedules(core: RunnerCore) -> Steps[None]:
+def enqueue_schedules(core: RunnerCore, *, defer: bool = False) -> Steps[None]:
     """Enqueue the schedules' due slots ahead of time, and note when to look again.
 
     Each slot is a delayed job whose ``job_id`` is derived from the
@@ -1463,7 +1503,10 @@ def enqueue_schedules(core: RunnerCore) -> Steps[None]:
     try:
         results = yield StoreCall(store.enqueue_each, (jobs,))
     except WatchdogError as error:
-        log.error("runner: enqueueing scheduled jobs failed (%s); trying again soon", error)
+        if defer:
+            core.defer_failure("scheduling", error)
+        else:
+            log.error("runner: enqueueing scheduled jobs failed (%s); trying again soon", error)
         core.schedule_schedules(None)
         return
     for job, result in zip(jobs, results, strict=True):
@@ -1477,14 +1520,18 @@ def enqueue_schedules(core: RunnerCore) -> Steps[None]:
         core.expect_ready(until)
 
 
-def promote(core: RunnerCore) -> Steps[None]:
+def promote(core: RunnerCore, *, defer: bool = False) -> Steps[None]:
     """Make the delayed jobs whose time has come ``queued``, and note when
-    the next one is due. A failure is logged and tried again later: it
+    the next one is due. A failure is logged (with ``defer``, together with
+    the pass's: :meth:`RunnerCore.defer_failure`) and tried again later: it
     never keeps the runner from claiming what is ready."""
     try:
         promotion = yield StoreCall(store.promote, kwargs=dict(limit=store.PROMOTE_BATCH))
     except WatchdogError as error:
-        log.error("runner: promoting delayed jobs failed (%s); claiming goes on", error)
+        if defer:
+            core.defer_failure("promotion", error)
+        else:
+            log.error("runner: promoting delayed jobs failed (%s); claiming goes on", error)
         core.schedule_promotion(None)
         return
     if promotion.promoted:
