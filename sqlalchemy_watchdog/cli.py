@@ -167,9 +167,26 @@ def _shown(url: URL) -> str:
 
 
 def open_engine(url: URL) -> Engine:
-    """A sync engine on ``url``; an unknown dialect or driver is a usage error."""
+    """A sync engine on ``url``; an unknown dialect or driver is a usage error.
+
+    ``?prepare_threshold=none`` (or a number) in a psycopg URL becomes
+    psycopg's ``prepare_threshold`` connection argument: ``none`` is the
+    setting for a connection pooler in transaction mode (see the deployment
+    guide), which a URL cannot otherwise express.
+    """
+    connect_args: dict[str, Any] = {}
+    threshold = url.query.get("prepare_threshold")
+    if threshold is not None and url.get_driver_name() == "psycopg":
+        value = threshold if isinstance(threshold, str) else threshold[-1]
+        if value.lower() in ("none", "null", ""):
+            connect_args["prepare_threshold"] = None
+        elif value.isdigit():
+            connect_args["prepare_threshold"] = int(value)
+        else:
+            raise UsageError(f"prepare_threshold in the URL must be 'none' or a whole number, not {value!r}")
+        url = url.difference_update_query(["prepare_threshold"])
     try:
-        return create_engine(url)
+        return create_engine(url, connect_args=connect_args)
     except (ArgumentError, ValueError, TypeError) as error:  # includes NoSuchModuleError
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise UsageError(f"cannot use {_shown(url)}: {reason}") from None

@@ -1355,6 +1355,18 @@ READ_ONLY: frozenset[Callable[..., Any]] = frozenset(
 NEEDS_TRANSACTION: frozenset[Callable[..., Any]] = frozenset({prune_retention})
 
 
+def _prepares_per_statement(conn: Connection) -> bool:
+    """Whether ``conn`` is asyncpg with its prepared-statement cache off --
+    the setting for a pooler in transaction mode. asyncpg prepares every
+    statement and executes it in a second round trip; outside a transaction
+    the pooler may send the two to different server sessions, so there the
+    store's operations keep their BEGIN/COMMIT."""
+    if conn.dialect.driver != "asyncpg":
+        return False
+    dbapi_connection = conn.connection.dbapi_connection
+    return getattr(dbapi_connection, "_prepared_statement_cache", True) is None
+
+
 def reads_beside_writer(conn: Connection) -> bool:
     """Whether ``conn`` is SQLite in WAL mode, where reads never block the writer.
 
@@ -1452,7 +1464,7 @@ def transact_as(
     :data:`READ_ONLY` do not, and a :func:`claim` first looks, without the
     lock, whether any job is queued at all.
     """
-    if mode.autocommit and fn not in NEEDS_TRANSACTION:
+    if mode.autocommit and fn not in NEEDS_TRANSACTION and not _prepares_per_statement(conn):
         if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
             conn = conn.execution_options(isolation_level="AUTOCOMMIT")
         return fn(conn, *args, **kwargs)

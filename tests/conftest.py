@@ -17,6 +17,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, make_url, text
@@ -129,6 +130,24 @@ def postgres_url(postgres_server: URL) -> Iterator[URL]:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+# -- a connection pooler ------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(postgres_server: URL) -> Iterator[Any]:
+    """A PgBouncer of this run's own, in transaction mode, in front of the test
+    PostgreSQL (tests/servers/pgbouncer.py); skipped with the reason where
+    Debian's pgbouncer is not installed (CI installs it, and fails without)."""
+    from tests.servers import pgbouncer
+
+    if not pgbouncer.available():
+        if IN_CI:
+            pytest.fail(pgbouncer.MISSING + " -- CI=true requires the pooler tests to run")
+        pytest.skip(pgbouncer.MISSING)
+    with pgbouncer.PgBouncer(postgres_server) as bouncer:
+        yield bouncer
 
 
 # -- the two dialects -----------------------------------------------------------
