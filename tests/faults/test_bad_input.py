@@ -368,6 +368,13 @@ REFUSED: dict[str, Entry] = {
     "@handler timeout int": Entry("timeout", registered(timeout=30)),
     "@handler retry str": Entry("retry", registered(retry="x")),
     "@handler retry int": Entry("retry", registered(retry=3)),
+    "Runner wakeups unknown": Entry("wakeups", runner(wakeups="sometimes")),
+    "Runner wakeups not a str": Entry("wakeups", runner(wakeups=True)),
+    "Runner listen_engine a URL": Entry("listen_engine", runner(listen_engine="postgresql://x/y")),
+    "AsyncRunner wakeups unknown": Entry("wakeups", async_runner(wakeups="LISTEN!")),
+    "AsyncRunner listen_engine a sync Engine": Entry(
+        "listen_engine", lambda engine: AsyncRunner(make_async_engine(engine), {"q": handler}, listen_engine=engine)
+    ),
     "Runner timeout zero": Entry("timeout", runner(timeout=timedelta(0))),
     "Runner timeout negative": Entry("timeout", runner(timeout=timedelta(seconds=-1))),
     "Runner timeout over MAX_DELAY": Entry("timeout", runner(timeout=MAX_DELAY * 2)),

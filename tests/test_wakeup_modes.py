@@ -1,0 +1,148 @@
+"""Wake-up modes: what a runner proves before it LISTENs, and what it says.
+
+The pooler side (a session that fails the proof) is in tests/test_poolers.py;
+here: a direct session passes the proof with every listening driver, SQLite
+polls without a warning, ``"listen"`` refuses where it cannot listen, and
+the CLI's options are checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from sqlalchemy_watchdog import Runner, WakeupMode, WakeupsUnavailable, metadata
+from sqlalchemy_watchdog.asyncio import AsyncRunner
+from sqlalchemy_watchdog.cli import main
+from sqlalchemy_watchdog.wakeups import connect_and_prove, connect_and_prove_async
+
+
+@pytest.fixture
+def sqlite_engine(tmp_path: Path) -> Iterator[Engine]:
+    engine = create_engine(f"sqlite:///{tmp_path / 'watchdog.db'}")
+    metadata.create_all(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
+def test_a_direct_session_passes_the_proof(postgres_url: URL, driver: str) -> None:
+    engine = create_engine(postgres_url.set(drivername=f"postgresql+{driver}"))
+    try:
+        connection, proof = connect_and_prove(engine)
+        assert proof is not None and proof.proven, proof
+        connection.close()
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "asyncpg"])
+def test_a_direct_async_session_passes_the_proof(postgres_url: URL, driver: str) -> None:
+    async def prove() -> None:
+        engine = create_async_engine(postgres_url.set(drivername=f"postgresql+{driver}"))
+        try:
+            connection, proof = await connect_and_prove_async(engine)
+            assert proof is not None and proof.proven, proof
+            if driver == "asyncpg":
+                await connection.close()
+            else:
+                await connection.close()
+        finally:
+            await engine.dispose()
+
+    asyncio.run(prove())
+
+
+def test_an_unreachable_database_leaves_the_proof_to_the_listener(caplog: pytest.LogCaptureFixture) -> None:
+    engine = create_engine("postgresql+psycopg://postgres@127.0.0.1:9/nowhere", connect_args={"connect_timeout": 2})
+    connection, proof = connect_and_prove(engine)
+    assert connection is None and proof is None  # not a failed proof: the listener connects later
+    assert any("cannot connect" in r.getMessage() for r in caplog.records)
+
+
+def _serve_briefly(runner: Runner) -> None:
+    thread = threading.Thread(target=runner.run_forever, kwargs={"install_signal_handlers": False})
+    thread.start()
+    try:
+        threading.Event().wait(0.3)
+    finally:
+        runner.stop()
+        thread.join(30)
+
+
+def test_sqlite_polls_at_the_fast_interval_without_a_warning(
+    sqlite_engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="sqlalchemy_watchdog")
+    runner = Runner(sqlite_engine, {"q": lambda job: None})
+    _serve_briefly(runner)
+    status = runner.wakeup_status
+    assert not status.listening and status.reason == "sqlite has no LISTEN/NOTIFY" and status.poll_interval_s == 0.25
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("wakeups=poll every 0.25s (sqlite has no LISTEN/NOTIFY)" in r.getMessage() for r in caplog.records)
+
+
+def test_listen_mode_refuses_to_start_where_nothing_can_listen(sqlite_engine: Engine) -> None:
+    runner = Runner(sqlite_engine, {"q": lambda job: None}, wakeups="listen")
+    with pytest.raises(WakeupsUnavailable, match="sqlite has no LISTEN/NOTIFY"):
+        runner.run_forever(install_signal_handlers=False)
+    # It left nothing behind: the same runner can be told to poll and serve.
+    assert runner.wakeups is WakeupMode.LISTEN
+
+
+def test_a_direct_postgresql_runner_listens_and_keeps_its_backstop_poll(postgres_url: URL) -> None:
+    engine = create_engine(postgres_url)
+    try:
+        metadata.create_all(engine)
+        runner = Runner(engine, {"q": lambda job: None})
+        _serve_briefly(runner)
+        assert runner.wakeup_status.listening and runner.wakeup_status.poll_interval_s == 2.0
+        explicit = Runner(engine, {"q": lambda job: None}, wakeups="poll", poll_interval=timedelta(seconds=1))
+        _serve_briefly(explicit)
+        assert not explicit.wakeup_status.listening and explicit.wakeup_status.poll_interval_s == 1.0
+        metadata.drop_all(engine)
+    finally:
+        engine.dispose()
+
+
+def test_async_runner_reports_its_mode(sqlite_engine: Engine) -> None:
+
+    async def serve() -> Any:
+        aengine = create_async_engine(sqlite_engine.url.set(drivername="sqlite+aiosqlite"))
+        runner = AsyncRunner(aengine, {"q": lambda job: None}, wakeups="poll")
+        task = asyncio.create_task(runner.run_forever(install_signal_handlers=False))
+        await asyncio.sleep(0.3)
+        runner.stop()
+        await asyncio.wait_for(task, 30)
+        await aengine.dispose()
+        return runner
+
+    runner = asyncio.run(serve())
+    assert runner.wakeup_status.reason == 'wakeups="poll"' and "poll every 0.25s" in repr(runner)
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["run", "tests.workers.worker", "--wakeups", "sometimes"], "invalid choice: 'sometimes'"),
+        (["run", "tests.workers.worker", "--listen-url", "sqlite:///x.db"], "--listen-url must be a PostgreSQL URL"),
+        (["--url", "postgresql://u@h/d?prepare_threshold=soon", "stats"], "prepare_threshold in the URL"),
+    ],
+)
+def test_the_cli_refuses_bad_wakeup_options(args: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        status = main(args)
+    except SystemExit as error:  # argparse's own refusal
+        status = error.code
+    assert status == 2
+    assert says in capsys.readouterr().err
