@@ -563,6 +563,9 @@ class _Core:
     def promotion_is_due(self) -> bool:
         return False
 
+    def report_deferred(self) -> None:
+        """No maintenance step runs in the model, so none failed."""
+
     def free_slots(self) -> int:
         return self.runner.slots - self.runner.running
 
