@@ -525,11 +525,16 @@ class Flavor:
     cancelled_on_stop: bool
     #: The longest the listener waits for a notification (the ``longest`` of ``timeout``).
     longest: float
+    #: False: a runner with no listener at all -- ``wakeups="poll"``, or
+    #: ``"auto"`` whose session failed the proof (behind a pooler): it never
+    #: LISTENs, never takes the waiting lock, and finds work by its poll.
+    listens: bool = True
 
 
 THREAD = Flavor("thread", dispatch_while_awaiting=False, cancelled_on_stop=False, longest=0.5)
 PSYCOPG_ASYNC = Flavor("psycopg-async", dispatch_while_awaiting=False, cancelled_on_stop=True, longest=1.0)
 ASYNCPG = Flavor("asyncpg", dispatch_while_awaiting=True, cancelled_on_stop=True, longest=1.0)
+POLLING = Flavor("polling", dispatch_while_awaiting=False, cancelled_on_stop=False, longest=0.5, listens=False)
 
 
 class _Ask:
@@ -555,7 +560,8 @@ class _Core:
     def __init__(self, runner: SimRunner) -> None:
         self.runner = runner
         self.settings = SimpleNamespace(schedules=(), queues=("q",), lease_ms=60_000, poll_interval_s=POLL)
-        self.waiting = runner.waiting
+        # As the runners do: no Waiting where nothing listens.
+        self.waiting = runner.waiting if runner.flavor.listens else None
 
     def recovery_is_due(self) -> bool:
         return False
@@ -597,7 +603,7 @@ class SimRunner:
         self.limit = 0
         self.batch: Any = None
         # the listener: down | top | act | drain | select | stepping_down | stopped
-        self.phase = "down"
+        self.phase = "down" if flavor.listens else "stopped"
         self.kicked = False  # a byte in the kick socket / kicked.set()
         self.session: Session | None = None
         self.act: Coroutine[Any, Any, None] | None = None
@@ -638,8 +644,8 @@ class Producer:
 class WaitingLockMachine(RuleBasedStateMachine):
     """Runners, producers and the server, one step at a time."""
 
-    #: The listener flavors runners are drawn from.
-    FLAVORS: tuple[Flavor, ...] = (THREAD, PSYCOPG_ASYNC, ASYNCPG)
+    #: The listener flavors runners are drawn from (polling: none at all).
+    FLAVORS: tuple[Flavor, ...] = (THREAD, PSYCOPG_ASYNC, ASYNCPG, POLLING)
 
     def __init__(self) -> None:
         super().__init__()
@@ -692,6 +698,8 @@ class WaitingLockMachine(RuleBasedStateMachine):
         return []
 
     def _listener_actions(self, r: SimRunner) -> list[tuple[str, Callable[[], None]]]:
+        if not r.flavor.listens:
+            return []
         found: list[tuple[str, Callable[[], None]]] = []
         flavor = r.flavor
         session = r.session
@@ -1137,6 +1145,7 @@ class WaitingLockMachine(RuleBasedStateMachine):
         self.w_is_held_shared_only_by_open_enqueueing_transactions()
         self.at_quiescence_the_holder_is_an_idle_runner_that_knows_it()
         self.no_lost_wake_up()
+        self.a_polling_runner_holds_no_session_state()
 
     @invariant()
     def w_is_held_shared_only_by_open_enqueueing_transactions(self) -> None:
@@ -1187,6 +1196,11 @@ class WaitingLockMachine(RuleBasedStateMachine):
         for r in self.runners:
             if r.loop == "stopped" or r.free() <= 0:
                 continue
+            if not r.flavor.listens:
+                # Nothing can wake it: it must look again within its poll.
+                if r.loop == "waiting" and r.timer - CLOCK.now <= POLL:
+                    continue
+                self.fail(f"{r.name} polls, has a free slot, and will not look within {POLL}s", LostWakeUp)
             state = r.waiting.state
             due_in = r.waiting.timeout(CLOCK.now, math.inf)
             if state == Waiting.OPEN and due_in <= RETRY_S:
@@ -1198,6 +1212,15 @@ class WaitingLockMachine(RuleBasedStateMachine):
                 f"and nothing but its poll will look for them (state {state}, acts in {due_in}s)",
                 LostWakeUp,
             )
+
+    @invariant()
+    def a_polling_runner_holds_no_session_state(self) -> None:
+        """A runner without a listener has no session of its own: it never
+        LISTENs and never holds W, so a pooler's server session is never
+        left holding its lock; its Waiting is never asked."""
+        for r in self.runners:
+            if not r.flavor.listens and (r.session is not None or r.waiting.state != Waiting.OFF):
+                self.fail(f"{r.name} polls but has session {r.session} and waiting state {r.waiting.state}")
 
 
 # -- running it ---------------------------------------------------------------------------
@@ -1213,8 +1236,10 @@ MODEL = settings(
 
 def test_no_wake_up_is_lost() -> None:
     """Runners with the thread listener (psycopg 3 and psycopg2), the async
-    psycopg one and asyncpg's, side by side: no lost wake-up, whatever the
-    interleaving."""
+    psycopg one and asyncpg's, and polling runners (no listener: behind a
+    pooler, or ``wakeups="poll"``), side by side: no lost wake-up, whatever
+    the interleaving; a polling runner holds no session state and looks
+    within its poll."""
     run_state_machine_as_test(WaitingLockMachine, settings=MODEL)
 
 
