@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import logging
 import os
 import sys
 import threading
@@ -55,7 +54,13 @@ from sqlalchemy_watchdog.connections import sqlstate_of
 from sqlalchemy_watchdog.errors import WatchdogError
 from sqlalchemy_watchdog.model import jobs_table
 from tests.faults import helpers
-from tests.faults.helpers import WorkerPool, assert_settled_exactly_once, install_instrumentation, transition_rows
+from tests.faults.helpers import (
+    WorkerPool,
+    assert_settled_exactly_once,
+    install_instrumentation,
+    transition_rows,
+    transitions,
+)
 from tests.helpers import wait_until
 from tests.servers.replication import ReplicatedPostgres, find_bindir
 
@@ -89,13 +94,18 @@ HELD_S = 0.5
 #: asynchronous replication.
 REPLICATION_LAG_ALLOWANCE_S = 1.0
 #: The bound, from the promotion, within which every job enqueued before it
-#: must be settled: a claim the new primary inherited lives out its lease
-#: (LEASE_S) before recovery requeues it; a runner's loop backs off
-#: 0.25 s, 0.5 s, 1 s, 2 s ... while no server accepts writes (stop to
-#: promotion: DETECTION_S plus the promotion), so its first pass on the new
-#: primary may wait up to ~4 s; then the backlog drains. Measured: see
-#: the report printed by the test (typically 3-6 s).
-SETTLE_BOUND_S = LEASE_S + 12.0
+#: settles. A claim the new primary inherited from the lost one (its settle or
+#: its renewals lost) lives out its lease, counted from its last renewal the
+#: standby received: at most LEASE_S after the promotion. A runner loop pass
+#: that failed while no server accepted writes (DETECTION_S plus the
+#: promotion, ~1.2 s; each statement is retried for ~1.3 s first) waits at
+#: most 1 s more before the next one. Then one recovery pass, a claim, the
+#: run and its settle; the rest is slack for a loaded 2-core machine.
+#: Measured here: the first settle 0.08-0.31 s after the promotion; every
+#: job enqueued before it settled 0.2-0.3 s after it when the standby was
+#: caught up, 1.3-1.4 s when replication was held back (the two recovered
+#: jobs waited out their lease).
+SETTLE_BOUND_S = LEASE_S + 5.0
 
 
 # -- the worker: chaos_worker with a journal -------------------------------------------
@@ -306,10 +316,20 @@ def test_failover_settles_every_surviving_job_exactly_once_and_the_runners_go_on
     try:
         # Mid-run: jobs queued, running and settled on the primary.
         wait_until(lambda: _quietly(lambda: _count(old, "settled")) >= 40, timeout=60, what="40 settled on the primary")
-        t_hold = time.time()
+        settled_in_hold: set[str] = set()
         if held_s:
             cluster.hold_replication()
+        t_hold = time.time()  # from now on the old primary ships nothing (when held)
+        if held_s:
+            # Until the old primary has acknowledged, unshipped, both enqueues and
+            # settlements of jobs the standby has (so they survive, unsettled).
             time.sleep(held_s)
+
+            def held_work_acknowledged() -> bool:
+                settled_in_hold.update(_settled_since(old, t_hold) & set(_job_ids(new)))
+                return bool(settled_in_hold) and sum(1 for t in producer.acked.values() if t > t_hold) >= 3
+
+            wait_until(held_work_acknowledged, timeout=30, what="work acknowledged while replication was held back")
         acked_before_crash = len(producer.acked)
         t_stop = time.time()
         cluster.stop_primary_immediate()
@@ -383,7 +403,10 @@ def test_failover_settles_every_surviving_job_exactly_once_and_the_runners_go_on
     assert not late, f"jobs first claimed from the new primary ran twice: {late}"
     early = {j: r for j, r in repeated.items() if r[0].called < t_hold - REPLICATION_LAG_ALLOWANCE_S}
     assert not early, f"jobs whose first run was long before the crash (or the hold) ran twice: {early}"
-    assert len(repeated) <= WORKERS * CONCURRENCY + 20, f"{len(repeated)} jobs ran more than once: {repeated}"
+    # A settlement the lost primary acknowledged is undone: the job ran again, and settled once here.
+    not_rerun = sorted(j for j in settled_in_hold if len(runs[j]) < 2)
+    assert not not_rerun, f"settled on the lost timeline only, yet never run again: {not_rerun}"
+    ran_but_lost = sorted(set(runs) - present)
     recovered = {j: rows[j]["recovery_count"] for j in present if rows[j]["recovery_count"]}
 
     # The runners went on, without a restart, on the new primary.
@@ -409,6 +432,8 @@ def test_failover_settles_every_surviving_job_exactly_once_and_the_runners_go_on
         "all_pre_promotion_jobs_settled_s_after_promotion": round(all_settled_s, 3),
         "executions": len(executions),
         "jobs_run_more_than_once": len(repeated),
+        "settles_lost_with_old_primary": len(settled_in_hold),
+        "lost_jobs_that_ran_on_old_primary": len(ran_but_lost),
         "repeats": {
             j: [(e.pid, e.recovery_count, round(e.called - t_stop, 3)) for e in r] for j, r in repeated.items()
         },
@@ -417,6 +442,20 @@ def test_failover_settles_every_surviving_job_exactly_once_and_the_runners_go_on
     }
     print("\nfailover report:", json.dumps(report, indent=1))
     print("\n".join(worker_errors[:40]))
+
+
+def _settled_since(engine: Engine, since: float) -> set[str]:
+    """Jobs the transition log saw settle after ``since`` (epoch seconds)."""
+    query = select(transitions.c.job_id).where(
+        transitions.c.new_state == "settled",
+        transitions.c.old_state != "settled",
+        transitions.c.at_ms > int(since * 1000),
+    )
+    try:
+        with engine.connect() as conn:
+            return set(conn.execute(query).scalars())
+    except DBAPIError:
+        return set()
 
 
 def _job_ids(engine: Engine) -> list[str]:
@@ -565,7 +604,7 @@ def test_a_listening_runner_moves_its_listener_off_a_primary_turned_read_only(cl
             lambda: _settled_on(run.new, "after"), timeout=SETTLE_BOUND_S, what="'after' settled on the new primary"
         )
         wait_until(
-            lambda: _backends(run.old, run.app) == 0, timeout=10, what="the runner's sessions to leave the old primary"
+            lambda: _backends(run.old, run.app) == 0, timeout=6, what="the runner's sessions to leave the old primary"
         )
         enqueued = time.time()
         Watchdog(run.new).enqueue(Job("woken", "chaos"))
@@ -574,5 +613,4 @@ def test_a_listening_runner_moves_its_listener_off_a_primary_turned_read_only(cl
 
 
 if __name__ == "__main__":
-    logging.getLogger(__name__).debug("failover worker")
     sys.exit(_worker_main())
