@@ -61,7 +61,7 @@ from tests.faults.helpers import (
     transition_rows,
     transitions,
 )
-from tests.helpers import wait_until
+from tests.helpers import listening_sessions, wait_until, waiting_sessions
 from tests.servers.replication import ReplicatedPostgres, find_bindir
 
 pytestmark = pytest.mark.slow
@@ -414,6 +414,10 @@ def test_failover_settles_every_surviving_job_exactly_once_and_the_runners_go_on
         assert proc.alive, proc.log_text()[-3000:]
         ran_after = [e for e in executions if e.pid == proc.pid and e.called > t_promoted]
         assert ran_after, f"{proc.name} ran nothing after the promotion:\n{proc.log_text()[-3000:]}"
+        assert "wakeups=listen" in proc.log_text(), proc.log_text()[-3000:]
+    # ... and so did their listeners: each LISTENs there, one of them waits for NOTIFY (holds the waiting lock).
+    wait_until(lambda: listening_sessions(new) == WORKERS, timeout=10, what=f"{WORKERS} listeners on the new primary")
+    wait_until(lambda: waiting_sessions(new) == 1, timeout=10, what="a runner waiting for NOTIFY on the new primary")
 
     worker_errors = [line for proc in procs for line in _log_lines(proc.log_text(), " ERROR ", " WARNING ")]
     report = {
