@@ -162,7 +162,9 @@ async def run_store_as(
         try:
             async with engine.connect() as conn:
                 return await conn.run_sync(lambda sync: store.transact_as(sync, mode, fn, *args, **kwargs))
-        except DBAPIError as error:
+        except (DBAPIError, OSError) as error:
+            # OSError: asyncpg's connect raises a refused or reset connection
+            # as it is (SQLAlchemy does not wrap it), e.g. during a failover.
             await asyncio.sleep(backoff.delay_after(error, fn.__name__))
 
 
@@ -432,8 +434,9 @@ class AsyncRunner:
                     if self._autocommit:
                         await conn.execution_options(isolation_level="AUTOCOMMIT")
                 return await conn.run_sync(lambda sync: store.transact_as(sync, mode, fn, *args, **kwargs))
-            except DBAPIError as error:
-                # Whatever failed, the next attempt starts on a fresh connection.
+            except (DBAPIError, OSError) as error:
+                # Whatever failed, the next attempt starts on a fresh connection
+                # (OSError: a connect asyncpg refused, which SQLAlchemy does not wrap).
                 self._held[task] = None
                 if conn is not None:
                     await conn.close()

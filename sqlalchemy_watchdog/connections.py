@@ -152,7 +152,7 @@ def prepared_statement_failure(error: BaseException) -> PreparedStatementsRefuse
 #: How long a proof waits for its own notification.
 PROOF_TIMEOUT_S = 2.0
 
-_PID_SQL = "SELECT pg_backend_pid(), pg_is_in_recovery()"
+_PID_SQL = "SELECT pg_backend_pid(), pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on'"
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,7 @@ def _channel() -> str:
 
 def _verdict(before: tuple[Any, Any], after: tuple[Any, Any], delivered: bool) -> SessionProof:
     if before[1] or after[1]:
-        return SessionProof(False, "the server is in recovery (a standby, not the primary)")
+        return SessionProof(False, "the server is read-only (a standby or a fenced primary, not the primary)")
     if before[0] != after[0]:
         return SessionProof(
             False,

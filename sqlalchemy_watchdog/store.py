@@ -1495,7 +1495,12 @@ def write_transaction(engine: Engine) -> Iterator[Connection]:
 
 
 def is_transient(error: BaseException) -> bool:
-    """Whether retrying the whole transaction may succeed."""
+    """Whether retrying the whole transaction may succeed: a lost or refused
+    connection (a bare ``OSError`` too: asyncpg's connect raises it as it
+    is), a server going away or no longer writable (see
+    :func:`~sqlalchemy_watchdog.connections.follow_failover`), contention."""
+    if isinstance(error, OSError):
+        return True
     if isinstance(error, DBAPIError) and error.connection_invalidated:
         return True
     if isinstance(error, OperationalError):
@@ -1525,14 +1530,14 @@ class Backoff:
         self.delay = base_delay
         self.max_delay = max_delay
 
-    def delay_after(self, error: DBAPIError, what: str) -> float:
+    def delay_after(self, error: DBAPIError | OSError, what: str) -> float:
         self.attempt += 1
         refused = prepared_statement_failure(error)
         if refused is not None:
             raise refused from None
         if not is_transient(error) or self.attempt >= self.attempts:
             raise WatchdogError(ErrorCode.STORE_UNAVAILABLE, f"{what} failed: {redacted(error)}") from None
-        log.debug("%s: transient failure (attempt %d): %s", what, self.attempt, error.orig)
+        log.debug("%s: transient failure (attempt %d): %s", what, self.attempt, redacted(error))
         delay = self.delay * (0.5 + random.random())
         self.delay = min(self.max_delay, self.delay * 2)
         return delay

@@ -313,6 +313,39 @@ async def connect_and_prove_async(engine: AsyncEngine) -> tuple[Any, SessionProo
     return driver_conn, proof
 
 
+#: Whether the listening session's server is still a writable primary.
+WRITABLE_SQL = "SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'"
+
+
+class NotWritable(ConnectionError):
+    """The listening session's server is no longer a writable primary."""
+
+
+class _Health:
+    """Every :attr:`EVERY_S`, a listener asks its server whether it is still
+    a writable primary: a demoted or fenced primary that stays up keeps its
+    sessions, and enqueues on the new primary would notify nobody. Not
+    writable: the listener reconnects (a multi-host URL with
+    ``target_session_attrs=read-write`` then reaches the new primary)."""
+
+    EVERY_S = 5.0
+
+    def __init__(self) -> None:
+        self._next = time.monotonic() + self.EVERY_S
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + self.EVERY_S
+        return True
+
+    @staticmethod
+    def verdict(writable: Any) -> None:
+        if not writable:
+            raise NotWritable("the server is no longer a writable primary (a failover?)")
+
+
 def _backoff(failures: int) -> float:
     return min(30.0, 0.25 * 2.0 ** min(failures, 7))
 
@@ -619,7 +652,10 @@ class Listener:
         def run(statement: str) -> Any:
             return driver_conn.execute(statement).fetchone()[0]
 
+        health = _Health()
         while not self._stop.is_set():
+            if health.due():
+                health.verdict(run(WRITABLE_SQL))
             self.wakeups.act(run)
             # Notifications that came in while a statement ran wait in
             # psycopg's backlog, not on the socket: drained before waiting.
@@ -642,7 +678,10 @@ class Listener:
                 cursor.execute(statement)
                 return cursor.fetchone()[0]
 
+        health = _Health()
         while not self._stop.is_set():
+            if health.due():
+                health.verdict(run(WRITABLE_SQL))
             self.wakeups.act(run)
             if self._wait(driver_conn.fileno()):
                 driver_conn.poll()
@@ -657,9 +696,12 @@ async def _serve_asyncpg(driver_conn: Any, wakeups: _Wakeups, kicked: asyncio.Ev
 
     await driver_conn.add_listener(CHANNEL, deliver)
     wakeups.connected()
+    health = _Health()
     try:
         while not driver_conn.is_closed():
             kicked.clear()
+            if health.due():
+                health.verdict(await driver_conn.fetchval(WRITABLE_SQL))
             await wakeups.act_async(driver_conn.fetchval)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(kicked.wait(), wakeups.timeout(1.0))
@@ -688,8 +730,11 @@ async def _listen_psycopg_async(
 ) -> None:
     loop = asyncio.get_running_loop()
     readable = asyncio.Event()
+    health = _Health()
     while True:
         kicked.clear()
+        if health.due():
+            health.verdict(await run(WRITABLE_SQL))
         await wakeups.act_async(run)
         async for note in driver_conn.notifies(timeout=0):  # the backlog (see Listener)
             wakeups.dispatch(note.payload)

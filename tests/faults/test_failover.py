@@ -313,16 +313,7 @@ class RunnerLoggedUnexpectedErrors(AssertionError):
     [
         "sync",
         "async",
-        pytest.param(
-            "asyncpg",
-            marks=pytest.mark.xfail(
-                raises=RunnerLoggedUnexpectedErrors,
-                strict=True,
-                reason="asyncpg raises a refused connect (no server accepts writes yet) as a bare "
-                "ConnectionRefusedError, not a DBAPIError: the store call is not retried, the loop logs an "
-                "unexpected error, run_store raises it into the handler, the settler drops its batch",
-            ),
-        ),
+        "asyncpg",
     ],
 )
 def test_failover_settles_every_surviving_job_exactly_once_and_the_runners_go_on(
@@ -651,11 +642,6 @@ def test_a_runner_on_a_primary_turned_read_only_goes_on_on_the_promoted_standby(
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the listening session stays on a demoted primary that is still up: it is never re-proved, so "
-    "its LISTEN and waiting lock stay there and wake-ups on the new primary fall back to the 2 s backstop poll",
-)
 def test_a_listening_runner_moves_its_listener_off_a_primary_turned_read_only(cluster: ReplicatedPostgres) -> None:
     """The same with a listening ``Runner``: its listener (LISTEN and the
     waiting lock, on a session of their own) leaves the fenced server too, so
