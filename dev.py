@@ -163,10 +163,12 @@ def system_packages(install: bool) -> None:
 
 
 def build_docs(out: Path = DOCS_HTML, *extra: str) -> int:
-    """Sphinx: warnings are errors (-W), every one is reported
-    (--keep-going), and every cross-reference must resolve (-n)."""
-    cmd = [str(PYTHON), "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-n", "-q", str(DOCS), str(out), *extra]
-    print("$ sphinx -b html -W --keep-going -n -q docs", os.path.relpath(out, ROOT), flush=True)
+    """Sphinx from a fresh environment (-E, so every page is checked every
+    time): warnings are errors (-W), every one is reported (--keep-going),
+    and every cross-reference must resolve (-n)."""
+    options = ["-b", "html", "-E", "-W", "--keep-going", "-n", "-q"]
+    cmd = [str(PYTHON), "-m", "sphinx", *options, str(DOCS), str(out), *extra]
+    print("$ sphinx", *options, "docs", os.path.relpath(out, ROOT), flush=True)
     return subprocess.run(cmd, cwd=ROOT).returncode
 
 
