@@ -106,7 +106,8 @@ _LINK = re.compile(r"\]\((?P<path>[^)#\s]+\.md)(?P<fragment>#[^)\s]*)?\)")
 
 
 def _relink_included(app, relative_path, parent_docname, content):  # type: ignore[no-untyped-def]
-    """``include-read``: point links between included files at their pages."""
+    """``include-read``: point the links of an included file at the pages
+    that show their targets (another included file, or a page of docs/)."""
     source = (Path(app.srcdir) / relative_path).resolve()
 
     def relink(match: re.Match[str]) -> str:
@@ -116,6 +117,8 @@ def _relink_included(app, relative_path, parent_docname, content):  # type: igno
         except ValueError:
             return match[0]
         page = INCLUDED.get(key)
+        if page is None and key.startswith("docs/"):
+            page = key.removeprefix("docs/")  # a page of the site, linked from outside docs/
         return match[0] if page is None else f"](/{page}{match['fragment'] or ''})"
 
     content[0] = _LINK.sub(relink, content[0])
