@@ -314,7 +314,7 @@ def test_readme_blocks_use_known_fences_and_markers() -> None:
         "the README's set-up command is marked <!-- readme-test: run -->"
     )
     assert len([b for b in readme if b.lang == "python"]) >= 2, "the README's Python snippets were not found"
-    assert len(PYTHON) >= 40, "the docs' Python snippets were not found"
+    assert len(PYTHON) >= 30, "the docs' Python snippets were not found"
     serving = [b for b in PYTHON if "run_forever()" in b.code and b.marker is None]
     assert len(serving) >= 3, "the worker snippets (sync and asyncio) are run"
 
@@ -344,12 +344,23 @@ def _slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-def test_readme_links_to_its_own_sections_resolve() -> None:
+def test_readme_links_resolve() -> None:
     markdown = README.read_text(encoding="utf-8")
     outside_code = re.sub(r"^\s*```.*?^\s*```", "", markdown, flags=re.M | re.S)
     anchors = {_slug(m) for m in re.findall(r"^#{1,6} (.+)$", outside_code, re.M)}
-    links = set(re.findall(r"\]\(#([^)]+)\)", outside_code))
-    assert links, "the README links to its own sections"
-    assert links <= anchors, f"links to missing sections: {sorted(links - anchors)}"
-    for target in re.findall(r"\]\((docs/[^)#]+)", outside_code):
+    assert set(re.findall(r"\]\(#([^)]+)\)", outside_code)) <= anchors
+    targets = re.findall(r"\]\((?!https?:|#)([^)#\s]+)", outside_code)
+    assert "docs/tutorial.md" in targets, "the README links into the docs"
+    for target in targets:
         assert (README.parent / target).is_file(), target
+
+
+def test_readme_is_a_landing_page() -> None:
+    # The issue's bounds: a newcomer reads it in ten minutes; the rest is in docs/.
+    markdown = README.read_text(encoding="utf-8")
+    assert len(markdown.splitlines()) <= 250
+    assert not re.search(r"\bissues? \d+", markdown, re.I), "no issue numbers"
+    assert not re.search(r"`[0-9a-f]{7,40}`|\bat [0-9a-f]{7,40}\b", markdown), "no commit hashes"
+    for section in ("## Why", "## How it compares", "## Install", "## Quickstart", "## Documentation"):
+        assert section in markdown, section
+    assert "pip install 'path/to/checkout[web,otel,cron]'" in markdown
