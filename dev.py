@@ -2,23 +2,33 @@
 """Set up and run sqlalchemy_watchdog from a fresh clone, with only Python 3.11+.
 
     python3 dev.py example   # the orders example on SQLite (watchdog.db)
-    python3 dev.py test      # ruff + mypy --strict, then the test suite
-                             # (extra arguments go to pytest); installs Debian's
-                             # chromium + chromium-driver for the browser tests
-                             # when they are missing (as root or with sudo -n)
+    python3 dev.py docs      # build the docs site into docs/_build/html
+    python3 dev.py test      # ruff check, ruff format --check, mypy --strict,
+                             # the docs build, then pytest (extra arguments go
+                             # to pytest)
+    python3 dev.py test --install-system-packages
+                             # the same, after installing the Debian packages
+                             # that optional test groups need (apt-get, as root
+                             # or through `sudo -n`; prints what it installs)
 
-Creates ./.venv on first use and (re)installs the package with its test
-extras whenever pyproject.toml changes.
+Each command creates ./.venv on first use and (re)installs the package
+(editable) with its test extras into it from the package index whenever
+pyproject.toml changes. Nothing is installed outside .venv, except the
+Debian packages of SYSTEM_PACKAGES: with --install-system-packages, or
+when CI=true. Without them `dev.py test` says which test groups will skip
+and how to enable them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import venv
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -26,6 +36,42 @@ VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
 STAMP = VENV / ".installed"
+DOCS = ROOT / "docs"
+DOCS_HTML = DOCS / "_build" / "html"
+#: What `ruff check` and `ruff format --check` look at.
+LINTED = ["sqlalchemy_watchdog", "tests", "benchmarks", "examples", "docs", "dev.py"]
+INSTALL_FLAG = "--install-system-packages"
+
+
+@dataclass(frozen=True)
+class SystemPackages:
+    """Debian packages an optional group of tests needs; the tests skip
+    (and fail under CI=true) when one of ``paths`` is missing."""
+
+    tests: str
+    packages: tuple[str, ...]
+    paths: tuple[Path, ...]
+
+    def missing(self) -> bool:
+        return not all(path.exists() for path in self.paths)
+
+
+SYSTEM_PACKAGES = (
+    SystemPackages(
+        "browser tests (tests/test_web_browser.py, tests/test_docs_site.py)",
+        ("chromium", "chromium-driver"),
+        (Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")),
+    ),
+    SystemPackages(
+        "connection-pooler tests (PgBouncer)",
+        ("pgbouncer",),
+        (Path("/usr/sbin/pgbouncer"),),
+    ),
+)
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 def ensure_env() -> None:
@@ -43,68 +89,135 @@ def ensure_env() -> None:
     STAMP.write_text(wanted)
 
 
-#: Debian's browser and its WebDriver, which the dashboard's browser tests
-#: (tests/test_web_browser.py) drive; nothing else is downloaded for them.
-BROWSER = Path("/usr/bin/chromium")
-BROWSER_DRIVER = Path("/usr/bin/chromedriver")
+#: Run as root by install_system_packages: `apt-get update`, then the
+#: packages without their recommendations, while a temporary policy-rc.d
+#: (unless one exists) keeps the install from starting any service.
+APT_SCRIPT = """\
+set -eu
+export DEBIAN_FRONTEND=noninteractive
+made_policy=0
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+  printf '#!/bin/sh\\nexit 101\\n' > /usr/sbin/policy-rc.d
+  chmod 755 /usr/sbin/policy-rc.d
+  made_policy=1
+fi
+trap 'if [ "$made_policy" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi' EXIT
+apt-get -q -o Dpkg::Use-Pty=0 update
+apt-get -q -o Dpkg::Use-Pty=0 install -y --no-install-recommends "$@"
+"""
 
 
-def ensure_browser() -> None:
-    """Install Debian's chromium and chromium-driver with apt-get when missing
-    (as root, else through `sudo -n`); else warn: the browser tests then skip,
-    and fail under CI=true."""
-    if BROWSER.exists() and BROWSER_DRIVER.exists():
-        return
-    why = None
+def root_prefix() -> tuple[list[str] | None, str]:
+    """How to run a command as root here: ``([], "")`` as root, ``(["sudo",
+    "-n"], "")`` when sudo needs no password, else ``(None, why not)``."""
     if shutil.which("apt-get") is None:
-        why = "no apt-get on this machine"
-    elif hasattr(os, "geteuid") and os.geteuid() == 0:
-        prefix: list[str] = []
-    elif shutil.which("sudo") and subprocess.run(["sudo", "-n", "true"], capture_output=True).returncode == 0:
-        prefix = ["sudo", "-n"]
-    else:
-        why = "not root and `sudo -n` is not allowed"
-    if why is None:
-        print("installing Debian's chromium and chromium-driver for the browser tests ...", flush=True)
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        apt = [*prefix, "apt-get", "-q", "-o", "Dpkg::Use-Pty=0"]
-        subprocess.run([*apt, "update"], env=env, stdout=subprocess.DEVNULL)
-        packages = ["chromium", "chromium-driver"]
-        install = subprocess.run([*apt, "install", "-y", *packages], env=env, stdout=subprocess.DEVNULL)
-        if install.returncode == 0 and BROWSER.exists() and BROWSER_DRIVER.exists():
+        return None, "this machine has no apt-get"
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        return [], ""
+    if shutil.which("sudo") and subprocess.run(["sudo", "-n", "true"], capture_output=True).returncode == 0:
+        return ["sudo", "-n"], ""
+    return None, "not root, and `sudo -n` is not allowed"
+
+
+def install_system_packages(groups: list[SystemPackages]) -> bool:
+    """Install the Debian packages of ``groups`` with apt-get, saying exactly
+    what it runs; True when every path of every group is there afterwards."""
+    packages = [package for group in groups for package in group.packages]
+    prefix, why = root_prefix()
+    if prefix is None:
+        print(f"cannot install {' '.join(packages)}: {why}", file=sys.stderr, flush=True)
+        return False
+    command = [*prefix, "sh", "-c", APT_SCRIPT, "apt-get-install", *packages]
+    shown = " ".join([*prefix, "apt-get update &&", *prefix, "apt-get install -y --no-install-recommends", *packages])
+    print(f"installing Debian packages for the tests: {shown}", flush=True)
+    print("  (no service is started: a temporary /usr/sbin/policy-rc.d refuses it)", flush=True)
+    result = subprocess.run(command)
+    if result.returncode != 0:
+        print(f"apt-get exited {result.returncode}", file=sys.stderr, flush=True)
+    return not any(group.missing() for group in groups)
+
+
+def system_packages(install: bool) -> None:
+    """Install what optional test groups miss when asked to (or under CI),
+    else say once which groups skip and the command that enables them."""
+    missing = [group for group in SYSTEM_PACKAGES if group.missing()]
+    if not missing:
+        return
+    if install or in_ci():
+        if install_system_packages(missing):
             return
-        why = f"apt-get install chromium chromium-driver exited {install.returncode} without them"
-    print(
-        f"WARNING: {BROWSER} / {BROWSER_DRIVER} missing ({why}): the dashboard's browser tests "
-        "will be skipped (and fail under CI=true). Install Debian's chromium and chromium-driver.",
-        file=sys.stderr,
-        flush=True,
-    )
+        missing = [group for group in SYSTEM_PACKAGES if group.missing()]
+        print("still missing after apt-get:", file=sys.stderr)
+    else:
+        print("Some system packages are not installed; these tests will skip:", file=sys.stderr)
+    for group in missing:
+        print(f"  - {group.tests}: needs {', '.join(group.packages)}", file=sys.stderr)
+    if not (install or in_ci()):
+        print(
+            f"To install them (Debian, apt-get as root or through `sudo -n`): python3 dev.py test {INSTALL_FLAG}",
+            file=sys.stderr,
+        )
+    else:
+        print("Under CI=true these tests fail instead of skipping.", file=sys.stderr)
+    sys.stderr.flush()
 
 
-def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("example", "test"):
-        print(__doc__)
-        return 2
-    ensure_env()
-    command, rest = argv[0], argv[1:]
-    if command == "example":
-        cmd = [str(PYTHON), str(ROOT / "examples" / "orders.py"), *rest]
-        return subprocess.run(cmd, cwd=ROOT).returncode
-    # Static checks first: a lint or type error fails the run before any test.
+def build_docs(out: Path = DOCS_HTML, *extra: str) -> int:
+    """Sphinx from a fresh environment (-E, so every page is checked every
+    time): warnings are errors (-W), every one is reported (--keep-going),
+    and every cross-reference must resolve (-n)."""
+    options = ["-b", "html", "-E", "-W", "--keep-going", "-n", "-q"]
+    cmd = [str(PYTHON), "-m", "sphinx", *options, str(DOCS), str(out), *extra]
+    print("$ sphinx", *options, "docs", os.path.relpath(out, ROOT), flush=True)
+    return subprocess.run(cmd, cwd=ROOT).returncode
+
+
+def exit_status(returncode: int) -> int:
+    """A child's status as ours: killed by signal N is 128 + N, as a shell says."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def test(rest: list[str]) -> int:
+    install = INSTALL_FLAG in rest
+    rest = [arg for arg in rest if arg != INSTALL_FLAG]
+    # Static checks and the docs first: any failure stops the run before a test.
     checks = [
-        [str(PYTHON), "-m", "ruff", "check", "sqlalchemy_watchdog", "tests", "benchmarks"],
+        [str(PYTHON), "-m", "ruff", "check", *LINTED],
+        [str(PYTHON), "-m", "ruff", "format", "--check", *LINTED],
         [str(PYTHON), "-m", "mypy", "--strict", "sqlalchemy_watchdog"],
     ]
     for check in checks:
-        print("$", " ".join(check[2:]), flush=True)
+        print("$", shlex.join(check[2:]), flush=True)
         returncode = subprocess.run(check, cwd=ROOT).returncode
         if returncode != 0:
-            print(f"{check[2]} failed (exit {returncode}); not running the tests", file=sys.stderr)
-            return returncode
-    ensure_browser()
-    cmd = [str(PYTHON), "-m", "pytest", *rest]
-    return subprocess.run(cmd, cwd=ROOT).returncode
+            print(f"{shlex.join(check[2:4])} failed (exit {returncode}); not running the tests", file=sys.stderr)
+            return exit_status(returncode)
+    returncode = build_docs()
+    if returncode != 0:
+        print(f"the docs build failed (exit {returncode}); not running the tests", file=sys.stderr)
+        return exit_status(returncode)
+    system_packages(install)
+    returncode = subprocess.run([str(PYTHON), "-m", "pytest", *rest], cwd=ROOT).returncode
+    if returncode == 5:
+        print("pytest collected no tests (exit 5): that is a failure", file=sys.stderr)
+    return exit_status(returncode)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("example", "docs", "test"):
+        print(__doc__)
+        return 2
+    command, rest = argv[0], argv[1:]
+    ensure_env()
+    if command == "example":
+        cmd = [str(PYTHON), str(ROOT / "examples" / "orders.py"), *rest]
+        return exit_status(subprocess.run(cmd, cwd=ROOT).returncode)
+    if command == "docs":
+        returncode = exit_status(build_docs(DOCS_HTML, *rest))
+        if returncode == 0:
+            print(f"built {DOCS_HTML / 'index.html'}")
+        return returncode
+    return test(rest)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ same queue: enqueue inside its session (including a conflicting replay),
 ``Watchdog`` / ``AsyncWatchdog`` reads and commands, a runner draining jobs,
 and the LISTEN/NOTIFY wake-up of an idle runner (whose listener connection is
 always opened with psycopg 3, a dependency of the package, from the engine's
-URL). What the README's "Drivers" section says is what this module proves.
+URL). What the docs' "Drivers" section (docs/howto/deployment.md) says is what this module proves.
 """
 
 from __future__ import annotations

@@ -1,17 +1,24 @@
-"""Every snippet of README.md runs as pasted.
+"""Every snippet of the README and of the docs site runs as pasted.
 
-The README promises that its Python snippets run as pasted into a fresh
-interpreter. This module extracts them and runs them, one test per block
-(``README.md:LINE``), with these conventions -- README authors, follow them;
-a new block is picked up by itself:
+The README and the pages under ``docs/`` promise that their Python snippets
+run as pasted into a fresh interpreter. This module extracts them and runs
+them, one test per block (``README.md:LINE``, ``docs/howto/jobs.md:LINE``),
+with these conventions -- authors, follow them; a new block, or a new page,
+is picked up by itself:
+
+* The sources are README.md, every ``.md`` file under ``docs/`` (but
+  ``docs/_build``), and the files a docs page brings in with a MyST
+  ``{include}`` directive (RELIABILITY.md, benchmarks/README.md): each file
+  once, however many pages include it. A fence whose language is a MyST
+  directive (```` ```{toctree} ````, ```` ```{eval-rst} ````) is not code.
 
 * Every ```` ```python ```` block is a complete program. It runs in a fresh
   interpreter (a subprocess of this Python) in a fresh temporary working
   directory, so nothing carries over from one block to the next. Before it
-  runs, the shell blocks the README marks ``<!-- readme-test: run -->`` (the
-  Quickstart's ``sqlalchemy-watchdog upgrade``) run there, as the reader runs
-  them first: the ``watchdog_jobs`` table exists in ``sqlite:///watchdog.db``.
-  The block must exit with status 0.
+  runs, the shell blocks its file marks ``<!-- readme-test: run -->`` (the
+  Quickstart's ``sqlalchemy-watchdog upgrade``; a file without one gets the
+  README's) run there, as the reader runs them first: the ``watchdog_jobs``
+  table exists in ``sqlite:///watchdog.db``. The block must exit with status 0.
 * ``mailer`` stands for the reader's own code (the README says so): the
   working directory holds :data:`MAILER`, a ``mailer.py`` whose
   ``send(order_id)`` notes the call in ``mailer.log`` and returns True.
@@ -33,8 +40,9 @@ a new block is picked up by itself:
   here; the reason says where it is tested (e.g. the Alembic ``env.py`` lines,
   run by ``tests/test_alembic_recipe.py``).
 * Blocks that are deliberately not runnable use other fences: ``sh``,
-  ``ini``, ``text``, ``python-untested`` (code of an API that is not there
-  yet), or none. Only shell blocks marked ``run`` are run.
+  ``bash``, ``ini``, ``sql``, ``text``, ``python-untested`` (code of an API
+  that is not there yet, or files of the reader's own application), or none.
+  Only shell blocks marked ``run`` are run.
 """
 
 from __future__ import annotations
@@ -55,7 +63,9 @@ from sqlalchemy.engine import URL
 
 from sqlalchemy_watchdog import Job, JobState, Outcome, Watchdog
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 #: The example, importable as ``orders`` by the README's tests of it.
 EXAMPLE = README.parent / "examples" / "orders.py"
 BIN = Path(sys.executable).parent
@@ -74,10 +84,12 @@ def send(order_id: int) -> bool:
 #: The job a serving block must complete.
 PROBE = Job("readme-probe", "emails", payload={"order_id": 42})
 #: Fence languages a README block may have; only ``python`` (and marked ``sh``) run.
-KNOWN_LANGUAGES = {"python", "python-untested", "sh", "ini", "text", ""}
+KNOWN_LANGUAGES = {"python", "python-untested", "sh", "bash", "ini", "sql", "text", ""}
 TIMEOUT = 120.0
 
-FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>[^\s`]*)\s*$")
+FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>[^\s`]*)(?P<argument>[^`]*?)\s*$")
+#: A MyST directive fence: ```{include} ../../RELIABILITY.md
+DIRECTIVE = re.compile(r"^\{(?P<name>[\w:-]+)\}$")
 MARKER = re.compile(r"^\s*<!--\s*readme-test:\s*(?P<what>[^>]*?)\s*-->\s*$")
 
 
@@ -87,14 +99,16 @@ class Block:
     lang: str
     code: str
     marker: str | None  # the readme-test marker on the line before, if any
+    source: str = "README.md"  # the file, relative to the repository root
 
     @property
     def id(self) -> str:
-        return f"README.md:{self.line}"
+        return f"{self.source}:{self.line}"
 
 
-def blocks(markdown: str) -> list[Block]:
-    """The fenced code blocks of ``markdown``, dedented, in order."""
+def blocks(markdown: str, source: str = "README.md") -> list[Block]:
+    """The fenced code blocks of ``markdown``, dedented, in order; MyST
+    directives (``lang`` ``{name}``, the argument after it as ``code``) too."""
     found: list[Block] = []
     lines = markdown.splitlines()
     i = 0
@@ -108,18 +122,51 @@ def blocks(markdown: str) -> list[Block]:
         while end < len(lines) and lines[end].rstrip() != f"{indent}```":
             end += 1
         if end == len(lines):
-            raise AssertionError(f"README.md:{i + 1}: unclosed code fence")
+            raise AssertionError(f"{source}:{i + 1}: unclosed code fence")
         previous = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
         marker = MARKER.match(previous)
-        code = textwrap.dedent("\n".join(lines[i + 1 : end])) + "\n"
-        found.append(Block(i + 1, opening["lang"], code, marker["what"] if marker else None))
+        if DIRECTIVE.match(opening["lang"]):
+            code = opening["argument"].strip()
+        elif opening["argument"].strip():
+            raise AssertionError(f"{source}:{i + 1}: text after the fence's language: {lines[i]!r}")
+        else:
+            code = textwrap.dedent("\n".join(lines[i + 1 : end])) + "\n"
+        found.append(Block(i + 1, opening["lang"], code, marker["what"] if marker else None, source))
         i = end + 1
     return found
 
 
-ALL_BLOCKS = blocks(README.read_text(encoding="utf-8"))
-SETUP = [b for b in ALL_BLOCKS if b.lang == "sh" and b.marker == "run"]
+def sources() -> list[Path]:
+    """README.md, every page under docs/, and the files pages ``{include}``:
+    each file once (docs/design.md is a page's include and a file of docs/)."""
+    pages = sorted(p for p in DOCS.rglob("*.md") if "_build" not in p.relative_to(DOCS).parts)
+    found = [README, *pages]
+    for page in pages:
+        for block in blocks(page.read_text(encoding="utf-8"), page.relative_to(ROOT).as_posix()):
+            if block.lang == "{include}":
+                included = (page.parent / block.code).resolve()
+                assert included.is_file(), f"{block.id}: includes a missing file {block.code}"
+                found.append(included)
+    unique: dict[Path, None] = dict.fromkeys(path.resolve() for path in found)
+    return list(unique)
+
+
+def _all_blocks() -> list[Block]:
+    found: list[Block] = []
+    for path in sources():
+        found += blocks(path.read_text(encoding="utf-8"), path.relative_to(ROOT).as_posix())
+    return found
+
+
+ALL_BLOCKS = _all_blocks()
 PYTHON = [b for b in ALL_BLOCKS if b.lang == "python"]
+
+
+def setup_blocks(block: Block) -> list[Block]:
+    """The shell blocks run before ``block``: those its file marks ``run``,
+    else the README's."""
+    own = [b for b in ALL_BLOCKS if b.source == block.source and b.lang == "sh" and b.marker == "run"]
+    return own or [b for b in ALL_BLOCKS if b.source == "README.md" and b.lang == "sh" and b.marker == "run"]
 
 
 def _env(database_url: str | None) -> dict[str, str]:
@@ -143,7 +190,7 @@ def run_block(block: Block, workdir: Path, database_url: URL | None) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "mailer.py").write_text(MAILER)
     (workdir / "orders.py").write_text(EXAMPLE.read_text(encoding="utf-8"))
-    for setup in SETUP:
+    for setup in setup_blocks(block):
         result = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", setup.code],
             cwd=workdir,
@@ -255,23 +302,38 @@ def test_readme_python_block_runs_as_pasted(block: Block, tmp_path: Path, reques
 def test_readme_blocks_use_known_fences_and_markers() -> None:
     # A typo (```pyhton) or a stray marker would silently take a block out of the test.
     for block in ALL_BLOCKS:
-        assert block.lang in KNOWN_LANGUAGES, f"{block.id}: unknown fence language {block.lang!r}"
+        assert block.lang in KNOWN_LANGUAGES or DIRECTIVE.match(block.lang), (
+            f"{block.id}: unknown fence language {block.lang!r}"
+        )
         if block.marker is not None:
             assert (block.marker == "run" and block.lang == "sh") or (
                 block.marker.startswith("skip: ") and block.lang == "python"
             ), f"{block.id}: marker {block.marker!r} on a {block.lang!r} block"
-    assert SETUP, "the Quickstart's set-up command is marked <!-- readme-test: run -->"
-    assert len(PYTHON) >= 8, "the README's Python snippets were not found"
+    readme = [b for b in ALL_BLOCKS if b.source == "README.md"]
+    assert [b for b in readme if b.lang == "sh" and b.marker == "run"], (
+        "the README's set-up command is marked <!-- readme-test: run -->"
+    )
+    assert len([b for b in readme if b.lang == "python"]) >= 2, "the README's Python snippets were not found"
+    assert len(PYTHON) >= 30, "the docs' Python snippets were not found"
     serving = [b for b in PYTHON if "run_forever()" in b.code and b.marker is None]
-    assert len(serving) >= 2, "the worker snippets (sync and asyncio) are run"
+    assert len(serving) >= 3, "the worker snippets (sync and asyncio) are run"
+
+
+def test_every_docs_page_and_included_file_is_read_once() -> None:
+    read = [path.relative_to(ROOT).as_posix() for path in sources()]
+    assert len(read) == len(set(read))
+    for expected in ("README.md", "docs/tutorial.md", "docs/howto/testing.md", "docs/design.md", "RELIABILITY.md"):
+        assert expected in read, expected
+    assert "benchmarks/README.md" in read
+    assert not [path for path in read if "_build" in path]
 
 
 def test_the_runner_fails_a_worker_snippet_whose_jobs_fail(tmp_path: Path) -> None:
     # The harness must be able to fail: a worker snippet that forgets to define
     # `mailer` runs, but settles every job `failed` (NameError) -- what a reader
     # pasting the old README got.
-    [worker] = [b for b in PYTHON if "Runner(engine).run_forever()" in b.code]
-    broken = Block(worker.line, worker.lang, worker.code.replace("import mailer", ""), None)
+    [worker] = [b for b in PYTHON if b.source == "README.md" and "Runner(engine).run_forever()" in b.code]
+    broken = Block(worker.line, worker.lang, worker.code.replace("import mailer", ""), None, worker.source)
     assert broken.code != worker.code
     with pytest.raises(pytest.fail.Exception, match="settled readme-probe Outcome.FAILED: NameError"):
         run_block(broken, tmp_path / "work", None)
@@ -282,12 +344,23 @@ def _slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-def test_readme_links_to_its_own_sections_resolve() -> None:
+def test_readme_links_resolve() -> None:
     markdown = README.read_text(encoding="utf-8")
     outside_code = re.sub(r"^\s*```.*?^\s*```", "", markdown, flags=re.M | re.S)
     anchors = {_slug(m) for m in re.findall(r"^#{1,6} (.+)$", outside_code, re.M)}
-    links = set(re.findall(r"\]\(#([^)]+)\)", outside_code))
-    assert links, "the README links to its own sections"
-    assert links <= anchors, f"links to missing sections: {sorted(links - anchors)}"
-    for target in re.findall(r"\]\((docs/[^)#]+)", outside_code):
+    assert set(re.findall(r"\]\(#([^)]+)\)", outside_code)) <= anchors
+    targets = re.findall(r"\]\((?!https?:|#)([^)#\s]+)", outside_code)
+    assert "docs/tutorial.md" in targets, "the README links into the docs"
+    for target in targets:
         assert (README.parent / target).is_file(), target
+
+
+def test_readme_is_a_landing_page() -> None:
+    # The issue's bounds: a newcomer reads it in ten minutes; the rest is in docs/.
+    markdown = README.read_text(encoding="utf-8")
+    assert len(markdown.splitlines()) <= 250
+    assert not re.search(r"\bissues? \d+", markdown, re.I), "no issue numbers"
+    assert not re.search(r"`[0-9a-f]{7,40}`|\bat [0-9a-f]{7,40}\b", markdown), "no commit hashes"
+    for section in ("## Why", "## How it compares", "## Install", "## Quickstart", "## Documentation"):
+        assert section in markdown, section
+    assert "pip install 'path/to/checkout[web,otel,cron]'" in markdown

@@ -5,20 +5,18 @@ Selenium through Debian's chromedriver, against the app served by uvicorn on
 One server and one browser serve the whole module. The server mounts three
 dashboards on the same database: ``/rw`` (every action), ``/ro``
 (``read_only=True``) and ``/deny`` (an ``authorize`` that allows viewing and
-resuming only). ``python3 dev.py test`` installs chromium and chromium-driver
-with apt-get when they are missing; without them these tests skip, and under
-``CI=true`` they fail.
+resuming only). Without Debian's chromium and chromium-driver these tests
+skip, saying how to install them (``python3 dev.py test
+--install-system-packages``); under ``CI=true`` they fail.
 """
 
 from __future__ import annotations
 
 import socket
-import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,10 +27,8 @@ from starlette.routing import Mount
 
 from sqlalchemy_watchdog import Decision, Job, JobState, Runner, Watchdog, metadata
 from sqlalchemy_watchdog.web import create_app
-from tests.conftest import IN_CI
+from tests.browser import headless_chromium
 
-BROWSER = Path("/usr/bin/chromium")
-DRIVER = Path("/usr/bin/chromedriver")
 WAIT = 10.0
 
 SCRIPT = "<script>window.__xss=1</script>"
@@ -145,37 +141,7 @@ def base_url(engine: Engine) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """Headless Chromium (Debian's), driven through Debian's chromedriver."""
-    if not (BROWSER.exists() and DRIVER.exists()):
-        message = f"{BROWSER} and {DRIVER} are needed (apt-get install chromium chromium-driver; dev.py test does)"
-        if IN_CI:
-            pytest.fail(message + " -- CI=true requires the browser tests to run")
-        pytest.skip(message)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(BROWSER)
-    profile = tempfile.mkdtemp(prefix="watchdog-chromium-")
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-        "--window-size=1280,1000",
-        f"--user-data-dir={profile}",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=str(DRIVER)), options=options)
-    driver.set_page_load_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()
+    yield from headless_chromium()
 
 
 def wait_for(condition: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
