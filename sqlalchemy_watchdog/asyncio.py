@@ -371,8 +371,6 @@ class AsyncRunner:
         self._default_poll = poll_interval is None
         if poll_interval is None:
             poll_interval = default_poll_interval(self.listen_engine, self.wakeups)
-        #: The wake-ups in force (see :attr:`Runner.wakeup_status <sqlalchemy_watchdog.Runner.wakeup_status>`).
-        self.wakeup_status = WakeupStatus(self.wakeups, False, "not started", poll_interval.total_seconds())
         self.settings = RunnerSettings.build(
             handlers,
             queues=queues,
@@ -390,6 +388,8 @@ class AsyncRunner:
             schedules=schedules,
         )
         self.core = RunnerCore(self.settings, clock)
+        #: The wake-ups in force (see :attr:`Runner.wakeup_status <sqlalchemy_watchdog.Runner.wakeup_status>`).
+        self.wakeup_status = WakeupStatus(self.wakeups, False, "not started", self.settings.poll_interval_s)
         self._autocommit = store.self_committing(engine.dialect.name)
         #: The tasks that keep one connection across store calls, and theirs.
         self._held: dict[asyncio.Task[Any], AsyncConnection | None] = {}

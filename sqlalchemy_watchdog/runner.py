@@ -192,7 +192,6 @@ class Runner:
         self._default_poll = poll_interval is None
         if poll_interval is None:
             poll_interval = default_poll_interval(self.listen_engine, self.wakeups)
-        self.wakeup_status = WakeupStatus(self.wakeups, False, "not started", poll_interval.total_seconds())
         self.settings = RunnerSettings.build(
             handlers,
             queues=queues,
@@ -210,6 +209,10 @@ class Runner:
             schedules=schedules,
         )
         self.core = RunnerCore(self.settings, clock)
+        #: The wake-ups in force: what was asked, whether the runner listens
+        #: (LISTEN/NOTIFY on a proven session) and why not, and its poll
+        #: interval. Known once :meth:`run_forever` has started.
+        self.wakeup_status = WakeupStatus(self.wakeups, False, "not started", self.settings.poll_interval_s)
         self._wake = threading.Event()
         self._stopping = threading.Event()
         # Wakes the heartbeat thread: to renew now (_renew_requested), to
