@@ -80,6 +80,9 @@ class PreparedStatementsRefused(WatchdogError):
     setting that fixes it for the driver in use (:attr:`driver`).
     """
 
+    #: The driver of the engine that prepared the statement (``psycopg``, ``asyncpg``, ...).
+    driver: str
+
     #: What to pass to ``create_engine``/``create_async_engine``, per driver.
     REMEDIES: ClassVar[Mapping[str, str]] = {
         "psycopg": 'connect_args={"prepare_threshold": None}',
@@ -107,6 +110,9 @@ class WakeupsUnavailable(WatchdogError):
     delivers no notifications). The message says what the proof found and
     what to set (``listen_engine`` with a direct URL, or ``wakeups="poll"``).
     """
+
+    #: What the session proof found (or why nothing can listen).
+    reason: str
 
     def __init__(self, reason: str) -> None:
         self.reason = reason

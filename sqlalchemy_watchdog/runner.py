@@ -141,11 +141,11 @@ class Runner:
     :param clock: the application clock in epoch milliseconds (for tests);
         the database clock is always consulted too.
     :param wakeups: how :meth:`run_forever` learns of new work on
-        PostgreSQL (a :class:`~sqlalchemy_watchdog.wakeups.WakeupMode`):
+        PostgreSQL (a :class:`~sqlalchemy_watchdog.WakeupMode`):
         ``"auto"`` (the default) LISTENs where the listening connection is
         proven to be one server session of the primary, else polls every
         0.25 s and logs one WARNING saying why; ``"listen"`` refuses to start
-        without that proof (:class:`~sqlalchemy_watchdog.errors.WakeupsUnavailable`);
+        without that proof (:class:`~sqlalchemy_watchdog.WakeupsUnavailable`);
         ``"poll"`` never LISTENs and takes no session lock. Behind a pooler in
         transaction mode, give ``listen_engine``. :attr:`wakeup_status` says
         what is in force.
