@@ -309,7 +309,8 @@ class RetryPolicy:
     """How a failed attempt is retried: at most ``max_attempts`` attempts in
     all, the n-th retry waiting ``backoff * factor**(n-1)`` (at most
     ``max_backoff``), spread by ``± jitter`` (a fraction) so that jobs that
-    failed together do not all come back at once.
+    failed together do not all come back at once; the spread never takes a
+    wait past ``max_backoff``, the longest wait.
 
     Give it to a job (``Job(..., retry=...)``), to a handler
     (``@handler(queue, retry=...)``) or to a runner (``Runner(..., retry=...)``);
@@ -343,13 +344,20 @@ class RetryPolicy:
                 raise InvalidJob(name, f"must be from {low:g} to {high:g}, got {value!r}")
 
     def delay(self, attempt: int, *, rng: random.Random | None = None) -> timedelta:
-        """The wait after failed attempt number ``attempt`` (1-based)."""
-        base = min(
-            self.max_backoff.total_seconds(),
-            self.backoff.total_seconds() * float(self.factor) ** min(max(attempt - 1, 0), 1000),
-        )
+        """The wait after failed attempt number ``attempt`` (1-based): never
+        more than ``max_backoff``, jitter included, whatever the attempt."""
+        longest = self.max_backoff.total_seconds()
+        base = self.backoff.total_seconds()
+        retries = max(attempt - 1, 0)
+        # Compared in log space, so no power is ever computed past the cap:
+        # factor ** retries overflows a float long before max_attempts ends.
+        factor = float(self.factor)
+        if factor > 1.0 and retries and retries * math.log(factor) < math.log(longest / base):
+            base = min(longest, base * factor**retries)
+        elif factor > 1.0 and retries:
+            base = longest
         spread = (rng or random).uniform(-float(self.jitter), float(self.jitter)) if self.jitter else 0.0
-        return timedelta(seconds=max(0.001, base * (1.0 + spread)))
+        return timedelta(seconds=min(longest, max(0.001, base * (1.0 + spread))))
 
     def to_json(self) -> str:
         """The backoff part as canonical JSON (``max_attempts`` is stored on its own)."""
