@@ -30,6 +30,7 @@ the pure function :func:`conclude` of the execution and its settlement.
 
 from __future__ import annotations
 
+import contextvars
 import enum
 import logging
 import threading
@@ -588,6 +589,16 @@ class Execution:
         if trace is not None:
             with telemetry.guarded(what):
                 getattr(trace, what)(*args)
+
+    def handler_context(self) -> contextvars.Context | None:
+        """The context the handler runs in: its trace's (None without a
+        trace, or when the instrumentation fails to give one -- logged, and
+        the handler runs as it would untraced)."""
+        trace = self.trace
+        if trace is not None:
+            with telemetry.guarded("context"):
+                return trace.context()
+        return None
 
     @property
     def job_id(self) -> str:
