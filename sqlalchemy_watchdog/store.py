@@ -1311,6 +1311,15 @@ def make_due(conn: Connection, queues: Iterable[str] | None = None) -> int:
     return len(conn.execute(sql.make_due(True), {"queues": names}).all())
 
 
+def waiting_jobs(conn: Connection, queues: Sequence[str], limit: int = 10) -> list[tuple[str, str]]:
+    """FOR TESTS ONLY: up to ``limit`` jobs of ``queues`` still waiting to
+    run (delayed, or queued in a queue not paused), as (job_id, state)."""
+    if not queues:
+        return []
+    rows = conn.execute(sql.waiting_jobs(), {"queues": list(queues), "limit": limit})
+    return [(job_id, state) for job_id, state in rows]
+
+
 # -- transactions ------------------------------------------------------------
 
 
@@ -1331,6 +1340,7 @@ READ_ONLY: frozenset[Callable[..., Any]] = frozenset(
         list_jobs,
         stats,
         read_with_reruns,
+        waiting_jobs,
     }
 )
 
