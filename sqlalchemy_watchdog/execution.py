@@ -793,7 +793,10 @@ class RunnerCore:
     def __init__(self, settings: RunnerSettings, clock: Callable[[], int]) -> None:
         self.settings = settings
         self.clock = check_clock(clock)
-        self._active: dict[str, Execution] = {}
+        #: By claim, (job_id, token): a slot belongs to an execution, not to
+        #: a job. A handler that overstays its lease keeps its slot until it
+        #: returns, even after its job was recovered and claimed again here.
+        self._active: dict[tuple[str, str], Execution] = {}
         self._lock = threading.Lock()
         self.recovery_due = 0.0
         #: When to make due delayed jobs ready next (monotonic).
@@ -819,8 +822,7 @@ class RunnerCore:
 
     def own(self, job_id: str, token: str) -> Execution | None:
         with self._lock:
-            execution = self._active.get(job_id)
-        return execution if execution is not None and execution.claim.token == token else None
+            return self._active.get((job_id, token))
 
     def free_slots(self) -> int:
         """How many of the runner's concurrency slots are free."""
@@ -853,7 +855,7 @@ class RunnerCore:
         )
         execution = Execution(claim, running, signal, claimed_at=asked_at, refused=refused)
         with self._lock:
-            self._active[job.job_id] = execution
+            self._active[execution.pair] = execution
         if log.isEnabledFor(logging.INFO):  # its fields are built per job: only when logged
             log.info(
                 "claimed job %s (queue %s, attempt %d, recovery %d)",
@@ -892,8 +894,8 @@ class RunnerCore:
         ``requeue_in``: promote no later than that (the requeue has
         committed by now, so a promotion then finds it)."""
         with self._lock:
-            if self._active.get(execution.job_id) is execution:
-                del self._active[execution.job_id]
+            if self._active.get(execution.pair) is execution:
+                del self._active[execution.pair]
         execution.slot_held = False
         if execution.requeue_in is not None:
             self.expect_ready(execution.requeue_in)
