@@ -29,6 +29,7 @@ from .jobs import (
     RetryPolicy,
     Stats,
     Throughput,
+    Undecodable,
 )
 from .model import WatchdogJob, metadata
 from .runner import Runner
@@ -64,6 +65,7 @@ __all__ = [
     "TickResult",
     "TickStatus",
     "Throughput",
+    "Undecodable",
     "Watchdog",
     "WatchdogError",
     "WatchdogJob",

@@ -52,6 +52,7 @@ from .jobs import (
     Retention,
     RetryPolicy,
     SettleStatus,
+    Undecodable,
     bound_reason,
     check_duration,
     check_text,
@@ -870,6 +871,11 @@ class RunnerCore:
     def _decoded(self, job: JobView) -> tuple[Any, Decision | None]:
         """The payload the handler sees (through the runner's codec), or the
         ``failed`` decision of a payload the codec cannot decode."""
+        if isinstance(job.payload, Undecodable):  # a row written by hand: never handed to a handler
+            log.error("job %s: its stored payload could not be decoded (%s)", job.job_id, job.payload.reason)
+            return None, Decision.failed(
+                bound_reason(f"payload could not be decoded: {job.payload.reason}"), retry=False
+            )
         codec = self.settings.codec
         if codec is None:
             return job.payload, None

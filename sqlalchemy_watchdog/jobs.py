@@ -41,6 +41,7 @@ __all__ = [
     "Job",
     "Decision",
     "JobView",
+    "Undecodable",
     "EnqueueStatus",
     "EnqueueResult",
     "PauseStatus",
@@ -401,6 +402,26 @@ class FailedAttempt:
     reason: str
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON number")
+
+
+#: Strict JSON: ``NaN`` and ``Infinity`` are refused (Python's default takes them).
+_STRICT_JSON = json.JSONDecoder(parse_constant=_not_json)
+
+
+def payload_of(text: str) -> Any:
+    """A stored payload's value; raises for text the library would never
+    have stored: not strict JSON, or nested deeper than :data:`PAYLOAD_MAX_DEPTH`
+    (a ``RecursionError`` from the decoder included)."""
+    value = _STRICT_JSON.decode(text)
+    # Only text with that many brackets can nest that deep: a flat payload
+    # is not walked again.
+    if len(text) > PAYLOAD_MAX_DEPTH and text.count("[") + text.count("{") > PAYLOAD_MAX_DEPTH:
+        _check_json(value)
+    return value
+
+
 def history_of(text: str | None) -> tuple[FailedAttempt, ...]:
     """A stored failure history (JSON) as values."""
     if not text:
@@ -712,6 +733,41 @@ def bound_reason(reason: str) -> str:
     return reason
 
 
+#: The longest :attr:`Undecodable.reason` kept.
+UNDECODABLE_REASON_LENGTH = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """A stored value the library cannot decode: a row a producer wrote
+    itself (not valid JSON, nested deeper than :data:`PAYLOAD_MAX_DEPTH`,
+    a time outside 1970-9999, a retry policy out of its bounds, ...).
+
+    It never stops a claim, a settle, a recovery or a read: the job is read
+    with that field unknown and the value listed in :attr:`JobView.undecodable`.
+    An undecodable ``payload`` reads as this object itself (and a runner
+    settles the job ``failed`` without running its handler); another field
+    reads as its "none" value (see :attr:`JobView.undecodable`).
+    """
+
+    #: The :class:`JobView` field (``payload``, ``retry``, ``ready_at``, ...).
+    field: str
+    #: The ``watchdog_jobs`` column it is stored in.
+    column: str
+    #: Why it cannot be decoded (at most :data:`UNDECODABLE_REASON_LENGTH` characters).
+    reason: str
+
+    @classmethod
+    def of(cls, field: str, column: str, error: BaseException) -> Undecodable:
+        reason = f"{type(error).__name__}: {error}"
+        if len(reason) > UNDECODABLE_REASON_LENGTH:
+            reason = reason[: UNDECODABLE_REASON_LENGTH - 1] + "…"
+        return cls(field, column, reason)
+
+    def __str__(self) -> str:
+        return f"<undecodable {self.column}: {self.reason}>"
+
+
 @dataclass(frozen=True, slots=True)
 class JobView:
     """A job as stored, read back from the database."""
@@ -762,6 +818,12 @@ class JobView:
     #: The W3C trace context it was enqueued under (``traceparent``, ...;
     #: see :mod:`sqlalchemy_watchdog.otel`), None when none was recorded.
     trace_context: Mapping[str, str] | None = None
+    #: The stored values that could not be decoded (a row written by hand),
+    #: empty for a row the library wrote. Each such field reads as unknown:
+    #: ``payload`` as the :class:`Undecodable` itself; ``retry`` as the
+    #: default policy with the job's stored ``max_attempts``; ``timeout``,
+    #: ``trace_context`` and the times as None; ``failure_history`` as ``()``.
+    undecodable: tuple[Undecodable, ...] = ()
 
     @property
     def cancellation_requested(self) -> bool:

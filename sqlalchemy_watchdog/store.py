@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
-import json
 import logging
 import random
 import re
@@ -22,7 +21,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from sqlalchemy import Connection, Engine
@@ -61,6 +60,7 @@ from .jobs import (
     SettleStatus,
     Stats,
     Throughput,
+    Undecodable,
     at_epoch_ms,
     bound_reason,
     check_duration,
@@ -68,6 +68,7 @@ from .jobs import (
     check_text,
     duration_ms,
     history_of,
+    payload_of,
     rerun_job_id,
     slot_setters,
 )
@@ -153,7 +154,7 @@ _JOBVIEW_FIELDS = (
     "sequence", "job_id", "queue", "lane", "priority", "payload", "max_recoveries", "state", "outcome",
     "failure_reason", "recovery_count", "cancellation_id", "failure_detail", "run_at", "ready_at", "attempt",
     "max_attempts", "snoozes", "timeout", "retry", "failure_history", "enqueued_at", "started_at",
-    "settled_at", "rerun_of", "reruns", "trace_context",
+    "settled_at", "rerun_of", "reruns", "trace_context", "undecodable",
 )  # fmt: skip
 #: Each field's slot setter: a frozen dataclass's __init__ sets its 27 slots one
 #: object.__setattr__ call at a time (by name, through a global), 3.5x slower
@@ -168,23 +169,26 @@ def view(row: Sequence[Any]) -> JobView:
 
     Positional, not by name: the runner's hot statements hand over the
     driver's tuples (:func:`execute_rows`), and this runs once per claimed
-    job (and per settled job whose view is read)."""
+    job (and per settled job whose view is read).
+
+    Never raises for a stored value it cannot decode (a row a producer
+    wrote itself): that field reads as unknown (:class:`~sqlalchemy_watchdog.Undecodable`,
+    see :attr:`JobView.undecodable`), so one such row never stops a claim,
+    a settle, a recovery or a read of the others."""
     (
         sequence, job_id, queue_name, lane, priority, payload_json, recovery_max, state,
         outcome, _token, recovery_count, cancellation_id, failure_reason, failure_detail,
         _lease, run_at, ready_at, attempt, max_attempts, retry_policy, timeout_ms,
         snoozes, failure_history, enqueued_at, started_at, settled_at, rerun_of, trace_context,
     ) = row[:_WIDTH]  # fmt: skip
-    job: JobView = _new_object(JobView)
-    for setter, value in zip(
-        _JOBVIEW_SETTERS,
-        (
+    try:
+        values = (
             sequence,
             job_id,
             queue_name,
             lane,
             priority,
-            json.loads(payload_json),
+            payload_of(payload_json),
             recovery_max,
             _STATES[state],
             None if outcome is None else _OUTCOMES[outcome],
@@ -205,12 +209,94 @@ def view(row: Sequence[Any]) -> JobView:
             None if settled_at is None else at_epoch_ms(settled_at),
             rerun_of,
             (),
-            None if trace_context is None else telemetry.decode_trace_context(trace_context),
-        ),
-        strict=True,
-    ):
+            None if trace_context is None else telemetry.trace_context_of(trace_context),
+            (),
+        )
+    except Exception:  # a value the library would never have stored
+        values = _decoded_field_by_field(row)
+    job: JobView = _new_object(JobView)
+    for setter, value in zip(_JOBVIEW_SETTERS, values, strict=True):
         setter(job, value)
     return job
+
+
+def _decoded_field_by_field(row: Sequence[Any]) -> tuple[Any, ...]:
+    """:func:`view`'s values for a row with a value it cannot decode: each
+    decoded on its own, what fails read as unknown and listed."""
+    (
+        sequence, job_id, queue_name, lane, priority, payload_json, recovery_max, state,
+        outcome, _token, recovery_count, cancellation_id, failure_reason, failure_detail,
+        _lease, run_at, ready_at, attempt, max_attempts, retry_policy, timeout_ms,
+        snoozes, failure_history, enqueued_at, started_at, settled_at, rerun_of, trace_context,
+    ) = row[:_WIDTH]  # fmt: skip
+    unknown: list[Undecodable] = []
+
+    def decoded(field: str, column: str, decode: Callable[[Any], Any], value: Any, otherwise: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return decode(value)
+        except Exception as error:
+            unknown.append(Undecodable.of(field, column, error))
+            return unknown[-1] if otherwise is _ITSELF else otherwise
+
+    def time_of(field: str, value: Any) -> datetime | None:
+        return decoded(field, field, at_epoch_ms, value, None)  # type: ignore[no-any-return]
+
+    payload = decoded("payload", "payload_json", payload_of, payload_json, _ITSELF)
+    run = time_of("run_at", run_at)
+    ready = time_of("ready_at", ready_at)
+    timeout = decoded("timeout", "timeout_ms", lambda ms: timedelta(milliseconds=ms), timeout_ms, None)
+    # The stored max_attempts (a plain, CHECKed column) still bounds the job's
+    # attempts: only the backoff falls back to the defaults.
+    fallback = None if max_attempts is None else RetryPolicy(max_attempts=max_attempts)
+    retry = (
+        None
+        if max_attempts is None
+        else decoded(
+            "retry", "retry_policy", lambda text: RetryPolicy.from_stored(max_attempts, text), retry_policy, fallback
+        )
+        or fallback
+    )
+    history = decoded("failure_history", "failure_history", history_of, failure_history or None, ()) or ()
+    enqueued = time_of("enqueued_at", enqueued_at)
+    started = time_of("started_at", started_at)
+    settled = time_of("settled_at", settled_at)
+    trace = decoded("trace_context", "trace_context", telemetry.trace_context_of, trace_context, None)
+    return (
+        sequence,
+        job_id,
+        queue_name,
+        lane,
+        priority,
+        payload,
+        recovery_max,
+        _STATES[state],
+        None if outcome is None else _OUTCOMES[outcome],
+        failure_reason,
+        recovery_count,
+        cancellation_id,
+        failure_detail,
+        run,
+        ready,
+        attempt,
+        max_attempts,
+        snoozes,
+        timeout,
+        retry,
+        history,
+        enqueued,
+        started,
+        settled,
+        rerun_of,
+        (),
+        trace,
+        tuple(unknown),
+    )
+
+
+#: ``decoded(..., otherwise=_ITSELF)``: an undecodable value reads as its :class:`Undecodable`.
+_ITSELF: Any = object()
 
 
 # -- the hot statements, precompiled ------------------------------------------
@@ -1203,7 +1289,10 @@ def stats(conn: Connection) -> Stats:
         e = entry(queue)
         e[state] = count
         if state == JobState.QUEUED.value and since is not None:
-            e["oldest_ready_age"] = timedelta(milliseconds=max(0, clock - since))
+            try:
+                e["oldest_ready_age"] = timedelta(milliseconds=max(0, clock - since))
+            except (OverflowError, TypeError):  # a ready time written by hand, out of range: unknown
+                pass
     for queue, count in conn.execute(sql.expired_counts()):
         entry(queue)["expired_leases"] = count
     for queue, outcome, last_minute, last_hour in conn.execute(sql.recent_outcomes()):
@@ -1273,6 +1362,9 @@ def rerun(conn: Connection, job_id: str, rerun_id: str) -> EnqueueResult:
         raise InvalidJob("job_id", f"no job {job_id!r} to rerun")
     if original.state is not JobState.SETTLED:
         raise InvalidJob("job_id", f"job {job_id!r} is {original.state.value}; only a settled job can be rerun")
+    for unknown in original.undecodable:
+        if unknown.field in ("payload", "retry", "timeout"):  # what the copy would carry
+            raise InvalidJob("job_id", f"job {job_id!r} cannot be rerun: its stored {unknown.column} is undecodable")
     copy = Job(
         rerun_job_id(job_id, rerun_id),
         original.queue,

@@ -37,6 +37,7 @@ __all__ = [
     "uninstall",
     "encode_trace_context",
     "decode_trace_context",
+    "trace_context_of",
     "guarded",
 ]
 
@@ -163,9 +164,15 @@ def decode_trace_context(text: str | None) -> Mapping[str, str] | None:
     if text is None:
         return None
     try:
-        value: Any = json.loads(text)
-    except ValueError:
+        return trace_context_of(text)
+    except Exception:  # anything a producer may have stored: a RecursionError too
         return None
+
+
+def trace_context_of(text: str) -> Mapping[str, str]:
+    """The stored trace context as a carrier; raises ``ValueError`` (or the
+    decoder's ``RecursionError``) for text that is not a JSON object of strings."""
+    value: Any = json.loads(text)
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        return None
+        raise ValueError("not a JSON object of strings")
     return value

@@ -221,7 +221,7 @@ def _listing(jobs: list[JobView], limit: int = _SHOWN) -> str:
     lines = []
     for job in jobs[:limit]:
         state = job.state.value if job.outcome is None else f"{job.state.value} ({job.outcome.value})"
-        payload = json.dumps(job.payload, sort_keys=True, ensure_ascii=False)
+        payload = json.dumps(job.payload, sort_keys=True, ensure_ascii=False, default=str)
         if len(payload) > _PAYLOAD_SHOWN:
             payload = payload[: _PAYLOAD_SHOWN - 3] + "..."
         lines.append(f"  - {job.job_id}  queue={job.queue}  state={state}  payload={payload}")
