@@ -442,10 +442,12 @@ def enqueue(conn: Connection, jobs: Sequence[Job], *, delay: timedelta | None = 
     if instrumentation is None:
         return _enqueue(conn, jobs, unique, delay_ms, None)
     trace = telemetry.EnqueueTrace()
+    trace_context = None
     with telemetry.guarded("enqueue"):
         trace = instrumentation.enqueue(unique)
+        trace_context = telemetry.storable_trace_context(trace.trace_context)
     try:
-        results = _enqueue(conn, jobs, unique, delay_ms, trace.trace_context)
+        results = _enqueue(conn, jobs, unique, delay_ms, trace_context)
     except BaseException as error:
         with telemetry.guarded("enqueue"):
             trace.failed(error)

@@ -37,6 +37,7 @@ __all__ = [
     "uninstall",
     "encode_trace_context",
     "decode_trace_context",
+    "storable_trace_context",
     "trace_context_of",
     "guarded",
 ]
@@ -156,6 +157,24 @@ def encode_trace_context(carrier: Mapping[str, str]) -> str | None:
         return text
     log.warning("trace context too long to store; the job's trace will not be continued")
     return None
+
+
+def storable_trace_context(text: object) -> str | None:
+    """An instrumentation's ``EnqueueTrace.trace_context`` if the column
+    takes it (a str of 2 to :data:`~sqlalchemy_watchdog.jobs.TRACE_CONTEXT_MAX_LENGTH`
+    characters of valid Unicode without NUL, as :func:`encode_trace_context`
+    makes); anything else would
+    make the enqueue itself fail, so it raises for :func:`guarded` to log and
+    the jobs are enqueued without one."""
+    if text is None:
+        return None
+    if not isinstance(text, str) or not 2 <= len(text) <= TRACE_CONTEXT_MAX_LENGTH:
+        shown = f"{len(text)} characters" if isinstance(text, str) else type(text).__name__
+        raise ValueError(f"trace_context must be a str of 2 to {TRACE_CONTEXT_MAX_LENGTH} characters, got {shown}")
+    if "\x00" in text:
+        raise ValueError("trace_context must not contain NUL (PostgreSQL text cannot hold it)")
+    text.encode("utf-8")  # a lone surrogate: UnicodeEncodeError
+    return text
 
 
 def decode_trace_context(text: str | None) -> Mapping[str, str] | None:

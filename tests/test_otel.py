@@ -459,6 +459,40 @@ def test_a_trace_whose_context_raises_never_fails_the_job_and_is_logged_once(
     assert {"instrumentation failed in decided; ignored", "instrumentation failed in end; ignored"} <= set(failed)
 
 
+class _OddEnqueueTrace(telemetry.EnqueueTrace):
+    def __init__(self, trace_context: Any) -> None:
+        self.trace_context = trace_context
+
+
+class _OddContexts(telemetry.Instrumentation):
+    def __init__(self, trace_context: Any) -> None:
+        self.trace_context = trace_context
+
+    def enqueue(self, jobs: Any) -> telemetry.EnqueueTrace:
+        return _OddEnqueueTrace(self.trace_context)
+
+
+@pytest.mark.parametrize(
+    "trace_context",
+    ["x", "x" * 5000, 42, '{"a":"\x00"}', '{"a":"\ud800"}'],
+    ids=["too-short", "too-long", "not-a-str", "nul", "lone-surrogate"],
+)
+def test_a_trace_context_the_column_refuses_never_fails_an_enqueue(
+    engine: Engine, trace_context: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    telemetry.install(_OddContexts(trace_context))
+    try:
+        with caplog.at_level(logging.ERROR, logger="sqlalchemy_watchdog.telemetry"):
+            with Session(engine) as session:
+                enqueue(session, Job("j", "q"))
+                session.commit()
+    finally:
+        telemetry.uninstall()
+    job = Watchdog(engine).read("j")
+    assert job is not None and job.trace_context is None
+    assert [r.getMessage() for r in caplog.records] == ["instrumentation failed in enqueue; ignored"]
+
+
 def test_an_oversized_trace_context_keeps_only_its_traceparent() -> None:
     parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     assert telemetry.encode_trace_context({}) is None
