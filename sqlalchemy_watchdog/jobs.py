@@ -759,6 +759,7 @@ class Undecodable:
 
     @classmethod
     def of(cls, field: str, column: str, error: BaseException) -> Undecodable:
+        """The value of ``field`` (stored in ``column``) that raised ``error`` when decoded."""
         reason = f"{type(error).__name__}: {error}"
         if len(reason) > UNDECODABLE_REASON_LENGTH:
             reason = reason[: UNDECODABLE_REASON_LENGTH - 1] + "…"
