@@ -1115,10 +1115,13 @@ def release_and_recover(
     ``budgets`` maps a job_id to its recovery budget (default: the job's own).
     """
     release(conn, claims)
-    tokens = dict(claims)
+    # A set of pairs, not a job_id -> token map: a runner may hold two
+    # executions of one job (a handler that overstayed its lease, and the
+    # job's next claim), of which only the current claim's token matches.
+    pairs = set(claims)
     results = []
     for expired in expired_claims(conn, limit=len(claims) + 64):
-        if tokens.get(expired.job.job_id) == expired.token:
+        if (expired.job.job_id, expired.token) in pairs:
             budget = _FROM_JOB if budgets is None else budgets.get(expired.job.job_id, _FROM_JOB)
             results.append(reconcile(conn, expired, max_recoveries=budget, cause=cause))
     return results
