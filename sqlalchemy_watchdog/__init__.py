@@ -38,6 +38,7 @@ from .jobs import (
     RetryPolicy,
     Stats,
     Throughput,
+    Undecodable,
 )
 from .model import WatchdogJob, metadata
 from .runner import Runner
@@ -78,6 +79,7 @@ __all__ = [
     "WakeupStatus",
     "WakeupsUnavailable",
     "Throughput",
+    "Undecodable",
     "Watchdog",
     "WatchdogError",
     "WatchdogJob",

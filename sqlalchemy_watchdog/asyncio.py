@@ -494,7 +494,7 @@ class AsyncRunner:
         fn = self.settings.handlers[job.queue]
         # The attempt's trace context (a copy of this task's without one),
         # current in the handler's task or thread.
-        context = execution.trace.context() if execution.trace is not None else None
+        context = execution.handler_context()
         loop = asyncio.get_running_loop()
         is_async = self._async_queues.get(job.queue)
         if is_async is None:  # asked once per queue, not once per job

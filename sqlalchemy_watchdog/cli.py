@@ -89,7 +89,7 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from .client import Watchdog
 from .errors import WatchdogError, redacted
 from .execution import DEFAULT_CONCURRENCY
-from .jobs import MAX_DELAY, CancelStatus, JobState, JobView, Outcome, PauseStatus, QueueStats, Stats
+from .jobs import MAX_DELAY, CancelStatus, JobState, JobView, Outcome, PauseStatus, QueueStats, Stats, Undecodable
 from .model import jobs_table
 from .schedules import Schedule, check_schedules
 from .store import LIST_LIMIT_MAX
@@ -235,8 +235,16 @@ def _job_dict(job: JobView) -> dict[str, Any]:
         "recovery_count": job.recovery_count,
         "max_recoveries": job.max_recoveries,
         "cancellation_id": job.cancellation_id,
-        "payload": job.payload,
+        "payload": None if isinstance(job.payload, Undecodable) else job.payload,
+        **({"undecodable": {u.field: u.reason for u in job.undecodable}} if job.undecodable else {}),
     }
+
+
+def _payload_text(job: JobView) -> str:
+    """The payload as one line of JSON, or what makes it undecodable."""
+    if isinstance(job.payload, Undecodable):
+        return str(job.payload)
+    return json.dumps(job.payload, ensure_ascii=False, sort_keys=True)
 
 
 def _print_json(value: Any, out: TextIO) -> None:
@@ -245,7 +253,7 @@ def _print_json(value: Any, out: TextIO) -> None:
 
 def _print_job(job: JobView, out: TextIO) -> None:
     fields = _job_dict(job)
-    fields["payload"] = json.dumps(job.payload, ensure_ascii=False, sort_keys=True)
+    fields["payload"] = _payload_text(job)
     detail = fields.pop("failure_detail")
     width = max(len(name) for name in fields)
     for name, value in fields.items():
@@ -350,7 +358,7 @@ def _print_show(job: JobView, out: TextIO) -> None:
         ("rerun_of", job.rerun_of),
         ("reruns", ", ".join(job.reruns) or None),
         ("traceparent", None if job.trace_context is None else job.trace_context.get("traceparent")),
-        ("payload", json.dumps(job.payload, ensure_ascii=False, sort_keys=True)),
+        ("payload", _payload_text(job)),
     ]
     width = max(len(name) for name in [*(name for name, _ in lines), "failure_history", "failure_detail"])
     for name, value in lines:

@@ -30,6 +30,7 @@ the pure function :func:`conclude` of the execution and its settlement.
 
 from __future__ import annotations
 
+import contextvars
 import enum
 import logging
 import threading
@@ -51,6 +52,7 @@ from .jobs import (
     Retention,
     RetryPolicy,
     SettleStatus,
+    Undecodable,
     bound_reason,
     check_duration,
     check_text,
@@ -591,6 +593,16 @@ class Execution:
             with telemetry.guarded(what):
                 getattr(trace, what)(*args)
 
+    def handler_context(self) -> contextvars.Context | None:
+        """The context the handler runs in: its trace's (None without a
+        trace, or when the instrumentation fails to give one -- logged, and
+        the handler runs as it would untraced)."""
+        trace = self.trace
+        if trace is not None:
+            with telemetry.guarded("context"):
+                return trace.context()
+        return None
+
     @property
     def job_id(self) -> str:
         return self.claim.job.job_id
@@ -784,7 +796,10 @@ class RunnerCore:
     def __init__(self, settings: RunnerSettings, clock: Callable[[], int]) -> None:
         self.settings = settings
         self.clock = check_clock(clock)
-        self._active: dict[str, Execution] = {}
+        #: By claim, (job_id, token): a slot belongs to an execution, not to
+        #: a job. A handler that overstays its lease keeps its slot until it
+        #: returns, even after its job was recovered and claimed again here.
+        self._active: dict[tuple[str, str], Execution] = {}
         self._lock = threading.Lock()
         self.recovery_due = 0.0
         #: When to make due delayed jobs ready next (monotonic).
@@ -814,8 +829,7 @@ class RunnerCore:
 
     def own(self, job_id: str, token: str) -> Execution | None:
         with self._lock:
-            execution = self._active.get(job_id)
-        return execution if execution is not None and execution.claim.token == token else None
+            return self._active.get((job_id, token))
 
     #: The fewest settles that may wait for the database before the runner
     #: stops claiming (see :meth:`free_slots`); the bound is the larger of
@@ -865,7 +879,7 @@ class RunnerCore:
         )
         execution = Execution(claim, running, signal, claimed_at=asked_at, refused=refused)
         with self._lock:
-            self._active[job.job_id] = execution
+            self._active[execution.pair] = execution
         if log.isEnabledFor(logging.INFO):  # its fields are built per job: only when logged
             log.info(
                 "claimed job %s (queue %s, attempt %d, recovery %d)",
@@ -880,6 +894,11 @@ class RunnerCore:
     def _decoded(self, job: JobView) -> tuple[Any, Decision | None]:
         """The payload the handler sees (through the runner's codec), or the
         ``failed`` decision of a payload the codec cannot decode."""
+        if isinstance(job.payload, Undecodable):  # a row written by hand: never handed to a handler
+            log.error("job %s: its stored payload could not be decoded (%s)", job.job_id, job.payload.reason)
+            return None, Decision.failed(
+                bound_reason(f"payload could not be decoded: {job.payload.reason}"), retry=False
+            )
         codec = self.settings.codec
         if codec is None:
             return job.payload, None
@@ -904,8 +923,8 @@ class RunnerCore:
         ``requeue_in``: promote no later than that (the requeue has
         committed by now, so a promotion then finds it)."""
         with self._lock:
-            if self._active.get(execution.job_id) is execution:
-                del self._active[execution.job_id]
+            if self._active.get(execution.pair) is execution:
+                del self._active[execution.pair]
         execution.slot_held = False
         if execution.requeue_in is not None:
             self.expect_ready(execution.requeue_in)

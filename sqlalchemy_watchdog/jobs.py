@@ -41,6 +41,7 @@ __all__ = [
     "Job",
     "Decision",
     "JobView",
+    "Undecodable",
     "EnqueueStatus",
     "EnqueueResult",
     "PauseStatus",
@@ -309,7 +310,8 @@ class RetryPolicy:
     """How a failed attempt is retried: at most ``max_attempts`` attempts in
     all, the n-th retry waiting ``backoff * factor**(n-1)`` (at most
     ``max_backoff``), spread by ``± jitter`` (a fraction) so that jobs that
-    failed together do not all come back at once.
+    failed together do not all come back at once; the spread never takes a
+    wait past ``max_backoff``, the longest wait.
 
     Give it to a job (``Job(..., retry=...)``), to a handler
     (``@handler(queue, retry=...)``) or to a runner (``Runner(..., retry=...)``);
@@ -343,13 +345,20 @@ class RetryPolicy:
                 raise InvalidJob(name, f"must be from {low:g} to {high:g}, got {value!r}")
 
     def delay(self, attempt: int, *, rng: random.Random | None = None) -> timedelta:
-        """The wait after failed attempt number ``attempt`` (1-based)."""
-        base = min(
-            self.max_backoff.total_seconds(),
-            self.backoff.total_seconds() * float(self.factor) ** min(max(attempt - 1, 0), 1000),
-        )
+        """The wait after failed attempt number ``attempt`` (1-based): never
+        more than ``max_backoff``, jitter included, whatever the attempt."""
+        longest = self.max_backoff.total_seconds()
+        base = self.backoff.total_seconds()
+        retries = max(attempt - 1, 0)
+        # Compared in log space, so no power is ever computed past the cap:
+        # factor ** retries overflows a float long before max_attempts ends.
+        factor = float(self.factor)
+        if factor > 1.0 and retries and retries * math.log(factor) < math.log(longest / base):
+            base = min(longest, base * factor**retries)
+        elif factor > 1.0 and retries:
+            base = longest
         spread = (rng or random).uniform(-float(self.jitter), float(self.jitter)) if self.jitter else 0.0
-        return timedelta(seconds=max(0.001, base * (1.0 + spread)))
+        return timedelta(seconds=min(longest, max(0.001, base * (1.0 + spread))))
 
     def to_json(self) -> str:
         """The backoff part as canonical JSON (``max_attempts`` is stored on its own)."""
@@ -391,6 +400,26 @@ class FailedAttempt:
     attempt: int
     #: Why, cut to ``FAILURE_HISTORY_REASON_LENGTH`` characters.
     reason: str
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON number")
+
+
+#: Strict JSON: ``NaN`` and ``Infinity`` are refused (Python's default takes them).
+_STRICT_JSON = json.JSONDecoder(parse_constant=_not_json)
+
+
+def payload_of(text: str) -> Any:
+    """A stored payload's value; raises for text the library would never
+    have stored: not strict JSON, or nested deeper than :data:`PAYLOAD_MAX_DEPTH`
+    (a ``RecursionError`` from the decoder included)."""
+    value = _STRICT_JSON.decode(text)
+    # Only text with that many brackets can nest that deep: a flat payload
+    # is not walked again.
+    if len(text) > PAYLOAD_MAX_DEPTH and text.count("[") + text.count("{") > PAYLOAD_MAX_DEPTH:
+        _check_json(value)
+    return value
 
 
 def history_of(text: str | None) -> tuple[FailedAttempt, ...]:
@@ -704,6 +733,42 @@ def bound_reason(reason: str) -> str:
     return reason
 
 
+#: The longest :attr:`Undecodable.reason` kept.
+UNDECODABLE_REASON_LENGTH = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """A stored value the library cannot decode: a row a producer wrote
+    itself (not valid JSON, nested deeper than :data:`PAYLOAD_MAX_DEPTH`,
+    a time outside 1970-9999, a retry policy out of its bounds, ...).
+
+    It never stops a claim, a settle, a recovery or a read: the job is read
+    with that field unknown and the value listed in :attr:`JobView.undecodable`.
+    An undecodable ``payload`` reads as this object itself (and a runner
+    settles the job ``failed`` without running its handler); another field
+    reads as its "none" value (see :attr:`JobView.undecodable`).
+    """
+
+    #: The :class:`JobView` field (``payload``, ``retry``, ``ready_at``, ...).
+    field: str
+    #: The ``watchdog_jobs`` column it is stored in.
+    column: str
+    #: Why it cannot be decoded (at most :data:`UNDECODABLE_REASON_LENGTH` characters).
+    reason: str
+
+    @classmethod
+    def of(cls, field: str, column: str, error: BaseException) -> Undecodable:
+        """The value of ``field`` (stored in ``column``) that raised ``error`` when decoded."""
+        reason = f"{type(error).__name__}: {error}"
+        if len(reason) > UNDECODABLE_REASON_LENGTH:
+            reason = reason[: UNDECODABLE_REASON_LENGTH - 1] + "…"
+        return cls(field, column, reason)
+
+    def __str__(self) -> str:
+        return f"<undecodable {self.column}: {self.reason}>"
+
+
 @dataclass(frozen=True, slots=True)
 class JobView:
     """A job as stored, read back from the database."""
@@ -754,6 +819,12 @@ class JobView:
     #: The W3C trace context it was enqueued under (``traceparent``, ...;
     #: see :mod:`sqlalchemy_watchdog.otel`), None when none was recorded.
     trace_context: Mapping[str, str] | None = None
+    #: The stored values that could not be decoded (a row written by hand),
+    #: empty for a row the library wrote. Each such field reads as unknown:
+    #: ``payload`` as the :class:`Undecodable` itself; ``retry`` as the
+    #: default policy with the job's stored ``max_attempts``; ``timeout``,
+    #: ``trace_context`` and the times as None; ``failure_history`` as ``()``.
+    undecodable: tuple[Undecodable, ...] = ()
 
     @property
     def cancellation_requested(self) -> bool:

@@ -315,8 +315,8 @@ class Runner:
             self._heartbeat_now.set()  # the heartbeat thread keeps the deadlines
         try:
             handler = self.settings.handlers[job.queue]
-            trace = execution.trace
-            result = handler(job) if trace is None else trace.context().run(handler, job)
+            context = execution.handler_context()
+            result = handler(job) if context is None else context.run(handler, job)
             return decision_of_result(result, job)
         except Exception as error:
             return decision_of_exception(execution, error)

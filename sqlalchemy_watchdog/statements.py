@@ -1010,6 +1010,19 @@ def make_due(filtered: bool) -> Update:
     return stmt.values(ready_at=clock).returning(c.sequence)
 
 
+@cache
+def waiting_jobs() -> Select[Any]:
+    """FOR TESTS ONLY (:func:`sqlalchemy_watchdog.testing.drain`): up to
+    ``:limit`` jobs of the expanding ``:queues`` that still wait to run --
+    delayed, or queued in a queue that is not paused -- job_id and state,
+    read from ``ix_watchdog_jobs_live_queue``."""
+    return (
+        select(c.job_id, c.state)
+        .where(IS_LIVE, c.queue_name.in_(_QUEUES), or_(IS_DELAYED, and_(IS_QUEUED, UNPAUSED)))
+        .limit(_p("limit", Integer()))
+    )
+
+
 # -- the dashboard's chart ----------------------------------------------------------
 
 

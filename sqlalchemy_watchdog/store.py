@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
-import json
 import logging
 import random
 import re
@@ -22,7 +21,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from sqlalchemy import Connection, Engine
@@ -62,6 +61,7 @@ from .jobs import (
     SettleStatus,
     Stats,
     Throughput,
+    Undecodable,
     at_epoch_ms,
     bound_reason,
     check_duration,
@@ -69,6 +69,7 @@ from .jobs import (
     check_text,
     duration_ms,
     history_of,
+    payload_of,
     rerun_job_id,
     slot_setters,
 )
@@ -154,7 +155,7 @@ _JOBVIEW_FIELDS = (
     "sequence", "job_id", "queue", "lane", "priority", "payload", "max_recoveries", "state", "outcome",
     "failure_reason", "recovery_count", "cancellation_id", "failure_detail", "run_at", "ready_at", "attempt",
     "max_attempts", "snoozes", "timeout", "retry", "failure_history", "enqueued_at", "started_at",
-    "settled_at", "rerun_of", "reruns", "trace_context",
+    "settled_at", "rerun_of", "reruns", "trace_context", "undecodable",
 )  # fmt: skip
 #: Each field's slot setter: a frozen dataclass's __init__ sets its 27 slots one
 #: object.__setattr__ call at a time (by name, through a global), 3.5x slower
@@ -169,23 +170,26 @@ def view(row: Sequence[Any]) -> JobView:
 
     Positional, not by name: the runner's hot statements hand over the
     driver's tuples (:func:`execute_rows`), and this runs once per claimed
-    job (and per settled job whose view is read)."""
+    job (and per settled job whose view is read).
+
+    Never raises for a stored value it cannot decode (a row a producer
+    wrote itself): that field reads as unknown (:class:`~sqlalchemy_watchdog.Undecodable`,
+    see :attr:`JobView.undecodable`), so one such row never stops a claim,
+    a settle, a recovery or a read of the others."""
     (
         sequence, job_id, queue_name, lane, priority, payload_json, recovery_max, state,
         outcome, _token, recovery_count, cancellation_id, failure_reason, failure_detail,
         _lease, run_at, ready_at, attempt, max_attempts, retry_policy, timeout_ms,
         snoozes, failure_history, enqueued_at, started_at, settled_at, rerun_of, trace_context,
     ) = row[:_WIDTH]  # fmt: skip
-    job: JobView = _new_object(JobView)
-    for setter, value in zip(
-        _JOBVIEW_SETTERS,
-        (
+    try:
+        values = (
             sequence,
             job_id,
             queue_name,
             lane,
             priority,
-            json.loads(payload_json),
+            payload_of(payload_json),
             recovery_max,
             _STATES[state],
             None if outcome is None else _OUTCOMES[outcome],
@@ -206,12 +210,94 @@ def view(row: Sequence[Any]) -> JobView:
             None if settled_at is None else at_epoch_ms(settled_at),
             rerun_of,
             (),
-            None if trace_context is None else telemetry.decode_trace_context(trace_context),
-        ),
-        strict=True,
-    ):
+            None if trace_context is None else telemetry.trace_context_of(trace_context),
+            (),
+        )
+    except Exception:  # a value the library would never have stored
+        values = _decoded_field_by_field(row)
+    job: JobView = _new_object(JobView)
+    for setter, value in zip(_JOBVIEW_SETTERS, values, strict=True):
         setter(job, value)
     return job
+
+
+def _decoded_field_by_field(row: Sequence[Any]) -> tuple[Any, ...]:
+    """:func:`view`'s values for a row with a value it cannot decode: each
+    decoded on its own, what fails read as unknown and listed."""
+    (
+        sequence, job_id, queue_name, lane, priority, payload_json, recovery_max, state,
+        outcome, _token, recovery_count, cancellation_id, failure_reason, failure_detail,
+        _lease, run_at, ready_at, attempt, max_attempts, retry_policy, timeout_ms,
+        snoozes, failure_history, enqueued_at, started_at, settled_at, rerun_of, trace_context,
+    ) = row[:_WIDTH]  # fmt: skip
+    unknown: list[Undecodable] = []
+
+    def decoded(field: str, column: str, decode: Callable[[Any], Any], value: Any, otherwise: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return decode(value)
+        except Exception as error:
+            unknown.append(Undecodable.of(field, column, error))
+            return unknown[-1] if otherwise is _ITSELF else otherwise
+
+    def time_of(field: str, value: Any) -> datetime | None:
+        return decoded(field, field, at_epoch_ms, value, None)  # type: ignore[no-any-return]
+
+    payload = decoded("payload", "payload_json", payload_of, payload_json, _ITSELF)
+    run = time_of("run_at", run_at)
+    ready = time_of("ready_at", ready_at)
+    timeout = decoded("timeout", "timeout_ms", lambda ms: timedelta(milliseconds=ms), timeout_ms, None)
+    # The stored max_attempts (a plain, CHECKed column) still bounds the job's
+    # attempts: only the backoff falls back to the defaults.
+    fallback = None if max_attempts is None else RetryPolicy(max_attempts=max_attempts)
+    retry = (
+        None
+        if max_attempts is None
+        else decoded(
+            "retry", "retry_policy", lambda text: RetryPolicy.from_stored(max_attempts, text), retry_policy, fallback
+        )
+        or fallback
+    )
+    history = decoded("failure_history", "failure_history", history_of, failure_history or None, ()) or ()
+    enqueued = time_of("enqueued_at", enqueued_at)
+    started = time_of("started_at", started_at)
+    settled = time_of("settled_at", settled_at)
+    trace = decoded("trace_context", "trace_context", telemetry.trace_context_of, trace_context, None)
+    return (
+        sequence,
+        job_id,
+        queue_name,
+        lane,
+        priority,
+        payload,
+        recovery_max,
+        _STATES[state],
+        None if outcome is None else _OUTCOMES[outcome],
+        failure_reason,
+        recovery_count,
+        cancellation_id,
+        failure_detail,
+        run,
+        ready,
+        attempt,
+        max_attempts,
+        snoozes,
+        timeout,
+        retry,
+        history,
+        enqueued,
+        started,
+        settled,
+        rerun_of,
+        (),
+        trace,
+        tuple(unknown),
+    )
+
+
+#: ``decoded(..., otherwise=_ITSELF)``: an undecodable value reads as its :class:`Undecodable`.
+_ITSELF: Any = object()
 
 
 # -- the hot statements, precompiled ------------------------------------------
@@ -369,10 +455,12 @@ def _enqueue_traced(
     if instrumentation is None:
         return _enqueue(conn, jobs, unique, delay_ms, None)
     trace = telemetry.EnqueueTrace()
+    trace_context = None
     with telemetry.guarded("enqueue"):
         trace = instrumentation.enqueue(unique)
+        trace_context = telemetry.storable_trace_context(trace.trace_context)
     try:
-        results = _enqueue(conn, jobs, unique, delay_ms, trace.trace_context)
+        results = _enqueue(conn, jobs, unique, delay_ms, trace_context)
     except BaseException as error:
         with telemetry.guarded("enqueue"):
             trace.failed(error)
@@ -1040,10 +1128,13 @@ def release_and_recover(
     ``budgets`` maps a job_id to its recovery budget (default: the job's own).
     """
     release(conn, claims)
-    tokens = dict(claims)
+    # A set of pairs, not a job_id -> token map: a runner may hold two
+    # executions of one job (a handler that overstayed its lease, and the
+    # job's next claim), of which only the current claim's token matches.
+    pairs = set(claims)
     results = []
     for expired in expired_claims(conn, limit=len(claims) + 64):
-        if tokens.get(expired.job.job_id) == expired.token:
+        if (expired.job.job_id, expired.token) in pairs:
             budget = _FROM_JOB if budgets is None else budgets.get(expired.job.job_id, _FROM_JOB)
             results.append(reconcile(conn, expired, max_recoveries=budget, cause=cause))
     return results
@@ -1217,7 +1308,10 @@ def stats(conn: Connection) -> Stats:
         e = entry(queue)
         e[state] = count
         if state == JobState.QUEUED.value and since is not None:
-            e["oldest_ready_age"] = timedelta(milliseconds=max(0, clock - since))
+            try:
+                e["oldest_ready_age"] = timedelta(milliseconds=max(0, clock - since))
+            except (OverflowError, TypeError):  # a ready time written by hand, out of range: unknown
+                pass
     for queue, count in conn.execute(sql.expired_counts()):
         entry(queue)["expired_leases"] = count
     for queue, outcome, last_minute, last_hour in conn.execute(sql.recent_outcomes()):
@@ -1287,6 +1381,9 @@ def rerun(conn: Connection, job_id: str, rerun_id: str) -> EnqueueResult:
         raise InvalidJob("job_id", f"no job {job_id!r} to rerun")
     if original.state is not JobState.SETTLED:
         raise InvalidJob("job_id", f"job {job_id!r} is {original.state.value}; only a settled job can be rerun")
+    for unknown in original.undecodable:
+        if unknown.field in ("payload", "retry", "timeout"):  # what the copy would carry
+            raise InvalidJob("job_id", f"job {job_id!r} cannot be rerun: its stored {unknown.column} is undecodable")
     copy = Job(
         rerun_job_id(job_id, rerun_id),
         original.queue,
@@ -1325,6 +1422,15 @@ def make_due(conn: Connection, queues: Iterable[str] | None = None) -> int:
     return len(conn.execute(sql.make_due(True), {"queues": names}).all())
 
 
+def waiting_jobs(conn: Connection, queues: Sequence[str], limit: int = 10) -> list[tuple[str, str]]:
+    """FOR TESTS ONLY: up to ``limit`` jobs of ``queues`` still waiting to
+    run (delayed, or queued in a queue not paused), as (job_id, state)."""
+    if not queues:
+        return []
+    rows = conn.execute(sql.waiting_jobs(), {"queues": list(queues), "limit": limit})
+    return [(job_id, state) for job_id, state in rows]
+
+
 # -- transactions ------------------------------------------------------------
 
 
@@ -1345,6 +1451,7 @@ READ_ONLY: frozenset[Callable[..., Any]] = frozenset(
         list_jobs,
         stats,
         read_with_reruns,
+        waiting_jobs,
     }
 )
 

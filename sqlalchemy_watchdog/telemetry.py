@@ -37,6 +37,8 @@ __all__ = [
     "uninstall",
     "encode_trace_context",
     "decode_trace_context",
+    "storable_trace_context",
+    "trace_context_of",
     "guarded",
 ]
 
@@ -157,15 +159,39 @@ def encode_trace_context(carrier: Mapping[str, str]) -> str | None:
     return None
 
 
+def storable_trace_context(text: object) -> str | None:
+    """An instrumentation's ``EnqueueTrace.trace_context`` if the column
+    takes it (a str of 2 to :data:`~sqlalchemy_watchdog.jobs.TRACE_CONTEXT_MAX_LENGTH`
+    characters of valid Unicode without NUL, as :func:`encode_trace_context`
+    makes); anything else would
+    make the enqueue itself fail, so it raises for :func:`guarded` to log and
+    the jobs are enqueued without one."""
+    if text is None:
+        return None
+    if not isinstance(text, str) or not 2 <= len(text) <= TRACE_CONTEXT_MAX_LENGTH:
+        shown = f"{len(text)} characters" if isinstance(text, str) else type(text).__name__
+        raise ValueError(f"trace_context must be a str of 2 to {TRACE_CONTEXT_MAX_LENGTH} characters, got {shown}")
+    if "\x00" in text:
+        raise ValueError("trace_context must not contain NUL (PostgreSQL text cannot hold it)")
+    text.encode("utf-8")  # a lone surrogate: UnicodeEncodeError
+    return text
+
+
 def decode_trace_context(text: str | None) -> Mapping[str, str] | None:
     """The stored trace context as a carrier (None when there is none or
     it is not a JSON object of strings -- a trace is never worth failing a job)."""
     if text is None:
         return None
     try:
-        value: Any = json.loads(text)
-    except ValueError:
+        return trace_context_of(text)
+    except Exception:  # anything a producer may have stored: a RecursionError too
         return None
+
+
+def trace_context_of(text: str) -> Mapping[str, str]:
+    """The stored trace context as a carrier; raises ``ValueError`` (or the
+    decoder's ``RecursionError``) for text that is not a JSON object of strings."""
+    value: Any = json.loads(text)
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        return None
+        raise ValueError("not a JSON object of strings")
     return value

@@ -221,7 +221,7 @@ def _listing(jobs: list[JobView], limit: int = _SHOWN) -> str:
     lines = []
     for job in jobs[:limit]:
         state = job.state.value if job.outcome is None else f"{job.state.value} ({job.outcome.value})"
-        payload = json.dumps(job.payload, sort_keys=True, ensure_ascii=False)
+        payload = json.dumps(job.payload, sort_keys=True, ensure_ascii=False, default=str)
         if len(payload) > _PAYLOAD_SHOWN:
             payload = payload[: _PAYLOAD_SHOWN - 3] + "..."
         lines.append(f"  - {job.job_id}  queue={job.queue}  state={state}  payload={payload}")
@@ -424,6 +424,31 @@ async def make_due_async(engine: AsyncEngine, *, queues: Iterable[str] | None = 
     return await run_store_as(engine, mode, store.make_due, names)
 
 
+#: Passes in a row in which a drain with ``advance_time`` finds nothing to
+#: run while jobs of its queues still wait (each pass ticks, so a job that
+#: came due is promoted by the next): then it raises, naming them.
+DRAIN_IDLE_PASSES = 100
+
+
+def _waiting(engine: Engine, queues: Iterable[str]) -> list[tuple[str, str]]:
+    """Jobs of ``queues`` still waiting to run (delayed, or queued unpaused)."""
+    mode = store.TxMode(autocommit=store.self_committing(engine.dialect.name))
+
+    def work() -> list[tuple[str, str]]:
+        with engine.connect() as conn:
+            return store.transact_as(conn, mode, store.waiting_jobs, list(queues))
+
+    return store.retrying(work, what="drain")
+
+
+def _still_waiting(left: list[tuple[str, str]]) -> AssertionError:
+    shown = ", ".join(f"{job_id} ({state})" for job_id, state in left)
+    return AssertionError(
+        f"drain(advance_time=True): jobs still wait to run after {DRAIN_IDLE_PASSES} passes that ran nothing: "
+        f"{shown}{', ...' if len(left) >= 10 else ''}"
+    )
+
+
 def drain(
     engine: Engine,
     handlers: Mapping[str, Callable[[RunningJob], Any]] | None = None,
@@ -448,9 +473,11 @@ def drain(
     :param advance_time: when nothing is ready, make the delayed jobs of
         those queues due at once (:func:`make_due`: a future ``run_at``, an
         enqueue's ``delay``, a retry's backoff, a snooze) and go on, until
-        no delayed job is left -- a whole retry schedule plays out without
-        waiting. False (the default): delayed jobs whose time has not come
-        stay delayed.
+        no job of those queues is delayed or ready (queued in a queue that is
+        not paused) -- a whole retry schedule plays out without waiting. If
+        jobs still wait after :data:`DRAIN_IDLE_PASSES` passes in a row that
+        ran nothing, it raises ``AssertionError`` naming them. False (the
+        default): delayed jobs whose time has not come stay delayed.
     :param max_jobs: stop after this many ticks that did something (a job
         settled, retried, snoozed or recovered), whatever is left -- a bound
         for a handler that snoozes forever.
@@ -462,13 +489,24 @@ def drain(
     budget = _check_drain(advance_time, max_jobs)
     runner = Runner(engine, handlers, queues=queues, **settings)
     settled: list[JobView] = []
-    busy = 0
+    busy = idle = 0
     while busy < budget:
         result = runner.tick()
         if result.status is TickStatus.IDLE:
-            if advance_time and make_due(engine, queues=runner.queues) > 0:
+            if not advance_time:
+                break
+            if make_due(engine, queues=runner.queues) > 0:
                 continue
-            break
+            # A delayed job may have come due between the tick and make_due
+            # (which then changed nothing): the next tick promotes it.
+            left = _waiting(engine, runner.queues)
+            if not left:
+                break
+            idle += 1
+            if idle >= DRAIN_IDLE_PASSES:
+                raise _still_waiting(left)
+            continue
+        idle = 0
         if result.status is TickStatus.LIVENESS_UNKNOWN:
             break
         busy += 1
@@ -491,13 +529,23 @@ async def drain_async(
     budget = _check_drain(advance_time, max_jobs)
     runner = AsyncRunner(engine, handlers, queues=queues, **settings)
     settled: list[JobView] = []
-    busy = 0
+    busy = idle = 0
     while busy < budget:
         result = await runner.tick()
         if result.status is TickStatus.IDLE:
-            if advance_time and await make_due_async(engine, queues=runner.queues) > 0:
+            if not advance_time:
+                break
+            if await make_due_async(engine, queues=runner.queues) > 0:
                 continue
-            break
+            mode = store.TxMode(autocommit=store.self_committing(engine.dialect.name))
+            left = await run_store_as(engine, mode, store.waiting_jobs, runner.queues)
+            if not left:
+                break
+            idle += 1
+            if idle >= DRAIN_IDLE_PASSES:
+                raise _still_waiting(left)
+            continue
+        idle = 0
         if result.status is TickStatus.LIVENESS_UNKNOWN:
             break
         busy += 1

@@ -141,6 +141,22 @@ def test_show_prints_the_trace_context_a_job_was_enqueued_under(engine: Engine, 
     assert json.loads(out)["trace_context"] == {"traceparent": parent}
 
 
+def test_show_and_ls_print_an_undecodable_stored_payload_as_unknown(engine: Engine, cli: Cli) -> None:
+    add(engine, Job("poisoned", "emails", payload={"to": "x"}))
+    with engine.begin() as conn:  # a producer's own INSERT/UPDATE
+        conn.execute(text("UPDATE watchdog_jobs SET payload_json = :p"), {"p": "[" * 1500 + "]" * 1500})
+    status, out, _ = cli("show", "poisoned")
+    assert status == 0
+    assert dict(line.split(None, 1) for line in out.splitlines())["payload"].startswith(
+        "<undecodable payload_json: RecursionError"
+    )
+    status, out, _ = cli("--json", "show", "poisoned")
+    shown = json.loads(out)
+    assert shown["payload"] is None and shown["undecodable"]["payload"].startswith("RecursionError")
+    status, out, _ = cli("--json", "ls")
+    assert status == 0 and "poisoned" in out
+
+
 def test_show_prints_a_failed_handlers_traceback(engine: Engine, cli: Cli) -> None:
     from sqlalchemy_watchdog import Runner
 

@@ -9,7 +9,9 @@ metric reader, and real processes for the cross-process tests.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -51,6 +53,7 @@ from sqlalchemy_watchdog import (
 from sqlalchemy_watchdog.asyncio import AsyncRunner
 from sqlalchemy_watchdog.otel import instrument, uninstrument
 from tests.conftest import make_async_engine
+from tests.runner_kinds import RunnerDriver, dual
 
 REPO = Path(__file__).resolve().parent.parent
 WORKER = REPO / "tests" / "workers" / "otel_process.py"
@@ -408,6 +411,86 @@ def test_broken_instrumentation_never_fails_an_enqueue_or_a_job(engine: Engine) 
     finally:
         telemetry.uninstall()
     assert done.outcome is Outcome.COMPLETED and done.trace_context is None
+
+
+class _BrokenAttempt(telemetry.AttemptTrace):
+    """An attempt trace every hook of which raises."""
+
+    def context(self) -> contextvars.Context:
+        raise RuntimeError("context exploded")
+
+    def decided(self, decision: Any, request: Any) -> None:
+        raise RuntimeError("decided exploded")
+
+    def concluded(self, result: Any) -> None:
+        raise RuntimeError("concluded exploded")
+
+    def end(self) -> None:
+        raise RuntimeError("end exploded")
+
+
+class _BrokenAttempts(telemetry.Instrumentation):
+    def attempt(self, execution: Any) -> telemetry.AttemptTrace:
+        return _BrokenAttempt()
+
+
+def test_a_trace_whose_context_raises_never_fails_the_job_and_is_logged_once(
+    engine: Engine, runners: RunnerDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    ran: list[str] = []
+
+    async def coroutine(job: RunningJob) -> None:
+        ran.append(job.job_id)
+
+    handler = dual(lambda job: ran.append(job.job_id), coroutine)
+    with Session(engine) as session:
+        enqueue(session, Job("traced", "q"))
+        session.commit()
+    telemetry.install(_BrokenAttempts())
+    try:
+        with caplog.at_level(logging.ERROR, logger="sqlalchemy_watchdog.telemetry"):
+            [done] = runners.runner({"q": handler}).run_until_idle()
+    finally:
+        telemetry.uninstall()
+    assert (done.job_id, done.outcome, done.failure_reason) == ("traced", Outcome.COMPLETED, None)
+    assert ran == ["traced"]
+    failed = [r.getMessage() for r in caplog.records if r.name == "sqlalchemy_watchdog.telemetry"]
+    assert failed.count("instrumentation failed in context; ignored") == 1, failed
+    assert {"instrumentation failed in decided; ignored", "instrumentation failed in end; ignored"} <= set(failed)
+
+
+class _OddEnqueueTrace(telemetry.EnqueueTrace):
+    def __init__(self, trace_context: Any) -> None:
+        self.trace_context = trace_context
+
+
+class _OddContexts(telemetry.Instrumentation):
+    def __init__(self, trace_context: Any) -> None:
+        self.trace_context = trace_context
+
+    def enqueue(self, jobs: Any) -> telemetry.EnqueueTrace:
+        return _OddEnqueueTrace(self.trace_context)
+
+
+@pytest.mark.parametrize(
+    "trace_context",
+    ["x", "x" * 5000, 42, '{"a":"\x00"}', '{"a":"\ud800"}'],
+    ids=["too-short", "too-long", "not-a-str", "nul", "lone-surrogate"],
+)
+def test_a_trace_context_the_column_refuses_never_fails_an_enqueue(
+    engine: Engine, trace_context: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    telemetry.install(_OddContexts(trace_context))
+    try:
+        with caplog.at_level(logging.ERROR, logger="sqlalchemy_watchdog.telemetry"):
+            with Session(engine) as session:
+                enqueue(session, Job("j", "q"))
+                session.commit()
+    finally:
+        telemetry.uninstall()
+    job = Watchdog(engine).read("j")
+    assert job is not None and job.trace_context is None
+    assert [r.getMessage() for r in caplog.records] == ["instrumentation failed in enqueue; ignored"]
 
 
 def test_an_oversized_trace_context_keeps_only_its_traceparent() -> None:

@@ -567,6 +567,7 @@ PLANS: list[Case] = [
     Case("reruns_of", "reruns_of", (), lambda d: {"job": "s-6"}, on(RERUN_OF)),
     Case("make_due(all)", "make_due", (False,), _none, on(DELAYED)),
     Case("make_due(queues)", "make_due", (True,), lambda d: {"queues": ["q3"]}, on(DELAYED, LIVE_QUEUE)),
+    Case("waiting_jobs", "waiting_jobs", (), lambda d: {"queues": ["q3"], "limit": 10}, on(LIVE_QUEUE)),
 ]
 
 #: Statements that do not read the jobs table: the coverage test knows them; nothing to plan.

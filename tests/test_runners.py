@@ -16,6 +16,7 @@ on the runner's engine (public API), not by reaching into the runner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -1589,6 +1590,80 @@ def test_the_timeout_is_the_jobs_own_else_its_handlers_else_the_runners(
         "handler-says-none": None,
         "own-on-off": timedelta(seconds=7),
     }
+
+
+class Concurrency:
+    """Counts the handlers running at once (their peak), whatever the thread or task."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.running = 0
+        self.peak = 0
+
+    def enter(self) -> None:
+        with self._lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+
+    def leave(self) -> None:
+        with self._lock:
+            self.running -= 1
+
+
+def test_a_handler_overstaying_its_lease_keeps_its_slot_so_concurrency_is_never_exceeded(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    """Slots belong to executions, not to job ids: when a handler ignores
+    its timeout past its lease, its job is recovered and this very runner
+    claims it again -- the first execution still holds its slot until its
+    handler returns, so two slots never run three handlers."""
+    fillers = [f"f{i}" for i in range(12)]
+    add(engine, Job("stubborn", "q", timeout=timedelta(milliseconds=200), max_recoveries=1))
+    add(engine, *(Job(job_id, "q") for job_id in fillers))
+    count = Concurrency()
+
+    def recovered() -> bool:
+        return read(engine, "stubborn").recovery_count == 1
+
+    def plain(job: RunningJob) -> None:
+        count.enter()
+        try:
+            if job.job_id == "stubborn" and job.recovery_count == 0:
+                wait_until(recovered, timeout=20, what="the recovery")  # ignores its stop, past its lease
+                time.sleep(0.6)  # and overstays while the job runs again
+            else:
+                time.sleep(0.15)
+        finally:
+            count.leave()
+
+    async def coroutine(job: RunningJob) -> None:
+        count.enter()
+        try:
+            if job.job_id == "stubborn" and job.recovery_count == 0:
+                deadline = time.monotonic() + 20
+                while not recovered() and time.monotonic() < deadline:  # swallows every cancellation
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.sleep(0.05)
+                until = time.monotonic() + 0.6
+                while time.monotonic() < until:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.sleep(0.05)
+            else:
+                await asyncio.sleep(0.15)
+        finally:
+            count.leave()
+
+    worker = make(runners, {"q": dual(plain, coroutine)}, concurrency=2, lease=timedelta(milliseconds=600),
+                  heartbeat=timedelta(milliseconds=200))  # fmt: skip
+    with worker.serving():
+        wait_until(
+            lambda: all(read(engine, j).state is JobState.SETTLED for j in ["stubborn", *fillers]),
+            timeout=30,
+            what="every job to settle",
+        )
+        wait_until(lambda: count.running == 0, timeout=10, what="the overstaying handler to return")
+    assert read(engine, "stubborn").recovery_count == 1
+    assert count.peak == 2, f"{count.peak} handlers ran at once with concurrency=2"
 
 
 def test_a_handler_ignoring_its_timeout_loses_its_lease_and_the_job_is_recovered_not_retried(

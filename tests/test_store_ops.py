@@ -1016,3 +1016,17 @@ def test_a_dropped_connection_under_a_hot_statement_is_invalidated_and_transient
         assert conn.invalidated
     assert row(engine, "a")["state"] == "queued"  # type: ignore[index]
     assert claim_one(engine, queues=["q"]).job.job_id == "a"
+
+
+def test_shutdown_recovery_takes_the_current_claim_of_a_job_whose_older_execution_is_still_held(
+    engine: Engine,
+) -> None:
+    """A runner may hold two executions of one job (a handler that overstayed
+    its lease, and the job's next claim): shutdown hands both pairs over, and
+    the current claim is recovered whatever their order."""
+    add(engine, Job("a", "q", max_recoveries=1))
+    claim = claim_one(engine)
+    recoveries = run(engine, store.release_and_recover, [("a", claim.token), ("a", "claim_overstayed")])
+    assert [(r.job_id, r.status) for r in recoveries] == [("a", store.RecoveryStatus.REQUEUED)]
+    stored = row(engine, "a")
+    assert stored is not None and (stored["state"], stored["recovery_count"]) == ("queued", 1)

@@ -21,7 +21,10 @@ from sqlalchemy_watchdog import (
     JobState,
     Outcome,
     RetryPolicy,
+    Runner,
     RunningJob,
+    TickResult,
+    TickStatus,
     Watchdog,
     enqueue,
     execution,
@@ -385,6 +388,70 @@ def test_advance_time_plays_a_whole_retry_schedule_without_waiting(engine: Engin
     assert attempts == [1, 2, 3, 4]
     assert (job.outcome, job.attempt) == (Outcome.COMPLETED, 4)
     assert [failure.reason for failure in job.failure_history] == [f"attempt {n} failed" for n in (1, 2, 3)]
+
+
+SHORT_BACKOFF = RetryPolicy(max_attempts=6, backoff=timedelta(milliseconds=2), jitter=0.5)
+
+
+def fails_five_times(job: RunningJob) -> Decision | None:
+    return Decision.failed(f"attempt {job.attempt} failed") if job.attempt <= 5 else None
+
+
+def slow_make_due(engine: Engine) -> None:
+    """Let 10 ms pass before each make_due statement (a busy CI machine):
+    a retry's 1-3 ms backoff then always ends between the idle tick and
+    make_due, which finds nothing left to make due."""
+
+    def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.startswith("UPDATE watchdog_jobs SET ready_at="):
+            time.sleep(0.01)
+
+    event.listen(engine, "before_cursor_execute", before)
+
+
+def test_advance_time_returns_only_when_no_retry_with_a_short_backoff_is_left_waiting(engine: Engine) -> None:
+    # A 2 ms backoff can expire between the idle tick and make_due, which
+    # then changes nothing: drain must still go on until nothing waits.
+    slow_make_due(engine)
+    for round_ in range(3):
+        add(engine, *(Job(f"r{round_}-{i}", "q", retry=SHORT_BACKOFF) for i in range(10)))
+        settled = drain(engine, {"q": fails_five_times}, advance_time=True)
+        assert sorted((job.job_id, job.outcome, job.attempt) for job in settled) == [
+            (f"r{round_}-{i}", Outcome.COMPLETED, 6) for i in range(10)
+        ]
+
+
+async def test_drain_async_with_advance_time_leaves_no_retry_with_a_short_backoff_waiting(engine: Engine) -> None:
+    async def flaky(job: RunningJob) -> Decision | None:
+        return fails_five_times(job)
+
+    async_engine = make_async_engine(engine)
+    slow_make_due(async_engine.sync_engine)
+    try:
+        for round_ in range(2):
+            add(engine, *(Job(f"r{round_}-{i}", "q", retry=SHORT_BACKOFF) for i in range(10)))
+            settled = await drain_async(async_engine, {"q": flaky}, advance_time=True)
+            assert sorted((job.job_id, job.outcome) for job in settled) == [
+                (f"r{round_}-{i}", Outcome.COMPLETED) for i in range(10)
+            ]
+    finally:
+        await async_engine.dispose()
+
+
+def test_advance_time_returns_with_the_jobs_of_a_paused_queue_left_queued(engine: Engine) -> None:
+    add(engine, Job("held", "q"))
+    Watchdog(engine).pause("q", reason="maintenance")
+    assert drain(engine, {"q": completed}, advance_time=True) == []
+    assert read(engine, "held").state is JobState.QUEUED
+
+
+def test_advance_time_raises_naming_the_jobs_left_when_nothing_runs_them(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add(engine, Job("stuck", "q"))
+    monkeypatch.setattr(Runner, "tick", lambda self: TickResult(TickStatus.IDLE))  # a runner that claims nothing
+    with pytest.raises(AssertionError, match=r"jobs still wait to run .*: stuck \(queued\)"):
+        drain(engine, {"q": completed}, advance_time=True)
 
 
 def test_advance_time_runs_future_jobs_delays_and_snoozes(engine: Engine) -> None:

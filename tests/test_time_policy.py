@@ -16,6 +16,8 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy import DateTime, Engine, Integer, String, TypeDecorator, insert, literal, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -53,6 +55,7 @@ from sqlalchemy_watchdog.model import jobs_table
 from sqlalchemy_watchdog.store import Claim, SettleRequest
 from tests.conftest import make_async_engine
 from tests.helpers import add, raw, read, wait_until
+from tests.runner_kinds import RunnerDriver
 
 QUEUED = EnqueueStatus.QUEUED
 DUPLICATE = EnqueueStatus.DUPLICATE
@@ -184,6 +187,60 @@ def test_retry_policy_delay_grows_by_the_factor_up_to_max_backoff_and_jitter_sta
     waits = [spread.delay(1, rng=rng).total_seconds() for _ in range(200)]
     assert all(9.0 <= w <= 11.0 for w in waits)
     assert len(set(waits)) > 100  # really spread
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    factor=st.floats(min_value=1.0, max_value=100.0),
+    backoff_ms=st.integers(min_value=1, max_value=3_600_000),
+    extra_ms=st.integers(min_value=0, max_value=30 * 86_400_000),
+    jitter=st.floats(min_value=0.0, max_value=1.0),
+    attempt=st.integers(min_value=1, max_value=10**9),
+    seed=st.integers(min_value=0, max_value=2**32),
+)
+def test_retry_delay_never_raises_never_exceeds_max_backoff_and_grows_with_the_attempt(
+    factor: float, backoff_ms: int, extra_ms: int, jitter: float, attempt: int, seed: int
+) -> None:
+    policy = RetryPolicy(
+        max_attempts=1000,
+        backoff=timedelta(milliseconds=backoff_ms),
+        factor=factor,
+        max_backoff=timedelta(milliseconds=backoff_ms + extra_ms),
+        jitter=jitter,
+    )
+    rng = random.Random(seed)
+    for n in (attempt, attempt + 1, 310, 648, 10**12):
+        assert timedelta(0) < policy.delay(n, rng=rng) <= policy.max_backoff
+    steady = RetryPolicy(
+        max_attempts=1000, backoff=policy.backoff, factor=factor, max_backoff=policy.max_backoff, jitter=0.0
+    )
+    assert steady.delay(attempt) <= steady.delay(attempt + 1) <= policy.max_backoff
+
+
+@pytest.mark.parametrize(("factor", "attempt"), [(10, 310), (3, 648), (100, 156), (100, 1000)])
+def test_a_long_retry_schedule_waits_max_backoff_instead_of_overflowing(factor: float, attempt: int) -> None:
+    policy = RetryPolicy(max_attempts=1000, factor=factor, max_backoff=HOUR, jitter=0.5)
+    assert HOUR / 2 <= policy.delay(attempt) <= HOUR
+
+
+def test_a_job_at_a_high_attempt_of_a_long_schedule_is_requeued_by_a_served_runner(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    policy = RetryPolicy(max_attempts=1000, factor=10, max_backoff=HOUR)
+    add(engine, Job("late", "q", retry=policy))
+    with engine.begin() as conn:  # as a producer may write it, or after 309 failures
+        conn.execute(jobs_table.update().where(jobs_table.c.job_id == "late").values(attempt=310))
+
+    def fail(job: RunningJob) -> None:
+        raise RuntimeError("still failing")
+
+    worker = runners.runner({"q": fail}, poll_interval=timedelta(milliseconds=50))
+    with worker.serving():
+        job = wait_until(lambda: (j := read(engine, "late")).state is JobState.DELAYED and j, what="the requeue")
+    assert (job.attempt, job.outcome) == (311, None)
+    assert job.failure_history[-1].reason.endswith("still failing")
+    assert job.ready_at is not None and job.enqueued_at is not None
+    assert job.ready_at - datetime.now(UTC) <= HOUR
 
 
 @pytest.mark.parametrize(

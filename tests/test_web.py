@@ -38,6 +38,7 @@ from sqlalchemy_watchdog import (
 from sqlalchemy_watchdog.asyncio import AsyncWatchdog
 from sqlalchemy_watchdog.cli import main
 from sqlalchemy_watchdog.jobs import THROUGHPUT_MINUTES
+from sqlalchemy_watchdog.model import jobs_table
 from sqlalchemy_watchdog.web import ACTIONS, create_app
 from tests.conftest import make_async_engine
 
@@ -97,6 +98,23 @@ def settle(engine: Engine, handlers: dict[str, Any]) -> None:
 
 
 # -- pages ---------------------------------------------------------------------------
+
+
+def test_a_job_whose_stored_payload_is_undecodable_is_shown_as_unknown(
+    engine: Engine, watchdog: Watchdog, dashboard: Dashboard
+) -> None:
+    watchdog.enqueue(Job("poisoned", "emails"))
+    with engine.begin() as conn:  # a producer's own UPDATE
+        conn.execute(
+            jobs_table.update()
+            .where(jobs_table.c.job_id == "poisoned")
+            .values(payload_json="[" * 1500 + "]" * 1500, trace_context="[" * 1500 + "]" * 1500)
+        )
+    page = dashboard.get("/job", job_id="poisoned")
+    assert page.status_code == 200
+    assert "&lt;undecodable payload_json: RecursionError" in page.text
+    assert dashboard.get("/jobs", queue="emails").status_code == 200
+    assert dashboard.get("/").status_code == 200
 
 
 def test_pages_show_queues_jobs_and_a_job(engine: Engine, watchdog: Watchdog, dashboard: Dashboard) -> None:

@@ -45,6 +45,7 @@ from ..jobs import (
     PauseStatus,
     Stats,
     Throughput,
+    Undecodable,
 )
 from . import chart
 
@@ -155,6 +156,8 @@ def age(value: timedelta | None) -> str:
 
 
 def pretty_json(value: Any) -> str:
+    if isinstance(value, Undecodable):  # a payload written by hand that no JSON reader takes
+        return str(value)
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
 
 

@@ -32,6 +32,7 @@ from sqlalchemy_watchdog import (
     EnqueueConflict,
     InvalidJob,
     Job,
+    JobState,
     Outcome,
     Retention,
     RetryPolicy,
@@ -57,9 +58,11 @@ from sqlalchemy_watchdog.jobs import (
     PAYLOAD_MAX_DEPTH,
     CancelStatus,
 )
-from sqlalchemy_watchdog.model import pauses_table
+from sqlalchemy_watchdog.model import jobs_table, pauses_table
 from tests.conftest import DIALECTS, make_async_engine
 from tests.faults.helpers import dump_jobs
+from tests.helpers import wait_until
+from tests.runner_kinds import RunnerDriver
 
 HEAVY = "x" * (PAYLOAD_MAX_BYTES - 2)  # '"' + HEAVY + '"' is exactly the limit
 LATER = datetime.datetime(2100, 1, 1, tzinfo=UTC)
@@ -751,3 +754,167 @@ def test_unknown_decision_kinds_from_a_handler_fail_the_job_clearly(engine: Engi
     (settled,) = Runner(engine, {"q": lambda job: returned}).run_until_idle()
     assert settled.outcome is Outcome.FAILED
     assert "not a Decision" in settled.failure_reason and type(returned).__name__ in settled.failure_reason
+
+
+# -- stored values the library cannot decode ----------------------------------------
+#
+# The docs let producers write rows themselves: anything a column (and its
+# CHECK) accepts may be there. A value the library cannot decode reads as
+# unknown (listed in JobView.undecodable) and never stops a claim, a settle,
+# a recovery or a read of the other jobs.
+
+DEEP = "[" * 1500 + "]" * 1500  # within trace_context's 4,096-character CHECK; a RecursionError to decode
+NAN_POLICY = '{"backoff_ms":1000,"factor":NaN,"jitter":0.1,"max_backoff_ms":2000}'
+OUT_OF_BOUNDS_POLICY = '{"backoff_ms":1000,"factor":1e9,"jitter":0.1,"max_backoff_ms":2000}'
+FAR = 2**62  # milliseconds: past year 9999 by far
+
+
+@dataclass(frozen=True)
+class Stored:
+    """``column`` set to ``value`` by hand; it reads as ``field`` = ``unknown``."""
+
+    column: str
+    value: Any
+    field: str
+    unknown: Any = None
+    #: The column of a settled job (settled_at's CHECK), not of a queued one.
+    settled: bool = False
+
+
+STORED = {
+    "payload-deep": Stored("payload_json", DEEP, "payload"),
+    "payload-deeper-than-the-limit": Stored("payload_json", "[" * 65 + "]" * 65, "payload"),
+    "payload-not-json": Stored("payload_json", "{'a': 1}", "payload"),
+    "payload-nan": Stored("payload_json", '{"a": NaN}', "payload"),
+    "payload-huge-int": Stored("payload_json", "9" * 5000, "payload"),
+    "payload-empty": Stored("payload_json", "", "payload"),
+    "trace-context-deep": Stored("trace_context", DEEP, "trace_context"),
+    "trace-context-not-an-object": Stored("trace_context", "[1, 2]", "trace_context"),
+    "trace-context-not-json": Stored("trace_context", "traceparent=00-ab", "trace_context"),
+    "failure-history-deep": Stored("failure_history", DEEP, "failure_history", ()),
+    "failure-history-not-json": Stored("failure_history", "{", "failure_history", ()),
+    "failure-history-wrong-shape": Stored("failure_history", '[{"at": "yesterday"}]', "failure_history", ()),
+    "failure-history-far-time": Stored(
+        "failure_history", f'[{{"at": {FAR}, "attempt": 1, "reason": "r"}}]', "failure_history", ()
+    ),
+    "retry-policy-deep": Stored("retry_policy", DEEP, "retry", RetryPolicy(max_attempts=3)),
+    "retry-policy-nan": Stored("retry_policy", NAN_POLICY, "retry", RetryPolicy(max_attempts=3)),
+    "retry-policy-out-of-bounds": Stored("retry_policy", OUT_OF_BOUNDS_POLICY, "retry", RetryPolicy(max_attempts=3)),
+    "retry-policy-wrong-shape": Stored("retry_policy", "[]", "retry", RetryPolicy(max_attempts=3)),
+    "timeout-far": Stored("timeout_ms", FAR, "timeout"),
+    "run-at-far": Stored("run_at", FAR, "run_at"),
+    "run-at-before-year-1": Stored("run_at", -FAR, "run_at"),
+    "ready-at-far-past": Stored("ready_at", -FAR, "ready_at"),
+    "enqueued-at-far": Stored("enqueued_at", FAR, "enqueued_at"),
+    "started-at-far": Stored("started_at", FAR, "started_at"),
+    "settled-at-far": Stored("settled_at", FAR, "settled_at", settled=True),
+}
+
+
+def _poison(engine: Engine, job_id: str, stored: Stored) -> None:
+    """Write ``stored`` into the job's row as a producer may."""
+    values: dict[str, Any] = {stored.column: stored.value}
+    if stored.column == "retry_policy":
+        values["max_attempts"] = 3
+    with engine.begin() as conn:
+        conn.execute(jobs_table.update().where(jobs_table.c.job_id == job_id).values(**values))
+
+
+def _settle_by_hand(engine: Engine, job_id: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            jobs_table.update().where(jobs_table.c.job_id == job_id).values(state="settled", outcome="completed")
+        )
+
+
+@pytest.mark.parametrize("name", list(STORED))
+def test_an_undecodable_stored_value_reads_as_unknown_and_never_stops_the_other_jobs(engine: Engine, name: str) -> None:
+    stored = STORED[name]
+    Watchdog(engine).enqueue(
+        [Job("poisoned", "q", payload={"n": 0}), *(Job(f"other-{i}", "q", payload={"n": i}) for i in range(1, 4))]
+    )
+    Watchdog(engine).enqueue(Job("elsewhere", "other-queue"))
+    if stored.settled:
+        _settle_by_hand(engine, "poisoned")
+    _poison(engine, "poisoned", stored)
+    watchdog = Watchdog(engine)
+
+    job = watchdog.read("poisoned")
+    assert job is not None
+    [unknown] = job.undecodable
+    assert (unknown.field, unknown.column) == (stored.field, stored.column)
+    assert unknown.reason and len(unknown.reason) <= 200
+    if stored.field == "payload":
+        assert job.payload is unknown
+        assert stored.column in str(unknown)
+    else:
+        assert getattr(job, stored.field) == stored.unknown
+        assert job.payload == {"n": 0}
+    assert {j.job_id for j in watchdog.list_jobs()} == {"poisoned", "other-1", "other-2", "other-3", "elsewhere"}
+    watchdog.stats()
+
+    ran: list[str] = []
+    done = Runner(engine, {"q": lambda j: ran.append(j.job_id), "other-queue": lambda j: None}).run_until_idle()
+    others = {"other-1", "other-2", "other-3", "elsewhere"}
+    assert others <= {j.job_id for j in done}
+    assert others - {"elsewhere"} <= set(ran)
+    after = watchdog.read("poisoned")
+    assert after is not None and after.state is JobState.SETTLED
+    if stored.settled:
+        return
+    if stored.field == "payload":  # never handed to a handler: failed at once, not retried
+        assert "poisoned" not in ran
+        assert after.outcome is Outcome.FAILED
+        assert after.failure_reason is not None and after.failure_reason.startswith("payload could not be decoded")
+    else:
+        assert "poisoned" in ran and after.outcome is Outcome.COMPLETED
+
+
+def test_a_job_with_an_undecodable_payload_cannot_be_rerun_and_nothing_is_written(engine: Engine) -> None:
+    Watchdog(engine).enqueue(Job("poisoned", "q"))
+    _settle_by_hand(engine, "poisoned")
+    _poison(engine, "poisoned", STORED["payload-deep"])
+    before = dump_jobs(engine)
+    with pytest.raises(InvalidJob) as caught:
+        Watchdog(engine).rerun("poisoned", rerun_id="again")
+    assert caught.value.field == "job_id" and "payload_json is undecodable" in str(caught.value)
+    assert dump_jobs(engine) == before
+
+
+def test_a_served_runner_with_poisoned_rows_runs_every_other_job(engine: Engine, runners: RunnerDriver) -> None:
+    Watchdog(engine).enqueue(
+        [Job("bad-trace", "q"), Job("bad-payload", "q"), *(Job(f"j{i}", "other") for i in range(20))]
+    )
+    _poison(engine, "bad-trace", STORED["trace-context-deep"])
+    _poison(engine, "bad-payload", STORED["payload-deep"])
+    worker = runners.runner(
+        {"q": lambda job: None, "other": lambda job: None}, concurrency=4, poll_interval=timedelta(milliseconds=50)
+    )
+    watchdog = Watchdog(engine)
+    with worker.serving():
+        wait_until(
+            lambda: all(j.state.value == "settled" for j in watchdog.list_jobs()),
+            timeout=30,
+            what="every job to settle",
+        )
+    outcomes = {j.job_id: j.outcome for j in watchdog.list_jobs()}
+    assert outcomes.pop("bad-payload") is Outcome.FAILED
+    assert set(outcomes.values()) == {Outcome.COMPLETED} and len(outcomes) == 21
+
+
+def test_recovery_takes_a_poisoned_expired_claim_and_the_others_beside_it(engine: Engine) -> None:
+    Watchdog(engine).enqueue([Job("bad", "q", max_recoveries=1), Job("good", "q", max_recoveries=1)])
+    _poison(engine, "bad", STORED["trace-context-deep"])
+    _poison(engine, "bad", STORED["failure-history-deep"])
+    with engine.begin() as conn:  # both claimed by a runner that vanished: their leases ended long ago
+        for job_id in ("bad", "good"):
+            conn.execute(
+                jobs_table.update()
+                .where(jobs_table.c.job_id == job_id)
+                .values(state="running", claim_token=f"claim_{job_id}", lease_until=1)
+            )
+    done = Runner(engine, {"q": lambda job: None}).run_until_idle()
+    assert sorted((j.job_id, j.outcome, j.recovery_count) for j in done) == [
+        ("bad", Outcome.COMPLETED, 1),
+        ("good", Outcome.COMPLETED, 1),
+    ]

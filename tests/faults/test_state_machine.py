@@ -354,13 +354,15 @@ def stored_history(text: str | None) -> History | None:
 
 def backoff_bounds(policy: RetryPolicy, attempt: int) -> tuple[int, int]:
     """The wait in whole milliseconds after failed attempt ``attempt``: the
-    contract's ``min(max_backoff, backoff * factor**(attempt-1)) * (1 ± jitter)``."""
-    base = min(policy.max_backoff.total_seconds(), policy.backoff.total_seconds() * policy.factor ** (attempt - 1))
+    contract's ``min(max_backoff, backoff * factor**(attempt-1)) * (1 ± jitter)``,
+    never past ``max_backoff`` (the longest wait, jitter included)."""
+    longest = policy.max_backoff.total_seconds()
+    base = min(longest, policy.backoff.total_seconds() * policy.factor ** (attempt - 1))
     if policy.jitter == 0:
         exact = round(base * 1000)
         return exact, exact
     low = max(0.001, base * (1 - policy.jitter))
-    high = base * (1 + policy.jitter)
+    high = min(longest, base * (1 + policy.jitter))
     return math.floor(low * 1000) - 1, math.ceil(high * 1000) + 1
 
 
