@@ -695,7 +695,7 @@ class AsyncRunner:
             self.wakeup_status = decide(
                 self.wakeups,
                 reason,
-                proof_failed=engine.dialect.name == "postgresql" and self.wakeups is not WakeupMode.POLL,
+                dialect_name=engine.dialect.name,
                 poll_interval_s=self.settings.poll_interval_s,
             )
             return None

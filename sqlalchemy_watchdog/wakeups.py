@@ -217,14 +217,15 @@ def polling_reason(mode: WakeupMode, dialect_name: str, driver: str) -> str | No
     return None
 
 
-def decide(mode: WakeupMode, reason: str, *, proof_failed: bool, poll_interval_s: float) -> WakeupStatus:
+def decide(mode: WakeupMode, reason: str, *, dialect_name: str, poll_interval_s: float) -> WakeupStatus:
     """The status of a runner that will not listen, for ``reason``: raises
     :class:`~sqlalchemy_watchdog.errors.WakeupsUnavailable` where
-    ``wakeups="listen"`` was asked, and logs the one WARNING of ``"auto"``
-    when a PostgreSQL connection failed the proof (or its driver cannot listen)."""
+    ``wakeups="listen"`` was asked, and logs the one WARNING of ``"auto"`` on
+    PostgreSQL (its session failed the proof, or its driver cannot listen);
+    SQLite has nothing to listen with, and says so only in the start line."""
     if mode is WakeupMode.LISTEN:
         raise WakeupsUnavailable(reason)
-    if mode is WakeupMode.AUTO and (proof_failed or "driver" in reason):
+    if mode is WakeupMode.AUTO and dialect_name == "postgresql":
         log.warning(
             "runner: LISTEN/NOTIFY wake-ups are off: %s. Polling every %gs instead. For wake-ups within "
             "milliseconds give the runner listen_engine=create_engine(<a direct URL to the primary>) "
