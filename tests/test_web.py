@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Untrusted text: markup that would run if it reached the page unescaped.
 SCRIPT = "<script>window.__xss=1</script>"
 IMG = "<img src=x onerror=window.__xss=2>"
-CONTROL = "\x07bell\x1b[31m\u202egpj.exe"
+CONTROL = "\x07bell\x1b[31m\u202egpj.exe\u061c\u180e"
 
 
 def token_of(page: str) -> str:
@@ -345,11 +345,14 @@ def test_untrusted_text_is_escaped_everywhere(engine: Engine, watchdog: Watchdog
         ).text
     for name, page in pages.items():
         assert SCRIPT not in page and "<img src=x" not in page, name
-        assert "\x07" not in page and "\x1b" not in page and "\u202e" not in page, name
+        for raw in ("\x07", "\x1b", "\u202e", "\u061c", "\u180e"):
+            assert raw not in page, (name, hex(ord(raw)))
         assert "&lt;script&gt;window.__xss=1&lt;/script&gt;" in page or "&lt;img src=x" in page, name
     # Control characters are shown as escapes, visibly marked.
     assert '<span class="ctl" title="U+0007">\\x07</span>' in pages["/job"]
     assert '<span class="ctl" title="U+202E">\\u202e</span>' in pages["/lane"]
+    assert '<span class="ctl" title="U+061C">\\u061c</span>' in pages["/job"]
+    assert '<span class="ctl" title="U+180E">\\u180e</span>' in pages["/job"]
 
 
 # -- sync or async, mounted anywhere --------------------------------------------------------------

@@ -12,7 +12,6 @@ import hashlib
 import hmac
 import inspect
 import json
-import re
 import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,6 +45,8 @@ from ..jobs import (
     Stats,
     Throughput,
 )
+from ..visible import escape as visible_escape
+from ..visible import escape_code, pieces
 from . import chart
 
 __all__ = ["ACTIONS", "DESTRUCTIVE_ACTIONS", "VIEW", "Authorize", "create_app"]
@@ -84,47 +85,34 @@ _SECURITY_HEADERS = {
     "cache-control": "no-store",
 }
 
-# Characters that must not reach the page as themselves: C0/C1 controls,
-# zero-width and bidirectional controls (which could disguise a job id).
-_INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
-_INVISIBLE_BUT_LINES = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"
-)
 
-
-def _shown(value: object, pattern: re.Pattern[str]) -> Markup:
-    """``value`` as HTML-escaped text whose invisible characters are shown as
+def _shown(value: object, keep: str) -> Markup:
+    """``value`` as HTML-escaped text whose invisible characters (see
+    :mod:`sqlalchemy_watchdog.visible`) but those in ``keep`` are shown as
     escapes (``\\x07``, ``\\u202e``) in a marked span."""
     text = "" if value is None else str(value)
     parts: list[Markup] = []
-    position = 0
-    for match in pattern.finditer(text):
-        parts.append(escape(text[position : match.start()]))
-        code = ord(match.group())
-        parts.append(Markup('<span class="ctl" title="U+{:04X}">{}</span>').format(code, _escape_code(code)))
-        position = match.end()
-    parts.append(escape(text[position:]))
+    for run, escaped in pieces(text, keep):
+        if escaped:
+            parts.append(Markup('<span class="ctl" title="U+{:04X}">{}</span>').format(ord(run), escape_code(run)))
+        else:
+            parts.append(escape(run))
     return Markup("").join(parts)
 
 
 def plain(value: object) -> str:
     """Text for a title or an attribute: invisible characters as escapes, no markup."""
-    text = "" if value is None else str(value)
-    return _INVISIBLE.sub(lambda m: _escape_code(ord(m.group())), text)
-
-
-def _escape_code(code: int) -> str:
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    return visible_escape(value)
 
 
 def visible(value: object) -> Markup:
     """One-line text (an id, a lane): every control character shown as an escape."""
-    return _shown(value, _INVISIBLE)
+    return _shown(value, "")
 
 
 def visible_text(value: object) -> Markup:
     """Multi-line text (a payload, a traceback): line breaks and tabs kept."""
-    return _shown(value, _INVISIBLE_BUT_LINES)
+    return _shown(value, "\n\t")
 
 
 def when(value: datetime | None) -> str:
