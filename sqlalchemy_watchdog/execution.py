@@ -37,7 +37,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import store, telemetry
@@ -51,6 +51,7 @@ from .jobs import (
     Retention,
     RetryPolicy,
     SettleStatus,
+    at_epoch_ms,
     bound_reason,
     check_duration,
     check_text,
@@ -1456,7 +1457,7 @@ def enqueue_schedules(core: RunnerCore) -> Steps[None]:
     """
     from .schedules import plan
 
-    now = datetime.now(UTC)
+    now = at_epoch_ms(core.clock())  # the runner's clock (a test's fake one too), not datetime.now
     jobs, next_at = plan(core.settings.schedules, now)
     try:
         results = yield StoreCall(store.enqueue_each, (jobs,))
