@@ -137,6 +137,15 @@ def runner(**kwargs: Any) -> Callable[[Engine], Any]:
     return build
 
 
+def dashboard(**kwargs: Any) -> Callable[[Engine], Any]:
+    def build(engine: Engine) -> Any:
+        from sqlalchemy_watchdog.web import create_app
+
+        return create_app(engine, **kwargs)
+
+    return build
+
+
 def scheduled(*args: Any, **fields: Any) -> Callable[[Engine], Any]:
     """A runner given ``Schedule(*args, **fields)`` (the schedule refuses first)."""
     from sqlalchemy_watchdog import Schedule
@@ -525,6 +534,13 @@ REFUSED: dict[str, Entry] = {
     "instrument stats_every zero": Entry("stats_every", lambda e: otel.instrument(stats_every=timedelta(0))),
     "instrument stats_every negative": Entry("stats_every", lambda e: otel.instrument(stats_every=timedelta(-1))),
     "instrument stats_every seconds": Entry("stats_every", lambda e: otel.instrument(stats_every=5)),
+    # The dashboard (extra [web]): a base_path that is not a path of this site.
+    "create_app base_path //host": Entry("base_path", dashboard(base_path="//evil.example"), error=ValueError),
+    "create_app base_path URL": Entry("base_path", dashboard(base_path="http://x"), error=ValueError),
+    "create_app base_path backslash": Entry("base_path", dashboard(base_path="/\\evil.example"), error=ValueError),
+    "create_app base_path control": Entry("base_path", dashboard(base_path="/ops\x1b[2J"), error=ValueError),
+    "create_app base_path bidi": Entry("base_path", dashboard(base_path="/ops\u202e"), error=ValueError),
+    "create_app identify str": Entry("identify", dashboard(identify="user"), error=TypeError),
 }
 
 #: Entries expected to fail: {entry: reason}. Empty: every known bug is fixed.
@@ -667,6 +683,7 @@ NASTY = [
     "NULL",
     "\x01\x1f\x7f",
     "\u202eright-to-left",
+    "\x1b]0;retitled\x07\x1b[2J\u061c\u180e\x9b",  # terminal escapes: stored exactly, shown escaped
     "é" * 256,
     "😀" * 256,
     "x" * 256,
