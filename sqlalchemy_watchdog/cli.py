@@ -811,6 +811,7 @@ def cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
         job_id_prefix=args.prefix,
         limit=args.limit,
         after_sequence=args.after,
+        with_payload=bool(args.json),  # the table does not show payloads: not read
     )
     if args.json:
         for job in jobs:

@@ -677,3 +677,31 @@ def test_the_confirmation_page_posts_what_it_shows(engine: Engine, watchdog: Wat
         data={"csrf_token": dashboard.token, **{name: html.unescape(value) for name, value in fields.items()}},
     )
     assert status_of(done.text) == "recorded" and watchdog.read("confirm-me").cancellation_id == "from-form"
+
+
+def test_the_job_lists_do_not_read_payloads(engine: Engine, watchdog: Watchdog) -> None:
+    from sqlalchemy import event
+
+    watchdog.enqueue([Job(f"big-{n}", "q", lane="l", payload="x" * 100_000) for n in range(3)])
+    statements: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        with TestClient(create_app(engine)) as client:
+            for path, params in (("/jobs", {}), ("/lane", {"lane": "l"})):
+                statements.clear()
+                page = client.get(path, params=params)
+                assert page.status_code == 200 and "big-2" in page.text
+                lists = [s for s in statements if "watchdog_jobs" in s and "ORDER BY" in s and "sequence >" in s]
+                assert lists and all(
+                    "payload_json" not in s.split("FROM")[0].replace("AS payload_json", "") for s in lists
+                )
+            statements.clear()
+            assert "x" * 1000 in client.get("/job", params={"job_id": "big-1"}).text  # a job's page shows it
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert [job.payload for job in watchdog.list_jobs(with_payload=False)] == [None, None, None]
+    assert [len(job.payload) for job in watchdog.list_jobs()] == [100_000] * 3

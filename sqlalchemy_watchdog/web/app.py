@@ -625,7 +625,7 @@ class _Pages:
             filters = _filters(query)
             limit = _page_size(query.get("limit"))
             after = _after(query.get("after"))
-            jobs = await self.s.client.list_jobs(**filters, limit=limit, after_sequence=after)
+            jobs = await self.s.client.list_jobs(**filters, limit=limit, after_sequence=after, with_payload=False)
             return {
                 "filters": filters,
                 "jobs": jobs,
@@ -659,7 +659,7 @@ class _Pages:
                 raise InvalidJob("lane", "is missing")
             limit = _page_size(query.get("limit"))
             after = _after(query.get("after"))
-            jobs = await self.s.client.list_jobs(lane=lane, limit=limit, after_sequence=after)
+            jobs = await self.s.client.list_jobs(lane=lane, limit=limit, after_sequence=after, with_payload=False)
             return {
                 "lane": lane,
                 "jobs": jobs,

@@ -490,6 +490,7 @@ REFUSED: dict[str, Entry] = {
     "list_jobs state unknown": Entry("state", wd("list_jobs", state="finished")),
     "list_jobs outcome unknown": Entry("outcome", wd("list_jobs", outcome="done")),
     "list_jobs queue NUL": Entry("queue", wd("list_jobs", queue="q\x00")),
+    "list_jobs with_payload str": Entry("with_payload", wd("list_jobs", with_payload="no")),
     "list_jobs queue lone surrogate": Entry("queue", wd("list_jobs", queue="q\ud800")),
     "list_jobs queue 257 chars": Entry("queue", wd("list_jobs", queue="q" * 257)),
     "list_jobs lane NUL": Entry("lane", wd("list_jobs", lane="l\x00")),
