@@ -13,10 +13,12 @@ enqueued ahead as a delayed job so it starts on time, and the time to plan
 again. It keeps no state: the database, through the job ids, remembers
 what was enqueued.
 
-Cron expressions are parsed and evaluated by cronsim (the ``cron`` extra:
-``pip install 'sqlalchemy-watchdog[cron]'``), which follows Debian's cron,
-daylight-saving transitions included; see :class:`Schedule`. Importing this
-module does not need cronsim; building a schedule does.
+Cron expressions are parsed and matched against local wall-clock times by
+cronsim (the ``cron`` extra: ``pip install 'sqlalchemy-watchdog[cron]'``);
+turning those times into instants -- the daylight-saving and other offset
+changes of the zone, with Debian cron's rules -- is done here, the same way
+whatever the instant a plan starts from; see :class:`Schedule`. Importing
+this module does not need cronsim; building a schedule does.
 """
 
 from __future__ import annotations
@@ -138,9 +140,13 @@ class Schedule:
       follows the wall clock: local times that do not exist have no slot,
       local times that happen twice have two.
 
+    These rules hold in every IANA zone, whatever its offsets and the local
+    time of its changes (Pacific/Chatham jumps at 02:45, Australia/Lord_Howe
+    by half an hour).
+
     A schedule is a plain value: it can be built at import time, compared
-    and printed. Its slots are computed by cronsim, forward from any
-    instant, and are the same whichever instant they are computed from.
+    and printed. Its slots are computed forward from any instant, and are
+    the same whichever instant they are computed from.
     """
 
     name: str
