@@ -284,7 +284,8 @@ class Schedule:
         """
         try:
             local = after.astimezone(self._zone)
-            back = max(local.replace(fold=0).utcoffset() - local.replace(fold=1).utcoffset(), timedelta(0))  # type: ignore[operator]
+            early, late = local.replace(fold=0).utcoffset(), local.replace(fold=1).utcoffset()
+            back = max(early - late, timedelta(0)) if early is not None and late is not None else timedelta(0)
             start = local.replace(tzinfo=None, fold=0) - back - _SECOND
             walls = _cronsim()(self.cron, start)
         except OverflowError:  # the start is at the edge of datetime's range
