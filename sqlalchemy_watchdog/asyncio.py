@@ -243,6 +243,7 @@ class AsyncWatchdog:
         job_id_prefix: str | None = None,
         limit: int = 100,
         after_sequence: int = 0,
+        with_payload: bool = True,
     ) -> list[JobView]:
         """A page of jobs, as :meth:`Watchdog.list_jobs <sqlalchemy_watchdog.Watchdog.list_jobs>`."""
         return await self._read(
@@ -254,6 +255,7 @@ class AsyncWatchdog:
             job_id_prefix=job_id_prefix,
             limit=limit,
             after_sequence=after_sequence,
+            with_payload=with_payload,
         )
 
     async def stats(self) -> Stats:

@@ -67,6 +67,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import io
 import ipaddress
 import json
 import logging
@@ -79,7 +80,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import Connection, Engine, create_engine, inspect, make_url
@@ -93,6 +94,7 @@ from .jobs import MAX_DELAY, CancelStatus, JobState, JobView, Outcome, PauseStat
 from .model import jobs_table
 from .schedules import Schedule, check_schedules
 from .store import LIST_LIMIT_MAX
+from .visible import escape
 from .wakeups import WakeupMode
 
 __all__ = ["DEFAULT_URL", "URL_ENV", "main"]
@@ -257,11 +259,11 @@ def _print_job(job: JobView, out: TextIO) -> None:
     detail = fields.pop("failure_detail")
     width = max(len(name) for name in fields)
     for name, value in fields.items():
-        print(f"{name:<{width}}  {'-' if value is None else value}", file=out)
+        print(f"{name:<{width}}  {'-' if value is None else _one_line(value)}", file=out)
     if detail:  # the handler's traceback, last: it spans lines
         print(f"{'failure_detail':<{width}}", file=out)
         for line in detail.rstrip().splitlines():
-            print(f"  {line}", file=out)
+            print(f"  {_one_line(line)}", file=out)
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -281,9 +283,47 @@ def _duration_text(value: timedelta) -> str:
     return f"{ms / 1000:.3f}".rstrip("0") + "s"
 
 
-def _one_line(text: str) -> str:
-    """``text`` on one line: line breaks shown as ``\\n``."""
-    return text.replace("\r", "\\r").replace("\n", "\\n")
+def _one_line(value: object) -> str:
+    """``value`` as one line of a terminal: every control, format or
+    bidirectional character (line breaks included) shown as its escape
+    (``\\n``, ``\\x1b``, ``\\u202e``; see :mod:`sqlalchemy_watchdog.visible`)."""
+    return escape(value)
+
+
+class _Terminal(io.TextIOBase):
+    """Where every human-readable output goes (``main`` wraps stdout in it
+    unless ``--json``): whatever a command writes -- job ids, queues,
+    reasons, tracebacks from the database -- reaches the terminal with every
+    control, format or bidirectional character but the line breaks shown as
+    its escape, so no stored text can retitle or clear the terminal. Line
+    breaks inside a value are escaped where the value is formatted
+    (:func:`_one_line`). :meth:`control` writes the command's own sequences."""
+
+    def __init__(self, out: TextIO) -> None:
+        super().__init__()
+        self._out = out
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self._out.write(escape(text, keep="\n"))
+        return len(text)
+
+    def flush(self) -> None:
+        self._out.flush()
+
+    def control(self, sequence: str) -> None:
+        """Write a terminal control sequence of the command's own, as it is."""
+        self._out.write(sequence)
+
+
+def _control(out: TextIO, sequence: str) -> None:
+    """Write ``sequence`` (e.g. :data:`CLEAR_SCREEN`) to ``out`` as it is."""
+    if isinstance(out, _Terminal):
+        out.control(sequence)
+    else:
+        out.write(sequence)
 
 
 #: What ``show`` prints for a job without a retry policy or timeout of its own.
@@ -351,7 +391,7 @@ def _print_show(job: JobView, out: TextIO) -> None:
             f" factor={retry.factor:g}, max_backoff={_duration_text(retry.max_backoff)}, jitter={retry.jitter:g}",
         ),
         ("outcome", None if job.outcome is None else job.outcome.value),
-        ("failure_reason", None if job.failure_reason is None else _one_line(job.failure_reason)),
+        ("failure_reason", job.failure_reason),
         ("recovery_count", job.recovery_count),
         ("max_recoveries", job.max_recoveries),
         ("cancellation_id", job.cancellation_id),
@@ -362,7 +402,7 @@ def _print_show(job: JobView, out: TextIO) -> None:
     ]
     width = max(len(name) for name in [*(name for name, _ in lines), "failure_history", "failure_detail"])
     for name, value in lines:
-        print(f"{name:<{width}}  {'-' if value is None else value}", file=out)
+        print(f"{name:<{width}}  {'-' if value is None else _one_line(value)}", file=out)
     if not job.failure_history:
         print(f"{'failure_history':<{width}}  -", file=out)
     else:  # oldest first, one line per failed attempt
@@ -372,7 +412,7 @@ def _print_show(job: JobView, out: TextIO) -> None:
     if job.failure_detail:  # the handler's traceback, last: it spans lines
         print(f"{'failure_detail':<{width}}", file=out)
         for line in job.failure_detail.rstrip().splitlines():
-            print(f"  {line}", file=out)
+            print(f"  {_one_line(line)}", file=out)
 
 
 def _print_table(jobs: Sequence[JobView], out: TextIO) -> None:
@@ -380,10 +420,10 @@ def _print_table(jobs: Sequence[JobView], out: TextIO) -> None:
     rows = [
         (
             str(job.sequence),
-            job.job_id,
-            job.queue,
+            _one_line(job.job_id),
+            _one_line(job.queue),
             job.outcome.value if job.outcome else "-",
-            job.failure_reason or "",
+            _one_line(job.failure_reason),
         )
         for job in jobs
     ]
@@ -505,7 +545,7 @@ def cmd_cancel(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         _print_json({"job_id": result.job_id, "status": result.status.value}, out)
     else:
-        print(f"{result.job_id}: {result.status.value}", file=out)
+        print(f"{_one_line(result.job_id)}: {result.status.value}", file=out)
     if result.status is CancelStatus.MISSING:
         raise CommandFailed(f"no job {args.job_id!r}")
     if result.status is CancelStatus.CONFLICT:
@@ -526,7 +566,7 @@ def cmd_fail_lane(args: argparse.Namespace, out: TextIO) -> int:
         total += failure.settled
         for job in failure.jobs:
             if not args.json:
-                print(f"{job.job_id}: failed", file=out)
+                print(f"{_one_line(job.job_id)}: failed", file=out)
         if not failure.more:
             # (An empty batch with ``more`` means a concurrent caller took
             # this batch: call again rather than stop with live jobs left.)
@@ -742,7 +782,7 @@ def cmd_schedules(args: argparse.Namespace, out: TextIO) -> int:
     lines: list[tuple[str, ...]] = [header]
     for schedule, slots in rows:
         texts = [_slot_texts(schedule, slot) for slot in slots] or [("-", "-")]
-        lines.append((schedule.name, schedule.cron, schedule.timezone, schedule.queue, *texts[0]))
+        lines.append((schedule.name, _one_line(schedule.cron), schedule.timezone, _one_line(schedule.queue), *texts[0]))
         lines.extend(("", "", "", "", *text) for text in texts[1:])
     widths = [max(len(cells[i]) for cells in lines) for i in range(len(header) - 1)]
     for cells in lines:
@@ -775,7 +815,9 @@ def _age(value: timedelta) -> str:
 
 
 def _column_lines(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    """Left-aligned columns two spaces apart, the header first; the last column is not padded."""
+    """Left-aligned columns two spaces apart, the header first; the last column is not padded.
+    Every cell is one line (:func:`_one_line`)."""
+    rows = [[_one_line(cell) for cell in cells] for cells in rows]
     widths = [max(len(cells[i]) for cells in [header, *rows]) for i in range(len(header) - 1)]
     lines = []
     for cells in [header, *rows]:
@@ -807,6 +849,7 @@ def cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
         job_id_prefix=args.prefix,
         limit=args.limit,
         after_sequence=args.after,
+        with_payload=bool(args.json),  # the table does not show payloads: not read
     )
     if args.json:
         for job in jobs:
@@ -936,7 +979,8 @@ def cmd_stats(args: argparse.Namespace, out: TextIO) -> int:
         while True:
             text = frame()
             if not args.json:
-                text = f"{CLEAR_SCREEN}{text}\n(every {interval:g}s; Ctrl-C to stop)\n"
+                _control(out, CLEAR_SCREEN)
+                text = f"{text}\n(every {interval:g}s; Ctrl-C to stop)\n"
             out.write(text)
             out.flush()
             time.sleep(interval)
@@ -1001,7 +1045,7 @@ def cmd_rerun(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         _print_json({"job_id": result.job_id, "rerun_of": args.job_id, "status": result.status.value}, out)
     else:
-        print(f"{result.job_id}: {result.status.value}", file=out)
+        print(f"{_one_line(result.job_id)}: {result.status.value}", file=out)
     return 0
 
 
@@ -1512,19 +1556,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             engine = open_engine(args.url)
             args.engine = engine
         func: Callable[[argparse.Namespace, TextIO], int] = args.func
-        return func(args, sys.stdout)
+        out = sys.stdout if getattr(args, "json", False) else cast(TextIO, _Terminal(sys.stdout))
+        return func(args, out)
     except UsageError as error:
-        print(f"{parser.prog}: error: {error} (see --help)", file=sys.stderr)
+        print(f"{parser.prog}: error: {_one_line(error)} (see --help)", file=sys.stderr)
         return 2
     except CommandFailed as error:
-        print(f"{parser.prog}: {error}", file=sys.stderr)
+        print(f"{parser.prog}: {_one_line(error)}", file=sys.stderr)
         return 1
     except WatchdogError as error:
-        print(f"{parser.prog}: error ({error.code.value}): {error}", file=sys.stderr)
+        print(f"{parser.prog}: error ({error.code.value}): {_one_line(error)}", file=sys.stderr)
         return 1
     except SQLAlchemyError as error:
         # Never the row, the SQL or its parameters (claim tokens, payloads).
-        print(f"{parser.prog}: database error: {redacted(error)}", file=sys.stderr)
+        print(f"{parser.prog}: database error: {_one_line(redacted(error))}", file=sys.stderr)
         return 1
     finally:
         if engine is not None:

@@ -242,6 +242,7 @@ class Watchdog:
         job_id_prefix: str | None = None,
         limit: int = 100,
         after_sequence: int = 0,
+        with_payload: bool = True,
     ) -> list[JobView]:
         """Jobs in admission order, ``limit`` (1-1000) after ``after_sequence``
         (pass the last job's ``sequence`` to read the next page), matching
@@ -251,6 +252,8 @@ class Watchdog:
         stopping after ``limit`` matches: O(limit) rows when the filters
         match most jobs; a filter that matches few jobs in a long history
         reads the rows between its matches (use ``after_sequence`` to page).
+        ``with_payload=False`` does not read the payloads (each job's
+        ``payload`` is then None): a list that does not show them.
         """
         return self._read(
             store.list_jobs,
@@ -261,6 +264,7 @@ class Watchdog:
             job_id_prefix=job_id_prefix,
             limit=limit,
             after_sequence=after_sequence,
+            with_payload=with_payload,
         )
 
     def stats(self) -> Stats:

@@ -38,7 +38,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import store, telemetry
@@ -53,6 +53,7 @@ from .jobs import (
     RetryPolicy,
     SettleStatus,
     Undecodable,
+    at_epoch_ms,
     bound_reason,
     check_duration,
     check_text,
@@ -1517,7 +1518,7 @@ def enqueue_schedules(core: RunnerCore, *, defer: bool = False) -> Steps[None]:
     """
     from .schedules import plan
 
-    now = datetime.now(UTC)
+    now = at_epoch_ms(core.clock())  # the runner's clock (a test's fake one too), not datetime.now
     jobs, next_at = plan(core.settings.schedules, now)
     try:
         results = yield StoreCall(store.enqueue_each, (jobs,))

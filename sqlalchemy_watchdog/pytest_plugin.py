@@ -32,10 +32,11 @@ The helpers to assert on what was enqueued and to run the jobs are in
 from __future__ import annotations
 
 import os
+import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import pytest
 
@@ -56,6 +57,9 @@ __all__ = [
 #: The environment variable naming the test database when the option is not given.
 URL_ENV = "WATCHDOG_TEST_DATABASE_URL"
 _OPTION = "--watchdog-database-url"
+T = TypeVar("T")
+#: ``password=...`` of a libpq connection string, quoted or not.
+_CONNINFO_PASSWORD = re.compile(r"password\s*=\s*('(?:[^'\\]|\\.)*'|\S*)", re.IGNORECASE)
 #: The tables ``watchdog_engine`` creates (and drops again in a named SQLite file).
 _TABLES = ("watchdog_jobs", "watchdog_queue_pauses", "alembic_version")
 
@@ -127,6 +131,33 @@ def watchdog_engine(watchdog_database_url: URL) -> Iterator[Engine]:
         yield from _sqlite_engine(url)
 
 
+def _connecting(url: URL, connect: Callable[[], T]) -> T:
+    """``connect()``; if the database cannot be reached, fail the test with
+    one line naming the host, the port, the user and the database -- never
+    the password, and no traceback (whose frames would show the driver's
+    connection string, ``password=`` included, in CI logs)."""
+    try:
+        return connect()
+    except Exception as error:  # SQLAlchemy's DBAPIError, or a driver's own error
+        reason = _without_password(url, error)
+    pytest.fail(  # outside the except block: the driver's error is not chained either
+        f"watchdog_engine: cannot connect to the test database {url.database or ''!r} at "
+        f"{url.host or 'localhost'}:{url.port or 5432} as {url.username or '(default user)'!r}: {reason}",
+        pytrace=False,
+    )
+
+
+def _without_password(url: URL, error: BaseException) -> str:
+    """The driver's reason, on one line, with no password in it."""
+    from .errors import redacted
+
+    reason = " ".join(redacted(error).split())
+    reason = _CONNINFO_PASSWORD.sub("password=***", reason)
+    if url.password:
+        reason = reason.replace(str(url.password), "***")
+    return reason
+
+
 def _migrated(url: URL) -> Engine:
     from sqlalchemy import create_engine
 
@@ -134,7 +165,7 @@ def _migrated(url: URL) -> Engine:
 
     engine = create_engine(url)
     try:
-        with engine.connect() as conn:
+        with _connecting(url, engine.connect) as conn:
             apply_revisions(conn)
     except BaseException:
         engine.dispose()
@@ -155,7 +186,7 @@ def _postgresql_engine(url: URL) -> Iterator[Engine]:
     in_schema = url.update_query_dict({"options": f"{options or ''} -csearch_path={schema}".strip()})
     admin = create_engine(url, isolation_level="AUTOCOMMIT", poolclass=_null_pool())
     try:
-        with admin.connect() as conn:
+        with _connecting(url, admin.connect) as conn:
             conn.execute(text(f'CREATE SCHEMA "{schema}"'))
         try:
             engine = _migrated(in_schema)
@@ -166,9 +197,12 @@ def _postgresql_engine(url: URL) -> Iterator[Engine]:
         finally:
             with admin.connect() as conn:
                 # A connection the test left open in the schema fails the
-                # teardown after 10 s instead of hanging the run.
-                conn.execute(text("SET lock_timeout = '10s'"))
-                conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+                # teardown after 10 s instead of hanging the run. SET LOCAL,
+                # in a transaction: no setting outlives it on a pooled session.
+                conn.execution_options(isolation_level="READ COMMITTED")
+                with conn.begin():
+                    conn.execute(text("SET LOCAL lock_timeout = '10s'"))
+                    conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
     finally:
         admin.dispose()
 
@@ -198,7 +232,7 @@ def _created_sqlite(url: URL) -> tuple[Engine, frozenset[str]]:
 
     probe = create_engine(url, poolclass=_null_pool())
     try:
-        present = set(inspect(probe).get_table_names())
+        present = set(_connecting(url, lambda: inspect(probe)).get_table_names())
     finally:
         probe.dispose()
     if "watchdog_jobs" in present:

@@ -13,10 +13,12 @@ enqueued ahead as a delayed job so it starts on time, and the time to plan
 again. It keeps no state: the database, through the job ids, remembers
 what was enqueued.
 
-Cron expressions are parsed and evaluated by cronsim (the ``cron`` extra:
-``pip install 'sqlalchemy-watchdog[cron]'``), which follows Debian's cron,
-daylight-saving transitions included; see :class:`Schedule`. Importing this
-module does not need cronsim; building a schedule does.
+Cron expressions are parsed and matched against local wall-clock times by
+cronsim (the ``cron`` extra: ``pip install 'sqlalchemy-watchdog[cron]'``);
+turning those times into instants -- the daylight-saving and other offset
+changes of the zone, with Debian cron's rules -- is done here, the same way
+whatever the instant a plan starts from; see :class:`Schedule`. Importing
+this module does not need cronsim; building a schedule does.
 """
 
 from __future__ import annotations
@@ -77,6 +79,12 @@ _NAME = re.compile(r"[A-Za-z0-9_.:\-]+")
 _INSTALL_HINT = "pip install 'sqlalchemy-watchdog[cron]'"
 _INT32_MAX = 2**31 - 1
 _SECOND = timedelta(seconds=1)
+_MINUTE = timedelta(minutes=1)
+
+
+def _reading(instant: datetime, zone: ZoneInfo) -> datetime:
+    """What a wall clock in ``zone`` shows at ``instant``, as a naive datetime."""
+    return instant.astimezone(zone).replace(tzinfo=None)
 
 
 def _cronsim() -> type[CronSim]:
@@ -132,9 +140,13 @@ class Schedule:
       follows the wall clock: local times that do not exist have no slot,
       local times that happen twice have two.
 
+    These rules hold in every IANA zone, whatever its offsets and the local
+    time of its changes (Pacific/Chatham jumps at 02:45, Australia/Lord_Howe
+    by half an hour).
+
     A schedule is a plain value: it can be built at import time, compared
-    and printed. Its slots are computed by cronsim, forward from any
-    instant, and are the same whichever instant they are computed from.
+    and printed. Its slots are computed forward from any instant, and are
+    the same whichever instant they are computed from.
     """
 
     name: str
@@ -255,27 +267,85 @@ class Schedule:
     def _iterate(self, after: datetime) -> Iterator[datetime]:
         """The slots strictly after ``after`` (aware), ascending, in UTC.
 
-        cronsim reads a fixed-time expression on the local wall clock: from
-        a start in the second pass of a repeated hour it may return the
-        first pass's slot, which is earlier; such results, and any that
-        would not ascend, are skipped, so the slots are one sequence
-        whatever the start.
+        cronsim evaluates the expression on naive local wall-clock times
+        only, where it is plain calendar arithmetic; each matching wall-clock
+        time is then turned into instants here, by the rules of
+        :class:`Schedule` (:meth:`_instants`). cronsim's own time-zone
+        handling is not used: it depends on the instant it starts from (in
+        Pacific/Chatham, whose clocks jump at 02:45, ``0 */2 * * *`` started
+        at 03:46 local skips 04:00), while this sequence is one and the same
+        whatever the start, in every zone.
+
+        The wall-clock times are read from shortly before ``after``'s own:
+        far enough back to include a repeated stretch ``after`` is in (whose
+        second occurrences lie after it). Second occurrences come after
+        later wall-clock times' first ones, so they wait in ``pending``
+        until a later slot is due.
         """
         try:
-            start = after.astimezone(self._zone)
-            iterator = _cronsim()(self.cron, start)
+            local = after.astimezone(self._zone)
+            early, late = local.replace(fold=0).utcoffset(), local.replace(fold=1).utcoffset()
+            back = max(early - late, timedelta(0)) if early is not None and late is not None else timedelta(0)
+            start = local.replace(tzinfo=None, fold=0) - back - _SECOND
+            walls = _cronsim()(self.cron, start)
         except OverflowError:  # the start is at the edge of datetime's range
             return
+        fixed = self._fixed_time
+        pending: list[datetime] = []  # second occurrences of repeated wall-clock times, ascending
         last = after
         while True:
             try:
-                local = next(iterator)
+                wall = next(walls)
+                first, second = self._instants(wall, fixed)
             except (StopIteration, OverflowError):  # no match in 50 years; past the year 9999
-                return
-            slot = local.astimezone(UTC)
+                break
+            if first is None:
+                continue
+            while pending and pending[0] < first:
+                slot = pending.pop(0)
+                if slot > last:
+                    last = slot
+                    yield slot
+            if first > last:
+                last = first
+                yield first
+            if second is not None:
+                pending.append(second)
+        for slot in pending:
             if slot > last:
                 last = slot
                 yield slot
+
+    @property
+    def _fixed_time(self) -> bool:
+        """Whether the expression has a fixed minute and hour (neither field
+        starts with ``*``): Debian cron's special care at transitions applies."""
+        minute, hour = self.cron.split()[:2]
+        return not minute.startswith("*") and not hour.startswith("*")
+
+    def _instants(self, wall: datetime, fixed: bool) -> tuple[datetime | None, datetime | None]:
+        """The slots of the naive local time ``wall`` (a match of the
+        expression): its first occurrence and, for a wall-clock expression in
+        a repeated stretch, its second one. A time the clock skips has no
+        slot, or, for a fixed-time expression, the first whole minute after
+        the jump; a fixed-time expression runs a repeated time once, first."""
+        zone = self._zone
+        first = wall.replace(tzinfo=zone).astimezone(UTC)
+        if _reading(first, zone) != wall:  # the clock skips it
+            if not fixed:
+                return None, None
+            probe = wall
+            while True:
+                probe += _MINUTE
+                moved = probe.replace(tzinfo=zone).astimezone(UTC)
+                if _reading(moved, zone) == probe:
+                    return moved, None
+        if fixed:
+            return first, None
+        second = wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
+        if second != first and _reading(second, zone) == wall:
+            return first, second
+        return first, None
 
     def _last_until(self, now: datetime, count: int, gap: timedelta) -> list[datetime]:
         """The last ``count`` slots at or before ``now``, ascending.
@@ -342,7 +412,7 @@ def _check_cron(cron: object, zone: ZoneInfo) -> None:
     cron_sim = _cronsim()
     from cronsim import CronSimError
 
-    now = datetime.now(UTC).astimezone(zone)
+    now = datetime.now(UTC).astimezone(zone).replace(tzinfo=None)  # naive: as _iterate reads it
     try:
         iterator = cron_sim(cron, now)
     except Exception as error:  # CronSimError ("Bad minute", ...), or any other refusal

@@ -883,17 +883,22 @@ def prune(dialect: str, undated: bool) -> Delete:
     return delete(t).where(target, IS_SETTLED)
 
 
+#: The payload column of a list that does not read payloads.
+_NO_PAYLOAD: ColumnElement[Any] = literal_column("'null'").label("payload_json")
 #: The filters :func:`list_jobs` may combine (each one a bound parameter).
 LIST_FILTERS = ("queue", "state", "outcome", "lane", "job_id_prefix")
 
 
 @cache
-def list_jobs(filters: tuple[str, ...]) -> Select[Any]:
+def list_jobs(filters: tuple[str, ...], with_payload: bool = True) -> Select[Any]:
     """Up to ``:limit`` jobs with ``sequence > :after_sequence`` in admission
     order, matching the named ``filters`` (``:queue``, ``state=<state>``,
     ``:outcome``, ``:lane``, ``:job_id_prefix`` -- a prefix compared with
-    ``substr``, so LIKE wildcards in it mean nothing)."""
-    query = select(*COLUMNS).where(c.sequence > _p("after_sequence", BigInteger()))
+    ``substr``, so LIKE wildcards in it mean nothing). Without
+    ``with_payload`` the payload is not read: the JSON ``null`` stands in
+    its column (a payload may be up to 1 MB)."""
+    columns = COLUMNS if with_payload else tuple(_NO_PAYLOAD if col is c.payload_json else col for col in COLUMNS)
+    query = select(*columns).where(c.sequence > _p("after_sequence", BigInteger()))
     for name in filters:
         if name == "queue":
             query = query.where(c.queue_name == _p("queue", Text()))

@@ -1274,8 +1274,10 @@ def list_jobs(
     job_id_prefix: str | None = None,
     limit: int = 100,
     after_sequence: int = 0,
+    with_payload: bool = True,
 ) -> list[JobView]:
-    """Jobs in admission order after ``after_sequence`` (keyset paging)."""
+    """Jobs in admission order after ``after_sequence`` (keyset paging);
+    without ``with_payload`` their payloads are not read (None)."""
     params: dict[str, Any] = {
         "limit": check_int("limit", limit, 1, LIST_LIMIT_MAX),
         "after_sequence": check_int("after_sequence", after_sequence, 0, 2**63 - 1),
@@ -1293,7 +1295,9 @@ def list_jobs(
     filters = tuple(
         f"state={params.pop('state')}" if name == "state" else name for name in sql.LIST_FILTERS if name in params
     )
-    return [view(row) for row in conn.execute(sql.list_jobs(filters), params)]
+    if not isinstance(with_payload, bool):
+        raise InvalidJob("with_payload", f"must be a bool, not {type(with_payload).__name__}")
+    return [view(row) for row in conn.execute(sql.list_jobs(filters, with_payload), params)]
 
 
 def stats(conn: Connection) -> Stats:

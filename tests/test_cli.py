@@ -1331,3 +1331,68 @@ def test_operations_refuse_a_missing_sqlite_file(
 @pytest.mark.parametrize("argv", OPERATIONS_COMMAND_LINES, ids=lambda argv: argv[0])
 def test_operations_refuse_a_missing_table(argv: list[str], empty_engine: Engine, cli: Cli) -> None:
     test_missing_table_on_either_dialect(argv, empty_engine, cli)
+
+
+# -- stored text never drives the terminal ---------------------------------------------------------
+
+#: What a producer may put in a job id, a queue, a lane or a reason: retitle the
+#: terminal (OSC 0, ended by BEL), clear it (CSI 2J), forge a line, reverse the text.
+HOSTILE = "\x1b]0;owned\x07\x1b[2J\nFORGED LINE\r\u202e\u061c\u180e\x9b31m"
+#: How the command line shows it: every such character as its escape, on one line.
+HOSTILE_SHOWN = "\\x1b]0;owned\\x07\\x1b[2J\\nFORGED LINE\\r\\u202e\\u061c\\u180e\\x9b31m"
+
+
+def assert_shown_as_escapes(text: str) -> None:
+    """No character of :data:`HOSTILE` that acts reached the output raw, and
+    no stored line break made a line of its own."""
+    for raw in ("\x1b", "\x07", "\r", "\u202e", "\u061c", "\u180e", "\x9b"):
+        assert raw not in text, repr(raw)
+    assert not any(line.startswith("FORGED LINE") for line in text.splitlines()), text
+    assert HOSTILE_SHOWN in text, text
+
+
+def test_every_human_readable_command_shows_stored_control_characters_as_escapes(engine: Engine, cli: Cli) -> None:
+    job_id, queue, lane = f"id{HOSTILE}", f"q{HOSTILE}", f"lane{HOSTILE}"
+    add(
+        engine,
+        Job(job_id, queue, lane=lane, payload={"note": HOSTILE}),
+        Job(f"live{HOSTILE}", queue, lane=lane),
+        Job(f"queued{HOSTILE}", queue),
+    )
+    Runner(engine, {queue: lambda job: Decision.failed(f"reason{HOSTILE}", retry=False)}).run_until_idle(max_ticks=1)
+    Watchdog(engine).pause(queue, reason=f"pause{HOSTILE}")
+    outputs = {
+        "show": cli("show", job_id),
+        "head": cli("head", queue),
+        "settled": cli("settled"),
+        "ls": cli("ls"),
+        "stats": cli("stats"),
+        "cancel": cli("cancel", f"queued{HOSTILE}", "c1"),
+        "rerun": cli("rerun", job_id, "--rerun-id", f"r{HOSTILE}"),
+        "pause": cli("pause", queue, "--reason", HOSTILE),
+        "fail-lane": cli("fail-lane", lane, "why"),
+        "resume": cli("resume", queue),
+        "purge": cli("purge", queue),
+        "show-missing": cli("show", f"ghost{HOSTILE}"),
+    }
+    for command, (status, out, err) in outputs.items():
+        assert status in (0, 1), (command, err)
+        for shown in (out, err):
+            for raw in ("\x1b", "\x07", "\r", "\u202e", "\u061c", "\u180e", "\x9b"):
+                assert raw not in shown, (command, repr(raw), shown)
+            assert not any(line.startswith("FORGED LINE") for line in shown.splitlines()), (command, shown)
+    # The escapes show what is stored, whole.
+    for command in ("show", "settled", "ls", "stats", "rerun", "fail-lane"):
+        assert_shown_as_escapes(outputs[command][1])
+    show = show_lines(outputs["show"][1])
+    assert show["failure_reason"] == f"reason{HOSTILE_SHOWN}"
+
+
+def test_json_output_stays_exact(engine: Engine, cli: Cli) -> None:
+    add(engine, Job(f"id{HOSTILE}", f"q{HOSTILE}", payload={"note": HOSTILE}))
+    status, out, _ = cli("--json", "show", f"id{HOSTILE}")
+    assert status == 0
+    shown = json.loads(out)
+    assert (shown["job_id"], shown["queue"], shown["payload"]) == (f"id{HOSTILE}", f"q{HOSTILE}", {"note": HOSTILE})
+    status, out, _ = cli("--json", "ls")
+    assert status == 0 and json.loads(out)["job_id"] == f"id{HOSTILE}"

@@ -6,13 +6,17 @@ Only the last tests need a database; the rest are pure computations.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
+import zoneinfo
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import Engine, func, select
 
 from sqlalchemy_watchdog import EnqueueStatus, InvalidJob, Job, JobState, Schedule, Watchdog, enqueue
@@ -615,9 +619,208 @@ def test_a_runner_keeps_a_slot_enqueued_with_other_contents(engine: Engine, runn
     assert schedule_jobs(engine) == {old.job_id_for(upcoming): ("delayed", '{"v":1}')}
 
 
+def test_a_runner_plans_its_schedules_by_its_own_clock(engine: Engine, runners: Any) -> None:
+    """A runner given a clock (a test's fake one) plans by it, not by the
+    machine's: the slots enqueued are those around the clock's time."""
+    fake_now = utc(2031, 5, 17, 10, 20)
+    hourly = Schedule("hourly", "0 * * * *", "periodic", catch_up=1)
+    worker = runners.runner(
+        {"other": lambda job: None}, schedules=[hourly], clock=lambda: int(fake_now.timestamp() * 1000)
+    )
+    Watchdog(engine).enqueue(Job("other-1", "other"))
+    worker.run_until_idle()
+    assert sorted(schedule_jobs(engine)) == [
+        hourly.job_id_for(utc(2031, 5, 17, 10, 0)),  # the latest slot at the clock's time (catch_up=1)
+        hourly.job_id_for(utc(2031, 5, 17, 11, 0)),  # and the next one, ahead
+    ]
+
+
 def test_a_runner_refuses_schedules_that_are_not_schedules(engine: Engine) -> None:
     from sqlalchemy_watchdog import Runner
 
     with pytest.raises(InvalidJob) as refused:
         Runner(engine, {"q": lambda job: None}, schedules=["* * * * *"])
     assert refused.value.field == "schedules"
+
+
+# -- every IANA zone: slots do not depend on where they are computed from ---------------------------
+
+#: Wall-clock expressions (steps, ranges, every minute of some hours) and fixed-time ones.
+PROPERTY_CRONS = (
+    "0 */2 * * *",
+    "*/15 * * * *",
+    "0 * * * *",
+    "30 */3 * * *",
+    "30 2 * * *",
+    "0 1,2,3 * * *",
+    "45 0-4 * * *",
+    "0 0 * * *",
+)
+ONE_SECOND = timedelta(seconds=1)
+#: The years whose transitions are checked.
+FIRST_YEAR, LAST_YEAR = 1970, 2037
+
+
+def _offset(zone: ZoneInfo, epoch: int) -> timedelta:
+    offset = datetime.fromtimestamp(epoch, zone).utcoffset()
+    assert offset is not None
+    return offset
+
+
+@functools.cache
+def zone_transitions(name: str) -> tuple[datetime, ...]:
+    """The instants (UTC, to the second) at which ``name``'s UTC offset
+    changes between FIRST_YEAR and LAST_YEAR: offsets sampled every 3
+    days (a change undone within 3 days may be missed), each change
+    narrowed down by bisection."""
+    zone = ZoneInfo(name)
+    begin = int(datetime(FIRST_YEAR, 1, 1, tzinfo=UTC).timestamp())
+    end = int(datetime(LAST_YEAR + 1, 1, 1, tzinfo=UTC).timestamp())
+    step = 3 * 86400
+    found = []
+    previous = _offset(zone, begin)
+    for t in range(begin + step, end, step):
+        offset = _offset(zone, t)
+        if offset != previous:
+            low, high = t - step, t  # offset(low) == previous != offset(high)
+            while high - low > 1:
+                middle = (low + high) // 2
+                if _offset(zone, middle) == previous:
+                    low = middle
+                else:
+                    high = middle
+            found.append(datetime.fromtimestamp(high, UTC))
+            previous = offset
+    return tuple(found)
+
+
+def _matches(cron: str, wall: datetime) -> bool:
+    """An independent matcher for PROPERTY_CRONS (minute and hour fields; the rest ``*``)."""
+
+    def field(text: str, value: int) -> bool:
+        for part in text.split(","):
+            if part.startswith("*/"):
+                if value % int(part[2:]) == 0:
+                    return True
+            elif part == "*":
+                return True
+            elif "-" in part:
+                low, high = map(int, part.split("-"))
+                if low <= value <= high:
+                    return True
+            elif int(part) == value:
+                return True
+        return False
+
+    minute, hour = cron.split()[:2]
+    return wall.second == 0 and field(minute, wall.minute) and field(hour, wall.hour)
+
+
+def oracle_slots(cron: str, zone: ZoneInfo, begin: datetime, end: datetime) -> list[datetime]:
+    """The slots in ``(begin, end]`` by the rules of Schedule, by brute
+    force: every instant at which the wall clock shows a matching whole
+    minute (a fixed-time expression: the first such instant; a matching
+    time the clock skips: the first whole minute after the jump)."""
+    minute, hour = cron.split()[:2]
+    fixed = not minute.startswith("*") and not hour.startswith("*")
+    readings: dict[datetime, list[datetime]] = {}
+    t = (begin - timedelta(days=1)).replace(second=0, microsecond=0)
+    while t <= end + timedelta(days=1):
+        # The instant near t whose reading is a whole minute (offsets may hold seconds).
+        instant = t - timedelta(seconds=_offset(zone, int(t.timestamp())).seconds % 60)
+        wall = instant.astimezone(zone).replace(tzinfo=None)
+        if wall.second == 0 and _matches(cron, wall):
+            readings.setdefault(wall, []).append(instant)
+        t += timedelta(minutes=1)
+    slots: set[datetime] = set()
+    for instants in readings.values():
+        slots.update(instants[:1] if fixed else instants)
+    if fixed:
+        wall = begin.astimezone(zone).replace(tzinfo=None, second=0, microsecond=0) - timedelta(hours=12)
+        last = end.astimezone(zone).replace(tzinfo=None) + timedelta(hours=12)
+        while wall <= last:
+            if _matches(cron, wall) and wall not in readings:
+                slots.add(_first_minute_after_jump(zone, wall))
+            wall += timedelta(minutes=1)
+    return sorted(slot for slot in slots if begin < slot <= end)
+
+
+def _first_minute_after_jump(zone: ZoneInfo, wall: datetime) -> datetime:
+    """The instant of the first whole wall-clock minute after ``wall`` that exists."""
+    probe = wall
+    while True:
+        probe += timedelta(minutes=1)
+        instant = probe.replace(tzinfo=zone).astimezone(UTC)
+        if instant.astimezone(zone).replace(tzinfo=None) == probe:
+            return instant
+
+
+def check_start_independence(name: str, cron: str, transition: datetime, starts: list[timedelta]) -> None:
+    """From every start near ``transition``, the next slots are those of the
+    one sequence enumerated from a day before it."""
+    schedule = Schedule("s", cron, "q", timezone=name)
+    anchor = transition - timedelta(days=1)
+    sequence = schedule.slots(anchor, 160)  # 40 hours of the densest expression
+    assert sequence == sorted(set(sequence)), (name, cron, transition)
+    for shift in starts:
+        start = transition + shift
+        expected = [slot for slot in sequence if slot > start][:3]
+        assert len(expected) == 3, (name, cron, transition, shift)
+        assert schedule.slots(start, 3) == expected, (name, cron, transition.isoformat(), shift)
+
+
+def test_the_chatham_slot_after_the_switch_is_kept_whenever_it_is_planned() -> None:
+    """Pacific/Chatham's clocks jump from 02:45 (+12:45) to 03:45 (+13:45):
+    04:00 local is a slot, planned before or after the jump (cronsim alone
+    skips it when it starts after the jump)."""
+    schedule = Schedule("chatham", "0 */2 * * *", "q", timezone="Pacific/Chatham")
+    for start in (utc(2023, 9, 23, 13, 59), utc(2023, 9, 23, 14, 1), utc(2023, 9, 23, 14, 14)):
+        assert stamps(schedule.slots(start, 2)) == ["2023-09-23 14:15Z", "2023-09-23 16:15Z"], start
+    jobs, next_at = plan([schedule], utc(2023, 9, 23, 14, 1))
+    assert next_at == utc(2023, 9, 23, 14, 15)
+    assert schedule.job_id_for(utc(2023, 9, 23, 14, 15)) in [job.job_id for job in jobs]
+
+
+@given(
+    # Every zone; the two whose clocks jump off the hour or by half an hour more often.
+    name=st.one_of(
+        st.sampled_from(["Pacific/Chatham", "Australia/Lord_Howe"]),
+        st.sampled_from(sorted(zoneinfo.available_timezones())),
+    ),
+    cron=st.sampled_from(PROPERTY_CRONS),
+    pick=st.integers(min_value=0),
+    shift=st.integers(min_value=-3 * 3600, max_value=5 * 3600),
+)
+@settings(max_examples=150, deadline=None)
+def test_slots_are_the_same_whichever_instant_they_are_computed_from_in_every_zone(
+    name: str, cron: str, pick: int, shift: int
+) -> None:
+    transitions = zone_transitions(name)
+    assume(transitions)
+    transition = transitions[pick % len(transitions)]
+    check_start_independence(name, cron, transition, [timedelta(seconds=shift), -ONE_SECOND, ONE_SECOND])
+    # And they are the right ones: those a brute-force reading of the wall clock finds.
+    zone = ZoneInfo(name)
+    begin, end = transition - timedelta(hours=6), transition + timedelta(hours=6)
+    schedule = Schedule("s", cron, "q", timezone=name)
+    found = [slot for slot in schedule.slots(begin, 60) if slot <= end]
+    assert found == oracle_slots(cron, zone, begin, end), (name, cron, transition.isoformat())
+
+
+@pytest.mark.slow  # every zone, every transition 1970-2037 (run by CI, or with WATCHDOG_SLOW_TESTS=1)
+def test_slots_are_the_same_whichever_instant_they_are_computed_from_at_every_transition_of_every_zone() -> None:
+    """Every kind of transition of every zone: transitions alike in their
+    offsets before and after and their local time of day (the expressions
+    here do not look at the date) are checked once."""
+    seen: set[tuple[Any, ...]] = set()
+    starts = [timedelta(minutes=m) for m in (-61, -1, 0, 1, 14, 16, 46, 61, 121)]
+    for name in sorted(zoneinfo.available_timezones()):
+        zone = ZoneInfo(name)
+        for transition in zone_transitions(name):
+            before = (transition - ONE_SECOND).astimezone(zone)
+            kind = (before.utcoffset(), transition.astimezone(zone).utcoffset(), before.time())
+            if kind in seen:
+                continue
+            seen.add(kind)
+            for cron in ("0 */2 * * *", "30 2 * * *", "*/15 * * * *", "0 * * * *"):
+                check_start_independence(name, cron, transition, starts)

@@ -844,3 +844,36 @@ def test_an_unusable_database_url_is_an_error_saying_why(pytester: pytest.Pytest
     result = pytester.runpytest("-p", "no:cacheprovider", f"--watchdog-database-url={url}")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines([message])
+
+
+#: A password that must never reach pytest's output.
+PASSWORD = "S3cret-Hunter2-Passw0rd"
+
+
+@pytest.mark.parametrize(
+    "url, host, database",
+    [
+        # PostgreSQL at 127.0.0.1:5432 trusts every password: a database that is not there fails the connection.
+        (
+            f"postgresql+psycopg://postgres:{PASSWORD}@127.0.0.1:5432/watchdog_no_such_db",
+            "127.0.0.1:5432",
+            "watchdog_no_such_db",
+        ),
+        # Nothing listens on port 1.
+        (f"postgresql://app:{PASSWORD}@127.0.0.1:1/appdb?connect_timeout=5", "127.0.0.1:1", "appdb"),
+    ],
+    ids=["no-such-database", "closed-port"],
+)
+def test_a_database_that_cannot_be_reached_fails_in_one_line_without_the_password(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, url: str, host: str, database: str
+) -> None:
+    monkeypatch.setenv("WATCHDOG_TEST_DATABASE_URL", url)
+    pytester.makepyfile(test_user="def test_uses_the_database(watchdog_engine):\n    pass\n")
+    # The most telling traceback pytest can print: long, with every frame's locals.
+    result = pytester.runpytest("-p", "no:cacheprovider", "--tb=long", "--showlocals")
+    result.assert_outcomes(errors=1)
+    output = result.stdout.str() + result.stderr.str()
+    assert PASSWORD not in output
+    assert "password=" not in output
+    [line] = [line for line in output.splitlines() if "cannot connect to the test database" in line]
+    assert host in line and database in line, line

@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Untrusted text: markup that would run if it reached the page unescaped.
 SCRIPT = "<script>window.__xss=1</script>"
 IMG = "<img src=x onerror=window.__xss=2>"
-CONTROL = "\x07bell\x1b[31m\u202egpj.exe"
+CONTROL = "\x07bell\x1b[31m\u202egpj.exe\u061c\u180e"
 
 
 def token_of(page: str) -> str:
@@ -338,6 +338,175 @@ def test_authorize_can_refuse_viewing(engine: Engine) -> None:
             assert response.status_code == 403 and "You may not view" in response.text, path
 
 
+def test_a_visitor_authorize_refuses_gets_no_csrf_cookie_or_token(engine: Engine, watchdog: Watchdog) -> None:
+    watchdog.enqueue(Job("seed", "q"))
+    with TestClient(create_app(engine, authorize=lambda request, action: False)) as client:
+        for path in ("/", "/jobs", "/no-such-page", "/static/dashboard.css"):
+            response = client.get(path)
+            assert response.status_code == 403, path
+            assert "set-cookie" not in response.headers and "csrf_token" not in response.text, path
+        refused = client.post("/actions/pause", data={"csrf_token": "x", "queue": "q"})
+        assert refused.status_code == 403 and "set-cookie" not in refused.headers
+        assert not client.cookies
+    assert not watchdog.stats().queue("q").paused
+
+
+def _by_header(request: Request, action: str) -> bool:
+    """Anyone may look; only the operator may act."""
+    return action == "view" or request.headers.get("x-user") == "operator"
+
+
+def test_a_csrf_pair_minted_for_one_identity_is_refused_for_another(engine: Engine, watchdog: Watchdog) -> None:
+    """The sibling-subdomain attack: a visitor (who may only look) takes a
+    cookie and token of her own, plants the cookie in the operator's browser
+    (same-site: SameSite=Strict does not stop it) and posts her token with
+    the operator's authorization. The token is bound to who got it."""
+    watchdog.enqueue(Job("seed", "q"))
+    app = create_app(engine, authorize=_by_header, identify=lambda request: request.headers.get("x-user"))
+    with TestClient(app, headers={"x-user": "mallory"}) as mallory:
+        page = mallory.get("/")
+        assert page.status_code == 200 and "Pause</button>" not in page.text
+        planted = mallory.cookies["watchdog_csrf"]
+        # The strongest visitor: one who also knows her session's form token (a
+        # page with a form she may use shows it).
+        token = app_token(app, planted, "mallory")
+    with TestClient(app, headers={"x-user": "operator"}, cookies={"watchdog_csrf": planted}) as victim:
+        forged = victim.post("/actions/pause", data={"csrf_token": token, "queue": "q"})
+        assert forged.status_code == 403 and "security token" in forged.text
+        assert not watchdog.stats().queue("q").paused
+        # The operator's own page and form work.
+        operator = Dashboard(victim)
+        assert status_of(operator.post("pause", queue="q").text) == "paused"
+
+
+def app_token(app: Any, cookie: str, identity: str) -> str:
+    """The form token the dashboard would issue for ``cookie`` and ``identity``
+    (what a visitor with the cookie could compute from her own page)."""
+    csrf = _find_csrf(app)
+    nonce = csrf.nonce_of(cookie)
+    assert nonce is not None
+    return str(csrf.form_token(nonce, identity))
+
+
+def _find_csrf(app: Any) -> Any:
+    for route in app.routes:
+        endpoint = getattr(route, "endpoint", None)
+        pages = getattr(endpoint, "__self__", None)
+        if pages is not None:
+            return pages.s.csrf
+    raise AssertionError("no dashboard route")
+
+
+def test_the_default_identity_is_the_authenticated_user_of_the_scope(engine: Engine, watchdog: Watchdog) -> None:
+    from starlette.authentication import SimpleUser
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+    class Users:
+        """What Starlette's AuthenticationMiddleware does: the user in the scope."""
+
+        def __init__(self, app: ASGIApp) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http":
+                name = dict(scope["headers"]).get(b"x-user", b"").decode()
+                scope["user"] = SimpleUser(name)
+            await self.app(scope, receive, send)
+
+    watchdog.enqueue(Job("seed", "q"))
+    parent = Starlette(routes=[Mount("/wd", create_app(engine, authorize=_by_header))])
+    parent.add_middleware(Users)
+    with TestClient(parent, headers={"x-user": "mallory"}) as mallory:
+        assert mallory.get("/wd/").status_code == 200
+        planted = mallory.cookies["watchdog_csrf"]
+        token = app_token(parent.routes[0].app, planted, "display_name:mallory")
+    with TestClient(parent, headers={"x-user": "operator"}, cookies={"watchdog_csrf": planted}) as victim:
+        forged = victim.post("/wd/actions/pause", data={"csrf_token": token, "queue": "q"})
+        assert forged.status_code == 403 and not watchdog.stats().queue("q").paused
+        operator = Dashboard(victim, prefix="/wd")
+        assert status_of(operator.post("pause", queue="q").text) == "paused"
+
+
+def test_a_post_from_another_origin_is_refused(engine: Engine, watchdog: Watchdog) -> None:
+    watchdog.enqueue(Job("seed", "q"))
+    with TestClient(create_app(engine)) as client:
+        dashboard = Dashboard(client)
+        for headers in (
+            {"origin": "https://evil.example.com"},
+            {"origin": "null"},
+            {"sec-fetch-site": "same-site", "origin": "https://evil.example.com"},
+            {"sec-fetch-site": "cross-site"},
+            {"sec-fetch-site": "same-site", "origin": "http://testserver"},  # a forged Origin does not win
+        ):
+            response = client.post(
+                "/actions/pause", data={"csrf_token": dashboard.token, "queue": "q"}, headers=headers
+            )
+            assert response.status_code == 403, headers
+            assert "another" in response.text or "opaque" in response.text, headers
+            assert not watchdog.stats().queue("q").paused, headers
+        # The dashboard's own form, from a browser: same origin.
+        same = client.post(
+            "/actions/pause",
+            data={"csrf_token": dashboard.token, "queue": "q"},
+            headers={"origin": "http://testserver", "sec-fetch-site": "same-origin"},
+        )
+        assert status_of(same.text) == "paused"
+        # Behind a proxy that rewrites Host, the browser's host is in X-Forwarded-Host.
+        proxied = client.post(
+            "/actions/resume",
+            data={"csrf_token": dashboard.token, "queue": "q"},
+            headers={
+                "origin": "https://ops.example.com",
+                "host": "127.0.0.1:8000",
+                "x-forwarded-host": "ops.example.com",
+            },
+        )
+        assert status_of(proxied.text) == "resumed"
+
+
+def test_over_https_the_csrf_cookie_has_the_host_prefix(engine: Engine, watchdog: Watchdog) -> None:
+    watchdog.enqueue(Job("seed", "q"))
+    with TestClient(create_app(engine), base_url="https://testserver") as client:
+        cookie = client.get("/").headers["set-cookie"]
+        assert cookie.startswith("__Host-watchdog_csrf=") and "Path=/;" in cookie and "Secure" in cookie
+        # A cookie of the plain name (what a sibling site could plant) is not read over https.
+        dashboard = Dashboard(client)
+        plain_cookie = client.cookies.get("__Host-watchdog_csrf")
+        assert plain_cookie is not None
+        client.cookies.delete("__Host-watchdog_csrf")
+        client.cookies.set("watchdog_csrf", plain_cookie)
+        assert dashboard.post("pause", queue="q").status_code == 403
+
+
+def test_static_files_and_starlettes_own_answers_carry_the_headers_and_ask_authorize(engine: Engine) -> None:
+    def authorize(request: Request, action: str) -> bool:
+        return request.headers.get("x-user") == "ops"
+
+    with TestClient(create_app(engine, authorize=authorize)) as client:
+        responses = {
+            "static": client.get("/static/dashboard.css", headers={"x-user": "ops"}),
+            "404": client.get("/no-such-page", headers={"x-user": "ops"}),
+            "405": client.get("/actions/pause", headers={"x-user": "ops"}),
+            "static refused": client.get("/static/dashboard.css"),
+            "404 refused": client.get("/no-such-page"),
+        }
+    assert [r.status_code for r in responses.values()] == [200, 404, 405, 403, 403]
+    for name, response in responses.items():
+        assert "default-src 'none'" in response.headers.get("content-security-policy", ""), name
+        assert response.headers.get("x-frame-options") == "DENY", name
+        assert response.headers.get("x-content-type-options") == "nosniff", name
+    assert "POST" in responses["405"].headers["allow"]
+    assert "no such page" in responses["404"].text
+
+
+@pytest.mark.parametrize(
+    "base_path", ["//evil.example", "http://x", "/ops\\evil", "\\\\evil", "/ops\x07", "/ops\u202e", "/a b", "/a?b", 5]
+)
+def test_base_path_must_be_a_path_of_this_site(engine: Engine, base_path: Any) -> None:
+    with pytest.raises(ValueError, match="base_path"):
+        create_app(engine, base_path=base_path)
+
+
 # -- untrusted data stays data ------------------------------------------------------------------
 
 
@@ -363,11 +532,14 @@ def test_untrusted_text_is_escaped_everywhere(engine: Engine, watchdog: Watchdog
         ).text
     for name, page in pages.items():
         assert SCRIPT not in page and "<img src=x" not in page, name
-        assert "\x07" not in page and "\x1b" not in page and "\u202e" not in page, name
+        for raw in ("\x07", "\x1b", "\u202e", "\u061c", "\u180e"):
+            assert raw not in page, (name, hex(ord(raw)))
         assert "&lt;script&gt;window.__xss=1&lt;/script&gt;" in page or "&lt;img src=x" in page, name
     # Control characters are shown as escapes, visibly marked.
     assert '<span class="ctl" title="U+0007">\\x07</span>' in pages["/job"]
     assert '<span class="ctl" title="U+202E">\\u202e</span>' in pages["/lane"]
+    assert '<span class="ctl" title="U+061C">\\u061c</span>' in pages["/job"]
+    assert '<span class="ctl" title="U+180E">\\u180e</span>' in pages["/job"]
 
 
 # -- sync or async, mounted anywhere --------------------------------------------------------------
@@ -523,3 +695,31 @@ def test_the_confirmation_page_posts_what_it_shows(engine: Engine, watchdog: Wat
         data={"csrf_token": dashboard.token, **{name: html.unescape(value) for name, value in fields.items()}},
     )
     assert status_of(done.text) == "recorded" and watchdog.read("confirm-me").cancellation_id == "from-form"
+
+
+def test_the_job_lists_do_not_read_payloads(engine: Engine, watchdog: Watchdog) -> None:
+    from sqlalchemy import event
+
+    watchdog.enqueue([Job(f"big-{n}", "q", lane="l", payload="x" * 100_000) for n in range(3)])
+    statements: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        with TestClient(create_app(engine)) as client:
+            for path, params in (("/jobs", {}), ("/lane", {"lane": "l"})):
+                statements.clear()
+                page = client.get(path, params=params)
+                assert page.status_code == 200 and "big-2" in page.text
+                lists = [s for s in statements if "watchdog_jobs" in s and "ORDER BY" in s and "sequence >" in s]
+                assert lists and all(
+                    "payload_json" not in s.split("FROM")[0].replace("AS payload_json", "") for s in lists
+                )
+            statements.clear()
+            assert "x" * 1000 in client.get("/job", params={"job_id": "big-1"}).text  # a job's page shows it
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert [job.payload for job in watchdog.list_jobs(with_payload=False)] == [None, None, None]
+    assert [len(job.payload) for job in watchdog.list_jobs()] == [100_000] * 3

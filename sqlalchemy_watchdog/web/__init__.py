@@ -25,6 +25,6 @@ except ImportError as error:  # pragma: no cover - exercised by a subprocess tes
         name=error.name,
     ) from error
 
-from .app import ACTIONS, DESTRUCTIVE_ACTIONS, VIEW, Authorize, create_app
+from .app import ACTIONS, DESTRUCTIVE_ACTIONS, VIEW, Authorize, Identify, create_app, scope_user
 
-__all__ = ["ACTIONS", "DESTRUCTIVE_ACTIONS", "VIEW", "Authorize", "create_app"]
+__all__ = ["ACTIONS", "DESTRUCTIVE_ACTIONS", "VIEW", "Authorize", "Identify", "create_app", "scope_user"]

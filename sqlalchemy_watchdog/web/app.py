@@ -12,14 +12,13 @@ import hashlib
 import hmac
 import inspect
 import json
-import re
 import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar, cast
-from urllib.parse import parse_qsl, quote, unquote, urlencode
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup, escape
@@ -27,10 +26,14 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import MutableHeaders
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..asyncio import AsyncWatchdog
 from ..client import Watchdog
@@ -47,9 +50,11 @@ from ..jobs import (
     Throughput,
     Undecodable,
 )
+from ..visible import escape as visible_escape
+from ..visible import escape_code, is_escaped, pieces
 from . import chart
 
-__all__ = ["ACTIONS", "DESTRUCTIVE_ACTIONS", "VIEW", "Authorize", "create_app"]
+__all__ = ["ACTIONS", "DESTRUCTIVE_ACTIONS", "VIEW", "Authorize", "Identify", "create_app", "scope_user"]
 
 T = TypeVar("T")
 
@@ -85,47 +90,34 @@ _SECURITY_HEADERS = {
     "cache-control": "no-store",
 }
 
-# Characters that must not reach the page as themselves: C0/C1 controls,
-# zero-width and bidirectional controls (which could disguise a job id).
-_INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
-_INVISIBLE_BUT_LINES = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"
-)
 
-
-def _shown(value: object, pattern: re.Pattern[str]) -> Markup:
-    """``value`` as HTML-escaped text whose invisible characters are shown as
+def _shown(value: object, keep: str) -> Markup:
+    """``value`` as HTML-escaped text whose invisible characters (see
+    :mod:`sqlalchemy_watchdog.visible`) but those in ``keep`` are shown as
     escapes (``\\x07``, ``\\u202e``) in a marked span."""
     text = "" if value is None else str(value)
     parts: list[Markup] = []
-    position = 0
-    for match in pattern.finditer(text):
-        parts.append(escape(text[position : match.start()]))
-        code = ord(match.group())
-        parts.append(Markup('<span class="ctl" title="U+{:04X}">{}</span>').format(code, _escape_code(code)))
-        position = match.end()
-    parts.append(escape(text[position:]))
+    for run, escaped in pieces(text, keep):
+        if escaped:
+            parts.append(Markup('<span class="ctl" title="U+{:04X}">{}</span>').format(ord(run), escape_code(run)))
+        else:
+            parts.append(escape(run))
     return Markup("").join(parts)
 
 
 def plain(value: object) -> str:
     """Text for a title or an attribute: invisible characters as escapes, no markup."""
-    text = "" if value is None else str(value)
-    return _INVISIBLE.sub(lambda m: _escape_code(ord(m.group())), text)
-
-
-def _escape_code(code: int) -> str:
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    return visible_escape(value)
 
 
 def visible(value: object) -> Markup:
     """One-line text (an id, a lane): every control character shown as an escape."""
-    return _shown(value, _INVISIBLE)
+    return _shown(value, "")
 
 
 def visible_text(value: object) -> Markup:
     """Multi-line text (a payload, a traceback): line breaks and tabs kept."""
-    return _shown(value, _INVISIBLE_BUT_LINES)
+    return _shown(value, "\n\t")
 
 
 def when(value: datetime | None) -> str:
@@ -213,34 +205,98 @@ class _Client:
         return cast(EnqueueResult, await self._call("rerun", job_id, rerun_id=rerun_id))
 
 
-# -- CSRF: a signed per-session token, in a cookie and in every form -------------------
+# -- CSRF: a per-session nonce in a cookie, a token bound to it and to the identity ------
 
 
 class _Csrf:
-    """Double-submit tokens: the cookie holds ``token.signature``, each form
-    the token; a POST must carry both, matching, with a valid signature."""
+    """Double-submit tokens bound to the visitor. The cookie holds a random
+    nonce and its signature (``nonce.signature``); each form holds
+    ``HMAC(secret, nonce, identity)``. A POST must carry a cookie whose
+    signature holds and the form token of that nonce *for the identity of
+    the request*: a pair minted for one identity (or planted in a browser
+    by a sibling site) is refused for another."""
 
     def __init__(self, secret: bytes) -> None:
         self._secret = secret
 
-    def _signature(self, token: str) -> str:
-        return hmac.new(self._secret, token.encode(), hashlib.sha256).hexdigest()
+    def _mac(self, *parts: str) -> str:
+        message = "\x00".join(parts).encode("utf-8", "surrogatepass")
+        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
 
-    def cookie_value(self, token: str) -> str:
-        return f"{token}.{self._signature(token)}"
+    def cookie_value(self, nonce: str) -> str:
+        return f"{nonce}.{self._mac('cookie', nonce)}"
 
-    def token_of(self, cookie: str | None) -> str | None:
-        """The token of a cookie value whose signature holds, else None."""
+    def nonce_of(self, cookie: str | None) -> str | None:
+        """The nonce of a cookie value whose signature holds, else None."""
         if not cookie or cookie.count(".") != 1:
             return None
-        token, signature = cookie.split(".")
-        if not token or not hmac.compare_digest(signature, self._signature(token)):
+        nonce, signature = cookie.split(".")
+        if not nonce or not hmac.compare_digest(signature, self._mac("cookie", nonce)):
             return None
-        return token
+        return nonce
 
-    def accepts(self, cookie: str | None, submitted: str | None) -> bool:
-        token = self.token_of(cookie)
-        return token is not None and submitted is not None and hmac.compare_digest(token, submitted)
+    def form_token(self, nonce: str, identity: str) -> str:
+        return self._mac("form", nonce, identity)
+
+    def accepts(self, cookie: str | None, submitted: str | None, identity: str) -> bool:
+        nonce = self.nonce_of(cookie)
+        if nonce is None or submitted is None:
+            return False
+        return hmac.compare_digest(self.form_token(nonce, identity), submitted)
+
+
+#: ``identify(request) -> str | None`` (or an awaitable of it): who the request
+#: is, for binding the CSRF token; None or "" for nobody in particular.
+Identify = Callable[[Request], "str | Awaitable[str | None] | None"]
+
+
+def scope_user(request: Request) -> str | None:
+    """The default ``identify``: the authenticated user Starlette's
+    ``AuthenticationMiddleware`` put in the ASGI scope (its ``identity``,
+    else its ``display_name``), or None."""
+    user = request.scope.get("user")
+    if user is None or not getattr(user, "is_authenticated", False):
+        return None
+    for attribute in ("identity", "display_name"):
+        try:
+            value = getattr(user, attribute)
+        except NotImplementedError:
+            continue
+        if value:
+            return f"{attribute}:{value}"
+    return None
+
+
+def _origin_refusal(request: Request) -> str | None:
+    """Why a POST comes from another origin, or None when it does not.
+
+    ``Sec-Fetch-Site`` (sent by every current browser, computed by the
+    browser itself, so no proxy changes it) must be ``same-origin``;
+    without it, an ``Origin`` header must name this host (the ``Host``
+    header, or a proxy's ``X-Forwarded-Host``). A request with neither
+    (not from a browser) is left to the token."""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None:
+        return None if site == "same-origin" else f"it was sent from another site (Sec-Fetch-Site: {site[:20]})"
+    origin = request.headers.get("origin")
+    if origin is None:
+        return None
+    parsed = urlsplit(origin)
+    if origin == "null" or not parsed.netloc:
+        return "it was sent from an opaque origin (Origin: null)"
+    own = {_host(request.headers.get("host", ""), parsed.scheme)}
+    for forwarded in request.headers.getlist("x-forwarded-host"):
+        own.update(_host(host.strip(), parsed.scheme) for host in forwarded.split(","))
+    if _host(parsed.netloc, parsed.scheme) not in own:
+        return "it was sent from another origin"
+    return None
+
+
+def _host(netloc: str, scheme: str) -> str:
+    """``netloc`` lower-cased, without the scheme's default port."""
+    netloc = netloc.lower()
+    default = {"https": ":443", "http": ":80"}.get(scheme)
+    return netloc[: -len(default)] if default and netloc.endswith(default) else netloc
 
 
 # -- the application -------------------------------------------------------------------
@@ -251,6 +307,7 @@ class _Settings:
     client: _Client
     read_only: bool
     authorize: Authorize | None
+    identify: Identify
     base_path: str | None
     csrf: _Csrf
     refresh_seconds: float
@@ -267,6 +324,7 @@ def create_app(
     *,
     read_only: bool = False,
     authorize: Authorize | None = None,
+    identify: Identify | None = None,
     base_path: str | None = None,
     secret: str | bytes | None = None,
     refresh_seconds: float = 5.0,
@@ -287,6 +345,11 @@ def create_app(
         which buttons a page shows; False gives 403. None allows everything
         to anyone who reaches the application: put it behind your own
         authentication, or bind it to 127.0.0.1 (what the CLI does).
+    :param identify: ``identify(request) -> str | None``, or a coroutine
+        function: who the request is (a user id, a session id). Each
+        form's CSRF token is bound to it, so a token issued to one identity
+        is refused for another. Default: :func:`scope_user` (the user of
+        Starlette's ``AuthenticationMiddleware``, if any).
     :param base_path: the path the browser sees the dashboard under, for its
         links (e.g. behind a proxy that strips a prefix); default: the ASGI
         ``root_path``, which ``Mount`` sets.
@@ -300,10 +363,10 @@ def create_app(
         raise TypeError(f"read_only must be a bool, not {type(read_only).__name__}")
     if authorize is not None and not callable(authorize):
         raise TypeError(f"authorize must be callable, not {type(authorize).__name__}")
+    if identify is not None and not callable(identify):
+        raise TypeError(f"identify must be callable, not {type(identify).__name__}")
     if base_path is not None:
-        if not isinstance(base_path, str) or (base_path and not base_path.startswith("/")):
-            raise ValueError(f"base_path must be a path starting with '/', got {base_path!r}")
-        base_path = base_path.rstrip("/")
+        base_path = _check_base_path(base_path)
     if isinstance(secret, str):
         secret = secret.encode()
     if secret is not None and (not isinstance(secret, bytes) or len(secret) < 16):
@@ -329,6 +392,7 @@ def create_app(
         client=_Client(engine),
         read_only=read_only,
         authorize=authorize,
+        identify=identify if identify is not None else scope_user,
         base_path=base_path,
         csrf=_Csrf(secret or secrets.token_bytes(32)),
         refresh_seconds=float(refresh_seconds),
@@ -343,9 +407,79 @@ def create_app(
         Route("/job", pages.job, methods=["GET"], name="job"),
         Route("/lane", pages.lane, methods=["GET"], name="lane"),
         Route("/actions/{action}", pages.action, methods=["POST"], name="action"),
-        Mount("/static", app=StaticFiles(directory=_HERE / "static"), name="static"),
+        Mount("/static", app=_Viewers(pages, StaticFiles(directory=_HERE / "static")), name="static"),
     ]
-    return Starlette(routes=routes)
+    return Starlette(
+        routes=routes,
+        # Starlette's own answers (an unknown path: 404, a wrong method: 405)
+        # are the dashboard's error pages, asked of authorize like any page.
+        exception_handlers={HTTPException: pages.http_error},
+        middleware=[Middleware(_SecurityHeaders)],
+    )
+
+
+def _check_base_path(base_path: object) -> str:
+    """``base_path`` as a path of this site (``/ops/watchdog``), or ValueError naming it.
+
+    Refused: anything but an absolute path -- ``//evil.example`` and
+    ``/\\evil.example`` (which browsers read as another host), a URL with a
+    scheme, backslashes, a query or fragment, control, format and other
+    invisible characters, whitespace."""
+    if not isinstance(base_path, str):
+        raise ValueError(f"base_path must be a str (a path starting with '/'), not {type(base_path).__name__}")
+    if base_path and not base_path.startswith("/"):
+        raise ValueError(f"base_path must be a path starting with '/', got {visible_escape(base_path)!r}")
+    if base_path.startswith("//"):
+        raise ValueError(
+            f"base_path must be a path of this site, not a host (//...): got {visible_escape(base_path)!r}"
+        )
+    for char in base_path:
+        if char in "\\?#" or char.isspace() or is_escaped(char):
+            raise ValueError(
+                f"base_path must not contain {visible_escape(char) if is_escaped(char) else char!r}: "
+                f"got {visible_escape(base_path)!r}"
+            )
+    return base_path.rstrip("/")
+
+
+class _SecurityHeaders:
+    """Every response of the dashboard -- pages, static files, Starlette's
+    own 404 and 405 -- carries the security headers (a header a response
+    sets itself is kept)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in _SECURITY_HEADERS.items():
+                    if name not in headers:
+                        headers[name] = value
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+class _Viewers:
+    """An ASGI app (the static files) only for requests ``authorize`` lets view."""
+
+    def __init__(self, pages: _Pages, app: ASGIApp) -> None:
+        self.pages = pages
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        if scope["type"] == "http" and not await self.pages._authorized(request, VIEW):
+            response = await self.pages._error(request, 403, "You may not view this dashboard.")
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 class _Pages:
@@ -373,16 +507,37 @@ class _Pages:
             verdict = await verdict
         return verdict is True
 
-    def _token(self, request: Request) -> tuple[str, bool]:
-        """The session's CSRF token, and whether it is new (to be set as a cookie)."""
-        token = self.s.csrf.token_of(request.cookies.get(_COOKIE))
-        if token is not None:
-            return token, False
+    async def _identity(self, request: Request) -> str:
+        identity = self.s.identify(request)
+        if inspect.isawaitable(identity):
+            identity = await identity
+        return "" if identity is None else str(identity)
+
+    def _cookie_name(self, request: Request) -> str:
+        """Over https, ``__Host-``: a browser takes such a cookie only from
+        this very host, over https, for path ``/`` -- a sibling subdomain
+        cannot plant one. The mount path tells dashboards on one host apart."""
+        if request.url.scheme != "https":
+            return _COOKIE
+        prefix = self._prefix(request)
+        suffix = f"-{hashlib.sha256(prefix.encode()).hexdigest()[:12]}" if prefix else ""
+        return f"__Host-{_COOKIE}{suffix}"
+
+    def _nonce(self, request: Request) -> tuple[str, bool]:
+        """The session's CSRF nonce, and whether it is new (to be set as a cookie)."""
+        nonce = self.s.csrf.nonce_of(request.cookies.get(self._cookie_name(request)))
+        if nonce is not None:
+            return nonce, False
         return secrets.token_urlsafe(32), True
 
     async def _render(self, request: Request, template: str, context: Mapping[str, Any], status: int = 200) -> Response:
         prefix = self._prefix(request)
-        token, new = self._token(request)
+        # A visitor authorize refuses gets no token and no cookie, 403 pages included.
+        viewer = await self._authorized(request, VIEW)
+        token, new = "", False
+        if viewer:
+            nonce, new = self._nonce(request)
+            token = self.s.csrf.form_token(nonce, await self._identity(request))
 
         def href(path: str, /, **params: Any) -> str:
             query = urlencode({k: v for k, v in params.items() if v is not None and v != ""})
@@ -392,7 +547,7 @@ class _Pages:
             {
                 "title": self.s.title,
                 "read_only": self.s.read_only,
-                "allowed": await self._allowed(request),
+                "allowed": await self._allowed(request) if viewer else dict.fromkeys(ACTIONS, False),
                 "destructive": DESTRUCTIVE_ACTIONS,
                 "csrf_field": _FIELD,
                 "csrf_token": token,
@@ -407,13 +562,14 @@ class _Pages:
         )
         response = HTMLResponse(page, status_code=status, headers=_SECURITY_HEADERS)
         if new:
+            https = request.url.scheme == "https"
             response.set_cookie(
-                _COOKIE,
-                self.s.csrf.cookie_value(token),
-                path=prefix or "/",
+                self._cookie_name(request),
+                self.s.csrf.cookie_value(nonce),
+                path="/" if https else prefix or "/",
                 httponly=True,
                 samesite="strict",
-                secure=request.url.scheme == "https",
+                secure=https,
             )
         return response
 
@@ -432,6 +588,18 @@ class _Pages:
         except WatchdogError as error:
             return await self._error(request, 503, f"The database could not answer: {error}")
         return await self._render(request, template, context)
+
+    async def http_error(self, request: Request, error: Exception) -> Response:
+        """Starlette's own refusals (404, 405) as error pages; a visitor
+        ``authorize`` refuses gets 403 instead, as on every page."""
+        if not await self._authorized(request, VIEW):
+            return await self._error(request, 403, "You may not view this dashboard.")
+        status = error.status_code if isinstance(error, HTTPException) else 500
+        messages = {404: "There is no such page.", 405: "This page does not take that method."}
+        response = await self._error(request, status, messages.get(status, "This request cannot be answered."))
+        if isinstance(error, HTTPException) and error.headers:
+            response.headers.update(error.headers)  # 405's Allow
+        return response
 
     async def _error(self, request: Request, status: int, message: str) -> Response:
         return await self._render(request, "error.html", {"status": status, "message": message}, status)
@@ -460,7 +628,7 @@ class _Pages:
             filters = _filters(query)
             limit = _page_size(query.get("limit"))
             after = _after(query.get("after"))
-            jobs = await self.s.client.list_jobs(**filters, limit=limit, after_sequence=after)
+            jobs = await self.s.client.list_jobs(**filters, limit=limit, after_sequence=after, with_payload=False)
             return {
                 "filters": filters,
                 "jobs": jobs,
@@ -494,7 +662,7 @@ class _Pages:
                 raise InvalidJob("lane", "is missing")
             limit = _page_size(query.get("limit"))
             after = _after(query.get("after"))
-            jobs = await self.s.client.list_jobs(lane=lane, limit=limit, after_sequence=after)
+            jobs = await self.s.client.list_jobs(lane=lane, limit=limit, after_sequence=after, with_payload=False)
             return {
                 "lane": lane,
                 "jobs": jobs,
@@ -514,8 +682,12 @@ class _Pages:
         try:
             if self.s.read_only:
                 raise _Refused("This dashboard is read-only: it runs no action.")
+            refusal = _origin_refusal(request)
+            if refusal is not None:
+                raise _Refused(f"This action was refused: {refusal}. Use the dashboard's own pages.")
             form = await _form(request)
-            if not self.s.csrf.accepts(request.cookies.get(_COOKIE), form.get(_FIELD)):
+            cookie = request.cookies.get(self._cookie_name(request))
+            if not self.s.csrf.accepts(cookie, form.get(_FIELD), await self._identity(request)):
                 raise _Refused(
                     "The form's security token is missing or does not match this browser session "
                     "(was the page open for long, or sent from elsewhere?). Reload the page and try again."

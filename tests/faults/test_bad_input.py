@@ -140,6 +140,15 @@ def runner(**kwargs: Any) -> Callable[[Engine], Any]:
     return build
 
 
+def dashboard(**kwargs: Any) -> Callable[[Engine], Any]:
+    def build(engine: Engine) -> Any:
+        from sqlalchemy_watchdog.web import create_app
+
+        return create_app(engine, **kwargs)
+
+    return build
+
+
 def scheduled(*args: Any, **fields: Any) -> Callable[[Engine], Any]:
     """A runner given ``Schedule(*args, **fields)`` (the schedule refuses first)."""
     from sqlalchemy_watchdog import Schedule
@@ -491,6 +500,7 @@ REFUSED: dict[str, Entry] = {
     "list_jobs state unknown": Entry("state", wd("list_jobs", state="finished")),
     "list_jobs outcome unknown": Entry("outcome", wd("list_jobs", outcome="done")),
     "list_jobs queue NUL": Entry("queue", wd("list_jobs", queue="q\x00")),
+    "list_jobs with_payload str": Entry("with_payload", wd("list_jobs", with_payload="no")),
     "list_jobs queue lone surrogate": Entry("queue", wd("list_jobs", queue="q\ud800")),
     "list_jobs queue 257 chars": Entry("queue", wd("list_jobs", queue="q" * 257)),
     "list_jobs lane NUL": Entry("lane", wd("list_jobs", lane="l\x00")),
@@ -535,6 +545,13 @@ REFUSED: dict[str, Entry] = {
     "instrument stats_every zero": Entry("stats_every", lambda e: otel.instrument(stats_every=timedelta(0))),
     "instrument stats_every negative": Entry("stats_every", lambda e: otel.instrument(stats_every=timedelta(-1))),
     "instrument stats_every seconds": Entry("stats_every", lambda e: otel.instrument(stats_every=5)),
+    # The dashboard (extra [web]): a base_path that is not a path of this site.
+    "create_app base_path //host": Entry("base_path", dashboard(base_path="//evil.example"), error=ValueError),
+    "create_app base_path URL": Entry("base_path", dashboard(base_path="http://x"), error=ValueError),
+    "create_app base_path backslash": Entry("base_path", dashboard(base_path="/\\evil.example"), error=ValueError),
+    "create_app base_path control": Entry("base_path", dashboard(base_path="/ops\x1b[2J"), error=ValueError),
+    "create_app base_path bidi": Entry("base_path", dashboard(base_path="/ops\u202e"), error=ValueError),
+    "create_app identify str": Entry("identify", dashboard(identify="user"), error=TypeError),
 }
 
 #: Entries expected to fail: {entry: reason}. Empty: every known bug is fixed.
@@ -677,6 +694,7 @@ NASTY = [
     "NULL",
     "\x01\x1f\x7f",
     "\u202eright-to-left",
+    "\x1b]0;retitled\x07\x1b[2J\u061c\u180e\x9b",  # terminal escapes: stored exactly, shown escaped
     "é" * 256,
     "😀" * 256,
     "x" * 256,
