@@ -402,7 +402,7 @@ def check_clock(clock: object) -> Callable[[], int]:
 DEFAULT_CONCURRENCY = 10
 
 #: How long running handlers may take to finish on shutdown unless told
-#: otherwise: with :data:`STOP_WAIT_MAX_S` after it, 22 s -- inside a 30 s
+#: otherwise: with the 2 s stop wait after it, 22 s -- inside a 30 s
 #: termination period (Kubernetes' default, gunicorn's ``graceful_timeout``)
 #: with 8 s left for the server's own drain and the last statements.
 DEFAULT_GRACE = timedelta(seconds=20)

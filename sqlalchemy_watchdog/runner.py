@@ -117,7 +117,7 @@ class Runner:
         poll bounds how long a new job waits; an idle poll is a short read).
     :param grace: on shutdown, how long running handlers may take to finish
         before they are asked to stop (default 20 s,
-        ``DEFAULT_GRACE``); those still
+        :data:`~sqlalchemy_watchdog.execution.DEFAULT_GRACE`); those still
         running ``min(2 s, grace)`` later have their jobs handed to recovery.
         :attr:`shutdown_budget` is the sum: keep it under the platform's
         termination period minus the server's own drain.
