@@ -748,6 +748,7 @@ class AsyncRunner:
         await asyncio.wait({task, started}, return_when=asyncio.FIRST_COMPLETED)
         if not started.done():
             started.cancel()
+            self._started = None
             await task  # raises what stopped it from starting
             raise RuntimeError("the runner returned before it served")  # pragma: no cover - stop() while starting
         try:
