@@ -17,6 +17,8 @@ from .errors import (
     WakeupsUnavailable,
     WatchdogError,
     redacted,
+    redacted_detail,
+    safe_text,
 )
 from .execution import RunningJob, StopReason, TickResult, TickStatus, handler
 from .jobs import (
@@ -89,6 +91,8 @@ __all__ = [
     "handler",
     "metadata",
     "redacted",
+    "redacted_detail",
+    "safe_text",
 ]
 
 __version__ = "0.1.0"

@@ -31,6 +31,9 @@ from .connections import follow_failover
 from .errors import InvalidJob, redacted
 from .execution import (
     DEFAULT_CONCURRENCY,
+    DEFAULT_GRACE,
+    DEFAULT_SUMMARY_EVERY,
+    EXIT_MARGIN_S,
     Execution,
     Probe,
     RunHandler,
@@ -53,11 +56,14 @@ from .execution import (
     execute,
     finish,
     loop_pass,
+    pool_shortfall,
     probe_failed,
     prune,
     renew,
+    restore_signal,
     settle_batch,
     shutdown,
+    signals_to_install,
     tick,
     time_out,
     until_idle,
@@ -334,6 +340,9 @@ class AsyncRunner:
     sync runner -- the same steps of :mod:`sqlalchemy_watchdog.execution`,
     the same store code. Parameters are those of
     :class:`~sqlalchemy_watchdog.Runner`.
+
+    In a FastAPI/Starlette lifespan, ``async with runner.running():``
+    (:meth:`running`) runs it beside the application.
     """
 
     def __init__(
@@ -346,7 +355,7 @@ class AsyncRunner:
         lease: timedelta = timedelta(seconds=120),
         heartbeat: timedelta = timedelta(seconds=10),
         poll_interval: timedelta | None = None,
-        grace: timedelta = timedelta(seconds=30),
+        grace: timedelta = DEFAULT_GRACE,
         is_alive: Callable[[JobView], Any] | None = None,
         max_recoveries: int | None = None,
         codec: PayloadCodec | None = None,
@@ -357,6 +366,7 @@ class AsyncRunner:
         clock: Callable[[], int] = store.now_ms,
         wakeups: WakeupMode | str = WakeupMode.AUTO,
         listen_engine: AsyncEngine | None = None,
+        summary_every: timedelta | int | None = DEFAULT_SUMMARY_EVERY,
     ) -> None:
         if not isinstance(engine, AsyncEngine):
             raise TypeError(
@@ -388,6 +398,7 @@ class AsyncRunner:
             timeout=timeout,
             retention=retention,
             schedules=schedules,
+            summary_every=summary_every,
         )
         self.core = RunnerCore(self.settings, clock)
         #: The wake-ups in force (see :attr:`Runner.wakeup_status <sqlalchemy_watchdog.Runner.wakeup_status>`).
@@ -403,6 +414,8 @@ class AsyncRunner:
         self._wake: asyncio.Event | None = None
         self._stopping: asyncio.Event | None = None
         self._heartbeat_now: asyncio.Event | None = None
+        #: Resolved once run_forever serves (for running()).
+        self._started: asyncio.Future[None] | None = None
 
     @property
     def queues(self) -> tuple[str, ...]:
@@ -413,6 +426,11 @@ class AsyncRunner:
     def isolated_jobs(self) -> tuple[str, ...]:
         """As :attr:`Runner.isolated_jobs <sqlalchemy_watchdog.Runner.isolated_jobs>`."""
         return self.core.isolated_jobs
+
+    @property
+    def shutdown_budget(self) -> timedelta:
+        """As :attr:`Runner.shutdown_budget <sqlalchemy_watchdog.Runner.shutdown_budget>`."""
+        return timedelta(seconds=self.settings.shutdown_budget_s)
 
     def _events(self) -> tuple[asyncio.Event, asyncio.Event, asyncio.Event]:
         # Made on first use, inside the running loop.
@@ -632,16 +650,18 @@ class AsyncRunner:
                 break
         return settled
 
-    async def run_forever(self, *, install_signal_handlers: bool = True) -> None:
-        """Serve the queues until SIGINT/SIGTERM or :meth:`stop`; shutdown as
-        :meth:`Runner.run_forever <sqlalchemy_watchdog.Runner.run_forever>`."""
+    async def run_forever(self, *, install_signal_handlers: bool | None = None) -> None:
+        """Serve the queues until :meth:`stop` (or SIGINT/SIGTERM where the
+        runner owns the process); signals and shutdown as
+        :meth:`Runner.run_forever <sqlalchemy_watchdog.Runner.run_forever>`:
+        as a task inside a running server (whose handlers are in place) it
+        never replaces the server's signal handlers."""
         _, stopping, heartbeat_now = self._events()
         loop = asyncio.get_running_loop()
-        installed: list[signal.Signals] = []
-        if install_signal_handlers and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, self.stop)
-                installed.append(sig)
+        installed: dict[signal.Signals, Any] = {}
+        for sig in signals_to_install(install_signal_handlers):
+            installed[sig] = signal.getsignal(sig)
+            loop.add_signal_handler(sig, self._on_signal, sig)
         settler = self._settler = _AsyncSettler(self)
         background = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(settler.run())]
         if self.settings.retention is not None:
@@ -653,17 +673,25 @@ class AsyncRunner:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             self._settler = None
-            for sig in installed:
-                loop.remove_signal_handler(sig)
+            self._restore_signals(loop, installed)
             raise
         if listening is not None:
             background.append(listening)
         log.info(
-            "async runner started: queues=%s concurrency=%d wakeups=%s",
+            "async runner started: queues=%s concurrency=%d wakeups=%s shutdown_budget=%gs (grace %gs + stop wait %gs)",
             ",".join(self.queues),
             self.settings.concurrency,
             self.wakeup_status,
+            self.settings.shutdown_budget_s,
+            self.settings.grace_s,
+            self.settings.stop_wait_s,
         )
+        shortfall = pool_shortfall(self.engine.sync_engine.pool, self.settings)
+        if shortfall is not None:
+            log.warning("async runner: %s", shortfall)
+        started, self._started = self._started, None
+        if started is not None and not started.done():
+            started.set_result(None)
         try:
             await self._loop()
         finally:
@@ -675,10 +703,70 @@ class AsyncRunner:
                     task.cancel()
                 await asyncio.gather(*background, return_exceptions=True)
                 self._settler = None
-                for sig in installed:
-                    loop.remove_signal_handler(sig)
+                self._restore_signals(loop, installed)
                 stopping.clear()
                 log.info("async runner stopped")
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        log.info("received %s; shutting down", sig.name)
+        self.stop()
+
+    @staticmethod
+    def _restore_signals(loop: asyncio.AbstractEventLoop, installed: Mapping[signal.Signals, Any]) -> None:
+        """Put back the handlers ``run_forever`` replaced (``remove_signal_handler``
+        alone would leave the default action behind)."""
+        for sig, previous in installed.items():
+            loop.remove_signal_handler(sig)
+            restore_signal(sig, previous)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[AsyncRunner]:
+        """Run the runner as a task beside the application for the block --
+        the one-line embedding for a FastAPI/Starlette lifespan::
+
+            @asynccontextmanager
+            async def lifespan(app):
+                async with runner.running():
+                    yield
+                await engine.dispose()
+
+        Entering starts :meth:`run_forever` as a task (never touching signal
+        handlers: the server keeps its own) and returns once it serves; an
+        error it raised while starting is raised here. Leaving stops it and
+        waits for its shutdown -- within :attr:`shutdown_budget` and a few
+        seconds for the last statements, after which the task is cancelled
+        (leases and recovery cover its jobs). A failure of the runner while
+        the block ran is logged at once and raised on leaving (after the
+        block's own exception, if any)."""
+        started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._started = started
+        task = asyncio.create_task(self.run_forever(install_signal_handlers=False))
+
+        def ended(done: asyncio.Task[None]) -> None:
+            if not done.cancelled() and done.exception() is not None and started.done():
+                log.error("async runner failed: %s", redacted(done.exception() or Exception()))
+
+        task.add_done_callback(ended)
+        await asyncio.wait({task, started}, return_when=asyncio.FIRST_COMPLETED)
+        if not started.done():
+            started.cancel()
+            self._started = None
+            await task  # raises what stopped it from starting
+            raise RuntimeError("the runner returned before it served")  # pragma: no cover - stop() while starting
+        try:
+            yield self
+        finally:
+            self.stop()
+            done, _ = await asyncio.wait({task}, timeout=self.settings.shutdown_budget_s + EXIT_MARGIN_S)
+            if not done:
+                log.warning(
+                    "async runner: still shutting down %gs after it was asked to stop; cancelled",
+                    self.settings.shutdown_budget_s + EXIT_MARGIN_S,
+                )
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
 
     async def _start_listener(self, heartbeat_now: asyncio.Event) -> asyncio.Task[None] | None:
         """As :meth:`Runner._start_listener <sqlalchemy_watchdog.Runner._start_listener>`:

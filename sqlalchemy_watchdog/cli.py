@@ -670,6 +670,11 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     connection pooler in transaction mode, ``--listen-url`` names a direct
     URL for the listening session). A database without the ``watchdog_jobs``
     table is refused at start (exit 1).
+
+    The command owns its process: SIGINT / SIGTERM stop the runner. It
+    prints the runner's shutdown budget at start (grace plus the stop
+    wait): the platform's termination period must exceed it plus what the
+    last statements take.
     """
     from .asyncio import AsyncRunner
 
@@ -677,18 +682,25 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     runner: Any = None
     try:
         runner = build_runner(args, engine)
+        budget = runner.settings
+        print(
+            f"shutdown budget: {budget.shutdown_budget_s:g}s (grace {budget.grace_s:g}s + stop wait "
+            f"{budget.stop_wait_s:g}s); keep the platform's termination period above it",
+            file=out,
+            flush=True,
+        )
         # The database the runner will use (a target may bring its own
         # engine) must have the table: refuse now rather than retry forever.
         if isinstance(runner, AsyncRunner):
 
             async def serve() -> None:
                 await _require_table_async(runner.engine)
-                await runner.run_forever()
+                await runner.run_forever(install_signal_handlers=True)
 
             asyncio.run(serve())
         else:
             _require_table(getattr(runner, "engine", engine))
-            runner.run_forever()
+            runner.run_forever(install_signal_handlers=True)
         return 0
     finally:
         if runner is not None and args.listen_url is not None:
@@ -1482,7 +1494,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--grace",
         type=_seconds,
         metavar="SECONDS",
-        help="on shutdown, time running handlers get to finish (default: 30)",
+        help="on shutdown, time running handlers get to finish (default: 20)",
     )
     run.add_argument(
         "--wakeups",

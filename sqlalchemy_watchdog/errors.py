@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+import traceback
+from collections.abc import Iterator, Mapping
 from typing import ClassVar
 
 __all__ = [
@@ -14,6 +15,8 @@ __all__ = [
     "PreparedStatementsRefused",
     "WakeupsUnavailable",
     "redacted",
+    "safe_text",
+    "redacted_detail",
 ]
 
 
@@ -185,3 +188,75 @@ def redacted(error: BaseException) -> str:
 
 def _is_sqlalchemy(error: BaseException) -> bool:
     return any(cls.__module__.startswith("sqlalchemy.") for cls in type(error).__mro__)
+
+
+#: The modules of the database drivers whose exceptions may quote data.
+_DRIVER_MODULES = ("psycopg", "psycopg2", "asyncpg", "sqlite3", "aiosqlite", "pg8000", "_sqlite3")
+
+
+def is_database_error(error: BaseException) -> bool:
+    """Whether ``error`` is SQLAlchemy's or a database driver's: its text
+    may hold SQL, bound parameters or the values of a row."""
+    if _is_sqlalchemy(error):
+        return True
+    for cls in type(error).__mro__:
+        if cls.__module__.split(".")[0] in _DRIVER_MODULES:
+            return True
+    return any(hasattr(error, name) for name in ("sqlstate", "pgcode", "sqlite_errorname"))
+
+
+def safe_text(error: BaseException) -> str:
+    """``"<ExceptionType>: <message>"`` for a failure reason, without data a
+    database error may carry: for SQLAlchemy's and the drivers' exceptions
+    the message is :func:`redacted`'s (no SQL, no bound parameters, no
+    ``DETAIL``), as with ``create_engine(..., hide_parameters=True)`` and
+    more; any other exception's message is its own ``str()``."""
+    if is_database_error(error):
+        return f"{type(error).__name__}: {redacted(error)}"
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and the exceptions it was raised from or while handling."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        if current.__cause__ is not None:
+            current = current.__cause__
+        elif current.__context__ is not None and not current.__suppress_context__:
+            current = current.__context__
+        else:
+            current = None
+
+
+def redacted_detail(error: BaseException) -> str:
+    """The traceback of ``error`` to keep with a failed job: what
+    ``traceback.format_exception`` prints, except that each database
+    error's line is :func:`safe_text`'s -- no SQL, bound parameters or
+    driver details, whichever exception of the chain carries them."""
+    chain = list(_chain(error))
+    if not any(is_database_error(e) for e in chain):
+        return "".join(traceback.format_exception(error))
+    parts: list[str] = []
+    previous: BaseException | None = None
+    for exc in reversed(chain):
+        if previous is not None:
+            parts.append(
+                "\nThe above exception was the direct cause of the following exception:\n\n"
+                if exc.__cause__ is previous
+                else "\nDuring handling of the above exception, another exception occurred:\n\n"
+            )
+        previous = exc
+        if exc.__traceback__ is not None:
+            parts.append("Traceback (most recent call last):\n")
+            parts.extend(traceback.format_tb(exc.__traceback__))
+        if is_database_error(exc):
+            module = type(exc).__module__
+            name = type(exc).__qualname__ if module == "builtins" else f"{module}.{type(exc).__qualname__}"
+            parts.append(f"{name}: {redacted(exc)}\n")
+        else:
+            parts.extend(traceback.format_exception_only(exc))
+    return "".join(parts)

@@ -32,17 +32,18 @@ from __future__ import annotations
 
 import contextvars
 import enum
+import functools
 import logging
+import signal
 import threading
 import time
-import traceback
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import store, telemetry
-from .errors import InvalidJob, WatchdogError, redacted
+from .errors import InvalidJob, WatchdogError, redacted, redacted_detail, safe_text
 from .jobs import (
     QUEUE_MAX_LENGTH,
     Decision,
@@ -401,6 +402,114 @@ def check_clock(clock: object) -> Callable[[], int]:
 #: A handler that must never run beside another of the process: concurrency=1.
 DEFAULT_CONCURRENCY = 10
 
+#: How long running handlers may take to finish on shutdown unless told
+#: otherwise: with the 2 s stop wait after it, 22 s -- inside a 30 s
+#: termination period (Kubernetes' default, gunicorn's ``graceful_timeout``)
+#: with 8 s left for the server's own drain and the last statements.
+DEFAULT_GRACE = timedelta(seconds=20)
+#: The longest wait, after the grace, for handlers told to stop to return.
+STOP_WAIT_MAX_S = 2.0
+
+
+#: How long ``running()`` waits past the shutdown budget for the runner's
+#: last statements (handing leftovers to recovery, closing connections)
+#: before it gives up waiting.
+EXIT_MARGIN_S = 5.0
+
+
+def stop_wait_s(grace_s: float) -> float:
+    """How long shutdown waits, after the grace, for the handlers it told to
+    stop: ``min(2 s, grace)``, at least 0.1 s."""
+    return min(STOP_WAIT_MAX_S, max(0.1, grace_s))
+
+
+#: How often a runner logs its INFO summary unless told otherwise.
+DEFAULT_SUMMARY_EVERY = timedelta(seconds=60)
+#: The backlog a summary counts up to (a larger one reads "10000+").
+SUMMARY_BACKLOG_CAP = 10_000
+
+
+def check_summary_every(value: object) -> float | int | None:
+    """``summary_every``: None (no summary), a positive timedelta (seconds
+    between summaries) or a positive int (jobs between summaries)."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        return _duration(value, "summary_every").total_seconds()
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 100_000_000:
+        return value
+    raise InvalidJob(
+        "summary_every", f"must be None, a positive timedelta or an int from 1 to 100000000, got {value!r}"
+    )
+
+
+# -- signals: the host's unless the runner owns the process ------------------------
+
+#: The signals a runner that owns its process stops on.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _unclaimed(sig: signal.Signals, current: object) -> bool:
+    """Whether nobody but the interpreter handles ``sig``: its default
+    action, Python's own SIGINT handler, or the SIGINT handler
+    ``asyncio.run`` puts in place of that default for its main task."""
+    if current is signal.SIG_DFL:
+        return True
+    if sig is signal.SIGINT:
+        if current is signal.default_int_handler:
+            return True
+        func = getattr(current, "func", None) if isinstance(current, functools.partial) else None
+        owner = getattr(func, "__self__", None)
+        return getattr(func, "__name__", "") == "_on_sigint" and type(owner).__module__.startswith("asyncio")
+    return False
+
+
+def signals_to_install(install: bool | None) -> tuple[signal.Signals, ...]:
+    """Which stop signals ``run_forever(install_signal_handlers=install)``
+    takes over, with their handlers now: none outside the main thread or
+    with ``False``; both with ``True``; by default (None) each one nobody
+    has claimed -- the runner owns a script's process, never a server's
+    (uvicorn, gunicorn and the like install their own handlers first)."""
+    if install is False or threading.current_thread() is not threading.main_thread():
+        return ()
+    if install is True:
+        return STOP_SIGNALS
+    return tuple(sig for sig in STOP_SIGNALS if _unclaimed(sig, signal.getsignal(sig)))
+
+
+def restore_signal(sig: signal.Signals, previous: Any) -> None:
+    """Put back the handler a runner replaced (one installed outside Python,
+    which cannot be put back, becomes the default action)."""
+    signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+
+
+# -- pool sizing ---------------------------------------------------------------------
+
+#: Connections a runner keeps checked out while it runs: its loop's, its
+#: settler's and its heartbeat's (and its pruner's, with a retention).
+RUNNER_CONNECTIONS = 3
+
+
+def pool_shortfall(pool: Any, settings: RunnerSettings) -> str | None:
+    """Why ``pool`` (the runner's engine's) cannot serve the runner beside
+    ``concurrency`` handlers that each use one connection of it; None when
+    it can, or when the pool has no fixed limit (``NullPool``, ...)."""
+    size = getattr(pool, "size", None)
+    overflow = getattr(pool, "_max_overflow", None)
+    if not callable(size) or not isinstance(overflow, int) or overflow < 0:
+        return None
+    capacity = int(size()) + overflow
+    held = RUNNER_CONNECTIONS + (1 if settings.retention is not None else 0)
+    needed = held + settings.concurrency
+    if capacity >= needed:
+        return None
+    return (
+        f"the engine's pool holds at most {capacity} connections (pool_size + max_overflow); the runner keeps "
+        f"{held} and its {settings.concurrency} handlers may need one each: create the engine with "
+        f"pool_size={needed} (or more), or lower concurrency -- else handlers wait for a connection "
+        "(pool_timeout) and fail"
+    )
+
 
 @dataclass(frozen=True)
 class RunnerSettings:
@@ -429,6 +538,21 @@ class RunnerSettings:
     retention: Retention | None = None
     #: Periodic jobs this runner enqueues (any number of runners may).
     schedules: tuple[Schedule, ...] = ()
+    #: The INFO summary: every so many seconds (float), every so many jobs
+    #: (int), or never (None).
+    summary_every: float | int | None = DEFAULT_SUMMARY_EVERY.total_seconds()
+
+    @property
+    def stop_wait_s(self) -> float:
+        """How long shutdown waits, after the grace, for stopped handlers."""
+        return stop_wait_s(self.grace_s)
+
+    @property
+    def shutdown_budget_s(self) -> float:
+        """The longest a shutdown waits for handlers: the grace, then the stop
+        wait (what is still running after that is handed to recovery by one
+        more statement)."""
+        return self.grace_s + self.stop_wait_s
 
     @classmethod
     def build(
@@ -448,6 +572,7 @@ class RunnerSettings:
         timeout: timedelta | None = None,
         retention: Retention | None = None,
         schedules: Iterable[Schedule] | None = None,
+        summary_every: timedelta | int | None = DEFAULT_SUMMARY_EVERY,
     ) -> RunnerSettings:
         table = dict(registered_handlers() if handlers is None else handlers)
         for queue, fn in table.items():
@@ -511,6 +636,7 @@ class RunnerSettings:
             timeout=check_timeout(timeout),
             retention=_checked_retention(retention),
             schedules=_checked_schedules(schedules),
+            summary_every=check_summary_every(summary_every),
         )
 
     def budget_for(self, job: JobView) -> int | None:
@@ -567,8 +693,15 @@ class Execution:
     #: The decision made without running the handler (its payload could
     #: not be decoded), if any.
     refused: Decision | None = None
-    #: The traceback of its handler's exception, kept with the job.
+    #: The traceback of its handler's exception, kept with the job (bound
+    #: parameters and driver details of database errors left out).
     failure_detail: str | None = None
+    #: The exception its handler raised, if any (a retry policy's
+    #: ``retry_on`` is matched against it).
+    error: BaseException | None = None
+    #: What became of it, for the runner's summary: an outcome's value,
+    #: ``requeued`` or ``rejected`` (set when it is concluded).
+    result: str | None = None
     #: Whether it still occupies one of the runner's ``concurrency`` slots:
     #: from the claim until its handler returns. Its settle then overlaps
     #: with the next claim; the heartbeat keeps renewing it until settled.
@@ -706,15 +839,15 @@ async def drive_async(steps: Steps[T], perform: Callable[[Step], Awaitable[Any]]
 def decision_of_result(result: object, job: RunningJob) -> Decision | None:
     """A handler's return value as a decision.
 
-    None means ``completed`` -- unless the runner had asked the handler to
-    stop for shutdown: then returning None cannot be told apart from
-    abandoning the work, so there is no decision and the job is handed to
-    recovery (requeued within its budget, else ``interrupted``). A handler
-    that did finish says so with ``Decision.completed()``.
+    None means ``completed``: a handler that returns normally has done its
+    work, also after the runner asked it to stop for shutdown. A handler
+    that stopped early says so -- by raising (after a shutdown stop the job
+    is then handed to recovery: requeued within its budget, else
+    ``interrupted``; an async handler's cancelled task is the same) or by
+    returning a :class:`Decision`. The one exception is an attempt past its
+    timeout, which counts as failed whatever it returns but a Decision.
     """
     if result is None:
-        if job.stop_reason is StopReason.SHUTDOWN:
-            return None
         if job.stop_reason is StopReason.TIMEOUT:
             return Decision.failed(timed_out(job))
         return Decision.completed()
@@ -723,12 +856,26 @@ def decision_of_result(result: object, job: RunningJob) -> Decision | None:
     return Decision.failed(f"handler returned {type(result).__name__}, not a Decision or None: {result!r}"[:500])
 
 
-def decision_of_exception(execution: Execution, error: BaseException) -> Decision:
+def decision_of_exception(execution: Execution, error: BaseException) -> Decision | None:
     """A handler's exception as a ``failed`` decision with a bounded reason;
     the exception is logged with its traceback, which is kept with the job
-    (``JobView.failure_detail``)."""
+    (``JobView.failure_detail``). Neither the reason nor the kept traceback
+    holds a database error's bound parameters, SQL text in the reason, or
+    driver details (:func:`~sqlalchemy_watchdog.errors.safe_text`).
+
+    Raised after a shutdown stop, the exception is the handler saying it
+    stopped early: no decision (None), and the job is handed to recovery."""
     job = execution.job
-    execution.failure_detail = "".join(traceback.format_exception(error))
+    if job.stop_reason is StopReason.SHUTDOWN:
+        log.warning(
+            "job %s: its handler stopped for shutdown (%s); handing it to recovery",
+            job.job_id,
+            safe_text(error),
+            extra=job.log_fields,
+        )
+        return None
+    execution.error = error
+    execution.failure_detail = redacted_detail(error)
     log.error(
         "job %s: handler raised %s: %s",
         job.job_id,
@@ -738,8 +885,8 @@ def decision_of_exception(execution: Execution, error: BaseException) -> Decisio
         extra=job.log_fields,
     )
     if job.stop_reason is StopReason.TIMEOUT:
-        return Decision.failed(bound_reason(f"{timed_out(job)} ({type(error).__name__}: {error})"))
-    return Decision.failed(bound_reason(f"{type(error).__name__}: {error}"))
+        return Decision.failed(bound_reason(f"{timed_out(job)} ({safe_text(error)})"))
+    return Decision.failed(bound_reason(safe_text(error)))
 
 
 def timed_out(job: RunningJob) -> str:
@@ -820,6 +967,47 @@ class RunnerCore:
         #: Where NOTIFY wakes the runner: its side of the waiting lock, told
         #: after each claim whether the runner now waits for work.
         self.waiting: Waiting | None = None
+        #: What the jobs that ended since the last summary became, counted.
+        self._counts: dict[str, int] = {}
+        self._counted = 0
+        self._summary_since = time.monotonic()
+
+    # -- the INFO summary
+
+    def count(self, result: str, n: int = 1) -> None:
+        """One job (or ``n``) ended as ``result`` (an outcome's value,
+        ``requeued``, ``rejected``): counted for the next summary."""
+        if n <= 0:
+            return
+        with self._lock:
+            self._counts[result] = self._counts.get(result, 0) + n
+            self._counted += n
+
+    def summary_is_due(self) -> bool:
+        """Whether the summary is due: its interval passed (with something
+        counted or running since the last one -- an idle runner stays
+        quiet), or its count of jobs was reached."""
+        every = self.settings.summary_every
+        if every is None:
+            return False
+        if isinstance(every, int):
+            return self._counted >= every
+        if time.monotonic() - self._summary_since < every:
+            return False
+        if self._counted == 0 and not self._active:
+            self._summary_since = time.monotonic()
+            return False
+        return True
+
+    def take_summary(self) -> tuple[float, dict[str, int], int]:
+        """The seconds since the last summary, the counts since then and how
+        many jobs run now; starts the next period."""
+        now = time.monotonic()
+        with self._lock:
+            counts, self._counts, self._counted = self._counts, {}, 0
+            running = len(self._active)
+        seconds, self._summary_since = now - self._summary_since, now
+        return seconds, counts, running
 
     # -- the table of executions
 
@@ -881,8 +1069,8 @@ class RunnerCore:
         execution = Execution(claim, running, signal, claimed_at=asked_at, refused=refused)
         with self._lock:
             self._active[execution.pair] = execution
-        if log.isEnabledFor(logging.INFO):  # its fields are built per job: only when logged
-            log.info(
+        if log.isEnabledFor(logging.DEBUG):  # its fields are built per job: only when logged
+            log.debug(
                 "claimed job %s (queue %s, attempt %d, recovery %d)",
                 job.job_id,
                 job.queue,
@@ -927,6 +1115,8 @@ class RunnerCore:
             if self._active.get(execution.pair) is execution:
                 del self._active[execution.pair]
         execution.slot_held = False
+        if execution.result is not None:
+            self.count(execution.result)
         if execution.requeue_in is not None:
             self.expect_ready(execution.requeue_in)
         execution.traced("end")
@@ -1095,8 +1285,9 @@ def claim_steps(core: RunnerCore, limit: int) -> Steps[tuple[list[Execution], tu
         kwargs=dict(queues=core.settings.queues, limit=limit, lease_ms=core.settings.lease_ms),
     )
     instrumentation = telemetry.active()
+    core.count("cancelled", len(batch.cancelled))
     for job in batch.cancelled:
-        log.info("job %s cancelled before it ran", job.job_id)
+        log.debug("job %s cancelled before it ran", job.job_id)
         if instrumentation is not None:
             with telemetry.guarded("settled_unrun"):
                 instrumentation.settled_unrun(job)
@@ -1184,7 +1375,8 @@ def settle_request(core: RunnerCore, execution: Execution, decision: Decision) -
       ``Decision.failed(reason)``, ``Decision.retry``) with attempts left
       under the policy waits ``after`` (``Decision.retry``) or the policy's
       backoff and moves to the next attempt; without attempts left -- or
-      with ``retry=False``, or no policy at all -- it settles ``failed``;
+      with ``retry=False``, or no policy at all, or an exception the
+      policy's ``retry_on`` does not list -- it settles ``failed``;
     * every failed attempt goes into the job's bounded failure history;
     * ``completed`` and ``outcome_unknown`` settle (never retried).
     """
@@ -1200,7 +1392,12 @@ def settle_request(core: RunnerCore, execution: Execution, decision: Decision) -
         return SettleRequest(job.job_id, claim.token, decision, now, execution.failure_detail)
     history = history_with(job.failure_history, at_ms=now, attempt=job.attempt, reason=decision.reason or "failed")
     policy = core.settings.policy_for(job)
-    if decision.retryable and policy is not None and job.attempt < policy.max_attempts:
+    if (
+        decision.retryable
+        and policy is not None
+        and job.attempt < policy.max_attempts
+        and (decision.after is not None or policy.retries(execution.error))
+    ):
         wait = decision.after if decision.after is not None else policy.delay(job.attempt)
         execution.requeue_in = wait.total_seconds()
         log.info(
@@ -1222,9 +1419,22 @@ def conclude(execution: Execution, settlement: Settlement | None) -> TickResult:
     """What a settle attempt means for the execution (logged, and told to its
     trace); ``settlement`` None when the database refused it (recovery then
     covers the job)."""
+    execution.result = _result_of(settlement)
     result = _concluded(execution, settlement)
     execution.traced("concluded", result)
     return result
+
+
+def _result_of(settlement: Settlement | None) -> str:
+    """What a settle did, as the runner's summary counts it."""
+    if settlement is None:
+        return "rejected"
+    if settlement.status is SettleStatus.REQUEUED:
+        return "requeued"
+    if settlement.status in (SettleStatus.SETTLED, SettleStatus.REPLAYED):
+        outcome = settlement.outcome
+        return outcome.value if outcome is not None else "settled"
+    return "rejected"
 
 
 def finish(execution: Execution, settlement: Settlement | None) -> None:
@@ -1235,8 +1445,9 @@ def finish(execution: Execution, settlement: Settlement | None) -> None:
         execution.trace is None
         and settlement is not None
         and settlement.status is SettleStatus.SETTLED
-        and not log.isEnabledFor(logging.INFO)
+        and not log.isEnabledFor(logging.DEBUG)
     ):
+        execution.result = _result_of(settlement)
         return
     conclude(execution, settlement)
 
@@ -1259,8 +1470,8 @@ def _concluded(execution: Execution, settlement: Settlement | None) -> TickResul
         )
         return TickResult(TickStatus.REQUEUED, settled, job_id)
     if settlement.status in (SettleStatus.SETTLED, SettleStatus.REPLAYED):
-        if log.isEnabledFor(logging.INFO):  # the common case: no record built unless logged
-            log.info(
+        if log.isEnabledFor(logging.DEBUG):  # the common case: no record built unless logged
+            log.debug(
                 "settled job %s: %s%s",
                 job_id,
                 _outcome(settled),
@@ -1333,6 +1544,7 @@ def abandon(core: RunnerCore, executions: Sequence[Execution]) -> Steps[TickResu
         )
         status = TickStatus.REQUEUED if recovery.status is RecoveryStatus.REQUEUED else TickStatus.RECOVERED
         result = TickResult(status, recovery.job, recovery.job_id)
+        core.count("requeued" if status is TickStatus.REQUEUED else _outcome(recovery.job))
     return result
 
 
@@ -1377,6 +1589,7 @@ def recover(core: RunnerCore) -> Steps[TickResult | None]:
         if recovery.status is RecoveryStatus.LOST_RACE:
             continue
         _trace_recovery(job, recovery, RecoveryCause.VANISHED)
+        core.count("recovered")
         if recovery.status is RecoveryStatus.REQUEUED:
             log.warning(
                 "recovered job %s: requeued (recovery %d of %s)",
@@ -1433,6 +1646,34 @@ def renew(core: RunnerCore) -> Steps[None]:
         yield from stop(execution, stop_reason_of(row))
 
 
+#: The order a summary lists what jobs became in (others follow, sorted).
+_SUMMARY_ORDER = ("completed", "failed", "cancelled", "interrupted", "outcome_unknown", "requeued", "rejected")
+
+
+def summarize(core: RunnerCore) -> Steps[None]:
+    """Log the runner's INFO summary: what the jobs that ended since the
+    last one became, how many run now, and the backlog of ready jobs in the
+    queues it serves (counted up to :data:`SUMMARY_BACKLOG_CAP`; a failed
+    count is left out, never stopping the loop)."""
+    seconds, counts, running = core.take_summary()
+    try:
+        backlog = yield StoreCall(store.count_ready, (core.settings.queues, SUMMARY_BACKLOG_CAP))
+        ready = f"{backlog}+" if backlog >= SUMMARY_BACKLOG_CAP else str(backlog)
+    except WatchdogError:
+        ready = "unknown"
+    names = [name for name in _SUMMARY_ORDER if counts.get(name)] + sorted(set(counts) - set(_SUMMARY_ORDER))
+    ended = ", ".join(f"{counts[name]} {name}" for name in names) or "none"
+    log.info(
+        "runner summary: %d job(s) ended in the last %.0fs (%s); %d running; %s ready in %s",
+        sum(counts.values()),
+        seconds,
+        ended,
+        running,
+        ready,
+        ",".join(core.settings.queues),
+    )
+
+
 def loop_pass(core: RunnerCore) -> Steps[float]:
     """One pass of :meth:`Runner.run_forever`'s loop; returns how long to
     wait for a wake-up before the next (0: go on at once).
@@ -1457,6 +1698,8 @@ def loop_pass(core: RunnerCore) -> Steps[float]:
         yield from enqueue_schedules(core, defer=True)
     if core.promotion_is_due():
         yield from promote(core, defer=True)
+    if core.summary_is_due():
+        yield from summarize(core)
     free = core.free_slots()
     if free <= 0:
         core.report_deferred()
@@ -1600,7 +1843,7 @@ def shutdown(core: RunnerCore) -> Steps[None]:
         return
     for execution in leftover:
         yield from stop(execution, StopReason.SHUTDOWN)
-    yield WaitDone(tuple(leftover), min(2.0, max(0.1, grace)))
+    yield WaitDone(tuple(leftover), stop_wait_s(grace))
     leftover = [e for e in leftover if not e.done.is_set()]
     if not leftover:
         return

@@ -324,6 +324,15 @@ class RetryPolicy:
     :param factor: how much each further retry waits longer (1 to 100).
     :param max_backoff: the longest wait between attempts.
     :param jitter: the random spread, a fraction from 0 to 1 of the wait.
+    :param retry_on: exception types (a type or a tuple of types): when
+        given, only an attempt whose handler raised one of them (or returned
+        ``Decision.retry(reason, after=...)``) is retried; any other failure
+        is final.
+        ``retry_on=(sqlalchemy.exc.OperationalError,)`` retries a handler
+        whose database connection was cut, and nothing else. Empty (the
+        default): every failed attempt is retried. A runner's or a
+        handler's policy only: it is not stored with a job (``Job(retry=...)``
+        refuses it).
     """
 
     max_attempts: int = 5
@@ -331,8 +340,17 @@ class RetryPolicy:
     factor: float = 2.0
     max_backoff: timedelta = timedelta(hours=1)
     jitter: float = 0.1
+    retry_on: tuple[type[BaseException], ...] = ()
 
     def __post_init__(self) -> None:
+        retry_on: Any = self.retry_on
+        if isinstance(retry_on, type):
+            retry_on = (retry_on,)
+        if not isinstance(retry_on, tuple) or not all(
+            isinstance(kind, type) and issubclass(kind, BaseException) for kind in retry_on
+        ):
+            raise InvalidJob("retry_on", f"must be an exception type or a tuple of them, got {self.retry_on!r}")
+        object.__setattr__(self, "retry_on", retry_on)
         check_int("max_attempts", self.max_attempts, 1, MAX_ATTEMPTS_LIMIT)
         check_duration("backoff", self.backoff)
         check_duration("max_backoff", self.max_backoff)
@@ -343,6 +361,13 @@ class RetryPolicy:
                 raise InvalidJob(name, f"must be a number, not {type(value).__name__}")
             if not (math.isfinite(value) and low <= value <= high):
                 raise InvalidJob(name, f"must be from {low:g} to {high:g}, got {value!r}")
+
+    def retries(self, error: BaseException | None) -> bool:
+        """Whether a failed attempt that raised ``error`` (None: the handler
+        returned a failed decision) may be retried under :attr:`retry_on`."""
+        if not self.retry_on:
+            return True
+        return error is not None and isinstance(error, self.retry_on)
 
     def delay(self, attempt: int, *, rng: random.Random | None = None) -> timedelta:
         """The wait after failed attempt number ``attempt`` (1-based): never
@@ -523,6 +548,10 @@ class Job:
             check_datetime("run_at", run_at)
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise InvalidJob("retry", f"must be a RetryPolicy, not {type(retry).__name__}")
+        if retry is not None and retry.retry_on:
+            raise InvalidJob(
+                "retry", "retry_on is not stored with a job: give that policy to the handler or the runner"
+            )
         if timeout is not None:
             check_duration("timeout", timeout)
         if rerun_of is not None:

@@ -37,6 +37,9 @@ from .connections import follow_failover
 from .errors import InvalidJob, redacted
 from .execution import (
     DEFAULT_CONCURRENCY,
+    DEFAULT_GRACE,
+    DEFAULT_SUMMARY_EVERY,
+    EXIT_MARGIN_S,
     Execution,
     Probe,
     RunHandler,
@@ -57,11 +60,14 @@ from .execution import (
     execute,
     finish,
     loop_pass,
+    pool_shortfall,
     probe_failed,
     prune,
     renew,
+    restore_signal,
     settle_batch,
     shutdown,
+    signals_to_install,
     tick,
     time_out,
     until_idle,
@@ -110,7 +116,11 @@ class Runner:
         at once (PostgreSQL), 0.25 s elsewhere (SQLite has no wake-ups: the
         poll bounds how long a new job waits; an idle poll is a short read).
     :param grace: on shutdown, how long running handlers may take to finish
-        before they are asked to stop and their jobs handed to recovery.
+        before they are asked to stop (default 20 s,
+        :data:`~sqlalchemy_watchdog.execution.DEFAULT_GRACE`); those still
+        running ``min(2 s, grace)`` later have their jobs handed to recovery.
+        :attr:`shutdown_budget` is the sum: keep it under the platform's
+        termination period minus the server's own drain.
     :param is_alive: ``is_alive(job) -> bool`` for executions that live
         outside this process, asked before a claim whose lease ended is
         recovered. True leaves the job running; an exception means unknown
@@ -152,6 +162,10 @@ class Runner:
     :param listen_engine: an ``Engine`` with a direct URL (not through a
         transaction-mode pooler) used only for the listening session; default:
         ``engine``.
+    :param summary_every: how often :meth:`run_forever` logs its INFO summary
+        (jobs ended by outcome, running, ready backlog): a ``timedelta``
+        (default 60 s; skipped while idle), an ``int`` (every so many jobs),
+        or None (never). Each job's own claim and settle lines are DEBUG.
     """
 
     def __init__(
@@ -164,7 +178,7 @@ class Runner:
         lease: timedelta = timedelta(seconds=120),
         heartbeat: timedelta = timedelta(seconds=10),
         poll_interval: timedelta | None = None,
-        grace: timedelta = timedelta(seconds=30),
+        grace: timedelta = DEFAULT_GRACE,
         is_alive: Callable[[JobView], bool] | None = None,
         max_recoveries: int | None = None,
         codec: PayloadCodec | None = None,
@@ -175,6 +189,7 @@ class Runner:
         clock: Callable[[], int] = store.now_ms,
         wakeups: WakeupMode | str = WakeupMode.AUTO,
         listen_engine: Engine | None = None,
+        summary_every: timedelta | int | None = DEFAULT_SUMMARY_EVERY,
     ) -> None:
         if not isinstance(engine, Engine):
             raise TypeError(
@@ -207,6 +222,7 @@ class Runner:
             timeout=timeout,
             retention=retention,
             schedules=schedules,
+            summary_every=summary_every,
         )
         self.core = RunnerCore(self.settings, clock)
         #: The wake-ups in force: what was asked, whether the runner listens
@@ -224,11 +240,20 @@ class Runner:
         self._autocommit = store.self_committing(engine.dialect.name)
         #: Per thread: whether it holds a connection across store calls, and which.
         self._held = threading.local()
+        #: Set once run_forever serves (its listener started), or has ended.
+        self._serving = threading.Event()
 
     @property
     def queues(self) -> tuple[str, ...]:
         """The queues this runner claims from."""
         return self.settings.queues
+
+    @property
+    def shutdown_budget(self) -> timedelta:
+        """The longest a shutdown waits for running handlers: ``grace``, then
+        ``min(2 s, grace)`` for those told to stop (what still runs is then
+        handed to recovery by one more statement)."""
+        return timedelta(seconds=self.settings.shutdown_budget_s)
 
     @property
     def isolated_jobs(self) -> tuple[str, ...]:
@@ -367,6 +392,56 @@ class Runner:
         self._stopping.set()
         self._wake.set()
 
+    @contextmanager
+    def running(self) -> Iterator[Runner]:
+        """Run the runner in a thread of its own for the block: the one-line
+        embedding for a Flask app, a script or any process whose main thread
+        is busy with something else::
+
+            with runner.running():
+                serve_forever()      # the application; its signals stay its own
+
+        Entering starts :meth:`run_forever` in a daemon thread (never
+        touching signal handlers) and returns once it serves; an error it
+        raised while starting (the session proof of ``wakeups="listen"``,
+        say) is raised here. Leaving stops it and waits for its shutdown --
+        within :attr:`shutdown_budget` and a few seconds for the last
+        statements; a runner still stopping after that is logged and left to
+        finish in its daemon thread (leases and recovery cover its jobs). A
+        failure of the runner while the block ran is raised on leaving
+        (after the block's own exception, if any).
+        """
+        failure: list[BaseException] = []
+
+        def serve() -> None:
+            try:
+                self.run_forever(install_signal_handlers=False)
+            except BaseException as error:
+                failure.append(error)
+                log.error("runner failed: %s", redacted(error), exc_info=error)
+            finally:
+                self._serving.set()
+
+        self._serving.clear()
+        thread = threading.Thread(target=serve, name="watchdog-runner", daemon=True)
+        thread.start()
+        self._serving.wait()
+        if failure:
+            thread.join()
+            raise failure[0]
+        try:
+            yield self
+        finally:
+            self.stop()
+            thread.join(self.settings.shutdown_budget_s + EXIT_MARGIN_S)
+            if thread.is_alive():
+                log.warning(
+                    "runner: still shutting down %gs after it was asked to stop; leaving it to finish",
+                    self.settings.shutdown_budget_s + EXIT_MARGIN_S,
+                )
+        if failure:
+            raise failure[0]
+
     def tick(self) -> TickResult:
         """One step: recover a disappeared claim if any; else claim one job,
         run its handler in this thread (heartbeats keep its lease alive) and
@@ -397,17 +472,25 @@ class Runner:
                 break
         return settled
 
-    def run_forever(self, *, install_signal_handlers: bool = True) -> None:
-        """Serve the queues until SIGINT/SIGTERM or :meth:`stop`.
+    def run_forever(self, *, install_signal_handlers: bool | None = None) -> None:
+        """Serve the queues until :meth:`stop` (or SIGINT/SIGTERM where the
+        runner owns the process).
+
+        Signals stay the host's: by default (None) the runner stops on
+        SIGINT/SIGTERM only in the main thread, and only on a signal nobody
+        else handles -- a script's, not a server's that installed its own.
+        ``True`` takes both over in the main thread, ``False`` never; the
+        handlers it replaced are put back when it returns.
 
         Shutdown stops claiming, gives running handlers ``grace`` to finish,
         then sets their ``stop_requested``; a job still running after that
         has its lease ended on purpose and is recovered at once (requeued
         within its budget, else settled ``interrupted`` with a reason saying
         the shutdown's grace ran out) -- never left running under a live
-        lease, never lost.
+        lease, never lost. A handler that returns normally meanwhile has
+        done its work: its job settles ``completed``.
         """
-        previous = self._install_signals() if install_signal_handlers else {}
+        previous = self._install_signals(install_signal_handlers)
         heartbeat = _Heartbeat(self)
         heartbeat.start()
         settler = self._settler = _Settler(self)
@@ -421,15 +504,23 @@ class Runner:
             workers.stop()
             self._workers = None
             for sig, previous_handler in previous.items():
-                signal.signal(sig, previous_handler)
+                restore_signal(sig, previous_handler)
+            self._serving.set()
             raise
         pruner = _Pruner(self) if self.settings.retention is not None else None
         log.info(
-            "runner started: queues=%s concurrency=%d wakeups=%s",
+            "runner started: queues=%s concurrency=%d wakeups=%s shutdown_budget=%gs (grace %gs + stop wait %gs)",
             ",".join(self.queues),
             self.settings.concurrency,
             self.wakeup_status,
+            self.settings.shutdown_budget_s,
+            self.settings.grace_s,
+            self.settings.stop_wait_s,
         )
+        shortfall = pool_shortfall(self.engine.pool, self.settings)
+        if shortfall is not None:
+            log.warning("runner: %s", shortfall)
+        self._serving.set()
         try:
             with self._holding_connection():
                 self._loop()
@@ -448,7 +539,7 @@ class Runner:
                     self.core.waiting = None
                     listener.stop()
                 for sig, previous_handler in previous.items():
-                    signal.signal(sig, previous_handler)
+                    restore_signal(sig, previous_handler)
                 self._stopping.clear()
                 log.info("runner stopped")
 
@@ -521,15 +612,15 @@ class Runner:
     def _time_out(self) -> None:
         drive(time_out(self.core), self._perform)
 
-    def _install_signals(self) -> dict[int, Any]:
-        if threading.current_thread() is not threading.main_thread():
-            return {}
+    def _install_signals(self, install: bool | None) -> dict[signal.Signals, Any]:
+        """Take over the stop signals :func:`signals_to_install` allows; the
+        handlers replaced, to put back."""
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
             log.info("received %s; shutting down", signal.Signals(signum).name)
             self.stop()
 
-        return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        return {sig: signal.signal(sig, on_signal) for sig in signals_to_install(install)}
 
 
 class _Workers:

@@ -436,6 +436,14 @@ def any_queued(filtered: bool) -> Select[Any]:
 
 
 @cache
+def count_ready() -> Select[Any]:
+    """How many queued jobs of the expanding ``:queues`` wait, up to ``:cap``
+    (a runner's summary: a bounded read of ``ix_watchdog_jobs_live_queue``)."""
+    pick = select(c.sequence).where(IS_QUEUED, IS_LIVE, c.queue_name.in_(_QUEUES)).limit(_p("cap", Integer()))
+    return select(func.count()).select_from(pick.subquery())
+
+
+@cache
 def next_ready() -> Select[Any]:
     """The earliest ready time of any delayed job, and the database clock."""
     return select(

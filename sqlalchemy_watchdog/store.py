@@ -715,6 +715,11 @@ def has_pending_work(conn: Connection) -> bool:
     return conn.execute(sql.has_pending_work()).first() is not None
 
 
+def count_ready(conn: Connection, queues: Sequence[str], cap: int) -> int:
+    """How many queued jobs of ``queues`` wait, counted up to ``cap``."""
+    return int(conn.execute(sql.count_ready(), {"queues": list(queues), "cap": cap}).scalar_one())
+
+
 # -- the claim life cycle ----------------------------------------------------
 
 
@@ -850,6 +855,14 @@ class Settlement:
         self.status = status
         self._job = job
         self._row = row
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """The settled job's outcome, read without building its view."""
+        row = self._row
+        if row is not None:
+            return _OUTCOMES.get(row[8])
+        return None if self._job is None else self._job.outcome
 
     @property
     def job(self) -> JobView | None:

@@ -728,13 +728,16 @@ def test_run_in_a_subprocess_until_sigterm(engine: Engine, db_url: URL, tmp_path
             time.sleep(0.05)
         assert not watchdog.has_pending_work(), worker.poll()
         worker.send_signal(signal.SIGTERM)
-        _, err = worker.communicate(timeout=30)
+        out, err = worker.communicate(timeout=30)
     finally:
         if worker.poll() is None:
             worker.kill()
             worker.wait()
     assert worker.returncode == 0, err
-    assert "settled job sub-1: completed" in err  # INFO logging is on for `run`
+    # The budget the platform's termination period must exceed, printed at start.
+    assert "shutdown budget: 22s (grace 20s + stop wait 2s)" in out
+    # INFO logging is on for `run`: the start line, no line per job (DEBUG).
+    assert "shutdown_budget=22s" in err and "settled job sub-1" not in err
     assert "runner stopped" in err
     assert [j.job_id for j in Watchdog(engine).read_settled()] == ["sub-1", "sub-2"]
 

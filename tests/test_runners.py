@@ -1076,18 +1076,26 @@ def test_a_job_outliving_grace_is_handed_to_recovery_at_once(
     [(1, JobState.QUEUED, None), (None, JobState.SETTLED, Outcome.INTERRUPTED)],
     ids=["requeued", "interrupted"],
 )
-def test_a_handler_stopped_by_shutdown_is_handed_to_recovery_not_settled_completed(
+def test_a_handler_that_gives_up_at_the_shutdown_stop_is_handed_to_recovery_not_settled_completed(
     engine: Engine, runners: RunnerDriver, max_recoveries: int | None, state: JobState, outcome: Outcome | None
 ) -> None:
     """After grace the handler is asked to stop (``stop_requested`` with
-    reason ``shutdown``; a coroutine's task is cancelled) and gives up: it
-    did not finish its work, so the job is recovered -- requeued within its
-    budget, else interrupted -- never reported ``completed``."""
+    reason ``shutdown``; a coroutine's task is cancelled) and says it gave
+    up -- a plain handler by raising, a coroutine by letting its
+    cancellation through: it did not finish its work, so the job is
+    recovered -- requeued within its budget, else interrupted -- never
+    reported ``completed`` or ``failed``."""
     add(engine, Job("a", "q", max_recoveries=max_recoveries))
     blocking = Blocking()
+    plain = blocking.handler.plain
+
+    def gives_up(job: RunningJob) -> None:
+        plain(job)
+        raise RuntimeError("stopped before the work was done")
+
     worker = make(
         runners,
-        {"q": blocking.handler},
+        {"q": dual(gives_up, blocking.handler.coroutine)},
         lease=timedelta(seconds=60),
         heartbeat=timedelta(seconds=5),
         grace=timedelta(milliseconds=200),
@@ -1100,27 +1108,30 @@ def test_a_handler_stopped_by_shutdown_is_handed_to_recovery_not_settled_complet
     assert job.recovery_count == (1 if max_recoveries else 0)
 
 
-def test_a_handler_that_finishes_after_the_shutdown_stop_settles_with_its_decision(
-    engine: Engine, runners: RunnerDriver
+@pytest.mark.parametrize("answer", [None, Decision.completed()], ids=["returns-None", "returns-completed"])
+def test_a_handler_that_returns_normally_after_the_shutdown_stop_settles_completed(
+    engine: Engine, runners: RunnerDriver, answer: Decision | None
 ) -> None:
-    """A handler that answers the shutdown stop with an explicit decision
-    (it did finish) is settled with that decision."""
+    """A handler that returns normally after the shutdown stop has done its
+    work -- ``None`` as much as ``Decision.completed()``, a plain handler
+    and a coroutine that catches its cancellation alike: the job settles
+    ``completed`` and is never run again (even with a recovery budget)."""
     add(engine, Job("a", "q", max_recoveries=1))
     started = threading.Event()
 
-    def finish(job: RunningJob) -> Decision:
+    def finish(job: RunningJob) -> Decision | None:
         started.set()
         job.stop_requested.wait(30)
-        return Decision.completed()
+        return answer
 
-    async def finish_async(job: RunningJob) -> Decision:
+    async def finish_async(job: RunningJob) -> Decision | None:
         started.set()
         while not job.stop_requested.is_set():
             try:
                 await asyncio.sleep(0.02)
             except asyncio.CancelledError:
                 break
-        return Decision.completed()
+        return answer
 
     worker = make(
         runners,
@@ -1928,7 +1939,7 @@ def test_log_records_about_a_job_carry_its_fields(
         job.logger("myapp.emails").warning("careful", extra={"attempt": "mine"})
 
     add(engine, Job("logged", "q", lane="team:1", retry=RetryPolicy(max_attempts=2)))
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.DEBUG):  # a job's claim and settle lines are DEBUG
         runners.runner({"q": handler}).run_until_idle()
     fields = {"job_id": "logged", "queue": "q", "lane": "team:1", "attempt": 1, "recovery_count": 0}
 
