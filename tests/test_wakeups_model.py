@@ -572,6 +572,10 @@ class _Core:
     def report_deferred(self) -> None:
         """No maintenance step runs in the model, so none failed."""
 
+    def summary_is_due(self) -> bool:
+        """The INFO summary is not modelled (it sends no wake-up statement)."""
+        return False
+
     def free_slots(self) -> int:
         return self.runner.slots - self.runner.running
 
