@@ -576,6 +576,9 @@ class _Core:
         """The INFO summary is not modelled (it sends no wake-up statement)."""
         return False
 
+    def count(self, result: str, n: int = 1) -> None:
+        """What the summary counts: not modelled."""
+
     def free_slots(self) -> int:
         return self.runner.slots - self.runner.running
 
