@@ -569,6 +569,8 @@ class Execution:
     refused: Decision | None = None
     #: The traceback of its handler's exception, kept with the job.
     failure_detail: str | None = None
+    #: Its handler's exception, if it raised (logged with the final failure).
+    error: BaseException | None = None
     #: Whether it still occupies one of the runner's ``concurrency`` slots:
     #: from the claim until its handler returns. Its settle then overlaps
     #: with the next claim; the heartbeat keeps renewing it until settled.
@@ -729,14 +731,20 @@ def decision_of_exception(execution: Execution, error: BaseException) -> Decisio
     (``JobView.failure_detail``)."""
     job = execution.job
     execution.failure_detail = "".join(traceback.format_exception(error))
-    log.error(
-        "job %s: handler raised %s: %s",
-        job.job_id,
-        type(error).__name__,
-        error,
-        exc_info=(type(error), error, error.__traceback__),
-        extra=job.log_fields,
-    )
+    execution.error = error
+    execution.traced("raised", error)
+    # The traceback at DEBUG only: the attempt's one WARNING (a retry) or
+    # ERROR (the final failure) line is logged once its fate is known
+    # (settle_request).
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug(
+            "job %s: handler raised %s: %s",
+            job.job_id,
+            type(error).__name__,
+            error,
+            exc_info=(type(error), error, error.__traceback__),
+            extra=job.log_fields,
+        )
     if job.stop_reason is StopReason.TIMEOUT:
         return Decision.failed(bound_reason(f"{timed_out(job)} ({type(error).__name__}: {error})"))
     return Decision.failed(bound_reason(f"{type(error).__name__}: {error}"))
@@ -1203,11 +1211,15 @@ def settle_request(core: RunnerCore, execution: Execution, decision: Decision) -
     if decision.retryable and policy is not None and job.attempt < policy.max_attempts:
         wait = decision.after if decision.after is not None else policy.delay(job.attempt)
         execution.requeue_in = wait.total_seconds()
-        log.info(
-            "job %s: attempt %d of %d failed; retrying in %.3fs",
+        # One WARNING line, no traceback (DEBUG and failure_detail have it):
+        # an attempt that will be retried is no reason to page anyone.
+        log.warning(
+            "job %s: attempt %d of %d failed (%s); next attempt at %s (in %.3fs)",
             job.job_id,
             job.attempt,
             policy.max_attempts,
+            decision.reason or "failed",
+            _log_time(now + duration_ms(wait)),
             wait.total_seconds(),
             extra=execution.job.log_fields,
         )
@@ -1215,7 +1227,32 @@ def settle_request(core: RunnerCore, execution: Execution, decision: Decision) -
             job.job_id, claim.token, decision, now, execution.failure_detail,
             requeue_after_ms=duration_ms(wait), history=history,
         )  # fmt: skip
+    _log_final_failure(execution, decision, policy)
     return SettleRequest(job.job_id, claim.token, decision, now, execution.failure_detail, history=history)
+
+
+def _log_final_failure(execution: Execution, decision: Decision, policy: RetryPolicy | None) -> None:
+    """The ERROR line of an attempt that settles the job ``failed``: with its
+    handler's traceback when it raised."""
+    job = execution.job
+    error = execution.error
+    attempts = "" if policy is None else f" of {policy.max_attempts}"
+    why = "" if decision.retryable or policy is None else "; not retried"
+    log.error(
+        "job %s: attempt %d%s failed (%s)%s; the job failed",
+        job.job_id,
+        job.attempt,
+        attempts,
+        decision.reason or "failed",
+        why,
+        exc_info=None if error is None else (type(error), error, error.__traceback__),
+        extra=job.log_fields,
+    )
+
+
+def _log_time(epoch_ms: int) -> str:
+    """An epoch-millisecond instant as a log line shows it (UTC, milliseconds)."""
+    return f"{at_epoch_ms(epoch_ms):%Y-%m-%d %H:%M:%S.%f}"[:-3] + " UTC"
 
 
 def conclude(execution: Execution, settlement: Settlement | None) -> TickResult:
