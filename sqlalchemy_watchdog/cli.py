@@ -636,10 +636,17 @@ def build_runner(args: argparse.Namespace, engine: Engine) -> Any:
         if listen_url.get_backend_name() != "postgresql":
             raise UsageError(f"--listen-url must be a PostgreSQL URL, not {_shown(listen_url)}")
         options["listen_engine"] = open_engine(listen_url)
+    # The module's schedules, found exactly as `schedules MODULE` finds them.
+    module_name = args.target.partition(":")[0]
+    schedules = () if args.no_schedules else check_schedules(collect_schedules(sys.modules[module_name]))
     if not named or isinstance(target, Mapping):
         _require_table(engine)  # before the runner: "no table" is the first thing to fix
         # Without an attribute: the handlers registered with @handler.
-        return Runner(engine, target if named else None, **options)
+        if schedules:
+            options["schedules"] = schedules
+        runner: Any = Runner(engine, target if named else None, **options)
+        _say_schedules(runner, module_name)
+        return runner
     if isinstance(target, (Runner, AsyncRunner)) or callable(target):
         if options:
             raise UsageError(
@@ -650,11 +657,31 @@ def build_runner(args: argparse.Namespace, engine: Engine) -> Any:
         runner = target if isinstance(target, (Runner, AsyncRunner)) else target(engine)
         if not isinstance(runner, (Runner, AsyncRunner)):
             raise CommandFailed(f"{args.target}(engine) returned {type(runner).__name__}, not a Runner or AsyncRunner")
+        # Never skip a schedule silently: the runner must serve every one the
+        # module defines (as defined there), or the command refuses.
+        unserved = [schedule for schedule in schedules if schedule not in runner.settings.schedules]
+        if unserved:
+            raise CommandFailed(
+                f"{module_name!r} defines the schedule(s) "
+                f"{', '.join(repr(_one_line(s.name)) for s in unserved)} that the runner of {args.target} "
+                "does not serve (as defined); pass them to it (schedules=[...]), or run with "
+                "--no-schedules to serve none of the module's schedules"
+            )
+        _say_schedules(runner, module_name)
         return runner
     raise CommandFailed(
         f"{args.target} is a {type(target).__name__}; expected a Runner, a factory "
         "engine -> Runner, or a mapping of queue names to handlers"
     )
+
+
+def _say_schedules(runner: Any, module_name: str) -> None:
+    """Log at start which schedules the runner serves (none is said too)."""
+    names = [schedule.name for schedule in runner.settings.schedules]
+    if names:
+        log.info("serving %d schedule(s): %s", len(names), ", ".join(_one_line(name) for name in names))
+    else:
+        log.info("serving no schedules (%s defines none, or --no-schedules)", _one_line(module_name))
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
@@ -670,6 +697,11 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     connection pooler in transaction mode, ``--listen-url`` names a direct
     URL for the listening session). A database without the ``watchdog_jobs``
     table is refused at start (exit 1).
+
+    The module's cron schedules (found as ``schedules MODULE`` finds them)
+    are served too: a runner this command builds gets them; a runner or a
+    factory's runner must serve each of them as defined, else the command
+    refuses to start (exit 1). ``--no-schedules`` serves none of them.
     """
     from .asyncio import AsyncRunner
 
@@ -1494,6 +1526,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--listen-url",
         metavar="URL",
         help="a direct PostgreSQL URL for the listening session (when --url goes through a pooler)",
+    )
+    run.add_argument(
+        "--no-schedules",
+        action="store_true",
+        help="serve none of the module's cron schedules (by default they are served, "
+        "and a runner that does not serve them is refused)",
     )
     run.set_defaults(func=cmd_run, needs_engine=False)
 

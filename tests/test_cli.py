@@ -699,6 +699,71 @@ def test_run_refuses_options_with_a_factory_and_bad_targets(
     assert status == 1 and "not-served" in err
 
 
+SCHEDULED_MODULE = """
+from datetime import timedelta
+from sqlalchemy_watchdog import Runner, Schedule, handler
+
+NIGHTLY = Schedule("nightly", "0 3 * * *", "cli-sched", timezone="Europe/Paris")
+MORE = [Schedule("hourly", "0 * * * *", "cli-sched")]
+
+@handler("cli-sched")
+def work(job):
+    return None
+
+HANDLERS = {"cli-sched": work}
+
+def unscheduled_runner(engine):
+    return Runner(engine, HANDLERS)
+
+def scheduled_runner(engine):
+    return Runner(engine, HANDLERS, schedules=[NIGHTLY, *MORE])
+
+def redefined_runner(engine):
+    return Runner(engine, HANDLERS, schedules=[NIGHTLY, Schedule("hourly", "30 * * * *", "cli-sched")])
+"""
+
+
+def _built_runner(engine: Engine, *argv: str) -> Any:
+    from sqlalchemy_watchdog.cli import build_parser, build_runner
+
+    return build_runner(build_parser().parse_args(["run", *argv]), engine)
+
+
+def test_run_module_serves_the_modules_schedules_as_the_schedules_command_finds_them(
+    engine: Engine, cli: Cli, app_module: tuple[str, Path]
+) -> None:
+    """``run MODULE`` (and ``run MODULE:HANDLERS``) never skip the module's
+    schedules: the runner it builds serves exactly those ``schedules MODULE``
+    lists; ``--no-schedules`` serves none, on purpose."""
+    name, path = app_module
+    path.write_text(SCHEDULED_MODULE.replace("cli-sched", name))  # @handler registers each queue once
+    status, out, err = cli("schedules", name, "--json")
+    listed = [json.loads(line)["name"] for line in out.splitlines()]
+    assert (status, err, listed) == (0, "", ["nightly", "hourly"])
+    for target in (name, f"{name}:HANDLERS"):
+        served = [schedule.name for schedule in _built_runner(engine, target).settings.schedules]
+        assert served == listed, target
+        assert _built_runner(engine, target, "--no-schedules").settings.schedules == ()
+
+
+def test_run_refuses_a_runner_that_does_not_serve_the_modules_schedules(
+    engine: Engine, cli: Cli, app_module: tuple[str, Path]
+) -> None:
+    """A runner (or a factory's) that leaves out -- or defines otherwise -- a
+    schedule of its module is refused with a message naming it, exit 1; one
+    serving them all runs; ``--no-schedules`` accepts it knowingly."""
+    name, path = app_module
+    path.write_text(SCHEDULED_MODULE.replace("cli-sched", name))  # @handler registers each queue once
+    status, _, err = cli("run", f"{name}:unscheduled_runner")
+    assert status == 1
+    assert "'nightly', 'hourly'" in err and "does not serve" in err and "--no-schedules" in err
+    status, _, err = cli("run", f"{name}:redefined_runner")
+    assert status == 1 and "'hourly'" in err and "'nightly'" not in err
+    runner = _built_runner(engine, f"{name}:scheduled_runner")
+    assert [schedule.name for schedule in runner.settings.schedules] == ["nightly", "hourly"]
+    assert _built_runner(engine, f"{name}:unscheduled_runner", "--no-schedules").settings.schedules == ()
+
+
 WORKER_MODULE = """
 from sqlalchemy_watchdog import handler
 
