@@ -36,9 +36,11 @@ from .jobs import (
     QueueStats,
     Retention,
     RetryPolicy,
+    ScheduleView,
     Stats,
     Throughput,
     Undecodable,
+    WorkerView,
 )
 from .model import WatchdogJob, metadata
 from .runner import Runner
@@ -65,6 +67,8 @@ __all__ = [
     "PreparedStatementsRefused",
     "QueuePause",
     "QueueStats",
+    "ScheduleView",
+    "WorkerView",
     "Retention",
     "RetryPolicy",
     "Runner",

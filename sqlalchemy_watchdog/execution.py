@@ -33,12 +33,14 @@ from __future__ import annotations
 import contextvars
 import enum
 import logging
+import random
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import store, telemetry
@@ -46,6 +48,7 @@ from .errors import InvalidJob, WatchdogError, redacted
 from .jobs import (
     QUEUE_MAX_LENGTH,
     Decision,
+    Job,
     JobState,
     JobView,
     Outcome,
@@ -828,6 +831,15 @@ class RunnerCore:
         #: Where NOTIFY wakes the runner: its side of the waiting lock, told
         #: after each claim whether the runner now waits for work.
         self.waiting: Waiting | None = None
+        #: This runner's id among the workers (``watchdog_workers``) and the
+        #: schedules' records; new for every runner object.
+        self.worker_id = uuid.uuid4().hex
+        #: Its row as registered while it serves (None: not registered).
+        self.registration: store.WorkerRegistration | None = None
+        #: When to prune long-gone workers next (monotonic).
+        self.worker_prune_due = 0.0
+        #: Whether recording the schedules failed last time (logged once).
+        self.schedule_record_failed = False
 
     # -- the table of executions
 
@@ -1494,6 +1506,7 @@ def loop_pass(core: RunnerCore) -> Steps[float]:
         yield from enqueue_schedules(core, defer=True)
     if core.promotion_is_due():
         yield from promote(core, defer=True)
+    yield from prune_workers(core)
     free = core.free_slots()
     if free <= 0:
         core.report_deferred()
@@ -1571,10 +1584,132 @@ def enqueue_schedules(core: RunnerCore, *, defer: bool = False) -> Steps[None]:
             log.warning("schedule slot %s is already enqueued with other contents; kept as it is", job.job_id)
         elif result.status.value == "queued":
             log.info("enqueued schedule slot %s", job.job_id)
+    yield from record_schedules(core, jobs, [result is not None for result in results], now)
     until = None if next_at is None else max(0.0, (next_at - now).total_seconds())
     core.schedule_schedules(until)
     if until is not None:
         core.expect_ready(until)
+
+
+#: The Unix epoch, for epoch milliseconds of a datetime.
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+# -- the worker's row (revision w0009) ---------------------------------------------------
+
+#: How often a serving runner prunes long-gone workers and forgotten
+#: schedules (one bounded batch each time).
+WORKER_PRUNE_EVERY_S = 300.0
+
+
+def register_worker(core: RunnerCore, wakeups: str) -> Steps[None]:
+    """Register this serving runner in ``watchdog_workers`` (database clock).
+    A failure -- a database not upgraded to the table, say -- is logged as a
+    WARNING and the runner serves on, unlisted."""
+    import os
+    import socket
+
+    from . import __version__
+
+    settings = core.settings
+    registration = store.WorkerRegistration(
+        worker_id=core.worker_id,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        queues=tuple(settings.queues),
+        concurrency=settings.concurrency,
+        wakeups=wakeups,
+        version=__version__,
+        heartbeat_ms=max(1, round(settings.heartbeat_s * 1000)),
+    )
+    try:
+        yield StoreCall(store.register_worker, (registration, len(core.active())))
+    except WatchdogError as error:
+        log.warning(
+            "runner: could not register as worker %s (%s); it serves on but is not listed among the workers "
+            "(is the database upgraded? sqlalchemy-watchdog upgrade)",
+            core.worker_id,
+            error,
+        )
+        return
+    core.registration = registration
+    core.worker_prune_due = time.monotonic() + WORKER_PRUNE_EVERY_S * random.random()
+
+
+def refresh_worker(core: RunnerCore) -> Steps[None]:
+    """With each heartbeat: refresh this worker's ``last_seen`` (database
+    clock) and its running jobs, by the one statement that registered it."""
+    registration = core.registration
+    if registration is None:
+        return
+    try:
+        yield StoreCall(store.register_worker, (registration, len(core.active())))
+    except WatchdogError as error:
+        log.warning("heartbeat: refreshing worker %s failed (%s)", registration.worker_id, error)
+
+
+def deregister_worker(core: RunnerCore) -> Steps[None]:
+    """On a clean shutdown: remove this worker's row (a failure leaves it to
+    show as gone, then be pruned)."""
+    registration, core.registration = core.registration, None
+    if registration is None:
+        return
+    try:
+        yield StoreCall(store.deregister_worker, (registration.worker_id,))
+    except WatchdogError as error:
+        log.warning("shutdown: removing worker %s failed (%s); it will show as gone", registration.worker_id, error)
+
+
+def prune_workers(core: RunnerCore) -> Steps[None]:
+    """Maintenance of a serving runner, every :data:`WORKER_PRUNE_EVERY_S`:
+    delete one bounded batch of long-gone workers and forgotten schedules
+    (never a job)."""
+    if core.registration is None or time.monotonic() < core.worker_prune_due:
+        return
+    core.worker_prune_due = time.monotonic() + WORKER_PRUNE_EVERY_S
+    try:
+        deleted = yield StoreCall(store.prune_workers)
+    except WatchdogError as error:
+        core.defer_failure("pruning gone workers", error)
+        return
+    if deleted:
+        log.debug("pruned %d gone worker(s) and forgotten schedule(s)", deleted)
+
+
+def record_schedules(core: RunnerCore, jobs: Sequence[Job], enqueued: Sequence[bool], now: datetime) -> Steps[None]:
+    """Record the schedules this runner serves (``watchdog_schedules``): each
+    one's definition, next slot and latest slot enqueued, by this worker. A
+    failure is logged (a WARNING the first time) and never stops scheduling."""
+    from .schedules import JOB_ID_PREFIX, fingerprint
+
+    records = []
+    for schedule in core.settings.schedules:
+        prefix = f"{JOB_ID_PREFIX}{schedule.name}:"
+        slots = [
+            (job.run_at, done)
+            for job, done in zip(jobs, enqueued, strict=True)
+            if job.run_at is not None and job.job_id.startswith(prefix)
+        ]
+        past = [slot for slot, done in slots if done and slot <= now]
+        upcoming = [slot for slot, _ in slots if slot > now]
+        records.append(
+            store.ScheduleRecord(
+                name=schedule.name,
+                fingerprint=fingerprint(schedule),
+                cron=schedule.cron,
+                timezone=schedule.timezone,
+                queue=schedule.queue,
+                next_slot_ms=duration_ms(min(upcoming) - EPOCH) if upcoming else None,
+                last_enqueued_ms=duration_ms(max(past) - EPOCH) if past else None,
+            )
+        )
+    try:
+        yield StoreCall(store.record_schedules, (records, core.worker_id))
+    except WatchdogError as error:
+        level = logging.DEBUG if core.schedule_record_failed else logging.WARNING
+        core.schedule_record_failed = True
+        log.log(level, "runner: recording the schedules it serves failed (%s); scheduling goes on", error)
+        return
+    core.schedule_record_failed = False
 
 
 def promote(core: RunnerCore, *, defer: bool = False) -> Steps[None]:

@@ -45,6 +45,7 @@ from .execution import (
     RunningJob,
     Spawn,
     Step,
+    Steps,
     Stop,
     StoreCall,
     TickResult,
@@ -53,12 +54,15 @@ from .execution import (
     decision_of_exception,
     decision_of_result,
     default_poll_interval,
+    deregister_worker,
     drive,
     execute,
     finish,
     loop_pass,
     probe_failed,
     prune,
+    refresh_worker,
+    register_worker,
     renew,
     settle_batch,
     shutdown,
@@ -424,6 +428,7 @@ class Runner:
                 signal.signal(sig, previous_handler)
             raise
         pruner = _Pruner(self) if self.settings.retention is not None else None
+        self._worker_step(register_worker(self.core, str(self.wakeup_status)))
         log.info(
             "runner started: queues=%s concurrency=%d wakeups=%s",
             ",".join(self.queues),
@@ -444,6 +449,8 @@ class Runner:
                 self._settler = None
                 workers.stop()
                 self._workers = None
+                # After the heartbeat stopped: nothing refreshes the row again.
+                self._worker_step(deregister_worker(self.core))
                 if listener is not None:
                     self.core.waiting = None
                     listener.stop()
@@ -517,6 +524,14 @@ class Runner:
 
     def _renew_all(self) -> None:
         drive(renew(self.core), self._perform)
+
+    def _worker_step(self, steps: Steps[None]) -> None:
+        """Perform a step on this runner's worker row; its failures are the
+        step's to log, never the runner's to die of."""
+        try:
+            drive(steps, self._perform)
+        except Exception as error:  # pragma: no cover - the steps answer store failures themselves
+            log.warning("worker row: %s", redacted(error))
 
     def _time_out(self) -> None:
         drive(time_out(self.core), self._perform)
@@ -707,3 +722,4 @@ class _Heartbeat:
                 runner._renew_all()
             except Exception as error:
                 log.error("heartbeat failed: %s", error)
+            runner._worker_step(refresh_worker(runner.core))
