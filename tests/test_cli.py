@@ -486,7 +486,7 @@ HOSTILE = [
     (["schedules", "json", "--count", "0"], "--count"),
     (["schedules", "json", "--count", "1001"], "--count"),
     (["schedules", "a:b:c"], "a:b:c"),
-    (["schedules"], "MODULE"),
+    (["schedules", "--count", "3"], "MODULE"),  # --count lists slots of a module's schedules: MODULE needed
 ]
 
 
@@ -1091,6 +1091,8 @@ def test_stats_table_and_json(engine: Engine, cli: Cli) -> None:
         "settled_last_minute": {"completed": 2, "failed": 1, "cancelled": 0, "outcome_unknown": 0, "interrupted": 0},
         "settled_last_hour": {"completed": 2, "failed": 1, "cancelled": 0, "outcome_unknown": 0, "interrupted": 0},
         "paused": False,
+        "workers": 0,
+        "unserved": True,  # ready jobs, and no live worker serves the queue
         "pause": None,
     }
     paused_at = datetime.fromisoformat(sms["pause"].pop("paused_at"))
@@ -1105,6 +1107,8 @@ def test_stats_table_and_json(engine: Engine, cli: Cli) -> None:
         "settled_last_minute": {"completed": 0, "failed": 0, "cancelled": 0, "outcome_unknown": 0, "interrupted": 0},
         "settled_last_hour": {"completed": 0, "failed": 0, "cancelled": 0, "outcome_unknown": 0, "interrupted": 0},
         "paused": True,
+        "workers": 0,
+        "unserved": False,
         "pause": {"reason": "provider outage"},
     }
 
@@ -1121,15 +1125,17 @@ def test_stats_table_and_json(engine: Engine, cli: Cli) -> None:
         "oldest_ready",
         "last_minute",
         "last_hour",
+        "workers",
         "paused",
     ]
-    emails_row = lines[2].split(None, 8)
+    emails_row = lines[2].split(None, 9)
     assert emails_row[:5] == ["emails", "1", "2", "1", "1"]
     assert re.fullmatch(r"\d+s|\d+m\d\ds", emails_row[5]), emails_row[5]
-    assert emails_row[6:] == ["completed=2,failed=1", "completed=2,failed=1", "-"]
-    sms_row = lines[3].split(None, 8)
-    assert sms_row[:8] == ["sms", "0", "0", "0", "0", "-", "-", "-"]
-    assert re.fullmatch(r"since \S+Z: provider outage", sms_row[8]), sms_row[8]
+    assert emails_row[6:] == ["completed=2,failed=1", "completed=2,failed=1", "0!", "-"]
+    sms_row = lines[3].split(None, 9)
+    assert sms_row[:9] == ["sms", "0", "0", "0", "0", "-", "-", "-", "0"]
+    assert re.fullmatch(r"since \S+Z: provider outage", sms_row[9]), sms_row[9]
+    assert lines[4:] == ["! no live worker serves 'emails', which has ready jobs"]
 
 
 def read_frames(process: subprocess.Popen[bytes], until: Callable[[bytes], bool], timeout: float = 30) -> bytes:
@@ -1179,7 +1185,7 @@ def test_stats_watch_redraws_until_sigint(engine: Engine, db_url: URL, tmp_path:
     else:
         assert output.startswith("\x1b[H\x1b[2J")
         frames = [
-            [line.split()[0] for line in frame.splitlines()[2:] if line and not line.startswith("(")]
+            [line.split()[0] for line in frame.splitlines()[2:] if line and not line.startswith(("(", "!"))]
             for frame in output.split("\x1b[H\x1b[2J")[1:]
         ]
         assert all(frame.splitlines()[0].startswith("queues at ") for frame in output.split("\x1b[H\x1b[2J")[1:])
@@ -1461,3 +1467,71 @@ def test_json_output_stays_exact(engine: Engine, cli: Cli) -> None:
     assert (shown["job_id"], shown["queue"], shown["payload"]) == (f"id{HOSTILE}", f"q{HOSTILE}", {"note": HOSTILE})
     status, out, _ = cli("--json", "ls")
     assert status == 0 and json.loads(out)["job_id"] == f"id{HOSTILE}"
+
+
+# -- workers, recorded schedules ------------------------------------------------------------
+
+
+def _register_worker(engine: Engine, worker_id: str, queues: tuple[str, ...], *, host: str = "host-1") -> None:
+    registration = store.WorkerRegistration(worker_id, host, 42, queues, 4, "listen", "0.1.0", 10_000)
+    with engine.begin() as conn:
+        store.register_worker(conn, registration)
+
+
+def test_workers_lists_live_and_gone_runners_as_a_table_and_json(engine: Engine, cli: Cli) -> None:
+    status, out, _ = cli("workers")
+    assert (status, out.strip()) == (0, "no workers registered (none serving, or none since the last clean shutdown)")
+    _register_worker(engine, "w-live", ("emails", "sms"))
+    _register_worker(engine, "w-dead", ("emails",), host="evil\x1b[2Jhost")
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE watchdog_workers SET last_seen = last_seen - 600000, started_at = started_at - 600000"
+                " WHERE worker_id = 'w-dead'"
+            )
+        )
+    status, out, _ = cli("workers")
+    assert status == 0
+    header, *rows = out.splitlines()
+    assert header.split() == [
+        "worker_id", "host", "pid", "queues", "concurrency", "running", "started_at", "status", "wakeups",
+    ]  # fmt: skip
+    dead, live = sorted(rows)
+    assert live.split()[:6] == ["w-live", "host-1", "42", "emails,sms", "4", "0"] and "live (seen" in live
+    assert "GONE (silent 10m" in dead
+    assert "\x1b" not in out  # a host name's control characters are escaped
+    status, out, _ = cli("--json", "workers")
+    documents = {d["worker_id"]: d for d in map(json.loads, out.splitlines())}
+    assert documents["w-live"]["queues"] == ["emails", "sms"] and documents["w-live"]["gone"] is False
+    assert documents["w-dead"]["gone"] is True and documents["w-dead"]["gone_after_seconds"] == 60.0
+
+
+def test_schedules_without_a_module_shows_what_the_runners_serve_and_disputed_definitions(
+    engine: Engine, cli: Cli
+) -> None:
+    status, out, _ = cli("schedules")
+    assert (status, out.strip()) == (0, "no schedules recorded: no runner has served one in the last week")
+    records = [
+        store.ScheduleRecord("nightly", "f-1", "0 3 * * *", "Europe/Paris", "reports", 1_000_000, None),
+        store.ScheduleRecord("hourly", "f-2", "0 * * * *", "UTC", "reports", None, 7_200_000),
+    ]
+    with engine.begin() as conn:
+        store.record_schedules(conn, records, "w-old")
+        store.record_schedules(
+            conn, [store.ScheduleRecord("hourly", "f-3", "30 * * * *", "UTC", "reports", None, None)], "w-new"
+        )
+    status, out, _ = cli("schedules")
+    assert status == 0
+    header, *rows = out.splitlines()
+    assert header.split()[:4] == ["name", "cron", "timezone", "queue"]
+    hourly = [row for row in rows if row.startswith("hourly")]
+    assert len(hourly) == 2 and all("DISPUTED" in row for row in hourly)
+    [nightly] = [row for row in rows if row.startswith("nightly")]
+    assert "1970-01-01T00:16:40Z" in nightly and nightly.endswith("served")
+    status, out, _ = cli("--json", "schedules")
+    documents = [json.loads(line) for line in out.splitlines()]
+    assert sorted((d["name"], d["cron"], d["disputed"]) for d in documents) == [
+        ("hourly", "0 * * * *", True),
+        ("hourly", "30 * * * *", True),
+        ("nightly", "0 3 * * *", False),
+    ]
