@@ -49,8 +49,8 @@ from ..jobs import (
     ScheduleView,
     Stats,
     Throughput,
-    WorkerView,
     Undecodable,
+    WorkerView,
 )
 from ..visible import escape as visible_escape
 from ..visible import escape_code, is_escaped, pieces
