@@ -836,6 +836,8 @@ class RunnerCore:
         self.worker_id = uuid.uuid4().hex
         #: Its row as registered while it serves (None: not registered).
         self.registration: store.WorkerRegistration | None = None
+        #: Its row when registering at start failed: each heartbeat tries again.
+        self.unregistered: store.WorkerRegistration | None = None
         #: When to prune long-gone workers next (monotonic).
         self.worker_prune_due = 0.0
         #: Whether recording the schedules failed last time (logged once).
@@ -1625,11 +1627,12 @@ def register_worker(core: RunnerCore, wakeups: str) -> Steps[None]:
         yield StoreCall(store.register_worker, (registration, len(core.active())))
     except WatchdogError as error:
         log.warning(
-            "runner: could not register as worker %s (%s); it serves on but is not listed among the workers "
+            "runner: could not register as worker %s (%s); it serves on, unlisted until a heartbeat registers it "
             "(is the database upgraded? sqlalchemy-watchdog upgrade)",
             core.worker_id,
             error,
         )
+        core.unregistered = registration
         return
     core.registration = registration
     core.worker_prune_due = time.monotonic() + WORKER_PRUNE_EVERY_S * random.random()
@@ -1638,19 +1641,25 @@ def register_worker(core: RunnerCore, wakeups: str) -> Steps[None]:
 def refresh_worker(core: RunnerCore) -> Steps[None]:
     """With each heartbeat: refresh this worker's ``last_seen`` (database
     clock) and its running jobs, by the one statement that registered it."""
-    registration = core.registration
+    registration = core.registration or core.unregistered
     if registration is None:
         return
     try:
         yield StoreCall(store.register_worker, (registration, len(core.active())))
     except WatchdogError as error:
-        log.warning("heartbeat: refreshing worker %s failed (%s)", registration.worker_id, error)
+        # A runner that never registered (a database without the table) says so once, at start.
+        level = logging.WARNING if core.registration is not None else logging.DEBUG
+        log.log(level, "heartbeat: refreshing worker %s failed (%s)", registration.worker_id, error)
+        return
+    if core.registration is None:
+        log.info("runner: registered as worker %s", registration.worker_id)
+        core.registration, core.unregistered = registration, None
 
 
 def deregister_worker(core: RunnerCore) -> Steps[None]:
     """On a clean shutdown: remove this worker's row (a failure leaves it to
     show as gone, then be pruned)."""
-    registration, core.registration = core.registration, None
+    registration, core.registration, core.unregistered = core.registration, None, None
     if registration is None:
         return
     try:

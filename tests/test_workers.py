@@ -12,12 +12,14 @@ as gone, and a restarted one as new: tests/faults/test_workers_faults.py.)
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import Engine, select, text
 
 import sqlalchemy_watchdog
@@ -235,3 +237,25 @@ def test_async_watchdog_reads_workers_and_schedules(engine: Engine) -> None:
     workers, schedules = asyncio.run(read())
     assert [w.worker_id for w in workers] == ["w-1"] and workers[0].queues == ("q",)
     assert [(s.name, s.recorded_by) for s in schedules] == [("s", "w-1")]
+
+
+def test_a_runner_that_cannot_register_serves_on_and_a_heartbeat_registers_it_later(
+    engine: Engine, runners: RunnerDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A database without the workers table (not upgraded yet): the runner
+    logs one WARNING, serves its jobs, and registers with the first
+    heartbeat after the table appears."""
+    from sqlalchemy_watchdog.model import workers_table
+
+    workers_table.drop(engine)
+    caplog.set_level(logging.INFO, logger="sqlalchemy_watchdog")
+    worker = runners.runner({"q": lambda job: None}, lease=timedelta(seconds=1.5), heartbeat=timedelta(seconds=0.3))
+    with worker.serving():
+        add(engine, Job("a", "q"))
+        assert settled(engine, "a").outcome is not None
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any("could not register as worker" in m for m in warnings), warnings
+        workers_table.create(engine)
+        [row] = wait_until(lambda: _workers(engine), what="a heartbeat registering the runner")
+        assert row.worker_id == worker.runner.core.worker_id
+    assert _workers(engine) == []
