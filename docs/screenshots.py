@@ -4,8 +4,8 @@
 
 Seeds a demo SQLite database in a temporary directory -- a few queues, jobs
 run to each outcome, one with failed attempts, a paused queue -- serves the
-dashboard with uvicorn on 127.0.0.1 and photographs the overview and a job
-page with Debian's headless Chromium. For the chart's sake the demo moves its
+dashboard with uvicorn on 127.0.0.1 and photographs the overview, a job
+page and the workers page with Debian's headless Chromium. For the chart's sake the demo moves its
 jobs' settled times back over the last hour with one UPDATE: a demo database
 only, never do that to a real one.
 """
@@ -17,7 +17,7 @@ import socket
 import tempfile
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import uvicorn
@@ -25,7 +25,8 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from sqlalchemy import Engine, create_engine, text
 
-from sqlalchemy_watchdog import Decision, Job, RetryPolicy, Runner, Watchdog, metadata
+from sqlalchemy_watchdog import Decision, Job, RetryPolicy, Runner, Schedule, Watchdog, __version__, metadata, store
+from sqlalchemy_watchdog.schedules import fingerprint
 from sqlalchemy_watchdog.web import create_app
 
 DOCS = Path(__file__).resolve().parent
@@ -92,6 +93,45 @@ def seed(engine: Engine) -> None:
         invoices.run_until_idle()
         time.sleep(0.02)
     watchdog.pause("webhooks", reason="partner maintenance until 18:00")
+    # Two workers serving (demo rows, as runner processes would register them),
+    # one that died an hour ago, and the schedules they serve.
+    with engine.begin() as conn:
+        for worker_id, host, pid, queues, running in (
+            ("3f9c2a7e51d84b6f9e0a1c2d3e4f5a6b", "worker-1", 4121, ("emails", "payments"), 3),
+            ("8b1d6e4c2a9f4e7d8c6b5a4f3e2d1c0b", "worker-2", 4187, ("emails", "invoices", "webhooks"), 1),
+            ("c0ffee00aa114b2c9d8e7f6a5b4c3d2e", "worker-3", 3902, ("payments",), 0),
+        ):
+            registration = store.WorkerRegistration(
+                worker_id, host, pid, queues, 8, "listening (LISTEN/NOTIFY)", __version__, 10_000
+            )
+            store.register_worker(conn, registration, running)
+        conn.execute(
+            text(
+                "UPDATE watchdog_workers SET last_seen = last_seen - 3300000, started_at = started_at - 90000000"
+                " WHERE host = 'worker-3'"
+            )
+        )
+        conn.execute(text("UPDATE watchdog_workers SET started_at = started_at - 7200000 WHERE host <> 'worker-3'"))
+        now = datetime.now(UTC)
+        records = []
+        for schedule in (
+            Schedule("nightly-report", "30 2 * * *", "emails", timezone="Europe/Berlin"),
+            Schedule("hourly-sync", "0 * * * *", "invoices"),
+        ):
+            upcoming, previous = schedule.next_slot(now), schedule.slots(now - timedelta(days=2), 60)
+            latest = max(slot for slot in previous if slot <= now)
+            records.append(
+                store.ScheduleRecord(
+                    schedule.name,
+                    fingerprint(schedule),
+                    schedule.cron,
+                    schedule.timezone,
+                    schedule.queue,
+                    int(upcoming.timestamp() * 1000),
+                    int(latest.timestamp() * 1000),
+                )
+            )
+        store.record_schedules(conn, records, "3f9c2a7e51d84b6f9e0a1c2d3e4f5a6b")
 
 
 def browser(width: int) -> webdriver.Chrome:
@@ -132,7 +172,11 @@ def main() -> None:
         base = f"http://127.0.0.1:{sock.getsockname()[1]}"
         driver = browser(args.width)
         try:
-            for name, path in (("overview", "/"), ("job", "/job?job_id=sync-invoice-2024-118")):
+            for name, path in (
+                ("overview", "/"),
+                ("job", "/job?job_id=sync-invoice-2024-118"),
+                ("workers", "/workers"),
+            ):
                 driver.get(base + path)
                 height = driver.execute_script("return document.documentElement.scrollHeight")
                 driver.set_window_size(args.width, min(int(height) + 20, 2400))

@@ -38,9 +38,11 @@ from .jobs import (
     QueueStats,
     Retention,
     RetryPolicy,
+    ScheduleView,
     Stats,
     Throughput,
     Undecodable,
+    WorkerView,
 )
 from .model import WatchdogJob, metadata
 from .runner import Runner
@@ -67,6 +69,8 @@ __all__ = [
     "PreparedStatementsRefused",
     "QueuePause",
     "QueueStats",
+    "ScheduleView",
+    "WorkerView",
     "Retention",
     "RetryPolicy",
     "Runner",

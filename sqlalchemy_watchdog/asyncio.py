@@ -42,6 +42,7 @@ from .execution import (
     RunningJob,
     Spawn,
     Step,
+    Steps,
     Stop,
     StopReason,
     StoreCall,
@@ -52,6 +53,7 @@ from .execution import (
     decision_of_exception,
     decision_of_result,
     default_poll_interval,
+    deregister_worker,
     drive_async,
     execute,
     finish,
@@ -59,6 +61,8 @@ from .execution import (
     pool_shortfall,
     probe_failed,
     prune,
+    refresh_worker,
+    register_worker,
     renew,
     restore_signal,
     settle_batch,
@@ -80,8 +84,10 @@ from .jobs import (
     PauseStatus,
     Retention,
     RetryPolicy,
+    ScheduleView,
     Stats,
     Throughput,
+    WorkerView,
     job_batch,
 )
 from .store import Settlement, SettleRequest
@@ -267,6 +273,15 @@ class AsyncWatchdog:
     async def stats(self) -> Stats:
         """Every queue's stats, as :meth:`Watchdog.stats <sqlalchemy_watchdog.Watchdog.stats>`."""
         return await self._read(store.stats)
+
+    async def workers(self) -> list[WorkerView]:
+        """Every registered runner, as :meth:`Watchdog.workers <sqlalchemy_watchdog.Watchdog.workers>`."""
+        return await self._read(store.workers)
+
+    async def schedules(self) -> list[ScheduleView]:
+        """The schedules runners serve, as :meth:`Watchdog.schedules
+        <sqlalchemy_watchdog.Watchdog.schedules>`."""
+        return await self._read(store.schedules)
 
     async def prune(
         self,
@@ -677,6 +692,7 @@ class AsyncRunner:
             raise
         if listening is not None:
             background.append(listening)
+        await self._worker_step(register_worker(self.core, str(self.wakeup_status)))
         log.info(
             "async runner started: queues=%s concurrency=%d wakeups=%s shutdown_budget=%gs (grace %gs + stop wait %gs)",
             ",".join(self.queues),
@@ -703,6 +719,8 @@ class AsyncRunner:
                     task.cancel()
                 await asyncio.gather(*background, return_exceptions=True)
                 self._settler = None
+                # After the heartbeat stopped: nothing refreshes the row again.
+                await self._worker_step(deregister_worker(self.core))
                 self._restore_signals(loop, installed)
                 stopping.clear()
                 log.info("async runner stopped")
@@ -849,6 +867,15 @@ class AsyncRunner:
                 await self._renew_all()
             except Exception as error:
                 log.error("heartbeat failed: %s", error)
+            await self._worker_step(refresh_worker(self.core))
+
+    async def _worker_step(self, steps: Steps[None]) -> None:
+        """Perform a step on this runner's worker row; its failures are the
+        step's to log, never the runner's to die of."""
+        try:
+            await drive_async(steps, self._perform)
+        except Exception as error:  # pragma: no cover - the steps answer store failures themselves
+            log.warning("worker row: %s", redacted(error))
 
 
 class _DaemonThreads:

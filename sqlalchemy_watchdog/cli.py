@@ -23,6 +23,8 @@
     rerun JOB_ID --rerun-id ID                enqueue a copy of a settled job
     run MODULE[:ATTR]                         serve the queues until SIGINT / SIGTERM
     schedules MODULE[:ATTR] [--count N]       the cron schedules a module defines, and their next slots
+    schedules                                 the schedules the runners record they serve
+    workers                                   the registered runners, live or gone
     dashboard [--host H] [--port P] [--read-only]
                                               serve the web dashboard (the ``web`` extra) on 127.0.0.1
 
@@ -32,7 +34,7 @@ after the command. The database is ``--url``, else the environment variable
 directory. A bare ``postgresql://`` URL uses psycopg 3. Only ``upgrade``
 creates anything: every other command (``run`` included) refuses a database
 without the ``watchdog_jobs`` table, and never creates a SQLite file.
-``schedules`` uses no database at all.
+``schedules MODULE`` uses no database at all.
 
 Times (``ls``, ``stats``) are UTC, by the database clock. ``ls`` pages like
 ``settled``: a full page ends with the ``--after`` value of the next one.
@@ -90,7 +92,19 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from .client import Watchdog
 from .errors import WatchdogError, redacted
 from .execution import DEFAULT_CONCURRENCY
-from .jobs import MAX_DELAY, CancelStatus, JobState, JobView, Outcome, PauseStatus, QueueStats, Stats, Undecodable
+from .jobs import (
+    MAX_DELAY,
+    CancelStatus,
+    JobState,
+    JobView,
+    Outcome,
+    PauseStatus,
+    QueueStats,
+    ScheduleView,
+    Stats,
+    Undecodable,
+    WorkerView,
+)
 from .model import jobs_table
 from .schedules import Schedule, check_schedules
 from .store import LIST_LIMIT_MAX
@@ -636,10 +650,17 @@ def build_runner(args: argparse.Namespace, engine: Engine) -> Any:
         if listen_url.get_backend_name() != "postgresql":
             raise UsageError(f"--listen-url must be a PostgreSQL URL, not {_shown(listen_url)}")
         options["listen_engine"] = open_engine(listen_url)
+    # The module's schedules, found exactly as `schedules MODULE` finds them.
+    module_name = args.target.partition(":")[0]
+    schedules = () if args.no_schedules else check_schedules(collect_schedules(sys.modules[module_name]))
     if not named or isinstance(target, Mapping):
         _require_table(engine)  # before the runner: "no table" is the first thing to fix
         # Without an attribute: the handlers registered with @handler.
-        return Runner(engine, target if named else None, **options)
+        if schedules:
+            options["schedules"] = schedules
+        runner: Any = Runner(engine, target if named else None, **options)
+        _say_schedules(runner, module_name)
+        return runner
     if isinstance(target, (Runner, AsyncRunner)) or callable(target):
         if options:
             raise UsageError(
@@ -650,11 +671,31 @@ def build_runner(args: argparse.Namespace, engine: Engine) -> Any:
         runner = target if isinstance(target, (Runner, AsyncRunner)) else target(engine)
         if not isinstance(runner, (Runner, AsyncRunner)):
             raise CommandFailed(f"{args.target}(engine) returned {type(runner).__name__}, not a Runner or AsyncRunner")
+        # Never skip a schedule silently: the runner must serve every one the
+        # module defines (as defined there), or the command refuses.
+        unserved = [schedule for schedule in schedules if schedule not in runner.settings.schedules]
+        if unserved:
+            raise CommandFailed(
+                f"{module_name!r} defines the schedule(s) "
+                f"{', '.join(repr(_one_line(s.name)) for s in unserved)} that the runner of {args.target} "
+                "does not serve (as defined); pass them to it (schedules=[...]), or run with "
+                "--no-schedules to serve none of the module's schedules"
+            )
+        _say_schedules(runner, module_name)
         return runner
     raise CommandFailed(
         f"{args.target} is a {type(target).__name__}; expected a Runner, a factory "
         "engine -> Runner, or a mapping of queue names to handlers"
     )
+
+
+def _say_schedules(runner: Any, module_name: str) -> None:
+    """Log at start which schedules the runner serves (none is said too)."""
+    names = [schedule.name for schedule in runner.settings.schedules]
+    if names:
+        log.info("serving %d schedule(s): %s", len(names), ", ".join(_one_line(name) for name in names))
+    else:
+        log.info("serving no schedules (%s defines none, or --no-schedules)", _one_line(module_name))
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
@@ -675,6 +716,11 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     prints the runner's shutdown budget at start (grace plus the stop
     wait): the platform's termination period must exceed it plus what the
     last statements take.
+
+    The module's cron schedules (found as ``schedules MODULE`` finds them)
+    are served too: a runner this command builds gets them; a runner or a
+    factory's runner must serve each of them as defined, else the command
+    refuses to start (exit 1). ``--no-schedules`` serves none of them.
     """
     from .asyncio import AsyncRunner
 
@@ -751,7 +797,17 @@ def cmd_schedules(args: argparse.Namespace, out: TextIO) -> int:
     slots, in its own time zone and in UTC. No database is used. A module
     without schedules is not an error; one that cannot be imported is
     (exit 1), and so are two schedules with the same name.
+
+    Without ``MODULE``: the schedules the runners record they serve (read
+    from the database): each name and definition, its next slot, the latest
+    slot enqueued, the worker that recorded it, and whether it is served
+    now -- two deploys serving one name with different definitions are both
+    shown, marked DISPUTED.
     """
+    if args.target is None:
+        if args.count is not None:
+            raise UsageError("--count needs MODULE (the slots of a module's schedules)")
+        return _recorded_schedules(args, out)
     module_name = args.target.partition(":")[0]
     try:
         target, _ = load_target(args.target)
@@ -764,7 +820,8 @@ def cmd_schedules(args: argparse.Namespace, out: TextIO) -> int:
         ) from None
     schedules = check_schedules(collect_schedules(target))
     now = datetime.now(UTC)
-    rows = [(schedule, schedule.slots(now, args.count)) for schedule in schedules]
+    count = 3 if args.count is None else args.count
+    rows = [(schedule, schedule.slots(now, count)) for schedule in schedules]
     if args.json:
         for schedule, slots in rows:
             _print_json(
@@ -907,6 +964,8 @@ def _queue_stats_dict(queue: QueueStats) -> dict[str, Any]:
         "settled_last_minute": _outcome_counts(queue.settled_last_minute),
         "settled_last_hour": _outcome_counts(queue.settled_last_hour),
         "paused": queue.paused,
+        "workers": queue.workers,
+        "unserved": queue.unserved,
         "pause": None
         if queue.pause is None
         else {"reason": queue.pause.reason, "paused_at": _iso(queue.pause.paused_at)},
@@ -940,6 +999,7 @@ def render_stats(stats: Stats) -> str:
         "oldest_ready",
         "last_minute",
         "last_hour",
+        "workers",
         "paused",
     )
     rows = []
@@ -959,10 +1019,129 @@ def render_stats(stats: Stats) -> str:
                 "-" if queue.oldest_ready_age is None else _age(queue.oldest_ready_age),
                 _counts_cell(queue.settled_last_minute),
                 _counts_cell(queue.settled_last_hour),
+                _workers_cell(queue),
                 paused,
             )
         )
-    return "\n".join(lines + _column_lines(header, rows)) + "\n"
+    unserved = [queue.queue for queue in stats.queues if queue.unserved]
+    notes = [f"! no live worker serves {_one_line(name)!r}, which has ready jobs" for name in unserved]
+    return "\n".join(lines + _column_lines(header, rows) + notes) + "\n"
+
+
+def _workers_cell(queue: QueueStats) -> str:
+    """The live workers serving a queue; ``0!`` when ready jobs wait for none."""
+    return f"{queue.workers}!" if queue.unserved else str(queue.workers)
+
+
+def _worker_dict(worker: WorkerView) -> dict[str, Any]:
+    return {
+        "worker_id": worker.worker_id,
+        "host": worker.host,
+        "pid": worker.pid,
+        "queues": list(worker.queues),
+        "concurrency": worker.concurrency,
+        "running": worker.running,
+        "wakeups": worker.wakeups,
+        "version": worker.version,
+        "heartbeat_seconds": worker.heartbeat.total_seconds(),
+        "started_at": _iso(worker.started_at),
+        "last_seen": _iso(worker.last_seen),
+        "silent_seconds": worker.silent_for.total_seconds(),
+        "gone_after_seconds": worker.gone_after.total_seconds(),
+        "gone": worker.gone,
+    }
+
+
+def _worker_status(worker: WorkerView) -> str:
+    return f"GONE (silent {_age(worker.silent_for)})" if worker.gone else f"live (seen {_age(worker.silent_for)} ago)"
+
+
+def cmd_workers(args: argparse.Namespace, out: TextIO) -> int:
+    """Print every registered runner: live ones, and gone ones (not seen for
+    three of their heartbeats and 30 seconds: killed, frozen or cut off)
+    until runners prune them an hour later."""
+    workers = _watchdog(args).workers()
+    if args.json:
+        for worker in workers:
+            _print_json(_worker_dict(worker), out)
+        return 0
+    if not workers:
+        print("no workers registered (none serving, or none since the last clean shutdown)", file=out)
+        return 0
+    header = ("worker_id", "host", "pid", "queues", "concurrency", "running", "started_at", "status", "wakeups")
+    rows = [
+        (
+            worker.worker_id,
+            worker.host,
+            str(worker.pid),
+            ",".join(worker.queues),
+            str(worker.concurrency),
+            str(worker.running),
+            _when(worker.started_at),
+            _worker_status(worker),
+            f"{worker.wakeups} (v{worker.version})",
+        )
+        for worker in workers
+    ]
+    print("\n".join(_column_lines(header, rows)), file=out)
+    return 0
+
+
+def _schedule_view_dict(view: ScheduleView) -> dict[str, Any]:
+    return {
+        "name": view.name,
+        "fingerprint": view.fingerprint,
+        "cron": view.cron,
+        "timezone": view.timezone,
+        "queue": view.queue,
+        "next_slot": _iso(view.next_slot),
+        "last_enqueued": _iso(view.last_enqueued),
+        "recorded_by": view.recorded_by,
+        "last_seen": _iso(view.last_seen),
+        "current": view.current,
+        "disputed": view.disputed,
+    }
+
+
+def _recorded_schedules(args: argparse.Namespace, out: TextIO) -> int:
+    """``schedules`` without a module: what the runners recorded they serve."""
+    args.url = database_url(args.url)
+    engine = open_engine(args.url)
+    try:
+        _require_table(engine)
+        views = Watchdog(engine).schedules()
+    finally:
+        engine.dispose()
+    if args.json:
+        for view in views:
+            _print_json(_schedule_view_dict(view), out)
+        return 0
+    if not views:
+        print("no schedules recorded: no runner has served one in the last week", file=out)
+        return 0
+    header = ("name", "cron", "timezone", "queue", "next_slot", "last_enqueued", "recorded_by", "status")
+    rows = []
+    for view in views:
+        if view.disputed:
+            status = "DISPUTED: another deploy serves another definition"
+        elif view.current:
+            status = "served"
+        else:
+            status = f"not served since {_when(view.last_seen)}"
+        rows.append(
+            (
+                view.name,
+                view.cron,
+                view.timezone,
+                view.queue,
+                _when(view.next_slot),
+                _when(view.last_enqueued),
+                view.recorded_by,
+                status,
+            )
+        )
+    print("\n".join(_column_lines(header, rows)), file=out)
+    return 0
 
 
 #: What ``stats --watch`` writes before each frame: cursor home, clear the screen.
@@ -1507,21 +1686,34 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="a direct PostgreSQL URL for the listening session (when --url goes through a pooler)",
     )
+    run.add_argument(
+        "--no-schedules",
+        action="store_true",
+        help="serve none of the module's cron schedules (by default they are served, "
+        "and a runner that does not serve them is refused)",
+    )
     run.set_defaults(func=cmd_run, needs_engine=False)
+
+    workers = commands.add_parser(
+        "workers",
+        help="the registered runners: host, pid, queues, jobs running, live or gone",
+        description=cmd_workers.__doc__,
+    )
+    workers.set_defaults(func=cmd_workers)
 
     schedules = commands.add_parser(
         "schedules",
-        help="the cron schedules a module defines, and their next slots (no database)",
+        help="the cron schedules a module defines and their next slots (no database); "
+        "without MODULE, those the runners serve",
         description=cmd_schedules.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    schedules.add_argument("target", metavar="MODULE[:ATTR]")
+    schedules.add_argument("target", metavar="MODULE[:ATTR]", nargs="?")
     schedules.add_argument(
         "--count",
         type=_slot_count,
-        default=3,
         metavar="N",
-        help=f"next slots shown per schedule, 1-{SCHEDULE_COUNT_MAX} (default: 3)",
+        help=f"next slots shown per schedule of MODULE, 1-{SCHEDULE_COUNT_MAX} (default: 3)",
     )
     schedules.set_defaults(func=cmd_schedules, needs_engine=False, needs_url=False)
 

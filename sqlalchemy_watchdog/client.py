@@ -24,8 +24,10 @@ from .jobs import (
     LaneFailure,
     Outcome,
     PauseStatus,
+    ScheduleView,
     Stats,
     Throughput,
+    WorkerView,
     job_batch,
 )
 from .model import WatchdogJob
@@ -279,6 +281,27 @@ class Watchdog:
         O(live jobs + jobs settled in the last hour), never the history.
         """
         return self._read(store.stats)
+
+    def workers(self) -> list[WorkerView]:
+        """Every registered runner, oldest first: a runner registers when it
+        starts serving (``run_forever``), refreshes its row with every
+        heartbeat (``last_seen`` by the database clock, jobs running now)
+        and removes it when it shuts down cleanly. One that died or froze
+        stops refreshing and shows as :attr:`~WorkerView.gone` once not
+        seen for three of its heartbeats and 30 seconds; runners prune it an
+        hour later. A restarted runner is a new worker.
+
+        Cost: one read of ``watchdog_workers`` (one row per worker)."""
+        return self._read(store.workers)
+
+    def schedules(self) -> list[ScheduleView]:
+        """The schedules runners serve, as they recorded them: one view per
+        name and definition, by name, the most recently seen first. Two
+        deploys serving a name with different definitions leave two
+        :attr:`~ScheduleView.current` views, each :attr:`~ScheduleView.disputed`.
+        Runners record their schedules at least every minute; a record not
+        seen for a week is forgotten."""
+        return self._read(store.schedules)
 
     def prune(
         self,

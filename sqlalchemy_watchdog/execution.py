@@ -34,12 +34,14 @@ import contextvars
 import enum
 import functools
 import logging
+import random
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import store, telemetry
@@ -47,6 +49,7 @@ from .errors import InvalidJob, WatchdogError, redacted, redacted_detail, safe_t
 from .jobs import (
     QUEUE_MAX_LENGTH,
     Decision,
+    Job,
     JobState,
     JobView,
     Outcome,
@@ -876,14 +879,19 @@ def decision_of_exception(execution: Execution, error: BaseException) -> Decisio
         return None
     execution.error = error
     execution.failure_detail = redacted_detail(error)
-    log.error(
-        "job %s: handler raised %s: %s",
-        job.job_id,
-        type(error).__name__,
-        error,
-        exc_info=(type(error), error, error.__traceback__),
-        extra=job.log_fields,
-    )
+    execution.traced("raised", error)
+    # The traceback at DEBUG only: the attempt's one WARNING (a retry) or
+    # ERROR (the final failure) line is logged once its fate is known
+    # (settle_request).
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug(
+            "job %s: handler raised %s: %s",
+            job.job_id,
+            type(error).__name__,
+            safe_text(error),
+            exc_info=(type(error), error, error.__traceback__),
+            extra=job.log_fields,
+        )
     if job.stop_reason is StopReason.TIMEOUT:
         return Decision.failed(bound_reason(f"{timed_out(job)} ({safe_text(error)})"))
     return Decision.failed(bound_reason(safe_text(error)))
@@ -967,6 +975,18 @@ class RunnerCore:
         #: Where NOTIFY wakes the runner: its side of the waiting lock, told
         #: after each claim whether the runner now waits for work.
         self.waiting: Waiting | None = None
+        #: This runner's id among the workers (``watchdog_workers``) and the
+        #: schedules' records; new for every runner object.
+        self.worker_id = uuid.uuid4().hex
+        #: Its row as registered while it serves (None: not registered).
+        self.registration: store.WorkerRegistration | None = None
+        #: Its row when registering at start failed: each heartbeat tries again.
+        self.unregistered: store.WorkerRegistration | None = None
+        #: When to prune long-gone workers next (monotonic).
+        self.worker_prune_due = 0.0
+        #: Whether recording the schedules failed last time (logged once).
+        self.schedule_record_failed = False
+
         #: What the jobs that ended since the last summary became, counted.
         self._counts: dict[str, int] = {}
         self._counted = 0
@@ -1400,11 +1420,15 @@ def settle_request(core: RunnerCore, execution: Execution, decision: Decision) -
     ):
         wait = decision.after if decision.after is not None else policy.delay(job.attempt)
         execution.requeue_in = wait.total_seconds()
-        log.info(
-            "job %s: attempt %d of %d failed; retrying in %.3fs",
+        # One WARNING line, no traceback (DEBUG and failure_detail have it):
+        # an attempt that will be retried is no reason to page anyone.
+        log.warning(
+            "job %s: attempt %d of %d failed (%s); next attempt at %s (in %.3fs)",
             job.job_id,
             job.attempt,
             policy.max_attempts,
+            decision.reason or "failed",
+            _log_time(now + duration_ms(wait)),
             wait.total_seconds(),
             extra=execution.job.log_fields,
         )
@@ -1412,7 +1436,32 @@ def settle_request(core: RunnerCore, execution: Execution, decision: Decision) -
             job.job_id, claim.token, decision, now, execution.failure_detail,
             requeue_after_ms=duration_ms(wait), history=history,
         )  # fmt: skip
+    _log_final_failure(execution, decision, policy)
     return SettleRequest(job.job_id, claim.token, decision, now, execution.failure_detail, history=history)
+
+
+def _log_final_failure(execution: Execution, decision: Decision, policy: RetryPolicy | None) -> None:
+    """The ERROR line of an attempt that settles the job ``failed``: with its
+    handler's traceback when it raised."""
+    job = execution.job
+    error = execution.error
+    attempts = "" if policy is None else f" of {policy.max_attempts}"
+    why = "" if decision.retryable or policy is None else "; not retried"
+    log.error(
+        "job %s: attempt %d%s failed (%s)%s; the job failed",
+        job.job_id,
+        job.attempt,
+        attempts,
+        decision.reason or "failed",
+        why,
+        exc_info=None if error is None else (type(error), error, error.__traceback__),
+        extra=job.log_fields,
+    )
+
+
+def _log_time(epoch_ms: int) -> str:
+    """An epoch-millisecond instant as a log line shows it (UTC, milliseconds)."""
+    return f"{at_epoch_ms(epoch_ms):%Y-%m-%d %H:%M:%S.%f}"[:-3] + " UTC"
 
 
 def conclude(execution: Execution, settlement: Settlement | None) -> TickResult:
@@ -1700,6 +1749,7 @@ def loop_pass(core: RunnerCore) -> Steps[float]:
         yield from promote(core, defer=True)
     if core.summary_is_due():
         yield from summarize(core)
+    yield from prune_workers(core)
     free = core.free_slots()
     if free <= 0:
         core.report_deferred()
@@ -1777,10 +1827,139 @@ def enqueue_schedules(core: RunnerCore, *, defer: bool = False) -> Steps[None]:
             log.warning("schedule slot %s is already enqueued with other contents; kept as it is", job.job_id)
         elif result.status.value == "queued":
             log.info("enqueued schedule slot %s", job.job_id)
+    yield from record_schedules(core, jobs, [result is not None for result in results], now)
     until = None if next_at is None else max(0.0, (next_at - now).total_seconds())
     core.schedule_schedules(until)
     if until is not None:
         core.expect_ready(until)
+
+
+#: The Unix epoch, for epoch milliseconds of a datetime.
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+# -- the worker's row (revision w0009) ---------------------------------------------------
+
+#: How often a serving runner prunes long-gone workers and forgotten
+#: schedules (one bounded batch each time).
+WORKER_PRUNE_EVERY_S = 300.0
+
+
+def register_worker(core: RunnerCore, wakeups: str) -> Steps[None]:
+    """Register this serving runner in ``watchdog_workers`` (database clock).
+    A failure -- a database not upgraded to the table, say -- is logged as a
+    WARNING and the runner serves on, unlisted."""
+    import os
+    import socket
+
+    from . import __version__
+
+    settings = core.settings
+    registration = store.WorkerRegistration(
+        worker_id=core.worker_id,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        queues=tuple(settings.queues),
+        concurrency=settings.concurrency,
+        wakeups=wakeups,
+        version=__version__,
+        heartbeat_ms=max(1, round(settings.heartbeat_s * 1000)),
+    )
+    try:
+        yield StoreCall(store.register_worker, (registration, len(core.active())))
+    except WatchdogError as error:
+        log.warning(
+            "runner: could not register as worker %s (%s); it serves on, unlisted until a heartbeat registers it "
+            "(is the database upgraded? sqlalchemy-watchdog upgrade)",
+            core.worker_id,
+            error,
+        )
+        core.unregistered = registration
+        return
+    core.registration = registration
+    core.worker_prune_due = time.monotonic() + WORKER_PRUNE_EVERY_S * random.random()
+
+
+def refresh_worker(core: RunnerCore) -> Steps[None]:
+    """With each heartbeat: refresh this worker's ``last_seen`` (database
+    clock) and its running jobs, by the one statement that registered it."""
+    registration = core.registration or core.unregistered
+    if registration is None:
+        return
+    try:
+        yield StoreCall(store.register_worker, (registration, len(core.active())))
+    except WatchdogError as error:
+        # A runner that never registered (a database without the table) says so once, at start.
+        level = logging.WARNING if core.registration is not None else logging.DEBUG
+        log.log(level, "heartbeat: refreshing worker %s failed (%s)", registration.worker_id, error)
+        return
+    if core.registration is None:
+        log.info("runner: registered as worker %s", registration.worker_id)
+        core.registration, core.unregistered = registration, None
+
+
+def deregister_worker(core: RunnerCore) -> Steps[None]:
+    """On a clean shutdown: remove this worker's row (a failure leaves it to
+    show as gone, then be pruned)."""
+    registration, core.registration, core.unregistered = core.registration, None, None
+    if registration is None:
+        return
+    try:
+        yield StoreCall(store.deregister_worker, (registration.worker_id,))
+    except WatchdogError as error:
+        log.warning("shutdown: removing worker %s failed (%s); it will show as gone", registration.worker_id, error)
+
+
+def prune_workers(core: RunnerCore) -> Steps[None]:
+    """Maintenance of a serving runner, every :data:`WORKER_PRUNE_EVERY_S`:
+    delete one bounded batch of long-gone workers and forgotten schedules
+    (never a job)."""
+    if core.registration is None or time.monotonic() < core.worker_prune_due:
+        return
+    core.worker_prune_due = time.monotonic() + WORKER_PRUNE_EVERY_S
+    try:
+        deleted = yield StoreCall(store.prune_workers)
+    except WatchdogError as error:
+        core.defer_failure("pruning gone workers", error)
+        return
+    if deleted:
+        log.debug("pruned %d gone worker(s) and forgotten schedule(s)", deleted)
+
+
+def record_schedules(core: RunnerCore, jobs: Sequence[Job], enqueued: Sequence[bool], now: datetime) -> Steps[None]:
+    """Record the schedules this runner serves (``watchdog_schedules``): each
+    one's definition, next slot and latest slot enqueued, by this worker. A
+    failure is logged (a WARNING the first time) and never stops scheduling."""
+    from .schedules import JOB_ID_PREFIX, fingerprint
+
+    records = []
+    for schedule in core.settings.schedules:
+        prefix = f"{JOB_ID_PREFIX}{schedule.name}:"
+        slots = [
+            (job.run_at, done)
+            for job, done in zip(jobs, enqueued, strict=True)
+            if job.run_at is not None and job.job_id.startswith(prefix)
+        ]
+        past = [slot for slot, done in slots if done and slot <= now]
+        upcoming = [slot for slot, _ in slots if slot > now]
+        records.append(
+            store.ScheduleRecord(
+                name=schedule.name,
+                fingerprint=fingerprint(schedule),
+                cron=schedule.cron,
+                timezone=schedule.timezone,
+                queue=schedule.queue,
+                next_slot_ms=duration_ms(min(upcoming) - EPOCH) if upcoming else None,
+                last_enqueued_ms=duration_ms(max(past) - EPOCH) if past else None,
+            )
+        )
+    try:
+        yield StoreCall(store.record_schedules, (records, core.worker_id))
+    except WatchdogError as error:
+        level = logging.DEBUG if core.schedule_record_failed else logging.WARNING
+        core.schedule_record_failed = True
+        log.log(level, "runner: recording the schedules it serves failed (%s); scheduling goes on", error)
+        return
+    core.schedule_record_failed = False
 
 
 def promote(core: RunnerCore, *, defer: bool = False) -> Steps[None]:

@@ -47,6 +47,8 @@ __all__ = [
     "PauseStatus",
     "QueuePause",
     "QueueStats",
+    "WorkerView",
+    "ScheduleView",
     "Stats",
     "Throughput",
     "THROUGHPUT_MINUTES",
@@ -899,10 +901,88 @@ class QueueStats:
     settled_last_hour: Mapping[Outcome, int] = field(default_factory=dict)
     #: The pause, if the queue is paused.
     pause: QueuePause | None = None
+    #: Live workers serving the queue (registered runners not gone; see
+    #: :meth:`Watchdog.workers`).
+    workers: int = 0
 
     @property
     def paused(self) -> bool:
         return self.pause is not None
+
+    @property
+    def unserved(self) -> bool:
+        """Ready jobs wait and no live worker serves the queue: nothing will
+        run them until a worker for it starts."""
+        return self.queued > 0 and self.workers == 0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """A registered runner, as :meth:`Watchdog.workers` reads it.
+
+    A runner registers itself when it starts serving (``run_forever``),
+    refreshes ``last_seen`` (database clock) and ``running`` with every
+    heartbeat and removes its row when it shuts down cleanly. A runner that
+    died without shutting down (SIGKILL, a lost host) stops refreshing: once
+    it has not been seen for :attr:`gone_after` -- three of its heartbeats
+    and 30 seconds -- it is :attr:`gone`; runners prune gone workers an hour
+    later. A restarted runner is a new worker (a new ``worker_id``).
+    """
+
+    worker_id: str
+    host: str
+    pid: int
+    queues: tuple[str, ...]
+    concurrency: int
+    #: Its wake-up mode as it runs (``Runner.wakeup_status``).
+    wakeups: str
+    #: The library version it runs.
+    version: str
+    heartbeat: timedelta
+    #: When it started serving, and its last heartbeat (database clock).
+    started_at: datetime
+    last_seen: datetime
+    #: Jobs it was running at its last heartbeat.
+    running: int
+    #: How long it has not been seen, by the database clock when read.
+    silent_for: timedelta
+    #: How long without a heartbeat makes it gone.
+    gone_after: timedelta
+
+    @property
+    def gone(self) -> bool:
+        """Not seen for longer than :attr:`gone_after`: dead, frozen or cut off."""
+        return self.silent_for > self.gone_after
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleView:
+    """A schedule as the runners serving it recorded it (:meth:`Watchdog.schedules`).
+
+    One view per name and definition: two deploys that serve a schedule of
+    the same name with different definitions (cron, time zone, queue, the
+    jobs' contents) are two views, both :attr:`current` and each
+    :attr:`disputed`.
+    """
+
+    name: str
+    #: A digest of the whole definition.
+    fingerprint: str
+    cron: str
+    timezone: str
+    queue: str
+    #: Its next slot, and the latest slot a runner enqueued (None: none yet).
+    next_slot: datetime | None
+    last_enqueued: datetime | None
+    #: The worker_id of the runner that recorded it last.
+    recorded_by: str
+    #: When it was recorded last (database clock).
+    last_seen: datetime
+    #: Whether a runner served it recently (within 3.5 minutes: runners
+    #: record their schedules at least every minute).
+    current: bool
+    #: Whether another current definition of the same name exists.
+    disputed: bool
 
 
 @dataclass(frozen=True, slots=True)

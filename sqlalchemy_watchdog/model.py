@@ -46,9 +46,31 @@ from .jobs import (
     JobState,
     Outcome,
 )
+from .schedules import CRON_MAX_LENGTH, SCHEDULE_NAME_MAX_LENGTH
 from .wakeups import DROP_NOTIFY_FUNCTION_SQL, NOTIFY_FUNCTION_SQL, NOTIFY_TRIGGER_SQL
 
-__all__ = ["metadata", "WatchdogBase", "WatchdogJob", "WatchdogQueuePause", "jobs_table", "pauses_table"]
+__all__ = [
+    "metadata",
+    "WatchdogBase",
+    "WatchdogJob",
+    "WatchdogQueuePause",
+    "WatchdogWorker",
+    "WatchdogSchedule",
+    "jobs_table",
+    "pauses_table",
+    "workers_table",
+    "schedules_table",
+]
+
+#: Bounds of the workers and schedules tables (revision w0009); what a runner
+#: writes is cut to fit, so registering never fails on a long host name.
+WORKER_ID_MAX_LENGTH = 64
+HOST_MAX_LENGTH = 255
+WORKER_QUEUES_MAX_LENGTH = 65536
+WAKEUPS_MAX_LENGTH = 1000
+VERSION_MAX_LENGTH = 64
+TIMEZONE_MAX_LENGTH = 255
+FINGERPRINT_MAX_LENGTH = 64
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -279,6 +301,90 @@ class WatchdogQueuePause(WatchdogBase):
 
 #: The Core ``Table`` behind :class:`WatchdogQueuePause`.
 pauses_table: Table = cast(Table, WatchdogQueuePause.__table__)
+
+
+class WatchdogWorker(WatchdogBase):
+    """A serving runner (revision w0009): registered when it starts serving,
+    refreshed with every heartbeat (``last_seen``, ``running``), removed when
+    it shuts down cleanly, pruned by other runners once long gone.
+
+    Read it through ``Watchdog.workers()``; the runners write it.
+    """
+
+    __tablename__ = "watchdog_workers"
+
+    worker_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    host: Mapped[str] = mapped_column(Text)
+    pid: Mapped[int] = mapped_column(Integer)
+    #: The queues it serves, a JSON array of names.
+    queues: Mapped[str] = mapped_column(Text)
+    concurrency: Mapped[int] = mapped_column(Integer)
+    #: Its wake-up mode as it runs (its ``wakeup_status``).
+    wakeups: Mapped[str] = mapped_column(Text)
+    #: The library version it runs.
+    version: Mapped[str] = mapped_column(Text)
+    #: Its heartbeat period: how soon a live worker refreshes ``last_seen``.
+    heartbeat_ms: Mapped[int] = mapped_column(BigInteger)
+    #: Epoch milliseconds, database clock.
+    started_at: Mapped[int] = mapped_column(BigInteger)
+    last_seen: Mapped[int] = mapped_column(BigInteger)
+    #: Jobs it was running at its last heartbeat.
+    running: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+
+    __table_args__ = (
+        CheckConstraint(f"length(worker_id) BETWEEN 1 AND {WORKER_ID_MAX_LENGTH}", name="worker_id_length"),
+        CheckConstraint(f"length(host) BETWEEN 1 AND {HOST_MAX_LENGTH}", name="host_length"),
+        CheckConstraint("pid >= 0", name="pid_nonnegative"),
+        CheckConstraint(f"length(queues) BETWEEN 2 AND {WORKER_QUEUES_MAX_LENGTH}", name="queues_length"),
+        CheckConstraint("concurrency >= 1", name="concurrency_positive"),
+        CheckConstraint(f"length(wakeups) BETWEEN 1 AND {WAKEUPS_MAX_LENGTH}", name="wakeups_length"),
+        CheckConstraint(f"length(version) BETWEEN 1 AND {VERSION_MAX_LENGTH}", name="version_length"),
+        CheckConstraint("heartbeat_ms > 0", name="heartbeat_positive"),
+        CheckConstraint("last_seen >= started_at", name="seen_after_start"),
+        CheckConstraint("running >= 0", name="running_nonnegative"),
+    )
+
+
+#: The Core ``Table`` behind :class:`WatchdogWorker`.
+workers_table: Table = cast(Table, WatchdogWorker.__table__)
+
+
+class WatchdogSchedule(WatchdogBase):
+    """A schedule as the runners serving it recorded it (revision w0009): one
+    row per name and definition (``fingerprint``), so two deploys that
+    disagree about a schedule's definition leave two rows.
+
+    Read it through ``Watchdog.schedules()``; the runners write it.
+    """
+
+    __tablename__ = "watchdog_schedules"
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    #: A digest of the whole definition (cron, time zone, the jobs' contents).
+    fingerprint: Mapped[str] = mapped_column(Text, primary_key=True)
+    cron: Mapped[str] = mapped_column(Text)
+    timezone: Mapped[str] = mapped_column(Text)
+    queue_name: Mapped[str] = mapped_column(Text)
+    #: Epoch milliseconds: the next slot, and the latest slot enqueued.
+    next_slot: Mapped[int | None] = mapped_column(BigInteger)
+    last_enqueued: Mapped[int | None] = mapped_column(BigInteger)
+    #: The worker_id of the runner that recorded it last.
+    recorded_by: Mapped[str] = mapped_column(Text)
+    #: Epoch milliseconds, database clock.
+    last_seen: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        CheckConstraint(f"length(name) BETWEEN 1 AND {SCHEDULE_NAME_MAX_LENGTH}", name="name_length"),
+        CheckConstraint(f"length(fingerprint) BETWEEN 1 AND {FINGERPRINT_MAX_LENGTH}", name="fingerprint_length"),
+        CheckConstraint(f"length(cron) BETWEEN 1 AND {CRON_MAX_LENGTH}", name="cron_length"),
+        CheckConstraint(f"length(timezone) BETWEEN 1 AND {TIMEZONE_MAX_LENGTH}", name="timezone_length"),
+        CheckConstraint(f"length(queue_name) BETWEEN 1 AND {QUEUE_MAX_LENGTH}", name="queue_name_length"),
+        CheckConstraint(f"length(recorded_by) BETWEEN 1 AND {WORKER_ID_MAX_LENGTH}", name="recorded_by_length"),
+    )
+
+
+#: The Core ``Table`` behind :class:`WatchdogSchedule`.
+schedules_table: Table = cast(Table, WatchdogSchedule.__table__)
 
 # On PostgreSQL every INSERT statement into the table (enqueue, enqueue_select,
 # or your own SQL) wakes idle runners through NOTIFY when its transaction

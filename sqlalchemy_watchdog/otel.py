@@ -19,7 +19,8 @@ Traces (OpenTelemetry messaging conventions):
   The handler runs with this span current: its own spans nest under it.
   Stop requests (cancelled, lane failed, lease lost, timeout, shutdown),
   retries, snoozes, the settle and its outcome are span events and
-  attributes; a failed attempt has status ERROR with the failure reason;
+  attributes; a failed attempt has status ERROR with the failure reason,
+  and a handler's exception is recorded on its span (``record_exception``);
 * a recovery of a disappeared execution records a ``recover <queue>``
   span in the job's trace.
 
@@ -306,6 +307,9 @@ class _Attempt(telemetry.AttemptTrace):
         self.span.add_event("watchdog.stop_requested", {"watchdog.stop.reason": reason.value})
         if reason is StopReason.LEASE_LOST:
             self.owner.lost_leases.add(1, {SYSTEM: MESSAGING_SYSTEM, DESTINATION: self.queue})
+
+    def raised(self, error: BaseException) -> None:
+        self.span.record_exception(error)
 
     def decided(self, decision: Decision, request: SettleRequest) -> None:
         self.handled = time.perf_counter()

@@ -48,6 +48,7 @@ from .execution import (
     RunningJob,
     Spawn,
     Step,
+    Steps,
     Stop,
     StoreCall,
     TickResult,
@@ -56,6 +57,7 @@ from .execution import (
     decision_of_exception,
     decision_of_result,
     default_poll_interval,
+    deregister_worker,
     drive,
     execute,
     finish,
@@ -63,6 +65,8 @@ from .execution import (
     pool_shortfall,
     probe_failed,
     prune,
+    refresh_worker,
+    register_worker,
     renew,
     restore_signal,
     settle_batch,
@@ -508,6 +512,7 @@ class Runner:
             self._serving.set()
             raise
         pruner = _Pruner(self) if self.settings.retention is not None else None
+        self._worker_step(register_worker(self.core, str(self.wakeup_status)))
         log.info(
             "runner started: queues=%s concurrency=%d wakeups=%s shutdown_budget=%gs (grace %gs + stop wait %gs)",
             ",".join(self.queues),
@@ -535,6 +540,8 @@ class Runner:
                 self._settler = None
                 workers.stop()
                 self._workers = None
+                # After the heartbeat stopped: nothing refreshes the row again.
+                self._worker_step(deregister_worker(self.core))
                 if listener is not None:
                     self.core.waiting = None
                     listener.stop()
@@ -608,6 +615,14 @@ class Runner:
 
     def _renew_all(self) -> None:
         drive(renew(self.core), self._perform)
+
+    def _worker_step(self, steps: Steps[None]) -> None:
+        """Perform a step on this runner's worker row; its failures are the
+        step's to log, never the runner's to die of."""
+        try:
+            drive(steps, self._perform)
+        except Exception as error:  # pragma: no cover - the steps answer store failures themselves
+            log.warning("worker row: %s", redacted(error))
 
     def _time_out(self) -> None:
         drive(time_out(self.core), self._perform)
@@ -798,3 +813,4 @@ class _Heartbeat:
                 runner._renew_all()
             except Exception as error:
                 log.error("heartbeat failed: %s", error)
+            runner._worker_step(refresh_worker(runner.core))

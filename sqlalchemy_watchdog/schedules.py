@@ -23,6 +23,7 @@ this module does not need cronsim; building a schedule does.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -447,6 +448,25 @@ def check_schedules(schedules: object) -> tuple[Schedule, ...]:
             raise InvalidJob("schedules", f"the name {schedule.name!r} is used by more than one schedule")
         seen.add(schedule.name)
     return checked
+
+
+def fingerprint(schedule: Schedule) -> str:
+    """A digest of the whole definition of ``schedule`` (not its name): two
+    runners serving the same name with different definitions differ here."""
+    retry = schedule.retry
+    definition = [
+        schedule.cron,
+        schedule.timezone,
+        schedule.queue,
+        schedule.lane,
+        schedule.priority,
+        schedule.max_recoveries,
+        None if retry is None else repr(retry),
+        None if schedule.timeout is None else schedule.timeout.total_seconds(),
+        schedule.catch_up,
+        schedule.payload_json,
+    ]
+    return hashlib.sha256(json.dumps(definition).encode()).hexdigest()[:32]
 
 
 def plan(schedules: Sequence[Schedule], now: datetime) -> tuple[list[Job], datetime | None]:

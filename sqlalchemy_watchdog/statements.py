@@ -64,7 +64,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.functions import FunctionElement
 
 from .jobs import JobState, Outcome
-from .model import jobs_table, pauses_table
+from .model import jobs_table, pauses_table, schedules_table, workers_table
 from .wakeups import CHANNEL
 
 __all__ = [
@@ -92,6 +92,14 @@ __all__ = [
     "reconcile",
     "release",
     "make_due",
+    "register_worker",
+    "deregister_worker",
+    "list_workers",
+    "live_worker_queues",
+    "prune_workers",
+    "record_schedule",
+    "list_schedules",
+    "prune_schedules",
 ]
 
 t = jobs_table
@@ -999,6 +1007,132 @@ def try_advisory_xact_lock() -> Select[Any]:
     is free. Never a session lock: behind a pooler in transaction mode a
     session lock would stay with whichever server session ran it."""
     return select(func.pg_try_advisory_xact_lock(_p("key", BigInteger())))
+
+
+# -- workers and schedules (revision w0009) --------------------------------------
+
+workers = workers_table
+w = workers.c
+recorded = schedules_table
+r = recorded.c
+
+
+def worker_gone_after(heartbeat_ms: ColumnElement[int], gone_heartbeats: int, margin_ms: int) -> ColumnElement[int]:
+    """How long after its last heartbeat a worker counts as gone (ms)."""
+    return heartbeat_ms * gone_heartbeats + margin_ms
+
+
+@cache
+def register_worker(dialect: str) -> Insert:
+    """Register the worker ``:worker_id`` -- or, for one registered already,
+    refresh its ``last_seen`` (database clock) and ``running``: the same one
+    statement serves the start and every heartbeat, and brings back a row
+    pruned while its worker was frozen."""
+    clock = db_clock_ms()
+    stmt = _insert_into(dialect, workers).values(
+        worker_id=_p("worker_id", Text()),
+        host=_p("host", Text()),
+        pid=_p("pid", Integer()),
+        queues=_p("queues", Text()),
+        concurrency=_p("concurrency", Integer()),
+        wakeups=_p("wakeups", Text()),
+        version=_p("version", Text()),
+        heartbeat_ms=_p("heartbeat_ms", BigInteger()),
+        started_at=clock,
+        last_seen=clock,
+        running=_p("running", Integer()),
+    )
+    upsert: Insert = stmt.on_conflict_do_update(
+        index_elements=[w.worker_id],
+        set_={"last_seen": clock, "running": stmt.excluded.running, "wakeups": stmt.excluded.wakeups},
+    )
+    return upsert
+
+
+@cache
+def deregister_worker() -> Delete:
+    return delete(workers).where(w.worker_id == _p("worker_id", Text()))
+
+
+@cache
+def list_workers() -> Select[Any]:
+    """Every registered worker, oldest first, with the database clock."""
+    return select(*w, db_clock_ms().label("now")).order_by(w.started_at, w.worker_id)
+
+
+@cache
+def live_worker_queues(gone_heartbeats: int, margin_ms: int) -> Select[Any]:
+    """The queues (JSON arrays) of the workers not gone by the database clock."""
+    return select(w.queues).where(
+        w.last_seen + worker_gone_after(w.heartbeat_ms, gone_heartbeats, margin_ms) >= db_clock_ms()
+    )
+
+
+@cache
+def prune_workers(gone_heartbeats: int, margin_ms: int) -> Delete:
+    """Delete at most ``:limit`` workers gone for longer than ``:keep_ms``."""
+    long_gone = (
+        select(w.worker_id)
+        .where(
+            w.last_seen + worker_gone_after(w.heartbeat_ms, gone_heartbeats, margin_ms) + _p("keep_ms", BigInteger())
+            < db_clock_ms()
+        )
+        .limit(_p("limit", Integer()))
+    )
+    return delete(workers).where(w.worker_id.in_(long_gone.scalar_subquery()))
+
+
+@cache
+def record_schedule(dialect: str) -> Insert:
+    """Record that ``:recorded_by`` serves a schedule (one row per name and
+    definition): its next slot and the latest slot enqueued (never moved
+    back), seen now by the database clock."""
+    clock = db_clock_ms()
+    stmt = _insert_into(dialect, recorded).values(
+        name=_p("name", Text()),
+        fingerprint=_p("fingerprint", Text()),
+        cron=_p("cron", Text()),
+        timezone=_p("timezone", Text()),
+        queue_name=_p("queue", Text()),
+        next_slot=_p("next_slot", BigInteger()),
+        last_enqueued=_p("last_enqueued", BigInteger()),
+        recorded_by=_p("recorded_by", Text()),
+        last_seen=clock,
+    )
+    excluded = stmt.excluded
+    latest = case(
+        (r.last_enqueued.is_(None), excluded.last_enqueued),
+        (excluded.last_enqueued.is_(None), r.last_enqueued),
+        (excluded.last_enqueued > r.last_enqueued, excluded.last_enqueued),
+        else_=r.last_enqueued,
+    )
+    upsert: Insert = stmt.on_conflict_do_update(
+        index_elements=[r.name, r.fingerprint],
+        set_={
+            "next_slot": excluded.next_slot,
+            "last_enqueued": latest,
+            "recorded_by": excluded.recorded_by,
+            "last_seen": clock,
+        },
+    )
+    return upsert
+
+
+@cache
+def list_schedules() -> Select[Any]:
+    """Every recorded schedule by name, most recently seen definition first."""
+    return select(*r, db_clock_ms().label("now")).order_by(r.name, r.last_seen.desc(), r.fingerprint)
+
+
+@cache
+def prune_schedules() -> Delete:
+    """Forget at most ``:limit`` recorded schedules not seen for ``:keep_ms``."""
+    stale = (
+        select(r.name, r.fingerprint)
+        .where(r.last_seen + _p("keep_ms", BigInteger()) < db_clock_ms())
+        .limit(_p("limit", Integer()))
+    )
+    return delete(recorded).where(tuple_(r.name, r.fingerprint).in_(stale))
 
 
 # -- testing only ---------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import json
 import logging
 import random
 import re
@@ -58,10 +59,12 @@ from .jobs import (
     QueuePause,
     QueueStats,
     RetryPolicy,
+    ScheduleView,
     SettleStatus,
     Stats,
     Throughput,
     Undecodable,
+    WorkerView,
     at_epoch_ms,
     bound_reason,
     check_duration,
@@ -112,6 +115,14 @@ __all__ = [
     "transact_as",
     "write_transaction",
     "retrying",
+    "WorkerRegistration",
+    "register_worker",
+    "deregister_worker",
+    "workers",
+    "prune_workers",
+    "ScheduleRecord",
+    "record_schedules",
+    "schedules",
 ]
 
 log = logging.getLogger(__name__)
@@ -1337,6 +1348,7 @@ def stats(conn: Connection) -> Stats:
         e["hour"][Outcome(outcome)] = int(last_hour)
     for queue, reason, paused_at in conn.execute(sql.paused_queues()):
         entry(queue)["pause"] = QueuePause(queue, reason, at_epoch_ms(paused_at))
+    serving = live_workers_per_queue(conn)
     result = []
     for queue in sorted(queues):
         e = queues[queue]
@@ -1351,9 +1363,195 @@ def stats(conn: Connection) -> Stats:
                 settled_last_minute={o: n for o, n in e["minute"].items() if n},
                 settled_last_hour=dict(e["hour"]),
                 pause=e.get("pause"),
+                workers=serving.get(queue, 0),
             )
         )
     return Stats(at_epoch_ms(clock), tuple(result))
+
+
+# -- workers and schedules (revision w0009) ---------------------------------------
+
+#: A worker is gone once it has not been seen for this many of its heartbeats
+#: plus :data:`WORKER_GONE_MARGIN_MS` (a heartbeat late by a slow database or
+#: a busy host is not a death): the bound is per worker, so a runner with a
+#: long heartbeat is judged by its own period.
+WORKER_GONE_HEARTBEATS = 3
+WORKER_GONE_MARGIN_MS = 30_000
+#: Gone workers are shown as gone this long, then pruned by the runners.
+WORKER_KEEP_GONE_MS = 3_600_000
+#: Recorded schedules not seen this long are forgotten.
+SCHEDULE_KEEP_MS = 7 * 86_400_000
+#: A recorded schedule is current when seen this recently (runners record
+#: theirs at least every minute).
+SCHEDULE_CURRENT_MS = 210_000
+#: Rows each prune of workers or schedules deletes at most.
+WORKER_PRUNE_BATCH = 100
+
+
+def _gone_after_ms(heartbeat_ms: int) -> int:
+    return heartbeat_ms * WORKER_GONE_HEARTBEATS + WORKER_GONE_MARGIN_MS
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRegistration:
+    """What a runner writes of itself to ``watchdog_workers`` (cut to the
+    columns' bounds, so registering never fails on a long host name)."""
+
+    worker_id: str
+    host: str
+    pid: int
+    queues: tuple[str, ...]
+    concurrency: int
+    wakeups: str
+    version: str
+    heartbeat_ms: int
+
+    def params(self, running: int) -> dict[str, Any]:
+        from .model import HOST_MAX_LENGTH, VERSION_MAX_LENGTH, WAKEUPS_MAX_LENGTH, WORKER_QUEUES_MAX_LENGTH
+
+        queues = list(self.queues)
+        encoded = json.dumps(queues, ensure_ascii=False)
+        while len(encoded) > WORKER_QUEUES_MAX_LENGTH and queues:  # thousands of long names: keep what fits
+            queues.pop()
+            encoded = json.dumps(queues, ensure_ascii=False)
+        return {
+            "worker_id": self.worker_id,
+            "host": self.host[:HOST_MAX_LENGTH] or "?",
+            "pid": max(0, self.pid),
+            "queues": encoded,
+            "concurrency": max(1, self.concurrency),
+            "wakeups": self.wakeups[:WAKEUPS_MAX_LENGTH] or "?",
+            "version": self.version[:VERSION_MAX_LENGTH] or "?",
+            "heartbeat_ms": max(1, self.heartbeat_ms),
+            "running": max(0, running),
+        }
+
+
+def register_worker(conn: Connection, registration: WorkerRegistration, running: int = 0) -> None:
+    """Register the worker, or refresh its ``last_seen`` and ``running`` (one
+    statement, database clock; a row pruned meanwhile comes back)."""
+    conn.execute(sql.register_worker(conn.dialect.name), registration.params(running))
+
+
+def deregister_worker(conn: Connection, worker_id: str) -> None:
+    """Remove the worker's row (a clean shutdown)."""
+    conn.execute(sql.deregister_worker(), {"worker_id": worker_id})
+
+
+def _queues_of(encoded: str) -> tuple[str, ...]:
+    try:
+        value = json.loads(encoded)
+    except ValueError:  # written by hand: shown as it is
+        return (encoded,)
+    return tuple(str(queue) for queue in value) if isinstance(value, list) else (encoded,)
+
+
+def workers(conn: Connection) -> list[WorkerView]:
+    """Every registered worker, oldest first; gone ones say so."""
+    result = []
+    for row in conn.execute(sql.list_workers()).mappings():
+        heartbeat_ms = row["heartbeat_ms"]
+        result.append(
+            WorkerView(
+                worker_id=row["worker_id"],
+                host=row["host"],
+                pid=row["pid"],
+                queues=_queues_of(row["queues"]),
+                concurrency=row["concurrency"],
+                wakeups=row["wakeups"],
+                version=row["version"],
+                heartbeat=timedelta(milliseconds=heartbeat_ms),
+                started_at=at_epoch_ms(row["started_at"]),
+                last_seen=at_epoch_ms(row["last_seen"]),
+                running=row["running"],
+                silent_for=timedelta(milliseconds=max(0, row["now"] - row["last_seen"])),
+                gone_after=timedelta(milliseconds=_gone_after_ms(heartbeat_ms)),
+            )
+        )
+    return result
+
+
+def live_workers_per_queue(conn: Connection) -> dict[str, int]:
+    """How many live (not gone) workers serve each queue."""
+    counts: dict[str, int] = {}
+    for (encoded,) in conn.execute(sql.live_worker_queues(WORKER_GONE_HEARTBEATS, WORKER_GONE_MARGIN_MS)):
+        for queue in set(_queues_of(encoded)):
+            counts[queue] = counts.get(queue, 0) + 1
+    return counts
+
+
+def prune_workers(conn: Connection, limit: int = WORKER_PRUNE_BATCH) -> int:
+    """Delete at most ``limit`` workers gone for over an hour and ``limit``
+    recorded schedules not seen for a week; returns how many rows. Never
+    touches a job."""
+    workers_deleted = conn.execute(
+        sql.prune_workers(WORKER_GONE_HEARTBEATS, WORKER_GONE_MARGIN_MS),
+        {"keep_ms": WORKER_KEEP_GONE_MS, "limit": limit},
+    ).rowcount
+    schedules_deleted = conn.execute(sql.prune_schedules(), {"keep_ms": SCHEDULE_KEEP_MS, "limit": limit}).rowcount
+    return int(workers_deleted or 0) + int(schedules_deleted or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRecord:
+    """What a runner records of a schedule it serves."""
+
+    name: str
+    fingerprint: str
+    cron: str
+    timezone: str
+    queue: str
+    next_slot_ms: int | None
+    last_enqueued_ms: int | None
+
+
+def record_schedules(conn: Connection, records: Sequence[ScheduleRecord], recorded_by: str) -> None:
+    """Record the schedules a runner serves (one row per name and definition)."""
+    if not records:
+        return
+    conn.execute(
+        sql.record_schedule(conn.dialect.name),
+        [
+            {
+                "name": record.name,
+                "fingerprint": record.fingerprint,
+                "cron": record.cron,
+                "timezone": record.timezone,
+                "queue": record.queue,
+                "next_slot": record.next_slot_ms,
+                "last_enqueued": record.last_enqueued_ms,
+                "recorded_by": recorded_by,
+            }
+            for record in records
+        ],
+    )
+
+
+def schedules(conn: Connection) -> list[ScheduleView]:
+    """Every recorded schedule by name, its most recently seen definition first."""
+    rows = list(conn.execute(sql.list_schedules()).mappings())
+    current = {
+        (row["name"], row["fingerprint"]) for row in rows if row["now"] - row["last_seen"] <= SCHEDULE_CURRENT_MS
+    }
+    definitions: dict[str, int] = {}
+    for name, _ in current:
+        definitions[name] = definitions.get(name, 0) + 1
+    return [
+        ScheduleView(
+            name=row["name"],
+            fingerprint=row["fingerprint"],
+            cron=row["cron"],
+            timezone=row["timezone"],
+            queue=row["queue_name"],
+            next_slot=None if row["next_slot"] is None else at_epoch_ms(row["next_slot"]),
+            last_enqueued=None if row["last_enqueued"] is None else at_epoch_ms(row["last_enqueued"]),
+            recorded_by=row["recorded_by"],
+            last_seen=at_epoch_ms(row["last_seen"]),
+            current=(row["name"], row["fingerprint"]) in current,
+            disputed=(row["name"], row["fingerprint"]) in current and definitions[row["name"]] > 1,
+        )
+        for row in rows
+    ]
 
 
 def pause(conn: Connection, queue: str, reason: str | None = None) -> PauseStatus:

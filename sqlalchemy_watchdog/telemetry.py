@@ -75,6 +75,10 @@ class AttemptTrace:
         """The runner told the handler to stop (cancelled, lane failed,
         lease lost, timed out, shutting down)."""
 
+    def raised(self, error: BaseException) -> None:
+        """The handler raised ``error`` (the attempt fails; whether it is
+        retried is told to :meth:`decided`)."""
+
     def decided(self, decision: Decision, request: SettleRequest) -> None:
         """The handler decided; ``request`` is what the runner will write
         (a settle, or a requeue for a retry or snooze)."""

@@ -78,14 +78,14 @@ def test_upgrade_creates_the_table_and_is_idempotent(empty_engine: Engine, cli: 
     assert not inspect(empty_engine).has_table("watchdog_jobs")
     status, out, _ = cli("upgrade")
     assert status == 0
-    assert "w0008_fewer_index_entries" in out
+    assert "w0009_workers_and_schedules" in out
     assert inspect(empty_engine).has_table("watchdog_jobs")
     status, out, _ = cli("--json", "upgrade")
     assert status == 0
-    assert json.loads(out)["heads"] == ["w0008_fewer_index_entries"]
+    assert json.loads(out)["heads"] == ["w0009_workers_and_schedules"]
     with empty_engine.connect() as conn:
         versions = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
-    assert versions == ["w0008_fewer_index_entries"]
+    assert versions == ["w0009_workers_and_schedules"]
     # The migrated table is the model: jobs go in and come out.
     add(empty_engine, Job("a", "q"))
     assert read(empty_engine, "a").state is JobState.QUEUED
@@ -486,7 +486,7 @@ HOSTILE = [
     (["schedules", "json", "--count", "0"], "--count"),
     (["schedules", "json", "--count", "1001"], "--count"),
     (["schedules", "a:b:c"], "a:b:c"),
-    (["schedules"], "MODULE"),
+    (["schedules", "--count", "3"], "MODULE"),  # --count lists slots of a module's schedules: MODULE needed
 ]
 
 
@@ -697,6 +697,71 @@ def test_run_refuses_options_with_a_factory_and_bad_targets(
     assert status == 1 and "heartbeat" in err
     status, _, err = cli("run", f"{name}:HANDLERS", "--queue", "not-served")
     assert status == 1 and "not-served" in err
+
+
+SCHEDULED_MODULE = """
+from datetime import timedelta
+from sqlalchemy_watchdog import Runner, Schedule, handler
+
+NIGHTLY = Schedule("nightly", "0 3 * * *", "cli-sched", timezone="Europe/Paris")
+MORE = [Schedule("hourly", "0 * * * *", "cli-sched")]
+
+@handler("cli-sched")
+def work(job):
+    return None
+
+HANDLERS = {"cli-sched": work}
+
+def unscheduled_runner(engine):
+    return Runner(engine, HANDLERS)
+
+def scheduled_runner(engine):
+    return Runner(engine, HANDLERS, schedules=[NIGHTLY, *MORE])
+
+def redefined_runner(engine):
+    return Runner(engine, HANDLERS, schedules=[NIGHTLY, Schedule("hourly", "30 * * * *", "cli-sched")])
+"""
+
+
+def _built_runner(engine: Engine, *argv: str) -> Any:
+    from sqlalchemy_watchdog.cli import build_parser, build_runner
+
+    return build_runner(build_parser().parse_args(["run", *argv]), engine)
+
+
+def test_run_module_serves_the_modules_schedules_as_the_schedules_command_finds_them(
+    engine: Engine, cli: Cli, app_module: tuple[str, Path]
+) -> None:
+    """``run MODULE`` (and ``run MODULE:HANDLERS``) never skip the module's
+    schedules: the runner it builds serves exactly those ``schedules MODULE``
+    lists; ``--no-schedules`` serves none, on purpose."""
+    name, path = app_module
+    path.write_text(SCHEDULED_MODULE.replace("cli-sched", name))  # @handler registers each queue once
+    status, out, err = cli("schedules", name, "--json")
+    listed = [json.loads(line)["name"] for line in out.splitlines()]
+    assert (status, err, listed) == (0, "", ["nightly", "hourly"])
+    for target in (name, f"{name}:HANDLERS"):
+        served = [schedule.name for schedule in _built_runner(engine, target).settings.schedules]
+        assert served == listed, target
+        assert _built_runner(engine, target, "--no-schedules").settings.schedules == ()
+
+
+def test_run_refuses_a_runner_that_does_not_serve_the_modules_schedules(
+    engine: Engine, cli: Cli, app_module: tuple[str, Path]
+) -> None:
+    """A runner (or a factory's) that leaves out -- or defines otherwise -- a
+    schedule of its module is refused with a message naming it, exit 1; one
+    serving them all runs; ``--no-schedules`` accepts it knowingly."""
+    name, path = app_module
+    path.write_text(SCHEDULED_MODULE.replace("cli-sched", name))  # @handler registers each queue once
+    status, _, err = cli("run", f"{name}:unscheduled_runner")
+    assert status == 1
+    assert "'nightly', 'hourly'" in err and "does not serve" in err and "--no-schedules" in err
+    status, _, err = cli("run", f"{name}:redefined_runner")
+    assert status == 1 and "'hourly'" in err and "'nightly'" not in err
+    runner = _built_runner(engine, f"{name}:scheduled_runner")
+    assert [schedule.name for schedule in runner.settings.schedules] == ["nightly", "hourly"]
+    assert _built_runner(engine, f"{name}:unscheduled_runner", "--no-schedules").settings.schedules == ()
 
 
 WORKER_MODULE = """
@@ -1029,6 +1094,8 @@ def test_stats_table_and_json(engine: Engine, cli: Cli) -> None:
         "settled_last_minute": {"completed": 2, "failed": 1, "cancelled": 0, "outcome_unknown": 0, "interrupted": 0},
         "settled_last_hour": {"completed": 2, "failed": 1, "cancelled": 0, "outcome_unknown": 0, "interrupted": 0},
         "paused": False,
+        "workers": 0,
+        "unserved": True,  # ready jobs, and no live worker serves the queue
         "pause": None,
     }
     paused_at = datetime.fromisoformat(sms["pause"].pop("paused_at"))
@@ -1043,6 +1110,8 @@ def test_stats_table_and_json(engine: Engine, cli: Cli) -> None:
         "settled_last_minute": {"completed": 0, "failed": 0, "cancelled": 0, "outcome_unknown": 0, "interrupted": 0},
         "settled_last_hour": {"completed": 0, "failed": 0, "cancelled": 0, "outcome_unknown": 0, "interrupted": 0},
         "paused": True,
+        "workers": 0,
+        "unserved": False,
         "pause": {"reason": "provider outage"},
     }
 
@@ -1059,15 +1128,17 @@ def test_stats_table_and_json(engine: Engine, cli: Cli) -> None:
         "oldest_ready",
         "last_minute",
         "last_hour",
+        "workers",
         "paused",
     ]
-    emails_row = lines[2].split(None, 8)
+    emails_row = lines[2].split(None, 9)
     assert emails_row[:5] == ["emails", "1", "2", "1", "1"]
     assert re.fullmatch(r"\d+s|\d+m\d\ds", emails_row[5]), emails_row[5]
-    assert emails_row[6:] == ["completed=2,failed=1", "completed=2,failed=1", "-"]
-    sms_row = lines[3].split(None, 8)
-    assert sms_row[:8] == ["sms", "0", "0", "0", "0", "-", "-", "-"]
-    assert re.fullmatch(r"since \S+Z: provider outage", sms_row[8]), sms_row[8]
+    assert emails_row[6:] == ["completed=2,failed=1", "completed=2,failed=1", "0!", "-"]
+    sms_row = lines[3].split(None, 9)
+    assert sms_row[:9] == ["sms", "0", "0", "0", "0", "-", "-", "-", "0"]
+    assert re.fullmatch(r"since \S+Z: provider outage", sms_row[9]), sms_row[9]
+    assert lines[4:] == ["! no live worker serves 'emails', which has ready jobs"]
 
 
 def read_frames(process: subprocess.Popen[bytes], until: Callable[[bytes], bool], timeout: float = 30) -> bytes:
@@ -1117,7 +1188,7 @@ def test_stats_watch_redraws_until_sigint(engine: Engine, db_url: URL, tmp_path:
     else:
         assert output.startswith("\x1b[H\x1b[2J")
         frames = [
-            [line.split()[0] for line in frame.splitlines()[2:] if line and not line.startswith("(")]
+            [line.split()[0] for line in frame.splitlines()[2:] if line and not line.startswith(("(", "!"))]
             for frame in output.split("\x1b[H\x1b[2J")[1:]
         ]
         assert all(frame.splitlines()[0].startswith("queues at ") for frame in output.split("\x1b[H\x1b[2J")[1:])
@@ -1399,3 +1470,71 @@ def test_json_output_stays_exact(engine: Engine, cli: Cli) -> None:
     assert (shown["job_id"], shown["queue"], shown["payload"]) == (f"id{HOSTILE}", f"q{HOSTILE}", {"note": HOSTILE})
     status, out, _ = cli("--json", "ls")
     assert status == 0 and json.loads(out)["job_id"] == f"id{HOSTILE}"
+
+
+# -- workers, recorded schedules ------------------------------------------------------------
+
+
+def _register_worker(engine: Engine, worker_id: str, queues: tuple[str, ...], *, host: str = "host-1") -> None:
+    registration = store.WorkerRegistration(worker_id, host, 42, queues, 4, "listen", "0.1.0", 10_000)
+    with engine.begin() as conn:
+        store.register_worker(conn, registration)
+
+
+def test_workers_lists_live_and_gone_runners_as_a_table_and_json(engine: Engine, cli: Cli) -> None:
+    status, out, _ = cli("workers")
+    assert (status, out.strip()) == (0, "no workers registered (none serving, or none since the last clean shutdown)")
+    _register_worker(engine, "w-live", ("emails", "sms"))
+    _register_worker(engine, "w-dead", ("emails",), host="evil\x1b[2Jhost")
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE watchdog_workers SET last_seen = last_seen - 600000, started_at = started_at - 600000"
+                " WHERE worker_id = 'w-dead'"
+            )
+        )
+    status, out, _ = cli("workers")
+    assert status == 0
+    header, *rows = out.splitlines()
+    assert header.split() == [
+        "worker_id", "host", "pid", "queues", "concurrency", "running", "started_at", "status", "wakeups",
+    ]  # fmt: skip
+    dead, live = sorted(rows)
+    assert live.split()[:6] == ["w-live", "host-1", "42", "emails,sms", "4", "0"] and "live (seen" in live
+    assert "GONE (silent 10m" in dead
+    assert "\x1b" not in out  # a host name's control characters are escaped
+    status, out, _ = cli("--json", "workers")
+    documents = {d["worker_id"]: d for d in map(json.loads, out.splitlines())}
+    assert documents["w-live"]["queues"] == ["emails", "sms"] and documents["w-live"]["gone"] is False
+    assert documents["w-dead"]["gone"] is True and documents["w-dead"]["gone_after_seconds"] == 60.0
+
+
+def test_schedules_without_a_module_shows_what_the_runners_serve_and_disputed_definitions(
+    engine: Engine, cli: Cli
+) -> None:
+    status, out, _ = cli("schedules")
+    assert (status, out.strip()) == (0, "no schedules recorded: no runner has served one in the last week")
+    records = [
+        store.ScheduleRecord("nightly", "f-1", "0 3 * * *", "Europe/Paris", "reports", 1_000_000, None),
+        store.ScheduleRecord("hourly", "f-2", "0 * * * *", "UTC", "reports", None, 7_200_000),
+    ]
+    with engine.begin() as conn:
+        store.record_schedules(conn, records, "w-old")
+        store.record_schedules(
+            conn, [store.ScheduleRecord("hourly", "f-3", "30 * * * *", "UTC", "reports", None, None)], "w-new"
+        )
+    status, out, _ = cli("schedules")
+    assert status == 0
+    header, *rows = out.splitlines()
+    assert header.split()[:4] == ["name", "cron", "timezone", "queue"]
+    hourly = [row for row in rows if row.startswith("hourly")]
+    assert len(hourly) == 2 and all("DISPUTED" in row for row in hourly)
+    [nightly] = [row for row in rows if row.startswith("nightly")]
+    assert "1970-01-01T00:16:40Z" in nightly and nightly.endswith("served")
+    status, out, _ = cli("--json", "schedules")
+    documents = [json.loads(line) for line in out.splitlines()]
+    assert sorted((d["name"], d["cron"], d["disputed"]) for d in documents) == [
+        ("hourly", "0 * * * *", True),
+        ("hourly", "30 * * * *", True),
+        ("nightly", "0 3 * * *", False),
+    ]

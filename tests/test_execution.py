@@ -22,6 +22,7 @@ from sqlalchemy_watchdog import (
     Job,
     JobState,
     Outcome,
+    RetryPolicy,
     RunningJob,
     handler,
     store,
@@ -242,7 +243,50 @@ def test_a_payload_the_codec_cannot_decode_fails_the_job_without_running_it(
 # -- handler failures --------------------------------------------------------------------------
 
 
-def test_a_handler_exception_is_logged_with_its_traceback(
+def test_logs_fit_alerting_a_retried_attempt_warns_once_and_only_the_final_failure_is_an_error(
+    engine: Engine, runners: RunnerDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The logging rule (docs/howto/observability.md): an attempt that will
+    be retried logs one WARNING line -- reason, "attempt n of m", the next
+    run time -- and no traceback (DEBUG has it, and ``failure_detail``); the
+    final failure logs one ERROR with the handler's traceback. A job that
+    fails and then succeeds logs no ERROR at all."""
+
+    def broken(job: RunningJob) -> None:
+        if job.job_id == "flaky" and job.attempt == 2:
+            return
+        {}["missing"]
+
+    retry = RetryPolicy(max_attempts=2, backoff=timedelta(milliseconds=1))
+    add(engine, Job("flaky", "q", retry=retry), Job("doomed", "q", retry=retry))
+    caplog.set_level(logging.DEBUG, logger="sqlalchemy_watchdog")
+    worker = runners.runner({"q": broken})
+    worker.run_until_idle()
+    time.sleep(0.05)  # the retries' 1 ms backoff
+    worker.run_until_idle()
+    assert read(engine, "flaky").outcome is Outcome.COMPLETED
+    doomed = read(engine, "doomed")
+    assert (doomed.outcome, doomed.failure_reason) == (Outcome.FAILED, "KeyError: 'missing'")
+    assert doomed.failure_detail is not None and "in broken" in doomed.failure_detail
+
+    def of(job_id: str, level: int) -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.levelno == level and f"job {job_id}:" in r.getMessage()]
+
+    for job_id in ("flaky", "doomed"):
+        [warning] = of(job_id, logging.WARNING)
+        message = warning.getMessage()
+        assert "attempt 1 of 2 failed (KeyError: 'missing')" in message and "next attempt at 20" in message
+        assert warning.exc_info is None  # no traceback: nobody is paged for a retry
+        [debug] = [r for r in of(job_id, logging.DEBUG) if "handler raised" in r.getMessage()][:1]
+        assert debug.exc_info is not None and debug.exc_info[0] is KeyError
+    assert of("flaky", logging.ERROR) == []
+    [error] = of("doomed", logging.ERROR)
+    assert "attempt 2 of 2 failed (KeyError: 'missing')" in error.getMessage()
+    assert error.exc_info is not None and error.exc_info[0] is KeyError  # the traceback, with the final failure
+    assert "in broken" in caplog.text  # the traceback names the handler's frame
+
+
+def test_a_failure_without_retries_is_one_error_with_its_traceback(
     engine: Engine, runners: RunnerDriver, caplog: pytest.LogCaptureFixture
 ) -> None:
     def broken(job: RunningJob) -> None:
@@ -252,9 +296,10 @@ def test_a_handler_exception_is_logged_with_its_traceback(
     caplog.set_level(logging.INFO, logger="sqlalchemy_watchdog")
     [job] = runners.runner({"q": broken}).run_until_idle()
     assert (job.outcome, job.failure_reason) == (Outcome.FAILED, "KeyError: 'missing'")
-    [record] = [r for r in caplog.records if "handler raised" in r.getMessage()]
+    assert [r for r in caplog.records if r.levelno == logging.WARNING] == []
+    [record] = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "job a: attempt 1 failed (KeyError: 'missing')" in record.getMessage()
     assert record.exc_info is not None and record.exc_info[0] is KeyError
-    assert "in broken" in caplog.text  # the traceback names the handler's frame
 
 
 def test_a_handler_exception_keeps_its_traceback_with_the_job(engine: Engine, runners: RunnerDriver) -> None:

@@ -62,7 +62,16 @@ def schema_names(engine: Engine) -> dict[str, set[str]]:
         "check": {c["name"] for c in inspector.get_check_constraints("watchdog_jobs")},
         "unique": {c["name"] for c in inspector.get_unique_constraints("watchdog_jobs")},
         "index": index_names(engine),
+        **{
+            f"check {table}": {c["name"] for c in inspector.get_check_constraints(table)}
+            for table in OTHER_TABLES
+            if inspector.has_table(table)
+        },
     }
+
+
+#: The tables of revision w0009, whose CHECK constraints are compared by name too.
+OTHER_TABLES = ("watchdog_workers", "watchdog_schedules")
 
 
 def model_names() -> dict[str, set[str]]:
@@ -71,6 +80,12 @@ def model_names() -> dict[str, set[str]]:
         "check": {c.name for c in table.constraints if isinstance(c, CheckConstraint)},
         "unique": {c.name for c in table.constraints if isinstance(c, UniqueConstraint)},
         "index": {i.name for i in table.indexes if isinstance(i.name, str)},
+        **{
+            f"check {name}": {
+                c.name for c in sqlalchemy_watchdog.metadata.tables[name].constraints if isinstance(c, CheckConstraint)
+            }
+            for name in OTHER_TABLES
+        },
     }
 
 
@@ -78,7 +93,7 @@ def model_names() -> dict[str, set[str]]:
 
 
 #: The package's newest revision.
-HEAD = "w0008_fewer_index_entries"
+HEAD = "w0009_workers_and_schedules"
 
 
 def test_upgrade_head_creates_the_jobs_table(empty_engine: Engine) -> None:
@@ -823,3 +838,47 @@ def test_w0008_keeps_every_row_the_sequence_counter_and_the_cancellation_rule_bo
     run(engine, command.upgrade, "head")
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
     assert schema_names(engine) == model_names()
+
+
+# -- w0009: workers and schedules -------------------------------------------------------
+
+W0008 = "w0008_fewer_index_entries"
+
+
+def test_w0009_creates_and_drops_the_workers_and_schedules_tables_leaving_every_job(empty_engine: Engine) -> None:
+    """Up: both tables exist with the model's constraints and take rows (a
+    worker's CHECKs refuse an impossible one); the jobs are untouched. Down:
+    both are gone, every job still there; up again works."""
+    engine = empty_engine
+    run(engine, command.upgrade, W0008)
+    _w0002_jobs(engine)
+    before = _all_rows(engine)
+    run(engine, command.upgrade, "head")
+    assert {"watchdog_workers", "watchdog_schedules"} <= tables(engine)
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []
+    assert schema_names(engine) == model_names()
+    assert _all_rows(engine) == before
+    worker = (
+        "INSERT INTO watchdog_workers (worker_id, host, pid, queues, concurrency, wakeups, version,"
+        " heartbeat_ms, started_at, last_seen, running) VALUES ('w-1', 'host', 1, '[\"q\"]', :concurrency,"
+        " 'poll', '0.1.0', 10000, 5, 6, 0)"
+    )
+    with engine.begin() as conn:
+        conn.execute(text(worker), {"concurrency": 4})
+        conn.execute(
+            text(
+                "INSERT INTO watchdog_schedules (name, fingerprint, cron, timezone, queue_name, next_slot,"
+                " last_enqueued, recorded_by, last_seen) VALUES ('nightly', 'f', '0 3 * * *', 'UTC', 'q', 9, 8,"
+                " 'w-1', 6)"
+            )
+        )
+    with pytest.raises(IntegrityError), engine.begin() as conn:
+        conn.execute(text(worker.replace("'w-1'", "'w-2'")), {"concurrency": 0})
+    assert Watchdog(engine).workers()[0].worker_id == "w-1"
+
+    run(engine, command.downgrade, W0008)
+    assert not {"watchdog_workers", "watchdog_schedules"} & tables(engine)
+    assert _all_rows(engine) == before
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []
+    assert _all_rows(engine) == before

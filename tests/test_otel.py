@@ -181,7 +181,11 @@ def test_each_attempt_continues_the_trace_of_the_request_that_enqueued_it(engine
         assert _attrs(attempt)["messaging.message.id"] == "order-1"
         assert _attrs(attempt)["messaging.destination.name"] == "mail"
     assert first.status.status_code is StatusCode.ERROR and "smtp down" in (first.status.description or "")
-    assert _events(first) == ["watchdog.retry_scheduled", "watchdog.requeued"]
+    # The handler's exception is recorded on its attempt's span (type, message, traceback).
+    assert _events(first) == ["exception", "watchdog.retry_scheduled", "watchdog.requeued"]
+    exception = first.events[0].attributes or {}
+    assert exception["exception.type"] == "RuntimeError" and exception["exception.message"] == "smtp down"
+    assert "smtp down" in str(exception["exception.stacktrace"])
     assert second.status.status_code is StatusCode.UNSET
     assert _attrs(second)["watchdog.job.outcome"] == "completed" and "watchdog.settled" in _events(second)
     # The handler's own spans nest under its attempt.

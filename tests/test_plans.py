@@ -571,7 +571,24 @@ PLANS: list[Case] = [
 ]
 
 #: Statements that do not read the jobs table: the coverage test knows them; nothing to plan.
-NOT_ON_JOBS = {"notify", "stats_clock", "paused_queues", "pause", "resume", "try_advisory_xact_lock"}
+NOT_ON_JOBS = {
+    "notify",
+    "stats_clock",
+    "paused_queues",
+    "pause",
+    "resume",
+    "try_advisory_xact_lock",
+    # watchdog_workers and watchdog_schedules: one row per worker, one per
+    # schedule definition -- small tables, read whole or by primary key.
+    "register_worker",
+    "deregister_worker",
+    "list_workers",
+    "live_worker_queues",
+    "prune_workers",
+    "record_schedule",
+    "list_schedules",
+    "prune_schedules",
+}
 
 
 def test_every_statement_builder_is_planned() -> None:

@@ -693,6 +693,21 @@ def test_runner_recovers_an_expired_claim_within_its_budget(engine: Engine, runn
     assert counts == [1]
 
 
+def test_recovering_a_vanished_workers_jobs_logs_one_warning_each_and_no_error(
+    engine: Engine, runners: RunnerDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The logging rule: a vanished worker's job being recovered (requeued or
+    settled ``interrupted``) is a WARNING, never an ERROR."""
+    _expired_claim_of_another_process(engine, Job("a", "q", max_recoveries=1))
+    _expired_claim_of_another_process(engine, Job("b", "q"))
+    caplog.set_level(logging.INFO, logger="sqlalchemy_watchdog")
+    make(runners, {"q": done}).run_until_idle()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "recovered job a: requeued (recovery 1 of 1)" in warnings
+    assert any(m.startswith("recovered job b: settled interrupted") for m in warnings)
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
 def test_runner_interrupts_an_expired_claim_without_a_policy(engine: Engine, runners: RunnerDriver) -> None:
     _expired_claim_of_another_process(engine, Job("a", "q"))
     ran: list[str] = []

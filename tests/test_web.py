@@ -149,6 +149,58 @@ def test_pages_show_queues_jobs_and_a_job(engine: Engine, watchdog: Watchdog, da
     assert dashboard.get("/job", job_id="nope").status_code == 404
 
 
+def test_the_workers_page_shows_live_and_gone_workers_and_disputed_schedules(
+    engine: Engine, dashboard: Dashboard
+) -> None:
+    from sqlalchemy import text
+
+    from sqlalchemy_watchdog import store
+
+    assert "No worker is registered" in dashboard.get("/workers").text
+    with engine.begin() as conn:
+        for worker_id, host in (("w-live", "web-1"), ("w-dead", "<b>evil</b>")):
+            registration = store.WorkerRegistration(worker_id, host, 42, ("emails",), 4, "listen", "0.1.0", 10_000)
+            store.register_worker(conn, registration)
+        conn.execute(
+            text(
+                "UPDATE watchdog_workers SET last_seen = last_seen - 600000, started_at = started_at - 600000 WHERE worker_id = 'w-dead'"
+            )
+        )
+        store.record_schedules(
+            conn,
+            [
+                store.ScheduleRecord("report", "f-1", "0 * * * *", "UTC", "reports", None, None),
+                store.ScheduleRecord("report", "f-2", "30 * * * *", "UTC", "reports", None, None),
+                store.ScheduleRecord("nightly", "f-3", "0 3 * * *", "Europe/Paris", "reports", None, None),
+            ],
+            "w-live",
+        )
+    page = dashboard.get("/workers")
+    assert page.status_code == 200
+    text_ = page.text
+    assert "1 live, 1 gone" in text_ and 'class="badge gone">gone</span>' in text_
+    assert "web-1" in text_ and "&lt;b&gt;evil&lt;/b&gt;" in text_ and "<b>evil</b>" not in text_
+    assert "Deploys disagree about the definition of <strong>report</strong>" in text_
+    assert text_.count(">disputed</span>") == 2 and "Europe/Paris" in text_
+    assert 'href="/workers" aria-current="page">Workers</a>' in text_  # in the nav
+
+
+def test_the_overview_flags_a_queue_with_ready_jobs_and_no_live_worker(
+    engine: Engine, watchdog: Watchdog, dashboard: Dashboard
+) -> None:
+    from sqlalchemy_watchdog import store
+
+    with engine.begin() as conn:
+        registration = store.WorkerRegistration("w-1", "web-1", 42, ("served",), 4, "listen", "0.1.0", 10_000)
+        store.register_worker(conn, registration)
+    watchdog.enqueue([Job("s-1", "served"), Job("o-1", "orphaned")])
+    page = dashboard.get("/").text
+    assert re.search(r'role="alert">Ready jobs wait and no live worker serves .*orphaned.*seed-queue', page), page
+    assert "served</a>," not in page.split('role="alert">')[1].split("</p>")[0]
+    assert page.count('class="badge gone">no live worker</span>') == 2
+    assert 'aria-label="1 live workers serve served"' in page
+
+
 def test_job_list_pages_by_sequence(engine: Engine, watchdog: Watchdog, dashboard: Dashboard) -> None:
     watchdog.enqueue([Job(f"bulk-{n:03d}", "bulk") for n in range(60)])
     first = dashboard.get("/jobs", queue="bulk", limit="25").text

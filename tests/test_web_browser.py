@@ -333,7 +333,35 @@ def test_the_overview_refreshes_itself_without_a_reload(browser: Any, base_url: 
     assert browser.execute_script("return window.__sameDocument") == 42
 
 
-@pytest.mark.parametrize("page", ["overview", "job"])
+def test_the_workers_page_shows_a_serving_runner_live_and_its_clean_shutdown(
+    browser: Any, base_url: str, engine: Engine
+) -> None:
+    runner = Runner(engine, {"browser-workers": lambda job: None})
+    serving = threading.Thread(target=runner.run_forever, kwargs={"install_signal_handlers": False}, daemon=True)
+    serving.start()
+    worker_id = runner.core.worker_id
+    try:
+        browser.get(f"{base_url}/rw/")
+        by_css(browser, "header nav a[href='/rw/workers']").click()
+        wait_for(lambda: by_css(browser, "h1").text == "Workers", "the workers page")
+
+        def row() -> Any:
+            rows = [r for r in all_css(browser, "table.workers tbody tr") if worker_id in r.text]
+            if not rows:
+                browser.refresh()
+            return rows
+
+        [shown] = wait_for(row, "the serving runner's row")
+        assert "live" in shown.text and "browser-workers" in shown.text and "gone" not in shown.text
+        assert by_css(browser, "header nav a[aria-current=page]").text == "Workers"
+    finally:
+        runner.stop()
+        serving.join(30)
+    browser.refresh()
+    wait_for(lambda: worker_id not in by_css(browser, "main").text, "the row removed by the clean shutdown")
+
+
+@pytest.mark.parametrize("page", ["overview", "job", "workers"])
 def test_keyboard_reaches_everything_with_a_visible_focus_and_text_contrast(
     browser: Any, base_url: str, engine: Engine, page: str
 ) -> None:
@@ -345,7 +373,32 @@ def test_keyboard_reaches_everything_with_a_visible_focus_and_text_contrast(
         watchdog.enqueue([Job("keys-1", "keys", payload={"n": 1}), Job("keys-2", "keys")])
         Runner(engine, {"keys": lambda job: Decision.failed("once", retry=False)}).run_until_idle(max_ticks=1)
     watchdog.pause("keys", reason="a Resume button too")
-    url = f"{base_url}/rw/" if page == "overview" else f"{base_url}/rw/job?job_id=keys-1"
+    if page == "workers":  # a live and a gone worker, a disputed schedule: every badge and warning shows
+        from sqlalchemy_watchdog import store
+
+        with engine.begin() as conn:
+            for worker_id in ("keys-live", "keys-gone"):
+                registration = store.WorkerRegistration(worker_id, "host", 1, ("keys",), 2, "poll", "0.1.0", 10_000)
+                store.register_worker(conn, registration)
+            conn.execute(
+                text(
+                    "UPDATE watchdog_workers SET last_seen = last_seen - 600000, started_at = started_at - 600000"
+                    " WHERE worker_id = 'keys-gone'"
+                )
+            )
+            store.record_schedules(
+                conn,
+                [
+                    store.ScheduleRecord("keys-report", "f-1", "0 * * * *", "UTC", "keys", None, None),
+                    store.ScheduleRecord("keys-report", "f-2", "30 * * * *", "UTC", "keys", None, None),
+                ],
+                "keys-live",
+            )
+    url = {
+        "overview": f"{base_url}/rw/",
+        "job": f"{base_url}/rw/job?job_id=keys-1",
+        "workers": f"{base_url}/rw/workers",
+    }[page]
     browser.get(url)
     by_css(browser, "h1")
     describe = (  # the focused element; marks it, so a second visit ends the round
@@ -364,9 +417,11 @@ def test_keyboard_reaches_everything_with_a_visible_focus_and_text_contrast(
             FOCUSABLE,
         )
     }
-    assert len(wanted) >= 5
+    assert len(wanted) >= 4
     if page == "overview":  # every kind of action is among them
         assert {"Pause", "Resume", "Purge…"} <= {label for tag, _, label in wanted if tag == "BUTTON"}
+    elif page == "workers":
+        assert ("A", "/rw/workers", "Workers") in wanted
     else:
         assert ("BUTTON", "", "Cancel job…") in wanted or ("BUTTON", "", "Rerun") in wanted
     reached: set[tuple[str, str, str]] = set()

@@ -46,9 +46,11 @@ from ..jobs import (
     LaneFailure,
     Outcome,
     PauseStatus,
+    ScheduleView,
     Stats,
     Throughput,
     Undecodable,
+    WorkerView,
 )
 from ..visible import escape as visible_escape
 from ..visible import escape_code, is_escaped, pieces
@@ -185,6 +187,12 @@ class _Client:
 
     async def list_jobs(self, **filters: Any) -> list[JobView]:
         return cast("list[JobView]", await self._call("list_jobs", **filters))
+
+    async def workers(self) -> list[WorkerView]:
+        return cast("list[WorkerView]", await self._call("workers"))
+
+    async def schedules(self) -> list[ScheduleView]:
+        return cast("list[ScheduleView]", await self._call("schedules"))
 
     async def cancel(self, job_id: str, cancellation_id: str) -> CancelResult:
         return cast(CancelResult, await self._call("cancel", job_id, cancellation_id))
@@ -406,6 +414,7 @@ def create_app(
         Route("/jobs", pages.jobs, methods=["GET"], name="jobs"),
         Route("/job", pages.job, methods=["GET"], name="job"),
         Route("/lane", pages.lane, methods=["GET"], name="lane"),
+        Route("/workers", pages.workers, methods=["GET"], name="workers"),
         Route("/actions/{action}", pages.action, methods=["POST"], name="action"),
         Mount("/static", app=_Viewers(pages, StaticFiles(directory=_HERE / "static")), name="static"),
     ]
@@ -613,6 +622,7 @@ class _Pages:
             "stats": stats,
             "chart": chart.render(throughput),
             "paused": [queue for queue in stats.queues if queue.paused],
+            "unserved": [queue for queue in stats.queues if queue.unserved],
         }
 
     async def overview(self, request: Request) -> Response:
@@ -672,6 +682,19 @@ class _Pages:
             }
 
         return await self._guarded(request, "lane.html", build)
+
+    async def workers(self, request: Request) -> Response:
+        async def build() -> dict[str, Any]:
+            workers = await self.s.client.workers()
+            schedules = await self.s.client.schedules()
+            return {
+                "workers": workers,
+                "live": sum(1 for worker in workers if not worker.gone),
+                "schedules": schedules,
+                "disputed": sorted({view.name for view in schedules if view.disputed}),
+            }
+
+        return await self._guarded(request, "workers.html", build)
 
     # -- actions -------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, create_engine, literal, select, text
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import IntegrityError
 
 from sqlalchemy_watchdog import (
     Decision,
@@ -58,7 +59,7 @@ from sqlalchemy_watchdog.jobs import (
     PAYLOAD_MAX_DEPTH,
     CancelStatus,
 )
-from sqlalchemy_watchdog.model import jobs_table, pauses_table
+from sqlalchemy_watchdog.model import jobs_table, pauses_table, schedules_table, workers_table
 from tests.conftest import DIALECTS, make_async_engine
 from tests.faults.helpers import dump_jobs
 from tests.helpers import wait_until
@@ -118,6 +119,50 @@ class Entry:
     error: type[BaseException] = InvalidJob
     #: Text the message must contain besides the field name.
     says: str | None = None
+
+
+def worker_row(**overrides: Any) -> Callable[[Engine], Any]:
+    """Insert a ``watchdog_workers`` row by hand (as a buggy tool would)."""
+    values = {
+        "worker_id": "hand-written",
+        "host": "h",
+        "pid": 1,
+        "queues": '["q"]',
+        "concurrency": 1,
+        "wakeups": "poll",
+        "version": "0",
+        "heartbeat_ms": 1000,
+        "started_at": 5,
+        "last_seen": 6,
+        "running": 0,
+        **overrides,
+    }
+
+    def insert(engine: Engine) -> None:
+        with engine.begin() as conn:
+            conn.execute(workers_table.insert().values(**values))
+
+    return insert
+
+
+def schedule_row(**overrides: Any) -> Callable[[Engine], Any]:
+    """Insert a ``watchdog_schedules`` row by hand."""
+    values = {
+        "name": "s",
+        "fingerprint": "f",
+        "cron": "* * * * *",
+        "timezone": "UTC",
+        "queue_name": "q",
+        "recorded_by": "w",
+        "last_seen": 1,
+        **overrides,
+    }
+
+    def insert(engine: Engine) -> None:
+        with engine.begin() as conn:
+            conn.execute(schedules_table.insert().values(**values))
+
+    return insert
 
 
 def job(**overrides: Any) -> Callable[[Engine], Any]:
@@ -552,6 +597,19 @@ REFUSED: dict[str, Entry] = {
     "create_app base_path control": Entry("base_path", dashboard(base_path="/ops\x1b[2J"), error=ValueError),
     "create_app base_path bidi": Entry("base_path", dashboard(base_path="/ops\u202e"), error=ValueError),
     "create_app identify str": Entry("identify", dashboard(identify="user"), error=TypeError),
+    # The workers and schedules tables (revision w0009): whoever writes a row by
+    # hand, the CHECK constraints refuse one out of bounds (the runners cut theirs to fit).
+    "worker concurrency 0": Entry("concurrency", worker_row(concurrency=0), error=IntegrityError),
+    "worker running negative": Entry("running", worker_row(running=-1), error=IntegrityError),
+    "worker host empty": Entry("host", worker_row(host=""), error=IntegrityError),
+    "worker host too long": Entry("host", worker_row(host="h" * 256), error=IntegrityError),
+    "worker heartbeat 0": Entry("heartbeat", worker_row(heartbeat_ms=0), error=IntegrityError),
+    "worker seen before it started": Entry("seen_after_start", worker_row(last_seen=1), error=IntegrityError),
+    "worker queues empty": Entry("queues", worker_row(queues=""), error=IntegrityError),
+    "worker id too long": Entry("worker_id", worker_row(worker_id="w" * 65), error=IntegrityError),
+    "schedule name too long": Entry("name", schedule_row(name="s" * 201), error=IntegrityError),
+    "schedule cron empty": Entry("cron", schedule_row(cron=""), error=IntegrityError),
+    "schedule recorded_by empty": Entry("recorded_by", schedule_row(recorded_by=""), error=IntegrityError),
 }
 
 #: Entries expected to fail: {entry: reason}. Empty: every known bug is fixed.
@@ -620,6 +678,20 @@ def test_refused_with_a_clear_error_and_nothing_written(
         assert caught.value.code.value == "invalid_input", caught.value.code
     assert dump_jobs(engine) == before, "the database changed"
     assert _pauses(engine) == pauses_before, "the pauses changed"
+    with engine.connect() as conn:
+        assert conn.execute(select(workers_table)).all() == [], "a worker row was written"
+        assert conn.execute(select(schedules_table)).all() == [], "a schedule row was written"
+
+
+def test_a_hand_written_worker_row_with_odd_queues_reads_as_it_is_and_never_stops_stats(engine: Engine) -> None:
+    """Queues that are not a JSON array (written by hand) are shown as the
+    text they are; workers() and stats() still answer."""
+    for worker_id, queues in (("not-json", "q1,q2"), ("object", '{"q": 1}'), ("list", '["q", 7]')):
+        worker_row(worker_id=worker_id, queues=queues, started_at=0, last_seen=0)(engine)
+    shown = {w.worker_id: w.queues for w in Watchdog(engine).workers()}
+    assert shown == {"not-json": ("q1,q2",), "object": ('{"q": 1}',), "list": ("q", "7")}
+    assert all(w.gone for w in Watchdog(engine).workers())  # last seen at the epoch
+    assert Watchdog(engine).stats().queue("q").workers == 0
 
 
 def _pauses(engine: Engine) -> list[Any]:

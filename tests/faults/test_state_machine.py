@@ -92,7 +92,7 @@ from sqlalchemy_watchdog.jobs import (
     SettleStatus,
     bound_reason,
 )
-from sqlalchemy_watchdog.model import jobs_table, pauses_table
+from sqlalchemy_watchdog.model import jobs_table, pauses_table, workers_table
 from tests.faults.helpers import controlled_db_clock, dump_jobs
 
 JOB_IDS = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]
@@ -403,6 +403,7 @@ class WatchdogMachine(RuleBasedStateMachine):
         with store.write_transaction(self.engine) as conn:
             conn.execute(delete(jobs_table))
             conn.execute(delete(pauses_table))
+            conn.execute(delete(workers_table))
         self.t = 0
         self.set_clock(self.db)
         self.model = Model()
@@ -411,6 +412,8 @@ class WatchdogMachine(RuleBasedStateMachine):
         self.expired_seen: list[store.Claim] = []
         self.settled_rows: dict[str, dict[str, Any]] = {}
         self.pauses: dict[str, tuple[str | None, int]] = {}  # queue -> (reason, paused_at)
+        # worker_id -> (queues, heartbeat_ms, last_seen): the workers table's model
+        self.worker_rows: dict[str, tuple[tuple[str, ...], int, int]] = {}
         self.watchdog = Watchdog(self.engine)
         for job in jobs:  # start with some work (conflicting replays are refused as usual)
             self.enqueue([job], None)
@@ -848,6 +851,60 @@ class WatchdogMachine(RuleBasedStateMachine):
         expected = PauseStatus.RESUMED if queue in self.pauses else PauseStatus.NOT_PAUSED
         assert self.watchdog.resume(queue) is expected
         self.pauses.pop(queue, None)
+
+    # -- the workers table (revision w0009): beside the jobs, never touching them --------
+
+    @rule(
+        worker=st.sampled_from(["w1", "w2", "w3"]),
+        queues=st.sampled_from([("q1",), ("q1", "q2"), ("q3",)]),
+        heartbeat_ms=st.sampled_from([1_000, 60_000]),
+    )
+    def register_or_refresh_worker(self, worker: str, queues: tuple[str, ...], heartbeat_ms: int) -> None:
+        """A runner registering (or its heartbeat refreshing its row: the same
+        statement) -- the jobs are left exactly as they were (the model
+        invariant checks every row)."""
+        known = self.worker_rows.get(worker)
+        if known is not None:  # a refresh keeps what the registration wrote
+            queues, heartbeat_ms = known[0], known[1]
+        registration = store.WorkerRegistration(worker, "h", 1, queues, 1, "poll", "0", heartbeat_ms)
+        self.tx(store.register_worker, registration, 1)
+        self.worker_rows[worker] = (queues, heartbeat_ms, self.db)
+
+    @rule(worker=st.sampled_from(["w1", "w2", "w3"]))
+    def deregister_worker(self, worker: str) -> None:
+        self.tx(store.deregister_worker, worker)
+        self.worker_rows.pop(worker, None)
+
+    @rule()
+    def prune_workers(self) -> None:
+        """Pruning deletes the workers gone for over an hour, nothing else."""
+        bound = store.WORKER_KEEP_GONE_MS + store.WORKER_GONE_MARGIN_MS
+        doomed = {
+            w
+            for w, (_, hb, seen) in self.worker_rows.items()
+            if seen + hb * store.WORKER_GONE_HEARTBEATS + bound < self.db
+        }
+        assert self.tx(store.prune_workers) == len(doomed)
+        for worker in doomed:
+            del self.worker_rows[worker]
+
+    @invariant()
+    def workers_match_model(self) -> None:
+        if not hasattr(self, "worker_rows"):
+            return
+        now = self.db
+        with self.engine.connect() as conn:
+            shown = {w.worker_id: w for w in store.workers(conn)}
+            serving = store.live_workers_per_queue(conn)
+        assert set(shown) == set(self.worker_rows)
+        live: dict[str, int] = {}
+        for worker, (queues, hb, seen) in self.worker_rows.items():
+            gone = now - seen > hb * store.WORKER_GONE_HEARTBEATS + store.WORKER_GONE_MARGIN_MS
+            assert shown[worker].gone is gone, (worker, now - seen, hb)
+            assert shown[worker].queues == queues
+            for queue in queues if not gone else ():
+                live[queue] = live.get(queue, 0) + 1
+        assert serving == live
 
     @rule(job_id=st.sampled_from(JOB_IDS))
     def legacy_times(self, job_id: str) -> None:
