@@ -243,6 +243,8 @@ class AsyncWatchdog:
         job_id_prefix: str | None = None,
         limit: int = 100,
         after_sequence: int = 0,
+        before_sequence: int | None = None,
+        newest_first: bool = False,
         with_payload: bool = True,
     ) -> list[JobView]:
         """A page of jobs, as :meth:`Watchdog.list_jobs <sqlalchemy_watchdog.Watchdog.list_jobs>`."""
@@ -255,6 +257,8 @@ class AsyncWatchdog:
             job_id_prefix=job_id_prefix,
             limit=limit,
             after_sequence=after_sequence,
+            before_sequence=before_sequence,
+            newest_first=newest_first,
             with_payload=with_payload,
         )
 

@@ -840,7 +840,9 @@ def _listed_job_dict(job: JobView) -> dict[str, Any]:
 
 
 def cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
-    """Print up to ``--limit`` jobs matching the filters after sequence ``--after``."""
+    """Print up to ``--limit`` jobs matching the filters after sequence
+    ``--after`` (and before ``--before``), oldest first or, with
+    ``--newest-first``, newest first."""
     jobs = _watchdog(args).list_jobs(
         queue=args.queue,
         state=args.state,
@@ -849,6 +851,8 @@ def cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
         job_id_prefix=args.prefix,
         limit=args.limit,
         after_sequence=args.after,
+        before_sequence=args.before,
+        newest_first=args.newest_first,
         with_payload=bool(args.json),  # the table does not show payloads: not read
     )
     if args.json:
@@ -856,7 +860,9 @@ def cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
             _print_json(_listed_job_dict(job), out)
         return 0
     if not jobs:
-        print(f"no matching jobs after sequence {args.after}", file=out)
+        bounds = [f"after sequence {args.after}"] if args.after or args.before is None else []
+        bounds += [] if args.before is None else [f"before sequence {args.before}"]
+        print(f"no matching jobs {' and '.join(bounds)}", file=out)
         return 0
     header = ("sequence", "job_id", "queue", "state", "attempt", "enqueued_at", "started_at", "settled_at")
     rows = [
@@ -874,7 +880,8 @@ def cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
     ]
     print("\n".join(_column_lines(header, rows)), file=out)
     if len(jobs) == args.limit:
-        print(f"(more may follow: --after {jobs[-1].sequence})", file=out)
+        follow = "--before" if args.newest_first else "--after"
+        print(f"(more may follow: {follow} {jobs[-1].sequence})", file=out)
     return 0
 
 
@@ -1286,9 +1293,10 @@ def _add_operations_commands(commands: Any) -> None:
     """The operator commands: ``ls``, ``stats``, ``prune``, ``pause``, ``resume``, ``rerun``."""
     ls = commands.add_parser(
         "ls",
-        help="list jobs in admission order, filtered and paged",
-        description="Jobs in admission (sequence) order, with their attempt and times (UTC, "
-        "database clock). A full page ends with the --after value of the next one.",
+        help="list jobs in admission order (or newest first), filtered and paged",
+        description="Jobs in admission (sequence) order, or newest first with -r, with their attempt "
+        "and times (UTC, database clock). A full page ends with the --after (newest first: --before) "
+        "value of the next one.",
     )
     ls.add_argument("--queue", help="only this queue's jobs")
     ls.add_argument("--state", choices=[state.value for state in JobState], help="only jobs in this state")
@@ -1307,6 +1315,14 @@ def _add_operations_commands(commands: Any) -> None:
         metavar="SEQUENCE",
         help="only jobs with a greater sequence (default: 0)",
     )
+    ls.add_argument(
+        "--before",
+        type=_int_between(1, SEQUENCE_MAX),
+        default=None,
+        metavar="SEQUENCE",
+        help="only jobs with a smaller sequence (default: no bound)",
+    )
+    ls.add_argument("-r", "--newest-first", action="store_true", help="the newest jobs first (page on with --before)")
     ls.set_defaults(func=cmd_ls)
 
     stats = commands.add_parser(

@@ -242,16 +242,25 @@ class Watchdog:
         job_id_prefix: str | None = None,
         limit: int = 100,
         after_sequence: int = 0,
+        before_sequence: int | None = None,
+        newest_first: bool = False,
         with_payload: bool = True,
     ) -> list[JobView]:
-        """Jobs in admission order, ``limit`` (1-1000) after ``after_sequence``
-        (pass the last job's ``sequence`` to read the next page), matching
-        every filter given.
+        """Jobs in admission order, ``limit`` (1-1000) with a sequence above
+        ``after_sequence`` and below ``before_sequence`` (None: no bound),
+        matching every filter given. Pass the last job's ``sequence`` as
+        ``after_sequence`` to read the next page.
 
-        Cost: one read of the primary key in order from ``after_sequence``,
-        stopping after ``limit`` matches: O(limit) rows when the filters
-        match most jobs; a filter that matches few jobs in a long history
-        reads the rows between its matches (use ``after_sequence`` to page).
+        ``newest_first=True`` reverses the order: the page is the newest
+        ``limit`` jobs in the range, and the next (older) page is the one
+        ``before_sequence`` the last job's ``sequence``. To page back towards
+        the newest, read ``after_sequence`` the first job's ``sequence`` in
+        admission order and reverse it.
+
+        Cost: one read of the primary key in order from the bound, stopping
+        after ``limit`` matches: O(limit) rows when the filters match most
+        jobs; a filter that matches few jobs in a long history reads the
+        rows between its matches (bound the range to page).
         ``with_payload=False`` does not read the payloads (each job's
         ``payload`` is then None): a list that does not show them.
         """
@@ -264,6 +273,8 @@ class Watchdog:
             job_id_prefix=job_id_prefix,
             limit=limit,
             after_sequence=after_sequence,
+            before_sequence=before_sequence,
+            newest_first=newest_first,
             with_payload=with_payload,
         )
 

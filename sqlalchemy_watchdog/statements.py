@@ -890,15 +890,19 @@ LIST_FILTERS = ("queue", "state", "outcome", "lane", "job_id_prefix")
 
 
 @cache
-def list_jobs(filters: tuple[str, ...], with_payload: bool = True) -> Select[Any]:
-    """Up to ``:limit`` jobs with ``sequence > :after_sequence`` in admission
-    order, matching the named ``filters`` (``:queue``, ``state=<state>``,
-    ``:outcome``, ``:lane``, ``:job_id_prefix`` -- a prefix compared with
-    ``substr``, so LIKE wildcards in it mean nothing). Without
-    ``with_payload`` the payload is not read: the JSON ``null`` stands in
-    its column (a payload may be up to 1 MB)."""
+def list_jobs(filters: tuple[str, ...], with_payload: bool = True, newest_first: bool = False) -> Select[Any]:
+    """Up to ``:limit`` jobs with ``:after_sequence < sequence <
+    :before_sequence`` in admission order (``newest_first``: the reverse, so
+    the page is the newest below ``:before_sequence``), matching the named
+    ``filters`` (``:queue``, ``state=<state>``, ``:outcome``, ``:lane``,
+    ``:job_id_prefix`` -- a prefix compared with ``substr``, so LIKE
+    wildcards in it mean nothing). Without ``with_payload`` the payload is
+    not read: the JSON ``null`` stands in its column (a payload may be up
+    to 1 MB)."""
     columns = COLUMNS if with_payload else tuple(_NO_PAYLOAD if col is c.payload_json else col for col in COLUMNS)
-    query = select(*columns).where(c.sequence > _p("after_sequence", BigInteger()))
+    query = select(*columns).where(
+        c.sequence > _p("after_sequence", BigInteger()), c.sequence < _p("before_sequence", BigInteger())
+    )
     for name in filters:
         if name == "queue":
             query = query.where(c.queue_name == _p("queue", Text()))
@@ -914,7 +918,7 @@ def list_jobs(filters: tuple[str, ...], with_payload: bool = True) -> Select[Any
             query = query.where(func.substr(c.job_id, 1, func.length(prefix)) == prefix)
         else:  # pragma: no cover - the store checks the names
             raise ValueError(name)
-    return query.order_by(c.sequence).limit(_p("limit", Integer()))
+    return query.order_by(c.sequence.desc() if newest_first else c.sequence).limit(_p("limit", Integer()))
 
 
 @cache

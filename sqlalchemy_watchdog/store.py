@@ -1153,6 +1153,8 @@ def seconds_until_next_expiry(conn: Connection) -> float | None:
 
 #: The largest page :func:`list_jobs` returns.
 LIST_LIMIT_MAX = 1000
+#: The largest ``sequence`` (a 64-bit signed integer): no job's is greater.
+SEQUENCE_MAX = 2**63 - 1
 
 
 def check_outcomes(outcomes: object) -> list[str] | None:
@@ -1274,14 +1276,22 @@ def list_jobs(
     job_id_prefix: str | None = None,
     limit: int = 100,
     after_sequence: int = 0,
+    before_sequence: int | None = None,
+    newest_first: bool = False,
     with_payload: bool = True,
 ) -> list[JobView]:
-    """Jobs in admission order after ``after_sequence`` (keyset paging);
-    without ``with_payload`` their payloads are not read (None)."""
+    """Jobs between ``after_sequence`` and ``before_sequence`` (keyset
+    paging) in admission order, or newest first; without ``with_payload``
+    their payloads are not read (None)."""
     params: dict[str, Any] = {
         "limit": check_int("limit", limit, 1, LIST_LIMIT_MAX),
-        "after_sequence": check_int("after_sequence", after_sequence, 0, 2**63 - 1),
+        "after_sequence": check_int("after_sequence", after_sequence, 0, SEQUENCE_MAX),
+        "before_sequence": SEQUENCE_MAX
+        if before_sequence is None
+        else check_int("before_sequence", before_sequence, 1, SEQUENCE_MAX),
     }
+    if not isinstance(newest_first, bool):
+        raise InvalidJob("newest_first", f"must be a bool, not {type(newest_first).__name__}")
     if queue is not None:
         params["queue"] = check_text("queue", queue, QUEUE_MAX_LENGTH)
     if state is not None:
@@ -1297,7 +1307,7 @@ def list_jobs(
     )
     if not isinstance(with_payload, bool):
         raise InvalidJob("with_payload", f"must be a bool, not {type(with_payload).__name__}")
-    return [view(row) for row in conn.execute(sql.list_jobs(filters, with_payload), params)]
+    return [view(row) for row in conn.execute(sql.list_jobs(filters, with_payload, newest_first), params)]
 
 
 def stats(conn: Connection) -> Stats:

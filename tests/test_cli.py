@@ -964,6 +964,19 @@ def test_ls_table_filters_and_pages(engine: Engine, cli: Cli) -> None:
     assert listed("--prefix", "a_") == ["a_1", "a_3", "a_4"]  # literal: "_" is no wildcard
     assert listed("--queue", "emails", "--after", after, "--limit", "1") == ["a_3"]
 
+    # Newest first (-r), paged down with --before.
+    assert listed("--newest-first") == ["a_4", "sms-1", "a_3", "ab2", "a_1"]
+    status, out, _ = cli("ls", "-r", "--limit", "2")
+    lines = out.splitlines()
+    assert [line.split()[1] for line in lines[1:3]] == ["a_4", "sms-1"]
+    assert lines[3].startswith("(more may follow: --before ")
+    before = lines[3].split("--before ")[1].rstrip(")")
+    assert listed("-r", "--limit", "2", "--before", before) == ["a_3", "ab2"]
+    assert listed("--before", before) == ["a_1", "ab2", "a_3"]
+    assert listed("-r", "--prefix", "a_", "--before", before) == ["a_3", "a_1"]
+    status, out, _ = cli("ls", "-r", "--before", "1")
+    assert (status, out.strip()) == (0, "no matching jobs before sequence 1")
+
     status, out, _ = cli("ls", "--queue", "nothing-here")
     assert (status, out.strip()) == (0, "no matching jobs after sequence 0")
     status, out, _ = cli("--json", "ls", "--queue", "nothing-here")

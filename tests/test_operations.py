@@ -810,6 +810,33 @@ def test_keyset_paging_lists_every_job_exactly_once(engine: Engine, api: Ops) ->
     assert [job.job_id for job in first] + rest == [*ids, "job-23"]
 
 
+def test_newest_first_pages_down_by_before_sequence_and_back_up_by_after(engine: Engine, api: Ops) -> None:
+    ids = [f"job-{i:02d}" for i in range(23)]
+    add(engine, *(Job(job_id, "even" if i % 2 == 0 else "odd") for i, job_id in enumerate(ids)))
+    newest = api.list_jobs(limit=5, newest_first=True)
+    assert [job.job_id for job in newest] == ids[22:17:-1]
+    found, before = [], None
+    while page := api.list_jobs(limit=5, newest_first=True, before_sequence=before):
+        found += [job.job_id for job in page]
+        before = page[-1].sequence
+    assert found == ids[::-1]  # every job exactly once, newest first
+    odd = [job.job_id for job in api.list_jobs(queue="odd", newest_first=True, limit=1000)]
+    assert odd == ids[1::2][::-1]
+    # Both bounds: the jobs strictly between them.
+    middle = api.list_jobs(after_sequence=newest[-1].sequence - 10, before_sequence=newest[-1].sequence)
+    assert [job.job_id for job in middle] == ids[9:18]
+    # Back up: the page above the oldest listed is read in admission order.
+    assert [job.job_id for job in api.list_jobs(limit=3, after_sequence=newest[-1].sequence)] == ids[19:22]
+    for kwargs, field in [
+        ({"before_sequence": 0}, "before_sequence"),
+        ({"before_sequence": "9"}, "before_sequence"),
+        ({"newest_first": 1}, "newest_first"),
+    ]:
+        with pytest.raises(InvalidJob) as error:
+            api.list_jobs(**kwargs)
+        assert error.value.field == field, kwargs
+
+
 def test_job_id_prefix_is_literal_not_a_like_pattern(engine: Engine, api: Ops) -> None:
     ids = ["a%b", "a_c", "axb", "abc", "a%", "A%b", "a\\d", "ab%", "é%1", "éx"]
     add(engine, *(Job(job_id, "q") for job_id in ids))

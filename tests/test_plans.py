@@ -366,7 +366,7 @@ def _claim(queues: list[str] | None) -> Params:
 
 
 def _list(**values: Any) -> Params:
-    return lambda dialect: {"after_sequence": 0, "limit": 100, **values}
+    return lambda dialect: {"after_sequence": 0, "before_sequence": 2**63 - 1, "limit": 100, **values}
 
 
 PG, LITE = "postgresql", "sqlite"
@@ -559,6 +559,17 @@ PLANS: list[Case] = [
     # No index holds settled jobs by lane: a rare lane is a read of the whole table either way.
     Case("list_jobs(lane)", "list_jobs", (("lane",),), _list(lane="l3"), on(NONE)),
     Case("list_jobs(job_id_prefix)", "list_jobs", (("job_id_prefix",),), _list(job_id_prefix="qd-1"), on(PK)),
+    # Newest first: the primary key read backwards from the bound, in order.
+    Case("list_jobs(newest first)", "list_jobs", ((), False, True), _list(), on(PK), ordered=True),
+    Case(
+        "list_jobs(newest first, before)",
+        "list_jobs",
+        ((), False, True),
+        _list(before_sequence=100_000),
+        on(PK),
+        ordered=True,
+    ),
+    Case("list_jobs(newest first, queue)", "list_jobs", (("queue",), False, True), _list(queue="q3"), on(PK)),
     Case("live_counts", "live_counts", (), _none, on(LIVE_QUEUE)),
     Case("expired_counts", "expired_counts", (), _none, on(LEASE)),
     Case("recent_outcomes", "recent_outcomes", (), _none, on(SETTLED)),

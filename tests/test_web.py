@@ -149,17 +149,32 @@ def test_pages_show_queues_jobs_and_a_job(engine: Engine, watchdog: Watchdog, da
     assert dashboard.get("/job", job_id="nope").status_code == 404
 
 
-def test_job_list_pages_by_sequence(engine: Engine, watchdog: Watchdog, dashboard: Dashboard) -> None:
-    watchdog.enqueue([Job(f"bulk-{n:03d}", "bulk") for n in range(60)])
-    first = dashboard.get("/jobs", queue="bulk", limit="25").text
-    ids = re.findall(r"bulk-\d{3}", first)
-    assert ids[0] == "bulk-000" and len(set(ids)) == 25
-    after = re.search(r'rel="next" href="[^"]*after=(\d+)', first)
-    assert after is not None
-    second = dashboard.get("/jobs", queue="bulk", limit="25", after=after.group(1)).text
-    assert sorted(set(re.findall(r"bulk-\d{3}", second)))[0] == "bulk-025"
-    last = dashboard.get("/jobs", queue="bulk", limit="50", after=after.group(1)).text
-    assert len(set(re.findall(r"bulk-\d{3}", last))) == 35 and 'rel="next"' not in last
+def test_job_and_lane_lists_show_the_newest_first_and_page_both_ways(watchdog: Watchdog, dashboard: Dashboard) -> None:
+    watchdog.enqueue([Job(f"bulk-{n:03d}", "bulk", lane="lane-b") for n in range(60)])
+    for path, query in (("/jobs", {"queue": "bulk"}), ("/lane", {"lane": "lane-b"})):
+        first = dashboard.get(path, **query, limit="25").text
+        ids = list(dict.fromkeys(re.findall(r"bulk-\d{3}", first)))
+        assert ids == [f"bulk-{n:03d}" for n in range(59, 34, -1)]  # the newest 25, newest first
+        assert 'rel="prev"' not in first
+        before = re.search(r'rel="next" href="[^"]*before=(\d+)', first)
+        assert before is not None
+        second = dashboard.get(path, **query, limit="25", before=before.group(1)).text
+        assert re.findall(r"bulk-\d{3}", second)[0] == "bulk-034"
+        older = re.search(r'rel="next" href="[^"]*before=(\d+)', second)
+        assert older is not None
+        last = dashboard.get(path, **query, limit="25", before=older.group(1)).text
+        assert list(dict.fromkeys(re.findall(r"bulk-\d{3}", last))) == [f"bulk-{n:03d}" for n in range(9, -1, -1)]
+        assert 'rel="next"' not in last
+        # And back up: the page newer than the last is the second again.
+        newer = re.search(r'rel="prev" href="[^"]*after=(\d+)', last)
+        assert newer is not None
+        back = dashboard.get(path, **query, limit="25", after=newer.group(1)).text
+        assert list(dict.fromkeys(re.findall(r"bulk-\d{3}", back))) == [f"bulk-{n:03d}" for n in range(34, 9, -1)]
+        top = re.search(r'rel="prev" href="[^"]*after=(\d+)', back)
+        assert top is not None
+        assert re.findall(r"bulk-\d{3}", dashboard.get(path, **query, limit="25", after=top.group(1)).text)[0] == (
+            "bulk-059"
+        )
 
 
 @pytest.mark.parametrize(
@@ -169,6 +184,8 @@ def test_job_list_pages_by_sequence(engine: Engine, watchdog: Watchdog, dashboar
         ({"outcome": "won"}, 400, "outcome"),
         ({"limit": "7"}, 400, "limit"),
         ({"after": "x"}, 400, "after"),
+        ({"before": "0"}, 400, "before"),
+        ({"before": "5", "after": "2"}, 400, "before"),
     ],
 )
 def test_bad_filters_are_refused_naming_the_field(

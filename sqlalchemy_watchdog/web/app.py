@@ -627,18 +627,36 @@ class _Pages:
         async def build() -> dict[str, Any]:
             filters = _filters(query)
             limit = _page_size(query.get("limit"))
-            after = _after(query.get("after"))
-            jobs = await self.s.client.list_jobs(**filters, limit=limit, after_sequence=after, with_payload=False)
-            return {
-                "filters": filters,
-                "jobs": jobs,
-                "limit": limit,
-                "after": after,
-                "page_sizes": PAGE_SIZES,
-                "next_after": jobs[-1].sequence if len(jobs) == limit else None,
-            }
+            page = await self._page(query, limit, filters)
+            return {"filters": filters, "limit": limit, "page_sizes": PAGE_SIZES, **page}
 
         return await self._guarded(request, "jobs.html", build)
+
+    async def _page(self, query: Any, limit: int, filters: dict[str, Any]) -> dict[str, Any]:
+        """One page of a job list, newest first, by keyset both ways:
+        ``before`` (older than that sequence: the next page down) or
+        ``after`` (newer than it, read in admission order and turned round:
+        the page up); neither is the newest page. Returns the jobs and the
+        bounds of the older and newer pages (None: there is none)."""
+        before = _sequence("before", query.get("before"))
+        after = _sequence("after", query.get("after"))
+        if before and after:
+            raise InvalidJob("before", "give before or after, not both")
+        client = self.s.client
+        newer: int | None
+        older: int | None
+        if after:
+            jobs = await client.list_jobs(**filters, limit=limit, after_sequence=after, with_payload=False)
+            jobs.reverse()
+            newer = jobs[0].sequence if len(jobs) == limit else None
+            older = jobs[-1].sequence if jobs else after + 1
+        else:
+            jobs = await client.list_jobs(
+                **filters, limit=limit, before_sequence=before or None, newest_first=True, with_payload=False
+            )
+            newer = (jobs[0].sequence if jobs else before - 1) if before else None
+            older = jobs[-1].sequence if len(jobs) == limit else None
+        return {"jobs": jobs, "paged": bool(before or after), "newer": newer, "older": older}
 
     async def job(self, request: Request) -> Response:
         job_id = request.query_params.get("job_id", "")
@@ -661,15 +679,8 @@ class _Pages:
             if not lane:
                 raise InvalidJob("lane", "is missing")
             limit = _page_size(query.get("limit"))
-            after = _after(query.get("after"))
-            jobs = await self.s.client.list_jobs(lane=lane, limit=limit, after_sequence=after, with_payload=False)
-            return {
-                "lane": lane,
-                "jobs": jobs,
-                "limit": limit,
-                "after": after,
-                "next_after": jobs[-1].sequence if len(jobs) == limit else None,
-            }
+            page = await self._page(query, limit, {"lane": lane})
+            return {"lane": lane, "limit": limit, **page}
 
         return await self._guarded(request, "lane.html", build)
 
@@ -843,15 +854,16 @@ def _page_size(text: str | None) -> int:
     return value
 
 
-def _after(text: str | None) -> int:
+def _sequence(field: str, text: str | None) -> int:
+    """A page bound of the query (``before`` / ``after``); 0 when absent."""
     if not text:
         return 0
     try:
         value = int(text)
     except ValueError:
-        raise InvalidJob("after", f"must be a sequence number, got {text[:20]!r}") from None
-    if not 0 <= value < 2**63:
-        raise InvalidJob("after", f"must be from 0 to {2**63 - 1}, got {value}")
+        raise InvalidJob(field, f"must be a sequence number, got {text[:20]!r}") from None
+    if not 1 <= value < 2**63:
+        raise InvalidJob(field, f"must be from 1 to {2**63 - 1}, got {value}")
     return value
 
 
