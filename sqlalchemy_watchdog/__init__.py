@@ -20,6 +20,8 @@ from .errors import (
 )
 from .execution import RunningJob, StopReason, TickResult, TickStatus, handler
 from .jobs import (
+    BulkResult,
+    BulkSkip,
     CancelResult,
     CancelStatus,
     Decision,
@@ -59,6 +61,8 @@ __all__ = [
     "JobState",
     "JobView",
     "LaneFailure",
+    "BulkResult",
+    "BulkSkip",
     "Outcome",
     "PauseStatus",
     "PayloadCodec",

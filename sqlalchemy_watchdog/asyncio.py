@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
 
 from sqlalchemy import Connection, Select
@@ -63,6 +63,7 @@ from .execution import (
     until_idle,
 )
 from .jobs import (
+    BulkResult,
     CancelResult,
     Decision,
     EnqueueResult,
@@ -297,6 +298,77 @@ class AsyncWatchdog:
     async def rerun(self, job_id: str, *, rerun_id: str) -> EnqueueResult:
         """Rerun a settled job, as :meth:`Watchdog.rerun <sqlalchemy_watchdog.Watchdog.rerun>`."""
         return await self._run(store.rerun, job_id, rerun_id)
+
+    async def rerun_many(
+        self,
+        *,
+        rerun_id: str,
+        queue: str | None = None,
+        lane: str | None = None,
+        outcome: Outcome | str | Iterable[Outcome | str] | None = None,
+        settled_after: datetime | None = None,
+        settled_before: datetime | None = None,
+        enqueued_after: datetime | None = None,
+        enqueued_before: datetime | None = None,
+        batch: int = 100,
+        limit: int | None = None,
+        dry_run: bool = False,
+    ) -> BulkResult:
+        """Rerun every matching settled job in batches, as :meth:`Watchdog.rerun_many
+        <sqlalchemy_watchdog.Watchdog.rerun_many>`."""
+        action = store.BulkAction.of(
+            store.BulkKind.RERUN,
+            rerun_id,
+            queue=queue,
+            lane=lane,
+            outcome=outcome,
+            settled_after=settled_after,
+            settled_before=settled_before,
+            enqueued_after=enqueued_after,
+            enqueued_before=enqueued_before,
+            batch=batch,
+            limit=limit,
+            dry_run=dry_run,
+        )
+        return await self._bulk(action)
+
+    async def cancel_many(
+        self,
+        *,
+        cancellation_id: str,
+        queue: str | None = None,
+        lane: str | None = None,
+        enqueued_after: datetime | None = None,
+        enqueued_before: datetime | None = None,
+        only_if_queued: bool = False,
+        batch: int = 100,
+        limit: int | None = None,
+        dry_run: bool = False,
+    ) -> BulkResult:
+        """Cancel every matching live job in batches, as :meth:`Watchdog.cancel_many
+        <sqlalchemy_watchdog.Watchdog.cancel_many>`."""
+        action = store.BulkAction.of(
+            store.BulkKind.CANCEL,
+            cancellation_id,
+            queue=queue,
+            lane=lane,
+            enqueued_after=enqueued_after,
+            enqueued_before=enqueued_before,
+            only_if_queued=only_if_queued,
+            batch=batch,
+            limit=limit,
+            dry_run=dry_run,
+        )
+        return await self._bulk(action)
+
+    async def _bulk(self, action: store.BulkAction) -> BulkResult:
+        progress = store.BulkProgress(action)
+        end = await self._read(store.newest_sequence)
+        run = self._read if action.dry_run else self._run
+        while size := action.next_size(progress.matched):
+            if not progress.add(await run(store.bulk_batch, action, progress.after, end, size)):
+                break
+        return progress.result()
 
     async def throughput(self) -> Throughput:
         """Jobs settled per minute over the last hour, as :meth:`Watchdog.throughput

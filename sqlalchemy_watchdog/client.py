@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
 from sqlalchemy import Connection, Engine, Select
@@ -15,6 +15,7 @@ from . import store
 from .connections import follow_failover
 from .errors import EnqueueConflict, InvalidJob
 from .jobs import (
+    BulkResult,
     CancelResult,
     CancelStatus,
     EnqueueResult,
@@ -336,6 +337,100 @@ class Watchdog:
         the same call again is a duplicate; the copy's ``rerun_of`` names the
         original, whose :meth:`read` lists its reruns."""
         return self._write(store.rerun, job_id, rerun_id)
+
+    def rerun_many(
+        self,
+        *,
+        rerun_id: str,
+        queue: str | None = None,
+        lane: str | None = None,
+        outcome: Outcome | str | Iterable[Outcome | str] | None = None,
+        settled_after: datetime | None = None,
+        settled_before: datetime | None = None,
+        enqueued_after: datetime | None = None,
+        enqueued_before: datetime | None = None,
+        batch: int = 100,
+        limit: int | None = None,
+        dry_run: bool = False,
+    ) -> BulkResult:
+        """:meth:`rerun` every settled job matching all the filters given (at
+        least one): ``queue``, ``lane``, ``outcome`` (one or several), and
+        settled or enqueued strictly after / before a timezone-aware time.
+
+        Each copy's ``job_id`` derives from its original's and ``rerun_id``
+        as in :meth:`rerun`, so the same call again makes no second copy
+        (``repeated``); it never selects the copies ``rerun_id`` made, and
+        only jobs that existed when it started. It works in batches of
+        ``batch`` (1-1000) jobs in admission order, each its own transaction
+        (a copy is enqueued with its batch or not at all), up to ``limit``
+        jobs. On PostgreSQL a batch's originals are share-locked until it
+        commits, so a concurrent :meth:`prune` skips them meanwhile.
+        ``dry_run=True`` counts the jobs it would rerun and changes nothing.
+
+        Every argument is checked before anything is read: a bad one raises
+        :class:`~sqlalchemy_watchdog.InvalidJob` naming it.
+        """
+        action = store.BulkAction.of(
+            store.BulkKind.RERUN,
+            rerun_id,
+            queue=queue,
+            lane=lane,
+            outcome=outcome,
+            settled_after=settled_after,
+            settled_before=settled_before,
+            enqueued_after=enqueued_after,
+            enqueued_before=enqueued_before,
+            batch=batch,
+            limit=limit,
+            dry_run=dry_run,
+        )
+        return self._bulk(action)
+
+    def cancel_many(
+        self,
+        *,
+        cancellation_id: str,
+        queue: str | None = None,
+        lane: str | None = None,
+        enqueued_after: datetime | None = None,
+        enqueued_before: datetime | None = None,
+        only_if_queued: bool = False,
+        batch: int = 100,
+        limit: int | None = None,
+        dry_run: bool = False,
+    ) -> BulkResult:
+        """:meth:`cancel` every live (delayed, queued or running) job matching
+        all the filters given (at least one): ``queue``, ``lane``, enqueued
+        strictly after / before a timezone-aware time.
+
+        Each job's cancellation id derives from ``cancellation_id`` and its
+        ``job_id`` (``<cancellation_id>~<job_id>``, or a hash when too long),
+        so the same call again replays (``repeated``). A job that settled or
+        was cancelled by another request meanwhile is ``skipped``. Batches
+        as in :meth:`rerun_many`; ``dry_run=True`` counts and changes nothing.
+        """
+        action = store.BulkAction.of(
+            store.BulkKind.CANCEL,
+            cancellation_id,
+            queue=queue,
+            lane=lane,
+            enqueued_after=enqueued_after,
+            enqueued_before=enqueued_before,
+            only_if_queued=only_if_queued,
+            batch=batch,
+            limit=limit,
+            dry_run=dry_run,
+        )
+        return self._bulk(action)
+
+    def _bulk(self, action: store.BulkAction) -> BulkResult:
+        progress = store.BulkProgress(action)
+        end = self._read(store.newest_sequence)
+        run = self._read if action.dry_run else self._write
+        while size := action.next_size(progress.matched):
+            if not progress.add(run(store.bulk_batch, action, progress.after, end, size)):
+                break
+        return progress.result()
 
     def cancel(self, job_id: str, cancellation_id: str, *, only_if_queued: bool = False) -> CancelResult:
         """Record a cancellation: a queued job is settled ``cancelled`` when next

@@ -921,6 +921,67 @@ def list_jobs(filters: tuple[str, ...], with_payload: bool = True, newest_first:
     return query.order_by(c.sequence.desc() if newest_first else c.sequence).limit(_p("limit", Integer()))
 
 
+#: The filters :func:`bulk_pick` may combine (each one a bound parameter).
+BULK_FILTERS = (
+    "queue",
+    "lane",
+    "outcomes",
+    "settled_after",
+    "settled_before",
+    "enqueued_after",
+    "enqueued_before",
+)
+
+
+@cache
+def bulk_pick(dialect: str, kind: str, filters: tuple[str, ...]) -> Select[Any]:
+    """The next ``:limit`` jobs a bulk action selects, with ``:after_sequence
+    < sequence < :before_sequence``, in admission order: settled ones for
+    ``kind`` ``rerun`` (whole rows, to copy; on PostgreSQL share-locked
+    ``FOR KEY SHARE`` so a concurrent prune skips them until the copies are
+    committed), live ones for ``cancel`` (job_id alone). The named
+    ``filters``: ``:queue``, ``:lane``, ``:outcomes`` (a list), and times
+    strictly after / before ``:settled_after`` ... ``:enqueued_before``
+    (epoch ms)."""
+    live = kind == "cancel"
+    columns = (c.sequence, c.job_id) if live else COLUMNS
+    query = select(*columns).where(
+        c.sequence > _p("after_sequence", BigInteger()),
+        c.sequence < _p("before_sequence", BigInteger()),
+        IS_LIVE if live else IS_SETTLED,
+    )
+    for name in filters:
+        if name == "queue":
+            query = query.where(c.queue_name == _p("queue", Text()))
+        elif name == "lane" and live:
+            # The same as lane = :lane, said so that each part has its index:
+            # a lane of its own (live_lane), a queue's default lane (live_queue).
+            lane = _p("lane", Text())
+            query = query.where(
+                or_(and_(c.lane == lane, IS_CUSTOM_LANE), and_(c.queue_name == lane, c.lane == c.queue_name))
+            )
+        elif name == "lane":
+            query = query.where(c.lane == _p("lane", Text()))
+        elif name == "outcomes":
+            query = query.where(c.outcome.in_(bindparam("outcomes", expanding=True)))
+        elif name in ("settled_after", "enqueued_after"):
+            query = query.where(c[name.replace("after", "at")] > _p(name, BigInteger()))
+        elif name in ("settled_before", "enqueued_before"):
+            query = query.where(c[name.replace("before", "at")] < _p(name, BigInteger()))
+        else:  # pragma: no cover - the store checks the names
+            raise ValueError(name)
+    query = query.order_by(c.sequence).limit(_p("limit", Integer()))
+    if dialect == "postgresql" and not live:
+        query = query.with_for_update(read=True, key_share=True, of=t)
+    return query
+
+
+@cache
+def newest_sequence() -> Select[Any]:
+    """The greatest ``sequence`` there is (NULL: no job): where a bulk action stops."""
+    return select(func.max(c.sequence))
+
+
 @cache
 def live_counts() -> Select[Any]:
     """Live jobs per queue and state, and the earliest time one of them became

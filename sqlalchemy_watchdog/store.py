@@ -36,6 +36,7 @@ from . import telemetry
 from .connections import prepared_statement_failure
 from .errors import EnqueueConflict, ErrorCode, InvalidJob, WatchdogError, redacted
 from .jobs import (
+    BULK_BATCH_MAX,
     CANCELLATION_ID_MAX_LENGTH,
     FAILURE_DETAIL_MAX_LENGTH,
     JOB_ID_MAX_LENGTH,
@@ -44,6 +45,8 @@ from .jobs import (
     PRUNE_BATCH_MAX,
     QUEUE_MAX_LENGTH,
     THROUGHPUT_MINUTES,
+    BulkResult,
+    BulkSkip,
     CancelResult,
     CancelStatus,
     Decision,
@@ -64,16 +67,19 @@ from .jobs import (
     Undecodable,
     at_epoch_ms,
     bound_reason,
+    bulk_cancellation_id,
+    check_aware,
     check_duration,
     check_int,
     check_text,
     duration_ms,
+    epoch_ms,
     history_of,
     payload_of,
     rerun_job_id,
     slot_setters,
 )
-from .wakeups import EVENT_QUEUED
+from .wakeups import EVENT_QUEUED, EVENT_STOP
 
 __all__ = [
     "check_duration",
@@ -1395,11 +1401,186 @@ def rerun(conn: Connection, job_id: str, rerun_id: str) -> EnqueueResult:
         raise InvalidJob("job_id", f"no job {job_id!r} to rerun")
     if original.state is not JobState.SETTLED:
         raise InvalidJob("job_id", f"job {job_id!r} is {original.state.value}; only a settled job can be rerun")
+    return enqueue(conn, [_rerun_copy(original, rerun_id)])[0]
+
+
+# -- bulk actions --------------------------------------------------------------
+
+
+class BulkKind(str, enum.Enum):
+    RERUN = "rerun"
+    CANCEL = "cancel"
+
+
+_MS_MIN, _MS_MAX = -(2**63), 2**63 - 1
+
+
+def _time_bound(field: str, value: object) -> int:
+    """An aware datetime bound as epoch milliseconds, or a clear error."""
+    ms = epoch_ms(check_aware(field, value))
+    if not _MS_MIN <= ms <= _MS_MAX:  # pragma: no cover - datetime cannot reach it
+        raise InvalidJob(field, f"is out of range: {value!r}")
+    return ms
+
+
+@dataclass(frozen=True, slots=True)
+class BulkAction:
+    """A checked :meth:`Watchdog.rerun_many` / ``cancel_many`` request: which
+    jobs (``params`` of :func:`statements.bulk_pick`), what to do to them,
+    in batches of ``batch``, at most ``limit`` of them."""
+
+    kind: BulkKind
+    #: The ``rerun_id`` or the bulk ``cancellation_id``.
+    action_id: str
+    filters: tuple[str, ...]
+    params: Mapping[str, Any]
+    batch: int
+    limit: int | None
+    dry_run: bool
+    only_if_queued: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        kind: BulkKind,
+        action_id: object,
+        *,
+        queue: object = None,
+        lane: object = None,
+        outcome: object = None,
+        settled_after: object = None,
+        settled_before: object = None,
+        enqueued_after: object = None,
+        enqueued_before: object = None,
+        batch: object = 100,
+        limit: object = None,
+        dry_run: object = False,
+        only_if_queued: object = False,
+    ) -> BulkAction:
+        """Check every argument before anything is read or written: a bad one
+        raises :class:`InvalidJob` naming it."""
+        if kind is BulkKind.RERUN:
+            action = check_text("rerun_id", action_id, RERUN_ID_MAX_LENGTH)
+        else:
+            action = check_text("cancellation_id", action_id, CANCELLATION_ID_MAX_LENGTH)
+            for field, value in (("outcome", outcome), ("settled_after", settled_after)):
+                if value is not None:
+                    raise InvalidJob(field, "cancel_many selects live jobs, which have not settled: no outcome or time")
+            if settled_before is not None:
+                raise InvalidJob("settled_before", "cancel_many selects live jobs, which have not settled")
+        params: dict[str, Any] = {}
+        if queue is not None:
+            params["queue"] = check_text("queue", queue, QUEUE_MAX_LENGTH)
+        if lane is not None:
+            params["lane"] = check_text("lane", lane, LANE_MAX_LENGTH)
+        if outcome is not None:
+            params["outcomes"] = check_outcomes(outcome)
+        times = {
+            "settled_after": settled_after,
+            "settled_before": settled_before,
+            "enqueued_after": enqueued_after,
+            "enqueued_before": enqueued_before,
+        }
+        for field, value in times.items():
+            if value is not None:
+                params[field] = _time_bound(field, value)
+        for what in ("settled", "enqueued"):
+            after, before = params.get(f"{what}_after"), params.get(f"{what}_before")
+            if after is not None and before is not None and after >= before:
+                raise InvalidJob(f"{what}_before", f"must be later than {what}_after (the range is empty)")
+        if not params:
+            raise InvalidJob(
+                "filter",
+                "a bulk action needs at least one of queue, lane, outcome or a time range (it never selects every job)",
+            )
+        size = check_int("batch", batch, 1, BULK_BATCH_MAX)
+        total = None if limit is None else check_int("limit", limit, 1, 2**63 - 1)
+        for field, flag in (("dry_run", dry_run), ("only_if_queued", only_if_queued)):
+            if not isinstance(flag, bool):
+                raise InvalidJob(field, f"must be a bool, not {type(flag).__name__}")
+        filters = tuple(name for name in sql.BULK_FILTERS if name in params)
+        return cls(kind, action, filters, params, size, total, bool(dry_run), bool(only_if_queued))
+
+    def next_size(self, matched: int) -> int:
+        """The size of the next batch after ``matched`` jobs (0: done)."""
+        return self.batch if self.limit is None else min(self.batch, self.limit - matched)
+
+
+@dataclass(frozen=True, slots=True)
+class BulkStep:
+    """What one batch did: the last sequence it read (None: nothing left)."""
+
+    last_sequence: int | None
+    matched: int
+    done: tuple[str, ...] = ()
+    repeated: tuple[str, ...] = ()
+    skipped: tuple[BulkSkip, ...] = ()
+
+
+class BulkProgress:
+    """The running total of a bulk action's batches (the client's loop)."""
+
+    def __init__(self, action: BulkAction) -> None:
+        self.action = action
+        self.after = 0
+        self.matched = 0
+        self.batches = 0
+        self.done: list[str] = []
+        self.repeated: list[str] = []
+        self.skipped: list[BulkSkip] = []
+
+    def add(self, step: BulkStep) -> bool:
+        """Fold in one batch; whether another may follow."""
+        self.batches += 1
+        self.matched += step.matched
+        self.done += step.done
+        self.repeated += step.repeated
+        self.skipped += step.skipped
+        if step.last_sequence is None:
+            return False
+        self.after = step.last_sequence
+        return True
+
+    def result(self) -> BulkResult:
+        return BulkResult(
+            self.matched,
+            tuple(self.done),
+            tuple(self.repeated),
+            tuple(self.skipped),
+            self.batches,
+            self.action.dry_run,
+        )
+
+
+def newest_sequence(conn: Connection) -> int:
+    """The greatest sequence there is (0: no job): where a bulk action stops,
+    so the jobs it creates are never selected by itself."""
+    return int(conn.execute(sql.newest_sequence()).scalar() or 0)
+
+
+def bulk_batch(conn: Connection, action: BulkAction, after: int, end: int, size: int) -> BulkStep:
+    """One batch of a bulk action, in one transaction: the next ``size``
+    selected jobs with ``after < sequence <= end``, acted on (or, dry run,
+    counted)."""
+    params = {**action.params, "after_sequence": after, "before_sequence": end + 1, "limit": size}
+    rows = conn.execute(sql.bulk_pick(conn.dialect.name, action.kind.value, action.filters), params).all()
+    if not rows:
+        return BulkStep(None, 0)
+    last = rows[-1][0]
+    if action.kind is BulkKind.CANCEL:
+        return _cancel_batch(conn, action, [row[1] for row in rows], last)
+    return _rerun_batch(conn, action, [view(row) for row in rows], last)
+
+
+def _rerun_copy(original: JobView, rerun_id: str) -> Job:
+    """The copy :func:`rerun` enqueues; InvalidJob when the original cannot be copied."""
     for unknown in original.undecodable:
         if unknown.field in ("payload", "retry", "timeout"):  # what the copy would carry
-            raise InvalidJob("job_id", f"job {job_id!r} cannot be rerun: its stored {unknown.column} is undecodable")
-    copy = Job(
-        rerun_job_id(job_id, rerun_id),
+            raise InvalidJob(
+                "job_id", f"job {original.job_id!r} cannot be rerun: its stored {unknown.column} is undecodable"
+            )
+    return Job(
+        rerun_job_id(original.job_id, rerun_id),
         original.queue,
         lane=original.lane,
         priority=original.priority,
@@ -1407,9 +1588,72 @@ def rerun(conn: Connection, job_id: str, rerun_id: str) -> EnqueueResult:
         max_recoveries=original.max_recoveries,
         retry=original.retry,
         timeout=original.timeout,
-        rerun_of=job_id,
+        rerun_of=original.job_id,
     )
-    return enqueue(conn, [copy])[0]
+
+
+def _rerun_batch(conn: Connection, action: BulkAction, originals: list[JobView], last: int) -> BulkStep:
+    copies: list[Job] = []
+    skipped: list[BulkSkip] = []
+    for original in originals:
+        if original.rerun_of is not None and original.job_id == rerun_job_id(original.rerun_of, action.action_id):
+            continue  # a copy this very rerun_id made: never copied again
+        try:
+            copies.append(_rerun_copy(original, action.action_id))
+        except InvalidJob as error:
+            skipped.append(BulkSkip(original.job_id, str(error).split(": ", 1)[1]))
+    matched = len(copies) + len(skipped)
+    if action.dry_run or not copies:
+        return BulkStep(last, matched, skipped=tuple(skipped))
+    # A job_id taken by a job with other contents: skipped, never a failed batch.
+    stored = {
+        row.job_id: row._asdict()
+        for row in conn.execute(sql.stored_contents(), {"job_ids": [copy.job_id for copy in copies]})
+    }
+    fresh: list[Job] = []
+    repeated: list[str] = []
+    for copy in copies:
+        row = stored.get(copy.job_id)
+        if row is None:
+            fresh.append(copy)
+        elif row == _row(copy):
+            repeated.append(copy.job_id)
+        else:
+            skipped.append(BulkSkip(copy.rerun_of or "", f"its rerun's job_id {copy.job_id!r} is another job's"))
+    done: list[str] = []
+    if fresh:
+        for result in enqueue(conn, fresh):
+            (done if result.status is EnqueueStatus.QUEUED else repeated).append(result.job_id)
+    return BulkStep(last, matched, tuple(done), tuple(repeated), tuple(skipped))
+
+
+def _cancel_batch(conn: Connection, action: BulkAction, job_ids: list[str], last: int) -> BulkStep:
+    if action.dry_run:
+        return BulkStep(last, len(job_ids))
+    done: list[str] = []
+    repeated: list[str] = []
+    skipped: list[BulkSkip] = []
+    for job_id in job_ids:
+        cancellation_id = bulk_cancellation_id(action.action_id, job_id)
+        result = cancel(conn, job_id, cancellation_id, only_if_queued=action.only_if_queued)
+        if result.status is CancelStatus.RECORDED:
+            done.append(job_id)
+        elif result.status is CancelStatus.REPLAYED:
+            repeated.append(job_id)
+        elif result.status is CancelStatus.MISSING:
+            skipped.append(BulkSkip(job_id, "deleted meanwhile (purged)"))
+        else:
+            skipped.append(
+                BulkSkip(
+                    job_id,
+                    "settled meanwhile, "
+                    + ("running, " if action.only_if_queued else "")
+                    + "or already cancelled by another request",
+                )
+            )
+    if done:
+        notify(conn, EVENT_STOP)
+    return BulkStep(last, len(job_ids), tuple(done), tuple(repeated), tuple(skipped))
 
 
 # -- testing only ------------------------------------------------------------
@@ -1473,7 +1717,7 @@ READ_ONLY: frozenset[Callable[..., Any]] = frozenset(
 #: Store functions that need a transaction of their own even where the
 #: runner's operations run in autocommit: their statements hold a
 #: transaction-scoped lock across several statements.
-NEEDS_TRANSACTION: frozenset[Callable[..., Any]] = frozenset({prune_retention})
+NEEDS_TRANSACTION: frozenset[Callable[..., Any]] = frozenset({prune_retention, bulk_batch})
 
 
 def _prepares_per_statement(conn: Connection) -> bool:

@@ -1234,3 +1234,125 @@ def test_rerun_refuses_bad_ids_naming_the_field_and_writes_nothing(engine: Engin
         assert error.value.field == field
     assert job_ids(engine) == ["orig"]
     assert api.rerun("orig", rerun_id="r" * 128).status is QUEUED
+
+
+# -- bulk actions: rerun_many, cancel_many ------------------------------------------------
+
+
+BULK = [
+    ("i-1", "mail", "L1", INTERRUPTED),
+    ("f-1", "mail", "L2", FAILED),
+    ("c-1", "mail", "L1", COMPLETED),
+    ("i-2", "sms", "L1", INTERRUPTED),
+    ("f-2", "mail", "L1", FAILED),
+    ("q-1", "mail", "L1", JobState.QUEUED),
+]
+
+
+def test_rerun_many_copies_each_matching_settled_job_once_and_again_is_repeated(engine: Engine, api: Ops) -> None:
+    populate(engine, BULK)
+    dry = api.rerun_many(rerun_id="fix", queue="mail", outcome=["interrupted", "failed"], dry_run=True)
+    assert (dry.matched, dry.done, dry.repeated, dry.dry_run) == (3, (), (), True)
+    assert job_ids(engine) == [job_id for job_id, *_ in BULK]  # a dry run writes nothing
+
+    result = api.rerun_many(rerun_id="fix", queue="mail", outcome=["interrupted", "failed"], batch=2)
+    assert result.done == ("i-1~rerun~fix", "f-1~rerun~fix", "f-2~rerun~fix")
+    assert (result.matched, result.repeated, result.skipped, result.batches) == (3, (), (), 3)
+    copy = api.read("f-1~rerun~fix")
+    assert (copy.rerun_of, copy.state, copy.lane) == ("f-1", JobState.QUEUED, "L2")
+
+    # Again, after the copies ran and failed too: no second copy, and the
+    # copies themselves are never copied by the same rerun_id.
+    copies = run(engine, store.claim, queues=["mail"], limit=3, lease_ms=LEASE_MS).claimed  # q-1 has priority 0
+    assert sorted(taken.job.job_id for taken in copies) == sorted(result.done)
+    for taken in copies:
+        settle(engine, taken, Decision.failed("again", retry=False))
+    again = api.rerun_many(rerun_id="fix", queue="mail", outcome=["interrupted", "failed"])
+    assert (again.matched, again.done, again.repeated) == (3, (), result.done)
+    # Another rerun_id is another copy: of the originals and of the copies.
+    other = api.rerun_many(rerun_id="fix2", lane="L2", outcome="failed")
+    assert other.done == ("f-1~rerun~fix2", "f-1~rerun~fix~rerun~fix2")
+
+
+def test_rerun_many_selects_by_lane_and_time_ranges(engine: Engine, api: Ops) -> None:
+    populate(engine, BULK)
+    settled_ago(engine, timedelta(hours=3), "i-1", "f-1")
+    now = datetime.now(UTC)
+    old = api.rerun_many(rerun_id="old", settled_before=now - timedelta(hours=1), dry_run=True)
+    assert old.matched == 2
+    recent = api.rerun_many(rerun_id="new", settled_after=now - timedelta(hours=1), lane="L1")
+    assert recent.done == ("c-1~rerun~new", "i-2~rerun~new", "f-2~rerun~new")
+    assert api.rerun_many(rerun_id="x", enqueued_after=now + timedelta(hours=1), dry_run=True).matched == 0
+    assert api.rerun_many(rerun_id="x", enqueued_before=now + timedelta(hours=1), dry_run=True).matched == 5
+    assert api.rerun_many(rerun_id="x", queue="mail", limit=2, batch=1, dry_run=True).matched == 2
+
+
+def test_cancel_many_cancels_matching_live_jobs_and_again_replays(engine: Engine, api: Ops) -> None:
+    populate(
+        engine,
+        [
+            ("w-1", "mail", "L1", JobState.QUEUED),
+            ("w-2", "mail", "L2", JobState.DELAYED),
+            ("w-3", "mail", "L1", JobState.RUNNING),
+            ("w-4", "sms", "L1", JobState.QUEUED),
+            ("done", "mail", "L1", COMPLETED),
+        ],
+    )
+    assert api.cancel_many(cancellation_id="stop", queue="mail", dry_run=True).matched == 3
+    assert api.read("w-1").cancellation_id is None
+    queued_only = api.cancel_many(cancellation_id="stop", queue="mail", only_if_queued=True)
+    assert queued_only.done == ("w-1", "w-2")
+    assert [skip.job_id for skip in queued_only.skipped] == ["w-3"]
+    assert api.read("w-1").cancellation_id == "stop~w-1"
+    everything = api.cancel_many(cancellation_id="stop", queue="mail")
+    assert (everything.done, everything.repeated, everything.skipped) == (("w-3",), ("w-1", "w-2"), ())
+    # Another bulk cancellation of the same jobs conflicts with the recorded ones: skipped, nothing changed.
+    other = api.cancel_many(cancellation_id="halt", lane="L1")
+    assert other.done == ("w-4",) and [skip.job_id for skip in other.skipped] == ["w-1", "w-3"]
+    assert api.read("w-1").cancellation_id == "stop~w-1"
+
+
+@pytest.mark.parametrize(
+    ("method", "kwargs", "field"),
+    [
+        ("rerun_many", {"rerun_id": "r"}, "filter"),
+        ("rerun_many", {"rerun_id": "", "queue": "mail"}, "rerun_id"),
+        ("rerun_many", {"rerun_id": "r", "queue": ""}, "queue"),
+        ("rerun_many", {"rerun_id": "r", "lane": 5}, "lane"),
+        ("rerun_many", {"rerun_id": "r", "outcome": "lost"}, "outcomes"),
+        ("rerun_many", {"rerun_id": "r", "outcome": []}, "outcomes"),
+        ("rerun_many", {"rerun_id": "r", "settled_after": datetime(2024, 1, 1)}, "settled_after"),
+        ("rerun_many", {"rerun_id": "r", "enqueued_before": "yesterday"}, "enqueued_before"),
+        (
+            "rerun_many",
+            {
+                "rerun_id": "r",
+                "settled_after": datetime(2024, 2, 1, tzinfo=UTC),
+                "settled_before": datetime(2024, 1, 1, tzinfo=UTC),
+            },
+            "settled_before",
+        ),
+        ("rerun_many", {"rerun_id": "r", "queue": "mail", "batch": 0}, "batch"),
+        ("rerun_many", {"rerun_id": "r", "queue": "mail", "batch": 1001}, "batch"),
+        ("rerun_many", {"rerun_id": "r", "queue": "mail", "limit": 0}, "limit"),
+        ("rerun_many", {"rerun_id": "r", "queue": "mail", "dry_run": "yes"}, "dry_run"),
+        ("cancel_many", {"cancellation_id": "c"}, "filter"),
+        ("cancel_many", {"cancellation_id": "c" * 257, "queue": "mail"}, "cancellation_id"),
+        ("cancel_many", {"cancellation_id": "c", "queue": "mail", "only_if_queued": 1}, "only_if_queued"),
+    ],
+)
+def test_a_bad_bulk_filter_is_refused_naming_the_field_and_changes_nothing(
+    engine: Engine, api: Ops, method: str, kwargs: dict[str, Any], field: str
+) -> None:
+    populate(engine, BULK)
+    before = [(job.job_id, job.state, job.cancellation_id) for job in api.list_jobs()]
+    with pytest.raises(InvalidJob) as error:
+        getattr(api, method)(**kwargs)
+    assert error.value.field == field
+    assert [(job.job_id, job.state, job.cancellation_id) for job in api.list_jobs()] == before
+
+
+def test_cancel_many_takes_no_outcome_nor_settled_time(api: Ops) -> None:
+    for kwargs in ({"outcome": "failed"}, {"settled_after": datetime.now(UTC)}, {"settled_before": datetime.now(UTC)}):
+        with pytest.raises(TypeError):
+            api.cancel_many(cancellation_id="c", queue="q", **kwargs)

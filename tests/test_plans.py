@@ -369,6 +369,10 @@ def _list(**values: Any) -> Params:
     return lambda dialect: {"after_sequence": 0, "before_sequence": 2**63 - 1, "limit": 100, **values}
 
 
+def _bulk(**values: Any) -> Params:
+    return lambda dialect: {"after_sequence": 0, "before_sequence": 2**63 - 1, "limit": 100, **values}
+
+
 PG, LITE = "postgresql", "sqlite"
 JOB_ID = {PG: "uq_watchdog_jobs_job_id", LITE: "sqlite_autoindex_watchdog_jobs_1"}
 CANCELLATION_ID = "uq_watchdog_jobs_cancellation_id"
@@ -570,6 +574,28 @@ PLANS: list[Case] = [
         ordered=True,
     ),
     Case("list_jobs(newest first, queue)", "list_jobs", (("queue",), False, True), _list(queue="q3"), on(PK)),
+    # Bulk actions: a batch of the selected jobs in admission order, from the
+    # snapshot's newest sequence down; rerun's settled jobs by outcome and time
+    # (settled) or by the primary key; cancel's live jobs by their live indexes.
+    Case(
+        "bulk_pick(rerun: outcomes, settled range)",
+        "bulk_pick",
+        (D, "rerun", ("outcomes", "settled_after", "settled_before")),
+        _bulk(outcomes=["failed", "cancelled"], settled_after=NOW - 86_400_000, settled_before=NOW),
+        on(SETTLED, PK),
+    ),
+    Case("bulk_pick(rerun: queue)", "bulk_pick", (D, "rerun", ("queue",)), _bulk(queue="q3"), on(PK)),
+    Case("bulk_pick(cancel: queue)", "bulk_pick", (D, "cancel", ("queue",)), _bulk(queue="q3"), on(LIVE_QUEUE, PK)),
+    Case(
+        "bulk_pick(cancel: lane)",
+        "bulk_pick",
+        (D, "cancel", ("lane",)),
+        _bulk(lane="l3"),
+        on(LIVE_LANE, LIVE_QUEUE, PK),
+    ),
+    # SQLite answers max(rowid) from the table b-tree's last entry ("SEARCH
+    # watchdog_jobs", no index to name); PostgreSQL reads the pk backwards.
+    Case("newest_sequence", "newest_sequence", (), _none, {PG: (PK,)}),
     Case("live_counts", "live_counts", (), _none, on(LIVE_QUEUE)),
     Case("expired_counts", "expired_counts", (), _none, on(LEASE)),
     Case("recent_outcomes", "recent_outcomes", (), _none, on(SETTLED)),
