@@ -366,7 +366,7 @@ class AsyncWatchdog:
         end = await self._read(store.newest_sequence)
         run = self._read if action.dry_run else self._run
         while size := action.next_size(progress.matched):
-            if not progress.add(await run(store.bulk_batch, action, progress.after, end, size)):
+            if not progress.add(await run(store.bulk_batch, action, progress.after, end, size), size):
                 break
         return progress.result()
 

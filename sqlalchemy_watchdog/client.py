@@ -428,7 +428,7 @@ class Watchdog:
         end = self._read(store.newest_sequence)
         run = self._read if action.dry_run else self._write
         while size := action.next_size(progress.matched):
-            if not progress.add(run(store.bulk_batch, action, progress.after, end, size)):
+            if not progress.add(run(store.bulk_batch, action, progress.after, end, size), size):
                 break
         return progress.result()
 

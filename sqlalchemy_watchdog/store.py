@@ -1511,6 +1511,8 @@ class BulkStep:
     """What one batch did: the last sequence it read (None: nothing left)."""
 
     last_sequence: int | None
+    #: Rows the batch read (its own copies included); fewer than asked: the last batch.
+    picked: int
     matched: int
     done: tuple[str, ...] = ()
     repeated: tuple[str, ...] = ()
@@ -1529,14 +1531,14 @@ class BulkProgress:
         self.repeated: list[str] = []
         self.skipped: list[BulkSkip] = []
 
-    def add(self, step: BulkStep) -> bool:
-        """Fold in one batch; whether another may follow."""
+    def add(self, step: BulkStep, size: int) -> bool:
+        """Fold in one batch of ``size``; whether another may follow."""
         self.batches += 1
         self.matched += step.matched
         self.done += step.done
         self.repeated += step.repeated
         self.skipped += step.skipped
-        if step.last_sequence is None:
+        if step.last_sequence is None or step.picked < size:
             return False
         self.after = step.last_sequence
         return True
@@ -1565,7 +1567,7 @@ def bulk_batch(conn: Connection, action: BulkAction, after: int, end: int, size:
     params = {**action.params, "after_sequence": after, "before_sequence": end + 1, "limit": size}
     rows = conn.execute(sql.bulk_pick(conn.dialect.name, action.kind.value, action.filters), params).all()
     if not rows:
-        return BulkStep(None, 0)
+        return BulkStep(None, 0, 0)
     last = rows[-1][0]
     if action.kind is BulkKind.CANCEL:
         return _cancel_batch(conn, action, [row[1] for row in rows], last)
@@ -1604,7 +1606,7 @@ def _rerun_batch(conn: Connection, action: BulkAction, originals: list[JobView],
             skipped.append(BulkSkip(original.job_id, str(error).split(": ", 1)[1]))
     matched = len(copies) + len(skipped)
     if action.dry_run or not copies:
-        return BulkStep(last, matched, skipped=tuple(skipped))
+        return BulkStep(last, len(originals), matched, skipped=tuple(skipped))
     # A job_id taken by a job with other contents: skipped, never a failed batch.
     stored = {
         row.job_id: row._asdict()
@@ -1624,12 +1626,12 @@ def _rerun_batch(conn: Connection, action: BulkAction, originals: list[JobView],
     if fresh:
         for result in enqueue(conn, fresh):
             (done if result.status is EnqueueStatus.QUEUED else repeated).append(result.job_id)
-    return BulkStep(last, matched, tuple(done), tuple(repeated), tuple(skipped))
+    return BulkStep(last, len(originals), matched, tuple(done), tuple(repeated), tuple(skipped))
 
 
 def _cancel_batch(conn: Connection, action: BulkAction, job_ids: list[str], last: int) -> BulkStep:
     if action.dry_run:
-        return BulkStep(last, len(job_ids))
+        return BulkStep(last, len(job_ids), len(job_ids))
     done: list[str] = []
     repeated: list[str] = []
     skipped: list[BulkSkip] = []
@@ -1653,7 +1655,7 @@ def _cancel_batch(conn: Connection, action: BulkAction, job_ids: list[str], last
             )
     if done:
         notify(conn, EVENT_STOP)
-    return BulkStep(last, len(job_ids), tuple(done), tuple(repeated), tuple(skipped))
+    return BulkStep(last, len(job_ids), len(job_ids), tuple(done), tuple(repeated), tuple(skipped))
 
 
 # -- testing only ------------------------------------------------------------

@@ -1265,6 +1265,70 @@ def test_pause_refuses_a_bad_reason(engine: Engine, cli: Cli) -> None:
     assert not Watchdog(engine).stats().queue("q").paused
 
 
+def test_rerun_and_cancel_where_count_first_then_act_once(engine: Engine, cli: Cli) -> None:
+    add(engine, *(Job(f"mail-{n}", "mail") for n in range(3)), Job("sms-0", "sms"))
+    run_all(engine, "mail", failing=("mail-0", "mail-2"))
+    add(engine, Job("later-1", "mail", lane="team:1"), Job("later-2", "mail"))
+
+    status, out, _ = cli("rerun", "--where", "queue=mail", "--where", "outcome=failed", "--rerun-id", "t1")
+    assert (status, out) == (0, "2 job(s) match; nothing changed. Run again with --yes to rerun them.\n")
+    assert Watchdog(engine).read("mail-0~rerun~t1") is None
+    argv = ("rerun", "--where", "queue=mail", "--where", "outcome=failed", "--rerun-id", "t1", "--yes")
+    status, out, _ = cli(*argv)
+    assert (status, out.splitlines()) == (
+        0,
+        ["2 job(s) match.", "2 rerun, 0 already rerun by this id, 0 skipped (1 batch(es))."],
+    )
+    assert Watchdog(engine).read("mail-2~rerun~t1") is not None
+    status, out, _ = cli("--json", *argv)
+    assert json.loads(out) == {
+        "matched": 2,
+        "done": [],
+        "repeated": ["mail-0~rerun~t1", "mail-2~rerun~t1"],
+        "skipped": [],
+        "batches": 1,
+        "dry_run": False,
+    }
+    status, out, _ = cli("rerun", "--where", "settled-after=1h", "--where", "outcome=completed", "--rerun-id", "t2")
+    assert out.startswith("1 job(s) match")
+
+    status, out, _ = cli("cancel", "--where", "lane=team:1", "stop", "--yes")
+    assert (status, out.splitlines()[-1]) == (
+        0,
+        "1 cancelled, 0 already cancelled by this id, 0 skipped (1 batch(es)).",
+    )
+    assert Watchdog(engine).read("later-1").cancellation_id == "stop~later-1"
+    assert Watchdog(engine).read("later-2").cancellation_id is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "status", "says"),
+    [
+        (["rerun", "--where", "queue", "--rerun-id", "x", "--yes"], 2, "KEY=VALUE"),
+        (["rerun", "--where", "color=red", "--rerun-id", "x", "--yes"], 2, "KEY=VALUE"),
+        (["rerun", "--where", "outcome=lost", "--rerun-id", "x", "--yes"], 2, "'lost'"),
+        (["rerun", "--where", "settled-after=yesterday", "--rerun-id", "x", "--yes"], 2, "ISO 8601"),
+        (["rerun", "--where", "settled-after=2026-01-01T00:00:00", "--rerun-id", "x", "--yes"], 2, "ISO 8601"),
+        (["rerun", "orig", "--where", "queue=q", "--rerun-id", "x", "--yes"], 2, "not both"),
+        (["rerun", "--rerun-id", "x", "--yes"], 2, "JOB_ID"),
+        (["rerun", "--where", "queue=q", "--where", "queue=r", "--rerun-id", "x", "--yes"], 2, "twice"),
+        (["cancel", "--where", "outcome=failed", "c", "--yes"], 2, "--where outcome"),
+        (["cancel", "--where", "queue=q", "job", "c", "--yes"], 2, "CANCELLATION_ID alone"),
+        (["rerun", "--where", "queue=q", "--rerun-id", "", "--yes"], 1, "rerun_id"),
+    ],
+)
+def test_a_bad_where_is_refused_and_changes_nothing(
+    engine: Engine, cli: Cli, argv: list[str], status: int, says: str
+) -> None:
+    add(engine, Job("orig", "q"), Job("waiting", "q"))
+    run_all(engine, "q", failing=("orig",))
+    add(engine, Job("waiting-2", "q"))
+    before = [(job.job_id, job.state, job.cancellation_id) for job in Watchdog(engine).list_jobs()]
+    code, _, err = cli(*argv)
+    assert code == status and says in err, err
+    assert [(job.job_id, job.state, job.cancellation_id) for job in Watchdog(engine).list_jobs()] == before
+
+
 def test_rerun(engine: Engine, cli: Cli) -> None:
     add(engine, Job("orig", "q", lane="team:1", priority=4, payload={"n": 1}), Job("live", "q"))
     run_all(engine, "q", failing=("orig",))
