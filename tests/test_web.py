@@ -177,6 +177,58 @@ def test_job_and_lane_lists_show_the_newest_first_and_page_both_ways(watchdog: W
         )
 
 
+def test_bulk_rerun_and_cancel_confirm_with_the_count_then_act_once(
+    engine: Engine, watchdog: Watchdog, dashboard: Dashboard
+) -> None:
+    watchdog.enqueue([Job(f"bulk-{n}", "bulk") for n in range(4)])
+    settle(engine, {"bulk": lambda job: Decision.failed("down", retry=False) if job.job_id != "bulk-3" else None})
+    watchdog.enqueue([Job("live-1", "bulk"), Job("live-2", "bulk", lane="team")])
+
+    listed = dashboard.get("/jobs", queue="bulk", outcome="failed").text
+    assert "Rerun every matching settled job" in listed
+    assert "Cancel every matching live job" not in listed  # live jobs have no outcome
+    fields = {"enc.queue": "bulk", "enc.outcome": "failed", "rerun_id": "fix-1"}
+    confirm = dashboard.post("bulk-rerun", **fields)
+    assert confirm.status_code == 200 and 'data-count="3"' in confirm.text
+    assert watchdog.read("bulk-0~rerun~fix-1") is None  # asked, not done
+    done = dashboard.post("bulk-rerun", **fields, confirm="yes")
+    assert done.status_code == 200 and 'data-status="rerun 3"' in done.text
+    assert [watchdog.read(f"bulk-{n}").reruns for n in range(3)] == [(f"bulk-{n}~rerun~fix-1",) for n in range(3)]
+    again = dashboard.post("bulk-rerun", **fields, confirm="yes")  # a second click, a reload
+    assert 'data-status="rerun 0"' in again.text and "3 already rerun" in again.text
+
+    assert "Cancel every matching live job" in dashboard.get("/jobs", lane="team").text
+    confirm = dashboard.post("bulk-cancel", **{"enc.lane": "team", "enc.cancellation_id": "stop-1"})
+    assert 'data-count="1"' in confirm.text
+    done = dashboard.post("bulk-cancel", **{"enc.lane": "team", "enc.cancellation_id": "stop-1", "confirm": "yes"})
+    assert 'data-status="cancelled 1"' in done.text
+    assert watchdog.read("live-2").cancellation_id == "stop-1~live-2"
+    assert watchdog.read("live-1").cancellation_id is None
+
+
+@pytest.mark.parametrize(
+    ("action", "fields", "names"),
+    [
+        ("bulk-rerun", {"rerun_id": "r"}, "filter"),
+        ("bulk-rerun", {"queue": "bulk", "outcome": "lost", "rerun_id": "r"}, "outcome"),
+        ("bulk-rerun", {"queue": "bulk", "settled_within": "2y", "rerun_id": "r"}, "settled_within"),
+        ("bulk-rerun", {"queue": "bulk"}, "rerun_id"),
+        ("bulk-cancel", {"cancellation_id": "c"}, "filter"),
+    ],
+)
+def test_a_bad_bulk_form_is_refused_naming_the_field_and_changes_nothing(
+    watchdog: Watchdog, dashboard: Dashboard, action: str, fields: dict[str, str], names: str
+) -> None:
+    watchdog.enqueue(Job("bulk-live", "bulk"))
+    # Asked (the confirmation page) or confirmed: refused either way (a form
+    # field the page checks: 400; an argument the library refuses: 409).
+    for confirm, statuses in (({}, {400}), ({"confirm": "yes"}, {400, 409})):
+        response = dashboard.post(action, **fields, **confirm)
+        assert response.status_code in statuses and names in response.text, response.text
+    assert watchdog.read("bulk-live").cancellation_id is None
+    assert watchdog.list_jobs(job_id_prefix="bulk-live~") == []
+
+
 @pytest.mark.parametrize(
     ("query", "status", "names"),
     [

@@ -15,7 +15,7 @@ import json
 import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar, cast
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
@@ -39,6 +39,8 @@ from ..asyncio import AsyncWatchdog
 from ..client import Watchdog
 from ..errors import InvalidJob, WatchdogError
 from ..jobs import (
+    BulkResult,
+    BulkSkip,
     CancelResult,
     EnqueueResult,
     JobState,
@@ -59,9 +61,10 @@ __all__ = ["ACTIONS", "DESTRUCTIVE_ACTIONS", "VIEW", "Authorize", "Identify", "c
 T = TypeVar("T")
 
 #: What ``authorize(request, action)`` is asked about: every action by name.
-ACTIONS = ("cancel", "fail_lane", "purge", "pause", "resume", "rerun")
-#: The actions that destroy or end something: each asks for confirmation first.
-DESTRUCTIVE_ACTIONS = frozenset({"cancel", "fail_lane", "purge"})
+ACTIONS = ("cancel", "fail_lane", "purge", "pause", "resume", "rerun", "bulk_rerun", "bulk_cancel")
+#: The actions that destroy or end something, or act on many jobs: each asks
+#: for confirmation first (a bulk action's page shows how many jobs match).
+DESTRUCTIVE_ACTIONS = frozenset({"cancel", "fail_lane", "purge", "bulk_rerun", "bulk_cancel"})
 #: What ``authorize(request, action)`` is asked before any page is shown.
 VIEW = "view"
 
@@ -203,6 +206,12 @@ class _Client:
 
     async def rerun(self, job_id: str, rerun_id: str) -> EnqueueResult:
         return cast(EnqueueResult, await self._call("rerun", job_id, rerun_id=rerun_id))
+
+    async def rerun_many(self, **arguments: Any) -> BulkResult:
+        return cast(BulkResult, await self._call("rerun_many", **arguments))
+
+    async def cancel_many(self, **arguments: Any) -> BulkResult:
+        return cast(BulkResult, await self._call("cancel_many", **arguments))
 
 
 # -- CSRF: a per-session nonce in a cookie, a token bound to it and to the identity ------
@@ -557,6 +566,7 @@ class _Pages:
                 "new_id": lambda: f"dashboard-{secrets.token_hex(6)}",
                 "states": [state.value for state in JobState],
                 "outcomes": [outcome.value for outcome in Outcome],
+                "settled_within": list(SETTLED_WITHIN),
                 **context,
             }
         )
@@ -711,7 +721,15 @@ class _Pages:
         except InvalidJob as error:
             return await self._error(request, 400, str(error))
         if action in DESTRUCTIVE_ACTIONS and "yes" not in (form.get("confirm"), form.get(_ENCODED + "confirm")):
-            return await self._render(request, "confirm.html", {"action": action, "fields": fields})
+            context: dict[str, Any] = {"action": action, "fields": fields}
+            if action.startswith("bulk_"):
+                try:
+                    context["count"] = (await self._bulk(action, fields, dry_run=True)).matched
+                except InvalidJob as error:
+                    return await self._error(request, 400, str(error))
+                except WatchdogError as error:
+                    return await self._error(request, 503, f"The database could not answer: {error}")
+            return await self._render(request, "confirm.html", context)
         try:
             result = await self._run(action, fields)
         except InvalidJob as error:
@@ -720,8 +738,35 @@ class _Pages:
             return await self._error(request, 503, f"The database could not answer: {error}")
         return await self._render(request, "result.html", {"result": result}, result.http_status)
 
+    async def _bulk(self, action: str, fields: dict[str, str], *, dry_run: bool) -> BulkResult:
+        """A bulk action's run (or, ``dry_run``, its count) on the form's filters."""
+        filters = {name: fields[name] for name in ("queue", "lane") if fields.get(name)}
+        if action == "bulk_cancel":
+            return await self.s.client.cancel_many(
+                cancellation_id=fields["cancellation_id"], dry_run=dry_run, **filters
+            )
+        if fields.get("outcome"):
+            filters["outcome"] = fields["outcome"]
+        within = fields.get("settled_within")
+        if within:
+            if within not in SETTLED_WITHIN:
+                raise InvalidJob("settled_within", f"must be one of {list(SETTLED_WITHIN)}, got {within[:20]!r}")
+            settled_after = datetime.now(UTC) - SETTLED_WITHIN[within]
+            return await self.s.client.rerun_many(
+                rerun_id=fields["rerun_id"], settled_after=settled_after, dry_run=dry_run, **filters
+            )
+        return await self.s.client.rerun_many(rerun_id=fields["rerun_id"], dry_run=dry_run, **filters)
+
     async def _run(self, action: str, fields: dict[str, str]) -> _Result:
         client = self.s.client
+        if action.startswith("bulk_"):
+            bulk = await self._bulk(action, fields, dry_run=False)
+            verb = "rerun" if action == "bulk_rerun" else "cancelled"
+            text = (
+                f"{bulk.matched} job(s) matched: {len(bulk.done)} {verb}, {len(bulk.repeated)} already {verb} "
+                f"by this id (nothing changed for those), {len(bulk.skipped)} skipped."
+            )
+            return _Result(action, fields, f"{verb} {len(bulk.done)}", text, skipped=bulk.skipped)
         if action == "cancel":
             cancelled = await client.cancel(fields["job_id"], fields["cancellation_id"])
             return _Result(action, fields, cancelled.status.value, _CANCEL_TEXT[cancelled.status.value])
@@ -761,6 +806,8 @@ class _Result:
     status: str
     text: str
     http_status: int = 200
+    #: A bulk action's jobs left alone, and why.
+    skipped: Sequence[BulkSkip] = ()
 
 
 _CANCEL_TEXT = {
@@ -789,6 +836,21 @@ _ACTION_FIELDS: dict[str, tuple[tuple[str, bool], ...]] = {
     "pause": (("queue", True), ("reason", False)),
     "resume": (("queue", True),),
     "rerun": (("job_id", True), ("rerun_id", True)),
+    "bulk_rerun": (
+        ("queue", False),
+        ("lane", False),
+        ("outcome", False),
+        ("settled_within", False),
+        ("rerun_id", True),
+    ),
+    "bulk_cancel": (("queue", False), ("lane", False), ("cancellation_id", True)),
+}
+#: The choices of a bulk rerun's "settled within the last ..." field.
+SETTLED_WITHIN = {
+    "1h": timedelta(hours=1),
+    "24h": timedelta(days=1),
+    "7d": timedelta(days=7),
+    "30d": timedelta(days=30),
 }
 
 
