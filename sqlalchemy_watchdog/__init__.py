@@ -6,6 +6,7 @@ process with :class:`Watchdog`. The asyncio twins live in
 :mod:`sqlalchemy_watchdog.asyncio`.
 """
 
+from .applies import Applied, JobExplanation, PolicyLevel
 from .client import Watchdog, enqueue, enqueue_select
 from .codecs import PayloadCodec, TaggedJSON
 from .connections import follow_failover
@@ -48,6 +49,7 @@ from .schedules import Schedule
 from .wakeups import WakeupMode, WakeupStatus
 
 __all__ = [
+    "Applied",
     "CancelResult",
     "CancelStatus",
     "Decision",
@@ -58,6 +60,7 @@ __all__ = [
     "FailedAttempt",
     "InvalidJob",
     "Job",
+    "JobExplanation",
     "JobState",
     "JobView",
     "LaneFailure",
@@ -66,6 +69,7 @@ __all__ = [
     "Outcome",
     "PauseStatus",
     "PayloadCodec",
+    "PolicyLevel",
     "PreparedStatementsRefused",
     "QueuePause",
     "QueueStats",

@@ -27,6 +27,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from . import client, store
+from .applies import JobExplanation, explain
 from .connections import follow_failover
 from .errors import InvalidJob, redacted
 from .execution import (
@@ -207,6 +208,11 @@ class AsyncWatchdog:
     async def read(self, job_id: str) -> JobView | None:
         """The job, or None if there is no such job (with its reruns listed)."""
         return await self._read(store.read_with_reruns, job_id)
+
+    async def explain(self, job_id: str) -> JobExplanation | None:
+        """What applies to the job, as :meth:`Watchdog.explain <sqlalchemy_watchdog.Watchdog.explain>`."""
+        found = await self._read(store.read_with_pause, job_id)
+        return None if found is None else explain(*found)
 
     async def read_queue_head(self, queue: str) -> JobView | None:
         """The queue's running job, else its next queued job, else its next delayed one; None when idle."""

@@ -92,6 +92,7 @@ from sqlalchemy import Connection, Engine, create_engine, inspect, make_url
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
+from .applies import JobExplanation
 from .client import Watchdog
 from .errors import WatchdogError, redacted
 from .execution import DEFAULT_CONCURRENCY
@@ -344,7 +345,6 @@ def _control(out: TextIO, sequence: str) -> None:
 
 
 #: What ``show`` prints for a job without a retry policy or timeout of its own.
-_NOT_ITS_OWN = "- (its handler's or runner's, if any)"
 
 
 def _show_dict(job: JobView) -> dict[str, Any]:
@@ -381,10 +381,34 @@ def _show_dict(job: JobView) -> dict[str, Any]:
     return fields
 
 
-def _print_show(job: JobView, out: TextIO) -> None:
-    """What ``show`` prints: one ``name  value`` line per field, then the
-    failure history (one line per failed attempt) and the traceback."""
-    retry = job.retry
+def _applies_dict(explained: JobExplanation) -> dict[str, Any]:
+    """What ``show --json`` says applies (``applies``): each setting's value,
+    level (``job`` / ``handler`` / ``runner``) and whether it is known here."""
+    retry = explained.retry.value
+    pause = explained.pause
+    return {
+        "timeout": {
+            "timeout_ms": _milliseconds(explained.timeout.value),
+            "from": explained.timeout.level.value,
+            "known": explained.timeout.known,
+        },
+        "retry": {
+            "max_attempts": None if retry is None else retry.max_attempts,
+            "from": explained.retry.level.value,
+            "known": explained.retry.known,
+        },
+        "max_attempts": explained.max_attempts,
+        "queue_pause": None if pause is None else {"reason": pause.reason, "paused_at": _iso(pause.paused_at)},
+        "reason": explained.reason,
+    }
+
+
+def _print_show(explained: JobExplanation, out: TextIO) -> None:
+    """What ``show`` prints: one ``name  value`` line per field -- the
+    timeout and retry policy that apply and where each comes from, the
+    reason in plain words -- then the failure history (one line per failed
+    attempt) and the traceback."""
+    job = explained.job
     lines: list[tuple[str, object]] = [
         ("sequence", job.sequence),
         ("job_id", job.job_id),
@@ -397,18 +421,13 @@ def _print_show(job: JobView, out: TextIO) -> None:
         ("settled_at", _iso(job.settled_at)),
         ("run_at", _iso(job.run_at)),
         ("ready_at", _iso(job.ready_at)),
-        ("attempt", job.attempt if job.max_attempts is None else f"{job.attempt} of {job.max_attempts}"),
+        ("attempt", explained.attempt_text),
         ("snoozes", job.snoozes),
-        ("timeout", _NOT_ITS_OWN if job.timeout is None else _duration_text(job.timeout)),
-        (
-            "retry",
-            _NOT_ITS_OWN
-            if retry is None
-            else f"max_attempts={retry.max_attempts}, backoff={_duration_text(retry.backoff)},"
-            f" factor={retry.factor:g}, max_backoff={_duration_text(retry.max_backoff)}, jitter={retry.jitter:g}",
-        ),
+        ("timeout", explained.timeout_text),
+        ("retry", explained.retry_text),
+        ("queue_pause", explained.pause_text),
         ("outcome", None if job.outcome is None else job.outcome.value),
-        ("failure_reason", job.failure_reason),
+        ("failure_reason", explained.reason),
         ("recovery_count", job.recovery_count),
         ("max_recoveries", job.max_recoveries),
         ("cancellation_id", job.cancellation_id),
@@ -518,12 +537,14 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
     time and failure policy (``run_at``, ``ready_at``, the attempt it is on,
     snoozes, timeout, retry policy), its rerun links and its failure
     history; exit 1 when there is no such job."""
-    job = _watchdog(args).read(args.job_id)
+    explained = _watchdog(args).explain(args.job_id)
     if args.json:
-        _print_json(None if job is None else _show_dict(job), out)
-    elif job is not None:
-        _print_show(job, out)
-    if job is None:
+        _print_json(
+            None if explained is None else {**_show_dict(explained.job), "applies": _applies_dict(explained)}, out
+        )
+    elif explained is not None:
+        _print_show(explained, out)
+    if explained is None:
         raise CommandFailed(f"no job {args.job_id!r}")
     return 0
 

@@ -12,6 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from . import store
+from .applies import JobExplanation, explain
 from .connections import follow_failover
 from .errors import EnqueueConflict, InvalidJob
 from .jobs import (
@@ -220,6 +221,16 @@ class Watchdog:
     def read(self, job_id: str) -> JobView | None:
         """The job, or None if there is no such job (with its reruns listed)."""
         return self._read(store.read_with_reruns, job_id)
+
+    def explain(self, job_id: str) -> JobExplanation | None:
+        """What applies to the job (None if there is no such job): its
+        effective timeout and retry policy and where each comes from (its
+        own, else its queue's ``@handler`` registered in this process, else
+        the runner's -- which a process other than the runner's cannot know,
+        and says so), "attempt n of m", its queue's pause, and its reason in
+        plain words. See :mod:`sqlalchemy_watchdog.applies`."""
+        found = self._read(store.read_with_pause, job_id)
+        return None if found is None else explain(*found)
 
     def read_queue_head(self, queue: str) -> JobView | None:
         """The queue's running job, else its next queued job, else its next delayed one; None when idle."""

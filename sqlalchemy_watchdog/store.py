@@ -1386,6 +1386,17 @@ def read_with_reruns(conn: Connection, job_id: str) -> JobView | None:
     return dataclasses.replace(job, reruns=reruns) if reruns else job
 
 
+def read_with_pause(conn: Connection, job_id: str) -> tuple[JobView, QueuePause | None] | None:
+    """:func:`read_with_reruns`, and its queue's pause if it is paused (one read transaction)."""
+    job = read_with_reruns(conn, job_id)
+    if job is None:
+        return None
+    for queue, reason, paused_at in conn.execute(sql.paused_queues()):
+        if queue == job.queue:
+            return job, QueuePause(queue, reason, at_epoch_ms(paused_at))
+    return job, None
+
+
 #: The longest ``rerun_id`` accepted.
 RERUN_ID_MAX_LENGTH = 128
 

@@ -199,8 +199,9 @@ def test_show_a_delayed_job_with_its_own_policy(engine: Engine, cli: Cli) -> Non
     assert lines["run_at"] == lines["ready_at"] == "2031-05-04T01:02:01.123+00:00"
     assert lines["attempt"] == "1 of 3"
     assert lines["snoozes"] == "0"
-    assert lines["timeout"] == "2.5s"
-    assert lines["retry"] == "max_attempts=3, backoff=2s, factor=3, max_backoff=90s, jitter=0.25"
+    assert lines["timeout"] == "2.5s (the job's own)"
+    assert lines["retry"] == "3 attempts, backoff 2s x 3 (at most 90s), jitter 0.25 (the job's own)"
+    assert lines["queue_pause"] == "-"
     assert lines["failure_history"] == "-"
 
     status, out, _ = cli("--json", "show", "later")
@@ -224,13 +225,60 @@ def test_show_a_job_without_a_policy_of_its_own(engine: Engine, cli: Cli) -> Non
     add(engine, Job("plain", "emails"))
     lines = show_lines(cli("show", "plain")[1])
     assert (lines["run_at"], lines["ready_at"]) == ("-", "-")  # it never waited
-    assert lines["attempt"] == "1"  # no "of M": its handler's or runner's policy decides
-    assert lines["timeout"].startswith("- ") and lines["retry"].startswith("- ")
+    # No policy of its own, no @handler here: the runner's applies, which this process cannot know.
+    assert lines["attempt"] == "1 (of the runner's maximum, not known here)"
+    assert lines["timeout"] == (
+        "the runner's timeout (Runner(timeout=...)): not known in this process; a Runner without timeout= gives none"
+    )
+    assert lines["retry"].startswith("the runner's retry policy (Runner(retry=...)): not known in this process")
     shown = json.loads(cli("--json", "show", "plain")[1])
     assert {k: shown[k] for k in ("run_at", "ready_at", "max_attempts", "timeout_ms", "retry")} == dict.fromkeys(
         ("run_at", "ready_at", "max_attempts", "timeout_ms", "retry")
     )
     assert (shown["attempt"], shown["snoozes"], shown["failure_history"]) == (1, 0, [])
+
+
+def test_show_says_what_applies_from_which_level_the_pause_and_the_reason_in_plain_words(
+    engine: Engine, cli: Cli
+) -> None:
+    from sqlalchemy_watchdog import Watchdog, handler
+    from sqlalchemy_watchdog.execution import _registry
+
+    @handler("handled", retry=RetryPolicy(max_attempts=5, backoff=timedelta(seconds=1)), timeout=timedelta(seconds=2))
+    def handled(job: RunningJob) -> None:
+        return None
+
+    try:
+        add(engine, Job("by-handler", "handled"), Job("lost", "lost-q", lane="l"))
+        Watchdog(engine).pause("handled", reason="deploy")
+        claim_one(engine, "lost-q")
+        with engine.begin() as conn:  # its worker died: the lease ends, recovery settles it
+            conn.exec_driver_sql("UPDATE watchdog_jobs SET lease_until = 0 WHERE job_id = 'lost'")
+        Runner(engine, {"lost-q": lambda job: None}).run_until_idle()
+
+        lines = show_lines(cli("show", "by-handler")[1])
+        assert lines["attempt"] == "1 of 5"
+        assert lines["timeout"] == "2s (its handler's, @handler in this process)"
+        assert lines["retry"].startswith("5 attempts, backoff 1s x 2") and lines["retry"].endswith(
+            "(its handler's, @handler in this process)"
+        )
+        assert lines["queue_pause"].startswith("paused since ") and lines["queue_pause"].endswith(": deploy")
+        shown = json.loads(cli("--json", "show", "by-handler")[1])
+        assert shown["applies"]["timeout"] == {"timeout_ms": 2000, "from": "handler", "known": True}
+        assert shown["applies"]["retry"] == {"max_attempts": 5, "from": "handler", "known": True}
+        assert shown["applies"]["max_attempts"] == 5 and shown["applies"]["queue_pause"]["reason"] == "deploy"
+        assert shown["max_attempts"] is None  # the job's own: none
+
+        lines = show_lines(cli("show", "lost")[1])
+        assert lines["outcome"] == "interrupted"
+        assert (
+            lines["failure_reason"] == "worker died or lost its lease (no recovery budget: max_recoveries is not set)"
+        )
+        shown = json.loads(cli("--json", "show", "lost")[1])
+        assert shown["failure_reason"] == "Execution disappeared without a recovery policy"  # stored as it was
+        assert shown["applies"]["reason"].startswith("worker died")
+    finally:
+        _registry.pop("handled", None)
 
 
 def test_show_prints_the_failure_history_one_line_per_attempt(engine: Engine, cli: Cli) -> None:
@@ -270,7 +318,8 @@ def test_show_prints_the_failure_history_one_line_per_attempt(engine: Engine, cl
     # The runner's policy applied: the job has no max_attempts of its own to show.
     status, out, _ = cli("show", "runners")
     lines = show_lines(out)
-    assert (lines["state"], lines["attempt"], lines["snoozes"]) == ("delayed", "2", "1")
+    assert (lines["state"], lines["snoozes"]) == ("delayed", "1")
+    assert lines["attempt"] == "2 (of the runner's maximum, not known here)"
     ready_at = datetime.fromisoformat(lines["ready_at"])
     assert after + timedelta(minutes=59) < ready_at < after + timedelta(minutes=61)
     assert [line.split()[2] for line in out[out.index("failure_history") :].splitlines()[1:]] == ["1"]

@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,10 @@ from sqlalchemy_watchdog import (
     Job,
     JobState,
     Outcome,
+    RetryPolicy,
     Runner,
     Watchdog,
+    store,
 )
 from sqlalchemy_watchdog.asyncio import AsyncWatchdog
 from sqlalchemy_watchdog.cli import main
@@ -147,6 +150,36 @@ def test_pages_show_queues_jobs_and_a_job(engine: Engine, watchdog: Watchdog, da
     assert "smtp down" in job and "attempt 1 failed" in job and "enqueued" in job
     assert "&#34;order_id&#34;: 0" in job  # the payload, pretty-printed JSON
     assert dashboard.get("/job", job_id="nope").status_code == 404
+
+
+def test_the_job_page_says_what_applies_and_the_reason_in_plain_words(
+    engine: Engine, watchdog: Watchdog, dashboard: Dashboard
+) -> None:
+    watchdog.enqueue(
+        [
+            Job("own", "emails", retry=RetryPolicy(max_attempts=4), timeout=timedelta(seconds=30)),
+            Job("runners", "emails"),
+        ]
+    )
+    watchdog.pause("emails", reason="smtp maintenance")
+    own = dashboard.get("/job", job_id="own").text
+    assert '<dd id="f-attempt">1 of 4</dd>' in own
+    assert '<dd id="f-timeout">30s (the job&#39;s own)</dd>' in own
+    assert "paused since" in own and "smtp maintenance" in own
+    runners = dashboard.get("/job", job_id="runners").text
+    assert "1 (of the runner&#39;s maximum, not known here)" in runners
+    assert "the runner&#39;s timeout (Runner(timeout=...)): not known in this process" in runners
+
+    watchdog.resume("emails")
+    watchdog.enqueue(Job("lost", "lost-q"))
+    with engine.begin() as conn:
+        store.claim(conn, queues=["lost-q"], limit=1, lease_ms=60_000)
+        conn.exec_driver_sql("UPDATE watchdog_jobs SET lease_until = 0 WHERE job_id = 'lost'")
+    settle(engine, {"lost-q": lambda job: None})  # the runner recovers it: interrupted
+    lost = dashboard.get("/job", job_id="lost").text
+    assert '<p class="plain-reason">worker died or lost its lease (no recovery budget' in lost
+    assert "Execution disappeared without a recovery policy" in lost  # the stored text, below
+    assert "not paused" in lost
 
 
 def test_job_and_lane_lists_show_the_newest_first_and_page_both_ways(watchdog: Watchdog, dashboard: Dashboard) -> None:

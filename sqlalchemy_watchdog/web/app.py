@@ -35,6 +35,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..applies import JobExplanation
 from ..asyncio import AsyncWatchdog
 from ..client import Watchdog
 from ..errors import InvalidJob, WatchdogError
@@ -185,6 +186,9 @@ class _Client:
 
     async def read(self, job_id: str) -> JobView | None:
         return cast("JobView | None", await self._call("read", job_id))
+
+    async def explain(self, job_id: str) -> JobExplanation | None:
+        return cast("JobExplanation | None", await self._call("explain", job_id))
 
     async def list_jobs(self, **filters: Any) -> list[JobView]:
         return cast("list[JobView]", await self._call("list_jobs", **filters))
@@ -674,10 +678,10 @@ class _Pages:
         async def build() -> dict[str, Any]:
             if not job_id:
                 raise InvalidJob("job_id", "is missing")
-            job = await self.s.client.read(job_id)
-            if job is None:
+            explained = await self.s.client.explain(job_id)
+            if explained is None:
                 raise _NotFound(f"There is no job {job_id!r} (it may have been pruned or purged).")
-            return {"job": job, "timeline": _timeline(job)}
+            return {"job": explained.job, "explained": explained, "timeline": _timeline(explained.job)}
 
         return await self._guarded(request, "job.html", build)
 
