@@ -1356,3 +1356,80 @@ def test_cancel_many_takes_no_outcome_nor_settled_time(api: Ops) -> None:
     for kwargs in ({"outcome": "failed"}, {"settled_after": datetime.now(UTC)}, {"settled_before": datetime.now(UTC)}):
         with pytest.raises(TypeError):
             api.cancel_many(cancellation_id="c", queue="q", **kwargs)
+
+
+# -- what applies: explain ---------------------------------------------------------------
+
+#: A job view to word reasons about (only its recovery budget matters).
+JOB_VIEW = store.view((1, "j", "q", "q", 0, "null", None, "settled", "interrupted") + (None,) * 19)
+
+
+def test_explain_says_each_settings_level_and_what_it_cannot_know(engine: Engine, api: Ops) -> None:
+    from sqlalchemy_watchdog import PolicyLevel, handler
+    from sqlalchemy_watchdog.execution import _registry
+
+    own = RetryPolicy(max_attempts=4, backoff=timedelta(seconds=1), jitter=0.0)
+    api.enqueue(
+        [
+            Job("own", "emails", retry=own, timeout=timedelta(seconds=30)),
+            Job("handled", "handled-q"),
+            Job("runners", "emails"),
+        ]
+    )
+    api.pause("emails", reason="maintenance")
+
+    @handler("handled-q", retry=None, timeout=timedelta(seconds=5))
+    def handled(job: RunningJob) -> None:
+        return None
+
+    try:
+        explained = api.explain("own")
+        assert (explained.timeout.value, explained.timeout.level) == (timedelta(seconds=30), PolicyLevel.JOB)
+        assert (explained.retry.value, explained.retry.level, explained.max_attempts) == (own, PolicyLevel.JOB, 4)
+        assert explained.attempt_text == "1 of 4"
+        assert explained.pause is not None and explained.pause.reason == "maintenance"
+        # @handler(retry=None) says "no retries": one attempt, known here.
+        handled_job = api.explain("handled")
+        assert (handled_job.retry.value, handled_job.retry.level, handled_job.retry.known) == (
+            None,
+            PolicyLevel.HANDLER,
+            True,
+        )
+        assert handled_job.max_attempts == 1 and handled_job.retry_text == (
+            "no retries (one attempt) (its handler's, @handler in this process)"
+        )
+        assert handled_job.timeout.value == timedelta(seconds=5) and handled_job.pause is None
+        # Neither its own nor a @handler here: the runner's, which this process cannot know.
+        runners = api.explain("runners")
+        assert (runners.timeout.known, runners.retry.known, runners.max_attempts) == (False, False, None)
+        assert runners.timeout.level is PolicyLevel.RUNNER and runners.timeout.value is None
+        assert api.explain("nope") is None
+    finally:
+        _registry.pop("handled-q", None)
+
+
+@pytest.mark.parametrize(
+    ("stored", "plain"),
+    [
+        (store.NO_POLICY_REASON, "worker died or lost its lease (no recovery budget: max_recoveries is not set)"),
+        (
+            store.recovery_reason(dataclasses.replace(JOB_VIEW, max_recoveries=3)),
+            "worker died or lost its lease, again (its recovery budget of 3 is used up)",
+        ),
+        (
+            store.recovery_reason(JOB_VIEW, cause=store.RecoveryCause.SHUTDOWN),
+            "its runner shut down while it ran and the handler outlived the grace period (no recovery budget)",
+        ),
+        (
+            store.recovery_reason(JOB_VIEW, 2, store.RecoveryCause.SHUTDOWN),
+            "its runner shut down while it ran and the handler outlived the grace period"
+            " (its recovery budget of 2 is used up)",
+        ),
+        ("smtp said 550", "smtp said 550"),  # a handler's own words stay its own
+        (None, None),
+    ],
+)
+def test_the_librarys_own_reasons_read_in_plain_words(stored: str | None, plain: str | None) -> None:
+    from sqlalchemy_watchdog.applies import plain_reason
+
+    assert plain_reason(stored) == plain
