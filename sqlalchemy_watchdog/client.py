@@ -228,7 +228,7 @@ class Watchdog:
         own, else its queue's ``@handler`` registered in this process, else
         the runner's -- which a process other than the runner's cannot know,
         and says so), "attempt n of m", its queue's pause, and its reason in
-        plain words. See :mod:`sqlalchemy_watchdog.applies`."""
+        plain words (a :class:`~sqlalchemy_watchdog.JobExplanation`)."""
         found = self._read(store.read_with_pause, job_id)
         return None if found is None else explain(*found)
 
