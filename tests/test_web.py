@@ -664,9 +664,15 @@ def test_an_async_engine_serves_the_same_pages_and_actions(engine: Engine) -> No
         assert status_of(dashboard.post("pause", queue="aq").text) == "paused"
         cancelled = dashboard.post("cancel", job_id="async-2", cancellation_id="c", confirm="yes")
         assert status_of(cancelled.text) == "recorded"
+        assert "paused since" in dashboard.get("/job", job_id="async-1").text  # explain, awaited
+        confirm = dashboard.post("bulk-cancel", queue="aq", cancellation_id="bulk")
+        assert 'data-count="2"' in confirm.text
+        bulk = dashboard.post("bulk-cancel", queue="aq", cancellation_id="bulk", confirm="yes")
+        assert status_of(bulk.text) == "cancelled 1"  # async-2 was cancelled already: skipped
         client.portal.call(app_engine.dispose)
     watchdog = Watchdog(engine)
     assert watchdog.stats().queue("aq").paused and watchdog.read("async-2").cancellation_id == "c"
+    assert watchdog.read("async-1").cancellation_id == "bulk~async-1"
 
 
 def test_mounted_under_a_path_of_a_fastapi_app(engine: Engine, watchdog: Watchdog) -> None:
