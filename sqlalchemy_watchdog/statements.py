@@ -886,7 +886,7 @@ def prune(dialect: str, undated: bool) -> Delete:
 #: The payload column of a list that does not read payloads.
 _NO_PAYLOAD: ColumnElement[Any] = literal_column("'null'").label("payload_json")
 #: The filters :func:`list_jobs` may combine (each one a bound parameter).
-LIST_FILTERS = ("queue", "state", "outcome", "lane", "job_id_prefix")
+LIST_FILTERS = ("queue", "state", "outcome", "lane", "job_id_prefix", "job_id_range")
 
 
 @cache
@@ -900,8 +900,12 @@ def list_jobs(filters: tuple[str, ...], with_payload: bool = True, newest_first:
     not read: the JSON ``null`` stands in its column (a payload may be up
     to 1 MB)."""
     columns = COLUMNS if with_payload else tuple(_NO_PAYLOAD if col is c.payload_json else col for col in COLUMNS)
+    # With the prefix as a range, the bounds must not draw the planner to the
+    # primary key (SQLite takes any rowid range for selective): `sequence + 0`
+    # is no index's, so it reads the prefix's range and sorts what matched.
+    sequence = c.sequence + 0 if "job_id_range" in filters else c.sequence
     query = select(*columns).where(
-        c.sequence > _p("after_sequence", BigInteger()), c.sequence < _p("before_sequence", BigInteger())
+        sequence > _p("after_sequence", BigInteger()), sequence < _p("before_sequence", BigInteger())
     )
     for name in filters:
         if name == "queue":
@@ -916,6 +920,10 @@ def list_jobs(filters: tuple[str, ...], with_payload: bool = True, newest_first:
         elif name == "job_id_prefix":
             prefix = _p("job_id_prefix", Text())
             query = query.where(func.substr(c.job_id, 1, func.length(prefix)) == prefix)
+        elif name == "job_id_range":
+            # The same jobs as the prefix, said as a range uq_watchdog_jobs_job_id
+            # can read: exact only where job_id sorts by code point (the store checks).
+            query = query.where(c.job_id >= _p("job_id_low", Text()), c.job_id < _p("job_id_high", Text()))
         else:  # pragma: no cover - the store checks the names
             raise ValueError(name)
     return query.order_by(c.sequence.desc() if newest_first else c.sequence).limit(_p("limit", Integer()))
@@ -974,6 +982,24 @@ def bulk_pick(dialect: str, kind: str, filters: tuple[str, ...]) -> Select[Any]:
     if dialect == "postgresql" and not live:
         query = query.with_for_update(read=True, key_share=True, of=t)
     return query
+
+
+@cache
+def job_id_collation() -> Any:
+    """PostgreSQL: the collation of ``watchdog_jobs.job_id`` (``default`` when the
+    database's), the database's collation and its provider (``c`` libc, ``i``
+    ICU, ``b`` builtin; before PostgreSQL 15 always libc)."""
+    from sqlalchemy import text
+
+    return text(
+        "SELECT coalesce(co.collname, 'default'), d.datcollate,"
+        " CASE WHEN current_setting('server_version_num')::int >= 150000"
+        " THEN (to_jsonb(d) ->> 'datlocprovider') ELSE 'c' END"
+        " FROM pg_database d, pg_attribute a"
+        " LEFT JOIN pg_collation co ON co.oid = a.attcollation AND a.attcollation <> 100"
+        " WHERE d.datname = current_database()"
+        " AND a.attrelid = to_regclass('watchdog_jobs') AND a.attname = 'job_id'"
+    )
 
 
 @cache

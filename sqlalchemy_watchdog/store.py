@@ -1272,6 +1272,43 @@ def _member(kind: type[JobState] | type[Outcome], field: str, value: object) -> 
         raise InvalidJob(field, f"{value!r} is not a known {kind.__name__} (known: {known})") from None
 
 
+def prefix_upper_bound(prefix: str) -> str | None:
+    """The least text greater than every text starting with ``prefix``, in
+    code point order: its last character the next code point (surrogates
+    skipped). None when there is none to say (a last character U+10FFFF)."""
+    last = ord(prefix[-1])
+    if last >= 0x10FFFF:
+        return None
+    following = 0xE000 if 0xD800 <= last + 1 <= 0xDFFF else last + 1
+    return prefix[:-1] + chr(following)
+
+
+#: Databases (by engine URL) whose job_id order is code point order, as found.
+_CODE_POINT_ORDER: dict[str, bool] = {}
+#: PostgreSQL collations of a libc provider that sort by code point (byte order of UTF-8).
+_CODE_POINT_COLLATIONS = frozenset({"C", "POSIX", "C.UTF-8", "C.utf8"})
+
+
+def sorts_by_code_point(conn: Connection) -> bool:
+    """Whether ``watchdog_jobs.job_id`` -- and so ``uq_watchdog_jobs_job_id`` --
+    sorts by code point here, so that the jobs starting with a prefix are one
+    range of it: always on SQLite (``BINARY``: UTF-8 bytes); on PostgreSQL
+    when the column's collation is the database's and that one is ``C``,
+    ``POSIX`` or ``C.UTF-8`` (libc) or the builtin provider's, never under a
+    linguistic collation (glibc's ``en_US.UTF-8``, ICU). Asked once per
+    database and remembered."""
+    if conn.dialect.name != "postgresql":
+        return True
+    key = conn.engine.url.render_as_string(hide_password=True)
+    known = _CODE_POINT_ORDER.get(key)
+    if known is None:
+        row = conn.execute(sql.job_id_collation()).first()
+        known = _CODE_POINT_ORDER[key] = row is not None and (
+            row[0] == "default" and (row[2] == "b" or (row[2] == "c" and row[1] in _CODE_POINT_COLLATIONS))
+        )
+    return known
+
+
 def list_jobs(
     conn: Connection,
     *,
@@ -1308,9 +1345,13 @@ def list_jobs(
         params["lane"] = check_text("lane", lane, LANE_MAX_LENGTH)
     if job_id_prefix is not None:
         params["job_id_prefix"] = check_text("job_id_prefix", job_id_prefix, JOB_ID_MAX_LENGTH)
+    if job_id_prefix is not None and (high := prefix_upper_bound(job_id_prefix)) and sorts_by_code_point(conn):
+        params["job_id_range"] = True  # a marker: its values are the two below
+        params["job_id_low"], params["job_id_high"] = job_id_prefix, high
     filters = tuple(
         f"state={params.pop('state')}" if name == "state" else name for name in sql.LIST_FILTERS if name in params
     )
+    params.pop("job_id_range", None)
     if not isinstance(with_payload, bool):
         raise InvalidJob("with_payload", f"must be a bool, not {type(with_payload).__name__}")
     return [view(row) for row in conn.execute(sql.list_jobs(filters, with_payload, newest_first), params)]

@@ -1433,3 +1433,53 @@ def test_the_librarys_own_reasons_read_in_plain_words(stored: str | None, plain:
     from sqlalchemy_watchdog.applies import plain_reason
 
     assert plain_reason(stored) == plain
+
+
+@pytest.mark.parametrize(
+    ("prefix", "bound"),
+    [
+        ("order-", "order."),
+        ("é", "ê"),
+        ("a\U0010ffff", None),  # nothing follows the last code point: no range, the walk
+        ("x\ud7ff", "x\ue000"),  # the surrogates are no characters: skipped
+        ("~", "\x7f"),
+    ],
+)
+def test_a_prefixs_upper_bound_is_the_next_code_point(prefix: str, bound: str | None) -> None:
+    assert store.prefix_upper_bound(prefix) == bound
+
+
+def test_a_job_id_prefix_reads_as_a_range_only_where_job_id_sorts_by_code_point(engine: Engine, api: Ops) -> None:
+    ids = ["a-b", "ab", "a.", "a-", "A-z", "a-\U0010ffff", "b"]
+    add(engine, *(Job(job_id, "q") for job_id in ids))
+    with engine.connect() as conn:
+        assert store.sorts_by_code_point(conn)  # SQLite; the test server's C.UTF-8
+    assert listed(api, job_id_prefix="a-") == ["a-b", "a-", "a-\U0010ffff"]
+    assert listed(api, job_id_prefix="a-", newest_first=True) == ["a-\U0010ffff", "a-", "a-b"]
+    assert listed(api, job_id_prefix="a-\U0010ffff") == ["a-\U0010ffff"]  # no range: the walk
+
+
+def test_under_a_linguistic_collation_a_prefix_is_never_read_as_a_range(postgres_server: Any) -> None:
+    """An ICU database: job_id does not sort by code point there, so the
+    prefix is only the walk's filter -- and every job it names is listed."""
+    name = f"watchdog_icu_{hashlib.sha256(str(time.time()).encode()).hexdigest()[:10]}"
+    admin = create_engine(postgres_server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(
+            text(f"CREATE DATABASE \"{name}\" TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en' LOCALE 'C.UTF-8'")
+        )
+    engine = create_engine(postgres_server.set(database=name))
+    try:
+        from sqlalchemy_watchdog import metadata
+
+        metadata.create_all(engine)
+        ids = ["a-b", "ab", "A-b", "a.", "a-", "b"]
+        Watchdog(engine).enqueue([Job(job_id, "q") for job_id in ids])
+        with engine.connect() as conn:
+            assert not store.sorts_by_code_point(conn)
+        assert [job.job_id for job in Watchdog(engine).list_jobs(job_id_prefix="a-")] == ["a-b", "a-"]
+    finally:
+        engine.dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

@@ -563,6 +563,23 @@ PLANS: list[Case] = [
     # No index holds settled jobs by lane: a rare lane is a read of the whole table either way.
     Case("list_jobs(lane)", "list_jobs", (("lane",),), _list(lane="l3"), on(NONE)),
     Case("list_jobs(job_id_prefix)", "list_jobs", (("job_id_prefix",),), _list(job_id_prefix="qd-1"), on(PK)),
+    # Where job_id sorts by code point (SQLite; PostgreSQL under C / C.UTF-8, as here),
+    # the store adds the prefix as a range of uq_watchdog_jobs_job_id: a prefix that
+    # matches nothing, or few old jobs, reads those, not the history (newest first too).
+    Case(
+        "list_jobs(job_id_prefix as a range)",
+        "list_jobs",
+        (("job_id_prefix", "job_id_range"),),
+        _list(job_id_prefix="nothing-", job_id_low="nothing-", job_id_high="nothing."),
+        on(JOB_ID),
+    ),
+    Case(
+        "list_jobs(job_id_prefix as a range, newest first)",
+        "list_jobs",
+        (("job_id_prefix", "job_id_range"), False, True),
+        _list(job_id_prefix="s-1999", job_id_low="s-1999", job_id_high="s-199:"),
+        on(JOB_ID),
+    ),
     # Newest first: the primary key read backwards from the bound, in order.
     Case("list_jobs(newest first)", "list_jobs", ((), False, True), _list(), on(PK), ordered=True),
     Case(
@@ -608,7 +625,15 @@ PLANS: list[Case] = [
 ]
 
 #: Statements that do not read the jobs table: the coverage test knows them; nothing to plan.
-NOT_ON_JOBS = {"notify", "stats_clock", "paused_queues", "pause", "resume", "try_advisory_xact_lock"}
+NOT_ON_JOBS = {
+    "notify",
+    "stats_clock",
+    "paused_queues",
+    "pause",
+    "resume",
+    "try_advisory_xact_lock",
+    "job_id_collation",
+}
 
 
 def test_every_statement_builder_is_planned() -> None:
