@@ -886,7 +886,7 @@ def prune(dialect: str, undated: bool) -> Delete:
 #: The payload column of a list that does not read payloads.
 _NO_PAYLOAD: ColumnElement[Any] = literal_column("'null'").label("payload_json")
 #: The filters :func:`list_jobs` may combine (each one a bound parameter).
-LIST_FILTERS = ("queue", "state", "outcome", "lane", "job_id_prefix", "job_id_range")
+LIST_FILTERS = ("queue", "state", "outcome", "lane", "job_id_prefix", "job_id_range", "job_id_range_first")
 
 
 @cache
@@ -900,10 +900,11 @@ def list_jobs(filters: tuple[str, ...], with_payload: bool = True, newest_first:
     not read: the JSON ``null`` stands in its column (a payload may be up
     to 1 MB)."""
     columns = COLUMNS if with_payload else tuple(_NO_PAYLOAD if col is c.payload_json else col for col in COLUMNS)
-    # With the prefix as a range, the bounds must not draw the planner to the
-    # primary key (SQLite takes any rowid range for selective): `sequence + 0`
-    # is no index's, so it reads the prefix's range and sorts what matched.
-    sequence = c.sequence + 0 if "job_id_range" in filters else c.sequence
+    # With the prefix as a range on SQLite, the bounds must not draw its planner
+    # to the primary key (it takes any rowid range for selective, knowing nothing
+    # of the prefix): `sequence + 0` is no index's, so it reads the prefix's range
+    # and sorts what matched. PostgreSQL weighs the range by its statistics.
+    sequence = c.sequence + 0 if "job_id_range_first" in filters else c.sequence
     query = select(*columns).where(
         sequence > _p("after_sequence", BigInteger()), sequence < _p("before_sequence", BigInteger())
     )
@@ -920,7 +921,7 @@ def list_jobs(filters: tuple[str, ...], with_payload: bool = True, newest_first:
         elif name == "job_id_prefix":
             prefix = _p("job_id_prefix", Text())
             query = query.where(func.substr(c.job_id, 1, func.length(prefix)) == prefix)
-        elif name == "job_id_range":
+        elif name in ("job_id_range", "job_id_range_first"):
             # The same jobs as the prefix, said as a range uq_watchdog_jobs_job_id
             # can read: exact only where job_id sorts by code point (the store checks).
             query = query.where(c.job_id >= _p("job_id_low", Text()), c.job_id < _p("job_id_high", Text()))

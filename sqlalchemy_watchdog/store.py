@@ -1346,12 +1346,14 @@ def list_jobs(
     if job_id_prefix is not None:
         params["job_id_prefix"] = check_text("job_id_prefix", job_id_prefix, JOB_ID_MAX_LENGTH)
     if job_id_prefix is not None and (high := prefix_upper_bound(job_id_prefix)) and sorts_by_code_point(conn):
-        params["job_id_range"] = True  # a marker: its values are the two below
+        # A marker (its values are the two below); SQLite's planner is told to read it first.
+        params["job_id_range" if conn.dialect.name == "postgresql" else "job_id_range_first"] = True
         params["job_id_low"], params["job_id_high"] = job_id_prefix, high
     filters = tuple(
         f"state={params.pop('state')}" if name == "state" else name for name in sql.LIST_FILTERS if name in params
     )
     params.pop("job_id_range", None)
+    params.pop("job_id_range_first", None)
     if not isinstance(with_payload, bool):
         raise InvalidJob("with_payload", f"must be a bool, not {type(with_payload).__name__}")
     return [view(row) for row in conn.execute(sql.list_jobs(filters, with_payload, newest_first), params)]
