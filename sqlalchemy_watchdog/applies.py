@@ -115,11 +115,16 @@ _UNKNOWN = "the runner's {what} (Runner({arg}=...)): not known in this process; 
 
 
 def _duration(value: timedelta) -> str:
-    """``30s``, ``2.5s``: whole milliseconds, as stored (the CLI's form)."""
+    """``1h``, ``2m``, ``90s``, ``2.5s``: whole milliseconds, as stored, in the
+    largest unit that says it exactly."""
     ms = value // timedelta(milliseconds=1)
-    if ms % 1000 == 0:
-        return f"{ms // 1000}s"
-    return f"{ms / 1000:.3f}".rstrip("0") + "s"
+    if ms % 1000:
+        return f"{ms / 1000:.3f}".rstrip("0") + "s"
+    seconds = ms // 1000
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 def explain(job: JobView, pause: QueuePause | None = None) -> JobExplanation:
