@@ -55,6 +55,9 @@ nitpick_ignore_regex = [
 nitpick_ignore = [
     ("py:class", "sqlalchemy_watchdog.execution.StopSignal"),
     ("py:class", "Execution"),
+    # The type variable of Applied[T] (the setting's type) in its generated signature.
+    ("py:class", "sqlalchemy_watchdog.applies.T"),
+    ("py:obj", "sqlalchemy_watchdog.applies.T"),
 ]
 
 html_theme = "furo"

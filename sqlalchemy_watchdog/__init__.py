@@ -6,6 +6,7 @@ process with :class:`Watchdog`. The asyncio twins live in
 :mod:`sqlalchemy_watchdog.asyncio`.
 """
 
+from .applies import Applied, JobExplanation, PolicyLevel
 from .client import Watchdog, enqueue, enqueue_select
 from .codecs import PayloadCodec, TaggedJSON
 from .connections import follow_failover
@@ -22,6 +23,8 @@ from .errors import (
 )
 from .execution import RunningJob, StopReason, TickResult, TickStatus, handler
 from .jobs import (
+    BulkResult,
+    BulkSkip,
     CancelResult,
     CancelStatus,
     Decision,
@@ -50,6 +53,7 @@ from .schedules import Schedule
 from .wakeups import WakeupMode, WakeupStatus
 
 __all__ = [
+    "Applied",
     "CancelResult",
     "CancelStatus",
     "Decision",
@@ -60,12 +64,16 @@ __all__ = [
     "FailedAttempt",
     "InvalidJob",
     "Job",
+    "JobExplanation",
     "JobState",
     "JobView",
     "LaneFailure",
+    "BulkResult",
+    "BulkSkip",
     "Outcome",
     "PauseStatus",
     "PayloadCodec",
+    "PolicyLevel",
     "PreparedStatementsRefused",
     "QueuePause",
     "QueueStats",

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
 
 from sqlalchemy import Connection, Select
@@ -27,6 +27,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from . import client, store
+from .applies import JobExplanation, explain
 from .connections import follow_failover
 from .errors import InvalidJob, redacted
 from .execution import (
@@ -73,6 +74,7 @@ from .execution import (
     until_idle,
 )
 from .jobs import (
+    BulkResult,
     CancelResult,
     Decision,
     EnqueueResult,
@@ -219,6 +221,11 @@ class AsyncWatchdog:
         """The job, or None if there is no such job (with its reruns listed)."""
         return await self._read(store.read_with_reruns, job_id)
 
+    async def explain(self, job_id: str) -> JobExplanation | None:
+        """What applies to the job, as :meth:`Watchdog.explain <sqlalchemy_watchdog.Watchdog.explain>`."""
+        found = await self._read(store.read_with_pause, job_id)
+        return None if found is None else explain(*found)
+
     async def read_queue_head(self, queue: str) -> JobView | None:
         """The queue's running job, else its next queued job, else its next delayed one; None when idle."""
         return await self._read(store.read_queue_head, queue)
@@ -255,6 +262,8 @@ class AsyncWatchdog:
         job_id_prefix: str | None = None,
         limit: int = 100,
         after_sequence: int = 0,
+        before_sequence: int | None = None,
+        newest_first: bool = False,
         with_payload: bool = True,
     ) -> list[JobView]:
         """A page of jobs, as :meth:`Watchdog.list_jobs <sqlalchemy_watchdog.Watchdog.list_jobs>`."""
@@ -267,6 +276,8 @@ class AsyncWatchdog:
             job_id_prefix=job_id_prefix,
             limit=limit,
             after_sequence=after_sequence,
+            before_sequence=before_sequence,
+            newest_first=newest_first,
             with_payload=with_payload,
         )
 
@@ -314,6 +325,77 @@ class AsyncWatchdog:
     async def rerun(self, job_id: str, *, rerun_id: str) -> EnqueueResult:
         """Rerun a settled job, as :meth:`Watchdog.rerun <sqlalchemy_watchdog.Watchdog.rerun>`."""
         return await self._run(store.rerun, job_id, rerun_id)
+
+    async def rerun_many(
+        self,
+        *,
+        rerun_id: str,
+        queue: str | None = None,
+        lane: str | None = None,
+        outcome: Outcome | str | Iterable[Outcome | str] | None = None,
+        settled_after: datetime | None = None,
+        settled_before: datetime | None = None,
+        enqueued_after: datetime | None = None,
+        enqueued_before: datetime | None = None,
+        batch: int = 100,
+        limit: int | None = None,
+        dry_run: bool = False,
+    ) -> BulkResult:
+        """Rerun every matching settled job in batches, as :meth:`Watchdog.rerun_many
+        <sqlalchemy_watchdog.Watchdog.rerun_many>`."""
+        action = store.BulkAction.of(
+            store.BulkKind.RERUN,
+            rerun_id,
+            queue=queue,
+            lane=lane,
+            outcome=outcome,
+            settled_after=settled_after,
+            settled_before=settled_before,
+            enqueued_after=enqueued_after,
+            enqueued_before=enqueued_before,
+            batch=batch,
+            limit=limit,
+            dry_run=dry_run,
+        )
+        return await self._bulk(action)
+
+    async def cancel_many(
+        self,
+        *,
+        cancellation_id: str,
+        queue: str | None = None,
+        lane: str | None = None,
+        enqueued_after: datetime | None = None,
+        enqueued_before: datetime | None = None,
+        only_if_queued: bool = False,
+        batch: int = 100,
+        limit: int | None = None,
+        dry_run: bool = False,
+    ) -> BulkResult:
+        """Cancel every matching live job in batches, as :meth:`Watchdog.cancel_many
+        <sqlalchemy_watchdog.Watchdog.cancel_many>`."""
+        action = store.BulkAction.of(
+            store.BulkKind.CANCEL,
+            cancellation_id,
+            queue=queue,
+            lane=lane,
+            enqueued_after=enqueued_after,
+            enqueued_before=enqueued_before,
+            only_if_queued=only_if_queued,
+            batch=batch,
+            limit=limit,
+            dry_run=dry_run,
+        )
+        return await self._bulk(action)
+
+    async def _bulk(self, action: store.BulkAction) -> BulkResult:
+        progress = store.BulkProgress(action)
+        end = await self._read(store.newest_sequence)
+        run = self._read if action.dry_run else self._run
+        while size := action.next_size(progress.matched):
+            if not progress.add(await run(store.bulk_batch, action, progress.after, end, size), size):
+                break
+        return progress.result()
 
     async def throughput(self) -> Throughput:
         """Jobs settled per minute over the last hour, as :meth:`Watchdog.throughput

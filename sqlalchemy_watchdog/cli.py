@@ -10,10 +10,13 @@
     head QUEUE                                the queue's running job, else its next queued (or delayed) one
     settled [--limit N] [--after SEQUENCE]    settled jobs in admission order, paged
     cancel JOB_ID CANCELLATION_ID [--only-if-queued]
+    cancel --where KEY=VALUE ... CANCELLATION_ID [--only-if-queued] [--yes]
+                                              cancel every matching live job (counts first; --yes acts)
     fail-lane LANE REASON                     settle every live job of the lane ``failed``
     purge QUEUE                               delete the queue's queued and delayed jobs
     ls [--queue Q] [--state S] [--outcome O] [--lane L] [--prefix P] [--limit N] [--after SEQUENCE]
-                                              jobs in admission order, filtered, paged
+       [--before SEQUENCE] [-r | --newest-first]
+                                              jobs in admission order (or newest first), filtered, paged
     stats [--watch [--interval SECONDS]]      per queue: jobs by state, expired leases,
                                               oldest ready age, recent outcomes, pause
     prune --older-than DURATION [--outcome O ...] [--limit N] [--include-undated]
@@ -21,6 +24,8 @@
     pause QUEUE [--reason TEXT]               no runner claims the queue's jobs until resume
     resume QUEUE                              runners claim the queue's jobs again
     rerun JOB_ID --rerun-id ID                enqueue a copy of a settled job
+    rerun --where KEY=VALUE ... --rerun-id ID [--yes]
+                                              rerun every matching settled job (counts first; --yes acts)
     run MODULE[:ATTR]                         serve the queues until SIGINT / SIGTERM
     schedules MODULE[:ATTR] [--count N]       the cron schedules a module defines, and their next slots
     schedules                                 the schedules the runners record they serve
@@ -89,11 +94,14 @@ from sqlalchemy import Connection, Engine, create_engine, inspect, make_url
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
+from .applies import JobExplanation
 from .client import Watchdog
 from .errors import WatchdogError, redacted
 from .execution import DEFAULT_CONCURRENCY
 from .jobs import (
+    BULK_BATCH_MAX,
     MAX_DELAY,
+    BulkResult,
     CancelStatus,
     JobState,
     JobView,
@@ -341,7 +349,6 @@ def _control(out: TextIO, sequence: str) -> None:
 
 
 #: What ``show`` prints for a job without a retry policy or timeout of its own.
-_NOT_ITS_OWN = "- (its handler's or runner's, if any)"
 
 
 def _show_dict(job: JobView) -> dict[str, Any]:
@@ -378,10 +385,34 @@ def _show_dict(job: JobView) -> dict[str, Any]:
     return fields
 
 
-def _print_show(job: JobView, out: TextIO) -> None:
-    """What ``show`` prints: one ``name  value`` line per field, then the
-    failure history (one line per failed attempt) and the traceback."""
-    retry = job.retry
+def _applies_dict(explained: JobExplanation) -> dict[str, Any]:
+    """What ``show --json`` says applies (``applies``): each setting's value,
+    level (``job`` / ``handler`` / ``runner``) and whether it is known here."""
+    retry = explained.retry.value
+    pause = explained.pause
+    return {
+        "timeout": {
+            "timeout_ms": _milliseconds(explained.timeout.value),
+            "from": explained.timeout.level.value,
+            "known": explained.timeout.known,
+        },
+        "retry": {
+            "max_attempts": None if retry is None else retry.max_attempts,
+            "from": explained.retry.level.value,
+            "known": explained.retry.known,
+        },
+        "max_attempts": explained.max_attempts,
+        "queue_pause": None if pause is None else {"reason": pause.reason, "paused_at": _iso(pause.paused_at)},
+        "reason": explained.reason,
+    }
+
+
+def _print_show(explained: JobExplanation, out: TextIO) -> None:
+    """What ``show`` prints: one ``name  value`` line per field -- the
+    timeout and retry policy that apply and where each comes from, the
+    reason in plain words -- then the failure history (one line per failed
+    attempt) and the traceback."""
+    job = explained.job
     lines: list[tuple[str, object]] = [
         ("sequence", job.sequence),
         ("job_id", job.job_id),
@@ -394,18 +425,13 @@ def _print_show(job: JobView, out: TextIO) -> None:
         ("settled_at", _iso(job.settled_at)),
         ("run_at", _iso(job.run_at)),
         ("ready_at", _iso(job.ready_at)),
-        ("attempt", job.attempt if job.max_attempts is None else f"{job.attempt} of {job.max_attempts}"),
+        ("attempt", explained.attempt_text),
         ("snoozes", job.snoozes),
-        ("timeout", _NOT_ITS_OWN if job.timeout is None else _duration_text(job.timeout)),
-        (
-            "retry",
-            _NOT_ITS_OWN
-            if retry is None
-            else f"max_attempts={retry.max_attempts}, backoff={_duration_text(retry.backoff)},"
-            f" factor={retry.factor:g}, max_backoff={_duration_text(retry.max_backoff)}, jitter={retry.jitter:g}",
-        ),
+        ("timeout", explained.timeout_text),
+        ("retry", explained.retry_text),
+        ("queue_pause", explained.pause_text),
         ("outcome", None if job.outcome is None else job.outcome.value),
-        ("failure_reason", job.failure_reason),
+        ("failure_reason", explained.reason),
         ("recovery_count", job.recovery_count),
         ("max_recoveries", job.max_recoveries),
         ("cancellation_id", job.cancellation_id),
@@ -515,12 +541,14 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
     time and failure policy (``run_at``, ``ready_at``, the attempt it is on,
     snoozes, timeout, retry policy), its rerun links and its failure
     history; exit 1 when there is no such job."""
-    job = _watchdog(args).read(args.job_id)
+    explained = _watchdog(args).explain(args.job_id)
     if args.json:
-        _print_json(None if job is None else _show_dict(job), out)
-    elif job is not None:
-        _print_show(job, out)
-    if job is None:
+        _print_json(
+            None if explained is None else {**_show_dict(explained.job), "applies": _applies_dict(explained)}, out
+        )
+    elif explained is not None:
+        _print_show(explained, out)
+    if explained is None:
         raise CommandFailed(f"no job {args.job_id!r}")
     return 0
 
@@ -554,7 +582,26 @@ def cmd_settled(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace, out: TextIO) -> int:
-    """Record a cancellation; exit 1 unless it is ``recorded`` or ``replayed``."""
+    """Record a cancellation; exit 1 unless it is ``recorded`` or ``replayed``.
+    With ``--where``: every matching live job, counted first."""
+    if args.where:
+        if args.cancellation_id is not None or args.job_id is None:
+            raise UsageError("with --where, give the CANCELLATION_ID alone (no JOB_ID)")
+        filters = _bulk_filters(args, CANCEL_WHERE)
+        watchdog = _watchdog(args)
+
+        def act(dry_run: bool) -> BulkResult:
+            return watchdog.cancel_many(
+                cancellation_id=args.job_id,
+                only_if_queued=args.only_if_queued,
+                batch=args.batch,
+                dry_run=dry_run,
+                **filters,
+            )
+
+        return _run_bulk(args, out, "cancel", act)
+    if args.cancellation_id is None:
+        raise UsageError("give JOB_ID CANCELLATION_ID, or --where KEY=VALUE ... CANCELLATION_ID")
     result = _watchdog(args).cancel(args.job_id, args.cancellation_id, only_if_queued=args.only_if_queued)
     if args.json:
         _print_json({"job_id": result.job_id, "status": result.status.value}, out)
@@ -909,7 +956,9 @@ def _listed_job_dict(job: JobView) -> dict[str, Any]:
 
 
 def cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
-    """Print up to ``--limit`` jobs matching the filters after sequence ``--after``."""
+    """Print up to ``--limit`` jobs matching the filters after sequence
+    ``--after`` (and before ``--before``), oldest first or, with
+    ``--newest-first``, newest first."""
     jobs = _watchdog(args).list_jobs(
         queue=args.queue,
         state=args.state,
@@ -918,6 +967,8 @@ def cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
         job_id_prefix=args.prefix,
         limit=args.limit,
         after_sequence=args.after,
+        before_sequence=args.before,
+        newest_first=args.newest_first,
         with_payload=bool(args.json),  # the table does not show payloads: not read
     )
     if args.json:
@@ -925,7 +976,9 @@ def cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
             _print_json(_listed_job_dict(job), out)
         return 0
     if not jobs:
-        print(f"no matching jobs after sequence {args.after}", file=out)
+        bounds = [f"after sequence {args.after}"] if args.after or args.before is None else []
+        bounds += [] if args.before is None else [f"before sequence {args.before}"]
+        print(f"no matching jobs {' and '.join(bounds)}", file=out)
         return 0
     header = ("sequence", "job_id", "queue", "state", "attempt", "enqueued_at", "started_at", "settled_at")
     rows = [
@@ -943,7 +996,8 @@ def cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
     ]
     print("\n".join(_column_lines(header, rows)), file=out)
     if len(jobs) == args.limit:
-        print(f"(more may follow: --after {jobs[-1].sequence})", file=out)
+        follow = "--before" if args.newest_first else "--after"
+        print(f"(more may follow: {follow} {jobs[-1].sequence})", file=out)
     return 0
 
 
@@ -1224,9 +1278,127 @@ def cmd_resume(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+#: The keys of ``--where`` (``rerun`` / ``cancel`` in bulk), as the library's arguments.
+WHERE_KEYS = {
+    "queue": "queue",
+    "lane": "lane",
+    "outcome": "outcome",
+    "settled-after": "settled_after",
+    "settled-before": "settled_before",
+    "enqueued-after": "enqueued_after",
+    "enqueued-before": "enqueued_before",
+}
+
+
+def _where(text: str) -> tuple[str, Any]:
+    """One ``--where KEY=VALUE``: ``queue``, ``lane``, ``outcome`` (several
+    comma-separated), or a time bound -- an ISO 8601 time with its zone
+    (``2026-05-01T12:00:00Z``) or a DURATION meaning that long ago."""
+    key, sep, value = text.partition("=")
+    if not sep or key not in WHERE_KEYS:
+        raise argparse.ArgumentTypeError(
+            f"expected KEY=VALUE with KEY one of {', '.join(WHERE_KEYS)}, got {text[:60]!r}"
+        )
+    if key == "outcome":
+        known = {outcome.value for outcome in Outcome}
+        outcomes = value.split(",")
+        unknown = [name for name in outcomes if name not in known]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"outcome {unknown[0][:40]!r} is not one of {', '.join(sorted(known))}")
+        return WHERE_KEYS[key], outcomes
+    if key.endswith(("-after", "-before")):
+        return WHERE_KEYS[key], _time_bound(value)
+    if not value:
+        raise argparse.ArgumentTypeError(f"{key} is empty")
+    return WHERE_KEYS[key], value
+
+
+def _time_bound(text: str) -> datetime:
+    """An ISO 8601 time with its zone, or a DURATION ago (this machine's clock)."""
+    if _DURATION.fullmatch(text) and text:
+        return datetime.now(UTC) - parse_duration(text)
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        value = None
+    if value is None or value.tzinfo is None:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO 8601 time with its zone (2026-05-01T12:00:00Z) or a duration ago (2h), got {text[:40]!r}"
+        )
+    return value
+
+
+def _bulk_dict(result: BulkResult) -> dict[str, Any]:
+    return {
+        "matched": result.matched,
+        "done": list(result.done),
+        "repeated": list(result.repeated),
+        "skipped": [{"job_id": skip.job_id, "why": skip.why} for skip in result.skipped],
+        "batches": result.batches,
+        "dry_run": result.dry_run,
+    }
+
+
+def _run_bulk(args: argparse.Namespace, out: TextIO, verb: str, act: Callable[[bool], BulkResult]) -> int:
+    """A bulk action: count first (a dry run); with ``--yes``, act and report."""
+    counted = act(True)
+    if not args.yes:
+        if args.json:
+            _print_json(_bulk_dict(counted), out)
+        else:
+            print(
+                f"{counted.matched} job(s) match; nothing changed. Run again with --yes to {verb} them.",
+                file=out,
+            )
+        return 0
+    if not args.json:
+        print(f"{counted.matched} job(s) match.", file=out)
+    result = act(False)
+    if args.json:
+        _print_json(_bulk_dict(result), out)
+        return 0
+    past = {"rerun": "rerun", "cancel": "cancelled"}[verb]
+    print(
+        f"{len(result.done)} {past}, {len(result.repeated)} already {past} by this id,"
+        f" {len(result.skipped)} skipped ({result.batches} batch(es)).",
+        file=out,
+    )
+    for skip in result.skipped:
+        print(f"  skipped {_one_line(skip.job_id)}: {_one_line(skip.why)}", file=out)
+    return 0
+
+
+#: What ``cancel --where`` may select by: live jobs have no outcome nor settled time.
+CANCEL_WHERE = ("queue", "lane", "enqueued_after", "enqueued_before")
+
+
+def _bulk_filters(args: argparse.Namespace, allowed: Sequence[str] = tuple(WHERE_KEYS.values())) -> dict[str, Any]:
+    filters: dict[str, Any] = {}
+    for key, value in args.where:
+        if key not in allowed:
+            names = ", ".join(name.replace("_", "-") for name in allowed)
+            raise UsageError(f"--where {key.replace('_', '-')}: {args.command} selects live jobs by {names} only")
+        if key in filters and key != "outcome":
+            raise UsageError(f"--where {key} given twice")
+        filters[key] = [*filters.get(key, []), *value] if key == "outcome" else value
+    return filters
+
+
 def cmd_rerun(args: argparse.Namespace, out: TextIO) -> int:
-    """Enqueue a copy of a settled job; exit 1 when it is missing or not settled."""
+    """Enqueue a copy of a settled job; exit 1 when it is missing or not
+    settled. With ``--where``: every matching settled job, counted first."""
     watchdog = _watchdog(args)
+    if args.where:
+        if args.job_id is not None:
+            raise UsageError("give JOB_ID or --where, not both")
+        filters = _bulk_filters(args)
+
+        def act(dry_run: bool) -> BulkResult:
+            return watchdog.rerun_many(rerun_id=args.rerun_id, batch=args.batch, dry_run=dry_run, **filters)
+
+        return _run_bulk(args, out, "rerun", act)
+    if args.job_id is None:
+        raise UsageError("give the JOB_ID to rerun, or --where KEY=VALUE to select jobs")
     original = watchdog.read(args.job_id)
     if original is None:
         raise CommandFailed(f"no job {args.job_id!r}")
@@ -1477,9 +1649,10 @@ def _add_operations_commands(commands: Any) -> None:
     """The operator commands: ``ls``, ``stats``, ``prune``, ``pause``, ``resume``, ``rerun``."""
     ls = commands.add_parser(
         "ls",
-        help="list jobs in admission order, filtered and paged",
-        description="Jobs in admission (sequence) order, with their attempt and times (UTC, "
-        "database clock). A full page ends with the --after value of the next one.",
+        help="list jobs in admission order (or newest first), filtered and paged",
+        description="Jobs in admission (sequence) order, or newest first with -r, with their attempt "
+        "and times (UTC, database clock). A full page ends with the --after (newest first: --before) "
+        "value of the next one.",
     )
     ls.add_argument("--queue", help="only this queue's jobs")
     ls.add_argument("--state", choices=[state.value for state in JobState], help="only jobs in this state")
@@ -1498,6 +1671,14 @@ def _add_operations_commands(commands: Any) -> None:
         metavar="SEQUENCE",
         help="only jobs with a greater sequence (default: 0)",
     )
+    ls.add_argument(
+        "--before",
+        type=_int_between(1, SEQUENCE_MAX),
+        default=None,
+        metavar="SEQUENCE",
+        help="only jobs with a smaller sequence (default: no bound)",
+    )
+    ls.add_argument("-r", "--newest-first", action="store_true", help="the newest jobs first (page on with --before)")
     ls.set_defaults(func=cmd_ls)
 
     stats = commands.add_parser(
@@ -1569,9 +1750,31 @@ def _add_operations_commands(commands: Any) -> None:
         description="Enqueue a copy of settled job JOB_ID as the new job JOB_ID~rerun~ID (a hash when "
         "that is too long). The same command again is a duplicate, not a second copy.",
     )
-    rerun.add_argument("job_id")
+    rerun.add_argument("job_id", nargs="?", help="the settled job to rerun (or select jobs with --where)")
     rerun.add_argument("--rerun-id", required=True, metavar="ID", help="names this rerun (1-128 characters)")
+    _bulk_options(rerun, "rerun")
     rerun.set_defaults(func=cmd_rerun)
+
+
+def _bulk_options(parser: argparse.ArgumentParser, verb: str) -> None:
+    """``--where``, ``--yes`` and ``--batch`` of a bulk ``rerun`` / ``cancel``."""
+    keys = "queue, lane, outcome" if verb == "rerun" else "queue, lane"
+    times = "settled-after/-before, enqueued-after/-before" if verb == "rerun" else "enqueued-after/-before"
+    parser.add_argument(
+        "--where",
+        type=_where,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"select jobs instead of naming one ({keys}, {times}: an ISO 8601 time with its zone or a "
+        "duration ago such as 2h); repeat to combine",
+    )
+    parser.add_argument(
+        "--yes", action="store_true", help=f"{verb} the selected jobs (without it: count them, change nothing)"
+    )
+    parser.add_argument(
+        "--batch", type=_int_between(1, BULK_BATCH_MAX), default=100, help="jobs per transaction (default: 100)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1624,11 +1827,12 @@ def build_parser() -> argparse.ArgumentParser:
     settled.set_defaults(func=cmd_settled)
 
     cancel = commands.add_parser("cancel", help="record a cancellation (idempotent per CANCELLATION_ID)")
-    cancel.add_argument("job_id")
-    cancel.add_argument("cancellation_id")
+    cancel.add_argument("job_id", help="the job (with --where: the CANCELLATION_ID alone)")
+    cancel.add_argument("cancellation_id", nargs="?")
     cancel.add_argument(
         "--only-if-queued", action="store_true", help="refuse (conflict) when the job is already running"
     )
+    _bulk_options(cancel, "cancel")
     cancel.set_defaults(func=cmd_cancel)
 
     fail_lane = commands.add_parser("fail-lane", help="settle every live job of a lane failed")

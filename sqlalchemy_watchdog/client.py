@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
 from sqlalchemy import Connection, Engine, Select
@@ -12,9 +12,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from . import store
+from .applies import JobExplanation, explain
 from .connections import follow_failover
 from .errors import EnqueueConflict, InvalidJob
 from .jobs import (
+    BulkResult,
     CancelResult,
     CancelStatus,
     EnqueueResult,
@@ -222,6 +224,16 @@ class Watchdog:
         """The job, or None if there is no such job (with its reruns listed)."""
         return self._read(store.read_with_reruns, job_id)
 
+    def explain(self, job_id: str) -> JobExplanation | None:
+        """What applies to the job (None if there is no such job): its
+        effective timeout and retry policy and where each comes from (its
+        own, else its queue's ``@handler`` registered in this process, else
+        the runner's -- which a process other than the runner's cannot know,
+        and says so), "attempt n of m", its queue's pause, and its reason in
+        plain words (a :class:`~sqlalchemy_watchdog.JobExplanation`)."""
+        found = self._read(store.read_with_pause, job_id)
+        return None if found is None else explain(*found)
+
     def read_queue_head(self, queue: str) -> JobView | None:
         """The queue's running job, else its next queued job, else its next delayed one; None when idle."""
         return self._read(store.read_queue_head, queue)
@@ -244,16 +256,25 @@ class Watchdog:
         job_id_prefix: str | None = None,
         limit: int = 100,
         after_sequence: int = 0,
+        before_sequence: int | None = None,
+        newest_first: bool = False,
         with_payload: bool = True,
     ) -> list[JobView]:
-        """Jobs in admission order, ``limit`` (1-1000) after ``after_sequence``
-        (pass the last job's ``sequence`` to read the next page), matching
-        every filter given.
+        """Jobs in admission order, ``limit`` (1-1000) with a sequence above
+        ``after_sequence`` and below ``before_sequence`` (None: no bound),
+        matching every filter given. Pass the last job's ``sequence`` as
+        ``after_sequence`` to read the next page.
 
-        Cost: one read of the primary key in order from ``after_sequence``,
-        stopping after ``limit`` matches: O(limit) rows when the filters
-        match most jobs; a filter that matches few jobs in a long history
-        reads the rows between its matches (use ``after_sequence`` to page).
+        ``newest_first=True`` reverses the order: the page is the newest
+        ``limit`` jobs in the range, and the next (older) page is the one
+        ``before_sequence`` the last job's ``sequence``. To page back towards
+        the newest, read ``after_sequence`` the first job's ``sequence`` in
+        admission order and reverse it.
+
+        Cost: one read of the primary key in order from the bound, stopping
+        after ``limit`` matches: O(limit) rows when the filters match most
+        jobs; a filter that matches few jobs in a long history reads the
+        rows between its matches (bound the range to page).
         ``with_payload=False`` does not read the payloads (each job's
         ``payload`` is then None): a list that does not show them.
         """
@@ -266,6 +287,8 @@ class Watchdog:
             job_id_prefix=job_id_prefix,
             limit=limit,
             after_sequence=after_sequence,
+            before_sequence=before_sequence,
+            newest_first=newest_first,
             with_payload=with_payload,
         )
 
@@ -348,6 +371,100 @@ class Watchdog:
         the same call again is a duplicate; the copy's ``rerun_of`` names the
         original, whose :meth:`read` lists its reruns."""
         return self._write(store.rerun, job_id, rerun_id)
+
+    def rerun_many(
+        self,
+        *,
+        rerun_id: str,
+        queue: str | None = None,
+        lane: str | None = None,
+        outcome: Outcome | str | Iterable[Outcome | str] | None = None,
+        settled_after: datetime | None = None,
+        settled_before: datetime | None = None,
+        enqueued_after: datetime | None = None,
+        enqueued_before: datetime | None = None,
+        batch: int = 100,
+        limit: int | None = None,
+        dry_run: bool = False,
+    ) -> BulkResult:
+        """:meth:`rerun` every settled job matching all the filters given (at
+        least one): ``queue``, ``lane``, ``outcome`` (one or several), and
+        settled or enqueued strictly after / before a timezone-aware time.
+
+        Each copy's ``job_id`` derives from its original's and ``rerun_id``
+        as in :meth:`rerun`, so the same call again makes no second copy
+        (``repeated``); it never selects the copies ``rerun_id`` made, and
+        only jobs that existed when it started. It works in batches of
+        ``batch`` (1-1000) jobs in admission order, each its own transaction
+        (a copy is enqueued with its batch or not at all), up to ``limit``
+        jobs. On PostgreSQL a batch's originals are share-locked until it
+        commits, so a concurrent :meth:`prune` skips them meanwhile.
+        ``dry_run=True`` counts the jobs it would rerun and changes nothing.
+
+        Every argument is checked before anything is read: a bad one raises
+        :class:`~sqlalchemy_watchdog.InvalidJob` naming it.
+        """
+        action = store.BulkAction.of(
+            store.BulkKind.RERUN,
+            rerun_id,
+            queue=queue,
+            lane=lane,
+            outcome=outcome,
+            settled_after=settled_after,
+            settled_before=settled_before,
+            enqueued_after=enqueued_after,
+            enqueued_before=enqueued_before,
+            batch=batch,
+            limit=limit,
+            dry_run=dry_run,
+        )
+        return self._bulk(action)
+
+    def cancel_many(
+        self,
+        *,
+        cancellation_id: str,
+        queue: str | None = None,
+        lane: str | None = None,
+        enqueued_after: datetime | None = None,
+        enqueued_before: datetime | None = None,
+        only_if_queued: bool = False,
+        batch: int = 100,
+        limit: int | None = None,
+        dry_run: bool = False,
+    ) -> BulkResult:
+        """:meth:`cancel` every live (delayed, queued or running) job matching
+        all the filters given (at least one): ``queue``, ``lane``, enqueued
+        strictly after / before a timezone-aware time.
+
+        Each job's cancellation id derives from ``cancellation_id`` and its
+        ``job_id`` (``<cancellation_id>~<job_id>``, or a hash when too long),
+        so the same call again replays (``repeated``). A job that settled or
+        was cancelled by another request meanwhile is ``skipped``. Batches
+        as in :meth:`rerun_many`; ``dry_run=True`` counts and changes nothing.
+        """
+        action = store.BulkAction.of(
+            store.BulkKind.CANCEL,
+            cancellation_id,
+            queue=queue,
+            lane=lane,
+            enqueued_after=enqueued_after,
+            enqueued_before=enqueued_before,
+            only_if_queued=only_if_queued,
+            batch=batch,
+            limit=limit,
+            dry_run=dry_run,
+        )
+        return self._bulk(action)
+
+    def _bulk(self, action: store.BulkAction) -> BulkResult:
+        progress = store.BulkProgress(action)
+        end = self._read(store.newest_sequence)
+        run = self._read if action.dry_run else self._write
+        while size := action.next_size(progress.matched):
+            if not progress.add(run(store.bulk_batch, action, progress.after, end, size), size):
+                break
+        return progress.result()
 
     def cancel(self, job_id: str, cancellation_id: str, *, only_if_queued: bool = False) -> CancelResult:
         """Record a cancellation: a queued job is settled ``cancelled`` when next

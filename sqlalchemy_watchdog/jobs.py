@@ -57,6 +57,9 @@ __all__ = [
     "CancelResult",
     "SettleStatus",
     "LaneFailure",
+    "BulkSkip",
+    "BulkResult",
+    "BULK_BATCH_MAX",
     "encode_payload",
 ]
 
@@ -650,6 +653,17 @@ def rerun_job_id(job_id: str, rerun_id: str) -> str:
     return "rerun~" + hashlib.sha256(f"{job_id}\x00{rerun_id}".encode()).hexdigest()
 
 
+def bulk_cancellation_id(cancellation_id: str, job_id: str) -> str:
+    """The ``cancellation_id`` that bulk cancellation ``cancellation_id``
+    records on job ``job_id``: ``<cancellation_id>~<job_id>`` when it fits in
+    :data:`CANCELLATION_ID_MAX_LENGTH`, else ``cancel~<sha256 of both>``
+    (deterministic either way, so a repeated bulk cancellation replays)."""
+    plain = f"{cancellation_id}~{job_id}"
+    if len(plain) <= CANCELLATION_ID_MAX_LENGTH:
+        return plain
+    return "cancel~" + hashlib.sha256(f"{cancellation_id}\x00{job_id}".encode()).hexdigest()
+
+
 def job_batch(jobs: object) -> list[Job]:
     """``jobs`` (a Job or an iterable of Jobs) as a list, or a clear TypeError."""
     if isinstance(jobs, Job):
@@ -1085,6 +1099,38 @@ class LaneFailure:
     def settled(self) -> int:
         """How many jobs this call settled ``failed``."""
         return len(self.jobs)
+
+
+#: The largest batch of :meth:`Watchdog.rerun_many` / :meth:`Watchdog.cancel_many`.
+BULK_BATCH_MAX = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class BulkSkip:
+    """A job a bulk action selected and left alone, and why (in plain words)."""
+
+    job_id: str
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class BulkResult:
+    """What :meth:`Watchdog.rerun_many` or :meth:`Watchdog.cancel_many` did
+    (with ``dry_run``: what it selected, changing nothing).
+
+    ``done`` are the jobs acted on now (the reruns' new job_ids; the jobs
+    whose cancellation was recorded), ``repeated`` the ones an earlier call
+    with the same id had already done (the rerun is a duplicate, the
+    cancellation a replay), ``skipped`` the ones left alone.
+    """
+
+    matched: int
+    done: tuple[str, ...]
+    repeated: tuple[str, ...]
+    skipped: tuple[BulkSkip, ...]
+    #: How many transactions it took (one per batch).
+    batches: int
+    dry_run: bool
 
 
 #: The minutes :meth:`Watchdog.throughput` counts (the last hour).

@@ -902,19 +902,28 @@ def prune(dialect: str, undated: bool) -> Delete:
 #: The payload column of a list that does not read payloads.
 _NO_PAYLOAD: ColumnElement[Any] = literal_column("'null'").label("payload_json")
 #: The filters :func:`list_jobs` may combine (each one a bound parameter).
-LIST_FILTERS = ("queue", "state", "outcome", "lane", "job_id_prefix")
+LIST_FILTERS = ("queue", "state", "outcome", "lane", "job_id_prefix", "job_id_range", "job_id_range_first")
 
 
 @cache
-def list_jobs(filters: tuple[str, ...], with_payload: bool = True) -> Select[Any]:
-    """Up to ``:limit`` jobs with ``sequence > :after_sequence`` in admission
-    order, matching the named ``filters`` (``:queue``, ``state=<state>``,
-    ``:outcome``, ``:lane``, ``:job_id_prefix`` -- a prefix compared with
-    ``substr``, so LIKE wildcards in it mean nothing). Without
-    ``with_payload`` the payload is not read: the JSON ``null`` stands in
-    its column (a payload may be up to 1 MB)."""
+def list_jobs(filters: tuple[str, ...], with_payload: bool = True, newest_first: bool = False) -> Select[Any]:
+    """Up to ``:limit`` jobs with ``:after_sequence < sequence <
+    :before_sequence`` in admission order (``newest_first``: the reverse, so
+    the page is the newest below ``:before_sequence``), matching the named
+    ``filters`` (``:queue``, ``state=<state>``, ``:outcome``, ``:lane``,
+    ``:job_id_prefix`` -- a prefix compared with ``substr``, so LIKE
+    wildcards in it mean nothing). Without ``with_payload`` the payload is
+    not read: the JSON ``null`` stands in its column (a payload may be up
+    to 1 MB)."""
     columns = COLUMNS if with_payload else tuple(_NO_PAYLOAD if col is c.payload_json else col for col in COLUMNS)
-    query = select(*columns).where(c.sequence > _p("after_sequence", BigInteger()))
+    # With the prefix as a range on SQLite, the bounds must not draw its planner
+    # to the primary key (it takes any rowid range for selective, knowing nothing
+    # of the prefix): `sequence + 0` is no index's, so it reads the prefix's range
+    # and sorts what matched. PostgreSQL weighs the range by its statistics.
+    sequence = c.sequence + 0 if "job_id_range_first" in filters else c.sequence
+    query = select(*columns).where(
+        sequence > _p("after_sequence", BigInteger()), sequence < _p("before_sequence", BigInteger())
+    )
     for name in filters:
         if name == "queue":
             query = query.where(c.queue_name == _p("queue", Text()))
@@ -928,9 +937,92 @@ def list_jobs(filters: tuple[str, ...], with_payload: bool = True) -> Select[Any
         elif name == "job_id_prefix":
             prefix = _p("job_id_prefix", Text())
             query = query.where(func.substr(c.job_id, 1, func.length(prefix)) == prefix)
+        elif name in ("job_id_range", "job_id_range_first"):
+            # The same jobs as the prefix, said as a range uq_watchdog_jobs_job_id
+            # can read: exact only where job_id sorts by code point (the store checks).
+            query = query.where(c.job_id >= _p("job_id_low", Text()), c.job_id < _p("job_id_high", Text()))
         else:  # pragma: no cover - the store checks the names
             raise ValueError(name)
-    return query.order_by(c.sequence).limit(_p("limit", Integer()))
+    return query.order_by(c.sequence.desc() if newest_first else c.sequence).limit(_p("limit", Integer()))
+
+
+#: The filters :func:`bulk_pick` may combine (each one a bound parameter).
+BULK_FILTERS = (
+    "queue",
+    "lane",
+    "outcomes",
+    "settled_after",
+    "settled_before",
+    "enqueued_after",
+    "enqueued_before",
+)
+
+
+@cache
+def bulk_pick(dialect: str, kind: str, filters: tuple[str, ...]) -> Select[Any]:
+    """The next ``:limit`` jobs a bulk action selects, with ``:after_sequence
+    < sequence < :before_sequence``, in admission order: settled ones for
+    ``kind`` ``rerun`` (whole rows, to copy; on PostgreSQL share-locked
+    ``FOR KEY SHARE`` so a concurrent prune skips them until the copies are
+    committed), live ones for ``cancel`` (job_id alone). The named
+    ``filters``: ``:queue``, ``:lane``, ``:outcomes`` (a list), and times
+    strictly after / before ``:settled_after`` ... ``:enqueued_before``
+    (epoch ms)."""
+    live = kind == "cancel"
+    columns = (c.sequence, c.job_id) if live else COLUMNS
+    query = select(*columns).where(
+        c.sequence > _p("after_sequence", BigInteger()),
+        c.sequence < _p("before_sequence", BigInteger()),
+        IS_LIVE if live else IS_SETTLED,
+    )
+    for name in filters:
+        if name == "queue":
+            query = query.where(c.queue_name == _p("queue", Text()))
+        elif name == "lane" and live:
+            # The same as lane = :lane, said so that each part has its index:
+            # a lane of its own (live_lane), a queue's default lane (live_queue).
+            lane = _p("lane", Text())
+            query = query.where(
+                or_(and_(c.lane == lane, IS_CUSTOM_LANE), and_(c.queue_name == lane, c.lane == c.queue_name))
+            )
+        elif name == "lane":
+            query = query.where(c.lane == _p("lane", Text()))
+        elif name == "outcomes":
+            query = query.where(c.outcome.in_(bindparam("outcomes", expanding=True)))
+        elif name in ("settled_after", "enqueued_after"):
+            query = query.where(c[name.replace("after", "at")] > _p(name, BigInteger()))
+        elif name in ("settled_before", "enqueued_before"):
+            query = query.where(c[name.replace("before", "at")] < _p(name, BigInteger()))
+        else:  # pragma: no cover - the store checks the names
+            raise ValueError(name)
+    query = query.order_by(c.sequence).limit(_p("limit", Integer()))
+    if dialect == "postgresql" and not live:
+        query = query.with_for_update(read=True, key_share=True, of=t)
+    return query
+
+
+@cache
+def job_id_collation() -> Any:
+    """PostgreSQL: the collation of ``watchdog_jobs.job_id`` (``default`` when the
+    database's), the database's collation and its provider (``c`` libc, ``i``
+    ICU, ``b`` builtin; before PostgreSQL 15 always libc)."""
+    from sqlalchemy import text
+
+    return text(
+        "SELECT coalesce(co.collname, 'default'), d.datcollate,"
+        " CASE WHEN current_setting('server_version_num')::int >= 150000"
+        " THEN (to_jsonb(d) ->> 'datlocprovider') ELSE 'c' END"
+        " FROM pg_database d, pg_attribute a"
+        " LEFT JOIN pg_collation co ON co.oid = a.attcollation AND a.attcollation <> 100"
+        " WHERE d.datname = current_database()"
+        " AND a.attrelid = to_regclass('watchdog_jobs') AND a.attname = 'job_id'"
+    )
+
+
+@cache
+def newest_sequence() -> Select[Any]:
+    """The greatest ``sequence`` there is (NULL: no job): where a bulk action stops."""
+    return select(func.max(c.sequence))
 
 
 @cache

@@ -37,6 +37,7 @@ from . import telemetry
 from .connections import prepared_statement_failure
 from .errors import EnqueueConflict, ErrorCode, InvalidJob, WatchdogError, redacted
 from .jobs import (
+    BULK_BATCH_MAX,
     CANCELLATION_ID_MAX_LENGTH,
     FAILURE_DETAIL_MAX_LENGTH,
     JOB_ID_MAX_LENGTH,
@@ -45,6 +46,8 @@ from .jobs import (
     PRUNE_BATCH_MAX,
     QUEUE_MAX_LENGTH,
     THROUGHPUT_MINUTES,
+    BulkResult,
+    BulkSkip,
     CancelResult,
     CancelStatus,
     Decision,
@@ -67,16 +70,19 @@ from .jobs import (
     WorkerView,
     at_epoch_ms,
     bound_reason,
+    bulk_cancellation_id,
+    check_aware,
     check_duration,
     check_int,
     check_text,
     duration_ms,
+    epoch_ms,
     history_of,
     payload_of,
     rerun_job_id,
     slot_setters,
 )
-from .wakeups import EVENT_QUEUED
+from .wakeups import EVENT_QUEUED, EVENT_STOP
 
 __all__ = [
     "check_duration",
@@ -1177,6 +1183,8 @@ def seconds_until_next_expiry(conn: Connection) -> float | None:
 
 #: The largest page :func:`list_jobs` returns.
 LIST_LIMIT_MAX = 1000
+#: The largest ``sequence`` (a 64-bit signed integer): no job's is greater.
+SEQUENCE_MAX = 2**63 - 1
 
 
 def check_outcomes(outcomes: object) -> list[str] | None:
@@ -1288,6 +1296,43 @@ def _member(kind: type[JobState] | type[Outcome], field: str, value: object) -> 
         raise InvalidJob(field, f"{value!r} is not a known {kind.__name__} (known: {known})") from None
 
 
+def prefix_upper_bound(prefix: str) -> str | None:
+    """The least text greater than every text starting with ``prefix``, in
+    code point order: its last character the next code point (surrogates
+    skipped). None when there is none to say (a last character U+10FFFF)."""
+    last = ord(prefix[-1])
+    if last >= 0x10FFFF:
+        return None
+    following = 0xE000 if 0xD800 <= last + 1 <= 0xDFFF else last + 1
+    return prefix[:-1] + chr(following)
+
+
+#: Databases (by engine URL) whose job_id order is code point order, as found.
+_CODE_POINT_ORDER: dict[str, bool] = {}
+#: PostgreSQL collations of a libc provider that sort by code point (byte order of UTF-8).
+_CODE_POINT_COLLATIONS = frozenset({"C", "POSIX", "C.UTF-8", "C.utf8"})
+
+
+def sorts_by_code_point(conn: Connection) -> bool:
+    """Whether ``watchdog_jobs.job_id`` -- and so ``uq_watchdog_jobs_job_id`` --
+    sorts by code point here, so that the jobs starting with a prefix are one
+    range of it: always on SQLite (``BINARY``: UTF-8 bytes); on PostgreSQL
+    when the column's collation is the database's and that one is ``C``,
+    ``POSIX`` or ``C.UTF-8`` (libc) or the builtin provider's, never under a
+    linguistic collation (glibc's ``en_US.UTF-8``, ICU). Asked once per
+    database and remembered."""
+    if conn.dialect.name != "postgresql":
+        return True
+    key = conn.engine.url.render_as_string(hide_password=True)
+    known = _CODE_POINT_ORDER.get(key)
+    if known is None:
+        row = conn.execute(sql.job_id_collation()).first()
+        known = _CODE_POINT_ORDER[key] = row is not None and (
+            row[0] == "default" and (row[2] == "b" or (row[2] == "c" and row[1] in _CODE_POINT_COLLATIONS))
+        )
+    return known
+
+
 def list_jobs(
     conn: Connection,
     *,
@@ -1298,14 +1343,22 @@ def list_jobs(
     job_id_prefix: str | None = None,
     limit: int = 100,
     after_sequence: int = 0,
+    before_sequence: int | None = None,
+    newest_first: bool = False,
     with_payload: bool = True,
 ) -> list[JobView]:
-    """Jobs in admission order after ``after_sequence`` (keyset paging);
-    without ``with_payload`` their payloads are not read (None)."""
+    """Jobs between ``after_sequence`` and ``before_sequence`` (keyset
+    paging) in admission order, or newest first; without ``with_payload``
+    their payloads are not read (None)."""
     params: dict[str, Any] = {
         "limit": check_int("limit", limit, 1, LIST_LIMIT_MAX),
-        "after_sequence": check_int("after_sequence", after_sequence, 0, 2**63 - 1),
+        "after_sequence": check_int("after_sequence", after_sequence, 0, SEQUENCE_MAX),
+        "before_sequence": SEQUENCE_MAX
+        if before_sequence is None
+        else check_int("before_sequence", before_sequence, 1, SEQUENCE_MAX),
     }
+    if not isinstance(newest_first, bool):
+        raise InvalidJob("newest_first", f"must be a bool, not {type(newest_first).__name__}")
     if queue is not None:
         params["queue"] = check_text("queue", queue, QUEUE_MAX_LENGTH)
     if state is not None:
@@ -1316,12 +1369,18 @@ def list_jobs(
         params["lane"] = check_text("lane", lane, LANE_MAX_LENGTH)
     if job_id_prefix is not None:
         params["job_id_prefix"] = check_text("job_id_prefix", job_id_prefix, JOB_ID_MAX_LENGTH)
+    if job_id_prefix is not None and (high := prefix_upper_bound(job_id_prefix)) and sorts_by_code_point(conn):
+        # A marker (its values are the two below); SQLite's planner is told to read it first.
+        params["job_id_range" if conn.dialect.name == "postgresql" else "job_id_range_first"] = True
+        params["job_id_low"], params["job_id_high"] = job_id_prefix, high
     filters = tuple(
         f"state={params.pop('state')}" if name == "state" else name for name in sql.LIST_FILTERS if name in params
     )
+    params.pop("job_id_range", None)
+    params.pop("job_id_range_first", None)
     if not isinstance(with_payload, bool):
         raise InvalidJob("with_payload", f"must be a bool, not {type(with_payload).__name__}")
-    return [view(row) for row in conn.execute(sql.list_jobs(filters, with_payload), params)]
+    return [view(row) for row in conn.execute(sql.list_jobs(filters, with_payload, newest_first), params)]
 
 
 def stats(conn: Connection) -> Stats:
@@ -1581,6 +1640,17 @@ def read_with_reruns(conn: Connection, job_id: str) -> JobView | None:
     return dataclasses.replace(job, reruns=reruns) if reruns else job
 
 
+def read_with_pause(conn: Connection, job_id: str) -> tuple[JobView, QueuePause | None] | None:
+    """:func:`read_with_reruns`, and its queue's pause if it is paused (one read transaction)."""
+    job = read_with_reruns(conn, job_id)
+    if job is None:
+        return None
+    for queue, reason, paused_at in conn.execute(sql.paused_queues()):
+        if queue == job.queue:
+            return job, QueuePause(queue, reason, at_epoch_ms(paused_at))
+    return job, None
+
+
 #: The longest ``rerun_id`` accepted.
 RERUN_ID_MAX_LENGTH = 128
 
@@ -1596,11 +1666,188 @@ def rerun(conn: Connection, job_id: str, rerun_id: str) -> EnqueueResult:
         raise InvalidJob("job_id", f"no job {job_id!r} to rerun")
     if original.state is not JobState.SETTLED:
         raise InvalidJob("job_id", f"job {job_id!r} is {original.state.value}; only a settled job can be rerun")
+    return enqueue(conn, [_rerun_copy(original, rerun_id)])[0]
+
+
+# -- bulk actions --------------------------------------------------------------
+
+
+class BulkKind(str, enum.Enum):
+    RERUN = "rerun"
+    CANCEL = "cancel"
+
+
+_MS_MIN, _MS_MAX = -(2**63), 2**63 - 1
+
+
+def _time_bound(field: str, value: object) -> int:
+    """An aware datetime bound as epoch milliseconds, or a clear error."""
+    ms = epoch_ms(check_aware(field, value))
+    if not _MS_MIN <= ms <= _MS_MAX:  # pragma: no cover - datetime cannot reach it
+        raise InvalidJob(field, f"is out of range: {value!r}")
+    return ms
+
+
+@dataclass(frozen=True, slots=True)
+class BulkAction:
+    """A checked :meth:`Watchdog.rerun_many` / ``cancel_many`` request: which
+    jobs (``params`` of :func:`statements.bulk_pick`), what to do to them,
+    in batches of ``batch``, at most ``limit`` of them."""
+
+    kind: BulkKind
+    #: The ``rerun_id`` or the bulk ``cancellation_id``.
+    action_id: str
+    filters: tuple[str, ...]
+    params: Mapping[str, Any]
+    batch: int
+    limit: int | None
+    dry_run: bool
+    only_if_queued: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        kind: BulkKind,
+        action_id: object,
+        *,
+        queue: object = None,
+        lane: object = None,
+        outcome: object = None,
+        settled_after: object = None,
+        settled_before: object = None,
+        enqueued_after: object = None,
+        enqueued_before: object = None,
+        batch: object = 100,
+        limit: object = None,
+        dry_run: object = False,
+        only_if_queued: object = False,
+    ) -> BulkAction:
+        """Check every argument before anything is read or written: a bad one
+        raises :class:`InvalidJob` naming it."""
+        if kind is BulkKind.RERUN:
+            action = check_text("rerun_id", action_id, RERUN_ID_MAX_LENGTH)
+        else:
+            action = check_text("cancellation_id", action_id, CANCELLATION_ID_MAX_LENGTH)
+            for field, value in (("outcome", outcome), ("settled_after", settled_after)):
+                if value is not None:
+                    raise InvalidJob(field, "cancel_many selects live jobs, which have not settled: no outcome or time")
+            if settled_before is not None:
+                raise InvalidJob("settled_before", "cancel_many selects live jobs, which have not settled")
+        params: dict[str, Any] = {}
+        if queue is not None:
+            params["queue"] = check_text("queue", queue, QUEUE_MAX_LENGTH)
+        if lane is not None:
+            params["lane"] = check_text("lane", lane, LANE_MAX_LENGTH)
+        if outcome is not None:
+            params["outcomes"] = check_outcomes(outcome)
+        times = {
+            "settled_after": settled_after,
+            "settled_before": settled_before,
+            "enqueued_after": enqueued_after,
+            "enqueued_before": enqueued_before,
+        }
+        for field, value in times.items():
+            if value is not None:
+                params[field] = _time_bound(field, value)
+        for what in ("settled", "enqueued"):
+            after, before = params.get(f"{what}_after"), params.get(f"{what}_before")
+            if after is not None and before is not None and after >= before:
+                raise InvalidJob(f"{what}_before", f"must be later than {what}_after (the range is empty)")
+        if not params:
+            raise InvalidJob(
+                "filter",
+                "a bulk action needs at least one of queue, lane, outcome or a time range (it never selects every job)",
+            )
+        size = check_int("batch", batch, 1, BULK_BATCH_MAX)
+        total = None if limit is None else check_int("limit", limit, 1, 2**63 - 1)
+        for field, flag in (("dry_run", dry_run), ("only_if_queued", only_if_queued)):
+            if not isinstance(flag, bool):
+                raise InvalidJob(field, f"must be a bool, not {type(flag).__name__}")
+        filters = tuple(name for name in sql.BULK_FILTERS if name in params)
+        return cls(kind, action, filters, params, size, total, bool(dry_run), bool(only_if_queued))
+
+    def next_size(self, matched: int) -> int:
+        """The size of the next batch after ``matched`` jobs (0: done)."""
+        return self.batch if self.limit is None else min(self.batch, self.limit - matched)
+
+
+@dataclass(frozen=True, slots=True)
+class BulkStep:
+    """What one batch did: the last sequence it read (None: nothing left)."""
+
+    last_sequence: int | None
+    #: Rows the batch read (its own copies included); fewer than asked: the last batch.
+    picked: int
+    matched: int
+    done: tuple[str, ...] = ()
+    repeated: tuple[str, ...] = ()
+    skipped: tuple[BulkSkip, ...] = ()
+
+
+class BulkProgress:
+    """The running total of a bulk action's batches (the client's loop)."""
+
+    def __init__(self, action: BulkAction) -> None:
+        self.action = action
+        self.after = 0
+        self.matched = 0
+        self.batches = 0
+        self.done: list[str] = []
+        self.repeated: list[str] = []
+        self.skipped: list[BulkSkip] = []
+
+    def add(self, step: BulkStep, size: int) -> bool:
+        """Fold in one batch of ``size``; whether another may follow."""
+        self.batches += 1
+        self.matched += step.matched
+        self.done += step.done
+        self.repeated += step.repeated
+        self.skipped += step.skipped
+        if step.last_sequence is None or step.picked < size:
+            return False
+        self.after = step.last_sequence
+        return True
+
+    def result(self) -> BulkResult:
+        return BulkResult(
+            self.matched,
+            tuple(self.done),
+            tuple(self.repeated),
+            tuple(self.skipped),
+            self.batches,
+            self.action.dry_run,
+        )
+
+
+def newest_sequence(conn: Connection) -> int:
+    """The greatest sequence there is (0: no job): where a bulk action stops,
+    so the jobs it creates are never selected by itself."""
+    return int(conn.execute(sql.newest_sequence()).scalar() or 0)
+
+
+def bulk_batch(conn: Connection, action: BulkAction, after: int, end: int, size: int) -> BulkStep:
+    """One batch of a bulk action, in one transaction: the next ``size``
+    selected jobs with ``after < sequence <= end``, acted on (or, dry run,
+    counted)."""
+    params = {**action.params, "after_sequence": after, "before_sequence": end + 1, "limit": size}
+    rows = conn.execute(sql.bulk_pick(conn.dialect.name, action.kind.value, action.filters), params).all()
+    if not rows:
+        return BulkStep(None, 0, 0)
+    last = rows[-1][0]
+    if action.kind is BulkKind.CANCEL:
+        return _cancel_batch(conn, action, [row[1] for row in rows], last)
+    return _rerun_batch(conn, action, [view(row) for row in rows], last)
+
+
+def _rerun_copy(original: JobView, rerun_id: str) -> Job:
+    """The copy :func:`rerun` enqueues; InvalidJob when the original cannot be copied."""
     for unknown in original.undecodable:
         if unknown.field in ("payload", "retry", "timeout"):  # what the copy would carry
-            raise InvalidJob("job_id", f"job {job_id!r} cannot be rerun: its stored {unknown.column} is undecodable")
-    copy = Job(
-        rerun_job_id(job_id, rerun_id),
+            raise InvalidJob(
+                "job_id", f"job {original.job_id!r} cannot be rerun: its stored {unknown.column} is undecodable"
+            )
+    return Job(
+        rerun_job_id(original.job_id, rerun_id),
         original.queue,
         lane=original.lane,
         priority=original.priority,
@@ -1608,9 +1855,72 @@ def rerun(conn: Connection, job_id: str, rerun_id: str) -> EnqueueResult:
         max_recoveries=original.max_recoveries,
         retry=original.retry,
         timeout=original.timeout,
-        rerun_of=job_id,
+        rerun_of=original.job_id,
     )
-    return enqueue(conn, [copy])[0]
+
+
+def _rerun_batch(conn: Connection, action: BulkAction, originals: list[JobView], last: int) -> BulkStep:
+    copies: list[Job] = []
+    skipped: list[BulkSkip] = []
+    for original in originals:
+        if original.rerun_of is not None and original.job_id == rerun_job_id(original.rerun_of, action.action_id):
+            continue  # a copy this very rerun_id made: never copied again
+        try:
+            copies.append(_rerun_copy(original, action.action_id))
+        except InvalidJob as error:
+            skipped.append(BulkSkip(original.job_id, str(error).split(": ", 1)[1]))
+    matched = len(copies) + len(skipped)
+    if action.dry_run or not copies:
+        return BulkStep(last, len(originals), matched, skipped=tuple(skipped))
+    # A job_id taken by a job with other contents: skipped, never a failed batch.
+    stored = {
+        row.job_id: row._asdict()
+        for row in conn.execute(sql.stored_contents(), {"job_ids": [copy.job_id for copy in copies]})
+    }
+    fresh: list[Job] = []
+    repeated: list[str] = []
+    for copy in copies:
+        row = stored.get(copy.job_id)
+        if row is None:
+            fresh.append(copy)
+        elif row == _row(copy):
+            repeated.append(copy.job_id)
+        else:
+            skipped.append(BulkSkip(copy.rerun_of or "", f"its rerun's job_id {copy.job_id!r} is another job's"))
+    done: list[str] = []
+    if fresh:
+        for result in enqueue(conn, fresh):
+            (done if result.status is EnqueueStatus.QUEUED else repeated).append(result.job_id)
+    return BulkStep(last, len(originals), matched, tuple(done), tuple(repeated), tuple(skipped))
+
+
+def _cancel_batch(conn: Connection, action: BulkAction, job_ids: list[str], last: int) -> BulkStep:
+    if action.dry_run:
+        return BulkStep(last, len(job_ids), len(job_ids))
+    done: list[str] = []
+    repeated: list[str] = []
+    skipped: list[BulkSkip] = []
+    for job_id in job_ids:
+        cancellation_id = bulk_cancellation_id(action.action_id, job_id)
+        result = cancel(conn, job_id, cancellation_id, only_if_queued=action.only_if_queued)
+        if result.status is CancelStatus.RECORDED:
+            done.append(job_id)
+        elif result.status is CancelStatus.REPLAYED:
+            repeated.append(job_id)
+        elif result.status is CancelStatus.MISSING:
+            skipped.append(BulkSkip(job_id, "deleted meanwhile (purged)"))
+        else:
+            skipped.append(
+                BulkSkip(
+                    job_id,
+                    "settled meanwhile, "
+                    + ("running, " if action.only_if_queued else "")
+                    + "or already cancelled by another request",
+                )
+            )
+    if done:
+        notify(conn, EVENT_STOP)
+    return BulkStep(last, len(job_ids), len(job_ids), tuple(done), tuple(repeated), tuple(skipped))
 
 
 # -- testing only ------------------------------------------------------------
@@ -1674,7 +1984,7 @@ READ_ONLY: frozenset[Callable[..., Any]] = frozenset(
 #: Store functions that need a transaction of their own even where the
 #: runner's operations run in autocommit: their statements hold a
 #: transaction-scoped lock across several statements.
-NEEDS_TRANSACTION: frozenset[Callable[..., Any]] = frozenset({prune_retention})
+NEEDS_TRANSACTION: frozenset[Callable[..., Any]] = frozenset({prune_retention, bulk_batch})
 
 
 def _prepares_per_statement(conn: Connection) -> bool:

@@ -199,8 +199,9 @@ def test_show_a_delayed_job_with_its_own_policy(engine: Engine, cli: Cli) -> Non
     assert lines["run_at"] == lines["ready_at"] == "2031-05-04T01:02:01.123+00:00"
     assert lines["attempt"] == "1 of 3"
     assert lines["snoozes"] == "0"
-    assert lines["timeout"] == "2.5s"
-    assert lines["retry"] == "max_attempts=3, backoff=2s, factor=3, max_backoff=90s, jitter=0.25"
+    assert lines["timeout"] == "2.5s (the job's own)"
+    assert lines["retry"] == "3 attempts, backoff 2s x 3 (at most 90s), jitter 0.25 (the job's own)"
+    assert lines["queue_pause"] == "-"
     assert lines["failure_history"] == "-"
 
     status, out, _ = cli("--json", "show", "later")
@@ -224,13 +225,60 @@ def test_show_a_job_without_a_policy_of_its_own(engine: Engine, cli: Cli) -> Non
     add(engine, Job("plain", "emails"))
     lines = show_lines(cli("show", "plain")[1])
     assert (lines["run_at"], lines["ready_at"]) == ("-", "-")  # it never waited
-    assert lines["attempt"] == "1"  # no "of M": its handler's or runner's policy decides
-    assert lines["timeout"].startswith("- ") and lines["retry"].startswith("- ")
+    # No policy of its own, no @handler here: the runner's applies, which this process cannot know.
+    assert lines["attempt"] == "1 (of the runner's maximum, not known here)"
+    assert lines["timeout"] == (
+        "the runner's timeout (Runner(timeout=...)): not known in this process; a Runner without timeout= gives none"
+    )
+    assert lines["retry"].startswith("the runner's retry policy (Runner(retry=...)): not known in this process")
     shown = json.loads(cli("--json", "show", "plain")[1])
     assert {k: shown[k] for k in ("run_at", "ready_at", "max_attempts", "timeout_ms", "retry")} == dict.fromkeys(
         ("run_at", "ready_at", "max_attempts", "timeout_ms", "retry")
     )
     assert (shown["attempt"], shown["snoozes"], shown["failure_history"]) == (1, 0, [])
+
+
+def test_show_says_what_applies_from_which_level_the_pause_and_the_reason_in_plain_words(
+    engine: Engine, cli: Cli
+) -> None:
+    from sqlalchemy_watchdog import Watchdog, handler
+    from sqlalchemy_watchdog.execution import _registry
+
+    @handler("handled", retry=RetryPolicy(max_attempts=5, backoff=timedelta(seconds=1)), timeout=timedelta(seconds=2))
+    def handled(job: RunningJob) -> None:
+        return None
+
+    try:
+        add(engine, Job("by-handler", "handled"), Job("lost", "lost-q", lane="l"))
+        Watchdog(engine).pause("handled", reason="deploy")
+        claim_one(engine, "lost-q")
+        with engine.begin() as conn:  # its worker died: the lease ends, recovery settles it
+            conn.exec_driver_sql("UPDATE watchdog_jobs SET lease_until = 0 WHERE job_id = 'lost'")
+        Runner(engine, {"lost-q": lambda job: None}).run_until_idle()
+
+        lines = show_lines(cli("show", "by-handler")[1])
+        assert lines["attempt"] == "1 of 5"
+        assert lines["timeout"] == "2s (its handler's, @handler in this process)"
+        assert lines["retry"].startswith("5 attempts, backoff 1s x 2") and lines["retry"].endswith(
+            "(its handler's, @handler in this process)"
+        )
+        assert lines["queue_pause"].startswith("paused since ") and lines["queue_pause"].endswith(": deploy")
+        shown = json.loads(cli("--json", "show", "by-handler")[1])
+        assert shown["applies"]["timeout"] == {"timeout_ms": 2000, "from": "handler", "known": True}
+        assert shown["applies"]["retry"] == {"max_attempts": 5, "from": "handler", "known": True}
+        assert shown["applies"]["max_attempts"] == 5 and shown["applies"]["queue_pause"]["reason"] == "deploy"
+        assert shown["max_attempts"] is None  # the job's own: none
+
+        lines = show_lines(cli("show", "lost")[1])
+        assert lines["outcome"] == "interrupted"
+        assert (
+            lines["failure_reason"] == "worker died or lost its lease (no recovery budget: max_recoveries is not set)"
+        )
+        shown = json.loads(cli("--json", "show", "lost")[1])
+        assert shown["failure_reason"] == "Execution disappeared without a recovery policy"  # stored as it was
+        assert shown["applies"]["reason"].startswith("worker died")
+    finally:
+        _registry.pop("handled", None)
 
 
 def test_show_prints_the_failure_history_one_line_per_attempt(engine: Engine, cli: Cli) -> None:
@@ -270,7 +318,8 @@ def test_show_prints_the_failure_history_one_line_per_attempt(engine: Engine, cl
     # The runner's policy applied: the job has no max_attempts of its own to show.
     status, out, _ = cli("show", "runners")
     lines = show_lines(out)
-    assert (lines["state"], lines["attempt"], lines["snoozes"]) == ("delayed", "2", "1")
+    assert (lines["state"], lines["snoozes"]) == ("delayed", "1")
+    assert lines["attempt"] == "2 (of the runner's maximum, not known here)"
     ready_at = datetime.fromisoformat(lines["ready_at"])
     assert after + timedelta(minutes=59) < ready_at < after + timedelta(minutes=61)
     assert [line.split()[2] for line in out[out.index("failure_history") :].splitlines()[1:]] == ["1"]
@@ -1032,6 +1081,19 @@ def test_ls_table_filters_and_pages(engine: Engine, cli: Cli) -> None:
     assert listed("--prefix", "a_") == ["a_1", "a_3", "a_4"]  # literal: "_" is no wildcard
     assert listed("--queue", "emails", "--after", after, "--limit", "1") == ["a_3"]
 
+    # Newest first (-r), paged down with --before.
+    assert listed("--newest-first") == ["a_4", "sms-1", "a_3", "ab2", "a_1"]
+    status, out, _ = cli("ls", "-r", "--limit", "2")
+    lines = out.splitlines()
+    assert [line.split()[1] for line in lines[1:3]] == ["a_4", "sms-1"]
+    assert lines[3].startswith("(more may follow: --before ")
+    before = lines[3].split("--before ")[1].rstrip(")")
+    assert listed("-r", "--limit", "2", "--before", before) == ["a_3", "ab2"]
+    assert listed("--before", before) == ["a_1", "ab2", "a_3"]
+    assert listed("-r", "--prefix", "a_", "--before", before) == ["a_3", "a_1"]
+    status, out, _ = cli("ls", "-r", "--before", "1")
+    assert (status, out.strip()) == (0, "no matching jobs before sequence 1")
+
     status, out, _ = cli("ls", "--queue", "nothing-here")
     assert (status, out.strip()) == (0, "no matching jobs after sequence 0")
     status, out, _ = cli("--json", "ls", "--queue", "nothing-here")
@@ -1324,6 +1386,70 @@ def test_pause_refuses_a_bad_reason(engine: Engine, cli: Cli) -> None:
     assert (status, out) == (1, "")
     assert "invalid_input" in err and "reason" in err
     assert not Watchdog(engine).stats().queue("q").paused
+
+
+def test_rerun_and_cancel_where_count_first_then_act_once(engine: Engine, cli: Cli) -> None:
+    add(engine, *(Job(f"mail-{n}", "mail") for n in range(3)), Job("sms-0", "sms"))
+    run_all(engine, "mail", failing=("mail-0", "mail-2"))
+    add(engine, Job("later-1", "mail", lane="team:1"), Job("later-2", "mail"))
+
+    status, out, _ = cli("rerun", "--where", "queue=mail", "--where", "outcome=failed", "--rerun-id", "t1")
+    assert (status, out) == (0, "2 job(s) match; nothing changed. Run again with --yes to rerun them.\n")
+    assert Watchdog(engine).read("mail-0~rerun~t1") is None
+    argv = ("rerun", "--where", "queue=mail", "--where", "outcome=failed", "--rerun-id", "t1", "--yes")
+    status, out, _ = cli(*argv)
+    assert (status, out.splitlines()) == (
+        0,
+        ["2 job(s) match.", "2 rerun, 0 already rerun by this id, 0 skipped (1 batch(es))."],
+    )
+    assert Watchdog(engine).read("mail-2~rerun~t1") is not None
+    status, out, _ = cli("--json", *argv)
+    assert json.loads(out) == {
+        "matched": 2,
+        "done": [],
+        "repeated": ["mail-0~rerun~t1", "mail-2~rerun~t1"],
+        "skipped": [],
+        "batches": 1,
+        "dry_run": False,
+    }
+    status, out, _ = cli("rerun", "--where", "settled-after=1h", "--where", "outcome=completed", "--rerun-id", "t2")
+    assert out.startswith("1 job(s) match")
+
+    status, out, _ = cli("cancel", "--where", "lane=team:1", "stop", "--yes")
+    assert (status, out.splitlines()[-1]) == (
+        0,
+        "1 cancelled, 0 already cancelled by this id, 0 skipped (1 batch(es)).",
+    )
+    assert Watchdog(engine).read("later-1").cancellation_id == "stop~later-1"
+    assert Watchdog(engine).read("later-2").cancellation_id is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "status", "says"),
+    [
+        (["rerun", "--where", "queue", "--rerun-id", "x", "--yes"], 2, "KEY=VALUE"),
+        (["rerun", "--where", "color=red", "--rerun-id", "x", "--yes"], 2, "KEY=VALUE"),
+        (["rerun", "--where", "outcome=lost", "--rerun-id", "x", "--yes"], 2, "'lost'"),
+        (["rerun", "--where", "settled-after=yesterday", "--rerun-id", "x", "--yes"], 2, "ISO 8601"),
+        (["rerun", "--where", "settled-after=2026-01-01T00:00:00", "--rerun-id", "x", "--yes"], 2, "ISO 8601"),
+        (["rerun", "orig", "--where", "queue=q", "--rerun-id", "x", "--yes"], 2, "not both"),
+        (["rerun", "--rerun-id", "x", "--yes"], 2, "JOB_ID"),
+        (["rerun", "--where", "queue=q", "--where", "queue=r", "--rerun-id", "x", "--yes"], 2, "twice"),
+        (["cancel", "--where", "outcome=failed", "c", "--yes"], 2, "--where outcome"),
+        (["cancel", "--where", "queue=q", "job", "c", "--yes"], 2, "CANCELLATION_ID alone"),
+        (["rerun", "--where", "queue=q", "--rerun-id", "", "--yes"], 1, "rerun_id"),
+    ],
+)
+def test_a_bad_where_is_refused_and_changes_nothing(
+    engine: Engine, cli: Cli, argv: list[str], status: int, says: str
+) -> None:
+    add(engine, Job("orig", "q"), Job("waiting", "q"))
+    run_all(engine, "q", failing=("orig",))
+    add(engine, Job("waiting-2", "q"))
+    before = [(job.job_id, job.state, job.cancellation_id) for job in Watchdog(engine).list_jobs()]
+    code, _, err = cli(*argv)
+    assert code == status and says in err, err
+    assert [(job.job_id, job.state, job.cancellation_id) for job in Watchdog(engine).list_jobs()] == before
 
 
 def test_rerun(engine: Engine, cli: Cli) -> None:

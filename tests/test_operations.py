@@ -810,6 +810,33 @@ def test_keyset_paging_lists_every_job_exactly_once(engine: Engine, api: Ops) ->
     assert [job.job_id for job in first] + rest == [*ids, "job-23"]
 
 
+def test_newest_first_pages_down_by_before_sequence_and_back_up_by_after(engine: Engine, api: Ops) -> None:
+    ids = [f"job-{i:02d}" for i in range(23)]
+    add(engine, *(Job(job_id, "even" if i % 2 == 0 else "odd") for i, job_id in enumerate(ids)))
+    newest = api.list_jobs(limit=5, newest_first=True)
+    assert [job.job_id for job in newest] == ids[22:17:-1]
+    found, before = [], None
+    while page := api.list_jobs(limit=5, newest_first=True, before_sequence=before):
+        found += [job.job_id for job in page]
+        before = page[-1].sequence
+    assert found == ids[::-1]  # every job exactly once, newest first
+    odd = [job.job_id for job in api.list_jobs(queue="odd", newest_first=True, limit=1000)]
+    assert odd == ids[1::2][::-1]
+    # Both bounds: the jobs strictly between them.
+    middle = api.list_jobs(after_sequence=newest[-1].sequence - 10, before_sequence=newest[-1].sequence)
+    assert [job.job_id for job in middle] == ids[9:18]
+    # Back up: the page above the oldest listed is read in admission order.
+    assert [job.job_id for job in api.list_jobs(limit=3, after_sequence=newest[-1].sequence)] == ids[19:22]
+    for kwargs, field in [
+        ({"before_sequence": 0}, "before_sequence"),
+        ({"before_sequence": "9"}, "before_sequence"),
+        ({"newest_first": 1}, "newest_first"),
+    ]:
+        with pytest.raises(InvalidJob) as error:
+            api.list_jobs(**kwargs)
+        assert error.value.field == field, kwargs
+
+
 def test_job_id_prefix_is_literal_not_a_like_pattern(engine: Engine, api: Ops) -> None:
     ids = ["a%b", "a_c", "axb", "abc", "a%", "A%b", "a\\d", "ab%", "é%1", "éx"]
     add(engine, *(Job(job_id, "q") for job_id in ids))
@@ -1207,3 +1234,252 @@ def test_rerun_refuses_bad_ids_naming_the_field_and_writes_nothing(engine: Engin
         assert error.value.field == field
     assert job_ids(engine) == ["orig"]
     assert api.rerun("orig", rerun_id="r" * 128).status is QUEUED
+
+
+# -- bulk actions: rerun_many, cancel_many ------------------------------------------------
+
+
+BULK = [
+    ("i-1", "mail", "L1", INTERRUPTED),
+    ("f-1", "mail", "L2", FAILED),
+    ("c-1", "mail", "L1", COMPLETED),
+    ("i-2", "sms", "L1", INTERRUPTED),
+    ("f-2", "mail", "L1", FAILED),
+    ("q-1", "mail", "L1", JobState.QUEUED),
+]
+
+
+def test_rerun_many_copies_each_matching_settled_job_once_and_again_is_repeated(engine: Engine, api: Ops) -> None:
+    populate(engine, BULK)
+    dry = api.rerun_many(rerun_id="fix", queue="mail", outcome=["interrupted", "failed"], dry_run=True)
+    assert (dry.matched, dry.done, dry.repeated, dry.dry_run) == (3, (), (), True)
+    assert job_ids(engine) == [job_id for job_id, *_ in BULK]  # a dry run writes nothing
+
+    result = api.rerun_many(rerun_id="fix", queue="mail", outcome=["interrupted", "failed"], batch=2)
+    assert result.done == ("i-1~rerun~fix", "f-1~rerun~fix", "f-2~rerun~fix")
+    assert (result.matched, result.repeated, result.skipped, result.batches) == (3, (), (), 2)
+    copy = api.read("f-1~rerun~fix")
+    assert (copy.rerun_of, copy.state, copy.lane) == ("f-1", JobState.QUEUED, "L2")
+
+    # Again, after the copies ran and failed too: no second copy, and the
+    # copies themselves are never copied by the same rerun_id.
+    copies = run(engine, store.claim, queues=["mail"], limit=3, lease_ms=LEASE_MS).claimed  # q-1 has priority 0
+    assert sorted(taken.job.job_id for taken in copies) == sorted(result.done)
+    for taken in copies:
+        settle(engine, taken, Decision.failed("again", retry=False))
+    again = api.rerun_many(rerun_id="fix", queue="mail", outcome=["interrupted", "failed"])
+    assert (again.matched, again.done, again.repeated) == (3, (), result.done)
+    # Another rerun_id is another copy: of the originals and of the copies.
+    other = api.rerun_many(rerun_id="fix2", lane="L2", outcome="failed")
+    assert other.done == ("f-1~rerun~fix2", "f-1~rerun~fix~rerun~fix2")
+
+
+def test_rerun_many_selects_by_lane_and_time_ranges(engine: Engine, api: Ops) -> None:
+    populate(engine, BULK)
+    settled_ago(engine, timedelta(hours=3), "i-1", "f-1")
+    now = datetime.now(UTC)
+    old = api.rerun_many(rerun_id="old", settled_before=now - timedelta(hours=1), dry_run=True)
+    assert old.matched == 2
+    recent = api.rerun_many(rerun_id="new", settled_after=now - timedelta(hours=1), lane="L1")
+    assert recent.done == ("c-1~rerun~new", "i-2~rerun~new", "f-2~rerun~new")
+    assert api.rerun_many(rerun_id="x", enqueued_after=now + timedelta(hours=1), dry_run=True).matched == 0
+    assert api.rerun_many(rerun_id="x", enqueued_before=now + timedelta(hours=1), dry_run=True).matched == 5
+    assert api.rerun_many(rerun_id="x", queue="mail", limit=2, batch=1, dry_run=True).matched == 2
+
+
+def test_cancel_many_cancels_matching_live_jobs_and_again_replays(engine: Engine, api: Ops) -> None:
+    populate(
+        engine,
+        [
+            ("w-1", "mail", "L1", JobState.QUEUED),
+            ("w-2", "mail", "L2", JobState.DELAYED),
+            ("w-3", "mail", "L1", JobState.RUNNING),
+            ("w-4", "sms", "L1", JobState.QUEUED),
+            ("done", "mail", "L1", COMPLETED),
+        ],
+    )
+    assert api.cancel_many(cancellation_id="stop", queue="mail", dry_run=True).matched == 3
+    assert api.read("w-1").cancellation_id is None
+    queued_only = api.cancel_many(cancellation_id="stop", queue="mail", only_if_queued=True)
+    assert queued_only.done == ("w-1", "w-2")
+    assert [skip.job_id for skip in queued_only.skipped] == ["w-3"]
+    assert api.read("w-1").cancellation_id == "stop~w-1"
+    everything = api.cancel_many(cancellation_id="stop", queue="mail")
+    assert (everything.done, everything.repeated, everything.skipped) == (("w-3",), ("w-1", "w-2"), ())
+    # Another bulk cancellation of the same jobs conflicts with the recorded ones: skipped, nothing changed.
+    other = api.cancel_many(cancellation_id="halt", lane="L1")
+    assert other.done == ("w-4",) and [skip.job_id for skip in other.skipped] == ["w-1", "w-3"]
+    assert api.read("w-1").cancellation_id == "stop~w-1"
+
+
+@pytest.mark.parametrize(
+    ("method", "kwargs", "field"),
+    [
+        ("rerun_many", {"rerun_id": "r"}, "filter"),
+        ("rerun_many", {"rerun_id": "", "queue": "mail"}, "rerun_id"),
+        ("rerun_many", {"rerun_id": "r", "queue": ""}, "queue"),
+        ("rerun_many", {"rerun_id": "r", "lane": 5}, "lane"),
+        ("rerun_many", {"rerun_id": "r", "outcome": "lost"}, "outcomes"),
+        ("rerun_many", {"rerun_id": "r", "outcome": []}, "outcomes"),
+        ("rerun_many", {"rerun_id": "r", "settled_after": datetime(2024, 1, 1)}, "settled_after"),
+        ("rerun_many", {"rerun_id": "r", "enqueued_before": "yesterday"}, "enqueued_before"),
+        (
+            "rerun_many",
+            {
+                "rerun_id": "r",
+                "settled_after": datetime(2024, 2, 1, tzinfo=UTC),
+                "settled_before": datetime(2024, 1, 1, tzinfo=UTC),
+            },
+            "settled_before",
+        ),
+        ("rerun_many", {"rerun_id": "r", "queue": "mail", "batch": 0}, "batch"),
+        ("rerun_many", {"rerun_id": "r", "queue": "mail", "batch": 1001}, "batch"),
+        ("rerun_many", {"rerun_id": "r", "queue": "mail", "limit": 0}, "limit"),
+        ("rerun_many", {"rerun_id": "r", "queue": "mail", "dry_run": "yes"}, "dry_run"),
+        ("cancel_many", {"cancellation_id": "c"}, "filter"),
+        ("cancel_many", {"cancellation_id": "c" * 257, "queue": "mail"}, "cancellation_id"),
+        ("cancel_many", {"cancellation_id": "c", "queue": "mail", "only_if_queued": 1}, "only_if_queued"),
+    ],
+)
+def test_a_bad_bulk_filter_is_refused_naming_the_field_and_changes_nothing(
+    engine: Engine, api: Ops, method: str, kwargs: dict[str, Any], field: str
+) -> None:
+    populate(engine, BULK)
+    before = [(job.job_id, job.state, job.cancellation_id) for job in api.list_jobs()]
+    with pytest.raises(InvalidJob) as error:
+        getattr(api, method)(**kwargs)
+    assert error.value.field == field
+    assert [(job.job_id, job.state, job.cancellation_id) for job in api.list_jobs()] == before
+
+
+def test_cancel_many_takes_no_outcome_nor_settled_time(api: Ops) -> None:
+    for kwargs in ({"outcome": "failed"}, {"settled_after": datetime.now(UTC)}, {"settled_before": datetime.now(UTC)}):
+        with pytest.raises(TypeError):
+            api.cancel_many(cancellation_id="c", queue="q", **kwargs)
+
+
+# -- what applies: explain ---------------------------------------------------------------
+
+#: A job view to word reasons about (only its recovery budget matters).
+JOB_VIEW = store.view((1, "j", "q", "q", 0, "null", None, "settled", "interrupted") + (None,) * 19)
+
+
+def test_explain_says_each_settings_level_and_what_it_cannot_know(engine: Engine, api: Ops) -> None:
+    from sqlalchemy_watchdog import PolicyLevel, handler
+    from sqlalchemy_watchdog.execution import _registry
+
+    own = RetryPolicy(max_attempts=4, backoff=timedelta(seconds=1), jitter=0.0)
+    api.enqueue(
+        [
+            Job("own", "emails", retry=own, timeout=timedelta(seconds=30)),
+            Job("handled", "handled-q"),
+            Job("runners", "emails"),
+        ]
+    )
+    api.pause("emails", reason="maintenance")
+
+    @handler("handled-q", retry=None, timeout=timedelta(seconds=5))
+    def handled(job: RunningJob) -> None:
+        return None
+
+    try:
+        explained = api.explain("own")
+        assert (explained.timeout.value, explained.timeout.level) == (timedelta(seconds=30), PolicyLevel.JOB)
+        assert (explained.retry.value, explained.retry.level, explained.max_attempts) == (own, PolicyLevel.JOB, 4)
+        assert explained.attempt_text == "1 of 4"
+        assert explained.pause is not None and explained.pause.reason == "maintenance"
+        # @handler(retry=None) says "no retries": one attempt, known here.
+        handled_job = api.explain("handled")
+        assert (handled_job.retry.value, handled_job.retry.level, handled_job.retry.known) == (
+            None,
+            PolicyLevel.HANDLER,
+            True,
+        )
+        assert handled_job.max_attempts == 1 and handled_job.retry_text == (
+            "no retries (one attempt) (its handler's, @handler in this process)"
+        )
+        assert handled_job.timeout.value == timedelta(seconds=5) and handled_job.pause is None
+        # Neither its own nor a @handler here: the runner's, which this process cannot know.
+        runners = api.explain("runners")
+        assert (runners.timeout.known, runners.retry.known, runners.max_attempts) == (False, False, None)
+        assert runners.timeout.level is PolicyLevel.RUNNER and runners.timeout.value is None
+        assert api.explain("nope") is None
+    finally:
+        _registry.pop("handled-q", None)
+
+
+@pytest.mark.parametrize(
+    ("stored", "plain"),
+    [
+        (store.NO_POLICY_REASON, "worker died or lost its lease (no recovery budget: max_recoveries is not set)"),
+        (
+            store.recovery_reason(dataclasses.replace(JOB_VIEW, max_recoveries=3)),
+            "worker died or lost its lease, again (its recovery budget of 3 is used up)",
+        ),
+        (
+            store.recovery_reason(JOB_VIEW, cause=store.RecoveryCause.SHUTDOWN),
+            "its runner shut down while it ran and the handler outlived the grace period (no recovery budget)",
+        ),
+        (
+            store.recovery_reason(JOB_VIEW, 2, store.RecoveryCause.SHUTDOWN),
+            "its runner shut down while it ran and the handler outlived the grace period"
+            " (its recovery budget of 2 is used up)",
+        ),
+        ("smtp said 550", "smtp said 550"),  # a handler's own words stay its own
+        (None, None),
+    ],
+)
+def test_the_librarys_own_reasons_read_in_plain_words(stored: str | None, plain: str | None) -> None:
+    from sqlalchemy_watchdog.applies import plain_reason
+
+    assert plain_reason(stored) == plain
+
+
+@pytest.mark.parametrize(
+    ("prefix", "bound"),
+    [
+        ("order-", "order."),
+        ("é", "ê"),
+        ("a\U0010ffff", None),  # nothing follows the last code point: no range, the walk
+        ("x\ud7ff", "x\ue000"),  # the surrogates are no characters: skipped
+        ("~", "\x7f"),
+    ],
+)
+def test_a_prefixs_upper_bound_is_the_next_code_point(prefix: str, bound: str | None) -> None:
+    assert store.prefix_upper_bound(prefix) == bound
+
+
+def test_a_job_id_prefix_reads_as_a_range_only_where_job_id_sorts_by_code_point(engine: Engine, api: Ops) -> None:
+    ids = ["a-b", "ab", "a.", "a-", "A-z", "a-\U0010ffff", "b"]
+    add(engine, *(Job(job_id, "q") for job_id in ids))
+    with engine.connect() as conn:
+        assert store.sorts_by_code_point(conn)  # SQLite; the test server's C.UTF-8
+    assert listed(api, job_id_prefix="a-") == ["a-b", "a-", "a-\U0010ffff"]
+    assert listed(api, job_id_prefix="a-", newest_first=True) == ["a-\U0010ffff", "a-", "a-b"]
+    assert listed(api, job_id_prefix="a-\U0010ffff") == ["a-\U0010ffff"]  # no range: the walk
+
+
+def test_under_a_linguistic_collation_a_prefix_is_never_read_as_a_range(postgres_server: Any) -> None:
+    """An ICU database: job_id does not sort by code point there, so the
+    prefix is only the walk's filter -- and every job it names is listed."""
+    name = f"watchdog_icu_{hashlib.sha256(str(time.time()).encode()).hexdigest()[:10]}"
+    admin = create_engine(postgres_server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(
+            text(f"CREATE DATABASE \"{name}\" TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en' LOCALE 'C.UTF-8'")
+        )
+    engine = create_engine(postgres_server.set(database=name))
+    try:
+        from sqlalchemy_watchdog import metadata
+
+        metadata.create_all(engine)
+        ids = ["a-b", "ab", "A-b", "a.", "a-", "b"]
+        Watchdog(engine).enqueue([Job(job_id, "q") for job_id in ids])
+        with engine.connect() as conn:
+            assert not store.sorts_by_code_point(conn)
+        assert [job.job_id for job in Watchdog(engine).list_jobs(job_id_prefix="a-")] == ["a-b", "a-"]
+    finally:
+        engine.dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

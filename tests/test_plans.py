@@ -366,7 +366,11 @@ def _claim(queues: list[str] | None) -> Params:
 
 
 def _list(**values: Any) -> Params:
-    return lambda dialect: {"after_sequence": 0, "limit": 100, **values}
+    return lambda dialect: {"after_sequence": 0, "before_sequence": 2**63 - 1, "limit": 100, **values}
+
+
+def _bulk(**values: Any) -> Params:
+    return lambda dialect: {"after_sequence": 0, "before_sequence": 2**63 - 1, "limit": 100, **values}
 
 
 PG, LITE = "postgresql", "sqlite"
@@ -559,6 +563,62 @@ PLANS: list[Case] = [
     # No index holds settled jobs by lane: a rare lane is a read of the whole table either way.
     Case("list_jobs(lane)", "list_jobs", (("lane",),), _list(lane="l3"), on(NONE)),
     Case("list_jobs(job_id_prefix)", "list_jobs", (("job_id_prefix",),), _list(job_id_prefix="qd-1"), on(PK)),
+    # Where job_id sorts by code point (SQLite; PostgreSQL under C / C.UTF-8, as here),
+    # the store adds the prefix as a range of uq_watchdog_jobs_job_id: a prefix that
+    # matches nothing, or few old jobs, reads those, not the history (newest first too).
+    # PostgreSQL weighs the range by its statistics (a broad prefix walks the primary
+    # key, stopping at the page); SQLite is told to read the range first.
+    *(
+        Case(
+            f"list_jobs(job_id_prefix as a range{', newest first' if newest else ''}, {variant})",
+            "list_jobs",
+            (("job_id_prefix", variant), False, newest),
+            _list(job_id_prefix="s-1999", job_id_low="s-1999", job_id_high="s-199:"),
+            {PG: (JOB_ID[PG],)} if variant == "job_id_range" else {LITE: (JOB_ID[LITE],)},
+        )
+        for variant in ("job_id_range", "job_id_range_first")
+        for newest in (False, True)
+    ),
+    Case(
+        "list_jobs(job_id_prefix matching nothing, as a range)",
+        "list_jobs",
+        (("job_id_prefix", "job_id_range"),),
+        _list(job_id_prefix="nothing-", job_id_low="nothing-", job_id_high="nothing."),
+        {PG: (JOB_ID[PG],)},
+    ),
+    # Newest first: the primary key read backwards from the bound, in order.
+    Case("list_jobs(newest first)", "list_jobs", ((), False, True), _list(), on(PK), ordered=True),
+    Case(
+        "list_jobs(newest first, before)",
+        "list_jobs",
+        ((), False, True),
+        _list(before_sequence=100_000),
+        on(PK),
+        ordered=True,
+    ),
+    Case("list_jobs(newest first, queue)", "list_jobs", (("queue",), False, True), _list(queue="q3"), on(PK)),
+    # Bulk actions: a batch of the selected jobs in admission order, from the
+    # snapshot's newest sequence down; rerun's settled jobs by outcome and time
+    # (settled) or by the primary key; cancel's live jobs by their live indexes.
+    Case(
+        "bulk_pick(rerun: outcomes, settled range)",
+        "bulk_pick",
+        (D, "rerun", ("outcomes", "settled_after", "settled_before")),
+        _bulk(outcomes=["failed", "cancelled"], settled_after=NOW - 86_400_000, settled_before=NOW),
+        on(SETTLED, PK),
+    ),
+    Case("bulk_pick(rerun: queue)", "bulk_pick", (D, "rerun", ("queue",)), _bulk(queue="q3"), on(PK)),
+    Case("bulk_pick(cancel: queue)", "bulk_pick", (D, "cancel", ("queue",)), _bulk(queue="q3"), on(LIVE_QUEUE, PK)),
+    Case(
+        "bulk_pick(cancel: lane)",
+        "bulk_pick",
+        (D, "cancel", ("lane",)),
+        _bulk(lane="l3"),
+        on(LIVE_LANE, LIVE_QUEUE, PK),
+    ),
+    # SQLite answers max(rowid) from the table b-tree's last entry ("SEARCH
+    # watchdog_jobs", no index to name); PostgreSQL reads the pk backwards.
+    Case("newest_sequence", "newest_sequence", (), _none, {PG: (PK,)}),
     Case("live_counts", "live_counts", (), _none, on(LIVE_QUEUE)),
     Case("expired_counts", "expired_counts", (), _none, on(LEASE)),
     Case("recent_outcomes", "recent_outcomes", (), _none, on(SETTLED)),
@@ -588,6 +648,7 @@ NOT_ON_JOBS = {
     "record_schedule",
     "list_schedules",
     "prune_schedules",
+    "job_id_collation",
 }
 
 

@@ -213,12 +213,51 @@ def test_overview_list_filter_and_job_page(browser: Any, base_url: str, engine: 
     by_css(browser, "form.filters button[type=submit]").click()
     wait_for(lambda: "state=queued" in browser.current_url, "the filtered list")
     ids = [a.text for a in all_css(browser, "table.jobs td.id a")]
-    assert ids == ["mail-1", "mail-2", "mail-3"]
+    assert ids == ["mail-3", "mail-2", "mail-1"]  # newest first
 
     by_css(browser, "table.jobs td.id a").click()
-    wait_for(lambda: "Job mail-1" in by_css(browser, "h1").text, "the job page")
-    assert '"to": "user1@example.com"' in by_css(browser, "pre.payload").text
+    wait_for(lambda: "Job mail-3" in by_css(browser, "h1").text, "the job page")
+    assert '"to": "user3@example.com"' in by_css(browser, "pre.payload").text
+    # What applies, and where from: this page's process knows no runner settings.
+    assert by_css(browser, "#f-attempt").text == "1 (of the runner's maximum, not known here)"
+    assert by_css(browser, "#f-timeout").text.startswith("the runner's timeout (Runner(timeout=...)): not known")
+    assert by_css(browser, "#f-pause").text == "not paused"
     assert "enqueued" in by_css(browser, "ol.timeline").text
+
+
+def test_lists_page_newest_first_both_ways(browser: Any, base_url: str, engine: Engine) -> None:
+    Watchdog(engine).enqueue([Job(f"paged-{n:02d}", "paged", lane="paged-lane") for n in range(30)])
+    for path in ("/rw/jobs?queue=paged&limit=25", "/rw/lane?lane=paged-lane&limit=25"):
+        browser.get(base_url + path)
+        ids = [a.text for a in all_css(browser, "table.jobs td.id a")]
+        assert ids[:2] == ["paged-29", "paged-28"] and len(ids) == 25
+        by_css(browser, "nav.pager a[rel=next]").click()
+        wait_for(lambda: "before=" in browser.current_url, "the older page")
+        assert [a.text for a in all_css(browser, "table.jobs td.id a")] == [f"paged-{n:02d}" for n in range(4, -1, -1)]
+        assert all_css(browser, "nav.pager a[rel=next]") == []
+        by_css(browser, "nav.pager a[rel=prev]").click()
+        wait_for(lambda: "after=" in browser.current_url, "the newer page")
+        assert by_css(browser, "table.jobs td.id a").text == "paged-29"
+
+
+def test_bulk_rerun_confirms_the_count_then_reruns_once(browser: Any, base_url: str, engine: Engine) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    watchdog = Watchdog(engine)
+    watchdog.enqueue([Job(f"batch-{n}", "batchq") for n in range(3)])
+    Runner(engine, {"batchq": lambda job: Decision.failed("gateway down", retry=False)}).run_until_idle()
+    browser.get(f"{base_url}/rw/jobs?queue=batchq&outcome=failed")
+    by_css(browser, "#bulk-rerun-id").clear()
+    by_css(browser, "#bulk-rerun-id").send_keys("after-outage")
+    by_css(browser, "section.bulk form.action button.primary").click()
+    count = wait_for(lambda: all_css(browser, "#bulk-count"), "the confirmation")[0]
+    assert count.get_attribute("data-count") == "3" and "3 job(s)" in count.text
+    assert watchdog.read("batch-0").reruns == ()  # asked, not done
+    ActionChains(browser).double_click(by_css(browser, "form.action button.danger")).perform()
+    assert result_status(browser) in ("rerun 3", "rerun 0")  # a double click: the second answers "0 new"
+    assert [watchdog.read(f"batch-{n}").reruns for n in range(3)] == [
+        (f"batch-{n}~rerun~after-outage",) for n in range(3)
+    ]
 
 
 def test_cancel_through_the_ui_with_a_double_click(browser: Any, base_url: str, engine: Engine) -> None:

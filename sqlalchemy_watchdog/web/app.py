@@ -15,7 +15,7 @@ import json
 import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar, cast
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
@@ -35,10 +35,13 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..applies import JobExplanation
 from ..asyncio import AsyncWatchdog
 from ..client import Watchdog
 from ..errors import InvalidJob, WatchdogError
 from ..jobs import (
+    BulkResult,
+    BulkSkip,
     CancelResult,
     EnqueueResult,
     JobState,
@@ -61,9 +64,10 @@ __all__ = ["ACTIONS", "DESTRUCTIVE_ACTIONS", "VIEW", "Authorize", "Identify", "c
 T = TypeVar("T")
 
 #: What ``authorize(request, action)`` is asked about: every action by name.
-ACTIONS = ("cancel", "fail_lane", "purge", "pause", "resume", "rerun")
-#: The actions that destroy or end something: each asks for confirmation first.
-DESTRUCTIVE_ACTIONS = frozenset({"cancel", "fail_lane", "purge"})
+ACTIONS = ("cancel", "fail_lane", "purge", "pause", "resume", "rerun", "bulk_rerun", "bulk_cancel")
+#: The actions that destroy or end something, or act on many jobs: each asks
+#: for confirmation first (a bulk action's page shows how many jobs match).
+DESTRUCTIVE_ACTIONS = frozenset({"cancel", "fail_lane", "purge", "bulk_rerun", "bulk_cancel"})
 #: What ``authorize(request, action)`` is asked before any page is shown.
 VIEW = "view"
 
@@ -185,6 +189,9 @@ class _Client:
     async def read(self, job_id: str) -> JobView | None:
         return cast("JobView | None", await self._call("read", job_id))
 
+    async def explain(self, job_id: str) -> JobExplanation | None:
+        return cast("JobExplanation | None", await self._call("explain", job_id))
+
     async def list_jobs(self, **filters: Any) -> list[JobView]:
         return cast("list[JobView]", await self._call("list_jobs", **filters))
 
@@ -211,6 +218,12 @@ class _Client:
 
     async def rerun(self, job_id: str, rerun_id: str) -> EnqueueResult:
         return cast(EnqueueResult, await self._call("rerun", job_id, rerun_id=rerun_id))
+
+    async def rerun_many(self, **arguments: Any) -> BulkResult:
+        return cast(BulkResult, await self._call("rerun_many", **arguments))
+
+    async def cancel_many(self, **arguments: Any) -> BulkResult:
+        return cast(BulkResult, await self._call("cancel_many", **arguments))
 
 
 # -- CSRF: a per-session nonce in a cookie, a token bound to it and to the identity ------
@@ -566,6 +579,7 @@ class _Pages:
                 "new_id": lambda: f"dashboard-{secrets.token_hex(6)}",
                 "states": [state.value for state in JobState],
                 "outcomes": [outcome.value for outcome in Outcome],
+                "settled_within": list(SETTLED_WITHIN),
                 **context,
             }
         )
@@ -637,18 +651,36 @@ class _Pages:
         async def build() -> dict[str, Any]:
             filters = _filters(query)
             limit = _page_size(query.get("limit"))
-            after = _after(query.get("after"))
-            jobs = await self.s.client.list_jobs(**filters, limit=limit, after_sequence=after, with_payload=False)
-            return {
-                "filters": filters,
-                "jobs": jobs,
-                "limit": limit,
-                "after": after,
-                "page_sizes": PAGE_SIZES,
-                "next_after": jobs[-1].sequence if len(jobs) == limit else None,
-            }
+            page = await self._page(query, limit, filters)
+            return {"filters": filters, "limit": limit, "page_sizes": PAGE_SIZES, **page}
 
         return await self._guarded(request, "jobs.html", build)
+
+    async def _page(self, query: Any, limit: int, filters: dict[str, Any]) -> dict[str, Any]:
+        """One page of a job list, newest first, by keyset both ways:
+        ``before`` (older than that sequence: the next page down) or
+        ``after`` (newer than it, read in admission order and turned round:
+        the page up); neither is the newest page. Returns the jobs and the
+        bounds of the older and newer pages (None: there is none)."""
+        before = _sequence("before", query.get("before"))
+        after = _sequence("after", query.get("after"))
+        if before and after:
+            raise InvalidJob("before", "give before or after, not both")
+        client = self.s.client
+        newer: int | None
+        older: int | None
+        if after:
+            jobs = await client.list_jobs(**filters, limit=limit, after_sequence=after, with_payload=False)
+            jobs.reverse()
+            newer = jobs[0].sequence if len(jobs) == limit else None
+            older = jobs[-1].sequence if jobs else after + 1
+        else:
+            jobs = await client.list_jobs(
+                **filters, limit=limit, before_sequence=before or None, newest_first=True, with_payload=False
+            )
+            newer = (jobs[0].sequence if jobs else before - 1) if before else None
+            older = jobs[-1].sequence if len(jobs) == limit else None
+        return {"jobs": jobs, "paged": bool(before or after), "newer": newer, "older": older}
 
     async def job(self, request: Request) -> Response:
         job_id = request.query_params.get("job_id", "")
@@ -656,10 +688,10 @@ class _Pages:
         async def build() -> dict[str, Any]:
             if not job_id:
                 raise InvalidJob("job_id", "is missing")
-            job = await self.s.client.read(job_id)
-            if job is None:
+            explained = await self.s.client.explain(job_id)
+            if explained is None:
                 raise _NotFound(f"There is no job {job_id!r} (it may have been pruned or purged).")
-            return {"job": job, "timeline": _timeline(job)}
+            return {"job": explained.job, "explained": explained, "timeline": _timeline(explained.job)}
 
         return await self._guarded(request, "job.html", build)
 
@@ -671,15 +703,8 @@ class _Pages:
             if not lane:
                 raise InvalidJob("lane", "is missing")
             limit = _page_size(query.get("limit"))
-            after = _after(query.get("after"))
-            jobs = await self.s.client.list_jobs(lane=lane, limit=limit, after_sequence=after, with_payload=False)
-            return {
-                "lane": lane,
-                "jobs": jobs,
-                "limit": limit,
-                "after": after,
-                "next_after": jobs[-1].sequence if len(jobs) == limit else None,
-            }
+            page = await self._page(query, limit, {"lane": lane})
+            return {"lane": lane, "limit": limit, **page}
 
         return await self._guarded(request, "lane.html", build)
 
@@ -723,7 +748,15 @@ class _Pages:
         except InvalidJob as error:
             return await self._error(request, 400, str(error))
         if action in DESTRUCTIVE_ACTIONS and "yes" not in (form.get("confirm"), form.get(_ENCODED + "confirm")):
-            return await self._render(request, "confirm.html", {"action": action, "fields": fields})
+            context: dict[str, Any] = {"action": action, "fields": fields}
+            if action.startswith("bulk_"):
+                try:
+                    context["count"] = (await self._bulk(action, fields, dry_run=True)).matched
+                except InvalidJob as error:
+                    return await self._error(request, 400, str(error))
+                except WatchdogError as error:
+                    return await self._error(request, 503, f"The database could not answer: {error}")
+            return await self._render(request, "confirm.html", context)
         try:
             result = await self._run(action, fields)
         except InvalidJob as error:
@@ -732,8 +765,35 @@ class _Pages:
             return await self._error(request, 503, f"The database could not answer: {error}")
         return await self._render(request, "result.html", {"result": result}, result.http_status)
 
+    async def _bulk(self, action: str, fields: dict[str, str], *, dry_run: bool) -> BulkResult:
+        """A bulk action's run (or, ``dry_run``, its count) on the form's filters."""
+        filters = {name: fields[name] for name in ("queue", "lane") if fields.get(name)}
+        if action == "bulk_cancel":
+            return await self.s.client.cancel_many(
+                cancellation_id=fields["cancellation_id"], dry_run=dry_run, **filters
+            )
+        if fields.get("outcome"):
+            filters["outcome"] = fields["outcome"]
+        within = fields.get("settled_within")
+        if within:
+            if within not in SETTLED_WITHIN:
+                raise InvalidJob("settled_within", f"must be one of {list(SETTLED_WITHIN)}, got {within[:20]!r}")
+            settled_after = datetime.now(UTC) - SETTLED_WITHIN[within]
+            return await self.s.client.rerun_many(
+                rerun_id=fields["rerun_id"], settled_after=settled_after, dry_run=dry_run, **filters
+            )
+        return await self.s.client.rerun_many(rerun_id=fields["rerun_id"], dry_run=dry_run, **filters)
+
     async def _run(self, action: str, fields: dict[str, str]) -> _Result:
         client = self.s.client
+        if action.startswith("bulk_"):
+            bulk = await self._bulk(action, fields, dry_run=False)
+            verb = "rerun" if action == "bulk_rerun" else "cancelled"
+            text = (
+                f"{bulk.matched} job(s) matched: {len(bulk.done)} {verb}, {len(bulk.repeated)} already {verb} "
+                f"by this id (nothing changed for those), {len(bulk.skipped)} skipped."
+            )
+            return _Result(action, fields, f"{verb} {len(bulk.done)}", text, skipped=bulk.skipped)
         if action == "cancel":
             cancelled = await client.cancel(fields["job_id"], fields["cancellation_id"])
             return _Result(action, fields, cancelled.status.value, _CANCEL_TEXT[cancelled.status.value])
@@ -773,6 +833,8 @@ class _Result:
     status: str
     text: str
     http_status: int = 200
+    #: A bulk action's jobs left alone, and why.
+    skipped: Sequence[BulkSkip] = ()
 
 
 _CANCEL_TEXT = {
@@ -801,6 +863,21 @@ _ACTION_FIELDS: dict[str, tuple[tuple[str, bool], ...]] = {
     "pause": (("queue", True), ("reason", False)),
     "resume": (("queue", True),),
     "rerun": (("job_id", True), ("rerun_id", True)),
+    "bulk_rerun": (
+        ("queue", False),
+        ("lane", False),
+        ("outcome", False),
+        ("settled_within", False),
+        ("rerun_id", True),
+    ),
+    "bulk_cancel": (("queue", False), ("lane", False), ("cancellation_id", True)),
+}
+#: The choices of a bulk rerun's "settled within the last ..." field.
+SETTLED_WITHIN = {
+    "1h": timedelta(hours=1),
+    "24h": timedelta(days=1),
+    "7d": timedelta(days=7),
+    "30d": timedelta(days=30),
 }
 
 
@@ -866,15 +943,16 @@ def _page_size(text: str | None) -> int:
     return value
 
 
-def _after(text: str | None) -> int:
+def _sequence(field: str, text: str | None) -> int:
+    """A page bound of the query (``before`` / ``after``); 0 when absent."""
     if not text:
         return 0
     try:
         value = int(text)
     except ValueError:
-        raise InvalidJob("after", f"must be a sequence number, got {text[:20]!r}") from None
-    if not 0 <= value < 2**63:
-        raise InvalidJob("after", f"must be from 0 to {2**63 - 1}, got {value}")
+        raise InvalidJob(field, f"must be a sequence number, got {text[:20]!r}") from None
+    if not 1 <= value < 2**63:
+        raise InvalidJob(field, f"must be from 1 to {2**63 - 1}, got {value}")
     return value
 
 

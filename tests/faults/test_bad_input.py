@@ -574,6 +574,44 @@ REFUSED: dict[str, Entry] = {
     "rerun rerun_id 129 chars": Entry("rerun_id", wd("rerun", "seed-settled", rerun_id="r" * 129)),
     "rerun rerun_id NUL": Entry("rerun_id", wd("rerun", "seed-settled", rerun_id="r\x00")),
     "rerun rerun_id int": Entry("rerun_id", wd("rerun", "seed-settled", rerun_id=1)),
+    # Bulk actions: each call would act on the seeds (q2's settled job, q's live
+    # ones) but for its one bad argument, checked before anything is read.
+    "rerun_many no filter": Entry("filter", wd("rerun_many", rerun_id="r1"), says="at least one"),
+    "rerun_many rerun_id empty": Entry("rerun_id", wd("rerun_many", rerun_id="", queue="q2")),
+    "rerun_many rerun_id NUL": Entry("rerun_id", wd("rerun_many", rerun_id="r\x00", queue="q2")),
+    "rerun_many queue NUL": Entry("queue", wd("rerun_many", rerun_id="r1", queue="q2\x00")),
+    "rerun_many lane lone surrogate": Entry("lane", wd("rerun_many", rerun_id="r1", queue="q2", lane="l\ud800")),
+    "rerun_many outcome unknown": Entry("outcomes", wd("rerun_many", rerun_id="r1", queue="q2", outcome="done")),
+    "rerun_many outcomes empty": Entry("outcomes", wd("rerun_many", rerun_id="r1", queue="q2", outcome=[])),
+    "rerun_many settled_after naive": Entry(
+        "settled_after", wd("rerun_many", rerun_id="r1", queue="q2", settled_after=datetime.datetime(2024, 1, 1))
+    ),
+    "rerun_many settled_before str": Entry(
+        "settled_before", wd("rerun_many", rerun_id="r1", queue="q2", settled_before="2024-01-01")
+    ),
+    "rerun_many enqueued range empty": Entry(
+        "enqueued_before",
+        wd("rerun_many", rerun_id="r1", queue="q2", enqueued_after=LATER, enqueued_before=LATER),
+        says="later than",
+    ),
+    "rerun_many batch 0": Entry("batch", wd("rerun_many", rerun_id="r1", queue="q2", batch=0)),
+    "rerun_many batch 1001": Entry("batch", wd("rerun_many", rerun_id="r1", queue="q2", batch=1001)),
+    "rerun_many limit 0": Entry("limit", wd("rerun_many", rerun_id="r1", queue="q2", limit=0)),
+    "rerun_many dry_run str": Entry("dry_run", wd("rerun_many", rerun_id="r1", queue="q2", dry_run="no")),
+    "cancel_many no filter": Entry("filter", wd("cancel_many", cancellation_id="c1"), says="at least one"),
+    "cancel_many cancellation_id 257 chars": Entry(
+        "cancellation_id", wd("cancel_many", cancellation_id="c" * 257, queue="q")
+    ),
+    "cancel_many queue 257 chars": Entry("queue", wd("cancel_many", cancellation_id="c1", queue="q" * 257)),
+    "cancel_many enqueued_after int": Entry(
+        "enqueued_after", wd("cancel_many", cancellation_id="c1", queue="q", enqueued_after=0)
+    ),
+    "cancel_many only_if_queued int": Entry(
+        "only_if_queued", wd("cancel_many", cancellation_id="c1", queue="q", only_if_queued=1)
+    ),
+    "cancel_many batch str": Entry("batch", wd("cancel_many", cancellation_id="c1", queue="q", batch="5")),
+    "list_jobs before_sequence 0": Entry("before_sequence", wd("list_jobs", before_sequence=0)),
+    "list_jobs newest_first str": Entry("newest_first", wd("list_jobs", newest_first="yes")),
     "Retention completed negative": Entry("completed", lambda e: Retention(completed=timedelta(seconds=-1))),
     "Retention failed int": Entry("failed", lambda e: Retention(failed=60)),
     "Retention interrupted negative": Entry("interrupted", lambda e: Retention(interrupted=timedelta(days=-1))),

@@ -2,7 +2,9 @@
 
 Hypothesis drives random sequences of enqueue, promotion, claim, settle,
 renew, cancel, fail_lane, purge, recover (expired_claims + reconcile,
-including replays of stale recoveries), reads and the passing of time
+including replays of stale recoveries), reads, the bulk actions
+(``rerun_many``, ``cancel_many``: real runs, repeats and dry runs, in
+batches of 1, 2 and 100, checked job by job) and the passing of time
 through the store functions, on SQLite and PostgreSQL, and compares the
 database with a plain-Python model of the design after every step.
 
@@ -91,6 +93,8 @@ from sqlalchemy_watchdog.jobs import (
     CancelStatus,
     SettleStatus,
     bound_reason,
+    bulk_cancellation_id,
+    rerun_job_id,
 )
 from sqlalchemy_watchdog.model import jobs_table, pauses_table, workers_table
 from tests.faults.helpers import controlled_db_clock, dump_jobs
@@ -1032,6 +1036,157 @@ class WatchdogMachine(RuleBasedStateMachine):
         assert view.reruns == tuple(r.job_id for r in reruns)
 
     @rule(
+        rerun_id=st.sampled_from(["r1", "r2", "z" * 128]),
+        queue=st.sampled_from([None, *QUEUES]),
+        lane=st.sampled_from([None, None, *LANES]),
+        outcomes=st.sampled_from([None, ["failed"], ["interrupted", "cancelled", "failed"], "completed"]),
+        settled_ago=st.sampled_from([None, None, 0, 1_000]),
+        batch=st.sampled_from([1, 2, 100]),
+        limit=st.sampled_from([None, None, 1, 3]),
+        dry_run=st.sampled_from([False, False, True]),
+    )
+    def rerun_many(
+        self,
+        rerun_id: str,
+        queue: str | None,
+        lane: str | None,
+        outcomes: Any,
+        settled_ago: int | None,
+        batch: int,
+        limit: int | None,
+        dry_run: bool,
+    ) -> None:
+        """A bulk rerun: each matching settled job (never a copy this
+        rerun_id made) in admission order, up to ``limit``, gets the copy
+        :meth:`rerun` would make; one already made is ``repeated``, a derived
+        job_id taken by another job ``skipped``. A dry run changes nothing."""
+        if queue is None and lane is None and outcomes is None and settled_ago is None:
+            with pytest.raises(InvalidJob) as refused:
+                self.watchdog.rerun_many(rerun_id=rerun_id, batch=batch)
+            assert refused.value.field == "filter"
+            return
+        listed = None if outcomes is None else ([outcomes] if isinstance(outcomes, str) else outcomes)
+        wanted = None if listed is None else {Outcome(o).value for o in listed}
+        # Strictly after the bound (database clock, milliseconds).
+        since = None if settled_ago is None else self.db - settled_ago - 1
+        matched = [
+            r
+            for r in sorted(self.model.rows.values(), key=lambda r: r.order)
+            if r.state == "settled"
+            and (queue is None or r.queue_name == queue)
+            and (lane is None or r.lane == lane)
+            and (wanted is None or r.outcome in wanted)
+            and (since is None or (r.settled_at is not None and r.settled_at > since))
+            and not (r.rerun_of is not None and r.job_id == rerun_job_id(r.rerun_of, rerun_id))
+        ][: limit if limit is not None else None]
+        calls = TAGGING.calls
+        result = self.watchdog.rerun_many(
+            rerun_id=rerun_id,
+            queue=queue,
+            lane=lane,
+            outcome=outcomes,
+            settled_after=None if since is None else at(since),
+            batch=batch,
+            limit=limit,
+            dry_run=dry_run,
+        )
+        assert (result.matched, result.dry_run) == (len(matched), dry_run)
+        if dry_run:
+            assert (result.done, result.repeated, result.skipped) == ((), (), ())
+            return
+        done, repeated, skipped = [], [], []
+        for original in matched:
+            copy = Job(
+                rerun_job_id(original.job_id, rerun_id),
+                original.queue_name,
+                lane=original.lane,
+                priority=original.priority,
+                payload=json.loads(original.payload_json),
+                max_recoveries=original.recovery_max,
+                retry=original.policy,
+                timeout=None if original.timeout_ms is None else ms(original.timeout_ms),
+                rerun_of=original.job_id,
+            )
+            existing = self.model.rows.get(copy.job_id)
+            if existing is None:
+                done.append(copy.job_id)
+                self.model.admit(copy, self.db, None, None)
+            elif self.model.same(existing, copy):
+                repeated.append(copy.job_id)
+            else:
+                skipped.append(original.job_id)
+        assert list(result.done) == done
+        assert sorted(result.repeated) == sorted(repeated)
+        assert [skip.job_id for skip in result.skipped] == skipped
+        # Each batch that enqueued is one enqueue call, with its own trace context.
+        issued = {_Tagging.context_of(n) for n in range(calls + 1, TAGGING.calls + 1)}
+        stored = {r["job_id"]: r["trace_context"] for r in dump_jobs(self.engine)}
+        for job_id in done:
+            assert stored[job_id] in issued, (stored[job_id], issued)
+            self.model.rows[job_id].trace_context = stored[job_id]
+
+    @rule(
+        cancellation_id=st.sampled_from(["bulk", "b" * 250]),
+        queue=st.sampled_from([None, *QUEUES]),
+        lane=st.sampled_from([None, None, *LANES]),
+        only_if_queued=st.booleans(),
+        batch=st.sampled_from([1, 2, 100]),
+        limit=st.sampled_from([None, None, 2]),
+        dry_run=st.sampled_from([False, False, True]),
+    )
+    def cancel_many(
+        self,
+        cancellation_id: str,
+        queue: str | None,
+        lane: str | None,
+        only_if_queued: bool,
+        batch: int,
+        limit: int | None,
+        dry_run: bool,
+    ) -> None:
+        """A bulk cancellation: each matching live job in admission order is
+        :meth:`cancel`-ed with a cancellation id derived from the bulk one and
+        its job_id; again it replays (``repeated``), a job cancelled by another
+        request or (``only_if_queued``) running is ``skipped``."""
+        if queue is None and lane is None:
+            with pytest.raises(InvalidJob) as refused:
+                self.watchdog.cancel_many(cancellation_id=cancellation_id)
+            assert refused.value.field == "filter"
+            return
+        matched = [
+            r
+            for r in sorted(self.model.rows.values(), key=lambda r: r.order)
+            if r.state in LIVE and (queue is None or r.queue_name == queue) and (lane is None or r.lane == lane)
+        ][: limit if limit is not None else None]
+        result = self.watchdog.cancel_many(
+            cancellation_id=cancellation_id,
+            queue=queue,
+            lane=lane,
+            only_if_queued=only_if_queued,
+            batch=batch,
+            limit=limit,
+            dry_run=dry_run,
+        )
+        assert (result.matched, result.dry_run) == (len(matched), dry_run)
+        if dry_run:
+            assert (result.done, result.repeated, result.skipped) == ((), (), ())
+            return
+        done, repeated, skipped = [], [], []
+        for row in matched:
+            derived = bulk_cancellation_id(cancellation_id, row.job_id)
+            if row.cancellation_id == derived:
+                repeated.append(row.job_id)
+            elif row.cancellation_id is None and row.state in (NOT_STARTED if only_if_queued else LIVE):
+                done.append(row.job_id)
+                row.cancellation_id = derived
+                if row.state == "delayed":
+                    row.state = "queued"
+            else:
+                skipped.append(row.job_id)
+        assert (list(result.done), list(result.repeated)) == (done, repeated)
+        assert [skip.job_id for skip in result.skipped] == skipped
+
+    @rule(
         queue=st.sampled_from([None, *QUEUES]),
         state=st.sampled_from([None, "delayed", "queued", "running", "settled"]),
         outcome=st.sampled_from([None, None, Outcome.COMPLETED, "failed", "cancelled"]),
@@ -1249,11 +1404,15 @@ class _Tagging(telemetry.Instrumentation):
         self.calls = 0
         self.last: str | None = None
 
+    @staticmethod
+    def context_of(call: int) -> str | None:
+        """The trace context the ``call``-th enqueue call gets."""
+        return f'{{"traceparent":"00-{call:032x}-{call:016x}-01"}}' if call % 3 else None
+
     def enqueue(self, jobs: Any) -> telemetry.EnqueueTrace:
         self.calls += 1
         trace = telemetry.EnqueueTrace()
-        if self.calls % 3:
-            trace.trace_context = f'{{"traceparent":"00-{self.calls:032x}-{self.calls:016x}-01"}}'
+        trace.trace_context = self.context_of(self.calls)
         self.last = trace.trace_context
         return trace
 
