@@ -628,6 +628,8 @@ PLANS: list[Case] = [
     Case("make_due(all)", "make_due", (False,), _none, on(DELAYED)),
     Case("make_due(queues)", "make_due", (True,), lambda d: {"queues": ["q3"]}, on(DELAYED, LIVE_QUEUE)),
     Case("waiting_jobs", "waiting_jobs", (), lambda d: {"queues": ["q3"], "limit": 10}, on(LIVE_QUEUE)),
+    # A runner's INFO summary: its backlog, counted up to a cap through the live queue index.
+    Case("count_ready", "count_ready", (), lambda d: {"queues": ["q3"], "cap": 10_000}, on(LIVE_QUEUE)),
 ]
 
 #: Statements that do not read the jobs table: the coverage test knows them; nothing to plan.

@@ -562,6 +562,8 @@ class _Core:
         self.settings = SimpleNamespace(schedules=(), queues=("q",), lease_ms=60_000, poll_interval_s=POLL)
         # As the runners do: no Waiting where nothing listens.
         self.waiting = runner.waiting if runner.flavor.listens else None
+        # Not registered among the workers: loop_pass prunes no gone workers here.
+        self.registration = None
 
     def recovery_is_due(self) -> bool:
         return False
