@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import queue
@@ -35,6 +36,7 @@ from .execution import (
     DEFAULT_GRACE,
     DEFAULT_SUMMARY_EVERY,
     EXIT_MARGIN_S,
+    STARTED_LATE,
     Execution,
     Probe,
     RunHandler,
@@ -616,13 +618,12 @@ class AsyncRunner:
         is_async = self._async_queues.get(job.queue)
         if is_async is None:  # asked once per queue, not once per job
             is_async = self._async_queues[job.queue] = _is_async(fn)
+        heartbeat_s = self.settings.heartbeat_s
         if is_async:
-            task: asyncio.Future[Any] = loop.create_task(fn(job), context=context)
-        elif context is not None:
-            task = self._threads.submit(context.run, fn, job)
-            execution.threaded = True
+            task: asyncio.Future[Any] = loop.create_task(_unless_late(fn, job, execution, heartbeat_s), context=context)
         else:
-            task = self._threads.submit(fn, job)
+            call = functools.partial(_call_unless_late, fn, job, execution, heartbeat_s)
+            task = self._threads.submit(call) if context is None else self._threads.submit(context.run, call)
             execution.threaded = True
         timer = None
         if execution.deadline is not None:
@@ -658,7 +659,10 @@ class AsyncRunner:
         error = task.exception()
         if error is not None:
             return decision_of_exception(execution, error)
-        return decision_of_result(task.result(), job)
+        result: object = task.result()
+        if result is STARTED_LATE:
+            return STARTED_LATE  # execute() renews the claim first, then asks again
+        return decision_of_result(result, job)
 
     async def _settle(self, requests: list[SettleRequest]) -> list[Settlement | None]:
         return await drive_async(settle_batch(requests), self._perform)
@@ -958,6 +962,26 @@ class AsyncRunner:
             await drive_async(steps, self._perform)
         except Exception as error:  # pragma: no cover - the steps answer store failures themselves
             log.warning("worker row: %s", redacted(error))
+
+
+async def _unless_late(
+    fn: Callable[[RunningJob], Any], job: RunningJob, execution: Execution, heartbeat_s: float
+) -> Any:
+    """Await ``fn(job)`` -- unless, now that its task runs, the claim's last
+    check is over a heartbeat old (the process was frozen or starved since):
+    then :data:`~sqlalchemy_watchdog.execution.STARTED_LATE`, never calling it."""
+    if execution.started_late(heartbeat_s):
+        return STARTED_LATE
+    return await fn(job)
+
+
+def _call_unless_late(
+    fn: Callable[[RunningJob], Any], job: RunningJob, execution: Execution, heartbeat_s: float
+) -> Any:
+    """:func:`_unless_late` for a plain handler, in its thread."""
+    if execution.started_late(heartbeat_s):
+        return STARTED_LATE
+    return fn(job)
 
 
 class _DaemonThreads:

@@ -693,6 +693,10 @@ class Execution:
     #: later than the database took it, so a pause anywhere after that point
     #: (even before the claim's answer was read) counts against the start.
     claimed_at: float = field(default_factory=time.monotonic)
+    #: When :func:`execute` last knew the claim live before the handler
+    #: starts (the moment it sent a renewal that held), monotonic; 0: only
+    #: the claim itself.
+    checked_at: float = 0.0
     #: The decision made without running the handler (its payload could
     #: not be decoded), if any.
     refused: Decision | None = None
@@ -729,6 +733,13 @@ class Execution:
         if trace is not None:
             with telemetry.guarded(what):
                 getattr(trace, what)(*args)
+
+    def started_late(self, heartbeat_s: float) -> bool:
+        """Whether more than a heartbeat interval passed since the claim was
+        last known live: its handler must not start before a renewal says
+        the claim still holds (the process may have been frozen or starved
+        past the lease in between)."""
+        return time.monotonic() - max(self.claimed_at, self.checked_at) > heartbeat_s
 
     def handler_context(self) -> contextvars.Context | None:
         """The context the handler runs in: its trace's (None without a
@@ -837,6 +848,12 @@ async def drive_async(steps: Steps[T], perform: Callable[[Step], Awaitable[Any]]
 
 
 # -- handler answers -----------------------------------------------------------------
+
+
+#: What a driver answers :class:`RunHandler` with when it did not call the
+#: handler because the claim's last check was over a heartbeat old by then
+#: (:meth:`Execution.started_late`): :func:`execute` renews and asks again.
+STARTED_LATE: Decision = Decision.failed("the handler was about to start late; not run")
 
 
 def decision_of_result(result: object, job: RunningJob) -> Decision | None:
@@ -1353,23 +1370,34 @@ def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | Tic
         with telemetry.guarded("attempt"):
             execution.trace = instrumentation.attempt(execution)
     try:
-        late = time.monotonic() - execution.claimed_at > settings.heartbeat_s
-        if late and not execution.signal.is_set():
-            held = yield StoreCall(store.renew, ([execution.pair],), dict(lease_ms=settings.lease_ms, now=core.clock()))
-            if job_id not in held:
-                row = yield StoreCall(store.read, (job_id,))
-                yield from stop(execution, stop_reason_of(row))
-        if execution.signal.reason is StopReason.SHUTDOWN:
-            decision: Decision | None = None
-        elif execution.signal.is_set():
-            decision = Decision.failed(f"execution stopped before it started ({_reason(execution)})")
-        elif execution.refused is not None:
-            decision = execution.refused
-        else:
-            timeout = execution.job.timeout
-            if timeout is not None:
-                execution.deadline = time.monotonic() + timeout.total_seconds()
-            decision = yield RunHandler(execution)
+        while True:
+            if execution.started_late(settings.heartbeat_s) and not execution.signal.is_set():
+                asked = time.monotonic()
+                held = yield StoreCall(
+                    store.renew, ([execution.pair],), dict(lease_ms=settings.lease_ms, now=core.clock())
+                )
+                if job_id not in held:
+                    row = yield StoreCall(store.read, (job_id,))
+                    yield from stop(execution, stop_reason_of(row))
+                else:
+                    execution.checked_at = asked
+            if execution.signal.reason is StopReason.SHUTDOWN:
+                decision: Decision | None = None
+            elif execution.signal.is_set():
+                decision = Decision.failed(f"execution stopped before it started ({_reason(execution)})")
+            elif execution.refused is not None:
+                decision = execution.refused
+            else:
+                timeout = execution.job.timeout
+                if timeout is not None:
+                    execution.deadline = time.monotonic() + timeout.total_seconds()
+                decision = yield RunHandler(execution)
+                if decision is STARTED_LATE:
+                    # The driver found the claim's last check over a heartbeat
+                    # old when the handler was about to start: check again.
+                    execution.slot_held = True
+                    continue
+            break
         if decision is None:
             # Stopped by shutdown before it decided: hand it to recovery now.
             abandoned = yield from abandon(core, [execution])

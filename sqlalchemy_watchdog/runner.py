@@ -40,6 +40,7 @@ from .execution import (
     DEFAULT_GRACE,
     DEFAULT_SUMMARY_EVERY,
     EXIT_MARGIN_S,
+    STARTED_LATE,
     Execution,
     Probe,
     RunHandler,
@@ -339,6 +340,8 @@ class Runner:
         raise TypeError(step)  # pragma: no cover
 
     def _run_handler(self, execution: Execution) -> Decision | None:
+        if execution.started_late(self.settings.heartbeat_s):
+            return STARTED_LATE  # execute() renews the claim first, then asks again
         job = execution.job
         if execution.deadline is not None:
             self._heartbeat_now.set()  # the heartbeat thread keeps the deadlines

@@ -275,7 +275,12 @@ def test_enqueued_job_joins_with_the_application_row_in_an_orm_query(engine: Eng
 
 def test_watchdog_metadata_holds_only_the_watchdog_tables() -> None:
     assert sqlalchemy_watchdog.metadata is WatchdogJob.metadata
-    assert sorted(sqlalchemy_watchdog.metadata.tables) == ["watchdog_jobs", "watchdog_queue_pauses"]
+    assert sorted(sqlalchemy_watchdog.metadata.tables) == [
+        "watchdog_jobs",
+        "watchdog_queue_pauses",
+        "watchdog_schedules",
+        "watchdog_workers",
+    ]
     assert AppBase.metadata is not sqlalchemy_watchdog.metadata
 
 
