@@ -161,7 +161,7 @@ def _without_password(url: URL, error: BaseException) -> str:
 def _migrated(url: URL) -> Engine:
     from sqlalchemy import create_engine
 
-    from .cli import apply_revisions
+    from .migrations import apply_revisions
 
     engine = create_engine(url)
     try:

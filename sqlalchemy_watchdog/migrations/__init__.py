@@ -4,6 +4,11 @@ Include them in your own Alembic environment by adding
 ``sqlalchemy_watchdog:migrations/versions`` to ``version_locations``, and
 guard that environment with :func:`refuse_revisions_in_package` (see the
 README, "Using it from your own Alembic environment").
+
+Without an Alembic environment of your own, :func:`apply_revisions` applies
+them on a connection (what ``sqlalchemy-watchdog upgrade`` and the pytest
+plugin's ``watchdog_engine`` run), and :func:`current_revisions` and
+:func:`has_jobs_table` say where a database stands.
 """
 
 from __future__ import annotations
@@ -11,14 +16,72 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["BRANCH_LABEL", "VERSIONS_DIR", "refuse_revisions_in_package"]
+if TYPE_CHECKING:
+    from sqlalchemy import Connection, Engine
+
+__all__ = [
+    "BRANCH_LABEL",
+    "VERSIONS_DIR",
+    "apply_revisions",
+    "current_revisions",
+    "has_jobs_table",
+    "refuse_revisions_in_package",
+]
 
 #: The directory holding the revisions, for programmatic Alembic configs.
 VERSIONS_DIR = Path(__file__).parent / "versions"
 #: The branch label of these revisions: ``alembic upgrade watchdog@head``.
 BRANCH_LABEL = "watchdog"
+#: The script directory Alembic reads the revisions through (this package).
+_SCRIPT_DIR = Path(__file__).parent
+
+
+def apply_revisions(conn: Connection, revision: str = "heads") -> None:
+    """Apply the package's Alembic revisions up to ``revision`` on ``conn``
+    (committed here), without an ``env.py``, recording them in the
+    database's ``alembic_version`` table as ``alembic upgrade`` would. What
+    ``sqlalchemy-watchdog upgrade`` runs; the pytest plugin's
+    ``watchdog_engine`` too.
+
+    :raises alembic.util.CommandError: e.g. the database holds revisions
+        these do not know (an application's own Alembic environment).
+    """
+    from alembic.config import Config
+    from alembic.runtime.environment import EnvironmentContext
+    from alembic.script import ScriptDirectory
+
+    from ..model import metadata
+
+    script = ScriptDirectory(str(_SCRIPT_DIR.resolve()), version_locations=[str(VERSIONS_DIR.resolve())])
+
+    def upgrade(rev: Any, context: Any) -> Any:
+        return script._upgrade_revs(revision, rev)
+
+    with EnvironmentContext(Config(), script, fn=upgrade, destination_rev=revision, as_sql=False) as env:
+        env.configure(connection=conn, target_metadata=metadata)
+        with env.begin_transaction():
+            env.run_migrations()
+    if conn.in_transaction():
+        conn.commit()
+
+
+def current_revisions(conn: Connection) -> list[str]:
+    """The revisions the database's ``alembic_version`` table records, sorted
+    (empty when there is none): what ``sqlalchemy-watchdog upgrade`` reports."""
+    from alembic.runtime.migration import MigrationContext
+
+    return sorted(MigrationContext.configure(conn).get_current_heads())
+
+
+def has_jobs_table(bind: Engine | Connection) -> bool:
+    """Whether the database has the ``watchdog_jobs`` table (any revision)."""
+    from sqlalchemy import inspect
+
+    from ..model import jobs_table
+
+    return inspect(bind).has_table(jobs_table.name)
 
 
 def _in_package(path: str | os.PathLike[str] | None) -> bool:
