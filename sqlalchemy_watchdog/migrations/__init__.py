@@ -16,10 +16,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine
 
 __all__ = [
     "BRANCH_LABEL",

@@ -1,0 +1,87 @@
+"""The commands on queues and lanes: ``stats`` (once or ``--watch``),
+``pause``, ``resume`` and ``fail-lane``."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import TextIO
+
+from ...jobs import PauseStatus
+from ..exits import UsageError
+from ..output import CLEAR_SCREEN, control, json_line, one_line, render_stats, stats_document
+from ..values import WATCH_INTERVAL_DEFAULT
+from . import open_watchdog, print_json
+
+
+def cmd_fail_lane(args: argparse.Namespace, out: TextIO) -> int:
+    """Settle every live job of the lane ``failed``, one batch per call, while ``.more``."""
+    watchdog = open_watchdog(args)
+    total = 0
+    while True:
+        failure = watchdog.fail_lane(args.lane, args.reason)
+        total += failure.settled
+        for job in failure.jobs:
+            if not args.json:
+                print(f"{one_line(job.job_id)}: failed", file=out)
+        if not failure.more:
+            # (An empty batch with ``more`` means a concurrent caller took
+            # this batch: call again rather than stop with live jobs left.)
+            break
+    if args.json:
+        print_json({"lane": args.lane, "settled": total}, out)
+    else:
+        print(f"lane {args.lane!r}: {total} job(s) settled failed", file=out)
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace, out: TextIO) -> int:
+    """Print every queue's stats once, or with ``--watch`` every ``--interval``
+    seconds until Ctrl-C (exit 0): a table redrawn in place, or with
+    ``--json`` one document per line."""
+    if args.interval is not None and not args.watch:
+        raise UsageError("--interval applies only with --watch")
+    watchdog = open_watchdog(args)
+
+    def frame() -> str:
+        stats = watchdog.stats()
+        if args.json:
+            return json_line(stats_document(stats)) + "\n"
+        return render_stats(stats)
+
+    if not args.watch:
+        out.write(frame())
+        return 0
+    interval = WATCH_INTERVAL_DEFAULT if args.interval is None else args.interval
+    try:
+        while True:
+            text = frame()
+            if not args.json:
+                control(out, CLEAR_SCREEN)
+                text = f"{text}\n(every {interval:g}s; Ctrl-C to stop)\n"
+            out.write(text)
+            out.flush()
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_pause(args: argparse.Namespace, out: TextIO) -> int:
+    """Pause a queue (idempotent): no runner claims its jobs until ``resume``."""
+    status = open_watchdog(args).pause(args.queue, reason=args.reason)
+    if args.json:
+        print_json({"queue": args.queue, "status": status.value}, out)
+    else:
+        note = " (its reason is unchanged)" if status is PauseStatus.ALREADY_PAUSED and args.reason else ""
+        print(f"queue {args.queue!r}: {status.value.replace('_', ' ')}{note}", file=out)
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace, out: TextIO) -> int:
+    """Resume a queue (idempotent)."""
+    status = open_watchdog(args).resume(args.queue)
+    if args.json:
+        print_json({"queue": args.queue, "status": status.value}, out)
+    else:
+        print(f"queue {args.queue!r}: {status.value.replace('_', ' ')}", file=out)
+    return 0
