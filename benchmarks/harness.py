@@ -106,22 +106,24 @@ def create_database(suffix: str) -> Target:
     return Target("postgresql", _dsn_with_db(name), name)
 
 
-def drop_database(target: Target) -> None:
-    if target.dialect != "postgresql":
-        return
-    assert target.name.startswith(DB_PREFIX), target.name  # never anyone else's database
-    try:
-        with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-            conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(target.name)))
-    except Exception as error:  # pragma: no cover - best effort
-        print(f"warning: could not drop {target.name}: {error}", file=sys.stderr)
-    if target.name in _created:
-        _created.remove(target.name)
+def drop(*targets: Target) -> None:
+    """Drop the run's databases (never anyone else's) and delete its SQLite files."""
+    for target in targets:
+        if target.dialect == "sqlite":
+            Path(target.dsn).unlink(missing_ok=True)
+            continue
+        assert target.name.startswith(DB_PREFIX), target.name
+        try:
+            with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+                conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(target.name)))
+        except Exception as error:  # pragma: no cover - best effort
+            print(f"warning: could not drop {target.name}: {error}", file=sys.stderr)
+        if target.name in _created:
+            _created.remove(target.name)
 
 
 def drop_all_created() -> None:
-    for name in list(_created):
-        drop_database(Target("postgresql", _dsn_with_db(name), name))
+    drop(*(Target("postgresql", _dsn_with_db(name), name) for name in list(_created)))
 
 
 def run_sql(target: Target, statement: str, params: dict[str, Any] | None = None, *, analyse: bool = False) -> Any:
@@ -456,14 +458,14 @@ def time_calls(call: Callable[[], Any], calls: int, warmup: int = 3) -> list[flo
     return times
 
 
-def fmt(value: float | None, digits: int | None = None) -> str:
+def fmt(value: float | None, like: float | None = None) -> str:
+    """A figure with 3 significant digits or so (``like``: as many decimals as that figure)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    if value == math.inf:
-        return "inf"
-    if digits is None:
-        digits = 0 if abs(value) >= 100 else 1 if abs(value) >= 10 else 2 if abs(value) >= 1 else 3
-    return f"{value:,.{digits}f}"
+    if value in (math.inf, 0):
+        return "inf" if value else "0"
+    size = abs(value if like is None or like in (math.inf, 0) else like)
+    return f"{value:,.{0 if size >= 100 else 1 if size >= 10 else 2 if size >= 1 else 3}f}"
 
 
 # -- the subjects ------------------------------------------------------------------------
@@ -516,12 +518,14 @@ class Watchdog:
     def enqueue_single_in_session(self, target: Target, n: int, tag: str) -> float:
         return self.enqueue_batch(target, n, 1, tag)
 
-    def enqueue_batch(self, target: Target, batches: int, size: int, tag: str) -> float:
+    def enqueue_batch(self, target: Target, batches: int, size: int, tag: str, through: Any = None) -> float:
+        """Seconds for ``batches`` transactions of ``size`` jobs, each one ``enqueue`` call
+        (``through``: an engine of the caller's, e.g. through a pooler)."""
         from sqlalchemy.orm import Session
 
         from sqlalchemy_watchdog import Job, enqueue
 
-        eng = engine(target)
+        eng = through or engine(target)
         try:
             with Session(eng) as session:  # warm the pool, as a long-lived application is
                 enqueue(session, Job(f"{tag}-warm", QUEUE))
@@ -534,7 +538,8 @@ class Watchdog:
                     session.commit()
             return time.perf_counter() - started
         finally:
-            eng.dispose()
+            if through is None:
+                eng.dispose()
 
     def prefill(self, target: Target, n: int, tag: str) -> float:
         return self.client(target).enqueue_jobs(self.jobs(tag, n), close=True)
@@ -985,6 +990,13 @@ class Bench:
     def check(self, target: str, measured: str, met: bool) -> None:
         self.checks.append({"target": target, "measured": measured, "met": met})
 
+    def check_median(
+        self, target: str, table: str, row: str, column: str, ok: Callable[[float], bool], unit: str = "x"
+    ) -> None:
+        """A target line on the median of one cell, if it was measured."""
+        if (value := self.medians(table, row).get(column)) is not None:
+            self.check(target, f"{value:.2f}{unit}", ok(value))
+
     def medians(self, table: str, row: str) -> dict[str, float | None]:
         return {col: median(v) for col, v in self.tables.get(table, Table(table)).cells.get(row, {}).items()}
 
@@ -1006,10 +1018,6 @@ class Bench:
         if drop:
             path.unlink(missing_ok=True)
         return Target("sqlite", str(path), path.name)
-
-    def drop(self, *targets: Target) -> None:
-        for target in targets:
-            drop_database(target) if target.dialect == "postgresql" else Path(target.dsn).unlink(missing_ok=True)
 
     def in_order(self, r: int, dialect: str = "postgresql") -> list[str]:
         """Subjects for this dialect, rotated per repeat so none always goes first."""
@@ -1094,8 +1102,7 @@ class Bench:
         return latencies
 
     def close(self) -> None:
-        for target in self.targets.values():
-            drop_database(target)
+        drop(*(t for t in self.targets.values() if t.dialect == "postgresql"))
 
 
 # -- the report ----------------------------------------------------------------------------
@@ -1103,43 +1110,28 @@ class Bench:
 
 def machine_facts(workdir: Path) -> dict[str, Any]:
     facts: dict[str, Any] = {"nproc": os.cpu_count(), "python": platform.python_version(), "load_at_start": load()}
-    with contextlib.suppress(OSError):
-        facts["cpu"] = next(
-            (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
-            "?",
-        )  # fmt: skip
-    try:
-        with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-            facts["postgresql"] = {
-                s: conn.execute(pgsql.SQL("SHOW {}").format(pgsql.Identifier(s))).fetchone()[0]  # type: ignore[index]
-                for s in ("server_version", "fsync", "synchronous_commit", "wal_sync_method", "shared_buffers")
-            }
-    except Exception as error:
-        facts["postgresql"] = {"error": str(error)}
-    probe = sqlite3.connect(str(workdir / "facts.db"))
-    facts["sqlite"] = {
-        "version": sqlite3.sqlite_version,
-        "journal_mode": probe.execute("PRAGMA journal_mode").fetchone()[0],
-        "synchronous": probe.execute("PRAGMA synchronous").fetchone()[0],
-    }
-    probe.close()
-    versions = {}
+    with contextlib.suppress(Exception), psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+        show = lambda name: conn.execute(pgsql.SQL("SHOW {}").format(pgsql.Identifier(name))).fetchone()[0]  # type: ignore[index]
+        facts["postgresql"] = {s: show(s) for s in ("server_version", "fsync", "synchronous_commit", "wal_sync_method")}
+    with contextlib.closing(sqlite3.connect(str(workdir / "facts.db"))) as lite:
+        pragma = lambda name: lite.execute(f"PRAGMA {name}").fetchone()[0]
+        facts["sqlite"] = {
+            "version": sqlite3.sqlite_version,
+            "journal_mode": pragma("journal_mode"),
+            "synchronous": pragma("synchronous"),
+        }
+    facts["packages"] = {}
     for package in ("sqlalchemy-watchdog", "SQLAlchemy", "psycopg", "procrastinate", "pgqueuer", "asyncpg"):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            versions[package] = importlib.metadata.version(package)
-    facts["packages"] = versions
-    with contextlib.suppress(Exception):
-        git = ["git", "-C", str(ROOT)]
-        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(
-            [*git, "status", "--porcelain", "--", "sqlalchemy_watchdog"], capture_output=True, text=True
-        )
-        facts["watchdog_commit"] = head + ("+dirty" if dirty.stdout.strip() else "")
+            facts["packages"][package] = importlib.metadata.version(package)
+    git = lambda *a: subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True).stdout.strip()
+    dirty = "+dirty" if git("status", "--porcelain", "--", "sqlalchemy_watchdog") else ""
+    facts["watchdog_commit"] = git("rev-parse", "--short", "HEAD") + dirty
     return facts
 
 
 def describe(facts: dict[str, Any]) -> str:
-    pg, lite = facts.get("postgresql", {}), facts["sqlite"]
+    pg, lite = facts.get("postgresql", {"error": "not reachable"}), facts["sqlite"]
     return "\n".join(
         [
             f"machine: {facts['nproc']} CPUs ({facts.get('cpu', '?')}), load {facts['load_at_start']} at start;"
@@ -1157,22 +1149,7 @@ def cell(values: list[float | None]) -> str:
     if not present:
         return "-"
     mid = statistics.median(present)
-    spread = f" ({fmt(min(present), _digits(mid))}-{fmt(max(present), _digits(mid))})" if len(present) > 1 else ""
-    return fmt(mid) + spread
-
-
-def _digits(value: float) -> int | None:
-    return (
-        None
-        if value == math.inf
-        else 0
-        if abs(value) >= 100
-        else 1
-        if abs(value) >= 10
-        else 2
-        if abs(value) >= 1
-        else 3
-    )
+    return fmt(mid) + (f" ({fmt(min(present), mid)}-{fmt(max(present), mid)})" if len(present) > 1 else "")
 
 
 def render(table: Table) -> str:
@@ -1276,20 +1253,19 @@ def main(argv: list[str] | None = None) -> int:
         workdir.mkdir(parents=True, exist_ok=True)
         facts = machine_facts(workdir)
         print(describe(facts), file=sys.stderr, flush=True)
-        if facts["postgresql"].get("fsync") != "on" or facts["postgresql"].get("synchronous_commit") != "on":
+        if facts.get("postgresql", {}).get("fsync") != "on" or facts["postgresql"].get("synchronous_commit") != "on":
             print("WARNING: the server is not at durable defaults; figures are not comparable", file=sys.stderr)
         bench = Bench(args, workdir)
+        # Per-repeat scenarios interleave (repeat 1 of each, then repeat 2, ...); the others
+        # repeat inside themselves.
+        steps = [(s, (r,)) for r in range(bench.repeat) for s in chosen if s.per_repeat]
         try:
-            for r in range(bench.repeat):
-                for s in (s for s in chosen if s.per_repeat):
-                    bench.log(f"=== {s.name}: repeat {r + 1} of {bench.repeat} ===")
-                    s.run(bench, r)
-            for s in (s for s in chosen if not s.per_repeat):
-                bench.log(f"=== {s.name} ===")
+            for scene, rest in steps + [(s, ()) for s in chosen if not s.per_repeat]:
+                bench.log(f"=== {scene.name}" + (f": repeat {rest[0] + 1} of {bench.repeat}" if rest else "") + " ===")
                 try:
-                    s.run(bench)
+                    scene.run(bench, *rest)
                 except Exception as error:
-                    bench.fail(s.name, error)
+                    bench.fail(scene.name, error)
         except KeyboardInterrupt:
             print("interrupted; reporting what was measured", file=sys.stderr)
         finally:

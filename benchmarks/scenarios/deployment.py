@@ -12,8 +12,8 @@ import sys
 import threading
 import time
 import urllib.request
-import uuid
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -77,13 +77,8 @@ def in_process(bench: h.Bench) -> None:
     scratch = None if bench.opt("url", None) else bench.scratch("postgresql", "in_process")
     env = {**h.child_env(), "WATCHDOG_DATABASE_URL": bench.opt("url", scratch.url if scratch else "")}
     examples = h.ROOT / "examples"
-    subprocess.run(
-        [sys.executable, "-m", "sqlalchemy_watchdog.cli", "upgrade"],
-        cwd=examples,
-        env=env,
-        check=True,
-        capture_output=True,
-    )
+    upgrade = [sys.executable, "-m", "sqlalchemy_watchdog.cli", "upgrade"]
+    subprocess.run(upgrade, cwd=examples, env=env, check=True, capture_output=True)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -97,17 +92,17 @@ def in_process(bench: h.Bench) -> None:
                 raise h.ScenarioFailed("the app did not start")
             time.sleep(0.1)
         for _ in range(bench.repeat):
-            bench.measure(table, "", "runner idle", lambda: _phase(base, server.pid, rate, seconds, 0), seconds + 60)
+            bench.measure(table, "", "runner idle", partial(_phase, base, server.pid, rate, seconds, 0), seconds + 60)
             for _ in range(backlog):  # a backlog the runner works through during the busy phase
                 _post(f"{base}/orders", {"customer": "backlog", "work_ms": work_ms})
             bench.measure(
-                table, "", "runner busy", lambda: _phase(base, server.pid, rate, seconds, work_ms), seconds + 60
+                table, "", "runner busy", partial(_phase, base, server.pid, rate, seconds, work_ms), seconds + 60
             )
     finally:
         server.terminate()
         server.wait(60)
         if scratch:
-            bench.drop(scratch)
+            h.drop(scratch)
 
 
 # -- PgBouncer ---------------------------------------------------------------------------------
@@ -171,27 +166,12 @@ def _pool_drain(target: h.Target, url: Any, jobs: int, pooled: bool, concurrency
         eng.dispose()
 
 
-def _pool_enqueue(target: h.Target, url: Any, pooled: bool, batched: bool) -> float:
-    """jobs/s: 2,000 one per transaction, or 20 x 1,000."""
-    from sqlalchemy.orm import Session
-
-    from sqlalchemy_watchdog import Job, enqueue
-
-    h.run_sql(target, "TRUNCATE watchdog_jobs RESTART IDENTITY")
-    eng, tag = _pool_engine(url, pooled), uuid.uuid4().hex[:6]
-    batches, size = (20, 1000) if batched else (2000, 1)
+def _pool_enqueue(target: h.Target, url: Any, pooled: bool, batches: int, size: int) -> float:
+    """jobs/s of ``batches`` transactions of ``size`` jobs (one ``enqueue`` call each)."""
+    h.truncate(target)
+    eng = _pool_engine(url, pooled)
     try:
-        with Session(eng) as session:
-            enqueue(session, Job(f"{tag}-warm", "enq"))
-            session.commit()
-        gc.collect()
-        began = time.perf_counter()
-        for b in range(batches):
-            with Session(eng) as session:
-                jobs = [Job(f"{tag}-{b}-{i}", "enq", payload={"i": i}) for i in range(size)]
-                enqueue(session, jobs if batched else jobs[0])
-                session.commit()
-        return batches * size / (time.perf_counter() - began)
+        return batches * size / h.Watchdog().enqueue_batch(target, batches, size, "enq", eng)
     finally:
         eng.dispose()
 
@@ -222,33 +202,19 @@ def poolers(bench: h.Bench) -> None:
                 ("pooled, auto + listen_engine", pooled, True, {"listen_engine": listen}),
                 ("direct, poll", direct, False, {"wakeups": "poll"}),
             ]:
-                run = lambda url=url, is_pooled=is_pooled, options=options: _pool_latency(
-                    target, url, samples, is_pooled, **options
-                )
+                run = partial(_pool_latency, target, url, samples, is_pooled, **options)
                 bench.measure(table, "start latency", column, run, 600)
             for column, url, is_pooled in (("direct", direct, False), ("pooled", pooled, True)):
-                for concurrency in (None, 64):
-                    row = f"drain (jobs/s), {'defaults' if concurrency is None else f'concurrency {concurrency}'}"
-                    bench.measure(
-                        table,
-                        row,
-                        column,
-                        lambda url=url, p=is_pooled, c=concurrency: _pool_drain(target, url, jobs, p, c),
-                        900,
-                    )
-                for batched in (False, True):
-                    row = f"enqueue (jobs/s), {'batches of 1,000' if batched else 'one per transaction'}"
-                    bench.measure(
-                        table,
-                        row,
-                        column,
-                        lambda url=url, p=is_pooled, b=batched: _pool_enqueue(target, url, p, b),
-                        900,
-                    )
+                for c in (None, 64):
+                    row = f"drain (jobs/s), {'defaults' if c is None else f'concurrency {c}'}"
+                    bench.measure(table, row, column, partial(_pool_drain, target, url, jobs, is_pooled, c), 900)
+                for batches, size, row in ((2000, 1, "one per transaction"), (20, 1000, "batches of 1,000")):
+                    run = partial(_pool_enqueue, target, url, is_pooled, batches, size)
+                    bench.measure(table, f"enqueue (jobs/s), {row}", column, run, 900)
     finally:
         bouncer.stop()
         listen.dispose()
-        bench.drop(target)
+        h.drop(target)
 
 
 # -- OpenTelemetry ---------------------------------------------------------------------------
@@ -311,11 +277,9 @@ def otel_overhead(bench: h.Bench) -> None:
             for r in range(bench.repeat):
                 for mode in MODES[r % 3 :] + MODES[: r % 3]:  # rotated so no mode always runs first
                     log = Path(bench.workdir / f"otel-{dialect}-{mode}-{r}.log")
-                    run = lambda mode=mode, log=log, target=target: float(
-                        h.Child(
-                            log, otel_role, target=asdict(target), jobs=jobs, concurrency=concurrency, mode=mode
-                        ).result(900)
+                    child = partial(
+                        h.Child, log, otel_role, target=asdict(target), jobs=jobs, concurrency=concurrency, mode=mode
                     )
-                    bench.measure(table, dialect, mode, run, 900)
+                    bench.measure(table, dialect, mode, lambda child=child: float(child().result(900)), 900)
         finally:
-            bench.drop(target)
+            h.drop(target)

@@ -39,7 +39,7 @@ def _beside(bench: h.Bench, name: str, what: str, fill: Callable[[h.Target, int]
     """Claim+settle in an empty table and in one ``fill`` filled, alternating in rounds so a
     change in machine load hits both; ms/job per round, and the ratio of the medians."""
     jobs, per_round = (200, 100) if bench.quick else (2000, 250)
-    table = f"claim+settle one job at a time, watchdog (ms/job; ratio {what} / empty)"
+    table = f"claim+settle one job at a time, watchdog (ms/job, rounds; ratio {what} / empty)"
     for dialect in bench.dialects():
         empty, full = bench.scratch(dialect, f"{name}_empty"), bench.scratch(dialect, f"{name}_full")
         try:
@@ -56,24 +56,19 @@ def _beside(bench: h.Bench, name: str, what: str, fill: Callable[[h.Target, int]
                             rounds[label].append(h.Watchdog().claim_settle(target, per_round, f"{label[:5]}-{r}-{k}"))
                 for label, values in rounds.items():
                     for value in values:
-                        bench.record(
-                            table, f"{dialect}: {label if label == 'empty' else f'{rows:,} {what}'}", "watchdog", value
-                        )
+                        bench.record(table, "empty" if label == "empty" else f"{rows:,} {what}", dialect, value)
                 ratio = (h.median(rounds[what]) or 0) / (h.median(rounds["empty"]) or 1)
-                bench.record(table, f"{dialect}: ratio ({what})", "watchdog", ratio)
+                bench.record(table, "ratio", dialect, ratio)
                 bench.log(f"{dialect} {name}: ratio {ratio:.2f}x")
-            if (
-                name == "delayed"
-                and (still := h.run_sql(full, "SELECT count(*) FROM watchdog_jobs WHERE state = 'delayed'")) != rows
-            ):
+            still = h.run_sql(full, "SELECT count(*) FROM watchdog_jobs WHERE state = 'delayed'")
+            if name == "delayed" and still != rows:  # none may have become due (and run) meanwhile
                 raise h.ScenarioFailed(f"{dialect}: {still:,} of {rows:,} jobs still delayed")
-            m = h.median(bench.tables[table].cells.get(f"{dialect}: ratio ({what})", {}).get("watchdog", []))
-            if m is not None:
-                bench.check(f"{dialect}: claim cost with {rows:,} {what} <= 1.3x empty", f"{m:.2f}x", m <= 1.3)
+            target = f"{dialect}: claim cost with {rows:,} {what} <= 1.3x empty"
+            bench.check_median(target, table, "ratio", dialect, lambda m: m <= 1.3)
         except Exception as error:
             bench.fail(f"{dialect} {name}", error)
         finally:
-            bench.drop(empty, full)
+            h.drop(empty, full)
 
 
 @h.scenario("claim", suite=True, options=h.ROWS)
@@ -133,9 +128,9 @@ def _prune_round(bench: h.Bench, target: h.Target, prune: bool, tag: str, sample
     try:
         time.sleep(0.5)
         before = _prunable(target)
-        if prune and before == 0:
-            raise h.ScenarioFailed(f"{tag}: every old row was pruned before the round began; raise --rows")
         if prune:  # measure only once the runner is deleting: its first batch has gone
+            if before == 0:
+                raise h.ScenarioFailed(f"{tag}: every old row was pruned before the round began; raise --rows")
             h.poll_until(
                 lambda: _prunable(target) < before, timeout=60, interval=0.05, what="pruning", children=[child]
             )
@@ -189,13 +184,17 @@ def prune(bench: h.Bench) -> None:
                 }
                 bench.record_all(table, dialect, figures)
                 bench.log(f"{dialect} prune: p99 ratio {ratio:.2f}x, {pruned:,.0f} rows pruned")
-            m = h.median(bench.tables[table].cells["p99 ratio"][dialect])
-            if m is not None:
-                bench.check(f"{dialect}: claim latency p99 while pruning <= 2x without", f"{m:.2f}x", m <= 2.0)
+            bench.check_median(
+                f"{dialect}: claim latency p99 while pruning <= 2x without",
+                table,
+                "p99 ratio",
+                dialect,
+                lambda m: m <= 2,
+            )
         except Exception as error:
             bench.fail(f"{dialect} prune", error)
         finally:
-            bench.drop(target)
+            h.drop(target)
 
 
 STATS_QUEUES = 10
@@ -257,12 +256,9 @@ def stats(bench: h.Bench) -> None:
                     f"p{p} (ms)": h.percentile(ms, p) for ms in [h.time_calls(read, calls)] for p in (50, 99)
                 }
                 bench.measure(table, name, "watchdog", times)
-        m = h.median(bench.tables[table].cells.get("stats() p50 (ms)", {}).get("watchdog", []))
-        if m is not None:
-            bench.check(
-                f"stats() < 50 ms with {settled:,} settled and {queued:,} queued jobs (median)", f"{m:.1f} ms", m < 50
-            )
+        target = f"stats() < 50 ms with {settled:,} settled and {queued:,} queued jobs (median)"
+        bench.check_median(target, table, "stats() p50 (ms)", "watchdog", lambda m: m < 50, " ms")
     finally:
         if eng is not None:
             eng.dispose()
-        bench.drop(target)
+        h.drop(target)

@@ -83,18 +83,15 @@ def drain(bench: h.Bench, r: int) -> None:
             for name in bench.in_order(r, dialect):
                 if watchdog_only and name != "watchdog":
                     continue
-                default = (
-                    (QUICK_DRAIN_JOBS if bench.quick else DRAIN_JOBS)[name] if pg else (60 if bench.quick else 500)
+                n = bench.opt(
+                    "jobs",
+                    (QUICK_DRAIN_JOBS if bench.quick else DRAIN_JOBS)[name] if pg else (60 if bench.quick else 500),
                 )
-                n = bench.opt("jobs", default)
-                target = bench.target(name, dialect)
-                bench.measure(
-                    table, row, name,
-                    lambda name=name, target=target, n=n, procs=procs, options=options, row=row: bench.drain_once(
-                        name, target, n, f"{row.replace(' ', '-')}-{r}", procs, **options
-                    ),
-                    timeout=60 + n / 20 + 180,
-                )  # fmt: skip
+                tag, target = f"{row.replace(' ', '-')}-{r}", bench.target(name, dialect)
+                run = lambda name=name, target=target, n=n, tag=tag, procs=procs, options=options: bench.drain_once(
+                    name, target, n, tag, procs, **options
+                )
+                bench.measure(table, row, name, run, timeout=60 + n / 20 + 180)  # + worker start, warm-up and shutdown
     if r == bench.repeat - 1:
         rows = bench.tables.get("drain (jobs/s), PostgreSQL")
         if rows is None:
@@ -134,9 +131,10 @@ def latency(bench: h.Bench, r: int) -> None:
             finally:
                 client.close()
                 child.stop()
-            return {f"{k} (ms)": v for k, v in h.percentiles(values, 50, 95, 99).items()}
+            return {f"p{p} (ms)": h.percentile(values, p) for p in (50, 95, 99)}
 
         bench.measure(table, "enqueue-to-start", name, once)
-    m = bench.medians(table, "enqueue-to-start p50 (ms)")
-    if r == bench.repeat - 1 and m.get("watchdog") is not None:
-        bench.check("median wake latency <= 5 ms", f"{m['watchdog']:.1f} ms", m["watchdog"] <= 5.0)  # type: ignore[operator]
+    if r == bench.repeat - 1:
+        bench.check_median(
+            "median wake latency <= 5 ms", table, "enqueue-to-start p50 (ms)", "watchdog", lambda m: m <= 5, " ms"
+        )

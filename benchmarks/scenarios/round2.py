@@ -8,6 +8,7 @@ import statistics
 import time
 from dataclasses import asdict
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -149,11 +150,7 @@ def producers(bench: h.Bench, r: int) -> None:
     for name in bench.in_order(r):
         n = jobs[name] // (6 if bench.quick else 1)
         bench.measure(
-            table,
-            "every queue, its defaults",
-            name,
-            lambda name=name, n=n: _produce(bench, name, n, f"prod-{name}-{r}"),
-            900,
+            table, "every queue, its defaults", name, partial(_produce, bench, name, n, f"prod-{name}-{r}"), 900
         )
     if "watchdog" not in bench.subjects:
         return
@@ -216,7 +213,7 @@ def inprocess(bench: h.Bench, r: int) -> None:
             )
             return float(child.result(600))
 
-        separate = lambda options=options: bench.drain_once("watchdog", target, jobs, f"separate-{r}", **options)
+        separate = partial(bench.drain_once, "watchdog", target, jobs, f"separate-{r}", **options)
         pair = [("in-process", inside), ("separate process", separate)]
         for column, fn in pair if r % 2 == 0 else pair[::-1]:
             bench.measure(table, row, column, fn, 600)
@@ -234,9 +231,7 @@ def scaleout(bench: h.Bench, r: int) -> None:
     table = "scale-out, runner processes at concurrency 4 (jobs/s), PostgreSQL"
     bench.table(table, chart="scaleout.png")
     for procs in bench.ints("processes", "1,2,4,8"):
-        drain = lambda procs=procs: bench.drain_once(
-            "watchdog", target, jobs, f"scaleout-{procs}-{r}", procs, concurrency=4
-        )
+        drain = partial(bench.drain_once, "watchdog", target, jobs, f"scaleout-{procs}-{r}", procs, concurrency=4)
         bench.measure(table, f"{procs} process(es)", "watchdog", drain, 900)
 
 
@@ -348,11 +343,7 @@ def scale(bench: h.Bench) -> None:
                 build_scale(target, rows)
                 bench.log(f"scale table ({label}) built in {time.perf_counter() - started:.0f}s")
                 bench.measure(
-                    table,
-                    "",
-                    label,
-                    lambda target=target: measure_scale(target, 5 if bench.quick else 20, prune_limit),
-                    1800,
+                    table, "", label, partial(measure_scale, target, 5 if bench.quick else 20, prune_limit), 1800
                 )
         finally:
-            bench.drop(target)
+            h.drop(target)

@@ -20,6 +20,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from benchmarks import harness as h
@@ -288,11 +289,5 @@ def sqlite_load(bench: h.Bench) -> None:
         for journal, timeout in configs:
             column = f"{journal}, busy {'5s (default)' if timeout is None else f'{timeout:g}s'}"
             bench.measure(
-                table,
-                "",
-                column,
-                lambda journal=journal, timeout=timeout, rep=rep: one_run(
-                    bench, journal, timeout, f"{journal}-{timeout}-{rep}"
-                ),
-                900,
+                table, "", column, partial(one_run, bench, journal, timeout, f"{journal}-{timeout}-{rep}"), 900
             )

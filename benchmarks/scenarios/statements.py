@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -65,17 +66,12 @@ def hot_statements(bench: h.Bench) -> None:
     h.install_watchdog(target)
     table = "claim + settle_many, one held connection (the server on this machine)"
     try:
-        sizes = bench.ints("batch_sizes", "1,10,50")
+        sizes, jobs = bench.ints("batch_sizes", "1,10,50"), bench.opt("jobs", 20_000, 2000)
         for r in range(bench.repeat):
             for b in sizes if r % 2 == 0 else sizes[::-1]:
-                bench.measure(
-                    table,
-                    f"{b} per statement",
-                    "",
-                    lambda b=b, r=r: _hot_round(target, bench.opt("jobs", 20_000, 2000), b, f"r{r}b{b}"),
-                )
+                bench.measure(table, f"{b} per statement", "", partial(_hot_round, target, jobs, b, f"r{r}b{b}"))
     finally:
-        bench.drop(target)
+        h.drop(target)
 
 
 # -- the index review ------------------------------------------------------------------------
@@ -198,7 +194,7 @@ def index_review(bench: h.Bench) -> None:
     finally:
         for client in clients.values():
             client.close()
-            bench.drop(client.target)
+            h.drop(client.target)
     # The claim beside a history: a database per index set, the rounds alternating.
     targets = {
         variant: bench.scratch("postgresql", f"indexes_history{i}") for i, variant in enumerate((MODEL, BEFORE_W0008))
@@ -209,10 +205,10 @@ def index_review(bench: h.Bench) -> None:
             bench.log(f"{variant}: {rows:,} settled rows in {h.insert_jobs(target, rows, h.SETTLED):.1f}s")
         for r in range(bench.repeat):
             for variant, target in targets.items():
-                claim = lambda target=target, tag=f"c{r}{variant[:3]}": h.Watchdog().claim_settle(target, claims, tag)
+                claim = partial(h.Watchdog().claim_settle, target, claims, f"c{r}{variant[:3]}")
                 bench.measure(table, f"claim+settle, {rows:,} settled rows (ms/job)", variant, claim, 900)
     finally:
-        bench.drop(*targets.values())
+        h.drop(*targets.values())
 
 
 # -- the profile ---------------------------------------------------------------------------------
@@ -301,7 +297,7 @@ def _profile(bench: h.Bench, shape: str, jobs: int) -> dict[str, float]:
         if spy is not None and spy.poll() is None:
             spy.kill()
         h.stop_all([child])
-        bench.drop(target)
+        h.drop(target)
     groups: collections.Counter[str] = collections.Counter()
     operations: collections.Counter[str] = collections.Counter()
     for line in stacks.read_text().splitlines():  # py-spy's raw format: frame;frame;... count
@@ -345,4 +341,4 @@ def profile_drain(bench: h.Bench) -> None:
     """Where a drained job's time goes: py-spy samples of a runner process by function group (pip install py-spy)."""
     table = "us per job, py-spy --gil samples of the worker by group"
     for shape in bench.opt("shapes", "sync-c1,sync-c16,async-c16").split(","):
-        bench.measure(table, "", shape, lambda shape=shape: _profile(bench, shape, bench.opt("jobs", 3000, 500)), 900)
+        bench.measure(table, "", shape, partial(_profile, bench, shape, bench.opt("jobs", 3000, 500)), 900)
