@@ -63,8 +63,8 @@ def _beside(bench: h.Bench, name: str, what: str, fill: Callable[[h.Target, int]
             still = h.run_sql(full, "SELECT count(*) FROM watchdog_jobs WHERE state = 'delayed'")
             if name == "delayed" and still != rows:  # none may have become due (and run) meanwhile
                 raise h.ScenarioFailed(f"{dialect}: {still:,} of {rows:,} jobs still delayed")
-            target = f"{dialect}: claim cost with {rows:,} {what} <= 1.3x empty"
-            bench.check_median(target, table, "ratio", dialect, lambda m: m <= 1.3)
+            goal = f"{dialect}: claim cost with {rows:,} {what} <= 1.3x empty"
+            bench.check_median(goal, table, "ratio", dialect, lambda m: m <= 1.3)
         except Exception as error:
             bench.fail(f"{dialect} {name}", error)
         finally:
@@ -256,8 +256,8 @@ def stats(bench: h.Bench) -> None:
                     f"p{p} (ms)": h.percentile(ms, p) for ms in [h.time_calls(read, calls)] for p in (50, 99)
                 }
                 bench.measure(table, name, "watchdog", times)
-        target = f"stats() < 50 ms with {settled:,} settled and {queued:,} queued jobs (median)"
-        bench.check_median(target, table, "stats() p50 (ms)", "watchdog", lambda m: m < 50, " ms")
+        goal = f"stats() < 50 ms with {settled:,} settled and {queued:,} queued jobs (median)"
+        bench.check_median(goal, table, "stats() p50 (ms)", "watchdog", lambda m: m < 50, " ms")
     finally:
         if eng is not None:
             eng.dispose()
