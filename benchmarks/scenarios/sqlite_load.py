@@ -92,7 +92,8 @@ def runner_role(db: str, journal: str, timeout: float | None, concurrency: int, 
 
 
 def _trace_store() -> None:
-    """Per store operation: calls, how many were retried, call and lock-wait times (stderr at exit)."""
+    """Per store operation: calls, how many were retried, call and lock-wait times, and how many
+    jobs each claim took (stderr at exit)."""
     import atexit
 
     from sqlalchemy_watchdog import store
@@ -121,7 +122,15 @@ def _trace_store() -> None:
         original_begin(conn)
         waits.append(time.perf_counter() - began)
 
-    store.retrying, store.begin_write = retrying, begin_write
+    claimed: collections.Counter[int] = collections.Counter()
+    original_claim = store.claim
+
+    def claim(conn: Any, **kwargs: Any) -> Any:
+        batch = original_claim(conn, **kwargs)
+        claimed[len(batch.claimed)] += 1
+        return batch
+
+    store.retrying, store.begin_write, store.claim = retrying, begin_write, claim
 
     def report() -> None:
         for what, times in [*sorted(calls.items()), ("lock wait", waits)]:
@@ -131,6 +140,7 @@ def _trace_store() -> None:
                     f" p99={h.percentile(times, 99) * 1000:.1f}ms max={max(times) * 1000:.0f}ms",
                     file=sys.stderr,
                 )
+        print(f"TRACE claims by jobs taken: {dict(sorted(claimed.items()))}", file=sys.stderr)
 
     atexit.register(report)
 
