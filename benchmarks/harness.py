@@ -1,185 +1,246 @@
-"""Shared plumbing of the benchmark: databases, child processes, polling, statistics.
+"""The benchmark harness: the CLI, the subjects, databases, child processes, timing and tables.
 
-Nothing here knows about a particular queue; the subjects (``subjects.py``,
-``peers/*.py``) use it, and ``run.py`` drives them.
+    .venv/bin/python -m benchmarks <scenario>[,<scenario>...] [options]   # or: benchmarks/run.py ...
+    .venv/bin/python -m benchmarks --list
+
+``all`` runs the suite; ``--quick`` makes every size small. Scenario modules
+(``benchmarks/scenarios/*.py``) only declare scenarios with :func:`scenario`; none imports
+another. Figures go into named tables, printed as median (min-max) over the repeats.
+PostgreSQL: ``WATCHDOG_BENCH_POSTGRES`` (default ``postgresql://postgres@127.0.0.1:5432/postgres``);
+the run's databases (``watchdog_bench_<pid>_*``) are dropped at the end. See README.md.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import atexit
 import contextlib
+import gc
+import importlib
+import importlib.metadata
+import inspect
 import json
 import math
 import os
+import pkgutil
+import platform
 import queue
+import random
+import re
 import signal
+import sqlite3
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+import traceback
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
+from psycopg import sql as pgsql
 
 HERE = Path(__file__).resolve().parent
-
-#: The PostgreSQL server the benchmark may create databases on (libpq URL of
-#: any database there; used as the maintenance connection).
+ROOT = HERE.parent
 ADMIN_DSN = os.environ.get("WATCHDOG_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
-#: Every database this benchmark creates starts with this prefix.
 DB_PREFIX = "watchdog_bench_"
+QUEUE = "bench"
+DIALECTS = ("postgresql", "sqlite")
+#: The database clock in epoch milliseconds, as the library reads it.
+CLOCK_SQL = {
+    "postgresql": "CAST(floor(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) AS BIGINT)",
+    "sqlite": "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+}
+DAY_MS = 86_400_000
 
 
 class ScenarioTimeout(RuntimeError):
-    """A scenario did not finish within its time limit."""
+    """A measurement did not finish within its time limit."""
 
 
 class ScenarioFailed(RuntimeError):
-    """A scenario finished but its result is wrong (e.g. jobs missing)."""
+    """A measurement finished but its result is wrong (e.g. jobs missing)."""
 
 
-# -- targets (where a subject's data lives) --------------------------------------
+# -- databases ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Target:
-    """One database a subject runs against: PostgreSQL (``dsn``) or a SQLite file."""
+    """One database: PostgreSQL (``dsn`` a libpq URL) or a SQLite file (``dsn`` its path)."""
 
-    dialect: str  # "postgresql" | "sqlite"
-    dsn: str  # libpq URL for PostgreSQL, file path for SQLite
-    name: str  # database name / file name, for messages
+    dialect: str
+    dsn: str
+    name: str
 
     @property
-    def sqlalchemy_url(self) -> str:
+    def url(self) -> str:
         if self.dialect == "sqlite":
             return f"sqlite:///{self.dsn}"
         return "postgresql+psycopg://" + self.dsn.split("://", 1)[1]
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
 
-    @classmethod
-    def from_json(cls, text: str) -> Target:
-        return cls(**json.loads(text))
+_created: list[str] = []
 
 
 def _dsn_with_db(dbname: str) -> str:
     base, _, rest = ADMIN_DSN.partition("://")
     hostpart, _, path = rest.partition("/")
-    query = ""
-    if "?" in path:
-        _, query = path.split("?", 1)
-        query = "?" + query
+    query = "?" + path.split("?", 1)[1] if "?" in path else ""
     return f"{base}://{hostpart}/{dbname}{query}"
-
-
-_created: list[str] = []
-_created_lock = threading.Lock()
 
 
 def create_database(suffix: str) -> Target:
     """A new, empty PostgreSQL database ``watchdog_bench_<pid>_<suffix>``."""
     name = f"{DB_PREFIX}{os.getpid()}_{suffix}"
     with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    with _created_lock:
-        _created.append(name)
+        conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
+        conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
+    _created.append(name)
     return Target("postgresql", _dsn_with_db(name), name)
 
 
-def drop_database(target: Target) -> None:
-    if target.dialect != "postgresql":
-        return
-    assert target.name.startswith(DB_PREFIX), target.name  # never anyone else's database
-    try:
-        with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(target.name)))
-    except Exception as error:  # pragma: no cover - best effort
-        print(f"warning: could not drop {target.name}: {error}", file=sys.stderr)
-    with _created_lock:
+def drop(*targets: Target) -> None:
+    """Drop the run's databases (never anyone else's) and delete its SQLite files."""
+    for target in targets:
+        if target.dialect == "sqlite":
+            Path(target.dsn).unlink(missing_ok=True)
+            continue
+        assert target.name.startswith(DB_PREFIX), target.name
+        try:
+            with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+                conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(target.name)))
+        except Exception as error:  # pragma: no cover - best effort
+            print(f"warning: could not drop {target.name}: {error}", file=sys.stderr)
         if target.name in _created:
             _created.remove(target.name)
 
 
 def drop_all_created() -> None:
-    with _created_lock:
-        names = list(_created)
-    for name in names:
-        drop_database(Target("postgresql", _dsn_with_db(name), name))
+    drop(*(Target("postgresql", _dsn_with_db(name), name) for name in list(_created)))
 
 
-def truncate_public_tables(target: Target) -> None:
-    """Empty every table of the (benchmark-owned) database, resetting sequences."""
+def run_sql(target: Target, statement: str, params: dict[str, Any] | None = None, *, analyse: bool = False) -> Any:
+    """One statement (``:name`` parameters) in a transaction of its own; returns the first
+    column of the first row, if any. ``analyse``: then what autovacuum would have done to
+    a table grown this big over time (``VACUUM (ANALYZE)``, SQLite ``ANALYZE``)."""
+    params = params or {}
+    if target.dialect == "postgresql":
+        with psycopg.connect(target.dsn, autocommit=True) as conn:
+            cursor = conn.execute(re.sub(r"(?<!:):(\w+)", r"%(\1)s", statement), params)  # type: ignore[call-overload]
+            row = cursor.fetchone() if cursor.description else None
+            if analyse:
+                conn.execute("VACUUM (ANALYZE) watchdog_jobs")
+            return row[0] if row else None
+    lite = sqlite3.connect(target.dsn, isolation_level=None, timeout=60)
+    try:
+        lite.execute("BEGIN")
+        row = lite.execute(statement, params).fetchone()
+        lite.execute("COMMIT")
+        if analyse:
+            lite.execute("ANALYZE")
+        return row[0] if row else None
+    finally:
+        lite.close()
+
+
+def numbers(target: Target, rows: str = ":rows") -> str:
+    """A FROM clause yielding ``n`` = 1..rows (generate_series; a recursive CTE on SQLite)."""
+    if target.dialect == "postgresql":
+        return f"generate_series(1, {rows}) AS g(n)"
+    return f"(WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < {rows}) SELECT n FROM g)"
+
+
+def insert_jobs(target: Target, rows: int, columns: dict[str, str], *, analyse: bool = True, **params: Any) -> float:
+    """``rows`` jobs in one ``INSERT ... SELECT`` over ``n`` = 1..rows, each column an SQL
+    expression of ``n`` (``:queue`` is the benchmark's queue); returns seconds taken."""
+    started = time.perf_counter()
+    run_sql(
+        target,
+        f"INSERT INTO watchdog_jobs ({', '.join(columns)}) SELECT {', '.join(columns.values())} FROM {numbers(target)}",
+        {"rows": rows, "queue": QUEUE, **params},
+        analyse=analyse,
+    )
+    return time.perf_counter() - started
+
+
+#: Settled completed jobs of the benchmark's queue (no times): the claim's history.
+SETTLED = {
+    "job_id": "'history-' || n",
+    "queue_name": ":queue",
+    "lane": ":queue",
+    "priority": "0",
+    "payload_json": "'{\"i\":' || n || '}'",
+    "state": "'settled'",
+    "outcome": "'completed'",
+    "claim_token": "'claim_history_' || n",
+}
+
+
+def truncate(target: Target) -> None:
+    """Empty every table of a benchmark-owned database (resetting sequences)."""
+    if target.dialect == "sqlite":
+        run_sql(target, "DELETE FROM watchdog_jobs")
+        return
     assert target.name.startswith(DB_PREFIX), target.name
     with psycopg.connect(target.dsn, autocommit=True) as conn:
         names = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
         if names:
-            conn.execute(
-                sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(
-                    sql.SQL(", ").join(sql.Identifier(n) for n in names)
-                )
-            )
+            tables = pgsql.SQL(", ").join(pgsql.Identifier(n) for n in names)
+            conn.execute(pgsql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(tables))
 
 
-def server_facts() -> dict[str, Any]:
-    """The server's version and the settings that decide durability and speed."""
+def engine(target: Target, pool_size: int = 5, **kwargs: Any) -> Any:
+    from sqlalchemy import create_engine
 
-    def show(conn: psycopg.Connection[Any], setting: str) -> Any:
-        row = conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(setting))).fetchone()
-        return None if row is None else row[0]
-
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-        facts = {"version": show(conn, "server_version")}
-        for setting in (
-            "fsync",
-            "synchronous_commit",
-            "wal_sync_method",
-            "full_page_writes",
-            "shared_buffers",
-            "max_connections",
-            "commit_delay",
-        ):
-            facts[setting] = show(conn, setting)
-    return facts
+    return create_engine(target.url, pool_size=pool_size, max_overflow=10, **kwargs)
 
 
-# -- child processes ---------------------------------------------------------------
+def install_watchdog(target: Target, fresh: bool = False) -> None:
+    from sqlalchemy_watchdog import metadata
 
+    eng = engine(target)
+    if fresh:
+        metadata.drop_all(eng)
+    metadata.create_all(eng)
+    eng.dispose()
+
+
+# -- child processes ---------------------------------------------------------------------
 
 _children: list[Child] = []
 
 
+def role_argv(func: Callable[..., Any], **kwargs: Any) -> list[str]:
+    """The command line running ``func(**kwargs)`` (a module-level function) in a child."""
+    return [sys.executable, "-m", "benchmarks", "--role", f"{func.__module__}:{func.__name__}", json.dumps(kwargs)]
+
+
+def child_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
 class Child:
-    """A worker subprocess in its own process group.
+    """A child process in its own process group running ``func(**kwargs)``. Its stdout is
+    read on a thread: ``READY`` says it is set up, ``START <key> <epoch s>`` reports a
+    handler start, ``RESULT <json>`` its result; everything else and stderr go to ``log``."""
 
-    Its stdout is read line by line on a thread: ``READY`` says it is set up,
-    ``START <key> <epoch seconds>`` reports a handler start (latency runs).
-    Everything else, and stderr, goes to a log file for post-mortems.
-    """
-
-    def __init__(self, argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None) -> None:
-        self.argv = list(argv)
-        self.log_path = log_path
-        self._log = open(log_path, "w", buffering=1)
+    def __init__(self, log: Path, func: Callable[..., Any], **kwargs: Any) -> None:
+        self.log_path = log
+        self._log = open(log, "w", buffering=1)
         self.ready = threading.Event()
         self.starts: queue.Queue[tuple[str, float]] = queue.Queue()
+        self.results: list[Any] = []
         self.proc = subprocess.Popen(
-            self.argv,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            bufsize=1,
-            env={**os.environ, **(env or {})},
-            start_new_session=True,
-            cwd=str(HERE),
-        )
+            role_argv(func, **kwargs), stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL,
+            text=True, bufsize=1, env=child_env(), start_new_session=True, cwd=str(ROOT),
+        )  # fmt: skip
         _children.append(self)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -192,106 +253,117 @@ class Child:
                 self.starts.put((key, float(at)))
             elif line.startswith("READY"):
                 self.ready.set()
+            elif line.startswith("RESULT "):
+                self.results.append(json.loads(line[7:]))
             else:
                 self._log.write(line)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def wait_ready(self, timeout: float) -> None:
+    def wait_ready(self, timeout: float = 60) -> Child:
         deadline = time.monotonic() + timeout
         while not self.ready.wait(0.05):
             if not self.alive():
-                raise ScenarioFailed(f"worker exited with {self.proc.returncode} before it was ready; {self.tail()}")
+                raise ScenarioFailed(f"child exited with {self.proc.returncode} before it was ready; {self.tail()}")
             if time.monotonic() > deadline:
-                raise ScenarioTimeout(f"worker not ready after {timeout:.0f}s; {self.tail()}")
+                raise ScenarioTimeout(f"child not ready after {timeout:.0f}s; {self.tail()}")
+        return self
+
+    def result(self, timeout: float) -> Any:
+        """Wait for the child to exit; its ``RESULT``."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise ScenarioTimeout(f"child still running after {timeout:.0f}s; {self.tail()}") from None
+        self._reader.join(5)
+        if not self.results:
+            raise ScenarioFailed(f"child exited with {self.proc.returncode} and no result; {self.tail()}")
+        return self.results[-1]
 
     def tail(self, lines: int = 15) -> str:
-        try:
+        with contextlib.suppress(OSError):
             self._log.flush()
             text = self.log_path.read_text(errors="replace").strip().splitlines()[-lines:]
-        except OSError:
-            text = []
-        return f"log {self.log_path}:\n    " + "\n    ".join(text) if text else f"(empty log {self.log_path})"
+            return f"log {self.log_path}:\n    " + "\n    ".join(text)
+        return f"(no log {self.log_path})"
 
-    def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM (each queue's graceful shutdown), then SIGKILL the group."""
+    def terminate(self) -> None:
         if self.alive():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                print(f"warning: worker {self.proc.pid} ignored SIGTERM; killing it", file=sys.stderr)
-        self.kill()
 
-    def kill(self) -> None:
-        try:
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM (each queue's graceful shutdown), then SIGKILL the group."""
+        self.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)
-        except subprocess.TimeoutExpired:  # pragma: no cover
-            pass
         self._reader.join(timeout=2)
         self._log.close()
         if self in _children:
             _children.remove(self)
 
 
+def stop_all(children: Sequence[Child]) -> None:
+    """Stop several children at once (they shut down in parallel)."""
+    for child in children:
+        child.terminate()
+    for child in children:
+        child.stop()
+
+
 def _cleanup() -> None:
-    for child in _children:
-        child.kill()
+    for child in list(_children):
+        child.stop(5)
     drop_all_created()
 
 
 atexit.register(_cleanup)
 
 
-def stop_all(children: Sequence[Child]) -> None:
-    """Stop several workers at once (they shut down in parallel)."""
-    for child in children:
-        if child.alive():
-            try:
-                os.kill(child.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    for child in children:
-        child.stop()
+def exit_with_parent() -> None:
+    """In a child: shut down (SIGTERM to itself) if the benchmark process dies."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(20.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-# -- polling -------------------------------------------------------------------------
+def say(tag: str, value: Any = "") -> None:
+    """In a child: one line to the parent (``READY``, ``START key time``, ``RESULT json``)."""
+    print(f"{tag} {json.dumps(value) if tag == 'RESULT' else value}".rstrip(), flush=True)
 
 
 def poll_until(
-    check: Callable[[], bool],
-    *,
-    timeout: float,
-    interval: float,
-    what: str,
-    children: Sequence[Child] = (),
+    check: Callable[[], bool], *, timeout: float, interval: float, what: str, children: Sequence[Child] = ()
 ) -> float:
     """Call ``check`` every ``interval`` until it is true; returns perf_counter() then."""
-    deadline = time.perf_counter() + timeout
+    deadline_at = time.perf_counter() + timeout
     while True:
         now = time.perf_counter()
         if check():
             return time.perf_counter()
-        if now > deadline:
+        if now > deadline_at:
             raise ScenarioTimeout(f"{what}: not done after {timeout:.0f}s")
         for child in children:
             if not child.alive():
-                raise ScenarioFailed(f"{what}: a worker died ({child.proc.returncode}); {child.tail()}")
+                raise ScenarioFailed(f"{what}: a child died ({child.proc.returncode}); {child.tail()}")
         time.sleep(interval)
 
 
 @contextlib.contextmanager
 def deadline(seconds: float, what: str) -> Iterator[None]:
-    """Raise :class:`ScenarioTimeout` in the main thread after ``seconds``
-    (SIGALRM), whatever the measurement is blocked on."""
+    """Raise :class:`ScenarioTimeout` in the main thread after ``seconds`` (SIGALRM)."""
 
     def expire(signum: int, frame: Any) -> None:
         raise ScenarioTimeout(f"{what}: gave up after {seconds:.0f}s")
@@ -305,21 +377,60 @@ def deadline(seconds: float, what: str) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def exit_with_parent() -> None:
-    """In a worker: shut down (SIGTERM to itself) if the benchmark process dies."""
-    parent = os.getppid()
+def serve_in_thread(runner: Any) -> Callable[[], None]:
+    """Serve a ``Runner`` (or an ``AsyncRunner``, on an event loop of its own) on a thread of
+    this process; returns its stop()."""
+    if inspect.iscoroutinefunction(runner.run_forever):
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_until_complete, args=(runner.run_forever(),), daemon=True)
+        stop = lambda: loop.call_soon_threadsafe(runner.stop)
+    else:
+        thread = threading.Thread(target=runner.run_forever, kwargs={"install_signal_handlers": False}, daemon=True)
+        stop = runner.stop
+    thread.start()
 
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(20.0)
-        os._exit(1)
+    def stopped() -> None:
+        stop()
+        thread.join(60)
 
-    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+    return stopped
 
 
-# -- statistics ---------------------------------------------------------------------
+def drain_here(target: Target, runner: Any, jobs: int, prefill: bool = True) -> float:
+    """jobs/s of ``runner`` serving on a thread of this process, draining ``jobs`` jobs enqueued in
+    one transaction: before it starts (the clock from its start) or, with ``prefill=False``,
+    while it idles after a warm-up (the clock from the commit); polled every 5 ms."""
+    subject, probe = Watchdog(), Probe(Watchdog(), target)
+    try:
+        if prefill:
+            subject.prefill(target, jobs, "drain")
+            started, stop = time.perf_counter(), serve_in_thread(runner)
+        else:
+            stop = serve_in_thread(runner)
+            time.sleep(0.5)
+            subject.prefill(target, 2, "warm")
+            poll_until(lambda: not probe.live(), timeout=60, interval=0.005, what="warm-up")
+            started = subject.prefill(target, jobs, "drain")
+        finished = poll_until(lambda: not probe.live(), timeout=60 + jobs / 20, interval=0.005, what="drain")
+        stop()
+        if (done := probe.completed()) != jobs + (0 if prefill else 2):
+            raise ScenarioFailed(f"drain: {done} jobs completed")
+        return jobs / (finished - started)
+    finally:
+        probe.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+# -- statistics --------------------------------------------------------------------------
 
 
 def percentile(values: Sequence[float], p: float) -> float:
@@ -327,10 +438,856 @@ def percentile(values: Sequence[float], p: float) -> float:
     if not values:
         return math.nan
     ordered = sorted(values)
-    rank = max(1, math.ceil(p / 100 * len(ordered)))
-    return ordered[min(rank, len(ordered)) - 1]
+    return ordered[min(len(ordered), max(1, math.ceil(p / 100 * len(ordered)))) - 1]
 
 
 def median(values: Sequence[float | None]) -> float | None:
     present = [v for v in values if v is not None and not math.isnan(v)]
     return statistics.median(present) if present else None
+
+
+def time_calls(call: Callable[[], Any], calls: int, warmup: int = 3) -> list[float]:
+    """``call()`` timed ``calls`` times after ``warmup`` untimed calls (ms each)."""
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - started) * 1000.0)
+    return times
+
+
+def fmt(value: float | None, like: float | None = None) -> str:
+    """A figure with 3 significant digits or so (``like``: as many decimals as that figure)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if value in (math.inf, 0):
+        return "inf" if value else "0"
+    size = abs(value if like is None or like in (math.inf, 0) else like)
+    return f"{value:,.{0 if size >= 100 else 1 if size >= 10 else 2 if size >= 1 else 3}f}"
+
+
+# -- the subjects ------------------------------------------------------------------------
+#
+# Every subject offers the same operations, so a scenario can put one workload through
+# each: install/reset, enqueue_single (n jobs, a transaction each; seconds), enqueue_batch
+# (batches x size, one call each; seconds), prefill (n jobs in one transaction;
+# perf_counter after its commit), live_sql/completed_sql (probes), client(target)
+# (.enqueue(key) -> time.time() after the commit; .close()), worker_main (a worker
+# process: READY once set up; with latency its handler prints START <key> <time>).
+
+
+class Watchdog:
+    """sqlalchemy_watchdog, on PostgreSQL and SQLite, through its sync SQLAlchemy API."""
+
+    name = "watchdog"
+    dialects = DIALECTS
+    live_sql = "SELECT EXISTS (SELECT 1 FROM watchdog_jobs WHERE state IN ('queued', 'running'))"
+    completed_sql = "SELECT count(*) FROM watchdog_jobs WHERE state = 'settled' AND outcome = 'completed'"
+    table = "watchdog_jobs"
+
+    def install(self, target: Target) -> None:
+        install_watchdog(target)
+
+    def reset(self, target: Target) -> None:
+        truncate(target)
+
+    @staticmethod
+    def jobs(tag: str, n: int) -> list[Any]:
+        from sqlalchemy_watchdog import Job
+
+        return [Job(f"{tag}-{i}", QUEUE, payload={"i": i}) for i in range(n)]
+
+    def enqueue_single(self, target: Target, n: int, tag: str) -> float:
+        """``Watchdog(engine).enqueue(job)``: the peers' stand-alone enqueue calls."""
+        from sqlalchemy_watchdog import Job
+        from sqlalchemy_watchdog import Watchdog as Client
+
+        eng = engine(target)
+        try:
+            client = Client(eng)
+            client.enqueue(Job(f"{tag}-warm", QUEUE))
+            started = time.perf_counter()
+            for i in range(n):
+                client.enqueue(Job(f"{tag}-{i}", QUEUE, payload={"i": i}))
+            return time.perf_counter() - started
+        finally:
+            eng.dispose()
+
+    def enqueue_single_in_session(self, target: Target, n: int, tag: str) -> float:
+        return self.enqueue_batch(target, n, 1, tag)
+
+    def enqueue_batch(self, target: Target, batches: int, size: int, tag: str, through: Any = None) -> float:
+        """Seconds for ``batches`` transactions of ``size`` jobs, each one ``enqueue`` call
+        (``through``: an engine of the caller's, e.g. through a pooler)."""
+        from sqlalchemy.orm import Session
+
+        from sqlalchemy_watchdog import Job, enqueue
+
+        eng = through or engine(target)
+        try:
+            with Session(eng) as session:  # warm the pool, as a long-lived application is
+                enqueue(session, Job(f"{tag}-warm", QUEUE))
+                session.commit()
+            started = time.perf_counter()  # building the jobs is timed, as with the peers' calls
+            for b in range(batches):
+                with Session(eng) as session:
+                    jobs = [Job(f"{tag}-{b}-{i}", QUEUE, payload={"i": i}) for i in range(size)]
+                    enqueue(session, jobs[0] if size == 1 else jobs)
+                    session.commit()
+            return time.perf_counter() - started
+        finally:
+            if through is None:
+                eng.dispose()
+
+    def prefill(self, target: Target, n: int, tag: str) -> float:
+        return self.client(target).enqueue_jobs(self.jobs(tag, n), close=True)
+
+    def claim_settle(self, target: Target, jobs: int, tag: str) -> float:
+        """ms per job of ``Runner.run_until_idle()`` claiming and settling ``jobs`` + 1 new jobs."""
+        from sqlalchemy_watchdog import Runner
+
+        self.enqueue_batch(target, 1, jobs, tag)  # plus one warm-up job
+        eng = engine(target)
+        try:
+            runner = Runner(eng, {QUEUE: lambda job: None}, poll_interval=timedelta(seconds=1))
+            started = time.perf_counter()
+            settled = runner.run_until_idle()
+            elapsed = time.perf_counter() - started
+        finally:
+            eng.dispose()
+        if len(settled) != jobs + 1:
+            raise ScenarioFailed(f"settled {len(settled)} of {jobs + 1} jobs")
+        return elapsed / (jobs + 1) * 1000.0
+
+    def client(self, target: Target) -> Any:
+        from sqlalchemy.orm import Session
+
+        from sqlalchemy_watchdog import Job, enqueue
+
+        eng = engine(target)
+
+        class LatencyClient:
+            def enqueue_jobs(self, jobs: Any, close: bool = False) -> float:
+                with Session(eng) as session:
+                    enqueue(session, jobs)
+                    session.commit()
+                    committed = time.perf_counter()
+                if close:
+                    self.close()
+                return committed
+
+            def enqueue(self, key: str, run_at: Any = None) -> float:
+                self.enqueue_jobs(Job(key, QUEUE, payload={"k": key}, run_at=run_at))
+                return time.time()
+
+            def close(self) -> None:
+                eng.dispose()
+
+        return LatencyClient()
+
+    def worker_main(
+        self, target: Target, concurrency: int = 1, defaults: bool = False, latency: bool = False,
+        use_asyncio: bool = False, retention_days: int | None = None, count_sql: bool = False,
+    ) -> None:  # fmt: skip
+        """``Runner`` (its defaults: ``Runner(engine, handlers)`` on ``create_engine(url)``;
+        otherwise a pool of concurrency + 3), or ``AsyncRunner`` over an async engine."""
+        import logging
+
+        from sqlalchemy import create_engine, text
+
+        from sqlalchemy_watchdog import Retention, Runner
+
+        logging.basicConfig(level=logging.WARNING)
+        if count_sql:
+            _count_statements_at_exit()
+        if use_asyncio:
+            from sqlalchemy.ext.asyncio import create_async_engine
+
+            from sqlalchemy_watchdog.asyncio import AsyncRunner
+
+            async def noop(job: Any) -> None:
+                return None
+
+            async def main() -> None:
+                eng = create_async_engine(target.url)
+                async with eng.connect() as conn:
+                    await conn.execute(text("SELECT 1"))
+                say("READY")
+                try:
+                    await AsyncRunner(eng, {QUEUE: noop}, concurrency=concurrency).run_forever()
+                finally:
+                    await eng.dispose()
+
+            asyncio.run(main())
+            return
+
+        def handler(job: Any) -> None:
+            if latency:
+                say("START", f"{job.job_id} {time.time():.6f}")
+
+        options: dict[str, Any] = {}
+        if retention_days is not None:
+            options["retention"] = Retention(completed=timedelta(days=retention_days))
+        if defaults:
+            eng = create_engine(target.url)
+        else:
+            eng, options["concurrency"] = engine(target, pool_size=concurrency + 3), concurrency
+        runner = Runner(eng, {QUEUE: handler}, **options)
+        with eng.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        say("READY")
+        runner.run_forever()
+        eng.dispose()
+
+
+def _count_statements_at_exit() -> None:
+    """``SQLCOUNT n words`` to stderr at exit: the statements this process sent, by their first
+    words (the listener sends the store's hot statements through SQLAlchemy's execution)."""
+    import collections
+
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    counts: collections.Counter[str] = collections.Counter()
+    event.listen(
+        Engine, "before_cursor_execute", lambda c, cur, sql, *a: counts.update([re.sub(r"\s+", " ", sql.strip())[:60]])
+    )
+    atexit.register(lambda: [print(f"SQLCOUNT {n} {w}", file=sys.stderr, flush=True) for w, n in counts.most_common()])
+
+
+class _AsyncPeer:
+    """A peer through its asyncio API: ``_open(dsn)`` -> (handle, its async close), ``_one(handle,
+    i or key)`` enqueues one job (its own transaction), ``_many(handle, n)`` n in one call."""
+
+    dialects = ("postgresql",)
+
+    def reset(self, target: Target) -> None:
+        truncate(target)
+
+    def _run(self, target: Target, work: Callable[[Any], Any]) -> Any:
+        async def go() -> Any:
+            handle, close = await self._open(target.dsn)  # type: ignore[attr-defined]
+            try:
+                return await work(handle)
+            finally:
+                await close()
+
+        return asyncio.run(go())
+
+    def enqueue_single(self, target: Target, n: int, tag: str) -> float:
+        return self.enqueue_batch(target, n, 0, tag)
+
+    def enqueue_batch(self, target: Target, batches: int, size: int, tag: str) -> float:
+        """``batches`` calls of ``size`` jobs (size 0: one job per call), after a warm-up job."""
+
+        async def work(handle: Any) -> float:
+            await self._one(handle, -1)  # type: ignore[attr-defined]
+            started = time.perf_counter()
+            for i in range(batches):
+                await (self._many(handle, size) if size else self._one(handle, i))  # type: ignore[attr-defined]
+            return time.perf_counter() - started
+
+        return float(self._run(target, work))
+
+    def prefill(self, target: Target, n: int, tag: str) -> float:
+        return float(self._run(target, lambda handle: self._many(handle, n, then=time.perf_counter)))  # type: ignore[attr-defined]
+
+    def client(self, target: Target) -> Any:
+        peer, loop = self, asyncio.new_event_loop()
+        handle, close = loop.run_until_complete(self._open(target.dsn))  # type: ignore[attr-defined]
+
+        class LatencyClient:
+            def enqueue(self, key: str) -> float:
+                loop.run_until_complete(peer._one(handle, key))  # type: ignore[attr-defined]
+                return time.time()
+
+            def close(self) -> None:
+                loop.run_until_complete(close())
+                loop.close()
+
+        return LatencyClient()
+
+
+class Procrastinate(_AsyncPeer):
+    """procrastinate as its documentation sets it up: ``App(PsycopgConnector)``, the schema
+    from ``apply_schema_async()``, an ``async def`` task on queue ``bench``, ``defer_async``
+    / ``batch_defer_async``, ``run_worker_async(queues=[...], concurrency=c)`` (its defaults:
+    concurrency 1; with ``c`` the pool may grow to ``max(4, c + 2)``). Jobs stay as
+    ``succeeded`` rows."""
+
+    name, table = "procrastinate", "procrastinate_jobs"
+    live_sql = "SELECT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status IN ('todo', 'doing'))"
+    completed_sql = "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
+
+    @staticmethod
+    def app(dsn: str, latency: bool = False, **pool: Any) -> tuple[Any, Any]:
+        import procrastinate
+
+        app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn, **pool))
+
+        @app.task(queue=QUEUE, name="bench")
+        async def bench(i: int | None = None, k: str | None = None) -> None:
+            if latency and k is not None:
+                say("START", f"{k} {time.time():.6f}")
+
+        return app, bench
+
+    async def _open(self, dsn: str) -> tuple[Any, Any]:
+        app, bench = self.app(dsn)
+        await app.open_async()
+        return (app, bench), app.close_async
+
+    async def _one(self, handle: Any, i: int | str) -> None:
+        await (handle[1].defer_async(k=i) if isinstance(i, str) else handle[1].defer_async(i=i))
+
+    async def _many(self, handle: Any, n: int, then: Callable[[], Any] = lambda: None) -> Any:
+        await handle[1].batch_defer_async(*({"i": i} for i in range(n)))
+        return then()
+
+    def install(self, target: Target) -> None:
+        self._run(target, lambda handle: handle[0].schema_manager.apply_schema_async())
+
+    def worker_main(self, target: Target, concurrency: int = 1, defaults: bool = False, latency: bool = False) -> None:
+        pool = {} if defaults else {"min_size": min(4, concurrency + 2), "max_size": max(4, concurrency + 2)}
+        app, _ = self.app(target.dsn, latency=latency, **pool)
+        options: dict[str, Any] = {"queues": [QUEUE], "install_signal_handlers": True}
+        if not defaults:
+            options["concurrency"] = concurrency
+
+        async def go() -> None:
+            async with app.open_async():
+                say("READY")
+                await app.run_worker_async(**options)
+
+        asyncio.run(go())
+
+
+class PgQueuer(_AsyncPeer):
+    """pgqueuer as its README sets it up: an asyncpg connection in ``AsyncpgDriver``,
+    ``Queries.install()`` (what ``pgq install`` runs), ``Queries.enqueue``, workers by
+    ``pgqueuer.run(factory)`` (``pgq run``) on uvloop. Its defaults: batch size 10, no cap
+    on concurrent tasks; concurrency ``c`` is ``max_concurrent_tasks=max(2, c)``, which
+    must be at least twice ``batch_size = max(1, min(10, c // 2))``. Completed jobs are
+    deleted and logged in ``pgqueuer_log``."""
+
+    name, table = "pgqueuer", "pgqueuer"
+    live_sql = "SELECT EXISTS (SELECT 1 FROM pgqueuer)"
+    # The log aggregation counts log rows into statistics and marks them aggregated:
+    # count each completed job once, as a log row or in the statistics.
+    completed_sql = (
+        "SELECT (SELECT count(*) FROM pgqueuer_log WHERE status = 'successful' AND NOT aggregated)"
+        " + (SELECT coalesce(sum(count), 0) FROM pgqueuer_statistics WHERE status = 'successful')"
+    )
+
+    async def _open(self, dsn: str) -> tuple[Any, Any]:
+        import asyncpg
+        from pgqueuer.db import AsyncpgDriver
+        from pgqueuer.queries import Queries
+
+        conn = await asyncpg.connect(dsn)
+        return Queries(AsyncpgDriver(conn)), conn.close
+
+    async def _one(self, queries: Any, i: int | str) -> None:
+        await queries.enqueue(QUEUE, i.encode() if isinstance(i, str) else b'{"i":%d}' % i)
+
+    async def _many(self, queries: Any, n: int, then: Callable[[], Any] = lambda: None) -> Any:
+        await queries.enqueue([QUEUE] * n, [b'{"i":%d}' % i for i in range(n)], [0] * n)
+        return then()
+
+    def install(self, target: Target) -> None:
+        self._run(target, lambda queries: queries.install())
+
+    def worker_main(self, target: Target, concurrency: int = 1, defaults: bool = False, latency: bool = False) -> None:
+        import pgqueuer
+        import uvloop
+        from pgqueuer import PgQueuer as App
+        from pgqueuer.db import AsyncpgDriver
+
+        @contextlib.asynccontextmanager
+        async def factory() -> AsyncIterator[Any]:
+            import asyncpg
+
+            conn = await asyncpg.connect(target.dsn)
+            app = App(AsyncpgDriver(conn))
+
+            @app.entrypoint(QUEUE)
+            async def bench(job: Any) -> None:
+                if latency:
+                    say("START", f"{job.payload.decode()} {time.time():.6f}")
+
+            say("READY")
+            try:
+                yield app
+            finally:
+                await conn.close()
+
+        cap = max(2, concurrency)
+        settings = {} if defaults else {"batch_size": max(1, min(10, cap // 2)), "max_concurrent_tasks": cap}
+        uvloop.run(pgqueuer.run(factory, **settings))
+
+
+SUBJECTS: dict[str, Callable[[], Any]] = {"watchdog": Watchdog, "procrastinate": Procrastinate, "pgqueuer": PgQueuer}
+
+
+def worker_role(subject: str, target: dict[str, str], **options: Any) -> None:
+    """The body of a worker child process."""
+    SUBJECTS[subject]().worker_main(Target(**target), **options)
+
+
+class Probe:
+    """A connection answering ``live()`` (any job not yet finished?) and ``completed()``."""
+
+    def __init__(self, subject: Any, target: Target) -> None:
+        self.subject = subject
+        if target.dialect == "sqlite":
+            self.conn: Any = sqlite3.connect(target.dsn, isolation_level=None, timeout=30)
+        else:
+            self.conn = psycopg.connect(target.dsn, autocommit=True)
+
+    def live(self) -> bool:
+        return bool(self.conn.execute(self.subject.live_sql).fetchone()[0])
+
+    def completed(self) -> int:
+        return int(self.conn.execute(self.subject.completed_sql).fetchone()[0])
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+# -- scenarios and the run ---------------------------------------------------------------
+
+
+@dataclass
+class Scenario:
+    name: str
+    run: Callable[..., None]
+    help: str
+    per_repeat: bool  # run(bench, r) once per repeat, interleaved with the others; else run(bench)
+    suite: bool  # part of ``all``
+
+
+SCENARIOS: dict[str, Scenario] = {}
+#: Options several scenarios take (each scenario has its own default).
+JOBS = {"--jobs": {"type": int, "help": "jobs per measurement (for every queue)"}}
+SAMPLES = {"--samples": {"type": int, "help": "samples or timed calls per run"}}
+ROWS = {"--rows": {"type": int, "help": "rows of history beside the measured jobs"}}
+CONCURRENCY = {"--concurrency": {"type": int, "help": "one runner's concurrency"}}
+RATE = {"--rate": {"type": float, "help": "requests per second (profile-drain: py-spy samples per second)"}}
+#: Scenario options: flag -> argparse keywords (default None: the scenario picks its default).
+OPTIONS: dict[str, dict[str, Any]] = {}
+
+
+def scenario(
+    name: str, *, per_repeat: bool = False, suite: bool = False, options: dict[str, dict[str, Any]] | None = None
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Declare a scenario; its docstring's first line is its help. ``options``: its own
+    command-line options (flag -> argparse keywords); an option several declare is one."""
+
+    def register(fn: Callable[..., None]) -> Callable[..., None]:
+        SCENARIOS[name] = Scenario(name, fn, (fn.__doc__ or "").strip().splitlines()[0], per_repeat, suite)
+        for flag, kwargs in (options or {}).items():
+            OPTIONS.setdefault(flag, kwargs)
+        return fn
+
+    return register
+
+
+def load_scenarios() -> None:
+    from benchmarks import scenarios
+
+    for module in pkgutil.iter_modules(scenarios.__path__):
+        importlib.import_module(f"benchmarks.scenarios.{module.name}")
+
+
+@dataclass
+class Table:
+    title: str
+    ratios: str | None = None  # a column to compare the others with ("watchdog": watchdog vs each peer)
+    chart: str | None = None  # --plot: a bar chart of the medians, in this file
+    cells: dict[str, dict[str, list[float | None]]] = field(default_factory=dict)
+
+
+class Bench:
+    """What a scenario gets: its options, the subjects, targets, and where figures go."""
+
+    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
+        self.args = args
+        self.quick: bool = args.quick
+        self.repeat: int = args.repeat or (1 if args.quick else 3)
+        self.workdir = workdir
+        self.subjects: dict[str, Any] = {}
+        for name in args.subjects.split(","):
+            try:
+                if name != "watchdog":
+                    importlib.import_module(name)
+                self.subjects[name] = SUBJECTS[name]()
+            except ImportError as error:
+                print(f"skipping {name}: {error} (pip install -e '.[bench]')", file=sys.stderr)
+        self.tables: dict[str, Table] = {}
+        self.checks: list[dict[str, Any]] = []
+        self.errors: list[str] = []
+        self.targets: dict[tuple[str, str], Target] = {}
+        self.started = time.monotonic()
+
+    # -- options and bookkeeping
+
+    def opt(self, name: str, full: Any, quick: Any = None) -> Any:
+        """The option ``--name`` if given, else its quick or full default."""
+        value = getattr(self.args, name.replace("-", "_"), None)
+        if value is not None:
+            return value
+        return quick if self.quick and quick is not None else full
+
+    def ints(self, name: str, full: str, quick: str | None = None) -> list[int]:
+        return [int(x) for x in str(self.opt(name, full, quick)).split(",") if x.strip()]
+
+    def dialects(self, supported: Sequence[str] = DIALECTS) -> list[str]:
+        return [d for d in self.args.dialects.split(",") if d in supported]
+
+    def log(self, message: str) -> None:
+        print(f"[{time.monotonic() - self.started:7.1f}s] {message}", file=sys.stderr, flush=True)
+
+    def table(self, title: str, **kwargs: Any) -> Table:
+        if title not in self.tables:
+            self.tables[title] = Table(title, **kwargs)
+        return self.tables[title]
+
+    def record(self, table: str, row: str, column: str, value: float | None) -> None:
+        self.table(table).cells.setdefault(row, {}).setdefault(column, []).append(value)
+
+    def record_all(self, table: str, column: str, values: dict[str, float | None]) -> None:
+        for row, value in values.items():
+            self.record(table, row, column, value)
+
+    def fail(self, what: str, error: BaseException) -> None:
+        message = f"{what}: {type(error).__name__}: {error}"
+        if not isinstance(error, (ScenarioTimeout, ScenarioFailed)):
+            message += "\n" + traceback.format_exc(limit=6)
+        self.errors.append(message)
+        self.log(f"FAILED {message}")
+
+    def measure(self, table: str, row: str, column: str, fn: Callable[[], Any], timeout: float = 300.0) -> Any:
+        """Run ``fn`` (a collection first: earlier garbage stays out of its timing) under a
+        deadline; record its figure (a number, or a dict of row suffix -> number) or the
+        failure. Returns the value (None if it failed)."""
+        gc.collect()
+        try:
+            with deadline(timeout, f"{row} [{column}]"):
+                value = fn()
+        except Exception as error:
+            self.fail(f"{table} / {row} [{column}]", error)
+            value = None
+        if isinstance(value, dict):
+            self.record_all(table, column, {f"{row} {k}".strip(): v for k, v in value.items()})
+        else:
+            self.record(table, row, column, value)
+        shown = value if not isinstance(value, dict) else {k: fmt(v) for k, v in value.items()}
+        self.log(f"{row:<48} {column:<13} {fmt(shown) if isinstance(shown, float) else shown}")
+        return value
+
+    def check(self, target: str, measured: str, met: bool) -> None:
+        self.checks.append({"target": target, "measured": measured, "met": met})
+
+    def check_median(
+        self, target: str, table: str, row: str, column: str, ok: Callable[[float], bool], unit: str = "x"
+    ) -> None:
+        """A target line on the median of one cell, if it was measured."""
+        if (value := self.medians(table, row).get(column)) is not None:
+            self.check(target, f"{value:.2f}{unit}", ok(value))
+
+    def medians(self, table: str, row: str) -> dict[str, float | None]:
+        return {col: median(v) for col, v in self.tables.get(table, Table(table)).cells.get(row, {}).items()}
+
+    # -- targets and workers
+
+    def target(self, subject: str, dialect: str) -> Target:
+        """The subject's database for this run (installed once)."""
+        if (subject, dialect) not in self.targets:
+            target = self.scratch(dialect, subject, drop=False)
+            self.subjects[subject].install(target)
+            self.targets[(subject, dialect)] = target
+        return self.targets[(subject, dialect)]
+
+    def scratch(self, dialect: str, name: str, drop: bool = True) -> Target:
+        """An empty database of its own: ``watchdog_bench_<pid>_<name>`` or ``<name>.db``."""
+        if dialect == "postgresql":
+            return create_database(name)
+        path = self.workdir / f"{name}.db"
+        if drop:
+            path.unlink(missing_ok=True)
+        return Target("sqlite", str(path), path.name)
+
+    def in_order(self, r: int, dialect: str = "postgresql") -> list[str]:
+        """Subjects for this dialect, rotated per repeat so none always goes first."""
+        names = [n for n, s in self.subjects.items() if dialect in s.dialects]
+        shift = r % len(names) if names else 0
+        return names[shift:] + names[:shift]
+
+    def workers(self, subject: str, target: Target, tag: str, procs: int = 1, **options: Any) -> list[Child]:
+        """``procs`` worker processes of ``subject`` (see ``worker_main``), each ready."""
+        children = [
+            Child(
+                self.workdir / f"{tag}-{subject}-{i}.log",
+                worker_role,
+                subject=subject,
+                target=asdict(target),
+                **options,
+            )
+            for i in range(procs)
+        ]
+        try:
+            for child in children:
+                child.wait_ready(60)
+        except BaseException:
+            stop_all(children)
+            raise
+        return children
+
+    def drain_once(self, subject: str, target: Target, n: int, tag: str, procs: int = 1, **options: Any) -> float:
+        """jobs/s: ``procs`` workers wait idle; one transaction enqueues ``n`` jobs; the clock
+        runs from its commit until the database shows none unfinished (polled every 5 ms,
+        SQLite 20 ms); fails unless exactly ``n`` completed."""
+        sub = self.subjects[subject] if subject in self.subjects else SUBJECTS[subject]()
+        sub.reset(target)
+        children = self.workers(subject, target, tag, procs, **options)
+        probe = Probe(sub, target)
+        try:
+            # A moment to reach the LISTEN, then one job per worker, drained, so every
+            # worker has connected and is idle again before the clock starts.
+            time.sleep(0.3)
+            sub.prefill(target, procs, f"{tag}-warm")
+            poll_until(lambda: not probe.live(), timeout=60, interval=0.01, what="warm-up", children=children)
+            before = probe.completed()
+            started = sub.prefill(target, n, tag)
+            interval = 0.005 if target.dialect == "postgresql" else 0.02
+            finished = poll_until(
+                lambda: not probe.live(), timeout=60 + n / 20, interval=interval, what="drain", children=children
+            )
+            if (done := probe.completed() - before) != n:
+                raise ScenarioFailed(f"drain: {done} of {n} jobs completed")
+            return n / (finished - started)
+        finally:
+            probe.close()
+            stop_all(children)
+
+    @staticmethod
+    def start_latencies(
+        child: Child, enqueue: Callable[[str], float], tag: str, warmup: int, samples: int,
+        pause: tuple[float, float] = (0.03, 0.06), never_early: bool = False,
+    ) -> list[float]:  # fmt: skip
+        """Enqueue ``warmup + samples`` jobs one at a time (``enqueue(key)`` returns the time
+        its commit returned, or the time it is due) and wait for ``child``'s handler to start
+        each, pausing ``pause`` seconds after each; start - that time (ms). ``never_early``:
+        a start before that time fails (the clocks are one clock; allow rounding)."""
+        latencies: list[float] = []
+        for i in range(warmup + samples):
+            key = f"{tag}-{i}"
+            reference = enqueue(key)
+            # Warm-up jobs may wait for a worker still setting up its LISTEN (pgqueuer's
+            # fallback poll is 30 s); measured ones must not.
+            wait = 60 if i < warmup else 15 + max(0.0, reference - time.time())
+            try:
+                got, started = child.starts.get(timeout=wait)
+            except queue.Empty:
+                raise ScenarioTimeout(f"job {key} did not start within {wait:.0f}s; {child.tail()}") from None
+            if got != key:
+                raise ScenarioFailed(f"expected {key} to start, got {got}")
+            if never_early and started < reference - 0.002:
+                raise ScenarioFailed(f"{key} started {reference - started:.3f}s before its run_at")
+            if i >= warmup:
+                latencies.append((started - reference) * 1000.0)
+            time.sleep(random.uniform(*pause))  # let it settle and the worker go idle, off any rhythm
+        return latencies
+
+    def close(self) -> None:
+        drop(*(t for t in self.targets.values() if t.dialect == "postgresql"))
+
+
+# -- the report ----------------------------------------------------------------------------
+
+
+def machine_facts(workdir: Path) -> dict[str, Any]:
+    facts: dict[str, Any] = {"nproc": os.cpu_count(), "python": platform.python_version(), "load_at_start": load()}
+    with contextlib.suppress(Exception), psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+        show = lambda name: conn.execute(pgsql.SQL("SHOW {}").format(pgsql.Identifier(name))).fetchone()[0]  # type: ignore[index]
+        facts["postgresql"] = {s: show(s) for s in ("server_version", "fsync", "synchronous_commit", "wal_sync_method")}
+    with contextlib.closing(sqlite3.connect(str(workdir / "facts.db"))) as lite:
+        pragma = lambda name: lite.execute(f"PRAGMA {name}").fetchone()[0]
+        facts["sqlite"] = {
+            "version": sqlite3.sqlite_version,
+            "journal_mode": pragma("journal_mode"),
+            "synchronous": pragma("synchronous"),
+        }
+    facts["packages"] = {}
+    for package in ("sqlalchemy-watchdog", "SQLAlchemy", "psycopg", "procrastinate", "pgqueuer", "asyncpg"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            facts["packages"][package] = importlib.metadata.version(package)
+    git = lambda *a: subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True).stdout.strip()
+    dirty = "+dirty" if git("status", "--porcelain", "--", "sqlalchemy_watchdog") else ""
+    facts["watchdog_commit"] = git("rev-parse", "--short", "HEAD") + dirty
+    return facts
+
+
+def describe(facts: dict[str, Any]) -> str:
+    pg, lite = facts.get("postgresql", {"error": "not reachable"}), facts["sqlite"]
+    return "\n".join(
+        [
+            f"machine: {facts['nproc']} CPUs ({facts.get('cpu', '?')}), load {facts['load_at_start']} at start;"
+            f" Python {facts['python']}",
+            "PostgreSQL " + ", ".join(f"{k}={v}" for k, v in pg.items()),
+            f"SQLite {lite['version']}: journal_mode={lite['journal_mode']}, synchronous={lite['synchronous']} (defaults)",
+            "versions: " + ", ".join(f"{k} {v}" for k, v in facts["packages"].items())
+            + (f"; watchdog at {facts['watchdog_commit']}" if "watchdog_commit" in facts else ""),
+        ]
+    )  # fmt: skip
+
+
+def cell(values: list[float | None]) -> str:
+    present = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not present:
+        return "-"
+    mid = statistics.median(present)
+    return fmt(mid) + (f" ({fmt(min(present), mid)}-{fmt(max(present), mid)})" if len(present) > 1 else "")
+
+
+def render(table: Table) -> str:
+    columns = list(dict.fromkeys(c for row in table.cells.values() for c in row))
+    base = table.ratios if table.ratios in columns else None
+    others = [c for c in columns if c != base] if base else []
+    head = [table.title, *columns, *(f"{base} vs {c}" for c in others)]
+    body = []
+    for row, values in table.cells.items():
+        cells = [cell(values.get(c, [])) for c in columns]
+        for other in others:
+            a, b = median(values.get(base or "", [])), median(values.get(other, []))
+            ratio = ((b / a) if "(ms" in row or "(us" in row else (a / b)) if a and b else None
+            cells.append("-" if ratio is None else f"{ratio:.2f}x")
+        body.append([row, *cells])
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    line = lambda r: "| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))) + " |"  # fmt: skip
+    out = [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *(line(r) for r in body)]
+    if others:
+        out.append(f"ratios: throughput {base}/other, latency (ms, us) other/{base} -- above 1.00x {base} is better")
+    return "\n".join(out)
+
+
+def plot(tables: dict[str, Table], directory: Path) -> list[Path]:
+    """A grouped bar chart of the medians of every table that names a chart."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for table in tables.values():
+        if not table.chart or not table.cells:
+            continue
+        rows = list(table.cells)
+        columns = list(dict.fromkeys(c for row in table.cells.values() for c in row))
+        fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.9), 5))
+        width = 0.8 / len(columns)
+        for i, column in enumerate(columns):
+            values = [median(table.cells[row].get(column, [])) or 0 for row in rows]
+            ax.bar([x + i * width for x in range(len(rows))], values, width, label=column)
+        ax.set_xticks([x + width * (len(columns) - 1) / 2 for x in range(len(rows))])
+        ax.set_xticklabels(rows, rotation=35, ha="right", fontsize=8)
+        ax.set_title(f"{table.title} (median of the repeats)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path := directory / table.chart, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def parser() -> argparse.ArgumentParser:
+    load_scenarios()
+    listing = "\n".join(f"  {s.name:<16} {s.help}{' [suite]' if s.suite else ''}" for s in SCENARIOS.values())
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description=__doc__ + "\nscenarios:\n" + listing,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("scenarios", nargs="?", default=None, help="comma-separated scenarios, or 'all' (the suite)")
+    p.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    p.add_argument("--quick", action="store_true", help="small sizes, one repeat: a smoke test")
+    p.add_argument("--repeat", "--repeats", type=int, default=None, help="runs per figure (default 3, --quick 1)")
+    p.add_argument("--subjects", default="watchdog,procrastinate,pgqueuer", help="queues compared (default: all three)")
+    p.add_argument("--dialects", default="postgresql,sqlite", help="where a scenario runs on both (default both)")
+    p.add_argument("--json", type=Path, default=None, help="also write every run, the medians and the checks here")
+    p.add_argument("--plot", type=Path, default=None, help="write the charts (PNG, matplotlib) into this directory")
+    p.add_argument("--workdir", type=Path, default=None, help="keep files and logs here, not in a temporary directory")
+    for flag, kwargs in sorted(OPTIONS.items()):
+        p.add_argument(flag, default=None, **kwargs)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--role"]:  # a child process: benchmarks --role module:function json
+        module, _, name = argv[1].partition(":")
+        exit_with_parent()
+        getattr(importlib.import_module(module), name)(**json.loads(argv[2]))
+        return 0
+    p = parser()
+    args = p.parse_args(argv)
+    if args.list or not args.scenarios:
+        print("\n".join(f"{s.name:<16} {s.help}" for s in SCENARIOS.values()))
+        return 0 if args.list else 2
+    names = [s for s in args.scenarios.split(",") if s]
+    names = [n for n in SCENARIOS if SCENARIOS[n].suite] if names == ["all"] else names
+    for name in names:
+        if name not in SCENARIOS:
+            p.error(f"unknown scenario {name!r}; --list shows them")
+    chosen = [SCENARIOS[n] for n in names]
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminated)
+    with tempfile.TemporaryDirectory(prefix="watchdog_bench_") as tmp:
+        workdir = args.workdir or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        facts = machine_facts(workdir)
+        print(describe(facts), file=sys.stderr, flush=True)
+        if facts.get("postgresql", {}).get("fsync") != "on" or facts["postgresql"].get("synchronous_commit") != "on":
+            print("WARNING: the server is not at durable defaults; figures are not comparable", file=sys.stderr)
+        bench = Bench(args, workdir)
+        # Per-repeat scenarios interleave (repeat 1 of each, then repeat 2, ...); the others
+        # repeat inside themselves.
+        steps = [(s, (r,)) for r in range(bench.repeat) for s in chosen if s.per_repeat]
+        try:
+            for scene, rest in steps + [(s, ()) for s in chosen if not s.per_repeat]:
+                bench.log(f"=== {scene.name}" + (f": repeat {rest[0] + 1} of {bench.repeat}" if rest else "") + " ===")
+                try:
+                    scene.run(bench, *rest)
+                except Exception as error:
+                    bench.fail(scene.name, error)
+        except KeyboardInterrupt:
+            print("interrupted; reporting what was measured", file=sys.stderr)
+        finally:
+            bench.close()
+            drop_all_created()
+    elapsed = time.monotonic() - bench.started
+    print(f"\n{describe(facts)}\n{', '.join(names)}: medians (min-max) of {bench.repeat} run(s), {elapsed:.0f}s\n")
+    print("\n\n".join(render(t) for t in bench.tables.values() if t.cells))
+    print(f"\nload at the end: {load()}")
+    for path in plot(bench.tables, args.plot) if args.plot else []:
+        print(f"wrote {path}")
+    if bench.checks:
+        print("\ntargets:")
+        for c in bench.checks:
+            print(f"  [{'met' if c['met'] else 'MISSED'}] {c['target']}: {c['measured']}")
+    if bench.errors:
+        print(f"\n{len(bench.errors)} measurement(s) failed:")
+        for failure in bench.errors:
+            print("  - " + failure.replace("\n", "\n    "))
+    if args.json:
+        runs = {t.title: t.cells for t in bench.tables.values()}
+        body = {"machine": facts, "options": vars(args), "runs": runs, "targets": bench.checks, "errors": bench.errors}
+        args.json.write_text(json.dumps(body, indent=2, default=str) + "\n")
+        print(f"\nwrote {args.json}")
+    return 1 if bench.errors else 0

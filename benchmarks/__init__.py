@@ -1,0 +1,1 @@
+"""The benchmark: ``python -m benchmarks <scenario>`` (see harness.py and README.md)."""

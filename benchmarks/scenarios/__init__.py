@@ -1,0 +1,1 @@
+"""One module per family of scenarios; each only declares scenarios (``harness.scenario``)."""

@@ -1,0 +1,285 @@
+"""How a deployment choice moves the figures: the runner inside a web process, PgBouncer in
+transaction mode, OpenTelemetry instrumentation."""
+
+from __future__ import annotations
+
+import gc
+import json
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import asdict
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from benchmarks import harness as h
+
+
+def _post(url: str, body: dict[str, Any]) -> float | None:
+    """The request's latency in seconds, None when it failed."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    started = time.perf_counter()
+    try:
+        with urllib.request.urlopen(req, timeout=10) as response:
+            response.read()
+            return time.perf_counter() - started if response.status == 201 else None
+    except OSError:
+        return None
+
+
+def _phase(base: str, pid: int, rate: float, seconds: float, work_ms: int) -> dict[str, float]:
+    """POST /orders at ``rate`` per second for ``seconds``: latency p50/p95, failures, server CPU."""
+    latencies: list[float] = []
+    failures: list[int] = []
+    threads: list[threading.Thread] = []
+    cpu, wall = h.cpu_seconds(pid), time.monotonic()
+
+    def one() -> None:
+        latency = _post(f"{base}/orders", {"customer": "bench", "work_ms": work_ms})
+        latencies.append(latency) if latency is not None else failures.append(1)
+
+    next_at = time.monotonic()
+    while next_at < wall + seconds:
+        time.sleep(max(0.0, next_at - time.monotonic()))
+        threads.append(threading.Thread(target=one, daemon=True))
+        threads[-1].start()
+        next_at += 1.0 / rate
+    for thread in threads:
+        thread.join(15)
+    return {
+        "requests": len(latencies),
+        "failed": len(failures),
+        "p50 (ms)": h.percentile(latencies, 50) * 1000,
+        "p95 (ms)": h.percentile(latencies, 95) * 1000,
+        "server CPU (%)": 100 * (h.cpu_seconds(pid) - cpu) / (time.monotonic() - wall),
+    }
+
+
+@h.scenario(
+    "in-process",
+    options={
+        "--url": {"help": "in-process: an async-capable database URL (default: a database of the run's own)"},
+        **h.RATE,
+        "--seconds": {"type": float, "help": "in-process: length of each phase (default 30)"},
+        "--backlog": {"type": int, "help": "in-process: jobs enqueued before the busy phase (default 2,000)"},
+        "--work-ms": {"type": int, "help": "in-process: each backlog job's work in ms (default 5)"},
+    },
+)
+def in_process(bench: h.Bench) -> None:
+    """Request latency and CPU of examples/fastapi_in_process.py (uvicorn) with its runner idle and busy."""
+    rate, seconds = bench.opt("rate", 75.0), bench.opt("seconds", 30.0, 5.0)
+    backlog, work_ms = bench.opt("backlog", 2000, 200), bench.opt("work_ms", 5)
+    scratch = None if bench.opt("url", None) else bench.scratch("postgresql", "in_process")
+    env = {**h.child_env(), "WATCHDOG_DATABASE_URL": bench.opt("url", scratch.url if scratch else "")}
+    examples = h.ROOT / "examples"
+    upgrade = [sys.executable, "-m", "sqlalchemy_watchdog.cli", "upgrade"]
+    subprocess.run(upgrade, cwd=examples, env=env, check=True, capture_output=True)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    base, table = f"http://127.0.0.1:{port}", f"web process with its runner, POST /orders at {rate:g}/s"
+    argv = [sys.executable, "-m", "uvicorn", "fastapi_in_process:app", "--port", str(port), "--log-level", "warning"]
+    server = subprocess.Popen(argv, cwd=examples, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while _post(f"{base}/orders", {"customer": "warmup"}) is None:
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise h.ScenarioFailed("the app did not start")
+            time.sleep(0.1)
+        for _ in range(bench.repeat):
+            bench.measure(table, "", "runner idle", partial(_phase, base, server.pid, rate, seconds, 0), seconds + 60)
+            for _ in range(backlog):  # a backlog the runner works through during the busy phase
+                _post(f"{base}/orders", {"customer": "backlog", "work_ms": work_ms})
+            bench.measure(
+                table, "", "runner busy", partial(_phase, base, server.pid, rate, seconds, work_ms), seconds + 60
+            )
+    finally:
+        server.terminate()
+        server.wait(60)
+        if scratch:
+            h.drop(scratch)
+
+
+# -- PgBouncer ---------------------------------------------------------------------------------
+
+
+def _pool_engine(url: Any, pooled: bool, pool_size: int = 5) -> Any:
+    from sqlalchemy import create_engine
+
+    return create_engine(
+        url, connect_args={"prepare_threshold": None} if pooled else {}, pool_size=pool_size, max_overflow=70
+    )
+
+
+def _pool_latency(target: h.Target, url: Any, samples: int, pooled: bool, **options: Any) -> dict[str, float]:
+    """Commit -> handler start (ms) of an in-process Runner, jobs 5-300 ms apart (random
+    phases of a 0.25 s poll)."""
+    from sqlalchemy.orm import Session
+
+    from sqlalchemy_watchdog import Job, Runner, enqueue
+
+    h.run_sql(target, "TRUNCATE watchdog_jobs RESTART IDENTITY")
+    started: dict[str, float] = {}
+    arrived = threading.Event()
+    runner = Runner(
+        _pool_engine(url, pooled),
+        {"lat": lambda job: (started.__setitem__(job.job_id, time.perf_counter()), arrived.set())},
+        **options,
+    )
+    producer, stop = _pool_engine(url, pooled), h.serve_in_thread(runner)
+    delays = []
+    try:
+        time.sleep(2.5)  # the session proof and the first idle pass
+        for i in range(samples):
+            arrived.clear()
+            with Session(producer) as session:
+                enqueue(session, Job(f"lat-{i}", "lat"))
+                session.commit()
+                committed = time.perf_counter()
+            if not arrived.wait(10):
+                raise h.ScenarioFailed(f"job lat-{i} did not start within 10 s")
+            delays.append((started[f"lat-{i}"] - committed) * 1000)
+            time.sleep(random.uniform(0.005, 0.3))
+    finally:
+        stop()
+        runner.engine.dispose()
+        producer.dispose()
+    return {"p50 (ms)": h.percentile(delays, 50), "p95 (ms)": h.percentile(delays, 95)}
+
+
+def _pool_drain(target: h.Target, url: Any, jobs: int, pooled: bool, concurrency: int | None) -> float:
+    """jobs/s of one in-process Runner (``wakeups="poll"``) draining ``jobs`` prefilled jobs."""
+    from sqlalchemy_watchdog import Runner
+
+    h.truncate(target)
+    options = {} if concurrency is None else {"concurrency": concurrency}
+    eng = _pool_engine(url, pooled, 5 if concurrency is None else concurrency + 3)
+    gc.collect()
+    try:
+        return h.drain_here(target, Runner(eng, {h.QUEUE: lambda job: None}, wakeups="poll", **options), jobs)
+    finally:
+        eng.dispose()
+
+
+def _pool_enqueue(target: h.Target, url: Any, pooled: bool, batches: int, size: int) -> float:
+    """jobs/s of ``batches`` transactions of ``size`` jobs (one ``enqueue`` call each)."""
+    h.truncate(target)
+    eng = _pool_engine(url, pooled)
+    try:
+        return batches * size / h.Watchdog().enqueue_batch(target, batches, size, "enq", eng)
+    finally:
+        eng.dispose()
+
+
+@h.scenario("poolers", options={**h.JOBS, **h.SAMPLES})
+def poolers(bench: h.Bench) -> None:
+    """Direct beside PgBouncer in transaction mode: start latency, drain, enqueue (needs /usr/sbin/pgbouncer)."""
+    from sqlalchemy import make_url
+
+    sys.path.insert(0, str(h.ROOT))
+    from tests.servers.pgbouncer import MISSING, PgBouncer, available
+
+    if not available():
+        raise h.ScenarioFailed(MISSING)
+    samples, jobs = bench.opt("samples", 150, 20), bench.opt("jobs", 20_000, 500)
+    target = bench.scratch("postgresql", "poolers")
+    h.install_watchdog(target)
+    direct = make_url(target.url)
+    bouncer = PgBouncer(make_url(h.ADMIN_DSN).set(drivername="postgresql+psycopg"))
+    bouncer.start()
+    pooled, listen = bouncer.url(target.name), _pool_engine(direct, False)
+    table = "direct beside PgBouncer (transaction mode, pool of 20)"
+    try:
+        for _ in range(bench.repeat):  # direct and pooled alternate round by round
+            for column, url, is_pooled, options in [
+                ("direct, auto (listens)", direct, False, {}),
+                ("pooled, auto, no listen URL (polls 0.25 s)", pooled, True, {}),
+                ("pooled, auto + listen_engine", pooled, True, {"listen_engine": listen}),
+                ("direct, poll", direct, False, {"wakeups": "poll"}),
+            ]:
+                run = partial(_pool_latency, target, url, samples, is_pooled, **options)
+                bench.measure(table, "start latency", column, run, 600)
+            for column, url, is_pooled in (("direct", direct, False), ("pooled", pooled, True)):
+                for c in (None, 64):
+                    row = f"drain (jobs/s), {'defaults' if c is None else f'concurrency {c}'}"
+                    bench.measure(table, row, column, partial(_pool_drain, target, url, jobs, is_pooled, c), 900)
+                for batches, size, row in ((2000, 1, "one per transaction"), (20, 1000, "batches of 1,000")):
+                    run = partial(_pool_enqueue, target, url, is_pooled, batches, size)
+                    bench.measure(table, f"enqueue (jobs/s), {row}", column, run, 900)
+    finally:
+        bouncer.stop()
+        listen.dispose()
+        h.drop(target)
+
+
+# -- OpenTelemetry ---------------------------------------------------------------------------
+
+MODES = ("off", "on", "on+stats")
+
+
+def otel_role(target: dict[str, str], jobs: int, concurrency: int, mode: str) -> None:
+    """One drain in a fresh process: ``off`` never imports OpenTelemetry (checked); ``on``
+    instruments with the SDK (batch span processor to an exporter that drops the spans,
+    metrics to an in-memory reader); ``on+stats`` adds the queue-depth gauges, collected
+    every second. RESULT jobs/s from the runner's start until every job settled."""
+    from sqlalchemy_watchdog import Runner
+
+    db = h.Target(**target)
+    h.install_watchdog(db, fresh=True)
+    eng, shutdown = h.engine(db), []
+    if mode != "off":
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+        from sqlalchemy_watchdog.otel import instrument
+
+        class Drop(SpanExporter):
+            def export(self, spans: Any) -> SpanExportResult:
+                return SpanExportResult.SUCCESS
+
+        tracer, reader = TracerProvider(), InMemoryMetricReader()
+        tracer.add_span_processor(BatchSpanProcessor(Drop()))
+        meter = MeterProvider(metric_readers=[reader])
+        instrument(tracer_provider=tracer, meter_provider=meter, stats_engine=eng if mode == "on+stats" else None)
+        shutdown = [tracer.shutdown, meter.shutdown]
+
+        def collect() -> None:
+            while True:
+                time.sleep(1.0)
+                reader.get_metrics_data()
+
+        if mode == "on+stats":
+            threading.Thread(target=collect, daemon=True).start()
+    rate = h.drain_here(db, Runner(eng, {h.QUEUE: lambda job: None}, concurrency=concurrency), jobs)
+    for close in shutdown:
+        close()
+    if mode == "off" and (loaded := sorted(m for m in sys.modules if m.startswith("opentelemetry"))):
+        raise SystemExit(f"mode off loaded OpenTelemetry: {loaded[:3]}")
+    h.say("RESULT", rate)
+
+
+@h.scenario("otel-overhead", options={**h.JOBS, **h.CONCURRENCY})
+def otel_overhead(bench: h.Bench) -> None:
+    """Drain jobs/s with OpenTelemetry off, on (SDK), on + queue-depth gauges; both dialects."""
+    jobs, concurrency = bench.opt("jobs", 3000, 300), bench.opt("concurrency", 16)
+    table = f"OpenTelemetry, drain of {jobs:,} jobs at concurrency {concurrency} (jobs/s)"
+    bench.table(table, ratios="off")
+    for dialect in bench.dialects():
+        target = bench.scratch(dialect, "otel")
+        try:
+            for r in range(bench.repeat):
+                for mode in MODES[r % 3 :] + MODES[: r % 3]:  # rotated so no mode always runs first
+                    log = Path(bench.workdir / f"otel-{dialect}-{mode}-{r}.log")
+                    child = partial(
+                        h.Child, log, otel_role, target=asdict(target), jobs=jobs, concurrency=concurrency, mode=mode
+                    )
+                    bench.measure(table, dialect, mode, lambda child=child: float(child().result(900)), 900)
+        finally:
+            h.drop(target)

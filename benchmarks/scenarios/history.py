@@ -1,0 +1,264 @@
+"""watchdog beside a long table: claims next to settled or delayed jobs, delayed-start
+lateness, claim latency while a runner prunes, and the operations reads."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from benchmarks import harness as h
+
+#: Delayed jobs are due from a day after the insert on, one second apart: none becomes due during a run.
+DELAYED = {
+    **{k: v for k, v in h.SETTLED.items() if k not in ("outcome", "claim_token")},
+    "job_id": "'delayed-' || n",
+    "state": "'delayed'",
+    "run_at": f"({{clock}} + {h.DAY_MS} + n * 1000)",
+    "ready_at": f"({{clock}} + {h.DAY_MS} + n * 1000)",
+}
+#: Completed jobs settled from 8 days before the insert on going back, one second apart,
+#: all past the pruning runner's retention (7 days).
+OLD = f"({{clock}} - 8 * {h.DAY_MS} - CAST(:rows - n AS BIGINT) * 1000)"
+PRUNABLE = {
+    **h.SETTLED,
+    "job_id": "'old-' || n",
+    "enqueued_at": f"{OLD} - 2000",
+    "started_at": f"{OLD} - 1000",
+    "settled_at": OLD,
+}
+
+
+def _with_clock(columns: dict[str, str], target: h.Target) -> dict[str, str]:
+    return {k: v.replace("{clock}", h.CLOCK_SQL[target.dialect]) for k, v in columns.items()}
+
+
+def _beside(bench: h.Bench, name: str, what: str, fill: Callable[[h.Target, int], float], rows: int) -> None:
+    """Claim+settle in an empty table and in one ``fill`` filled, alternating in rounds so a
+    change in machine load hits both; ms/job per round, and the ratio of the medians."""
+    jobs, per_round = (200, 100) if bench.quick else (2000, 250)
+    table = f"claim+settle one job at a time, watchdog (ms/job, rounds; ratio {what} / empty)"
+    for dialect in bench.dialects():
+        empty, full = bench.scratch(dialect, f"{name}_empty"), bench.scratch(dialect, f"{name}_full")
+        try:
+            h.install_watchdog(empty)
+            h.install_watchdog(full)
+            with h.deadline(900, f"{dialect}: inserting {rows:,} rows"):
+                bench.log(f"{dialect}: {rows:,} {what} inserted and analysed in {fill(full, rows):.1f}s")
+            for r in range(bench.repeat):
+                h.truncate(empty)
+                rounds: dict[str, list[float]] = {"empty": [], what: []}
+                for k in range(max(1, jobs // per_round)):
+                    for label, target in [("empty", empty), (what, full)][:: -1 if k % 2 else 1]:
+                        with h.deadline(300, f"{name} round"):
+                            rounds[label].append(h.Watchdog().claim_settle(target, per_round, f"{label[:5]}-{r}-{k}"))
+                for label, values in rounds.items():
+                    for value in values:
+                        bench.record(table, "empty" if label == "empty" else f"{rows:,} {what}", dialect, value)
+                ratio = (h.median(rounds[what]) or 0) / (h.median(rounds["empty"]) or 1)
+                bench.record(table, "ratio", dialect, ratio)
+                bench.log(f"{dialect} {name}: ratio {ratio:.2f}x")
+            still = h.run_sql(full, "SELECT count(*) FROM watchdog_jobs WHERE state = 'delayed'")
+            if name == "delayed" and still != rows:  # none may have become due (and run) meanwhile
+                raise h.ScenarioFailed(f"{dialect}: {still:,} of {rows:,} jobs still delayed")
+            goal = f"{dialect}: claim cost with {rows:,} {what} <= 1.3x empty"
+            bench.check_median(goal, table, "ratio", dialect, lambda m: m <= 1.3)
+        except Exception as error:
+            bench.fail(f"{dialect} {name}", error)
+        finally:
+            h.drop(empty, full)
+
+
+@h.scenario("claim", suite=True, options=h.ROWS)
+def claim(bench: h.Bench) -> None:
+    """Claim+settle ms/job beside 1,000,000 settled jobs vs an empty table."""
+    fill = lambda target, rows: h.insert_jobs(target, rows, h.SETTLED)
+    _beside(bench, "claim", "settled rows", fill, bench.opt("rows", 1_000_000, 100_000))
+
+
+@h.scenario("delayed", suite=True, options=h.ROWS)
+def delayed(bench: h.Bench) -> None:
+    """Claim+settle ms/job beside 1,000,000 jobs delayed far ahead vs empty."""
+    fill = lambda target, rows: h.insert_jobs(target, rows, _with_clock(DELAYED, target))
+    _beside(bench, "delayed", "delayed jobs", fill, bench.opt("rows", 1_000_000, 100_000))
+
+
+@h.scenario("lateness", per_repeat=True, suite=True, options=h.SAMPLES)
+def lateness(bench: h.Bench, r: int) -> None:
+    """Handler start - run_at (ms) of delayed jobs, an idle runner."""
+    samples, warmup = bench.opt("samples", 100, 10), (2 if bench.quick else 3)
+    for dialect in bench.dialects():
+        target = bench.target("watchdog", dialect)
+
+        def once(target: h.Target = target, dialect: str = dialect) -> dict[str, float]:
+            h.truncate(target)
+            (child,) = bench.workers("watchdog", target, f"lateness-{dialect}-{r}", defaults=True, latency=True)
+            client = h.Watchdog().client(target)
+
+            def enqueue_due(key: str) -> float:
+                due_ms = round((time.time() + random.uniform(0.1, 1.0)) * 1000.0)  # stored in whole ms
+                client.enqueue(key, run_at=datetime.fromtimestamp(due_ms / 1000.0, UTC))
+                return due_ms / 1000.0
+
+            try:
+                time.sleep(0.5)
+                values = bench.start_latencies(child, enqueue_due, f"late-{r}", warmup, samples, never_early=True)
+            finally:
+                client.close()
+                child.stop()
+            return {**{f"p{p} (ms)": h.percentile(values, p) for p in (50, 95, 99)}, "max (ms)": max(values)}
+
+        table = "delayed start lateness, idle runner, watchdog (run_at 0.1-1.0 s after each enqueue)"
+        bench.measure(table, "", dialect, once, timeout=120 + (warmup + samples) * 2)
+
+
+def _prunable(target: h.Target) -> int:
+    sql = f"SELECT count(*) FROM watchdog_jobs WHERE state = 'settled' AND settled_at < {h.CLOCK_SQL[target.dialect]} - {h.DAY_MS}"
+    return int(h.run_sql(target, sql))
+
+
+def _prune_round(bench: h.Bench, target: h.Target, prune: bool, tag: str, samples: int) -> dict[str, Any]:
+    """One runner process (with its defaults; ``retention=Retention(completed=7 days)`` when
+    pruning) and ``samples`` jobs enqueued one at a time: their latencies and what went."""
+    options = {"retention_days": 7} if prune else {}
+    (child,) = bench.workers("watchdog", target, tag, defaults=True, latency=True, **options)
+    client = h.Watchdog().client(target)
+    try:
+        time.sleep(0.5)
+        before = _prunable(target)
+        if prune:  # measure only once the runner is deleting: its first batch has gone
+            if before == 0:
+                raise h.ScenarioFailed(f"{tag}: every old row was pruned before the round began; raise --rows")
+            h.poll_until(
+                lambda: _prunable(target) < before, timeout=60, interval=0.05, what="pruning", children=[child]
+            )
+            before = _prunable(target)
+        started = time.perf_counter()
+        values = bench.start_latencies(child, client.enqueue, tag, 2 if bench.quick else 3, samples, (0.03, 0.33))
+        elapsed, after = time.perf_counter() - started, _prunable(target)
+    finally:
+        client.close()
+        child.stop()
+    if prune and after == 0:
+        raise h.ScenarioFailed(f"{tag}: every old row was pruned before the round ended; raise --rows")
+    if prune and after >= before:
+        raise h.ScenarioFailed(f"{tag}: the runner pruned nothing during the round")
+    if not prune and after != before:
+        raise h.ScenarioFailed(f"{tag}: {before - after} old rows vanished without retention")
+    return {"samples": values, "pruned": before - after, "seconds": elapsed}
+
+
+@h.scenario("prune", suite=True, options={**h.ROWS, **h.SAMPLES})
+def prune(bench: h.Bench) -> None:
+    """Claim latency (ms) of a runner while it prunes 1,000,000 old settled jobs vs without."""
+    rows, samples = bench.opt("rows", 1_000_000, 100_000), bench.opt("samples", 200, 20)
+    per_round = min(samples, 20 if bench.quick else 50)
+    table = f"claim latency while pruning {rows:,} old jobs, watchdog (enqueue commit -> handler start)"
+    for dialect in bench.dialects():
+        target = bench.scratch(dialect, "prune")
+        try:
+            h.install_watchdog(target)
+            for r in range(bench.repeat):
+                h.truncate(target)  # every repeat starts from the whole history
+                with h.deadline(900, "inserting the old jobs"):
+                    seconds = h.insert_jobs(target, rows, _with_clock(PRUNABLE, target))
+                bench.log(f"{dialect}: {rows:,} old settled jobs inserted and analysed in {seconds:.1f}s")
+                got: dict[bool, list[float]] = {False: [], True: []}
+                pruned = seconds = 0.0
+                for k in range(max(1, samples // per_round)):
+                    for mode in (False, True) if k % 2 == 0 else (True, False):
+                        tag = f"{dialect}-prune-{r}-{k}-{'pruning' if mode else 'plain'}"
+                        with h.deadline(300, tag):
+                            result = _prune_round(bench, target, mode, tag, per_round)
+                        got[mode] += result["samples"]
+                        pruned += result["pruned"] if mode else 0
+                        seconds += result["seconds"] if mode else 0
+                ratio = h.percentile(got[True], 99) / h.percentile(got[False], 99)
+                figures = {
+                    **{f"p{p} (ms)": h.percentile(got[False], p) for p in (50, 99)},
+                    **{f"p{p} pruning (ms)": h.percentile(got[True], p) for p in (50, 99)},
+                    "p99 ratio": ratio,
+                    "pruned (rows/s)": pruned / seconds if seconds else None,
+                }
+                bench.record_all(table, dialect, figures)
+                bench.log(f"{dialect} prune: p99 ratio {ratio:.2f}x, {pruned:,.0f} rows pruned")
+            bench.check_median(
+                f"{dialect}: claim latency p99 while pruning <= 2x without",
+                table,
+                "p99 ratio",
+                dialect,
+                lambda m: m <= 2,
+            )
+        except Exception as error:
+            bench.fail(f"{dialect} prune", error)
+        finally:
+            h.drop(target)
+
+
+STATS_QUEUES = 10
+#: Settled jobs spread evenly over the last 30 days (1/720 in the last hour), one in 20
+#: failed; then the queued ones over the last hour; round-robin over 10 queues.
+STATS_AT = f"({h.CLOCK_SQL['postgresql']} - CAST(:rows - n + 1 AS BIGINT) * :step)"
+STATS_QUEUE = f"'stats-' || mod(n, {STATS_QUEUES})"
+STATS_SETTLED = {
+    **h.SETTLED,
+    "job_id": "'settled-' || n",
+    "queue_name": STATS_QUEUE,
+    "lane": STATS_QUEUE,
+    "outcome": "CASE WHEN mod(n, 20) = 0 THEN 'failed' ELSE 'completed' END",
+    "enqueued_at": f"{STATS_AT} - 2000",
+    "started_at": f"{STATS_AT} - 1000",
+    "settled_at": STATS_AT,
+}
+STATS_QUEUED = {
+    **{k: STATS_SETTLED[k] for k in ("queue_name", "lane", "priority", "payload_json")},
+    "job_id": "'queued-' || n",
+    "state": "'queued'",
+    "enqueued_at": STATS_AT,
+}
+
+
+@h.scenario("stats", suite=True, options={**h.ROWS, **h.SAMPLES})
+def stats(bench: h.Bench) -> None:
+    """stats() and list_jobs() ms beside 1,000,000 settled and 100,000 queued jobs, PostgreSQL."""
+    from sqlalchemy_watchdog import Watchdog as Client
+
+    settled, calls = bench.opt("rows", 1_000_000, 200_000), bench.opt("samples", 200, 30)
+    queued = max(1000, settled // 10)
+    target = bench.scratch("postgresql", "stats")
+    eng = None
+    try:
+        h.install_watchdog(target)
+        with h.deadline(900, "inserting the stats history"):
+            seconds = h.insert_jobs(target, settled, STATS_SETTLED, analyse=False, step=30 * h.DAY_MS // settled)
+            seconds += h.insert_jobs(target, queued, STATS_QUEUED, step=3_600_000 // queued)
+        bench.log(f"stats history inserted and analysed in {seconds:.1f}s")
+        eng = h.engine(target)
+        client = Client(eng)
+        snapshot, last_hour = client.stats(), settled // 720
+        counted = sum(q.queued for q in snapshot.queues)
+        recent = sum(sum(q.settled_last_hour.values()) for q in snapshot.queues)
+        if counted != queued or len(snapshot.queues) != STATS_QUEUES:
+            raise h.ScenarioFailed(f"stats: {counted:,} queued in {len(snapshot.queues)} queues")
+        if not 0.5 * last_hour <= recent <= last_hour + 1:  # the last hour loses its oldest rows as time passes
+            raise h.ScenarioFailed(f"stats: {recent:,} settled in the last hour, expected about {last_hour:,}")
+        table = f"operations reads, PostgreSQL, watchdog ({settled:,} settled over 30 days, {queued:,} queued)"
+        reads: dict[str, Callable[[], Any]] = {
+            "stats()": client.stats,
+            "list_jobs(limit=100), first page": lambda: client.list_jobs(limit=100),
+            "list_jobs(state='queued', limit=100), first page": lambda: client.list_jobs(state="queued", limit=100),
+        }
+        for _ in range(bench.repeat):
+            for name, read in reads.items():
+                times = lambda read=read: {
+                    f"p{p} (ms)": h.percentile(ms, p) for ms in [h.time_calls(read, calls)] for p in (50, 99)
+                }
+                bench.measure(table, name, "watchdog", times)
+        goal = f"stats() < 50 ms with {settled:,} settled and {queued:,} queued jobs (median)"
+        bench.check_median(goal, table, "stats() p50 (ms)", "watchdog", lambda m: m < 50, " ms")
+    finally:
+        if eng is not None:
+            eng.dispose()
+        h.drop(target)

@@ -1,0 +1,140 @@
+"""The side-by-side rows: enqueue, drain and enqueue-to-start latency of every subject."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from benchmarks import harness as h
+
+PEER_JOBS = {"watchdog": 1.0, "procrastinate": 0.5, "pgqueuer": 1.0}  # procrastinate enqueues/drains slower
+DRAIN_JOBS = {"watchdog": 20_000, "procrastinate": 1_500, "pgqueuer": 20_000}
+QUICK_DRAIN_JOBS = {"watchdog": 300, "procrastinate": 100, "pgqueuer": 300}
+
+
+def _prefix(dialect: str) -> str:
+    return "PostgreSQL" if dialect == "postgresql" else "SQLite"
+
+
+@h.scenario("enqueue", per_repeat=True, suite=True, options=h.JOBS)
+def enqueue(bench: h.Bench, r: int) -> None:
+    """Jobs/s: one job per transaction (also in the caller's Session), 1,000 per statement."""
+    batches, size = (3 if bench.quick else 10), 1000
+    for dialect in bench.dialects():
+        table = f"enqueue (jobs/s), {_prefix(dialect)}"
+        bench.table(table, ratios="watchdog")
+        for name in bench.in_order(r, dialect):
+            subject, target = bench.subjects[name], bench.target(name, dialect)
+            base = (200 if bench.quick else 2000) if dialect == "postgresql" else (50 if bench.quick else 300)
+            n = bench.opt("jobs", int(base * PEER_JOBS[name]))
+            runs = [("1 job per transaction", subject.enqueue_single, (n, f"s{r}"), n)]
+            if hasattr(subject, "enqueue_single_in_session"):
+                runs.append(
+                    ("1 job in the caller's Session + commit", subject.enqueue_single_in_session, (n, f"t{r}"), n)
+                )
+            runs.append(("1,000 jobs per statement", subject.enqueue_batch, (batches, size, f"b{r}"), batches * size))
+            for row, call, args, jobs in runs:
+
+                def rate(
+                    call: Any = call, args: Any = args, jobs: int = jobs, subject: Any = subject, target: Any = target
+                ) -> float:
+                    subject.reset(target)
+                    return float(jobs / call(target, *args))
+
+                bench.measure(table, row, name, rate)
+    if r == bench.repeat - 1:
+        for row, factor in (("1,000 jobs per statement", 1.0), ("1 job per transaction", 1.5)):
+            m = bench.medians("enqueue (jobs/s), PostgreSQL", row)
+            if m.get("watchdog") and m.get("pgqueuer"):
+                ratio = m["watchdog"] / m["pgqueuer"]  # type: ignore[operator]
+                bench.check(f"{row}: watchdog >= {factor:g}x pgqueuer", f"{ratio:.2f}x", ratio >= factor)
+
+
+@h.scenario(
+    "drain",
+    per_repeat=True,
+    suite=True,
+    options={
+        **h.JOBS,
+        "--concurrencies": {"help": "drain concurrencies per worker (default 1,4,16,64; SQLite 1,4)"},
+        "--drain-rows": {"help": "drain rows to run, by a word of their name: e.g. defaults,c16,p1"},
+    },
+)
+def drain(bench: h.Bench, r: int) -> None:
+    """Jobs/s of worker processes draining a prefilled queue (concurrency x processes, defaults, AsyncRunner)."""
+    for dialect in bench.dialects():
+        pg = dialect == "postgresql"
+        table = f"drain (jobs/s), {_prefix(dialect)}"
+        bench.table(table, ratios="watchdog", chart="drain.png" if pg else None)
+        # row, processes, options; watchdog_only: the AsyncRunner rows (the peers are asyncio already)
+        shapes: list[tuple[str, int, dict[str, Any], bool]] = []
+        for procs in (1, 2):
+            for c in bench.ints("concurrencies", "1,4,16,64" if pg else "1,4"):
+                shapes.append((f"c{c} p{procs}", procs, {"concurrency": c}, False))
+            if pg:
+                shapes.append((f"defaults p{procs}", procs, {"defaults": True}, False))
+        if pg:
+            for c in bench.ints("concurrencies", "4,16,64"):
+                shapes.append((f"async c{c} p1", 1, {"concurrency": c, "use_asyncio": True}, True))
+        if bench.opt("drain_rows", None):
+            wanted = set(bench.opt("drain_rows", "").split(","))
+            shapes = [s for s in shapes if wanted & set(s[0].split())]
+        for row, procs, options, watchdog_only in shapes:
+            for name in bench.in_order(r, dialect):
+                if watchdog_only and name != "watchdog":
+                    continue
+                n = bench.opt(
+                    "jobs",
+                    (QUICK_DRAIN_JOBS if bench.quick else DRAIN_JOBS)[name] if pg else (60 if bench.quick else 500),
+                )
+                tag, target = f"{row.replace(' ', '-')}-{r}", bench.target(name, dialect)
+                run = lambda name=name, target=target, n=n, tag=tag, procs=procs, options=options: bench.drain_once(
+                    name, target, n, tag, procs, **options
+                )
+                bench.measure(table, row, name, run, timeout=60 + n / 20 + 180)  # + worker start, warm-up and shutdown
+    if r == bench.repeat - 1:
+        rows = bench.tables.get("drain (jobs/s), PostgreSQL")
+        if rows is None:
+            return
+        best = max(((bench.medians(rows.title, row).get("watchdog") or 0, row) for row in rows.cells), default=(0, ""))
+        for peer, factor in (("pgqueuer", 2.0), ("procrastinate", 10.0)):
+            base = max((bench.medians(rows.title, f"defaults p{p}").get(peer) or 0 for p in (1, 2)), default=0)
+            if best[0] and base:
+                bench.check(
+                    f"drain >= {factor:g}x {peer} with its defaults",
+                    f"{best[0] / base:.2f}x (watchdog best {best[0]:,.0f} jobs/s at {best[1]}; {peer} {base:,.0f})",
+                    best[0] >= factor * base,
+                )
+        for procs in (1, 2):
+            m = bench.medians(rows.title, f"defaults p{procs}")
+            if m.get("watchdog") and m.get("pgqueuer"):
+                ratio = m["watchdog"] / m["pgqueuer"]  # type: ignore[operator]
+                bench.check(f"drain with defaults >= pgqueuer's, {procs} process(es)", f"{ratio:.2f}x", ratio >= 1)
+
+
+@h.scenario("latency", per_repeat=True, suite=True, options=h.SAMPLES)
+def latency(bench: h.Bench, r: int) -> None:
+    """Enqueue-to-start ms (p50/p95/p99) of one idle worker with its defaults, PostgreSQL."""
+    table = "enqueue-to-start latency (ms), PostgreSQL"
+    bench.table(table, ratios="watchdog", chart="latency.png")
+    samples, warmup = bench.opt("samples", 200, 20), (3 if bench.quick else 5)
+    for name in bench.in_order(r):
+
+        def once(name: str = name) -> dict[str, float]:
+            subject, target = bench.subjects[name], bench.target(name, "postgresql")
+            subject.reset(target)
+            (child,) = bench.workers(name, target, f"latency-{r}", defaults=True, latency=True)
+            client = subject.client(target)
+            try:
+                time.sleep(0.5)  # let the worker reach its idle wait
+                values = bench.start_latencies(child, client.enqueue, f"lat-{r}", warmup, samples)
+            finally:
+                client.close()
+                child.stop()
+            return {f"p{p} (ms)": h.percentile(values, p) for p in (50, 95, 99)}
+
+        bench.measure(table, "enqueue-to-start", name, once)
+    if r == bench.repeat - 1:
+        bench.check_median(
+            "median wake latency <= 5 ms", table, "enqueue-to-start p50 (ms)", "watchdog", lambda m: m <= 5, " ms"
+        )

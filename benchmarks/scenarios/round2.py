@@ -1,0 +1,349 @@
+"""The second round's scenarios (issue 13): enqueue inside an open transaction, many
+producers at once, a runner in the enqueueing process, scale-out, and a large table."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import BigInteger, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from benchmarks import harness as h
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Order(Base):  # an application row about as wide as a job's
+    __tablename__ = "bench_orders"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    reference: Mapped[str] = mapped_column(Text, unique=True)
+    kind: Mapped[str] = mapped_column(Text)
+    customer: Mapped[str] = mapped_column(Text)
+    priority: Mapped[int] = mapped_column(BigInteger)
+    payload: Mapped[str] = mapped_column(Text)
+
+
+@h.scenario("txn", per_repeat=True, suite=True, options=h.SAMPLES)
+def txn(bench: h.Bench, r: int) -> None:
+    """Microseconds and round trips enqueue(session, ...) adds to an open transaction, beside session.add + flush."""
+    target, samples = bench.target("watchdog", "postgresql"), bench.opt("samples", 300, 50)
+    bench.measure("in an open transaction, PostgreSQL, watchdog", "", "watchdog", lambda: _txn_cost(target, samples))
+
+
+def _txn_cost(target: h.Target, samples: int, warmup: int = 20) -> dict[str, float]:
+    """Each way of adding 1 or 100 rows to an open transaction: p50/p99 us and round trips
+    (counted by a listener in the warm-up rounds only: a listener makes the store send its
+    hot statements through SQLAlchemy's execution, and the timed rounds must not)."""
+    from sqlalchemy import event, text
+    from sqlalchemy.orm import Session
+
+    from sqlalchemy_watchdog import Job, enqueue
+
+    h.truncate(target)
+    eng, counted, payload = h.engine(target), [0, False], {"note": "x" * 40}
+    Base.metadata.create_all(eng)
+    count = lambda *args: counted.__setitem__(0, counted[0] + counted[1])
+    event.listen(eng, "before_cursor_execute", count)
+
+    def make(kind: str, n: int, tag: str) -> list[Any]:
+        if kind == "enqueue":
+            return [Job(f"{tag}-{i}", h.QUEUE, lane=f"customer-{i}", payload=payload) for i in range(n)]
+        text_payload = json.dumps(payload)
+        return [
+            Order(reference=f"{tag}-{i}", kind=h.QUEUE, customer=f"customer-{i}", priority=0, payload=text_payload)
+            for i in range(n)
+        ]
+
+    def add(session: Session, kind: str, rows: list[Any]) -> None:
+        if kind == "enqueue":
+            enqueue(session, rows[0] if len(rows) == 1 else rows)
+        else:
+            session.add_all(rows)
+            session.flush()
+
+    kinds = [(kind, n) for n in (1, 100) for kind in ("enqueue", "session.add")]
+    times: dict[tuple[str, int], list[float]] = {k: [] for k in kinds}
+    trips: dict[tuple[str, int], list[int]] = {k: [] for k in kinds}
+    try:
+        for i in range(warmup + samples):
+            if i == warmup:
+                event.remove(eng, "before_cursor_execute", count)
+            for kind, n in kinds[i % 4 :] + kinds[: i % 4]:
+                rows = make(kind, n, f"t{i}-{kind[:3]}")  # built before the clock starts
+                with Session(eng) as session:
+                    session.execute(text("SELECT 1"))  # the caller's transaction is open
+                    counted[:] = [0, True]
+                    started = time.perf_counter_ns()
+                    add(session, kind, rows)
+                    elapsed, counted[1] = time.perf_counter_ns() - started, False
+                    session.rollback()
+                if i >= warmup:
+                    times[(kind, n)].append(elapsed / 1000)
+                else:
+                    trips[(kind, n)].append(counted[0])
+    finally:
+        eng.dispose()
+    out = {}
+    for kind, n in kinds:
+        for p in (50, 99):
+            out[f"{kind} {n} row(s) p{p} (us)"] = h.percentile(times[(kind, n)], p)
+        out[f"{kind} {n} row(s) round trips"] = statistics.median(trips[(kind, n)])
+    return out
+
+
+def producer_role(subject: str, target: dict[str, str], jobs: int, tag: str, go: str) -> None:
+    """Wait for the go file, then enqueue ``jobs`` jobs one per transaction; RESULT [start, end]."""
+    h.say("READY")
+    while not Path(go).exists():
+        time.sleep(0.001)
+    elapsed = h.SUBJECTS[subject]().enqueue_single(h.Target(**target), jobs, tag)
+    h.say("RESULT", [time.time() - elapsed, time.time()])
+
+
+def _produce(bench: h.Bench, name: str, jobs: int, tag: str, runner: bool = False) -> float:
+    """16 producer processes enqueueing at once: jobs/s from the first start to the last end."""
+    target = bench.target(name, "postgresql")
+    bench.subjects[name].reset(target)
+    workers = bench.workers(name, target, tag, defaults=True) if runner else []
+    go = bench.workdir / f"{tag}.go"
+    kwargs = {"subject": name, "target": asdict(target), "jobs": jobs, "go": str(go)}
+    procs = [h.Child(bench.workdir / f"{tag}-{i}.log", producer_role, tag=f"{tag}-{i}", **kwargs) for i in range(16)]
+    try:
+        for proc in procs:
+            proc.wait_ready()
+        go.touch()
+        windows = [proc.result(600) for proc in procs]
+    finally:
+        h.stop_all(procs + workers)
+    if (stored := h.run_sql(target, f"SELECT count(*) FROM {bench.subjects[name].table}")) < 16 * jobs:
+        raise h.ScenarioFailed(f"producers: {stored} of {16 * jobs} jobs stored")
+    return 16 * jobs / (max(w[1] for w in windows) - min(w[0] for w in windows))
+
+
+def _trigger(target: h.Target, *, enabled: bool = True, notify_always: bool = False) -> None:
+    """The NOTIFY trigger on or off; with ``notify_always`` the trigger function of before
+    revision w0007 (a NOTIFY on every enqueue: the revision's downgrade SQL)."""
+    from sqlalchemy_watchdog.migrations.versions.w0007_notify_when_waiting import (
+        NOTIFY_ALWAYS_SQL,
+        NOTIFY_WHEN_WAITING_SQL,
+    )
+
+    h.run_sql(target, f"ALTER TABLE watchdog_jobs {'ENABLE' if enabled else 'DISABLE'} TRIGGER watchdog_jobs_queued")
+    h.run_sql(target, NOTIFY_ALWAYS_SQL if notify_always else NOTIFY_WHEN_WAITING_SQL)
+
+
+@h.scenario("producers", per_repeat=True, suite=True)
+def producers(bench: h.Bench, r: int) -> None:
+    """Jobs/s of 16 processes enqueueing one job per transaction at once."""
+    table = "16 producer processes, 1 job per transaction (jobs/s), PostgreSQL"
+    bench.table(table, ratios="watchdog")
+    jobs = {"watchdog": 300, "procrastinate": 150, "pgqueuer": 300}
+    for name in bench.in_order(r):
+        n = jobs[name] // (6 if bench.quick else 1)
+        bench.measure(
+            table, "every queue, its defaults", name, partial(_produce, bench, name, n, f"prod-{name}-{r}"), 900
+        )
+    if "watchdog" not in bench.subjects:
+        return
+    target, n = bench.target("watchdog", "postgresql"), jobs["watchdog"] // (6 if bench.quick else 1)
+    for row, runner, trigger in (
+        ("watchdog, NOTIFY trigger disabled", False, {"enabled": False}),
+        ("watchdog, the trigger before w0007 (NOTIFY on every enqueue)", False, {"notify_always": True}),
+        ("watchdog, a runner draining meanwhile (its defaults)", True, {}),
+        ("watchdog, a runner draining meanwhile, the trigger before w0007", True, {"notify_always": True}),
+    ):
+
+        def once(row: str = row, runner: bool = runner, trigger: dict[str, bool] = trigger) -> float:
+            _trigger(target, **trigger)
+            try:
+                return _produce(bench, "watchdog", n, f"prod-{len(row)}-{r}", runner)
+            finally:
+                _trigger(target)
+
+        bench.measure(table, row, "watchdog", once, 900)
+
+
+def inprocess_role(target: dict[str, str], concurrency: int, jobs: int, use_asyncio: bool) -> None:
+    """A Runner thread (or an AsyncRunner on a thread's event loop) in this process, idle; the
+    main thread enqueues ``jobs`` jobs in one transaction and polls until none is left."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from sqlalchemy_watchdog import Runner
+    from sqlalchemy_watchdog.asyncio import AsyncRunner
+
+    db = h.Target(**target)
+
+    async def noop(job: Any) -> None:
+        return None
+
+    if use_asyncio:
+        runner: Any = AsyncRunner(create_async_engine(db.url), {h.QUEUE: noop}, concurrency=concurrency)
+    else:
+        runner = Runner(h.engine(db, pool_size=concurrency + 3), {h.QUEUE: lambda job: None}, concurrency=concurrency)
+    h.say("RESULT", h.drain_here(db, runner, jobs, prefill=False))
+
+
+@h.scenario("inprocess", per_repeat=True, suite=True, options=h.JOBS)
+def inprocess(bench: h.Bench, r: int) -> None:
+    """Jobs/s of a Runner / AsyncRunner draining in the enqueueing process vs in a process of its own."""
+    target, jobs = bench.target("watchdog", "postgresql"), bench.opt("jobs", 20_000, 300)
+    table = "drain, runner in-process vs a process of its own (jobs/s), PostgreSQL"
+    bench.table(table, chart="inprocess.png")
+    for use_asyncio in (False, True):
+        row = f"{'AsyncRunner' if use_asyncio else 'Runner'}, concurrency 4"
+        options = {"concurrency": 4, "use_asyncio": use_asyncio}
+
+        def inside(use_asyncio: bool = use_asyncio, options: dict[str, Any] = options) -> float:
+            h.truncate(target)
+            child = h.Child(
+                bench.workdir / f"inprocess-{use_asyncio}-{r}.log",
+                inprocess_role,
+                target=asdict(target),
+                jobs=jobs,
+                **options,
+            )
+            return float(child.result(600))
+
+        separate = partial(bench.drain_once, "watchdog", target, jobs, f"separate-{r}", **options)
+        pair = [("in-process", inside), ("separate process", separate)]
+        for column, fn in pair if r % 2 == 0 else pair[::-1]:
+            bench.measure(table, row, column, fn, 600)
+
+
+@h.scenario(
+    "scaleout",
+    per_repeat=True,
+    suite=True,
+    options={**h.JOBS, "--processes": {"help": "scaleout: runner processes (default 1,2,4,8)"}},
+)
+def scaleout(bench: h.Bench, r: int) -> None:
+    """Jobs/s of 1, 2, 4, 8 runner processes (concurrency 4 each) draining one queue."""
+    target, jobs = bench.target("watchdog", "postgresql"), bench.opt("jobs", 5000, 600)
+    table = "scale-out, runner processes at concurrency 4 (jobs/s), PostgreSQL"
+    bench.table(table, chart="scaleout.png")
+    for procs in bench.ints("processes", "1,2,4,8"):
+        drain = partial(bench.drain_once, "watchdog", target, jobs, f"scaleout-{procs}-{r}", procs, concurrency=4)
+        bench.measure(table, f"{procs} process(es)", "watchdog", drain, 900)
+
+
+SCALE_QUEUES, SCALE_LANES, SCALE_BIG_LANE = 1_000, 10_000, 10_000
+CLOCK = h.CLOCK_SQL["postgresql"]
+SPREAD = {
+    "queue_name": f"'scale-' || mod(n, {SCALE_QUEUES})",
+    "lane": f"'lane-' || mod(n, {SCALE_LANES})",
+    "priority": "0",
+    "payload_json": "'{}'",
+}
+OLD_AT = f"{CLOCK} - 2 * {h.DAY_MS} - (:rows - n) * CAST(:step AS BIGINT)"
+
+
+def _settled(prefix: str, at: str, outcome: str = "'completed'") -> dict[str, str]:
+    times = {"enqueued_at": f"{at} - 2000", "started_at": f"{at} - 1000", "settled_at": at}
+    return {
+        "job_id": f"'{prefix}-' || n",
+        **SPREAD,
+        "state": "'settled'",
+        "outcome": outcome,
+        "claim_token": f"'tok-{prefix}' || n",
+        **times,
+    }
+
+
+def build_scale(target: h.Target, settled: int) -> None:
+    """``settled`` jobs settled 2 to 32 days ago (one in 20 failed), 3,600 in the last hour,
+    as many jobs delayed a day and more ahead, a tenth queued over 1,000 queues and 10,000
+    lanes, and one lane (``big-lane``) of 10,000 queued jobs; then VACUUM (ANALYZE)."""
+    h.install_watchdog(target, fresh=True)
+    failed = "CASE WHEN mod(n, 20) = 0 THEN 'failed' ELSE 'completed' END"
+    h.insert_jobs(target, settled, _settled("old", OLD_AT, failed), analyse=False, step=30 * h.DAY_MS // settled)
+    h.insert_jobs(target, 3600, _settled("recent", f"{CLOCK} - n * 1000"), analyse=False)
+    later = f"{CLOCK} + {h.DAY_MS} + n * 100"
+    delayed = {
+        "job_id": "'later-' || n",
+        **SPREAD,
+        "state": "'delayed'",
+        "run_at": later,
+        "ready_at": later,
+        "enqueued_at": CLOCK,
+    }
+    h.insert_jobs(target, settled, delayed, analyse=False)
+    queued = {"job_id": "'ready-' || n", **SPREAD, "state": "'queued'", "enqueued_at": f"{CLOCK} - (:rows - n)"}
+    h.insert_jobs(target, max(2000, settled // 10), queued, analyse=False)
+    big = {**queued, "job_id": "'big-' || n", "queue_name": "'scale-big'", "lane": "'big-lane'", "enqueued_at": CLOCK}
+    h.insert_jobs(target, SCALE_BIG_LANE, big)
+
+
+def measure_scale(target: h.Target, calls: int, prune_limit: int) -> dict[str, float]:
+    """ms per operation on the scale table (median of ``calls``)."""
+    from sqlalchemy_watchdog import Decision, Watchdog, store
+
+    eng = h.engine(target)
+    client, out, claimed = Watchdog(eng), {}, []
+    ms = lambda call, n=calls: statistics.median(h.time_calls(call, n, 2))
+
+    def claim(queue: str) -> Any:
+        def go() -> None:
+            with eng.begin() as conn:
+                claimed.extend(store.claim(conn, queues=[queue], limit=1, lease_ms=60_000).claimed)
+
+        return go
+
+    def settle() -> None:
+        one = claimed.pop()
+        with eng.begin() as conn:
+            store.settle(conn, job_id=one.job.job_id, claim_token=one.token, decision=Decision.completed())
+
+    try:
+        out["claim"] = ms(claim("scale-7"))
+        out["claim, 10,000-job backlog"] = ms(claim("scale-big"))
+        out["settle"] = ms(settle, min(calls, len(claimed) - 2))
+        out["stats()"] = ms(client.stats)
+        out["list_jobs(limit=100)"] = ms(lambda: client.list_jobs(limit=100))
+        out["list_jobs(state=queued, limit=100)"] = ms(lambda: client.list_jobs(state="queued", limit=100))
+        live = h.run_sql(
+            target,
+            "SELECT count(*) FROM watchdog_jobs WHERE lane = 'big-lane' AND state IN ('delayed', 'queued', 'running')",
+        )
+        started, total, more = time.perf_counter(), 0, True
+        while more:  # one call settles a batch; a caller repeats until no live job is left
+            failed = client.fail_lane("big-lane", "scale benchmark")
+            total, more = total + failed.settled, failed.more
+        out[f"fail_lane, {SCALE_BIG_LANE:,}-job lane"] = (time.perf_counter() - started) * 1000
+        if total != live:
+            raise h.ScenarioFailed(f"fail_lane settled {total} of {live}")
+        started = time.perf_counter()
+        if (deleted := client.prune(older_than=timedelta(days=1), limit=prune_limit)) != prune_limit:
+            raise h.ScenarioFailed(f"prune deleted {deleted} of {prune_limit}")
+        out["prune, per 1,000 old jobs"] = (time.perf_counter() - started) * 1000 / (prune_limit / 1000)
+    finally:
+        eng.dispose()
+    return {f"{k} (ms)": v for k, v in out.items()}
+
+
+@h.scenario("scale", suite=True, options=h.ROWS)
+def scale(bench: h.Bench) -> None:
+    """Milliseconds per operation on a large table (settled, scheduled, queued) vs one with 1% of its history."""
+    settled = bench.opt("rows", 1_000_000, 20_000)
+    table = f"scale, PostgreSQL, watchdog ({settled:,} settled and scheduled, {max(2000, settled // 10):,} queued)"
+    prune_limit = max(100, min(10_000, settled // 200))  # the same number pruned in both: half the small one's history
+    for label, rows in (("full", settled), ("1% of the history", max(1, settled // 100))):
+        target = bench.scratch("postgresql", f"scale_{rows}")
+        try:
+            for _ in range(bench.repeat):
+                started = time.perf_counter()
+                build_scale(target, rows)
+                bench.log(f"scale table ({label}) built in {time.perf_counter() - started:.0f}s")
+                bench.measure(
+                    table, "", label, partial(measure_scale, target, 5 if bench.quick else 20, prune_limit), 1800
+                )
+        finally:
+            h.drop(target)

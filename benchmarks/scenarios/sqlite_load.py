@@ -1,0 +1,303 @@
+"""SQLite under a web application's writes: runners beside paced app writers on one file.
+
+``--apps`` processes each commit, at a steady total ``--rate``, one transaction that inserts
+a row of their own table and enqueues one job, from ``--threads`` request threads;
+``--runners`` processes run ``Runner(engine, concurrency=8)`` whose handler writes a row too.
+Per configuration (journal mode x busy timeout): enqueue-to-start percentiles, the drain
+rate under load and the backlog left, the app's transaction latency and failures, and the
+quiet-file rate (the same runners draining ``--quiet-jobs`` jobs, no app writers).
+``WATCHDOG_BENCH_TRACE=1``: each runner logs its store operations' retries and waits at exit.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import sqlite3
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+from benchmarks import harness as h
+
+QUEUE = "orders"
+#: journal mode -> the PRAGMAs every connection of every process runs
+JOURNALS: dict[str, list[str]] = {
+    "delete": [],  # SQLite's defaults: rollback journal, synchronous=FULL
+    "wal": ["PRAGMA synchronous=NORMAL"],  # the recommended settings
+    "wal-full": [],  # WAL at SQLite's default synchronous=FULL (not run by default)
+}
+
+
+def make_engine(path: str, journal: str, timeout: float | None) -> Any:
+    """``create_engine(url)``, the driver's busy timeout unless ``timeout``, the journal's PRAGMAs."""
+    from sqlalchemy import create_engine, event
+
+    eng = create_engine(f"sqlite:///{path}", connect_args={} if timeout is None else {"timeout": timeout})
+
+    @event.listens_for(eng, "connect")
+    def pragmas(dbapi_connection: Any, record: Any) -> None:
+        for pragma in JOURNALS[journal]:
+            dbapi_connection.execute(pragma)
+
+    return eng
+
+
+def app_tables() -> Any:
+    from sqlalchemy import Column, Float, Integer, MetaData, String, Table
+
+    meta = MetaData()
+    Table(
+        "app_orders",
+        meta,
+        Column("id", Integer, primary_key=True),
+        Column("job_id", String),
+        Column("created_at", Float),
+    )
+    Table(
+        "handled",
+        meta,
+        Column("id", Integer, primary_key=True),
+        Column("job_id", String),
+        Column("started_at", Float),
+        Column("pid", Integer),
+    )
+    return meta
+
+
+def runner_role(db: str, journal: str, timeout: float | None, concurrency: int, poll_interval: float | None) -> None:
+    from sqlalchemy import insert
+
+    from sqlalchemy_watchdog import Runner
+
+    eng = make_engine(db, journal, timeout)
+    handled, pid = app_tables().tables["handled"], os.getpid()
+
+    def handle(job: Any) -> None:
+        started = time.time()
+        with eng.begin() as conn:
+            conn.execute(insert(handled), {"job_id": job.job_id, "started_at": started, "pid": pid})
+
+    if os.environ.get("WATCHDOG_BENCH_TRACE"):
+        _trace_store()
+    options = {} if poll_interval is None else {"poll_interval": timedelta(seconds=poll_interval)}
+    runner = Runner(eng, {QUEUE: handle}, concurrency=concurrency, **options)
+    h.say("READY")
+    runner.run_forever()
+
+
+def _trace_store() -> None:
+    """Per store operation: calls, how many were retried, call and lock-wait times, and how many
+    jobs each claim took (stderr at exit)."""
+    import atexit
+
+    from sqlalchemy_watchdog import store
+
+    calls: dict[str, list[float]] = collections.defaultdict(list)
+    waits: list[float] = []
+    retried: collections.Counter[str] = collections.Counter()
+    original_retrying, original_begin = store.retrying, store.begin_write
+
+    def retrying(work: Any, *, what: str = "store operation", attempts: int = 8) -> Any:
+        tries = [0]
+
+        def counted() -> Any:
+            tries[0] += 1
+            return work()
+
+        began = time.perf_counter()
+        try:
+            return original_retrying(counted, what=what, attempts=attempts)
+        finally:
+            calls[what].append(time.perf_counter() - began)
+            retried[what] += tries[0] > 1
+
+    def begin_write(conn: Any) -> None:
+        began = time.perf_counter()
+        original_begin(conn)
+        waits.append(time.perf_counter() - began)
+
+    claimed: collections.Counter[int] = collections.Counter()
+    original_claim = store.claim
+
+    def claim(conn: Any, **kwargs: Any) -> Any:
+        batch = original_claim(conn, **kwargs)
+        claimed[len(batch.claimed)] += 1
+        return batch
+
+    store.retrying, store.begin_write, store.claim = retrying, begin_write, claim
+
+    def report() -> None:
+        for what, times in [*sorted(calls.items()), ("lock wait", waits)]:
+            if times:
+                print(
+                    f"TRACE {what}: n={len(times)} retried={retried[what]} p50={h.percentile(times, 50) * 1000:.1f}ms"
+                    f" p99={h.percentile(times, 99) * 1000:.1f}ms max={max(times) * 1000:.0f}ms",
+                    file=sys.stderr,
+                )
+        print(f"TRACE claims by jobs taken: {dict(sorted(claimed.items()))}", file=sys.stderr)
+
+    atexit.register(report)
+
+
+def app_role(
+    db: str,
+    journal: str,
+    timeout: float | None,
+    index: int,
+    rate: float,
+    duration: float,
+    start_at: float,
+    threads: int,
+) -> None:
+    """Paced open-loop writer: request ``i`` is due at ``start + i / rate`` whatever the
+    previous ones took (requests wait for a free thread); RESULT its requests."""
+    from sqlalchemy import insert
+    from sqlalchemy.orm import Session
+
+    from sqlalchemy_watchdog import Job, enqueue
+
+    eng = make_engine(db, journal, timeout)
+    orders = app_tables().tables["app_orders"]
+    results: list[tuple[str, float, float, str | None]] = []
+    lock = threading.Lock()
+
+    def request(i: int) -> None:
+        job_id, began, error = f"a{index}-{i}", time.time(), None
+        try:
+            with Session(eng) as session:
+                session.execute(insert(orders), {"job_id": job_id, "created_at": began})
+                enqueue(session, Job(job_id, QUEUE, payload={"order": i}))
+                session.commit()
+        except Exception as exc:  # a failed request, as a web app would answer 500
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+        with lock:
+            results.append((job_id, began, time.time(), error))
+
+    with eng.connect() as conn:  # warm the pool before the clock starts
+        conn.exec_driver_sql("SELECT 1")
+    h.say("READY")
+    with ThreadPoolExecutor(threads) as pool:
+        for i in range(int(duration * rate)):
+            time.sleep(max(0.0, start_at + i / rate - time.time()))
+            pool.submit(request, i)
+    h.say("RESULT", results)
+
+
+def _live(db: str) -> int:
+    with sqlite3.connect(db, timeout=60) as conn:
+        return int(conn.execute("SELECT count(*) FROM watchdog_jobs WHERE state != 'settled'").fetchone()[0])
+
+
+def _drain(db: str, timeout: float, interval: float) -> bool:
+    deadline = time.time() + timeout
+    while _live(db) and time.time() < deadline:
+        time.sleep(interval)
+    return _live(db) == 0
+
+
+def one_run(bench: h.Bench, journal: str, timeout: float | None, tag: str) -> dict[str, float]:
+    from sqlalchemy_watchdog import Job, Watchdog, metadata
+
+    opt = bench.opt
+    apps_n, rate, duration = opt("apps", 2), opt("rate", 150.0), opt("duration", 20.0, 5.0)
+    db = str(bench.workdir / f"{tag}.db")
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"PRAGMA journal_mode={'WAL' if journal.startswith('wal') else 'DELETE'}")
+    eng = make_engine(db, journal, 60)
+    metadata.create_all(eng)
+    app_tables().create_all(eng)
+    common = {"db": db, "journal": journal, "timeout": timeout}
+    runners = [
+        h.Child(
+            bench.workdir / f"{tag}-runner{k}.log",
+            runner_role,
+            concurrency=opt("concurrency", 8),
+            poll_interval=opt("poll_interval", None),
+            **common,
+        )
+        for k in range(opt("runners", 2))
+    ]
+    apps: list[h.Child] = []
+    try:
+        for child in runners:
+            child.wait_ready()
+        time.sleep(0.5)
+        start_at = time.time() + 2.0
+        each = {"rate": rate / apps_n, "duration": duration, "start_at": start_at, "threads": opt("threads", 8)}
+        apps = [
+            h.Child(bench.workdir / f"{tag}-app{k}.log", app_role, index=k, **each, **common) for k in range(apps_n)
+        ]
+        for child in apps:
+            child.wait_ready()
+        rows = [row for child in apps for row in child.result(duration + 120)]
+        window_end, backlog = time.time(), _live(db)
+        drained = _drain(db, opt("drain_timeout", 60.0), 0.2)
+        Watchdog(eng).enqueue([Job(f"q-{i}", QUEUE) for i in range(opt("quiet_jobs", 2000, 300))])  # the quiet file
+        _drain(db, opt("drain_timeout", 60.0), 0.1)
+    finally:
+        eng.dispose()
+        h.stop_all(apps + runners)
+    with sqlite3.connect(db) as conn:
+        starts = dict(conn.execute("SELECT job_id, min(started_at) FROM handled GROUP BY job_id").fetchall())
+    ok = [r for r in rows if r[3] is None]
+    latency = sorted((starts[r[0]] - r[2]) * 1000 if r[0] in starts else math.inf for r in ok)
+    in_window = [s for j, s in starts.items() if not j.startswith("q-") and start_at <= s <= window_end]
+    quiet = sorted(s for j, s in starts.items() if j.startswith("q-"))
+    tx = [(r[2] - r[1]) * 1000 for r in ok]
+    errors = collections.Counter(r[3] for r in rows if r[3] is not None)
+    if errors:
+        bench.log(f"{tag}: app errors {dict(errors)}")
+    return {
+        **{f"enqueue-to-start p{p} (ms)": h.percentile(latency, p) for p in (50, 95, 99)},
+        "drain under load (jobs/s)": len(in_window) / max(1e-9, window_end - start_at),
+        "backlog when the apps stopped (jobs)": backlog,
+        "drained afterwards (1 = yes)": float(drained),
+        "quiet-file drain (jobs/s)": (len(quiet) - 1) / (quiet[-1] - quiet[0]) if len(quiet) > 1 else math.nan,
+        "app commits (per s)": len(ok) / duration,
+        "app transaction p50 (ms)": h.percentile(tx, 50),
+        "app transaction p99 (ms)": h.percentile(tx, 99),
+        "app transactions failed": len(rows) - len(ok),
+        "jobs never started": sum(1 for v in latency if v == math.inf),
+        "runner ERROR log lines": sum(
+            (bench.workdir / f"{tag}-runner{k}.log").read_text(errors="replace").count("ERROR")
+            for k in range(len(runners))
+        ),
+    }
+
+
+@h.scenario(
+    "sqlite-load",
+    options={
+        "--apps": {"type": int, "help": "sqlite-load: app processes (default 2)"},
+        "--runners": {"type": int, "help": "sqlite-load: runner processes (default 2)"},
+        **h.RATE,
+        "--threads": {"type": int, "help": "sqlite-load: request threads per app process (default 8)"},
+        **h.CONCURRENCY,
+        "--duration": {"type": float, "help": "sqlite-load: seconds of app load per run (default 20)"},
+        "--drain-timeout": {"type": float, "help": "sqlite-load: seconds to wait for a drain (default 60)"},
+        "--quiet-jobs": {"type": int, "help": "sqlite-load: jobs of the quiet-file drain (default 2,000)"},
+        "--journals": {"help": "sqlite-load: journal modes, of delete,wal,wal-full (default delete,wal)"},
+        "--timeouts": {"help": "sqlite-load: busy timeouts, 'default' (the driver's) or seconds (default default,30)"},
+        "--poll-interval": {"type": float, "help": "sqlite-load: the runners' poll_interval in seconds"},
+    },
+)
+def sqlite_load(bench: h.Bench) -> None:
+    """SQLite: runners beside paced app writers (journal modes x busy timeouts): latency, drain, app failures."""
+    table = "SQLite under an application's writes"
+    configs = [
+        (j, None if t == "default" else float(t))
+        for j in bench.opt("journals", "delete,wal").split(",")
+        for t in bench.opt("timeouts", "default,30").split(",")
+    ]
+    for rep in range(bench.repeat):
+        for journal, timeout in configs:
+            column = f"{journal}, busy {'5s (default)' if timeout is None else f'{timeout:g}s'}"
+            bench.measure(
+                table, "", column, partial(one_run, bench, journal, timeout, f"{journal}-{timeout}-{rep}"), 900
+            )

@@ -1,0 +1,344 @@
+"""What the statements cost: claim+settle without a runner, each index's cost and worth,
+and a py-spy profile of a draining runner process."""
+
+from __future__ import annotations
+
+import collections
+import shutil
+import subprocess
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from benchmarks import harness as h
+
+
+def _claim_and_settle(conn: Any, batch: int) -> int:
+    """Claim up to ``batch`` jobs and settle them completed, as a runner's loop and settler do."""
+    from sqlalchemy_watchdog import Decision, store
+
+    claimed = store.claim(conn, queues=[h.QUEUE], limit=batch, lease_ms=60_000).claimed
+    if claimed:
+        settled = store.settle_many(
+            conn, [store.SettleRequest(c.job.job_id, c.token, Decision.completed()) for c in claimed]
+        )
+        assert all(s.status is store.SettleStatus.SETTLED for s in settled)
+    return len(claimed)
+
+
+def _hot_round(target: h.Target, jobs: int, batch: int, tag: str) -> dict[str, float]:
+    """``jobs`` enqueued (untimed, VACUUM ANALYZE), then claimed ``batch`` at a time and settled
+    on one held autocommit connection: wall, client CPU and server CPU in us per job."""
+    eng = h.engine(target)
+    h.run_sql(target, "TRUNCATE watchdog_jobs")
+    h.Watchdog().enqueue_batch(target, jobs // 1000 or 1, min(jobs, 1000), tag)
+    h.run_sql(target, "SELECT 1", analyse=True)
+    with eng.connect() as conn:
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        done = sum(_claim_and_settle(conn, 1) for _ in range(10))  # psycopg prepares after the fifth execution
+        wall, cpu, server = time.perf_counter(), time.process_time(), h.cpu_seconds(pid)
+        measured = 0
+        while taken := _claim_and_settle(conn, batch):
+            measured += taken
+        wall, cpu, server = time.perf_counter() - wall, time.process_time() - cpu, h.cpu_seconds(pid) - server
+    eng.dispose()
+    if done + measured != (jobs // 1000 or 1) * min(jobs, 1000) + 1:
+        raise h.ScenarioFailed(f"claimed {done + measured} jobs")
+    return {
+        "wall (us/job)": wall / measured * 1e6,
+        "client CPU (us/job)": cpu / measured * 1e6,
+        "server CPU (us/job)": server / measured * 1e6,
+    }
+
+
+@h.scenario(
+    "hot-statements",
+    options={**h.JOBS, "--batch-sizes": {"help": "hot-statements: jobs per claim statement (default 1,10,50)"}},
+)
+def hot_statements(bench: h.Bench) -> None:
+    """Microseconds per job (wall, client CPU, server CPU) of store.claim + settle_many without a runner, PostgreSQL."""
+    target = bench.scratch("postgresql", "hot")
+    h.install_watchdog(target)
+    table = "claim + settle_many, one held connection (the server on this machine)"
+    try:
+        sizes, jobs = bench.ints("batch_sizes", "1,10,50"), bench.opt("jobs", 20_000, 2000)
+        for r in range(bench.repeat):
+            for b in sizes if r % 2 == 0 else sizes[::-1]:
+                bench.measure(table, f"{b} per statement", "", partial(_hot_round, target, jobs, b, f"r{r}b{b}"))
+    finally:
+        h.drop(target)
+
+
+# -- the index review ------------------------------------------------------------------------
+
+MODEL = "model (as in model.py)"
+LIVE = "state IN ('delayed', 'queued', 'running')"
+BEFORE_W0008 = "the set before w0008 (7 entries per ready job)"
+CANCELLATION_FULL = [
+    "DROP INDEX uq_watchdog_jobs_cancellation_id",
+    "ALTER TABLE watchdog_jobs ADD CONSTRAINT uq_watchdog_jobs_cancellation_id UNIQUE (cancellation_id)",
+]
+READY = ["CREATE INDEX ix_watchdog_jobs_ready ON watchdog_jobs (priority DESC, sequence) WHERE state = 'queued'"]
+#: Each variant: the DDL turning the model's index set into it.
+VARIANTS: dict[str, list[str]] = {
+    MODEL: [],
+    BEFORE_W0008: [  # revision w0008 back to w0007
+        *CANCELLATION_FULL,
+        *READY,
+        "CREATE INDEX ix_watchdog_jobs_queued_since ON watchdog_jobs (queue_name, coalesce(ready_at, enqueued_at)) WHERE state = 'queued'",
+        "DROP INDEX ix_watchdog_jobs_live_lane",
+        f"CREATE INDEX ix_watchdog_jobs_live_lane ON watchdog_jobs (lane, state DESC, sequence) WHERE {LIVE}",
+        "DROP INDEX ix_watchdog_jobs_live_queue",
+        f"CREATE INDEX ix_watchdog_jobs_live_queue ON watchdog_jobs (queue_name, state, priority DESC, sequence) WHERE {LIVE}",
+    ],
+    "+ ix_watchdog_jobs_ready (dropped in w0008)": READY,
+    "cancellation_id NULLs indexed again (before w0008)": CANCELLATION_FULL,
+    "- ix_watchdog_jobs_live_queue": ["DROP INDEX ix_watchdog_jobs_live_queue"],
+    "- ix_watchdog_jobs_live_lane": ["DROP INDEX ix_watchdog_jobs_live_lane"],
+    "- the NOTIFY trigger (not an index)": ["ALTER TABLE watchdog_jobs DISABLE TRIGGER watchdog_jobs_queued"],
+    "PK + job_id unique only": [
+        f"DROP INDEX {name}"
+        for name in (
+            "uq_watchdog_jobs_cancellation_id",
+            "ix_watchdog_jobs_delayed",
+            "ix_watchdog_jobs_settled",
+            "ix_watchdog_jobs_rerun_of",
+            "ix_watchdog_jobs_lease",
+            "ix_watchdog_jobs_live_lane",
+            "ix_watchdog_jobs_live_queue",
+        )
+    ],
+}
+
+
+def _build(target: h.Target, variant: str) -> None:
+    h.install_watchdog(target, fresh=True)
+    for statement in VARIANTS[variant]:
+        h.run_sql(target, statement)
+
+
+class _Enqueuer:
+    """One variant's database: ``enqueue()`` through a Session, and the same statement alone
+    over psycopg (its parameter built beforehand, prepared): jobs/s per 1,000-job transaction."""
+
+    def __init__(self, target: h.Target) -> None:
+        from sqlalchemy import event
+
+        self.target, self.engine, sent = target, h.engine(target), []
+        keep = lambda conn, cursor, statement, parameters, *rest: (
+            sent.append((statement, parameters)) if statement.startswith("INSERT INTO watchdog_jobs") else None
+        )
+        event.listen(self.engine, "before_cursor_execute", keep)
+        self.batch("warm")
+        event.remove(self.engine, "before_cursor_execute", keep)
+        self.statement, self.parameters = sent[0]
+        self.raw = psycopg.connect(target.dsn)
+
+    def batch(self, tag: str) -> float:
+        from sqlalchemy.orm import Session
+
+        from sqlalchemy_watchdog import enqueue
+
+        started = time.perf_counter()
+        with Session(self.engine) as session:
+            enqueue(session, h.Watchdog.jobs(tag, 1000))
+            session.commit()
+        return 1000 / (time.perf_counter() - started)
+
+    def statement_alone(self, tag: str) -> float:
+        body = self.parameters["jobs"].replace('"warm-', f'"{tag}-')
+        started = time.perf_counter()
+        self.raw.execute(self.statement, {**self.parameters, "jobs": body}, prepare=True)
+        self.raw.commit()
+        return 1000 / (time.perf_counter() - started)
+
+    def close(self) -> None:
+        self.raw.close()
+        self.engine.dispose()
+
+
+@h.scenario(
+    "index-review",
+    options={
+        "--batches": {"type": int, "help": "index-review: 1,000-job transactions per variant (default 40)"},
+        **h.ROWS,
+        **h.JOBS,
+    },
+)
+def index_review(bench: h.Bench) -> None:
+    """Each index set of watchdog_jobs: batch enqueue jobs/s, and claim+settle ms/job beside a history."""
+    batches, rows, claims = (
+        bench.opt("batches", 40, 10),
+        bench.opt("rows", 1_000_000, 100_000),
+        bench.opt("jobs", 500, 200),
+    )
+    table = "index sets: enqueue(), 1,000 jobs per statement (jobs/s); claim+settle (ms/job)"
+    bench.table(table, ratios=MODEL)
+    # One database per variant; the batches interleave across the variants (the order
+    # rotated every batch), so load changes and checkpoints hit them all alike.
+    clients: dict[str, _Enqueuer] = {}
+    try:
+        for i, variant in enumerate(VARIANTS):
+            _build(target := bench.scratch("postgresql", f"indexes{i}"), variant)
+            clients[variant] = _Enqueuer(target)
+        names = list(VARIANTS)
+        for b in range(batches):
+            for variant in names[b % len(names) :] + names[: b % len(names)]:
+                bench.record(table, "enqueue() (jobs/s)", variant, clients[variant].batch(f"e{b}"))
+                bench.record(table, "the statement alone (jobs/s)", variant, clients[variant].statement_alone(f"s{b}"))
+    finally:
+        for client in clients.values():
+            client.close()
+            h.drop(client.target)
+    # The claim beside a history: a database per index set, the rounds alternating.
+    targets = {
+        variant: bench.scratch("postgresql", f"indexes_history{i}") for i, variant in enumerate((MODEL, BEFORE_W0008))
+    }
+    try:
+        for variant, target in targets.items():
+            _build(target, variant)
+            bench.log(f"{variant}: {rows:,} settled rows in {h.insert_jobs(target, rows, h.SETTLED):.1f}s")
+        for r in range(bench.repeat):
+            for variant, target in targets.items():
+                claim = partial(h.Watchdog().claim_settle, target, claims, f"c{r}{variant[:3]}")
+                bench.measure(table, f"claim+settle, {rows:,} settled rows (ms/job)", variant, claim, 900)
+    finally:
+        h.drop(*targets.values())
+
+
+# -- the profile ---------------------------------------------------------------------------------
+
+#: (group, path fragments of the innermost frame's file), first match wins.
+GROUPS: list[tuple[str, tuple[str, ...]]] = [
+    ("ours: sqlalchemy_watchdog", ("sqlalchemy_watchdog/",)),
+    ("SQLAlchemy: SQL build/compile/cache key", ("sqlalchemy/sql/",)),
+    (
+        "SQLAlchemy: result rows",
+        ("sqlalchemy/engine/result.py", "sqlalchemy/engine/cursor.py", "sqlalchemy/engine/row.py"),
+    ),
+    ("SQLAlchemy: engine/connection/pool/events", ("sqlalchemy/engine/", "sqlalchemy/pool/", "sqlalchemy/event/")),
+    ("SQLAlchemy: other (util, dialect, orm)", ("sqlalchemy/",)),
+    ("driver: psycopg (Python layer)", ("psycopg/", "psycopg_pool/", "psycopg_binary/")),
+    ("thread hand-offs: threading/queue/futures", ("threading.py", "queue.py", "concurrent/futures/")),
+    ("asyncio event loop", ("asyncio/",)),
+    ("logging", ("logging/",)),
+    ("json", ("json/",)),
+]
+
+
+def _group(frame: str) -> str:
+    if not frame.strip():
+        return "native (GIL held, no Python frame)"
+    return next((name for name, parts in GROUPS if any(p in frame for p in parts)), "other (stdlib, interpreter)")
+
+
+def _operation(frames: list[str]) -> str:
+    """The store operation a sample is in: the outermost frame in store.py, else the outermost of ours."""
+    for marker in ("sqlalchemy_watchdog/store.py", "sqlalchemy_watchdog/"):
+        for frame in frames:
+            if marker in frame:
+                name = frame.split(" (")[0]
+                return (
+                    f"store.{name}"
+                    if marker.endswith("store.py")
+                    else f"{name} ({frame.rsplit('/', 1)[-1].split(':')[0]})"
+                )
+    return "outside sqlalchemy_watchdog"
+
+
+def _profile(bench: h.Bench, shape: str, jobs: int) -> dict[str, float]:
+    """A worker process as the drain rows start it, under ``py-spy record --gil`` (samples of the
+    thread holding the GIL) attached after a warm-up; ``jobs`` jobs drained; per job: wall
+    time, the worker's CPU, and each group's share of the samples times that CPU."""
+    kind, concurrency = shape.split("-c")
+    target = bench.scratch("postgresql", f"profile_{kind}_{concurrency}")
+    h.install_watchdog(target)
+    options = {
+        "concurrency": int(concurrency),
+        "use_asyncio": kind == "async",
+        "count_sql": bool(bench.opt("count_sql", False)),
+    }
+    stacks, spy = bench.workdir / f"{shape}.txt", None
+    (child,) = bench.workers("watchdog", target, f"profile-{shape}", **options)
+    probe, subject = h.Probe(h.Watchdog(), target), h.Watchdog()
+    try:
+        time.sleep(0.5)
+        subject.prefill(target, 20, "warm")
+        h.poll_until(lambda: not probe.live(), timeout=60, interval=0.005, what="warm-up")
+        spy_bin = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        argv = [
+            spy_bin,
+            "record",
+            "--gil",
+            "--format",
+            "raw",
+            "--rate",
+            str(int(bench.opt("rate", 1000))),
+            "--output",
+            str(stacks),
+            "--pid",
+            str(child.proc.pid),
+        ]
+        spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(bench.workdir / f"{shape}-py-spy.log", "w"))
+        time.sleep(1.0)
+        cpu = h.cpu_seconds(child.proc.pid)
+        started = subject.prefill(target, jobs, "profile")
+        finished = h.poll_until(lambda: not probe.live(), timeout=600, interval=0.005, what="drain")
+        cpu = h.cpu_seconds(child.proc.pid) - cpu
+        spy.send_signal(2)
+        spy.wait(timeout=60)
+    finally:
+        probe.close()
+        if spy is not None and spy.poll() is None:
+            spy.kill()
+        h.stop_all([child])
+        h.drop(target)
+    groups: collections.Counter[str] = collections.Counter()
+    operations: collections.Counter[str] = collections.Counter()
+    for line in stacks.read_text().splitlines():  # py-spy's raw format: frame;frame;... count
+        stack, _, count = line.rpartition(" ")
+        groups[_group(stack.split(";")[-1])] += int(count)
+        operations[_operation(stack.split(";"))] += int(count)
+    if raw := bench.opt("raw", None):
+        Path(raw).mkdir(parents=True, exist_ok=True)
+        shutil.copy(stacks, Path(raw) / stacks.name)
+    cpu_us, total = cpu / jobs * 1e6, sum(groups.values()) or 1
+    statements = [
+        line.split(" ", 2) for line in child.log_path.read_text().splitlines() if line.startswith("SQLCOUNT ")
+    ]
+    return {
+        "wall (1 / drain rate)": (finished - started) / jobs * 1e6,
+        "worker CPU (all threads)": cpu_us,
+        **{name: cpu_us * n / total for name, n in groups.most_common()},
+        **{f"op {name}": cpu_us * n / total for name, n in operations.most_common() if cpu_us * n / total >= 5},
+        **{
+            f"statements per job: {words}": int(n) / (jobs + 20)
+            for _, n, words in statements
+            if int(n) / (jobs + 20) >= 0.01
+        },
+    }
+
+
+@h.scenario(
+    "profile-drain",
+    options={
+        **h.JOBS,
+        "--shapes": {"help": "profile-drain: worker shapes (default sync-c1,sync-c16,async-c16)"},
+        **h.RATE,
+        "--raw": {"help": "profile-drain: keep py-spy's collapsed stacks in this directory"},
+        "--count-sql": {
+            "action": "store_true",
+            "help": "profile-drain: also count statements per job (SQLAlchemy's path)",
+        },
+    },
+)
+def profile_drain(bench: h.Bench) -> None:
+    """Where a drained job's time goes: py-spy samples of a runner process by function group (pip install py-spy)."""
+    table = "us per job, py-spy --gil samples of the worker by group"
+    for shape in bench.opt("shapes", "sync-c1,sync-c16,async-c16").split(","):
+        bench.measure(table, "", shape, partial(_profile, bench, shape, bench.opt("jobs", 3000, 500)), 900)

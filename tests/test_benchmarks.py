@@ -1,0 +1,54 @@
+"""The benchmark still runs: one harness, scenario modules that import no other scenario
+module, and two scenarios end to end on SQLite at tiny sizes (a smoke test, not a timing)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ROOT / "benchmarks" / "scenarios"
+
+
+def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_scenario_modules_import_the_harness_and_no_other_scenario() -> None:
+    modules = sorted(SCENARIOS.glob("*.py"))
+    assert len(modules) > 3
+    for path in modules:
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported |= {f"{node.module}.{alias.name}" for alias in node.names} | {node.module}
+            elif isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+        assert not {name for name in imported if name.startswith("benchmarks.scenarios")}, path.name
+
+
+def test_every_scenario_is_listed_with_its_help() -> None:
+    listed = bench("--list")
+    assert listed.returncode == 0, listed.stderr
+    names = {line.split()[0] for line in listed.stdout.splitlines()}
+    for scenario in ("enqueue", "drain", "latency", "claim", "prune", "stats", "scale", "sqlite-load", "poolers"):
+        assert scenario in names
+    assert {"in-process", "otel-overhead", "profile-drain", "hot-statements", "index-review"} <= names
+
+
+def test_enqueue_and_a_drain_run_on_sqlite(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    run = bench(
+        "enqueue,drain", "--subjects", "watchdog", "--dialects", "sqlite", "--repeat", "1", "--jobs", "20",
+        "--concurrencies", "2", "--drain-rows", "p1", "--json", str(out),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "| enqueue (jobs/s), SQLite" in run.stdout
+    assert "| c2 p1" in run.stdout
+    assert '"errors": []' in out.read_text()
