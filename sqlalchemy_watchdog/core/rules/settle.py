@@ -1,0 +1,307 @@
+"""What a handler's answer means: one verdict, and the settle it makes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from ... import store
+from ...errors import WatchdogError, redacted_detail, safe_text
+from ...jobs import (
+    Decision,
+    JobState,
+    JobView,
+    Outcome,
+    RetryPolicy,
+    SettleStatus,
+    at_epoch_ms,
+    bound_reason,
+    duration_ms,
+    history_with,
+)
+from ...store import Settlement, SettleRequest
+from ..handlers import RunningJob, StopReason
+from ..state import Execution, RunnerCore, TickResult, TickStatus, _outcome
+from ..steps import Steps, StoreCall
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger("sqlalchemy_watchdog.runner")
+
+T = TypeVar("T")
+
+
+def decision_of_result(result: object, job: RunningJob) -> Decision | None:
+    """A handler's return value as a decision.
+
+    None means ``completed``: a handler that returns normally has done its
+    work, also after the runner asked it to stop for shutdown. A handler
+    that stopped early says so -- by raising (after a shutdown stop the job
+    is then handed to recovery: requeued within its budget, else
+    ``interrupted``; an async handler's cancelled task is the same) or by
+    returning a :class:`Decision`. The one exception is an attempt past its
+    timeout, which counts as failed whatever it returns but a Decision.
+    """
+    if result is None:
+        if job.stop_reason is StopReason.TIMEOUT:
+            return Decision.failed(timed_out(job))
+        return Decision.completed()
+    if isinstance(result, Decision):
+        return result
+    return Decision.failed(f"handler returned {type(result).__name__}, not a Decision or None: {result!r}"[:500])
+
+
+def decision_of_exception(execution: Execution, error: BaseException) -> Decision | None:
+    """A handler's exception as a ``failed`` decision with a bounded reason;
+    the exception is logged with its traceback, which is kept with the job
+    (``JobView.failure_detail``). Neither the reason nor the kept traceback
+    holds a database error's bound parameters, SQL text in the reason, or
+    driver details (:func:`~sqlalchemy_watchdog.errors.safe_text`).
+
+    Raised after a shutdown stop, the exception is the handler saying it
+    stopped early: no decision (None), and the job is handed to recovery."""
+    job = execution.job
+    if job.stop_reason is StopReason.SHUTDOWN:
+        log.warning(
+            "job %s: its handler stopped for shutdown (%s); handing it to recovery",
+            job.job_id,
+            safe_text(error),
+            extra=job.log_fields,
+        )
+        return None
+    execution.error = error
+    execution.failure_detail = redacted_detail(error)
+    execution.traced("raised", error)
+    # The traceback at DEBUG only: the attempt's one WARNING (a retry) or
+    # ERROR (the final failure) line is logged once its fate is known
+    # (settle_request).
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug(
+            "job %s: handler raised %s: %s",
+            job.job_id,
+            type(error).__name__,
+            safe_text(error),
+            exc_info=(type(error), error, error.__traceback__),
+            extra=job.log_fields,
+        )
+    if job.stop_reason is StopReason.TIMEOUT:
+        return Decision.failed(bound_reason(f"{timed_out(job)} ({safe_text(error)})"))
+    return Decision.failed(bound_reason(safe_text(error)))
+
+
+def timed_out(job: RunningJob) -> str:
+    """The reason of an attempt that outlived its timeout."""
+    timeout = job.timeout
+    seconds = 0.0 if timeout is None else timeout.total_seconds()
+    return f"timed out after {seconds:g}s"
+
+
+def decision_of_cancelled_task(execution: Execution) -> Decision | None:
+    """The decision of an async handler whose task was cancelled: none for a
+    shutdown (recovery takes it), else ``failed`` with the stop's reason."""
+    reason = execution.signal.reason or StopReason.SHUTDOWN
+    if reason is StopReason.SHUTDOWN:
+        return None
+    if reason is StopReason.TIMEOUT:
+        return Decision.failed(timed_out(execution.job))
+    return Decision.failed(f"execution stopped ({reason.value})")
+
+
+def stop_reason_of(job: JobView | None) -> StopReason:
+    """Why a claim could not be renewed, judged from the stored row."""
+    if job is not None and job.cancellation_id is not None:
+        return StopReason.CANCELLED
+    if job is not None and job.state is JobState.SETTLED and job.outcome is Outcome.FAILED:
+        return StopReason.LANE_FAILED
+    return StopReason.LEASE_LOST
+
+
+def settle_request(core: RunnerCore, execution: Execution, decision: Decision) -> SettleRequest:
+    """What the decision means for the job under its retry policy: settle
+    it, or requeue it on the same row (a retry or a snooze), by one
+    statement guarded by the exact claim.
+
+    * a snooze waits ``after`` and uses no attempt;
+    * a retryable ``failed`` decision (a raised exception, a timeout,
+      ``Decision.failed(reason)``, ``Decision.retry``) with attempts left
+      under the policy waits ``after`` (``Decision.retry``) or the policy's
+      backoff and moves to the next attempt; without attempts left -- or
+      with ``retry=False``, or no policy at all, or an exception the
+      policy's ``retry_on`` does not list -- it settles ``failed``;
+    * every failed attempt goes into the job's bounded failure history;
+    * ``completed`` and ``outcome_unknown`` settle (never retried).
+    """
+    claim = execution.claim
+    job = claim.job
+    now = core.clock()
+    if decision.snoozed:
+        after = decision.after
+        assert after is not None
+        execution.requeue_in = after.total_seconds()
+        return SettleRequest(job.job_id, claim.token, decision, now)
+    if decision.outcome is not Outcome.FAILED:
+        return SettleRequest(job.job_id, claim.token, decision, now, execution.failure_detail)
+    history = history_with(job.failure_history, at_ms=now, attempt=job.attempt, reason=decision.reason or "failed")
+    policy = core.settings.policy_for(job)
+    if (
+        decision.retryable
+        and policy is not None
+        and job.attempt < policy.max_attempts
+        and (decision.after is not None or policy.retries(execution.error))
+    ):
+        wait = decision.after if decision.after is not None else policy.delay(job.attempt)
+        execution.requeue_in = wait.total_seconds()
+        # One WARNING line, no traceback (DEBUG and failure_detail have it):
+        # an attempt that will be retried is no reason to page anyone.
+        log.warning(
+            "job %s: attempt %d of %d failed (%s); next attempt at %s (in %.3fs)",
+            job.job_id,
+            job.attempt,
+            policy.max_attempts,
+            decision.reason or "failed",
+            _log_time(now + duration_ms(wait)),
+            wait.total_seconds(),
+            extra=execution.job.log_fields,
+        )
+        return SettleRequest(
+            job.job_id, claim.token, decision, now, execution.failure_detail,
+            requeue_after_ms=duration_ms(wait), history=history,
+        )  # fmt: skip
+    _log_final_failure(execution, decision, policy)
+    return SettleRequest(job.job_id, claim.token, decision, now, execution.failure_detail, history=history)
+
+
+def _log_final_failure(execution: Execution, decision: Decision, policy: RetryPolicy | None) -> None:
+    """The ERROR line of an attempt that settles the job ``failed``: with its
+    handler's traceback when it raised."""
+    job = execution.job
+    error = execution.error
+    attempts = "" if policy is None else f" of {policy.max_attempts}"
+    why = "" if decision.retryable or policy is None else "; not retried"
+    log.error(
+        "job %s: attempt %d%s failed (%s)%s; the job failed",
+        job.job_id,
+        job.attempt,
+        attempts,
+        decision.reason or "failed",
+        why,
+        exc_info=None if error is None else (type(error), error, error.__traceback__),
+        extra=job.log_fields,
+    )
+
+
+def _log_time(epoch_ms: int) -> str:
+    """An epoch-millisecond instant as a log line shows it (UTC, milliseconds)."""
+    return f"{at_epoch_ms(epoch_ms):%Y-%m-%d %H:%M:%S.%f}"[:-3] + " UTC"
+
+
+def conclude(execution: Execution, settlement: Settlement | None) -> TickResult:
+    """What a settle attempt means for the execution (logged, and told to its
+    trace); ``settlement`` None when the database refused it (recovery then
+    covers the job)."""
+    execution.result = _result_of(settlement)
+    result = _concluded(execution, settlement)
+    execution.traced("concluded", result)
+    return result
+
+
+def _result_of(settlement: Settlement | None) -> str:
+    """What a settle did, as the runner's summary counts it."""
+    if settlement is None:
+        return "rejected"
+    if settlement.status is SettleStatus.REQUEUED:
+        return "requeued"
+    if settlement.status in (SettleStatus.SETTLED, SettleStatus.REPLAYED):
+        outcome = settlement.outcome
+        return outcome.value if outcome is not None else "settled"
+    return "rejected"
+
+
+def finish(execution: Execution, settlement: Settlement | None) -> None:
+    """:func:`conclude` a settle whose result nobody reads (a handed-off
+    settle under ``run_forever``): a plain settle that is neither logged nor
+    traced is left at that, so the settled job's view is never built."""
+    if (
+        execution.trace is None
+        and settlement is not None
+        and settlement.status is SettleStatus.SETTLED
+        and not log.isEnabledFor(logging.DEBUG)
+    ):
+        execution.result = _result_of(settlement)
+        return
+    conclude(execution, settlement)
+
+
+def _concluded(execution: Execution, settlement: Settlement | None) -> TickResult:
+    job_id = execution.job_id
+    if settlement is None:
+        return TickResult(TickStatus.REJECTED, None, job_id)
+    settled = settlement.job
+    if settlement.status is SettleStatus.REQUEUED:
+        assert settled is not None
+        log.info(
+            "job %s: back to %s (attempt %d, %d snooze(s))%s",
+            job_id,
+            settled.state.value,
+            settled.attempt,
+            settled.snoozes,
+            f" until {settled.ready_at:%Y-%m-%d %H:%M:%S.%f}"[:-3] if settled.ready_at is not None else "",
+            extra=execution.job.log_fields,
+        )
+        return TickResult(TickStatus.REQUEUED, settled, job_id)
+    if settlement.status in (SettleStatus.SETTLED, SettleStatus.REPLAYED):
+        if log.isEnabledFor(logging.DEBUG):  # the common case: no record built unless logged
+            log.debug(
+                "settled job %s: %s%s",
+                job_id,
+                _outcome(settled),
+                f" ({settled.failure_reason})" if settled is not None and settled.failure_reason else "",
+                extra=execution.job.log_fields,
+            )
+        return TickResult(TickStatus.SETTLED, settled, job_id)
+    if settled is not None and settled.state is JobState.SETTLED:
+        log.info("job %s was settled elsewhere (%s); this claim's decision is dropped", job_id, _outcome(settled))
+        return TickResult(TickStatus.SETTLED, settled, job_id)
+    log.warning("job %s: settlement rejected (%s): the claim was lost", job_id, settlement.status.value)
+    return TickResult(TickStatus.REJECTED, settled, job_id)
+
+
+#: The reason a job is settled ``failed`` with when the database refused to
+#: store its own decision (short, to fit constraints the library did not make).
+REFUSED_SETTLE_REASON = "settle refused by the database"
+
+
+def settle_batch(requests: Sequence[SettleRequest], *, fallback: bool = True) -> Steps[list[Settlement | None]]:
+    """Settle ``requests`` in one statement; isolate a row the database refuses.
+
+    Every row keeps its own guard (exact token, live lease); only the
+    statement and the commit are shared. When the database refuses the
+    batch for a reason that is not transient (a constraint the library did
+    not create, say), each request is settled alone, so one poison row
+    cannot take the others with it; a row refused alone is settled
+    ``failed`` with :data:`REFUSED_SETTLE_REASON`, and if even that is
+    refused it is left to its lease (logged; recovery then isolates it). A
+    transient failure (the database is unreachable) fails the batch:
+    recovery covers its jobs.
+    """
+    try:
+        return list((yield StoreCall(store.settle_many, (list(requests),))))
+    except WatchdogError as error:
+        if store.transient_failure(error):
+            log.error("settle of %d job(s) failed (%s); recovery will handle them", len(requests), error)
+            return [None] * len(requests)
+        if len(requests) > 1:
+            log.warning("a batch of %d settles was refused (%s); settling each alone", len(requests), error)
+            results: list[Settlement | None] = []
+            for request in requests:
+                results.extend((yield from settle_batch([request], fallback=fallback)))
+            return results
+        (request,) = requests
+        if not fallback:
+            log.error("job %s: the database refused its settlement (%s); left to its lease", request.job_id, error)
+            return [None]
+        log.error("job %s: the database refused its settlement (%s); settling it failed instead", request.job_id, error)
+        failed = SettleRequest(request.job_id, request.claim_token, Decision.failed(REFUSED_SETTLE_REASON), request.now)
+        return list((yield from settle_batch([failed], fallback=False)))
