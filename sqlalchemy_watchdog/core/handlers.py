@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import enum
+import inspect
 import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from ..errors import InvalidJob
 from ..jobs import (
@@ -19,9 +20,6 @@ from ..jobs import (
     check_text,
 )
 
-if TYPE_CHECKING:
-    pass
-
 log = logging.getLogger("sqlalchemy_watchdog.runner")
 
 T = TypeVar("T")
@@ -30,18 +28,58 @@ T = TypeVar("T")
 Handler = Callable[["RunningJob"], "Decision | None"]
 
 
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerPolicy:
+    """What ``@handler(queue, ...)`` set for the jobs of its queue that carry
+    none of their own; a field not given is :data:`_UNSET` (the runner's
+    own setting applies)."""
+
+    max_recoveries: int | None = _UNSET
+    retry: RetryPolicy | None = _UNSET
+    timeout: timedelta | None = _UNSET
+
+
 @dataclass(frozen=True, slots=True)
 class _Registered:
+    """A registry entry: the handler of a queue and its policy."""
+
     fn: Callable[..., Any]
     max_recoveries: int | None
     retry: RetryPolicy | None = None
     timeout: timedelta | None = None
 
+    @property
+    def policy(self) -> HandlerPolicy:
+        return HandlerPolicy(self.max_recoveries, self.retry, self.timeout)
 
-_registry: dict[str, _Registered] = {}
+
+#: The attribute ``@handler`` puts on the function it registers: its
+#: policies by queue. ``functools.wraps`` copies it onto a wrapper (and sets
+#: ``__wrapped__``, which is followed too), so wrapping a handler keeps its
+#: retry, timeout and recovery budget.
+POLICY_ATTRIBUTE = "__watchdog_policies__"
 
 
-_UNSET: Any = object()
+def _attached(fn: object) -> Mapping[str, HandlerPolicy]:
+    """The policies attached to ``fn`` or to a function it wraps."""
+    seen: set[int] = set()
+    current: object = fn
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        found = getattr(current, POLICY_ATTRIBUTE, None)
+        if isinstance(found, Mapping):
+            return found
+        current = getattr(current, "__wrapped__", None)
+    return {}
+
+
+def _same(registered: Callable[..., Any], fn: object) -> bool:
+    """Whether ``fn`` is the registered handler (a bound method is made anew
+    at each attribute access, so equal ones count)."""
+    return registered is fn or (inspect.ismethod(registered) and registered == fn)
 
 
 def _check_budget(name: str, value: object) -> int | None:
@@ -64,6 +102,62 @@ def check_timeout(value: object, name: str = "timeout") -> timedelta | None:
     return None if value is None else check_duration(name, value)
 
 
+class HandlerRegistry:
+    """Handlers by queue, as ``@handler`` registers them; each handler
+    carries its policy (:data:`POLICY_ATTRIBUTE`)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, _Registered] = {}
+
+    def register(
+        self,
+        queue: str,
+        *,
+        max_recoveries: int | None = _UNSET,
+        retry: RetryPolicy | None = _UNSET,
+        timeout: timedelta | None = _UNSET,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """The decorator of :func:`handler`, for this registry."""
+        check_text("queue", queue, QUEUE_MAX_LENGTH)
+        budget = _UNSET if max_recoveries is _UNSET else _check_budget("max_recoveries", max_recoveries)
+        policy = _UNSET if retry is _UNSET else check_retry(retry)
+        limit = _UNSET if timeout is _UNSET else check_timeout(timeout)
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            existing = self.entries.get(queue)
+            if existing is not None and existing.fn is not fn:
+                raise ValueError(f"queue {queue!r} already has a handler: {existing.fn!r}")
+            entry = _Registered(fn, budget, policy, limit)
+            try:  # a new mapping: a wrapper sharing the old one (functools.wraps) keeps what it had
+                setattr(fn, POLICY_ATTRIBUTE, {**_attached(fn), queue: entry.policy})
+            except (AttributeError, TypeError):
+                pass  # a callable without attributes (a bound method): found by the registry alone
+            self.entries[queue] = entry
+            return fn
+
+        return register
+
+    def handlers(self) -> dict[str, Callable[..., Any]]:
+        """A copy of the handlers registered, by queue."""
+        return {queue: entry.fn for queue, entry in self.entries.items()}
+
+    def policy_for(self, queue: str, fn: object) -> HandlerPolicy | None:
+        """The policy of ``fn`` serving ``queue``: the one ``@handler(queue,
+        ...)`` attached to it or to the function it wraps, else the one this
+        registry holds for that very handler; None: it has none."""
+        attached = _attached(fn).get(queue)
+        if attached is not None:
+            return attached
+        entry = self.entries.get(queue)
+        return entry.policy if entry is not None and _same(entry.fn, fn) else None
+
+
+#: The registry behind the module-level :func:`handler`.
+default_registry = HandlerRegistry()
+#: Its entries, by queue (read by :mod:`sqlalchemy_watchdog.applies`).
+_registry = default_registry.entries
+
+
 def handler(
     queue: str,
     *,
@@ -74,7 +168,9 @@ def handler(
     """Register the decorated function as the handler of ``queue``.
 
     A :class:`~sqlalchemy_watchdog.Runner` (or ``AsyncRunner``) built
-    without ``handlers`` serves every queue registered this way.
+    without ``handlers`` serves every queue registered this way. The
+    policy given here goes with the function (a wrapper made with
+    ``functools.wraps`` keeps it), also when it is passed in ``handlers``.
 
     :param max_recoveries: the recovery budget of this queue's jobs that do
         not carry one of their own (``Job(max_recoveries=None)``): how many
@@ -86,24 +182,12 @@ def handler(
     :param timeout: how long one attempt of this queue's jobs may run when
         the job sets no ``timeout`` of its own; overrides the runner's.
     """
-    check_text("queue", queue, QUEUE_MAX_LENGTH)
-    budget = _UNSET if max_recoveries is _UNSET else _check_budget("max_recoveries", max_recoveries)
-    policy = _UNSET if retry is _UNSET else check_retry(retry)
-    limit = _UNSET if timeout is _UNSET else check_timeout(timeout)
-
-    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-        existing = _registry.get(queue)
-        if existing is not None and existing.fn is not fn:
-            raise ValueError(f"queue {queue!r} already has a handler: {existing.fn!r}")
-        _registry[queue] = _Registered(fn, budget, policy, limit)
-        return fn
-
-    return register
+    return default_registry.register(queue, max_recoveries=max_recoveries, retry=retry, timeout=timeout)
 
 
 def registered_handlers() -> dict[str, Callable[..., Any]]:
     """A copy of the handlers registered with :func:`handler`."""
-    return {queue: entry.fn for queue, entry in _registry.items()}
+    return default_registry.handlers()
 
 
 class StopReason(str, enum.Enum):

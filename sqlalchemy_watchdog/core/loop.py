@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, TypeVar
 
 from .. import store, telemetry
@@ -19,7 +18,7 @@ from .maintenance import abandon, enqueue_schedules, promote, prune_workers, rec
 from .rules.settle import settle_request, stop_reason_of
 from .settings import stop_wait_s
 from .state import Execution, RunnerCore, TickResult, TickStatus, _reason, stop
-from .steps import STARTED_LATE, RunHandler, Spawn, Steps, StoreCall, WaitDone
+from .steps import STARTED_LATE, RunHandler, Spawn, Steps, WaitDone, call
 
 if TYPE_CHECKING:
     pass
@@ -32,11 +31,8 @@ T = TypeVar("T")
 def claim_steps(core: RunnerCore, limit: int) -> Steps[tuple[list[Execution], tuple[JobView, ...]]]:
     """Claim up to ``limit`` jobs: the executions to run, and the jobs the
     claim found cancelled while queued (settled by the claim itself)."""
-    asked_at = time.monotonic()
-    batch = yield StoreCall(
-        store.claim,
-        kwargs=dict(queues=core.settings.queues, limit=limit, lease_ms=core.settings.lease_ms),
-    )
+    asked_at = core.clock.monotonic()
+    batch = yield from call(store.claim, queues=core.settings.queues, limit=limit, lease_ms=core.settings.lease_ms)
     instrumentation = telemetry.active()
     core.count("cancelled", len(batch.cancelled))
     for job in batch.cancelled:
@@ -76,12 +72,12 @@ def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | Tic
     try:
         while True:
             if execution.started_late(settings.heartbeat_s) and not execution.signal.is_set():
-                asked = time.monotonic()
-                held = yield StoreCall(
-                    store.renew, ([execution.pair],), dict(lease_ms=settings.lease_ms, now=core.clock())
+                asked = core.clock.monotonic()
+                held = yield from call(
+                    store.renew, [execution.pair], lease_ms=settings.lease_ms, now=core.clock.now_ms()
                 )
                 if job_id not in held:
-                    row = yield StoreCall(store.read, (job_id,))
+                    row = yield from call(store.read, job_id)
                     yield from stop(execution, stop_reason_of(row))
                 else:
                     execution.checked_at = asked
@@ -94,7 +90,7 @@ def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | Tic
             else:
                 timeout = execution.job.timeout
                 if timeout is not None:
-                    execution.deadline = time.monotonic() + timeout.total_seconds()
+                    execution.deadline = core.clock.monotonic() + timeout.total_seconds()
                 decision = yield RunHandler(execution)
                 if decision is STARTED_LATE:
                     # The driver found the claim's last check over a heartbeat
@@ -132,13 +128,13 @@ def renew(core: RunnerCore) -> Steps[None]:
     executions = [e for e in core.active() if e.signal.reason is not StopReason.TIMEOUT]
     if not executions:
         return
-    held = yield StoreCall(
-        store.renew, ([e.pair for e in executions],), dict(lease_ms=core.settings.lease_ms, now=core.clock())
+    held = yield from call(
+        store.renew, [e.pair for e in executions], lease_ms=core.settings.lease_ms, now=core.clock.now_ms()
     )
     for execution in executions:
         if execution.job_id in held or not execution.slot_held or execution.signal.is_set() or execution.done.is_set():
             continue
-        row = yield StoreCall(store.read, (execution.job_id,))
+        row = yield from call(store.read, execution.job_id)
         yield from stop(execution, stop_reason_of(row))
 
 
@@ -155,7 +151,7 @@ def loop_pass(core: RunnerCore) -> Steps[float]:
         until_expiry: float | None = None
         try:
             result = yield from recover(core)
-            until_expiry = yield StoreCall(store.seconds_until_next_expiry)
+            until_expiry = yield from call(store.seconds_until_next_expiry)
         except WatchdogError as error:
             core.defer_failure("recovery", error)
             result = None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -14,14 +13,13 @@ from ..errors import WatchdogError, redacted
 from ..jobs import (
     Job,
     JobView,
-    at_epoch_ms,
     duration_ms,
 )
 from ..store import Claim, Recovery, RecoveryCause, RecoveryStatus
 from .handlers import StopReason
 from .settings import SUMMARY_BACKLOG_CAP
 from .state import Execution, RunnerCore, TickResult, TickStatus, _outcome, stop
-from .steps import UNKNOWN, Probe, Steps, StoreCall
+from .steps import UNKNOWN, Probe, Steps, call
 
 if TYPE_CHECKING:
     pass
@@ -36,8 +34,8 @@ def abandon(core: RunnerCore, executions: Sequence[Execution]) -> Steps[TickResu
     and recover them at once: requeued within their budget, else settled
     ``interrupted`` with a reason saying the shutdown's grace ran out."""
     budgets = {e.job_id: core.settings.budget_for(e.claim.job) for e in executions}
-    recoveries = yield StoreCall(
-        store.release_and_recover, ([e.pair for e in executions], budgets), dict(cause=RecoveryCause.SHUTDOWN)
+    recoveries = yield from call(
+        store.release_and_recover, [e.pair for e in executions], budgets, cause=RecoveryCause.SHUTDOWN
     )
     result = TickResult(TickStatus.REJECTED, None, executions[0].job_id if executions else None)
     claimed = {e.job_id: e.claim.job for e in executions}
@@ -66,8 +64,8 @@ def recover(core: RunnerCore) -> Steps[TickResult | None]:
     isolated for a while, never blocking the others or the loop.
     """
     settings = core.settings
-    expired: list[Claim] = yield StoreCall(
-        store.expired_claims, kwargs=dict(limit=settings.recovery_batch + len(core.isolated_jobs))
+    expired: list[Claim] = yield from call(
+        store.expired_claims, limit=settings.recovery_batch + len(core.isolated_jobs)
     )
     core.forget_isolated(expired)
     unknown: TickResult | None = None
@@ -86,7 +84,7 @@ def recover(core: RunnerCore) -> Steps[TickResult | None]:
             if alive:
                 continue
         try:
-            recovery = yield StoreCall(store.reconcile, (claim,), dict(max_recoveries=settings.budget_for(job)))
+            recovery = yield from call(store.reconcile, claim, max_recoveries=settings.budget_for(job))
         except WatchdogError as error:
             if store.transient_failure(error):
                 raise
@@ -138,7 +136,7 @@ def summarize(core: RunnerCore) -> Steps[None]:
     count is left out, never stopping the loop)."""
     seconds, counts, running = core.take_summary()
     try:
-        backlog = yield StoreCall(store.count_ready, (core.settings.queues, SUMMARY_BACKLOG_CAP))
+        backlog = yield from call(store.count_ready, core.settings.queues, SUMMARY_BACKLOG_CAP)
         ready = f"{backlog}+" if backlog >= SUMMARY_BACKLOG_CAP else str(backlog)
     except WatchdogError:
         ready = "unknown"
@@ -172,7 +170,7 @@ def prune(core: RunnerCore) -> Steps[None]:
         core.schedule_retention(retention.every.total_seconds())
         return
     try:
-        deleted = yield StoreCall(store.prune_retention, (ages, retention.batch))
+        deleted = yield from call(store.prune_retention, ages, retention.batch)
     except WatchdogError as error:
         log.error("runner: pruning settled jobs failed (%s); trying again later", error)
         core.schedule_retention(retention.every.total_seconds())
@@ -198,10 +196,10 @@ def enqueue_schedules(core: RunnerCore, *, defer: bool = False) -> Steps[None]:
     """
     from ..schedules import plan
 
-    now = at_epoch_ms(core.clock())  # the runner's clock (a test's fake one too), not datetime.now
+    now = core.clock.now()  # the runner's clock (a test's fake one too), not datetime.now
     jobs, next_at = plan(core.settings.schedules, now)
     try:
-        results = yield StoreCall(store.enqueue_each, (jobs,))
+        results = yield from call(store.enqueue_each, jobs)
     except WatchdogError as error:
         if defer:
             core.defer_failure("scheduling", error)
@@ -251,7 +249,7 @@ def register_worker(core: RunnerCore, wakeups: str) -> Steps[None]:
         heartbeat_ms=max(1, round(settings.heartbeat_s * 1000)),
     )
     try:
-        yield StoreCall(store.register_worker, (registration, len(core.active())))
+        yield from call(store.register_worker, registration, len(core.active()))
     except WatchdogError as error:
         log.warning(
             "runner: could not register as worker %s (%s); it serves on, unlisted until a heartbeat registers it "
@@ -262,7 +260,7 @@ def register_worker(core: RunnerCore, wakeups: str) -> Steps[None]:
         core.unregistered = registration
         return
     core.registration = registration
-    core.worker_prune_due = time.monotonic() + WORKER_PRUNE_EVERY_S * random.random()
+    core.worker_prune_due = core.clock.monotonic() + WORKER_PRUNE_EVERY_S * random.random()
 
 
 def refresh_worker(core: RunnerCore) -> Steps[None]:
@@ -272,7 +270,7 @@ def refresh_worker(core: RunnerCore) -> Steps[None]:
     if registration is None:
         return
     try:
-        yield StoreCall(store.register_worker, (registration, len(core.active())))
+        yield from call(store.register_worker, registration, len(core.active()))
     except WatchdogError as error:
         # A runner that never registered (a database without the table) says so once, at start.
         level = logging.WARNING if core.registration is not None else logging.DEBUG
@@ -290,7 +288,7 @@ def deregister_worker(core: RunnerCore) -> Steps[None]:
     if registration is None:
         return
     try:
-        yield StoreCall(store.deregister_worker, (registration.worker_id,))
+        yield from call(store.deregister_worker, registration.worker_id)
     except WatchdogError as error:
         log.warning("shutdown: removing worker %s failed (%s); it will show as gone", registration.worker_id, error)
 
@@ -299,11 +297,11 @@ def prune_workers(core: RunnerCore) -> Steps[None]:
     """Maintenance of a serving runner, every :data:`WORKER_PRUNE_EVERY_S`:
     delete one bounded batch of long-gone workers and forgotten schedules
     (never a job)."""
-    if core.registration is None or time.monotonic() < core.worker_prune_due:
+    if core.registration is None or core.clock.monotonic() < core.worker_prune_due:
         return
-    core.worker_prune_due = time.monotonic() + WORKER_PRUNE_EVERY_S
+    core.worker_prune_due = core.clock.monotonic() + WORKER_PRUNE_EVERY_S
     try:
-        deleted = yield StoreCall(store.prune_workers)
+        deleted = yield from call(store.prune_workers)
     except WatchdogError as error:
         core.defer_failure("pruning gone workers", error)
         return
@@ -339,7 +337,7 @@ def record_schedules(core: RunnerCore, jobs: Sequence[Job], enqueued: Sequence[b
             )
         )
     try:
-        yield StoreCall(store.record_schedules, (records, core.worker_id))
+        yield from call(store.record_schedules, records, core.worker_id)
     except WatchdogError as error:
         level = logging.DEBUG if core.schedule_record_failed else logging.WARNING
         core.schedule_record_failed = True
@@ -354,7 +352,7 @@ def promote(core: RunnerCore, *, defer: bool = False) -> Steps[None]:
     the pass's: :meth:`RunnerCore.defer_failure`) and tried again later: it
     never keeps the runner from claiming what is ready."""
     try:
-        promotion = yield StoreCall(store.promote, kwargs=dict(limit=store.PROMOTE_BATCH))
+        promotion = yield from call(store.promote, limit=store.PROMOTE_BATCH)
     except WatchdogError as error:
         if defer:
             core.defer_failure("promotion", error)

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from ..errors import InvalidJob
 from ..jobs import (
@@ -18,7 +18,7 @@ from ..jobs import (
     check_text,
 )
 from ..wakeups import WakeupMode, listens
-from .handlers import _UNSET, _check_budget, _registry, check_retry, check_timeout, registered_handlers
+from .handlers import _UNSET, _check_budget, check_retry, check_timeout, default_registry, registered_handlers
 
 if TYPE_CHECKING:
     from ..codecs import PayloadCodec
@@ -144,6 +144,120 @@ def pool_shortfall(pool: Any, settings: RunnerSettings) -> str | None:
     )
 
 
+#: How long a claim lives without a heartbeat unless told otherwise.
+DEFAULT_LEASE = timedelta(seconds=120)
+#: How often running claims are renewed unless told otherwise.
+DEFAULT_HEARTBEAT = timedelta(seconds=10)
+
+
+class RunnerOptions(TypedDict, total=False):
+    """The options of :class:`~sqlalchemy_watchdog.Runner` and
+    :class:`~sqlalchemy_watchdog.asyncio.AsyncRunner`, declared once: both
+    take them as keyword arguments (``**options: Unpack[RunnerOptions]``),
+    and one left out takes its default.
+
+    ``queues``
+        the queues to serve (default: every queue with a handler).
+    ``concurrency``
+        handlers run at once, each in its own thread (the async runner: its
+        own task); default 10, :data:`DEFAULT_CONCURRENCY`; 1 runs one
+        handler at a time.
+    ``lease``
+        how long a claim lives without a heartbeat (default 120 s).
+    ``heartbeat``
+        how often running claims are renewed (default 10 s; at most
+        lease/3).
+    ``poll_interval``
+        how often an idle runner looks for work when no wake-up arrives.
+        Default: 2 s where LISTEN/NOTIFY wakes the runner at once
+        (PostgreSQL), 0.25 s elsewhere (SQLite has no wake-ups: the poll
+        bounds how long a new job waits; an idle poll is a short read).
+    ``grace``
+        on shutdown, how long running handlers may take to finish before
+        they are asked to stop (default 20 s, :data:`DEFAULT_GRACE`); those
+        still running ``min(2 s, grace)`` later have their jobs handed to
+        recovery. The runner's ``shutdown_budget`` is the sum: keep it
+        under the platform's termination period minus the server's own
+        drain.
+    ``is_alive``
+        ``is_alive(job) -> bool`` for executions that live outside this
+        process (the async runner also awaits a coroutine function), asked
+        before a claim whose lease ended is recovered. True leaves the job
+        running; an exception means unknown (neither requeued nor settled).
+        Default: the lease alone decides.
+    ``max_recoveries``
+        the recovery budget of jobs that carry none of their own and whose
+        handler sets none (``@handler(queue, max_recoveries=...)``): how
+        many times a job whose execution disappeared is requeued before it
+        settles ``interrupted``. None (the default) settles such a job
+        ``interrupted`` at once: at most once. A number gives at least once.
+    ``codec``
+        a :class:`~sqlalchemy_watchdog.codecs.PayloadCodec` whose ``decode``
+        turns the stored JSON payload into what handlers see.
+    ``retry``
+        the :class:`~sqlalchemy_watchdog.RetryPolicy` of jobs that carry
+        none of their own and whose handler sets none (``@handler(queue,
+        retry=...)``). None (the default): a failed attempt is final.
+    ``timeout``
+        how long one attempt may run, for jobs that set no ``timeout`` and
+        whose handler sets none; then the handler is told to stop
+        (``StopReason.TIMEOUT``) and the attempt counts as failed. None (the
+        default): no limit.
+    ``retention``
+        a :class:`~sqlalchemy_watchdog.Retention`: how long settled jobs
+        are kept, by outcome, before this runner prunes them in the
+        background (one runner at a time, in small batches). None (the
+        default) keeps every settled job.
+    ``schedules``
+        :class:`~sqlalchemy_watchdog.Schedule` objects (periodic jobs, the
+        ``[cron]`` extra) this runner enqueues: each due slot once, however
+        many runners are given the same schedules.
+    ``clock``
+        the application clock in epoch milliseconds (for tests); the
+        database clock is always consulted too.
+    ``wakeups``
+        how ``run_forever`` learns of new work on PostgreSQL (a
+        :class:`~sqlalchemy_watchdog.WakeupMode`): ``"auto"`` (the default)
+        LISTENs where the listening connection is proven to be one server
+        session of the primary, else polls every 0.25 s and logs one
+        WARNING saying why; ``"listen"`` refuses to start without that
+        proof (:class:`~sqlalchemy_watchdog.WakeupsUnavailable`); ``"poll"``
+        never LISTENs and takes no session lock. Behind a pooler in
+        transaction mode, give ``listen_engine``. The runner's
+        ``wakeup_status`` says what is in force.
+    ``summary_every``
+        how often ``run_forever`` logs its INFO summary (jobs ended by
+        outcome, running, ready backlog): a ``timedelta`` (default 60 s;
+        skipped while idle), an ``int`` (every so many jobs), or None
+        (never). Each job's own claim and settle lines are DEBUG.
+    """
+
+    queues: Iterable[str] | None
+    concurrency: int
+    lease: timedelta
+    heartbeat: timedelta
+    poll_interval: timedelta | None
+    grace: timedelta
+    is_alive: Callable[[JobView], Any] | None
+    max_recoveries: int | None
+    codec: PayloadCodec | None
+    retry: RetryPolicy | None
+    timeout: timedelta | None
+    retention: Retention | None
+    schedules: Iterable[Schedule] | None
+    clock: Callable[[], int]
+    wakeups: WakeupMode | str
+    summary_every: timedelta | int | None
+
+
+def check_options(who: str, options: Mapping[str, object]) -> None:
+    """Refuse a keyword argument that is no runner option, as Python
+    refuses an unknown keyword (``TypeError``)."""
+    for name in options:
+        if name not in RunnerOptions.__optional_keys__:
+            raise TypeError(f"{who}.__init__() got an unexpected keyword argument {name!r}")
+
+
 @dataclass(frozen=True)
 class RunnerSettings:
     """Validated runner settings, shared by :class:`Runner` and ``AsyncRunner``."""
@@ -191,22 +305,29 @@ class RunnerSettings:
     def build(
         cls,
         handlers: Mapping[str, Callable[..., Any]] | None,
+        options: RunnerOptions,
         *,
-        queues: Iterable[str] | None,
-        concurrency: int,
-        lease: timedelta,
-        heartbeat: timedelta,
-        poll_interval: timedelta,
-        grace: timedelta,
-        is_alive: Callable[[JobView], Any] | None,
-        max_recoveries: int | None = None,
-        codec: PayloadCodec | None = None,
-        retry: RetryPolicy | None = None,
-        timeout: timedelta | None = None,
-        retention: Retention | None = None,
-        schedules: Iterable[Schedule] | None = None,
-        summary_every: timedelta | int | None = DEFAULT_SUMMARY_EVERY,
+        default_poll_interval: timedelta,
     ) -> RunnerSettings:
+        """Validate ``options`` (a runner's keyword arguments; each one left
+        out takes its default) for ``handlers``; ``poll_interval`` defaults
+        to ``default_poll_interval`` (it depends on the engine)."""
+        queues = options.get("queues")
+        concurrency = options.get("concurrency", DEFAULT_CONCURRENCY)
+        lease = options.get("lease", DEFAULT_LEASE)
+        heartbeat = options.get("heartbeat", DEFAULT_HEARTBEAT)
+        poll_interval = options.get("poll_interval")
+        if poll_interval is None:
+            poll_interval = default_poll_interval
+        grace = options.get("grace", DEFAULT_GRACE)
+        is_alive = options.get("is_alive")
+        max_recoveries = options.get("max_recoveries")
+        codec = options.get("codec")
+        retry = options.get("retry")
+        timeout = options.get("timeout")
+        retention = options.get("retention")
+        schedules = options.get("schedules")
+        summary_every = options.get("summary_every", DEFAULT_SUMMARY_EVERY)
         table = dict(registered_handlers() if handlers is None else handlers)
         for queue, fn in table.items():
             check_text("queue", queue, QUEUE_MAX_LENGTH)
@@ -242,15 +363,15 @@ class RunnerSettings:
         retries: dict[str, RetryPolicy | None] = {}
         timeouts: dict[str, timedelta | None] = {}
         for queue, fn in table.items():
-            registered = _registry.get(queue)
-            if registered is None or registered.fn is not fn:
+            policy = default_registry.policy_for(queue, fn)
+            if policy is None:
                 continue
-            if registered.max_recoveries is not _UNSET:
-                budgets[queue] = registered.max_recoveries
-            if registered.retry is not _UNSET:
-                retries[queue] = registered.retry
-            if registered.timeout is not _UNSET:
-                timeouts[queue] = registered.timeout
+            if policy.max_recoveries is not _UNSET:
+                budgets[queue] = policy.max_recoveries
+            if policy.retry is not _UNSET:
+                retries[queue] = policy.retry
+            if policy.timeout is not _UNSET:
+                timeouts[queue] = policy.timeout
         return cls(
             handlers=table,
             queues=served,

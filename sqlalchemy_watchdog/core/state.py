@@ -22,7 +22,7 @@ from ..jobs import (
 )
 from ..store import Claim
 from ..wakeups import Waiting
-from .clock import check_clock
+from .clock import Clock
 from .handlers import Flag, RunningJob, StopReason, StopSignal
 from .settings import RunnerSettings
 from .steps import Steps, Stop
@@ -101,6 +101,8 @@ class Execution:
     threaded: bool = False
     #: The instrumentation's view of this attempt (:mod:`.telemetry`), if any.
     trace: telemetry.AttemptTrace | None = None
+    #: The monotonic clock of its runner's core (:class:`~.clock.Clock`).
+    monotonic: Callable[[], float] = field(default=time.monotonic, repr=False)
 
     def traced(self, what: str, *args: Any) -> None:
         """Tell the attempt's trace ``what`` happened (a no-op without one;
@@ -115,7 +117,7 @@ class Execution:
         last known live: its handler must not start before a renewal says
         the claim still holds (the process may have been frozen or starved
         past the lease in between)."""
-        return time.monotonic() - max(self.claimed_at, self.checked_at) > heartbeat_s
+        return self.monotonic() - max(self.claimed_at, self.checked_at) > heartbeat_s
 
     def handler_context(self) -> contextvars.Context | None:
         """The context the handler runs in: its trace's (None without a
@@ -158,9 +160,10 @@ class RunnerCore:
     #: How long a claim the database refuses to recover is left alone, at most.
     MAX_ISOLATION_S = 600.0
 
-    def __init__(self, settings: RunnerSettings, clock: Callable[[], int]) -> None:
+    def __init__(self, settings: RunnerSettings, clock: Clock) -> None:
         self.settings = settings
-        self.clock = check_clock(clock)
+        #: The runner's one clock: every rule reads the time from it.
+        self.clock = clock
         #: By claim, (job_id, token): a slot belongs to an execution, not to
         #: a job. A handler that overstays its lease keeps its slot until it
         #: returns, even after its job was recovered and claimed again here.
@@ -199,7 +202,7 @@ class RunnerCore:
         #: What the jobs that ended since the last summary became, counted.
         self._counts: dict[str, int] = {}
         self._counted = 0
-        self._summary_since = time.monotonic()
+        self._summary_since = self.clock.monotonic()
 
     # -- the INFO summary
 
@@ -221,17 +224,17 @@ class RunnerCore:
             return False
         if isinstance(every, int):
             return self._counted >= every
-        if time.monotonic() - self._summary_since < every:
+        if self.clock.monotonic() - self._summary_since < every:
             return False
         if self._counted == 0 and not self._active:
-            self._summary_since = time.monotonic()
+            self._summary_since = self.clock.monotonic()
             return False
         return True
 
     def take_summary(self) -> tuple[float, dict[str, int], int]:
         """The seconds since the last summary, the counts since then and how
         many jobs run now; starts the next period."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         with self._lock:
             counts, self._counts, self._counted = self._counts, {}, 0
             running = len(self._active)
@@ -273,7 +276,8 @@ class RunnerCore:
 
     def admit(self, claim: Claim, asked_at: float) -> Execution:
         """Register the execution of ``claim``, asked for at ``asked_at``
-        (``time.monotonic()`` read before the claim statement was sent).
+        (the core clock's ``monotonic()`` read before the claim statement
+        was sent).
 
         Registered before its handler starts, so a cancellation or lane
         failure recorded after the claim reaches it through the heartbeat."""
@@ -295,7 +299,9 @@ class RunnerCore:
             timeout=self.settings.timeout_for(job),
             trace_context=job.trace_context,
         )
-        execution = Execution(claim, running, signal, claimed_at=asked_at, refused=refused)
+        execution = Execution(
+            claim, running, signal, claimed_at=asked_at, refused=refused, monotonic=self.clock.monotonic
+        )
         with self._lock:
             self._active[execution.pair] = execution
         if log.isEnabledFor(logging.DEBUG):  # its fields are built per job: only when logged
@@ -355,29 +361,29 @@ class RunnerCore:
     # -- the loop's timing
 
     def recovery_is_due(self) -> bool:
-        return time.monotonic() >= self.recovery_due
+        return self.clock.monotonic() >= self.recovery_due
 
     def schedule_recovery(self, until_expiry: float | None) -> None:
         """Look for disappeared claims again when the next lease ends, and
         at least every poll interval."""
         poll = self.settings.poll_interval_s
-        self.recovery_due = time.monotonic() + min(poll, poll if until_expiry is None else until_expiry)
+        self.recovery_due = self.clock.monotonic() + min(poll, poll if until_expiry is None else until_expiry)
 
     #: The pause between prune batches while there is more to prune.
     PRUNE_PAUSE_S = 0.2
 
     def retention_is_due(self) -> bool:
-        return time.monotonic() >= self.retention_due
+        return self.clock.monotonic() >= self.retention_due
 
     def until_retention(self) -> float:
         """Seconds until the next prune pass is due (0: now)."""
-        return max(0.0, self.retention_due - time.monotonic())
+        return max(0.0, self.retention_due - self.clock.monotonic())
 
     def schedule_retention(self, seconds: float) -> None:
-        self.retention_due = time.monotonic() + seconds
+        self.retention_due = self.clock.monotonic() + seconds
 
     def promotion_is_due(self) -> bool:
-        return time.monotonic() >= self.promotion_due
+        return self.clock.monotonic() >= self.promotion_due
 
     #: How often a busy runner that NOTIFY wakes looks for due delayed jobs:
     #: enqueues notify only while a runner waits (see ``wakeups``), so a busy
@@ -391,25 +397,25 @@ class RunnerCore:
         poll = self.settings.poll_interval_s
         if self.waiting is not None and not self.waiting.waits():
             poll = min(poll, self.BUSY_PROMOTION_S)
-        self.promotion_due = time.monotonic() + min(poll, poll if next_in is None else next_in)
+        self.promotion_due = self.clock.monotonic() + min(poll, poll if next_in is None else next_in)
 
     #: The longest wait before the schedules are looked at again (a clock
     #: that jumps is noticed within it).
     MAX_SCHEDULE_WAIT_S = 60.0
 
     def schedules_are_due(self) -> bool:
-        return time.monotonic() >= self.schedules_due
+        return self.clock.monotonic() >= self.schedules_due
 
     def schedule_schedules(self, until_next: float | None) -> None:
         """Enqueue the schedules' slots again when the next one is due (at
         most a minute from now; a failure looks again after a poll interval)."""
         wait = self.settings.poll_interval_s if until_next is None else min(until_next, self.MAX_SCHEDULE_WAIT_S)
-        self.schedules_due = time.monotonic() + wait
+        self.schedules_due = self.clock.monotonic() + wait
 
     def expect_ready(self, seconds: float) -> None:
         """A job will be due in ``seconds`` (a retry or a snooze of this
         runner, or a new delayed job): promote no later than that."""
-        self.promotion_due = min(self.promotion_due, time.monotonic() + max(0.0, seconds))
+        self.promotion_due = min(self.promotion_due, self.clock.monotonic() + max(0.0, seconds))
 
     def jobs_arrived(self) -> None:
         """New jobs were enqueued (a wake-up): one may be delayed only briefly."""
@@ -417,7 +423,7 @@ class RunnerCore:
 
     def idle_wait(self) -> float:
         """How long an idle loop waits for a wake-up before looking again."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         wait = min(self.settings.poll_interval_s, self.recovery_due - now, self.promotion_due - now)
         if self.settings.schedules:
             wait = min(wait, self.schedules_due - now)
@@ -432,7 +438,7 @@ class RunnerCore:
 
     def overdue(self) -> list[Execution]:
         """Executions whose handler outlived its timeout and was not stopped yet."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         return [
             e
             for e in self.active()
@@ -473,14 +479,14 @@ class RunnerCore:
 
     def isolated(self, claim: Claim) -> bool:
         entry = self._isolated.get((claim.job.job_id, claim.token))
-        return entry is not None and entry[0] > time.monotonic()
+        return entry is not None and entry[0] > self.clock.monotonic()
 
     def isolate(self, claim: Claim, error: WatchdogError) -> None:
         key = (claim.job.job_id, claim.token)
         _, refusals = self._isolated.get(key, (0.0, 0))
         refusals += 1
         pause = min(self.MAX_ISOLATION_S, 5.0 * 2 ** min(refusals - 1, 10))
-        self._isolated[key] = (time.monotonic() + pause, refusals)
+        self._isolated[key] = (self.clock.monotonic() + pause, refusals)
         log.error(
             "job %s: the database refused its recovery (%s); skipping it for %.0fs (refusal %d)",
             claim.job.job_id,
@@ -498,7 +504,7 @@ class RunnerCore:
     @property
     def isolated_jobs(self) -> tuple[str, ...]:
         """The job_ids whose recovery the database refused and that are skipped for now."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         return tuple(sorted({job_id for (job_id, _), (until, _) in self._isolated.items() if until > now}))
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, cast
+
+from sqlalchemy import Connection
 
 from ..errors import WatchdogError
 from ..jobs import (
@@ -17,12 +19,11 @@ if TYPE_CHECKING:
     from .handlers import StopReason
     from .state import Execution
 
-if TYPE_CHECKING:
-    pass
-
 log = logging.getLogger("sqlalchemy_watchdog.runner")
 
 T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,16 @@ Step = StoreCall[Any] | RunHandler | Stop | Probe | Spawn | WaitDone
 
 
 Steps = Generator[Step, Any, T]
+
+
+def call(fn: Callable[Concatenate[Connection, P], R], /, *args: P.args, **kwargs: P.kwargs) -> Generator[Step, Any, R]:
+    """The step that runs the store function ``fn(conn, *args, **kwargs)``,
+    typed: ``batch = yield from call(store.claim, queues=..., limit=...,
+    lease_ms=...)`` is a ``ClaimBatch``, and an argument ``fn`` does not take
+    fails the type check. A failure of the call is raised here (the driver
+    throws it in at the :class:`StoreCall` this yields)."""
+    answer = yield StoreCall(fn, args, kwargs)
+    return cast(R, answer)
 
 
 def drive(steps: Steps[T], perform: Callable[[Step], Any]) -> T:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, TypeVar
 
 from ... import store
@@ -23,7 +26,7 @@ from ...jobs import (
 from ...store import Settlement, SettleRequest
 from ..handlers import RunningJob, StopReason
 from ..state import Execution, RunnerCore, TickResult, TickStatus, _outcome
-from ..steps import Steps, StoreCall
+from ..steps import Steps, call
 
 if TYPE_CHECKING:
     pass
@@ -76,7 +79,7 @@ def decision_of_exception(execution: Execution, error: BaseException) -> Decisio
     execution.traced("raised", error)
     # The traceback at DEBUG only: the attempt's one WARNING (a retry) or
     # ERROR (the final failure) line is logged once its fate is known
-    # (settle_request).
+    # (settle_request: :func:`verdict`).
     if log.isEnabledFor(logging.DEBUG):
         log.debug(
             "job %s: handler raised %s: %s",
@@ -118,75 +121,126 @@ def stop_reason_of(job: JobView | None) -> StopReason:
     return StopReason.LEASE_LOST
 
 
-def settle_request(core: RunnerCore, execution: Execution, decision: Decision) -> SettleRequest:
-    """What the decision means for the job under its retry policy: settle
-    it, or requeue it on the same row (a retry or a snooze), by one
-    statement guarded by the exact claim.
+class Fate(str, enum.Enum):
+    """What a verdict does with the job."""
+
+    #: Settle it as the decision says (completed, failed, outcome_unknown, ...).
+    SETTLE = "settle"
+    #: Requeue it for its next attempt after :attr:`Verdict.wait`.
+    RETRY = "retry"
+    #: Requeue it for the same attempt after :attr:`Verdict.wait`.
+    SNOOZE = "snooze"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What one attempt's decision means under the job's retry policy: the
+    job's fate, how long until it is due again, and the attempt's one log
+    line (its level and its words) -- everything :func:`settle_request`
+    needs, decided in one place (:func:`verdict`)."""
+
+    fate: Fate
+    #: How long until the job is due again (a retry or a snooze).
+    wait: timedelta | None = None
+    #: The level of the attempt's log line: WARNING for a retry, ERROR for
+    #: the failure that settles the job; None: no line (a success, a snooze).
+    level: int | None = None
+    #: The failure's reason (``failed`` when the decision gave none).
+    reason: str = ""
+    #: The attempts in all under the policy (None: no policy).
+    max_attempts: int | None = None
+    #: Whether the decision goes into the job's failure history (a failed attempt).
+    recorded: bool = False
+    #: Whether a policy was there but the decision said not to retry.
+    not_retried: bool = False
+
+
+def verdict(decision: Decision, job: JobView, policy: RetryPolicy | None, error: BaseException | None) -> Verdict:
+    """The one rule of retries and snoozes.
 
     * a snooze waits ``after`` and uses no attempt;
     * a retryable ``failed`` decision (a raised exception, a timeout,
       ``Decision.failed(reason)``, ``Decision.retry``) with attempts left
       under the policy waits ``after`` (``Decision.retry``) or the policy's
       backoff and moves to the next attempt; without attempts left -- or
-      with ``retry=False``, or no policy at all, or an exception the
-      policy's ``retry_on`` does not list -- it settles ``failed``;
+      with ``retry=False``, or no policy at all, or an exception (``error``)
+      the policy's ``retry_on`` does not list -- it settles ``failed``;
     * every failed attempt goes into the job's bounded failure history;
     * ``completed`` and ``outcome_unknown`` settle (never retried).
     """
-    claim = execution.claim
-    job = claim.job
-    now = core.clock()
     if decision.snoozed:
-        after = decision.after
-        assert after is not None
-        execution.requeue_in = after.total_seconds()
-        return SettleRequest(job.job_id, claim.token, decision, now)
+        assert decision.after is not None
+        return Verdict(Fate.SNOOZE, wait=decision.after)
     if decision.outcome is not Outcome.FAILED:
-        return SettleRequest(job.job_id, claim.token, decision, now, execution.failure_detail)
-    history = history_with(job.failure_history, at_ms=now, attempt=job.attempt, reason=decision.reason or "failed")
-    policy = core.settings.policy_for(job)
+        return Verdict(Fate.SETTLE)
+    reason = decision.reason or "failed"
+    attempts = None if policy is None else policy.max_attempts
     if (
         decision.retryable
         and policy is not None
         and job.attempt < policy.max_attempts
-        and (decision.after is not None or policy.retries(execution.error))
+        and (decision.after is not None or policy.retries(error))
     ):
         wait = decision.after if decision.after is not None else policy.delay(job.attempt)
-        execution.requeue_in = wait.total_seconds()
         # One WARNING line, no traceback (DEBUG and failure_detail have it):
         # an attempt that will be retried is no reason to page anyone.
-        log.warning(
+        return Verdict(Fate.RETRY, wait, logging.WARNING, reason, attempts, recorded=True)
+    not_retried = not decision.retryable and policy is not None
+    return Verdict(Fate.SETTLE, None, logging.ERROR, reason, attempts, recorded=True, not_retried=not_retried)
+
+
+def settle_request(core: RunnerCore, execution: Execution, decision: Decision) -> SettleRequest:
+    """The statement that carries out the decision's :func:`verdict`: settle
+    the job, or requeue it on the same row (a retry or a snooze), guarded by
+    the exact claim; the attempt's log line is written here."""
+    claim = execution.claim
+    job = claim.job
+    now = core.clock.now_ms()
+    judged = verdict(decision, job, core.settings.policy_for(job), execution.error)
+    if judged.wait is not None:
+        execution.requeue_in = judged.wait.total_seconds()
+    _log_verdict(execution, judged, now)
+    if judged.fate is Fate.SNOOZE:
+        return SettleRequest(job.job_id, claim.token, decision, now)
+    if not judged.recorded:
+        return SettleRequest(job.job_id, claim.token, decision, now, execution.failure_detail)
+    history = history_with(job.failure_history, at_ms=now, attempt=job.attempt, reason=judged.reason)
+    requeue_after_ms = duration_ms(judged.wait) if judged.fate is Fate.RETRY and judged.wait is not None else None
+    return SettleRequest(
+        job.job_id, claim.token, decision, now, execution.failure_detail,
+        requeue_after_ms=requeue_after_ms, history=history,
+    )  # fmt: skip
+
+
+def _log_verdict(execution: Execution, judged: Verdict, now: int) -> None:
+    """The attempt's one line: a retry's WARNING (when the next attempt is),
+    or the final failure's ERROR (with its handler's traceback when it raised)."""
+    if judged.level is None:
+        return
+    job = execution.job
+    if judged.fate is Fate.RETRY:
+        assert judged.wait is not None
+        log.log(
+            judged.level,
             "job %s: attempt %d of %d failed (%s); next attempt at %s (in %.3fs)",
             job.job_id,
             job.attempt,
-            policy.max_attempts,
-            decision.reason or "failed",
-            _log_time(now + duration_ms(wait)),
-            wait.total_seconds(),
-            extra=execution.job.log_fields,
+            judged.max_attempts,
+            judged.reason,
+            _log_time(now + duration_ms(judged.wait)),
+            judged.wait.total_seconds(),
+            extra=job.log_fields,
         )
-        return SettleRequest(
-            job.job_id, claim.token, decision, now, execution.failure_detail,
-            requeue_after_ms=duration_ms(wait), history=history,
-        )  # fmt: skip
-    _log_final_failure(execution, decision, policy)
-    return SettleRequest(job.job_id, claim.token, decision, now, execution.failure_detail, history=history)
-
-
-def _log_final_failure(execution: Execution, decision: Decision, policy: RetryPolicy | None) -> None:
-    """The ERROR line of an attempt that settles the job ``failed``: with its
-    handler's traceback when it raised."""
-    job = execution.job
+        return
     error = execution.error
-    attempts = "" if policy is None else f" of {policy.max_attempts}"
-    why = "" if decision.retryable or policy is None else "; not retried"
-    log.error(
+    log.log(
+        judged.level,
         "job %s: attempt %d%s failed (%s)%s; the job failed",
         job.job_id,
         job.attempt,
-        attempts,
-        decision.reason or "failed",
-        why,
+        "" if judged.max_attempts is None else f" of {judged.max_attempts}",
+        judged.reason,
+        "; not retried" if judged.not_retried else "",
         exc_info=None if error is None else (type(error), error, error.__traceback__),
         extra=job.log_fields,
     )
@@ -287,7 +341,7 @@ def settle_batch(requests: Sequence[SettleRequest], *, fallback: bool = True) ->
     recovery covers its jobs.
     """
     try:
-        return list((yield StoreCall(store.settle_many, (list(requests),))))
+        return list((yield from call(store.settle_many, list(requests))))
     except WatchdogError as error:
         if store.transient_failure(error):
             log.error("settle of %d job(s) failed (%s); recovery will handle them", len(requests), error)
