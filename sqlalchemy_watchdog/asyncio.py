@@ -575,7 +575,7 @@ class AsyncRunner:
         timer = None
         if execution.deadline is not None:
             timer = asyncio.get_running_loop().call_later(
-                max(0.0, execution.deadline - time.monotonic()), self._time_out
+                max(0.0, execution.deadline - self.core.clock.monotonic()), self._time_out
             )
         try:
             while True:

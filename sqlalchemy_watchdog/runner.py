@@ -690,7 +690,7 @@ class _Heartbeat:
             wait = next_renewal - time.monotonic()
             deadline = runner.core.next_deadline()
             if deadline is not None:
-                wait = min(wait, deadline - time.monotonic())
+                wait = min(wait, deadline - runner.core.clock.monotonic())
             runner._heartbeat_now.wait(max(0.0, wait))
             runner._heartbeat_now.clear()
             if self._stop.is_set():
