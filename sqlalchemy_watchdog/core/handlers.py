@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from ..errors import InvalidJob
 from ..jobs import (
@@ -22,7 +22,6 @@ from ..jobs import (
 
 log = logging.getLogger("sqlalchemy_watchdog.runner")
 
-T = TypeVar("T")
 
 #: A handler takes the running job; it returns None (completed) or a Decision.
 Handler = Callable[["RunningJob"], "Decision | None"]

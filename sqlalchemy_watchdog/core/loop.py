@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from .. import store, telemetry
 from ..errors import WatchdogError
@@ -24,8 +24,6 @@ if TYPE_CHECKING:
     pass
 
 log = logging.getLogger("sqlalchemy_watchdog.runner")
-
-T = TypeVar("T")
 
 
 def claim_steps(core: RunnerCore, limit: int) -> Steps[tuple[list[Execution], tuple[JobView, ...]]]:

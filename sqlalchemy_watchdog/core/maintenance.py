@@ -6,7 +6,7 @@ import logging
 import random
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from .. import store, telemetry
 from ..errors import WatchdogError, redacted
@@ -25,8 +25,6 @@ if TYPE_CHECKING:
     pass
 
 log = logging.getLogger("sqlalchemy_watchdog.runner")
-
-T = TypeVar("T")
 
 
 def abandon(core: RunnerCore, executions: Sequence[Execution]) -> Steps[TickResult]:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..errors import InvalidJob
 from ..jobs import (
@@ -24,9 +23,6 @@ if TYPE_CHECKING:
     from ..codecs import PayloadCodec
     from ..schedules import Schedule
 
-log = logging.getLogger("sqlalchemy_watchdog.runner")
-
-T = TypeVar("T")
 
 #: The longest duration a runner accepts: what ``threading`` can wait for.
 MAX_DURATION = timedelta(seconds=min(threading.TIMEOUT_MAX, 10 * 365 * 86400))
@@ -160,7 +156,8 @@ class RunnerOptions(TypedDict, total=False):
         the queues to serve (default: every queue with a handler).
     ``concurrency``
         handlers run at once, each in its own thread (the async runner: its
-        own task); default 10, :data:`DEFAULT_CONCURRENCY`; 1 runs one
+        own task); default 10,
+        :data:`~sqlalchemy_watchdog.execution.DEFAULT_CONCURRENCY`; 1 runs one
         handler at a time.
     ``lease``
         how long a claim lives without a heartbeat (default 120 s).
@@ -174,7 +171,8 @@ class RunnerOptions(TypedDict, total=False):
         bounds how long a new job waits; an idle poll is a short read).
     ``grace``
         on shutdown, how long running handlers may take to finish before
-        they are asked to stop (default 20 s, :data:`DEFAULT_GRACE`); those
+        they are asked to stop (default 20 s,
+        :data:`~sqlalchemy_watchdog.execution.DEFAULT_GRACE`); those
         still running ``min(2 s, grace)`` later have their jobs handed to
         recovery. The runner's ``shutdown_budget`` is the sum: keep it
         under the platform's termination period minus the server's own

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import functools
-import logging
 import signal
 import threading
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     pass
 
-log = logging.getLogger("sqlalchemy_watchdog.runner")
-
-T = TypeVar("T")
 
 #: The signals a runner that owns its process stops on.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from .. import store, telemetry
 from ..errors import WatchdogError, redacted
@@ -31,8 +31,6 @@ if TYPE_CHECKING:
     pass
 
 log = logging.getLogger("sqlalchemy_watchdog.runner")
-
-T = TypeVar("T")
 
 
 class TickStatus(str, enum.Enum):

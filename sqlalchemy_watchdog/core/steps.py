@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, cast
@@ -19,7 +18,6 @@ if TYPE_CHECKING:
     from .handlers import StopReason
     from .state import Execution
 
-log = logging.getLogger("sqlalchemy_watchdog.runner")
 
 T = TypeVar("T")
 R = TypeVar("R")

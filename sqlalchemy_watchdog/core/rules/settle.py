@@ -7,7 +7,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from ... import store
 from ...errors import WatchdogError, redacted_detail, safe_text
@@ -32,8 +32,6 @@ if TYPE_CHECKING:
     pass
 
 log = logging.getLogger("sqlalchemy_watchdog.runner")
-
-T = TypeVar("T")
 
 
 def decision_of_result(result: object, job: RunningJob) -> Decision | None:
