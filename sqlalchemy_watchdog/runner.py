@@ -83,12 +83,10 @@ class Runner:
         :class:`RunningJob` and returns None (``completed``) or a
         :class:`Decision`; an exception settles ``failed`` (and is logged
         with its traceback).
-    :param options: the :class:`~sqlalchemy_watchdog.core.settings.RunnerOptions`
-        (``queues``, ``concurrency``, ``lease``, ``heartbeat``,
-        ``poll_interval``, ``grace``, ``is_alive``, ``max_recoveries``,
-        ``codec``, ``retry``, ``timeout``, ``retention``, ``schedules``,
-        ``clock``, ``wakeups``, ``summary_every``), as keyword arguments;
-        each is described there, and one left out takes its default.
+    :param options: the runner's options as keyword arguments
+        (``concurrency=``, ``lease=``, ``retry=``, ...): every one is
+        described in :class:`~sqlalchemy_watchdog.core.settings.RunnerOptions`,
+        and one left out takes its default.
     :param listen_engine: an ``Engine`` with a direct URL (not through a
         transaction-mode pooler) used only for the listening session; default:
         ``engine``.

@@ -404,3 +404,23 @@ def test_runner_options_take_their_defaults_when_left_out() -> None:
         2.0,
         20.0,
     )
+
+
+# -- typed store calls ------------------------------------------------------------------------
+
+
+def test_every_store_call_of_the_core_is_made_through_the_typed_call() -> None:
+    """``yield from call(store.fn, ...)`` types the answer and checks the
+    arguments against the store function; a bare ``yield StoreCall(...)``
+    would answer Any. Only ``call`` itself makes one."""
+    import pathlib
+
+    import sqlalchemy_watchdog.core as core_package
+
+    root = pathlib.Path(core_package.__file__).parent
+    bare = {
+        str(path.relative_to(root)): path.read_text().count("yield StoreCall(")
+        for path in sorted(root.rglob("*.py"))
+        if "yield StoreCall(" in path.read_text()
+    }
+    assert bare == {"steps.py": 1}
