@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from .. import store, telemetry
 from ..errors import WatchdogError
@@ -19,9 +18,6 @@ from .rules.settle import settle_request, stop_reason_of
 from .settings import stop_wait_s
 from .state import Execution, RunnerCore, TickResult, TickStatus, _reason, stop
 from .steps import STARTED_LATE, RunHandler, Spawn, Steps, WaitDone, call
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("sqlalchemy_watchdog.runner")
 

@@ -6,7 +6,7 @@ import logging
 import random
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import store, telemetry
 from ..errors import WatchdogError, redacted
@@ -20,9 +20,6 @@ from .handlers import StopReason
 from .settings import SUMMARY_BACKLOG_CAP
 from .state import Execution, RunnerCore, TickResult, TickStatus, _outcome, stop
 from .steps import UNKNOWN, Probe, Steps, call
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("sqlalchemy_watchdog.runner")
 

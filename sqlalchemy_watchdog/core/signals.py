@@ -5,11 +5,7 @@ from __future__ import annotations
 import functools
 import signal
 import threading
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    pass
-
+from typing import Any
 
 #: The signals a runner that owns its process stops on.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import store, telemetry
 from ..errors import WatchdogError, redacted
@@ -26,9 +26,6 @@ from .clock import Clock
 from .handlers import Flag, RunningJob, StopReason, StopSignal
 from .settings import RunnerSettings
 from .steps import Steps, Stop
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("sqlalchemy_watchdog.runner")
 

@@ -7,7 +7,6 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 from ... import store
 from ...errors import WatchdogError, redacted_detail, safe_text
@@ -27,9 +26,6 @@ from ...store import Settlement, SettleRequest
 from ..handlers import RunningJob, StopReason
 from ..state import Execution, RunnerCore, TickResult, TickStatus, _outcome
 from ..steps import Steps, call
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("sqlalchemy_watchdog.runner")
 
