@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, Unpack, overload
 
 from sqlalchemy import Connection, Select
 from sqlalchemy.exc import DBAPIError
@@ -30,51 +30,30 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from . import client, store
 from .applies import JobExplanation, explain
 from .connections import follow_failover
-from .errors import InvalidJob, redacted
-from .execution import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_GRACE,
-    DEFAULT_SUMMARY_EVERY,
-    EXIT_MARGIN_S,
-    STARTED_LATE,
-    Execution,
-    Probe,
-    RunHandler,
-    RunnerCore,
-    RunnerSettings,
-    RunningJob,
-    Spawn,
-    Step,
-    Steps,
-    Stop,
-    StopReason,
-    StoreCall,
-    TickResult,
-    WaitDone,
+from .core.clock import Clock
+from .core.handlers import RunningJob, StopReason
+from .core.loop import execute, loop_pass, renew, shutdown, tick, time_out, until_idle
+from .core.maintenance import deregister_worker, probe_failed, prune, refresh_worker, register_worker
+from .core.rules.settle import (
     conclude,
     decision_of_cancelled_task,
     decision_of_exception,
     decision_of_result,
-    default_poll_interval,
-    deregister_worker,
-    drive_async,
-    execute,
     finish,
-    loop_pass,
-    pool_shortfall,
-    probe_failed,
-    prune,
-    refresh_worker,
-    register_worker,
-    renew,
-    restore_signal,
     settle_batch,
-    shutdown,
-    signals_to_install,
-    tick,
-    time_out,
-    until_idle,
 )
+from .core.settings import (
+    EXIT_MARGIN_S,
+    RunnerOptions,
+    RunnerSettings,
+    check_options,
+    default_poll_interval,
+    pool_shortfall,
+)
+from .core.signals import restore_signal, signals_to_install
+from .core.state import Execution, RunnerCore, TickResult
+from .core.steps import STARTED_LATE, Probe, RunHandler, Spawn, Step, Steps, Stop, StoreCall, WaitDone, drive_async
+from .errors import InvalidJob, redacted
 from .jobs import (
     BulkResult,
     CancelResult,
@@ -86,8 +65,6 @@ from .jobs import (
     LaneFailure,
     Outcome,
     PauseStatus,
-    Retention,
-    RetryPolicy,
     ScheduleView,
     Stats,
     Throughput,
@@ -107,8 +84,7 @@ from .wakeups import (
 )
 
 if TYPE_CHECKING:
-    from .codecs import PayloadCodec
-    from .schedules import Schedule
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -436,9 +412,10 @@ class AsyncRunner:
     None`` run as tasks on the event loop (plain functions run in a thread).
     A cancellation, lane failure, lost lease or the end of the shutdown grace
     cancels the handler's task; everything else follows the same rules as the
-    sync runner -- the same steps of :mod:`sqlalchemy_watchdog.execution`,
-    the same store code. Parameters are those of
-    :class:`~sqlalchemy_watchdog.Runner`.
+    sync runner -- the same steps of :mod:`sqlalchemy_watchdog.core`, the
+    same store code. Its options are the sync runner's,
+    :class:`~sqlalchemy_watchdog.core.settings.RunnerOptions`;
+    ``listen_engine`` is an ``AsyncEngine``.
 
     In a FastAPI/Starlette lifespan, ``async with runner.running():``
     (:meth:`running`) runs it beside the application.
@@ -449,24 +426,10 @@ class AsyncRunner:
         engine: AsyncEngine,
         handlers: Mapping[str, Callable[[RunningJob], Any]] | None = None,
         *,
-        queues: Iterable[str] | None = None,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        lease: timedelta = timedelta(seconds=120),
-        heartbeat: timedelta = timedelta(seconds=10),
-        poll_interval: timedelta | None = None,
-        grace: timedelta = DEFAULT_GRACE,
-        is_alive: Callable[[JobView], Any] | None = None,
-        max_recoveries: int | None = None,
-        codec: PayloadCodec | None = None,
-        retry: RetryPolicy | None = None,
-        timeout: timedelta | None = None,
-        retention: Retention | None = None,
-        schedules: Iterable[Schedule] | None = None,
-        clock: Callable[[], int] = store.now_ms,
-        wakeups: WakeupMode | str = WakeupMode.AUTO,
         listen_engine: AsyncEngine | None = None,
-        summary_every: timedelta | int | None = DEFAULT_SUMMARY_EVERY,
+        **options: Unpack[RunnerOptions],
     ) -> None:
+        check_options("AsyncRunner", options)
         if not isinstance(engine, AsyncEngine):
             raise TypeError(
                 f"AsyncRunner takes an AsyncEngine, not {type(engine).__name__}"
@@ -476,30 +439,14 @@ class AsyncRunner:
             raise InvalidJob("listen_engine", f"must be an AsyncEngine, not {type(listen_engine).__name__}")
         self.engine = engine
         self.listen_engine = listen_engine if listen_engine is not None else engine
-        self.wakeups = check_wakeups(wakeups)
+        self.wakeups = check_wakeups(options.get("wakeups", WakeupMode.AUTO))
         follow_failover(engine)
         follow_failover(self.listen_engine)
-        self._default_poll = poll_interval is None
-        if poll_interval is None:
-            poll_interval = default_poll_interval(self.listen_engine, self.wakeups)
+        self._default_poll = options.get("poll_interval") is None
         self.settings = RunnerSettings.build(
-            handlers,
-            queues=queues,
-            concurrency=concurrency,
-            lease=lease,
-            heartbeat=heartbeat,
-            poll_interval=poll_interval,
-            grace=grace,
-            is_alive=is_alive,
-            max_recoveries=max_recoveries,
-            codec=codec,
-            retry=retry,
-            timeout=timeout,
-            retention=retention,
-            schedules=schedules,
-            summary_every=summary_every,
+            handlers, options, default_poll_interval=default_poll_interval(self.listen_engine, self.wakeups)
         )
-        self.core = RunnerCore(self.settings, clock)
+        self.core = RunnerCore(self.settings, Clock.of(options))
         #: The wake-ups in force (see :attr:`Runner.wakeup_status <sqlalchemy_watchdog.Runner.wakeup_status>`).
         self.wakeup_status = WakeupStatus(self.wakeups, False, "not started", self.settings.poll_interval_s)
         self._autocommit = store.self_committing(engine.dialect.name)
@@ -628,7 +575,7 @@ class AsyncRunner:
         timer = None
         if execution.deadline is not None:
             timer = asyncio.get_running_loop().call_later(
-                max(0.0, execution.deadline - time.monotonic()), self._time_out
+                max(0.0, execution.deadline - self.core.clock.monotonic()), self._time_out
             )
         try:
             while True:

@@ -22,62 +22,36 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from . import store
 from .connections import follow_failover
-from .errors import InvalidJob, redacted
-from .execution import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_GRACE,
-    DEFAULT_SUMMARY_EVERY,
+from .core.clock import Clock
+from .core.handlers import RunningJob
+from .core.loop import execute, loop_pass, renew, shutdown, tick, time_out, until_idle
+from .core.maintenance import deregister_worker, probe_failed, prune, refresh_worker, register_worker
+from .core.rules.settle import conclude, decision_of_exception, decision_of_result, finish, settle_batch
+from .core.settings import (
     EXIT_MARGIN_S,
-    STARTED_LATE,
-    Execution,
-    Probe,
-    RunHandler,
-    RunnerCore,
+    RunnerOptions,
     RunnerSettings,
-    RunningJob,
-    Spawn,
-    Step,
-    Steps,
-    Stop,
-    StoreCall,
-    TickResult,
-    WaitDone,
-    conclude,
-    decision_of_exception,
-    decision_of_result,
+    check_options,
     default_poll_interval,
-    deregister_worker,
-    drive,
-    execute,
-    finish,
-    loop_pass,
     pool_shortfall,
-    probe_failed,
-    prune,
-    refresh_worker,
-    register_worker,
-    renew,
-    restore_signal,
-    settle_batch,
-    shutdown,
-    signals_to_install,
-    tick,
-    time_out,
-    until_idle,
 )
-from .jobs import Decision, JobView, Retention, RetryPolicy
+from .core.signals import restore_signal, signals_to_install
+from .core.state import Execution, RunnerCore, TickResult
+from .core.steps import STARTED_LATE, Probe, RunHandler, Spawn, Step, Steps, Stop, StoreCall, WaitDone, drive
+from .errors import InvalidJob, redacted
+from .jobs import Decision, JobView
 from .store import Settlement, SettleRequest
 from .wakeups import (
     Listener,
@@ -91,8 +65,7 @@ from .wakeups import (
 )
 
 if TYPE_CHECKING:
-    from .codecs import PayloadCodec
-    from .schedules import Schedule
+    pass
 
 __all__ = ["Runner"]
 
@@ -110,67 +83,13 @@ class Runner:
         :class:`RunningJob` and returns None (``completed``) or a
         :class:`Decision`; an exception settles ``failed`` (and is logged
         with its traceback).
-    :param queues: the queues to serve (default: every queue with a handler).
-    :param concurrency: handlers run at once, each in its own thread
-        (default 10, :data:`~sqlalchemy_watchdog.execution.DEFAULT_CONCURRENCY`;
-        1 runs one handler at a time).
-    :param lease: how long a claim lives without a heartbeat.
-    :param heartbeat: how often running claims are renewed (at most lease/3).
-    :param poll_interval: how often an idle runner looks for work when no
-        wake-up arrives. Default: 2 s where LISTEN/NOTIFY wakes the runner
-        at once (PostgreSQL), 0.25 s elsewhere (SQLite has no wake-ups: the
-        poll bounds how long a new job waits; an idle poll is a short read).
-    :param grace: on shutdown, how long running handlers may take to finish
-        before they are asked to stop (default 20 s,
-        :data:`~sqlalchemy_watchdog.execution.DEFAULT_GRACE`); those still
-        running ``min(2 s, grace)`` later have their jobs handed to recovery.
-        :attr:`shutdown_budget` is the sum: keep it under the platform's
-        termination period minus the server's own drain.
-    :param is_alive: ``is_alive(job) -> bool`` for executions that live
-        outside this process, asked before a claim whose lease ended is
-        recovered. True leaves the job running; an exception means unknown
-        (neither requeued nor settled). Default: the lease alone decides.
-    :param max_recoveries: the recovery budget of jobs that carry none of
-        their own and whose handler sets none (``@handler(queue,
-        max_recoveries=...)``): how many times a job whose execution
-        disappeared is requeued before it settles ``interrupted``. None (the
-        default) settles such a job ``interrupted`` at once: at most once.
-        A number gives at least once.
-    :param codec: a :class:`~sqlalchemy_watchdog.codecs.PayloadCodec` whose
-        ``decode`` turns the stored JSON payload into what handlers see.
-    :param retry: the :class:`~sqlalchemy_watchdog.RetryPolicy` of jobs
-        that carry none of their own and whose handler sets none
-        (``@handler(queue, retry=...)``). None (the default): a failed
-        attempt is final.
-    :param timeout: how long one attempt may run, for jobs that set no
-        ``timeout`` and whose handler sets none; then the handler is told to
-        stop (``StopReason.TIMEOUT``) and the attempt counts as failed.
-        None (the default): no limit.
-    :param retention: a :class:`~sqlalchemy_watchdog.Retention`: how long
-        settled jobs are kept, by outcome, before this runner prunes them in
-        the background (one runner at a time, in small batches). None (the
-        default) keeps every settled job.
-    :param schedules: :class:`~sqlalchemy_watchdog.Schedule` objects
-        (periodic jobs, the ``[cron]`` extra) this runner enqueues: each due
-        slot once, however many runners are given the same schedules.
-    :param clock: the application clock in epoch milliseconds (for tests);
-        the database clock is always consulted too.
-    :param wakeups: how :meth:`run_forever` learns of new work on
-        PostgreSQL (a :class:`~sqlalchemy_watchdog.WakeupMode`):
-        ``"auto"`` (the default) LISTENs where the listening connection is
-        proven to be one server session of the primary, else polls every
-        0.25 s and logs one WARNING saying why; ``"listen"`` refuses to start
-        without that proof (:class:`~sqlalchemy_watchdog.WakeupsUnavailable`);
-        ``"poll"`` never LISTENs and takes no session lock. Behind a pooler in
-        transaction mode, give ``listen_engine``. :attr:`wakeup_status` says
-        what is in force.
+    :param options: the runner's options as keyword arguments
+        (``concurrency=``, ``lease=``, ``retry=``, ...): every one is
+        described in :class:`~sqlalchemy_watchdog.core.settings.RunnerOptions`,
+        and one left out takes its default.
     :param listen_engine: an ``Engine`` with a direct URL (not through a
         transaction-mode pooler) used only for the listening session; default:
         ``engine``.
-    :param summary_every: how often :meth:`run_forever` logs its INFO summary
-        (jobs ended by outcome, running, ready backlog): a ``timedelta``
-        (default 60 s; skipped while idle), an ``int`` (every so many jobs),
-        or None (never). Each job's own claim and settle lines are DEBUG.
     """
 
     def __init__(
@@ -178,24 +97,10 @@ class Runner:
         engine: Engine,
         handlers: Mapping[str, Callable[[RunningJob], Decision | None]] | None = None,
         *,
-        queues: Iterable[str] | None = None,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        lease: timedelta = timedelta(seconds=120),
-        heartbeat: timedelta = timedelta(seconds=10),
-        poll_interval: timedelta | None = None,
-        grace: timedelta = DEFAULT_GRACE,
-        is_alive: Callable[[JobView], bool] | None = None,
-        max_recoveries: int | None = None,
-        codec: PayloadCodec | None = None,
-        retry: RetryPolicy | None = None,
-        timeout: timedelta | None = None,
-        retention: Retention | None = None,
-        schedules: Iterable[Schedule] | None = None,
-        clock: Callable[[], int] = store.now_ms,
-        wakeups: WakeupMode | str = WakeupMode.AUTO,
         listen_engine: Engine | None = None,
-        summary_every: timedelta | int | None = DEFAULT_SUMMARY_EVERY,
+        **options: Unpack[RunnerOptions],
     ) -> None:
+        check_options("Runner", options)
         if not isinstance(engine, Engine):
             raise TypeError(
                 f"Runner takes an Engine, not {type(engine).__name__}"
@@ -205,31 +110,15 @@ class Runner:
             raise InvalidJob("listen_engine", f"must be an Engine, not {type(listen_engine).__name__}")
         self.engine = engine
         self.listen_engine = listen_engine if listen_engine is not None else engine
-        self.wakeups = check_wakeups(wakeups)
+        self.wakeups = check_wakeups(options.get("wakeups", WakeupMode.AUTO))
         follow_failover(engine)
         follow_failover(self.listen_engine)
         #: Whether the poll interval is the default's (shortened when the runner cannot listen).
-        self._default_poll = poll_interval is None
-        if poll_interval is None:
-            poll_interval = default_poll_interval(self.listen_engine, self.wakeups)
+        self._default_poll = options.get("poll_interval") is None
         self.settings = RunnerSettings.build(
-            handlers,
-            queues=queues,
-            concurrency=concurrency,
-            lease=lease,
-            heartbeat=heartbeat,
-            poll_interval=poll_interval,
-            grace=grace,
-            is_alive=is_alive,
-            max_recoveries=max_recoveries,
-            codec=codec,
-            retry=retry,
-            timeout=timeout,
-            retention=retention,
-            schedules=schedules,
-            summary_every=summary_every,
+            handlers, options, default_poll_interval=default_poll_interval(self.listen_engine, self.wakeups)
         )
-        self.core = RunnerCore(self.settings, clock)
+        self.core = RunnerCore(self.settings, Clock.of(options))
         #: The wake-ups in force: what was asked, whether the runner listens
         #: (LISTEN/NOTIFY on a proven session) and why not, and its poll
         #: interval. Known once :meth:`run_forever` has started.
@@ -799,7 +688,7 @@ class _Heartbeat:
             wait = next_renewal - time.monotonic()
             deadline = runner.core.next_deadline()
             if deadline is not None:
-                wait = min(wait, deadline - time.monotonic())
+                wait = min(wait, deadline - runner.core.clock.monotonic())
             runner._heartbeat_now.wait(max(0.0, wait))
             runner._heartbeat_now.clear()
             if self._stop.is_set():

@@ -5,7 +5,7 @@ runner waits (see its module docstring). This Hypothesis state machine
 drives the real :class:`~sqlalchemy_watchdog.wakeups.Waiting` of each
 simulated runner -- through the real ``_Wakeups`` (``act_async``,
 ``dispatch``, ``connected``, ``step_down``) and the real
-:func:`~sqlalchemy_watchdog.execution.loop_pass` -- against a small
+:func:`~sqlalchemy_watchdog.core.loop.loop_pass` -- against a small
 pure-Python stand-in for the database:
 
 * the advisory lock with PostgreSQL's semantics: session-level and
@@ -76,6 +76,7 @@ import math
 import re
 from collections.abc import Callable, Coroutine, Generator, Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from random import Random
 from types import SimpleNamespace
 from typing import Any
@@ -93,7 +94,11 @@ from hypothesis.stateful import (
 )
 
 from sqlalchemy_watchdog import store, wakeups
-from sqlalchemy_watchdog.execution import Spawn, StoreCall, loop_pass
+from sqlalchemy_watchdog.core.clock import Clock
+from sqlalchemy_watchdog.core.loop import loop_pass
+from sqlalchemy_watchdog.core.settings import RunnerOptions, RunnerSettings
+from sqlalchemy_watchdog.core.state import RunnerCore
+from sqlalchemy_watchdog.core.steps import Spawn, StoreCall
 from sqlalchemy_watchdog.wakeups import (
     _LISTEN_SQL,
     NOTIFY_FUNCTION_SQL,
@@ -553,43 +558,37 @@ def _ask(sql: str) -> _Ask:
     return _Ask(sql)
 
 
-class _Core:
-    """The parts of RunnerCore that ``loop_pass`` reads: no recovery,
-    promotion or schedules are due; claims take the runner's slots."""
+class _Core(RunnerCore):
+    """The real :class:`~sqlalchemy_watchdog.core.state.RunnerCore` of one
+    simulated runner, on the model's clock -- so the stand-in cannot drift
+    from what ``loop_pass`` reads. Only two things differ: no recovery or
+    promotion is ever due (their statements are not modelled; no schedules,
+    no summary, not registered among the workers), and a claim is a job
+    number that takes one of the runner's slots until its handler finishes
+    (``SimRunner.running``) instead of an execution."""
 
     def __init__(self, runner: SimRunner) -> None:
+        options: RunnerOptions = {
+            "concurrency": runner.slots,
+            "lease": timedelta(seconds=60),
+            "poll_interval": timedelta(seconds=POLL),
+            "summary_every": None,
+        }
+        super().__init__(
+            RunnerSettings.build({"q": lambda job: None}, options, default_poll_interval=timedelta(seconds=POLL)),
+            Clock(monotonic=CLOCK.monotonic),
+        )
         self.runner = runner
-        self.settings = SimpleNamespace(schedules=(), queues=("q",), lease_ms=60_000, poll_interval_s=POLL)
         # As the runners do: no Waiting where nothing listens.
         self.waiting = runner.waiting if runner.flavor.listens else None
-        # Not registered among the workers: loop_pass prunes no gone workers here.
-        self.registration = None
-
-    def recovery_is_due(self) -> bool:
-        return False
-
-    def promotion_is_due(self) -> bool:
-        return False
-
-    def report_deferred(self) -> None:
-        """No maintenance step runs in the model, so none failed."""
-
-    def summary_is_due(self) -> bool:
-        """The INFO summary is not modelled (it sends no wake-up statement)."""
-        return False
-
-    def count(self, result: str, n: int = 1) -> None:
-        """What the summary counts: not modelled."""
+        self.recovery_due = self.promotion_due = math.inf
 
     def free_slots(self) -> int:
         return self.runner.slots - self.runner.running
 
-    def admit(self, claim: int, asked_at: float) -> int:
+    def admit(self, claim: Any, asked_at: float) -> Any:
         self.runner.running += 1
         return claim
-
-    def idle_wait(self) -> float:
-        return POLL
 
 
 class SimRunner:
@@ -759,7 +758,7 @@ class WaitingLockMachine(RuleBasedStateMachine):
 
     def _start_pass(self, r: SimRunner) -> None:
         r.wake = False  # cleared before the pass looks at anything
-        r.pass_ = loop_pass(r.core)  # type: ignore[arg-type]
+        r.pass_ = loop_pass(r.core)
         self._advance_pass(r, None)
 
     def _advance_pass(self, r: SimRunner, value: Any) -> None:

@@ -1,0 +1,351 @@
+"""Handlers and what a handler sees: the registry, RunningJob, stop signals."""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from ..errors import InvalidJob
+from ..jobs import (
+    QUEUE_MAX_LENGTH,
+    Decision,
+    RetryPolicy,
+    check_duration,
+    check_text,
+)
+
+log = logging.getLogger("sqlalchemy_watchdog.runner")
+
+
+#: A handler takes the running job; it returns None (completed) or a Decision.
+Handler = Callable[["RunningJob"], "Decision | None"]
+
+
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerPolicy:
+    """What ``@handler(queue, ...)`` set for the jobs of its queue that carry
+    none of their own; a field not given is :data:`_UNSET` (the runner's
+    own setting applies)."""
+
+    max_recoveries: int | None = _UNSET
+    retry: RetryPolicy | None = _UNSET
+    timeout: timedelta | None = _UNSET
+
+
+@dataclass(frozen=True, slots=True)
+class _Registered:
+    """A registry entry: the handler of a queue and its policy."""
+
+    fn: Callable[..., Any]
+    max_recoveries: int | None
+    retry: RetryPolicy | None = None
+    timeout: timedelta | None = None
+
+    @property
+    def policy(self) -> HandlerPolicy:
+        return HandlerPolicy(self.max_recoveries, self.retry, self.timeout)
+
+
+#: The attribute ``@handler`` puts on the function it registers: its
+#: policies by queue. ``functools.wraps`` copies it onto a wrapper (and sets
+#: ``__wrapped__``, which is followed too), so wrapping a handler keeps its
+#: retry, timeout and recovery budget.
+POLICY_ATTRIBUTE = "__watchdog_policies__"
+
+
+def _attached(fn: object) -> Mapping[str, HandlerPolicy]:
+    """The policies attached to ``fn`` or to a function it wraps."""
+    seen: set[int] = set()
+    current: object = fn
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        found = getattr(current, POLICY_ATTRIBUTE, None)
+        if isinstance(found, Mapping):
+            return found
+        current = getattr(current, "__wrapped__", None)
+    return {}
+
+
+def _same(registered: Callable[..., Any], fn: object) -> bool:
+    """Whether ``fn`` is the registered handler (a bound method is made anew
+    at each attribute access, so equal ones count)."""
+    return registered is fn or (inspect.ismethod(registered) and registered == fn)
+
+
+def _check_budget(name: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1_000_000:
+        raise InvalidJob(name, f"must be None or an int from 0 to 1000000, got {value!r}")
+    return value
+
+
+def check_retry(value: object, name: str = "retry") -> RetryPolicy | None:
+    """A retry policy argument: None or a :class:`RetryPolicy`."""
+    if value is not None and not isinstance(value, RetryPolicy):
+        raise InvalidJob(name, f"must be a RetryPolicy or None, not {type(value).__name__}")
+    return value
+
+
+def check_timeout(value: object, name: str = "timeout") -> timedelta | None:
+    """A timeout argument: None or a positive timedelta."""
+    return None if value is None else check_duration(name, value)
+
+
+class HandlerRegistry:
+    """Handlers by queue, as ``@handler`` registers them; each handler
+    carries its policy (:data:`POLICY_ATTRIBUTE`)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, _Registered] = {}
+
+    def register(
+        self,
+        queue: str,
+        *,
+        max_recoveries: int | None = _UNSET,
+        retry: RetryPolicy | None = _UNSET,
+        timeout: timedelta | None = _UNSET,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """The decorator of :func:`handler`, for this registry."""
+        check_text("queue", queue, QUEUE_MAX_LENGTH)
+        budget = _UNSET if max_recoveries is _UNSET else _check_budget("max_recoveries", max_recoveries)
+        policy = _UNSET if retry is _UNSET else check_retry(retry)
+        limit = _UNSET if timeout is _UNSET else check_timeout(timeout)
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            existing = self.entries.get(queue)
+            if existing is not None and existing.fn is not fn:
+                raise ValueError(f"queue {queue!r} already has a handler: {existing.fn!r}")
+            entry = _Registered(fn, budget, policy, limit)
+            try:  # a new mapping: a wrapper sharing the old one (functools.wraps) keeps what it had
+                setattr(fn, POLICY_ATTRIBUTE, {**_attached(fn), queue: entry.policy})
+            except (AttributeError, TypeError):
+                pass  # a callable without attributes (a bound method): found by the registry alone
+            self.entries[queue] = entry
+            return fn
+
+        return register
+
+    def handlers(self) -> dict[str, Callable[..., Any]]:
+        """A copy of the handlers registered, by queue."""
+        return {queue: entry.fn for queue, entry in self.entries.items()}
+
+    def policy_for(self, queue: str, fn: object) -> HandlerPolicy | None:
+        """The policy of ``fn`` serving ``queue``: the one ``@handler(queue,
+        ...)`` attached to it or to the function it wraps, else the one this
+        registry holds for that very handler; None: it has none."""
+        attached = _attached(fn).get(queue)
+        if attached is not None:
+            return attached
+        entry = self.entries.get(queue)
+        return entry.policy if entry is not None and _same(entry.fn, fn) else None
+
+
+#: The registry behind the module-level :func:`handler`.
+default_registry = HandlerRegistry()
+#: Its entries, by queue (read by :mod:`sqlalchemy_watchdog.applies`).
+_registry = default_registry.entries
+
+
+def handler(
+    queue: str,
+    *,
+    max_recoveries: int | None = _UNSET,
+    retry: RetryPolicy | None = _UNSET,
+    timeout: timedelta | None = _UNSET,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register the decorated function as the handler of ``queue``.
+
+    A :class:`~sqlalchemy_watchdog.Runner` (or ``AsyncRunner``) built
+    without ``handlers`` serves every queue registered this way. The
+    policy given here goes with the function (a wrapper made with
+    ``functools.wraps`` keeps it), also when it is passed in ``handlers``.
+
+    :param max_recoveries: the recovery budget of this queue's jobs that do
+        not carry one of their own (``Job(max_recoveries=None)``): how many
+        times a job whose execution disappeared (killed worker, lost lease)
+        is requeued before it settles ``interrupted``. Overrides the
+        runner's ``max_recoveries`` for this queue.
+    :param retry: the :class:`~sqlalchemy_watchdog.RetryPolicy` of this
+        queue's jobs that carry none of their own; overrides the runner's.
+    :param timeout: how long one attempt of this queue's jobs may run when
+        the job sets no ``timeout`` of its own; overrides the runner's.
+    """
+    return default_registry.register(queue, max_recoveries=max_recoveries, retry=retry, timeout=timeout)
+
+
+def registered_handlers() -> dict[str, Callable[..., Any]]:
+    """A copy of the handlers registered with :func:`handler`."""
+    return default_registry.handlers()
+
+
+class StopReason(str, enum.Enum):
+    """Why a running handler was asked to stop."""
+
+    CANCELLED = "cancelled"
+    LANE_FAILED = "lane_failed"
+    LEASE_LOST = "lease_lost"
+    SHUTDOWN = "shutdown"
+    #: The attempt outlived its timeout; it counts as a failed attempt.
+    TIMEOUT = "timeout"
+
+
+#: Guards the creation of every :class:`Flag`'s event against its setting.
+_FLAGS = threading.Lock()
+
+
+class Flag:
+    """A one-way flag whose :class:`threading.Event` is made only when asked for.
+
+    Every claimed job carries two (its stop signal, its end), and almost
+    none is ever waited on; an ``Event`` (a ``Condition`` and its lock) cost
+    more to make than the rest of an execution's bookkeeping.
+    """
+
+    __slots__ = ("_event", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._event: threading.Event | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        with _FLAGS:
+            self._set = True
+            event = self._event
+        if event is not None:
+            event.set()
+
+    @property
+    def event(self) -> threading.Event:
+        """The flag as an ``Event`` (made now if needed; set if the flag is)."""
+        event = self._event
+        if event is None:
+            with _FLAGS:
+                event = self._event
+                if event is None:
+                    event = self._event = threading.Event()
+                    if self._set:
+                        event.set()
+        return event
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._set or self.event.wait(timeout)
+
+
+class StopSignal:
+    """The stop request of one execution: the first reason wins."""
+
+    __slots__ = ("_flag", "reason")
+
+    def __init__(self) -> None:
+        self.reason: StopReason | None = None
+        self._flag = Flag()
+
+    @property
+    def event(self) -> threading.Event:
+        """Set once a stop was requested (what a handler waits on)."""
+        return self._flag.event
+
+    def is_set(self) -> bool:
+        """Whether a stop was requested."""
+        return self._flag.is_set()
+
+    def request(self, reason: StopReason) -> bool:
+        """Ask the handler to stop; whether this was the first request."""
+        first = self.reason is None
+        if first:
+            self.reason = reason
+        self._flag.set()
+        return first
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """The job a handler runs.
+
+    ``stop_requested`` is set when the handler should stop: the job was
+    cancelled, its lane failed, its lease was lost, its attempt timed out,
+    or the runner is shutting down (:attr:`stop_reason` says which). A long
+    handler should check it (``job.stop_requested.wait(0)`` /
+    ``.is_set()``) between steps.
+    """
+
+    job_id: str
+    queue: str
+    lane: str
+    priority: int
+    payload: Any
+    recovery_count: int
+    max_recoveries: int | None
+    _signal: StopSignal = field(repr=False, compare=False)
+    #: The attempt this is (1 is the first).
+    attempt: int = 1
+    #: Attempts in all under the policy that applies (1: no retries).
+    max_attempts: int = 1
+    #: How many times the job was snoozed before this attempt.
+    snoozes: int = 0
+    #: How long this attempt may run (None: no limit).
+    timeout: timedelta | None = None
+    #: The W3C trace context the job was enqueued under (``traceparent``,
+    #: ``tracestate``, ...), None when none was recorded. With
+    #: :mod:`sqlalchemy_watchdog.otel` installed the handler already runs in
+    #: the attempt's span, which continues this trace.
+    trace_context: Mapping[str, str] | None = None
+
+    @property
+    def stop_requested(self) -> threading.Event:
+        return self._signal.event
+
+    @property
+    def log_fields(self) -> dict[str, Any]:
+        """What identifies this attempt in a log record: ``job_id``,
+        ``queue``, ``lane``, ``attempt``, ``recovery_count``."""
+        return {
+            "job_id": self.job_id,
+            "queue": self.queue,
+            "lane": self.lane,
+            "attempt": self.attempt,
+            "recovery_count": self.recovery_count,
+        }
+
+    @property
+    def log(self) -> JobLogger:
+        """A logger (``sqlalchemy_watchdog.job``) whose every record carries
+        :attr:`log_fields` as attributes, for a JSON or ``extra``-aware
+        formatter: ``job.log.info("sent %s", to)``."""
+        return self.logger(_JOB_LOG)
+
+    def logger(self, logger: logging.Logger | str) -> JobLogger:
+        """``logger`` (or the logger of that name) adding :attr:`log_fields`
+        to every record, beside any ``extra`` of the call."""
+        base = logging.getLogger(logger) if isinstance(logger, str) else logger
+        return JobLogger(base, self.log_fields)
+
+    @property
+    def stop_reason(self) -> StopReason | None:
+        return self._signal.reason
+
+
+_JOB_LOG = logging.getLogger("sqlalchemy_watchdog.job")
+
+
+class JobLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """A logger adapter adding a job's fields to every record; an ``extra``
+    given to a call is merged in (the call's values win)."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        kwargs["extra"] = {**(self.extra or {}), **(kwargs.get("extra") or {})}
+        return msg, kwargs

@@ -1,0 +1,228 @@
+"""The runner's step: claim, execute, heartbeat, one loop pass, tick, shutdown."""
+
+from __future__ import annotations
+
+import logging
+
+from .. import store, telemetry
+from ..errors import WatchdogError
+from ..jobs import (
+    Decision,
+    JobState,
+    JobView,
+)
+from ..store import SettleRequest
+from .handlers import StopReason
+from .maintenance import abandon, enqueue_schedules, promote, prune_workers, recover, summarize
+from .rules.settle import settle_request, stop_reason_of
+from .settings import stop_wait_s
+from .state import Execution, RunnerCore, TickResult, TickStatus, _reason, stop
+from .steps import STARTED_LATE, RunHandler, Spawn, Steps, WaitDone, call
+
+log = logging.getLogger("sqlalchemy_watchdog.runner")
+
+
+def claim_steps(core: RunnerCore, limit: int) -> Steps[tuple[list[Execution], tuple[JobView, ...]]]:
+    """Claim up to ``limit`` jobs: the executions to run, and the jobs the
+    claim found cancelled while queued (settled by the claim itself)."""
+    asked_at = core.clock.monotonic()
+    batch = yield from call(store.claim, queues=core.settings.queues, limit=limit, lease_ms=core.settings.lease_ms)
+    instrumentation = telemetry.active()
+    core.count("cancelled", len(batch.cancelled))
+    for job in batch.cancelled:
+        log.debug("job %s cancelled before it ran", job.job_id)
+        if instrumentation is not None:
+            with telemetry.guarded("settled_unrun"):
+                instrumentation.settled_unrun(job)
+    return [core.admit(claim, asked_at) for claim in batch.claimed], batch.cancelled
+
+
+def time_out(core: RunnerCore) -> Steps[None]:
+    """Tell every handler that outlived its attempt's timeout to stop
+    (:attr:`StopReason.TIMEOUT`); its attempt then counts as failed."""
+    for execution in core.overdue():
+        yield from stop(execution, StopReason.TIMEOUT)
+
+
+def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | TickResult]:
+    """Run the handler unless the claim was already stopped or lost; end in
+    the request that settles it with the exact claim, or in the result of
+    handing an abandoned job to recovery.
+
+    A handler that starts within a heartbeat interval of its claim (well
+    inside the lease) needs no database check; one that starts later -- the
+    process was paused, starved or stopped between claim and start -- first
+    renews its exact claim, and does not run if the claim was lost meanwhile
+    (another runner may already be running it). Either way the settle is
+    guarded by the database: a recorded cancellation turns it into
+    ``cancelled``, a lost claim is refused.
+    """
+    settings = core.settings
+    job_id = execution.job_id
+    instrumentation = telemetry.active()
+    if instrumentation is not None:
+        with telemetry.guarded("attempt"):
+            execution.trace = instrumentation.attempt(execution)
+    try:
+        while True:
+            if execution.started_late(settings.heartbeat_s) and not execution.signal.is_set():
+                asked = core.clock.monotonic()
+                held = yield from call(
+                    store.renew, [execution.pair], lease_ms=settings.lease_ms, now=core.clock.now_ms()
+                )
+                if job_id not in held:
+                    row = yield from call(store.read, job_id)
+                    yield from stop(execution, stop_reason_of(row))
+                else:
+                    execution.checked_at = asked
+            if execution.signal.reason is StopReason.SHUTDOWN:
+                decision: Decision | None = None
+            elif execution.signal.is_set():
+                decision = Decision.failed(f"execution stopped before it started ({_reason(execution)})")
+            elif execution.refused is not None:
+                decision = execution.refused
+            else:
+                timeout = execution.job.timeout
+                if timeout is not None:
+                    execution.deadline = core.clock.monotonic() + timeout.total_seconds()
+                decision = yield RunHandler(execution)
+                if decision is STARTED_LATE:
+                    # The driver found the claim's last check over a heartbeat
+                    # old when the handler was about to start: check again.
+                    execution.slot_held = True
+                    continue
+            break
+        if decision is None:
+            # Stopped by shutdown before it decided: hand it to recovery now.
+            abandoned = yield from abandon(core, [execution])
+            execution.traced("concluded", abandoned)
+            return abandoned
+    except WatchdogError as error:
+        log.error("job %s: could not run or hand over its claim (%s); recovery will handle it", job_id, error)
+        rejected = TickResult(TickStatus.REJECTED, None, job_id)
+        execution.traced("concluded", rejected)
+        return rejected
+    request = settle_request(core, execution, decision)
+    execution.traced("decided", decision, request)
+    return request
+
+
+def renew(core: RunnerCore) -> Steps[None]:
+    """The heartbeat: renew every claim this runner holds; tell the handlers
+    whose claim was not renewed to stop, and why (judged from the row).
+
+    One whose handler has returned is settling: its renewal fails because
+    the settle just committed (nothing to stop), or its claim was lost and
+    the database refuses the settle (which logs it) -- either way there is
+    no handler left to tell.
+    """
+    # A timed-out attempt is not renewed: its handler settles within the
+    # lease it still has, or -- if it ignores the stop -- its lease ends and
+    # recovery takes the job, as for any execution that stopped answering.
+    executions = [e for e in core.active() if e.signal.reason is not StopReason.TIMEOUT]
+    if not executions:
+        return
+    held = yield from call(
+        store.renew, [e.pair for e in executions], lease_ms=core.settings.lease_ms, now=core.clock.now_ms()
+    )
+    for execution in executions:
+        if execution.job_id in held or not execution.slot_held or execution.signal.is_set() or execution.done.is_set():
+            continue
+        row = yield from call(store.read, execution.job_id)
+        yield from stop(execution, stop_reason_of(row))
+
+
+def loop_pass(core: RunnerCore) -> Steps[float]:
+    """One pass of :meth:`Runner.run_forever`'s loop; returns how long to
+    wait for a wake-up before the next (0: go on at once).
+
+    Recover when due -- a recovery the database refuses never keeps the
+    loop from claiming -- then claim for the free slots and start what was
+    claimed. When every free slot was filled there may be more ready work,
+    so the next pass follows at once.
+    """
+    if core.recovery_is_due():
+        until_expiry: float | None = None
+        try:
+            result = yield from recover(core)
+            until_expiry = yield from call(store.seconds_until_next_expiry)
+        except WatchdogError as error:
+            core.defer_failure("recovery", error)
+            result = None
+        core.schedule_recovery(until_expiry)
+        if result is not None and result.status is TickStatus.REQUEUED:
+            core.recovery_due = 0.0  # there may be more to recover, and the requeued job is ready
+    if core.settings.schedules and core.schedules_are_due():
+        yield from enqueue_schedules(core, defer=True)
+    if core.promotion_is_due():
+        yield from promote(core, defer=True)
+    if core.summary_is_due():
+        yield from summarize(core)
+    yield from prune_workers(core)
+    free = core.free_slots()
+    if free <= 0:
+        core.report_deferred()
+        return core.idle_wait()
+    executions, cancelled = yield from claim_steps(core, free)
+    core.report_deferred()
+    if executions:
+        yield Spawn(tuple(executions))
+    taken = len(executions) + len(cancelled)
+    if taken and taken == free:
+        if core.waiting is not None:
+            core.waiting.busy()  # a backlog: no wake-up needed
+        return 0.0
+    if core.waiting is not None:
+        core.waiting.idle()
+    return core.idle_wait()
+
+
+def tick(core: RunnerCore) -> Steps[TickResult | Execution]:
+    """One step of a custom loop: recover a disappeared claim if any; else
+    make due delayed jobs ready and claim one job. Returns the recovery's or
+    the claim's result, or the execution the driver then runs to the end
+    with :func:`execute` (with a heartbeat beside it)."""
+    recovery = yield from recover(core)
+    if recovery is not None and recovery.status is not TickStatus.LIVENESS_UNKNOWN:
+        return recovery
+    if core.settings.schedules and core.schedules_are_due():
+        yield from enqueue_schedules(core)
+    yield from promote(core)
+    executions, cancelled = yield from claim_steps(core, 1)
+    if cancelled:
+        return TickResult(TickStatus.SETTLED, cancelled[0], cancelled[0].job_id)
+    if not executions:
+        return recovery or TickResult(TickStatus.IDLE)
+    return executions[0]
+
+
+def until_idle(result: TickResult, settled: list[JobView]) -> bool:
+    """The rule of ``run_until_idle``: collect what a tick settled; whether
+    to stop (nothing was ready, or only executions of unknown liveness)."""
+    if result.status in (TickStatus.IDLE, TickStatus.LIVENESS_UNKNOWN):
+        return True
+    if result.job is not None and result.job.state is JobState.SETTLED:
+        settled.append(result.job)
+    return False
+
+
+def shutdown(core: RunnerCore) -> Steps[None]:
+    """Shut down: give running handlers ``grace`` to finish, then ask them to
+    stop (an async handler's task is cancelled) and give them a short moment
+    to settle; what still runs after that has its lease ended on purpose and
+    is recovered at once -- never left running under a live lease, never lost."""
+    grace = core.settings.grace_s
+    yield WaitDone(tuple(core.active()), grace)
+    leftover = [e for e in core.active() if not e.done.is_set()]
+    if not leftover:
+        return
+    for execution in leftover:
+        yield from stop(execution, StopReason.SHUTDOWN)
+    yield WaitDone(tuple(leftover), stop_wait_s(grace))
+    leftover = [e for e in leftover if not e.done.is_set()]
+    if not leftover:
+        return
+    try:
+        yield from abandon(core, leftover)
+    except WatchdogError as error:
+        log.error("shutdown: could not hand %d running job(s) to recovery: %s", len(leftover), error)

@@ -1,0 +1,355 @@
+"""What a handler's answer means: one verdict, and the settle it makes."""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+from ... import store
+from ...errors import WatchdogError, redacted_detail, safe_text
+from ...jobs import (
+    Decision,
+    JobState,
+    JobView,
+    Outcome,
+    RetryPolicy,
+    SettleStatus,
+    at_epoch_ms,
+    bound_reason,
+    duration_ms,
+    history_with,
+)
+from ...store import Settlement, SettleRequest
+from ..handlers import RunningJob, StopReason
+from ..state import Execution, RunnerCore, TickResult, TickStatus, _outcome
+from ..steps import Steps, call
+
+log = logging.getLogger("sqlalchemy_watchdog.runner")
+
+
+def decision_of_result(result: object, job: RunningJob) -> Decision | None:
+    """A handler's return value as a decision.
+
+    None means ``completed``: a handler that returns normally has done its
+    work, also after the runner asked it to stop for shutdown. A handler
+    that stopped early says so -- by raising (after a shutdown stop the job
+    is then handed to recovery: requeued within its budget, else
+    ``interrupted``; an async handler's cancelled task is the same) or by
+    returning a :class:`Decision`. The one exception is an attempt past its
+    timeout, which counts as failed whatever it returns but a Decision.
+    """
+    if result is None:
+        if job.stop_reason is StopReason.TIMEOUT:
+            return Decision.failed(timed_out(job))
+        return Decision.completed()
+    if isinstance(result, Decision):
+        return result
+    return Decision.failed(f"handler returned {type(result).__name__}, not a Decision or None: {result!r}"[:500])
+
+
+def decision_of_exception(execution: Execution, error: BaseException) -> Decision | None:
+    """A handler's exception as a ``failed`` decision with a bounded reason;
+    the exception is logged with its traceback, which is kept with the job
+    (``JobView.failure_detail``). Neither the reason nor the kept traceback
+    holds a database error's bound parameters, SQL text in the reason, or
+    driver details (:func:`~sqlalchemy_watchdog.errors.safe_text`).
+
+    Raised after a shutdown stop, the exception is the handler saying it
+    stopped early: no decision (None), and the job is handed to recovery."""
+    job = execution.job
+    if job.stop_reason is StopReason.SHUTDOWN:
+        log.warning(
+            "job %s: its handler stopped for shutdown (%s); handing it to recovery",
+            job.job_id,
+            safe_text(error),
+            extra=job.log_fields,
+        )
+        return None
+    execution.error = error
+    execution.failure_detail = redacted_detail(error)
+    execution.traced("raised", error)
+    # The traceback at DEBUG only: the attempt's one WARNING (a retry) or
+    # ERROR (the final failure) line is logged once its fate is known
+    # (settle_request: :func:`verdict`).
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug(
+            "job %s: handler raised %s: %s",
+            job.job_id,
+            type(error).__name__,
+            safe_text(error),
+            exc_info=(type(error), error, error.__traceback__),
+            extra=job.log_fields,
+        )
+    if job.stop_reason is StopReason.TIMEOUT:
+        return Decision.failed(bound_reason(f"{timed_out(job)} ({safe_text(error)})"))
+    return Decision.failed(bound_reason(safe_text(error)))
+
+
+def timed_out(job: RunningJob) -> str:
+    """The reason of an attempt that outlived its timeout."""
+    timeout = job.timeout
+    seconds = 0.0 if timeout is None else timeout.total_seconds()
+    return f"timed out after {seconds:g}s"
+
+
+def decision_of_cancelled_task(execution: Execution) -> Decision | None:
+    """The decision of an async handler whose task was cancelled: none for a
+    shutdown (recovery takes it), else ``failed`` with the stop's reason."""
+    reason = execution.signal.reason or StopReason.SHUTDOWN
+    if reason is StopReason.SHUTDOWN:
+        return None
+    if reason is StopReason.TIMEOUT:
+        return Decision.failed(timed_out(execution.job))
+    return Decision.failed(f"execution stopped ({reason.value})")
+
+
+def stop_reason_of(job: JobView | None) -> StopReason:
+    """Why a claim could not be renewed, judged from the stored row."""
+    if job is not None and job.cancellation_id is not None:
+        return StopReason.CANCELLED
+    if job is not None and job.state is JobState.SETTLED and job.outcome is Outcome.FAILED:
+        return StopReason.LANE_FAILED
+    return StopReason.LEASE_LOST
+
+
+class Fate(str, enum.Enum):
+    """What a verdict does with the job."""
+
+    #: Settle it as the decision says (completed, failed, outcome_unknown, ...).
+    SETTLE = "settle"
+    #: Requeue it for its next attempt after :attr:`Verdict.wait`.
+    RETRY = "retry"
+    #: Requeue it for the same attempt after :attr:`Verdict.wait`.
+    SNOOZE = "snooze"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What one attempt's decision means under the job's retry policy: the
+    job's fate, how long until it is due again, and the attempt's one log
+    line (its level and its words) -- everything :func:`settle_request`
+    needs, decided in one place (:func:`verdict`)."""
+
+    fate: Fate
+    #: How long until the job is due again (a retry or a snooze).
+    wait: timedelta | None = None
+    #: The level of the attempt's log line: WARNING for a retry, ERROR for
+    #: the failure that settles the job; None: no line (a success, a snooze).
+    level: int | None = None
+    #: The failure's reason (``failed`` when the decision gave none).
+    reason: str = ""
+    #: The attempts in all under the policy (None: no policy).
+    max_attempts: int | None = None
+    #: Whether the decision goes into the job's failure history (a failed attempt).
+    recorded: bool = False
+    #: Whether a policy was there but the decision said not to retry.
+    not_retried: bool = False
+
+
+def verdict(decision: Decision, job: JobView, policy: RetryPolicy | None, error: BaseException | None) -> Verdict:
+    """The one rule of retries and snoozes.
+
+    * a snooze waits ``after`` and uses no attempt;
+    * a retryable ``failed`` decision (a raised exception, a timeout,
+      ``Decision.failed(reason)``, ``Decision.retry``) with attempts left
+      under the policy waits ``after`` (``Decision.retry``) or the policy's
+      backoff and moves to the next attempt; without attempts left -- or
+      with ``retry=False``, or no policy at all, or an exception (``error``)
+      the policy's ``retry_on`` does not list -- it settles ``failed``;
+    * every failed attempt goes into the job's bounded failure history;
+    * ``completed`` and ``outcome_unknown`` settle (never retried).
+    """
+    if decision.snoozed:
+        assert decision.after is not None
+        return Verdict(Fate.SNOOZE, wait=decision.after)
+    if decision.outcome is not Outcome.FAILED:
+        return Verdict(Fate.SETTLE)
+    reason = decision.reason or "failed"
+    attempts = None if policy is None else policy.max_attempts
+    if (
+        decision.retryable
+        and policy is not None
+        and job.attempt < policy.max_attempts
+        and (decision.after is not None or policy.retries(error))
+    ):
+        wait = decision.after if decision.after is not None else policy.delay(job.attempt)
+        # One WARNING line, no traceback (DEBUG and failure_detail have it):
+        # an attempt that will be retried is no reason to page anyone.
+        return Verdict(Fate.RETRY, wait, logging.WARNING, reason, attempts, recorded=True)
+    not_retried = not decision.retryable and policy is not None
+    return Verdict(Fate.SETTLE, None, logging.ERROR, reason, attempts, recorded=True, not_retried=not_retried)
+
+
+def settle_request(core: RunnerCore, execution: Execution, decision: Decision) -> SettleRequest:
+    """The statement that carries out the decision's :func:`verdict`: settle
+    the job, or requeue it on the same row (a retry or a snooze), guarded by
+    the exact claim; the attempt's log line is written here."""
+    claim = execution.claim
+    job = claim.job
+    now = core.clock.now_ms()
+    judged = verdict(decision, job, core.settings.policy_for(job), execution.error)
+    if judged.wait is not None:
+        execution.requeue_in = judged.wait.total_seconds()
+    _log_verdict(execution, judged, now)
+    if judged.fate is Fate.SNOOZE:
+        return SettleRequest(job.job_id, claim.token, decision, now)
+    if not judged.recorded:
+        return SettleRequest(job.job_id, claim.token, decision, now, execution.failure_detail)
+    history = history_with(job.failure_history, at_ms=now, attempt=job.attempt, reason=judged.reason)
+    requeue_after_ms = duration_ms(judged.wait) if judged.fate is Fate.RETRY and judged.wait is not None else None
+    return SettleRequest(
+        job.job_id, claim.token, decision, now, execution.failure_detail,
+        requeue_after_ms=requeue_after_ms, history=history,
+    )  # fmt: skip
+
+
+def _log_verdict(execution: Execution, judged: Verdict, now: int) -> None:
+    """The attempt's one line: a retry's WARNING (when the next attempt is),
+    or the final failure's ERROR (with its handler's traceback when it raised)."""
+    if judged.level is None:
+        return
+    job = execution.job
+    if judged.fate is Fate.RETRY:
+        assert judged.wait is not None
+        log.log(
+            judged.level,
+            "job %s: attempt %d of %d failed (%s); next attempt at %s (in %.3fs)",
+            job.job_id,
+            job.attempt,
+            judged.max_attempts,
+            judged.reason,
+            _log_time(now + duration_ms(judged.wait)),
+            judged.wait.total_seconds(),
+            extra=job.log_fields,
+        )
+        return
+    error = execution.error
+    log.log(
+        judged.level,
+        "job %s: attempt %d%s failed (%s)%s; the job failed",
+        job.job_id,
+        job.attempt,
+        "" if judged.max_attempts is None else f" of {judged.max_attempts}",
+        judged.reason,
+        "; not retried" if judged.not_retried else "",
+        exc_info=None if error is None else (type(error), error, error.__traceback__),
+        extra=job.log_fields,
+    )
+
+
+def _log_time(epoch_ms: int) -> str:
+    """An epoch-millisecond instant as a log line shows it (UTC, milliseconds)."""
+    return f"{at_epoch_ms(epoch_ms):%Y-%m-%d %H:%M:%S.%f}"[:-3] + " UTC"
+
+
+def conclude(execution: Execution, settlement: Settlement | None) -> TickResult:
+    """What a settle attempt means for the execution (logged, and told to its
+    trace); ``settlement`` None when the database refused it (recovery then
+    covers the job)."""
+    execution.result = _result_of(settlement)
+    result = _concluded(execution, settlement)
+    execution.traced("concluded", result)
+    return result
+
+
+def _result_of(settlement: Settlement | None) -> str:
+    """What a settle did, as the runner's summary counts it."""
+    if settlement is None:
+        return "rejected"
+    if settlement.status is SettleStatus.REQUEUED:
+        return "requeued"
+    if settlement.status in (SettleStatus.SETTLED, SettleStatus.REPLAYED):
+        outcome = settlement.outcome
+        return outcome.value if outcome is not None else "settled"
+    return "rejected"
+
+
+def finish(execution: Execution, settlement: Settlement | None) -> None:
+    """:func:`conclude` a settle whose result nobody reads (a handed-off
+    settle under ``run_forever``): a plain settle that is neither logged nor
+    traced is left at that, so the settled job's view is never built."""
+    if (
+        execution.trace is None
+        and settlement is not None
+        and settlement.status is SettleStatus.SETTLED
+        and not log.isEnabledFor(logging.DEBUG)
+    ):
+        execution.result = _result_of(settlement)
+        return
+    conclude(execution, settlement)
+
+
+def _concluded(execution: Execution, settlement: Settlement | None) -> TickResult:
+    job_id = execution.job_id
+    if settlement is None:
+        return TickResult(TickStatus.REJECTED, None, job_id)
+    settled = settlement.job
+    if settlement.status is SettleStatus.REQUEUED:
+        assert settled is not None
+        log.info(
+            "job %s: back to %s (attempt %d, %d snooze(s))%s",
+            job_id,
+            settled.state.value,
+            settled.attempt,
+            settled.snoozes,
+            f" until {settled.ready_at:%Y-%m-%d %H:%M:%S.%f}"[:-3] if settled.ready_at is not None else "",
+            extra=execution.job.log_fields,
+        )
+        return TickResult(TickStatus.REQUEUED, settled, job_id)
+    if settlement.status in (SettleStatus.SETTLED, SettleStatus.REPLAYED):
+        if log.isEnabledFor(logging.DEBUG):  # the common case: no record built unless logged
+            log.debug(
+                "settled job %s: %s%s",
+                job_id,
+                _outcome(settled),
+                f" ({settled.failure_reason})" if settled is not None and settled.failure_reason else "",
+                extra=execution.job.log_fields,
+            )
+        return TickResult(TickStatus.SETTLED, settled, job_id)
+    if settled is not None and settled.state is JobState.SETTLED:
+        log.info("job %s was settled elsewhere (%s); this claim's decision is dropped", job_id, _outcome(settled))
+        return TickResult(TickStatus.SETTLED, settled, job_id)
+    log.warning("job %s: settlement rejected (%s): the claim was lost", job_id, settlement.status.value)
+    return TickResult(TickStatus.REJECTED, settled, job_id)
+
+
+#: The reason a job is settled ``failed`` with when the database refused to
+#: store its own decision (short, to fit constraints the library did not make).
+REFUSED_SETTLE_REASON = "settle refused by the database"
+
+
+def settle_batch(requests: Sequence[SettleRequest], *, fallback: bool = True) -> Steps[list[Settlement | None]]:
+    """Settle ``requests`` in one statement; isolate a row the database refuses.
+
+    Every row keeps its own guard (exact token, live lease); only the
+    statement and the commit are shared. When the database refuses the
+    batch for a reason that is not transient (a constraint the library did
+    not create, say), each request is settled alone, so one poison row
+    cannot take the others with it; a row refused alone is settled
+    ``failed`` with :data:`REFUSED_SETTLE_REASON`, and if even that is
+    refused it is left to its lease (logged; recovery then isolates it). A
+    transient failure (the database is unreachable) fails the batch:
+    recovery covers its jobs.
+    """
+    try:
+        return list((yield from call(store.settle_many, list(requests))))
+    except WatchdogError as error:
+        if store.transient_failure(error):
+            log.error("settle of %d job(s) failed (%s); recovery will handle them", len(requests), error)
+            return [None] * len(requests)
+        if len(requests) > 1:
+            log.warning("a batch of %d settles was refused (%s); settling each alone", len(requests), error)
+            results: list[Settlement | None] = []
+            for request in requests:
+                results.extend((yield from settle_batch([request], fallback=fallback)))
+            return results
+        (request,) = requests
+        if not fallback:
+            log.error("job %s: the database refused its settlement (%s); left to its lease", request.job_id, error)
+            return [None]
+        log.error("job %s: the database refused its settlement (%s); settling it failed instead", request.job_id, error)
+        failed = SettleRequest(request.job_id, request.claim_token, Decision.failed(REFUSED_SETTLE_REASON), request.now)
+        return list((yield from settle_batch([failed], fallback=False)))

@@ -1,0 +1,425 @@
+"""Runner options, declared once, and the validated settings built from them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from ..errors import InvalidJob
+from ..jobs import (
+    QUEUE_MAX_LENGTH,
+    JobView,
+    Retention,
+    RetryPolicy,
+    check_text,
+)
+from ..wakeups import WakeupMode, listens
+from .handlers import _UNSET, _check_budget, check_retry, check_timeout, default_registry, registered_handlers
+
+if TYPE_CHECKING:
+    from ..codecs import PayloadCodec
+    from ..schedules import Schedule
+
+
+#: The longest duration a runner accepts: what ``threading`` can wait for.
+MAX_DURATION = timedelta(seconds=min(threading.TIMEOUT_MAX, 10 * 365 * 86400))
+
+
+def _duration(value: object, name: str, *, zero: bool = False) -> timedelta:
+    if not isinstance(value, timedelta):
+        raise InvalidJob(name, f"must be a datetime.timedelta, not {type(value).__name__}")
+    if value < timedelta(0) or (value == timedelta(0) and not zero):
+        raise InvalidJob(name, f"must be {'non-negative' if zero else 'positive'}, got {value}")
+    if value > MAX_DURATION:
+        raise InvalidJob(name, f"must be at most {MAX_DURATION}, got {value}")
+    if not zero and value < timedelta(milliseconds=1):
+        raise InvalidJob(name, f"must be at least 1 millisecond, got {value}")
+    return value
+
+
+#: The idle poll of a runner that LISTEN/NOTIFY wakes (a safety net only).
+NOTIFIED_POLL_INTERVAL = timedelta(seconds=2)
+
+
+#: The idle poll of a runner without wake-ups (SQLite): how long a new job
+#: may wait before an idle runner sees it.
+POLLING_POLL_INTERVAL = timedelta(milliseconds=250)
+
+
+def default_poll_interval(engine: Any, wakeups: WakeupMode = WakeupMode.AUTO) -> timedelta:
+    """The default ``poll_interval`` of a runner on ``engine`` (sync or async)
+    that listens there as ``wakeups`` says (a runner whose session proof
+    fails polls at :data:`POLLING_POLL_INTERVAL` instead)."""
+    dialect = engine.dialect
+    if wakeups is not WakeupMode.POLL and listens(dialect.name, dialect.driver):
+        return NOTIFIED_POLL_INTERVAL
+    return POLLING_POLL_INTERVAL
+
+
+#: Handlers a runner runs at once unless told otherwise. Ten threads (the
+#: asyncio runner: ten tasks) keep a busy queue moving -- claims and settles
+#: are batched over the slots that free up, so one runner drains several
+#: thousand jobs per second instead of one job per commit round trip -- while
+#: staying inside SQLAlchemy's default pool (5 + 10 overflow) even when every
+#: handler uses the same engine beside the runner's own three connections.
+#: A handler that must never run beside another of the process: concurrency=1.
+DEFAULT_CONCURRENCY = 10
+
+
+#: How long running handlers may take to finish on shutdown unless told
+#: otherwise: with the 2 s stop wait after it, 22 s -- inside a 30 s
+#: termination period (Kubernetes' default, gunicorn's ``graceful_timeout``)
+#: with 8 s left for the server's own drain and the last statements.
+DEFAULT_GRACE = timedelta(seconds=20)
+
+
+#: The longest wait, after the grace, for handlers told to stop to return.
+STOP_WAIT_MAX_S = 2.0
+
+
+#: How long ``running()`` waits past the shutdown budget for the runner's
+#: last statements (handing leftovers to recovery, closing connections)
+#: before it gives up waiting.
+EXIT_MARGIN_S = 5.0
+
+
+def stop_wait_s(grace_s: float) -> float:
+    """How long shutdown waits, after the grace, for the handlers it told to
+    stop: ``min(2 s, grace)``, at least 0.1 s."""
+    return min(STOP_WAIT_MAX_S, max(0.1, grace_s))
+
+
+#: How often a runner logs its INFO summary unless told otherwise.
+DEFAULT_SUMMARY_EVERY = timedelta(seconds=60)
+
+
+#: The backlog a summary counts up to (a larger one reads "10000+").
+SUMMARY_BACKLOG_CAP = 10_000
+
+
+def check_summary_every(value: object) -> float | int | None:
+    """``summary_every``: None (no summary), a positive timedelta (seconds
+    between summaries) or a positive int (jobs between summaries)."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        return _duration(value, "summary_every").total_seconds()
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 100_000_000:
+        return value
+    raise InvalidJob(
+        "summary_every", f"must be None, a positive timedelta or an int from 1 to 100000000, got {value!r}"
+    )
+
+
+#: Connections a runner keeps checked out while it runs: its loop's, its
+#: settler's and its heartbeat's (and its pruner's, with a retention).
+RUNNER_CONNECTIONS = 3
+
+
+def pool_shortfall(pool: Any, settings: RunnerSettings) -> str | None:
+    """Why ``pool`` (the runner's engine's) cannot serve the runner beside
+    ``concurrency`` handlers that each use one connection of it; None when
+    it can, or when the pool has no fixed limit (``NullPool``, ...)."""
+    size = getattr(pool, "size", None)
+    overflow = getattr(pool, "_max_overflow", None)
+    if not callable(size) or not isinstance(overflow, int) or overflow < 0:
+        return None
+    capacity = int(size()) + overflow
+    held = RUNNER_CONNECTIONS + (1 if settings.retention is not None else 0)
+    needed = held + settings.concurrency
+    if capacity >= needed:
+        return None
+    return (
+        f"the engine's pool holds at most {capacity} connections (pool_size + max_overflow); the runner keeps "
+        f"{held} and its {settings.concurrency} handlers may need one each: create the engine with "
+        f"pool_size={needed} (or more), or lower concurrency -- else handlers wait for a connection "
+        "(pool_timeout) and fail"
+    )
+
+
+#: How long a claim lives without a heartbeat unless told otherwise.
+DEFAULT_LEASE = timedelta(seconds=120)
+#: How often running claims are renewed unless told otherwise.
+DEFAULT_HEARTBEAT = timedelta(seconds=10)
+
+
+class RunnerOptions(TypedDict, total=False):
+    """The options of :class:`~sqlalchemy_watchdog.Runner` and
+    :class:`~sqlalchemy_watchdog.asyncio.AsyncRunner`, declared once: both
+    take them as keyword arguments (``**options: Unpack[RunnerOptions]``),
+    and one left out takes its default.
+
+    ``queues``
+        the queues to serve (default: every queue with a handler).
+    ``concurrency``
+        handlers run at once, each in its own thread (the async runner: its
+        own task); default 10,
+        :data:`~sqlalchemy_watchdog.execution.DEFAULT_CONCURRENCY`; 1 runs one
+        handler at a time.
+    ``lease``
+        how long a claim lives without a heartbeat (default 120 s).
+    ``heartbeat``
+        how often running claims are renewed (default 10 s; at most
+        lease/3).
+    ``poll_interval``
+        how often an idle runner looks for work when no wake-up arrives.
+        Default: 2 s where LISTEN/NOTIFY wakes the runner at once
+        (PostgreSQL), 0.25 s elsewhere (SQLite has no wake-ups: the poll
+        bounds how long a new job waits; an idle poll is a short read).
+    ``grace``
+        on shutdown, how long running handlers may take to finish before
+        they are asked to stop (default 20 s,
+        :data:`~sqlalchemy_watchdog.execution.DEFAULT_GRACE`); those
+        still running ``min(2 s, grace)`` later have their jobs handed to
+        recovery. The runner's ``shutdown_budget`` is the sum: keep it
+        under the platform's termination period minus the server's own
+        drain.
+    ``is_alive``
+        ``is_alive(job) -> bool`` for executions that live outside this
+        process (the async runner also awaits a coroutine function), asked
+        before a claim whose lease ended is recovered. True leaves the job
+        running; an exception means unknown (neither requeued nor settled).
+        Default: the lease alone decides.
+    ``max_recoveries``
+        the recovery budget of jobs that carry none of their own and whose
+        handler sets none (``@handler(queue, max_recoveries=...)``): how
+        many times a job whose execution disappeared is requeued before it
+        settles ``interrupted``. None (the default) settles such a job
+        ``interrupted`` at once: at most once. A number gives at least once.
+    ``codec``
+        a :class:`~sqlalchemy_watchdog.codecs.PayloadCodec` whose ``decode``
+        turns the stored JSON payload into what handlers see.
+    ``retry``
+        the :class:`~sqlalchemy_watchdog.RetryPolicy` of jobs that carry
+        none of their own and whose handler sets none (``@handler(queue,
+        retry=...)``). None (the default): a failed attempt is final.
+    ``timeout``
+        how long one attempt may run, for jobs that set no ``timeout`` and
+        whose handler sets none; then the handler is told to stop
+        (``StopReason.TIMEOUT``) and the attempt counts as failed. None (the
+        default): no limit.
+    ``retention``
+        a :class:`~sqlalchemy_watchdog.Retention`: how long settled jobs
+        are kept, by outcome, before this runner prunes them in the
+        background (one runner at a time, in small batches). None (the
+        default) keeps every settled job.
+    ``schedules``
+        :class:`~sqlalchemy_watchdog.Schedule` objects (periodic jobs, the
+        ``[cron]`` extra) this runner enqueues: each due slot once, however
+        many runners are given the same schedules.
+    ``clock``
+        the application clock in epoch milliseconds (for tests); the
+        database clock is always consulted too.
+    ``wakeups``
+        how ``run_forever`` learns of new work on PostgreSQL (a
+        :class:`~sqlalchemy_watchdog.WakeupMode`): ``"auto"`` (the default)
+        LISTENs where the listening connection is proven to be one server
+        session of the primary, else polls every 0.25 s and logs one
+        WARNING saying why; ``"listen"`` refuses to start without that
+        proof (:class:`~sqlalchemy_watchdog.WakeupsUnavailable`); ``"poll"``
+        never LISTENs and takes no session lock. Behind a pooler in
+        transaction mode, give ``listen_engine``. The runner's
+        ``wakeup_status`` says what is in force.
+    ``summary_every``
+        how often ``run_forever`` logs its INFO summary (jobs ended by
+        outcome, running, ready backlog): a ``timedelta`` (default 60 s;
+        skipped while idle), an ``int`` (every so many jobs), or None
+        (never). Each job's own claim and settle lines are DEBUG.
+    """
+
+    queues: Iterable[str] | None
+    concurrency: int
+    lease: timedelta
+    heartbeat: timedelta
+    poll_interval: timedelta | None
+    grace: timedelta
+    is_alive: Callable[[JobView], Any] | None
+    max_recoveries: int | None
+    codec: PayloadCodec | None
+    retry: RetryPolicy | None
+    timeout: timedelta | None
+    retention: Retention | None
+    schedules: Iterable[Schedule] | None
+    clock: Callable[[], int]
+    wakeups: WakeupMode | str
+    summary_every: timedelta | int | None
+
+
+def check_options(who: str, options: Mapping[str, object]) -> None:
+    """Refuse a keyword argument that is no runner option, as Python
+    refuses an unknown keyword (``TypeError``)."""
+    for name in options:
+        if name not in RunnerOptions.__optional_keys__:
+            raise TypeError(f"{who}.__init__() got an unexpected keyword argument {name!r}")
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """Validated runner settings, shared by :class:`Runner` and ``AsyncRunner``."""
+
+    handlers: Mapping[str, Callable[..., Any]]
+    queues: tuple[str, ...]
+    concurrency: int
+    lease_ms: int
+    heartbeat_s: float
+    poll_interval_s: float
+    grace_s: float
+    is_alive: Callable[[JobView], Any] | None
+    #: The recovery budget of a job without one of its own, per queue; a
+    #: queue not listed uses :attr:`max_recoveries`.
+    budgets: Mapping[str, int | None] = field(default_factory=dict)
+    max_recoveries: int | None = None
+    codec: PayloadCodec | None = None
+    recovery_batch: int = 16
+    #: Retry policies and timeouts of handlers registered with their own, by queue.
+    retries: Mapping[str, RetryPolicy | None] = field(default_factory=dict)
+    retry: RetryPolicy | None = None
+    timeouts: Mapping[str, timedelta | None] = field(default_factory=dict)
+    timeout: timedelta | None = None
+    #: How long settled jobs are kept before this runner prunes them.
+    retention: Retention | None = None
+    #: Periodic jobs this runner enqueues (any number of runners may).
+    schedules: tuple[Schedule, ...] = ()
+    #: The INFO summary: every so many seconds (float), every so many jobs
+    #: (int), or never (None).
+    summary_every: float | int | None = DEFAULT_SUMMARY_EVERY.total_seconds()
+
+    @property
+    def stop_wait_s(self) -> float:
+        """How long shutdown waits, after the grace, for stopped handlers."""
+        return stop_wait_s(self.grace_s)
+
+    @property
+    def shutdown_budget_s(self) -> float:
+        """The longest a shutdown waits for handlers: the grace, then the stop
+        wait (what is still running after that is handed to recovery by one
+        more statement)."""
+        return self.grace_s + self.stop_wait_s
+
+    @classmethod
+    def build(
+        cls,
+        handlers: Mapping[str, Callable[..., Any]] | None,
+        options: RunnerOptions,
+        *,
+        default_poll_interval: timedelta,
+    ) -> RunnerSettings:
+        """Validate ``options`` (a runner's keyword arguments; each one left
+        out takes its default) for ``handlers``; ``poll_interval`` defaults
+        to ``default_poll_interval`` (it depends on the engine)."""
+        queues = options.get("queues")
+        concurrency = options.get("concurrency", DEFAULT_CONCURRENCY)
+        lease = options.get("lease", DEFAULT_LEASE)
+        heartbeat = options.get("heartbeat", DEFAULT_HEARTBEAT)
+        poll_interval = options.get("poll_interval")
+        if poll_interval is None:
+            poll_interval = default_poll_interval
+        grace = options.get("grace", DEFAULT_GRACE)
+        is_alive = options.get("is_alive")
+        max_recoveries = options.get("max_recoveries")
+        codec = options.get("codec")
+        retry = options.get("retry")
+        timeout = options.get("timeout")
+        retention = options.get("retention")
+        schedules = options.get("schedules")
+        summary_every = options.get("summary_every", DEFAULT_SUMMARY_EVERY)
+        table = dict(registered_handlers() if handlers is None else handlers)
+        for queue, fn in table.items():
+            check_text("queue", queue, QUEUE_MAX_LENGTH)
+            if not callable(fn):
+                raise InvalidJob("handlers", f"handler of {queue!r} is not callable")
+        if isinstance(queues, str):
+            raise InvalidJob("queues", "must be an iterable of queue names, not a str")
+        served = tuple(table) if queues is None else tuple(queues)
+        if not served:
+            raise InvalidJob("handlers", "no handlers: pass handlers={queue: fn} or register with @handler(queue)")
+        for queue in served:
+            check_text("queues", queue, QUEUE_MAX_LENGTH)
+            if queue not in table:
+                raise InvalidJob("queues", f"queue {queue!r} has no handler")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= 10_000:
+            raise InvalidJob("concurrency", f"must be an int from 1 to 10000, got {concurrency!r}")
+        lease = _duration(lease, "lease")
+        heartbeat = _duration(heartbeat, "heartbeat")
+        if heartbeat * 3 > lease:
+            raise InvalidJob(
+                "heartbeat",
+                f"must be at most a third of the lease ({lease}) so a renewal can fail "
+                f"twice before the lease ends, got {heartbeat}",
+            )
+        poll_interval = _duration(poll_interval, "poll_interval")
+        grace = _duration(grace, "grace", zero=True)
+        if is_alive is not None and not callable(is_alive):
+            raise InvalidJob("is_alive", "must be callable")
+        default_budget = _check_budget("max_recoveries", max_recoveries)
+        if codec is not None and not (callable(getattr(codec, "decode", None))):
+            raise InvalidJob("codec", "must have a decode(value) method (see sqlalchemy_watchdog.codecs)")
+        budgets: dict[str, int | None] = {}
+        retries: dict[str, RetryPolicy | None] = {}
+        timeouts: dict[str, timedelta | None] = {}
+        for queue, fn in table.items():
+            policy = default_registry.policy_for(queue, fn)
+            if policy is None:
+                continue
+            if policy.max_recoveries is not _UNSET:
+                budgets[queue] = policy.max_recoveries
+            if policy.retry is not _UNSET:
+                retries[queue] = policy.retry
+            if policy.timeout is not _UNSET:
+                timeouts[queue] = policy.timeout
+        return cls(
+            handlers=table,
+            queues=served,
+            concurrency=concurrency,
+            lease_ms=lease // timedelta(milliseconds=1),
+            heartbeat_s=heartbeat.total_seconds(),
+            poll_interval_s=poll_interval.total_seconds(),
+            grace_s=grace.total_seconds(),
+            is_alive=is_alive,
+            budgets=budgets,
+            max_recoveries=default_budget,
+            codec=codec,
+            retries=retries,
+            retry=check_retry(retry),
+            timeouts=timeouts,
+            timeout=check_timeout(timeout),
+            retention=_checked_retention(retention),
+            schedules=_checked_schedules(schedules),
+            summary_every=check_summary_every(summary_every),
+        )
+
+    def budget_for(self, job: JobView) -> int | None:
+        """The recovery budget of ``job``: its own, else its queue's handler
+        default, else the runner's ``max_recoveries``."""
+        if job.max_recoveries is not None:
+            return job.max_recoveries
+        return self.budgets.get(job.queue, self.max_recoveries)
+
+    def policy_for(self, job: JobView) -> RetryPolicy | None:
+        """The retry policy of ``job``: its own, else its handler's, else the runner's."""
+        if job.retry is not None:
+            return job.retry
+        return self.retries.get(job.queue, self.retry)
+
+    def timeout_for(self, job: JobView) -> timedelta | None:
+        """The per-attempt timeout of ``job``: its own, else its handler's, else the runner's."""
+        if job.timeout is not None:
+            return job.timeout
+        return self.timeouts.get(job.queue, self.timeout)
+
+
+def _checked_retention(retention: object) -> Retention | None:
+    if retention is not None and not isinstance(retention, Retention):
+        raise InvalidJob("retention", f"must be a Retention or None, not {type(retention).__name__}")
+    return retention
+
+
+def _checked_schedules(schedules: object) -> tuple[Schedule, ...]:
+    if schedules is None:
+        return ()
+    from ..schedules import check_schedules
+
+    return check_schedules(schedules)

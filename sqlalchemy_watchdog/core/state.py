@@ -1,0 +1,515 @@
+"""The state of one runner: its executions, timing and bookkeeping."""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import store, telemetry
+from ..errors import WatchdogError, redacted
+from ..jobs import (
+    Decision,
+    JobView,
+    Undecodable,
+    bound_reason,
+)
+from ..store import Claim
+from ..wakeups import Waiting
+from .clock import Clock
+from .handlers import Flag, RunningJob, StopReason, StopSignal
+from .settings import RunnerSettings
+from .steps import Steps, Stop
+
+log = logging.getLogger("sqlalchemy_watchdog.runner")
+
+
+class TickStatus(str, enum.Enum):
+    """What one tick of a runner did."""
+
+    IDLE = "idle"
+    SETTLED = "settled"
+    RECOVERED = "recovered"
+    REQUEUED = "requeued"
+    REJECTED = "rejected"
+    LIVENESS_UNKNOWN = "liveness_unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class TickResult:
+    """What one :meth:`Runner.tick` did, and the job it settled if any."""
+
+    status: TickStatus
+    job: JobView | None = None
+    job_id: str | None = None
+
+
+@dataclass(eq=False)
+class Execution:
+    """A claim this runner is executing, with its handler's view and stop signal."""
+
+    claim: Claim
+    job: RunningJob
+    signal: StopSignal
+    done: Flag = field(default_factory=Flag)
+    #: The driver's handle on the running handler (the async driver's task).
+    task: Any = None
+    #: When the claim was asked for, on this process's monotonic clock: no
+    #: later than the database took it, so a pause anywhere after that point
+    #: (even before the claim's answer was read) counts against the start.
+    claimed_at: float = field(default_factory=time.monotonic)
+    #: When :func:`execute` last knew the claim live before the handler
+    #: starts (the moment it sent a renewal that held), monotonic; 0: only
+    #: the claim itself.
+    checked_at: float = 0.0
+    #: The decision made without running the handler (its payload could
+    #: not be decoded), if any.
+    refused: Decision | None = None
+    #: The traceback of its handler's exception, kept with the job (bound
+    #: parameters and driver details of database errors left out).
+    failure_detail: str | None = None
+    #: The exception its handler raised, if any (a retry policy's
+    #: ``retry_on`` is matched against it).
+    error: BaseException | None = None
+    #: What became of it, for the runner's summary: an outcome's value,
+    #: ``requeued`` or ``rejected`` (set when it is concluded).
+    result: str | None = None
+    #: Whether it still occupies one of the runner's ``concurrency`` slots:
+    #: from the claim until its handler returns. Its settle then overlaps
+    #: with the next claim; the heartbeat keeps renewing it until settled.
+    slot_held: bool = True
+    #: When its handler must have returned (monotonic), if it has a timeout;
+    #: set when the handler starts. The driver stops it then.
+    deadline: float | None = None
+    #: In how many seconds a retry or snooze asked for makes the job due
+    #: again; the runner promotes then, once the requeue has committed.
+    requeue_in: float | None = None
+    #: Whether its handler runs in a thread the driver cannot interrupt (a
+    #: plain handler under the async driver): a stop only signals it, and
+    #: its slot and claim stay held until the thread returns.
+    threaded: bool = False
+    #: The instrumentation's view of this attempt (:mod:`.telemetry`), if any.
+    trace: telemetry.AttemptTrace | None = None
+    #: The monotonic clock of its runner's core (:class:`~.clock.Clock`).
+    monotonic: Callable[[], float] = field(default=time.monotonic, repr=False)
+
+    def traced(self, what: str, *args: Any) -> None:
+        """Tell the attempt's trace ``what`` happened (a no-op without one;
+        an instrumentation failure is logged, never raised)."""
+        trace = self.trace
+        if trace is not None:
+            with telemetry.guarded(what):
+                getattr(trace, what)(*args)
+
+    def started_late(self, heartbeat_s: float) -> bool:
+        """Whether more than a heartbeat interval passed since the claim was
+        last known live: its handler must not start before a renewal says
+        the claim still holds (the process may have been frozen or starved
+        past the lease in between)."""
+        return self.monotonic() - max(self.claimed_at, self.checked_at) > heartbeat_s
+
+    def handler_context(self) -> contextvars.Context | None:
+        """The context the handler runs in: its trace's (None without a
+        trace, or when the instrumentation fails to give one -- logged, and
+        the handler runs as it would untraced)."""
+        trace = self.trace
+        if trace is not None:
+            with telemetry.guarded("context"):
+                return trace.context()
+        return None
+
+    @property
+    def job_id(self) -> str:
+        return self.claim.job.job_id
+
+    @property
+    def pair(self) -> tuple[str, str]:
+        return (self.claim.job.job_id, self.claim.token)
+
+
+def _reason(execution: Execution) -> str:
+    reason = execution.signal.reason
+    return reason.value if reason is not None else "stop requested"
+
+
+def _outcome(job: JobView | None) -> str:
+    return job.outcome.value if job is not None and job.outcome is not None else "?"
+
+
+class RunnerCore:
+    """The state of one runner and every rule it follows.
+
+    Shared by the driver's loop, its heartbeat, its handler threads or
+    tasks and its settler; the table of active executions is guarded by a
+    lock (uncontended under asyncio).
+    """
+
+    #: The longest back-off after failed loop passes, in seconds.
+    MAX_BACKOFF_S = 30.0
+    #: How long a claim the database refuses to recover is left alone, at most.
+    MAX_ISOLATION_S = 600.0
+
+    def __init__(self, settings: RunnerSettings, clock: Clock) -> None:
+        self.settings = settings
+        #: The runner's one clock: every rule reads the time from it.
+        self.clock = clock
+        #: By claim, (job_id, token): a slot belongs to an execution, not to
+        #: a job. A handler that overstays its lease keeps its slot until it
+        #: returns, even after its job was recovered and claimed again here.
+        self._active: dict[tuple[str, str], Execution] = {}
+        self._lock = threading.Lock()
+        self.recovery_due = 0.0
+        #: When to make due delayed jobs ready next (monotonic).
+        self.promotion_due = 0.0
+        #: When to prune settled jobs next (monotonic).
+        self.retention_due = 0.0
+        #: When to enqueue the schedules' next slots (monotonic).
+        self.schedules_due = 0.0
+        self.failures = 0
+        #: Maintenance steps of the current loop pass that failed, with
+        #: their errors: logged with the pass's own failure as one line, or
+        #: each on its own when the claim went through.
+        self.deferred: list[tuple[str, WatchdogError]] = []
+        #: Claims whose recovery the database refused: (job_id, token) ->
+        #: (monotonic time until which they are skipped, refusals so far).
+        self._isolated: dict[tuple[str, str], tuple[float, int]] = {}
+        #: Where NOTIFY wakes the runner: its side of the waiting lock, told
+        #: after each claim whether the runner now waits for work.
+        self.waiting: Waiting | None = None
+        #: This runner's id among the workers (``watchdog_workers``) and the
+        #: schedules' records; new for every runner object.
+        self.worker_id = uuid.uuid4().hex
+        #: Its row as registered while it serves (None: not registered).
+        self.registration: store.WorkerRegistration | None = None
+        #: Its row when registering at start failed: each heartbeat tries again.
+        self.unregistered: store.WorkerRegistration | None = None
+        #: When to prune long-gone workers next (monotonic).
+        self.worker_prune_due = 0.0
+        #: Whether recording the schedules failed last time (logged once).
+        self.schedule_record_failed = False
+
+        #: What the jobs that ended since the last summary became, counted.
+        self._counts: dict[str, int] = {}
+        self._counted = 0
+        self._summary_since = self.clock.monotonic()
+
+    # -- the INFO summary
+
+    def count(self, result: str, n: int = 1) -> None:
+        """One job (or ``n``) ended as ``result`` (an outcome's value,
+        ``requeued``, ``rejected``): counted for the next summary."""
+        if n <= 0:
+            return
+        with self._lock:
+            self._counts[result] = self._counts.get(result, 0) + n
+            self._counted += n
+
+    def summary_is_due(self) -> bool:
+        """Whether the summary is due: its interval passed (with something
+        counted or running since the last one -- an idle runner stays
+        quiet), or its count of jobs was reached."""
+        every = self.settings.summary_every
+        if every is None:
+            return False
+        if isinstance(every, int):
+            return self._counted >= every
+        if self.clock.monotonic() - self._summary_since < every:
+            return False
+        if self._counted == 0 and not self._active:
+            self._summary_since = self.clock.monotonic()
+            return False
+        return True
+
+    def take_summary(self) -> tuple[float, dict[str, int], int]:
+        """The seconds since the last summary, the counts since then and how
+        many jobs run now; starts the next period."""
+        now = self.clock.monotonic()
+        with self._lock:
+            counts, self._counts, self._counted = self._counts, {}, 0
+            running = len(self._active)
+        seconds, self._summary_since = now - self._summary_since, now
+        return seconds, counts, running
+
+    # -- the table of executions
+
+    def active(self) -> list[Execution]:
+        """The executions this runner holds a claim for."""
+        with self._lock:
+            return list(self._active.values())
+
+    def own(self, job_id: str, token: str) -> Execution | None:
+        with self._lock:
+            return self._active.get((job_id, token))
+
+    #: The fewest settles that may wait for the database before the runner
+    #: stops claiming (see :meth:`free_slots`); the bound is the larger of
+    #: this and twice the concurrency.
+    SETTLE_BACKLOG_MIN = 256
+
+    @property
+    def settle_backlog_max(self) -> int:
+        """How many finished executions may wait for their settle before the
+        runner stops claiming: a database that is slow to settle then holds
+        up new claims instead of growing the runner's memory."""
+        return max(self.SETTLE_BACKLOG_MIN, 2 * self.settings.concurrency)
+
+    def free_slots(self) -> int:
+        """How many of the runner's concurrency slots are free (none while
+        the settle backlog is full)."""
+        with self._lock:
+            running = sum(1 for e in self._active.values() if e.slot_held)
+            settling = len(self._active) - running
+        if settling >= self.settle_backlog_max:
+            return 0
+        return self.settings.concurrency - running
+
+    def admit(self, claim: Claim, asked_at: float) -> Execution:
+        """Register the execution of ``claim``, asked for at ``asked_at``
+        (the core clock's ``monotonic()`` read before the claim statement
+        was sent).
+
+        Registered before its handler starts, so a cancellation or lane
+        failure recorded after the claim reaches it through the heartbeat."""
+        signal = StopSignal()
+        job = claim.job
+        payload, refused = self._decoded(job)
+        running = RunningJob(
+            job_id=job.job_id,
+            queue=job.queue,
+            lane=job.lane,
+            priority=job.priority,
+            payload=payload,
+            recovery_count=job.recovery_count,
+            max_recoveries=job.max_recoveries,
+            _signal=signal,
+            attempt=job.attempt,
+            max_attempts=max(job.attempt, policy.max_attempts if (policy := self.settings.policy_for(job)) else 1),
+            snoozes=job.snoozes,
+            timeout=self.settings.timeout_for(job),
+            trace_context=job.trace_context,
+        )
+        execution = Execution(
+            claim, running, signal, claimed_at=asked_at, refused=refused, monotonic=self.clock.monotonic
+        )
+        with self._lock:
+            self._active[execution.pair] = execution
+        if log.isEnabledFor(logging.DEBUG):  # its fields are built per job: only when logged
+            log.debug(
+                "claimed job %s (queue %s, attempt %d, recovery %d)",
+                job.job_id,
+                job.queue,
+                job.attempt,
+                job.recovery_count,
+                extra=running.log_fields,
+            )
+        return execution
+
+    def _decoded(self, job: JobView) -> tuple[Any, Decision | None]:
+        """The payload the handler sees (through the runner's codec), or the
+        ``failed`` decision of a payload the codec cannot decode."""
+        if isinstance(job.payload, Undecodable):  # a row written by hand: never handed to a handler
+            log.error("job %s: its stored payload could not be decoded (%s)", job.job_id, job.payload.reason)
+            return None, Decision.failed(
+                bound_reason(f"payload could not be decoded: {job.payload.reason}"), retry=False
+            )
+        codec = self.settings.codec
+        if codec is None:
+            return job.payload, None
+        try:
+            return codec.decode(job.payload), None
+        except Exception as error:
+            log.error("job %s: its payload could not be decoded (%s)", job.job_id, redacted(error))
+            # Not retried: another attempt would decode the same payload.
+            return None, Decision.failed(bound_reason(f"payload could not be decoded: {redacted(error)}"), retry=False)
+
+    def release_slot(self, execution: Execution) -> bool:
+        """The handler returned: free its slot (its settle may still be under
+        way). Whether a slot was freed, so the driver wakes its loop."""
+        if execution.slot_held:
+            execution.slot_held = False
+            return True
+        return False
+
+    def retire(self, execution: Execution) -> None:
+        """The execution is over (its settle, if any, committed): forget it
+        and free its slot. A retry or snooze it asked for is due in
+        ``requeue_in``: promote no later than that (the requeue has
+        committed by now, so a promotion then finds it)."""
+        with self._lock:
+            if self._active.get(execution.pair) is execution:
+                del self._active[execution.pair]
+        execution.slot_held = False
+        if execution.result is not None:
+            self.count(execution.result)
+        if execution.requeue_in is not None:
+            self.expect_ready(execution.requeue_in)
+        execution.traced("end")
+        execution.trace = None
+        execution.done.set()
+
+    # -- the loop's timing
+
+    def recovery_is_due(self) -> bool:
+        return self.clock.monotonic() >= self.recovery_due
+
+    def schedule_recovery(self, until_expiry: float | None) -> None:
+        """Look for disappeared claims again when the next lease ends, and
+        at least every poll interval."""
+        poll = self.settings.poll_interval_s
+        self.recovery_due = self.clock.monotonic() + min(poll, poll if until_expiry is None else until_expiry)
+
+    #: The pause between prune batches while there is more to prune.
+    PRUNE_PAUSE_S = 0.2
+
+    def retention_is_due(self) -> bool:
+        return self.clock.monotonic() >= self.retention_due
+
+    def until_retention(self) -> float:
+        """Seconds until the next prune pass is due (0: now)."""
+        return max(0.0, self.retention_due - self.clock.monotonic())
+
+    def schedule_retention(self, seconds: float) -> None:
+        self.retention_due = self.clock.monotonic() + seconds
+
+    def promotion_is_due(self) -> bool:
+        return self.clock.monotonic() >= self.promotion_due
+
+    #: How often a busy runner that NOTIFY wakes looks for due delayed jobs:
+    #: enqueues notify only while a runner waits (see ``wakeups``), so a busy
+    #: one is not told of a delayed job enqueued meanwhile.
+    BUSY_PROMOTION_S = 0.25
+
+    def schedule_promotion(self, next_in: float | None) -> None:
+        """Look for due delayed jobs again when the next one is due, and at
+        least every poll interval (other processes enqueue delayed jobs too)
+        -- every :attr:`BUSY_PROMOTION_S` while busy where NOTIFY wakes it."""
+        poll = self.settings.poll_interval_s
+        if self.waiting is not None and not self.waiting.waits():
+            poll = min(poll, self.BUSY_PROMOTION_S)
+        self.promotion_due = self.clock.monotonic() + min(poll, poll if next_in is None else next_in)
+
+    #: The longest wait before the schedules are looked at again (a clock
+    #: that jumps is noticed within it).
+    MAX_SCHEDULE_WAIT_S = 60.0
+
+    def schedules_are_due(self) -> bool:
+        return self.clock.monotonic() >= self.schedules_due
+
+    def schedule_schedules(self, until_next: float | None) -> None:
+        """Enqueue the schedules' slots again when the next one is due (at
+        most a minute from now; a failure looks again after a poll interval)."""
+        wait = self.settings.poll_interval_s if until_next is None else min(until_next, self.MAX_SCHEDULE_WAIT_S)
+        self.schedules_due = self.clock.monotonic() + wait
+
+    def expect_ready(self, seconds: float) -> None:
+        """A job will be due in ``seconds`` (a retry or a snooze of this
+        runner, or a new delayed job): promote no later than that."""
+        self.promotion_due = min(self.promotion_due, self.clock.monotonic() + max(0.0, seconds))
+
+    def jobs_arrived(self) -> None:
+        """New jobs were enqueued (a wake-up): one may be delayed only briefly."""
+        self.promotion_due = 0.0
+
+    def idle_wait(self) -> float:
+        """How long an idle loop waits for a wake-up before looking again."""
+        now = self.clock.monotonic()
+        wait = min(self.settings.poll_interval_s, self.recovery_due - now, self.promotion_due - now)
+        if self.settings.schedules:
+            wait = min(wait, self.schedules_due - now)
+        return max(0.0, wait)
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline (monotonic) of a running handler not yet stopped."""
+        deadlines = [
+            e.deadline for e in self.active() if e.deadline is not None and e.slot_held and not e.signal.is_set()
+        ]
+        return min(deadlines, default=None)
+
+    def overdue(self) -> list[Execution]:
+        """Executions whose handler outlived its timeout and was not stopped yet."""
+        now = self.clock.monotonic()
+        return [
+            e
+            for e in self.active()
+            if e.deadline is not None and e.deadline <= now and e.slot_held and not e.signal.is_set()
+        ]
+
+    def pass_succeeded(self) -> None:
+        self.failures = 0
+
+    def pass_failed(self, error: BaseException, who: str = "runner") -> float:
+        """Log a failed loop pass -- one line, naming the maintenance steps
+        that failed before it in the same pass -- and return how long to
+        back off before the next one."""
+        self.failures += 1
+        delay = min(self.MAX_BACKOFF_S, 0.25 * 2.0 ** min(self.failures, 7))
+        deferred, self.deferred = self.deferred, []
+        also = f" ({' and '.join(what for what, _ in deferred)} failed too)" if deferred else ""
+        if isinstance(error, WatchdogError):
+            log.error("%s: %s%s; retrying in %.1fs", who, error, also, delay)
+        else:
+            log.error(
+                "%s: unexpected error (%s)%s; retrying in %.1fs", who, redacted(error), also, delay, exc_info=error
+            )
+        return delay
+
+    def defer_failure(self, what: str, error: WatchdogError) -> None:
+        """A maintenance step (recovery, promotion, scheduling) of this pass
+        failed; the pass goes on to claim (see :meth:`report_deferred`)."""
+        self.deferred.append((what, error))
+
+    def report_deferred(self) -> None:
+        """The pass went through: log each maintenance step that failed in it."""
+        deferred, self.deferred = self.deferred, []
+        for what, error in deferred:
+            log.error("runner: %s failed (%s); claiming goes on", what, error)
+
+    # -- isolating claims the database refuses to recover
+
+    def isolated(self, claim: Claim) -> bool:
+        entry = self._isolated.get((claim.job.job_id, claim.token))
+        return entry is not None and entry[0] > self.clock.monotonic()
+
+    def isolate(self, claim: Claim, error: WatchdogError) -> None:
+        key = (claim.job.job_id, claim.token)
+        _, refusals = self._isolated.get(key, (0.0, 0))
+        refusals += 1
+        pause = min(self.MAX_ISOLATION_S, 5.0 * 2 ** min(refusals - 1, 10))
+        self._isolated[key] = (self.clock.monotonic() + pause, refusals)
+        log.error(
+            "job %s: the database refused its recovery (%s); skipping it for %.0fs (refusal %d)",
+            claim.job.job_id,
+            error,
+            pause,
+            refusals,
+        )
+
+    def forget_isolated(self, claims: Iterable[Claim]) -> None:
+        """Drop isolation entries of claims that are no longer expired."""
+        live = {(c.job.job_id, c.token) for c in claims}
+        for key in [k for k in self._isolated if k not in live]:
+            del self._isolated[key]
+
+    @property
+    def isolated_jobs(self) -> tuple[str, ...]:
+        """The job_ids whose recovery the database refused and that are skipped for now."""
+        now = self.clock.monotonic()
+        return tuple(sorted({job_id for (job_id, _), (until, _) in self._isolated.items() if until > now}))
+
+
+def stop(execution: Execution, reason: StopReason) -> Steps[None]:
+    """Tell ``execution``'s handler to stop, and log why."""
+    if execution.signal.reason is None:
+        level = logging.INFO if reason in (StopReason.CANCELLED, StopReason.LANE_FAILED) else logging.WARNING
+        if reason is StopReason.TIMEOUT:
+            level = logging.WARNING
+        fields = execution.job.log_fields
+        log.log(level, "job %s: stopping its handler (%s)", execution.job_id, reason.value, extra=fields)
+        execution.traced("stop_requested", reason)
+    yield Stop(execution, reason)

@@ -1,0 +1,426 @@
+"""The runner's rules, driven step by step with no database.
+
+Each test drives the real core (``sqlalchemy_watchdog.core``) with a
+scripted performer (:mod:`tests.unit.scripted`): the steps a rule must ask
+for, in order, and the answers a database and a handler would give. The
+tests are named by the guarantee they check.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from sqlalchemy_watchdog import Decision, RetryPolicy, Schedule, handler, store
+from sqlalchemy_watchdog.core import handlers as handlers_module
+from sqlalchemy_watchdog.core.handlers import StopReason
+from sqlalchemy_watchdog.core.loop import claim_steps, execute, loop_pass, renew, time_out
+from sqlalchemy_watchdog.core.maintenance import enqueue_schedules, recover
+from sqlalchemy_watchdog.core.rules.settle import Fate, decision_of_result, settle_request, verdict
+from sqlalchemy_watchdog.core.settings import RunnerSettings
+from sqlalchemy_watchdog.core.state import TickStatus
+from sqlalchemy_watchdog.core.steps import RunHandler, Spawn, Stop
+from sqlalchemy_watchdog.errors import ErrorCode, WatchdogError
+from sqlalchemy_watchdog.jobs import JobState, Outcome
+from sqlalchemy_watchdog.store import ClaimBatch, Promotion, Recovery, RecoveryStatus, SettleRequest
+
+from .scripted import Expect, FakeTime, admitted, claim, core, job, run, settings
+
+NO_JITTER = RetryPolicy(max_attempts=3, backoff=timedelta(seconds=4), jitter=0.0)
+
+
+@pytest.fixture
+def time() -> FakeTime:
+    return FakeTime()
+
+
+# -- claim -> run -> settle -----------------------------------------------------------
+
+
+def test_a_claimed_job_runs_once_and_settles_with_its_exact_claim(time: FakeTime) -> None:
+    runner = core(time)
+    taken = claim()
+
+    def claimed(step: Any) -> None:
+        assert dict(step.kwargs) == {"queues": ("q",), "limit": 3, "lease_ms": 120_000}
+
+    executions, cancelled = run(claim_steps(runner, 3), Expect(store.claim, ClaimBatch((taken,), ()), check=claimed))
+    assert cancelled == () and [e.claim for e in executions] == [taken]
+    assert runner.free_slots() == runner.settings.concurrency - 1, "a claimed job holds a slot until it returns"
+
+    request = run(execute(runner, executions[0]), Expect(RunHandler, Decision.completed()))
+    assert isinstance(request, SettleRequest)
+    assert (request.job_id, request.claim_token) == (taken.job.job_id, taken.token)
+    assert request.decision.outcome is Outcome.COMPLETED
+    assert request.now == time.now_ms(), "the settle carries the runner's clock"
+    assert request.requeue_after_ms is None and request.history is None
+
+
+def test_a_job_cancelled_while_queued_is_never_run(time: FakeTime) -> None:
+    runner = core(time)
+    gone = job(state=JobState.SETTLED, outcome=Outcome.CANCELLED)
+    executions, cancelled = run(claim_steps(runner, 1), Expect(store.claim, ClaimBatch((), (gone,))))
+    assert executions == [] and cancelled == (gone,)
+    assert runner.active() == []
+
+
+def test_a_handler_that_starts_over_a_heartbeat_late_renews_its_claim_first(time: FakeTime) -> None:
+    runner = core(time)
+    execution = admitted(runner)
+    time.advance(runner.settings.heartbeat_s + 0.5)  # the process was paused between claim and start
+    request = run(
+        execute(runner, execution),
+        Expect(store.renew, {execution.job_id}),
+        Expect(RunHandler, Decision.completed()),
+    )
+    assert isinstance(request, SettleRequest) and request.decision.outcome is Outcome.COMPLETED
+
+
+def test_a_late_start_whose_claim_was_lost_never_runs_the_handler(time: FakeTime) -> None:
+    runner = core(time)
+    execution = admitted(runner)
+    time.advance(runner.settings.heartbeat_s + 0.5)
+    request = run(
+        execute(runner, execution),
+        Expect(store.renew, set()),
+        Expect(store.read, None),
+        Expect(Stop, check=lambda step: assert_reason(step, StopReason.LEASE_LOST)),
+    )  # no RunHandler in the script: running it would fail the test
+    assert isinstance(request, SettleRequest)
+    assert request.decision.outcome is Outcome.FAILED
+    assert request.decision.reason == "execution stopped before it started (lease_lost)"
+
+
+def assert_reason(step: Stop, reason: StopReason) -> None:
+    assert step.reason is reason
+
+
+# -- the settle verdict ----------------------------------------------------------------
+
+
+def test_a_failed_attempt_with_attempts_left_is_retried_after_the_backoff(time: FakeTime) -> None:
+    runner = core(time, retry=NO_JITTER)
+    execution = admitted(runner)
+    request = settle_request(runner, execution, Decision.failed("boom"))
+    assert request.requeue_after_ms == 4000, "the policy's first backoff"
+    assert request.history is not None and "boom" in request.history
+    assert execution.requeue_in == 4.0, "the runner promotes when the retry is due"
+
+
+def test_the_last_attempt_settles_the_job_failed(time: FakeTime, caplog: pytest.LogCaptureFixture) -> None:
+    runner = core(time, retry=NO_JITTER)
+    execution = admitted(runner, attempt=3)
+    with caplog.at_level(logging.WARNING, "sqlalchemy_watchdog.runner"):
+        request = settle_request(runner, execution, Decision.failed("boom"))
+    assert request.requeue_after_ms is None and request.history is not None
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.ERROR, f"job {execution.job_id}: attempt 3 of 3 failed (boom); the job failed")
+    ]
+
+
+def test_a_retry_is_one_warning_line_saying_when_the_next_attempt_is(
+    time: FakeTime, caplog: pytest.LogCaptureFixture
+) -> None:
+    runner = core(time, retry=NO_JITTER)
+    execution = admitted(runner)
+    with caplog.at_level(logging.WARNING, "sqlalchemy_watchdog.runner"):
+        settle_request(runner, execution, Decision.failed("boom"))
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == (
+        f"job {execution.job_id}: attempt 1 of 3 failed (boom); next attempt at 2026-03-01 10:30:04.000 UTC (in 4.000s)"
+    )
+
+
+def test_retry_false_is_final_even_with_attempts_left() -> None:
+    judged = verdict(Decision.failed("bad input", retry=False), job(), NO_JITTER, None)
+    assert (judged.fate, judged.level, judged.not_retried) == (Fate.SETTLE, logging.ERROR, True)
+
+
+def test_without_a_policy_a_failed_attempt_is_final() -> None:
+    judged = verdict(Decision.failed("boom"), job(), None, None)
+    assert (judged.fate, judged.wait, judged.max_attempts, judged.recorded) == (Fate.SETTLE, None, None, True)
+
+
+def test_an_exception_retry_on_does_not_list_is_final() -> None:
+    policy = RetryPolicy(max_attempts=3, jitter=0.0, retry_on=(TimeoutError,))
+    assert verdict(Decision.failed("x"), job(), policy, KeyError("x")).fate is Fate.SETTLE
+    assert verdict(Decision.failed("x"), job(), policy, TimeoutError("x")).fate is Fate.RETRY
+
+
+def test_decision_retry_after_waits_what_the_handler_asked() -> None:
+    judged = verdict(Decision.retry("busy", after=timedelta(seconds=30)), job(), NO_JITTER, None)
+    assert (judged.fate, judged.wait) == (Fate.RETRY, timedelta(seconds=30))
+
+
+def test_a_snooze_waits_after_and_uses_no_attempt(time: FakeTime) -> None:
+    runner = core(time, retry=NO_JITTER)
+    execution = admitted(runner, attempt=3)  # no attempts left: a snooze needs none
+    decision = Decision.snooze(timedelta(minutes=5))
+    assert verdict(decision, execution.claim.job, NO_JITTER, None).fate is Fate.SNOOZE
+    request = settle_request(runner, execution, decision)
+    assert request.history is None and request.requeue_after_ms is None and request.decision.snoozed
+    assert execution.requeue_in == 300.0
+
+
+def test_completed_is_never_retried() -> None:
+    judged = verdict(Decision.completed(), job(), NO_JITTER, None)
+    assert (judged.fate, judged.level, judged.recorded) == (Fate.SETTLE, None, False)
+
+
+# -- timeouts and lost leases ---------------------------------------------------------------
+
+
+def test_an_attempt_past_its_timeout_is_stopped_and_counts_as_failed(time: FakeTime) -> None:
+    runner = core(time, timeout=timedelta(seconds=5))
+    execution = admitted(runner)
+
+    def the_handler_runs_past_its_deadline(step: RunHandler) -> Decision | None:
+        time.advance(4.9)
+        run(time_out(runner))  # not yet: no step
+        time.advance(0.2)
+        run(time_out(runner), Expect(Stop, check=lambda stop: assert_reason(stop, StopReason.TIMEOUT)))
+        return decision_of_result(None, step.execution.job)  # the handler returned None after the stop
+
+    request = run(execute(runner, execution), Expect(RunHandler, the_handler_runs_past_its_deadline, computed=True))
+    assert isinstance(request, SettleRequest)
+    assert request.decision.outcome is Outcome.FAILED and request.decision.reason == "timed out after 5s"
+
+
+def test_the_heartbeat_stops_a_handler_whose_job_was_cancelled(time: FakeTime) -> None:
+    runner = core(time)
+    execution = admitted(runner)
+    cancelled = job(job_id=execution.job_id, cancellation_id="c-1")
+    run(
+        renew(runner),
+        Expect(store.renew, set(), check=lambda step: assert_renewed_now(step, time)),
+        Expect(store.read, cancelled),
+        Expect(Stop, check=lambda step: assert_reason(step, StopReason.CANCELLED)),
+    )
+
+
+def assert_renewed_now(step: Any, time: FakeTime) -> None:
+    assert step.kwargs["now"] == time.now_ms(), "a renewal sends the runner's clock"
+
+
+def test_the_heartbeat_does_not_renew_a_timed_out_attempt(time: FakeTime) -> None:
+    runner = core(time)
+    execution = admitted(runner)
+    execution.signal.request(StopReason.TIMEOUT)
+    run(renew(runner))  # no step: its lease is left to run out
+
+
+# -- recovery ---------------------------------------------------------------------------------
+
+
+def test_a_vanished_claim_is_requeued_within_its_budget(time: FakeTime) -> None:
+    runner = core(time, max_recoveries=2)
+    vanished = claim()
+    requeued = Recovery(vanished.job.job_id, RecoveryStatus.REQUEUED, job(state=JobState.QUEUED))
+
+    def budget(step: Any) -> None:
+        assert step.args == (vanished,) and step.kwargs == {"max_recoveries": 2}
+
+    result = run(
+        recover(runner), Expect(store.expired_claims, [vanished]), Expect(store.reconcile, requeued, check=budget)
+    )
+    assert result is not None and result.status is TickStatus.REQUEUED
+
+
+def test_this_runners_own_lapsed_claim_is_stopped_before_it_is_recovered(time: FakeTime) -> None:
+    runner = core(time)
+    own = admitted(runner)
+    interrupted = Recovery(own.job_id, RecoveryStatus.SETTLED, job(state=JobState.SETTLED))
+    result = run(
+        recover(runner),
+        Expect(store.expired_claims, [own.claim]),
+        Expect(Stop, check=lambda step: assert_reason(step, StopReason.LEASE_LOST)),
+        Expect(store.reconcile, interrupted),
+    )
+    assert result is not None and result.status is TickStatus.RECOVERED
+
+
+def test_a_claim_the_database_refuses_to_recover_is_skipped_for_a_while(time: FakeTime) -> None:
+    runner = core(time)
+    poison = claim()
+    refused = WatchdogError(ErrorCode.STORE_UNAVAILABLE, "a check constraint refused it")  # not transient
+    assert run(recover(runner), Expect(store.expired_claims, [poison]), Expect(store.reconcile, refused)) is None
+    assert runner.isolated_jobs == (poison.job.job_id,)
+    assert run(recover(runner), Expect(store.expired_claims, [poison])) is None, "skipped: no reconcile"
+    time.advance(5.0)  # the first isolation lasts 5 s
+    assert not runner.isolated_jobs, "its isolation ran out: the next pass tries again"
+
+
+# -- the loop ---------------------------------------------------------------------------------
+
+
+def test_a_loop_pass_recovers_promotes_then_claims_for_every_free_slot(time: FakeTime) -> None:
+    runner = core(time, concurrency=2)
+    taken = (claim(), claim())
+    wait = run(
+        loop_pass(runner),
+        Expect(store.expired_claims, []),
+        Expect(store.seconds_until_next_expiry, None),
+        Expect(store.promote, Promotion(0, None)),
+        Expect(store.claim, ClaimBatch(taken, ()), check=lambda step: assert_limit(step, 2)),
+        Expect(Spawn, check=lambda step: assert_spawned(step, taken)),
+    )
+    assert wait == 0.0, "every free slot was filled: there may be more, look again at once"
+    assert runner.free_slots() == 0
+
+
+def assert_limit(step: Any, limit: int) -> None:
+    assert step.kwargs["limit"] == limit
+
+
+def assert_spawned(step: Spawn, taken: tuple[Any, ...]) -> None:
+    assert [e.claim for e in step.executions] == list(taken)
+
+
+def test_an_idle_loop_waits_until_the_next_delayed_job_is_due(time: FakeTime) -> None:
+    runner = core(time, concurrency=2)
+    wait = run(
+        loop_pass(runner),
+        Expect(store.expired_claims, []),
+        Expect(store.seconds_until_next_expiry, None),
+        Expect(store.promote, Promotion(0, 0.75)),
+        Expect(store.claim, ClaimBatch((), ())),
+    )
+    assert wait == pytest.approx(0.75)
+    time.advance(0.75)
+    assert runner.promotion_is_due() and not runner.recovery_is_due()
+
+
+# -- schedules on the runner's clock ------------------------------------------------------------
+
+
+def test_schedules_enqueue_their_next_slot_by_the_runners_clock(time: FakeTime) -> None:
+    hourly = Schedule("hourly", "0 * * * *", "q", catch_up=0)
+    runner = core(time, schedules=[hourly])
+    enqueued: list[Any] = []
+
+    def slots(step: Any) -> None:
+        enqueued.extend(step.args[0])
+
+    run(
+        enqueue_schedules(runner),
+        Expect(store.enqueue_each, [None], check=slots),
+        Expect(store.record_schedules, None),
+    )
+    # The runner's clock says 10:30: the next slot is 11:00, whatever the machine's clock says.
+    assert [j.run_at for j in enqueued] == [datetime(2026, 3, 1, 11, 0, tzinfo=UTC)]
+    time.advance(59.0)
+    assert not runner.schedules_are_due()
+    time.advance(1.0)
+    assert runner.schedules_are_due(), "looked at again within a minute"
+
+
+# -- the summary ------------------------------------------------------------------------------------
+
+
+def test_the_summary_is_due_each_period_with_its_measured_length(time: FakeTime) -> None:
+    runner = core(time, summary_every=timedelta(seconds=60))
+    runner.count("completed", 3)
+    time.advance(59.0)
+    assert not runner.summary_is_due()
+    time.advance(1.5)
+    assert runner.summary_is_due()
+    seconds, counts, running = runner.take_summary()
+    assert (seconds, counts, running) == (60.5, {"completed": 3}, 0)
+
+
+def test_an_idle_runner_logs_no_summary(time: FakeTime) -> None:
+    runner = core(time, summary_every=timedelta(seconds=60))
+    time.advance(61.0)
+    assert not runner.summary_is_due()
+
+
+# -- handler policy goes with the handler --------------------------------------------------------
+
+
+@pytest.fixture
+def registry() -> Any:
+    saved = dict(handlers_module._registry)
+    handlers_module._registry.clear()
+    yield handlers_module._registry
+    handlers_module._registry.clear()
+    handlers_module._registry.update(saved)
+
+
+def test_a_wrapped_handler_keeps_its_retry_and_timeout(registry: Any) -> None:
+    policy = RetryPolicy(max_attempts=7)
+
+    @handler("unit-wrapped", retry=policy, timeout=timedelta(seconds=9), max_recoveries=4)
+    def send(job: Any) -> None:
+        return None
+
+    @functools.wraps(send)
+    def logged(job: Any) -> None:
+        send(job)
+
+    built = settings({"unit-wrapped": logged})
+    view = job("unit-wrapped")
+    assert built.policy_for(view) is policy
+    assert built.timeout_for(view) == timedelta(seconds=9)
+    assert built.budget_for(view) == 4
+
+
+def test_a_handler_decorated_after_its_wrapper_keeps_its_policy(registry: Any) -> None:
+    def send(job: Any) -> None:
+        return None
+
+    wrapper = functools.partial(send)
+    wrapper.__wrapped__ = send  # type: ignore[attr-defined]
+    handler("unit-inner", timeout=timedelta(seconds=3))(send)
+    assert settings({"unit-inner": wrapper}).timeout_for(job("unit-inner")) == timedelta(seconds=3)
+
+
+def test_a_handler_policy_belongs_to_its_queue(registry: Any) -> None:
+    @handler("unit-a", retry=NO_JITTER)
+    def send(job: Any) -> None:
+        return None
+
+    built = settings({"unit-a": send, "unit-b": send})
+    assert built.policy_for(job("unit-a")) is NO_JITTER
+    assert built.policy_for(job("unit-b")) is None
+
+
+def test_an_undecorated_handler_uses_the_runners_options() -> None:
+    built = settings({"q": lambda job: None}, retry=NO_JITTER)
+    assert built.policy_for(job()) is NO_JITTER
+
+
+def test_runner_options_take_their_defaults_when_left_out() -> None:
+    built = settings()
+    assert isinstance(built, RunnerSettings)
+    assert (built.concurrency, built.lease_ms, built.heartbeat_s, built.poll_interval_s, built.grace_s) == (
+        10,
+        120_000,
+        10.0,
+        2.0,
+        20.0,
+    )
+
+
+# -- typed store calls ------------------------------------------------------------------------
+
+
+def test_every_store_call_of_the_core_is_made_through_the_typed_call() -> None:
+    """``yield from call(store.fn, ...)`` types the answer and checks the
+    arguments against the store function; a bare ``yield StoreCall(...)``
+    would answer Any. Only ``call`` itself makes one."""
+    import pathlib
+
+    import sqlalchemy_watchdog.core as core_package
+
+    root = pathlib.Path(core_package.__file__).parent
+    bare = {
+        str(path.relative_to(root)): path.read_text().count("yield StoreCall(")
+        for path in sorted(root.rglob("*.py"))
+        if "yield StoreCall(" in path.read_text()
+    }
+    assert bare == {"steps.py": 1}
