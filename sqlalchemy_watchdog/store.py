@@ -114,6 +114,9 @@ __all__ = [
     "seconds_until_next_expiry",
     "make_due",
     "begin_write",
+    "Shape",
+    "Operation",
+    "operation",
     "TxMode",
     "READ",
     "WRITE",
@@ -135,9 +138,102 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 P = ParamSpec("P")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+# -- operation declarations ----------------------------------------------------------
+
+
+class Shape(enum.Enum):
+    """A store operation's transaction shape, declared with :func:`operation`."""
+
+    #: Reads only. Where reads do not block the writer (SQLite in WAL mode)
+    #: it never takes the write lock up front, so a polling runner does not
+    #: queue for the lock behind the application's writes only to look.
+    READ = "read"
+    #: Writes, each statement correct and atomic on its own (one conditional
+    #: write, plus reads): runs in autocommit where the backend is
+    #: self-committing (PostgreSQL: one round trip instead of three), else in
+    #: a write transaction (SQLite: ``BEGIN IMMEDIATE``).
+    WRITE = "write"
+    #: Needs a transaction of its own everywhere, even where the other
+    #: operations run in autocommit: its statements hold a transaction-scoped
+    #: lock across several statements, or must commit together.
+    TRANSACTION = "transaction"
+
+
+@dataclass(frozen=True)
+class Operation:
+    """What :func:`transact_as` needs to know about a store function.
+
+    ``autocommit_if(*args, **kwargs)``: for a :attr:`Shape.WRITE` operation
+    that is one statement only for some arguments (an enqueue of more than
+    one chunk is not), whether this call is. ``peek(conn, *args, **kwargs)``:
+    the look-before-lock -- where reads do not block the writer, a read
+    without the write lock that returns the operation's result when there
+    is nothing to do (so the operation need not queue for the lock), or
+    None to run it.
+    """
+
+    shape: Shape
+    autocommit_if: Callable[..., bool] | None = None
+    peek: Callable[..., Any] | None = None
+
+
+#: What an undeclared function passed to :func:`transact_as` runs as: the
+#: test suite's and the fault tools' ad-hoc functions write. The gateways
+#: refuse undeclared functions (see :func:`declared`).
+UNDECLARED = Operation(Shape.WRITE)
+
+_OPERATION_ATTRIBUTE = "__watchdog_operation__"
+
+
+def operation(
+    shape: Shape,
+    *,
+    autocommit_if: Callable[..., bool] | None = None,
+    peek: Callable[..., Any] | None = None,
+) -> Callable[[F], F]:
+    """Declare a store function's transaction shape (see :class:`Operation`).
+
+    Returns the very function, its type unchanged: callers keep typing it as
+    ``Callable[Concatenate[Connection, P], R]``. A method may be declared
+    too (its bound methods carry the declaration).
+    """
+    declaration = Operation(shape, autocommit_if, peek)
+
+    def declare(fn: F) -> F:
+        setattr(fn, _OPERATION_ATTRIBUTE, declaration)
+        return fn
+
+    return declare
+
+
+def operation_of(fn: Callable[..., Any]) -> Operation | None:
+    """``fn``'s declaration, or None if it has none."""
+    found = getattr(fn, _OPERATION_ATTRIBUTE, None)
+    return found if isinstance(found, Operation) else None
+
+
+def declared(fn: Callable[..., Any]) -> Operation:
+    """``fn``'s declaration; a TypeError if it has none (what the gateways
+    check: every store operation says how it runs)."""
+    found = operation_of(fn)
+    if found is None:
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise TypeError(f"{name} is not a declared store operation (decorate it with @store.operation)")
+    return found
+
 
 #: Rows per multi-row INSERT (all rows travel as one JSON parameter).
 ENQUEUE_CHUNK = 1000
+
+
+def _one_chunk(jobs: Sequence[Job], **_: object) -> bool:
+    """Whether enqueueing ``jobs`` writes with one statement (atomic by itself)."""
+    return len({job.job_id for job in jobs}) <= ENQUEUE_CHUNK
+
+
 #: Delayed jobs made queued per promotion statement.
 PROMOTE_BATCH = 1000
 #: Live jobs settled per ``fail_lane`` call.
@@ -435,6 +531,7 @@ def check_delay(delay: object, jobs: Sequence[Job]) -> int | None:
     return duration_ms(delay)
 
 
+@operation(Shape.WRITE, autocommit_if=_one_chunk)
 def enqueue(conn: Connection, jobs: Sequence[Job], *, delay: timedelta | None = None) -> list[EnqueueResult]:
     """Admit ``jobs`` in the connection's current transaction.
 
@@ -543,6 +640,7 @@ def _queued(job_id: str) -> EnqueueResult:
     return result
 
 
+@operation(Shape.WRITE)
 def enqueue_each(conn: Connection, jobs: Sequence[Job]) -> list[EnqueueResult | None]:
     """Enqueue ``jobs`` one statement each; a conflicting replay is skipped
     (None) instead of failing the others -- for a runner enqueueing its
@@ -703,24 +801,28 @@ def violation(error: IntegrityError) -> tuple[str, str] | None:
 # -- reads -------------------------------------------------------------------
 
 
+@operation(Shape.READ)
 def read(conn: Connection, job_id: str) -> JobView | None:
     check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
     row = conn.execute(sql.read_job(), {"job": job_id}).first()
     return None if row is None else view(row)
 
 
+@operation(Shape.READ)
 def read_claim(conn: Connection, job_id: str) -> tuple[JobView, str | None] | None:
     """The job and its current claim token (private to the runner)."""
     row = conn.execute(sql.read_job(), {"job": job_id}).first()
     return None if row is None else (view(row), row.claim_token)
 
 
+@operation(Shape.READ)
 def read_queue_head(conn: Connection, queue: str) -> JobView | None:
     check_text("queue", queue, QUEUE_MAX_LENGTH)
     row = conn.execute(sql.read_queue_head(), {"queue": queue}).first()
     return None if row is None else view(row)
 
 
+@operation(Shape.READ)
 def read_settled(conn: Connection, limit: int, after_sequence: int = 0) -> list[JobView]:
     check_int("limit", limit, 1, 256)
     check_int("after_sequence", after_sequence, 0, 2**63 - 1)
@@ -728,10 +830,12 @@ def read_settled(conn: Connection, limit: int, after_sequence: int = 0) -> list[
     return [view(row) for row in conn.execute(sql.read_settled(), params)]
 
 
+@operation(Shape.READ)
 def has_pending_work(conn: Connection) -> bool:
     return conn.execute(sql.has_pending_work()).first() is not None
 
 
+@operation(Shape.READ)
 def count_ready(conn: Connection, queues: Sequence[str], cap: int) -> int:
     """How many queued jobs of ``queues`` wait, counted up to ``cap``."""
     return int(conn.execute(sql.count_ready(), {"queues": list(queues), "cap": cap}).scalar_one())
@@ -749,6 +853,7 @@ class Promotion:
     next_in: float | None
 
 
+@operation(Shape.READ)
 def next_ready_in(conn: Connection) -> float | None:
     """Seconds until the earliest delayed job is due by the database clock
     (0 when one is due now; None when none is delayed)."""
@@ -759,6 +864,13 @@ def next_ready_in(conn: Connection) -> float | None:
     return seconds
 
 
+def _promote_peek(conn: Connection, *, limit: int = PROMOTE_BATCH) -> Promotion | None:
+    """Look first, without the write lock: usually nothing is due."""
+    due = next_ready_in(conn)
+    return Promotion(0, due) if due is None or due > 0 else None
+
+
+@operation(Shape.WRITE, peek=_promote_peek)
 def promote(conn: Connection, *, limit: int = PROMOTE_BATCH) -> Promotion:
     """Make up to ``limit`` due delayed jobs ``queued`` (the earliest first)."""
     due = next_ready_in(conn)
@@ -784,6 +896,16 @@ class ClaimBatch:
     cancelled: tuple[JobView, ...]
 
 
+def _claim_peek(conn: Connection, *, queues: Sequence[str] | None, limit: int = 1, lease_ms: int) -> ClaimBatch | None:
+    """An empty batch when no job of ``queues`` is queued at all, read
+    without the write lock (a claim that finds nothing must not queue for
+    the lock); None to claim."""
+    params = {} if queues is None else {"queues": list(queues)}
+    found = conn.execute(sql.any_queued(queues is not None), params).first()
+    return ClaimBatch((), ()) if found is None else None
+
+
+@operation(Shape.WRITE, peek=_claim_peek)
 def claim(
     conn: Connection,
     *,
@@ -900,6 +1022,7 @@ class Settlement:
         return f"Settlement(status={self.status!r}, job={self.job!r})"
 
 
+@operation(Shape.WRITE)
 def settle(
     conn: Connection,
     *,
@@ -912,6 +1035,7 @@ def settle(
     return settle_many(conn, [SettleRequest(job_id, claim_token, decision, now)])[0]
 
 
+@operation(Shape.WRITE)
 def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Settlement]:
     """Settle exact claims in one statement of the caller's transaction.
 
@@ -975,6 +1099,7 @@ def _unsettled(conn: Connection, job_id: str, claim_token: str, decision: Decisi
     return Settlement(SettleStatus.CONFLICT, job)
 
 
+@operation(Shape.WRITE)
 def renew(conn: Connection, claims: Sequence[tuple[str, str]], *, lease_ms: int, now: int | None = None) -> set[str]:
     """Renew exact claims; returns the job_ids still held (the rest are lost)."""
     if not claims:
@@ -983,6 +1108,7 @@ def renew(conn: Connection, claims: Sequence[tuple[str, str]], *, lease_ms: int,
     return {row.job_id for row in conn.execute(sql.renew(), params)}
 
 
+@operation(Shape.WRITE)
 def release(conn: Connection, claims: Sequence[tuple[str, str]]) -> set[str]:
     """End the leases of claims a stopping runner could not finish."""
     if not claims:
@@ -990,6 +1116,7 @@ def release(conn: Connection, claims: Sequence[tuple[str, str]]) -> set[str]:
     return set(conn.execute(sql.release(), {"claims": list(claims)}).scalars())
 
 
+@operation(Shape.WRITE)
 def cancel(conn: Connection, job_id: str, cancellation_id: str, *, only_if_queued: bool = False) -> CancelResult:
     """Record a cancellation.
 
@@ -1038,6 +1165,7 @@ def notify(conn: Connection, event: str) -> None:
         conn.execute(sql.notify(), {"event": event})
 
 
+@operation(Shape.WRITE)
 def fail_lane(conn: Connection, lane: str, reason: str, *, batch: int = LANE_FAILURE_BATCH) -> LaneFailure:
     """Settle one batch of the lane's live jobs ``failed``; ``more`` if any remain."""
     check_text("lane", lane, LANE_MAX_LENGTH)
@@ -1050,6 +1178,7 @@ def fail_lane(conn: Connection, lane: str, reason: str, *, batch: int = LANE_FAI
     return LaneFailure(jobs, more)
 
 
+@operation(Shape.WRITE)
 def purge(conn: Connection, queue: str) -> int:
     """Delete the queue's queued and delayed jobs; returns how many."""
     check_text("queue", queue, QUEUE_MAX_LENGTH)
@@ -1059,6 +1188,7 @@ def purge(conn: Connection, queue: str) -> int:
 # -- recovery ----------------------------------------------------------------
 
 
+@operation(Shape.READ)
 def expired_claims(conn: Connection, *, limit: int) -> list[Claim]:
     """Running jobs whose lease has ended by the database clock, earliest first.
 
@@ -1116,6 +1246,7 @@ def recovery_reason(
     return f"Restart recovery budget exhausted ({budget} recoveries)"
 
 
+@operation(Shape.WRITE)
 def reconcile(
     conn: Connection,
     expired: Claim,
@@ -1146,6 +1277,7 @@ def reconcile(
     return Recovery(job.job_id, status, after)
 
 
+@operation(Shape.WRITE)
 def release_and_recover(
     conn: Connection,
     claims: Sequence[tuple[str, str]],
@@ -1170,6 +1302,7 @@ def release_and_recover(
     return results
 
 
+@operation(Shape.READ)
 def seconds_until_next_expiry(conn: Connection) -> float | None:
     """Seconds until the earliest running lease ends (by the database clock)."""
     lease_until, clock = conn.execute(sql.next_lease_expiry()).one()
@@ -1233,12 +1366,14 @@ class Pruning:
         """The size of the next batch after ``deleted`` rows (0: done)."""
         return self.batch if self.limit is None else min(self.batch, self.limit - deleted)
 
+    @operation(Shape.WRITE)
     def run_batch(self, conn: Connection, size: int) -> int:
         return prune_batch(
             conn, older_than=self.older_than, outcomes=self.outcomes, limit=size, include_undated=self.include_undated
         )
 
 
+@operation(Shape.WRITE)
 def prune_batch(
     conn: Connection,
     *,
@@ -1268,6 +1403,7 @@ def prune_batch(
 PRUNE_LOCK_KEY = 0x5741_5443_4844_4F47 & 0x7FFF_FFFF_FFFF_FFFF  # "WATCHDOG"
 
 
+@operation(Shape.TRANSACTION)
 def prune_retention(conn: Connection, ages: Mapping[str, timedelta], batch: int) -> int | None:
     """One runner's retention pass: one batch per outcome of ``ages``, in one
     transaction (:data:`NEEDS_TRANSACTION`).
@@ -1333,6 +1469,7 @@ def sorts_by_code_point(conn: Connection) -> bool:
     return known
 
 
+@operation(Shape.READ)
 def list_jobs(
     conn: Connection,
     *,
@@ -1383,6 +1520,7 @@ def list_jobs(
     return [view(row) for row in conn.execute(sql.list_jobs(filters, with_payload, newest_first), params)]
 
 
+@operation(Shape.READ)
 def stats(conn: Connection) -> Stats:
     """Every queue's counts, recent outcomes, oldest ready age and pause."""
     clock = conn.execute(sql.stats_clock()).scalar_one()
@@ -1486,12 +1624,14 @@ class WorkerRegistration:
         }
 
 
+@operation(Shape.WRITE)
 def register_worker(conn: Connection, registration: WorkerRegistration, running: int = 0) -> None:
     """Register the worker, or refresh its ``last_seen`` and ``running`` (one
     statement, database clock; a row pruned meanwhile comes back)."""
     conn.execute(sql.register_worker(conn.dialect.name), registration.params(running))
 
 
+@operation(Shape.WRITE)
 def deregister_worker(conn: Connection, worker_id: str) -> None:
     """Remove the worker's row (a clean shutdown)."""
     conn.execute(sql.deregister_worker(), {"worker_id": worker_id})
@@ -1505,6 +1645,7 @@ def _queues_of(encoded: str) -> tuple[str, ...]:
     return tuple(str(queue) for queue in value) if isinstance(value, list) else (encoded,)
 
 
+@operation(Shape.READ)
 def workers(conn: Connection) -> list[WorkerView]:
     """Every registered worker, oldest first; gone ones say so."""
     result = []
@@ -1530,6 +1671,7 @@ def workers(conn: Connection) -> list[WorkerView]:
     return result
 
 
+@operation(Shape.READ)
 def live_workers_per_queue(conn: Connection) -> dict[str, int]:
     """How many live (not gone) workers serve each queue."""
     counts: dict[str, int] = {}
@@ -1539,6 +1681,7 @@ def live_workers_per_queue(conn: Connection) -> dict[str, int]:
     return counts
 
 
+@operation(Shape.WRITE)
 def prune_workers(conn: Connection, limit: int = WORKER_PRUNE_BATCH) -> int:
     """Delete at most ``limit`` workers gone for over an hour and ``limit``
     recorded schedules not seen for a week; returns how many rows. Never
@@ -1564,6 +1707,7 @@ class ScheduleRecord:
     last_enqueued_ms: int | None
 
 
+@operation(Shape.WRITE)
 def record_schedules(conn: Connection, records: Sequence[ScheduleRecord], recorded_by: str) -> None:
     """Record the schedules a runner serves (one row per name and definition)."""
     if not records:
@@ -1586,6 +1730,7 @@ def record_schedules(conn: Connection, records: Sequence[ScheduleRecord], record
     )
 
 
+@operation(Shape.READ)
 def schedules(conn: Connection) -> list[ScheduleView]:
     """Every recorded schedule by name, its most recently seen definition first."""
     rows = list(conn.execute(sql.list_schedules()).mappings())
@@ -1613,6 +1758,7 @@ def schedules(conn: Connection) -> list[ScheduleView]:
     ]
 
 
+@operation(Shape.WRITE)
 def pause(conn: Connection, queue: str, reason: str | None = None) -> PauseStatus:
     """Pause ``queue``: from the commit on no claim takes its jobs."""
     check_text("queue", queue, QUEUE_MAX_LENGTH)
@@ -1622,6 +1768,7 @@ def pause(conn: Connection, queue: str, reason: str | None = None) -> PauseStatu
     return PauseStatus.PAUSED if row is not None else PauseStatus.ALREADY_PAUSED
 
 
+@operation(Shape.WRITE)
 def resume(conn: Connection, queue: str) -> PauseStatus:
     """Resume ``queue``; idle runners are woken (NOTIFY on PostgreSQL)."""
     check_text("queue", queue, QUEUE_MAX_LENGTH)
@@ -1631,6 +1778,7 @@ def resume(conn: Connection, queue: str) -> PauseStatus:
     return PauseStatus.RESUMED
 
 
+@operation(Shape.READ)
 def read_with_reruns(conn: Connection, job_id: str) -> JobView | None:
     """:func:`read`, with the job's reruns listed."""
     job = read(conn, job_id)
@@ -1640,6 +1788,7 @@ def read_with_reruns(conn: Connection, job_id: str) -> JobView | None:
     return dataclasses.replace(job, reruns=reruns) if reruns else job
 
 
+@operation(Shape.READ)
 def read_with_pause(conn: Connection, job_id: str) -> tuple[JobView, QueuePause | None] | None:
     """:func:`read_with_reruns`, and its queue's pause if it is paused (one read transaction)."""
     job = read_with_reruns(conn, job_id)
@@ -1655,6 +1804,7 @@ def read_with_pause(conn: Connection, job_id: str) -> tuple[JobView, QueuePause 
 RERUN_ID_MAX_LENGTH = 128
 
 
+@operation(Shape.WRITE)
 def rerun(conn: Connection, job_id: str, rerun_id: str) -> EnqueueResult:
     """Enqueue a copy of settled job ``job_id`` as a new job (see
     :func:`~sqlalchemy_watchdog.jobs.rerun_job_id`); the same call again is
@@ -1819,12 +1969,14 @@ class BulkProgress:
         )
 
 
+@operation(Shape.READ)
 def newest_sequence(conn: Connection) -> int:
     """The greatest sequence there is (0: no job): where a bulk action stops,
     so the jobs it creates are never selected by itself."""
     return int(conn.execute(sql.newest_sequence()).scalar() or 0)
 
 
+@operation(Shape.TRANSACTION)
 def bulk_batch(conn: Connection, action: BulkAction, after: int, end: int, size: int) -> BulkStep:
     """One batch of a bulk action, in one transaction: the next ``size``
     selected jobs with ``after < sequence <= end``, acted on (or, dry run,
@@ -1926,6 +2078,7 @@ def _cancel_batch(conn: Connection, action: BulkAction, job_ids: list[str], last
 # -- testing only ------------------------------------------------------------
 
 
+@operation(Shape.WRITE)
 def make_due(conn: Connection, queues: Iterable[str] | None = None) -> int:
     """FOR TESTS ONLY: make every delayed job whose time has not come (of
     ``queues``; None: of every queue) due now, by the database clock -- a
@@ -1947,6 +2100,7 @@ def make_due(conn: Connection, queues: Iterable[str] | None = None) -> int:
     return len(conn.execute(sql.make_due(True), {"queues": names}).all())
 
 
+@operation(Shape.READ)
 def waiting_jobs(conn: Connection, queues: Sequence[str], limit: int = 10) -> list[tuple[str, str]]:
     """FOR TESTS ONLY: up to ``limit`` jobs of ``queues`` still waiting to
     run (delayed, or queued in a queue not paused), as (job_id, state)."""
@@ -1957,34 +2111,6 @@ def waiting_jobs(conn: Connection, queues: Sequence[str], limit: int = 10) -> li
 
 
 # -- transactions ------------------------------------------------------------
-
-
-#: Store functions that only read. In WAL mode they never take SQLite's write
-#: lock, whatever ``write`` their caller passed: a WAL reader does not wait for
-#: the writer, so a polling runner does not queue for the lock behind the
-#: application's writes only to look.
-READ_ONLY: frozenset[Callable[..., Any]] = frozenset(
-    {
-        read,
-        read_claim,
-        read_queue_head,
-        read_settled,
-        has_pending_work,
-        expired_claims,
-        seconds_until_next_expiry,
-        next_ready_in,
-        list_jobs,
-        stats,
-        read_with_reruns,
-        waiting_jobs,
-    }
-)
-
-
-#: Store functions that need a transaction of their own even where the
-#: runner's operations run in autocommit: their statements hold a
-#: transaction-scoped lock across several statements.
-NEEDS_TRANSACTION: frozenset[Callable[..., Any]] = frozenset({prune_retention, bulk_batch})
 
 
 def _prepares_per_statement(conn: Connection) -> bool:
@@ -2038,19 +2164,6 @@ def _in_transaction(conn: Connection) -> bool:
     return bool(getattr(conn.connection.dbapi_connection, "in_transaction", False))
 
 
-def _nothing_to_claim(conn: Connection, kwargs: Mapping[str, Any]) -> bool:
-    """In WAL mode, whether a claim would find no queued job, read without the
-    write lock (a claim that finds nothing must not queue for the lock)."""
-    if _in_transaction(conn):
-        # Already in a transaction (e.g. an explicit BEGIN from a "begin"
-        # event): a read before the first write would make it a
-        # read-then-write transaction. Claim directly.
-        return False
-    queues = kwargs.get("queues")
-    params = {} if queues is None else {"queues": list(queues)}
-    return conn.execute(sql.any_queued(queues is not None), params).first() is None
-
-
 @dataclass(frozen=True)
 class TxMode:
     """How :func:`transact_as` runs its function.
@@ -2087,16 +2200,25 @@ def transact_as(
     *args: P.args,
     **kwargs: P.kwargs,
 ) -> T:
-    """Run ``fn(conn, *args, **kwargs)`` in a transaction of its own on ``conn``.
+    """Run ``fn(conn, *args, **kwargs)`` in a transaction of its own on ``conn``,
+    as ``fn``'s declaration (:func:`operation`) says; an undeclared ``fn``
+    runs as :data:`UNDECLARED` (a write).
 
-    ``mode.autocommit`` runs it without BEGIN/COMMIT, for work whose one
-    writing statement is atomic by itself: two round trips fewer. On SQLite a
-    ``mode.write`` transaction takes the write lock first (:func:`begin_write`);
-    in WAL mode (:func:`reads_beside_writer`) the functions of
-    :data:`READ_ONLY` do not, and a :func:`claim` first looks, without the
-    lock, whether any job is queued at all.
+    ``mode.autocommit`` runs it without BEGIN/COMMIT where its shape allows
+    (not a :attr:`Shape.TRANSACTION`, and ``autocommit_if`` says this call
+    is one statement): two round trips fewer. On SQLite a ``mode.write``
+    transaction takes the write lock first (:func:`begin_write`); in WAL
+    mode (:func:`reads_beside_writer`) a :attr:`Shape.READ` operation does
+    not, and an operation with a ``peek`` first looks, without the lock,
+    whether there is anything to do at all.
     """
-    if mode.autocommit and fn not in NEEDS_TRANSACTION and not _prepares_per_statement(conn):
+    declared_as = operation_of(fn) or UNDECLARED
+    if (
+        mode.autocommit
+        and declared_as.shape is not Shape.TRANSACTION
+        and (declared_as.autocommit_if is None or declared_as.autocommit_if(*args, **kwargs))
+        and not _prepares_per_statement(conn)
+    ):
         if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
             conn = conn.execution_options(isolation_level="AUTOCOMMIT")
         return fn(conn, *args, **kwargs)
@@ -2104,15 +2226,15 @@ def transact_as(
         conn = conn.execution_options(isolation_level=conn.default_isolation_level)
     with conn.begin():
         lock_free_reads = reads_beside_writer(conn)
-        if fn is claim and lock_free_reads and _nothing_to_claim(conn, kwargs):
-            # fn is claim, so T is ClaimBatch; mypy cannot narrow a TypeVar by identity.
-            return cast(T, ClaimBatch((), ()))
-        if fn is promote and lock_free_reads and not _in_transaction(conn):
-            # Look first, without the write lock: usually nothing is due.
-            due = next_ready_in(conn)
-            if due is None or due > 0:
-                return cast(T, Promotion(0, due))
-        if mode.write and not (lock_free_reads and fn in READ_ONLY):
+        if declared_as.peek is not None and lock_free_reads and not _in_transaction(conn):
+            # Not when already in a transaction (e.g. an explicit BEGIN from
+            # a "begin" event): a read before the first write would make it
+            # a read-then-write transaction.
+            found = declared_as.peek(conn, *args, **kwargs)
+            if found is not None:
+                # The peek answers for the operation: its result type is T.
+                return cast(T, found)
+        if mode.write and not (lock_free_reads and declared_as.shape is Shape.READ):
             begin_write(conn)
         return fn(conn, *args, **kwargs)
 
@@ -2201,6 +2323,7 @@ def retrying(work: Callable[[], T], *, what: str = "store operation", attempts: 
 # -- the dashboard's chart --------------------------------------------------------
 
 
+@operation(Shape.READ)
 def throughput(conn: Connection) -> Throughput:
     """Jobs settled in each minute of the last hour (database clock), by
     queue and outcome: O(jobs settled in the last hour), like :func:`stats`."""
