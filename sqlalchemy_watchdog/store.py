@@ -16,7 +16,6 @@ import enum
 import json
 import logging
 import random
-import re
 import time
 import uuid
 import weakref
@@ -27,13 +26,14 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import Dialect
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
 
 from . import statements as sql
 from . import telemetry
+from .backends import backend_of, backend_of_error
 from .connections import prepared_statement_failure
 from .errors import EnqueueConflict, ErrorCode, InvalidJob, WatchdogError, redacted
 from .jobs import (
@@ -648,7 +648,7 @@ def enqueue_each(conn: Connection, jobs: Sequence[Job]) -> list[EnqueueResult | 
     contents) may have enqueued the same slot first."""
     results: list[EnqueueResult | None] = []
     for job in jobs:
-        savepoint = conn.dialect.name == "postgresql" and not _autocommit(conn)
+        savepoint = backend_of(conn).aborts_on_error and not _autocommit(conn)
         try:
             if savepoint:
                 with conn.begin_nested():
@@ -691,7 +691,7 @@ def self_committing(dialect: str) -> bool:
     SQLite keeps ``BEGIN IMMEDIATE`` transactions (no round trips to save,
     and a reader that later writes must hold the lock from the start).
     """
-    return dialect == "postgresql"
+    return backend_of(dialect).self_committing
 
 
 def one_statement(conn_or_dialect: Connection | str, jobs: Sequence[Job]) -> bool:
@@ -700,7 +700,7 @@ def one_statement(conn_or_dialect: Connection | str, jobs: Sequence[Job]) -> boo
     Only on PostgreSQL: SQLite's writers want ``BEGIN IMMEDIATE``.
     """
     dialect = conn_or_dialect if isinstance(conn_or_dialect, str) else conn_or_dialect.dialect.name
-    return dialect == "postgresql" and len({job.job_id for job in jobs}) <= ENQUEUE_CHUNK
+    return self_committing(dialect) and _one_chunk(jobs)
 
 
 def _values(job: Job) -> tuple[Any, ...]:
@@ -733,7 +733,7 @@ def _conflict_of(conn: Connection, chunk: Sequence[Job], error: IntegrityError) 
         return error
     if len(chunk) == 1:
         return EnqueueConflict(chunk[0].job_id)
-    if conn.dialect.name == "postgresql" and not _autocommit(conn):
+    if backend_of(conn).aborts_on_error and not _autocommit(conn):
         # PostgreSQL aborted the caller's transaction: ask on a connection of
         # its own, which sees the committed jobs (a conflict with a job this
         # same transaction enqueued is not found: the message says so).
@@ -754,16 +754,12 @@ def _conflict_of(conn: Connection, chunk: Sequence[Job], error: IntegrityError) 
     return conflict
 
 
-#: PostgreSQL's SQLSTATEs of the integrity violations the store interprets.
-_PG_VIOLATIONS = {"23502": "not_null", "23505": "unique"}
 #: The unique constraints of ``watchdog_jobs`` (named by the model's naming
 #: convention and by the migration alike), by column.
 _UNIQUE_COLUMNS = {
     f"uq_{sql.t.name}_job_id": "job_id",
     f"uq_{sql.t.name}_cancellation_id": "cancellation_id",
 }
-#: SQLite's fixed wording of a one-column NOT NULL / UNIQUE failure.
-_SQLITE_VIOLATION = re.compile(rf"(NOT NULL|UNIQUE) constraint failed: {re.escape(sql.t.name)}\.(\w+)")
 
 
 def violation(error: IntegrityError) -> tuple[str, str] | None:
@@ -775,27 +771,7 @@ def violation(error: IntegrityError) -> tuple[str, str] | None:
     SQLSTATE, table, column and constraint names; SQLite's message, whose
     format SQLite fixes, matched in full.
     """
-    orig = error.orig
-    # psycopg 3 and psycopg2 carry the server's fields as ``diag``; asyncpg's
-    # own exception (the cause of SQLAlchemy's adapted one) as attributes.
-    diag = getattr(orig, "diag", None)
-    cause = getattr(orig, "__cause__", None)
-    if diag is None and hasattr(cause, "table_name"):
-        diag = cause
-    if diag is not None:
-        sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or ""
-        kind = _PG_VIOLATIONS.get(sqlstate)
-        if kind is None or getattr(diag, "table_name", None) != sql.t.name:
-            return None
-        if kind == "not_null":
-            column = getattr(diag, "column_name", None)
-            return (kind, column) if column else None
-        column = _UNIQUE_COLUMNS.get(getattr(diag, "constraint_name", None) or "")
-        return (kind, column) if column else None
-    match = _SQLITE_VIOLATION.fullmatch(str(orig).strip())
-    if match is None:
-        return None
-    return ("not_null" if match.group(1) == "NOT NULL" else "unique", match.group(2))
+    return backend_of_error(error).violation(error, sql.t.name, _UNIQUE_COLUMNS)
 
 
 # -- reads -------------------------------------------------------------------
@@ -1161,7 +1137,7 @@ def cancel_status_now(conn: Connection, job_id: str, cancellation_id: str) -> Ca
 
 def notify(conn: Connection, event: str) -> None:
     """Wake listening runners when the transaction commits (PostgreSQL only)."""
-    if conn.dialect.name == "postgresql":
+    if backend_of(conn).notifies:
         conn.execute(sql.notify(), {"event": event})
 
 
@@ -1416,7 +1392,7 @@ def prune_retention(conn: Connection, ages: Mapping[str, timedelta], batch: int)
     Returns how many jobs were deleted, or None when another runner prunes.
     """
     if (
-        conn.dialect.name == "postgresql"
+        backend_of(conn).advisory_xact_lock
         and not conn.execute(sql.try_advisory_xact_lock(), {"key": PRUNE_LOCK_KEY}).scalar()
     ):
         return None
@@ -1443,12 +1419,6 @@ def prefix_upper_bound(prefix: str) -> str | None:
     return prefix[:-1] + chr(following)
 
 
-#: Databases (by engine URL) whose job_id order is code point order, as found.
-_CODE_POINT_ORDER: dict[str, bool] = {}
-#: PostgreSQL collations of a libc provider that sort by code point (byte order of UTF-8).
-_CODE_POINT_COLLATIONS = frozenset({"C", "POSIX", "C.UTF-8", "C.utf8"})
-
-
 def sorts_by_code_point(conn: Connection) -> bool:
     """Whether ``watchdog_jobs.job_id`` -- and so ``uq_watchdog_jobs_job_id`` --
     sorts by code point here, so that the jobs starting with a prefix are one
@@ -1457,16 +1427,7 @@ def sorts_by_code_point(conn: Connection) -> bool:
     ``POSIX`` or ``C.UTF-8`` (libc) or the builtin provider's, never under a
     linguistic collation (glibc's ``en_US.UTF-8``, ICU). Asked once per
     database and remembered."""
-    if conn.dialect.name != "postgresql":
-        return True
-    key = conn.engine.url.render_as_string(hide_password=True)
-    known = _CODE_POINT_ORDER.get(key)
-    if known is None:
-        row = conn.execute(sql.job_id_collation()).first()
-        known = _CODE_POINT_ORDER[key] = row is not None and (
-            row[0] == "default" and (row[2] == "b" or (row[2] == "c" and row[1] in _CODE_POINT_COLLATIONS))
-        )
-    return known
+    return backend_of(conn).sorts_by_code_point(conn, lambda: conn.execute(sql.job_id_collation()).first())
 
 
 @operation(Shape.READ)
@@ -1508,7 +1469,7 @@ def list_jobs(
         params["job_id_prefix"] = check_text("job_id_prefix", job_id_prefix, JOB_ID_MAX_LENGTH)
     if job_id_prefix is not None and (high := prefix_upper_bound(job_id_prefix)) and sorts_by_code_point(conn):
         # A marker (its values are the two below); SQLite's planner is told to read it first.
-        params["job_id_range" if conn.dialect.name == "postgresql" else "job_id_range_first"] = True
+        params[backend_of(conn).prefix_range_marker] = True
         params["job_id_low"], params["job_id_high"] = job_id_prefix, high
     filters = tuple(
         f"state={params.pop('state')}" if name == "state" else name for name in sql.LIST_FILTERS if name in params
@@ -2126,37 +2087,22 @@ def _prepares_per_statement(conn: Connection) -> bool:
 
 
 def reads_beside_writer(conn: Connection) -> bool:
-    """Whether ``conn`` is SQLite in WAL mode, where reads never block the writer.
+    """The look-before-lock rule: whether ``conn`` is SQLite in WAL mode, where
+    reads never block the writer (the backend decides).
 
     With a rollback journal they do: a committing writer must wait (sleeping
     in the busy handler) until every reader's shared lock is gone, so there
     the store's reads keep taking the write lock, which serialises them with
     the writers instead. The journal mode is read once per pooled connection.
     """
-    if conn.dialect.name != "sqlite":
-        return False
-    info = conn.connection.info
-    mode = info.get("watchdog_journal_mode")
-    if mode is None:
-        mode = info["watchdog_journal_mode"] = str(conn.exec_driver_sql("PRAGMA journal_mode").scalar()).lower()
-    return bool(mode == "wal")
+    return backend_of(conn).reads_beside_writer(conn)
 
 
 def begin_write(conn: Connection) -> None:
-    """On SQLite, take the write lock at the start of the transaction.
-
-    A deferred transaction that reads first and writes later cannot wait for
-    the lock (SQLite returns "database is locked" at once, or
-    ``SQLITE_BUSY_SNAPSHOT`` in WAL mode); ``BEGIN IMMEDIATE`` waits for it
-    under the driver's busy timeout instead (pysqlite's ``timeout``, 5 s by
-    default), in line with the application's own writers.
-    """
-    if conn.dialect.name != "sqlite":
-        return
-    dbapi = conn.connection.dbapi_connection
-    if getattr(dbapi, "in_transaction", False):
-        return
-    conn.exec_driver_sql("BEGIN IMMEDIATE")
+    """Take the backend's write lock at the start of the transaction:
+    ``BEGIN IMMEDIATE`` on SQLite (see :meth:`backends.SQLite.begin_write
+    <sqlalchemy_watchdog.backends.SQLite.begin_write>`), nothing on PostgreSQL."""
+    backend_of(conn).begin_write(conn)
 
 
 def _in_transaction(conn: Connection) -> bool:
@@ -2257,16 +2203,9 @@ def is_transient(error: BaseException) -> bool:
         return True
     if isinstance(error, DBAPIError) and error.connection_invalidated:
         return True
-    if isinstance(error, OperationalError):
-        if type(error.orig).__module__.startswith(("sqlite3", "aiosqlite")):
-            # "no such table" is an OperationalError too; only contention passes.
-            message = str(error.orig).lower()
-            return "locked" in message or "busy" in message
-        return True
-    orig = getattr(error, "orig", None)
-    sqlstate = getattr(orig, "sqlstate", None)
-    # serialization_failure, deadlock_detected
-    return sqlstate in ("40001", "40P01")
+    if isinstance(error, DBAPIError):
+        return backend_of_error(error).is_transient(error)
+    return False
 
 
 class Backoff:
