@@ -694,15 +694,6 @@ def self_committing(dialect: str) -> bool:
     return backend_of(dialect).self_committing
 
 
-def one_statement(conn_or_dialect: Connection | str, jobs: Sequence[Job]) -> bool:
-    """Whether enqueueing ``jobs`` writes with one statement (atomic by itself).
-
-    Only on PostgreSQL: SQLite's writers want ``BEGIN IMMEDIATE``.
-    """
-    dialect = conn_or_dialect if isinstance(conn_or_dialect, str) else conn_or_dialect.dialect.name
-    return self_committing(dialect) and _one_chunk(jobs)
-
-
 def _values(job: Job) -> tuple[Any, ...]:
     """The job in :data:`statements.IDENTITY_FIELDS` order."""
     return (
