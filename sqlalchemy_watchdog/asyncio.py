@@ -24,7 +24,6 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, Unpack, overload
 
 from sqlalchemy import Connection, Select
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from . import client, store
@@ -54,6 +53,7 @@ from .core.signals import restore_signal, signals_to_install
 from .core.state import Execution, RunnerCore, TickResult
 from .core.steps import STARTED_LATE, Probe, RunHandler, Spawn, Step, Steps, Stop, StoreCall, WaitDone, drive_async
 from .errors import InvalidJob, redacted
+from .gateway import AsyncGateway, AsyncOperations
 from .jobs import (
     BulkResult,
     CancelResult,
@@ -148,16 +148,9 @@ async def run_store_as(
     *args: P.args,
     **kwargs: P.kwargs,
 ) -> T:
-    """Internal: :func:`run_store` in the given transaction ``mode``."""
-    backoff = store.Backoff()
-    while True:
-        try:
-            async with engine.connect() as conn:
-                return await conn.run_sync(lambda sync: store.transact_as(sync, mode, fn, *args, **kwargs))
-        except (DBAPIError, OSError) as error:
-            # OSError: asyncpg's connect raises a refused or reset connection
-            # as it is (SQLAlchemy does not wrap it), e.g. during a failover.
-            await asyncio.sleep(backoff.delay_after(error, fn.__name__))
+    """Internal: :func:`run_store` in the given transaction ``mode``
+    (:meth:`AsyncGateway.perform <sqlalchemy_watchdog.gateway.AsyncGateway.perform>`)."""
+    return await AsyncGateway(engine).perform(mode, fn.__name__, fn, *args, **kwargs)
 
 
 class AsyncWatchdog:
@@ -167,16 +160,17 @@ class AsyncWatchdog:
         if not isinstance(engine, AsyncEngine):
             raise TypeError(f"AsyncWatchdog takes an AsyncEngine, not {type(engine).__name__}")
         self.engine = engine
+        self._gateway: AsyncOperations = AsyncGateway(engine)
         follow_failover(engine)
 
-    async def _run(self, fn: Callable[Concatenate[Connection, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        autocommit = store.self_committing(self.engine.dialect.name)
-        return await run_store_as(self.engine, store.TxMode(autocommit=autocommit), fn, *args, **kwargs)
-
-    async def _read(self, fn: Callable[Concatenate[Connection, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        autocommit = store.self_committing(self.engine.dialect.name)
-        mode = store.TxMode(write=False, autocommit=autocommit)
-        return await run_store_as(self.engine, mode, fn, *args, **kwargs)
+    @classmethod
+    def _over(cls, gateway: AsyncOperations) -> AsyncWatchdog:
+        """The same operations over another gateway (the dashboard's over a
+        sync engine: a :class:`~sqlalchemy_watchdog.gateway.SyncGateway` in
+        a thread pool)."""
+        watchdog = cls.__new__(cls)
+        watchdog._gateway = gateway
+        return watchdog
 
     @overload
     async def enqueue(self, jobs: Job, *, delay: timedelta | None = None) -> EnqueueResult: ...
@@ -188,47 +182,43 @@ class AsyncWatchdog:
     ) -> EnqueueResult | list[EnqueueResult]:
         """Enqueue in a transaction of its own, as :meth:`Watchdog.enqueue
         <sqlalchemy_watchdog.Watchdog.enqueue>`."""
-        batch = job_batch(jobs)
-        autocommit = store.one_statement(self.engine.dialect.name, batch)
-        results = await run_store_as(
-            self.engine, store.TxMode(autocommit=autocommit), store.enqueue, batch, delay=delay
-        )
+        results = await self._gateway.run(store.enqueue, job_batch(jobs), delay=delay)
         return results[0] if isinstance(jobs, Job) else results
 
     async def read(self, job_id: str) -> JobView | None:
         """The job, or None if there is no such job (with its reruns listed)."""
-        return await self._read(store.read_with_reruns, job_id)
+        return await self._gateway.read(store.read_with_reruns, job_id)
 
     async def explain(self, job_id: str) -> JobExplanation | None:
         """What applies to the job, as :meth:`Watchdog.explain <sqlalchemy_watchdog.Watchdog.explain>`."""
-        found = await self._read(store.read_with_pause, job_id)
+        found = await self._gateway.read(store.read_with_pause, job_id)
         return None if found is None else explain(*found)
 
     async def read_queue_head(self, queue: str) -> JobView | None:
         """The queue's running job, else its next queued job, else its next delayed one; None when idle."""
-        return await self._read(store.read_queue_head, queue)
+        return await self._gateway.read(store.read_queue_head, queue)
 
     async def read_settled(self, limit: int = 100, after_sequence: int = 0) -> list[JobView]:
         """Settled jobs in admission order, ``limit`` (1-256) after ``after_sequence``."""
-        return await self._read(store.read_settled, limit, after_sequence)
+        return await self._gateway.read(store.read_settled, limit, after_sequence)
 
     async def has_pending_work(self) -> bool:
         """Whether any job is delayed, queued or running."""
-        return await self._read(store.has_pending_work)
+        return await self._gateway.read(store.has_pending_work)
 
     async def cancel(self, job_id: str, cancellation_id: str, *, only_if_queued: bool = False) -> CancelResult:
         """Cancel the job, as :meth:`Watchdog.cancel <sqlalchemy_watchdog.Watchdog.cancel>`."""
-        return await self._run(client.cancel_in, job_id, cancellation_id, only_if_queued=only_if_queued)
+        return await self._gateway.run(client.cancel_in, job_id, cancellation_id, only_if_queued=only_if_queued)
 
     async def fail_lane(self, lane: str, reason: str) -> LaneFailure:
         """Settle up to one batch of the lane's live jobs ``failed``, as
         :meth:`Watchdog.fail_lane <sqlalchemy_watchdog.Watchdog.fail_lane>`."""
-        return await self._run(client.fail_lane_in, lane, reason)
+        return await self._gateway.run(client.fail_lane_in, lane, reason)
 
     async def purge(self, queue: str) -> int:
         """Delete the queue's queued and delayed jobs (running and settled ones stay), as
         :meth:`Watchdog.purge <sqlalchemy_watchdog.Watchdog.purge>`."""
-        return await self._run(store.purge, queue)
+        return await self._gateway.run(store.purge, queue)
 
     async def list_jobs(
         self,
@@ -245,7 +235,7 @@ class AsyncWatchdog:
         with_payload: bool = True,
     ) -> list[JobView]:
         """A page of jobs, as :meth:`Watchdog.list_jobs <sqlalchemy_watchdog.Watchdog.list_jobs>`."""
-        return await self._read(
+        return await self._gateway.read(
             store.list_jobs,
             queue=queue,
             state=state,
@@ -261,16 +251,16 @@ class AsyncWatchdog:
 
     async def stats(self) -> Stats:
         """Every queue's stats, as :meth:`Watchdog.stats <sqlalchemy_watchdog.Watchdog.stats>`."""
-        return await self._read(store.stats)
+        return await self._gateway.read(store.stats)
 
     async def workers(self) -> list[WorkerView]:
         """Every registered runner, as :meth:`Watchdog.workers <sqlalchemy_watchdog.Watchdog.workers>`."""
-        return await self._read(store.workers)
+        return await self._gateway.read(store.workers)
 
     async def schedules(self) -> list[ScheduleView]:
         """The schedules runners serve, as :meth:`Watchdog.schedules
         <sqlalchemy_watchdog.Watchdog.schedules>`."""
-        return await self._read(store.schedules)
+        return await self._gateway.read(store.schedules)
 
     async def prune(
         self,
@@ -286,7 +276,7 @@ class AsyncWatchdog:
         pruning = store.Pruning.of(older_than, outcomes, limit, batch, include_undated)
         total = 0
         while size := pruning.next_batch(total):
-            deleted = await self._run(pruning.run_batch, size)
+            deleted = await self._gateway.run(pruning.run_batch, size)
             total += deleted
             if deleted < size:
                 break
@@ -294,15 +284,15 @@ class AsyncWatchdog:
 
     async def pause(self, queue: str, *, reason: str | None = None) -> PauseStatus:
         """Pause ``queue``, as :meth:`Watchdog.pause <sqlalchemy_watchdog.Watchdog.pause>`."""
-        return await self._run(store.pause, queue, reason)
+        return await self._gateway.run(store.pause, queue, reason)
 
     async def resume(self, queue: str) -> PauseStatus:
         """Resume ``queue``, as :meth:`Watchdog.resume <sqlalchemy_watchdog.Watchdog.resume>`."""
-        return await self._run(store.resume, queue)
+        return await self._gateway.run(store.resume, queue)
 
     async def rerun(self, job_id: str, *, rerun_id: str) -> EnqueueResult:
         """Rerun a settled job, as :meth:`Watchdog.rerun <sqlalchemy_watchdog.Watchdog.rerun>`."""
-        return await self._run(store.rerun, job_id, rerun_id)
+        return await self._gateway.run(store.rerun, job_id, rerun_id)
 
     async def rerun_many(
         self,
@@ -368,8 +358,8 @@ class AsyncWatchdog:
 
     async def _bulk(self, action: store.BulkAction) -> BulkResult:
         progress = store.BulkProgress(action)
-        end = await self._read(store.newest_sequence)
-        run = self._read if action.dry_run else self._run
+        end = await self._gateway.read(store.newest_sequence)
+        run = self._gateway.read if action.dry_run else self._gateway.run
         while size := action.next_size(progress.matched):
             if not progress.add(await run(store.bulk_batch, action, progress.after, end, size), size):
                 break
@@ -378,7 +368,7 @@ class AsyncWatchdog:
     async def throughput(self) -> Throughput:
         """Jobs settled per minute over the last hour, as :meth:`Watchdog.throughput
         <sqlalchemy_watchdog.Watchdog.throughput>`."""
-        return await self._read(store.throughput)
+        return await self._gateway.read(store.throughput)
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
@@ -449,9 +439,8 @@ class AsyncRunner:
         self.core = RunnerCore(self.settings, Clock.of(options))
         #: The wake-ups in force (see :attr:`Runner.wakeup_status <sqlalchemy_watchdog.Runner.wakeup_status>`).
         self.wakeup_status = WakeupStatus(self.wakeups, False, "not started", self.settings.poll_interval_s)
-        self._autocommit = store.self_committing(engine.dialect.name)
-        #: The tasks that keep one connection across store calls, and theirs.
-        self._held: dict[asyncio.Task[Any], AsyncConnection | None] = {}
+        #: Store calls: connections (one kept by each holding task), retries.
+        self._gateway = AsyncGateway(engine)
         #: Whether each queue's handler is a coroutine function (asked on first use).
         self._async_queues: dict[str, bool] = {}
         self._settler: _AsyncSettler | None = None
@@ -487,41 +476,15 @@ class AsyncRunner:
     # -- performing steps --------------------------------------------------------
 
     async def _store(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        mode = store.TxMode(autocommit=self._autocommit)
-        task = asyncio.current_task()
-        if task not in self._held:
-            return await run_store_as(self.engine, mode, fn, *args, **kwargs)
-        backoff = store.Backoff()
-        while True:
-            conn = self._held[task]
-            try:
-                if conn is None or conn.closed or conn.invalidated:
-                    conn = self._held[task] = await self.engine.connect()
-                    if self._autocommit:
-                        await conn.execution_options(isolation_level="AUTOCOMMIT")
-                return await conn.run_sync(lambda sync: store.transact_as(sync, mode, fn, *args, **kwargs))
-            except (DBAPIError, OSError) as error:
-                # Whatever failed, the next attempt starts on a fresh connection
-                # (OSError: a connect asyncpg refused, which SQLAlchemy does not wrap).
-                self._held[task] = None
-                if conn is not None:
-                    await conn.close()
-                await asyncio.sleep(backoff.delay_after(error, fn.__name__))
+        return await self._gateway.run(fn, *args, **kwargs)
 
     @contextlib.asynccontextmanager
     async def _holding_connection(self) -> AsyncIterator[None]:
         """Within this block, the current task's store calls reuse one
         connection (the loop, settler, heartbeat and pruner tasks); the
         executions' own tasks check one out per call."""
-        task = asyncio.current_task()
-        assert task is not None
-        self._held[task] = None
-        try:
+        async with self._gateway.holding():
             yield
-        finally:
-            conn = self._held.pop(task, None)
-            if conn is not None:
-                await conn.close()
 
     async def _perform(self, step: Step) -> Any:
         if isinstance(step, StoreCall):

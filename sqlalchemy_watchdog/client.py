@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import Any, Concatenate, ParamSpec, TypeVar, overload
+from typing import Any, overload
 
 from sqlalchemy import Connection, Engine, Select
 from sqlalchemy.exc import IntegrityError
@@ -15,6 +15,7 @@ from . import store
 from .applies import JobExplanation, explain
 from .connections import follow_failover
 from .errors import EnqueueConflict, InvalidJob
+from .gateway import SyncGateway
 from .jobs import (
     BulkResult,
     CancelResult,
@@ -36,9 +37,6 @@ from .model import WatchdogJob
 from .wakeups import EVENT_QUEUED, EVENT_STOP
 
 __all__ = ["enqueue", "enqueue_select", "Watchdog", "EVENT_QUEUED", "EVENT_STOP"]
-
-T = TypeVar("T")
-P = ParamSpec("P")
 
 
 def _connection(target: Session | Connection) -> Connection:
@@ -181,29 +179,8 @@ class Watchdog:
                 " (use sqlalchemy_watchdog.asyncio.AsyncWatchdog for an AsyncEngine)"
             )
         self.engine = engine
+        self._gateway = SyncGateway(engine)
         follow_failover(engine)
-
-    def _run(
-        self,
-        mode: store.TxMode,
-        fn: Callable[Concatenate[Connection, P], T],
-        /,
-        *args: P.args,
-        **kwargs: P.kwargs,
-    ) -> T:
-        def work() -> T:
-            with self.engine.connect() as conn:
-                return store.transact_as(conn, mode, fn, *args, **kwargs)
-
-        return store.retrying(work, what=fn.__name__)
-
-    def _read(self, fn: Callable[Concatenate[Connection, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        autocommit = store.self_committing(self.engine.dialect.name)
-        return self._run(store.TxMode(write=False, autocommit=autocommit), fn, *args, **kwargs)
-
-    def _write(self, fn: Callable[Concatenate[Connection, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        autocommit = store.self_committing(self.engine.dialect.name)
-        return self._run(store.TxMode(autocommit=autocommit), fn, *args, **kwargs)
 
     @overload
     def enqueue(self, jobs: Job, *, delay: timedelta | None = None) -> EnqueueResult: ...
@@ -215,14 +192,12 @@ class Watchdog:
     ) -> EnqueueResult | list[EnqueueResult]:
         """Enqueue in a transaction of its own (see :func:`enqueue`); on
         PostgreSQL up to 1,000 jobs go as one self-committing statement."""
-        batch = job_batch(jobs)
-        autocommit = store.one_statement(self.engine.dialect.name, batch)
-        results = self._run(store.TxMode(autocommit=autocommit), store.enqueue, batch, delay=delay)
+        results = self._gateway.run(store.enqueue, job_batch(jobs), delay=delay)
         return results[0] if isinstance(jobs, Job) else results
 
     def read(self, job_id: str) -> JobView | None:
         """The job, or None if there is no such job (with its reruns listed)."""
-        return self._read(store.read_with_reruns, job_id)
+        return self._gateway.read(store.read_with_reruns, job_id)
 
     def explain(self, job_id: str) -> JobExplanation | None:
         """What applies to the job (None if there is no such job): its
@@ -231,20 +206,20 @@ class Watchdog:
         the runner's -- which a process other than the runner's cannot know,
         and says so), "attempt n of m", its queue's pause, and its reason in
         plain words (a :class:`~sqlalchemy_watchdog.JobExplanation`)."""
-        found = self._read(store.read_with_pause, job_id)
+        found = self._gateway.read(store.read_with_pause, job_id)
         return None if found is None else explain(*found)
 
     def read_queue_head(self, queue: str) -> JobView | None:
         """The queue's running job, else its next queued job, else its next delayed one; None when idle."""
-        return self._read(store.read_queue_head, queue)
+        return self._gateway.read(store.read_queue_head, queue)
 
     def read_settled(self, limit: int = 100, after_sequence: int = 0) -> list[JobView]:
         """Settled jobs in admission order, ``limit`` (1-256) after ``after_sequence``."""
-        return self._read(store.read_settled, limit, after_sequence)
+        return self._gateway.read(store.read_settled, limit, after_sequence)
 
     def has_pending_work(self) -> bool:
         """Whether any job is delayed, queued or running."""
-        return self._read(store.has_pending_work)
+        return self._gateway.read(store.has_pending_work)
 
     def list_jobs(
         self,
@@ -278,7 +253,7 @@ class Watchdog:
         ``with_payload=False`` does not read the payloads (each job's
         ``payload`` is then None): a list that does not show them.
         """
-        return self._read(
+        return self._gateway.read(
             store.list_jobs,
             queue=queue,
             state=state,
@@ -303,7 +278,7 @@ class Watchdog:
         last hour, one range per outcome (``ix_watchdog_jobs_settled``):
         O(live jobs + jobs settled in the last hour), never the history.
         """
-        return self._read(store.stats)
+        return self._gateway.read(store.stats)
 
     def workers(self) -> list[WorkerView]:
         """Every registered runner, oldest first: a runner registers when it
@@ -315,7 +290,7 @@ class Watchdog:
         hour later. A restarted runner is a new worker.
 
         Cost: one read of ``watchdog_workers`` (one row per worker)."""
-        return self._read(store.workers)
+        return self._gateway.read(store.workers)
 
     def schedules(self) -> list[ScheduleView]:
         """The schedules runners serve, as they recorded them: one view per
@@ -324,7 +299,7 @@ class Watchdog:
         :attr:`~ScheduleView.current` views, each :attr:`~ScheduleView.disputed`.
         Runners record their schedules at least every minute; a record not
         seen for a week is forgotten."""
-        return self._read(store.schedules)
+        return self._gateway.read(store.schedules)
 
     def prune(
         self,
@@ -348,7 +323,7 @@ class Watchdog:
         pruning = store.Pruning.of(older_than, outcomes, limit, batch, include_undated)
         total = 0
         while size := pruning.next_batch(total):
-            deleted = self._write(pruning.run_batch, size)
+            deleted = self._gateway.run(pruning.run_batch, size)
             total += deleted
             if deleted < size:
                 break
@@ -358,11 +333,11 @@ class Watchdog:
         """Pause ``queue``: from the moment this commits no runner claims its
         jobs (the claim statement itself checks); running jobs finish
         normally and enqueueing still works. Idempotent."""
-        return self._write(store.pause, queue, reason)
+        return self._gateway.run(store.pause, queue, reason)
 
     def resume(self, queue: str) -> PauseStatus:
         """Resume ``queue`` and wake idle runners. Idempotent."""
-        return self._write(store.resume, queue)
+        return self._gateway.run(store.resume, queue)
 
     def rerun(self, job_id: str, *, rerun_id: str) -> EnqueueResult:
         """Enqueue a copy of settled job ``job_id`` as a new job (settled stays
@@ -370,7 +345,7 @@ class Watchdog:
         (``<job_id>~rerun~<rerun_id>``, or a hash when that is too long), so
         the same call again is a duplicate; the copy's ``rerun_of`` names the
         original, whose :meth:`read` lists its reruns."""
-        return self._write(store.rerun, job_id, rerun_id)
+        return self._gateway.run(store.rerun, job_id, rerun_id)
 
     def rerun_many(
         self,
@@ -459,8 +434,8 @@ class Watchdog:
 
     def _bulk(self, action: store.BulkAction) -> BulkResult:
         progress = store.BulkProgress(action)
-        end = self._read(store.newest_sequence)
-        run = self._read if action.dry_run else self._write
+        end = self._gateway.read(store.newest_sequence)
+        run = self._gateway.read if action.dry_run else self._gateway.run
         while size := action.next_size(progress.matched):
             if not progress.add(run(store.bulk_batch, action, progress.after, end, size), size):
                 break
@@ -470,26 +445,27 @@ class Watchdog:
         """Record a cancellation: a queued job is settled ``cancelled`` when next
         claimed; a running job's handler is told to stop and its settlement
         becomes ``cancelled``. Idempotent per ``cancellation_id``."""
-        return self._write(cancel_in, job_id, cancellation_id, only_if_queued=only_if_queued)
+        return self._gateway.run(cancel_in, job_id, cancellation_id, only_if_queued=only_if_queued)
 
     def fail_lane(self, lane: str, reason: str) -> LaneFailure:
         """Settle up to one batch of the lane's live jobs ``failed``, running
         ones first; their handlers are told to stop. Call again while
         ``.more`` is true."""
-        return self._write(fail_lane_in, lane, reason)
+        return self._gateway.run(fail_lane_in, lane, reason)
 
     def purge(self, queue: str) -> int:
         """Delete the queue's queued and delayed jobs (running and settled ones stay); returns how many."""
-        return self._write(store.purge, queue)
+        return self._gateway.run(store.purge, queue)
 
     def throughput(self) -> Throughput:
         """Jobs settled in each minute of the last hour (database clock), by
         queue and outcome: what the dashboard's chart draws. Cost: like
         :meth:`stats`, one range of ``ix_watchdog_jobs_settled`` per outcome,
         O(jobs settled in the last hour)."""
-        return self._read(store.throughput)
+        return self._gateway.read(store.throughput)
 
 
+@store.operation(store.Shape.WRITE)
 def cancel_in(conn: Connection, job_id: str, cancellation_id: str, *, only_if_queued: bool = False) -> CancelResult:
     """:func:`store.cancel` plus the wake-up, in the caller's transaction."""
     try:
@@ -506,6 +482,7 @@ def cancel_in(conn: Connection, job_id: str, cancellation_id: str, *, only_if_qu
     return result
 
 
+@store.operation(store.Shape.WRITE)
 def fail_lane_in(conn: Connection, lane: str, reason: str) -> LaneFailure:
     """:func:`store.fail_lane` plus the wake-up, in the caller's transaction."""
     result = store.fail_lane(conn, lane, reason)

@@ -30,9 +30,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError
 
-from . import store
 from .connections import follow_failover
 from .core.clock import Clock
 from .core.handlers import RunningJob
@@ -51,6 +49,7 @@ from .core.signals import restore_signal, signals_to_install
 from .core.state import Execution, RunnerCore, TickResult
 from .core.steps import STARTED_LATE, Probe, RunHandler, Spawn, Step, Steps, Stop, StoreCall, WaitDone, drive
 from .errors import InvalidJob, redacted
+from .gateway import SyncGateway
 from .jobs import Decision, JobView
 from .store import Settlement, SettleRequest
 from .wakeups import (
@@ -131,9 +130,8 @@ class Runner:
         self._renew_requested = False
         self._settler: _Settler | None = None
         self._workers: _Workers | None = None
-        self._autocommit = store.self_committing(engine.dialect.name)
-        #: Per thread: whether it holds a connection across store calls, and which.
-        self._held = threading.local()
+        #: Store calls: connections (one kept by each holding thread), retries.
+        self._gateway = SyncGateway(engine)
         #: Set once run_forever serves (its listener started), or has ended.
         self._serving = threading.Event()
 
@@ -159,31 +157,7 @@ class Runner:
     # -- performing steps --------------------------------------------------------
 
     def _store(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        mode = store.TxMode(autocommit=self._autocommit)
-        held = self._held
-        if not getattr(held, "holding", False):
-
-            def work() -> T:
-                with self.engine.connect() as conn:
-                    return store.transact_as(conn, mode, fn, *args, **kwargs)
-
-            return store.retrying(work, what=fn.__name__)
-
-        def work_held() -> T:
-            conn = held.conn
-            if conn is None or conn.closed or conn.invalidated:
-                conn = held.conn = self.engine.connect()
-                if self._autocommit:
-                    conn.execution_options(isolation_level="AUTOCOMMIT")
-            try:
-                return store.transact_as(conn, mode, fn, *args, **kwargs)
-            except DBAPIError:
-                # Whatever failed, the next attempt starts on a fresh connection.
-                held.conn = None
-                conn.close()
-                raise
-
-        return store.retrying(work_held, what=fn.__name__)
+        return self._gateway.run(fn, *args, **kwargs)
 
     @contextmanager
     def _holding_connection(self) -> Iterator[None]:
@@ -192,14 +166,8 @@ class Runner:
         checkout, an isolation-level change and a check-in less per call);
         handler threads check one out per call, so they never hold more
         than the pool has."""
-        held = self._held
-        held.holding, held.conn = True, None
-        try:
+        with self._gateway.holding():
             yield
-        finally:
-            conn, held.holding, held.conn = held.conn, False, None
-            if conn is not None:
-                conn.close()
 
     def _perform(self, step: Step) -> Any:
         if isinstance(step, StoreCall):

@@ -57,12 +57,13 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.dml import ReturningDelete
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.functions import FunctionElement
 
+from .backends import backend_of
 from .jobs import JobState, Outcome
 from .model import jobs_table, pauses_table, schedules_table, workers_table
 from .wakeups import CHANNEL
@@ -166,19 +167,9 @@ class db_clock_ms(FunctionElement[int]):
     name = "db_clock_ms"
 
 
-@compiles(db_clock_ms, "postgresql")
-def _pg_clock(element: db_clock_ms, compiler: Any, **kw: Any) -> str:
-    return "CAST(floor(EXTRACT(EPOCH FROM statement_timestamp()) * 1000) AS BIGINT)"
-
-
-@compiles(db_clock_ms, "sqlite")
-def _sqlite_clock(element: db_clock_ms, compiler: Any, **kw: Any) -> str:
-    return "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
-
-
 @compiles(db_clock_ms)
-def _other_clock(element: db_clock_ms, compiler: Any, **kw: Any) -> str:
-    raise NotImplementedError(f"sqlalchemy_watchdog supports PostgreSQL and SQLite, not {compiler.dialect.name}")
+def _clock(element: db_clock_ms, compiler: Any, **kw: Any) -> str:
+    return backend_of(compiler.dialect).clock_ms_sql()
 
 
 class effective_now(FunctionElement[int]):
@@ -192,15 +183,9 @@ class effective_now(FunctionElement[int]):
         super().__init__(now_ms, db_clock_ms())
 
 
-@compiles(effective_now, "postgresql")
-def _pg_effective_now(element: effective_now, compiler: Any, **kw: Any) -> str:
-    return f"GREATEST({compiler.process(element.clauses, **kw)})"
-
-
 @compiles(effective_now)
-def _sqlite_effective_now(element: effective_now, compiler: Any, **kw: Any) -> str:
-    # SQLite's multi-argument max() is the scalar maximum.
-    return f"max({compiler.process(element.clauses, **kw)})"
+def _effective_now(element: effective_now, compiler: Any, **kw: Any) -> str:
+    return backend_of(compiler.dialect).greatest_sql(compiler.process(element.clauses, **kw))
 
 
 def _insert(dialect: str) -> Any:
@@ -208,11 +193,7 @@ def _insert(dialect: str) -> Any:
 
 
 def _insert_into(dialect: str, table: Any) -> Any:
-    if dialect == "postgresql":
-        return postgresql.insert(table)
-    if dialect == "sqlite":
-        return sqlite.insert(table)
-    raise NotImplementedError(f"sqlalchemy_watchdog supports PostgreSQL and SQLite, not {dialect}")
+    return backend_of(dialect).insert(table)
 
 
 def _p(name: str, type_: Any = None) -> BindParameter[Any]:

@@ -48,9 +48,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from . import store
-from .asyncio import AsyncRunner, run_store_as
+from .asyncio import AsyncRunner
 from .errors import InvalidJob
 from .execution import RunningJob, TickStatus
+from .gateway import AsyncGateway, SyncGateway
 from .jobs import JOB_ID_MAX_LENGTH, QUEUE_MAX_LENGTH, JobState, JobView, check_int, check_text
 from .model import WatchdogJob
 from .runner import Runner
@@ -406,13 +407,7 @@ def make_due(engine: Engine, *, queues: Iterable[str] | None = None) -> int:
     if not isinstance(engine, Engine):
         raise TypeError(f"make_due takes an Engine, not {type(engine).__name__} (use make_due_async)")
     names = _queue_names(queues)
-    mode = store.TxMode(autocommit=store.self_committing(engine.dialect.name))
-
-    def work() -> int:
-        with engine.connect() as conn:
-            return store.transact_as(conn, mode, store.make_due, names)
-
-    return store.retrying(work, what="make_due")
+    return SyncGateway(engine).run(store.make_due, names)
 
 
 async def make_due_async(engine: AsyncEngine, *, queues: Iterable[str] | None = None) -> int:
@@ -420,8 +415,7 @@ async def make_due_async(engine: AsyncEngine, *, queues: Iterable[str] | None = 
     if not isinstance(engine, AsyncEngine):
         raise TypeError(f"make_due_async takes an AsyncEngine, not {type(engine).__name__} (use make_due)")
     names = _queue_names(queues)
-    mode = store.TxMode(autocommit=store.self_committing(engine.dialect.name))
-    return await run_store_as(engine, mode, store.make_due, names)
+    return await AsyncGateway(engine).run(store.make_due, names)
 
 
 #: Passes in a row in which a drain with ``advance_time`` finds nothing to
@@ -432,13 +426,8 @@ DRAIN_IDLE_PASSES = 100
 
 def _waiting(engine: Engine, queues: Iterable[str]) -> list[tuple[str, str]]:
     """Jobs of ``queues`` still waiting to run (delayed, or queued unpaused)."""
-    mode = store.TxMode(autocommit=store.self_committing(engine.dialect.name))
-
-    def work() -> list[tuple[str, str]]:
-        with engine.connect() as conn:
-            return store.transact_as(conn, mode, store.waiting_jobs, list(queues))
-
-    return store.retrying(work, what="drain")
+    gateway = SyncGateway(engine)
+    return gateway.perform(gateway.writing, "drain", store.waiting_jobs, list(queues))
 
 
 def _still_waiting(left: list[tuple[str, str]]) -> AssertionError:
@@ -537,8 +526,7 @@ async def drain_async(
                 break
             if await make_due_async(engine, queues=runner.queues) > 0:
                 continue
-            mode = store.TxMode(autocommit=store.self_committing(engine.dialect.name))
-            left = await run_store_as(engine, mode, store.waiting_jobs, runner.queues)
+            left = await AsyncGateway(engine).run(store.waiting_jobs, runner.queues)
             if not left:
                 break
             idle += 1

@@ -67,6 +67,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from .backends import BACKENDS
 from .connections import SessionProof, prove_session, prove_session_async
 from .errors import InvalidJob, WakeupsUnavailable, redacted
 
@@ -154,9 +155,15 @@ STOP_WAITING_SQL = f"SELECT pg_advisory_unlock_all(), pg_notify('{CHANNEL}', '{E
 LISTENING_DRIVERS = frozenset({"psycopg", "psycopg2", "asyncpg"})
 
 
+def _notifies(dialect_name: str) -> bool:
+    """Whether the dialect's backend delivers LISTEN/NOTIFY wake-ups."""
+    backend = BACKENDS.get(dialect_name)
+    return backend is not None and backend.notifies
+
+
 def listens(dialect_name: str, driver: str) -> bool:
     """Whether a runner on this dialect and driver is woken by NOTIFY."""
-    if dialect_name != "postgresql":
+    if not _notifies(dialect_name):
         return False
     if driver not in LISTENING_DRIVERS:
         log.debug("runner: the %s driver delivers no notifications here; polling instead", driver)
@@ -210,7 +217,7 @@ def polling_reason(mode: WakeupMode, dialect_name: str, driver: str) -> str | No
     session first)."""
     if mode is WakeupMode.POLL:
         return 'wakeups="poll"'
-    if dialect_name != "postgresql":
+    if not _notifies(dialect_name):
         return f"{dialect_name} has no LISTEN/NOTIFY"
     if driver not in LISTENING_DRIVERS:
         return f"the {driver} driver delivers no notifications"
@@ -225,7 +232,7 @@ def decide(mode: WakeupMode, reason: str, *, dialect_name: str, poll_interval_s:
     SQLite has nothing to listen with, and says so only in the start line."""
     if mode is WakeupMode.LISTEN:
         raise WakeupsUnavailable(reason)
-    if mode is WakeupMode.AUTO and dialect_name == "postgresql":
+    if mode is WakeupMode.AUTO and _notifies(dialect_name):
         log.warning(
             "runner: LISTEN/NOTIFY wake-ups are off: %s. Polling every %gs instead. For wake-ups within "
             "milliseconds give the runner listen_engine=create_engine(<a direct URL to the primary>) "

@@ -71,11 +71,12 @@ def test_a_store_error_raised_by_the_client_carries_no_row_contents(engine: Engi
         conn.execute(text("UPDATE watchdog_jobs SET failure_reason = :r"), {"r": SECRET_REASON})
     watchdog = Watchdog(engine)
 
+    @store.operation(store.Shape.WRITE)
     def break_the_grammar(conn):  # type: ignore[no-untyped-def]
         conn.execute(text("UPDATE watchdog_jobs SET outcome = 'failed' WHERE job_id = 'secret-job'"))
 
     with pytest.raises(WatchdogError) as raised:
-        watchdog._write(break_the_grammar)
+        watchdog._gateway.run(break_the_grammar)
     message = str(raised.value)
     printed = "".join(traceback.format_exception(raised.value))
     assert "state_grammar" in message

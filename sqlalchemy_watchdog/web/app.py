@@ -17,12 +17,12 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup, escape
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -35,25 +35,17 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..applies import JobExplanation
 from ..asyncio import AsyncWatchdog
-from ..client import Watchdog
+from ..connections import follow_failover
 from ..errors import InvalidJob, WatchdogError
+from ..gateway import SyncGateway
 from ..jobs import (
     BulkResult,
     BulkSkip,
-    CancelResult,
-    EnqueueResult,
     JobState,
     JobView,
-    LaneFailure,
     Outcome,
-    PauseStatus,
-    ScheduleView,
-    Stats,
-    Throughput,
     Undecodable,
-    WorkerView,
 )
 from ..visible import escape as visible_escape
 from ..visible import escape_code, is_escaped, pieces
@@ -62,6 +54,7 @@ from . import chart
 __all__ = ["ACTIONS", "DESTRUCTIVE_ACTIONS", "VIEW", "Authorize", "Identify", "create_app", "scope_user"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 #: What ``authorize(request, action)`` is asked about: every action by name.
 ACTIONS = ("cancel", "fail_lane", "purge", "pause", "resume", "rerun", "bulk_rerun", "bulk_cancel")
@@ -162,68 +155,29 @@ def pretty_json(value: Any) -> str:
 # -- the library, sync or async ------------------------------------------------------
 
 
-class _Client:
+class _ThreadedGateway:
+    """A :class:`~sqlalchemy_watchdog.gateway.SyncGateway`'s calls in the
+    thread pool: the dashboard's operations over a sync ``Engine`` are
+    :class:`AsyncWatchdog`'s, each store call run in a worker thread."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._gateway = SyncGateway(engine)
+
+    async def run(self, fn: Callable[Concatenate[Connection, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await run_in_threadpool(lambda: self._gateway.run(fn, *args, **kwargs))
+
+    async def read(self, fn: Callable[Concatenate[Connection, P], T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await run_in_threadpool(lambda: self._gateway.read(fn, *args, **kwargs))
+
+
+def _client(engine: Engine | AsyncEngine) -> AsyncWatchdog:
     """The library's operations as coroutines, over a sync or an async engine."""
-
-    def __init__(self, engine: Engine | AsyncEngine) -> None:
-        self._async: AsyncWatchdog | None = None
-        self._sync: Watchdog | None = None
-        if isinstance(engine, AsyncEngine):
-            self._async = AsyncWatchdog(engine)
-        elif isinstance(engine, Engine):
-            self._sync = Watchdog(engine)
-        else:
-            raise TypeError(f"create_app takes an Engine or an AsyncEngine, not {type(engine).__name__}")
-
-    async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        if self._async is not None:
-            return await getattr(self._async, name)(*args, **kwargs)
-        return await run_in_threadpool(getattr(self._sync, name), *args, **kwargs)
-
-    async def stats(self) -> Stats:
-        return cast(Stats, await self._call("stats"))
-
-    async def throughput(self) -> Throughput:
-        return cast(Throughput, await self._call("throughput"))
-
-    async def read(self, job_id: str) -> JobView | None:
-        return cast("JobView | None", await self._call("read", job_id))
-
-    async def explain(self, job_id: str) -> JobExplanation | None:
-        return cast("JobExplanation | None", await self._call("explain", job_id))
-
-    async def list_jobs(self, **filters: Any) -> list[JobView]:
-        return cast("list[JobView]", await self._call("list_jobs", **filters))
-
-    async def workers(self) -> list[WorkerView]:
-        return cast("list[WorkerView]", await self._call("workers"))
-
-    async def schedules(self) -> list[ScheduleView]:
-        return cast("list[ScheduleView]", await self._call("schedules"))
-
-    async def cancel(self, job_id: str, cancellation_id: str) -> CancelResult:
-        return cast(CancelResult, await self._call("cancel", job_id, cancellation_id))
-
-    async def fail_lane(self, lane: str, reason: str) -> LaneFailure:
-        return cast(LaneFailure, await self._call("fail_lane", lane, reason))
-
-    async def purge(self, queue: str) -> int:
-        return cast(int, await self._call("purge", queue))
-
-    async def pause(self, queue: str, reason: str | None) -> PauseStatus:
-        return cast(PauseStatus, await self._call("pause", queue, reason=reason))
-
-    async def resume(self, queue: str) -> PauseStatus:
-        return cast(PauseStatus, await self._call("resume", queue))
-
-    async def rerun(self, job_id: str, rerun_id: str) -> EnqueueResult:
-        return cast(EnqueueResult, await self._call("rerun", job_id, rerun_id=rerun_id))
-
-    async def rerun_many(self, **arguments: Any) -> BulkResult:
-        return cast(BulkResult, await self._call("rerun_many", **arguments))
-
-    async def cancel_many(self, **arguments: Any) -> BulkResult:
-        return cast(BulkResult, await self._call("cancel_many", **arguments))
+    if isinstance(engine, AsyncEngine):
+        return AsyncWatchdog(engine)
+    if isinstance(engine, Engine):
+        follow_failover(engine)
+        return AsyncWatchdog._over(_ThreadedGateway(engine))
+    raise TypeError(f"create_app takes an Engine or an AsyncEngine, not {type(engine).__name__}")
 
 
 # -- CSRF: a per-session nonce in a cookie, a token bound to it and to the identity ------
@@ -325,7 +279,7 @@ def _host(netloc: str, scheme: str) -> str:
 
 @dataclass(frozen=True)
 class _Settings:
-    client: _Client
+    client: AsyncWatchdog
     read_only: bool
     authorize: Authorize | None
     identify: Identify
@@ -410,7 +364,7 @@ def create_app(
         pretty_json=pretty_json,
     )
     settings = _Settings(
-        client=_Client(engine),
+        client=_client(engine),
         read_only=read_only,
         authorize=authorize,
         identify=identify if identify is not None else scope_user,
@@ -767,22 +721,26 @@ class _Pages:
 
     async def _bulk(self, action: str, fields: dict[str, str], *, dry_run: bool) -> BulkResult:
         """A bulk action's run (or, ``dry_run``, its count) on the form's filters."""
-        filters = {name: fields[name] for name in ("queue", "lane") if fields.get(name)}
+        queue, lane = fields.get("queue") or None, fields.get("lane") or None
         if action == "bulk_cancel":
             return await self.s.client.cancel_many(
-                cancellation_id=fields["cancellation_id"], dry_run=dry_run, **filters
+                cancellation_id=fields["cancellation_id"], queue=queue, lane=lane, dry_run=dry_run
             )
-        if fields.get("outcome"):
-            filters["outcome"] = fields["outcome"]
+        outcome = fields.get("outcome") or None
+        settled_after = None
         within = fields.get("settled_within")
         if within:
             if within not in SETTLED_WITHIN:
                 raise InvalidJob("settled_within", f"must be one of {list(SETTLED_WITHIN)}, got {within[:20]!r}")
             settled_after = datetime.now(UTC) - SETTLED_WITHIN[within]
-            return await self.s.client.rerun_many(
-                rerun_id=fields["rerun_id"], settled_after=settled_after, dry_run=dry_run, **filters
-            )
-        return await self.s.client.rerun_many(rerun_id=fields["rerun_id"], dry_run=dry_run, **filters)
+        return await self.s.client.rerun_many(
+            rerun_id=fields["rerun_id"],
+            queue=queue,
+            lane=lane,
+            outcome=outcome,
+            settled_after=settled_after,
+            dry_run=dry_run,
+        )
 
     async def _run(self, action: str, fields: dict[str, str]) -> _Result:
         client = self.s.client
@@ -810,12 +768,12 @@ class _Pages:
             deleted = await client.purge(fields["queue"])
             return _Result(action, fields, f"deleted {deleted}", f"{deleted} queued or delayed job(s) deleted.")
         if action == "pause":
-            paused = await client.pause(fields["queue"], fields.get("reason") or None)
+            paused = await client.pause(fields["queue"], reason=fields.get("reason") or None)
             return _Result(action, fields, paused.value, _PAUSE_TEXT[paused.value])
         if action == "resume":
             resumed = await client.resume(fields["queue"])
             return _Result(action, fields, resumed.value, _PAUSE_TEXT[resumed.value])
-        rerun = await client.rerun(fields["job_id"], fields["rerun_id"])
+        rerun = await client.rerun(fields["job_id"], rerun_id=fields["rerun_id"])
         fields = {**fields, "new_job_id": rerun.job_id}
         return _Result(action, fields, rerun.status.value, _RERUN_TEXT[rerun.status.value])
 

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -261,6 +262,7 @@ def install_settle_kill(job_ids: set[str], phase: str) -> None:
         time.sleep(60)  # pragma: no cover - never reached
 
     def wrap(real: Any, victims_of: Any) -> Any:
+        @functools.wraps(real)  # keeps the store operation's declaration
         def wrapper(conn: Any, *args: Any, **kwargs: Any) -> Any:
             victims = victims_of(*args, **kwargs) & job_ids
             if not victims:
@@ -271,7 +273,6 @@ def install_settle_kill(job_ids: set[str], phase: str) -> None:
             real(conn, *args, **kwargs)
             die(victim, "after the settle statement, before its commit")
 
-        wrapper.__name__ = real.__name__
         return wrapper
 
     if hasattr(store, "settle_many"):

@@ -1,0 +1,110 @@
+"""A backend per dialect: what differs between PostgreSQL and SQLite.
+
+Each :class:`Backend` owns its dialect's facts and rules -- the insert
+construct (``ON CONFLICT``), the clock SQL, how a writer takes its lock
+(``BEGIN IMMEDIATE`` or nothing), whether reads run beside the writer (the
+look-before-lock rule), error classification (transient or not, integrity
+violations), wake-ups (LISTEN/NOTIFY or none), whether operations run in
+autocommit, and how ``job_id`` sorts. The store and the statements ask
+:func:`backend_of` instead of comparing dialect names; a third dialect is a
+module here registered in :data:`BACKENDS` (and its statement variants; see
+the design document, "Store operations and backends").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from sqlalchemy import Connection
+from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql.dml import Insert
+
+from .postgresql import PostgreSQL
+from .sqlite import SQLite
+
+__all__ = ["BACKENDS", "Backend", "PostgreSQL", "SQLite", "backend_of", "backend_of_error"]
+
+
+class Backend(Protocol):
+    """What the store needs to know about a dialect (see the module docstring)."""
+
+    #: The SQLAlchemy dialect name.
+    name: str
+    #: Whether the store's operations run in autocommit where their shape
+    #: allows (one round trip instead of three).
+    self_committing: bool
+    #: Whether a failed statement aborts the whole transaction (so going on
+    #: after one needs a savepoint around it).
+    aborts_on_error: bool
+    #: Whether the database delivers LISTEN/NOTIFY wake-ups.
+    notifies: bool
+    #: Whether a transaction-scoped advisory lock exists (else the write
+    #: lock is exclusive anyway).
+    advisory_xact_lock: bool
+    #: The marker parameter of a job-id prefix range in a list statement.
+    prefix_range_marker: str
+
+    def insert(self, table: Any) -> Insert:
+        """The dialect's INSERT construct (with ``on_conflict_do_*``)."""
+        ...
+
+    def clock_ms_sql(self) -> str:
+        """SQL for the database clock in integer epoch milliseconds."""
+        ...
+
+    def greatest_sql(self, arguments: str) -> str:
+        """SQL for the largest of ``arguments`` (a compiled argument list)."""
+        ...
+
+    def begin_write(self, conn: Connection) -> None:
+        """Take the write lock at the start of the transaction (if any)."""
+        ...
+
+    def reads_beside_writer(self, conn: Connection) -> bool:
+        """Whether reads never block the writer here (the look-before-lock rule)."""
+        ...
+
+    def owns_error(self, error: DBAPIError) -> bool:
+        """Whether ``error`` came from this backend's drivers."""
+        ...
+
+    def is_transient(self, error: DBAPIError) -> bool:
+        """Whether retrying the whole transaction may succeed (contention,
+        a lost connection) -- beyond the disconnects every backend shares."""
+        ...
+
+    def violation(self, error: DBAPIError, table: str, unique_columns: Mapping[str, str]) -> tuple[str, str] | None:
+        """``(kind, column)`` of a NOT NULL or one-column UNIQUE violation on ``table``."""
+        ...
+
+    def sorts_by_code_point(self, conn: Connection, ask_collation: Callable[[], Any]) -> bool:
+        """Whether ``job_id`` sorts by code point (a prefix is one index range)."""
+        ...
+
+
+#: The backends by dialect name.
+BACKENDS: dict[str, Backend] = {backend.name: backend for backend in (PostgreSQL(), SQLite())}
+
+
+def backend_of(conn_or_dialect: Connection | Dialect | str) -> Backend:
+    """The backend of a connection, a dialect or a dialect name."""
+    if isinstance(conn_or_dialect, str):
+        name = conn_or_dialect
+    elif isinstance(conn_or_dialect, Connection):
+        name = conn_or_dialect.dialect.name
+    else:
+        name = conn_or_dialect.name
+    found = BACKENDS.get(name)
+    if found is None:
+        raise NotImplementedError(f"sqlalchemy_watchdog supports PostgreSQL and SQLite, not {name}")
+    return found
+
+
+def backend_of_error(error: DBAPIError) -> Backend:
+    """The backend whose driver raised ``error`` (PostgreSQL's when none claims it)."""
+    for backend in BACKENDS.values():
+        if backend.name != "postgresql" and backend.owns_error(error):
+            return backend
+    return BACKENDS["postgresql"]

@@ -1,0 +1,97 @@
+"""The PostgreSQL backend: autocommit, row locks, LISTEN/NOTIFY, SQLSTATEs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.sql.dml import Insert
+
+#: SQLSTATEs of the integrity violations the store interprets.
+_VIOLATIONS = {"23502": "not_null", "23505": "unique"}
+#: serialization_failure, deadlock_detected
+_RETRYABLE = ("40001", "40P01")
+_CODE_POINT_COLLATIONS = frozenset({"C", "POSIX", "C.UTF-8", "C.utf8"})
+
+
+class PostgreSQL:
+    """PostgreSQL (psycopg 3, psycopg2, asyncpg)."""
+
+    name = "postgresql"
+    # Every store operation but those declared Shape.TRANSACTION is made of
+    # statements each correct on its own: autocommit, one round trip.
+    self_committing = True
+    aborts_on_error = True
+    notifies = True
+    advisory_xact_lock = True
+    prefix_range_marker = "job_id_range"
+
+    def __init__(self) -> None:
+        #: Whether job_id sorts by code point, per database URL (asked once).
+        self._code_point_order: dict[str, bool] = {}
+
+    def insert(self, table: Any) -> Insert:
+        return postgresql.insert(table)
+
+    def clock_ms_sql(self) -> str:
+        return "CAST(floor(EXTRACT(EPOCH FROM statement_timestamp()) * 1000) AS BIGINT)"
+
+    def greatest_sql(self, arguments: str) -> str:
+        return f"GREATEST({arguments})"
+
+    def begin_write(self, conn: Connection) -> None:
+        # Row locks: a writer locks what it writes, no lock up front.
+        return None
+
+    def reads_beside_writer(self, conn: Connection) -> bool:
+        # MVCC reads never block writers, but row locks make a look before
+        # the lock pointless: no peek (the claim itself skips locked rows).
+        return False
+
+    def owns_error(self, error: DBAPIError) -> bool:
+        return not type(error.orig).__module__.startswith(("sqlite3", "aiosqlite"))
+
+    def is_transient(self, error: DBAPIError) -> bool:
+        if isinstance(error, OperationalError):
+            return True
+        return getattr(error.orig, "sqlstate", None) in _RETRYABLE
+
+    def violation(self, error: DBAPIError, table: str, unique_columns: Mapping[str, str]) -> tuple[str, str] | None:
+        """Read from the driver's diagnostics, never from the message text
+        (which carries the failing row's values): SQLSTATE, table, column
+        and constraint names. psycopg 3 and psycopg2 carry the server's
+        fields as ``diag``; asyncpg's own exception (the cause of
+        SQLAlchemy's adapted one) as attributes."""
+        orig = error.orig
+        diag = getattr(orig, "diag", None)
+        cause = getattr(orig, "__cause__", None)
+        if diag is None and hasattr(cause, "table_name"):
+            diag = cause
+        if diag is None:
+            return None
+        sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or ""
+        kind = _VIOLATIONS.get(sqlstate)
+        if kind is None or getattr(diag, "table_name", None) != table:
+            return None
+        if kind == "not_null":
+            column = getattr(diag, "column_name", None)
+            return (kind, column) if column else None
+        column = unique_columns.get(getattr(diag, "constraint_name", None) or "")
+        return (kind, column) if column else None
+
+    def sorts_by_code_point(self, conn: Connection, ask_collation: Callable[[], Any]) -> bool:
+        """When the column's collation is the database's and that one is
+        ``C``, ``POSIX`` or ``C.UTF-8`` (libc) or the builtin provider's,
+        never under a linguistic collation (glibc's ``en_US.UTF-8``, ICU).
+        ``ask_collation()`` returns (collation, datcollate, provider)."""
+        key = conn.engine.url.render_as_string(hide_password=True)
+        known = self._code_point_order.get(key)
+        if known is None:
+            row = ask_collation()
+            known = self._code_point_order[key] = row is not None and (
+                row[0] == "default" and (row[2] == "b" or (row[2] == "c" and row[1] in _CODE_POINT_COLLATIONS))
+            )
+        return known

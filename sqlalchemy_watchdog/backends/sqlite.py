@@ -1,0 +1,90 @@
+"""The SQLite backend: one writer at a time, ``BEGIN IMMEDIATE``, WAL reads."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.sql.dml import Insert
+
+#: SQLite's fixed wording of a one-column NOT NULL / UNIQUE failure.
+_VIOLATION = "(NOT NULL|UNIQUE) constraint failed: {table}\\.(\\w+)"
+
+
+class SQLite:
+    """SQLite (pysqlite, aiosqlite)."""
+
+    name = "sqlite"
+    # No round trips to save, and a reader that later writes must hold the
+    # lock from the start: transactions everywhere.
+    self_committing = False
+    # A failed statement undoes itself only.
+    aborts_on_error = False
+    notifies = False
+    advisory_xact_lock = False
+    # Its planner is told to read the prefix range first.
+    prefix_range_marker = "job_id_range_first"
+
+    def insert(self, table: Any) -> Insert:
+        return sqlite.insert(table)
+
+    def clock_ms_sql(self) -> str:
+        return "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+
+    def greatest_sql(self, arguments: str) -> str:
+        # SQLite's multi-argument max() is the scalar maximum.
+        return f"max({arguments})"
+
+    def begin_write(self, conn: Connection) -> None:
+        """Take the write lock at the start of the transaction.
+
+        A deferred transaction that reads first and writes later cannot wait
+        for the lock (SQLite returns "database is locked" at once, or
+        ``SQLITE_BUSY_SNAPSHOT`` in WAL mode); ``BEGIN IMMEDIATE`` waits for
+        it under the driver's busy timeout instead (pysqlite's ``timeout``,
+        5 s by default), in line with the application's own writers.
+        """
+        dbapi = conn.connection.dbapi_connection
+        if getattr(dbapi, "in_transaction", False):
+            return
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    def reads_beside_writer(self, conn: Connection) -> bool:
+        """Whether ``conn`` is in WAL mode, where reads never block the writer.
+
+        With a rollback journal they do: a committing writer must wait
+        (sleeping in the busy handler) until every reader's shared lock is
+        gone, so there the store's reads keep taking the write lock, which
+        serialises them with the writers instead. The journal mode is read
+        once per pooled connection.
+        """
+        info = conn.connection.info
+        mode = info.get("watchdog_journal_mode")
+        if mode is None:
+            mode = info["watchdog_journal_mode"] = str(conn.exec_driver_sql("PRAGMA journal_mode").scalar()).lower()
+        return bool(mode == "wal")
+
+    def owns_error(self, error: DBAPIError) -> bool:
+        return type(error.orig).__module__.startswith(("sqlite3", "aiosqlite"))
+
+    def is_transient(self, error: DBAPIError) -> bool:
+        # "no such table" is an OperationalError too; only contention passes.
+        if not isinstance(error, OperationalError):
+            return False
+        message = str(error.orig).lower()
+        return "locked" in message or "busy" in message
+
+    def violation(self, error: DBAPIError, table: str, unique_columns: Mapping[str, str]) -> tuple[str, str] | None:
+        """Read from SQLite's message, whose format SQLite fixes, matched in full."""
+        match = re.fullmatch(_VIOLATION.format(table=re.escape(table)), str(error.orig).strip())
+        if match is None:
+            return None
+        return ("not_null" if match.group(1) == "NOT NULL" else "unique", match.group(2))
+
+    def sorts_by_code_point(self, conn: Connection, ask_collation: Callable[[], Any]) -> bool:
+        # BINARY: UTF-8 bytes, which sort by code point.
+        return True

@@ -1,0 +1,220 @@
+"""The one store: runs the statements of :mod:`.statements` on a sync ``Connection``.
+
+Internal module: its names may change in any release; the public API is
+what :mod:`sqlalchemy_watchdog` exports.
+
+Every function here takes a ``Connection`` already inside a transaction and
+leaves committing to its caller, so the same code serves the sync client,
+the runner, and (through ``AsyncConnection.run_sync``) the asyncio API.
+
+A package of rooms, every name re-exported here (``store.claim`` as before):
+``base`` (constants, rows made views), ``operation`` (the declarations),
+``views`` (the hot statements precompiled), ``enqueue``, ``claims`` (reads of
+one job, the claim life cycle, recovery), ``maintenance`` (retention,
+listing, stats, pauses, reruns, workers, schedules, bulk actions, make_due),
+``transactions`` (transact_as, locks, retries) and ``chart``.
+"""
+
+from __future__ import annotations
+
+from .base import _ITSELF as _ITSELF
+from .base import _JOBVIEW_FIELDS as _JOBVIEW_FIELDS
+from .base import _JOBVIEW_SETTERS as _JOBVIEW_SETTERS
+from .base import _OUTCOMES as _OUTCOMES
+from .base import _STATES as _STATES
+from .base import _VIEW_ORDER as _VIEW_ORDER
+from .base import _WIDTH as _WIDTH
+from .base import ENQUEUE_CHUNK as ENQUEUE_CHUNK
+from .base import LANE_FAILURE_BATCH as LANE_FAILURE_BATCH
+from .base import NO_POLICY_REASON as NO_POLICY_REASON
+from .base import PROMOTE_BATCH as PROMOTE_BATCH
+from .base import F as F
+from .base import P as P
+from .base import T as T
+from .base import _decoded_field_by_field as _decoded_field_by_field
+from .base import _new_object as _new_object
+from .base import _one_chunk as _one_chunk
+from .base import new_claim_token as new_claim_token
+from .base import now_ms as now_ms
+from .base import view as view
+from .chart import throughput as throughput
+from .claims import _FROM_JOB as _FROM_JOB
+from .claims import SHUTDOWN_REASON as SHUTDOWN_REASON
+from .claims import Claim as Claim
+from .claims import ClaimBatch as ClaimBatch
+from .claims import Promotion as Promotion
+from .claims import Recovery as Recovery
+from .claims import RecoveryCause as RecoveryCause
+from .claims import RecoveryStatus as RecoveryStatus
+from .claims import Settlement as Settlement
+from .claims import SettleRequest as SettleRequest
+from .claims import _claim_peek as _claim_peek
+from .claims import _detail as _detail
+from .claims import _promote_peek as _promote_peek
+from .claims import _settled as _settled
+from .claims import _unsettled as _unsettled
+from .claims import cancel as cancel
+from .claims import cancel_status_now as cancel_status_now
+from .claims import claim as claim
+from .claims import count_ready as count_ready
+from .claims import expired_claims as expired_claims
+from .claims import fail_lane as fail_lane
+from .claims import has_pending_work as has_pending_work
+from .claims import next_ready_in as next_ready_in
+from .claims import notify as notify
+from .claims import promote as promote
+from .claims import purge as purge
+from .claims import read as read
+from .claims import read_claim as read_claim
+from .claims import read_queue_head as read_queue_head
+from .claims import read_settled as read_settled
+from .claims import reconcile as reconcile
+from .claims import recovery_reason as recovery_reason
+from .claims import release as release
+from .claims import release_and_recover as release_and_recover
+from .claims import renew as renew
+from .claims import seconds_until_next_expiry as seconds_until_next_expiry
+from .claims import settle as settle
+from .claims import settle_many as settle_many
+from .enqueue import _UNIQUE_COLUMNS as _UNIQUE_COLUMNS
+from .enqueue import _autocommit as _autocommit
+from .enqueue import _conflict_of as _conflict_of
+from .enqueue import _enqueue as _enqueue
+from .enqueue import _enqueue_traced as _enqueue_traced
+from .enqueue import _first_conflict as _first_conflict
+from .enqueue import _queued as _queued
+from .enqueue import _row as _row
+from .enqueue import _same as _same
+from .enqueue import _set_result_job_id as _set_result_job_id
+from .enqueue import _set_result_status as _set_result_status
+from .enqueue import _values as _values
+from .enqueue import check_delay as check_delay
+from .enqueue import enqueue as enqueue
+from .enqueue import enqueue_each as enqueue_each
+from .enqueue import self_committing as self_committing
+from .enqueue import violation as violation
+from .maintenance import _MS_MAX as _MS_MAX
+from .maintenance import _MS_MIN as _MS_MIN
+from .maintenance import LIST_LIMIT_MAX as LIST_LIMIT_MAX
+from .maintenance import PRUNE_LOCK_KEY as PRUNE_LOCK_KEY
+from .maintenance import RERUN_ID_MAX_LENGTH as RERUN_ID_MAX_LENGTH
+from .maintenance import SCHEDULE_CURRENT_MS as SCHEDULE_CURRENT_MS
+from .maintenance import SCHEDULE_KEEP_MS as SCHEDULE_KEEP_MS
+from .maintenance import SEQUENCE_MAX as SEQUENCE_MAX
+from .maintenance import WORKER_GONE_HEARTBEATS as WORKER_GONE_HEARTBEATS
+from .maintenance import WORKER_GONE_MARGIN_MS as WORKER_GONE_MARGIN_MS
+from .maintenance import WORKER_KEEP_GONE_MS as WORKER_KEEP_GONE_MS
+from .maintenance import WORKER_PRUNE_BATCH as WORKER_PRUNE_BATCH
+from .maintenance import BulkAction as BulkAction
+from .maintenance import BulkKind as BulkKind
+from .maintenance import BulkProgress as BulkProgress
+from .maintenance import BulkStep as BulkStep
+from .maintenance import Pruning as Pruning
+from .maintenance import ScheduleRecord as ScheduleRecord
+from .maintenance import WorkerRegistration as WorkerRegistration
+from .maintenance import _cancel_batch as _cancel_batch
+from .maintenance import _gone_after_ms as _gone_after_ms
+from .maintenance import _member as _member
+from .maintenance import _queues_of as _queues_of
+from .maintenance import _rerun_batch as _rerun_batch
+from .maintenance import _rerun_copy as _rerun_copy
+from .maintenance import _time_bound as _time_bound
+from .maintenance import bulk_batch as bulk_batch
+from .maintenance import check_outcomes as check_outcomes
+from .maintenance import deregister_worker as deregister_worker
+from .maintenance import list_jobs as list_jobs
+from .maintenance import live_workers_per_queue as live_workers_per_queue
+from .maintenance import make_due as make_due
+from .maintenance import newest_sequence as newest_sequence
+from .maintenance import pause as pause
+from .maintenance import prefix_upper_bound as prefix_upper_bound
+from .maintenance import prune_batch as prune_batch
+from .maintenance import prune_retention as prune_retention
+from .maintenance import prune_workers as prune_workers
+from .maintenance import read_with_pause as read_with_pause
+from .maintenance import read_with_reruns as read_with_reruns
+from .maintenance import record_schedules as record_schedules
+from .maintenance import register_worker as register_worker
+from .maintenance import rerun as rerun
+from .maintenance import resume as resume
+from .maintenance import schedules as schedules
+from .maintenance import sorts_by_code_point as sorts_by_code_point
+from .maintenance import stats as stats
+from .maintenance import waiting_jobs as waiting_jobs
+from .maintenance import workers as workers
+from .operation import _OPERATION_ATTRIBUTE as _OPERATION_ATTRIBUTE
+from .operation import UNDECLARED as UNDECLARED
+from .operation import Operation as Operation
+from .operation import Shape as Shape
+from .operation import declared as declared
+from .operation import operation as operation
+from .operation import operation_of as operation_of
+from .transactions import READ as READ
+from .transactions import WRITE as WRITE
+from .transactions import Backoff as Backoff
+from .transactions import TxMode as TxMode
+from .transactions import _in_transaction as _in_transaction
+from .transactions import _prepares_per_statement as _prepares_per_statement
+from .transactions import begin_write as begin_write
+from .transactions import is_transient as is_transient
+from .transactions import reads_beside_writer as reads_beside_writer
+from .transactions import retrying as retrying
+from .transactions import transact as transact
+from .transactions import transact_as as transact_as
+from .transactions import transient_failure as transient_failure
+from .transactions import write_transaction as write_transaction
+from .views import _PRECOMPILED as _PRECOMPILED
+from .views import _observed as _observed
+from .views import _Precompiled as _Precompiled
+from .views import _precompiled as _precompiled
+from .views import execute_rows as execute_rows
+
+__all__ = [
+    "check_duration",
+    "Claim",
+    "ClaimBatch",
+    "Recovery",
+    "RecoveryCause",
+    "RecoveryStatus",
+    "SettleRequest",
+    "Settlement",
+    "now_ms",
+    "view",
+    "enqueue",
+    "read",
+    "read_queue_head",
+    "read_settled",
+    "has_pending_work",
+    "Promotion",
+    "promote",
+    "claim",
+    "settle",
+    "renew",
+    "release",
+    "cancel",
+    "fail_lane",
+    "purge",
+    "expired_claims",
+    "reconcile",
+    "seconds_until_next_expiry",
+    "make_due",
+    "begin_write",
+    "Shape",
+    "Operation",
+    "operation",
+    "TxMode",
+    "READ",
+    "WRITE",
+    "transact",
+    "transact_as",
+    "write_transaction",
+    "retrying",
+    "WorkerRegistration",
+    "register_worker",
+    "deregister_worker",
+    "workers",
+    "prune_workers",
+    "ScheduleRecord",
+    "record_schedules",
+    "schedules",
+]

@@ -1,0 +1,564 @@
+"""Reads of one job, the claim life cycle and recovery.
+
+Part of :mod:`sqlalchemy_watchdog.store` (see its docstring).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection
+
+from .. import statements as sql
+from ..backends import backend_of
+from ..errors import ErrorCode, WatchdogError
+from ..jobs import (
+    CANCELLATION_ID_MAX_LENGTH,
+    FAILURE_DETAIL_MAX_LENGTH,
+    JOB_ID_MAX_LENGTH,
+    LANE_MAX_LENGTH,
+    QUEUE_MAX_LENGTH,
+    CancelResult,
+    CancelStatus,
+    Decision,
+    JobState,
+    JobView,
+    LaneFailure,
+    Outcome,
+    SettleStatus,
+    bound_reason,
+    check_int,
+    check_text,
+    duration_ms,
+)
+from .base import (
+    _OUTCOMES,
+    LANE_FAILURE_BATCH,
+    NO_POLICY_REASON,
+    PROMOTE_BATCH,
+    new_claim_token,
+    now_ms,
+    view,
+)
+from .operation import Shape, operation
+from .views import execute_rows
+
+log = logging.getLogger("sqlalchemy_watchdog.store")
+
+
+# -- reads -------------------------------------------------------------------
+
+
+@operation(Shape.READ)
+def read(conn: Connection, job_id: str) -> JobView | None:
+    check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
+    row = conn.execute(sql.read_job(), {"job": job_id}).first()
+    return None if row is None else view(row)
+
+
+@operation(Shape.READ)
+def read_claim(conn: Connection, job_id: str) -> tuple[JobView, str | None] | None:
+    """The job and its current claim token (private to the runner)."""
+    row = conn.execute(sql.read_job(), {"job": job_id}).first()
+    return None if row is None else (view(row), row.claim_token)
+
+
+@operation(Shape.READ)
+def read_queue_head(conn: Connection, queue: str) -> JobView | None:
+    check_text("queue", queue, QUEUE_MAX_LENGTH)
+    row = conn.execute(sql.read_queue_head(), {"queue": queue}).first()
+    return None if row is None else view(row)
+
+
+@operation(Shape.READ)
+def read_settled(conn: Connection, limit: int, after_sequence: int = 0) -> list[JobView]:
+    check_int("limit", limit, 1, 256)
+    check_int("after_sequence", after_sequence, 0, 2**63 - 1)
+    params = {"limit": limit, "after_sequence": after_sequence}
+    return [view(row) for row in conn.execute(sql.read_settled(), params)]
+
+
+@operation(Shape.READ)
+def has_pending_work(conn: Connection) -> bool:
+    return conn.execute(sql.has_pending_work()).first() is not None
+
+
+@operation(Shape.READ)
+def count_ready(conn: Connection, queues: Sequence[str], cap: int) -> int:
+    """How many queued jobs of ``queues`` wait, counted up to ``cap``."""
+    return int(conn.execute(sql.count_ready(), {"queues": list(queues), "cap": cap}).scalar_one())
+
+
+# -- the claim life cycle ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Promotion:
+    """What one promotion did: how many delayed jobs became queued, and in
+    how many seconds the next delayed job is due (None: none is delayed)."""
+
+    promoted: int
+    next_in: float | None
+
+
+@operation(Shape.READ)
+def next_ready_in(conn: Connection) -> float | None:
+    """Seconds until the earliest delayed job is due by the database clock
+    (0 when one is due now; None when none is delayed)."""
+    ready_at, clock = conn.execute(sql.next_ready()).one()
+    if ready_at is None:
+        return None
+    seconds: float = max(0.0, (ready_at - clock) / 1000.0)
+    return seconds
+
+
+def _promote_peek(conn: Connection, *, limit: int = PROMOTE_BATCH) -> Promotion | None:
+    """Look first, without the write lock: usually nothing is due."""
+    due = next_ready_in(conn)
+    return Promotion(0, due) if due is None or due > 0 else None
+
+
+@operation(Shape.WRITE, peek=_promote_peek)
+def promote(conn: Connection, *, limit: int = PROMOTE_BATCH) -> Promotion:
+    """Make up to ``limit`` due delayed jobs ``queued`` (the earliest first)."""
+    due = next_ready_in(conn)
+    if due is None or due > 0:
+        return Promotion(0, due)
+    promoted = len(conn.execute(sql.promote(conn.dialect.name), {"limit": limit}).all())
+    return Promotion(promoted, next_ready_in(conn))
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A job this process claimed, with the secret token that settles it."""
+
+    job: JobView
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimBatch:
+    """What one claim statement took: jobs to run, and jobs it found cancelled."""
+
+    claimed: tuple[Claim, ...]
+    cancelled: tuple[JobView, ...]
+
+
+def _claim_peek(conn: Connection, *, queues: Sequence[str] | None, limit: int = 1, lease_ms: int) -> ClaimBatch | None:
+    """An empty batch when no job of ``queues`` is queued at all, read
+    without the write lock (a claim that finds nothing must not queue for
+    the lock); None to claim."""
+    params = {} if queues is None else {"queues": list(queues)}
+    found = conn.execute(sql.any_queued(queues is not None), params).first()
+    return ClaimBatch((), ()) if found is None else None
+
+
+@operation(Shape.WRITE, peek=_claim_peek)
+def claim(
+    conn: Connection,
+    *,
+    queues: Sequence[str] | None,
+    limit: int = 1,
+    lease_ms: int,
+) -> ClaimBatch:
+    """Claim up to ``limit`` ready jobs of ``queues`` (all queues if None),
+    leased for ``lease_ms`` from the database clock."""
+    params: dict[str, Any] = {"token": new_claim_token(), "lease_ms": lease_ms, "limit": limit}
+    if queues is None:
+        stmt = sql.claim(conn.dialect.name, None)
+    else:
+        distinct = list(dict.fromkeys(queues))
+        if not distinct:
+            return ClaimBatch((), ())
+        stmt = sql.claim(conn.dialect.name, len(distinct))
+        params.update(sql.queue_params(distinct))
+    # By priority, then admission (positions 4 and 0 of statements.COLUMNS).
+    rows = sorted(execute_rows(conn, stmt, params), key=lambda r: (-r[4], r[0]))
+    claimed: list[Claim] = []
+    cancelled: list[JobView] = []
+    for row in rows:
+        job = view(row)
+        if job.state is JobState.RUNNING:
+            claimed.append(Claim(job, row[9]))
+        elif job.state is JobState.SETTLED:
+            cancelled.append(job)
+        else:  # pragma: no cover - the CHECK grammar forbids it
+            raise WatchdogError(ErrorCode.CLAIM_UNAVAILABLE, f"claim returned {job.state}")
+    return ClaimBatch(tuple(claimed), tuple(cancelled))
+
+
+@dataclass(frozen=True, slots=True)
+class SettleRequest:
+    """One settle of a batch: the exact claim and what its handler decided.
+
+    ``now`` is the application clock (epoch milliseconds) when the handler
+    returned; the database clock is consulted too (the later one counts).
+    """
+
+    job_id: str
+    claim_token: str
+    decision: Decision
+    now: int | None = None
+    #: The traceback of a handler that raised, kept with a ``failed`` job.
+    detail: str | None = None
+    #: Requeue instead of settling (a retry or a snooze): ready again this
+    #: many milliseconds after the database clock. None settles the job
+    #: with ``decision.outcome``.
+    requeue_after_ms: int | None = None
+    #: The failure history to store (JSON), when this attempt failed.
+    history: str | None = None
+
+    @property
+    def row(self) -> tuple[Any, ...]:
+        """The request in :data:`statements.SETTLE_FIELDS` order."""
+        decision = self.decision
+        delay = self.requeue_after_ms
+        if delay is None and decision.snoozed:
+            assert decision.after is not None
+            delay = duration_ms(decision.after)
+        requeued = delay is not None
+        return (
+            self.job_id,
+            self.claim_token,
+            None if requeued or decision.outcome is None else decision.outcome.value,
+            decision.reason,
+            _detail(self),
+            delay,
+            1 if requeued and not decision.snoozed else 0,
+            1 if requeued and decision.snoozed else 0,
+            self.history,
+        )
+
+
+class Settlement:
+    """What one settle did, and the job as it now is.
+
+    A settle statement's row becomes a :class:`JobView` only when ``job`` is
+    first read: a busy runner reads it only to log or trace the settle."""
+
+    __slots__ = ("_job", "_row", "status")
+
+    def __init__(self, status: SettleStatus, job: JobView | None = None, *, row: Sequence[Any] | None = None) -> None:
+        self.status = status
+        self._job = job
+        self._row = row
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """The settled job's outcome, read without building its view."""
+        row = self._row
+        if row is not None:
+            return _OUTCOMES.get(row[8])
+        return None if self._job is None else self._job.outcome
+
+    @property
+    def job(self) -> JobView | None:
+        row = self._row
+        if row is not None:
+            self._job = view(row)
+            self._row = None
+        return self._job
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Settlement):
+            return NotImplemented
+        return self.status is other.status and self.job == other.job
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Settlement(status={self.status!r}, job={self.job!r})"
+
+
+@operation(Shape.WRITE)
+def settle(
+    conn: Connection,
+    *,
+    job_id: str,
+    claim_token: str,
+    decision: Decision,
+    now: int | None = None,
+) -> Settlement:
+    """Settle the exact claim; see :func:`statements.settle`."""
+    return settle_many(conn, [SettleRequest(job_id, claim_token, decision, now)])[0]
+
+
+@operation(Shape.WRITE)
+def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Settlement]:
+    """Settle exact claims in one statement of the caller's transaction.
+
+    Every row keeps its own guard (exact token, live lease); only the
+    statement and the commit are shared, which is what makes a busy runner
+    fast on a durable database. The lease is checked against the latest
+    ``now`` of the batch.
+    """
+    for request in requests:
+        if not isinstance(request.decision, Decision):
+            raise WatchdogError(
+                ErrorCode.INVALID_INPUT,
+                f"decision: must be a Decision, not {type(request.decision).__name__}",
+            )
+    job_ids = [request.job_id for request in requests]
+    if len(set(job_ids)) < len(job_ids):  # one statement updates a row once
+        return [result for request in requests for result in settle_many(conn, [request])]
+    dialect = conn.dialect.name
+    params = sql.rows_params(dialect, "settles", sql.SETTLE_FIELDS, [r.row for r in requests])
+    params["now"] = max((r.now or now_ms()) for r in requests)
+    settled = {row[1]: row for row in execute_rows(conn, sql.settle(dialect), params)}
+    return [
+        _settled(settled[r.job_id]) if r.job_id in settled else _unsettled(conn, r.job_id, r.claim_token, r.decision)
+        for r in requests
+    ]
+
+
+def _settled(row: Sequence[Any]) -> Settlement:
+    # Position 7 of statements.COLUMNS is the state.
+    status = SettleStatus.SETTLED if row[7] == JobState.SETTLED.value else SettleStatus.REQUEUED
+    return Settlement(status, row=row)
+
+
+def _detail(request: SettleRequest) -> str | None:
+    """The request's traceback, bounded to its last characters; only a
+    ``failed`` decision keeps one."""
+    detail = request.detail
+    if detail is None or request.decision.outcome is not Outcome.FAILED:
+        return None
+    if not isinstance(detail, str):
+        raise WatchdogError(ErrorCode.INVALID_INPUT, f"detail: must be a str, not {type(detail).__name__}")
+    detail = detail.replace("\x00", "\\0")
+    if len(detail) > FAILURE_DETAIL_MAX_LENGTH:
+        detail = "…" + detail[-(FAILURE_DETAIL_MAX_LENGTH - 1) :]
+    return detail
+
+
+def _unsettled(conn: Connection, job_id: str, claim_token: str, decision: Decision) -> Settlement:
+    """Why a settle updated nothing: a replay, a conflict, or no such job.
+
+    A requeue (retry, snooze) drops its claim token, so its replay cannot be
+    recognised and answers ``conflict``: the runner then leaves the job to
+    whoever holds it now."""
+    prior = read_claim(conn, job_id)
+    if prior is None:
+        return Settlement(SettleStatus.MISSING, None)
+    job, token = prior
+    expected = decision.outcome if job.cancellation_id is None else Outcome.CANCELLED
+    if job.state is JobState.SETTLED and token == claim_token and job.outcome is expected:
+        return Settlement(SettleStatus.REPLAYED, job)
+    return Settlement(SettleStatus.CONFLICT, job)
+
+
+@operation(Shape.WRITE)
+def renew(conn: Connection, claims: Sequence[tuple[str, str]], *, lease_ms: int, now: int | None = None) -> set[str]:
+    """Renew exact claims; returns the job_ids still held (the rest are lost)."""
+    if not claims:
+        return set()
+    params = {"claims": list(claims), "now": now_ms() if now is None else now, "lease_ms": lease_ms}
+    return {row.job_id for row in conn.execute(sql.renew(), params)}
+
+
+@operation(Shape.WRITE)
+def release(conn: Connection, claims: Sequence[tuple[str, str]]) -> set[str]:
+    """End the leases of claims a stopping runner could not finish."""
+    if not claims:
+        return set()
+    return set(conn.execute(sql.release(), {"claims": list(claims)}).scalars())
+
+
+@operation(Shape.WRITE)
+def cancel(conn: Connection, job_id: str, cancellation_id: str, *, only_if_queued: bool = False) -> CancelResult:
+    """Record a cancellation.
+
+    ``replayed`` when this ``cancellation_id`` is already recorded for this
+    job; ``conflict`` when the job already has another cancellation, has
+    settled (or, with ``only_if_queued``, is running), or when the
+    ``cancellation_id`` names another job's cancellation. Two concurrent
+    cancellations sharing one ``cancellation_id`` on different jobs fail the
+    later statement with an ``IntegrityError``; the client reports it as a
+    conflict. Identical requests answer ``recorded`` once and ``replayed``
+    otherwise, whatever their interleaving.
+    """
+    check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
+    check_text("cancellation_id", cancellation_id, CANCELLATION_ID_MAX_LENGTH)
+    if not isinstance(only_if_queued, bool):
+        raise WatchdogError(ErrorCode.INVALID_INPUT, "only_if_queued: must be a bool")
+    holder = conn.execute(sql.cancellation_holder(), {"cancellation": cancellation_id}).scalar()
+    if holder is not None:
+        status = CancelStatus.REPLAYED if holder == job_id else CancelStatus.CONFLICT
+        return CancelResult(job_id, status)
+    params = {"job": job_id, "cancellation": cancellation_id}
+    if conn.execute(sql.cancel(only_if_queued), params).first() is not None:
+        return CancelResult(job_id, CancelStatus.RECORDED)
+    # Nothing updated. The read above and the update are separate statements
+    # (each committed on its own on PostgreSQL): an identical request may have
+    # recorded this very cancellation in between, so decide from the row as
+    # it is now, never from the earlier read.
+    return CancelResult(job_id, cancel_status_now(conn, job_id, cancellation_id))
+
+
+def cancel_status_now(conn: Connection, job_id: str, cancellation_id: str) -> CancelStatus:
+    """Why a cancellation was not recorded, read afresh: ``replayed`` if the
+    job now holds this very ``cancellation_id``, ``missing`` if there is no
+    such job, else ``conflict``."""
+    prior = read(conn, job_id)
+    if prior is None:
+        return CancelStatus.MISSING
+    if prior.cancellation_id == cancellation_id:
+        return CancelStatus.REPLAYED
+    return CancelStatus.CONFLICT
+
+
+def notify(conn: Connection, event: str) -> None:
+    """Wake listening runners when the transaction commits (PostgreSQL only)."""
+    if backend_of(conn).notifies:
+        conn.execute(sql.notify(), {"event": event})
+
+
+@operation(Shape.WRITE)
+def fail_lane(conn: Connection, lane: str, reason: str, *, batch: int = LANE_FAILURE_BATCH) -> LaneFailure:
+    """Settle one batch of the lane's live jobs ``failed``; ``more`` if any remain."""
+    check_text("lane", lane, LANE_MAX_LENGTH)
+    if not isinstance(reason, str) or not reason:
+        raise WatchdogError(ErrorCode.INVALID_INPUT, "reason: must be a non-empty str")
+    params = {"lane_name": lane, "reason": bound_reason(reason), "batch": batch}
+    rows = conn.execute(sql.fail_lane(conn.dialect.name), params).all()
+    jobs = tuple(sorted((view(row) for row in rows), key=lambda j: j.sequence))
+    more = bool(conn.execute(sql.lane_has_live_jobs(), {"lane_name": lane}).scalar())
+    return LaneFailure(jobs, more)
+
+
+@operation(Shape.WRITE)
+def purge(conn: Connection, queue: str) -> int:
+    """Delete the queue's queued and delayed jobs; returns how many."""
+    check_text("queue", queue, QUEUE_MAX_LENGTH)
+    return conn.execute(sql.purge(), {"queue": queue}).rowcount
+
+
+# -- recovery ----------------------------------------------------------------
+
+
+@operation(Shape.READ)
+def expired_claims(conn: Connection, *, limit: int) -> list[Claim]:
+    """Running jobs whose lease has ended by the database clock, earliest first.
+
+    Only the database clock decides whether another runner's claim is dead,
+    so a recoverer whose own clock runs ahead cannot steal a live lease.
+    """
+    rows = conn.execute(sql.expired_claims(), {"limit": limit})
+    return [Claim(view(row), row.claim_token) for row in rows]
+
+
+class RecoveryStatus(str, enum.Enum):
+    """What recovering one disappeared claim did."""
+
+    #: Back in the queue, its recovery count one higher.
+    REQUEUED = "requeued"
+    #: Settled: ``interrupted`` (no budget left), or ``cancelled``.
+    SETTLED = "settled"
+    #: Somebody else recovered, renewed or settled it first; nothing changed.
+    LOST_RACE = "lost_race"
+
+
+class RecoveryCause(str, enum.Enum):
+    """Why a claim is being recovered; an ``interrupted`` job's reason says which."""
+
+    #: Its lease ended: the worker died, froze or lost its database.
+    VANISHED = "vanished"
+    #: Its runner shut down and the handler outlived the grace period.
+    SHUTDOWN = "shutdown"
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """What recovering one disappeared claim did."""
+
+    job_id: str
+    status: RecoveryStatus
+    job: JobView | None
+
+
+#: ``interrupted`` after a shutdown whose grace the handler outlived.
+SHUTDOWN_REASON = "Runner shut down while the job was running (its handler outlived the grace period)"
+_FROM_JOB: Any = object()
+
+
+def recovery_reason(
+    job: JobView, max_recoveries: int | None = _FROM_JOB, cause: RecoveryCause = RecoveryCause.VANISHED
+) -> str:
+    """The ``failure_reason`` of a job settled ``interrupted`` by recovery."""
+    budget = job.max_recoveries if max_recoveries is _FROM_JOB else max_recoveries
+    if cause is RecoveryCause.SHUTDOWN:
+        policy = "no recovery policy" if budget is None else f"recovery budget exhausted ({budget} recoveries)"
+        return f"{SHUTDOWN_REASON}; {policy}"
+    if budget is None:
+        return NO_POLICY_REASON
+    return f"Restart recovery budget exhausted ({budget} recoveries)"
+
+
+@operation(Shape.WRITE)
+def reconcile(
+    conn: Connection,
+    expired: Claim,
+    *,
+    max_recoveries: int | None = _FROM_JOB,
+    cause: RecoveryCause = RecoveryCause.VANISHED,
+) -> Recovery:
+    """Requeue the dead claim within its budget, else settle it ``interrupted``.
+
+    The budget is ``max_recoveries`` (default: the job's own); ``cause``
+    goes into an ``interrupted`` job's reason. One conditional statement:
+    the same token, the same recovery count and an ended lease.
+    """
+    job = expired.job
+    budget = job.max_recoveries if max_recoveries is _FROM_JOB else max_recoveries
+    requeue = budget is not None and job.recovery_count < budget
+    params = {
+        "job": job.job_id,
+        "token": expired.token,
+        "count": job.recovery_count,
+        "reason": recovery_reason(job, budget, cause),
+    }
+    row = conn.execute(sql.reconcile(requeue), params).first()
+    if row is None:
+        return Recovery(job.job_id, RecoveryStatus.LOST_RACE, None)
+    after = view(row)
+    status = RecoveryStatus.REQUEUED if after.state is JobState.QUEUED else RecoveryStatus.SETTLED
+    return Recovery(job.job_id, status, after)
+
+
+@operation(Shape.WRITE)
+def release_and_recover(
+    conn: Connection,
+    claims: Sequence[tuple[str, str]],
+    budgets: Mapping[str, int | None] | None = None,
+    *,
+    cause: RecoveryCause = RecoveryCause.SHUTDOWN,
+) -> list[Recovery]:
+    """End the leases of abandoned claims and recover them at once (shutdown).
+
+    ``budgets`` maps a job_id to its recovery budget (default: the job's own).
+    """
+    release(conn, claims)
+    # A set of pairs, not a job_id -> token map: a runner may hold two
+    # executions of one job (a handler that overstayed its lease, and the
+    # job's next claim), of which only the current claim's token matches.
+    pairs = set(claims)
+    results = []
+    for expired in expired_claims(conn, limit=len(claims) + 64):
+        if (expired.job.job_id, expired.token) in pairs:
+            budget = _FROM_JOB if budgets is None else budgets.get(expired.job.job_id, _FROM_JOB)
+            results.append(reconcile(conn, expired, max_recoveries=budget, cause=cause))
+    return results
+
+
+@operation(Shape.READ)
+def seconds_until_next_expiry(conn: Connection) -> float | None:
+    """Seconds until the earliest running lease ends (by the database clock)."""
+    lease_until, clock = conn.execute(sql.next_lease_expiry()).one()
+    if lease_until is None:
+        return None
+    seconds: float = (lease_until - clock) / 1000.0
+    return max(0.0, seconds)

@@ -1,0 +1,286 @@
+"""Enqueue: admitting jobs, conflicts, integrity violations.
+
+Part of :mod:`sqlalchemy_watchdog.store` (see its docstring).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError, IntegrityError
+
+from .. import statements as sql
+from .. import telemetry
+from ..backends import backend_of, backend_of_error
+from ..connections import prepared_statement_failure
+from ..errors import EnqueueConflict, InvalidJob
+from ..jobs import (
+    EnqueueResult,
+    EnqueueStatus,
+    Job,
+    check_duration,
+    duration_ms,
+    slot_setters,
+)
+from .base import (
+    ENQUEUE_CHUNK,
+    _new_object,
+    _one_chunk,
+)
+from .operation import Shape, operation
+from .views import execute_rows
+
+log = logging.getLogger("sqlalchemy_watchdog.store")
+
+
+# -- enqueue -----------------------------------------------------------------
+
+
+def check_delay(delay: object, jobs: Sequence[Job]) -> int | None:
+    """An enqueue's ``delay`` in milliseconds (None: none), checked."""
+    if delay is None:
+        return None
+    check_duration("delay", delay)
+    assert isinstance(delay, timedelta)
+    for job in jobs:
+        if isinstance(job, Job) and job.run_at is not None:
+            raise InvalidJob("delay", f"cannot be combined with run_at (job {job.job_id!r} has one)")
+    return duration_ms(delay)
+
+
+@operation(Shape.WRITE, autocommit_if=_one_chunk)
+def enqueue(conn: Connection, jobs: Sequence[Job], *, delay: timedelta | None = None) -> list[EnqueueResult]:
+    """Admit ``jobs`` in the connection's current transaction.
+
+    Identical replays (in the table or within ``jobs``) are duplicates; a
+    conflicting replay raises :class:`EnqueueConflict` after the statement
+    failed -- the caller must roll back (the public ``enqueue`` does).
+    ``delay`` makes every job wait that long after the database clock (it
+    is not part of a job's identity: a replay with another delay is a
+    duplicate).
+    """
+    delay_ms = check_delay(delay, jobs)
+    firsts: dict[str, Job] = {}
+    for job in jobs:
+        if not isinstance(job, Job):
+            raise TypeError(f"enqueue takes Job objects, not {type(job).__name__}")
+        seen = firsts.get(job.job_id)
+        if seen is None:
+            firsts[job.job_id] = job
+        elif not _same(seen, job):
+            raise EnqueueConflict(job.job_id)
+    unique = list(firsts.values())
+    try:
+        return _enqueue_traced(conn, jobs, unique, delay_ms)
+    except DBAPIError as error:
+        refused = prepared_statement_failure(error)
+        if refused is None:
+            raise
+        raise refused from error
+
+
+def _enqueue_traced(
+    conn: Connection, jobs: Sequence[Job], unique: list[Job], delay_ms: int | None
+) -> list[EnqueueResult]:
+    instrumentation = telemetry.active()
+    if instrumentation is None:
+        return _enqueue(conn, jobs, unique, delay_ms, None)
+    trace = telemetry.EnqueueTrace()
+    trace_context = None
+    with telemetry.guarded("enqueue"):
+        trace = instrumentation.enqueue(unique)
+        trace_context = telemetry.storable_trace_context(trace.trace_context)
+    try:
+        results = _enqueue(conn, jobs, unique, delay_ms, trace_context)
+    except BaseException as error:
+        with telemetry.guarded("enqueue"):
+            trace.failed(error)
+            trace.end()
+        raise
+    with telemetry.guarded("enqueue"):
+        trace.admitted(results)
+        trace.end()
+    return results
+
+
+def _enqueue(
+    conn: Connection, jobs: Sequence[Job], unique: Sequence[Job], delay_ms: int | None, trace_context: str | None
+) -> list[EnqueueResult]:
+    admitted: set[str] = set()
+    dialect = conn.dialect.name
+    stmt = sql.enqueue_rows(dialect)
+    plain = delay_ms is None and trace_context is None
+    for start in range(0, len(unique), ENQUEUE_CHUNK):
+        chunk = unique[start : start + ENQUEUE_CHUNK]
+        # A row may stop after its last non-NULL field (the statement reads a
+        # missing one as NULL): most jobs are their first five fields, which
+        # halves encoding the parameter.
+        rows = [
+            (job.job_id, job.queue, job.lane, job.priority, job.payload_json)
+            if plain
+            and job.max_recoveries is None
+            and job.run_at is None
+            and job.retry is None
+            and job.timeout is None
+            and job.rerun_of is None
+            else (*_values(job), delay_ms, trace_context)
+            for job in chunk
+        ]
+        params = sql.rows_params(dialect, "jobs", sql.ENQUEUE_FIELDS, rows)
+        # One statement, no savepoint around it: one round trip in the
+        # caller's transaction. A conflict's offender is named afterwards
+        # (see _conflict_of).
+        try:
+            admitted.update(row[0] for row in execute_rows(conn, stmt, params))
+        except IntegrityError as error:
+            raise _conflict_of(conn, chunk, error) from error
+    if len(admitted) == len(jobs):  # the common case: every job new, none twice
+        return [_queued(job.job_id) for job in jobs]
+    results: list[EnqueueResult] = []
+    first_seen: set[str] = set()
+    for job in jobs:
+        queued = job.job_id in admitted and job.job_id not in first_seen
+        first_seen.add(job.job_id)
+        results.append(EnqueueResult(job.job_id, EnqueueStatus.QUEUED if queued else EnqueueStatus.DUPLICATE))
+    return results
+
+
+_set_result_job_id, _set_result_status = slot_setters(EnqueueResult, ("job_id", "status"))
+
+
+def _queued(job_id: str) -> EnqueueResult:
+    """``EnqueueResult(job_id, QUEUED)`` without the frozen dataclass's
+    per-field ``object.__setattr__`` (a batch enqueue makes one per job)."""
+    result = _new_object(EnqueueResult)
+    _set_result_job_id(result, job_id)
+    _set_result_status(result, EnqueueStatus.QUEUED)
+    return result
+
+
+@operation(Shape.WRITE)
+def enqueue_each(conn: Connection, jobs: Sequence[Job]) -> list[EnqueueResult | None]:
+    """Enqueue ``jobs`` one statement each; a conflicting replay is skipped
+    (None) instead of failing the others -- for a runner enqueueing its
+    schedules' slots, where another runner (or an older deploy with other
+    contents) may have enqueued the same slot first."""
+    results: list[EnqueueResult | None] = []
+    for job in jobs:
+        savepoint = backend_of(conn).aborts_on_error and not _autocommit(conn)
+        try:
+            if savepoint:
+                with conn.begin_nested():
+                    results.append(enqueue(conn, [job])[0])
+            else:
+                results.append(enqueue(conn, [job])[0])
+        except EnqueueConflict:
+            results.append(None)
+    return results
+
+
+def _autocommit(conn: Connection) -> bool:
+    """Whether each statement on ``conn`` commits by itself (no look-up round trip)."""
+    return bool(getattr(conn.connection.dbapi_connection, "autocommit", False))
+
+
+def _first_conflict(conn: Connection, chunk: Sequence[Job]) -> str | None:
+    """The first job of ``chunk`` stored with other contents, if any."""
+    stored = {
+        row.job_id: row._asdict()
+        for row in conn.execute(sql.stored_contents(), {"job_ids": [job.job_id for job in chunk]})
+    }
+    for job in chunk:
+        row = stored.get(job.job_id)
+        if row is not None and row != _row(job):
+            return job.job_id
+    return None
+
+
+def _same(a: Job, b: Job) -> bool:
+    return _row(a) == _row(b)
+
+
+def self_committing(dialect: str) -> bool:
+    """Whether the store's operations run without BEGIN/COMMIT on ``dialect``.
+
+    Every store operation but a multi-chunk enqueue is made of statements
+    each correct on its own (one conditional write, plus reads), so on
+    PostgreSQL they run in autocommit: one round trip instead of three.
+    SQLite keeps ``BEGIN IMMEDIATE`` transactions (no round trips to save,
+    and a reader that later writes must hold the lock from the start).
+    """
+    return backend_of(dialect).self_committing
+
+
+def _values(job: Job) -> tuple[Any, ...]:
+    """The job in :data:`statements.IDENTITY_FIELDS` order."""
+    return (
+        job.job_id,
+        job.queue,
+        job.lane,
+        job.priority,
+        job.payload_json,
+        job.max_recoveries,
+        job.run_at_ms,
+        job.max_attempts,
+        job.retry_json,
+        job.timeout_ms,
+        job.rerun_of,
+    )
+
+
+def _row(job: Job) -> dict[str, Any]:
+    """The job's identity as the stored row's columns."""
+    return dict(zip((name for name, _ in sql.IDENTITY_FIELDS), _values(job), strict=True))
+
+
+def _conflict_of(conn: Connection, chunk: Sequence[Job], error: IntegrityError) -> Exception:
+    """Name the job whose replay conflicted: only a NOT NULL failure on
+    ``watchdog_jobs.job_id`` is ours (the conflicting replay sets it to
+    NULL); any other integrity error is returned as it is, the database's."""
+    if violation(error) != ("not_null", "job_id"):
+        return error
+    if len(chunk) == 1:
+        return EnqueueConflict(chunk[0].job_id)
+    if backend_of(conn).aborts_on_error and not _autocommit(conn):
+        # PostgreSQL aborted the caller's transaction: ask on a connection of
+        # its own, which sees the committed jobs (a conflict with a job this
+        # same transaction enqueued is not found: the message says so).
+        with conn.engine.connect() as other:
+            offender = _first_conflict(other, chunk)
+    else:
+        # SQLite undid only the statement; an autocommit connection is idle.
+        offender = _first_conflict(conn, chunk)
+    if offender is not None:
+        return EnqueueConflict(offender)
+    # Not found: the conflicting job was enqueued earlier in the same
+    # (now aborted) transaction, or a concurrent one rolled back since.
+    conflict = EnqueueConflict(chunk[0].job_id)
+    conflict.args = (
+        f"one of {len(chunk)} jobs (the first is {chunk[0].job_id!r}) is already enqueued "
+        "with different contents; the transaction was rolled back",
+    )
+    return conflict
+
+
+#: The unique constraints of ``watchdog_jobs`` (named by the model's naming
+#: convention and by the migration alike), by column.
+_UNIQUE_COLUMNS = {
+    f"uq_{sql.t.name}_job_id": "job_id",
+    f"uq_{sql.t.name}_cancellation_id": "cancellation_id",
+}
+
+
+def violation(error: IntegrityError) -> tuple[str, str] | None:
+    """``(kind, column)`` when ``error`` is a NOT NULL (``"not_null"``) or a
+    one-column UNIQUE (``"unique"``) violation on ``watchdog_jobs``, else None.
+
+    Read from the driver's diagnostics, never from the message text as a
+    whole (which carries the failing row's values on PostgreSQL): psycopg's
+    SQLSTATE, table, column and constraint names; SQLite's message, whose
+    format SQLite fixes, matched in full.
+    """
+    return backend_of_error(error).violation(error, sql.t.name, _UNIQUE_COLUMNS)

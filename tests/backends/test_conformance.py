@@ -1,0 +1,301 @@
+"""Backend conformance: every capability a :class:`~sqlalchemy_watchdog.backends.Backend`
+declares holds against the real database, on SQLite (a real file) and on
+PostgreSQL alike. A new dialect's backend passes this suite first.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Engine,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    bindparam,
+    create_engine,
+    select,
+    text,
+)
+from sqlalchemy.exc import DBAPIError, IntegrityError
+
+from sqlalchemy_watchdog import Job, store
+from sqlalchemy_watchdog import statements as sql
+from sqlalchemy_watchdog.backends import BACKENDS, Backend, backend_of, backend_of_error
+from sqlalchemy_watchdog.model import jobs_table
+
+
+def _backend(engine: Engine) -> Backend:
+    return backend_of(engine.dialect)
+
+
+def test_backend_of_finds_each_dialect_and_refuses_others(engine: Engine) -> None:
+    backend = _backend(engine)
+    assert backend is BACKENDS[engine.dialect.name]
+    with engine.connect() as conn:
+        assert backend_of(conn) is backend
+    assert backend_of(engine.dialect.name) is backend
+    with pytest.raises(NotImplementedError, match="not mysql"):
+        backend_of("mysql")
+
+
+def test_the_clock_is_the_database_clock_in_epoch_milliseconds(engine: Engine) -> None:
+    before = int(time.time() * 1000)
+    with engine.connect() as conn:
+        clock = conn.execute(select(sql.db_clock_ms())).scalar_one()
+        now = select(sql.effective_now(bindparam("now", type_=BigInteger())))
+        later = conn.execute(now, {"now": clock + 60_000}).scalar_one()
+        earlier = conn.execute(now, {"now": 0}).scalar_one()
+    after = int(time.time() * 1000)
+    assert before - 2_000 <= clock <= after + 2_000
+    assert later == clock + 60_000  # the later of the two: the argument
+    assert before - 2_000 <= earlier <= after + 2_000  # the later of the two: the clock
+
+
+def test_insert_on_conflict_does_nothing_and_returns_only_new_rows(engine: Engine) -> None:
+    backend = _backend(engine)
+    table = Table("conformance_rows", MetaData(), Column("key", Text, primary_key=True), Column("n", Integer))
+    table.metadata.create_all(engine)
+    stmt = backend.insert(table).on_conflict_do_nothing(index_elements=["key"]).returning(table.c.key)
+    with engine.begin() as conn:
+        assert conn.execute(stmt, [{"key": "a", "n": 1}]).scalars().all() == ["a"]
+        assert conn.execute(stmt.values(key="a", n=2)).scalars().all() == []
+        assert conn.execute(select(table.c.n)).scalars().all() == [1]
+
+
+def _stored_row(engine: Engine) -> dict[str, object]:
+    with engine.connect() as conn:
+        store.transact(conn, store.enqueue, [Job("dup", "q")])
+        row = conn.execute(select(jobs_table)).mappings().one()
+    return {name: value for name, value in row.items() if name != "sequence"}
+
+
+def test_a_real_duplicate_and_a_real_null_are_parsed(engine: Engine) -> None:
+    row = _stored_row(engine)
+    errors: list[IntegrityError] = []
+    for values in (row, {**row, "job_id": "other", "queue_name": None}):
+        with engine.connect() as conn, pytest.raises(IntegrityError) as caught:
+            with conn.begin():
+                conn.execute(jobs_table.insert().values(**values))
+        errors.append(caught.value)
+    duplicate, null = errors
+    backend = _backend(engine)
+    assert backend_of_error(duplicate) is backend
+    assert backend.violation(duplicate, jobs_table.name, store._UNIQUE_COLUMNS) == ("unique", "job_id")
+    assert backend.violation(null, jobs_table.name, store._UNIQUE_COLUMNS) == ("not_null", "queue_name")
+    assert store.violation(duplicate) == ("unique", "job_id")
+    assert backend.violation(duplicate, "another_table", store._UNIQUE_COLUMNS) is None
+
+
+def test_a_missing_table_is_not_transient(engine: Engine) -> None:
+    with engine.connect() as conn, pytest.raises(DBAPIError) as caught:
+        conn.execute(text("SELECT * FROM no_such_table"))
+    assert backend_of_error(caught.value) is _backend(engine)
+    assert not store.is_transient(caught.value)
+
+
+def _contention(engine: Engine) -> DBAPIError:
+    """A real lock conflict: another connection holds what this one needs."""
+    if engine.dialect.name == "sqlite":
+        quick = create_engine(engine.url, connect_args={"timeout": 0})
+        with engine.connect() as holder, quick.connect() as waiter:
+            holder.exec_driver_sql("BEGIN IMMEDIATE")
+            try:
+                with pytest.raises(DBAPIError) as caught:
+                    waiter.exec_driver_sql("BEGIN IMMEDIATE")
+            finally:
+                holder.rollback()
+        quick.dispose()
+        return caught.value
+    _stored_row(engine)
+    with engine.connect() as holder, engine.connect() as waiter:
+        with holder.begin():
+            holder.execute(text("SELECT 1 FROM watchdog_jobs WHERE job_id = 'dup' FOR UPDATE"))
+            with pytest.raises(DBAPIError) as caught, waiter.begin():
+                waiter.execute(text("SET LOCAL lock_timeout = '50ms'"))
+                waiter.execute(text("UPDATE watchdog_jobs SET priority = 1 WHERE job_id = 'dup'"))
+    return caught.value
+
+
+def test_a_real_lock_conflict_is_transient(engine: Engine) -> None:
+    error = _contention(engine)
+    assert backend_of_error(error) is _backend(engine)
+    assert _backend(engine).is_transient(error)
+    assert store.is_transient(error)
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])
+def test_a_terminated_connection_is_transient(engine: Engine) -> None:
+    """(SQLite has no server to lose: its only transient failure is contention.)"""
+    with engine.connect() as victim, engine.connect() as killer:
+        pid = victim.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        killer.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        killer.commit()
+        with pytest.raises(DBAPIError) as caught:
+            victim.exec_driver_sql("SELECT 1")
+    assert store.is_transient(caught.value)
+
+
+def test_a_failed_statement_aborts_the_transaction_where_the_backend_says(engine: Engine) -> None:
+    with engine.connect() as conn, conn.begin():
+        with pytest.raises(DBAPIError):
+            conn.execute(text("SELECT * FROM no_such_table"))
+        try:
+            conn.execute(text("SELECT 1")).scalar_one()
+            aborted = False
+        except DBAPIError:
+            aborted = True
+    assert aborted is _backend(engine).aborts_on_error
+
+
+def _writer_waits(engine: Engine, hold: float) -> float:
+    """How long a second writer's begin_write waited behind a first one's."""
+    backend = _backend(engine)
+    first_has_lock = threading.Event()
+    release = threading.Event()
+
+    def first() -> None:
+        with engine.connect() as conn, conn.begin():
+            backend.begin_write(conn)
+            first_has_lock.set()
+            release.wait(5)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert first_has_lock.wait(5)
+    threading.Timer(hold, release.set).start()
+    began = time.monotonic()
+    with engine.connect() as conn, conn.begin():
+        backend.begin_write(conn)
+        waited = time.monotonic() - began
+    thread.join(5)
+    return waited
+
+
+def test_begin_write_serialises_writers_only_where_the_backend_locks_up_front(engine: Engine) -> None:
+    waited = _writer_waits(engine, 0.3)
+    if _backend(engine).name == "sqlite":
+        assert waited >= 0.25  # BEGIN IMMEDIATE: the second writer waits for the first
+    else:
+        assert waited < 0.25  # row locks only: nothing taken up front
+
+
+@pytest.fixture(params=["wal", "delete"])
+def journal_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    engine = create_engine(f"sqlite:///{tmp_path / 'journal.db'}")
+    with engine.connect() as conn:
+        conn.exec_driver_sql(f"PRAGMA journal_mode={request.param}")
+        conn.exec_driver_sql("CREATE TABLE t (x INTEGER)")
+        conn.commit()
+    yield engine
+    engine.dispose()
+
+
+def _journal(engine: Engine) -> str:
+    with engine.connect() as conn:
+        return str(conn.exec_driver_sql("PRAGMA journal_mode").scalar()).lower()
+
+
+def test_sqlite_reads_beside_the_writer_exactly_in_wal_mode(journal_engine: Engine) -> None:
+    """The look-before-lock rule: where the backend says reads run beside the
+    writer, an open read does not stop a writer from committing; elsewhere
+    it does (so there reads take the write lock instead of peeking)."""
+    path = journal_engine.url.database
+    assert path is not None
+    with journal_engine.connect() as conn:
+        beside = backend_of(conn).reads_beside_writer(conn)
+    assert beside is (_journal(journal_engine) == "wal")
+    reader = sqlite3.connect(path, timeout=0, isolation_level=None)
+    writer = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM t").fetchone()  # an open read transaction
+        writer.execute("BEGIN IMMEDIATE")
+        writer.execute("INSERT INTO t VALUES (1)")
+        try:
+            writer.execute("COMMIT")
+            committed = True
+        except sqlite3.OperationalError as error:
+            assert "locked" in str(error)
+            committed = False
+            writer.execute("ROLLBACK")
+    finally:
+        reader.close()
+        writer.close()
+    assert committed is beside
+
+
+def test_reads_beside_writer_on_each_dialect_default(engine: Engine) -> None:
+    """PostgreSQL never peeks (row locks: a claim skips locked rows instead);
+    SQLite's default rollback journal does not either."""
+    with engine.connect() as conn:
+        expected = engine.dialect.name == "sqlite" and _journal(engine) == "wal"
+        assert _backend(engine).reads_beside_writer(conn) is expected
+
+
+def test_job_id_order_is_code_point_order_where_the_backend_says_so(engine: Engine) -> None:
+    ids = ["a", "B", "~x", "é", "Z", "0", "ä"]
+    with engine.connect() as conn:
+        store.transact(conn, store.enqueue, [Job(job_id, "q") for job_id in ids])
+        ordered = conn.execute(select(jobs_table.c.job_id).order_by(jobs_table.c.job_id)).scalars().all()
+        says = store.sorts_by_code_point(conn)
+    if says:
+        assert ordered == sorted(ids)  # Python sorts str by code point
+    if engine.dialect.name == "sqlite":
+        assert says
+
+
+def test_wake_ups_are_delivered_where_the_backend_notifies(engine: Engine) -> None:
+    backend = _backend(engine)
+    if not backend.notifies:
+        with engine.connect() as conn, pytest.raises(DBAPIError):
+            conn.execute(text("NOTIFY watchdog_conformance"))
+        return
+    import psycopg
+
+    url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True) as listener:
+        listener.execute("LISTEN watchdog_conformance")
+        with engine.connect() as conn:
+            conn.execute(text("SELECT pg_notify('watchdog_conformance', 'hello')"))
+            conn.commit()
+        received = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+    assert received == ["hello"]
+
+
+def test_advisory_transaction_locks_exclude_a_second_taker_where_the_backend_has_them(engine: Engine) -> None:
+    if not _backend(engine).advisory_xact_lock:
+        with engine.connect() as conn, pytest.raises(DBAPIError):
+            conn.execute(sql.try_advisory_xact_lock(), {"key": 42})
+        return
+    with engine.connect() as first, engine.connect() as second:
+        with first.begin():
+            assert first.execute(sql.try_advisory_xact_lock(), {"key": 42}).scalar()
+            with second.begin():
+                assert not second.execute(sql.try_advisory_xact_lock(), {"key": 42}).scalar()
+        with second.begin():
+            assert second.execute(sql.try_advisory_xact_lock(), {"key": 42}).scalar()  # released at commit
+
+
+def test_pruning_skips_while_another_transaction_prunes(engine: Engine) -> None:
+    """What the advisory lock is for: prune_retention returns None while
+    another transaction holds the prune lock (SQLite: the write lock
+    serialises instead, so there is no such moment)."""
+    ages = {"completed": timedelta(days=1)}
+    if not _backend(engine).advisory_xact_lock:
+        with engine.connect() as conn:
+            assert store.transact(conn, store.prune_retention, ages, 10) == 0  # never skips
+        return
+    with engine.connect() as holder, holder.begin():
+        holder.execute(sql.try_advisory_xact_lock(), {"key": store.PRUNE_LOCK_KEY})
+        with engine.connect() as conn:
+            assert store.transact(conn, store.prune_retention, ages, 10) is None
