@@ -17,6 +17,7 @@ listing, stats, pauses, reruns, workers, schedules, bulk actions, make_due),
 
 from __future__ import annotations
 
+from ..jobs import SettleStatus as SettleStatus
 from .base import _ITSELF as _ITSELF
 from .base import _JOBVIEW_FIELDS as _JOBVIEW_FIELDS
 from .base import _JOBVIEW_SETTERS as _JOBVIEW_SETTERS
