@@ -85,6 +85,7 @@ __all__ = [
     "cancel",
     "cancellation_holder",
     "notify",
+    "settle_unreadable",
     "fail_lane",
     "lane_has_live_jobs",
     "purge",
@@ -650,6 +651,27 @@ def settle(dialect: str) -> Update:
     )
 
 
+@cache
+def settle_unreadable() -> Update:
+    """Settle ``failed`` with ``:why`` the job a claim just took
+    (``:key``, its ``sequence``, and ``:token``) whose stored text is not UTF-8 (SQLite:
+    a producer wrote the bytes; its ``job_id`` may not even read back as it is
+    stored, so the row is found by its key and its claim)."""
+    return (
+        update(t)
+        .where(c.sequence == _p("key", BigInteger()), c.claim_token == _p("token", Text()), IS_RUNNING)
+        .values(
+            state=_SETTLED,
+            outcome=Outcome.FAILED.value,
+            failure_reason=_p("why", Text()),
+            failure_detail=null(),
+            settled_at=db_clock_ms(),
+            lease_until=null(),
+        )
+        .returning(*COLUMNS)
+    )
+
+
 _CLAIMS: BindParameter[Any] = bindparam("claims", expanding=True)
 
 
@@ -771,7 +793,7 @@ def fail_lane(dialect: str) -> Update:
         .values(
             state=_SETTLED,
             outcome=Outcome.FAILED.value,
-            failure_reason=_p("reason", Text()),
+            failure_reason=_p("why", Text()),
             failure_detail=null(),
             lease_until=null(),
             claim_token=null(),

@@ -181,6 +181,48 @@ _JOBVIEW_SETTERS = slot_setters(JobView, _JOBVIEW_FIELDS)
 _new_object = object.__new__
 
 
+class UnreadableText(str):
+    """Stored text that is not UTF-8 (SQLite keeps whatever bytes a producer
+    wrote), read with U+FFFD in place of each undecodable byte sequence:
+    the type marks it, so :func:`view` lists it as unknown and :func:`claim`
+    isolates the job. Binding it back never matches the stored bytes."""
+
+    __slots__ = ()
+
+
+def _tolerant_text(data: bytes) -> str:
+    """SQLite's ``text_factory`` on the library's own connections: UTF-8,
+    and never an error for text that is not (:class:`UnreadableText`)."""
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return UnreadableText(data.decode(errors="replace"))
+
+
+@contextlib.contextmanager
+def tolerant_text(conn: Connection) -> Iterator[None]:
+    """On SQLite, read text that is not UTF-8 as :class:`UnreadableText`
+    instead of failing the fetch, while the block runs; the DBAPI
+    connection's own ``text_factory`` is restored afterwards, so the
+    application's use of the same pooled connection is unchanged."""
+    if conn.dialect.name != "sqlite":
+        yield
+        return
+    driver: Any = conn.connection.driver_connection  # sqlite3's, or aiosqlite's (the same property)
+    before = driver.text_factory
+    driver.text_factory = _tolerant_text
+    try:
+        yield
+    finally:
+        driver.text_factory = before
+
+
+def unreadable_columns(row: Sequence[Any]) -> list[str]:
+    """The columns of a row starting with :data:`statements.COLUMNS` that
+    hold :class:`UnreadableText`."""
+    return [name for name, value in zip(_VIEW_ORDER, row) if type(value) is UnreadableText]
+
+
 def view(row: Sequence[Any]) -> JobView:
     """Turn a row that starts with :data:`statements.COLUMNS` (a ``Row`` or
     a driver's tuple) into a :class:`JobView`.
@@ -230,6 +272,8 @@ def view(row: Sequence[Any]) -> JobView:
             None if trace_context is None else telemetry.trace_context_of(trace_context),
             (),
         )
+        if UnreadableText in map(type, row):  # text that is not UTF-8 (SQLite)
+            raise ValueError("unreadable text")
     except Exception:  # a value the library would never have stored
         values = _decoded_field_by_field(row)
     job: JobView = _new_object(JobView)
@@ -253,6 +297,8 @@ def _decoded_field_by_field(row: Sequence[Any]) -> tuple[Any, ...]:
         if value is None:
             return None
         try:
+            if type(value) is UnreadableText:
+                raise UnicodeError("stored text is not UTF-8")
             return decode(value)
         except Exception as error:
             unknown.append(Undecodable.of(field, column, error))
@@ -281,6 +327,13 @@ def _decoded_field_by_field(row: Sequence[Any]) -> tuple[Any, ...]:
     started = time_of("started_at", started_at)
     settled = time_of("settled_at", settled_at)
     trace = decoded("trace_context", "trace_context", telemetry.trace_context_of, trace_context, None)
+    for field, column, value in (
+        ("job_id", "job_id", job_id), ("queue", "queue_name", queue_name), ("lane", "lane", lane),
+        ("cancellation_id", "cancellation_id", cancellation_id), ("failure_reason", "failure_reason", failure_reason),
+        ("failure_detail", "failure_detail", failure_detail), ("rerun_of", "rerun_of", rerun_of),
+    ):  # fmt: skip
+        if type(value) is UnreadableText:  # read as it is (U+FFFD for the bytes), listed unknown
+            unknown.append(Undecodable(field, column, "stored text is not UTF-8"))
     return (
         sequence,
         job_id,
@@ -803,10 +856,20 @@ def claim(
         stmt = sql.claim(conn.dialect.name, len(distinct))
         params.update(sql.queue_params(distinct))
     # By priority, then admission (positions 4 and 0 of statements.COLUMNS).
-    rows = sorted(execute_rows(conn, stmt, params), key=lambda r: (-r[4], r[0]))
+    rows = sorted(execute_rows(conn, stmt, params), key=lambda r: (-r[4] if type(r[4]) is int else 0, r[0]))
     claimed: list[Claim] = []
     cancelled: list[JobView] = []
     for row in rows:
+        if row[9] is not None and (columns := unreadable_columns(row)):
+            # Text that is not UTF-8 (SQLite): its job_id may not read back as
+            # stored, so no settle by job_id could find it. Failed here, by key.
+            failed = {
+                "key": row[0],
+                "token": row[9],
+                "why": f"stored value unreadable: {', '.join(columns)}",
+            }
+            cancelled.extend(view(settled) for settled in conn.execute(sql.settle_unreadable(), failed))
+            continue
         job = view(row)
         if job.state is JobState.RUNNING:
             claimed.append(Claim(job, row[9]))
@@ -1328,7 +1391,8 @@ def sorts_by_code_point(conn: Connection) -> bool:
     if known is None:
         row = conn.execute(sql.job_id_collation()).first()
         known = _CODE_POINT_ORDER[key] = row is not None and (
-            row[0] == "default" and (row[2] == "b" or (row[2] == "c" and row[1] in _CODE_POINT_COLLATIONS))
+            row[0] in ("C", "POSIX")  # the column's own (revision w0010: "C")
+            or (row[0] == "default" and (row[2] == "b" or (row[2] == "c" and row[1] in _CODE_POINT_COLLATIONS)))
         )
     return known
 
@@ -2080,6 +2144,22 @@ def transact(conn: Connection, fn: Callable[Concatenate[Connection, P], T], /, *
 
 
 def transact_as(
+    conn: Connection,
+    mode: TxMode,
+    fn: Callable[Concatenate[Connection, P], T],
+    /,
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> T:
+    """Run ``fn(conn, *args, **kwargs)`` in a transaction of its own on ``conn``
+    (:func:`_transact_as`); on SQLite, text that is not UTF-8 reads as
+    :class:`UnreadableText` meanwhile (:func:`tolerant_text`) instead of
+    failing the whole statement: one row a producer wrote never stops the others."""
+    with tolerant_text(conn):
+        return _transact_as(conn, mode, fn, *args, **kwargs)
+
+
+def _transact_as(
     conn: Connection,
     mode: TxMode,
     fn: Callable[Concatenate[Connection, P], T],
