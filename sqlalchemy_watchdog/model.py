@@ -202,7 +202,6 @@ class WatchdogJob(WatchdogBase):
     trace_context: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
-        *STORED_TYPE_CHECKS,
         CheckConstraint(f"length(job_id) BETWEEN 1 AND {JOB_ID_MAX_LENGTH}", name="job_id_length"),
         CheckConstraint(f"length(queue_name) BETWEEN 1 AND {QUEUE_MAX_LENGTH}", name="queue_name_length"),
         CheckConstraint(f"length(lane) BETWEEN 1 AND {LANE_MAX_LENGTH}", name="lane_length"),
@@ -229,6 +228,8 @@ class WatchdogJob(WatchdogBase):
             f"trace_context IS NULL OR length(trace_context) BETWEEN 2 AND {TRACE_CONTEXT_MAX_LENGTH}",
             name="trace_context_length",
         ),
+        # Last, as revision w0010 appends them to the stored definition.
+        *STORED_TYPE_CHECKS,
         {"sqlite_autoincrement": True},
     )
 

@@ -793,7 +793,7 @@ def fail_lane(dialect: str) -> Update:
         .values(
             state=_SETTLED,
             outcome=Outcome.FAILED.value,
-            failure_reason=_p("why", Text()),
+            failure_reason=_p("reason", Text()),
             failure_detail=null(),
             lease_until=null(),
             claim_token=null(),
