@@ -102,6 +102,38 @@ STATE_GRAMMAR = (
 )
 
 
+#: The columns of ``watchdog_jobs`` by the type SQLite must store in them
+#: (revision w0010): SQLite's type affinity keeps ``'abc'`` in an INTEGER
+#: column and a BLOB in any column, which no statement of the library could
+#: sort, compare or decode. ``sequence`` (the rowid) is always an integer.
+INTEGER_COLUMNS = ("priority", "recovery_count", "attempt", "snoozes")
+NULLABLE_INTEGER_COLUMNS = (
+    "recovery_max", "lease_until", "run_at", "ready_at", "max_attempts", "timeout_ms",
+    "enqueued_at", "started_at", "settled_at",
+)  # fmt: skip
+TEXT_COLUMNS = ("job_id", "queue_name", "lane", "payload_json", "state")
+NULLABLE_TEXT_COLUMNS = (
+    "outcome", "claim_token", "cancellation_id", "failure_reason", "failure_detail", "retry_policy",
+    "failure_history", "rerun_of", "trace_context",
+)  # fmt: skip
+
+
+def stored_type_check(column: str) -> str:
+    """The CHECK (SQLite only, revision w0010) that ``column`` holds its own type."""
+    kind = "integer" if column in INTEGER_COLUMNS or column in NULLABLE_INTEGER_COLUMNS else "text"
+    if column in NULLABLE_INTEGER_COLUMNS or column in NULLABLE_TEXT_COLUMNS:
+        return f"typeof({column}) IN ('{kind}', 'null')"
+    return f"typeof({column}) = '{kind}'"
+
+
+#: Named ``ck_watchdog_jobs_<column>_stored_type``; PostgreSQL's types already hold.
+STORED_TYPE_COLUMNS = INTEGER_COLUMNS + NULLABLE_INTEGER_COLUMNS + TEXT_COLUMNS + NULLABLE_TEXT_COLUMNS
+STORED_TYPE_CHECKS = tuple(
+    CheckConstraint(stored_type_check(column), name=f"{column}_stored_type").ddl_if(dialect="sqlite")
+    for column in STORED_TYPE_COLUMNS
+)
+
+
 class WatchdogBase(DeclarativeBase):
     """The declarative base of sqlalchemy_watchdog's own tables."""
 
@@ -120,7 +152,10 @@ class WatchdogJob(WatchdogBase):
     sequence: Mapped[int] = mapped_column(
         BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
     )
-    job_id: Mapped[str] = mapped_column(Text, unique=True)
+    #: ``COLLATE "C"`` on PostgreSQL (revision w0010): uniqueness is the same
+    #: (a deterministic collation is equal only when the bytes are), and the
+    #: unique index sorts by code point, so a prefix is one range of it.
+    job_id: Mapped[str] = mapped_column(Text().with_variant(Text(collation="C"), "postgresql"), unique=True)
     queue_name: Mapped[str] = mapped_column(Text)
     lane: Mapped[str] = mapped_column(Text)
     priority: Mapped[int] = mapped_column(BigInteger)
@@ -193,6 +228,8 @@ class WatchdogJob(WatchdogBase):
             f"trace_context IS NULL OR length(trace_context) BETWEEN 2 AND {TRACE_CONTEXT_MAX_LENGTH}",
             name="trace_context_length",
         ),
+        # Last, as revision w0010 appends them to the stored definition.
+        *STORED_TYPE_CHECKS,
         {"sqlite_autoincrement": True},
     )
 

@@ -74,10 +74,16 @@ def schema_names(engine: Engine) -> dict[str, set[str]]:
 OTHER_TABLES = ("watchdog_workers", "watchdog_schedules")
 
 
-def model_names() -> dict[str, set[str]]:
+def model_names(dialect: str) -> dict[str, set[str]]:
+    """The names the model gives on ``dialect`` (the stored-type CHECKs of
+    w0010 are SQLite's only)."""
     table = sqlalchemy_watchdog.metadata.tables["watchdog_jobs"]
     return {
-        "check": {c.name for c in table.constraints if isinstance(c, CheckConstraint)},
+        "check": {
+            c.name
+            for c in table.constraints
+            if isinstance(c, CheckConstraint) and (dialect == "sqlite" or not str(c.name).endswith("_stored_type"))
+        },
         "unique": {c.name for c in table.constraints if isinstance(c, UniqueConstraint)},
         "index": {i.name for i in table.indexes if isinstance(i.name, str)},
         **{
@@ -93,7 +99,7 @@ def model_names() -> dict[str, set[str]]:
 
 
 #: The package's newest revision.
-HEAD = "w0009_workers_and_schedules"
+HEAD = "w0010_stored_types_and_ranges"
 
 
 def test_upgrade_head_creates_the_jobs_table(empty_engine: Engine) -> None:
@@ -140,7 +146,7 @@ def test_migrated_constraint_names_equal_the_models(empty_engine: Engine) -> Non
     # compare_metadata ignores CHECK constraints, so compare their names directly:
     # a later migration must be able to drop or alter them by their model name.
     run(empty_engine, command.upgrade, "head")
-    assert schema_names(empty_engine) == model_names()
+    assert schema_names(empty_engine) == model_names(empty_engine.dialect.name)
 
 
 def triggers_and_functions(engine: Engine) -> set[str]:
@@ -331,7 +337,7 @@ def test_application_upgrade_heads_creates_its_table_and_the_jobs_table(app_alem
     with empty_engine.connect() as conn:
         versions = set(conn.execute(text("SELECT version_num FROM alembic_version")).scalars())
     assert versions == {"a0001_orders", HEAD}
-    assert schema_names(empty_engine) == model_names()
+    assert schema_names(empty_engine) == model_names(empty_engine.dialect.name)
     with empty_engine.begin() as conn:
         conn.execute(text("INSERT INTO orders (id, reference) VALUES (1, 'A-1')"))
         enqueue(conn, Job("confirm-A-1", "emails"))
@@ -667,7 +673,7 @@ def test_w0003_upgrades_and_downgrades_a_table_holding_jobs_in_every_state(empty
 
     run(engine, command.upgrade, "head")
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
-    assert schema_names(engine) == model_names()
+    assert schema_names(engine) == model_names(engine.dialect.name)
     new_columns = ["attempt", "snoozes", "run_at", "ready_at", "max_attempts", "retry_policy", "timeout_ms",
                    "failure_history"]  # fmt: skip
     upgraded = _rows_by_id(engine, W0002_COLUMNS + new_columns)
@@ -741,7 +747,7 @@ def test_w0003_upgrades_and_downgrades_a_table_holding_jobs_in_every_state(empty
     # And up again: the same schema as the model, the same rows.
     run(engine, command.upgrade, "head")
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
-    assert schema_names(engine) == model_names()
+    assert schema_names(engine) == model_names(engine.dialect.name)
     again = _rows_by_id(engine, W0002_COLUMNS)
     assert {job_id: row for job_id, row in again.items() if job_id != "after-downgrade"} == down
 
@@ -808,7 +814,7 @@ def test_w0008_keeps_every_row_the_sequence_counter_and_the_cancellation_rule_bo
 
     run(engine, command.upgrade, "head")
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
-    assert schema_names(engine) == model_names()
+    assert schema_names(engine) == model_names(engine.dialect.name)
     assert _all_rows(engine) == before
     _cancellation_rule_holds(engine)
     with engine.begin() as conn:
@@ -837,7 +843,7 @@ def test_w0008_keeps_every_row_the_sequence_counter_and_the_cancellation_rule_bo
 
     run(engine, command.upgrade, "head")
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
-    assert schema_names(engine) == model_names()
+    assert schema_names(engine) == model_names(engine.dialect.name)
 
 
 # -- w0009: workers and schedules -------------------------------------------------------
@@ -856,7 +862,7 @@ def test_w0009_creates_and_drops_the_workers_and_schedules_tables_leaving_every_
     run(engine, command.upgrade, "head")
     assert {"watchdog_workers", "watchdog_schedules"} <= tables(engine)
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
-    assert schema_names(engine) == model_names()
+    assert schema_names(engine) == model_names(engine.dialect.name)
     assert _all_rows(engine) == before
     worker = (
         "INSERT INTO watchdog_workers (worker_id, host, pid, queues, concurrency, wakeups, version,"
@@ -882,3 +888,136 @@ def test_w0009_creates_and_drops_the_workers_and_schedules_tables_leaving_every_
     run(engine, command.upgrade, "head")
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
     assert _all_rows(engine) == before
+
+
+# -- w0010: stored types (SQLite), job_id COLLATE "C" (PostgreSQL) ----------------------
+
+W0009 = "w0009_workers_and_schedules"
+#: Rows a producer wrote with a value of the wrong type (SQLite keeps them):
+#: {job_id: (state, column, SQL value)}.
+BAD_ROWS = {
+    "bad-priority": ("queued", "priority", "'abc'"),
+    "bad-attempt": ("queued", "attempt", "x'01'"),
+    "bad-lease": ("running", "lease_until", "'soon'"),
+    "bad-ready": ("delayed", "ready_at", "1.5"),
+    "bad-settled-at": ("settled", "settled_at", "'yesterday'"),
+    "blob-payload": ("queued", "payload_json", "x'7b7d'"),
+    "blob-reason": ("settled", "failure_reason", "x'626164'"),
+}
+
+
+def _bad_rows(engine: Engine) -> None:
+    """The rows of :data:`BAD_ROWS`, each a good job first, then one column overwritten by hand."""
+    with engine.begin() as conn:
+        for job_id, (state, column, value) in BAD_ROWS.items():
+            live = {
+                "queued": "NULL, NULL, NULL, NULL",
+                "delayed": "NULL, NULL, NULL, 5",
+                "running": f"NULL, 'claim_{job_id}', {YEAR_2100_MS}, NULL",
+                "settled": f"'completed', 'claim_{job_id}', NULL, NULL",
+            }[state]
+            conn.execute(
+                text(
+                    "INSERT INTO watchdog_jobs (job_id, queue_name, lane, priority, payload_json, state, outcome,"
+                    f" claim_token, lease_until, ready_at, recovery_count, attempt, snoozes, settled_at)"
+                    f" VALUES ('{job_id}', 'q', 'q', 0, 'null', '{state}', {live}, 0, 1, 0,"
+                    f" {'7' if state == 'settled' else 'NULL'})"
+                )
+            )
+            conn.execute(text(f"UPDATE watchdog_jobs SET {column} = {value} WHERE job_id = '{job_id}'"))
+
+
+def test_w0010_repairs_wrongly_typed_rows_adds_the_checks_and_downgrades_to_the_previous_table(
+    empty_engine: Engine,
+) -> None:
+    """SQLite: rows of every state keep every column; each row holding a value
+    of the wrong type is repaired (a live one settled ``failed`` with the
+    columns named), the CHECKs refuse such a write afterwards, the sequence
+    counter holds; down: the CHECKs are gone, every row as it was upgraded.
+    PostgreSQL: ``job_id`` is ``COLLATE "C"`` and back."""
+    engine = empty_engine
+    run(engine, command.upgrade, W0009)
+    _w0002_jobs(engine)
+    if engine.dialect.name == "sqlite":
+        _bad_rows(engine)
+    before = _all_rows(engine)
+    good = {job_id: row for job_id, row in before.items() if job_id not in BAD_ROWS}
+    top = max(row["sequence"] for row in before.values())
+
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []
+    assert schema_names(engine) == model_names(engine.dialect.name)
+    after = _all_rows(engine)
+    assert {job_id: after[job_id] for job_id in good} == good
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            collation = conn.execute(
+                text(
+                    "SELECT collation_name FROM information_schema.columns"
+                    " WHERE table_name = 'watchdog_jobs' AND column_name = 'job_id'"
+                )
+            ).scalar()
+        assert collation == "C"
+        # The store reads a prefix as a range of the unique index under any database collation.
+        store._CODE_POINT_ORDER.clear()
+        with engine.connect() as conn:
+            assert store.sorts_by_code_point(conn)
+    else:
+        for job_id, (state, column, _) in BAD_ROWS.items():
+            row = after[job_id]
+            if column in ("payload_json", "failure_reason"):  # a BLOB became the same bytes as TEXT
+                assert row["state"] == state and row["outcome"] == before[job_id]["outcome"]
+                with engine.connect() as conn:
+                    kind = conn.execute(
+                        text(f"SELECT typeof({column}) FROM watchdog_jobs WHERE job_id = :j"), {"j": job_id}
+                    )
+                    assert kind.scalar_one() == "text"
+                continue
+            assert row[column] == {"priority": 0, "attempt": 1}.get(column), (job_id, row[column])
+            assert row["state"] == "settled"
+            if state == "settled":  # kept its outcome
+                assert row["outcome"] == "completed" and row["failure_reason"] is None
+            else:
+                assert row["outcome"] == "failed" and row["failure_reason"] == f"stored value unreadable: {column}"
+                assert row["lease_until"] is None and row["settled_at"] is not None
+        with pytest.raises(IntegrityError, match="priority_stored_type"), engine.begin() as conn:
+            conn.execute(text("UPDATE watchdog_jobs SET priority = 'abc' WHERE job_id = 'waiting-with-policy'"))
+        with pytest.raises(IntegrityError, match="job_id_stored_type"), engine.begin() as conn:
+            conn.execute(text("UPDATE watchdog_jobs SET job_id = x'6a' WHERE job_id = 'waiting-with-policy'"))
+    # The store serves the upgraded table, the repaired rows and the others.
+    watchdog = Watchdog(engine)
+    assert {job.job_id for job in watchdog.list_jobs(limit=1000)} == set(after)
+    with engine.begin() as conn:
+        enqueue(conn, Job("after-upgrade", "q"))
+    upgraded = watchdog.read("after-upgrade")
+    assert upgraded is not None and upgraded.sequence > top
+
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM watchdog_jobs WHERE job_id = 'after-upgrade'"))
+    run(engine, command.downgrade, W0009)
+    assert _all_rows(engine) == after
+    names = schema_names(engine)["check"]
+    assert not {name for name in names if name.endswith("_stored_type")}
+    if engine.dialect.name == "postgresql":
+        store._CODE_POINT_ORDER.clear()
+        with engine.connect() as conn:
+            assert (
+                conn.execute(
+                    text(
+                        "SELECT collation_name FROM information_schema.columns"
+                        " WHERE table_name = 'watchdog_jobs' AND column_name = 'job_id'"
+                    )
+                ).scalar()
+                is None
+            )
+    else:  # the previous table takes a wrongly typed value again
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE watchdog_jobs SET priority = 'abc' WHERE job_id = 'waiting-with-policy'"))
+            conn.execute(text("UPDATE watchdog_jobs SET priority = 3 WHERE job_id = 'waiting-with-policy'"))
+    with engine.begin() as conn:
+        enqueue(conn, Job("after-downgrade", "q"))
+    down = Watchdog(engine).read("after-downgrade")
+    assert down is not None and down.sequence > upgraded.sequence
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []
+    assert schema_names(engine) == model_names(engine.dialect.name)

@@ -25,7 +25,7 @@ from sqlalchemy import (
     select,
     text,
 )
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import sqlalchemy_watchdog
@@ -304,6 +304,11 @@ CHECK_NAMES = {
     "ck_watchdog_jobs_rerun_of_length",
     "ck_watchdog_jobs_trace_context_length",
 }
+#: SQLite's stored-type CHECKs (revision w0010): every column but the rowid
+#: ``sequence``; PostgreSQL's column types already hold.
+STORED_TYPE_NAMES = {
+    f"ck_watchdog_jobs_{column.name}_stored_type" for column in jobs_table.columns if column.name != "sequence"
+}
 UNIQUE_NAMES = {"uq_watchdog_jobs_job_id"}
 INDEX_NAMES = {
     "ix_watchdog_jobs_delayed",
@@ -326,7 +331,7 @@ def test_constraint_names_in_the_model_are_stable() -> None:
     checks = {c.name for c in jobs_table.constraints if isinstance(c, CheckConstraint)}
     uniques = {c.name for c in jobs_table.constraints if isinstance(c, UniqueConstraint)}
     primary = {c.name for c in jobs_table.constraints if isinstance(c, PrimaryKeyConstraint)}
-    assert checks == CHECK_NAMES
+    assert checks == CHECK_NAMES | STORED_TYPE_NAMES
     assert uniques == UNIQUE_NAMES
     assert primary == {"pk_watchdog_jobs"}
     assert {i.name for i in jobs_table.indexes} == INDEX_NAMES
@@ -334,6 +339,35 @@ def test_constraint_names_in_the_model_are_stable() -> None:
 
 def test_created_database_carries_the_stable_constraint_names(engine: Engine) -> None:
     inspector = inspect(engine)
-    assert {c["name"] for c in inspector.get_check_constraints("watchdog_jobs")} == CHECK_NAMES
+    stored_types = STORED_TYPE_NAMES if engine.dialect.name == "sqlite" else set()
+    assert {c["name"] for c in inspector.get_check_constraints("watchdog_jobs")} == CHECK_NAMES | stored_types
     assert {c["name"] for c in inspector.get_unique_constraints("watchdog_jobs")} == UNIQUE_NAMES
     assert index_names(engine) == INDEX_NAMES
+
+
+@pytest.mark.parametrize(
+    "column, value",
+    [("priority", "'abc'"), ("attempt", "1.5"), ("run_at", "x'01'"), ("job_id", "x'6a'"), ("payload_json", "x'7b7d'")],
+)
+def test_database_rejects_a_value_of_another_type_than_its_column(engine: Engine, column: str, value: str) -> None:
+    """SQLite keeps any type in any column unless a CHECK refuses it (w0010);
+    PostgreSQL refuses by the column's type, or converts the value into one
+    the library reads (a real rounded, a bytea in its text form)."""
+    with engine.begin() as conn:
+        insert(conn)
+    if engine.dialect.name == "postgresql":
+        value = {"x'01'": "'\\x01'::bytea", "x'6a'": "'\\x6a'::bytea", "x'7b7d'": "'\\x7b7d'::bytea"}.get(value, value)
+        if column == "attempt":  # PostgreSQL rounds a real into an integer column: a readable integer
+            with engine.begin() as conn:
+                conn.execute(text(f"UPDATE watchdog_jobs SET {column} = {value}"))
+                assert conn.execute(text("SELECT attempt FROM watchdog_jobs")).scalar_one() == 2
+            return
+        if column in ("job_id", "payload_json"):  # bytea assigned to text: its text form, readable
+            with engine.begin() as conn:
+                conn.execute(text(f"UPDATE watchdog_jobs SET {column} = {value}"))
+                stored = conn.execute(text(f"SELECT {column} FROM watchdog_jobs")).scalar_one()
+                assert isinstance(stored, str) and stored.startswith("\\x")
+            return
+    with pytest.raises(DBAPIError, match=f"{column}_stored_type" if engine.dialect.name == "sqlite" else None):
+        with engine.begin() as conn:
+            conn.execute(text(f"UPDATE watchdog_jobs SET {column} = {value}"))

@@ -1460,8 +1460,9 @@ def test_a_job_id_prefix_reads_as_a_range_only_where_job_id_sorts_by_code_point(
 
 
 def test_under_a_linguistic_collation_a_prefix_is_never_read_as_a_range(postgres_server: Any) -> None:
-    """An ICU database: job_id does not sort by code point there, so the
-    prefix is only the walk's filter -- and every job it names is listed."""
+    """An ICU database: job_id sorts by code point since w0010 (its own
+    collation, "C"); a table from before keeps the database's, where the
+    prefix is only the walk's filter -- either way every job it names is listed."""
     name = f"watchdog_icu_{hashlib.sha256(str(time.time()).encode()).hexdigest()[:10]}"
     admin = create_engine(postgres_server, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -1475,10 +1476,18 @@ def test_under_a_linguistic_collation_a_prefix_is_never_read_as_a_range(postgres
         metadata.create_all(engine)
         ids = ["a-b", "ab", "A-b", "a.", "a-", "b"]
         Watchdog(engine).enqueue([Job(job_id, "q") for job_id in ids])
+        with engine.connect() as conn:  # w0010: job_id is COLLATE "C", a prefix is a range
+            assert store.sorts_by_code_point(conn)
+        assert [job.job_id for job in Watchdog(engine).list_jobs(job_id_prefix="a-")] == ["a-b", "a-"]
+        # A table from before w0010 has the database's collation: there the prefix is no range.
+        with engine.begin() as conn:
+            conn.execute(text('ALTER TABLE watchdog_jobs ALTER COLUMN job_id TYPE TEXT COLLATE "default"'))
+        store._CODE_POINT_ORDER.clear()
         with engine.connect() as conn:
             assert not store.sorts_by_code_point(conn)
         assert [job.job_id for job in Watchdog(engine).list_jobs(job_id_prefix="a-")] == ["a-b", "a-"]
     finally:
+        store._CODE_POINT_ORDER.clear()
         engine.dispose()
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

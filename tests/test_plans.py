@@ -48,7 +48,7 @@ from psycopg import sql as psycopg_sql
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL
 
-from sqlalchemy_watchdog import metadata
+from sqlalchemy_watchdog import Watchdog, metadata, store
 from sqlalchemy_watchdog import statements as sql
 
 TABLE = "watchdog_jobs"
@@ -473,6 +473,8 @@ PLANS: list[Case] = [
     ),
     # By job_id, one lookup per row: never the lease index, which also holds the entries
     # of jobs settled since the last vacuum (statements.settle).
+    # A claimed job whose stored text is not UTF-8 (SQLite), failed by its key.
+    Case("settle_unreadable", "settle_unreadable", (), lambda d: {"key": 5, "token": "t-5", "why": "x"}, on(PK)),
     Case("settle(1)", "settle", (D,), _settle(1), on(JOB_ID)),
     Case("settle(50)", "settle", (D,), _settle(50), on(JOB_ID)),
     Case("renew", "renew", (), _claims, on(JOB_ID, LEASE)),
@@ -763,3 +765,72 @@ def test_a_claim_never_reads_a_paused_queues_backlog(postgres_server: URL, queue
         assert read[0] == 0, json.dumps(document, indent=1)  # the paused queue: never read
         if queue_count > 1:
             assert read[1] == 1  # the open queue: its first job (limit 1)
+
+
+# -- 1,000,000 jobs: a job_id prefix is a range under any database collation ---------------
+
+MILLION = 1_000_000
+TENANTS = 1_000
+
+
+def test_a_job_id_prefix_is_an_index_range_at_a_million_jobs_under_a_linguistic_collation(postgres_server: URL) -> None:
+    """A database whose collation is ICU's ``en-US`` (linguistic: ``a-b`` sorts
+    beside ``ab``), 1,000,000 settled jobs of 1,000 tenants interleaved
+    (``t<tenant>-<n>``): since w0010 ``job_id`` is ``COLLATE "C"``, so the store
+    reads the jobs with a prefix as a range of ``uq_watchdog_jobs_job_id``,
+    oldest and newest first, on every page of keyset paging, in the first
+    executions' custom plans and in a prepared statement's generic plan (the
+    range's bounds are literals) -- never a walk of the history (one tenant's
+    1,000 jobs are 1 in 1,000 of it)."""
+    name = f"watchdog_plans_icu_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(postgres_server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(
+            f"CREATE DATABASE \"{name}\" TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
+        )
+    engine = create_engine(postgres_server.set(database=name))
+    try:
+        metadata.create_all(engine)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "INSERT INTO watchdog_jobs (job_id, queue_name, lane, priority, payload_json, state, outcome,"
+                " enqueued_at, settled_at)"
+                f" SELECT 't' || mod(n, {TENANTS}) || '-' || n, 'q', 'q', 0, '{{}}', 'settled', 'completed', n, n"
+                f" FROM generate_series(1, {MILLION}) AS g(n)"
+            )
+            conn.exec_driver_sql("ANALYZE watchdog_jobs")
+        store._CODE_POINT_ORDER.clear()
+        with engine.connect() as conn:
+            assert store.sorts_by_code_point(conn)
+            # The database's own order is linguistic (ICU: 'a' before 'B'), the column's by code point.
+            linguistic = "SELECT 'B' < 'a', collation for (job_id) FROM watchdog_jobs LIMIT 1"
+            assert conn.exec_driver_sql(linguistic).one() == (False, '"C"')
+        reads: list[tuple[str, bool, bool, bool]] = []
+        for newest in (False, True):
+            for bounds in ({}, {"after_sequence": 300_000, "before_sequence": 700_000}):
+                params = _list(job_id_prefix="t7-", job_id_low="t7-", job_id_high="t7.", **bounds)(PG)
+                statement, parameters = sent(
+                    engine, sql.list_jobs(("job_id_prefix", "job_id_range"), False, newest), params
+                )
+                for label, plan in (
+                    ("first executions", pg_first_plan(engine, statement, parameters)),
+                    ("prepared, 6th execution", pg_cached_plan(engine, statement, parameters)),
+                    ("generic plan", pg_cached_plan(engine, statement, parameters, generic=True)),
+                ):
+                    reads.append((label, newest, bool(bounds), JOB_ID[PG] in plan.indexes and not plan.full_scan))
+        # Every plan, the prepared statement's generic one too: the bounds are literals.
+        assert all(ok for *_, ok in reads), reads
+        # And the store's pages, both ways, are the tenant's jobs in order.
+        watchdog = Watchdog(engine)
+        first = watchdog.list_jobs(job_id_prefix="t7-", limit=100)
+        second = watchdog.list_jobs(job_id_prefix="t7-", limit=100, after_sequence=first[-1].sequence)
+        sequences = [job.sequence for job in first + second]
+        assert sequences == [7 + 1000 * i for i in range(200)]
+        newest_page = watchdog.list_jobs(job_id_prefix="t7-", limit=50, newest_first=True, before_sequence=700_000)
+        assert [job.sequence for job in newest_page] == [699_007 - 1000 * i for i in range(50)]
+    finally:
+        engine.dispose()
+        store._CODE_POINT_ORDER.clear()
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()

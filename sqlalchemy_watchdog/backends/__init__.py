@@ -14,6 +14,7 @@ the design document, "Store operations and backends").
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from sqlalchemy import Connection
@@ -22,9 +23,9 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
 
 from .postgresql import PostgreSQL
-from .sqlite import SQLite
+from .sqlite import SQLite, UnreadableText
 
-__all__ = ["BACKENDS", "Backend", "PostgreSQL", "SQLite", "backend_of", "backend_of_error"]
+__all__ = ["BACKENDS", "Backend", "PostgreSQL", "SQLite", "UnreadableText", "backend_of", "backend_of_error"]
 
 
 class Backend(Protocol):
@@ -81,6 +82,12 @@ class Backend(Protocol):
 
     def sorts_by_code_point(self, conn: Connection, ask_collation: Callable[[], Any]) -> bool:
         """Whether ``job_id`` sorts by code point (a prefix is one index range)."""
+        ...
+
+    def reading_any_text(self, conn: Connection) -> AbstractContextManager[None]:
+        """While the block runs, stored text the driver cannot decode reads as
+        :class:`UnreadableText` instead of failing the fetch (SQLite keeps any
+        bytes a producer wrote; PostgreSQL checks encodings on the way in)."""
         ...
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from sqlalchemy import Connection
@@ -82,6 +83,12 @@ class PostgreSQL:
         column = unique_columns.get(getattr(diag, "constraint_name", None) or "")
         return (kind, column) if column else None
 
+    @contextlib.contextmanager
+    def reading_any_text(self, conn: Connection) -> Iterator[None]:
+        """Nothing to do: PostgreSQL refuses text that is not valid in the
+        database's encoding when it is written."""
+        yield
+
     def sorts_by_code_point(self, conn: Connection, ask_collation: Callable[[], Any]) -> bool:
         """When the column's collation is the database's and that one is
         ``C``, ``POSIX`` or ``C.UTF-8`` (libc) or the builtin provider's,
@@ -92,6 +99,7 @@ class PostgreSQL:
         if known is None:
             row = ask_collation()
             known = self._code_point_order[key] = row is not None and (
-                row[0] == "default" and (row[2] == "b" or (row[2] == "c" and row[1] in _CODE_POINT_COLLATIONS))
+                row[0] in ("C", "POSIX")  # the column's own (revision w0010: "C")
+                or (row[0] == "default" and (row[2] == "b" or (row[2] == "c" and row[1] in _CODE_POINT_COLLATIONS)))
             )
         return known

@@ -2,14 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from sqlalchemy import Connection
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.sql.dml import Insert
+
+
+class UnreadableText(str):
+    """Stored text that is not UTF-8 (SQLite keeps whatever bytes a producer
+    wrote), read with U+FFFD in place of each undecodable byte sequence:
+    the type marks it, so the store lists it as unknown and a claim
+    isolates the job. Binding it back never matches the stored bytes."""
+
+    __slots__ = ()
+
+
+def _tolerant_text(data: bytes) -> str:
+    """SQLite's ``text_factory`` on the library's own operations: UTF-8,
+    and never an error for text that is not (:class:`UnreadableText`)."""
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return UnreadableText(data.decode(errors="replace"))
+
 
 #: SQLite's fixed wording of a one-column NOT NULL / UNIQUE failure.
 _VIOLATION = "(NOT NULL|UNIQUE) constraint failed: {table}\\.(\\w+)"
@@ -31,6 +51,20 @@ class SQLite:
 
     def insert(self, table: Any) -> Insert:
         return sqlite.insert(table)
+
+    @contextlib.contextmanager
+    def reading_any_text(self, conn: Connection) -> Iterator[None]:
+        """Read text that is not UTF-8 as :class:`UnreadableText` instead of
+        failing the fetch, while the block runs; the DBAPI connection's own
+        ``text_factory`` is restored afterwards, so the application's use of
+        the same pooled connection is unchanged."""
+        driver: Any = conn.connection.driver_connection  # sqlite3's, or aiosqlite's (the same property)
+        before = driver.text_factory
+        driver.text_factory = _tolerant_text
+        try:
+            yield
+        finally:
+            driver.text_factory = before
 
     def clock_ms_sql(self) -> str:
         return "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"

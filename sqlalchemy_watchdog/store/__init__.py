@@ -17,6 +17,7 @@ listing, stats, pauses, reruns, workers, schedules, bulk actions, make_due),
 
 from __future__ import annotations
 
+from ..backends import UnreadableText as UnreadableText
 from ..jobs import SettleStatus as SettleStatus
 from .base import _ITSELF as _ITSELF
 from .base import _JOBVIEW_FIELDS as _JOBVIEW_FIELDS
@@ -37,6 +38,7 @@ from .base import _new_object as _new_object
 from .base import _one_chunk as _one_chunk
 from .base import new_claim_token as new_claim_token
 from .base import now_ms as now_ms
+from .base import unreadable_columns as unreadable_columns
 from .base import view as view
 from .chart import throughput as throughput
 from .claims import _FROM_JOB as _FROM_JOB

@@ -14,6 +14,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from .. import statements as sql
 from .. import telemetry
+from ..backends import UnreadableText
 from ..jobs import (
     Job,
     JobState,
@@ -86,6 +87,12 @@ _JOBVIEW_SETTERS = slot_setters(JobView, _JOBVIEW_FIELDS)
 _new_object = object.__new__
 
 
+def unreadable_columns(row: Sequence[Any]) -> list[str]:
+    """The columns of a row starting with :data:`statements.COLUMNS` that
+    hold :class:`~sqlalchemy_watchdog.backends.UnreadableText`."""
+    return [name for name, value in zip(_VIEW_ORDER, row) if type(value) is UnreadableText]
+
+
 def view(row: Sequence[Any]) -> JobView:
     """Turn a row that starts with :data:`statements.COLUMNS` (a ``Row`` or
     a driver's tuple) into a :class:`JobView`.
@@ -135,6 +142,8 @@ def view(row: Sequence[Any]) -> JobView:
             None if trace_context is None else telemetry.trace_context_of(trace_context),
             (),
         )
+        if UnreadableText in map(type, row):  # text that is not UTF-8 (SQLite)
+            raise ValueError("unreadable text")
     except Exception:  # a value the library would never have stored
         values = _decoded_field_by_field(row)
     job: JobView = _new_object(JobView)
@@ -158,6 +167,8 @@ def _decoded_field_by_field(row: Sequence[Any]) -> tuple[Any, ...]:
         if value is None:
             return None
         try:
+            if type(value) is UnreadableText:
+                raise UnicodeError("stored text is not UTF-8")
             return decode(value)
         except Exception as error:
             unknown.append(Undecodable.of(field, column, error))
@@ -186,6 +197,13 @@ def _decoded_field_by_field(row: Sequence[Any]) -> tuple[Any, ...]:
     started = time_of("started_at", started_at)
     settled = time_of("settled_at", settled_at)
     trace = decoded("trace_context", "trace_context", telemetry.trace_context_of, trace_context, None)
+    for field, column, value in (
+        ("job_id", "job_id", job_id), ("queue", "queue_name", queue_name), ("lane", "lane", lane),
+        ("cancellation_id", "cancellation_id", cancellation_id), ("failure_reason", "failure_reason", failure_reason),
+        ("failure_detail", "failure_detail", failure_detail), ("rerun_of", "rerun_of", rerun_of),
+    ):  # fmt: skip
+        if type(value) is UnreadableText:  # read as it is (U+FFFD for the bytes), listed unknown
+            unknown.append(Undecodable(field, column, "stored text is not UTF-8"))
     return (
         sequence,
         job_id,

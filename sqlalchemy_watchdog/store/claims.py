@@ -42,6 +42,7 @@ from .base import (
     PROMOTE_BATCH,
     new_claim_token,
     now_ms,
+    unreadable_columns,
     view,
 )
 from .operation import Shape, operation
@@ -177,10 +178,20 @@ def claim(
         stmt = sql.claim(conn.dialect.name, len(distinct))
         params.update(sql.queue_params(distinct))
     # By priority, then admission (positions 4 and 0 of statements.COLUMNS).
-    rows = sorted(execute_rows(conn, stmt, params), key=lambda r: (-r[4], r[0]))
+    rows = sorted(execute_rows(conn, stmt, params), key=lambda r: (-r[4] if type(r[4]) is int else 0, r[0]))
     claimed: list[Claim] = []
     cancelled: list[JobView] = []
     for row in rows:
+        if row[9] is not None and (columns := unreadable_columns(row)):
+            # Text that is not UTF-8 (SQLite): its job_id may not read back as
+            # stored, so no settle by job_id could find it. Failed here, by key.
+            failed = {
+                "key": row[0],
+                "token": row[9],
+                "why": f"stored value unreadable: {', '.join(columns)}",
+            }
+            cancelled.extend(view(settled) for settled in conn.execute(sql.settle_unreadable(), failed))
+            continue
         job = view(row)
         if job.state is JobState.RUNNING:
             claimed.append(Claim(job, row[9]))

@@ -103,6 +103,23 @@ def transact_as(
     *args: P.args,
     **kwargs: P.kwargs,
 ) -> T:
+    """Run ``fn(conn, *args, **kwargs)`` in a transaction of its own on ``conn``
+    (:func:`_transact_as`); on SQLite, text that is not UTF-8 reads as
+    :class:`~sqlalchemy_watchdog.backends.UnreadableText` meanwhile
+    (``Backend.reading_any_text``) instead of failing the whole statement:
+    one row a producer wrote never stops the others."""
+    with backend_of(conn).reading_any_text(conn):
+        return _transact_as(conn, mode, fn, *args, **kwargs)
+
+
+def _transact_as(
+    conn: Connection,
+    mode: TxMode,
+    fn: Callable[Concatenate[Connection, P], T],
+    /,
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> T:
     """Run ``fn(conn, *args, **kwargs)`` in a transaction of its own on ``conn``,
     as ``fn``'s declaration (:func:`operation`) says; an undeclared ``fn``
     runs as :data:`UNDECLARED` (a write).

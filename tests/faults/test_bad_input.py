@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, create_engine, literal, select, text
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from sqlalchemy_watchdog import (
     Decision,
@@ -38,6 +38,7 @@ from sqlalchemy_watchdog import (
     Retention,
     RetryPolicy,
     Runner,
+    Undecodable,
     Watchdog,
     WatchdogError,
     enqueue,
@@ -161,6 +162,19 @@ def schedule_row(**overrides: Any) -> Callable[[Engine], Any]:
     def insert(engine: Engine) -> None:
         with engine.begin() as conn:
             conn.execute(schedules_table.insert().values(**values))
+
+    return insert
+
+
+def job_row(**overrides: Any) -> Callable[[Engine], Any]:
+    """Insert a queued ``watchdog_jobs`` row by hand, as a producer may, with
+    ``overrides`` (SQLite keeps any type in any column unless a CHECK refuses)."""
+    values = {"job_id": "hand-written", "queue_name": "q", "lane": "q", "priority": 0, "payload_json": "null",
+              "state": "queued", "recovery_count": 0, "attempt": 1, "snoozes": 0, **overrides}  # fmt: skip
+
+    def insert(engine: Engine) -> None:
+        with engine.begin() as conn:
+            conn.execute(jobs_table.insert().values(**values))
 
     return insert
 
@@ -648,6 +662,26 @@ REFUSED: dict[str, Entry] = {
     "schedule name too long": Entry("name", schedule_row(name="s" * 201), error=IntegrityError),
     "schedule cron empty": Entry("cron", schedule_row(cron=""), error=IntegrityError),
     "schedule recorded_by empty": Entry("recorded_by", schedule_row(recorded_by=""), error=IntegrityError),
+    # A value of another type than an integer column's, written by hand:
+    # PostgreSQL's types refuse it, SQLite's stored-type CHECKs (revision w0010)
+    # too. (A BLOB in a text column: test_a_blob_in_a_text_column_...)
+    **{
+        f"job row {column} as {kind}": Entry(column, job_row(**{column: value}), error=DBAPIError)
+        for column, kind, value in (
+            ("priority", "text", "abc"),
+            ("attempt", "text", "x"),
+            ("recovery_count", "a blob", b"\x01"),
+            ("snoozes", "text", "many"),
+            ("run_at", "text", "tomorrow"),
+            ("ready_at", "a blob", b"\x01"),
+            ("lease_until", "text", "soon"),
+            ("timeout_ms", "text", "long"),
+            ("enqueued_at", "text", "now"),
+            ("started_at", "text", "earlier"),
+            ("recovery_max", "text", "some"),
+            ("max_attempts", "a blob", b"\x03"),
+        )
+    },
 }
 
 #: Entries expected to fail: {entry: reason}. Empty: every known bug is fixed.
@@ -1046,3 +1080,125 @@ def test_recovery_takes_a_poisoned_expired_claim_and_the_others_beside_it(engine
         ("bad", Outcome.COMPLETED, 1),
         ("good", Outcome.COMPLETED, 1),
     ]
+
+
+# -- text a producer stored that the library cannot read (SQLite) --------------------
+#
+# SQLite keeps whatever bytes a producer writes into a text column, UTF-8 or
+# not; pysqlite fails the whole fetch on one that is not. On the library's own
+# connections such text reads as unknown (U+FFFD for the bytes, the column
+# listed in JobView.undecodable), and a claim fails such a job by its key
+# ("stored value unreadable: <column>") instead of stopping. PostgreSQL
+# refuses text that is not valid in the database's encoding.
+
+NOT_UTF8 = "CAST(x'62ff64' AS TEXT)"  # b'b\xffd'
+#: Text columns a producer may write, with what the job needs beside it.
+TEXT_COLUMNS = {
+    "job_id": {},
+    "queue_name": {},
+    "lane": {},
+    "payload_json": {},
+    "cancellation_id": {},
+    "failure_reason": {},
+    "failure_detail": {},
+    "retry_policy": {"max_attempts": "3"},
+    "failure_history": {},
+    "rerun_of": {},
+    "trace_context": {},
+}
+
+
+def _poison_text(engine: Engine, column: str, value: str) -> None:
+    extra = "".join(f", {name} = {sql_value}" for name, sql_value in TEXT_COLUMNS[column].items())
+    with engine.begin() as conn:
+        conn.execute(text(f"UPDATE watchdog_jobs SET {column} = {value}{extra} WHERE job_id = 'poisoned'"))
+
+
+@pytest.mark.parametrize("column", list(TEXT_COLUMNS))
+def test_text_that_is_not_utf8_reads_as_unknown_and_never_stops_the_other_jobs(engine: Engine, column: str) -> None:
+    Watchdog(engine).enqueue(
+        [Job("poisoned", "q", payload={"n": 0}), *(Job(f"other-{i}", "q", payload={"n": i}) for i in range(1, 4))]
+    )
+    Watchdog(engine).enqueue(Job("elsewhere", "other-queue"))
+    if engine.dialect.name == "postgresql":  # the database refuses the bytes
+        with pytest.raises(DBAPIError):
+            _poison_text(engine, column, "convert_from('\\x62ff64'::bytea, 'UTF8')")
+        return
+    _poison_text(engine, column, NOT_UTF8)
+    watchdog = Watchdog(engine)
+    [poisoned] = [job for job in watchdog.list_jobs() if job.sequence == 1]
+    assert [u.column for u in poisoned.undecodable] == [column]
+    assert len(watchdog.list_jobs()) == 5
+    if column != "job_id":
+        read = watchdog.read("poisoned")
+        assert read is not None and [u.column for u in read.undecodable] == [column]
+    if column == "payload_json":
+        assert isinstance(poisoned.payload, Undecodable)
+    watchdog.stats()
+
+    ran: list[str] = []
+    done = Runner(engine, {"q": lambda j: ran.append(j.job_id), "other-queue": lambda j: None}).run_until_idle()
+    others = {"other-1", "other-2", "other-3", "elsewhere"}
+    assert others <= {j.job_id for j in done}
+    assert {"other-1", "other-2", "other-3"} <= set(ran)
+    [after] = [job for job in watchdog.list_jobs() if job.sequence == 1]
+    assert "poisoned" not in ran  # never handed to a handler
+    if column == "queue_name":  # in no queue a runner serves: still waiting
+        assert after.state is JobState.QUEUED
+    elif column == "cancellation_id":  # a cancellation was recorded: the claim settles it so
+        assert after.outcome is Outcome.CANCELLED
+    else:
+        assert after.outcome is Outcome.FAILED
+        assert after.failure_reason == f"stored value unreadable: {column}"
+    assert all(j.state is JobState.SETTLED for j in watchdog.list_jobs() if j.job_id in others)
+
+
+async def test_text_that_is_not_utf8_never_stops_the_async_api_either(engine: Engine) -> None:
+    Watchdog(engine).enqueue([Job("poisoned", "q"), Job("other", "q")])
+    if engine.dialect.name == "postgresql":
+        with pytest.raises(DBAPIError):
+            _poison_text(engine, "payload_json", "convert_from('\\x62ff64'::bytea, 'UTF8')")
+        return
+    _poison_text(engine, "job_id", NOT_UTF8)
+    async_engine = make_async_engine(engine)
+    try:
+        watchdog = AsyncWatchdog(async_engine)
+        assert len(await watchdog.list_jobs()) == 2
+        done = await AsyncRunner(async_engine, {"q": lambda job: None}).run_until_idle()
+        assert {j.job_id for j in done} >= {"other"}
+        jobs = {j.sequence: j for j in await watchdog.list_jobs()}
+        assert jobs[1].failure_reason == "stored value unreadable: job_id"
+        assert jobs[2].outcome is Outcome.COMPLETED
+    finally:
+        await async_engine.dispose()
+
+
+def test_the_tolerant_read_is_the_librarys_own_the_applications_connection_is_unchanged(engine: Engine) -> None:
+    """The text factory is set only while the library runs on a connection it
+    checked out: the same pooled connection, used by the application, still
+    reads text as pysqlite does."""
+    Watchdog(engine).enqueue(Job("poisoned", "q"))
+    if engine.dialect.name == "postgresql":
+        return
+    _poison_text(engine, "failure_reason", NOT_UTF8)
+    assert Watchdog(engine).list_jobs()[0].undecodable
+    with engine.connect() as conn:
+        assert conn.connection.driver_connection.text_factory is str  # type: ignore[union-attr]
+        with pytest.raises(DBAPIError, match="Could not decode to UTF-8"):
+            conn.execute(text("SELECT failure_reason FROM watchdog_jobs")).all()
+
+
+@pytest.mark.parametrize("column", ["job_id", "payload_json", "lane", "failure_reason"])
+def test_a_blob_in_a_text_column_is_refused_on_sqlite(engine: Engine, column: str) -> None:
+    """SQLite's stored-type CHECK (w0010) refuses a BLOB in a text column; on
+    PostgreSQL the bytes arrive as the column's own type, text."""
+    Watchdog(engine).enqueue([Job("poisoned", "q"), Job("other", "q")])
+    if engine.dialect.name == "sqlite":
+        with pytest.raises(IntegrityError, match=f"{column}_stored_type"), engine.begin() as conn:
+            conn.execute(text(f"UPDATE watchdog_jobs SET {column} = x'7b7d' WHERE job_id = 'poisoned'"))
+    else:
+        with engine.begin() as conn:
+            conn.execute(jobs_table.update().where(jobs_table.c.job_id == "poisoned").values({column: b"{}"}))
+    done = Runner(engine, {"q": lambda job: None}).run_until_idle()
+    assert "other" in {j.job_id for j in done}
+    assert all(isinstance(j.job_id, str) for j in Watchdog(engine).list_jobs())
