@@ -24,6 +24,7 @@ from sqlalchemy.exc import IntegrityError
 
 import sqlalchemy_watchdog
 from sqlalchemy_watchdog import Decision, Job, JobState, Outcome, RetryPolicy, Watchdog, enqueue, store
+from sqlalchemy_watchdog.backends import backend_of
 from tests.helpers import index_names
 
 REPO = Path(__file__).resolve().parent.parent
@@ -959,7 +960,7 @@ def test_w0010_repairs_wrongly_typed_rows_adds_the_checks_and_downgrades_to_the_
             ).scalar()
         assert collation == "C"
         # The store reads a prefix as a range of the unique index under any database collation.
-        store._CODE_POINT_ORDER.clear()
+        backend_of("postgresql").forget()
         with engine.connect() as conn:
             assert store.sorts_by_code_point(conn)
     else:
@@ -999,7 +1000,7 @@ def test_w0010_repairs_wrongly_typed_rows_adds_the_checks_and_downgrades_to_the_
     names = schema_names(engine)["check"]
     assert not {name for name in names if name.endswith("_stored_type")}
     if engine.dialect.name == "postgresql":
-        store._CODE_POINT_ORDER.clear()
+        backend_of("postgresql").forget()
         with engine.connect() as conn:
             assert (
                 conn.execute(

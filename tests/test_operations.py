@@ -49,6 +49,7 @@ from sqlalchemy_watchdog import (
 )
 from sqlalchemy_watchdog import statements as sql
 from sqlalchemy_watchdog.asyncio import AsyncWatchdog
+from sqlalchemy_watchdog.backends import backend_of
 from sqlalchemy_watchdog.jobs import SettleStatus, epoch_ms
 from sqlalchemy_watchdog.store import Claim, RecoveryStatus, Settlement, SettleRequest
 from tests.conftest import async_url, make_async_engine
@@ -1482,12 +1483,12 @@ def test_under_a_linguistic_collation_a_prefix_is_never_read_as_a_range(postgres
         # A table from before w0010 has the database's collation: there the prefix is no range.
         with engine.begin() as conn:
             conn.execute(text('ALTER TABLE watchdog_jobs ALTER COLUMN job_id TYPE TEXT COLLATE "default"'))
-        store._CODE_POINT_ORDER.clear()
+        backend_of("postgresql").forget()
         with engine.connect() as conn:
             assert not store.sorts_by_code_point(conn)
         assert [job.job_id for job in Watchdog(engine).list_jobs(job_id_prefix="a-")] == ["a-b", "a-"]
     finally:
-        store._CODE_POINT_ORDER.clear()
+        backend_of("postgresql").forget()
         engine.dispose()
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

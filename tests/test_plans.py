@@ -50,6 +50,7 @@ from sqlalchemy.engine import URL
 
 from sqlalchemy_watchdog import Watchdog, metadata, store
 from sqlalchemy_watchdog import statements as sql
+from sqlalchemy_watchdog.backends import backend_of
 
 TABLE = "watchdog_jobs"
 #: The integer primary key (SQLite's rowid; PostgreSQL's pk index).
@@ -799,7 +800,7 @@ def test_a_job_id_prefix_is_an_index_range_at_a_million_jobs_under_a_linguistic_
                 f" FROM generate_series(1, {MILLION}) AS g(n)"
             )
             conn.exec_driver_sql("ANALYZE watchdog_jobs")
-        store._CODE_POINT_ORDER.clear()
+        backend_of("postgresql").forget()
         with engine.connect() as conn:
             assert store.sorts_by_code_point(conn)
             # The database's own order is linguistic (ICU: 'a' before 'B'), the column's by code point.
@@ -830,7 +831,7 @@ def test_a_job_id_prefix_is_an_index_range_at_a_million_jobs_under_a_linguistic_
         assert [job.sequence for job in newest_page] == [699_007 - 1000 * i for i in range(50)]
     finally:
         engine.dispose()
-        store._CODE_POINT_ORDER.clear()
+        backend_of("postgresql").forget()
         with admin.connect() as conn:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.dispose()

@@ -84,6 +84,11 @@ class Backend(Protocol):
         """Whether ``job_id`` sorts by code point (a prefix is one index range)."""
         ...
 
+    def forget(self) -> None:
+        """Forget the facts learnt about databases (e.g. the collation
+        :meth:`sorts_by_code_point` read), after a revision changed them."""
+        ...
+
     def reading_any_text(self, conn: Connection) -> AbstractContextManager[None]:
         """While the block runs, stored text the driver cannot decode reads as
         :class:`UnreadableText` instead of failing the fetch (SQLite keeps any

@@ -83,6 +83,9 @@ class PostgreSQL:
         column = unique_columns.get(getattr(diag, "constraint_name", None) or "")
         return (kind, column) if column else None
 
+    def forget(self) -> None:
+        self._code_point_order.clear()
+
     @contextlib.contextmanager
     def reading_any_text(self, conn: Connection) -> Iterator[None]:
         """Nothing to do: PostgreSQL refuses text that is not valid in the

@@ -52,6 +52,9 @@ class SQLite:
     def insert(self, table: Any) -> Insert:
         return sqlite.insert(table)
 
+    def forget(self) -> None:
+        pass  # nothing learnt
+
     @contextlib.contextmanager
     def reading_any_text(self, conn: Connection) -> Iterator[None]:
         """Read text that is not UTF-8 as :class:`UnreadableText` instead of
