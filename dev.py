@@ -3,7 +3,8 @@
 
     python3 dev.py example   # the orders example on SQLite (watchdog.db)
     python3 dev.py docs      # build the docs site into docs/_build/html
-    python3 dev.py test      # ruff check, ruff format --check, mypy --strict,
+    python3 dev.py test      # ruff check, ruff format --check, mypy --strict
+                             # (the package, tests/ and examples/),
                              # the docs build, then pytest (extra arguments go
                              # to pytest)
     python3 dev.py test --install-system-packages
@@ -40,6 +41,8 @@ DOCS = ROOT / "docs"
 DOCS_HTML = DOCS / "_build" / "html"
 #: What `ruff check` and `ruff format --check` look at.
 LINTED = ["sqlalchemy_watchdog", "tests", "benchmarks", "examples", "docs", "dev.py"]
+#: What `mypy --strict` checks: the package, its tests and the examples.
+TYPED = ["sqlalchemy_watchdog", "tests", "examples"]
 INSTALL_FLAG = "--install-system-packages"
 
 
@@ -184,7 +187,7 @@ def test(rest: list[str]) -> int:
     checks = [
         [str(PYTHON), "-m", "ruff", "check", *LINTED],
         [str(PYTHON), "-m", "ruff", "format", "--check", *LINTED],
-        [str(PYTHON), "-m", "mypy", "--strict", "sqlalchemy_watchdog"],
+        [str(PYTHON), "-m", "mypy", "--strict", *TYPED],
     ]
     for check in checks:
         print("$", shlex.join(check[2:]), flush=True)

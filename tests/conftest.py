@@ -157,7 +157,8 @@ DIALECTS = ["sqlite", "postgresql"]
 
 @pytest.fixture(params=DIALECTS)
 def dialect(request: pytest.FixtureRequest) -> str:
-    return request.param
+    name: str = request.param
+    return name
 
 
 @pytest.fixture
@@ -216,7 +217,8 @@ def make_async_engine(engine: Engine) -> AsyncEngine:
 def runner_kind(request: pytest.FixtureRequest) -> str:
     """``sync`` (``Runner``) or ``async`` (``AsyncRunner``): a test taking it
     runs once per kind (and once per dialect when it takes ``engine``)."""
-    return request.param
+    kind: str = request.param
+    return kind
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import select as io_select
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from sqlalchemy import Engine, select, text
 
@@ -34,8 +34,16 @@ def raw(engine: Engine, job_id: str) -> dict[str, Any]:
         return dict(conn.execute(select(jobs_table).where(jobs_table.c.job_id == job_id)).one()._mapping)
 
 
-def wait_until(predicate: Callable[[], T], timeout: float = 20.0, what: str = "condition", interval: float = 0.05) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+def wait_until(
+    predicate: Callable[[], T | Literal[False] | None],
+    timeout: float = 20.0,
+    what: str = "condition",
+    interval: float = 0.05,
+) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds.
+
+    Its type is that of the truthy value: a predicate ``x is not None and x``
+    or one returning ``X | None`` gives an ``X``."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -118,7 +126,9 @@ class Notifications:
         from sqlalchemy_watchdog.wakeups import CHANNEL
 
         self._raw = engine.raw_connection()
-        self.conn: Any = self._raw.driver_connection
+        driver = self._raw.driver_connection
+        assert driver is not None
+        self.conn: Any = driver
         self.conn.autocommit = True
         self.conn.execute(f"LISTEN {CHANNEL}")
 
@@ -138,3 +148,9 @@ class Notifications:
 
     def close(self) -> None:
         self._raw.close()
+
+
+def present(value: T | None) -> T:
+    """``value``, which must not be None (a read of a job, a queue's pause, ...)."""
+    assert value is not None
+    return value

@@ -38,7 +38,7 @@ from sqlalchemy_watchdog import (
 )
 from sqlalchemy_watchdog.cli import main
 from sqlalchemy_watchdog.store import LANE_FAILURE_BATCH
-from tests.helpers import add, read
+from tests.helpers import add, present, read
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -507,7 +507,7 @@ def test_exit_status_rule(engine: Engine, cli: Cli, capsys: pytest.CaptureFixtur
 
 #: Hostile command lines: each a usage error (exit 2), one line on stderr
 #: naming the culprit, no traceback, no password.
-HOSTILE = [
+HOSTILE_ARGV = [
     (["run", "json", "--lease", "1e300"], "--lease"),
     (["run", "json", "--grace", "1e300"], "--grace"),
     (["run", "json", "--heartbeat", "1e10"], "--heartbeat"),
@@ -539,7 +539,9 @@ HOSTILE = [
 ]
 
 
-@pytest.mark.parametrize(("argv", "named"), HOSTILE, ids=lambda v: " ".join(v)[:60] if isinstance(v, list) else None)
+@pytest.mark.parametrize(
+    ("argv", "named"), HOSTILE_ARGV, ids=lambda v: " ".join(v)[:60] if isinstance(v, list) else None
+)
 def test_hostile_command_lines_are_usage_errors(
     argv: list[str], named: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -1420,8 +1422,8 @@ def test_rerun_and_cancel_where_count_first_then_act_once(engine: Engine, cli: C
         0,
         "1 cancelled, 0 already cancelled by this id, 0 skipped (1 batch(es)).",
     )
-    assert Watchdog(engine).read("later-1").cancellation_id == "stop~later-1"
-    assert Watchdog(engine).read("later-2").cancellation_id is None
+    assert present(Watchdog(engine).read("later-1")).cancellation_id == "stop~later-1"
+    assert present(Watchdog(engine).read("later-2")).cancellation_id is None
 
 
 @pytest.mark.parametrize(

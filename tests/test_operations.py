@@ -671,14 +671,15 @@ def test_a_runner_without_retention_keeps_every_settled_job(engine: Engine, runn
 
 
 def test_retention_refuses_bad_settings_naming_the_field(engine: Engine, runners: RunnerDriver) -> None:
-    for kwargs, field in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"completed": timedelta(0)}, "completed"),
         ({"failed": timedelta(seconds=-1)}, "failed"),
         ({"interrupted": 60}, "interrupted"),
         ({"every": timedelta(milliseconds=999)}, "every"),
         ({"batch": 0}, "batch"),
         ({"batch": 10_001}, "batch"),
-    ]:
+    ]
+    for kwargs, field in cases:
         with pytest.raises(InvalidJob) as error:
             Retention(**kwargs)
         assert error.value.field == field
@@ -720,7 +721,7 @@ def test_runners_prune_nothing_while_another_holds_the_prune_lock(engine: Engine
 
 # -- list_jobs -------------------------------------------------------------------------------
 
-LISTED = [
+LISTED: list[tuple[str, str, str | None, Target]] = [
     ("a-1", "alpha", "L1", JobState.QUEUED),
     ("b-1", "beta", "L1", COMPLETED),
     ("a-2", "alpha", "L2", JobState.RUNNING),
@@ -764,7 +765,7 @@ def test_list_jobs_filters_each_alone_and_combined(engine: Engine, api: Ops) -> 
 
 def test_list_jobs_refuses_unknown_states_outcomes_and_bad_filters(engine: Engine, api: Ops) -> None:
     populate(engine, LISTED[:2])
-    for kwargs, field in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"state": "done"}, "state"),
         ({"state": "Settled"}, "state"),
         ({"state": COMPLETED}, "state"),
@@ -774,7 +775,8 @@ def test_list_jobs_refuses_unknown_states_outcomes_and_bad_filters(engine: Engin
         ({"lane": 7}, "lane"),
         ({"job_id_prefix": ""}, "job_id_prefix"),
         ({"after_sequence": -1}, "after_sequence"),
-    ]:
+    ]
+    for kwargs, field in cases:
         with pytest.raises(InvalidJob) as error:
             api.list_jobs(**kwargs)
         assert error.value.field == field, kwargs
@@ -827,11 +829,12 @@ def test_newest_first_pages_down_by_before_sequence_and_back_up_by_after(engine:
     assert [job.job_id for job in middle] == ids[9:18]
     # Back up: the page above the oldest listed is read in admission order.
     assert [job.job_id for job in api.list_jobs(limit=3, after_sequence=newest[-1].sequence)] == ids[19:22]
-    for kwargs, field in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"before_sequence": 0}, "before_sequence"),
         ({"before_sequence": "9"}, "before_sequence"),
         ({"newest_first": 1}, "newest_first"),
-    ]:
+    ]
+    for kwargs, field in cases:
         with pytest.raises(InvalidJob) as error:
             api.list_jobs(**kwargs)
         assert error.value.field == field, kwargs
@@ -1027,7 +1030,7 @@ def test_pause_and_resume_say_what_they_did(engine: Engine, api: Ops) -> None:
 
 
 def test_pause_and_resume_refuse_bad_input_naming_the_field(engine: Engine, api: Ops) -> None:
-    for call, field in [
+    calls: list[tuple[Callable[[], object], str]] = [
         (lambda: api.pause(""), "queue"),
         (lambda: api.pause("x" * 257), "queue"),
         (lambda: api.pause(None), "queue"),
@@ -1036,7 +1039,8 @@ def test_pause_and_resume_refuse_bad_input_naming_the_field(engine: Engine, api:
         (lambda: api.pause("q", reason=""), "reason"),
         (lambda: api.resume(""), "queue"),
         (lambda: api.resume(7), "queue"),
-    ]:
+    ]
+    for call, field in calls:
         with pytest.raises(InvalidJob) as error:
             call()
         assert error.value.field == field
@@ -1222,13 +1226,14 @@ def test_rerun_of_a_long_job_id_gets_a_deterministic_hashed_id(engine: Engine, a
 
 def test_rerun_refuses_bad_ids_naming_the_field_and_writes_nothing(engine: Engine, api: Ops) -> None:
     settle_as(engine, COMPLETED, "orig")
-    for kwargs, field in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"job_id": "orig", "rerun_id": ""}, "rerun_id"),
         ({"job_id": "orig", "rerun_id": "r" * 129}, "rerun_id"),
         ({"job_id": "orig", "rerun_id": 5}, "rerun_id"),
         ({"job_id": "", "rerun_id": "r"}, "job_id"),
         ({"job_id": "o" * 257, "rerun_id": "r"}, "job_id"),
-    ]:
+    ]
+    for kwargs, field in cases:
         with pytest.raises(InvalidJob) as error:
             api.rerun(kwargs["job_id"], rerun_id=kwargs["rerun_id"])
         assert error.value.field == field
@@ -1239,7 +1244,7 @@ def test_rerun_refuses_bad_ids_naming_the_field_and_writes_nothing(engine: Engin
 # -- bulk actions: rerun_many, cancel_many ------------------------------------------------
 
 
-BULK = [
+BULK: list[tuple[str, str, str | None, Target]] = [
     ("i-1", "mail", "L1", INTERRUPTED),
     ("f-1", "mail", "L2", FAILED),
     ("c-1", "mail", "L1", COMPLETED),

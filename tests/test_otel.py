@@ -79,7 +79,10 @@ class Otel:
         return found
 
     def total(self, metric: str, **attributes: Any) -> float:
-        return sum(p.value for p in self.points(metric) if all(p.attributes.get(k) == v for k, v in attributes.items()))
+        total: float = sum(
+            p.value for p in self.points(metric) if all(p.attributes.get(k) == v for k, v in attributes.items())
+        )
+        return total
 
 
 @pytest.fixture

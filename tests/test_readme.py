@@ -56,6 +56,7 @@ import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -178,7 +179,7 @@ def _env(database_url: str | None) -> dict[str, str]:
     return env
 
 
-def _fail(what: str, result: subprocess.CompletedProcess[str] | None, out: str = "") -> None:
+def _fail(what: str, result: subprocess.CompletedProcess[str] | None, out: str = "") -> NoReturn:
     detail = out if result is None else f"{result.stdout}\n{result.stderr}"
     pytest.fail(f"{what}\n--- output ---\n{detail[-6000:]}", pytrace=False)
 

@@ -59,7 +59,7 @@ def events(engine: Engine, event: str | None = None) -> list[tuple[str, int, str
     if event is not None:
         query = query.where(audit_table.c.event == event)
     with engine.connect() as conn:
-        return [tuple(r) for r in conn.execute(query)]  # type: ignore[misc]
+        return [tuple(r) for r in conn.execute(query)]
 
 
 def started(engine: Engine, *job_ids: str) -> bool:

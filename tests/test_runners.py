@@ -448,7 +448,7 @@ def test_the_default_concurrency_runs_ten_handlers_at_once(engine: Engine, runne
             started.append(job.job_id)
         release.wait(15)
 
-    settings = {"lease": LEASE, "heartbeat": HEARTBEAT, "poll_interval": POLL}
+    settings: dict[str, Any] = {"lease": LEASE, "heartbeat": HEARTBEAT, "poll_interval": POLL}
     with runners.runner({"q": hold}, **settings).serving():
         wait_until(lambda: len(started) == 10, what="ten handlers to start")
         time.sleep(0.3)  # a slot-less runner claims nothing more meanwhile
@@ -752,7 +752,12 @@ def test_a_probe_that_raises_leaves_the_expired_job_running_and_the_runner_goes_
 def test_a_probe_saying_alive_keeps_the_expired_job_running(engine: Engine, runners: RunnerDriver) -> None:
     before = _expired_claim_of_another_process(engine, Job("external", "ext"))
     probed: list[str] = []
-    worker = make(runners, {"q": done}, is_alive=lambda job: probed.append(job.job_id) or True)
+
+    def is_alive(job: Any) -> bool:
+        probed.append(job.job_id)
+        return True
+
+    worker = make(runners, {"q": done}, is_alive=is_alive)
     assert worker.run_until_idle() == []
     assert probed == ["external"]
     assert raw(engine, "external") == before
@@ -1704,7 +1709,8 @@ def test_a_handler_ignoring_its_timeout_loses_its_lease_and_the_job_is_recovered
     reasons: list[StopReason | None] = []
 
     def lease_passed() -> bool:
-        return db_clock(engine) > raw(engine, "a")["lease_until"]
+        lease_until: int = raw(engine, "a")["lease_until"]
+        return db_clock(engine) > lease_until
 
     def plain(job: RunningJob) -> None:
         seen.append((job.attempt, job.recovery_count))

@@ -141,7 +141,7 @@ def test_async_runner_reports_its_mode(sqlite_engine: Engine) -> None:
 )
 def test_the_cli_refuses_bad_wakeup_options(args: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
     try:
-        status = main(args)
+        status: object = main(args)
     except SystemExit as error:  # argparse's own refusal
         status = error.code
     assert status == 2
