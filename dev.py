@@ -5,8 +5,9 @@
     python3 dev.py docs      # build the docs site into docs/_build/html
     python3 dev.py test      # ruff check, ruff format --check, mypy --strict
                              # (the package, tests/ and examples/),
-                             # the docs build, then pytest (extra arguments go
-                             # to pytest)
+                             # the docs build, then pytest on every CPU
+                             # (pytest-xdist's -n auto; extra arguments go
+                             # to pytest, -n 0 runs it in one process)
     python3 dev.py test --install-system-packages
                              # the same, after installing the Debian packages
                              # that optional test groups need (apt-get, as root
@@ -175,6 +176,15 @@ def build_docs(out: Path = DOCS_HTML, *extra: str) -> int:
     return subprocess.run(cmd, cwd=ROOT).returncode
 
 
+def parallel(rest: list[str]) -> list[str]:
+    """pytest-xdist's options for a run of the suite: one worker per CPU
+    (``-n auto``), the tests of one ``xdist_group`` on one worker
+    (``--dist loadgroup``) -- unless the arguments choose (``-n 0`` runs in
+    this process, ``-p no:xdist`` without the plugin)."""
+    chosen = any(arg == "no:xdist" or arg.startswith(("-n", "--numprocesses")) for arg in rest)
+    return [] if chosen else ["-n", "auto", "--dist", "loadgroup"]
+
+
 def exit_status(returncode: int) -> int:
     """A child's status as ours: killed by signal N is 128 + N, as a shell says."""
     return 128 - returncode if returncode < 0 else returncode
@@ -200,7 +210,7 @@ def test(rest: list[str]) -> int:
         print(f"the docs build failed (exit {returncode}); not running the tests", file=sys.stderr)
         return exit_status(returncode)
     system_packages(install)
-    returncode = subprocess.run([str(PYTHON), "-m", "pytest", *rest], cwd=ROOT).returncode
+    returncode = subprocess.run([str(PYTHON), "-m", "pytest", *parallel(rest), *rest], cwd=ROOT).returncode
     if returncode == 5:
         print("pytest collected no tests (exit 5): that is a failure", file=sys.stderr)
     return exit_status(returncode)

@@ -42,6 +42,10 @@ from tests.conftest import make_async_engine
 from tests.helpers import add, read, settled, wait_until
 from tests.runner_kinds import RunnerDriver
 
+# The dialect does not matter here but where a test says dialect_specific: the PostgreSQL copy
+# runs under CI=true or WATCHDOG_ALL_DIALECTS=1 (tests/conftest.py).
+pytestmark = pytest.mark.dialect_neutral
+
 SECRET = "ada@example.com"
 
 
@@ -348,6 +352,7 @@ def cut_connection(engine: Engine) -> None:
             conn.execute(text("SELECT * FROM no_such_table WHERE email = :email"), {"email": SECRET})
 
 
+@pytest.mark.dialect_specific
 def test_a_retry_policy_restricted_to_operational_errors_retries_a_cut_connection_only(
     engine: Engine, runners: RunnerDriver
 ) -> None:
@@ -384,6 +389,7 @@ def test_retry_on_is_refused_on_a_job_and_checked(sqlite_engine: Engine) -> None
     assert RetryPolicy(retry_on=OperationalError).retry_on  # type: ignore[arg-type]  # one class is taken too == (OperationalError,)
 
 
+@pytest.mark.dialect_specific
 def test_a_database_errors_failure_reason_and_detail_keep_no_bound_parameters(
     engine: Engine, runners: RunnerDriver
 ) -> None:

@@ -34,6 +34,10 @@ from sqlalchemy_watchdog.model import jobs_table
 from tests.helpers import add, read, settled, wait_until
 from tests.runner_kinds import RunnerDriver
 
+# The dialect does not matter here but where a test says dialect_specific: the PostgreSQL copy
+# runs under CI=true or WATCHDOG_ALL_DIALECTS=1 (tests/conftest.py).
+pytestmark = pytest.mark.dialect_neutral
+
 LEASE = timedelta(seconds=2)
 HEARTBEAT = timedelta(milliseconds=300)
 POLL = timedelta(milliseconds=100)
@@ -58,6 +62,7 @@ def refuse(engine: Engine, name: str, condition_pg: str, condition_sqlite: str) 
 # -- a row the database refuses ------------------------------------------------------
 
 
+@pytest.mark.dialect_specific
 def test_a_decision_the_database_refuses_settles_failed_and_other_jobs_go_on(
     engine: Engine, runners: RunnerDriver
 ) -> None:
@@ -87,6 +92,7 @@ def test_a_decision_the_database_refuses_settles_failed_and_other_jobs_go_on(
     assert (poison.outcome, poison.failure_reason) == (Outcome.FAILED, REFUSED_SETTLE_REASON)
 
 
+@pytest.mark.dialect_specific
 def test_a_job_the_database_refuses_to_settle_or_recover_is_isolated_and_never_stalls_the_runner(
     engine: Engine, runners: RunnerDriver, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -359,6 +365,7 @@ def test_a_flag_set_while_its_event_is_being_made_is_never_missed() -> None:
         assert all(event is flag.event and event.is_set() for event in events)
 
 
+@pytest.mark.dialect_specific
 def test_a_settlement_reads_its_job_from_the_settle_row_when_asked(engine: Engine) -> None:
     """``settle_many`` hands back the statement's row, read into the job view on
     first access: the same view a read of the row gives."""

@@ -570,6 +570,7 @@ def test_a_pruned_job_id_can_be_enqueued_again_as_a_new_job(engine: Engine, api:
     )
 
 
+@pytest.mark.dialect_neutral
 def test_prune_refuses_bad_input_naming_the_field_and_deletes_nothing(engine: Engine, api: Ops) -> None:
     settle_as(engine, COMPLETED, "a", "b")
     settled_ago(engine, 2 * HOUR, "a", "b")
@@ -670,6 +671,7 @@ def test_a_runner_without_retention_keeps_every_settled_job(engine: Engine, runn
     assert counts == []
 
 
+@pytest.mark.dialect_neutral
 def test_retention_refuses_bad_settings_naming_the_field(engine: Engine, runners: RunnerDriver) -> None:
     cases: list[tuple[dict[str, Any], str]] = [
         ({"completed": timedelta(0)}, "completed"),
@@ -763,6 +765,7 @@ def test_list_jobs_filters_each_alone_and_combined(engine: Engine, api: Ops) -> 
         assert job == api.read(job.job_id)
 
 
+@pytest.mark.dialect_neutral
 def test_list_jobs_refuses_unknown_states_outcomes_and_bad_filters(engine: Engine, api: Ops) -> None:
     populate(engine, LISTED[:2])
     cases: list[tuple[dict[str, Any], str]] = [
@@ -857,6 +860,7 @@ def test_job_id_prefix_is_literal_not_a_like_pattern(engine: Engine, api: Ops) -
     assert listed(api, job_id_prefix="a%bc") == []
 
 
+@pytest.mark.dialect_neutral
 def test_list_jobs_limit_is_one_to_a_thousand(engine: Engine, api: Ops) -> None:
     ids = [f"job-{i:04d}" for i in range(1001)]
     add(engine, *(Job(job_id, "q") for job_id in ids))
@@ -1029,6 +1033,7 @@ def test_pause_and_resume_say_what_they_did(engine: Engine, api: Ops) -> None:
     assert pause is not None and pause.reason is None
 
 
+@pytest.mark.dialect_neutral
 def test_pause_and_resume_refuse_bad_input_naming_the_field(engine: Engine, api: Ops) -> None:
     calls: list[tuple[Callable[[], object], str]] = [
         (lambda: api.pause(""), "queue"),
@@ -1224,6 +1229,7 @@ def test_rerun_of_a_long_job_id_gets_a_deterministic_hashed_id(engine: Engine, a
     assert other != hashed and other == "rerun~" + hashlib.sha256(f"{too_long}\x00ac".encode()).hexdigest()
 
 
+@pytest.mark.dialect_neutral
 def test_rerun_refuses_bad_ids_naming_the_field_and_writes_nothing(engine: Engine, api: Ops) -> None:
     settle_as(engine, COMPLETED, "orig")
     cases: list[tuple[dict[str, Any], str]] = [
@@ -1317,6 +1323,7 @@ def test_cancel_many_cancels_matching_live_jobs_and_again_replays(engine: Engine
     assert api.read("w-1").cancellation_id == "stop~w-1"
 
 
+@pytest.mark.dialect_neutral
 @pytest.mark.parametrize(
     ("method", "kwargs", "field"),
     [
@@ -1357,6 +1364,7 @@ def test_a_bad_bulk_filter_is_refused_naming_the_field_and_changes_nothing(
     assert [(job.job_id, job.state, job.cancellation_id) for job in api.list_jobs()] == before
 
 
+@pytest.mark.dialect_neutral
 def test_cancel_many_takes_no_outcome_nor_settled_time(api: Ops) -> None:
     for kwargs in ({"outcome": "failed"}, {"settled_after": datetime.now(UTC)}, {"settled_before": datetime.now(UTC)}):
         with pytest.raises(TypeError):

@@ -65,6 +65,11 @@ from tests.faults.helpers import dump_jobs
 from tests.helpers import present, wait_until
 from tests.runner_kinds import RunnerDriver
 
+# The dialect does not matter here but where a test says dialect_specific: the PostgreSQL copy
+# runs under CI=true or WATCHDOG_ALL_DIALECTS=1 (tests/conftest.py).
+# Its module-scoped databases are made once: the tests run on one pytest-xdist worker.
+pytestmark = [pytest.mark.dialect_neutral, pytest.mark.xdist_group("bad_input")]
+
 HEAVY = "x" * (PAYLOAD_MAX_BYTES - 2)  # '"' + HEAVY + '"' is exactly the limit
 LATER = datetime.datetime(2100, 1, 1, tzinfo=UTC)
 
@@ -722,6 +727,7 @@ def test_refused_with_a_clear_error_and_nothing_written(
         assert conn.execute(select(schedules_table)).all() == [], "a schedule row was written"
 
 
+@pytest.mark.dialect_specific
 def test_a_hand_written_worker_row_with_odd_queues_reads_as_it_is_and_never_stops_stats(engine: Engine) -> None:
     """Queues that are not a JSON array (written by hand) are shown as the
     text they are; workers() and stats() still answer."""
@@ -813,6 +819,7 @@ NASTY = [
 ]
 
 
+@pytest.mark.dialect_specific
 @pytest.mark.parametrize("text", NASTY, ids=[f"id{i}" for i in range(len(NASTY))])
 def test_dangerous_looking_valid_ids_round_trip(engine: Engine, text: str) -> None:
     lane = (text * 2)[:512]
@@ -846,6 +853,7 @@ def test_dangerous_looking_valid_ids_round_trip(engine: Engine, text: str) -> No
     assert wd.fail_lane(lane, text).settled == 0
 
 
+@pytest.mark.dialect_specific
 def test_limits_are_inclusive(engine: Engine) -> None:
     """The documented limits are accepted exactly at the edge."""
     wd = Watchdog(engine)
@@ -865,6 +873,7 @@ def test_limits_are_inclusive(engine: Engine) -> None:
     assert wd.read_settled(256) == [] and wd.read_settled(1) == []
 
 
+@pytest.mark.dialect_specific
 def test_failure_reasons_are_bounded_and_nul_free(engine: Engine) -> None:
     wd = Watchdog(engine)
     wd.enqueue([Job("long", "q"), Job("nul", "q")])
@@ -958,6 +967,7 @@ def _settle_by_hand(engine: Engine, job_id: str) -> None:
         )
 
 
+@pytest.mark.dialect_specific
 @pytest.mark.parametrize("name", list(STORED))
 def test_an_undecodable_stored_value_reads_as_unknown_and_never_stops_the_other_jobs(engine: Engine, name: str) -> None:
     stored = STORED[name]
@@ -1001,6 +1011,7 @@ def test_an_undecodable_stored_value_reads_as_unknown_and_never_stops_the_other_
         assert "poisoned" in ran and after.outcome is Outcome.COMPLETED
 
 
+@pytest.mark.dialect_specific
 def test_a_job_with_an_undecodable_payload_cannot_be_rerun_and_nothing_is_written(engine: Engine) -> None:
     Watchdog(engine).enqueue(Job("poisoned", "q"))
     _settle_by_hand(engine, "poisoned")
@@ -1012,6 +1023,7 @@ def test_a_job_with_an_undecodable_payload_cannot_be_rerun_and_nothing_is_writte
     assert dump_jobs(engine) == before
 
 
+@pytest.mark.dialect_specific
 def test_a_served_runner_with_poisoned_rows_runs_every_other_job(engine: Engine, runners: RunnerDriver) -> None:
     Watchdog(engine).enqueue(
         [Job("bad-trace", "q"), Job("bad-payload", "q"), *(Job(f"j{i}", "other") for i in range(20))]
@@ -1033,6 +1045,7 @@ def test_a_served_runner_with_poisoned_rows_runs_every_other_job(engine: Engine,
     assert set(outcomes.values()) == {Outcome.COMPLETED} and len(outcomes) == 21
 
 
+@pytest.mark.dialect_specific
 def test_recovery_takes_a_poisoned_expired_claim_and_the_others_beside_it(engine: Engine) -> None:
     Watchdog(engine).enqueue([Job("bad", "q", max_recoveries=1), Job("good", "q", max_recoveries=1)])
     _poison(engine, "bad", STORED["trace-context-deep"])

@@ -35,7 +35,8 @@ from tests.faults.helpers import (
 )
 from tests.faults.private_postgres import PrivatePostgres, find_bindir
 
-pytestmark = pytest.mark.slow
+# One private PostgreSQL of the module, so the tests run on one pytest-xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("postgres_restart")]
 
 JOBS = {"sync": 150, "async": 80}
 CONCURRENCY = 2
