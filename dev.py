@@ -62,7 +62,7 @@ class SystemPackages:
 
 SYSTEM_PACKAGES = (
     SystemPackages(
-        "browser tests (tests/test_web_browser.py, tests/test_docs_site.py)",
+        "browser tests (tests/integration/test_web_browser.py, tests/integration/test_docs_site.py)",
         ("chromium", "chromium-driver"),
         (Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")),
     ),

@@ -18,7 +18,7 @@ recommended set), two figures:
   settled jobs (one ``INSERT ... SELECT generate_series`` and ``VACUUM (ANALYZE)``,
   built once and altered per variant), ms per job, median over rounds.
 
-Which statements read which index comes from ``tests/test_plans.py`` (its
+Which statements read which index comes from ``tests/integration/test_plans.py`` (its
 ``PLANS`` table); the README's "Index review" section puts both together.
 Never changes a server setting; its databases (``watchdog_bench_<pid>_*``) are
 dropped at the end.

@@ -1,6 +1,6 @@
 """Wake-up modes: what a runner proves before it LISTENs, and what it says.
 
-The pooler side (a session that fails the proof) is in tests/test_poolers.py;
+The pooler side (a session that fails the proof) is in tests/integration/test_poolers.py;
 here: a direct session passes the proof with every listening driver, SQLite
 polls without a warning, ``"listen"`` refuses where it cannot listen, and
 the CLI's options are checked.

@@ -4,7 +4,7 @@ transient database errors can be retried, failure reasons keep no bound
 parameters, and the log says one INFO line per period instead of two per job.
 
 The process-level proof (uvicorn and a WSGI server, SIGTERM, load and
-``pg_terminate_backend``) is tests/test_in_process.py."""
+``pg_terminate_backend``) is tests/integration/test_in_process.py."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ from sqlalchemy.engine import URL
 
 from sqlalchemy_watchdog import Outcome, Watchdog
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 #: The examples' runners use the default shutdown budget.
 BUDGET_S = 22.0
 

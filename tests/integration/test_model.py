@@ -33,7 +33,7 @@ from sqlalchemy_watchdog import Job, JobState, WatchdogJob, enqueue
 from sqlalchemy_watchdog.model import jobs_table
 from tests.helpers import index_names
 
-ALEMBIC_INI = Path(__file__).resolve().parent.parent / "alembic.ini"
+ALEMBIC_INI = Path(__file__).resolve().parents[2] / "alembic.ini"
 
 VALID: dict[str, Any] = {
     "job_id": "job-1",

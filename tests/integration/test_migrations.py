@@ -26,7 +26,7 @@ import sqlalchemy_watchdog
 from sqlalchemy_watchdog import Decision, Job, JobState, Outcome, RetryPolicy, Watchdog, enqueue, store
 from tests.helpers import index_names
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ALEMBIC_INI = REPO / "alembic.ini"
 ALEMBIC = [sys.executable, "-m", "alembic"]
 

@@ -44,7 +44,7 @@ from tests.helpers import add, present, read
 # runs under CI=true or WATCHDOG_ALL_DIALECTS=1 (tests/conftest.py).
 pytestmark = pytest.mark.dialect_neutral
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def url_arg(url: URL) -> str:

@@ -36,8 +36,8 @@ from sqlalchemy_watchdog.model import jobs_table
 from tests.helpers import add, read, wait_until
 from tests.runner_kinds import RunnerDriver
 
-WORKER = Path(__file__).resolve().parent / "workers" / "worker.py"
-REPO = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parents[1] / "workers" / "worker.py"
+REPO = Path(__file__).resolve().parents[2]
 NO_POLICY = "Execution disappeared without a recovery policy"
 
 audit_metadata = MetaData()

@@ -698,7 +698,7 @@ def test_a_failure_shows_what_is_enqueued(watchdog_engine):
 
 
 def user_tests(pytester: pytest.Pytester) -> None:
-    from tests.test_migrations import HEAD
+    from tests.integration.test_migrations import HEAD
 
     pytester.makepyfile(test_user=USER_TESTS.format(head=HEAD))
 

@@ -59,7 +59,7 @@ from tests.runner_kinds import RunnerDriver, dual
 # runs under CI=true or WATCHDOG_ALL_DIALECTS=1 (tests/conftest.py).
 pytestmark = pytest.mark.dialect_neutral
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 WORKER = REPO / "tests" / "workers" / "otel_process.py"
 
 

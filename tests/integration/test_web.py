@@ -50,7 +50,7 @@ from tests.helpers import present
 # runs under CI=true or WATCHDOG_ALL_DIALECTS=1 (tests/conftest.py).
 pytestmark = pytest.mark.dialect_neutral
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 #: Untrusted text: markup that would run if it reached the page unescaped.
 SCRIPT = "<script>window.__xss=1</script>"
