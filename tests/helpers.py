@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import select as io_select
 import time
 from collections.abc import Callable
@@ -154,3 +155,9 @@ def present(value: T | None) -> T:
     """``value``, which must not be None (a read of a job, a queue's pause, ...)."""
     assert value is not None
     return value
+
+
+def stable_repr(value: object) -> str:
+    """``repr(value)`` without a memory address (``<X object at 0x...>``), so a
+    test id is the same in every process (pytest-xdist's workers compare them)."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
