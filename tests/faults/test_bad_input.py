@@ -67,8 +67,7 @@ from tests.runner_kinds import RunnerDriver
 
 # The dialect does not matter here but where a test says dialect_specific: the PostgreSQL copy
 # runs under CI=true or WATCHDOG_ALL_DIALECTS=1 (tests/conftest.py).
-# Its module-scoped databases are made once: the tests run on one pytest-xdist worker.
-pytestmark = [pytest.mark.dialect_neutral, pytest.mark.xdist_group("bad_input")]
+pytestmark = pytest.mark.dialect_neutral
 
 HEAVY = "x" * (PAYLOAD_MAX_BYTES - 2)  # '"' + HEAVY + '"' is exactly the limit
 LATER = datetime.datetime(2100, 1, 1, tzinfo=UTC)

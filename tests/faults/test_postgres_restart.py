@@ -35,8 +35,7 @@ from tests.faults.helpers import (
 )
 from tests.faults.private_postgres import PrivatePostgres, find_bindir
 
-# One private PostgreSQL of the module, so the tests run on one pytest-xdist worker.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("postgres_restart")]
+pytestmark = pytest.mark.slow
 
 JOBS = {"sync": 150, "async": 80}
 CONCURRENCY = 2

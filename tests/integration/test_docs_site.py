@@ -24,9 +24,6 @@ import pytest
 
 from tests.browser import headless_chromium
 
-# Its module-scoped fixtures are made once: the tests run on one pytest-xdist worker.
-pytestmark = pytest.mark.xdist_group("docs_site")
-
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 #: The modules whose ``__all__`` the reference must document, name by name.

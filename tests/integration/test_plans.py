@@ -51,9 +51,6 @@ from sqlalchemy.engine import URL
 from sqlalchemy_watchdog import metadata
 from sqlalchemy_watchdog import statements as sql
 
-# Its module-scoped fixtures are made once: the tests run on one pytest-xdist worker.
-pytestmark = pytest.mark.xdist_group("plans")
-
 TABLE = "watchdog_jobs"
 #: The integer primary key (SQLite's rowid; PostgreSQL's pk index).
 PK = "pk"

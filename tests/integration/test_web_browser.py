@@ -30,9 +30,6 @@ from sqlalchemy_watchdog.web import create_app
 from tests.browser import headless_chromium
 from tests.helpers import present
 
-# Its module-scoped fixtures are made once: the tests run on one pytest-xdist worker.
-pytestmark = pytest.mark.xdist_group("web_browser")
-
 WAIT = 10.0
 
 SCRIPT = "<script>window.__xss=1</script>"
