@@ -3,9 +3,11 @@
 
     python3 dev.py example   # the orders example on SQLite (watchdog.db)
     python3 dev.py docs      # build the docs site into docs/_build/html
-    python3 dev.py test      # ruff check, ruff format --check, mypy --strict,
-                             # the docs build, then pytest (extra arguments go
-                             # to pytest)
+    python3 dev.py test      # ruff check, ruff format --check, mypy --strict
+                             # (the package, tests/ and examples/),
+                             # the docs build, then pytest on every CPU
+                             # (pytest-xdist's -n auto; extra arguments go
+                             # to pytest, -n 0 runs it in one process)
     python3 dev.py test --install-system-packages
                              # the same, after installing the Debian packages
                              # that optional test groups need (apt-get, as root
@@ -40,6 +42,8 @@ DOCS = ROOT / "docs"
 DOCS_HTML = DOCS / "_build" / "html"
 #: What `ruff check` and `ruff format --check` look at.
 LINTED = ["sqlalchemy_watchdog", "tests", "benchmarks", "examples", "docs", "dev.py"]
+#: What `mypy --strict` checks: the package, its tests and the examples.
+TYPED = ["sqlalchemy_watchdog", "tests", "examples"]
 INSTALL_FLAG = "--install-system-packages"
 
 
@@ -58,7 +62,7 @@ class SystemPackages:
 
 SYSTEM_PACKAGES = (
     SystemPackages(
-        "browser tests (tests/test_web_browser.py, tests/test_docs_site.py)",
+        "browser tests (tests/integration/test_web_browser.py, tests/integration/test_docs_site.py)",
         ("chromium", "chromium-driver"),
         (Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")),
     ),
@@ -172,6 +176,15 @@ def build_docs(out: Path = DOCS_HTML, *extra: str) -> int:
     return subprocess.run(cmd, cwd=ROOT).returncode
 
 
+def parallel(rest: list[str]) -> list[str]:
+    """pytest-xdist's options for a run of the suite: one worker per CPU
+    (``-n auto``), the tests of one file on one worker (``--dist loadfile``,
+    so a module-scoped fixture is made once) -- unless the arguments choose
+    (``-n 0`` runs in this process, ``-p no:xdist`` without the plugin)."""
+    chosen = any(arg == "no:xdist" or arg.startswith(("-n", "--numprocesses")) for arg in rest)
+    return [] if chosen else ["-n", "auto", "--dist", "loadfile"]
+
+
 def exit_status(returncode: int) -> int:
     """A child's status as ours: killed by signal N is 128 + N, as a shell says."""
     return 128 - returncode if returncode < 0 else returncode
@@ -184,7 +197,7 @@ def test(rest: list[str]) -> int:
     checks = [
         [str(PYTHON), "-m", "ruff", "check", *LINTED],
         [str(PYTHON), "-m", "ruff", "format", "--check", *LINTED],
-        [str(PYTHON), "-m", "mypy", "--strict", "sqlalchemy_watchdog"],
+        [str(PYTHON), "-m", "mypy", "--strict", *TYPED],
     ]
     for check in checks:
         print("$", shlex.join(check[2:]), flush=True)
@@ -197,7 +210,7 @@ def test(rest: list[str]) -> int:
         print(f"the docs build failed (exit {returncode}); not running the tests", file=sys.stderr)
         return exit_status(returncode)
     system_packages(install)
-    returncode = subprocess.run([str(PYTHON), "-m", "pytest", *rest], cwd=ROOT).returncode
+    returncode = subprocess.run([str(PYTHON), "-m", "pytest", *parallel(rest), *rest], cwd=ROOT).returncode
     if returncode == 5:
         print("pytest collected no tests (exit 5): that is a failure", file=sys.stderr)
     return exit_status(returncode)

@@ -130,7 +130,7 @@ def _relink_included(app, relative_path, parent_docname, content):  # type: igno
 def setup(app):  # type: ignore[no-untyped-def]
     from pygments.lexers import PythonLexer
 
-    # Code of an API that is not there, or of files the reader has (see tests/test_readme.py).
+    # Code of an API that is not there, or of files the reader has (see tests/integration/test_readme.py).
     app.add_lexer("python-untested", PythonLexer)
     app.connect("missing-reference", _resolve_within_package)
     app.connect("include-read", _relink_included)

@@ -16,7 +16,7 @@ worker started with the CLI. Needs the ``web`` extra and FastAPI::
 
 ``sqlalchemy-watchdog run fastapi_app`` imports this module for its
 ``@handler`` (the FastAPI app is built, not served) and runs a ``Runner``.
-``tests/test_example_app.py`` runs all of it with real processes.
+``tests/integration/test_example_app.py`` runs all of it with real processes.
 """
 
 from __future__ import annotations

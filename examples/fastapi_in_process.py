@@ -12,7 +12,7 @@ driver::
 uvicorn keeps its own SIGINT/SIGTERM handlers: on SIGTERM it stops taking
 requests, drains them, then runs the lifespan's shutdown, which stops the
 runner within its shutdown budget (grace 20 s + 2 s by default) and disposes
-of the engine. ``tests/test_in_process.py`` runs it with real processes.
+of the engine. ``tests/integration/test_in_process.py`` runs it with real processes.
 """
 
 from __future__ import annotations

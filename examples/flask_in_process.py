@@ -12,7 +12,7 @@ dependency); with gunicorn, enter ``runner.running()`` in the
 ``post_worker_init`` hook and leave it in ``worker_exit`` (see the in-process
 guide). The process owns its signals: SIGTERM stops the server, then the
 ``with`` block stops the runner within its shutdown budget.
-``tests/test_in_process.py`` runs it with real processes.
+``tests/integration/test_in_process.py`` runs it with real processes.
 """
 
 from __future__ import annotations

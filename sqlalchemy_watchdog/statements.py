@@ -409,7 +409,7 @@ _QUEUES: BindParameter[Any] = bindparam("queues", expanding=True)
 #: PostgreSQL checks it per row against a hashed set, where a NOT EXISTS
 #: becomes an anti-join whose estimates made it read and sort a queue's
 #: whole backlog instead of reading ``ix_watchdog_jobs_live_queue`` in
-#: claim order (tests/test_plans.py).
+#: claim order (tests/integration/test_plans.py).
 UNPAUSED = c.queue_name.not_in(select(pauses.c.queue_name).scalar_subquery())
 
 

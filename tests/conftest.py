@@ -7,6 +7,16 @@ the reason. Under ``CI=true`` an unreachable PostgreSQL fails the run.
 
 Slow fault tests (marker ``slow``) run when ``CI=true`` or
 ``WATCHDOG_SLOW_TESTS=1``.
+
+Where the dialect does not matter, one copy is enough for a day's work: the
+PostgreSQL copy of a test marked ``dialect_neutral`` (on the test, its class
+or its module) is deselected by default and runs when ``CI=true`` or
+``WATCHDOG_ALL_DIALECTS=1``. A test marked ``dialect_specific`` always runs
+on both, even inside a ``dialect_neutral`` module. The dialect matters -- and
+a test is not marked neutral -- where it is about locking and concurrent
+claims, LISTEN/NOTIFY and wake-ups, query plans, poolers and failover,
+migrations and DDL, the SQL a dialect gets of its own (statements.py), the
+database clock, or how a value is stored and read back.
 """
 
 from __future__ import annotations
@@ -29,10 +39,30 @@ from tests.runner_kinds import RunnerDriver
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 RUN_SLOW = IN_CI or os.environ.get("WATCHDOG_SLOW_TESTS") == "1"
+#: Run the PostgreSQL copy of the ``dialect_neutral`` tests too.
+ALL_DIALECTS = IN_CI or os.environ.get("WATCHDOG_ALL_DIALECTS") == "1"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "xfail_kind(kind, reason): strict xfail for one runner kind (sync/async) only")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if ALL_DIALECTS:
+        return "dialects: every test on each of its dialects (CI=true or WATCHDOG_ALL_DIALECTS=1)"
+    return (
+        "dialects: dialect_neutral tests on SQLite only (WATCHDOG_ALL_DIALECTS=1 or CI=true runs their PostgreSQL copy)"
+    )
+
+
+def _neutral_postgres_copy(item: pytest.Item) -> bool:
+    """The PostgreSQL copy of a ``dialect_neutral`` test, not ``dialect_specific``."""
+    params = getattr(item, "callspec", None)
+    if params is None or params.params.get("dialect") != "postgresql":
+        return False
+    return (
+        item.get_closest_marker("dialect_neutral") is not None and item.get_closest_marker("dialect_specific") is None
+    )
 
 
 def xfail_kind(kind: str, reason: str) -> pytest.MarkDecorator:
@@ -43,6 +73,11 @@ def xfail_kind(kind: str, reason: str) -> pytest.MarkDecorator:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not ALL_DIALECTS:
+        deselected = [item for item in items if _neutral_postgres_copy(item)]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if not _neutral_postgres_copy(item)]
     for item in items:
         params = getattr(item, "callspec", None)
         kind = params.params.get("runner_kind") if params is not None else None
@@ -157,7 +192,8 @@ DIALECTS = ["sqlite", "postgresql"]
 
 @pytest.fixture(params=DIALECTS)
 def dialect(request: pytest.FixtureRequest) -> str:
-    return request.param
+    name: str = request.param
+    return name
 
 
 @pytest.fixture
@@ -216,7 +252,8 @@ def make_async_engine(engine: Engine) -> AsyncEngine:
 def runner_kind(request: pytest.FixtureRequest) -> str:
     """``sync`` (``Runner``) or ``async`` (``AsyncRunner``): a test taking it
     runs once per kind (and once per dialect when it takes ``engine``)."""
-    return request.param
+    kind: str = request.param
+    return kind
 
 
 @pytest.fixture

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import select as io_select
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from sqlalchemy import Engine, select, text
 
@@ -34,8 +35,16 @@ def raw(engine: Engine, job_id: str) -> dict[str, Any]:
         return dict(conn.execute(select(jobs_table).where(jobs_table.c.job_id == job_id)).one()._mapping)
 
 
-def wait_until(predicate: Callable[[], T], timeout: float = 20.0, what: str = "condition", interval: float = 0.05) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+def wait_until(
+    predicate: Callable[[], T | Literal[False] | None],
+    timeout: float = 20.0,
+    what: str = "condition",
+    interval: float = 0.05,
+) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds.
+
+    Its type is that of the truthy value: a predicate ``x is not None and x``
+    or one returning ``X | None`` gives an ``X``."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -118,7 +127,9 @@ class Notifications:
         from sqlalchemy_watchdog.wakeups import CHANNEL
 
         self._raw = engine.raw_connection()
-        self.conn: Any = self._raw.driver_connection
+        driver = self._raw.driver_connection
+        assert driver is not None
+        self.conn: Any = driver
         self.conn.autocommit = True
         self.conn.execute(f"LISTEN {CHANNEL}")
 
@@ -138,3 +149,15 @@ class Notifications:
 
     def close(self) -> None:
         self._raw.close()
+
+
+def present(value: T | None) -> T:
+    """``value``, which must not be None (a read of a job, a queue's pause, ...)."""
+    assert value is not None
+    return value
+
+
+def stable_repr(value: object) -> str:
+    """``repr(value)`` without a memory address (``<X object at 0x...>``), so a
+    test id is the same in every process (pytest-xdist's workers compare them)."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))

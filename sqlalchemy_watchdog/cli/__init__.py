@@ -100,7 +100,7 @@ from .values import parse_duration as parse_duration
 # The layout (what goes where, and where a new command goes) is in
 # docs/design.md, "The command line".
 
-__all__ = ["DEFAULT_URL", "URL_ENV", "main"]
+__all__ = ["DEFAULT_URL", "URL_ENV", "build_parser", "main"]
 
 #: The environment variable naming the database when ``--url`` is not given.
 URL_ENV = urls.URL_ENV

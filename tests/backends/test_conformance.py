@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import (
@@ -65,7 +66,8 @@ def test_insert_on_conflict_does_nothing_and_returns_only_new_rows(engine: Engin
     backend = _backend(engine)
     table = Table("conformance_rows", MetaData(), Column("key", Text, primary_key=True), Column("n", Integer))
     table.metadata.create_all(engine)
-    stmt = backend.insert(table).on_conflict_do_nothing(index_elements=["key"]).returning(table.c.key)
+    insert: Any = backend.insert(table)  # the dialect's own Insert, with on_conflict_do_nothing
+    stmt = insert.on_conflict_do_nothing(index_elements=["key"]).returning(table.c.key)
     with engine.begin() as conn:
         assert conn.execute(stmt, [{"key": "a", "n": 1}]).scalars().all() == ["a"]
         assert conn.execute(stmt.values(key="a", n=2)).scalars().all() == []

@@ -170,7 +170,12 @@ async def _in_daemon_thread(fn: Any, *args: Any) -> Any:
 
     def run() -> None:
         result = fn(*args)
-        loop.call_soon_threadsafe(lambda: future.done() or future.set_result(result))
+
+        def settle() -> None:
+            if not future.done():
+                future.set_result(result)
+
+        loop.call_soon_threadsafe(settle)
 
     threading.Thread(target=run, daemon=True).start()
     return await future
@@ -276,10 +281,8 @@ def install_settle_kill(job_ids: set[str], phase: str) -> None:
         return wrapper
 
     if hasattr(store, "settle_many"):
-        store.settle_many = wrap(  # type: ignore[assignment]
-            store.settle_many, lambda requests, *a, **k: {r.job_id for r in requests}
-        )
-    store.settle = wrap(store.settle, lambda *a, **k: {k["job_id"]})  # type: ignore[assignment]
+        store.settle_many = wrap(store.settle_many, lambda requests, *a, **k: {r.job_id for r in requests})
+    store.settle = wrap(store.settle, lambda *a, **k: {k["job_id"]})
 
 
 def main(argv: list[str] | None = None) -> int:

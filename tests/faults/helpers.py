@@ -39,7 +39,7 @@ from sqlalchemy.engine import URL
 
 from sqlalchemy_watchdog import Job, enqueue, statements
 from sqlalchemy_watchdog.model import jobs_table
-from tests.helpers import wait_until
+from tests.helpers import wait_until as wait_until
 
 T = TypeVar("T")
 
@@ -348,3 +348,9 @@ def controlled_db_clock(url: URL | str, start_ms: int) -> Iterator[tuple[Engine,
         dispatcher.specs.clear()
         dispatcher.specs.update(saved)
         engine.dispose()
+
+
+def first_ended_audit_row(engine: Engine, job_id: str) -> dict[str, Any] | None:
+    """The first audit row of ``job_id`` once its handler has returned, else None."""
+    rows = audit_rows(engine, job_id)
+    return rows[0] if rows and rows[0]["ended_ms"] is not None else None

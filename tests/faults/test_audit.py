@@ -116,7 +116,7 @@ def test_audit_every_job_settled_once_and_no_overlapping_runs(
     processes, threads, total = SHAPE[(dialect, runner_kind)]
     ids = [f"audit-{i:05d}" for i in range(total)]
     enqueue_jobs(engine, [Job(j, "chaos", max_recoveries=3) for j in ids])
-    timing = {
+    timing: dict[str, Any] = {
         "concurrency": threads,
         "lease": 5,
         "heartbeat": 1,

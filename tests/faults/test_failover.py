@@ -59,7 +59,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
-from sqlalchemy_watchdog import Job, Runner, Watchdog, enqueue, follow_failover, metadata
+from sqlalchemy_watchdog import Job, Runner, RunningJob, Watchdog, enqueue, follow_failover, metadata
 from sqlalchemy_watchdog.connections import sqlstate_of
 from sqlalchemy_watchdog.errors import WatchdogError
 from sqlalchemy_watchdog.model import jobs_table
@@ -171,7 +171,7 @@ def _worker_main() -> int:
     chaos_worker.make_async_handler = _journalled(chaos_worker.make_async_handler)  # type: ignore[assignment]
     if os.environ.get(ASYNC_DRIVER_ENV) == "asyncpg":
         # chaos_worker's AsyncRunner uses async psycopg; this one asyncpg.
-        chaos_worker.async_url = lambda url: "postgresql+asyncpg:" + url.split(":", 1)[1]  # type: ignore[assignment]
+        chaos_worker.async_url = lambda url: "postgresql+asyncpg:" + url.split(":", 1)[1]
     return chaos_worker.main()
 
 
@@ -587,9 +587,13 @@ def _fence_and_promote(cluster: ReplicatedPostgres, app: str, wakeups: str) -> I
     old = create_engine(cluster.primary.url(DATABASE), poolclass=NullPool)
     new = create_engine(cluster.standby.url(DATABASE), poolclass=NullPool)
     ran: dict[str, float] = {}
+
+    def record(job: RunningJob) -> None:
+        ran.setdefault(job.job_id, time.time())
+
     runner = Runner(
         engine,
-        {"chaos": lambda job: ran.setdefault(job.job_id, time.time())},
+        {"chaos": record},
         lease=timedelta(seconds=LEASE_S),
         heartbeat=timedelta(seconds=HEARTBEAT_S),
         max_recoveries=MAX_RECOVERIES,

@@ -186,9 +186,7 @@ def test_pg_ctl_restart_immediate_mid_run(
     worker, ids = _start_run(server, name, engine, workers, app, runner_kind)
     with ConnectionSampler(server, app) as sampler:
         for threshold in (len(ids) // 5, len(ids) * 8 // 15):
-            wait_until(
-                lambda n=threshold: _settled(engine) >= n, timeout=120, what=f"{threshold} settled", interval=0.1
-            )
+            wait_until(lambda: _settled(engine) >= threshold, timeout=120, what=f"{threshold} settled", interval=0.1)
             server.restart_immediate()
         _finish_and_check(engine, worker, ids, sampler)
     log = worker.log_text()
@@ -204,9 +202,7 @@ def test_pg_terminate_backend_mid_run(
     killed = []
     with ConnectionSampler(server, app) as sampler:
         for threshold in (len(ids) * 2 // 15, len(ids) * 6 // 15, len(ids) * 10 // 15):
-            wait_until(
-                lambda n=threshold: _settled(engine) >= n, timeout=120, what=f"{threshold} settled", interval=0.1
-            )
+            wait_until(lambda: _settled(engine) >= threshold, timeout=120, what=f"{threshold} settled", interval=0.1)
             with engine.connect() as conn:
                 killed.append(
                     len(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 import time
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine
@@ -25,6 +26,7 @@ from tests.faults.helpers import (
     audit_rows,
     db_now_ms,
     enqueue_jobs,
+    first_ended_audit_row,
     jobs_by_id,
     transition_rows,
     wait_until,
@@ -40,7 +42,7 @@ def kind(runner_kind: str) -> dict[str, bool]:
     return {"asyncio": runner_kind == "async"}
 
 
-def _first_recovery(engine: Engine, job_id: str, token: str) -> dict:
+def _first_recovery(engine: Engine, job_id: str, token: str) -> dict[str, Any]:
     """The transition that took the job away from the dead claim ``token``."""
     for t in transition_rows(engine, job_id):
         if t["old_state"] == "running" and t["old_token"] == token and t["new_state"] != "running":
@@ -172,7 +174,7 @@ def test_sigstop_past_lease_then_sigcont(
 
     w1.send(signal.SIGCONT)
     first = wait_until(
-        lambda: (rows := audit_rows(engine, "victim")) and rows[0]["ended_ms"] is not None and rows[0],
+        lambda: first_ended_audit_row(engine, "victim"),
         timeout=30,
         what="the old handler to be told to stop",
     )

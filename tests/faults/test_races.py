@@ -8,6 +8,7 @@ serialises them; the conditional statements must let exactly one side win.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import random
 import threading
@@ -124,8 +125,8 @@ def test_recovery_racing_completion_at_the_lease_boundary_one_wins(engine: Engin
             time.sleep(max(0.0, at - time.monotonic()))
             return _tx(engine, store.settle, job_id=job.job_id, claim_token=claim.token, decision=Decision.completed())
 
-        def recover(job: Job = job, claim: store.Claim = claim) -> list[str]:
-            statuses = []
+        def recover(job: Job = job, claim: store.Claim = claim) -> list[store.RecoveryStatus]:
+            statuses: list[store.RecoveryStatus] = []
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline:
                 statuses.append(_tx(engine, store.reconcile, claim).status)
@@ -166,8 +167,8 @@ def test_cancellation_during_recovery_never_runs_again(engine: Engine, max_recov
     expected: dict[str, str] = {}
     for job_id in ids:
         recovery, cancel = _together(
-            lambda j=job_id: _tx(engine, store.reconcile, dead[j]),
-            lambda j=job_id: _tx(engine, store.cancel, j, f"cancel-{j}"),
+            functools.partial(_tx, engine, store.reconcile, dead[job_id]),
+            functools.partial(_tx, engine, store.cancel, job_id, f"cancel-{job_id}"),
         )
         if cancel.status is CancelStatus.RECORDED:
             expected[job_id] = "cancelled"
@@ -255,7 +256,7 @@ def test_heartbeat_racing_its_own_settle_reports_no_lost_lease(
     runner._store = store_then_heartbeat  # type: ignore[method-assign]
     with caplog.at_level("INFO", logger="sqlalchemy_watchdog"):
         (settled,) = runner.run_until_idle()
-    assert settled.outcome.value == "completed"
+    assert settled.outcome is not None and settled.outcome.value == "completed"
     lost = [r.getMessage() for r in caplog.records if "claim not renewed" in r.getMessage()]
     assert lost == [], lost
 

@@ -34,6 +34,7 @@ from tests.faults.helpers import (
     assert_settled_exactly_once,
     audit_rows,
     enqueue_jobs,
+    first_ended_audit_row,
     jobs_by_id,
     transition_rows,
     wait_until,
@@ -193,7 +194,7 @@ def test_a_handler_ignoring_its_timeout_loses_its_lease_to_recovery(
     # The first handler returns at last; its settle (a timed-out attempt) is refused.
     log_before = transition_rows(engine, "stuck")
     first = wait_until(
-        lambda: (rows := audit_rows(engine, "stuck")) and rows[0]["ended_ms"] is not None and rows[0],
+        lambda: first_ended_audit_row(engine, "stuck"),
         timeout=ignores + 30,
         what="the first handler to return",
     )

@@ -213,7 +213,7 @@ class Row:
     order: int
     job_id: str
     queue_name: str
-    lane: str
+    lane: str | None
     priority: int
     payload_json: str
     recovery_max: int | None
@@ -462,13 +462,17 @@ class WatchdogMachine(RuleBasedStateMachine):
         self.advance_time(wait)
         db = self.db
         due = sorted(
-            (r for r in self.model.rows.values() if r.state == "delayed" and r.ready_at <= db),
+            (
+                r
+                for r in self.model.rows.values()
+                if r.state == "delayed" and r.ready_at is not None and r.ready_at <= db
+            ),
             key=lambda r: (r.ready_at, r.order),
         )
         promotion = self.tx(store.promote, limit=limit)
         for row in due[:limit]:
             row.state = "queued"
-        waiting = [r.ready_at for r in self.model.rows.values() if r.state == "delayed"]
+        waiting = [r.ready_at for r in self.model.rows.values() if r.state == "delayed" and r.ready_at is not None]
         next_in = None if not waiting else max(0.0, (min(waiting) - db) / 1000.0)
         assert promotion == store.Promotion(len(due[:limit]), next_in)
 
@@ -786,7 +790,11 @@ class WatchdogMachine(RuleBasedStateMachine):
     def recover(self, limit: int) -> None:
         now = self.db
         expected = sorted(
-            (r for r in self.model.rows.values() if r.state == "running" and r.lease_until <= now),
+            (
+                r
+                for r in self.model.rows.values()
+                if r.state == "running" and r.lease_until is not None and r.lease_until <= now
+            ),
             key=lambda r: (r.lease_until, r.order),
         )[:limit]
         expired = self.tx(store.expired_claims, limit=limit)
@@ -1424,7 +1432,8 @@ def _run(engine: Engine, config: settings) -> None:
     telemetry.install(TAGGING)
     try:
         with _registered_handlers(), controlled_db_clock(engine.url, BASE) as (clocked, set_clock):
-            run_state_machine_as_test(lambda: WatchdogMachine(clocked, set_clock), settings=config)
+            # Hypothesis takes a factory of machines as well as the class (its docs say so).
+            run_state_machine_as_test(lambda: WatchdogMachine(clocked, set_clock), settings=config)  # type: ignore[arg-type]
     finally:
         telemetry.uninstall()
 

@@ -1,0 +1,1 @@
+"""Tests of the library's own logic, without a database."""

@@ -1,4 +1,4 @@
-"""One side of the cross-process trace tests (``tests/test_otel.py``).
+"""One side of the cross-process trace tests (``tests/integration/test_otel.py``).
 
     python tests/workers/otel_process.py produce URL OUT JOB_ID
     python tests/workers/otel_process.py work URL OUT JOB_ID [--hang-first MARKER]

@@ -1,4 +1,4 @@
-"""A runner process for the subprocess tests (``tests/test_runner_processes.py``).
+"""A runner process for the subprocess tests (``tests/integration/test_runner_processes.py``).
 
     python tests/workers/worker.py URL --handle QUEUE=KIND [--handle ...]
         [--sleep-ms N] [--lease S] [--heartbeat S] [--grace S] [--poll S]

@@ -36,6 +36,7 @@ from sqlalchemy_watchdog.errors import ErrorCode
 from sqlalchemy_watchdog.jobs import SettleStatus
 from sqlalchemy_watchdog.model import jobs_table
 from sqlalchemy_watchdog.store import Claim
+from tests.helpers import present
 
 T = TypeVar("T")
 
@@ -342,6 +343,7 @@ def test_settle_exact_live_claim_is_settled_with_the_decision(engine: Engine, de
     assert result.job is not None
     assert (result.job.state, result.job.outcome) == (JobState.SETTLED, decision.outcome)
     assert result.job.failure_reason == decision.reason
+    assert decision.outcome is not None
     stored = row(engine, "a")
     assert stored is not None
     assert (stored["state"], stored["outcome"], stored["failure_reason"]) == (
@@ -563,7 +565,7 @@ def test_cancel_records_on_a_queued_and_on_a_running_job(engine: Engine) -> None
     running = row(engine, "running")
     assert running is not None
     assert running["cancellation_id"] == "c2" and running["state"] == "running"
-    assert run(engine, store.read, "running").cancellation_requested
+    assert present(run(engine, store.read, "running")).cancellation_requested
 
 
 def test_cancel_only_if_queued_records_on_a_queued_job(engine: Engine) -> None:

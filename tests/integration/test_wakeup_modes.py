@@ -1,6 +1,6 @@
 """Wake-up modes: what a runner proves before it LISTENs, and what it says.
 
-The pooler side (a session that fails the proof) is in tests/test_poolers.py;
+The pooler side (a session that fails the proof) is in tests/integration/test_poolers.py;
 here: a direct session passes the proof with every listening driver, SQLite
 polls without a warning, ``"listen"`` refuses where it cannot listen, and
 the CLI's options are checked.
@@ -141,7 +141,7 @@ def test_async_runner_reports_its_mode(sqlite_engine: Engine) -> None:
 )
 def test_the_cli_refuses_bad_wakeup_options(args: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
     try:
-        status = main(args)
+        status: object = main(args)
     except SystemExit as error:  # argparse's own refusal
         status = error.code
     assert status == 2

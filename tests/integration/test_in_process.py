@@ -31,7 +31,7 @@ from sqlalchemy.engine import URL
 
 from sqlalchemy_watchdog import Outcome, Watchdog
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 #: The examples' runners use the default shutdown budget.
 BUDGET_S = 22.0
 
@@ -147,7 +147,9 @@ def serve_under_load_then_sigterm(command: list[str], database: URL) -> None:
         assert took < BUDGET_S, took
         with engine.connect() as conn:
             orders = conn.execute(text("SELECT id, status FROM orders")).all()
-            jobs = dict(conn.execute(text("SELECT job_id, outcome FROM watchdog_jobs")).all())  # type: ignore[arg-type]
+            jobs: dict[str, str | None] = dict(
+                conn.execute(text("SELECT job_id, outcome FROM watchdog_jobs")).tuples().all()
+            )
         # An order exists if and only if its job does (one transaction each).
         assert {f"confirm-order-{order_id}" for order_id, _ in orders} == set(jobs)
         assert set(placed) | set(long_jobs) <= set(jobs)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from sqlalchemy_watchdog import InvalidJob, Job, WatchdogError
 from sqlalchemy_watchdog.errors import ErrorCode
 from sqlalchemy_watchdog.jobs import PAYLOAD_MAX_BYTES, PAYLOAD_MAX_DEPTH
+from tests.helpers import stable_repr
 
 MAX_LENGTHS = {"job_id": 256, "queue": 256, "lane": 512}
 
@@ -156,7 +157,7 @@ class Opaque:
         range(3),
         "lone \ud800 surrogate",
     ],
-    ids=repr,
+    ids=stable_repr,
 )
 def test_payload_that_is_not_strict_json_is_refused(payload: Any) -> None:
     assert refused("payload", payload).field == "payload"

@@ -36,8 +36,8 @@ from sqlalchemy_watchdog.model import jobs_table
 from tests.helpers import add, read, wait_until
 from tests.runner_kinds import RunnerDriver
 
-WORKER = Path(__file__).resolve().parent / "workers" / "worker.py"
-REPO = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parents[1] / "workers" / "worker.py"
+REPO = Path(__file__).resolve().parents[2]
 NO_POLICY = "Execution disappeared without a recovery policy"
 
 audit_metadata = MetaData()
@@ -59,7 +59,7 @@ def events(engine: Engine, event: str | None = None) -> list[tuple[str, int, str
     if event is not None:
         query = query.where(audit_table.c.event == event)
     with engine.connect() as conn:
-        return [tuple(r) for r in conn.execute(query)]  # type: ignore[misc]
+        return [tuple(r) for r in conn.execute(query)]
 
 
 def started(engine: Engine, *job_ids: str) -> bool:

@@ -38,7 +38,7 @@ is picked up by itself:
   Without a PostgreSQL server such a block is skipped.
 * ``<!-- readme-test: skip: REASON -->`` on the line before a block: not run
   here; the reason says where it is tested (e.g. the Alembic ``env.py`` lines,
-  run by ``tests/test_alembic_recipe.py``).
+  run by ``tests/integration/test_alembic_recipe.py``).
 * Blocks that are deliberately not runnable use other fences: ``sh``,
   ``bash``, ``ini``, ``sql``, ``text``, ``python-untested`` (code of an API
   that is not there yet, or files of the reader's own application), or none.
@@ -56,6 +56,7 @@ import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -63,7 +64,7 @@ from sqlalchemy.engine import URL
 
 from sqlalchemy_watchdog import Job, JobState, Outcome, Watchdog
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 #: The example, importable as ``orders`` by the README's tests of it.
@@ -178,7 +179,7 @@ def _env(database_url: str | None) -> dict[str, str]:
     return env
 
 
-def _fail(what: str, result: subprocess.CompletedProcess[str] | None, out: str = "") -> None:
+def _fail(what: str, result: subprocess.CompletedProcess[str] | None, out: str = "") -> NoReturn:
     detail = out if result is None else f"{result.stdout}\n{result.stderr}"
     pytest.fail(f"{what}\n--- output ---\n{detail[-6000:]}", pytrace=False)
 

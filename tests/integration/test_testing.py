@@ -48,6 +48,10 @@ from sqlalchemy_watchdog.testing import (
 from tests.conftest import make_async_engine
 from tests.helpers import add, read, wait_until
 
+# The dialect does not matter here but where a test says dialect_specific: the PostgreSQL copy
+# runs under CI=true or WATCHDOG_ALL_DIALECTS=1 (tests/conftest.py).
+pytestmark = pytest.mark.dialect_neutral
+
 #: The plugin's end-to-end tests run a user's test module with pytest's pytester.
 pytest_plugins = ["pytester"]
 
@@ -95,6 +99,7 @@ def completed(job: RunningJob) -> None:
 # -- reading inside the caller's transaction -------------------------------------------
 
 
+@pytest.mark.dialect_specific
 def test_a_session_sees_the_jobs_it_enqueued_before_commit_and_nobody_else_does(db: Engine) -> None:
     with Session(db) as session:
         session.add(Order(id=1, email="ada@example.com"))
@@ -108,6 +113,7 @@ def test_a_session_sees_the_jobs_it_enqueued_before_commit_and_nobody_else_does(
     assert enqueued_jobs(db) == []
 
 
+@pytest.mark.dialect_specific
 def test_a_session_is_flushed_first_so_jobs_enqueued_by_flush_hooks_are_seen(db: Engine) -> None:
     # An application that enqueues from an ORM hook: the job exists only once
     # the session flushes, which the helper does before reading.
@@ -126,6 +132,7 @@ def test_a_session_is_flushed_first_so_jobs_enqueued_by_flush_hooks_are_seen(db:
     assert ids(enqueued_jobs(db)) == ["confirm-7"]
 
 
+@pytest.mark.dialect_specific
 def test_a_connection_is_read_inside_its_transaction(db: Engine) -> None:
     with db.connect() as conn:
         conn.execute(insert(Order).values(id=1, email="a@example.com"))
@@ -572,6 +579,7 @@ def test_make_due_refuses_bad_queues_and_changes_nothing(engine: Engine, queues:
 # -- the asyncio twins --------------------------------------------------------------
 
 
+@pytest.mark.dialect_specific
 async def test_the_async_helpers_read_inside_an_async_session(db: Engine) -> None:
     async_engine = make_async_engine(db)
     try:
@@ -690,7 +698,7 @@ def test_a_failure_shows_what_is_enqueued(watchdog_engine):
 
 
 def user_tests(pytester: pytest.Pytester) -> None:
-    from tests.test_migrations import HEAD
+    from tests.integration.test_migrations import HEAD
 
     pytester.makepyfile(test_user=USER_TESTS.format(head=HEAD))
 
@@ -726,6 +734,7 @@ def test_a_users_tests_run_on_the_plugins_fixtures_sqlite(
     assert runner_threads() == []  # the served runner was stopped at teardown
 
 
+@pytest.mark.dialect_specific
 @pytest.mark.parametrize("dialect", ["postgresql"])
 def test_on_postgresql_each_test_gets_a_schema_of_its_own_dropped_afterwards(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, engine: Engine

@@ -24,7 +24,7 @@ import pytest
 
 from tests.browser import headless_chromium
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 #: The modules whose ``__all__`` the reference must document, name by name.
 PUBLIC_MODULES = (
@@ -78,10 +78,11 @@ def open_page(browser: Any, site: Path, page: str) -> None:
 
 def loaded_images(browser: Any) -> list[str]:
     """The ``src`` of every image of the page's article that loaded."""
-    return browser.execute_script(
+    images: list[str] = browser.execute_script(
         "return Array.from(document.querySelectorAll('article img'))"
         ".filter(img => img.complete && img.naturalWidth > 0).map(img => img.getAttribute('src'));"
     )
+    return images
 
 
 def test_the_reference_documents_every_public_name(site: Path) -> None:

@@ -54,6 +54,10 @@ from sqlalchemy_watchdog.jobs import FAILURE_REASON_MAX_LENGTH
 from tests.helpers import add, listening_sessions, raw, read, settled, wait_until, waiting_sessions
 from tests.runner_kinds import RunnerDriver, dual
 
+# The dialect does not matter here but where a test says dialect_specific: the PostgreSQL copy
+# runs under CI=true or WATCHDOG_ALL_DIALECTS=1 (tests/conftest.py).
+pytestmark = pytest.mark.dialect_neutral
+
 LEASE = timedelta(seconds=3)
 HEARTBEAT = timedelta(seconds=1)
 POLL = timedelta(milliseconds=100)
@@ -448,7 +452,7 @@ def test_the_default_concurrency_runs_ten_handlers_at_once(engine: Engine, runne
             started.append(job.job_id)
         release.wait(15)
 
-    settings = {"lease": LEASE, "heartbeat": HEARTBEAT, "poll_interval": POLL}
+    settings: dict[str, Any] = {"lease": LEASE, "heartbeat": HEARTBEAT, "poll_interval": POLL}
     with runners.runner({"q": hold}, **settings).serving():
         wait_until(lambda: len(started) == 10, what="ten handlers to start")
         time.sleep(0.3)  # a slot-less runner claims nothing more meanwhile
@@ -752,7 +756,12 @@ def test_a_probe_that_raises_leaves_the_expired_job_running_and_the_runner_goes_
 def test_a_probe_saying_alive_keeps_the_expired_job_running(engine: Engine, runners: RunnerDriver) -> None:
     before = _expired_claim_of_another_process(engine, Job("external", "ext"))
     probed: list[str] = []
-    worker = make(runners, {"q": done}, is_alive=lambda job: probed.append(job.job_id) or True)
+
+    def is_alive(job: Any) -> bool:
+        probed.append(job.job_id)
+        return True
+
+    worker = make(runners, {"q": done}, is_alive=is_alive)
     assert worker.run_until_idle() == []
     assert probed == ["external"]
     assert raw(engine, "external") == before
@@ -889,6 +898,7 @@ def test_concurrency_runs_that_many_plain_handlers_at_once_even_beyond_a_default
     assert meeting.most == size
 
 
+@pytest.mark.dialect_specific
 def test_handlers_finishing_together_share_settle_statements_and_each_settles_once(
     engine: Engine, runners: RunnerDriver
 ) -> None:
@@ -924,6 +934,7 @@ def _listening(engine: Engine) -> bool:
     return waiting_sessions(engine) > 0
 
 
+@pytest.mark.dialect_specific
 @pytest.mark.parametrize("dialect", ["postgresql"])  # LISTEN/NOTIFY is PostgreSQL's
 def test_notify_wakes_an_idle_runner_long_before_the_poll_interval(engine: Engine, runners: RunnerDriver) -> None:
     worker = make(runners, {"q": done}, poll_interval=timedelta(seconds=30))
@@ -940,6 +951,7 @@ def test_notify_wakes_an_idle_runner_long_before_the_poll_interval(engine: Engin
     assert elapsed < 5, f"took {elapsed:.1f}s with a 30 s poll interval"
 
 
+@pytest.mark.dialect_specific
 @pytest.mark.parametrize("dialect", ["postgresql"])  # LISTEN/NOTIFY is PostgreSQL's
 def test_notify_stops_a_cancelled_handler_long_before_the_next_heartbeat(engine: Engine, runners: RunnerDriver) -> None:
     add(engine, Job("a", "q"))
@@ -965,6 +977,7 @@ def test_notify_stops_a_cancelled_handler_long_before_the_next_heartbeat(engine:
     assert elapsed < 5, f"took {elapsed:.1f}s with a 30 s heartbeat"
 
 
+@pytest.mark.dialect_specific
 @pytest.mark.parametrize("dialect", ["postgresql"])  # LISTEN/NOTIFY is PostgreSQL's
 def test_the_listener_connects_like_the_engine_and_notify_wakes_the_runner(
     engine: Engine, runners: RunnerDriver
@@ -1704,7 +1717,8 @@ def test_a_handler_ignoring_its_timeout_loses_its_lease_and_the_job_is_recovered
     reasons: list[StopReason | None] = []
 
     def lease_passed() -> bool:
-        return db_clock(engine) > raw(engine, "a")["lease_until"]
+        lease_until: int = raw(engine, "a")["lease_until"]
+        return db_clock(engine) > lease_until
 
     def plain(job: RunningJob) -> None:
         seen.append((job.attempt, job.recovery_count))
@@ -1799,6 +1813,7 @@ def test_a_serving_runner_runs_its_retry_when_due_not_at_the_next_poll(engine: E
     assert backoff_ms <= starts[1] - starts[0] < backoff_ms + 3000, starts[1] - starts[0]
 
 
+@pytest.mark.dialect_specific
 @pytest.mark.parametrize("dialect", ["postgresql"])  # LISTEN/NOTIFY is PostgreSQL's
 def test_notify_makes_an_idle_runner_start_a_new_delayed_job_soon_after_its_time(
     engine: Engine, runners: RunnerDriver

@@ -28,6 +28,7 @@ from starlette.routing import Mount
 from sqlalchemy_watchdog import Decision, Job, JobState, Runner, Watchdog, metadata
 from sqlalchemy_watchdog.web import create_app
 from tests.browser import headless_chromium
+from tests.helpers import present
 
 WAIT = 10.0
 
@@ -252,10 +253,10 @@ def test_bulk_rerun_confirms_the_count_then_reruns_once(browser: Any, base_url: 
     by_css(browser, "section.bulk form.action button.primary").click()
     count = wait_for(lambda: all_css(browser, "#bulk-count"), "the confirmation")[0]
     assert count.get_attribute("data-count") == "3" and "3 job(s)" in count.text
-    assert watchdog.read("batch-0").reruns == ()  # asked, not done
+    assert present(watchdog.read("batch-0")).reruns == ()  # asked, not done
     ActionChains(browser).double_click(by_css(browser, "form.action button.danger")).perform()
     assert result_status(browser) in ("rerun 3", "rerun 0")  # a double click: the second answers "0 new"
-    assert [watchdog.read(f"batch-{n}").reruns for n in range(3)] == [
+    assert [present(watchdog.read(f"batch-{n}")).reruns for n in range(3)] == [
         (f"batch-{n}~rerun~after-outage",) for n in range(3)
     ]
 
@@ -269,14 +270,14 @@ def test_cancel_through_the_ui_with_a_double_click(browser: Any, base_url: str, 
     by_css(browser, "form.action button.danger").click()
     confirm = wait_for(lambda: all_css(browser, ".confirm"), "the confirmation")[0]
     assert "to-cancel" in confirm.text
-    assert watchdog.read("to-cancel").cancellation_id is None  # asked, not done
+    assert present(watchdog.read("to-cancel")).cancellation_id is None  # asked, not done
     ActionChains(browser).double_click(by_css(browser, "form.action button.danger")).perform()
     # One request: a second one would have answered "replayed".
     assert result_status(browser) == "recorded"
     row = watchdog.read("to-cancel")
     assert row is not None and row.cancellation_id is not None and row.cancellation_id.startswith("dashboard-")
     Runner(engine, {"cancellable": lambda job: None}).run_until_idle()
-    assert watchdog.read("to-cancel").outcome.value == "cancelled"
+    assert present(present(watchdog.read("to-cancel")).outcome).value == "cancelled"
 
 
 def test_pause_through_the_ui_stops_a_runner_claiming(browser: Any, base_url: str, engine: Engine) -> None:
@@ -289,9 +290,9 @@ def test_pause_through_the_ui_stops_a_runner_claiming(browser: Any, base_url: st
     row.find_element("css selector", "input[name=reason]").send_keys("deploy in progress")
     row.find_element("css selector", "button[aria-label='Pause holdable']").click()
     assert result_status(browser) == "paused"
-    assert watchdog.stats().queue("holdable").pause.reason == "deploy in progress"
+    assert present(watchdog.stats().queue("holdable").pause).reason == "deploy in progress"
     assert Runner(engine, {"holdable": lambda job: None}).run_until_idle() == []
-    assert watchdog.read("held-1").state is JobState.QUEUED
+    assert present(watchdog.read("held-1")).state is JobState.QUEUED
 
     browser.get(f"{base_url}/rw/")
     resume = wait_for(lambda: all_css(browser, "button[aria-label='Resume holdable']"), "the resume button")[0]
@@ -325,7 +326,7 @@ def test_read_only_and_a_refusing_authorize(browser: Any, base_url: str, engine:
     )
     wait_for(lambda: all_css(browser, "p.error"), "the refusal")
     assert "You may not cancel" in by_css(browser, "p.error").text
-    assert watchdog.read("guarded-1").cancellation_id is None
+    assert present(watchdog.read("guarded-1")).cancellation_id is None
     assert watchdog.stats().queue("guarded").paused
     watchdog.resume("guarded")
 
@@ -359,7 +360,7 @@ def test_untrusted_data_stays_data(browser: Any, base_url: str, engine: Engine) 
     browser.find_element("css selector", "#rerun-id").send_keys("xss-rerun")
     browser.find_element("css selector", "form.action button.primary").click()
     assert result_status(browser) == "queued"
-    assert watchdog.read(nasty_id).reruns == (f"{nasty_id}~rerun~xss-rerun",)
+    assert present(watchdog.read(nasty_id)).reruns == (f"{nasty_id}~rerun~xss-rerun",)
     assert browser.execute_script("return typeof window.__xss") == "undefined"
 
 

@@ -7,9 +7,10 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from typing import cast as cast_type
 
 import pytest
-from sqlalchemy import Engine, Integer, String, Text, cast, insert, literal, select, text
+from sqlalchemy import Engine, Integer, String, Table, Text, cast, insert, literal, select, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sqlalchemy_watchdog import (
@@ -44,7 +45,7 @@ class Order(AppBase):
     payload: Mapped[str | None] = mapped_column(Text)
 
 
-orders = Order.__table__
+orders = cast_type(Table, Order.__table__)
 
 
 @pytest.fixture
@@ -589,7 +590,7 @@ def test_something_that_is_not_a_job_is_refused(engine: Engine, jobs: Any) -> No
 
 def test_an_engine_is_not_a_transaction_target(engine: Engine) -> None:
     with pytest.raises(TypeError, match="Session or a Connection"):
-        enqueue(engine, Job("a", "q"))  # type: ignore[arg-type]
+        enqueue(engine, Job("a", "q"))  # type: ignore[call-overload]
     with pytest.raises(TypeError, match="Session or a Connection"):
         enqueue_select(engine, select(literal("a").label("job_id"), literal("q").label("queue")))  # type: ignore[arg-type]
     assert job_rows(engine) == []

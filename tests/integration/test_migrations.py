@@ -27,7 +27,7 @@ from sqlalchemy_watchdog import Decision, Job, JobState, Outcome, RetryPolicy, W
 from sqlalchemy_watchdog.backends import backend_of
 from tests.helpers import index_names
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ALEMBIC_INI = REPO / "alembic.ini"
 ALEMBIC = [sys.executable, "-m", "alembic"]
 
@@ -52,11 +52,13 @@ def tables(engine: Engine) -> set[str]:
 
 
 def differences(engine: Engine, target: MetaData | list[MetaData]) -> list[Any]:
+    # compare_metadata takes a list of MetaData too, as Alembic's own target_metadata does.
     with engine.connect() as conn:
-        return compare_metadata(MigrationContext.configure(conn), target)
+        found: list[Any] = compare_metadata(MigrationContext.configure(conn), target)  # type: ignore[arg-type]
+        return found
 
 
-def schema_names(engine: Engine) -> dict[str, set[str]]:
+def schema_names(engine: Engine) -> dict[str, set[Any]]:
     """Names of watchdog_jobs' constraints and indexes as the database reports them."""
     inspector = inspect(engine)
     return {
@@ -75,7 +77,7 @@ def schema_names(engine: Engine) -> dict[str, set[str]]:
 OTHER_TABLES = ("watchdog_workers", "watchdog_schedules")
 
 
-def model_names(dialect: str) -> dict[str, set[str]]:
+def model_names(dialect: str) -> dict[str, set[Any]]:
     """The names the model gives on ``dialect`` (the stored-type CHECKs of
     w0010 are SQLite's only)."""
     table = sqlalchemy_watchdog.metadata.tables["watchdog_jobs"]
@@ -329,7 +331,8 @@ def app_metadata(root: Path) -> MetaData:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.Base.metadata
+    found: MetaData = module.Base.metadata
+    return found
 
 
 def test_application_upgrade_heads_creates_its_table_and_the_jobs_table(app_alembic: Any, empty_engine: Engine) -> None:
@@ -606,7 +609,7 @@ def _w0002_jobs(engine: Engine) -> dict[str, dict[str, Any]]:
     common = {"queue_name": "q", "priority": 0, "payload_json": "null", "recovery_max": None, "outcome": None,
               "claim_token": None, "recovery_count": 0, "cancellation_id": None, "failure_reason": None,
               "lease_until": None, "failure_detail": None}  # fmt: skip
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"job_id": "waiting-with-policy", "state": "queued", "priority": 3, "payload_json": '{"n":1}',
          "recovery_max": 2},
         {"job_id": "cancel-requested", "state": "queued", "cancellation_id": "c-1"},

@@ -13,12 +13,12 @@ from __future__ import annotations
 import random
 import threading
 from datetime import UTC, datetime, timedelta, timezone
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sqlalchemy import DateTime, Engine, Integer, String, TypeDecorator, insert, literal, select, text
+from sqlalchemy import DateTime, Engine, Integer, String, Table, TypeDecorator, insert, literal, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
@@ -147,19 +147,19 @@ NAIVE = datetime(2030, 1, 1, 12, 0)
     ("build", "field"),
     [
         (lambda: Job("j", "q", run_at=NAIVE), "run_at"),
-        (lambda: Job("j", "q", run_at="2030-01-01T00:00:00+00:00"), "run_at"),
+        (lambda: Job("j", "q", run_at="2030-01-01T00:00:00+00:00"), "run_at"),  # type: ignore[arg-type]
         (lambda: Job("j", "q", run_at=datetime(1969, 12, 31, tzinfo=UTC)), "run_at"),
         (lambda: Job("j", "q", run_at=datetime(9999, 6, 1, tzinfo=UTC)), "run_at"),
-        (lambda: Job("j", "q", retry=5), "retry"),
+        (lambda: Job("j", "q", retry=5), "retry"),  # type: ignore[arg-type]
         (lambda: Job("j", "q", timeout=timedelta(0)), "timeout"),
         (lambda: Job("j", "q", timeout=timedelta(microseconds=999)), "timeout"),
-        (lambda: Job("j", "q", timeout=30), "timeout"),
+        (lambda: Job("j", "q", timeout=30), "timeout"),  # type: ignore[arg-type]
         (lambda: Job("j", "q", timeout=MAX_DELAY + timedelta(milliseconds=1)), "timeout"),
         (lambda: RetryPolicy(max_attempts=0), "max_attempts"),
         (lambda: RetryPolicy(max_attempts=1001), "max_attempts"),
         (lambda: RetryPolicy(max_attempts=True), "max_attempts"),
         (lambda: RetryPolicy(backoff=timedelta(0)), "backoff"),
-        (lambda: RetryPolicy(backoff=1), "backoff"),
+        (lambda: RetryPolicy(backoff=1), "backoff"),  # type: ignore[arg-type]
         (lambda: RetryPolicy(backoff=timedelta(seconds=10), max_backoff=timedelta(seconds=9)), "max_backoff"),
         (lambda: RetryPolicy(factor=0.5), "factor"),
         (lambda: RetryPolicy(factor=101), "factor"),
@@ -441,7 +441,7 @@ class Reminder(AppBase):
 
 
 notes = Note.__table__
-reminders = Reminder.__table__
+reminders = cast(Table, Reminder.__table__)
 
 
 @pytest.fixture
@@ -717,7 +717,7 @@ VALID_DELAYED: dict[str, Any] = {
     "recovery_count": 0,
 }
 
-REFUSED_ROWS = {
+REFUSED_ROWS: dict[str, tuple[dict[str, Any], str]] = {
     "delayed with a claim token": ({"claim_token": "t.1"}, "state_grammar"),
     "delayed with a lease": ({"lease_until": 32_503_680_000_000}, "state_grammar"),
     "delayed with an outcome": ({"outcome": "completed"}, "state_grammar"),
@@ -797,6 +797,7 @@ def requeue(
         requeue_after_ms=after_ms,
         history=history,
     )
+    settlement: store.Settlement
     (settlement,) = run(engine, store.settle_many, [request])
     return settlement
 

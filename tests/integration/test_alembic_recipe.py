@@ -31,7 +31,7 @@ from sqlalchemy.engine import URL
 
 from sqlalchemy_watchdog.migrations import VERSIONS_DIR
 
-README = Path(__file__).resolve().parent.parent / "docs" / "howto" / "alembic.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "howto" / "alembic.md"
 SECTION = "# Alembic: the package's revisions in your own environment"
 
 MODELS = """\

@@ -33,7 +33,7 @@ from sqlalchemy_watchdog import Job, JobState, WatchdogJob, enqueue
 from sqlalchemy_watchdog.model import jobs_table
 from tests.helpers import index_names
 
-ALEMBIC_INI = Path(__file__).resolve().parent.parent / "alembic.ini"
+ALEMBIC_INI = Path(__file__).resolve().parents[2] / "alembic.ini"
 
 VALID: dict[str, Any] = {
     "job_id": "job-1",
@@ -85,12 +85,13 @@ def rejected(engine: Engine, statement: Any, constraints: tuple[str, ...]) -> No
 
 def count(engine: Engine) -> int:
     with engine.connect() as conn:
-        return conn.execute(text("SELECT count(*) FROM watchdog_jobs")).scalar_one()
+        number: int = conn.execute(text("SELECT count(*) FROM watchdog_jobs")).scalar_one()
+        return number
 
 
 # -- INSERT ------------------------------------------------------------------------
 
-IMPOSSIBLE_ROWS = {
+IMPOSSIBLE_ROWS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "running without claim token": ({**RUNNING, "claim_token": None}, ("state_grammar",)),
     "running without lease": ({**RUNNING, "lease_until": None}, ("state_grammar",)),
     "running with an outcome": ({**RUNNING, "outcome": "completed"}, ("state_grammar",)),
@@ -131,7 +132,7 @@ def test_database_rejects_a_second_row_with_the_same_job_id(engine: Engine) -> N
     rejected(engine, lambda conn: insert(conn, queue_name="other"), ("job_id",))
 
 
-POSSIBLE_ROWS = {
+POSSIBLE_ROWS: dict[str, dict[str, Any]] = {
     "queued": {},
     "queued with a recovery policy": {"recovery_max": 0},
     "running": RUNNING,

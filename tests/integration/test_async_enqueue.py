@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
-from sqlalchemy import Engine, String, Text, insert, literal, select
+from sqlalchemy import Engine, String, Table, Text, insert, literal, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -43,7 +43,7 @@ class Order(AppBase):
     reference: Mapped[str] = mapped_column(String(100), unique=True)
 
 
-orders = Order.__table__
+orders = cast(Table, Order.__table__)
 
 
 @pytest.fixture
@@ -218,7 +218,7 @@ async def test_async_enqueue_select_admits_one_job_per_row_and_replays_as_duplic
 async def test_async_enqueue_refuses_sync_targets(engine: Engine) -> None:
     with Session(engine) as session:
         with pytest.raises(TypeError, match="AsyncSession"):
-            await watchdog_asyncio.enqueue(session, Job("a", "q"))  # type: ignore[arg-type]
+            await watchdog_asyncio.enqueue(session, Job("a", "q"))  # type: ignore[call-overload]
     with engine.connect() as conn:
         with pytest.raises(TypeError, match="AsyncSession"):
             await watchdog_asyncio.enqueue_select(conn, select(literal("a").label("job_id")))  # type: ignore[arg-type]

@@ -72,6 +72,7 @@ regression tests with their minimal sequences.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import re
 from collections.abc import Callable, Coroutine, Generator, Iterator
@@ -1025,20 +1026,20 @@ class WaitingLockMachine(RuleBasedStateMachine):
         for p in self.producers:
             name = p.session.owner
             if p.txn is None:
-                found.append((f"{name}: BEGIN", lambda p=p: self._begin(p)))
-                found.append((f"{name}: enqueues in a transaction of its own", lambda p=p: self._enqueue(p)))
+                found.append((f"{name}: BEGIN", functools.partial(self._begin, p)))
+                found.append((f"{name}: enqueues in a transaction of its own", functools.partial(self._enqueue, p)))
             else:
-                found.append((f"{name}: INSERT", lambda p=p: self._insert(p)))
-                found.append((f"{name}: COMMIT", lambda p=p: self._end(p, commit=True)))
+                found.append((f"{name}: INSERT", functools.partial(self._insert, p)))
+                found.append((f"{name}: COMMIT", functools.partial(self._end, p, commit=True)))
                 if p.txn.jobs:
-                    found.append((f"{name}: ROLLBACK", lambda p=p: self._end(p, commit=False)))
+                    found.append((f"{name}: ROLLBACK", functools.partial(self._end, p, commit=False)))
         return found
 
     def handler_actions(self) -> list[tuple[str, Callable[[], None]]]:
         found: list[tuple[str, Callable[[], None]]] = []
         for r in self.runners:
             if r.running:
-                found.append((f"{r.name}: a handler finishes", lambda r=r: self._handler_finishes(r)))
+                found.append((f"{r.name}: a handler finishes", functools.partial(self._handler_finishes, r)))
         return found
 
     def _begin(self, p: Producer) -> None:

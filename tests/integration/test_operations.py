@@ -571,6 +571,7 @@ def test_a_pruned_job_id_can_be_enqueued_again_as_a_new_job(engine: Engine, api:
     )
 
 
+@pytest.mark.dialect_neutral
 def test_prune_refuses_bad_input_naming_the_field_and_deletes_nothing(engine: Engine, api: Ops) -> None:
     settle_as(engine, COMPLETED, "a", "b")
     settled_ago(engine, 2 * HOUR, "a", "b")
@@ -671,15 +672,17 @@ def test_a_runner_without_retention_keeps_every_settled_job(engine: Engine, runn
     assert counts == []
 
 
+@pytest.mark.dialect_neutral
 def test_retention_refuses_bad_settings_naming_the_field(engine: Engine, runners: RunnerDriver) -> None:
-    for kwargs, field in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"completed": timedelta(0)}, "completed"),
         ({"failed": timedelta(seconds=-1)}, "failed"),
         ({"interrupted": 60}, "interrupted"),
         ({"every": timedelta(milliseconds=999)}, "every"),
         ({"batch": 0}, "batch"),
         ({"batch": 10_001}, "batch"),
-    ]:
+    ]
+    for kwargs, field in cases:
         with pytest.raises(InvalidJob) as error:
             Retention(**kwargs)
         assert error.value.field == field
@@ -721,7 +724,7 @@ def test_runners_prune_nothing_while_another_holds_the_prune_lock(engine: Engine
 
 # -- list_jobs -------------------------------------------------------------------------------
 
-LISTED = [
+LISTED: list[tuple[str, str, str | None, Target]] = [
     ("a-1", "alpha", "L1", JobState.QUEUED),
     ("b-1", "beta", "L1", COMPLETED),
     ("a-2", "alpha", "L2", JobState.RUNNING),
@@ -763,9 +766,10 @@ def test_list_jobs_filters_each_alone_and_combined(engine: Engine, api: Ops) -> 
         assert job == api.read(job.job_id)
 
 
+@pytest.mark.dialect_neutral
 def test_list_jobs_refuses_unknown_states_outcomes_and_bad_filters(engine: Engine, api: Ops) -> None:
     populate(engine, LISTED[:2])
-    for kwargs, field in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"state": "done"}, "state"),
         ({"state": "Settled"}, "state"),
         ({"state": COMPLETED}, "state"),
@@ -775,7 +779,8 @@ def test_list_jobs_refuses_unknown_states_outcomes_and_bad_filters(engine: Engin
         ({"lane": 7}, "lane"),
         ({"job_id_prefix": ""}, "job_id_prefix"),
         ({"after_sequence": -1}, "after_sequence"),
-    ]:
+    ]
+    for kwargs, field in cases:
         with pytest.raises(InvalidJob) as error:
             api.list_jobs(**kwargs)
         assert error.value.field == field, kwargs
@@ -828,11 +833,12 @@ def test_newest_first_pages_down_by_before_sequence_and_back_up_by_after(engine:
     assert [job.job_id for job in middle] == ids[9:18]
     # Back up: the page above the oldest listed is read in admission order.
     assert [job.job_id for job in api.list_jobs(limit=3, after_sequence=newest[-1].sequence)] == ids[19:22]
-    for kwargs, field in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"before_sequence": 0}, "before_sequence"),
         ({"before_sequence": "9"}, "before_sequence"),
         ({"newest_first": 1}, "newest_first"),
-    ]:
+    ]
+    for kwargs, field in cases:
         with pytest.raises(InvalidJob) as error:
             api.list_jobs(**kwargs)
         assert error.value.field == field, kwargs
@@ -855,6 +861,7 @@ def test_job_id_prefix_is_literal_not_a_like_pattern(engine: Engine, api: Ops) -
     assert listed(api, job_id_prefix="a%bc") == []
 
 
+@pytest.mark.dialect_neutral
 def test_list_jobs_limit_is_one_to_a_thousand(engine: Engine, api: Ops) -> None:
     ids = [f"job-{i:04d}" for i in range(1001)]
     add(engine, *(Job(job_id, "q") for job_id in ids))
@@ -1027,8 +1034,9 @@ def test_pause_and_resume_say_what_they_did(engine: Engine, api: Ops) -> None:
     assert pause is not None and pause.reason is None
 
 
+@pytest.mark.dialect_neutral
 def test_pause_and_resume_refuse_bad_input_naming_the_field(engine: Engine, api: Ops) -> None:
-    for call, field in [
+    calls: list[tuple[Callable[[], object], str]] = [
         (lambda: api.pause(""), "queue"),
         (lambda: api.pause("x" * 257), "queue"),
         (lambda: api.pause(None), "queue"),
@@ -1037,7 +1045,8 @@ def test_pause_and_resume_refuse_bad_input_naming_the_field(engine: Engine, api:
         (lambda: api.pause("q", reason=""), "reason"),
         (lambda: api.resume(""), "queue"),
         (lambda: api.resume(7), "queue"),
-    ]:
+    ]
+    for call, field in calls:
         with pytest.raises(InvalidJob) as error:
             call()
         assert error.value.field == field
@@ -1221,15 +1230,17 @@ def test_rerun_of_a_long_job_id_gets_a_deterministic_hashed_id(engine: Engine, a
     assert other != hashed and other == "rerun~" + hashlib.sha256(f"{too_long}\x00ac".encode()).hexdigest()
 
 
+@pytest.mark.dialect_neutral
 def test_rerun_refuses_bad_ids_naming_the_field_and_writes_nothing(engine: Engine, api: Ops) -> None:
     settle_as(engine, COMPLETED, "orig")
-    for kwargs, field in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"job_id": "orig", "rerun_id": ""}, "rerun_id"),
         ({"job_id": "orig", "rerun_id": "r" * 129}, "rerun_id"),
         ({"job_id": "orig", "rerun_id": 5}, "rerun_id"),
         ({"job_id": "", "rerun_id": "r"}, "job_id"),
         ({"job_id": "o" * 257, "rerun_id": "r"}, "job_id"),
-    ]:
+    ]
+    for kwargs, field in cases:
         with pytest.raises(InvalidJob) as error:
             api.rerun(kwargs["job_id"], rerun_id=kwargs["rerun_id"])
         assert error.value.field == field
@@ -1240,7 +1251,7 @@ def test_rerun_refuses_bad_ids_naming_the_field_and_writes_nothing(engine: Engin
 # -- bulk actions: rerun_many, cancel_many ------------------------------------------------
 
 
-BULK = [
+BULK: list[tuple[str, str, str | None, Target]] = [
     ("i-1", "mail", "L1", INTERRUPTED),
     ("f-1", "mail", "L2", FAILED),
     ("c-1", "mail", "L1", COMPLETED),
@@ -1313,6 +1324,7 @@ def test_cancel_many_cancels_matching_live_jobs_and_again_replays(engine: Engine
     assert api.read("w-1").cancellation_id == "stop~w-1"
 
 
+@pytest.mark.dialect_neutral
 @pytest.mark.parametrize(
     ("method", "kwargs", "field"),
     [
@@ -1353,6 +1365,7 @@ def test_a_bad_bulk_filter_is_refused_naming_the_field_and_changes_nothing(
     assert [(job.job_id, job.state, job.cancellation_id) for job in api.list_jobs()] == before
 
 
+@pytest.mark.dialect_neutral
 def test_cancel_many_takes_no_outcome_nor_settled_time(api: Ops) -> None:
     for kwargs in ({"outcome": "failed"}, {"settled_after": datetime.now(UTC)}, {"settled_before": datetime.now(UTC)}):
         with pytest.raises(TypeError):

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import Engine
 
 from sqlalchemy_watchdog import EnqueueStatus, InvalidJob, Job, PayloadCodec, TaggedJSON, Watchdog
+from tests.helpers import stable_repr
 
 UTC = datetime.UTC
 codec = TaggedJSON()
@@ -91,7 +92,7 @@ def test_tagged_json_is_a_payload_codec() -> None:
         ({"f": float("nan")}, "strict JSON"),  # the Job's own checks still apply
         ({1: "int key"}, "keys must be str"),
     ],
-    ids=repr,
+    ids=stable_repr,
 )
 def test_what_the_codec_refuses_is_invalid_payload(payload: Any, says: str) -> None:
     with pytest.raises(InvalidJob) as refused:

@@ -1,0 +1,1 @@
+"""Tests over real databases (SQLite and PostgreSQL), processes, the CLI, the dashboard and the docs."""
