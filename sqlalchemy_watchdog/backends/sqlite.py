@@ -62,12 +62,22 @@ class SQLite:
         ``text_factory`` is restored afterwards, so the application's use of
         the same pooled connection is unchanged."""
         driver: Any = conn.connection.driver_connection  # sqlite3's, or aiosqlite's (the same property)
-        before = driver.text_factory
-        driver.text_factory = _tolerant_text
+        try:
+            before = driver.text_factory
+            driver.text_factory = _tolerant_text
+        except ValueError:
+            # aiosqlite's connection is already closed ("no active connection"):
+            # the operation's first statement fails as a database error, which
+            # the gateway handles (a fresh connection, a retry) -- not here.
+            yield
+            return
         try:
             yield
         finally:
-            driver.text_factory = before
+            # Closed meanwhile (a cancelled task, an invalidated connection):
+            # nothing left to restore.
+            with contextlib.suppress(ValueError):
+                driver.text_factory = before
 
     def clock_ms_sql(self) -> str:
         return "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
