@@ -10,6 +10,7 @@ from .applies import Applied, JobExplanation, PolicyLevel
 from .client import Watchdog, enqueue, enqueue_select
 from .codecs import PayloadCodec, TaggedJSON
 from .connections import follow_failover
+from .core.settings import RunnerOptions
 from .errors import (
     EnqueueConflict,
     ErrorCode,
@@ -82,6 +83,7 @@ __all__ = [
     "Retention",
     "RetryPolicy",
     "Runner",
+    "RunnerOptions",
     "RunningJob",
     "Schedule",
     "Stats",

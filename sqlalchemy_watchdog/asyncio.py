@@ -404,7 +404,7 @@ class AsyncRunner:
     cancels the handler's task; everything else follows the same rules as the
     sync runner -- the same steps of :mod:`sqlalchemy_watchdog.core`, the
     same store code. Its options are the sync runner's,
-    :class:`~sqlalchemy_watchdog.core.settings.RunnerOptions`;
+    :class:`~sqlalchemy_watchdog.RunnerOptions`;
     ``listen_engine`` is an ``AsyncEngine``.
 
     In a FastAPI/Starlette lifespan, ``async with runner.running():``

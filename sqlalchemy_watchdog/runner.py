@@ -84,7 +84,7 @@ class Runner:
         with its traceback).
     :param options: the runner's options as keyword arguments
         (``concurrency=``, ``lease=``, ``retry=``, ...): every one is
-        described in :class:`~sqlalchemy_watchdog.core.settings.RunnerOptions`,
+        described in :class:`~sqlalchemy_watchdog.RunnerOptions`,
         and one left out takes its default.
     :param listen_engine: an ``Engine`` with a direct URL (not through a
         transaction-mode pooler) used only for the listening session; default:

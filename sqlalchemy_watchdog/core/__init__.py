@@ -29,7 +29,7 @@ The modules:
 * :mod:`.handlers` -- the handler registry (``@handler``), the policy each
   handler carries, :class:`~.handlers.RunningJob` and stop signals;
 * :mod:`.settings` -- the runner options, declared once
-  (:class:`~.settings.RunnerOptions`), and the validated
+  (:class:`~sqlalchemy_watchdog.RunnerOptions`), and the validated
   :class:`~.settings.RunnerSettings`;
 * :mod:`.clock` -- the one :class:`~.clock.Clock` a core reads the time from;
 * :mod:`.steps` -- the steps, ``call`` and the two ``drive`` functions;
