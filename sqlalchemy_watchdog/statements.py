@@ -40,7 +40,6 @@ from sqlalchemy import (
     Text,
     Update,
     and_,
-    any_,
     bindparam,
     case,
     cast,
@@ -53,11 +52,9 @@ from sqlalchemy import (
     select,
     true,
     tuple_,
-    type_coerce,
     union_all,
     update,
 )
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.dml import ReturningDelete
 from sqlalchemy.sql.elements import ColumnElement
@@ -260,32 +257,7 @@ def _rows(dialect: str, name: str, fields: Fields, *, counted: bool = False) -> 
 
     Returns the source, its columns by field name, and its ordering column.
     """
-    source: Any
-    if dialect == "postgresql":
-        source = (
-            func.jsonb_array_elements(cast(bindparam(name, type_=Text()), postgresql.JSONB()))
-            .table_valued("value", with_ordinality="ordinal")
-            .render_derived(name=name)
-        )
-        if counted:
-            source = (
-                select(source.c.value, source.c.ordinal)
-                .limit(bindparam(f"{name}_count", type_=Integer()))
-                .subquery(name)
-            )
-        columns: dict[str, ColumnElement[Any]] = {
-            field: cast(source.c.value.op("->>")(literal_column(str(index))), type_)
-            for index, (field, type_) in enumerate(fields)
-        }
-        return source, columns, source.c.ordinal
-    source = func.json_each(bindparam(name, type_=Text())).table_valued("key", "value").alias(name)
-    if counted:
-        source = select(source.c.key, source.c.value).limit(bindparam(f"{name}_count", type_=Integer())).subquery(name)
-    columns = {
-        field: type_coerce(func.json_extract(source.c.value, f"$[{index}]"), type_)
-        for index, (field, type_) in enumerate(fields)
-    }
-    return source, columns, source.c.key
+    return backend_of(dialect).json_rows(name, fields, counted=counted)
 
 
 def rows_params(dialect: str, name: str, fields: Fields, rows: Sequence[Sequence[Any]]) -> dict[str, Any]:
@@ -458,11 +430,7 @@ def promote(dialect: str) -> Update:
         .order_by(c.ready_at, c.sequence)
         .limit(_p("limit", Integer()))
     )
-    if dialect == "postgresql":
-        cte = pick.with_for_update(skip_locked=True).cte("due").prefix_with("MATERIALIZED")
-        target: ColumnElement[bool] = c.sequence.in_(select(cte.c.sequence))
-    else:
-        target = c.sequence.in_(pick)
+    target = backend_of(dialect).picked(c.sequence, pick, "due")
     return update(t).where(target, IS_DELAYED).values(state=_QUEUED).returning(c.sequence)
 
 
@@ -488,11 +456,10 @@ def _queue_pick(dialect: str, index: int, limit: BindParameter[Any], *more: str)
     # is never walked (on the column it was a filter on every row read).
     unpaused = queue.not_in(select(pauses.c.queue_name).scalar_subquery())
     pick = select(c.sequence, *(c[name] for name in more)).where(IS_QUEUED, unpaused, c.queue_name.in_([queue]))
-    if dialect == "sqlite":
-        # SQLite uses a partial index only for a query repeating its predicate.
+    backend = backend_of(dialect)
+    if backend.repeats_partial_predicates:
         pick = pick.where(IS_LIVE)
-    pick = pick.order_by(*CLAIM_ORDER).limit(limit)
-    return pick.with_for_update(skip_locked=True) if dialect == "postgresql" else pick
+    return backend.skip_locked(pick.order_by(*CLAIM_ORDER).limit(limit))
 
 
 @cache
@@ -519,9 +486,9 @@ def claim(dialect: str, queue_count: int | None) -> Update:
     if queue_count is None:
         # Every queue: every queued job sorted (no index holds them all in claim
         # order). Runners always name their queues; this serves tests and tools.
-        pick = select(c.sequence).where(IS_QUEUED, UNPAUSED).order_by(*CLAIM_ORDER).limit(limit)
-        if dialect == "postgresql":
-            pick = pick.with_for_update(skip_locked=True)
+        pick = backend_of(dialect).skip_locked(
+            select(c.sequence).where(IS_QUEUED, UNPAUSED).order_by(*CLAIM_ORDER).limit(limit)
+        )
     elif queue_count < 1:
         raise ValueError("queue_count: at least 1")
     elif queue_count == 1:
@@ -538,18 +505,11 @@ def claim(dialect: str, queue_count: int | None) -> Update:
         ]
         best = union_all(*(select(part.c.sequence, part.c.priority) for part in each)).subquery("queues")
         pick = select(best.c.sequence).order_by(best.c.priority.desc(), best.c.sequence).limit(limit)
-    if dialect == "postgresql":
-        cte = pick.cte("ready").prefix_with("MATERIALIZED")
-        # = ANY(ARRAY(...)), not IN (SELECT ...): the planner takes the array for
-        # a few elements whatever it knows of the table, so the generic plan of
-        # the prepared claim goes to each row by key too. With IN, the generic plan
-        # of a queue holding most of the table hash-joined a scan of the whole
-        # table (7 ms a claim at 20,000 jobs, against 0.3): PostgreSQL kept to
-        # custom plans only while it judged the generic one dearer.
-        target: ColumnElement[bool] = c.sequence == any_(func.array(select(cte.c.sequence).scalar_subquery()))
-    else:
-        # SQLite runs one writer at a time: the pick cannot change under us.
-        target = and_(c.sequence.in_(pick), IS_QUEUED)
+    # The picks lock their rows already (skip_locked). As an array: with IN, the
+    # generic plan of a queue holding most of the table hash-joined a scan of the
+    # whole table (7 ms a claim at 20,000 jobs, against 0.3): PostgreSQL kept to
+    # custom plans only while it judged the generic one dearer.
+    target = backend_of(dialect).picked(c.sequence, pick, "ready", skip_locked=False, as_array=True, recheck=IS_QUEUED)
     runnable = c.cancellation_id.is_(None)
     clock = db_clock_ms()
     return (
@@ -761,12 +721,7 @@ def fail_lane(dialect: str) -> Update:
     the calls that follow settle the rest."""
     batch = _p("batch", Integer())
     custom, own = (part.limit(batch) for part in _lane_jobs(_p("lane_name", Text())))
-    if dialect == "postgresql":
-        parts = [part.with_for_update().cte(name).prefix_with("MATERIALIZED") for part, name in
-                 ((custom, "custom_lane"), (own, "default_lane"))]  # fmt: skip
-        both = union_all(*(select(part.c.sequence, part.c.state) for part in parts)).subquery("lane_jobs")
-    else:
-        both = union_all(*(select(part.subquery()) for part in (custom, own))).subquery("lane_jobs")
+    both = backend_of(dialect).union_picked(((custom, "custom_lane"), (own, "default_lane")))
     pick = select(both.c.sequence).order_by(both.c.state.desc(), both.c.sequence).limit(batch)
     return (
         update(t)
@@ -894,12 +849,7 @@ def prune(dialect: str, undated: bool) -> Delete:
         pick = pick.where(c.settled_at < db_clock_ms() - _p("age_ms", BigInteger()))
         pick = pick.order_by(c.settled_at, c.sequence)
     pick = pick.limit(_p("limit", Integer()))
-    if dialect == "postgresql":
-        cte = pick.with_for_update(skip_locked=True).cte("old").prefix_with("MATERIALIZED")
-        target: ColumnElement[bool] = c.sequence.in_(select(cte.c.sequence))
-    else:
-        target = c.sequence.in_(pick)
-    return delete(t).where(target, IS_SETTLED)
+    return delete(t).where(backend_of(dialect).picked(c.sequence, pick, "old"), IS_SETTLED)
 
 
 #: The payload column of a list that does not read payloads.
@@ -1005,9 +955,7 @@ def bulk_pick(dialect: str, kind: str, filters: tuple[str, ...]) -> Select[Any]:
         else:  # pragma: no cover - the store checks the names
             raise ValueError(name)
     query = query.order_by(c.sequence).limit(_p("limit", Integer()))
-    if dialect == "postgresql" and not live:
-        query = query.with_for_update(read=True, key_share=True, of=t)
-    return query
+    return query if live else backend_of(dialect).share_locked(query, t)
 
 
 @cache

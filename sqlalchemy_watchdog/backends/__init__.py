@@ -13,14 +13,15 @@ the design document, "Store operations and backends").
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Select
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
+from sqlalchemy.sql.elements import ColumnElement
 
 from .postgresql import PostgreSQL
 from .sqlite import SQLite, UnreadableText
@@ -47,8 +48,58 @@ class Backend(Protocol):
     #: The marker parameter of a job-id prefix range in a list statement.
     prefix_range_marker: str
 
+    #: Whether the planner uses a partial index only for a query that repeats
+    #: its predicate (SQLite), so a pick must say it again.
+    repeats_partial_predicates: bool
+
     def insert(self, table: Any) -> Insert:
         """The dialect's INSERT construct (with ``on_conflict_do_*``)."""
+        ...
+
+    # -- statement variants (the statements module asks for these) -----------------
+
+    def json_rows(
+        self, name: str, fields: Sequence[tuple[str, Any]], *, counted: bool
+    ) -> tuple[Any, dict[str, ColumnElement[Any]], Any]:
+        """A FROM source yielding the rows sent as one JSON array of arrays
+        in the bind parameter ``name``, its columns by field name and its
+        ordering column (see ``statements._rows``)."""
+        ...
+
+    def skip_locked(self, pick: Select[Any]) -> Select[Any]:
+        """``pick`` locking the rows it returns and skipping rows another
+        transaction holds, where the database locks rows (else unchanged:
+        the write lock serialises writers)."""
+        ...
+
+    def picked(
+        self,
+        key: ColumnElement[Any],
+        pick: Select[Any],
+        name: str,
+        *,
+        skip_locked: bool = True,
+        as_array: bool = False,
+        recheck: ColumnElement[bool] | None = None,
+    ) -> ColumnElement[bool]:
+        """The WHERE clause of a write that targets the rows whose ``key``
+        column is among those ``pick`` returns: on PostgreSQL a materialized CTE
+        ``name`` of them, locked (``FOR UPDATE``, skipping locked rows when
+        ``skip_locked``; ``pick`` already locked when None is wanted, see
+        :meth:`skip_locked`), matched with ``= ANY(ARRAY(...))`` when
+        ``as_array`` (a generic plan that goes by key); elsewhere ``IN (pick)``,
+        with ``recheck``, the condition the write checks again where the pick
+        locks no rows (a locked row is re-read by PostgreSQL anyway)."""
+        ...
+
+    def union_picked(self, parts: Sequence[tuple[Select[Any], str]]) -> Any:
+        """One subquery ``lane_jobs`` of the rows of several picks (each
+        ``(select, name)``), locked ``FOR UPDATE`` where rows lock."""
+        ...
+
+    def share_locked(self, query: Select[Any], table: Any) -> Select[Any]:
+        """``query`` holding its rows of ``table`` ``FOR KEY SHARE`` until
+        commit where rows lock (so a concurrent delete waits), else unchanged."""
         ...
 
     def clock_ms_sql(self) -> str:

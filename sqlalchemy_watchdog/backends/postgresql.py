@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Integer, Select, Text, any_, bindparam, cast, func, literal_column, select, union_all
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.sql.dml import Insert
+from sqlalchemy.sql.elements import ColumnElement
 
 #: SQLSTATEs of the integrity violations the store interprets.
 _VIOLATIONS = {"23502": "not_null", "23505": "unique"}
@@ -29,6 +30,7 @@ class PostgreSQL:
     notifies = True
     advisory_xact_lock = True
     prefix_range_marker = "job_id_range"
+    repeats_partial_predicates = False
 
     def __init__(self) -> None:
         #: Whether job_id sorts by code point, per database URL (asked once).
@@ -36,6 +38,58 @@ class PostgreSQL:
 
     def insert(self, table: Any) -> Insert:
         return postgresql.insert(table)
+
+    def json_rows(
+        self, name: str, fields: Sequence[tuple[str, Any]], *, counted: bool
+    ) -> tuple[Any, dict[str, ColumnElement[Any]], Any]:
+        # jsonb, parsed once: ->> on json re-parses the element for every field.
+        source: Any = (
+            func.jsonb_array_elements(cast(bindparam(name, type_=Text()), postgresql.JSONB()))
+            .table_valued("value", with_ordinality="ordinal")
+            .render_derived(name=name)
+        )
+        if counted:
+            source = (
+                select(source.c.value, source.c.ordinal)
+                .limit(bindparam(f"{name}_count", type_=Integer()))
+                .subquery(name)
+            )
+        columns: dict[str, ColumnElement[Any]] = {
+            field: cast(source.c.value.op("->>")(literal_column(str(index))), type_)
+            for index, (field, type_) in enumerate(fields)
+        }
+        return source, columns, source.c.ordinal
+
+    def skip_locked(self, pick: Select[Any]) -> Select[Any]:
+        return pick.with_for_update(skip_locked=True)
+
+    def picked(
+        self,
+        key: ColumnElement[Any],
+        pick: Select[Any],
+        name: str,
+        *,
+        skip_locked: bool = True,
+        as_array: bool = False,
+        recheck: ColumnElement[bool] | None = None,
+    ) -> ColumnElement[bool]:
+        if skip_locked:
+            pick = pick.with_for_update(skip_locked=True)
+        cte = pick.cte(name).prefix_with("MATERIALIZED")
+        sequence = cte.c[str(key.key)]
+        if as_array:
+            # = ANY(ARRAY(...)), not IN (SELECT ...): the planner takes the array for
+            # a few elements whatever it knows of the table, so the generic plan of
+            # a prepared statement goes to each row by key too.
+            return key == any_(func.array(select(sequence).scalar_subquery()))
+        return key.in_(select(sequence))
+
+    def union_picked(self, parts: Sequence[tuple[Select[Any], str]]) -> Any:
+        ctes = [part.with_for_update().cte(name).prefix_with("MATERIALIZED") for part, name in parts]
+        return union_all(*(select(cte.c.sequence, cte.c.state) for cte in ctes)).subquery("lane_jobs")
+
+    def share_locked(self, query: Select[Any], table: Any) -> Select[Any]:
+        return query.with_for_update(read=True, key_share=True, of=table)
 
     def clock_ms_sql(self) -> str:
         return "CAST(floor(EXTRACT(EPOCH FROM statement_timestamp()) * 1000) AS BIGINT)"

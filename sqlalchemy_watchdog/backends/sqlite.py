@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Integer, Select, Text, and_, bindparam, func, select, type_coerce, union_all
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.sql.dml import Insert
+from sqlalchemy.sql.elements import ColumnElement
 
 
 class UnreadableText(str):
@@ -48,9 +49,46 @@ class SQLite:
     advisory_xact_lock = False
     # Its planner is told to read the prefix range first.
     prefix_range_marker = "job_id_range_first"
+    # SQLite uses a partial index only for a query repeating its predicate.
+    repeats_partial_predicates = True
 
     def insert(self, table: Any) -> Insert:
         return sqlite.insert(table)
+
+    def json_rows(
+        self, name: str, fields: Sequence[tuple[str, Any]], *, counted: bool
+    ) -> tuple[Any, dict[str, ColumnElement[Any]], Any]:
+        source: Any = func.json_each(bindparam(name, type_=Text())).table_valued("key", "value").alias(name)
+        if counted:
+            source = (
+                select(source.c.key, source.c.value).limit(bindparam(f"{name}_count", type_=Integer())).subquery(name)
+            )
+        columns: dict[str, ColumnElement[Any]] = {
+            field: type_coerce(func.json_extract(source.c.value, f"$[{index}]"), type_)
+            for index, (field, type_) in enumerate(fields)
+        }
+        return source, columns, source.c.key
+
+    def skip_locked(self, pick: Select[Any]) -> Select[Any]:
+        return pick  # the write lock (BEGIN IMMEDIATE) serialises writers
+
+    def picked(
+        self,
+        key: ColumnElement[Any],
+        pick: Select[Any],
+        name: str,
+        *,
+        skip_locked: bool = True,
+        as_array: bool = False,
+        recheck: ColumnElement[bool] | None = None,
+    ) -> ColumnElement[bool]:
+        return key.in_(pick) if recheck is None else and_(key.in_(pick), recheck)
+
+    def union_picked(self, parts: Sequence[tuple[Select[Any], str]]) -> Any:
+        return union_all(*(select(part.subquery()) for part, _name in parts)).subquery("lane_jobs")
+
+    def share_locked(self, query: Select[Any], table: Any) -> Select[Any]:
+        return query
 
     def forget(self) -> None:
         pass  # nothing learnt

@@ -301,3 +301,81 @@ def test_pruning_skips_while_another_transaction_prunes(engine: Engine) -> None:
         holder.execute(sql.try_advisory_xact_lock(), {"key": store.PRUNE_LOCK_KEY})
         with engine.connect() as conn:
             assert store.transact(conn, store.prune_retention, ages, 10) is None
+
+
+# -- statement variants ---------------------------------------------------------------
+
+
+def _numbers(engine: Engine) -> Table:
+    table = Table(
+        "conformance_numbers", MetaData(), Column("sequence", Integer, primary_key=True), Column("state", Text)
+    )
+    table.metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(table.insert(), [{"sequence": n, "state": "queued"} for n in range(1, 6)])
+    return table
+
+
+def test_json_rows_yield_every_row_in_order_with_typed_fields(engine: Engine) -> None:
+    backend = _backend(engine)
+    fields = (("name", Text()), ("n", BigInteger()))
+    for counted in (False, True):
+        source, columns, order = backend.json_rows("rows", fields, counted=counted)
+        query = select(columns["name"], columns["n"]).select_from(source).order_by(order)
+        params = sql.rows_params(engine.dialect.name, "rows", fields, [("a", 1), ("b", 2**40), ("c",)])
+        with engine.connect() as conn:
+            assert [tuple(row) for row in conn.execute(query, params)] == [("a", 1), ("b", 2**40), ("c", None)]
+
+
+def test_a_write_targets_exactly_the_picked_rows(engine: Engine) -> None:
+    backend = _backend(engine)
+    table = _numbers(engine)
+    pick = select(table.c.sequence).where(table.c.state == "queued").order_by(table.c.sequence.desc()).limit(2)
+    for as_array in (False, True):
+        target = backend.picked(table.c.sequence, pick, "pick", as_array=as_array, recheck=table.c.state == "queued")
+        with engine.begin() as conn:
+            backend.begin_write(conn)
+            done = conn.execute(table.update().where(target).values(state="taken").returning(table.c.sequence))
+            assert sorted(done.scalars()) == ([4, 5] if not as_array else [2, 3])
+    union = backend.union_picked(
+        ((select(table.c.sequence, table.c.state).where(table.c.sequence == 1), "one"),
+         (select(table.c.sequence, table.c.state).where(table.c.sequence == 5), "five"))
+    )  # fmt: skip
+    with engine.begin() as conn:
+        assert sorted(conn.execute(select(union.c.sequence)).scalars()) == [1, 5]
+
+
+def test_a_pick_skips_rows_another_transaction_holds_where_rows_lock(engine: Engine) -> None:
+    backend = _backend(engine)
+    table = _numbers(engine)
+    pick = backend.skip_locked(select(table.c.sequence).order_by(table.c.sequence).limit(2))
+    if engine.dialect.name != "postgresql":
+        # No row locks: the write lock (begin_write) serialises the writers instead.
+        assert (
+            pick.compile(engine).string
+            == select(table.c.sequence).order_by(table.c.sequence).limit(2).compile(engine).string
+        )
+        return
+    with engine.connect() as holder, engine.connect() as other:
+        with holder.begin():
+            holder.execute(select(table.c.sequence).where(table.c.sequence == 1).with_for_update())
+            with other.begin():
+                assert list(other.execute(pick).scalars()) == [2, 3]
+
+
+def test_a_share_locked_read_holds_its_rows_against_a_delete_where_rows_lock(engine: Engine) -> None:
+    backend = _backend(engine)
+    table = _numbers(engine)
+    query = backend.share_locked(select(table.c.sequence).where(table.c.sequence == 1), table)
+    if engine.dialect.name != "postgresql":
+        assert (
+            query.compile(engine).string == select(table.c.sequence).where(table.c.sequence == 1).compile(engine).string
+        )
+        return
+    with engine.connect() as reader, engine.connect() as deleter:
+        with reader.begin():
+            assert list(reader.execute(query).scalars()) == [1]
+            with deleter.begin():
+                deleter.exec_driver_sql("SET LOCAL lock_timeout = '200ms'")
+                with pytest.raises(DBAPIError, match="lock timeout"):
+                    deleter.execute(table.delete().where(table.c.sequence == 1))
