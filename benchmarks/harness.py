@@ -41,6 +41,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import psycopg
@@ -521,28 +522,38 @@ class Watchdog:
     def enqueue_batch(self, target: Target, batches: int, size: int, tag: str, through: Any = None) -> float:
         """Seconds for ``batches`` transactions of ``size`` jobs, each one ``enqueue`` call
         (``through``: an engine of the caller's, e.g. through a pooler)."""
-        from sqlalchemy.orm import Session
-
-        from sqlalchemy_watchdog import Job, enqueue
+        from sqlalchemy_watchdog import Job
 
         eng = through or engine(target)
         try:
-            with Session(eng) as session:  # warm the pool, as a long-lived application is
-                enqueue(session, Job(f"{tag}-warm", QUEUE))
-                session.commit()
+            self.commit_jobs(eng, Job(f"{tag}-warm", QUEUE))  # warm the pool, as a long-lived application is
             started = time.perf_counter()  # building the jobs is timed, as with the peers' calls
             for b in range(batches):
-                with Session(eng) as session:
-                    jobs = [Job(f"{tag}-{b}-{i}", QUEUE, payload={"i": i}) for i in range(size)]
-                    enqueue(session, jobs[0] if size == 1 else jobs)
-                    session.commit()
+                jobs = [Job(f"{tag}-{b}-{i}", QUEUE, payload={"i": i}) for i in range(size)]
+                self.commit_jobs(eng, jobs[0] if size == 1 else jobs)
             return time.perf_counter() - started
         finally:
             if through is None:
                 eng.dispose()
 
     def prefill(self, target: Target, n: int, tag: str) -> float:
-        return self.client(target).enqueue_jobs(self.jobs(tag, n), close=True)
+        eng = engine(target)
+        try:
+            return self.commit_jobs(eng, self.jobs(tag, n))
+        finally:
+            eng.dispose()
+
+    @staticmethod
+    def commit_jobs(eng: Any, jobs: Any) -> float:
+        """``enqueue(session, jobs)`` + commit; perf_counter() after the commit."""
+        from sqlalchemy.orm import Session
+
+        from sqlalchemy_watchdog import enqueue
+
+        with Session(eng) as session:
+            enqueue(session, jobs)
+            session.commit()
+            return time.perf_counter()
 
     def claim_settle(self, target: Target, jobs: int, tag: str) -> float:
         """ms per job of ``Runner.run_until_idle()`` claiming and settling ``jobs`` + 1 new jobs."""
@@ -562,30 +573,16 @@ class Watchdog:
         return elapsed / (jobs + 1) * 1000.0
 
     def client(self, target: Target) -> Any:
-        from sqlalchemy.orm import Session
-
-        from sqlalchemy_watchdog import Job, enqueue
+        """``.enqueue(key, run_at=None)`` -> time.time() after its commit; ``.close()``."""
+        from sqlalchemy_watchdog import Job
 
         eng = engine(target)
 
-        class LatencyClient:
-            def enqueue_jobs(self, jobs: Any, close: bool = False) -> float:
-                with Session(eng) as session:
-                    enqueue(session, jobs)
-                    session.commit()
-                    committed = time.perf_counter()
-                if close:
-                    self.close()
-                return committed
+        def enqueue(key: str, run_at: Any = None) -> float:
+            self.commit_jobs(eng, Job(key, QUEUE, payload={"k": key}, run_at=run_at))
+            return time.time()
 
-            def enqueue(self, key: str, run_at: Any = None) -> float:
-                self.enqueue_jobs(Job(key, QUEUE, payload={"k": key}, run_at=run_at))
-                return time.time()
-
-            def close(self) -> None:
-                eng.dispose()
-
-        return LatencyClient()
+        return SimpleNamespace(enqueue=enqueue, close=eng.dispose)
 
     def worker_main(
         self, target: Target, concurrency: int = 1, defaults: bool = False, latency: bool = False,
@@ -627,13 +624,10 @@ class Watchdog:
             if latency:
                 say("START", f"{job.job_id} {time.time():.6f}")
 
-        options: dict[str, Any] = {}
+        options: dict[str, Any] = {} if defaults else {"concurrency": concurrency}
         if retention_days is not None:
             options["retention"] = Retention(completed=timedelta(days=retention_days))
-        if defaults:
-            eng = create_engine(target.url)
-        else:
-            eng, options["concurrency"] = engine(target, pool_size=concurrency + 3), concurrency
+        eng = create_engine(target.url) if defaults else engine(target, pool_size=concurrency + 3)
         runner = Runner(eng, {QUEUE: handler}, **options)
         with eng.connect() as conn:
             conn.execute(text("SELECT 1"))
@@ -662,9 +656,7 @@ class _AsyncPeer:
     i or key)`` enqueues one job (its own transaction), ``_many(handle, n)`` n in one call."""
 
     dialects = ("postgresql",)
-
-    def reset(self, target: Target) -> None:
-        truncate(target)
+    reset = Watchdog.reset
 
     def _run(self, target: Target, work: Callable[[Any], Any]) -> Any:
         async def go() -> Any:
@@ -692,22 +684,21 @@ class _AsyncPeer:
         return float(self._run(target, work))
 
     def prefill(self, target: Target, n: int, tag: str) -> float:
-        return float(self._run(target, lambda handle: self._many(handle, n, then=time.perf_counter)))  # type: ignore[attr-defined]
+        async def work(handle: Any) -> float:
+            await self._many(handle, n)  # type: ignore[attr-defined]
+            return time.perf_counter()
+
+        return float(self._run(target, work))
 
     def client(self, target: Target) -> Any:
-        peer, loop = self, asyncio.new_event_loop()
+        loop = asyncio.new_event_loop()
         handle, close = loop.run_until_complete(self._open(target.dsn))  # type: ignore[attr-defined]
 
-        class LatencyClient:
-            def enqueue(self, key: str) -> float:
-                loop.run_until_complete(peer._one(handle, key))  # type: ignore[attr-defined]
-                return time.time()
+        def enqueue(key: str) -> float:
+            loop.run_until_complete(self._one(handle, key))  # type: ignore[attr-defined]
+            return time.time()
 
-            def close(self) -> None:
-                loop.run_until_complete(close())
-                loop.close()
-
-        return LatencyClient()
+        return SimpleNamespace(enqueue=enqueue, close=lambda: [loop.run_until_complete(close()), loop.close()])
 
 
 class Procrastinate(_AsyncPeer):
@@ -735,16 +726,15 @@ class Procrastinate(_AsyncPeer):
         return app, bench
 
     async def _open(self, dsn: str) -> tuple[Any, Any]:
-        app, bench = self.app(dsn)
+        app, task = self.app(dsn)
         await app.open_async()
-        return (app, bench), app.close_async
+        return (app, task), app.close_async
 
     async def _one(self, handle: Any, i: int | str) -> None:
-        await (handle[1].defer_async(k=i) if isinstance(i, str) else handle[1].defer_async(i=i))
+        await handle[1].defer_async(**{"k" if isinstance(i, str) else "i": i})
 
-    async def _many(self, handle: Any, n: int, then: Callable[[], Any] = lambda: None) -> Any:
+    async def _many(self, handle: Any, n: int) -> None:
         await handle[1].batch_defer_async(*({"i": i} for i in range(n)))
-        return then()
 
     def install(self, target: Target) -> None:
         self._run(target, lambda handle: handle[0].schema_manager.apply_schema_async())
@@ -752,9 +742,11 @@ class Procrastinate(_AsyncPeer):
     def worker_main(self, target: Target, concurrency: int = 1, defaults: bool = False, latency: bool = False) -> None:
         pool = {} if defaults else {"min_size": min(4, concurrency + 2), "max_size": max(4, concurrency + 2)}
         app, _ = self.app(target.dsn, latency=latency, **pool)
-        options: dict[str, Any] = {"queues": [QUEUE], "install_signal_handlers": True}
-        if not defaults:
-            options["concurrency"] = concurrency
+        options = {
+            "queues": [QUEUE],
+            "install_signal_handlers": True,
+            **({} if defaults else {"concurrency": concurrency}),
+        }
 
         async def go() -> None:
             async with app.open_async():
@@ -792,9 +784,8 @@ class PgQueuer(_AsyncPeer):
     async def _one(self, queries: Any, i: int | str) -> None:
         await queries.enqueue(QUEUE, i.encode() if isinstance(i, str) else b'{"i":%d}' % i)
 
-    async def _many(self, queries: Any, n: int, then: Callable[[], Any] = lambda: None) -> Any:
+    async def _many(self, queries: Any, n: int) -> None:
         await queries.enqueue([QUEUE] * n, [b'{"i":%d}' % i for i in range(n)], [0] * n)
-        return then()
 
     def install(self, target: Target) -> None:
         self._run(target, lambda queries: queries.install())
@@ -1109,17 +1100,14 @@ class Bench:
 
 
 def machine_facts(workdir: Path) -> dict[str, Any]:
+    """The machine, the servers' durability settings, the versions: the run's header."""
     facts: dict[str, Any] = {"nproc": os.cpu_count(), "python": platform.python_version(), "load_at_start": load()}
     with contextlib.suppress(Exception), psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
         show = lambda name: conn.execute(pgsql.SQL("SHOW {}").format(pgsql.Identifier(name))).fetchone()[0]  # type: ignore[index]
         facts["postgresql"] = {s: show(s) for s in ("server_version", "fsync", "synchronous_commit", "wal_sync_method")}
     with contextlib.closing(sqlite3.connect(str(workdir / "facts.db"))) as lite:
-        pragma = lambda name: lite.execute(f"PRAGMA {name}").fetchone()[0]
-        facts["sqlite"] = {
-            "version": sqlite3.sqlite_version,
-            "journal_mode": pragma("journal_mode"),
-            "synchronous": pragma("synchronous"),
-        }
+        facts["sqlite"] = {p: lite.execute(f"PRAGMA {p}").fetchone()[0] for p in ("journal_mode", "synchronous")}
+        facts["sqlite"]["version"] = sqlite3.sqlite_version
     facts["packages"] = {}
     for package in ("sqlalchemy-watchdog", "SQLAlchemy", "psycopg", "procrastinate", "pgqueuer", "asyncpg"):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
@@ -1132,16 +1120,12 @@ def machine_facts(workdir: Path) -> dict[str, Any]:
 
 def describe(facts: dict[str, Any]) -> str:
     pg, lite = facts.get("postgresql", {"error": "not reachable"}), facts["sqlite"]
-    return "\n".join(
-        [
-            f"machine: {facts['nproc']} CPUs ({facts.get('cpu', '?')}), load {facts['load_at_start']} at start;"
-            f" Python {facts['python']}",
-            "PostgreSQL " + ", ".join(f"{k}={v}" for k, v in pg.items()),
-            f"SQLite {lite['version']}: journal_mode={lite['journal_mode']}, synchronous={lite['synchronous']} (defaults)",
-            "versions: " + ", ".join(f"{k} {v}" for k, v in facts["packages"].items())
-            + (f"; watchdog at {facts['watchdog_commit']}" if "watchdog_commit" in facts else ""),
-        ]
-    )  # fmt: skip
+    return (
+        f"machine: {facts['nproc']} CPUs, load {facts['load_at_start']} at start; Python {facts['python']}\n"
+        f"PostgreSQL {', '.join(f'{k}={v}' for k, v in pg.items())}\n"
+        f"SQLite {lite['version']}: journal_mode={lite['journal_mode']}, synchronous={lite['synchronous']} (defaults)\n"
+        f"versions: {', '.join(f'{k} {v}' for k, v in facts['packages'].items())}; watchdog at {facts['watchdog_commit']}"
+    )
 
 
 def cell(values: list[float | None]) -> str:

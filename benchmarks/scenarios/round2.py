@@ -235,27 +235,18 @@ def scaleout(bench: h.Bench, r: int) -> None:
         bench.measure(table, f"{procs} process(es)", "watchdog", drain, 900)
 
 
-SCALE_QUEUES, SCALE_LANES, SCALE_BIG_LANE = 1_000, 10_000, 10_000
-CLOCK = h.CLOCK_SQL["postgresql"]
-SPREAD = {
-    "queue_name": f"'scale-' || mod(n, {SCALE_QUEUES})",
-    "lane": f"'lane-' || mod(n, {SCALE_LANES})",
-    "priority": "0",
-    "payload_json": "'{}'",
-}
-OLD_AT = f"{CLOCK} - 2 * {h.DAY_MS} - (:rows - n) * CAST(:step AS BIGINT)"
+SCALE_BIG_LANE, CLOCK = 10_000, h.CLOCK_SQL["postgresql"]
+
+
+def _rows(prefix: str, state: str, **columns: str) -> dict[str, str]:
+    """Jobs ``<prefix>-n`` spread over 1,000 queues and 10,000 lanes."""
+    spread = {"queue_name": "'scale-' || mod(n, 1000)", "lane": "'lane-' || mod(n, 10000)", "payload_json": "'{}'"}
+    return {"job_id": f"'{prefix}-' || n", **spread, "priority": "0", "state": f"'{state}'", **columns}
 
 
 def _settled(prefix: str, at: str, outcome: str = "'completed'") -> dict[str, str]:
     times = {"enqueued_at": f"{at} - 2000", "started_at": f"{at} - 1000", "settled_at": at}
-    return {
-        "job_id": f"'{prefix}-' || n",
-        **SPREAD,
-        "state": "'settled'",
-        "outcome": outcome,
-        "claim_token": f"'tok-{prefix}' || n",
-        **times,
-    }
+    return _rows(prefix, "settled", outcome=outcome, claim_token=f"'tok-{prefix}' || n", **times)
 
 
 def build_scale(target: h.Target, settled: int) -> None:
@@ -263,20 +254,14 @@ def build_scale(target: h.Target, settled: int) -> None:
     as many jobs delayed a day and more ahead, a tenth queued over 1,000 queues and 10,000
     lanes, and one lane (``big-lane``) of 10,000 queued jobs; then VACUUM (ANALYZE)."""
     h.install_watchdog(target, fresh=True)
+    old = f"{CLOCK} - 2 * {h.DAY_MS} - (:rows - n) * CAST(:step AS BIGINT)"
     failed = "CASE WHEN mod(n, 20) = 0 THEN 'failed' ELSE 'completed' END"
-    h.insert_jobs(target, settled, _settled("old", OLD_AT, failed), analyse=False, step=30 * h.DAY_MS // settled)
+    h.insert_jobs(target, settled, _settled("old", old, failed), analyse=False, step=30 * h.DAY_MS // settled)
     h.insert_jobs(target, 3600, _settled("recent", f"{CLOCK} - n * 1000"), analyse=False)
     later = f"{CLOCK} + {h.DAY_MS} + n * 100"
-    delayed = {
-        "job_id": "'later-' || n",
-        **SPREAD,
-        "state": "'delayed'",
-        "run_at": later,
-        "ready_at": later,
-        "enqueued_at": CLOCK,
-    }
+    delayed = _rows("later", "delayed", run_at=later, ready_at=later, enqueued_at=CLOCK)
     h.insert_jobs(target, settled, delayed, analyse=False)
-    queued = {"job_id": "'ready-' || n", **SPREAD, "state": "'queued'", "enqueued_at": f"{CLOCK} - (:rows - n)"}
+    queued = _rows("ready", "queued", enqueued_at=f"{CLOCK} - (:rows - n)")
     h.insert_jobs(target, max(2000, settled // 10), queued, analyse=False)
     big = {**queued, "job_id": "'big-' || n", "queue_name": "'scale-big'", "lane": "'big-lane'", "enqueued_at": CLOCK}
     h.insert_jobs(target, SCALE_BIG_LANE, big)
@@ -290,12 +275,9 @@ def measure_scale(target: h.Target, calls: int, prune_limit: int) -> dict[str, f
     client, out, claimed = Watchdog(eng), {}, []
     ms = lambda call, n=calls: statistics.median(h.time_calls(call, n, 2))
 
-    def claim(queue: str) -> Any:
-        def go() -> None:
-            with eng.begin() as conn:
-                claimed.extend(store.claim(conn, queues=[queue], limit=1, lease_ms=60_000).claimed)
-
-        return go
+    def claim(queue: str) -> None:
+        with eng.begin() as conn:
+            claimed.extend(store.claim(conn, queues=[queue], limit=1, lease_ms=60_000).claimed)
 
     def settle() -> None:
         one = claimed.pop()
@@ -303,16 +285,13 @@ def measure_scale(target: h.Target, calls: int, prune_limit: int) -> dict[str, f
             store.settle(conn, job_id=one.job.job_id, claim_token=one.token, decision=Decision.completed())
 
     try:
-        out["claim"] = ms(claim("scale-7"))
-        out["claim, 10,000-job backlog"] = ms(claim("scale-big"))
+        out["claim"] = ms(partial(claim, "scale-7"))
+        out["claim, 10,000-job backlog"] = ms(partial(claim, "scale-big"))
         out["settle"] = ms(settle, min(calls, len(claimed) - 2))
         out["stats()"] = ms(client.stats)
         out["list_jobs(limit=100)"] = ms(lambda: client.list_jobs(limit=100))
         out["list_jobs(state=queued, limit=100)"] = ms(lambda: client.list_jobs(state="queued", limit=100))
-        live = h.run_sql(
-            target,
-            "SELECT count(*) FROM watchdog_jobs WHERE lane = 'big-lane' AND state IN ('delayed', 'queued', 'running')",
-        )
+        live = h.run_sql(target, "SELECT count(*) FROM watchdog_jobs WHERE lane = 'big-lane' AND state != 'settled'")
         started, total, more = time.perf_counter(), 0, True
         while more:  # one call settles a batch; a caller repeats until no live job is left
             failed = client.fail_lane("big-lane", "scale benchmark")
@@ -343,7 +322,7 @@ def scale(bench: h.Bench) -> None:
                 build_scale(target, rows)
                 bench.log(f"scale table ({label}) built in {time.perf_counter() - started:.0f}s")
                 bench.measure(
-                    table, "", label, partial(measure_scale, target, 5 if bench.quick else 20, prune_limit), 1800
+                    table, "", label, partial(measure_scale, target, 20 - 15 * bench.quick, prune_limit), 1800
                 )
         finally:
             h.drop(target)
