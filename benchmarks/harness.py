@@ -171,17 +171,21 @@ def insert_jobs(target: Target, rows: int, columns: dict[str, str], *, analyse: 
     return time.perf_counter() - started
 
 
+def job_rows(prefix: str, state: str = "settled", at: str | None = None, **columns: str) -> dict[str, str]:
+    """:func:`insert_jobs` columns of jobs ``<prefix>-n`` of the benchmark's queue; settled ones
+    completed, and with ``at`` (SQL, epoch ms) settled then, started 1 s and enqueued 2 s before.
+    ``columns`` add to or replace these."""
+    rows = {"job_id": f"'{prefix}-' || n", "queue_name": ":queue", "lane": ":queue", "priority": "0"}
+    rows |= {"payload_json": "'{\"i\":' || n || '}'", "state": f"'{state}'"}
+    if state == "settled":
+        rows |= {"outcome": "'completed'", "claim_token": f"'claim_{prefix}_' || n"}
+    if at:
+        rows |= {"enqueued_at": f"{at} - 2000", "started_at": f"{at} - 1000", "settled_at": at}
+    return rows | columns
+
+
 #: Settled completed jobs of the benchmark's queue (no times): the claim's history.
-SETTLED = {
-    "job_id": "'history-' || n",
-    "queue_name": ":queue",
-    "lane": ":queue",
-    "priority": "0",
-    "payload_json": "'{\"i\":' || n || '}'",
-    "state": "'settled'",
-    "outcome": "'completed'",
-    "claim_token": "'claim_history_' || n",
-}
+SETTLED = job_rows("history")
 
 
 def truncate(target: Target) -> None:
@@ -948,10 +952,6 @@ class Bench:
     def record(self, table: str, row: str, column: str, value: float | None) -> None:
         self.table(table).cells.setdefault(row, {}).setdefault(column, []).append(value)
 
-    def record_all(self, table: str, column: str, values: dict[str, float | None]) -> None:
-        for row, value in values.items():
-            self.record(table, row, column, value)
-
     def fail(self, what: str, error: BaseException) -> None:
         message = f"{what}: {type(error).__name__}: {error}"
         if not isinstance(error, (ScenarioTimeout, ScenarioFailed)):
@@ -971,7 +971,8 @@ class Bench:
             self.fail(f"{table} / {row} [{column}]", error)
             value = None
         if isinstance(value, dict):
-            self.record_all(table, column, {f"{row} {k}".strip(): v for k, v in value.items()})
+            for key, one in value.items():
+                self.record(table, f"{row} {key}".strip(), column, one)
         else:
             self.record(table, row, column, value)
         shown = value if not isinstance(value, dict) else {k: fmt(v) for k, v in value.items()}

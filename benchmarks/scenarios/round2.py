@@ -238,15 +238,10 @@ def scaleout(bench: h.Bench, r: int) -> None:
 SCALE_BIG_LANE, CLOCK = 10_000, h.CLOCK_SQL["postgresql"]
 
 
-def _rows(prefix: str, state: str, **columns: str) -> dict[str, str]:
-    """Jobs ``<prefix>-n`` spread over 1,000 queues and 10,000 lanes."""
+def _rows(prefix: str, state: str = "settled", at: str | None = None, **columns: str) -> dict[str, str]:
+    """Jobs ``<prefix>-n`` spread over 1,000 queues and 10,000 lanes (see ``h.job_rows``)."""
     spread = {"queue_name": "'scale-' || mod(n, 1000)", "lane": "'lane-' || mod(n, 10000)", "payload_json": "'{}'"}
-    return {"job_id": f"'{prefix}-' || n", **spread, "priority": "0", "state": f"'{state}'", **columns}
-
-
-def _settled(prefix: str, at: str, outcome: str = "'completed'") -> dict[str, str]:
-    times = {"enqueued_at": f"{at} - 2000", "started_at": f"{at} - 1000", "settled_at": at}
-    return _rows(prefix, "settled", outcome=outcome, claim_token=f"'tok-{prefix}' || n", **times)
+    return h.job_rows(prefix, state, at, **spread, **columns)
 
 
 def build_scale(target: h.Target, settled: int) -> None:
@@ -256,8 +251,8 @@ def build_scale(target: h.Target, settled: int) -> None:
     h.install_watchdog(target, fresh=True)
     old = f"{CLOCK} - 2 * {h.DAY_MS} - (:rows - n) * CAST(:step AS BIGINT)"
     failed = "CASE WHEN mod(n, 20) = 0 THEN 'failed' ELSE 'completed' END"
-    h.insert_jobs(target, settled, _settled("old", old, failed), analyse=False, step=30 * h.DAY_MS // settled)
-    h.insert_jobs(target, 3600, _settled("recent", f"{CLOCK} - n * 1000"), analyse=False)
+    h.insert_jobs(target, settled, _rows("old", at=old, outcome=failed), analyse=False, step=30 * h.DAY_MS // settled)
+    h.insert_jobs(target, 3600, _rows("recent", at=f"{CLOCK} - n * 1000"), analyse=False)
     later = f"{CLOCK} + {h.DAY_MS} + n * 100"
     delayed = _rows("later", "delayed", run_at=later, ready_at=later, enqueued_at=CLOCK)
     h.insert_jobs(target, settled, delayed, analyse=False)
