@@ -40,6 +40,7 @@ import traceback
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -222,11 +223,6 @@ def install_watchdog(target: Target, fresh: bool = False) -> None:
 _children: list[Child] = []
 
 
-def role_argv(func: Callable[..., Any], **kwargs: Any) -> list[str]:
-    """The command line running ``func(**kwargs)`` (a module-level function) in a child."""
-    return [sys.executable, "-m", "benchmarks", "--role", f"{func.__module__}:{func.__name__}", json.dumps(kwargs)]
-
-
 def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
@@ -242,8 +238,9 @@ class Child:
         self.ready = threading.Event()
         self.starts: queue.Queue[tuple[str, float]] = queue.Queue()
         self.results: list[Any] = []
+        argv = [sys.executable, "-m", "benchmarks", "--role", f"{func.__module__}:{func.__name__}", json.dumps(kwargs)]
         self.proc = subprocess.Popen(
-            role_argv(func, **kwargs), stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL,
+            argv, stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL,
             text=True, bufsize=1, env=child_env(), start_new_session=True, cwd=str(ROOT),
         )  # fmt: skip
         _children.append(self)
@@ -401,24 +398,44 @@ def serve_in_thread(runner: Any) -> Callable[[], None]:
     return stopped
 
 
+def drain_idle(subject: Any, target: Target, n: int, tag: str, warm: int, children: Sequence[Child] = ()) -> float:
+    """jobs/s of idle workers (``children``, or a runner on a thread): a moment to reach the
+    LISTEN, then ``warm`` jobs drained, so every worker has connected and is idle again before
+    the clock starts; one transaction enqueues ``n`` jobs; the clock runs from its commit until
+    the database shows none unfinished (polled every 5 ms, SQLite 20 ms); fails unless exactly
+    ``n`` completed."""
+    probe = Probe(subject, target)
+    idle = lambda: not probe.live()
+    try:
+        time.sleep(0.3)
+        subject.prefill(target, warm, f"{tag}-warm")
+        poll_until(idle, timeout=60, interval=0.01, what="warm-up", children=children)
+        before, started = probe.completed(), subject.prefill(target, n, tag)
+        interval = 0.005 if target.dialect == "postgresql" else 0.02
+        finished = poll_until(idle, timeout=60 + n / 20, interval=interval, what="drain", children=children)
+        if (done := probe.completed() - before) != n:
+            raise ScenarioFailed(f"drain: {done} of {n} jobs completed")
+        return n / (finished - started)
+    finally:
+        probe.close()
+
+
 def drain_here(target: Target, runner: Any, jobs: int, prefill: bool = True) -> float:
     """jobs/s of ``runner`` serving on a thread of this process, draining ``jobs`` jobs enqueued in
     one transaction: before it starts (the clock from its start) or, with ``prefill=False``,
-    while it idles after a warm-up (the clock from the commit); polled every 5 ms."""
-    subject, probe = Watchdog(), Probe(Watchdog(), target)
+    while it idles after a warm-up (:func:`drain_idle`)."""
+    if not prefill:
+        stop = serve_in_thread(runner)
+        try:
+            return drain_idle(Watchdog(), target, jobs, "drain", 2)
+        finally:
+            stop()
+    Watchdog().prefill(target, jobs, "drain")
+    started, stop, probe = time.perf_counter(), serve_in_thread(runner), Probe(Watchdog(), target)
     try:
-        if prefill:
-            subject.prefill(target, jobs, "drain")
-            started, stop = time.perf_counter(), serve_in_thread(runner)
-        else:
-            stop = serve_in_thread(runner)
-            time.sleep(0.5)
-            subject.prefill(target, 2, "warm")
-            poll_until(lambda: not probe.live(), timeout=60, interval=0.005, what="warm-up")
-            started = subject.prefill(target, jobs, "drain")
         finished = poll_until(lambda: not probe.live(), timeout=60 + jobs / 20, interval=0.005, what="drain")
         stop()
-        if (done := probe.completed()) != jobs + (0 if prefill else 2):
+        if (done := probe.completed()) != jobs:
             raise ScenarioFailed(f"drain: {done} jobs completed")
         return jobs / (finished - started)
     finally:
@@ -608,21 +625,17 @@ class Watchdog:
 
             from sqlalchemy_watchdog.asyncio import AsyncRunner
 
-            async def noop(job: Any) -> None:
-                return None
-
             async def main() -> None:
                 eng = create_async_engine(target.url)
                 async with eng.connect() as conn:
                     await conn.execute(text("SELECT 1"))
                 say("READY")
                 try:
-                    await AsyncRunner(eng, {QUEUE: noop}, concurrency=concurrency).run_forever()
+                    await AsyncRunner(eng, {QUEUE: anoop}, concurrency=concurrency).run_forever()
                 finally:
                     await eng.dispose()
 
-            asyncio.run(main())
-            return
+            return asyncio.run(main())
 
         def handler(job: Any) -> None:
             if latency:
@@ -638,6 +651,10 @@ class Watchdog:
         say("READY")
         runner.run_forever()
         eng.dispose()
+
+
+async def anoop(job: Any) -> None:
+    """The no-op handler of an ``AsyncRunner``."""
 
 
 def _count_statements_at_exit() -> None:
@@ -931,9 +948,7 @@ class Bench:
     def opt(self, name: str, full: Any, quick: Any = None) -> Any:
         """The option ``--name`` if given, else its quick or full default."""
         value = getattr(self.args, name.replace("-", "_"), None)
-        if value is not None:
-            return value
-        return quick if self.quick and quick is not None else full
+        return value if value is not None else quick if self.quick and quick is not None else full
 
     def ints(self, name: str, full: str, quick: str | None = None) -> list[int]:
         return [int(x) for x in str(self.opt(name, full, quick)).split(",") if x.strip()]
@@ -945,9 +960,7 @@ class Bench:
         print(f"[{time.monotonic() - self.started:7.1f}s] {message}", file=sys.stderr, flush=True)
 
     def table(self, title: str, **kwargs: Any) -> Table:
-        if title not in self.tables:
-            self.tables[title] = Table(title, **kwargs)
-        return self.tables[title]
+        return self.tables.setdefault(title, Table(title, **kwargs))
 
     def record(self, table: str, row: str, column: str, value: float | None) -> None:
         self.table(table).cells.setdefault(row, {}).setdefault(column, []).append(value)
@@ -983,11 +996,14 @@ class Bench:
         self.checks.append({"target": target, "measured": measured, "met": met})
 
     def check_median(
-        self, target: str, table: str, row: str, column: str, ok: Callable[[float], bool], unit: str = "x"
-    ) -> None:
-        """A target line on the median of one cell, if it was measured."""
-        if (value := self.medians(table, row).get(column)) is not None:
-            self.check(target, f"{value:.2f}{unit}", ok(value))
+        self, target: str, table: str, row: str, column: str, ok: Callable[[float], bool], unit: str = "x",
+        versus: str | None = None,
+    ) -> None:  # fmt: skip
+        """A target line on the median of one cell (``versus``: its ratio to that column's), if measured."""
+        medians = self.medians(table, row)
+        value, base = medians.get(column), medians.get(versus) if versus else 1.0
+        if value is not None and base:
+            self.check(target, f"{value / base:.2f}{unit}", ok(value / base))
 
     def medians(self, table: str, row: str) -> dict[str, float | None]:
         return {col: median(v) for col, v in self.tables.get(table, Table(table)).cells.get(row, {}).items()}
@@ -1038,31 +1054,30 @@ class Bench:
         return children
 
     def drain_once(self, subject: str, target: Target, n: int, tag: str, procs: int = 1, **options: Any) -> float:
-        """jobs/s: ``procs`` workers wait idle; one transaction enqueues ``n`` jobs; the clock
-        runs from its commit until the database shows none unfinished (polled every 5 ms,
-        SQLite 20 ms); fails unless exactly ``n`` completed."""
+        """:func:`drain_idle` of ``procs`` worker processes (one warm-up job each)."""
         sub = self.subjects[subject] if subject in self.subjects else SUBJECTS[subject]()
         sub.reset(target)
         children = self.workers(subject, target, tag, procs, **options)
-        probe = Probe(sub, target)
         try:
-            # A moment to reach the LISTEN, then one job per worker, drained, so every
-            # worker has connected and is idle again before the clock starts.
-            time.sleep(0.3)
-            sub.prefill(target, procs, f"{tag}-warm")
-            poll_until(lambda: not probe.live(), timeout=60, interval=0.01, what="warm-up", children=children)
-            before = probe.completed()
-            started = sub.prefill(target, n, tag)
-            interval = 0.005 if target.dialect == "postgresql" else 0.02
-            finished = poll_until(
-                lambda: not probe.live(), timeout=60 + n / 20, interval=interval, what="drain", children=children
-            )
-            if (done := probe.completed() - before) != n:
-                raise ScenarioFailed(f"drain: {done} of {n} jobs completed")
-            return n / (finished - started)
+            return drain_idle(sub, target, n, tag, procs, children)
         finally:
-            probe.close()
             stop_all(children)
+
+    def latencies(
+        self, subject: str, target: Target, tag: str, warmup: int, samples: int, enqueue: Any = None, **kw: Any
+    ) -> list[float]:
+        """One ``subject`` worker with its defaults, idle, on an emptied queue; :meth:`start_latencies`
+        of its handler through a client of the subject (``enqueue(client, key)``: how a job goes in)."""
+        self.subjects[subject].reset(target)
+        (child,) = self.workers(subject, target, tag, defaults=True, latency=True)
+        client = self.subjects[subject].client(target)
+        try:
+            time.sleep(0.5)  # let the worker reach its idle wait
+            go = partial(enqueue, client) if enqueue else client.enqueue
+            return self.start_latencies(child, go, tag, warmup, samples, **kw)
+        finally:
+            client.close()
+            child.stop()
 
     @staticmethod
     def start_latencies(

@@ -74,6 +74,13 @@ def delayed(bench: h.Bench) -> None:
     _beside(bench, "delayed", "delayed jobs", fill, bench.opt("rows", 1_000_000, 100_000))
 
 
+def _enqueue_due(client: Any, key: str) -> float:
+    """One job due a random 0.1-1.0 s from now (in whole ms, as stored); when it is due."""
+    due_ms = round((time.time() + random.uniform(0.1, 1.0)) * 1000.0)
+    client.enqueue(key, run_at=datetime.fromtimestamp(due_ms / 1000.0, UTC))
+    return due_ms / 1000.0
+
+
 @h.scenario("lateness", per_repeat=True, suite=True, options=h.SAMPLES)
 def lateness(bench: h.Bench, r: int) -> None:
     """Handler start - run_at (ms) of delayed jobs, an idle runner."""
@@ -82,21 +89,8 @@ def lateness(bench: h.Bench, r: int) -> None:
         target = bench.target("watchdog", dialect)
 
         def once(target: h.Target = target, dialect: str = dialect) -> dict[str, float]:
-            h.truncate(target)
-            (child,) = bench.workers("watchdog", target, f"lateness-{dialect}-{r}", defaults=True, latency=True)
-            client = h.Watchdog().client(target)
-
-            def enqueue_due(key: str) -> float:
-                due_ms = round((time.time() + random.uniform(0.1, 1.0)) * 1000.0)  # stored in whole ms
-                client.enqueue(key, run_at=datetime.fromtimestamp(due_ms / 1000.0, UTC))
-                return due_ms / 1000.0
-
-            try:
-                time.sleep(0.5)
-                values = bench.start_latencies(child, enqueue_due, f"late-{r}", warmup, samples, never_early=True)
-            finally:
-                client.close()
-                child.stop()
+            tag = f"late-{dialect}-{r}"
+            values = bench.latencies("watchdog", target, tag, warmup, samples, _enqueue_due, never_early=True)
             return {**{f"p{p} (ms)": h.percentile(values, p) for p in (50, 95, 99)}, "max (ms)": max(values)}
 
         table = "delayed start lateness, idle runner, watchdog (run_at 0.1-1.0 s after each enqueue)"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from functools import partial
 from typing import Any
 
@@ -44,10 +43,8 @@ def enqueue(bench: h.Bench, r: int) -> None:
                 bench.measure(table, row, name, partial(_rate, subject, target, call, args, jobs))
     if r == bench.repeat - 1:
         for row, factor in (("1,000 jobs per statement", 1.0), ("1 job per transaction", 1.5)):
-            m = bench.medians("enqueue (jobs/s), PostgreSQL", row)
-            if m.get("watchdog") and m.get("pgqueuer"):
-                ratio = m["watchdog"] / m["pgqueuer"]  # type: ignore[operator]
-                bench.check(f"{row}: watchdog >= {factor:g}x pgqueuer", f"{ratio:.2f}x", ratio >= factor)
+            goal, ok = f"{row}: watchdog >= {factor:g}x pgqueuer", lambda m, factor=factor: m >= factor
+            bench.check_median(goal, "enqueue (jobs/s), PostgreSQL", row, "watchdog", ok, versus="pgqueuer")
 
 
 @h.scenario(
@@ -103,10 +100,8 @@ def drain(bench: h.Bench, r: int) -> None:
                     best[0] >= factor * base,
                 )
         for procs in (1, 2):
-            m = bench.medians(rows.title, f"defaults p{procs}")
-            if m.get("watchdog") and m.get("pgqueuer"):
-                ratio = m["watchdog"] / m["pgqueuer"]  # type: ignore[operator]
-                bench.check(f"drain with defaults >= pgqueuer's, {procs} process(es)", f"{ratio:.2f}x", ratio >= 1)
+            goal = f"drain with defaults >= pgqueuer's, {procs} process(es)"
+            bench.check_median(goal, rows.title, f"defaults p{procs}", "watchdog", lambda m: m >= 1, versus="pgqueuer")
 
 
 @h.scenario("latency", per_repeat=True, suite=True, options=h.SAMPLES)
@@ -118,16 +113,7 @@ def latency(bench: h.Bench, r: int) -> None:
     for name in bench.in_order(r):
 
         def once(name: str = name) -> dict[str, float]:
-            subject, target = bench.subjects[name], bench.target(name, "postgresql")
-            subject.reset(target)
-            (child,) = bench.workers(name, target, f"latency-{r}", defaults=True, latency=True)
-            client = subject.client(target)
-            try:
-                time.sleep(0.5)  # let the worker reach its idle wait
-                values = bench.start_latencies(child, client.enqueue, f"lat-{r}", warmup, samples)
-            finally:
-                client.close()
-                child.stop()
+            values = bench.latencies(name, bench.target(name, "postgresql"), f"lat-{r}", warmup, samples)
             return {f"p{p} (ms)": h.percentile(values, p) for p in (50, 95, 99)}
 
         bench.measure(table, "enqueue-to-start", name, once)

@@ -181,15 +181,17 @@ def inprocess_role(target: dict[str, str], concurrency: int, jobs: int, use_asyn
     from sqlalchemy_watchdog.asyncio import AsyncRunner
 
     db = h.Target(**target)
-
-    async def noop(job: Any) -> None:
-        return None
-
     if use_asyncio:
-        runner: Any = AsyncRunner(create_async_engine(db.url), {h.QUEUE: noop}, concurrency=concurrency)
+        runner: Any = AsyncRunner(create_async_engine(db.url), {h.QUEUE: h.anoop}, concurrency=concurrency)
     else:
         runner = Runner(h.engine(db, pool_size=concurrency + 3), {h.QUEUE: lambda job: None}, concurrency=concurrency)
     h.say("RESULT", h.drain_here(db, runner, jobs, prefill=False))
+
+
+def _in_child(target: h.Target, log: Path, role: Any, **kwargs: Any) -> float:
+    """The ``RESULT`` of ``role(**kwargs)`` in a child process, on an emptied queue."""
+    h.truncate(target)
+    return float(h.Child(log, role, **kwargs).result(600))
 
 
 @h.scenario("inprocess", per_repeat=True, suite=True, options=h.JOBS)
@@ -202,17 +204,8 @@ def inprocess(bench: h.Bench, r: int) -> None:
         row = f"{'AsyncRunner' if use_asyncio else 'Runner'}, concurrency 4"
         options = {"concurrency": 4, "use_asyncio": use_asyncio}
 
-        def inside(use_asyncio: bool = use_asyncio, options: dict[str, Any] = options) -> float:
-            h.truncate(target)
-            child = h.Child(
-                bench.workdir / f"inprocess-{use_asyncio}-{r}.log",
-                inprocess_role,
-                target=asdict(target),
-                jobs=jobs,
-                **options,
-            )
-            return float(child.result(600))
-
+        log = bench.workdir / f"inprocess-{use_asyncio}-{r}.log"
+        inside = partial(_in_child, target, log, inprocess_role, target=asdict(target), jobs=jobs, **options)
         separate = partial(bench.drain_once, "watchdog", target, jobs, f"separate-{r}", **options)
         pair = [("in-process", inside), ("separate process", separate)]
         for column, fn in pair if r % 2 == 0 else pair[::-1]:

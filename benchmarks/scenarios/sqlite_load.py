@@ -82,8 +82,10 @@ def _trace_store() -> None:
     """Per store operation: calls, how many were retried, call and lock-wait times, and how many
     jobs each claim took (stderr at exit)."""
     import atexit
+    import functools
 
     from sqlalchemy_watchdog import store
+    from sqlalchemy_watchdog.store import transactions
 
     calls: dict[str, list[float]] = collections.defaultdict(list)
     waits: list[float] = []
@@ -112,12 +114,14 @@ def _trace_store() -> None:
     claimed: collections.Counter[int] = collections.Counter()
     original_claim = store.claim
 
+    @functools.wraps(original_claim)  # keeps its declaration as a store operation
     def claim(conn: Any, **kwargs: Any) -> Any:
         batch = original_claim(conn, **kwargs)
         claimed[len(batch.claimed)] += 1
         return batch
 
-    store.retrying, store.begin_write, store.claim = retrying, begin_write, claim
+    store.retrying, store.claim = retrying, claim
+    store.begin_write = transactions.begin_write = begin_write  # transactions calls its own
 
     def report() -> None:
         for what, times in [*sorted(calls.items()), ("lock wait", waits)]:
