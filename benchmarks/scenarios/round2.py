@@ -188,9 +188,9 @@ def inprocess_role(target: dict[str, str], concurrency: int, jobs: int, use_asyn
     h.say("RESULT", h.drain_here(db, runner, jobs, prefill=False))
 
 
-def _in_child(target: h.Target, log: Path, role: Any, **kwargs: Any) -> float:
-    """The ``RESULT`` of ``role(**kwargs)`` in a child process, on an emptied queue."""
-    h.truncate(target)
+def _in_child(db: h.Target, log: Path, role: Any, **kwargs: Any) -> float:
+    """The ``RESULT`` of ``role(**kwargs)`` in a child process, on an emptied queue of ``db``."""
+    h.truncate(db)
     return float(h.Child(log, role, **kwargs).result(600))
 
 

@@ -87,8 +87,7 @@ def _trace_store() -> None:
     from sqlalchemy_watchdog import store
     from sqlalchemy_watchdog.store import transactions
 
-    calls: dict[str, list[float]] = collections.defaultdict(list)
-    waits: list[float] = []
+    calls: dict[str, list[float]] = collections.defaultdict(list)  # operation (or "lock wait") -> seconds
     retried: collections.Counter[str] = collections.Counter()
     original_retrying, original_begin = store.retrying, store.begin_write
 
@@ -109,7 +108,7 @@ def _trace_store() -> None:
     def begin_write(conn: Any) -> None:
         began = time.perf_counter()
         original_begin(conn)
-        waits.append(time.perf_counter() - began)
+        calls["lock wait"].append(time.perf_counter() - began)
 
     claimed: collections.Counter[int] = collections.Counter()
     original_claim = store.claim
@@ -124,13 +123,10 @@ def _trace_store() -> None:
     store.begin_write = transactions.begin_write = begin_write  # transactions calls its own
 
     def report() -> None:
-        for what, times in [*sorted(calls.items()), ("lock wait", waits)]:
-            if times:
-                print(
-                    f"TRACE {what}: n={len(times)} retried={retried[what]} p50={h.percentile(times, 50) * 1000:.1f}ms"
-                    f" p99={h.percentile(times, 99) * 1000:.1f}ms max={max(times) * 1000:.0f}ms",
-                    file=sys.stderr,
-                )
+        for what, times in sorted(calls.items(), key=lambda item: item[0] == "lock wait"):
+            ms = {p: f"{h.percentile(times, p) * 1000:.1f}" for p in (50, 99)}
+            line = f"n={len(times)} retried={retried[what]} p50={ms[50]}ms p99={ms[99]}ms max={max(times) * 1000:.0f}ms"
+            print(f"TRACE {what}: {line}", file=sys.stderr)
         print(f"TRACE claims by jobs taken: {dict(sorted(claimed.items()))}", file=sys.stderr)
 
     atexit.register(report)
