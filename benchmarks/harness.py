@@ -1035,16 +1035,11 @@ class Bench:
 
     def workers(self, subject: str, target: Target, tag: str, procs: int = 1, **options: Any) -> list[Child]:
         """``procs`` worker processes of ``subject`` (see ``worker_main``), each ready."""
-        children = [
-            Child(
-                self.workdir / f"{tag}-{subject}-{i}.log",
-                worker_role,
-                subject=subject,
-                target=asdict(target),
-                **options,
-            )
-            for i in range(procs)
-        ]
+        return self.spawn(f"{tag}-{subject}", procs, worker_role, subject=subject, target=asdict(target), **options)
+
+    def spawn(self, tag: str, n: int, func: Callable[..., Any], **kwargs: Any) -> list[Child]:
+        """``n`` children running ``func(**kwargs)`` (logs ``<tag>-<i>.log``), each ready."""
+        children = [Child(self.workdir / f"{tag}-{i}.log", func, **kwargs) for i in range(n)]
         try:
             for child in children:
                 child.wait_ready(60)

@@ -200,13 +200,8 @@ def one_run(bench: h.Bench, journal: str, timeout: float | None, tag: str) -> di
     app_tables().create_all(eng)
     common = {"db": db, "journal": journal, "timeout": timeout}
     each_runner = {"concurrency": opt("concurrency", 8), "poll_interval": opt("poll_interval", None), **common}
-    runners = [
-        h.Child(bench.workdir / f"{tag}-runner{k}.log", runner_role, **each_runner) for k in range(opt("runners", 2))
-    ]
-    apps: list[h.Child] = []
+    runners, apps = bench.spawn(f"{tag}-runner", opt("runners", 2), runner_role, **each_runner), []
     try:
-        for child in runners:
-            child.wait_ready()
         time.sleep(0.5)
         start_at = time.time() + 2.0
         each = {"rate": rate / apps_n, "duration": duration, "start_at": start_at, "threads": opt("threads", 8)}
