@@ -57,11 +57,8 @@ def _txn_cost(target: h.Target, samples: int, warmup: int = 20) -> dict[str, flo
     def make(kind: str, n: int, tag: str) -> list[Any]:
         if kind == "enqueue":
             return [Job(f"{tag}-{i}", h.QUEUE, lane=f"customer-{i}", payload=payload) for i in range(n)]
-        text_payload = json.dumps(payload)
-        return [
-            Order(reference=f"{tag}-{i}", kind=h.QUEUE, customer=f"customer-{i}", priority=0, payload=text_payload)
-            for i in range(n)
-        ]
+        same = {"kind": h.QUEUE, "priority": 0, "payload": json.dumps(payload)}
+        return [Order(reference=f"{tag}-{i}", customer=f"customer-{i}", **same) for i in range(n)]
 
     def add(session: Session, kind: str, rows: list[Any]) -> None:
         if kind == "enqueue":
