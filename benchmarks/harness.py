@@ -40,7 +40,9 @@ import traceback
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import psycopg
@@ -170,17 +172,21 @@ def insert_jobs(target: Target, rows: int, columns: dict[str, str], *, analyse: 
     return time.perf_counter() - started
 
 
+def job_rows(prefix: str, state: str = "settled", at: str | None = None, **columns: str) -> dict[str, str]:
+    """:func:`insert_jobs` columns of jobs ``<prefix>-n`` of the benchmark's queue; settled ones
+    completed, and with ``at`` (SQL, epoch ms) settled then, started 1 s and enqueued 2 s before.
+    ``columns`` add to or replace these."""
+    rows = {"job_id": f"'{prefix}-' || n", "queue_name": ":queue", "lane": ":queue", "priority": "0"}
+    rows |= {"payload_json": "'{\"i\":' || n || '}'", "state": f"'{state}'"}
+    if state == "settled":
+        rows |= {"outcome": "'completed'", "claim_token": f"'claim_{prefix}_' || n"}
+    if at:
+        rows |= {"enqueued_at": f"{at} - 2000", "started_at": f"{at} - 1000", "settled_at": at}
+    return rows | columns
+
+
 #: Settled completed jobs of the benchmark's queue (no times): the claim's history.
-SETTLED = {
-    "job_id": "'history-' || n",
-    "queue_name": ":queue",
-    "lane": ":queue",
-    "priority": "0",
-    "payload_json": "'{\"i\":' || n || '}'",
-    "state": "'settled'",
-    "outcome": "'completed'",
-    "claim_token": "'claim_history_' || n",
-}
+SETTLED = job_rows("history")
 
 
 def truncate(target: Target) -> None:
@@ -217,11 +223,6 @@ def install_watchdog(target: Target, fresh: bool = False) -> None:
 _children: list[Child] = []
 
 
-def role_argv(func: Callable[..., Any], **kwargs: Any) -> list[str]:
-    """The command line running ``func(**kwargs)`` (a module-level function) in a child."""
-    return [sys.executable, "-m", "benchmarks", "--role", f"{func.__module__}:{func.__name__}", json.dumps(kwargs)]
-
-
 def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
@@ -237,8 +238,9 @@ class Child:
         self.ready = threading.Event()
         self.starts: queue.Queue[tuple[str, float]] = queue.Queue()
         self.results: list[Any] = []
+        argv = [sys.executable, "-m", "benchmarks", "--role", f"{func.__module__}:{func.__name__}", json.dumps(kwargs)]
         self.proc = subprocess.Popen(
-            role_argv(func, **kwargs), stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL,
+            argv, stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL,
             text=True, bufsize=1, env=child_env(), start_new_session=True, cwd=str(ROOT),
         )  # fmt: skip
         _children.append(self)
@@ -396,24 +398,44 @@ def serve_in_thread(runner: Any) -> Callable[[], None]:
     return stopped
 
 
+def drain_idle(subject: Any, target: Target, n: int, tag: str, warm: int, children: Sequence[Child] = ()) -> float:
+    """jobs/s of idle workers (``children``, or a runner on a thread): a moment to reach the
+    LISTEN, then ``warm`` jobs drained, so every worker has connected and is idle again before
+    the clock starts; one transaction enqueues ``n`` jobs; the clock runs from its commit until
+    the database shows none unfinished (polled every 5 ms, SQLite 20 ms); fails unless exactly
+    ``n`` completed."""
+    probe = Probe(subject, target)
+    idle = lambda: not probe.live()
+    try:
+        time.sleep(0.3)
+        subject.prefill(target, warm, f"{tag}-warm")
+        poll_until(idle, timeout=60, interval=0.01, what="warm-up", children=children)
+        before, started = probe.completed(), subject.prefill(target, n, tag)
+        interval = 0.005 if target.dialect == "postgresql" else 0.02
+        finished = poll_until(idle, timeout=60 + n / 20, interval=interval, what="drain", children=children)
+        if (done := probe.completed() - before) != n:
+            raise ScenarioFailed(f"drain: {done} of {n} jobs completed")
+        return n / (finished - started)
+    finally:
+        probe.close()
+
+
 def drain_here(target: Target, runner: Any, jobs: int, prefill: bool = True) -> float:
     """jobs/s of ``runner`` serving on a thread of this process, draining ``jobs`` jobs enqueued in
     one transaction: before it starts (the clock from its start) or, with ``prefill=False``,
-    while it idles after a warm-up (the clock from the commit); polled every 5 ms."""
-    subject, probe = Watchdog(), Probe(Watchdog(), target)
+    while it idles after a warm-up (:func:`drain_idle`)."""
+    if not prefill:
+        stop = serve_in_thread(runner)
+        try:
+            return drain_idle(Watchdog(), target, jobs, "drain", 2)
+        finally:
+            stop()
+    Watchdog().prefill(target, jobs, "drain")
+    started, stop, probe = time.perf_counter(), serve_in_thread(runner), Probe(Watchdog(), target)
     try:
-        if prefill:
-            subject.prefill(target, jobs, "drain")
-            started, stop = time.perf_counter(), serve_in_thread(runner)
-        else:
-            stop = serve_in_thread(runner)
-            time.sleep(0.5)
-            subject.prefill(target, 2, "warm")
-            poll_until(lambda: not probe.live(), timeout=60, interval=0.005, what="warm-up")
-            started = subject.prefill(target, jobs, "drain")
         finished = poll_until(lambda: not probe.live(), timeout=60 + jobs / 20, interval=0.005, what="drain")
         stop()
-        if (done := probe.completed()) != jobs + (0 if prefill else 2):
+        if (done := probe.completed()) != jobs:
             raise ScenarioFailed(f"drain: {done} jobs completed")
         return jobs / (finished - started)
     finally:
@@ -521,28 +543,38 @@ class Watchdog:
     def enqueue_batch(self, target: Target, batches: int, size: int, tag: str, through: Any = None) -> float:
         """Seconds for ``batches`` transactions of ``size`` jobs, each one ``enqueue`` call
         (``through``: an engine of the caller's, e.g. through a pooler)."""
-        from sqlalchemy.orm import Session
-
-        from sqlalchemy_watchdog import Job, enqueue
+        from sqlalchemy_watchdog import Job
 
         eng = through or engine(target)
         try:
-            with Session(eng) as session:  # warm the pool, as a long-lived application is
-                enqueue(session, Job(f"{tag}-warm", QUEUE))
-                session.commit()
+            self.commit_jobs(eng, Job(f"{tag}-warm", QUEUE))  # warm the pool, as a long-lived application is
             started = time.perf_counter()  # building the jobs is timed, as with the peers' calls
             for b in range(batches):
-                with Session(eng) as session:
-                    jobs = [Job(f"{tag}-{b}-{i}", QUEUE, payload={"i": i}) for i in range(size)]
-                    enqueue(session, jobs[0] if size == 1 else jobs)
-                    session.commit()
+                jobs = [Job(f"{tag}-{b}-{i}", QUEUE, payload={"i": i}) for i in range(size)]
+                self.commit_jobs(eng, jobs[0] if size == 1 else jobs)
             return time.perf_counter() - started
         finally:
             if through is None:
                 eng.dispose()
 
     def prefill(self, target: Target, n: int, tag: str) -> float:
-        return self.client(target).enqueue_jobs(self.jobs(tag, n), close=True)
+        eng = engine(target)
+        try:
+            return self.commit_jobs(eng, self.jobs(tag, n))
+        finally:
+            eng.dispose()
+
+    @staticmethod
+    def commit_jobs(eng: Any, jobs: Any) -> float:
+        """``enqueue(session, jobs)`` + commit; perf_counter() after the commit."""
+        from sqlalchemy.orm import Session
+
+        from sqlalchemy_watchdog import enqueue
+
+        with Session(eng) as session:
+            enqueue(session, jobs)
+            session.commit()
+            return time.perf_counter()
 
     def claim_settle(self, target: Target, jobs: int, tag: str) -> float:
         """ms per job of ``Runner.run_until_idle()`` claiming and settling ``jobs`` + 1 new jobs."""
@@ -562,30 +594,16 @@ class Watchdog:
         return elapsed / (jobs + 1) * 1000.0
 
     def client(self, target: Target) -> Any:
-        from sqlalchemy.orm import Session
-
-        from sqlalchemy_watchdog import Job, enqueue
+        """``.enqueue(key, run_at=None)`` -> time.time() after its commit; ``.close()``."""
+        from sqlalchemy_watchdog import Job
 
         eng = engine(target)
 
-        class LatencyClient:
-            def enqueue_jobs(self, jobs: Any, close: bool = False) -> float:
-                with Session(eng) as session:
-                    enqueue(session, jobs)
-                    session.commit()
-                    committed = time.perf_counter()
-                if close:
-                    self.close()
-                return committed
+        def enqueue(key: str, run_at: Any = None) -> float:
+            self.commit_jobs(eng, Job(key, QUEUE, payload={"k": key}, run_at=run_at))
+            return time.time()
 
-            def enqueue(self, key: str, run_at: Any = None) -> float:
-                self.enqueue_jobs(Job(key, QUEUE, payload={"k": key}, run_at=run_at))
-                return time.time()
-
-            def close(self) -> None:
-                eng.dispose()
-
-        return LatencyClient()
+        return SimpleNamespace(enqueue=enqueue, close=eng.dispose)
 
     def worker_main(
         self, target: Target, concurrency: int = 1, defaults: bool = False, latency: bool = False,
@@ -607,39 +625,36 @@ class Watchdog:
 
             from sqlalchemy_watchdog.asyncio import AsyncRunner
 
-            async def noop(job: Any) -> None:
-                return None
-
             async def main() -> None:
                 eng = create_async_engine(target.url)
                 async with eng.connect() as conn:
                     await conn.execute(text("SELECT 1"))
                 say("READY")
                 try:
-                    await AsyncRunner(eng, {QUEUE: noop}, concurrency=concurrency).run_forever()
+                    await AsyncRunner(eng, {QUEUE: anoop}, concurrency=concurrency).run_forever()
                 finally:
                     await eng.dispose()
 
-            asyncio.run(main())
-            return
+            return asyncio.run(main())
 
         def handler(job: Any) -> None:
             if latency:
                 say("START", f"{job.job_id} {time.time():.6f}")
 
-        options: dict[str, Any] = {}
+        options: dict[str, Any] = {} if defaults else {"concurrency": concurrency}
         if retention_days is not None:
             options["retention"] = Retention(completed=timedelta(days=retention_days))
-        if defaults:
-            eng = create_engine(target.url)
-        else:
-            eng, options["concurrency"] = engine(target, pool_size=concurrency + 3), concurrency
+        eng = create_engine(target.url) if defaults else engine(target, pool_size=concurrency + 3)
         runner = Runner(eng, {QUEUE: handler}, **options)
         with eng.connect() as conn:
             conn.execute(text("SELECT 1"))
         say("READY")
         runner.run_forever()
         eng.dispose()
+
+
+async def anoop(job: Any) -> None:
+    """The no-op handler of an ``AsyncRunner``."""
 
 
 def _count_statements_at_exit() -> None:
@@ -662,9 +677,7 @@ class _AsyncPeer:
     i or key)`` enqueues one job (its own transaction), ``_many(handle, n)`` n in one call."""
 
     dialects = ("postgresql",)
-
-    def reset(self, target: Target) -> None:
-        truncate(target)
+    reset = Watchdog.reset
 
     def _run(self, target: Target, work: Callable[[Any], Any]) -> Any:
         async def go() -> Any:
@@ -692,22 +705,21 @@ class _AsyncPeer:
         return float(self._run(target, work))
 
     def prefill(self, target: Target, n: int, tag: str) -> float:
-        return float(self._run(target, lambda handle: self._many(handle, n, then=time.perf_counter)))  # type: ignore[attr-defined]
+        async def work(handle: Any) -> float:
+            await self._many(handle, n)  # type: ignore[attr-defined]
+            return time.perf_counter()
+
+        return float(self._run(target, work))
 
     def client(self, target: Target) -> Any:
-        peer, loop = self, asyncio.new_event_loop()
+        loop = asyncio.new_event_loop()
         handle, close = loop.run_until_complete(self._open(target.dsn))  # type: ignore[attr-defined]
 
-        class LatencyClient:
-            def enqueue(self, key: str) -> float:
-                loop.run_until_complete(peer._one(handle, key))  # type: ignore[attr-defined]
-                return time.time()
+        def enqueue(key: str) -> float:
+            loop.run_until_complete(self._one(handle, key))  # type: ignore[attr-defined]
+            return time.time()
 
-            def close(self) -> None:
-                loop.run_until_complete(close())
-                loop.close()
-
-        return LatencyClient()
+        return SimpleNamespace(enqueue=enqueue, close=lambda: [loop.run_until_complete(close()), loop.close()])
 
 
 class Procrastinate(_AsyncPeer):
@@ -735,16 +747,15 @@ class Procrastinate(_AsyncPeer):
         return app, bench
 
     async def _open(self, dsn: str) -> tuple[Any, Any]:
-        app, bench = self.app(dsn)
+        app, task = self.app(dsn)
         await app.open_async()
-        return (app, bench), app.close_async
+        return (app, task), app.close_async
 
     async def _one(self, handle: Any, i: int | str) -> None:
-        await (handle[1].defer_async(k=i) if isinstance(i, str) else handle[1].defer_async(i=i))
+        await handle[1].defer_async(**{"k" if isinstance(i, str) else "i": i})
 
-    async def _many(self, handle: Any, n: int, then: Callable[[], Any] = lambda: None) -> Any:
+    async def _many(self, handle: Any, n: int) -> None:
         await handle[1].batch_defer_async(*({"i": i} for i in range(n)))
-        return then()
 
     def install(self, target: Target) -> None:
         self._run(target, lambda handle: handle[0].schema_manager.apply_schema_async())
@@ -752,9 +763,11 @@ class Procrastinate(_AsyncPeer):
     def worker_main(self, target: Target, concurrency: int = 1, defaults: bool = False, latency: bool = False) -> None:
         pool = {} if defaults else {"min_size": min(4, concurrency + 2), "max_size": max(4, concurrency + 2)}
         app, _ = self.app(target.dsn, latency=latency, **pool)
-        options: dict[str, Any] = {"queues": [QUEUE], "install_signal_handlers": True}
-        if not defaults:
-            options["concurrency"] = concurrency
+        options = {
+            "queues": [QUEUE],
+            "install_signal_handlers": True,
+            **({} if defaults else {"concurrency": concurrency}),
+        }
 
         async def go() -> None:
             async with app.open_async():
@@ -792,9 +805,8 @@ class PgQueuer(_AsyncPeer):
     async def _one(self, queries: Any, i: int | str) -> None:
         await queries.enqueue(QUEUE, i.encode() if isinstance(i, str) else b'{"i":%d}' % i)
 
-    async def _many(self, queries: Any, n: int, then: Callable[[], Any] = lambda: None) -> Any:
+    async def _many(self, queries: Any, n: int) -> None:
         await queries.enqueue([QUEUE] * n, [b'{"i":%d}' % i for i in range(n)], [0] * n)
-        return then()
 
     def install(self, target: Target) -> None:
         self._run(target, lambda queries: queries.install())
@@ -936,9 +948,7 @@ class Bench:
     def opt(self, name: str, full: Any, quick: Any = None) -> Any:
         """The option ``--name`` if given, else its quick or full default."""
         value = getattr(self.args, name.replace("-", "_"), None)
-        if value is not None:
-            return value
-        return quick if self.quick and quick is not None else full
+        return value if value is not None else quick if self.quick and quick is not None else full
 
     def ints(self, name: str, full: str, quick: str | None = None) -> list[int]:
         return [int(x) for x in str(self.opt(name, full, quick)).split(",") if x.strip()]
@@ -950,16 +960,10 @@ class Bench:
         print(f"[{time.monotonic() - self.started:7.1f}s] {message}", file=sys.stderr, flush=True)
 
     def table(self, title: str, **kwargs: Any) -> Table:
-        if title not in self.tables:
-            self.tables[title] = Table(title, **kwargs)
-        return self.tables[title]
+        return self.tables.setdefault(title, Table(title, **kwargs))
 
     def record(self, table: str, row: str, column: str, value: float | None) -> None:
         self.table(table).cells.setdefault(row, {}).setdefault(column, []).append(value)
-
-    def record_all(self, table: str, column: str, values: dict[str, float | None]) -> None:
-        for row, value in values.items():
-            self.record(table, row, column, value)
 
     def fail(self, what: str, error: BaseException) -> None:
         message = f"{what}: {type(error).__name__}: {error}"
@@ -980,7 +984,8 @@ class Bench:
             self.fail(f"{table} / {row} [{column}]", error)
             value = None
         if isinstance(value, dict):
-            self.record_all(table, column, {f"{row} {k}".strip(): v for k, v in value.items()})
+            for key, one in value.items():
+                self.record(table, f"{row} {key}".strip(), column, one)
         else:
             self.record(table, row, column, value)
         shown = value if not isinstance(value, dict) else {k: fmt(v) for k, v in value.items()}
@@ -991,11 +996,14 @@ class Bench:
         self.checks.append({"target": target, "measured": measured, "met": met})
 
     def check_median(
-        self, target: str, table: str, row: str, column: str, ok: Callable[[float], bool], unit: str = "x"
-    ) -> None:
-        """A target line on the median of one cell, if it was measured."""
-        if (value := self.medians(table, row).get(column)) is not None:
-            self.check(target, f"{value:.2f}{unit}", ok(value))
+        self, target: str, table: str, row: str, column: str, ok: Callable[[float], bool], unit: str = "x",
+        versus: str | None = None,
+    ) -> None:  # fmt: skip
+        """A target line on the median of one cell (``versus``: its ratio to that column's), if measured."""
+        medians = self.medians(table, row)
+        value, base = medians.get(column), medians.get(versus) if versus else 1.0
+        if value is not None and base:
+            self.check(target, f"{value / base:.2f}{unit}", ok(value / base))
 
     def medians(self, table: str, row: str) -> dict[str, float | None]:
         return {col: median(v) for col, v in self.tables.get(table, Table(table)).cells.get(row, {}).items()}
@@ -1027,16 +1035,11 @@ class Bench:
 
     def workers(self, subject: str, target: Target, tag: str, procs: int = 1, **options: Any) -> list[Child]:
         """``procs`` worker processes of ``subject`` (see ``worker_main``), each ready."""
-        children = [
-            Child(
-                self.workdir / f"{tag}-{subject}-{i}.log",
-                worker_role,
-                subject=subject,
-                target=asdict(target),
-                **options,
-            )
-            for i in range(procs)
-        ]
+        return self.spawn(f"{tag}-{subject}", procs, worker_role, subject=subject, target=asdict(target), **options)
+
+    def spawn(self, tag: str, n: int, func: Callable[..., Any], **kwargs: Any) -> list[Child]:
+        """``n`` children running ``func(**kwargs)`` (logs ``<tag>-<i>.log``), each ready."""
+        children = [Child(self.workdir / f"{tag}-{i}.log", func, **kwargs) for i in range(n)]
         try:
             for child in children:
                 child.wait_ready(60)
@@ -1046,31 +1049,30 @@ class Bench:
         return children
 
     def drain_once(self, subject: str, target: Target, n: int, tag: str, procs: int = 1, **options: Any) -> float:
-        """jobs/s: ``procs`` workers wait idle; one transaction enqueues ``n`` jobs; the clock
-        runs from its commit until the database shows none unfinished (polled every 5 ms,
-        SQLite 20 ms); fails unless exactly ``n`` completed."""
+        """:func:`drain_idle` of ``procs`` worker processes (one warm-up job each)."""
         sub = self.subjects[subject] if subject in self.subjects else SUBJECTS[subject]()
         sub.reset(target)
         children = self.workers(subject, target, tag, procs, **options)
-        probe = Probe(sub, target)
         try:
-            # A moment to reach the LISTEN, then one job per worker, drained, so every
-            # worker has connected and is idle again before the clock starts.
-            time.sleep(0.3)
-            sub.prefill(target, procs, f"{tag}-warm")
-            poll_until(lambda: not probe.live(), timeout=60, interval=0.01, what="warm-up", children=children)
-            before = probe.completed()
-            started = sub.prefill(target, n, tag)
-            interval = 0.005 if target.dialect == "postgresql" else 0.02
-            finished = poll_until(
-                lambda: not probe.live(), timeout=60 + n / 20, interval=interval, what="drain", children=children
-            )
-            if (done := probe.completed() - before) != n:
-                raise ScenarioFailed(f"drain: {done} of {n} jobs completed")
-            return n / (finished - started)
+            return drain_idle(sub, target, n, tag, procs, children)
         finally:
-            probe.close()
             stop_all(children)
+
+    def latencies(
+        self, subject: str, target: Target, tag: str, warmup: int, samples: int, enqueue: Any = None, **kw: Any
+    ) -> list[float]:
+        """One ``subject`` worker with its defaults, idle, on an emptied queue; :meth:`start_latencies`
+        of its handler through a client of the subject (``enqueue(client, key)``: how a job goes in)."""
+        self.subjects[subject].reset(target)
+        (child,) = self.workers(subject, target, tag, defaults=True, latency=True)
+        client = self.subjects[subject].client(target)
+        try:
+            time.sleep(0.5)  # let the worker reach its idle wait
+            go = partial(enqueue, client) if enqueue else client.enqueue
+            return self.start_latencies(child, go, tag, warmup, samples, **kw)
+        finally:
+            client.close()
+            child.stop()
 
     @staticmethod
     def start_latencies(
@@ -1109,17 +1111,14 @@ class Bench:
 
 
 def machine_facts(workdir: Path) -> dict[str, Any]:
+    """The machine, the servers' durability settings, the versions: the run's header."""
     facts: dict[str, Any] = {"nproc": os.cpu_count(), "python": platform.python_version(), "load_at_start": load()}
     with contextlib.suppress(Exception), psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
         show = lambda name: conn.execute(pgsql.SQL("SHOW {}").format(pgsql.Identifier(name))).fetchone()[0]  # type: ignore[index]
         facts["postgresql"] = {s: show(s) for s in ("server_version", "fsync", "synchronous_commit", "wal_sync_method")}
     with contextlib.closing(sqlite3.connect(str(workdir / "facts.db"))) as lite:
-        pragma = lambda name: lite.execute(f"PRAGMA {name}").fetchone()[0]
-        facts["sqlite"] = {
-            "version": sqlite3.sqlite_version,
-            "journal_mode": pragma("journal_mode"),
-            "synchronous": pragma("synchronous"),
-        }
+        facts["sqlite"] = {p: lite.execute(f"PRAGMA {p}").fetchone()[0] for p in ("journal_mode", "synchronous")}
+        facts["sqlite"]["version"] = sqlite3.sqlite_version
     facts["packages"] = {}
     for package in ("sqlalchemy-watchdog", "SQLAlchemy", "psycopg", "procrastinate", "pgqueuer", "asyncpg"):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
@@ -1132,16 +1131,12 @@ def machine_facts(workdir: Path) -> dict[str, Any]:
 
 def describe(facts: dict[str, Any]) -> str:
     pg, lite = facts.get("postgresql", {"error": "not reachable"}), facts["sqlite"]
-    return "\n".join(
-        [
-            f"machine: {facts['nproc']} CPUs ({facts.get('cpu', '?')}), load {facts['load_at_start']} at start;"
-            f" Python {facts['python']}",
-            "PostgreSQL " + ", ".join(f"{k}={v}" for k, v in pg.items()),
-            f"SQLite {lite['version']}: journal_mode={lite['journal_mode']}, synchronous={lite['synchronous']} (defaults)",
-            "versions: " + ", ".join(f"{k} {v}" for k, v in facts["packages"].items())
-            + (f"; watchdog at {facts['watchdog_commit']}" if "watchdog_commit" in facts else ""),
-        ]
-    )  # fmt: skip
+    return (
+        f"machine: {facts['nproc']} CPUs, load {facts['load_at_start']} at start; Python {facts['python']}\n"
+        f"PostgreSQL {', '.join(f'{k}={v}' for k, v in pg.items())}\n"
+        f"SQLite {lite['version']}: journal_mode={lite['journal_mode']}, synchronous={lite['synchronous']} (defaults)\n"
+        f"versions: {', '.join(f'{k} {v}' for k, v in facts['packages'].items())}; watchdog at {facts['watchdog_commit']}"
+    )
 
 
 def cell(values: list[float | None]) -> str:

@@ -14,7 +14,6 @@ import time
 import urllib.request
 from dataclasses import asdict
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from benchmarks import harness as h
@@ -35,9 +34,7 @@ def _post(url: str, body: dict[str, Any]) -> float | None:
 def _phase(base: str, pid: int, rate: float, seconds: float, work_ms: int) -> dict[str, float]:
     """POST /orders at ``rate`` per second for ``seconds``: latency p50/p95, failures, server CPU."""
     latencies: list[float] = []
-    failures: list[int] = []
-    threads: list[threading.Thread] = []
-    cpu, wall = h.cpu_seconds(pid), time.monotonic()
+    failures, threads, cpu, wall = [], [], h.cpu_seconds(pid), time.monotonic()
 
     def one() -> None:
         latency = _post(f"{base}/orders", {"customer": "bench", "work_ms": work_ms})
@@ -95,9 +92,8 @@ def in_process(bench: h.Bench) -> None:
             bench.measure(table, "", "runner idle", partial(_phase, base, server.pid, rate, seconds, 0), seconds + 60)
             for _ in range(backlog):  # a backlog the runner works through during the busy phase
                 _post(f"{base}/orders", {"customer": "backlog", "work_ms": work_ms})
-            bench.measure(
-                table, "", "runner busy", partial(_phase, base, server.pid, rate, seconds, work_ms), seconds + 60
-            )
+            busy = partial(_phase, base, server.pid, rate, seconds, work_ms)
+            bench.measure(table, "", "runner busy", busy, seconds + 60)
     finally:
         server.terminate()
         server.wait(60)
@@ -111,36 +107,26 @@ def in_process(bench: h.Bench) -> None:
 def _pool_engine(url: Any, pooled: bool, pool_size: int = 5) -> Any:
     from sqlalchemy import create_engine
 
-    return create_engine(
-        url, connect_args={"prepare_threshold": None} if pooled else {}, pool_size=pool_size, max_overflow=70
-    )
+    options = {"connect_args": {"prepare_threshold": None}} if pooled else {}
+    return create_engine(url, pool_size=pool_size, max_overflow=70, **options)
 
 
 def _pool_latency(target: h.Target, url: Any, samples: int, pooled: bool, **options: Any) -> dict[str, float]:
     """Commit -> handler start (ms) of an in-process Runner, jobs 5-300 ms apart (random
     phases of a 0.25 s poll)."""
-    from sqlalchemy.orm import Session
-
-    from sqlalchemy_watchdog import Job, Runner, enqueue
+    from sqlalchemy_watchdog import Job, Runner
 
     h.run_sql(target, "TRUNCATE watchdog_jobs RESTART IDENTITY")
     started: dict[str, float] = {}
     arrived = threading.Event()
-    runner = Runner(
-        _pool_engine(url, pooled),
-        {"lat": lambda job: (started.__setitem__(job.job_id, time.perf_counter()), arrived.set())},
-        **options,
-    )
-    producer, stop = _pool_engine(url, pooled), h.serve_in_thread(runner)
-    delays = []
+    handler = lambda job: (started.__setitem__(job.job_id, time.perf_counter()), arrived.set())
+    runner = Runner(_pool_engine(url, pooled), {"lat": handler}, **options)
+    producer, stop, delays = _pool_engine(url, pooled), h.serve_in_thread(runner), []
     try:
         time.sleep(2.5)  # the session proof and the first idle pass
         for i in range(samples):
             arrived.clear()
-            with Session(producer) as session:
-                enqueue(session, Job(f"lat-{i}", "lat"))
-                session.commit()
-                committed = time.perf_counter()
+            committed = h.Watchdog.commit_jobs(producer, Job(f"lat-{i}", "lat"))
             if not arrived.wait(10):
                 raise h.ScenarioFailed(f"job lat-{i} did not start within 10 s")
             delays.append((started[f"lat-{i}"] - committed) * 1000)
@@ -276,10 +262,8 @@ def otel_overhead(bench: h.Bench) -> None:
         try:
             for r in range(bench.repeat):
                 for mode in MODES[r % 3 :] + MODES[: r % 3]:  # rotated so no mode always runs first
-                    log = Path(bench.workdir / f"otel-{dialect}-{mode}-{r}.log")
-                    child = partial(
-                        h.Child, log, otel_role, target=asdict(target), jobs=jobs, concurrency=concurrency, mode=mode
-                    )
+                    log, options = bench.workdir / f"otel-{dialect}-{mode}-{r}.log", {"jobs": jobs, "mode": mode}
+                    child = partial(h.Child, log, otel_role, target=asdict(target), concurrency=concurrency, **options)
                     bench.measure(table, dialect, mode, lambda child=child: float(child().result(900)), 900)
         finally:
             h.drop(target)

@@ -12,23 +12,12 @@ from typing import Any
 from benchmarks import harness as h
 
 #: Delayed jobs are due from a day after the insert on, one second apart: none becomes due during a run.
-DELAYED = {
-    **{k: v for k, v in h.SETTLED.items() if k not in ("outcome", "claim_token")},
-    "job_id": "'delayed-' || n",
-    "state": "'delayed'",
-    "run_at": f"({{clock}} + {h.DAY_MS} + n * 1000)",
-    "ready_at": f"({{clock}} + {h.DAY_MS} + n * 1000)",
-}
+DUE = f"({{clock}} + {h.DAY_MS} + n * 1000)"
+DELAYED = h.job_rows("delayed", "delayed", run_at=DUE, ready_at=DUE)
 #: Completed jobs settled from 8 days before the insert on going back, one second apart,
 #: all past the pruning runner's retention (7 days).
 OLD = f"({{clock}} - 8 * {h.DAY_MS} - CAST(:rows - n AS BIGINT) * 1000)"
-PRUNABLE = {
-    **h.SETTLED,
-    "job_id": "'old-' || n",
-    "enqueued_at": f"{OLD} - 2000",
-    "started_at": f"{OLD} - 1000",
-    "settled_at": OLD,
-}
+PRUNABLE = h.job_rows("old", at=OLD)
 
 
 def _with_clock(columns: dict[str, str], target: h.Target) -> dict[str, str]:
@@ -85,6 +74,13 @@ def delayed(bench: h.Bench) -> None:
     _beside(bench, "delayed", "delayed jobs", fill, bench.opt("rows", 1_000_000, 100_000))
 
 
+def _enqueue_due(client: Any, key: str) -> float:
+    """One job due a random 0.1-1.0 s from now (in whole ms, as stored); when it is due."""
+    due_ms = round((time.time() + random.uniform(0.1, 1.0)) * 1000.0)
+    client.enqueue(key, run_at=datetime.fromtimestamp(due_ms / 1000.0, UTC))
+    return due_ms / 1000.0
+
+
 @h.scenario("lateness", per_repeat=True, suite=True, options=h.SAMPLES)
 def lateness(bench: h.Bench, r: int) -> None:
     """Handler start - run_at (ms) of delayed jobs, an idle runner."""
@@ -93,21 +89,8 @@ def lateness(bench: h.Bench, r: int) -> None:
         target = bench.target("watchdog", dialect)
 
         def once(target: h.Target = target, dialect: str = dialect) -> dict[str, float]:
-            h.truncate(target)
-            (child,) = bench.workers("watchdog", target, f"lateness-{dialect}-{r}", defaults=True, latency=True)
-            client = h.Watchdog().client(target)
-
-            def enqueue_due(key: str) -> float:
-                due_ms = round((time.time() + random.uniform(0.1, 1.0)) * 1000.0)  # stored in whole ms
-                client.enqueue(key, run_at=datetime.fromtimestamp(due_ms / 1000.0, UTC))
-                return due_ms / 1000.0
-
-            try:
-                time.sleep(0.5)
-                values = bench.start_latencies(child, enqueue_due, f"late-{r}", warmup, samples, never_early=True)
-            finally:
-                client.close()
-                child.stop()
+            tag = f"late-{dialect}-{r}"
+            values = bench.latencies("watchdog", target, tag, warmup, samples, _enqueue_due, never_early=True)
             return {**{f"p{p} (ms)": h.percentile(values, p) for p in (50, 95, 99)}, "max (ms)": max(values)}
 
         table = "delayed start lateness, idle runner, watchdog (run_at 0.1-1.0 s after each enqueue)"
@@ -182,15 +165,11 @@ def prune(bench: h.Bench) -> None:
                     "p99 ratio": ratio,
                     "pruned (rows/s)": pruned / seconds if seconds else None,
                 }
-                bench.record_all(table, dialect, figures)
+                for row, value in figures.items():
+                    bench.record(table, row, dialect, value)
                 bench.log(f"{dialect} prune: p99 ratio {ratio:.2f}x, {pruned:,.0f} rows pruned")
-            bench.check_median(
-                f"{dialect}: claim latency p99 while pruning <= 2x without",
-                table,
-                "p99 ratio",
-                dialect,
-                lambda m: m <= 2,
-            )
+            goal = f"{dialect}: claim latency p99 while pruning <= 2x without"
+            bench.check_median(goal, table, "p99 ratio", dialect, lambda m: m <= 2)
         except Exception as error:
             bench.fail(f"{dialect} prune", error)
         finally:
@@ -202,22 +181,9 @@ STATS_QUEUES = 10
 #: failed; then the queued ones over the last hour; round-robin over 10 queues.
 STATS_AT = f"({h.CLOCK_SQL['postgresql']} - CAST(:rows - n + 1 AS BIGINT) * :step)"
 STATS_QUEUE = f"'stats-' || mod(n, {STATS_QUEUES})"
-STATS_SETTLED = {
-    **h.SETTLED,
-    "job_id": "'settled-' || n",
-    "queue_name": STATS_QUEUE,
-    "lane": STATS_QUEUE,
-    "outcome": "CASE WHEN mod(n, 20) = 0 THEN 'failed' ELSE 'completed' END",
-    "enqueued_at": f"{STATS_AT} - 2000",
-    "started_at": f"{STATS_AT} - 1000",
-    "settled_at": STATS_AT,
-}
-STATS_QUEUED = {
-    **{k: STATS_SETTLED[k] for k in ("queue_name", "lane", "priority", "payload_json")},
-    "job_id": "'queued-' || n",
-    "state": "'queued'",
-    "enqueued_at": STATS_AT,
-}
+FAILED_1_IN_20 = "CASE WHEN mod(n, 20) = 0 THEN 'failed' ELSE 'completed' END"
+STATS_SETTLED = h.job_rows("settled", at=STATS_AT, queue_name=STATS_QUEUE, lane=STATS_QUEUE, outcome=FAILED_1_IN_20)
+STATS_QUEUED = h.job_rows("queued", "queued", queue_name=STATS_QUEUE, lane=STATS_QUEUE, enqueued_at=STATS_AT)
 
 
 @h.scenario("stats", suite=True, options={**h.ROWS, **h.SAMPLES})
@@ -228,14 +194,13 @@ def stats(bench: h.Bench) -> None:
     settled, calls = bench.opt("rows", 1_000_000, 200_000), bench.opt("samples", 200, 30)
     queued = max(1000, settled // 10)
     target = bench.scratch("postgresql", "stats")
-    eng = None
+    h.install_watchdog(target)
+    eng = h.engine(target)
     try:
-        h.install_watchdog(target)
         with h.deadline(900, "inserting the stats history"):
             seconds = h.insert_jobs(target, settled, STATS_SETTLED, analyse=False, step=30 * h.DAY_MS // settled)
             seconds += h.insert_jobs(target, queued, STATS_QUEUED, step=3_600_000 // queued)
         bench.log(f"stats history inserted and analysed in {seconds:.1f}s")
-        eng = h.engine(target)
         client = Client(eng)
         snapshot, last_hour = client.stats(), settled // 720
         counted = sum(q.queued for q in snapshot.queues)
@@ -259,6 +224,5 @@ def stats(bench: h.Bench) -> None:
         goal = f"stats() < 50 ms with {settled:,} settled and {queued:,} queued jobs (median)"
         bench.check_median(goal, table, "stats() p50 (ms)", "watchdog", lambda m: m < 50, " ms")
     finally:
-        if eng is not None:
-            eng.dispose()
+        eng.dispose()
         h.drop(target)

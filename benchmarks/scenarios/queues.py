@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+from functools import partial
 from typing import Any
 
 from benchmarks import harness as h
@@ -14,6 +14,12 @@ QUICK_DRAIN_JOBS = {"watchdog": 300, "procrastinate": 100, "pgqueuer": 300}
 
 def _prefix(dialect: str) -> str:
     return "PostgreSQL" if dialect == "postgresql" else "SQLite"
+
+
+def _rate(subject: Any, target: h.Target, call: Any, args: Any, jobs: int) -> float:
+    """jobs/s of ``call(target, *args)`` (seconds for ``jobs`` jobs) on an emptied queue."""
+    subject.reset(target)
+    return float(jobs / call(target, *args))
 
 
 @h.scenario("enqueue", per_repeat=True, suite=True, options=h.JOBS)
@@ -34,20 +40,11 @@ def enqueue(bench: h.Bench, r: int) -> None:
                 )
             runs.append(("1,000 jobs per statement", subject.enqueue_batch, (batches, size, f"b{r}"), batches * size))
             for row, call, args, jobs in runs:
-
-                def rate(
-                    call: Any = call, args: Any = args, jobs: int = jobs, subject: Any = subject, target: Any = target
-                ) -> float:
-                    subject.reset(target)
-                    return float(jobs / call(target, *args))
-
-                bench.measure(table, row, name, rate)
+                bench.measure(table, row, name, partial(_rate, subject, target, call, args, jobs))
     if r == bench.repeat - 1:
         for row, factor in (("1,000 jobs per statement", 1.0), ("1 job per transaction", 1.5)):
-            m = bench.medians("enqueue (jobs/s), PostgreSQL", row)
-            if m.get("watchdog") and m.get("pgqueuer"):
-                ratio = m["watchdog"] / m["pgqueuer"]  # type: ignore[operator]
-                bench.check(f"{row}: watchdog >= {factor:g}x pgqueuer", f"{ratio:.2f}x", ratio >= factor)
+            goal, ok = f"{row}: watchdog >= {factor:g}x pgqueuer", lambda m, factor=factor: m >= factor
+            bench.check_median(goal, "enqueue (jobs/s), PostgreSQL", row, "watchdog", ok, versus="pgqueuer")
 
 
 @h.scenario(
@@ -83,14 +80,11 @@ def drain(bench: h.Bench, r: int) -> None:
             for name in bench.in_order(r, dialect):
                 if watchdog_only and name != "watchdog":
                     continue
-                n = bench.opt(
-                    "jobs",
-                    (QUICK_DRAIN_JOBS if bench.quick else DRAIN_JOBS)[name] if pg else (60 if bench.quick else 500),
+                default = (
+                    (QUICK_DRAIN_JOBS if bench.quick else DRAIN_JOBS)[name] if pg else (60 if bench.quick else 500)
                 )
-                tag, target = f"{row.replace(' ', '-')}-{r}", bench.target(name, dialect)
-                run = lambda name=name, target=target, n=n, tag=tag, procs=procs, options=options: bench.drain_once(
-                    name, target, n, tag, procs, **options
-                )
+                n, tag, target = bench.opt("jobs", default), f"{row.replace(' ', '-')}-{r}", bench.target(name, dialect)
+                run = partial(bench.drain_once, name, target, n, tag, procs, **options)
                 bench.measure(table, row, name, run, timeout=60 + n / 20 + 180)  # + worker start, warm-up and shutdown
     if r == bench.repeat - 1:
         rows = bench.tables.get("drain (jobs/s), PostgreSQL")
@@ -106,10 +100,8 @@ def drain(bench: h.Bench, r: int) -> None:
                     best[0] >= factor * base,
                 )
         for procs in (1, 2):
-            m = bench.medians(rows.title, f"defaults p{procs}")
-            if m.get("watchdog") and m.get("pgqueuer"):
-                ratio = m["watchdog"] / m["pgqueuer"]  # type: ignore[operator]
-                bench.check(f"drain with defaults >= pgqueuer's, {procs} process(es)", f"{ratio:.2f}x", ratio >= 1)
+            goal = f"drain with defaults >= pgqueuer's, {procs} process(es)"
+            bench.check_median(goal, rows.title, f"defaults p{procs}", "watchdog", lambda m: m >= 1, versus="pgqueuer")
 
 
 @h.scenario("latency", per_repeat=True, suite=True, options=h.SAMPLES)
@@ -121,16 +113,7 @@ def latency(bench: h.Bench, r: int) -> None:
     for name in bench.in_order(r):
 
         def once(name: str = name) -> dict[str, float]:
-            subject, target = bench.subjects[name], bench.target(name, "postgresql")
-            subject.reset(target)
-            (child,) = bench.workers(name, target, f"latency-{r}", defaults=True, latency=True)
-            client = subject.client(target)
-            try:
-                time.sleep(0.5)  # let the worker reach its idle wait
-                values = bench.start_latencies(child, client.enqueue, f"lat-{r}", warmup, samples)
-            finally:
-                client.close()
-                child.stop()
+            values = bench.latencies(name, bench.target(name, "postgresql"), f"lat-{r}", warmup, samples)
             return {f"p{p} (ms)": h.percentile(values, p) for p in (50, 95, 99)}
 
         bench.measure(table, "enqueue-to-start", name, once)

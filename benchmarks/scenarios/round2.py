@@ -57,11 +57,8 @@ def _txn_cost(target: h.Target, samples: int, warmup: int = 20) -> dict[str, flo
     def make(kind: str, n: int, tag: str) -> list[Any]:
         if kind == "enqueue":
             return [Job(f"{tag}-{i}", h.QUEUE, lane=f"customer-{i}", payload=payload) for i in range(n)]
-        text_payload = json.dumps(payload)
-        return [
-            Order(reference=f"{tag}-{i}", kind=h.QUEUE, customer=f"customer-{i}", priority=0, payload=text_payload)
-            for i in range(n)
-        ]
+        same = {"kind": h.QUEUE, "priority": 0, "payload": json.dumps(payload)}
+        return [Order(reference=f"{tag}-{i}", customer=f"customer-{i}", **same) for i in range(n)]
 
     def add(session: Session, kind: str, rows: list[Any]) -> None:
         if kind == "enqueue":
@@ -181,15 +178,17 @@ def inprocess_role(target: dict[str, str], concurrency: int, jobs: int, use_asyn
     from sqlalchemy_watchdog.asyncio import AsyncRunner
 
     db = h.Target(**target)
-
-    async def noop(job: Any) -> None:
-        return None
-
     if use_asyncio:
-        runner: Any = AsyncRunner(create_async_engine(db.url), {h.QUEUE: noop}, concurrency=concurrency)
+        runner: Any = AsyncRunner(create_async_engine(db.url), {h.QUEUE: h.anoop}, concurrency=concurrency)
     else:
         runner = Runner(h.engine(db, pool_size=concurrency + 3), {h.QUEUE: lambda job: None}, concurrency=concurrency)
     h.say("RESULT", h.drain_here(db, runner, jobs, prefill=False))
+
+
+def _in_child(db: h.Target, log: Path, role: Any, **kwargs: Any) -> float:
+    """The ``RESULT`` of ``role(**kwargs)`` in a child process, on an emptied queue of ``db``."""
+    h.truncate(db)
+    return float(h.Child(log, role, **kwargs).result(600))
 
 
 @h.scenario("inprocess", per_repeat=True, suite=True, options=h.JOBS)
@@ -202,17 +201,8 @@ def inprocess(bench: h.Bench, r: int) -> None:
         row = f"{'AsyncRunner' if use_asyncio else 'Runner'}, concurrency 4"
         options = {"concurrency": 4, "use_asyncio": use_asyncio}
 
-        def inside(use_asyncio: bool = use_asyncio, options: dict[str, Any] = options) -> float:
-            h.truncate(target)
-            child = h.Child(
-                bench.workdir / f"inprocess-{use_asyncio}-{r}.log",
-                inprocess_role,
-                target=asdict(target),
-                jobs=jobs,
-                **options,
-            )
-            return float(child.result(600))
-
+        log = bench.workdir / f"inprocess-{use_asyncio}-{r}.log"
+        inside = partial(_in_child, target, log, inprocess_role, target=asdict(target), jobs=jobs, **options)
         separate = partial(bench.drain_once, "watchdog", target, jobs, f"separate-{r}", **options)
         pair = [("in-process", inside), ("separate process", separate)]
         for column, fn in pair if r % 2 == 0 else pair[::-1]:
@@ -235,27 +225,13 @@ def scaleout(bench: h.Bench, r: int) -> None:
         bench.measure(table, f"{procs} process(es)", "watchdog", drain, 900)
 
 
-SCALE_QUEUES, SCALE_LANES, SCALE_BIG_LANE = 1_000, 10_000, 10_000
-CLOCK = h.CLOCK_SQL["postgresql"]
-SPREAD = {
-    "queue_name": f"'scale-' || mod(n, {SCALE_QUEUES})",
-    "lane": f"'lane-' || mod(n, {SCALE_LANES})",
-    "priority": "0",
-    "payload_json": "'{}'",
-}
-OLD_AT = f"{CLOCK} - 2 * {h.DAY_MS} - (:rows - n) * CAST(:step AS BIGINT)"
+SCALE_BIG_LANE, CLOCK = 10_000, h.CLOCK_SQL["postgresql"]
 
 
-def _settled(prefix: str, at: str, outcome: str = "'completed'") -> dict[str, str]:
-    times = {"enqueued_at": f"{at} - 2000", "started_at": f"{at} - 1000", "settled_at": at}
-    return {
-        "job_id": f"'{prefix}-' || n",
-        **SPREAD,
-        "state": "'settled'",
-        "outcome": outcome,
-        "claim_token": f"'tok-{prefix}' || n",
-        **times,
-    }
+def _rows(prefix: str, state: str = "settled", at: str | None = None, **columns: str) -> dict[str, str]:
+    """Jobs ``<prefix>-n`` spread over 1,000 queues and 10,000 lanes (see ``h.job_rows``)."""
+    spread = {"queue_name": "'scale-' || mod(n, 1000)", "lane": "'lane-' || mod(n, 10000)", "payload_json": "'{}'"}
+    return h.job_rows(prefix, state, at, **spread, **columns)
 
 
 def build_scale(target: h.Target, settled: int) -> None:
@@ -263,20 +239,14 @@ def build_scale(target: h.Target, settled: int) -> None:
     as many jobs delayed a day and more ahead, a tenth queued over 1,000 queues and 10,000
     lanes, and one lane (``big-lane``) of 10,000 queued jobs; then VACUUM (ANALYZE)."""
     h.install_watchdog(target, fresh=True)
+    old = f"{CLOCK} - 2 * {h.DAY_MS} - (:rows - n) * CAST(:step AS BIGINT)"
     failed = "CASE WHEN mod(n, 20) = 0 THEN 'failed' ELSE 'completed' END"
-    h.insert_jobs(target, settled, _settled("old", OLD_AT, failed), analyse=False, step=30 * h.DAY_MS // settled)
-    h.insert_jobs(target, 3600, _settled("recent", f"{CLOCK} - n * 1000"), analyse=False)
+    h.insert_jobs(target, settled, _rows("old", at=old, outcome=failed), analyse=False, step=30 * h.DAY_MS // settled)
+    h.insert_jobs(target, 3600, _rows("recent", at=f"{CLOCK} - n * 1000"), analyse=False)
     later = f"{CLOCK} + {h.DAY_MS} + n * 100"
-    delayed = {
-        "job_id": "'later-' || n",
-        **SPREAD,
-        "state": "'delayed'",
-        "run_at": later,
-        "ready_at": later,
-        "enqueued_at": CLOCK,
-    }
+    delayed = _rows("later", "delayed", run_at=later, ready_at=later, enqueued_at=CLOCK)
     h.insert_jobs(target, settled, delayed, analyse=False)
-    queued = {"job_id": "'ready-' || n", **SPREAD, "state": "'queued'", "enqueued_at": f"{CLOCK} - (:rows - n)"}
+    queued = _rows("ready", "queued", enqueued_at=f"{CLOCK} - (:rows - n)")
     h.insert_jobs(target, max(2000, settled // 10), queued, analyse=False)
     big = {**queued, "job_id": "'big-' || n", "queue_name": "'scale-big'", "lane": "'big-lane'", "enqueued_at": CLOCK}
     h.insert_jobs(target, SCALE_BIG_LANE, big)
@@ -290,12 +260,9 @@ def measure_scale(target: h.Target, calls: int, prune_limit: int) -> dict[str, f
     client, out, claimed = Watchdog(eng), {}, []
     ms = lambda call, n=calls: statistics.median(h.time_calls(call, n, 2))
 
-    def claim(queue: str) -> Any:
-        def go() -> None:
-            with eng.begin() as conn:
-                claimed.extend(store.claim(conn, queues=[queue], limit=1, lease_ms=60_000).claimed)
-
-        return go
+    def claim(queue: str) -> None:
+        with eng.begin() as conn:
+            claimed.extend(store.claim(conn, queues=[queue], limit=1, lease_ms=60_000).claimed)
 
     def settle() -> None:
         one = claimed.pop()
@@ -303,16 +270,13 @@ def measure_scale(target: h.Target, calls: int, prune_limit: int) -> dict[str, f
             store.settle(conn, job_id=one.job.job_id, claim_token=one.token, decision=Decision.completed())
 
     try:
-        out["claim"] = ms(claim("scale-7"))
-        out["claim, 10,000-job backlog"] = ms(claim("scale-big"))
+        out["claim"] = ms(partial(claim, "scale-7"))
+        out["claim, 10,000-job backlog"] = ms(partial(claim, "scale-big"))
         out["settle"] = ms(settle, min(calls, len(claimed) - 2))
         out["stats()"] = ms(client.stats)
         out["list_jobs(limit=100)"] = ms(lambda: client.list_jobs(limit=100))
         out["list_jobs(state=queued, limit=100)"] = ms(lambda: client.list_jobs(state="queued", limit=100))
-        live = h.run_sql(
-            target,
-            "SELECT count(*) FROM watchdog_jobs WHERE lane = 'big-lane' AND state IN ('delayed', 'queued', 'running')",
-        )
+        live = h.run_sql(target, "SELECT count(*) FROM watchdog_jobs WHERE lane = 'big-lane' AND state != 'settled'")
         started, total, more = time.perf_counter(), 0, True
         while more:  # one call settles a batch; a caller repeats until no live job is left
             failed = client.fail_lane("big-lane", "scale benchmark")
@@ -343,7 +307,7 @@ def scale(bench: h.Bench) -> None:
                 build_scale(target, rows)
                 bench.log(f"scale table ({label}) built in {time.perf_counter() - started:.0f}s")
                 bench.measure(
-                    table, "", label, partial(measure_scale, target, 5 if bench.quick else 20, prune_limit), 1800
+                    table, "", label, partial(measure_scale, target, 20 - 15 * bench.quick, prune_limit), 1800
                 )
         finally:
             h.drop(target)

@@ -49,24 +49,12 @@ def make_engine(path: str, journal: str, timeout: float | None) -> Any:
 
 
 def app_tables() -> Any:
+    """The app's ``app_orders`` (a row per request) and the handlers' ``handled`` (a row per start)."""
     from sqlalchemy import Column, Float, Integer, MetaData, String, Table
 
-    meta = MetaData()
-    Table(
-        "app_orders",
-        meta,
-        Column("id", Integer, primary_key=True),
-        Column("job_id", String),
-        Column("created_at", Float),
-    )
-    Table(
-        "handled",
-        meta,
-        Column("id", Integer, primary_key=True),
-        Column("job_id", String),
-        Column("started_at", Float),
-        Column("pid", Integer),
-    )
+    meta, key = MetaData(), lambda: Column("id", Integer, primary_key=True)
+    Table("app_orders", meta, key(), Column("job_id", String), Column("created_at", Float))
+    Table("handled", meta, key(), Column("job_id", String), Column("started_at", Float), Column("pid", Integer))
     return meta
 
 
@@ -75,8 +63,7 @@ def runner_role(db: str, journal: str, timeout: float | None, concurrency: int, 
 
     from sqlalchemy_watchdog import Runner
 
-    eng = make_engine(db, journal, timeout)
-    handled, pid = app_tables().tables["handled"], os.getpid()
+    eng, handled, pid = make_engine(db, journal, timeout), app_tables().tables["handled"], os.getpid()
 
     def handle(job: Any) -> None:
         started = time.time()
@@ -95,11 +82,12 @@ def _trace_store() -> None:
     """Per store operation: calls, how many were retried, call and lock-wait times, and how many
     jobs each claim took (stderr at exit)."""
     import atexit
+    import functools
 
     from sqlalchemy_watchdog import store
+    from sqlalchemy_watchdog.store import transactions
 
-    calls: dict[str, list[float]] = collections.defaultdict(list)
-    waits: list[float] = []
+    calls: dict[str, list[float]] = collections.defaultdict(list)  # operation (or "lock wait") -> seconds
     retried: collections.Counter[str] = collections.Counter()
     original_retrying, original_begin = store.retrying, store.begin_write
 
@@ -120,26 +108,25 @@ def _trace_store() -> None:
     def begin_write(conn: Any) -> None:
         began = time.perf_counter()
         original_begin(conn)
-        waits.append(time.perf_counter() - began)
+        calls["lock wait"].append(time.perf_counter() - began)
 
     claimed: collections.Counter[int] = collections.Counter()
     original_claim = store.claim
 
+    @functools.wraps(original_claim)  # keeps its declaration as a store operation
     def claim(conn: Any, **kwargs: Any) -> Any:
         batch = original_claim(conn, **kwargs)
         claimed[len(batch.claimed)] += 1
         return batch
 
-    store.retrying, store.begin_write, store.claim = retrying, begin_write, claim
+    store.retrying, store.claim = retrying, claim
+    store.begin_write = transactions.begin_write = begin_write  # transactions calls its own
 
     def report() -> None:
-        for what, times in [*sorted(calls.items()), ("lock wait", waits)]:
-            if times:
-                print(
-                    f"TRACE {what}: n={len(times)} retried={retried[what]} p50={h.percentile(times, 50) * 1000:.1f}ms"
-                    f" p99={h.percentile(times, 99) * 1000:.1f}ms max={max(times) * 1000:.0f}ms",
-                    file=sys.stderr,
-                )
+        for what, times in sorted(calls.items(), key=lambda item: item[0] == "lock wait"):
+            ms = {p: f"{h.percentile(times, p) * 1000:.1f}" for p in (50, 99)}
+            line = f"n={len(times)} retried={retried[what]} p50={ms[50]}ms p99={ms[99]}ms max={max(times) * 1000:.0f}ms"
+            print(f"TRACE {what}: {line}", file=sys.stderr)
         print(f"TRACE claims by jobs taken: {dict(sorted(claimed.items()))}", file=sys.stderr)
 
     atexit.register(report)
@@ -162,10 +149,8 @@ def app_role(
 
     from sqlalchemy_watchdog import Job, enqueue
 
-    eng = make_engine(db, journal, timeout)
-    orders = app_tables().tables["app_orders"]
+    eng, orders, lock = make_engine(db, journal, timeout), app_tables().tables["app_orders"], threading.Lock()
     results: list[tuple[str, float, float, str | None]] = []
-    lock = threading.Lock()
 
     def request(i: int) -> None:
         job_id, began, error = f"a{index}-{i}", time.time(), None
@@ -195,6 +180,7 @@ def _live(db: str) -> int:
 
 
 def _drain(db: str, timeout: float, interval: float) -> bool:
+    """Wait up to ``timeout`` s for no live job; whether none is left."""
     deadline = time.time() + timeout
     while _live(db) and time.time() < deadline:
         time.sleep(interval)
@@ -213,20 +199,9 @@ def one_run(bench: h.Bench, journal: str, timeout: float | None, tag: str) -> di
     metadata.create_all(eng)
     app_tables().create_all(eng)
     common = {"db": db, "journal": journal, "timeout": timeout}
-    runners = [
-        h.Child(
-            bench.workdir / f"{tag}-runner{k}.log",
-            runner_role,
-            concurrency=opt("concurrency", 8),
-            poll_interval=opt("poll_interval", None),
-            **common,
-        )
-        for k in range(opt("runners", 2))
-    ]
-    apps: list[h.Child] = []
+    each_runner = {"concurrency": opt("concurrency", 8), "poll_interval": opt("poll_interval", None), **common}
+    runners, apps = bench.spawn(f"{tag}-runner", opt("runners", 2), runner_role, **each_runner), []
     try:
-        for child in runners:
-            child.wait_ready()
         time.sleep(0.5)
         start_at = time.time() + 2.0
         each = {"rate": rate / apps_n, "duration": duration, "start_at": start_at, "threads": opt("threads", 8)}
@@ -264,27 +239,29 @@ def one_run(bench: h.Bench, journal: str, timeout: float | None, tag: str) -> di
         "app transaction p99 (ms)": h.percentile(tx, 99),
         "app transactions failed": len(rows) - len(ok),
         "jobs never started": sum(1 for v in latency if v == math.inf),
-        "runner ERROR log lines": sum(
-            (bench.workdir / f"{tag}-runner{k}.log").read_text(errors="replace").count("ERROR")
-            for k in range(len(runners))
-        ),
+        "runner ERROR log lines": sum(r.log_path.read_text(errors="replace").count("ERROR") for r in runners),
     }
+
+
+OPTIONS = {  # flag: (type, help); each help is prefixed with "sqlite-load: "
+    "--apps": (int, "app processes (default 2)"),
+    "--runners": (int, "runner processes (default 2)"),
+    "--threads": (int, "request threads per app process (default 8)"),
+    "--duration": (float, "seconds of app load per run (default 20)"),
+    "--drain-timeout": (float, "seconds to wait for a drain (default 60)"),
+    "--quiet-jobs": (int, "jobs of the quiet-file drain (default 2,000)"),
+    "--journals": (str, "journal modes, of delete,wal,wal-full (default delete,wal)"),
+    "--timeouts": (str, "busy timeouts, 'default' (the driver's) or seconds (default default,30)"),
+    "--poll-interval": (float, "the runners' poll_interval in seconds"),
+}
 
 
 @h.scenario(
     "sqlite-load",
     options={
-        "--apps": {"type": int, "help": "sqlite-load: app processes (default 2)"},
-        "--runners": {"type": int, "help": "sqlite-load: runner processes (default 2)"},
         **h.RATE,
-        "--threads": {"type": int, "help": "sqlite-load: request threads per app process (default 8)"},
         **h.CONCURRENCY,
-        "--duration": {"type": float, "help": "sqlite-load: seconds of app load per run (default 20)"},
-        "--drain-timeout": {"type": float, "help": "sqlite-load: seconds to wait for a drain (default 60)"},
-        "--quiet-jobs": {"type": int, "help": "sqlite-load: jobs of the quiet-file drain (default 2,000)"},
-        "--journals": {"help": "sqlite-load: journal modes, of delete,wal,wal-full (default delete,wal)"},
-        "--timeouts": {"help": "sqlite-load: busy timeouts, 'default' (the driver's) or seconds (default default,30)"},
-        "--poll-interval": {"type": float, "help": "sqlite-load: the runners' poll_interval in seconds"},
+        **{f: {"type": t, "help": f"sqlite-load: {m}"} for f, (t, m) in OPTIONS.items()},
     },
 )
 def sqlite_load(bench: h.Bench) -> None:

@@ -140,15 +140,8 @@ class _Enqueuer:
         self.raw = psycopg.connect(target.dsn)
 
     def batch(self, tag: str) -> float:
-        from sqlalchemy.orm import Session
-
-        from sqlalchemy_watchdog import enqueue
-
         started = time.perf_counter()
-        with Session(self.engine) as session:
-            enqueue(session, h.Watchdog.jobs(tag, 1000))
-            session.commit()
-        return 1000 / (time.perf_counter() - started)
+        return 1000 / (h.Watchdog.commit_jobs(self.engine, h.Watchdog.jobs(tag, 1000)) - started)
 
     def statement_alone(self, tag: str) -> float:
         body = self.parameters["jobs"].replace('"warm-', f'"{tag}-')
@@ -172,11 +165,8 @@ class _Enqueuer:
 )
 def index_review(bench: h.Bench) -> None:
     """Each index set of watchdog_jobs: batch enqueue jobs/s, and claim+settle ms/job beside a history."""
-    batches, rows, claims = (
-        bench.opt("batches", 40, 10),
-        bench.opt("rows", 1_000_000, 100_000),
-        bench.opt("jobs", 500, 200),
-    )
+    batches, rows = bench.opt("batches", 40, 10), bench.opt("rows", 1_000_000, 100_000)
+    claims = bench.opt("jobs", 500, 200)
     table = "index sets: enqueue(), 1,000 jobs per statement (jobs/s); claim+settle (ms/job)"
     bench.table(table, ratios=MODEL)
     # One database per variant; the batches interleave across the variants (the order
@@ -242,12 +232,8 @@ def _operation(frames: list[str]) -> str:
     for marker in ("sqlalchemy_watchdog/store.py", "sqlalchemy_watchdog/"):
         for frame in frames:
             if marker in frame:
-                name = frame.split(" (")[0]
-                return (
-                    f"store.{name}"
-                    if marker.endswith("store.py")
-                    else f"{name} ({frame.rsplit('/', 1)[-1].split(':')[0]})"
-                )
+                name, where = frame.split(" (")[0], frame.rsplit("/", 1)[-1].split(":")[0]
+                return f"store.{name}" if marker.endswith("store.py") else f"{name} ({where})"
     return "outside sqlalchemy_watchdog"
 
 
@@ -271,19 +257,8 @@ def _profile(bench: h.Bench, shape: str, jobs: int) -> dict[str, float]:
         subject.prefill(target, 20, "warm")
         h.poll_until(lambda: not probe.live(), timeout=60, interval=0.005, what="warm-up")
         spy_bin = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-        argv = [
-            spy_bin,
-            "record",
-            "--gil",
-            "--format",
-            "raw",
-            "--rate",
-            str(int(bench.opt("rate", 1000))),
-            "--output",
-            str(stacks),
-            "--pid",
-            str(child.proc.pid),
-        ]
+        rate, pid = str(int(bench.opt("rate", 1000))), str(child.proc.pid)
+        argv = [spy_bin, "record", "--gil", "--format", "raw", "--rate", rate, "--output", str(stacks), "--pid", pid]
         spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(bench.workdir / f"{shape}-py-spy.log", "w"))
         time.sleep(1.0)
         cpu = h.cpu_seconds(child.proc.pid)
@@ -311,16 +286,13 @@ def _profile(bench: h.Bench, shape: str, jobs: int) -> dict[str, float]:
     statements = [
         line.split(" ", 2) for line in child.log_path.read_text().splitlines() if line.startswith("SQLCOUNT ")
     ]
+    per_job = {f"statements per job: {words}": int(n) / (jobs + 20) for _, n, words in statements}
     return {
         "wall (1 / drain rate)": (finished - started) / jobs * 1e6,
         "worker CPU (all threads)": cpu_us,
         **{name: cpu_us * n / total for name, n in groups.most_common()},
         **{f"op {name}": cpu_us * n / total for name, n in operations.most_common() if cpu_us * n / total >= 5},
-        **{
-            f"statements per job: {words}": int(n) / (jobs + 20)
-            for _, n, words in statements
-            if int(n) / (jobs + 20) >= 0.01
-        },
+        **{k: v for k, v in per_job.items() if v >= 0.01},
     }
 
 
