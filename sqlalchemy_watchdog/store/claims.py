@@ -223,6 +223,16 @@ class SettleRequest:
     #: The failure history to store (JSON), when this attempt failed.
     history: str | None = None
 
+    def __post_init__(self) -> None:
+        # Checked once, where the request is made: the runner's core builds
+        # its requests from a Decision it checked already; a direct caller
+        # of settle()/settle_many() gets the same refusal, before any write.
+        if not isinstance(self.decision, Decision):
+            raise WatchdogError(
+                ErrorCode.INVALID_INPUT,
+                f"decision: must be a Decision, not {type(self.decision).__name__}",
+            )
+
     @property
     def row(self) -> tuple[Any, ...]:
         """The request in :data:`statements.SETTLE_FIELDS` order."""
@@ -307,12 +317,6 @@ def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Set
     fast on a durable database. The lease is checked against the latest
     ``now`` of the batch.
     """
-    for request in requests:
-        if not isinstance(request.decision, Decision):
-            raise WatchdogError(
-                ErrorCode.INVALID_INPUT,
-                f"decision: must be a Decision, not {type(request.decision).__name__}",
-            )
     job_ids = [request.job_id for request in requests]
     if len(set(job_ids)) < len(job_ids):  # one statement updates a row once
         return [result for request in requests for result in settle_many(conn, [request])]
