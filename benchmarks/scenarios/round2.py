@@ -129,13 +129,10 @@ def _produce(bench: h.Bench, name: str, jobs: int, tag: str, runner: bool = Fals
 def _trigger(target: h.Target, *, enabled: bool = True, notify_always: bool = False) -> None:
     """The NOTIFY trigger on or off; with ``notify_always`` the trigger function of before
     revision w0007 (a NOTIFY on every enqueue: the revision's downgrade SQL)."""
-    from sqlalchemy_watchdog.migrations.versions.w0007_notify_when_waiting import (
-        NOTIFY_ALWAYS_SQL,
-        NOTIFY_WHEN_WAITING_SQL,
-    )
+    from sqlalchemy_watchdog.migrations.versions import w0007_notify_when_waiting as w0007
 
     h.run_sql(target, f"ALTER TABLE watchdog_jobs {'ENABLE' if enabled else 'DISABLE'} TRIGGER watchdog_jobs_queued")
-    h.run_sql(target, NOTIFY_ALWAYS_SQL if notify_always else NOTIFY_WHEN_WAITING_SQL)
+    h.run_sql(target, w0007.NOTIFY_ALWAYS_SQL if notify_always else w0007.NOTIFY_WHEN_WAITING_SQL)
 
 
 @h.scenario("producers", per_repeat=True, suite=True)
@@ -209,12 +206,10 @@ def inprocess(bench: h.Bench, r: int) -> None:
             bench.measure(table, row, column, fn, 600)
 
 
-@h.scenario(
-    "scaleout",
-    per_repeat=True,
-    suite=True,
-    options={**h.JOBS, "--processes": {"help": "scaleout: runner processes (default 1,2,4,8)"}},
-)
+PROCESSES = {"--processes": {"help": "scaleout: runner processes (default 1,2,4,8)"}}
+
+
+@h.scenario("scaleout", per_repeat=True, suite=True, options={**h.JOBS, **PROCESSES})
 def scaleout(bench: h.Bench, r: int) -> None:
     """Jobs/s of 1, 2, 4, 8 runner processes (concurrency 4 each) draining one queue."""
     target, jobs = bench.target("watchdog", "postgresql"), bench.opt("jobs", 5000, 600)
