@@ -523,35 +523,28 @@ class Watchdog:
 
     def enqueue_single(self, target: Target, n: int, tag: str) -> float:
         """``Watchdog(engine).enqueue(job)``: the peers' stand-alone enqueue calls."""
-        from sqlalchemy_watchdog import Job
-        from sqlalchemy_watchdog import Watchdog as Client
-
-        eng = engine(target)
-        try:
-            client = Client(eng)
-            client.enqueue(Job(f"{tag}-warm", QUEUE))
-            started = time.perf_counter()
-            for i in range(n):
-                client.enqueue(Job(f"{tag}-{i}", QUEUE, payload={"i": i}))
-            return time.perf_counter() - started
-        finally:
-            eng.dispose()
+        return self.enqueue_batch(target, n, 1, tag, standalone=True)
 
     def enqueue_single_in_session(self, target: Target, n: int, tag: str) -> float:
         return self.enqueue_batch(target, n, 1, tag)
 
-    def enqueue_batch(self, target: Target, batches: int, size: int, tag: str, through: Any = None) -> float:
+    def enqueue_batch(
+        self, target: Target, batches: int, size: int, tag: str, through: Any = None, standalone: bool = False
+    ) -> float:
         """Seconds for ``batches`` transactions of ``size`` jobs, each one ``enqueue`` call
-        (``through``: an engine of the caller's, e.g. through a pooler)."""
+        (``through``: an engine of the caller's, e.g. through a pooler; ``standalone``: one
+        job each through ``Watchdog(engine).enqueue``, not ``enqueue(session, ...)``)."""
         from sqlalchemy_watchdog import Job
+        from sqlalchemy_watchdog import Watchdog as Client
 
         eng = through or engine(target)
+        commit = Client(eng).enqueue if standalone else partial(self.commit_jobs, eng)
         try:
-            self.commit_jobs(eng, Job(f"{tag}-warm", QUEUE))  # warm the pool, as a long-lived application is
+            commit(Job(f"{tag}-warm", QUEUE))  # warm the pool, as a long-lived application is
             started = time.perf_counter()  # building the jobs is timed, as with the peers' calls
             for b in range(batches):
                 jobs = [Job(f"{tag}-{b}-{i}", QUEUE, payload={"i": i}) for i in range(size)]
-                self.commit_jobs(eng, jobs[0] if size == 1 else jobs)
+                commit(jobs[0] if size == 1 else jobs)
             return time.perf_counter() - started
         finally:
             if through is None:
@@ -852,11 +845,9 @@ class Probe:
     """A connection answering ``live()`` (any job not yet finished?) and ``completed()``."""
 
     def __init__(self, subject: Any, target: Target) -> None:
-        self.subject = subject
-        if target.dialect == "sqlite":
-            self.conn: Any = sqlite3.connect(target.dsn, isolation_level=None, timeout=30)
-        else:
-            self.conn = psycopg.connect(target.dsn, autocommit=True)
+        self.subject, lite = subject, target.dialect == "sqlite"
+        pg = lambda: psycopg.connect(target.dsn, autocommit=True)
+        self.conn: Any = sqlite3.connect(target.dsn, isolation_level=None, timeout=30) if lite else pg()
 
     def live(self) -> bool:
         return bool(self.conn.execute(self.subject.live_sql).fetchone()[0])
