@@ -114,9 +114,8 @@ def _prune_round(bench: h.Bench, target: h.Target, prune: bool, tag: str, sample
         if prune:  # measure only once the runner is deleting: its first batch has gone
             if before == 0:
                 raise h.ScenarioFailed(f"{tag}: every old row was pruned before the round began; raise --rows")
-            h.poll_until(
-                lambda: _prunable(target) < before, timeout=60, interval=0.05, what="pruning", children=[child]
-            )
+            went = lambda: _prunable(target) < before
+            h.poll_until(went, timeout=60, interval=0.05, what="pruning", children=[child])
             before = _prunable(target)
         started = time.perf_counter()
         values = bench.start_latencies(child, client.enqueue, tag, 2 if bench.quick else 3, samples, (0.03, 0.33))

@@ -143,9 +143,8 @@ def producers(bench: h.Bench, r: int) -> None:
     jobs = {"watchdog": 300, "procrastinate": 150, "pgqueuer": 300}
     for name in bench.in_order(r):
         n = jobs[name] // (6 if bench.quick else 1)
-        bench.measure(
-            table, "every queue, its defaults", name, partial(_produce, bench, name, n, f"prod-{name}-{r}"), 900
-        )
+        run = partial(_produce, bench, name, n, f"prod-{name}-{r}")
+        bench.measure(table, "every queue, its defaults", name, run, 900)
     if "watchdog" not in bench.subjects:
         return
     target, n = bench.target("watchdog", "postgresql"), jobs["watchdog"] // (6 if bench.quick else 1)
@@ -301,8 +300,7 @@ def scale(bench: h.Bench) -> None:
                 started = time.perf_counter()
                 build_scale(target, rows)
                 bench.log(f"scale table ({label}) built in {time.perf_counter() - started:.0f}s")
-                bench.measure(
-                    table, "", label, partial(measure_scale, target, 20 - 15 * bench.quick, prune_limit), 1800
-                )
+                run = partial(measure_scale, target, 20 - 15 * bench.quick, prune_limit)
+                bench.measure(table, "", label, run, 1800)
         finally:
             h.drop(target)

@@ -269,6 +269,5 @@ def sqlite_load(bench: h.Bench) -> None:
     for rep in range(bench.repeat):
         for journal, timeout in configs:
             column = f"{journal}, busy {'5s (default)' if timeout is None else f'{timeout:g}s'}"
-            bench.measure(
-                table, "", column, partial(one_run, bench, journal, timeout, f"{journal}-{timeout}-{rep}"), 900
-            )
+            run = partial(one_run, bench, journal, timeout, f"{journal}-{timeout}-{rep}")
+            bench.measure(table, "", column, run, 900)
