@@ -208,14 +208,22 @@ def engine(target: Target, pool_size: int = 5, **kwargs: Any) -> Any:
     return create_engine(target.url, pool_size=pool_size, max_overflow=10, **kwargs)
 
 
+@contextlib.contextmanager
+def disposed(eng: Any) -> Iterator[Any]:
+    """``with disposed(engine(target)) as eng``: an engine, disposed at the end of the block."""
+    try:
+        yield eng
+    finally:
+        eng.dispose()
+
+
 def install_watchdog(target: Target, fresh: bool = False) -> None:
     from sqlalchemy_watchdog import metadata
 
-    eng = engine(target)
-    if fresh:
-        metadata.drop_all(eng)
-    metadata.create_all(eng)
-    eng.dispose()
+    with disposed(engine(target)) as eng:
+        if fresh:
+            metadata.drop_all(eng)
+        metadata.create_all(eng)
 
 
 # -- child processes ---------------------------------------------------------------------
@@ -551,11 +559,8 @@ class Watchdog:
                 eng.dispose()
 
     def prefill(self, target: Target, n: int, tag: str) -> float:
-        eng = engine(target)
-        try:
+        with disposed(engine(target)) as eng:
             return self.commit_jobs(eng, self.jobs(tag, n))
-        finally:
-            eng.dispose()
 
     @staticmethod
     def commit_jobs(eng: Any, jobs: Any) -> float:
@@ -574,14 +579,11 @@ class Watchdog:
         from sqlalchemy_watchdog import Runner
 
         self.enqueue_batch(target, 1, jobs, tag)  # plus one warm-up job
-        eng = engine(target)
-        try:
+        with disposed(engine(target)) as eng:
             runner = Runner(eng, {QUEUE: lambda job: None}, poll_interval=timedelta(seconds=1))
             started = time.perf_counter()
             settled = runner.run_until_idle()
             elapsed = time.perf_counter() - started
-        finally:
-            eng.dispose()
         if len(settled) != jobs + 1:
             raise ScenarioFailed(f"settled {len(settled)} of {jobs + 1} jobs")
         return elapsed / (jobs + 1) * 1000.0

@@ -144,22 +144,16 @@ def _pool_drain(target: h.Target, url: Any, jobs: int, pooled: bool, concurrency
 
     h.truncate(target)
     options = {} if concurrency is None else {"concurrency": concurrency}
-    eng = _pool_engine(url, pooled, 5 if concurrency is None else concurrency + 3)
     gc.collect()
-    try:
+    with h.disposed(_pool_engine(url, pooled, 5 if concurrency is None else concurrency + 3)) as eng:
         return h.drain_here(target, Runner(eng, {h.QUEUE: lambda job: None}, wakeups="poll", **options), jobs)
-    finally:
-        eng.dispose()
 
 
 def _pool_enqueue(target: h.Target, url: Any, pooled: bool, batches: int, size: int) -> float:
     """jobs/s of ``batches`` transactions of ``size`` jobs (one ``enqueue`` call each)."""
     h.truncate(target)
-    eng = _pool_engine(url, pooled)
-    try:
+    with h.disposed(_pool_engine(url, pooled)) as eng:
         return batches * size / h.Watchdog().enqueue_batch(target, batches, size, "enq", eng)
-    finally:
-        eng.dispose()
 
 
 @h.scenario("poolers", options={**h.JOBS, **h.SAMPLES})
