@@ -88,7 +88,7 @@ class Target:
         return "postgresql+psycopg://" + self.dsn.split("://", 1)[1]
 
 
-_created: list[str] = []
+_created: list[Target] = []
 
 
 def _dsn_with_db(dbname: str) -> str:
@@ -104,8 +104,8 @@ def create_database(suffix: str) -> Target:
     with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
         conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
         conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
-    _created.append(name)
-    return Target("postgresql", _dsn_with_db(name), name)
+    _created.append(target := Target("postgresql", _dsn_with_db(name), name))
+    return target
 
 
 def drop(*targets: Target) -> None:
@@ -120,12 +120,8 @@ def drop(*targets: Target) -> None:
                 conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(target.name)))
         except Exception as error:  # pragma: no cover - best effort
             print(f"warning: could not drop {target.name}: {error}", file=sys.stderr)
-        if target.name in _created:
-            _created.remove(target.name)
-
-
-def drop_all_created() -> None:
-    drop(*(Target("postgresql", _dsn_with_db(name), name) for name in list(_created)))
+        if target in _created:
+            _created.remove(target)
 
 
 def run_sql(target: Target, statement: str, params: dict[str, Any] | None = None, *, analyse: bool = False) -> Any:
@@ -329,7 +325,7 @@ def stop_all(children: Sequence[Child]) -> None:
 def _cleanup() -> None:
     for child in list(_children):
         child.stop(5)
-    drop_all_created()
+    drop(*_created)
 
 
 atexit.register(_cleanup)
@@ -1232,10 +1228,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"unknown scenario {name!r}; --list shows them")
     chosen = [SCENARIOS[n] for n in names]
 
-    def terminated(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, terminated)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt: report what was measured
     with tempfile.TemporaryDirectory(prefix="watchdog_bench_") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -1258,7 +1251,7 @@ def main(argv: list[str] | None = None) -> int:
             print("interrupted; reporting what was measured", file=sys.stderr)
         finally:
             bench.close()
-            drop_all_created()
+            drop(*_created)
     elapsed = time.monotonic() - bench.started
     print(f"\n{describe(facts)}\n{', '.join(names)}: medians (min-max) of {bench.repeat} run(s), {elapsed:.0f}s\n")
     print("\n\n".join(render(t) for t in bench.tables.values() if t.cells))
