@@ -133,14 +133,7 @@ def _trace_store() -> None:
 
 
 def app_role(
-    db: str,
-    journal: str,
-    timeout: float | None,
-    index: int,
-    rate: float,
-    duration: float,
-    start_at: float,
-    threads: int,
+    db: str, journal: str, timeout: float | None, index: int, rate: float, duration: float, start: float, threads: int
 ) -> None:
     """Paced open-loop writer: request ``i`` is due at ``start + i / rate`` whatever the
     previous ones took (requests wait for a free thread); RESULT its requests."""
@@ -169,7 +162,7 @@ def app_role(
     h.say("READY")
     with ThreadPoolExecutor(threads) as pool:
         for i in range(int(duration * rate)):
-            time.sleep(max(0.0, start_at + i / rate - time.time()))
+            time.sleep(max(0.0, start + i / rate - time.time()))
             pool.submit(request, i)
     h.say("RESULT", results)
 
@@ -204,7 +197,7 @@ def one_run(bench: h.Bench, journal: str, timeout: float | None, tag: str) -> di
     try:
         time.sleep(0.5)
         start_at = time.time() + 2.0
-        each = {"rate": rate / apps_n, "duration": duration, "start_at": start_at, "threads": opt("threads", 8)}
+        each = {"rate": rate / apps_n, "duration": duration, "start": start_at, "threads": opt("threads", 8)}
         apps = [
             h.Child(bench.workdir / f"{tag}-app{k}.log", app_role, index=k, **each, **common) for k in range(apps_n)
         ]
