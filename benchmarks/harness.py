@@ -158,13 +158,11 @@ def numbers(target: Target, rows: str = ":rows") -> str:
 def insert_jobs(target: Target, rows: int, columns: dict[str, str], *, analyse: bool = True, **params: Any) -> float:
     """``rows`` jobs in one ``INSERT ... SELECT`` over ``n`` = 1..rows, each column an SQL
     expression of ``n`` (``:queue`` is the benchmark's queue); returns seconds taken."""
-    started = time.perf_counter()
-    run_sql(
-        target,
-        f"INSERT INTO watchdog_jobs ({', '.join(columns)}) SELECT {', '.join(columns.values())} FROM {numbers(target)}",
-        {"rows": rows, "queue": QUEUE, **params},
-        analyse=analyse,
+    sql = (
+        f"INSERT INTO watchdog_jobs ({', '.join(columns)}) SELECT {', '.join(columns.values())} FROM {numbers(target)}"
     )
+    started = time.perf_counter()
+    run_sql(target, sql, {"rows": rows, "queue": QUEUE, **params}, analyse=analyse)
     return time.perf_counter() - started
 
 
@@ -657,9 +655,8 @@ def _count_statements_at_exit() -> None:
     from sqlalchemy.engine import Engine
 
     counts: collections.Counter[str] = collections.Counter()
-    event.listen(
-        Engine, "before_cursor_execute", lambda c, cur, sql, *a: counts.update([re.sub(r"\s+", " ", sql.strip())[:60]])
-    )
+    count = lambda conn, cursor, sql, *rest: counts.update([re.sub(r"\s+", " ", sql.strip())[:60]])
+    event.listen(Engine, "before_cursor_execute", count)
     atexit.register(lambda: [print(f"SQLCOUNT {n} {w}", file=sys.stderr, flush=True) for w, n in counts.most_common()])
 
 

@@ -51,8 +51,7 @@ def _phase(base: str, pid: int, rate: float, seconds: float, work_ms: int) -> di
     return {
         "requests": len(latencies),
         "failed": len(failures),
-        "p50 (ms)": h.percentile(latencies, 50) * 1000,
-        "p95 (ms)": h.percentile(latencies, 95) * 1000,
+        **{f"p{p} (ms)": h.percentile(latencies, p) * 1000 for p in (50, 95)},
         "server CPU (%)": 100 * (h.cpu_seconds(pid) - cpu) / (time.monotonic() - wall),
     }
 

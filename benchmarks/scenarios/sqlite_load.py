@@ -198,9 +198,8 @@ def one_run(bench: h.Bench, journal: str, timeout: float | None, tag: str) -> di
         time.sleep(0.5)
         start_at = time.time() + 2.0
         each = {"rate": rate / apps_n, "duration": duration, "start": start_at, "threads": opt("threads", 8)}
-        apps = [
-            h.Child(bench.workdir / f"{tag}-app{k}.log", app_role, index=k, **each, **common) for k in range(apps_n)
-        ]
+        log = lambda k: bench.workdir / f"{tag}-app{k}.log"
+        apps = [h.Child(log(k), app_role, index=k, **each, **common) for k in range(apps_n)]
         for child in apps:
             child.wait_ready()
         rows = [row for child in apps for row in child.result(duration + 120)]
@@ -228,8 +227,7 @@ def one_run(bench: h.Bench, journal: str, timeout: float | None, tag: str) -> di
         "drained afterwards (1 = yes)": float(drained),
         "quiet-file drain (jobs/s)": (len(quiet) - 1) / (quiet[-1] - quiet[0]) if len(quiet) > 1 else math.nan,
         "app commits (per s)": len(ok) / duration,
-        "app transaction p50 (ms)": h.percentile(tx, 50),
-        "app transaction p99 (ms)": h.percentile(tx, 99),
+        **{f"app transaction p{p} (ms)": h.percentile(tx, p) for p in (50, 99)},
         "app transactions failed": len(rows) - len(ok),
         "jobs never started": sum(1 for v in latency if v == math.inf),
         "runner ERROR log lines": sum(r.log_path.read_text(errors="replace").count("ERROR") for r in runners),
@@ -254,11 +252,8 @@ OPTIONS = {
 def sqlite_load(bench: h.Bench) -> None:
     """SQLite: runners beside paced app writers (journal modes x busy timeouts): latency, drain, app failures."""
     table = "SQLite under an application's writes"
-    configs = [
-        (j, None if t == "default" else float(t))
-        for j in bench.opt("journals", "delete,wal").split(",")
-        for t in bench.opt("timeouts", "default,30").split(",")
-    ]
+    journals, timeouts = bench.opt("journals", "delete,wal").split(","), bench.opt("timeouts", "default,30").split(",")
+    configs = [(j, None if t == "default" else float(t)) for j in journals for t in timeouts]
     for rep in range(bench.repeat):
         for journal, timeout in configs:
             column = f"{journal}, busy {'5s (default)' if timeout is None else f'{timeout:g}s'}"

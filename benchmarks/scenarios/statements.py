@@ -23,9 +23,8 @@ def _claim_and_settle(conn: Any, batch: int) -> int:
 
     claimed = store.claim(conn, queues=[h.QUEUE], limit=batch, lease_ms=60_000).claimed
     if claimed:
-        settled = store.settle_many(
-            conn, [store.SettleRequest(c.job.job_id, c.token, Decision.completed()) for c in claimed]
-        )
+        requests = [store.SettleRequest(c.job.job_id, c.token, Decision.completed()) for c in claimed]
+        settled = store.settle_many(conn, requests)
         assert all(s.status is store.SettleStatus.SETTLED for s in settled)
     return len(claimed)
 
@@ -172,9 +171,8 @@ def index_review(bench: h.Bench) -> None:
             client.close()
             h.drop(client.target)
     # The claim beside a history: a database per index set, the rounds alternating.
-    targets = {
-        variant: bench.scratch("postgresql", f"indexes_history{i}") for i, variant in enumerate((MODEL, BEFORE_W0008))
-    }
+    pair = (MODEL, BEFORE_W0008)
+    targets = {variant: bench.scratch("postgresql", f"indexes_history{i}") for i, variant in enumerate(pair)}
     try:
         for variant, target in targets.items():
             _build(target, variant)
@@ -193,10 +191,7 @@ def index_review(bench: h.Bench) -> None:
 GROUPS: list[tuple[str, tuple[str, ...]]] = [
     ("ours: sqlalchemy_watchdog", ("sqlalchemy_watchdog/",)),
     ("SQLAlchemy: SQL build/compile/cache key", ("sqlalchemy/sql/",)),
-    (
-        "SQLAlchemy: result rows",
-        ("sqlalchemy/engine/result.py", "sqlalchemy/engine/cursor.py", "sqlalchemy/engine/row.py"),
-    ),
+    ("SQLAlchemy: result rows", tuple(f"sqlalchemy/engine/{name}.py" for name in ("result", "cursor", "row"))),
     ("SQLAlchemy: engine/connection/pool/events", ("sqlalchemy/engine/", "sqlalchemy/pool/", "sqlalchemy/event/")),
     ("SQLAlchemy: other (util, dialect, orm)", ("sqlalchemy/",)),
     ("driver: psycopg (Python layer)", ("psycopg/", "psycopg_pool/", "psycopg_binary/")),
@@ -230,11 +225,8 @@ def _profile(bench: h.Bench, shape: str, jobs: int) -> dict[str, float]:
     kind, concurrency = shape.split("-c")
     target = bench.scratch("postgresql", f"profile_{kind}_{concurrency}")
     h.install_watchdog(target)
-    options = {
-        "concurrency": int(concurrency),
-        "use_asyncio": kind == "async",
-        "count_sql": bool(bench.opt("count_sql", False)),
-    }
+    count_sql = bool(bench.opt("count_sql", False))
+    options = {"concurrency": int(concurrency), "use_asyncio": kind == "async", "count_sql": count_sql}
     stacks, spy = bench.workdir / f"{shape}.txt", None
     (child,) = bench.workers("watchdog", target, f"profile-{shape}", **options)
     probe, subject = h.Probe(h.Watchdog(), target), h.Watchdog()
@@ -269,9 +261,8 @@ def _profile(bench: h.Bench, shape: str, jobs: int) -> dict[str, float]:
         Path(raw).mkdir(parents=True, exist_ok=True)
         shutil.copy(stacks, Path(raw) / stacks.name)
     cpu_us, total = cpu / jobs * 1e6, sum(groups.values()) or 1
-    statements = [
-        line.split(" ", 2) for line in child.log_path.read_text().splitlines() if line.startswith("SQLCOUNT ")
-    ]
+    lines = child.log_path.read_text().splitlines()
+    statements = [line.split(" ", 2) for line in lines if line.startswith("SQLCOUNT ")]
     per_job = {f"statements per job: {words}": int(n) / (jobs + 20) for _, n, words in statements}
     return {
         "wall (1 / drain rate)": (finished - started) / jobs * 1e6,
@@ -282,19 +273,14 @@ def _profile(bench: h.Bench, shape: str, jobs: int) -> dict[str, float]:
     }
 
 
-@h.scenario(
-    "profile-drain",
-    options={
-        **h.JOBS,
-        "--shapes": {"help": "profile-drain: worker shapes (default sync-c1,sync-c16,async-c16)"},
-        **h.RATE,
-        "--raw": {"help": "profile-drain: keep py-spy's collapsed stacks in this directory"},
-        "--count-sql": {
-            "action": "store_true",
-            "help": "profile-drain: also count statements per job (SQLAlchemy's path)",
-        },
-    },
-)
+PROFILE_OPTIONS = {
+    "--shapes": {"help": "profile-drain: worker shapes (default sync-c1,sync-c16,async-c16)"},
+    "--raw": {"help": "profile-drain: keep py-spy's collapsed stacks in this directory"},
+    "--count-sql": {"action": "store_true", "help": "profile-drain: also count statements per job (SQLAlchemy's path)"},
+}
+
+
+@h.scenario("profile-drain", options={**h.JOBS, **h.RATE, **PROFILE_OPTIONS})
 def profile_drain(bench: h.Bench) -> None:
     """Where a drained job's time goes: py-spy samples of a runner process by function group (pip install py-spy)."""
     table = "us per job, py-spy --gil samples of the worker by group"
