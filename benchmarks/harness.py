@@ -15,12 +15,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
+import collections
 import contextlib
 import gc
 import importlib
 import importlib.metadata
 import inspect
 import json
+import logging
 import math
 import os
 import pkgutil
@@ -47,6 +49,12 @@ from typing import Any
 
 import psycopg
 from psycopg import sql as pgsql
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from sqlalchemy_watchdog import Job, Retention, Runner, enqueue, metadata
+from sqlalchemy_watchdog import Watchdog as Client
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -197,8 +205,6 @@ def truncate(target: Target) -> None:
 
 
 def engine(target: Target, pool_size: int = 5, **kwargs: Any) -> Any:
-    from sqlalchemy import create_engine
-
     return create_engine(target.url, pool_size=pool_size, max_overflow=10, **kwargs)
 
 
@@ -212,8 +218,6 @@ def disposed(eng: Any) -> Iterator[Any]:
 
 
 def install_watchdog(target: Target, fresh: bool = False) -> None:
-    from sqlalchemy_watchdog import metadata
-
     with disposed(engine(target)) as eng:
         if fresh:
             metadata.drop_all(eng)
@@ -519,8 +523,6 @@ class Watchdog:
 
     @staticmethod
     def jobs(tag: str, n: int) -> list[Any]:
-        from sqlalchemy_watchdog import Job
-
         return [Job(f"{tag}-{i}", QUEUE, payload={"i": i}) for i in range(n)]
 
     def enqueue_single(self, target: Target, n: int, tag: str) -> float:
@@ -536,9 +538,6 @@ class Watchdog:
         """Seconds for ``batches`` transactions of ``size`` jobs, each one ``enqueue`` call
         (``through``: an engine of the caller's, e.g. through a pooler; ``standalone``: one
         job each through ``Watchdog(engine).enqueue``, not ``enqueue(session, ...)``)."""
-        from sqlalchemy_watchdog import Job
-        from sqlalchemy_watchdog import Watchdog as Client
-
         eng = through or engine(target)
         commit = Client(eng).enqueue if standalone else partial(self.commit_jobs, eng)
         try:
@@ -559,10 +558,6 @@ class Watchdog:
     @staticmethod
     def commit_jobs(eng: Any, jobs: Any) -> float:
         """``enqueue(session, jobs)`` + commit; perf_counter() after the commit."""
-        from sqlalchemy.orm import Session
-
-        from sqlalchemy_watchdog import enqueue
-
         with Session(eng) as session:
             enqueue(session, jobs)
             session.commit()
@@ -570,8 +565,6 @@ class Watchdog:
 
     def claim_settle(self, target: Target, jobs: int, tag: str) -> float:
         """ms per job of ``Runner.run_until_idle()`` claiming and settling ``jobs`` + 1 new jobs."""
-        from sqlalchemy_watchdog import Runner
-
         self.enqueue_batch(target, 1, jobs, tag)  # plus one warm-up job
         with disposed(engine(target)) as eng:
             runner = Runner(eng, {QUEUE: lambda job: None}, poll_interval=timedelta(seconds=1))
@@ -584,8 +577,6 @@ class Watchdog:
 
     def client(self, target: Target) -> Any:
         """``.enqueue(key, run_at=None)`` -> time.time() after its commit; ``.close()``."""
-        from sqlalchemy_watchdog import Job
-
         eng = engine(target)
 
         def enqueue(key: str, run_at: Any = None) -> float:
@@ -600,12 +591,6 @@ class Watchdog:
     ) -> None:  # fmt: skip
         """``Runner`` (its defaults: ``Runner(engine, handlers)`` on ``create_engine(url)``;
         otherwise a pool of concurrency + 3), or ``AsyncRunner`` over an async engine."""
-        import logging
-
-        from sqlalchemy import create_engine, text
-
-        from sqlalchemy_watchdog import Retention, Runner
-
         logging.basicConfig(level=logging.WARNING)
         if count_sql:
             _count_statements_at_exit()
@@ -649,11 +634,6 @@ async def anoop(job: Any) -> None:
 def _count_statements_at_exit() -> None:
     """``SQLCOUNT n words`` to stderr at exit: the statements this process sent, by their first
     words (the listener sends the store's hot statements through SQLAlchemy's execution)."""
-    import collections
-
-    from sqlalchemy import event
-    from sqlalchemy.engine import Engine
-
     counts: collections.Counter[str] = collections.Counter()
     count = lambda conn, cursor, sql, *rest: counts.update([re.sub(r"\s+", " ", sql.strip())[:60]])
     event.listen(Engine, "before_cursor_execute", count)

@@ -12,10 +12,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import BigInteger, Text
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy import BigInteger, Text, event, text
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from benchmarks import harness as h
+from sqlalchemy_watchdog import Decision, Job, Runner, Watchdog, enqueue, store
 
 
 class Base(DeclarativeBase):
@@ -43,11 +44,6 @@ def _txn_cost(target: h.Target, samples: int, warmup: int = 20) -> dict[str, flo
     """Each way of adding 1 or 100 rows to an open transaction: p50/p99 us and round trips
     (counted by a listener in the warm-up rounds only: a listener makes the store send its
     hot statements through SQLAlchemy's execution, and the timed rounds must not)."""
-    from sqlalchemy import event, text
-    from sqlalchemy.orm import Session
-
-    from sqlalchemy_watchdog import Job, enqueue
-
     h.truncate(target)
     eng, counted, payload = h.engine(target), [0, False], {"note": "x" * 40}
     Base.metadata.create_all(eng)
@@ -170,7 +166,6 @@ def inprocess_role(target: dict[str, str], concurrency: int, jobs: int, use_asyn
     main thread enqueues ``jobs`` jobs in one transaction and polls until none is left."""
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    from sqlalchemy_watchdog import Runner
     from sqlalchemy_watchdog.asyncio import AsyncRunner
 
     db = h.Target(**target)
@@ -248,8 +243,6 @@ def build_scale(target: h.Target, settled: int) -> None:
 
 def measure_scale(target: h.Target, calls: int, prune_limit: int) -> dict[str, float]:
     """ms per operation on the scale table (median of ``calls``)."""
-    from sqlalchemy_watchdog import Decision, Watchdog, store
-
     eng = h.engine(target)
     client, out, claimed = Watchdog(eng), {}, []
     ms = lambda call, n=calls: statistics.median(h.time_calls(call, n, 2))

@@ -23,7 +23,11 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
+from sqlalchemy import Column, Float, Integer, MetaData, String, Table, create_engine, event, insert
+from sqlalchemy.orm import Session
+
 from benchmarks import harness as h
+from sqlalchemy_watchdog import Job, Runner, Watchdog, enqueue, metadata
 
 QUEUE = "orders"
 #: journal mode -> the PRAGMAs every connection of every process runs
@@ -36,8 +40,6 @@ JOURNALS: dict[str, list[str]] = {
 
 def make_engine(path: str, journal: str, timeout: float | None) -> Any:
     """``create_engine(url)``, the driver's busy timeout unless ``timeout``, the journal's PRAGMAs."""
-    from sqlalchemy import create_engine, event
-
     eng = create_engine(f"sqlite:///{path}", connect_args={} if timeout is None else {"timeout": timeout})
 
     @event.listens_for(eng, "connect")
@@ -50,8 +52,6 @@ def make_engine(path: str, journal: str, timeout: float | None) -> Any:
 
 def app_tables() -> Any:
     """The app's ``app_orders`` (a row per request) and the handlers' ``handled`` (a row per start)."""
-    from sqlalchemy import Column, Float, Integer, MetaData, String, Table
-
     meta, key = MetaData(), lambda: Column("id", Integer, primary_key=True)
     Table("app_orders", meta, key(), Column("job_id", String), Column("created_at", Float))
     Table("handled", meta, key(), Column("job_id", String), Column("started_at", Float), Column("pid", Integer))
@@ -59,10 +59,6 @@ def app_tables() -> Any:
 
 
 def runner_role(db: str, journal: str, timeout: float | None, concurrency: int, poll_interval: float | None) -> None:
-    from sqlalchemy import insert
-
-    from sqlalchemy_watchdog import Runner
-
     eng, handled, pid = make_engine(db, journal, timeout), app_tables().tables["handled"], os.getpid()
 
     def handle(job: Any) -> None:
@@ -137,11 +133,6 @@ def app_role(
 ) -> None:
     """Paced open-loop writer: request ``i`` is due at ``start + i / rate`` whatever the
     previous ones took (requests wait for a free thread); RESULT its requests."""
-    from sqlalchemy import insert
-    from sqlalchemy.orm import Session
-
-    from sqlalchemy_watchdog import Job, enqueue
-
     eng, orders, lock = make_engine(db, journal, timeout), app_tables().tables["app_orders"], threading.Lock()
     results: list[tuple[str, float, float, str | None]] = []
 
@@ -181,8 +172,6 @@ def _drain(db: str, timeout: float, interval: float) -> bool:
 
 
 def one_run(bench: h.Bench, journal: str, timeout: float | None, tag: str) -> dict[str, float]:
-    from sqlalchemy_watchdog import Job, Watchdog, metadata
-
     opt = bench.opt
     apps_n, rate, duration = opt("apps", 2), opt("rate", 150.0), opt("duration", 20.0, 5.0)
     db = str(bench.workdir / f"{tag}.db")

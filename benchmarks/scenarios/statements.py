@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from sqlalchemy import event
 
 from benchmarks import harness as h
+from sqlalchemy_watchdog import Decision, store
 
 
 def _claim_and_settle(conn: Any, batch: int) -> int:
     """Claim up to ``batch`` jobs and settle them completed, as a runner's loop and settler do."""
-    from sqlalchemy_watchdog import Decision, store
-
     claimed = store.claim(conn, queues=[h.QUEUE], limit=batch, lease_ms=60_000).claimed
     if claimed:
         requests = [store.SettleRequest(c.job.job_id, c.token, Decision.completed()) for c in claimed]
@@ -116,8 +116,6 @@ class _Enqueuer:
     over psycopg (its parameter built beforehand, prepared): jobs/s per 1,000-job transaction."""
 
     def __init__(self, target: h.Target) -> None:
-        from sqlalchemy import event
-
         self.target, self.engine, sent = target, h.engine(target), []
         keep = lambda conn, cursor, statement, parameters, *rest: (
             sent.append((statement, parameters)) if statement.startswith("INSERT INTO watchdog_jobs") else None
