@@ -191,7 +191,6 @@ def inprocess(bench: h.Bench, r: int) -> None:
     for use_asyncio in (False, True):
         row = f"{'AsyncRunner' if use_asyncio else 'Runner'}, concurrency 4"
         options = {"concurrency": 4, "use_asyncio": use_asyncio}
-
         log = bench.workdir / f"inprocess-{use_asyncio}-{r}.log"
         inside = partial(_in_child, target, log, inprocess_role, target=asdict(target), jobs=jobs, **options)
         separate = partial(bench.drain_once, "watchdog", target, jobs, f"separate-{r}", **options)
