@@ -15,12 +15,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
+import collections
 import contextlib
 import gc
 import importlib
 import importlib.metadata
 import inspect
 import json
+import logging
 import math
 import os
 import pkgutil
@@ -47,6 +49,12 @@ from typing import Any
 
 import psycopg
 from psycopg import sql as pgsql
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from sqlalchemy_watchdog import Job, Retention, Runner, enqueue, metadata
+from sqlalchemy_watchdog import Watchdog as Client
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -88,7 +96,7 @@ class Target:
         return "postgresql+psycopg://" + self.dsn.split("://", 1)[1]
 
 
-_created: list[str] = []
+_created: list[Target] = []
 
 
 def _dsn_with_db(dbname: str) -> str:
@@ -104,8 +112,8 @@ def create_database(suffix: str) -> Target:
     with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
         conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
         conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
-    _created.append(name)
-    return Target("postgresql", _dsn_with_db(name), name)
+    _created.append(target := Target("postgresql", _dsn_with_db(name), name))
+    return target
 
 
 def drop(*targets: Target) -> None:
@@ -120,12 +128,8 @@ def drop(*targets: Target) -> None:
                 conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(target.name)))
         except Exception as error:  # pragma: no cover - best effort
             print(f"warning: could not drop {target.name}: {error}", file=sys.stderr)
-        if target.name in _created:
-            _created.remove(target.name)
-
-
-def drop_all_created() -> None:
-    drop(*(Target("postgresql", _dsn_with_db(name), name) for name in list(_created)))
+        if target in _created:
+            _created.remove(target)
 
 
 def run_sql(target: Target, statement: str, params: dict[str, Any] | None = None, *, analyse: bool = False) -> Any:
@@ -162,13 +166,11 @@ def numbers(target: Target, rows: str = ":rows") -> str:
 def insert_jobs(target: Target, rows: int, columns: dict[str, str], *, analyse: bool = True, **params: Any) -> float:
     """``rows`` jobs in one ``INSERT ... SELECT`` over ``n`` = 1..rows, each column an SQL
     expression of ``n`` (``:queue`` is the benchmark's queue); returns seconds taken."""
-    started = time.perf_counter()
-    run_sql(
-        target,
-        f"INSERT INTO watchdog_jobs ({', '.join(columns)}) SELECT {', '.join(columns.values())} FROM {numbers(target)}",
-        {"rows": rows, "queue": QUEUE, **params},
-        analyse=analyse,
+    sql = (
+        f"INSERT INTO watchdog_jobs ({', '.join(columns)}) SELECT {', '.join(columns.values())} FROM {numbers(target)}"
     )
+    started = time.perf_counter()
+    run_sql(target, sql, {"rows": rows, "queue": QUEUE, **params}, analyse=analyse)
     return time.perf_counter() - started
 
 
@@ -203,19 +205,23 @@ def truncate(target: Target) -> None:
 
 
 def engine(target: Target, pool_size: int = 5, **kwargs: Any) -> Any:
-    from sqlalchemy import create_engine
-
     return create_engine(target.url, pool_size=pool_size, max_overflow=10, **kwargs)
 
 
-def install_watchdog(target: Target, fresh: bool = False) -> None:
-    from sqlalchemy_watchdog import metadata
+@contextlib.contextmanager
+def disposed(eng: Any) -> Iterator[Any]:
+    """``with disposed(engine(target)) as eng``: an engine, disposed at the end of the block."""
+    try:
+        yield eng
+    finally:
+        eng.dispose()
 
-    eng = engine(target)
-    if fresh:
-        metadata.drop_all(eng)
-    metadata.create_all(eng)
-    eng.dispose()
+
+def install_watchdog(target: Target, fresh: bool = False) -> None:
+    with disposed(engine(target)) as eng:
+        if fresh:
+            metadata.drop_all(eng)
+        metadata.create_all(eng)
 
 
 # -- child processes ---------------------------------------------------------------------
@@ -321,7 +327,7 @@ def stop_all(children: Sequence[Child]) -> None:
 def _cleanup() -> None:
     for child in list(_children):
         child.stop(5)
-    drop_all_created()
+    drop(*_created)
 
 
 atexit.register(_cleanup)
@@ -517,60 +523,41 @@ class Watchdog:
 
     @staticmethod
     def jobs(tag: str, n: int) -> list[Any]:
-        from sqlalchemy_watchdog import Job
-
         return [Job(f"{tag}-{i}", QUEUE, payload={"i": i}) for i in range(n)]
 
     def enqueue_single(self, target: Target, n: int, tag: str) -> float:
         """``Watchdog(engine).enqueue(job)``: the peers' stand-alone enqueue calls."""
-        from sqlalchemy_watchdog import Job
-        from sqlalchemy_watchdog import Watchdog as Client
-
-        eng = engine(target)
-        try:
-            client = Client(eng)
-            client.enqueue(Job(f"{tag}-warm", QUEUE))
-            started = time.perf_counter()
-            for i in range(n):
-                client.enqueue(Job(f"{tag}-{i}", QUEUE, payload={"i": i}))
-            return time.perf_counter() - started
-        finally:
-            eng.dispose()
+        return self.enqueue_batch(target, n, 1, tag, standalone=True)
 
     def enqueue_single_in_session(self, target: Target, n: int, tag: str) -> float:
         return self.enqueue_batch(target, n, 1, tag)
 
-    def enqueue_batch(self, target: Target, batches: int, size: int, tag: str, through: Any = None) -> float:
+    def enqueue_batch(
+        self, target: Target, batches: int, size: int, tag: str, through: Any = None, standalone: bool = False
+    ) -> float:
         """Seconds for ``batches`` transactions of ``size`` jobs, each one ``enqueue`` call
-        (``through``: an engine of the caller's, e.g. through a pooler)."""
-        from sqlalchemy_watchdog import Job
-
+        (``through``: an engine of the caller's, e.g. through a pooler; ``standalone``: one
+        job each through ``Watchdog(engine).enqueue``, not ``enqueue(session, ...)``)."""
         eng = through or engine(target)
+        commit = Client(eng).enqueue if standalone else partial(self.commit_jobs, eng)
         try:
-            self.commit_jobs(eng, Job(f"{tag}-warm", QUEUE))  # warm the pool, as a long-lived application is
+            commit(Job(f"{tag}-warm", QUEUE))  # warm the pool, as a long-lived application is
             started = time.perf_counter()  # building the jobs is timed, as with the peers' calls
             for b in range(batches):
                 jobs = [Job(f"{tag}-{b}-{i}", QUEUE, payload={"i": i}) for i in range(size)]
-                self.commit_jobs(eng, jobs[0] if size == 1 else jobs)
+                commit(jobs[0] if size == 1 else jobs)
             return time.perf_counter() - started
         finally:
             if through is None:
                 eng.dispose()
 
     def prefill(self, target: Target, n: int, tag: str) -> float:
-        eng = engine(target)
-        try:
+        with disposed(engine(target)) as eng:
             return self.commit_jobs(eng, self.jobs(tag, n))
-        finally:
-            eng.dispose()
 
     @staticmethod
     def commit_jobs(eng: Any, jobs: Any) -> float:
         """``enqueue(session, jobs)`` + commit; perf_counter() after the commit."""
-        from sqlalchemy.orm import Session
-
-        from sqlalchemy_watchdog import enqueue
-
         with Session(eng) as session:
             enqueue(session, jobs)
             session.commit()
@@ -578,25 +565,18 @@ class Watchdog:
 
     def claim_settle(self, target: Target, jobs: int, tag: str) -> float:
         """ms per job of ``Runner.run_until_idle()`` claiming and settling ``jobs`` + 1 new jobs."""
-        from sqlalchemy_watchdog import Runner
-
         self.enqueue_batch(target, 1, jobs, tag)  # plus one warm-up job
-        eng = engine(target)
-        try:
+        with disposed(engine(target)) as eng:
             runner = Runner(eng, {QUEUE: lambda job: None}, poll_interval=timedelta(seconds=1))
             started = time.perf_counter()
             settled = runner.run_until_idle()
             elapsed = time.perf_counter() - started
-        finally:
-            eng.dispose()
         if len(settled) != jobs + 1:
             raise ScenarioFailed(f"settled {len(settled)} of {jobs + 1} jobs")
         return elapsed / (jobs + 1) * 1000.0
 
     def client(self, target: Target) -> Any:
         """``.enqueue(key, run_at=None)`` -> time.time() after its commit; ``.close()``."""
-        from sqlalchemy_watchdog import Job
-
         eng = engine(target)
 
         def enqueue(key: str, run_at: Any = None) -> float:
@@ -611,12 +591,6 @@ class Watchdog:
     ) -> None:  # fmt: skip
         """``Runner`` (its defaults: ``Runner(engine, handlers)`` on ``create_engine(url)``;
         otherwise a pool of concurrency + 3), or ``AsyncRunner`` over an async engine."""
-        import logging
-
-        from sqlalchemy import create_engine, text
-
-        from sqlalchemy_watchdog import Retention, Runner
-
         logging.basicConfig(level=logging.WARNING)
         if count_sql:
             _count_statements_at_exit()
@@ -660,15 +634,9 @@ async def anoop(job: Any) -> None:
 def _count_statements_at_exit() -> None:
     """``SQLCOUNT n words`` to stderr at exit: the statements this process sent, by their first
     words (the listener sends the store's hot statements through SQLAlchemy's execution)."""
-    import collections
-
-    from sqlalchemy import event
-    from sqlalchemy.engine import Engine
-
     counts: collections.Counter[str] = collections.Counter()
-    event.listen(
-        Engine, "before_cursor_execute", lambda c, cur, sql, *a: counts.update([re.sub(r"\s+", " ", sql.strip())[:60]])
-    )
+    count = lambda conn, cursor, sql, *rest: counts.update([re.sub(r"\s+", " ", sql.strip())[:60]])
+    event.listen(Engine, "before_cursor_execute", count)
     atexit.register(lambda: [print(f"SQLCOUNT {n} {w}", file=sys.stderr, flush=True) for w, n in counts.most_common()])
 
 
@@ -852,11 +820,9 @@ class Probe:
     """A connection answering ``live()`` (any job not yet finished?) and ``completed()``."""
 
     def __init__(self, subject: Any, target: Target) -> None:
-        self.subject = subject
-        if target.dialect == "sqlite":
-            self.conn: Any = sqlite3.connect(target.dsn, isolation_level=None, timeout=30)
-        else:
-            self.conn = psycopg.connect(target.dsn, autocommit=True)
+        self.subject, lite = subject, target.dialect == "sqlite"
+        pg = lambda: psycopg.connect(target.dsn, autocommit=True)
+        self.conn: Any = sqlite3.connect(target.dsn, isolation_level=None, timeout=30) if lite else pg()
 
     def live(self) -> bool:
         return bool(self.conn.execute(self.subject.live_sql).fetchone()[0])
@@ -1239,10 +1205,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"unknown scenario {name!r}; --list shows them")
     chosen = [SCENARIOS[n] for n in names]
 
-    def terminated(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, terminated)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt: report what was measured
     with tempfile.TemporaryDirectory(prefix="watchdog_bench_") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -1265,7 +1228,7 @@ def main(argv: list[str] | None = None) -> int:
             print("interrupted; reporting what was measured", file=sys.stderr)
         finally:
             bench.close()
-            drop_all_created()
+            drop(*_created)
     elapsed = time.monotonic() - bench.started
     print(f"\n{describe(facts)}\n{', '.join(names)}: medians (min-max) of {bench.repeat} run(s), {elapsed:.0f}s\n")
     print("\n\n".join(render(t) for t in bench.tables.values() if t.cells))

@@ -16,7 +16,10 @@ from dataclasses import asdict
 from functools import partial
 from typing import Any
 
+from sqlalchemy import create_engine, make_url
+
 from benchmarks import harness as h
+from sqlalchemy_watchdog import Job, Runner
 
 
 def _post(url: str, body: dict[str, Any]) -> float | None:
@@ -51,8 +54,7 @@ def _phase(base: str, pid: int, rate: float, seconds: float, work_ms: int) -> di
     return {
         "requests": len(latencies),
         "failed": len(failures),
-        "p50 (ms)": h.percentile(latencies, 50) * 1000,
-        "p95 (ms)": h.percentile(latencies, 95) * 1000,
+        **{f"p{p} (ms)": h.percentile(latencies, p) * 1000 for p in (50, 95)},
         "server CPU (%)": 100 * (h.cpu_seconds(pid) - cpu) / (time.monotonic() - wall),
     }
 
@@ -105,8 +107,6 @@ def in_process(bench: h.Bench) -> None:
 
 
 def _pool_engine(url: Any, pooled: bool, pool_size: int = 5) -> Any:
-    from sqlalchemy import create_engine
-
     options = {"connect_args": {"prepare_threshold": None}} if pooled else {}
     return create_engine(url, pool_size=pool_size, max_overflow=70, **options)
 
@@ -114,8 +114,6 @@ def _pool_engine(url: Any, pooled: bool, pool_size: int = 5) -> Any:
 def _pool_latency(target: h.Target, url: Any, samples: int, pooled: bool, **options: Any) -> dict[str, float]:
     """Commit -> handler start (ms) of an in-process Runner, jobs 5-300 ms apart (random
     phases of a 0.25 s poll)."""
-    from sqlalchemy_watchdog import Job, Runner
-
     h.run_sql(target, "TRUNCATE watchdog_jobs RESTART IDENTITY")
     started: dict[str, float] = {}
     arrived = threading.Event()
@@ -140,33 +138,23 @@ def _pool_latency(target: h.Target, url: Any, samples: int, pooled: bool, **opti
 
 def _pool_drain(target: h.Target, url: Any, jobs: int, pooled: bool, concurrency: int | None) -> float:
     """jobs/s of one in-process Runner (``wakeups="poll"``) draining ``jobs`` prefilled jobs."""
-    from sqlalchemy_watchdog import Runner
-
     h.truncate(target)
     options = {} if concurrency is None else {"concurrency": concurrency}
-    eng = _pool_engine(url, pooled, 5 if concurrency is None else concurrency + 3)
     gc.collect()
-    try:
+    with h.disposed(_pool_engine(url, pooled, 5 if concurrency is None else concurrency + 3)) as eng:
         return h.drain_here(target, Runner(eng, {h.QUEUE: lambda job: None}, wakeups="poll", **options), jobs)
-    finally:
-        eng.dispose()
 
 
 def _pool_enqueue(target: h.Target, url: Any, pooled: bool, batches: int, size: int) -> float:
     """jobs/s of ``batches`` transactions of ``size`` jobs (one ``enqueue`` call each)."""
     h.truncate(target)
-    eng = _pool_engine(url, pooled)
-    try:
+    with h.disposed(_pool_engine(url, pooled)) as eng:
         return batches * size / h.Watchdog().enqueue_batch(target, batches, size, "enq", eng)
-    finally:
-        eng.dispose()
 
 
 @h.scenario("poolers", options={**h.JOBS, **h.SAMPLES})
 def poolers(bench: h.Bench) -> None:
     """Direct beside PgBouncer in transaction mode: start latency, drain, enqueue (needs /usr/sbin/pgbouncer)."""
-    from sqlalchemy import make_url
-
     sys.path.insert(0, str(h.ROOT))
     from tests.servers.pgbouncer import MISSING, PgBouncer, available
 
@@ -213,8 +201,6 @@ def otel_role(target: dict[str, str], jobs: int, concurrency: int, mode: str) ->
     instruments with the SDK (batch span processor to an exporter that drops the spans,
     metrics to an in-memory reader); ``on+stats`` adds the queue-depth gauges, collected
     every second. RESULT jobs/s from the runner's start until every job settled."""
-    from sqlalchemy_watchdog import Runner
-
     db = h.Target(**target)
     h.install_watchdog(db, fresh=True)
     eng, shutdown = h.engine(db), []

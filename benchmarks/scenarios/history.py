@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from benchmarks import harness as h
+from sqlalchemy_watchdog import Watchdog as Client
 
 #: Delayed jobs are due from a day after the insert on, one second apart: none becomes due during a run.
 DUE = f"({{clock}} + {h.DAY_MS} + n * 1000)"
@@ -114,9 +115,8 @@ def _prune_round(bench: h.Bench, target: h.Target, prune: bool, tag: str, sample
         if prune:  # measure only once the runner is deleting: its first batch has gone
             if before == 0:
                 raise h.ScenarioFailed(f"{tag}: every old row was pruned before the round began; raise --rows")
-            h.poll_until(
-                lambda: _prunable(target) < before, timeout=60, interval=0.05, what="pruning", children=[child]
-            )
+            went = lambda: _prunable(target) < before
+            h.poll_until(went, timeout=60, interval=0.05, what="pruning", children=[child])
             before = _prunable(target)
         started = time.perf_counter()
         values = bench.start_latencies(child, client.enqueue, tag, 2 if bench.quick else 3, samples, (0.03, 0.33))
@@ -189,8 +189,6 @@ STATS_QUEUED = h.job_rows("queued", "queued", queue_name=STATS_QUEUE, lane=STATS
 @h.scenario("stats", suite=True, options={**h.ROWS, **h.SAMPLES})
 def stats(bench: h.Bench) -> None:
     """stats() and list_jobs() ms beside 1,000,000 settled and 100,000 queued jobs, PostgreSQL."""
-    from sqlalchemy_watchdog import Watchdog as Client
-
     settled, calls = bench.opt("rows", 1_000_000, 200_000), bench.opt("samples", 200, 30)
     queued = max(1000, settled // 10)
     target = bench.scratch("postgresql", "stats")

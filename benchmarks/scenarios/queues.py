@@ -34,10 +34,8 @@ def enqueue(bench: h.Bench, r: int) -> None:
             base = (200 if bench.quick else 2000) if dialect == "postgresql" else (50 if bench.quick else 300)
             n = bench.opt("jobs", int(base * PEER_JOBS[name]))
             runs = [("1 job per transaction", subject.enqueue_single, (n, f"s{r}"), n)]
-            if hasattr(subject, "enqueue_single_in_session"):
-                runs.append(
-                    ("1 job in the caller's Session + commit", subject.enqueue_single_in_session, (n, f"t{r}"), n)
-                )
+            if in_session := getattr(subject, "enqueue_single_in_session", None):
+                runs.append(("1 job in the caller's Session + commit", in_session, (n, f"t{r}"), n))
             runs.append(("1,000 jobs per statement", subject.enqueue_batch, (batches, size, f"b{r}"), batches * size))
             for row, call, args, jobs in runs:
                 bench.measure(table, row, name, partial(_rate, subject, target, call, args, jobs))
@@ -47,16 +45,13 @@ def enqueue(bench: h.Bench, r: int) -> None:
             bench.check_median(goal, "enqueue (jobs/s), PostgreSQL", row, "watchdog", ok, versus="pgqueuer")
 
 
-@h.scenario(
-    "drain",
-    per_repeat=True,
-    suite=True,
-    options={
-        **h.JOBS,
-        "--concurrencies": {"help": "drain concurrencies per worker (default 1,4,16,64; SQLite 1,4)"},
-        "--drain-rows": {"help": "drain rows to run, by a word of their name: e.g. defaults,c16,p1"},
-    },
-)
+DRAIN_OPTIONS = {
+    "--concurrencies": {"help": "drain concurrencies per worker (default 1,4,16,64; SQLite 1,4)"},
+    "--drain-rows": {"help": "drain rows to run, by a word of their name: e.g. defaults,c16,p1"},
+}
+
+
+@h.scenario("drain", per_repeat=True, suite=True, options={**h.JOBS, **DRAIN_OPTIONS})
 def drain(bench: h.Bench, r: int) -> None:
     """Jobs/s of worker processes draining a prefilled queue (concurrency x processes, defaults, AsyncRunner)."""
     for dialect in bench.dialects():
@@ -80,9 +75,7 @@ def drain(bench: h.Bench, r: int) -> None:
             for name in bench.in_order(r, dialect):
                 if watchdog_only and name != "watchdog":
                     continue
-                default = (
-                    (QUICK_DRAIN_JOBS if bench.quick else DRAIN_JOBS)[name] if pg else (60 if bench.quick else 500)
-                )
+                default = (QUICK_DRAIN_JOBS if bench.quick else DRAIN_JOBS)[name] if pg else 60 if bench.quick else 500
                 n, tag, target = bench.opt("jobs", default), f"{row.replace(' ', '-')}-{r}", bench.target(name, dialect)
                 run = partial(bench.drain_once, name, target, n, tag, procs, **options)
                 bench.measure(table, row, name, run, timeout=60 + n / 20 + 180)  # + worker start, warm-up and shutdown
@@ -93,12 +86,9 @@ def drain(bench: h.Bench, r: int) -> None:
         best = max(((bench.medians(rows.title, row).get("watchdog") or 0, row) for row in rows.cells), default=(0, ""))
         for peer, factor in (("pgqueuer", 2.0), ("procrastinate", 10.0)):
             base = max((bench.medians(rows.title, f"defaults p{p}").get(peer) or 0 for p in (1, 2)), default=0)
+            measured = f"{best[0] / base if base else 0:.2f}x (watchdog best {best[0]:,.0f} jobs/s at {best[1]}; {peer} {base:,.0f})"
             if best[0] and base:
-                bench.check(
-                    f"drain >= {factor:g}x {peer} with its defaults",
-                    f"{best[0] / base:.2f}x (watchdog best {best[0]:,.0f} jobs/s at {best[1]}; {peer} {base:,.0f})",
-                    best[0] >= factor * base,
-                )
+                bench.check(f"drain >= {factor:g}x {peer} with its defaults", measured, best[0] >= factor * base)
         for procs in (1, 2):
             goal = f"drain with defaults >= pgqueuer's, {procs} process(es)"
             bench.check_median(goal, rows.title, f"defaults p{procs}", "watchdog", lambda m: m >= 1, versus="pgqueuer")
@@ -118,6 +108,5 @@ def latency(bench: h.Bench, r: int) -> None:
 
         bench.measure(table, "enqueue-to-start", name, once)
     if r == bench.repeat - 1:
-        bench.check_median(
-            "median wake latency <= 5 ms", table, "enqueue-to-start p50 (ms)", "watchdog", lambda m: m <= 5, " ms"
-        )
+        goal, row = "median wake latency <= 5 ms", "enqueue-to-start p50 (ms)"
+        bench.check_median(goal, table, row, "watchdog", lambda m: m <= 5, " ms")

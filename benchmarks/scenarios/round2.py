@@ -12,10 +12,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import BigInteger, Text
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy import BigInteger, Text, event, text
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from benchmarks import harness as h
+from sqlalchemy_watchdog import Decision, Job, Runner, Watchdog, enqueue, store
 
 
 class Base(DeclarativeBase):
@@ -43,11 +44,6 @@ def _txn_cost(target: h.Target, samples: int, warmup: int = 20) -> dict[str, flo
     """Each way of adding 1 or 100 rows to an open transaction: p50/p99 us and round trips
     (counted by a listener in the warm-up rounds only: a listener makes the store send its
     hot statements through SQLAlchemy's execution, and the timed rounds must not)."""
-    from sqlalchemy import event, text
-    from sqlalchemy.orm import Session
-
-    from sqlalchemy_watchdog import Job, enqueue
-
     h.truncate(target)
     eng, counted, payload = h.engine(target), [0, False], {"note": "x" * 40}
     Base.metadata.create_all(eng)
@@ -129,13 +125,10 @@ def _produce(bench: h.Bench, name: str, jobs: int, tag: str, runner: bool = Fals
 def _trigger(target: h.Target, *, enabled: bool = True, notify_always: bool = False) -> None:
     """The NOTIFY trigger on or off; with ``notify_always`` the trigger function of before
     revision w0007 (a NOTIFY on every enqueue: the revision's downgrade SQL)."""
-    from sqlalchemy_watchdog.migrations.versions.w0007_notify_when_waiting import (
-        NOTIFY_ALWAYS_SQL,
-        NOTIFY_WHEN_WAITING_SQL,
-    )
+    from sqlalchemy_watchdog.migrations.versions import w0007_notify_when_waiting as w0007
 
     h.run_sql(target, f"ALTER TABLE watchdog_jobs {'ENABLE' if enabled else 'DISABLE'} TRIGGER watchdog_jobs_queued")
-    h.run_sql(target, NOTIFY_ALWAYS_SQL if notify_always else NOTIFY_WHEN_WAITING_SQL)
+    h.run_sql(target, w0007.NOTIFY_ALWAYS_SQL if notify_always else w0007.NOTIFY_WHEN_WAITING_SQL)
 
 
 @h.scenario("producers", per_repeat=True, suite=True)
@@ -146,9 +139,8 @@ def producers(bench: h.Bench, r: int) -> None:
     jobs = {"watchdog": 300, "procrastinate": 150, "pgqueuer": 300}
     for name in bench.in_order(r):
         n = jobs[name] // (6 if bench.quick else 1)
-        bench.measure(
-            table, "every queue, its defaults", name, partial(_produce, bench, name, n, f"prod-{name}-{r}"), 900
-        )
+        run = partial(_produce, bench, name, n, f"prod-{name}-{r}")
+        bench.measure(table, "every queue, its defaults", name, run, 900)
     if "watchdog" not in bench.subjects:
         return
     target, n = bench.target("watchdog", "postgresql"), jobs["watchdog"] // (6 if bench.quick else 1)
@@ -174,7 +166,6 @@ def inprocess_role(target: dict[str, str], concurrency: int, jobs: int, use_asyn
     main thread enqueues ``jobs`` jobs in one transaction and polls until none is left."""
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    from sqlalchemy_watchdog import Runner
     from sqlalchemy_watchdog.asyncio import AsyncRunner
 
     db = h.Target(**target)
@@ -200,7 +191,6 @@ def inprocess(bench: h.Bench, r: int) -> None:
     for use_asyncio in (False, True):
         row = f"{'AsyncRunner' if use_asyncio else 'Runner'}, concurrency 4"
         options = {"concurrency": 4, "use_asyncio": use_asyncio}
-
         log = bench.workdir / f"inprocess-{use_asyncio}-{r}.log"
         inside = partial(_in_child, target, log, inprocess_role, target=asdict(target), jobs=jobs, **options)
         separate = partial(bench.drain_once, "watchdog", target, jobs, f"separate-{r}", **options)
@@ -209,12 +199,10 @@ def inprocess(bench: h.Bench, r: int) -> None:
             bench.measure(table, row, column, fn, 600)
 
 
-@h.scenario(
-    "scaleout",
-    per_repeat=True,
-    suite=True,
-    options={**h.JOBS, "--processes": {"help": "scaleout: runner processes (default 1,2,4,8)"}},
-)
+PROCESSES = {"--processes": {"help": "scaleout: runner processes (default 1,2,4,8)"}}
+
+
+@h.scenario("scaleout", per_repeat=True, suite=True, options={**h.JOBS, **PROCESSES})
 def scaleout(bench: h.Bench, r: int) -> None:
     """Jobs/s of 1, 2, 4, 8 runner processes (concurrency 4 each) draining one queue."""
     target, jobs = bench.target("watchdog", "postgresql"), bench.opt("jobs", 5000, 600)
@@ -254,8 +242,6 @@ def build_scale(target: h.Target, settled: int) -> None:
 
 def measure_scale(target: h.Target, calls: int, prune_limit: int) -> dict[str, float]:
     """ms per operation on the scale table (median of ``calls``)."""
-    from sqlalchemy_watchdog import Decision, Watchdog, store
-
     eng = h.engine(target)
     client, out, claimed = Watchdog(eng), {}, []
     ms = lambda call, n=calls: statistics.median(h.time_calls(call, n, 2))
@@ -306,8 +292,7 @@ def scale(bench: h.Bench) -> None:
                 started = time.perf_counter()
                 build_scale(target, rows)
                 bench.log(f"scale table ({label}) built in {time.perf_counter() - started:.0f}s")
-                bench.measure(
-                    table, "", label, partial(measure_scale, target, 20 - 15 * bench.quick, prune_limit), 1800
-                )
+                run = partial(measure_scale, target, 20 - 15 * bench.quick, prune_limit)
+                bench.measure(table, "", label, run, 1800)
         finally:
             h.drop(target)

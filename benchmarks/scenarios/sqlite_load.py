@@ -23,7 +23,11 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
+from sqlalchemy import Column, Float, Integer, MetaData, String, Table, create_engine, event, insert
+from sqlalchemy.orm import Session
+
 from benchmarks import harness as h
+from sqlalchemy_watchdog import Job, Runner, Watchdog, enqueue, metadata
 
 QUEUE = "orders"
 #: journal mode -> the PRAGMAs every connection of every process runs
@@ -36,8 +40,6 @@ JOURNALS: dict[str, list[str]] = {
 
 def make_engine(path: str, journal: str, timeout: float | None) -> Any:
     """``create_engine(url)``, the driver's busy timeout unless ``timeout``, the journal's PRAGMAs."""
-    from sqlalchemy import create_engine, event
-
     eng = create_engine(f"sqlite:///{path}", connect_args={} if timeout is None else {"timeout": timeout})
 
     @event.listens_for(eng, "connect")
@@ -50,8 +52,6 @@ def make_engine(path: str, journal: str, timeout: float | None) -> Any:
 
 def app_tables() -> Any:
     """The app's ``app_orders`` (a row per request) and the handlers' ``handled`` (a row per start)."""
-    from sqlalchemy import Column, Float, Integer, MetaData, String, Table
-
     meta, key = MetaData(), lambda: Column("id", Integer, primary_key=True)
     Table("app_orders", meta, key(), Column("job_id", String), Column("created_at", Float))
     Table("handled", meta, key(), Column("job_id", String), Column("started_at", Float), Column("pid", Integer))
@@ -59,10 +59,6 @@ def app_tables() -> Any:
 
 
 def runner_role(db: str, journal: str, timeout: float | None, concurrency: int, poll_interval: float | None) -> None:
-    from sqlalchemy import insert
-
-    from sqlalchemy_watchdog import Runner
-
     eng, handled, pid = make_engine(db, journal, timeout), app_tables().tables["handled"], os.getpid()
 
     def handle(job: Any) -> None:
@@ -133,22 +129,10 @@ def _trace_store() -> None:
 
 
 def app_role(
-    db: str,
-    journal: str,
-    timeout: float | None,
-    index: int,
-    rate: float,
-    duration: float,
-    start_at: float,
-    threads: int,
+    db: str, journal: str, timeout: float | None, index: int, rate: float, duration: float, start: float, threads: int
 ) -> None:
     """Paced open-loop writer: request ``i`` is due at ``start + i / rate`` whatever the
     previous ones took (requests wait for a free thread); RESULT its requests."""
-    from sqlalchemy import insert
-    from sqlalchemy.orm import Session
-
-    from sqlalchemy_watchdog import Job, enqueue
-
     eng, orders, lock = make_engine(db, journal, timeout), app_tables().tables["app_orders"], threading.Lock()
     results: list[tuple[str, float, float, str | None]] = []
 
@@ -169,7 +153,7 @@ def app_role(
     h.say("READY")
     with ThreadPoolExecutor(threads) as pool:
         for i in range(int(duration * rate)):
-            time.sleep(max(0.0, start_at + i / rate - time.time()))
+            time.sleep(max(0.0, start + i / rate - time.time()))
             pool.submit(request, i)
     h.say("RESULT", results)
 
@@ -188,8 +172,6 @@ def _drain(db: str, timeout: float, interval: float) -> bool:
 
 
 def one_run(bench: h.Bench, journal: str, timeout: float | None, tag: str) -> dict[str, float]:
-    from sqlalchemy_watchdog import Job, Watchdog, metadata
-
     opt = bench.opt
     apps_n, rate, duration = opt("apps", 2), opt("rate", 150.0), opt("duration", 20.0, 5.0)
     db = str(bench.workdir / f"{tag}.db")
@@ -204,10 +186,9 @@ def one_run(bench: h.Bench, journal: str, timeout: float | None, tag: str) -> di
     try:
         time.sleep(0.5)
         start_at = time.time() + 2.0
-        each = {"rate": rate / apps_n, "duration": duration, "start_at": start_at, "threads": opt("threads", 8)}
-        apps = [
-            h.Child(bench.workdir / f"{tag}-app{k}.log", app_role, index=k, **each, **common) for k in range(apps_n)
-        ]
+        each = {"rate": rate / apps_n, "duration": duration, "start": start_at, "threads": opt("threads", 8)}
+        log = lambda k: bench.workdir / f"{tag}-app{k}.log"
+        apps = [h.Child(log(k), app_role, index=k, **each, **common) for k in range(apps_n)]
         for child in apps:
             child.wait_ready()
         rows = [row for child in apps for row in child.result(duration + 120)]
@@ -235,46 +216,35 @@ def one_run(bench: h.Bench, journal: str, timeout: float | None, tag: str) -> di
         "drained afterwards (1 = yes)": float(drained),
         "quiet-file drain (jobs/s)": (len(quiet) - 1) / (quiet[-1] - quiet[0]) if len(quiet) > 1 else math.nan,
         "app commits (per s)": len(ok) / duration,
-        "app transaction p50 (ms)": h.percentile(tx, 50),
-        "app transaction p99 (ms)": h.percentile(tx, 99),
+        **{f"app transaction p{p} (ms)": h.percentile(tx, p) for p in (50, 99)},
         "app transactions failed": len(rows) - len(ok),
         "jobs never started": sum(1 for v in latency if v == math.inf),
         "runner ERROR log lines": sum(r.log_path.read_text(errors="replace").count("ERROR") for r in runners),
     }
 
 
-OPTIONS = {  # flag: (type, help); each help is prefixed with "sqlite-load: "
-    "--apps": (int, "app processes (default 2)"),
-    "--runners": (int, "runner processes (default 2)"),
-    "--threads": (int, "request threads per app process (default 8)"),
-    "--duration": (float, "seconds of app load per run (default 20)"),
-    "--drain-timeout": (float, "seconds to wait for a drain (default 60)"),
-    "--quiet-jobs": (int, "jobs of the quiet-file drain (default 2,000)"),
-    "--journals": (str, "journal modes, of delete,wal,wal-full (default delete,wal)"),
-    "--timeouts": (str, "busy timeouts, 'default' (the driver's) or seconds (default default,30)"),
-    "--poll-interval": (float, "the runners' poll_interval in seconds"),
+_opt = lambda kind, text: {"type": kind, "help": f"sqlite-load: {text}"}
+OPTIONS = {
+    "--apps": _opt(int, "app processes (default 2)"),
+    "--runners": _opt(int, "runner processes (default 2)"),
+    "--threads": _opt(int, "request threads per app process (default 8)"),
+    "--duration": _opt(float, "seconds of app load per run (default 20)"),
+    "--drain-timeout": _opt(float, "seconds to wait for a drain (default 60)"),
+    "--quiet-jobs": _opt(int, "jobs of the quiet-file drain (default 2,000)"),
+    "--journals": _opt(str, "journal modes, of delete,wal,wal-full (default delete,wal)"),
+    "--timeouts": _opt(str, "busy timeouts, 'default' (the driver's) or seconds (default default,30)"),
+    "--poll-interval": _opt(float, "the runners' poll_interval in seconds"),
 }
 
 
-@h.scenario(
-    "sqlite-load",
-    options={
-        **h.RATE,
-        **h.CONCURRENCY,
-        **{f: {"type": t, "help": f"sqlite-load: {m}"} for f, (t, m) in OPTIONS.items()},
-    },
-)
+@h.scenario("sqlite-load", options={**h.RATE, **h.CONCURRENCY, **OPTIONS})
 def sqlite_load(bench: h.Bench) -> None:
     """SQLite: runners beside paced app writers (journal modes x busy timeouts): latency, drain, app failures."""
     table = "SQLite under an application's writes"
-    configs = [
-        (j, None if t == "default" else float(t))
-        for j in bench.opt("journals", "delete,wal").split(",")
-        for t in bench.opt("timeouts", "default,30").split(",")
-    ]
+    journals, timeouts = bench.opt("journals", "delete,wal").split(","), bench.opt("timeouts", "default,30").split(",")
+    configs = [(j, None if t == "default" else float(t)) for j in journals for t in timeouts]
     for rep in range(bench.repeat):
         for journal, timeout in configs:
             column = f"{journal}, busy {'5s (default)' if timeout is None else f'{timeout:g}s'}"
-            bench.measure(
-                table, "", column, partial(one_run, bench, journal, timeout, f"{journal}-{timeout}-{rep}"), 900
-            )
+            run = partial(one_run, bench, journal, timeout, f"{journal}-{timeout}-{rep}")
+            bench.measure(table, "", column, run, 900)

@@ -13,19 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from sqlalchemy import event
 
 from benchmarks import harness as h
+from sqlalchemy_watchdog import Decision, store
 
 
 def _claim_and_settle(conn: Any, batch: int) -> int:
     """Claim up to ``batch`` jobs and settle them completed, as a runner's loop and settler do."""
-    from sqlalchemy_watchdog import Decision, store
-
     claimed = store.claim(conn, queues=[h.QUEUE], limit=batch, lease_ms=60_000).claimed
     if claimed:
-        settled = store.settle_many(
-            conn, [store.SettleRequest(c.job.job_id, c.token, Decision.completed()) for c in claimed]
-        )
+        requests = [store.SettleRequest(c.job.job_id, c.token, Decision.completed()) for c in claimed]
+        settled = store.settle_many(conn, requests)
         assert all(s.status is store.SettleStatus.SETTLED for s in settled)
     return len(claimed)
 
@@ -49,11 +48,8 @@ def _hot_round(target: h.Target, jobs: int, batch: int, tag: str) -> dict[str, f
     eng.dispose()
     if done + measured != (jobs // 1000 or 1) * min(jobs, 1000) + 1:
         raise h.ScenarioFailed(f"claimed {done + measured} jobs")
-    return {
-        "wall (us/job)": wall / measured * 1e6,
-        "client CPU (us/job)": cpu / measured * 1e6,
-        "server CPU (us/job)": server / measured * 1e6,
-    }
+    figures = {"wall": wall, "client CPU": cpu, "server CPU": server}
+    return {f"{name} (us/job)": seconds / measured * 1e6 for name, seconds in figures.items()}
 
 
 @h.scenario(
@@ -101,17 +97,10 @@ VARIANTS: dict[str, list[str]] = {
     "- ix_watchdog_jobs_live_queue": ["DROP INDEX ix_watchdog_jobs_live_queue"],
     "- ix_watchdog_jobs_live_lane": ["DROP INDEX ix_watchdog_jobs_live_lane"],
     "- the NOTIFY trigger (not an index)": ["ALTER TABLE watchdog_jobs DISABLE TRIGGER watchdog_jobs_queued"],
-    "PK + job_id unique only": [
-        f"DROP INDEX {name}"
-        for name in (
-            "uq_watchdog_jobs_cancellation_id",
-            "ix_watchdog_jobs_delayed",
-            "ix_watchdog_jobs_settled",
-            "ix_watchdog_jobs_rerun_of",
-            "ix_watchdog_jobs_lease",
-            "ix_watchdog_jobs_live_lane",
-            "ix_watchdog_jobs_live_queue",
-        )
+    "PK + job_id unique only": ["DROP INDEX uq_watchdog_jobs_cancellation_id"]
+    + [
+        f"DROP INDEX ix_watchdog_jobs_{name}"
+        for name in ("delayed", "settled", "rerun_of", "lease", "live_lane", "live_queue")
     ],
 }
 
@@ -127,8 +116,6 @@ class _Enqueuer:
     over psycopg (its parameter built beforehand, prepared): jobs/s per 1,000-job transaction."""
 
     def __init__(self, target: h.Target) -> None:
-        from sqlalchemy import event
-
         self.target, self.engine, sent = target, h.engine(target), []
         keep = lambda conn, cursor, statement, parameters, *rest: (
             sent.append((statement, parameters)) if statement.startswith("INSERT INTO watchdog_jobs") else None
@@ -155,14 +142,10 @@ class _Enqueuer:
         self.engine.dispose()
 
 
-@h.scenario(
-    "index-review",
-    options={
-        "--batches": {"type": int, "help": "index-review: 1,000-job transactions per variant (default 40)"},
-        **h.ROWS,
-        **h.JOBS,
-    },
-)
+BATCHES = {"--batches": {"type": int, "help": "index-review: 1,000-job transactions per variant (default 40)"}}
+
+
+@h.scenario("index-review", options={**BATCHES, **h.ROWS, **h.JOBS})
 def index_review(bench: h.Bench) -> None:
     """Each index set of watchdog_jobs: batch enqueue jobs/s, and claim+settle ms/job beside a history."""
     batches, rows = bench.opt("batches", 40, 10), bench.opt("rows", 1_000_000, 100_000)
@@ -186,9 +169,8 @@ def index_review(bench: h.Bench) -> None:
             client.close()
             h.drop(client.target)
     # The claim beside a history: a database per index set, the rounds alternating.
-    targets = {
-        variant: bench.scratch("postgresql", f"indexes_history{i}") for i, variant in enumerate((MODEL, BEFORE_W0008))
-    }
+    pair = (MODEL, BEFORE_W0008)
+    targets = {variant: bench.scratch("postgresql", f"indexes_history{i}") for i, variant in enumerate(pair)}
     try:
         for variant, target in targets.items():
             _build(target, variant)
@@ -207,10 +189,7 @@ def index_review(bench: h.Bench) -> None:
 GROUPS: list[tuple[str, tuple[str, ...]]] = [
     ("ours: sqlalchemy_watchdog", ("sqlalchemy_watchdog/",)),
     ("SQLAlchemy: SQL build/compile/cache key", ("sqlalchemy/sql/",)),
-    (
-        "SQLAlchemy: result rows",
-        ("sqlalchemy/engine/result.py", "sqlalchemy/engine/cursor.py", "sqlalchemy/engine/row.py"),
-    ),
+    ("SQLAlchemy: result rows", tuple(f"sqlalchemy/engine/{name}.py" for name in ("result", "cursor", "row"))),
     ("SQLAlchemy: engine/connection/pool/events", ("sqlalchemy/engine/", "sqlalchemy/pool/", "sqlalchemy/event/")),
     ("SQLAlchemy: other (util, dialect, orm)", ("sqlalchemy/",)),
     ("driver: psycopg (Python layer)", ("psycopg/", "psycopg_pool/", "psycopg_binary/")),
@@ -244,11 +223,8 @@ def _profile(bench: h.Bench, shape: str, jobs: int) -> dict[str, float]:
     kind, concurrency = shape.split("-c")
     target = bench.scratch("postgresql", f"profile_{kind}_{concurrency}")
     h.install_watchdog(target)
-    options = {
-        "concurrency": int(concurrency),
-        "use_asyncio": kind == "async",
-        "count_sql": bool(bench.opt("count_sql", False)),
-    }
+    count_sql = bool(bench.opt("count_sql", False))
+    options = {"concurrency": int(concurrency), "use_asyncio": kind == "async", "count_sql": count_sql}
     stacks, spy = bench.workdir / f"{shape}.txt", None
     (child,) = bench.workers("watchdog", target, f"profile-{shape}", **options)
     probe, subject = h.Probe(h.Watchdog(), target), h.Watchdog()
@@ -283,9 +259,8 @@ def _profile(bench: h.Bench, shape: str, jobs: int) -> dict[str, float]:
         Path(raw).mkdir(parents=True, exist_ok=True)
         shutil.copy(stacks, Path(raw) / stacks.name)
     cpu_us, total = cpu / jobs * 1e6, sum(groups.values()) or 1
-    statements = [
-        line.split(" ", 2) for line in child.log_path.read_text().splitlines() if line.startswith("SQLCOUNT ")
-    ]
+    lines = child.log_path.read_text().splitlines()
+    statements = [line.split(" ", 2) for line in lines if line.startswith("SQLCOUNT ")]
     per_job = {f"statements per job: {words}": int(n) / (jobs + 20) for _, n, words in statements}
     return {
         "wall (1 / drain rate)": (finished - started) / jobs * 1e6,
@@ -296,19 +271,14 @@ def _profile(bench: h.Bench, shape: str, jobs: int) -> dict[str, float]:
     }
 
 
-@h.scenario(
-    "profile-drain",
-    options={
-        **h.JOBS,
-        "--shapes": {"help": "profile-drain: worker shapes (default sync-c1,sync-c16,async-c16)"},
-        **h.RATE,
-        "--raw": {"help": "profile-drain: keep py-spy's collapsed stacks in this directory"},
-        "--count-sql": {
-            "action": "store_true",
-            "help": "profile-drain: also count statements per job (SQLAlchemy's path)",
-        },
-    },
-)
+PROFILE_OPTIONS = {
+    "--shapes": {"help": "profile-drain: worker shapes (default sync-c1,sync-c16,async-c16)"},
+    "--raw": {"help": "profile-drain: keep py-spy's collapsed stacks in this directory"},
+    "--count-sql": {"action": "store_true", "help": "profile-drain: also count statements per job (SQLAlchemy's path)"},
+}
+
+
+@h.scenario("profile-drain", options={**h.JOBS, **h.RATE, **PROFILE_OPTIONS})
 def profile_drain(bench: h.Bench) -> None:
     """Where a drained job's time goes: py-spy samples of a runner process by function group (pip install py-spy)."""
     table = "us per job, py-spy --gil samples of the worker by group"
