@@ -383,6 +383,7 @@ RERUN_OF = "ix_watchdog_jobs_rerun_of"
 LEASE = "ix_watchdog_jobs_lease"
 LIVE_LANE = "ix_watchdog_jobs_live_lane"
 LIVE_QUEUE = "ix_watchdog_jobs_live_queue"
+LANE_HISTORY = "ix_watchdog_jobs_lane_history"
 #: Reads the jobs table by no index, by design (see the case).
 NONE = ""
 
@@ -563,8 +564,29 @@ PLANS: list[Case] = [
         _list(outcome="failed"),
         on(PK, SETTLED),
     ),
-    # No index holds settled jobs by lane: a rare lane is a read of the whole table either way.
-    Case("list_jobs(lane)", "list_jobs", (("lane",),), _list(lane="l3"), on(NONE)),
+    # A lane, settled history included, is one range of lane_history (w0010), both ways,
+    # with or without keyset bounds: never a walk of the history between its jobs. Alone,
+    # read in order. With a queue, PostgreSQL takes the two for independent (here every
+    # job of lane l3 is in q3), expects a handful of rows and may read the lane's range
+    # as a bitmap and sort what matched: the lane's jobs, still not the history.
+    *(
+        Case(
+            f"list_jobs({', '.join(filters)}{', newest first' if newest else ''}{', between' if bounds else ''}"
+            f"{'' if ordered else ', maybe sorted'})",
+            "list_jobs",
+            (filters, False, newest),
+            _list(lane="l3", **({"queue": "q3"} if "queue" in filters else {}), **bounds),
+            {dialect: (LANE_HISTORY,) for dialect in dialects},
+            ordered=ordered,
+        )
+        for filters, dialects, ordered in (
+            (("lane",), (PG, LITE), True),
+            (("queue", "lane"), (LITE,), True),
+            (("queue", "lane"), (PG,), False),
+        )
+        for newest in (False, True)
+        for bounds in ({}, {"after_sequence": 5_000, "before_sequence": 15_000})
+    ),
     Case("list_jobs(job_id_prefix)", "list_jobs", (("job_id_prefix",),), _list(job_id_prefix="qd-1"), on(PK)),
     # Where job_id sorts by code point (SQLite; PostgreSQL under C / C.UTF-8, as here),
     # the store adds the prefix as a range of uq_watchdog_jobs_job_id: a prefix that
