@@ -250,9 +250,9 @@ _LIVE = LIVE
 #
 # Every index a row enters costs its enqueue, and every claim and settle
 # (each changes ``state``, so PostgreSQL writes each index a new entry):
-# a ready job with a default lane enters four -- the primary key, job_id,
-# ix_watchdog_jobs_live_queue and ix_watchdog_jobs_lane_history -- and no
-# other (revisions w0008 and w0010; docs/design.md "Indexes").
+# a ready job with a default lane enters the primary key, job_id and
+# ix_watchdog_jobs_live_queue (revision w0008) and, since w0010,
+# ix_watchdog_jobs_lane_history -- and no other (docs/design.md "Indexes").
 # Delayed jobs by the time they become ready: promotion and the runner's
 # "when is the next one due" read.
 Index(
