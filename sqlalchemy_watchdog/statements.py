@@ -936,6 +936,8 @@ def list_jobs(filters: tuple[str, ...], with_payload: bool = True, newest_first:
         elif name == "outcome":
             query = query.where(c.outcome == _p("outcome", Text()))
         elif name == "lane":
+            # One range of ix_watchdog_jobs_lane_history (lane, sequence), every job's:
+            # both orders and the sequence bounds read in it, however long the history.
             query = query.where(c.lane == _p("lane", Text()))
         elif name == "job_id_prefix":
             prefix = _p("job_id_prefix", Text())
