@@ -250,9 +250,9 @@ _LIVE = LIVE
 #
 # Every index a row enters costs its enqueue, and every claim and settle
 # (each changes ``state``, so PostgreSQL writes each index a new entry):
-# a ready job with a default lane enters three -- the primary key, job_id
-# and ix_watchdog_jobs_live_queue -- and no other (revision w0008;
-# docs/design.md "Indexes").
+# a ready job with a default lane enters the primary key, job_id and
+# ix_watchdog_jobs_live_queue (revision w0008) and, since w0010,
+# ix_watchdog_jobs_lane_history -- and no other (docs/design.md "Indexes").
 # Delayed jobs by the time they become ready: promotion and the runner's
 # "when is the next one due" read.
 Index(
@@ -296,6 +296,12 @@ Index(
     WatchdogJob.sequence,
     **_partial(f"{_LIVE} AND {CUSTOM_LANE}"),
 )
+# Every job by lane, settled history included (revision w0010): the listing's
+# lane filter, oldest or newest first with keyset bounds, reads one range of
+# it. Not partial: ``lane = :x`` also matches the default-lane jobs of a
+# queue named ``:x`` (lane = queue_name), so no predicate could leave a job
+# out. An entry per job, removed when prune deletes the job.
+Index("ix_watchdog_jobs_lane_history", WatchdogJob.lane, WatchdogJob.sequence)
 # Live jobs by queue: claims (each queue's queued jobs in claim order), purge,
 # read_queue_head, the per-queue counts of stats(), and the lane failures of a
 # default lane. The ready and

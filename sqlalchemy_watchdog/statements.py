@@ -690,6 +690,12 @@ def notify() -> Select[Any]:
 #: lane is a queue's name and its jobs kept that default (ix_watchdog_jobs_live_queue).
 IS_CUSTOM_LANE = c.lane != c.queue_name
 IS_DEFAULT_LANE = c.lane == c.queue_name
+#: IS_DEFAULT_LANE as a test no planner carries over: with ``queue_name =
+#: :lane`` an equality would let both derive ``lane = :lane`` and read the
+#: lane's whole history in ix_watchdog_jobs_lane_history (PostgreSQL in a
+#: bitmap with ix_watchdog_jobs_live_queue, SQLite instead of it). Both
+#: columns are NOT NULL, so it is the same test.
+_DEFAULT_LANE_NO_TRANSITIVE: ColumnElement[bool] = IS_DEFAULT_LANE.self_group().is_(true())
 
 
 def _lane_jobs(lane: ColumnElement[Any]) -> tuple[Select[Any], Select[Any]]:
@@ -704,7 +710,7 @@ def _lane_jobs(lane: ColumnElement[Any]) -> tuple[Select[Any], Select[Any]]:
     # ix_watchdog_jobs_live_queue read backwards: running (the last state) first.
     own = (
         select(c.sequence, c.state)
-        .where(c.queue_name == lane, IS_LIVE, IS_DEFAULT_LANE)
+        .where(c.queue_name == lane, IS_LIVE, _DEFAULT_LANE_NO_TRANSITIVE)
         .order_by(c.state.desc(), c.priority, c.sequence.desc())
     )
     return custom, own
@@ -886,6 +892,8 @@ def list_jobs(filters: tuple[str, ...], with_payload: bool = True, newest_first:
         elif name == "outcome":
             query = query.where(c.outcome == _p("outcome", Text()))
         elif name == "lane":
+            # One range of ix_watchdog_jobs_lane_history (lane, sequence), every job's:
+            # both orders and the sequence bounds read in it, however long the history.
             query = query.where(c.lane == _p("lane", Text()))
         elif name == "job_id_prefix":
             prefix = _p("job_id_prefix", Text())
@@ -942,7 +950,7 @@ def bulk_pick(dialect: str, kind: str, filters: tuple[str, ...]) -> Select[Any]:
             # a lane of its own (live_lane), a queue's default lane (live_queue).
             lane = _p("lane", Text())
             query = query.where(
-                or_(and_(c.lane == lane, IS_CUSTOM_LANE), and_(c.queue_name == lane, c.lane == c.queue_name))
+                or_(and_(c.lane == lane, IS_CUSTOM_LANE), and_(c.queue_name == lane, _DEFAULT_LANE_NO_TRANSITIVE))
             )
         elif name == "lane":
             query = query.where(c.lane == _p("lane", Text()))

@@ -1002,6 +1002,8 @@ def test_w0010_repairs_wrongly_typed_rows_adds_the_checks_and_downgrades_to_the_
     assert _all_rows(engine) == after
     names = schema_names(engine)["check"]
     assert not {name for name in names if name.endswith("_stored_type")}
+    # The index by lane over the history is w0010's (SQLite's rebuild must not recreate it).
+    assert "ix_watchdog_jobs_lane_history" not in index_names(engine)
     if engine.dialect.name == "postgresql":
         backend_of("postgresql").forget()
         with engine.connect() as conn:

@@ -320,6 +320,8 @@ INDEX_NAMES = {
     "ix_watchdog_jobs_lease",
     "ix_watchdog_jobs_live_lane",
     "ix_watchdog_jobs_live_queue",
+    # Every job by lane, settled history included (w0010): the listing's lane filter.
+    "ix_watchdog_jobs_lane_history",
 }
 
 

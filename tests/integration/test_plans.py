@@ -383,6 +383,7 @@ RERUN_OF = "ix_watchdog_jobs_rerun_of"
 LEASE = "ix_watchdog_jobs_lease"
 LIVE_LANE = "ix_watchdog_jobs_live_lane"
 LIVE_QUEUE = "ix_watchdog_jobs_live_queue"
+LANE_HISTORY = "ix_watchdog_jobs_lane_history"
 #: Reads the jobs table by no index, by design (see the case).
 NONE = ""
 
@@ -563,8 +564,29 @@ PLANS: list[Case] = [
         _list(outcome="failed"),
         on(PK, SETTLED),
     ),
-    # No index holds settled jobs by lane: a rare lane is a read of the whole table either way.
-    Case("list_jobs(lane)", "list_jobs", (("lane",),), _list(lane="l3"), on(NONE)),
+    # A lane, settled history included, is one range of lane_history (w0010), both ways,
+    # with or without keyset bounds: never a walk of the history between its jobs. Alone,
+    # read in order. With a queue, PostgreSQL takes the two for independent (here every
+    # job of lane l3 is in q3), expects a handful of rows and may read the lane's range
+    # as a bitmap and sort what matched: the lane's jobs, still not the history.
+    *(
+        Case(
+            f"list_jobs({', '.join(filters)}{', newest first' if newest else ''}{', between' if bounds else ''}"
+            f"{'' if ordered else ', maybe sorted'})",
+            "list_jobs",
+            (filters, False, newest),
+            _list(lane="l3", **({"queue": "q3"} if "queue" in filters else {}), **bounds),
+            {dialect: (LANE_HISTORY,) for dialect in dialects},
+            ordered=ordered,
+        )
+        for filters, dialects, ordered in (
+            (("lane",), (PG, LITE), True),
+            (("queue", "lane"), (LITE,), True),
+            (("queue", "lane"), (PG,), False),
+        )
+        for newest in (False, True)
+        for bounds in ({}, {"after_sequence": 5_000, "before_sequence": 15_000})
+    ),
     Case("list_jobs(job_id_prefix)", "list_jobs", (("job_id_prefix",),), _list(job_id_prefix="qd-1"), on(PK)),
     # Where job_id sorts by code point (SQLite; PostgreSQL under C / C.UTF-8, as here),
     # the store adds the prefix as a range of uq_watchdog_jobs_job_id: a prefix that
@@ -768,21 +790,31 @@ def test_a_claim_never_reads_a_paused_queues_backlog(postgres_server: URL, queue
             assert read[1] == 1  # the open queue: its first job (limit 1)
 
 
-# -- 1,000,000 jobs: a job_id prefix is a range under any database collation ---------------
+# -- 1,000,000 jobs: a job_id prefix and a lane are index ranges ------------------------------
 
 MILLION = 1_000_000
 TENANTS = 1_000
 
 
-def test_a_job_id_prefix_is_an_index_range_at_a_million_jobs_under_a_linguistic_collation(postgres_server: URL) -> None:
-    """A database whose collation is ICU's ``en-US`` (linguistic: ``a-b`` sorts
-    beside ``ab``), 1,000,000 settled jobs of 1,000 tenants interleaved
-    (``t<tenant>-<n>``): since w0010 ``job_id`` is ``COLLATE "C"``, so the store
-    reads the jobs with a prefix as a range of ``uq_watchdog_jobs_job_id``,
-    oldest and newest first, on every page of keyset paging, in the first
-    executions' custom plans and in a prepared statement's generic plan (the
-    range's bounds are literals) -- never a walk of the history (one tenant's
-    1,000 jobs are 1 in 1,000 of it)."""
+def million_seed(dialect: str) -> str:
+    """1,000,000 settled jobs (``sequence`` = n) of 1,000 tenants interleaved:
+    job_id ``t<n mod 1000>-<n>``, queue ``q<n mod 1000>``; an even job in its
+    queue's default lane, an odd one in the lane named after the next queue.
+    So lane ``q8`` holds queue q8's default-lane jobs (n = 8 mod 1000) and
+    queue q7's jobs given lane q8 (n = 7 mod 1000): 2 in 1,000 of the table."""
+    with_, source = _numbers(dialect, MILLION)
+    return (
+        f"{with_}INSERT INTO {TABLE} (job_id, queue_name, lane, priority, payload_json, state, outcome,"
+        " enqueued_at, settled_at)"
+        f" SELECT 't' || (n % {TENANTS}) || '-' || n, 'q' || (n % {TENANTS}), 'q' || ((n + n % 2) % {TENANTS}),"
+        f" 0, '{{}}', 'settled', 'completed', n, n FROM {source}"
+    )
+
+
+@pytest.fixture(scope="module")
+def million_icu(postgres_server: URL) -> Iterator[Engine]:
+    """A PostgreSQL database whose collation is ICU's ``en-US`` (linguistic:
+    ``a-b`` sorts beside ``ab``) holding :func:`million_seed`, analysed."""
     name = f"watchdog_plans_icu_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     admin = create_engine(postgres_server, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -793,45 +825,112 @@ def test_a_job_id_prefix_is_an_index_range_at_a_million_jobs_under_a_linguistic_
     try:
         metadata.create_all(engine)
         with engine.begin() as conn:
-            conn.exec_driver_sql(
-                "INSERT INTO watchdog_jobs (job_id, queue_name, lane, priority, payload_json, state, outcome,"
-                " enqueued_at, settled_at)"
-                f" SELECT 't' || mod(n, {TENANTS}) || '-' || n, 'q', 'q', 0, '{{}}', 'settled', 'completed', n, n"
-                f" FROM generate_series(1, {MILLION}) AS g(n)"
-            )
-            conn.exec_driver_sql("ANALYZE watchdog_jobs")
-        backend_of("postgresql").forget()
-        with engine.connect() as conn:
-            assert store.sorts_by_code_point(conn)
-            # The database's own order is linguistic (ICU: 'a' before 'B'), the column's by code point.
-            linguistic = "SELECT 'B' < 'a', collation for (job_id) FROM watchdog_jobs LIMIT 1"
-            assert conn.exec_driver_sql(linguistic).one() == (False, '"C"')
-        reads: list[tuple[str, bool, bool, bool]] = []
-        for newest in (False, True):
-            for bounds in ({}, {"after_sequence": 300_000, "before_sequence": 700_000}):
-                params = _list(job_id_prefix="t7-", job_id_low="t7-", job_id_high="t7.", **bounds)(PG)
-                statement, parameters = sent(
-                    engine, sql.list_jobs(("job_id_prefix", "job_id_range"), False, newest), params
-                )
-                for label, plan in (
-                    ("first executions", pg_first_plan(engine, statement, parameters)),
-                    ("prepared, 6th execution", pg_cached_plan(engine, statement, parameters)),
-                    ("generic plan", pg_cached_plan(engine, statement, parameters, generic=True)),
-                ):
-                    reads.append((label, newest, bool(bounds), JOB_ID[PG] in plan.indexes and not plan.full_scan))
-        # Every plan, the prepared statement's generic one too: the bounds are literals.
-        assert all(ok for *_, ok in reads), reads
-        # And the store's pages, both ways, are the tenant's jobs in order.
-        watchdog = Watchdog(engine)
-        first = watchdog.list_jobs(job_id_prefix="t7-", limit=100)
-        second = watchdog.list_jobs(job_id_prefix="t7-", limit=100, after_sequence=first[-1].sequence)
-        sequences = [job.sequence for job in first + second]
-        assert sequences == [7 + 1000 * i for i in range(200)]
-        newest_page = watchdog.list_jobs(job_id_prefix="t7-", limit=50, newest_first=True, before_sequence=700_000)
-        assert [job.sequence for job in newest_page] == [699_007 - 1000 * i for i in range(50)]
+            conn.exec_driver_sql(million_seed(PG).replace("%", "%%"))
+            conn.exec_driver_sql(f"ANALYZE {TABLE}")
+        yield engine
     finally:
         engine.dispose()
         backend_of("postgresql").forget()
         with admin.connect() as conn:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.dispose()
+
+
+@pytest.fixture(scope="module")
+def million_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """A SQLite database holding :func:`million_seed`, analysed."""
+    engine = create_engine(f"sqlite:///{tmp_path_factory.mktemp('million') / 'million.db'}")
+    metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(million_seed(LITE))
+        conn.exec_driver_sql("ANALYZE")
+    yield engine
+    engine.dispose()
+
+
+def test_a_job_id_prefix_is_an_index_range_at_a_million_jobs_under_a_linguistic_collation(
+    million_icu: Engine,
+) -> None:
+    """A database whose collation is ICU's ``en-US``, 1,000,000 settled jobs
+    of 1,000 tenants interleaved (``t<tenant>-<n>``): since w0010 ``job_id``
+    is ``COLLATE "C"``, so the store reads the jobs with a prefix as a range
+    of ``uq_watchdog_jobs_job_id``, oldest and newest first, on every page of
+    keyset paging, in the first executions' custom plans and in a prepared
+    statement's generic plan (the range's bounds are literals) -- never a
+    walk of the history (one tenant's 1,000 jobs are 1 in 1,000 of it)."""
+    engine = million_icu
+    backend_of("postgresql").forget()
+    with engine.connect() as conn:
+        assert store.sorts_by_code_point(conn)
+        # The database's own order is linguistic (ICU: 'a' before 'B'), the column's by code point.
+        linguistic = "SELECT 'B' < 'a', collation for (job_id) FROM watchdog_jobs LIMIT 1"
+        assert conn.exec_driver_sql(linguistic).one() == (False, '"C"')
+    reads: list[tuple[str, bool, bool, bool]] = []
+    for newest in (False, True):
+        for bounds in ({}, {"after_sequence": 300_000, "before_sequence": 700_000}):
+            params = _list(job_id_prefix="t7-", job_id_low="t7-", job_id_high="t7.", **bounds)(PG)
+            statement, parameters = sent(
+                engine, sql.list_jobs(("job_id_prefix", "job_id_range"), False, newest), params
+            )
+            for label, plan in (
+                ("first executions", pg_first_plan(engine, statement, parameters)),
+                ("prepared, 6th execution", pg_cached_plan(engine, statement, parameters)),
+                ("generic plan", pg_cached_plan(engine, statement, parameters, generic=True)),
+            ):
+                reads.append((label, newest, bool(bounds), JOB_ID[PG] in plan.indexes and not plan.full_scan))
+    # Every plan, the prepared statement's generic one too: the bounds are literals.
+    assert all(ok for *_, ok in reads), reads
+    # And the store's pages, both ways, are the tenant's jobs in order.
+    watchdog = Watchdog(engine)
+    first = watchdog.list_jobs(job_id_prefix="t7-", limit=100)
+    second = watchdog.list_jobs(job_id_prefix="t7-", limit=100, after_sequence=first[-1].sequence)
+    sequences = [job.sequence for job in first + second]
+    assert sequences == [7 + 1000 * i for i in range(200)]
+    newest_page = watchdog.list_jobs(job_id_prefix="t7-", limit=50, newest_first=True, before_sequence=700_000)
+    assert [job.sequence for job in newest_page] == [699_007 - 1000 * i for i in range(50)]
+
+
+@pytest.mark.parametrize("dialect", [LITE, PG])
+def test_a_lane_is_an_index_range_at_a_million_jobs(dialect: str, request: pytest.FixtureRequest) -> None:
+    """1,000,000 settled jobs, lane ``q8`` 2 in 1,000 of them, half in queue
+    q8's default lane (``lane = queue_name``), half queue q7's given lane q8:
+    the lane filter, alone and with a queue, reads ``ix_watchdog_jobs_lane_history``
+    (revision w0010), oldest and newest first, with and without keyset bounds,
+    on PostgreSQL in the custom, prepared and generic plans -- never a walk of
+    the history between the lane's jobs. Alone, the index delivers the order
+    (no sort). And the store's pages, both ways, are exactly the lane's jobs."""
+    engine: Engine = request.getfixturevalue("million_sqlite" if dialect == LITE else "million_icu")
+    misses: list[tuple[Any, ...]] = []
+    for filters, values in ((("lane",), {"lane": "q8"}), (("queue", "lane"), {"lane": "q8", "queue": "q7"})):
+        for newest in (False, True):
+            for bounds in ({}, {"after_sequence": 300_000, "before_sequence": 700_000}):
+                statement, parameters = sent(
+                    engine, sql.list_jobs(filters, False, newest), _list(**values, **bounds)(dialect)
+                )
+                if dialect == LITE:
+                    plans = [("plan", sqlite_plan(engine, statement, parameters))]
+                else:
+                    plans = [
+                        ("first executions", pg_first_plan(engine, statement, parameters)),
+                        ("prepared, 6th execution", pg_cached_plan(engine, statement, parameters)),
+                        ("generic plan", pg_cached_plan(engine, statement, parameters, generic=True)),
+                    ]
+                for label, plan in plans:
+                    # With a queue PostgreSQL may sort the lane's matches (see the PLANS case).
+                    must_order = filters == ("lane",) or dialect == LITE
+                    if LANE_HISTORY not in plan.indexes or plan.full_scan or (must_order and plan.sorts):
+                        misses.append((filters, newest, bool(bounds), label, plan.text))
+    assert not misses, misses
+    watchdog = Watchdog(engine)
+    lane = [n for n in range(1, MILLION + 1) if n % TENANTS in (7, 8)]
+    first = watchdog.list_jobs(lane="q8", limit=100, with_payload=False)
+    second = watchdog.list_jobs(lane="q8", limit=100, after_sequence=first[-1].sequence, with_payload=False)
+    assert [job.sequence for job in first + second] == lane[:200]
+    assert {(job.queue, job.lane) for job in first} == {("q8", "q8"), ("q7", "q8")}
+    newest_page = watchdog.list_jobs(lane="q8", limit=50, newest_first=True, before_sequence=700_000)
+    assert [job.sequence for job in newest_page] == [n for n in reversed(lane) if n < 700_000][:50]
+    # Both halves of the lane with a queue: its default-lane jobs, and another queue's given the lane.
+    own = watchdog.list_jobs(lane="q8", queue="q8", limit=100, newest_first=True)
+    assert [job.sequence for job in own] == [n for n in reversed(lane) if n % TENANTS == 8][:100]
+    given = watchdog.list_jobs(lane="q8", queue="q7", limit=100, after_sequence=300_000)
+    assert [job.sequence for job in given] == [n for n in lane if n % TENANTS == 7 and n > 300_000][:100]

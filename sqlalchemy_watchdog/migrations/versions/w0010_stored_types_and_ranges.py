@@ -33,9 +33,15 @@ same; only the order changes, to code point order, so the jobs starting
 with a prefix are one range of ``uq_watchdog_jobs_job_id`` under any
 database collation (the unique index is rebuilt; no row is rewritten).
 
-Downgrading restores the previous table: SQLite rebuilds it without the
-CHECKs (the repaired rows stay repaired); PostgreSQL gives ``job_id`` the
-database's collation again.
+**Both dialects** add ``ix_watchdog_jobs_lane_history (lane, sequence)``
+over every job, settled history included, so that a listing filtered by
+lane reads one range of it, oldest or newest first, however long the
+history (on SQLite after the rebuild, into the new table). Building it reads
+the whole table once; on PostgreSQL writes to the table wait meanwhile.
+
+Downgrading drops that index and restores the previous table: SQLite
+rebuilds it without the CHECKs (the repaired rows stay repaired);
+PostgreSQL gives ``job_id`` the database's collation again.
 """
 
 from __future__ import annotations
@@ -146,15 +152,23 @@ def _rebuild_sqlite(*, checks: bool) -> None:
         op.execute(index)
 
 
+#: Every job by lane (model.py declares the same index).
+LANE_HISTORY = f"ix_{TABLE}_lane_history"
+
+
 def upgrade() -> None:
     if op.get_bind().dialect.name == "sqlite":
         _repair_sqlite()
         _rebuild_sqlite(checks=True)
     else:
         op.execute(f'ALTER TABLE {TABLE} ALTER COLUMN job_id TYPE TEXT COLLATE "C"')
+    # After the rebuild: the index belongs to the new table.
+    op.create_index(op.f(LANE_HISTORY), TABLE, ["lane", "sequence"])
 
 
 def downgrade() -> None:
+    # Before the rebuild, which recreates every index the table has.
+    op.drop_index(op.f(LANE_HISTORY), table_name=TABLE)
     if op.get_bind().dialect.name == "sqlite":
         _rebuild_sqlite(checks=False)
     else:
