@@ -83,7 +83,8 @@ READY = ["CREATE INDEX ix_watchdog_jobs_ready ON watchdog_jobs (priority DESC, s
 #: Each variant: the DDL turning the model's index set into it.
 VARIANTS: dict[str, list[str]] = {
     MODEL: [],
-    BEFORE_W0008: [  # revision w0008 back to w0007
+    BEFORE_W0008: [  # revisions w0010 and w0008 back to w0007
+        "DROP INDEX ix_watchdog_jobs_lane_history",
         *CANCELLATION_FULL,
         *READY,
         "CREATE INDEX ix_watchdog_jobs_queued_since ON watchdog_jobs (queue_name, coalesce(ready_at, enqueued_at)) WHERE state = 'queued'",
@@ -96,11 +97,12 @@ VARIANTS: dict[str, list[str]] = {
     "cancellation_id NULLs indexed again (before w0008)": CANCELLATION_FULL,
     "- ix_watchdog_jobs_live_queue": ["DROP INDEX ix_watchdog_jobs_live_queue"],
     "- ix_watchdog_jobs_live_lane": ["DROP INDEX ix_watchdog_jobs_live_lane"],
+    "- ix_watchdog_jobs_lane_history (added in w0010)": ["DROP INDEX ix_watchdog_jobs_lane_history"],
     "- the NOTIFY trigger (not an index)": ["ALTER TABLE watchdog_jobs DISABLE TRIGGER watchdog_jobs_queued"],
     "PK + job_id unique only": ["DROP INDEX uq_watchdog_jobs_cancellation_id"]
     + [
         f"DROP INDEX ix_watchdog_jobs_{name}"
-        for name in ("delayed", "settled", "rerun_of", "lease", "live_lane", "live_queue")
+        for name in ("delayed", "settled", "rerun_of", "lease", "live_lane", "live_queue", "lane_history")
     ],
 }
 
