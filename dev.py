@@ -178,14 +178,11 @@ def build_docs(out: Path = DOCS_HTML, *extra: str) -> int:
 
 def parallel(rest: list[str]) -> list[str]:
     """pytest-xdist's options for a run of the suite: one worker per CPU
-    (``-n auto``), the tests of one file on one worker (``--dist loadgroup``
-    with the groups tests/conftest.py gives: a module-scoped fixture is made
-    once), but each test of a module that asks for it on its own, so that one
-    slow file does not keep one worker busy while the others idle -- unless
-    the arguments choose (``-n 0`` runs in this process, ``-p no:xdist``
-    without the plugin)."""
+    (``-n auto``), the tests of one file on one worker (``--dist loadfile``,
+    so a module-scoped fixture is made once) -- unless the arguments choose
+    (``-n 0`` runs in this process, ``-p no:xdist`` without the plugin)."""
     chosen = any(arg == "no:xdist" or arg.startswith(("-n", "--numprocesses")) for arg in rest)
-    return [] if chosen else ["-n", "auto", "--dist", "loadgroup"]
+    return [] if chosen else ["-n", "auto", "--dist", "loadfile"]
 
 
 def exit_status(returncode: int) -> int:

@@ -72,28 +72,7 @@ def xfail_kind(kind: str, reason: str) -> pytest.MarkDecorator:
     return pytest.mark.xfail_kind(kind, reason)
 
 
-#: xdist splits a group off a node id at its last ``@`` after its last ``]``.
-GROUP_SAFE = str.maketrans({"[": "(", "]": ")", "@": "_"})
-
-
-def _xdist_group(item: pytest.Item) -> str:
-    """The unit of work an xdist worker takes under ``--dist loadgroup``
-    (dev.py): a whole module, as ``--dist loadfile`` would (a module-scoped
-    fixture is made once, its tests run in order on one worker), but each test
-    on its own in a module that sets ``XDIST_EACH_TEST = True`` -- one whose
-    tests share nothing but session fixtures, and whose slow tests would
-    otherwise keep one worker busy while the others idle (test_readme's blocks)."""
-    path = item.nodeid.split("::", 1)[0]
-    if getattr(getattr(item, "module", None), "XDIST_EACH_TEST", False) is True:
-        return f"{path}#{item.name}".translate(GROUP_SAFE)
-    return path
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", None) == "loadgroup":
-        for item in items:
-            item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
     if not ALL_DIALECTS:
         deselected = [item for item in items if _neutral_postgres_copy(item)]
         if deselected:

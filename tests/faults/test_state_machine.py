@@ -110,10 +110,6 @@ BASE = 1_700_000_000_000
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 PLUS_5 = timezone(timedelta(hours=5))
 
-#: Each test is a unit of work for any xdist worker (tests/conftest.py): they share
-#: no module-scoped fixture, and the PostgreSQL copy of the model test alone takes a minute.
-XDIST_EACH_TEST = True
-
 
 def ms(n: int) -> timedelta:
     return timedelta(milliseconds=n)

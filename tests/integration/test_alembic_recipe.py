@@ -31,9 +31,6 @@ from sqlalchemy.engine import URL
 
 from sqlalchemy_watchdog.migrations import VERSIONS_DIR
 
-#: Each test is a unit of work for any xdist worker (tests/conftest.py): they
-#: share no module-scoped fixture, and each runs the recipe for tens of seconds.
-XDIST_EACH_TEST = True
 README = Path(__file__).resolve().parents[2] / "docs" / "howto" / "alembic.md"
 SECTION = "# Alembic: the package's revisions in your own environment"
 

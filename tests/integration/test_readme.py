@@ -67,9 +67,6 @@ from sqlalchemy.engine import URL
 
 from sqlalchemy_watchdog import Job, JobState, Outcome, Watchdog
 
-#: Each block is a unit of work for any xdist worker (tests/conftest.py):
-#: they share nothing but session fixtures, and they are most of the suite's time.
-XDIST_EACH_TEST = True
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
