@@ -19,6 +19,8 @@ is picked up by itself:
   Quickstart's ``sqlalchemy-watchdog upgrade``; a file without one gets the
   README's) run there, as the reader runs them first: the ``watchdog_jobs``
   table exists in ``sqlite:///watchdog.db``. The block must exit with status 0.
+  (On SQLite the set-up runs once per test session and each block's directory
+  starts as a copy of what it left; on PostgreSQL it runs before each block.)
 * ``mailer`` stands for the reader's own code (the README says so): the
   working directory holds :data:`MAILER`, a ``mailer.py`` whose
   ``send(order_id)`` notes the call in ``mailer.log`` and returns True.
@@ -49,6 +51,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -184,14 +187,13 @@ def _fail(what: str, result: subprocess.CompletedProcess[str] | None, out: str =
     pytest.fail(f"{what}\n--- output ---\n{detail[-6000:]}", pytrace=False)
 
 
-def run_block(block: Block, workdir: Path, database_url: URL | None) -> None:
-    """Run ``block`` as the conventions above say; fail the test if it does not hold."""
-    rendered = None if database_url is None else database_url.render_as_string(hide_password=False)
-    env = _env(rendered)
+def _set_up(setups: list[Block], workdir: Path, env: dict[str, str]) -> None:
+    """Make ``workdir`` the reader's directory (``mailer.py``, ``orders.py``)
+    and run the set-up shell blocks there, in order."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "mailer.py").write_text(MAILER)
     (workdir / "orders.py").write_text(EXAMPLE.read_text(encoding="utf-8"))
-    for setup in setup_blocks(block):
+    for setup in setups:
         result = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", setup.code],
             cwd=workdir,
@@ -202,6 +204,36 @@ def run_block(block: Block, workdir: Path, database_url: URL | None) -> None:
         )
         if result.returncode != 0:
             _fail(f"{setup.id} (set-up shell block) exited {result.returncode}", result)
+
+
+def _set_up_once(setups: list[Block], cache: Path, env: dict[str, str]) -> Path:
+    """A directory where ``setups`` ran on SQLite, made once per ``cache``.
+
+    The set-up (``sqlalchemy-watchdog upgrade``: a CLI start-up and every
+    migration) took as long as many a block; on SQLite all it leaves is files
+    of the working directory (``watchdog.db``), so each block of a page gets a
+    copy of them instead of a run of its own. A failed set-up is not kept: the
+    next block runs it again and fails the same way."""
+    done = cache / "-".join(re.sub(r"\W", "_", setup.id) for setup in setups)
+    if not done.is_dir():
+        building = cache / f"{done.name}.building"
+        shutil.rmtree(building, ignore_errors=True)
+        _set_up(setups, building, env)
+        building.rename(done)
+    return done
+
+
+def run_block(block: Block, workdir: Path, database_url: URL | None, setup_cache: Path | None = None) -> None:
+    """Run ``block`` as the conventions above say; fail the test if it does not hold.
+
+    With ``setup_cache`` (a directory of this test session), a SQLite block
+    starts from a copy of what its set-up blocks left there (:func:`_set_up_once`)."""
+    rendered = None if database_url is None else database_url.render_as_string(hide_password=False)
+    env = _env(rendered)
+    if database_url is None and setup_cache is not None:
+        shutil.copytree(_set_up_once(setup_blocks(block), setup_cache, env), workdir, dirs_exist_ok=True)
+    else:
+        _set_up(setup_blocks(block), workdir, env)
     code = block.code if rendered is None else block.code.replace(EXAMPLE_POSTGRES_URL, rendered)
     if re.search(r"^def test_", code, re.M):
         (workdir / "test_snippet.py").write_text(code)
@@ -287,8 +319,16 @@ def _reset_postgres(url: URL) -> None:
     engine.dispose()
 
 
+@pytest.fixture(scope="session")
+def readme_setup_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where :func:`_set_up_once` keeps the set-ups it ran (one per xdist worker)."""
+    return tmp_path_factory.mktemp("readme-setup")
+
+
 @pytest.mark.parametrize("block", [b for b in PYTHON], ids=lambda b: b.id)
-def test_readme_python_block_runs_as_pasted(block: Block, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def test_readme_python_block_runs_as_pasted(
+    block: Block, tmp_path: Path, request: pytest.FixtureRequest, readme_setup_cache: Path
+) -> None:
     if block.marker is not None:
         if block.marker.startswith("skip:"):
             pytest.skip(f"{block.id}: {block.marker}")
@@ -297,7 +337,7 @@ def test_readme_python_block_runs_as_pasted(block: Block, tmp_path: Path, reques
     if EXAMPLE_POSTGRES_URL in block.code:
         database_url = request.getfixturevalue("postgres_url")
         _reset_postgres(database_url)
-    run_block(block, tmp_path / "work", database_url)
+    run_block(block, tmp_path / "work", database_url, readme_setup_cache)
 
 
 def test_readme_blocks_use_known_fences_and_markers() -> None:
@@ -329,7 +369,7 @@ def test_every_docs_page_and_included_file_is_read_once() -> None:
     assert not [path for path in read if "_build" in path]
 
 
-def test_the_runner_fails_a_worker_snippet_whose_jobs_fail(tmp_path: Path) -> None:
+def test_the_runner_fails_a_worker_snippet_whose_jobs_fail(tmp_path: Path, readme_setup_cache: Path) -> None:
     # The harness must be able to fail: a worker snippet that forgets to define
     # `mailer` runs, but settles every job `failed` (NameError) -- what a reader
     # pasting the old README got.
@@ -337,7 +377,7 @@ def test_the_runner_fails_a_worker_snippet_whose_jobs_fail(tmp_path: Path) -> No
     broken = Block(worker.line, worker.lang, worker.code.replace("import mailer", ""), None, worker.source)
     assert broken.code != worker.code
     with pytest.raises(pytest.fail.Exception, match="settled readme-probe Outcome.FAILED: NameError"):
-        run_block(broken, tmp_path / "work", None)
+        run_block(broken, tmp_path / "work", None, readme_setup_cache)
 
 
 def _slug(heading: str) -> str:
