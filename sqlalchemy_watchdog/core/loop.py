@@ -83,7 +83,9 @@ def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | Tic
                 decision = execution.refused
             else:
                 timeout = execution.job.timeout
-                if timeout is not None:
+                if timeout is not None and not execution.killable:
+                    # A child process's handler: its driver starts the clock
+                    # once the child is ready (core.start_deadline).
                     execution.deadline = core.clock.monotonic() + timeout.total_seconds()
                 decision = yield RunHandler(execution)
                 if decision is STARTED_LATE:
@@ -119,7 +121,9 @@ def renew(core: RunnerCore) -> Steps[None]:
     # A timed-out attempt is not renewed: its handler settles within the
     # lease it still has, or -- if it ignores the stop -- its lease ends and
     # recovery takes the job, as for any execution that stopped answering.
-    executions = [e for e in core.active() if e.signal.reason is not StopReason.TIMEOUT]
+    # One the driver can kill (a child process) is renewed until its kill
+    # is confirmed and it settled: recovery never runs it beside the child.
+    executions = [e for e in core.active() if e.signal.reason is not StopReason.TIMEOUT or e.killable]
     if not executions:
         return
     held = yield from call(
