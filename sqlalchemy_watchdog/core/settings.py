@@ -365,13 +365,13 @@ class RunnerSettings:
         executor = check_executor(options.get("executor", "thread"))
         refs: dict[str, HandlerRef] = {}
         if executor is not None:
-            if "concurrency" in options and concurrency != executor.processes:
+            if "concurrency" in options and concurrency != executor.children:
                 raise InvalidJob(
                     "concurrency",
-                    f"with the process executor, concurrency is its processes ({executor.processes}), got "
+                    f"with the process executor, concurrency is its processes ({executor.children}), got "
                     f"{concurrency}: leave concurrency out and give ProcessExecutor(processes={concurrency})",
                 )
-            concurrency = executor.processes
+            concurrency = executor.children
             refs = locate_all(table, served, stays=stays)
         lease = _duration(lease, "lease")
         heartbeat = _duration(heartbeat, "heartbeat")

@@ -80,17 +80,16 @@ class ProcessExecutor:
         wait. Default 5 s.
     """
 
-    processes: int = 0
+    processes: int | None = None
     max_jobs_per_child: int | None = None
     max_memory_per_child: int | None = None
     kill_grace: timedelta = DEFAULT_KILL_GRACE
 
     def __post_init__(self) -> None:
-        processes = self.processes
-        if processes == 0 and not isinstance(processes, bool):
+        if self.processes is None:
             object.__setattr__(self, "processes", default_processes())
         else:
-            _positive_int("processes", processes, MAX_PROCESSES)
+            _positive_int("processes", self.processes, MAX_PROCESSES)
         if self.max_jobs_per_child is not None:
             _positive_int("max_jobs_per_child", self.max_jobs_per_child, 1_000_000_000)
         memory = self.max_memory_per_child
@@ -106,6 +105,12 @@ class ProcessExecutor:
             raise InvalidJob("kill_grace", f"must be a datetime.timedelta, not {type(grace).__name__}")
         if not timedelta(0) <= grace <= MAX_KILL_GRACE:
             raise InvalidJob("kill_grace", f"must be from 0 to {MAX_KILL_GRACE}, got {grace}")
+
+    @property
+    def children(self) -> int:
+        """How many children run handlers at once (``processes``, its default resolved)."""
+        assert self.processes is not None
+        return self.processes
 
     @property
     def kill_grace_s(self) -> float:
