@@ -267,7 +267,10 @@ class ProcessPool:
 
     def _new_child(self) -> _Child:
         """A child started by the spawner thread and ready for a job."""
-        child: _Child = self._spawner.submit(self._start).result()
+        try:
+            child: _Child = self._spawner.submit(self._start).result()
+        except Exception as error:  # no process (too many open files, the pool closed meanwhile)
+            raise HandlerProcessDied(f"a handler process could not be started ({safe_text(error)})") from error
         if wait([child.conn], START_TIMEOUT_S):
             try:
                 message = pickle.loads(child.conn.recv_bytes())
