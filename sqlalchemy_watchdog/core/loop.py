@@ -210,6 +210,11 @@ def until_idle(result: TickResult, settled: list[JobView]) -> bool:
     return False
 
 
+#: How long shutdown waits, after the stop wait, for executions whose child
+#: process is being killed to confirm the kill and hand their job to recovery.
+KILL_CONFIRM_WAIT_S = 5.0
+
+
 def shutdown(core: RunnerCore) -> Steps[None]:
     """Shut down: give running handlers ``grace`` to finish, then ask them to
     stop (an async handler's task is cancelled) and give them a short moment
@@ -224,6 +229,13 @@ def shutdown(core: RunnerCore) -> Steps[None]:
         yield from stop(execution, StopReason.SHUTDOWN)
     yield WaitDone(tuple(leftover), stop_wait_s(grace))
     leftover = [e for e in leftover if not e.done.is_set()]
+    killing = tuple(e for e in leftover if e.killable)
+    if killing:
+        # Children told to stop are killed within half the stop wait; each such
+        # execution hands its job to recovery itself once the kill is confirmed,
+        # never before: wait for that rather than end their leases beside them.
+        yield WaitDone(killing, KILL_CONFIRM_WAIT_S)
+        leftover = [e for e in leftover if not e.done.is_set()]
     if not leftover:
         return
     try:

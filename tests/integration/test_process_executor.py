@@ -361,6 +361,7 @@ def test_shutdown_lets_a_handler_finish_after_its_stop_and_settles_it_completed(
     [(1, JobState.QUEUED, None), (None, JobState.SETTLED, Outcome.INTERRUPTED)],
     ids=["requeued", "interrupted"],
 )
+@pytest.mark.parametrize("grace_ms", [200, 0], ids=["grace", "no-grace"])
 def test_shutdown_kills_a_child_outliving_its_grace_and_hands_the_job_to_recovery(
     engine: Engine,
     runners: RunnerDriver,
@@ -368,14 +369,17 @@ def test_shutdown_kills_a_child_outliving_its_grace_and_hands_the_job_to_recover
     max_recoveries: int | None,
     state: JobState,
     outcome: Outcome | None,
+    grace_ms: int,
 ) -> None:
+    """Also without grace (no stop wait either: the kill is at once), the job
+    goes to recovery only once its child is dead, exactly once."""
     add(engine, job("a", marks, sleep=10, max_recoveries=max_recoveries))
     worker = make(
         runners,
         {"q": h.stubborn},
         lease=timedelta(seconds=60),
         heartbeat=timedelta(seconds=5),
-        grace=timedelta(milliseconds=200),
+        grace=timedelta(milliseconds=grace_ms),
     )
     with worker.serving():
         pid = h.wait_for_mark(marks, "a", "started")[0]
@@ -383,7 +387,7 @@ def test_shutdown_kills_a_child_outliving_its_grace_and_hands_the_job_to_recover
     assert time.monotonic() - began < 5  # within the shutdown budget, not the handler's 10 s
     assert not h.pid_alive(pid)
     after = read(engine, "a")
-    assert (after.state, after.outcome) == (state, outcome)
+    assert (after.state, after.outcome, after.recovery_count) == (state, outcome, 1 if max_recoveries else 0)
     if outcome is not None:
         assert after.failure_reason == f"{store.SHUTDOWN_REASON}; no recovery policy"
     assert h.marks(marks, "a", "finished") == []
