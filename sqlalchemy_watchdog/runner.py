@@ -84,7 +84,9 @@ class Runner:
         with :func:`~sqlalchemy_watchdog.handler`. A handler is called with a
         :class:`RunningJob` and returns None (``completed``) or a
         :class:`Decision`; an exception settles ``failed`` (and is logged
-        with its traceback).
+        with its traceback). With ``executor="process"`` (a
+        :class:`~sqlalchemy_watchdog.ProcessExecutor`) handlers run in child
+        processes and must be module-level functions.
     :param options: the runner's options as keyword arguments
         (``concurrency=``, ``lease=``, ``retry=``, ...): every one is
         described in :class:`~sqlalchemy_watchdog.RunnerOptions`,
