@@ -160,6 +160,15 @@ def stubborn(job: RunningJob) -> None:
     mark(job, "finished")
 
 
+def hog(job: RunningJob) -> None:
+    """Marks ``started``, then computes in one C call that never lets another
+    thread of its process run (``sum`` over a huge range holds the GIL): the
+    child's reader thread cannot see its pipe close, so only the kernel's
+    death signal can end it when its parent dies."""
+    mark(job, "started")
+    sum(range(10**15))
+
+
 def exits(job: RunningJob) -> None:
     """Marks ``started`` and ends its process with ``os._exit(payload["code"])``."""
     mark(job, "started")
