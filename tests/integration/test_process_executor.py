@@ -241,6 +241,20 @@ def test_a_killed_attempt_without_attempts_left_settles_failed_killed_after_time
     assert failed.failure_detail is not None and "was killed by signal SIGKILL" in failed.failure_detail
 
 
+def test_a_kill_grace_longer_than_the_lease_keeps_the_claim_until_the_kill_is_confirmed(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    """Unlike a thread past its timeout (left to its lease), a child past its
+    timeout keeps its claim renewed until it is killed: the settle after a
+    5 s grace under a 3 s lease holds, and nobody recovered the job meanwhile."""
+    add(engine, job("a", marks, timeout=timedelta(milliseconds=200), sleep=30))
+    executor = ProcessExecutor(processes=1, kill_grace=timedelta(seconds=5))
+    result = make(runners, {"q": h.stubborn}, executor=executor).tick()
+    assert result.status is TickStatus.SETTLED and result.job is not None
+    assert (result.job.outcome, result.job.recovery_count) == (Outcome.FAILED, 0)
+    assert result.job.failure_reason == "killed after timeout (timed out after 0.2s, then 5s to stop)"
+
+
 # -- cancellation, lane failure ------------------------------------------------------------
 
 
