@@ -10,6 +10,7 @@ marks in a directory the job's payload names (``{"dir": ...}``): a file
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -167,6 +168,17 @@ def hog(job: RunningJob) -> None:
     death signal can end it when its parent dies."""
     mark(job, "started")
     sum(range(10**15))
+
+
+def logs(job: RunningJob) -> None:
+    """Marks ``ran``; logs a WARNING through ``job.log`` and an ERROR with a
+    traceback through a logger of its own."""
+    mark(job, "ran")
+    job.log.warning("charging card %s", job.payload["card"])
+    try:
+        raise KeyError("no such card")
+    except KeyError:
+        logging.getLogger("tests.process_handlers").exception("lookup failed")
 
 
 def exits(job: RunningJob) -> None:

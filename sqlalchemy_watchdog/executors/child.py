@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import importlib
+import logging
 import os
 import pickle
 import queue
@@ -34,11 +35,11 @@ PR_SET_PDEATHSIG = 1
 
 #: Messages (pickled tuples). Parent to child: ``("run", job_id, module,
 #: qualname, fields)``, ``("stop", job_id, reason)``, ``("exit",)``. Child to
-#: parent: ``("ready", pid)``, ``("returned", job_id, value, rss)``,
+#: parent: ``("ready", pid)``, ``("log", record_fields)``, ``("returned", job_id, value, rss)``,
 #: ``("unencodable", job_id, text, rss)``, ``("raised", job_id, error_bytes,
 #: type_name, text, detail, rss)``.
 RUN, STOP, EXIT = "run", "stop", "exit"
-READY, RETURNED, UNENCODABLE, RAISED = "ready", "returned", "unencodable", "raised"
+READY, RETURNED, UNENCODABLE, RAISED, LOG = "ready", "returned", "unencodable", "raised", "log"
 
 
 def die_with_parent() -> None:
@@ -72,6 +73,32 @@ def resolve(module: str, qualname: str) -> Callable[..., Any]:
     for part in qualname.split("."):
         found = getattr(found, part)
     return found  # type: ignore[no-any-return]
+
+
+class PipeLogHandler(logging.Handler):
+    """Sends every log record of the child to the parent, which hands it to
+    its own logger of the same name (its handlers, formatters and filters):
+    a handler's ``job.log`` lines appear in the runner's log, with their
+    fields and the child's pid (``%(process)d``)."""
+
+    def __init__(self, child: _Child) -> None:
+        super().__init__()
+        self.child = child
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            fields = dict(record.__dict__)
+            fields["msg"], fields["args"] = record.getMessage(), None
+            if record.exc_info:
+                fields["exc_text"] = logging.Formatter().formatException(record.exc_info)
+            fields["exc_info"] = None
+            try:
+                self.child.send((LOG, fields))
+            except Exception:  # an extra field that cannot be pickled: the standard fields only
+                plain = logging.makeLogRecord({}).__dict__
+                self.child.send((LOG, {k: v for k, v in fields.items() if k in plain}))
+        except Exception:
+            self.handleError(record)
 
 
 def _ignore(signum: int, frame: object) -> None:
@@ -161,8 +188,9 @@ class _Child:
             self.send((UNENCODABLE, job_id, text[:500], resident_bytes()))
 
 
-def main(fd: int, parent_pid: int) -> None:
-    """The child's entry point: serve the parent on the socket ``fd``."""
+def main(fd: int, parent_pid: int, level: int = logging.WARNING) -> None:
+    """The child's entry point: serve the parent on the socket ``fd``; log
+    records from ``level`` up go to the parent (its root logger's level)."""
     die_with_parent()
     if os.getppid() != parent_pid:  # the parent died before the death signal was asked for
         os._exit(0)
@@ -170,6 +198,9 @@ def main(fd: int, parent_pid: int) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _ignore)
     child = _Child(conn)
+    root = logging.getLogger()
+    root.handlers[:] = [PipeLogHandler(child)]
+    root.setLevel(level)
     reader = threading.Thread(target=child.read, name="watchdog-child-reader", daemon=True)
     reader.start()
     child.send((READY, os.getpid()))

@@ -106,8 +106,18 @@ def cause_of_death(exitcode: int | None) -> str:
 #: :func:`.child.main` on the inherited socket.
 CHILD_BOOT = (
     "import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
-    "from sqlalchemy_watchdog.executors.child import main; main(int(sys.argv[2]), int(sys.argv[3]))"
+    "from sqlalchemy_watchdog.executors.child import main; main(*map(int, sys.argv[2:5]))"
 )
+
+
+def _relay(message: tuple[Any, ...]) -> None:
+    """Hand a child's log record to the runner's logger of the same name."""
+    if message[0] != child_module.LOG:
+        return
+    record = logging.makeLogRecord(message[1])
+    logger = logging.getLogger(record.name)
+    if logger.isEnabledFor(record.levelno):
+        logger.handle(record)
 
 
 def stand_in(name: str, text: str) -> HandlerError:
@@ -250,7 +260,15 @@ class ProcessPool:
         ours, theirs = socket.socketpair()
         try:
             process = subprocess.Popen(
-                [sys.executable, "-c", CHILD_BOOT, json.dumps(sys.path), str(theirs.fileno()), str(os.getpid())],
+                [
+                    sys.executable,
+                    "-c",
+                    CHILD_BOOT,
+                    json.dumps(sys.path),
+                    str(theirs.fileno()),
+                    str(os.getpid()),
+                    str(logging.getLogger().getEffectiveLevel()),
+                ],
                 stdin=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),
             )
@@ -271,14 +289,16 @@ class ProcessPool:
             child: _Child = self._spawner.submit(self._start).result()
         except Exception as error:  # no process (too many open files, the pool closed meanwhile)
             raise HandlerProcessDied(f"a handler process could not be started ({safe_text(error)})") from error
-        if wait([child.conn], START_TIMEOUT_S):
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while wait([child.conn], max(0.0, deadline - time.monotonic())):
             try:
                 message = pickle.loads(child.conn.recv_bytes())
-                if message[0] == child_module.READY:
-                    log.debug("handler process %d started", child.pid)
-                    return child
             except (EOFError, OSError):
-                pass
+                break
+            if message[0] == child_module.READY:
+                log.debug("handler process %d started", child.pid)
+                return child
+            _relay(message)
         cause = child.kill() if child.alive() else child.reap()
         self._forget(child)
         raise HandlerProcessDied(f"a handler process (pid {child.pid}) failed to start: it {cause}")
@@ -409,7 +429,10 @@ class ProcessPool:
                     raw = child.conn.recv_bytes()
                 except (EOFError, OSError):
                     return self._died(child, forwarded)
-                return self._answer(child, raw)
+                answer = self._answer(child, raw)
+                if answer is not None:
+                    return answer
+                continue
             if forwarded is None and stop.is_set():
                 forwarded = stop.reason or StopReason.SHUTDOWN
                 grace = self.config.kill_grace_s
@@ -423,11 +446,13 @@ class ProcessPool:
             if kill_at is not None and time.monotonic() >= kill_at:
                 assert forwarded is not None
                 # A last look: an answer that arrived with the deadline wins.
-                if child.conn.poll(0):
+                while child.conn.poll(0):
                     try:
-                        return self._answer(child, child.conn.recv_bytes())
+                        answer = self._answer(child, child.conn.recv_bytes())
                     except (EOFError, OSError):
                         return self._died(child, forwarded)
+                    if answer is not None:
+                        return answer
                 cause = child.kill()
                 self._forget(child)
                 text = f"its process (pid {child.pid}) did not stop within {grace:g}s and was {cause}"
@@ -443,14 +468,20 @@ class ProcessPool:
         log.error("%s; a new one takes its place", text)
         return ChildOutcome(Ending.DIED, error=HandlerProcessDied(text), text=text, stop=stop)
 
-    def _answer(self, child: _Child, raw: bytes) -> ChildOutcome:
-        child.jobs += 1
+    def _answer(self, child: _Child, raw: bytes) -> ChildOutcome | None:
+        """What a message from the child says: the job's end, or None for a
+        log record (relayed to the runner's logging)."""
         try:
             message = pickle.loads(raw)
         except Exception as unreadable:
+            child.jobs += 1
             text = f"the handler's answer could not be received from its process ({safe_text(unreadable)})"
             return ChildOutcome(Ending.UNENCODABLE, text=text[:500])
         kind = message[0]
+        if kind == child_module.LOG:
+            _relay(message)
+            return None
+        child.jobs += 1
         if kind == child_module.RETURNED:
             _, _, value, child.rss = message
             return ChildOutcome(Ending.RETURNED, value=value)

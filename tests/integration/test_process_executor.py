@@ -15,6 +15,7 @@ children are recycled by job count and memory.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from datetime import timedelta
@@ -191,6 +192,22 @@ def test_serving_drains_many_jobs_over_several_children(engine: Engine, runners:
     assert os.getpid() not in pids and 1 <= len(pids) <= 2
     for i in range(30):
         assert read(engine, f"j{i}").outcome is Outcome.COMPLETED
+
+
+def test_a_handlers_log_records_reach_the_runners_logging_with_their_fields(
+    engine: Engine, runners: RunnerDriver, marks: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    add(engine, job("a", marks, card="visa-42"))
+    with caplog.at_level(logging.INFO):
+        (done,) = make(runners, {"q": h.logs}).run_until_idle()
+    assert done.outcome is Outcome.COMPLETED
+    child = h.wait_for_mark(marks, "a", "ran")[0]
+    (charging,) = [r for r in caplog.records if r.name == "sqlalchemy_watchdog.job"]
+    assert (charging.levelno, charging.getMessage()) == (logging.WARNING, "charging card visa-42")
+    assert (charging.job_id, charging.attempt, charging.process) == ("a", 1, child)  # type: ignore[attr-defined]
+    (failed,) = [r for r in caplog.records if r.name == "tests.process_handlers"]
+    assert failed.getMessage() == "lookup failed" and failed.exc_text is not None
+    assert "KeyError: 'no such card'" in failed.exc_text
 
 
 # -- hard timeouts -------------------------------------------------------------------------
