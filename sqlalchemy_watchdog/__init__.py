@@ -23,6 +23,7 @@ from .errors import (
     safe_text,
 )
 from .execution import RunningJob, StopReason, TickResult, TickStatus, handler
+from .executors import HandlerProcessDied, ProcessExecutor
 from .jobs import (
     BulkResult,
     BulkSkip,
@@ -63,6 +64,7 @@ __all__ = [
     "EnqueueStatus",
     "ErrorCode",
     "FailedAttempt",
+    "HandlerProcessDied",
     "InvalidJob",
     "Job",
     "JobExplanation",
@@ -76,6 +78,7 @@ __all__ = [
     "PayloadCodec",
     "PolicyLevel",
     "PreparedStatementsRefused",
+    "ProcessExecutor",
     "QueuePause",
     "QueueStats",
     "ScheduleView",

@@ -18,6 +18,7 @@ import queue
 import signal
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -53,6 +54,8 @@ from .core.signals import restore_signal, signals_to_install
 from .core.state import Execution, RunnerCore, TickResult
 from .core.steps import STARTED_LATE, Probe, RunHandler, Spawn, Step, Steps, Stop, StoreCall, WaitDone, drive_async
 from .errors import InvalidJob, redacted
+from .executors import HandlerRef
+from .executors.pool import ChildOutcome, ProcessPool, decision_of_outcome
 from .gateway import AsyncGateway, AsyncOperations
 from .jobs import (
     BulkResult,
@@ -434,9 +437,15 @@ class AsyncRunner:
         follow_failover(self.listen_engine)
         self._default_poll = options.get("poll_interval") is None
         self.settings = RunnerSettings.build(
-            handlers, options, default_poll_interval=default_poll_interval(self.listen_engine, self.wakeups)
+            handlers,
+            options,
+            default_poll_interval=default_poll_interval(self.listen_engine, self.wakeups),
+            stays=_is_async,
         )
         self.core = RunnerCore(self.settings, Clock.of(options))
+        #: The process executor's children, for plain handlers (made on first use).
+        self._pool: ProcessPool | None = None
+        self._pool_lock = threading.Lock()
         #: The wake-ups in force (see :attr:`Runner.wakeup_status <sqlalchemy_watchdog.Runner.wakeup_status>`).
         self.wakeup_status = WakeupStatus(self.wakeups, False, "not started", self.settings.poll_interval_s)
         #: Store calls: connections (one kept by each holding task), retries.
@@ -529,8 +538,14 @@ class AsyncRunner:
         if is_async is None:  # asked once per queue, not once per job
             is_async = self._async_queues[job.queue] = _is_async(fn)
         heartbeat_s = self.settings.heartbeat_s
-        if is_async:
-            task: asyncio.Future[Any] = loop.create_task(_unless_late(fn, job, execution, heartbeat_s), context=context)
+        ref = self.settings.handler_refs.get(job.queue)
+        task: asyncio.Future[Any]
+        timers: list[asyncio.TimerHandle] = []
+        if ref is not None:
+            task = self._threads.submit(functools.partial(self._call_in_child, ref, execution, loop, timers))
+            execution.threaded = True
+        elif is_async:
+            task = loop.create_task(_unless_late(fn, job, execution, heartbeat_s), context=context)
         else:
             call = functools.partial(_call_unless_late, fn, job, execution, heartbeat_s)
             task = self._threads.submit(call) if context is None else self._threads.submit(context.run, call)
@@ -562,6 +577,8 @@ class AsyncRunner:
         finally:
             if timer is not None:
                 timer.cancel()
+            for child_timer in timers:
+                child_timer.cancel()
             if self.core.release_slot(execution):
                 self._events()[0].set()
         if task.cancelled():
@@ -572,7 +589,57 @@ class AsyncRunner:
         result: object = task.result()
         if result is STARTED_LATE:
             return STARTED_LATE  # execute() renews the claim first, then asks again
+        if isinstance(result, ChildOutcome):
+            return decision_of_outcome(execution, result)
         return decision_of_result(result, job)
+
+    def _call_in_child(
+        self,
+        ref: HandlerRef,
+        execution: Execution,
+        loop: asyncio.AbstractEventLoop,
+        timers: list[asyncio.TimerHandle],
+    ) -> object:
+        """Run ``execution``'s job in a child of the process executor (in a
+        handler thread: the wait blocks) -- unless it starts late, as
+        :func:`_call_unless_late`. Its timeout counts from the moment a child
+        takes the job: then a timer (kept in ``timers``, for the caller to
+        cancel) is set on ``loop``."""
+
+        def arm() -> None:
+            deadline = self.core.start_deadline(execution)
+            if deadline is not None:
+                delay = max(0.0, deadline - self.core.clock.monotonic())
+                timers.append(loop.call_later(delay, self._time_out))
+
+        def started() -> None:
+            try:
+                loop.call_soon_threadsafe(arm)
+            except RuntimeError:  # pragma: no cover - the loop closed: nobody waits
+                pass
+
+        if execution.started_late(self.settings.heartbeat_s):
+            return STARTED_LATE
+        with self._pool_lock:  # handler threads ask at once
+            pool = self._pool
+            if pool is None:
+                assert self.settings.executor is not None
+                pool = self._pool = ProcessPool(self.settings.executor)
+                weakref.finalize(self, pool.close)  # tick() alone never closes it
+        return pool.call(
+            ref,
+            execution.job,
+            execution.signal,
+            stop_wait_s=self.settings.stop_wait_s,
+            on_start=started,
+        )
+
+    async def _close_pool(self) -> None:
+        """End the process executor's children (after the shutdown ended every job)."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            await asyncio.get_running_loop().run_in_executor(None, pool.close)
 
     async def _settle(self, requests: list[SettleRequest]) -> list[Settlement | None]:
         return await drive_async(settle_batch(requests), self._perform)
@@ -715,6 +782,7 @@ class AsyncRunner:
                     task.cancel()
                 await asyncio.gather(*background, return_exceptions=True)
                 self._settler = None
+                await self._close_pool()
                 # After the heartbeat stopped: nothing refreshes the row again.
                 await self._worker_step(deregister_worker(self.core))
                 self._restore_signals(loop, installed)

@@ -17,11 +17,13 @@ this module only performs its steps with threads and a sync ``Connection``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
@@ -49,6 +51,7 @@ from .core.signals import restore_signal, signals_to_install
 from .core.state import Execution, RunnerCore, TickResult
 from .core.steps import STARTED_LATE, Probe, RunHandler, Spawn, Step, Steps, Stop, StoreCall, WaitDone, drive
 from .errors import InvalidJob, redacted
+from .executors.pool import ProcessPool, decision_of_outcome
 from .gateway import SyncGateway
 from .jobs import Decision, JobView
 from .store import Settlement, SettleRequest
@@ -81,7 +84,9 @@ class Runner:
         with :func:`~sqlalchemy_watchdog.handler`. A handler is called with a
         :class:`RunningJob` and returns None (``completed``) or a
         :class:`Decision`; an exception settles ``failed`` (and is logged
-        with its traceback).
+        with its traceback). With ``executor="process"`` (a
+        :class:`~sqlalchemy_watchdog.ProcessExecutor`) handlers run in child
+        processes and must be module-level functions.
     :param options: the runner's options as keyword arguments
         (``concurrency=``, ``lease=``, ``retry=``, ...): every one is
         described in :class:`~sqlalchemy_watchdog.RunnerOptions`,
@@ -134,6 +139,9 @@ class Runner:
         self._gateway = SyncGateway(engine)
         #: Set once run_forever serves (its listener started), or has ended.
         self._serving = threading.Event()
+        #: The process executor's children (made on first use).
+        self._pool: ProcessPool | None = None
+        self._pool_lock = threading.Lock()
 
     @property
     def queues(self) -> tuple[str, ...]:
@@ -202,6 +210,20 @@ class Runner:
         job = execution.job
         if execution.deadline is not None:
             self._heartbeat_now.set()  # the heartbeat thread keeps the deadlines
+        ref = self.settings.handler_refs.get(job.queue)
+        if ref is not None:
+            try:
+                outcome = self._process_pool().call(
+                    ref,
+                    job,
+                    execution.signal,
+                    stop_wait_s=self.settings.stop_wait_s,
+                    on_start=functools.partial(self._child_started, execution),
+                )
+                return decision_of_outcome(execution, outcome)
+            finally:
+                if self.core.release_slot(execution):
+                    self._wake.set()
         try:
             handler = self.settings.handlers[job.queue]
             context = execution.handler_context()
@@ -212,6 +234,28 @@ class Runner:
         finally:
             if self.core.release_slot(execution):
                 self._wake.set()
+
+    def _child_started(self, execution: Execution) -> None:
+        """A child took ``execution``'s job: its timeout counts from now."""
+        if self.core.start_deadline(execution) is not None:
+            self._heartbeat_now.set()  # the heartbeat thread keeps the deadlines
+
+    def _process_pool(self) -> ProcessPool:
+        """The process executor's children, started as jobs need them."""
+        with self._pool_lock:
+            pool = self._pool
+            if pool is None:
+                assert self.settings.executor is not None
+                pool = self._pool = ProcessPool(self.settings.executor)
+                weakref.finalize(self, pool.close)  # tick() alone never closes it
+            return pool
+
+    def _close_pool(self) -> None:
+        """End the process executor's children (after the shutdown ended every job)."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
 
     def _settle(self, requests: list[SettleRequest]) -> list[Settlement | None]:
         return drive(settle_batch(requests), self._perform)
@@ -367,6 +411,7 @@ class Runner:
             self._settler = None
             workers.stop()
             self._workers = None
+            self._close_pool()
             for sig, previous_handler in previous.items():
                 restore_signal(sig, previous_handler)
             self._serving.set()
@@ -374,9 +419,10 @@ class Runner:
         pruner = _Pruner(self) if self.settings.retention is not None else None
         self._worker_step(register_worker(self.core, str(self.wakeup_status)))
         log.info(
-            "runner started: queues=%s concurrency=%d wakeups=%s shutdown_budget=%gs (grace %gs + stop wait %gs)",
+            "runner started: queues=%s concurrency=%d%s wakeups=%s shutdown_budget=%gs (grace %gs + stop wait %gs)",
             ",".join(self.queues),
             self.settings.concurrency,
+            " (processes)" if self.settings.executor is not None else "",
             self.wakeup_status,
             self.settings.shutdown_budget_s,
             self.settings.grace_s,
@@ -400,6 +446,7 @@ class Runner:
                 self._settler = None
                 workers.stop()
                 self._workers = None
+                self._close_pool()
                 # After the heartbeat stopped: nothing refreshes the row again.
                 self._worker_step(deregister_worker(self.core))
                 if listener is not None:

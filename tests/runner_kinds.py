@@ -16,6 +16,14 @@ driven on a private event loop in a thread) -- on the test's database
 
 Handlers are plain functions, written once: ``Runner`` calls them in its
 threads, ``AsyncRunner`` in daemon threads of its own.
+
+The ``process`` and ``async-process`` kinds are ``Runner`` and
+``AsyncRunner`` with the process executor: their plain handlers run in
+child processes, so they must be importable module-level functions
+(tests/process_handlers.py has them, and the conformance tests of the
+process executor in tests/integration/test_process_executor.py). There
+``concurrency=`` becomes ``ProcessExecutor(processes=...)``, and a
+one-second ``kill_grace`` is the default.
 Where the behaviour is about coroutine handlers (a stop cancels the task),
 give :func:`dual` both shapes: the ``async`` kind then runs the coroutine.
 
@@ -33,18 +41,23 @@ import contextlib
 import threading
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from concurrent.futures import Future
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from sqlalchemy_watchdog import JobView, Runner, RunningJob, TickResult
+from sqlalchemy_watchdog import JobView, ProcessExecutor, Runner, RunningJob, TickResult
 from sqlalchemy_watchdog.asyncio import AsyncRunner
 
 T = TypeVar("T")
 
-KINDS = ["sync", "async"]
+KINDS = ["sync", "async", "process", "async-process"]
+#: The kinds whose plain handlers run in child processes.
+PROCESS_KINDS = ("process", "async-process")
+#: The process kinds' kill grace unless a test gives ``executor=``.
+KILL_GRACE = timedelta(seconds=1)
 
 
 class Dual:
@@ -206,7 +219,7 @@ class RunnerDriver:
             raise ValueError(kind)
         self.kind = kind
         self.url = url
-        self._loop: _Loop | None = _Loop() if kind == "async" else None
+        self._loop: _Loop | None = _Loop() if kind in ("async", "async-process") else None
         self._engines: list[Engine | AsyncEngine] = []
 
     @property
@@ -226,6 +239,9 @@ class RunnerDriver:
         ``url`` (default: the test's database) with the SQLAlchemy engine
         events ``listen`` ({event name: function}) registered on it."""
         target = url if url is not None else self.url
+        if self.kind in PROCESS_KINDS and "executor" not in settings:
+            processes = settings.pop("concurrency", 2)
+            settings["executor"] = ProcessExecutor(processes=processes, kill_grace=KILL_GRACE)
         if handlers is not None and self.is_async:
             handlers = {q: (h.coroutine if isinstance(h, Dual) else h) for q, h in handlers.items()}
         if self._loop is None:

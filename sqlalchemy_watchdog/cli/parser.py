@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..execution import DEFAULT_CONCURRENCY
+from ..executors import MAX_PROCESSES
 from ..jobs import BULK_BATCH_MAX, JobState, Outcome
 from ..store import LIST_LIMIT_MAX
 from ..wakeups import WakeupMode
@@ -208,6 +209,39 @@ def _bulk_options(parser: argparse.ArgumentParser, verb: str) -> None:
     )
 
 
+def _executor_options(run: argparse.ArgumentParser) -> None:
+    """``run``'s options of the process executor (docs/howto/executors.md)."""
+    run.add_argument(
+        "--executor",
+        choices=["thread", "process"],
+        help="where handlers run: thread (default) or process (child processes: hard timeouts, "
+        "crash containment, every core)",
+    )
+    run.add_argument(
+        "--processes",
+        type=int_between(1, MAX_PROCESSES),
+        help=f"with --executor process: child processes, 1-{MAX_PROCESSES} (default: one per CPU)",
+    )
+    run.add_argument(
+        "--max-jobs-per-child",
+        type=positive_int,
+        metavar="N",
+        help="with --executor process: replace a child after N jobs (default: never)",
+    )
+    run.add_argument(
+        "--max-memory-per-child",
+        type=int_between(16, 1024 * 1024),
+        metavar="MIB",
+        help="with --executor process: replace a child whose resident memory is over MIB after a job",
+    )
+    run.add_argument(
+        "--kill-grace",
+        type=seconds,
+        metavar="SECONDS",
+        help="with --executor process: how long a child told to stop has before it is killed (default: 5)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``sqlalchemy-watchdog``."""
     parser = Parser(
@@ -321,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="a direct PostgreSQL URL for the listening session (when --url goes through a pooler)",
     )
+    _executor_options(run)
     run.add_argument(
         "--no-schedules",
         action="store_true",

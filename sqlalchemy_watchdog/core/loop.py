@@ -83,7 +83,9 @@ def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | Tic
                 decision = execution.refused
             else:
                 timeout = execution.job.timeout
-                if timeout is not None:
+                if timeout is not None and not execution.killable:
+                    # A child process's handler: its driver starts the clock
+                    # once the child is ready (core.start_deadline).
                     execution.deadline = core.clock.monotonic() + timeout.total_seconds()
                 decision = yield RunHandler(execution)
                 if decision is STARTED_LATE:
@@ -119,7 +121,9 @@ def renew(core: RunnerCore) -> Steps[None]:
     # A timed-out attempt is not renewed: its handler settles within the
     # lease it still has, or -- if it ignores the stop -- its lease ends and
     # recovery takes the job, as for any execution that stopped answering.
-    executions = [e for e in core.active() if e.signal.reason is not StopReason.TIMEOUT]
+    # One the driver can kill (a child process) is renewed until its kill
+    # is confirmed and it settled: recovery never runs it beside the child.
+    executions = [e for e in core.active() if e.signal.reason is not StopReason.TIMEOUT or e.killable]
     if not executions:
         return
     held = yield from call(
@@ -206,6 +210,11 @@ def until_idle(result: TickResult, settled: list[JobView]) -> bool:
     return False
 
 
+#: How long shutdown waits, after the stop wait, for executions whose child
+#: process is being killed to confirm the kill and hand their job to recovery.
+KILL_CONFIRM_WAIT_S = 5.0
+
+
 def shutdown(core: RunnerCore) -> Steps[None]:
     """Shut down: give running handlers ``grace`` to finish, then ask them to
     stop (an async handler's task is cancelled) and give them a short moment
@@ -220,6 +229,13 @@ def shutdown(core: RunnerCore) -> Steps[None]:
         yield from stop(execution, StopReason.SHUTDOWN)
     yield WaitDone(tuple(leftover), stop_wait_s(grace))
     leftover = [e for e in leftover if not e.done.is_set()]
+    killing = tuple(e for e in leftover if e.killable)
+    if killing:
+        # Children told to stop are killed within half the stop wait; each such
+        # execution hands its job to recovery itself once the kill is confirmed,
+        # never before: wait for that rather than end their leases beside them.
+        yield WaitDone(killing, KILL_CONFIRM_WAIT_S)
+        leftover = [e for e in leftover if not e.done.is_set()]
     if not leftover:
         return
     try:

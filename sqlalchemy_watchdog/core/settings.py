@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..errors import InvalidJob
+from ..executors import ExecutorName, HandlerRef, ProcessExecutor, check_executor, locate_all
 from ..jobs import (
     QUEUE_MAX_LENGTH,
     JobView,
@@ -123,6 +124,8 @@ def pool_shortfall(pool: Any, settings: RunnerSettings) -> str | None:
     """Why ``pool`` (the runner's engine's) cannot serve the runner beside
     ``concurrency`` handlers that each use one connection of it; None when
     it can, or when the pool has no fixed limit (``NullPool``, ...)."""
+    if settings.executor is not None:
+        return None  # handlers run in child processes, which cannot use the runner's engine
     size = getattr(pool, "size", None)
     overflow = getattr(pool, "_max_overflow", None)
     if not callable(size) or not isinstance(overflow, int) or overflow < 0:
@@ -228,6 +231,13 @@ class RunnerOptions(TypedDict, total=False):
         outcome, running, ready backlog): a ``timedelta`` (default 60 s;
         skipped while idle), an ``int`` (every so many jobs), or None
         (never). Each job's own claim and settle lines are DEBUG.
+    ``executor``
+        where plain handlers run: ``"thread"`` (the default: threads of the
+        runner's process), ``"process"`` or a
+        :class:`~sqlalchemy_watchdog.ProcessExecutor` (child processes, with
+        hard timeouts and crash containment; handlers located by module
+        path; ``concurrency`` is its ``processes``). An async runner's
+        coroutine handlers always stay on its loop.
     """
 
     queues: Iterable[str] | None
@@ -246,6 +256,7 @@ class RunnerOptions(TypedDict, total=False):
     clock: Callable[[], int]
     wakeups: WakeupMode | str
     summary_every: timedelta | int | None
+    executor: ExecutorName | ProcessExecutor
 
 
 def check_options(who: str, options: Mapping[str, object]) -> None:
@@ -286,6 +297,11 @@ class RunnerSettings:
     #: The INFO summary: every so many seconds (float), every so many jobs
     #: (int), or never (None).
     summary_every: float | int | None = DEFAULT_SUMMARY_EVERY.total_seconds()
+    #: The process executor, None for threads.
+    executor: ProcessExecutor | None = None
+    #: Where the process executor's children find each queue's handler
+    #: (the queues whose handlers run in children).
+    handler_refs: Mapping[str, HandlerRef] = field(default_factory=dict)
 
     @property
     def stop_wait_s(self) -> float:
@@ -306,10 +322,14 @@ class RunnerSettings:
         options: RunnerOptions,
         *,
         default_poll_interval: timedelta,
+        stays: Callable[[Any], bool] | None = None,
     ) -> RunnerSettings:
         """Validate ``options`` (a runner's keyword arguments; each one left
         out takes its default) for ``handlers``; ``poll_interval`` defaults
-        to ``default_poll_interval`` (it depends on the engine)."""
+        to ``default_poll_interval`` (it depends on the engine). With the
+        process executor, each served handler but those ``stays`` keeps in
+        the runner's process is located by module path (refused if a child
+        could not import it)."""
         queues = options.get("queues")
         concurrency = options.get("concurrency", DEFAULT_CONCURRENCY)
         lease = options.get("lease", DEFAULT_LEASE)
@@ -342,6 +362,17 @@ class RunnerSettings:
                 raise InvalidJob("queues", f"queue {queue!r} has no handler")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= 10_000:
             raise InvalidJob("concurrency", f"must be an int from 1 to 10000, got {concurrency!r}")
+        executor = check_executor(options.get("executor", "thread"))
+        refs: dict[str, HandlerRef] = {}
+        if executor is not None:
+            if "concurrency" in options and concurrency != executor.children:
+                raise InvalidJob(
+                    "concurrency",
+                    f"with the process executor, concurrency is its processes ({executor.children}), got "
+                    f"{concurrency}: leave concurrency out and give ProcessExecutor(processes={concurrency})",
+                )
+            concurrency = executor.children
+            refs = locate_all(table, served, stays=stays)
         lease = _duration(lease, "lease")
         heartbeat = _duration(heartbeat, "heartbeat")
         if heartbeat * 3 > lease:
@@ -389,6 +420,8 @@ class RunnerSettings:
             retention=_checked_retention(retention),
             schedules=_checked_schedules(schedules),
             summary_every=check_summary_every(summary_every),
+            executor=executor,
+            handler_refs=refs,
         )
 
     def budget_for(self, job: JobView) -> int | None:

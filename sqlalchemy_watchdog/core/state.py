@@ -94,6 +94,10 @@ class Execution:
     #: plain handler under the async driver): a stop only signals it, and
     #: its slot and claim stay held until the thread returns.
     threaded: bool = False
+    #: Whether its handler runs where the driver can kill it (a child of
+    #: the process executor): a timed-out attempt then keeps its claim
+    #: renewed until its child is confirmed dead and the job settled.
+    killable: bool = False
     #: The instrumentation's view of this attempt (:mod:`.telemetry`), if any.
     trace: telemetry.AttemptTrace | None = None
     #: The monotonic clock of its runner's core (:class:`~.clock.Clock`).
@@ -295,7 +299,13 @@ class RunnerCore:
             trace_context=job.trace_context,
         )
         execution = Execution(
-            claim, running, signal, claimed_at=asked_at, refused=refused, monotonic=self.clock.monotonic
+            claim,
+            running,
+            signal,
+            claimed_at=asked_at,
+            refused=refused,
+            monotonic=self.clock.monotonic,
+            killable=job.queue in self.settings.handler_refs,
         )
         with self._lock:
             self._active[execution.pair] = execution
@@ -423,6 +433,14 @@ class RunnerCore:
         if self.settings.schedules:
             wait = min(wait, self.schedules_due - now)
         return max(0.0, wait)
+
+    def start_deadline(self, execution: Execution) -> float | None:
+        """The handler of a killable execution starts now (its child process
+        is ready): its timeout counts from now. The deadline, if any."""
+        timeout = execution.job.timeout
+        if timeout is not None:
+            execution.deadline = self.clock.monotonic() + timeout.total_seconds()
+        return execution.deadline
 
     def next_deadline(self) -> float | None:
         """The earliest deadline (monotonic) of a running handler not yet stopped."""

@@ -35,6 +35,7 @@ from sqlalchemy_watchdog import (
     Job,
     JobState,
     Outcome,
+    ProcessExecutor,
     Retention,
     RetryPolicy,
     Runner,
@@ -61,6 +62,7 @@ from sqlalchemy_watchdog.jobs import (
     CancelStatus,
 )
 from sqlalchemy_watchdog.model import jobs_table, pauses_table, schedules_table, workers_table
+from tests import process_handlers
 from tests.conftest import DIALECTS, make_async_engine
 from tests.faults.helpers import dump_jobs
 from tests.helpers import present, wait_until
@@ -203,6 +205,35 @@ def runner(**kwargs: Any) -> Callable[[Engine], Any]:
     return build
 
 
+def process_runner(**executor: Any) -> Callable[[Engine], Any]:
+    """A runner with ``ProcessExecutor(**executor)`` (the executor refuses first)."""
+    return lambda engine: Runner(engine, {"q": handler}, executor=ProcessExecutor(**executor))
+
+
+def async_process_runner(**executor: Any) -> Callable[[Engine], Any]:
+    """An AsyncRunner with ``ProcessExecutor(**executor)`` (the executor refuses first)."""
+    return lambda engine: AsyncRunner(make_async_engine(engine), {"q": handler}, executor=ProcessExecutor(**executor))
+
+
+def in_main(job: Any) -> None:
+    """A handler as if defined in the script being run."""
+
+
+in_main.__module__ = "__main__"
+
+
+def nested_handler() -> Callable[[Any], None]:
+    def inner(job: Any) -> None:
+        return None
+
+    return inner
+
+
+class CallableHandler:
+    def __call__(self, job: Any) -> None:
+        return None
+
+
 def dashboard(**kwargs: Any) -> Callable[[Engine], Any]:
     def build(engine: Engine) -> Any:
         from sqlalchemy_watchdog.web import create_app
@@ -232,6 +263,11 @@ def delayed(delay: Any, *jobs: Job) -> Callable[[Engine], Any]:
 def delayed_in_transaction(delay: Any) -> Callable[[Engine], Any]:
     """The same through ``enqueue(connection, ...)`` in the caller's transaction."""
     return lambda engine: _in_transaction(engine, lambda conn: enqueue(conn, Job("new-job", "q"), delay=delay))
+
+
+def async_runner_with(handlers: dict[str, Any], **kwargs: Any) -> Callable[[Engine], Any]:
+    """Build an AsyncRunner with ``handlers`` on the database's AsyncEngine (never connected)."""
+    return lambda engine: AsyncRunner(make_async_engine(engine), handlers, **kwargs)
 
 
 def async_runner(**kwargs: Any) -> Callable[[Engine], Any]:
@@ -462,6 +498,43 @@ REFUSED: dict[str, Entry] = {
     "AsyncRunner timeout over MAX_DELAY": Entry("timeout", async_runner(timeout=MAX_DELAY * 2)),
     "AsyncRunner timeout int": Entry("timeout", async_runner(timeout=30)),
     "AsyncRunner retry int": Entry("retry", async_runner(retry=3)),
+    # the process executor
+    "Runner executor unknown": Entry("executor", runner(executor="fork")),
+    "Runner executor int": Entry("executor", runner(executor=4)),
+    "ProcessExecutor processes 0": Entry("processes", process_runner(processes=0)),
+    "ProcessExecutor processes negative": Entry("processes", process_runner(processes=-2)),
+    "ProcessExecutor processes huge": Entry("processes", process_runner(processes=1025), says="from 1 to 1024"),
+    "ProcessExecutor processes bool": Entry("processes", process_runner(processes=True)),
+    "ProcessExecutor processes str": Entry("processes", process_runner(processes="4")),
+    "ProcessExecutor max_jobs_per_child 0": Entry("max_jobs_per_child", process_runner(max_jobs_per_child=0)),
+    "ProcessExecutor max_jobs_per_child float": Entry("max_jobs_per_child", process_runner(max_jobs_per_child=1.5)),
+    "ProcessExecutor memory ceiling tiny": Entry("max_memory_per_child", process_runner(max_memory_per_child=1024)),
+    "ProcessExecutor memory ceiling negative": Entry("max_memory_per_child", process_runner(max_memory_per_child=-1)),
+    "ProcessExecutor memory ceiling bool": Entry("max_memory_per_child", process_runner(max_memory_per_child=True)),
+    "ProcessExecutor memory ceiling str": Entry("max_memory_per_child", process_runner(max_memory_per_child="1G")),
+    "ProcessExecutor memory ceiling 2 TiB": Entry("max_memory_per_child", process_runner(max_memory_per_child=2**41)),
+    "ProcessExecutor kill_grace negative": Entry("kill_grace", process_runner(kill_grace=timedelta(seconds=-1))),
+    "ProcessExecutor kill_grace int": Entry("kill_grace", process_runner(kill_grace=5)),
+    "ProcessExecutor kill_grace a day": Entry("kill_grace", process_runner(kill_grace=timedelta(days=1))),
+    "Runner process executor with another concurrency": Entry(
+        "concurrency", runner(executor=ProcessExecutor(processes=2), concurrency=4), says="processes=4"
+    ),
+    "Runner process executor lambda handler": Entry(
+        "handlers", runner(executor="process", handlers={"q": lambda job: None}), says="is a lambda"
+    ),
+    "Runner process executor handler in __main__": Entry(
+        "handlers", runner(executor="process", handlers={"q": in_main}), says="defined in __main__"
+    ),
+    "Runner process executor nested handler": Entry(
+        "handlers", runner(executor="process", handlers={"q": nested_handler()}), says="nested function"
+    ),
+    "Runner process executor callable object": Entry(
+        "handlers", runner(executor="process", handlers={"q": CallableHandler()}), says="no module path"
+    ),
+    "AsyncRunner process executor lambda handler": Entry(
+        "handlers", async_runner_with({"q": lambda job: None}, executor="process"), says="is a lambda"
+    ),
+    "AsyncRunner process executor processes 0": Entry("processes", async_process_runner(processes=0)),
     # reads
     "read empty id": Entry("job_id", wd("read", "")),
     "read int id": Entry("job_id", wd("read", 5)),
@@ -927,6 +1000,28 @@ def test_unknown_decision_kinds_from_a_handler_fail_the_job_clearly(engine: Engi
     assert settled.outcome is Outcome.FAILED
     assert settled.failure_reason is not None
     assert "not a Decision" in settled.failure_reason and type(returned).__name__ in settled.failure_reason
+
+
+@pytest.mark.parametrize(
+    ("fn", "says"),
+    [
+        (process_handlers.returns_unencodable, "handler returned lock, which cannot be sent from its process"),
+        (process_handlers.returns_value, "handler returned list, not a Decision or None"),
+    ],
+    ids=["unencodable", "not-a-decision"],
+)
+def test_a_value_a_handler_returns_from_its_process_that_is_no_decision_fails_the_job_clearly(
+    engine: Engine, tmp_path: Any, fn: Any, says: str
+) -> None:
+    """The process executor: what the handler returned crosses a pipe; a
+    value that cannot (a lock), or that is no decision, fails the job
+    saying so -- and the runner and its child go on to the next job."""
+    Watchdog(engine).enqueue([Job("j", "q", payload={"dir": str(tmp_path), "value": [1]}), Job("k", "ok")])
+    worker = Runner(engine, {"q": fn, "ok": process_handlers.done}, executor=ProcessExecutor(processes=1))
+    settled = {job.job_id: job for job in worker.run_until_idle()}
+    assert settled["j"].outcome is Outcome.FAILED
+    assert settled["j"].failure_reason is not None and settled["j"].failure_reason.startswith(says)
+    assert settled["k"].outcome is Outcome.COMPLETED
 
 
 # -- stored values the library cannot decode ----------------------------------------

@@ -39,7 +39,7 @@ def test_every_scenario_is_listed_with_its_help() -> None:
     names = {line.split()[0] for line in listed.stdout.splitlines()}
     for scenario in ("enqueue", "drain", "latency", "claim", "prune", "stats", "scale", "sqlite-load", "poolers"):
         assert scenario in names
-    assert {"in-process", "otel-overhead", "profile-drain", "hot-statements", "index-review"} <= names
+    assert {"in-process", "otel-overhead", "profile-drain", "hot-statements", "index-review", "executors"} <= names
 
 
 def test_enqueue_and_a_drain_run_on_sqlite(tmp_path: Path) -> None:
@@ -51,4 +51,13 @@ def test_enqueue_and_a_drain_run_on_sqlite(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     assert "| enqueue (jobs/s), SQLite" in run.stdout
     assert "| c2 p1" in run.stdout
+    assert '"errors": []' in out.read_text()
+
+
+def test_the_executors_scenario_runs_on_sqlite(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    run = bench("executors", "--quick", "--dialects", "sqlite", "--jobs", "6", "--json", str(out), timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "| CPU-bound handler, ~10 ms (jobs/s), SQLite" in run.stdout
+    assert "| process p1" in run.stdout and "| no-op handler (jobs/s), SQLite" in run.stdout
     assert '"errors": []' in out.read_text()

@@ -868,6 +868,73 @@ def test_run_in_a_subprocess_until_sigterm(engine: Engine, db_url: URL, tmp_path
     assert [j.job_id for j in Watchdog(engine).read_settled()] == ["sub-1", "sub-2"]
 
 
+PROCESS_WORKER_MODULE = """
+import os
+from pathlib import Path
+from sqlalchemy_watchdog import handler
+
+@handler("cli-proc")
+def work(job):
+    Path(f"ran-{job.job_id}").write_text(str(os.getpid()))
+"""
+
+
+def test_run_with_the_process_executor_in_a_subprocess_until_sigterm(
+    engine: Engine, db_url: URL, tmp_path: Path
+) -> None:
+    """``run MODULE --executor process --processes 2``: the module's
+    handlers run in child processes of the command, which ends them on SIGTERM."""
+    name = f"watchdog_cli_proc_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(PROCESS_WORKER_MODULE)
+    add(engine, *(Job(f"p{i}", "cli-proc") for i in range(4)))
+    env = {**os.environ, "WATCHDOG_DATABASE_URL": url_arg(db_url), "PYTHONPATH": str(ROOT)}
+    argv = ["run", name, "--poll-interval", "0.1", "--executor", "process", "--processes", "2", "--kill-grace", "1"]
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "sqlalchemy_watchdog.cli", *argv],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        watchdog = Watchdog(engine)
+        deadline = time.monotonic() + 60
+        while watchdog.has_pending_work() and time.monotonic() < deadline and worker.poll() is None:
+            time.sleep(0.05)
+        assert not watchdog.has_pending_work(), worker.poll()
+        worker.send_signal(signal.SIGTERM)
+        _, err = worker.communicate(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert worker.returncode == 0, err
+    assert "concurrency=2 (processes)" in err
+    pids = {int((tmp_path / f"ran-p{i}").read_text()) for i in range(4)}
+    assert worker.pid not in pids and 1 <= len(pids) <= 2
+    assert [j.outcome for j in Watchdog(engine).read_settled()] == [Outcome.COMPLETED] * 4
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--processes", "2"], "--processes apply only with --executor process"),
+        (["--executor", "thread", "--kill-grace", "3"], "--kill-grace apply only with --executor process"),
+        (["--executor", "process", "--concurrency", "4"], "not --concurrency"),
+    ],
+    ids=["processes-without-executor", "kill-grace-with-threads", "concurrency-with-processes"],
+)
+def test_run_refuses_process_options_that_do_not_go_together(
+    engine: Engine, cli: Cli, app_module: tuple[str, Path], flags: list[str], says: str
+) -> None:
+    name, path = app_module
+    path.write_text(FACTORY_MODULE)
+    status, _, err = cli("run", f"{name}:HANDLERS", *flags)
+    assert status == 2, err
+    assert says in err
+
+
 def test_console_script(engine: Engine, db_url: URL) -> None:
     script = Path(sys.executable).parent / "sqlalchemy-watchdog"
     if not script.exists():

@@ -25,7 +25,9 @@ is picked up by itself:
   working directory holds :data:`MAILER`, a ``mailer.py`` whose
   ``send(order_id)`` notes the call in ``mailer.log`` and returns True.
   It also holds ``orders.py``, a copy of ``examples/orders.py``, for the
-  tests of the example that the README says to save next to it.
+  tests of the example that the README says to save next to it, and
+  ``reports.py``, a copy of ``examples/reports.py``: the importable module of
+  handlers that docs/howto/executors.md runs in child processes.
 * A block that calls ``run_forever()`` serves until SIGTERM. Before it starts,
   the test enqueues :data:`PROBE`, a job of the queue ``emails`` with payload
   ``{"order_id": 42}``; once that job is settled the test sends SIGTERM. The
@@ -72,6 +74,8 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 #: The example, importable as ``orders`` by the README's tests of it.
 EXAMPLE = README.parent / "examples" / "orders.py"
+#: The process executor's example handlers, importable as ``reports``.
+REPORTS = README.parent / "examples" / "reports.py"
 BIN = Path(sys.executable).parent
 #: The README's example PostgreSQL URL, replaced by a throwaway database.
 EXAMPLE_POSTGRES_URL = "postgresql+psycopg://app@localhost/app"
@@ -188,11 +192,12 @@ def _fail(what: str, result: subprocess.CompletedProcess[str] | None, out: str =
 
 
 def _set_up(setups: list[Block], workdir: Path, env: dict[str, str]) -> None:
-    """Make ``workdir`` the reader's directory (``mailer.py``, ``orders.py``)
+    """Make ``workdir`` the reader's directory (``mailer.py``, ``orders.py``, ``reports.py``)
     and run the set-up shell blocks there, in order."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "mailer.py").write_text(MAILER)
     (workdir / "orders.py").write_text(EXAMPLE.read_text(encoding="utf-8"))
+    (workdir / "reports.py").write_text(REPORTS.read_text(encoding="utf-8"))
     for setup in setups:
         result = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", setup.code],

@@ -5,7 +5,10 @@ Every test here runs four ways: ``Runner`` (sync, handler threads) and
 tests/runner_kinds.py -- each on SQLite and on PostgreSQL. A test reads like
 the guarantee; which runner it drives is invisible in its body. Handlers are
 plain functions (AsyncRunner runs them in a thread), or :func:`dual` where
-the behaviour is about coroutine handlers: a stop cancels their task.
+the behaviour is about coroutine handlers: a stop cancels their task. The
+process executor's kinds (child processes need module-level handlers, not
+these closures) run a few tests here and the whole contract in
+tests/integration/test_process_executor.py.
 
 Nothing is mocked: real databases, real threads and event loops; leases run
 out by the database clock, or by the runner's own ``clock=`` moved forward.
@@ -52,7 +55,7 @@ from sqlalchemy_watchdog import (
 from sqlalchemy_watchdog.asyncio import AsyncRunner
 from sqlalchemy_watchdog.jobs import FAILURE_REASON_MAX_LENGTH
 from tests.helpers import add, listening_sessions, raw, read, settled, wait_until, waiting_sessions
-from tests.runner_kinds import RunnerDriver, dual
+from tests.runner_kinds import KINDS, RunnerDriver, dual
 
 # The dialect does not matter here but where a test says dialect_specific: the PostgreSQL copy
 # runs under CI=true or WATCHDOG_ALL_DIALECTS=1 (tests/conftest.py).
@@ -143,6 +146,7 @@ class Stubborn:
 # -- decisions -----------------------------------------------------------------
 
 
+@pytest.mark.parametrize("runner_kind", KINDS)  # module-level handlers: the process kinds too
 def test_handler_returning_none_settles_completed(engine: Engine, runners: RunnerDriver) -> None:
     add(engine, Job("a", "q", payload={"to": "x@example.com"}))
     result = make(runners, {"q": done}).tick()
@@ -267,12 +271,14 @@ def test_run_until_idle_returns_the_settled_jobs_in_priority_then_admission_orde
     assert not Watchdog(engine).has_pending_work()
 
 
+@pytest.mark.parametrize("runner_kind", KINDS)  # module-level handlers: the process kinds too
 def test_run_until_idle_with_no_work_returns_nothing(engine: Engine, runners: RunnerDriver) -> None:
     worker = make(runners, {"q": done})
     assert worker.run_until_idle() == []
     assert worker.tick().status is TickStatus.IDLE
 
 
+@pytest.mark.parametrize("runner_kind", KINDS)  # module-level handlers: the process kinds too
 def test_run_until_idle_respects_max_ticks(engine: Engine, runners: RunnerDriver) -> None:
     add(engine, *(Job(f"j{i}", "q") for i in range(3)))
     assert [j.job_id for j in make(runners, {"q": done}).run_until_idle(max_ticks=2)] == ["j0", "j1"]

@@ -78,6 +78,9 @@ def build_runner(args: argparse.Namespace, engine: Engine) -> Any:
             options[name] = timedelta(seconds=seconds)
     if args.wakeups is not None:
         options["wakeups"] = args.wakeups
+    executor = _executor(args)
+    if executor is not None:
+        options["executor"] = executor
     if args.listen_url is not None:
         listen_url = database_url(args.listen_url)
         if listen_url.get_backend_name() != "postgresql":
@@ -122,6 +125,32 @@ def build_runner(args: argparse.Namespace, engine: Engine) -> Any:
     )
 
 
+#: ``run``'s options that configure the process executor.
+_PROCESS_OPTIONS = ("processes", "max_jobs_per_child", "max_memory_per_child", "kill_grace")
+
+
+def _executor(args: argparse.Namespace) -> Any:
+    """The ``executor`` option ``--executor`` and its companions ask for (None: not given)."""
+    from ...executors import ProcessExecutor
+
+    given = [name for name in _PROCESS_OPTIONS if getattr(args, name, None) is not None]
+    if args.executor != "process":
+        if given:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            raise UsageError(f"{flags} apply only with --executor process")
+        return args.executor
+    if args.concurrency is not None:
+        raise UsageError("with --executor process, --processes sets how many handlers run at once, not --concurrency")
+    fields: dict[str, Any] = {
+        "processes": args.processes,
+        "max_jobs_per_child": args.max_jobs_per_child,
+        "max_memory_per_child": None if args.max_memory_per_child is None else args.max_memory_per_child * 2**20,
+    }
+    if args.kill_grace is not None:
+        fields["kill_grace"] = timedelta(seconds=args.kill_grace)
+    return ProcessExecutor(**fields)
+
+
 def _say_schedules(runner: Any, module_name: str) -> None:
     """Log at start which schedules the runner serves (none is said too)."""
     names = [schedule.name for schedule in runner.settings.schedules]
@@ -139,8 +168,10 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     ``{queue: handler}``, a ``Runner`` / ``AsyncRunner``, or a factory
     ``engine -> Runner | AsyncRunner`` (an async runner brings its own
     ``AsyncEngine``). The options ``--queue``, ``--concurrency``, ``--lease``,
-    ``--heartbeat``, ``--poll-interval``, ``--grace``, ``--wakeups`` and
-    ``--listen-url`` apply when this command builds the runner (behind a
+    ``--heartbeat``, ``--poll-interval``, ``--grace``, ``--wakeups``,
+    ``--listen-url`` and the executor's (``--executor process --processes N``,
+    ``--max-jobs-per-child``, ``--max-memory-per-child``, ``--kill-grace``)
+    apply when this command builds the runner (behind a
     connection pooler in transaction mode, ``--listen-url`` names a direct
     URL for the listening session). A database without the ``watchdog_jobs``
     table is refused at start (exit 1).

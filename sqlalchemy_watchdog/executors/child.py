@@ -1,0 +1,207 @@
+"""The child side of the process executor: run handlers, report back.
+
+A child is started by the parent's pool (a fresh interpreter, never a fork
+of the parent) with one end of a socket pair. It never opens the runner's engine and does no database work: it
+receives ``run`` messages naming a handler by module path with the job's
+fields, calls the handler with a :class:`~sqlalchemy_watchdog.RunningJob`
+whose ``stop_requested`` the parent sets with a ``stop`` message, and sends
+back what the handler returned or raised.
+
+It never outlives the parent: on Linux the kernel kills it when the
+parent dies (``PR_SET_PDEATHSIG``), and everywhere it exits as soon as its
+pipe to the parent reaches end-of-file. SIGINT and SIGTERM are the
+parent's to act on (a terminal's Ctrl-C reaches the whole process group):
+the child ignores them and the parent stops, then kills it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import importlib
+import logging
+import os
+import pickle
+import queue
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+#: ``prctl(PR_SET_PDEATHSIG, sig)``: the signal a child gets when its parent dies.
+PR_SET_PDEATHSIG = 1
+
+#: Messages (pickled tuples). Parent to child: ``("run", job_id, module,
+#: qualname, fields)``, ``("stop", job_id, reason)``, ``("exit",)``. Child to
+#: parent: ``("ready", pid)``, ``("log", record_fields)``, ``("returned", job_id, value, rss)``,
+#: ``("unencodable", job_id, text, rss)``, ``("raised", job_id, error_bytes,
+#: type_name, text, detail, rss)``.
+RUN, STOP, EXIT = "run", "stop", "exit"
+READY, RETURNED, UNENCODABLE, RAISED, LOG = "ready", "returned", "unencodable", "raised", "log"
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (a no-op
+    elsewhere; the pipe's end-of-file covers every platform)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - no libc prctl: the pipe's EOF remains
+        pass
+
+
+def resident_bytes() -> int:
+    """This process's resident set size now, in bytes (Linux: /proc; elsewhere
+    the peak that ``resource`` reports)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak) * (1 if sys.platform == "darwin" else 1024)
+
+
+def resolve(module: str, qualname: str) -> Callable[..., Any]:
+    """The object ``module.qualname`` names (imported if needed)."""
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found  # type: ignore[no-any-return]
+
+
+class PipeLogHandler(logging.Handler):
+    """Sends every log record of the child to the parent, which hands it to
+    its own logger of the same name (its handlers, formatters and filters):
+    a handler's ``job.log`` lines appear in the runner's log, with their
+    fields and the child's pid (``%(process)d``)."""
+
+    def __init__(self, child: _Child) -> None:
+        super().__init__()
+        self.child = child
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            fields = dict(record.__dict__)
+            fields["msg"], fields["args"] = record.getMessage(), None
+            if record.exc_info:
+                fields["exc_text"] = logging.Formatter().formatException(record.exc_info)
+            fields["exc_info"] = None
+            try:
+                self.child.send((LOG, fields))
+            except Exception:  # an extra field that cannot be pickled: the standard fields only
+                plain = logging.makeLogRecord({}).__dict__
+                self.child.send((LOG, {k: v for k, v in fields.items() if k in plain}))
+        except Exception:
+            self.handleError(record)
+
+
+def _ignore(signum: int, frame: object) -> None:
+    """A stop signal sent to the process group: the parent decides."""
+
+
+class _Child:
+    """The state of one child: the job it runs and that job's stop signal."""
+
+    def __init__(self, conn: Connection) -> None:
+        from ..core.handlers import StopSignal
+
+        self.conn = conn
+        self.inbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.current: tuple[str, StopSignal] | None = None
+        self.send_lock = threading.Lock()
+        self.handlers: dict[tuple[str, str], Callable[..., Any]] = {}
+
+    def read(self) -> None:
+        """The reader thread: hand ``run`` messages to the main thread, set
+        the running job's stop signal at once; exit when the parent is gone."""
+        from ..core.handlers import StopReason
+
+        while True:
+            try:
+                message = self.conn.recv()
+            except (EOFError, OSError):
+                os._exit(0)  # the parent is gone (or closed the pipe): never outlive it
+            kind = message[0]
+            if kind == RUN:
+                self.inbox.put(message)
+            elif kind == STOP:
+                with self.lock:
+                    current = self.current
+                if current is not None and current[0] == message[1]:
+                    current[1].request(StopReason(message[2]))
+            elif kind == EXIT:
+                self.inbox.put(None)
+                return
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with self.send_lock:
+            self.conn.send_bytes(data)
+
+    def serve(self) -> None:
+        while True:
+            message = self.inbox.get()
+            if message is None:
+                return
+            _, job_id, module, qualname, fields = message
+            self.run(job_id, module, qualname, fields)
+
+    def run(self, job_id: str, module: str, qualname: str, fields: dict[str, Any]) -> None:
+        from ..core.handlers import RunningJob, StopSignal
+        from ..errors import redacted_detail, safe_text
+
+        stop = StopSignal()
+        with self.lock:
+            self.current = (job_id, stop)
+        try:
+            key = (module, qualname)
+            fn = self.handlers.get(key)
+            if fn is None:
+                fn = self.handlers[key] = resolve(module, qualname)
+            result = fn(RunningJob(_signal=stop, **fields))
+        except Exception as error:
+            encoded: bytes | None = None
+            try:
+                data = pickle.dumps(error, protocol=pickle.HIGHEST_PROTOCOL)
+                pickle.loads(data)  # an exception whose __init__ cannot take its args back fails here
+                encoded = data
+            except Exception:
+                pass
+            name = type(error).__name__
+            self.send((RAISED, job_id, encoded, name, safe_text(error), redacted_detail(error), resident_bytes()))
+            return
+        finally:
+            with self.lock:
+                self.current = None
+        try:
+            self.send((RETURNED, job_id, result, resident_bytes()))
+        except Exception as error:
+            what = type(result).__name__
+            text = f"handler returned {what}, which cannot be sent from its process to the runner ({safe_text(error)})"
+            self.send((UNENCODABLE, job_id, text[:500], resident_bytes()))
+
+
+def main(fd: int, parent_pid: int, level: int = logging.WARNING) -> None:
+    """The child's entry point: serve the parent on the socket ``fd``; log
+    records from ``level`` up go to the parent (its root logger's level)."""
+    die_with_parent()
+    if os.getppid() != parent_pid:  # the parent died before the death signal was asked for
+        os._exit(0)
+    conn = Connection(fd)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _ignore)
+    child = _Child(conn)
+    root = logging.getLogger()
+    root.handlers[:] = [PipeLogHandler(child)]
+    root.setLevel(level)
+    reader = threading.Thread(target=child.read, name="watchdog-child-reader", daemon=True)
+    reader.start()
+    child.send((READY, os.getpid()))
+    child.serve()

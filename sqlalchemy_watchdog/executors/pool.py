@@ -1,0 +1,545 @@
+"""The parent side of the process executor: a pool of child processes.
+
+Each child is a fresh interpreter (``subprocess`` with ``sys.executable``,
+the parent's ``sys.path`` and working directory) connected by a socket
+pair that ``multiprocessing.connection`` frames: what ``multiprocessing``'s
+``spawn`` context gives, without its re-import of the parent's main script
+in every child (``__mp_main__``), which runs a script that lacks the
+``if __name__ == "__main__":`` idiom again -- a runner in every child. The
+parent is never forked (it has threads and database connections).
+
+A handler thread of the runner (or of ``AsyncRunner``) calls
+:meth:`ProcessPool.call` for one job: it takes an idle child (starting one
+if needed), sends it the job, and waits for the answer while watching the
+job's stop signal. A stop is forwarded to the child at once; a child still
+busy :attr:`~.ProcessExecutor.kill_grace` later is killed with SIGKILL and
+*reaped* (``waitpid``) before ``call`` returns, so the job is settled only
+once its handler can no longer run. A child that dies by itself is reaped
+the same way and replaced by the next ``call``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import enum
+import json
+import logging
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from ..core.handlers import RunningJob, StopReason, StopSignal
+from ..core.rules.settle import decision_of_exception, decision_of_result, timed_out
+from ..core.state import Execution
+from ..errors import safe_text
+from ..jobs import Decision, bound_reason
+from . import HandlerError, HandlerProcessDied, HandlerRef, ProcessExecutor
+from . import child as child_module
+
+log = logging.getLogger("sqlalchemy_watchdog.runner")
+
+#: How often a waiting handler thread looks at its job's stop signal.
+STOP_POLL_S = 0.05
+#: The longest a new child may take to start (import the package) before it is killed.
+START_TIMEOUT_S = 120.0
+#: How long an idle child asked to exit may take before it is killed.
+EXIT_WAIT_S = 5.0
+
+
+class Ending(str, enum.Enum):
+    """How a job's run in a child ended."""
+
+    #: The handler returned (:attr:`ChildOutcome.value`).
+    RETURNED = "returned"
+    #: The handler raised (:attr:`ChildOutcome.error`).
+    RAISED = "raised"
+    #: What the handler returned (or the job's payload) could not cross the pipe.
+    UNENCODABLE = "unencodable"
+    #: The child died while it ran the job.
+    DIED = "died"
+    #: The child was killed after a stop's grace (:attr:`ChildOutcome.stop`).
+    KILLED = "killed"
+
+
+@dataclass(frozen=True, slots=True)
+class ChildOutcome:
+    """What became of one job sent to a child."""
+
+    ending: Ending
+    value: Any = None
+    error: BaseException | None = None
+    #: A one-line description (the failure's reason).
+    text: str = ""
+    #: The handler's traceback as its child formatted it (:attr:`Ending.RAISED`).
+    detail: str | None = None
+    #: Why the child was told to stop (:attr:`Ending.KILLED`).
+    stop: StopReason | None = None
+    #: How long it was given between the stop and the kill (:attr:`Ending.KILLED`).
+    grace_s: float = 0.0
+
+
+def cause_of_death(exitcode: int | None) -> str:
+    """A child's exit status in words: ``killed by signal SIGKILL``, ``exited with code 3``."""
+    if exitcode is None:
+        return "did not exit"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"killed by signal {name}"
+    return f"exited with code {exitcode}"
+
+
+#: What a child runs (``python -c``): the parent's ``sys.path``, then
+#: :func:`.child.main` on the inherited socket.
+CHILD_BOOT = (
+    "import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
+    "from sqlalchemy_watchdog.executors.child import main; main(*map(int, sys.argv[2:5]))"
+)
+
+
+def _relay(message: tuple[Any, ...]) -> None:
+    """Hand a child's log record to the runner's logger of the same name."""
+    if message[0] != child_module.LOG:
+        return
+    record = logging.makeLogRecord(message[1])
+    logger = logging.getLogger(record.name)
+    if logger.isEnabledFor(record.levelno):
+        logger.handle(record)
+
+
+def stand_in(name: str, text: str) -> HandlerError:
+    """A :class:`HandlerError` for an exception named ``name`` whose
+    :func:`~sqlalchemy_watchdog.safe_text` was ``text`` and that could not
+    cross the pipe: a subclass of that name, so the job's reason reads as
+    the original's."""
+    message = text[len(name) + 2 :] if text.startswith(f"{name}: ") else ""
+    kind: type[HandlerError] = type(name, (HandlerError,), {"__module__": HandlerError.__module__})
+    return kind(message)
+
+
+class _Spawner:
+    """The one thread that starts children. On Linux a child's death signal
+    (``PR_SET_PDEATHSIG``) fires when the *thread* that forked it ends, so
+    children are started by a thread that lives as long as the pool."""
+
+    def __init__(self) -> None:
+        self._requests: list[tuple[Callable[[], Any], Future[Any]]] = []
+        self._cond = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="watchdog-spawner", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._cond:
+            if self._stopped:
+                future.set_exception(RuntimeError("the process pool is closed"))
+                return future
+            self._requests.append((fn, future))
+            self._cond.notify()
+        return future
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._requests and not self._stopped:
+                    self._cond.wait()
+                if not self._requests:
+                    return
+                fn, future = self._requests.pop(0)
+            try:
+                future.set_result(fn())
+            except BaseException as error:
+                future.set_exception(error)
+
+
+class _Child:
+    """One child process and the parent's end of its pipe."""
+
+    def __init__(self, process: subprocess.Popen[bytes], conn: Connection) -> None:
+        self.process = process
+        self.conn = conn
+        self.pid: int = process.pid
+        self.jobs = 0
+        self.rss = 0
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def reap(self) -> str:
+        """Wait for the child to be gone (``waitpid``); its cause of death."""
+        self.process.wait()
+        self._close()
+        return cause_of_death(self.process.returncode)
+
+    def kill(self) -> str:
+        """SIGKILL the child and wait until it is gone; its cause of death."""
+        try:
+            self.process.kill()
+        except OSError:  # pragma: no cover - already reaped
+            pass
+        return self.reap()
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the child to exit; whether it did."""
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def retire(self) -> None:
+        """Ask an idle child to exit; kill it if it does not within :data:`EXIT_WAIT_S`."""
+        try:
+            self.conn.send_bytes(pickle.dumps((child_module.EXIT,)))
+        except (OSError, ValueError):
+            pass
+        if not self.join(EXIT_WAIT_S):
+            self.kill()
+        self._close()
+
+    def _close(self) -> None:
+        try:
+            self.conn.close()
+        except OSError:  # pragma: no cover
+            pass
+
+
+_POOLS: weakref.WeakSet[ProcessPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_pools() -> None:
+    """At interpreter exit, end every pool's children (their pipes' end of
+    file would end them too, a moment later)."""
+    for pool in list(_POOLS):
+        pool.close(wait_s=1.0)
+
+
+class ProcessPool:
+    """The children of one runner (see the module's docstring)."""
+
+    def __init__(self, config: ProcessExecutor) -> None:
+        self.config = config
+        self._idle: list[_Child] = []
+        self._live: set[_Child] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._spawner = _Spawner()
+        #: Children started in all (replacements included), for logs and tests.
+        self.started = 0
+        _POOLS.add(self)
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """The process ids of the children alive now."""
+        with self._lock:
+            return tuple(sorted(c.pid for c in self._live if c.alive()))
+
+    # -- starting and ending children
+
+    def _start(self) -> _Child:
+        ours, theirs = socket.socketpair()
+        try:
+            process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    CHILD_BOOT,
+                    json.dumps(sys.path),
+                    str(theirs.fileno()),
+                    str(os.getpid()),
+                    str(logging.getLogger().getEffectiveLevel()),
+                ],
+                stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        child = _Child(process, Connection(ours.detach()))
+        with self._lock:
+            self._live.add(child)
+            self.started += 1
+        return child
+
+    def _new_child(self) -> _Child:
+        """A child started by the spawner thread and ready for a job."""
+        try:
+            child: _Child = self._spawner.submit(self._start).result()
+        except Exception as error:  # no process (too many open files, the pool closed meanwhile)
+            raise HandlerProcessDied(f"a handler process could not be started ({safe_text(error)})") from error
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while wait([child.conn], max(0.0, deadline - time.monotonic())):
+            try:
+                message = pickle.loads(child.conn.recv_bytes())
+            except (EOFError, OSError):
+                break
+            if message[0] == child_module.READY:
+                log.debug("handler process %d started", child.pid)
+                return child
+            _relay(message)
+        cause = child.kill() if child.alive() else child.reap()
+        self._forget(child)
+        raise HandlerProcessDied(f"a handler process (pid {child.pid}) failed to start: it {cause}")
+
+    def _acquire(self) -> _Child:
+        with self._lock:
+            if self._closed:
+                raise HandlerProcessDied("the runner's process pool is closed")
+            while self._idle:
+                child = self._idle.pop()
+                if child.alive():
+                    return child
+                self._live.discard(child)
+        return self._new_child()
+
+    def _forget(self, child: _Child) -> None:
+        with self._lock:
+            self._live.discard(child)
+
+    def _release(self, child: _Child) -> None:
+        """A child whose job ended: back to the idle ones, or replaced (its
+        job count or memory is over the limits, it died, or the pool closed)."""
+        if not child.alive():
+            child.reap()
+            self._forget(child)
+            return
+        config = self.config
+        why = None
+        if config.max_jobs_per_child is not None and child.jobs >= config.max_jobs_per_child:
+            why = f"it ran {child.jobs} jobs (max_jobs_per_child)"
+        elif config.max_memory_per_child is not None and child.rss > config.max_memory_per_child:
+            why = (
+                f"its memory ({child.rss / 2**20:.0f} MiB resident) is over "
+                f"max_memory_per_child ({config.max_memory_per_child / 2**20:.0f} MiB)"
+            )
+        with self._lock:
+            if why is None and not self._closed:
+                self._idle.append(child)
+                return
+        if why is not None:
+            log.info("replacing handler process %d: %s", child.pid, why)
+        threading.Thread(target=self._retire, args=(child,), name="watchdog-retire", daemon=True).start()
+
+    def _retire(self, child: _Child) -> None:
+        child.retire()
+        self._forget(child)
+
+    def close(self, wait_s: float = EXIT_WAIT_S) -> None:
+        """End every child: idle ones are asked to exit, any still there
+        after ``wait_s`` is killed; each is reaped."""
+        with self._lock:
+            self._closed = True
+            children = list(self._live)
+            idle, self._idle = self._idle, []
+        for child in idle:
+            try:
+                child.conn.send_bytes(pickle.dumps((child_module.EXIT,)))
+            except (OSError, ValueError):
+                pass
+        for child in children:
+            if child.join(wait_s):
+                child.reap()
+            else:
+                child.kill()
+        with self._lock:
+            self._live.clear()
+        self._spawner.stop()
+
+    # -- running a job
+
+    def call(
+        self,
+        ref: HandlerRef,
+        job: RunningJob,
+        signal: StopSignal,
+        *,
+        stop_wait_s: float,
+        on_start: Callable[[], None] | None = None,
+    ) -> ChildOutcome:
+        """Run ``job`` with the handler ``ref`` in a child; return once the
+        handler answered, or its child died or was killed -- and reaped.
+        ``on_start`` is called once a child is ready, just before the job is
+        sent (a new child's start-up does not count against the job's timeout)."""
+        try:
+            child = self._acquire()
+        except HandlerProcessDied as error:
+            return ChildOutcome(Ending.DIED, error=error, text=str(error))
+        if on_start is not None:
+            on_start()
+        try:
+            return self._run(child, ref, job, signal, stop_wait_s)
+        finally:
+            self._release(child)
+
+    def _run(
+        self, child: _Child, ref: HandlerRef, job: RunningJob, stop: StopSignal, stop_wait_s: float
+    ) -> ChildOutcome:
+        fields = {
+            "job_id": job.job_id,
+            "queue": job.queue,
+            "lane": job.lane,
+            "priority": job.priority,
+            "payload": job.payload,
+            "recovery_count": job.recovery_count,
+            "max_recoveries": job.max_recoveries,
+            "attempt": job.attempt,
+            "max_attempts": job.max_attempts,
+            "snoozes": job.snoozes,
+            "timeout": job.timeout,
+            "trace_context": dict(job.trace_context) if job.trace_context is not None else None,
+        }
+        try:
+            data = pickle.dumps((child_module.RUN, job.job_id, ref.module, ref.qualname, fields), protocol=5)
+        except Exception as error:
+            text = f"the job's payload cannot be sent to the handler's process ({safe_text(error)})"
+            return ChildOutcome(Ending.UNENCODABLE, text=text[:500])
+        try:
+            child.conn.send_bytes(data)
+        except OSError:
+            return self._died(child)
+        forwarded: StopReason | None = None
+        kill_at: float | None = None
+        grace = 0.0
+        while True:
+            # A child that dies closes its end: the pipe reads as end-of-file.
+            if wait([child.conn], STOP_POLL_S):
+                try:
+                    raw = child.conn.recv_bytes()
+                except (EOFError, OSError):
+                    return self._died(child, forwarded)
+                answer = self._answer(child, raw)
+                if answer is not None:
+                    return answer
+                continue
+            if forwarded is None and stop.is_set():
+                forwarded = stop.reason or StopReason.SHUTDOWN
+                grace = self.config.kill_grace_s
+                if forwarded is StopReason.SHUTDOWN:
+                    grace = min(grace, stop_wait_s / 2)
+                kill_at = time.monotonic() + grace
+                try:
+                    child.conn.send_bytes(pickle.dumps((child_module.STOP, job.job_id, forwarded.value)))
+                except OSError:
+                    return self._died(child, forwarded)
+            if kill_at is not None and time.monotonic() >= kill_at:
+                assert forwarded is not None
+                # A last look: an answer that arrived with the deadline wins.
+                while child.conn.poll(0):
+                    try:
+                        answer = self._answer(child, child.conn.recv_bytes())
+                    except (EOFError, OSError):
+                        return self._died(child, forwarded)
+                    if answer is not None:
+                        return answer
+                cause = child.kill()
+                self._forget(child)
+                text = f"its process (pid {child.pid}) did not stop within {grace:g}s and was {cause}"
+                log.warning("job %s: %s (%s)", job.job_id, text, forwarded.value, extra=job.log_fields)
+                return ChildOutcome(
+                    Ending.KILLED, error=HandlerProcessDied(text), text=text, stop=forwarded, grace_s=grace
+                )
+
+    def _died(self, child: _Child, stop: StopReason | None = None) -> ChildOutcome:
+        cause = child.kill() if child.alive() else child.reap()
+        self._forget(child)
+        text = f"the handler's process (pid {child.pid}) died: it {cause}"
+        log.error("%s; a new one takes its place", text)
+        return ChildOutcome(Ending.DIED, error=HandlerProcessDied(text), text=text, stop=stop)
+
+    def _answer(self, child: _Child, raw: bytes) -> ChildOutcome | None:
+        """What a message from the child says: the job's end, or None for a
+        log record (relayed to the runner's logging)."""
+        try:
+            message = pickle.loads(raw)
+        except Exception as unreadable:
+            child.jobs += 1
+            text = f"the handler's answer could not be received from its process ({safe_text(unreadable)})"
+            return ChildOutcome(Ending.UNENCODABLE, text=text[:500])
+        kind = message[0]
+        if kind == child_module.LOG:
+            _relay(message)
+            return None
+        child.jobs += 1
+        if kind == child_module.RETURNED:
+            _, _, value, child.rss = message
+            return ChildOutcome(Ending.RETURNED, value=value)
+        if kind == child_module.UNENCODABLE:
+            _, _, text, child.rss = message
+            return ChildOutcome(Ending.UNENCODABLE, text=text)
+        _, _, encoded, name, text, detail, child.rss = message
+        error: BaseException | None = None
+        if encoded is not None:
+            try:
+                error = pickle.loads(encoded)
+            except Exception:
+                pass
+        if error is None:
+            error = stand_in(name, text)
+        return ChildOutcome(Ending.RAISED, error=error, text=text, detail=detail)
+
+
+def decision_of_outcome(execution: Execution, outcome: ChildOutcome) -> Decision | None:
+    """What a job run in a child decided, by the same rules as a handler run
+    in a thread (:mod:`~sqlalchemy_watchdog.core.rules.settle`); None hands
+    it to recovery (its runner shuts down).
+
+    * returned: :func:`decision_of_result`; raised: :func:`decision_of_exception`,
+      keeping the traceback the child formatted;
+    * killed after its timeout: ``failed`` ("killed after timeout"), retried
+      under the job's policy like any failed attempt;
+    * killed after another stop: ``failed`` with the stop's reason (the
+      database turns a cancelled job's settle into ``cancelled``);
+    * died by itself: ``failed`` with the cause (exit code or signal);
+    * a result (or payload) that cannot cross the pipe: ``failed`` saying so.
+
+    A shutdown stop that ends in a kill or a death is handed to recovery,
+    as a handler that gives up at the shutdown stop is under threads.
+    """
+    job = execution.job
+    ending = outcome.ending
+    if ending is Ending.RETURNED:
+        return decision_of_result(outcome.value, job)
+    if ending is Ending.RAISED:
+        assert outcome.error is not None
+        decision = decision_of_exception(execution, outcome.error)
+        if decision is not None and outcome.detail is not None:
+            execution.failure_detail = outcome.detail
+        return decision
+    if ending is Ending.UNENCODABLE:
+        return Decision.failed(bound_reason(outcome.text))
+    stop = execution.signal.reason if outcome.stop is None else outcome.stop
+    if stop is StopReason.SHUTDOWN:
+        log.warning("job %s: %s at shutdown; handing it to recovery", job.job_id, outcome.text, extra=job.log_fields)
+        return None
+    execution.error = outcome.error
+    execution.failure_detail = outcome.text
+    if ending is Ending.KILLED and stop is StopReason.TIMEOUT:
+        grace = f"{outcome.grace_s:g}s"
+        return Decision.failed(bound_reason(f"killed after timeout ({timed_out(job)}, then {grace} to stop)"))
+    if ending is Ending.KILLED and stop is not None:
+        return Decision.failed(bound_reason(f"execution stopped ({stop.value}); killed after {outcome.grace_s:g}s"))
+    if stop is StopReason.TIMEOUT:
+        return Decision.failed(bound_reason(f"{timed_out(job)} ({outcome.text})"))
+    return Decision.failed(bound_reason(outcome.text))

@@ -1,0 +1,501 @@
+"""The runner contract with the process executor, and what only it gives.
+
+Every test here runs with ``Runner`` and ``AsyncRunner`` driving the
+process executor (the ``process`` and ``async-process`` runner kinds of
+tests/runner_kinds.py): plain handlers run in real child processes, so
+they are the module-level functions of tests/process_handlers.py, which
+leave marks in a directory the job's payload names instead of sharing
+memory with the test. The guarantees of tests/integration/test_runners.py
+-- decisions, exceptions, retries, timeouts, cancellation, lane failure,
+shutdown -- hold here too; then what threads cannot give: a handler that
+ignores its stop is killed (confirmed dead before its job settles, so a
+retry never overlaps it), a child that dies is contained and replaced,
+children are recycled by job count and memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+
+from sqlalchemy_watchdog import (
+    Decision,
+    InvalidJob,
+    Job,
+    JobState,
+    Outcome,
+    ProcessExecutor,
+    RetryPolicy,
+    RunningJob,
+    TickStatus,
+    Watchdog,
+    store,
+)
+from tests import process_handlers as h
+from tests.helpers import add, read, settled, wait_until
+from tests.runner_kinds import KILL_GRACE, PROCESS_KINDS, RunnerDriver
+
+pytestmark = pytest.mark.dialect_neutral
+
+LEASE = timedelta(seconds=3)
+HEARTBEAT = timedelta(seconds=1)
+POLL = timedelta(milliseconds=100)
+
+
+@pytest.fixture(params=PROCESS_KINDS)
+def runner_kind(request: pytest.FixtureRequest) -> str:
+    """``Runner`` and ``AsyncRunner`` with the process executor."""
+    kind: str = request.param
+    return kind
+
+
+@pytest.fixture
+def marks(tmp_path: Path) -> Path:
+    """The directory the handlers leave their marks in."""
+    directory = tmp_path / "marks"
+    directory.mkdir()
+    return directory
+
+
+def make(runners: RunnerDriver, handlers: dict[str, Any], **kwargs: Any) -> Any:
+    kwargs.setdefault("lease", LEASE)
+    kwargs.setdefault("heartbeat", HEARTBEAT)
+    kwargs.setdefault("poll_interval", POLL)
+    kwargs.setdefault("concurrency", 1)
+    return runners.runner(handlers, **kwargs)
+
+
+def job(job_id: str, marks: Path, queue: str = "q", **payload: Any) -> Job:
+    options = {k: payload.pop(k) for k in ("retry", "timeout", "max_recoveries", "lane") if k in payload}
+    return Job(job_id, queue, payload={"dir": str(marks), **payload}, **options)
+
+
+def quick_retry(max_attempts: int) -> RetryPolicy:
+    return RetryPolicy(max_attempts=max_attempts, backoff=timedelta(milliseconds=20), factor=1.0, jitter=0.0)
+
+
+# -- running handlers ----------------------------------------------------------------
+
+
+def test_a_handler_runs_in_a_child_process_and_sees_the_running_job(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    add(engine, Job("a", "q", lane="L", priority=3, payload={"dir": str(marks), "to": "x@example.com"}))
+    result = make(runners, {"q": h.record}).tick()
+    assert result.status is TickStatus.SETTLED and result.job is not None
+    assert result.job.outcome is Outcome.COMPLETED
+    pid, _, seen = h.wait_for_mark(marks, "a", "seen")
+    assert pid != os.getpid()
+    assert seen == repr(
+        {
+            "job_id": "a",
+            "queue": "q",
+            "lane": "L",
+            "priority": 3,
+            "payload": {"to": "x@example.com"},
+            "attempt": 1,
+            "max_attempts": 1,
+            "recovery_count": 0,
+            "timeout": None,
+            "stop_requested": False,
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("decide", "outcome", "reason"),
+    [
+        ("completed", Outcome.COMPLETED, None),
+        ("failed", Outcome.FAILED, "it did not work"),
+        ("unknown", Outcome.OUTCOME_UNKNOWN, "maybe it worked"),
+    ],
+)
+def test_a_handlers_decision_settles_the_job(
+    engine: Engine, runners: RunnerDriver, marks: Path, decide: str, outcome: Outcome, reason: str | None
+) -> None:
+    add(engine, job("a", marks, decide=decide))
+    (settled_job,) = make(runners, {"q": h.decide}).run_until_idle()
+    assert (settled_job.outcome, settled_job.failure_reason) == (outcome, reason)
+
+
+def test_a_handlers_exception_settles_failed_with_its_type_message_and_traceback(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    add(engine, job("a", marks, message="no such customer"))
+    (failed,) = make(runners, {"q": h.raises}).run_until_idle()
+    assert (failed.outcome, failed.failure_reason) == (Outcome.FAILED, "ValueError: no such customer")
+    # The traceback is the child's: it names the handler's own line.
+    assert failed.failure_detail is not None
+    assert "process_handlers.py" in failed.failure_detail and "in raises" in failed.failure_detail
+    assert failed.failure_detail.rstrip().endswith("ValueError: no such customer")
+
+
+def test_an_exception_that_cannot_be_rebuilt_still_fails_the_job_with_its_type_and_message(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    add(engine, job("a", marks))
+    (failed,) = make(runners, {"q": h.raises_unpicklable}).run_until_idle()
+    assert (failed.outcome, failed.failure_reason) == (Outcome.FAILED, "_Unpicklable: the printer is on fire (code 7)")
+
+
+def test_a_handler_returning_something_else_settles_failed_as_under_threads(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    add(engine, job("a", marks, value=42))
+    (failed,) = make(runners, {"q": h.returns_value}).run_until_idle()
+    assert (failed.outcome, failed.failure_reason) == (
+        Outcome.FAILED,
+        "handler returned int, not a Decision or None: 42",
+    )
+
+
+def test_a_handler_returning_what_cannot_leave_its_process_settles_failed_saying_so(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    add(engine, job("a", marks), job("b", marks))
+    results = make(runners, {"q": h.returns_unencodable}).run_until_idle()
+    assert [(j.job_id, j.outcome) for j in results] == [("a", Outcome.FAILED), ("b", Outcome.FAILED)]
+    assert results[0].failure_reason is not None
+    assert results[0].failure_reason.startswith(
+        "handler returned lock, which cannot be sent from its process to the runner (TypeError: cannot pickle"
+    )
+
+
+def test_a_failing_job_is_retried_under_its_policy_until_it_succeeds(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    add(engine, job("a", marks, succeed_at=3, retry=quick_retry(3)))
+    worker = make(runners, {"q": h.flaky})
+    wait_until(lambda: worker.tick() and read(engine, "a").state is JobState.SETTLED, what="a to settle")
+    done = read(engine, "a")
+    assert (done.outcome, done.attempt) == (Outcome.COMPLETED, 3)
+    assert [(f.attempt, f.reason) for f in done.failure_history] == [
+        (1, "RuntimeError: attempt 1 failed"),
+        (2, "RuntimeError: attempt 2 failed"),
+    ]
+
+
+def test_serving_drains_many_jobs_over_several_children(engine: Engine, runners: RunnerDriver, marks: Path) -> None:
+    add(engine, *(job(f"j{i}", marks) for i in range(30)))
+    with make(runners, {"q": h.pid}, concurrency=2).serving():
+        wait_until(
+            lambda: all(read(engine, f"j{i}").state is JobState.SETTLED for i in range(30)), what="30 jobs to settle"
+        )
+    pids = {h.marks(marks, f"j{i}", "ran")[0][1] for i in range(30)}
+    assert os.getpid() not in pids and 1 <= len(pids) <= 2
+    for i in range(30):
+        assert read(engine, f"j{i}").outcome is Outcome.COMPLETED
+
+
+def test_a_handlers_log_records_reach_the_runners_logging_with_their_fields(
+    engine: Engine, runners: RunnerDriver, marks: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    add(engine, job("a", marks, card="visa-42"))
+    with caplog.at_level(logging.INFO):
+        (done,) = make(runners, {"q": h.logs}).run_until_idle()
+    assert done.outcome is Outcome.COMPLETED
+    child = h.wait_for_mark(marks, "a", "ran")[0]
+    (charging,) = [r for r in caplog.records if r.name == "sqlalchemy_watchdog.job"]
+    assert (charging.levelno, charging.getMessage()) == (logging.WARNING, "charging card visa-42")
+    assert (charging.job_id, charging.attempt, charging.process) == ("a", 1, child)  # type: ignore[attr-defined]
+    (failed,) = [r for r in caplog.records if r.name == "tests.process_handlers"]
+    assert failed.getMessage() == "lookup failed" and failed.exc_text is not None
+    assert "KeyError: 'no such card'" in failed.exc_text
+
+
+# -- hard timeouts -------------------------------------------------------------------------
+
+
+def test_a_handler_stopping_at_its_timeout_fails_the_attempt_as_under_threads(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    add(engine, job("a", marks, timeout=timedelta(milliseconds=300)))
+    (failed,) = make(runners, {"q": h.blocking}).run_until_idle()
+    assert (failed.outcome, failed.failure_reason) == (Outcome.FAILED, "timed out after 0.3s")
+    assert h.wait_for_mark(marks, "a", "stopped")[2] == "timeout"
+
+
+def test_a_handler_ignoring_its_timeout_is_killed_before_its_job_settles_and_the_retry_never_overlaps(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    """The child is told to stop at the timeout and killed a grace later; the
+    kill is confirmed before the settle, so the retry starts only once the
+    first attempt's process is gone, and its side effect never happened."""
+    add(engine, job("a", marks, timeout=timedelta(milliseconds=300), retry=quick_retry(2), behave_from=2, sleep=5))
+    worker = make(runners, {"q": h.stubborn})
+    began = time.monotonic()
+    first = worker.tick()
+    took = time.monotonic() - began
+    assert first.status is TickStatus.REQUEUED
+    reason = f"killed after timeout (timed out after 0.3s, then {KILL_GRACE.total_seconds():g}s to stop)"
+    assert first.job is not None and first.job.failure_history[0].reason == reason
+    assert took < 4  # the timeout and the grace, never the handler's 5 s
+    ((_, first_pid, _, _),) = h.marks(marks, "a", "started")
+    assert not h.pid_alive(first_pid)  # reaped before the settle
+    wait_until(lambda: worker.tick() and read(engine, "a").state is JobState.SETTLED, what="the retry to settle")
+    done = read(engine, "a")
+    assert (done.outcome, done.attempt) == (Outcome.COMPLETED, 2)
+    assert [f.reason for f in done.failure_history] == [reason]
+    assert h.marks(marks, "a", "finished") == []  # the killed attempt never finished its work
+    assert h.marks(marks, "a", "overlap") == []
+    assert [attempt for attempt, *_ in h.marks(marks, "a", "started")] == [1, 2]
+
+
+def test_a_killed_attempt_without_attempts_left_settles_failed_killed_after_timeout(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    add(engine, job("a", marks, timeout=timedelta(milliseconds=200), sleep=5))
+    (failed,) = make(runners, {"q": h.stubborn}).run_until_idle()
+    assert failed.outcome is Outcome.FAILED
+    assert failed.failure_reason is not None and failed.failure_reason.startswith("killed after timeout")
+    assert failed.failure_detail is not None and "was killed by signal SIGKILL" in failed.failure_detail
+
+
+def test_a_kill_grace_longer_than_the_lease_keeps_the_claim_until_the_kill_is_confirmed(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    """Unlike a thread past its timeout (left to its lease), a child past its
+    timeout keeps its claim renewed until it is killed: the settle after a
+    5 s grace under a 3 s lease holds, and nobody recovered the job meanwhile."""
+    add(engine, job("a", marks, timeout=timedelta(milliseconds=200), sleep=30))
+    executor = ProcessExecutor(processes=1, kill_grace=timedelta(seconds=5))
+    result = make(runners, {"q": h.stubborn}, executor=executor).tick()
+    assert result.status is TickStatus.SETTLED and result.job is not None
+    assert (result.job.outcome, result.job.recovery_count) == (Outcome.FAILED, 0)
+    assert result.job.failure_reason == "killed after timeout (timed out after 0.2s, then 5s to stop)"
+
+
+# -- cancellation, lane failure ------------------------------------------------------------
+
+
+def test_cancelling_a_running_job_stops_its_handler_in_its_child(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    add(engine, job("a", marks))
+    with make(runners, {"q": h.blocking}).serving():
+        h.wait_for_mark(marks, "a", "started")
+        Watchdog(engine).cancel("a", "stop-a")
+        cancelled = settled(engine, "a")
+    assert (cancelled.outcome, cancelled.failure_reason) == (Outcome.CANCELLED, None)
+    assert h.wait_for_mark(marks, "a", "stopped")[2] == "cancelled"
+
+
+def test_cancelling_a_job_whose_handler_ignores_the_stop_kills_its_child_then_settles_cancelled(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    add(engine, job("a", marks, sleep=10))
+    with make(runners, {"q": h.stubborn}).serving():
+        pid = h.wait_for_mark(marks, "a", "started")[0]
+        Watchdog(engine).cancel("a", "stop-a")
+        cancelled = settled(engine, "a", timeout=8)
+        assert not h.pid_alive(pid)
+    assert cancelled.outcome is Outcome.CANCELLED
+    assert h.marks(marks, "a", "finished") == []
+
+
+def test_failing_a_lane_stops_a_running_handler_in_its_child(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    add(engine, job("a", marks, lane="provider-x"))
+    with make(runners, {"q": h.blocking}).serving():
+        h.wait_for_mark(marks, "a", "started")
+        Watchdog(engine).fail_lane("provider-x", "provider x is down")
+        assert h.wait_for_mark(marks, "a", "stopped")[2] == "lane_failed"
+    failed = read(engine, "a")
+    assert (failed.outcome, failed.failure_reason) == (Outcome.FAILED, "provider x is down")
+
+
+# -- crashes ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("handler", "cause"),
+    [(h.exits, "exited with code 3"), (h.kills_itself, "killed by signal SIGKILL")],
+    ids=["os._exit", "SIGKILL"],
+)
+def test_a_child_that_dies_fails_its_job_with_the_cause_and_is_replaced(
+    engine: Engine, runners: RunnerDriver, marks: Path, handler: Any, cause: str
+) -> None:
+    add(engine, Job("dies", "crash", payload={"dir": str(marks), "code": 3}, priority=9), job("after", marks))
+    worker = make(runners, {"crash": handler, "q": h.pid})
+    results = worker.run_until_idle()
+    assert [(j.job_id, j.outcome) for j in results] == [("dies", Outcome.FAILED), ("after", Outcome.COMPLETED)]
+    died = results[0]
+    crashed_pid = h.wait_for_mark(marks, "dies", "started")[0]
+    assert died.failure_reason == f"the handler's process (pid {crashed_pid}) died: it {cause}"
+    assert h.wait_for_mark(marks, "after", "ran")[0] != crashed_pid
+
+
+def test_a_crash_is_retried_under_the_jobs_policy(engine: Engine, runners: RunnerDriver, marks: Path) -> None:
+    add(engine, job("a", marks, code=9, retry=quick_retry(2)))
+    worker = make(runners, {"q": h.exits})
+    first = worker.tick()
+    assert first.status is TickStatus.REQUEUED
+    wait_until(lambda: worker.tick() and read(engine, "a").state is JobState.SETTLED, what="the retry to settle")
+    failed = read(engine, "a")
+    assert (failed.outcome, failed.attempt, len(failed.failure_history)) == (Outcome.FAILED, 2, 2)
+
+
+# -- recycling ----------------------------------------------------------------------------------
+
+
+def test_max_jobs_per_child_replaces_a_child_between_jobs(engine: Engine, runners: RunnerDriver, marks: Path) -> None:
+    add(engine, *(Job(f"j{i}", "q", priority=9 - i, payload={"dir": str(marks)}) for i in range(5)))
+    executor = ProcessExecutor(processes=1, max_jobs_per_child=2)
+    assert len(make(runners, {"q": h.pid}, executor=executor).run_until_idle()) == 5
+    pids = [h.wait_for_mark(marks, f"j{i}", "ran")[0] for i in range(5)]
+    assert pids[0] == pids[1] != pids[2] == pids[3] != pids[4]
+    assert len(set(pids)) == 3
+
+
+def test_the_memory_ceiling_replaces_a_child_between_jobs_never_during_one(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    """The job that took the child over its ceiling completes; the child is
+    replaced before the next job."""
+    add(
+        engine,
+        Job("small", "q", priority=9, payload={"dir": str(marks), "mib": 1}),
+        Job("big", "q", priority=8, payload={"dir": str(marks), "mib": 300}),
+        Job("next", "q", priority=7, payload={"dir": str(marks), "mib": 1}),
+    )
+    executor = ProcessExecutor(processes=1, max_memory_per_child=250 * 2**20)
+    results = make(runners, {"q": h.hoard}, executor=executor).run_until_idle()
+    assert [(j.job_id, j.outcome) for j in results] == [(n, Outcome.COMPLETED) for n in ("small", "big", "next")]
+    small, big, following = (h.wait_for_mark(marks, n, "ran")[0] for n in ("small", "big", "next"))
+    assert small == big != following
+
+
+# -- shutdown -----------------------------------------------------------------------------------
+
+
+def test_shutdown_lets_a_handler_finish_after_its_stop_and_settles_it_completed(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    add(engine, job("a", marks, max_recoveries=1))
+    with make(runners, {"q": h.blocking}, grace=timedelta(milliseconds=200)).serving():
+        h.wait_for_mark(marks, "a", "started")
+    assert h.wait_for_mark(marks, "a", "stopped")[2] == "shutdown"
+    done = read(engine, "a")
+    assert (done.outcome, done.recovery_count) == (Outcome.COMPLETED, 0)
+
+
+@pytest.mark.parametrize(
+    ("max_recoveries", "state", "outcome"),
+    [(1, JobState.QUEUED, None), (None, JobState.SETTLED, Outcome.INTERRUPTED)],
+    ids=["requeued", "interrupted"],
+)
+@pytest.mark.parametrize("grace_ms", [200, 0], ids=["grace", "no-grace"])
+def test_shutdown_kills_a_child_outliving_its_grace_and_hands_the_job_to_recovery(
+    engine: Engine,
+    runners: RunnerDriver,
+    marks: Path,
+    max_recoveries: int | None,
+    state: JobState,
+    outcome: Outcome | None,
+    grace_ms: int,
+) -> None:
+    """Also without grace (no stop wait either: the kill is at once), the job
+    goes to recovery only once its child is dead, exactly once."""
+    add(engine, job("a", marks, sleep=10, max_recoveries=max_recoveries))
+    worker = make(
+        runners,
+        {"q": h.stubborn},
+        lease=timedelta(seconds=60),
+        heartbeat=timedelta(seconds=5),
+        grace=timedelta(milliseconds=grace_ms),
+    )
+    with worker.serving():
+        pid = h.wait_for_mark(marks, "a", "started")[0]
+        began = time.monotonic()
+    assert time.monotonic() - began < 5  # within the shutdown budget, not the handler's 10 s
+    assert not h.pid_alive(pid)
+    after = read(engine, "a")
+    assert (after.state, after.outcome, after.recovery_count) == (state, outcome, 1 if max_recoveries else 0)
+    if outcome is not None:
+        assert after.failure_reason == f"{store.SHUTDOWN_REASON}; no recovery policy"
+    assert h.marks(marks, "a", "finished") == []
+
+
+# -- concurrency ----------------------------------------------------------------------------
+
+
+def test_processes_run_that_many_handlers_at_once_each_in_its_own_child(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    add(engine, *(job(j, marks) for j in ("a", "b", "c")))
+    with make(runners, {"q": h.blocking}, concurrency=2, grace=timedelta(0)).serving():
+        first = {j: h.wait_for_mark(marks, j, "started")[0] for j in ("a", "b")}
+        time.sleep(0.5)
+        assert h.marks(marks, "c", "started") == []  # no third child
+        assert len(set(first.values())) == 2 and os.getpid() not in first.values()
+
+
+# -- the async runner ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("runner_kind", ["async-process"])
+def test_an_async_runner_runs_plain_handlers_in_children_and_coroutines_on_its_loop(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    seen: list[int] = []
+
+    async def on_the_loop(job: RunningJob) -> None:
+        seen.append(os.getpid())
+
+    add(engine, job("plain", marks, queue="plain"), job("coro", marks, queue="coro"))
+    results = make(runners, {"plain": h.pid, "coro": on_the_loop}).run_until_idle()
+    assert {j.job_id: j.outcome for j in results} == {"plain": Outcome.COMPLETED, "coro": Outcome.COMPLETED}
+    assert seen == [os.getpid()]
+    assert h.wait_for_mark(marks, "plain", "ran")[0] != os.getpid()
+
+
+# -- handlers a child cannot find, bad settings -------------------------------------------------
+
+
+def _nested() -> Any:
+    def inner(job: RunningJob) -> None:
+        return None
+
+    return inner
+
+
+class _CallableObject:
+    def __call__(self, job: RunningJob) -> None:
+        return None
+
+
+def _in_main(job: RunningJob) -> None:
+    return None
+
+
+_in_main.__module__ = "__main__"
+
+
+@pytest.mark.parametrize(
+    ("fn", "says"),
+    [
+        (lambda job: None, "is a lambda"),
+        (_nested(), "is a nested function"),
+        (_in_main, "is defined in __main__"),
+        (_CallableObject(), "has no module path"),
+        (Decision.completed, "has no module path"),
+    ],
+    ids=["lambda", "nested", "__main__", "callable-object", "bound-method"],
+)
+def test_a_handler_a_child_cannot_import_is_refused_at_start(fn: Any, says: str) -> None:
+    from sqlalchemy import create_engine
+
+    from sqlalchemy_watchdog import Runner
+
+    with pytest.raises(InvalidJob) as caught:
+        Runner(create_engine("sqlite://"), {"q": fn}, executor="process")
+    assert caught.value.field == "handlers"
+    assert says in str(caught.value) and "top level of an importable module" in str(caught.value)

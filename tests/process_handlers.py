@@ -1,0 +1,213 @@
+"""Handlers for the process executor's tests, at the top level of an
+importable module (the process executor locates a handler by module path).
+
+A child process shares no memory with the test, so these handlers leave
+marks in a directory the job's payload names (``{"dir": ...}``): a file
+``<job_id>.<attempt>.<event>`` holding the child's pid and the time
+(:func:`mark`), read back by the test with :func:`marks` and
+:func:`wait_for_mark`. Other payload keys steer a handler (see each).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy_watchdog import Decision, RunningJob
+
+#: What a memory-hungry handler keeps alive in its child (never freed).
+_HOARD: list[bytes] = []
+
+
+def mark(job: RunningJob, event: str, text: str = "") -> None:
+    """Leave the mark ``event`` of this attempt: the child's pid, the time, ``text``."""
+    directory = Path(job.payload["dir"])
+    path = directory / f"{job.job_id}.{job.attempt}.{event}"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"{os.getpid()} {time.time()!r} {text}")
+    tmp.rename(path)  # whole or absent: a reader never sees half a mark
+
+
+def marks(directory: Path | str, job_id: str, event: str) -> list[tuple[int, int, float, str]]:
+    """The marks ``event`` of ``job_id``'s attempts: (attempt, pid, time, text)."""
+    found = []
+    for path in Path(directory).glob(f"{job_id}.*.{event}"):
+        attempt = int(path.name[len(job_id) + 1 :].split(".")[0])
+        pid, at, *text = path.read_text().split(" ", 2)
+        found.append((attempt, int(pid), float(at), text[0] if text else ""))
+    return sorted(found)
+
+
+def wait_for_mark(directory: Path | str, job_id: str, event: str, timeout: float = 60) -> tuple[int, float, str]:
+    """The first attempt's mark ``event`` of ``job_id`` once it exists: (pid, time, text)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = marks(directory, job_id, event)
+        if found:
+            return found[0][1:]
+        time.sleep(0.02)
+    raise AssertionError(f"no mark {event!r} of {job_id} in {directory} after {timeout}s")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+# -- the handlers ---------------------------------------------------------------------
+
+
+def done(job: RunningJob) -> None:
+    """Completes at once."""
+    return None
+
+
+def record(job: RunningJob) -> None:
+    """Writes what it saw of the job (``repr`` of its fields) and completes."""
+    seen = {
+        "job_id": job.job_id,
+        "queue": job.queue,
+        "lane": job.lane,
+        "priority": job.priority,
+        "payload": {k: v for k, v in job.payload.items() if k != "dir"},
+        "attempt": job.attempt,
+        "max_attempts": job.max_attempts,
+        "recovery_count": job.recovery_count,
+        "timeout": job.timeout,
+        "stop_requested": job.stop_requested.is_set(),
+    }
+    mark(job, "seen", repr(seen))
+
+
+def decide(job: RunningJob) -> Decision | None:
+    """Returns the decision the payload names: ``failed``, ``unknown``, ``completed``."""
+    what = job.payload["decide"]
+    if what == "failed":
+        return Decision.failed("it did not work", retry=False)
+    if what == "unknown":
+        return Decision.outcome_unknown("maybe it worked")
+    return Decision.completed()
+
+
+def raises(job: RunningJob) -> None:
+    """Raises ``ValueError`` with the payload's message."""
+    raise ValueError(job.payload.get("message", "bad input"))
+
+
+class _Unpicklable(Exception):
+    """An exception that cannot be rebuilt from its pickle (its ``__init__``
+    takes two arguments, ``args`` holds one)."""
+
+    def __init__(self, what: str, code: int) -> None:
+        super().__init__(f"{what} (code {code})")
+
+
+def raises_unpicklable(job: RunningJob) -> None:
+    raise _Unpicklable("the printer is on fire", 7)
+
+
+def returns_value(job: RunningJob) -> Any:
+    """Returns ``payload["value"]`` (not a Decision)."""
+    return job.payload["value"]
+
+
+def returns_unencodable(job: RunningJob) -> Any:
+    """Returns something no pipe can carry (a lock)."""
+    return threading.Lock()
+
+
+def flaky(job: RunningJob) -> Decision | None:
+    """Fails (raises) until attempt ``payload["succeed_at"]``, then completes."""
+    mark(job, "started")
+    if job.attempt < job.payload["succeed_at"]:
+        raise RuntimeError(f"attempt {job.attempt} failed")
+    return None
+
+
+def blocking(job: RunningJob) -> Decision | None:
+    """Marks ``started``, waits for its stop (at most ``payload["wait"]``,
+    default 30 s), marks ``stopped`` with the reason and returns None."""
+    mark(job, "started")
+    stopped = job.stop_requested.wait(job.payload.get("wait", 30))
+    reason = job.stop_reason.value if stopped and job.stop_reason is not None else "none"
+    mark(job, "stopped", reason)
+    return None
+
+
+def stubborn(job: RunningJob) -> None:
+    """Marks ``started``; from attempt ``payload.get("behave_from", 0)`` on
+    completes at once; before that ignores every stop for ``payload["sleep"]``
+    seconds (default 30), then marks ``finished`` -- a side effect that must
+    never happen once its child was killed. Each attempt marks ``overlap``
+    when an earlier attempt's child is still alive as it starts."""
+    directory = job.payload["dir"]
+    for _, pid, _, _ in marks(directory, job.job_id, "started"):
+        if pid_alive(pid):
+            mark(job, "overlap", str(pid))
+    mark(job, "started")
+    behave_from = job.payload.get("behave_from", 0)
+    if behave_from and job.attempt >= behave_from:
+        return None
+    time.sleep(job.payload.get("sleep", 30))
+    mark(job, "finished")
+
+
+def hog(job: RunningJob) -> None:
+    """Marks ``started``, then computes in one C call that never lets another
+    thread of its process run (``sum`` over a huge range holds the GIL): the
+    child's reader thread cannot see its pipe close, so only the kernel's
+    death signal can end it when its parent dies."""
+    mark(job, "started")
+    sum(range(10**15))
+
+
+def logs(job: RunningJob) -> None:
+    """Marks ``ran``; logs a WARNING through ``job.log`` and an ERROR with a
+    traceback through a logger of its own."""
+    mark(job, "ran")
+    job.log.warning("charging card %s", job.payload["card"])
+    try:
+        raise KeyError("no such card")
+    except KeyError:
+        logging.getLogger("tests.process_handlers").exception("lookup failed")
+
+
+def exits(job: RunningJob) -> None:
+    """Marks ``started`` and ends its process with ``os._exit(payload["code"])``."""
+    mark(job, "started")
+    os._exit(job.payload.get("code", 3))
+
+
+def kills_itself(job: RunningJob) -> None:
+    """Marks ``started`` and SIGKILLs its own process (as the OOM killer would)."""
+    mark(job, "started")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def pid(job: RunningJob) -> None:
+    """Marks ``ran`` (with its pid) and completes."""
+    mark(job, "ran")
+
+
+def hoard(job: RunningJob) -> None:
+    """Marks ``ran``, then keeps ``payload["mib"]`` MiB alive in its process and completes."""
+    mark(job, "ran")
+    _HOARD.append(os.urandom(job.payload["mib"] * 1024 * 1024))
+
+
+def burn(job: RunningJob) -> None:
+    """Spends about ``payload["ms"]`` milliseconds of pure-Python CPU, marks ``ran``."""
+    deadline = time.perf_counter() + job.payload.get("ms", 10) / 1000
+    n = 0
+    while time.perf_counter() < deadline:
+        n += 1
+    mark(job, "ran", str(n))
