@@ -293,6 +293,7 @@ class RunnerCore:
             snoozes=job.snoozes,
             timeout=self.settings.timeout_for(job),
             trace_context=job.trace_context,
+            key=job.key,
         )
         execution = Execution(
             claim, running, signal, claimed_at=asked_at, refused=refused, monotonic=self.clock.monotonic
