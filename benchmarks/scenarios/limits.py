@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks import harness as h
-from sqlalchemy_watchdog import Job
+from sqlalchemy_watchdog import Job, Watchdog
 
 #: Keys of the keyed variants' jobs (job i has key k<i mod KEYS>).
 KEYS = 100
@@ -51,7 +51,7 @@ def limits(bench: h.Bench, r: int) -> None:
             ) -> float:
                 subject.reset(target)
                 with h.disposed(h.engine(target)) as eng:
-                    client = h.Client(eng)
+                    client = Watchdog(eng)
                     client.clear_limits(h.QUEUE)
                     if limited is not None:
                         client.set_limits(h.QUEUE, **limited)
