@@ -610,17 +610,10 @@ def limit_usage(dialect: str) -> Select[Any]:
 def _next_key(after: ColumnElement[Any]) -> ColumnElement[Any]:
     """The smallest key of queue ``:queue``'s queued jobs above ``after``:
     the first entry of a range of ``ix_watchdog_jobs_keyed_queued``."""
-    jobs = t.alias("keyed")
-    k = jobs.c
     return (
-        select(k.limit_key)
-        .where(
-            k.queue_name == _QUEUE,
-            k.state == literal_column(f"'{_QUEUED}'"),
-            k.limit_key.is_not(None),
-            k.limit_key > after,
-        )
-        .order_by(k.limit_key)
+        select(c.limit_key)
+        .where(c.queue_name == _QUEUE, IS_QUEUED, IS_KEYED, c.limit_key > after)
+        .order_by(c.limit_key)
         .limit(1)
         .scalar_subquery()
     )
