@@ -592,9 +592,10 @@ def lock_limits(dialect: str) -> Select[Any]:
 
 @cache
 def limit_usage(dialect: str) -> Select[Any]:
-    """The database clock, queue ``:queue``'s running jobs, and the jobs its
+    """The database clock, queue ``:queue``'s running jobs, the jobs its
     limited claims started after ``clock - :period_ms`` (0 when ``:period_ms``
-    is 0): what a limited claim has room for. Run after :func:`lock_limits`,
+    is 0), and whether it is paused (1) or not (0): what a limited claim has
+    room for. Run after :func:`lock_limits`,
     as a statement of its own, so its snapshot is taken after the lock."""
     clock = db_clock_ms()
     running = select(func.count()).where(c.queue_name == _QUEUE, IS_RUNNING)
@@ -604,7 +605,8 @@ def limit_usage(dialect: str) -> Select[Any]:
     used = select(func.coalesce(func.sum(logged.jobs), 0)).where(
         logged.queue_name == _QUEUE, logged.claimed_at > clock - period
     )
-    return select(clock, running.scalar_subquery(), used.scalar_subquery())
+    paused = select(func.count()).where(pauses.c.queue_name == _QUEUE)
+    return select(clock, running.scalar_subquery(), used.scalar_subquery(), paused.scalar_subquery())
 
 
 def _next_key(after: ColumnElement[Any]) -> ColumnElement[Any]:

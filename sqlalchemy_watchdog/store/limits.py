@@ -171,11 +171,11 @@ class Room:
 
 def _room(conn: Connection, row: Any, limit: int) -> Room:
     period = row.rate_period_ms or 0
-    clock, running, used = conn.execute(
+    clock, running, used, paused = conn.execute(
         sql.limit_usage(conn.dialect.name), {"queue": row.queue_name, "period_ms": period}
     ).one()
     used = int(used or 0)
-    room = limit
+    room = 0 if paused else limit  # a paused queue: no claim takes its jobs
     if row.concurrency is not None:
         room = min(room, row.concurrency - running)
     if row.rate_count is not None:
@@ -326,7 +326,9 @@ def queue_use(conn: Connection, limits: QueueLimits) -> LimitUse:
     """How much of ``limits`` is used, and how many queued jobs no claim could take now."""
     dialect = conn.dialect.name
     period = 0 if limits.rate is None else limits.rate.period_ms
-    _clock, running, used = conn.execute(sql.limit_usage(dialect), {"queue": limits.queue, "period_ms": period}).one()
+    _clock, running, used, _paused = conn.execute(
+        sql.limit_usage(dialect), {"queue": limits.queue, "period_ms": period}
+    ).one()
     used = int(used or 0)
     queued: dict[str | None, int] = {}
     running_by_key: dict[str | None, int] = {}
@@ -355,7 +357,7 @@ def held_by(conn: Connection, job: JobView) -> HeldBy | None:
         return None
     limits = _limits_of(found)
     period = 0 if limits.rate is None else limits.rate.period_ms
-    _clock, running, used = conn.execute(
+    _clock, running, used, _paused = conn.execute(
         sql.limit_usage(conn.dialect.name), {"queue": job.queue, "period_ms": period}
     ).one()
     if limits.concurrency is not None and running >= limits.concurrency:

@@ -351,3 +351,13 @@ def test_racing_claimers_never_exceed_the_queue_or_key_limits(engine: Engine) ->
         mine.dispose()
     assert violations == []
     assert not Watchdog(engine).has_pending_work()
+
+
+def test_a_paused_limited_queue_is_not_claimed(engine: Engine) -> None:
+    enqueue(engine, [Job(f"j{i}", "q", key="k") for i in range(3)])
+    watchdog = Watchdog(engine)
+    watchdog.set_limits("q", concurrency=2)
+    watchdog.pause("q")
+    assert claim(engine, ["q"]) == [] and claim(engine, None) == []
+    watchdog.resume("q")
+    assert len(claim(engine, ["q"])) == 2
