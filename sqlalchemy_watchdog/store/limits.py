@@ -155,8 +155,13 @@ def own_transaction(conn: Connection) -> Iterator[None]:
     try:
         with conn.begin():
             yield
-    finally:
-        conn.execution_options(isolation_level="AUTOCOMMIT")
+    except BaseException:
+        # A cut connection may refuse even this: the gateway discards it
+        # anyway; the error that matters is the one raised in the block.
+        with contextlib.suppress(Exception):
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+        raise
+    conn.execution_options(isolation_level="AUTOCOMMIT")
 
 
 @dataclass(frozen=True, slots=True)

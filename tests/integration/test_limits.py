@@ -24,6 +24,7 @@ from sqlalchemy_watchdog import (
     InvalidJob,
     Job,
     JobState,
+    Outcome,
     QueueLimits,
     Rate,
     Watchdog,
@@ -32,6 +33,7 @@ from sqlalchemy_watchdog import (
 from sqlalchemy_watchdog import statements as sql
 from sqlalchemy_watchdog.store import Claim, SettleRequest
 from tests.integration.test_operations import Ops
+from tests.runner_kinds import RunnerDriver
 
 LEASE_MS = 60_000
 
@@ -361,3 +363,21 @@ def test_a_paused_limited_queue_is_not_claimed(engine: Engine) -> None:
     assert claim(engine, ["q"]) == [] and claim(engine, None) == []
     watchdog.resume("q")
     assert len(claim(engine, ["q"])) == 2
+
+
+def test_both_runners_keep_a_queue_within_its_limits_and_rotate_keys(engine: Engine, runners: RunnerDriver) -> None:
+    """Runner and AsyncRunner (its claims run through the async gateway) serve a
+    limited queue: never more running than the limits, every job done."""
+    enqueue(engine, [Job(f"{key}-{n}", "q", key=key) for key in ("a", "b", "c") for n in range(4)])
+    Watchdog(engine).set_limits("q", concurrency=2, concurrency_per_key=1)
+    seen: list[tuple[int, Counter[str | None]]] = []
+
+    def handler(job: object) -> None:
+        now = running(engine, "q")
+        seen.append((sum(now.values()), now))
+        time.sleep(0.01)
+
+    worker = runners.runner({"q": handler}, concurrency=6)
+    settled = worker.run_until_idle()
+    assert len(settled) == 12 and {job.outcome for job in settled} == {Outcome.COMPLETED}
+    assert seen and all(total <= 2 and max(counts.values()) <= 1 for total, counts in seen), seen
