@@ -586,8 +586,16 @@ def lock_limits(dialect: str) -> Select[Any]:
     """Queue ``:queue``'s limits, its row locked until the transaction ends
     (PostgreSQL ``FOR UPDATE``; SQLite's write lock is held already): the
     limited claimers of one queue take turns, and each one's next statement
-    sees every claim committed before it."""
-    return backend_of(dialect).locked(select(*limits_table.c).where(lim.queue_name == _QUEUE))
+    sees every claim committed before it. ``has_queued``: whether the queue
+    had a queued job when the statement started (a hint, from the snapshot
+    before the lock: a claim that finds none ends there, as a claim racing
+    an enqueue may miss it anyway)."""
+    backend = backend_of(dialect)
+    queued = select(c.sequence).where(c.queue_name == _QUEUE, IS_QUEUED)
+    if backend.repeats_partial_predicates:
+        queued = queued.where(IS_LIVE)
+    has_queued = queued.limit(1).exists().label("has_queued")
+    return backend.locked(select(*limits_table.c, has_queued).where(lim.queue_name == _QUEUE))
 
 
 @cache

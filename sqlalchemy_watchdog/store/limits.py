@@ -297,7 +297,7 @@ def claim_queue(conn: Connection, queue: str, *, limit: int, lease_ms: int, toke
         period = row.rate_period_ms
         if period is not None:
             conn.execute(sql.forget_claims(), {"queue": queue, "before": room.clock - period, "batch": FORGET_BATCH})
-        if room.room <= 0:
+        if room.room <= 0 or not row.has_queued:
             return []
         picks, cursor, move = fair_pick(conn, row, room.room)
         rows: list[Sequence[Any]] = []

@@ -614,6 +614,8 @@ class WatchdogMachine(RuleBasedStateMachine):
             (r for r in self.model.rows.values() if r.queue_name == queue and r.state == "queued"),
             key=lambda r: (-r.priority, r.order),
         )
+        if not queued:  # nothing queued: the claim ends at the lock (the cursor stays)
+            return []
         keys = sorted({r.limit_key for r in queued if r.limit_key is not None})
         cursor = spec.cursor
         rotation: list[str | None]

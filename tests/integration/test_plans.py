@@ -696,6 +696,8 @@ PLANS: list[Case] = [
     Case(
         "limit_usage", "limit_usage", (D,), lambda d: {"queue": KEYED_QUEUE, "period_ms": 60_000}, on(LIVE_QUEUE, LEASE)
     ),
+    # The limits row locked, and whether the queue has a queued job (its first entry in live_queue).
+    Case("lock_limits", "lock_limits", (D,), lambda d: {"queue": KEYED_QUEUE}, on(LIVE_QUEUE)),
     Case("walk_keys", "walk_keys", (), _walk, on(KEYED_QUEUED)),
     Case(
         "keys_running", "keys_running", (), lambda d: {"queue": KEYED_QUEUE, "keys": ["k10", "k11"]}, on(KEYED_RUNNING)
@@ -727,7 +729,6 @@ NOT_ON_JOBS = {
     # watchdog_limits and watchdog_limit_claims: one row per limited queue, about one
     # rate period of claims per queue, read by primary key or (queue, claimed_at).
     "read_limits",
-    "lock_limits",
     "move_cursor",
     "log_claim",
     "forget_claims",
