@@ -68,6 +68,8 @@ from .jobs import (
     LaneFailure,
     Outcome,
     PauseStatus,
+    QueueLimits,
+    Rate,
     ScheduleView,
     Stats,
     Throughput,
@@ -292,6 +294,29 @@ class AsyncWatchdog:
     async def resume(self, queue: str) -> PauseStatus:
         """Resume ``queue``, as :meth:`Watchdog.resume <sqlalchemy_watchdog.Watchdog.resume>`."""
         return await self._gateway.run(store.resume, queue)
+
+    async def set_limits(
+        self,
+        queue: str,
+        *,
+        concurrency: int | None = None,
+        concurrency_per_key: int | None = None,
+        rate: Rate | None = None,
+    ) -> QueueLimits:
+        """Limit ``queue`` across every runner, as :meth:`Watchdog.set_limits
+        <sqlalchemy_watchdog.Watchdog.set_limits>`."""
+        return await self._gateway.run(
+            store.set_limits, queue, concurrency=concurrency, concurrency_per_key=concurrency_per_key, rate=rate
+        )
+
+    async def clear_limits(self, queue: str) -> bool:
+        """Remove ``queue``'s limits, as :meth:`Watchdog.clear_limits
+        <sqlalchemy_watchdog.Watchdog.clear_limits>`."""
+        return await self._gateway.run(store.clear_limits, queue)
+
+    async def limits(self) -> tuple[QueueLimits, ...]:
+        """Every limited queue's limits, as :meth:`Watchdog.limits <sqlalchemy_watchdog.Watchdog.limits>`."""
+        return await self._gateway.read(store.read_limits)
 
     async def rerun(self, job_id: str, *, rerun_id: str) -> EnqueueResult:
         """Rerun a settled job, as :meth:`Watchdog.rerun <sqlalchemy_watchdog.Watchdog.rerun>`."""

@@ -27,6 +27,8 @@ from .jobs import (
     LaneFailure,
     Outcome,
     PauseStatus,
+    QueueLimits,
+    Rate,
     ScheduleView,
     Stats,
     Throughput,
@@ -338,6 +340,40 @@ class Watchdog:
     def resume(self, queue: str) -> PauseStatus:
         """Resume ``queue`` and wake idle runners. Idempotent."""
         return self._gateway.run(store.resume, queue)
+
+    def set_limits(
+        self,
+        queue: str,
+        *,
+        concurrency: int | None = None,
+        concurrency_per_key: int | None = None,
+        rate: Rate | None = None,
+    ) -> QueueLimits:
+        """Limit ``queue`` across every runner: at most ``concurrency`` of its
+        jobs running at once, at most ``concurrency_per_key`` of one key's
+        (``Job.key``), at most ``rate`` claims in any window of its period (a
+        :class:`~sqlalchemy_watchdog.Rate`, database clock). A limited
+        queue's claims also rotate across keys. Replaces the queue's
+        limits (None: no such limit; at least one must be given); idempotent.
+        Returns the limits as stored.
+
+        Takes effect for every claim that starts after it commits; a runner
+        learns that a queue became limited within a second and claims none
+        of its jobs meanwhile. Lowering a limit stops no running job: it
+        holds back new claims until the queue is under it. See
+        :doc:`/howto/limits`."""
+        return self._gateway.run(
+            store.set_limits, queue, concurrency=concurrency, concurrency_per_key=concurrency_per_key, rate=rate
+        )
+
+    def clear_limits(self, queue: str) -> bool:
+        """Remove ``queue``'s limits (it claims as an unlimited queue again);
+        whether it had any. Idempotent."""
+        return self._gateway.run(store.clear_limits, queue)
+
+    def limits(self) -> tuple[QueueLimits, ...]:
+        """Every limited queue's limits, by queue name (one read of ``watchdog_limits``)."""
+        return self._gateway.read(store.read_limits)
 
     def rerun(self, job_id: str, *, rerun_id: str) -> EnqueueResult:
         """Enqueue a copy of settled job ``job_id`` as a new job (settled stays

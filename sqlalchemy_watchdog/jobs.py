@@ -60,6 +60,12 @@ __all__ = [
     "BulkSkip",
     "BulkResult",
     "BULK_BATCH_MAX",
+    "KEY_MAX_LENGTH",
+    "LIMIT_MAX",
+    "RATE_PERIOD_MAX",
+    "Rate",
+    "QueueLimits",
+    "HeldBy",
     "encode_payload",
 ]
 
@@ -67,6 +73,13 @@ JOB_ID_MAX_LENGTH = 256
 #: The longest stored trace context (JSON text of its propagation fields).
 TRACE_CONTEXT_MAX_LENGTH = 4096
 QUEUE_MAX_LENGTH = 256
+#: The longest flow-control key of a job (``Job.key``).
+KEY_MAX_LENGTH = 256
+#: The largest limit (concurrency, per-key concurrency, rate count) accepted.
+LIMIT_MAX = 1_000_000
+#: The longest rate period accepted (a rate limit's window), and the shortest.
+RATE_PERIOD_MAX = timedelta(days=1)
+RATE_PERIOD_MIN = timedelta(milliseconds=1)
 #: A 256-character identity plus a prefix such as ``team-key:`` still fits.
 LANE_MAX_LENGTH = 512
 CANCELLATION_ID_MAX_LENGTH = 256
@@ -498,6 +511,10 @@ class Job:
         its runner's, else none: a failed attempt is final).
     :param timeout: how long one attempt may run; then its handler is told
         to stop (:attr:`StopReason.TIMEOUT`) and the attempt counts as failed.
+    :param key: the job's flow-control key (1-256 characters), e.g. a tenant:
+        a queue's ``concurrency_per_key`` limit counts the running jobs of each
+        key, and a limited queue's claims rotate across keys
+        (:meth:`Watchdog.set_limits`). Part of the job's identity.
     :param codec: an optional :class:`~sqlalchemy_watchdog.PayloadCodec`
         (e.g. :class:`~sqlalchemy_watchdog.TaggedJSON`): ``payload`` is
         replaced by ``codec.encode(payload)`` before it is validated, so
@@ -518,6 +535,8 @@ class Job:
     timeout: timedelta | None = None
     #: The job this one reruns (set by ``Watchdog.rerun``).
     rerun_of: str | None = None
+    #: The flow-control key (see :meth:`Watchdog.set_limits`).
+    key: str | None = None
     codec: PayloadCodec | None = field(default=None, repr=False, compare=False)
     payload_json: str = field(init=False, repr=False, compare=False)
 
@@ -538,6 +557,7 @@ class Job:
         retry: RetryPolicy | None = None,
         timeout: timedelta | None = None,
         rerun_of: str | None = None,
+        key: str | None = None,
         codec: PayloadCodec | None = None,
     ) -> None:
         check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
@@ -561,6 +581,8 @@ class Job:
             check_duration("timeout", timeout)
         if rerun_of is not None:
             check_text("rerun_of", rerun_of, JOB_ID_MAX_LENGTH)
+        if key is not None:
+            check_text("key", key, KEY_MAX_LENGTH)
         if codec is not None:
             payload = _encoded(codec, payload)
         payload_json = encode_payload(payload)
@@ -574,6 +596,7 @@ class Job:
         _set_retry(self, retry)
         _set_timeout(self, timeout)
         _set_rerun_of(self, rerun_of)
+        _set_key(self, key)
         _set_codec(self, codec)
         _set_payload_json(self, payload_json)
 
@@ -584,7 +607,7 @@ class Job:
         Job.__init__(
             self, self.job_id, self.queue, lane=self.lane, priority=self.priority, payload=self.payload,
             max_recoveries=self.max_recoveries, run_at=self.run_at, retry=self.retry, timeout=self.timeout,
-            rerun_of=self.rerun_of, codec=self.codec,
+            rerun_of=self.rerun_of, key=self.key, codec=self.codec,
         )  # fmt: skip
 
     @property
@@ -623,10 +646,10 @@ def slot_setters(cls: type, names: tuple[str, ...]) -> tuple[Callable[[Any, Any]
 
 (
     _set_job_id, _set_queue, _set_lane, _set_priority, _set_payload, _set_max_recoveries, _set_run_at,
-    _set_retry, _set_timeout, _set_rerun_of, _set_codec, _set_payload_json,
+    _set_retry, _set_timeout, _set_rerun_of, _set_key, _set_codec, _set_payload_json,
 ) = slot_setters(Job, (
     "job_id", "queue", "lane", "priority", "payload", "max_recoveries", "run_at",
-    "retry", "timeout", "rerun_of", "codec", "payload_json",
+    "retry", "timeout", "rerun_of", "key", "codec", "payload_json",
 ))  # fmt: skip
 
 
@@ -870,11 +893,119 @@ class JobView:
     #: default policy with the job's stored ``max_attempts``; ``timeout``,
     #: ``trace_context`` and the times as None; ``failure_history`` as ``()``.
     undecodable: tuple[Undecodable, ...] = ()
+    #: Its flow-control key (``Job.key``), if it has one.
+    key: str | None = None
+    #: Filled by ``Watchdog.read`` only, for a queued job of a queue with
+    #: limits: the limit that leaves no room for it now (None: none does,
+    #: or the job is not queued).
+    held_by: HeldBy | None = None
 
     @property
     def cancellation_requested(self) -> bool:
         """Whether a cancellation has been recorded for this job."""
         return self.cancellation_id is not None
+
+
+class HeldBy(str, enum.Enum):
+    """Which limit leaves a queued job no room to start now (:attr:`JobView.held_by`)."""
+
+    #: Its queue runs as many jobs as its ``concurrency`` allows.
+    CONCURRENCY = "concurrency"
+    #: Its key runs as many jobs as the queue's ``concurrency_per_key`` allows.
+    CONCURRENCY_PER_KEY = "concurrency_per_key"
+    #: Its queue started as many jobs as its ``rate`` allows in the current window.
+    RATE = "rate"
+
+
+_PERIOD_UNITS = {
+    "ms": timedelta(milliseconds=1),
+    "millisecond": timedelta(milliseconds=1),
+    "s": timedelta(seconds=1),
+    "sec": timedelta(seconds=1),
+    "second": timedelta(seconds=1),
+    "m": timedelta(minutes=1),
+    "min": timedelta(minutes=1),
+    "minute": timedelta(minutes=1),
+    "h": timedelta(hours=1),
+    "hour": timedelta(hours=1),
+    "d": timedelta(days=1),
+    "day": timedelta(days=1),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """A rate limit: at most ``count`` claims of a queue's jobs in any window
+    of length ``per``, on the database clock (:meth:`Watchdog.set_limits`).
+
+    ``count`` is 1 to :data:`LIMIT_MAX`; ``per`` whole milliseconds from 1 ms
+    to :data:`RATE_PERIOD_MAX` (a day). :meth:`parse` reads ``"100/minute"``.
+    """
+
+    count: int
+    per: timedelta
+
+    def __post_init__(self) -> None:
+        check_int("rate", self.count, 1, LIMIT_MAX)
+        if not isinstance(self.per, timedelta):
+            raise InvalidJob("rate", f"per must be a datetime.timedelta, not {type(self.per).__name__}")
+        if not RATE_PERIOD_MIN <= self.per <= RATE_PERIOD_MAX:
+            raise InvalidJob("rate", f"per must be between {RATE_PERIOD_MIN} and {RATE_PERIOD_MAX}, got {self.per}")
+        if self.per % RATE_PERIOD_MIN:
+            raise InvalidJob("rate", f"per must be whole milliseconds, got {self.per}")
+
+    @property
+    def period_ms(self) -> int:
+        """:attr:`per` in milliseconds, as stored."""
+        return duration_ms(self.per)
+
+    @classmethod
+    def parse(cls, text: str) -> Rate:
+        """``"N/PERIOD"``: ``100/minute``, ``10/s``, ``5/30s``, ``1000/2h``
+        (units ``ms``, ``s``, ``m``/``min``/``minute``, ``h``/``hour``,
+        ``d``/``day``, plurals too); :class:`InvalidJob` otherwise."""
+        if not isinstance(text, str):
+            raise InvalidJob("rate", f"must be a str such as '100/minute', not {type(text).__name__}")
+        count_text, slash, period_text = text.strip().partition("/")
+        if not slash or not count_text.strip().isdecimal():
+            raise InvalidJob("rate", f"must be N/PERIOD such as '100/minute', got {text!r}")
+        period_text = period_text.strip().lower()
+        digits = len(period_text) - len(period_text.lstrip("0123456789"))
+        amount_text, unit = period_text[:digits], period_text[digits:].strip()
+        if unit.endswith("s") and unit[:-1] in _PERIOD_UNITS and unit not in _PERIOD_UNITS:
+            unit = unit[:-1]
+        if unit not in _PERIOD_UNITS or (amount_text and int(amount_text) == 0) or len(amount_text) > 9:
+            raise InvalidJob("rate", f"must be N/PERIOD such as '100/minute' or '10/s', got {text!r}")
+        amount = int(amount_text) if amount_text else 1
+        if len(count_text.strip()) > 9:
+            raise InvalidJob("rate", f"count must be between 1 and {LIMIT_MAX}, got {count_text.strip()}")
+        return cls(int(count_text), _PERIOD_UNITS[unit] * amount)
+
+    def __str__(self) -> str:
+        ms = self.period_ms
+        for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+            if ms % size == 0:
+                amount = ms // size
+                return f"{self.count}/{'' if amount == 1 else amount}{unit}"
+        return f"{self.count}/{ms}ms"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """A queue's limits as stored (:meth:`Watchdog.limits`); None: no such limit.
+
+    Every runner on every host obeys them: at most :attr:`concurrency` of
+    the queue's jobs run at once, at most :attr:`concurrency_per_key` of one
+    key's, and at most :attr:`rate` claims are made in any window of its
+    period. A limited queue's claims rotate across keys.
+    """
+
+    queue: str
+    concurrency: int | None
+    concurrency_per_key: int | None
+    rate: Rate | None
+    #: When they were last set, by the database clock.
+    updated_at: datetime
 
 
 class PauseStatus(str, enum.Enum):
@@ -918,6 +1049,12 @@ class QueueStats:
     #: Live workers serving the queue (registered runners not gone; see
     #: :meth:`Watchdog.workers`).
     workers: int = 0
+    #: The queue's limits, if it has any (:meth:`Watchdog.set_limits`).
+    limits: QueueLimits | None = None
+    #: Claims counted against its rate in the current window (None: no rate limit).
+    rate_used: int | None = None
+    #: Queued jobs no claim could take now because of a limit (0 without limits).
+    held_back: int = 0
 
     @property
     def paused(self) -> bool:

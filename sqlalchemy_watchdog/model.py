@@ -38,7 +38,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from .jobs import (
     CANCELLATION_ID_MAX_LENGTH,
     JOB_ID_MAX_LENGTH,
+    KEY_MAX_LENGTH,
     LANE_MAX_LENGTH,
+    LIMIT_MAX,
     MAX_ATTEMPTS_LIMIT,
     PAUSE_REASON_MAX_LENGTH,
     QUEUE_MAX_LENGTH,
@@ -56,10 +58,14 @@ __all__ = [
     "WatchdogQueuePause",
     "WatchdogWorker",
     "WatchdogSchedule",
+    "WatchdogLimit",
+    "WatchdogLimitClaim",
     "jobs_table",
     "pauses_table",
     "workers_table",
     "schedules_table",
+    "limits_table",
+    "limit_claims_table",
 ]
 
 #: Bounds of the workers and schedules tables (revision w0009); what a runner
@@ -114,7 +120,7 @@ NULLABLE_INTEGER_COLUMNS = (
 TEXT_COLUMNS = ("job_id", "queue_name", "lane", "payload_json", "state")
 NULLABLE_TEXT_COLUMNS = (
     "outcome", "claim_token", "cancellation_id", "failure_reason", "failure_detail", "retry_policy",
-    "failure_history", "rerun_of", "trace_context",
+    "failure_history", "rerun_of", "trace_context", "limit_key",
 )  # fmt: skip
 
 
@@ -200,6 +206,11 @@ class WatchdogJob(WatchdogBase):
     #: The W3C trace context (JSON object of propagation fields) the job was
     #: enqueued under, continued by the runner; not part of its identity.
     trace_context: Mapped[str | None] = mapped_column(Text)
+    # -- revision w0011: flow control
+    #: The job's flow-control key (``Job.key``); part of its identity.
+    #: ``COLLATE "C"`` on PostgreSQL: a limited claim walks the keys in code
+    #: point order, as SQLite's BINARY sorts them.
+    limit_key: Mapped[str | None] = mapped_column(Text().with_variant(Text(collation="C"), "postgresql"))
 
     __table_args__ = (
         CheckConstraint(f"length(job_id) BETWEEN 1 AND {JOB_ID_MAX_LENGTH}", name="job_id_length"),
@@ -227,6 +238,9 @@ class WatchdogJob(WatchdogBase):
         CheckConstraint(
             f"trace_context IS NULL OR length(trace_context) BETWEEN 2 AND {TRACE_CONTEXT_MAX_LENGTH}",
             name="trace_context_length",
+        ),
+        CheckConstraint(
+            f"limit_key IS NULL OR length(limit_key) BETWEEN 1 AND {KEY_MAX_LENGTH}", name="limit_key_length"
         ),
         # Last, as revision w0010 appends them to the stored definition.
         *STORED_TYPE_CHECKS,
@@ -317,6 +331,29 @@ Index(
     WatchdogJob.ready_at,
     WatchdogJob.enqueued_at,
     **_partial(_LIVE),
+)
+
+# Flow control (revision w0011): only keyed jobs enter these two, so an
+# unkeyed job pays nothing for them. The queued one is walked key by key by a
+# limited claim (the next key after the last, then that key's best jobs);
+# the running one counts a key's running jobs.
+#: Their predicates, as the statements repeat them (SQLite uses a partial
+#: index only for a query that repeats its predicate).
+KEYED_QUEUED = "state = 'queued' AND limit_key IS NOT NULL"
+KEYED_RUNNING = "state = 'running' AND limit_key IS NOT NULL"
+Index(
+    "ix_watchdog_jobs_keyed_queued",
+    WatchdogJob.queue_name,
+    WatchdogJob.limit_key,
+    WatchdogJob.priority.desc(),
+    WatchdogJob.sequence,
+    **_partial(KEYED_QUEUED),
+)
+Index(
+    "ix_watchdog_jobs_keyed_running",
+    WatchdogJob.queue_name,
+    WatchdogJob.limit_key,
+    **_partial(KEYED_RUNNING),
 )
 
 #: The Core ``Table`` behind :class:`WatchdogJob`; the statements use it.
@@ -428,6 +465,81 @@ class WatchdogSchedule(WatchdogBase):
 
 #: The Core ``Table`` behind :class:`WatchdogSchedule`.
 schedules_table: Table = cast(Table, WatchdogSchedule.__table__)
+
+#: The longest rate period stored (a day), in milliseconds.
+RATE_PERIOD_MAX_MS = 86_400_000
+
+
+def _limit_range(column: str) -> CheckConstraint:
+    return CheckConstraint(f"{column} IS NULL OR {column} BETWEEN 1 AND {LIMIT_MAX}", name=f"{column}_range")
+
+
+class WatchdogLimit(WatchdogBase):
+    """A queue's limits (revision w0011): every runner's claims obey them.
+
+    Change it only through ``Watchdog.set_limits`` / ``clear_limits``; a
+    limited claim locks the queue's row and moves its round-robin cursor.
+    """
+
+    __tablename__ = "watchdog_limits"
+
+    queue_name: Mapped[str] = mapped_column(Text, primary_key=True)
+    #: At most this many of the queue's jobs running at once.
+    concurrency: Mapped[int | None] = mapped_column(Integer)
+    #: At most this many running jobs of one key.
+    concurrency_per_key: Mapped[int | None] = mapped_column(Integer)
+    #: At most ``rate_count`` claims in any ``rate_period_ms`` window (database clock).
+    rate_count: Mapped[int | None] = mapped_column(Integer)
+    rate_period_ms: Mapped[int | None] = mapped_column(BigInteger)
+    #: The key that got the last job of the rotation (NULL: the unkeyed jobs, or none yet).
+    cursor_key: Mapped[str | None] = mapped_column(Text().with_variant(Text(collation="C"), "postgresql"))
+    #: Epoch milliseconds, database clock.
+    updated_at: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        CheckConstraint(f"length(queue_name) BETWEEN 1 AND {QUEUE_MAX_LENGTH}", name="queue_name_length"),
+        _limit_range("concurrency"),
+        _limit_range("concurrency_per_key"),
+        _limit_range("rate_count"),
+        CheckConstraint(
+            f"rate_period_ms IS NULL OR rate_period_ms BETWEEN 1 AND {RATE_PERIOD_MAX_MS}", name="rate_period_range"
+        ),
+        CheckConstraint("(rate_count IS NULL) = (rate_period_ms IS NULL)", name="rate_complete"),
+        CheckConstraint(
+            "concurrency IS NOT NULL OR concurrency_per_key IS NOT NULL OR rate_count IS NOT NULL", name="some_limit"
+        ),
+        CheckConstraint(
+            f"cursor_key IS NULL OR length(cursor_key) BETWEEN 1 AND {KEY_MAX_LENGTH}", name="cursor_key_length"
+        ),
+    )
+
+
+#: The Core ``Table`` behind :class:`WatchdogLimit`.
+limits_table: Table = cast(Table, WatchdogLimit.__table__)
+
+
+class WatchdogLimitClaim(WatchdogBase):
+    """One limited claim of a rate-limited queue (revision w0011): when
+    (database clock) and how many jobs it started. The claimers delete a
+    queue's rows older than its period as they go."""
+
+    __tablename__ = "watchdog_limit_claims"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    queue_name: Mapped[str] = mapped_column(Text)
+    #: Epoch milliseconds, database clock.
+    claimed_at: Mapped[int] = mapped_column(BigInteger)
+    jobs: Mapped[int] = mapped_column(Integer)
+
+    __table_args__ = (
+        CheckConstraint(f"length(queue_name) BETWEEN 1 AND {QUEUE_MAX_LENGTH}", name="queue_name_length"),
+        CheckConstraint("jobs >= 1", name="jobs_positive"),
+        Index("ix_watchdog_limit_claims_queue_name_claimed_at", "queue_name", "claimed_at"),
+    )
+
+
+#: The Core ``Table`` behind :class:`WatchdogLimitClaim`.
+limit_claims_table: Table = cast(Table, WatchdogLimitClaim.__table__)
 
 # On PostgreSQL every INSERT statement into the table (enqueue, enqueue_select,
 # or your own SQL) wakes idle runners through NOTIFY when its transaction

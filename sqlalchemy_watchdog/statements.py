@@ -62,7 +62,16 @@ from sqlalchemy.sql.functions import FunctionElement
 
 from .backends import backend_of
 from .jobs import JobState, Outcome
-from .model import jobs_table, pauses_table, schedules_table, workers_table
+from .model import (
+    KEYED_QUEUED,
+    KEYED_RUNNING,
+    jobs_table,
+    limit_claims_table,
+    limits_table,
+    pauses_table,
+    schedules_table,
+    workers_table,
+)
 from .wakeups import CHANNEL
 
 __all__ = [
@@ -135,6 +144,7 @@ COLUMNS = (
     c.settled_at,
     c.rerun_of,
     c.trace_context,
+    c.limit_key,
 )
 
 _DELAYED = JobState.DELAYED.value
@@ -219,6 +229,7 @@ IDENTITY_FIELDS: Fields = (
     ("retry_policy", Text()),
     ("timeout_ms", BigInteger()),
     ("rerun_of", Text()),
+    ("limit_key", Text()),
 )
 #: An enqueued row: its identity, then what is not part of it -- the
 #: enqueue's delay and the trace context it was enqueued under.
@@ -320,6 +331,7 @@ def enqueue_rows(dialect: str) -> Insert:
         c.retry_policy.is_not_distinct_from(ex.retry_policy),
         c.timeout_ms.is_not_distinct_from(ex.timeout_ms),
         c.rerun_of.is_not_distinct_from(ex.rerun_of),
+        c.limit_key.is_not_distinct_from(ex.limit_key),
     )
     stmt: Insert = ins.on_conflict_do_update(
         index_elements=[c.job_id], set_={"job_id": null()}, where=not_(identical)
@@ -383,6 +395,10 @@ _QUEUES: BindParameter[Any] = bindparam("queues", expanding=True)
 #: whole backlog instead of reading ``ix_watchdog_jobs_live_queue`` in
 #: claim order (tests/integration/test_plans.py).
 UNPAUSED = c.queue_name.not_in(select(pauses.c.queue_name).scalar_subquery())
+#: The job's queue has no limits (revision w0011): the plain claim never takes
+#: a limited queue's job, even when the limit was set after the store read
+#: the limits; the limited claim (:func:`claim_limited`) takes those.
+UNLIMITED = c.queue_name.not_in(select(limits_table.c.queue_name).scalar_subquery())
 
 
 @cache
@@ -455,7 +471,12 @@ def _queue_pick(dialect: str, index: int, limit: BindParameter[Any], *more: str)
     # row, checked once before the index is read, so a paused queue's backlog
     # is never walked (on the column it was a filter on every row read).
     unpaused = queue.not_in(select(pauses.c.queue_name).scalar_subquery())
-    pick = select(c.sequence, *(c[name] for name in more)).where(IS_QUEUED, unpaused, c.queue_name.in_([queue]))
+    # The same for limits (revision w0011): a limited queue's jobs are the
+    # limited claim's, never this statement's.
+    unlimited = queue.not_in(select(limits_table.c.queue_name).scalar_subquery())
+    pick = select(c.sequence, *(c[name] for name in more)).where(
+        IS_QUEUED, unpaused, unlimited, c.queue_name.in_([queue])
+    )
     backend = backend_of(dialect)
     if backend.repeats_partial_predicates:
         pick = pick.where(IS_LIVE)
@@ -487,7 +508,7 @@ def claim(dialect: str, queue_count: int | None) -> Update:
         # Every queue: every queued job sorted (no index holds them all in claim
         # order). Runners always name their queues; this serves tests and tools.
         pick = backend_of(dialect).skip_locked(
-            select(c.sequence).where(IS_QUEUED, UNPAUSED).order_by(*CLAIM_ORDER).limit(limit)
+            select(c.sequence).where(IS_QUEUED, UNPAUSED, UNLIMITED).order_by(*CLAIM_ORDER).limit(limit)
         )
     elif queue_count < 1:
         raise ValueError("queue_count: at least 1")
@@ -510,6 +531,14 @@ def claim(dialect: str, queue_count: int | None) -> Update:
     # whole table (7 ms a claim at 20,000 jobs, against 0.3): PostgreSQL kept to
     # custom plans only while it judged the generic one dearer.
     target = backend_of(dialect).picked(c.sequence, pick, "ready", skip_locked=False, as_array=True, recheck=IS_QUEUED)
+    return _claim_update(target)
+
+
+def _claim_update(target: ColumnElement[bool]) -> Update:
+    """The claim's UPDATE of the rows ``target`` selects (shared by
+    :func:`claim` and :func:`claim_limited`): each runnable job running under
+    its own token ``:token.<sequence>`` for ``:lease_ms``; a job with a
+    recorded cancellation settled ``cancelled`` instead."""
     runnable = c.cancellation_id.is_(None)
     clock = db_clock_ms()
     return (
@@ -529,6 +558,234 @@ def claim(dialect: str, queue_count: int | None) -> Update:
         )
         .returning(*COLUMNS)
     )
+
+
+# -- flow control (revision w0011) -------------------------------------------------
+
+lim = limits_table.c
+logged = limit_claims_table.c
+_QUEUE = _p("queue", Text())
+#: Literal predicates of the keyed partial indexes (model.KEYED_QUEUED,
+#: model.KEYED_RUNNING), repeated by the statements that read them.
+IS_KEYED = c.limit_key.is_not(None)
+assert KEYED_QUEUED == "state = 'queued' AND limit_key IS NOT NULL"
+assert KEYED_RUNNING == "state = 'running' AND limit_key IS NOT NULL"
+
+
+@cache
+def read_limits(filtered: bool) -> Select[Any]:
+    """Every queue's limits (of the expanding ``:queues`` when ``filtered``), by name."""
+    query = select(*limits_table.c).order_by(lim.queue_name)
+    if filtered:
+        query = query.where(lim.queue_name.in_(_QUEUES))
+    return query
+
+
+@cache
+def lock_limits(dialect: str) -> Select[Any]:
+    """Queue ``:queue``'s limits, its row locked until the transaction ends
+    (PostgreSQL ``FOR UPDATE``; SQLite's write lock is held already): the
+    limited claimers of one queue take turns, and each one's next statement
+    sees every claim committed before it. ``has_queued``: whether the queue
+    had a queued job when the statement started (a hint, from the snapshot
+    before the lock: a claim that finds none ends there, as a claim racing
+    an enqueue may miss it anyway)."""
+    backend = backend_of(dialect)
+    queued = select(c.sequence).where(c.queue_name == _QUEUE, IS_QUEUED)
+    if backend.repeats_partial_predicates:
+        queued = queued.where(IS_LIVE)
+    has_queued = queued.limit(1).exists().label("has_queued")
+    return backend.locked(select(*limits_table.c, has_queued).where(lim.queue_name == _QUEUE))
+
+
+@cache
+def limit_usage(dialect: str) -> Select[Any]:
+    """The database clock, queue ``:queue``'s running jobs, the jobs its
+    limited claims started after ``clock - :period_ms`` (0 when ``:period_ms``
+    is 0), and whether it is paused (1) or not (0): what a limited claim has
+    room for. Run after :func:`lock_limits`,
+    as a statement of its own, so its snapshot is taken after the lock."""
+    clock = db_clock_ms()
+    running = select(func.count()).where(c.queue_name == _QUEUE, IS_RUNNING)
+    if backend_of(dialect).repeats_partial_predicates:
+        running = running.where(IS_LIVE)
+    period = _p("period_ms", BigInteger())
+    used = select(func.coalesce(func.sum(logged.jobs), 0)).where(
+        logged.queue_name == _QUEUE, logged.claimed_at > clock - period
+    )
+    paused = select(func.count()).where(pauses.c.queue_name == _QUEUE)
+    return select(clock, running.scalar_subquery(), used.scalar_subquery(), paused.scalar_subquery())
+
+
+def _next_key(after: ColumnElement[Any]) -> ColumnElement[Any]:
+    """The smallest key of queue ``:queue``'s queued jobs above ``after``:
+    the first entry of a range of ``ix_watchdog_jobs_keyed_queued``."""
+    return (
+        select(c.limit_key)
+        .where(c.queue_name == _QUEUE, IS_QUEUED, IS_KEYED, c.limit_key > after)
+        .order_by(c.limit_key)
+        .limit(1)
+        .scalar_subquery()
+    )
+
+
+@cache
+def walk_keys() -> Select[Any]:
+    """Up to ``:walk`` keys of queue ``:queue``'s queued jobs, ascending from
+    the first above ``:after``: a skip scan, one index probe per key
+    (``WITH RECURSIVE``: each key the next above the previous one), so the
+    cost is O(walk · log n) whatever the backlog of each key."""
+    walk = select(_next_key(_p("after", Text())).label("key"), literal_column("1", Integer()).label("step")).cte(
+        "walk", recursive=True
+    )
+    step = select(_next_key(walk.c.key), walk.c.step + 1).where(
+        walk.c.key.is_not(None), walk.c.step < _p("walk", Integer())
+    )
+    walk = walk.union_all(step)
+    return select(walk.c.key).where(walk.c.key.is_not(None)).order_by(walk.c.step)
+
+
+@cache
+def keys_running() -> Select[Any]:
+    """Running jobs per key of queue ``:queue``, for the expanding ``:keys``
+    (``ix_watchdog_jobs_keyed_running``)."""
+    return (
+        select(c.limit_key, func.count())
+        .where(c.queue_name == _QUEUE, IS_RUNNING, IS_KEYED, c.limit_key.in_(bindparam("keys", expanding=True)))
+        .group_by(c.limit_key)
+    )
+
+
+#: How far the unkeyed group's pick reads a limited queue's head (in claim
+#: order, keyed jobs included) for unkeyed jobs, beyond the jobs it takes.
+UNKEYED_SCAN = 256
+
+
+@cache
+def key_picks(dialect: str, parts: int) -> Select[Any]:
+    """The candidates of a limited claim, ``(sequence, priority, part)``:
+    for each part ``i`` below ``parts`` the best ``:n_<i>`` queued jobs of
+    key ``:key_<i>`` of queue ``:queue`` (one range of
+    ``ix_watchdog_jobs_keyed_queued`` each; a NULL key matches nothing), and
+    as part -1 up to ``:unkeyed_n`` unkeyed jobs among the queue's first
+    ``:unkeyed_scan`` queued jobs in claim order (``ix_watchdog_jobs_live_queue``)."""
+    backend = backend_of(dialect)
+    head = select(c.sequence, c.priority, c.limit_key).where(c.queue_name == _QUEUE, IS_QUEUED)
+    if backend.repeats_partial_predicates:
+        head = head.where(IS_LIVE)
+    scanned = head.order_by(*CLAIM_ORDER).limit(_p("unkeyed_scan", Integer())).subquery("head")
+    unkeyed = (
+        select(scanned.c.sequence, scanned.c.priority, literal_column("-1", Integer()).label("part"))
+        .where(scanned.c.limit_key.is_(None))
+        .limit(_p("unkeyed_n", Integer()))
+        .subquery("unkeyed")
+    )
+    selects = [select(unkeyed.c.sequence, unkeyed.c.priority, unkeyed.c.part)]
+    for index in range(parts):
+        part = (
+            select(c.sequence, c.priority, literal_column(str(index), Integer()).label("part"))
+            .where(c.queue_name == _QUEUE, IS_QUEUED, IS_KEYED, c.limit_key == _p(f"key_{index}", Text()))
+            .order_by(*CLAIM_ORDER)
+            .limit(_p(f"n_{index}", Integer()))
+            .subquery(f"key_{index}")
+        )
+        selects.append(select(part.c.sequence, part.c.priority, part.c.part))
+    return select(union_all(*selects).subquery("candidates"))
+
+
+@cache
+def claim_limited(dialect: str) -> Update:
+    """Claim the queued jobs among the expanding ``:sequences`` (a limited
+    claim's pick, made under the queue's lock), as :func:`claim` does."""
+    return _claim_update(and_(c.sequence.in_(bindparam("sequences", expanding=True)), IS_QUEUED))
+
+
+@cache
+def move_cursor() -> Update:
+    """Queue ``:queue``'s round-robin position: ``:cursor``, the key that got
+    the last job (NULL: the unkeyed jobs)."""
+    return update(limits_table).where(lim.queue_name == _QUEUE).values(cursor_key=_p("cursor", Text()))
+
+
+@cache
+def log_claim() -> Insert:
+    """Record that a limited claim of queue ``:queue`` started ``:jobs`` jobs at ``:clock``."""
+    return limit_claims_table.insert().values(
+        queue_name=_QUEUE, claimed_at=_p("clock", BigInteger()), jobs=_p("jobs", Integer())
+    )
+
+
+@cache
+def forget_claims() -> Delete:
+    """Delete up to ``:batch`` of queue ``:queue``'s logged claims made at or
+    before ``:before`` (outside every window a claim will look at)."""
+    old = (
+        select(logged.id)
+        .where(logged.queue_name == _QUEUE, logged.claimed_at <= _p("before", BigInteger()))
+        .order_by(logged.claimed_at)
+        .limit(_p("batch", Integer()))
+    )
+    return delete(limit_claims_table).where(logged.id.in_(old.scalar_subquery()))
+
+
+@cache
+def forget_queue_claims() -> Delete:
+    """Delete every logged claim of queue ``:queue`` (its limits are cleared)."""
+    return delete(limit_claims_table).where(logged.queue_name == _QUEUE)
+
+
+@cache
+def set_limits(dialect: str) -> Insert:
+    """Store queue ``:queue``'s limits (``:concurrency``, ``:per_key``,
+    ``:rate_count``, ``:rate_period_ms``), its round-robin cursor kept; a
+    row already holding exactly these is left alone (no row returned)."""
+    clock = db_clock_ms()
+    stmt = _insert_into(dialect, limits_table).values(
+        queue_name=_QUEUE,
+        concurrency=_p("concurrency", Integer()),
+        concurrency_per_key=_p("per_key", Integer()),
+        rate_count=_p("rate_count", Integer()),
+        rate_period_ms=_p("rate_period_ms", BigInteger()),
+        updated_at=clock,
+    )
+    ex = stmt.excluded
+    same = and_(
+        lim.concurrency.is_not_distinct_from(ex.concurrency),
+        lim.concurrency_per_key.is_not_distinct_from(ex.concurrency_per_key),
+        lim.rate_count.is_not_distinct_from(ex.rate_count),
+        lim.rate_period_ms.is_not_distinct_from(ex.rate_period_ms),
+    )
+    upsert: Insert = stmt.on_conflict_do_update(
+        index_elements=[lim.queue_name],
+        set_={
+            "concurrency": ex.concurrency,
+            "concurrency_per_key": ex.concurrency_per_key,
+            "rate_count": ex.rate_count,
+            "rate_period_ms": ex.rate_period_ms,
+            "updated_at": clock,
+        },
+        where=not_(same),
+    ).returning(lim.queue_name)
+    return upsert
+
+
+@cache
+def clear_limits() -> ReturningDelete[Any]:
+    """Remove queue ``:queue``'s limits; returns its row if it had any."""
+    return delete(limits_table).where(lim.queue_name == _QUEUE).returning(lim.queue_name)
+
+
+@cache
+def keyed_counts(dialect: str) -> Select[Any]:
+    """Queue ``:queue``'s queued and running jobs per key (NULL: unkeyed),
+    for the stats of a limited queue: one read of its live jobs in
+    ``ix_watchdog_jobs_live_queue``."""
+    query = select(c.limit_key, c.state, func.count()).where(
+        c.queue_name == _QUEUE, c.state.in_([literal_column(f"'{_QUEUED}'"), literal_column(f"'{_RUNNING}'")])
+    )
+    if backend_of(dialect).repeats_partial_predicates:
+        query = query.where(IS_LIVE)
+    return query.group_by(c.limit_key, c.state)
 
 
 @cache

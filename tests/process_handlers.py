@@ -78,6 +78,7 @@ def record(job: RunningJob) -> None:
         "queue": job.queue,
         "lane": job.lane,
         "priority": job.priority,
+        "key": job.key,
         "payload": {k: v for k, v in job.payload.items() if k != "dir"},
         "attempt": job.attempt,
         "max_attempts": job.max_attempts,

@@ -72,6 +72,12 @@ class Backend(Protocol):
         the write lock serialises writers)."""
         ...
 
+    def locked(self, query: Select[Any]) -> Select[Any]:
+        """``query`` locking the rows it returns until the transaction ends,
+        waiting for another holder (``FOR UPDATE``), where rows lock; else
+        unchanged (the write lock is held already)."""
+        ...
+
     def picked(
         self,
         key: ColumnElement[Any],

@@ -63,6 +63,9 @@ class PostgreSQL:
     def skip_locked(self, pick: Select[Any]) -> Select[Any]:
         return pick.with_for_update(skip_locked=True)
 
+    def locked(self, query: Select[Any]) -> Select[Any]:
+        return query.with_for_update()
+
     def picked(
         self,
         key: ColumnElement[Any],

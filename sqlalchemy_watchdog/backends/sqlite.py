@@ -72,6 +72,9 @@ class SQLite:
     def skip_locked(self, pick: Select[Any]) -> Select[Any]:
         return pick  # the write lock (BEGIN IMMEDIATE) serialises writers
 
+    def locked(self, query: Select[Any]) -> Select[Any]:
+        return query  # BEGIN IMMEDIATE: the write lock serialises writers
+
     def picked(
         self,
         key: ColumnElement[Any],

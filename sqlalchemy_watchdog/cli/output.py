@@ -16,7 +16,17 @@ from typing import Any, TextIO
 from zoneinfo import ZoneInfo
 
 from ..applies import JobExplanation
-from ..jobs import BulkResult, JobView, Outcome, QueueStats, ScheduleView, Stats, Undecodable, WorkerView
+from ..jobs import (
+    BulkResult,
+    JobView,
+    Outcome,
+    QueueLimits,
+    QueueStats,
+    ScheduleView,
+    Stats,
+    Undecodable,
+    WorkerView,
+)
 from ..schedules import Schedule
 from ..visible import escape
 
@@ -36,6 +46,8 @@ def job_dict(job: JobView) -> dict[str, Any]:
         "max_recoveries": job.max_recoveries,
         "cancellation_id": job.cancellation_id,
         "payload": None if isinstance(job.payload, Undecodable) else job.payload,
+        "key": job.key,
+        "held_by": None if job.held_by is None else job.held_by.value,
         **({"undecodable": {u.field: u.reason for u in job.undecodable}} if job.undecodable else {}),
     }
 
@@ -171,6 +183,8 @@ def render_show(explained: JobExplanation) -> str:
         ("cancellation_id", job.cancellation_id),
         ("rerun_of", job.rerun_of),
         ("reruns", ", ".join(job.reruns) or None),
+        ("key", job.key),
+        ("waiting_for_room", None if job.held_by is None else f"its queue's {job.held_by.value} limit is reached"),
         ("traceparent", None if job.trace_context is None else job.trace_context.get("traceparent")),
         ("payload", _payload_text(job)),
     ]
@@ -306,7 +320,50 @@ def _queue_stats_dict(queue: QueueStats) -> dict[str, Any]:
         "pause": None
         if queue.pause is None
         else {"reason": queue.pause.reason, "paused_at": iso(queue.pause.paused_at)},
+        "limits": None if queue.limits is None else limits_dict(queue.limits, queue),
     }
+
+
+def limits_dict(limits: QueueLimits, use: QueueStats | None = None) -> dict[str, Any]:
+    """A queue's limits (and, given its stats, their use) as ``limits --json`` prints them."""
+    rate = limits.rate
+    found: dict[str, Any] = {
+        "queue": limits.queue,
+        "concurrency": limits.concurrency,
+        "concurrency_per_key": limits.concurrency_per_key,
+        "rate": None if rate is None else {"count": rate.count, "period_ms": rate.period_ms, "text": str(rate)},
+        "updated_at": iso(limits.updated_at),
+    }
+    if use is not None:
+        found.update(running=use.running, rate_used=use.rate_used, held_back=use.held_back)
+    return found
+
+
+def limits_text(limits: QueueLimits, use: QueueStats | None = None) -> str:
+    """One line: a queue's limits, with their use when its stats are given."""
+    parts: list[str] = []
+    if limits.concurrency is not None:
+        parts.append(f"concurrency {limits.concurrency}" + ("" if use is None else f" (running {use.running})"))
+    if limits.concurrency_per_key is not None:
+        parts.append(f"per key {limits.concurrency_per_key}")
+    if limits.rate is not None:
+        parts.append(f"rate {limits.rate}" + ("" if use is None else f" (used {use.rate_used or 0})"))
+    if use is not None:
+        parts.append(f"held back {use.held_back}")
+    return ", ".join(parts)
+
+
+def render_limits(stats: Stats, queue: str | None = None) -> str:
+    """What ``limits`` prints: one line per limited queue (or the one asked), with its use."""
+    limited = [q for q in stats.queues if q.limits is not None and (queue is None or q.queue == queue)]
+    if not limited:
+        return ("no queue has limits" if queue is None else f"queue {one_line(queue)!r} has no limits") + "\n"
+    width = max(len(one_line(q.queue)) for q in limited)
+    lines = []
+    for q in limited:
+        assert q.limits is not None
+        lines.append(f"{one_line(q.queue):<{width}}  {limits_text(q.limits, q)}")
+    return "\n".join(lines) + "\n"
 
 
 def stats_document(stats: Stats) -> dict[str, Any]:
@@ -362,6 +419,11 @@ def render_stats(stats: Stats) -> str:
         )
     unserved = [queue.queue for queue in stats.queues if queue.unserved]
     notes = [f"! no live worker serves {one_line(name)!r}, which has ready jobs" for name in unserved]
+    notes += [
+        f"limits of {one_line(queue.queue)!r}: {limits_text(queue.limits, queue)}"
+        for queue in stats.queues
+        if queue.limits is not None
+    ]
     return "\n".join(lines + column_lines(header, rows) + notes) + "\n"
 
 

@@ -10,12 +10,12 @@ from typing import Any
 
 from ..execution import DEFAULT_CONCURRENCY
 from ..executors import MAX_PROCESSES
-from ..jobs import BULK_BATCH_MAX, JobState, Outcome
+from ..jobs import BULK_BATCH_MAX, LIMIT_MAX, JobState, Outcome
 from ..store import LIST_LIMIT_MAX
 from ..wakeups import WakeupMode
 from .commands.dashboard import cmd_dashboard
 from .commands.jobs import cmd_cancel, cmd_head, cmd_ls, cmd_prune, cmd_purge, cmd_rerun, cmd_settled, cmd_show
-from .commands.queues import cmd_fail_lane, cmd_pause, cmd_resume, cmd_stats
+from .commands.queues import cmd_fail_lane, cmd_limits, cmd_pause, cmd_resume, cmd_stats
 from .commands.serving import cmd_run, cmd_schedules, cmd_workers
 from .commands.upgrade import cmd_upgrade
 from .exits import EXIT_STATUS_HELP
@@ -32,6 +32,7 @@ from .values import (
     non_negative_int,
     parse_duration,
     positive_int,
+    rate,
     seconds,
     slot_count,
     watch_interval,
@@ -175,6 +176,26 @@ def _add_operations_commands(commands: Any) -> None:
     resume = commands.add_parser("resume", help="let runners claim a paused queue's jobs again (idempotent)")
     resume.add_argument("queue")
     resume.set_defaults(func=cmd_resume)
+
+    limits = commands.add_parser(
+        "limits",
+        help="show, set or clear queues' limits (concurrency, per key, rate), obeyed by every runner",
+        description="Without options: every limited queue (or QUEUE) with its limits and their use "
+        "(running, rate used in the window, jobs held back). With --concurrency, --per-key or --rate: "
+        "QUEUE's limits become these (the ones not given: none); --clear removes them.",
+    )
+    limits.add_argument("queue", nargs="?", metavar="QUEUE")
+    limits.add_argument(
+        "--concurrency", type=int_between(1, LIMIT_MAX), metavar="N", help="at most N of its jobs running"
+    )
+    limits.add_argument(
+        "--per-key", type=int_between(1, LIMIT_MAX), metavar="N", help="at most N running jobs of one key"
+    )
+    limits.add_argument(
+        "--rate", type=rate, metavar="N/PERIOD", help="at most N starts in any PERIOD (100/minute, 10/s, 5/30s)"
+    )
+    limits.add_argument("--clear", action="store_true", help="remove the queue's limits")
+    limits.set_defaults(func=cmd_limits)
 
     rerun = commands.add_parser(
         "rerun",

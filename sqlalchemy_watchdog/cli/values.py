@@ -12,7 +12,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ..jobs import MAX_DELAY, Outcome
+from ..errors import InvalidJob
+from ..jobs import MAX_DELAY, Outcome, Rate
 
 #: The keys of ``--where`` (``rerun`` / ``cancel`` in bulk), as the library's arguments.
 WHERE_KEYS = {
@@ -193,6 +194,14 @@ def int_between(low: int, high: int) -> Callable[[str], int]:
 #: The shortest and the default ``stats --watch --interval``, in seconds.
 WATCH_INTERVAL_MIN = 0.1
 WATCH_INTERVAL_DEFAULT = 2.0
+
+
+def rate(text: str) -> Rate:
+    """``--rate N/PERIOD`` (``100/minute``, ``10/s``, ``5/30s``): a :class:`Rate`."""
+    try:
+        return Rate.parse(text)
+    except InvalidJob as error:
+        raise argparse.ArgumentTypeError(str(error).split(": ", 1)[-1]) from None
 
 
 def watch_interval(text: str) -> float:

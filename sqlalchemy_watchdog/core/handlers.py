@@ -304,6 +304,8 @@ class RunningJob:
     #: :mod:`sqlalchemy_watchdog.otel` installed the handler already runs in
     #: the attempt's span, which continues this trace.
     trace_context: Mapping[str, str] | None = None
+    #: The job's flow-control key (``Job.key``), if it has one.
+    key: str | None = None
 
     @property
     def stop_requested(self) -> threading.Event:

@@ -297,6 +297,7 @@ class RunnerCore:
             snoozes=job.snoozes,
             timeout=self.settings.timeout_for(job),
             trace_context=job.trace_context,
+            key=job.key,
         )
         execution = Execution(
             claim,

@@ -401,6 +401,7 @@ class ProcessPool:
             "queue": job.queue,
             "lane": job.lane,
             "priority": job.priority,
+            "key": job.key,
             "payload": job.payload,
             "recovery_count": job.recovery_count,
             "max_recoveries": job.max_recoveries,

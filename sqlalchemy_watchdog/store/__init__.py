@@ -12,7 +12,8 @@ A package of rooms, every name re-exported here (``store.claim`` as before):
 ``views`` (the hot statements precompiled), ``enqueue``, ``claims`` (reads of
 one job, the claim life cycle, recovery), ``maintenance`` (retention,
 listing, stats, pauses, reruns, workers, schedules, bulk actions, make_due),
-``transactions`` (transact_as, locks, retries) and ``chart``.
+``transactions`` (transact_as, locks, retries), ``limits`` (flow control:
+the queues' limits and the limited claim) and ``chart``.
 """
 
 from __future__ import annotations
@@ -96,6 +97,19 @@ from .enqueue import enqueue as enqueue
 from .enqueue import enqueue_each as enqueue_each
 from .enqueue import self_committing as self_committing
 from .enqueue import violation as violation
+from .limits import LIMITED_TTL as LIMITED_TTL
+from .limits import LimitUse as LimitUse
+from .limits import check_limit as check_limit
+from .limits import claim_queue as claim_queue
+from .limits import clear_limits as clear_limits
+from .limits import fair_pick as fair_pick
+from .limits import forget_limited as forget_limited
+from .limits import held_by as held_by
+from .limits import limited_queues as limited_queues
+from .limits import own_transaction as own_transaction
+from .limits import queue_use as queue_use
+from .limits import read_limits as read_limits
+from .limits import set_limits as set_limits
 from .maintenance import _MS_MAX as _MS_MAX
 from .maintenance import _MS_MIN as _MS_MIN
 from .maintenance import LIST_LIMIT_MAX as LIST_LIMIT_MAX

@@ -68,6 +68,7 @@ _VIEW_ORDER = (
     "outcome", "claim_token", "recovery_count", "cancellation_id", "failure_reason", "failure_detail",
     "lease_until", "run_at", "ready_at", "attempt", "max_attempts", "retry_policy", "timeout_ms",
     "snoozes", "failure_history", "enqueued_at", "started_at", "settled_at", "rerun_of", "trace_context",
+    "limit_key",
 )  # fmt: skip
 assert tuple(column.key for column in sql.COLUMNS) == _VIEW_ORDER, "view() must unpack statements.COLUMNS"
 _WIDTH = len(_VIEW_ORDER)
@@ -78,7 +79,7 @@ _JOBVIEW_FIELDS = (
     "sequence", "job_id", "queue", "lane", "priority", "payload", "max_recoveries", "state", "outcome",
     "failure_reason", "recovery_count", "cancellation_id", "failure_detail", "run_at", "ready_at", "attempt",
     "max_attempts", "snoozes", "timeout", "retry", "failure_history", "enqueued_at", "started_at",
-    "settled_at", "rerun_of", "reruns", "trace_context", "undecodable",
+    "settled_at", "rerun_of", "reruns", "trace_context", "undecodable", "key", "held_by",
 )  # fmt: skip
 #: Each field's slot setter: a frozen dataclass's __init__ sets its 27 slots one
 #: object.__setattr__ call at a time (by name, through a global), 3.5x slower
@@ -109,7 +110,7 @@ def view(row: Sequence[Any]) -> JobView:
         sequence, job_id, queue_name, lane, priority, payload_json, recovery_max, state,
         outcome, _token, recovery_count, cancellation_id, failure_reason, failure_detail,
         _lease, run_at, ready_at, attempt, max_attempts, retry_policy, timeout_ms,
-        snoozes, failure_history, enqueued_at, started_at, settled_at, rerun_of, trace_context,
+        snoozes, failure_history, enqueued_at, started_at, settled_at, rerun_of, trace_context, limit_key,
     ) = row[:_WIDTH]  # fmt: skip
     try:
         values = (
@@ -141,6 +142,8 @@ def view(row: Sequence[Any]) -> JobView:
             (),
             None if trace_context is None else telemetry.trace_context_of(trace_context),
             (),
+            limit_key,
+            None,
         )
         if UnreadableText in map(type, row):  # text that is not UTF-8 (SQLite)
             raise ValueError("unreadable text")
@@ -159,7 +162,7 @@ def _decoded_field_by_field(row: Sequence[Any]) -> tuple[Any, ...]:
         sequence, job_id, queue_name, lane, priority, payload_json, recovery_max, state,
         outcome, _token, recovery_count, cancellation_id, failure_reason, failure_detail,
         _lease, run_at, ready_at, attempt, max_attempts, retry_policy, timeout_ms,
-        snoozes, failure_history, enqueued_at, started_at, settled_at, rerun_of, trace_context,
+        snoozes, failure_history, enqueued_at, started_at, settled_at, rerun_of, trace_context, limit_key,
     ) = row[:_WIDTH]  # fmt: skip
     unknown: list[Undecodable] = []
 
@@ -201,6 +204,7 @@ def _decoded_field_by_field(row: Sequence[Any]) -> tuple[Any, ...]:
         ("job_id", "job_id", job_id), ("queue", "queue_name", queue_name), ("lane", "lane", lane),
         ("cancellation_id", "cancellation_id", cancellation_id), ("failure_reason", "failure_reason", failure_reason),
         ("failure_detail", "failure_detail", failure_detail), ("rerun_of", "rerun_of", rerun_of),
+        ("key", "limit_key", limit_key),
     ):  # fmt: skip
         if type(value) is UnreadableText:  # read as it is (U+FFFD for the bytes), listed unknown
             unknown.append(Undecodable(field, column, "stored text is not UTF-8"))
@@ -233,6 +237,8 @@ def _decoded_field_by_field(row: Sequence[Any]) -> tuple[Any, ...]:
         (),
         trace,
         tuple(unknown),
+        limit_key,
+        None,
     )
 
 

@@ -45,6 +45,7 @@ from .base import (
     unreadable_columns,
     view,
 )
+from .limits import claim_queue, limited_queues
 from .operation import Shape, operation
 from .views import execute_rows
 
@@ -168,17 +169,46 @@ def claim(
 ) -> ClaimBatch:
     """Claim up to ``limit`` ready jobs of ``queues`` (all queues if None),
     leased for ``lease_ms`` from the database clock."""
-    params: dict[str, Any] = {"token": new_claim_token(), "lease_ms": lease_ms, "limit": limit}
-    if queues is None:
+    token = new_claim_token()
+    distinct = None if queues is None else list(dict.fromkeys(queues))
+    if distinct is not None and not distinct:
+        return ClaimBatch((), ())
+    rows: list[Sequence[Any]] = []
+    limited = limited_queues(conn)
+    if limited:
+        # The limited queues first, each within its limits in a transaction
+        # of its own (store/limits.py); then the plain claim takes the rest
+        # of the batch from the others (its statement skips limited queues).
+        names = sorted(limited if distinct is None else limited.intersection(distinct))
+        plain = []
+        for queue in names:
+            if len(rows) >= limit:
+                break
+            taken = claim_queue(conn, queue, limit=limit - len(rows), lease_ms=lease_ms, token=token)
+            if taken is None:  # its limits were cleared meanwhile: claimed the plain way
+                plain.append(queue)
+            else:
+                rows.extend(taken)
+        if distinct is not None:
+            distinct = [queue for queue in distinct if queue not in limited] + plain
+            if not distinct:
+                return _batch(conn, rows)
+    if len(rows) >= limit:
+        return _batch(conn, rows)
+    params: dict[str, Any] = {"token": token, "lease_ms": lease_ms, "limit": limit - len(rows)}
+    if distinct is None:
         stmt = sql.claim(conn.dialect.name, None)
     else:
-        distinct = list(dict.fromkeys(queues))
-        if not distinct:
-            return ClaimBatch((), ())
         stmt = sql.claim(conn.dialect.name, len(distinct))
         params.update(sql.queue_params(distinct))
+    rows.extend(execute_rows(conn, stmt, params))
+    return _batch(conn, rows)
+
+
+def _batch(conn: Connection, found: Sequence[Sequence[Any]]) -> ClaimBatch:
+    """The claim statements' rows as a batch (jobs found cancelled apart)."""
     # By priority, then admission (positions 4 and 0 of statements.COLUMNS).
-    rows = sorted(execute_rows(conn, stmt, params), key=lambda r: (-r[4] if type(r[4]) is int else 0, r[0]))
+    rows = sorted(found, key=lambda r: (-r[4] if type(r[4]) is int else 0, r[0]))
     claimed: list[Claim] = []
     cancelled: list[JobView] = []
     for row in rows:

@@ -127,6 +127,7 @@ def _enqueue(
             and job.retry is None
             and job.timeout is None
             and job.rerun_of is None
+            and job.key is None
             else (*_values(job), delay_ms, trace_context)
             for job in chunk
         ]
@@ -229,6 +230,7 @@ def _values(job: Job) -> tuple[Any, ...]:
         job.retry_json,
         job.timeout_ms,
         job.rerun_of,
+        job.key,
     )
 
 

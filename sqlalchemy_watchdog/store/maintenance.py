@@ -65,6 +65,7 @@ from .enqueue import (
     _row,
     enqueue,
 )
+from .limits import held_by, queue_use, read_limits
 from .operation import Shape, operation
 
 log = logging.getLogger("sqlalchemy_watchdog.store")
@@ -289,6 +290,9 @@ def stats(conn: Connection) -> Stats:
     for queue, reason, paused_at in conn.execute(sql.paused_queues()):
         entry(queue)["pause"] = QueuePause(queue, reason, at_epoch_ms(paused_at))
     serving = live_workers_per_queue(conn)
+    uses = {limits.queue: queue_use(conn, limits) for limits in read_limits(conn)}
+    for queue in uses:
+        entry(queue)
     result = []
     for queue in sorted(queues):
         e = queues[queue]
@@ -304,6 +308,9 @@ def stats(conn: Connection) -> Stats:
                 settled_last_hour=dict(e["hour"]),
                 pause=e.get("pause"),
                 workers=serving.get(queue, 0),
+                limits=None if queue not in uses else uses[queue].limits,
+                rate_used=None if queue not in uses else uses[queue].rate_used,
+                held_back=0 if queue not in uses else uses[queue].held_back,
             )
         )
     return Stats(at_epoch_ms(clock), tuple(result))
@@ -528,7 +535,8 @@ def read_with_reruns(conn: Connection, job_id: str) -> JobView | None:
     if job is None:
         return None
     reruns = tuple(conn.execute(sql.reruns_of(), {"job": job_id}).scalars())
-    return dataclasses.replace(job, reruns=reruns) if reruns else job
+    held = held_by(conn, job)
+    return dataclasses.replace(job, reruns=reruns, held_by=held) if reruns or held else job
 
 
 @operation(Shape.READ)
@@ -751,6 +759,7 @@ def _rerun_copy(original: JobView, rerun_id: str) -> Job:
         retry=original.retry,
         timeout=original.timeout,
         rerun_of=original.job_id,
+        key=original.key,
     )
 
 

@@ -40,11 +40,14 @@ from ..connections import follow_failover
 from ..errors import InvalidJob, WatchdogError
 from ..gateway import SyncGateway
 from ..jobs import (
+    LIMIT_MAX,
     BulkResult,
     BulkSkip,
     JobState,
     JobView,
     Outcome,
+    QueueLimits,
+    Rate,
     Undecodable,
 )
 from ..visible import escape as visible_escape
@@ -57,7 +60,18 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 #: What ``authorize(request, action)`` is asked about: every action by name.
-ACTIONS = ("cancel", "fail_lane", "purge", "pause", "resume", "rerun", "bulk_rerun", "bulk_cancel")
+ACTIONS = (
+    "cancel",
+    "fail_lane",
+    "purge",
+    "pause",
+    "resume",
+    "rerun",
+    "bulk_rerun",
+    "bulk_cancel",
+    "set_limits",
+    "clear_limits",
+)
 #: The actions that destroy or end something, or act on many jobs: each asks
 #: for confirmation first (a bulk action's page shows how many jobs match).
 DESTRUCTIVE_ACTIONS = frozenset({"cancel", "fail_lane", "purge", "bulk_rerun", "bulk_cancel"})
@@ -590,6 +604,7 @@ class _Pages:
             "stats": stats,
             "chart": chart.render(throughput),
             "paused": [queue for queue in stats.queues if queue.paused],
+            "limited": [queue for queue in stats.queues if queue.limits is not None],
             "unserved": [queue for queue in stats.queues if queue.unserved],
         }
 
@@ -773,6 +788,14 @@ class _Pages:
         if action == "resume":
             resumed = await client.resume(fields["queue"])
             return _Result(action, fields, resumed.value, _PAUSE_TEXT[resumed.value])
+        if action == "set_limits":
+            limits = await client.set_limits(fields["queue"], **_limit_values(fields))
+            return _Result(action, fields, "set", f"The queue's limits are now: {_limits_text(limits)}.")
+        if action == "clear_limits":
+            had = await client.clear_limits(fields["queue"])
+            if had:
+                return _Result(action, fields, "cleared", "The queue's limits are cleared: it claims unlimited again.")
+            return _Result(action, fields, "not_limited", "The queue had no limits.")
         rerun = await client.rerun(fields["job_id"], rerun_id=fields["rerun_id"])
         fields = {**fields, "new_job_id": rerun.job_id}
         return _Result(action, fields, rerun.status.value, _RERUN_TEXT[rerun.status.value])
@@ -813,6 +836,34 @@ _RERUN_TEXT = {
     "duplicate": "This rerun exists already (a repeated request): nothing changed.",
 }
 
+
+def _limit_values(fields: Mapping[str, str]) -> dict[str, Any]:
+    """The ``set_limits`` form's numbers (an empty field: no such limit); InvalidJob naming a bad one."""
+    values: dict[str, Any] = {}
+    for name in ("concurrency", "concurrency_per_key"):
+        text = fields.get(name, "").strip()
+        if not text:
+            values[name] = None
+        elif not text.isdecimal() or len(text) > 9:
+            raise InvalidJob(name, f"must be a whole number from 1 to {LIMIT_MAX}, got {text[:20]!r}")
+        else:
+            values[name] = int(text)
+    text = fields.get("rate", "").strip()
+    values["rate"] = Rate.parse(text) if text else None
+    return values
+
+
+def _limits_text(limits: QueueLimits) -> str:
+    parts = []
+    if limits.concurrency is not None:
+        parts.append(f"at most {limits.concurrency} running")
+    if limits.concurrency_per_key is not None:
+        parts.append(f"at most {limits.concurrency_per_key} running per key")
+    if limits.rate is not None:
+        parts.append(f"at most {limits.rate.count} started per {limits.rate.per}")
+    return ", ".join(parts)
+
+
 #: The fields of each action's form: (name, required).
 _ACTION_FIELDS: dict[str, tuple[tuple[str, bool], ...]] = {
     "cancel": (("job_id", True), ("cancellation_id", True)),
@@ -829,6 +880,8 @@ _ACTION_FIELDS: dict[str, tuple[tuple[str, bool], ...]] = {
         ("rerun_id", True),
     ),
     "bulk_cancel": (("queue", False), ("lane", False), ("cancellation_id", True)),
+    "set_limits": (("queue", True), ("concurrency", False), ("concurrency_per_key", False), ("rate", False)),
+    "clear_limits": (("queue", True),),
 }
 #: The choices of a bulk rerun's "settled within the last ..." field.
 SETTLED_WITHIN = {

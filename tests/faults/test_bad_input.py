@@ -36,6 +36,7 @@ from sqlalchemy_watchdog import (
     JobState,
     Outcome,
     ProcessExecutor,
+    Rate,
     Retention,
     RetryPolicy,
     Runner,
@@ -116,6 +117,7 @@ def _seed(engine: Engine) -> None:
         store.claim(conn, queues=["q"], lease_ms=60_000, limit=1)
     wd.cancel("seed-queued", "seed-cancel")
     wd.pause("seed-paused", reason="seed")  # a pause a bad resume must not lift
+    wd.set_limits("seed-limited", concurrency=3, rate=Rate(5, timedelta(seconds=7)))  # limits a bad call must keep
 
 
 @dataclass(frozen=True)
@@ -358,6 +360,38 @@ REFUSED: dict[str, Entry] = {
     "lane empty": Entry("lane", job(lane="")),
     "lane 513 chars": Entry("lane", job(lane="l" * 513)),
     "lane with NUL": Entry("lane", job(lane="\x00")),
+    # flow control: a job's key, a queue's limits (revision w0011)
+    "key empty": Entry("key", job(key="")),
+    "key 257 chars": Entry("key", job(key="k" * 257)),
+    "key with NUL": Entry("key", job(key="k\x00")),
+    "key lone surrogate": Entry("key", job(key="k\ud800")),
+    "key int": Entry("key", job(key=42)),
+    "key bytes": Entry("key", job(key=b"tenant")),
+    "set_limits concurrency 0": Entry("concurrency", wd("set_limits", "q", concurrency=0)),
+    "set_limits concurrency negative": Entry("concurrency", wd("set_limits", "q", concurrency=-5)),
+    "set_limits concurrency huge": Entry("concurrency", wd("set_limits", "q", concurrency=10**12)),
+    "set_limits concurrency bool": Entry("concurrency", wd("set_limits", "q", concurrency=True)),
+    "set_limits concurrency float": Entry("concurrency", wd("set_limits", "q", concurrency=1.5)),
+    "set_limits concurrency str": Entry("concurrency", wd("set_limits", "q", concurrency="5")),
+    "set_limits per key 0": Entry("concurrency_per_key", wd("set_limits", "q", concurrency_per_key=0)),
+    "set_limits per key huge": Entry("concurrency_per_key", wd("set_limits", "q", concurrency_per_key=2**40)),
+    "set_limits nothing to set": Entry("concurrency", wd("set_limits", "q"), says="at least one"),
+    "set_limits rate a tuple": Entry("rate", wd("set_limits", "q", rate=(100, timedelta(minutes=1)))),
+    "set_limits rate a str": Entry("rate", wd("set_limits", "q", rate="100/minute")),
+    "set_limits rate count 0": Entry("rate", lambda engine: Rate(0, timedelta(minutes=1))),
+    "set_limits rate count bool": Entry("rate", lambda engine: Rate(True, timedelta(minutes=1))),
+    "set_limits rate period zero": Entry("rate", lambda engine: Rate(10, timedelta(0))),
+    "set_limits rate period negative": Entry("rate", lambda engine: Rate(10, timedelta(seconds=-1))),
+    "set_limits rate period over a day": Entry("rate", lambda engine: Rate(10, timedelta(days=1, seconds=1))),
+    "set_limits rate period sub-millisecond": Entry("rate", lambda engine: Rate(10, timedelta(microseconds=10))),
+    "set_limits rate period an int": Entry("rate", lambda engine: Rate(10, 60)),  # type: ignore[arg-type]
+    "set_limits rate text zero period": Entry("rate", lambda engine: Rate.parse("10/0s")),
+    "set_limits queue empty": Entry("queue", wd("set_limits", "", concurrency=1)),
+    "set_limits queue 257 chars": Entry("queue", wd("set_limits", "q" * 257, concurrency=1)),
+    "set_limits queue NUL": Entry("queue", wd("set_limits", "q\x00", concurrency=1)),
+    "set_limits queue int": Entry("queue", wd("set_limits", 5, concurrency=1)),
+    "clear_limits queue 257 chars": Entry("queue", wd("clear_limits", "seed-limited" + "q" * 250)),
+    "clear_limits queue NUL": Entry("queue", wd("clear_limits", "seed-limited\x00")),
     # payloads
     "payload NaN": Entry("payload", job(payload=math.nan)),
     "payload inf": Entry("payload", job(payload=math.inf)),
@@ -816,6 +850,8 @@ def test_refused_with_a_clear_error_and_nothing_written(
     assert {r["state"] for r in before} == {"queued", "running", "settled", "delayed"}
     pauses_before = _pauses(engine)
     assert [p[0] for p in pauses_before] == ["seed-paused"]
+    limits_before = Watchdog(engine).limits()
+    assert [limits.queue for limits in limits_before] == ["seed-limited"]
     with pytest.raises(entry.error) as caught:
         entry.call(engine)
     message = str(caught.value)
@@ -828,6 +864,7 @@ def test_refused_with_a_clear_error_and_nothing_written(
         assert caught.value.code.value == "invalid_input", caught.value.code
     assert dump_jobs(engine) == before, "the database changed"
     assert _pauses(engine) == pauses_before, "the pauses changed"
+    assert Watchdog(engine).limits() == limits_before, "the limits changed"
     with engine.connect() as conn:
         assert conn.execute(select(workers_table)).all() == [], "a worker row was written"
         assert conn.execute(select(schedules_table)).all() == [], "a schedule row was written"

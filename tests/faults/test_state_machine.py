@@ -35,6 +35,18 @@ each failure appended to the history. Cancel, fail_lane and purge act on
 delayed jobs too; recovery counts in ``recovery_count``, never in
 ``attempt``.
 
+Flow control (revision w0011): jobs carry keys (part of their identity), and
+queues get limits -- concurrency, per key, a rate -- at the start and by
+``set_limits`` / ``clear_limits`` at any step, raised and lowered while jobs
+run. The model predicts exactly which jobs each claim takes: the limited
+queues first, by name, each within its room (concurrency minus its running
+jobs, the rate minus the claims logged in the window of the database clock,
+nothing while paused) and fairly (the rotation over keys from the stored
+cursor, the unkeyed jobs as one entry, the first job of each entry, then the
+second...), then the plain claim for the unlimited queues; the cursor and the
+rate log it writes; and after each claim that took a limited queue's jobs,
+its running jobs within every limit.
+
 Invariants after every step: the CHECK grammar holds on every row (a
 delayed row has a ready time and no claim); ``1 <= attempt <=
 max_attempts``; a settled row never changes; ``recovery_count <=
@@ -77,6 +89,7 @@ from sqlalchemy_watchdog import (
     Outcome,
     PauseStatus,
     QueueStats,
+    Rate,
     RetryPolicy,
     Runner,
     RunningJob,
@@ -96,7 +109,7 @@ from sqlalchemy_watchdog.jobs import (
     bulk_cancellation_id,
     rerun_job_id,
 )
-from sqlalchemy_watchdog.model import jobs_table, pauses_table, workers_table
+from sqlalchemy_watchdog.model import jobs_table, limit_claims_table, limits_table, pauses_table, workers_table
 from tests.faults.helpers import controlled_db_clock, dump_jobs
 
 JOB_IDS = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]
@@ -104,6 +117,20 @@ QUEUES = ["q1", "q2", "q3"]
 #: Lanes of their own, one of them a queue's name; a job without one has its queue's.
 LANES = ["l1", "l2", "q1"]
 CANCEL_IDS = ["x1", "x2", "x3", "x4"]
+#: Flow-control keys (revision w0011); most jobs have none.
+KEYS = [None, None, None, "t1", "t2", "t3"]
+#: (concurrency, concurrency_per_key, rate as (count, period ms)) a queue's limits may be set to.
+LIMITS: list[tuple[int | None, int | None, tuple[int, int] | None]] = [
+    (1, None, None),
+    (2, None, None),
+    (None, 1, None),
+    (2, 1, None),
+    (None, 2, None),
+    (5, 1, None),
+    (None, None, (2, 1_000)),
+    (3, 1, (3, 5_000)),
+    (None, None, None),  # refused: at least one limit
+]
 LEASES = [100, 1_000, 5_000]
 SKEWS = [0, 0, 0, 40, -40, 600_000, -600_000]
 BASE = 1_700_000_000_000
@@ -196,6 +223,7 @@ jobs_strategy = st.builds(
     run_at=st.sampled_from(RUN_ATS),
     retry=st.sampled_from(RETRIES),
     timeout=st.sampled_from(TIMEOUTS),
+    key=st.sampled_from(KEYS),
 )
 
 LIVE = ("delayed", "queued", "running")
@@ -247,6 +275,8 @@ class Row:
     #: Revision w0005: the trace context of the enqueue call that admitted
     #: it (never changed by a replay or any later transition).
     trace_context: str | None = None
+    #: Revision w0011: its flow-control key; part of its identity.
+    limit_key: str | None = None
 
     def columns(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in ("order", "policy")}
@@ -265,7 +295,19 @@ def identity(job: Job) -> tuple[Any, ...]:
         job.retry_json,
         job.timeout_ms,
         job.rerun_of,
+        job.key,
     )
+
+
+@dataclass
+class Limit:
+    """A queue's row of ``watchdog_limits`` as the model keeps it."""
+
+    concurrency: int | None
+    per_key: int | None
+    rate: tuple[int, int] | None
+    updated_at: int
+    cursor: str | None = None
 
 
 @dataclass
@@ -285,6 +327,7 @@ class Model:
             row.retry_policy,
             row.timeout_ms,
             row.rerun_of,
+            row.limit_key,
         )
         return stored == identity(job)
 
@@ -314,6 +357,7 @@ class Model:
             enqueued_at=now,
             rerun_of=job.rerun_of,
             trace_context=trace_context,
+            limit_key=job.key,
         )
 
     def live_claim(self, job_id: str, token: str, now: int) -> bool:
@@ -402,12 +446,18 @@ class WatchdogMachine(RuleBasedStateMachine):
         """The database clock."""
         return BASE + self.t
 
-    @initialize(jobs=st.lists(jobs_strategy, min_size=2, max_size=8))
-    def start(self, jobs: list[Job]) -> None:
+    @initialize(
+        jobs=st.lists(jobs_strategy, min_size=2, max_size=8),
+        limits=st.lists(st.tuples(st.sampled_from(QUEUES), st.sampled_from(LIMITS[:-1])), max_size=3),
+    )
+    def start(self, jobs: list[Job], limits: list[tuple[str, Any]]) -> None:
         with store.write_transaction(self.engine) as conn:
             conn.execute(delete(jobs_table))
             conn.execute(delete(pauses_table))
             conn.execute(delete(workers_table))
+            conn.execute(delete(limits_table))
+            conn.execute(delete(limit_claims_table))
+            store.forget_limited(conn)
         self.t = 0
         self.set_clock(self.db)
         self.model = Model()
@@ -419,8 +469,12 @@ class WatchdogMachine(RuleBasedStateMachine):
         # worker_id -> (queues, heartbeat_ms, last_seen): the workers table's model
         self.worker_rows: dict[str, tuple[tuple[str, ...], int, int]] = {}
         self.watchdog = Watchdog(self.engine)
+        self.limits: dict[str, Limit] = {}  # queue -> its limits (watchdog_limits)
+        self.rate_log: list[tuple[str, int, int]] = []  # (queue, claimed_at, jobs): watchdog_limit_claims
         for job in jobs:  # start with some work (conflicting replays are refused as usual)
             self.enqueue([job], None)
+        for queue, spec in limits:  # most runs start with limited queues (w0011)
+            self.set_limits(queue, spec)
 
     # -- rules ------------------------------------------------------------------
 
@@ -487,16 +541,27 @@ class WatchdogMachine(RuleBasedStateMachine):
         if promote_first:  # as a runner's tick does
             self.promote(1_000)
         db = self.db
-        candidates = sorted(
-            (
-                r
-                for r in self.model.rows.values()
-                if r.state == "queued"
-                and (queues is None or r.queue_name in queues)
-                and r.queue_name not in self.pauses  # the claim statement skips paused queues
-            ),
-            key=lambda r: (-r.priority, r.order),
-        )[:limit]
+        # The limited queues first, by name, each within its limits and fairly
+        # (docs/design.md "Flow control"), then the plain claim for the rest.
+        candidates: list[Row] = []
+        limited = sorted(q for q in self.limits if queues is None or q in queues)
+        for queue in limited:
+            if len(candidates) >= limit:
+                break
+            candidates += self._limited_pick(queue, limit - len(candidates), db)
+        if len(candidates) < limit:
+            candidates += sorted(
+                (
+                    r
+                    for r in self.model.rows.values()
+                    if r.state == "queued"
+                    and (queues is None or r.queue_name in queues)
+                    and r.queue_name not in self.pauses  # the claim statement skips paused queues
+                    and r.queue_name not in self.limits  # ... and limited ones
+                ),
+                key=lambda r: (-r.priority, r.order),
+            )[: limit - len(candidates)]
+        candidates.sort(key=lambda r: (-r.priority, r.order))
         batch = self.tx(store.claim, queues=queues, limit=limit, lease_ms=lease)
         runnable = [r.job_id for r in candidates if r.cancellation_id is None]
         cancelled = [r.job_id for r in candidates if r.cancellation_id is not None]
@@ -505,6 +570,7 @@ class WatchdogMachine(RuleBasedStateMachine):
         for claimed in batch.claimed:
             ready_at = epoch_of(claimed.job.ready_at)
             assert ready_at is None or ready_at <= db, f"claimed before its time: {claimed.job}"
+            assert claimed.job.key == self.model.rows[claimed.job.job_id].limit_key
         tokens = {c.job.job_id: c.token for c in batch.claimed}
         assert len(set(tokens.values())) == len(tokens), "each claimed job its own token"
         for row in candidates:
@@ -519,6 +585,138 @@ class WatchdogMachine(RuleBasedStateMachine):
                 row.settled_at = db  # started_at stays the last attempt's (if any)
         for claimed in batch.claimed:
             self.claimed[(claimed.job.job_id, claimed.token)] = claimed
+        for queue in limited:  # the limits hold after every claim that took this queue's jobs
+            took = [r for r in candidates if r.queue_name == queue and r.cancellation_id is None]
+            if took:
+                self._assert_within_limits(queue)
+
+    def _running(self, queue: str) -> list[Row]:
+        return [r for r in self.model.rows.values() if r.queue_name == queue and r.state == "running"]
+
+    def _limited_pick(self, queue: str, limit: int, db: int) -> list[Row]:
+        """The jobs the limited claim of ``queue`` takes, with what it writes
+        (the cursor, the rate log) applied to the model."""
+        spec = self.limits[queue]
+        running = self._running(queue)
+        used = 0
+        if spec.rate is not None:
+            _count, period = spec.rate
+            self.rate_log = [e for e in self.rate_log if not (e[0] == queue and e[1] <= db - period)]
+            used = sum(jobs for q, at_, jobs in self.rate_log if q == queue and at_ > db - period)
+        room = 0 if queue in self.pauses else limit
+        if spec.concurrency is not None:
+            room = min(room, spec.concurrency - len(running))
+        if spec.rate is not None:
+            room = min(room, spec.rate[0] - used)
+        if room <= 0:
+            return []
+        queued = sorted(
+            (r for r in self.model.rows.values() if r.queue_name == queue and r.state == "queued"),
+            key=lambda r: (-r.priority, r.order),
+        )
+        if not queued:  # nothing queued: the claim ends at the lock (the cursor stays)
+            return []
+        keys = sorted({r.limit_key for r in queued if r.limit_key is not None})
+        cursor = spec.cursor
+        rotation: list[str | None]
+        if cursor is None:
+            rotation = [*keys, None]
+        else:
+            rotation = [*(k for k in keys if k > cursor), None, *(k for k in keys if k <= cursor)]
+        by_key = {key: sum(1 for r in running if r.limit_key == key) for key in keys}
+        groups: list[list[Row]] = []
+        for entry in rotation:
+            if entry is None:
+                groups.append([r for r in queued[: room + 256] if r.limit_key is None][:room])
+            else:
+                take = room if spec.per_key is None else max(0, min(room, spec.per_key - by_key[entry]))
+                groups.append([r for r in queued if r.limit_key == entry][:take])
+        ranked = sorted(
+            ((position, place, row) for place, jobs in enumerate(groups) for position, row in enumerate(jobs)),
+            key=lambda rank: (rank[0], rank[1]),
+        )[:room]
+        if ranked:
+            spec.cursor = rotation[ranked[-1][1]]
+        else:
+            spec.cursor = rotation[-1]  # nothing to take: past the entries walked
+        picked = [row for _, _, row in ranked]
+        started = sum(1 for row in picked if row.cancellation_id is None)
+        if spec.rate is not None and started:
+            self.rate_log.append((queue, db, started))
+        return picked
+
+    def _assert_within_limits(self, queue: str) -> None:
+        """A claim that took jobs of ``queue`` left it within its limits (the
+        model's count and the database's)."""
+        spec = self.limits[queue]
+        running = self._running(queue)
+        with self.engine.connect() as conn:
+            stored = (
+                conn.execute(
+                    select(jobs_table.c.limit_key).where(
+                        jobs_table.c.queue_name == queue, jobs_table.c.state == "running"
+                    )
+                )
+                .scalars()
+                .all()
+            )
+        assert sorted(stored, key=str) == sorted((r.limit_key for r in running), key=str)
+        if spec.concurrency is not None:
+            assert len(running) <= spec.concurrency, (queue, spec, running)
+        if spec.per_key is not None:
+            per = [r.limit_key for r in running if r.limit_key is not None]
+            assert all(per.count(key) <= spec.per_key for key in per), (queue, spec, per)
+        if spec.rate is not None:
+            count, period = spec.rate
+            assert sum(j for q, at_, j in self.rate_log if q == queue and at_ > self.db - period) <= count
+
+    @rule(queue=st.sampled_from(QUEUES), limits=st.sampled_from(LIMITS))
+    def set_limits(self, queue: str, limits: tuple[int | None, int | None, tuple[int, int] | None]) -> None:
+        """Set (replace) a queue's limits; lowering one stops nothing that runs."""
+        concurrency, per_key, rate = limits
+        drawn = None if rate is None else Rate(rate[0], ms(rate[1]))
+        if concurrency is None and per_key is None and rate is None:
+            with pytest.raises(InvalidJob):
+                self.watchdog.set_limits(queue)
+            return
+        stored = self.watchdog.set_limits(queue, concurrency=concurrency, concurrency_per_key=per_key, rate=drawn)
+        old = self.limits.get(queue)
+        if old is None or (old.concurrency, old.per_key, old.rate) != (concurrency, per_key, rate):
+            self.limits[queue] = Limit(concurrency, per_key, rate, self.db, None if old is None else old.cursor)
+        assert (stored.queue, stored.concurrency, stored.concurrency_per_key, stored.rate) == (
+            queue,
+            concurrency,
+            per_key,
+            drawn,
+        )
+        assert epoch_of(stored.updated_at) == self.limits[queue].updated_at
+
+    @rule(queue=st.sampled_from(QUEUES))
+    def clear_limits(self, queue: str) -> None:
+        assert self.watchdog.clear_limits(queue) is (queue in self.limits)
+        self.limits.pop(queue, None)
+        self.rate_log = [e for e in self.rate_log if e[0] != queue]
+
+    @invariant()
+    def limits_match_model(self) -> None:
+        if not hasattr(self, "limits"):
+            return
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(limits_table).order_by(limits_table.c.queue_name)).mappings().all()
+            logged = conn.execute(
+                select(limit_claims_table.c.queue_name, limit_claims_table.c.claimed_at, limit_claims_table.c.jobs)
+            ).all()
+        assert {
+            r["queue_name"]: (
+                r["concurrency"],
+                r["concurrency_per_key"],
+                None if r["rate_count"] is None else (r["rate_count"], r["rate_period_ms"]),
+                r["updated_at"],
+                r["cursor_key"],
+            )
+            for r in rows
+        } == {q: (s.concurrency, s.per_key, s.rate, s.updated_at, s.cursor) for q, s in self.limits.items()}
+        assert sorted(tuple(row) for row in logged) == sorted(self.rate_log)
 
     def _decide(self, execution: ex.Execution, kind: str, returned: Decision | None) -> Decision:
         """What the runner makes of a handler that ended as ``kind``."""
@@ -1024,6 +1222,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             retry=original.policy,
             timeout=None if original.timeout_ms is None else ms(original.timeout_ms),
             rerun_of=job_id,
+            key=original.limit_key,
         )
         existing = self.model.rows.get(new_id)
         if existing is not None and not self.model.same(existing, copy):
@@ -1114,6 +1313,7 @@ class WatchdogMachine(RuleBasedStateMachine):
                 retry=original.policy,
                 timeout=None if original.timeout_ms is None else ms(original.timeout_ms),
                 rerun_of=original.job_id,
+                key=original.limit_key,
             )
             existing = self.model.rows.get(copy.job_id)
             if existing is None:
@@ -1289,6 +1489,8 @@ class WatchdogMachine(RuleBasedStateMachine):
                 if r.settled_at >= db - 60_000:
                     e["minute"][outcome] = e["minute"].get(outcome, 0) + 1
         for queue in self.pauses:
+            entry(queue)
+        for queue in self.limits:
             entry(queue)
         assert [q.queue for q in got.queues] == sorted(expected)
         for q in got.queues:

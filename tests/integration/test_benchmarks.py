@@ -37,7 +37,18 @@ def test_every_scenario_is_listed_with_its_help() -> None:
     listed = bench("--list")
     assert listed.returncode == 0, listed.stderr
     names = {line.split()[0] for line in listed.stdout.splitlines()}
-    for scenario in ("enqueue", "drain", "latency", "claim", "prune", "stats", "scale", "sqlite-load", "poolers"):
+    for scenario in (
+        "enqueue",
+        "drain",
+        "latency",
+        "claim",
+        "prune",
+        "stats",
+        "scale",
+        "sqlite-load",
+        "poolers",
+        "limits",
+    ):
         assert scenario in names
     assert {"in-process", "otel-overhead", "profile-drain", "hot-statements", "index-review", "executors"} <= names
 
@@ -60,4 +71,14 @@ def test_the_executors_scenario_runs_on_sqlite(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     assert "| CPU-bound handler, ~10 ms (jobs/s), SQLite" in run.stdout
     assert "| process p1" in run.stdout and "| no-op handler (jobs/s), SQLite" in run.stdout
+    assert '"errors": []' in out.read_text()
+
+
+def test_the_limits_scenario_runs_on_sqlite(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    run = bench(
+        "limits", "--subjects", "watchdog", "--dialects", "sqlite", "--repeat", "1", "--jobs", "20", "--json", str(out),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "| concurrency 16, 1 per key (100 keys)" in run.stdout
     assert '"errors": []' in out.read_text()

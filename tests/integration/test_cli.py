@@ -83,14 +83,14 @@ def test_upgrade_creates_the_table_and_is_idempotent(empty_engine: Engine, cli: 
     assert not inspect(empty_engine).has_table("watchdog_jobs")
     status, out, _ = cli("upgrade")
     assert status == 0
-    assert "w0010_stored_types_and_ranges" in out
+    assert "w0011_flow_control" in out
     assert inspect(empty_engine).has_table("watchdog_jobs")
     status, out, _ = cli("--json", "upgrade")
     assert status == 0
-    assert json.loads(out)["heads"] == ["w0010_stored_types_and_ranges"]
+    assert json.loads(out)["heads"] == ["w0011_flow_control"]
     with empty_engine.connect() as conn:
         versions = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
-    assert versions == ["w0010_stored_types_and_ranges"]
+    assert versions == ["w0011_flow_control"]
     # The migrated table is the model: jobs go in and come out.
     add(empty_engine, Job("a", "q"))
     assert read(empty_engine, "a").state is JobState.QUEUED
@@ -1238,6 +1238,7 @@ def test_stats_table_and_json(engine: Engine, cli: Cli) -> None:
         "workers": 0,
         "unserved": True,  # ready jobs, and no live worker serves the queue
         "pause": None,
+        "limits": None,
     }
     paused_at = datetime.fromisoformat(sms["pause"].pop("paused_at"))
     assert abs(paused_at - datetime.fromisoformat(document["at"])) < timedelta(minutes=5)
@@ -1254,6 +1255,7 @@ def test_stats_table_and_json(engine: Engine, cli: Cli) -> None:
         "workers": 0,
         "unserved": False,
         "pause": {"reason": "provider outage"},
+        "limits": None,
     }
 
     status, out, _ = cli("stats")
@@ -1744,3 +1746,52 @@ def test_schedules_without_a_module_shows_what_the_runners_serve_and_disputed_de
         ("hourly", "30 * * * *", True),
         ("nightly", "0 3 * * *", False),
     ]
+
+
+def test_limits_shows_sets_and_clears_a_queues_limits(engine: Engine, cli: Cli) -> None:
+    status, out, _ = cli("limits")
+    assert (status, out) == (0, "no queue has limits\n")
+    add(engine, *(Job(f"export-{i}", "exports", key=f"customer-{i % 2}") for i in range(4)))
+    status, out, _ = cli("limits", "exports", "--concurrency", "1", "--per-key", "1", "--rate", "100/minute")
+    assert status == 0
+    assert out.split() == [
+        "exports", "concurrency", "1", "(running", "0),", "per", "key", "1,", "rate", "100/m", "(used", "0),",
+        "held", "back", "3",
+    ]  # fmt: skip  # 4 ready, room for 1
+    limits = Watchdog(engine).limits()
+    assert [(q.queue, q.concurrency, q.concurrency_per_key, str(q.rate)) for q in limits] == [
+        ("exports", 1, 1, "100/m")
+    ]
+    with engine.begin() as conn:
+        assert len(store.claim(conn, queues=["exports"], limit=4, lease_ms=60_000).claimed) == 1
+    status, out, _ = cli("--json", "limits")
+    document = json.loads(out)
+    assert (document["queue"], document["running"], document["rate_used"], document["held_back"]) == (
+        "exports", 1, 1, 3,
+    )  # fmt: skip
+    assert document["rate"] == {"count": 100, "period_ms": 60_000, "text": "100/m"}
+    status, out, _ = cli("show", "export-1")
+    assert status == 0 and "waiting_for_room" in out and "concurrency limit is reached" in out
+    status, out, _ = cli("stats")
+    assert "limits of 'exports': concurrency 1 (running 1)" in out
+    status, out, _ = cli("limits", "exports", "--clear")
+    assert (status, out) == (0, "queue 'exports': limits cleared\n")
+    status, out, _ = cli("limits", "exports", "--clear")
+    assert (status, out) == (0, "queue 'exports': had no limits\n")
+    assert Watchdog(engine).limits() == ()
+
+
+@pytest.mark.dialect_neutral
+def test_limits_refuses_bad_values_naming_the_option_and_changes_nothing(engine: Engine, cli: Cli) -> None:
+    for args in (
+        ["limits", "q", "--concurrency", "0"],
+        ["limits", "q", "--concurrency", "1000001"],
+        ["limits", "q", "--per-key", "-1"],
+        ["limits", "q", "--rate", "10/0s"],
+        ["limits", "q", "--rate", "ten/s"],
+        ["limits", "--concurrency", "3"],
+        ["limits", "q", "--clear", "--concurrency", "3"],
+    ):
+        status, _, err = cli(*args)
+        assert status == 2, (args, err)
+    assert Watchdog(engine).limits() == ()

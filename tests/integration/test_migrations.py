@@ -74,7 +74,7 @@ def schema_names(engine: Engine) -> dict[str, set[Any]]:
 
 
 #: The tables of revision w0009, whose CHECK constraints are compared by name too.
-OTHER_TABLES = ("watchdog_workers", "watchdog_schedules")
+OTHER_TABLES = ("watchdog_workers", "watchdog_schedules", "watchdog_limits", "watchdog_limit_claims")
 
 
 def model_names(dialect: str) -> dict[str, set[Any]]:
@@ -102,7 +102,7 @@ def model_names(dialect: str) -> dict[str, set[Any]]:
 
 
 #: The package's newest revision.
-HEAD = "w0010_stored_types_and_ranges"
+HEAD = "w0011_flow_control"
 
 
 def test_upgrade_head_creates_the_jobs_table(empty_engine: Engine) -> None:
@@ -779,9 +779,11 @@ W0007 = "w0007_notify_when_waiting"
 
 
 def _all_rows(engine: Engine) -> dict[str, dict[str, Any]]:
+    """Every row by job_id, without w0011's ``limit_key`` (NULL on every row
+    from before it: test_w0011 checks that)."""
     with engine.connect() as conn:
         rows = conn.execute(text("SELECT * FROM watchdog_jobs ORDER BY sequence")).mappings()
-        return {row["job_id"]: dict(row) for row in rows}
+        return {row["job_id"]: {k: v for k, v in row.items() if k != "limit_key"} for row in rows}
 
 
 def _cancellation_rule_holds(engine: Engine) -> None:
@@ -790,8 +792,21 @@ def _cancellation_rule_holds(engine: Engine) -> None:
         with engine.begin() as conn:
             conn.execute(text("UPDATE watchdog_jobs SET cancellation_id = 'c-1' WHERE job_id = 'cancelled'"))
     with engine.begin() as conn:
-        enqueue(conn, [Job(f"no-cancellation-{i}", "q") for i in range(3)])
+        # By hand: the library's enqueue names columns of later revisions (w0011's limit_key).
+        for i in range(3):
+            _insert_plain(conn, f"no-cancellation-{i}")
         conn.execute(text("DELETE FROM watchdog_jobs WHERE job_id LIKE 'no-cancellation-%'"))
+
+
+def _insert_plain(conn: Any, job_id: str) -> None:
+    """A queued job with no cancellation id, in any revision's table."""
+    conn.execute(
+        text(
+            "INSERT INTO watchdog_jobs (job_id, queue_name, lane, priority, payload_json, state)"
+            " VALUES (:job, 'q', 'q', 0, 'null', 'queued')"
+        ),
+        {"job": job_id},
+    )
 
 
 def test_w0008_keeps_every_row_the_sequence_counter_and_the_cancellation_rule_both_ways(
@@ -841,9 +856,9 @@ def test_w0008_keeps_every_row_the_sequence_counter_and_the_cancellation_rule_bo
     if engine.dialect.name == "postgresql":
         assert "ix_watchdog_jobs_queued_since" in index_names(engine)
     with engine.begin() as conn:
-        enqueue(conn, Job("after-downgrade", "q"))
-    down = Watchdog(engine).read("after-downgrade")
-    assert down is not None and down.sequence > upgraded.sequence
+        _insert_plain(conn, "after-downgrade")
+        down = conn.execute(text("SELECT sequence FROM watchdog_jobs WHERE job_id = 'after-downgrade'")).scalar_one()
+    assert down > upgraded.sequence
 
     run(engine, command.upgrade, "head")
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
@@ -1021,9 +1036,45 @@ def test_w0010_repairs_wrongly_typed_rows_adds_the_checks_and_downgrades_to_the_
             conn.execute(text("UPDATE watchdog_jobs SET priority = 'abc' WHERE job_id = 'waiting-with-policy'"))
             conn.execute(text("UPDATE watchdog_jobs SET priority = 3 WHERE job_id = 'waiting-with-policy'"))
     with engine.begin() as conn:
-        enqueue(conn, Job("after-downgrade", "q"))
-    down = Watchdog(engine).read("after-downgrade")
-    assert down is not None and down.sequence > upgraded.sequence
+        _insert_plain(conn, "after-downgrade")
+        down = conn.execute(text("SELECT sequence FROM watchdog_jobs WHERE job_id = 'after-downgrade'")).scalar_one()
+    assert down > upgraded.sequence
     run(engine, command.upgrade, "head")
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
     assert schema_names(engine) == model_names(engine.dialect.name)
+
+
+# -- w0011: flow control ------------------------------------------------------------------
+
+W0010 = "w0010_stored_types_and_ranges"
+
+
+def test_w0011_adds_keys_and_limits_keeping_every_row_and_downgrades(empty_engine: Engine) -> None:
+    """Up: every job keeps its row and has no key; a key and limits can be
+    stored. Down: the tables and the column are gone, every row as it was."""
+    engine = empty_engine
+    run(engine, command.upgrade, W0010)
+    with engine.begin() as conn:
+        for i in range(5):
+            _insert_plain(conn, f"job-{i}")
+    before = _all_rows(engine)
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []
+    assert _all_rows(engine) == before
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM watchdog_jobs WHERE limit_key IS NULL")).scalar_one() == 5
+    watchdog = Watchdog(engine)
+    watchdog.enqueue(Job("keyed", "q", key="tenant-1"))
+    watchdog.set_limits("q", concurrency=2)
+    with pytest.raises(IntegrityError), engine.begin() as conn:
+        conn.execute(text("UPDATE watchdog_limits SET concurrency = 0"))
+    with pytest.raises(IntegrityError), engine.begin() as conn:
+        conn.execute(text("UPDATE watchdog_limits SET rate_count = 5"))  # a rate needs its period
+    run(engine, command.downgrade, W0010)
+    assert {"watchdog_limits", "watchdog_limit_claims"}.isdisjoint(tables(engine))
+    with engine.connect() as conn:
+        columns = conn.execute(text("SELECT * FROM watchdog_jobs")).keys()
+    assert "limit_key" not in columns
+    assert set(_all_rows(engine)) == {*before, "keyed"}
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []

@@ -278,6 +278,8 @@ def test_watchdog_metadata_holds_only_the_watchdog_tables() -> None:
     assert sqlalchemy_watchdog.metadata is WatchdogJob.metadata
     assert sorted(sqlalchemy_watchdog.metadata.tables) == [
         "watchdog_jobs",
+        "watchdog_limit_claims",
+        "watchdog_limits",
         "watchdog_queue_pauses",
         "watchdog_schedules",
         "watchdog_workers",
@@ -304,6 +306,7 @@ CHECK_NAMES = {
     "ck_watchdog_jobs_settled_at_settled",
     "ck_watchdog_jobs_rerun_of_length",
     "ck_watchdog_jobs_trace_context_length",
+    "ck_watchdog_jobs_limit_key_length",
 }
 #: SQLite's stored-type CHECKs (revision w0010): every column but the rowid
 #: ``sequence``; PostgreSQL's column types already hold.
@@ -322,6 +325,9 @@ INDEX_NAMES = {
     "ix_watchdog_jobs_live_queue",
     # Every job by lane, settled history included (w0010): the listing's lane filter.
     "ix_watchdog_jobs_lane_history",
+    # Only keyed jobs (w0011): a limited claim's walk over keys, and each key's running jobs.
+    "ix_watchdog_jobs_keyed_queued",
+    "ix_watchdog_jobs_keyed_running",
 }
 
 

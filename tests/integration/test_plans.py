@@ -62,14 +62,18 @@ NOW = int(time.time() * 1000)
 #: Rows per shape, per dialect: large enough that a scan of the history costs
 #: the planner far more than any index (SQLite's planner reads sqlite_stat1).
 SIZES = {
-    "postgresql": {"settled": 200_000, "delayed": 20_000, "queued": 5_000, "backlog": 20_000, "running": 200},
-    "sqlite": {"settled": 20_000, "delayed": 2_000, "queued": 500, "backlog": 2_000, "running": 40},
-}
+    "postgresql": {
+        "settled": 200_000, "delayed": 20_000, "queued": 5_000, "backlog": 20_000, "running": 200, "keys": 2_000,
+    },
+    "sqlite": {"settled": 20_000, "delayed": 2_000, "queued": 500, "backlog": 2_000, "running": 40, "keys": 500},
+}  # fmt: skip
 QUEUES = 50
 LANES = 2_000
 PAUSED_QUEUE = "q1"
 #: One queue with a backlog much larger than the others' (a runner's claim reads one queue).
 BACKLOG_QUEUE = "big"
+#: A limited queue whose jobs have keys (revision w0011).
+KEYED_QUEUE = "keyed"
 
 
 def _numbers(dialect: str, rows: int) -> tuple[str, str]:
@@ -127,6 +131,24 @@ def seed_statements(dialect: str) -> list[str]:
     )
     out.append(
         f"INSERT INTO watchdog_queue_pauses (queue_name, reason, paused_at) VALUES ('{PAUSED_QUEUE}', NULL, {NOW})"
+    )
+    # A limited queue of keyed jobs (revision w0011): three queued jobs per key, one running in one key in ten.
+    with_, source = _numbers(dialect, size["keys"] * 3)
+    out.append(
+        f"{with_}INSERT INTO {TABLE} (job_id, queue_name, lane, priority, payload_json, state, enqueued_at, limit_key)"
+        f" SELECT 'kq-' || n, '{KEYED_QUEUE}', '{KEYED_QUEUE}', n % 2, '{{}}', 'queued', {NOW},"
+        f" 'k' || (n % {size['keys']}) FROM {source}"
+    )
+    with_, source = _numbers(dialect, size["keys"] // 10)
+    out.append(
+        f"{with_}INSERT INTO {TABLE} (job_id, queue_name, lane, priority, payload_json, state, claim_token,"
+        " lease_until, enqueued_at, started_at, limit_key)"
+        f" SELECT 'kr-' || n, '{KEYED_QUEUE}', '{KEYED_QUEUE}', 0, '{{}}', 'running', 'krt-' || n, {NOW} + 600000,"
+        f" {NOW}, {NOW}, 'k' || (n * 10) FROM {source}"
+    )
+    out.append(
+        "INSERT INTO watchdog_limits (queue_name, concurrency, concurrency_per_key, updated_at)"
+        f" VALUES ('{KEYED_QUEUE}', 1000, 1, {NOW})"
     )
     return out
 
@@ -366,6 +388,19 @@ def _claim(queues: list[str] | None) -> Params:
     return params
 
 
+def _walk(dialect: str) -> dict[str, Any]:
+    return {"queue": KEYED_QUEUE, "after": "k250", "walk": 40}
+
+
+def _picks(dialect: str) -> dict[str, Any]:
+    keys = {f"key_{i}": f"k{300 + i}" for i in range(4)}
+    return {"queue": KEYED_QUEUE, "unkeyed_n": 5, "unkeyed_scan": 261, **keys, **{f"n_{i}": 5 for i in range(4)}}
+
+
+def _claim_limited(dialect: str) -> dict[str, Any]:
+    return {"token": "tok", "lease_ms": 60_000, "sequences": [5, 6, 7]}
+
+
 def _list(**values: Any) -> Params:
     return lambda dialect: {"after_sequence": 0, "before_sequence": 2**63 - 1, "limit": 100, **values}
 
@@ -384,6 +419,8 @@ LEASE = "ix_watchdog_jobs_lease"
 LIVE_LANE = "ix_watchdog_jobs_live_lane"
 LIVE_QUEUE = "ix_watchdog_jobs_live_queue"
 LANE_HISTORY = "ix_watchdog_jobs_lane_history"
+KEYED_QUEUED = "ix_watchdog_jobs_keyed_queued"
+KEYED_RUNNING = "ix_watchdog_jobs_keyed_running"
 #: Reads the jobs table by no index, by design (see the case).
 NONE = ""
 
@@ -655,6 +692,19 @@ PLANS: list[Case] = [
     Case("waiting_jobs", "waiting_jobs", (), lambda d: {"queues": ["q3"], "limit": 10}, on(LIVE_QUEUE)),
     # A runner's INFO summary: its backlog, counted up to a cap through the live queue index.
     Case("count_ready", "count_ready", (), lambda d: {"queues": ["q3"], "cap": 10_000}, on(LIVE_QUEUE)),
+    # -- flow control (w0011): the limited claim, and the stats of a limited queue
+    Case(
+        "limit_usage", "limit_usage", (D,), lambda d: {"queue": KEYED_QUEUE, "period_ms": 60_000}, on(LIVE_QUEUE, LEASE)
+    ),
+    # The limits row locked, and whether the queue has a queued job (its first entry in live_queue).
+    Case("lock_limits", "lock_limits", (D,), lambda d: {"queue": KEYED_QUEUE}, on(LIVE_QUEUE)),
+    Case("walk_keys", "walk_keys", (), _walk, on(KEYED_QUEUED)),
+    Case(
+        "keys_running", "keys_running", (), lambda d: {"queue": KEYED_QUEUE, "keys": ["k10", "k11"]}, on(KEYED_RUNNING)
+    ),
+    Case("key_picks", "key_picks", (D, 4), _picks, on(KEYED_QUEUED, LIVE_QUEUE), both=True, ordered=True),
+    Case("claim_limited", "claim_limited", (D,), _claim_limited, on(PK)),
+    Case("keyed_counts", "keyed_counts", (D,), lambda d: {"queue": KEYED_QUEUE}, on(LIVE_QUEUE)),
 ]
 
 #: Statements that do not read the jobs table: the coverage test knows them; nothing to plan.
@@ -676,6 +726,15 @@ NOT_ON_JOBS = {
     "list_schedules",
     "prune_schedules",
     "job_id_collation",
+    # watchdog_limits and watchdog_limit_claims: one row per limited queue, about one
+    # rate period of claims per queue, read by primary key or (queue, claimed_at).
+    "read_limits",
+    "move_cursor",
+    "log_claim",
+    "forget_claims",
+    "forget_queue_claims",
+    "set_limits",
+    "clear_limits",
 }
 
 
@@ -934,3 +993,89 @@ def test_a_lane_is_an_index_range_at_a_million_jobs(dialect: str, request: pytes
     assert [job.sequence for job in own] == [n for n in reversed(lane) if n % TENANTS == 8][:100]
     given = watchdog.list_jobs(lane="q8", queue="q7", limit=100, after_sequence=300_000)
     assert [job.sequence for job in given] == [n for n in lane if n % TENANTS == 7 and n > 300_000][:100]
+
+
+#: Distinct keys of the limited queue beside the million settled jobs.
+MANY_KEYS = 10_000
+
+
+@pytest.mark.parametrize("dialect", [LITE, PG])
+def test_the_limited_claim_stays_flat_at_a_million_jobs_and_ten_thousand_keys(
+    dialect: str, request: pytest.FixtureRequest
+) -> None:
+    """1,000,000 settled jobs and a limited queue of 10,000 keys (two queued
+    jobs each, one key in ten running one): every statement of the limited
+    claim reads its index -- the walk over keys and each key's jobs
+    ``keyed_queued``, a key's running jobs ``keyed_running``, the unkeyed
+    head and the running count ``live_queue``, the update by key -- in the
+    custom, prepared and generic plans on PostgreSQL, never a scan of the
+    table or a sort of what it read. And the claims take one job per key, in
+    rotation."""
+    engine: Engine = request.getfixturevalue("million_sqlite" if dialect == LITE else "million_icu")
+    with_, source = _numbers(dialect, MANY_KEYS * 2)
+    padded = (
+        f"lpad(CAST(n % {MANY_KEYS} AS TEXT), 5, '0')" if dialect == PG else f"substr('0000' || (n % {MANY_KEYS}), -5)"
+    )
+    seed = [
+        f"{with_}INSERT INTO {TABLE} (job_id, queue_name, lane, priority, payload_json, state, enqueued_at, limit_key)"
+        f" SELECT 'many-' || n, 'many', 'many', 0, '{{}}', 'queued', n, 'key-' || {padded}"
+        f" FROM {source}",
+        f"INSERT INTO watchdog_limits (queue_name, concurrency, concurrency_per_key, updated_at)"
+        f" VALUES ('many', 100, 1, {NOW})",
+    ]
+    with engine.begin() as conn:
+        for insert in seed:
+            conn.exec_driver_sql(insert.replace("%", "%%") if dialect == PG else insert)
+        conn.exec_driver_sql(f"ANALYZE {TABLE}" if dialect == PG else "ANALYZE")
+    try:
+        cases: list[tuple[Any, dict[str, Any], tuple[str, ...], bool]] = [
+            (sql.walk_keys(), {"queue": "many", "after": "key-05000", "walk": 40}, (KEYED_QUEUED,), False),
+            (
+                sql.keys_running(),
+                {"queue": "many", "keys": [f"key-{n:05}" for n in range(40)]},
+                (KEYED_RUNNING,),
+                False,
+            ),
+            (
+                sql.key_picks(dialect, 64),
+                {
+                    "queue": "many",
+                    "unkeyed_n": 16,
+                    "unkeyed_scan": 272,
+                    **{f"key_{i}": f"key-{7000 + i:05}" for i in range(64)},
+                    **{f"n_{i}": 1 for i in range(64)},
+                },
+                (KEYED_QUEUED,),
+                True,
+            ),
+            # The queue's running jobs: its range of live_queue, or (PostgreSQL, few running
+            # jobs anywhere) the running jobs of every queue in the lease index.
+            (sql.limit_usage(dialect), {"queue": "many", "period_ms": 60_000}, (LIVE_QUEUE, LEASE), False),
+            (sql.claim_limited(dialect), {"token": "t", "lease_ms": 1000, "sequences": [1_000_001]}, (PK,), False),
+        ]
+        misses: list[tuple[Any, ...]] = []
+        for statement, params, index, ordered in cases:
+            caught, parameters = sent(engine, statement, params)
+            if dialect == LITE:
+                plans = [("plan", sqlite_plan(engine, caught, parameters))]
+            else:
+                plans = [
+                    ("first executions", pg_first_plan(engine, caught, parameters)),
+                    ("prepared, 6th execution", pg_cached_plan(engine, caught, parameters)),
+                    ("generic plan", pg_cached_plan(engine, caught, parameters, generic=True)),
+                ]
+            for label, plan in plans:
+                if not plan.indexes & set(index) or plan.full_scan or (ordered and plan.sorts):
+                    misses.append((index, label, sorted(plan.indexes), plan.full_scan, plan.sorts))
+        assert not misses, misses
+        taken: list[str] = []
+        for _ in range(3):
+            with store.write_transaction(engine) as conn:
+                batch = store.claim(conn, queues=["many"], limit=16, lease_ms=60_000)
+            taken.extend(claim.job.key or "" for claim in batch.claimed)
+        assert sorted(taken) == [f"key-{n:05}" for n in range(48)]  # one per key, in rotation
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"DELETE FROM {TABLE} WHERE queue_name = 'many'")
+            conn.exec_driver_sql("DELETE FROM watchdog_limits")
+            conn.exec_driver_sql(f"ANALYZE {TABLE}" if dialect == PG else "ANALYZE")

@@ -87,7 +87,7 @@ def quick_retry(max_attempts: int) -> RetryPolicy:
 def test_a_handler_runs_in_a_child_process_and_sees_the_running_job(
     engine: Engine, runners: RunnerDriver, marks: Path
 ) -> None:
-    add(engine, Job("a", "q", lane="L", priority=3, payload={"dir": str(marks), "to": "x@example.com"}))
+    add(engine, Job("a", "q", lane="L", priority=3, key="tenant-1", payload={"dir": str(marks), "to": "x@example.com"}))
     result = make(runners, {"q": h.record}).tick()
     assert result.status is TickStatus.SETTLED and result.job is not None
     assert result.job.outcome is Outcome.COMPLETED
@@ -99,6 +99,7 @@ def test_a_handler_runs_in_a_child_process_and_sees_the_running_job(
             "queue": "q",
             "lane": "L",
             "priority": 3,
+            "key": "tenant-1",
             "payload": {"to": "x@example.com"},
             "attempt": 1,
             "max_attempts": 1,

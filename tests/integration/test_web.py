@@ -402,6 +402,35 @@ def test_pause_resume_purge_fail_lane_rerun(engine: Engine, watchdog: Watchdog, 
     assert "only a settled job can be rerun" in html.unescape(refused.text)
 
 
+def test_limits_are_shown_set_and_cleared_by_form(engine: Engine, watchdog: Watchdog, dashboard: Dashboard) -> None:
+    assert "No queue has limits" in dashboard.get("/").text
+    watchdog.enqueue([Job(f"e{n}", "exports", key=f"customer-{n % 2}") for n in range(4)])
+    done = dashboard.post("set-limits", queue="exports", concurrency="1", concurrency_per_key="1", rate="100/minute")
+    assert status_of(done.text) == "set" and "at most 1 running" in done.text
+    (limits,) = watchdog.limits()
+    assert (limits.queue, limits.concurrency, limits.concurrency_per_key, str(limits.rate)) == (
+        "exports",
+        1,
+        1,
+        "100/m",
+    )
+    with store.write_transaction(engine) as conn:
+        store.claim(conn, queues=["exports"], limit=4, lease_ms=60_000)
+    page = dashboard.get("/").text
+    assert "3 held back by limits" in page and 'aria-labelledby="limits-h"' in page
+    assert "100/m (1)" in page  # the rate, and the claims counted in its window
+    job = dashboard.get("/job", job_id="e3").text
+    assert "customer-1" in job and "concurrency limit leaves no room now" in job
+    refused = dashboard.post("set-limits", queue="exports", concurrency="0")
+    assert status_of(refused.text) == "refused" and "concurrency" in refused.text
+    refused = dashboard.post("set-limits", queue="exports", rate="many/minute")
+    assert status_of(refused.text) == "refused" and "rate" in refused.text
+    assert watchdog.limits() == (limits,)  # nothing written
+    assert status_of(dashboard.post("clear-limits", queue="exports").text) == "cleared"
+    assert status_of(dashboard.post("clear-limits", queue="exports").text) == "not_limited"
+    assert watchdog.limits() == ()
+
+
 def test_an_action_without_its_fields_is_a_bad_request(watchdog: Watchdog, dashboard: Dashboard) -> None:
     response = dashboard.post("cancel", job_id="seed")
     assert response.status_code == 400 and "cancellation_id" in response.text

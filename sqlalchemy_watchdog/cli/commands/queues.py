@@ -1,5 +1,5 @@
 """The commands on queues and lanes: ``stats`` (once or ``--watch``),
-``pause``, ``resume`` and ``fail-lane``."""
+``pause``, ``resume``, ``limits`` and ``fail-lane``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,16 @@ from typing import TextIO
 
 from ...jobs import PauseStatus
 from ..exits import UsageError
-from ..output import CLEAR_SCREEN, control, json_line, one_line, render_stats, stats_document
+from ..output import (
+    CLEAR_SCREEN,
+    control,
+    json_line,
+    limits_dict,
+    one_line,
+    render_limits,
+    render_stats,
+    stats_document,
+)
 from ..values import WATCH_INTERVAL_DEFAULT
 from . import open_watchdog, print_json
 
@@ -84,4 +93,33 @@ def cmd_resume(args: argparse.Namespace, out: TextIO) -> int:
         print_json({"queue": args.queue, "status": status.value}, out)
     else:
         print(f"queue {args.queue!r}: {status.value.replace('_', ' ')}", file=out)
+    return 0
+
+
+def cmd_limits(args: argparse.Namespace, out: TextIO) -> int:
+    """Show every limited queue's limits and their use (or QUEUE's), set
+    QUEUE's limits (``--concurrency``, ``--per-key``, ``--rate``; replacing
+    the ones it had) or remove them (``--clear``)."""
+    changing = args.concurrency is not None or args.per_key is not None or args.rate is not None
+    if (changing or args.clear) and args.queue is None:
+        raise UsageError("name the QUEUE whose limits to set or clear")
+    if changing and args.clear:
+        raise UsageError("--clear takes no limit options")
+    watchdog = open_watchdog(args)
+    if args.clear:
+        had = watchdog.clear_limits(args.queue)
+        if args.json:
+            print_json({"queue": args.queue, "status": "cleared" if had else "not_limited"}, out)
+        else:
+            print(f"queue {args.queue!r}: {'limits cleared' if had else 'had no limits'}", file=out)
+        return 0
+    if changing:
+        watchdog.set_limits(args.queue, concurrency=args.concurrency, concurrency_per_key=args.per_key, rate=args.rate)
+    stats = watchdog.stats()
+    if args.json:
+        for queue in stats.queues:
+            if queue.limits is not None and (args.queue is None or queue.queue == args.queue):
+                print_json(limits_dict(queue.limits, queue), out)
+        return 0
+    out.write(render_limits(stats, args.queue))
     return 0

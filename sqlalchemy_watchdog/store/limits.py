@@ -1,0 +1,391 @@
+"""Flow control: the queues' limits, and the limited claim.
+
+Part of :mod:`sqlalchemy_watchdog.store` (see its docstring). The design and
+the argument that the limits are exact are in docs/design.md ("Flow control").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+
+from .. import statements as sql
+from ..errors import InvalidJob
+from ..jobs import (
+    KEY_MAX_LENGTH,
+    LIMIT_MAX,
+    QUEUE_MAX_LENGTH,
+    HeldBy,
+    JobState,
+    JobView,
+    QueueLimits,
+    Rate,
+    at_epoch_ms,
+    check_int,
+    check_text,
+)
+from .operation import Shape, operation
+
+# -- which queues are limited ---------------------------------------------------
+
+#: How long a process trusts its list of limited queues. The plain claim
+#: statement itself refuses a limited queue's jobs (``statements.UNLIMITED``),
+#: so a stale list never breaks a limit: a queue limited meanwhile is claimed
+#: by nobody until the list is read again (at most this long), a queue whose
+#: limits were cleared is claimed the plain way within the limited path.
+LIMITED_TTL = 1.0
+
+_limited: weakref.WeakKeyDictionary[Engine, tuple[float, frozenset[str]]] = weakref.WeakKeyDictionary()
+
+
+def limited_queues(conn: Connection) -> frozenset[str]:
+    """The names of the queues with limits, read at most every
+    :data:`LIMITED_TTL` seconds per engine (so an unlimited claim costs
+    what it did before limits existed)."""
+    engine = conn.engine
+    now = time.monotonic()
+    known = _limited.get(engine)
+    if known is not None and now - known[0] < LIMITED_TTL:
+        return known[1]
+    names = frozenset(conn.execute(sql.read_limits(False).with_only_columns(sql.lim.queue_name)).scalars())
+    _limited[engine] = (now, names)
+    return names
+
+
+def forget_limited(conn: Connection) -> None:
+    """Read the limited queues afresh at the next claim (this process changed them)."""
+    _limited.pop(conn.engine, None)
+
+
+# -- limits ------------------------------------------------------------------------
+
+
+def _limits_of(row: Any) -> QueueLimits:
+    rate = None
+    if row.rate_count is not None and row.rate_period_ms is not None:
+        rate = Rate(row.rate_count, timedelta(milliseconds=row.rate_period_ms))
+    return QueueLimits(row.queue_name, row.concurrency, row.concurrency_per_key, rate, at_epoch_ms(row.updated_at))
+
+
+def check_limit(name: str, value: object) -> int | None:
+    """A limit: None, or an int in ``[1, LIMIT_MAX]``."""
+    return None if value is None else check_int(name, value, 1, LIMIT_MAX)
+
+
+@operation(Shape.READ)
+def read_limits(conn: Connection, queues: Sequence[str] | None = None) -> tuple[QueueLimits, ...]:
+    """Every limited queue's limits (of ``queues`` when given), by name."""
+    if queues is None:
+        return tuple(_limits_of(row) for row in conn.execute(sql.read_limits(False)))
+    names = [check_text("queue", queue, QUEUE_MAX_LENGTH) for queue in queues]
+    return tuple(_limits_of(row) for row in conn.execute(sql.read_limits(True), {"queues": names}))
+
+
+@operation(Shape.WRITE)
+def set_limits(
+    conn: Connection,
+    queue: str,
+    *,
+    concurrency: int | None = None,
+    concurrency_per_key: int | None = None,
+    rate: Rate | None = None,
+) -> QueueLimits:
+    """Store ``queue``'s limits (replacing the ones it had); idempotent."""
+    check_text("queue", queue, QUEUE_MAX_LENGTH)
+    check_limit("concurrency", concurrency)
+    check_limit("concurrency_per_key", concurrency_per_key)
+    if rate is not None and not isinstance(rate, Rate):
+        raise InvalidJob("rate", f"must be a Rate (e.g. Rate(100, timedelta(minutes=1))), not {type(rate).__name__}")
+    if concurrency is None and concurrency_per_key is None and rate is None:
+        raise InvalidJob(
+            "concurrency", "give at least one of concurrency, concurrency_per_key and rate (clear_limits removes them)"
+        )
+    params = {
+        "queue": queue,
+        "concurrency": concurrency,
+        "per_key": concurrency_per_key,
+        "rate_count": None if rate is None else rate.count,
+        "rate_period_ms": None if rate is None else rate.period_ms,
+    }
+    conn.execute(sql.set_limits(conn.dialect.name), params)
+    forget_limited(conn)
+    stored = conn.execute(sql.read_limits(True), {"queues": [queue]}).one()
+    return _limits_of(stored)
+
+
+@operation(Shape.TRANSACTION)
+def clear_limits(conn: Connection, queue: str) -> bool:
+    """Remove ``queue``'s limits (and its rate log); whether it had any."""
+    check_text("queue", queue, QUEUE_MAX_LENGTH)
+    had = conn.execute(sql.clear_limits(), {"queue": queue}).first() is not None
+    conn.execute(sql.forget_queue_claims(), {"queue": queue})
+    forget_limited(conn)
+    return had
+
+
+# -- the limited claim -----------------------------------------------------------
+
+#: Rate-log rows a claim deletes at most (the queue's rows out of the window).
+FORGET_BATCH = 1000
+#: Keys walked per segment at most, and segments per claim at most.
+WALK_MAX = 256
+WALK_SEGMENTS = 4
+
+
+@contextlib.contextmanager
+def own_transaction(conn: Connection) -> Iterator[None]:
+    """Run the block in a transaction: the caller's when ``conn`` has one
+    (SQLite's ``BEGIN IMMEDIATE``, or the caller's own), else -- an
+    autocommit connection on PostgreSQL -- one begun and committed here,
+    the connection back in autocommit afterwards."""
+    if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+        yield
+        return
+    if conn.in_transaction():
+        conn.commit()  # SQLAlchemy's autobegun no-op: nothing is pending in autocommit
+    conn.execution_options(isolation_level=conn.default_isolation_level)
+    try:
+        with conn.begin():
+            yield
+    except BaseException:
+        # A cut connection may refuse even this: the gateway discards it
+        # anyway; the error that matters is the one raised in the block.
+        with contextlib.suppress(Exception):
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+        raise
+    conn.execution_options(isolation_level="AUTOCOMMIT")
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    """What a limited queue has room for now, under its lock."""
+
+    clock: int
+    running: int
+    rate_used: int
+    room: int
+
+
+def _room(conn: Connection, row: Any, limit: int) -> Room:
+    period = row.rate_period_ms or 0
+    clock, running, used, paused = conn.execute(
+        sql.limit_usage(conn.dialect.name), {"queue": row.queue_name, "period_ms": period}
+    ).one()
+    used = int(used or 0)
+    room = 0 if paused else limit  # a paused queue: no claim takes its jobs
+    if row.concurrency is not None:
+        room = min(room, row.concurrency - running)
+    if row.rate_count is not None:
+        room = min(room, row.rate_count - used)
+    return Room(clock, running, used, room)
+
+
+def _rotation(conn: Connection, queue: str, cursor: str | None, segment: int) -> Iterator[list[str | None]]:
+    """The queue's rotation from after ``cursor``, in segments: its keys
+    above the cursor (ascending, code point order), the unkeyed jobs as one
+    entry (None), then its keys up to the cursor -- each segment at most
+    ``segment`` keys, read by a skip scan."""
+    after = "" if cursor is None else cursor
+    while True:
+        keys: list[str | None] = list(
+            conn.execute(sql.walk_keys(), {"queue": queue, "after": after, "walk": segment}).scalars()
+        )
+        if keys:
+            yield keys
+        if len(keys) < segment:
+            break
+        last = keys[-1]
+        assert last is not None
+        after = last
+    yield [None]
+    if cursor is None:
+        return
+    after = ""
+    while True:
+        walked = list(conn.execute(sql.walk_keys(), {"queue": queue, "after": after, "walk": segment}).scalars())
+        inside: list[str | None] = [key for key in walked if key <= cursor]
+        if inside:
+            yield inside
+        if len(inside) < len(walked) or len(walked) < segment:
+            return
+        after = walked[-1]
+
+
+def _parts(count: int) -> int:
+    """The statement size for ``count`` keys: the next power of two (few variants)."""
+    return 0 if count == 0 else 1 << math.ceil(math.log2(count))
+
+
+def fair_pick(conn: Connection, row: Any, room: int) -> tuple[list[tuple[int, str | None]], str | None, bool]:
+    """Up to ``room`` of the queue's queued jobs, fairly: ``(sequence, key)``
+    in rank order -- the first job of each entry of the rotation, then the
+    second of each, ... (priority, then admission, orders a key's jobs) --
+    with the cursor to store and whether to store it."""
+    queue = row.queue_name
+    per_key = row.concurrency_per_key
+    segment = min(room * 2 + 8, WALK_MAX)
+    dialect = conn.dialect.name
+    groups: list[list[tuple[int, int]]] = []  # per rotation entry: (priority, sequence)
+    entries: list[str | None] = []
+    found = 0  # entries with at least one job
+    for number, keys in enumerate(_rotation(conn, queue, row.cursor_key, segment)):
+        named = [key for key in keys if key is not None]
+        take = dict.fromkeys(named, room)
+        if per_key is not None and named:
+            running: dict[str, int] = {
+                key: count for key, count in conn.execute(sql.keys_running(), {"queue": queue, "keys": named})
+            }
+            take = {key: max(0, min(room, per_key - running.get(key, 0))) for key in named}
+        open_keys = [key for key in named if take[key] > 0]
+        parts = _parts(len(open_keys))
+        params: dict[str, Any] = {"queue": queue, "unkeyed_n": room if None in keys else 0}
+        params["unkeyed_scan"] = room + sql.UNKEYED_SCAN if None in keys else 0
+        for index in range(parts):
+            key = open_keys[index] if index < len(open_keys) else None
+            params[f"key_{index}"] = key
+            params[f"n_{index}"] = 0 if key is None else take[key]
+        candidates: dict[int, list[tuple[int, int]]] = {}
+        if open_keys or None in keys:
+            for sequence, priority, part in conn.execute(sql.key_picks(dialect, parts), params):
+                candidates.setdefault(part, []).append((priority, sequence))
+        for key in keys:
+            part = -1 if key is None else (open_keys.index(key) if key in take and take[key] > 0 else None)
+            jobs = sorted(candidates.get(part, []), key=lambda job: (-job[0], job[1])) if part is not None else []
+            entries.append(key)
+            groups.append(jobs)
+            found += 1 if jobs else 0
+        # Enough entries with a job for every slot: walking further could
+        # only add jobs ranked after these (rank: position, then entry).
+        if found >= room or number + 1 >= WALK_SEGMENTS * 2 + 1:
+            break
+    ranked = sorted(
+        (
+            (position, order, job[1], entries[order])
+            for order, jobs in enumerate(groups)
+            for position, job in enumerate(jobs)
+        ),
+    )[:room]
+    picks = [(sequence, key) for _position, _order, sequence, key in ranked]
+    if picks:  # the cursor: the entry that got the last job, in rank order
+        return picks, ranked[-1][3], True
+    # Nothing to take: the next claim starts after the entries walked, so a
+    # run of keys at their limit is not walked again and again.
+    if entries:
+        return picks, entries[-1], entries[-1] != row.cursor_key
+    return picks, None, False
+
+
+def claim_queue(conn: Connection, queue: str, *, limit: int, lease_ms: int, token: str) -> list[Sequence[Any]] | None:
+    """Claim up to ``limit`` of limited queue ``queue``'s jobs within its
+    limits, in a transaction (see :func:`own_transaction`): the rows the
+    claim statement returned, or None when the queue has no limits now (the
+    caller claims it the plain way)."""
+    dialect = conn.dialect.name
+    with own_transaction(conn):
+        row = conn.execute(sql.lock_limits(dialect), {"queue": queue}).first()
+        if row is None:
+            return None
+        room = _room(conn, row, limit)
+        period = row.rate_period_ms
+        if period is not None:
+            conn.execute(sql.forget_claims(), {"queue": queue, "before": room.clock - period, "batch": FORGET_BATCH})
+        if room.room <= 0 or not row.has_queued:
+            return []
+        picks, cursor, move = fair_pick(conn, row, room.room)
+        rows: list[Sequence[Any]] = []
+        if picks:
+            params = {"token": token, "lease_ms": lease_ms, "sequences": [sequence for sequence, _ in picks]}
+            rows = list(conn.execute(sql.claim_limited(dialect), params))
+        if move or rows:
+            # Always written when jobs were taken: under REPEATABLE READ a
+            # claimer whose snapshot predates this commit then fails its lock
+            # (a serialization failure, retried) instead of counting stale rows.
+            conn.execute(sql.move_cursor(), {"queue": queue, "cursor": cursor})
+        started = sum(1 for claimed in rows if claimed[7] == JobState.RUNNING.value)
+        if period is not None and started:
+            conn.execute(sql.log_claim(), {"queue": queue, "clock": room.clock, "jobs": started})
+        return rows
+
+
+# -- what a limit holds back ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LimitUse:
+    """A limited queue's use now (for stats)."""
+
+    limits: QueueLimits
+    rate_used: int | None
+    held_back: int
+
+
+def queue_use(conn: Connection, limits: QueueLimits) -> LimitUse:
+    """How much of ``limits`` is used, and how many queued jobs no claim could take now."""
+    dialect = conn.dialect.name
+    period = 0 if limits.rate is None else limits.rate.period_ms
+    _clock, running, used, _paused = conn.execute(
+        sql.limit_usage(dialect), {"queue": limits.queue, "period_ms": period}
+    ).one()
+    used = int(used or 0)
+    queued: dict[str | None, int] = {}
+    running_by_key: dict[str | None, int] = {}
+    for key, state, count in conn.execute(sql.keyed_counts(dialect), {"queue": limits.queue}):
+        (queued if state == JobState.QUEUED.value else running_by_key)[key] = count
+    total = sum(queued.values())
+    claimable = 0
+    for key, count in queued.items():
+        if key is None or limits.concurrency_per_key is None:
+            claimable += count
+        else:
+            claimable += max(0, min(count, limits.concurrency_per_key - running_by_key.get(key, 0)))
+    if limits.concurrency is not None:
+        claimable = min(claimable, max(0, limits.concurrency - running))
+    if limits.rate is not None:
+        claimable = min(claimable, max(0, limits.rate.count - used))
+    return LimitUse(limits, None if limits.rate is None else used, total - claimable)
+
+
+def held_by(conn: Connection, job: JobView) -> HeldBy | None:
+    """The limit that leaves queued ``job`` no room now, if any."""
+    if job.state is not JobState.QUEUED:
+        return None
+    found = conn.execute(sql.read_limits(True), {"queues": [job.queue]}).first()
+    if found is None:
+        return None
+    limits = _limits_of(found)
+    period = 0 if limits.rate is None else limits.rate.period_ms
+    _clock, running, used, _paused = conn.execute(
+        sql.limit_usage(conn.dialect.name), {"queue": job.queue, "period_ms": period}
+    ).one()
+    if limits.concurrency is not None and running >= limits.concurrency:
+        return HeldBy.CONCURRENCY
+    if limits.rate is not None and int(used or 0) >= limits.rate.count:
+        return HeldBy.RATE
+    if limits.concurrency_per_key is not None and job.key is not None:
+        counts: dict[str, int] = {
+            key: count for key, count in conn.execute(sql.keys_running(), {"queue": job.queue, "keys": [job.key]})
+        }
+        if counts.get(job.key, 0) >= limits.concurrency_per_key:
+            return HeldBy.CONCURRENCY_PER_KEY
+    return None
+
+
+__all__ = [
+    "KEY_MAX_LENGTH",
+    "LimitUse",
+    "claim_queue",
+    "clear_limits",
+    "held_by",
+    "limited_queues",
+    "read_limits",
+    "queue_use",
+    "set_limits",
+]

@@ -1,0 +1,238 @@
+"""Limits under faults: a trigger in the database records every moment a
+queue's (or a key's) running jobs exceed its limit, while worker processes
+race, are SIGKILLed, frozen with SIGSTOP past their leases and (PostgreSQL)
+have their connections cut with ``pg_terminate_backend``.
+
+PostgreSQL: a deferred constraint trigger checks, when each transaction that
+made a job ``running`` commits, the queue's and the key's running jobs
+against ``watchdog_limits`` (the claimers of a queue take turns on its limits
+row, so the check at each commit sees every claim committed before it);
+SQLite: a row trigger checks after each row a claim makes running (one writer
+at a time). A sampling thread also counts, from a connection of its own, the
+running jobs per queue and key every few milliseconds. The test fails if
+either found a moment over a limit, and every job must end ``completed``.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import URL
+
+from sqlalchemy_watchdog import Job, Watchdog
+from tests.faults.helpers import WorkerPool, assert_settled_exactly_once, enqueue_jobs, wait_until
+
+pytestmark = pytest.mark.slow
+
+CONCURRENCY = 5
+PER_KEY = 1
+KEYS = 8
+
+_PG_AUDIT = [
+    "CREATE TABLE IF NOT EXISTS limit_audit (id serial PRIMARY KEY, at timestamptz DEFAULT clock_timestamp(),"
+    " queue_name text, limit_key text, kind text, running int, lim int)",
+    """CREATE OR REPLACE FUNCTION limit_audit_check() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    lim record;
+    n int;
+BEGIN
+    SELECT * INTO lim FROM watchdog_limits WHERE queue_name = NEW.queue_name;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF lim.concurrency IS NOT NULL THEN
+        SELECT count(*) INTO n FROM watchdog_jobs WHERE queue_name = NEW.queue_name AND state = 'running';
+        IF n > lim.concurrency THEN
+            INSERT INTO limit_audit (queue_name, kind, running, lim)
+            VALUES (NEW.queue_name, 'concurrency', n, lim.concurrency);
+        END IF;
+    END IF;
+    IF lim.concurrency_per_key IS NOT NULL AND NEW.limit_key IS NOT NULL THEN
+        SELECT count(*) INTO n FROM watchdog_jobs
+        WHERE queue_name = NEW.queue_name AND limit_key = NEW.limit_key AND state = 'running';
+        IF n > lim.concurrency_per_key THEN
+            INSERT INTO limit_audit (queue_name, limit_key, kind, running, lim)
+            VALUES (NEW.queue_name, NEW.limit_key, 'concurrency_per_key', n, lim.concurrency_per_key);
+        END IF;
+    END IF;
+    RETURN NULL;
+END $$""",
+    "DROP TRIGGER IF EXISTS limit_audit ON watchdog_jobs",
+    "CREATE CONSTRAINT TRIGGER limit_audit AFTER UPDATE OF state ON watchdog_jobs"
+    " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW"
+    " WHEN (NEW.state = 'running' AND OLD.state IS DISTINCT FROM 'running')"
+    " EXECUTE FUNCTION limit_audit_check()",
+]
+
+_RUNNING = "SELECT count(*) FROM watchdog_jobs WHERE queue_name = NEW.queue_name AND state = 'running'"
+_KEY_RUNNING = _RUNNING + " AND limit_key = NEW.limit_key"
+_SQLITE_AUDIT = [
+    "CREATE TABLE IF NOT EXISTS limit_audit (id INTEGER PRIMARY KEY, queue_name text, limit_key text,"
+    " kind text, running int, lim int)",
+    f"""CREATE TRIGGER IF NOT EXISTS limit_audit AFTER UPDATE OF state ON watchdog_jobs
+WHEN NEW.state = 'running' AND OLD.state <> 'running'
+BEGIN
+    INSERT INTO limit_audit (queue_name, kind, running, lim)
+    SELECT NEW.queue_name, 'concurrency', ({_RUNNING}), l.concurrency FROM watchdog_limits l
+    WHERE l.queue_name = NEW.queue_name AND l.concurrency IS NOT NULL AND ({_RUNNING}) > l.concurrency;
+    INSERT INTO limit_audit (queue_name, limit_key, kind, running, lim)
+    SELECT NEW.queue_name, NEW.limit_key, 'concurrency_per_key', ({_KEY_RUNNING}), l.concurrency_per_key
+    FROM watchdog_limits l
+    WHERE l.queue_name = NEW.queue_name AND NEW.limit_key IS NOT NULL AND l.concurrency_per_key IS NOT NULL
+    AND ({_KEY_RUNNING}) > l.concurrency_per_key;
+END""",
+]
+
+
+def install_audit(engine: Engine) -> None:
+    with engine.begin() as conn:
+        for ddl in _PG_AUDIT if engine.dialect.name == "postgresql" else _SQLITE_AUDIT:
+            conn.exec_driver_sql(ddl)
+
+
+def audit_findings(engine: Engine) -> list[tuple[object, ...]]:
+    with engine.connect() as conn:
+        return [
+            tuple(row)
+            for row in conn.execute(text("SELECT queue_name, limit_key, kind, running, lim FROM limit_audit"))
+        ]
+
+
+def test_the_audit_trigger_sees_an_excess(engine: Engine) -> None:
+    """The audit can fail: a claim that ignores the limit (written by hand) is recorded."""
+    install_audit(engine)
+    watchdog = Watchdog(engine)
+    watchdog.enqueue([Job(f"j{i}", "q", key="k") for i in range(3)])
+    watchdog.set_limits("q", concurrency=1, concurrency_per_key=1)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE watchdog_jobs SET state = 'running', claim_token = 'x' || sequence,"
+                " lease_until = 9999999999999 WHERE queue_name = 'q'"
+            )
+        )
+    kinds = {row[2] for row in audit_findings(engine)}
+    assert kinds == {"concurrency", "concurrency_per_key"}
+
+
+class Sampler:
+    """Counts the running jobs per queue and key from a connection of its own, every few ms."""
+
+    def __init__(self, url: URL, queue: str) -> None:
+        self.engine = create_engine(url)
+        self.queue = queue
+        self.found: list[str] = []
+        self.samples = 0
+        #: The most running jobs seen at once (the limit must have been reached).
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        query = text(
+            "SELECT limit_key, count(*) FROM watchdog_jobs WHERE queue_name = :q AND state = 'running' GROUP BY limit_key"
+        )
+        while not self._stop.is_set():
+            try:
+                with self.engine.connect() as conn:
+                    counts: dict[str | None, int] = {key: n for key, n in conn.execute(query, {"q": self.queue})}
+            except Exception:
+                time.sleep(0.01)
+                continue
+            self.samples += 1
+            self.peak = max(self.peak, sum(counts.values()))
+            if sum(counts.values()) > CONCURRENCY or any(n > PER_KEY for key, n in counts.items() if key):
+                self.found.append(repr(counts))
+            time.sleep(0.003)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.engine.dispose()
+
+
+def _terminate_backends(engine: Engine) -> int:
+    """Cut every other connection to this database (PostgreSQL)."""
+    with engine.connect() as conn:
+        return len(
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            ).all()
+        )
+
+
+@pytest.fixture
+def limited(instrumented: Engine) -> Iterator[Engine]:
+    """The instrumented engine (the fault tests' transition log), the limit
+    audit installed and queue ``chaos`` limited."""
+    engine = instrumented
+    install_audit(engine)
+    Watchdog(engine).set_limits("chaos", concurrency=CONCURRENCY, concurrency_per_key=PER_KEY)
+    yield engine
+
+
+def test_limits_hold_across_processes_killed_frozen_and_cut_off(
+    limited: Engine, db_url: URL, workers: WorkerPool, dialect: str
+) -> None:
+    engine = limited
+    pg = dialect == "postgresql"
+    processes, threads, total = (5, 4, 400) if pg else (3, 3, 150)
+    ids = [f"limited-{i:04d}" for i in range(total)]
+    enqueue_jobs(
+        engine,
+        [
+            Job(j, "chaos", key=f"key-{i % KEYS}", max_recoveries=5, payload={"action": "sleep", "seconds": 0.03})
+            for i, j in enumerate(ids)
+        ],
+    )
+    lease = 3
+    timing: dict[str, object] = {
+        "queue": "chaos",
+        "concurrency": threads,
+        "lease": lease,
+        "heartbeat": 0.5,
+        "poll": 0.1,
+    }
+    timing["log_level"] = "WARNING"
+
+    def settled() -> int:
+        with engine.connect() as conn:
+            return int(conn.execute(text("SELECT count(*) FROM watchdog_jobs WHERE state = 'settled'")).scalar_one())
+
+    with Sampler(engine.url, "chaos") as sampler:
+        pool = [workers.start(db_url, f"w{i}", **timing) for i in range(processes)]
+        wait_until(lambda: settled() >= total // 4, timeout=300, what="a quarter of the jobs", interval=0.1)
+        pool[0].send(signal.SIGKILL)  # its running jobs count until recovery
+        pool[0].wait(30)
+        pool.append(workers.start(db_url, "replacement", **timing))
+        wait_until(lambda: settled() >= total // 2, timeout=300, what="half of the jobs", interval=0.1)
+        pool[1].send(signal.SIGSTOP)  # frozen past its lease: recovered while its handlers "run"
+        if pg:
+            assert _terminate_backends(engine) > 0  # every connection of every worker cut at once
+        time.sleep(lease + 1.5)
+        pool[1].send(signal.SIGCONT)
+        if pg:
+            _terminate_backends(engine)
+        wait_until(lambda: settled() == total, timeout=480, what="every job to settle", interval=0.2)
+
+    for worker in pool[1:]:
+        worker.send(signal.SIGTERM)
+    for worker in pool[1:]:
+        assert worker.wait(60) == 0, worker.log_text()[-3000:]
+    assert audit_findings(engine) == []
+    assert sampler.found == [] and sampler.samples > 50
+    assert sampler.peak == CONCURRENCY  # the workers' 16+ slots pressed against the limit
+    rows = assert_settled_exactly_once(engine, ids)
+    assert {row["outcome"] for row in rows.values()} == {"completed"}

@@ -1,0 +1,383 @@
+"""Flow control: limits in the database (``Watchdog.set_limits``), on both dialects.
+
+What users rely on: at no moment more running jobs of a queue (or of one
+key) than its limit, whatever races; no more claims in a window than its
+rate, on the database clock; lowering a limit stops nothing that runs;
+claims rotate across keys; a queue without limits claims as before.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import Engine, create_engine, select, text
+
+from sqlalchemy_watchdog import (
+    Decision,
+    EnqueueConflict,
+    HeldBy,
+    InvalidJob,
+    Job,
+    JobState,
+    Outcome,
+    QueueLimits,
+    Rate,
+    Watchdog,
+    store,
+)
+from sqlalchemy_watchdog import statements as sql
+from sqlalchemy_watchdog.store import Claim, SettleRequest
+from tests.integration.test_operations import Ops
+from tests.runner_kinds import RunnerDriver
+
+LEASE_MS = 60_000
+
+
+@pytest.fixture(params=["sync", "async"])
+def api(request: pytest.FixtureRequest, engine: Engine) -> Iterator[Ops]:
+    """``Watchdog`` or ``AsyncWatchdog`` on the test's database."""
+    ops = Ops(request.param, engine)
+    try:
+        yield ops
+    finally:
+        ops.close()
+
+
+def claim(engine: Engine, queues: list[str] | None, limit: int = 10) -> list[Claim]:
+    """A claim as a runner makes it (in autocommit on PostgreSQL)."""
+    with engine.connect() as conn:
+        batch = store.transact_as(
+            conn,
+            store.TxMode(autocommit=store.self_committing(engine.dialect.name)),
+            store.claim,
+            queues=queues,
+            limit=limit,
+            lease_ms=LEASE_MS,
+        )
+    return list(batch.claimed)
+
+
+def settle(engine: Engine, taken: Claim) -> None:
+    with store.write_transaction(engine) as conn:
+        store.settle_many(conn, [SettleRequest(taken.job.job_id, taken.token, Decision.completed())])
+
+
+def running(engine: Engine, queue: str) -> Counter[str | None]:
+    """Running jobs of ``queue`` per key."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(sql.c.limit_key).where(sql.c.queue_name == queue, sql.c.state == JobState.RUNNING.value)
+        ).scalars()
+        return Counter(rows)
+
+
+def enqueue(engine: Engine, jobs: list[Job]) -> None:
+    Watchdog(engine).enqueue(jobs)
+
+
+# -- the API -------------------------------------------------------------------------
+
+
+def test_set_limits_stores_reads_back_and_clears(engine: Engine, api: Ops) -> None:
+    assert api.limits() == ()
+    stored = api.set_limits("exports", concurrency=5, concurrency_per_key=1)
+    assert isinstance(stored, QueueLimits)
+    assert (stored.queue, stored.concurrency, stored.concurrency_per_key, stored.rate) == ("exports", 5, 1, None)
+    again = api.set_limits("exports", concurrency=5, concurrency_per_key=1)
+    assert again == stored  # idempotent: not even its time moves
+    api.set_limits("api", rate=Rate(100, timedelta(minutes=1)))
+    assert [limits.queue for limits in api.limits()] == ["api", "exports"]
+    assert api.limits()[0].rate == Rate(100, timedelta(minutes=1))
+    replaced = api.set_limits("exports", concurrency=2)
+    assert (replaced.concurrency, replaced.concurrency_per_key) == (2, None)
+    assert api.clear_limits("exports") is True
+    assert api.clear_limits("exports") is False
+    assert [limits.queue for limits in api.limits()] == ["api"]
+
+
+@pytest.mark.dialect_neutral
+def test_set_limits_refuses_bad_input_naming_the_field_and_writes_nothing(engine: Engine, api: Ops) -> None:
+    minute = timedelta(minutes=1)
+    calls: list[tuple[Callable[[], object], str]] = [
+        (lambda: api.set_limits("q", concurrency=0), "concurrency"),
+        (lambda: api.set_limits("q", concurrency=-1), "concurrency"),
+        (lambda: api.set_limits("q", concurrency=1_000_001), "concurrency"),
+        (lambda: api.set_limits("q", concurrency=True), "concurrency"),
+        (lambda: api.set_limits("q", concurrency=2.0), "concurrency"),
+        (lambda: api.set_limits("q", concurrency_per_key=0), "concurrency_per_key"),
+        (lambda: api.set_limits("q", concurrency_per_key="1"), "concurrency_per_key"),
+        (lambda: api.set_limits("q", rate=(1, minute)), "rate"),
+        (lambda: api.set_limits("q"), "concurrency"),
+        (lambda: api.set_limits("", concurrency=1), "queue"),
+        (lambda: api.set_limits("q" * 257, concurrency=1), "queue"),
+        (lambda: api.clear_limits("q" * 257), "queue"),
+    ]
+    for call, field in calls:
+        with pytest.raises(InvalidJob) as error:
+            call()
+        assert error.value.field == field, (field, error.value)
+    assert api.limits() == ()
+
+
+@pytest.mark.dialect_neutral
+def test_rate_refuses_a_bad_count_or_period_and_parses_the_cli_form() -> None:
+    for count, per in [(0, timedelta(seconds=1)), (-1, timedelta(seconds=1)), (True, timedelta(seconds=1))]:
+        with pytest.raises(InvalidJob) as error:
+            Rate(count, per)
+        assert error.value.field == "rate"
+    for per in [timedelta(0), timedelta(seconds=-1), timedelta(days=2), timedelta(microseconds=1500)]:
+        with pytest.raises(InvalidJob):
+            Rate(1, per)
+    assert Rate.parse("100/minute") == Rate(100, timedelta(minutes=1))
+    assert Rate.parse("10/s") == Rate(10, timedelta(seconds=1))
+    assert Rate.parse("5/30s") == Rate(5, timedelta(seconds=30))
+    assert Rate.parse("1000/2hours") == Rate(1000, timedelta(hours=2))
+    assert Rate.parse(" 7 / day ") == Rate(7, timedelta(days=1))
+    assert str(Rate(100, timedelta(minutes=1))) == "100/m" and str(Rate(5, timedelta(seconds=30))) == "5/30s"
+    for bad in ["", "100", "/s", "x/s", "10/0s", "10/fortnight", "0/s", "10/2d", "-1/s", "9999999999/s"]:
+        with pytest.raises(InvalidJob):
+            Rate.parse(bad)
+
+
+@pytest.mark.dialect_neutral
+def test_a_key_is_bounded_text() -> None:
+    assert Job("a", "q", key="tenant-42").key == "tenant-42"
+    for bad in ["", "k" * 257, 42, "a\x00b"]:
+        with pytest.raises(InvalidJob) as error:
+            Job("a", "q", key=bad)  # type: ignore[arg-type]
+        assert error.value.field == "key"
+
+
+def test_a_key_is_part_of_the_jobs_identity(engine: Engine) -> None:
+    watchdog = Watchdog(engine)
+    watchdog.enqueue(Job("a", "q", key="t1"))
+    assert watchdog.enqueue(Job("a", "q", key="t1")).status.value == "duplicate"
+    with pytest.raises(EnqueueConflict):
+        watchdog.enqueue(Job("a", "q", key="t2"))
+    with pytest.raises(EnqueueConflict):
+        watchdog.enqueue(Job("a", "q"))
+    job = watchdog.read("a")
+    assert job is not None and job.key == "t1"
+
+
+def test_the_database_refuses_an_empty_or_long_key(engine: Engine) -> None:
+    from sqlalchemy.exc import IntegrityError
+
+    Watchdog(engine).enqueue(Job("a", "q", key="t"))
+    for bad in ["", "k" * 257]:
+        with pytest.raises(IntegrityError), engine.begin() as conn:
+            conn.execute(text("UPDATE watchdog_jobs SET limit_key = :k"), {"k": bad})
+
+
+# -- exact limits --------------------------------------------------------------------
+
+
+def test_a_claim_takes_no_more_than_the_remaining_room(engine: Engine) -> None:
+    enqueue(engine, [Job(f"j{i}", "q") for i in range(20)])
+    Watchdog(engine).set_limits("q", concurrency=3)
+    first = claim(engine, ["q"], limit=10)
+    assert len(first) == 3 and claim(engine, ["q"], limit=10) == []
+    settle(engine, first[0])
+    assert len(claim(engine, ["q"], limit=10)) == 1
+    assert claim(engine, None, limit=10) == []  # a claim of every queue obeys it too
+    assert sum(running(engine, "q").values()) == 3
+
+
+def test_one_job_per_key_at_a_time(engine: Engine) -> None:
+    enqueue(engine, [Job(f"{key}-{i}", "q", key=key) for key in ("a", "b", "c") for i in range(5)])
+    Watchdog(engine).set_limits("q", concurrency_per_key=1)
+    taken = claim(engine, ["q"], limit=10)
+    assert sorted(job.job.key or "" for job in taken) == ["a", "b", "c"]
+    assert claim(engine, ["q"], limit=10) == []
+    settle(engine, next(job for job in taken if job.job.key == "b"))
+    again = claim(engine, ["q"], limit=10)
+    assert [job.job.job_id for job in again] == ["b-1"]
+
+
+def test_a_vanished_workers_jobs_count_until_recovery(engine: Engine) -> None:
+    enqueue(engine, [Job(f"j{i}", "q", max_recoveries=5) for i in range(4)])
+    Watchdog(engine).set_limits("q", concurrency=2)
+    claim(engine, ["q"])
+    with engine.begin() as conn:  # both leases end: their worker is gone
+        conn.execute(text("UPDATE watchdog_jobs SET lease_until = 0 WHERE state = 'running'"))
+    assert claim(engine, ["q"]) == []  # still counted: no burst
+    with store.write_transaction(engine) as conn:
+        for expired in store.expired_claims(conn, limit=10):
+            store.reconcile(conn, expired)
+    assert len(claim(engine, ["q"])) == 2
+
+
+def test_lowering_a_limit_keeps_running_jobs_and_holds_back_new_claims(engine: Engine) -> None:
+    enqueue(engine, [Job(f"j{i}", "q") for i in range(10)])
+    watchdog = Watchdog(engine)
+    watchdog.set_limits("q", concurrency=5)
+    taken = claim(engine, ["q"])
+    assert len(taken) == 5
+    watchdog.set_limits("q", concurrency=2)
+    assert sum(running(engine, "q").values()) == 5  # nothing stopped
+    stats = watchdog.stats().queue("q")
+    assert stats.limits is not None and stats.limits.concurrency == 2
+    assert stats.held_back == 5 and stats.running == 5
+    job = watchdog.read("j9")
+    assert job is not None and job.held_by is HeldBy.CONCURRENCY
+    for done in taken[:3]:
+        settle(engine, done)
+    assert claim(engine, ["q"]) == []  # 2 still run: at the new limit
+    settle(engine, taken[3])
+    assert len(claim(engine, ["q"])) == 1
+
+
+def test_the_rate_counts_claims_in_the_window_on_the_database_clock(engine: Engine) -> None:
+    enqueue(engine, [Job(f"j{i}", "q") for i in range(10)])
+    watchdog = Watchdog(engine)
+    watchdog.set_limits("q", rate=Rate(3, timedelta(milliseconds=700)))
+    first = claim(engine, ["q"], limit=2)
+    assert len(first) == 2
+    assert len(claim(engine, ["q"], limit=10)) == 1
+    for done in first:
+        settle(engine, done)  # settling frees no rate
+    assert claim(engine, ["q"], limit=10) == []
+    assert watchdog.stats().queue("q").rate_used == 3
+    held = watchdog.read("j9")
+    assert held is not None and held.held_by is HeldBy.RATE
+    time.sleep(0.8)
+    assert len(claim(engine, ["q"], limit=10)) == 3
+    with engine.connect() as conn:  # the claimers forget what left the window
+        logged = conn.execute(text("SELECT count(*) FROM watchdog_limit_claims")).scalar_one()
+    assert logged <= 2
+
+
+def test_an_unlimited_queue_claims_as_before_beside_a_limited_one(engine: Engine) -> None:
+    enqueue(engine, [Job(f"u{i}", "free", priority=i % 3) for i in range(6)])
+    enqueue(engine, [Job(f"l{i}", "slow") for i in range(6)])
+    Watchdog(engine).set_limits("slow", concurrency=1)
+    taken = claim(engine, ["free", "slow"], limit=20)
+    assert Counter(job.job.queue for job in taken) == {"free": 6, "slow": 1}
+    free = [job.job.job_id for job in taken if job.job.queue == "free"]
+    assert free == ["u2", "u5", "u1", "u4", "u0", "u3"]  # priority, then admission
+
+
+def test_clearing_limits_lets_the_queue_claim_freely_again(engine: Engine) -> None:
+    enqueue(engine, [Job(f"j{i}", "q") for i in range(6)])
+    watchdog = Watchdog(engine)
+    watchdog.set_limits("q", concurrency=1)
+    assert len(claim(engine, ["q"])) == 1
+    watchdog.clear_limits("q")
+    assert len(claim(engine, ["q"])) == 5
+
+
+# -- fairness ------------------------------------------------------------------------
+
+
+def test_a_big_key_and_a_small_one_get_interleaved_starts(engine: Engine) -> None:
+    big = [Job(f"big-{i:05}", "q", key="big") for i in range(10_000)]
+    enqueue(engine, big)
+    enqueue(engine, [Job(f"small-{i}", "q", key="small") for i in range(10)])
+    Watchdog(engine).set_limits("q", concurrency=100)
+    order: list[str | None] = []
+    for _ in range(10):
+        taken = claim(engine, ["q"], limit=2)
+        order.extend(job.job.key for job in sorted(taken, key=lambda c: c.job.sequence))
+        for done in taken:
+            settle(engine, done)
+    assert Counter(order) == {"big": 10, "small": 10}
+    # Within a key, priority then admission.
+    first = claim(engine, ["q"], limit=1)
+    assert first[0].job.job_id == "big-00010"
+
+
+def test_priorities_order_jobs_within_a_key_and_the_rotation_includes_unkeyed_jobs(engine: Engine) -> None:
+    enqueue(engine, [Job("a-low", "q", key="a"), Job("a-high", "q", key="a", priority=5)])
+    enqueue(engine, [Job("b-1", "q", key="b"), Job("plain", "q")])
+    Watchdog(engine).set_limits("q", concurrency=10)
+    taken = [c.job.job_id for c in claim(engine, ["q"], limit=3)]
+    assert sorted(taken) == ["a-high", "b-1", "plain"]
+    assert [c.job.job_id for c in claim(engine, ["q"], limit=3)] == ["a-low"]
+
+
+def test_a_long_run_of_keys_at_their_limit_does_not_hide_a_free_key(engine: Engine) -> None:
+    busy = [Job(f"k{i:03}-{n}", "q", key=f"k{i:03}") for i in range(300) for n in range(2)]
+    enqueue(engine, busy)
+    watchdog = Watchdog(engine)
+    watchdog.set_limits("q", concurrency_per_key=1)
+    first = claim(engine, ["q"], limit=300)
+    assert len(first) == 300
+    enqueue(engine, [Job("late", "q", key="k150x")])
+    found: list[str] = []
+    for _ in range(5):
+        found.extend(c.job.job_id for c in claim(engine, ["q"], limit=1))
+    assert found == ["late"]
+
+
+# -- races ---------------------------------------------------------------------------
+
+
+def test_racing_claimers_never_exceed_the_queue_or_key_limits(engine: Engine) -> None:
+    keys = [f"t{i}" for i in range(6)]
+    enqueue(engine, [Job(f"{key}-{n}", "q", key=key) for key in keys for n in range(40)])
+    Watchdog(engine).set_limits("q", concurrency=4, concurrency_per_key=1)
+    violations: list[str] = []
+    stop = threading.Event()
+    engines = [create_engine(engine.url) for _ in range(6)]
+
+    def work(mine: Engine) -> None:
+        while not stop.is_set():
+            try:
+                taken = claim(mine, ["q"], limit=3)
+            except Exception as error:
+                violations.append(repr(error))
+                return
+            now = running(mine, "q")
+            if sum(now.values()) > 4 or any(count > 1 for count in now.values()):
+                violations.append(f"running: {dict(now)}")
+            for done in taken:
+                settle(mine, done)
+            if not taken:
+                time.sleep(0.001)
+
+    threads = [threading.Thread(target=work, args=(mine,)) for mine in engines]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and Watchdog(engine).has_pending_work():
+        time.sleep(0.05)
+    stop.set()
+    for thread in threads:
+        thread.join(30)
+    for mine in engines:
+        mine.dispose()
+    assert violations == []
+    assert not Watchdog(engine).has_pending_work()
+
+
+def test_a_paused_limited_queue_is_not_claimed(engine: Engine) -> None:
+    enqueue(engine, [Job(f"j{i}", "q", key="k") for i in range(3)])
+    watchdog = Watchdog(engine)
+    watchdog.set_limits("q", concurrency=2)
+    watchdog.pause("q")
+    assert claim(engine, ["q"]) == [] and claim(engine, None) == []
+    watchdog.resume("q")
+    assert len(claim(engine, ["q"])) == 2
+
+
+def test_both_runners_keep_a_queue_within_its_limits_and_rotate_keys(engine: Engine, runners: RunnerDriver) -> None:
+    """Runner and AsyncRunner (its claims run through the async gateway) serve a
+    limited queue: never more running than the limits, every job done."""
+    enqueue(engine, [Job(f"{key}-{n}", "q", key=key) for key in ("a", "b", "c") for n in range(4)])
+    Watchdog(engine).set_limits("q", concurrency=2, concurrency_per_key=1)
+    seen: list[tuple[int, Counter[str | None]]] = []
+
+    def handler(job: object) -> None:
+        now = running(engine, "q")
+        seen.append((sum(now.values()), now))
+        time.sleep(0.01)
+
+    worker = runners.runner({"q": handler}, concurrency=6)
+    settled = worker.run_until_idle()
+    assert len(settled) == 12 and {job.outcome for job in settled} == {Outcome.COMPLETED}
+    assert seen and all(total <= 2 and max(counts.values()) <= 1 for total, counts in seen), seen
