@@ -5,8 +5,8 @@
     python3 dev.py docs      # build the docs site into docs/_build/html
     python3 dev.py test      # ruff check, ruff format --check, mypy --strict
                              # (the package, tests/ and examples/),
-                             # the docs build, then pytest on every CPU
-                             # (pytest-xdist's -n auto; extra arguments go
+                             # the docs build, then pytest on two workers
+                             # per CPU (pytest-xdist; extra arguments go
                              # to pytest, -n 0 runs it in one process)
     python3 dev.py test --install-system-packages
                              # the same, after installing the Debian packages
@@ -176,13 +176,24 @@ def build_docs(out: Path = DOCS_HTML, *extra: str) -> int:
     return subprocess.run(cmd, cwd=ROOT).returncode
 
 
+def workers() -> int:
+    """How many pytest-xdist workers: two per CPU (at most 8). The suite
+    mostly waits -- on leases, polls, subprocesses and the database -- so a
+    worker per CPU left the CPUs half idle; more would open more PostgreSQL
+    connections than its default limit of 100 allows."""
+    return min(8, 2 * (os.cpu_count() or 1))
+
+
 def parallel(rest: list[str]) -> list[str]:
-    """pytest-xdist's options for a run of the suite: one worker per CPU
-    (``-n auto``), the tests of one file on one worker (``--dist loadfile``,
-    so a module-scoped fixture is made once) -- unless the arguments choose
+    """pytest-xdist's options for a run of the suite: :func:`workers` workers,
+    each test handed to whichever worker is free, but a file with a module-
+    or class-scoped fixture kept on one worker (``--dist loadgroup``, which
+    tests/conftest.py's ``pytest_xdist_make_scheduler`` implements), so the
+    docs build or the plan database is made once and one slow file does not
+    keep one worker busy while the others idle -- unless the arguments choose
     (``-n 0`` runs in this process, ``-p no:xdist`` without the plugin)."""
     chosen = any(arg == "no:xdist" or arg.startswith(("-n", "--numprocesses")) for arg in rest)
-    return [] if chosen else ["-n", "auto", "--dist", "loadfile"]
+    return [] if chosen else ["-n", str(workers()), "--dist", "loadgroup"]
 
 
 #: The fault tests: real processes, signals and timing on the database clock.
