@@ -237,7 +237,10 @@ def test(rest: list[str]) -> int:
         print(f"the docs build failed (exit {returncode}); not running the tests", file=sys.stderr)
         return exit_status(returncode)
     system_packages(install)
-    codes = [subprocess.run([str(PYTHON), "-m", "pytest", *run], cwd=ROOT).returncode for run in pytest_runs(rest)]
+    # tests/integration/test_docs_site.py reads this build instead of making its own (not under CI).
+    env = {**os.environ, "WATCHDOG_TEST_DOCS_HTML": str(DOCS_HTML)}
+    runs = pytest_runs(rest)
+    codes = [subprocess.run([str(PYTHON), "-m", "pytest", *run], cwd=ROOT, env=env).returncode for run in runs]
     if all(code == 5 for code in codes):
         print("pytest collected no tests (exit 5): that is a failure", file=sys.stderr)
         return 5
