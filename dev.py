@@ -198,18 +198,31 @@ def parallel(rest: list[str]) -> list[str]:
 
 #: The fault tests: real processes, signals and timing on the database clock.
 FAULTS = "tests/faults"
+#: Fault tests that time nothing -- the bad-input table: a refusal naming
+#: the field, nothing written, poisoned rows read and skipped -- so they run
+#: with the rest of the suite in parallel, not in the serial run.
+UNTIMED_FAULTS = ("tests/faults/test_bad_input.py",)
+
+
+def timed_faults() -> list[str]:
+    """The fault test files that run in one process of their own."""
+    files = sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / FAULTS).glob("test_*.py"))
+    return [file for file in files if file not in UNTIMED_FAULTS]
 
 
 def pytest_runs(rest: list[str]) -> list[list[str]]:
     """The pytest runs of ``dev.py test``: the suite spread over the CPUs
-    (:func:`parallel`), then the fault tests in one process of their own, so
-    their leases, heartbeats and kills never share the CPUs with another
-    worker's tests (on 2 cores that made them flaky, not wrong). Arguments
-    naming test paths, or choosing the workers, make it one run as given."""
+    (:func:`parallel`), then the timed fault tests (:func:`timed_faults`) in
+    one process of their own, so their leases, heartbeats and kills never
+    share the CPUs with another worker's tests (on 2 cores that made them
+    flaky, not wrong). Arguments naming test paths, or choosing the workers,
+    make it one run as given."""
     names_paths = any((ROOT / arg.split("::")[0]).exists() for arg in rest if not arg.startswith("-"))
     if names_paths or parallel(rest) == []:
         return [[*parallel(rest), *rest]]
-    return [[*parallel(rest), "--ignore", FAULTS, *rest], ["-p", "no:xdist", FAULTS, *rest]]
+    timed = timed_faults()
+    ignored = [option for file in timed for option in ("--ignore", file)]
+    return [[*parallel(rest), *ignored, *rest], ["-p", "no:xdist", *timed, *rest]]
 
 
 def exit_status(returncode: int) -> int:
