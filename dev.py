@@ -5,8 +5,8 @@
     python3 dev.py docs      # build the docs site into docs/_build/html
     python3 dev.py test      # ruff check, ruff format --check, mypy --strict
                              # (the package, tests/ and examples/),
-                             # the docs build, then pytest on every CPU
-                             # (pytest-xdist's -n auto; extra arguments go
+                             # the docs build, then pytest on two workers
+                             # per CPU (pytest-xdist; extra arguments go
                              # to pytest, -n 0 runs it in one process)
     python3 dev.py test --install-system-packages
                              # the same, after installing the Debian packages
@@ -176,29 +176,53 @@ def build_docs(out: Path = DOCS_HTML, *extra: str) -> int:
     return subprocess.run(cmd, cwd=ROOT).returncode
 
 
+def workers() -> int:
+    """How many pytest-xdist workers: two per CPU (at most 8). The suite
+    mostly waits -- on leases, polls, subprocesses and the database -- so a
+    worker per CPU left the CPUs half idle; more would open more PostgreSQL
+    connections than its default limit of 100 allows."""
+    return min(8, 2 * (os.cpu_count() or 1))
+
+
 def parallel(rest: list[str]) -> list[str]:
-    """pytest-xdist's options for a run of the suite: one worker per CPU
-    (``-n auto``), the tests of one file on one worker (``--dist loadfile``,
-    so a module-scoped fixture is made once) -- unless the arguments choose
+    """pytest-xdist's options for a run of the suite: :func:`workers` workers,
+    each test handed to whichever worker is free, but a file with a module-
+    or class-scoped fixture kept on one worker (``--dist loadgroup``, which
+    tests/conftest.py's ``pytest_xdist_make_scheduler`` implements), so the
+    docs build or the plan database is made once and one slow file does not
+    keep one worker busy while the others idle -- unless the arguments choose
     (``-n 0`` runs in this process, ``-p no:xdist`` without the plugin)."""
     chosen = any(arg == "no:xdist" or arg.startswith(("-n", "--numprocesses")) for arg in rest)
-    return [] if chosen else ["-n", "auto", "--dist", "loadfile"]
+    return [] if chosen else ["-n", str(workers()), "--dist", "loadgroup"]
 
 
 #: The fault tests: real processes, signals and timing on the database clock.
 FAULTS = "tests/faults"
+#: Fault tests that time nothing -- the bad-input table: a refusal naming
+#: the field, nothing written, poisoned rows read and skipped -- so they run
+#: with the rest of the suite in parallel, not in the serial run.
+UNTIMED_FAULTS = ("tests/faults/test_bad_input.py",)
+
+
+def timed_faults() -> list[str]:
+    """The fault test files that run in one process of their own."""
+    files = sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / FAULTS).glob("test_*.py"))
+    return [file for file in files if file not in UNTIMED_FAULTS]
 
 
 def pytest_runs(rest: list[str]) -> list[list[str]]:
     """The pytest runs of ``dev.py test``: the suite spread over the CPUs
-    (:func:`parallel`), then the fault tests in one process of their own, so
-    their leases, heartbeats and kills never share the CPUs with another
-    worker's tests (on 2 cores that made them flaky, not wrong). Arguments
-    naming test paths, or choosing the workers, make it one run as given."""
+    (:func:`parallel`), then the timed fault tests (:func:`timed_faults`) in
+    one process of their own, so their leases, heartbeats and kills never
+    share the CPUs with another worker's tests (on 2 cores that made them
+    flaky, not wrong). Arguments naming test paths, or choosing the workers,
+    make it one run as given."""
     names_paths = any((ROOT / arg.split("::")[0]).exists() for arg in rest if not arg.startswith("-"))
     if names_paths or parallel(rest) == []:
         return [[*parallel(rest), *rest]]
-    return [[*parallel(rest), "--ignore", FAULTS, *rest], ["-p", "no:xdist", FAULTS, *rest]]
+    timed = timed_faults()
+    ignored = [option for file in timed for option in ("--ignore", file)]
+    return [[*parallel(rest), *ignored, *rest], ["-p", "no:xdist", *timed, *rest]]
 
 
 def exit_status(returncode: int) -> int:
@@ -226,7 +250,10 @@ def test(rest: list[str]) -> int:
         print(f"the docs build failed (exit {returncode}); not running the tests", file=sys.stderr)
         return exit_status(returncode)
     system_packages(install)
-    codes = [subprocess.run([str(PYTHON), "-m", "pytest", *run], cwd=ROOT).returncode for run in pytest_runs(rest)]
+    # tests/integration/test_docs_site.py reads this build instead of making its own (not under CI).
+    env = {**os.environ, "WATCHDOG_TEST_DOCS_HTML": str(DOCS_HTML)}
+    runs = pytest_runs(rest)
+    codes = [subprocess.run([str(PYTHON), "-m", "pytest", *run], cwd=ROOT, env=env).returncode for run in runs]
     if all(code == 5 for code in codes):
         print("pytest collected no tests (exit 5): that is a failure", file=sys.stderr)
         return 5

@@ -22,8 +22,10 @@ database clock, or how a value is stored and read back.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,6 +92,46 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+#: A fixture made once for several tests (the docs build, the plan databases, the browser).
+WIDER_SCOPE = re.compile(r"""scope\s*=\s*["'](module|class|package)["']""")
+
+
+@functools.cache
+def _keeps_together(root: Path, path: str) -> bool:
+    """Whether the test file ``path`` (relative to ``root``), or a conftest.py
+    above it, defines a fixture of a scope wider than a test."""
+    file = root / path
+    sources = [file, *(parent / "conftest.py" for parent in file.parents if parent.is_relative_to(root))]
+    return any(WIDER_SCOPE.search(source.read_text(encoding="utf-8")) for source in sources if source.is_file())
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` (dev.py): every test is a unit of work of its own,
+    handed to whichever worker is free, but a file that defines (or whose
+    conftest.py defines) a module-, class- or package-scoped fixture goes to
+    one worker whole, so that fixture is made once.
+
+    pytest-xdist's own loadgroup reads ``xdist_group`` marks into node ids,
+    which pytest 9 no longer lets it rewrite: the grouping is done here, on
+    the node ids alone, where the controller decides."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling  # type: ignore[import-untyped]
+
+    root = config.rootpath
+
+    class ModuleOrTest(LoadGroupScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.rfind("@") > nodeid.rfind("]"):  # an xdist_group mark, should xdist read it again
+                scope: str = super()._split_scope(nodeid)
+                return scope
+            path = nodeid.split("::", 1)[0]
+            return path if _keeps_together(root, path) else nodeid
+
+    return ModuleOrTest(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -2,7 +2,8 @@
 
 One Sphinx build per module, into a temporary directory, exactly as
 ``python3 dev.py docs`` builds it (warnings are errors, every reference is
-checked); then Debian's headless Chromium opens the index, a how-to guide
+checked) -- or, in a ``python3 dev.py test`` run outside CI, the build that
+command has just made the same way (:data:`BUILT`); then Debian's headless Chromium opens the index, a how-to guide
 and a reference page from those files and looks for what a reader would
 see: the headings, a cross-reference rendered as a link that lands on its
 target, highlighted code, and images that loaded. The browser tests skip
@@ -13,6 +14,7 @@ the reference are checked without it.
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from typing import Any
 import pytest
 
 from tests.browser import headless_chromium
+from tests.conftest import IN_CI
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -42,9 +45,43 @@ PUBLIC_MODULES = (
 )
 
 
+#: Set by ``python3 dev.py test`` to the site it has just built (as ``dev.py
+#: docs`` builds it, warnings as errors) before it runs pytest: outside CI the
+#: tests read that build instead of making their own, if it is newer than
+#: every source it was built from.
+BUILT = "WATCHDOG_TEST_DOCS_HTML"
+
+
+def _newest_source() -> float:
+    """The latest modification time of what the site is built from: the
+    pages, the files they include, and the package (autodoc)."""
+    sources = [
+        *(path for path in DOCS.rglob("*") if "_build" not in path.relative_to(DOCS).parts),
+        *(ROOT / "sqlalchemy_watchdog").rglob("*.py"),
+        *ROOT.glob("*.md"),
+        ROOT / "benchmarks" / "README.md",
+    ]
+    return max(path.stat().st_mtime for path in sources if path.is_file())
+
+
+def _fresh_build() -> Path | None:
+    """dev.py's build of this run (:data:`BUILT`), unless under CI (which
+    builds its own, as before) or older than a source."""
+    built = os.environ.get(BUILT)
+    if not built or IN_CI:
+        return None
+    index = Path(built) / "index.html"
+    if not index.is_file() or index.stat().st_mtime < _newest_source():
+        return None
+    return Path(built)
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The built site (its html directory), as dev.py docs builds it."""
+    reused = _fresh_build()
+    if reused is not None:
+        return reused
     out = tmp_path_factory.mktemp("docs") / "html"
     command = [
         sys.executable,
