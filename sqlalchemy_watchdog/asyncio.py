@@ -55,11 +55,13 @@ from .core.steps import STARTED_LATE, Probe, RunHandler, Spawn, Step, Steps, Sto
 from .errors import InvalidJob, redacted
 from .gateway import AsyncGateway, AsyncOperations
 from .jobs import (
+    JOB_ID_MAX_LENGTH,
     BulkResult,
     CancelResult,
     Decision,
     EnqueueResult,
     Job,
+    JobResult,
     JobState,
     JobView,
     LaneFailure,
@@ -69,8 +71,11 @@ from .jobs import (
     Stats,
     Throughput,
     WorkerView,
+    check_text,
     job_batch,
+    result_of,
 )
+from .results import check_wait, wait_for_async
 from .store import Settlement, SettleRequest
 from .wakeups import (
     Waiting,
@@ -84,7 +89,7 @@ from .wakeups import (
 )
 
 if TYPE_CHECKING:
-    pass
+    from .codecs import PayloadCodec
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +193,25 @@ class AsyncWatchdog:
     async def read(self, job_id: str) -> JobView | None:
         """The job, or None if there is no such job (with its reruns listed)."""
         return await self._gateway.read(store.read_with_reruns, job_id)
+
+    async def result(self, job_id: str, *, codec: PayloadCodec | None = None) -> JobResult:
+        """The job's result now, as :meth:`Watchdog.result <sqlalchemy_watchdog.Watchdog.result>`."""
+        return result_of(job_id, await self._gateway.read(store.read, job_id), codec)
+
+    async def wait(
+        self,
+        job_id: str,
+        *,
+        timeout: timedelta,
+        codec: PayloadCodec | None = None,
+        poll_interval: timedelta = timedelta(seconds=1),
+    ) -> JobResult:
+        """Wait for the job to settle, as :meth:`Watchdog.wait
+        <sqlalchemy_watchdog.Watchdog.wait>` (listening with psycopg and asyncpg)."""
+        timeout_s, poll_s = check_wait(timeout, poll_interval)
+        check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
+        engine: AsyncEngine | None = getattr(self, "engine", None)
+        return await wait_for_async(lambda: self.result(job_id, codec=codec), engine, job_id, timeout_s, poll_s)
 
     async def explain(self, job_id: str) -> JobExplanation | None:
         """What applies to the job, as :meth:`Watchdog.explain <sqlalchemy_watchdog.Watchdog.explain>`."""

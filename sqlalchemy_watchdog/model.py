@@ -46,6 +46,7 @@ from .jobs import (
     JobState,
     Outcome,
 )
+from .results import DROP_NOTIFY_SETTLED_SQL, NOTIFY_SETTLED_FUNCTION_SQL, NOTIFY_SETTLED_TRIGGER_SQL
 from .schedules import CRON_MAX_LENGTH, SCHEDULE_NAME_MAX_LENGTH
 from .wakeups import DROP_NOTIFY_FUNCTION_SQL, NOTIFY_FUNCTION_SQL, NOTIFY_TRIGGER_SQL
 
@@ -101,6 +102,10 @@ STATE_GRAMMAR = (
     " OR (state = 'settled' AND outcome IS NOT NULL AND lease_until IS NULL)"
 )
 
+#: Revision w0012: a result exists exactly on a job settled ``completed``
+#: (the settle statement that completes it writes it; nothing else does).
+RESULT_GRAMMAR = "result_json IS NULL OR (state = 'settled' AND outcome = 'completed')"
+
 
 #: The columns of ``watchdog_jobs`` by the type SQLite must store in them
 #: (revision w0010): SQLite's type affinity keeps ``'abc'`` in an INTEGER
@@ -114,7 +119,7 @@ NULLABLE_INTEGER_COLUMNS = (
 TEXT_COLUMNS = ("job_id", "queue_name", "lane", "payload_json", "state")
 NULLABLE_TEXT_COLUMNS = (
     "outcome", "claim_token", "cancellation_id", "failure_reason", "failure_detail", "retry_policy",
-    "failure_history", "rerun_of", "trace_context",
+    "failure_history", "rerun_of", "trace_context", "result_json",
 )  # fmt: skip
 
 
@@ -200,6 +205,10 @@ class WatchdogJob(WatchdogBase):
     #: The W3C trace context (JSON object of propagation fields) the job was
     #: enqueued under, continued by the runner; not part of its identity.
     trace_context: Mapped[str | None] = mapped_column(Text)
+    # -- revision w0012: results
+    #: The result a completed job's handler returned, as canonical JSON
+    #: (written by the settle statement itself; CHECK ``result_completed``).
+    result_json: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         CheckConstraint(f"length(job_id) BETWEEN 1 AND {JOB_ID_MAX_LENGTH}", name="job_id_length"),
@@ -228,6 +237,8 @@ class WatchdogJob(WatchdogBase):
             f"trace_context IS NULL OR length(trace_context) BETWEEN 2 AND {TRACE_CONTEXT_MAX_LENGTH}",
             name="trace_context_length",
         ),
+        #: Revision w0012: only a job settled ``completed`` holds a result.
+        CheckConstraint(RESULT_GRAMMAR, name="result_completed"),
         # Last, as revision w0010 appends them to the stored definition.
         *STORED_TYPE_CHECKS,
         {"sqlite_autoincrement": True},
@@ -444,3 +455,8 @@ def _postgresql_ddl(statement: str) -> DDL:
 event.listen(jobs_table, "after_create", _postgresql_ddl(NOTIFY_FUNCTION_SQL))
 event.listen(jobs_table, "after_create", _postgresql_ddl(NOTIFY_TRIGGER_SQL))
 event.listen(jobs_table, "after_drop", _postgresql_ddl(DROP_NOTIFY_FUNCTION_SQL))
+# Revision w0012: a row becoming settled notifies result waiters, while any
+# wait (see the results module).
+event.listen(jobs_table, "after_create", _postgresql_ddl(NOTIFY_SETTLED_FUNCTION_SQL))
+event.listen(jobs_table, "after_create", _postgresql_ddl(NOTIFY_SETTLED_TRIGGER_SQL))
+event.listen(jobs_table, "after_drop", _postgresql_ddl(DROP_NOTIFY_SETTLED_SQL))

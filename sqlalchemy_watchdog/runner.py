@@ -94,7 +94,7 @@ class Runner:
     def __init__(
         self,
         engine: Engine,
-        handlers: Mapping[str, Callable[[RunningJob], Decision | None]] | None = None,
+        handlers: Mapping[str, Callable[[RunningJob], Any]] | None = None,
         *,
         listen_engine: Engine | None = None,
         **options: Unpack[RunnerOptions],

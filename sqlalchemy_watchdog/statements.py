@@ -135,6 +135,7 @@ COLUMNS = (
     c.settled_at,
     c.rerun_of,
     c.trace_context,
+    c.result_json,
 )
 
 _DELAYED = JobState.DELAYED.value
@@ -235,6 +236,8 @@ SETTLE_FIELDS: Fields = (
     ("attempt_add", Integer()),
     ("snooze_add", Integer()),
     ("history", Text()),
+    # The result of a completed job (canonical JSON), NULL for none.
+    ("result", Text()),
 )
 
 
@@ -587,6 +590,8 @@ def settle(dialect: str) -> Update:
             ),
             settled_at=case((requeue, null()), else_=db_clock_ms()),
             lease_until=null(),
+            # Kept only by the completion itself: a cancellation or a requeue drops it.
+            result_json=case((cancelled, null()), (requeue, null()), else_=cols["result"]),
         )
         .returning(*COLUMNS)
     )
@@ -860,6 +865,8 @@ def prune(dialect: str, undated: bool) -> Delete:
 
 #: The payload column of a list that does not read payloads.
 _NO_PAYLOAD: ColumnElement[Any] = literal_column("'null'").label("payload_json")
+#: A listing without payloads leaves results out too (each up to 1 MB as well).
+_NO_RESULT: ColumnElement[Any] = null().label("result_json")
 #: The filters :func:`list_jobs` may combine (each one a bound parameter).
 LIST_FILTERS = ("queue", "state", "outcome", "lane", "job_id_prefix", "job_id_range", "job_id_range_first")
 
@@ -873,8 +880,9 @@ def list_jobs(filters: tuple[str, ...], with_payload: bool = True, newest_first:
     ``:job_id_prefix`` -- a prefix compared with ``substr``, so LIKE
     wildcards in it mean nothing). Without ``with_payload`` the payload is
     not read: the JSON ``null`` stands in its column (a payload may be up
-    to 1 MB)."""
-    columns = COLUMNS if with_payload else tuple(_NO_PAYLOAD if col is c.payload_json else col for col in COLUMNS)
+    to 1 MB), and no result is read either."""
+    light = {c.payload_json: _NO_PAYLOAD, c.result_json: _NO_RESULT}
+    columns = COLUMNS if with_payload else tuple(light.get(col, col) for col in COLUMNS)
     # With the prefix as a range on SQLite, the bounds must not draw its planner
     # to the primary key (it takes any rowid range for selective, knowing nothing
     # of the prefix): `sequence + 0` is no index's, so it reads the prefix's range

@@ -47,6 +47,15 @@ def _payload_text(job: JobView) -> str:
     return json.dumps(job.payload, ensure_ascii=False, sort_keys=True)
 
 
+def _result_text(job: JobView) -> str | None:
+    """The result as one line of JSON (None: none), or what makes it undecodable."""
+    if job.result is None:
+        return None
+    if isinstance(job.result, Undecodable):
+        return str(job.result)
+    return json.dumps(job.result, ensure_ascii=False, sort_keys=True)
+
+
 def json_line(value: Any) -> str:
     """``value`` as one line of JSON, as ``--json`` prints it (keys in order, not ASCII-escaped)."""
     return json.dumps(value, ensure_ascii=False, sort_keys=False)
@@ -114,6 +123,7 @@ def show_dict(job: JobView) -> dict[str, Any]:
         rerun_of=job.rerun_of,
         reruns=list(job.reruns),
         trace_context=None if job.trace_context is None else dict(job.trace_context),
+        result=None if isinstance(job.result, Undecodable) else job.result,
     )
     return fields
 
@@ -173,6 +183,7 @@ def render_show(explained: JobExplanation) -> str:
         ("reruns", ", ".join(job.reruns) or None),
         ("traceparent", None if job.trace_context is None else job.trace_context.get("traceparent")),
         ("payload", _payload_text(job)),
+        ("result", _result_text(job)),
     ]
     width = max(len(name) for name in [*(name for name, _ in fields), "failure_history", "failure_detail"])
     for name, value in fields:

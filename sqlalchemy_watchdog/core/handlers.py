@@ -14,7 +14,6 @@ from typing import Any
 from ..errors import InvalidJob
 from ..jobs import (
     QUEUE_MAX_LENGTH,
-    Decision,
     RetryPolicy,
     check_duration,
     check_text,
@@ -23,8 +22,9 @@ from ..jobs import (
 log = logging.getLogger("sqlalchemy_watchdog.runner")
 
 
-#: A handler takes the running job; it returns None (completed) or a Decision.
-Handler = Callable[["RunningJob"], "Decision | None"]
+#: A handler takes the running job; it returns None (completed), a Decision,
+#: or a value (completed, keeping it as the job's result).
+Handler = Callable[["RunningJob"], Any]
 
 
 _UNSET: Any = object()

@@ -68,6 +68,7 @@ _VIEW_ORDER = (
     "outcome", "claim_token", "recovery_count", "cancellation_id", "failure_reason", "failure_detail",
     "lease_until", "run_at", "ready_at", "attempt", "max_attempts", "retry_policy", "timeout_ms",
     "snoozes", "failure_history", "enqueued_at", "started_at", "settled_at", "rerun_of", "trace_context",
+    "result_json",
 )  # fmt: skip
 assert tuple(column.key for column in sql.COLUMNS) == _VIEW_ORDER, "view() must unpack statements.COLUMNS"
 _WIDTH = len(_VIEW_ORDER)
@@ -78,7 +79,7 @@ _JOBVIEW_FIELDS = (
     "sequence", "job_id", "queue", "lane", "priority", "payload", "max_recoveries", "state", "outcome",
     "failure_reason", "recovery_count", "cancellation_id", "failure_detail", "run_at", "ready_at", "attempt",
     "max_attempts", "snoozes", "timeout", "retry", "failure_history", "enqueued_at", "started_at",
-    "settled_at", "rerun_of", "reruns", "trace_context", "undecodable",
+    "settled_at", "rerun_of", "reruns", "trace_context", "undecodable", "result",
 )  # fmt: skip
 #: Each field's slot setter: a frozen dataclass's __init__ sets its 27 slots one
 #: object.__setattr__ call at a time (by name, through a global), 3.5x slower
@@ -110,6 +111,7 @@ def view(row: Sequence[Any]) -> JobView:
         outcome, _token, recovery_count, cancellation_id, failure_reason, failure_detail,
         _lease, run_at, ready_at, attempt, max_attempts, retry_policy, timeout_ms,
         snoozes, failure_history, enqueued_at, started_at, settled_at, rerun_of, trace_context,
+        result_json,
     ) = row[:_WIDTH]  # fmt: skip
     try:
         values = (
@@ -141,6 +143,7 @@ def view(row: Sequence[Any]) -> JobView:
             (),
             None if trace_context is None else telemetry.trace_context_of(trace_context),
             (),
+            None if result_json is None else payload_of(result_json),
         )
         if UnreadableText in map(type, row):  # text that is not UTF-8 (SQLite)
             raise ValueError("unreadable text")
@@ -160,6 +163,7 @@ def _decoded_field_by_field(row: Sequence[Any]) -> tuple[Any, ...]:
         outcome, _token, recovery_count, cancellation_id, failure_reason, failure_detail,
         _lease, run_at, ready_at, attempt, max_attempts, retry_policy, timeout_ms,
         snoozes, failure_history, enqueued_at, started_at, settled_at, rerun_of, trace_context,
+        result_json,
     ) = row[:_WIDTH]  # fmt: skip
     unknown: list[Undecodable] = []
 
@@ -197,6 +201,7 @@ def _decoded_field_by_field(row: Sequence[Any]) -> tuple[Any, ...]:
     started = time_of("started_at", started_at)
     settled = time_of("settled_at", settled_at)
     trace = decoded("trace_context", "trace_context", telemetry.trace_context_of, trace_context, None)
+    result = decoded("result", "result_json", payload_of, result_json, _ITSELF)
     for field, column, value in (
         ("job_id", "job_id", job_id), ("queue", "queue_name", queue_name), ("lane", "lane", lane),
         ("cancellation_id", "cancellation_id", cancellation_id), ("failure_reason", "failure_reason", failure_reason),
@@ -233,6 +238,7 @@ def _decoded_field_by_field(row: Sequence[Any]) -> tuple[Any, ...]:
         (),
         trace,
         tuple(unknown),
+        result,
     )
 
 

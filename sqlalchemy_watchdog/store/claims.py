@@ -222,6 +222,9 @@ class SettleRequest:
     requeue_after_ms: int | None = None
     #: The failure history to store (JSON), when this attempt failed.
     history: str | None = None
+    #: The result to keep with a ``completed`` job, as canonical JSON
+    #: (:func:`~sqlalchemy_watchdog.jobs.encode_result`); None: none.
+    result_json: str | None = None
 
     def __post_init__(self) -> None:
         # Checked once, where the request is made: the runner's core builds
@@ -232,6 +235,10 @@ class SettleRequest:
                 ErrorCode.INVALID_INPUT,
                 f"decision: must be a Decision, not {type(self.decision).__name__}",
             )
+        if self.result_json is not None and (
+            self.decision.outcome is not Outcome.COMPLETED or self.requeue_after_ms is not None
+        ):
+            raise WatchdogError(ErrorCode.INVALID_INPUT, "result_json: only a completed settle keeps a result")
 
     @property
     def row(self) -> tuple[Any, ...]:
@@ -252,6 +259,7 @@ class SettleRequest:
             1 if requeued and not decision.snoozed else 0,
             1 if requeued and decision.snoozed else 0,
             self.history,
+            self.result_json,
         )
 
 

@@ -83,14 +83,14 @@ def test_upgrade_creates_the_table_and_is_idempotent(empty_engine: Engine, cli: 
     assert not inspect(empty_engine).has_table("watchdog_jobs")
     status, out, _ = cli("upgrade")
     assert status == 0
-    assert "w0010_stored_types_and_ranges" in out
+    assert "w0012_results_and_dependencies" in out
     assert inspect(empty_engine).has_table("watchdog_jobs")
     status, out, _ = cli("--json", "upgrade")
     assert status == 0
-    assert json.loads(out)["heads"] == ["w0010_stored_types_and_ranges"]
+    assert json.loads(out)["heads"] == ["w0012_results_and_dependencies"]
     with empty_engine.connect() as conn:
         versions = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
-    assert versions == ["w0010_stored_types_and_ranges"]
+    assert versions == ["w0012_results_and_dependencies"]
     # The migrated table is the model: jobs go in and come out.
     add(empty_engine, Job("a", "q"))
     assert read(empty_engine, "a").state is JobState.QUEUED
@@ -1677,3 +1677,20 @@ def test_schedules_without_a_module_shows_what_the_runners_serve_and_disputed_de
         ("hourly", "30 * * * *", True),
         ("nightly", "0 3 * * *", False),
     ]
+
+
+# -- results ----------------------------------------------------------------------------
+
+
+def test_show_prints_a_completed_jobs_result(engine: Engine, cli: Cli) -> None:
+    from sqlalchemy_watchdog import Runner
+
+    add(engine, Job("priced", "emails"), Job("plain", "emails"))
+    Runner(engine, {"emails": lambda job: {"total": 42} if job.job_id == "priced" else None}).run_until_idle()
+    status, out, _ = cli("show", "priced")
+    assert status == 0 and json.loads(dict(line.split(None, 1) for line in out.splitlines())["result"]) == {"total": 42}
+    status, out, _ = cli("--json", "show", "priced")
+    assert json.loads(out)["result"] == {"total": 42}
+    status, out, _ = cli("show", "plain")
+    assert dict(line.split(None, 1) for line in out.splitlines())["result"] == "-"
+    assert json.loads(cli("--json", "show", "plain")[1])["result"] is None

@@ -897,3 +897,22 @@ def test_the_job_lists_do_not_read_payloads(engine: Engine, watchdog: Watchdog) 
         event.remove(engine, "before_cursor_execute", record)
     assert [job.payload for job in watchdog.list_jobs(with_payload=False)] == [None, None, None]
     assert [len(job.payload) for job in watchdog.list_jobs()] == [100_000] * 3
+
+
+def test_the_job_page_shows_a_completed_jobs_result_escaped(
+    engine: Engine, watchdog: Watchdog, dashboard: Dashboard
+) -> None:
+    watchdog.enqueue([Job("priced", "q"), Job("plain", "q"), Job("broken", "q")])
+
+    def handle(job: Any) -> Any:
+        if job.job_id == "broken":
+            return Decision.failed("no")
+        return {"total": 42, "note": SCRIPT} if job.job_id == "priced" else None
+
+    settle(engine, {"q": handle})
+    priced = dashboard.get("/job", job_id="priced").text
+    assert '<h2 id="result-h">Result</h2>' in priced
+    assert "&#34;total&#34;: 42" in priced or "&quot;total&quot;: 42" in priced
+    assert SCRIPT not in priced
+    assert "None: the handler returned no value." in dashboard.get("/job", job_id="plain").text
+    assert 'id="result-h"' not in dashboard.get("/job", job_id="broken").text
