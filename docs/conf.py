@@ -58,6 +58,13 @@ nitpick_ignore = [
     # The type variable of Applied[T] (the setting's type) in its generated signature.
     ("py:class", "sqlalchemy_watchdog.applies.T"),
     ("py:obj", "sqlalchemy_watchdog.applies.T"),
+    # The type variables of Task[P, R] (the function's parameters and result).
+    ("py:class", "P"),
+    ("py:class", "R"),
+    ("py:obj", "sqlalchemy_watchdog.tasks.P"),
+    ("py:obj", "sqlalchemy_watchdog.tasks.R"),
+    # task(registry=...): an internal registry class, for tests and embedders.
+    ("py:class", "HandlerRegistry"),
 ]
 
 html_theme = "furo"

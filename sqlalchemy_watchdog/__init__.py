@@ -53,6 +53,7 @@ from .jobs import (
 from .model import WatchdogJob, metadata
 from .runner import Runner
 from .schedules import Schedule
+from .tasks import Task, task
 from .wakeups import WakeupMode, WakeupStatus
 
 __all__ = [
@@ -93,6 +94,7 @@ __all__ = [
     "Stats",
     "StopReason",
     "TaggedJSON",
+    "Task",
     "TickResult",
     "TickStatus",
     "WakeupMode",
@@ -111,6 +113,7 @@ __all__ = [
     "redacted",
     "redacted_detail",
     "safe_text",
+    "task",
 ]
 
 __version__ = "0.1.0"
