@@ -54,6 +54,7 @@ nitpick_ignore_regex = [
 # (a field of RunningJob) and of internal helpers.
 nitpick_ignore = [
     ("py:class", "sqlalchemy_watchdog.execution.StopSignal"),
+    ("py:class", "sqlalchemy_watchdog.core.progress.ProgressReporter"),
     ("py:class", "Execution"),
     # The type variable of Applied[T] (the setting's type) in its generated signature.
     ("py:class", "sqlalchemy_watchdog.applies.T"),

@@ -10,6 +10,7 @@ from .applies import Applied, JobExplanation, PolicyLevel
 from .client import Watchdog, enqueue, enqueue_select
 from .codecs import PayloadCodec, TaggedJSON
 from .connections import follow_failover
+from .core.progress import ProgressStatus
 from .core.settings import RunnerOptions
 from .errors import (
     EnqueueConflict,
@@ -80,6 +81,7 @@ __all__ = [
     "PayloadCodec",
     "PolicyLevel",
     "PreparedStatementsRefused",
+    "ProgressStatus",
     "QueuePause",
     "QueueStats",
     "ScheduleView",

@@ -465,6 +465,7 @@ class AsyncRunner:
         self.wakeup_status = WakeupStatus(self.wakeups, False, "not started", self.settings.poll_interval_s)
         #: Store calls: connections (one kept by each holding task), retries.
         self._gateway = AsyncGateway(engine)
+        self.core.progress_write_async = lambda *report: self._gateway.run(store.report_progress, *report)
         #: Whether each queue's handler is a coroutine function (asked on first use).
         self._async_queues: dict[str, bool] = {}
         self._settler: _AsyncSettler | None = None

@@ -910,6 +910,10 @@ class JobView:
     #: The result a ``completed`` job's handler returned, as stored (its JSON
     #: value: a codec's encoded form); None: none (or the job is not completed).
     result: Any = None
+    #: The progress its handler last reported (0 to 1, ``job.progress``),
+    #: and its note; None: none reported (a requeue clears it).
+    progress: float | None = None
+    progress_note: str | None = None
 
     @property
     def cancellation_requested(self) -> bool:

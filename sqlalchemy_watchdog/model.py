@@ -25,6 +25,7 @@ from sqlalchemy import (
     DDL,
     BigInteger,
     CheckConstraint,
+    Float,
     Index,
     Integer,
     MetaData,
@@ -35,6 +36,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from .core.progress import PROGRESS_NOTE_MAX_LENGTH
 from .jobs import (
     CANCELLATION_ID_MAX_LENGTH,
     JOB_ID_MAX_LENGTH,
@@ -119,12 +121,17 @@ NULLABLE_INTEGER_COLUMNS = (
 TEXT_COLUMNS = ("job_id", "queue_name", "lane", "payload_json", "state")
 NULLABLE_TEXT_COLUMNS = (
     "outcome", "claim_token", "cancellation_id", "failure_reason", "failure_detail", "retry_policy",
-    "failure_history", "rerun_of", "trace_context", "result_json",
+    "failure_history", "rerun_of", "trace_context", "result_json", "progress_note",
 )  # fmt: skip
+#: Revision w0012: the progress fraction, a REAL (SQLite's REAL affinity stores
+#: an integer written to it as a real too).
+REAL_COLUMNS = ("progress",)
 
 
 def stored_type_check(column: str) -> str:
     """The CHECK (SQLite only, revision w0010) that ``column`` holds its own type."""
+    if column in REAL_COLUMNS:
+        return f"typeof({column}) IN ('real', 'null')"
     kind = "integer" if column in INTEGER_COLUMNS or column in NULLABLE_INTEGER_COLUMNS else "text"
     if column in NULLABLE_INTEGER_COLUMNS or column in NULLABLE_TEXT_COLUMNS:
         return f"typeof({column}) IN ('{kind}', 'null')"
@@ -132,7 +139,7 @@ def stored_type_check(column: str) -> str:
 
 
 #: Named ``ck_watchdog_jobs_<column>_stored_type``; PostgreSQL's types already hold.
-STORED_TYPE_COLUMNS = INTEGER_COLUMNS + NULLABLE_INTEGER_COLUMNS + TEXT_COLUMNS + NULLABLE_TEXT_COLUMNS
+STORED_TYPE_COLUMNS = INTEGER_COLUMNS + NULLABLE_INTEGER_COLUMNS + TEXT_COLUMNS + NULLABLE_TEXT_COLUMNS + REAL_COLUMNS
 STORED_TYPE_CHECKS = tuple(
     CheckConstraint(stored_type_check(column), name=f"{column}_stored_type").ddl_if(dialect="sqlite")
     for column in STORED_TYPE_COLUMNS
@@ -209,6 +216,10 @@ class WatchdogJob(WatchdogBase):
     #: The result a completed job's handler returned, as canonical JSON
     #: (written by the settle statement itself; CHECK ``result_completed``).
     result_json: Mapped[str | None] = mapped_column(Text)
+    #: A running job's progress as its handler last reported it (0 to 1),
+    #: and its note; kept when it settles, cleared by a requeue.
+    progress: Mapped[float | None] = mapped_column(Float)
+    progress_note: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         CheckConstraint(f"length(job_id) BETWEEN 1 AND {JOB_ID_MAX_LENGTH}", name="job_id_length"),
@@ -239,6 +250,10 @@ class WatchdogJob(WatchdogBase):
         ),
         #: Revision w0012: only a job settled ``completed`` holds a result.
         CheckConstraint(RESULT_GRAMMAR, name="result_completed"),
+        CheckConstraint("progress IS NULL OR (progress >= 0 AND progress <= 1)", name="progress_range"),
+        CheckConstraint(
+            f"progress_note IS NULL OR length(progress_note) <= {PROGRESS_NOTE_MAX_LENGTH}", name="progress_note_length"
+        ),
         # Last, as revision w0010 appends them to the stored definition.
         *STORED_TYPE_CHECKS,
         {"sqlite_autoincrement": True},

@@ -51,7 +51,7 @@ from .core.steps import STARTED_LATE, Probe, RunHandler, Spawn, Step, Steps, Sto
 from .errors import InvalidJob, redacted
 from .gateway import SyncGateway
 from .jobs import Decision, JobView
-from .store import Settlement, SettleRequest
+from .store import Settlement, SettleRequest, report_progress
 from .wakeups import (
     Listener,
     Waiting,
@@ -132,6 +132,7 @@ class Runner:
         self._workers: _Workers | None = None
         #: Store calls: connections (one kept by each holding thread), retries.
         self._gateway = SyncGateway(engine)
+        self.core.progress_write = lambda *report: self._gateway.run(report_progress, *report)
         #: Set once run_forever serves (its listener started), or has ended.
         self._serving = threading.Event()
 

@@ -34,6 +34,7 @@ from sqlalchemy import (
     BigInteger,
     BindParameter,
     Delete,
+    Float,
     Insert,
     Integer,
     Select,
@@ -136,6 +137,8 @@ COLUMNS = (
     c.rerun_of,
     c.trace_context,
     c.result_json,
+    c.progress,
+    c.progress_note,
 )
 
 _DELAYED = JobState.DELAYED.value
@@ -238,6 +241,9 @@ SETTLE_FIELDS: Fields = (
     ("history", Text()),
     # The result of a completed job (canonical JSON), NULL for none.
     ("result", Text()),
+    # The attempt's last progress not written yet (rate limit), NULL for none.
+    ("progress", Float()),
+    ("progress_note", Text()),
 )
 
 
@@ -592,6 +598,12 @@ def settle(dialect: str) -> Update:
             lease_until=null(),
             # Kept only by the completion itself: a cancellation or a requeue drops it.
             result_json=case((cancelled, null()), (requeue, null()), else_=cols["result"]),
+            # A requeue starts the next run from nothing; a settle keeps the
+            # attempt's last progress, the one it carries if the rate limit held it.
+            progress=case((requeue, null()), else_=func.coalesce(cols["progress"], c.progress)),
+            progress_note=case(
+                (requeue, null()), (cols["progress"].is_not(None), cols["progress_note"]), else_=c.progress_note
+            ),
         )
         .returning(*COLUMNS)
     )
@@ -638,6 +650,24 @@ def renew() -> Update:
         )
         .values(lease_until=db_clock_ms() + _p("lease_ms", BigInteger()))
         .returning(c.job_id, c.claim_token)
+    )
+
+
+@cache
+def progress() -> Update:
+    """Record ``:fraction`` and ``:note`` as the progress of the exact, live
+    claim ``:job`` / ``:token`` (guarded like :func:`renew`, by the lease on
+    ``max(:now, database clock)``); ``RETURNING job_id`` says it was."""
+    return (
+        update(t)
+        .where(
+            c.job_id == _p("job", Text()),
+            c.claim_token == _p("token", Text()),
+            IS_RUNNING_UNINDEXED,
+            c.lease_until > effective_now(NOW),
+        )
+        .values(progress=_p("fraction", Float()), progress_note=_p("note", Text()))
+        .returning(c.job_id)
     )
 
 

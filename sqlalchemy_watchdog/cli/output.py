@@ -56,6 +56,14 @@ def _result_text(job: JobView) -> str | None:
     return json.dumps(job.result, ensure_ascii=False, sort_keys=True)
 
 
+def _progress_text(job: JobView) -> str | None:
+    """``42.5%``, with the note after a colon; None: none reported."""
+    if job.progress is None:
+        return None
+    text = f"{job.progress * 100:.1f}%"
+    return f"{text}: {job.progress_note}" if job.progress_note else text
+
+
 def json_line(value: Any) -> str:
     """``value`` as one line of JSON, as ``--json`` prints it (keys in order, not ASCII-escaped)."""
     return json.dumps(value, ensure_ascii=False, sort_keys=False)
@@ -124,6 +132,8 @@ def show_dict(job: JobView) -> dict[str, Any]:
         reruns=list(job.reruns),
         trace_context=None if job.trace_context is None else dict(job.trace_context),
         result=None if isinstance(job.result, Undecodable) else job.result,
+        progress=job.progress,
+        progress_note=job.progress_note,
     )
     return fields
 
@@ -182,6 +192,7 @@ def render_show(explained: JobExplanation) -> str:
         ("rerun_of", job.rerun_of),
         ("reruns", ", ".join(job.reruns) or None),
         ("traceparent", None if job.trace_context is None else job.trace_context.get("traceparent")),
+        ("progress", _progress_text(job)),
         ("payload", _payload_text(job)),
         ("result", _result_text(job)),
     ]

@@ -18,6 +18,7 @@ from ..jobs import (
     check_duration,
     check_text,
 )
+from .progress import ProgressReporter, ProgressStatus, check_progress
 
 log = logging.getLogger("sqlalchemy_watchdog.runner")
 
@@ -304,6 +305,33 @@ class RunningJob:
     #: :mod:`sqlalchemy_watchdog.otel` installed the handler already runs in
     #: the attempt's span, which continues this trace.
     trace_context: Mapping[str, str] | None = None
+    _progress: ProgressReporter | None = field(default=None, repr=False, compare=False)
+
+    def progress(self, fraction: float, note: str | None = None) -> ProgressStatus:
+        """Report how far the job is (``fraction`` from 0 to 1, and an
+        optional ``note`` of at most 500 characters), for ``JobView.progress``,
+        ``show`` and the dashboard. Written under the exact claim, at most
+        once a second per job: a report that comes sooner is kept and
+        written by the next one or with the settlement (``DEFERRED``).
+        ``LOST``: the job no longer holds its claim; nothing was written.
+        In a coroutine handler use :meth:`progress_async`.
+
+        :raises ~sqlalchemy_watchdog.InvalidJob: ``fraction`` outside [0, 1]
+            (or not a number), a ``note`` too long or not text.
+        """
+        reporter = self._progress
+        if reporter is None:  # made outside a runner: checked, kept nowhere
+            check_progress(fraction, note)
+            return ProgressStatus.DEFERRED
+        return reporter.report(fraction, note)
+
+    async def progress_async(self, fraction: float, note: str | None = None) -> ProgressStatus:
+        """:meth:`progress` for a coroutine handler (it never blocks the loop)."""
+        reporter = self._progress
+        if reporter is None:
+            check_progress(fraction, note)
+            return ProgressStatus.DEFERRED
+        return await reporter.report_async(fraction, note)
 
     @property
     def stop_requested(self) -> threading.Event:

@@ -24,6 +24,7 @@ from ..store import Claim
 from ..wakeups import Waiting
 from .clock import Clock
 from .handlers import Flag, RunningJob, StopReason, StopSignal
+from .progress import AsyncWrite, ProgressReporter, SyncWrite
 from .settings import RunnerSettings
 from .steps import Steps, Stop
 
@@ -165,6 +166,10 @@ class RunnerCore:
         self._active: dict[tuple[str, str], Execution] = {}
         self._lock = threading.Lock()
         self.recovery_due = 0.0
+        #: How a handler's ``job.progress`` is written: set by the driver
+        #: (a thread's call, or a coroutine on the runner's loop).
+        self.progress_write: SyncWrite | None = None
+        self.progress_write_async: AsyncWrite | None = None
         #: When to make due delayed jobs ready next (monotonic).
         self.promotion_due = 0.0
         #: When to prune settled jobs next (monotonic).
@@ -293,6 +298,9 @@ class RunnerCore:
             snoozes=job.snoozes,
             timeout=self.settings.timeout_for(job),
             trace_context=job.trace_context,
+            _progress=ProgressReporter(
+                job.job_id, claim.token, self.progress_write, self.progress_write_async, monotonic=self.clock.monotonic
+            ),
         )
         execution = Execution(
             claim, running, signal, claimed_at=asked_at, refused=refused, monotonic=self.clock.monotonic

@@ -76,6 +76,7 @@ from .claims import recovery_reason as recovery_reason
 from .claims import release as release
 from .claims import release_and_recover as release_and_recover
 from .claims import renew as renew
+from .claims import report_progress as report_progress
 from .claims import seconds_until_next_expiry as seconds_until_next_expiry
 from .claims import settle as settle
 from .claims import settle_many as settle_many

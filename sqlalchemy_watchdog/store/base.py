@@ -68,7 +68,7 @@ _VIEW_ORDER = (
     "outcome", "claim_token", "recovery_count", "cancellation_id", "failure_reason", "failure_detail",
     "lease_until", "run_at", "ready_at", "attempt", "max_attempts", "retry_policy", "timeout_ms",
     "snoozes", "failure_history", "enqueued_at", "started_at", "settled_at", "rerun_of", "trace_context",
-    "result_json",
+    "result_json", "progress", "progress_note",
 )  # fmt: skip
 assert tuple(column.key for column in sql.COLUMNS) == _VIEW_ORDER, "view() must unpack statements.COLUMNS"
 _WIDTH = len(_VIEW_ORDER)
@@ -80,6 +80,7 @@ _JOBVIEW_FIELDS = (
     "failure_reason", "recovery_count", "cancellation_id", "failure_detail", "run_at", "ready_at", "attempt",
     "max_attempts", "snoozes", "timeout", "retry", "failure_history", "enqueued_at", "started_at",
     "settled_at", "rerun_of", "reruns", "trace_context", "undecodable", "result",
+    "progress", "progress_note",
 )  # fmt: skip
 #: Each field's slot setter: a frozen dataclass's __init__ sets its 27 slots one
 #: object.__setattr__ call at a time (by name, through a global), 3.5x slower
@@ -111,7 +112,7 @@ def view(row: Sequence[Any]) -> JobView:
         outcome, _token, recovery_count, cancellation_id, failure_reason, failure_detail,
         _lease, run_at, ready_at, attempt, max_attempts, retry_policy, timeout_ms,
         snoozes, failure_history, enqueued_at, started_at, settled_at, rerun_of, trace_context,
-        result_json,
+        result_json, progress, progress_note,
     ) = row[:_WIDTH]  # fmt: skip
     try:
         values = (
@@ -144,6 +145,8 @@ def view(row: Sequence[Any]) -> JobView:
             None if trace_context is None else telemetry.trace_context_of(trace_context),
             (),
             None if result_json is None else payload_of(result_json),
+            progress,
+            progress_note,
         )
         if UnreadableText in map(type, row):  # text that is not UTF-8 (SQLite)
             raise ValueError("unreadable text")
@@ -163,7 +166,7 @@ def _decoded_field_by_field(row: Sequence[Any]) -> tuple[Any, ...]:
         outcome, _token, recovery_count, cancellation_id, failure_reason, failure_detail,
         _lease, run_at, ready_at, attempt, max_attempts, retry_policy, timeout_ms,
         snoozes, failure_history, enqueued_at, started_at, settled_at, rerun_of, trace_context,
-        result_json,
+        result_json, progress, progress_note,
     ) = row[:_WIDTH]  # fmt: skip
     unknown: list[Undecodable] = []
 
@@ -206,6 +209,7 @@ def _decoded_field_by_field(row: Sequence[Any]) -> tuple[Any, ...]:
         ("job_id", "job_id", job_id), ("queue", "queue_name", queue_name), ("lane", "lane", lane),
         ("cancellation_id", "cancellation_id", cancellation_id), ("failure_reason", "failure_reason", failure_reason),
         ("failure_detail", "failure_detail", failure_detail), ("rerun_of", "rerun_of", rerun_of),
+        ("progress_note", "progress_note", progress_note),
     ):  # fmt: skip
         if type(value) is UnreadableText:  # read as it is (U+FFFD for the bytes), listed unknown
             unknown.append(Undecodable(field, column, "stored text is not UTF-8"))
@@ -239,6 +243,8 @@ def _decoded_field_by_field(row: Sequence[Any]) -> tuple[Any, ...]:
         trace,
         tuple(unknown),
         result,
+        progress,
+        progress_note,
     )
 
 

@@ -225,6 +225,9 @@ class SettleRequest:
     #: The result to keep with a ``completed`` job, as canonical JSON
     #: (:func:`~sqlalchemy_watchdog.jobs.encode_result`); None: none.
     result_json: str | None = None
+    #: The attempt's last progress that the rate limit kept back, written
+    #: with the settlement: (fraction, note); None: none pending.
+    progress: tuple[float, str | None] | None = None
 
     def __post_init__(self) -> None:
         # Checked once, where the request is made: the runner's core builds
@@ -260,6 +263,7 @@ class SettleRequest:
             1 if requeued and decision.snoozed else 0,
             self.history,
             self.result_json,
+            *((None, None) if self.progress is None else self.progress),
         )
 
 
@@ -372,6 +376,16 @@ def _unsettled(conn: Connection, job_id: str, claim_token: str, decision: Decisi
     if job.state is JobState.SETTLED and token == claim_token and job.outcome is expected:
         return Settlement(SettleStatus.REPLAYED, job)
     return Settlement(SettleStatus.CONFLICT, job)
+
+
+@operation(Shape.WRITE)
+def report_progress(
+    conn: Connection, job_id: str, claim_token: str, fraction: float, note: str | None, *, now: int | None = None
+) -> bool:
+    """Record a running job's progress under its exact, live claim; whether
+    the claim still held (False: nothing written)."""
+    params = {"job": job_id, "token": claim_token, "fraction": fraction, "note": note, "now": now or now_ms()}
+    return conn.execute(sql.progress(), params).first() is not None
 
 
 @operation(Shape.WRITE)

@@ -264,6 +264,10 @@ class Row:
     #: Revision w0012: the result a completed job's handler returned (its
     #: canonical JSON), written only by the settle that completes it.
     result_json: str | None = None
+    #: Revision w0012: a running job's progress (the machine reports none:
+    #: tests/integration/test_progress.py covers it); a requeue clears it.
+    progress: float | None = None
+    progress_note: str | None = None
 
     def columns(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in ("order", "policy")}

@@ -1693,4 +1693,11 @@ def test_show_prints_a_completed_jobs_result(engine: Engine, cli: Cli) -> None:
     assert json.loads(out)["result"] == {"total": 42}
     status, out, _ = cli("show", "plain")
     assert dict(line.split(None, 1) for line in out.splitlines())["result"] == "-"
+    assert dict(line.split(None, 1) for line in out.splitlines())["progress"] == "-"
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE watchdog_jobs SET progress = 0.425, progress_note = 'step 3' WHERE job_id = 'plain'"))
+    status, out, _ = cli("show", "plain")
+    assert dict(line.split(None, 1) for line in out.splitlines())["progress"] == "42.5%: step 3"
+    shown = json.loads(cli("--json", "show", "plain")[1])
+    assert (shown["progress"], shown["progress_note"]) == (0.425, "step 3")
     assert json.loads(cli("--json", "show", "plain")[1])["result"] is None

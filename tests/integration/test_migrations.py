@@ -780,7 +780,7 @@ W0007 = "w0007_notify_when_waiting"
 
 #: Columns of revisions after w0010, left out of the earlier revisions'
 #: round trips (their own test covers them: test_w0012_...).
-LATER_COLUMNS = frozenset({"result_json"})
+LATER_COLUMNS = frozenset({"result_json", "progress", "progress_note"})
 
 
 def _all_rows(engine: Engine) -> dict[str, dict[str, Any]]:

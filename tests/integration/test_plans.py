@@ -480,6 +480,14 @@ PLANS: list[Case] = [
     Case("settle(1)", "settle", (D,), _settle(1), on(JOB_ID)),
     Case("settle(50)", "settle", (D,), _settle(50), on(JOB_ID)),
     Case("renew", "renew", (), _claims, on(JOB_ID, LEASE)),
+    # A handler's progress, by job_id like a settle (revision w0012).
+    Case(
+        "progress",
+        "progress",
+        (),
+        lambda d: {"job": "r-2", "token": "rt-2", "fraction": 0.5, "note": None, "now": NOW},
+        on(JOB_ID),
+    ),
     Case("release", "release", (), _claims, on(JOB_ID, LEASE)),
     Case("cancel(live)", "cancel", (False,), lambda d: {"job": "qd-5", "cancellation": "x"}, on(JOB_ID)),
     Case("cancel(not started)", "cancel", (True,), lambda d: {"job": "qd-5", "cancellation": "x"}, on(JOB_ID)),

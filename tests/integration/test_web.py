@@ -916,3 +916,10 @@ def test_the_job_page_shows_a_completed_jobs_result_escaped(
     assert SCRIPT not in priced
     assert "None: the handler returned no value." in dashboard.get("/job", job_id="plain").text
     assert 'id="result-h"' not in dashboard.get("/job", job_id="broken").text
+    assert '<dd id="f-progress">none reported</dd>' in priced
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "UPDATE watchdog_jobs SET progress = 0.425, progress_note = 'step <3>' WHERE job_id = 'plain'"
+        )
+    plain = dashboard.get("/job", job_id="plain").text
+    assert '<progress max="1" value="0.425">42.5%</progress> 42.5%: step &lt;3&gt;</dd>' in plain

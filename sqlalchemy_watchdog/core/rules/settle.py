@@ -211,13 +211,17 @@ def settle_request(core: RunnerCore, execution: Execution, decision: Decision) -
     _log_verdict(execution, judged, now)
     if judged.fate is Fate.SNOOZE:
         return SettleRequest(job.job_id, claim.token, decision, now)
+    reporter = execution.job._progress
+    progress = None if reporter is None or judged.fate is not Fate.SETTLE else reporter.pending
     if not judged.recorded:
-        return SettleRequest(job.job_id, claim.token, decision, now, execution.failure_detail, result_json=result_json)
+        return SettleRequest(
+            job.job_id, claim.token, decision, now, execution.failure_detail, result_json=result_json, progress=progress
+        )
     history = history_with(job.failure_history, at_ms=now, attempt=job.attempt, reason=judged.reason)
     requeue_after_ms = duration_ms(judged.wait) if judged.fate is Fate.RETRY and judged.wait is not None else None
     return SettleRequest(
         job.job_id, claim.token, decision, now, execution.failure_detail,
-        requeue_after_ms=requeue_after_ms, history=history,
+        requeue_after_ms=requeue_after_ms, history=history, progress=progress,
     )  # fmt: skip
 
 

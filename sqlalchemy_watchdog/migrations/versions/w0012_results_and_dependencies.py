@@ -1,4 +1,4 @@
-"""Results: what a completed job's handler returned.
+"""Results and progress: what a completed job's handler returned, how far a running one is.
 
 Revision ID: w0012_results_and_dependencies
 Revises: w0010_stored_types_and_ranges
@@ -9,7 +9,12 @@ returned, as canonical JSON, written by the settle statement that completes
 the job and by nothing else. The CHECK ``result_completed`` holds it to
 that: a row has a result only when it is settled ``completed``.
 
-Both dialects add the column in place; on SQLite ``ADD COLUMN`` carries its
+It also adds ``progress`` (a fraction from 0 to 1, CHECK ``progress_range``)
+and ``progress_note`` (at most 500 characters, CHECK
+``progress_note_length``): a running job's progress as its handler last
+reported it.
+
+Both dialects add the columns in place; on SQLite ``ADD COLUMN`` carries its
 CHECKs (``result_completed`` and the column's stored-type CHECK, as w0010
 gave every column), on PostgreSQL they are added as table constraints.
 Existing rows keep NULL (no result). On PostgreSQL a row trigger,
@@ -22,6 +27,8 @@ results with it.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
@@ -39,10 +46,16 @@ COLUMNS: tuple[tuple[str, str, dict[str, str]], ...] = (
         "TEXT",
         {"result_completed": "result_json IS NULL OR (state = 'settled' AND outcome = 'completed')"},
     ),
+    ("progress", "FLOAT", {"progress_range": "progress IS NULL OR (progress >= 0 AND progress <= 1)"}),
+    ("progress_note", "TEXT", {"progress_note_length": "progress_note IS NULL OR length(progress_note) <= 500"}),
 )
-#: SQLite's stored-type CHECK of each column (w0010's rule).
-STORED_TYPES = {"result_json": "typeof(result_json) IN ('text', 'null')"}
-_TYPES = {"TEXT": sa.Text()}
+#: SQLite's stored-type CHECK of each column (w0010's rule; a REAL for the fraction).
+STORED_TYPES = {
+    "result_json": "typeof(result_json) IN ('text', 'null')",
+    "progress": "typeof(progress) IN ('real', 'null')",
+    "progress_note": "typeof(progress_note) IN ('text', 'null')",
+}
+_TYPES: dict[str, sa.types.TypeEngine[Any]] = {"TEXT": sa.Text(), "FLOAT": sa.Float()}
 
 
 #: The settle notification (PostgreSQL), as sqlalchemy_watchdog.results
