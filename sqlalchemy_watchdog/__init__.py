@@ -54,6 +54,7 @@ from .jobs import (
 from .model import WatchdogJob, metadata
 from .runner import Runner
 from .schedules import Schedule
+from .store.dependencies import ParentResult
 from .tasks import Task, task
 from .wakeups import WakeupMode, WakeupStatus
 
@@ -77,6 +78,7 @@ __all__ = [
     "BulkResult",
     "BulkSkip",
     "Outcome",
+    "ParentResult",
     "PauseStatus",
     "PayloadCodec",
     "PolicyLevel",

@@ -466,6 +466,7 @@ class AsyncRunner:
         #: Store calls: connections (one kept by each holding task), retries.
         self._gateway = AsyncGateway(engine)
         self.core.progress_write_async = lambda *report: self._gateway.run(store.report_progress, *report)
+        self.core.parents_read_async = lambda job_id: self._gateway.read(store.parent_results, job_id)
         #: Whether each queue's handler is a coroutine function (asked on first use).
         self._async_queues: dict[str, bool] = {}
         self._settler: _AsyncSettler | None = None

@@ -98,6 +98,13 @@ FAILURE_HISTORY_LENGTH = 10
 FAILURE_HISTORY_REASON_LENGTH = 500
 #: The longest delay, backoff, snooze or timeout accepted (about ten years).
 MAX_DELAY = timedelta(days=3650)
+#: The most parents one job may wait for (``Job(after=...)``).
+MAX_PARENTS = 10_000
+#: ``Job(after_policy=...)``: run only after every parent completed (a parent
+#: ending otherwise settles the job ``cancelled``), or after every parent
+#: settled, however it ended.
+AFTER_POLICIES = ("completed", "any_outcome")
+
 #: The range of ``run_at`` accepted (stored as epoch milliseconds).
 _RUN_AT_MIN = datetime(1970, 1, 1, tzinfo=UTC)
 _RUN_AT_MAX = datetime(9999, 1, 1, tzinfo=UTC)
@@ -109,13 +116,17 @@ class JobState(str, enum.Enum):
     A ``delayed`` job waits for its time (``run_at``, an enqueue ``delay``, a
     retry's backoff or a snooze); it becomes ``queued`` when the time comes.
     A retried or snoozed job goes from ``running`` back to ``delayed`` (or
-    ``queued``); ``settled`` is final.
+    ``queued``); ``settled`` is final. A ``waiting`` job (``Job(after=...)``)
+    waits for its parents to settle; then it becomes ``queued`` (or
+    ``delayed``), or is settled ``cancelled`` when a parent did not complete.
     """
 
     DELAYED = "delayed"
     QUEUED = "queued"
     RUNNING = "running"
     SETTLED = "settled"
+    #: Revision w0012: waiting for its parents (``Job(after=...)``) to settle.
+    WAITING = "waiting"
 
 
 class Outcome(str, enum.Enum):
@@ -534,6 +545,15 @@ class Job:
         :attr:`payload` holds the JSON form that is stored. The codec is not
         part of the job's identity: jobs whose encoded payloads are equal
         are the same job (an identical replay).
+    :param after: job_ids of jobs this one waits for (its parents): until
+        every one of them is settled it is ``waiting``, and no runner claims
+        it. Each must exist, or come earlier in the same enqueue call (so no
+        cycle can be built), and not be the job itself. Not part of the
+        job's identity: a replay is a duplicate whatever it names.
+    :param after_policy: ``completed`` (the default): a parent that ends
+        other than ``completed`` settles this job ``cancelled``, with a
+        reason naming it (a parent already ended so is refused at enqueue);
+        ``any_outcome``: it runs once every parent settled, however.
     """
 
     job_id: str
@@ -550,6 +570,10 @@ class Job:
     rerun_of: str | None = None
     codec: PayloadCodec | None = field(default=None, repr=False, compare=False)
     payload_json: str = field(init=False, repr=False, compare=False)
+    #: The jobs (by job_id) this one waits for; see :class:`Job`'s ``after``.
+    after: tuple[str, ...] = ()
+    #: ``completed`` (the default) or ``any_outcome`` (``jobs.AFTER_POLICIES``).
+    after_policy: str = "completed"
 
     # Written out rather than generated: a frozen dataclass's own __init__
     # sets each field through object.__setattr__, which made building a Job
@@ -569,6 +593,8 @@ class Job:
         timeout: timedelta | None = None,
         rerun_of: str | None = None,
         codec: PayloadCodec | None = None,
+        after: Iterable[str] | None = None,
+        after_policy: str = "completed",
     ) -> None:
         check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
         check_text("queue", queue, QUEUE_MAX_LENGTH)
@@ -594,6 +620,9 @@ class Job:
         if codec is not None:
             payload = _encoded(codec, payload)
         payload_json = encode_payload(payload)
+        parents = _parents(job_id, after)
+        if after_policy not in AFTER_POLICIES:
+            raise InvalidJob("after_policy", f"must be one of {list(AFTER_POLICIES)}, got {after_policy!r}")
         _set_job_id(self, job_id)
         _set_queue(self, queue)
         _set_lane(self, lane)
@@ -606,6 +635,8 @@ class Job:
         _set_rerun_of(self, rerun_of)
         _set_codec(self, codec)
         _set_payload_json(self, payload_json)
+        _set_after(self, parents)
+        _set_after_policy(self, after_policy)
 
     def __post_init__(self) -> None:
         # Not called by Job's own __init__: a dataclass subclass's generated
@@ -614,7 +645,7 @@ class Job:
         Job.__init__(
             self, self.job_id, self.queue, lane=self.lane, priority=self.priority, payload=self.payload,
             max_recoveries=self.max_recoveries, run_at=self.run_at, retry=self.retry, timeout=self.timeout,
-            rerun_of=self.rerun_of, codec=self.codec,
+            rerun_of=self.rerun_of, codec=self.codec, after=self.after, after_policy=self.after_policy,
         )  # fmt: skip
 
     @property
@@ -653,11 +684,27 @@ def slot_setters(cls: type, names: tuple[str, ...]) -> tuple[Callable[[Any, Any]
 
 (
     _set_job_id, _set_queue, _set_lane, _set_priority, _set_payload, _set_max_recoveries, _set_run_at,
-    _set_retry, _set_timeout, _set_rerun_of, _set_codec, _set_payload_json,
+    _set_retry, _set_timeout, _set_rerun_of, _set_codec, _set_payload_json, _set_after, _set_after_policy,
 ) = slot_setters(Job, (
     "job_id", "queue", "lane", "priority", "payload", "max_recoveries", "run_at",
-    "retry", "timeout", "rerun_of", "codec", "payload_json",
+    "retry", "timeout", "rerun_of", "codec", "payload_json", "after", "after_policy",
 ))  # fmt: skip
+
+
+def _parents(job_id: str, after: object) -> tuple[str, ...]:
+    """``after`` as a tuple of distinct job_ids (first mention kept), checked."""
+    if after is None:
+        return ()
+    if isinstance(after, (str, bytes)) or not isinstance(after, Iterable):
+        raise InvalidJob("after", f"must be an iterable of job_ids, not {type(after).__name__}")
+    parents = tuple(dict.fromkeys(after))
+    if len(parents) > MAX_PARENTS:
+        raise InvalidJob("after", f"may name at most {MAX_PARENTS} jobs, got {len(parents)}")
+    for parent in parents:
+        check_text("after", parent, JOB_ID_MAX_LENGTH)
+        if parent == job_id:
+            raise InvalidJob("after", f"job {job_id!r} cannot wait for itself")
+    return parents
 
 
 def _encoded(codec: Any, payload: Any) -> Any:
@@ -914,6 +961,15 @@ class JobView:
     #: and its note; None: none reported (a requeue clears it).
     progress: float | None = None
     progress_note: str | None = None
+    #: A ``waiting`` job's parents not settled yet (None otherwise).
+    waiting_on: int | None = None
+    #: Its ``after_policy`` (None: it was enqueued without parents).
+    after_policy: str | None = None
+    #: Its parents (``Job(after=...)``) by job_id, each with the outcome
+    #: counted for it (None: not settled yet); filled by ``Watchdog.read`` only.
+    parents: tuple[tuple[str, str | None], ...] = ()
+    #: The jobs that wait (or waited) for it; filled by ``Watchdog.read`` only.
+    dependents: tuple[str, ...] = ()
 
     @property
     def cancellation_requested(self) -> bool:

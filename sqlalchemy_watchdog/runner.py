@@ -51,7 +51,7 @@ from .core.steps import STARTED_LATE, Probe, RunHandler, Spawn, Step, Steps, Sto
 from .errors import InvalidJob, redacted
 from .gateway import SyncGateway
 from .jobs import Decision, JobView
-from .store import Settlement, SettleRequest, report_progress
+from .store import Settlement, SettleRequest, parent_results, report_progress
 from .wakeups import (
     Listener,
     Waiting,
@@ -133,6 +133,7 @@ class Runner:
         #: Store calls: connections (one kept by each holding thread), retries.
         self._gateway = SyncGateway(engine)
         self.core.progress_write = lambda *report: self._gateway.run(report_progress, *report)
+        self.core.parents_read = lambda job_id: self._gateway.read(parent_results, job_id)
         #: Set once run_forever serves (its listener started), or has ended.
         self._serving = threading.Event()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import inspect
 import logging
@@ -9,9 +10,12 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidJob
+
+if TYPE_CHECKING:
+    from ..store.dependencies import ParentResult
 from ..jobs import (
     QUEUE_MAX_LENGTH,
     RetryPolicy,
@@ -332,6 +336,30 @@ class RunningJob:
             check_progress(fraction, note)
             return ProgressStatus.DEFERRED
         return await reporter.report_async(fraction, note)
+
+    def parent_results(self) -> tuple[ParentResult, ...]:
+        """The jobs this one waited for (``Job(after=...)``), each with its
+        state, outcome and result (as stored: a codec's JSON form), by
+        job_id -- for a callback that combines its parents' work. Read now,
+        in a transaction of its own; in a coroutine handler use
+        :meth:`parent_results_async`. ``()`` for a job without parents."""
+        reporter = self._progress
+        if reporter is None or reporter.read is None:
+            if reporter is not None and reporter.read_async is not None and reporter._loop is not None:
+                return tuple(
+                    asyncio.run_coroutine_threadsafe(reporter.read_async(self.job_id), reporter._loop).result()
+                )
+            raise RuntimeError("parent_results() reads through a runner; this job was not claimed by one")
+        return tuple(reporter.read(self.job_id))
+
+    async def parent_results_async(self) -> tuple[ParentResult, ...]:
+        """:meth:`parent_results` for a coroutine handler."""
+        reporter = self._progress
+        if reporter is not None and reporter.read_async is not None:
+            return tuple(await reporter.read_async(self.job_id))
+        if reporter is not None and reporter.read is not None:
+            return tuple(await asyncio.to_thread(reporter.read, self.job_id))
+        raise RuntimeError("parent_results() reads through a runner; this job was not claimed by one")
 
     @property
     def stop_requested(self) -> threading.Event:

@@ -94,7 +94,12 @@ class ProgressReporter:
         *,
         interval_s: float = PROGRESS_INTERVAL_S,
         monotonic: Callable[[], float] = time.monotonic,
+        read: Callable[[str], Any] | None = None,
+        read_async: Callable[[str], Coroutine[Any, Any, Any]] | None = None,
     ) -> None:
+        #: How the handler reads its parents' results (``job.parent_results()``).
+        self.read = read
+        self.read_async = read_async
         self.job_id = job_id
         self.claim_token = claim_token
         self._write = write

@@ -80,6 +80,11 @@ from .claims import report_progress as report_progress
 from .claims import seconds_until_next_expiry as seconds_until_next_expiry
 from .claims import settle as settle
 from .claims import settle_many as settle_many
+from .dependencies import PROPAGATE_BATCH as PROPAGATE_BATCH
+from .dependencies import ParentResult as ParentResult
+from .dependencies import parent_results as parent_results
+from .dependencies import propagate as propagate
+from .dependencies import relations as relations
 from .enqueue import _UNIQUE_COLUMNS as _UNIQUE_COLUMNS
 from .enqueue import _autocommit as _autocommit
 from .enqueue import _conflict_of as _conflict_of

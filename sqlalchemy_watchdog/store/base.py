@@ -41,7 +41,8 @@ ENQUEUE_CHUNK = 1000
 
 def _one_chunk(jobs: Sequence[Job], **_: object) -> bool:
     """Whether enqueueing ``jobs`` writes with one statement (atomic by itself)."""
-    return len({job.job_id for job in jobs}) <= ENQUEUE_CHUNK
+    # Jobs with parents read them and write their edges: a transaction.
+    return len({job.job_id for job in jobs}) <= ENQUEUE_CHUNK and not any(job.after for job in jobs)
 
 
 #: Delayed jobs made queued per promotion statement.
@@ -68,7 +69,7 @@ _VIEW_ORDER = (
     "outcome", "claim_token", "recovery_count", "cancellation_id", "failure_reason", "failure_detail",
     "lease_until", "run_at", "ready_at", "attempt", "max_attempts", "retry_policy", "timeout_ms",
     "snoozes", "failure_history", "enqueued_at", "started_at", "settled_at", "rerun_of", "trace_context",
-    "result_json", "progress", "progress_note",
+    "result_json", "progress", "progress_note", "waiting_on", "after_policy",
 )  # fmt: skip
 assert tuple(column.key for column in sql.COLUMNS) == _VIEW_ORDER, "view() must unpack statements.COLUMNS"
 _WIDTH = len(_VIEW_ORDER)
@@ -80,7 +81,7 @@ _JOBVIEW_FIELDS = (
     "failure_reason", "recovery_count", "cancellation_id", "failure_detail", "run_at", "ready_at", "attempt",
     "max_attempts", "snoozes", "timeout", "retry", "failure_history", "enqueued_at", "started_at",
     "settled_at", "rerun_of", "reruns", "trace_context", "undecodable", "result",
-    "progress", "progress_note",
+    "progress", "progress_note", "waiting_on", "after_policy", "parents", "dependents",
 )  # fmt: skip
 #: Each field's slot setter: a frozen dataclass's __init__ sets its 27 slots one
 #: object.__setattr__ call at a time (by name, through a global), 3.5x slower
@@ -112,7 +113,7 @@ def view(row: Sequence[Any]) -> JobView:
         outcome, _token, recovery_count, cancellation_id, failure_reason, failure_detail,
         _lease, run_at, ready_at, attempt, max_attempts, retry_policy, timeout_ms,
         snoozes, failure_history, enqueued_at, started_at, settled_at, rerun_of, trace_context,
-        result_json, progress, progress_note,
+        result_json, progress, progress_note, waiting_on, after_policy,
     ) = row[:_WIDTH]  # fmt: skip
     try:
         values = (
@@ -147,6 +148,10 @@ def view(row: Sequence[Any]) -> JobView:
             None if result_json is None else payload_of(result_json),
             progress,
             progress_note,
+            waiting_on,
+            after_policy,
+            (),
+            (),
         )
         if UnreadableText in map(type, row):  # text that is not UTF-8 (SQLite)
             raise ValueError("unreadable text")
@@ -166,7 +171,7 @@ def _decoded_field_by_field(row: Sequence[Any]) -> tuple[Any, ...]:
         outcome, _token, recovery_count, cancellation_id, failure_reason, failure_detail,
         _lease, run_at, ready_at, attempt, max_attempts, retry_policy, timeout_ms,
         snoozes, failure_history, enqueued_at, started_at, settled_at, rerun_of, trace_context,
-        result_json, progress, progress_note,
+        result_json, progress, progress_note, waiting_on, after_policy,
     ) = row[:_WIDTH]  # fmt: skip
     unknown: list[Undecodable] = []
 
@@ -245,6 +250,10 @@ def _decoded_field_by_field(row: Sequence[Any]) -> tuple[Any, ...]:
         result,
         progress,
         progress_note,
+        waiting_on,
+        after_policy,
+        (),
+        (),
     )
 
 

@@ -268,6 +268,10 @@ class Row:
     #: tests/integration/test_progress.py covers it); a requeue clears it.
     progress: float | None = None
     progress_note: str | None = None
+    #: Revision w0012: dependencies (this machine enqueues no job with
+    #: parents: tests/faults/test_dependency_faults.py models them).
+    waiting_on: int | None = None
+    after_policy: str | None = None
 
     def columns(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in ("order", "policy")}

@@ -780,7 +780,7 @@ W0007 = "w0007_notify_when_waiting"
 
 #: Columns of revisions after w0010, left out of the earlier revisions'
 #: round trips (their own test covers them: test_w0012_...).
-LATER_COLUMNS = frozenset({"result_json", "progress", "progress_note"})
+LATER_COLUMNS = frozenset({"result_json", "progress", "progress_note", "waiting_on", "after_policy"})
 
 
 def _all_rows(engine: Engine) -> dict[str, dict[str, Any]]:
@@ -789,13 +789,25 @@ def _all_rows(engine: Engine) -> dict[str, dict[str, Any]]:
         return {row["job_id"]: {key: value for key, value in row.items() if key not in LATER_COLUMNS} for row in rows}
 
 
+def _insert_queued(conn: Any, job_id: str) -> None:
+    """A queued job written by SQL, as any revision since w0003 takes it."""
+    conn.execute(
+        text(
+            "INSERT INTO watchdog_jobs (job_id, queue_name, lane, priority, payload_json, state)"
+            " VALUES (:j, 'q', 'q', 0, 'null', 'queued')"
+        ),
+        {"j": job_id},
+    )
+
+
 def _cancellation_rule_holds(engine: Engine) -> None:
     """Two jobs may not share a cancellation id; any number may have none."""
     with pytest.raises(IntegrityError):
         with engine.begin() as conn:
             conn.execute(text("UPDATE watchdog_jobs SET cancellation_id = 'c-1' WHERE job_id = 'cancelled'"))
     with engine.begin() as conn:
-        enqueue(conn, [Job(f"no-cancellation-{i}", "q") for i in range(3)])
+        for i in range(3):  # by SQL: the library's enqueue writes head's columns
+            _insert_queued(conn, f"no-cancellation-{i}")
         conn.execute(text("DELETE FROM watchdog_jobs WHERE job_id LIKE 'no-cancellation-%'"))
 
 
@@ -846,7 +858,7 @@ def test_w0008_keeps_every_row_the_sequence_counter_and_the_cancellation_rule_bo
     if engine.dialect.name == "postgresql":
         assert "ix_watchdog_jobs_queued_since" in index_names(engine)
     with engine.begin() as conn:
-        enqueue(conn, Job("after-downgrade", "q"))
+        _insert_queued(conn, "after-downgrade")
     # Read by SQL: the library reads head's columns, which w0007 lacks.
     down = _all_rows(engine)["after-downgrade"]
     assert down["sequence"] > upgraded.sequence
@@ -1027,7 +1039,7 @@ def test_w0010_repairs_wrongly_typed_rows_adds_the_checks_and_downgrades_to_the_
             conn.execute(text("UPDATE watchdog_jobs SET priority = 'abc' WHERE job_id = 'waiting-with-policy'"))
             conn.execute(text("UPDATE watchdog_jobs SET priority = 3 WHERE job_id = 'waiting-with-policy'"))
     with engine.begin() as conn:
-        enqueue(conn, Job("after-downgrade", "q"))
+        _insert_queued(conn, "after-downgrade")
     # Read by SQL: the library reads head's columns, which w0009 lacks.
     down = _all_rows(engine)["after-downgrade"]
     assert down["sequence"] > upgraded.sequence

@@ -663,6 +663,13 @@ PLANS: list[Case] = [
     Case("waiting_jobs", "waiting_jobs", (), lambda d: {"queues": ["q3"], "limit": 10}, on(LIVE_QUEUE)),
     # A runner's INFO summary: its backlog, counted up to a cap through the live queue index.
     Case("count_ready", "count_ready", (), lambda d: {"queues": ["q3"], "cap": 10_000}, on(LIVE_QUEUE)),
+    # -- dependencies (revision w0012)
+    Case("read_parents", "read_parents", (), lambda d: {"job_ids": ["r-2", "s-6"]}, on(JOB_ID)),
+    # Jobs settled while waiting: only they enter the partial index, so a pass that finds none reads nothing.
+    Case("untold", "untold", (D,), lambda d: {"limit": 100}, on("ix_watchdog_jobs_untold"), ordered=True),
+    Case("told", "told", (), lambda d: {"job_ids": ["r-2", "s-6"]}, on(JOB_ID, "ix_watchdog_jobs_untold")),
+    # A callback's parents: edges by the child (their primary key), each parent by job_id.
+    Case("parent_results", "parent_results", (), lambda d: {"job": "r-2"}, on(JOB_ID)),
 ]
 
 #: Statements that do not read the jobs table: the coverage test knows them; nothing to plan.
@@ -684,6 +691,12 @@ NOT_ON_JOBS = {
     "list_schedules",
     "prune_schedules",
     "job_id_collation",
+    # watchdog_job_edges (w0012): read and written by its primary key (child,
+    # parent) or its index by parent, never through the jobs table.
+    "insert_edges",
+    "tell_dependents",
+    "parents_of",
+    "dependents_of",
 }
 
 
