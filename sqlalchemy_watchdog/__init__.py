@@ -56,6 +56,7 @@ from .runner import Runner
 from .schedules import Schedule
 from .store.dependencies import ParentResult
 from .tasks import Task, task
+from .workflows import Workflow, chain, group
 from .wakeups import WakeupMode, WakeupStatus
 
 __all__ = [
@@ -109,9 +110,12 @@ __all__ = [
     "Watchdog",
     "WatchdogError",
     "WatchdogJob",
+    "Workflow",
+    "chain",
     "enqueue",
     "enqueue_select",
     "follow_failover",
+    "group",
     "handler",
     "metadata",
     "redacted",

@@ -923,3 +923,17 @@ def test_the_job_page_shows_a_completed_jobs_result_escaped(
         )
     plain = dashboard.get("/job", job_id="plain").text
     assert '<progress max="1" value="0.425">42.5%</progress> 42.5%: step &lt;3&gt;</dd>' in plain
+
+
+def test_the_job_page_shows_a_workflows_parents_dependents_and_progress(
+    engine: Engine, watchdog: Watchdog, dashboard: Dashboard
+) -> None:
+    from sqlalchemy_watchdog import group
+
+    watchdog.enqueue(group([Job("part-1", "parts"), Job("part-2", "parts")]).then(Job("report", "reports")))
+    Runner(engine, {"parts": lambda job: None}, queues=["parts"]).tick()  # one part done
+    report = dashboard.get("/job", job_id="report").text
+    assert '<dd id="f-parents">1 of 2 settled: ' in report
+    assert "part-1</a> (completed)" in report and "part-2</a> (not settled)" in report
+    part = dashboard.get("/job", job_id="part-2").text
+    assert '<dd id="f-dependents"><a href=' in part and "report</a>" in part
