@@ -56,8 +56,8 @@ from .runner import Runner
 from .schedules import Schedule
 from .store.dependencies import ParentResult
 from .tasks import Task, task
-from .workflows import Workflow, chain, group
 from .wakeups import WakeupMode, WakeupStatus
+from .workflows import Workflow, chain, group
 
 __all__ = [
     "Applied",

@@ -15,11 +15,13 @@ the step before it (a job; a group's jobs; a chain's last step).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from itertools import pairwise
 from dataclasses import dataclass
 
 from .jobs import Job
 
 __all__ = ["Workflow", "chain", "group"]
+
 
 @dataclass(frozen=True)
 class Workflow:
@@ -92,7 +94,7 @@ def chain(*steps: Step) -> Workflow:
         raise ValueError("chain() needs at least one step")
     parts = [_as_workflow(step) for step in steps]
     jobs: list[Job] = list(parts[0].jobs)
-    for before, part in zip(parts, parts[1:], strict=False):
+    for before, part in pairwise(parts):
         heads = set(part.heads)
         jobs.extend(_after(job, before.tails) if job.job_id in heads else job for job in part.jobs)
     return Workflow(tuple(jobs), parts[0].heads, parts[-1].tails)
