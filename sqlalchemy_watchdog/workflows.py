@@ -15,8 +15,8 @@ the step before it (a job; a group's jobs; a chain's last step).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from itertools import pairwise
 from dataclasses import dataclass
+from itertools import pairwise
 
 from .jobs import Job
 
