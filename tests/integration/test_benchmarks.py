@@ -39,7 +39,7 @@ def test_every_scenario_is_listed_with_its_help() -> None:
     names = {line.split()[0] for line in listed.stdout.splitlines()}
     for scenario in ("enqueue", "drain", "latency", "claim", "prune", "stats", "scale", "sqlite-load", "poolers"):
         assert scenario in names
-    assert {"in-process", "otel-overhead", "profile-drain", "hot-statements", "index-review"} <= names
+    assert {"in-process", "otel-overhead", "profile-drain", "hot-statements", "index-review", "dependencies"} <= names
 
 
 def test_enqueue_and_a_drain_run_on_sqlite(tmp_path: Path) -> None:
