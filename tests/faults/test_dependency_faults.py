@@ -15,8 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import URL
 
 from sqlalchemy_watchdog import Decision, Job, JobState, Watchdog, metadata, store
+from tests.faults.helpers import WorkerPool
 from tests.helpers import present
 
 
@@ -254,3 +256,48 @@ def _compare(wd: Watchdog, model: Model) -> None:
     with wd.engine.connect() as conn:
         untold = set(conn.execute(text("SELECT job_id FROM watchdog_jobs WHERE waiting_on = 0")).scalars())
     assert untold == set(model.untold)
+
+
+# -- a worker killed while it settles the last parent ------------------------------------
+
+
+@pytest.mark.parametrize("phase", ["before", pytest.param("after", marks=pytest.mark.slow)])
+def test_sigkill_of_the_worker_settling_the_last_parent_releases_the_child_once(
+    instrumented: Engine, db_url: URL, workers: WorkerPool, phase: str, runner_kind: str
+) -> None:
+    """The worker dies (SIGKILL) in the settle of the child's last parent,
+    before its statement ran or after it ran but before it committed: the
+    release was part of that transaction, so it happened exactly when the
+    settlement did. Another worker recovers the parent, and the child runs
+    once, after it."""
+    import signal
+
+    from tests.faults.helpers import assert_settled_exactly_once, audit_rows, enqueue_jobs, jobs_by_id, wait_until
+
+    timing = {"lease": 3.0, "heartbeat": 0.5, "poll": 0.2, "asyncio": runner_kind == "async"}
+    engine = instrumented
+    enqueue_jobs(
+        engine,
+        [
+            Job("first", "chaos", max_recoveries=2),
+            Job("last", "chaos", max_recoveries=2),
+            Job("child", "chaos", max_recoveries=2, after=["first", "last"]),
+        ],
+    )
+    w1 = workers.start(db_url, "w1", kill_in_settle="last", kill_phase=phase, **timing)
+    wait_until(lambda: not w1.alive, timeout=60, what="w1 to kill itself in the settle")
+    assert w1.proc.returncode == -signal.SIGKILL, w1.log_text()
+    rows = jobs_by_id(engine)
+    if rows["last"]["state"] != "settled":  # the settlement did not commit: neither did the release
+        assert rows["child"]["state"] == "waiting", rows["child"]
+    workers.start(db_url, "w2", **timing)
+    wait_until(
+        lambda: all(r["state"] == "settled" for r in jobs_by_id(engine).values()),
+        timeout=60,
+        what="every job to settle",
+    )
+    settled = assert_settled_exactly_once(engine, ["first", "last", "child"])
+    assert settled["child"]["outcome"] == "completed"
+    (run,) = audit_rows(engine, "child")
+    last_runs = audit_rows(engine, "last")
+    assert run["started_ms"] >= max(r["ended_ms"] for r in last_runs if r["ended_ms"] is not None)
