@@ -134,6 +134,9 @@ def show_dict(job: JobView) -> dict[str, Any]:
         result=None if isinstance(job.result, Undecodable) else job.result,
         progress=job.progress,
         progress_note=job.progress_note,
+        parents=[{"job_id": parent, "outcome": outcome} for parent, outcome in job.parents],
+        dependents=list(job.dependents),
+        waiting_on=job.waiting_on,
     )
     return fields
 
@@ -191,6 +194,8 @@ def render_show(explained: JobExplanation) -> str:
         ("cancellation_id", job.cancellation_id),
         ("rerun_of", job.rerun_of),
         ("reruns", ", ".join(job.reruns) or None),
+        ("waits_for", ", ".join(f"{p} ({o or 'not settled'})" for p, o in job.parents) or None),
+        ("dependents", ", ".join(job.dependents) or None),
         ("traceparent", None if job.trace_context is None else job.trace_context.get("traceparent")),
         ("progress", _progress_text(job)),
         ("payload", _payload_text(job)),

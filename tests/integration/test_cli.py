@@ -1700,4 +1700,13 @@ def test_show_prints_a_completed_jobs_result(engine: Engine, cli: Cli) -> None:
     assert dict(line.split(None, 1) for line in out.splitlines())["progress"] == "42.5%: step 3"
     shown = json.loads(cli("--json", "show", "plain")[1])
     assert (shown["progress"], shown["progress_note"]) == (0.425, "step 3")
-    assert json.loads(cli("--json", "show", "plain")[1])["result"] is None
+    assert shown["result"] is None
+
+
+def test_show_prints_a_jobs_parents_and_dependents(engine: Engine, cli: Cli) -> None:
+    add(engine, Job("p", "q"), Job("c", "q", after=["p"]))
+    lines = dict(line.split(None, 1) for line in cli("show", "c")[1].splitlines())
+    assert lines["waits_for"] == "p (not settled)" and lines["dependents"] == "-"
+    assert dict(line.split(None, 1) for line in cli("show", "p")[1].splitlines())["dependents"] == "c"
+    shown = json.loads(cli("--json", "show", "c")[1])
+    assert shown["parents"] == [{"job_id": "p", "outcome": None}] and shown["waiting_on"] == 1
