@@ -54,10 +54,18 @@ nitpick_ignore_regex = [
 # (a field of RunningJob) and of internal helpers.
 nitpick_ignore = [
     ("py:class", "sqlalchemy_watchdog.execution.StopSignal"),
+    ("py:class", "sqlalchemy_watchdog.core.progress.ProgressReporter"),
     ("py:class", "Execution"),
     # The type variable of Applied[T] (the setting's type) in its generated signature.
     ("py:class", "sqlalchemy_watchdog.applies.T"),
     ("py:obj", "sqlalchemy_watchdog.applies.T"),
+    # The type variables of Task[P, R] (the function's parameters and result).
+    ("py:class", "P"),
+    ("py:class", "R"),
+    ("py:obj", "sqlalchemy_watchdog.tasks.P"),
+    ("py:obj", "sqlalchemy_watchdog.tasks.R"),
+    # task(registry=...): an internal registry class, for tests and embedders.
+    ("py:class", "HandlerRegistry"),
 ]
 
 html_theme = "furo"

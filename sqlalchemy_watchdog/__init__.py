@@ -10,6 +10,7 @@ from .applies import Applied, JobExplanation, PolicyLevel
 from .client import Watchdog, enqueue, enqueue_select
 from .codecs import PayloadCodec, TaggedJSON
 from .connections import follow_failover
+from .core.progress import ProgressStatus
 from .core.settings import RunnerOptions
 from .errors import (
     EnqueueConflict,
@@ -35,6 +36,7 @@ from .jobs import (
     FailedAttempt,
     HeldBy,
     Job,
+    JobResult,
     JobState,
     JobView,
     LaneFailure,
@@ -44,6 +46,7 @@ from .jobs import (
     QueuePause,
     QueueStats,
     Rate,
+    ResultStatus,
     Retention,
     RetryPolicy,
     ScheduleView,
@@ -55,7 +58,10 @@ from .jobs import (
 from .model import WatchdogJob, metadata
 from .runner import Runner
 from .schedules import Schedule
+from .store.dependencies import ParentResult
+from .tasks import Task, task
 from .wakeups import WakeupMode, WakeupStatus
+from .workflows import Workflow, chain, group
 
 __all__ = [
     "Applied",
@@ -72,23 +78,27 @@ __all__ = [
     "InvalidJob",
     "Job",
     "JobExplanation",
+    "JobResult",
     "JobState",
     "JobView",
     "LaneFailure",
     "BulkResult",
     "BulkSkip",
     "Outcome",
+    "ParentResult",
     "PauseStatus",
     "PayloadCodec",
     "PolicyLevel",
     "PreparedStatementsRefused",
     "ProcessExecutor",
     "QueueLimits",
+    "ProgressStatus",
     "QueuePause",
     "QueueStats",
     "Rate",
     "ScheduleView",
     "WorkerView",
+    "ResultStatus",
     "Retention",
     "RetryPolicy",
     "Runner",
@@ -98,6 +108,7 @@ __all__ = [
     "Stats",
     "StopReason",
     "TaggedJSON",
+    "Task",
     "TickResult",
     "TickStatus",
     "WakeupMode",
@@ -108,14 +119,18 @@ __all__ = [
     "Watchdog",
     "WatchdogError",
     "WatchdogJob",
+    "Workflow",
+    "chain",
     "enqueue",
     "enqueue_select",
     "follow_failover",
+    "group",
     "handler",
     "metadata",
     "redacted",
     "redacted_detail",
     "safe_text",
+    "task",
 ]
 
 __version__ = "0.1.0"

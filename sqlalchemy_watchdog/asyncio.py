@@ -58,11 +58,13 @@ from .executors import HandlerRef
 from .executors.pool import ChildOutcome, ProcessPool, decision_of_outcome
 from .gateway import AsyncGateway, AsyncOperations
 from .jobs import (
+    JOB_ID_MAX_LENGTH,
     BulkResult,
     CancelResult,
     Decision,
     EnqueueResult,
     Job,
+    JobResult,
     JobState,
     JobView,
     LaneFailure,
@@ -74,8 +76,11 @@ from .jobs import (
     Stats,
     Throughput,
     WorkerView,
+    check_text,
     job_batch,
+    result_of,
 )
+from .results import check_wait, wait_for_async
 from .store import Settlement, SettleRequest
 from .wakeups import (
     Waiting,
@@ -89,7 +94,7 @@ from .wakeups import (
 )
 
 if TYPE_CHECKING:
-    pass
+    from .codecs import PayloadCodec
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +198,25 @@ class AsyncWatchdog:
     async def read(self, job_id: str) -> JobView | None:
         """The job, or None if there is no such job (with its reruns listed)."""
         return await self._gateway.read(store.read_with_reruns, job_id)
+
+    async def result(self, job_id: str, *, codec: PayloadCodec | None = None) -> JobResult:
+        """The job's result now, as :meth:`Watchdog.result <sqlalchemy_watchdog.Watchdog.result>`."""
+        return result_of(job_id, await self._gateway.read(store.read, job_id), codec)
+
+    async def wait(
+        self,
+        job_id: str,
+        *,
+        timeout: timedelta,
+        codec: PayloadCodec | None = None,
+        poll_interval: timedelta = timedelta(seconds=1),
+    ) -> JobResult:
+        """Wait for the job to settle, as :meth:`Watchdog.wait
+        <sqlalchemy_watchdog.Watchdog.wait>` (listening with psycopg and asyncpg)."""
+        timeout_s, poll_s = check_wait(timeout, poll_interval)
+        check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
+        engine: AsyncEngine | None = getattr(self, "engine", None)
+        return await wait_for_async(lambda: self.result(job_id, codec=codec), engine, job_id, timeout_s, poll_s)
 
     async def explain(self, job_id: str) -> JobExplanation | None:
         """What applies to the job, as :meth:`Watchdog.explain <sqlalchemy_watchdog.Watchdog.explain>`."""
@@ -475,6 +499,8 @@ class AsyncRunner:
         self.wakeup_status = WakeupStatus(self.wakeups, False, "not started", self.settings.poll_interval_s)
         #: Store calls: connections (one kept by each holding task), retries.
         self._gateway = AsyncGateway(engine)
+        self.core.progress_write_async = lambda *report: self._gateway.run(store.report_progress, *report)
+        self.core.parents_read_async = lambda job_id: self._gateway.read(store.parent_results, job_id)
         #: Whether each queue's handler is a coroutine function (asked on first use).
         self._async_queues: dict[str, bool] = {}
         self._settler: _AsyncSettler | None = None

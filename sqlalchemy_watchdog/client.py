@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from sqlalchemy import Connection, Engine, Select
 from sqlalchemy.exc import IntegrityError
@@ -17,11 +17,13 @@ from .connections import follow_failover
 from .errors import EnqueueConflict, InvalidJob
 from .gateway import SyncGateway
 from .jobs import (
+    JOB_ID_MAX_LENGTH,
     BulkResult,
     CancelResult,
     CancelStatus,
     EnqueueResult,
     Job,
+    JobResult,
     JobState,
     JobView,
     LaneFailure,
@@ -33,10 +35,16 @@ from .jobs import (
     Stats,
     Throughput,
     WorkerView,
+    check_text,
     job_batch,
+    result_of,
 )
 from .model import WatchdogJob
+from .results import check_wait, wait_for
 from .wakeups import EVENT_QUEUED, EVENT_STOP
+
+if TYPE_CHECKING:
+    from .codecs import PayloadCodec
 
 __all__ = ["enqueue", "enqueue_select", "Watchdog", "EVENT_QUEUED", "EVENT_STOP"]
 
@@ -200,6 +208,34 @@ class Watchdog:
     def read(self, job_id: str) -> JobView | None:
         """The job, or None if there is no such job (with its reruns listed)."""
         return self._gateway.read(store.read_with_reruns, job_id)
+
+    def result(self, job_id: str, *, codec: PayloadCodec | None = None) -> JobResult:
+        """The job's result now, or why there is none: a :class:`JobResult`
+        whose ``status`` is ``completed`` (``value`` is the result, decoded
+        by ``codec`` if given: use the runner's), ``failed`` (``reason``
+        says why), ``cancelled``, ``pending``, ``running`` or ``unknown``
+        (no such job: never enqueued, purged or pruned)."""
+        return result_of(job_id, self._gateway.read(store.read, job_id), codec)
+
+    def wait(
+        self,
+        job_id: str,
+        *,
+        timeout: timedelta,
+        codec: PayloadCodec | None = None,
+        poll_interval: timedelta = timedelta(seconds=1),
+    ) -> JobResult:
+        """Wait up to ``timeout`` for the job to settle; its :meth:`result`
+        then, ``unknown`` at once for no such job, or status ``timed_out``.
+
+        On PostgreSQL (psycopg, psycopg2) the wait listens for the job's
+        settlement on a connection of its own and reads the job when told,
+        else every ``poll_interval``; on SQLite, or where the connection is
+        not one PostgreSQL session (a transaction-mode pooler), it reads the
+        job every ``poll_interval``."""
+        timeout_s, poll_s = check_wait(timeout, poll_interval)
+        check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
+        return wait_for(lambda: self.result(job_id, codec=codec), self.engine, job_id, timeout_s, poll_s)
 
     def explain(self, job_id: str) -> JobExplanation | None:
         """What applies to the job (None if there is no such job): its

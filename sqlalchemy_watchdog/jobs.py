@@ -29,6 +29,7 @@ __all__ = [
     "FAILURE_REASON_MAX_LENGTH",
     "PAYLOAD_MAX_BYTES",
     "PAYLOAD_MAX_DEPTH",
+    "RESULT_MAX_BYTES",
     "PRIORITY_MIN",
     "PRIORITY_MAX",
     "MAX_ATTEMPTS_LIMIT",
@@ -67,6 +68,9 @@ __all__ = [
     "QueueLimits",
     "HeldBy",
     "encode_payload",
+    "encode_result",
+    "ResultStatus",
+    "JobResult",
 ]
 
 JOB_ID_MAX_LENGTH = 256
@@ -93,6 +97,9 @@ FAILURE_DETAIL_MAX_LENGTH = 8000
 PAYLOAD_MAX_BYTES = 1024 * 1024
 #: The deepest nesting of arrays and objects accepted in a payload.
 PAYLOAD_MAX_DEPTH = 64
+#: The largest result a handler may return, in bytes of its canonical JSON
+#: (the same bound as a payload's).
+RESULT_MAX_BYTES = PAYLOAD_MAX_BYTES
 PRIORITY_MIN = -(2**63)
 PRIORITY_MAX = 2**63 - 1
 _INT32_MAX = 2**31 - 1
@@ -104,6 +111,13 @@ FAILURE_HISTORY_LENGTH = 10
 FAILURE_HISTORY_REASON_LENGTH = 500
 #: The longest delay, backoff, snooze or timeout accepted (about ten years).
 MAX_DELAY = timedelta(days=3650)
+#: The most parents one job may wait for (``Job(after=...)``).
+MAX_PARENTS = 10_000
+#: ``Job(after_policy=...)``: run only after every parent completed (a parent
+#: ending otherwise settles the job ``cancelled``), or after every parent
+#: settled, however it ended.
+AFTER_POLICIES = ("completed", "any_outcome")
+
 #: The range of ``run_at`` accepted (stored as epoch milliseconds).
 _RUN_AT_MIN = datetime(1970, 1, 1, tzinfo=UTC)
 _RUN_AT_MAX = datetime(9999, 1, 1, tzinfo=UTC)
@@ -115,13 +129,17 @@ class JobState(str, enum.Enum):
     A ``delayed`` job waits for its time (``run_at``, an enqueue ``delay``, a
     retry's backoff or a snooze); it becomes ``queued`` when the time comes.
     A retried or snoozed job goes from ``running`` back to ``delayed`` (or
-    ``queued``); ``settled`` is final.
+    ``queued``); ``settled`` is final. A ``waiting`` job (``Job(after=...)``)
+    waits for its parents to settle; then it becomes ``queued`` (or
+    ``delayed``), or is settled ``cancelled`` when a parent did not complete.
     """
 
     DELAYED = "delayed"
     QUEUED = "queued"
     RUNNING = "running"
     SETTLED = "settled"
+    #: Revision w0012: waiting for its parents (``Job(after=...)``) to settle.
+    WAITING = "waiting"
 
 
 class Outcome(str, enum.Enum):
@@ -210,7 +228,7 @@ def at_epoch_ms(value: int) -> datetime:
     return _RUN_AT_MIN + timedelta(0, 0, 0, value)  # positional: keywords cost a third more
 
 
-def _check_json(value: Any) -> None:
+def _check_json(value: Any, name: str = "payload") -> None:
     """Refuse anything that is not strict JSON, without recursion.
 
     Strings are not looked into here: a lone surrogate in any of them (keys
@@ -226,22 +244,22 @@ def _check_json(value: Any) -> None:
             continue
         if isinstance(item, float):
             if not math.isfinite(item):
-                raise InvalidJob("payload", f"must be strict JSON; {item!r} is not a JSON number")
+                raise InvalidJob(name, f"must be strict JSON; {item!r} is not a JSON number")
             continue
         if depth >= PAYLOAD_MAX_DEPTH:
-            raise InvalidJob("payload", f"must nest at most {PAYLOAD_MAX_DEPTH} levels deep")
+            raise InvalidJob(name, f"must nest at most {PAYLOAD_MAX_DEPTH} levels deep")
         if isinstance(item, (list, tuple)):
             stack.extend((child, depth + 1) for child in item)
         elif isinstance(item, Mapping):
             for key, child in item.items():
                 if not isinstance(key, str):
                     raise InvalidJob(
-                        "payload",
+                        name,
                         f"object keys must be str, not {type(key).__name__} ({key!r})",
                     )
                 stack.append((child, depth + 1))
         else:
-            raise InvalidJob("payload", f"must be strict JSON; {type(item).__name__} is not a JSON type")
+            raise InvalidJob(name, f"must be strict JSON; {type(item).__name__} is not a JSON type")
 
 
 #: Exact types a flat payload's values may have without a closer look.
@@ -301,26 +319,49 @@ def _one_shot_encoder() -> Callable[[Any], str]:
 _encode_checked_json = _one_shot_encoder()
 
 
-def encode_payload(payload: Any) -> str:
+def encode_payload(payload: Any, name: str = "payload", max_bytes: int = PAYLOAD_MAX_BYTES) -> str:
     """Validate ``payload`` and return its canonical JSON text.
 
     Keys are sorted and separators fixed, so equal payloads always encode to
     the same text and an identical replay is recognised as a duplicate.
+    ``name`` is the field an error names (``result`` for a handler's result).
     """
     if payload is None:  # the default: no need for the encoder
         return "null"
-    _check_json(payload)
+    _check_json(payload, name)
     try:
         text = _encode_checked_json(payload)
     except (TypeError, ValueError) as error:  # e.g. a read-only mapping, a 5,000-digit int
-        raise InvalidJob("payload", f"cannot be encoded as JSON: {error}") from None
+        raise InvalidJob(name, f"cannot be encoded as JSON: {error}") from None
     try:
         size = len(text) if text.isascii() else len(text.encode("utf-8"))
     except UnicodeEncodeError:
-        raise InvalidJob("payload", "strings must be valid Unicode (no lone surrogates)") from None
-    if size > PAYLOAD_MAX_BYTES:
-        raise InvalidJob("payload", f"must be at most {PAYLOAD_MAX_BYTES} bytes of JSON, got {size}")
+        raise InvalidJob(name, "strings must be valid Unicode (no lone surrogates)") from None
+    if size > max_bytes:
+        raise InvalidJob(name, f"must be at most {max_bytes} bytes of JSON, got {size}")
     return text
+
+
+def encode_result(value: Any, codec: PayloadCodec | None = None) -> str | None:
+    """A handler's result as stored: ``codec.encode(value)`` (when a codec is
+    given), then canonical JSON of at most :data:`RESULT_MAX_BYTES`; None for
+    no result (``None``).
+
+    :raises InvalidJob: (field ``result``) a value the codec refuses, that is
+        not strict JSON, or that is too large.
+    """
+    if value is None:
+        return None
+    if codec is not None:
+        try:
+            value = codec.encode(value)
+        except InvalidJob as error:
+            raise InvalidJob("result", str(error).split(": ", 1)[-1]) from None
+        except Exception as error:  # a codec refusing a value, in its own words
+            raise InvalidJob(
+                "result", f"{type(codec).__name__}.encode failed: {type(error).__name__}: {error}"
+            ) from None
+    return encode_payload(value, "result", RESULT_MAX_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -521,6 +562,15 @@ class Job:
         :attr:`payload` holds the JSON form that is stored. The codec is not
         part of the job's identity: jobs whose encoded payloads are equal
         are the same job (an identical replay).
+    :param after: job_ids of jobs this one waits for (its parents): until
+        every one of them is settled it is ``waiting``, and no runner claims
+        it. Each must exist, or come earlier in the same enqueue call (so no
+        cycle can be built), and not be the job itself. Not part of the
+        job's identity: a replay is a duplicate whatever it names.
+    :param after_policy: ``completed`` (the default): a parent that ends
+        other than ``completed`` settles this job ``cancelled``, with a
+        reason naming it (a parent already ended so is refused at enqueue);
+        ``any_outcome``: it runs once every parent settled, however.
     """
 
     job_id: str
@@ -539,6 +589,10 @@ class Job:
     key: str | None = None
     codec: PayloadCodec | None = field(default=None, repr=False, compare=False)
     payload_json: str = field(init=False, repr=False, compare=False)
+    #: The jobs (by job_id) this one waits for; see :class:`Job`'s ``after``.
+    after: tuple[str, ...] = ()
+    #: ``completed`` (the default) or ``any_outcome`` (``jobs.AFTER_POLICIES``).
+    after_policy: str = "completed"
 
     # Written out rather than generated: a frozen dataclass's own __init__
     # sets each field through object.__setattr__, which made building a Job
@@ -559,6 +613,8 @@ class Job:
         rerun_of: str | None = None,
         key: str | None = None,
         codec: PayloadCodec | None = None,
+        after: Iterable[str] | None = None,
+        after_policy: str = "completed",
     ) -> None:
         check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
         check_text("queue", queue, QUEUE_MAX_LENGTH)
@@ -586,6 +642,9 @@ class Job:
         if codec is not None:
             payload = _encoded(codec, payload)
         payload_json = encode_payload(payload)
+        parents = _parents(job_id, after)
+        if after_policy not in AFTER_POLICIES:
+            raise InvalidJob("after_policy", f"must be one of {list(AFTER_POLICIES)}, got {after_policy!r}")
         _set_job_id(self, job_id)
         _set_queue(self, queue)
         _set_lane(self, lane)
@@ -599,6 +658,8 @@ class Job:
         _set_key(self, key)
         _set_codec(self, codec)
         _set_payload_json(self, payload_json)
+        _set_after(self, parents)
+        _set_after_policy(self, after_policy)
 
     def __post_init__(self) -> None:
         # Not called by Job's own __init__: a dataclass subclass's generated
@@ -607,7 +668,7 @@ class Job:
         Job.__init__(
             self, self.job_id, self.queue, lane=self.lane, priority=self.priority, payload=self.payload,
             max_recoveries=self.max_recoveries, run_at=self.run_at, retry=self.retry, timeout=self.timeout,
-            rerun_of=self.rerun_of, key=self.key, codec=self.codec,
+            rerun_of=self.rerun_of, key=self.key, codec=self.codec, after=self.after, after_policy=self.after_policy,
         )  # fmt: skip
 
     @property
@@ -646,11 +707,27 @@ def slot_setters(cls: type, names: tuple[str, ...]) -> tuple[Callable[[Any, Any]
 
 (
     _set_job_id, _set_queue, _set_lane, _set_priority, _set_payload, _set_max_recoveries, _set_run_at,
-    _set_retry, _set_timeout, _set_rerun_of, _set_key, _set_codec, _set_payload_json,
+    _set_retry, _set_timeout, _set_rerun_of, _set_key, _set_codec, _set_payload_json, _set_after, _set_after_policy,
 ) = slot_setters(Job, (
     "job_id", "queue", "lane", "priority", "payload", "max_recoveries", "run_at",
-    "retry", "timeout", "rerun_of", "key", "codec", "payload_json",
+    "retry", "timeout", "rerun_of", "key", "codec", "payload_json", "after", "after_policy",
 ))  # fmt: skip
+
+
+def _parents(job_id: str, after: object) -> tuple[str, ...]:
+    """``after`` as a tuple of distinct job_ids (first mention kept), checked."""
+    if after is None:
+        return ()
+    if isinstance(after, (str, bytes)) or not isinstance(after, Iterable):
+        raise InvalidJob("after", f"must be an iterable of job_ids, not {type(after).__name__}")
+    parents = tuple(dict.fromkeys(after))
+    if len(parents) > MAX_PARENTS:
+        raise InvalidJob("after", f"may name at most {MAX_PARENTS} jobs, got {len(parents)}")
+    for parent in parents:
+        check_text("after", parent, JOB_ID_MAX_LENGTH)
+        if parent == job_id:
+            raise InvalidJob("after", f"job {job_id!r} cannot wait for itself")
+    return parents
 
 
 def _encoded(codec: Any, payload: Any) -> Any:
@@ -719,8 +796,12 @@ class Decision:
     #: None: True for ``failed``, else False.
     retryable: bool | None = None
     after: timedelta | None = None
+    #: The value a ``completed`` job keeps (see :meth:`completed`); None: none.
+    result: Any = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
+        if self.result is not None and self.outcome is not Outcome.COMPLETED:
+            raise InvalidJob("result", "only a completed decision carries a result")
         if self.retryable is None:
             object.__setattr__(self, "retryable", self.outcome is Outcome.FAILED)
         if self.outcome is None:
@@ -754,9 +835,12 @@ class Decision:
         return self.outcome is None
 
     @classmethod
-    def completed(cls) -> Decision:
-        """The job did what it should."""
-        return cls(Outcome.COMPLETED)
+    def completed(cls, result: Any = None) -> Decision:
+        """The job did what it should; ``result`` (any value the runner's
+        codec can encode, at most :data:`RESULT_MAX_BYTES` of JSON) is kept
+        with it, read by :meth:`Watchdog.result <sqlalchemy_watchdog.Watchdog.result>`.
+        Returning the value itself from a handler is the same."""
+        return cls(Outcome.COMPLETED, result=result)
 
     @classmethod
     def failed(cls, reason: str, *, retry: bool = True) -> Decision:
@@ -899,6 +983,22 @@ class JobView:
     #: limits: the limit that leaves no room for it now (None: none does,
     #: or the job is not queued).
     held_by: HeldBy | None = None
+    #: The result a ``completed`` job's handler returned, as stored (its JSON
+    #: value: a codec's encoded form); None: none (or the job is not completed).
+    result: Any = None
+    #: The progress its handler last reported (0 to 1, ``job.progress``),
+    #: and its note; None: none reported (a requeue clears it).
+    progress: float | None = None
+    progress_note: str | None = None
+    #: A ``waiting`` job's parents not settled yet (None otherwise).
+    waiting_on: int | None = None
+    #: Its ``after_policy`` (None: it was enqueued without parents).
+    after_policy: str | None = None
+    #: Its parents (``Job(after=...)``) by job_id, each with the outcome
+    #: counted for it (None: not settled yet); filled by ``Watchdog.read`` only.
+    parents: tuple[tuple[str, str | None], ...] = ()
+    #: The jobs that wait (or waited) for it; filled by ``Watchdog.read`` only.
+    dependents: tuple[str, ...] = ()
 
     @property
     def cancellation_requested(self) -> bool:
@@ -1214,6 +1314,89 @@ class CancelResult:
 
     job_id: str
     status: CancelStatus
+
+
+class ResultStatus(str, enum.Enum):
+    """Where a job's result stands (:class:`JobResult`)."""
+
+    #: Settled ``completed``: :attr:`JobResult.value` is its result.
+    COMPLETED = "completed"
+    #: Settled ``failed``, ``interrupted`` or ``outcome_unknown``: no result;
+    #: :attr:`JobResult.reason` says why.
+    FAILED = "failed"
+    #: Settled ``cancelled``: no result.
+    CANCELLED = "cancelled"
+    #: Not started yet (``delayed``, ``queued`` or ``waiting``).
+    PENDING = "pending"
+    #: A handler is running it.
+    RUNNING = "running"
+    #: No job has this job_id (never enqueued, purged, or pruned).
+    UNKNOWN = "unknown"
+    #: :meth:`Watchdog.wait <sqlalchemy_watchdog.Watchdog.wait>` gave up: the
+    #: job was not settled within its timeout.
+    TIMED_OUT = "timed_out"
+
+    @property
+    def final(self) -> bool:
+        """Whether the answer can no longer change (the job is settled)."""
+        return self in (ResultStatus.COMPLETED, ResultStatus.FAILED, ResultStatus.CANCELLED)
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """A job's result, or why there is none (:meth:`Watchdog.result
+    <sqlalchemy_watchdog.Watchdog.result>`, :meth:`~sqlalchemy_watchdog.Watchdog.wait`)."""
+
+    job_id: str
+    status: ResultStatus
+    #: The handler's result (decoded by the codec given, if any); None
+    #: unless :attr:`status` is ``completed`` (and None when it returned none).
+    value: Any = None
+    #: The outcome of a settled job.
+    outcome: Outcome | None = None
+    #: Why a job failed (its failure reason), or was cancelled (None if the
+    #: cancellation gave no reason); None otherwise.
+    reason: str | None = None
+
+    @property
+    def completed(self) -> bool:
+        """Whether the job completed (its :attr:`value` is its result)."""
+        return self.status is ResultStatus.COMPLETED
+
+    def unwrap(self) -> Any:
+        """The value of a completed job.
+
+        :raises ~sqlalchemy_watchdog.WatchdogError: (code ``invalid_input``)
+            the job did not complete; the message says why.
+        """
+        if self.status is ResultStatus.COMPLETED:
+            return self.value
+        why = f": {self.reason}" if self.reason else ""
+        raise InvalidJob("job_id", f"job {self.job_id!r} has no result ({self.status.value}{why})")
+
+
+_RESULT_STATUS_OF_STATE = {
+    JobState.DELAYED: ResultStatus.PENDING,
+    JobState.QUEUED: ResultStatus.PENDING,
+    JobState.RUNNING: ResultStatus.RUNNING,
+}
+
+
+def result_of(job_id: str, job: JobView | None, codec: PayloadCodec | None = None) -> JobResult:
+    """The :class:`JobResult` of the stored ``job`` (None: no such job)."""
+    if job is None:
+        return JobResult(job_id, ResultStatus.UNKNOWN)
+    if job.state is not JobState.SETTLED:
+        return JobResult(job_id, _RESULT_STATUS_OF_STATE.get(job.state, ResultStatus.PENDING))
+    outcome = job.outcome
+    if outcome is Outcome.COMPLETED:
+        value = job.result
+        if codec is not None and value is not None and not isinstance(value, Undecodable):
+            value = codec.decode(value)
+        return JobResult(job_id, ResultStatus.COMPLETED, value, outcome)
+    if outcome is Outcome.CANCELLED:
+        return JobResult(job_id, ResultStatus.CANCELLED, None, outcome, job.failure_reason)
+    return JobResult(job_id, ResultStatus.FAILED, None, outcome, job.failure_reason or (outcome and outcome.value))
 
 
 class SettleStatus(str, enum.Enum):

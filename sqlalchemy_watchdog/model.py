@@ -25,6 +25,7 @@ from sqlalchemy import (
     DDL,
     BigInteger,
     CheckConstraint,
+    Float,
     Index,
     Integer,
     MetaData,
@@ -35,7 +36,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from .core.progress import PROGRESS_NOTE_MAX_LENGTH
+from .dependencies import EDGE_OUTCOMES, drop_sql, trigger_sql
 from .jobs import (
+    AFTER_POLICIES,
     CANCELLATION_ID_MAX_LENGTH,
     JOB_ID_MAX_LENGTH,
     KEY_MAX_LENGTH,
@@ -48,6 +52,7 @@ from .jobs import (
     JobState,
     Outcome,
 )
+from .results import DROP_NOTIFY_SETTLED_SQL, NOTIFY_SETTLED_FUNCTION_SQL, NOTIFY_SETTLED_TRIGGER_SQL
 from .schedules import CRON_MAX_LENGTH, SCHEDULE_NAME_MAX_LENGTH
 from .wakeups import DROP_NOTIFY_FUNCTION_SQL, NOTIFY_FUNCTION_SQL, NOTIFY_TRIGGER_SQL
 
@@ -60,7 +65,9 @@ __all__ = [
     "WatchdogSchedule",
     "WatchdogLimit",
     "WatchdogLimitClaim",
+    "WatchdogJobEdge",
     "jobs_table",
+    "edges_table",
     "pauses_table",
     "workers_table",
     "schedules_table",
@@ -105,7 +112,28 @@ STATE_GRAMMAR = (
     " OR (state = 'running' AND outcome IS NULL AND claim_token IS NOT NULL"
     " AND lease_until IS NOT NULL)"
     " OR (state = 'settled' AND outcome IS NOT NULL AND lease_until IS NULL)"
+    # Revision w0012: waiting for parents (Job(after=...)).
+    " OR (state = 'waiting' AND outcome IS NULL AND claim_token IS NULL AND lease_until IS NULL"
+    " AND waiting_on > 0)"
 )
+#: The state grammar before revision w0012 (what its migration replaces).
+STATE_GRAMMAR_W0003 = (
+    "(state = 'delayed' AND outcome IS NULL AND claim_token IS NULL AND lease_until IS NULL"
+    " AND ready_at IS NOT NULL)"
+    " OR (state = 'queued' AND outcome IS NULL AND claim_token IS NULL AND lease_until IS NULL)"
+    " OR (state = 'running' AND outcome IS NULL AND claim_token IS NOT NULL"
+    " AND lease_until IS NOT NULL)"
+    " OR (state = 'settled' AND outcome IS NOT NULL AND lease_until IS NULL)"
+)
+#: Revision w0012: ``waiting_on`` counts a waiting job's unsettled parents;
+#: 0 marks a job settled while waiting whose dependents are not told yet.
+WAITING_ON_GRAMMAR = (
+    "waiting_on IS NULL OR (waiting_on > 0 AND state = 'waiting') OR (waiting_on = 0 AND state = 'settled')"
+)
+
+#: Revision w0012: a result exists exactly on a job settled ``completed``
+#: (the settle statement that completes it writes it; nothing else does).
+RESULT_GRAMMAR = "result_json IS NULL OR (state = 'settled' AND outcome = 'completed')"
 
 
 #: The columns of ``watchdog_jobs`` by the type SQLite must store in them
@@ -115,17 +143,22 @@ STATE_GRAMMAR = (
 INTEGER_COLUMNS = ("priority", "recovery_count", "attempt", "snoozes")
 NULLABLE_INTEGER_COLUMNS = (
     "recovery_max", "lease_until", "run_at", "ready_at", "max_attempts", "timeout_ms",
-    "enqueued_at", "started_at", "settled_at",
+    "enqueued_at", "started_at", "settled_at", "waiting_on",
 )  # fmt: skip
 TEXT_COLUMNS = ("job_id", "queue_name", "lane", "payload_json", "state")
 NULLABLE_TEXT_COLUMNS = (
     "outcome", "claim_token", "cancellation_id", "failure_reason", "failure_detail", "retry_policy",
-    "failure_history", "rerun_of", "trace_context", "limit_key",
+    "failure_history", "rerun_of", "trace_context", "limit_key", "result_json", "progress_note", "after_policy",
 )  # fmt: skip
+#: Revision w0012: the progress fraction, a REAL (SQLite's REAL affinity stores
+#: an integer written to it as a real too).
+REAL_COLUMNS = ("progress",)
 
 
 def stored_type_check(column: str) -> str:
     """The CHECK (SQLite only, revision w0010) that ``column`` holds its own type."""
+    if column in REAL_COLUMNS:
+        return f"typeof({column}) IN ('real', 'null')"
     kind = "integer" if column in INTEGER_COLUMNS or column in NULLABLE_INTEGER_COLUMNS else "text"
     if column in NULLABLE_INTEGER_COLUMNS or column in NULLABLE_TEXT_COLUMNS:
         return f"typeof({column}) IN ('{kind}', 'null')"
@@ -133,7 +166,7 @@ def stored_type_check(column: str) -> str:
 
 
 #: Named ``ck_watchdog_jobs_<column>_stored_type``; PostgreSQL's types already hold.
-STORED_TYPE_COLUMNS = INTEGER_COLUMNS + NULLABLE_INTEGER_COLUMNS + TEXT_COLUMNS + NULLABLE_TEXT_COLUMNS
+STORED_TYPE_COLUMNS = INTEGER_COLUMNS + NULLABLE_INTEGER_COLUMNS + TEXT_COLUMNS + NULLABLE_TEXT_COLUMNS + REAL_COLUMNS
 STORED_TYPE_CHECKS = tuple(
     CheckConstraint(stored_type_check(column), name=f"{column}_stored_type").ddl_if(dialect="sqlite")
     for column in STORED_TYPE_COLUMNS
@@ -211,6 +244,19 @@ class WatchdogJob(WatchdogBase):
     #: ``COLLATE "C"`` on PostgreSQL: a limited claim walks the keys in code
     #: point order, as SQLite's BINARY sorts them.
     limit_key: Mapped[str | None] = mapped_column(Text().with_variant(Text(collation="C"), "postgresql"))
+    # -- revision w0012: results
+    #: The result a completed job's handler returned, as canonical JSON
+    #: (written by the settle statement itself; CHECK ``result_completed``).
+    result_json: Mapped[str | None] = mapped_column(Text)
+    #: A running job's progress as its handler last reported it (0 to 1),
+    #: and its note; kept when it settles, cleared by a requeue.
+    progress: Mapped[float | None] = mapped_column(Float)
+    progress_note: Mapped[str | None] = mapped_column(Text)
+    #: Revision w0012: how many of a waiting job's parents are not settled
+    #: (0: settled while waiting, its dependents not told yet), and its
+    #: ``after_policy`` (NULL: no parents).
+    waiting_on: Mapped[int | None] = mapped_column(Integer)
+    after_policy: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         CheckConstraint(f"length(job_id) BETWEEN 1 AND {JOB_ID_MAX_LENGTH}", name="job_id_length"),
@@ -241,6 +287,16 @@ class WatchdogJob(WatchdogBase):
         ),
         CheckConstraint(
             f"limit_key IS NULL OR length(limit_key) BETWEEN 1 AND {KEY_MAX_LENGTH}", name="limit_key_length"
+        ),
+        #: Revision w0012: only a job settled ``completed`` holds a result.
+        CheckConstraint(RESULT_GRAMMAR, name="result_completed"),
+        CheckConstraint("progress IS NULL OR (progress >= 0 AND progress <= 1)", name="progress_range"),
+        CheckConstraint(WAITING_ON_GRAMMAR, name="waiting_on_state"),
+        CheckConstraint(
+            f"after_policy IS NULL OR {_in('after_policy', list(AFTER_POLICIES))}", name="after_policy_known"
+        ),
+        CheckConstraint(
+            f"progress_note IS NULL OR length(progress_note) <= {PROGRESS_NOTE_MAX_LENGTH}", name="progress_note_length"
         ),
         # Last, as revision w0010 appends them to the stored definition.
         *STORED_TYPE_CHECKS,
@@ -355,9 +411,42 @@ Index(
     WatchdogJob.limit_key,
     **_partial(KEYED_RUNNING),
 )
+# Revision w0012: jobs settled while waiting whose dependents a runner's
+# pass must still tell (store.propagate); no other row enters it.
+Index("ix_watchdog_jobs_untold", WatchdogJob.sequence, **_partial("waiting_on = 0"))
 
 #: The Core ``Table`` behind :class:`WatchdogJob`; the statements use it.
 jobs_table: Table = cast(Table, WatchdogJob.__table__)
+
+
+class WatchdogJobEdge(WatchdogBase):
+    """A dependency (revision w0012): ``child`` waits for ``parent``
+    (``Job(after=...)``); ``outcome`` is the parent's, once its settlement
+    was counted (``purged``: deleted while live). No foreign keys: a
+    settled parent may be pruned once no live job waits for it.
+
+    Written by ``enqueue`` and the triggers of
+    :mod:`sqlalchemy_watchdog.dependencies`; read through ``Watchdog.read``.
+    """
+
+    __tablename__ = "watchdog_job_edges"
+
+    child: Mapped[str] = mapped_column(Text().with_variant(Text(collation="C"), "postgresql"), primary_key=True)
+    parent: Mapped[str] = mapped_column(Text().with_variant(Text(collation="C"), "postgresql"), primary_key=True)
+    outcome: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        CheckConstraint(f"length(child) BETWEEN 1 AND {JOB_ID_MAX_LENGTH}", name="child_length"),
+        CheckConstraint(f"length(parent) BETWEEN 1 AND {JOB_ID_MAX_LENGTH}", name="parent_length"),
+        CheckConstraint(f"outcome IS NULL OR {_in('outcome', list(EDGE_OUTCOMES))}", name="outcome_known"),
+        CheckConstraint("child <> parent", name="not_itself"),
+    )
+
+
+#: The Core ``Table`` behind :class:`WatchdogJobEdge`.
+edges_table: Table = cast(Table, WatchdogJobEdge.__table__)
+# A parent's edges, for its settlement's trigger and for reads of a job's dependents.
+Index("ix_watchdog_job_edges_parent", WatchdogJobEdge.parent, WatchdogJobEdge.child)
 
 
 class WatchdogQueuePause(WatchdogBase):
@@ -556,3 +645,41 @@ def _postgresql_ddl(statement: str) -> DDL:
 event.listen(jobs_table, "after_create", _postgresql_ddl(NOTIFY_FUNCTION_SQL))
 event.listen(jobs_table, "after_create", _postgresql_ddl(NOTIFY_TRIGGER_SQL))
 event.listen(jobs_table, "after_drop", _postgresql_ddl(DROP_NOTIFY_FUNCTION_SQL))
+# Revision w0012: a row becoming settled notifies result waiters, while any
+# wait (see the results module).
+event.listen(jobs_table, "after_create", _postgresql_ddl(NOTIFY_SETTLED_FUNCTION_SQL))
+event.listen(jobs_table, "after_create", _postgresql_ddl(NOTIFY_SETTLED_TRIGGER_SQL))
+event.listen(jobs_table, "after_drop", _postgresql_ddl(DROP_NOTIFY_SETTLED_SQL))
+
+
+# Revision w0012: the dependency triggers, once both tables exist.
+def _dependency_triggers(target: MetaData, connection: Any, **_: Any) -> None:
+    from .backends import backend_of
+
+    dialect = connection.dialect.name
+    if dialect not in ("postgresql", "sqlite"):
+        return
+    tables = set(connection.dialect.get_table_names(connection))
+    if not {"watchdog_jobs", "watchdog_job_edges"} <= tables:
+        return
+    # create_all on existing tables creates nothing, and no trigger twice.
+    existing = (
+        "SELECT 1 FROM pg_trigger WHERE tgname = 'watchdog_job_edges_counted'"
+        if dialect == "postgresql"
+        else "SELECT 1 FROM sqlite_master WHERE type = 'trigger' AND name = 'watchdog_job_edges_counted'"
+    )
+    if connection.exec_driver_sql(existing).first() is not None:
+        return
+    for statement in trigger_sql(dialect, backend_of(dialect).clock_ms_sql()):
+        connection.exec_driver_sql(statement)
+
+
+def _drop_dependency_triggers(target: MetaData, connection: Any, **_: Any) -> None:
+    # Before the tables: SQLite refuses to drop a table another table's trigger names.
+    if connection.dialect.name in ("postgresql", "sqlite"):
+        for statement in drop_sql(connection.dialect.name):
+            connection.exec_driver_sql(statement)
+
+
+event.listen(metadata, "after_create", _dependency_triggers)
+event.listen(metadata, "before_drop", _drop_dependency_triggers)

@@ -61,7 +61,9 @@ T = TypeVar("T")
 #: ``password=...`` of a libpq connection string, quoted or not.
 _CONNINFO_PASSWORD = re.compile(r"password\s*=\s*('(?:[^'\\]|\\.)*'|\S*)", re.IGNORECASE)
 #: The tables ``watchdog_engine`` creates (and drops again in a named SQLite file).
+#: The edges table first: its trigger names watchdog_jobs, which SQLite will not drop before it.
 _TABLES = (
+    "watchdog_job_edges",
     "watchdog_jobs",
     "watchdog_queue_pauses",
     "watchdog_workers",

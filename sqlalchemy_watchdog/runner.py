@@ -54,7 +54,7 @@ from .errors import InvalidJob, redacted
 from .executors.pool import ProcessPool, decision_of_outcome
 from .gateway import SyncGateway
 from .jobs import Decision, JobView
-from .store import Settlement, SettleRequest
+from .store import Settlement, SettleRequest, parent_results, report_progress
 from .wakeups import (
     Listener,
     Waiting,
@@ -99,7 +99,7 @@ class Runner:
     def __init__(
         self,
         engine: Engine,
-        handlers: Mapping[str, Callable[[RunningJob], Decision | None]] | None = None,
+        handlers: Mapping[str, Callable[[RunningJob], Any]] | None = None,
         *,
         listen_engine: Engine | None = None,
         **options: Unpack[RunnerOptions],
@@ -137,6 +137,8 @@ class Runner:
         self._workers: _Workers | None = None
         #: Store calls: connections (one kept by each holding thread), retries.
         self._gateway = SyncGateway(engine)
+        self.core.progress_write = lambda *report: self._gateway.run(report_progress, *report)
+        self.core.parents_read = lambda job_id: self._gateway.read(parent_results, job_id)
         #: Set once run_forever serves (its listener started), or has ended.
         self._serving = threading.Event()
         #: The process executor's children (made on first use).

@@ -34,6 +34,7 @@ from sqlalchemy import (
     BigInteger,
     BindParameter,
     Delete,
+    Float,
     Insert,
     Integer,
     Select,
@@ -65,6 +66,7 @@ from .jobs import JobState, Outcome
 from .model import (
     KEYED_QUEUED,
     KEYED_RUNNING,
+    edges_table,
     jobs_table,
     limit_claims_table,
     limits_table,
@@ -113,6 +115,7 @@ __all__ = [
 t = jobs_table
 c = t.c
 pauses = pauses_table
+edges = edges_table
 
 #: The columns every read returns (``lease_until`` only where a caller needs it).
 COLUMNS = (
@@ -145,12 +148,18 @@ COLUMNS = (
     c.rerun_of,
     c.trace_context,
     c.limit_key,
+    c.result_json,
+    c.progress,
+    c.progress_note,
+    c.waiting_on,
+    c.after_policy,
 )
 
 _DELAYED = JobState.DELAYED.value
 _QUEUED = JobState.QUEUED.value
 _RUNNING = JobState.RUNNING.value
 _SETTLED = JobState.SETTLED.value
+_WAITING = JobState.WAITING.value
 
 # States in WHERE clauses are SQL literals, not bound parameters: the
 # partial indexes' predicates must be provable from the query text itself
@@ -233,7 +242,14 @@ IDENTITY_FIELDS: Fields = (
 )
 #: An enqueued row: its identity, then what is not part of it -- the
 #: enqueue's delay and the trace context it was enqueued under.
-ENQUEUE_FIELDS: Fields = (*IDENTITY_FIELDS, ("delay_ms", BigInteger()), ("trace_context", Text()))
+ENQUEUE_FIELDS: Fields = (
+    *IDENTITY_FIELDS,
+    ("delay_ms", BigInteger()),
+    ("trace_context", Text()),
+    # Revision w0012: a job with parents not settled yet waits for them.
+    ("waiting_on", Integer()),
+    ("after_policy", Text()),
+)
 SETTLE_FIELDS: Fields = (
     ("job_id", Text()),
     ("claim_token", Text()),
@@ -246,6 +262,11 @@ SETTLE_FIELDS: Fields = (
     ("attempt_add", Integer()),
     ("snooze_add", Integer()),
     ("history", Text()),
+    # The result of a completed job (canonical JSON), NULL for none.
+    ("result", Text()),
+    # The attempt's last progress not written yet (rate limit), NULL for none.
+    ("progress", Float()),
+    ("progress_note", Text()),
 )
 
 
@@ -310,15 +331,29 @@ def enqueue_rows(dialect: str) -> Insert:
         (cols["delay_ms"].is_not(None), clock + cols["delay_ms"]),
         else_=null(),
     )
-    state = case((ready_at > clock, literal_column(f"'{_DELAYED}'")), else_=literal_column(f"'{_QUEUED}'"))
+    state = case(
+        (cols["waiting_on"] > 0, literal_column("'waiting'")),
+        (ready_at > clock, literal_column(f"'{_DELAYED}'")),
+        else_=literal_column(f"'{_QUEUED}'"),
+    )
     # WHERE true: SQLite's parser needs it between INSERT ... SELECT and ON CONFLICT.
     rows = (
-        select(*(cols[name] for name in names), ready_at, state, clock, cols["trace_context"])
+        select(
+            *(cols[name] for name in names),
+            ready_at,
+            state,
+            clock,
+            cols["trace_context"],
+            case((cols["waiting_on"] > 0, cols["waiting_on"]), else_=null()),
+            cols["after_policy"],
+        )
         .select_from(source)
         .where(true())
         .order_by(order)
     )
-    ins = _insert(dialect).from_select([*names, "ready_at", "state", "enqueued_at", "trace_context"], rows)
+    ins = _insert(dialect).from_select(
+        [*names, "ready_at", "state", "enqueued_at", "trace_context", "waiting_on", "after_policy"], rows
+    )
     ex = ins.excluded
     identical = and_(
         c.queue_name == ex.queue_name,
@@ -844,6 +879,14 @@ def settle(dialect: str) -> Update:
             ),
             settled_at=case((requeue, null()), else_=db_clock_ms()),
             lease_until=null(),
+            # Kept only by the completion itself: a cancellation or a requeue drops it.
+            result_json=case((cancelled, null()), (requeue, null()), else_=cols["result"]),
+            # A requeue starts the next run from nothing; a settle keeps the
+            # attempt's last progress, the one it carries if the rate limit held it.
+            progress=case((requeue, null()), else_=func.coalesce(cols["progress"], c.progress)),
+            progress_note=case(
+                (requeue, null()), (cols["progress"].is_not(None), cols["progress_note"]), else_=c.progress_note
+            ),
         )
         .returning(*COLUMNS)
     )
@@ -894,6 +937,24 @@ def renew() -> Update:
 
 
 @cache
+def progress() -> Update:
+    """Record ``:fraction`` and ``:note`` as the progress of the exact, live
+    claim ``:job`` / ``:token`` (guarded like :func:`renew`, by the lease on
+    ``max(:now, database clock)``); ``RETURNING job_id`` says it was."""
+    return (
+        update(t)
+        .where(
+            c.job_id == _p("job", Text()),
+            c.claim_token == _p("token", Text()),
+            IS_RUNNING_UNINDEXED,
+            c.lease_until > effective_now(NOW),
+        )
+        .values(progress=_p("fraction", Float()), progress_note=_p("note", Text()))
+        .returning(c.job_id)
+    )
+
+
+@cache
 def release() -> Update:
     """End the leases of exact ``:claims`` now, for a runner shutting down.
 
@@ -913,18 +974,25 @@ def cancel(only_if_queued: bool) -> Update:
     """Record ``:cancellation`` on live job ``:job`` (``only_if_queued``: one
     that has not started: queued or delayed)."""
     not_started = c.state.in_([literal_column(f"'{_DELAYED}'"), literal_column(f"'{_QUEUED}'")])
+    # Revision w0012: a job waiting for its parents is settled cancelled at
+    # once (nothing would claim it before its parents settle); its own
+    # dependents are told by a runner's pass (waiting_on = 0, see propagate).
+    waiting = c.state == literal_column(f"'{_WAITING}'")
     return (
         update(t)
         .where(
             c.job_id == _p("job"),
             c.cancellation_id.is_(None),
-            not_started if only_if_queued else IS_LIVE,
+            or_(not_started if only_if_queued else IS_LIVE, waiting),
         )
         .values(
             cancellation_id=_p("cancellation", Text()),
             # A delayed job is made queued, so the next claim settles it
             # cancelled instead of it waiting for its time.
-            state=case((IS_DELAYED, _QUEUED), else_=c.state),
+            state=case((IS_DELAYED, _QUEUED), (waiting, _SETTLED), else_=c.state),
+            outcome=case((waiting, Outcome.CANCELLED.value), else_=c.outcome),
+            settled_at=case((waiting, db_clock_ms()), else_=c.settled_at),
+            waiting_on=case((waiting, 0), else_=c.waiting_on),
         )
         .returning(c.job_id)
     )
@@ -1111,12 +1179,23 @@ def prune(dialect: str, undated: bool) -> Delete:
     else:
         pick = pick.where(c.settled_at < db_clock_ms() - _p("age_ms", BigInteger()))
         pick = pick.order_by(c.settled_at, c.sequence)
-    pick = pick.limit(_p("limit", Integer()))
+    # Revision w0012: never a parent a live job still waits on (its callback
+    # reads the parents' results).
+    child = t.alias("child")
+    waited_on = (
+        select(literal_column("1"))
+        .select_from(edges.join(child, child.c.job_id == edges.c.child))
+        .where(edges.c.parent == c.job_id, child.c.state != literal_column(f"'{_SETTLED}'"))
+        .exists()
+    )
+    pick = pick.where(not_(waited_on)).limit(_p("limit", Integer()))
     return delete(t).where(backend_of(dialect).picked(c.sequence, pick, "old"), IS_SETTLED)
 
 
 #: The payload column of a list that does not read payloads.
 _NO_PAYLOAD: ColumnElement[Any] = literal_column("'null'").label("payload_json")
+#: A listing without payloads leaves results out too (each up to 1 MB as well).
+_NO_RESULT: ColumnElement[Any] = null().label("result_json")
 #: The filters :func:`list_jobs` may combine (each one a bound parameter).
 LIST_FILTERS = ("queue", "state", "outcome", "lane", "job_id_prefix", "job_id_range", "job_id_range_first")
 
@@ -1130,8 +1209,9 @@ def list_jobs(filters: tuple[str, ...], with_payload: bool = True, newest_first:
     ``:job_id_prefix`` -- a prefix compared with ``substr``, so LIKE
     wildcards in it mean nothing). Without ``with_payload`` the payload is
     not read: the JSON ``null`` stands in its column (a payload may be up
-    to 1 MB)."""
-    columns = COLUMNS if with_payload else tuple(_NO_PAYLOAD if col is c.payload_json else col for col in COLUMNS)
+    to 1 MB), and no result is read either."""
+    light = {c.payload_json: _NO_PAYLOAD, c.result_json: _NO_RESULT}
+    columns = COLUMNS if with_payload else tuple(light.get(col, col) for col in COLUMNS)
     # With the prefix as a range on SQLite, the bounds must not draw its planner
     # to the primary key (it takes any rowid range for selective, knowing nothing
     # of the prefix): `sequence + 0` is no index's, so it reads the prefix's range
@@ -1500,4 +1580,95 @@ def settled_per_minute() -> Select[Any]:
         select(c.queue_name, c.outcome, minute, func.count())
         .where(IS_SETTLED, every_outcome, c.settled_at >= since)
         .group_by(c.queue_name, c.outcome, minute)
+    )
+
+
+# -- dependencies (revision w0012) -----------------------------------------------
+
+
+@cache
+def read_parents() -> Select[Any]:
+    """The state and outcome of the stored jobs among ``:job_ids`` (parents
+    named by an enqueue), locked ``FOR SHARE`` on PostgreSQL: a parent's
+    settlement waits for the enqueue to commit, so its trigger then counts
+    the new edge (SQLite's one writer orders them already)."""
+    return (
+        select(c.job_id, c.state, c.outcome)
+        .where(c.job_id.in_(bindparam("job_ids", expanding=True)))
+        .with_for_update(read=True)
+    )
+
+
+EDGE_FIELDS: Fields = (("child", Text()), ("parent", Text()), ("outcome", Text()))
+
+
+@cache
+def insert_edges(dialect: str) -> Insert:
+    """Insert dependency rows (``:edges``, rows of :data:`EDGE_FIELDS`); an
+    existing (child, parent) is left as it is."""
+    source, cols, order = _rows(dialect, "edges", EDGE_FIELDS)
+    rows = select(cols["child"], cols["parent"], cols["outcome"]).select_from(source).where(true()).order_by(order)
+    stmt: Insert = (
+        _insert_into(dialect, edges)
+        .from_select(["child", "parent", "outcome"], rows)
+        .on_conflict_do_nothing(index_elements=[edges.c.child, edges.c.parent])
+    )
+    return stmt
+
+
+@cache
+def untold(dialect: str) -> Select[Any]:
+    """Up to ``:limit`` jobs settled while waiting whose dependents are not
+    told yet (``waiting_on = 0``), oldest first; locked, skipping locked
+    ones, on PostgreSQL."""
+    pick = (
+        select(c.job_id, c.outcome)
+        .where(c.waiting_on == literal_column("0"))
+        .order_by(c.sequence)
+        .limit(_p("limit", Integer()))
+    )
+    return backend_of(dialect).skip_locked(pick)
+
+
+@cache
+def tell_dependents() -> Update:
+    """Record ``:outcome`` on the uncounted edges of parent ``:job`` (the
+    edges trigger then counts each for its child)."""
+    return (
+        update(edges)
+        .where(edges.c.parent == _p("job", Text()), edges.c.outcome.is_(None))
+        .values(outcome=_p("outcome", Text()))
+    )
+
+
+@cache
+def told() -> Update:
+    """Clear the mark of ``:job_ids``, whose dependents were told."""
+    return (
+        update(t)
+        .where(c.job_id.in_(bindparam("job_ids", expanding=True)), c.waiting_on == literal_column("0"))
+        .values(waiting_on=null())
+    )
+
+
+@cache
+def parents_of() -> Select[Any]:
+    """The parents of ``:job`` and, per parent, the outcome counted (NULL: not settled yet)."""
+    return select(edges.c.parent, edges.c.outcome).where(edges.c.child == _p("job", Text())).order_by(edges.c.parent)
+
+
+@cache
+def dependents_of() -> Select[Any]:
+    """The jobs that wait (or waited) for ``:job``."""
+    return select(edges.c.child).where(edges.c.parent == _p("job", Text())).order_by(edges.c.child)
+
+
+@cache
+def parent_results() -> Select[Any]:
+    """Each parent of ``:job`` with its outcome and result, as stored now."""
+    return (
+        select(edges.c.parent, c.state, c.outcome, c.result_json)
+        .select_from(edges.outerjoin(t, c.job_id == edges.c.parent))
+        .where(edges.c.child == _p("job", Text()))
+        .order_by(edges.c.parent)
     )

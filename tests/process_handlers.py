@@ -212,3 +212,8 @@ def burn(job: RunningJob) -> None:
     while time.perf_counter() < deadline:
         n += 1
     mark(job, "ran", str(n))
+
+
+def reports_progress(job: RunningJob) -> None:
+    """Reports progress (which a child cannot write yet)."""
+    job.progress(0.5, "half")

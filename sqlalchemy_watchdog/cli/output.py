@@ -59,6 +59,23 @@ def _payload_text(job: JobView) -> str:
     return json.dumps(job.payload, ensure_ascii=False, sort_keys=True)
 
 
+def _result_text(job: JobView) -> str | None:
+    """The result as one line of JSON (None: none), or what makes it undecodable."""
+    if job.result is None:
+        return None
+    if isinstance(job.result, Undecodable):
+        return str(job.result)
+    return json.dumps(job.result, ensure_ascii=False, sort_keys=True)
+
+
+def _progress_text(job: JobView) -> str | None:
+    """``42.5%``, with the note after a colon; None: none reported."""
+    if job.progress is None:
+        return None
+    text = f"{job.progress * 100:.1f}%"
+    return f"{text}: {job.progress_note}" if job.progress_note else text
+
+
 def json_line(value: Any) -> str:
     """``value`` as one line of JSON, as ``--json`` prints it (keys in order, not ASCII-escaped)."""
     return json.dumps(value, ensure_ascii=False, sort_keys=False)
@@ -126,6 +143,12 @@ def show_dict(job: JobView) -> dict[str, Any]:
         rerun_of=job.rerun_of,
         reruns=list(job.reruns),
         trace_context=None if job.trace_context is None else dict(job.trace_context),
+        result=None if isinstance(job.result, Undecodable) else job.result,
+        progress=job.progress,
+        progress_note=job.progress_note,
+        parents=[{"job_id": parent, "outcome": outcome} for parent, outcome in job.parents],
+        dependents=list(job.dependents),
+        waiting_on=job.waiting_on,
     )
     return fields
 
@@ -185,8 +208,12 @@ def render_show(explained: JobExplanation) -> str:
         ("reruns", ", ".join(job.reruns) or None),
         ("key", job.key),
         ("waiting_for_room", None if job.held_by is None else f"its queue's {job.held_by.value} limit is reached"),
+        ("waits_for", ", ".join(f"{p} ({o or 'not settled'})" for p, o in job.parents) or None),
+        ("dependents", ", ".join(job.dependents) or None),
         ("traceparent", None if job.trace_context is None else job.trace_context.get("traceparent")),
+        ("progress", _progress_text(job)),
         ("payload", _payload_text(job)),
+        ("result", _result_text(job)),
     ]
     width = max(len(name) for name in [*(name for name, _ in fields), "failure_history", "failure_detail"])
     for name, value in fields:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import inspect
 import logging
@@ -9,22 +10,26 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidJob
+
+if TYPE_CHECKING:
+    from ..store.dependencies import ParentResult
 from ..jobs import (
     QUEUE_MAX_LENGTH,
-    Decision,
     RetryPolicy,
     check_duration,
     check_text,
 )
+from .progress import ProgressReporter, ProgressStatus, check_progress
 
 log = logging.getLogger("sqlalchemy_watchdog.runner")
 
 
-#: A handler takes the running job; it returns None (completed) or a Decision.
-Handler = Callable[["RunningJob"], "Decision | None"]
+#: A handler takes the running job; it returns None (completed), a Decision,
+#: or a value (completed, keeping it as the job's result).
+Handler = Callable[["RunningJob"], Any]
 
 
 _UNSET: Any = object()
@@ -306,6 +311,57 @@ class RunningJob:
     trace_context: Mapping[str, str] | None = None
     #: The job's flow-control key (``Job.key``), if it has one.
     key: str | None = None
+    _progress: ProgressReporter | None = field(default=None, repr=False, compare=False)
+
+    def progress(self, fraction: float, note: str | None = None) -> ProgressStatus:
+        """Report how far the job is (``fraction`` from 0 to 1, and an
+        optional ``note`` of at most 500 characters), for ``JobView.progress``,
+        ``show`` and the dashboard. Written under the exact claim, at most
+        once a second per job: a report that comes sooner is kept and
+        written by the next one or with the settlement (``DEFERRED``).
+        ``LOST``: the job no longer holds its claim; nothing was written.
+        In a coroutine handler use :meth:`progress_async`.
+
+        :raises ~sqlalchemy_watchdog.InvalidJob: ``fraction`` outside [0, 1]
+            (or not a number), a ``note`` too long or not text.
+        """
+        reporter = self._progress
+        if reporter is None:  # made outside a runner: checked, kept nowhere
+            check_progress(fraction, note)
+            return ProgressStatus.DEFERRED
+        return reporter.report(fraction, note)
+
+    async def progress_async(self, fraction: float, note: str | None = None) -> ProgressStatus:
+        """:meth:`progress` for a coroutine handler (it never blocks the loop)."""
+        reporter = self._progress
+        if reporter is None:
+            check_progress(fraction, note)
+            return ProgressStatus.DEFERRED
+        return await reporter.report_async(fraction, note)
+
+    def parent_results(self) -> tuple[ParentResult, ...]:
+        """The jobs this one waited for (``Job(after=...)``), each with its
+        state, outcome and result (as stored: a codec's JSON form), by
+        job_id -- for a callback that combines its parents' work. Read now,
+        in a transaction of its own; in a coroutine handler use
+        :meth:`parent_results_async`. ``()`` for a job without parents."""
+        reporter = self._progress
+        if reporter is None or reporter.read is None:
+            if reporter is not None and reporter.read_async is not None and reporter._loop is not None:
+                return tuple(
+                    asyncio.run_coroutine_threadsafe(reporter.read_async(self.job_id), reporter._loop).result()
+                )
+            raise RuntimeError("parent_results() reads through a runner; this job was not claimed by one")
+        return tuple(reporter.read(self.job_id))
+
+    async def parent_results_async(self) -> tuple[ParentResult, ...]:
+        """:meth:`parent_results` for a coroutine handler."""
+        reporter = self._progress
+        if reporter is not None and reporter.read_async is not None:
+            return tuple(await reporter.read_async(self.job_id))
+        if reporter is not None and reporter.read is not None:
+            return tuple(await asyncio.to_thread(reporter.read, self.job_id))
+        raise RuntimeError("parent_results() reads through a runner; this job was not claimed by one")
 
     @property
     def stop_requested(self) -> threading.Event:

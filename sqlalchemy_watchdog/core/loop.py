@@ -13,7 +13,7 @@ from ..jobs import (
 )
 from ..store import SettleRequest
 from .handlers import StopReason
-from .maintenance import abandon, enqueue_schedules, promote, prune_workers, recover, summarize
+from .maintenance import abandon, enqueue_schedules, promote, propagate, prune_workers, recover, summarize
 from .rules.settle import settle_request, stop_reason_of
 from .settings import stop_wait_s
 from .state import Execution, RunnerCore, TickResult, TickStatus, _reason, stop
@@ -160,6 +160,7 @@ def loop_pass(core: RunnerCore) -> Steps[float]:
         yield from enqueue_schedules(core, defer=True)
     if core.promotion_is_due():
         yield from promote(core, defer=True)
+    yield from propagate(core, defer=True)
     if core.summary_is_due():
         yield from summarize(core)
     yield from prune_workers(core)
@@ -192,6 +193,7 @@ def tick(core: RunnerCore) -> Steps[TickResult | Execution]:
     if core.settings.schedules and core.schedules_are_due():
         yield from enqueue_schedules(core)
     yield from promote(core)
+    yield from propagate(core, force=True)
     executions, cancelled = yield from claim_steps(core, 1)
     if cancelled:
         return TickResult(TickStatus.SETTLED, cancelled[0], cancelled[0].job_id)

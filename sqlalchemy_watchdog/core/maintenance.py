@@ -341,6 +341,34 @@ def record_schedules(core: RunnerCore, jobs: Sequence[Job], enqueued: Sequence[b
     core.schedule_record_failed = False
 
 
+#: How often a runner tells the dependents of jobs settled while waiting.
+PROPAGATE_INTERVAL_S = 1.0
+
+
+def propagate(core: RunnerCore, *, defer: bool = False, force: bool = False) -> Steps[None]:
+    """Tell the dependents of jobs settled while waiting (revision w0012:
+    a cancellation cascading through ``after``), one hop per call and a few
+    calls per pass, at most every :data:`PROPAGATE_INTERVAL_S`. A failure is
+    logged and tried again at the next pass."""
+    now = core.clock.monotonic()
+    if now < core.propagation_due and not force:
+        return
+    core.propagation_due = now + PROPAGATE_INTERVAL_S
+    for _ in range(8):
+        try:
+            told = yield from call(store.propagate, limit=store.PROPAGATE_BATCH)
+        except WatchdogError as error:
+            if defer:
+                core.defer_failure("propagation", error)
+            else:
+                log.error("runner: telling waiting jobs of their parents failed (%s)", error)
+            return
+        if not told:
+            return
+        log.debug("told the dependents of %d job(s) settled while waiting", told)
+        core.propagation_due = now  # a cascade may go on: look again next pass
+
+
 def promote(core: RunnerCore, *, defer: bool = False) -> Steps[None]:
     """Make the delayed jobs whose time has come ``queued``, and note when
     the next one is due. A failure is logged (with ``defer``, together with

@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ from ..store import Claim
 from ..wakeups import Waiting
 from .clock import Clock
 from .handlers import Flag, RunningJob, StopReason, StopSignal
+from .progress import AsyncWrite, ProgressReporter, SyncWrite
 from .settings import RunnerSettings
 from .steps import Steps, Stop
 
@@ -169,6 +170,15 @@ class RunnerCore:
         self._active: dict[tuple[str, str], Execution] = {}
         self._lock = threading.Lock()
         self.recovery_due = 0.0
+        #: How a handler's ``job.progress`` is written: set by the driver
+        #: (a thread's call, or a coroutine on the runner's loop).
+        self.progress_write: SyncWrite | None = None
+        self.progress_write_async: AsyncWrite | None = None
+        #: How a handler's ``job.parent_results()`` reads (set by the driver too).
+        self.parents_read: Callable[[str], Any] | None = None
+        self.parents_read_async: Callable[[str], Coroutine[Any, Any, Any]] | None = None
+        #: When to tell the dependents of jobs settled while waiting next (monotonic).
+        self.propagation_due = 0.0
         #: When to make due delayed jobs ready next (monotonic).
         self.promotion_due = 0.0
         #: When to prune settled jobs next (monotonic).
@@ -298,6 +308,15 @@ class RunnerCore:
             timeout=self.settings.timeout_for(job),
             trace_context=job.trace_context,
             key=job.key,
+            _progress=ProgressReporter(
+                job.job_id,
+                claim.token,
+                self.progress_write,
+                self.progress_write_async,
+                monotonic=self.clock.monotonic,
+                read=self.parents_read,
+                read_async=self.parents_read_async,
+            ),
         )
         execution = Execution(
             claim,

@@ -165,7 +165,7 @@ class _Child:
             fn = self.handlers.get(key)
             if fn is None:
                 fn = self.handlers[key] = resolve(module, qualname)
-            result = fn(RunningJob(_signal=stop, **fields))
+            result = fn(_child_job(RunningJob)(_signal=stop, **fields))
         except Exception as error:
             encoded: bytes | None = None
             try:
@@ -205,3 +205,34 @@ def main(fd: int, parent_pid: int, level: int = logging.WARNING) -> None:
     reader.start()
     child.send((READY, os.getpid()))
     child.serve()
+
+
+_NOT_IN_A_CHILD = (
+    "{name}() is not available to a handler run by the process executor yet: it writes "
+    "through the runner's database connection, which stays in the runner's process. "
+    "Run this handler with the thread executor, or leave {name}() out."
+)
+_child_classes: dict[type[Any], type[Any]] = {}
+
+
+def _child_job(base: type[Any]) -> type[Any]:
+    """``RunningJob`` as a child sees it: the fields, the stop signal and the
+    logger work; what needs the runner's connection (progress, the parents'
+    results) raises a clear error instead of silently doing nothing."""
+    made = _child_classes.get(base)
+    if made is None:
+
+        def refuse(name: str) -> Any:
+            def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+                raise RuntimeError(_NOT_IN_A_CHILD.format(name=name))
+
+            method.__name__ = name
+            return method
+
+        made = type(
+            "RunningJob",
+            (base,),
+            {name: refuse(name) for name in ("progress", "progress_async", "parent_results", "parent_results_async")},
+        )
+        _child_classes[base] = made
+    return made

@@ -77,9 +77,15 @@ from .claims import recovery_reason as recovery_reason
 from .claims import release as release
 from .claims import release_and_recover as release_and_recover
 from .claims import renew as renew
+from .claims import report_progress as report_progress
 from .claims import seconds_until_next_expiry as seconds_until_next_expiry
 from .claims import settle as settle
 from .claims import settle_many as settle_many
+from .dependencies import PROPAGATE_BATCH as PROPAGATE_BATCH
+from .dependencies import ParentResult as ParentResult
+from .dependencies import parent_results as parent_results
+from .dependencies import propagate as propagate
+from .dependencies import relations as relations
 from .enqueue import _UNIQUE_COLUMNS as _UNIQUE_COLUMNS
 from .enqueue import _autocommit as _autocommit
 from .enqueue import _conflict_of as _conflict_of

@@ -41,7 +41,8 @@ ENQUEUE_CHUNK = 1000
 
 def _one_chunk(jobs: Sequence[Job], **_: object) -> bool:
     """Whether enqueueing ``jobs`` writes with one statement (atomic by itself)."""
-    return len({job.job_id for job in jobs}) <= ENQUEUE_CHUNK
+    # Jobs with parents read them and write their edges: a transaction.
+    return len({job.job_id for job in jobs}) <= ENQUEUE_CHUNK and not any(job.after for job in jobs)
 
 
 #: Delayed jobs made queued per promotion statement.
@@ -69,6 +70,7 @@ _VIEW_ORDER = (
     "lease_until", "run_at", "ready_at", "attempt", "max_attempts", "retry_policy", "timeout_ms",
     "snoozes", "failure_history", "enqueued_at", "started_at", "settled_at", "rerun_of", "trace_context",
     "limit_key",
+    "result_json", "progress", "progress_note", "waiting_on", "after_policy",
 )  # fmt: skip
 assert tuple(column.key for column in sql.COLUMNS) == _VIEW_ORDER, "view() must unpack statements.COLUMNS"
 _WIDTH = len(_VIEW_ORDER)
@@ -79,7 +81,8 @@ _JOBVIEW_FIELDS = (
     "sequence", "job_id", "queue", "lane", "priority", "payload", "max_recoveries", "state", "outcome",
     "failure_reason", "recovery_count", "cancellation_id", "failure_detail", "run_at", "ready_at", "attempt",
     "max_attempts", "snoozes", "timeout", "retry", "failure_history", "enqueued_at", "started_at",
-    "settled_at", "rerun_of", "reruns", "trace_context", "undecodable", "key", "held_by",
+    "settled_at", "rerun_of", "reruns", "trace_context", "undecodable", "key", "held_by", "result",
+    "progress", "progress_note", "waiting_on", "after_policy", "parents", "dependents",
 )  # fmt: skip
 #: Each field's slot setter: a frozen dataclass's __init__ sets its 27 slots one
 #: object.__setattr__ call at a time (by name, through a global), 3.5x slower
@@ -111,6 +114,7 @@ def view(row: Sequence[Any]) -> JobView:
         outcome, _token, recovery_count, cancellation_id, failure_reason, failure_detail,
         _lease, run_at, ready_at, attempt, max_attempts, retry_policy, timeout_ms,
         snoozes, failure_history, enqueued_at, started_at, settled_at, rerun_of, trace_context, limit_key,
+        result_json, progress, progress_note, waiting_on, after_policy,
     ) = row[:_WIDTH]  # fmt: skip
     try:
         values = (
@@ -144,6 +148,13 @@ def view(row: Sequence[Any]) -> JobView:
             (),
             limit_key,
             None,
+            None if result_json is None else payload_of(result_json),
+            progress,
+            progress_note,
+            waiting_on,
+            after_policy,
+            (),
+            (),
         )
         if UnreadableText in map(type, row):  # text that is not UTF-8 (SQLite)
             raise ValueError("unreadable text")
@@ -163,6 +174,7 @@ def _decoded_field_by_field(row: Sequence[Any]) -> tuple[Any, ...]:
         outcome, _token, recovery_count, cancellation_id, failure_reason, failure_detail,
         _lease, run_at, ready_at, attempt, max_attempts, retry_policy, timeout_ms,
         snoozes, failure_history, enqueued_at, started_at, settled_at, rerun_of, trace_context, limit_key,
+        result_json, progress, progress_note, waiting_on, after_policy,
     ) = row[:_WIDTH]  # fmt: skip
     unknown: list[Undecodable] = []
 
@@ -200,11 +212,13 @@ def _decoded_field_by_field(row: Sequence[Any]) -> tuple[Any, ...]:
     started = time_of("started_at", started_at)
     settled = time_of("settled_at", settled_at)
     trace = decoded("trace_context", "trace_context", telemetry.trace_context_of, trace_context, None)
+    result = decoded("result", "result_json", payload_of, result_json, _ITSELF)
     for field, column, value in (
         ("job_id", "job_id", job_id), ("queue", "queue_name", queue_name), ("lane", "lane", lane),
         ("cancellation_id", "cancellation_id", cancellation_id), ("failure_reason", "failure_reason", failure_reason),
         ("failure_detail", "failure_detail", failure_detail), ("rerun_of", "rerun_of", rerun_of),
         ("key", "limit_key", limit_key),
+        ("progress_note", "progress_note", progress_note),
     ):  # fmt: skip
         if type(value) is UnreadableText:  # read as it is (U+FFFD for the bytes), listed unknown
             unknown.append(Undecodable(field, column, "stored text is not UTF-8"))
@@ -239,6 +253,13 @@ def _decoded_field_by_field(row: Sequence[Any]) -> tuple[Any, ...]:
         tuple(unknown),
         limit_key,
         None,
+        result,
+        progress,
+        progress_note,
+        waiting_on,
+        after_policy,
+        (),
+        (),
     )
 
 

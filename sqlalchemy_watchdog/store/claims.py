@@ -252,6 +252,12 @@ class SettleRequest:
     requeue_after_ms: int | None = None
     #: The failure history to store (JSON), when this attempt failed.
     history: str | None = None
+    #: The result to keep with a ``completed`` job, as canonical JSON
+    #: (:func:`~sqlalchemy_watchdog.jobs.encode_result`); None: none.
+    result_json: str | None = None
+    #: The attempt's last progress that the rate limit kept back, written
+    #: with the settlement: (fraction, note); None: none pending.
+    progress: tuple[float, str | None] | None = None
 
     def __post_init__(self) -> None:
         # Checked once, where the request is made: the runner's core builds
@@ -262,6 +268,10 @@ class SettleRequest:
                 ErrorCode.INVALID_INPUT,
                 f"decision: must be a Decision, not {type(self.decision).__name__}",
             )
+        if self.result_json is not None and (
+            self.decision.outcome is not Outcome.COMPLETED or self.requeue_after_ms is not None
+        ):
+            raise WatchdogError(ErrorCode.INVALID_INPUT, "result_json: only a completed settle keeps a result")
 
     @property
     def row(self) -> tuple[Any, ...]:
@@ -282,6 +292,8 @@ class SettleRequest:
             1 if requeued and not decision.snoozed else 0,
             1 if requeued and decision.snoozed else 0,
             self.history,
+            self.result_json,
+            *((None, None) if self.progress is None else self.progress),
         )
 
 
@@ -394,6 +406,16 @@ def _unsettled(conn: Connection, job_id: str, claim_token: str, decision: Decisi
     if job.state is JobState.SETTLED and token == claim_token and job.outcome is expected:
         return Settlement(SettleStatus.REPLAYED, job)
     return Settlement(SettleStatus.CONFLICT, job)
+
+
+@operation(Shape.WRITE)
+def report_progress(
+    conn: Connection, job_id: str, claim_token: str, fraction: float, note: str | None, *, now: int | None = None
+) -> bool:
+    """Record a running job's progress under its exact, live claim; whether
+    the claim still held (False: nothing written)."""
+    params = {"job": job_id, "token": claim_token, "fraction": fraction, "note": note, "now": now or now_ms()}
+    return conn.execute(sql.progress(), params).first() is not None
 
 
 @operation(Shape.WRITE)

@@ -74,8 +74,9 @@ def enqueue(conn: Connection, jobs: Sequence[Job], *, delay: timedelta | None = 
         elif not _same(seen, job):
             raise EnqueueConflict(job.job_id)
     unique = list(firsts.values())
+    waits = _dependencies(conn, unique) if any(job.after for job in unique) else None
     try:
-        return _enqueue_traced(conn, jobs, unique, delay_ms)
+        return _enqueue_traced(conn, jobs, unique, delay_ms, waits)
     except DBAPIError as error:
         refused = prepared_statement_failure(error)
         if refused is None:
@@ -84,18 +85,18 @@ def enqueue(conn: Connection, jobs: Sequence[Job], *, delay: timedelta | None = 
 
 
 def _enqueue_traced(
-    conn: Connection, jobs: Sequence[Job], unique: list[Job], delay_ms: int | None
+    conn: Connection, jobs: Sequence[Job], unique: list[Job], delay_ms: int | None, waits: Waits | None = None
 ) -> list[EnqueueResult]:
     instrumentation = telemetry.active()
     if instrumentation is None:
-        return _enqueue(conn, jobs, unique, delay_ms, None)
+        return _enqueue(conn, jobs, unique, delay_ms, None, waits)
     trace = telemetry.EnqueueTrace()
     trace_context = None
     with telemetry.guarded("enqueue"):
         trace = instrumentation.enqueue(unique)
         trace_context = telemetry.storable_trace_context(trace.trace_context)
     try:
-        results = _enqueue(conn, jobs, unique, delay_ms, trace_context)
+        results = _enqueue(conn, jobs, unique, delay_ms, trace_context, waits)
     except BaseException as error:
         with telemetry.guarded("enqueue"):
             trace.failed(error)
@@ -108,12 +109,17 @@ def _enqueue_traced(
 
 
 def _enqueue(
-    conn: Connection, jobs: Sequence[Job], unique: Sequence[Job], delay_ms: int | None, trace_context: str | None
+    conn: Connection,
+    jobs: Sequence[Job],
+    unique: Sequence[Job],
+    delay_ms: int | None,
+    trace_context: str | None,
+    waits: Waits | None = None,
 ) -> list[EnqueueResult]:
     admitted: set[str] = set()
     dialect = conn.dialect.name
     stmt = sql.enqueue_rows(dialect)
-    plain = delay_ms is None and trace_context is None
+    plain = delay_ms is None and trace_context is None and waits is None
     for start in range(0, len(unique), ENQUEUE_CHUNK):
         chunk = unique[start : start + ENQUEUE_CHUNK]
         # A row may stop after its last non-NULL field (the statement reads a
@@ -128,7 +134,7 @@ def _enqueue(
             and job.timeout is None
             and job.rerun_of is None
             and job.key is None
-            else (*_values(job), delay_ms, trace_context)
+            else (*_values(job), delay_ms, trace_context, *_waiting(job, waits))
             for job in chunk
         ]
         params = sql.rows_params(dialect, "jobs", sql.ENQUEUE_FIELDS, rows)
@@ -139,6 +145,8 @@ def _enqueue(
             admitted.update(row[0] for row in execute_rows(conn, stmt, params))
         except IntegrityError as error:
             raise _conflict_of(conn, chunk, error) from error
+    if waits is not None:
+        _insert_edges(conn, unique, admitted, waits)
     if len(admitted) == len(jobs):  # the common case: every job new, none twice
         return [_queued(job.job_id) for job in jobs]
     results: list[EnqueueResult] = []
@@ -286,3 +294,82 @@ def violation(error: IntegrityError) -> tuple[str, str] | None:
     format SQLite fixes, matched in full.
     """
     return backend_of_error(error).violation(error, sql.t.name, _UNIQUE_COLUMNS)
+
+
+# -- dependencies (revision w0012) -------------------------------------------------
+
+#: Per job with parents: how many are not settled, and each edge's counted outcome.
+Waits = dict[str, tuple[int, list[tuple[str, str | None]]]]
+
+
+def _dependencies(conn: Connection, unique: Sequence[Job]) -> Waits:
+    """Check every job's ``after`` before anything is written, and count
+    what each waits for.
+
+    A parent must be stored already or come earlier in this call: a cycle
+    needs some job to name one enqueued after it, so this order alone makes
+    every dependency graph acyclic (docs/design.md, "Dependencies"). A
+    stored parent already settled counts as told; one that ended other than
+    ``completed`` is refused for a job that needs it completed. The stored
+    parents are read ``FOR SHARE`` (PostgreSQL): a settlement racing this
+    enqueue waits for it to commit, and then counts the new edge.
+    """
+    position = {job.job_id: index for index, job in enumerate(unique)}
+    names = sorted({parent for job in unique for parent in job.after})
+    stored: dict[str, tuple[str, str | None]] = {}
+    for start in range(0, len(names), 1000):
+        rows = conn.execute(sql.read_parents(), {"job_ids": names[start : start + 1000]})
+        stored.update((row.job_id, (row.state, row.outcome)) for row in rows)
+    waits: Waits = {}
+    for index, job in enumerate(unique):
+        if not job.after:
+            continue
+        pending = 0
+        edges: list[tuple[str, str | None]] = []
+        for parent in job.after:
+            found = stored.get(parent)
+            if found is not None and found[0] == "settled":
+                outcome = found[1]
+                if outcome != "completed" and job.after_policy == "completed":
+                    raise InvalidJob(
+                        "after",
+                        f"job {job.job_id!r} waits for {parent!r}, which already ended {outcome} "
+                        "(after_policy='any_outcome' runs it anyway)",
+                    )
+                edges.append((parent, outcome))
+                continue
+            if found is None:
+                where = position.get(parent)
+                if where is None:
+                    raise InvalidJob("after", f"job {job.job_id!r} waits for {parent!r}: no such job")
+                if where > index:
+                    raise InvalidJob(
+                        "after",
+                        f"job {job.job_id!r} waits for {parent!r}, which comes later in this call: "
+                        "a parent must be enqueued first",
+                    )
+            pending += 1
+            edges.append((parent, None))
+        waits[job.job_id] = (pending, edges)
+    return waits
+
+
+def _waiting(job: Job, waits: Waits | None) -> tuple[int | None, str | None]:
+    """The row's ``waiting_on`` and ``after_policy``."""
+    if waits is None or not job.after:
+        return None, None
+    return waits[job.job_id][0] or None, job.after_policy
+
+
+def _insert_edges(conn: Connection, unique: Sequence[Job], admitted: set[str], waits: Waits) -> None:
+    """The edges of the jobs this enqueue admitted (a replay adds none)."""
+    rows = [
+        (job.job_id, parent, outcome)
+        for job in unique
+        if job.job_id in admitted and job.job_id in waits
+        for parent, outcome in waits[job.job_id][1]
+    ]
+    dialect = conn.dialect.name
+    for start in range(0, len(rows), 5000):
+        params = sql.rows_params(dialect, "edges", sql.EDGE_FIELDS, rows[start : start + 5000])
+        conn.execute(sql.insert_edges(dialect), params)

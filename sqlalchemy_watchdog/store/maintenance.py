@@ -61,6 +61,7 @@ from .claims import (
     notify,
     read,
 )
+from .dependencies import relations
 from .enqueue import (
     _row,
     enqueue,
@@ -530,13 +531,16 @@ def resume(conn: Connection, queue: str) -> PauseStatus:
 
 @operation(Shape.READ)
 def read_with_reruns(conn: Connection, job_id: str) -> JobView | None:
-    """:func:`read`, with the job's reruns listed."""
+    """:func:`read`, with the job's reruns, parents and dependents listed."""
     job = read(conn, job_id)
     if job is None:
         return None
     reruns = tuple(conn.execute(sql.reruns_of(), {"job": job_id}).scalars())
     held = held_by(conn, job)
-    return dataclasses.replace(job, reruns=reruns, held_by=held) if reruns or held else job
+    parents, dependents = relations(conn, job_id)
+    if reruns or held or parents or dependents:
+        return dataclasses.replace(job, reruns=reruns, held_by=held, parents=parents, dependents=dependents)
+    return job
 
 
 @operation(Shape.READ)

@@ -1026,17 +1026,14 @@ def test_failure_reasons_are_bounded_and_nul_free(engine: Engine) -> None:
     assert "\x00" not in present(present(wd.read("nul")).failure_reason)
 
 
-@pytest.mark.parametrize(
-    "returned",
-    ["done", 1, {"outcome": "completed"}, Outcome.COMPLETED],
-    ids=["str", "int", "dict", "bare-outcome"],
-)
-def test_unknown_decision_kinds_from_a_handler_fail_the_job_clearly(engine: Engine, returned: Any) -> None:
+def test_a_bare_outcome_from_a_handler_fails_the_job_clearly(engine: Engine) -> None:
+    # Any other value is the job's result (tests/integration/test_results.py);
+    # an Outcome (a str enum) is a decision meant, and refused as one.
     Watchdog(engine).enqueue(Job("j", "q"))
-    (settled,) = Runner(engine, {"q": lambda job: returned}).run_until_idle()
-    assert settled.outcome is Outcome.FAILED
+    (settled,) = Runner(engine, {"q": lambda job: Outcome.COMPLETED}).run_until_idle()
+    assert settled.outcome is Outcome.FAILED and settled.result is None
     assert settled.failure_reason is not None
-    assert "not a Decision" in settled.failure_reason and type(returned).__name__ in settled.failure_reason
+    assert "not a Decision" in settled.failure_reason and "Outcome.COMPLETED" in settled.failure_reason
 
 
 @pytest.mark.parametrize(
@@ -1349,3 +1346,73 @@ def test_a_blob_in_a_text_column_is_refused_on_sqlite(engine: Engine, column: st
     done = Runner(engine, {"q": lambda job: None}).run_until_idle()
     assert "other" in {j.job_id for j in done}
     assert all(isinstance(j.job_id, str) for j in Watchdog(engine).list_jobs())
+
+
+# == revision w0012: results, progress, dependencies ==================================
+#
+# Each refusal names the field and writes nothing; the full behaviour is in
+# tests/integration/test_results.py, test_progress.py and test_dependencies.py.
+
+
+@pytest.mark.parametrize(
+    ("returned", "words"),
+    [
+        ("x" * (1024 * 1024 + 1), "must be at most 1048576 bytes of JSON"),
+        ({"when": datetime.datetime(2025, 1, 1)}, "datetime is not a JSON type"),
+        ({1: "int key"}, "object keys must be str"),
+    ],
+    ids=["too-large", "not-json", "int-key"],
+)
+def test_a_result_that_cannot_be_kept_fails_the_job_and_stores_none_of_it(
+    engine: Engine, returned: Any, words: str
+) -> None:
+    Watchdog(engine).enqueue(Job("j", "q"))
+    (settled,) = Runner(engine, {"q": lambda job: returned}).run_until_idle()
+    assert settled.outcome is Outcome.FAILED and settled.result is None
+    assert present(settled.failure_reason).startswith("the handler's result: ") and words in present(
+        settled.failure_reason
+    )
+
+
+@pytest.mark.parametrize(
+    ("jobs", "words"),
+    [
+        (lambda: [Job("c", "q", after=["unknown"])], "no such job"),
+        (lambda: [Job("c", "q", after=["cancelled"])], "already ended cancelled"),
+        # A cycle needs a job naming one enqueued after it: refused by that order.
+        (lambda: [Job("c1", "q", after=["c2"]), Job("c2", "q", after=["c1"])], "comes later in this call"),
+    ],
+    ids=["unknown-parent", "cancelled-parent", "cycle"],
+)
+def test_after_naming_what_cannot_be_waited_for_is_refused_before_anything_is_written(
+    engine: Engine, jobs: Callable[[], list[Job]], words: str
+) -> None:
+    wd = Watchdog(engine)
+    wd.enqueue(Job("cancelled", "q"))
+    wd.cancel("cancelled", "c-1")
+    Runner(engine, {"q": lambda job: None}).run_until_idle()
+    before = dump_jobs(engine)
+    with pytest.raises(InvalidJob, match=words) as refused:
+        wd.enqueue(jobs())
+    assert refused.value.field == "after" and dump_jobs(engine) == before
+    with pytest.raises(InvalidJob, match="cannot wait for itself"):
+        Job("self", "q", after=["self"])
+
+
+def test_progress_out_of_range_or_without_a_claim_writes_nothing(engine: Engine) -> None:
+    from sqlalchemy_watchdog import ProgressStatus
+
+    wd = Watchdog(engine)
+    wd.enqueue(Job("j", "q"))
+    answers: list[object] = []
+
+    def handle(job: Any) -> None:
+        for fraction in (1.01, -0.5, math.nan):
+            with pytest.raises(InvalidJob, match="fraction"):
+                job.progress(fraction)
+        wd.fail_lane(job.lane, "gone")  # the claim is lost
+        answers.append(job.progress(0.5))
+
+    Runner(engine, {"q": handle}).run_until_idle()
+    assert answers == [ProgressStatus.LOST]
+    assert present(wd.read("j")).progress is None

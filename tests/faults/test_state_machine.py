@@ -107,6 +107,7 @@ from sqlalchemy_watchdog.jobs import (
     SettleStatus,
     bound_reason,
     bulk_cancellation_id,
+    encode_payload,
     rerun_job_id,
 )
 from sqlalchemy_watchdog.model import jobs_table, limit_claims_table, limits_table, pauses_table, workers_table
@@ -192,8 +193,16 @@ HANDLER_RETRY: dict[str, RetryPolicy | None] = {
 }
 HANDLER_TIMEOUT = {"q2": ms(500)}
 
-#: How a handler ends, and the decision it returns (if it returns one).
-DECISIONS: list[tuple[str, Decision | None]] = [
+#: A result no JSON of the library may hold (nested deeper than PAYLOAD_MAX_DEPTH).
+NESTED_TOO_DEEP: list[Any] = []
+_inner = NESTED_TOO_DEEP
+for _ in range(70):
+    _inner.append([])
+    _inner = _inner[0]
+
+#: How a handler ends, and the decision it returns (if it returns one), or
+#: the value it returns (kind "value").
+DECISIONS: list[tuple[str, Any]] = [
     ("return", Decision.completed()),
     ("return", Decision(Outcome.COMPLETED, "with a note")),
     ("return", Decision.outcome_unknown()),
@@ -210,6 +219,11 @@ DECISIONS: list[tuple[str, Decision | None]] = [
     ("timeout", None),  # told to stop at its timeout, returned None
     ("timeout-raise", None),  # told to stop at its timeout, raised
     ("timeout-cancelled", None),  # an async handler's task cancelled at its timeout
+    # -- results (revision w0012) ------------------------------------------------
+    ("return", Decision.completed(result=[1, "two", {"k": None}])),
+    ("value", {"total": 3, "items": ["a", "b"]}),  # a returned value: completed, kept
+    ("value", "plain text"),
+    ("value", NESTED_TOO_DEEP),  # cannot be kept: failed, not retried, nothing written
 ]
 
 jobs_strategy = st.builds(
@@ -277,6 +291,17 @@ class Row:
     trace_context: str | None = None
     #: Revision w0011: its flow-control key; part of its identity.
     limit_key: str | None = None
+    #: Revision w0012: the result a completed job's handler returned (its
+    #: canonical JSON), written only by the settle that completes it.
+    result_json: str | None = None
+    #: Revision w0012: a running job's progress (the machine reports none:
+    #: tests/integration/test_progress.py covers it); a requeue clears it.
+    progress: float | None = None
+    progress_note: str | None = None
+    #: Revision w0012: dependencies (this machine enqueues no job with
+    #: parents: tests/faults/test_dependency_faults.py models them).
+    waiting_on: int | None = None
+    after_policy: str | None = None
 
     def columns(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in ("order", "policy")}
@@ -718,13 +743,13 @@ class WatchdogMachine(RuleBasedStateMachine):
         } == {q: (s.concurrency, s.per_key, s.rate, s.updated_at, s.cursor) for q, s in self.limits.items()}
         assert sorted(tuple(row) for row in logged) == sorted(self.rate_log)
 
-    def _decide(self, execution: ex.Execution, kind: str, returned: Decision | None) -> Decision:
+    def _decide(self, execution: ex.Execution, kind: str, returned: Any) -> Decision:
         """What the runner makes of a handler that ended as ``kind``."""
         job: RunningJob = execution.job
         if kind.startswith("timeout"):
             execution.signal.request(StopReason.TIMEOUT)
         decision: Decision | None
-        if kind == "return":
+        if kind in ("return", "value"):
             decision = ex.decision_of_result(returned, job)
         elif kind == "timeout":
             decision = ex.decision_of_result(None, job)
@@ -739,10 +764,12 @@ class WatchdogMachine(RuleBasedStateMachine):
         return decision
 
     @staticmethod
-    def _expected_reason(claim: store.Claim, kind: str, returned: Decision | None) -> str | None:
+    def _expected_reason(claim: store.Claim, kind: str, returned: Any) -> str | None:
+        if kind == "value":
+            return None
         if kind == "return":
             assert returned is not None
-            return returned.reason
+            return returned.reason  # type: ignore[no-any-return]
         if kind == "raise":
             return "ValueError: bad input"
         seconds = timeout_of(claim.job.queue, claim.job.timeout).total_seconds()
@@ -750,7 +777,7 @@ class WatchdogMachine(RuleBasedStateMachine):
         return f"{timed_out} (RuntimeError: stuck)" if kind == "timeout-raise" else timed_out
 
     @rule(data=st.data(), how=st.sampled_from(DECISIONS), skew=st.sampled_from(SKEWS))
-    def settle(self, data: st.DataObject, how: tuple[str, Decision | None], skew: int) -> None:
+    def settle(self, data: st.DataObject, how: tuple[str, Any], skew: int) -> None:
         which = data.draw(st.integers(0, 4), "which claim?") if self.claims else 0
         live = [c for c in self.claims if self.model.live_claim(*c, self.db)]
         if which > 1 and live:  # mostly a claim the runner still holds
@@ -772,7 +799,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             st.sampled_from(WAITS),
         )
     )
-    def a_runner_tick(self, tick: tuple[tuple[str, Decision | None], int, int, int]) -> None:
+    def a_runner_tick(self, tick: tuple[tuple[str, Any], int, int, int]) -> None:
         """Some time after the last step, a runner's tick: promote, claim one
         job and settle it with what its handler did."""
         how, lease, skew, wait = tick
@@ -782,7 +809,7 @@ class WatchdogMachine(RuleBasedStateMachine):
         if len(self.claims) > before:
             self._settle(*self.claims[-1], how, skew)
 
-    def _settle(self, job_id: str, token: str, how: tuple[str, Decision | None], skew: int) -> None:
+    def _settle(self, job_id: str, token: str, how: tuple[str, Any], skew: int) -> None:
         """Settle ``(job_id, token)``: a claim issued earlier goes through the
         runner's decision path, a bogus token straight to store.settle."""
         kind, returned = how
@@ -797,9 +824,10 @@ class WatchdogMachine(RuleBasedStateMachine):
             assert decision.reason == self._expected_reason(claim, kind, returned)
             request = ex.settle_request(self.runner.core, execution, decision)
             assert request.now == app
+            decision = self._kept(decision, request)
             (result,) = self.tx(store.settle_many, [request])
         else:
-            decision = returned if returned is not None else Decision.failed("boom")
+            decision = returned if isinstance(returned, Decision) else Decision.failed("boom")
             result = self.tx(store.settle, job_id=job_id, claim_token=token, decision=decision, now=app)
         row = self.model.rows.get(job_id)
         if self.model.live_claim(job_id, token, max(app, db)):
@@ -815,6 +843,24 @@ class WatchdogMachine(RuleBasedStateMachine):
                 outcome = None if decision.outcome is None else decision.outcome.value
             replay = row.state == "settled" and row.claim_token == token and row.outcome == outcome
             assert result.status is (SettleStatus.REPLAYED if replay else SettleStatus.CONFLICT)
+
+    @staticmethod
+    def _kept(decision: Decision, request: store.SettleRequest) -> Decision:
+        """The decision the request carries out: the handler's, or -- for a
+        result that cannot be kept -- ``failed``, not retried, naming it; and
+        the request keeps exactly the result's canonical JSON."""
+        value = decision.result
+        if value is None:
+            assert request.result_json is None and request.decision is decision
+            return decision
+        try:
+            expected = encode_payload(value, "result")
+        except InvalidJob as error:
+            assert request.result_json is None
+            assert request.decision == Decision.failed(f"the handler's {error}", retry=False), request.decision
+            return request.decision
+        assert request.result_json == expected and request.decision is decision
+        return decision
 
     def _settled(
         self, row: Row, decision: Decision, request: store.SettleRequest, execution: ex.Execution, app: int, db: int
@@ -859,6 +905,8 @@ class WatchdogMachine(RuleBasedStateMachine):
             row.state, row.outcome = "settled", decision.outcome.value
             row.failure_reason, row.failure_detail = decision.reason, None
             row.settled_at = settled_now
+            # Revision w0012: a completed job keeps its result, written by this settle.
+            row.result_json = request.result_json
             return SettleStatus.SETTLED
         entry = (app, row.attempt, history_reason(decision.reason or "failed"))
         row.failure_history = [*(row.failure_history or []), entry][-FAILURE_HISTORY_LENGTH:]

@@ -243,6 +243,7 @@ def populate(engine: Engine) -> None:
             ],
         )
         enqueue(conn, Job("tomorrow", "q", retry=RetryPolicy(max_attempts=3)), delay=timedelta(days=1))
+        enqueue(conn, Job("after-later", "q", after=["later"]))  # waiting for its parent
     for decision in (Decision.completed(), Decision.failed("boom")):
         with store.write_transaction(engine) as conn:
             taken = store.claim(conn, queues=["q"], lease_ms=60_000).claimed[0]
@@ -259,7 +260,7 @@ async def test_async_watchdog_reads_equal_the_sync_reads(engine: Engine) -> None
     aengine = make_async_engine(engine)
     try:
         watchdog = AsyncWatchdog(aengine)
-        for job_id in ("done", "failed", "runs", "waits", "later", "other", "missing"):
+        for job_id in ("done", "failed", "runs", "waits", "later", "other", "after-later", "missing"):
             assert await watchdog.read(job_id) == sync.read(job_id), job_id
         for queue in ("q", "other", "idle"):
             assert await watchdog.read_queue_head(queue) == sync.read_queue_head(queue), queue
@@ -272,7 +273,8 @@ async def test_async_watchdog_reads_equal_the_sync_reads(engine: Engine) -> None
     finally:
         await aengine.dispose()
     # The fixture above really covers every state the reads can show.
-    assert {sync.read(j).state for j in ("done", "runs", "waits", "tomorrow")} == set(JobState)  # type: ignore[union-attr]
+    read = [sync.read(j) for j in ("done", "runs", "waits", "tomorrow", "after-later")]
+    assert {job.state for job in read if job is not None} == set(JobState)
     assert [j.job_id for j in sync.read_settled()] == ["done", "failed", "other"]
     head = sync.read_queue_head("q")
     assert head is not None and head.job_id == "runs"

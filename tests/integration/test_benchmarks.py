@@ -50,7 +50,9 @@ def test_every_scenario_is_listed_with_its_help() -> None:
         "limits",
     ):
         assert scenario in names
-    assert {"in-process", "otel-overhead", "profile-drain", "hot-statements", "index-review", "executors"} <= names
+    assert {
+        "in-process", "otel-overhead", "profile-drain", "hot-statements", "index-review", "executors", "dependencies",
+    } <= names  # fmt: skip
 
 
 def test_enqueue_and_a_drain_run_on_sqlite(tmp_path: Path) -> None:

@@ -83,14 +83,14 @@ def test_upgrade_creates_the_table_and_is_idempotent(empty_engine: Engine, cli: 
     assert not inspect(empty_engine).has_table("watchdog_jobs")
     status, out, _ = cli("upgrade")
     assert status == 0
-    assert "w0011_flow_control" in out
+    assert "w0012_results_and_dependencies" in out
     assert inspect(empty_engine).has_table("watchdog_jobs")
     status, out, _ = cli("--json", "upgrade")
     assert status == 0
-    assert json.loads(out)["heads"] == ["w0011_flow_control"]
+    assert json.loads(out)["heads"] == ["w0012_results_and_dependencies"]
     with empty_engine.connect() as conn:
         versions = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
-    assert versions == ["w0011_flow_control"]
+    assert versions == ["w0012_results_and_dependencies"]
     # The migrated table is the model: jobs go in and come out.
     add(empty_engine, Job("a", "q"))
     assert read(empty_engine, "a").state is JobState.QUEUED
@@ -1795,3 +1795,36 @@ def test_limits_refuses_bad_values_naming_the_option_and_changes_nothing(engine:
         status, _, err = cli(*args)
         assert status == 2, (args, err)
     assert Watchdog(engine).limits() == ()
+
+
+# -- results ----------------------------------------------------------------------------
+
+
+def test_show_prints_a_completed_jobs_result(engine: Engine, cli: Cli) -> None:
+    from sqlalchemy_watchdog import Runner
+
+    add(engine, Job("priced", "emails"), Job("plain", "emails"))
+    Runner(engine, {"emails": lambda job: {"total": 42} if job.job_id == "priced" else None}).run_until_idle()
+    status, out, _ = cli("show", "priced")
+    assert status == 0 and json.loads(dict(line.split(None, 1) for line in out.splitlines())["result"]) == {"total": 42}
+    status, out, _ = cli("--json", "show", "priced")
+    assert json.loads(out)["result"] == {"total": 42}
+    status, out, _ = cli("show", "plain")
+    assert dict(line.split(None, 1) for line in out.splitlines())["result"] == "-"
+    assert dict(line.split(None, 1) for line in out.splitlines())["progress"] == "-"
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE watchdog_jobs SET progress = 0.425, progress_note = 'step 3' WHERE job_id = 'plain'"))
+    status, out, _ = cli("show", "plain")
+    assert dict(line.split(None, 1) for line in out.splitlines())["progress"] == "42.5%: step 3"
+    shown = json.loads(cli("--json", "show", "plain")[1])
+    assert (shown["progress"], shown["progress_note"]) == (0.425, "step 3")
+    assert shown["result"] is None
+
+
+def test_show_prints_a_jobs_parents_and_dependents(engine: Engine, cli: Cli) -> None:
+    add(engine, Job("p", "q"), Job("c", "q", after=["p"]))
+    lines = dict(line.split(None, 1) for line in cli("show", "c")[1].splitlines())
+    assert lines["waits_for"] == "p (not settled)" and lines["dependents"] == "-"
+    assert dict(line.split(None, 1) for line in cli("show", "p")[1].splitlines())["dependents"] == "c"
+    shown = json.loads(cli("--json", "show", "c")[1])
+    assert shown["parents"] == [{"job_id": "p", "outcome": None}] and shown["waiting_on"] == 1

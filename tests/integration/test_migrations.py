@@ -102,7 +102,7 @@ def model_names(dialect: str) -> dict[str, set[Any]]:
 
 
 #: The package's newest revision.
-HEAD = "w0011_flow_control"
+HEAD = "w0012_results_and_dependencies"
 
 
 def test_upgrade_head_creates_the_jobs_table(empty_engine: Engine) -> None:
@@ -778,12 +778,28 @@ def test_w0003_keeps_the_sequence_counter_of_a_table_whose_jobs_were_all_deleted
 W0007 = "w0007_notify_when_waiting"
 
 
+#: Columns of revisions after w0010, left out of the earlier revisions'
+#: round trips (their own test covers them: test_w0012_...).
+LATER_COLUMNS = frozenset({"limit_key", "result_json", "progress", "progress_note", "waiting_on", "after_policy"})
+
+
 def _all_rows(engine: Engine) -> dict[str, dict[str, Any]]:
     """Every row by job_id, without w0011's ``limit_key`` (NULL on every row
     from before it: test_w0011 checks that)."""
     with engine.connect() as conn:
         rows = conn.execute(text("SELECT * FROM watchdog_jobs ORDER BY sequence")).mappings()
-        return {row["job_id"]: {k: v for k, v in row.items() if k != "limit_key"} for row in rows}
+        return {row["job_id"]: {key: value for key, value in row.items() if key not in LATER_COLUMNS} for row in rows}
+
+
+def _insert_queued(conn: Any, job_id: str) -> None:
+    """A queued job written by SQL, as any revision since w0003 takes it."""
+    conn.execute(
+        text(
+            "INSERT INTO watchdog_jobs (job_id, queue_name, lane, priority, payload_json, state)"
+            " VALUES (:j, 'q', 'q', 0, 'null', 'queued')"
+        ),
+        {"j": job_id},
+    )
 
 
 def _cancellation_rule_holds(engine: Engine) -> None:
@@ -792,9 +808,8 @@ def _cancellation_rule_holds(engine: Engine) -> None:
         with engine.begin() as conn:
             conn.execute(text("UPDATE watchdog_jobs SET cancellation_id = 'c-1' WHERE job_id = 'cancelled'"))
     with engine.begin() as conn:
-        # By hand: the library's enqueue names columns of later revisions (w0011's limit_key).
-        for i in range(3):
-            _insert_plain(conn, f"no-cancellation-{i}")
+        for i in range(3):  # by SQL: the library's enqueue writes head's columns
+            _insert_queued(conn, f"no-cancellation-{i}")
         conn.execute(text("DELETE FROM watchdog_jobs WHERE job_id LIKE 'no-cancellation-%'"))
 
 
@@ -856,9 +871,10 @@ def test_w0008_keeps_every_row_the_sequence_counter_and_the_cancellation_rule_bo
     if engine.dialect.name == "postgresql":
         assert "ix_watchdog_jobs_queued_since" in index_names(engine)
     with engine.begin() as conn:
-        _insert_plain(conn, "after-downgrade")
-        down = conn.execute(text("SELECT sequence FROM watchdog_jobs WHERE job_id = 'after-downgrade'")).scalar_one()
-    assert down > upgraded.sequence
+        _insert_queued(conn, "after-downgrade")
+    # Read by SQL: the library reads head's columns, which w0007 lacks.
+    down = _all_rows(engine)["after-downgrade"]
+    assert down["sequence"] > upgraded.sequence
 
     run(engine, command.upgrade, "head")
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
@@ -1036,9 +1052,10 @@ def test_w0010_repairs_wrongly_typed_rows_adds_the_checks_and_downgrades_to_the_
             conn.execute(text("UPDATE watchdog_jobs SET priority = 'abc' WHERE job_id = 'waiting-with-policy'"))
             conn.execute(text("UPDATE watchdog_jobs SET priority = 3 WHERE job_id = 'waiting-with-policy'"))
     with engine.begin() as conn:
-        _insert_plain(conn, "after-downgrade")
-        down = conn.execute(text("SELECT sequence FROM watchdog_jobs WHERE job_id = 'after-downgrade'")).scalar_one()
-    assert down > upgraded.sequence
+        _insert_queued(conn, "after-downgrade")
+    # Read by SQL: the library reads head's columns, which w0009 lacks.
+    down = _all_rows(engine)["after-downgrade"]
+    assert down["sequence"] > upgraded.sequence
     run(engine, command.upgrade, "head")
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
     assert schema_names(engine) == model_names(engine.dialect.name)
@@ -1076,5 +1093,47 @@ def test_w0011_adds_keys_and_limits_keeping_every_row_and_downgrades(empty_engin
         columns = conn.execute(text("SELECT * FROM watchdog_jobs")).keys()
     assert "limit_key" not in columns
     assert set(_all_rows(engine)) == {*before, "keyed"}
+
+
+# -- w0012: results ------------------------------------------------------------------------
+
+
+def test_w0012_adds_results_keeping_every_row_and_drops_them_on_the_way_down(empty_engine: Engine) -> None:
+    """Rows from before have no result; the column's CHECK keeps a result
+    to completed jobs; on PostgreSQL the settle notification is the model's;
+    the downgrade drops the column (and the trigger) and keeps every row."""
+    engine = empty_engine
+    run(engine, command.upgrade, W0010)
+    _w0002_jobs(engine)
+    before = _all_rows(engine)
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []
+    assert schema_names(engine) == model_names(engine.dialect.name)
+    assert _all_rows(engine) == before
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM watchdog_jobs WHERE result_json IS NOT NULL")).scalar() == 0
+    completed = [job_id for job_id, row in before.items() if row["outcome"] == "completed"]
+    live = [job_id for job_id, row in before.items() if row["state"] != "settled"]
+    assert completed and live
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE watchdog_jobs SET result_json = '[1]' WHERE job_id = :j"), {"j": completed[0]})
+    assert Watchdog(engine).result(completed[0]).value == [1]
+    with pytest.raises(IntegrityError, match="result_completed"), engine.begin() as conn:
+        conn.execute(text("UPDATE watchdog_jobs SET result_json = '[1]' WHERE job_id = :j"), {"j": live[0]})
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            migrated = conn.execute(
+                text("SELECT pg_get_functiondef('watchdog_jobs_notify_settled'::regproc)")
+            ).scalar_one()
+        assert "pg_try_advisory_lock(1463899203, 1381190740)" in migrated
+    else:
+        with pytest.raises(IntegrityError, match="result_json_stored_type"), engine.begin() as conn:
+            conn.execute(text("UPDATE watchdog_jobs SET result_json = x'31' WHERE job_id = :j"), {"j": completed[0]})
+
+    run(engine, command.downgrade, W0010)
+    with engine.connect() as conn:
+        assert "result_json" not in {c["name"] for c in inspect(conn).get_columns("watchdog_jobs")}
+    assert _all_rows(engine) == before
+    assert not {name for name in triggers_and_functions(engine) if "settled" in name}
     run(engine, command.upgrade, "head")
     assert differences(engine, sqlalchemy_watchdog.metadata) == []

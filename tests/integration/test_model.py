@@ -277,6 +277,7 @@ def test_enqueued_job_joins_with_the_application_row_in_an_orm_query(engine: Eng
 def test_watchdog_metadata_holds_only_the_watchdog_tables() -> None:
     assert sqlalchemy_watchdog.metadata is WatchdogJob.metadata
     assert sorted(sqlalchemy_watchdog.metadata.tables) == [
+        "watchdog_job_edges",  # revision w0012: dependencies
         "watchdog_jobs",
         "watchdog_limit_claims",
         "watchdog_limits",
@@ -307,6 +308,12 @@ CHECK_NAMES = {
     "ck_watchdog_jobs_rerun_of_length",
     "ck_watchdog_jobs_trace_context_length",
     "ck_watchdog_jobs_limit_key_length",
+    # revision w0012: results, progress, dependencies
+    "ck_watchdog_jobs_result_completed",
+    "ck_watchdog_jobs_progress_range",
+    "ck_watchdog_jobs_progress_note_length",
+    "ck_watchdog_jobs_waiting_on_state",
+    "ck_watchdog_jobs_after_policy_known",
 }
 #: SQLite's stored-type CHECKs (revision w0010): every column but the rowid
 #: ``sequence``; PostgreSQL's column types already hold.
@@ -328,6 +335,8 @@ INDEX_NAMES = {
     # Only keyed jobs (w0011): a limited claim's walk over keys, and each key's running jobs.
     "ix_watchdog_jobs_keyed_queued",
     "ix_watchdog_jobs_keyed_running",
+    # Jobs settled while waiting whose dependents are not told yet (w0012).
+    "ix_watchdog_jobs_untold",
 }
 
 

@@ -1375,7 +1375,7 @@ def test_cancel_many_takes_no_outcome_nor_settled_time(api: Ops) -> None:
 # -- what applies: explain ---------------------------------------------------------------
 
 #: A job view to word reasons about (only its recovery budget matters).
-JOB_VIEW = store.view((1, "j", "q", "q", 0, "null", None, "settled", "interrupted") + (None,) * 20)
+JOB_VIEW = store.view((1, "j", "q", "q", 0, "null", None, "settled", "interrupted") + (None,) * 25)
 
 
 def test_explain_says_each_settings_level_and_what_it_cannot_know(engine: Engine, api: Ops) -> None:

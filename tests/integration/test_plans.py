@@ -517,6 +517,14 @@ PLANS: list[Case] = [
     Case("settle(1)", "settle", (D,), _settle(1), on(JOB_ID)),
     Case("settle(50)", "settle", (D,), _settle(50), on(JOB_ID)),
     Case("renew", "renew", (), _claims, on(JOB_ID, LEASE)),
+    # A handler's progress, by job_id like a settle (revision w0012).
+    Case(
+        "progress",
+        "progress",
+        (),
+        lambda d: {"job": "r-2", "token": "rt-2", "fraction": 0.5, "note": None, "now": NOW},
+        on(JOB_ID),
+    ),
     Case("release", "release", (), _claims, on(JOB_ID, LEASE)),
     Case("cancel(live)", "cancel", (False,), lambda d: {"job": "qd-5", "cancellation": "x"}, on(JOB_ID)),
     Case("cancel(not started)", "cancel", (True,), lambda d: {"job": "qd-5", "cancellation": "x"}, on(JOB_ID)),
@@ -705,6 +713,13 @@ PLANS: list[Case] = [
     Case("key_picks", "key_picks", (D, 4), _picks, on(KEYED_QUEUED, LIVE_QUEUE), both=True, ordered=True),
     Case("claim_limited", "claim_limited", (D,), _claim_limited, on(PK)),
     Case("keyed_counts", "keyed_counts", (D,), lambda d: {"queue": KEYED_QUEUE}, on(LIVE_QUEUE)),
+    # -- dependencies (revision w0012)
+    Case("read_parents", "read_parents", (), lambda d: {"job_ids": ["r-2", "s-6"]}, on(JOB_ID)),
+    # Jobs settled while waiting: only they enter the partial index, so a pass that finds none reads nothing.
+    Case("untold", "untold", (D,), lambda d: {"limit": 100}, on("ix_watchdog_jobs_untold"), ordered=True),
+    Case("told", "told", (), lambda d: {"job_ids": ["r-2", "s-6"]}, on(JOB_ID, "ix_watchdog_jobs_untold")),
+    # A callback's parents: edges by the child (their primary key), each parent by job_id.
+    Case("parent_results", "parent_results", (), lambda d: {"job": "r-2"}, on(JOB_ID)),
 ]
 
 #: Statements that do not read the jobs table: the coverage test knows them; nothing to plan.
@@ -735,6 +750,12 @@ NOT_ON_JOBS = {
     "forget_queue_claims",
     "set_limits",
     "clear_limits",
+    # watchdog_job_edges (w0012): read and written by its primary key (child,
+    # parent) or its index by parent, never through the jobs table.
+    "insert_edges",
+    "tell_dependents",
+    "parents_of",
+    "dependents_of",
 }
 
 

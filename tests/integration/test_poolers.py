@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -418,3 +419,29 @@ def test_the_cli_and_the_dashboard_read_through_the_pooler(
             assert page.status_code == 200 and "mail-0000" in page.text
     with pooled.connect() as conn:
         assert conn.execute(select(func.count()).select_from(text("watchdog_jobs"))).scalar_one() == 12
+
+
+# -- results (revision w0012) ---------------------------------------------------------
+
+
+def test_wait_for_a_result_through_pgbouncer_polls_and_returns_it(pooled: Engine, direct: Engine) -> None:
+    """A transaction-mode pooler is not one session: wait() cannot LISTEN
+    there (the session proof fails), so it reads every poll_interval and
+    still returns the result once the job settles."""
+    from sqlalchemy_watchdog import ResultStatus
+
+    Watchdog(direct).enqueue(Job("pooled-result", "q"))
+
+    def settle_soon() -> None:
+        time.sleep(0.3)
+        Runner(direct, {"q": lambda job: {"via": "pgbouncer"}}).run_until_idle()
+
+    thread = threading.Thread(target=settle_soon)
+    thread.start()
+    try:
+        result = Watchdog(pooled).wait(
+            "pooled-result", timeout=timedelta(seconds=30), poll_interval=timedelta(milliseconds=100)
+        )
+    finally:
+        thread.join(30)
+    assert result.status is ResultStatus.COMPLETED and result.value == {"via": "pgbouncer"}

@@ -110,6 +110,15 @@ def test_a_handler_runs_in_a_child_process_and_sees_the_running_job(
     )
 
 
+def test_progress_in_a_child_fails_the_job_with_a_clear_reason_instead_of_being_dropped(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    add(engine, Job("p", "q"))
+    result = make(runners, {"q": h.reports_progress}).tick()
+    assert result.job is not None and result.job.outcome is Outcome.FAILED
+    assert "progress() is not available to a handler run by the process executor" in (result.job.failure_detail or "")
+
+
 @pytest.mark.parametrize(
     ("decide", "outcome", "reason"),
     [

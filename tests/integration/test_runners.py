@@ -237,15 +237,17 @@ def test_handler_exception_reason_is_bounded(engine: Engine, runners: RunnerDriv
 
 
 @pytest.mark.parametrize("value", [42, "ok", {"status": "done"}], ids=["int", "str", "dict"])
-def test_handler_returning_something_else_settles_failed(engine: Engine, runners: RunnerDriver, value: Any) -> None:
+def test_handler_returning_a_value_completes_keeping_it_as_the_result(
+    engine: Engine, runners: RunnerDriver, value: Any
+) -> None:
     add(engine, Job("a", "q"))
 
-    async def wrong(job: RunningJob) -> Any:
+    async def returns(job: RunningJob) -> Any:
         return value
 
-    (job,) = make(runners, {"q": dual(lambda job: value, wrong)}).run_until_idle()
-    assert job.outcome is Outcome.FAILED
-    assert job.failure_reason is not None and type(value).__name__ in job.failure_reason
+    (job,) = make(runners, {"q": dual(lambda job: value, returns)}).run_until_idle()
+    assert job.outcome is Outcome.COMPLETED and job.failure_reason is None
+    assert job.result == value == read(engine, "a").result
 
 
 # -- order and queues ----------------------------------------------------------

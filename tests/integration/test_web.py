@@ -926,3 +926,43 @@ def test_the_job_lists_do_not_read_payloads(engine: Engine, watchdog: Watchdog) 
         event.remove(engine, "before_cursor_execute", record)
     assert [job.payload for job in watchdog.list_jobs(with_payload=False)] == [None, None, None]
     assert [len(job.payload) for job in watchdog.list_jobs()] == [100_000] * 3
+
+
+def test_the_job_page_shows_a_completed_jobs_result_escaped(
+    engine: Engine, watchdog: Watchdog, dashboard: Dashboard
+) -> None:
+    watchdog.enqueue([Job("priced", "q"), Job("plain", "q"), Job("broken", "q")])
+
+    def handle(job: Any) -> Any:
+        if job.job_id == "broken":
+            return Decision.failed("no")
+        return {"total": 42, "note": SCRIPT} if job.job_id == "priced" else None
+
+    settle(engine, {"q": handle})
+    priced = dashboard.get("/job", job_id="priced").text
+    assert '<h2 id="result-h">Result</h2>' in priced
+    assert "&#34;total&#34;: 42" in priced or "&quot;total&quot;: 42" in priced
+    assert SCRIPT not in priced
+    assert "None: the handler returned no value." in dashboard.get("/job", job_id="plain").text
+    assert 'id="result-h"' not in dashboard.get("/job", job_id="broken").text
+    assert '<dd id="f-progress">none reported</dd>' in priced
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "UPDATE watchdog_jobs SET progress = 0.425, progress_note = 'step <3>' WHERE job_id = 'plain'"
+        )
+    plain = dashboard.get("/job", job_id="plain").text
+    assert '<progress max="1" value="0.425">42.5%</progress> 42.5%: step &lt;3&gt;</dd>' in plain
+
+
+def test_the_job_page_shows_a_workflows_parents_dependents_and_progress(
+    engine: Engine, watchdog: Watchdog, dashboard: Dashboard
+) -> None:
+    from sqlalchemy_watchdog import group
+
+    watchdog.enqueue(group([Job("part-1", "parts"), Job("part-2", "parts")]).then(Job("report", "reports")))
+    Runner(engine, {"parts": lambda job: None}, queues=["parts"]).tick()  # one part done
+    report = dashboard.get("/job", job_id="report").text
+    assert '<dd id="f-parents">1 of 2 settled: ' in report
+    assert "part-1</a> (completed)" in report and "part-2</a> (not settled)" in report
+    part = dashboard.get("/job", job_id="part-2").text
+    assert '<dd id="f-dependents"><a href=' in part and "report</a>" in part

@@ -266,6 +266,8 @@ def test_a_loop_pass_recovers_promotes_then_claims_for_every_free_slot(time: Fak
         Expect(store.expired_claims, []),
         Expect(store.seconds_until_next_expiry, None),
         Expect(store.promote, Promotion(0, None)),
+        # Revision w0012: tell the dependents of jobs settled while waiting (none here).
+        Expect(store.propagate, 0),
         Expect(store.claim, ClaimBatch(taken, ()), check=lambda step: assert_limit(step, 2)),
         Expect(Spawn, check=lambda step: assert_spawned(step, taken)),
     )
@@ -288,6 +290,7 @@ def test_an_idle_loop_waits_until_the_next_delayed_job_is_due(time: FakeTime) ->
         Expect(store.expired_claims, []),
         Expect(store.seconds_until_next_expiry, None),
         Expect(store.promote, Promotion(0, 0.75)),
+        Expect(store.propagate, 0),
         Expect(store.claim, ClaimBatch((), ())),
     )
     assert wait == pytest.approx(0.75)

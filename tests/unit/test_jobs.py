@@ -258,7 +258,7 @@ def test_every_field_of_a_job_is_set_when_it_is_built() -> None:
     assert {f.name: getattr(job, f.name) for f in dataclasses.fields(job)} == {
         "job_id": "job-1", "queue": "emails", "lane": "emails", "priority": 0, "payload": None,
         "max_recoveries": None, "run_at": None, "retry": None, "timeout": None, "rerun_of": None,
-        "key": None, "codec": None, "payload_json": "null",
+        "key": None, "codec": None, "payload_json": "null", "after": (), "after_policy": "completed",
     }  # fmt: skip
 
 

@@ -582,7 +582,8 @@ class _Core(RunnerCore):
         self.runner = runner
         # As the runners do: no Waiting where nothing listens.
         self.waiting = runner.waiting if runner.flavor.listens else None
-        self.recovery_due = self.promotion_due = math.inf
+        # Recovery, promotion and telling dependents (w0012) are not modelled here.
+        self.recovery_due = self.promotion_due = self.propagation_due = math.inf
 
     def free_slots(self) -> int:
         return self.runner.slots - self.runner.running

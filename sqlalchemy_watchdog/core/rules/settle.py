@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from ... import store
-from ...errors import WatchdogError, redacted_detail, safe_text
+from ...errors import InvalidJob, WatchdogError, redacted_detail, safe_text
 from ...jobs import (
     Decision,
     JobState,
@@ -20,6 +20,7 @@ from ...jobs import (
     at_epoch_ms,
     bound_reason,
     duration_ms,
+    encode_result,
     history_with,
 )
 from ...store import Settlement, SettleRequest
@@ -40,14 +41,20 @@ def decision_of_result(result: object, job: RunningJob) -> Decision | None:
     ``interrupted``; an async handler's cancelled task is the same) or by
     returning a :class:`Decision`. The one exception is an attempt past its
     timeout, which counts as failed whatever it returns but a Decision.
+
+    Any other value is the job's result: ``completed`` keeping it (as
+    ``Decision.completed(result=value)``); :func:`settle_request` encodes
+    it, and fails the job if it cannot be kept.
     """
-    if result is None:
-        if job.stop_reason is StopReason.TIMEOUT:
-            return Decision.failed(timed_out(job))
-        return Decision.completed()
     if isinstance(result, Decision):
         return result
-    return Decision.failed(f"handler returned {type(result).__name__}, not a Decision or None: {result!r}"[:500])
+    if job.stop_reason is StopReason.TIMEOUT:
+        return Decision.failed(timed_out(job))
+    if result is None:
+        return Decision.completed()
+    if isinstance(result, Outcome):  # a str enum: a decision meant, not a result
+        return Decision.failed(f"handler returned {result!r}, not a Decision or a result (use Decision.completed())")
+    return Decision.completed(result)
 
 
 def decision_of_exception(execution: Execution, error: BaseException) -> Decision | None:
@@ -190,19 +197,31 @@ def settle_request(core: RunnerCore, execution: Execution, decision: Decision) -
     claim = execution.claim
     job = claim.job
     now = core.clock.now_ms()
+    result_json = None
+    if decision.result is not None:
+        try:
+            result_json = encode_result(decision.result, core.settings.codec)
+        except InvalidJob as error:
+            # Not kept: the job fails (never retried: the work is done, only
+            # its result cannot be stored), and nothing of the value is written.
+            decision = Decision.failed(bound_reason(f"the handler's {error}"), retry=False)
     judged = verdict(decision, job, core.settings.policy_for(job), execution.error)
     if judged.wait is not None:
         execution.requeue_in = judged.wait.total_seconds()
     _log_verdict(execution, judged, now)
     if judged.fate is Fate.SNOOZE:
         return SettleRequest(job.job_id, claim.token, decision, now)
+    reporter = execution.job._progress
+    progress = None if reporter is None or judged.fate is not Fate.SETTLE else reporter.pending
     if not judged.recorded:
-        return SettleRequest(job.job_id, claim.token, decision, now, execution.failure_detail)
+        return SettleRequest(
+            job.job_id, claim.token, decision, now, execution.failure_detail, result_json=result_json, progress=progress
+        )
     history = history_with(job.failure_history, at_ms=now, attempt=job.attempt, reason=judged.reason)
     requeue_after_ms = duration_ms(judged.wait) if judged.fate is Fate.RETRY and judged.wait is not None else None
     return SettleRequest(
         job.job_id, claim.token, decision, now, execution.failure_detail,
-        requeue_after_ms=requeue_after_ms, history=history,
+        requeue_after_ms=requeue_after_ms, history=history, progress=progress,
     )  # fmt: skip
 
 

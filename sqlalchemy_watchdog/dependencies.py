@@ -1,0 +1,102 @@
+"""Dependencies between jobs: the edges table's triggers, on both dialects.
+
+Internal module; see ``docs/design.md`` ("Dependencies").
+
+A job enqueued with ``after=[...]`` is ``waiting`` with ``waiting_on`` = the
+number of its parents not settled yet; one row of ``watchdog_job_edges``
+(child, parent, outcome) per parent, ``outcome`` NULL until that parent's
+settlement is counted.
+
+* **A parent settles** (any statement moving it from ``delayed``,
+  ``queued`` or ``running`` to ``settled``: a settle, a claim finding a
+  cancellation, ``fail_lane``, recovery) or **is purged** (deleted while
+  live): the trigger ``watchdog_jobs_parent_settled`` /
+  ``watchdog_jobs_parent_deleted`` writes its outcome (``purged`` for a
+  purge) on its uncounted edges, in the same statement's transaction.
+* **An edge gets its outcome**: the trigger ``watchdog_job_edges_counted``
+  updates the child, if it still waits: a parent that did not complete
+  (with ``after_policy = 'completed'``) settles it ``cancelled`` with the
+  reason ``parent <job_id> ended <outcome>``; otherwise ``waiting_on`` goes
+  down by one, and the one update that finds it at 1 makes the child
+  ``queued`` (``delayed`` if its own ``run_at`` is ahead). On PostgreSQL
+  two parents settling at once update the child row one after the other
+  (the second waits for the first's row lock, then re-reads the row: READ
+  COMMITTED), so exactly one of them releases it.
+* **A job settled while waiting** (a parent's cancellation, or ``cancel``)
+  keeps ``waiting_on = 0``: its own dependents are not told in that
+  transaction -- the parent trigger fires only for a job leaving a live
+  state, so a cascade never recurses (SQLite's ``recursive_triggers`` is
+  off by default, and a chain of 10,000 would overflow either database's
+  trigger depth). A runner's pass (``store.propagate``) tells them, one hop
+  per transaction, and clears the mark.
+* **A settled job is pruned**: its edges as a child go with it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["EDGE_OUTCOMES", "trigger_sql", "drop_sql", "TRIGGER_NAMES"]
+
+#: What an edge may record: a parent's outcome, or ``purged``.
+EDGE_OUTCOMES = ("completed", "failed", "cancelled", "outcome_unknown", "interrupted", "purged")
+
+_LIVE = "('delayed', 'queued', 'running')"
+
+#: The statements of the release, by name; ``{clock}`` is the dialect's clock.
+_COUNT_EDGE = """\
+UPDATE watchdog_jobs SET
+    state = CASE
+        WHEN {parent_outcome} <> 'completed' AND after_policy = 'completed' THEN 'settled'
+        WHEN waiting_on > 1 THEN 'waiting'
+        WHEN ready_at > {clock} THEN 'delayed'
+        ELSE 'queued' END,
+    outcome = CASE WHEN {parent_outcome} <> 'completed' AND after_policy = 'completed' THEN 'cancelled' END,
+    failure_reason = CASE WHEN {parent_outcome} <> 'completed' AND after_policy = 'completed'
+        THEN 'parent ' || {parent} || ' ended ' || {parent_outcome} ELSE failure_reason END,
+    settled_at = CASE WHEN {parent_outcome} <> 'completed' AND after_policy = 'completed' THEN {clock} END,
+    waiting_on = CASE
+        WHEN {parent_outcome} <> 'completed' AND after_policy = 'completed' THEN 0
+        WHEN waiting_on > 1 THEN waiting_on - 1 END
+WHERE job_id = {child} AND state = 'waiting'"""
+_SETTLE_EDGES = "UPDATE watchdog_job_edges SET outcome = {outcome} WHERE parent = {job_id} AND outcome IS NULL"
+_FORGET_CHILD = "DELETE FROM watchdog_job_edges WHERE child = {job_id}"
+
+TRIGGER_NAMES = (
+    "watchdog_jobs_parent_settled",
+    "watchdog_jobs_parent_deleted",
+    "watchdog_jobs_child_pruned",
+    "watchdog_job_edges_counted",
+)
+
+
+def trigger_sql(dialect: str, clock: str) -> list[str]:
+    """The DDL creating the triggers (and on PostgreSQL their functions)."""
+    count = _COUNT_EDGE.format(parent_outcome="NEW.outcome", parent="NEW.parent", child="NEW.child", clock=clock)
+    settled = _SETTLE_EDGES.format(outcome="NEW.outcome", job_id="NEW.job_id")
+    purged = _SETTLE_EDGES.format(outcome="'purged'", job_id="OLD.job_id")
+    pruned = _FORGET_CHILD.format(job_id="OLD.job_id")
+    parts = (
+        ("watchdog_jobs_parent_settled", "AFTER UPDATE OF state ON watchdog_jobs",
+         f"NEW.state = 'settled' AND OLD.state IN {_LIVE}", settled),
+        ("watchdog_jobs_parent_deleted", "AFTER DELETE ON watchdog_jobs", f"OLD.state IN {_LIVE}", purged),
+        ("watchdog_jobs_child_pruned", "AFTER DELETE ON watchdog_jobs", "OLD.state = 'settled'", pruned),
+        ("watchdog_job_edges_counted", "AFTER UPDATE OF outcome ON watchdog_job_edges",
+         "OLD.outcome IS NULL AND NEW.outcome IS NOT NULL", count),
+    )  # fmt: skip
+    statements: list[str] = []
+    for name, event, when, body in parts:
+        if dialect == "postgresql":
+            statements.append(
+                f"CREATE OR REPLACE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
+                f"BEGIN\n    {body};\n    RETURN NULL;\nEND\n$$"
+            )
+            statements.append(f"CREATE TRIGGER {name} {event} FOR EACH ROW WHEN ({when}) EXECUTE FUNCTION {name}()")
+        else:
+            statements.append(f"CREATE TRIGGER {name} {event} FOR EACH ROW WHEN {when} BEGIN {body}; END")
+    return statements
+
+
+def drop_sql(dialect: str) -> list[str]:
+    """The DDL dropping them (the table's own drop takes the triggers)."""
+    if dialect == "postgresql":
+        return [f"DROP FUNCTION IF EXISTS {name}() CASCADE" for name in TRIGGER_NAMES]
+    return [f"DROP TRIGGER IF EXISTS {name}" for name in TRIGGER_NAMES]

@@ -1,0 +1,83 @@
+"""Dependencies: telling the dependents of jobs settled while waiting, and
+reading a job's parents, dependents and their results.
+
+Part of :mod:`sqlalchemy_watchdog.store` (see its docstring and
+:mod:`sqlalchemy_watchdog.dependencies`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection
+
+from .. import statements as sql
+from ..jobs import JOB_ID_MAX_LENGTH, JobState, Outcome, Undecodable, check_text, payload_of
+from .operation import Shape, operation
+
+#: Jobs whose dependents one propagate call tells (one hop of a cascade).
+PROPAGATE_BATCH = 100
+
+
+def _untold_peek(conn: Connection, *, limit: int = PROPAGATE_BATCH) -> int | None:
+    """0 when no job waits to have its dependents told (read without the
+    write lock); None to propagate."""
+    # The pick without its lock (SQLite's form is plain on either dialect).
+    return 0 if conn.execute(sql.untold("sqlite"), {"limit": 1}).first() is None else None
+
+
+@operation(Shape.WRITE, peek=_untold_peek)
+def propagate(conn: Connection, *, limit: int = PROPAGATE_BATCH) -> int:
+    """Tell the dependents of up to ``limit`` jobs settled while waiting (a
+    parent's cancellation reached them, or ``cancel``): their edges get the
+    outcome, which the edges trigger counts -- settling those dependents
+    ``cancelled`` in turn where their policy says so (the next call tells
+    theirs: one hop per transaction). Returns how many jobs were told."""
+    rows = conn.execute(sql.untold(conn.dialect.name), {"limit": limit}).all()
+    for job_id, outcome in rows:
+        conn.execute(sql.tell_dependents(), {"job": job_id, "outcome": outcome})
+    if rows:
+        conn.execute(sql.told(), {"job_ids": [row[0] for row in rows]})
+    return len(rows)
+
+
+@operation(Shape.READ)
+def relations(conn: Connection, job_id: str) -> tuple[tuple[tuple[str, str | None], ...], tuple[str, ...]]:
+    """The job's parents (each with the outcome counted for it) and its dependents."""
+    parents = tuple((row[0], row[1]) for row in conn.execute(sql.parents_of(), {"job": job_id}))
+    dependents = tuple(conn.execute(sql.dependents_of(), {"job": job_id}).scalars())
+    return parents, dependents
+
+
+@dataclass(frozen=True, slots=True)
+class ParentResult:
+    """One parent of a job as its handler reads it (``job.parent_results()``)."""
+
+    job_id: str
+    #: None: the parent is gone (pruned while no live job waited for it).
+    state: JobState | None
+    outcome: Outcome | None
+    #: Its result (the stored JSON form), None for none.
+    result: Any
+
+
+@operation(Shape.READ)
+def parent_results(conn: Connection, job_id: str) -> tuple[ParentResult, ...]:
+    """The parents of ``job_id`` with their outcomes and results, by parent job_id."""
+    check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
+    found: list[ParentResult] = []
+    for parent, state, outcome, result_json in conn.execute(sql.parent_results(), {"job": job_id}):
+        try:
+            result = None if result_json is None else payload_of(result_json)
+        except Exception as error:
+            result = Undecodable.of("result", "result_json", error)
+        found.append(
+            ParentResult(
+                parent,
+                None if state is None else JobState(state),
+                None if outcome is None else Outcome(outcome),
+                result,
+            )
+        )
+    return tuple(found)

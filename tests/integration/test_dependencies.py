@@ -1,0 +1,207 @@
+"""Dependencies: Job(after=[...]) waits in the state ``waiting`` until every
+parent settled, then is released in the same transaction as the last
+parent's settlement -- or cancelled, naming the parent that did not complete;
+on both dialects."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from sqlalchemy_watchdog import (
+    Decision,
+    InvalidJob,
+    Job,
+    JobState,
+    Outcome,
+    Runner,
+    RunningJob,
+    Watchdog,
+    enqueue,
+    store,
+)
+from tests.helpers import present
+
+
+def states(wd: Watchdog, *job_ids: str) -> dict[str, tuple[str, str | None]]:
+    found = {}
+    for job_id in job_ids:
+        job = present(wd.read(job_id))
+        found[job_id] = (job.state.value, None if job.outcome is None else job.outcome.value)
+    return found
+
+
+def count(engine: Engine, table: str = "watchdog_jobs") -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
+
+
+def test_a_chain_runs_in_order_each_link_released_by_the_last_parents_settlement(engine: Engine) -> None:
+    wd = Watchdog(engine)
+    wd.enqueue([Job("a", "q"), Job("b", "q", after=["a"]), Job("c", "q", after=["b"])])
+    assert states(wd, "a", "b", "c") == {"a": ("queued", None), "b": ("waiting", None), "c": ("waiting", None)}
+    assert present(wd.read("b")).waiting_on == 1
+    ran: list[str] = []
+
+    def handle(job: RunningJob) -> Any:
+        ran.append(job.job_id)
+        return job.job_id.upper()
+
+    runner = Runner(engine, {"q": handle})
+    runner.tick()
+    # The settle of a released b in the same transaction: b is queued now, c still waits.
+    assert states(wd, "b", "c") == {"b": ("queued", None), "c": ("waiting", None)}
+    runner.run_until_idle()
+    assert ran == ["a", "b", "c"]
+    assert states(wd, "a", "b", "c") == {k: ("settled", "completed") for k in "abc"}
+    b = present(wd.read("b"))
+    assert b.parents == (("a", "completed"),) and b.dependents == ("c",) and b.waiting_on is None
+
+
+def test_a_fan_in_waits_for_every_parent_and_reads_their_results(engine: Engine) -> None:
+    wd = Watchdog(engine)
+    parents = [Job(f"p{i}", "work", payload=i) for i in range(5)]
+    wd.enqueue([*parents, Job("sum", "callbacks", after=[p.job_id for p in parents])])
+    Runner(engine, {"work": lambda job: job.payload * 10}).tick()  # one parent done
+    assert present(wd.read("sum")).waiting_on == 4
+    Runner(engine, {"work": lambda job: job.payload * 10}).run_until_idle()
+    assert present(wd.read("sum")).state is JobState.QUEUED
+
+    def total(job: RunningJob) -> Any:
+        results = job.parent_results()
+        assert [r.job_id for r in results] == [f"p{i}" for i in range(5)]
+        assert all(r.outcome is Outcome.COMPLETED for r in results)
+        return sum(r.result for r in results)
+
+    Runner(engine, {"callbacks": total}).run_until_idle()
+    assert wd.result("sum").value == 100
+
+
+def test_a_parent_that_does_not_complete_cancels_its_dependents_hop_by_hop(engine: Engine) -> None:
+    wd = Watchdog(engine)
+    wd.enqueue(
+        [
+            Job("parent", "q"),
+            Job("child", "q", after=["parent"]),
+            Job("grandchild", "q", after=["child"]),
+            Job("tolerant", "q", after=["parent"], after_policy="any_outcome"),
+        ]
+    )
+    ran: list[str] = []
+
+    def handle(job: RunningJob) -> Any:
+        ran.append(job.job_id)
+        return Decision.failed("broken", retry=False) if job.job_id == "parent" else None
+
+    runner = Runner(engine, {"q": handle})
+    runner.tick()
+    child = present(wd.read("child"))
+    # In the parent's settle transaction: the child is cancelled, naming the parent.
+    assert child.outcome is Outcome.CANCELLED and child.failure_reason == "parent parent ended failed"
+    assert present(wd.read("tolerant")).state is JobState.QUEUED
+    # The grandchild hears of it from a runner's pass (one hop per transaction).
+    assert present(wd.read("grandchild")).state is JobState.WAITING
+    runner.run_until_idle()
+    grandchild = present(wd.read("grandchild"))
+    assert grandchild.outcome is Outcome.CANCELLED and grandchild.failure_reason == "parent child ended cancelled"
+    assert ran == ["parent", "tolerant"]
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM watchdog_jobs WHERE waiting_on = 0")).scalar() == 0
+
+
+def test_cancel_of_a_waiting_job_settles_it_and_its_dependents_follow(engine: Engine) -> None:
+    wd = Watchdog(engine)
+    wd.enqueue([Job("p", "q"), Job("w", "q", after=["p"]), Job("ww", "q", after=["w"])])
+    assert wd.cancel("w", "stop-w").status.value == "recorded"
+    assert states(wd, "w") == {"w": ("settled", "cancelled")}
+    Runner(engine, {"q": lambda job: None}).run_until_idle()
+    assert states(wd, "p", "w", "ww") == {
+        "p": ("settled", "completed"),
+        "w": ("settled", "cancelled"),
+        "ww": ("settled", "cancelled"),
+    }
+
+
+def test_purge_fail_lane_and_recovery_settle_a_parent_for_its_dependents(engine: Engine) -> None:
+    wd = Watchdog(engine)
+    wd.enqueue(
+        [
+            Job("purged", "gone"),
+            Job("after-purge", "q", after=["purged"]),
+            Job("laned", "q", lane="broken-lane"),
+            Job("after-lane", "q", after=["laned"]),
+        ]
+    )
+    assert wd.purge("gone") == 1
+    assert present(wd.read("after-purge")).failure_reason == "parent purged ended purged"
+    wd.fail_lane("broken-lane", "down")
+    assert present(wd.read("after-lane")).failure_reason == "parent laned ended failed"
+
+    wd.enqueue([Job("vanishes", "v"), Job("after-vanish", "q", after=["vanishes"])])
+    with engine.begin() as conn:
+        store.claim(conn, queues=["v"], limit=1, lease_ms=60_000)
+        conn.execute(text("UPDATE watchdog_jobs SET lease_until = 0 WHERE job_id = 'vanishes'"))
+    Runner(engine, {"v": lambda job: None}, queues=["v"]).tick()  # recovery: interrupted (no budget)
+    assert present(wd.read("after-vanish")).failure_reason == "parent vanishes ended interrupted"
+
+
+def test_a_rerun_of_a_parent_does_not_release_settled_dependents_again(engine: Engine) -> None:
+    wd = Watchdog(engine)
+    wd.enqueue([Job("p", "q"), Job("c", "q", after=["p"])])
+    ran: list[str] = []
+    Runner(engine, {"q": lambda job: ran.append(job.job_id)}).run_until_idle()
+    wd.rerun("p", rerun_id="again")
+    Runner(engine, {"q": lambda job: ran.append(job.job_id)}).run_until_idle()
+    assert ran == ["p", "c", "p~rerun~again"]
+    assert states(wd, "c") == {"c": ("settled", "completed")}
+
+
+def test_prune_never_removes_a_parent_a_live_job_waits_on(engine: Engine) -> None:
+    wd = Watchdog(engine)
+    wd.enqueue([Job("done", "fast"), Job("slow", "slow"), Job("child", "q", after=["done", "slow"])])
+    Runner(engine, {"fast": lambda job: "kept for the child"}, queues=["fast"]).run_until_idle()
+    time.sleep(0.01)
+    assert wd.prune(older_than=timedelta(milliseconds=1)) == 0  # the child still waits for it
+    Runner(engine, {"slow": lambda job: None, "q": lambda job: None}).run_until_idle()
+    assert states(wd, "child") == {"child": ("settled", "completed")}
+    time.sleep(0.01)
+    assert wd.prune(older_than=timedelta(milliseconds=1)) == 3
+    assert count(engine, "watchdog_job_edges") == 0
+
+
+def test_parents_must_exist_or_come_first_and_bad_after_writes_nothing(engine: Engine) -> None:
+    wd = Watchdog(engine)
+    wd.enqueue(Job("cancelled", "q"))
+    wd.cancel("cancelled", "c-1")
+    Runner(engine, {"q": lambda job: None}).run_until_idle()
+    before = count(engine)
+    cases = [
+        ([Job("x", "q", after=["nobody"])], "no such job"),
+        ([Job("x", "q", after=["y"]), Job("y", "q")], "comes later in this call"),
+        ([Job("x", "q", after=["cancelled"])], "already ended cancelled"),
+    ]
+    for jobs, words in cases:
+        with pytest.raises(InvalidJob, match=words) as error:
+            with engine.begin() as conn:
+                enqueue(conn, jobs)
+        assert error.value.field == "after"
+        assert count(engine) == before and count(engine, "watchdog_job_edges") == 0
+    with pytest.raises(InvalidJob, match="cannot wait for itself"):
+        Job("x", "q", after=["x"])
+    with pytest.raises(InvalidJob, match="after_policy"):
+        Job("x", "q", after=["cancelled"], after_policy="sometimes")
+    # any_outcome takes a parent however it ended: it runs at once.
+    wd.enqueue(Job("x", "q", after=["cancelled"], after_policy="any_outcome"))
+    assert present(wd.read("x")).state is JobState.QUEUED
+
+
+def test_a_replayed_child_is_a_duplicate_and_adds_no_edges(engine: Engine) -> None:
+    wd = Watchdog(engine)
+    wd.enqueue([Job("p", "q"), Job("q2", "q"), Job("c", "q", after=["p"])])
+    again = wd.enqueue([Job("c", "q", after=["p", "q2"])])
+    assert again[0].status.value == "duplicate"
+    assert present(wd.read("c")).parents == (("p", None),)
