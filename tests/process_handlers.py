@@ -217,3 +217,8 @@ def burn(job: RunningJob) -> None:
 def reports_progress(job: RunningJob) -> None:
     """Reports progress (which a child cannot write yet)."""
     job.progress(0.5, "half")
+
+
+def returns_nan(job: RunningJob) -> Any:
+    """Returns NaN: it crosses the pipe, but no JSON result can hold it."""
+    return float("nan")

@@ -1040,15 +1040,15 @@ def test_a_bare_outcome_from_a_handler_fails_the_job_clearly(engine: Engine) -> 
     ("fn", "says"),
     [
         (process_handlers.returns_unencodable, "handler returned lock, which cannot be sent from its process"),
-        (process_handlers.returns_value, "handler returned list, not a Decision or None"),
+        (process_handlers.returns_nan, "the handler's result: "),
     ],
-    ids=["unencodable", "not-a-decision"],
+    ids=["unencodable", "not-json"],
 )
-def test_a_value_a_handler_returns_from_its_process_that_is_no_decision_fails_the_job_clearly(
+def test_a_value_a_handler_returns_from_its_process_that_cannot_be_kept_fails_the_job_clearly(
     engine: Engine, tmp_path: Any, fn: Any, says: str
 ) -> None:
     """The process executor: what the handler returned crosses a pipe; a
-    value that cannot (a lock), or that is no decision, fails the job
+    value that cannot (a lock), or that no JSON result can hold, fails the job
     saying so -- and the runner and its child go on to the next job."""
     Watchdog(engine).enqueue([Job("j", "q", payload={"dir": str(tmp_path), "value": [1]}), Job("k", "ok")])
     worker = Runner(engine, {"q": fn, "ok": process_handlers.done}, executor=ProcessExecutor(processes=1))

@@ -155,15 +155,15 @@ def test_an_exception_that_cannot_be_rebuilt_still_fails_the_job_with_its_type_a
     assert (failed.outcome, failed.failure_reason) == (Outcome.FAILED, "_Unpicklable: the printer is on fire (code 7)")
 
 
-def test_a_handler_returning_something_else_settles_failed_as_under_threads(
+def test_a_handler_returning_a_value_completes_with_it_as_under_threads(
     engine: Engine, runners: RunnerDriver, marks: Path
 ) -> None:
-    add(engine, job("a", marks, value=42))
-    (failed,) = make(runners, {"q": h.returns_value}).run_until_idle()
-    assert (failed.outcome, failed.failure_reason) == (
-        Outcome.FAILED,
-        "handler returned int, not a Decision or None: 42",
-    )
+    add(engine, job("a", marks, value={"total": 42}), job("b", marks, queue="n"))
+    settled = {j.job_id: j for j in make(runners, {"q": h.returns_value, "n": h.returns_nan}).run_until_idle()}
+    assert (settled["a"].outcome, settled["a"].result) == (Outcome.COMPLETED, {"total": 42})
+    # What crosses the pipe but no JSON result can hold fails the job, as under threads.
+    assert settled["b"].outcome is Outcome.FAILED and settled["b"].result is None
+    assert (settled["b"].failure_reason or "").startswith("the handler's result: ")
 
 
 def test_a_handler_returning_what_cannot_leave_its_process_settles_failed_saying_so(
