@@ -29,17 +29,42 @@ settlement is counted.
   off by default, and a chain of 10,000 would overflow either database's
   trigger depth). A runner's pass (``store.propagate``) tells them, one hop
   per transaction, and clears the mark.
-* **A settled job is pruned**: its edges as a child go with it.
+* **A job is deleted** (pruned when settled, purged when ``queued``,
+  ``delayed`` or ``waiting``): its edges as a child go with it
+  (``watchdog_jobs_child_pruned``, for a row of any state since revision
+  w0014; w0012 fired it for settled rows only, and a purged child left its
+  edges behind). A ``waiting`` job purged tells its own dependents
+  ``purged``, as a live parent does (w0014 added ``waiting`` to
+  ``watchdog_jobs_parent_deleted``).
 """
 
 from __future__ import annotations
 
-__all__ = ["EDGE_OUTCOMES", "trigger_sql", "drop_sql", "TRIGGER_NAMES"]
+__all__ = ["EDGE_OUTCOMES", "trigger_sql", "drop_sql", "drop_trigger_sql", "TRIGGER_NAMES", "REVISIONS"]
 
 #: What an edge may record: a parent's outcome, or ``purged``.
 EDGE_OUTCOMES = ("completed", "failed", "cancelled", "outcome_unknown", "interrupted", "purged")
 
 _LIVE = "('delayed', 'queued', 'running')"
+#: A job whose deletion counts for its dependents as a parent's end (``purged``).
+_UNSETTLED = "('delayed', 'queued', 'running', 'waiting')"
+
+#: The revisions that wrote these triggers, oldest first: each migration
+#: creates them as of its own revision (``trigger_sql(..., revision=...)``).
+REVISIONS = ("w0012", "w0014")
+#: The WHEN of the two delete triggers, by revision (None: always).
+_DELETE_WHEN: dict[str, dict[str, str | None]] = {
+    "w0012": {
+        "watchdog_jobs_parent_deleted": f"OLD.state IN {_LIVE}",
+        "watchdog_jobs_child_pruned": "OLD.state = 'settled'",
+    },
+    # A purged waiting job tells its dependents; a deleted job of any state
+    # takes its edges as a child with it (no orphan edges).
+    "w0014": {
+        "watchdog_jobs_parent_deleted": f"OLD.state IN {_UNSETTLED}",
+        "watchdog_jobs_child_pruned": None,
+    },
+}
 
 #: The statements of the release, by name; ``{clock}`` is the dialect's clock.
 _COUNT_EDGE = """\
@@ -68,8 +93,9 @@ TRIGGER_NAMES = (
 )
 
 
-def trigger_sql(dialect: str, clock: str) -> list[str]:
-    """The DDL creating the triggers (and on PostgreSQL their functions)."""
+def trigger_sql(dialect: str, clock: str, *, revision: str = REVISIONS[-1], only: tuple[str, ...] = ()) -> list[str]:
+    """The DDL creating the triggers (and on PostgreSQL their functions) as
+    of ``revision``; ``only``: just the triggers named."""
     count = _COUNT_EDGE.format(parent_outcome="NEW.outcome", parent="NEW.parent", child="NEW.child", clock=clock)
     settled = _SETTLE_EDGES.format(outcome="NEW.outcome", job_id="NEW.job_id")
     purged = _SETTLE_EDGES.format(outcome="'purged'", job_id="OLD.job_id")
@@ -77,22 +103,36 @@ def trigger_sql(dialect: str, clock: str) -> list[str]:
     parts = (
         ("watchdog_jobs_parent_settled", "AFTER UPDATE OF state ON watchdog_jobs",
          f"NEW.state = 'settled' AND OLD.state IN {_LIVE}", settled),
-        ("watchdog_jobs_parent_deleted", "AFTER DELETE ON watchdog_jobs", f"OLD.state IN {_LIVE}", purged),
-        ("watchdog_jobs_child_pruned", "AFTER DELETE ON watchdog_jobs", "OLD.state = 'settled'", pruned),
+        ("watchdog_jobs_parent_deleted", "AFTER DELETE ON watchdog_jobs",
+         _DELETE_WHEN[revision]["watchdog_jobs_parent_deleted"], purged),
+        ("watchdog_jobs_child_pruned", "AFTER DELETE ON watchdog_jobs",
+         _DELETE_WHEN[revision]["watchdog_jobs_child_pruned"], pruned),
         ("watchdog_job_edges_counted", "AFTER UPDATE OF outcome ON watchdog_job_edges",
          "OLD.outcome IS NULL AND NEW.outcome IS NOT NULL", count),
     )  # fmt: skip
     statements: list[str] = []
     for name, event, when, body in parts:
+        if only and name not in only:
+            continue
         if dialect == "postgresql":
             statements.append(
                 f"CREATE OR REPLACE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
                 f"BEGIN\n    {body};\n    RETURN NULL;\nEND\n$$"
             )
-            statements.append(f"CREATE TRIGGER {name} {event} FOR EACH ROW WHEN ({when}) EXECUTE FUNCTION {name}()")
+            condition = "" if when is None else f" WHEN ({when})"
+            statements.append(f"CREATE TRIGGER {name} {event} FOR EACH ROW{condition} EXECUTE FUNCTION {name}()")
         else:
-            statements.append(f"CREATE TRIGGER {name} {event} FOR EACH ROW WHEN {when} BEGIN {body}; END")
+            condition = "" if when is None else f" WHEN {when}"
+            statements.append(f"CREATE TRIGGER {name} {event} FOR EACH ROW{condition} BEGIN {body}; END")
     return statements
+
+
+def drop_trigger_sql(dialect: str, names: tuple[str, ...]) -> list[str]:
+    """The DDL dropping the triggers ``names`` of ``watchdog_jobs`` (their
+    functions stay: a migration re-creating a trigger keeps its function)."""
+    if dialect == "postgresql":
+        return [f"DROP TRIGGER IF EXISTS {name} ON watchdog_jobs" for name in names]
+    return [f"DROP TRIGGER IF EXISTS {name}" for name in names]
 
 
 def drop_sql(dialect: str) -> list[str]:

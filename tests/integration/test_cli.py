@@ -83,14 +83,14 @@ def test_upgrade_creates_the_table_and_is_idempotent(empty_engine: Engine, cli: 
     assert not inspect(empty_engine).has_table("watchdog_jobs")
     status, out, _ = cli("upgrade")
     assert status == 0
-    assert "w0012_results_and_dependencies" in out
+    assert "w0014_edges_of_deleted_jobs" in out
     assert inspect(empty_engine).has_table("watchdog_jobs")
     status, out, _ = cli("--json", "upgrade")
     assert status == 0
-    assert json.loads(out)["heads"] == ["w0012_results_and_dependencies"]
+    assert json.loads(out)["heads"] == ["w0014_edges_of_deleted_jobs"]
     with empty_engine.connect() as conn:
         versions = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
-    assert versions == ["w0012_results_and_dependencies"]
+    assert versions == ["w0014_edges_of_deleted_jobs"]
     # The migrated table is the model: jobs go in and come out.
     add(empty_engine, Job("a", "q"))
     assert read(empty_engine, "a").state is JobState.QUEUED

@@ -6,7 +6,7 @@ on both dialects."""
 from __future__ import annotations
 
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -205,3 +205,22 @@ def test_a_replayed_child_is_a_duplicate_and_adds_no_edges(engine: Engine) -> No
     again = wd.enqueue([Job("c", "q", after=["p", "q2"])])
     assert again[0].status.value == "duplicate"
     assert present(wd.read("c")).parents == (("p", None),)
+
+
+def test_a_deleted_child_takes_its_edges_with_it_whatever_its_state(engine: Engine) -> None:
+    """A purged queued child (its parent completed) leaves no edge naming it;
+    nor does a pruned one; the parent's edges to children that still exist stay."""
+    wd = Watchdog(engine)
+    wd.enqueue([Job("p", "parents"), Job("kept", "kept", after=["p"])])
+    Runner(engine, {"parents": lambda job: None}, queues=["parents"]).run_until_idle()
+    wd.enqueue(
+        [
+            Job("purged", "children", after=["p"]),
+            Job("delayed", "children", after=["p"], run_at=datetime.now(UTC) + timedelta(hours=1)),
+        ]
+    )
+    assert count(engine, "watchdog_job_edges") == 3
+    assert wd.purge("children") == 2
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT child, parent FROM watchdog_job_edges")).all() == [("kept", "p")]
+    assert present(wd.read("p")).dependents == ("kept",)

@@ -102,7 +102,7 @@ def model_names(dialect: str) -> dict[str, set[Any]]:
 
 
 #: The package's newest revision.
-HEAD = "w0012_results_and_dependencies"
+HEAD = "w0014_edges_of_deleted_jobs"
 
 
 def test_upgrade_head_creates_the_jobs_table(empty_engine: Engine) -> None:
@@ -1137,3 +1137,67 @@ def test_w0012_adds_results_keeping_every_row_and_drops_them_on_the_way_down(emp
     assert not {name for name in triggers_and_functions(engine) if "settled" in name}
     run(engine, command.upgrade, "head")
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
+
+
+# -- w0014: the edges of deleted jobs ---------------------------------------------------------
+
+W0012 = "w0012_results_and_dependencies"
+
+
+def trigger_definitions(engine: Engine) -> dict[str, str]:
+    """Every trigger of the two job tables (and on PostgreSQL our functions) by name, as the database prints it."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            rows = conn.execute(text("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'"))
+            return {str(name): str(sql) for name, sql in rows}
+        triggers = conn.execute(
+            text("SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger WHERE NOT tgisinternal")
+        ).all()
+        functions = conn.execute(
+            text("SELECT proname, pg_get_functiondef(oid) FROM pg_proc WHERE proname LIKE 'watchdog%'")
+        ).all()
+        return {f"trigger {name}": str(sql) for name, sql in triggers} | {
+            f"function {name}": str(sql) for name, sql in functions
+        }
+
+
+def _edges(engine: Engine) -> set[tuple[str, str, str | None]]:
+    with engine.connect() as conn:
+        return {(c, p, o) for c, p, o in conn.execute(text("SELECT child, parent, outcome FROM watchdog_job_edges"))}
+
+
+def test_w0014_deletes_a_purged_childs_edges_and_orphans_of_before(empty_engine: Engine) -> None:
+    """At w0012 a purged queued child left its edges behind; the upgrade
+    deletes those orphans, and from then on a purge takes a child's edges
+    with it. The migrated triggers are the model's, text for text; the
+    downgrade restores w0012's."""
+    engine = empty_engine
+    sqlalchemy_watchdog.metadata.create_all(engine)
+    model = trigger_definitions(engine)
+    sqlalchemy_watchdog.metadata.drop_all(engine)
+    run(engine, command.upgrade, W0012)
+    at_w0012 = trigger_definitions(engine)
+    wd = Watchdog(engine)
+    wd.enqueue([Job("p", "parents"), Job("orphaned", "children", after=["p"])])
+    wd.enqueue(Job("done", "done"))
+    with store.write_transaction(engine) as conn:
+        (claim,) = store.claim(conn, queues=["done"], limit=1, lease_ms=60_000).claimed
+        store.settle(conn, job_id="done", claim_token=claim.token, decision=Decision.completed())
+    wd.enqueue(Job("released", "children", after=["done"]))  # queued at once: its parent completed
+    assert wd.purge("children") == 1  # w0012's purge: queued and delayed jobs only
+    assert _edges(engine) == {("orphaned", "p", None), ("released", "done", "completed")}
+
+    run(engine, command.upgrade, "head")
+    assert trigger_definitions(engine) == model
+    assert _edges(engine) == {("orphaned", "p", None)}  # its child still exists (waiting)
+    wd.enqueue(Job("released-2", "children", after=["done"]))
+    assert wd.purge("children") == 1
+    assert _edges(engine) == {("orphaned", "p", None)}
+
+    run(engine, command.downgrade, W0012)
+    assert trigger_definitions(engine) == at_w0012
+    wd.enqueue(Job("released-3", "children", after=["done"]))
+    assert wd.purge("children") == 1
+    assert _edges(engine) == {("orphaned", "p", None), ("released-3", "done", "completed")}  # w0012's again
+    run(engine, command.upgrade, "head")
+    assert trigger_definitions(engine) == model and _edges(engine) == {("orphaned", "p", None)}

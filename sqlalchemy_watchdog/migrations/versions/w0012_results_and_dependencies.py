@@ -215,8 +215,9 @@ def upgrade() -> None:
     )
     op.create_index(op.f(f"ix_{EDGES}_parent"), EDGES, ["parent", "child"])
     dialect = op.get_bind().dialect.name
-    # The triggers as sqlalchemy_watchdog.dependencies makes them (model.py too).
-    for statement in trigger_sql(dialect, backend_of(dialect).clock_ms_sql()):
+    # The triggers as sqlalchemy_watchdog.dependencies made them at this
+    # revision (w0014 changed two; model.py makes the newest).
+    for statement in trigger_sql(dialect, backend_of(dialect).clock_ms_sql(), revision="w0012"):
         op.execute(statement)
 
 
