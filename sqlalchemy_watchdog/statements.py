@@ -367,6 +367,9 @@ def enqueue_rows(dialect: str) -> Insert:
         c.timeout_ms.is_not_distinct_from(ex.timeout_ms),
         c.rerun_of.is_not_distinct_from(ex.rerun_of),
         c.limit_key.is_not_distinct_from(ex.limit_key),
+        # Whether the job has parents, and its policy; which parents is
+        # compared after the statement (store.enqueue: they are edges).
+        c.after_policy.is_not_distinct_from(ex.after_policy),
     )
     stmt: Insert = ins.on_conflict_do_update(
         index_elements=[c.job_id], set_={"job_id": null()}, where=not_(identical)
@@ -377,7 +380,9 @@ def enqueue_rows(dialect: str) -> Insert:
 @cache
 def stored_contents() -> Select[Any]:
     """What an identical replay compares, for the stored jobs among ``:job_ids``."""
-    return select(*(c[name] for name, _ in IDENTITY_FIELDS)).where(c.job_id.in_(bindparam("job_ids", expanding=True)))
+    return select(*(c[name] for name, _ in IDENTITY_FIELDS), c.after_policy).where(
+        c.job_id.in_(bindparam("job_ids", expanding=True))
+    )
 
 
 # -- reads ----------------------------------------------------------------------
@@ -1649,6 +1654,12 @@ def told() -> Update:
         .where(c.job_id.in_(bindparam("job_ids", expanding=True)), c.waiting_on == literal_column("0"))
         .values(waiting_on=null())
     )
+
+
+@cache
+def parents_of_children() -> Select[Any]:
+    """(child, parent) of every edge whose child is among ``:job_ids``."""
+    return select(edges.c.child, edges.c.parent).where(edges.c.child.in_(bindparam("job_ids", expanding=True)))
 
 
 @cache

@@ -14,6 +14,7 @@ from sqlalchemy import Engine, text
 
 from sqlalchemy_watchdog import (
     Decision,
+    EnqueueConflict,
     InvalidJob,
     Job,
     JobState,
@@ -201,10 +202,46 @@ def test_parents_must_exist_or_come_first_and_bad_after_writes_nothing(engine: E
 
 def test_a_replayed_child_is_a_duplicate_and_adds_no_edges(engine: Engine) -> None:
     wd = Watchdog(engine)
-    wd.enqueue([Job("p", "q"), Job("q2", "q"), Job("c", "q", after=["p"])])
-    again = wd.enqueue([Job("c", "q", after=["p", "q2"])])
+    wd.enqueue([Job("p", "q"), Job("q2", "q"), Job("c", "q", after=["p", "q2"])])
+    again = wd.enqueue([Job("c", "q", after=["q2", "p"])])  # the same parents, in another order
     assert again[0].status.value == "duplicate"
-    assert present(wd.read("c")).parents == (("p", None),)
+    assert present(wd.read("c")).parents == (("p", None), ("q2", None))
+
+
+@pytest.mark.parametrize(
+    ("replay", "field"),
+    [
+        (Job("c", "q", after=["p"]), "after"),  # fewer parents
+        (Job("c", "q", after=["p", "q2", "q3"]), "after"),  # more parents
+        (Job("c", "q", after=["p", "q3"]), "after"),  # another parent
+        (Job("c", "q"), None),  # no parents at all (the statement refuses it)
+        (Job("c", "q", after=["p", "q2"], after_policy="any_outcome"), None),  # another policy
+        (Job("plain", "q", after=["p"]), None),  # parents for a job stored without any
+    ],
+    ids=["fewer", "more", "other", "none", "policy", "added"],
+)
+def test_a_replay_with_other_parents_or_policy_is_a_conflict_and_writes_nothing(
+    engine: Engine, replay: Job, field: str | None
+) -> None:
+    """``after`` and ``after_policy`` are part of a job's identity: a replay
+    that differs in either is an EnqueueConflict, like any other field, and
+    the caller's transaction (here with a new job beside it) is rolled back."""
+    wd = Watchdog(engine)
+    wd.enqueue([Job("p", "q"), Job("q2", "q"), Job("q3", "q"), Job("plain", "q"), Job("c", "q", after=["p", "q2"])])
+    jobs, edges = count(engine), count(engine, "watchdog_job_edges")
+    with pytest.raises(EnqueueConflict) as error:
+        with engine.begin() as conn:
+            enqueue(conn, [Job("beside", "q"), replay])
+    assert error.value.job_id == replay.job_id and error.value.field == field
+    if field is not None:
+        assert "a different after" in str(error.value)
+    assert (count(engine), count(engine, "watchdog_job_edges")) == (jobs, edges)
+    assert wd.read("beside") is None
+    assert present(wd.read("c")).parents == (("p", None), ("q2", None))
+    # Within one call too.
+    with pytest.raises(EnqueueConflict) as error:
+        wd.enqueue([Job("new", "q", after=["p"]), Job("new", "q", after=["q2"])])
+    assert error.value.field == "after" and wd.read("new") is None
 
 
 def test_a_deleted_child_takes_its_edges_with_it_whatever_its_state(engine: Engine) -> None:

@@ -755,6 +755,7 @@ NOT_ON_JOBS = {
     "insert_edges",
     "tell_dependents",
     "parents_of",
+    "parents_of_children",
     "dependents_of",
 }
 
