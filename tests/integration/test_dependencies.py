@@ -261,3 +261,96 @@ def test_a_deleted_child_takes_its_edges_with_it_whatever_its_state(engine: Engi
     with engine.connect() as conn:
         assert conn.execute(text("SELECT child, parent FROM watchdog_job_edges")).all() == [("kept", "p")]
     assert present(wd.read("p")).dependents == ("kept",)
+
+
+# -- operations and waiting jobs (revision w0014) ---------------------------------------
+
+
+def test_stats_and_listing_count_waiting_jobs_in_their_own_field(engine: Engine) -> None:
+    wd = Watchdog(engine)
+    wd.enqueue([Job("p", "q"), Job("w1", "q", after=["p"]), Job("w2", "other", after=["p"])])
+    by_queue = {queue.queue: queue for queue in wd.stats().queues}
+    assert (by_queue["q"].queued, by_queue["q"].waiting) == (1, 1)
+    assert (by_queue["other"].queued, by_queue["other"].delayed, by_queue["other"].waiting) == (0, 0, 1)
+    assert [job.job_id for job in wd.list_jobs(state="waiting")] == ["w1", "w2"]
+    assert [job.job_id for job in wd.list_jobs(state="waiting", queue="other")] == ["w2"]
+    Runner(engine, {"q": lambda job: None, "other": lambda job: None}).run_until_idle()
+    assert all(queue.waiting == 0 for queue in wd.stats().queues)
+
+
+def test_purge_deletes_the_queues_waiting_jobs_and_tells_their_dependents(engine: Engine) -> None:
+    wd = Watchdog(engine)
+    wd.enqueue(
+        [
+            Job("p", "gone"),
+            Job("w", "gone", after=["p"]),  # waits for a job of the same queue
+            Job("elsewhere", "kept", after=["w"]),
+            Job("any", "kept", after=["w"], after_policy="any_outcome"),
+        ]
+    )
+    assert wd.purge("gone") == 2
+    assert wd.read("p") is None and wd.read("w") is None
+    assert states(wd, "elsewhere", "any") == {"elsewhere": ("settled", "cancelled"), "any": ("queued", None)}
+    assert present(wd.read("elsewhere")).failure_reason == "parent w ended purged"
+    with engine.connect() as conn:
+        edges = conn.execute(text("SELECT child, parent, outcome FROM watchdog_job_edges ORDER BY child")).all()
+    assert edges == [("any", "w", "purged"), ("elsewhere", "w", "purged")]
+
+
+def test_fail_lane_settles_the_lanes_waiting_jobs_after_its_live_ones(engine: Engine) -> None:
+    wd = Watchdog(engine)
+    wd.enqueue(
+        [
+            Job("p", "q"),
+            Job("live", "q", lane="printer"),
+            *(Job(f"w{i}", "q", lane="printer", after=["p"]) for i in range(3)),
+            Job("w-other-lane", "q", after=["p"]),
+            Job("after-w0", "next", after=["w0"]),
+        ]
+    )
+    failures = []
+    with engine.begin() as conn:
+        while True:
+            failure = store.fail_lane(conn, "printer", "jammed", batch=2)
+            failures.append([job.job_id for job in failure.jobs])
+            if not failure.more:
+                break
+    assert failures == [["live", "w0"], ["w1", "w2"]]
+    assert states(wd, "w0", "w1", "w-other-lane") == {
+        "w0": ("settled", "failed"),
+        "w1": ("settled", "failed"),
+        "w-other-lane": ("waiting", None),
+    }
+    assert present(wd.read("w0")).failure_reason == "jammed"
+    Runner(engine, {"q": lambda job: None}, queues=["q"]).run_until_idle()  # its pass tells w0's dependents
+    assert present(wd.read("after-w0")).failure_reason == "parent w0 ended failed"
+    assert states(wd, "w-other-lane") == {"w-other-lane": ("settled", "completed")}
+    assert wd.fail_lane("printer", "jammed").jobs == ()
+
+
+@pytest.mark.parametrize("only_if_queued", [False, True])
+def test_cancel_many_cancels_waiting_jobs_in_admission_order(engine: Engine, only_if_queued: bool) -> None:
+    wd = Watchdog(engine)
+    wd.enqueue([Job("p", "parents"), Job("a", "q"), Job("w1", "q", after=["p"]), Job("b", "q")])
+    wd.enqueue([Job("w2", "q", after=["p"]), Job("child", "other", after=["w2"])])
+    result = wd.cancel_many(cancellation_id="bulk", queue="q", batch=3, only_if_queued=only_if_queued)
+    assert result.done == ("a", "w1", "b", "w2")
+    assert states(wd, "w1", "w2") == {"w1": ("settled", "cancelled"), "w2": ("settled", "cancelled")}
+    Runner(engine, {"q": lambda job: None, "parents": lambda job: None}).run_until_idle()
+    assert present(wd.read("child")).failure_reason == "parent w2 ended cancelled"
+    assert states(wd, "p") == {"p": ("settled", "completed")}
+
+
+def test_pause_rerun_and_recovery_leave_waiting_jobs_to_their_parents(engine: Engine) -> None:
+    wd = Watchdog(engine)
+    wd.enqueue([Job("p", "parents"), Job("c", "paused", after=["p"])])
+    wd.pause("paused")
+    with pytest.raises(InvalidJob, match="is waiting; only a settled job can be rerun"):
+        wd.rerun("c", rerun_id="r")
+    Runner(engine, {"parents": lambda job: None, "paused": lambda job: None}).run_until_idle()
+    assert states(wd, "c") == {"c": ("queued", None)}  # released, and waits for the resume
+    wd.resume("paused")
+    Runner(engine, {"paused": lambda job: None}).run_until_idle()
+    wd.rerun("c", rerun_id="again")
+    copy = present(wd.read("c~rerun~again"))
+    assert copy.state is JobState.QUEUED and copy.parents == ()  # a rerun runs at once, without parents

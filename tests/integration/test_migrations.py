@@ -102,7 +102,7 @@ def model_names(dialect: str) -> dict[str, set[Any]]:
 
 
 #: The package's newest revision.
-HEAD = "w0014_edges_of_deleted_jobs"
+HEAD = "w0014_waiting_jobs"
 
 
 def test_upgrade_head_creates_the_jobs_table(empty_engine: Engine) -> None:
@@ -1168,9 +1168,10 @@ def _edges(engine: Engine) -> set[tuple[str, str, str | None]]:
 
 def test_w0014_deletes_a_purged_childs_edges_and_orphans_of_before(empty_engine: Engine) -> None:
     """At w0012 a purged queued child left its edges behind; the upgrade
-    deletes those orphans, and from then on a purge takes a child's edges
-    with it. The migrated triggers are the model's, text for text; the
-    downgrade restores w0012's."""
+    deletes those orphans and adds the index of waiting jobs, and from then
+    on a purge takes a child's edges with it and a purged waiting job tells
+    its dependents. The migrated triggers are the model's, text for text;
+    the downgrade restores w0012's."""
     engine = empty_engine
     sqlalchemy_watchdog.metadata.create_all(engine)
     model = trigger_definitions(engine)
@@ -1178,26 +1179,30 @@ def test_w0014_deletes_a_purged_childs_edges_and_orphans_of_before(empty_engine:
     run(engine, command.upgrade, W0012)
     at_w0012 = trigger_definitions(engine)
     wd = Watchdog(engine)
-    wd.enqueue([Job("p", "parents"), Job("orphaned", "children", after=["p"])])
+    wd.enqueue([Job("p", "parents"), Job("held", "held", after=["p"])])
     wd.enqueue(Job("done", "done"))
     with store.write_transaction(engine) as conn:
         (claim,) = store.claim(conn, queues=["done"], limit=1, lease_ms=60_000).claimed
         store.settle(conn, job_id="done", claim_token=claim.token, decision=Decision.completed())
     wd.enqueue(Job("released", "children", after=["done"]))  # queued at once: its parent completed
-    assert wd.purge("children") == 1  # w0012's purge: queued and delayed jobs only
-    assert _edges(engine) == {("orphaned", "p", None), ("released", "done", "completed")}
+    assert wd.purge("children") == 1
+    assert _edges(engine) == {("held", "p", None), ("released", "done", "completed")}
 
     run(engine, command.upgrade, "head")
     assert trigger_definitions(engine) == model
-    assert _edges(engine) == {("orphaned", "p", None)}  # its child still exists (waiting)
-    wd.enqueue(Job("released-2", "children", after=["done"]))
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []  # the index of waiting jobs
+    assert _edges(engine) == {("held", "p", None)}  # its child still exists (waiting)
+    wd.enqueue([Job("released-2", "children", after=["done"]), Job("grandchild", "x", after=["held"])])
     assert wd.purge("children") == 1
-    assert _edges(engine) == {("orphaned", "p", None)}
+    assert wd.purge("held") == 1  # a waiting job: deleted, and its dependent told
+    assert _edges(engine) == {("grandchild", "held", "purged")}
+    grandchild = wd.read("grandchild")
+    assert grandchild is not None and grandchild.failure_reason == "parent held ended purged"
 
     run(engine, command.downgrade, W0012)
     assert trigger_definitions(engine) == at_w0012
     wd.enqueue(Job("released-3", "children", after=["done"]))
     assert wd.purge("children") == 1
-    assert _edges(engine) == {("orphaned", "p", None), ("released-3", "done", "completed")}  # w0012's again
+    assert _edges(engine) == {("grandchild", "held", "purged"), ("released-3", "done", "completed")}  # w0012's again
     run(engine, command.upgrade, "head")
-    assert trigger_definitions(engine) == model and _edges(engine) == {("orphaned", "p", None)}
+    assert trigger_definitions(engine) == model and _edges(engine) == {("grandchild", "held", "purged")}
