@@ -34,7 +34,8 @@ settlement is counted.
   (``watchdog_jobs_child_pruned``, for a row of any state since revision
   w0014; w0012 fired it for settled rows only, and a purged child left its
   edges behind). A ``waiting`` job purged tells its own dependents
-  ``purged``, as a live parent does (w0014 added ``waiting`` to
+  ``purged``, as a live parent does, and so does a job settled while
+  waiting whose dependents were not told yet (w0014 added both to
   ``watchdog_jobs_parent_deleted``).
 """
 
@@ -61,7 +62,11 @@ _DELETE_WHEN: dict[str, dict[str, str | None]] = {
     # A purged waiting job tells its dependents; a deleted job of any state
     # takes its edges as a child with it (no orphan edges).
     "w0014": {
-        "watchdog_jobs_parent_deleted": f"OLD.state IN {_UNSETTLED}",
+        # A job settled while waiting whose dependents are not told yet
+        # (waiting_on = 0) tells them too: SQLite deletes a row its own
+        # statement's trigger settled (a purge of a chain in one queue), and
+        # its dependents would otherwise never hear of it.
+        "watchdog_jobs_parent_deleted": f"OLD.state IN {_UNSETTLED} OR OLD.waiting_on = 0",
         "watchdog_jobs_child_pruned": None,
     },
 }

@@ -297,6 +297,30 @@ def test_purge_deletes_the_queues_waiting_jobs_and_tells_their_dependents(engine
     assert edges == [("any", "w", "purged"), ("elsewhere", "w", "purged")]
 
 
+def test_purging_a_chain_within_one_queue_tells_the_dependents_outside_it(engine: Engine) -> None:
+    """A purge deletes every link of a chain in its queue; SQLite's delete
+    also removes a link its own trigger just cancelled (no re-check), and
+    that link still tells its dependents: the same answer on both dialects."""
+    wd = Watchdog(engine)
+    wd.enqueue(
+        [
+            Job("w0", "gone"),
+            Job("w1", "gone", after=["w0"]),
+            Job("w2", "gone", after=["w1"]),
+            Job("w3", "gone", after=["w2"]),
+            Job("outside", "kept", after=["w3"]),
+            Job("outside-2", "kept", after=["w2"]),
+        ]
+    )
+    assert wd.purge("gone") == 4
+    assert [job.job_id for job in wd.list_jobs()] == ["outside", "outside-2"]
+    assert present(wd.read("outside")).failure_reason == "parent w3 ended purged"
+    assert present(wd.read("outside-2")).failure_reason == "parent w2 ended purged"
+    with engine.connect() as conn:
+        edges = conn.execute(text("SELECT child, parent, outcome FROM watchdog_job_edges ORDER BY child")).all()
+    assert edges == [("outside", "w3", "purged"), ("outside-2", "w2", "purged")]
+
+
 def test_fail_lane_settles_the_lanes_waiting_jobs_after_its_live_ones(engine: Engine) -> None:
     wd = Watchdog(engine)
     wd.enqueue(

@@ -16,7 +16,9 @@ functions, are unchanged):
 * ``watchdog_jobs_parent_deleted`` told the dependents of a deleted
   ``delayed``, ``queued`` or ``running`` job that it ended ``purged``. It now
   fires for a ``waiting`` job too, which ``purge`` deletes from this
-  revision on.
+  revision on, and for a job settled while waiting whose dependents are not
+  told yet (``waiting_on = 0``): SQLite's ``DELETE`` also removes a row its
+  own statement's trigger settled meanwhile.
 
 It adds ``ix_watchdog_jobs_waiting (lane, queue_name, sequence) WHERE state
 = 'waiting'``, which only waiting jobs enter: ``fail_lane`` settles a lane's
