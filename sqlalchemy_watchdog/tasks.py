@@ -203,7 +203,7 @@ class Task(Generic[P, R]):
         call, so they are not part of the job's identity).
 
         :raises InvalidJob: naming the first argument missing or unknown, or
-            whose value its annotation refuses (see :func:`check_of`).
+            whose value its annotation refuses (see ``check_of``).
         """
         parameters = self.signature.parameters
         open_ended = next((p.name for p in parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD), None)
