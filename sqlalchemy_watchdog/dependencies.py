@@ -30,6 +30,14 @@ settlement is counted.
   trigger depth). A runner's pass (``store.propagate``) tells them, one hop
   per transaction, and clears the mark.
 * **A settled job is pruned**: its edges as a child go with it.
+
+The triggers that fire on ``watchdog_jobs`` do so only for rows that can
+have edges (revision w0013): a parent's only when it is ``watched`` (the
+enqueue that gives a live job its first dependent marks it, under the lock
+that makes the parent's settlement wait for that enqueue's commit), a
+child's only when it has an ``after_policy`` (every job enqueued with
+``after`` has one). A job without dependents or parents settles and is
+pruned without running them: their cost is paid by the jobs that use them.
 """
 
 from __future__ import annotations
@@ -76,9 +84,11 @@ def trigger_sql(dialect: str, clock: str) -> list[str]:
     pruned = _FORGET_CHILD.format(job_id="OLD.job_id")
     parts = (
         ("watchdog_jobs_parent_settled", "AFTER UPDATE OF state ON watchdog_jobs",
-         f"NEW.state = 'settled' AND OLD.state IN {_LIVE}", settled),
-        ("watchdog_jobs_parent_deleted", "AFTER DELETE ON watchdog_jobs", f"OLD.state IN {_LIVE}", purged),
-        ("watchdog_jobs_child_pruned", "AFTER DELETE ON watchdog_jobs", "OLD.state = 'settled'", pruned),
+         f"NEW.state = 'settled' AND OLD.state IN {_LIVE} AND NEW.watched = 1", settled),
+        ("watchdog_jobs_parent_deleted", "AFTER DELETE ON watchdog_jobs",
+         f"OLD.state IN {_LIVE} AND OLD.watched = 1", purged),
+        ("watchdog_jobs_child_pruned", "AFTER DELETE ON watchdog_jobs",
+         "OLD.state = 'settled' AND OLD.after_policy IS NOT NULL", pruned),
         ("watchdog_job_edges_counted", "AFTER UPDATE OF outcome ON watchdog_job_edges",
          "OLD.outcome IS NULL AND NEW.outcome IS NOT NULL", count),
     )  # fmt: skip

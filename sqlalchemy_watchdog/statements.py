@@ -45,6 +45,7 @@ from sqlalchemy import (
     case,
     cast,
     delete,
+    exists,
     func,
     literal_column,
     not_,
@@ -1589,13 +1590,50 @@ def settled_per_minute() -> Select[Any]:
 @cache
 def read_parents() -> Select[Any]:
     """The state and outcome of the stored jobs among ``:job_ids`` (parents
-    named by an enqueue), locked ``FOR SHARE`` on PostgreSQL: a parent's
-    settlement waits for the enqueue to commit, so its trigger then counts
-    the new edge (SQLite's one writer orders them already)."""
+    named by an enqueue), locked ``FOR NO KEY UPDATE`` on PostgreSQL (the
+    lock :func:`watch_parents` takes next, so two enqueues naming one parent
+    take turns rather than deadlock upgrading a shared lock): a parent's
+    settlement waits for the enqueue to commit, then finds it watched and
+    counts the new edge (SQLite's one writer orders them already)."""
     return (
         select(c.job_id, c.state, c.outcome)
         .where(c.job_id.in_(bindparam("job_ids", expanding=True)))
-        .with_for_update(read=True)
+        .with_for_update(key_share=True)
+    )
+
+
+@cache
+def watch_parents() -> Update:
+    """Mark the live jobs among ``:job_ids`` ``watched`` (revision w0013):
+    they have dependents now, so their settlement's trigger must count the
+    edges. Jobs marked already, and settled ones, are left as they are."""
+    return (
+        update(t)
+        .where(c.job_id.in_(bindparam("job_ids", expanding=True)), c.state != _SETTLED, c.watched.is_(None))
+        .values(watched=1)
+    )
+
+
+@cache
+def count_settled_parents() -> Update:
+    """Record the outcome of every parent already settled on the uncounted
+    edges of the children ``:children`` (the edges trigger counts each).
+
+    An enqueue's read of its parents can be older than a settlement that
+    committed before the enqueue's first write -- a caller's SQLite
+    transaction reads outside ``BEGIN IMMEDIATE`` -- so it counted such a
+    parent as pending and no trigger will tell it. Run after the edges are
+    written (the write lock held, on SQLite the snapshot is the newest);
+    nothing to do in the usual case."""
+    settled = and_(c.job_id == edges.c.parent, c.state == _SETTLED)
+    return (
+        update(edges)
+        .where(
+            edges.c.child.in_(bindparam("children", expanding=True)),
+            edges.c.outcome.is_(None),
+            exists().where(settled),
+        )
+        .values(outcome=select(c.outcome).where(settled).scalar_subquery())
     )
 
 

@@ -715,6 +715,9 @@ PLANS: list[Case] = [
     Case("keyed_counts", "keyed_counts", (D,), lambda d: {"queue": KEYED_QUEUE}, on(LIVE_QUEUE)),
     # -- dependencies (revision w0012)
     Case("read_parents", "read_parents", (), lambda d: {"job_ids": ["r-2", "s-6"]}, on(JOB_ID)),
+    # The parents an enqueue gives dependents (w0013), and the late count of those settled meanwhile.
+    Case("watch_parents", "watch_parents", (), lambda d: {"job_ids": ["r-2", "s-6"]}, on(JOB_ID)),
+    Case("count_settled_parents", "count_settled_parents", (), lambda d: {"children": ["r-2"]}, on(JOB_ID)),
     # Jobs settled while waiting: only they enter the partial index, so a pass that finds none reads nothing.
     Case("untold", "untold", (D,), lambda d: {"limit": 100}, on("ix_watchdog_jobs_untold"), ordered=True),
     Case("told", "told", (), lambda d: {"job_ids": ["r-2", "s-6"]}, on(JOB_ID, "ix_watchdog_jobs_untold")),
