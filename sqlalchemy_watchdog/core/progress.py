@@ -85,6 +85,11 @@ class ProgressReporter:
     and how it writes (``write`` from a thread, ``write_async`` on the
     runner's event loop; neither: every report is kept pending)."""
 
+    __slots__ = (
+        "read", "read_async", "job_id", "claim_token", "_write", "_write_async", "_interval", "_monotonic",
+        "_lock", "_last", "pending", "_loop",
+    )  # fmt: skip
+
     def __init__(
         self,
         job_id: str,
@@ -110,10 +115,9 @@ class ProgressReporter:
         self._last: float | None = None
         #: The newest value not written yet: (fraction, note).
         self.pending: tuple[float, str | None] | None = None
-        try:  # the AsyncRunner admits its jobs on its loop: a thread reporting uses it
-            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            self._loop = None
+        # The AsyncRunner admits its jobs on its loop: a thread reporting uses
+        # it. (Built for every job: the no-raise lookup, not get_running_loop.)
+        self._loop: asyncio.AbstractEventLoop | None = asyncio._get_running_loop()
 
     def _due(self, value: tuple[float, str | None]) -> bool:
         """Whether to write ``value`` now; else it is kept pending."""
