@@ -86,8 +86,18 @@ class ProgressReporter:
     runner's event loop; neither: every report is kept pending)."""
 
     __slots__ = (
-        "read", "read_async", "job_id", "claim_token", "_write", "_write_async", "_interval", "_monotonic",
-        "_lock", "_last", "pending", "_loop",
+        "_interval",
+        "_last",
+        "_lock",
+        "_loop",
+        "_monotonic",
+        "_write",
+        "_write_async",
+        "claim_token",
+        "job_id",
+        "pending",
+        "read",
+        "read_async",
     )  # fmt: skip
 
     def __init__(
