@@ -315,6 +315,20 @@ def test_a_long_run_of_keys_at_their_limit_does_not_hide_a_free_key(engine: Engi
     assert found == ["late"]
 
 
+@pytest.mark.parametrize("ahead", [sql.UNKEYED_SCAN, sql.UNKEYED_SCAN + 1])
+def test_unkeyed_jobs_are_found_among_the_first_room_plus_256_queued(engine: Engine, ahead: int) -> None:
+    """The documented bound of the unkeyed jobs' turn: it looks at the queue's
+    first ``room + 256`` queued jobs in claim order. An unkeyed job behind
+    256 queued jobs of a key at its limit is found (room 1: 257 looked at);
+    behind 257 it waits until the key's backlog ahead of it shrinks."""
+    enqueue(engine, [Job(f"a-{n:04}", "q", key="a") for n in range(ahead + 1)])
+    enqueue(engine, [Job("plain", "q")])
+    Watchdog(engine).set_limits("q", concurrency_per_key=1)
+    assert [c.job.job_id for c in claim(engine, ["q"], limit=1)] == ["a-0000"]  # key a is at its limit now
+    found = [c.job.job_id for c in claim(engine, ["q"], limit=1)]
+    assert found == (["plain"] if ahead <= sql.UNKEYED_SCAN else [])
+
+
 # -- races ---------------------------------------------------------------------------
 
 
