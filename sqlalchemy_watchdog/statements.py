@@ -77,7 +77,7 @@ from .model import (
     schedules_table,
     workers_table,
 )
-from .wakeups import CHANNEL
+from .wakeups import CHANNEL, EVENT_QUEUED, WAITING_LOCK
 
 __all__ = [
     "COLUMNS",
@@ -1246,6 +1246,16 @@ def cancel(only_if_queued: bool) -> Update:
 def cancellation_holder() -> Select[Any]:
     """The job_id whose cancellation has ``:cancellation``, if any."""
     return select(c.job_id).where(c.cancellation_id == _p("cancellation"))
+
+
+@cache
+def notify_room() -> Select[Any]:
+    """Room freed in a limited queue: ``pg_notify`` of ``queued`` while a runner
+    waits for work, by the protocol of the enqueue trigger (the waiting lock,
+    see :mod:`sqlalchemy_watchdog.wakeups`): the shared lock taken when no
+    runner waits, so none can start waiting before this transaction ends."""
+    waits = not_(func.pg_try_advisory_xact_lock_shared(WAITING_LOCK[0], WAITING_LOCK[1]))
+    return select(case((waits, func.pg_notify(CHANNEL, EVENT_QUEUED)), else_=null()))
 
 
 @cache

@@ -35,6 +35,7 @@ from ..jobs import (
     check_text,
     duration_ms,
 )
+from ..wakeups import local_key, room_freed_locally
 from .base import (
     _OUTCOMES,
     LANE_FAILURE_BATCH,
@@ -371,6 +372,10 @@ def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Set
     params = sql.rows_params(dialect, "settles", sql.SETTLE_FIELDS, [r.row for r in requests])
     params["now"] = max((r.now or now_ms()) for r in requests)
     settled = {row[1]: row for row in execute_rows(conn, sql.settle(dialect), params)}
+    if settled:
+        limited = limited_queues(conn)  # cached: no statement for a deployment without limits
+        if limited and any(row[2] in limited for row in settled.values()):
+            room_freed(conn)
     return [
         _settled(settled[r.job_id]) if r.job_id in settled else _unsettled(conn, r.job_id, r.claim_token, r.decision)
         for r in requests
@@ -481,6 +486,18 @@ def cancel_status_now(conn: Connection, job_id: str, cancellation_id: str) -> Ca
     if prior.cancellation_id == cancellation_id:
         return CancelStatus.REPLAYED
     return CancelStatus.CONFLICT
+
+
+def room_freed(conn: Connection) -> None:
+    """Jobs of a limited queue left ``running``: wake the runners a limit holds
+    back (PostgreSQL: NOTIFY while one waits, delivered at commit; SQLite: this
+    process's runners of the database -- their claim then waits for this
+    transaction's write lock, so it sees the room). Unlimited queues never
+    come here."""
+    if backend_of(conn).notifies:
+        conn.execute(sql.notify_room())
+    else:
+        room_freed_locally(local_key(conn.engine))
 
 
 def notify(conn: Connection, event: str) -> None:

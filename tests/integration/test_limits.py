@@ -28,6 +28,7 @@ from sqlalchemy_watchdog import (
     Outcome,
     QueueLimits,
     Rate,
+    RunningJob,
     Watchdog,
     store,
 )
@@ -396,6 +397,60 @@ def test_both_runners_keep_a_queue_within_its_limits_and_rotate_keys(engine: Eng
     settled = worker.run_until_idle()
     assert len(settled) == 12 and {job.outcome for job in settled} == {Outcome.COMPLETED}
     assert seen and all(total <= 2 and max(counts.values()) <= 1 for total, counts in seen), seen
+
+
+def test_a_runner_held_back_by_a_limit_starts_as_soon_as_room_frees(engine: Engine, runners: RunnerDriver) -> None:
+    """Another worker holds a queue's only slot; a runner that claims it is
+    held back and waits, its next poll a minute away. When the other worker's
+    job settles, the runner is woken (PostgreSQL: NOTIFY; SQLite: the settle in
+    this process) and starts the next job long before that poll."""
+    enqueue(engine, [Job("first", "q"), Job("second", "q")])
+    Watchdog(engine).set_limits("q", concurrency=1)
+    (other,) = claim(engine, ["q"], limit=1)
+    started: list[str] = []
+    ran = threading.Event()
+
+    def handler(job: RunningJob) -> None:
+        started.append(job.job_id)
+        ran.set()
+
+    worker = runners.runner({"q": handler}, poll_interval=timedelta(seconds=60))
+    with worker.serving():
+        time.sleep(1.0)  # it claimed, was held back, and waits
+        assert not ran.is_set()
+        settle(engine, other)
+        assert ran.wait(20), "the held-back runner was not woken when room freed"
+    assert started == ["second"]
+
+
+def test_settling_an_unlimited_queues_job_costs_no_wake_up(engine: Engine) -> None:
+    """The wake-up for freed room is sent only for jobs of limited queues: a
+    settle of an unlimited queue's job is its one statement, as before limits,
+    even while another queue is limited; a limited queue's settle adds the
+    wake-up (PostgreSQL: one statement, a NOTIFY only while a runner waits)."""
+    enqueue(engine, [Job("free", "plain"), Job("held", "q")])
+    Watchdog(engine).set_limits("q", concurrency=1)
+    taken = {c.job.job_id: c for c in claim(engine, ["plain", "q"], limit=2)}
+    sent: list[str] = []
+
+    def record(conn: object, cursor: object, statement: str, *args: object) -> None:
+        sent.append(statement)
+
+    with engine.connect() as conn:
+        store.limits.limited_queues(conn)  # the list a running runner has read already
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        settle(engine, taken["free"])
+        unlimited = list(sent)
+        sent.clear()
+        settle(engine, taken["held"])
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert [s for s in unlimited if "UPDATE watchdog_jobs" not in s and not s.startswith("BEGIN")] == []
+    if engine.dialect.name == "postgresql":
+        assert len(sent) == len(unlimited) + 1 and "pg_notify" in sent[-1]
+    else:
+        assert len(sent) == len(unlimited)  # SQLite wakes this process's runners, no statement
 
 
 # -- the one-statement claim (PostgreSQL) ---------------------------------------------

@@ -736,6 +736,7 @@ PLANS: list[Case] = [
 #: Statements that do not read the jobs table: the coverage test knows them; nothing to plan.
 NOT_ON_JOBS = {
     "notify",
+    "notify_room",
     "stats_clock",
     "paused_queues",
     "pause",
