@@ -327,15 +327,27 @@ def claim_queue(conn: Connection, queue: str, *, limit: int, lease_ms: int, toke
     return claim_in_transaction(conn, queue, limit=limit, lease_ms=lease_ms, token=token)
 
 
-def claim_in_transaction(conn: Connection, queue: str, *, limit: int, lease_ms: int, token: str) -> Taken | None:
-    """:func:`claim_queue` as a transaction of a few statements (see
-    :func:`own_transaction`): the limits row locked, then the room read, the
-    keys walked, the jobs picked and claimed, each its own statement."""
+def claim_in_transaction(
+    conn: Connection, queue: str, *, limit: int, lease_ms: int, token: str, at_once: bool = True
+) -> Taken | None:
+    """:func:`claim_queue` as a transaction (see :func:`own_transaction`): the
+    limits row locked first; on PostgreSQL then usually the one statement
+    (its snapshot now younger than the lock); else the room read, the keys
+    walked segment by segment, the jobs picked and claimed, each its own
+    statement (``at_once`` False: always so -- for tests comparing the two)."""
     dialect = conn.dialect.name
     with own_transaction(conn):
         row = conn.execute(sql.lock_limits(dialect), {"queue": queue}).first()
         if row is None:
             return None
+        if at_once and dialect == "postgresql":
+            # The lock is held now, so the one statement's snapshot is younger
+            # than it: the usual claim in one more round trip. It declines only
+            # when its walk was too short; the walk below goes further.
+            taken = claim_at_once(conn, queue, limit=limit, lease_ms=lease_ms, token=token)
+            if taken is not AGAIN:
+                done: Taken | None = taken
+                return done
         room = _room(conn, row, limit)
         period = row.rate_period_ms
         if period is not None:

@@ -526,8 +526,23 @@ def test_a_claim_whose_snapshot_predates_its_lock_claims_by_the_transaction(engi
             thread.join(30)
         assert results and results[0][0] is store.limits.AGAIN  # changed nothing
         assert sum(running(engine, "q").values()) == 2
-        taken = claim(engine, ["q"], limit=10)
-        assert len(taken) == 1 and sum(running(engine, "q").values()) == 3
+        # The transaction: the lock first, then the one statement (its snapshot now younger).
+        sent: list[str] = []
+
+        def record(conn: object, cursor: object, statement: str, *args: object) -> None:
+            sent.append(statement)
+
+        event.listen(engine, "before_cursor_execute", record)
+        try:
+            with engine.connect() as conn:
+                conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                taken = store.limits.claim_in_transaction(conn, "q", limit=10, lease_ms=LEASE_MS, token="t")
+        finally:
+            event.remove(engine, "before_cursor_execute", record)
+        assert taken is not None and len(taken.rows) == 1 and taken.held
+        assert sum(running(engine, "q").values()) == 3
+        assert [statement.lstrip().split()[0] for statement in sent] == ["SELECT", "WITH"], sent
+        assert "FOR UPDATE" in sent[0]
     finally:
         first.dispose()
 
@@ -601,9 +616,10 @@ def test_the_one_statement_claim_takes_what_the_transaction_takes(engine: Engine
             at_once = store.limits.claim_at_once(conn, "q", limit=limit, lease_ms=LEASE_MS, token="t")
             fast = None if at_once is store.limits.AGAIN else _outcome(conn, at_once)
             conn.rollback()
-            slow = _outcome(
-                conn, store.limits.claim_in_transaction(conn, "q", limit=limit, lease_ms=LEASE_MS, token="t")
+            segments = store.limits.claim_in_transaction(
+                conn, "q", limit=limit, lease_ms=LEASE_MS, token="t", at_once=False
             )
+            slow = _outcome(conn, segments)
             conn.rollback()
         if fast is None:
             declined += 1
