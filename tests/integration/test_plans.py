@@ -712,6 +712,17 @@ PLANS: list[Case] = [
     ),
     Case("key_picks", "key_picks", (D, 4), _picks, on(KEYED_QUEUED, LIVE_QUEUE), both=True, ordered=True),
     Case("claim_limited", "claim_limited", (D,), _claim_limited, on(PK)),
+    # The whole limited claim in one statement (PostgreSQL): the walk and each key's jobs in
+    # keyed_queued, the unkeyed head in live_queue; the update goes to its rows by address.
+    Case(
+        "claim_limited_at_once",
+        "claim_limited_at_once",
+        (),
+        lambda d: {"queue": KEYED_QUEUE, "limit": 5, "token": "tok", "lease_ms": 60_000},
+        {PG: (KEYED_QUEUED, LIVE_QUEUE)},
+        both=True,
+        ordered=True,
+    ),
     Case("keyed_counts", "keyed_counts", (D,), lambda d: {"queue": KEYED_QUEUE}, on(LIVE_QUEUE)),
     # -- dependencies (revision w0012)
     Case("read_parents", "read_parents", (), lambda d: {"job_ids": ["r-2", "s-6"]}, on(JOB_ID)),
@@ -728,6 +739,7 @@ PLANS: list[Case] = [
 #: Statements that do not read the jobs table: the coverage test knows them; nothing to plan.
 NOT_ON_JOBS = {
     "notify",
+    "notify_room",
     "stats_clock",
     "paused_queues",
     "pause",
@@ -1077,6 +1089,9 @@ def test_the_limited_claim_stays_flat_at_a_million_jobs_and_ten_thousand_keys(
             (sql.limit_usage(dialect), {"queue": "many", "period_ms": 60_000}, (LIVE_QUEUE, LEASE), False),
             (sql.claim_limited(dialect), {"token": "t", "lease_ms": 1000, "sequences": [1_000_001]}, (PK,), False),
         ]
+        if dialect == PG:
+            at_once = {"queue": "many", "limit": 16, "token": "t", "lease_ms": 1000}
+            cases.append((sql.claim_limited_at_once(), at_once, (KEYED_QUEUED,), True))
         misses: list[tuple[Any, ...]] = []
         for statement, params, index, ordered in cases:
             caught, parameters = sent(engine, statement, params)
