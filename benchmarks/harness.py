@@ -49,9 +49,9 @@ from typing import Any
 
 import psycopg
 from psycopg import sql as pgsql
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import BigInteger, Integer, Text, create_engine, event, text
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sqlalchemy_watchdog import Job, Retention, Runner, enqueue, metadata
 from sqlalchemy_watchdog import Watchdog as Client
@@ -506,6 +506,19 @@ def fmt(value: float | None, like: float | None = None) -> str:
 # process: READY once set up; with latency its handler prints START <key> <time>).
 
 
+class _PlainBase(DeclarativeBase):
+    pass
+
+
+class _PlainRow(_PlainBase):
+    """An application's own row: the baseline of an enqueue in the caller's Session."""
+
+    __tablename__ = "bench_rows"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    name: Mapped[str] = mapped_column(Text)
+    data: Mapped[str] = mapped_column(Text)
+
+
 class Watchdog:
     """sqlalchemy_watchdog, on PostgreSQL and SQLite, through its sync SQLAlchemy API."""
 
@@ -531,6 +544,23 @@ class Watchdog:
 
     def enqueue_single_in_session(self, target: Target, n: int, tag: str) -> float:
         return self.enqueue_batch(target, n, 1, tag)
+
+    def session_add_single(self, target: Target, n: int, tag: str) -> float:
+        """The baseline of an enqueue in the caller's Session: ``n`` transactions that each
+        ``session.add`` one plain ORM row (an application's own table, ``bench_rows``: an id
+        and a JSON text) and commit -- no queue at all."""
+        with disposed(engine(target)) as eng:
+            _PlainBase.metadata.drop_all(eng)
+            _PlainBase.metadata.create_all(eng)
+            with Session(eng) as session:  # warm the pool and the ORM, as for the enqueue rows
+                session.add(_PlainRow(name=f"{tag}-warm", data="{}"))
+                session.commit()
+            started = time.perf_counter()
+            for i in range(n):
+                with Session(eng) as session:
+                    session.add(_PlainRow(name=f"{tag}-{i}", data=json.dumps({"i": i})))
+                    session.commit()
+            return time.perf_counter() - started
 
     def enqueue_batch(
         self, target: Target, batches: int, size: int, tag: str, through: Any = None, standalone: bool = False

@@ -90,7 +90,9 @@ from .wakeups import (
     connect_and_prove_async,
     decide,
     listen_async,
+    local_key,
     polling_reason,
+    wake_locally,
 )
 
 if TYPE_CHECKING:
@@ -806,6 +808,12 @@ class AsyncRunner:
             raise
         if listening is not None:
             background.append(listening)
+
+        # Room freed in a limited queue by a settle in this process (SQLite's only wake-up).
+        def room_freed() -> None:
+            loop.call_soon_threadsafe(self._jobs_arrived)
+
+        unwake = wake_locally(local_key(self.engine.sync_engine), room_freed)
         await self._worker_step(register_worker(self.core, str(self.wakeup_status)))
         log.info(
             "async runner started: queues=%s concurrency=%d wakeups=%s shutdown_budget=%gs (grace %gs + stop wait %gs)",
@@ -828,6 +836,7 @@ class AsyncRunner:
             try:
                 await drive_async(shutdown(self.core), self._perform)
             finally:
+                unwake()
                 self.core.waiting = None
                 for task in background:
                     task.cancel()

@@ -32,16 +32,24 @@ settlement is counted.
 * **A job is deleted** (pruned when settled, purged when ``queued``,
   ``delayed`` or ``waiting``): its edges as a child go with it
   (``watchdog_jobs_child_pruned``, for a row of any state since revision
-  w0014; w0012 fired it for settled rows only, and a purged child left its
-  edges behind). A ``waiting`` job purged tells its own dependents
-  ``purged``, as a live parent does, and so does a job settled while
-  waiting whose dependents were not told yet (w0014 added both to
+  w0014; before, for settled rows only, and a purged child left its edges
+  behind). A ``waiting`` job purged tells its own dependents ``purged``, as
+  a live parent does, and so does a job settled while waiting whose
+  dependents were not told yet (w0014 added both to
   ``watchdog_jobs_parent_deleted``).
+
+The triggers that fire on ``watchdog_jobs`` do so only for rows that can
+have edges (revision w0013): a parent's only when it is ``watched`` (the
+enqueue that gives a live job its first dependent marks it, under the lock
+that makes the parent's settlement wait for that enqueue's commit), a
+child's only when it has an ``after_policy`` (every job enqueued with
+``after`` has one). A job without dependents or parents settles and is
+pruned without running them: their cost is paid by the jobs that use them.
 """
 
 from __future__ import annotations
 
-__all__ = ["EDGE_OUTCOMES", "trigger_sql", "drop_sql", "drop_trigger_sql", "TRIGGER_NAMES", "REVISIONS"]
+__all__ = ["EDGE_OUTCOMES", "trigger_sql", "drop_sql", "TRIGGER_NAMES"]
 
 #: What an edge may record: a parent's outcome, or ``purged``.
 EDGE_OUTCOMES = ("completed", "failed", "cancelled", "outcome_unknown", "interrupted", "purged")
@@ -49,27 +57,6 @@ EDGE_OUTCOMES = ("completed", "failed", "cancelled", "outcome_unknown", "interru
 _LIVE = "('delayed', 'queued', 'running')"
 #: A job whose deletion counts for its dependents as a parent's end (``purged``).
 _UNSETTLED = "('delayed', 'queued', 'running', 'waiting')"
-
-#: The revisions that wrote these triggers, oldest first: each migration
-#: creates them as of its own revision (``trigger_sql(..., revision=...)``).
-REVISIONS = ("w0012", "w0014")
-#: The WHEN of the two delete triggers, by revision (None: always).
-_DELETE_WHEN: dict[str, dict[str, str | None]] = {
-    "w0012": {
-        "watchdog_jobs_parent_deleted": f"OLD.state IN {_LIVE}",
-        "watchdog_jobs_child_pruned": "OLD.state = 'settled'",
-    },
-    # A purged waiting job tells its dependents; a deleted job of any state
-    # takes its edges as a child with it (no orphan edges).
-    "w0014": {
-        # A job settled while waiting whose dependents are not told yet
-        # (waiting_on = 0) tells them too: SQLite deletes a row its own
-        # statement's trigger settled (a purge of a chain in one queue), and
-        # its dependents would otherwise never hear of it.
-        "watchdog_jobs_parent_deleted": f"OLD.state IN {_UNSETTLED} OR OLD.waiting_on = 0",
-        "watchdog_jobs_child_pruned": None,
-    },
-}
 
 #: The statements of the release, by name; ``{clock}`` is the dialect's clock.
 _COUNT_EDGE = """\
@@ -98,46 +85,36 @@ TRIGGER_NAMES = (
 )
 
 
-def trigger_sql(dialect: str, clock: str, *, revision: str = REVISIONS[-1], only: tuple[str, ...] = ()) -> list[str]:
-    """The DDL creating the triggers (and on PostgreSQL their functions) as
-    of ``revision``; ``only``: just the triggers named."""
+def trigger_sql(dialect: str, clock: str) -> list[str]:
+    """The DDL creating the triggers (and on PostgreSQL their functions)."""
     count = _COUNT_EDGE.format(parent_outcome="NEW.outcome", parent="NEW.parent", child="NEW.child", clock=clock)
     settled = _SETTLE_EDGES.format(outcome="NEW.outcome", job_id="NEW.job_id")
     purged = _SETTLE_EDGES.format(outcome="'purged'", job_id="OLD.job_id")
     pruned = _FORGET_CHILD.format(job_id="OLD.job_id")
     parts = (
         ("watchdog_jobs_parent_settled", "AFTER UPDATE OF state ON watchdog_jobs",
-         f"NEW.state = 'settled' AND OLD.state IN {_LIVE}", settled),
+         f"NEW.state = 'settled' AND OLD.state IN {_LIVE} AND NEW.watched = 1", settled),
+        # Revision w0014: a waiting job too (purge deletes them), and a job
+        # settled while waiting whose dependents are not told yet (SQLite's
+        # DELETE also removes a row its own statement's trigger settled).
         ("watchdog_jobs_parent_deleted", "AFTER DELETE ON watchdog_jobs",
-         _DELETE_WHEN[revision]["watchdog_jobs_parent_deleted"], purged),
-        ("watchdog_jobs_child_pruned", "AFTER DELETE ON watchdog_jobs",
-         _DELETE_WHEN[revision]["watchdog_jobs_child_pruned"], pruned),
+         f"OLD.watched = 1 AND (OLD.state IN {_UNSETTLED} OR OLD.waiting_on = 0)", purged),
+        # Revision w0014: a deleted job of any state (a purged one left its edges).
+        ("watchdog_jobs_child_pruned", "AFTER DELETE ON watchdog_jobs", "OLD.after_policy IS NOT NULL", pruned),
         ("watchdog_job_edges_counted", "AFTER UPDATE OF outcome ON watchdog_job_edges",
          "OLD.outcome IS NULL AND NEW.outcome IS NOT NULL", count),
     )  # fmt: skip
     statements: list[str] = []
     for name, event, when, body in parts:
-        if only and name not in only:
-            continue
         if dialect == "postgresql":
             statements.append(
                 f"CREATE OR REPLACE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
                 f"BEGIN\n    {body};\n    RETURN NULL;\nEND\n$$"
             )
-            condition = "" if when is None else f" WHEN ({when})"
-            statements.append(f"CREATE TRIGGER {name} {event} FOR EACH ROW{condition} EXECUTE FUNCTION {name}()")
+            statements.append(f"CREATE TRIGGER {name} {event} FOR EACH ROW WHEN ({when}) EXECUTE FUNCTION {name}()")
         else:
-            condition = "" if when is None else f" WHEN {when}"
-            statements.append(f"CREATE TRIGGER {name} {event} FOR EACH ROW{condition} BEGIN {body}; END")
+            statements.append(f"CREATE TRIGGER {name} {event} FOR EACH ROW WHEN {when} BEGIN {body}; END")
     return statements
-
-
-def drop_trigger_sql(dialect: str, names: tuple[str, ...]) -> list[str]:
-    """The DDL dropping the triggers ``names`` of ``watchdog_jobs`` (their
-    functions stay: a migration re-creating a trigger keeps its function)."""
-    if dialect == "postgresql":
-        return [f"DROP TRIGGER IF EXISTS {name} ON watchdog_jobs" for name in names]
-    return [f"DROP TRIGGER IF EXISTS {name}" for name in names]
 
 
 def drop_sql(dialect: str) -> list[str]:

@@ -642,7 +642,7 @@ class Job:
         if codec is not None:
             payload = _encoded(codec, payload)
         payload_json = encode_payload(payload)
-        parents = _parents(job_id, after)
+        parents = check_parents(job_id, after)
         if after_policy not in AFTER_POLICIES:
             raise InvalidJob("after_policy", f"must be one of {list(AFTER_POLICIES)}, got {after_policy!r}")
         _set_job_id(self, job_id)
@@ -714,7 +714,12 @@ def slot_setters(cls: type, names: tuple[str, ...]) -> tuple[Callable[[Any, Any]
 ))  # fmt: skip
 
 
-def _parents(job_id: str, after: object) -> tuple[str, ...]:
+#: Set a checked ``after`` on a copy of a job (workflows.py: a step made to
+#: wait for the step before it).
+set_after = _set_after
+
+
+def check_parents(job_id: str, after: object) -> tuple[str, ...]:
     """``after`` as a tuple of distinct job_ids (first mention kept), checked."""
     if after is None:
         return ()

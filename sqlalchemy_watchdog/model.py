@@ -135,6 +135,9 @@ WAITING_ON_GRAMMAR = (
 #: (the settle statement that completes it writes it; nothing else does).
 RESULT_GRAMMAR = "result_json IS NULL OR (state = 'settled' AND outcome = 'completed')"
 
+#: Revision w0013: ``watched`` is a flag, 1 or NULL.
+WATCHED_FLAG = "watched IS NULL OR watched = 1"
+
 
 #: The columns of ``watchdog_jobs`` by the type SQLite must store in them
 #: (revision w0010): SQLite's type affinity keeps ``'abc'`` in an INTEGER
@@ -143,7 +146,7 @@ RESULT_GRAMMAR = "result_json IS NULL OR (state = 'settled' AND outcome = 'compl
 INTEGER_COLUMNS = ("priority", "recovery_count", "attempt", "snoozes")
 NULLABLE_INTEGER_COLUMNS = (
     "recovery_max", "lease_until", "run_at", "ready_at", "max_attempts", "timeout_ms",
-    "enqueued_at", "started_at", "settled_at", "waiting_on",
+    "enqueued_at", "started_at", "settled_at", "waiting_on", "watched",
 )  # fmt: skip
 TEXT_COLUMNS = ("job_id", "queue_name", "lane", "payload_json", "state")
 NULLABLE_TEXT_COLUMNS = (
@@ -257,6 +260,12 @@ class WatchdogJob(WatchdogBase):
     #: ``after_policy`` (NULL: no parents).
     waiting_on: Mapped[int | None] = mapped_column(Integer)
     after_policy: Mapped[str | None] = mapped_column(Text)
+    # -- revision w0013: settle watch
+    #: 1 when something waits for this job's settlement -- dependents
+    #: (``after``) or, on PostgreSQL, a result waiter -- else NULL. Only a
+    #: watched job's settlement runs the triggers that count its edges and
+    #: notify result waiters; any other settles without them.
+    watched: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (
         CheckConstraint(f"length(job_id) BETWEEN 1 AND {JOB_ID_MAX_LENGTH}", name="job_id_length"),
@@ -298,6 +307,8 @@ class WatchdogJob(WatchdogBase):
         CheckConstraint(
             f"progress_note IS NULL OR length(progress_note) <= {PROGRESS_NOTE_MAX_LENGTH}", name="progress_note_length"
         ),
+        #: Revision w0013: a flag, set or NULL.
+        CheckConstraint(WATCHED_FLAG, name="watched_flag"),
         # Last, as revision w0010 appends them to the stored definition.
         *STORED_TYPE_CHECKS,
         {"sqlite_autoincrement": True},

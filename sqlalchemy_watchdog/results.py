@@ -11,19 +11,18 @@ a sign only shortens the wait.
 
 On PostgreSQL the sign is a notification on :data:`RESULT_CHANNEL` whose
 payload is the job_id, sent by a row trigger on ``watchdog_jobs``
-(:data:`NOTIFY_SETTLED_TRIGGER_SQL`) whenever a row becomes ``settled``,
-whichever statement settles it (a settle, a claim-time cancellation,
-``fail_lane``, recovery). A notifying transaction's commit takes a
-database-wide lock (see :mod:`sqlalchemy_watchdog.wakeups`), so the trigger
-notifies only while a waiter exists: each waiter holds the *result-waiters
-lock* (:data:`RESULT_WAITERS_LOCK`, an advisory lock) shared for its
-listening session; the trigger tries the same lock exclusively and, if it
-gets it (nobody waits), lets it go at once and does not notify. A settle
-whose trigger ran just before a waiter took the lock is not announced to
-that waiter; it finds the settlement by its next read, within one
-``poll_interval`` (the trigger holds the lock for an instant only, so two
-settles rarely see each other there, and such a meeting costs one needless
-notification, never a missed settlement).
+(:data:`NOTIFY_SETTLED_TRIGGER_SQL`) when a *watched* row becomes
+``settled``, whichever statement settles it (a settle, a claim-time
+cancellation, ``fail_lane``, recovery). A notifying transaction's commit
+takes a database-wide lock (see :mod:`sqlalchemy_watchdog.wakeups`), and a
+row trigger costs every settle, so only jobs someone waits for notify: a
+waiter LISTENs, then marks the job ``watched`` (:data:`WATCH_SQL`, one
+autocommitted UPDATE of a job not settled yet), then reads it. A settle
+that committed before the mark is found by that read; one after it sees the
+mark (the settle's UPDATE waits for the mark's row lock and re-reads the
+row) and notifies. A job stays watched once marked: a later waiter's mark
+changes nothing, and a job whose waiter left costs one needless
+notification when it settles, never a missed one.
 
 Listening needs one PostgreSQL session for the whole wait: a connection
 that is not proven to be one (a transaction-mode pooler such as PgBouncer,
@@ -50,7 +49,7 @@ from .wakeups import WakeupMode, connect_and_prove, connect_and_prove_async, pol
 
 __all__ = [
     "RESULT_CHANNEL",
-    "RESULT_WAITERS_LOCK",
+    "WATCH_SQL",
     "NOTIFY_SETTLED_FUNCTION_SQL",
     "NOTIFY_SETTLED_TRIGGER_SQL",
     "DROP_NOTIFY_SETTLED_SQL",
@@ -62,31 +61,23 @@ log = logging.getLogger("sqlalchemy_watchdog.results")
 
 #: The channel result waiters LISTEN on; each notification's payload is a job_id.
 RESULT_CHANNEL = "watchdog_results"
-#: The result-waiters lock, a two-key advisory lock ("WATC", "RSLT"): held
-#: shared by each waiting session, tried exclusively by the settle trigger.
-RESULT_WAITERS_LOCK = (0x5741_5443, 0x5253_4C54)
-_KEYS = f"{RESULT_WAITERS_LOCK[0]}, {RESULT_WAITERS_LOCK[1]}"
-
 NOTIFY_SETTLED_FUNCTION_SQL = f"""\
 CREATE OR REPLACE FUNCTION watchdog_jobs_notify_settled() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    -- Free (nobody waits for a result): let it go at once, no notification.
-    IF pg_try_advisory_lock({_KEYS}) THEN
-        PERFORM pg_advisory_unlock({_KEYS});
-    ELSE
-        PERFORM pg_notify('{RESULT_CHANNEL}', NEW.job_id);
-    END IF;
+    PERFORM pg_notify('{RESULT_CHANNEL}', NEW.job_id);
     RETURN NULL;
 END
 $$"""
 NOTIFY_SETTLED_TRIGGER_SQL = (
     "CREATE TRIGGER watchdog_jobs_settled AFTER UPDATE OF state ON watchdog_jobs FOR EACH ROW "
-    "WHEN (NEW.state = 'settled' AND OLD.state <> 'settled') EXECUTE FUNCTION watchdog_jobs_notify_settled()"
+    "WHEN (NEW.state = 'settled' AND OLD.state <> 'settled' AND NEW.watched = 1) "
+    "EXECUTE FUNCTION watchdog_jobs_notify_settled()"
 )
 DROP_NOTIFY_SETTLED_SQL = "DROP FUNCTION IF EXISTS watchdog_jobs_notify_settled() CASCADE"
 
-_WAIT_SQL = (f"SELECT pg_advisory_lock_shared({_KEYS})", f"LISTEN {RESULT_CHANNEL}")
+#: A waiter's mark (revision w0013): the job's settlement notifies from now on.
+WATCH_SQL = "UPDATE watchdog_jobs SET watched = 1 WHERE job_id = %s AND state <> 'settled' AND watched IS NULL"
 
 #: The default ``poll_interval`` of a wait.
 POLL_INTERVAL_S = 1.0
@@ -109,15 +100,15 @@ def _listening_reason(dialect_name: str, driver: str) -> str | None:
 
 
 class _SyncListener:
-    """A detached PostgreSQL session holding the result-waiters lock shared
-    and listening on :data:`RESULT_CHANNEL`."""
+    """A detached PostgreSQL session listening on :data:`RESULT_CHANNEL`
+    that has marked the job it waits for watched."""
 
     def __init__(self, driver_conn: Any, driver: str) -> None:
         self.conn = driver_conn
         self.driver = driver
 
     @classmethod
-    def open(cls, engine: Engine) -> _SyncListener | None:
+    def open(cls, engine: Engine, job_id: str) -> _SyncListener | None:
         reason = _listening_reason(engine.dialect.name, engine.dialect.driver)
         if reason is not None:
             return None
@@ -128,19 +119,19 @@ class _SyncListener:
             return None
         listener = cls(driver_conn, engine.dialect.driver)
         try:
-            for statement in _WAIT_SQL:
-                listener._run(statement)
+            listener._run(f"LISTEN {RESULT_CHANNEL}")
+            listener._run(WATCH_SQL, (job_id,))
         except Exception:
             listener.close()
             raise
         return listener
 
-    def _run(self, statement: str) -> None:
+    def _run(self, statement: str, params: tuple[Any, ...] | None = None) -> None:
         if self.driver == "psycopg2":
             with self.conn.cursor() as cursor:
-                cursor.execute(statement)
+                cursor.execute(statement, params)
         else:
-            self.conn.execute(statement)
+            self.conn.execute(statement, params)
 
     def wait(self, job_id: str, seconds: float) -> None:
         """Wait until ``job_id``'s notification comes or ``seconds`` pass."""
@@ -159,7 +150,7 @@ class _SyncListener:
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
-            self.conn.close()  # the session lock and the LISTEN end with the session
+            self.conn.close()  # the LISTEN ends with the session
 
 
 def wait_for(read: Callable[[], JobResult], engine: Engine, job_id: str, timeout_s: float, poll_s: float) -> JobResult:
@@ -168,10 +159,10 @@ def wait_for(read: Callable[[], JobResult], engine: Engine, job_id: str, timeout
     result = read()
     if _settled_or_gone(result) or timeout_s <= 0:
         return result if _settled_or_gone(result) else JobResult(job_id, ResultStatus.TIMED_OUT)
-    listener = _SyncListener.open(engine)
+    listener = _SyncListener.open(engine, job_id)
     try:
         while True:
-            result = read()  # again: after the lock and LISTEN, so no settle goes unseen
+            result = read()  # again: after LISTEN and the mark, so no settle goes unseen
             if _settled_or_gone(result):
                 return result
             left = deadline - time.monotonic()
@@ -197,7 +188,7 @@ class _AsyncListener:
         self.seen: asyncio.Queue[str] = asyncio.Queue()
 
     @classmethod
-    async def open(cls, engine: AsyncEngine) -> _AsyncListener | None:
+    async def open(cls, engine: AsyncEngine, job_id: str) -> _AsyncListener | None:
         reason = _listening_reason(engine.dialect.name, engine.dialect.driver)
         if reason is not None:
             return None
@@ -208,23 +199,23 @@ class _AsyncListener:
             return None
         listener = cls(engine, driver_conn)
         try:
-            await listener.start()
+            await listener.start(job_id)
         except BaseException:
             await listener.close()
             raise
         return listener
 
-    async def start(self) -> None:
+    async def start(self, job_id: str) -> None:
         if self.asyncpg:
-            await self.conn.execute(_WAIT_SQL[0])
 
             def deliver(connection: Any, pid: int, channel: str, payload: str) -> None:
                 self.seen.put_nowait(payload)
 
             await self.conn.add_listener(RESULT_CHANNEL, deliver)
+            await self.conn.execute(WATCH_SQL.replace("%s", "$1"), job_id)
         else:
-            for statement in _WAIT_SQL:
-                await self.conn.execute(statement)
+            await self.conn.execute(f"LISTEN {RESULT_CHANNEL}")
+            await self.conn.execute(WATCH_SQL, (job_id,))
 
     async def wait(self, job_id: str, seconds: float) -> None:
         loop = asyncio.get_running_loop()
@@ -258,7 +249,7 @@ async def wait_for_async(
     result = await read()
     if _settled_or_gone(result) or timeout_s <= 0:
         return result if _settled_or_gone(result) else JobResult(job_id, ResultStatus.TIMED_OUT)
-    listener = None if engine is None else await _AsyncListener.open(engine)
+    listener = None if engine is None else await _AsyncListener.open(engine, job_id)
     try:
         while True:
             result = await read()

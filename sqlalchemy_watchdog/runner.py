@@ -63,7 +63,9 @@ from .wakeups import (
     check_wakeups,
     connect_and_prove,
     decide,
+    local_key,
     polling_reason,
+    wake_locally,
 )
 
 if TYPE_CHECKING:
@@ -419,6 +421,8 @@ class Runner:
             self._serving.set()
             raise
         pruner = _Pruner(self) if self.settings.retention is not None else None
+        # Room freed in a limited queue by a settle in this process (SQLite's only wake-up).
+        unwake = wake_locally(local_key(self.engine), self._jobs_arrived)
         self._worker_step(register_worker(self.core, str(self.wakeup_status)))
         log.info(
             "runner started: queues=%s concurrency=%d%s wakeups=%s shutdown_budget=%gs (grace %gs + stop wait %gs)",
@@ -441,6 +445,7 @@ class Runner:
             try:
                 drive(shutdown(self.core), self._perform)
             finally:
+                unwake()
                 if pruner is not None:
                     pruner.stop()
                 heartbeat.stop()

@@ -41,11 +41,15 @@ from sqlalchemy import (
     Text,
     Update,
     and_,
+    any_,
     bindparam,
     case,
     cast,
     delete,
+    exists,
+    false,
     func,
+    insert,
     literal_column,
     not_,
     null,
@@ -74,7 +78,7 @@ from .model import (
     schedules_table,
     workers_table,
 )
-from .wakeups import CHANNEL
+from .wakeups import CHANNEL, EVENT_QUEUED, WAITING_LOCK
 
 __all__ = [
     "COLUMNS",
@@ -659,16 +663,14 @@ def limit_usage(dialect: str) -> Select[Any]:
     return select(clock, running.scalar_subquery(), used.scalar_subquery(), paused.scalar_subquery())
 
 
-def _next_key(after: ColumnElement[Any]) -> ColumnElement[Any]:
-    """The smallest key of queue ``:queue``'s queued jobs above ``after``:
-    the first entry of a range of ``ix_watchdog_jobs_keyed_queued``."""
-    return (
-        select(c.limit_key)
-        .where(c.queue_name == _QUEUE, IS_QUEUED, IS_KEYED, c.limit_key > after)
-        .order_by(c.limit_key)
-        .limit(1)
-        .scalar_subquery()
-    )
+def _next_key(after: ColumnElement[Any] | None) -> ColumnElement[Any]:
+    """The smallest key of queue ``:queue``'s queued jobs above ``after``
+    (None: the smallest of all): the first entry of a range of
+    ``ix_watchdog_jobs_keyed_queued``."""
+    query = select(c.limit_key).where(c.queue_name == _QUEUE, IS_QUEUED, IS_KEYED)
+    if after is not None:
+        query = query.where(c.limit_key > after)
+    return query.order_by(c.limit_key).limit(1).scalar_subquery()
 
 
 @cache
@@ -740,6 +742,249 @@ def claim_limited(dialect: str) -> Update:
     """Claim the queued jobs among the expanding ``:sequences`` (a limited
     claim's pick, made under the queue's lock), as :func:`claim` does."""
     return _claim_update(and_(c.sequence.in_(bindparam("sequences", expanding=True)), IS_QUEUED))
+
+
+#: Rate-log rows a claim deletes at most (the queue's rows out of the window).
+FORGET_BATCH = 1000
+#: Keys a one-statement limited claim walks at most in each direction, and
+#: the rotation order of its unkeyed entry (after every key walked above the
+#: cursor, before every key walked from the start).
+FAST_WALK_MAX = 256
+
+
+@cache
+def claim_limited_at_once() -> Select[Any]:
+    """The whole limited claim of queue ``:queue`` in one statement
+    (PostgreSQL, autocommit): its limits row locked, the room, the fair walk
+    and pick, the claim of up to ``:limit`` jobs (``:token``, ``:lease_ms``),
+    the cursor moved and the rate logged -- what :func:`lock_limits`,
+    :func:`limit_usage`, :func:`walk_keys`, :func:`keys_running`,
+    :func:`key_picks`, :func:`claim_limited`, :func:`move_cursor`,
+    :func:`log_claim` and :func:`forget_claims` do in a transaction, with the
+    same result, in one round trip.
+
+    Rows: ``(go, held, *COLUMNS)``, one per claimed job, or one row of NULL
+    columns when none was claimed; no row at all when the queue has no
+    limits. ``held``: a limit holds the queue back -- more jobs were queued
+    than taken, and fewer were taken than asked or the claim used up the
+    queue's room (room frees only when one of its running jobs ends). ``go``
+    false: the statement changed nothing and the caller must claim by the
+    transaction instead, because
+
+    * its snapshot is older than the lock: the limits row it locked is not the
+      version its snapshot sees (``ctid``), so a claim committed in between
+      (every claim that takes jobs writes that row) -- its counts could be
+      stale. Under READ COMMITTED a statement reads with the snapshot it began
+      with, even after waiting for a lock; the check makes that wait visible.
+      When the versions agree, every claim committed before the lock was
+      granted is in the snapshot, and no other can commit until this
+      statement ends: the counts are exact.
+    * its bounded walk (:data:`FAST_WALK_MAX` keys each way, and ``2 · room +
+      8`` above the cursor, as the transaction's first segment) found fewer
+      entries with a job than the room and did not reach the end of the
+      rotation: the transaction walks further.
+
+    Otherwise the pick is the transaction's: the rotation (keys above the
+    cursor, the unkeyed entry, keys from the start up to the cursor), each
+    entry's first jobs in claim order (a key's up to its per-key room), ranked
+    by position within the entry and then the entry's place in the rotation.
+    """
+    queue = _QUEUE
+    version: ColumnElement[Any] = literal_column("watchdog_limits.ctid")
+    seen = select(version.label("version")).where(lim.queue_name == queue).cte("seen")
+    locked = (
+        select(*limits_table.c, version.label("version"))
+        .where(lim.queue_name == queue)
+        .with_for_update()
+        .cte("locked")
+        .prefix_with("MATERIALIZED")
+    )
+    clock = db_clock_ms()
+    running = select(func.count()).where(c.queue_name == queue, IS_RUNNING).scalar_subquery()
+    used = (
+        select(func.coalesce(func.sum(logged.jobs), 0))
+        .where(logged.queue_name == queue, logged.claimed_at > clock - locked.c.rate_period_ms)
+        .scalar_subquery()
+    )
+    paused = select(pauses.c.queue_name).where(pauses.c.queue_name == queue).exists()
+    fresh = (locked.c.version == select(seen.c.version).scalar_subquery()).label("fresh")
+    asked = _p("limit", Integer())
+    room = func.least(
+        asked,
+        func.coalesce(locked.c.concurrency - running, asked),
+        func.coalesce(locked.c.rate_count - used, asked),
+    )
+    usage = (
+        select(
+            locked.c.cursor_key,
+            locked.c.concurrency_per_key,
+            locked.c.rate_count,
+            locked.c.rate_period_ms,
+            clock.label("clock"),
+            fresh,
+            case((fresh, case((paused, 0), else_=func.greatest(room, 0))), else_=0).label("room"),
+            # What the queue-wide limits leave (NULL: none set; LEAST skips NULLs).
+            func.least(locked.c.concurrency - running, locked.c.rate_count - used).label("headroom"),
+        )
+        .select_from(locked)
+        .cte("usage")
+        .prefix_with("MATERIALIZED")
+    )
+    u = usage.c
+    segment = func.least(u.room * 2 + 8, FAST_WALK_MAX)
+    # Keys above the cursor, ascending, one index probe each (walk_keys' skip scan).
+    walk = (
+        select(_next_key(func.coalesce(u.cursor_key, "")).label("key"), literal_column("1", Integer()).label("step"))
+        .where(u.room > 0)
+        .cte("walk", recursive=True)
+    )
+    walk = walk.union_all(
+        select(_next_key(walk.c.key), walk.c.step + 1).where(walk.c.key.is_not(None), walk.c.step < segment)
+    )
+    above = select(func.count(walk.c.key)).scalar_subquery()
+    ended = above < select(segment).scalar_subquery()
+    # Keys from the start up to the cursor (the rotation's wrap), once the walk above ended.
+    wrap = (
+        # No bound: with the literal '' PostgreSQL's custom plan read every key's entry and sorted them.
+        select(_next_key(None).label("key"), literal_column("1", Integer()).label("step"))
+        .where(u.room > 0, u.cursor_key.is_not(None), ended)
+        .cte("wrap", recursive=True)
+    )
+    wrap = wrap.union_all(
+        select(_next_key(wrap.c.key), wrap.c.step + 1).where(
+            wrap.c.key.is_not(None), wrap.c.key < u.cursor_key, wrap.c.step < FAST_WALK_MAX
+        )
+    )
+    wrap_cut = (
+        select(func.count(wrap.c.key)).where(wrap.c.key < select(u.cursor_key).scalar_subquery()).scalar_subquery()
+        >= FAST_WALK_MAX
+    )
+    unkeyed_at = FAST_WALK_MAX + 1
+    entries = union_all(
+        select(walk.c.key, walk.c.step.label("ord")).where(walk.c.key.is_not(None)),
+        select(null().label("key"), literal_column(str(unkeyed_at), Integer())).where(u.room > 0, ended),
+        select(wrap.c.key, wrap.c.step + unkeyed_at).where(wrap.c.key.is_not(None), wrap.c.key <= u.cursor_key),
+    ).cte("entries")
+    e = entries.c
+    key_running = (
+        select(func.count())
+        .where(c.queue_name == queue, IS_RUNNING, IS_KEYED, c.limit_key == e.key)
+        .correlate(entries)
+        .scalar_subquery()
+    )
+    take = func.greatest(0, func.least(u.room, func.coalesce(u.concurrency_per_key - key_running, u.room)))
+    row: ColumnElement[Any] = literal_column("watchdog_jobs.ctid")
+    keyed = (
+        select(c.sequence, c.priority, row.label("row"))
+        .where(c.queue_name == queue, IS_QUEUED, IS_KEYED, c.limit_key == e.key)
+        .order_by(*CLAIM_ORDER)
+        .limit(take)
+        .correlate(entries, usage)
+        .lateral("keyed")
+    )
+    head = (
+        select(c.sequence, c.priority, c.limit_key, row.label("row"))
+        .where(c.queue_name == queue, IS_QUEUED, select(e.key).where(e.ord == unkeyed_at).exists())
+        .order_by(*CLAIM_ORDER)
+        .limit(select(u.room + UNKEYED_SCAN).scalar_subquery())
+        .subquery("head")
+    )
+    unkeyed = (
+        select(head.c.sequence, head.c.priority, head.c.row)
+        .where(head.c.limit_key.is_(None))
+        .limit(select(u.room).scalar_subquery())
+        .subquery("unkeyed")
+    )
+    found = union_all(
+        select(e.ord, e.key, keyed.c.sequence, keyed.c.priority, keyed.c.row)
+        .select_from(entries.join(usage, true()).join(keyed, true()))
+        .where(e.key.is_not(None)),
+        select(
+            literal_column(str(unkeyed_at), Integer()).label("ord"),
+            null(),
+            unkeyed.c.sequence,
+            unkeyed.c.priority,
+            unkeyed.c.row,
+        ),
+    ).subquery("found")
+    position = func.row_number().over(partition_by=found.c.ord, order_by=(found.c.priority.desc(), found.c.sequence))
+    candidates = select(found, position.label("position")).cte("candidates").prefix_with("MATERIALIZED")
+    k = candidates.c
+    complete = and_(ended, not_(wrap_cut))
+    go = and_(u.fresh, or_(select(func.count(k.ord.distinct())).scalar_subquery() >= u.room, complete)).label("go")
+    status = select(go, u.cursor_key, u.room).cte("status").prefix_with("MATERIALIZED")
+    s = status.c
+    picks = (
+        select(k.sequence, k.key, k.ord, k.position, k.row)
+        .where(select(s.go).scalar_subquery())
+        .order_by(k.position, k.ord)
+        .limit(select(s.room).scalar_subquery())
+        .cte("picks")
+        .prefix_with("MATERIALIZED")
+    )
+    # The cursor: the entry of the last job taken, in rank order; none taken,
+    # the last entry walked (a run of keys at their limit is not walked again).
+    last_pick = select(picks.c.key).order_by(picks.c.position.desc(), picks.c.ord.desc()).limit(1)
+    last_entry = select(e.key).order_by(e.ord.desc()).limit(1)
+    took = select(picks.c.sequence).exists()
+    cursor = case((took, last_pick.scalar_subquery()), else_=last_entry.scalar_subquery())
+    moves = and_(
+        s.go,
+        or_(took, and_(select(e.ord).exists(), last_entry.scalar_subquery().is_distinct_from(s.cursor_key))),
+    )
+    # By the rows' physical address (a TID scan, whatever the planner knows of
+    # the table): by sequence, a generic plan made while the table was small
+    # scanned it whole for every claim afterwards. A row updated meanwhile is
+    # followed to its new version and checked again (still queued).
+    picked = row == any_(func.array(select(picks.c.row).scalar_subquery()))
+    # Still queued, written so that no index's predicate matches it: the rows
+    # are found by key (with state = 'queued' PostgreSQL read every queued
+    # job's entry in live_queue for a bitmap).
+    still_queued = c.state.not_in([literal_column(f"'{state}'") for state in (_DELAYED, _RUNNING, _SETTLED, _WAITING)])
+    claimed = _claim_update(and_(picked, still_queued)).cte("claimed")
+    # Always written when jobs were taken: a claimer whose snapshot predates
+    # this commit then sees another version of the row than it locks.
+    moved = (
+        update(limits_table)
+        .where(lim.queue_name == queue, select(moves).scalar_subquery())
+        .values(cursor_key=cursor)
+        .returning(lim.queue_name)
+        .cte("moved")
+    )
+    started = select(func.count()).select_from(claimed).where(claimed.c.state == _RUNNING).scalar_subquery()
+    logs = (
+        insert(limit_claims_table)
+        .from_select(
+            ["queue_name", "claimed_at", "jobs"],
+            select(queue, u.clock, started).where(u.rate_count.is_not(None), started > 0),
+        )
+        .returning(logged.id)
+        .cte("logs")
+    )
+    old = (
+        select(logged.id)
+        .where(logged.queue_name == queue, logged.claimed_at <= u.clock - u.rate_period_ms)
+        .order_by(logged.claimed_at)
+        .limit(FORGET_BATCH)
+        .correlate(None)
+    )
+    forgotten = (
+        delete(limit_claims_table)
+        .where(logged.id.in_(old.scalar_subquery()), took)
+        .returning(logged.id)
+        .cte("forgotten")
+    )
+    # Held back by a limit: more jobs were queued than taken, and either fewer
+    # were taken than asked or the claim used up the queue's room.
+    queued = select(c.sequence).where(c.queue_name == queue, IS_QUEUED).limit(asked + 1).subquery("queued")
+    taken = select(func.count()).select_from(picks).scalar_subquery()
+    headroom = select(u.headroom).scalar_subquery()
+    held = and_(
+        select(func.count()).select_from(queued).scalar_subquery() > taken,
+        or_(taken < asked, func.coalesce(headroom - taken <= 0, false())),
+    ).label("held")
+    rows = select(claimed).subquery("rows")
+    return select(s.go, held, *rows.c).select_from(status.outerjoin(rows, true())).add_cte(moved, logs, forgotten)
 
 
 @cache
@@ -1009,6 +1254,16 @@ def cancel(only_if_queued: bool) -> Update:
 def cancellation_holder() -> Select[Any]:
     """The job_id whose cancellation has ``:cancellation``, if any."""
     return select(c.job_id).where(c.cancellation_id == _p("cancellation"))
+
+
+@cache
+def notify_room() -> Select[Any]:
+    """Room freed in a limited queue: ``pg_notify`` of ``queued`` while a runner
+    waits for work, by the protocol of the enqueue trigger (the waiting lock,
+    see :mod:`sqlalchemy_watchdog.wakeups`): the shared lock taken when no
+    runner waits, so none can start waiting before this transaction ends."""
+    waits = not_(func.pg_try_advisory_xact_lock_shared(WAITING_LOCK[0], WAITING_LOCK[1]))
+    return select(case((waits, func.pg_notify(CHANNEL, EVENT_QUEUED)), else_=null()))
 
 
 @cache
@@ -1674,13 +1929,50 @@ def settled_per_minute() -> Select[Any]:
 @cache
 def read_parents() -> Select[Any]:
     """The state and outcome of the stored jobs among ``:job_ids`` (parents
-    named by an enqueue), locked ``FOR SHARE`` on PostgreSQL: a parent's
-    settlement waits for the enqueue to commit, so its trigger then counts
-    the new edge (SQLite's one writer orders them already)."""
+    named by an enqueue), locked ``FOR NO KEY UPDATE`` on PostgreSQL (the
+    lock :func:`watch_parents` takes next, so two enqueues naming one parent
+    take turns rather than deadlock upgrading a shared lock): a parent's
+    settlement waits for the enqueue to commit, then finds it watched and
+    counts the new edge (SQLite's one writer orders them already)."""
     return (
         select(c.job_id, c.state, c.outcome)
         .where(c.job_id.in_(bindparam("job_ids", expanding=True)))
-        .with_for_update(read=True)
+        .with_for_update(key_share=True)
+    )
+
+
+@cache
+def watch_parents() -> Update:
+    """Mark the live jobs among ``:job_ids`` ``watched`` (revision w0013):
+    they have dependents now, so their settlement's trigger must count the
+    edges. Jobs marked already, and settled ones, are left as they are."""
+    return (
+        update(t)
+        .where(c.job_id.in_(bindparam("job_ids", expanding=True)), c.state != _SETTLED, c.watched.is_(None))
+        .values(watched=1)
+    )
+
+
+@cache
+def count_settled_parents() -> Update:
+    """Record the outcome of every parent already settled on the uncounted
+    edges of the children ``:children`` (the edges trigger counts each).
+
+    An enqueue's read of its parents can be older than a settlement that
+    committed before the enqueue's first write -- a caller's SQLite
+    transaction reads outside ``BEGIN IMMEDIATE`` -- so it counted such a
+    parent as pending and no trigger will tell it. Run after the edges are
+    written (the write lock held, on SQLite the snapshot is the newest);
+    nothing to do in the usual case."""
+    settled = and_(c.job_id == edges.c.parent, c.state == _SETTLED)
+    return (
+        update(edges)
+        .where(
+            edges.c.child.in_(bindparam("children", expanding=True)),
+            edges.c.outcome.is_(None),
+            exists().where(settled),
+        )
+        .values(outcome=select(c.outcome).where(settled).scalar_subquery())
     )
 
 

@@ -91,6 +91,9 @@ __all__ = [
     "Listener",
     "listen_async",
     "listens",
+    "local_key",
+    "wake_locally",
+    "room_freed_locally",
 ]
 
 log = logging.getLogger("sqlalchemy_watchdog.runner")
@@ -153,6 +156,50 @@ STOP_WAITING_SQL = f"SELECT pg_advisory_unlock_all(), pg_notify('{CHANNEL}', '{E
 
 #: The drivers whose connections deliver notifications to a listener.
 LISTENING_DRIVERS = frozenset({"psycopg", "psycopg2", "asyncpg"})
+
+
+# -- room freed in a limited queue, within one process ---------------------------
+
+#: Wake-up callbacks of the runners of this process, by database (an engine's
+#: URL): what SQLite has instead of NOTIFY, for room freed in a limited queue.
+_LOCAL: dict[str, dict[int, Callable[[], None]]] = {}
+_LOCAL_LOCK = threading.Lock()
+
+
+def local_key(engine: Engine) -> str:
+    """The key of ``engine``'s database among this process's wake-ups (its
+    URL without driver or password: sync and async engines of one database agree)."""
+    url = engine.url
+    return f"{url.get_backend_name()}://{url.username or ''}@{url.host or ''}:{url.port or ''}/{url.database or ''}"
+
+
+def wake_locally(key: str, callback: Callable[[], None]) -> Callable[[], None]:
+    """Call ``callback`` (thread-safe, quick) when a job of a limited queue of
+    database ``key`` settles in this process; returns the function that stops it."""
+    token = id(callback)
+    with _LOCAL_LOCK:
+        _LOCAL.setdefault(key, {})[token] = callback
+
+    def stop() -> None:
+        with _LOCAL_LOCK:
+            callbacks = _LOCAL.get(key)
+            if callbacks is not None:
+                callbacks.pop(token, None)
+                if not callbacks:
+                    del _LOCAL[key]
+
+    return stop
+
+
+def room_freed_locally(key: str) -> None:
+    """Wake this process's runners of database ``key``: room freed in a limited queue."""
+    with _LOCAL_LOCK:
+        callbacks = list(_LOCAL.get(key, {}).values())
+    for callback in callbacks:
+        try:
+            callback()
+        except Exception:  # pragma: no cover - a wake-up callback only sets an event
+            log.exception("a local wake-up failed")
 
 
 def _notifies(dialect_name: str) -> bool:

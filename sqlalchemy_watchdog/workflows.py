@@ -14,11 +14,12 @@ the step before it (a job; a group's jobs; a chain's last step).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import pairwise
 
-from .jobs import Job
+from .jobs import Job, check_parents, set_after
 
 __all__ = ["Workflow", "chain", "group"]
 
@@ -65,25 +66,17 @@ def _as_workflow(step: object) -> Workflow:
 
 
 def _after(job: Job, parents: Iterable[str]) -> Job:
-    """``job`` also waiting for ``parents`` (a new Job: jobs are frozen).
-    Its payload is already in its stored JSON form, so no codec is needed."""
+    """``job`` also waiting for ``parents``: a copy (jobs are frozen) that
+    keeps everything else of it -- its class (a ``Job`` subclass stays
+    one), key, codec and stored payload -- with the parents checked as
+    ``Job(after=...)`` checks them."""
     extra = tuple(parent for parent in parents if parent not in job.after)
     if not extra:
         return job
-    return Job(
-        job.job_id,
-        job.queue,
-        lane=job.lane,
-        priority=job.priority,
-        payload=job.payload,
-        max_recoveries=job.max_recoveries,
-        run_at=job.run_at,
-        retry=job.retry,
-        timeout=job.timeout,
-        rerun_of=job.rerun_of,
-        after=(*job.after, *extra),
-        after_policy=job.after_policy,
-    )
+    merged = check_parents(job.job_id, (*job.after, *extra))
+    copied = copy.copy(job)
+    set_after(copied, merged)
+    return copied
 
 
 def chain(*steps: Step) -> Workflow:

@@ -161,3 +161,8 @@ def stable_repr(value: object) -> str:
     """``repr(value)`` without a memory address (``<X object at 0x...>``), so a
     test id is the same in every process (pytest-xdist's workers compare them)."""
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
+
+
+#: The package's newest revision: what `upgrade` reaches (one place for the
+#: tests that name it; the migrations' own test checks the chain).
+HEAD_REVISION = "w0014_waiting_jobs"

@@ -22,6 +22,10 @@ def _rate(subject: Any, target: h.Target, call: Any, args: Any, jobs: int) -> fl
     return float(jobs / call(target, *args))
 
 
+#: The baseline row of the enqueue table: an application's own row, no queue.
+PLAIN_ROW = "baseline: session.add(row) + commit, no queue"
+
+
 @h.scenario("enqueue", per_repeat=True, suite=True, options=h.JOBS)
 def enqueue(bench: h.Bench, r: int) -> None:
     """Jobs/s: one job per transaction (also in the caller's Session), 1,000 per statement."""
@@ -36,6 +40,8 @@ def enqueue(bench: h.Bench, r: int) -> None:
             runs = [("1 job per transaction", subject.enqueue_single, (n, f"s{r}"), n)]
             if in_session := getattr(subject, "enqueue_single_in_session", None):
                 runs.append(("1 job in the caller's Session + commit", in_session, (n, f"t{r}"), n))
+            if plain := getattr(subject, "session_add_single", None):
+                runs.append((PLAIN_ROW, plain, (n, f"p{r}"), n))
             runs.append(("1,000 jobs per statement", subject.enqueue_batch, (batches, size, f"b{r}"), batches * size))
             for row, call, args, jobs in runs:
                 bench.measure(table, row, name, partial(_rate, subject, target, call, args, jobs))
@@ -43,6 +49,19 @@ def enqueue(bench: h.Bench, r: int) -> None:
         for row, factor in (("1,000 jobs per statement", 1.0), ("1 job per transaction", 1.5)):
             goal, ok = f"{row}: watchdog >= {factor:g}x pgqueuer", lambda m, factor=factor: m >= factor
             bench.check_median(goal, "enqueue (jobs/s), PostgreSQL", row, "watchdog", ok, versus="pgqueuer")
+        table, session = "enqueue (jobs/s), PostgreSQL", "1 job in the caller's Session + commit"
+        peer_single = bench.medians(table, "1 job per transaction").get("pgqueuer")
+        mine = bench.medians(table, session).get("watchdog")
+        if peer_single and mine:
+            goal = "enqueue in the caller's Session + commit >= 1.0x pgqueuer's one-call enqueue"
+            bench.check(goal, f"{mine / peer_single:.2f}x", mine >= peer_single)
+        for dialect in bench.dialects():
+            table = f"enqueue (jobs/s), {_prefix(dialect)}"
+            plain = bench.medians(table, PLAIN_ROW).get("watchdog")
+            mine = bench.medians(table, session).get("watchdog")
+            if plain and mine:
+                goal = f"{_prefix(dialect)}: enqueue in a Session + commit within 1.3x of session.add(row) + commit"
+                bench.check(goal, f"{plain / mine:.2f}x the time", plain / mine <= 1.3)
 
 
 DRAIN_OPTIONS = {

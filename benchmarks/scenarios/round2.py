@@ -161,19 +161,45 @@ def producers(bench: h.Bench, r: int) -> None:
         bench.measure(table, row, "watchdog", once, 900)
 
 
-def inprocess_role(target: dict[str, str], concurrency: int, jobs: int, use_asyncio: bool) -> None:
+def inprocess_role(target: dict[str, str], concurrency: int | None, jobs: int, use_asyncio: bool) -> None:
     """A Runner thread (or an AsyncRunner on a thread's event loop) in this process, idle; the
-    main thread enqueues ``jobs`` jobs in one transaction and polls until none is left."""
+    main thread enqueues ``jobs`` jobs in one transaction and polls until none is left.
+    ``concurrency`` None: the runner's defaults (its engine too: the application's own)."""
     from sqlalchemy.ext.asyncio import create_async_engine
 
     from sqlalchemy_watchdog.asyncio import AsyncRunner
 
     db = h.Target(**target)
+    options = {} if concurrency is None else {"concurrency": concurrency}
     if use_asyncio:
-        runner: Any = AsyncRunner(create_async_engine(db.url), {h.QUEUE: h.anoop}, concurrency=concurrency)
+        runner: Any = AsyncRunner(create_async_engine(db.url), {h.QUEUE: h.anoop}, **options)
     else:
-        runner = Runner(h.engine(db, pool_size=concurrency + 3), {h.QUEUE: lambda job: None}, concurrency=concurrency)
+        pool = {} if concurrency is None else {"pool_size": concurrency + 3}
+        runner = Runner(h.engine(db, **pool), {h.QUEUE: lambda job: None}, **options)
     h.say("RESULT", h.drain_here(db, runner, jobs, prefill=False))
+
+
+def pgqueuer_inprocess_role(target: dict[str, str], jobs: int) -> None:
+    """pgqueuer with its defaults (``pgqueuer.run`` on uvloop) in this process, idle, while
+    another thread of it does the application's part as :func:`inprocess_role` does: enqueue
+    ``jobs`` jobs in one call and poll until none is left. pgqueuer takes the main thread
+    (its ``run`` installs signal handlers, which only the main thread may), the application
+    a second one: one process, one GIL, as for the watchdog rows."""
+    import os
+    import threading
+
+    db, peer = h.Target(**target), h.PgQueuer()
+
+    def application() -> None:
+        try:
+            h.say("RESULT", h.drain_idle(peer, db, jobs, "drain", 2))
+        except BaseException as error:  # reported as the role's failure
+            h.say("ERROR", repr(error))
+        finally:
+            os._exit(0)
+
+    threading.Thread(target=application, daemon=True).start()
+    peer.worker_main(db, defaults=True)
 
 
 def _in_child(db: h.Target, log: Path, role: Any, **kwargs: Any) -> float:
@@ -197,6 +223,30 @@ def inprocess(bench: h.Bench, r: int) -> None:
         pair = [("in-process", inside), ("separate process", separate)]
         for column, fn in pair if r % 2 == 0 else pair[::-1]:
             bench.measure(table, row, column, fn, 600)
+    # Each queue with its defaults in the application's process, pgqueuer in-process beside.
+    defaults = "drain with defaults, in the application's process (jobs/s), PostgreSQL"
+    bench.table(defaults)
+    cells: list[tuple[str, Any]] = []
+    for use_asyncio in (False, True):
+        column = f"watchdog {'AsyncRunner' if use_asyncio else 'Runner'}"
+        log = bench.workdir / f"inprocess-defaults-{use_asyncio}-{r}.log"
+        cells.append(
+            (column, partial(_in_child, target, log, inprocess_role, target=asdict(target), jobs=jobs,
+                             concurrency=None, use_asyncio=use_asyncio))
+        )  # fmt: skip
+    if "pgqueuer" in bench.subjects:
+        peer = bench.target("pgqueuer", "postgresql")
+        log = bench.workdir / f"inprocess-pgqueuer-{r}.log"
+        cells.append(
+            ("pgqueuer", partial(_in_child, peer, log, pgqueuer_inprocess_role, target=asdict(peer), jobs=jobs))
+        )
+    shift = r % len(cells)
+    for column, fn in cells[shift:] + cells[:shift]:
+        bench.measure(defaults, "defaults, in-process", column, fn, 600)
+    if r == bench.repeat - 1 and "pgqueuer" in bench.subjects:
+        for column in ("watchdog Runner", "watchdog AsyncRunner"):
+            goal = f"in-process drain with defaults >= 1.5x pgqueuer's in-process ({column})"
+            bench.check_median(goal, defaults, "defaults, in-process", column, lambda m: m >= 1.5, versus="pgqueuer")
 
 
 PROCESSES = {"--processes": {"help": "scaleout: runner processes (default 1,2,4,8)"}}

@@ -27,6 +27,7 @@ def claim_steps(core: RunnerCore, limit: int) -> Steps[tuple[list[Execution], tu
     claim found cancelled while queued (settled by the claim itself)."""
     asked_at = core.clock.monotonic()
     batch = yield from call(store.claim, queues=core.settings.queues, limit=limit, lease_ms=core.settings.lease_ms)
+    core.held_back = batch.held_back
     instrumentation = telemetry.active()
     core.count("cancelled", len(batch.cancelled))
     for job in batch.cancelled:

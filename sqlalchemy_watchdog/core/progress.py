@@ -85,6 +85,21 @@ class ProgressReporter:
     and how it writes (``write`` from a thread, ``write_async`` on the
     runner's event loop; neither: every report is kept pending)."""
 
+    __slots__ = (
+        "_interval",
+        "_last",
+        "_lock",
+        "_loop",
+        "_monotonic",
+        "_write",
+        "_write_async",
+        "claim_token",
+        "job_id",
+        "pending",
+        "read",
+        "read_async",
+    )  # fmt: skip
+
     def __init__(
         self,
         job_id: str,
@@ -110,10 +125,9 @@ class ProgressReporter:
         self._last: float | None = None
         #: The newest value not written yet: (fraction, note).
         self.pending: tuple[float, str | None] | None = None
-        try:  # the AsyncRunner admits its jobs on its loop: a thread reporting uses it
-            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            self._loop = None
+        # The AsyncRunner admits its jobs on its loop: a thread reporting uses
+        # it. (Built for every job: the no-raise lookup, not get_running_loop.)
+        self._loop: asyncio.AbstractEventLoop | None = asyncio._get_running_loop()
 
     def _due(self, value: tuple[float, str | None]) -> bool:
         """Whether to write ``value`` now; else it is kept pending."""

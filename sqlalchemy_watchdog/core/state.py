@@ -193,6 +193,11 @@ class RunnerCore:
         #: Claims whose recovery the database refused: (job_id, token) ->
         #: (monotonic time until which they are skipped, refusals so far).
         self._isolated: dict[tuple[str, str], tuple[float, int]] = {}
+        #: The last claim came back short because a limit held it back: until
+        #: a claim is not, a slot whose handler returned stays taken until its
+        #: settle commits (before that, the job still counts against the limit
+        #: and a claim for the slot could only come back empty).
+        self.held_back = False
         #: Where NOTIFY wakes the runner: its side of the waiting lock, told
         #: after each claim whether the runner now waits for work.
         self.waiting: Waiting | None = None
@@ -281,6 +286,8 @@ class RunnerCore:
             settling = len(self._active) - running
         if settling >= self.settle_backlog_max:
             return 0
+        if self.held_back:
+            return self.settings.concurrency - running - settling
         return self.settings.concurrency - running
 
     def admit(self, claim: Claim, asked_at: float) -> Execution:

@@ -35,6 +35,7 @@ from ..jobs import (
     check_text,
     duration_ms,
 )
+from ..wakeups import local_key, room_freed_locally
 from .base import (
     _OUTCOMES,
     LANE_FAILURE_BATCH,
@@ -148,6 +149,9 @@ class ClaimBatch:
 
     claimed: tuple[Claim, ...]
     cancelled: tuple[JobView, ...]
+    #: A limit held the claim back: a limited queue had more jobs queued than
+    #: it let the claim take (room frees only when one of its jobs ends).
+    held_back: bool = False
 
 
 def _claim_peek(conn: Connection, *, queues: Sequence[str] | None, limit: int = 1, lease_ms: int) -> ClaimBatch | None:
@@ -174,6 +178,7 @@ def claim(
     if distinct is not None and not distinct:
         return ClaimBatch((), ())
     rows: list[Sequence[Any]] = []
+    held = False
     limited = limited_queues(conn)
     if limited:
         # The limited queues first, each within its limits in a transaction
@@ -188,13 +193,14 @@ def claim(
             if taken is None:  # its limits were cleared meanwhile: claimed the plain way
                 plain.append(queue)
             else:
-                rows.extend(taken)
+                rows.extend(taken.rows)
+                held = held or taken.held
         if distinct is not None:
             distinct = [queue for queue in distinct if queue not in limited] + plain
             if not distinct:
-                return _batch(conn, rows)
+                return _batch(conn, rows, held)
     if len(rows) >= limit:
-        return _batch(conn, rows)
+        return _batch(conn, rows, held)
     params: dict[str, Any] = {"token": token, "lease_ms": lease_ms, "limit": limit - len(rows)}
     if distinct is None:
         stmt = sql.claim(conn.dialect.name, None)
@@ -202,10 +208,10 @@ def claim(
         stmt = sql.claim(conn.dialect.name, len(distinct))
         params.update(sql.queue_params(distinct))
     rows.extend(execute_rows(conn, stmt, params))
-    return _batch(conn, rows)
+    return _batch(conn, rows, held)
 
 
-def _batch(conn: Connection, found: Sequence[Sequence[Any]]) -> ClaimBatch:
+def _batch(conn: Connection, found: Sequence[Sequence[Any]], held_back: bool = False) -> ClaimBatch:
     """The claim statements' rows as a batch (jobs found cancelled apart)."""
     # By priority, then admission (positions 4 and 0 of statements.COLUMNS).
     rows = sorted(found, key=lambda r: (-r[4] if type(r[4]) is int else 0, r[0]))
@@ -229,7 +235,7 @@ def _batch(conn: Connection, found: Sequence[Sequence[Any]]) -> ClaimBatch:
             cancelled.append(job)
         else:  # pragma: no cover - the CHECK grammar forbids it
             raise WatchdogError(ErrorCode.CLAIM_UNAVAILABLE, f"claim returned {job.state}")
-    return ClaimBatch(tuple(claimed), tuple(cancelled))
+    return ClaimBatch(tuple(claimed), tuple(cancelled), held_back)
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,6 +372,10 @@ def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Set
     params = sql.rows_params(dialect, "settles", sql.SETTLE_FIELDS, [r.row for r in requests])
     params["now"] = max((r.now or now_ms()) for r in requests)
     settled = {row[1]: row for row in execute_rows(conn, sql.settle(dialect), params)}
+    if settled:
+        limited = limited_queues(conn)  # cached: no statement for a deployment without limits
+        if limited and any(row[2] in limited for row in settled.values()):
+            room_freed(conn)
     return [
         _settled(settled[r.job_id]) if r.job_id in settled else _unsettled(conn, r.job_id, r.claim_token, r.decision)
         for r in requests
@@ -476,6 +486,18 @@ def cancel_status_now(conn: Connection, job_id: str, cancellation_id: str) -> Ca
     if prior.cancellation_id == cancellation_id:
         return CancelStatus.REPLAYED
     return CancelStatus.CONFLICT
+
+
+def room_freed(conn: Connection) -> None:
+    """Jobs of a limited queue left ``running``: wake the runners a limit holds
+    back (PostgreSQL: NOTIFY while one waits, delivered at commit; SQLite: this
+    process's runners of the database -- their claim then waits for this
+    transaction's write lock, so it sees the room). Unlimited queues never
+    come here."""
+    if backend_of(conn).notifies:
+        conn.execute(sql.notify_room())
+    else:
+        room_freed_locally(local_key(conn.engine))
 
 
 def notify(conn: Connection, event: str) -> None:

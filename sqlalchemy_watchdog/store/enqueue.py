@@ -400,3 +400,15 @@ def _insert_edges(conn: Connection, unique: Sequence[Job], admitted: set[str], w
     for start in range(0, len(rows), 5000):
         params = sql.rows_params(dialect, "edges", sql.EDGE_FIELDS, rows[start : start + 5000])
         conn.execute(sql.insert_edges(dialect), params)
+    # Their live parents are watched from now on (revision w0013): only a
+    # watched job's settlement runs the trigger that counts its edges, so a
+    # job nobody depends on settles without it. Stored parents are locked
+    # already (read_parents); parents of this call are this transaction's.
+    parents = sorted({parent for _child, parent, outcome in rows if outcome is None})
+    for start in range(0, len(parents), 1000):
+        conn.execute(sql.watch_parents(), {"job_ids": parents[start : start + 1000]})
+    # A parent that settled after the check above read it (see
+    # statements.count_settled_parents) is counted now.
+    children = sorted({child for child, _parent, outcome in rows if outcome is None})
+    for start in range(0, len(children), 1000):
+        conn.execute(sql.count_settled_parents(), {"children": children[start : start + 1000]})

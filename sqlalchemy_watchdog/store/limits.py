@@ -33,6 +33,7 @@ from ..jobs import (
     check_text,
 )
 from .operation import Shape, operation
+from .views import execute_rows
 
 # -- which queues are limited ---------------------------------------------------
 
@@ -134,7 +135,7 @@ def clear_limits(conn: Connection, queue: str) -> bool:
 # -- the limited claim -----------------------------------------------------------
 
 #: Rate-log rows a claim deletes at most (the queue's rows out of the window).
-FORGET_BATCH = 1000
+FORGET_BATCH = sql.FORGET_BATCH
 #: Keys walked per segment at most, and segments per claim at most.
 WALK_MAX = 256
 WALK_SEGMENTS = 4
@@ -283,22 +284,78 @@ def fair_pick(conn: Connection, row: Any, room: int) -> tuple[list[tuple[int, st
     return picks, None, False
 
 
-def claim_queue(conn: Connection, queue: str, *, limit: int, lease_ms: int, token: str) -> list[Sequence[Any]] | None:
+#: What :func:`claim_at_once` returns when the transaction must claim instead.
+AGAIN = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """What a limited claim of one queue took: the claim statement's rows,
+    and whether a limit held it back (fewer taken than asked while more jobs
+    were queued: room frees only when a running job of the queue ends)."""
+
+    rows: list[Sequence[Any]]
+    held: bool
+
+
+def claim_at_once(conn: Connection, queue: str, *, limit: int, lease_ms: int, token: str) -> Any:
+    """The limited claim in one statement (PostgreSQL, autocommit): what it
+    took (:class:`Taken`), None when the queue has no limits, or
+    :data:`AGAIN` when the statement changed nothing and
+    :func:`claim_in_transaction` must claim (see
+    :func:`statements.claim_limited_at_once`)."""
+    params = {"queue": queue, "limit": limit, "token": token, "lease_ms": lease_ms}
+    found = execute_rows(conn, sql.claim_limited_at_once(), params)
+    if not found:
+        return None
+    if not found[0][0]:
+        return AGAIN
+    return Taken([row[2:] for row in found if row[2] is not None], bool(found[0][1]))
+
+
+def claim_queue(conn: Connection, queue: str, *, limit: int, lease_ms: int, token: str) -> Taken | None:
     """Claim up to ``limit`` of limited queue ``queue``'s jobs within its
-    limits, in a transaction (see :func:`own_transaction`): the rows the
-    claim statement returned, or None when the queue has no limits now (the
-    caller claims it the plain way)."""
+    limits; None when the queue has no limits now (the caller claims it the
+    plain way). On PostgreSQL in autocommit usually one statement
+    (:func:`claim_at_once`), else a transaction of a few
+    (:func:`claim_in_transaction`)."""
+    if conn.dialect.name == "postgresql" and conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+        taken = claim_at_once(conn, queue, limit=limit, lease_ms=lease_ms, token=token)
+        if taken is not AGAIN:
+            done: Taken | None = taken
+            return done
+    return claim_in_transaction(conn, queue, limit=limit, lease_ms=lease_ms, token=token)
+
+
+def claim_in_transaction(
+    conn: Connection, queue: str, *, limit: int, lease_ms: int, token: str, at_once: bool = True
+) -> Taken | None:
+    """:func:`claim_queue` as a transaction (see :func:`own_transaction`): the
+    limits row locked first; on PostgreSQL then usually the one statement
+    (its snapshot now younger than the lock); else the room read, the keys
+    walked segment by segment, the jobs picked and claimed, each its own
+    statement (``at_once`` False: always so -- for tests comparing the two)."""
     dialect = conn.dialect.name
     with own_transaction(conn):
         row = conn.execute(sql.lock_limits(dialect), {"queue": queue}).first()
         if row is None:
             return None
+        if at_once and dialect == "postgresql":
+            # The lock is held now, so the one statement's snapshot is younger
+            # than it: the usual claim in one more round trip. It declines only
+            # when its walk was too short; the walk below goes further.
+            taken = claim_at_once(conn, queue, limit=limit, lease_ms=lease_ms, token=token)
+            if taken is not AGAIN:
+                done: Taken | None = taken
+                return done
         room = _room(conn, row, limit)
         period = row.rate_period_ms
         if period is not None:
             conn.execute(sql.forget_claims(), {"queue": queue, "before": room.clock - period, "batch": FORGET_BATCH})
-        if room.room <= 0 or not row.has_queued:
-            return []
+        if not row.has_queued:
+            return Taken([], False)
+        if room.room <= 0:
+            return Taken([], True)
         picks, cursor, move = fair_pick(conn, row, room.room)
         rows: list[Sequence[Any]] = []
         if picks:
@@ -307,12 +364,21 @@ def claim_queue(conn: Connection, queue: str, *, limit: int, lease_ms: int, toke
         if move or rows:
             # Always written when jobs were taken: under REPEATABLE READ a
             # claimer whose snapshot predates this commit then fails its lock
-            # (a serialization failure, retried) instead of counting stale rows.
+            # (a serialization failure, retried) instead of counting stale rows;
+            # under READ COMMITTED claim_at_once sees another version of the row.
             conn.execute(sql.move_cursor(), {"queue": queue, "cursor": cursor})
         started = sum(1 for claimed in rows if claimed[7] == JobState.RUNNING.value)
         if period is not None and started:
             conn.execute(sql.log_claim(), {"queue": queue, "clock": room.clock, "jobs": started})
-        return rows
+        # Held back: the room was below the ask or is used up now, or a
+        # per-key limit left walked keys' jobs behind (an approximation: the
+        # queue may simply have had fewer jobs than the room).
+        left = [row.concurrency - room.running] if row.concurrency is not None else []
+        if row.rate_count is not None:
+            left.append(row.rate_count - room.rate_used)
+        used_up = bool(left) and min(left) - len(rows) <= 0
+        held = room.room < limit or used_up or (len(picks) < room.room and row.concurrency_per_key is not None)
+        return Taken(rows, held)
 
 
 # -- what a limit holds back ---------------------------------------------------------
@@ -381,6 +447,7 @@ def held_by(conn: Connection, job: JobView) -> HeldBy | None:
 __all__ = [
     "KEY_MAX_LENGTH",
     "LimitUse",
+    "Taken",
     "claim_queue",
     "clear_limits",
     "held_by",

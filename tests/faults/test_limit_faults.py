@@ -19,12 +19,13 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import URL
 
-from sqlalchemy_watchdog import Job, Watchdog
+from sqlalchemy_watchdog import Job, Rate, Watchdog
 from tests.faults.helpers import WorkerPool, assert_settled_exactly_once, enqueue_jobs, wait_until
 
 pytestmark = pytest.mark.slow
@@ -234,5 +235,144 @@ def test_limits_hold_across_processes_killed_frozen_and_cut_off(
     assert audit_findings(engine) == []
     assert sampler.found == [] and sampler.samples > 50
     assert sampler.peak == CONCURRENCY  # the workers' 16+ slots pressed against the limit
+    rows = assert_settled_exactly_once(engine, ids)
+    assert {row["outcome"] for row in rows.values()} == {"completed"}
+
+
+# -- rates ---------------------------------------------------------------------------
+
+RATE_COUNT = 6
+RATE_PERIOD_MS = 1000
+
+#: PostgreSQL: every start (a job made ``running``) and every rate-log row,
+#: each with the transaction that wrote it -- rolled back with it, kept when
+#: the claimers delete the log rows out of the window.
+_PG_RATE_AUDIT = [
+    "CREATE TABLE IF NOT EXISTS rate_starts (txid bigint, queue_name text)",
+    "CREATE TABLE IF NOT EXISTS rate_logs (txid bigint, queue_name text, claimed_at bigint, jobs int)",
+    """CREATE OR REPLACE FUNCTION rate_start_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO rate_starts VALUES (txid_current(), NEW.queue_name);
+    RETURN NULL;
+END $$""",
+    """CREATE OR REPLACE FUNCTION rate_log_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO rate_logs VALUES (txid_current(), NEW.queue_name, NEW.claimed_at, NEW.jobs);
+    RETURN NULL;
+END $$""",
+    "DROP TRIGGER IF EXISTS rate_start_audit ON watchdog_jobs",
+    "CREATE TRIGGER rate_start_audit AFTER UPDATE OF state ON watchdog_jobs FOR EACH ROW"
+    " WHEN (NEW.state = 'running' AND OLD.state IS DISTINCT FROM 'running') EXECUTE FUNCTION rate_start_audit()",
+    "DROP TRIGGER IF EXISTS rate_log_audit ON watchdog_limit_claims",
+    "CREATE TRIGGER rate_log_audit AFTER INSERT ON watchdog_limit_claims FOR EACH ROW EXECUTE FUNCTION rate_log_audit()",
+]
+
+
+def rate_findings(engine: Engine, queue: str, count: int, period_ms: int) -> tuple[list[str], int]:
+    """What breaks the rate in the audit, and the most starts seen in one window:
+    every transaction that started jobs of ``queue`` logged exactly that many
+    (so the log the claims count is complete), and no window of ``period_ms``
+    on the database clock holds more than ``count`` logged starts."""
+    with engine.connect() as conn:
+        starts: dict[int, int] = dict(
+            conn.execute(
+                text("SELECT txid, count(*) FROM rate_starts WHERE queue_name = :q GROUP BY txid"), {"q": queue}
+            ).all()
+        )
+        logs = conn.execute(
+            text("SELECT txid, claimed_at, jobs FROM rate_logs WHERE queue_name = :q ORDER BY claimed_at"), {"q": queue}
+        ).all()
+    found: list[str] = []
+    logged: dict[int, int] = {}
+    for txid, _at, jobs in logs:
+        logged[txid] = logged.get(txid, 0) + jobs
+    if logged != starts:
+        found.append(f"starts not logged in their transaction: {sorted(set(starts.items()) ^ set(logged.items()))}")
+    peak = 0
+    for _txid, at, _jobs in logs:  # the window (at - period, at], ending at each logged claim
+        inside = sum(jobs for _t, other, jobs in logs if at - period_ms < other <= at)
+        peak = max(peak, inside)
+        if inside > count:
+            found.append(f"{inside} starts in the {period_ms} ms up to {at}")
+    return found, peak
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])  # the audit names each start's transaction
+def test_the_rate_audit_sees_an_excess_and_an_unlogged_start(engine: Engine) -> None:
+    """The rate audit can fail: starts over the rate, and a start without its log row."""
+    with engine.begin() as conn:
+        for ddl in _PG_RATE_AUDIT:
+            conn.exec_driver_sql(ddl)
+    watchdog = Watchdog(engine)
+    watchdog.enqueue([Job(f"j{i}", "q") for i in range(3)])
+    watchdog.set_limits("q", rate=Rate(1, timedelta(seconds=1)))
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE watchdog_jobs SET state = 'running', claim_token = 'x' || sequence,"
+                " lease_until = 9999999999999 WHERE job_id IN ('j0', 'j1')"
+            )
+        )
+        conn.execute(text("INSERT INTO watchdog_limit_claims (queue_name, claimed_at, jobs) VALUES ('q', 5000, 2)"))
+    assert rate_findings(engine, "q", 1, 1000) == (["2 starts in the 1000 ms up to 5000"], 2)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE watchdog_jobs SET state = 'running', claim_token = 'x' || sequence,"
+                " lease_until = 9999999999999 WHERE job_id = 'j2'"
+            )
+        )
+    found, _peak = rate_findings(engine, "q", 1, 1000)
+    assert any(finding.startswith("starts not logged") for finding in found)
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])  # the audit names each start's transaction
+def test_a_rate_holds_across_processes_killed_frozen_and_cut_off(
+    instrumented: Engine, db_url: URL, workers: WorkerPool
+) -> None:
+    """A rate-limited queue (6 starts a second) drained by racing worker
+    processes while one is SIGKILLed, one frozen past its lease (its jobs
+    recovered and started again) and every connection cut: every start is
+    logged by the claim that made it, and no window of the period on the
+    database clock holds more than the rate -- though the workers' slots
+    press on it (some window holds exactly 6)."""
+    engine = instrumented
+    with engine.begin() as conn:
+        for ddl in _PG_RATE_AUDIT:
+            conn.exec_driver_sql(ddl)
+    Watchdog(engine).set_limits("paced", rate=Rate(RATE_COUNT, timedelta(milliseconds=RATE_PERIOD_MS)))
+    total = 90
+    ids = [f"paced-{i:04d}" for i in range(total)]
+    enqueue_jobs(
+        engine,
+        [Job(j, "paced", max_recoveries=5, payload={"action": "sleep", "seconds": 0.01}) for j in ids],
+    )
+    lease = 3
+    timing: dict[str, object] = {"queue": "paced", "concurrency": 3, "lease": lease, "heartbeat": 0.5, "poll": 0.05}
+    timing["log_level"] = "WARNING"
+
+    def settled() -> int:
+        with engine.connect() as conn:
+            return int(conn.execute(text("SELECT count(*) FROM watchdog_jobs WHERE state = 'settled'")).scalar_one())
+
+    pool = [workers.start(db_url, f"w{i}", **timing) for i in range(4)]
+    wait_until(lambda: settled() >= total // 4, timeout=300, what="a quarter of the jobs", interval=0.1)
+    pool[0].send(signal.SIGKILL)
+    pool[0].wait(30)
+    pool.append(workers.start(db_url, "replacement", **timing))
+    wait_until(lambda: settled() >= total // 2, timeout=300, what="half of the jobs", interval=0.1)
+    pool[1].send(signal.SIGSTOP)
+    assert _terminate_backends(engine) > 0
+    time.sleep(lease + 1.5)
+    pool[1].send(signal.SIGCONT)
+    _terminate_backends(engine)
+    wait_until(lambda: settled() == total, timeout=480, what="every job to settle", interval=0.2)
+    for worker in pool[1:]:
+        worker.send(signal.SIGTERM)
+    for worker in pool[1:]:
+        assert worker.wait(60) == 0, worker.log_text()[-3000:]
+    found, peak = rate_findings(engine, "paced", RATE_COUNT, RATE_PERIOD_MS)
+    assert found == []
+    assert peak == RATE_COUNT  # the workers pressed against the rate
     rows = assert_settled_exactly_once(engine, ids)
     assert {row["outcome"] for row in rows.values()} == {"completed"}

@@ -333,6 +333,8 @@ class Row:
     #: parents: tests/faults/test_dependency_faults.py models them).
     waiting_on: int | None = None
     after_policy: str | None = None
+    #: Revision w0013: 1 once an enqueue gave it a dependent while it was not settled.
+    watched: int | None = None
     #: Its parents (``Job.after``; the edges hold what each ended).
     parents: tuple[str, ...] = ()
     #: The failure reasons the database may have written, when two parents
@@ -556,6 +558,7 @@ class WatchdogMachine(RuleBasedStateMachine):
                     raise AssertionError("a refused parent")  # pragma: no cover - the draw below avoids it
                 if not settled:
                     row.state, row.waiting_on = "waiting", 1
+                    self.model.rows[parent].watched = 1
                 self.model.edges[(job.job_id, parent)] = self.model.rows[parent].outcome if settled else None
         for queue, spec in limits:  # most runs start with limited queues (w0011)
             self.set_limits(queue, spec)
@@ -651,6 +654,8 @@ class WatchdogMachine(RuleBasedStateMachine):
             row.state, row.waiting_on = "waiting", pending
         for parent, outcome in counted:
             self.model.edges[(job_id, parent)] = outcome
+            if outcome is None:  # a parent not settled is watched from now on (w0013)
+                self.model.rows[parent].watched = 1
 
     def _tell(self, child: str, parent: str, outcome: str, *, same_step: bool) -> None:
         """The edge trigger: ``parent`` ended ``outcome``, counted for ``child``."""

@@ -9,15 +9,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sqlalchemy.engine import URL
+
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "benchmarks" / "scenarios"
 
 
-def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def bench(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "benchmarks", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
-    )
+        [sys.executable, "-m", "benchmarks", *args],
+        cwd=ROOT, env=environment, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
 
 
 def test_scenario_modules_import_the_harness_and_no_other_scenario() -> None:
@@ -52,6 +55,7 @@ def test_every_scenario_is_listed_with_its_help() -> None:
         assert scenario in names
     assert {
         "in-process", "otel-overhead", "profile-drain", "hot-statements", "index-review", "executors", "dependencies",
+        "ceiling",
     } <= names  # fmt: skip
 
 
@@ -83,4 +87,18 @@ def test_the_limits_scenario_runs_on_sqlite(tmp_path: Path) -> None:
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     assert "| concurrency 16, 1 per key (100 keys)" in run.stdout
+    assert '"errors": []' in out.read_text()
+
+
+def test_the_raw_sql_ceiling_runs_pgbench_on_postgresql(postgres_server: URL, tmp_path: Path) -> None:
+    """The pgbench script drains every job it is given (the scenario checks
+    none is left unsettled) beside the library's drain of as many."""
+    out = tmp_path / "bench.json"
+    server = postgres_server.set(drivername="postgresql").render_as_string(hide_password=False)
+    run = bench(
+        "ceiling", "--quick", "--jobs", "300", "--clients", "2", "--json", str(out), timeout=300,
+        env={"WATCHDOG_BENCH_POSTGRES": server},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "| raw SQL, pgbench 2 clients" in run.stdout and "| sqlalchemy_watchdog, c64 p2" in run.stdout
     assert '"errors": []' in out.read_text()

@@ -38,7 +38,7 @@ from sqlalchemy_watchdog import (
 )
 from sqlalchemy_watchdog.cli import main
 from sqlalchemy_watchdog.store import LANE_FAILURE_BATCH
-from tests.helpers import add, present, read
+from tests.helpers import HEAD_REVISION, add, present, read
 
 # The dialect does not matter here but where a test says dialect_specific: the PostgreSQL copy
 # runs under CI=true or WATCHDOG_ALL_DIALECTS=1 (tests/conftest.py).
@@ -83,14 +83,14 @@ def test_upgrade_creates_the_table_and_is_idempotent(empty_engine: Engine, cli: 
     assert not inspect(empty_engine).has_table("watchdog_jobs")
     status, out, _ = cli("upgrade")
     assert status == 0
-    assert "w0014_waiting_jobs" in out
+    assert HEAD_REVISION in out
     assert inspect(empty_engine).has_table("watchdog_jobs")
     status, out, _ = cli("--json", "upgrade")
     assert status == 0
-    assert json.loads(out)["heads"] == ["w0014_waiting_jobs"]
+    assert json.loads(out)["heads"] == [HEAD_REVISION]
     with empty_engine.connect() as conn:
         versions = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
-    assert versions == ["w0014_waiting_jobs"]
+    assert versions == [HEAD_REVISION]
     # The migrated table is the model: jobs go in and come out.
     add(empty_engine, Job("a", "q"))
     assert read(empty_engine, "a").state is JobState.QUEUED

@@ -8,6 +8,7 @@ claims rotate across keys; a queue without limits claims as before.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections import Counter
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import Engine, create_engine, select, text
+from sqlalchemy import Connection, Engine, bindparam, create_engine, event, select, text
 
 from sqlalchemy_watchdog import (
     Decision,
@@ -27,6 +28,7 @@ from sqlalchemy_watchdog import (
     Outcome,
     QueueLimits,
     Rate,
+    RunningJob,
     Watchdog,
     store,
 )
@@ -314,6 +316,20 @@ def test_a_long_run_of_keys_at_their_limit_does_not_hide_a_free_key(engine: Engi
     assert found == ["late"]
 
 
+@pytest.mark.parametrize("ahead", [sql.UNKEYED_SCAN, sql.UNKEYED_SCAN + 1])
+def test_unkeyed_jobs_are_found_among_the_first_room_plus_256_queued(engine: Engine, ahead: int) -> None:
+    """The documented bound of the unkeyed jobs' turn: it looks at the queue's
+    first ``room + 256`` queued jobs in claim order. An unkeyed job behind
+    256 queued jobs of a key at its limit is found (room 1: 257 looked at);
+    behind 257 it waits until the key's backlog ahead of it shrinks."""
+    enqueue(engine, [Job(f"a-{n:04}", "q", key="a") for n in range(ahead + 1)])
+    enqueue(engine, [Job("plain", "q")])
+    Watchdog(engine).set_limits("q", concurrency_per_key=1)
+    assert [c.job.job_id for c in claim(engine, ["q"], limit=1)] == ["a-0000"]  # key a is at its limit now
+    found = [c.job.job_id for c in claim(engine, ["q"], limit=1)]
+    assert found == (["plain"] if ahead <= sql.UNKEYED_SCAN else [])
+
+
 # -- races ---------------------------------------------------------------------------
 
 
@@ -381,3 +397,234 @@ def test_both_runners_keep_a_queue_within_its_limits_and_rotate_keys(engine: Eng
     settled = worker.run_until_idle()
     assert len(settled) == 12 and {job.outcome for job in settled} == {Outcome.COMPLETED}
     assert seen and all(total <= 2 and max(counts.values()) <= 1 for total, counts in seen), seen
+
+
+def test_a_runner_held_back_by_a_limit_starts_as_soon_as_room_frees(engine: Engine, runners: RunnerDriver) -> None:
+    """Another worker holds a queue's only slot; a runner that claims it is
+    held back and waits, its next poll a minute away. When the other worker's
+    job settles, the runner is woken (PostgreSQL: NOTIFY; SQLite: the settle in
+    this process) and starts the next job long before that poll."""
+    enqueue(engine, [Job("first", "q"), Job("second", "q")])
+    Watchdog(engine).set_limits("q", concurrency=1)
+    (other,) = claim(engine, ["q"], limit=1)
+    started: list[str] = []
+    ran = threading.Event()
+
+    def handler(job: RunningJob) -> None:
+        started.append(job.job_id)
+        ran.set()
+
+    worker = runners.runner({"q": handler}, poll_interval=timedelta(seconds=60))
+    with worker.serving():
+        time.sleep(1.0)  # it claimed, was held back, and waits
+        assert not ran.is_set()
+        settle(engine, other)
+        assert ran.wait(20), "the held-back runner was not woken when room freed"
+    assert started == ["second"]
+
+
+def test_settling_an_unlimited_queues_job_costs_no_wake_up(engine: Engine) -> None:
+    """The wake-up for freed room is sent only for jobs of limited queues: a
+    settle of an unlimited queue's job is its one statement, as before limits,
+    even while another queue is limited; a limited queue's settle adds the
+    wake-up (PostgreSQL: one statement, a NOTIFY only while a runner waits)."""
+    enqueue(engine, [Job("free", "plain"), Job("held", "q")])
+    Watchdog(engine).set_limits("q", concurrency=1)
+    taken = {c.job.job_id: c for c in claim(engine, ["plain", "q"], limit=2)}
+    sent: list[str] = []
+
+    def record(conn: object, cursor: object, statement: str, *args: object) -> None:
+        sent.append(statement)
+
+    with engine.connect() as conn:
+        store.limits.limited_queues(conn)  # the list a running runner has read already
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        settle(engine, taken["free"])
+        unlimited = list(sent)
+        sent.clear()
+        settle(engine, taken["held"])
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert [s for s in unlimited if "UPDATE watchdog_jobs" not in s and not s.startswith("BEGIN")] == []
+    if engine.dialect.name == "postgresql":
+        assert len(sent) == len(unlimited) + 1 and "pg_notify" in sent[-1]
+    else:
+        assert len(sent) == len(unlimited)  # SQLite wakes this process's runners, no statement
+
+
+# -- the one-statement claim (PostgreSQL) ---------------------------------------------
+
+
+def _claim_statements(engine: Engine, queue: str, limit: int) -> tuple[list[Claim], list[str]]:
+    """A runner's claim of ``queue``, and the SQL statements it sent."""
+    sent: list[str] = []
+
+    def record(conn: object, cursor: object, statement: str, *args: object) -> None:
+        sent.append(statement)
+
+    with engine.connect() as conn:  # the list of limited queues read before, as a running runner has it
+        store.limits.forget_limited(conn)
+        store.limits.limited_queues(conn)
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        taken = claim(engine, [queue], limit=limit)
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    return taken, sent
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])  # SQLite claims in its write transaction
+def test_a_limited_claim_is_one_statement_on_postgresql(engine: Engine) -> None:
+    """The limited claim -- lock, room, walk, pick, claim, cursor, rate log -- is
+    one round trip, as the plain claim is, while its snapshot is not older than
+    its lock (nobody else claimed the queue meanwhile)."""
+    enqueue(engine, [Job(f"{key}-{n}", "q", key=key) for key in "abc" for n in range(3)] + [Job("plain", "q")])
+    Watchdog(engine).set_limits("q", concurrency=5, concurrency_per_key=1, rate=Rate(100, timedelta(minutes=1)))
+    taken, sent = _claim_statements(engine, "q", 10)
+    assert sorted(c.job.job_id for c in taken) == ["a-0", "b-0", "c-0", "plain"]
+    assert len(sent) == 1 and sent[0].lstrip().startswith("WITH RECURSIVE"), sent
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT sum(jobs) FROM watchdog_limit_claims")).scalar() == 4
+        assert conn.execute(text("SELECT cursor_key FROM watchdog_limits")).scalar() is None  # unkeyed got the last
+    held, sent = _claim_statements(engine, "q", 10)  # every key at its limit: one statement, nothing taken
+    assert held == [] and len(sent) == 1
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])  # the READ COMMITTED snapshot and lock of PostgreSQL
+def test_a_claim_whose_snapshot_predates_its_lock_claims_by_the_transaction(engine: Engine) -> None:
+    """A claim that waited for the limits row while another claim committed
+    must not count with its older snapshot: the one statement sees that the
+    row it locked is not the version its snapshot holds, changes nothing, and
+    the transaction path claims with fresh counts -- never over the limit."""
+    enqueue(engine, [Job(f"j{i}", "q") for i in range(10)])
+    Watchdog(engine).set_limits("q", concurrency=3)
+    first = create_engine(engine.url)
+    try:
+        with first.connect() as holder:
+            holder.execute(text("SELECT 1 FROM watchdog_limits WHERE queue_name = 'q' FOR UPDATE"))
+            # The holder claims two jobs (by hand, as a claim would) and moves the cursor.
+            holder.execute(
+                text(
+                    "UPDATE watchdog_jobs SET state = 'running', claim_token = 'x.' || sequence,"
+                    " lease_until = 9000000000000 WHERE job_id IN ('j0', 'j1')"
+                )
+            )
+            holder.execute(text("UPDATE watchdog_limits SET cursor_key = NULL WHERE queue_name = 'q'"))
+            results: list[tuple[object, list[str]]] = []
+
+            def waiter() -> None:
+                with engine.connect() as conn:
+                    conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                    at_once = store.limits.claim_at_once(conn, "q", limit=10, lease_ms=LEASE_MS, token="w")
+                    results.append((at_once, []))
+
+            thread = threading.Thread(target=waiter)
+            thread.start()
+            time.sleep(0.5)  # the waiter's statement has its snapshot and waits for the row
+            holder.commit()
+            thread.join(30)
+        assert results and results[0][0] is store.limits.AGAIN  # changed nothing
+        assert sum(running(engine, "q").values()) == 2
+        # The transaction: the lock first, then the one statement (its snapshot now younger).
+        sent: list[str] = []
+
+        def record(conn: object, cursor: object, statement: str, *args: object) -> None:
+            sent.append(statement)
+
+        event.listen(engine, "before_cursor_execute", record)
+        try:
+            with engine.connect() as conn:
+                conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                taken = store.limits.claim_in_transaction(conn, "q", limit=10, lease_ms=LEASE_MS, token="t")
+        finally:
+            event.remove(engine, "before_cursor_execute", record)
+        assert taken is not None and len(taken.rows) == 1 and taken.held
+        assert sum(running(engine, "q").values()) == 3
+        assert [statement.lstrip().split()[0] for statement in sent] == ["SELECT", "WITH"], sent
+        assert "FOR UPDATE" in sent[0]
+    finally:
+        first.dispose()
+
+
+def _random_state(engine: Engine, rng: random.Random) -> tuple[int, str | None]:
+    """A limited queue in a random state: keys with queued and running jobs,
+    unkeyed jobs, priorities, limits and a cursor; the claim's ask."""
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM watchdog_jobs"))
+        conn.execute(text("DELETE FROM watchdog_limit_claims"))
+        conn.execute(text("DELETE FROM watchdog_limits"))
+    keys = [f"k{n:02}" for n in rng.sample(range(40), rng.randint(0, 14))]
+    jobs = [
+        Job(f"{key}-{n}", "q", key=key, priority=rng.choice([0, 0, 1, 5]))
+        for key in keys
+        for n in range(rng.randint(0, 4))
+    ]
+    jobs += [Job(f"u-{n}", "q", priority=rng.choice([0, 0, 2])) for n in range(rng.randint(0, 6))]
+    rng.shuffle(jobs)
+    if jobs:
+        enqueue(engine, jobs)
+    running_ids = [job.job_id for job in jobs if rng.random() < 0.2]
+    concurrency = rng.choice([None, rng.randint(1, 12)])
+    per_key = rng.choice([None, 1, 2])
+    rate = rng.choice([None, Rate(rng.randint(1, 12), timedelta(minutes=1))])
+    if concurrency is None and per_key is None and rate is None:
+        concurrency = 50
+    Watchdog(engine).set_limits("q", concurrency=concurrency, concurrency_per_key=per_key, rate=rate)
+    cursor = rng.choice([None, *keys, "k15x"]) if keys else None
+    with engine.begin() as conn:
+        if running_ids:
+            conn.execute(
+                text(
+                    "UPDATE watchdog_jobs SET state = 'running', claim_token = 'r.' || sequence,"
+                    " lease_until = 9000000000000 WHERE job_id IN :ids"
+                ).bindparams(bindparam("ids", expanding=True)),
+                {"ids": running_ids},
+            )
+        conn.execute(text("UPDATE watchdog_limits SET cursor_key = :cursor"), {"cursor": cursor})
+        if rate is not None and rng.random() < 0.5:
+            conn.execute(
+                text(
+                    "INSERT INTO watchdog_limit_claims (queue_name, claimed_at, jobs)"
+                    " VALUES ('q', CAST(floor(EXTRACT(EPOCH FROM now()) * 1000) AS BIGINT) - 1000, :jobs)"
+                ),
+                {"jobs": rng.randint(1, rate.count)},
+            )
+    return rng.randint(1, 8), cursor
+
+
+def _outcome(conn: Connection, taken: object) -> tuple[object, ...]:
+    assert isinstance(taken, store.limits.Taken)
+    claimed = sorted((row[1], row[7]) for row in taken.rows)
+    cursor = conn.execute(text("SELECT cursor_key FROM watchdog_limits")).scalar()
+    logged = conn.execute(text("SELECT jobs FROM watchdog_limit_claims ORDER BY id DESC LIMIT 1")).scalar()
+    return claimed, cursor, logged, taken.held
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])
+def test_the_one_statement_claim_takes_what_the_transaction_takes(engine: Engine) -> None:
+    """Differential: on random queues (keys, unkeyed jobs, priorities, running
+    jobs, every kind of limit, any cursor), the one-statement claim takes the
+    same jobs as the claim made of several statements, moves the cursor to
+    the same key and logs the same count -- or declines (never a different
+    answer). Each pair runs from the same state, rolled back between."""
+    rng = random.Random(20261205)
+    compared = declined = took = 0
+    for _ in range(60):
+        limit, _cursor = _random_state(engine, rng)
+        with engine.connect() as conn:
+            at_once = store.limits.claim_at_once(conn, "q", limit=limit, lease_ms=LEASE_MS, token="t")
+            fast = None if at_once is store.limits.AGAIN else _outcome(conn, at_once)
+            conn.rollback()
+            segments = store.limits.claim_in_transaction(
+                conn, "q", limit=limit, lease_ms=LEASE_MS, token="t", at_once=False
+            )
+            slow = _outcome(conn, segments)
+            conn.rollback()
+        if fast is None:
+            declined += 1
+            continue
+        compared += 1
+        assert fast[:3] == slow[:3]
+        took += bool(fast[0])
+    assert compared >= 50 and declined <= 10 and took >= 30

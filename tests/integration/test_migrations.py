@@ -25,7 +25,7 @@ from sqlalchemy.exc import IntegrityError
 import sqlalchemy_watchdog
 from sqlalchemy_watchdog import Decision, Job, JobState, Outcome, RetryPolicy, Watchdog, enqueue, store
 from sqlalchemy_watchdog.backends import backend_of
-from tests.helpers import index_names
+from tests.helpers import HEAD_REVISION, index_names
 
 REPO = Path(__file__).resolve().parents[2]
 ALEMBIC_INI = REPO / "alembic.ini"
@@ -102,7 +102,7 @@ def model_names(dialect: str) -> dict[str, set[Any]]:
 
 
 #: The package's newest revision.
-HEAD = "w0014_waiting_jobs"
+HEAD = HEAD_REVISION
 
 
 def test_upgrade_head_creates_the_jobs_table(empty_engine: Engine) -> None:
@@ -152,16 +152,24 @@ def test_migrated_constraint_names_equal_the_models(empty_engine: Engine) -> Non
     assert schema_names(empty_engine) == model_names(empty_engine.dialect.name)
 
 
-def triggers_and_functions(engine: Engine) -> set[str]:
-    """The table's triggers (and, on PostgreSQL, our trigger functions) by name."""
+def triggers_and_functions(engine: Engine) -> dict[str, str]:
+    """Our triggers (and, on PostgreSQL, our trigger functions) by name, each
+    with its definition as the database reports it."""
     with engine.connect() as conn:
         if engine.dialect.name == "sqlite":
-            return set(conn.execute(text("SELECT name FROM sqlite_master WHERE type = 'trigger'")).scalars())
+            rows = conn.execute(text("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'"))
+            return {str(name): str(sql) for name, sql in rows}
         triggers = conn.execute(
-            text("SELECT tgname FROM pg_trigger WHERE NOT tgisinternal AND tgrelid = to_regclass('watchdog_jobs')")
-        ).scalars()
-        functions = conn.execute(text("SELECT proname FROM pg_proc WHERE proname LIKE 'watchdog%'")).scalars()
-        return {f"trigger {name}" for name in triggers} | {f"function {name}" for name in functions}
+            text(
+                "SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger WHERE NOT tgisinternal"
+                " AND tgrelid IN (to_regclass('watchdog_jobs'), to_regclass('watchdog_job_edges'))"
+            )
+        )
+        found = {f"trigger {name}": str(definition) for name, definition in triggers}
+        functions = conn.execute(
+            text("SELECT proname, pg_get_functiondef(oid) FROM pg_proc WHERE proname LIKE 'watchdog%'")
+        )
+        return found | {f"function {name}": str(definition) for name, definition in functions}
 
 
 def _notify_function(engine: Engine) -> str:
@@ -185,15 +193,17 @@ def test_head_notifies_only_while_a_runner_waits_and_the_downgrade_always_notifi
 
 
 def test_migration_creates_and_drops_the_same_triggers_as_the_model(empty_engine: Engine) -> None:
-    # Triggers are invisible to compare_metadata too.
+    # Triggers are invisible to compare_metadata too: the same names and the
+    # same definitions (a WHEN clause or a function body that drifted from the
+    # model's would change what a settlement does on a migrated database).
     sqlalchemy_watchdog.metadata.create_all(empty_engine)
     created = triggers_and_functions(empty_engine)
     sqlalchemy_watchdog.metadata.drop_all(empty_engine)
-    assert triggers_and_functions(empty_engine) == set()
+    assert triggers_and_functions(empty_engine) == {}
     run(empty_engine, command.upgrade, "head")
     assert triggers_and_functions(empty_engine) == created
     run(empty_engine, command.downgrade, "base")
-    assert triggers_and_functions(empty_engine) == set()
+    assert triggers_and_functions(empty_engine) == {}
 
 
 def test_alembic_cli_upgrade_head_from_the_repository_root_uses_watchdog_database_url(
@@ -780,7 +790,9 @@ W0007 = "w0007_notify_when_waiting"
 
 #: Columns of revisions after w0010, left out of the earlier revisions'
 #: round trips (their own test covers them: test_w0012_...).
-LATER_COLUMNS = frozenset({"limit_key", "result_json", "progress", "progress_note", "waiting_on", "after_policy"})
+LATER_COLUMNS = frozenset(
+    {"limit_key", "result_json", "progress", "progress_note", "waiting_on", "after_policy", "watched"}
+)
 
 
 def _all_rows(engine: Engine) -> dict[str, dict[str, Any]]:
@@ -1064,6 +1076,7 @@ def test_w0010_repairs_wrongly_typed_rows_adds_the_checks_and_downgrades_to_the_
 # -- w0011: flow control ------------------------------------------------------------------
 
 W0010 = "w0010_stored_types_and_ranges"
+W0012 = "w0012_results_and_dependencies"
 
 
 def test_w0011_adds_keys_and_limits_keeping_every_row_and_downgrades(empty_engine: Engine) -> None:
@@ -1106,6 +1119,13 @@ def test_w0012_adds_results_keeping_every_row_and_drops_them_on_the_way_down(emp
     run(engine, command.upgrade, W0010)
     _w0002_jobs(engine)
     before = _all_rows(engine)
+    run(engine, command.upgrade, W0012)
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            at_w0012 = conn.execute(
+                text("SELECT pg_get_functiondef('watchdog_jobs_notify_settled'::regproc)")
+            ).scalar_one()
+        assert "pg_try_advisory_lock(1463899203, 1381190740)" in at_w0012
     run(engine, command.upgrade, "head")
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
     assert schema_names(engine) == model_names(engine.dialect.name)
@@ -1120,13 +1140,7 @@ def test_w0012_adds_results_keeping_every_row_and_drops_them_on_the_way_down(emp
     assert Watchdog(engine).result(completed[0]).value == [1]
     with pytest.raises(IntegrityError, match="result_completed"), engine.begin() as conn:
         conn.execute(text("UPDATE watchdog_jobs SET result_json = '[1]' WHERE job_id = :j"), {"j": live[0]})
-    if engine.dialect.name == "postgresql":
-        with engine.connect() as conn:
-            migrated = conn.execute(
-                text("SELECT pg_get_functiondef('watchdog_jobs_notify_settled'::regproc)")
-            ).scalar_one()
-        assert "pg_try_advisory_lock(1463899203, 1381190740)" in migrated
-    else:
+    if engine.dialect.name == "sqlite":
         with pytest.raises(IntegrityError, match="result_json_stored_type"), engine.begin() as conn:
             conn.execute(text("UPDATE watchdog_jobs SET result_json = x'31' WHERE job_id = :j"), {"j": completed[0]})
 
@@ -1139,9 +1153,96 @@ def test_w0012_adds_results_keeping_every_row_and_drops_them_on_the_way_down(emp
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
 
 
+# -- w0013: settle watch -------------------------------------------------------------------
+
+
+def _edge_rows(engine: Engine) -> None:
+    """At w0012: a queued parent with a waiting child (an uncounted edge), a
+    settled parent with a counted one, and a queued job nobody waits for."""
+    with engine.begin() as conn:
+        for job_id, state, outcome in (
+            ("parent", "queued", None),
+            ("done-parent", "settled", "completed"),
+            ("alone", "queued", None),
+        ):
+            conn.execute(
+                text(
+                    "INSERT INTO watchdog_jobs (job_id, queue_name, lane, priority, payload_json, state, outcome)"
+                    " VALUES (:j, 'q', :j, 0, 'null', :s, :o)"
+                ),
+                {"j": job_id, "s": state, "o": outcome},
+            )
+        conn.execute(
+            text(
+                "INSERT INTO watchdog_jobs (job_id, queue_name, lane, priority, payload_json, state, waiting_on,"
+                " after_policy) VALUES ('child', 'q', 'child', 0, 'null', 'waiting', 1, 'completed')"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO watchdog_job_edges (child, parent, outcome)"
+                " VALUES ('child', 'parent', NULL), ('child', 'done-parent', 'completed')"
+            )
+        )
+
+
+def test_w0013_watches_the_parents_that_are_waited_for_and_they_still_release_their_dependents(
+    empty_engine: Engine,
+) -> None:
+    """The upgrade marks exactly the live parents of uncounted edges; a
+    marked parent's settlement releases its child on the migrated database;
+    the downgrade restores w0012's triggers (an unmarked settle counts
+    edges again) and drops the column, keeping every row."""
+    engine = empty_engine
+    run(engine, command.upgrade, W0012)
+    at_w0012 = triggers_and_functions(engine)
+    _edge_rows(engine)
+    before = _all_rows(engine)
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []
+    assert _all_rows(engine) == before
+    with engine.connect() as conn:
+        watched = {row[0]: row[1] for row in conn.execute(text("SELECT job_id, watched FROM watchdog_jobs"))}
+    assert watched == {"parent": 1, "done-parent": None, "alone": None, "child": None}
+    with pytest.raises(IntegrityError, match="watched_flag"), engine.begin() as conn:
+        conn.execute(text("UPDATE watchdog_jobs SET watched = 2 WHERE job_id = 'alone'"))
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE watchdog_jobs SET state = 'settled', outcome = 'completed', settled_at = 1"
+                " WHERE job_id = 'parent'"
+            )
+        )
+    child = Watchdog(engine).read("child")
+    assert child is not None and child.state is JobState.QUEUED
+
+    run(engine, command.downgrade, W0012)
+    assert triggers_and_functions(engine) == at_w0012
+    with engine.connect() as conn:
+        assert "watched" not in {c["name"] for c in inspect(conn).get_columns("watchdog_jobs")}
+    # w0012's trigger counts any parent's settlement again.
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO watchdog_jobs (job_id, queue_name, lane, priority, payload_json, state, waiting_on,"
+                " after_policy) VALUES ('child-2', 'q', 'child-2', 0, 'null', 'waiting', 1, 'completed')"
+            )
+        )
+        conn.execute(text("INSERT INTO watchdog_job_edges (child, parent, outcome) VALUES ('child-2', 'alone', NULL)"))
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE watchdog_jobs SET state = 'settled', outcome = 'completed', settled_at = 1"
+                " WHERE job_id = 'alone'"
+            )
+        )
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT state FROM watchdog_jobs WHERE job_id = 'child-2'")).scalar_one() == "queued"
+
+
 # -- w0014: the edges of deleted jobs ---------------------------------------------------------
 
-W0012 = "w0012_results_and_dependencies"
+W0013 = "w0013_settle_watch"
 
 
 def trigger_definitions(engine: Engine) -> dict[str, str]:
@@ -1167,17 +1268,17 @@ def _edges(engine: Engine) -> set[tuple[str, str, str | None]]:
 
 
 def test_w0014_deletes_a_purged_childs_edges_and_orphans_of_before(empty_engine: Engine) -> None:
-    """At w0012 a purged queued child left its edges behind; the upgrade
+    """At w0013 a purged queued child left its edges behind; the upgrade
     deletes those orphans and adds the index of waiting jobs, and from then
     on a purge takes a child's edges with it and a purged waiting job tells
     its dependents. The migrated triggers are the model's, text for text;
-    the downgrade restores w0012's."""
+    the downgrade restores w0013's."""
     engine = empty_engine
     sqlalchemy_watchdog.metadata.create_all(engine)
     model = trigger_definitions(engine)
     sqlalchemy_watchdog.metadata.drop_all(engine)
-    run(engine, command.upgrade, W0012)
-    at_w0012 = trigger_definitions(engine)
+    run(engine, command.upgrade, W0013)
+    at_w0013 = trigger_definitions(engine)
     wd = Watchdog(engine)
     wd.enqueue([Job("p", "parents"), Job("held", "held", after=["p"])])
     wd.enqueue(Job("done", "done"))
@@ -1199,10 +1300,10 @@ def test_w0014_deletes_a_purged_childs_edges_and_orphans_of_before(empty_engine:
     grandchild = wd.read("grandchild")
     assert grandchild is not None and grandchild.failure_reason == "parent held ended purged"
 
-    run(engine, command.downgrade, W0012)
-    assert trigger_definitions(engine) == at_w0012
+    run(engine, command.downgrade, W0013)
+    assert trigger_definitions(engine) == at_w0013
     wd.enqueue(Job("released-3", "children", after=["done"]))
     assert wd.purge("children") == 1
-    assert _edges(engine) == {("grandchild", "held", "purged"), ("released-3", "done", "completed")}  # w0012's again
+    assert _edges(engine) == {("grandchild", "held", "purged"), ("released-3", "done", "completed")}  # w0013's again
     run(engine, command.upgrade, "head")
     assert trigger_definitions(engine) == model and _edges(engine) == {("grandchild", "held", "purged")}

@@ -314,6 +314,8 @@ CHECK_NAMES = {
     "ck_watchdog_jobs_progress_note_length",
     "ck_watchdog_jobs_waiting_on_state",
     "ck_watchdog_jobs_after_policy_known",
+    # revision w0013: settle watch
+    "ck_watchdog_jobs_watched_flag",
 }
 #: SQLite's stored-type CHECKs (revision w0010): every column but the rowid
 #: ``sequence``; PostgreSQL's column types already hold.

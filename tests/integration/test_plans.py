@@ -726,6 +726,17 @@ PLANS: list[Case] = [
     ),
     Case("key_picks", "key_picks", (D, 4), _picks, on(KEYED_QUEUED, LIVE_QUEUE), both=True, ordered=True),
     Case("claim_limited", "claim_limited", (D,), _claim_limited, on(PK)),
+    # The whole limited claim in one statement (PostgreSQL): the walk and each key's jobs in
+    # keyed_queued, the unkeyed head in live_queue; the update goes to its rows by address.
+    Case(
+        "claim_limited_at_once",
+        "claim_limited_at_once",
+        (),
+        lambda d: {"queue": KEYED_QUEUE, "limit": 5, "token": "tok", "lease_ms": 60_000},
+        {PG: (KEYED_QUEUED, LIVE_QUEUE)},
+        both=True,
+        ordered=True,
+    ),
     Case("keyed_counts", "keyed_counts", (D,), lambda d: {"queue": KEYED_QUEUE}, on(LIVE_QUEUE)),
     # -- dependencies (revision w0012)
     Case("read_parents", "read_parents", (), lambda d: {"job_ids": ["r-2", "s-6"]}, on(JOB_ID)),
@@ -742,6 +753,9 @@ PLANS: list[Case] = [
     Case("lane_has_waiting_jobs", "lane_has_waiting_jobs", (), lambda d: {"lane_name": "l3"}, on(WAITING)),
     Case("bulk_pick_waiting(queue)", "bulk_pick_waiting", (("queue",),), _bulk(queue="q3"), on(WAITING)),
     Case("bulk_pick_waiting(lane)", "bulk_pick_waiting", (("lane",),), _bulk(lane="l3"), on(WAITING)),
+    # The parents an enqueue gives dependents (w0013), and the late count of those settled meanwhile.
+    Case("watch_parents", "watch_parents", (), lambda d: {"job_ids": ["r-2", "s-6"]}, on(JOB_ID)),
+    Case("count_settled_parents", "count_settled_parents", (), lambda d: {"children": ["r-2"]}, on(JOB_ID)),
     # Jobs settled while waiting: only they enter the partial index, so a pass that finds none reads nothing.
     Case("untold", "untold", (D,), lambda d: {"limit": 100}, on("ix_watchdog_jobs_untold"), ordered=True),
     Case("told", "told", (), lambda d: {"job_ids": ["r-2", "s-6"]}, on(JOB_ID, "ix_watchdog_jobs_untold")),
@@ -752,6 +766,7 @@ PLANS: list[Case] = [
 #: Statements that do not read the jobs table: the coverage test knows them; nothing to plan.
 NOT_ON_JOBS = {
     "notify",
+    "notify_room",
     "stats_clock",
     "paused_queues",
     "pause",
@@ -1102,6 +1117,9 @@ def test_the_limited_claim_stays_flat_at_a_million_jobs_and_ten_thousand_keys(
             (sql.limit_usage(dialect), {"queue": "many", "period_ms": 60_000}, (LIVE_QUEUE, LEASE), False),
             (sql.claim_limited(dialect), {"token": "t", "lease_ms": 1000, "sequences": [1_000_001]}, (PK,), False),
         ]
+        if dialect == PG:
+            at_once = {"queue": "many", "limit": 16, "token": "t", "lease_ms": 1000}
+            cases.append((sql.claim_limited_at_once(), at_once, (KEYED_QUEUED,), True))
         misses: list[tuple[Any, ...]] = []
         for statement, params, index, ordered in cases:
             caught, parameters = sent(engine, statement, params)

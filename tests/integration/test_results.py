@@ -181,6 +181,30 @@ def test_wait_returns_the_result_once_the_job_settles(engine: Engine) -> None:
     assert result == JobResult("j", ResultStatus.COMPLETED, {"v": 1}, Outcome.COMPLETED)
 
 
+@pytest.mark.parametrize("dialect", ["postgresql"])  # SQLite waiters poll: no notification
+def test_only_a_job_someone_waits_for_notifies_when_it_settles(engine: Engine) -> None:
+    """A settlement notifies result waiters only for a job a waiter marked:
+    the jobs nobody waits for (nearly all) settle without the trigger."""
+    import psycopg
+
+    wd = Watchdog(engine)
+    url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True) as listener:
+        listener.execute("LISTEN watchdog_results")
+        wd.enqueue([Job("unwatched", "q")])
+        Runner(engine, {"q": lambda job: 1}).run_until_idle()
+        assert wd.result("unwatched").value == 1
+        assert [note.payload for note in listener.notifies(timeout=0.5)] == []
+
+        wd.enqueue(Job("watched", "q"))
+        thread = _settle_soon(engine, 2)
+        try:
+            assert wd.wait("watched", timeout=LONG, poll_interval=timedelta(seconds=60)).value == 2
+        finally:
+            thread.join()
+        assert [note.payload for note in listener.notifies(timeout=5, stop_after=1)] == ["watched"]
+
+
 def test_wait_answers_at_once_for_a_settled_or_unknown_job_and_times_out_otherwise(engine: Engine) -> None:
     wd = Watchdog(engine)
     wd.enqueue([Job("done", "q")])

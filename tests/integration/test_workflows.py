@@ -3,11 +3,14 @@ batch in the caller's transaction; a callback reads its parents' results."""
 
 from __future__ import annotations
 
+import dataclasses
+from datetime import UTC, datetime, timedelta
+
 import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from sqlalchemy_watchdog import Job, Outcome, Runner, TaggedJSON, Watchdog, Workflow, chain, enqueue, group
+from sqlalchemy_watchdog import Job, Outcome, RetryPolicy, Runner, TaggedJSON, Watchdog, Workflow, chain, enqueue, group
 from tests.helpers import present
 
 pytestmark = pytest.mark.dialect_neutral
@@ -22,6 +25,29 @@ def test_chain_and_group_build_the_relations_parents_first() -> None:
         chain()
     with pytest.raises(TypeError):
         chain(Job("a", "q"), "b")  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TenantJob(Job):
+    tenant: str = "none"
+
+
+def test_a_step_made_to_wait_keeps_everything_else_of_its_job() -> None:
+    """chain() gives a step its parents and changes nothing else: its key (flow
+    control), retry, timeout, priority, stored payload and its class."""
+    policy = RetryPolicy(max_attempts=3)
+    second = TenantJob(
+        "b", "q", key="tenant-7", retry=policy, timeout=timedelta(seconds=5), priority=4,
+        payload={"n": 1}, run_at=datetime(2030, 1, 1, tzinfo=UTC), tenant="acme",
+    )  # fmt: skip
+    first, waiting = chain(Job("a", "q"), second)
+    assert waiting.after == ("a",) and first.after == ()
+    assert isinstance(waiting, TenantJob) and waiting.tenant == "acme"
+    assert (waiting.key, waiting.retry, waiting.timeout, waiting.priority, waiting.run_at) == (
+        "tenant-7", policy, timedelta(seconds=5), 4, datetime(2030, 1, 1, tzinfo=UTC),
+    )  # fmt: skip
+    assert waiting.payload_json == second.payload_json == '{"n":1}'
+    assert second.after == ()  # the step given is not changed
 
 
 def test_a_workflow_is_enqueued_atomically_with_the_callers_writes(engine: Engine) -> None:

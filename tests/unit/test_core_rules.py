@@ -60,6 +60,24 @@ def test_a_claimed_job_runs_once_and_settles_with_its_exact_claim(time: FakeTime
     assert request.requeue_after_ms is None and request.history is None
 
 
+def test_a_slot_held_back_by_a_limit_is_free_again_only_when_its_settle_is_in(time: FakeTime) -> None:
+    """A limit holds the runner back (its claim used up a limited queue's room):
+    a slot whose handler returned is claimed for only once its settle commits --
+    until then the job still counts as running in the database, and a claim
+    could only come back empty (a wasted round trip per job). Without a limit
+    the slot is claimed for at once, beside the settle."""
+    for held in (True, False):
+        runner = core(time, concurrency=2)
+        taken = (claim(), claim())
+        executions, _ = run(claim_steps(runner, 2), Expect(store.claim, ClaimBatch(taken, (), held_back=held)))
+        assert runner.held_back is held and runner.free_slots() == 0
+        run(execute(runner, executions[0]), Expect(RunHandler, Decision.completed()))
+        assert runner.release_slot(executions[0])  # what the driver does as the handler returns
+        assert runner.free_slots() == (0 if held else 1), "the handler returned; its settle is not in yet"
+        runner.retire(executions[0])
+        assert runner.free_slots() == 1, "the settle is in: the slot is free"
+
+
 def test_a_job_cancelled_while_queued_is_never_run(time: FakeTime) -> None:
     runner = core(time)
     gone = job(state=JobState.SETTLED, outcome=Outcome.CANCELLED)

@@ -784,7 +784,7 @@ class WaitingLockMachine(RuleBasedStateMachine):
     def _claim(self, r: SimRunner) -> None:
         """The claim statement: it sees committed jobs only."""
         taken, self.db.ready = self.db.ready[: r.limit], self.db.ready[r.limit :]
-        r.batch = SimpleNamespace(claimed=tuple(taken), cancelled=())
+        r.batch = SimpleNamespace(claimed=tuple(taken), cancelled=(), held_back=False)
         r.loop = "claimed"
         self.log(f"  {r.name} claimed {list(taken)}")
 

@@ -1,7 +1,7 @@
 """Results, progress and dependencies between jobs.
 
 Revision ID: w0012_results_and_dependencies
-Revises: w0010_stored_types_and_ranges
+Revises: w0011_flow_control
 Create Date: 2026-12-04
 
 Adds ``watchdog_jobs.result_json``: the result a completed job's handler
@@ -49,7 +49,6 @@ import sqlalchemy as sa
 from alembic import op
 
 from sqlalchemy_watchdog.backends import backend_of
-from sqlalchemy_watchdog.dependencies import drop_sql, trigger_sql
 
 revision = "w0012_results_and_dependencies"
 down_revision = "w0011_flow_control"
@@ -148,6 +147,73 @@ def _rebuild_sqlite(replace: tuple[tuple[str, str], ...]) -> None:
         op.execute(index)
 
 
+# -- the dependency triggers as this revision made them (frozen: the
+# library's own sqlalchemy_watchdog.dependencies moves on with later revisions)
+
+_LIVE = "('delayed', 'queued', 'running')"
+
+#: The statements of the release, by name; ``{clock}`` is the dialect's clock.
+_COUNT_EDGE = """\
+UPDATE watchdog_jobs SET
+    state = CASE
+        WHEN {parent_outcome} <> 'completed' AND after_policy = 'completed' THEN 'settled'
+        WHEN waiting_on > 1 THEN 'waiting'
+        WHEN ready_at > {clock} THEN 'delayed'
+        ELSE 'queued' END,
+    outcome = CASE WHEN {parent_outcome} <> 'completed' AND after_policy = 'completed' THEN 'cancelled' END,
+    failure_reason = CASE WHEN {parent_outcome} <> 'completed' AND after_policy = 'completed'
+        THEN 'parent ' || {parent} || ' ended ' || {parent_outcome} ELSE failure_reason END,
+    settled_at = CASE WHEN {parent_outcome} <> 'completed' AND after_policy = 'completed' THEN {clock} END,
+    waiting_on = CASE
+        WHEN {parent_outcome} <> 'completed' AND after_policy = 'completed' THEN 0
+        WHEN waiting_on > 1 THEN waiting_on - 1 END
+WHERE job_id = {child} AND state = 'waiting'"""
+_SETTLE_EDGES = "UPDATE watchdog_job_edges SET outcome = {outcome} WHERE parent = {job_id} AND outcome IS NULL"
+_FORGET_CHILD = "DELETE FROM watchdog_job_edges WHERE child = {job_id}"
+
+TRIGGER_NAMES = (
+    "watchdog_jobs_parent_settled",
+    "watchdog_jobs_parent_deleted",
+    "watchdog_jobs_child_pruned",
+    "watchdog_job_edges_counted",
+)
+
+
+def _trigger_sql(dialect: str, clock: str) -> list[str]:
+    """The DDL creating the triggers (and on PostgreSQL their functions) as
+    this revision made them."""
+    count = _COUNT_EDGE.format(parent_outcome="NEW.outcome", parent="NEW.parent", child="NEW.child", clock=clock)
+    settled = _SETTLE_EDGES.format(outcome="NEW.outcome", job_id="NEW.job_id")
+    purged = _SETTLE_EDGES.format(outcome="'purged'", job_id="OLD.job_id")
+    pruned = _FORGET_CHILD.format(job_id="OLD.job_id")
+    parts = (
+        ("watchdog_jobs_parent_settled", "AFTER UPDATE OF state ON watchdog_jobs",
+         f"NEW.state = 'settled' AND OLD.state IN {_LIVE}", settled),
+        ("watchdog_jobs_parent_deleted", "AFTER DELETE ON watchdog_jobs", f"OLD.state IN {_LIVE}", purged),
+        ("watchdog_jobs_child_pruned", "AFTER DELETE ON watchdog_jobs", "OLD.state = 'settled'", pruned),
+        ("watchdog_job_edges_counted", "AFTER UPDATE OF outcome ON watchdog_job_edges",
+         "OLD.outcome IS NULL AND NEW.outcome IS NOT NULL", count),
+    )  # fmt: skip
+    statements: list[str] = []
+    for name, event, when, body in parts:
+        if dialect == "postgresql":
+            statements.append(
+                f"CREATE OR REPLACE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
+                f"BEGIN\n    {body};\n    RETURN NULL;\nEND\n$$"
+            )
+            statements.append(f"CREATE TRIGGER {name} {event} FOR EACH ROW WHEN ({when}) EXECUTE FUNCTION {name}()")
+        else:
+            statements.append(f"CREATE TRIGGER {name} {event} FOR EACH ROW WHEN {when} BEGIN {body}; END")
+    return statements
+
+
+def _drop_sql(dialect: str) -> list[str]:
+    """The DDL dropping them (the table's own drop takes the triggers)."""
+    if dialect == "postgresql":
+        return [f"DROP FUNCTION IF EXISTS {name}() CASCADE" for name in TRIGGER_NAMES]
+    return [f"DROP TRIGGER IF EXISTS {name}" for name in TRIGGER_NAMES]
+
+
 def _checks(sqlite: bool, old_states: str, new_states: str, old_grammar: str, new_grammar: str) -> None:
     if sqlite:
         _rebuild_sqlite(((old_states, new_states), (old_grammar, new_grammar)))
@@ -215,16 +281,14 @@ def upgrade() -> None:
     )
     op.create_index(op.f(f"ix_{EDGES}_parent"), EDGES, ["parent", "child"])
     dialect = op.get_bind().dialect.name
-    # The triggers as sqlalchemy_watchdog.dependencies made them at this
-    # revision (w0014 changed two; model.py makes the newest).
-    for statement in trigger_sql(dialect, backend_of(dialect).clock_ms_sql(), revision="w0012"):
+    for statement in _trigger_sql(dialect, backend_of(dialect).clock_ms_sql()):
         op.execute(statement)
 
 
 def downgrade() -> None:
     sqlite = op.get_bind().dialect.name == "sqlite"
     dialect = op.get_bind().dialect.name
-    for statement in drop_sql(dialect):
+    for statement in _drop_sql(dialect):
         op.execute(statement)
     op.drop_index(op.f(f"ix_{EDGES}_parent"), table_name=EDGES)
     op.drop_table(EDGES)
