@@ -247,7 +247,7 @@ class AsyncWatchdog:
         return await self._gateway.run(client.fail_lane_in, lane, reason)
 
     async def purge(self, queue: str) -> int:
-        """Delete the queue's queued and delayed jobs (running and settled ones stay), as
+        """Delete the queue's waiting, queued and delayed jobs (running and settled ones stay), as
         :meth:`Watchdog.purge <sqlalchemy_watchdog.Watchdog.purge>`."""
         return await self._gateway.run(store.purge, queue)
 

@@ -521,12 +521,15 @@ class Watchdog:
 
     def fail_lane(self, lane: str, reason: str) -> LaneFailure:
         """Settle up to one batch of the lane's live jobs ``failed``, running
-        ones first; their handlers are told to stop. Call again while
+        ones first (their handlers are told to stop), then its waiting jobs
+        (their dependents are told by a runner's next pass). Call again while
         ``.more`` is true."""
         return self._gateway.run(fail_lane_in, lane, reason)
 
     def purge(self, queue: str) -> int:
-        """Delete the queue's queued and delayed jobs (running and settled ones stay); returns how many."""
+        """Delete the queue's waiting, queued and delayed jobs (running and
+        settled ones stay); returns how many. Their dependents in other
+        queues are told each ended ``purged``."""
         return self._gateway.run(store.purge, queue)
 
     def throughput(self) -> Throughput:

@@ -29,7 +29,14 @@ settlement is counted.
   off by default, and a chain of 10,000 would overflow either database's
   trigger depth). A runner's pass (``store.propagate``) tells them, one hop
   per transaction, and clears the mark.
-* **A settled job is pruned**: its edges as a child go with it.
+* **A job is deleted** (pruned when settled, purged when ``queued``,
+  ``delayed`` or ``waiting``): its edges as a child go with it
+  (``watchdog_jobs_child_pruned``, for a row of any state since revision
+  w0014; before, for settled rows only, and a purged child left its edges
+  behind). A ``waiting`` job purged tells its own dependents ``purged``, as
+  a live parent does, and so does a job settled while waiting whose
+  dependents were not told yet (w0014 added both to
+  ``watchdog_jobs_parent_deleted``).
 
 The triggers that fire on ``watchdog_jobs`` do so only for rows that can
 have edges (revision w0013): a parent's only when it is ``watched`` (the
@@ -48,6 +55,8 @@ __all__ = ["EDGE_OUTCOMES", "trigger_sql", "drop_sql", "TRIGGER_NAMES"]
 EDGE_OUTCOMES = ("completed", "failed", "cancelled", "outcome_unknown", "interrupted", "purged")
 
 _LIVE = "('delayed', 'queued', 'running')"
+#: A job whose deletion counts for its dependents as a parent's end (``purged``).
+_UNSETTLED = "('delayed', 'queued', 'running', 'waiting')"
 
 #: The statements of the release, by name; ``{clock}`` is the dialect's clock.
 _COUNT_EDGE = """\
@@ -85,10 +94,13 @@ def trigger_sql(dialect: str, clock: str) -> list[str]:
     parts = (
         ("watchdog_jobs_parent_settled", "AFTER UPDATE OF state ON watchdog_jobs",
          f"NEW.state = 'settled' AND OLD.state IN {_LIVE} AND NEW.watched = 1", settled),
+        # Revision w0014: a waiting job too (purge deletes them), and a job
+        # settled while waiting whose dependents are not told yet (SQLite's
+        # DELETE also removes a row its own statement's trigger settled).
         ("watchdog_jobs_parent_deleted", "AFTER DELETE ON watchdog_jobs",
-         f"OLD.state IN {_LIVE} AND OLD.watched = 1", purged),
-        ("watchdog_jobs_child_pruned", "AFTER DELETE ON watchdog_jobs",
-         "OLD.state = 'settled' AND OLD.after_policy IS NOT NULL", pruned),
+         f"OLD.watched = 1 AND (OLD.state IN {_UNSETTLED} OR OLD.waiting_on = 0)", purged),
+        # Revision w0014: a deleted job of any state (a purged one left its edges).
+        ("watchdog_jobs_child_pruned", "AFTER DELETE ON watchdog_jobs", "OLD.after_policy IS NOT NULL", pruned),
         ("watchdog_job_edges_counted", "AFTER UPDATE OF outcome ON watchdog_job_edges",
          "OLD.outcome IS NULL AND NEW.outcome IS NOT NULL", count),
     )  # fmt: skip

@@ -66,12 +66,21 @@ class EnqueueConflict(WatchdogError):
     the job they were meant to come with.
     """
 
-    def __init__(self, job_id: str) -> None:
+    #: The field found to differ, when it is known (``after``: the job's
+    #: parents); None when the database refused the replay without saying which.
+    field: str | None
+
+    def __init__(self, job_id: str, field: str | None = None) -> None:
         self.job_id = job_id
+        self.field = field
+        what = (
+            "a different queue, lane, priority, payload, recovery policy or parents (after, after_policy)"
+            if field is None
+            else f"a different {field}"
+        )
         super().__init__(
             ErrorCode.ENQUEUE_CONFLICT,
-            f"job_id {job_id!r} is already enqueued with a different queue, lane, "
-            "priority, payload or recovery policy; the transaction was rolled back",
+            f"job_id {job_id!r} is already enqueued with {what}; the transaction was rolled back",
         )
 
 

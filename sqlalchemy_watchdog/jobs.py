@@ -1160,6 +1160,9 @@ class QueueStats:
     rate_used: int | None = None
     #: Queued jobs no claim could take now because of a limit (0 without limits).
     held_back: int = 0
+    #: Jobs waiting for their parents (``Job(after=...)``): not claimable
+    #: until released, and not counted in ``queued`` or ``delayed``.
+    waiting: int = 0
 
     @property
     def paused(self) -> bool:

@@ -425,6 +425,11 @@ Index(
 # Revision w0012: jobs settled while waiting whose dependents a runner's
 # pass must still tell (store.propagate); no other row enters it.
 Index("ix_watchdog_jobs_untold", WatchdogJob.sequence, **_partial("waiting_on = 0"))
+# Revision w0014: jobs waiting for their parents, by lane and queue, for the
+# operations that act on them (fail_lane, purge, cancel_many, stats); only
+# waiting rows enter it, and leave it when released.
+WAITING = "state = 'waiting'"
+Index("ix_watchdog_jobs_waiting", WatchdogJob.lane, WatchdogJob.queue_name, WatchdogJob.sequence, **_partial(WAITING))
 
 #: The Core ``Table`` behind :class:`WatchdogJob`; the statements use it.
 jobs_table: Table = cast(Table, WatchdogJob.__table__)

@@ -177,6 +177,8 @@ IS_SETTLED = c.state == literal_column(f"'{_SETTLED}'")
 #: of four states, for a statement that must look its rows up by key (settle).
 IS_RUNNING_UNINDEXED = c.state.not_in([literal_column(f"'{state}'") for state in (_DELAYED, _QUEUED, _SETTLED)])
 # The same literal order as the live indexes' predicate (model.LIVE).
+#: Revision w0014: as ix_watchdog_jobs_waiting's predicate says it.
+IS_WAITING = c.state == literal_column(f"'{_WAITING}'")
 IS_LIVE = c.state.in_([literal_column(f"'{state}'") for state in (_DELAYED, _QUEUED, _RUNNING)])
 
 
@@ -371,6 +373,9 @@ def enqueue_rows(dialect: str) -> Insert:
         c.timeout_ms.is_not_distinct_from(ex.timeout_ms),
         c.rerun_of.is_not_distinct_from(ex.rerun_of),
         c.limit_key.is_not_distinct_from(ex.limit_key),
+        # Whether the job has parents, and its policy; which parents is
+        # compared after the statement (store.enqueue: they are edges).
+        c.after_policy.is_not_distinct_from(ex.after_policy),
     )
     stmt: Insert = ins.on_conflict_do_update(
         index_elements=[c.job_id], set_={"job_id": null()}, where=not_(identical)
@@ -381,7 +386,9 @@ def enqueue_rows(dialect: str) -> Insert:
 @cache
 def stored_contents() -> Select[Any]:
     """What an identical replay compares, for the stored jobs among ``:job_ids``."""
-    return select(*(c[name] for name, _ in IDENTITY_FIELDS)).where(c.job_id.in_(bindparam("job_ids", expanding=True)))
+    return select(*(c[name] for name, _ in IDENTITY_FIELDS), c.after_policy).where(
+        c.job_id.in_(bindparam("job_ids", expanding=True))
+    )
 
 
 # -- reads ----------------------------------------------------------------------
@@ -1343,6 +1350,49 @@ def purge() -> Delete:
     return delete(t).where(c.queue_name == _p("queue"), IS_LIVE, c.state != literal_column(f"'{_RUNNING}'"))
 
 
+@cache
+def purge_waiting() -> Delete:
+    """Delete queue ``:queue``'s waiting jobs (revision w0014: their own
+    dependents are told ``purged`` by the delete trigger)."""
+    return delete(t).where(c.queue_name == _p("queue"), IS_WAITING)
+
+
+@cache
+def fail_lane_waiting(dialect: str) -> Update:
+    """Settle a batch (``:batch``) of lane ``:lane_name``'s waiting jobs
+    ``failed`` with ``:reason``, oldest first (revision w0014). Like a
+    cancelled waiting job, each keeps ``waiting_on = 0``: a runner's pass
+    tells its own dependents (:func:`untold`)."""
+    pick = (
+        select(c.sequence)
+        .where(c.lane == _p("lane_name", Text()), IS_WAITING)
+        .order_by(c.sequence)
+        .limit(_p("batch", Integer()))
+    )
+    return (
+        update(t)
+        .where(
+            backend_of(dialect).picked(c.sequence, backend_of(dialect).locked(pick), "waiting", skip_locked=False),
+            IS_WAITING,
+        )
+        .values(
+            state=_SETTLED,
+            outcome=Outcome.FAILED.value,
+            failure_reason=_p("reason", Text()),
+            failure_detail=null(),
+            settled_at=db_clock_ms(),
+            waiting_on=0,
+        )
+        .returning(*COLUMNS)
+    )
+
+
+@cache
+def lane_has_waiting_jobs() -> Select[Any]:
+    """A waiting job of lane ``:lane_name``, if any (its sequence)."""
+    return select(c.sequence).where(c.lane == _p("lane_name", Text()), IS_WAITING).limit(1)
+
+
 # -- recovery -------------------------------------------------------------------
 
 
@@ -1559,6 +1609,35 @@ def bulk_pick(dialect: str, kind: str, filters: tuple[str, ...]) -> Select[Any]:
 
 
 @cache
+def bulk_pick_waiting(filters: tuple[str, ...]) -> Select[Any]:
+    """:func:`bulk_pick` for ``cancel``, of the waiting jobs (revision w0014;
+    read in ix_watchdog_jobs_waiting): ``:queue``, ``:lane`` and the enqueue
+    times among ``filters``."""
+    query = select(c.sequence, c.job_id).where(
+        c.sequence > _p("after_sequence", BigInteger()),
+        c.sequence < _p("before_sequence", BigInteger()),
+        IS_WAITING,
+    )
+    for name in filters:
+        if name == "queue":
+            query = query.where(c.queue_name == _p("queue", Text()))
+        elif name == "lane":
+            # Said so that no planner reads the lane's whole history in
+            # ix_watchdog_jobs_lane_history instead (the same test: NOT NULL).
+            query = query.where((c.lane == _p("lane", Text())).self_group().is_(true()))
+        elif name == "enqueued_after":
+            query = query.where(c.enqueued_at > _p(name, BigInteger()))
+        elif name == "enqueued_before":
+            query = query.where(c.enqueued_at < _p(name, BigInteger()))
+        else:  # pragma: no cover - BulkAction refuses the others for a cancel
+            raise ValueError(name)
+    # Ordered by an expression: no index delivers it, so SQLite's planner no
+    # longer prefers the primary key (or the lane's history) for the order
+    # and reads the waiting jobs' own index; they are few, the sort is small.
+    return query.order_by(c.sequence + literal_column("0")).limit(_p("limit", Integer()))
+
+
+@cache
 def job_id_collation() -> Any:
     """PostgreSQL: the collation of ``watchdog_jobs.job_id`` (``default`` when the
     database's), the database's collation and its provider (``c`` libc, ``i``
@@ -1593,6 +1672,12 @@ def live_counts() -> Select[Any]:
         .where(IS_LIVE)
         .group_by(c.queue_name, c.state)
     )
+
+
+@cache
+def waiting_counts() -> Select[Any]:
+    """Waiting jobs per queue (revision w0014: read in ix_watchdog_jobs_waiting alone)."""
+    return select(c.queue_name, func.count()).where(IS_WAITING).group_by(c.queue_name)
 
 
 @cache
@@ -1941,6 +2026,12 @@ def told() -> Update:
         .where(c.job_id.in_(bindparam("job_ids", expanding=True)), c.waiting_on == literal_column("0"))
         .values(waiting_on=null())
     )
+
+
+@cache
+def parents_of_children() -> Select[Any]:
+    """(child, parent) of every edge whose child is among ``:job_ids``."""
+    return select(edges.c.child, edges.c.parent).where(edges.c.child.in_(bindparam("job_ids", expanding=True)))
 
 
 @cache

@@ -12,8 +12,11 @@
 does, with the same policy arguments) that calls the function with the job's
 payload as keyword arguments and returns what it returns (the job's result).
 ``.enqueue`` checks the arguments against the function's signature -- a
-missing or an unknown one is an :class:`~sqlalchemy_watchdog.InvalidJob`
-naming it, before anything is written -- and enqueues a
+missing or an unknown one, or one whose annotation is a plain payload type
+(``int``, ``float``, ``bool``, ``str``, ``None``, ``list``, ``dict``, or an
+``Optional``/union of those) that its value is not, is an
+:class:`~sqlalchemy_watchdog.InvalidJob` naming it, before anything is
+written -- and enqueues a
 :class:`~sqlalchemy_watchdog.Job` whose payload is those arguments (encoded by
 the task's codec, if it has one) in the caller's transaction.
 """
@@ -22,8 +25,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+import types
+import typing
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
@@ -48,6 +54,70 @@ R = TypeVar("R")
 #: The keyword ``.enqueue`` and ``.job`` keep for themselves: a task's
 #: function may not have a parameter of this name.
 RESERVED = frozenset({"job_id"})
+
+
+#: The annotations an argument is checked against, with their names in
+#: errors: what JSON (and so any codec) carries as it is.
+_PLAIN: dict[Any, tuple[str, Callable[[Any], bool]]] = {
+    int: ("int", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    # An int is a float's value too (PEP 484's numeric tower).
+    float: ("float", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
+    bool: ("bool", lambda v: isinstance(v, bool)),
+    str: ("str", lambda v: isinstance(v, str)),
+    type(None): ("None", lambda v: v is None),
+    None: ("None", lambda v: v is None),
+    list: ("list", lambda v: isinstance(v, list)),
+    dict: ("dict", lambda v: isinstance(v, dict)),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ArgumentCheck:
+    """What an argument's annotation lets through, when it is one :func:`check_of` understands."""
+
+    #: As errors say it (``int``, ``str | None``).
+    expected: str
+    accepts: Callable[[Any], bool]
+
+
+def check_of(annotation: Any) -> ArgumentCheck | None:
+    """The check of a parameter annotated ``annotation``, or None when it is
+    not a plain type the payload carries (``int``, ``float``, ``bool``,
+    ``str``, ``None``, ``list``, ``dict`` -- ``list[int]`` and ``dict[str,
+    int]`` by their container alone -- or an ``Optional``/union of those):
+    such an argument is not checked (``Any``, a class, a ``datetime`` a
+    codec carries, a ``TypedDict``)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union or origin is types.UnionType:
+        members = [check_of(member) for member in typing.get_args(annotation)]
+        if any(member is None for member in members):
+            return None
+        checks = [member for member in members if member is not None]
+        return ArgumentCheck(
+            " | ".join(check.expected for check in checks), lambda v: any(check.accepts(v) for check in checks)
+        )
+    if origin in (list, dict):
+        annotation = origin
+    try:
+        plain = _PLAIN.get(annotation)
+    except TypeError:  # an unhashable annotation: not one of ours
+        return None
+    return None if plain is None else ArgumentCheck(*plain)
+
+
+def _checks_of(fn: Callable[..., Any], signature: inspect.Signature) -> dict[str, ArgumentCheck]:
+    """The checks of ``fn``'s parameters whose annotations :func:`check_of`
+    understands (string annotations resolved; one that cannot be is not
+    checked); ``**kwargs``' check is under its own name."""
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # a name the module cannot resolve: check what the signature holds as objects
+        hints = {name: p.annotation for name, p in signature.parameters.items() if not isinstance(p.annotation, str)}
+    checks: dict[str, ArgumentCheck] = {}
+    for name in signature.parameters:
+        if name in hints and (check := check_of(hints[name])) is not None:
+            checks[name] = check
+    return checks
 
 
 class Task(Generic[P, R]):
@@ -83,6 +153,8 @@ class Task(Generic[P, R]):
                 )
             if parameter.name in RESERVED:
                 raise TypeError(f"@task {self.name}: parameter {parameter.name!r} is reserved for the job's id")
+        #: The checks of the arguments whose annotations are plain payload types.
+        self.checks = _checks_of(fn, self.signature)
         self.handler: Callable[[RunningJob], Any] = self._make_handler()
         functools.update_wrapper(self, fn)
 
@@ -130,14 +202,22 @@ class Task(Generic[P, R]):
         arguments given, in the signature's order (defaults are left to the
         call, so they are not part of the job's identity).
 
-        :raises InvalidJob: naming the first argument missing or unknown.
+        :raises InvalidJob: naming the first argument missing or unknown, or
+            whose value its annotation refuses (see ``check_of``).
         """
         parameters = self.signature.parameters
-        open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-        for name in kwargs:
-            if name not in parameters and not open_ended:
+        open_ended = next((p.name for p in parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD), None)
+        for name, value in kwargs.items():
+            if name not in parameters and open_ended is None:
                 known = ", ".join(p for p in parameters) or "none"
                 raise InvalidJob(name, f"{self.name}() takes no argument {name!r} (its arguments: {known})")
+            check = self.checks.get(name if name in parameters else str(open_ended))
+            if check is not None and not check.accepts(value):
+                shown = repr(value)
+                shown = shown if len(shown) <= 80 else shown[:77] + "..."
+                raise InvalidJob(
+                    name, f"{self.name}() takes {name!r} as {check.expected}, got {type(value).__name__} {shown}"
+                )
         for parameter in parameters.values():
             if (
                 parameter.default is inspect.Parameter.empty

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy_watchdog import Decision, RunningJob
+from sqlalchemy_watchdog import Decision, InvalidJob, RunningJob
 
 #: What a memory-hungry handler keeps alive in its child (never freed).
 _HOARD: list[bytes] = []
@@ -214,9 +214,20 @@ def burn(job: RunningJob) -> None:
     mark(job, "ran", str(n))
 
 
-def reports_progress(job: RunningJob) -> None:
-    """Reports progress (which a child cannot write yet)."""
-    job.progress(0.5, "half")
+def reports_progress(job: RunningJob) -> list[str]:
+    """Reports progress twice (the runner writes the first, keeps the second
+    back: rate limit) and once out of range; returns what each answered."""
+    answers = [job.progress(0.25, "quarter").value, job.progress(0.5, "half").value]
+    try:
+        job.progress(1.5)
+    except InvalidJob as error:
+        answers.append(f"refused {error.field}")
+    return answers
+
+
+def reads_parents(job: RunningJob) -> list[Any]:
+    """Returns its parents as it reads them: job_id, outcome, result."""
+    return [[p.job_id, None if p.outcome is None else p.outcome.value, p.result] for p in job.parent_results()]
 
 
 def returns_nan(job: RunningJob) -> Any:

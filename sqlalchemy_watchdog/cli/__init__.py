@@ -13,7 +13,7 @@
     cancel --where KEY=VALUE ... CANCELLATION_ID [--only-if-queued] [--yes]
                                               cancel every matching live job (counts first; --yes acts)
     fail-lane LANE REASON                     settle every live job of the lane ``failed``
-    purge QUEUE                               delete the queue's queued and delayed jobs
+    purge QUEUE                               delete the queue's waiting, queued and delayed jobs
     ls [--queue Q] [--state S] [--outcome O] [--lane L] [--prefix P] [--limit N] [--after SEQUENCE]
        [--before SEQUENCE] [-r | --newest-first]
                                               jobs in admission order (or newest first), filtered, paged

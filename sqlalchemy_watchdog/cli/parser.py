@@ -326,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     fail_lane.add_argument("reason")
     fail_lane.set_defaults(func=cmd_fail_lane)
 
-    purge = commands.add_parser("purge", help="delete a queue's queued and delayed jobs")
+    purge = commands.add_parser("purge", help="delete a queue's waiting, queued and delayed jobs")
     purge.add_argument("queue")
     purge.set_defaults(func=cmd_purge)
 

@@ -5,7 +5,9 @@ of the parent) with one end of a socket pair. It never opens the runner's engine
 receives ``run`` messages naming a handler by module path with the job's
 fields, calls the handler with a :class:`~sqlalchemy_watchdog.RunningJob`
 whose ``stop_requested`` the parent sets with a ``stop`` message, and sends
-back what the handler returned or raised.
+back what the handler returned or raised. The handler's ``progress()`` and
+``parent_results()`` are requests to the parent, which writes or reads
+through the runner's connection and replies.
 
 It never outlives the parent: on Linux the kernel kills it when the
 parent dies (``PR_SET_PDEATHSIG``), and everywhere it exits as soon as its
@@ -34,12 +36,19 @@ from typing import Any
 PR_SET_PDEATHSIG = 1
 
 #: Messages (pickled tuples). Parent to child: ``("run", job_id, module,
-#: qualname, fields)``, ``("stop", job_id, reason)``, ``("exit",)``. Child to
-#: parent: ``("ready", pid)``, ``("log", record_fields)``, ``("returned", job_id, value, rss)``,
+#: qualname, fields)``, ``("stop", job_id, reason)``, ``("exit",)``,
+#: ``("reply", request, ok, value)``. Child to parent: ``("ready", pid)``,
+#: ``("log", record_fields)``, ``("returned", job_id, value, rss)``,
 #: ``("unencodable", job_id, text, rss)``, ``("raised", job_id, error_bytes,
-#: type_name, text, detail, rss)``.
-RUN, STOP, EXIT = "run", "stop", "exit"
+#: type_name, text, detail, rss)``, and the running handler's requests, which
+#: the parent answers with a ``reply`` of the same ``request`` number:
+#: ``("progress", job_id, request, fraction, note)`` (the parent does the
+#: guarded write; the value a ``ProgressStatus`` value) and ``("parents",
+#: job_id, request)`` (the parent reads; the value a tuple of ``ParentResult``).
+#: A refused request's value is ``(type_name, field, text)``.
+RUN, STOP, EXIT, REPLY = "run", "stop", "exit", "reply"
 READY, RETURNED, UNENCODABLE, RAISED, LOG = "ready", "returned", "unencodable", "raised", "log"
+PROGRESS, PARENTS = "progress", "parents"
 
 
 def die_with_parent() -> None:
@@ -117,6 +126,10 @@ class _Child:
         self.current: tuple[str, StopSignal] | None = None
         self.send_lock = threading.Lock()
         self.handlers: dict[tuple[str, str], Callable[..., Any]] = {}
+        # The handler's requests to the parent, one at a time, and their replies.
+        self.replies: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.request_lock = threading.Lock()
+        self.requests = 0
 
     def read(self) -> None:
         """The reader thread: hand ``run`` messages to the main thread, set
@@ -136,6 +149,8 @@ class _Child:
                     current = self.current
                 if current is not None and current[0] == message[1]:
                     current[1].request(StopReason(message[2]))
+            elif kind == REPLY:
+                self.replies.put(message)
             elif kind == EXIT:
                 self.inbox.put(None)
                 return
@@ -144,6 +159,29 @@ class _Child:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         with self.send_lock:
             self.conn.send_bytes(data)
+
+    def ask(self, kind: str, job_id: str, *args: Any) -> Any:
+        """Send the running handler's request to the parent and wait for its
+        reply (the reader thread hands it over; a parent that is gone ends
+        this process). A refused request raises here, as it would in the
+        parent: ``InvalidJob`` naming its field, else ``RuntimeError``."""
+        from ..errors import InvalidJob
+
+        with self.request_lock:
+            self.requests += 1
+            number = self.requests
+            self.send((kind, job_id, number, *args))
+            while True:
+                reply = self.replies.get()
+                if reply[1] == number:
+                    break
+        _, _, ok, value = reply
+        if ok:
+            return value
+        name, field, text = value
+        if name == "InvalidJob" and field:
+            raise InvalidJob(field, text.split(": ", 1)[-1])
+        raise RuntimeError(f"{kind} request refused by the runner: {name}: {text}")
 
     def serve(self) -> None:
         while True:
@@ -197,7 +235,8 @@ def main(fd: int, parent_pid: int, level: int = logging.WARNING) -> None:
     conn = Connection(fd)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _ignore)
-    child = _Child(conn)
+    global _child
+    child = _child = _Child(conn)
     root = logging.getLogger()
     root.handlers[:] = [PipeLogHandler(child)]
     root.setLevel(level)
@@ -207,32 +246,53 @@ def main(fd: int, parent_pid: int, level: int = logging.WARNING) -> None:
     child.serve()
 
 
-_NOT_IN_A_CHILD = (
-    "{name}() is not available to a handler run by the process executor yet: it writes "
-    "through the runner's database connection, which stays in the runner's process. "
-    "Run this handler with the thread executor, or leave {name}() out."
-)
+#: This process's connection to the runner (set by :func:`main`).
+_child: _Child | None = None
 _child_classes: dict[type[Any], type[Any]] = {}
+
+
+def _ask(kind: str, job_id: str, *args: Any) -> Any:
+    if _child is None:  # pragma: no cover - a child job exists only under main()
+        raise RuntimeError(f"{kind}() asks the runner, and this process has none")
+    return _child.ask(kind, job_id, *args)
 
 
 def _child_job(base: type[Any]) -> type[Any]:
     """``RunningJob`` as a child sees it: the fields, the stop signal and the
-    logger work; what needs the runner's connection (progress, the parents'
-    results) raises a clear error instead of silently doing nothing."""
+    logger work as in the runner; what needs the runner's connection
+    (progress, the parents' results) is asked of the runner over the socket,
+    and the runner writes (under the job's exact claim, rate limited as
+    always) or reads for it."""
     made = _child_classes.get(base)
     if made is None:
+        from ..core.progress import ProgressStatus, check_progress
 
-        def refuse(name: str) -> Any:
-            def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-                raise RuntimeError(_NOT_IN_A_CHILD.format(name=name))
+        def progress(self: Any, fraction: float, note: str | None = None) -> ProgressStatus:
+            check_progress(fraction, note)  # bad input is refused here, before anything is sent
+            return ProgressStatus(_ask(PROGRESS, self.job_id, fraction, note))
 
-            method.__name__ = name
-            return method
+        async def progress_async(self: Any, fraction: float, note: str | None = None) -> ProgressStatus:
+            import asyncio
+
+            return await asyncio.to_thread(progress, self, fraction, note)
+
+        def parent_results(self: Any) -> tuple[Any, ...]:
+            return tuple(_ask(PARENTS, self.job_id))
+
+        async def parent_results_async(self: Any) -> tuple[Any, ...]:
+            import asyncio
+
+            return await asyncio.to_thread(parent_results, self)
 
         made = type(
             "RunningJob",
             (base,),
-            {name: refuse(name) for name in ("progress", "progress_async", "parent_results", "parent_results_async")},
+            {
+                "progress": progress,
+                "progress_async": progress_async,
+                "parent_results": parent_results,
+                "parent_results_async": parent_results_async,
+            },
         )
         _child_classes[base] = made
     return made

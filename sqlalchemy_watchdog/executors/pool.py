@@ -430,7 +430,7 @@ class ProcessPool:
                     raw = child.conn.recv_bytes()
                 except (EOFError, OSError):
                     return self._died(child, forwarded)
-                answer = self._answer(child, raw)
+                answer = self._answer(child, raw, job)
                 if answer is not None:
                     return answer
                 continue
@@ -449,7 +449,7 @@ class ProcessPool:
                 # A last look: an answer that arrived with the deadline wins.
                 while child.conn.poll(0):
                     try:
-                        answer = self._answer(child, child.conn.recv_bytes())
+                        answer = self._answer(child, child.conn.recv_bytes(), job)
                     except (EOFError, OSError):
                         return self._died(child, forwarded)
                     if answer is not None:
@@ -469,9 +469,10 @@ class ProcessPool:
         log.error("%s; a new one takes its place", text)
         return ChildOutcome(Ending.DIED, error=HandlerProcessDied(text), text=text, stop=stop)
 
-    def _answer(self, child: _Child, raw: bytes) -> ChildOutcome | None:
+    def _answer(self, child: _Child, raw: bytes, job: RunningJob | None = None) -> ChildOutcome | None:
         """What a message from the child says: the job's end, or None for a
-        log record (relayed to the runner's logging)."""
+        log record (relayed to the runner's logging) or a request of the
+        running handler (answered: :meth:`_serve`)."""
         try:
             message = pickle.loads(raw)
         except Exception as unreadable:
@@ -481,6 +482,9 @@ class ProcessPool:
         kind = message[0]
         if kind == child_module.LOG:
             _relay(message)
+            return None
+        if kind in (child_module.PROGRESS, child_module.PARENTS):
+            self._serve(child, job, message)
             return None
         child.jobs += 1
         if kind == child_module.RETURNED:
@@ -499,6 +503,26 @@ class ProcessPool:
         if error is None:
             error = stand_in(name, text)
         return ChildOutcome(Ending.RAISED, error=error, text=text, detail=detail)
+
+    @staticmethod
+    def _serve(child: _Child, job: RunningJob | None, message: tuple[Any, ...]) -> None:
+        """Do what the running handler asked through the job the runner
+        made for it -- the progress write (guarded by the exact claim, rate
+        limited) or the read of its parents -- and send the reply. A reply
+        that cannot be sent means the child is gone: the loop finds that."""
+        kind, job_id, number, *args = message
+        try:
+            if job is None or job_id != job.job_id:
+                raise RuntimeError(f"job {job_id!r} is not the job this process runs")
+            value: Any = job.progress(*args).value if kind == child_module.PROGRESS else tuple(job.parent_results())
+            reply: tuple[Any, ...] = (child_module.REPLY, number, True, value)
+        except Exception as error:
+            refused = (type(error).__name__, getattr(error, "field", None), safe_text(error)[:500])
+            reply = (child_module.REPLY, number, False, refused)
+        try:
+            child.conn.send_bytes(pickle.dumps(reply, protocol=5))
+        except OSError:
+            pass
 
 
 def decision_of_outcome(execution: Execution, outcome: ChildOutcome) -> Decision | None:

@@ -508,22 +508,37 @@ def notify(conn: Connection, event: str) -> None:
 
 @operation(Shape.WRITE)
 def fail_lane(conn: Connection, lane: str, reason: str, *, batch: int = LANE_FAILURE_BATCH) -> LaneFailure:
-    """Settle one batch of the lane's live jobs ``failed``; ``more`` if any remain."""
+    """Settle one batch of the lane's live jobs ``failed``, then (when the
+    live ones are done) of its waiting jobs; ``more`` if any remain.
+
+    A waiting job settled so keeps ``waiting_on = 0`` (like a cancelled
+    one): a runner's pass tells its own dependents (``propagate``)."""
     check_text("lane", lane, LANE_MAX_LENGTH)
     if not isinstance(reason, str) or not reason:
         raise WatchdogError(ErrorCode.INVALID_INPUT, "reason: must be a non-empty str")
     params = {"lane_name": lane, "reason": bound_reason(reason), "batch": batch}
-    rows = conn.execute(sql.fail_lane(conn.dialect.name), params).all()
-    jobs = tuple(sorted((view(row) for row in rows), key=lambda j: j.sequence))
+    rows = list(conn.execute(sql.fail_lane(conn.dialect.name), params).all())
     more = bool(conn.execute(sql.lane_has_live_jobs(), {"lane_name": lane}).scalar())
+    if not more and len(rows) < batch:
+        params["batch"] = batch - len(rows)
+        rows += conn.execute(sql.fail_lane_waiting(conn.dialect.name), params).all()
+    more = more or conn.execute(sql.lane_has_waiting_jobs(), {"lane_name": lane}).first() is not None
+    jobs = tuple(sorted((view(row) for row in rows), key=lambda j: j.sequence))
     return LaneFailure(jobs, more)
 
 
 @operation(Shape.WRITE)
 def purge(conn: Connection, queue: str) -> int:
-    """Delete the queue's queued and delayed jobs; returns how many."""
+    """Delete the queue's waiting, queued and delayed jobs; returns how many.
+
+    The waiting ones go first, so a waiting job of the queue whose parent is
+    a queued job of the queue is deleted too, not cancelled by its parent's
+    deletion. Each deleted job's dependents are told it ended ``purged``
+    (the delete trigger), so in another queue they are cancelled (default
+    policy) or released (``any_outcome``)."""
     check_text("queue", queue, QUEUE_MAX_LENGTH)
-    return conn.execute(sql.purge(), {"queue": queue}).rowcount
+    waiting = conn.execute(sql.purge_waiting(), {"queue": queue}).rowcount
+    return int(waiting or 0) + int(conn.execute(sql.purge(), {"queue": queue}).rowcount or 0)
 
 
 # -- recovery ----------------------------------------------------------------

@@ -72,7 +72,7 @@ def enqueue(conn: Connection, jobs: Sequence[Job], *, delay: timedelta | None = 
         if seen is None:
             firsts[job.job_id] = job
         elif not _same(seen, job):
-            raise EnqueueConflict(job.job_id)
+            raise EnqueueConflict(job.job_id, "after" if _row(seen) == _row(job) else None)
     unique = list(firsts.values())
     waits = _dependencies(conn, unique) if any(job.after for job in unique) else None
     try:
@@ -147,6 +147,7 @@ def _enqueue(
             raise _conflict_of(conn, chunk, error) from error
     if waits is not None:
         _insert_edges(conn, unique, admitted, waits)
+        _check_replayed_parents(conn, unique, admitted)
     if len(admitted) == len(jobs):  # the common case: every job new, none twice
         return [_queued(job.job_id) for job in jobs]
     results: list[EnqueueResult] = []
@@ -195,6 +196,28 @@ def _autocommit(conn: Connection) -> bool:
     return bool(getattr(conn.connection.dbapi_connection, "autocommit", False))
 
 
+def _check_replayed_parents(conn: Connection, unique: Sequence[Job], admitted: set[str]) -> None:
+    """Raise :class:`EnqueueConflict` naming ``after`` when a replayed job
+    with parents names other parents than the stored one.
+
+    The statement already compared everything else of the row, ``after_policy``
+    included (so a replay with parents of a job stored without any, or the
+    reverse, conflicted there); the parents are edges, read here for the
+    replays only -- an enqueue of new jobs reads nothing more.
+    """
+    replays = {job.job_id: frozenset(job.after) for job in unique if job.after and job.job_id not in admitted}
+    if not replays:
+        return
+    stored: dict[str, set[str]] = {job_id: set() for job_id in replays}
+    names = sorted(replays)
+    for start in range(0, len(names), 1000):
+        for child, parent in conn.execute(sql.parents_of_children(), {"job_ids": names[start : start + 1000]}):
+            stored[child].add(parent)
+    for job_id in names:
+        if stored[job_id] != replays[job_id]:
+            raise EnqueueConflict(job_id, "after")
+
+
 def _first_conflict(conn: Connection, chunk: Sequence[Job]) -> str | None:
     """The first job of ``chunk`` stored with other contents, if any."""
     stored = {
@@ -209,7 +232,7 @@ def _first_conflict(conn: Connection, chunk: Sequence[Job]) -> str | None:
 
 
 def _same(a: Job, b: Job) -> bool:
-    return _row(a) == _row(b)
+    return _row(a) == _row(b) and set(a.after) == set(b.after)
 
 
 def self_committing(dialect: str) -> bool:
@@ -243,8 +266,12 @@ def _values(job: Job) -> tuple[Any, ...]:
 
 
 def _row(job: Job) -> dict[str, Any]:
-    """The job's identity as the stored row's columns."""
-    return dict(zip((name for name, _ in sql.IDENTITY_FIELDS), _values(job), strict=True))
+    """The job's identity as the stored row's columns (:func:`statements.stored_contents`):
+    its :data:`statements.IDENTITY_FIELDS`, and ``after_policy`` (stored only
+    for a job with parents)."""
+    row = dict(zip((name for name, _ in sql.IDENTITY_FIELDS), _values(job), strict=True))
+    row["after_policy"] = job.after_policy if job.after else None
+    return row
 
 
 def _conflict_of(conn: Connection, chunk: Sequence[Job], error: IntegrityError) -> Exception:

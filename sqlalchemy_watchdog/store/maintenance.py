@@ -282,6 +282,8 @@ def stats(conn: Connection) -> Stats:
                 e["oldest_ready_age"] = timedelta(milliseconds=max(0, clock - since))
             except (OverflowError, TypeError):  # a ready time written by hand, out of range: unknown
                 pass
+    for queue, count in conn.execute(sql.waiting_counts()):
+        entry(queue)["waiting"] = count
     for queue, count in conn.execute(sql.expired_counts()):
         entry(queue)["expired_leases"] = count
     for queue, outcome, last_minute, last_hour in conn.execute(sql.recent_outcomes()):
@@ -312,6 +314,7 @@ def stats(conn: Connection) -> Stats:
                 limits=None if queue not in uses else uses[queue].limits,
                 rate_used=None if queue not in uses else uses[queue].rate_used,
                 held_back=0 if queue not in uses else uses[queue].held_back,
+                waiting=e.get("waiting", 0),
             )
         )
     return Stats(at_epoch_ms(clock), tuple(result))
@@ -738,6 +741,12 @@ def bulk_batch(conn: Connection, action: BulkAction, after: int, end: int, size:
     counted)."""
     params = {**action.params, "after_sequence": after, "before_sequence": end + 1, "limit": size}
     rows = conn.execute(sql.bulk_pick(conn.dialect.name, action.kind.value, action.filters), params).all()
+    if action.kind is BulkKind.CANCEL:
+        # Revision w0014: the waiting jobs too (cancel settles them at once),
+        # from their own index, merged in admission order.
+        waiting = conn.execute(sql.bulk_pick_waiting(action.filters), params).all()
+        if waiting:
+            rows = sorted([*rows, *waiting], key=lambda row: int(row[0]))[:size]
     if not rows:
         return BulkStep(None, 0, 0)
     last = rows[-1][0]

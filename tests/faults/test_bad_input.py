@@ -48,12 +48,14 @@ from sqlalchemy_watchdog import (
     metadata,
     otel,
     store,
+    task,
 )
 from sqlalchemy_watchdog import execution as ex
 from sqlalchemy_watchdog import handler as register_handler
 from sqlalchemy_watchdog.asyncio import AsyncRunner, AsyncWatchdog
 from sqlalchemy_watchdog.asyncio import enqueue as async_enqueue
 from sqlalchemy_watchdog.codecs import TaggedJSON
+from sqlalchemy_watchdog.core.handlers import HandlerRegistry
 from sqlalchemy_watchdog.jobs import (
     FAILURE_REASON_MAX_LENGTH,
     MAX_DELAY,
@@ -328,6 +330,21 @@ def enqueue_select_of(**columns: Any) -> Callable[[Engine], Any]:
             return enqueue_select(conn, select(*[literal(v).label(k) for k, v in columns.items()]))
 
     return call
+
+
+def _unclaimed() -> Any:
+    """A job as a handler sees it, made outside a runner: it checks a progress report's input."""
+    from sqlalchemy_watchdog import RunningJob
+    from sqlalchemy_watchdog.core.handlers import StopSignal
+
+    return RunningJob("x", "q", "q", 0, None, 0, None, _signal=StopSignal())
+
+
+def _typed(count: int, label: str | None = None) -> None:
+    """A task's function with plain annotations (checked on enqueue)."""
+
+
+_typed_task = task("typed-task", registry=HandlerRegistry())(_typed)
 
 
 REFUSED: dict[str, Entry] = {
@@ -794,6 +811,38 @@ REFUSED: dict[str, Entry] = {
             ("max_attempts", "a blob", b"\x03"),
         )
     },
+    # -- dependencies, progress and tasks (revisions w0012, w0014) --------------------
+    "Job after a str": Entry("after", lambda e: Job("x", "q", after="seed-queued")),
+    "Job after not iterable": Entry("after", lambda e: Job("x", "q", after=5)),  # type: ignore[arg-type]
+    "Job after itself": Entry("after", lambda e: Job("x", "q", after=["x"]), says="cannot wait for itself"),
+    "Job after an empty job_id": Entry("after", lambda e: Job("x", "q", after=[""])),
+    "Job after too many parents": Entry("after", lambda e: Job("x", "q", after=[f"p{i}" for i in range(10_001)])),
+    "Job after_policy unknown": Entry("after_policy", lambda e: Job("x", "q", after=["p"], after_policy="maybe")),
+    "enqueue after an unknown job": Entry("after", lambda e: Watchdog(e).enqueue(Job("x", "q", after=["nobody"]))),
+    "enqueue after a job that did not complete": Entry(
+        "after", lambda e: Watchdog(e).enqueue(Job("x", "q", after=["seed-settled"])), says="ended interrupted"
+    ),
+    "enqueue a cycle": Entry(
+        "after",
+        lambda e: Watchdog(e).enqueue([Job("c1", "q", after=["c2"]), Job("c2", "q", after=["c1"])]),
+        says="comes later in this call",
+    ),
+    "replay adding parents to a stored job": Entry(
+        "after",
+        lambda e: Watchdog(e).enqueue(
+            [Job("fresh", "q"), Job("seed-queued", "q", after=["seed-settled"], after_policy="any_outcome")]
+        ),
+        EnqueueConflict,
+    ),
+    "progress fraction above 1": Entry("fraction", lambda e: _unclaimed().progress(1.5)),
+    "progress fraction NaN": Entry("fraction", lambda e: _unclaimed().progress(math.nan)),
+    "progress fraction a bool": Entry("fraction", lambda e: _unclaimed().progress(True)),
+    "progress note too long": Entry("note", lambda e: _unclaimed().progress(0.5, "n" * 501)),
+    "progress note not text": Entry("note", lambda e: _unclaimed().progress(0.5, 7)),
+    "task argument of another type": Entry("count", lambda e: _typed_task.job(job_id="t", count="1")),
+    "task argument a bool for an int": Entry("count", lambda e: _typed_task.job(job_id="t", count=True)),
+    "task argument unknown": Entry("cuont", lambda e: _typed_task.job(job_id="t", cuont=1)),
+    "task argument missing": Entry("count", lambda e: _typed_task.job(job_id="t")),
 }
 
 #: Entries expected to fail: {entry: reason}. Empty: every known bug is fixed.

@@ -47,6 +47,22 @@ second...), then the plain claim for the unlimited queues; the cursor and the
 rate log it writes; and after each claim that took a limited queue's jobs,
 its running jobs within every limit.
 
+Results, progress and dependencies (revision w0012): a completed job keeps
+exactly its handler's result (``result()`` agrees, for every state);
+progress reports are written only under the exact, live claim (a requeue
+clears them). Jobs with parents (``Job(after=...)``, policy ``completed`` or
+``any_outcome``) are ``waiting``: the model applies the dependency triggers
+after each statement -- a parent's settlement from a live state, or its
+deletion (``purged``), counts its edges; the last one releases the child
+(``queued``), a parent that did not complete cancels it (default policy),
+never earlier; a job settled while waiting (cancelled by a parent or by
+``cancel``/``cancel_many``, or failed by ``fail_lane``) tells its own
+dependents only at a ``propagate`` pass, one hop per pass. Replays with other
+parents or policy conflict; ``purge`` deletes waiting jobs, ``fail_lane``
+fails them after the lane's live ones, ``stats`` counts them apart; ``prune``
+never deletes a parent a job still waits for; a rerun of a parent releases
+nothing. The triggers read the machine's clock (they are re-created on it).
+
 Invariants after every step: the CHECK grammar holds on every row (a
 delayed row has a ready time and no claim); ``1 <= attempt <=
 max_attempts``; a settled row never changes; ``recovery_count <=
@@ -90,6 +106,7 @@ from sqlalchemy_watchdog import (
     PauseStatus,
     QueueStats,
     Rate,
+    ResultStatus,
     RetryPolicy,
     Runner,
     RunningJob,
@@ -99,6 +116,8 @@ from sqlalchemy_watchdog import (
     telemetry,
 )
 from sqlalchemy_watchdog import execution as ex
+from sqlalchemy_watchdog.backends import backend_of
+from sqlalchemy_watchdog.dependencies import drop_sql, trigger_sql
 from sqlalchemy_watchdog.execution import StopReason
 from sqlalchemy_watchdog.jobs import (
     FAILURE_DETAIL_MAX_LENGTH,
@@ -110,10 +129,20 @@ from sqlalchemy_watchdog.jobs import (
     encode_payload,
     rerun_job_id,
 )
-from sqlalchemy_watchdog.model import jobs_table, limit_claims_table, limits_table, pauses_table, workers_table
+from sqlalchemy_watchdog.model import (
+    edges_table,
+    jobs_table,
+    limit_claims_table,
+    limits_table,
+    pauses_table,
+    workers_table,
+)
 from tests.faults.helpers import controlled_db_clock, dump_jobs
 
 JOB_IDS = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]
+#: Revision w0012: the job_ids of jobs enqueued with parents (and "a": a
+#: replay with parents of a job stored without, or the reverse, conflicts).
+DEP_IDS = ["w1", "w2", "w3", "w4"]
 QUEUES = ["q1", "q2", "q3"]
 #: Lanes of their own, one of them a queue's name; a job without one has its queue's.
 LANES = ["l1", "l2", "q1"]
@@ -241,6 +270,8 @@ jobs_strategy = st.builds(
 )
 
 LIVE = ("delayed", "queued", "running")
+#: What the model's dependency triggers take as the statement's clock: the machine's.
+FAULT_CLOCK_SQL = "(SELECT ms FROM fault_clock WHERE id = 1)"
 NOT_STARTED = ("delayed", "queued")
 #: read_queue_head and fail_lane take running jobs first, then queued, then delayed.
 RANK = {"running": 0, "queued": 1, "delayed": 2}
@@ -302,14 +333,24 @@ class Row:
     #: parents: tests/faults/test_dependency_faults.py models them).
     waiting_on: int | None = None
     after_policy: str | None = None
+    #: Revision w0013: 1 once an enqueue gave it a dependent while it was not settled.
+    watched: int | None = None
+    #: Its parents (``Job.after``; the edges hold what each ended).
+    parents: tuple[str, ...] = ()
+    #: The failure reasons the database may have written, when two parents
+    #: that did not complete were counted in one step (which first is the
+    #: database's order): the first comparison takes the one it wrote.
+    reasons: tuple[str, ...] = ()
 
     def columns(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("order", "policy")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("order", "policy", "parents", "reasons")}
 
 
 def identity(job: Job) -> tuple[Any, ...]:
     """What makes two jobs with one job_id the same job (the enqueue delay is not part of it)."""
     return (
+        job.after_policy if job.after else None,
+        frozenset(job.after),
         job.queue,
         job.lane,
         job.priority,
@@ -339,9 +380,13 @@ class Limit:
 class Model:
     rows: dict[str, Row] = field(default_factory=dict)
     admitted: int = 0
+    #: watchdog_job_edges: (child, parent) -> the outcome counted (None: not yet).
+    edges: dict[tuple[str, str], str | None] = field(default_factory=dict)
 
     def same(self, row: Row, job: Job) -> bool:
         stored = (
+            row.after_policy,
+            frozenset(row.parents),
             row.queue_name,
             row.lane,
             row.priority,
@@ -474,10 +519,13 @@ class WatchdogMachine(RuleBasedStateMachine):
     @initialize(
         jobs=st.lists(jobs_strategy, min_size=2, max_size=8),
         limits=st.lists(st.tuples(st.sampled_from(QUEUES), st.sampled_from(LIMITS[:-1])), max_size=3),
+        waiting=st.lists(st.sampled_from(JOB_IDS[:4]), max_size=3),
+        policies=st.lists(st.sampled_from(["completed", "any_outcome"]), min_size=3, max_size=3),
     )
-    def start(self, jobs: list[Job], limits: list[tuple[str, Any]]) -> None:
+    def start(self, jobs: list[Job], limits: list[tuple[str, Any]], waiting: list[str], policies: list[str]) -> None:
         with store.write_transaction(self.engine) as conn:
             conn.execute(delete(jobs_table))
+            conn.execute(delete(edges_table))
             conn.execute(delete(pauses_table))
             conn.execute(delete(workers_table))
             conn.execute(delete(limits_table))
@@ -498,6 +546,20 @@ class WatchdogMachine(RuleBasedStateMachine):
         self.rate_log: list[tuple[str, int, int]] = []  # (queue, claimed_at, jobs): watchdog_limit_claims
         for job in jobs:  # start with some work (conflicting replays are refused as usual)
             self.enqueue([job], None)
+        for index, parent in enumerate(waiting):  # and some jobs waiting for it (revision w0012)
+            if parent in self.model.rows:
+                job = Job(DEP_IDS[index], QUEUES[index % len(QUEUES)], after=[parent], after_policy=policies[index])
+                self.tx(store.enqueue, [job])
+                self.model.admit(job, self.db, None, TAGGING.last)
+                row = self.model.rows[job.job_id]
+                row.parents, row.after_policy = job.after, job.after_policy
+                settled = self.model.rows[parent].state == "settled"
+                if settled and (self.model.rows[parent].outcome != "completed" and job.after_policy == "completed"):
+                    raise AssertionError("a refused parent")  # pragma: no cover - the draw below avoids it
+                if not settled:
+                    row.state, row.waiting_on = "waiting", 1
+                    self.model.rows[parent].watched = 1
+                self.model.edges[(job.job_id, parent)] = self.model.rows[parent].outcome if settled else None
         for queue, spec in limits:  # most runs start with limited queues (w0011)
             self.set_limits(queue, spec)
 
@@ -532,6 +594,167 @@ class WatchdogMachine(RuleBasedStateMachine):
                 self.model.admit(job, self.db, None if delay is None else delay // ms(1), TAGGING.last)
                 expected.append("queued")
         assert [r.status.value for r in results] == expected
+
+    # -- dependencies (revision w0012) --------------------------------------------
+
+    @rule(
+        data=st.data(),
+        job_id=st.sampled_from([*DEP_IDS, "a"]),
+        queue=st.sampled_from(QUEUES),
+        lane=st.sampled_from([*LANES, None]),
+        policy=st.sampled_from(["completed", "completed", "any_outcome"]),
+    )
+    def enqueue_after(self, data: st.DataObject, job_id: str, queue: str, lane: str | None, policy: str) -> None:
+        """A job with parents: every parent must be stored (one that ended
+        other than completed refused for the default policy -- checked before
+        anything, a replay included); it waits for those not settled; a
+        replay is a duplicate only with the same parents and policy."""
+        # Mostly jobs that exist (live ones first, so that something waits), now and then one that does not.
+        known = sorted(self.model.rows, key=lambda j: (self.model.rows[j].state == "settled", j))
+        choices = st.sampled_from([*known[:6], "nobody"]) if known else st.just("nobody")
+        parents = data.draw(st.lists(choices, min_size=1, max_size=2, unique=True), "parents")
+        parents = [parent for parent in parents if parent != job_id]
+        if not parents:
+            with pytest.raises(InvalidJob, match="cannot wait for itself"):
+                Job(job_id, queue, after=[job_id])
+            return
+        job = Job(job_id, queue, lane=lane, after=parents, after_policy=policy)
+        counted: list[tuple[str, str | None]] = []
+        refusal = None
+        for parent in job.after:
+            row = self.model.rows.get(parent)
+            if row is None:
+                refusal = "no such job"
+                break
+            if row.state == "settled" and row.outcome != "completed" and policy == "completed":
+                refusal = f"already ended {row.outcome}"
+                break
+            counted.append((parent, row.outcome if row.state == "settled" else None))
+        if refusal is not None:
+            with pytest.raises(InvalidJob, match=refusal) as refused:
+                self.tx(store.enqueue, [job])
+            assert refused.value.field == "after"
+            return
+        stored = self.model.rows.get(job_id)
+        if stored is not None:
+            if self.model.same(stored, job):
+                (result,) = self.tx(store.enqueue, [job])
+                assert result.status.value == "duplicate"
+            else:
+                with pytest.raises(EnqueueConflict):
+                    self.tx(store.enqueue, [job])
+            return
+        (result,) = self.tx(store.enqueue, [job])
+        assert result.status.value == "queued"
+        self.model.admit(job, self.db, None, TAGGING.last)
+        row = self.model.rows[job_id]
+        row.parents, row.after_policy = job.after, policy
+        pending = sum(1 for _, outcome in counted if outcome is None)
+        if pending:
+            row.state, row.waiting_on = "waiting", pending
+        for parent, outcome in counted:
+            self.model.edges[(job_id, parent)] = outcome
+            if outcome is None:  # a parent not settled is watched from now on (w0013)
+                self.model.rows[parent].watched = 1
+
+    def _tell(self, child: str, parent: str, outcome: str, *, same_step: bool) -> None:
+        """The edge trigger: ``parent`` ended ``outcome``, counted for ``child``."""
+        self.model.edges[(child, parent)] = outcome
+        row = self.model.rows.get(child)
+        reason = f"parent {parent} ended {outcome}"
+        if row is None:
+            return
+        if row.state != "waiting":
+            if same_step and row.reasons and outcome != "completed" and row.after_policy == "completed":
+                row.reasons = (*row.reasons, reason)  # counted first by the database, perhaps
+            return
+        if outcome != "completed" and row.after_policy == "completed":
+            row.state, row.outcome, row.failure_reason = "settled", "cancelled", reason
+            row.settled_at, row.waiting_on = self.db, 0
+            row.reasons = (reason,) if same_step else ()
+        elif row.waiting_on is not None and row.waiting_on > 1:
+            row.waiting_on -= 1
+        else:
+            row.waiting_on = None
+            row.state = "delayed" if row.ready_at is not None and row.ready_at > self.db else "queued"
+
+    def _count_edges(self) -> None:
+        """The dependency triggers of the statements of the step just taken:
+        a deleted job's edges as a child go; a parent settled from a live
+        state (``waiting_on`` not 0) or deleted unsettled (``purged``) is
+        counted for each child. A job settled while waiting waits for
+        :meth:`propagate`."""
+        rows, edges = self.model.rows, self.model.edges
+        for key in [key for key in edges if key[0] not in rows]:
+            del edges[key]
+        for (child, parent), outcome in sorted(edges.items()):
+            if outcome is not None:
+                continue
+            row = rows.get(parent)
+            if row is None:
+                self._tell(child, parent, "purged", same_step=True)
+            elif row.state == "settled" and row.waiting_on != 0:
+                assert row.outcome is not None
+                self._tell(child, parent, row.outcome, same_step=True)
+        for row in rows.values():
+            if len(row.reasons) == 1:
+                row.reasons = ()
+
+    @rule(limit=st.sampled_from([1, 2, 100]))
+    def propagate(self, limit: int) -> None:
+        """A runner's pass: the jobs settled while waiting, oldest first, tell
+        their dependents (which a cancellation settles in turn: the next pass
+        tells theirs)."""
+        untold = sorted((r for r in self.model.rows.values() if r.waiting_on == 0), key=lambda r: r.order)[:limit]
+        assert self.tx(store.propagate, limit=limit) == len(untold)
+        for row in untold:
+            assert row.outcome is not None
+            for (child, parent), outcome in sorted(self.model.edges.items()):
+                if parent == row.job_id and outcome is None:
+                    self._tell(child, parent, row.outcome, same_step=False)
+            row.waiting_on = None
+
+    @rule(job_id=st.sampled_from([*JOB_IDS[:5], *DEP_IDS]))
+    def results(self, job_id: str) -> None:
+        """result() answers from the row alone: a result exactly for a job
+        settled completed, the status of every other state."""
+        got = self.watchdog.result(job_id)
+        row = self.model.rows.get(job_id)
+        if row is None:
+            assert got.status is ResultStatus.UNKNOWN
+            return
+        if row.state in ("delayed", "queued", "waiting"):
+            assert got.status is ResultStatus.PENDING
+        elif row.state == "running":
+            assert got.status is ResultStatus.RUNNING
+        elif row.outcome == "completed":
+            assert got.status is ResultStatus.COMPLETED
+            assert got.value == (None if row.result_json is None else json.loads(row.result_json))
+        elif row.outcome == "cancelled":
+            assert got.status is ResultStatus.CANCELLED and got.value is None
+        else:
+            assert got.status is ResultStatus.FAILED and got.value is None
+            assert (got.outcome.value if got.outcome else None, got.reason) == (row.outcome, row.failure_reason)
+        assert row.result_json is None or (row.state, row.outcome) == ("settled", "completed")
+
+    @precondition(lambda self: bool(self.claims))
+    @rule(
+        data=st.data(),
+        fraction=st.sampled_from([0.0, 0.5, 1.0]),
+        note=st.sampled_from([None, "half", "n" * 500]),
+        skew=st.sampled_from(SKEWS),
+    )
+    def report_progress(self, data: st.DataObject, fraction: float, note: str | None, skew: int) -> None:
+        """A progress write lands only under the exact claim with a live
+        lease on max(app now, db clock), like a renew (a cancellation does
+        not stop it)."""
+        job_id, token = data.draw(st.sampled_from(self.claims), "claim")
+        app = self.db + skew
+        expected = self.model.live_claim(job_id, token, max(app, self.db))
+        assert self.tx(store.report_progress, job_id, token, fraction, note, now=app) is expected
+        if expected:
+            row = self.model.rows[job_id]
+            row.progress, row.progress_note = fraction, note
 
     @rule(limit=st.sampled_from([1, 1, 2, 1_000]), wait=st.sampled_from(WAITS))
     def promote(self, limit: int, wait: int = 0) -> None:
@@ -809,6 +1032,24 @@ class WatchdogMachine(RuleBasedStateMachine):
         if len(self.claims) > before:
             self._settle(*self.claims[-1], how, skew)
 
+    @precondition(lambda self: any(r.state == "waiting" for r in self.model.rows.values()))
+    @rule(lease=st.sampled_from(LEASES), how=st.sampled_from(DECISIONS[:2]))
+    def a_parent_completes(self, lease: int, how: tuple[str, Any]) -> None:
+        """A runner's tick on the queue of a job something waits for, its
+        handler completing (what releases dependents; random ticks reach it
+        rarely in a short run)."""
+        parents = sorted(
+            parent
+            for (_, parent), outcome in self.model.edges.items()
+            if outcome is None and parent in self.model.rows and self.model.rows[parent].state in LIVE
+        )
+        if not parents:
+            return
+        before = len(self.claims)
+        self.claim([self.model.rows[parents[0]].queue_name], 1, lease, 0, True)
+        if len(self.claims) > before:
+            self._settle(*self.claims[-1], how, 0)
+
     def _settle(self, job_id: str, token: str, how: tuple[str, Any], skew: int) -> None:
         """Settle ``(job_id, token)``: a claim issued earlier goes through the
         runner's decision path, a bogus token straight to store.settle."""
@@ -899,6 +1140,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             # No attempt used; the last failure's reason and detail are kept.
             row.state, row.claim_token, row.ready_at = "delayed", None, db + wait
             row.snoozes += 1
+            row.progress = row.progress_note = None  # the next run starts from nothing
             return SettleStatus.REQUEUED
         if decision.outcome is not Outcome.FAILED:
             assert decision.outcome is not None
@@ -917,6 +1159,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             row.state = "delayed" if wait > 0 else "queued"
             row.claim_token, row.ready_at = None, db + wait
             row.attempt += 1
+            row.progress = row.progress_note = None
             return SettleStatus.REQUEUED
         row.state, row.outcome = "settled", "failed"
         row.settled_at = settled_now
@@ -949,7 +1192,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             self.model.rows[job_id].lease_until = self.db - 1
 
     @rule(
-        job_id=st.sampled_from(JOB_IDS),
+        job_id=st.sampled_from([*JOB_IDS, *DEP_IDS]),
         cancellation_id=st.sampled_from(CANCEL_IDS),
         only_if_queued=st.booleans(),
     )
@@ -965,10 +1208,18 @@ class WatchdogMachine(RuleBasedStateMachine):
             row.cancellation_id = cancellation_id
             if row.state == "delayed":
                 row.state = "queued"  # the next claim settles it cancelled, without waiting for its time
+        elif row.cancellation_id is None and row.state == "waiting":
+            expected = CancelStatus.RECORDED
+            self._cancel_waiting(row, cancellation_id)
         else:
             expected = CancelStatus.CONFLICT
         result = self.tx(store.cancel, job_id, cancellation_id, only_if_queued=only_if_queued)
         assert result.status is expected
+
+    def _cancel_waiting(self, row: Row, cancellation_id: str) -> None:
+        """A waiting job cancelled: settled at once, its dependents told by the next propagate pass."""
+        row.cancellation_id = cancellation_id
+        row.state, row.outcome, row.settled_at, row.waiting_on = "settled", "cancelled", self.db, 0
 
     @rule(
         lane=st.sampled_from([*LANES, *QUEUES]),
@@ -986,19 +1237,36 @@ class WatchdogMachine(RuleBasedStateMachine):
             (r for r in live if r.lane == r.queue_name), key=lambda r: (RANK[r.state], r.priority, -r.order)
         )
         taken = sorted(own[:batch] + default[:batch], key=lambda r: (RANK[r.state], r.order))[:batch]
-        rest = [r for r in live if r not in taken]
         result = self.tx(store.fail_lane, lane, reason, batch=batch)
-        assert [j.job_id for j in result.jobs] == [r.job_id for r in sorted(taken, key=lambda r: r.order)]
-        assert result.more == bool(rest)
         for row in taken:
             row.state, row.outcome, row.failure_reason = "settled", "failed", bound_reason(reason)
             row.failure_detail = None
             row.lease_until = row.claim_token = None
             row.settled_at = self.db
+        # The triggers of that statement (a released child may be the lane's
+        # now); then, once the lane has no live job, a batch of its waiting
+        # jobs, failed the same way (their dependents told by propagate).
+        self._count_edges()
+        more = any(r.lane == lane and r.state in LIVE for r in self.model.rows.values())
+        if not more and len(taken) < batch:
+            waiting = sorted(
+                (r for r in self.model.rows.values() if r.lane == lane and r.state == "waiting"), key=lambda r: r.order
+            )[: batch - len(taken)]
+            for row in waiting:
+                row.state, row.outcome, row.failure_reason = "settled", "failed", bound_reason(reason)
+                row.settled_at, row.waiting_on = self.db, 0
+            taken += waiting
+        more = more or any(r.lane == lane and r.state == "waiting" for r in self.model.rows.values())
+        assert [j.job_id for j in result.jobs] == [r.job_id for r in sorted(taken, key=lambda r: r.order)]
+        assert result.more == more
 
     @rule(queue=st.sampled_from(QUEUES))
     def purge(self, queue: str) -> None:
-        doomed = [j for j, r in self.model.rows.items() if r.queue_name == queue and r.state in NOT_STARTED]
+        # Its waiting jobs first (all of them, even one its own trigger
+        # released or cancelled meanwhile), then its queued and delayed ones.
+        doomed = [
+            j for j, r in self.model.rows.items() if r.queue_name == queue and r.state in (*NOT_STARTED, "waiting")
+        ]
         assert self.tx(store.purge, queue) == len(doomed)
         for job_id in doomed:
             del self.model.rows[job_id]
@@ -1206,10 +1474,17 @@ class WatchdogMachine(RuleBasedStateMachine):
             listed = [outcomes] if isinstance(outcomes, str) else outcomes
             wanted = {Outcome(o).value for o in listed}
         cutoff = self.db - older_than
+        # Never a parent a job that is not settled waits for (its callback reads it).
+        waited_for = {
+            parent
+            for child, parent in self.model.edges
+            if child in self.model.rows and self.model.rows[child].state != "settled"
+        }
         eligible = [
             r
             for r in self.model.rows.values()
             if r.state == "settled"
+            and r.job_id not in waited_for
             and (wanted is None or r.outcome in wanted)
             and ((r.settled_at is not None and r.settled_at < cutoff) or (include_undated and r.settled_at is None))
         ]
@@ -1412,7 +1687,9 @@ class WatchdogMachine(RuleBasedStateMachine):
         matched = [
             r
             for r in sorted(self.model.rows.values(), key=lambda r: r.order)
-            if r.state in LIVE and (queue is None or r.queue_name == queue) and (lane is None or r.lane == lane)
+            if r.state in (*LIVE, "waiting")
+            and (queue is None or r.queue_name == queue)
+            and (lane is None or r.lane == lane)
         ][: limit if limit is not None else None]
         result = self.watchdog.cancel_many(
             cancellation_id=cancellation_id,
@@ -1437,6 +1714,9 @@ class WatchdogMachine(RuleBasedStateMachine):
                 row.cancellation_id = derived
                 if row.state == "delayed":
                     row.state = "queued"
+            elif row.cancellation_id is None and row.state == "waiting":
+                done.append(row.job_id)
+                self._cancel_waiting(row, derived)
             else:
                 skipped.append(row.job_id)
         assert (list(result.done), list(result.repeated)) == (done, repeated)
@@ -1444,7 +1724,7 @@ class WatchdogMachine(RuleBasedStateMachine):
 
     @rule(
         queue=st.sampled_from([None, *QUEUES]),
-        state=st.sampled_from([None, "delayed", "queued", "running", "settled"]),
+        state=st.sampled_from([None, "delayed", "queued", "running", "settled", "waiting"]),
         outcome=st.sampled_from([None, None, Outcome.COMPLETED, "failed", "cancelled"]),
         lane=st.sampled_from([None, None, *LANES]),
         prefix=st.sampled_from([None, None, "a", "b~rerun~", "a~rerun~r", "%", "_"]),
@@ -1517,11 +1797,22 @@ class WatchdogMachine(RuleBasedStateMachine):
         def entry(queue: str) -> dict[str, Any]:
             return expected.setdefault(
                 queue,
-                {"delayed": 0, "queued": 0, "running": 0, "expired": 0, "ready": [], "minute": {}, "hour": {}},
+                {
+                    "delayed": 0,
+                    "queued": 0,
+                    "running": 0,
+                    "waiting": 0,
+                    "expired": 0,
+                    "ready": [],
+                    "minute": {},
+                    "hour": {},
+                },
             )
 
         for r in self.model.rows.values():
-            if r.state in LIVE:
+            if r.state == "waiting":
+                entry(r.queue_name)["waiting"] += 1
+            elif r.state in LIVE:
                 e = entry(r.queue_name)
                 e[r.state] += 1
                 if r.state == "running" and r.lease_until is not None and r.lease_until <= db:
@@ -1543,10 +1834,11 @@ class WatchdogMachine(RuleBasedStateMachine):
         assert [q.queue for q in got.queues] == sorted(expected)
         for q in got.queues:
             e = expected[q.queue]
-            assert (q.delayed, q.queued, q.running, q.expired_leases) == (
+            assert (q.delayed, q.queued, q.running, q.waiting, q.expired_leases) == (
                 e["delayed"],
                 e["queued"],
                 e["running"],
+                e["waiting"],
                 e["expired"],
             ), q
             age = None if not e["ready"] else ms(max(0, db - min(e["ready"])))
@@ -1566,11 +1858,21 @@ class WatchdogMachine(RuleBasedStateMachine):
     def database_matches_model(self) -> None:
         if not hasattr(self, "model"):
             return
+        self._count_edges()  # what the step's statements' triggers did
         dumped = dump_jobs(self.engine)
+        by_id = {row["job_id"]: row for row in dumped}
+        for job_id, modelled in self.model.rows.items():
+            if len(modelled.reasons) > 1 and job_id in by_id:
+                # Two parents that did not complete, counted in one step: the database's order named one.
+                assert by_id[job_id]["failure_reason"] in modelled.reasons, (by_id[job_id], modelled.reasons)
+                modelled.failure_reason, modelled.reasons = by_id[job_id]["failure_reason"], ()
         for row in dumped:
             state = row["state"]
             # the CHECK grammar
-            if state == "delayed":
+            if state == "waiting":
+                assert row["outcome"] is None and row["claim_token"] is None and row["lease_until"] is None, row
+                assert row["waiting_on"] is not None and row["waiting_on"] > 0, row
+            elif state == "delayed":
                 assert row["outcome"] is None and row["claim_token"] is None and row["lease_until"] is None, row
                 assert row["ready_at"] is not None, row
             elif state == "queued":
@@ -1584,10 +1886,14 @@ class WatchdogMachine(RuleBasedStateMachine):
             # recovery budget
             budget = row["recovery_max"]
             assert row["recovery_count"] <= (0 if budget is None else budget), row
-            # settled rows never change
+            # settled rows never change (but for the mark of a job settled
+            # while waiting, cleared once its dependents are told)
             if state == "settled":
                 before = self.settled_rows.setdefault(row["job_id"], row)
-                assert row == before, f"a settled job changed: {before} -> {row}"
+                assert {**row, "waiting_on": None} == {**before, "waiting_on": None}, (
+                    f"a settled job changed: {before} -> {row}"
+                )
+                assert row["waiting_on"] in (None, 0) and (before["waiting_on"] == 0 or row["waiting_on"] is None)
         # settled rows are never deleted either
         assert set(self.settled_rows) <= {r["job_id"] for r in dumped}
         # the database equals the model, in admission order
@@ -1599,7 +1905,10 @@ class WatchdogMachine(RuleBasedStateMachine):
             assert columns == want.columns()
         with self.engine.connect() as conn:
             paused = conn.execute(select(pauses_table).order_by(pauses_table.c.queue_name)).all()
+            edges = conn.execute(select(edges_table.c.child, edges_table.c.parent, edges_table.c.outcome)).all()
         assert {q: (reason, at) for q, reason, at in paused} == self.pauses
+        # the edges equal the model's: no orphan, each outcome counted once
+        assert {(child, parent): outcome for child, parent, outcome in edges} == self.model.edges
 
     @invariant()
     def at_most_one_live_claim_per_job(self) -> None:
@@ -1678,12 +1987,24 @@ class _Tagging(telemetry.Instrumentation):
 TAGGING = _Tagging()
 
 
+def _replace_triggers(engine: Engine, clock: str) -> None:
+    """Re-create the dependency triggers reading ``clock`` for the database time."""
+    with engine.begin() as conn:
+        for statement in [*drop_sql(conn.dialect.name), *trigger_sql(conn.dialect.name, clock)]:
+            conn.exec_driver_sql(statement)
+
+
 def _run(engine: Engine, config: settings) -> None:
     telemetry.install(TAGGING)
     try:
         with _registered_handlers(), controlled_db_clock(engine.url, BASE) as (clocked, set_clock):
-            # Hypothesis takes a factory of machines as well as the class (its docs say so).
-            run_state_machine_as_test(lambda: WatchdogMachine(clocked, set_clock), settings=config)  # type: ignore[arg-type]
+            dialect = clocked.dialect.name
+            _replace_triggers(clocked, FAULT_CLOCK_SQL)  # the dependency triggers read the machine's clock too
+            try:
+                # Hypothesis takes a factory of machines as well as the class (its docs say so).
+                run_state_machine_as_test(lambda: WatchdogMachine(clocked, set_clock), settings=config)  # type: ignore[arg-type]
+            finally:
+                _replace_triggers(clocked, backend_of(dialect).clock_ms_sql())
     finally:
         telemetry.uninstall()
 

@@ -1214,6 +1214,7 @@ def test_stats_table_and_json(engine: Engine, cli: Cli) -> None:
         Job("waiting-2", "emails"),
         Job("later", "emails", run_at=datetime.now(UTC) + timedelta(hours=1)),
         Job("stuck", "emails", priority=9),
+        Job("follows", "emails", after=["later"]),  # waits for its parent: counted apart
     )
     with engine.begin() as conn:  # "stuck" is running under a lease that has ended
         assert [c.job.job_id for c in store.claim(conn, queues=["emails"], limit=1, lease_ms=1).claimed] == ["stuck"]
@@ -1231,6 +1232,7 @@ def test_stats_table_and_json(engine: Engine, cli: Cli) -> None:
         "delayed": 1,
         "queued": 2,
         "running": 1,
+        "waiting": 1,
         "expired_leases": 1,
         "settled_last_minute": {"completed": 2, "failed": 1, "cancelled": 0, "outcome_unknown": 0, "interrupted": 0},
         "settled_last_hour": {"completed": 2, "failed": 1, "cancelled": 0, "outcome_unknown": 0, "interrupted": 0},
@@ -1247,6 +1249,7 @@ def test_stats_table_and_json(engine: Engine, cli: Cli) -> None:
         "delayed": 0,
         "queued": 0,
         "running": 0,
+        "waiting": 0,
         "expired_leases": 0,
         "oldest_ready_age_seconds": None,
         "settled_last_minute": {"completed": 0, "failed": 0, "cancelled": 0, "outcome_unknown": 0, "interrupted": 0},
@@ -1267,6 +1270,7 @@ def test_stats_table_and_json(engine: Engine, cli: Cli) -> None:
         "delayed",
         "queued",
         "running",
+        "waiting",
         "expired_leases",
         "oldest_ready",
         "last_minute",
@@ -1274,13 +1278,13 @@ def test_stats_table_and_json(engine: Engine, cli: Cli) -> None:
         "workers",
         "paused",
     ]
-    emails_row = lines[2].split(None, 9)
-    assert emails_row[:5] == ["emails", "1", "2", "1", "1"]
-    assert re.fullmatch(r"\d+s|\d+m\d\ds", emails_row[5]), emails_row[5]
-    assert emails_row[6:] == ["completed=2,failed=1", "completed=2,failed=1", "0!", "-"]
-    sms_row = lines[3].split(None, 9)
-    assert sms_row[:9] == ["sms", "0", "0", "0", "0", "-", "-", "-", "0"]
-    assert re.fullmatch(r"since \S+Z: provider outage", sms_row[9]), sms_row[9]
+    emails_row = lines[2].split(None, 10)
+    assert emails_row[:6] == ["emails", "1", "2", "1", "1", "1"]
+    assert re.fullmatch(r"\d+s|\d+m\d\ds", emails_row[6]), emails_row[6]
+    assert emails_row[7:] == ["completed=2,failed=1", "completed=2,failed=1", "0!", "-"]
+    sms_row = lines[3].split(None, 10)
+    assert sms_row[:10] == ["sms", "0", "0", "0", "0", "0", "-", "-", "-", "0"]
+    assert re.fullmatch(r"since \S+Z: provider outage", sms_row[10]), sms_row[10]
     assert lines[4:] == ["! no live worker serves 'emails', which has ready jobs"]
 
 

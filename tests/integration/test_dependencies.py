@@ -6,7 +6,7 @@ on both dialects."""
 from __future__ import annotations
 
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -14,6 +14,7 @@ from sqlalchemy import Engine, text
 
 from sqlalchemy_watchdog import (
     Decision,
+    EnqueueConflict,
     InvalidJob,
     Job,
     JobState,
@@ -201,7 +202,179 @@ def test_parents_must_exist_or_come_first_and_bad_after_writes_nothing(engine: E
 
 def test_a_replayed_child_is_a_duplicate_and_adds_no_edges(engine: Engine) -> None:
     wd = Watchdog(engine)
-    wd.enqueue([Job("p", "q"), Job("q2", "q"), Job("c", "q", after=["p"])])
-    again = wd.enqueue([Job("c", "q", after=["p", "q2"])])
+    wd.enqueue([Job("p", "q"), Job("q2", "q"), Job("c", "q", after=["p", "q2"])])
+    again = wd.enqueue([Job("c", "q", after=["q2", "p"])])  # the same parents, in another order
     assert again[0].status.value == "duplicate"
-    assert present(wd.read("c")).parents == (("p", None),)
+    assert present(wd.read("c")).parents == (("p", None), ("q2", None))
+
+
+@pytest.mark.parametrize(
+    ("replay", "field"),
+    [
+        (Job("c", "q", after=["p"]), "after"),  # fewer parents
+        (Job("c", "q", after=["p", "q2", "q3"]), "after"),  # more parents
+        (Job("c", "q", after=["p", "q3"]), "after"),  # another parent
+        (Job("c", "q"), None),  # no parents at all (the statement refuses it)
+        (Job("c", "q", after=["p", "q2"], after_policy="any_outcome"), None),  # another policy
+        (Job("plain", "q", after=["p"]), None),  # parents for a job stored without any
+    ],
+    ids=["fewer", "more", "other", "none", "policy", "added"],
+)
+def test_a_replay_with_other_parents_or_policy_is_a_conflict_and_writes_nothing(
+    engine: Engine, replay: Job, field: str | None
+) -> None:
+    """``after`` and ``after_policy`` are part of a job's identity: a replay
+    that differs in either is an EnqueueConflict, like any other field, and
+    the caller's transaction (here with a new job beside it) is rolled back."""
+    wd = Watchdog(engine)
+    wd.enqueue([Job("p", "q"), Job("q2", "q"), Job("q3", "q"), Job("plain", "q"), Job("c", "q", after=["p", "q2"])])
+    jobs, edges = count(engine), count(engine, "watchdog_job_edges")
+    with pytest.raises(EnqueueConflict) as error:
+        with engine.begin() as conn:
+            enqueue(conn, [Job("beside", "q"), replay])
+    assert error.value.job_id == replay.job_id and error.value.field == field
+    if field is not None:
+        assert "a different after" in str(error.value)
+    assert (count(engine), count(engine, "watchdog_job_edges")) == (jobs, edges)
+    assert wd.read("beside") is None
+    assert present(wd.read("c")).parents == (("p", None), ("q2", None))
+    # Within one call too.
+    with pytest.raises(EnqueueConflict) as error:
+        wd.enqueue([Job("new", "q", after=["p"]), Job("new", "q", after=["q2"])])
+    assert error.value.field == "after" and wd.read("new") is None
+
+
+def test_a_deleted_child_takes_its_edges_with_it_whatever_its_state(engine: Engine) -> None:
+    """A purged queued child (its parent completed) leaves no edge naming it;
+    nor does a pruned one; the parent's edges to children that still exist stay."""
+    wd = Watchdog(engine)
+    wd.enqueue([Job("p", "parents"), Job("kept", "kept", after=["p"])])
+    Runner(engine, {"parents": lambda job: None}, queues=["parents"]).run_until_idle()
+    wd.enqueue(
+        [
+            Job("purged", "children", after=["p"]),
+            Job("delayed", "children", after=["p"], run_at=datetime.now(UTC) + timedelta(hours=1)),
+        ]
+    )
+    assert count(engine, "watchdog_job_edges") == 3
+    assert wd.purge("children") == 2
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT child, parent FROM watchdog_job_edges")).all() == [("kept", "p")]
+    assert present(wd.read("p")).dependents == ("kept",)
+
+
+# -- operations and waiting jobs (revision w0014) ---------------------------------------
+
+
+def test_stats_and_listing_count_waiting_jobs_in_their_own_field(engine: Engine) -> None:
+    wd = Watchdog(engine)
+    wd.enqueue([Job("p", "q"), Job("w1", "q", after=["p"]), Job("w2", "other", after=["p"])])
+    by_queue = {queue.queue: queue for queue in wd.stats().queues}
+    assert (by_queue["q"].queued, by_queue["q"].waiting) == (1, 1)
+    assert (by_queue["other"].queued, by_queue["other"].delayed, by_queue["other"].waiting) == (0, 0, 1)
+    assert [job.job_id for job in wd.list_jobs(state="waiting")] == ["w1", "w2"]
+    assert [job.job_id for job in wd.list_jobs(state="waiting", queue="other")] == ["w2"]
+    Runner(engine, {"q": lambda job: None, "other": lambda job: None}).run_until_idle()
+    assert all(queue.waiting == 0 for queue in wd.stats().queues)
+
+
+def test_purge_deletes_the_queues_waiting_jobs_and_tells_their_dependents(engine: Engine) -> None:
+    wd = Watchdog(engine)
+    wd.enqueue(
+        [
+            Job("p", "gone"),
+            Job("w", "gone", after=["p"]),  # waits for a job of the same queue
+            Job("elsewhere", "kept", after=["w"]),
+            Job("any", "kept", after=["w"], after_policy="any_outcome"),
+        ]
+    )
+    assert wd.purge("gone") == 2
+    assert wd.read("p") is None and wd.read("w") is None
+    assert states(wd, "elsewhere", "any") == {"elsewhere": ("settled", "cancelled"), "any": ("queued", None)}
+    assert present(wd.read("elsewhere")).failure_reason == "parent w ended purged"
+    with engine.connect() as conn:
+        edges = conn.execute(text("SELECT child, parent, outcome FROM watchdog_job_edges ORDER BY child")).all()
+    assert edges == [("any", "w", "purged"), ("elsewhere", "w", "purged")]
+
+
+def test_purging_a_chain_within_one_queue_tells_the_dependents_outside_it(engine: Engine) -> None:
+    """A purge deletes every link of a chain in its queue; SQLite's delete
+    also removes a link its own trigger just cancelled (no re-check), and
+    that link still tells its dependents: the same answer on both dialects."""
+    wd = Watchdog(engine)
+    wd.enqueue(
+        [
+            Job("w0", "gone"),
+            Job("w1", "gone", after=["w0"]),
+            Job("w2", "gone", after=["w1"]),
+            Job("w3", "gone", after=["w2"]),
+            Job("outside", "kept", after=["w3"]),
+            Job("outside-2", "kept", after=["w2"]),
+        ]
+    )
+    assert wd.purge("gone") == 4
+    assert [job.job_id for job in wd.list_jobs()] == ["outside", "outside-2"]
+    assert present(wd.read("outside")).failure_reason == "parent w3 ended purged"
+    assert present(wd.read("outside-2")).failure_reason == "parent w2 ended purged"
+    with engine.connect() as conn:
+        edges = conn.execute(text("SELECT child, parent, outcome FROM watchdog_job_edges ORDER BY child")).all()
+    assert edges == [("outside", "w3", "purged"), ("outside-2", "w2", "purged")]
+
+
+def test_fail_lane_settles_the_lanes_waiting_jobs_after_its_live_ones(engine: Engine) -> None:
+    wd = Watchdog(engine)
+    wd.enqueue(
+        [
+            Job("p", "q"),
+            Job("live", "q", lane="printer"),
+            *(Job(f"w{i}", "q", lane="printer", after=["p"]) for i in range(3)),
+            Job("w-other-lane", "q", after=["p"]),
+            Job("after-w0", "next", after=["w0"]),
+        ]
+    )
+    failures = []
+    with engine.begin() as conn:
+        while True:
+            failure = store.fail_lane(conn, "printer", "jammed", batch=2)
+            failures.append([job.job_id for job in failure.jobs])
+            if not failure.more:
+                break
+    assert failures == [["live", "w0"], ["w1", "w2"]]
+    assert states(wd, "w0", "w1", "w-other-lane") == {
+        "w0": ("settled", "failed"),
+        "w1": ("settled", "failed"),
+        "w-other-lane": ("waiting", None),
+    }
+    assert present(wd.read("w0")).failure_reason == "jammed"
+    Runner(engine, {"q": lambda job: None}, queues=["q"]).run_until_idle()  # its pass tells w0's dependents
+    assert present(wd.read("after-w0")).failure_reason == "parent w0 ended failed"
+    assert states(wd, "w-other-lane") == {"w-other-lane": ("settled", "completed")}
+    assert wd.fail_lane("printer", "jammed").jobs == ()
+
+
+@pytest.mark.parametrize("only_if_queued", [False, True])
+def test_cancel_many_cancels_waiting_jobs_in_admission_order(engine: Engine, only_if_queued: bool) -> None:
+    wd = Watchdog(engine)
+    wd.enqueue([Job("p", "parents"), Job("a", "q"), Job("w1", "q", after=["p"]), Job("b", "q")])
+    wd.enqueue([Job("w2", "q", after=["p"]), Job("child", "other", after=["w2"])])
+    result = wd.cancel_many(cancellation_id="bulk", queue="q", batch=3, only_if_queued=only_if_queued)
+    assert result.done == ("a", "w1", "b", "w2")
+    assert states(wd, "w1", "w2") == {"w1": ("settled", "cancelled"), "w2": ("settled", "cancelled")}
+    Runner(engine, {"q": lambda job: None, "parents": lambda job: None}).run_until_idle()
+    assert present(wd.read("child")).failure_reason == "parent w2 ended cancelled"
+    assert states(wd, "p") == {"p": ("settled", "completed")}
+
+
+def test_pause_rerun_and_recovery_leave_waiting_jobs_to_their_parents(engine: Engine) -> None:
+    wd = Watchdog(engine)
+    wd.enqueue([Job("p", "parents"), Job("c", "paused", after=["p"])])
+    wd.pause("paused")
+    with pytest.raises(InvalidJob, match="is waiting; only a settled job can be rerun"):
+        wd.rerun("c", rerun_id="r")
+    Runner(engine, {"parents": lambda job: None, "paused": lambda job: None}).run_until_idle()
+    assert states(wd, "c") == {"c": ("queued", None)}  # released, and waits for the resume
+    wd.resume("paused")
+    Runner(engine, {"paused": lambda job: None}).run_until_idle()
+    wd.rerun("c", rerun_id="again")
+    copy = present(wd.read("c~rerun~again"))
+    assert copy.state is JobState.QUEUED and copy.parents == ()  # a rerun runs at once, without parents

@@ -1238,3 +1238,72 @@ def test_w0013_watches_the_parents_that_are_waited_for_and_they_still_release_th
         )
     with engine.connect() as conn:
         assert conn.execute(text("SELECT state FROM watchdog_jobs WHERE job_id = 'child-2'")).scalar_one() == "queued"
+
+
+# -- w0014: the edges of deleted jobs ---------------------------------------------------------
+
+W0013 = "w0013_settle_watch"
+
+
+def trigger_definitions(engine: Engine) -> dict[str, str]:
+    """Every trigger of the two job tables (and on PostgreSQL our functions) by name, as the database prints it."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            rows = conn.execute(text("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'"))
+            return {str(name): str(sql) for name, sql in rows}
+        triggers = conn.execute(
+            text("SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger WHERE NOT tgisinternal")
+        ).all()
+        functions = conn.execute(
+            text("SELECT proname, pg_get_functiondef(oid) FROM pg_proc WHERE proname LIKE 'watchdog%'")
+        ).all()
+        return {f"trigger {name}": str(sql) for name, sql in triggers} | {
+            f"function {name}": str(sql) for name, sql in functions
+        }
+
+
+def _edges(engine: Engine) -> set[tuple[str, str, str | None]]:
+    with engine.connect() as conn:
+        return {(c, p, o) for c, p, o in conn.execute(text("SELECT child, parent, outcome FROM watchdog_job_edges"))}
+
+
+def test_w0014_deletes_a_purged_childs_edges_and_orphans_of_before(empty_engine: Engine) -> None:
+    """At w0013 a purged queued child left its edges behind; the upgrade
+    deletes those orphans and adds the index of waiting jobs, and from then
+    on a purge takes a child's edges with it and a purged waiting job tells
+    its dependents. The migrated triggers are the model's, text for text;
+    the downgrade restores w0013's."""
+    engine = empty_engine
+    sqlalchemy_watchdog.metadata.create_all(engine)
+    model = trigger_definitions(engine)
+    sqlalchemy_watchdog.metadata.drop_all(engine)
+    run(engine, command.upgrade, W0013)
+    at_w0013 = trigger_definitions(engine)
+    wd = Watchdog(engine)
+    wd.enqueue([Job("p", "parents"), Job("held", "held", after=["p"])])
+    wd.enqueue(Job("done", "done"))
+    with store.write_transaction(engine) as conn:
+        (claim,) = store.claim(conn, queues=["done"], limit=1, lease_ms=60_000).claimed
+        store.settle(conn, job_id="done", claim_token=claim.token, decision=Decision.completed())
+    wd.enqueue(Job("released", "children", after=["done"]))  # queued at once: its parent completed
+    assert wd.purge("children") == 1
+    assert _edges(engine) == {("held", "p", None), ("released", "done", "completed")}
+
+    run(engine, command.upgrade, "head")
+    assert trigger_definitions(engine) == model
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []  # the index of waiting jobs
+    assert _edges(engine) == {("held", "p", None)}  # its child still exists (waiting)
+    wd.enqueue([Job("released-2", "children", after=["done"]), Job("grandchild", "x", after=["held"])])
+    assert wd.purge("children") == 1
+    assert wd.purge("held") == 1  # a waiting job: deleted, and its dependent told
+    assert _edges(engine) == {("grandchild", "held", "purged")}
+    grandchild = wd.read("grandchild")
+    assert grandchild is not None and grandchild.failure_reason == "parent held ended purged"
+
+    run(engine, command.downgrade, W0013)
+    assert trigger_definitions(engine) == at_w0013
+    wd.enqueue(Job("released-3", "children", after=["done"]))
+    assert wd.purge("children") == 1
+    assert _edges(engine) == {("grandchild", "held", "purged"), ("released-3", "done", "completed")}  # w0013's again
+    run(engine, command.upgrade, "head")
+    assert trigger_definitions(engine) == model and _edges(engine) == {("grandchild", "held", "purged")}

@@ -339,6 +339,8 @@ INDEX_NAMES = {
     "ix_watchdog_jobs_keyed_running",
     # Jobs settled while waiting whose dependents are not told yet (w0012).
     "ix_watchdog_jobs_untold",
+    # Jobs waiting for their parents, by lane and queue (w0014).
+    "ix_watchdog_jobs_waiting",
 }
 
 

@@ -64,12 +64,18 @@ NOW = int(time.time() * 1000)
 SIZES = {
     "postgresql": {
         "settled": 200_000, "delayed": 20_000, "queued": 5_000, "backlog": 20_000, "running": 200, "keys": 2_000,
+        "waiting": 2_000,
     },
-    "sqlite": {"settled": 20_000, "delayed": 2_000, "queued": 500, "backlog": 2_000, "running": 40, "keys": 500},
+    "sqlite": {
+        "settled": 20_000, "delayed": 2_000, "queued": 500, "backlog": 2_000, "running": 40, "keys": 500,
+        "waiting": 200,
+    },
 }  # fmt: skip
 QUEUES = 50
 LANES = 2_000
 PAUSED_QUEUE = "q1"
+#: Revision w0014: the jobs waiting for their parents.
+WAITING = "ix_watchdog_jobs_waiting"
 #: One queue with a backlog much larger than the others' (a runner's claim reads one queue).
 BACKLOG_QUEUE = "big"
 #: A limited queue whose jobs have keys (revision w0011).
@@ -149,6 +155,14 @@ def seed_statements(dialect: str) -> list[str]:
     out.append(
         "INSERT INTO watchdog_limits (queue_name, concurrency, concurrency_per_key, updated_at)"
         f" VALUES ('{KEYED_QUEUE}', 1000, 1, {NOW})"
+    )
+    # Jobs waiting for a parent (revision w0012; their own index since w0014).
+    with_, source = _numbers(dialect, size["waiting"])
+    out.append(
+        f"{with_}INSERT INTO {TABLE} (job_id, queue_name, lane, priority, payload_json, state, enqueued_at,"
+        " waiting_on, after_policy)"
+        f" SELECT 'w-' || n, 'q' || (n % {QUEUES}), 'l' || (n % {LANES}), 0, '{{}}', 'waiting', {NOW}, 1,"
+        f" 'completed' FROM {source}"
     )
     return out
 
@@ -726,6 +740,19 @@ PLANS: list[Case] = [
     Case("keyed_counts", "keyed_counts", (D,), lambda d: {"queue": KEYED_QUEUE}, on(LIVE_QUEUE)),
     # -- dependencies (revision w0012)
     Case("read_parents", "read_parents", (), lambda d: {"job_ids": ["r-2", "s-6"]}, on(JOB_ID)),
+    # Waiting jobs (w0014): only they enter ix_watchdog_jobs_waiting, read by lane or whole.
+    Case("waiting_counts", "waiting_counts", (), _none, on(WAITING)),
+    Case("purge_waiting", "purge_waiting", (), lambda d: {"queue": "q3"}, on(WAITING)),
+    Case(
+        "fail_lane_waiting",
+        "fail_lane_waiting",
+        (D,),
+        lambda d: {"lane_name": "l3", "batch": 100, "reason": "x"},
+        on(WAITING),
+    ),
+    Case("lane_has_waiting_jobs", "lane_has_waiting_jobs", (), lambda d: {"lane_name": "l3"}, on(WAITING)),
+    Case("bulk_pick_waiting(queue)", "bulk_pick_waiting", (("queue",),), _bulk(queue="q3"), on(WAITING)),
+    Case("bulk_pick_waiting(lane)", "bulk_pick_waiting", (("lane",),), _bulk(lane="l3"), on(WAITING)),
     # The parents an enqueue gives dependents (w0013), and the late count of those settled meanwhile.
     Case("watch_parents", "watch_parents", (), lambda d: {"job_ids": ["r-2", "s-6"]}, on(JOB_ID)),
     Case("count_settled_parents", "count_settled_parents", (), lambda d: {"children": ["r-2"]}, on(JOB_ID)),
@@ -770,6 +797,7 @@ NOT_ON_JOBS = {
     "insert_edges",
     "tell_dependents",
     "parents_of",
+    "parents_of_children",
     "dependents_of",
 }
 

@@ -110,13 +110,60 @@ def test_a_handler_runs_in_a_child_process_and_sees_the_running_job(
     )
 
 
-def test_progress_in_a_child_fails_the_job_with_a_clear_reason_instead_of_being_dropped(
-    engine: Engine, runners: RunnerDriver
-) -> None:
+def test_progress_in_a_child_is_written_by_the_runner_under_the_claim(engine: Engine, runners: RunnerDriver) -> None:
+    """The child asks, the runner writes as for a thread's handler: the
+    first report at once, the next within a second kept and written with the
+    settle; bad input is refused in the child, naming the field."""
     add(engine, Job("p", "q"))
     result = make(runners, {"q": h.reports_progress}).tick()
-    assert result.job is not None and result.job.outcome is Outcome.FAILED
-    assert "progress() is not available to a handler run by the process executor" in (result.job.failure_detail or "")
+    assert result.job is not None and result.job.outcome is Outcome.COMPLETED
+    assert Watchdog(engine).result("p").value == ["written", "deferred", "refused fraction"]
+    stored = read(engine, "p")
+    assert (stored.progress, stored.progress_note) == (0.5, "half")
+
+
+def test_progress_of_a_child_whose_job_lost_its_claim_answers_lost(engine: Engine) -> None:
+    """The runner's write is guarded by the exact claim: asked for a job
+    whose claim is gone, it writes nothing, and the child hears LOST."""
+    from sqlalchemy_watchdog.core.handlers import StopSignal
+    from sqlalchemy_watchdog.core.progress import ProgressReporter, ProgressStatus
+    from sqlalchemy_watchdog.executors import locate
+    from sqlalchemy_watchdog.executors.pool import ProcessPool
+
+    add(engine, Job("lost", "q"))
+    with store.write_transaction(engine) as conn:
+        (claim,) = store.claim(conn, queues=["q"], limit=1, lease_ms=60_000).claimed
+
+    def write(job_id: str, token: str, fraction: float, note: str | None) -> bool:
+        with store.write_transaction(engine) as conn:
+            return bool(store.report_progress(conn, job_id, token, fraction, note))
+
+    signal = StopSignal()
+    running = RunningJob(
+        "lost", "q", "q", 0, None, 0, None, _signal=signal,
+        _progress=ProgressReporter("lost", "not-the-token", write, None),
+    )  # fmt: skip
+    pool = ProcessPool(ProcessExecutor(processes=1))
+    try:
+        outcome = pool.call(locate("q", h.reports_progress), running, signal, stop_wait_s=5)
+    finally:
+        pool.close()
+    assert outcome.value == ["lost", "deferred", "refused fraction"]
+    assert read(engine, "lost").progress is None and claim.token != "not-the-token"
+    assert ProgressStatus.LOST.value == "lost"
+
+
+def test_parent_results_in_a_child_are_read_by_the_runner(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("p1", "parents"), Job("p2", "parents"))
+    add(engine, Job("cb", "q", after=["p1", "p2"], after_policy="any_outcome"))
+    with store.write_transaction(engine) as conn:
+        first, second = store.claim(conn, queues=["parents"], limit=2, lease_ms=60_000).claimed
+        done = store.SettleRequest("p1", first.token, Decision.completed(), result_json='{"n":1}')
+        store.settle_many(conn, [done])
+        store.settle(conn, job_id="p2", claim_token=second.token, decision=Decision.failed("no", retry=False))
+    result = make(runners, {"q": h.reads_parents}, queues=["q"]).tick()
+    assert result.job is not None and result.job.outcome is Outcome.COMPLETED, result
+    assert Watchdog(engine).result("cb").value == [["p1", "completed", {"n": 1}], ["p2", "failed", None]]
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
@@ -81,10 +82,65 @@ def test_a_missing_or_unknown_argument_is_refused_by_name_before_anything_is_wri
         assert missing.value.field == "order_id"
         with pytest.raises(InvalidJob, match=r"ordr_id: .*takes no argument 'ordr_id' \(its arguments: order_id, "):
             send.enqueue(session, ordr_id=1, job_id="j2")
-        with pytest.raises(InvalidJob, match="payload"):
+        with pytest.raises(InvalidJob, match="order_id: .*takes 'order_id' as int, got object"):
             send.enqueue(session, order_id=object(), job_id="j3")
         with pytest.raises(InvalidJob, match="job_id"):
             send.enqueue(session, order_id=1, job_id="")
+        session.commit()
+    assert count(engine) == 0
+
+
+def test_arguments_are_checked_against_plain_annotations_naming_the_argument(engine: Engine) -> None:
+    """int, float, bool, str, None, list, dict and Optional/unions of them are
+    checked (a bool is no int, an int is a float); any other annotation, or
+    none, is not -- what the payload cannot carry is still InvalidJob("payload")."""
+    registry = HandlerRegistry()
+
+    @task("checked", registry=registry)
+    def work(
+        count: int,
+        ratio: float = 1.0,
+        flag: bool = False,
+        name: str | None = None,
+        tags: list[str] | None = None,
+        options: dict[str, int] | None = None,
+        anything: object = None,
+        when: datetime | None = None,
+        **extra: int,
+    ) -> None:
+        pass
+
+    good = work.job(job_id="ok", count=1, ratio=2, flag=True, name=None, tags=["a"], options={"a": 1}, more=3)
+    assert good.payload == {
+        "count": 1,
+        "ratio": 2,
+        "flag": True,
+        "name": None,
+        "tags": ["a"],
+        "options": {"a": 1},
+        "more": 3,
+    }
+    refused: list[tuple[dict[str, Any], str, str]] = [
+        ({"count": "1"}, "count", "takes 'count' as int, got str '1'"),
+        ({"count": True}, "count", "takes 'count' as int, got bool True"),
+        ({"count": 1.5}, "count", "takes 'count' as int, got float 1.5"),
+        ({"count": 1, "ratio": "2"}, "ratio", "takes 'ratio' as float, got str"),
+        ({"count": 1, "flag": 1}, "flag", "takes 'flag' as bool, got int 1"),
+        ({"count": 1, "name": 7}, "name", "takes 'name' as str | None, got int 7"),
+        ({"count": 1, "tags": ("a",)}, "tags", "takes 'tags' as list | None, got tuple"),
+        ({"count": 1, "options": [1]}, "options", "takes 'options' as dict | None, got list"),
+        ({"count": 1, "more": "x"}, "more", "takes 'more' as int, got str 'x'"),
+        ({"count": "x" * 500}, "count", "got str 'xxxx"),
+    ]
+    with Session(engine) as session:
+        for arguments, field, words in refused:
+            with pytest.raises(InvalidJob) as error:
+                work.enqueue(session, job_id="bad", **arguments)
+            assert error.value.field == field and words in str(error.value), (arguments, str(error.value))
+            assert len(str(error.value)) < 300
+        # Not checked: object, and a datetime (a codec could carry it); the payload refuses what JSON cannot hold.
+        with pytest.raises(InvalidJob, match="payload"):
+            work.enqueue(session, job_id="bad", count=1, when=datetime.now(UTC))
         session.commit()
     assert count(engine) == 0
 

@@ -107,7 +107,7 @@ def cmd_cancel(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_purge(args: argparse.Namespace, out: TextIO) -> int:
-    """Delete the queue's queued and delayed jobs and say how many."""
+    """Delete the queue's waiting, queued and delayed jobs and say how many."""
     deleted = open_watchdog(args).purge(args.queue)
     if args.json:
         print_json({"queue": args.queue, "deleted": deleted}, out)
