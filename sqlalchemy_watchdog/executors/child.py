@@ -109,12 +109,16 @@ class _Child:
     """The state of one child: the job it runs and that job's stop signal."""
 
     def __init__(self, conn: Connection) -> None:
-        from ..core.handlers import StopSignal
+        from ..core.handlers import StopReason, StopSignal
 
         self.conn = conn
         self.inbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self.lock = threading.Lock()
         self.current: tuple[str, StopSignal] | None = None
+        #: The jobs received and not started yet, and the stops that came
+        #: for them before they started (by job_id).
+        self.pending: set[str] = set()
+        self.early: dict[str, StopReason] = {}
         self.send_lock = threading.Lock()
         self.handlers: dict[tuple[str, str], Callable[..., Any]] = {}
 
@@ -130,12 +134,17 @@ class _Child:
                 os._exit(0)  # the parent is gone (or closed the pipe): never outlive it
             kind = message[0]
             if kind == RUN:
+                with self.lock:
+                    self.pending.add(message[1])
                 self.inbox.put(message)
             elif kind == STOP:
                 with self.lock:
                     current = self.current
-                if current is not None and current[0] == message[1]:
-                    current[1].request(StopReason(message[2]))
+                    if current is None or current[0] != message[1]:
+                        if message[1] in self.pending:  # still in the inbox: stopped as it starts
+                            self.early[message[1]] = StopReason(message[2])
+                        continue
+                current[1].request(StopReason(message[2]))
             elif kind == EXIT:
                 self.inbox.put(None)
                 return
@@ -160,6 +169,10 @@ class _Child:
         stop = StopSignal()
         with self.lock:
             self.current = (job_id, stop)
+            self.pending.discard(job_id)
+            early = self.early.pop(job_id, None)
+        if early is not None:
+            stop.request(early)
         try:
             key = (module, qualname)
             fn = self.handlers.get(key)
