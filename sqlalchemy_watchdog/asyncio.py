@@ -663,9 +663,9 @@ class AsyncRunner:
                 delay = max(0.0, deadline - self.core.clock.monotonic())
                 timers.append(loop.call_later(delay, self._time_out))
 
-        def started() -> bool:
-            if execution.started_late(self.settings.heartbeat_s):
-                return False  # it waited for a child that long: renewed first
+        def started(now: bool) -> bool:
+            if not now:  # may a child take it? Not if it waited that long: renewed first
+                return not execution.started_late(self.settings.heartbeat_s)
             try:
                 loop.call_soon_threadsafe(arm)
             except RuntimeError:  # pragma: no cover - the loop closed: nobody waits

@@ -238,13 +238,13 @@ class Runner:
             if self.core.release_slot(execution):
                 self._wake.set()
 
-    def _child_started(self, execution: Execution) -> bool:
-        """A child is about to take ``execution``'s job: its timeout counts
-        from now. False (not sent) when the claim was last known live over a
-        heartbeat ago -- it waited for a child that long -- and must be
-        renewed first."""
-        if execution.started_late(self.settings.heartbeat_s):
-            return False
+    def _child_started(self, execution: Execution, now: bool) -> bool:
+        """The pool asks whether a child may take ``execution``'s job (``now``
+        False): not when the claim was last known live over a heartbeat ago --
+        it waited for a child that long -- and must be renewed first. Then it
+        says the job starts (``now`` True): its timeout counts from now."""
+        if not now:
+            return not execution.started_late(self.settings.heartbeat_s)
         if self.core.start_deadline(execution) is not None:
             self._heartbeat_now.set()  # the heartbeat thread keeps the deadlines
         return True

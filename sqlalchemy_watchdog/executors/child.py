@@ -35,11 +35,14 @@ PR_SET_PDEATHSIG = 1
 
 #: Messages (pickled tuples). Parent to child: ``("run", job_id, module,
 #: qualname, fields)``, ``("stop", job_id, reason)``, ``("exit",)``. Child to
-#: parent: ``("ready", pid)``, ``("log", record_fields)``, ``("returned", job_id, value, rss)``,
+#: parent: ``("ready", pid)``, ``("log", record_fields)``, ``("returned", job_id, value, rss)``, ``("skipped", ...)``,
 #: ``("unencodable", job_id, text, rss)``, ``("raised", job_id, error_bytes,
 #: type_name, text, detail, rss)``.
 RUN, STOP, EXIT = "run", "stop", "exit"
 READY, RETURNED, UNENCODABLE, RAISED, LOG = "ready", "returned", "unencodable", "raised", "log"
+#: Child to parent: ``("skipped", job_id, reason)`` -- a job stopped before it started
+#: here (sent behind a running one, or stopped as it arrived): its handler never ran.
+SKIPPED = "skipped"
 
 
 def die_with_parent() -> None:
@@ -168,11 +171,13 @@ class _Child:
 
         stop = StopSignal()
         with self.lock:
-            self.current = (job_id, stop)
             self.pending.discard(job_id)
             early = self.early.pop(job_id, None)
-        if early is not None:
-            stop.request(early)
+            if early is None:
+                self.current = (job_id, stop)
+        if early is not None:  # stopped before it started: never run
+            self.send((SKIPPED, job_id, early.value))
+            return
         try:
             key = (module, qualname)
             fn = self.handlers.get(key)

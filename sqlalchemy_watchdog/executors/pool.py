@@ -11,8 +11,12 @@ parent is never forked (it has threads and database connections).
 A handler thread of the runner (or of ``AsyncRunner``) calls
 :meth:`ProcessPool.call` for one job: it takes an idle child (starting one
 if needed), sends it the job, and waits for the answer while watching the
-job's stop signal. A stop is forwarded to the child at once; a child still
-busy :attr:`~.ProcessExecutor.kill_grace` later is killed with SIGKILL and
+job's stop signal. With every child busy (a job claimed ahead, see
+``ProcessExecutor.prefetch``) the job is sent to a busy child's pipe behind
+its running job -- the child starts it as soon as it has answered -- or
+waits in the pool for the first child that frees up, in claim order. A stop
+is forwarded to the child at once; a child still busy
+:attr:`~.ProcessExecutor.kill_grace` later is killed with SIGKILL and
 *reaped* (``waitpid``) before ``call`` returns, so the job is settled only
 once its handler can no longer run. A child that dies by itself is reaped
 the same way and replaced by the next ``call``.
@@ -190,6 +194,16 @@ class _Child:
         self.rss = 0
         #: Whether it holds one of the pool's ``processes`` places.
         self.counted = True
+        #: Whether a job of the runner's is in it (running, or about to).
+        self.running = False
+        #: The job piped behind the running one (sent, not started yet).
+        self.queued: _Waiter | None = None
+        self._send_lock = threading.Lock()
+
+    def send(self, data: bytes) -> None:
+        """Send one message (threads of the runner send stops beside runs)."""
+        with self._send_lock:
+            self.conn.send_bytes(data)
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -219,7 +233,7 @@ class _Child:
     def retire(self) -> None:
         """Ask an idle child to exit; kill it if it does not within :data:`EXIT_WAIT_S`."""
         try:
-            self.conn.send_bytes(pickle.dumps((child_module.EXIT,)))
+            self.send(pickle.dumps((child_module.EXIT,)))
         except (OSError, ValueError):
             pass
         if not self.join(EXIT_WAIT_S):
@@ -238,7 +252,8 @@ class _Wait(enum.Enum):
 
     WAITING = "waiting"  # in the queue
     TAKING = "taking"  # a child that freed up is being handed to it
-    SENT = "sent"  # sent to that child (``_Waiter.child``)
+    SENT = "sent"  # sent to that child (``_Waiter.child``), which runs it
+    PIPED = "piped"  # sent to a busy child (``_Waiter.child``), to run after its job
     LATE = "late"  # its claim's last check was too old when a child was free
     STOPPED = "stopped"  # its stop signal was set when a child was free
     DIED = "died"  # the child died as it was sent (``_Waiter.outcome``)
@@ -254,7 +269,7 @@ class _Waiter:
     __slots__ = ("child", "data", "event", "on_start", "outcome", "rank", "reason", "signal", "state")
 
     def __init__(
-        self, data: bytes, signal: StopSignal, on_start: Callable[[], bool] | None, rank: tuple[int, int]
+        self, data: bytes, signal: StopSignal, on_start: Callable[[bool], bool] | None, rank: tuple[int, int]
     ) -> None:
         self.data = data
         #: Its place in the claim order (priority first, then admission).
@@ -393,6 +408,15 @@ class ProcessPool:
         """A child whose job ended: it takes the next waiting job at once,
         or goes back to the idle ones -- or it is replaced (its job count or
         memory is over the limits, it died, or the pool closed)."""
+        with self._lock:
+            queued, child.queued = child.queued, None
+        if queued is not None:
+            # Its next job was piped: it runs now (the child took it on its own).
+            if queued.on_start is not None:
+                queued.on_start(True)
+            queued.settle(_Wait.SENT)
+            self._pipe()
+            return
         if not child.alive():
             child.reap()
             self._forget(child)
@@ -407,8 +431,10 @@ class ProcessPool:
                 f"max_memory_per_child ({config.max_memory_per_child / 2**20:.0f} MiB)"
             )
         if why is None:
+            child.running = False
             self._hand_on(child)
             return
+        child.running = False
         log.info("replacing handler process %d: %s", child.pid, why)
         self._leave(child)
 
@@ -436,19 +462,81 @@ class ProcessPool:
             if waiter.signal.is_set():
                 waiter.settle(_Wait.STOPPED)
                 continue
-            if waiter.on_start is not None and not waiter.on_start():
+            if waiter.on_start is not None and not waiter.on_start(False):
                 waiter.settle(_Wait.LATE)
                 continue
+            if waiter.on_start is not None:
+                waiter.on_start(True)
+            child.running = True
             try:
-                child.conn.send_bytes(waiter.data)
+                child.send(waiter.data)
             except OSError:
                 waiter.outcome = self._died(child)
                 waiter.settle(_Wait.DIED)
                 return
             waiter.child = child
             waiter.settle(_Wait.SENT)
+            self._pipe()
             return
         self._leave(child)
+
+    def _may_pipe(self, child: _Child) -> bool:
+        """Whether ``child`` may be sent a job behind its running one (the
+        lock held): it runs one, has none behind it, and will not be
+        replaced after it (by job count or memory, as last known)."""
+        config = self.config
+        return (
+            child.running
+            and child.queued is None
+            and child.counted
+            and (config.max_jobs_per_child is None or child.jobs + 2 <= config.max_jobs_per_child)
+            and (config.max_memory_per_child is None or child.rss <= config.max_memory_per_child)
+        )
+
+    def _pipe(self) -> None:
+        """Send the first waiting jobs to busy children with room behind their
+        running job: each starts the moment its child answers, without
+        waiting for the runner (its thread, the GIL, the scheduler)."""
+        while True:
+            with self._lock:
+                if self._closed or self._giving_back or not self._waiters:
+                    return
+                serving = [c for c in self._live if c.counted]
+                if len(serving) < self.config.children or not all(c.running for c in serving):
+                    return  # a child is idle or starting: the job is its, not one behind another
+                child = next((c for c in serving if self._may_pipe(c)), None)
+                if child is None:
+                    return
+                waiter = self._waiters.popleft()
+                waiter.state = _Wait.TAKING
+            if waiter.signal.is_set():
+                waiter.settle(_Wait.STOPPED)
+                continue
+            if waiter.on_start is not None and not waiter.on_start(False):
+                waiter.settle(_Wait.LATE)
+                continue
+            with self._lock:
+                if self._closed or self._giving_back:
+                    waiter.reason = StopReason.SHUTDOWN
+                    stopped = True
+                else:
+                    stopped = False
+                    if not self._may_pipe(child):  # it answered meanwhile: back in line
+                        waiter.state = _Wait.WAITING
+                        self._wait_in_line(waiter)
+                        continue
+                    child.queued, waiter.child, waiter.state = waiter, child, _Wait.PIPED
+            if stopped:
+                waiter.settle(_Wait.CLOSED if self._closed else _Wait.STOPPED)
+                return
+            try:
+                child.send(waiter.data)
+            except OSError:  # the child is dying: the job never reached it
+                with self._lock:
+                    if child.queued is waiter:
+                        child.queued, waiter.child, waiter.state = None, None, _Wait.WAITING
+                        self._wait_in_line(waiter)
+                return
 
     def _retire(self, child: _Child) -> None:
         child.retire()
@@ -462,9 +550,16 @@ class ProcessPool:
         with self._lock:
             self._giving_back = True
             waiters, self._waiters = list(self._waiters), collections.deque()
+            piped = [(c, c.queued) for c in self._live if c.queued is not None]
         for waiter in waiters:
             waiter.reason = StopReason.SHUTDOWN
             waiter.settle(_Wait.STOPPED)
+        for child, queued in piped:  # in a child's pipe: it skips them (then given back)
+            queued.reason = StopReason.SHUTDOWN
+            try:
+                child.send(pickle.dumps((child_module.STOP, pickle.loads(queued.data)[1], StopReason.SHUTDOWN.value)))
+            except OSError:
+                pass
 
     def close(self, wait_s: float = EXIT_WAIT_S) -> None:
         """End every child: idle ones are asked to exit, any still there
@@ -475,11 +570,12 @@ class ProcessPool:
             children = list(self._live)
             idle, self._idle = self._idle, []
             waiters, self._waiters = list(self._waiters), collections.deque()
+            waiters += [c.queued for c in self._live if c.queued is not None]
         for waiter in waiters:
             waiter.settle(_Wait.CLOSED)
         for child in idle:
             try:
-                child.conn.send_bytes(pickle.dumps((child_module.EXIT,)))
+                child.send(pickle.dumps((child_module.EXIT,)))
             except (OSError, ValueError):
                 pass
         for child in children:
@@ -500,7 +596,7 @@ class ProcessPool:
         signal: StopSignal,
         *,
         stop_wait_s: float,
-        on_start: Callable[[], bool] | None = None,
+        on_start: Callable[[bool], bool] | None = None,
         rank: tuple[int, int] = (0, 0),
     ) -> ChildOutcome:
         """Run ``job`` with the handler ``ref`` in a child; return once the
@@ -528,7 +624,7 @@ class ProcessPool:
             self._release(taken)
 
     def _take(
-        self, data: bytes, signal: StopSignal, on_start: Callable[[], bool] | None, rank: tuple[int, int]
+        self, data: bytes, signal: StopSignal, on_start: Callable[[bool], bool] | None, rank: tuple[int, int]
     ) -> _Child | ChildOutcome:
         """A child that was sent ``data``: an idle one, or the first that frees
         up or is started (while fewer than ``processes`` serve) -- to the
@@ -563,6 +659,8 @@ class ProcessPool:
             return self._send(child, data, on_start)
         if start:
             self._start_for(waiter)
+        else:
+            self._pipe()
         return self._await(waiter, data, on_start, rank)
 
     def _wait_in_line(self, waiter: _Waiter) -> None:
@@ -592,20 +690,25 @@ class ProcessPool:
             return
         self._hand_on(child)
 
-    def _send(self, child: _Child, data: bytes, on_start: Callable[[], bool] | None) -> _Child | ChildOutcome:
-        if on_start is not None and not on_start():
+    def _send(self, child: _Child, data: bytes, on_start: Callable[[bool], bool] | None) -> _Child | ChildOutcome:
+        if on_start is not None and not on_start(False):
             self._hand_on(child)
             return ChildOutcome(Ending.LATE)
+        if on_start is not None:
+            on_start(True)
+        child.running = True
         try:
-            child.conn.send_bytes(data)
+            child.send(data)
         except OSError:
             return self._died(child)
+        self._pipe()
         return child
 
     def _await(
-        self, waiter: _Waiter, data: bytes, on_start: Callable[[], bool] | None, rank: tuple[int, int]
+        self, waiter: _Waiter, data: bytes, on_start: Callable[[bool], bool] | None, rank: tuple[int, int]
     ) -> _Child | ChildOutcome:
         """Wait for a child to take ``waiter``'s job, watching its stop signal."""
+        told = False
         while not waiter.event.wait(STOP_POLL_S):
             if not waiter.signal.is_set():
                 continue
@@ -614,6 +717,15 @@ class ProcessPool:
                     self._waiters.remove(waiter)
                     waiter.state = _Wait.STOPPED
                     break
+                piped = waiter.child if waiter.state is _Wait.PIPED and not told else None
+            if piped is not None:  # in a child's pipe: the child skips it
+                told = True
+                reason = waiter.signal.reason or StopReason.SHUTDOWN
+                job_id = pickle.loads(waiter.data)[1]
+                try:
+                    piped.send(pickle.dumps((child_module.STOP, job_id, reason.value)))
+                except OSError:
+                    pass  # the child is dying: the job goes back in line
         state = waiter.state
         if state is _Wait.SENT:
             assert waiter.child is not None
@@ -659,7 +771,7 @@ class ProcessPool:
                     grace = min(grace, stop_wait_s / 2)
                 kill_at = time.monotonic() + grace
                 try:
-                    child.conn.send_bytes(pickle.dumps((child_module.STOP, job.job_id, forwarded.value)))
+                    child.send(pickle.dumps((child_module.STOP, job.job_id, forwarded.value)))
                 except OSError:
                     return self._died(child, forwarded)
             if kill_at is not None and time.monotonic() >= kill_at:
@@ -673,6 +785,7 @@ class ProcessPool:
                     if answer is not None:
                         return answer
                 cause = child.kill()
+                self._unpipe(child)
                 self._forget(child)
                 text = f"its process (pid {child.pid}) did not stop within {grace:g}s and was {cause}"
                 log.warning("job %s: %s (%s)", job.job_id, text, forwarded.value, extra=job.log_fields)
@@ -680,8 +793,26 @@ class ProcessPool:
                     Ending.KILLED, error=HandlerProcessDied(text), text=text, stop=forwarded, grace_s=grace
                 )
 
+    def _unpipe(self, child: _Child) -> None:
+        """``child`` is gone before its running job answered: the job piped
+        behind it never started; it waits for the next child again (or is
+        given back if the runner stops)."""
+        with self._lock:
+            queued, child.queued = child.queued, None
+            child.running = False
+            if queued is None:
+                return
+            queued.child = None
+            if not (self._giving_back or self._closed):
+                queued.state = _Wait.WAITING
+                self._wait_in_line(queued)
+                return
+        queued.reason = StopReason.SHUTDOWN
+        queued.settle(_Wait.STOPPED if not self._closed else _Wait.CLOSED)
+
     def _died(self, child: _Child, stop: StopReason | None = None) -> ChildOutcome:
         cause = child.kill() if child.alive() else child.reap()
+        self._unpipe(child)
         self._forget(child)
         text = f"the handler's process (pid {child.pid}) died: it {cause}"
         log.error("%s; a new one takes its place", text)
@@ -700,6 +831,8 @@ class ProcessPool:
         if kind == child_module.LOG:
             _relay(message)
             return None
+        if kind == child_module.SKIPPED:  # stopped before it started there
+            return ChildOutcome(Ending.NOT_STARTED, stop=StopReason(message[2]))
         child.jobs += 1
         if kind == child_module.RETURNED:
             _, _, value, child.rss = message

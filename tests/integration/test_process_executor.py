@@ -481,9 +481,12 @@ def test_a_job_claimed_ahead_waits_leased_for_a_child_then_runs_in_claim_order(
     assert len({h.wait_for_mark(marks, j, "started")[0] for j in order}) == 1
 
 
-def test_cancelling_a_job_claimed_ahead_settles_it_cancelled_before_it_reaches_a_child(
+def test_cancelling_a_job_claimed_ahead_settles_it_cancelled_and_it_never_runs(
     engine: Engine, runners: RunnerDriver, marks: Path
 ) -> None:
+    """The job claimed ahead sits behind the child's running job (sent to its
+    pipe): told to stop, the child skips it; its claim, no longer renewed,
+    is settled ``cancelled`` -- and the running job is untouched."""
     add(engine, job("busy", marks))
     with make(runners, {"q": h.blocking}, executor=ahead(), grace=timedelta(milliseconds=200)).serving():
         h.wait_for_mark(marks, "busy", "started")
