@@ -112,16 +112,16 @@ class _Child:
     """The state of one child: the job it runs and that job's stop signal."""
 
     def __init__(self, conn: Connection) -> None:
-        from ..core.handlers import StopReason, StopSignal
+        from ..core.handlers import StopSignal
 
         self.conn = conn
         self.inbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self.lock = threading.Lock()
         self.current: tuple[str, StopSignal] | None = None
-        #: The jobs received and not started yet, and the stops that came
-        #: for them before they started (by job_id).
+        #: The jobs received and not started yet, and those of them skipped
+        #: (a stop came before they started: answered ``skipped`` at once).
         self.pending: set[str] = set()
-        self.early: dict[str, StopReason] = {}
+        self.skipped: set[str] = set()
         self.send_lock = threading.Lock()
         self.handlers: dict[tuple[str, str], Callable[..., Any]] = {}
 
@@ -141,13 +141,17 @@ class _Child:
                     self.pending.add(message[1])
                 self.inbox.put(message)
             elif kind == STOP:
+                job_id = message[1]
                 with self.lock:
                     current = self.current
-                    if current is None or current[0] != message[1]:
-                        if message[1] in self.pending:  # still in the inbox: stopped as it starts
-                            self.early[message[1]] = StopReason(message[2])
-                        continue
-                current[1].request(StopReason(message[2]))
+                    skip = (current is None or current[0] != job_id) and job_id in self.pending
+                    if skip:  # still in the inbox (behind the running job): never run it
+                        self.pending.discard(job_id)
+                        self.skipped.add(job_id)
+                if skip:
+                    self.send((SKIPPED, job_id, message[2]))
+                elif current is not None and current[0] == job_id:
+                    current[1].request(StopReason(message[2]))
             elif kind == EXIT:
                 self.inbox.put(None)
                 return
@@ -171,13 +175,11 @@ class _Child:
 
         stop = StopSignal()
         with self.lock:
+            if job_id in self.skipped:  # answered ``skipped`` when its stop came
+                self.skipped.discard(job_id)
+                return
             self.pending.discard(job_id)
-            early = self.early.pop(job_id, None)
-            if early is None:
-                self.current = (job_id, stop)
-        if early is not None:  # stopped before it started: never run
-            self.send((SKIPPED, job_id, early.value))
-            return
+            self.current = (job_id, stop)
         try:
             key = (module, qualname)
             fn = self.handlers.get(key)

@@ -266,12 +266,13 @@ class _Waiter:
     a child hands it the next waiter's job itself (already pickled), so the
     child's next job follows its answer without a wake-up in between."""
 
-    __slots__ = ("child", "data", "event", "on_start", "outcome", "rank", "reason", "signal", "state")
+    __slots__ = ("child", "data", "event", "job_id", "on_start", "outcome", "rank", "reason", "signal", "state")
 
     def __init__(
         self, data: bytes, signal: StopSignal, on_start: Callable[[bool], bool] | None, rank: tuple[int, int]
     ) -> None:
         self.data = data
+        self.job_id: str = pickle.loads(data)[1]
         #: Its place in the claim order (priority first, then admission).
         self.rank = rank
         self.signal = signal
@@ -557,7 +558,7 @@ class ProcessPool:
         for child, queued in piped:  # in a child's pipe: it skips them (then given back)
             queued.reason = StopReason.SHUTDOWN
             try:
-                child.send(pickle.dumps((child_module.STOP, pickle.loads(queued.data)[1], StopReason.SHUTDOWN.value)))
+                child.send(pickle.dumps((child_module.STOP, queued.job_id, StopReason.SHUTDOWN.value)))
             except OSError:
                 pass
 
@@ -721,9 +722,8 @@ class ProcessPool:
             if piped is not None:  # in a child's pipe: the child skips it
                 told = True
                 reason = waiter.signal.reason or StopReason.SHUTDOWN
-                job_id = pickle.loads(waiter.data)[1]
                 try:
-                    piped.send(pickle.dumps((child_module.STOP, job_id, reason.value)))
+                    piped.send(pickle.dumps((child_module.STOP, waiter.job_id, reason.value)))
                 except OSError:
                     pass  # the child is dying: the job goes back in line
         state = waiter.state
@@ -760,7 +760,7 @@ class ProcessPool:
                     raw = child.conn.recv_bytes()
                 except (EOFError, OSError):
                     return self._died(child, forwarded)
-                answer = self._answer(child, raw)
+                answer = self._answer(child, raw, job.job_id)
                 if answer is not None:
                     return answer
                 continue
@@ -779,7 +779,7 @@ class ProcessPool:
                 # A last look: an answer that arrived with the deadline wins.
                 while child.conn.poll(0):
                     try:
-                        answer = self._answer(child, child.conn.recv_bytes())
+                        answer = self._answer(child, child.conn.recv_bytes(), job.job_id)
                     except (EOFError, OSError):
                         return self._died(child, forwarded)
                     if answer is not None:
@@ -818,9 +818,10 @@ class ProcessPool:
         log.error("%s; a new one takes its place", text)
         return ChildOutcome(Ending.DIED, error=HandlerProcessDied(text), text=text, stop=stop)
 
-    def _answer(self, child: _Child, raw: bytes) -> ChildOutcome | None:
-        """What a message from the child says: the job's end, or None for a
-        log record (relayed to the runner's logging)."""
+    def _answer(self, child: _Child, raw: bytes, job_id: str) -> ChildOutcome | None:
+        """What a message from the child says: the end of ``job_id``, or None
+        for a log record (relayed to the runner's logging) or the skip of the
+        job piped behind it (handed to that job's waiting thread)."""
         try:
             message = pickle.loads(raw)
         except Exception as unreadable:
@@ -832,7 +833,18 @@ class ProcessPool:
             _relay(message)
             return None
         if kind == child_module.SKIPPED:  # stopped before it started there
-            return ChildOutcome(Ending.NOT_STARTED, stop=StopReason(message[2]))
+            if message[1] == job_id:
+                return ChildOutcome(Ending.NOT_STARTED, stop=StopReason(message[2]))
+            with self._lock:
+                queued = child.queued
+                if queued is not None and queued.job_id == message[1]:
+                    child.queued = None
+                else:
+                    queued = None
+            if queued is not None:
+                queued.reason = StopReason(message[2])
+                queued.settle(_Wait.STOPPED)
+            return None
         child.jobs += 1
         if kind == child_module.RETURNED:
             _, _, value, child.rss = message
