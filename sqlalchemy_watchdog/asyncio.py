@@ -665,11 +665,14 @@ class AsyncRunner:
                 delay = max(0.0, deadline - self.core.clock.monotonic())
                 timers.append(loop.call_later(delay, self._time_out))
 
-        def started() -> None:
+        def started(now: bool) -> bool:
+            if not now:  # may a child take it? Not if it waited that long: renewed first
+                return not execution.started_late(self.settings.heartbeat_s)
             try:
                 loop.call_soon_threadsafe(arm)
             except RuntimeError:  # pragma: no cover - the loop closed: nobody waits
                 pass
+            return True
 
         if execution.started_late(self.settings.heartbeat_s):
             return STARTED_LATE
@@ -685,6 +688,7 @@ class AsyncRunner:
             execution.signal,
             stop_wait_s=self.settings.stop_wait_s,
             on_start=started,
+            rank=(-execution.job.priority, execution.claim.job.sequence),
         )
 
     async def _close_pool(self) -> None:
@@ -834,6 +838,10 @@ class AsyncRunner:
             await self._loop()
         finally:
             try:
+                with self._pool_lock:
+                    pool = self._pool
+                if pool is not None:
+                    pool.give_back_waiting()  # jobs claimed ahead never start once stopping
                 await drive_async(shutdown(self.core), self._perform)
             finally:
                 unwake()

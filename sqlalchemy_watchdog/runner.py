@@ -223,6 +223,7 @@ class Runner:
                     execution.signal,
                     stop_wait_s=self.settings.stop_wait_s,
                     on_start=functools.partial(self._child_started, execution),
+                    rank=(-job.priority, execution.claim.job.sequence),
                 )
                 return decision_of_outcome(execution, outcome)
             finally:
@@ -239,10 +240,16 @@ class Runner:
             if self.core.release_slot(execution):
                 self._wake.set()
 
-    def _child_started(self, execution: Execution) -> None:
-        """A child took ``execution``'s job: its timeout counts from now."""
+    def _child_started(self, execution: Execution, now: bool) -> bool:
+        """The pool asks whether a child may take ``execution``'s job (``now``
+        False): not when the claim was last known live over a heartbeat ago --
+        it waited for a child that long -- and must be renewed first. Then it
+        says the job starts (``now`` True): its timeout counts from now."""
+        if not now:
+            return not execution.started_late(self.settings.heartbeat_s)
         if self.core.start_deadline(execution) is not None:
             self._heartbeat_now.set()  # the heartbeat thread keeps the deadlines
+        return True
 
     def _process_pool(self) -> ProcessPool:
         """The process executor's children, started as jobs need them."""
@@ -443,6 +450,10 @@ class Runner:
                 self._loop()
         finally:
             try:
+                with self._pool_lock:
+                    pool = self._pool
+                if pool is not None:
+                    pool.give_back_waiting()  # jobs claimed ahead never start once stopping
                 drive(shutdown(self.core), self._perform)
             finally:
                 unwake()

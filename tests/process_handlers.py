@@ -188,6 +188,20 @@ def exits(job: RunningJob) -> None:
     os._exit(job.payload.get("code", 3))
 
 
+def exits_after(job: RunningJob) -> None:
+    """Marks ``started``, sleeps ``payload["wait"]`` seconds, then ends its
+    process with ``os._exit(payload["code"])``."""
+    mark(job, "started")
+    time.sleep(job.payload.get("wait", 0))
+    os._exit(job.payload.get("code", 3))
+
+
+def naps(job: RunningJob) -> None:
+    """Marks ``started``, sleeps ``payload["wait"]`` seconds (default 0), completes."""
+    mark(job, "started")
+    time.sleep(job.payload.get("wait", 0))
+
+
 def kills_itself(job: RunningJob) -> None:
     """Marks ``started`` and SIGKILLs its own process (as the OOM killer would)."""
     mark(job, "started")

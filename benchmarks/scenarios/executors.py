@@ -66,12 +66,18 @@ def _drain(target: h.Target, handler: Any, n: int, loops: int, tag: str, **optio
     return n / elapsed
 
 
+#: How often the drain's end is looked for. Every 5 ms, the look itself (a query from the
+#: runner's own process, 200 a second) took CPU from the children on 2 cores; every 20 ms
+#: it ends a drain of 600 jobs (3 s and more) at most 0.7% late, in every row alike.
+DRAINED_POLL_S = 0.02
+
+
 def _wait_drained(watchdog: Watchdog, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while watchdog.has_pending_work():
         if time.monotonic() > deadline:
             raise h.ScenarioTimeout(f"jobs still pending after {timeout:.0f}s")
-        time.sleep(0.005)
+        time.sleep(DRAINED_POLL_S)
 
 
 @h.scenario("executors", per_repeat=True, options=h.JOBS)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..execution import DEFAULT_CONCURRENCY
-from ..executors import MAX_PROCESSES
+from ..executors import MAX_PREFETCH, MAX_PROCESSES
 from ..jobs import BULK_BATCH_MAX, LIMIT_MAX, JobState, Outcome
 from ..store import LIST_LIMIT_MAX
 from ..wakeups import WakeupMode
@@ -260,6 +260,13 @@ def _executor_options(run: argparse.ArgumentParser) -> None:
         type=seconds,
         metavar="SECONDS",
         help="with --executor process: how long a child told to stop has before it is killed (default: 5)",
+    )
+    run.add_argument(
+        "--prefetch",
+        type=int_between(0, MAX_PREFETCH),
+        metavar="N",
+        help="with --executor process: jobs claimed ahead of the busy children (default: one per process; "
+        "0: claim only for an idle child)",
     )
 
 

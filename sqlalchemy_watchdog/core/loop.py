@@ -17,7 +17,7 @@ from .maintenance import abandon, enqueue_schedules, promote, propagate, prune_w
 from .rules.settle import settle_request, stop_reason_of
 from .settings import stop_wait_s
 from .state import Execution, RunnerCore, TickResult, TickStatus, _reason, stop
-from .steps import STARTED_LATE, RunHandler, Spawn, Steps, WaitDone, call
+from .steps import NEVER_STARTED, STARTED_LATE, RunHandler, Spawn, Steps, WaitDone, call
 
 log = logging.getLogger("sqlalchemy_watchdog.runner")
 
@@ -89,6 +89,14 @@ def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | Tic
                     # once the child is ready (core.start_deadline).
                     execution.deadline = core.clock.monotonic() + timeout.total_seconds()
                 decision = yield RunHandler(execution)
+                if decision is NEVER_STARTED:
+                    request = SettleRequest(
+                        job_id, execution.claim.token, decision, core.clock.now_ms(),
+                        given_back=(execution.claim.job.failure_reason, execution.claim.job.failure_detail),
+                    )  # fmt: skip
+                    log.info("job %s: claimed ahead, never started; given back", job_id, extra=execution.job.log_fields)
+                    execution.traced("decided", decision, request)
+                    return request
                 if decision is STARTED_LATE:
                     # The driver found the claim's last check over a heartbeat
                     # old when the handler was about to start: check again.
@@ -127,11 +135,17 @@ def renew(core: RunnerCore) -> Steps[None]:
     executions = [e for e in core.active() if e.signal.reason is not StopReason.TIMEOUT or e.killable]
     if not executions:
         return
+    asked = core.clock.monotonic()
     held = yield from call(
         store.renew, [e.pair for e in executions], lease_ms=core.settings.lease_ms, now=core.clock.now_ms()
     )
     for execution in executions:
-        if execution.job_id in held or not execution.slot_held or execution.signal.is_set() or execution.done.is_set():
+        if execution.job_id in held:
+            # Known live as of the renewal's start: a job claimed ahead that
+            # waits for a child need not renew once more before it starts.
+            execution.checked_at = max(execution.checked_at, asked)
+            continue
+        if not execution.slot_held or execution.signal.is_set() or execution.done.is_set():
             continue
         row = yield from call(store.read, execution.job_id)
         yield from stop(execution, stop_reason_of(row))

@@ -302,6 +302,9 @@ class RunnerSettings:
     #: Where the process executor's children find each queue's handler
     #: (the queues whose handlers run in children).
     handler_refs: Mapping[str, HandlerRef] = field(default_factory=dict)
+    #: How many jobs are claimed beyond ``concurrency``, to wait for the
+    #: first free child (the process executor's ``prefetch``; 0 for threads).
+    claim_ahead: int = 0
 
     @property
     def stop_wait_s(self) -> float:
@@ -422,6 +425,7 @@ class RunnerSettings:
             summary_every=check_summary_every(summary_every),
             executor=executor,
             handler_refs=refs,
+            claim_ahead=executor.claim_ahead if executor is not None and refs else 0,
         )
 
     def budget_for(self, job: JobView) -> int | None:

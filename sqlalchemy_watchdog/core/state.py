@@ -279,16 +279,18 @@ class RunnerCore:
         return max(self.SETTLE_BACKLOG_MIN, 2 * self.settings.concurrency)
 
     def free_slots(self) -> int:
-        """How many of the runner's concurrency slots are free (none while
-        the settle backlog is full)."""
+        """How many of the runner's concurrency slots are free, with the
+        jobs it may claim ahead of its children (``claim_ahead``); none
+        while the settle backlog is full."""
         with self._lock:
             running = sum(1 for e in self._active.values() if e.slot_held)
             settling = len(self._active) - running
         if settling >= self.settle_backlog_max:
             return 0
+        capacity = self.settings.concurrency + self.settings.claim_ahead
         if self.held_back:
-            return self.settings.concurrency - running - settling
-        return self.settings.concurrency - running
+            return capacity - running - settling
+        return capacity - running
 
     def admit(self, claim: Claim, asked_at: float) -> Execution:
         """Register the execution of ``claim``, asked for at ``asked_at``

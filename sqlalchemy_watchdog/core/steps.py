@@ -126,3 +126,7 @@ async def drive_async(steps: Steps[T], perform: Callable[[Step], Awaitable[Any]]
 #: handler because the claim's last check was over a heartbeat old by then
 #: (:meth:`Execution.started_late`): :func:`execute` renews and asks again.
 STARTED_LATE: Decision = Decision.failed("the handler was about to start late; not run")
+#: What a driver returns for a job it claimed ahead and never started (the
+#: runner shuts down while it waits for a child): :func:`execute` gives the
+#: claim back -- the job is queued again as it was, no count moved.
+NEVER_STARTED: Decision = Decision.failed("claimed ahead and never started; given back")

@@ -38,6 +38,8 @@ ExecutorName = Literal["thread", "process"]
 
 #: The most child processes one runner may have.
 MAX_PROCESSES = 1024
+#: The most jobs one runner may claim ahead of its children.
+MAX_PREFETCH = 10_000
 #: The smallest memory ceiling accepted (a Python interpreter alone is larger).
 MIN_MEMORY = 16 * 1024 * 1024
 #: The largest memory ceiling accepted (1 TiB).
@@ -78,12 +80,20 @@ class ProcessExecutor:
         a cancellation, a lane failure, a lost lease) may take before it is
         killed (SIGKILL); at shutdown, the shorter of this and half the stop
         wait. Default 5 s.
+    :param prefetch: how many jobs the runner claims ahead of its busy
+        children, so that a child that finishes a job gets the next one at
+        once instead of after a claim's round trip; a job claimed ahead
+        waits in the runner (leased, its timeout not yet running) for the
+        first child that frees up. Default: one per process; 0 claims only
+        for idle children (long handlers: a job claimed ahead waits until a
+        child frees up, which another runner could have used).
     """
 
     processes: int | None = None
     max_jobs_per_child: int | None = None
     max_memory_per_child: int | None = None
     kill_grace: timedelta = DEFAULT_KILL_GRACE
+    prefetch: int | None = None
 
     def __post_init__(self) -> None:
         if self.processes is None:
@@ -100,6 +110,11 @@ class ProcessExecutor:
                 "max_memory_per_child",
                 f"must be None or a number of bytes from {MIN_MEMORY} (16 MiB) to {MAX_MEMORY} (1 TiB), got {memory!r}",
             )
+        prefetch = self.prefetch
+        if prefetch is None:
+            object.__setattr__(self, "prefetch", self.processes)
+        elif isinstance(prefetch, bool) or not isinstance(prefetch, int) or not 0 <= prefetch <= MAX_PREFETCH:
+            raise InvalidJob("prefetch", f"must be an int from 0 to {MAX_PREFETCH}, got {prefetch!r}")
         grace = self.kill_grace
         if not isinstance(grace, timedelta):
             raise InvalidJob("kill_grace", f"must be a datetime.timedelta, not {type(grace).__name__}")
@@ -111,6 +126,12 @@ class ProcessExecutor:
         """How many children run handlers at once (``processes``, its default resolved)."""
         assert self.processes is not None
         return self.processes
+
+    @property
+    def claim_ahead(self) -> int:
+        """How many jobs are claimed ahead of the busy children (``prefetch``, its default resolved)."""
+        assert self.prefetch is not None
+        return self.prefetch
 
     @property
     def kill_grace_s(self) -> float:

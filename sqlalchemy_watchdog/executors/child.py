@@ -38,7 +38,7 @@ PR_SET_PDEATHSIG = 1
 #: Messages (pickled tuples). Parent to child: ``("run", job_id, module,
 #: qualname, fields)``, ``("stop", job_id, reason)``, ``("exit",)``,
 #: ``("reply", request, ok, value)``. Child to parent: ``("ready", pid)``,
-#: ``("log", record_fields)``, ``("returned", job_id, value, rss)``,
+#: ``("log", record_fields)``, ``("returned", job_id, value, rss)``, ``("skipped", ...)``,
 #: ``("unencodable", job_id, text, rss)``, ``("raised", job_id, error_bytes,
 #: type_name, text, detail, rss)``, and the running handler's requests, which
 #: the parent answers with a ``reply`` of the same ``request`` number:
@@ -49,6 +49,9 @@ PR_SET_PDEATHSIG = 1
 RUN, STOP, EXIT, REPLY = "run", "stop", "exit", "reply"
 READY, RETURNED, UNENCODABLE, RAISED, LOG = "ready", "returned", "unencodable", "raised", "log"
 PROGRESS, PARENTS = "progress", "parents"
+#: Child to parent: ``("skipped", job_id, reason)`` -- a job stopped before it started
+#: here (sent behind a running one, or stopped as it arrived): its handler never ran.
+SKIPPED = "skipped"
 
 
 def die_with_parent() -> None:
@@ -124,6 +127,10 @@ class _Child:
         self.inbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self.lock = threading.Lock()
         self.current: tuple[str, StopSignal] | None = None
+        #: The jobs received and not started yet, and those of them skipped
+        #: (a stop came before they started: answered ``skipped`` at once).
+        self.pending: set[str] = set()
+        self.skipped: set[str] = set()
         self.send_lock = threading.Lock()
         self.handlers: dict[tuple[str, str], Callable[..., Any]] = {}
         # The handler's requests to the parent, one at a time, and their replies.
@@ -143,11 +150,20 @@ class _Child:
                 os._exit(0)  # the parent is gone (or closed the pipe): never outlive it
             kind = message[0]
             if kind == RUN:
+                with self.lock:
+                    self.pending.add(message[1])
                 self.inbox.put(message)
             elif kind == STOP:
+                job_id = message[1]
                 with self.lock:
                     current = self.current
-                if current is not None and current[0] == message[1]:
+                    skip = (current is None or current[0] != job_id) and job_id in self.pending
+                    if skip:  # still in the inbox (behind the running job): never run it
+                        self.pending.discard(job_id)
+                        self.skipped.add(job_id)
+                if skip:
+                    self.send((SKIPPED, job_id, message[2]))
+                elif current is not None and current[0] == job_id:
                     current[1].request(StopReason(message[2]))
             elif kind == REPLY:
                 self.replies.put(message)
@@ -197,6 +213,10 @@ class _Child:
 
         stop = StopSignal()
         with self.lock:
+            if job_id in self.skipped:  # answered ``skipped`` when its stop came
+                self.skipped.discard(job_id)
+                return
+            self.pending.discard(job_id)
             self.current = (job_id, stop)
         try:
             key = (module, qualname)

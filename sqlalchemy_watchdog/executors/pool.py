@@ -11,8 +11,12 @@ parent is never forked (it has threads and database connections).
 A handler thread of the runner (or of ``AsyncRunner``) calls
 :meth:`ProcessPool.call` for one job: it takes an idle child (starting one
 if needed), sends it the job, and waits for the answer while watching the
-job's stop signal. A stop is forwarded to the child at once; a child still
-busy :attr:`~.ProcessExecutor.kill_grace` later is killed with SIGKILL and
+job's stop signal. With every child busy (a job claimed ahead, see
+``ProcessExecutor.prefetch``) the job is sent to a busy child's pipe behind
+its running job -- the child starts it as soon as it has answered -- or
+waits in the pool for the first child that frees up, in claim order. A stop
+is forwarded to the child at once; a child still busy
+:attr:`~.ProcessExecutor.kill_grace` later is killed with SIGKILL and
 *reaped* (``waitpid``) before ``call`` returns, so the job is settled only
 once its handler can no longer run. A child that dies by itself is reaped
 the same way and replaced by the next ``call``.
@@ -21,6 +25,7 @@ the same way and replaced by the next ``call``.
 from __future__ import annotations
 
 import atexit
+import collections
 import enum
 import json
 import logging
@@ -42,6 +47,7 @@ from typing import Any
 from ..core.handlers import RunningJob, StopReason, StopSignal
 from ..core.rules.settle import decision_of_exception, decision_of_result, timed_out
 from ..core.state import Execution
+from ..core.steps import NEVER_STARTED, STARTED_LATE
 from ..errors import safe_text
 from ..jobs import Decision, bound_reason
 from . import HandlerError, HandlerProcessDied, HandlerRef, ProcessExecutor
@@ -70,6 +76,12 @@ class Ending(str, enum.Enum):
     DIED = "died"
     #: The child was killed after a stop's grace (:attr:`ChildOutcome.stop`).
     KILLED = "killed"
+    #: The job was stopped while it waited for a child (claimed ahead): it
+    #: never reached one (:attr:`ChildOutcome.stop`).
+    NOT_STARTED = "not_started"
+    #: A child was free, but the job's claim was last known live over a
+    #: heartbeat ago: not sent (the runner renews it, then asks again).
+    LATE = "late"
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +192,18 @@ class _Child:
         self.pid: int = process.pid
         self.jobs = 0
         self.rss = 0
+        #: Whether it holds one of the pool's ``processes`` places.
+        self.counted = True
+        #: Whether a job of the runner's is in it (running, or about to).
+        self.running = False
+        #: The job piped behind the running one (sent, not started yet).
+        self.queued: _Waiter | None = None
+        self._send_lock = threading.Lock()
+
+    def send(self, data: bytes) -> None:
+        """Send one message (threads of the runner send stops beside runs)."""
+        with self._send_lock:
+            self.conn.send_bytes(data)
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -209,7 +233,7 @@ class _Child:
     def retire(self) -> None:
         """Ask an idle child to exit; kill it if it does not within :data:`EXIT_WAIT_S`."""
         try:
-            self.conn.send_bytes(pickle.dumps((child_module.EXIT,)))
+            self.send(pickle.dumps((child_module.EXIT,)))
         except (OSError, ValueError):
             pass
         if not self.join(EXIT_WAIT_S):
@@ -221,6 +245,49 @@ class _Child:
             self.conn.close()
         except OSError:  # pragma: no cover
             pass
+
+
+class _Wait(enum.Enum):
+    """Where a job claimed ahead stands while it waits for a child."""
+
+    WAITING = "waiting"  # in the queue
+    TAKING = "taking"  # a child that freed up is being handed to it
+    SENT = "sent"  # sent to that child (``_Waiter.child``), which runs it
+    PIPED = "piped"  # sent to a busy child (``_Waiter.child``), to run after its job
+    LATE = "late"  # its claim's last check was too old when a child was free
+    STOPPED = "stopped"  # its stop signal was set when a child was free
+    DIED = "died"  # the child died as it was sent (``_Waiter.outcome``)
+    START = "start"  # a place for one more child was freed: start one for it
+    CLOSED = "closed"  # the pool closed
+
+
+class _Waiter:
+    """A job waiting for the first child to free up. The thread that frees
+    a child hands it the next waiter's job itself (already pickled), so the
+    child's next job follows its answer without a wake-up in between."""
+
+    __slots__ = ("child", "data", "event", "job_id", "on_start", "outcome", "rank", "reason", "signal", "state")
+
+    def __init__(
+        self, data: bytes, signal: StopSignal, on_start: Callable[[bool], bool] | None, rank: tuple[int, int]
+    ) -> None:
+        self.data = data
+        self.job_id: str = pickle.loads(data)[1]
+        #: Its place in the claim order (priority first, then admission).
+        self.rank = rank
+        self.signal = signal
+        self.on_start = on_start
+        self.state = _Wait.WAITING
+        #: Set once, when the state is final (anything but WAITING and TAKING).
+        self.event = threading.Event()
+        self.child: _Child | None = None
+        self.outcome: ChildOutcome | None = None
+        #: Why it was stopped, when not by its own signal (the runner stops).
+        self.reason: StopReason | None = None
+
+    def settle(self, state: _Wait) -> None:
+        self.state = state
+        self.event.set()
 
 
 _POOLS: weakref.WeakSet[ProcessPool] = weakref.WeakSet()
@@ -241,8 +308,14 @@ class ProcessPool:
         self.config = config
         self._idle: list[_Child] = []
         self._live: set[_Child] = set()
+        #: Places of ``processes`` taken: children serving, or being started.
+        self._used = 0
+        #: Jobs claimed ahead, waiting for a child (first come, first served).
+        self._waiters: collections.deque[_Waiter] = collections.deque()
         self._lock = threading.Lock()
         self._closed = False
+        #: Set once the runner stops: no job waits for a child any more.
+        self._giving_back = False
         self._spawner = _Spawner()
         #: Children started in all (replacements included), for logs and tests.
         self.started = 0
@@ -253,6 +326,12 @@ class ProcessPool:
         """The process ids of the children alive now."""
         with self._lock:
             return tuple(sorted(c.pid for c in self._live if c.alive()))
+
+    @property
+    def waiting(self) -> int:
+        """How many jobs wait for a child now (claimed ahead)."""
+        with self._lock:
+            return len(self._waiters)
 
     # -- starting and ending children
 
@@ -284,7 +363,9 @@ class ProcessPool:
         return child
 
     def _new_child(self) -> _Child:
-        """A child started by the spawner thread and ready for a job."""
+        """A child started by the spawner thread and ready for a job, in a
+        place of ``processes`` already taken for it (the caller's to give
+        back if this fails)."""
         try:
             child: _Child = self._spawner.submit(self._start).result()
         except Exception as error:  # no process (too many open files, the pool closed meanwhile)
@@ -300,27 +381,43 @@ class ProcessPool:
                 return child
             _relay(message)
         cause = child.kill() if child.alive() else child.reap()
-        self._forget(child)
-        raise HandlerProcessDied(f"a handler process (pid {child.pid}) failed to start: it {cause}")
-
-    def _acquire(self) -> _Child:
-        with self._lock:
-            if self._closed:
-                raise HandlerProcessDied("the runner's process pool is closed")
-            while self._idle:
-                child = self._idle.pop()
-                if child.alive():
-                    return child
-                self._live.discard(child)
-        return self._new_child()
-
-    def _forget(self, child: _Child) -> None:
         with self._lock:
             self._live.discard(child)
+            child.counted = False
+        raise HandlerProcessDied(f"a handler process (pid {child.pid}) failed to start: it {cause}")
+
+    def _give_back(self) -> None:
+        """A place of ``processes`` is free again: the first waiting job
+        starts a child in it."""
+        with self._lock:
+            self._used -= 1
+            if self._closed or not self._waiters:
+                return
+            waiter = self._waiters.popleft()
+            self._used += 1
+        waiter.settle(_Wait.START)
+
+    def _forget(self, child: _Child) -> None:
+        """``child`` is gone or leaving: its place of ``processes`` is free."""
+        with self._lock:
+            self._live.discard(child)
+            counted, child.counted = child.counted, False
+        if counted:
+            self._give_back()
 
     def _release(self, child: _Child) -> None:
-        """A child whose job ended: back to the idle ones, or replaced (its
-        job count or memory is over the limits, it died, or the pool closed)."""
+        """A child whose job ended: it takes the next waiting job at once,
+        or goes back to the idle ones -- or it is replaced (its job count or
+        memory is over the limits, it died, or the pool closed)."""
+        with self._lock:
+            queued, child.queued = child.queued, None
+        if queued is not None:
+            # Its next job was piped: it runs now (the child took it on its own).
+            if queued.on_start is not None:
+                queued.on_start(True)
+            queued.settle(_Wait.SENT)
+            self._pipe()
+            return
         if not child.alive():
             child.reap()
             self._forget(child)
@@ -334,28 +431,152 @@ class ProcessPool:
                 f"its memory ({child.rss / 2**20:.0f} MiB resident) is over "
                 f"max_memory_per_child ({config.max_memory_per_child / 2**20:.0f} MiB)"
             )
+        if why is None:
+            child.running = False
+            self._hand_on(child)
+            return
+        child.running = False
+        log.info("replacing handler process %d: %s", child.pid, why)
+        self._leave(child)
+
+    def _leave(self, child: _Child) -> None:
+        """Retire an idle child in a thread of its own; its place is free at once."""
         with self._lock:
-            if why is None and not self._closed:
-                self._idle.append(child)
-                return
-        if why is not None:
-            log.info("replacing handler process %d: %s", child.pid, why)
+            counted, child.counted = child.counted, False
+        if counted:
+            self._give_back()
         threading.Thread(target=self._retire, args=(child,), name="watchdog-retire", daemon=True).start()
+
+    def _hand_on(self, child: _Child) -> None:
+        """Send the first waiting job to the idle ``child`` (from the thread
+        that freed it: no wake-up between the answer and the next job), or
+        keep it idle."""
+        while True:
+            with self._lock:
+                if self._closed:
+                    break
+                if not self._waiters:
+                    self._idle.append(child)
+                    return
+                waiter = self._waiters.popleft()
+                waiter.state = _Wait.TAKING
+            if waiter.signal.is_set():
+                waiter.settle(_Wait.STOPPED)
+                continue
+            if waiter.on_start is not None and not waiter.on_start(False):
+                waiter.settle(_Wait.LATE)
+                continue
+            if waiter.on_start is not None:
+                waiter.on_start(True)
+            child.running = True
+            try:
+                child.send(waiter.data)
+            except OSError:
+                waiter.outcome = self._died(child)
+                waiter.settle(_Wait.DIED)
+                return
+            waiter.child = child
+            waiter.settle(_Wait.SENT)
+            self._pipe()
+            return
+        self._leave(child)
+
+    def _may_pipe(self, child: _Child) -> bool:
+        """Whether ``child`` may be sent a job behind its running one (the
+        lock held): it runs one, has none behind it, and will not be
+        replaced after it (by job count or memory, as last known)."""
+        config = self.config
+        return (
+            child.running
+            and child.queued is None
+            and child.counted
+            and (config.max_jobs_per_child is None or child.jobs + 2 <= config.max_jobs_per_child)
+            and (config.max_memory_per_child is None or child.rss <= config.max_memory_per_child)
+        )
+
+    def _pipe(self) -> None:
+        """Send the first waiting jobs to busy children with room behind their
+        running job: each starts the moment its child answers, without
+        waiting for the runner (its thread, the GIL, the scheduler)."""
+        while True:
+            with self._lock:
+                if self._closed or self._giving_back or not self._waiters:
+                    return
+                serving = [c for c in self._live if c.counted]
+                if len(serving) < self.config.children or not all(c.running for c in serving):
+                    return  # a child is idle or starting: the job is its, not one behind another
+                child = next((c for c in serving if self._may_pipe(c)), None)
+                if child is None:
+                    return
+                waiter = self._waiters.popleft()
+                waiter.state = _Wait.TAKING
+            if waiter.signal.is_set():
+                waiter.settle(_Wait.STOPPED)
+                continue
+            if waiter.on_start is not None and not waiter.on_start(False):
+                waiter.settle(_Wait.LATE)
+                continue
+            with self._lock:
+                if self._closed or self._giving_back:
+                    waiter.reason = StopReason.SHUTDOWN
+                    stopped = True
+                else:
+                    stopped = False
+                    if not self._may_pipe(child):  # it answered meanwhile: back in line
+                        waiter.state = _Wait.WAITING
+                        self._wait_in_line(waiter)
+                        continue
+                    child.queued, waiter.child, waiter.state = waiter, child, _Wait.PIPED
+            if stopped:
+                waiter.settle(_Wait.CLOSED if self._closed else _Wait.STOPPED)
+                return
+            try:
+                child.send(waiter.data)
+            except OSError:  # the child is dying: the job never reached it
+                with self._lock:
+                    if child.queued is waiter:
+                        child.queued, waiter.child, waiter.state = None, None, _Wait.WAITING
+                        self._wait_in_line(waiter)
+                return
 
     def _retire(self, child: _Child) -> None:
         child.retire()
         self._forget(child)
 
+    def give_back_waiting(self) -> None:
+        """The runner stops: every job that has not reached a child (claimed
+        ahead, waiting for one) ends as :attr:`Ending.NOT_STARTED` for a
+        shutdown -- its claim is given back -- now or as it asks for a child.
+        Jobs running in children go on."""
+        with self._lock:
+            self._giving_back = True
+            waiters, self._waiters = list(self._waiters), collections.deque()
+            piped = [(c, c.queued) for c in self._live if c.queued is not None]
+        for waiter in waiters:
+            waiter.reason = StopReason.SHUTDOWN
+            waiter.settle(_Wait.STOPPED)
+        for child, queued in piped:  # in a child's pipe: it skips them (then given back)
+            queued.reason = StopReason.SHUTDOWN
+            try:
+                child.send(pickle.dumps((child_module.STOP, queued.job_id, StopReason.SHUTDOWN.value)))
+            except OSError:
+                pass
+
     def close(self, wait_s: float = EXIT_WAIT_S) -> None:
         """End every child: idle ones are asked to exit, any still there
-        after ``wait_s`` is killed; each is reaped."""
+        after ``wait_s`` is killed; each is reaped. Jobs still waiting for a
+        child end as :attr:`Ending.DIED` (the pool closed)."""
         with self._lock:
             self._closed = True
             children = list(self._live)
             idle, self._idle = self._idle, []
+            waiters, self._waiters = list(self._waiters), collections.deque()
+            waiters += [c.queued for c in self._live if c.queued is not None]
+        for waiter in waiters:
+            waiter.settle(_Wait.CLOSED)
         for child in idle:
             try:
-                child.conn.send_bytes(pickle.dumps((child_module.EXIT,)))
+                child.send(pickle.dumps((child_module.EXIT,)))
             except (OSError, ValueError):
                 pass
         for child in children:
@@ -376,50 +597,159 @@ class ProcessPool:
         signal: StopSignal,
         *,
         stop_wait_s: float,
-        on_start: Callable[[], None] | None = None,
+        on_start: Callable[[bool], bool] | None = None,
+        rank: tuple[int, int] = (0, 0),
     ) -> ChildOutcome:
         """Run ``job`` with the handler ``ref`` in a child; return once the
         handler answered, or its child died or was killed -- and reaped.
-        ``on_start`` is called once a child is ready, just before the job is
-        sent (a new child's start-up does not count against the job's timeout)."""
-        try:
-            child = self._acquire()
-        except HandlerProcessDied as error:
-            return ChildOutcome(Ending.DIED, error=error, text=str(error))
-        if on_start is not None:
-            on_start()
-        try:
-            return self._run(child, ref, job, signal, stop_wait_s)
-        finally:
-            self._release(child)
 
-    def _run(
-        self, child: _Child, ref: HandlerRef, job: RunningJob, stop: StopSignal, stop_wait_s: float
-    ) -> ChildOutcome:
-        fields = {
-            "job_id": job.job_id,
-            "queue": job.queue,
-            "lane": job.lane,
-            "priority": job.priority,
-            "key": job.key,
-            "payload": job.payload,
-            "recovery_count": job.recovery_count,
-            "max_recoveries": job.max_recoveries,
-            "attempt": job.attempt,
-            "max_attempts": job.max_attempts,
-            "snoozes": job.snoozes,
-            "timeout": job.timeout,
-            "trace_context": dict(job.trace_context) if job.trace_context is not None else None,
-        }
+        With every child busy (a job claimed ahead) it waits for the first
+        that frees up; stopped meanwhile, it ends as :attr:`Ending.NOT_STARTED`
+        without reaching a child. ``on_start`` is called once a child is ready,
+        just before the job is sent (a new child's start-up and the wait for a
+        free one do not count against the job's timeout); when it returns
+        False the job is not sent (:attr:`Ending.LATE`). Waiting jobs take the
+        children that free up in ``rank`` order (the claim's: ``(-priority,
+        sequence)``)."""
         try:
-            data = pickle.dumps((child_module.RUN, job.job_id, ref.module, ref.qualname, fields), protocol=5)
+            data = pickle.dumps((child_module.RUN, job.job_id, ref.module, ref.qualname, _fields(job)), protocol=5)
         except Exception as error:
             text = f"the job's payload cannot be sent to the handler's process ({safe_text(error)})"
             return ChildOutcome(Ending.UNENCODABLE, text=text[:500])
+        taken = self._take(data, signal, on_start, rank)
+        if isinstance(taken, ChildOutcome):
+            return taken
         try:
-            child.conn.send_bytes(data)
+            return self._run(taken, job, signal, stop_wait_s)
+        finally:
+            self._release(taken)
+
+    def _take(
+        self, data: bytes, signal: StopSignal, on_start: Callable[[bool], bool] | None, rank: tuple[int, int]
+    ) -> _Child | ChildOutcome:
+        """A child that was sent ``data``: an idle one, or the first that frees
+        up or is started (while fewer than ``processes`` serve) -- to the
+        waiting jobs in claim order."""
+        waiter: _Waiter | None = None
+        with self._lock:
+            if self._closed:
+                return _closed()
+            if self._giving_back:
+                return ChildOutcome(Ending.NOT_STARTED, stop=StopReason.SHUTDOWN)
+            child: _Child | None = None
+            dead: list[_Child] = []
+            while self._idle:
+                candidate = self._idle.pop()
+                if candidate.alive():
+                    child = candidate
+                    break
+                dead.append(candidate)  # its place is this job's (no job waits while a child is idle)
+                self._live.discard(candidate)
+                candidate.counted = False
+                self._used -= 1
+            start = child is None and self._used < self.config.children
+            if start:
+                self._used += 1
+            if child is None:
+                waiter = _Waiter(data, signal, on_start, rank)
+                self._wait_in_line(waiter)
+        for gone in dead:
+            gone.reap()
+        if waiter is None:
+            assert child is not None
+            return self._send(child, data, on_start)
+        if start:
+            self._start_for(waiter)
+        else:
+            self._pipe()
+        return self._await(waiter, data, on_start, rank)
+
+    def _wait_in_line(self, waiter: _Waiter) -> None:
+        """Queue ``waiter`` by its rank (the lock held)."""
+        waiters = self._waiters
+        if not waiters or waiters[-1].rank <= waiter.rank:
+            waiters.append(waiter)
+            return
+        index = next(i for i, other in enumerate(waiters) if other.rank > waiter.rank)
+        waiters.insert(index, waiter)
+
+    def _start_for(self, waiter: _Waiter) -> None:
+        """Start a child in a place taken for ``waiter`` and hand it to the
+        first waiting job (``waiter`` or one claimed before it); a failure to
+        start ends ``waiter`` unless a child was handed to it meanwhile."""
+        try:
+            child = self._new_child()
+        except HandlerProcessDied as error:
+            with self._lock:
+                failed = waiter.state is _Wait.WAITING  # else it took a child meanwhile, or was stopped
+                if failed:
+                    self._waiters.remove(waiter)
+            self._give_back()  # the next job waiting tries its own start
+            if failed:
+                waiter.outcome = ChildOutcome(Ending.DIED, error=error, text=str(error))
+                waiter.settle(_Wait.DIED)
+            return
+        self._hand_on(child)
+
+    def _send(self, child: _Child, data: bytes, on_start: Callable[[bool], bool] | None) -> _Child | ChildOutcome:
+        if on_start is not None and not on_start(False):
+            self._hand_on(child)
+            return ChildOutcome(Ending.LATE)
+        if on_start is not None:
+            on_start(True)
+        child.running = True
+        try:
+            child.send(data)
         except OSError:
             return self._died(child)
+        self._pipe()
+        return child
+
+    def _await(
+        self, waiter: _Waiter, data: bytes, on_start: Callable[[bool], bool] | None, rank: tuple[int, int]
+    ) -> _Child | ChildOutcome:
+        """Wait for a child to take ``waiter``'s job, watching its stop signal."""
+        told = False
+        while not waiter.event.wait(STOP_POLL_S):
+            if not waiter.signal.is_set():
+                continue
+            with self._lock:
+                if waiter.state is _Wait.WAITING:
+                    self._waiters.remove(waiter)
+                    waiter.state = _Wait.STOPPED
+                    break
+                piped = waiter.child if waiter.state is _Wait.PIPED and not told else None
+            if piped is not None:  # in a child's pipe: the child skips it
+                told = True
+                reason = waiter.signal.reason or StopReason.SHUTDOWN
+                try:
+                    piped.send(pickle.dumps((child_module.STOP, waiter.job_id, reason.value)))
+                except OSError:
+                    pass  # the child is dying: the job goes back in line
+        state = waiter.state
+        if state is _Wait.SENT:
+            assert waiter.child is not None
+            return waiter.child
+        if state is _Wait.START:
+            # A place for a child was freed for this job: start one, for the
+            # first job waiting (this one, or one claimed before it).
+            fresh = _Waiter(data, waiter.signal, on_start, rank)
+            with self._lock:
+                self._wait_in_line(fresh)
+            self._start_for(fresh)
+            return self._await(fresh, data, on_start, rank)
+        if state is _Wait.STOPPED:
+            return ChildOutcome(Ending.NOT_STARTED, stop=waiter.reason or waiter.signal.reason)
+        if state is _Wait.LATE:
+            return ChildOutcome(Ending.LATE)
+        if state is _Wait.DIED:
+            assert waiter.outcome is not None
+            return waiter.outcome
+        return _closed()
+
+    def _run(self, child: _Child, job: RunningJob, stop: StopSignal, stop_wait_s: float) -> ChildOutcome:
+        """Wait for the answer of ``job``, sent to ``child``, forwarding a stop
+        and killing the child a grace after it."""
         forwarded: StopReason | None = None
         kill_at: float | None = None
         grace = 0.0
@@ -441,7 +771,7 @@ class ProcessPool:
                     grace = min(grace, stop_wait_s / 2)
                 kill_at = time.monotonic() + grace
                 try:
-                    child.conn.send_bytes(pickle.dumps((child_module.STOP, job.job_id, forwarded.value)))
+                    child.send(pickle.dumps((child_module.STOP, job.job_id, forwarded.value)))
                 except OSError:
                     return self._died(child, forwarded)
             if kill_at is not None and time.monotonic() >= kill_at:
@@ -455,6 +785,7 @@ class ProcessPool:
                     if answer is not None:
                         return answer
                 cause = child.kill()
+                self._unpipe(child)
                 self._forget(child)
                 text = f"its process (pid {child.pid}) did not stop within {grace:g}s and was {cause}"
                 log.warning("job %s: %s (%s)", job.job_id, text, forwarded.value, extra=job.log_fields)
@@ -462,17 +793,36 @@ class ProcessPool:
                     Ending.KILLED, error=HandlerProcessDied(text), text=text, stop=forwarded, grace_s=grace
                 )
 
+    def _unpipe(self, child: _Child) -> None:
+        """``child`` is gone before its running job answered: the job piped
+        behind it never started; it waits for the next child again (or is
+        given back if the runner stops)."""
+        with self._lock:
+            queued, child.queued = child.queued, None
+            child.running = False
+            if queued is None:
+                return
+            queued.child = None
+            if not (self._giving_back or self._closed):
+                queued.state = _Wait.WAITING
+                self._wait_in_line(queued)
+                return
+        queued.reason = StopReason.SHUTDOWN
+        queued.settle(_Wait.STOPPED if not self._closed else _Wait.CLOSED)
+
     def _died(self, child: _Child, stop: StopReason | None = None) -> ChildOutcome:
         cause = child.kill() if child.alive() else child.reap()
+        self._unpipe(child)
         self._forget(child)
         text = f"the handler's process (pid {child.pid}) died: it {cause}"
         log.error("%s; a new one takes its place", text)
         return ChildOutcome(Ending.DIED, error=HandlerProcessDied(text), text=text, stop=stop)
 
-    def _answer(self, child: _Child, raw: bytes, job: RunningJob | None = None) -> ChildOutcome | None:
-        """What a message from the child says: the job's end, or None for a
-        log record (relayed to the runner's logging) or a request of the
-        running handler (answered: :meth:`_serve`)."""
+    def _answer(self, child: _Child, raw: bytes, job: RunningJob) -> ChildOutcome | None:
+        """What a message from the child says: the end of ``job``, or None
+        for a log record (relayed to the runner's logging), a request of the
+        running handler (answered: :meth:`_serve`) or the skip of the job
+        piped behind it (handed to that job's waiting thread)."""
         try:
             message = pickle.loads(raw)
         except Exception as unreadable:
@@ -485,6 +835,19 @@ class ProcessPool:
             return None
         if kind in (child_module.PROGRESS, child_module.PARENTS):
             self._serve(child, job, message)
+            return None
+        if kind == child_module.SKIPPED:  # stopped before it started there
+            if message[1] == job.job_id:
+                return ChildOutcome(Ending.NOT_STARTED, stop=StopReason(message[2]))
+            with self._lock:
+                queued = child.queued
+                if queued is not None and queued.job_id == message[1]:
+                    child.queued = None
+                else:
+                    queued = None
+            if queued is not None:
+                queued.reason = StopReason(message[2])
+                queued.settle(_Wait.STOPPED)
             return None
         child.jobs += 1
         if kind == child_module.RETURNED:
@@ -525,6 +888,30 @@ class ProcessPool:
             pass
 
 
+def _fields(job: RunningJob) -> dict[str, Any]:
+    """What a child rebuilds ``job`` from."""
+    return {
+        "job_id": job.job_id,
+        "queue": job.queue,
+        "lane": job.lane,
+        "priority": job.priority,
+        "key": job.key,
+        "payload": job.payload,
+        "recovery_count": job.recovery_count,
+        "max_recoveries": job.max_recoveries,
+        "attempt": job.attempt,
+        "max_attempts": job.max_attempts,
+        "snoozes": job.snoozes,
+        "timeout": job.timeout,
+        "trace_context": dict(job.trace_context) if job.trace_context is not None else None,
+    }
+
+
+def _closed() -> ChildOutcome:
+    error = HandlerProcessDied("the runner's process pool is closed")
+    return ChildOutcome(Ending.DIED, error=error, text=str(error))
+
+
 def decision_of_outcome(execution: Execution, outcome: ChildOutcome) -> Decision | None:
     """What a job run in a child decided, by the same rules as a handler run
     in a thread (:mod:`~sqlalchemy_watchdog.core.rules.settle`); None hands
@@ -537,13 +924,28 @@ def decision_of_outcome(execution: Execution, outcome: ChildOutcome) -> Decision
     * killed after another stop: ``failed`` with the stop's reason (the
       database turns a cancelled job's settle into ``cancelled``);
     * died by itself: ``failed`` with the cause (exit code or signal);
-    * a result (or payload) that cannot cross the pipe: ``failed`` saying so.
+    * a result (or payload) that cannot cross the pipe: ``failed`` saying so;
+    * stopped while it waited for a child (claimed ahead): ``failed``
+      "execution stopped before it started"; at shutdown ``NEVER_STARTED``
+      (its claim is given back: queued again, nothing counted);
+    * not sent because its claim was last checked too long ago:
+      ``STARTED_LATE`` (the runner renews it and asks again).
 
     A shutdown stop that ends in a kill or a death is handed to recovery,
     as a handler that gives up at the shutdown stop is under threads.
     """
     job = execution.job
     ending = outcome.ending
+    if ending is Ending.NOT_STARTED:
+        # Stopped while claimed ahead, before any child took it: at shutdown
+        # its claim is given back untouched; else as a thread handler stopped
+        # before it started (see ``core.loop.execute``).
+        if outcome.stop is StopReason.SHUTDOWN:
+            return NEVER_STARTED
+        reason = outcome.stop.value if outcome.stop is not None else "stop requested"
+        return Decision.failed(f"execution stopped before it started ({reason})")
+    if ending is Ending.LATE:
+        return STARTED_LATE
     if ending is Ending.RETURNED:
         return decision_of_result(outcome.value, job)
     if ending is Ending.RAISED:

@@ -264,6 +264,10 @@ class SettleRequest:
     #: The attempt's last progress that the rate limit kept back, written
     #: with the settlement: (fraction, note); None: none pending.
     progress: tuple[float, str | None] | None = None
+    #: Give the claim back instead (a job claimed ahead that never started):
+    #: queued again at once, no attempt or snooze counted, the job's failure
+    #: reason and detail as they were (these). ``decision`` is then unused.
+    given_back: tuple[str | None, str | None] | None = None
 
     def __post_init__(self) -> None:
         # Checked once, where the request is made: the runner's core builds
@@ -282,6 +286,9 @@ class SettleRequest:
     @property
     def row(self) -> tuple[Any, ...]:
         """The request in :data:`statements.SETTLE_FIELDS` order."""
+        if self.given_back is not None:
+            reason, detail = self.given_back
+            return (self.job_id, self.claim_token, None, reason, detail, 0, 0, 0, None, None, None, None)
         decision = self.decision
         delay = self.requeue_after_ms
         if delay is None and decision.snoozed:

@@ -567,6 +567,10 @@ REFUSED: dict[str, Entry] = {
     "ProcessExecutor kill_grace negative": Entry("kill_grace", process_runner(kill_grace=timedelta(seconds=-1))),
     "ProcessExecutor kill_grace int": Entry("kill_grace", process_runner(kill_grace=5)),
     "ProcessExecutor kill_grace a day": Entry("kill_grace", process_runner(kill_grace=timedelta(days=1))),
+    "ProcessExecutor prefetch negative": Entry("prefetch", process_runner(prefetch=-1), says="from 0 to 10000"),
+    "ProcessExecutor prefetch huge": Entry("prefetch", process_runner(prefetch=10_001)),
+    "ProcessExecutor prefetch bool": Entry("prefetch", process_runner(prefetch=True)),
+    "ProcessExecutor prefetch float": Entry("prefetch", process_runner(prefetch=1.5)),
     "Runner process executor with another concurrency": Entry(
         "concurrency", runner(executor=ProcessExecutor(processes=2), concurrency=4), says="processes=4"
     ),

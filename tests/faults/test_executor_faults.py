@@ -8,7 +8,8 @@
   outlive it), and its jobs are recovered after their lease as today;
 * SIGTERM while children are busy: claiming stops, a handler that stops
   when asked settles ``completed``, one that ignores its stop is killed
-  after the grace and its job handed to recovery with the shutdown reason;
+  after the grace and its job handed to recovery with the shutdown reason,
+  a job claimed ahead that no child took is given back untouched;
   the runner exits within its budget and leaves no child behind.
 """
 
@@ -179,11 +180,13 @@ def test_sigterm_with_busy_children_settles_or_hands_over_every_job_and_leaves_n
         engine,
         Job("polite", "block", payload=payload(marks)),
         Job("stubborn", "stubborn", payload=payload(marks, sleep=60)),
-        Job("waiting", "pid", payload=payload(marks), priority=-1),
     )
     worker = start(grace=0.5)
     worker.wait_ready()
     children = [h.wait_for_mark(marks, j, "started")[0] for j in ("polite", "stubborn")]
+    # Both children busy: this one is claimed ahead (prefetch) and waits for a child.
+    add(engine, Job("waiting", "pid", payload=payload(marks)))
+    wait_until(lambda: read(engine, "waiting").state is JobState.RUNNING, 10, "claimed ahead")
     began = time.monotonic()
     worker.proc.send_signal(signal.SIGTERM)
     assert worker.proc.wait(15) == 0, worker.log_text()[-3000:]
@@ -199,5 +202,8 @@ def test_sigterm_with_busy_children_settles_or_hands_over_every_job_and_leaves_n
         f"{store.SHUTDOWN_REASON}; no recovery policy",
     )
     assert h.marks(marks, "stubborn", "finished") == []
-    # Claiming stopped: the job no child was free for is still queued.
-    assert read(engine, "waiting").state is JobState.QUEUED
+    # The job claimed ahead never started: its claim was given back as it was
+    # (queued, no attempt, snooze or recovery counted, never ``interrupted``).
+    waiting = read(engine, "waiting")
+    assert (waiting.state, waiting.attempt, waiting.snoozes, waiting.recovery_count) == (JobState.QUEUED, 1, 0, 0)
+    assert h.marks(marks, "waiting", "ran") == []

@@ -117,6 +117,7 @@ from sqlalchemy_watchdog import (
 )
 from sqlalchemy_watchdog import execution as ex
 from sqlalchemy_watchdog.backends import backend_of
+from sqlalchemy_watchdog.core.steps import NEVER_STARTED
 from sqlalchemy_watchdog.dependencies import drop_sql, trigger_sql
 from sqlalchemy_watchdog.execution import StopReason
 from sqlalchemy_watchdog.jobs import (
@@ -1084,6 +1085,41 @@ class WatchdogMachine(RuleBasedStateMachine):
                 outcome = None if decision.outcome is None else decision.outcome.value
             replay = row.state == "settled" and row.claim_token == token and row.outcome == outcome
             assert result.status is (SettleStatus.REPLAYED if replay else SettleStatus.CONFLICT)
+
+    @precondition(lambda self: bool(self.claims))
+    @rule(data=st.data(), skew=st.sampled_from(SKEWS))
+    def give_back(self, data: st.DataObject, skew: int) -> None:
+        """A stopping runner gives back a claim whose handler never started (a
+        job claimed ahead of its children): queued again at once as it was --
+        no attempt, snooze or recovery counted, its failure reason, detail and
+        history kept -- or ``cancelled`` if a cancellation was recorded; only
+        while the claim lives, like any settle."""
+        job_id, token = data.draw(st.sampled_from(self.claims), "claim")
+        claim = self.claimed[(job_id, token)]
+        db = self.db
+        app = self.app_now = db + skew
+        request = store.SettleRequest(
+            job_id, token, NEVER_STARTED, app, given_back=(claim.job.failure_reason, claim.job.failure_detail)
+        )
+        (result,) = self.tx(store.settle_many, [request])
+        row = self.model.rows.get(job_id)
+        if row is None:  # purged or pruned since
+            assert result.status is SettleStatus.MISSING
+            return
+        if not self.model.live_claim(job_id, token, max(app, db)):
+            replay = row.state == "settled" and row.claim_token == token and row.outcome == "failed"
+            assert result.status is (SettleStatus.REPLAYED if replay else SettleStatus.CONFLICT), (result, row)
+            return
+        row.lease_until = None
+        if row.cancellation_id is not None:
+            row.state, row.outcome, row.failure_reason, row.failure_detail = "settled", "cancelled", None, None
+            row.settled_at = db
+            assert result.status is SettleStatus.SETTLED
+            return
+        assert (row.failure_reason, row.failure_detail) == (claim.job.failure_reason, claim.job.failure_detail)
+        row.state, row.claim_token, row.ready_at = "queued", None, db
+        row.progress = row.progress_note = None
+        assert result.status is SettleStatus.REQUEUED
 
     @staticmethod
     def _kept(decision: Decision, request: store.SettleRequest) -> Decision:

@@ -889,6 +889,7 @@ def test_run_with_the_process_executor_in_a_subprocess_until_sigterm(
     add(engine, *(Job(f"p{i}", "cli-proc") for i in range(4)))
     env = {**os.environ, "WATCHDOG_DATABASE_URL": url_arg(db_url), "PYTHONPATH": str(ROOT)}
     argv = ["run", name, "--poll-interval", "0.1", "--executor", "process", "--processes", "2", "--kill-grace", "1"]
+    argv += ["--prefetch", "1"]
     worker = subprocess.Popen(
         [sys.executable, "-m", "sqlalchemy_watchdog.cli", *argv],
         cwd=tmp_path,
@@ -921,9 +922,15 @@ def test_run_with_the_process_executor_in_a_subprocess_until_sigterm(
     [
         (["--processes", "2"], "--processes apply only with --executor process"),
         (["--executor", "thread", "--kill-grace", "3"], "--kill-grace apply only with --executor process"),
+        (["--prefetch", "0"], "--prefetch apply only with --executor process"),
         (["--executor", "process", "--concurrency", "4"], "not --concurrency"),
     ],
-    ids=["processes-without-executor", "kill-grace-with-threads", "concurrency-with-processes"],
+    ids=[
+        "processes-without-executor",
+        "kill-grace-with-threads",
+        "prefetch-with-threads",
+        "concurrency-with-processes",
+    ],
 )
 def test_run_refuses_process_options_that_do_not_go_together(
     engine: Engine, cli: Cli, app_module: tuple[str, Path], flags: list[str], says: str

@@ -495,6 +495,106 @@ def test_processes_run_that_many_handlers_at_once_each_in_its_own_child(
         assert len(set(first.values())) == 2 and os.getpid() not in first.values()
 
 
+# -- jobs claimed ahead (prefetch) ----------------------------------------------------------------
+
+
+def ahead(processes: int = 1, prefetch: int = 1) -> ProcessExecutor:
+    return ProcessExecutor(processes=processes, prefetch=prefetch, kill_grace=KILL_GRACE)
+
+
+def test_a_job_claimed_ahead_waits_leased_for_a_child_then_runs_in_claim_order(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    """One child, three jobs claimed ahead: each waits (claimed, its lease
+    renewed past the lease's length) and takes the child as it frees up, by
+    priority; its timeout counts from its start in the child, not its claim."""
+    add(
+        engine,
+        job("first", marks, wait=LEASE.total_seconds() + 1),
+        Job("low", "q", priority=-5, payload={"dir": str(marks)}, timeout=timedelta(seconds=1)),
+        Job("high", "q", priority=5, payload={"dir": str(marks)}),
+        Job("mid", "q", priority=0, payload={"dir": str(marks)}),
+    )
+    # One claim takes all four (1 child + 3 ahead); the child runs them in claim
+    # order: priority, then admission ("first" before "mid"). "mid" and "low" wait
+    # longer than the lease behind "first"; "low" still has its whole second.
+    with make(runners, {"q": h.naps}, executor=ahead(prefetch=3)).serving():
+        wait_until(lambda: all(read(engine, j).state is JobState.SETTLED for j in ("first", "low", "high", "mid")), 30)
+    order = sorted(("high", "mid", "first", "low"), key=lambda j: h.wait_for_mark(marks, j, "started")[1])
+    assert order == ["high", "first", "mid", "low"]
+    for j in order:
+        done = read(engine, j)
+        assert (done.outcome, done.attempt, done.recovery_count) == (Outcome.COMPLETED, 1, 0), j
+    assert len({h.wait_for_mark(marks, j, "started")[0] for j in order}) == 1
+
+
+def test_cancelling_a_job_claimed_ahead_settles_it_cancelled_and_it_never_runs(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    """The job claimed ahead sits behind the child's running job (sent to its
+    pipe): told to stop, the child skips it at once -- it settles
+    ``cancelled`` within a heartbeat or so, not when its lease would end --
+    and the running job is untouched."""
+    add(engine, job("busy", marks))
+    with make(runners, {"q": h.blocking}, executor=ahead(), grace=timedelta(milliseconds=200)).serving():
+        h.wait_for_mark(marks, "busy", "started")
+        add(engine, job("ahead", marks))
+        wait_until(lambda: read(engine, "ahead").state is JobState.RUNNING, 10, "the job claimed ahead")
+        Watchdog(engine).cancel("ahead", "stop-ahead")
+        cancelled = settled(engine, "ahead", timeout=LEASE.total_seconds() - 0.5)
+        assert read(engine, "busy").state is JobState.RUNNING  # the child's job goes on
+    assert (cancelled.outcome, cancelled.failure_reason) == (Outcome.CANCELLED, None)
+    assert h.marks(marks, "ahead", "started") == []
+
+
+def test_a_job_claimed_ahead_of_a_child_that_crashes_runs_in_its_replacement(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    """Neither lost nor failed with the crash: it never reached the dead child."""
+    add(engine, Job("dies", "crash", payload={"dir": str(marks), "code": 3, "wait": 0.5}, priority=9))
+    add(engine, job("after", marks))
+    with make(runners, {"crash": h.exits_after, "q": h.pid}, executor=ahead()).serving():
+        died = settled(engine, "dies")
+        after = settled(engine, "after")
+    crashed_pid = h.wait_for_mark(marks, "dies", "started")[0]
+    assert died.outcome is Outcome.FAILED and "exited with code 3" in (died.failure_reason or "")
+    assert after.started_at is not None and died.settled_at is not None
+    assert after.started_at <= died.settled_at  # claimed ahead, before the crash
+    assert (after.outcome, after.attempt, after.recovery_count) == (Outcome.COMPLETED, 1, 0)
+    assert h.wait_for_mark(marks, "after", "ran")[0] != crashed_pid
+
+
+def test_shutdown_gives_back_the_jobs_claimed_ahead_untouched(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    """They never start once the runner stops: queued again as they were --
+    no attempt, snooze or recovery counted, never ``interrupted`` -- while
+    the child's job gets its grace."""
+    add(engine, job("busy", marks))
+    with make(runners, {"q": h.blocking}, executor=ahead(prefetch=2), grace=timedelta(milliseconds=300)).serving():
+        h.wait_for_mark(marks, "busy", "started")
+        add(engine, job("a", marks), job("b", marks))
+        wait_until(lambda: all(read(engine, j).state is JobState.RUNNING for j in ("a", "b")), 10, "claimed ahead")
+    assert h.wait_for_mark(marks, "busy", "stopped")[2] == "shutdown"
+    assert read(engine, "busy").outcome is Outcome.COMPLETED
+    for j in ("a", "b"):
+        back = read(engine, j)
+        assert (back.state, back.attempt, back.snoozes, back.recovery_count) == (JobState.QUEUED, 1, 0, 0), j
+        assert back.failure_reason is None
+        assert h.marks(marks, j, "started") == []
+    # Given back, they run on the next runner like any queued job.
+    results = make(runners, {"q": h.pid}, executor=ahead()).run_until_idle()
+    assert sorted((r.job_id, r.outcome) for r in results) == [("a", Outcome.COMPLETED), ("b", Outcome.COMPLETED)]
+
+
+def test_prefetch_0_claims_only_for_an_idle_child(engine: Engine, runners: RunnerDriver, marks: Path) -> None:
+    add(engine, job("busy", marks), job("next", marks))
+    with make(runners, {"q": h.blocking}, executor=ahead(prefetch=0), grace=timedelta(0)).serving():
+        h.wait_for_mark(marks, "busy", "started")
+        time.sleep(0.5)  # several polls
+        assert read(engine, "next").state is JobState.QUEUED
+
+
 # -- the async runner ---------------------------------------------------------------------------
 
 

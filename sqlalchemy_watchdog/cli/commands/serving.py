@@ -126,7 +126,7 @@ def build_runner(args: argparse.Namespace, engine: Engine) -> Any:
 
 
 #: ``run``'s options that configure the process executor.
-_PROCESS_OPTIONS = ("processes", "max_jobs_per_child", "max_memory_per_child", "kill_grace")
+_PROCESS_OPTIONS = ("processes", "max_jobs_per_child", "max_memory_per_child", "kill_grace", "prefetch")
 
 
 def _executor(args: argparse.Namespace) -> Any:
@@ -145,6 +145,7 @@ def _executor(args: argparse.Namespace) -> Any:
         "processes": args.processes,
         "max_jobs_per_child": args.max_jobs_per_child,
         "max_memory_per_child": None if args.max_memory_per_child is None else args.max_memory_per_child * 2**20,
+        "prefetch": args.prefetch,
     }
     if args.kill_grace is not None:
         fields["kill_grace"] = timedelta(seconds=args.kill_grace)
