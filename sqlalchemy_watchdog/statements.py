@@ -928,9 +928,14 @@ def claim_limited_at_once() -> Select[Any]:
     last_entry = select(e.key).order_by(e.ord.desc()).limit(1)
     took = select(picks.c.sequence).exists()
     cursor = case((took, last_pick.scalar_subquery()), else_=last_entry.scalar_subquery())
+    # Nothing queued: the cursor stays (the transaction path ends at the lock then).
+    any_queued = select(c.sequence).where(c.queue_name == queue, IS_QUEUED).limit(1).exists()
     moves = and_(
         s.go,
-        or_(took, and_(select(e.ord).exists(), last_entry.scalar_subquery().is_distinct_from(s.cursor_key))),
+        or_(
+            took,
+            and_(any_queued, select(e.ord).exists(), last_entry.scalar_subquery().is_distinct_from(s.cursor_key)),
+        ),
     )
     # By the rows' physical address (a TID scan, whatever the planner knows of
     # the table): by sequence, a generic plan made while the table was small
@@ -968,9 +973,11 @@ def claim_limited_at_once() -> Select[Any]:
         .limit(FORGET_BATCH)
         .correlate(None)
     )
+    # Forgotten by every claim that goes ahead, jobs taken or not, as the
+    # transaction path forgets them at the lock.
     forgotten = (
         delete(limit_claims_table)
-        .where(logged.id.in_(old.scalar_subquery()), took)
+        .where(logged.id.in_(old.scalar_subquery()), select(s.go).scalar_subquery())
         .returning(logged.id)
         .cte("forgotten")
     )
