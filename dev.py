@@ -198,10 +198,18 @@ def parallel(rest: list[str]) -> list[str]:
 
 #: The fault tests: real processes, signals and timing on the database clock.
 FAULTS = "tests/faults"
-#: Fault tests that time nothing -- the bad-input table: a refusal naming
-#: the field, nothing written, poisoned rows read and skipped -- so they run
-#: with the rest of the suite in parallel, not in the serial run.
-UNTIMED_FAULTS = ("tests/faults/test_bad_input.py",)
+#: Fault tests that time nothing, so they run with the rest of the suite in
+#: parallel, not in the serial run: the bad-input table (a refusal naming
+#: the field, nothing written, poisoned rows read and skipped), the
+#: Hypothesis state machine (its database clock is a table it sets: leases
+#: end when the model says, however slow the machine; its pinned cases only
+#: wait for a 1 ms lease or backoff to be over) and the bulk races (each race
+#: forced at its worst moment by an event hook, no sleeps).
+UNTIMED_FAULTS = (
+    "tests/faults/test_bad_input.py",
+    "tests/faults/test_bulk_races.py",
+    "tests/faults/test_state_machine.py",
+)
 
 
 def timed_faults() -> list[str]:
