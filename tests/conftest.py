@@ -57,10 +57,25 @@ def pytest_report_header(config: pytest.Config) -> str:
     )
 
 
+def _on_postgresql(item: pytest.Item) -> bool:
+    """Whether ``item`` is the PostgreSQL copy of its test: its ``dialect``
+    is ``postgresql``, or that of another fixture made once per dialect
+    (``params=DIALECTS``, as the bad-input table's module-scoped database)."""
+    params = getattr(item, "callspec", None)
+    if params is None:
+        return False
+    if params.params.get("dialect") == "postgresql":
+        return True
+    definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    return any(
+        value == "postgresql" and name in definitions and list(definitions[name][-1].params or ()) == DIALECTS
+        for name, value in params.params.items()
+    )
+
+
 def _neutral_postgres_copy(item: pytest.Item) -> bool:
     """The PostgreSQL copy of a ``dialect_neutral`` test, not ``dialect_specific``."""
-    params = getattr(item, "callspec", None)
-    if params is None or params.params.get("dialect") != "postgresql":
+    if not _on_postgresql(item):
         return False
     return (
         item.get_closest_marker("dialect_neutral") is not None and item.get_closest_marker("dialect_specific") is None

@@ -46,8 +46,9 @@ without the ``watchdog_jobs`` table, and never creates a SQLite file.
 Times (``ls``, ``stats``) are UTC, by the database clock. ``ls`` pages like
 ``settled``: a full page ends with the ``--after`` value of the next one.
 ``stats --watch`` redraws the table in place (ANSI home + clear screen)
-every ``--interval`` seconds (default 2) until Ctrl-C; with ``--json`` it
-prints one document per line instead. A ``prune`` DURATION is whole days,
+every ``--interval`` seconds (default 2) until Ctrl-C (SIGINT, which it
+takes even when started with SIGINT ignored, as by ``&`` in a script);
+with ``--json`` it prints one document per line instead. A ``prune`` DURATION is whole days,
 hours, minutes or seconds, units combined largest first: ``30d``, ``12h``,
 ``15m``, ``90s``, ``1h30m``.
 

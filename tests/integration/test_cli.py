@@ -1351,6 +1351,51 @@ def test_stats_watch_redraws_until_sigint(engine: Engine, db_url: URL, tmp_path:
     assert frames[-1] == ["after", "before"]
 
 
+#: Start the command (``sys.argv[2:]``) in a process whose SIGINT is, as
+#: ``sys.argv[1]`` says, ignored -- as a shell without job control leaves it
+#: for whatever it starts with ``&`` (a script, a CI step, a test run in the
+#: background) -- or blocked; both survive the exec.
+INHERIT_SIGINT = """\
+import os, signal, sys
+if sys.argv[1] == "ignored":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+else:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+os.execv(sys.executable, [sys.executable, "-m", "sqlalchemy_watchdog.cli", *sys.argv[2:]])
+"""
+
+
+@pytest.mark.parametrize("inherited", ["ignored", "blocked"])
+def test_stats_watch_stops_on_sigint_even_when_it_inherited_sigint_ignored_or_blocked(
+    engine: Engine, db_url: URL, tmp_path: Path, inherited: str
+) -> None:
+    """Ctrl-C always stops ``stats --watch`` (exit 0): started from a parent
+    that ignored or blocked SIGINT, it still takes SIGINT as its stop, as
+    ``run`` does -- it would otherwise redraw until killed."""
+    add(engine, Job("first", "before"))
+    env = {**os.environ, "WATCHDOG_DATABASE_URL": url_arg(db_url), "PYTHONPATH": str(ROOT)}
+    argv = ["stats", "--watch", "--interval", "0.2", "--json"]
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", INHERIT_SIGINT, inherited, *argv],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        seen = read_frames(watcher, lambda seen: seen.count(b"\n") >= 2)
+        watcher.send_signal(signal.SIGINT)
+        rest, err = watcher.communicate(timeout=30)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
+    assert watcher.returncode == 0, err
+    assert b"Traceback" not in err
+    documents = [json.loads(line) for line in (seen + rest).decode().splitlines()]
+    assert [q["queue"] for q in documents[0]["queues"]] == ["before"]
+
+
 def test_stats_usage_errors(engine: Engine, cli: Cli) -> None:
     status, out, err = cli("stats", "--interval", "1")
     assert (status, out) == (2, "") and "--interval applies only with --watch" in err

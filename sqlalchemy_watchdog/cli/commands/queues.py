@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from typing import TextIO
 
 from ...jobs import PauseStatus
@@ -63,16 +67,45 @@ def cmd_stats(args: argparse.Namespace, out: TextIO) -> int:
         return 0
     interval = WATCH_INTERVAL_DEFAULT if args.interval is None else args.interval
     try:
-        while True:
-            text = frame()
-            if not args.json:
-                control(out, CLEAR_SCREEN)
-                text = f"{text}\n(every {interval:g}s; Ctrl-C to stop)\n"
-            out.write(text)
-            out.flush()
-            time.sleep(interval)
+        with ctrl_c_stops():
+            while True:
+                text = frame()
+                if not args.json:
+                    control(out, CLEAR_SCREEN)
+                    text = f"{text}\n(every {interval:g}s; Ctrl-C to stop)\n"
+                out.write(text)
+                out.flush()
+                time.sleep(interval)
     except KeyboardInterrupt:
         return 0
+
+
+@contextlib.contextmanager
+def ctrl_c_stops() -> Iterator[None]:
+    """Within: SIGINT raises :class:`KeyboardInterrupt`, however the process
+    was started, and is not blocked -- a command that runs until Ctrl-C owns
+    Ctrl-C, as ``run`` does. A process inherits an ignored SIGINT from a
+    parent that ignored it (anything started with ``&`` by a shell without
+    job control: a script, a CI step, a test run in the background) and a
+    blocked one from the thread that started it; Python then never installs
+    its own handler, and Ctrl-C or ``kill -INT`` would leave the watch
+    redrawing forever. Outside the main thread, nothing changes (only the
+    main thread can handle a signal in Python). The previous handler and
+    mask are put back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    unblock = getattr(signal, "pthread_sigmask", None)  # (not on Windows)
+    blocked = unblock(signal.SIG_UNBLOCK, {signal.SIGINT}) if unblock is not None else set()
+    try:
+        yield
+    finally:
+        if unblock is not None and signal.SIGINT in blocked:
+            unblock(signal.SIG_BLOCK, {signal.SIGINT})
+        # (A handler installed outside Python reads as None and cannot be
+        # put back: the default action stands in for it.)
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
 
 def cmd_pause(args: argparse.Namespace, out: TextIO) -> int:
