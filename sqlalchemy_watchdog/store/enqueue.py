@@ -337,9 +337,11 @@ def _dependencies(conn: Connection, unique: Sequence[Job]) -> Waits:
     needs some job to name one enqueued after it, so this order alone makes
     every dependency graph acyclic (docs/design.md, "Dependencies"). A
     stored parent already settled counts as told; one that ended other than
-    ``completed`` is refused for a job that needs it completed. The stored
-    parents are read ``FOR SHARE`` (PostgreSQL): a settlement racing this
-    enqueue waits for it to commit, and then counts the new edge.
+    ``completed`` is refused for a job that needs it completed -- unless
+    the job itself is stored already (a replay, judged by the enqueue
+    statement). The stored parents are read ``FOR NO KEY UPDATE``
+    (PostgreSQL): a settlement racing this enqueue waits for it to commit,
+    and then counts the new edge.
     """
     position = {job.job_id: index for index, job in enumerate(unique)}
     names = sorted({parent for job in unique for parent in job.after})
@@ -348,37 +350,60 @@ def _dependencies(conn: Connection, unique: Sequence[Job]) -> Waits:
         rows = conn.execute(sql.read_parents(), {"job_ids": names[start : start + 1000]})
         stored.update((row.job_id, (row.state, row.outcome)) for row in rows)
     waits: Waits = {}
+    refused: list[tuple[Job, InvalidJob]] = []
     for index, job in enumerate(unique):
         if not job.after:
             continue
-        pending = 0
-        edges: list[tuple[str, str | None]] = []
-        for parent in job.after:
-            found = stored.get(parent)
-            if found is not None and found[0] == "settled":
-                outcome = found[1]
-                if outcome != "completed" and job.after_policy == "completed":
-                    raise InvalidJob(
-                        "after",
-                        f"job {job.job_id!r} waits for {parent!r}, which already ended {outcome} "
-                        "(after_policy='any_outcome' runs it anyway)",
-                    )
-                edges.append((parent, outcome))
-                continue
-            if found is None:
-                where = position.get(parent)
-                if where is None:
-                    raise InvalidJob("after", f"job {job.job_id!r} waits for {parent!r}: no such job")
-                if where > index:
-                    raise InvalidJob(
-                        "after",
-                        f"job {job.job_id!r} waits for {parent!r}, which comes later in this call: "
-                        "a parent must be enqueued first",
-                    )
-            pending += 1
-            edges.append((parent, None))
-        waits[job.job_id] = (pending, edges)
+        try:
+            waits[job.job_id] = _counted(job, index, stored, position)
+        except InvalidJob as refusal:
+            refused.append((job, refusal))
+    if refused:
+        # A replay of a stored job is judged by the enqueue statement (a
+        # duplicate, or a conflict), not refused: its parents may have ended
+        # or been pruned since it was first enqueued, and an identical replay
+        # stays a no-op. Its edges exist already (a replay adds none).
+        children = [job.job_id for job, _ in refused]
+        replayed = {row.job_id for row in conn.execute(sql.read_parents(), {"job_ids": children})}
+        for job, why in refused:
+            if job.job_id not in replayed:
+                raise why
+            waits[job.job_id] = (0, [])
     return waits
+
+
+def _counted(
+    job: Job, index: int, stored: dict[str, tuple[str, str | None]], position: dict[str, int]
+) -> tuple[int, list[tuple[str, str | None]]]:
+    """How many of ``job``'s parents it waits for, and its edges; or the
+    clear refusal of a parent it cannot have."""
+    pending = 0
+    edges: list[tuple[str, str | None]] = []
+    for parent in job.after:
+        found = stored.get(parent)
+        if found is not None and found[0] == "settled":
+            outcome = found[1]
+            if outcome != "completed" and job.after_policy == "completed":
+                raise InvalidJob(
+                    "after",
+                    f"job {job.job_id!r} waits for {parent!r}, which already ended {outcome} "
+                    "(after_policy='any_outcome' runs it anyway)",
+                )
+            edges.append((parent, outcome))
+            continue
+        if found is None:
+            where = position.get(parent)
+            if where is None:
+                raise InvalidJob("after", f"job {job.job_id!r} waits for {parent!r}: no such job")
+            if where > index:
+                raise InvalidJob(
+                    "after",
+                    f"job {job.job_id!r} waits for {parent!r}, which comes later in this call: "
+                    "a parent must be enqueued first",
+                )
+        pending += 1
+        edges.append((parent, None))
+    return pending, edges
 
 
 def _waiting(job: Job, waits: Waits | None) -> tuple[int | None, str | None]:

@@ -608,8 +608,9 @@ class WatchdogMachine(RuleBasedStateMachine):
     def enqueue_after(self, data: st.DataObject, job_id: str, queue: str, lane: str | None, policy: str) -> None:
         """A job with parents: every parent must be stored (one that ended
         other than completed refused for the default policy -- checked before
-        anything, a replay included); it waits for those not settled; a
-        replay is a duplicate only with the same parents and policy."""
+        anything is written); it waits for those not settled; a replay (the
+        job stored already) is a duplicate only with the same parents and
+        policy, whatever its parents became since, else a conflict."""
         # Mostly jobs that exist (live ones first, so that something waits), now and then one that does not.
         known = sorted(self.model.rows, key=lambda j: (self.model.rows[j].state == "settled", j))
         choices = st.sampled_from([*known[:6], "nobody"]) if known else st.just("nobody")
@@ -631,12 +632,14 @@ class WatchdogMachine(RuleBasedStateMachine):
                 refusal = f"already ended {row.outcome}"
                 break
             counted.append((parent, row.outcome if row.state == "settled" else None))
-        if refusal is not None:
+        stored = self.model.rows.get(job_id)
+        if refusal is not None and stored is None:
             with pytest.raises(InvalidJob, match=refusal) as refused:
                 self.tx(store.enqueue, [job])
             assert refused.value.field == "after"
             return
-        stored = self.model.rows.get(job_id)
+        # A stored job is a replay, judged by the statement whatever its
+        # parents became since: a duplicate when identical, else a conflict.
         if stored is not None:
             if self.model.same(stored, job):
                 (result,) = self.tx(store.enqueue, [job])

@@ -208,6 +208,24 @@ def test_a_replayed_child_is_a_duplicate_and_adds_no_edges(engine: Engine) -> No
     assert present(wd.read("c")).parents == (("p", None), ("q2", None))
 
 
+def test_replaying_a_workflow_after_a_step_failed_is_a_duplicate_not_a_refusal(engine: Engine) -> None:
+    """An identical replay is a no-op whatever happened since: the parent
+    that failed (which a new dependent could not name) does not turn the
+    replay of its stored dependents into an error; a job not stored yet
+    that names it is still refused, and nothing is written then."""
+    wd = Watchdog(engine)
+    workflow = [Job("fetch", "q"), Job("publish", "q", after=["fetch"]), Job("notify", "q", after=["publish"])]
+    wd.enqueue(workflow)
+    Runner(engine, {"q": lambda job: Decision.failed("upstream down")}).run_until_idle()
+    assert states(wd, "fetch", "publish", "notify")["fetch"] == ("settled", "failed")
+    again = wd.enqueue(workflow)
+    assert [result.status.value for result in again] == ["duplicate"] * 3
+    before = count(engine)
+    with pytest.raises(InvalidJob, match="already ended failed"):
+        wd.enqueue([*workflow, Job("audit", "q", after=["fetch"])])
+    assert count(engine) == before
+
+
 @pytest.mark.parametrize(
     ("replay", "field"),
     [
