@@ -460,11 +460,7 @@ class ProcessPool:
                     return
                 waiter = self._waiters.popleft()
                 waiter.state = _Wait.TAKING
-            if waiter.signal.is_set():
-                waiter.settle(_Wait.STOPPED)
-                continue
-            if waiter.on_start is not None and not waiter.on_start(False):
-                waiter.settle(_Wait.LATE)
+            if not self._still_wanted(waiter):
                 continue
             if waiter.on_start is not None:
                 waiter.on_start(True)
@@ -480,6 +476,18 @@ class ProcessPool:
             self._pipe()
             return
         self._leave(child)
+
+    @staticmethod
+    def _still_wanted(waiter: _Waiter) -> bool:
+        """Whether a job taken from the line may go to a child: not stopped
+        meanwhile, and its claim still live (else it is settled here)."""
+        if waiter.signal.is_set():
+            waiter.settle(_Wait.STOPPED)
+            return False
+        if waiter.on_start is not None and not waiter.on_start(False):
+            waiter.settle(_Wait.LATE)
+            return False
+        return True
 
     def _may_pipe(self, child: _Child) -> bool:
         """Whether ``child`` may be sent a job behind its running one (the
@@ -510,11 +518,7 @@ class ProcessPool:
                     return
                 waiter = self._waiters.popleft()
                 waiter.state = _Wait.TAKING
-            if waiter.signal.is_set():
-                waiter.settle(_Wait.STOPPED)
-                continue
-            if waiter.on_start is not None and not waiter.on_start(False):
-                waiter.settle(_Wait.LATE)
+            if not self._still_wanted(waiter):
                 continue
             with self._lock:
                 if self._closed or self._giving_back:
