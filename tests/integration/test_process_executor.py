@@ -487,9 +487,12 @@ def test_shutdown_kills_a_child_outliving_its_grace_and_hands_the_job_to_recover
 def test_processes_run_that_many_handlers_at_once_each_in_its_own_child(
     engine: Engine, runners: RunnerDriver, marks: Path
 ) -> None:
-    add(engine, *(job(j, marks) for j in ("a", "b", "c")))
+    # Each blocks until shutdown stops it: on a loaded machine the second
+    # child may take longer to start than the handler's default 30 s wait, and
+    # a job that ended by itself would free its child for "c".
+    add(engine, *(job(j, marks, wait=600) for j in ("a", "b", "c")))
     with make(runners, {"q": h.blocking}, concurrency=2, grace=timedelta(0)).serving():
-        first = {j: h.wait_for_mark(marks, j, "started")[0] for j in ("a", "b")}
+        first = {j: h.wait_for_mark(marks, j, "started", timeout=120)[0] for j in ("a", "b")}
         time.sleep(0.5)
         assert h.marks(marks, "c", "started") == []  # no third child
         assert len(set(first.values())) == 2 and os.getpid() not in first.values()
