@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--role"]:  # a child process: benchmarks --role module:function json
         module, _, name = argv[1].partition(":")
         h.exit_with_parent()
-        getattr(importlib.import_module(module), name)(**json.loads(argv[2]))
+        getattr(importlib.import_module(module), name)(**h.decode(argv[2]))
         return 0
     p = parser()
     args = p.parse_args(argv)

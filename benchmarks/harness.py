@@ -39,7 +39,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql as pgsql
-from sqlalchemy import BigInteger, Integer, Text, create_engine, event, text
+from sqlalchemy import BigInteger, Integer, Text, create_engine, event, make_url, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -82,28 +82,29 @@ class Target:
 
     @property
     def url(self) -> str:
-        if self.dialect == "sqlite":
-            return f"sqlite:///{self.dsn}"
-        return "postgresql+psycopg://" + self.dsn.split("://", 1)[1]
+        return (
+            f"sqlite:///{self.dsn}"
+            if self.dialect == "sqlite"
+            else "postgresql+psycopg://" + self.dsn.split("://", 1)[1]
+        )
 
 
 _created: list[Target] = []
 
 
-def _dsn_with_db(dbname: str) -> str:
-    base, _, rest = ADMIN_DSN.partition("://")
-    hostpart, _, path = rest.partition("/")
-    query = "?" + path.split("?", 1)[1] if "?" in path else ""
-    return f"{base}://{hostpart}/{dbname}{query}"
+def _admin(statement: str, name: str) -> None:
+    """``statement`` (``{}``: the database ``name``) on the server, in autocommit."""
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+        conn.execute(pgsql.SQL(statement).format(pgsql.Identifier(name)))
 
 
 def create_database(suffix: str) -> Target:
     """A new, empty PostgreSQL database ``watchdog_bench_<pid>_<suffix>``."""
     name = f"{DB_PREFIX}{os.getpid()}_{suffix}"
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-        conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
-        conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
-    _created.append(target := Target("postgresql", _dsn_with_db(name), name))
+    _admin("DROP DATABASE IF EXISTS {} WITH (FORCE)", name)
+    _admin("CREATE DATABASE {}", name)
+    dsn = make_url(ADMIN_DSN).set(database=name).render_as_string(hide_password=False)
+    _created.append(target := Target("postgresql", dsn, name))
     return target
 
 
@@ -115,8 +116,7 @@ def drop(*targets: Target) -> None:
             continue
         assert target.name.startswith(DB_PREFIX), target.name
         try:
-            with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-                conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(target.name)))
+            _admin("DROP DATABASE IF EXISTS {} WITH (FORCE)", target.name)
         except Exception as error:  # pragma: no cover - best effort
             print(f"warning: could not drop {target.name}: {error}", file=sys.stderr)
         if target in _created:
@@ -135,31 +135,23 @@ def run_sql(target: Target, statement: str, params: dict[str, Any] | None = None
             if analyse:
                 conn.execute("VACUUM (ANALYZE) watchdog_jobs")
             return row[0] if row else None
-    lite = sqlite3.connect(target.dsn, isolation_level=None, timeout=60)
-    try:
+    with contextlib.closing(sqlite3.connect(target.dsn, isolation_level=None, timeout=60)) as lite:
         lite.execute("BEGIN")
         row = lite.execute(statement, params).fetchone()
         lite.execute("COMMIT")
         if analyse:
             lite.execute("ANALYZE")
         return row[0] if row else None
-    finally:
-        lite.close()
-
-
-def numbers(target: Target, rows: str = ":rows") -> str:
-    """A FROM clause yielding ``n`` = 1..rows (generate_series; a recursive CTE on SQLite)."""
-    if target.dialect == "postgresql":
-        return f"generate_series(1, {rows}) AS g(n)"
-    return f"(WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < {rows}) SELECT n FROM g)"
 
 
 def insert_jobs(target: Target, rows: int, columns: dict[str, str], *, analyse: bool = True, **params: Any) -> float:
-    """``rows`` jobs in one ``INSERT ... SELECT`` over ``n`` = 1..rows, each column an SQL
-    expression of ``n`` (``:queue`` is the benchmark's queue); returns seconds taken."""
-    sql = (
-        f"INSERT INTO watchdog_jobs ({', '.join(columns)}) SELECT {', '.join(columns.values())} FROM {numbers(target)}"
-    )
+    """``rows`` jobs in one ``INSERT ... SELECT`` over ``n`` = 1..rows (generate_series; a
+    recursive CTE on SQLite), each column an SQL expression of ``n`` (``:queue`` is the
+    benchmark's queue); returns seconds taken."""
+    numbers = "generate_series(1, :rows) AS g(n)"
+    if target.dialect == "sqlite":
+        numbers = "(WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < :rows) SELECT n FROM g)"
+    sql = f"INSERT INTO watchdog_jobs ({', '.join(columns)}) SELECT {', '.join(columns.values())} FROM {numbers}"
     started = time.perf_counter()
     run_sql(target, sql, {"rows": rows, "queue": QUEUE, **params}, analyse=analyse)
     return time.perf_counter() - started
@@ -189,8 +181,7 @@ def truncate(target: Target) -> None:
         return
     assert target.name.startswith(DB_PREFIX), target.name
     with psycopg.connect(target.dsn, autocommit=True) as conn:
-        names = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
-        if names:
+        if names := [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]:
             tables = pgsql.SQL(", ").join(pgsql.Identifier(n) for n in names)
             conn.execute(pgsql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(tables))
 
@@ -224,18 +215,24 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
+def encode(kwargs: dict[str, Any]) -> str:
+    """A role's keywords as JSON; a :class:`Target` among them comes back as one (:func:`decode`)."""
+    return json.dumps(kwargs, default=lambda o: {"__target__": asdict(o)})
+
+
+def decode(text: str) -> dict[str, Any]:
+    return json.loads(text, object_hook=lambda d: Target(**d["__target__"]) if "__target__" in d else d)  # type: ignore[no-any-return]
+
+
 class Child:
     """A child process in its own process group running ``func(**kwargs)``. Its stdout is
     read on a thread: ``READY`` says it is set up, ``START <key> <epoch s>`` reports a
     handler start, ``RESULT <json>`` its result; everything else and stderr go to ``log``."""
 
     def __init__(self, log: Path, func: Callable[..., Any], **kwargs: Any) -> None:
-        self.log_path = log
-        self._log = open(log, "w", buffering=1)
-        self.ready = threading.Event()
-        self.starts: queue.Queue[tuple[str, float]] = queue.Queue()
-        self.results: list[Any] = []
-        argv = [sys.executable, "-m", "benchmarks", "--role", f"{func.__module__}:{func.__name__}", json.dumps(kwargs)]
+        self.log_path, self._log = log, open(log, "w", buffering=1)
+        self.ready, self.starts, self.results = threading.Event(), queue.Queue[tuple[str, float]](), list[Any]()
+        argv = [sys.executable, "-m", "benchmarks", "--role", f"{func.__module__}:{func.__name__}", encode(kwargs)]
         self.proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL,
             text=True, bufsize=1, env=child_env(), start_new_session=True, cwd=str(ROOT),
@@ -245,8 +242,7 @@ class Child:
         self._reader.start()
 
     def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
+        for line in self.proc.stdout or ():
             if line.startswith("START "):
                 _, key, at = line.split()
                 self.starts.put((key, float(at)))
@@ -315,13 +311,11 @@ def stop_all(children: Sequence[Child]) -> None:
         child.stop()
 
 
+@atexit.register
 def _cleanup() -> None:
     for child in list(_children):
         child.stop(5)
     drop(*_created)
-
-
-atexit.register(_cleanup)
 
 
 def exit_with_parent() -> None:
@@ -354,9 +348,8 @@ def poll_until(
             return time.perf_counter()
         if now > deadline_at:
             raise ScenarioTimeout(f"{what}: not done after {timeout:.0f}s")
-        for child in children:
-            if not child.alive():
-                raise ScenarioFailed(f"{what}: a child died ({child.proc.returncode}); {child.tail()}")
+        if dead := [child for child in children if not child.alive()]:
+            raise ScenarioFailed(f"{what}: a child died ({dead[0].proc.returncode}); {dead[0].tail()}")
         time.sleep(interval)
 
 
@@ -387,12 +380,7 @@ def serve_in_thread(runner: Any) -> Callable[[], None]:
         thread = threading.Thread(target=runner.run_forever, kwargs={"install_signal_handlers": False}, daemon=True)
         stop = runner.stop
     thread.start()
-
-    def stopped() -> None:
-        stop()
-        thread.join(60)
-
-    return stopped
+    return lambda: (stop(), thread.join(60))[-1]
 
 
 def drain_idle(subject: Any, target: Target, n: int, tag: str, warm: int, children: Sequence[Child] = ()) -> float:
@@ -401,9 +389,8 @@ def drain_idle(subject: Any, target: Target, n: int, tag: str, warm: int, childr
     the clock starts; one transaction enqueues ``n`` jobs; the clock runs from its commit until
     the database shows none unfinished (polled every 5 ms, SQLite 20 ms); fails unless exactly
     ``n`` completed."""
-    probe = Probe(subject, target)
-    idle = lambda: not probe.live()
-    try:
+    with contextlib.closing(Probe(subject, target)) as probe:
+        idle = lambda: not probe.live()
         time.sleep(0.3)
         subject.prefill(target, warm, f"{tag}-warm")
         poll_until(idle, timeout=60, interval=0.01, what="warm-up", children=children)
@@ -413,8 +400,6 @@ def drain_idle(subject: Any, target: Target, n: int, tag: str, warm: int, childr
         if (done := probe.completed() - before) != n:
             raise ScenarioFailed(f"drain: {done} of {n} jobs completed")
         return n / (finished - started)
-    finally:
-        probe.close()
 
 
 def drain_here(target: Target, runner: Any, jobs: int, prefill: bool = True) -> float:
@@ -429,14 +414,12 @@ def drain_here(target: Target, runner: Any, jobs: int, prefill: bool = True) -> 
             stop()
     Watchdog().prefill(target, jobs, "drain")
     started, stop, probe = time.perf_counter(), serve_in_thread(runner), Probe(Watchdog(), target)
-    try:
+    with contextlib.closing(probe):
         finished = poll_until(lambda: not probe.live(), timeout=60 + jobs / 20, interval=0.005, what="drain")
         stop()
         if (done := probe.completed()) != jobs:
             raise ScenarioFailed(f"drain: {done} jobs completed")
         return jobs / (finished - started)
-    finally:
-        probe.close()
 
 
 def cpu_seconds(pid: int) -> float:
@@ -843,9 +826,9 @@ class PgQueuer(_AsyncPeer):
 SUBJECTS: dict[str, Callable[[], Any]] = {"watchdog": Watchdog, "procrastinate": Procrastinate, "pgqueuer": PgQueuer}
 
 
-def worker_role(subject: str, target: dict[str, str], **options: Any) -> None:
+def worker_role(subject: str, target: Target, **options: Any) -> None:
     """The body of a worker child process."""
-    SUBJECTS[subject]().worker_main(Target(**target), **options)
+    SUBJECTS[subject]().worker_main(target, **options)
 
 
 class Probe:
@@ -853,8 +836,11 @@ class Probe:
 
     def __init__(self, subject: Any, target: Target) -> None:
         self.subject, lite = subject, target.dialect == "sqlite"
-        pg = lambda: psycopg.connect(target.dsn, autocommit=True)
-        self.conn: Any = sqlite3.connect(target.dsn, isolation_level=None, timeout=30) if lite else pg()
+        self.conn: Any = (
+            sqlite3.connect(target.dsn, isolation_level=None, timeout=30)
+            if lite
+            else psycopg.connect(target.dsn, autocommit=True)
+        )
 
     def live(self) -> bool:
         return bool(self.conn.execute(self.subject.live_sql).fetchone()[0])
@@ -1040,7 +1026,7 @@ class Bench:
 
     def workers(self, subject: str, target: Target, tag: str, procs: int = 1, **options: Any) -> list[Child]:
         """``procs`` worker processes of ``subject`` (see ``worker_main``), each ready."""
-        return self.spawn(f"{tag}-{subject}", procs, worker_role, subject=subject, target=asdict(target), **options)
+        return self.spawn(f"{tag}-{subject}", procs, worker_role, subject=subject, target=target, **options)
 
     def spawn(self, tag: str, n: int, func: Callable[..., Any], **kwargs: Any) -> list[Child]:
         """``n`` children running ``func(**kwargs)`` (logs ``<tag>-<i>.log``), each ready."""
