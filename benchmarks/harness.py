@@ -82,11 +82,9 @@ class Target:
 
     @property
     def url(self) -> str:
-        return (
-            f"sqlite:///{self.dsn}"
-            if self.dialect == "sqlite"
-            else "postgresql+psycopg://" + self.dsn.split("://", 1)[1]
-        )
+        if self.dialect == "sqlite":
+            return f"sqlite:///{self.dsn}"
+        return "postgresql+psycopg://" + self.dsn.split("://", 1)[1]
 
 
 _created: list[Target] = []
@@ -231,7 +229,8 @@ class Child:
 
     def __init__(self, log: Path, func: Callable[..., Any], **kwargs: Any) -> None:
         self.log_path, self._log = log, open(log, "w", buffering=1)
-        self.ready, self.starts, self.results = threading.Event(), queue.Queue[tuple[str, float]](), list[Any]()
+        self.ready, self.results = threading.Event(), list[Any]()
+        self.starts: queue.Queue[tuple[str, float]] = queue.Queue()
         argv = [sys.executable, "-m", "benchmarks", "--role", f"{func.__module__}:{func.__name__}", encode(kwargs)]
         self.proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL,
@@ -380,7 +379,12 @@ def serve_in_thread(runner: Any) -> Callable[[], None]:
         thread = threading.Thread(target=runner.run_forever, kwargs={"install_signal_handlers": False}, daemon=True)
         stop = runner.stop
     thread.start()
-    return lambda: (stop(), thread.join(60))[-1]
+
+    def stopped() -> None:
+        stop()
+        thread.join(60)
+
+    return stopped
 
 
 def drain_idle(subject: Any, target: Target, n: int, tag: str, warm: int, children: Sequence[Child] = ()) -> float:
@@ -836,11 +840,8 @@ class Probe:
 
     def __init__(self, subject: Any, target: Target) -> None:
         self.subject, lite = subject, target.dialect == "sqlite"
-        self.conn: Any = (
-            sqlite3.connect(target.dsn, isolation_level=None, timeout=30)
-            if lite
-            else psycopg.connect(target.dsn, autocommit=True)
-        )
+        pg = lambda: psycopg.connect(target.dsn, autocommit=True)
+        self.conn: Any = sqlite3.connect(target.dsn, isolation_level=None, timeout=30) if lite else pg()
 
     def live(self) -> bool:
         return bool(self.conn.execute(self.subject.live_sql).fetchone()[0])

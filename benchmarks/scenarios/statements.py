@@ -157,9 +157,8 @@ def index_review(bench: h.Bench) -> None:
         for i, variant in enumerate(VARIANTS):
             _build(target := bench.scratch("postgresql", f"indexes{i}"), variant)
             clients[variant] = _Enqueuer(target)
-        names = list(VARIANTS)
         for b in range(batches):
-            for variant in names[b % len(names) :] + names[: b % len(names)]:
+            for variant in h.rotate(list(VARIANTS), b):
                 bench.record(table, "enqueue() (jobs/s)", variant, clients[variant].batch(f"e{b}"))
                 bench.record(table, "the statement alone (jobs/s)", variant, clients[variant].statement_alone(f"s{b}"))
     finally:
