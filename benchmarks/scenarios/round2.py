@@ -95,12 +95,12 @@ def _txn_cost(target: h.Target, samples: int, warmup: int = 20) -> dict[str, flo
     return out
 
 
-def producer_role(subject: str, target: h.Target, jobs: int, tag: str, go: str) -> None:
+def producer_role(subject: str, target: h.Target, jobs: int, prefix: str, go: str) -> None:
     """Wait for the go file, then enqueue ``jobs`` jobs one per transaction; RESULT [start, end]."""
     h.say("READY")
     while not Path(go).exists():
         time.sleep(0.001)
-    elapsed = h.SUBJECTS[subject]().enqueue_single(target, jobs, f"{tag}-{os.getpid()}")
+    elapsed = h.SUBJECTS[subject]().enqueue_single(target, jobs, f"{prefix}-{os.getpid()}")
     h.say("RESULT", [time.time() - elapsed, time.time()])
 
 
@@ -109,7 +109,7 @@ def _produce(bench: h.Bench, name: str, jobs: int, tag: str, runner: bool = Fals
     target, go = bench.target(name, "postgresql"), bench.workdir / f"{tag}.go"
     bench.subjects[name].reset(target)
     workers = bench.workers(name, target, tag, defaults=True) if runner else []
-    procs = bench.spawn(tag, 16, producer_role, subject=name, target=target, jobs=jobs, tag=tag, go=str(go))
+    procs = bench.spawn(tag, 16, producer_role, subject=name, target=target, jobs=jobs, prefix=tag, go=str(go))
     try:
         go.touch()
         windows = [proc.result(600) for proc in procs]
