@@ -975,11 +975,12 @@ class Bench:
 
     def check_median(
         self, target: str, table: str, row: str, column: str, ok: Callable[[float], bool], unit: str = "x",
-        versus: str | None = None,
+        versus: str | None = None, versus_row: str | None = None,
     ) -> None:  # fmt: skip
-        """A target line on the median of one cell (``versus``: its ratio to that column's), if measured."""
-        medians = self.medians(table, row)
-        value, base = medians.get(column), medians.get(versus) if versus else 1.0
+        """A target line on the median of one cell (``versus``: its ratio to that column's, in
+        ``versus_row`` if given, else in the same row), if both were measured."""
+        value = self.medians(table, row).get(column)
+        base = self.medians(table, versus_row or row).get(versus) if versus else 1.0
         if value is not None and base:
             self.check(target, f"{value / base:.2f}{unit}", ok(value / base))
 

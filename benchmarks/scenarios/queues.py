@@ -48,19 +48,16 @@ def enqueue(bench: h.Bench, r: int) -> None:
     for row, factor in (("1,000 jobs per statement", 1.0), ("1 job per transaction", 1.5)):
         goal, ok = f"{row}: watchdog >= {factor:g}x pgqueuer", lambda m, factor=factor: m >= factor
         bench.check_median(goal, pg, row, "watchdog", ok, versus="pgqueuer")
-    peer_single, mine = (
-        bench.medians(pg, "1 job per transaction").get("pgqueuer"),
-        bench.medians(pg, SESSION_ROW).get("watchdog"),
+    goal = "enqueue in the caller's Session + commit >= 1.0x pgqueuer's one-call enqueue"
+    bench.check_median(
+        goal, pg, SESSION_ROW, "watchdog", lambda m: m >= 1, versus="pgqueuer", versus_row="1 job per transaction"
     )
-    if peer_single and mine:
-        goal = "enqueue in the caller's Session + commit >= 1.0x pgqueuer's one-call enqueue"
-        bench.check(goal, f"{mine / peer_single:.2f}x", mine >= peer_single)
-    for dialect in bench.dialects():
-        table = f"enqueue (jobs/s), {h.LABEL[dialect]}"
-        plain, mine = bench.medians(table, PLAIN_ROW).get("watchdog"), bench.medians(table, SESSION_ROW).get("watchdog")
-        if plain and mine:
-            goal = f"{h.LABEL[dialect]}: enqueue in a Session + commit within 1.3x of session.add(row) + commit"
-            bench.check(goal, f"{plain / mine:.2f}x the time", plain / mine <= 1.3)
+    for label in (h.LABEL[dialect] for dialect in bench.dialects()):
+        goal = f"{label}: enqueue in a Session + commit within 1.3x of session.add(row) + commit"
+        ok = lambda m: m <= 1.3
+        bench.check_median(
+            goal, f"enqueue (jobs/s), {label}", PLAIN_ROW, "watchdog", ok, "x the time", "watchdog", SESSION_ROW
+        )
 
 
 DRAIN_OPTIONS = {
