@@ -36,6 +36,20 @@ def test_scenario_modules_import_the_harness_and_no_other_scenario() -> None:
         assert not {name for name in imported if name.startswith("benchmarks.scenarios")}, path.name
 
 
+def test_the_harness_imports_nothing_of_the_benchmark_so_no_import_circle() -> None:
+    """The scenario modules import the harness and the CLI imports both; the harness
+    imports neither (it used to load the scenarios, which import it back)."""
+    imported = set()
+    for node in ast.walk(ast.parse((ROOT / "benchmarks" / "harness.py").read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+        elif isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("benchmarks."):
+            imported.add(node.value)  # a dynamic import by name
+    assert not {name for name in imported if name == "benchmarks" or name.startswith("benchmarks.")}
+
+
 def test_every_scenario_is_listed_with_its_help() -> None:
     listed = bench("--list")
     assert listed.returncode == 0, listed.stderr
