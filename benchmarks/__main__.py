@@ -1,5 +1,5 @@
 import sys
 
-from benchmarks.harness import main
+from benchmarks.cli import main
 
 sys.exit(main())

@@ -1,13 +1,7 @@
-"""The benchmark harness: the CLI, the subjects, databases, child processes, timing and tables.
-
-    .venv/bin/python -m benchmarks <scenario>[,<scenario>...] [options]   # or: benchmarks/run.py ...
-    .venv/bin/python -m benchmarks --list
-
-``all`` runs the suite; ``--quick`` makes every size small. Scenario modules
-(``benchmarks/scenarios/*.py``) only declare scenarios with :func:`scenario`; none imports
-another. Figures go into named tables, printed as median (min-max) over the repeats.
-PostgreSQL: ``WATCHDOG_BENCH_POSTGRES`` (default ``postgresql://postgres@127.0.0.1:5432/postgres``);
-the run's databases (``watchdog_bench_<pid>_*``) are dropped at the end. See README.md.
+"""The benchmark harness: the subjects, databases, child processes, timing and tables.
+Scenario modules (``benchmarks/scenarios/*.py``) import only this module and declare
+scenarios with :func:`scenario`; ``cli.py`` loads them and runs them through one
+:class:`Bench`, whose figures go into named tables (median (min-max) over the repeats).
 """
 
 from __future__ import annotations
@@ -19,14 +13,11 @@ import collections
 import contextlib
 import gc
 import importlib
-import importlib.metadata
 import inspect
 import json
 import logging
 import math
 import os
-import pkgutil
-import platform
 import queue
 import random
 import re
@@ -35,7 +26,6 @@ import sqlite3
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -49,7 +39,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql as pgsql
-from sqlalchemy import BigInteger, Integer, Text, create_engine, event, text
+from sqlalchemy import BigInteger, Integer, Text, create_engine, event, make_url, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -62,6 +52,7 @@ ADMIN_DSN = os.environ.get("WATCHDOG_BENCH_POSTGRES", "postgresql://postgres@127
 DB_PREFIX = "watchdog_bench_"
 QUEUE = "bench"
 DIALECTS = ("postgresql", "sqlite")
+LABEL = {"postgresql": "PostgreSQL", "sqlite": "SQLite"}  # a dialect in a table's title
 #: The database clock in epoch milliseconds, as the library reads it.
 CLOCK_SQL = {
     "postgresql": "CAST(floor(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) AS BIGINT)",
@@ -99,20 +90,19 @@ class Target:
 _created: list[Target] = []
 
 
-def _dsn_with_db(dbname: str) -> str:
-    base, _, rest = ADMIN_DSN.partition("://")
-    hostpart, _, path = rest.partition("/")
-    query = "?" + path.split("?", 1)[1] if "?" in path else ""
-    return f"{base}://{hostpart}/{dbname}{query}"
+def _admin(statement: str, name: str) -> None:
+    """``statement`` (``{}``: the database ``name``) on the server, in autocommit."""
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+        conn.execute(pgsql.SQL(statement).format(pgsql.Identifier(name)))
 
 
 def create_database(suffix: str) -> Target:
     """A new, empty PostgreSQL database ``watchdog_bench_<pid>_<suffix>``."""
     name = f"{DB_PREFIX}{os.getpid()}_{suffix}"
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-        conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
-        conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
-    _created.append(target := Target("postgresql", _dsn_with_db(name), name))
+    _admin("DROP DATABASE IF EXISTS {} WITH (FORCE)", name)
+    _admin("CREATE DATABASE {}", name)
+    dsn = make_url(ADMIN_DSN).set(database=name).render_as_string(hide_password=False)
+    _created.append(target := Target("postgresql", dsn, name))
     return target
 
 
@@ -124,8 +114,7 @@ def drop(*targets: Target) -> None:
             continue
         assert target.name.startswith(DB_PREFIX), target.name
         try:
-            with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-                conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(target.name)))
+            _admin("DROP DATABASE IF EXISTS {} WITH (FORCE)", target.name)
         except Exception as error:  # pragma: no cover - best effort
             print(f"warning: could not drop {target.name}: {error}", file=sys.stderr)
         if target in _created:
@@ -144,31 +133,23 @@ def run_sql(target: Target, statement: str, params: dict[str, Any] | None = None
             if analyse:
                 conn.execute("VACUUM (ANALYZE) watchdog_jobs")
             return row[0] if row else None
-    lite = sqlite3.connect(target.dsn, isolation_level=None, timeout=60)
-    try:
+    with contextlib.closing(sqlite3.connect(target.dsn, isolation_level=None, timeout=60)) as lite:
         lite.execute("BEGIN")
         row = lite.execute(statement, params).fetchone()
         lite.execute("COMMIT")
         if analyse:
             lite.execute("ANALYZE")
         return row[0] if row else None
-    finally:
-        lite.close()
-
-
-def numbers(target: Target, rows: str = ":rows") -> str:
-    """A FROM clause yielding ``n`` = 1..rows (generate_series; a recursive CTE on SQLite)."""
-    if target.dialect == "postgresql":
-        return f"generate_series(1, {rows}) AS g(n)"
-    return f"(WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < {rows}) SELECT n FROM g)"
 
 
 def insert_jobs(target: Target, rows: int, columns: dict[str, str], *, analyse: bool = True, **params: Any) -> float:
-    """``rows`` jobs in one ``INSERT ... SELECT`` over ``n`` = 1..rows, each column an SQL
-    expression of ``n`` (``:queue`` is the benchmark's queue); returns seconds taken."""
-    sql = (
-        f"INSERT INTO watchdog_jobs ({', '.join(columns)}) SELECT {', '.join(columns.values())} FROM {numbers(target)}"
-    )
+    """``rows`` jobs in one ``INSERT ... SELECT`` over ``n`` = 1..rows (generate_series; a
+    recursive CTE on SQLite), each column an SQL expression of ``n`` (``:queue`` is the
+    benchmark's queue); returns seconds taken."""
+    numbers = "generate_series(1, :rows) AS g(n)"
+    if target.dialect == "sqlite":
+        numbers = "(WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < :rows) SELECT n FROM g)"
+    sql = f"INSERT INTO watchdog_jobs ({', '.join(columns)}) SELECT {', '.join(columns.values())} FROM {numbers}"
     started = time.perf_counter()
     run_sql(target, sql, {"rows": rows, "queue": QUEUE, **params}, analyse=analyse)
     return time.perf_counter() - started
@@ -198,8 +179,7 @@ def truncate(target: Target) -> None:
         return
     assert target.name.startswith(DB_PREFIX), target.name
     with psycopg.connect(target.dsn, autocommit=True) as conn:
-        names = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
-        if names:
+        if names := [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]:
             tables = pgsql.SQL(", ").join(pgsql.Identifier(n) for n in names)
             conn.execute(pgsql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(tables))
 
@@ -233,18 +213,25 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
+def encode(kwargs: dict[str, Any]) -> str:
+    """A role's keywords as JSON; a :class:`Target` among them comes back as one (:func:`decode`)."""
+    return json.dumps(kwargs, default=lambda o: {"__target__": asdict(o)})
+
+
+def decode(text: str) -> dict[str, Any]:
+    return json.loads(text, object_hook=lambda d: Target(**d["__target__"]) if "__target__" in d else d)  # type: ignore[no-any-return]
+
+
 class Child:
     """A child process in its own process group running ``func(**kwargs)``. Its stdout is
     read on a thread: ``READY`` says it is set up, ``START <key> <epoch s>`` reports a
     handler start, ``RESULT <json>`` its result; everything else and stderr go to ``log``."""
 
     def __init__(self, log: Path, func: Callable[..., Any], **kwargs: Any) -> None:
-        self.log_path = log
-        self._log = open(log, "w", buffering=1)
-        self.ready = threading.Event()
+        self.log_path, self._log = log, open(log, "w", buffering=1)
+        self.ready, self.results = threading.Event(), list[Any]()
         self.starts: queue.Queue[tuple[str, float]] = queue.Queue()
-        self.results: list[Any] = []
-        argv = [sys.executable, "-m", "benchmarks", "--role", f"{func.__module__}:{func.__name__}", json.dumps(kwargs)]
+        argv = [sys.executable, "-m", "benchmarks", "--role", f"{func.__module__}:{func.__name__}", encode(kwargs)]
         self.proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL,
             text=True, bufsize=1, env=child_env(), start_new_session=True, cwd=str(ROOT),
@@ -254,8 +241,7 @@ class Child:
         self._reader.start()
 
     def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
+        for line in self.proc.stdout or ():
             if line.startswith("START "):
                 _, key, at = line.split()
                 self.starts.put((key, float(at)))
@@ -324,13 +310,11 @@ def stop_all(children: Sequence[Child]) -> None:
         child.stop()
 
 
+@atexit.register
 def _cleanup() -> None:
     for child in list(_children):
         child.stop(5)
     drop(*_created)
-
-
-atexit.register(_cleanup)
 
 
 def exit_with_parent() -> None:
@@ -363,9 +347,8 @@ def poll_until(
             return time.perf_counter()
         if now > deadline_at:
             raise ScenarioTimeout(f"{what}: not done after {timeout:.0f}s")
-        for child in children:
-            if not child.alive():
-                raise ScenarioFailed(f"{what}: a child died ({child.proc.returncode}); {child.tail()}")
+        if dead := [child for child in children if not child.alive()]:
+            raise ScenarioFailed(f"{what}: a child died ({dead[0].proc.returncode}); {dead[0].tail()}")
         time.sleep(interval)
 
 
@@ -410,9 +393,8 @@ def drain_idle(subject: Any, target: Target, n: int, tag: str, warm: int, childr
     the clock starts; one transaction enqueues ``n`` jobs; the clock runs from its commit until
     the database shows none unfinished (polled every 5 ms, SQLite 20 ms); fails unless exactly
     ``n`` completed."""
-    probe = Probe(subject, target)
-    idle = lambda: not probe.live()
-    try:
+    with contextlib.closing(Probe(subject, target)) as probe:
+        idle = lambda: not probe.live()
         time.sleep(0.3)
         subject.prefill(target, warm, f"{tag}-warm")
         poll_until(idle, timeout=60, interval=0.01, what="warm-up", children=children)
@@ -422,8 +404,6 @@ def drain_idle(subject: Any, target: Target, n: int, tag: str, warm: int, childr
         if (done := probe.completed() - before) != n:
             raise ScenarioFailed(f"drain: {done} of {n} jobs completed")
         return n / (finished - started)
-    finally:
-        probe.close()
 
 
 def drain_here(target: Target, runner: Any, jobs: int, prefill: bool = True) -> float:
@@ -438,14 +418,12 @@ def drain_here(target: Target, runner: Any, jobs: int, prefill: bool = True) -> 
             stop()
     Watchdog().prefill(target, jobs, "drain")
     started, stop, probe = time.perf_counter(), serve_in_thread(runner), Probe(Watchdog(), target)
-    try:
+    with contextlib.closing(probe):
         finished = poll_until(lambda: not probe.live(), timeout=60 + jobs / 20, interval=0.005, what="drain")
         stop()
         if (done := probe.completed()) != jobs:
             raise ScenarioFailed(f"drain: {done} jobs completed")
         return jobs / (finished - started)
-    finally:
-        probe.close()
 
 
 def cpu_seconds(pid: int) -> float:
@@ -472,6 +450,17 @@ def percentile(values: Sequence[float], p: float) -> float:
 def median(values: Sequence[float | None]) -> float | None:
     present = [v for v in values if v is not None and not math.isnan(v)]
     return statistics.median(present) if present else None
+
+
+def percentiles(values: Sequence[float], ps: Sequence[int] = (50, 95, 99), name: str = "p{} (ms)") -> dict[str, float]:
+    """The nearest-rank percentiles of ``values`` keyed ``p50 (ms)`` and so on."""
+    return {name.format(p): percentile(values, p) for p in ps}
+
+
+def rotate(items: Sequence[Any], r: int) -> list[Any]:
+    """``items`` rotated by ``r`` (per repeat or round, so that none always goes first)."""
+    shift = r % len(items) if items else 0
+    return [*items[shift:], *items[:shift]]
 
 
 def time_calls(call: Callable[[], Any], calls: int, warmup: int = 3) -> list[float]:
@@ -841,9 +830,9 @@ class PgQueuer(_AsyncPeer):
 SUBJECTS: dict[str, Callable[[], Any]] = {"watchdog": Watchdog, "procrastinate": Procrastinate, "pgqueuer": PgQueuer}
 
 
-def worker_role(subject: str, target: dict[str, str], **options: Any) -> None:
+def worker_role(subject: str, target: Target, **options: Any) -> None:
     """The body of a worker child process."""
-    SUBJECTS[subject]().worker_main(Target(**target), **options)
+    SUBJECTS[subject]().worker_main(target, **options)
 
 
 class Probe:
@@ -900,13 +889,6 @@ def scenario(
         return fn
 
     return register
-
-
-def load_scenarios() -> None:
-    from benchmarks import scenarios
-
-    for module in pkgutil.iter_modules(scenarios.__path__):
-        importlib.import_module(f"benchmarks.scenarios.{module.name}")
 
 
 @dataclass
@@ -993,11 +975,12 @@ class Bench:
 
     def check_median(
         self, target: str, table: str, row: str, column: str, ok: Callable[[float], bool], unit: str = "x",
-        versus: str | None = None,
+        versus: str | None = None, versus_row: str | None = None,
     ) -> None:  # fmt: skip
-        """A target line on the median of one cell (``versus``: its ratio to that column's), if measured."""
-        medians = self.medians(table, row)
-        value, base = medians.get(column), medians.get(versus) if versus else 1.0
+        """A target line on the median of one cell (``versus``: its ratio to that column's, in
+        ``versus_row`` if given, else in the same row), if both were measured."""
+        value = self.medians(table, row).get(column)
+        base = self.medians(table, versus_row or row).get(versus) if versus else 1.0
         if value is not None and base:
             self.check(target, f"{value / base:.2f}{unit}", ok(value / base))
 
@@ -1025,13 +1008,27 @@ class Bench:
 
     def in_order(self, r: int, dialect: str = "postgresql") -> list[str]:
         """Subjects for this dialect, rotated per repeat so none always goes first."""
-        names = [n for n, s in self.subjects.items() if dialect in s.dialects]
-        shift = r % len(names) if names else 0
-        return names[shift:] + names[:shift]
+        return rotate([n for n, s in self.subjects.items() if dialect in s.dialects], r)
+
+    @contextlib.contextmanager
+    def database(self, dialect: str, name: str, install: bool = True, fails: str | None = None) -> Iterator[Target]:
+        """:meth:`scratch` with watchdog's tables (unless ``install=False``), dropped after the
+        block; with ``fails``, a failure in the block is recorded under that name and the run goes on."""
+        target = self.scratch(dialect, name)
+        try:
+            if install:
+                install_watchdog(target)
+            yield target
+        except Exception as error:
+            if fails is None:
+                raise
+            self.fail(fails, error)
+        finally:
+            drop(target)
 
     def workers(self, subject: str, target: Target, tag: str, procs: int = 1, **options: Any) -> list[Child]:
         """``procs`` worker processes of ``subject`` (see ``worker_main``), each ready."""
-        return self.spawn(f"{tag}-{subject}", procs, worker_role, subject=subject, target=asdict(target), **options)
+        return self.spawn(f"{tag}-{subject}", procs, worker_role, subject=subject, target=target, **options)
 
     def spawn(self, tag: str, n: int, func: Callable[..., Any], **kwargs: Any) -> list[Child]:
         """``n`` children running ``func(**kwargs)`` (logs ``<tag>-<i>.log``), each ready."""
@@ -1100,182 +1097,5 @@ class Bench:
         return latencies
 
     def close(self) -> None:
-        drop(*(t for t in self.targets.values() if t.dialect == "postgresql"))
-
-
-# -- the report ----------------------------------------------------------------------------
-
-
-def machine_facts(workdir: Path) -> dict[str, Any]:
-    """The machine, the servers' durability settings, the versions: the run's header."""
-    facts: dict[str, Any] = {"nproc": os.cpu_count(), "python": platform.python_version(), "load_at_start": load()}
-    with contextlib.suppress(Exception), psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-        show = lambda name: conn.execute(pgsql.SQL("SHOW {}").format(pgsql.Identifier(name))).fetchone()[0]  # type: ignore[index]
-        facts["postgresql"] = {s: show(s) for s in ("server_version", "fsync", "synchronous_commit", "wal_sync_method")}
-    with contextlib.closing(sqlite3.connect(str(workdir / "facts.db"))) as lite:
-        facts["sqlite"] = {p: lite.execute(f"PRAGMA {p}").fetchone()[0] for p in ("journal_mode", "synchronous")}
-        facts["sqlite"]["version"] = sqlite3.sqlite_version
-    facts["packages"] = {}
-    for package in ("sqlalchemy-watchdog", "SQLAlchemy", "psycopg", "procrastinate", "pgqueuer", "asyncpg"):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            facts["packages"][package] = importlib.metadata.version(package)
-    git = lambda *a: subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True).stdout.strip()
-    dirty = "+dirty" if git("status", "--porcelain", "--", "sqlalchemy_watchdog") else ""
-    facts["watchdog_commit"] = git("rev-parse", "--short", "HEAD") + dirty
-    return facts
-
-
-def describe(facts: dict[str, Any]) -> str:
-    pg, lite = facts.get("postgresql", {"error": "not reachable"}), facts["sqlite"]
-    return (
-        f"machine: {facts['nproc']} CPUs, load {facts['load_at_start']} at start; Python {facts['python']}\n"
-        f"PostgreSQL {', '.join(f'{k}={v}' for k, v in pg.items())}\n"
-        f"SQLite {lite['version']}: journal_mode={lite['journal_mode']}, synchronous={lite['synchronous']} (defaults)\n"
-        f"versions: {', '.join(f'{k} {v}' for k, v in facts['packages'].items())}; watchdog at {facts['watchdog_commit']}"
-    )
-
-
-def cell(values: list[float | None]) -> str:
-    present = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    if not present:
-        return "-"
-    mid = statistics.median(present)
-    return fmt(mid) + (f" ({fmt(min(present), mid)}-{fmt(max(present), mid)})" if len(present) > 1 else "")
-
-
-def render(table: Table) -> str:
-    columns = list(dict.fromkeys(c for row in table.cells.values() for c in row))
-    base = table.ratios if table.ratios in columns else None
-    others = [c for c in columns if c != base] if base else []
-    head = [table.title, *columns, *(f"{base} vs {c}" for c in others)]
-    body = []
-    for row, values in table.cells.items():
-        cells = [cell(values.get(c, [])) for c in columns]
-        for other in others:
-            a, b = median(values.get(base or "", [])), median(values.get(other, []))
-            ratio = ((b / a) if "(ms" in row or "(us" in row else (a / b)) if a and b else None
-            cells.append("-" if ratio is None else f"{ratio:.2f}x")
-        body.append([row, *cells])
-    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-    line = lambda r: "| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))) + " |"  # fmt: skip
-    out = [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *(line(r) for r in body)]
-    if others:
-        out.append(f"ratios: throughput {base}/other, latency (ms, us) other/{base} -- above 1.00x {base} is better")
-    return "\n".join(out)
-
-
-def plot(tables: dict[str, Table], directory: Path) -> list[Path]:
-    """A grouped bar chart of the medians of every table that names a chart."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    directory.mkdir(parents=True, exist_ok=True)
-    written = []
-    for table in tables.values():
-        if not table.chart or not table.cells:
-            continue
-        rows = list(table.cells)
-        columns = list(dict.fromkeys(c for row in table.cells.values() for c in row))
-        fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.9), 5))
-        width = 0.8 / len(columns)
-        for i, column in enumerate(columns):
-            values = [median(table.cells[row].get(column, [])) or 0 for row in rows]
-            ax.bar([x + i * width for x in range(len(rows))], values, width, label=column)
-        ax.set_xticks([x + width * (len(columns) - 1) / 2 for x in range(len(rows))])
-        ax.set_xticklabels(rows, rotation=35, ha="right", fontsize=8)
-        ax.set_title(f"{table.title} (median of the repeats)")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(path := directory / table.chart, dpi=110)
-        plt.close(fig)
-        written.append(path)
-    return written
-
-
-def parser() -> argparse.ArgumentParser:
-    load_scenarios()
-    listing = "\n".join(f"  {s.name:<16} {s.help}{' [suite]' if s.suite else ''}" for s in SCENARIOS.values())
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks",
-        description=__doc__ + "\nscenarios:\n" + listing,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("scenarios", nargs="?", default=None, help="comma-separated scenarios, or 'all' (the suite)")
-    p.add_argument("--list", action="store_true", help="list the scenarios and exit")
-    p.add_argument("--quick", action="store_true", help="small sizes, one repeat: a smoke test")
-    p.add_argument("--repeat", "--repeats", type=int, default=None, help="runs per figure (default 3, --quick 1)")
-    p.add_argument("--subjects", default="watchdog,procrastinate,pgqueuer", help="queues compared (default: all three)")
-    p.add_argument("--dialects", default="postgresql,sqlite", help="where a scenario runs on both (default both)")
-    p.add_argument("--json", type=Path, default=None, help="also write every run, the medians and the checks here")
-    p.add_argument("--plot", type=Path, default=None, help="write the charts (PNG, matplotlib) into this directory")
-    p.add_argument("--workdir", type=Path, default=None, help="keep files and logs here, not in a temporary directory")
-    for flag, kwargs in sorted(OPTIONS.items()):
-        p.add_argument(flag, default=None, **kwargs)
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--role"]:  # a child process: benchmarks --role module:function json
-        module, _, name = argv[1].partition(":")
-        exit_with_parent()
-        getattr(importlib.import_module(module), name)(**json.loads(argv[2]))
-        return 0
-    p = parser()
-    args = p.parse_args(argv)
-    if args.list or not args.scenarios:
-        print("\n".join(f"{s.name:<16} {s.help}" for s in SCENARIOS.values()))
-        return 0 if args.list else 2
-    names = [s for s in args.scenarios.split(",") if s]
-    names = [n for n in SCENARIOS if SCENARIOS[n].suite] if names == ["all"] else names
-    for name in names:
-        if name not in SCENARIOS:
-            p.error(f"unknown scenario {name!r}; --list shows them")
-    chosen = [SCENARIOS[n] for n in names]
-
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt: report what was measured
-    with tempfile.TemporaryDirectory(prefix="watchdog_bench_") as tmp:
-        workdir = args.workdir or Path(tmp)
-        workdir.mkdir(parents=True, exist_ok=True)
-        facts = machine_facts(workdir)
-        print(describe(facts), file=sys.stderr, flush=True)
-        if facts.get("postgresql", {}).get("fsync") != "on" or facts["postgresql"].get("synchronous_commit") != "on":
-            print("WARNING: the server is not at durable defaults; figures are not comparable", file=sys.stderr)
-        bench = Bench(args, workdir)
-        # Per-repeat scenarios interleave (repeat 1 of each, then repeat 2, ...); the others
-        # repeat inside themselves.
-        steps = [(s, (r,)) for r in range(bench.repeat) for s in chosen if s.per_repeat]
-        try:
-            for scene, rest in steps + [(s, ()) for s in chosen if not s.per_repeat]:
-                bench.log(f"=== {scene.name}" + (f": repeat {rest[0] + 1} of {bench.repeat}" if rest else "") + " ===")
-                try:
-                    scene.run(bench, *rest)
-                except Exception as error:
-                    bench.fail(scene.name, error)
-        except KeyboardInterrupt:
-            print("interrupted; reporting what was measured", file=sys.stderr)
-        finally:
-            bench.close()
-            drop(*_created)
-    elapsed = time.monotonic() - bench.started
-    print(f"\n{describe(facts)}\n{', '.join(names)}: medians (min-max) of {bench.repeat} run(s), {elapsed:.0f}s\n")
-    print("\n\n".join(render(t) for t in bench.tables.values() if t.cells))
-    print(f"\nload at the end: {load()}")
-    for path in plot(bench.tables, args.plot) if args.plot else []:
-        print(f"wrote {path}")
-    if bench.checks:
-        print("\ntargets:")
-        for c in bench.checks:
-            print(f"  [{'met' if c['met'] else 'MISSED'}] {c['target']}: {c['measured']}")
-    if bench.errors:
-        print(f"\n{len(bench.errors)} measurement(s) failed:")
-        for failure in bench.errors:
-            print("  - " + failure.replace("\n", "\n    "))
-    if args.json:
-        runs = {t.title: t.cells for t in bench.tables.values()}
-        body = {"machine": facts, "options": vars(args), "runs": runs, "targets": bench.checks, "errors": bench.errors}
-        args.json.write_text(json.dumps(body, indent=2, default=str) + "\n")
-        print(f"\nwrote {args.json}")
-    return 1 if bench.errors else 0
+        """Drop every database the run created (the SQLite files go with the work directory)."""
+        drop(*_created)

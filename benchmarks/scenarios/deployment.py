@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 import urllib.request
-from dataclasses import asdict
 from functools import partial
 from typing import Any
 
@@ -161,34 +160,32 @@ def poolers(bench: h.Bench) -> None:
     if not available():
         raise h.ScenarioFailed(MISSING)
     samples, jobs = bench.opt("samples", 150, 20), bench.opt("jobs", 20_000, 500)
-    target = bench.scratch("postgresql", "poolers")
-    h.install_watchdog(target)
-    direct = make_url(target.url)
-    bouncer = PgBouncer(make_url(h.ADMIN_DSN).set(drivername="postgresql+psycopg"))
-    bouncer.start()
-    pooled, listen = bouncer.url(target.name), _pool_engine(direct, False)
     table = "direct beside PgBouncer (transaction mode, pool of 20)"
-    try:
-        for _ in range(bench.repeat):  # direct and pooled alternate round by round
-            for column, url, is_pooled, options in [
-                ("direct, auto (listens)", direct, False, {}),
-                ("pooled, auto, no listen URL (polls 0.25 s)", pooled, True, {}),
-                ("pooled, auto + listen_engine", pooled, True, {"listen_engine": listen}),
-                ("direct, poll", direct, False, {"wakeups": "poll"}),
-            ]:
-                run = partial(_pool_latency, target, url, samples, is_pooled, **options)
-                bench.measure(table, "start latency", column, run, 600)
-            for column, url, is_pooled in (("direct", direct, False), ("pooled", pooled, True)):
-                for c in (None, 64):
-                    row = f"drain (jobs/s), {'defaults' if c is None else f'concurrency {c}'}"
-                    bench.measure(table, row, column, partial(_pool_drain, target, url, jobs, is_pooled, c), 900)
-                for batches, size, row in ((2000, 1, "one per transaction"), (20, 1000, "batches of 1,000")):
-                    run = partial(_pool_enqueue, target, url, is_pooled, batches, size)
-                    bench.measure(table, f"enqueue (jobs/s), {row}", column, run, 900)
-    finally:
-        bouncer.stop()
-        listen.dispose()
-        h.drop(target)
+    bouncer = PgBouncer(make_url(h.ADMIN_DSN).set(drivername="postgresql+psycopg"))
+    with bench.database("postgresql", "poolers") as target:
+        direct = make_url(target.url)
+        bouncer.start()
+        pooled, listen = bouncer.url(target.name), _pool_engine(direct, False)
+        try:
+            for _ in range(bench.repeat):  # direct and pooled alternate round by round
+                for column, url, is_pooled, options in [
+                    ("direct, auto (listens)", direct, False, {}),
+                    ("pooled, auto, no listen URL (polls 0.25 s)", pooled, True, {}),
+                    ("pooled, auto + listen_engine", pooled, True, {"listen_engine": listen}),
+                    ("direct, poll", direct, False, {"wakeups": "poll"}),
+                ]:
+                    run = partial(_pool_latency, target, url, samples, is_pooled, **options)
+                    bench.measure(table, "start latency", column, run, 600)
+                for column, url, is_pooled in (("direct", direct, False), ("pooled", pooled, True)):
+                    for c in (None, 64):
+                        row = f"drain (jobs/s), {'defaults' if c is None else f'concurrency {c}'}"
+                        bench.measure(table, row, column, partial(_pool_drain, target, url, jobs, is_pooled, c), 900)
+                    for batches, size, row in ((2000, 1, "one per transaction"), (20, 1000, "batches of 1,000")):
+                        run = partial(_pool_enqueue, target, url, is_pooled, batches, size)
+                        bench.measure(table, f"enqueue (jobs/s), {row}", column, run, 900)
+        finally:
+            bouncer.stop()
+            listen.dispose()
 
 
 # -- OpenTelemetry ---------------------------------------------------------------------------
@@ -196,14 +193,13 @@ def poolers(bench: h.Bench) -> None:
 MODES = ("off", "on", "on+stats")
 
 
-def otel_role(target: dict[str, str], jobs: int, concurrency: int, mode: str) -> None:
+def otel_role(target: h.Target, jobs: int, concurrency: int, mode: str) -> None:
     """One drain in a fresh process: ``off`` never imports OpenTelemetry (checked); ``on``
     instruments with the SDK (batch span processor to an exporter that drops the spans,
     metrics to an in-memory reader); ``on+stats`` adds the queue-depth gauges, collected
     every second. RESULT jobs/s from the runner's start until every job settled."""
-    db = h.Target(**target)
-    h.install_watchdog(db, fresh=True)
-    eng, shutdown = h.engine(db), []
+    h.install_watchdog(target, fresh=True)
+    eng, shutdown = h.engine(target), []
     if mode != "off":
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -229,7 +225,7 @@ def otel_role(target: dict[str, str], jobs: int, concurrency: int, mode: str) ->
 
         if mode == "on+stats":
             threading.Thread(target=collect, daemon=True).start()
-    rate = h.drain_here(db, Runner(eng, {h.QUEUE: lambda job: None}, concurrency=concurrency), jobs)
+    rate = h.drain_here(target, Runner(eng, {h.QUEUE: lambda job: None}, concurrency=concurrency), jobs)
     for close in shutdown:
         close()
     if mode == "off" and (loaded := sorted(m for m in sys.modules if m.startswith("opentelemetry"))):
@@ -244,12 +240,9 @@ def otel_overhead(bench: h.Bench) -> None:
     table = f"OpenTelemetry, drain of {jobs:,} jobs at concurrency {concurrency} (jobs/s)"
     bench.table(table, ratios="off")
     for dialect in bench.dialects():
-        target = bench.scratch(dialect, "otel")
-        try:
+        with bench.database(dialect, "otel", install=False) as target:
             for r in range(bench.repeat):
-                for mode in MODES[r % 3 :] + MODES[: r % 3]:  # rotated so no mode always runs first
+                for mode in h.rotate(MODES, r):  # so that no mode always runs first
                     log, options = bench.workdir / f"otel-{dialect}-{mode}-{r}.log", {"jobs": jobs, "mode": mode}
-                    child = partial(h.Child, log, otel_role, target=asdict(target), concurrency=concurrency, **options)
+                    child = partial(h.Child, log, otel_role, target=target, concurrency=concurrency, **options)
                     bench.measure(table, dialect, mode, lambda child=child: float(child().result(900)), 900)
-        finally:
-            h.drop(target)

@@ -13,6 +13,10 @@ from benchmarks import harness as h
 from sqlalchemy_watchdog import Job, ProcessExecutor, Runner, RunningJob, Watchdog
 
 EXEC_QUEUE = "bench-exec"
+#: How often the drain's end is looked for. Every 5 ms, the look itself (a query from the
+#: runner's own process, 200 a second) took CPU from the children on 2 cores; every 20 ms
+#: it ends a drain of 600 jobs (3 s and more) at most 0.7% late, in every row alike.
+DRAINED_POLL_S = 0.02
 
 
 def spin(job: RunningJob) -> None:
@@ -26,25 +30,11 @@ def noop(job: RunningJob) -> None:
     """The no-op handler: what remains is the executor's own cost per job."""
 
 
-def _loops_for(ms: float) -> int:
+def _loops_for(ms: float, probe: int = 200_000) -> int:
     """How many rounds of :func:`spin` take ``ms`` milliseconds here, alone (best of 5)."""
-    probe = 200_000
-    best = min(_timed_spin(probe) for _ in range(5))
+    job: Any = type("J", (), {"payload": {"loops": probe}})()
+    best = min(h.time_calls(partial(spin, job), 5, warmup=0)) / 1000
     return max(1, int(probe * ms / 1000 / best))
-
-
-def _timed_spin(loops: int) -> float:
-    job: Any = type("J", (), {"payload": {"loops": loops}})()
-    started = time.perf_counter()
-    spin(job)
-    return time.perf_counter() - started
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def _drain(target: h.Target, handler: Any, n: int, loops: int, tag: str, **options: Any) -> float:
@@ -53,67 +43,43 @@ def _drain(target: h.Target, handler: Any, n: int, loops: int, tag: str, **optio
     h.truncate(target)
     with h.disposed(h.engine(target)) as eng:
         watchdog = Watchdog(eng)
+        drained = lambda timeout: h.poll_until(
+            lambda: not watchdog.has_pending_work(), timeout=timeout, interval=DRAINED_POLL_S, what="drain"
+        )
         runner = Runner(eng, {EXEC_QUEUE: handler}, poll_interval=timedelta(milliseconds=20), **options)
-        slots = runner.settings.concurrency
         with runner.running():
+            slots = runner.settings.concurrency
             watchdog.enqueue([Job(f"{tag}-warm-{i}", EXEC_QUEUE, payload={"loops": loops}) for i in range(slots)])
-            _wait_drained(watchdog, 120)
+            drained(120)
             jobs = [Job(f"{tag}-{i}", EXEC_QUEUE, payload={"loops": loops}) for i in range(n)]
             started = time.perf_counter()
             watchdog.enqueue(jobs)
-            _wait_drained(watchdog, 60 + n)
-            elapsed = time.perf_counter() - started
-    return n / elapsed
-
-
-#: How often the drain's end is looked for. Every 5 ms, the look itself (a query from the
-#: runner's own process, 200 a second) took CPU from the children on 2 cores; every 20 ms
-#: it ends a drain of 600 jobs (3 s and more) at most 0.7% late, in every row alike.
-DRAINED_POLL_S = 0.02
-
-
-def _wait_drained(watchdog: Watchdog, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while watchdog.has_pending_work():
-        if time.monotonic() > deadline:
-            raise h.ScenarioTimeout(f"jobs still pending after {timeout:.0f}s")
-        time.sleep(DRAINED_POLL_S)
+            return n / (drained(60 + n) - started)
 
 
 @h.scenario("executors", per_repeat=True, options=h.JOBS)
 def executors(bench: h.Bench, r: int) -> None:
     """Jobs/s of a ~10 ms pure-Python handler: threads vs 1 and N child processes; the no-op drain's cost per job."""
-    cores = _cores()
-    loops = _loops_for(10.0)
+    cores, loops = len(os.sched_getaffinity(0)), _loops_for(10.0)
     for dialect in bench.dialects():
-        target = bench.target("watchdog", dialect)
-        prefix = "PostgreSQL" if dialect == "postgresql" else "SQLite"
-        cpu = f"CPU-bound handler, ~10 ms (jobs/s), {prefix}, {cores} core(s)"
-        bench.table(cpu)
-        n = bench.opt("jobs", 600, 40)
-        rows = [
-            (f"threads c{cores}", {"concurrency": cores}),
-            ("process p1", {"executor": ProcessExecutor(processes=1)}),
-            (f"process p{cores}", {"executor": ProcessExecutor(processes=cores)}),
-        ]
-        for row, options in rows:
-            run = partial(_drain, target, spin, n, loops, f"cpu-{row}-{r}", **options)
-            bench.measure(cpu, row, "watchdog", run, timeout=120 + n)
-        overhead = f"no-op handler (jobs/s), {prefix}"
-        bench.table(overhead)
-        n = bench.opt("jobs", 3000, 200)
-        for row, options in ((f"threads c{cores}", {"concurrency": cores}), (f"process p{cores}", rows[2][1])):
-            run = partial(_drain, target, noop, n, 0, f"noop-{row}-{r}", **options)
-            bench.measure(overhead, row, "watchdog", run, timeout=120 + n / 10)
+        target, label = bench.target("watchdog", dialect), h.LABEL[dialect]
+        cpu = f"CPU-bound handler, ~10 ms (jobs/s), {label}, {cores} core(s)"
+        overhead = f"no-op handler (jobs/s), {label}"
+        threads, one, many = f"threads c{cores}", "process p1", f"process p{cores}"
+        options = {threads: {"concurrency": cores}, one: {"executor": ProcessExecutor(processes=1)}}
+        options[many] = {"executor": ProcessExecutor(processes=cores)}
+        for table, handler, rows, n, spins in (
+            (cpu, spin, options, bench.opt("jobs", 600, 40), loops),
+            (overhead, noop, (threads, many), bench.opt("jobs", 3000, 200), 0),
+        ):
+            bench.table(table)
+            for row in rows:
+                run = partial(_drain, target, handler, n, spins, f"{handler.__name__[:4]}-{row}-{r}", **options[row])
+                bench.measure(table, row, "watchdog", run, timeout=120 + (n if handler is spin else n / 10))
         if r == bench.repeat - 1:
-            one = bench.medians(cpu, "process p1").get("watchdog")
-            many = bench.medians(cpu, f"process p{cores}").get("watchdog")
-            if one and many and cores >= 2:
-                goal = f"CPU-bound throughput scales with processes: p{cores} >= 1.8x p1 ({prefix})"
-                bench.check(goal, f"{many / one:.2f}x", many / one >= 1.8)
-            threads = bench.medians(overhead, f"threads c{cores}").get("watchdog")
-            processes = bench.medians(overhead, f"process p{cores}").get("watchdog")
-            if threads and processes:  # the drain's wall time per job that the children add
-                bench.record(
-                    overhead, "process - threads (us per job)", "watchdog", (1 / processes - 1 / threads) * 1e6
-                )
+            if cores >= 2:
+                goal = f"CPU-bound throughput scales with processes: p{cores} >= 1.8x p1 ({label})"
+                bench.check_median(goal, cpu, many, "watchdog", lambda m: m >= 1.8, versus="watchdog", versus_row=one)
+            t, p = bench.medians(overhead, threads).get("watchdog"), bench.medians(overhead, many).get("watchdog")
+            if t and p:  # the drain's wall time per job that the children add
+                bench.record(overhead, "process - threads (us per job)", "watchdog", (1 / p - 1 / t) * 1e6)

@@ -25,54 +25,49 @@ def _with_clock(columns: dict[str, str], target: h.Target) -> dict[str, str]:
     return {k: v.replace("{clock}", h.CLOCK_SQL[target.dialect]) for k, v in columns.items()}
 
 
-def _beside(bench: h.Bench, name: str, what: str, fill: Callable[[h.Target, int], float], rows: int) -> None:
-    """Claim+settle in an empty table and in one ``fill`` filled, alternating in rounds so a
-    change in machine load hits both; ms/job per round, and the ratio of the medians."""
+def _beside(bench: h.Bench, name: str, what: str, columns: dict[str, str], rows: int) -> None:
+    """Claim+settle in an empty table and in one holding ``rows`` jobs of ``columns``, alternating
+    in rounds so a change in machine load hits both; ms/job per round, and the ratio of the medians."""
     jobs, per_round = (200, 100) if bench.quick else (2000, 250)
     table = f"claim+settle one job at a time, watchdog (ms/job, rounds; ratio {what} / empty)"
     for dialect in bench.dialects():
-        empty, full = bench.scratch(dialect, f"{name}_empty"), bench.scratch(dialect, f"{name}_full")
-        try:
-            h.install_watchdog(empty)
-            h.install_watchdog(full)
-            with h.deadline(900, f"{dialect}: inserting {rows:,} rows"):
-                bench.log(f"{dialect}: {rows:,} {what} inserted and analysed in {fill(full, rows):.1f}s")
-            for r in range(bench.repeat):
-                h.truncate(empty)
-                rounds: dict[str, list[float]] = {"empty": [], what: []}
-                for k in range(max(1, jobs // per_round)):
-                    for label, target in [("empty", empty), (what, full)][:: -1 if k % 2 else 1]:
-                        with h.deadline(300, f"{name} round"):
-                            rounds[label].append(h.Watchdog().claim_settle(target, per_round, f"{label[:5]}-{r}-{k}"))
-                for label, values in rounds.items():
-                    for value in values:
-                        bench.record(table, "empty" if label == "empty" else f"{rows:,} {what}", dialect, value)
-                ratio = (h.median(rounds[what]) or 0) / (h.median(rounds["empty"]) or 1)
-                bench.record(table, "ratio", dialect, ratio)
-                bench.log(f"{dialect} {name}: ratio {ratio:.2f}x")
-            still = h.run_sql(full, "SELECT count(*) FROM watchdog_jobs WHERE state = 'delayed'")
-            if name == "delayed" and still != rows:  # none may have become due (and run) meanwhile
-                raise h.ScenarioFailed(f"{dialect}: {still:,} of {rows:,} jobs still delayed")
+        with bench.database(dialect, f"{name}_empty", fails=f"{dialect} {name}") as empty:
+            with bench.database(dialect, f"{name}_full") as full:
+                with h.deadline(900, f"{dialect}: inserting {rows:,} rows"):
+                    seconds = h.insert_jobs(full, rows, _with_clock(columns, full))
+                bench.log(f"{dialect}: {rows:,} {what} inserted and analysed in {seconds:.1f}s")
+                for r in range(bench.repeat):
+                    h.truncate(empty)
+                    rounds: dict[str, list[float]] = {"empty": [], what: []}
+                    for k in range(max(1, jobs // per_round)):
+                        for label, target in h.rotate([("empty", empty), (what, full)], k):
+                            with h.deadline(300, f"{name} round"):
+                                rounds[label].append(
+                                    h.Watchdog().claim_settle(target, per_round, f"{label[:5]}-{r}-{k}")
+                                )
+                    for label, values in rounds.items():
+                        for value in values:
+                            bench.record(table, "empty" if label == "empty" else f"{rows:,} {what}", dialect, value)
+                    ratio = (h.median(rounds[what]) or 0) / (h.median(rounds["empty"]) or 1)
+                    bench.record(table, "ratio", dialect, ratio)
+                    bench.log(f"{dialect} {name}: ratio {ratio:.2f}x")
+                still = h.run_sql(full, "SELECT count(*) FROM watchdog_jobs WHERE state = 'delayed'")
+                if name == "delayed" and still != rows:  # none may have become due (and run) meanwhile
+                    raise h.ScenarioFailed(f"{dialect}: {still:,} of {rows:,} jobs still delayed")
             goal = f"{dialect}: claim cost with {rows:,} {what} <= 1.3x empty"
             bench.check_median(goal, table, "ratio", dialect, lambda m: m <= 1.3)
-        except Exception as error:
-            bench.fail(f"{dialect} {name}", error)
-        finally:
-            h.drop(empty, full)
 
 
 @h.scenario("claim", suite=True, options=h.ROWS)
 def claim(bench: h.Bench) -> None:
     """Claim+settle ms/job beside 1,000,000 settled jobs vs an empty table."""
-    fill = lambda target, rows: h.insert_jobs(target, rows, h.SETTLED)
-    _beside(bench, "claim", "settled rows", fill, bench.opt("rows", 1_000_000, 100_000))
+    _beside(bench, "claim", "settled rows", h.SETTLED, bench.opt("rows", 1_000_000, 100_000))
 
 
 @h.scenario("delayed", suite=True, options=h.ROWS)
 def delayed(bench: h.Bench) -> None:
     """Claim+settle ms/job beside 1,000,000 jobs delayed far ahead vs empty."""
-    fill = lambda target, rows: h.insert_jobs(target, rows, _with_clock(DELAYED, target))
-    _beside(bench, "delayed", "delayed jobs", fill, bench.opt("rows", 1_000_000, 100_000))
+    _beside(bench, "delayed", "delayed jobs", DELAYED, bench.opt("rows", 1_000_000, 100_000))
 
 
 def _enqueue_due(client: Any, key: str) -> float:
@@ -86,15 +81,14 @@ def _enqueue_due(client: Any, key: str) -> float:
 def lateness(bench: h.Bench, r: int) -> None:
     """Handler start - run_at (ms) of delayed jobs, an idle runner."""
     samples, warmup = bench.opt("samples", 100, 10), (2 if bench.quick else 3)
+    table = "delayed start lateness, idle runner, watchdog (run_at 0.1-1.0 s after each enqueue)"
     for dialect in bench.dialects():
-        target = bench.target("watchdog", dialect)
+        target, tag = bench.target("watchdog", dialect), f"late-{dialect}-{r}"
 
-        def once(target: h.Target = target, dialect: str = dialect) -> dict[str, float]:
-            tag = f"late-{dialect}-{r}"
+        def once(target: h.Target = target, tag: str = tag) -> dict[str, float]:
             values = bench.latencies("watchdog", target, tag, warmup, samples, _enqueue_due, never_early=True)
-            return {**{f"p{p} (ms)": h.percentile(values, p) for p in (50, 95, 99)}, "max (ms)": max(values)}
+            return {**h.percentiles(values), "max (ms)": max(values)}
 
-        table = "delayed start lateness, idle runner, watchdog (run_at 0.1-1.0 s after each enqueue)"
         bench.measure(table, "", dialect, once, timeout=120 + (warmup + samples) * 2)
 
 
@@ -140,9 +134,7 @@ def prune(bench: h.Bench) -> None:
     per_round = min(samples, 20 if bench.quick else 50)
     table = f"claim latency while pruning {rows:,} old jobs, watchdog (enqueue commit -> handler start)"
     for dialect in bench.dialects():
-        target = bench.scratch(dialect, "prune")
-        try:
-            h.install_watchdog(target)
+        with bench.database(dialect, "prune", fails=f"{dialect} prune") as target:
             for r in range(bench.repeat):
                 h.truncate(target)  # every repeat starts from the whole history
                 with h.deadline(900, "inserting the old jobs"):
@@ -151,7 +143,7 @@ def prune(bench: h.Bench) -> None:
                 got: dict[bool, list[float]] = {False: [], True: []}
                 pruned = seconds = 0.0
                 for k in range(max(1, samples // per_round)):
-                    for mode in (False, True) if k % 2 == 0 else (True, False):
+                    for mode in h.rotate([False, True], k):
                         tag = f"{dialect}-prune-{r}-{k}-{'pruning' if mode else 'plain'}"
                         with h.deadline(300, tag):
                             result = _prune_round(bench, target, mode, tag, per_round)
@@ -160,8 +152,8 @@ def prune(bench: h.Bench) -> None:
                         seconds += result["seconds"] if mode else 0
                 ratio = h.percentile(got[True], 99) / h.percentile(got[False], 99)
                 figures = {
-                    **{f"p{p} (ms)": h.percentile(got[False], p) for p in (50, 99)},
-                    **{f"p{p} pruning (ms)": h.percentile(got[True], p) for p in (50, 99)},
+                    **h.percentiles(got[False], (50, 99)),
+                    **h.percentiles(got[True], (50, 99), "p{} pruning (ms)"),
                     "p99 ratio": ratio,
                     "pruned (rows/s)": pruned / seconds if seconds else None,
                 }
@@ -170,10 +162,6 @@ def prune(bench: h.Bench) -> None:
                 bench.log(f"{dialect} prune: p99 ratio {ratio:.2f}x, {pruned:,.0f} rows pruned")
             goal = f"{dialect}: claim latency p99 while pruning <= 2x without"
             bench.check_median(goal, table, "p99 ratio", dialect, lambda m: m <= 2)
-        except Exception as error:
-            bench.fail(f"{dialect} prune", error)
-        finally:
-            h.drop(target)
 
 
 STATS_QUEUES = 10
@@ -191,10 +179,7 @@ def stats(bench: h.Bench) -> None:
     """stats() and list_jobs() ms beside 1,000,000 settled and 100,000 queued jobs, PostgreSQL."""
     settled, calls = bench.opt("rows", 1_000_000, 200_000), bench.opt("samples", 200, 30)
     queued = max(1000, settled // 10)
-    target = bench.scratch("postgresql", "stats")
-    h.install_watchdog(target)
-    eng = h.engine(target)
-    try:
+    with bench.database("postgresql", "stats") as target, h.disposed(h.engine(target)) as eng:
         with h.deadline(900, "inserting the stats history"):
             seconds = h.insert_jobs(target, settled, STATS_SETTLED, analyse=False, step=30 * h.DAY_MS // settled)
             seconds += h.insert_jobs(target, queued, STATS_QUEUED, step=3_600_000 // queued)
@@ -215,12 +200,8 @@ def stats(bench: h.Bench) -> None:
         }
         for _ in range(bench.repeat):
             for name, read in reads.items():
-                times = lambda read=read: {
-                    f"p{p} (ms)": h.percentile(ms, p) for ms in [h.time_calls(read, calls)] for p in (50, 99)
-                }
-                bench.measure(table, name, "watchdog", times)
+                bench.measure(
+                    table, name, "watchdog", lambda read=read: h.percentiles(h.time_calls(read, calls), (50, 99))
+                )
         goal = f"stats() < 50 ms with {settled:,} settled and {queued:,} queued jobs (median)"
         bench.check_median(goal, table, "stats() p50 (ms)", "watchdog", lambda m: m < 50, " ms")
-    finally:
-        eng.dispose()
-        h.drop(target)

@@ -1,4 +1,5 @@
-"""The side-by-side rows: enqueue, drain and enqueue-to-start latency of every subject."""
+"""The side-by-side rows: enqueue, drain and enqueue-to-start latency of every subject; and a
+drain of a limited queue (flow control) beside the same drain unlimited."""
 
 from __future__ import annotations
 
@@ -6,14 +7,14 @@ from functools import partial
 from typing import Any
 
 from benchmarks import harness as h
+from sqlalchemy_watchdog import Job, Watchdog
 
 PEER_JOBS = {"watchdog": 1.0, "procrastinate": 0.5, "pgqueuer": 1.0}  # procrastinate enqueues/drains slower
 DRAIN_JOBS = {"watchdog": 20_000, "procrastinate": 1_500, "pgqueuer": 20_000}
 QUICK_DRAIN_JOBS = {"watchdog": 300, "procrastinate": 100, "pgqueuer": 300}
-
-
-def _prefix(dialect: str) -> str:
-    return "PostgreSQL" if dialect == "postgresql" else "SQLite"
+#: The baseline row of the enqueue table: an application's own row, no queue.
+PLAIN_ROW = "baseline: session.add(row) + commit, no queue"
+SESSION_ROW = "1 job in the caller's Session + commit"
 
 
 def _rate(subject: Any, target: h.Target, call: Any, args: Any, jobs: int) -> float:
@@ -22,16 +23,12 @@ def _rate(subject: Any, target: h.Target, call: Any, args: Any, jobs: int) -> fl
     return float(jobs / call(target, *args))
 
 
-#: The baseline row of the enqueue table: an application's own row, no queue.
-PLAIN_ROW = "baseline: session.add(row) + commit, no queue"
-
-
 @h.scenario("enqueue", per_repeat=True, suite=True, options=h.JOBS)
 def enqueue(bench: h.Bench, r: int) -> None:
     """Jobs/s: one job per transaction (also in the caller's Session), 1,000 per statement."""
     batches, size = (3 if bench.quick else 10), 1000
     for dialect in bench.dialects():
-        table = f"enqueue (jobs/s), {_prefix(dialect)}"
+        table = f"enqueue (jobs/s), {h.LABEL[dialect]}"
         bench.table(table, ratios="watchdog")
         for name in bench.in_order(r, dialect):
             subject, target = bench.subjects[name], bench.target(name, dialect)
@@ -39,29 +36,28 @@ def enqueue(bench: h.Bench, r: int) -> None:
             n = bench.opt("jobs", int(base * PEER_JOBS[name]))
             runs = [("1 job per transaction", subject.enqueue_single, (n, f"s{r}"), n)]
             if in_session := getattr(subject, "enqueue_single_in_session", None):
-                runs.append(("1 job in the caller's Session + commit", in_session, (n, f"t{r}"), n))
+                runs.append((SESSION_ROW, in_session, (n, f"t{r}"), n))
             if plain := getattr(subject, "session_add_single", None):
                 runs.append((PLAIN_ROW, plain, (n, f"p{r}"), n))
             runs.append(("1,000 jobs per statement", subject.enqueue_batch, (batches, size, f"b{r}"), batches * size))
             for row, call, args, jobs in runs:
                 bench.measure(table, row, name, partial(_rate, subject, target, call, args, jobs))
-    if r == bench.repeat - 1:
-        for row, factor in (("1,000 jobs per statement", 1.0), ("1 job per transaction", 1.5)):
-            goal, ok = f"{row}: watchdog >= {factor:g}x pgqueuer", lambda m, factor=factor: m >= factor
-            bench.check_median(goal, "enqueue (jobs/s), PostgreSQL", row, "watchdog", ok, versus="pgqueuer")
-        table, session = "enqueue (jobs/s), PostgreSQL", "1 job in the caller's Session + commit"
-        peer_single = bench.medians(table, "1 job per transaction").get("pgqueuer")
-        mine = bench.medians(table, session).get("watchdog")
-        if peer_single and mine:
-            goal = "enqueue in the caller's Session + commit >= 1.0x pgqueuer's one-call enqueue"
-            bench.check(goal, f"{mine / peer_single:.2f}x", mine >= peer_single)
-        for dialect in bench.dialects():
-            table = f"enqueue (jobs/s), {_prefix(dialect)}"
-            plain = bench.medians(table, PLAIN_ROW).get("watchdog")
-            mine = bench.medians(table, session).get("watchdog")
-            if plain and mine:
-                goal = f"{_prefix(dialect)}: enqueue in a Session + commit within 1.3x of session.add(row) + commit"
-                bench.check(goal, f"{plain / mine:.2f}x the time", plain / mine <= 1.3)
+    if r < bench.repeat - 1:
+        return
+    pg = "enqueue (jobs/s), PostgreSQL"
+    for row, factor in (("1,000 jobs per statement", 1.0), ("1 job per transaction", 1.5)):
+        goal, ok = f"{row}: watchdog >= {factor:g}x pgqueuer", lambda m, factor=factor: m >= factor
+        bench.check_median(goal, pg, row, "watchdog", ok, versus="pgqueuer")
+    goal = "enqueue in the caller's Session + commit >= 1.0x pgqueuer's one-call enqueue"
+    bench.check_median(
+        goal, pg, SESSION_ROW, "watchdog", lambda m: m >= 1, versus="pgqueuer", versus_row="1 job per transaction"
+    )
+    for label in (h.LABEL[dialect] for dialect in bench.dialects()):
+        goal = f"{label}: enqueue in a Session + commit within 1.3x of session.add(row) + commit"
+        ok = lambda m: m <= 1.3
+        bench.check_median(
+            goal, f"enqueue (jobs/s), {label}", PLAIN_ROW, "watchdog", ok, "x the time", "watchdog", SESSION_ROW
+        )
 
 
 DRAIN_OPTIONS = {
@@ -75,7 +71,7 @@ def drain(bench: h.Bench, r: int) -> None:
     """Jobs/s of worker processes draining a prefilled queue (concurrency x processes, defaults, AsyncRunner)."""
     for dialect in bench.dialects():
         pg = dialect == "postgresql"
-        table = f"drain (jobs/s), {_prefix(dialect)}"
+        table = f"drain (jobs/s), {h.LABEL[dialect]}"
         bench.table(table, ratios="watchdog", chart="drain.png" if pg else None)
         # row, processes, options; watchdog_only: the AsyncRunner rows (the peers are asyncio already)
         shapes: list[tuple[str, int, dict[str, Any], bool]] = []
@@ -91,26 +87,22 @@ def drain(bench: h.Bench, r: int) -> None:
             wanted = set(bench.opt("drain_rows", "").split(","))
             shapes = [s for s in shapes if wanted & set(s[0].split())]
         for row, procs, options, watchdog_only in shapes:
-            for name in bench.in_order(r, dialect):
-                if watchdog_only and name != "watchdog":
-                    continue
+            for name in (n for n in bench.in_order(r, dialect) if n == "watchdog" or not watchdog_only):
                 default = (QUICK_DRAIN_JOBS if bench.quick else DRAIN_JOBS)[name] if pg else 60 if bench.quick else 500
                 n, tag, target = bench.opt("jobs", default), f"{row.replace(' ', '-')}-{r}", bench.target(name, dialect)
                 run = partial(bench.drain_once, name, target, n, tag, procs, **options)
                 bench.measure(table, row, name, run, timeout=60 + n / 20 + 180)  # + worker start, warm-up and shutdown
-    if r == bench.repeat - 1:
-        rows = bench.tables.get("drain (jobs/s), PostgreSQL")
-        if rows is None:
-            return
-        best = max(((bench.medians(rows.title, row).get("watchdog") or 0, row) for row in rows.cells), default=(0, ""))
-        for peer, factor in (("pgqueuer", 2.0), ("procrastinate", 10.0)):
-            base = max((bench.medians(rows.title, f"defaults p{p}").get(peer) or 0 for p in (1, 2)), default=0)
-            measured = f"{best[0] / base if base else 0:.2f}x (watchdog best {best[0]:,.0f} jobs/s at {best[1]}; {peer} {base:,.0f})"
-            if best[0] and base:
-                bench.check(f"drain >= {factor:g}x {peer} with its defaults", measured, best[0] >= factor * base)
-        for procs in (1, 2):
-            goal = f"drain with defaults >= pgqueuer's, {procs} process(es)"
-            bench.check_median(goal, rows.title, f"defaults p{procs}", "watchdog", lambda m: m >= 1, versus="pgqueuer")
+    if r < bench.repeat - 1 or (rows := bench.tables.get("drain (jobs/s), PostgreSQL")) is None:
+        return
+    best = max(((bench.medians(rows.title, row).get("watchdog") or 0, row) for row in rows.cells), default=(0, ""))
+    for peer, factor in (("pgqueuer", 2.0), ("procrastinate", 10.0)):
+        base = max((bench.medians(rows.title, f"defaults p{p}").get(peer) or 0 for p in (1, 2)), default=0)
+        measured = f"{best[0] / base if base else 0:.2f}x (watchdog best {best[0]:,.0f} jobs/s at {best[1]}; {peer} {base:,.0f})"
+        if best[0] and base:
+            bench.check(f"drain >= {factor:g}x {peer} with its defaults", measured, best[0] >= factor * base)
+    for procs in (1, 2):
+        goal = f"drain with defaults >= pgqueuer's, {procs} process(es)"
+        bench.check_median(goal, rows.title, f"defaults p{procs}", "watchdog", lambda m: m >= 1, versus="pgqueuer")
 
 
 @h.scenario("latency", per_repeat=True, suite=True, options=h.SAMPLES)
@@ -120,12 +112,63 @@ def latency(bench: h.Bench, r: int) -> None:
     bench.table(table, ratios="watchdog", chart="latency.png")
     samples, warmup = bench.opt("samples", 200, 20), (3 if bench.quick else 5)
     for name in bench.in_order(r):
-
-        def once(name: str = name) -> dict[str, float]:
-            values = bench.latencies(name, bench.target(name, "postgresql"), f"lat-{r}", warmup, samples)
-            return {f"p{p} (ms)": h.percentile(values, p) for p in (50, 95, 99)}
-
+        once = lambda name=name: h.percentiles(
+            bench.latencies(name, bench.target(name, "postgresql"), f"lat-{r}", warmup, samples)
+        )
         bench.measure(table, "enqueue-to-start", name, once)
     if r == bench.repeat - 1:
         goal, row = "median wake latency <= 5 ms", "enqueue-to-start p50 (ms)"
         bench.check_median(goal, table, row, "watchdog", lambda m: m <= 5, " ms")
+
+
+#: Keys of the keyed variants' jobs (job i has key k<i mod KEYS>).
+KEYS = 100
+
+
+class KeyedWatchdog(h.Watchdog):
+    """The watchdog subject whose prefilled jobs carry one of :data:`KEYS` keys."""
+
+    @staticmethod
+    def jobs(tag: str, n: int) -> list[Any]:
+        return [Job(f"{tag}-{i}", h.QUEUE, payload={"i": i}, key=f"k{i % KEYS}") for i in range(n)]
+
+
+#: row -> (keyed jobs, set_limits keywords; None: no limits)
+LIMITS: dict[str, tuple[bool, dict[str, Any] | None]] = {
+    "unlimited": (False, None),
+    "unlimited, keyed jobs": (True, None),
+    "concurrency 16": (False, {"concurrency": 16}),
+    "concurrency 1,000 (never reached)": (False, {"concurrency": 1000}),
+    f"concurrency 16, 1 per key ({KEYS} keys)": (True, {"concurrency": 16, "concurrency_per_key": 1}),
+}
+
+
+def _limited_drain(
+    bench: h.Bench, target: h.Target, n: int, tag: str, keyed: bool, limits: dict[str, Any] | None
+) -> float:
+    """jobs/s of one worker process at concurrency 16 (:func:`h.drain_idle`) under ``limits``."""
+    subject = KeyedWatchdog() if keyed else h.Watchdog()
+    subject.reset(target)
+    with h.disposed(h.engine(target)) as eng:
+        Watchdog(eng).clear_limits(h.QUEUE)
+        if limits is not None:
+            Watchdog(eng).set_limits(h.QUEUE, **limits)
+    children = bench.workers("watchdog", target, tag, 1, concurrency=16)
+    try:
+        return h.drain_idle(subject, target, n, tag, 1, children)
+    finally:
+        h.stop_all(children)
+
+
+@h.scenario("limits", per_repeat=True, options=h.JOBS)
+def limits(bench: h.Bench, r: int) -> None:
+    """Jobs/s of one worker process at concurrency 16 draining a limited queue, beside the same queue unlimited."""
+    for dialect in bench.dialects():
+        pg = dialect == "postgresql"
+        table = f"limits: drain at concurrency 16 (jobs/s), {h.LABEL[dialect]}"
+        bench.table(table)
+        n = bench.opt("jobs", (2000 if pg else 300) if bench.quick else (10_000 if pg else 1000))
+        target = bench.target("watchdog", dialect)
+        for row, (keyed, limited) in LIMITS.items():
+            run = partial(_limited_drain, bench, target, n, f"l{r}-{row.split()[0]}{len(row)}", keyed, limited)
+            bench.measure(table, row, "watchdog", run, timeout=120 + n / 20)

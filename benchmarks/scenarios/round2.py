@@ -4,9 +4,11 @@ producers at once, a runner in the enqueueing process, scale-out, and a large ta
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import threading
 import time
-from dataclasses import asdict
+from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -93,26 +95,22 @@ def _txn_cost(target: h.Target, samples: int, warmup: int = 20) -> dict[str, flo
     return out
 
 
-def producer_role(subject: str, target: dict[str, str], jobs: int, tag: str, go: str) -> None:
+def producer_role(subject: str, target: h.Target, jobs: int, prefix: str, go: str) -> None:
     """Wait for the go file, then enqueue ``jobs`` jobs one per transaction; RESULT [start, end]."""
     h.say("READY")
     while not Path(go).exists():
         time.sleep(0.001)
-    elapsed = h.SUBJECTS[subject]().enqueue_single(h.Target(**target), jobs, tag)
+    elapsed = h.SUBJECTS[subject]().enqueue_single(target, jobs, f"{prefix}-{os.getpid()}")
     h.say("RESULT", [time.time() - elapsed, time.time()])
 
 
 def _produce(bench: h.Bench, name: str, jobs: int, tag: str, runner: bool = False) -> float:
     """16 producer processes enqueueing at once: jobs/s from the first start to the last end."""
-    target = bench.target(name, "postgresql")
+    target, go = bench.target(name, "postgresql"), bench.workdir / f"{tag}.go"
     bench.subjects[name].reset(target)
     workers = bench.workers(name, target, tag, defaults=True) if runner else []
-    go = bench.workdir / f"{tag}.go"
-    kwargs = {"subject": name, "target": asdict(target), "jobs": jobs, "go": str(go)}
-    procs = [h.Child(bench.workdir / f"{tag}-{i}.log", producer_role, tag=f"{tag}-{i}", **kwargs) for i in range(16)]
+    procs = bench.spawn(tag, 16, producer_role, subject=name, target=target, jobs=jobs, prefix=tag, go=str(go))
     try:
-        for proc in procs:
-            proc.wait_ready()
         go.touch()
         windows = [proc.result(600) for proc in procs]
     finally:
@@ -161,7 +159,7 @@ def producers(bench: h.Bench, r: int) -> None:
         bench.measure(table, row, "watchdog", once, 900)
 
 
-def inprocess_role(target: dict[str, str], concurrency: int | None, jobs: int, use_asyncio: bool) -> None:
+def inprocess_role(target: h.Target, concurrency: int | None, jobs: int, use_asyncio: bool) -> None:
     """A Runner thread (or an AsyncRunner on a thread's event loop) in this process, idle; the
     main thread enqueues ``jobs`` jobs in one transaction and polls until none is left.
     ``concurrency`` None: the runner's defaults (its engine too: the application's own)."""
@@ -169,79 +167,73 @@ def inprocess_role(target: dict[str, str], concurrency: int | None, jobs: int, u
 
     from sqlalchemy_watchdog.asyncio import AsyncRunner
 
-    db = h.Target(**target)
     options = {} if concurrency is None else {"concurrency": concurrency}
     if use_asyncio:
-        runner: Any = AsyncRunner(create_async_engine(db.url), {h.QUEUE: h.anoop}, **options)
+        runner: Any = AsyncRunner(create_async_engine(target.url), {h.QUEUE: h.anoop}, **options)
     else:
         pool = {} if concurrency is None else {"pool_size": concurrency + 3}
-        runner = Runner(h.engine(db, **pool), {h.QUEUE: lambda job: None}, **options)
-    h.say("RESULT", h.drain_here(db, runner, jobs, prefill=False))
+        runner = Runner(h.engine(target, **pool), {h.QUEUE: lambda job: None}, **options)
+    h.say("RESULT", h.drain_here(target, runner, jobs, prefill=False))
 
 
-def pgqueuer_inprocess_role(target: dict[str, str], jobs: int) -> None:
+def pgqueuer_inprocess_role(target: h.Target, jobs: int) -> None:
     """pgqueuer with its defaults (``pgqueuer.run`` on uvloop) in this process, idle, while
     another thread of it does the application's part as :func:`inprocess_role` does: enqueue
     ``jobs`` jobs in one call and poll until none is left. pgqueuer takes the main thread
     (its ``run`` installs signal handlers, which only the main thread may), the application
     a second one: one process, one GIL, as for the watchdog rows."""
-    import os
-    import threading
-
-    db, peer = h.Target(**target), h.PgQueuer()
+    peer = h.PgQueuer()
 
     def application() -> None:
         try:
-            h.say("RESULT", h.drain_idle(peer, db, jobs, "drain", 2))
+            h.say("RESULT", h.drain_idle(peer, target, jobs, "drain", 2))
         except BaseException as error:  # reported as the role's failure
             h.say("ERROR", repr(error))
         finally:
             os._exit(0)
 
     threading.Thread(target=application, daemon=True).start()
-    peer.worker_main(db, defaults=True)
-
-
-def _in_child(db: h.Target, log: Path, role: Any, **kwargs: Any) -> float:
-    """The ``RESULT`` of ``role(**kwargs)`` in a child process, on an emptied queue of ``db``."""
-    h.truncate(db)
-    return float(h.Child(log, role, **kwargs).result(600))
+    peer.worker_main(target, defaults=True)
 
 
 @h.scenario("inprocess", per_repeat=True, suite=True, options=h.JOBS)
 def inprocess(bench: h.Bench, r: int) -> None:
     """Jobs/s of a Runner / AsyncRunner draining in the enqueueing process vs in a process of its own."""
     target, jobs = bench.target("watchdog", "postgresql"), bench.opt("jobs", 20_000, 300)
+
+    def in_child(log: str, role: Any, db: h.Target = target, **kwargs: Any) -> Callable[[], float]:
+        """The ``RESULT`` of ``role`` in a child process, on an emptied queue of ``db``."""
+
+        def run() -> float:
+            h.truncate(db)
+            path = bench.workdir / f"inprocess-{log}-{r}.log"
+            return float(h.Child(path, role, target=db, jobs=jobs, **kwargs).result(600))
+
+        return run
+
     table = "drain, runner in-process vs a process of its own (jobs/s), PostgreSQL"
     bench.table(table, chart="inprocess.png")
     for use_asyncio in (False, True):
-        row = f"{'AsyncRunner' if use_asyncio else 'Runner'}, concurrency 4"
         options = {"concurrency": 4, "use_asyncio": use_asyncio}
-        log = bench.workdir / f"inprocess-{use_asyncio}-{r}.log"
-        inside = partial(_in_child, target, log, inprocess_role, target=asdict(target), jobs=jobs, **options)
+        inside = in_child(str(use_asyncio), inprocess_role, **options)
         separate = partial(bench.drain_once, "watchdog", target, jobs, f"separate-{r}", **options)
-        pair = [("in-process", inside), ("separate process", separate)]
-        for column, fn in pair if r % 2 == 0 else pair[::-1]:
-            bench.measure(table, row, column, fn, 600)
+        for column, fn in h.rotate([("in-process", inside), ("separate process", separate)], r):
+            bench.measure(table, f"{'AsyncRunner' if use_asyncio else 'Runner'}, concurrency 4", column, fn, 600)
     # Each queue with its defaults in the application's process, pgqueuer in-process beside.
     defaults = "drain with defaults, in the application's process (jobs/s), PostgreSQL"
     bench.table(defaults)
-    cells: list[tuple[str, Any]] = []
-    for use_asyncio in (False, True):
-        column = f"watchdog {'AsyncRunner' if use_asyncio else 'Runner'}"
-        log = bench.workdir / f"inprocess-defaults-{use_asyncio}-{r}.log"
-        cells.append(
-            (column, partial(_in_child, target, log, inprocess_role, target=asdict(target), jobs=jobs,
-                             concurrency=None, use_asyncio=use_asyncio))
-        )  # fmt: skip
-    if "pgqueuer" in bench.subjects:
-        peer = bench.target("pgqueuer", "postgresql")
-        log = bench.workdir / f"inprocess-pgqueuer-{r}.log"
-        cells.append(
-            ("pgqueuer", partial(_in_child, peer, log, pgqueuer_inprocess_role, target=asdict(peer), jobs=jobs))
+    cells = [
+        (
+            f"watchdog {'AsyncRunner' if a else 'Runner'}",
+            in_child(f"defaults-{a}", inprocess_role, concurrency=None, use_asyncio=a),
         )
-    shift = r % len(cells)
-    for column, fn in cells[shift:] + cells[:shift]:
+        for a in (False, True)
+    ]
+    if "pgqueuer" in bench.subjects:
+        cells.append(
+            ("pgqueuer", in_child("pgqueuer", pgqueuer_inprocess_role, bench.target("pgqueuer", "postgresql")))
+        )
+    for column, fn in h.rotate(cells, r):
         bench.measure(defaults, "defaults, in-process", column, fn, 600)
     if r == bench.repeat - 1 and "pgqueuer" in bench.subjects:
         for column in ("watchdog Runner", "watchdog AsyncRunner"):

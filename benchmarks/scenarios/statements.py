@@ -58,16 +58,12 @@ def _hot_round(target: h.Target, jobs: int, batch: int, tag: str) -> dict[str, f
 )
 def hot_statements(bench: h.Bench) -> None:
     """Microseconds per job (wall, client CPU, server CPU) of store.claim + settle_many without a runner, PostgreSQL."""
-    target = bench.scratch("postgresql", "hot")
-    h.install_watchdog(target)
     table = "claim + settle_many, one held connection (the server on this machine)"
-    try:
-        sizes, jobs = bench.ints("batch_sizes", "1,10,50"), bench.opt("jobs", 20_000, 2000)
+    sizes, jobs = bench.ints("batch_sizes", "1,10,50"), bench.opt("jobs", 20_000, 2000)
+    with bench.database("postgresql", "hot") as target:
         for r in range(bench.repeat):
             for b in sizes if r % 2 == 0 else sizes[::-1]:
                 bench.measure(table, f"{b} per statement", "", partial(_hot_round, target, jobs, b, f"r{r}b{b}"))
-    finally:
-        h.drop(target)
 
 
 # -- the index review ------------------------------------------------------------------------
@@ -161,9 +157,8 @@ def index_review(bench: h.Bench) -> None:
         for i, variant in enumerate(VARIANTS):
             _build(target := bench.scratch("postgresql", f"indexes{i}"), variant)
             clients[variant] = _Enqueuer(target)
-        names = list(VARIANTS)
         for b in range(batches):
-            for variant in names[b % len(names) :] + names[: b % len(names)]:
+            for variant in h.rotate(list(VARIANTS), b):
                 bench.record(table, "enqueue() (jobs/s)", variant, clients[variant].batch(f"e{b}"))
                 bench.record(table, "the statement alone (jobs/s)", variant, clients[variant].statement_alone(f"s{b}"))
     finally:
