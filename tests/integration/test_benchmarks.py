@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from sqlalchemy.engine import URL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,6 +119,7 @@ def test_the_raw_sql_ceiling_runs_pgbench_on_postgresql(postgres_server: URL, tm
     assert '"errors": []' in out.read_text()
 
 
+@pytest.mark.slow  # half a minute to a minute of child processes: CI runs it, a day's run need not
 def test_the_history_dependency_and_otel_scenarios_run_on_sqlite(tmp_path: Path) -> None:
     """Claims beside settled and delayed rows, the dependency rows and the OpenTelemetry drain
     (a child process given its database as a Target) each produce their rows."""
@@ -133,6 +135,7 @@ def test_the_history_dependency_and_otel_scenarios_run_on_sqlite(tmp_path: Path)
     assert '"errors": []' in out.read_text()
 
 
+@pytest.mark.slow  # half a minute to a minute of child processes: CI runs it, a day's run need not
 def test_the_in_process_and_producer_scenarios_run_on_postgresql(postgres_server: URL, tmp_path: Path) -> None:
     """A runner draining in the enqueueing process and 16 producer processes, each a child
     process given its database, report their rows."""
