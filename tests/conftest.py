@@ -103,7 +103,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.xfail(strict=True, reason=f"{kind}: {mark.args[1]}"))
     if RUN_SLOW:
         return
-    skip = pytest.mark.skip(reason="slow fault test: set WATCHDOG_SLOW_TESTS=1 (CI runs it)")
+    skip = pytest.mark.skip(reason="slow test: set WATCHDOG_SLOW_TESTS=1 (CI runs it)")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
