@@ -4,19 +4,20 @@ costs when it crosses to a child process and back."""
 from __future__ import annotations
 
 import os
-import time
-from datetime import timedelta
 from functools import partial
 from typing import Any
 
+from sqlalchemy import func, select
+
 from benchmarks import harness as h
-from sqlalchemy_watchdog import Job, ProcessExecutor, Runner, RunningJob, Watchdog
+from sqlalchemy_watchdog import Job, ProcessExecutor, Runner, RunningJob, Watchdog, WatchdogJob
 
 EXEC_QUEUE = "bench-exec"
-#: How often the drain's end is looked for. Every 5 ms, the look itself (a query from the
-#: runner's own process, 200 a second) took CPU from the children on 2 cores; every 20 ms
-#: it ends a drain of 600 jobs (3 s and more) at most 0.7% late, in every row alike.
-DRAINED_POLL_S = 0.02
+#: How often the drain's end is looked for. The drain is timed by the database's own
+#: timestamps (see :func:`_drain`), so the look may be rare: each is a query from the runner's
+#: own process, which on 2 cores takes CPU from the children (every 20 ms, as once, that was
+#: 50 queries a second).
+DRAINED_POLL_S = 0.2
 
 
 def spin(job: RunningJob) -> None:
@@ -38,23 +39,35 @@ def _loops_for(ms: float, probe: int = 200_000) -> int:
 
 
 def _drain(target: h.Target, handler: Any, n: int, loops: int, tag: str, **options: Any) -> float:
-    """Jobs/s of one runner (``options``: its executor or concurrency) serving ``n`` jobs of
-    ``handler``, started after a warm-up that starts every child."""
+    """Jobs/s of one runner with its default settings (``options``: its executor or
+    concurrency) serving ``n`` jobs of ``handler``, started after a warm-up that starts every
+    child: ``n`` over the time from the first claim (``started_at``) to the last settle
+    (``settled_at``), both on the database clock -- the runner's throughput while busy, with
+    neither its pick-up of the first job nor the look for the drain's end in it."""
     h.truncate(target)
     with h.disposed(h.engine(target)) as eng:
         watchdog = Watchdog(eng)
-        drained = lambda timeout: h.poll_until(
-            lambda: not watchdog.has_pending_work(), timeout=timeout, interval=DRAINED_POLL_S, what="drain"
-        )
-        runner = Runner(eng, {EXEC_QUEUE: handler}, poll_interval=timedelta(milliseconds=20), **options)
+
+        def drained(timeout: float) -> float:
+            check = lambda: not watchdog.has_pending_work()
+            return h.poll_until(check, timeout=timeout, interval=DRAINED_POLL_S, what="drain")
+
+        runner = Runner(eng, {EXEC_QUEUE: handler}, **options)
         with runner.running():
             slots = runner.settings.concurrency
             watchdog.enqueue([Job(f"{tag}-warm-{i}", EXEC_QUEUE, payload={"loops": loops}) for i in range(slots)])
             drained(120)
-            jobs = [Job(f"{tag}-{i}", EXEC_QUEUE, payload={"loops": loops}) for i in range(n)]
-            started = time.perf_counter()
-            watchdog.enqueue(jobs)
-            return n / (drained(60 + n) - started)
+            watchdog.enqueue([Job(f"{tag}-{i}", EXEC_QUEUE, payload={"loops": loops}) for i in range(n)])
+            drained(60 + n)
+        row = WatchdogJob.__table__.c
+        span = select(func.min(row.started_at), func.max(row.settled_at), func.count()).where(
+            row.job_id.like(f"{tag}-%"), row.job_id.not_like(f"{tag}-warm-%")
+        )
+        with eng.connect() as conn:
+            first, last, count = conn.execute(span).one()
+        if count != n or first is None or last is None or last <= first:
+            raise h.ScenarioFailed(f"drain {tag}: {count} of {n} jobs timed ({first}, {last})")
+        return n / ((last - first) / 1000)
 
 
 @h.scenario("executors", per_repeat=True, options=h.JOBS)
