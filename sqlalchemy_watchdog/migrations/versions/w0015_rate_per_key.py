@@ -77,7 +77,7 @@ def _rebuild_limits(per_key: bool) -> None:
     """SQLite: ``watchdog_limits`` rebuilt as w0015 (``per_key``) or w0014
     defines it, its rows copied (the columns both have)."""
     dialect = "sqlite"
-    columns = [
+    columns: list[sa.Column[Any]] = [
         sa.Column("queue_name", sa.Text(), nullable=False),
         sa.Column("concurrency", sa.Integer(), nullable=True),
         sa.Column("concurrency_per_key", sa.Integer(), nullable=True),
@@ -99,7 +99,9 @@ def _rebuild_limits(per_key: bool) -> None:
         _limit_range("concurrency"),
         _limit_range("concurrency_per_key"),
         _limit_range("rate_count"),
-        _check(LIMITS, "rate_period_range", f"rate_period_ms IS NULL OR rate_period_ms BETWEEN 1 AND {RATE_PERIOD_MAX_MS}"),
+        _check(
+            LIMITS, "rate_period_range", f"rate_period_ms IS NULL OR rate_period_ms BETWEEN 1 AND {RATE_PERIOD_MAX_MS}"
+        ),
         _check(LIMITS, "rate_complete", "(rate_count IS NULL) = (rate_period_ms IS NULL)"),
         _check(LIMITS, "some_limit", SOME_LIMIT if per_key else SOME_LIMIT_BEFORE),
         _check(LIMITS, "cursor_key_length", f"cursor_key IS NULL OR length(cursor_key) BETWEEN 1 AND {KEY_MAX_LENGTH}"),
