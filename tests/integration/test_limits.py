@@ -481,6 +481,73 @@ def test_a_runner_held_back_by_a_limit_starts_as_soon_as_room_frees(engine: Engi
     assert started == ["second"]
 
 
+def _expire(engine: Engine, job_id: str) -> Claim:
+    """End ``job_id``'s lease now (its worker vanished): the expired claim recovery sees."""
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE watchdog_jobs SET lease_until = 0 WHERE job_id = :j"), {"j": job_id})
+    with store.write_transaction(engine) as conn:
+        (expired,) = [c for c in store.expired_claims(conn, limit=10) if c.job.job_id == job_id]
+    return expired
+
+
+def _recover(engine: Engine, held: Claim) -> None:
+    expired = _expire(engine, held.job.job_id)
+    with store.write_transaction(engine) as conn:
+        assert store.reconcile(conn, expired).status is store.RecoveryStatus.REQUEUED
+
+
+def _recover_and_settle(engine: Engine, held: Claim) -> None:
+    expired = _expire(engine, held.job.job_id)
+    with store.write_transaction(engine) as conn:
+        assert store.reconcile(conn, expired, max_recoveries=0).status is store.RecoveryStatus.SETTLED
+
+
+def _fail_lane(engine: Engine, held: Claim) -> None:
+    assert Watchdog(engine).fail_lane("doomed", "the partner is down").settled == 1
+
+
+def _give_back(engine: Engine, held: Claim) -> None:
+    with store.write_transaction(engine) as conn:
+        (recovered,) = store.release_and_recover(conn, [(held.job.job_id, held.token)])
+    assert recovered.status is store.RecoveryStatus.REQUEUED
+
+
+@pytest.mark.parametrize(
+    "free",
+    [_recover, _recover_and_settle, _fail_lane, _give_back],
+    ids=["recovery-requeues", "recovery-settles", "lane-failure", "claim-given-back"],
+)
+def test_a_held_back_runner_is_woken_when_room_frees_without_a_settle(
+    engine: Engine, runners: RunnerDriver, free: Callable[[Engine, Claim], None]
+) -> None:
+    """Another worker's job holds the queue's only slot and leaves ``running``
+    without a settle: recovery requeues it or settles it ``interrupted``, its
+    lane is failed, or its claim is given back (released and recovered at a
+    shutdown). The runner held back, its next poll a minute away, is woken
+    (PostgreSQL: NOTIFY from any process; SQLite: the change made in this
+    process) and starts a job within seconds."""
+    enqueue(engine, [Job("held", "q", lane="doomed", max_recoveries=3), Job("next", "q")])
+    Watchdog(engine).set_limits("q", concurrency=1)
+    (held,) = claim(engine, ["q"], limit=1)
+    assert held.job.job_id == "held"
+    started: list[str] = []
+    ran = threading.Event()
+
+    def handler(job: RunningJob) -> None:
+        started.append(job.job_id)
+        ran.set()
+
+    worker = runners.runner({"q": handler}, poll_interval=timedelta(seconds=60))
+    with worker.serving():
+        time.sleep(1.0)  # it claimed, was held back, and waits
+        assert not ran.is_set()
+        began = time.monotonic()
+        free(engine, held)
+        assert ran.wait(15), "the held-back runner was not woken when room freed"
+        assert time.monotonic() - began < 15
+    assert started and started[0] in {"held", "next"}
+
+
 def test_settling_an_unlimited_queues_job_costs_no_wake_up(engine: Engine) -> None:
     """The wake-up for freed room is sent only for jobs of limited queues: a
     settle of an unlimited queue's job is its one statement, as before limits,
