@@ -268,6 +268,52 @@ END $$""",
 ]
 
 
+#: SQLite: every start and every rate-log row in one table, in write order.
+#: Writers take turns on SQLite's lock and a limited claim starts its jobs
+#: before it logs them, so each claim's events are one run of starts followed
+#: by its log rows (a rolled-back claim's events go with it).
+_SQLITE_RATE_AUDIT = [
+    "CREATE TABLE IF NOT EXISTS rate_events (id INTEGER PRIMARY KEY, kind text, queue_name text,"
+    " limit_key text, claimed_at integer, jobs integer)",
+    "CREATE TRIGGER IF NOT EXISTS rate_start_audit AFTER UPDATE OF state ON watchdog_jobs"
+    " WHEN NEW.state = 'running' AND OLD.state <> 'running' BEGIN"
+    " INSERT INTO rate_events (kind, queue_name, limit_key) VALUES ('start', NEW.queue_name, NEW.limit_key); END",
+    "CREATE TRIGGER IF NOT EXISTS rate_log_audit AFTER INSERT ON watchdog_limit_claims BEGIN"
+    " INSERT INTO rate_events (kind, queue_name, limit_key, claimed_at, jobs)"
+    " VALUES ('log', NEW.queue_name, NEW.limit_key, NEW.claimed_at, NEW.jobs); END",
+]
+
+
+def install_rate_audit(engine: Engine) -> None:
+    with engine.begin() as conn:
+        for ddl in _PG_RATE_AUDIT if engine.dialect.name == "postgresql" else _SQLITE_RATE_AUDIT:
+            conn.exec_driver_sql(ddl)
+
+
+def _sqlite_rate_events(
+    engine: Engine, queue: str
+) -> tuple[list[tuple[object, str | None, int]], list[tuple[object, int, int, str | None]]]:
+    """The audited starts and log rows of ``queue`` on SQLite, each named by
+    its claim: a start after a log row begins the next claim."""
+    with engine.connect() as conn:
+        events = conn.execute(
+            text("SELECT kind, limit_key, claimed_at, jobs FROM rate_events WHERE queue_name = :q ORDER BY id"),
+            {"q": queue},
+        ).all()
+    starts: list[tuple[object, str | None, int]] = []
+    logs: list[tuple[object, int, int, str | None]] = []
+    claim, previous = 0, "log"
+    for kind, key, at, jobs in events:
+        if kind == "start":
+            if previous == "log":
+                claim += 1
+            starts.append((claim, key, 1))
+        else:
+            logs.append((claim, int(at), int(jobs), key))
+        previous = kind
+    return starts, sorted(logs, key=lambda log: log[1])
+
+
 def rate_findings(
     engine: Engine, queue: str, count: int, period_ms: int, *, per_key: bool = False
 ) -> tuple[list[str], int]:
@@ -277,6 +323,9 @@ def rate_findings(
     on the database clock holds more than ``count`` logged starts -- of the
     queue, or with ``per_key`` of any one key (each transaction's starts then
     logged per key)."""
+    if engine.dialect.name == "sqlite":
+        lite_starts, lite_logs = _sqlite_rate_events(engine, queue)
+        return window_findings(lite_starts, lite_logs, count, period_ms, per_key=per_key)
     with engine.connect() as conn:
         starts = conn.execute(
             text("SELECT txid, limit_key, count(*) FROM rate_starts WHERE queue_name = :q GROUP BY txid, limit_key"),
@@ -334,12 +383,9 @@ def window_findings(
     return found, peak
 
 
-@pytest.mark.parametrize("dialect", ["postgresql"])  # the audit names each start's transaction
 def test_the_rate_audit_sees_an_excess_and_an_unlogged_start(engine: Engine) -> None:
     """The rate audit can fail: starts over the rate, and a start without its log row."""
-    with engine.begin() as conn:
-        for ddl in _PG_RATE_AUDIT:
-            conn.exec_driver_sql(ddl)
+    install_rate_audit(engine)
     watchdog = Watchdog(engine)
     watchdog.enqueue([Job(f"j{i}", "q") for i in range(3)])
     watchdog.set_limits("q", rate=Rate(1, timedelta(seconds=1)))
@@ -363,11 +409,8 @@ def test_the_rate_audit_sees_an_excess_and_an_unlogged_start(engine: Engine) -> 
     assert any(finding.startswith("starts not logged") for finding in found)
 
 
-@pytest.mark.parametrize("dialect", ["postgresql"])  # the audit names each start's transaction
 def test_the_per_key_rate_audit_sees_a_keys_excess_and_a_start_logged_under_another_key(engine: Engine) -> None:
-    with engine.begin() as conn:
-        for ddl in _PG_RATE_AUDIT:
-            conn.exec_driver_sql(ddl)
+    install_rate_audit(engine)
     watchdog = Watchdog(engine)
     watchdog.enqueue([Job(f"{key}{i}", "q", key=key) for key in "ab" for i in range(2)])
     watchdog.set_limits("q", rate_per_key=Rate(1, timedelta(seconds=1)))
@@ -402,10 +445,9 @@ def test_the_per_key_rate_audit_sees_a_keys_excess_and_a_start_logged_under_anot
     assert "2 starts of b in the 1000 ms up to 5500" in found and peak == 2
 
 
-@pytest.mark.parametrize("dialect", ["postgresql"])  # the audit names each start's transaction
 @pytest.mark.parametrize("per_key", [False, True], ids=["rate", "rate_per_key"])
 def test_a_rate_holds_across_processes_killed_frozen_and_cut_off(
-    instrumented: Engine, db_url: URL, workers: WorkerPool, per_key: bool
+    instrumented: Engine, db_url: URL, workers: WorkerPool, per_key: bool, dialect: str
 ) -> None:
     """A rate-limited queue (6 starts a second) drained by racing worker
     processes while one is SIGKILLed, one frozen past its lease (its jobs
@@ -414,11 +456,12 @@ def test_a_rate_holds_across_processes_killed_frozen_and_cut_off(
     database clock holds more than the rate -- though the workers' slots
     press on it (some window holds exactly 6). ``rate_per_key``: the same
     rate for each of 3 keys (and their jobs mixed with unkeyed ones, which
-    it does not bind): no key's window holds more than 6 starts."""
+    it does not bind): no key's window holds more than 6 starts. SQLite:
+    three racing processes on one file, one SIGKILLed and one frozen (no
+    connection to cut)."""
     engine = instrumented
-    with engine.begin() as conn:
-        for ddl in _PG_RATE_AUDIT:
-            conn.exec_driver_sql(ddl)
+    pg = dialect == "postgresql"
+    install_rate_audit(engine)
     rate = Rate(RATE_COUNT, timedelta(milliseconds=RATE_PERIOD_MS))
     total = 90
     ids = [f"paced-{i:04d}" for i in range(total)]
@@ -445,17 +488,19 @@ def test_a_rate_holds_across_processes_killed_frozen_and_cut_off(
         with engine.connect() as conn:
             return int(conn.execute(text("SELECT count(*) FROM watchdog_jobs WHERE state = 'settled'")).scalar_one())
 
-    pool = [workers.start(db_url, f"w{i}", **timing) for i in range(4)]
+    pool = [workers.start(db_url, f"w{i}", **timing) for i in range(4 if pg else 3)]
     wait_until(lambda: settled() >= total // 4, timeout=300, what="a quarter of the jobs", interval=0.1)
     pool[0].send(signal.SIGKILL)
     pool[0].wait(30)
     pool.append(workers.start(db_url, "replacement", **timing))
     wait_until(lambda: settled() >= total // 2, timeout=300, what="half of the jobs", interval=0.1)
     pool[1].send(signal.SIGSTOP)
-    assert _terminate_backends(engine) > 0
+    if pg:
+        assert _terminate_backends(engine) > 0
     time.sleep(lease + 1.5)
     pool[1].send(signal.SIGCONT)
-    _terminate_backends(engine)
+    if pg:
+        _terminate_backends(engine)
     wait_until(lambda: settled() == total, timeout=480, what="every job to settle", interval=0.2)
     for worker in pool[1:]:
         worker.send(signal.SIGTERM)
