@@ -36,16 +36,18 @@ delayed jobs too; recovery counts in ``recovery_count``, never in
 ``attempt``.
 
 Flow control (revision w0011): jobs carry keys (part of their identity), and
-queues get limits -- concurrency, per key, a rate -- at the start and by
+queues get limits -- concurrency, per key, a rate, a rate per key (w0015) -- at the start and by
 ``set_limits`` / ``clear_limits`` at any step, raised and lowered while jobs
 run. The model predicts exactly which jobs each claim takes: the limited
 queues first, by name, each within its room (concurrency minus its running
 jobs, the rate minus the claims logged in the window of the database clock,
 nothing while paused) and fairly (the rotation over keys from the stored
 cursor, the unkeyed jobs as one entry, the first job of each entry, then the
-second...), then the plain claim for the unlimited queues; the cursor and the
-rate log it writes; and after each claim that took a limited queue's jobs,
-its running jobs within every limit.
+second... -- a key's jobs up to its per-key room and what its per-key rate
+leaves), then the plain claim for the unlimited queues; the cursor and the
+rate log it writes (per key with a per-key rate); and after each claim that
+took a limited queue's jobs, its running jobs and the keys it took within
+every limit.
 
 Results, progress and dependencies (revision w0012): a completed job keeps
 exactly its handler's result (``result()`` agrees, for every state);
