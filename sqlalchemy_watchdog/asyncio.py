@@ -328,11 +328,17 @@ class AsyncWatchdog:
         concurrency: int | None = None,
         concurrency_per_key: int | None = None,
         rate: Rate | None = None,
+        rate_per_key: Rate | None = None,
     ) -> QueueLimits:
         """Limit ``queue`` across every runner, as :meth:`Watchdog.set_limits
         <sqlalchemy_watchdog.Watchdog.set_limits>`."""
         return await self._gateway.run(
-            store.set_limits, queue, concurrency=concurrency, concurrency_per_key=concurrency_per_key, rate=rate
+            store.set_limits,
+            queue,
+            concurrency=concurrency,
+            concurrency_per_key=concurrency_per_key,
+            rate=rate,
+            rate_per_key=rate_per_key,
         )
 
     async def clear_limits(self, queue: str) -> bool:

@@ -384,11 +384,14 @@ class Watchdog:
         concurrency: int | None = None,
         concurrency_per_key: int | None = None,
         rate: Rate | None = None,
+        rate_per_key: Rate | None = None,
     ) -> QueueLimits:
         """Limit ``queue`` across every runner: at most ``concurrency`` of its
         jobs running at once, at most ``concurrency_per_key`` of one key's
         (``Job.key``), at most ``rate`` claims in any window of its period (a
-        :class:`~sqlalchemy_watchdog.Rate`, database clock). A limited
+        :class:`~sqlalchemy_watchdog.Rate`, database clock), at most
+        ``rate_per_key`` claims of one key's jobs in any window of its
+        period. A limited
         queue's claims also rotate across keys. Replaces the queue's
         limits (None: no such limit; at least one must be given); idempotent.
         Returns the limits as stored.
@@ -399,7 +402,12 @@ class Watchdog:
         holds back new claims until the queue is under it. See
         :doc:`/howto/limits`."""
         return self._gateway.run(
-            store.set_limits, queue, concurrency=concurrency, concurrency_per_key=concurrency_per_key, rate=rate
+            store.set_limits,
+            queue,
+            concurrency=concurrency,
+            concurrency_per_key=concurrency_per_key,
+            rate=rate,
+            rate_per_key=rate_per_key,
         )
 
     def clear_limits(self, queue: str) -> bool:

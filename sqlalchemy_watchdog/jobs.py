@@ -1020,6 +1020,8 @@ class HeldBy(str, enum.Enum):
     CONCURRENCY_PER_KEY = "concurrency_per_key"
     #: Its queue started as many jobs as its ``rate`` allows in the current window.
     RATE = "rate"
+    #: Its key started as many jobs as the queue's ``rate_per_key`` allows in the current window.
+    RATE_PER_KEY = "rate_per_key"
 
 
 _PERIOD_UNITS = {
@@ -1101,8 +1103,9 @@ class QueueLimits:
 
     Every runner on every host obeys them: at most :attr:`concurrency` of
     the queue's jobs run at once, at most :attr:`concurrency_per_key` of one
-    key's, and at most :attr:`rate` claims are made in any window of its
-    period. A limited queue's claims rotate across keys.
+    key's, at most :attr:`rate` claims are made in any window of its
+    period, and at most :attr:`rate_per_key` claims of one key's jobs in
+    any window of that period. A limited queue's claims rotate across keys.
     """
 
     queue: str
@@ -1111,6 +1114,8 @@ class QueueLimits:
     rate: Rate | None
     #: When they were last set, by the database clock.
     updated_at: datetime
+    #: At most this many claims of one key's jobs in any window of its period.
+    rate_per_key: Rate | None = None
 
 
 class PauseStatus(str, enum.Enum):

@@ -575,6 +575,13 @@ schedules_table: Table = cast(Table, WatchdogSchedule.__table__)
 RATE_PERIOD_MAX_MS = 86_400_000
 
 
+#: CHECK ``some_limit`` of ``watchdog_limits``: a row limits something (clearing deletes it).
+SOME_LIMIT = (
+    "concurrency IS NOT NULL OR concurrency_per_key IS NOT NULL OR rate_count IS NOT NULL"
+    " OR rate_per_key_count IS NOT NULL"
+)
+
+
 def _limit_range(column: str) -> CheckConstraint:
     return CheckConstraint(f"{column} IS NULL OR {column} BETWEEN 1 AND {LIMIT_MAX}", name=f"{column}_range")
 
@@ -596,6 +603,10 @@ class WatchdogLimit(WatchdogBase):
     #: At most ``rate_count`` claims in any ``rate_period_ms`` window (database clock).
     rate_count: Mapped[int | None] = mapped_column(Integer)
     rate_period_ms: Mapped[int | None] = mapped_column(BigInteger)
+    #: At most ``rate_per_key_count`` claims of one key's jobs in any
+    #: ``rate_per_key_period_ms`` window (database clock; revision w0015).
+    rate_per_key_count: Mapped[int | None] = mapped_column(Integer)
+    rate_per_key_period_ms: Mapped[int | None] = mapped_column(BigInteger)
     #: The key that got the last job of the rotation (NULL: the unkeyed jobs, or none yet).
     cursor_key: Mapped[str | None] = mapped_column(Text().with_variant(Text(collation="C"), "postgresql"))
     #: Epoch milliseconds, database clock.
@@ -610,9 +621,15 @@ class WatchdogLimit(WatchdogBase):
             f"rate_period_ms IS NULL OR rate_period_ms BETWEEN 1 AND {RATE_PERIOD_MAX_MS}", name="rate_period_range"
         ),
         CheckConstraint("(rate_count IS NULL) = (rate_period_ms IS NULL)", name="rate_complete"),
+        _limit_range("rate_per_key_count"),
         CheckConstraint(
-            "concurrency IS NOT NULL OR concurrency_per_key IS NOT NULL OR rate_count IS NOT NULL", name="some_limit"
+            f"rate_per_key_period_ms IS NULL OR rate_per_key_period_ms BETWEEN 1 AND {RATE_PERIOD_MAX_MS}",
+            name="rate_per_key_period_range",
         ),
+        CheckConstraint(
+            "(rate_per_key_count IS NULL) = (rate_per_key_period_ms IS NULL)", name="rate_per_key_complete"
+        ),
+        CheckConstraint(SOME_LIMIT, name="some_limit"),
         CheckConstraint(
             f"cursor_key IS NULL OR length(cursor_key) BETWEEN 1 AND {KEY_MAX_LENGTH}", name="cursor_key_length"
         ),
@@ -623,10 +640,16 @@ class WatchdogLimit(WatchdogBase):
 limits_table: Table = cast(Table, WatchdogLimit.__table__)
 
 
+#: The predicate of ``ix_watchdog_limit_claims_keyed`` (the statements repeat it).
+LOGGED_KEYED = "limit_key IS NOT NULL"
+
+
 class WatchdogLimitClaim(WatchdogBase):
     """One limited claim of a rate-limited queue (revision w0011): when
-    (database clock) and how many jobs it started. The claimers delete a
-    queue's rows older than its period as they go."""
+    (database clock) and how many jobs it started -- of one key when the
+    queue has a per-key rate (revision w0015: one row per key a claim
+    started jobs of, NULL for the unkeyed ones). The claimers delete a
+    queue's rows older than its longest period as they go."""
 
     __tablename__ = "watchdog_limit_claims"
 
@@ -635,11 +658,24 @@ class WatchdogLimitClaim(WatchdogBase):
     #: Epoch milliseconds, database clock.
     claimed_at: Mapped[int] = mapped_column(BigInteger)
     jobs: Mapped[int] = mapped_column(Integer)
+    #: The key whose jobs these were (a queue with a per-key rate; revision w0015), else NULL.
+    limit_key: Mapped[str | None] = mapped_column(Text().with_variant(Text(collation="C"), "postgresql"))
 
     __table_args__ = (
         CheckConstraint(f"length(queue_name) BETWEEN 1 AND {QUEUE_MAX_LENGTH}", name="queue_name_length"),
         CheckConstraint("jobs >= 1", name="jobs_positive"),
+        CheckConstraint(
+            f"limit_key IS NULL OR length(limit_key) BETWEEN 1 AND {KEY_MAX_LENGTH}", name="limit_key_length"
+        ),
         Index("ix_watchdog_limit_claims_queue_name_claimed_at", "queue_name", "claimed_at"),
+        # A key's claims in a window: one range (revision w0015); only keyed rows enter it.
+        Index(
+            "ix_watchdog_limit_claims_keyed",
+            "queue_name",
+            "limit_key",
+            "claimed_at",
+            **_partial(LOGGED_KEYED),
+        ),
     )
 
 

@@ -700,6 +700,20 @@ def keys_running() -> Select[Any]:
     )
 
 
+@cache
+def keys_rate_used(filtered: bool) -> Select[Any]:
+    """The jobs queue ``:queue``'s limited claims started per key after
+    ``:since`` (database clock), of the expanding ``:keys`` when
+    ``filtered`` (else of every key): what a per-key rate leaves, one range of
+    ``ix_watchdog_limit_claims_keyed`` per key."""
+    query = select(logged.limit_key, func.sum(logged.jobs)).where(
+        logged.queue_name == _QUEUE, logged.limit_key.is_not(None), logged.claimed_at > _p("since", BigInteger())
+    )
+    if filtered:
+        query = query.where(logged.limit_key.in_(bindparam("keys", expanding=True)))
+    return query.group_by(logged.limit_key)
+
+
 #: How far the unkeyed group's pick reads a limited queue's head (in claim
 #: order, keyed jobs included) for unkeyed jobs, beyond the jobs it takes.
 UNKEYED_SCAN = 256
@@ -820,6 +834,8 @@ def claim_limited_at_once() -> Select[Any]:
             locked.c.concurrency_per_key,
             locked.c.rate_count,
             locked.c.rate_period_ms,
+            locked.c.rate_per_key_count,
+            locked.c.rate_per_key_period_ms,
             clock.label("clock"),
             fresh,
             case((fresh, case((paused, 0), else_=func.greatest(room, 0))), else_=0).label("room"),
@@ -872,7 +888,27 @@ def claim_limited_at_once() -> Select[Any]:
         .correlate(entries)
         .scalar_subquery()
     )
-    take = func.greatest(0, func.least(u.room, func.coalesce(u.concurrency_per_key - key_running, u.room)))
+    # A key's claims in its per-key window (ix_watchdog_limit_claims_keyed);
+    # NULL (no per-key rate) leaves the take to the other limits.
+    key_used = (
+        select(func.coalesce(func.sum(logged.jobs), 0))
+        .where(
+            logged.queue_name == queue,
+            logged.limit_key.is_not(None),
+            logged.limit_key == e.key,
+            logged.claimed_at > u.clock - u.rate_per_key_period_ms,
+        )
+        .correlate(entries, usage)
+        .scalar_subquery()
+    )
+    take = func.greatest(
+        0,
+        func.least(
+            u.room,
+            func.coalesce(u.concurrency_per_key - key_running, u.room),
+            func.coalesce(u.rate_per_key_count - key_used, u.room),
+        ),
+    )
     row: ColumnElement[Any] = literal_column("watchdog_jobs.ctid")
     keyed = (
         select(c.sequence, c.priority, row.label("row"))
@@ -956,19 +992,28 @@ def claim_limited_at_once() -> Select[Any]:
         .returning(lim.queue_name)
         .cte("moved")
     )
-    started = select(func.count()).select_from(claimed).where(claimed.c.state == _RUNNING).scalar_subquery()
+    # One row per claim, or with a per-key rate one per key it started jobs
+    # of (NULL: the unkeyed ones), so a key's count in a window is one range.
+    log_key = case((u.rate_per_key_count.is_not(None), claimed.c.limit_key), else_=null())
     logs = (
         insert(limit_claims_table)
         .from_select(
-            ["queue_name", "claimed_at", "jobs"],
-            select(queue, u.clock, started).where(u.rate_count.is_not(None), started > 0),
+            ["queue_name", "claimed_at", "jobs", "limit_key"],
+            select(queue, u.clock, func.count(), log_key)
+            .select_from(claimed.join(usage, true()))
+            .where(claimed.c.state == _RUNNING, or_(u.rate_count.is_not(None), u.rate_per_key_count.is_not(None)))
+            .group_by(u.clock, u.rate_per_key_count, log_key),
         )
         .returning(logged.id)
         .cte("logs")
     )
     old = (
         select(logged.id)
-        .where(logged.queue_name == queue, logged.claimed_at <= u.clock - u.rate_period_ms)
+        .where(
+            logged.queue_name == queue,
+            # The longer period's window (GREATEST skips a NULL).
+            logged.claimed_at <= u.clock - func.greatest(u.rate_period_ms, u.rate_per_key_period_ms),
+        )
         .order_by(logged.claimed_at)
         .limit(FORGET_BATCH)
         .correlate(None)
@@ -1003,9 +1048,13 @@ def move_cursor() -> Update:
 
 @cache
 def log_claim() -> Insert:
-    """Record that a limited claim of queue ``:queue`` started ``:jobs`` jobs at ``:clock``."""
+    """Record that a limited claim of queue ``:queue`` started ``:jobs`` jobs
+    at ``:clock`` (of key ``:key``: a queue with a per-key rate; else NULL)."""
     return limit_claims_table.insert().values(
-        queue_name=_QUEUE, claimed_at=_p("clock", BigInteger()), jobs=_p("jobs", Integer())
+        queue_name=_QUEUE,
+        claimed_at=_p("clock", BigInteger()),
+        jobs=_p("jobs", Integer()),
+        limit_key=_p("key", Text()),
     )
 
 
@@ -1031,7 +1080,8 @@ def forget_queue_claims() -> Delete:
 @cache
 def set_limits(dialect: str) -> Insert:
     """Store queue ``:queue``'s limits (``:concurrency``, ``:per_key``,
-    ``:rate_count``, ``:rate_period_ms``), its round-robin cursor kept; a
+    ``:rate_count``, ``:rate_period_ms``, ``:rate_per_key_count``,
+    ``:rate_per_key_period_ms``), its round-robin cursor kept; a
     row already holding exactly these is left alone (no row returned)."""
     clock = db_clock_ms()
     stmt = _insert_into(dialect, limits_table).values(
@@ -1040,6 +1090,8 @@ def set_limits(dialect: str) -> Insert:
         concurrency_per_key=_p("per_key", Integer()),
         rate_count=_p("rate_count", Integer()),
         rate_period_ms=_p("rate_period_ms", BigInteger()),
+        rate_per_key_count=_p("rate_per_key_count", Integer()),
+        rate_per_key_period_ms=_p("rate_per_key_period_ms", BigInteger()),
         updated_at=clock,
     )
     ex = stmt.excluded
@@ -1048,6 +1100,8 @@ def set_limits(dialect: str) -> Insert:
         lim.concurrency_per_key.is_not_distinct_from(ex.concurrency_per_key),
         lim.rate_count.is_not_distinct_from(ex.rate_count),
         lim.rate_period_ms.is_not_distinct_from(ex.rate_period_ms),
+        lim.rate_per_key_count.is_not_distinct_from(ex.rate_per_key_count),
+        lim.rate_per_key_period_ms.is_not_distinct_from(ex.rate_per_key_period_ms),
     )
     upsert: Insert = stmt.on_conflict_do_update(
         index_elements=[lim.queue_name],
@@ -1056,6 +1110,8 @@ def set_limits(dialect: str) -> Insert:
             "concurrency_per_key": ex.concurrency_per_key,
             "rate_count": ex.rate_count,
             "rate_period_ms": ex.rate_period_ms,
+            "rate_per_key_count": ex.rate_per_key_count,
+            "rate_per_key_period_ms": ex.rate_per_key_period_ms,
             "updated_at": clock,
         },
         where=not_(same),

@@ -165,4 +165,4 @@ def stable_repr(value: object) -> str:
 
 #: The package's newest revision: what `upgrade` reaches (one place for the
 #: tests that name it; the migrations' own test checks the chain).
-HEAD_REVISION = "w0014_waiting_jobs"
+HEAD_REVISION = "w0015_rate_per_key"

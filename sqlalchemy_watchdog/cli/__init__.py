@@ -23,7 +23,7 @@
                                               delete jobs settled more than DURATION ago
     pause QUEUE [--reason TEXT]               no runner claims the queue's jobs until resume
     resume QUEUE                              runners claim the queue's jobs again
-    limits [QUEUE] [--concurrency N] [--per-key N] [--rate N/PERIOD] [--clear]
+    limits [QUEUE] [--concurrency N] [--per-key N] [--rate N/PERIOD] [--rate-per-key N/PERIOD] [--clear]
                                               show queues' limits and their use; set or clear QUEUE's
     rerun JOB_ID --rerun-id ID                enqueue a copy of a settled job
     rerun --where KEY=VALUE ... --rerun-id ID [--yes]

@@ -355,11 +355,15 @@ def _queue_stats_dict(queue: QueueStats) -> dict[str, Any]:
 def limits_dict(limits: QueueLimits, use: QueueStats | None = None) -> dict[str, Any]:
     """A queue's limits (and, given its stats, their use) as ``limits --json`` prints them."""
     rate = limits.rate
+    per_key = limits.rate_per_key
     found: dict[str, Any] = {
         "queue": limits.queue,
         "concurrency": limits.concurrency,
         "concurrency_per_key": limits.concurrency_per_key,
         "rate": None if rate is None else {"count": rate.count, "period_ms": rate.period_ms, "text": str(rate)},
+        "rate_per_key": None
+        if per_key is None
+        else {"count": per_key.count, "period_ms": per_key.period_ms, "text": str(per_key)},
         "updated_at": iso(limits.updated_at),
     }
     if use is not None:
@@ -376,6 +380,8 @@ def limits_text(limits: QueueLimits, use: QueueStats | None = None) -> str:
         parts.append(f"per key {limits.concurrency_per_key}")
     if limits.rate is not None:
         parts.append(f"rate {limits.rate}" + ("" if use is None else f" (used {use.rate_used or 0})"))
+    if limits.rate_per_key is not None:
+        parts.append(f"rate per key {limits.rate_per_key}")
     if use is not None:
         parts.append(f"held back {use.held_back}")
     return ", ".join(parts)

@@ -181,7 +181,8 @@ def _add_operations_commands(commands: Any) -> None:
         "limits",
         help="show, set or clear queues' limits (concurrency, per key, rate), obeyed by every runner",
         description="Without options: every limited queue (or QUEUE) with its limits and their use "
-        "(running, rate used in the window, jobs held back). With --concurrency, --per-key or --rate: "
+        "(running, rate used in the window, jobs held back). With --concurrency, --per-key, --rate or "
+        "--rate-per-key: "
         "QUEUE's limits become these (the ones not given: none); --clear removes them.",
     )
     limits.add_argument("queue", nargs="?", metavar="QUEUE")
@@ -193,6 +194,12 @@ def _add_operations_commands(commands: Any) -> None:
     )
     limits.add_argument(
         "--rate", type=rate, metavar="N/PERIOD", help="at most N starts in any PERIOD (100/minute, 10/s, 5/30s)"
+    )
+    limits.add_argument(
+        "--rate-per-key",
+        type=rate,
+        metavar="N/PERIOD",
+        help="at most N starts of one key's jobs in any PERIOD (100/minute, 10/s, 5/30s)",
     )
     limits.add_argument("--clear", action="store_true", help="remove the queue's limits")
     limits.set_defaults(func=cmd_limits)

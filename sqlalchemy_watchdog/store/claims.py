@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -507,6 +507,15 @@ def room_freed(conn: Connection) -> None:
         room_freed_locally(local_key(conn.engine))
 
 
+def room_freed_in(conn: Connection, queues: Iterable[str]) -> None:
+    """:func:`room_freed` when any of ``queues`` (of jobs that left
+    ``running`` in this transaction) is limited -- the process's cached list,
+    so nothing is sent for a deployment without limits."""
+    limited = limited_queues(conn)
+    if limited and not limited.isdisjoint(queues):
+        room_freed(conn)
+
+
 def notify(conn: Connection, event: str) -> None:
     """Wake listening runners when the transaction commits (PostgreSQL only)."""
     if backend_of(conn).notifies:
@@ -531,6 +540,8 @@ def fail_lane(conn: Connection, lane: str, reason: str, *, batch: int = LANE_FAI
         rows += conn.execute(sql.fail_lane_waiting(conn.dialect.name), params).all()
     more = more or conn.execute(sql.lane_has_waiting_jobs(), {"lane_name": lane}).first() is not None
     jobs = tuple(sorted((view(row) for row in rows), key=lambda j: j.sequence))
+    if jobs:  # running jobs of a limited queue may have ended: wake the runners it holds back
+        room_freed_in(conn, {job.queue for job in jobs})
     return LaneFailure(jobs, more)
 
 
@@ -637,6 +648,8 @@ def reconcile(
         return Recovery(job.job_id, RecoveryStatus.LOST_RACE, None)
     after = view(row)
     status = RecoveryStatus.REQUEUED if after.state is JobState.QUEUED else RecoveryStatus.SETTLED
+    # It left running (requeued or settled): room in a limited queue.
+    room_freed_in(conn, (after.queue,))
     return Recovery(job.job_id, status, after)
 
 

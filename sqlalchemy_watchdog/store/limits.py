@@ -69,11 +69,35 @@ def forget_limited(conn: Connection) -> None:
 # -- limits ------------------------------------------------------------------------
 
 
+def _rate_of(count: int | None, period_ms: int | None) -> Rate | None:
+    if count is None or period_ms is None:
+        return None
+    return Rate(count, timedelta(milliseconds=period_ms))
+
+
 def _limits_of(row: Any) -> QueueLimits:
-    rate = None
-    if row.rate_count is not None and row.rate_period_ms is not None:
-        rate = Rate(row.rate_count, timedelta(milliseconds=row.rate_period_ms))
-    return QueueLimits(row.queue_name, row.concurrency, row.concurrency_per_key, rate, at_epoch_ms(row.updated_at))
+    return QueueLimits(
+        row.queue_name,
+        row.concurrency,
+        row.concurrency_per_key,
+        _rate_of(row.rate_count, row.rate_period_ms),
+        at_epoch_ms(row.updated_at),
+        _rate_of(row.rate_per_key_count, row.rate_per_key_period_ms),
+    )
+
+
+def check_rate(name: str, value: object) -> Rate | None:
+    """A rate limit: None, or a valid :class:`Rate` (checked again here, so
+    that a Rate altered after construction is refused naming ``name``)."""
+    if value is None:
+        return None
+    if not isinstance(value, Rate):
+        raise InvalidJob(name, f"must be a Rate (e.g. Rate(100, timedelta(minutes=1))), not {type(value).__name__}")
+    try:
+        Rate(value.count, value.per)
+    except InvalidJob as error:
+        raise InvalidJob(name, str(error).removeprefix("rate: ")) from None
+    return value
 
 
 def check_limit(name: str, value: object) -> int | None:
@@ -98,16 +122,18 @@ def set_limits(
     concurrency: int | None = None,
     concurrency_per_key: int | None = None,
     rate: Rate | None = None,
+    rate_per_key: Rate | None = None,
 ) -> QueueLimits:
     """Store ``queue``'s limits (replacing the ones it had); idempotent."""
     check_text("queue", queue, QUEUE_MAX_LENGTH)
     check_limit("concurrency", concurrency)
     check_limit("concurrency_per_key", concurrency_per_key)
-    if rate is not None and not isinstance(rate, Rate):
-        raise InvalidJob("rate", f"must be a Rate (e.g. Rate(100, timedelta(minutes=1))), not {type(rate).__name__}")
-    if concurrency is None and concurrency_per_key is None and rate is None:
+    check_rate("rate", rate)
+    check_rate("rate_per_key", rate_per_key)
+    if concurrency is None and concurrency_per_key is None and rate is None and rate_per_key is None:
         raise InvalidJob(
-            "concurrency", "give at least one of concurrency, concurrency_per_key and rate (clear_limits removes them)"
+            "concurrency",
+            "give at least one of concurrency, concurrency_per_key, rate and rate_per_key (clear_limits removes them)",
         )
     params = {
         "queue": queue,
@@ -115,6 +141,8 @@ def set_limits(
         "per_key": concurrency_per_key,
         "rate_count": None if rate is None else rate.count,
         "rate_period_ms": None if rate is None else rate.period_ms,
+        "rate_per_key_count": None if rate_per_key is None else rate_per_key.count,
+        "rate_per_key_period_ms": None if rate_per_key is None else rate_per_key.period_ms,
     }
     conn.execute(sql.set_limits(conn.dialect.name), params)
     forget_limited(conn)
@@ -225,13 +253,18 @@ def _parts(count: int) -> int:
     return 0 if count == 0 else 1 << math.ceil(math.log2(count))
 
 
-def fair_pick(conn: Connection, row: Any, room: int) -> tuple[list[tuple[int, str | None]], str | None, bool]:
+def fair_pick(
+    conn: Connection, row: Any, room: int, clock: int = 0
+) -> tuple[list[tuple[int, str | None]], str | None, bool]:
     """Up to ``room`` of the queue's queued jobs, fairly: ``(sequence, key)``
     in rank order -- the first job of each entry of the rotation, then the
     second of each, ... (priority, then admission, orders a key's jobs) --
-    with the cursor to store and whether to store it."""
+    with the cursor to store and whether to store it. A key takes at most
+    its room under ``concurrency_per_key`` and, with a per-key rate, what
+    its claims logged after ``clock`` minus the period leave."""
     queue = row.queue_name
     per_key = row.concurrency_per_key
+    rate_per_key = row.rate_per_key_count
     segment = min(room * 2 + 8, WALK_MAX)
     dialect = conn.dialect.name
     groups: list[list[tuple[int, int]]] = []  # per rotation entry: (priority, sequence)
@@ -245,6 +278,15 @@ def fair_pick(conn: Connection, row: Any, room: int) -> tuple[list[tuple[int, st
                 key: count for key, count in conn.execute(sql.keys_running(), {"queue": queue, "keys": named})
             }
             take = {key: max(0, min(room, per_key - running.get(key, 0))) for key in named}
+        if rate_per_key is not None and named:
+            since = clock - row.rate_per_key_period_ms
+            used: dict[str, int] = {
+                key: int(count)
+                for key, count in conn.execute(
+                    sql.keys_rate_used(True), {"queue": queue, "keys": named, "since": since}
+                )
+            }
+            take = {key: max(0, min(take[key], rate_per_key - used.get(key, 0))) for key in named}
         open_keys = [key for key in named if take[key] > 0]
         parts = _parts(len(open_keys))
         params: dict[str, Any] = {"queue": queue, "unkeyed_n": room if None in keys else 0}
@@ -283,6 +325,10 @@ def fair_pick(conn: Connection, row: Any, room: int) -> tuple[list[tuple[int, st
         return picks, entries[-1], entries[-1] != row.cursor_key
     return picks, None, False
 
+
+#: Positions in a claimed row (statements.COLUMNS).
+STATE = [column.name for column in sql.COLUMNS].index("state")
+LIMIT_KEY = [column.name for column in sql.COLUMNS].index("limit_key")
 
 #: What :func:`claim_at_once` returns when the transaction must claim instead.
 AGAIN = object()
@@ -349,14 +395,15 @@ def claim_in_transaction(
                 done: Taken | None = taken
                 return done
         room = _room(conn, row, limit)
-        period = row.rate_period_ms
-        if period is not None:
-            conn.execute(sql.forget_claims(), {"queue": queue, "before": room.clock - period, "batch": FORGET_BATCH})
+        periods = [period for period in (row.rate_period_ms, row.rate_per_key_period_ms) if period is not None]
+        if periods:  # out of every window a claim looks at: the longer period's
+            before = room.clock - max(periods)
+            conn.execute(sql.forget_claims(), {"queue": queue, "before": before, "batch": FORGET_BATCH})
         if not row.has_queued:
             return Taken([], False)
         if room.room <= 0:
             return Taken([], True)
-        picks, cursor, move = fair_pick(conn, row, room.room)
+        picks, cursor, move = fair_pick(conn, row, room.room, room.clock)
         rows: list[Sequence[Any]] = []
         if picks:
             params = {"token": token, "lease_ms": lease_ms, "sequences": [sequence for sequence, _ in picks]}
@@ -367,9 +414,15 @@ def claim_in_transaction(
             # (a serialization failure, retried) instead of counting stale rows;
             # under READ COMMITTED claim_at_once sees another version of the row.
             conn.execute(sql.move_cursor(), {"queue": queue, "cursor": cursor})
-        started = sum(1 for claimed in rows if claimed[7] == JobState.RUNNING.value)
-        if period is not None and started:
-            conn.execute(sql.log_claim(), {"queue": queue, "clock": room.clock, "jobs": started})
+        started: dict[str | None, int] = {}
+        for claimed in rows:
+            if claimed[STATE] == JobState.RUNNING.value:
+                # With a per-key rate one log row per key (NULL: the unkeyed jobs).
+                key = claimed[LIMIT_KEY] if row.rate_per_key_count is not None else None
+                started[key] = started.get(key, 0) + 1
+        if periods:
+            for key, jobs in started.items():
+                conn.execute(sql.log_claim(), {"queue": queue, "clock": room.clock, "jobs": jobs, "key": key})
         # Held back: the room was below the ask or is used up now, or a
         # per-key limit left walked keys' jobs behind (an approximation: the
         # queue may simply have had fewer jobs than the room).
@@ -377,7 +430,8 @@ def claim_in_transaction(
         if row.rate_count is not None:
             left.append(row.rate_count - room.rate_used)
         used_up = bool(left) and min(left) - len(rows) <= 0
-        held = room.room < limit or used_up or (len(picks) < room.room and row.concurrency_per_key is not None)
+        per_key_limited = row.concurrency_per_key is not None or row.rate_per_key_count is not None
+        held = room.room < limit or used_up or (len(picks) < room.room and per_key_limited)
         return Taken(rows, held)
 
 
@@ -397,7 +451,7 @@ def queue_use(conn: Connection, limits: QueueLimits) -> LimitUse:
     """How much of ``limits`` is used, and how many queued jobs no claim could take now."""
     dialect = conn.dialect.name
     period = 0 if limits.rate is None else limits.rate.period_ms
-    _clock, running, used, _paused = conn.execute(
+    clock, running, used, _paused = conn.execute(
         sql.limit_usage(dialect), {"queue": limits.queue, "period_ms": period}
     ).one()
     used = int(used or 0)
@@ -406,12 +460,20 @@ def queue_use(conn: Connection, limits: QueueLimits) -> LimitUse:
     for key, state, count in conn.execute(sql.keyed_counts(dialect), {"queue": limits.queue}):
         (queued if state == JobState.QUEUED.value else running_by_key)[key] = count
     total = sum(queued.values())
+    key_used: dict[str | None, int] = {}
+    if limits.rate_per_key is not None:
+        since = clock - limits.rate_per_key.period_ms
+        key_used = {
+            key: int(count)
+            for key, count in conn.execute(sql.keys_rate_used(False), {"queue": limits.queue, "since": since})
+        }
     claimable = 0
     for key, count in queued.items():
-        if key is None or limits.concurrency_per_key is None:
-            claimable += count
-        else:
-            claimable += max(0, min(count, limits.concurrency_per_key - running_by_key.get(key, 0)))
+        if key is not None and limits.concurrency_per_key is not None:
+            count = max(0, min(count, limits.concurrency_per_key - running_by_key.get(key, 0)))
+        if key is not None and limits.rate_per_key is not None:
+            count = max(0, min(count, limits.rate_per_key.count - key_used.get(key, 0)))
+        claimable += count
     if limits.concurrency is not None:
         claimable = min(claimable, max(0, limits.concurrency - running))
     if limits.rate is not None:
@@ -428,7 +490,7 @@ def held_by(conn: Connection, job: JobView) -> HeldBy | None:
         return None
     limits = _limits_of(found)
     period = 0 if limits.rate is None else limits.rate.period_ms
-    _clock, running, used, _paused = conn.execute(
+    clock, running, used, _paused = conn.execute(
         sql.limit_usage(conn.dialect.name), {"queue": job.queue, "period_ms": period}
     ).one()
     if limits.concurrency is not None and running >= limits.concurrency:
@@ -441,6 +503,11 @@ def held_by(conn: Connection, job: JobView) -> HeldBy | None:
         }
         if counts.get(job.key, 0) >= limits.concurrency_per_key:
             return HeldBy.CONCURRENCY_PER_KEY
+    if limits.rate_per_key is not None and job.key is not None:
+        since = clock - limits.rate_per_key.period_ms
+        logged = conn.execute(sql.keys_rate_used(True), {"queue": job.queue, "keys": [job.key], "since": since}).first()
+        if logged is not None and int(logged[1]) >= limits.rate_per_key.count:
+            return HeldBy.RATE_PER_KEY
     return None
 
 

@@ -848,8 +848,12 @@ def _limit_values(fields: Mapping[str, str]) -> dict[str, Any]:
             raise InvalidJob(name, f"must be a whole number from 1 to {LIMIT_MAX}, got {text[:20]!r}")
         else:
             values[name] = int(text)
-    text = fields.get("rate", "").strip()
-    values["rate"] = Rate.parse(text) if text else None
+    for name in ("rate", "rate_per_key"):
+        text = fields.get(name, "").strip()
+        try:
+            values[name] = Rate.parse(text) if text else None
+        except InvalidJob as error:
+            raise InvalidJob(name, str(error).removeprefix("rate: ")) from None
     return values
 
 
@@ -861,6 +865,8 @@ def _limits_text(limits: QueueLimits) -> str:
         parts.append(f"at most {limits.concurrency_per_key} running per key")
     if limits.rate is not None:
         parts.append(f"at most {limits.rate.count} started per {limits.rate.per}")
+    if limits.rate_per_key is not None:
+        parts.append(f"at most {limits.rate_per_key.count} started per key per {limits.rate_per_key.per}")
     return ", ".join(parts)
 
 
@@ -880,7 +886,13 @@ _ACTION_FIELDS: dict[str, tuple[tuple[str, bool], ...]] = {
         ("rerun_id", True),
     ),
     "bulk_cancel": (("queue", False), ("lane", False), ("cancellation_id", True)),
-    "set_limits": (("queue", True), ("concurrency", False), ("concurrency_per_key", False), ("rate", False)),
+    "set_limits": (
+        ("queue", True),
+        ("concurrency", False),
+        ("concurrency_per_key", False),
+        ("rate", False),
+        ("rate_per_key", False),
+    ),
     "clear_limits": (("queue", True),),
 }
 #: The choices of a bulk rerun's "settled within the last ..." field.

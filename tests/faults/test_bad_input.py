@@ -122,6 +122,14 @@ def _seed(engine: Engine) -> None:
     wd.set_limits("seed-limited", concurrency=3, rate=Rate(5, timedelta(seconds=7)))  # limits a bad call must keep
 
 
+def _forged(**fields: object) -> Rate:
+    """A Rate of 10 a minute whose fields are then set past its own checks."""
+    rate = Rate(10, timedelta(minutes=1))
+    for name, value in fields.items():
+        object.__setattr__(rate, name, value)
+    return rate
+
+
 @dataclass(frozen=True)
 class Entry:
     field: str
@@ -403,6 +411,32 @@ REFUSED: dict[str, Entry] = {
     "set_limits rate period sub-millisecond": Entry("rate", lambda engine: Rate(10, timedelta(microseconds=10))),
     "set_limits rate period an int": Entry("rate", lambda engine: Rate(10, 60)),  # type: ignore[arg-type]
     "set_limits rate text zero period": Entry("rate", lambda engine: Rate.parse("10/0s")),
+    "set_limits rate_per_key a tuple": Entry(
+        "rate_per_key", wd("set_limits", "q", rate_per_key=(100, timedelta(minutes=1)))
+    ),
+    "set_limits rate_per_key a str": Entry("rate_per_key", wd("set_limits", "q", rate_per_key="100/minute")),
+    "set_limits rate_per_key an int": Entry("rate_per_key", wd("set_limits", "q", rate_per_key=100)),
+    # A Rate whose fields were set past its checks (a hand-made or unpickled one): checked again.
+    "set_limits rate_per_key count 0": Entry("rate_per_key", wd("set_limits", "q", rate_per_key=_forged(count=0))),
+    "set_limits rate_per_key count negative": Entry(
+        "rate_per_key", wd("set_limits", "q", rate_per_key=_forged(count=-1))
+    ),
+    "set_limits rate_per_key count huge": Entry(
+        "rate_per_key", wd("set_limits", "q", rate_per_key=_forged(count=10**12))
+    ),
+    "set_limits rate_per_key count bool": Entry(
+        "rate_per_key", wd("set_limits", "q", rate_per_key=_forged(count=True))
+    ),
+    "set_limits rate_per_key period zero": Entry(
+        "rate_per_key", wd("set_limits", "q", rate_per_key=_forged(per=timedelta(0)))
+    ),
+    "set_limits rate_per_key period over a day": Entry(
+        "rate_per_key", wd("set_limits", "q", rate_per_key=_forged(per=timedelta(days=2)))
+    ),
+    "set_limits rate_per_key period an int": Entry("rate_per_key", wd("set_limits", "q", rate_per_key=_forged(per=60))),
+    "set_limits rate_per_key beside a bad rate": Entry(
+        "rate", wd("set_limits", "q", rate=_forged(count=0), rate_per_key=Rate(1, timedelta(seconds=1)))
+    ),
     "set_limits queue empty": Entry("queue", wd("set_limits", "", concurrency=1)),
     "set_limits queue 257 chars": Entry("queue", wd("set_limits", "q" * 257, concurrency=1)),
     "set_limits queue NUL": Entry("queue", wd("set_limits", "q\x00", concurrency=1)),

@@ -248,16 +248,16 @@ RATE_PERIOD_MS = 1000
 #: each with the transaction that wrote it -- rolled back with it, kept when
 #: the claimers delete the log rows out of the window.
 _PG_RATE_AUDIT = [
-    "CREATE TABLE IF NOT EXISTS rate_starts (txid bigint, queue_name text)",
-    "CREATE TABLE IF NOT EXISTS rate_logs (txid bigint, queue_name text, claimed_at bigint, jobs int)",
+    "CREATE TABLE IF NOT EXISTS rate_starts (txid bigint, queue_name text, limit_key text)",
+    "CREATE TABLE IF NOT EXISTS rate_logs (txid bigint, queue_name text, claimed_at bigint, jobs int, limit_key text)",
     """CREATE OR REPLACE FUNCTION rate_start_audit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO rate_starts VALUES (txid_current(), NEW.queue_name);
+    INSERT INTO rate_starts VALUES (txid_current(), NEW.queue_name, NEW.limit_key);
     RETURN NULL;
 END $$""",
     """CREATE OR REPLACE FUNCTION rate_log_audit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO rate_logs VALUES (txid_current(), NEW.queue_name, NEW.claimed_at, NEW.jobs);
+    INSERT INTO rate_logs VALUES (txid_current(), NEW.queue_name, NEW.claimed_at, NEW.jobs, NEW.limit_key);
     RETURN NULL;
 END $$""",
     "DROP TRIGGER IF EXISTS rate_start_audit ON watchdog_jobs",
@@ -268,41 +268,124 @@ END $$""",
 ]
 
 
-def rate_findings(engine: Engine, queue: str, count: int, period_ms: int) -> tuple[list[str], int]:
+#: SQLite: every start and every rate-log row in one table, in write order.
+#: Writers take turns on SQLite's lock and a limited claim starts its jobs
+#: before it logs them, so each claim's events are one run of starts followed
+#: by its log rows (a rolled-back claim's events go with it).
+_SQLITE_RATE_AUDIT = [
+    "CREATE TABLE IF NOT EXISTS rate_events (id INTEGER PRIMARY KEY, kind text, queue_name text,"
+    " limit_key text, claimed_at integer, jobs integer)",
+    "CREATE TRIGGER IF NOT EXISTS rate_start_audit AFTER UPDATE OF state ON watchdog_jobs"
+    " WHEN NEW.state = 'running' AND OLD.state <> 'running' BEGIN"
+    " INSERT INTO rate_events (kind, queue_name, limit_key) VALUES ('start', NEW.queue_name, NEW.limit_key); END",
+    "CREATE TRIGGER IF NOT EXISTS rate_log_audit AFTER INSERT ON watchdog_limit_claims BEGIN"
+    " INSERT INTO rate_events (kind, queue_name, limit_key, claimed_at, jobs)"
+    " VALUES ('log', NEW.queue_name, NEW.limit_key, NEW.claimed_at, NEW.jobs); END",
+]
+
+
+def install_rate_audit(engine: Engine) -> None:
+    with engine.begin() as conn:
+        for ddl in _PG_RATE_AUDIT if engine.dialect.name == "postgresql" else _SQLITE_RATE_AUDIT:
+            conn.exec_driver_sql(ddl)
+
+
+def _sqlite_rate_events(
+    engine: Engine, queue: str
+) -> tuple[list[tuple[object, str | None, int]], list[tuple[object, int, int, str | None]]]:
+    """The audited starts and log rows of ``queue`` on SQLite, each named by
+    its claim: a start after a log row begins the next claim."""
+    with engine.connect() as conn:
+        events = conn.execute(
+            text("SELECT kind, limit_key, claimed_at, jobs FROM rate_events WHERE queue_name = :q ORDER BY id"),
+            {"q": queue},
+        ).all()
+    starts: list[tuple[object, str | None, int]] = []
+    logs: list[tuple[object, int, int, str | None]] = []
+    claim, previous = 0, "log"
+    for kind, key, at, jobs in events:
+        if kind == "start":
+            if previous == "log":
+                claim += 1
+            starts.append((claim, key, 1))
+        else:
+            logs.append((claim, int(at), int(jobs), key))
+        previous = kind
+    return starts, sorted(logs, key=lambda log: log[1])
+
+
+def rate_findings(
+    engine: Engine, queue: str, count: int, period_ms: int, *, per_key: bool = False
+) -> tuple[list[str], int]:
     """What breaks the rate in the audit, and the most starts seen in one window:
     every transaction that started jobs of ``queue`` logged exactly that many
     (so the log the claims count is complete), and no window of ``period_ms``
-    on the database clock holds more than ``count`` logged starts."""
+    on the database clock holds more than ``count`` logged starts -- of the
+    queue, or with ``per_key`` of any one key (each transaction's starts then
+    logged per key)."""
+    if engine.dialect.name == "sqlite":
+        lite_starts, lite_logs = _sqlite_rate_events(engine, queue)
+        return window_findings(lite_starts, lite_logs, count, period_ms, per_key=per_key)
     with engine.connect() as conn:
-        starts: dict[int, int] = dict(
-            conn.execute(
-                text("SELECT txid, count(*) FROM rate_starts WHERE queue_name = :q GROUP BY txid"), {"q": queue}
-            ).all()
-        )
-        logs = conn.execute(
-            text("SELECT txid, claimed_at, jobs FROM rate_logs WHERE queue_name = :q ORDER BY claimed_at"), {"q": queue}
+        starts = conn.execute(
+            text("SELECT txid, limit_key, count(*) FROM rate_starts WHERE queue_name = :q GROUP BY txid, limit_key"),
+            {"q": queue},
         ).all()
+        logs = conn.execute(
+            text("SELECT txid, claimed_at, jobs, limit_key FROM rate_logs WHERE queue_name = :q ORDER BY claimed_at"),
+            {"q": queue},
+        ).all()
+    return window_findings(
+        [(txid, key, int(n)) for txid, key, n in starts],
+        [(txid, at, jobs, key) for txid, at, jobs, key in logs],
+        count,
+        period_ms,
+        per_key=per_key,
+    )
+
+
+def window_findings(
+    starts: list[tuple[object, str | None, int]],
+    logs: list[tuple[object, int, int, str | None]],
+    count: int,
+    period_ms: int,
+    *,
+    per_key: bool = False,
+) -> tuple[list[str], int]:
+    """:func:`rate_findings` over audited ``starts`` ``(claim, key, jobs)`` and
+    log rows ``(claim, claimed_at, jobs, key)``, each claim named by whatever
+    identifies its transaction."""
     found: list[str] = []
-    logged: dict[int, int] = {}
-    for txid, _at, jobs in logs:
-        logged[txid] = logged.get(txid, 0) + jobs
-    if logged != starts:
-        found.append(f"starts not logged in their transaction: {sorted(set(starts.items()) ^ set(logged.items()))}")
+    started: dict[tuple[object, str | None], int] = {}
+    for claim, key, jobs in starts:
+        group = (claim, key if per_key else None)
+        started[group] = started.get(group, 0) + jobs
+    logged: dict[tuple[object, str | None], int] = {}
+    for claim, _at, jobs, key in logs:
+        group = (claim, key)
+        logged[group] = logged.get(group, 0) + jobs
+    if logged != started:
+        found.append(
+            f"starts not logged in their transaction: {sorted(set(started.items()) ^ set(logged.items()), key=repr)}"
+        )
     peak = 0
-    for _txid, at, _jobs in logs:  # the window (at - period, at], ending at each logged claim
-        inside = sum(jobs for _t, other, jobs in logs if at - period_ms < other <= at)
+    for _claim, at, _jobs, key in logs:  # the window (at - period, at], ending at each logged claim
+        if per_key and key is None:
+            continue  # unkeyed jobs: no per-key rate binds them
+        inside = sum(
+            jobs
+            for _c, other, jobs, other_key in logs
+            if at - period_ms < other <= at and (not per_key or other_key == key)
+        )
         peak = max(peak, inside)
         if inside > count:
-            found.append(f"{inside} starts in the {period_ms} ms up to {at}")
+            found.append(f"{inside} starts{f' of {key}' if per_key else ''} in the {period_ms} ms up to {at}")
     return found, peak
 
 
-@pytest.mark.parametrize("dialect", ["postgresql"])  # the audit names each start's transaction
 def test_the_rate_audit_sees_an_excess_and_an_unlogged_start(engine: Engine) -> None:
     """The rate audit can fail: starts over the rate, and a start without its log row."""
-    with engine.begin() as conn:
-        for ddl in _PG_RATE_AUDIT:
-            conn.exec_driver_sql(ddl)
+    install_rate_audit(engine)
     watchdog = Watchdog(engine)
     watchdog.enqueue([Job(f"j{i}", "q") for i in range(3)])
     watchdog.set_limits("q", rate=Rate(1, timedelta(seconds=1)))
@@ -326,26 +409,76 @@ def test_the_rate_audit_sees_an_excess_and_an_unlogged_start(engine: Engine) -> 
     assert any(finding.startswith("starts not logged") for finding in found)
 
 
-@pytest.mark.parametrize("dialect", ["postgresql"])  # the audit names each start's transaction
+def test_the_per_key_rate_audit_sees_a_keys_excess_and_a_start_logged_under_another_key(engine: Engine) -> None:
+    install_rate_audit(engine)
+    watchdog = Watchdog(engine)
+    watchdog.enqueue([Job(f"{key}{i}", "q", key=key) for key in "ab" for i in range(2)])
+    watchdog.set_limits("q", rate_per_key=Rate(1, timedelta(seconds=1)))
+    with engine.begin() as conn:  # one start of each key, logged per key: within the rate
+        conn.execute(
+            text(
+                "UPDATE watchdog_jobs SET state = 'running', claim_token = 'x' || sequence,"
+                " lease_until = 9999999999999 WHERE job_id IN ('a0', 'b0')"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO watchdog_limit_claims (queue_name, claimed_at, jobs, limit_key)"
+                " VALUES ('q', 5000, 1, 'a'), ('q', 5000, 1, 'b')"
+            )
+        )
+    assert rate_findings(engine, "q", 1, 1000, per_key=True) == ([], 1)
+    with engine.begin() as conn:  # a second start of a, logged as b's
+        conn.execute(
+            text(
+                "UPDATE watchdog_jobs SET state = 'running', claim_token = 'x' || sequence,"
+                " lease_until = 9999999999999 WHERE job_id = 'a1'"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO watchdog_limit_claims (queue_name, claimed_at, jobs, limit_key) VALUES ('q', 5500, 1, 'b')"
+            )
+        )
+    found, peak = rate_findings(engine, "q", 1, 1000, per_key=True)
+    assert any(finding.startswith("starts not logged") for finding in found)
+    assert "2 starts of b in the 1000 ms up to 5500" in found and peak == 2
+
+
+@pytest.mark.parametrize("per_key", [False, True], ids=["rate", "rate_per_key"])
 def test_a_rate_holds_across_processes_killed_frozen_and_cut_off(
-    instrumented: Engine, db_url: URL, workers: WorkerPool
+    instrumented: Engine, db_url: URL, workers: WorkerPool, per_key: bool, dialect: str
 ) -> None:
     """A rate-limited queue (6 starts a second) drained by racing worker
     processes while one is SIGKILLed, one frozen past its lease (its jobs
     recovered and started again) and every connection cut: every start is
     logged by the claim that made it, and no window of the period on the
     database clock holds more than the rate -- though the workers' slots
-    press on it (some window holds exactly 6)."""
+    press on it (some window holds exactly 6). ``rate_per_key``: the same
+    rate for each of 3 keys (and their jobs mixed with unkeyed ones, which
+    it does not bind): no key's window holds more than 6 starts. SQLite:
+    three racing processes on one file, one SIGKILLed and one frozen (no
+    connection to cut)."""
     engine = instrumented
-    with engine.begin() as conn:
-        for ddl in _PG_RATE_AUDIT:
-            conn.exec_driver_sql(ddl)
-    Watchdog(engine).set_limits("paced", rate=Rate(RATE_COUNT, timedelta(milliseconds=RATE_PERIOD_MS)))
+    pg = dialect == "postgresql"
+    install_rate_audit(engine)
+    rate = Rate(RATE_COUNT, timedelta(milliseconds=RATE_PERIOD_MS))
     total = 90
     ids = [f"paced-{i:04d}" for i in range(total)]
+    keys: list[str | None] = [None]
+    if per_key:
+        Watchdog(engine).set_limits("paced", rate_per_key=rate)
+        total = 150
+        ids = [f"paced-{i:04d}" for i in range(total)]
+        keys = ["k0", "k1", "k2", None, "k0", "k1", "k2"]  # unkeyed ones are not bound by it
+    else:
+        Watchdog(engine).set_limits("paced", rate=rate)
     enqueue_jobs(
         engine,
-        [Job(j, "paced", max_recoveries=5, payload={"action": "sleep", "seconds": 0.01}) for j in ids],
+        [
+            Job(j, "paced", key=keys[i % len(keys)], max_recoveries=5, payload={"action": "sleep", "seconds": 0.01})
+            for i, j in enumerate(ids)
+        ],
     )
     lease = 3
     timing: dict[str, object] = {"queue": "paced", "concurrency": 3, "lease": lease, "heartbeat": 0.5, "poll": 0.05}
@@ -355,23 +488,25 @@ def test_a_rate_holds_across_processes_killed_frozen_and_cut_off(
         with engine.connect() as conn:
             return int(conn.execute(text("SELECT count(*) FROM watchdog_jobs WHERE state = 'settled'")).scalar_one())
 
-    pool = [workers.start(db_url, f"w{i}", **timing) for i in range(4)]
+    pool = [workers.start(db_url, f"w{i}", **timing) for i in range(4 if pg else 3)]
     wait_until(lambda: settled() >= total // 4, timeout=300, what="a quarter of the jobs", interval=0.1)
     pool[0].send(signal.SIGKILL)
     pool[0].wait(30)
     pool.append(workers.start(db_url, "replacement", **timing))
     wait_until(lambda: settled() >= total // 2, timeout=300, what="half of the jobs", interval=0.1)
     pool[1].send(signal.SIGSTOP)
-    assert _terminate_backends(engine) > 0
+    if pg:
+        assert _terminate_backends(engine) > 0
     time.sleep(lease + 1.5)
     pool[1].send(signal.SIGCONT)
-    _terminate_backends(engine)
+    if pg:
+        _terminate_backends(engine)
     wait_until(lambda: settled() == total, timeout=480, what="every job to settle", interval=0.2)
     for worker in pool[1:]:
         worker.send(signal.SIGTERM)
     for worker in pool[1:]:
         assert worker.wait(60) == 0, worker.log_text()[-3000:]
-    found, peak = rate_findings(engine, "paced", RATE_COUNT, RATE_PERIOD_MS)
+    found, peak = rate_findings(engine, "paced", RATE_COUNT, RATE_PERIOD_MS, per_key=per_key)
     assert found == []
     assert peak == RATE_COUNT  # the workers pressed against the rate
     rows = assert_settled_exactly_once(engine, ids)

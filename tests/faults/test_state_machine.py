@@ -36,16 +36,18 @@ delayed jobs too; recovery counts in ``recovery_count``, never in
 ``attempt``.
 
 Flow control (revision w0011): jobs carry keys (part of their identity), and
-queues get limits -- concurrency, per key, a rate -- at the start and by
+queues get limits -- concurrency, per key, a rate, a rate per key (w0015) -- at the start and by
 ``set_limits`` / ``clear_limits`` at any step, raised and lowered while jobs
 run. The model predicts exactly which jobs each claim takes: the limited
 queues first, by name, each within its room (concurrency minus its running
 jobs, the rate minus the claims logged in the window of the database clock,
 nothing while paused) and fairly (the rotation over keys from the stored
 cursor, the unkeyed jobs as one entry, the first job of each entry, then the
-second...), then the plain claim for the unlimited queues; the cursor and the
-rate log it writes; and after each claim that took a limited queue's jobs,
-its running jobs within every limit.
+second... -- a key's jobs up to its per-key room and what its per-key rate
+leaves), then the plain claim for the unlimited queues; the cursor and the
+rate log it writes (per key with a per-key rate); and after each claim that
+took a limited queue's jobs, its running jobs and the keys it took within
+every limit.
 
 Results, progress and dependencies (revision w0012): a completed job keeps
 exactly its handler's result (``result()`` agrees, for every state);
@@ -150,17 +152,23 @@ LANES = ["l1", "l2", "q1"]
 CANCEL_IDS = ["x1", "x2", "x3", "x4"]
 #: Flow-control keys (revision w0011); most jobs have none.
 KEYS = [None, None, None, "t1", "t2", "t3"]
-#: (concurrency, concurrency_per_key, rate as (count, period ms)) a queue's limits may be set to.
-LIMITS: list[tuple[int | None, int | None, tuple[int, int] | None]] = [
-    (1, None, None),
-    (2, None, None),
-    (None, 1, None),
-    (2, 1, None),
-    (None, 2, None),
-    (5, 1, None),
-    (None, None, (2, 1_000)),
-    (3, 1, (3, 5_000)),
-    (None, None, None),  # refused: at least one limit
+#: A rate as (count, period ms).
+RateSpec = tuple[int, int]
+#: (concurrency, concurrency_per_key, rate, rate_per_key (w0015)) a queue's limits may be set to.
+LIMITS: list[tuple[int | None, int | None, RateSpec | None, RateSpec | None]] = [
+    (1, None, None, None),
+    (2, None, None, None),
+    (None, 1, None, None),
+    (2, 1, None, None),
+    (None, 2, None, None),
+    (5, 1, None, None),
+    (None, None, (2, 1_000), None),
+    (3, 1, (3, 5_000), None),
+    (None, None, None, (1, 1_000)),
+    (2, None, None, (2, 5_000)),
+    (None, 1, (3, 5_000), (1, 1_000)),
+    (None, None, (2, 1_000), (1, 5_000)),
+    (None, None, None, None),  # refused: at least one limit
 ]
 LEASES = [100, 1_000, 5_000]
 SKEWS = [0, 0, 0, 40, -40, 600_000, -600_000]
@@ -372,9 +380,10 @@ class Limit:
 
     concurrency: int | None
     per_key: int | None
-    rate: tuple[int, int] | None
+    rate: RateSpec | None
     updated_at: int
     cursor: str | None = None
+    rate_per_key: RateSpec | None = None
 
 
 @dataclass
@@ -544,7 +553,8 @@ class WatchdogMachine(RuleBasedStateMachine):
         self.worker_rows: dict[str, tuple[tuple[str, ...], int, int]] = {}
         self.watchdog = Watchdog(self.engine)
         self.limits: dict[str, Limit] = {}  # queue -> its limits (watchdog_limits)
-        self.rate_log: list[tuple[str, int, int]] = []  # (queue, claimed_at, jobs): watchdog_limit_claims
+        # (queue, claimed_at, jobs, key): watchdog_limit_claims (the key with a per-key rate, w0015)
+        self.rate_log: list[tuple[str, int, int, str | None]] = []
         for job in jobs:  # start with some work (conflicting replays are refused as usual)
             self.enqueue([job], None)
         for index, parent in enumerate(waiting):  # and some jobs waiting for it (revision w0012)
@@ -844,7 +854,7 @@ class WatchdogMachine(RuleBasedStateMachine):
         for queue in limited:  # the limits hold after every claim that took this queue's jobs
             took = [r for r in candidates if r.queue_name == queue and r.cancellation_id is None]
             if took:
-                self._assert_within_limits(queue)
+                self._assert_within_limits(queue, {r.limit_key for r in took})
 
     def _running(self, queue: str) -> list[Row]:
         return [r for r in self.model.rows.values() if r.queue_name == queue and r.state == "running"]
@@ -855,10 +865,12 @@ class WatchdogMachine(RuleBasedStateMachine):
         spec = self.limits[queue]
         running = self._running(queue)
         used = 0
+        periods = [rate[1] for rate in (spec.rate, spec.rate_per_key) if rate is not None]
+        if periods:  # the claim forgets what is out of the longer window
+            self.rate_log = [e for e in self.rate_log if not (e[0] == queue and e[1] <= db - max(periods))]
         if spec.rate is not None:
             _count, period = spec.rate
-            self.rate_log = [e for e in self.rate_log if not (e[0] == queue and e[1] <= db - period)]
-            used = sum(jobs for q, at_, jobs in self.rate_log if q == queue and at_ > db - period)
+            used = sum(jobs for q, at_, jobs, _key in self.rate_log if q == queue and at_ > db - period)
         room = 0 if queue in self.pauses else limit
         if spec.concurrency is not None:
             room = min(room, spec.concurrency - len(running))
@@ -886,6 +898,12 @@ class WatchdogMachine(RuleBasedStateMachine):
                 groups.append([r for r in queued[: room + 256] if r.limit_key is None][:room])
             else:
                 take = room if spec.per_key is None else max(0, min(room, spec.per_key - by_key[entry]))
+                if spec.rate_per_key is not None:
+                    count, period = spec.rate_per_key
+                    key_used = sum(
+                        j for q, at_, j, k in self.rate_log if q == queue and k == entry and at_ > db - period
+                    )
+                    take = max(0, min(take, count - key_used))
                 groups.append([r for r in queued if r.limit_key == entry][:take])
         ranked = sorted(
             ((position, place, row) for place, jobs in enumerate(groups) for position, row in enumerate(jobs)),
@@ -896,14 +914,18 @@ class WatchdogMachine(RuleBasedStateMachine):
         else:
             spec.cursor = rotation[-1]  # nothing to take: past the entries walked
         picked = [row for _, _, row in ranked]
-        started = sum(1 for row in picked if row.cancellation_id is None)
-        if spec.rate is not None and started:
-            self.rate_log.append((queue, db, started))
+        started: dict[str | None, int] = {}
+        for row in picked:
+            if row.cancellation_id is None:  # a cancelled job settles instead of starting
+                key = row.limit_key if spec.rate_per_key is not None else None
+                started[key] = started.get(key, 0) + 1
+        if spec.rate is not None or spec.rate_per_key is not None:
+            self.rate_log += [(queue, db, jobs, key) for key, jobs in started.items()]
         return picked
 
-    def _assert_within_limits(self, queue: str) -> None:
-        """A claim that took jobs of ``queue`` left it within its limits (the
-        model's count and the database's)."""
+    def _assert_within_limits(self, queue: str, keys: set[str | None]) -> None:
+        """A claim that took jobs of ``queue`` (of ``keys``) left it within its
+        limits (the model's count and the database's)."""
         spec = self.limits[queue]
         running = self._running(queue)
         with self.engine.connect() as conn:
@@ -924,26 +946,38 @@ class WatchdogMachine(RuleBasedStateMachine):
             assert all(per.count(key) <= spec.per_key for key in per), (queue, spec, per)
         if spec.rate is not None:
             count, period = spec.rate
-            assert sum(j for q, at_, j in self.rate_log if q == queue and at_ > self.db - period) <= count
+            assert sum(j for q, at_, j, _k in self.rate_log if q == queue and at_ > self.db - period) <= count
+        if spec.rate_per_key is not None:
+            count, period = spec.rate_per_key
+            windows: dict[str | None, int] = {}
+            for q, at_, j, k in self.rate_log:  # the keys it took (a lowered rate stops no other)
+                if q == queue and k in keys and k is not None and at_ > self.db - period:
+                    windows[k] = windows.get(k, 0) + j
+            assert all(n <= count for n in windows.values()), (queue, spec, windows)
 
     @rule(queue=st.sampled_from(QUEUES), limits=st.sampled_from(LIMITS))
-    def set_limits(self, queue: str, limits: tuple[int | None, int | None, tuple[int, int] | None]) -> None:
+    def set_limits(self, queue: str, limits: tuple[int | None, int | None, RateSpec | None, RateSpec | None]) -> None:
         """Set (replace) a queue's limits; lowering one stops nothing that runs."""
-        concurrency, per_key, rate = limits
+        concurrency, per_key, rate, rate_per_key = limits
         drawn = None if rate is None else Rate(rate[0], ms(rate[1]))
-        if concurrency is None and per_key is None and rate is None:
+        drawn_per_key = None if rate_per_key is None else Rate(rate_per_key[0], ms(rate_per_key[1]))
+        if concurrency is None and per_key is None and rate is None and rate_per_key is None:
             with pytest.raises(InvalidJob):
                 self.watchdog.set_limits(queue)
             return
-        stored = self.watchdog.set_limits(queue, concurrency=concurrency, concurrency_per_key=per_key, rate=drawn)
+        stored = self.watchdog.set_limits(
+            queue, concurrency=concurrency, concurrency_per_key=per_key, rate=drawn, rate_per_key=drawn_per_key
+        )
         old = self.limits.get(queue)
-        if old is None or (old.concurrency, old.per_key, old.rate) != (concurrency, per_key, rate):
-            self.limits[queue] = Limit(concurrency, per_key, rate, self.db, None if old is None else old.cursor)
-        assert (stored.queue, stored.concurrency, stored.concurrency_per_key, stored.rate) == (
+        if old is None or (old.concurrency, old.per_key, old.rate, old.rate_per_key) != limits:
+            cursor = None if old is None else old.cursor
+            self.limits[queue] = Limit(concurrency, per_key, rate, self.db, cursor, rate_per_key)
+        assert (stored.queue, stored.concurrency, stored.concurrency_per_key, stored.rate, stored.rate_per_key) == (
             queue,
             concurrency,
             per_key,
             drawn,
+            drawn_per_key,
         )
         assert epoch_of(stored.updated_at) == self.limits[queue].updated_at
 
@@ -960,7 +994,12 @@ class WatchdogMachine(RuleBasedStateMachine):
         with self.engine.connect() as conn:
             rows = conn.execute(select(limits_table).order_by(limits_table.c.queue_name)).mappings().all()
             logged = conn.execute(
-                select(limit_claims_table.c.queue_name, limit_claims_table.c.claimed_at, limit_claims_table.c.jobs)
+                select(
+                    limit_claims_table.c.queue_name,
+                    limit_claims_table.c.claimed_at,
+                    limit_claims_table.c.jobs,
+                    limit_claims_table.c.limit_key,
+                )
             ).all()
         assert {
             r["queue_name"]: (
@@ -969,10 +1008,14 @@ class WatchdogMachine(RuleBasedStateMachine):
                 None if r["rate_count"] is None else (r["rate_count"], r["rate_period_ms"]),
                 r["updated_at"],
                 r["cursor_key"],
+                None if r["rate_per_key_count"] is None else (r["rate_per_key_count"], r["rate_per_key_period_ms"]),
             )
             for r in rows
-        } == {q: (s.concurrency, s.per_key, s.rate, s.updated_at, s.cursor) for q, s in self.limits.items()}
-        assert sorted(tuple(row) for row in logged) == sorted(self.rate_log)
+        } == {
+            q: (s.concurrency, s.per_key, s.rate, s.updated_at, s.cursor, s.rate_per_key)
+            for q, s in self.limits.items()
+        }
+        assert sorted((tuple(row) for row in logged), key=repr) == sorted(self.rate_log, key=repr)
 
     def _decide(self, execution: ex.Execution, kind: str, returned: Any) -> Decision:
         """What the runner makes of a handler that ended as ``kind``."""

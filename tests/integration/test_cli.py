@@ -29,6 +29,7 @@ from sqlalchemy_watchdog import (
     Job,
     JobState,
     Outcome,
+    Rate,
     RetryPolicy,
     Runner,
     RunningJob,
@@ -1830,6 +1831,12 @@ def test_limits_shows_sets_and_clears_a_queues_limits(engine: Engine, cli: Cli) 
     assert status == 0 and "waiting_for_room" in out and "concurrency limit is reached" in out
     status, out, _ = cli("stats")
     assert "limits of 'exports': concurrency 1 (running 1)" in out
+    status, out, _ = cli("limits", "exports", "--rate-per-key", "2/30s")  # replaces the three above
+    assert status == 0 and out.split()[:5] == ["exports", "rate", "per", "key", "2/30s,"]
+    (per_key,) = Watchdog(engine).limits()
+    assert (per_key.concurrency, per_key.rate, per_key.rate_per_key) == (None, None, Rate(2, timedelta(seconds=30)))
+    status, out, _ = cli("--json", "limits", "exports")
+    assert json.loads(out)["rate_per_key"] == {"count": 2, "period_ms": 30_000, "text": "2/30s"}
     status, out, _ = cli("limits", "exports", "--clear")
     assert (status, out) == (0, "queue 'exports': limits cleared\n")
     status, out, _ = cli("limits", "exports", "--clear")
@@ -1845,6 +1852,11 @@ def test_limits_refuses_bad_values_naming_the_option_and_changes_nothing(engine:
         ["limits", "q", "--per-key", "-1"],
         ["limits", "q", "--rate", "10/0s"],
         ["limits", "q", "--rate", "ten/s"],
+        ["limits", "q", "--rate-per-key", "0/minute"],
+        ["limits", "q", "--rate-per-key", "10/0s"],
+        ["limits", "q", "--rate-per-key", "9999999999/s"],
+        ["limits", "q", "--rate-per-key", "ten"],
+        ["limits", "--rate-per-key", "1/s"],
         ["limits", "--concurrency", "3"],
         ["limits", "q", "--clear", "--concurrency", "3"],
     ):

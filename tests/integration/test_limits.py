@@ -95,11 +95,27 @@ def test_set_limits_stores_reads_back_and_clears(engine: Engine, api: Ops) -> No
     api.set_limits("api", rate=Rate(100, timedelta(minutes=1)))
     assert [limits.queue for limits in api.limits()] == ["api", "exports"]
     assert api.limits()[0].rate == Rate(100, timedelta(minutes=1))
+    per_customer = api.set_limits(
+        "api", rate=Rate(1000, timedelta(hours=1)), rate_per_key=Rate(100, timedelta(minutes=1))
+    )
+    assert per_customer.rate_per_key == Rate(100, timedelta(minutes=1))
+    assert api.limits()[0] == per_customer
+    assert api.set_limits("api", rate=Rate(1000, timedelta(hours=1))).rate_per_key is None  # replaced, not merged
+    alone = api.set_limits("api", rate_per_key=Rate(5, timedelta(seconds=1)))  # a limit on its own
+    assert (alone.rate, alone.rate_per_key) == (None, Rate(5, timedelta(seconds=1)))
     replaced = api.set_limits("exports", concurrency=2)
     assert (replaced.concurrency, replaced.concurrency_per_key) == (2, None)
     assert api.clear_limits("exports") is True
     assert api.clear_limits("exports") is False
     assert [limits.queue for limits in api.limits()] == ["api"]
+
+
+def _altered(rate: Rate, **fields: object) -> Rate:
+    """``rate`` with fields set past its own checks (as a pickled or hand-made
+    one could be): set_limits checks a Rate again."""
+    for name, value in fields.items():
+        object.__setattr__(rate, name, value)
+    return rate
 
 
 @pytest.mark.dialect_neutral
@@ -114,6 +130,13 @@ def test_set_limits_refuses_bad_input_naming_the_field_and_writes_nothing(engine
         (lambda: api.set_limits("q", concurrency_per_key=0), "concurrency_per_key"),
         (lambda: api.set_limits("q", concurrency_per_key="1"), "concurrency_per_key"),
         (lambda: api.set_limits("q", rate=(1, minute)), "rate"),
+        (lambda: api.set_limits("q", rate_per_key=(1, minute)), "rate_per_key"),
+        (lambda: api.set_limits("q", rate_per_key="100/minute"), "rate_per_key"),
+        (lambda: api.set_limits("q", rate_per_key=_altered(Rate(1, minute), count=0)), "rate_per_key"),
+        (lambda: api.set_limits("q", rate_per_key=_altered(Rate(1, minute), count=-3)), "rate_per_key"),
+        (lambda: api.set_limits("q", rate_per_key=_altered(Rate(1, minute), count=10**12)), "rate_per_key"),
+        (lambda: api.set_limits("q", rate_per_key=_altered(Rate(1, minute), per=timedelta(0))), "rate_per_key"),
+        (lambda: api.set_limits("q", rate_per_key=_altered(Rate(1, minute), per=60)), "rate_per_key"),
         (lambda: api.set_limits("q"), "concurrency"),
         (lambda: api.set_limits("", concurrency=1), "queue"),
         (lambda: api.set_limits("q" * 257, concurrency=1), "queue"),
@@ -252,6 +275,41 @@ def test_the_rate_counts_claims_in_the_window_on_the_database_clock(engine: Engi
     with engine.connect() as conn:  # the claimers forget what left the window
         logged = conn.execute(text("SELECT count(*) FROM watchdog_limit_claims")).scalar_one()
     assert logged <= 2
+
+
+def test_a_keys_rate_counts_its_claims_in_the_window_and_other_keys_go_on(engine: Engine) -> None:
+    enqueue(engine, [Job(f"{key}-{i}", "q", key=key) for key in ("a", "b") for i in range(10)])
+    enqueue(engine, [Job(f"plain-{i}", "q") for i in range(3)])
+    watchdog = Watchdog(engine)
+    watchdog.set_limits("q", rate_per_key=Rate(2, timedelta(milliseconds=900)))
+    first = claim(engine, ["q"], limit=3)
+    assert Counter(c.job.key for c in first) == {"a": 1, "b": 1, None: 1}
+    second = claim(engine, ["q"], limit=10)
+    # Each key its second start of the window; unkeyed jobs are not bound by it.
+    assert Counter(c.job.key for c in second) == {"a": 1, "b": 1, None: 2}
+    for done in first + second:
+        settle(engine, done)  # settling frees no rate
+    assert claim(engine, ["q"], limit=10) == []
+    stats = watchdog.stats().queue("q")
+    assert stats.held_back == 16 and stats.queued == 16
+    held = watchdog.read("a-9")
+    assert held is not None and held.held_by is HeldBy.RATE_PER_KEY
+    time.sleep(1.0)
+    assert Counter(c.job.key for c in claim(engine, ["q"], limit=10)) == {"a": 2, "b": 2}
+    with engine.connect() as conn:  # one row per key a claim started jobs of
+        logged = conn.execute(text("SELECT limit_key, jobs FROM watchdog_limit_claims ORDER BY id DESC LIMIT 2"))
+        assert sorted(tuple(row) for row in logged) == [("a", 2), ("b", 2)]
+
+
+def test_a_keys_rate_and_the_queues_rate_both_hold(engine: Engine) -> None:
+    enqueue(engine, [Job(f"{key}-{i}", "q", key=key) for key in "abcd" for i in range(5)])
+    watchdog = Watchdog(engine)
+    watchdog.set_limits("q", rate=Rate(5, timedelta(minutes=1)), rate_per_key=Rate(1, timedelta(minutes=1)))
+    assert Counter(c.job.key for c in claim(engine, ["q"], limit=10)) == {"a": 1, "b": 1, "c": 1, "d": 1}
+    assert claim(engine, ["q"], limit=10) == []  # each key used its one start
+    watchdog.set_limits("q", rate=Rate(5, timedelta(minutes=1)), rate_per_key=Rate(3, timedelta(minutes=1)))
+    assert len(claim(engine, ["q"], limit=10)) == 1  # the queue's rate: 5 in the window
+    assert watchdog.stats().queue("q").rate_used == 5
 
 
 def test_an_unlimited_queue_claims_as_before_beside_a_limited_one(engine: Engine) -> None:
@@ -423,6 +481,73 @@ def test_a_runner_held_back_by_a_limit_starts_as_soon_as_room_frees(engine: Engi
     assert started == ["second"]
 
 
+def _expire(engine: Engine, job_id: str) -> Claim:
+    """End ``job_id``'s lease now (its worker vanished): the expired claim recovery sees."""
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE watchdog_jobs SET lease_until = 0 WHERE job_id = :j"), {"j": job_id})
+    with store.write_transaction(engine) as conn:
+        (expired,) = [c for c in store.expired_claims(conn, limit=10) if c.job.job_id == job_id]
+    return expired
+
+
+def _recover(engine: Engine, held: Claim) -> None:
+    expired = _expire(engine, held.job.job_id)
+    with store.write_transaction(engine) as conn:
+        assert store.reconcile(conn, expired).status is store.RecoveryStatus.REQUEUED
+
+
+def _recover_and_settle(engine: Engine, held: Claim) -> None:
+    expired = _expire(engine, held.job.job_id)
+    with store.write_transaction(engine) as conn:
+        assert store.reconcile(conn, expired, max_recoveries=0).status is store.RecoveryStatus.SETTLED
+
+
+def _fail_lane(engine: Engine, held: Claim) -> None:
+    assert Watchdog(engine).fail_lane("doomed", "the partner is down").settled == 1
+
+
+def _give_back(engine: Engine, held: Claim) -> None:
+    with store.write_transaction(engine) as conn:
+        (recovered,) = store.release_and_recover(conn, [(held.job.job_id, held.token)])
+    assert recovered.status is store.RecoveryStatus.REQUEUED
+
+
+@pytest.mark.parametrize(
+    "free",
+    [_recover, _recover_and_settle, _fail_lane, _give_back],
+    ids=["recovery-requeues", "recovery-settles", "lane-failure", "claim-given-back"],
+)
+def test_a_held_back_runner_is_woken_when_room_frees_without_a_settle(
+    engine: Engine, runners: RunnerDriver, free: Callable[[Engine, Claim], None]
+) -> None:
+    """Another worker's job holds the queue's only slot and leaves ``running``
+    without a settle: recovery requeues it or settles it ``interrupted``, its
+    lane is failed, or its claim is given back (released and recovered at a
+    shutdown). The runner held back, its next poll a minute away, is woken
+    (PostgreSQL: NOTIFY from any process; SQLite: the change made in this
+    process) and starts a job within seconds."""
+    enqueue(engine, [Job("held", "q", lane="doomed", max_recoveries=3), Job("next", "q")])
+    Watchdog(engine).set_limits("q", concurrency=1)
+    (held,) = claim(engine, ["q"], limit=1)
+    assert held.job.job_id == "held"
+    started: list[str] = []
+    ran = threading.Event()
+
+    def handler(job: RunningJob) -> None:
+        started.append(job.job_id)
+        ran.set()
+
+    worker = runners.runner({"q": handler}, poll_interval=timedelta(seconds=60))
+    with worker.serving():
+        time.sleep(1.0)  # it claimed, was held back, and waits
+        assert not ran.is_set()
+        began = time.monotonic()
+        free(engine, held)
+        assert ran.wait(15), "the held-back runner was not woken when room freed"
+        assert time.monotonic() - began < 15
+    assert started and started[0] in {"held", "next"}
+
+
 def test_settling_an_unlimited_queues_job_costs_no_wake_up(engine: Engine) -> None:
     """The wake-up for freed room is sent only for jobs of limited queues: a
     settle of an unlimited queue's job is its one statement, as before limits,
@@ -568,9 +693,12 @@ def _random_state(engine: Engine, rng: random.Random) -> tuple[int, str | None]:
     concurrency = rng.choice([None, rng.randint(1, 12)])
     per_key = rng.choice([None, 1, 2])
     rate = rng.choice([None, Rate(rng.randint(1, 12), timedelta(minutes=1))])
-    if concurrency is None and per_key is None and rate is None:
+    rate_per_key = rng.choice([None, None, Rate(rng.randint(1, 3), timedelta(seconds=30))])
+    if concurrency is None and per_key is None and rate is None and rate_per_key is None:
         concurrency = 50
-    Watchdog(engine).set_limits("q", concurrency=concurrency, concurrency_per_key=per_key, rate=rate)
+    Watchdog(engine).set_limits(
+        "q", concurrency=concurrency, concurrency_per_key=per_key, rate=rate, rate_per_key=rate_per_key
+    )
     cursor = rng.choice([None, *keys, "k15x"]) if keys else None
     with engine.begin() as conn:
         if running_ids:
@@ -590,6 +718,17 @@ def _random_state(engine: Engine, rng: random.Random) -> tuple[int, str | None]:
                 ),
                 {"jobs": rng.randint(1, rate.count)},
             )
+        if rate_per_key is not None:
+            for key in keys:
+                if rng.random() < 0.5:  # this key's earlier starts, in its window or just out of it
+                    conn.execute(
+                        text(
+                            "INSERT INTO watchdog_limit_claims (queue_name, claimed_at, jobs, limit_key)"
+                            " VALUES ('q', CAST(floor(EXTRACT(EPOCH FROM now()) * 1000) AS BIGINT) - :ago,"
+                            " :jobs, :key)"
+                        ),
+                        {"jobs": rng.randint(1, rate_per_key.count), "key": key, "ago": rng.choice([1000, 31_000])},
+                    )
     return rng.randint(1, 8), cursor
 
 
@@ -597,7 +736,11 @@ def _outcome(conn: Connection, taken: object) -> tuple[object, ...]:
     assert isinstance(taken, store.limits.Taken)
     claimed = sorted((row[1], row[7]) for row in taken.rows)
     cursor = conn.execute(text("SELECT cursor_key FROM watchdog_limits")).scalar()
-    logged = conn.execute(text("SELECT jobs FROM watchdog_limit_claims ORDER BY id DESC LIMIT 1")).scalar()
+    # The whole log (forgotten rows and one row per key included): both start from the same state.
+    logged = sorted(
+        (tuple(row) for row in conn.execute(text("SELECT limit_key, jobs FROM watchdog_limit_claims"))),
+        key=repr,
+    )
     return claimed, cursor, logged, taken.held
 
 

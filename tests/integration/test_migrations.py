@@ -23,7 +23,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
 import sqlalchemy_watchdog
-from sqlalchemy_watchdog import Decision, Job, JobState, Outcome, RetryPolicy, Watchdog, enqueue, store
+from sqlalchemy_watchdog import Decision, Job, JobState, Outcome, Rate, RetryPolicy, Watchdog, enqueue, store
 from sqlalchemy_watchdog.backends import backend_of
 from tests.helpers import HEAD_REVISION, index_names
 
@@ -1307,3 +1307,73 @@ def test_w0014_deletes_a_purged_childs_edges_and_orphans_of_before(empty_engine:
     assert _edges(engine) == {("grandchild", "held", "purged"), ("released-3", "done", "completed")}  # w0013's again
     run(engine, command.upgrade, "head")
     assert trigger_definitions(engine) == model and _edges(engine) == {("grandchild", "held", "purged")}
+
+
+# -- w0015: per-key rates --------------------------------------------------------------------
+
+W0014 = "w0014_waiting_jobs"
+
+
+def _limits_rows(engine: Engine) -> list[tuple[Any, ...]]:
+    with engine.connect() as conn:
+        query = "SELECT queue_name, concurrency, concurrency_per_key, rate_count, rate_period_ms, cursor_key"
+        return [tuple(row) for row in conn.execute(text(f"{query} FROM watchdog_limits ORDER BY queue_name"))]
+
+
+def test_w0015_adds_per_key_rates_keeping_every_limit_and_logged_claim_and_downgrades(empty_engine: Engine) -> None:
+    """Up: every queue keeps its limits, cursor and rate log, with no per-key
+    rate; the new columns are CHECKed (both or neither, in range) and a queue
+    may be limited by a per-key rate alone. Down: such a queue's limits go
+    (w0014 cannot hold them), every other row stays as it was."""
+    engine = empty_engine
+    run(engine, command.upgrade, W0014)
+    with engine.begin() as conn:  # by hand: the package's statements write w0015's columns
+        conn.execute(
+            text(
+                "INSERT INTO watchdog_limits (queue_name, concurrency, concurrency_per_key, cursor_key, updated_at)"
+                " VALUES ('exports', 3, 1, 'tenant-7', 1)"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO watchdog_limits (queue_name, rate_count, rate_period_ms, updated_at)"
+                " VALUES ('api', 100, 60000, 1)"
+            )
+        )
+        conn.execute(text("INSERT INTO watchdog_limit_claims (queue_name, claimed_at, jobs) VALUES ('api', 5, 2)"))
+    before = _limits_rows(engine)
+
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []
+    assert schema_names(engine) == model_names(engine.dialect.name)
+    assert _limits_rows(engine) == before
+    assert [limits.rate_per_key for limits in Watchdog(engine).limits()] == [None, None]
+    with engine.connect() as conn:
+        logged = conn.execute(text("SELECT queue_name, claimed_at, jobs, limit_key FROM watchdog_limit_claims"))
+        assert [tuple(row) for row in logged] == [("api", 5, 2, None)]
+    wd = Watchdog(engine)
+    wd.set_limits("per-customer", rate_per_key=Rate(10, timedelta(seconds=30)))
+    for bad in (
+        "rate_per_key_count = 5, rate_per_key_period_ms = NULL",  # a rate needs its period
+        "rate_per_key_count = 0, rate_per_key_period_ms = 1000",
+        "rate_per_key_count = 1000001, rate_per_key_period_ms = 1000",
+        "rate_per_key_count = 5, rate_per_key_period_ms = 0",
+        "rate_per_key_count = 5, rate_per_key_period_ms = 86400001",
+        "rate_per_key_count = NULL, rate_per_key_period_ms = NULL",  # no limit left at all
+    ):
+        with pytest.raises(IntegrityError), engine.begin() as conn:
+            conn.execute(text(f"UPDATE watchdog_limits SET {bad} WHERE queue_name = 'per-customer'"))
+    with pytest.raises(IntegrityError), engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO watchdog_limit_claims (queue_name, claimed_at, jobs, limit_key) VALUES ('api', 6, 1, '')")
+        )
+
+    run(engine, command.downgrade, W0014)
+    assert _limits_rows(engine) == before  # the per-key-only queue is unlimited again
+    with engine.connect() as conn:
+        assert "limit_key" not in list(conn.execute(text("SELECT * FROM watchdog_limit_claims")).keys())
+        assert "rate_per_key_count" not in list(conn.execute(text("SELECT * FROM watchdog_limits")).keys())
+    with pytest.raises(IntegrityError), engine.begin() as conn:  # w0014's some_limit again
+        conn.execute(text("UPDATE watchdog_limits SET concurrency = NULL, concurrency_per_key = NULL"))
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []

@@ -33,6 +33,7 @@ from sqlalchemy_watchdog import (
     Job,
     JobState,
     Outcome,
+    Rate,
     RetryPolicy,
     Runner,
     Watchdog,
@@ -425,7 +426,17 @@ def test_limits_are_shown_set_and_cleared_by_form(engine: Engine, watchdog: Watc
     assert status_of(refused.text) == "refused" and "concurrency" in refused.text
     refused = dashboard.post("set-limits", queue="exports", rate="many/minute")
     assert status_of(refused.text) == "refused" and "rate" in refused.text
+    refused = dashboard.post("set-limits", queue="exports", rate_per_key="0/minute")
+    assert status_of(refused.text) == "refused" and "rate_per_key" in refused.text
     assert watchdog.limits() == (limits,)  # nothing written
+    done = dashboard.post("set-limits", queue="per-key", rate_per_key="10/minute")
+    assert status_of(done.text) == "set" and "at most 10 started per key per 0:01:00" in done.text
+    assert "10/m" in dashboard.get("/").text
+    assert [limits.rate_per_key for limits in watchdog.limits()] == [
+        limits.rate_per_key,
+        Rate(10, timedelta(minutes=1)),
+    ]
+    assert watchdog.clear_limits("per-key")
     assert status_of(dashboard.post("clear-limits", queue="exports").text) == "cleared"
     assert status_of(dashboard.post("clear-limits", queue="exports").text) == "not_limited"
     assert watchdog.limits() == ()

@@ -131,9 +131,10 @@ def cmd_resume(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_limits(args: argparse.Namespace, out: TextIO) -> int:
     """Show every limited queue's limits and their use (or QUEUE's), set
-    QUEUE's limits (``--concurrency``, ``--per-key``, ``--rate``; replacing
-    the ones it had) or remove them (``--clear``)."""
-    changing = args.concurrency is not None or args.per_key is not None or args.rate is not None
+    QUEUE's limits (``--concurrency``, ``--per-key``, ``--rate``,
+    ``--rate-per-key``; replacing the ones it had) or remove them (``--clear``)."""
+    given = (args.concurrency, args.per_key, args.rate, args.rate_per_key)
+    changing = any(value is not None for value in given)
     if (changing or args.clear) and args.queue is None:
         raise UsageError("name the QUEUE whose limits to set or clear")
     if changing and args.clear:
@@ -147,7 +148,13 @@ def cmd_limits(args: argparse.Namespace, out: TextIO) -> int:
             print(f"queue {args.queue!r}: {'limits cleared' if had else 'had no limits'}", file=out)
         return 0
     if changing:
-        watchdog.set_limits(args.queue, concurrency=args.concurrency, concurrency_per_key=args.per_key, rate=args.rate)
+        watchdog.set_limits(
+            args.queue,
+            concurrency=args.concurrency,
+            concurrency_per_key=args.per_key,
+            rate=args.rate,
+            rate_per_key=args.rate_per_key,
+        )
     stats = watchdog.stats()
     if args.json:
         for queue in stats.queues:
