@@ -36,7 +36,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Any
 
 #: What the server imports before it forks (the programs' common start-up).
 PRELOAD = ("sqlalchemy_watchdog", "sqlalchemy_watchdog.cli", "alembic.config", "alembic.command")
@@ -194,10 +194,25 @@ class Forked:
         self.send_signal(signal.SIGKILL)
 
 
+#: Variables the interpreter reads at its start, before any program: a program
+#: whose environment sets them otherwise than the server's is started as a subprocess.
+START_UP = ("PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "PYTHONUSERBASE", "PYTHONHASHSEED")
+
+
+def server_env() -> dict[str, str]:
+    """This process's environment as the programs get it: no PYTHONPATH (a
+    program runs the package as installed) and no WATCHDOG_DATABASE_URL."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    env.pop("WATCHDOG_DATABASE_URL", None)
+    return env
+
+
 class ForkServer:
     """The test side of a server started with ``python``: :meth:`popen` and :meth:`run`."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = dict(env)
         self._dir = tempfile.TemporaryDirectory(prefix="forkrun-")
         self.path = str(Path(self._dir.name) / "socket")
         self.process = subprocess.Popen(
@@ -214,12 +229,19 @@ class ForkServer:
             self.process.kill()
             raise RuntimeError(f"the fork server did not start (exit {self.process.wait()})")
 
+    def forks(self, env: Mapping[str, str]) -> bool:
+        """Whether a program with ``env`` starts as it would from the server's state."""
+        return all(env.get(name) == self.env.get(name) for name in START_UP)
+
     def popen(
-        self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], stdout: IO[str] | int, stderr: IO[str] | int
-    ) -> Forked:
+        self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], stdout: IO[Any] | int, stderr: IO[Any] | int
+    ) -> Forked | subprocess.Popen[bytes]:
         """Start ``argv`` (``sys.executable`` first, as for ``subprocess``) in
-        ``cwd`` with ``env``; stdin is ``/dev/null``."""
+        ``cwd`` with ``env``; stdin is ``/dev/null``. A subprocess where
+        :meth:`forks` says the server's start-up is not the program's."""
         assert argv[0] == sys.executable, argv
+        if not self.forks(env):
+            return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
         out = stdout if isinstance(stdout, int) else stdout.fileno()
         err = out if stderr == subprocess.STDOUT else (stderr if isinstance(stderr, int) else stderr.fileno())
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -234,6 +256,8 @@ class ForkServer:
         self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], timeout: float
     ) -> subprocess.CompletedProcess[str]:
         """``subprocess.run(argv, cwd=, env=, capture_output=True, text=True, timeout=)``."""
+        if not self.forks(env):
+            return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
         with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
             process = self.popen(argv, cwd, env, out, err)
             try:

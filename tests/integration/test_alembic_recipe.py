@@ -25,7 +25,6 @@ import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -105,17 +104,6 @@ def app_env() -> dict[str, str]:
     env.pop("PYTHONPATH", None)
     env.pop("WATCHDOG_DATABASE_URL", None)
     return env
-
-
-@pytest.fixture(scope="session")
-def forks() -> Iterator[forkrun.ForkServer | None]:
-    """The interpreter each alembic command is forked from (one per xdist
-    worker); None where ``os.fork`` is not there (then subprocesses)."""
-    if not forkrun.available():
-        yield None
-        return
-    with forkrun.ForkServer(app_env()) as server:
-        yield server
 
 
 class App:

@@ -62,7 +62,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -290,7 +289,7 @@ def serve(
         watchdog.enqueue(PROBE)
         log = (workdir / "serve.log").open("w+")
         argv = [sys.executable, str(script)]
-        process: subprocess.Popen[str] | forkrun.Forked
+        process: subprocess.Popen[str] | subprocess.Popen[bytes] | forkrun.Forked
         if forks is not None:
             process = forks.popen(argv, workdir, env, log, subprocess.STDOUT)
         else:
@@ -348,17 +347,6 @@ def _reset_postgres(url: URL) -> None:
 def readme_setup_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where :func:`_set_up_once` keeps the set-ups it ran (one per xdist worker)."""
     return tmp_path_factory.mktemp("readme-setup")
-
-
-@pytest.fixture(scope="session")
-def forks() -> Iterator[forkrun.ForkServer | None]:
-    """The interpreter the blocks are forked from (one per xdist worker), started
-    with the blocks' own environment; None where ``os.fork`` is not there."""
-    if not forkrun.available():
-        yield None
-        return
-    with forkrun.ForkServer(_env(None)) as server:
-        yield server
 
 
 @pytest.mark.parametrize("block", [b for b in PYTHON], ids=lambda b: b.id)

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,12 +22,6 @@ import pytest
 from tests import forkrun
 
 pytestmark = pytest.mark.skipif(not forkrun.available(), reason="os.fork is not there")
-
-
-@pytest.fixture(scope="session")
-def forks() -> Iterator[forkrun.ForkServer]:
-    with forkrun.ForkServer(dict(os.environ)) as server:
-        yield server
 
 
 def _run(
@@ -104,6 +97,7 @@ def test_a_forked_program_has_the_default_signal_handling_and_can_start_subproce
     script.write_text("import time\nprint('up', flush=True)\ntime.sleep(60)\n")
     log = (tmp_path / "log").open("w+")
     process = forks.popen([sys.executable, str(script)], tmp_path, {"PATH": os.environ["PATH"]}, log, subprocess.STDOUT)
+    assert isinstance(process, forkrun.Forked)
     deadline = time.monotonic() + 30
     while "up" not in (tmp_path / "log").read_text() and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -111,3 +105,15 @@ def test_a_forked_program_has_the_default_signal_handling_and_can_start_subproce
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == -signal.SIGTERM
     log.close()
+
+
+def test_a_program_whose_start_up_differs_from_the_servers_is_a_subprocess(
+    forks: forkrun.ForkServer, tmp_path: Path
+) -> None:
+    # PYTHONPATH is read when an interpreter starts: the server's sys.path is not that program's.
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(tmp_path / "extra")}
+    assert not forks.forks(env) and forks.forks({"PATH": os.environ["PATH"]})
+    script = tmp_path / "path.py"
+    script.write_text("import sys; print(sys.path[1])\n")
+    result = forks.run([sys.executable, str(script)], tmp_path, env, 60)
+    assert (result.returncode, result.stdout) == (0, f"{tmp_path / 'extra'}\n"), result.stderr
