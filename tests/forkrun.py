@@ -9,9 +9,10 @@ a process of its own, which runs that program as the interpreter would
 have: ``__main__`` is the script (``runpy``), ``sys.argv`` and
 ``sys.path[0]`` are as ``python`` sets them, ``os.environ`` is the given
 environment, the working directory is the given one, signal dispositions
-are the defaults, and the process ends the way an interpreter does (an
-uncaught exception prints its traceback and exits 1, ``sys.exit`` exits
-with its status, non-daemon threads are joined, ``atexit`` runs). What it
+are those of an interpreter ``subprocess`` starts, and the process ends
+the way an interpreter does (an uncaught exception prints its traceback
+and exits 1, ``sys.exit`` exits with its status, non-daemon threads are
+joined, ``atexit`` runs). What it
 saves is the start-up: the import of the package, about a second per
 program on a loaded 2-core machine, which was most of a docs block's run.
 
@@ -40,8 +41,6 @@ from typing import IO, Any
 
 #: What the server imports before it forks (the programs' common start-up).
 PRELOAD = ("sqlalchemy_watchdog", "sqlalchemy_watchdog.cli", "alembic.config", "alembic.command")
-#: Signals whose disposition a forked program gets back as the default.
-RESET_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def available() -> bool:
@@ -124,10 +123,11 @@ def serve(path: str) -> Callable[[], None]:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         pid = os.fork()
         if pid == 0:
+            # Every signal disposition is the server's, which is a fresh
+            # interpreter's as ``subprocess`` starts it (SIGPIPE ignored, SIGINT
+            # raising KeyboardInterrupt, the rest as inherited), but SIGCHLD,
+            # which the helper set back to the default above.
             conn.close()
-            for number in RESET_SIGNALS:
-                signal.signal(number, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
                 os.close(fd)

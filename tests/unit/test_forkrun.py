@@ -117,3 +117,21 @@ def test_a_program_whose_start_up_differs_from_the_servers_is_a_subprocess(
     script.write_text("import sys; print(sys.path[1])\n")
     result = forks.run([sys.executable, str(script)], tmp_path, env, 60)
     assert (result.returncode, result.stdout) == (0, f"{tmp_path / 'extra'}\n"), result.stderr
+
+
+def test_a_forked_programs_signal_dispositions_are_those_of_a_fresh_interpreter(
+    forks: forkrun.ForkServer, tmp_path: Path
+) -> None:
+    code = (
+        "import signal\n"
+        "print([str(signal.getsignal(s)) for s in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGINT, signal.SIGTERM)])\n"
+    )
+    script = tmp_path / "signals.py"
+    script.write_text(code)
+    env = {"PATH": os.environ["PATH"]}
+    fresh = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    forked = forks.run([sys.executable, str(script)], tmp_path, env, 60)
+    assert fresh.returncode == 0 and forked.returncode == 0, fresh.stderr + forked.stderr
+    assert forked.stdout == fresh.stdout
