@@ -15,7 +15,7 @@ from sqlalchemy import Connection
 
 from .. import statements as sql
 from ..backends import backend_of
-from ..errors import ErrorCode, WatchdogError
+from ..errors import ErrorCode, InvalidJob, WatchdogError
 from ..jobs import (
     CANCELLATION_ID_MAX_LENGTH,
     FAILURE_DETAIL_MAX_LENGTH,
@@ -34,6 +34,7 @@ from ..jobs import (
     check_int,
     check_text,
     duration_ms,
+    encode_result,
 )
 from ..wakeups import local_key, room_freed_locally
 from .base import (
@@ -282,6 +283,15 @@ class SettleRequest:
             self.decision.outcome is not Outcome.COMPLETED or self.requeue_after_ms is not None
         ):
             raise WatchdogError(ErrorCode.INVALID_INPUT, "result_json: only a completed settle keeps a result")
+        if self.result_json is None and self.decision.result is not None and self.given_back is None:
+            # The Decision's result reaches the statement whoever settles: the
+            # runner's core encodes it with its codec (and turns a refusal into
+            # a failed job); a direct caller's request encodes it here with the
+            # default codec, and a value that cannot be kept refuses the whole
+            # request (InvalidJob naming ``result``) before anything is written.
+            if self.requeue_after_ms is not None:
+                raise InvalidJob("result", "a requeued settle keeps no result")
+            object.__setattr__(self, "result_json", encode_result(self.decision.result))
 
     @property
     def row(self) -> tuple[Any, ...]:
