@@ -144,6 +144,18 @@ def blocking(job: RunningJob) -> Decision | None:
     return None
 
 
+def progress_after_stop(job: RunningJob) -> str:
+    """Marks ``started``, waits for its stop (at most ``payload["wait"]``,
+    default 30 s), then reports progress; marks ``reported`` with the stop
+    reason and the report's answer, and returns the answer."""
+    mark(job, "started")
+    stopped = job.stop_requested.wait(job.payload.get("wait", 30))
+    reason = job.stop_reason.value if stopped and job.stop_reason is not None else "none"
+    answer = job.progress(0.75, "after the stop").value
+    mark(job, "reported", f"{reason} {answer}")
+    return answer
+
+
 def stubborn(job: RunningJob) -> None:
     """Marks ``started``; from attempt ``payload.get("behave_from", 0)`` on
     completes at once; before that ignores every stop for ``payload["sleep"]``

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from sqlalchemy_watchdog import (
     Decision,
@@ -151,6 +151,31 @@ def test_progress_of_a_child_whose_job_lost_its_claim_answers_lost(engine: Engin
     assert outcome.value == ["lost", "deferred", "refused fraction"]
     assert read(engine, "lost").progress is None and claim.token != "not-the-token"
     assert ProgressStatus.LOST.value == "lost"
+
+
+def test_progress_of_a_child_whose_claim_was_recovered_and_taken_by_another_runner_answers_lost(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    """A real loss, not a wrong token: the job's lease ends by the database
+    clock (its runner froze, say), recovery requeues it and another runner
+    claims it. The child, told to stop (``lease_lost``), reports progress:
+    it hears LOST, as a thread's handler would, and nothing is written over
+    the new claim."""
+    add(engine, job("a", marks, max_recoveries=1))
+    with make(runners, {"q": h.progress_after_stop}).serving():
+        h.wait_for_mark(marks, "a", "started")
+        with store.write_transaction(engine) as conn:  # one transaction: the serving runner cannot step in
+            conn.execute(text("UPDATE watchdog_jobs SET lease_until = 0 WHERE job_id = 'a'"))
+            (expired,) = store.expired_claims(conn, limit=10)
+            assert store.reconcile(conn, expired).status is store.RecoveryStatus.REQUEUED
+            (taken,) = store.claim(conn, queues=["q"], limit=1, lease_ms=600_000).claimed
+        assert taken.token != expired.token
+        assert h.wait_for_mark(marks, "a", "reported")[2] == "lease_lost lost"
+    now = read(engine, "a")
+    assert (now.state, now.attempt, now.recovery_count) == (JobState.RUNNING, 1, 1)  # a recovery uses no attempt
+    assert (now.progress, now.progress_note) == (None, None)
+    with store.write_transaction(engine) as conn:  # the other runner still holds it
+        assert store.report_progress(conn, "a", taken.token, 0.5, "mine")
 
 
 def test_parent_results_in_a_child_are_read_by_the_runner(engine: Engine, runners: RunnerDriver) -> None:
