@@ -15,6 +15,7 @@ children are recycled by job count and memory.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -637,6 +638,79 @@ def test_an_async_runner_runs_plain_handlers_in_children_and_coroutines_on_its_l
     assert {j.job_id: j.outcome for j in results} == {"plain": Outcome.COMPLETED, "coro": Outcome.COMPLETED}
     assert seen == [os.getpid()]
     assert h.wait_for_mark(marks, "plain", "ran")[0] != os.getpid()
+
+
+@pytest.mark.parametrize("runner_kind", ["async-process"])
+def test_an_async_runner_answers_a_childs_progress_and_parent_results_while_a_coroutine_waits_on_its_loop(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    """The child's requests reach the AsyncRunner's loop from the thread that
+    waits for the child: they are answered while a coroutine handler holds
+    a slot on that loop (each waits for the other's mark, so the two overlap)."""
+    add(engine, Job("p1", "parents"))
+    with store.write_transaction(engine) as conn:
+        (claim,) = store.claim(conn, queues=["parents"], limit=1, lease_ms=60_000).claimed
+        store.settle(conn, job_id="p1", claim_token=claim.token, decision=Decision.completed(result={"n": 1}))
+    add(
+        engine,
+        job("coro", marks, queue="coro"),
+        Job("cb", "q", after=["p1"], payload={"dir": str(marks), "after": "coro.1.started"}),
+    )
+    overlapped: list[bool] = []
+
+    async def waits_for_the_child(job: RunningJob) -> None:
+        h.mark(job, "started")
+        deadline = time.monotonic() + 30
+        while not h.marks(marks, "cb", "reported") and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        overlapped.append(bool(h.marks(marks, "cb", "reported")))
+
+    runner = make(runners, {"q": h.reports_and_reads, "coro": waits_for_the_child}, queues=["coro", "q"], concurrency=2)
+    with runner.serving():
+        cb = settled(engine, "cb")
+        settled(engine, "coro")
+    assert overlapped == [True]
+    assert cb.outcome is Outcome.COMPLETED
+    assert Watchdog(engine).result("cb").value == ["written", "deferred", ["p1", "completed", {"n": 1}]]
+    assert (cb.progress, cb.progress_note) == (0.5, "half")  # the kept-back report, written with the settle
+
+
+async def test_progress_of_a_child_under_an_async_runner_whose_job_lost_its_claim_answers_lost(
+    engine: Engine, marks: Path
+) -> None:
+    """The AsyncRunner's twin of the test above with a wrong token: the
+    report crosses from the thread that waits for the child to the loop
+    (``write_async``), whose claim-guarded write updates nothing."""
+    from sqlalchemy_watchdog.core.handlers import StopSignal
+    from sqlalchemy_watchdog.core.progress import ProgressReporter
+    from sqlalchemy_watchdog.executors import locate
+    from sqlalchemy_watchdog.executors.pool import ProcessPool
+    from sqlalchemy_watchdog.gateway import AsyncGateway
+    from tests.conftest import make_async_engine
+
+    add(engine, Job("lost", "q"))
+    with store.write_transaction(engine) as conn:
+        (claim,) = store.claim(conn, queues=["q"], limit=1, lease_ms=60_000).claimed
+    async_engine = make_async_engine(engine)
+    gateway = AsyncGateway(async_engine)
+
+    async def write(job_id: str, token: str, fraction: float, note: str | None) -> bool:
+        return bool(await gateway.run(store.report_progress, job_id, token, fraction, note))
+
+    async def read_parents(job_id: str) -> Any:
+        return await gateway.read(store.parent_results, job_id)
+
+    signal = StopSignal()
+    reporter = ProgressReporter("lost", "not-the-token", None, write, read_async=read_parents)  # made on the loop
+    running = RunningJob("lost", "q", "q", 0, {"dir": str(marks)}, 0, None, _signal=signal, _progress=reporter)
+    pool = ProcessPool(ProcessExecutor(processes=1))
+    try:
+        outcome = await asyncio.to_thread(pool.call, locate("q", h.reports_and_reads), running, signal, stop_wait_s=5)
+    finally:
+        pool.close()
+        await async_engine.dispose()
+    assert outcome.value == ["lost", "deferred"]  # no parents
+    assert read(engine, "lost").progress is None and claim.token != "not-the-token"
 
 
 # -- handlers a child cannot find, bad settings -------------------------------------------------
