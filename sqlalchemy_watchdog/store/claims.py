@@ -260,7 +260,9 @@ class SettleRequest:
     #: The failure history to store (JSON), when this attempt failed.
     history: str | None = None
     #: The result to keep with a ``completed`` job, as canonical JSON
-    #: (:func:`~sqlalchemy_watchdog.jobs.encode_result`); None: none.
+    #: (:func:`~sqlalchemy_watchdog.jobs.encode_result`). None: the
+    #: decision's own ``result`` encoded without a codec (the runner's core
+    #: passes its codec's encoding here instead), or none.
     result_json: str | None = None
     #: The attempt's last progress that the rate limit kept back, written
     #: with the settlement: (fraction, note); None: none pending.
