@@ -1163,6 +1163,9 @@ class QueueStats:
     limits: QueueLimits | None = None
     #: Claims counted against its rate in the current window (None: no rate limit).
     rate_used: int | None = None
+    #: With a per-key rate: the claims of its busiest key in that key's current
+    #: window, i.e. how close the nearest key is to its rate (None: no per-key rate).
+    rate_per_key_used: int | None = None
     #: Queued jobs no claim could take now because of a limit (0 without limits).
     held_back: int = 0
     #: Jobs waiting for their parents (``Job(after=...)``): not claimable

@@ -1967,6 +1967,31 @@ def waiting_jobs() -> Select[Any]:
     )
 
 
+@cache
+def waiting_for() -> Select[Any]:
+    """FOR TESTS ONLY (:func:`sqlalchemy_watchdog.testing.drain`): up to
+    ``:limit`` waiting jobs of the expanding ``:queues`` (read in
+    ``ix_watchdog_jobs_waiting``), each with every parent it still waits
+    for (an edge whose outcome is not counted yet): job_id, the parent, the
+    parent's queue and state (both NULL: the parent row is gone)."""
+    waiting = (
+        select(c.job_id, c.sequence)
+        .where(IS_WAITING, c.queue_name.in_(_QUEUES))
+        .order_by(c.sequence)
+        .limit(_p("limit", Integer()))
+        .subquery()
+    )
+    parent = t.alias("parent")
+    return (
+        select(waiting.c.job_id, edges.c.parent, parent.c.queue_name, parent.c.state)
+        .select_from(
+            waiting.join(edges, edges.c.child == waiting.c.job_id).outerjoin(parent, parent.c.job_id == edges.c.parent)
+        )
+        .where(edges.c.outcome.is_(None))
+        .order_by(waiting.c.sequence, edges.c.parent)
+    )
+
+
 # -- the dashboard's chart ----------------------------------------------------------
 
 

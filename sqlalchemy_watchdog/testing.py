@@ -21,7 +21,8 @@
 * :func:`drain` runs the jobs with a :class:`~sqlalchemy_watchdog.Runner` until
   nothing is left to do and returns the settled jobs; ``advance_time=True``
   also plays delayed jobs (a future ``run_at``, an enqueue's ``delay``, a
-  retry's backoff, a snooze) at once, without waiting.
+  retry's backoff, a snooze) at once, without waiting, and goes on while
+  jobs ``waiting`` for their parents can still be released.
 * The ``*_async`` twins take an ``AsyncSession``, ``AsyncConnection`` or
   ``AsyncEngine``.
 * :class:`RunnerFactory` is what the pytest plugin's ``watchdog_runner``
@@ -424,14 +425,42 @@ async def make_due_async(engine: AsyncEngine, *, queues: Iterable[str] | None = 
 DRAIN_IDLE_PASSES = 100
 
 
-def _waiting(engine: Engine, queues: Iterable[str]) -> list[tuple[str, str]]:
-    """Jobs of ``queues`` still waiting to run (delayed, or queued unpaused)."""
+#: What a drain names of the jobs left: (job_id, why it has not run).
+_Left = list[tuple[str, str]]
+
+
+def _left(ready: list[tuple[str, str]], waiting: Mapping[str, list[tuple[str, str | None, str | None]]]) -> _Left:
+    """The jobs a drain still waits for: those delayed or queued, else the
+    ``waiting`` ones, each named with the parents it still waits for."""
+    if ready:
+        return ready
+    return [(job_id, "waiting for " + "; ".join(map(_parent, parents))) for job_id, parents in waiting.items()]
+
+
+def _parent(parent: tuple[str, str | None, str | None]) -> str:
+    job_id, queue, state = parent
+    return f"{job_id}: gone" if queue is None else f"{job_id}: {state} in queue {queue!r}"
+
+
+def _waiting(engine: Engine, queues: Iterable[str]) -> _Left:
+    """Jobs of ``queues`` still waiting to run (delayed, or queued unpaused),
+    else those waiting for their parents."""
     gateway = SyncGateway(engine)
-    return gateway.perform(gateway.writing, "drain", store.waiting_jobs, list(queues))
+    names = list(queues)
+    ready = gateway.perform(gateway.writing, "drain", store.waiting_jobs, names)
+    return _left(ready, {} if ready else gateway.perform(gateway.writing, "drain", store.waiting_for, names))
 
 
-def _still_waiting(left: list[tuple[str, str]]) -> AssertionError:
-    shown = ", ".join(f"{job_id} ({state})" for job_id, state in left)
+async def _waiting_async(engine: AsyncEngine, queues: Iterable[str]) -> _Left:
+    """:func:`_waiting` on an ``AsyncEngine``."""
+    gateway = AsyncGateway(engine)
+    names = list(queues)
+    ready = await gateway.run(store.waiting_jobs, names)
+    return _left(ready, {} if ready else await gateway.run(store.waiting_for, names))
+
+
+def _still_waiting(left: _Left) -> AssertionError:
+    shown = ", ".join(f"{job_id} ({why})" for job_id, why in left)
     return AssertionError(
         f"drain(advance_time=True): jobs still wait to run after {DRAIN_IDLE_PASSES} passes that ran nothing: "
         f"{shown}{', ...' if len(left) >= 10 else ''}"
@@ -462,11 +491,16 @@ def drain(
     :param advance_time: when nothing is ready, make the delayed jobs of
         those queues due at once (:func:`make_due`: a future ``run_at``, an
         enqueue's ``delay``, a retry's backoff, a snooze) and go on, until
-        no job of those queues is delayed or ready (queued in a queue that is
-        not paused) -- a whole retry schedule plays out without waiting. If
-        jobs still wait after :data:`DRAIN_IDLE_PASSES` passes in a row that
-        ran nothing, it raises ``AssertionError`` naming them. False (the
-        default): delayed jobs whose time has not come stay delayed.
+        no job of those queues is delayed, ready (queued in a queue that is
+        not paused) or ``waiting`` for its parents (``Job(after=[...])``) --
+        a whole retry schedule, or a whole workflow whose steps wait for
+        delayed parents, plays out without waiting. If jobs still wait after
+        :data:`DRAIN_IDLE_PASSES` passes in a row that ran nothing, it raises
+        ``AssertionError`` naming them, a waiting job with each parent it
+        still waits for (its state and queue: a parent in a queue the drain
+        does not run, or a paused one, never settles here). False (the
+        default): delayed jobs whose time has not come stay delayed, and so
+        do the jobs waiting for them.
     :param max_jobs: stop after this many ticks that did something (a job
         settled, retried, snoozed or recovered), whatever is left -- a bound
         for a handler that snoozes forever.
@@ -526,7 +560,7 @@ async def drain_async(
                 break
             if await make_due_async(engine, queues=runner.queues) > 0:
                 continue
-            left = await AsyncGateway(engine).run(store.waiting_jobs, runner.queues)
+            left = await _waiting_async(engine, runner.queues)
             if not left:
                 break
             idle += 1

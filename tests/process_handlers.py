@@ -144,6 +144,18 @@ def blocking(job: RunningJob) -> Decision | None:
     return None
 
 
+def progress_after_stop(job: RunningJob) -> str:
+    """Marks ``started``, waits for its stop (at most ``payload["wait"]``,
+    default 30 s), then reports progress; marks ``reported`` with the stop
+    reason and the report's answer, and returns the answer."""
+    mark(job, "started")
+    stopped = job.stop_requested.wait(job.payload.get("wait", 30))
+    reason = job.stop_reason.value if stopped and job.stop_reason is not None else "none"
+    answer = job.progress(0.75, "after the stop").value
+    mark(job, "reported", f"{reason} {answer}")
+    return answer
+
+
 def stubborn(job: RunningJob) -> None:
     """Marks ``started``; from attempt ``payload.get("behave_from", 0)`` on
     completes at once; before that ignores every stop for ``payload["sleep"]``
@@ -242,6 +254,21 @@ def reports_progress(job: RunningJob) -> list[str]:
 def reads_parents(job: RunningJob) -> list[Any]:
     """Returns its parents as it reads them: job_id, outcome, result."""
     return [[p.job_id, None if p.outcome is None else p.outcome.value, p.result] for p in job.parent_results()]
+
+
+def reports_and_reads(job: RunningJob) -> list[Any]:
+    """Once the mark file ``payload["after"]`` (a name in the marks
+    directory) exists, if given: reports progress twice (written, then kept
+    back) and reads its parents; marks ``reported`` and returns the answers
+    and the parents."""
+    if "after" in job.payload:
+        path, deadline = Path(job.payload["dir"]) / job.payload["after"], time.monotonic() + 30
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    answers: list[Any] = [job.progress(0.25, "quarter").value, job.progress(0.5, "half").value]
+    answers += [[p.job_id, None if p.outcome is None else p.outcome.value, p.result] for p in job.parent_results()]
+    mark(job, "reported")
+    return answers
 
 
 def returns_nan(job: RunningJob) -> Any:

@@ -367,7 +367,12 @@ def limits_dict(limits: QueueLimits, use: QueueStats | None = None) -> dict[str,
         "updated_at": iso(limits.updated_at),
     }
     if use is not None:
-        found.update(running=use.running, rate_used=use.rate_used, held_back=use.held_back)
+        found.update(
+            running=use.running,
+            rate_used=use.rate_used,
+            rate_per_key_used=use.rate_per_key_used,
+            held_back=use.held_back,
+        )
     return found
 
 
@@ -381,7 +386,8 @@ def limits_text(limits: QueueLimits, use: QueueStats | None = None) -> str:
     if limits.rate is not None:
         parts.append(f"rate {limits.rate}" + ("" if use is None else f" (used {use.rate_used or 0})"))
     if limits.rate_per_key is not None:
-        parts.append(f"rate per key {limits.rate_per_key}")
+        busiest = "" if use is None else f" (busiest key used {use.rate_per_key_used or 0})"
+        parts.append(f"rate per key {limits.rate_per_key}{busiest}")
     if use is not None:
         parts.append(f"held back {use.held_back}")
     return ", ".join(parts)

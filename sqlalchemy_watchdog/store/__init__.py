@@ -86,6 +86,7 @@ from .dependencies import ParentResult as ParentResult
 from .dependencies import parent_results as parent_results
 from .dependencies import propagate as propagate
 from .dependencies import relations as relations
+from .dependencies import waiting_for as waiting_for
 from .enqueue import _UNIQUE_COLUMNS as _UNIQUE_COLUMNS
 from .enqueue import _autocommit as _autocommit
 from .enqueue import _conflict_of as _conflict_of

@@ -15,7 +15,7 @@ from sqlalchemy import Connection
 
 from .. import statements as sql
 from ..backends import backend_of
-from ..errors import ErrorCode, WatchdogError
+from ..errors import ErrorCode, InvalidJob, WatchdogError
 from ..jobs import (
     CANCELLATION_ID_MAX_LENGTH,
     FAILURE_DETAIL_MAX_LENGTH,
@@ -34,6 +34,7 @@ from ..jobs import (
     check_int,
     check_text,
     duration_ms,
+    encode_result,
 )
 from ..wakeups import local_key, room_freed_locally
 from .base import (
@@ -259,7 +260,9 @@ class SettleRequest:
     #: The failure history to store (JSON), when this attempt failed.
     history: str | None = None
     #: The result to keep with a ``completed`` job, as canonical JSON
-    #: (:func:`~sqlalchemy_watchdog.jobs.encode_result`); None: none.
+    #: (:func:`~sqlalchemy_watchdog.jobs.encode_result`). None: the
+    #: decision's own ``result`` encoded without a codec (the runner's core
+    #: passes its codec's encoding here instead), or none.
     result_json: str | None = None
     #: The attempt's last progress that the rate limit kept back, written
     #: with the settlement: (fraction, note); None: none pending.
@@ -282,6 +285,15 @@ class SettleRequest:
             self.decision.outcome is not Outcome.COMPLETED or self.requeue_after_ms is not None
         ):
             raise WatchdogError(ErrorCode.INVALID_INPUT, "result_json: only a completed settle keeps a result")
+        if self.result_json is None and self.decision.result is not None and self.given_back is None:
+            # The Decision's result reaches the statement whoever settles: the
+            # runner's core encodes it with its codec (and turns a refusal into
+            # a failed job); a direct caller's request encodes it here with the
+            # default codec, and a value that cannot be kept refuses the whole
+            # request (InvalidJob naming ``result``) before anything is written.
+            if self.requeue_after_ms is not None:
+                raise InvalidJob("result", "a requeued settle keeps no result")
+            object.__setattr__(self, "result_json", encode_result(self.decision.result))
 
     @property
     def row(self) -> tuple[Any, ...]:

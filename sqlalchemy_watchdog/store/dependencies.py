@@ -7,6 +7,7 @@ Part of :mod:`sqlalchemy_watchdog.store` (see its docstring and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,3 +82,19 @@ def parent_results(conn: Connection, job_id: str) -> tuple[ParentResult, ...]:
             )
         )
     return tuple(found)
+
+
+@operation(Shape.READ)
+def waiting_for(
+    conn: Connection, queues: Sequence[str], limit: int = 10
+) -> dict[str, list[tuple[str, str | None, str | None]]]:
+    """FOR TESTS ONLY (:func:`sqlalchemy_watchdog.testing.drain`): up to
+    ``limit`` waiting jobs of ``queues``, oldest first, each with the parents
+    it still waits for as (parent, its queue, its state); queue and state
+    are None for a parent that is gone."""
+    if not queues:
+        return {}
+    found: dict[str, list[tuple[str, str | None, str | None]]] = {}
+    for job_id, parent, queue, state in conn.execute(sql.waiting_for(), {"queues": list(queues), "limit": limit}):
+        found.setdefault(job_id, []).append((parent, queue, state))
+    return found

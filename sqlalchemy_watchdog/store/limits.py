@@ -445,6 +445,8 @@ class LimitUse:
     limits: QueueLimits
     rate_used: int | None
     held_back: int
+    #: The busiest key's claims in its window (None: no per-key rate).
+    rate_per_key_used: int | None = None
 
 
 def queue_use(conn: Connection, limits: QueueLimits) -> LimitUse:
@@ -478,7 +480,8 @@ def queue_use(conn: Connection, limits: QueueLimits) -> LimitUse:
         claimable = min(claimable, max(0, limits.concurrency - running))
     if limits.rate is not None:
         claimable = min(claimable, max(0, limits.rate.count - used))
-    return LimitUse(limits, None if limits.rate is None else used, total - claimable)
+    busiest = None if limits.rate_per_key is None else max(key_used.values(), default=0)
+    return LimitUse(limits, None if limits.rate is None else used, total - claimable, busiest)
 
 
 def held_by(conn: Connection, job: JobView) -> HeldBy | None:

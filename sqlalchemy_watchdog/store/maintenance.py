@@ -313,6 +313,7 @@ def stats(conn: Connection) -> Stats:
                 workers=serving.get(queue, 0),
                 limits=None if queue not in uses else uses[queue].limits,
                 rate_used=None if queue not in uses else uses[queue].rate_used,
+                rate_per_key_used=None if queue not in uses else uses[queue].rate_per_key_used,
                 held_back=0 if queue not in uses else uses[queue].held_back,
                 waiting=e.get("waiting", 0),
             )

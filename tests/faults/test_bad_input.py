@@ -62,6 +62,7 @@ from sqlalchemy_watchdog.jobs import (
     PAUSE_REASON_MAX_LENGTH,
     PAYLOAD_MAX_BYTES,
     PAYLOAD_MAX_DEPTH,
+    RESULT_MAX_BYTES,
     CancelStatus,
 )
 from sqlalchemy_watchdog.model import jobs_table, pauses_table, schedules_table, workers_table
@@ -671,6 +672,12 @@ REFUSED: dict[str, Entry] = {
     ),
     "settle with a str decision": Entry("decision", settle_with("completed"), WatchdogError),
     "settle with a dict decision": Entry("decision", settle_with({"outcome": "completed"}), WatchdogError),
+    "settle with a result too large": Entry(
+        "result", settle_with(Decision.completed(result="x" * (RESULT_MAX_BYTES + 1))), says="bytes of JSON"
+    ),
+    "settle with a result not JSON": Entry(
+        "result", settle_with(Decision.completed(result={"at": object()})), says="not a JSON type"
+    ),
     # clients and runners
     "Watchdog of a str": Entry("Engine", lambda e: Watchdog("sqlite://"), TypeError),  # type: ignore[arg-type]
     "Runner of a str": Entry("Engine", runner(engine="sqlite://"), TypeError),

@@ -56,8 +56,10 @@ clears them). Jobs with parents (``Job(after=...)``, policy ``completed`` or
 ``any_outcome``) are ``waiting``: the model applies the dependency triggers
 after each statement -- a parent's settlement from a live state, or its
 deletion (``purged``), counts its edges; the last one releases the child
-(``queued``), a parent that did not complete cancels it (default policy),
-never earlier; a job settled while waiting (cancelled by a parent or by
+(``queued``, or ``delayed`` while its run_at is ahead), a parent that did
+not complete cancels it (default policy), never earlier; one enqueue call
+may hold a family (a new parent, several dependents of the same parents,
+a dependent of those), every ``after`` checked before anything is written; a job settled while waiting (cancelled by a parent or by
 ``cancel``/``cancel_many``, or failed by ``fail_lane``) tells its own
 dependents only at a ``propagate`` pass, one hop per pass. Replays with other
 parents or policy conflict; ``purge`` deletes waiting jobs, ``fail_lane``
@@ -69,7 +71,10 @@ Invariants after every step: the CHECK grammar holds on every row (a
 delayed row has a ready time and no claim); ``1 <= attempt <=
 max_attempts``; a settled row never changes; ``recovery_count <=
 recovery_max``; at most one live claim per job (probed with a rolled-back
-renew of every claim ever issued); and the database equals the model,
+renew of every claim ever issued); the dependencies as the database alone
+tells them (a waiting job waits for exactly its uncounted edges, a released
+one has all of them counted, a parent something waits for is never gone, a
+queued job not cancelled is due); and the database equals the model,
 column by column (the failure history parsed), with rows in admission
 order.
 """
@@ -87,7 +92,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -146,6 +151,11 @@ JOB_IDS = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]
 #: Revision w0012: the job_ids of jobs enqueued with parents (and "a": a
 #: replay with parents of a job stored without, or the reverse, conflicts).
 DEP_IDS = ["w1", "w2", "w3", "w4"]
+#: The job_ids of the families one enqueue call makes: a new parent perhaps,
+#: several dependents of the same parents, and a dependent of those.
+FAMILY_IDS = ["m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8"]
+#: A dependent's run_at, from the database clock (milliseconds): past, soon, later.
+FAMILY_RUN_ATS: list[int | None] = [None, -1_000, 300, 2_000, 60_000, 3_600_000, 3_600_000]
 QUEUES = ["q1", "q2", "q3"]
 #: Lanes of their own, one of them a queue's name; a job without one has its queue's.
 LANES = ["l1", "l2", "q1"]
@@ -264,19 +274,25 @@ DECISIONS: list[tuple[str, Any]] = [
     ("value", NESTED_TOO_DEEP),  # cannot be kept: failed, not retried, nothing written
 ]
 
-jobs_strategy = st.builds(
-    Job,
-    job_id=st.sampled_from(JOB_IDS),
-    queue=st.sampled_from(QUEUES),
-    lane=st.sampled_from([*LANES, None]),
-    priority=st.sampled_from([-1, 0, 1]),
-    payload=st.sampled_from([None, 1, {"k": "v"}, ["x", 2]]),
-    max_recoveries=st.sampled_from([None, 0, 1, 2]),
-    run_at=st.sampled_from(RUN_ATS),
-    retry=st.sampled_from(RETRIES),
-    timeout=st.sampled_from(TIMEOUTS),
-    key=st.sampled_from(KEYS),
-)
+
+def jobs_of(job_ids: st.SearchStrategy[str]) -> st.SearchStrategy[Job]:
+    """Jobs of every kind the machine enqueues, their job_id drawn from ``job_ids``."""
+    return st.builds(
+        Job,
+        job_id=job_ids,
+        queue=st.sampled_from(QUEUES),
+        lane=st.sampled_from([*LANES, None]),
+        priority=st.sampled_from([-1, 0, 1]),
+        payload=st.sampled_from([None, 1, {"k": "v"}, ["x", 2]]),
+        max_recoveries=st.sampled_from([None, 0, 1, 2]),
+        run_at=st.sampled_from(RUN_ATS),
+        retry=st.sampled_from(RETRIES),
+        timeout=st.sampled_from(TIMEOUTS),
+        key=st.sampled_from(KEYS),
+    )
+
+
+jobs_strategy = jobs_of(st.sampled_from(JOB_IDS))
 
 LIVE = ("delayed", "queued", "running")
 #: What the model's dependency triggers take as the statement's clock: the machine's.
@@ -671,6 +687,92 @@ class WatchdogMachine(RuleBasedStateMachine):
             if outcome is None:  # a parent not settled is watched from now on (w0013)
                 self.model.rows[parent].watched = 1
 
+    @rule(
+        data=st.data(),
+        new_parent=st.booleans(),
+        dependents=st.integers(2, 3),
+        grandchild=st.sampled_from([None, 1, 2]),
+    )
+    def enqueue_family(self, data: st.DataObject, new_parent: bool, dependents: int, grandchild: int | None) -> None:
+        """One enqueue call: perhaps a new parent first, then several
+        dependents of the same parents (stored ones and that new one), each
+        with its own policy and perhaps a run_at ahead, then perhaps a
+        dependent of the first (or first two) of them. Every ``after`` is
+        checked before anything is written: one refused dependent refuses
+        the whole call. A dependent whose parents all settle is released to
+        ``delayed`` while its run_at is ahead, else ``queued`` (the
+        table's ``waiting -> queued / delayed``)."""
+        fresh = [job_id for job_id in FAMILY_IDS if job_id not in self.model.rows]
+        wanted = int(new_parent) + dependents + (grandchild is not None)
+        if len(fresh) < wanted:
+            event("family: no job_ids left")
+            return
+        ids = iter(fresh)
+        known = sorted(self.model.rows, key=lambda j: (self.model.rows[j].state == "settled", j))
+        choices = st.sampled_from([*known[:6], "nobody"]) if known else st.just("nobody")
+        stored = data.draw(st.lists(choices, min_size=0 if new_parent else 1, max_size=2, unique=True), "parents")
+        jobs: list[Job] = []
+        if new_parent:
+            jobs.append(data.draw(jobs_of(st.just(next(ids))), "parent"))
+        parents = [*stored, *(job.job_id for job in jobs)]
+
+        def dependent(after: list[str]) -> Job:
+            offset = data.draw(st.sampled_from(FAMILY_RUN_ATS), "run_at")
+            return Job(
+                next(ids),
+                data.draw(st.sampled_from(QUEUES), "queue"),
+                lane=data.draw(st.sampled_from([*LANES, None]), "lane"),
+                after=after,
+                after_policy=data.draw(st.sampled_from(["completed", "completed", "any_outcome"]), "policy"),
+                run_at=None if offset is None else at(self.db + offset),
+            )
+
+        siblings = [dependent(parents) for _ in range(dependents)]
+        jobs += siblings
+        if grandchild is not None:
+            jobs.append(dependent([job.job_id for job in siblings[:grandchild]]))
+        in_call = {job.job_id for job in jobs}
+        refusal = None
+        for job in jobs:
+            for parent in job.after:
+                row = self.model.rows.get(parent)
+                if parent in in_call:
+                    continue
+                if row is None:
+                    refusal = f"job {job.job_id!r} waits for {parent!r}: no such job"
+                elif row.state == "settled" and row.outcome != "completed" and job.after_policy == "completed":
+                    refusal = f"job {job.job_id!r} waits for {parent!r}, which already ended {row.outcome}"
+                if refusal is not None:
+                    break
+            if refusal is not None:
+                break
+        if refusal is not None:
+            with pytest.raises(InvalidJob) as refused:
+                self.tx(store.enqueue, jobs)
+            assert refused.value.field == "after" and refusal in str(refused.value), (refused.value, refusal)
+            event("family: refused")
+            return
+        event(f"family: enqueued, {len(jobs)} jobs")
+        results = self.tx(store.enqueue, jobs)
+        assert [r.status.value for r in results] == ["queued"] * len(jobs)
+        for job in jobs:
+            self.model.admit(job, self.db, None, TAGGING.last)
+            if not job.after:
+                continue
+            row = self.model.rows[job.job_id]
+            row.parents, row.after_policy = job.after, job.after_policy
+            counted = [
+                (parent, None if self.model.rows[parent].state != "settled" else self.model.rows[parent].outcome)
+                for parent in job.after
+            ]
+            pending = sum(1 for _, outcome in counted if outcome is None)
+            if pending:
+                row.state, row.waiting_on = "waiting", pending
+            for parent, outcome in counted:
+                self.model.edges[(job.job_id, parent)] = outcome
+                if outcome is None:
+                    self.model.rows[parent].watched = 1
+
     def _tell(self, child: str, parent: str, outcome: str, *, same_step: bool) -> None:
         """The edge trigger: ``parent`` ended ``outcome``, counted for ``child``."""
         self.model.edges[(child, parent)] = outcome
@@ -691,6 +793,7 @@ class WatchdogMachine(RuleBasedStateMachine):
         else:
             row.waiting_on = None
             row.state = "delayed" if row.ready_at is not None and row.ready_at > self.db else "queued"
+            event(f"a dependent released: {row.state}")
 
     def _count_edges(self) -> None:
         """The dependency triggers of the statements of the step just taken:
@@ -1084,8 +1187,8 @@ class WatchdogMachine(RuleBasedStateMachine):
             self._settle(*self.claims[-1], how, skew)
 
     @precondition(lambda self: any(r.state == "waiting" for r in self.model.rows.values()))
-    @rule(lease=st.sampled_from(LEASES), how=st.sampled_from(DECISIONS[:2]))
-    def a_parent_completes(self, lease: int, how: tuple[str, Any]) -> None:
+    @rule(data=st.data(), lease=st.sampled_from(LEASES), how=st.sampled_from(DECISIONS[:2]))
+    def a_parent_completes(self, data: st.DataObject, lease: int, how: tuple[str, Any]) -> None:
         """A runner's tick on the queue of a job something waits for, its
         handler completing (what releases dependents; random ticks reach it
         rarely in a short run)."""
@@ -1096,8 +1199,9 @@ class WatchdogMachine(RuleBasedStateMachine):
         )
         if not parents:
             return
+        parent = data.draw(st.sampled_from(parents), "parent")
         before = len(self.claims)
-        self.claim([self.model.rows[parents[0]].queue_name], 1, lease, 0, True)
+        self.claim([self.model.rows[parent].queue_name], 1, lease, 0, True)
         if len(self.claims) > before:
             self._settle(*self.claims[-1], how, 0)
 
@@ -1995,6 +2099,35 @@ class WatchdogMachine(RuleBasedStateMachine):
         assert {q: (reason, at) for q, reason, at in paused} == self.pauses
         # the edges equal the model's: no orphan, each outcome counted once
         assert {(child, parent): outcome for child, parent, outcome in edges} == self.model.edges
+
+    @invariant()
+    def dependents_are_released_once_every_parent_is_counted_and_never_early(self) -> None:
+        """Read from the database alone: a job waits exactly for its edges
+        not counted yet; one out of ``waiting`` and not settled has every
+        edge counted (under the default policy, every one ``completed``); a
+        parent some job still waits for is never gone (prune, purge); and a
+        ``queued`` job not cancelled is due -- a dependent released with its
+        run_at ahead is ``delayed``, never queued early."""
+        if not hasattr(self, "model"):
+            return
+        rows = {row["job_id"]: row for row in dump_jobs(self.engine)}
+        with self.engine.connect() as conn:
+            edges = conn.execute(select(edges_table.c.child, edges_table.c.parent, edges_table.c.outcome)).all()
+        counted: dict[str, list[str | None]] = {}
+        for child, parent, outcome in edges:
+            counted.setdefault(child, []).append(outcome)
+            if outcome is None:
+                assert parent in rows, f"{child} waits for {parent}, which is gone"
+        for job_id, row in rows.items():
+            outcomes = counted.get(job_id, [])
+            if row["state"] == "waiting":
+                assert row["waiting_on"] == outcomes.count(None), (row, outcomes)
+            elif row["state"] in LIVE and outcomes:
+                assert None not in outcomes, (row, outcomes)
+                if row["after_policy"] == "completed" and row["cancellation_id"] is None:
+                    assert set(outcomes) == {"completed"}, (row, outcomes)
+            if row["state"] == "queued" and row["cancellation_id"] is None:
+                assert row["ready_at"] is None or row["ready_at"] <= self.db, row
 
     @invariant()
     def at_most_one_live_claim_per_job(self) -> None:

@@ -1832,11 +1832,13 @@ def test_limits_shows_sets_and_clears_a_queues_limits(engine: Engine, cli: Cli) 
     status, out, _ = cli("stats")
     assert "limits of 'exports': concurrency 1 (running 1)" in out
     status, out, _ = cli("limits", "exports", "--rate-per-key", "2/30s")  # replaces the three above
-    assert status == 0 and out.split()[:5] == ["exports", "rate", "per", "key", "2/30s,"]
+    assert (status, out) == (0, "exports  rate per key 2/30s (busiest key used 0), held back 0\n")
     (per_key,) = Watchdog(engine).limits()
     assert (per_key.concurrency, per_key.rate, per_key.rate_per_key) == (None, None, Rate(2, timedelta(seconds=30)))
     status, out, _ = cli("--json", "limits", "exports")
-    assert json.loads(out)["rate_per_key"] == {"count": 2, "period_ms": 30_000, "text": "2/30s"}
+    document = json.loads(out)
+    assert document["rate_per_key"] == {"count": 2, "period_ms": 30_000, "text": "2/30s"}
+    assert (document["rate_used"], document["rate_per_key_used"]) == (None, 0)
     status, out, _ = cli("limits", "exports", "--clear")
     assert (status, out) == (0, "queue 'exports': limits cleared\n")
     status, out, _ = cli("limits", "exports", "--clear")

@@ -292,6 +292,7 @@ def test_a_keys_rate_counts_its_claims_in_the_window_and_other_keys_go_on(engine
     assert claim(engine, ["q"], limit=10) == []
     stats = watchdog.stats().queue("q")
     assert stats.held_back == 16 and stats.queued == 16
+    assert (stats.rate_used, stats.rate_per_key_used) == (None, 2)  # the busiest key is at its rate
     held = watchdog.read("a-9")
     assert held is not None and held.held_by is HeldBy.RATE_PER_KEY
     time.sleep(1.0)
@@ -309,7 +310,8 @@ def test_a_keys_rate_and_the_queues_rate_both_hold(engine: Engine) -> None:
     assert claim(engine, ["q"], limit=10) == []  # each key used its one start
     watchdog.set_limits("q", rate=Rate(5, timedelta(minutes=1)), rate_per_key=Rate(3, timedelta(minutes=1)))
     assert len(claim(engine, ["q"], limit=10)) == 1  # the queue's rate: 5 in the window
-    assert watchdog.stats().queue("q").rate_used == 5
+    stats = watchdog.stats().queue("q")
+    assert (stats.rate_used, stats.rate_per_key_used) == (5, 2)  # one key started twice in its window
 
 
 def test_an_unlimited_queue_claims_as_before_beside_a_limited_one(engine: Engine) -> None:

@@ -713,6 +713,8 @@ PLANS: list[Case] = [
     Case("make_due(all)", "make_due", (False,), _none, on(DELAYED)),
     Case("make_due(queues)", "make_due", (True,), lambda d: {"queues": ["q3"]}, on(DELAYED, LIVE_QUEUE)),
     Case("waiting_jobs", "waiting_jobs", (), lambda d: {"queues": ["q3"], "limit": 10}, on(LIVE_QUEUE)),
+    # A drain's account of the waiting jobs it cannot release (tests only): their parents by job_id.
+    Case("waiting_for", "waiting_for", (), lambda d: {"queues": ["q3"], "limit": 10}, on(WAITING)),
     # A runner's INFO summary: its backlog, counted up to a cap through the live queue index.
     Case("count_ready", "count_ready", (), lambda d: {"queues": ["q3"], "cap": 10_000}, on(LIVE_QUEUE)),
     # -- flow control (w0011): the limited claim, and the stats of a limited queue

@@ -15,6 +15,7 @@ children are recycled by job count and memory.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from sqlalchemy_watchdog import (
     Decision,
@@ -151,6 +152,31 @@ def test_progress_of_a_child_whose_job_lost_its_claim_answers_lost(engine: Engin
     assert outcome.value == ["lost", "deferred", "refused fraction"]
     assert read(engine, "lost").progress is None and claim.token != "not-the-token"
     assert ProgressStatus.LOST.value == "lost"
+
+
+def test_progress_of_a_child_whose_claim_was_recovered_and_taken_by_another_runner_answers_lost(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    """A real loss, not a wrong token: the job's lease ends by the database
+    clock (its runner froze, say), recovery requeues it and another runner
+    claims it. The child, told to stop (``lease_lost``), reports progress:
+    it hears LOST, as a thread's handler would, and nothing is written over
+    the new claim."""
+    add(engine, job("a", marks, max_recoveries=1))
+    with make(runners, {"q": h.progress_after_stop}).serving():
+        h.wait_for_mark(marks, "a", "started")
+        with store.write_transaction(engine) as conn:  # one transaction: the serving runner cannot step in
+            conn.execute(text("UPDATE watchdog_jobs SET lease_until = 0 WHERE job_id = 'a'"))
+            (expired,) = store.expired_claims(conn, limit=10)
+            assert store.reconcile(conn, expired).status is store.RecoveryStatus.REQUEUED
+            (taken,) = store.claim(conn, queues=["q"], limit=1, lease_ms=600_000).claimed
+        assert taken.token != expired.token
+        assert h.wait_for_mark(marks, "a", "reported")[2] == "lease_lost lost"
+    now = read(engine, "a")
+    assert (now.state, now.attempt, now.recovery_count) == (JobState.RUNNING, 1, 1)  # a recovery uses no attempt
+    assert (now.progress, now.progress_note) == (None, None)
+    with store.write_transaction(engine) as conn:  # the other runner still holds it
+        assert store.report_progress(conn, "a", taken.token, 0.5, "mine")
 
 
 def test_parent_results_in_a_child_are_read_by_the_runner(engine: Engine, runners: RunnerDriver) -> None:
@@ -615,6 +641,79 @@ def test_an_async_runner_runs_plain_handlers_in_children_and_coroutines_on_its_l
     assert {j.job_id: j.outcome for j in results} == {"plain": Outcome.COMPLETED, "coro": Outcome.COMPLETED}
     assert seen == [os.getpid()]
     assert h.wait_for_mark(marks, "plain", "ran")[0] != os.getpid()
+
+
+@pytest.mark.parametrize("runner_kind", ["async-process"])
+def test_an_async_runner_answers_a_childs_progress_and_parent_results_while_a_coroutine_waits_on_its_loop(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    """The child's requests reach the AsyncRunner's loop from the thread that
+    waits for the child: they are answered while a coroutine handler holds
+    a slot on that loop (each waits for the other's mark, so the two overlap)."""
+    add(engine, Job("p1", "parents"))
+    with store.write_transaction(engine) as conn:
+        (claim,) = store.claim(conn, queues=["parents"], limit=1, lease_ms=60_000).claimed
+        store.settle(conn, job_id="p1", claim_token=claim.token, decision=Decision.completed(result={"n": 1}))
+    add(
+        engine,
+        job("coro", marks, queue="coro"),
+        Job("cb", "q", after=["p1"], payload={"dir": str(marks), "after": "coro.1.started"}),
+    )
+    overlapped: list[bool] = []
+
+    async def waits_for_the_child(job: RunningJob) -> None:
+        h.mark(job, "started")
+        deadline = time.monotonic() + 30
+        while not h.marks(marks, "cb", "reported") and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        overlapped.append(bool(h.marks(marks, "cb", "reported")))
+
+    runner = make(runners, {"q": h.reports_and_reads, "coro": waits_for_the_child}, queues=["coro", "q"], concurrency=2)
+    with runner.serving():
+        cb = settled(engine, "cb")
+        settled(engine, "coro")
+    assert overlapped == [True]
+    assert cb.outcome is Outcome.COMPLETED
+    assert Watchdog(engine).result("cb").value == ["written", "deferred", ["p1", "completed", {"n": 1}]]
+    assert (cb.progress, cb.progress_note) == (0.5, "half")  # the kept-back report, written with the settle
+
+
+async def test_progress_of_a_child_under_an_async_runner_whose_job_lost_its_claim_answers_lost(
+    engine: Engine, marks: Path
+) -> None:
+    """The AsyncRunner's twin of the test above with a wrong token: the
+    report crosses from the thread that waits for the child to the loop
+    (``write_async``), whose claim-guarded write updates nothing."""
+    from sqlalchemy_watchdog.core.handlers import StopSignal
+    from sqlalchemy_watchdog.core.progress import ProgressReporter
+    from sqlalchemy_watchdog.executors import locate
+    from sqlalchemy_watchdog.executors.pool import ProcessPool
+    from sqlalchemy_watchdog.gateway import AsyncGateway
+    from tests.conftest import make_async_engine
+
+    add(engine, Job("lost", "q"))
+    with store.write_transaction(engine) as conn:
+        (claim,) = store.claim(conn, queues=["q"], limit=1, lease_ms=60_000).claimed
+    async_engine = make_async_engine(engine)
+    gateway = AsyncGateway(async_engine)
+
+    async def write(job_id: str, token: str, fraction: float, note: str | None) -> bool:
+        return bool(await gateway.run(store.report_progress, job_id, token, fraction, note))
+
+    async def read_parents(job_id: str) -> Any:
+        return await gateway.read(store.parent_results, job_id)
+
+    signal = StopSignal()
+    reporter = ProgressReporter("lost", "not-the-token", None, write, read_async=read_parents)  # made on the loop
+    running = RunningJob("lost", "q", "q", 0, {"dir": str(marks)}, 0, None, _signal=signal, _progress=reporter)
+    pool = ProcessPool(ProcessExecutor(processes=1))
+    try:
+        outcome = await asyncio.to_thread(pool.call, locate("q", h.reports_and_reads), running, signal, stop_wait_s=5)
+    finally:
+        pool.close()
+        await async_engine.dispose()
+    assert outcome.value == ["lost", "deferred"]  # no parents
+    assert read(engine, "lost").progress is None and claim.token != "not-the-token"
 
 
 # -- handlers a child cannot find, bad settings -------------------------------------------------

@@ -5,15 +5,28 @@ settle; on both dialects and both runner kinds."""
 from __future__ import annotations
 
 import math
+import threading
 from datetime import timedelta
+from queue import Queue
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
 
-from sqlalchemy_watchdog import InvalidJob, Job, Outcome, ProgressStatus, RetryPolicy, RunningJob, Watchdog
+from sqlalchemy_watchdog import (
+    InvalidJob,
+    Job,
+    JobState,
+    Outcome,
+    ProgressStatus,
+    RetryPolicy,
+    RunningJob,
+    StopReason,
+    Watchdog,
+    store,
+)
 from sqlalchemy_watchdog.core.progress import PROGRESS_NOTE_MAX_LENGTH
-from tests.helpers import present
+from tests.helpers import add, present, read
 from tests.runner_kinds import RunnerDriver, dual
 
 
@@ -94,6 +107,33 @@ def test_a_job_that_lost_its_claim_writes_no_progress(engine: Engine, runners: R
     assert answers == [ProgressStatus.LOST]
     job = present(wd.read("j"))
     assert job.outcome is Outcome.FAILED and (job.progress, job.progress_note) == (None, None)
+
+
+def test_a_job_whose_claim_was_recovered_and_taken_by_another_runner_writes_no_progress(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    """The thread executor's side of the process executor's test of the same
+    name: told to stop (``lease_lost``), the handler reports progress and
+    hears LOST; nothing is written over the new claim."""
+    add(engine, Job("a", "q", max_recoveries=1))
+    started, reported = threading.Event(), Queue[tuple[Any, ProgressStatus]]()
+
+    def handle(job: RunningJob) -> None:
+        started.set()
+        job.stop_requested.wait(30)
+        reported.put((job.stop_reason, job.progress(0.75, "after the stop")))
+
+    runner = runners.runner({"q": handle}, lease=timedelta(seconds=3), heartbeat=timedelta(seconds=1))
+    with runner.serving():
+        assert started.wait(30)
+        with store.write_transaction(engine) as conn:  # one transaction: the serving runner cannot step in
+            conn.execute(text("UPDATE watchdog_jobs SET lease_until = 0 WHERE job_id = 'a'"))
+            (expired,) = store.expired_claims(conn, limit=10)
+            assert store.reconcile(conn, expired).status is store.RecoveryStatus.REQUEUED
+            (taken,) = store.claim(conn, queues=["q"], limit=1, lease_ms=600_000).claimed
+        assert reported.get(timeout=30) == (StopReason.LEASE_LOST, ProgressStatus.LOST)
+    assert stored(engine, "a") == (None, None)
+    assert taken.token != expired.token and read(engine, "a").state is JobState.RUNNING
 
 
 def test_a_retry_starts_the_next_attempt_without_progress(engine: Engine, runners: RunnerDriver) -> None:

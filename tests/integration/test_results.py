@@ -19,6 +19,7 @@ from sqlalchemy_watchdog import (
     InvalidJob,
     Job,
     JobResult,
+    JobState,
     Outcome,
     ResultStatus,
     RetryPolicy,
@@ -26,6 +27,7 @@ from sqlalchemy_watchdog import (
     RunningJob,
     TaggedJSON,
     Watchdog,
+    store,
 )
 from sqlalchemy_watchdog.asyncio import AsyncWatchdog
 from sqlalchemy_watchdog.jobs import RESULT_MAX_BYTES
@@ -155,6 +157,82 @@ def test_a_pruned_job_takes_its_result_with_it(engine: Engine) -> None:
     time.sleep(0.01)
     assert wd.prune(older_than=timedelta(milliseconds=1)) == 1
     assert wd.result("j").status is ResultStatus.UNKNOWN
+
+
+def _claim_all(engine: Engine, count: int) -> list[store.Claim]:
+    with engine.begin() as conn:
+        batch = store.claim(conn, queues=["q"], limit=count, lease_ms=60_000)
+    assert len(batch.claimed) == count, batch
+    return sorted(batch.claimed, key=lambda c: c.job.job_id)
+
+
+def test_a_direct_settle_keeps_the_decisions_result(engine: Engine) -> None:
+    wd = Watchdog(engine)
+    wd.enqueue([Job("one", "q"), Job("many-a", "q"), Job("many-b", "q"), Job("many-c", "q")])
+    claims = {c.job.job_id: c for c in _claim_all(engine, 4)}
+    with engine.begin() as conn:
+        one = store.settle(
+            conn, job_id="one", claim_token=claims["one"].token, decision=Decision.completed(result={"n": 1})
+        )
+    assert one.job is not None and one.job.result == {"n": 1}
+    requests = [
+        store.SettleRequest("many-a", claims["many-a"].token, Decision.completed(result=["a", 2])),
+        store.SettleRequest("many-b", claims["many-b"].token, Decision.completed()),
+        store.SettleRequest("many-c", claims["many-c"].token, Decision.completed(result="c")),
+    ]
+    with engine.begin() as conn:
+        settled = store.settle_many(conn, requests)
+    assert [s.job.result for s in settled if s.job is not None] == [["a", 2], None, "c"]
+    assert wd.result("one") == JobResult("one", ResultStatus.COMPLETED, {"n": 1}, Outcome.COMPLETED)
+    assert [wd.result(j).value for j in ("many-a", "many-b", "many-c")] == [["a", 2], None, "c"]
+    # A replay of the same settle is recognised and keeps the stored result.
+    with engine.begin() as conn:
+        again = store.settle(
+            conn, job_id="one", claim_token=claims["one"].token, decision=Decision.completed(result={"n": 1})
+        )
+    assert again.job is not None and again.job.result == {"n": 1}
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("x" * (RESULT_MAX_BYTES + 1), f"must be at most {RESULT_MAX_BYTES} bytes of JSON"),
+        ({"at": object()}, "object is not a JSON type"),
+        (Decimal("1.5"), "is not a JSON type"),
+    ],
+    ids=["too-large", "object", "decimal-without-codec"],
+)
+def test_a_direct_settle_whose_result_cannot_be_kept_is_refused_naming_result_with_nothing_written(
+    engine: Engine, value: Any, words: str
+) -> None:
+    wd = Watchdog(engine)
+    wd.enqueue([Job("a", "q"), Job("b", "q")])
+    a, b = _claim_all(engine, 2)
+    with pytest.raises(InvalidJob, match="^result: ") as refused, engine.begin() as conn:
+        store.settle(conn, job_id="a", claim_token=a.token, decision=Decision.completed(result=value))
+    assert refused.value.field == "result" and words in str(refused.value), refused.value
+    with pytest.raises(InvalidJob, match="^result: "), engine.begin() as conn:
+        store.settle_many(
+            conn,
+            [
+                store.SettleRequest("a", a.token, Decision.completed(result="fine")),
+                store.SettleRequest("b", b.token, Decision.completed(result=value)),
+            ],
+        )
+    for job_id in ("a", "b"):  # neither settled: the refusal came before the statement
+        job = present(wd.read(job_id))
+        assert job.state is JobState.RUNNING and job.result is None, job
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM watchdog_jobs WHERE result_json IS NOT NULL")).scalar() == 0
+
+
+def test_a_requeueing_settle_request_refuses_a_result(engine: Engine) -> None:
+    wd = Watchdog(engine)
+    wd.enqueue(Job("a", "q"))
+    (a,) = _claim_all(engine, 1)
+    with pytest.raises(InvalidJob, match="^result: a requeued settle keeps no result"):
+        store.SettleRequest("a", a.token, Decision.completed(result=1), requeue_after_ms=10)
+    assert present(wd.read("a")).state is JobState.RUNNING
 
 
 def _settle_soon(engine: Engine, value: Any, delay: float = 0.3) -> threading.Thread:

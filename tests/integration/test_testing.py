@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -459,6 +459,82 @@ def test_advance_time_raises_naming_the_jobs_left_when_nothing_runs_them(
     monkeypatch.setattr(Runner, "tick", lambda self: TickResult(TickStatus.IDLE))  # a runner that claims nothing
     with pytest.raises(AssertionError, match=r"jobs still wait to run .*: stuck \(queued\)"):
         drain(engine, {"q": completed}, advance_time=True)
+
+
+def _chain(engine: Engine) -> None:
+    """a -> b -> c, b due an hour after its release, c failing its first attempt with an hour's backoff."""
+    retry = RetryPolicy(max_attempts=2, backoff=HOUR)
+    add(
+        engine,
+        Job("a", "q", payload=1),
+        Job("b", "q", after=["a"], run_at=datetime.now(UTC) + HOUR),
+        Job("c", "q", after=["b"], retry=retry),
+    )
+
+
+def _step_of(job: RunningJob, parents: tuple[Any, ...]) -> Any:
+    """1 for a, one more than its parent's result for b and c (whose first attempt fails)."""
+    if job.job_id == "c" and job.attempt == 1:
+        return Decision.failed("not yet")
+    return 1 + sum(parent.result for parent in parents)
+
+
+def _step(job: RunningJob) -> Any:
+    return _step_of(job, job.parent_results())
+
+
+def test_advance_time_drains_a_whole_chain_of_dependents_in_one_call(engine: Engine) -> None:
+    _chain(engine)
+    settled = drain(engine, {"q": _step}, advance_time=True)
+    assert [(job.job_id, job.outcome, job.result) for job in settled] == [
+        ("a", Outcome.COMPLETED, 1),
+        ("b", Outcome.COMPLETED, 2),
+        ("c", Outcome.COMPLETED, 3),
+    ]
+
+
+def test_advance_time_settles_a_cancelled_chain_in_one_call(engine: Engine) -> None:
+    # a cancelled before it ran: its claim settles it cancelled, the edge trigger
+    # cancels b, and c hears of it only from a runner's later pass (one hop each).
+    add(engine, Job("a", "q"), Job("b", "q", after=["a"]), Job("c", "q", after=["b"]), Job("d", "q", after=["c"]))
+    Watchdog(engine).cancel("a", "stop-a")
+    drain(engine, {"q": completed}, advance_time=True)
+    assert [(read(engine, j).state, read(engine, j).outcome) for j in "abcd"] == [
+        (JobState.SETTLED, Outcome.CANCELLED)
+    ] * 4
+
+
+def test_advance_time_names_a_job_waiting_for_a_parent_in_a_queue_it_does_not_run(engine: Engine) -> None:
+    add(engine, Job("elsewhere", "other"), Job("ran", "q"), Job("dependent", "q", after=["elsewhere", "ran"]))
+    with pytest.raises(
+        AssertionError,
+        match=r"jobs still wait to run .*: dependent \(waiting for elsewhere: queued in queue 'other'\)$",
+    ):
+        drain(engine, {"q": completed}, queues=["q"], advance_time=True)
+    assert read(engine, "ran").outcome is Outcome.COMPLETED  # what could run did
+    assert read(engine, "dependent").state is JobState.WAITING
+    # Without advance_time a drain stops when nothing is ready, as for delayed jobs.
+    assert drain(engine, {"q": completed}, queues=["q"]) == []
+
+
+async def test_drain_async_drains_a_chain_and_names_a_job_waiting_for_an_undrained_queue(engine: Engine) -> None:
+    _chain(engine)
+    add(engine, Job("elsewhere", "other"), Job("dependent", "q", after=["elsewhere"]))
+
+    async def step(job: RunningJob) -> Any:
+        return _step_of(job, await job.parent_results_async())
+
+    async_engine = make_async_engine(engine)
+    try:
+        with pytest.raises(AssertionError, match=r": dependent \(waiting for elsewhere: queued in queue 'other'\)$"):
+            await drain_async(async_engine, {"q": step}, advance_time=True)
+        assert [(read(engine, j).outcome, read(engine, j).result) for j in "abc"] == [
+            (Outcome.COMPLETED, 1),
+            (Outcome.COMPLETED, 2),
+            (Outcome.COMPLETED, 3),
+        ]
+    finally:
+        await async_engine.dispose()
 
 
 def test_advance_time_runs_future_jobs_delays_and_snoozes(engine: Engine) -> None:

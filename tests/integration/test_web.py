@@ -431,7 +431,7 @@ def test_limits_are_shown_set_and_cleared_by_form(engine: Engine, watchdog: Watc
     assert watchdog.limits() == (limits,)  # nothing written
     done = dashboard.post("set-limits", queue="per-key", rate_per_key="10/minute")
     assert status_of(done.text) == "set" and "at most 10 started per key per 0:01:00" in done.text
-    assert "10/m" in dashboard.get("/").text
+    assert "10/m (0)" in dashboard.get("/").text  # the per-key rate, and its busiest key's claims in the window
     assert [limits.rate_per_key for limits in watchdog.limits()] == [
         limits.rate_per_key,
         Rate(10, timedelta(minutes=1)),
