@@ -224,6 +224,25 @@ def postgres_url(postgres_server: URL) -> Iterator[URL]:
         admin.dispose()
 
 
+# -- programs of this interpreter, forked ---------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def forks() -> Iterator[Any]:
+    """A :class:`tests.forkrun.ForkServer` (one per xdist worker): programs of
+    this Python -- the docs blocks, the Alembic recipe's commands, worker
+    processes -- forked from an interpreter that imported the package once,
+    each still a fresh process of its own; None where ``os.fork`` is not
+    there (then they are subprocesses)."""
+    from tests import forkrun
+
+    if not forkrun.available():
+        yield None
+        return
+    with forkrun.ForkServer(forkrun.server_env()) as server:
+        yield server
+
+
 # -- a connection pooler ------------------------------------------------------------
 
 

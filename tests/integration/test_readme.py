@@ -13,8 +13,11 @@ is picked up by itself:
   directive (```` ```{toctree} ````, ```` ```{eval-rst} ````) is not code.
 
 * Every ```` ```python ```` block is a complete program. It runs in a fresh
-  interpreter (a subprocess of this Python) in a fresh temporary working
-  directory, so nothing carries over from one block to the next. Before it
+  process of this Python in a fresh temporary working directory, so nothing
+  carries over from one block to the next. (The process is forked from an
+  interpreter that imported the package once, ``tests/forkrun.py``: it runs
+  the block as ``python snippet.py`` would, with its own working directory,
+  environment and ``sys.path``, without a second of start-up per block.) Before it
   runs, the shell blocks its file marks ``<!-- readme-test: run -->`` (the
   Quickstart's ``sqlalchemy-watchdog upgrade``; a file without one gets the
   README's) run there, as the reader runs them first: the ``watchdog_jobs``
@@ -68,6 +71,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
 
 from sqlalchemy_watchdog import Job, JobState, Outcome, Watchdog
+from tests import forkrun
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -228,11 +232,28 @@ def _set_up_once(setups: list[Block], cache: Path, env: dict[str, str]) -> Path:
     return done
 
 
-def run_block(block: Block, workdir: Path, database_url: URL | None, setup_cache: Path | None = None) -> None:
+def _python(
+    forks: forkrun.ForkServer | None, argv: list[str], cwd: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` (this Python) run to its end, its output captured: forked by ``forks``, else a subprocess."""
+    if forks is not None:
+        return forks.run(argv, cwd, env, TIMEOUT)
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def run_block(
+    block: Block,
+    workdir: Path,
+    database_url: URL | None,
+    setup_cache: Path | None = None,
+    forks: forkrun.ForkServer | None = None,
+) -> None:
     """Run ``block`` as the conventions above say; fail the test if it does not hold.
 
     With ``setup_cache`` (a directory of this test session), a SQLite block
-    starts from a copy of what its set-up blocks left there (:func:`_set_up_once`)."""
+    starts from a copy of what its set-up blocks left there (:func:`_set_up_once`).
+    With ``forks``, the block's processes of this Python are forked from it
+    (:mod:`tests.forkrun`), else started as subprocesses."""
     rendered = None if database_url is None else database_url.render_as_string(hide_password=False)
     env = _env(rendered)
     if database_url is None and setup_cache is not None:
@@ -242,13 +263,8 @@ def run_block(block: Block, workdir: Path, database_url: URL | None, setup_cache
     code = block.code if rendered is None else block.code.replace(EXAMPLE_POSTGRES_URL, rendered)
     if re.search(r"^def test_", code, re.M):
         (workdir / "test_snippet.py").write_text(code)
-        result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_snippet.py"],
-            cwd=workdir,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
+        result = _python(
+            forks, [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_snippet.py"], workdir, env
         )
         if result.returncode != 0:
             _fail(f"{block.id}: its tests failed (exit {result.returncode})", result)
@@ -256,25 +272,28 @@ def run_block(block: Block, workdir: Path, database_url: URL | None, setup_cache
     script = workdir / "snippet.py"
     script.write_text(code)
     if "run_forever()" not in code:
-        result = subprocess.run(
-            [sys.executable, str(script)], cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT
-        )
+        result = _python(forks, [sys.executable, str(script)], workdir, env)
         if result.returncode != 0:
             _fail(f"{block.id} exited {result.returncode}", result)
         return
-    serve(block, script, workdir, env, rendered or f"sqlite:///{workdir / 'watchdog.db'}")
+    serve(block, script, workdir, env, rendered or f"sqlite:///{workdir / 'watchdog.db'}", forks)
 
 
-def serve(block: Block, script: Path, workdir: Path, env: dict[str, str], url: str) -> None:
+def serve(
+    block: Block, script: Path, workdir: Path, env: dict[str, str], url: str, forks: forkrun.ForkServer | None = None
+) -> None:
     """Run a serving block until it settled :data:`PROBE`, then SIGTERM it."""
     engine = create_engine(url)
     try:
         watchdog = Watchdog(engine)
         watchdog.enqueue(PROBE)
         log = (workdir / "serve.log").open("w+")
-        process = subprocess.Popen(
-            [sys.executable, str(script)], cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT, text=True
-        )
+        argv = [sys.executable, str(script)]
+        process: subprocess.Popen[str] | subprocess.Popen[bytes] | forkrun.Forked
+        if forks is not None:
+            process = forks.popen(argv, workdir, env, log, subprocess.STDOUT)
+        else:
+            process = subprocess.Popen(argv, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
         try:
             deadline = time.monotonic() + TIMEOUT
             job = watchdog.read(PROBE.job_id)
@@ -332,7 +351,11 @@ def readme_setup_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("block", [b for b in PYTHON], ids=lambda b: b.id)
 def test_readme_python_block_runs_as_pasted(
-    block: Block, tmp_path: Path, request: pytest.FixtureRequest, readme_setup_cache: Path
+    block: Block,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    readme_setup_cache: Path,
+    forks: forkrun.ForkServer | None,
 ) -> None:
     if block.marker is not None:
         if block.marker.startswith("skip:"):
@@ -342,7 +365,7 @@ def test_readme_python_block_runs_as_pasted(
     if EXAMPLE_POSTGRES_URL in block.code:
         database_url = request.getfixturevalue("postgres_url")
         _reset_postgres(database_url)
-    run_block(block, tmp_path / "work", database_url, readme_setup_cache)
+    run_block(block, tmp_path / "work", database_url, readme_setup_cache, forks)
 
 
 def test_readme_blocks_use_known_fences_and_markers() -> None:
@@ -374,7 +397,9 @@ def test_every_docs_page_and_included_file_is_read_once() -> None:
     assert not [path for path in read if "_build" in path]
 
 
-def test_the_runner_fails_a_worker_snippet_whose_jobs_fail(tmp_path: Path, readme_setup_cache: Path) -> None:
+def test_the_runner_fails_a_worker_snippet_whose_jobs_fail(
+    tmp_path: Path, readme_setup_cache: Path, forks: forkrun.ForkServer | None
+) -> None:
     # The harness must be able to fail: a worker snippet that forgets to define
     # `mailer` runs, but settles every job `failed` (NameError) -- what a reader
     # pasting the old README got.
@@ -382,7 +407,7 @@ def test_the_runner_fails_a_worker_snippet_whose_jobs_fail(tmp_path: Path, readm
     broken = Block(worker.line, worker.lang, worker.code.replace("import mailer", ""), None, worker.source)
     assert broken.code != worker.code
     with pytest.raises(pytest.fail.Exception, match="settled readme-probe Outcome.FAILED: NameError"):
-        run_block(broken, tmp_path / "work", None, readme_setup_cache)
+        run_block(broken, tmp_path / "work", None, readme_setup_cache, forks)
 
 
 def _slug(heading: str) -> str:

@@ -10,6 +10,7 @@ sees what ran where, and how many times.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -33,9 +34,12 @@ from sqlalchemy_watchdog import (
     store,
 )
 from sqlalchemy_watchdog.model import jobs_table
+from tests import forkrun
 from tests.helpers import add, read, wait_until
 from tests.runner_kinds import RunnerDriver
 
+#: A worker process: forked from the pre-imported interpreter (tests/forkrun.py) or a subprocess.
+Process = subprocess.Popen[bytes] | forkrun.Forked
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "worker.py"
 REPO = Path(__file__).resolve().parents[2]
 NO_POLICY = "Execution disappeared without a recovery policy"
@@ -77,13 +81,18 @@ class Workers:
     """Starts worker processes of one runner kind and makes sure none
     outlives the test."""
 
-    def __init__(self, engine: Engine, logs: Path, runner_kind: str = "sync") -> None:
+    def __init__(
+        self, engine: Engine, logs: Path, runner_kind: str = "sync", forks: forkrun.ForkServer | None = None
+    ) -> None:
         self.url = engine.url.render_as_string(hide_password=False)
         self.logs = logs
         self.runner_kind = runner_kind
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.forks = forks
+        self.procs: list[Process] = []
 
-    def start(self, *handles: str, **options: Any) -> subprocess.Popen[bytes]:
+    def start(self, *handles: str, **options: Any) -> Process:
+        """A worker process: forked by ``forks`` (a fresh process without the
+        second of imports), else a subprocess."""
         argv = [sys.executable, str(WORKER), self.url]
         if self.runner_kind == "async":
             argv.append("--asyncio")
@@ -92,7 +101,11 @@ class Workers:
         for name, value in options.items():
             argv += [f"--{name.replace('_', '-')}", str(value)]
         log = open(self.logs / f"worker-{len(self.procs)}.log", "wb")
-        proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        proc: Process
+        if self.forks is not None:
+            proc = self.forks.popen(argv, REPO, dict(os.environ), log, subprocess.STDOUT)
+        else:
+            proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.procs.append(proc)
         return proc
@@ -100,7 +113,7 @@ class Workers:
     def output(self) -> str:
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.logs.glob("worker-*.log")))
 
-    def stop(self, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    def stop(self, proc: Process, timeout: float = 30) -> None:
         """SIGTERM, then wait until ``run_forever`` returned (or the process ended)."""
         proc.send_signal(signal.SIGTERM)
         wait_until(
@@ -109,14 +122,14 @@ class Workers:
             "run_forever to return after SIGTERM",
         )
 
-    def exit_code(self, proc: subprocess.Popen[bytes]) -> int:
+    def exit_code(self, proc: Process) -> int:
         """The exit code of a stopped worker, which must exit within seconds."""
         try:
             return proc.wait(5)
         except subprocess.TimeoutExpired:
             raise AssertionError("run_forever returned but the process did not exit:\n" + self.output()) from None
 
-    def terminate(self, proc: subprocess.Popen[bytes], timeout: float = 30) -> int:
+    def terminate(self, proc: Process, timeout: float = 30) -> int:
         """SIGTERM: ``run_forever`` returns within ``timeout``, the process exits."""
         self.stop(proc, timeout)
         return self.exit_code(proc)
@@ -129,9 +142,9 @@ class Workers:
 
 
 @pytest.fixture
-def workers(audited: Engine, tmp_path: Path, runner_kind: str) -> Iterator[Workers]:
+def workers(audited: Engine, tmp_path: Path, runner_kind: str, forks: forkrun.ForkServer | None) -> Iterator[Workers]:
     """Worker processes running the test's runner kind (``--asyncio`` for ``async``)."""
-    started_workers = Workers(audited, tmp_path, runner_kind)
+    started_workers = Workers(audited, tmp_path, runner_kind, forks)
     try:
         yield started_workers
     finally:
