@@ -64,6 +64,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.dml import ReturningDelete
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.sql.util import ClauseAdapter
 
 from .backends import backend_of
 from .jobs import JobState, Outcome
@@ -1168,42 +1169,52 @@ def settle(dialect: str) -> Update:
     # A requeue (retry or snooze) of an uncancelled job: back to waiting.
     requeue = and_(c.cancellation_id.is_(None), delay.is_not(None))
     snooze = cols["snooze_add"] > 0
+    # Written against the table, sent against its alias ``j``: the statement's
+    # text stays under psycopg's 4,096-character query cache (a longer one is
+    # parsed for its placeholders in Python at every execution, ~0.1 ms a settle).
+    j = t.alias("j")
+    on_j = ClauseAdapter(j).traverse
     return (
-        update(t)
+        update(j)
         .where(
-            c.job_id == cols["job_id"],
-            IS_RUNNING_UNINDEXED,
-            c.claim_token == cols["claim_token"],
-            c.lease_until > effective_now(NOW),
+            on_j(c.job_id == cols["job_id"]),
+            on_j(IS_RUNNING_UNINDEXED),
+            on_j(c.claim_token == cols["claim_token"]),
+            on_j(c.lease_until > effective_now(NOW)),
         )
-        .values(
-            state=case(
-                (requeue, case((delay > 0, _DELAYED), else_=_QUEUED)),
-                else_=_SETTLED,
-            ),
-            outcome=case((cancelled, Outcome.CANCELLED.value), (requeue, null()), else_=cols["outcome"]),
-            claim_token=case((requeue, null()), else_=c.claim_token),
-            ready_at=case((requeue, db_clock_ms() + delay), else_=c.ready_at),
-            attempt=c.attempt + case((requeue, cols["attempt_add"]), else_=0),
-            snoozes=c.snoozes + case((requeue, cols["snooze_add"]), else_=0),
-            # A snooze keeps the last failure's reason; anything else records its own.
-            failure_reason=case((cancelled, null()), (snooze, c.failure_reason), else_=cols["reason"]),
-            failure_detail=case((cancelled, null()), (snooze, c.failure_detail), else_=cols["detail"]),
-            failure_history=case(
-                (cancelled, c.failure_history), else_=func.coalesce(cols["history"], c.failure_history)
-            ),
-            settled_at=case((requeue, null()), else_=db_clock_ms()),
-            lease_until=null(),
-            # Kept only by the completion itself: a cancellation or a requeue drops it.
-            result_json=case((cancelled, null()), (requeue, null()), else_=cols["result"]),
-            # A requeue starts the next run from nothing; a settle keeps the
-            # attempt's last progress, the one it carries if the rate limit held it.
-            progress=case((requeue, null()), else_=func.coalesce(cols["progress"], c.progress)),
-            progress_note=case(
-                (requeue, null()), (cols["progress"].is_not(None), cols["progress_note"]), else_=c.progress_note
-            ),
-        )
-        .returning(*COLUMNS)
+        .values({name: on_j(value) for name, value in _settle_values(cols, cancelled, requeue, snooze, delay).items()})
+        .returning(*(on_j(column) for column in COLUMNS))
+    )
+
+
+def _settle_values(
+    cols: dict[str, Any], cancelled: ColumnElement[bool], requeue: ColumnElement[bool], snooze: Any, delay: Any
+) -> dict[str, Any]:
+    """The settle's SET clause, on the table's columns (:func:`settle` adapts them to its alias)."""
+    return dict(
+        state=case(
+            (requeue, case((delay > 0, _DELAYED), else_=_QUEUED)),
+            else_=_SETTLED,
+        ),
+        outcome=case((cancelled, Outcome.CANCELLED.value), (requeue, null()), else_=cols["outcome"]),
+        claim_token=case((requeue, null()), else_=c.claim_token),
+        ready_at=case((requeue, db_clock_ms() + delay), else_=c.ready_at),
+        attempt=c.attempt + case((requeue, cols["attempt_add"]), else_=0),
+        snoozes=c.snoozes + case((requeue, cols["snooze_add"]), else_=0),
+        # A snooze keeps the last failure's reason; anything else records its own.
+        failure_reason=case((cancelled, null()), (snooze, c.failure_reason), else_=cols["reason"]),
+        failure_detail=case((cancelled, null()), (snooze, c.failure_detail), else_=cols["detail"]),
+        failure_history=case((cancelled, c.failure_history), else_=func.coalesce(cols["history"], c.failure_history)),
+        settled_at=case((requeue, null()), else_=db_clock_ms()),
+        lease_until=null(),
+        # Kept only by the completion itself: a cancellation or a requeue drops it.
+        result_json=case((cancelled, null()), (requeue, null()), else_=cols["result"]),
+        # A requeue starts the next run from nothing; a settle keeps the
+        # attempt's last progress, the one it carries if the rate limit held it.
+        progress=case((requeue, null()), else_=func.coalesce(cols["progress"], c.progress)),
+        progress_note=case(
+            (requeue, null()), (cols["progress"].is_not(None), cols["progress_note"]), else_=c.progress_note
+        ),
     )
 
 

@@ -48,16 +48,19 @@ class PostgreSQL:
             .table_valued("value", with_ordinality="ordinal")
             .render_derived(name=name)
         )
-        if counted:
-            source = (
-                select(source.c.value, source.c.ordinal)
-                .limit(bindparam(f"{name}_count", type_=Integer()))
-                .subquery(name)
-            )
         columns: dict[str, ColumnElement[Any]] = {
             field: cast(source.c.value.op("->>")(literal_column(str(index))), type_)
             for index, (field, type_) in enumerate(fields)
         }
+        if counted:
+            # Each field read and cast once, in the subquery, and named: the
+            # statement refers to ``settles.delay_ms`` rather than repeating the
+            # cast at every use -- which had made the settle statement longer
+            # than psycopg's 4,096-character query cache takes, so every
+            # settle re-parsed its placeholders in Python.
+            typed = select(*(column.label(field) for field, column in columns.items()), source.c.ordinal)
+            counted_source = typed.limit(bindparam(f"{name}_count", type_=Integer())).subquery(name)
+            return counted_source, {field: counted_source.c[field] for field in columns}, counted_source.c.ordinal
         return source, columns, source.c.ordinal
 
     def skip_locked(self, pick: Select[Any]) -> Select[Any]:

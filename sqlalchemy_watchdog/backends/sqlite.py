@@ -59,14 +59,15 @@ class SQLite:
         self, name: str, fields: Sequence[tuple[str, Any]], *, counted: bool
     ) -> tuple[Any, dict[str, ColumnElement[Any]], Any]:
         source: Any = func.json_each(bindparam(name, type_=Text())).table_valued("key", "value").alias(name)
-        if counted:
-            source = (
-                select(source.c.key, source.c.value).limit(bindparam(f"{name}_count", type_=Integer())).subquery(name)
-            )
         columns: dict[str, ColumnElement[Any]] = {
             field: type_coerce(func.json_extract(source.c.value, f"$[{index}]"), type_)
             for index, (field, type_) in enumerate(fields)
         }
+        if counted:
+            # Each field extracted once, in the subquery, and named (as on PostgreSQL).
+            typed = select(*(column.label(field) for field, column in columns.items()), source.c.key)
+            counted_source = typed.limit(bindparam(f"{name}_count", type_=Integer())).subquery(name)
+            return counted_source, {field: counted_source.c[field] for field in columns}, counted_source.c.key
         return source, columns, source.c.key
 
     def skip_locked(self, pick: Select[Any]) -> Select[Any]:

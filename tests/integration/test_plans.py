@@ -354,7 +354,10 @@ def sqlite_plan(engine: Engine, statement: str, parameters: Any, table: str = TA
         detail = row[-1]
         if "USE TEMP B-TREE FOR" in detail and "ORDER BY" in detail:
             sorting.add(row[1])
-        if not re.match(rf"(SCAN|SEARCH) {table}\b", detail):
+        words = detail.split()
+        # SQLite names the jobs table by its alias where a statement gives one (the settle's ``j``).
+        names = {table, "j"} if table == TABLE else {table}
+        if words[:1] not in (["SCAN"], ["SEARCH"]) or len(words) < 2 or words[1] not in names:
             continue
         reading.add(row[1])
         found = _SQLITE_INDEX.search(detail)
