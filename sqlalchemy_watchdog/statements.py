@@ -40,6 +40,7 @@ from sqlalchemy import (
     Select,
     Text,
     Update,
+    alias,
     and_,
     any_,
     bindparam,
@@ -1172,7 +1173,7 @@ def settle(dialect: str) -> Update:
     # Written against the table, sent against its alias ``j``: the statement's
     # text stays under psycopg's 4,096-character query cache (a longer one is
     # parsed for its placeholders in Python at every execution, ~0.1 ms a settle).
-    j = t.alias("j")
+    j: Any = t.alias("j")  # typed as the table's alias: update() takes it as PostgreSQL and SQLite do
     on_j = ClauseAdapter(j).traverse
     return (
         update(j)
