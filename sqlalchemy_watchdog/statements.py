@@ -40,7 +40,6 @@ from sqlalchemy import (
     Select,
     Text,
     Update,
-    alias,
     and_,
     any_,
     bindparam,
