@@ -8,6 +8,9 @@
                              # the docs build, then pytest on two workers
                              # per CPU (pytest-xdist; extra arguments go
                              # to pytest, -n 0 runs it in one process)
+    python3 dev.py test --faults
+                             # the same, then the timed fault tests in one
+                             # process of their own (always under CI=true)
     python3 dev.py test --install-system-packages
                              # the same, after installing the Debian packages
                              # that optional test groups need (apt-get, as root
@@ -45,6 +48,8 @@ LINTED = ["sqlalchemy_watchdog", "tests", "benchmarks", "examples", "docs", "dev
 #: What `mypy --strict` checks: the package, its tests and the examples.
 TYPED = ["sqlalchemy_watchdog", "tests", "examples"]
 INSTALL_FLAG = "--install-system-packages"
+#: Adds the timed fault tests to a run outside CI (see :func:`pytest_runs`).
+FAULTS_FLAG = "--faults"
 
 
 @dataclass(frozen=True)
@@ -239,19 +244,35 @@ def timed_faults() -> list[str]:
     return [file for file in files if file not in UNTIMED_FAULTS]
 
 
-def pytest_runs(rest: list[str]) -> list[list[str]]:
-    """The pytest runs of ``dev.py test``: the suite spread over the CPUs
-    (:func:`parallel`), then the timed fault tests (:func:`timed_faults`) in
-    one process of their own, so their leases, heartbeats and kills never
-    share the CPUs with another worker's tests (on 2 cores that made them
-    flaky, not wrong). Arguments naming test paths, or choosing the workers,
-    make it one run as given."""
+def as_given(rest: list[str]) -> bool:
+    """Whether the pytest arguments name test paths or choose the workers: one run as given."""
     names_paths = any((ROOT / arg.split("::")[0]).exists() for arg in rest if not arg.startswith("-"))
-    if names_paths or parallel(rest) == []:
+    return names_paths or parallel(rest) == []
+
+
+def with_faults(rest: list[str]) -> bool:
+    """Whether ``dev.py test`` runs the timed fault tests: under CI=true, with
+    ``--faults``, or with ``WATCHDOG_SLOW_TESTS=1`` (which asks for the slow ones)."""
+    return in_ci() or FAULTS_FLAG in rest or os.environ.get("WATCHDOG_SLOW_TESTS") == "1"
+
+
+def pytest_runs(rest: list[str], faults: bool = True) -> list[list[str]]:
+    """The pytest runs of ``dev.py test``: the suite spread over the CPUs
+    (:func:`parallel`), then -- with ``faults`` -- the timed fault tests
+    (:func:`timed_faults`) in one process of their own, so their leases,
+    heartbeats and kills never share the CPUs with another worker's tests (on
+    2 cores that made them flaky, not wrong). Without ``faults`` (a day's run
+    outside CI) they are left out: they wait out real leases and take about
+    two minutes, which a run within its time cannot hold. Arguments naming
+    test paths, or choosing the workers, make it one run as given."""
+    if as_given(rest):
         return [[*parallel(rest), *rest]]
     timed = timed_faults()
     ignored = [option for file in timed for option in ("--ignore", file)]
-    return [[*parallel(rest), *ignored, *rest], ["-p", "no:xdist", *timed, *rest]]
+    runs = [[*parallel(rest), *ignored, *rest]]
+    if faults:
+        runs.append(["-p", "no:xdist", *timed, *rest])
+    return runs
 
 
 def exit_status(returncode: int) -> int:
@@ -261,7 +282,8 @@ def exit_status(returncode: int) -> int:
 
 def test(rest: list[str]) -> int:
     install = INSTALL_FLAG in rest
-    rest = [arg for arg in rest if arg != INSTALL_FLAG]
+    faults = with_faults(rest)
+    rest = [arg for arg in rest if arg not in (INSTALL_FLAG, FAULTS_FLAG)]
     # Static checks and the docs first: any failure stops the run before a test.
     checks = [
         [str(PYTHON), "-m", "ruff", "check", *LINTED],
@@ -287,8 +309,14 @@ def test(rest: list[str]) -> int:
     system_packages(install)
     # tests/integration/test_docs_site.py reads this build instead of making its own (not under CI).
     env = {**os.environ, "WATCHDOG_TEST_DOCS_HTML": str(DOCS_HTML)}
-    runs = pytest_runs(rest)
+    runs = pytest_runs(rest, faults)
     codes = [subprocess.run([str(PYTHON), "-m", "pytest", *run], cwd=ROOT, env=env).returncode for run in runs]
+    if not faults and not as_given(rest):
+        print(
+            f"left out: the timed fault tests ({len(timed_faults())} files in {FAULTS}, about two minutes);"
+            f" `python3 dev.py test {FAULTS_FLAG}` runs them, and CI always does",
+            flush=True,
+        )
     if all(code == 5 for code in codes):
         print("pytest collected no tests (exit 5): that is a failure", file=sys.stderr)
         return 5
