@@ -37,8 +37,10 @@ payload: ``payload={"order_id": ANY}``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -424,17 +426,37 @@ async def make_due_async(engine: AsyncEngine, *, queues: Iterable[str] | None = 
 #: came due is promoted by the next): then it raises, naming them.
 DRAIN_IDLE_PASSES = 100
 
+#: Seconds a drain with ``advance_time`` waits, at most, for parents that
+#: are ``running`` elsewhere (another runner holds them) before it raises:
+#: such a parent settles on its own, so the passes that wait for it pause
+#: :data:`DRAIN_PARENT_POLL` seconds each and do not count towards
+#: :data:`DRAIN_IDLE_PASSES`.
+DRAIN_RUNNING_PARENT_WAIT = 30.0
+#: Seconds between the passes of a drain that waits for a running parent.
+DRAIN_PARENT_POLL = 0.01
 
-#: What a drain names of the jobs left: (job_id, why it has not run).
-_Left = list[tuple[str, str]]
+
+@dataclass(frozen=True)
+class _Left:
+    """What a drain names of the jobs left, (job_id, why it has not run),
+    and whether a parent they wait for is running elsewhere."""
+
+    jobs: list[tuple[str, str]]
+    parents_running: bool
+
+    def __bool__(self) -> bool:
+        return bool(self.jobs)
 
 
 def _left(ready: list[tuple[str, str]], waiting: Mapping[str, list[tuple[str, str | None, str | None]]]) -> _Left:
     """The jobs a drain still waits for: those delayed or queued, else the
-    ``waiting`` ones, each named with the parents it still waits for."""
+    ``waiting`` ones, each named with the parents it still waits for; and
+    whether one of those parents is running (another runner holds it)."""
     if ready:
-        return ready
-    return [(job_id, "waiting for " + "; ".join(map(_parent, parents))) for job_id, parents in waiting.items()]
+        return _Left(ready, False)
+    named = [(job_id, "waiting for " + "; ".join(map(_parent, parents))) for job_id, parents in waiting.items()]
+    running = any(state == JobState.RUNNING.value for parents in waiting.values() for _, _, state in parents)
+    return _Left(named, running)
 
 
 def _parent(parent: tuple[str, str | None, str | None]) -> str:
@@ -459,11 +481,34 @@ async def _waiting_async(engine: AsyncEngine, queues: Iterable[str]) -> _Left:
     return _left(ready, {} if ready else await gateway.run(store.waiting_for, names))
 
 
+class _IdlePasses:
+    """The idle passes of one drain: :meth:`pause` says whether to go on
+    (pausing first when a parent runs elsewhere) or raise."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.parents_running_since: float | None = None
+
+    def reset(self) -> None:
+        self.count, self.parents_running_since = 0, None
+
+    def pause(self, left: _Left) -> float | None:
+        """None: raise now; else seconds to sleep before the next pass."""
+        if left.parents_running:
+            now = time.monotonic()
+            if self.parents_running_since is None:
+                self.parents_running_since = now
+            if now - self.parents_running_since < DRAIN_RUNNING_PARENT_WAIT:
+                return DRAIN_PARENT_POLL
+        self.count += 1
+        return None if self.count >= DRAIN_IDLE_PASSES else 0.0
+
+
 def _still_waiting(left: _Left) -> AssertionError:
-    shown = ", ".join(f"{job_id} ({why})" for job_id, why in left)
+    shown = ", ".join(f"{job_id} ({why})" for job_id, why in left.jobs)
     return AssertionError(
         f"drain(advance_time=True): jobs still wait to run after {DRAIN_IDLE_PASSES} passes that ran nothing: "
-        f"{shown}{', ...' if len(left) >= 10 else ''}"
+        f"{shown}{', ...' if len(left.jobs) >= 10 else ''}"
     )
 
 
@@ -498,7 +543,9 @@ def drain(
         :data:`DRAIN_IDLE_PASSES` passes in a row that ran nothing, it raises
         ``AssertionError`` naming them, a waiting job with each parent it
         still waits for (its state and queue: a parent in a queue the drain
-        does not run, or a paused one, never settles here). False (the
+        does not run, or a paused one, never settles here). A parent that
+        another runner is running settles on its own: the drain waits for
+        it, up to :data:`DRAIN_RUNNING_PARENT_WAIT` seconds. False (the
         default): delayed jobs whose time has not come stay delayed, and so
         do the jobs waiting for them.
     :param max_jobs: stop after this many ticks that did something (a job
@@ -512,7 +559,7 @@ def drain(
     budget = _check_drain(advance_time, max_jobs)
     runner = Runner(engine, handlers, queues=queues, **settings)
     settled: list[JobView] = []
-    busy = idle = 0
+    busy, idle = 0, _IdlePasses()
     while busy < budget:
         result = runner.tick()
         if result.status is TickStatus.IDLE:
@@ -525,11 +572,11 @@ def drain(
             left = _waiting(engine, runner.queues)
             if not left:
                 break
-            idle += 1
-            if idle >= DRAIN_IDLE_PASSES:
+            if (pause := idle.pause(left)) is None:
                 raise _still_waiting(left)
+            time.sleep(pause)
             continue
-        idle = 0
+        idle.reset()
         if result.status is TickStatus.LIVENESS_UNKNOWN:
             break
         busy += 1
@@ -552,7 +599,7 @@ async def drain_async(
     budget = _check_drain(advance_time, max_jobs)
     runner = AsyncRunner(engine, handlers, queues=queues, **settings)
     settled: list[JobView] = []
-    busy = idle = 0
+    busy, idle = 0, _IdlePasses()
     while busy < budget:
         result = await runner.tick()
         if result.status is TickStatus.IDLE:
@@ -563,11 +610,11 @@ async def drain_async(
             left = await _waiting_async(engine, runner.queues)
             if not left:
                 break
-            idle += 1
-            if idle >= DRAIN_IDLE_PASSES:
+            if (pause := idle.pause(left)) is None:
                 raise _still_waiting(left)
+            await asyncio.sleep(pause)
             continue
-        idle = 0
+        idle.reset()
         if result.status is TickStatus.LIVENESS_UNKNOWN:
             break
         busy += 1

@@ -29,6 +29,7 @@ from sqlalchemy_watchdog import (
     enqueue,
     execution,
     handler,
+    testing,
 )
 from sqlalchemy_watchdog import asyncio as wd_asyncio
 from sqlalchemy_watchdog.testing import (
@@ -515,6 +516,68 @@ def test_advance_time_names_a_job_waiting_for_a_parent_in_a_queue_it_does_not_ru
     assert read(engine, "dependent").state is JobState.WAITING
     # Without advance_time a drain stops when nothing is ready, as for delayed jobs.
     assert drain(engine, {"q": completed}, queues=["q"]) == []
+
+
+def _serve_held_parent(engine: Engine, release: threading.Event) -> tuple[Runner, threading.Thread]:
+    """Another runner (a thread of this process, as a deployed worker would be)
+    serving queue ``other``, whose job ``parent`` is running -- held until
+    ``release`` is set -- when this returns."""
+    add(engine, Job("parent", "other"), Job("dependent", "q", after=["parent"]))
+    other = Runner(engine, {"other": lambda job: release.wait(30) and None}, poll_interval=timedelta(seconds=0.05))
+    thread = threading.Thread(target=other.run_forever, daemon=True)
+    thread.start()
+    wait_until(lambda: read(engine, "parent").state is JobState.RUNNING, what="the other runner runs the parent")
+    return other, thread
+
+
+def test_advance_time_waits_for_a_parent_another_runner_is_running(engine: Engine) -> None:
+    release = threading.Event()
+    other, thread = _serve_held_parent(engine, release)
+    try:
+        # Held for a second: far longer than the drain's idle passes take on their own.
+        threading.Timer(1.0, release.set).start()
+        settled = drain(engine, {"q": completed}, queues=["q"], advance_time=True)
+        assert ids(settled) == ["dependent"]
+        assert read(engine, "parent").outcome is Outcome.COMPLETED
+        assert read(engine, "dependent").outcome is Outcome.COMPLETED
+    finally:
+        release.set()
+        other.stop()
+        thread.join(30)
+
+
+async def test_drain_async_waits_for_a_parent_another_runner_is_running(engine: Engine) -> None:
+    release = threading.Event()
+    other, thread = _serve_held_parent(engine, release)
+    async_engine = make_async_engine(engine)
+    try:
+        threading.Timer(1.0, release.set).start()
+        settled = await drain_async(async_engine, {"q": completed}, queues=["q"], advance_time=True)
+        assert ids(settled) == ["dependent"]
+        assert read(engine, "parent").outcome is Outcome.COMPLETED
+    finally:
+        release.set()
+        other.stop()
+        thread.join(30)
+        await async_engine.dispose()
+
+
+def test_advance_time_names_a_running_parent_that_does_not_settle_in_time(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(testing, "DRAIN_RUNNING_PARENT_WAIT", 0.3)
+    release = threading.Event()
+    other, thread = _serve_held_parent(engine, release)
+    try:
+        started = time.monotonic()
+        with pytest.raises(AssertionError, match=r": dependent \(waiting for parent: running in queue 'other'\)$"):
+            drain(engine, {"q": completed}, queues=["q"], advance_time=True)
+        assert time.monotonic() - started >= 0.3  # it waited for the parent first
+        assert read(engine, "dependent").state is JobState.WAITING
+    finally:
+        release.set()
+        other.stop()
+        thread.join(30)
 
 
 async def test_drain_async_drains_a_chain_and_names_a_job_waiting_for_an_undrained_queue(engine: Engine) -> None:
