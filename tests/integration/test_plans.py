@@ -974,8 +974,12 @@ def million_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]
     engine = create_engine(f"sqlite:///{tmp_path_factory.mktemp('million') / 'million.db'}")
     metadata.create_all(engine)
     with engine.begin() as conn:
+        # Room for the table and its indexes in the page cache while it is filled
+        # (this connection only): the seed takes about three quarters of the time.
+        conn.exec_driver_sql("PRAGMA cache_size = -1000000")
         conn.exec_driver_sql(million_seed(LITE))
         conn.exec_driver_sql("ANALYZE")
+        conn.exec_driver_sql("PRAGMA cache_size = -2000")  # SQLite's default again, for the tests
     yield engine
     engine.dispose()
 
