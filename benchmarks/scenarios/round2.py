@@ -43,27 +43,20 @@ def txn(bench: h.Bench, r: int) -> None:
 
 
 def _txn_cost(target: h.Target, samples: int, warmup: int = 20) -> dict[str, float]:
-    """Each way of adding 1 or 100 rows to an open transaction: p50/p99 us and round trips
-    (counted by a listener in the warm-up rounds only: a listener makes the store send its
-    hot statements through SQLAlchemy's execution, and the timed rounds must not)."""
+    """Each way of adding 1 or 100 rows to an open transaction: p50/p99 us and round trips (counted
+    by a listener in the warm-up rounds only: with a listener the store sends its hot statements
+    through SQLAlchemy's execution, and the timed rounds must not)."""
     h.truncate(target)
     eng, counted, payload = h.engine(target), [0, False], {"note": "x" * 40}
     Base.metadata.create_all(eng)
     count = lambda *args: counted.__setitem__(0, counted[0] + counted[1])
     event.listen(eng, "before_cursor_execute", count)
+    same = {"kind": h.QUEUE, "priority": 0, "payload": json.dumps(payload)}
 
     def make(kind: str, n: int, tag: str) -> list[Any]:
         if kind == "enqueue":
             return [Job(f"{tag}-{i}", h.QUEUE, lane=f"customer-{i}", payload=payload) for i in range(n)]
-        same = {"kind": h.QUEUE, "priority": 0, "payload": json.dumps(payload)}
         return [Order(reference=f"{tag}-{i}", customer=f"customer-{i}", **same) for i in range(n)]
-
-    def add(session: Session, kind: str, rows: list[Any]) -> None:
-        if kind == "enqueue":
-            enqueue(session, rows[0] if len(rows) == 1 else rows)
-        else:
-            session.add_all(rows)
-            session.flush()
 
     kinds = [(kind, n) for n in (1, 100) for kind in ("enqueue", "session.add")]
     times: dict[tuple[str, int], list[float]] = {k: [] for k in kinds}
@@ -78,7 +71,11 @@ def _txn_cost(target: h.Target, samples: int, warmup: int = 20) -> dict[str, flo
                     session.execute(text("SELECT 1"))  # the caller's transaction is open
                     counted[:] = [0, True]
                     started = time.perf_counter_ns()
-                    add(session, kind, rows)
+                    if kind == "enqueue":
+                        enqueue(session, rows[0] if n == 1 else rows)
+                    else:
+                        session.add_all(rows)
+                        session.flush()
                     elapsed, counted[1] = time.perf_counter_ns() - started, False
                     session.rollback()
                 if i >= warmup:
@@ -104,29 +101,44 @@ def producer_role(subject: str, target: h.Target, jobs: int, prefix: str, go: st
     h.say("RESULT", [time.time() - elapsed, time.time()])
 
 
-def _produce(bench: h.Bench, name: str, jobs: int, tag: str, runner: bool = False) -> float:
-    """16 producer processes enqueueing at once: jobs/s from the first start to the last end."""
-    target, go = bench.target(name, "postgresql"), bench.workdir / f"{tag}.go"
+def _trigger(target: h.Target, *, enabled: bool = True, notify_always: bool = False) -> None:
+    """The NOTIFY trigger on or off; ``notify_always``: the trigger function of before revision w0007
+    (a NOTIFY on every enqueue: the revision's downgrade SQL)."""
+    from sqlalchemy_watchdog.migrations.versions import w0007_notify_when_waiting as w0007
+
+    h.run_sql(target, f"ALTER TABLE watchdog_jobs {'ENABLE' if enabled else 'DISABLE'} TRIGGER watchdog_jobs_queued")
+    h.run_sql(target, w0007.NOTIFY_ALWAYS_SQL if notify_always else w0007.NOTIFY_WHEN_WAITING_SQL)
+
+
+def _produce(bench: h.Bench, name: str, jobs: int, tag: str, runner: bool = False, **trigger: bool) -> float:
+    """16 producer processes enqueueing at once (``runner``: a worker with its defaults beside; ``trigger``:
+    :func:`_trigger` meanwhile): jobs/s from the first start to the last end."""
+    target, go, children = bench.target(name, "postgresql"), bench.workdir / f"{tag}.go", []
     bench.subjects[name].reset(target)
-    workers = bench.workers(name, target, tag, defaults=True) if runner else []
-    procs = bench.spawn(tag, 16, producer_role, subject=name, target=target, jobs=jobs, prefix=tag, go=str(go))
     try:
+        if trigger:
+            _trigger(target, **trigger)
+        children = bench.workers(name, target, tag, defaults=True) if runner else []
+        procs = bench.spawn(tag, 16, producer_role, subject=name, target=target, jobs=jobs, prefix=tag, go=str(go))
+        children += procs
         go.touch()
         windows = [proc.result(600) for proc in procs]
     finally:
-        h.stop_all(procs + workers)
+        h.stop_all(children)
+        if trigger:
+            _trigger(target)
     if (stored := h.run_sql(target, f"SELECT count(*) FROM {bench.subjects[name].table}")) < 16 * jobs:
         raise h.ScenarioFailed(f"producers: {stored} of {16 * jobs} jobs stored")
     return 16 * jobs / (max(w[1] for w in windows) - min(w[0] for w in windows))
 
 
-def _trigger(target: h.Target, *, enabled: bool = True, notify_always: bool = False) -> None:
-    """The NOTIFY trigger on or off; with ``notify_always`` the trigger function of before
-    revision w0007 (a NOTIFY on every enqueue: the revision's downgrade SQL)."""
-    from sqlalchemy_watchdog.migrations.versions import w0007_notify_when_waiting as w0007
-
-    h.run_sql(target, f"ALTER TABLE watchdog_jobs {'ENABLE' if enabled else 'DISABLE'} TRIGGER watchdog_jobs_queued")
-    h.run_sql(target, w0007.NOTIFY_ALWAYS_SQL if notify_always else w0007.NOTIFY_WHEN_WAITING_SQL)
+#: watchdog's own producer rows: row -> (a worker with its defaults draining meanwhile, :func:`_trigger` keywords)
+TRIGGER_ROWS: dict[str, tuple[bool, dict[str, bool]]] = {
+    "watchdog, NOTIFY trigger disabled": (False, {"enabled": False}),
+    "watchdog, the trigger before w0007 (NOTIFY on every enqueue)": (False, {"notify_always": True}),
+    "watchdog, a runner draining meanwhile (its defaults)": (True, {}),
+    "watchdog, a runner draining meanwhile, the trigger before w0007": (True, {"notify_always": True}),
+}
 
 
 @h.scenario("producers", per_repeat=True, suite=True)
@@ -136,27 +148,14 @@ def producers(bench: h.Bench, r: int) -> None:
     bench.table(table, ratios="watchdog")
     jobs = {"watchdog": 300, "procrastinate": 150, "pgqueuer": 300}
     for name in bench.in_order(r):
-        n = jobs[name] // (6 if bench.quick else 1)
-        run = partial(_produce, bench, name, n, f"prod-{name}-{r}")
+        run = partial(_produce, bench, name, jobs[name] // (6 if bench.quick else 1), f"prod-{name}-{r}")
         bench.measure(table, "every queue, its defaults", name, run, 900)
     if "watchdog" not in bench.subjects:
         return
-    target, n = bench.target("watchdog", "postgresql"), jobs["watchdog"] // (6 if bench.quick else 1)
-    for row, runner, trigger in (
-        ("watchdog, NOTIFY trigger disabled", False, {"enabled": False}),
-        ("watchdog, the trigger before w0007 (NOTIFY on every enqueue)", False, {"notify_always": True}),
-        ("watchdog, a runner draining meanwhile (its defaults)", True, {}),
-        ("watchdog, a runner draining meanwhile, the trigger before w0007", True, {"notify_always": True}),
-    ):
-
-        def once(row: str = row, runner: bool = runner, trigger: dict[str, bool] = trigger) -> float:
-            _trigger(target, **trigger)
-            try:
-                return _produce(bench, "watchdog", n, f"prod-{len(row)}-{r}", runner)
-            finally:
-                _trigger(target)
-
-        bench.measure(table, row, "watchdog", once, 900)
+    for row, (runner, trigger) in TRIGGER_ROWS.items():
+        n = jobs["watchdog"] // (6 if bench.quick else 1)
+        run = partial(_produce, bench, "watchdog", n, f"prod-{len(row)}-{r}", runner, **trigger)
+        bench.measure(table, row, "watchdog", run, 900)
 
 
 def inprocess_role(target: h.Target, concurrency: int | None, jobs: int, use_asyncio: bool) -> None:
