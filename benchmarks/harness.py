@@ -498,11 +498,7 @@ class Watchdog:
     live_sql = "SELECT EXISTS (SELECT 1 FROM watchdog_jobs WHERE state IN ('queued', 'running'))"
     completed_sql = "SELECT count(*) FROM watchdog_jobs WHERE state = 'settled' AND outcome = 'completed'"
 
-    def install(self, target: Target) -> None:
-        install_watchdog(target)
-
-    def reset(self, target: Target) -> None:
-        truncate(target)
+    install, reset = staticmethod(install_watchdog), staticmethod(truncate)
 
     @staticmethod
     def jobs(tag: str, n: int) -> list[Any]:
@@ -511,9 +507,6 @@ class Watchdog:
     def enqueue_single(self, target: Target, n: int, tag: str) -> float:
         """``Watchdog(engine).enqueue(job)``: the peers' stand-alone enqueue calls."""
         return self.enqueue_batch(target, n, 1, tag, standalone=True)
-
-    def enqueue_single_in_session(self, target: Target, n: int, tag: str) -> float:
-        return self.enqueue_batch(target, n, 1, tag)
 
     def session_add_single(self, target: Target, n: int, tag: str) -> float:
         """The baseline of an enqueue in the caller's Session, no queue at all: ``n`` transactions that
@@ -639,7 +632,7 @@ class _AsyncPeer:
     key)`` enqueues one job (its own transaction), ``_many(handle, n)`` n in one call."""
 
     dialects = ("postgresql",)
-    reset = Watchdog.reset
+    reset = staticmethod(truncate)
 
     def _run(self, target: Target, work: Callable[[Any], Any]) -> Any:
         async def go() -> Any:

@@ -8,7 +8,6 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -152,8 +151,8 @@ def producers(bench: h.Bench, r: int) -> None:
         bench.measure(table, "every queue, its defaults", name, run, 900)
     if "watchdog" not in bench.subjects:
         return
+    n = jobs["watchdog"] // (6 if bench.quick else 1)
     for row, (runner, trigger) in TRIGGER_ROWS.items():
-        n = jobs["watchdog"] // (6 if bench.quick else 1)
         run = partial(_produce, bench, "watchdog", n, f"prod-{len(row)}-{r}", runner, **trigger)
         bench.measure(table, row, "watchdog", run, 900)
 
@@ -195,49 +194,41 @@ def pgqueuer_inprocess_role(target: h.Target, jobs: int) -> None:
     peer.worker_main(target, defaults=True)
 
 
+def _in_child(bench: h.Bench, log: str, role: Any, target: h.Target, jobs: int, **kwargs: Any) -> float:
+    """The ``RESULT`` of ``role`` in a child process, on an emptied queue of ``target``."""
+    h.truncate(target)
+    return float(h.Child(bench.workdir / f"inprocess-{log}.log", role, target=target, jobs=jobs, **kwargs).result(600))
+
+
 @h.scenario("inprocess", per_repeat=True, suite=True, options=h.JOBS)
 def inprocess(bench: h.Bench, r: int) -> None:
     """Jobs/s of a Runner / AsyncRunner draining in the enqueueing process vs in a process of its own."""
     target, jobs = bench.target("watchdog", "postgresql"), bench.opt("jobs", 20_000, 300)
-
-    def in_child(log: str, role: Any, db: h.Target = target, **kwargs: Any) -> Callable[[], float]:
-        """The ``RESULT`` of ``role`` in a child process, on an emptied queue of ``db``."""
-
-        def run() -> float:
-            h.truncate(db)
-            path = bench.workdir / f"inprocess-{log}-{r}.log"
-            return float(h.Child(path, role, target=db, jobs=jobs, **kwargs).result(600))
-
-        return run
-
     table = "drain, runner in-process vs a process of its own (jobs/s), PostgreSQL"
     bench.table(table, chart="inprocess.png")
     for use_asyncio in (False, True):
         options = {"concurrency": 4, "use_asyncio": use_asyncio}
-        inside = in_child(str(use_asyncio), inprocess_role, **options)
+        inside = partial(_in_child, bench, f"{use_asyncio}-{r}", inprocess_role, target, jobs, **options)
         separate = partial(bench.drain_once, "watchdog", target, jobs, f"separate-{r}", **options)
         for column, fn in h.rotate([("in-process", inside), ("separate process", separate)], r):
             bench.measure(table, f"{'AsyncRunner' if use_asyncio else 'Runner'}, concurrency 4", column, fn, 600)
     # Each queue with its defaults in the application's process, pgqueuer in-process beside.
-    defaults = "drain with defaults, in the application's process (jobs/s), PostgreSQL"
-    bench.table(defaults)
-    cells = [
-        (
-            f"watchdog {'AsyncRunner' if a else 'Runner'}",
-            in_child(f"defaults-{a}", inprocess_role, concurrency=None, use_asyncio=a),
+    table, row = "drain with defaults, in the application's process (jobs/s), PostgreSQL", "defaults, in-process"
+    cells = []
+    for a in (False, True):
+        run = partial(
+            _in_child, bench, f"defaults-{a}-{r}", inprocess_role, target, jobs, concurrency=None, use_asyncio=a
         )
-        for a in (False, True)
-    ]
+        cells.append((f"watchdog {'AsyncRunner' if a else 'Runner'}", run))
     if "pgqueuer" in bench.subjects:
-        cells.append(
-            ("pgqueuer", in_child("pgqueuer", pgqueuer_inprocess_role, bench.target("pgqueuer", "postgresql")))
-        )
+        peer = bench.target("pgqueuer", "postgresql")
+        cells.append(("pgqueuer", partial(_in_child, bench, f"pgqueuer-{r}", pgqueuer_inprocess_role, peer, jobs)))
     for column, fn in h.rotate(cells, r):
-        bench.measure(defaults, "defaults, in-process", column, fn, 600)
+        bench.measure(table, row, column, fn, 600)
     if r == bench.repeat - 1 and "pgqueuer" in bench.subjects:
         for column in ("watchdog Runner", "watchdog AsyncRunner"):
             goal = f"in-process drain with defaults >= 1.5x pgqueuer's in-process ({column})"
-            bench.check_median(goal, defaults, "defaults, in-process", column, lambda m: m >= 1.5, versus="pgqueuer")
+            bench.check_median(goal, table, row, column, lambda m: m >= 1.5, versus="pgqueuer")
 
 
 PROCESSES = {"--processes": {"help": "scaleout: runner processes (default 1,2,4,8)"}}
@@ -327,13 +318,10 @@ def scale(bench: h.Bench) -> None:
     table = f"scale, PostgreSQL, watchdog ({settled:,} settled and scheduled, {max(2000, settled // 10):,} queued)"
     prune_limit = max(100, min(10_000, settled // 200))  # the same number pruned in both: half the small one's history
     for label, rows in (("full", settled), ("1% of the history", max(1, settled // 100))):
-        target = bench.scratch("postgresql", f"scale_{rows}")
-        try:
+        with bench.database("postgresql", f"scale_{rows}", install=False) as target:
             for _ in range(bench.repeat):
                 started = time.perf_counter()
                 build_scale(target, rows)
                 bench.log(f"scale table ({label}) built in {time.perf_counter() - started:.0f}s")
                 run = partial(measure_scale, target, 20 - 15 * bench.quick, prune_limit)
                 bench.measure(table, "", label, run, 1800)
-        finally:
-            h.drop(target)
