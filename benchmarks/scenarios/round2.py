@@ -46,9 +46,9 @@ def _txn_cost(target: h.Target, samples: int, warmup: int = 20) -> dict[str, flo
     by a listener in the warm-up rounds only: with a listener the store sends its hot statements
     through SQLAlchemy's execution, and the timed rounds must not)."""
     h.truncate(target)
-    eng, counted, payload = h.engine(target), [0, False], {"note": "x" * 40}
+    eng, sent, payload = h.engine(target), list[int](), {"note": "x" * 40}
     Base.metadata.create_all(eng)
-    count = lambda *args: counted.__setitem__(0, counted[0] + counted[1])
+    count = lambda *args: sent.append(1)
     event.listen(eng, "before_cursor_execute", count)
     same = {"kind": h.QUEUE, "priority": 0, "payload": json.dumps(payload)}
 
@@ -64,23 +64,23 @@ def _txn_cost(target: h.Target, samples: int, warmup: int = 20) -> dict[str, flo
         for i in range(warmup + samples):
             if i == warmup:
                 event.remove(eng, "before_cursor_execute", count)
-            for kind, n in kinds[i % 4 :] + kinds[: i % 4]:
+            for kind, n in h.rotate(kinds, i):
                 rows = make(kind, n, f"t{i}-{kind[:3]}")  # built before the clock starts
                 with Session(eng) as session:
                     session.execute(text("SELECT 1"))  # the caller's transaction is open
-                    counted[:] = [0, True]
+                    sent.clear()
                     started = time.perf_counter_ns()
                     if kind == "enqueue":
                         enqueue(session, rows[0] if n == 1 else rows)
                     else:
                         session.add_all(rows)
                         session.flush()
-                    elapsed, counted[1] = time.perf_counter_ns() - started, False
+                    elapsed, statements = time.perf_counter_ns() - started, len(sent)
                     session.rollback()
                 if i >= warmup:
                     times[(kind, n)].append(elapsed / 1000)
                 else:
-                    trips[(kind, n)].append(counted[0])
+                    trips[(kind, n)].append(statements)
     finally:
         eng.dispose()
     out = {}
