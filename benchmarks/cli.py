@@ -4,8 +4,7 @@ size small. It loads the scenario modules (``benchmarks/scenarios/*.py``, each i
 :mod:`benchmarks.harness`), runs them through one :class:`~benchmarks.harness.Bench`, and
 prints the tables as median (min-max) over the repeats. PostgreSQL: ``WATCHDOG_BENCH_POSTGRES``
 (default ``postgresql://postgres@127.0.0.1:5432/postgres``); the run's databases
-(``watchdog_bench_<pid>_*``) are dropped at the end. See README.md.
-"""
+(``watchdog_bench_<pid>_*``) are dropped at the end. See README.md."""
 
 from __future__ import annotations
 
@@ -63,20 +62,22 @@ def describe(facts: dict[str, Any]) -> str:
 
 
 def cell(values: list[float | None]) -> str:
-    mid = h.median(values)
-    present = [v for v in values if v is not None and v == v]  # v == v: not NaN
+    """median (min-max), in the median's precision."""
+    mid, present = h.median(values), [v for v in values if v is not None and v == v]  # v == v: not NaN
     spread = f" ({h.fmt(min(present), mid)}-{h.fmt(max(present), mid)})" if len(present) > 1 else ""
     return "-" if mid is None else h.fmt(mid) + spread
 
 
+def columns(table: h.Table) -> list[str]:
+    return list(dict.fromkeys(c for row in table.cells.values() for c in row))
+
+
 def render(table: h.Table) -> str:
-    columns = list(dict.fromkeys(c for row in table.cells.values() for c in row))
-    base = table.ratios if table.ratios in columns else None
-    others = [c for c in columns if c != base] if base else []
-    head = [table.title, *columns, *(f"{base} vs {c}" for c in others)]
-    body = []
+    base = table.ratios if table.ratios in (names := columns(table)) else None
+    others = [c for c in names if c != base] if base else []
+    head, body = [table.title, *names, *(f"{base} vs {c}" for c in others)], []
     for row, values in table.cells.items():
-        cells = [cell(values.get(c, [])) for c in columns]
+        cells = [cell(values.get(c, [])) for c in names]
         for other in others:
             a, b = h.median(values.get(base or "", [])), h.median(values.get(other, []))
             ratio = ((b / a) if "(ms" in row or "(us" in row else (a / b)) if a and b else None
@@ -100,14 +101,13 @@ def plot(tables: dict[str, h.Table], directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for table in (t for t in tables.values() if t.chart and t.cells):
-        rows = list(table.cells)
-        columns = list(dict.fromkeys(c for row in table.cells.values() for c in row))
+        rows, names = list(table.cells), columns(table)
         fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.9), 5))
-        width = 0.8 / len(columns)
-        for i, column in enumerate(columns):
+        width = 0.8 / len(names)
+        for i, column in enumerate(names):
             values = [h.median(table.cells[row].get(column, [])) or 0 for row in rows]
             ax.bar([x + i * width for x in range(len(rows))], values, width, label=column)
-        ax.set_xticks([x + width * (len(columns) - 1) / 2 for x in range(len(rows))])
+        ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(rows))])
         ax.set_xticklabels(rows, rotation=35, ha="right", fontsize=8)
         ax.set_title(f"{table.title} (median of the repeats)")
         ax.legend()

@@ -1,8 +1,6 @@
-"""The benchmark harness: the subjects, databases, child processes, timing and tables.
-Scenario modules (``benchmarks/scenarios/*.py``) import only this module and declare
-scenarios with :func:`scenario`; ``cli.py`` loads them and runs them through one
-:class:`Bench`, whose figures go into named tables (median (min-max) over the repeats).
-"""
+"""The benchmark harness: subjects, databases, child processes, timing and tables. Scenario modules
+import only this module and declare scenarios with :func:`scenario`; ``cli.py`` runs them through
+one :class:`Bench`, whose figures go into named tables (median (min-max) over the repeats)."""
 
 from __future__ import annotations
 
@@ -122,30 +120,23 @@ def drop(*targets: Target) -> None:
 
 
 def run_sql(target: Target, statement: str, params: dict[str, Any] | None = None, *, analyse: bool = False) -> Any:
-    """One statement (``:name`` parameters) in a transaction of its own; returns the first
-    column of the first row, if any. ``analyse``: then what autovacuum would have done to
-    a table grown this big over time (``VACUUM (ANALYZE)``, SQLite ``ANALYZE``)."""
-    params = params or {}
-    if target.dialect == "postgresql":
-        with psycopg.connect(target.dsn, autocommit=True) as conn:
-            cursor = conn.execute(re.sub(r"(?<!:):(\w+)", r"%(\1)s", statement), params)  # type: ignore[call-overload]
-            row = cursor.fetchone() if cursor.description else None
-            if analyse:
-                conn.execute("VACUUM (ANALYZE) watchdog_jobs")
-            return row[0] if row else None
-    with contextlib.closing(sqlite3.connect(target.dsn, isolation_level=None, timeout=60)) as lite:
-        lite.execute("BEGIN")
-        row = lite.execute(statement, params).fetchone()
-        lite.execute("COMMIT")
+    """One statement (``:name`` parameters) in autocommit: the first column of its first row, if any.
+    ``analyse``: then what autovacuum would do to a table grown this big (VACUUM (ANALYZE); SQLite ANALYZE)."""
+    if pg := target.dialect == "postgresql":
+        conn: Any = psycopg.connect(target.dsn, autocommit=True)
+    else:
+        conn = sqlite3.connect(target.dsn, isolation_level=None, timeout=60)
+    with contextlib.closing(conn):
+        cursor = conn.execute(re.sub(r"(?<!:):(\w+)", r"%(\1)s", statement) if pg else statement, params or {})
+        row = cursor.fetchone() if cursor.description else None
         if analyse:
-            lite.execute("ANALYZE")
+            conn.execute("VACUUM (ANALYZE) watchdog_jobs" if pg else "ANALYZE")
         return row[0] if row else None
 
 
 def insert_jobs(target: Target, rows: int, columns: dict[str, str], *, analyse: bool = True, **params: Any) -> float:
-    """``rows`` jobs in one ``INSERT ... SELECT`` over ``n`` = 1..rows (generate_series; a
-    recursive CTE on SQLite), each column an SQL expression of ``n`` (``:queue`` is the
-    benchmark's queue); returns seconds taken."""
+    """Seconds for ``rows`` jobs in one ``INSERT ... SELECT`` over ``n`` = 1..rows, each column an SQL
+    expression of ``n`` (``:queue`` the benchmark's queue); ``analyse`` as :func:`run_sql`'s."""
     numbers = "generate_series(1, :rows) AS g(n)"
     if target.dialect == "sqlite":
         numbers = "(WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < :rows) SELECT n FROM g)"
@@ -156,9 +147,8 @@ def insert_jobs(target: Target, rows: int, columns: dict[str, str], *, analyse: 
 
 
 def job_rows(prefix: str, state: str = "settled", at: str | None = None, **columns: str) -> dict[str, str]:
-    """:func:`insert_jobs` columns of jobs ``<prefix>-n`` of the benchmark's queue; settled ones
-    completed, and with ``at`` (SQL, epoch ms) settled then, started 1 s and enqueued 2 s before.
-    ``columns`` add to or replace these."""
+    """:func:`insert_jobs` columns of jobs ``<prefix>-n``: settled ones completed (``at``: settled then,
+    SQL epoch ms, started 1 s and enqueued 2 s before); ``columns`` add to or replace these."""
     rows = {"job_id": f"'{prefix}-' || n", "queue_name": ":queue", "lane": ":queue", "priority": "0"}
     rows |= {"payload_json": "'{\"i\":' || n || '}'", "state": f"'{state}'"}
     if state == "settled":
@@ -213,25 +203,22 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
-def encode(kwargs: dict[str, Any]) -> str:
-    """A role's keywords as JSON; a :class:`Target` among them comes back as one (:func:`decode`)."""
-    return json.dumps(kwargs, default=lambda o: {"__target__": asdict(o)})
-
-
 def decode(text: str) -> dict[str, Any]:
+    """A role's keywords from their JSON (see :class:`Child`), a :class:`Target` among them as one."""
     return json.loads(text, object_hook=lambda d: Target(**d["__target__"]) if "__target__" in d else d)  # type: ignore[no-any-return]
 
 
 class Child:
-    """A child process in its own process group running ``func(**kwargs)``. Its stdout is
-    read on a thread: ``READY`` says it is set up, ``START <key> <epoch s>`` reports a
-    handler start, ``RESULT <json>`` its result; everything else and stderr go to ``log``."""
+    """A child process in its own process group running ``func(**kwargs)`` (the keywords as JSON). Its
+    stdout is read on a thread: ``READY`` says it is set up, ``START <key> <epoch s>`` reports a handler
+    start, ``RESULT <json>`` its result; everything else and stderr go to ``log``."""
 
     def __init__(self, log: Path, func: Callable[..., Any], **kwargs: Any) -> None:
         self.log_path, self._log = log, open(log, "w", buffering=1)
         self.ready, self.results = threading.Event(), list[Any]()
         self.starts: queue.Queue[tuple[str, float]] = queue.Queue()
-        argv = [sys.executable, "-m", "benchmarks", "--role", f"{func.__module__}:{func.__name__}", encode(kwargs)]
+        role = json.dumps(kwargs, default=lambda o: {"__target__": asdict(o)})
+        argv = [sys.executable, "-m", "benchmarks", "--role", f"{func.__module__}:{func.__name__}", role]
         self.proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL,
             text=True, bufsize=1, env=child_env(), start_new_session=True, cwd=str(ROOT),
@@ -255,14 +242,13 @@ class Child:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def wait_ready(self, timeout: float = 60) -> Child:
+    def wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while not self.ready.wait(0.05):
             if not self.alive():
                 raise ScenarioFailed(f"child exited with {self.proc.returncode} before it was ready; {self.tail()}")
             if time.monotonic() > deadline:
                 raise ScenarioTimeout(f"child not ready after {timeout:.0f}s; {self.tail()}")
-        return self
 
     def result(self, timeout: float) -> Any:
         """Wait for the child to exit; its ``RESULT``."""
@@ -369,8 +355,7 @@ def deadline(seconds: float, what: str) -> Iterator[None]:
 
 
 def serve_in_thread(runner: Any) -> Callable[[], None]:
-    """Serve a ``Runner`` (or an ``AsyncRunner``, on an event loop of its own) on a thread of
-    this process; returns its stop()."""
+    """Serve a ``Runner`` (an ``AsyncRunner`` on an event loop of its own) on a thread; returns its stop()."""
     if inspect.iscoroutinefunction(runner.run_forever):
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_until_complete, args=(runner.run_forever(),), daemon=True)
@@ -388,11 +373,10 @@ def serve_in_thread(runner: Any) -> Callable[[], None]:
 
 
 def drain_idle(subject: Any, target: Target, n: int, tag: str, warm: int, children: Sequence[Child] = ()) -> float:
-    """jobs/s of idle workers (``children``, or a runner on a thread): a moment to reach the
-    LISTEN, then ``warm`` jobs drained, so every worker has connected and is idle again before
-    the clock starts; one transaction enqueues ``n`` jobs; the clock runs from its commit until
-    the database shows none unfinished (polled every 5 ms, SQLite 20 ms); fails unless exactly
-    ``n`` completed."""
+    """jobs/s of idle workers (``children``, or a runner on a thread): a moment to reach the LISTEN, then
+    ``warm`` jobs drained so every worker has connected and is idle again; then the clock runs from the
+    commit of ``n`` jobs in one transaction until the database shows none unfinished (polled every
+    5 ms, SQLite 20 ms); fails unless exactly ``n`` completed."""
     with contextlib.closing(Probe(subject, target)) as probe:
         idle = lambda: not probe.live()
         time.sleep(0.3)
@@ -407,9 +391,8 @@ def drain_idle(subject: Any, target: Target, n: int, tag: str, warm: int, childr
 
 
 def drain_here(target: Target, runner: Any, jobs: int, prefill: bool = True) -> float:
-    """jobs/s of ``runner`` serving on a thread of this process, draining ``jobs`` jobs enqueued in
-    one transaction: before it starts (the clock from its start) or, with ``prefill=False``,
-    while it idles after a warm-up (:func:`drain_idle`)."""
+    """jobs/s of ``runner`` on a thread of this process draining ``jobs`` jobs of one transaction: enqueued
+    before it starts (the clock from its start) or, ``prefill=False``, while it idles (:func:`drain_idle`)."""
     if not prefill:
         stop = serve_in_thread(runner)
         try:
@@ -487,12 +470,12 @@ def fmt(value: float | None, like: float | None = None) -> str:
 
 # -- the subjects ------------------------------------------------------------------------
 #
-# Every subject offers the same operations, so a scenario can put one workload through
-# each: install/reset, enqueue_single (n jobs, a transaction each; seconds), enqueue_batch
-# (batches x size, one call each; seconds), prefill (n jobs in one transaction;
-# perf_counter after its commit), live_sql/completed_sql (probes), client(target)
-# (.enqueue(key) -> time.time() after the commit; .close()), worker_main (a worker
-# process: READY once set up; with latency its handler prints START <key> <time>).
+# Each offers the same operations, so a scenario can put one workload through every queue: install,
+# reset, enqueue_single (n jobs, a transaction each), enqueue_batch (batches x size, a call each)
+# -> seconds; prefill (n jobs, one transaction) -> perf_counter() after its commit; live_sql and
+# completed_sql (for :class:`Probe`); client(target) (.enqueue(key) -> time.time() after the
+# commit; .close()); worker_main (a worker process: READY once set up; with ``latency`` its
+# handler prints START <key> <time>).
 
 
 class _PlainBase(DeclarativeBase):
@@ -511,17 +494,11 @@ class _PlainRow(_PlainBase):
 class Watchdog:
     """sqlalchemy_watchdog, on PostgreSQL and SQLite, through its sync SQLAlchemy API."""
 
-    name = "watchdog"
-    dialects = DIALECTS
+    dialects, table = DIALECTS, "watchdog_jobs"
     live_sql = "SELECT EXISTS (SELECT 1 FROM watchdog_jobs WHERE state IN ('queued', 'running'))"
     completed_sql = "SELECT count(*) FROM watchdog_jobs WHERE state = 'settled' AND outcome = 'completed'"
-    table = "watchdog_jobs"
 
-    def install(self, target: Target) -> None:
-        install_watchdog(target)
-
-    def reset(self, target: Target) -> None:
-        truncate(target)
+    install, reset = staticmethod(install_watchdog), staticmethod(truncate)
 
     @staticmethod
     def jobs(tag: str, n: int) -> list[Any]:
@@ -531,13 +508,9 @@ class Watchdog:
         """``Watchdog(engine).enqueue(job)``: the peers' stand-alone enqueue calls."""
         return self.enqueue_batch(target, n, 1, tag, standalone=True)
 
-    def enqueue_single_in_session(self, target: Target, n: int, tag: str) -> float:
-        return self.enqueue_batch(target, n, 1, tag)
-
     def session_add_single(self, target: Target, n: int, tag: str) -> float:
-        """The baseline of an enqueue in the caller's Session: ``n`` transactions that each
-        ``session.add`` one plain ORM row (an application's own table, ``bench_rows``: an id
-        and a JSON text) and commit -- no queue at all."""
+        """The baseline of an enqueue in the caller's Session, no queue at all: ``n`` transactions that
+        each ``session.add`` one row of an application's own table (``bench_rows``) and commit."""
         with disposed(engine(target)) as eng:
             _PlainBase.metadata.drop_all(eng)
             _PlainBase.metadata.create_all(eng)
@@ -554,9 +527,8 @@ class Watchdog:
     def enqueue_batch(
         self, target: Target, batches: int, size: int, tag: str, through: Any = None, standalone: bool = False
     ) -> float:
-        """Seconds for ``batches`` transactions of ``size`` jobs, each one ``enqueue`` call
-        (``through``: an engine of the caller's, e.g. through a pooler; ``standalone``: one
-        job each through ``Watchdog(engine).enqueue``, not ``enqueue(session, ...)``)."""
+        """Seconds for ``batches`` transactions of ``size`` jobs, each one ``enqueue(session, ...)`` call
+        (``through``: the caller's engine, e.g. through a pooler; ``standalone``: ``Watchdog(engine).enqueue``)."""
         eng = through or engine(target)
         commit = Client(eng).enqueue if standalone else partial(self.commit_jobs, eng)
         try:
@@ -595,7 +567,6 @@ class Watchdog:
         return elapsed / (jobs + 1) * 1000.0
 
     def client(self, target: Target) -> Any:
-        """``.enqueue(key, run_at=None)`` -> time.time() after its commit; ``.close()``."""
         eng = engine(target)
 
         def enqueue(key: str, run_at: Any = None) -> float:
@@ -608,11 +579,17 @@ class Watchdog:
         self, target: Target, concurrency: int = 1, defaults: bool = False, latency: bool = False,
         use_asyncio: bool = False, retention_days: int | None = None, count_sql: bool = False,
     ) -> None:  # fmt: skip
-        """``Runner`` (its defaults: ``Runner(engine, handlers)`` on ``create_engine(url)``;
-        otherwise a pool of concurrency + 3), or ``AsyncRunner`` over an async engine."""
+        """``Runner`` (``defaults``: ``Runner(engine, handlers)`` on ``create_engine(url)``; else a pool of
+        concurrency + 3), or ``AsyncRunner`` over an async engine. ``count_sql``: ``SQLCOUNT n words``
+        to stderr at exit, the statements sent by their first words."""
         logging.basicConfig(level=logging.WARNING)
         if count_sql:
-            _count_statements_at_exit()
+            counts: collections.Counter[str] = collections.Counter()
+            count = lambda conn, cursor, sql, *rest: counts.update([re.sub(r"\s+", " ", sql.strip())[:60]])
+            event.listen(Engine, "before_cursor_execute", count)
+            atexit.register(
+                lambda: [print(f"SQLCOUNT {n} {w}", file=sys.stderr, flush=True) for w, n in counts.most_common()]
+            )
         if use_asyncio:
             from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -650,21 +627,12 @@ async def anoop(job: Any) -> None:
     """The no-op handler of an ``AsyncRunner``."""
 
 
-def _count_statements_at_exit() -> None:
-    """``SQLCOUNT n words`` to stderr at exit: the statements this process sent, by their first
-    words (the listener sends the store's hot statements through SQLAlchemy's execution)."""
-    counts: collections.Counter[str] = collections.Counter()
-    count = lambda conn, cursor, sql, *rest: counts.update([re.sub(r"\s+", " ", sql.strip())[:60]])
-    event.listen(Engine, "before_cursor_execute", count)
-    atexit.register(lambda: [print(f"SQLCOUNT {n} {w}", file=sys.stderr, flush=True) for w, n in counts.most_common()])
-
-
 class _AsyncPeer:
-    """A peer through its asyncio API: ``_open(dsn)`` -> (handle, its async close), ``_one(handle,
-    i or key)`` enqueues one job (its own transaction), ``_many(handle, n)`` n in one call."""
+    """A peer through its asyncio API: ``_open(dsn)`` -> (handle, its async close), ``_one(handle, i or
+    key)`` enqueues one job (its own transaction), ``_many(handle, n)`` n in one call."""
 
     dialects = ("postgresql",)
-    reset = Watchdog.reset
+    reset = staticmethod(truncate)
 
     def _run(self, target: Target, work: Callable[[Any], Any]) -> Any:
         async def go() -> Any:
@@ -710,13 +678,10 @@ class _AsyncPeer:
 
 
 class Procrastinate(_AsyncPeer):
-    """procrastinate as its documentation sets it up: ``App(PsycopgConnector)``, the schema
-    from ``apply_schema_async()``, an ``async def`` task on queue ``bench``, ``defer_async``
-    / ``batch_defer_async``, ``run_worker_async(queues=[...], concurrency=c)`` (its defaults:
-    concurrency 1; with ``c`` the pool may grow to ``max(4, c + 2)``). Jobs stay as
-    ``succeeded`` rows."""
+    """procrastinate as its documentation sets it up (``App(PsycopgConnector)``, an ``async def`` task,
+    ``run_worker_async``: concurrency 1 by default). Jobs stay as ``succeeded`` rows."""
 
-    name, table = "procrastinate", "procrastinate_jobs"
+    table = "procrastinate_jobs"
     live_sql = "SELECT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status IN ('todo', 'doing'))"
     completed_sql = "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
 
@@ -765,14 +730,10 @@ class Procrastinate(_AsyncPeer):
 
 
 class PgQueuer(_AsyncPeer):
-    """pgqueuer as its README sets it up: an asyncpg connection in ``AsyncpgDriver``,
-    ``Queries.install()`` (what ``pgq install`` runs), ``Queries.enqueue``, workers by
-    ``pgqueuer.run(factory)`` (``pgq run``) on uvloop. Its defaults: batch size 10, no cap
-    on concurrent tasks; concurrency ``c`` is ``max_concurrent_tasks=max(2, c)``, which
-    must be at least twice ``batch_size = max(1, min(10, c // 2))``. Completed jobs are
-    deleted and logged in ``pgqueuer_log``."""
+    """pgqueuer as its README sets it up (``Queries.install()`` = ``pgq install``, workers by
+    ``pgqueuer.run(factory)`` = ``pgq run`` on uvloop). Completed jobs move to ``pgqueuer_log``."""
 
-    name, table = "pgqueuer", "pgqueuer"
+    table = "pgqueuer"
     live_sql = "SELECT EXISTS (SELECT 1 FROM pgqueuer)"
     # The log aggregation counts log rows into statistics and marks them aggregated:
     # count each completed job once, as a log row or in the statistics.
@@ -799,17 +760,15 @@ class PgQueuer(_AsyncPeer):
         self._run(target, lambda queries: queries.install())
 
     def worker_main(self, target: Target, concurrency: int = 1, defaults: bool = False, latency: bool = False) -> None:
+        import asyncpg
         import pgqueuer
         import uvloop
-        from pgqueuer import PgQueuer as App
         from pgqueuer.db import AsyncpgDriver
 
         @contextlib.asynccontextmanager
         async def factory() -> AsyncIterator[Any]:
-            import asyncpg
-
             conn = await asyncpg.connect(target.dsn)
-            app = App(AsyncpgDriver(conn))
+            app = pgqueuer.PgQueuer(AsyncpgDriver(conn))
 
             @app.entrypoint(QUEUE)
             async def bench(job: Any) -> None:
@@ -822,7 +781,7 @@ class PgQueuer(_AsyncPeer):
             finally:
                 await conn.close()
 
-        cap = max(2, concurrency)
+        cap = max(2, concurrency)  # max_concurrent_tasks must be at least twice batch_size
         settings = {} if defaults else {"batch_size": max(1, min(10, cap // 2)), "max_concurrent_tasks": cap}
         uvloop.run(pgqueuer.run(factory, **settings))
 
@@ -839,18 +798,15 @@ class Probe:
     """A connection answering ``live()`` (any job not yet finished?) and ``completed()``."""
 
     def __init__(self, subject: Any, target: Target) -> None:
-        self.subject, lite = subject, target.dialect == "sqlite"
-        pg = lambda: psycopg.connect(target.dsn, autocommit=True)
-        self.conn: Any = sqlite3.connect(target.dsn, isolation_level=None, timeout=30) if lite else pg()
-
-    def live(self) -> bool:
-        return bool(self.conn.execute(self.subject.live_sql).fetchone()[0])
-
-    def completed(self) -> int:
-        return int(self.conn.execute(self.subject.completed_sql).fetchone()[0])
-
-    def close(self) -> None:
-        self.conn.close()
+        lite = target.dialect == "sqlite"
+        self.conn: Any = (
+            sqlite3.connect(target.dsn, isolation_level=None, timeout=30)
+            if lite
+            else psycopg.connect(target.dsn, autocommit=True)
+        )
+        self.live: Callable[[], bool] = lambda: bool(self.conn.execute(subject.live_sql).fetchone()[0])
+        self.completed: Callable[[], int] = lambda: int(self.conn.execute(subject.completed_sql).fetchone()[0])
+        self.close: Callable[[], None] = self.conn.close
 
 
 # -- scenarios and the run ---------------------------------------------------------------
@@ -879,8 +835,8 @@ OPTIONS: dict[str, dict[str, Any]] = {}
 def scenario(
     name: str, *, per_repeat: bool = False, suite: bool = False, options: dict[str, dict[str, Any]] | None = None
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Declare a scenario; its docstring's first line is its help. ``options``: its own
-    command-line options (flag -> argparse keywords); an option several declare is one."""
+    """Declare a scenario; its docstring's first line is its help. ``options``: its own command-line
+    options (flag -> argparse keywords); an option several declare is one."""
 
     def register(fn: Callable[..., None]) -> Callable[..., None]:
         SCENARIOS[name] = Scenario(name, fn, (fn.__doc__ or "").strip().splitlines()[0], per_repeat, suite)
@@ -903,10 +859,8 @@ class Bench:
     """What a scenario gets: its options, the subjects, targets, and where figures go."""
 
     def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
-        self.args = args
-        self.quick: bool = args.quick
+        self.args, self.quick, self.workdir = args, bool(args.quick), workdir
         self.repeat: int = args.repeat or (1 if args.quick else 3)
-        self.workdir = workdir
         self.subjects: dict[str, Any] = {}
         for name in args.subjects.split(","):
             try:
@@ -921,15 +875,13 @@ class Bench:
         self.targets: dict[tuple[str, str], Target] = {}
         self.started = time.monotonic()
 
-    # -- options and bookkeeping
-
     def opt(self, name: str, full: Any, quick: Any = None) -> Any:
         """The option ``--name`` if given, else its quick or full default."""
         value = getattr(self.args, name.replace("-", "_"), None)
         return value if value is not None else quick if self.quick and quick is not None else full
 
-    def ints(self, name: str, full: str, quick: str | None = None) -> list[int]:
-        return [int(x) for x in str(self.opt(name, full, quick)).split(",") if x.strip()]
+    def ints(self, name: str, full: str) -> list[int]:
+        return [int(x) for x in str(self.opt(name, full)).split(",") if x.strip()]
 
     def dialects(self, supported: Sequence[str] = DIALECTS) -> list[str]:
         return [d for d in self.args.dialects.split(",") if d in supported]
@@ -951,10 +903,8 @@ class Bench:
         self.log(f"FAILED {message}")
 
     def measure(self, table: str, row: str, column: str, fn: Callable[[], Any], timeout: float = 300.0) -> Any:
-        """Run ``fn`` (a collection first: earlier garbage stays out of its timing) under a
-        deadline; record its figure (a number, or a dict of row suffix -> number) or the
-        failure. Returns the value (None if it failed)."""
-        gc.collect()
+        """Run ``fn`` under a deadline; record its figure (a number, or a dict row suffix -> number) or None."""
+        gc.collect()  # earlier garbage stays out of the timing
         try:
             with deadline(timeout, f"{row} [{column}]"):
                 value = fn()
@@ -987,8 +937,6 @@ class Bench:
     def medians(self, table: str, row: str) -> dict[str, float | None]:
         return {col: median(v) for col, v in self.tables.get(table, Table(table)).cells.get(row, {}).items()}
 
-    # -- targets and workers
-
     def target(self, subject: str, dialect: str) -> Target:
         """The subject's database for this run (installed once)."""
         if (subject, dialect) not in self.targets:
@@ -1012,8 +960,8 @@ class Bench:
 
     @contextlib.contextmanager
     def database(self, dialect: str, name: str, install: bool = True, fails: str | None = None) -> Iterator[Target]:
-        """:meth:`scratch` with watchdog's tables (unless ``install=False``), dropped after the
-        block; with ``fails``, a failure in the block is recorded under that name and the run goes on."""
+        """:meth:`scratch` with watchdog's tables (unless ``install=False``), dropped after the block;
+        with ``fails``, a failure in the block is recorded under that name and the run goes on."""
         target = self.scratch(dialect, name)
         try:
             if install:
@@ -1042,7 +990,7 @@ class Bench:
         return children
 
     def drain_once(self, subject: str, target: Target, n: int, tag: str, procs: int = 1, **options: Any) -> float:
-        """:func:`drain_idle` of ``procs`` worker processes (one warm-up job each)."""
+        """:func:`drain_idle` of ``procs`` fresh worker processes (one warm-up job each) on an emptied queue."""
         sub = self.subjects[subject] if subject in self.subjects else SUBJECTS[subject]()
         sub.reset(target)
         children = self.workers(subject, target, tag, procs, **options)
@@ -1072,10 +1020,9 @@ class Bench:
         child: Child, enqueue: Callable[[str], float], tag: str, warmup: int, samples: int,
         pause: tuple[float, float] = (0.03, 0.06), never_early: bool = False,
     ) -> list[float]:  # fmt: skip
-        """Enqueue ``warmup + samples`` jobs one at a time (``enqueue(key)`` returns the time
-        its commit returned, or the time it is due) and wait for ``child``'s handler to start
-        each, pausing ``pause`` seconds after each; start - that time (ms). ``never_early``:
-        a start before that time fails (the clocks are one clock; allow rounding)."""
+        """Enqueue ``warmup + samples`` jobs one at a time (``enqueue(key)`` returns the time its commit
+        returned, or the time it is due), wait for ``child``'s handler to start each, pause ``pause`` s;
+        start - that time (ms). ``never_early``: a start before that time fails (one clock; allow rounding)."""
         latencies: list[float] = []
         for i in range(warmup + samples):
             key = f"{tag}-{i}"

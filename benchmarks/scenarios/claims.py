@@ -17,11 +17,13 @@ from sqlalchemy_watchdog import Decision, Job, Watchdog, store
 SCRIPT = h.HERE / "pgbench" / "claim_settle.sql"
 
 
-def _pgbench(target: h.Target, clients: int, batch: int, n: int) -> float:
-    """Jobs/s of ``clients`` pgbench clients draining ``n`` queued jobs with
-    :data:`SCRIPT`, each running its share of the batches; checked drained."""
+def _pgbench(target: h.Target, clients: int, batch: int, n: int, tag: str) -> float:
+    """Jobs/s of ``clients`` pgbench clients draining ``n`` freshly queued jobs with :data:`SCRIPT`, each
+    running its share of the batches; fails unless every job settled."""
     if (pgbench := shutil.which("pgbench")) is None:
         raise h.ScenarioFailed("pgbench is not installed (Debian: postgresql-client)")
+    h.truncate(target)
+    h.insert_jobs(target, n, h.job_rows(tag, state="queued"))
     transactions = -(-n // (batch * clients))  # enough for every job; the surplus claims nothing
     command = [
         pgbench, "--no-vacuum", "--file", str(SCRIPT), "--define", f"batch={batch}",
@@ -49,41 +51,29 @@ def ceiling(bench: h.Bench, r: int) -> None:
     beside the library's c64 p2 drain of as many jobs."""
     if "postgresql" not in bench.dialects():
         return
-    table = "ceiling: batched claim + settle (jobs/s), PostgreSQL"
-    bench.table(table)
-    target, n, batch = (
-        bench.target("watchdog", "postgresql"),
-        bench.opt("jobs", 20_000 if bench.quick else 100_000),
-        int(bench.opt("batch", "64")),
-    )
+    table, target = "ceiling: batched claim + settle (jobs/s), PostgreSQL", bench.target("watchdog", "postgresql")
+    n, batch = bench.opt("jobs", 20_000 if bench.quick else 100_000), int(bench.opt("batch", "64"))
     for count in bench.ints("clients", "2,4"):
-
-        def raw(count: int = count) -> float:
-            h.truncate(target)
-            h.insert_jobs(target, n, h.job_rows(f"raw{r}-{count}", state="queued"))
-            return _pgbench(target, count, batch, n)
-
+        raw = partial(_pgbench, target, count, batch, n, f"raw{r}-{count}")
         bench.measure(table, f"raw SQL, pgbench {count} clients", "watchdog", raw, timeout=120 + n / 500)
     best = partial(bench.drain_once, "watchdog", target, n, f"ceil{r}", 2, concurrency=batch)
     bench.measure(table, f"sqlalchemy_watchdog, c{batch} p2", "watchdog", best, timeout=120 + n / 500)
 
 
-def _claim_settle_one(eng: Any, queue: str) -> str | None:
-    """Claim one job of ``queue`` and settle it completed, two transactions as a runner does."""
-    with store.write_transaction(eng) as conn:
-        claimed = store.claim(conn, queues=[queue], limit=1, lease_ms=60_000).claimed
-    if not claimed:
-        return None
-    with store.write_transaction(eng) as conn:
-        store.settle(conn, job_id=claimed[0].job.job_id, claim_token=claimed[0].token, decision=Decision.completed())
-    return claimed[0].job.job_id
-
-
 def _claimed_all(eng: Any, queue: str, jobs: list[Job]) -> float:
-    """Enqueue ``jobs`` (untimed), then ms per job of claiming and settling them one by one."""
+    """Enqueue ``jobs`` (untimed), then ms per job of claiming and settling them one by one until the
+    claim comes back empty: two transactions each, as a runner makes them."""
     Watchdog(eng).enqueue(jobs)
     started, done = time.perf_counter(), 0
-    while _claim_settle_one(eng, queue):
+    while True:
+        with store.write_transaction(eng) as conn:
+            claimed = store.claim(conn, queues=[queue], limit=1, lease_ms=60_000).claimed
+        if not claimed:
+            break
+        with store.write_transaction(eng) as conn:
+            store.settle(
+                conn, job_id=claimed[0].job.job_id, claim_token=claimed[0].token, decision=Decision.completed()
+            )
         done += 1
     if done != len(jobs):
         raise h.ScenarioFailed(f"{queue}: claimed {done} of {len(jobs)} jobs")

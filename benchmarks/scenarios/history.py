@@ -7,6 +7,7 @@ import random
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from benchmarks import harness as h
@@ -26,8 +27,8 @@ def _with_clock(columns: dict[str, str], target: h.Target) -> dict[str, str]:
 
 
 def _beside(bench: h.Bench, name: str, what: str, columns: dict[str, str], rows: int) -> None:
-    """Claim+settle in an empty table and in one holding ``rows`` jobs of ``columns``, alternating
-    in rounds so a change in machine load hits both; ms/job per round, and the ratio of the medians."""
+    """Claim+settle ms/job in an empty table and in one holding ``rows`` jobs of ``columns``, in
+    alternating rounds so a change in machine load hits both; the ratio of the medians."""
     jobs, per_round = (200, 100) if bench.quick else (2000, 250)
     table = f"claim+settle one job at a time, watchdog (ms/job, rounds; ratio {what} / empty)"
     for dialect in bench.dialects():
@@ -85,10 +86,8 @@ def lateness(bench: h.Bench, r: int) -> None:
     for dialect in bench.dialects():
         target, tag = bench.target("watchdog", dialect), f"late-{dialect}-{r}"
 
-        def once(target: h.Target = target, tag: str = tag) -> dict[str, float]:
-            values = bench.latencies("watchdog", target, tag, warmup, samples, _enqueue_due, never_early=True)
-            return {**h.percentiles(values), "max (ms)": max(values)}
-
+        late = partial(bench.latencies, "watchdog", target, tag, warmup, samples, _enqueue_due, never_early=True)
+        once = lambda late=late: {**h.percentiles(values := late()), "max (ms)": max(values)}
         bench.measure(table, "", dialect, once, timeout=120 + (warmup + samples) * 2)
 
 
@@ -98,8 +97,8 @@ def _prunable(target: h.Target) -> int:
 
 
 def _prune_round(bench: h.Bench, target: h.Target, prune: bool, tag: str, samples: int) -> dict[str, Any]:
-    """One runner process (with its defaults; ``retention=Retention(completed=7 days)`` when
-    pruning) and ``samples`` jobs enqueued one at a time: their latencies and what went."""
+    """One runner process with its defaults (``prune``: and a retention of 7 days) and ``samples`` jobs
+    enqueued one at a time: their latencies and what went."""
     options = {"retention_days": 7} if prune else {}
     (child,) = bench.workers("watchdog", target, tag, defaults=True, latency=True, **options)
     client = h.Watchdog().client(target)
@@ -151,12 +150,11 @@ def prune(bench: h.Bench) -> None:
                         pruned += result["pruned"] if mode else 0
                         seconds += result["seconds"] if mode else 0
                 ratio = h.percentile(got[True], 99) / h.percentile(got[False], 99)
-                figures = {
+                figures: dict[str, float | None] = {
                     **h.percentiles(got[False], (50, 99)),
                     **h.percentiles(got[True], (50, 99), "p{} pruning (ms)"),
-                    "p99 ratio": ratio,
-                    "pruned (rows/s)": pruned / seconds if seconds else None,
                 }
+                figures |= {"p99 ratio": ratio, "pruned (rows/s)": pruned / seconds if seconds else None}
                 for row, value in figures.items():
                     bench.record(table, row, dialect, value)
                 bench.log(f"{dialect} prune: p99 ratio {ratio:.2f}x, {pruned:,.0f} rows pruned")
@@ -198,10 +196,7 @@ def stats(bench: h.Bench) -> None:
             "list_jobs(limit=100), first page": lambda: client.list_jobs(limit=100),
             "list_jobs(state='queued', limit=100), first page": lambda: client.list_jobs(state="queued", limit=100),
         }
-        for _ in range(bench.repeat):
-            for name, read in reads.items():
-                bench.measure(
-                    table, name, "watchdog", lambda read=read: h.percentiles(h.time_calls(read, calls), (50, 99))
-                )
+        for name, read in [*reads.items()] * bench.repeat:
+            bench.measure(table, name, "watchdog", lambda read=read: h.percentiles(h.time_calls(read, calls), (50, 99)))
         goal = f"stats() < 50 ms with {settled:,} settled and {queued:,} queued jobs (median)"
         bench.check_median(goal, table, "stats() p50 (ms)", "watchdog", lambda m: m < 50, " ms")

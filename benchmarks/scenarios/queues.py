@@ -12,8 +12,7 @@ from sqlalchemy_watchdog import Job, Watchdog
 PEER_JOBS = {"watchdog": 1.0, "procrastinate": 0.5, "pgqueuer": 1.0}  # procrastinate enqueues/drains slower
 DRAIN_JOBS = {"watchdog": 20_000, "procrastinate": 1_500, "pgqueuer": 20_000}
 QUICK_DRAIN_JOBS = {"watchdog": 300, "procrastinate": 100, "pgqueuer": 300}
-#: The baseline row of the enqueue table: an application's own row, no queue.
-PLAIN_ROW = "baseline: session.add(row) + commit, no queue"
+PLAIN_ROW = "baseline: session.add(row) + commit, no queue"  # an application's own row, no queue
 SESSION_ROW = "1 job in the caller's Session + commit"
 
 
@@ -26,37 +25,36 @@ def _rate(subject: Any, target: h.Target, call: Any, args: Any, jobs: int) -> fl
 @h.scenario("enqueue", per_repeat=True, suite=True, options=h.JOBS)
 def enqueue(bench: h.Bench, r: int) -> None:
     """Jobs/s: one job per transaction (also in the caller's Session), 1,000 per statement."""
-    batches, size = (3 if bench.quick else 10), 1000
+    batches = 3 if bench.quick else 10
     for dialect in bench.dialects():
         table = f"enqueue (jobs/s), {h.LABEL[dialect]}"
         bench.table(table, ratios="watchdog")
+        base = (200 if bench.quick else 2000) if dialect == "postgresql" else (50 if bench.quick else 300)
         for name in bench.in_order(r, dialect):
             subject, target = bench.subjects[name], bench.target(name, dialect)
-            base = (200 if bench.quick else 2000) if dialect == "postgresql" else (50 if bench.quick else 300)
             n = bench.opt("jobs", int(base * PEER_JOBS[name]))
-            runs = [("1 job per transaction", subject.enqueue_single, (n, f"s{r}"), n)]
-            if in_session := getattr(subject, "enqueue_single_in_session", None):
-                runs.append((SESSION_ROW, in_session, (n, f"t{r}"), n))
-            if plain := getattr(subject, "session_add_single", None):
-                runs.append((PLAIN_ROW, plain, (n, f"p{r}"), n))
-            runs.append(("1,000 jobs per statement", subject.enqueue_batch, (batches, size, f"b{r}"), batches * size))
+            runs: list[tuple[str, Any, tuple[Any, ...], int]] = [
+                ("1 job per transaction", subject.enqueue_single, (n, f"s{r}"), n)
+            ]
+            if name == "watchdog":
+                runs.append((SESSION_ROW, subject.enqueue_batch, (n, 1, f"t{r}"), n))
+                runs.append((PLAIN_ROW, subject.session_add_single, (n, f"p{r}"), n))
+            runs.append(("1,000 jobs per statement", subject.enqueue_batch, (batches, 1000, f"b{r}"), batches * 1000))
             for row, call, args, jobs in runs:
                 bench.measure(table, row, name, partial(_rate, subject, target, call, args, jobs))
     if r < bench.repeat - 1:
         return
-    pg = "enqueue (jobs/s), PostgreSQL"
-    for row, factor in (("1,000 jobs per statement", 1.0), ("1 job per transaction", 1.5)):
-        goal, ok = f"{row}: watchdog >= {factor:g}x pgqueuer", lambda m, factor=factor: m >= factor
-        bench.check_median(goal, pg, row, "watchdog", ok, versus="pgqueuer")
+    pg, single = "enqueue (jobs/s), PostgreSQL", "1 job per transaction"
+    for row, factor in (("1,000 jobs per statement", 1.0), (single, 1.5)):
+        ok = lambda m, factor=factor: m >= factor
+        bench.check_median(f"{row}: watchdog >= {factor:g}x pgqueuer", pg, row, "watchdog", ok, versus="pgqueuer")
     goal = "enqueue in the caller's Session + commit >= 1.0x pgqueuer's one-call enqueue"
-    bench.check_median(
-        goal, pg, SESSION_ROW, "watchdog", lambda m: m >= 1, versus="pgqueuer", versus_row="1 job per transaction"
-    )
+    bench.check_median(goal, pg, SESSION_ROW, "watchdog", lambda m: m >= 1, versus="pgqueuer", versus_row=single)
     for label in (h.LABEL[dialect] for dialect in bench.dialects()):
         goal = f"{label}: enqueue in a Session + commit within 1.3x of session.add(row) + commit"
-        ok = lambda m: m <= 1.3
+        table = f"enqueue (jobs/s), {label}"
         bench.check_median(
-            goal, f"enqueue (jobs/s), {label}", PLAIN_ROW, "watchdog", ok, "x the time", "watchdog", SESSION_ROW
+            goal, table, PLAIN_ROW, "watchdog", lambda m: m <= 1.3, "x the time", "watchdog", SESSION_ROW
         )
 
 
@@ -80,11 +78,9 @@ def drain(bench: h.Bench, r: int) -> None:
                 shapes.append((f"c{c} p{procs}", procs, {"concurrency": c}, False))
             if pg:
                 shapes.append((f"defaults p{procs}", procs, {"defaults": True}, False))
-        if pg:
-            for c in bench.ints("concurrencies", "4,16,64"):
-                shapes.append((f"async c{c} p1", 1, {"concurrency": c, "use_asyncio": True}, True))
-        if bench.opt("drain_rows", None):
-            wanted = set(bench.opt("drain_rows", "").split(","))
+        for c in bench.ints("concurrencies", "4,16,64") if pg else []:
+            shapes.append((f"async c{c} p1", 1, {"concurrency": c, "use_asyncio": True}, True))
+        if wanted := set(bench.opt("drain_rows", "").split(",")) - {""}:
             shapes = [s for s in shapes if wanted & set(s[0].split())]
         for row, procs, options, watchdog_only in shapes:
             for name in (n for n in bench.in_order(r, dialect) if n == "watchdog" or not watchdog_only):
@@ -112,8 +108,9 @@ def latency(bench: h.Bench, r: int) -> None:
     bench.table(table, ratios="watchdog", chart="latency.png")
     samples, warmup = bench.opt("samples", 200, 20), (3 if bench.quick else 5)
     for name in bench.in_order(r):
-        once = lambda name=name: h.percentiles(
-            bench.latencies(name, bench.target(name, "postgresql"), f"lat-{r}", warmup, samples)
+        target = bench.target(name, "postgresql")
+        once = lambda name=name, target=target: h.percentiles(
+            bench.latencies(name, target, f"lat-{r}", warmup, samples)
         )
         bench.measure(table, "enqueue-to-start", name, once)
     if r == bench.repeat - 1:
@@ -121,13 +118,10 @@ def latency(bench: h.Bench, r: int) -> None:
         bench.check_median(goal, table, row, "watchdog", lambda m: m <= 5, " ms")
 
 
-#: Keys of the keyed variants' jobs (job i has key k<i mod KEYS>).
-KEYS = 100
+KEYS = 100  # job i of the keyed rows has key k<i mod KEYS>
 
 
 class KeyedWatchdog(h.Watchdog):
-    """The watchdog subject whose prefilled jobs carry one of :data:`KEYS` keys."""
-
     @staticmethod
     def jobs(tag: str, n: int) -> list[Any]:
         return [Job(f"{tag}-{i}", h.QUEUE, payload={"i": i}, key=f"k{i % KEYS}") for i in range(n)]
@@ -143,9 +137,7 @@ LIMITS: dict[str, tuple[bool, dict[str, Any] | None]] = {
 }
 
 
-def _limited_drain(
-    bench: h.Bench, target: h.Target, n: int, tag: str, keyed: bool, limits: dict[str, Any] | None
-) -> float:
+def _limited_drain(bench: h.Bench, target: h.Target, n: int, tag: str, keyed: bool, limits: Any) -> float:
     """jobs/s of one worker process at concurrency 16 (:func:`h.drain_idle`) under ``limits``."""
     subject = KeyedWatchdog() if keyed else h.Watchdog()
     subject.reset(target)
@@ -165,10 +157,10 @@ def limits(bench: h.Bench, r: int) -> None:
     """Jobs/s of one worker process at concurrency 16 draining a limited queue, beside the same queue unlimited."""
     for dialect in bench.dialects():
         pg = dialect == "postgresql"
-        table = f"limits: drain at concurrency 16 (jobs/s), {h.LABEL[dialect]}"
-        bench.table(table)
         n = bench.opt("jobs", (2000 if pg else 300) if bench.quick else (10_000 if pg else 1000))
         target = bench.target("watchdog", dialect)
         for row, (keyed, limited) in LIMITS.items():
             run = partial(_limited_drain, bench, target, n, f"l{r}-{row.split()[0]}{len(row)}", keyed, limited)
-            bench.measure(table, row, "watchdog", run, timeout=120 + n / 20)
+            bench.measure(
+                f"limits: drain at concurrency 16 (jobs/s), {h.LABEL[dialect]}", row, "watchdog", run, 120 + n / 20
+            )

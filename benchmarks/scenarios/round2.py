@@ -8,7 +8,6 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -43,27 +42,20 @@ def txn(bench: h.Bench, r: int) -> None:
 
 
 def _txn_cost(target: h.Target, samples: int, warmup: int = 20) -> dict[str, float]:
-    """Each way of adding 1 or 100 rows to an open transaction: p50/p99 us and round trips
-    (counted by a listener in the warm-up rounds only: a listener makes the store send its
-    hot statements through SQLAlchemy's execution, and the timed rounds must not)."""
+    """Each way of adding 1 or 100 rows to an open transaction: p50/p99 us and round trips (counted
+    by a listener in the warm-up rounds only: with a listener the store sends its hot statements
+    through SQLAlchemy's execution, and the timed rounds must not)."""
     h.truncate(target)
-    eng, counted, payload = h.engine(target), [0, False], {"note": "x" * 40}
+    eng, sent, payload = h.engine(target), list[int](), {"note": "x" * 40}
     Base.metadata.create_all(eng)
-    count = lambda *args: counted.__setitem__(0, counted[0] + counted[1])
+    count = lambda *args: sent.append(1)
     event.listen(eng, "before_cursor_execute", count)
+    same = {"kind": h.QUEUE, "priority": 0, "payload": json.dumps(payload)}
 
     def make(kind: str, n: int, tag: str) -> list[Any]:
         if kind == "enqueue":
             return [Job(f"{tag}-{i}", h.QUEUE, lane=f"customer-{i}", payload=payload) for i in range(n)]
-        same = {"kind": h.QUEUE, "priority": 0, "payload": json.dumps(payload)}
         return [Order(reference=f"{tag}-{i}", customer=f"customer-{i}", **same) for i in range(n)]
-
-    def add(session: Session, kind: str, rows: list[Any]) -> None:
-        if kind == "enqueue":
-            enqueue(session, rows[0] if len(rows) == 1 else rows)
-        else:
-            session.add_all(rows)
-            session.flush()
 
     kinds = [(kind, n) for n in (1, 100) for kind in ("enqueue", "session.add")]
     times: dict[tuple[str, int], list[float]] = {k: [] for k in kinds}
@@ -72,19 +64,23 @@ def _txn_cost(target: h.Target, samples: int, warmup: int = 20) -> dict[str, flo
         for i in range(warmup + samples):
             if i == warmup:
                 event.remove(eng, "before_cursor_execute", count)
-            for kind, n in kinds[i % 4 :] + kinds[: i % 4]:
+            for kind, n in h.rotate(kinds, i):
                 rows = make(kind, n, f"t{i}-{kind[:3]}")  # built before the clock starts
                 with Session(eng) as session:
                     session.execute(text("SELECT 1"))  # the caller's transaction is open
-                    counted[:] = [0, True]
+                    sent.clear()
                     started = time.perf_counter_ns()
-                    add(session, kind, rows)
-                    elapsed, counted[1] = time.perf_counter_ns() - started, False
+                    if kind == "enqueue":
+                        enqueue(session, rows[0] if n == 1 else rows)
+                    else:
+                        session.add_all(rows)
+                        session.flush()
+                    elapsed, statements = time.perf_counter_ns() - started, len(sent)
                     session.rollback()
                 if i >= warmup:
                     times[(kind, n)].append(elapsed / 1000)
                 else:
-                    trips[(kind, n)].append(counted[0])
+                    trips[(kind, n)].append(statements)
     finally:
         eng.dispose()
     out = {}
@@ -104,29 +100,44 @@ def producer_role(subject: str, target: h.Target, jobs: int, prefix: str, go: st
     h.say("RESULT", [time.time() - elapsed, time.time()])
 
 
-def _produce(bench: h.Bench, name: str, jobs: int, tag: str, runner: bool = False) -> float:
-    """16 producer processes enqueueing at once: jobs/s from the first start to the last end."""
-    target, go = bench.target(name, "postgresql"), bench.workdir / f"{tag}.go"
+def _trigger(target: h.Target, *, enabled: bool = True, notify_always: bool = False) -> None:
+    """The NOTIFY trigger on or off; ``notify_always``: the trigger function of before revision w0007
+    (a NOTIFY on every enqueue: the revision's downgrade SQL)."""
+    from sqlalchemy_watchdog.migrations.versions import w0007_notify_when_waiting as w0007
+
+    h.run_sql(target, f"ALTER TABLE watchdog_jobs {'ENABLE' if enabled else 'DISABLE'} TRIGGER watchdog_jobs_queued")
+    h.run_sql(target, w0007.NOTIFY_ALWAYS_SQL if notify_always else w0007.NOTIFY_WHEN_WAITING_SQL)
+
+
+def _produce(bench: h.Bench, name: str, jobs: int, tag: str, runner: bool = False, **trigger: bool) -> float:
+    """16 producer processes enqueueing at once (``runner``: a worker with its defaults beside; ``trigger``:
+    :func:`_trigger` meanwhile): jobs/s from the first start to the last end."""
+    target, go, children = bench.target(name, "postgresql"), bench.workdir / f"{tag}.go", []
     bench.subjects[name].reset(target)
-    workers = bench.workers(name, target, tag, defaults=True) if runner else []
-    procs = bench.spawn(tag, 16, producer_role, subject=name, target=target, jobs=jobs, prefix=tag, go=str(go))
     try:
+        if trigger:
+            _trigger(target, **trigger)
+        children = bench.workers(name, target, tag, defaults=True) if runner else []
+        procs = bench.spawn(tag, 16, producer_role, subject=name, target=target, jobs=jobs, prefix=tag, go=str(go))
+        children += procs
         go.touch()
         windows = [proc.result(600) for proc in procs]
     finally:
-        h.stop_all(procs + workers)
+        h.stop_all(children)
+        if trigger:
+            _trigger(target)
     if (stored := h.run_sql(target, f"SELECT count(*) FROM {bench.subjects[name].table}")) < 16 * jobs:
         raise h.ScenarioFailed(f"producers: {stored} of {16 * jobs} jobs stored")
     return 16 * jobs / (max(w[1] for w in windows) - min(w[0] for w in windows))
 
 
-def _trigger(target: h.Target, *, enabled: bool = True, notify_always: bool = False) -> None:
-    """The NOTIFY trigger on or off; with ``notify_always`` the trigger function of before
-    revision w0007 (a NOTIFY on every enqueue: the revision's downgrade SQL)."""
-    from sqlalchemy_watchdog.migrations.versions import w0007_notify_when_waiting as w0007
-
-    h.run_sql(target, f"ALTER TABLE watchdog_jobs {'ENABLE' if enabled else 'DISABLE'} TRIGGER watchdog_jobs_queued")
-    h.run_sql(target, w0007.NOTIFY_ALWAYS_SQL if notify_always else w0007.NOTIFY_WHEN_WAITING_SQL)
+#: watchdog's own producer rows: row -> (a worker with its defaults draining meanwhile, :func:`_trigger` keywords)
+TRIGGER_ROWS: dict[str, tuple[bool, dict[str, bool]]] = {
+    "watchdog, NOTIFY trigger disabled": (False, {"enabled": False}),
+    "watchdog, the trigger before w0007 (NOTIFY on every enqueue)": (False, {"notify_always": True}),
+    "watchdog, a runner draining meanwhile (its defaults)": (True, {}),
+    "watchdog, a runner draining meanwhile, the trigger before w0007": (True, {"notify_always": True}),
+}
 
 
 @h.scenario("producers", per_repeat=True, suite=True)
@@ -136,27 +147,14 @@ def producers(bench: h.Bench, r: int) -> None:
     bench.table(table, ratios="watchdog")
     jobs = {"watchdog": 300, "procrastinate": 150, "pgqueuer": 300}
     for name in bench.in_order(r):
-        n = jobs[name] // (6 if bench.quick else 1)
-        run = partial(_produce, bench, name, n, f"prod-{name}-{r}")
+        run = partial(_produce, bench, name, jobs[name] // (6 if bench.quick else 1), f"prod-{name}-{r}")
         bench.measure(table, "every queue, its defaults", name, run, 900)
     if "watchdog" not in bench.subjects:
         return
-    target, n = bench.target("watchdog", "postgresql"), jobs["watchdog"] // (6 if bench.quick else 1)
-    for row, runner, trigger in (
-        ("watchdog, NOTIFY trigger disabled", False, {"enabled": False}),
-        ("watchdog, the trigger before w0007 (NOTIFY on every enqueue)", False, {"notify_always": True}),
-        ("watchdog, a runner draining meanwhile (its defaults)", True, {}),
-        ("watchdog, a runner draining meanwhile, the trigger before w0007", True, {"notify_always": True}),
-    ):
-
-        def once(row: str = row, runner: bool = runner, trigger: dict[str, bool] = trigger) -> float:
-            _trigger(target, **trigger)
-            try:
-                return _produce(bench, "watchdog", n, f"prod-{len(row)}-{r}", runner)
-            finally:
-                _trigger(target)
-
-        bench.measure(table, row, "watchdog", once, 900)
+    n = jobs["watchdog"] // (6 if bench.quick else 1)
+    for row, (runner, trigger) in TRIGGER_ROWS.items():
+        run = partial(_produce, bench, "watchdog", n, f"prod-{len(row)}-{r}", runner, **trigger)
+        bench.measure(table, row, "watchdog", run, 900)
 
 
 def inprocess_role(target: h.Target, concurrency: int | None, jobs: int, use_asyncio: bool) -> None:
@@ -196,49 +194,41 @@ def pgqueuer_inprocess_role(target: h.Target, jobs: int) -> None:
     peer.worker_main(target, defaults=True)
 
 
+def _in_child(bench: h.Bench, log: str, role: Any, target: h.Target, jobs: int, **kwargs: Any) -> float:
+    """The ``RESULT`` of ``role`` in a child process, on an emptied queue of ``target``."""
+    h.truncate(target)
+    return float(h.Child(bench.workdir / f"inprocess-{log}.log", role, target=target, jobs=jobs, **kwargs).result(600))
+
+
 @h.scenario("inprocess", per_repeat=True, suite=True, options=h.JOBS)
 def inprocess(bench: h.Bench, r: int) -> None:
     """Jobs/s of a Runner / AsyncRunner draining in the enqueueing process vs in a process of its own."""
     target, jobs = bench.target("watchdog", "postgresql"), bench.opt("jobs", 20_000, 300)
-
-    def in_child(log: str, role: Any, db: h.Target = target, **kwargs: Any) -> Callable[[], float]:
-        """The ``RESULT`` of ``role`` in a child process, on an emptied queue of ``db``."""
-
-        def run() -> float:
-            h.truncate(db)
-            path = bench.workdir / f"inprocess-{log}-{r}.log"
-            return float(h.Child(path, role, target=db, jobs=jobs, **kwargs).result(600))
-
-        return run
-
     table = "drain, runner in-process vs a process of its own (jobs/s), PostgreSQL"
     bench.table(table, chart="inprocess.png")
     for use_asyncio in (False, True):
         options = {"concurrency": 4, "use_asyncio": use_asyncio}
-        inside = in_child(str(use_asyncio), inprocess_role, **options)
+        inside = partial(_in_child, bench, f"{use_asyncio}-{r}", inprocess_role, target, jobs, **options)
         separate = partial(bench.drain_once, "watchdog", target, jobs, f"separate-{r}", **options)
         for column, fn in h.rotate([("in-process", inside), ("separate process", separate)], r):
             bench.measure(table, f"{'AsyncRunner' if use_asyncio else 'Runner'}, concurrency 4", column, fn, 600)
     # Each queue with its defaults in the application's process, pgqueuer in-process beside.
-    defaults = "drain with defaults, in the application's process (jobs/s), PostgreSQL"
-    bench.table(defaults)
-    cells = [
-        (
-            f"watchdog {'AsyncRunner' if a else 'Runner'}",
-            in_child(f"defaults-{a}", inprocess_role, concurrency=None, use_asyncio=a),
+    table, row = "drain with defaults, in the application's process (jobs/s), PostgreSQL", "defaults, in-process"
+    cells = []
+    for a in (False, True):
+        run = partial(
+            _in_child, bench, f"defaults-{a}-{r}", inprocess_role, target, jobs, concurrency=None, use_asyncio=a
         )
-        for a in (False, True)
-    ]
+        cells.append((f"watchdog {'AsyncRunner' if a else 'Runner'}", run))
     if "pgqueuer" in bench.subjects:
-        cells.append(
-            ("pgqueuer", in_child("pgqueuer", pgqueuer_inprocess_role, bench.target("pgqueuer", "postgresql")))
-        )
+        peer = bench.target("pgqueuer", "postgresql")
+        cells.append(("pgqueuer", partial(_in_child, bench, f"pgqueuer-{r}", pgqueuer_inprocess_role, peer, jobs)))
     for column, fn in h.rotate(cells, r):
-        bench.measure(defaults, "defaults, in-process", column, fn, 600)
+        bench.measure(table, row, column, fn, 600)
     if r == bench.repeat - 1 and "pgqueuer" in bench.subjects:
         for column in ("watchdog Runner", "watchdog AsyncRunner"):
             goal = f"in-process drain with defaults >= 1.5x pgqueuer's in-process ({column})"
-            bench.check_median(goal, defaults, "defaults, in-process", column, lambda m: m >= 1.5, versus="pgqueuer")
+            bench.check_median(goal, table, row, column, lambda m: m >= 1.5, versus="pgqueuer")
 
 
 PROCESSES = {"--processes": {"help": "scaleout: runner processes (default 1,2,4,8)"}}
@@ -328,13 +318,10 @@ def scale(bench: h.Bench) -> None:
     table = f"scale, PostgreSQL, watchdog ({settled:,} settled and scheduled, {max(2000, settled // 10):,} queued)"
     prune_limit = max(100, min(10_000, settled // 200))  # the same number pruned in both: half the small one's history
     for label, rows in (("full", settled), ("1% of the history", max(1, settled // 100))):
-        target = bench.scratch("postgresql", f"scale_{rows}")
-        try:
+        with bench.database("postgresql", f"scale_{rows}", install=False) as target:
             for _ in range(bench.repeat):
                 started = time.perf_counter()
                 build_scale(target, rows)
                 bench.log(f"scale table ({label}) built in {time.perf_counter() - started:.0f}s")
                 run = partial(measure_scale, target, 20 - 15 * bench.quick, prune_limit)
                 bench.measure(table, "", label, run, 1800)
-        finally:
-            h.drop(target)

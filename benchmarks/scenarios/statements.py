@@ -30,13 +30,12 @@ def _claim_and_settle(conn: Any, batch: int) -> int:
 
 
 def _hot_round(target: h.Target, jobs: int, batch: int, tag: str) -> dict[str, float]:
-    """``jobs`` enqueued (untimed, VACUUM ANALYZE), then claimed ``batch`` at a time and settled
-    on one held autocommit connection: wall, client CPU and server CPU in us per job."""
-    eng = h.engine(target)
+    """``jobs`` enqueued (untimed, VACUUM ANALYZE), then claimed ``batch`` at a time and settled on
+    one held autocommit connection: wall, client CPU and server CPU in us per job."""
     h.run_sql(target, "TRUNCATE watchdog_jobs")
     h.Watchdog().enqueue_batch(target, jobs // 1000 or 1, min(jobs, 1000), tag)
     h.run_sql(target, "SELECT 1", analyse=True)
-    with eng.connect() as conn:
+    with h.disposed(h.engine(target)) as eng, eng.connect() as conn:
         conn = conn.execution_options(isolation_level="AUTOCOMMIT")
         pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
         done = sum(_claim_and_settle(conn, 1) for _ in range(10))  # psycopg prepares after the fifth execution
@@ -45,17 +44,16 @@ def _hot_round(target: h.Target, jobs: int, batch: int, tag: str) -> dict[str, f
         while taken := _claim_and_settle(conn, batch):
             measured += taken
         wall, cpu, server = time.perf_counter() - wall, time.process_time() - cpu, h.cpu_seconds(pid) - server
-    eng.dispose()
     if done + measured != (jobs // 1000 or 1) * min(jobs, 1000) + 1:
         raise h.ScenarioFailed(f"claimed {done + measured} jobs")
     figures = {"wall": wall, "client CPU": cpu, "server CPU": server}
     return {f"{name} (us/job)": seconds / measured * 1e6 for name, seconds in figures.items()}
 
 
-@h.scenario(
-    "hot-statements",
-    options={**h.JOBS, "--batch-sizes": {"help": "hot-statements: jobs per claim statement (default 1,10,50)"}},
-)
+BATCH_SIZES = {"--batch-sizes": {"help": "hot-statements: jobs per claim statement (default 1,10,50)"}}
+
+
+@h.scenario("hot-statements", options={**h.JOBS, **BATCH_SIZES})
 def hot_statements(bench: h.Bench) -> None:
     """Microseconds per job (wall, client CPU, server CPU) of store.claim + settle_many without a runner, PostgreSQL."""
     table = "claim + settle_many, one held connection (the server on this machine)"
@@ -66,8 +64,6 @@ def hot_statements(bench: h.Bench) -> None:
                 bench.measure(table, f"{b} per statement", "", partial(_hot_round, target, jobs, b, f"r{r}b{b}"))
 
 
-# -- the index review ------------------------------------------------------------------------
-
 MODEL = "model (as in model.py)"
 LIVE = "state IN ('delayed', 'queued', 'running')"
 BEFORE_W0008 = "the set before w0008 (7 entries per ready job)"
@@ -76,6 +72,7 @@ CANCELLATION_FULL = [
     "ALTER TABLE watchdog_jobs ADD CONSTRAINT uq_watchdog_jobs_cancellation_id UNIQUE (cancellation_id)",
 ]
 READY = ["CREATE INDEX ix_watchdog_jobs_ready ON watchdog_jobs (priority DESC, sequence) WHERE state = 'queued'"]
+KEPT_OUT = ("delayed", "settled", "rerun_of", "lease", "live_lane", "live_queue", "lane_history")
 #: Each variant: the DDL turning the model's index set into it.
 VARIANTS: dict[str, list[str]] = {
     MODEL: [],
@@ -95,23 +92,24 @@ VARIANTS: dict[str, list[str]] = {
     "- ix_watchdog_jobs_live_lane": ["DROP INDEX ix_watchdog_jobs_live_lane"],
     "- ix_watchdog_jobs_lane_history (added in w0010)": ["DROP INDEX ix_watchdog_jobs_lane_history"],
     "- the NOTIFY trigger (not an index)": ["ALTER TABLE watchdog_jobs DISABLE TRIGGER watchdog_jobs_queued"],
-    "PK + job_id unique only": ["DROP INDEX uq_watchdog_jobs_cancellation_id"]
-    + [
-        f"DROP INDEX ix_watchdog_jobs_{name}"
-        for name in ("delayed", "settled", "rerun_of", "lease", "live_lane", "live_queue", "lane_history")
+    "PK + job_id unique only": [
+        f"DROP INDEX {name}"
+        for name in ("uq_watchdog_jobs_cancellation_id", *(f"ix_watchdog_jobs_{name}" for name in KEPT_OUT))
     ],
 }
 
 
-def _build(target: h.Target, variant: str) -> None:
-    h.install_watchdog(target, fresh=True)
+def _build(bench: h.Bench, variant: str, name: str) -> h.Target:
+    """A database of its own with the model's tables turned into ``variant``."""
+    h.install_watchdog(target := bench.scratch("postgresql", name), fresh=True)
     for statement in VARIANTS[variant]:
         h.run_sql(target, statement)
+    return target
 
 
 class _Enqueuer:
-    """One variant's database: ``enqueue()`` through a Session, and the same statement alone
-    over psycopg (its parameter built beforehand, prepared): jobs/s per 1,000-job transaction."""
+    """One variant's database: ``enqueue()`` through a Session, and the same statement alone over
+    psycopg (its parameter built beforehand, prepared): jobs/s per 1,000-job transaction."""
 
     def __init__(self, target: h.Target) -> None:
         self.target, self.engine, sent = target, h.engine(target), []
@@ -155,8 +153,7 @@ def index_review(bench: h.Bench) -> None:
     clients: dict[str, _Enqueuer] = {}
     try:
         for i, variant in enumerate(VARIANTS):
-            _build(target := bench.scratch("postgresql", f"indexes{i}"), variant)
-            clients[variant] = _Enqueuer(target)
+            clients[variant] = _Enqueuer(_build(bench, variant, f"indexes{i}"))
         for b in range(batches):
             for variant in h.rotate(list(VARIANTS), b):
                 bench.record(table, "enqueue() (jobs/s)", variant, clients[variant].batch(f"e{b}"))
@@ -166,11 +163,10 @@ def index_review(bench: h.Bench) -> None:
             client.close()
             h.drop(client.target)
     # The claim beside a history: a database per index set, the rounds alternating.
-    pair = (MODEL, BEFORE_W0008)
-    targets = {variant: bench.scratch("postgresql", f"indexes_history{i}") for i, variant in enumerate(pair)}
+    targets: dict[str, h.Target] = {}
     try:
-        for variant, target in targets.items():
-            _build(target, variant)
+        for i, variant in enumerate((MODEL, BEFORE_W0008)):
+            targets[variant] = target = _build(bench, variant, f"indexes_history{i}")
             bench.log(f"{variant}: {rows:,} settled rows in {h.insert_jobs(target, rows, h.SETTLED):.1f}s")
         for r in range(bench.repeat):
             for variant, target in targets.items():
@@ -179,8 +175,6 @@ def index_review(bench: h.Bench) -> None:
     finally:
         h.drop(*targets.values())
 
-
-# -- the profile ---------------------------------------------------------------------------------
 
 #: (group, path fragments of the innermost frame's file), first match wins.
 GROUPS: list[tuple[str, tuple[str, ...]]] = [
