@@ -86,6 +86,7 @@ def test_enqueue_and_a_drain_run_on_sqlite(tmp_path: Path) -> None:
     assert '"errors": []' in out.read_text()
 
 
+@pytest.mark.slow  # ten seconds of child processes each: CI runs it, a day's run need not
 def test_the_executors_scenario_runs_on_sqlite(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     run = bench("executors", "--quick", "--dialects", "sqlite", "--jobs", "6", "--json", str(out), timeout=300)
@@ -95,6 +96,7 @@ def test_the_executors_scenario_runs_on_sqlite(tmp_path: Path) -> None:
     assert '"errors": []' in out.read_text()
 
 
+@pytest.mark.slow  # ten seconds of child processes each: CI runs it, a day's run need not
 def test_the_limits_scenario_runs_on_sqlite(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     run = bench(
