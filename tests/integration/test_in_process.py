@@ -147,9 +147,9 @@ def serve_under_load_then_sigterm(command: list[str], database: URL) -> None:
         assert took < BUDGET_S, took
         with engine.connect() as conn:
             orders = conn.execute(text("SELECT id, status FROM orders")).all()
-            jobs: dict[str, str | None] = dict(
-                conn.execute(text("SELECT job_id, outcome FROM watchdog_jobs")).tuples().all()
-            )
+            jobs: dict[str, str | None] = {
+                job_id: outcome for job_id, outcome in conn.execute(text("SELECT job_id, outcome FROM watchdog_jobs"))
+            }
         # An order exists if and only if its job does (one transaction each).
         assert {f"confirm-order-{order_id}" for order_id, _ in orders} == set(jobs)
         assert set(placed) | set(long_jobs) <= set(jobs)
