@@ -516,11 +516,20 @@ def test_processes_run_that_many_handlers_at_once_each_in_its_own_child(
     # Each blocks until shutdown stops it: on a loaded machine the second
     # child may take longer to start than the handler's default 30 s wait, and
     # a job that ended by itself would free its child for "c".
+    # Which two start is not asserted: the three are claimed together and reach
+    # the pool from the runner's threads in whatever order those run, so the
+    # last to arrive may be sent behind a running job although it was claimed
+    # before the job a new child took (see docs/howto/executors.md).
     add(engine, *(job(j, marks, wait=600) for j in ("a", "b", "c")))
+
+    def started() -> dict[str, int]:
+        return {j: found[0][1] for j in "abc" if (found := h.marks(marks, j, "started"))}
+
     with make(runners, {"q": h.blocking}, concurrency=2, grace=timedelta(0)).serving():
-        first = {j: h.wait_for_mark(marks, j, "started", timeout=120)[0] for j in ("a", "b")}
+        wait_until(lambda: len(started()) >= 2, timeout=120, what="two jobs started")
         time.sleep(0.5)
-        assert h.marks(marks, "c", "started") == []  # no third child
+        first = started()
+        assert len(first) == 2, first  # no third child
         assert len(set(first.values())) == 2 and os.getpid() not in first.values()
 
 
