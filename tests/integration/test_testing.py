@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -518,47 +519,45 @@ def test_advance_time_names_a_job_waiting_for_a_parent_in_a_queue_it_does_not_ru
     assert drain(engine, {"q": completed}, queues=["q"]) == []
 
 
-def _serve_held_parent(engine: Engine, release: threading.Event) -> tuple[Runner, threading.Thread]:
+@contextmanager
+def _held_parent(engine: Engine) -> Iterator[threading.Event]:
     """Another runner (a thread of this process, as a deployed worker would be)
-    serving queue ``other``, whose job ``parent`` is running -- held until
-    ``release`` is set -- when this returns."""
+    serving queue ``other``, whose job ``parent`` is running -- held until the
+    yielded event is set -- inside the block; ``dependent`` (queue ``q``)
+    waits for it. Released and stopped at the block's end."""
+    release = threading.Event()
     add(engine, Job("parent", "other"), Job("dependent", "q", after=["parent"]))
     other = Runner(engine, {"other": lambda job: release.wait(30) and None}, poll_interval=timedelta(seconds=0.05))
     thread = threading.Thread(target=other.run_forever, daemon=True)
     thread.start()
-    wait_until(lambda: read(engine, "parent").state is JobState.RUNNING, what="the other runner runs the parent")
-    return other, thread
+    try:
+        wait_until(lambda: read(engine, "parent").state is JobState.RUNNING, what="the other runner runs the parent")
+        yield release
+    finally:
+        release.set()
+        other.stop()
+        thread.join(30)
 
 
 def test_advance_time_waits_for_a_parent_another_runner_is_running(engine: Engine) -> None:
-    release = threading.Event()
-    other, thread = _serve_held_parent(engine, release)
-    try:
+    with _held_parent(engine) as release:
         # Held for a second: far longer than the drain's idle passes take on their own.
         threading.Timer(1.0, release.set).start()
         settled = drain(engine, {"q": completed}, queues=["q"], advance_time=True)
         assert ids(settled) == ["dependent"]
         assert read(engine, "parent").outcome is Outcome.COMPLETED
         assert read(engine, "dependent").outcome is Outcome.COMPLETED
-    finally:
-        release.set()
-        other.stop()
-        thread.join(30)
 
 
 async def test_drain_async_waits_for_a_parent_another_runner_is_running(engine: Engine) -> None:
-    release = threading.Event()
-    other, thread = _serve_held_parent(engine, release)
     async_engine = make_async_engine(engine)
     try:
-        threading.Timer(1.0, release.set).start()
-        settled = await drain_async(async_engine, {"q": completed}, queues=["q"], advance_time=True)
-        assert ids(settled) == ["dependent"]
-        assert read(engine, "parent").outcome is Outcome.COMPLETED
+        with _held_parent(engine) as release:
+            threading.Timer(1.0, release.set).start()
+            settled = await drain_async(async_engine, {"q": completed}, queues=["q"], advance_time=True)
+            assert ids(settled) == ["dependent"]
+            assert read(engine, "parent").outcome is Outcome.COMPLETED
     finally:
-        release.set()
-        other.stop()
-        thread.join(30)
         await async_engine.dispose()
 
 
@@ -566,18 +565,12 @@ def test_advance_time_names_a_running_parent_that_does_not_settle_in_time(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(testing, "DRAIN_RUNNING_PARENT_WAIT", 0.3)
-    release = threading.Event()
-    other, thread = _serve_held_parent(engine, release)
-    try:
+    with _held_parent(engine):
         started = time.monotonic()
         with pytest.raises(AssertionError, match=r": dependent \(waiting for parent: running in queue 'other'\)$"):
             drain(engine, {"q": completed}, queues=["q"], advance_time=True)
         assert time.monotonic() - started >= 0.3  # it waited for the parent first
         assert read(engine, "dependent").state is JobState.WAITING
-    finally:
-        release.set()
-        other.stop()
-        thread.join(30)
 
 
 async def test_drain_async_drains_a_chain_and_names_a_job_waiting_for_an_undrained_queue(engine: Engine) -> None:
