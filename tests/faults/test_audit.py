@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from itertools import pairwise
 from typing import Any
 
@@ -163,8 +163,17 @@ def test_audit_every_job_settled_once_and_no_overlapping_runs(
         assert row["recovery_count"] == len(requeues), (job_id, row, requeues)
         settling = [r for r in runs_by_job[job_id] if r["recovery_count"] == row["recovery_count"]]
         assert len(settling) == 1 and settling[0]["ended_ms"] is not None, (job_id, runs_by_job[job_id])
-    pids = {run["pid"] for runs in runs_by_job.values() for run in runs}
-    assert victim.pid in pids and len(pids) == processes + 1
+    runs_by_pid = Counter(run["pid"] for runs in runs_by_job.values() for run in runs)
+    worker_pids = {worker.name: worker.pid for worker in pool}
+    assert set(runs_by_pid) <= set(worker_pids.values()), (runs_by_pid, worker_pids)
+    assert runs_by_pid[victim.pid] > 0, f"the killed worker ran no job: {runs_by_pid}, {worker_pids}"
+    if dialect == "postgresql":
+        # Row locks let every worker claim beside the others. On SQLite the
+        # replacement waits for the one write lock under the busy handler,
+        # which is not first come, first served: in one CI run the
+        # replacement ran none of the 1,000 jobs, in a local one 2, while
+        # another worker ran 480 after them.
+        assert len(runs_by_pid) == processes + 1, f"{runs_by_pid}, {worker_pids}\n{workers.logs()}"
     print(
         f"\n{dialect} ({runner_kind}): {total} jobs, {processes}+1 processes x {threads} threads, "
         f"{elapsed:.1f}s, {reruns} job(s) run again after the SIGKILL/SIGSTOP"
