@@ -6,9 +6,11 @@ Part of :mod:`sqlalchemy_watchdog.store` (see its docstring).
 from __future__ import annotations
 
 import logging
+import re
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, cast
 
 from sqlalchemy import Connection
@@ -32,6 +34,43 @@ class _Precompiled:
     text: str
     defaults: Mapping[str, Any]
     positions: tuple[str, ...] | None
+    #: psycopg 3: the text with PostgreSQL's own ``$n`` placeholders and the
+    #: parameter name of each ``n`` (see :func:`_native`); None for others.
+    native: tuple[str, tuple[str, ...]] | None = None
+
+
+#: psycopg's named placeholder, and its escaped percent sign.
+_PYFORMAT = re.compile(r"%\((\w+)\)s|%%")
+
+
+def _native(text: str) -> tuple[str, tuple[str, ...]]:
+    """``text``'s ``%(name)s`` placeholders as ``$1``, ``$2``, ... (one number
+    per name, however often it appears) and ``%%`` as ``%``, with the names
+    in number order: what psycopg's query converter makes of it, done once.
+
+    psycopg caches that conversion only for statements of up to 4,096
+    characters; a longer one (the limited claim's one statement, 14,000; the
+    claim of four or more queues) was parsed for its placeholders in Python
+    at every execution -- 180 microseconds of the client's CPU per limited
+    claim. A ``RawCursor`` sends the converted text as it is.
+    """
+    numbers: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name is None:
+            return "%"
+        return f"${numbers.setdefault(name, len(numbers) + 1)}"
+
+    return _PYFORMAT.sub(number, text), tuple(numbers)
+
+
+@cache
+def _raw_cursor() -> type[Any]:
+    """psycopg's ``RawCursor`` (imported once a psycopg engine runs a hot statement)."""
+    import psycopg
+
+    return psycopg.RawCursor
 
 
 #: Per dialect (an engine's), per statement (by identity: the builders of
@@ -60,7 +99,8 @@ def _precompiled(dialect: Dialect, stmt: Executable) -> _Precompiled | None:
     result = None
     if plain and not compiled.literal_execute_params and not compiled.post_compile_params:
         positions = tuple(compiled.positiontup) if compiled.positional and compiled.positiontup else None
-        result = _Precompiled(compiled.string, defaults, positions)
+        native = _native(compiled.string) if dialect.driver == "psycopg" and dialect.paramstyle == "pyformat" else None
+        result = _Precompiled(compiled.string, defaults, positions, native)
     cached[id(stmt)] = (stmt, result)
     return result
 
@@ -108,10 +148,16 @@ def execute_rows(conn: Connection, stmt: Executable, params: Mapping[str, Any]) 
     # inside a transaction) propagate as they are, as from Connection.execute.
     dbapi_connection = conn.connection.dbapi_connection
     assert dbapi_connection is not None
+    text = pre.text
     cursor = None
     try:
-        cursor = dbapi_connection.cursor()
-        cursor.execute(pre.text, args)
+        if pre.native is not None and not conn.dialect.is_async:
+            text, names = pre.native
+            args = tuple(values[name] for name in names)
+            cursor = _raw_cursor()(dbapi_connection)
+        else:
+            cursor = dbapi_connection.cursor()
+        cursor.execute(text, args)
         # Every hot statement has RETURNING (and cursor.description would
         # build a column object per column per execute).
         rows: list[Sequence[Any]] = list(cursor.fetchall())
@@ -119,5 +165,5 @@ def execute_rows(conn: Connection, stmt: Executable, params: Mapping[str, Any]) 
     except conn.dialect.loaded_dbapi.Error as error:
         # Wrapped as DBAPIError, the connection invalidated on a disconnect,
         # the cursor closed otherwise: SQLAlchemy's own handling.
-        conn._handle_dbapi_exception(error, pre.text, args, cursor, None)
+        conn._handle_dbapi_exception(error, text, args, cursor, None)
     return rows

@@ -12,12 +12,19 @@ renewal, the settle (a completion, a retry) -- and checks its text.
 
 Not held to it: the one-statement claim of a limited queue
 (``claim_limited_at_once``, about 14,700 characters: the key walk, the room,
-the rate log and the cursor in one statement), which pays the conversion,
-about 0.15 ms, once per claim batch.
+the rate log and the cursor in one statement) and the claim of four or more
+queues. On a sync psycopg engine no hot statement pays the conversion at
+all: the store sends each with PostgreSQL's own ``$n`` placeholders,
+converted once, through a ``RawCursor`` (checked below). The limit still
+holds for the async driver and when SQLAlchemy events listen, which take
+psycopg's ordinary path.
 """
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
+import psycopg
 import pytest
 from psycopg import _queries
 from sqlalchemy import Engine, event
@@ -25,6 +32,7 @@ from sqlalchemy.orm import Session
 
 from sqlalchemy_watchdog import Decision, Job, Watchdog, enqueue, store
 from sqlalchemy_watchdog.gateway import SyncGateway
+from sqlalchemy_watchdog.store import views
 
 
 @pytest.mark.parametrize("dialect", ["postgresql"])
@@ -58,3 +66,53 @@ def test_every_statement_of_a_jobs_life_fits_psycopgs_query_cache(engine: Engine
     too_long = [(len(text), text[:80]) for text in sent if len(text) > limit]
     assert not too_long, f"statements longer than psycopg caches ({limit} characters): {too_long}"
     assert any(text.startswith("UPDATE watchdog_jobs AS j") for text in sent)  # the settle was among them
+
+
+class _Recording(psycopg.RawCursor):
+    """A real ``RawCursor`` that keeps the text of every query it executes."""
+
+    sent: ClassVar[list[str]] = []
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        _Recording.sent.append(query)
+        return super().execute(query, params, **kwargs)
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])
+def test_long_hot_statements_reach_psycopg_with_native_placeholders(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The limited claim (14,000 characters) and a claim of eight queues go to
+    the server as ``$n`` text through a ``RawCursor``: psycopg parses neither
+    for placeholders, and each claims what its limits and queues allow."""
+    monkeypatch.setattr(views, "_raw_cursor", lambda: _Recording)
+    _Recording.sent.clear()
+    watchdog = Watchdog(engine)
+    watchdog.set_limits("limited", concurrency=2)
+    queues = [f"q{i}" for i in range(8)]
+    watchdog.enqueue(
+        [Job(f"lim-{i}", "limited", key=f"k{i % 2}") for i in range(4)]
+        + [Job(f"{queue}-job", queue, priority=i) for i, queue in enumerate(queues)]
+    )
+    gateway = SyncGateway(engine)
+    limited = gateway.run(store.claim, queues=("limited",), limit=4, lease_ms=30_000)
+    assert sorted(c.job.job_id for c in limited.claimed) == ["lim-0", "lim-1"]  # the queue's concurrency
+    assert limited.held_back
+    several = gateway.run(store.claim, queues=tuple(queues), limit=3, lease_ms=30_000)
+    assert [c.job.job_id for c in several.claimed] == ["q7-job", "q6-job", "q5-job"]  # by priority
+    first = several.claimed[0]
+    done = gateway.run(store.settle, job_id=first.job.job_id, claim_token=first.token, decision=Decision.completed())
+    assert done.status is store.SettleStatus.SETTLED
+
+    long_texts = [text for text in _Recording.sent if len(text) > _queries.MAX_CACHED_STATEMENT_LENGTH]
+    assert len(long_texts) >= 2, [len(text) for text in _Recording.sent]
+    assert any("watchdog_limits" in text for text in long_texts)  # the limited claim
+    for text in _Recording.sent:
+        assert "%(" not in text and "$1" in text, text[:200]
+    assert any(text.startswith("UPDATE watchdog_jobs AS j") for text in _Recording.sent)  # the settle
+
+
+def test_native_placeholders_number_each_name_once_and_unescape_percent() -> None:
+    text, names = views._native("SELECT %(a)s::INTEGER, %(b)s, %(a)s, '100%%', '%%(a)s'")
+    assert text == "SELECT $1::INTEGER, $2, $1, '100%', '%(a)s'"
+    assert names == ("a", "b")
