@@ -18,6 +18,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
+from sqlalchemy.util import await_only
 
 log = logging.getLogger("sqlalchemy_watchdog.store")
 
@@ -71,6 +72,31 @@ def _raw_cursor() -> type[Any]:
     import psycopg
 
     return psycopg.RawCursor
+
+
+@cache
+def _raw_async_cursor() -> type[Any]:
+    """psycopg's ``AsyncRawCursor`` (as :func:`_raw_cursor`, for the async driver)."""
+    import psycopg
+
+    return psycopg.AsyncRawCursor
+
+
+def _execute_native_async(conn: Connection, text: str, args: tuple[Any, ...]) -> list[Sequence[Any]]:
+    """:func:`execute_rows` for async psycopg: the ``AsyncRawCursor`` on the
+    driver's connection, awaited from the greenlet the async engine runs its
+    sync API in (as SQLAlchemy's own adapted cursor awaits). Errors take
+    SQLAlchemy's path as in the sync case; the cursor is closed here."""
+    driver_connection = conn.connection.driver_connection
+    cursor = _raw_async_cursor()(driver_connection)
+    try:
+        await_only(cursor.execute(text, args))
+        rows: list[Sequence[Any]] = await_only(cursor.fetchall())
+    except conn.dialect.loaded_dbapi.Error as error:
+        conn._handle_dbapi_exception(error, text, args, None, None)
+    finally:
+        await_only(cursor.close())
+    return rows
 
 
 #: Per dialect (an engine's), per statement (by identity: the builders of
@@ -149,14 +175,14 @@ def execute_rows(conn: Connection, stmt: Executable, params: Mapping[str, Any]) 
     dbapi_connection = conn.connection.dbapi_connection
     assert dbapi_connection is not None
     text = pre.text
+    if pre.native is not None:
+        text, names = pre.native
+        args = tuple(values[name] for name in names)
+        if conn.dialect.is_async:
+            return _execute_native_async(conn, text, args)
     cursor = None
     try:
-        if pre.native is not None and not conn.dialect.is_async:
-            text, names = pre.native
-            args = tuple(values[name] for name in names)
-            cursor = _raw_cursor()(dbapi_connection)
-        else:
-            cursor = dbapi_connection.cursor()
+        cursor = _raw_cursor()(dbapi_connection) if pre.native is not None else dbapi_connection.cursor()
         cursor.execute(text, args)
         # Every hot statement has RETURNING (and cursor.description would
         # build a column object per column per execute).

@@ -13,11 +13,12 @@ renewal, the settle (a completion, a retry) -- and checks its text.
 Not held to it: the one-statement claim of a limited queue
 (``claim_limited_at_once``, about 14,700 characters: the key walk, the room,
 the rate log and the cursor in one statement) and the claim of four or more
-queues. On a sync psycopg engine no hot statement pays the conversion at
-all: the store sends each with PostgreSQL's own ``$n`` placeholders,
-converted once, through a ``RawCursor`` (checked below). The limit still
-holds for the async driver and when SQLAlchemy events listen, which take
-psycopg's ordinary path.
+queues. Without SQLAlchemy events listening no hot statement pays the
+conversion at all: the store sends each with PostgreSQL's own ``$n``
+placeholders, converted once, through a ``RawCursor`` or ``AsyncRawCursor``
+(checked below). The limit still holds when events listen (OpenTelemetry's
+SQLAlchemy instrumentation, this module's first test), which take psycopg's
+ordinary path.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from psycopg import _queries
 from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session
 
-from sqlalchemy_watchdog import Decision, Job, Watchdog, enqueue, store
-from sqlalchemy_watchdog.gateway import SyncGateway
+from sqlalchemy_watchdog import Decision, Job, Watchdog, WatchdogError, enqueue, store
+from sqlalchemy_watchdog.gateway import AsyncGateway, SyncGateway
 from sqlalchemy_watchdog.store import views
+from tests.conftest import make_async_engine
 
 
 @pytest.mark.parametrize("dialect", ["postgresql"])
@@ -87,13 +89,7 @@ def test_long_hot_statements_reach_psycopg_with_native_placeholders(
     for placeholders, and each claims what its limits and queues allow."""
     monkeypatch.setattr(views, "_raw_cursor", lambda: _Recording)
     _Recording.sent.clear()
-    watchdog = Watchdog(engine)
-    watchdog.set_limits("limited", concurrency=2)
-    queues = [f"q{i}" for i in range(8)]
-    watchdog.enqueue(
-        [Job(f"lim-{i}", "limited", key=f"k{i % 2}") for i in range(4)]
-        + [Job(f"{queue}-job", queue, priority=i) for i, queue in enumerate(queues)]
-    )
+    queues = _seed_limited_and_eight_queues(engine)
     gateway = SyncGateway(engine)
     limited = gateway.run(store.claim, queues=("limited",), limit=4, lease_ms=30_000)
     assert sorted(c.job.job_id for c in limited.claimed) == ["lim-0", "lim-1"]  # the queue's concurrency
@@ -103,13 +99,72 @@ def test_long_hot_statements_reach_psycopg_with_native_placeholders(
     first = several.claimed[0]
     done = gateway.run(store.settle, job_id=first.job.job_id, claim_token=first.token, decision=Decision.completed())
     assert done.status is store.SettleStatus.SETTLED
+    with pytest.raises(WatchdogError, match="SQLSTATE 22003"):  # a driver error, named as any other
+        gateway.run(store.claim, queues=("q0",), limit=1, lease_ms=2**63 - 1)
+    assert gateway.run(store.claim, queues=("q0",), limit=1, lease_ms=30_000).claimed
+    _assert_native(_Recording.sent)
 
-    long_texts = [text for text in _Recording.sent if len(text) > _queries.MAX_CACHED_STATEMENT_LENGTH]
-    assert len(long_texts) >= 2, [len(text) for text in _Recording.sent]
+
+def _seed_limited_and_eight_queues(engine: Engine) -> list[str]:
+    watchdog = Watchdog(engine)
+    watchdog.set_limits("limited", concurrency=2)
+    queues = [f"q{i}" for i in range(8)]
+    watchdog.enqueue(
+        [Job(f"lim-{i}", "limited", key=f"k{i % 2}") for i in range(4)]
+        + [Job(f"{queue}-job", queue, priority=i) for i, queue in enumerate(queues)]
+    )
+    return queues
+
+
+def _assert_native(sent: list[str]) -> None:
+    """The limited claim, the claim of eight queues and the settle were sent as ``$n`` text."""
+    long_texts = [text for text in sent if len(text) > _queries.MAX_CACHED_STATEMENT_LENGTH]
+    assert len(long_texts) >= 2, [len(text) for text in sent]
     assert any("watchdog_limits" in text for text in long_texts)  # the limited claim
-    for text in _Recording.sent:
+    for text in sent:
         assert "%(" not in text and "$1" in text, text[:200]
-    assert any(text.startswith("UPDATE watchdog_jobs AS j") for text in _Recording.sent)  # the settle
+    assert any(text.startswith("UPDATE watchdog_jobs AS j") for text in sent)  # the settle
+
+
+class _AsyncRecording(psycopg.AsyncRawCursor):
+    """:class:`_Recording` for the async driver."""
+
+    sent: ClassVar[list[str]] = []
+
+    async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        _AsyncRecording.sent.append(query)
+        return await super().execute(query, params, **kwargs)
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])
+async def test_long_hot_statements_reach_async_psycopg_with_native_placeholders(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same through an ``AsyncEngine``: the store's greenlet awaits an
+    ``AsyncRawCursor`` on the driver's connection."""
+    monkeypatch.setattr(views, "_raw_async_cursor", lambda: _AsyncRecording)
+    _AsyncRecording.sent.clear()
+    queues = _seed_limited_and_eight_queues(engine)
+    async_engine = make_async_engine(engine)
+    try:
+        gateway = AsyncGateway(async_engine)
+        limited = await gateway.run(store.claim, queues=("limited",), limit=4, lease_ms=30_000)
+        assert sorted(c.job.job_id for c in limited.claimed) == ["lim-0", "lim-1"]
+        several = await gateway.run(store.claim, queues=tuple(queues), limit=3, lease_ms=30_000)
+        assert [c.job.job_id for c in several.claimed] == ["q7-job", "q6-job", "q5-job"]
+        first = several.claimed[0]
+        done = await gateway.run(
+            store.settle, job_id=first.job.job_id, claim_token=first.token, decision=Decision.completed()
+        )
+        assert done.status is store.SettleStatus.SETTLED
+        # A driver error takes SQLAlchemy's path (wrapped, then named by the
+        # gateway's error mapping), and the engine goes on after it.
+        with pytest.raises(WatchdogError, match="SQLSTATE 22003"):
+            await gateway.run(store.claim, queues=("q0",), limit=1, lease_ms=2**63 - 1)  # bigint out of range
+        assert (await gateway.run(store.claim, queues=("q0",), limit=1, lease_ms=30_000)).claimed
+    finally:
+        await async_engine.dispose()
+    _assert_native(_AsyncRecording.sent)
 
 
 def test_native_placeholders_number_each_name_once_and_unescape_percent() -> None:
