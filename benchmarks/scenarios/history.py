@@ -100,10 +100,7 @@ def _prune_round(bench: h.Bench, target: h.Target, prune: bool, tag: str, sample
     """One runner process with its defaults (``prune``: and a retention of 7 days) and ``samples`` jobs
     enqueued one at a time: their latencies and what went."""
     options = {"retention_days": 7} if prune else {}
-    (child,) = bench.workers("watchdog", target, tag, defaults=True, latency=True, **options)
-    client = h.Watchdog().client(target)
-    try:
-        time.sleep(0.5)
+    with bench.idle_worker("watchdog", target, tag, **options) as (child, client):
         before = _prunable(target)
         if prune:  # measure only once the runner is deleting: its first batch has gone
             if before == 0:
@@ -114,9 +111,6 @@ def _prune_round(bench: h.Bench, target: h.Target, prune: bool, tag: str, sample
         started = time.perf_counter()
         values = bench.start_latencies(child, client.enqueue, tag, 2 if bench.quick else 3, samples, (0.03, 0.33))
         elapsed, after = time.perf_counter() - started, _prunable(target)
-    finally:
-        client.close()
-        child.stop()
     if prune and after == 0:
         raise h.ScenarioFailed(f"{tag}: every old row was pruned before the round ended; raise --rows")
     if prune and after >= before:

@@ -112,18 +112,17 @@ def _trigger(target: h.Target, *, enabled: bool = True, notify_always: bool = Fa
 def _produce(bench: h.Bench, name: str, jobs: int, tag: str, runner: bool = False, **trigger: bool) -> float:
     """16 producer processes enqueueing at once (``runner``: a worker with its defaults beside; ``trigger``:
     :func:`_trigger` meanwhile): jobs/s from the first start to the last end."""
-    target, go, children = bench.target(name, "postgresql"), bench.workdir / f"{tag}.go", []
+    target, go = bench.target(name, "postgresql"), bench.workdir / f"{tag}.go"
     bench.subjects[name].reset(target)
     try:
         if trigger:
             _trigger(target, **trigger)
-        children = bench.workers(name, target, tag, defaults=True) if runner else []
-        procs = bench.spawn(tag, 16, producer_role, subject=name, target=target, jobs=jobs, prefix=tag, go=str(go))
-        children += procs
-        go.touch()
-        windows = [proc.result(600) for proc in procs]
+        runners = bench.workers(name, target, tag, int(runner), defaults=True)  # a runner beside, or none
+        producers = bench.spawn(tag, 16, producer_role, subject=name, target=target, jobs=jobs, prefix=tag, go=str(go))
+        with runners, producers as procs:
+            go.touch()
+            windows = [proc.result(600) for proc in procs]
     finally:
-        h.stop_all(children)
         if trigger:
             _trigger(target)
     if (stored := h.run_sql(target, f"SELECT count(*) FROM {bench.subjects[name].table}")) < 16 * jobs:
