@@ -373,13 +373,11 @@ def serve_in_thread(runner: Any) -> Callable[[], None]:
 
 
 def drain_idle(subject: Any, target: Target, n: int, tag: str, warm: int, children: Sequence[Child] = ()) -> float:
-    """jobs/s of idle workers (``children``, or a runner on a thread): a moment to reach the LISTEN, then
-    ``warm`` jobs drained so every worker has connected and is idle again; then the clock runs from the
-    commit of ``n`` jobs in one transaction until the database shows none unfinished (polled every
-    5 ms, SQLite 20 ms); fails unless exactly ``n`` completed."""
+    """jobs/s of idle workers (``children``, or a runner on a thread) after ``warm`` jobs drained so every
+    worker has connected and is idle again; the timing: README.md, "What each figure means", the drain row."""
     with contextlib.closing(Probe(subject, target)) as probe:
         idle = lambda: not probe.live()
-        time.sleep(0.3)
+        time.sleep(0.3)  # a moment to reach the LISTEN
         subject.prefill(target, warm, f"{tag}-warm")
         poll_until(idle, timeout=60, interval=0.01, what="warm-up", children=children)
         before, started = probe.completed(), subject.prefill(target, n, tag)

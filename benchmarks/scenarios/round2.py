@@ -42,9 +42,8 @@ def txn(bench: h.Bench, r: int) -> None:
 
 
 def _txn_cost(target: h.Target, samples: int, warmup: int = 20) -> dict[str, float]:
-    """Each way of adding 1 or 100 rows to an open transaction: p50/p99 us and round trips (counted
-    by a listener in the warm-up rounds only: with a listener the store sends its hot statements
-    through SQLAlchemy's execution, and the timed rounds must not)."""
+    """Each way of adding 1 or 100 rows to an open transaction: p50/p99 us and round trips, counted
+    in the warm-up rounds only (why: README.md, the ``txn`` row)."""
     h.truncate(target)
     eng, sent, payload = h.engine(target), list[int](), {"note": "x" * 40}
     Base.metadata.create_all(eng)
@@ -174,11 +173,8 @@ def inprocess_role(target: h.Target, concurrency: int | None, jobs: int, use_asy
 
 
 def pgqueuer_inprocess_role(target: h.Target, jobs: int) -> None:
-    """pgqueuer with its defaults (``pgqueuer.run`` on uvloop) in this process, idle, while
-    another thread of it does the application's part as :func:`inprocess_role` does: enqueue
-    ``jobs`` jobs in one call and poll until none is left. pgqueuer takes the main thread
-    (its ``run`` installs signal handlers, which only the main thread may), the application
-    a second one: one process, one GIL, as for the watchdog rows."""
+    """pgqueuer with its defaults in this process, on the main thread (its ``run`` installs signal
+    handlers), and the application's part of :func:`inprocess_role` on a second (README.md, ``inprocess``)."""
     peer = h.PgQueuer()
 
     def application() -> None:

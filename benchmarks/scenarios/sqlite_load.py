@@ -1,13 +1,5 @@
-"""SQLite under a web application's writes: runners beside paced app writers on one file.
-
-``--apps`` processes each commit, at a steady total ``--rate``, one transaction that inserts
-a row of their own table and enqueues one job, from ``--threads`` request threads;
-``--runners`` processes run ``Runner(engine, concurrency=8)`` whose handler writes a row too.
-Per configuration (journal mode x busy timeout): enqueue-to-start percentiles, the drain
-rate under load and the backlog left, the app's transaction latency and failures, and the
-quiet-file rate (the same runners draining ``--quiet-jobs`` jobs, no app writers).
-``WATCHDOG_BENCH_TRACE=1``: each runner logs its store operations' retries and waits at exit.
-"""
+"""SQLite under a web application's writes: runners beside paced app writers on one file (the
+processes, figures and ``WATCHDOG_BENCH_TRACE=1``: README.md, "SQLite under an application's writes")."""
 
 from __future__ import annotations
 
