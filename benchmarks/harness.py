@@ -160,6 +160,8 @@ def job_rows(prefix: str, state: str = "settled", at: str | None = None, **colum
 
 #: Settled completed jobs of the benchmark's queue (no times): the claim's history.
 SETTLED = job_rows("history")
+#: The ``outcome`` column of a history with one job in 20 failed.
+FAILED_1_IN_20 = "CASE WHEN mod(n, 20) = 0 THEN 'failed' ELSE 'completed' END"
 
 
 def truncate(target: Target) -> None:

@@ -161,8 +161,7 @@ STATS_QUEUES = 10
 #: failed; then the queued ones over the last hour; round-robin over 10 queues.
 STATS_AT = f"({h.CLOCK_SQL['postgresql']} - CAST(:rows - n + 1 AS BIGINT) * :step)"
 STATS_QUEUE = f"'stats-' || mod(n, {STATS_QUEUES})"
-FAILED_1_IN_20 = "CASE WHEN mod(n, 20) = 0 THEN 'failed' ELSE 'completed' END"
-STATS_SETTLED = h.job_rows("settled", at=STATS_AT, queue_name=STATS_QUEUE, lane=STATS_QUEUE, outcome=FAILED_1_IN_20)
+STATS_SETTLED = h.job_rows("settled", at=STATS_AT, queue_name=STATS_QUEUE, lane=STATS_QUEUE, outcome=h.FAILED_1_IN_20)
 STATS_QUEUED = h.job_rows("queued", "queued", queue_name=STATS_QUEUE, lane=STATS_QUEUE, enqueued_at=STATS_AT)
 
 

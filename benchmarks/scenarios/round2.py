@@ -255,8 +255,8 @@ def build_scale(target: h.Target, settled: int) -> None:
     lanes, and one lane (``big-lane``) of 10,000 queued jobs; then VACUUM (ANALYZE)."""
     h.install_watchdog(target, fresh=True)
     old = f"{CLOCK} - 2 * {h.DAY_MS} - (:rows - n) * CAST(:step AS BIGINT)"
-    failed = "CASE WHEN mod(n, 20) = 0 THEN 'failed' ELSE 'completed' END"
-    h.insert_jobs(target, settled, _rows("old", at=old, outcome=failed), analyse=False, step=30 * h.DAY_MS // settled)
+    old_rows = _rows("old", at=old, outcome=h.FAILED_1_IN_20)
+    h.insert_jobs(target, settled, old_rows, analyse=False, step=30 * h.DAY_MS // settled)
     h.insert_jobs(target, 3600, _rows("recent", at=f"{CLOCK} - n * 1000"), analyse=False)
     later = f"{CLOCK} + {h.DAY_MS} + n * 100"
     delayed = _rows("later", "delayed", run_at=later, ready_at=later, enqueued_at=CLOCK)
