@@ -82,10 +82,9 @@ def _txn_cost(target: h.Target, samples: int, warmup: int = 20) -> dict[str, flo
                     trips[(kind, n)].append(statements)
     finally:
         eng.dispose()
-    out = {}
+    out: dict[str, float] = {}
     for kind, n in kinds:
-        for p in (50, 99):
-            out[f"{kind} {n} row(s) p{p} (us)"] = h.percentile(times[(kind, n)], p)
+        out |= h.percentiles(times[(kind, n)], (50, 99), f"{kind} {n} row(s) p{{}} (us)")
         out[f"{kind} {n} row(s) round trips"] = statistics.median(trips[(kind, n)])
     return out
 
