@@ -97,8 +97,7 @@ def _prunable(target: h.Target) -> int:
 
 
 def _prune_round(bench: h.Bench, target: h.Target, prune: bool, tag: str, samples: int) -> dict[str, Any]:
-    """One runner process with its defaults (``prune``: and a retention of 7 days) and ``samples`` jobs
-    enqueued one at a time: their latencies and what went."""
+    """One round of the prune row (README.md; ``prune``: with retention): latencies and what went."""
     options = {"retention_days": 7} if prune else {}
     with bench.idle_worker("watchdog", target, tag, **options) as (child, client):
         before = _prunable(target)

@@ -155,9 +155,8 @@ def producers(bench: h.Bench, r: int) -> None:
 
 
 def inprocess_role(target: h.Target, concurrency: int | None, jobs: int, use_asyncio: bool) -> None:
-    """A Runner thread (or an AsyncRunner on a thread's event loop) in this process, idle; the
-    main thread enqueues ``jobs`` jobs in one transaction and polls until none is left.
-    ``concurrency`` None: the runner's defaults (its engine too: the application's own)."""
+    """The in-process drain (README.md, the ``inprocess`` row); ``concurrency`` None: the runner's
+    defaults (its engine too: the application's own)."""
     from sqlalchemy.ext.asyncio import create_async_engine
 
     from sqlalchemy_watchdog.asyncio import AsyncRunner
@@ -249,9 +248,7 @@ def _rows(prefix: str, state: str = "settled", at: str | None = None, **columns:
 
 
 def build_scale(target: h.Target, settled: int) -> None:
-    """``settled`` jobs settled 2 to 32 days ago (one in 20 failed), 3,600 in the last hour,
-    as many jobs delayed a day and more ahead, a tenth queued over 1,000 queues and 10,000
-    lanes, and one lane (``big-lane``) of 10,000 queued jobs; then VACUUM (ANALYZE)."""
+    """The scale table of ``settled`` settled jobs (what it holds: README.md, the ``scale`` row)."""
     h.install_watchdog(target, fresh=True)
     old = f"{CLOCK} - 2 * {h.DAY_MS} - (:rows - n) * CAST(:step AS BIGINT)"
     old_rows = _rows("old", at=old, outcome=h.FAILED_1_IN_20)

@@ -209,9 +209,7 @@ def _operation(frames: list[str]) -> str:
 
 
 def _profile(bench: h.Bench, shape: str, jobs: int) -> dict[str, float]:
-    """A worker process as the drain rows start it, under ``py-spy record --gil`` (samples of the
-    thread holding the GIL) attached after a warm-up; ``jobs`` jobs drained; per job: wall
-    time, the worker's CPU, and each group's share of the samples times that CPU."""
+    """us per job of a drain worker under ``py-spy record --gil`` (README.md, "Where a drained job's time goes")."""
     kind, concurrency = shape.split("-c")
     count_sql = bool(bench.opt("count_sql", False))
     options = {"concurrency": int(concurrency), "use_asyncio": kind == "async", "count_sql": count_sql}
