@@ -160,6 +160,8 @@ def job_rows(prefix: str, state: str = "settled", at: str | None = None, **colum
 
 #: Settled completed jobs of the benchmark's queue (no times): the claim's history.
 SETTLED = job_rows("history")
+#: The ``outcome`` column of a history with one job in 20 failed.
+FAILED_1_IN_20 = "CASE WHEN mod(n, 20) = 0 THEN 'failed' ELSE 'completed' END"
 
 
 def truncate(target: Target) -> None:
@@ -373,13 +375,11 @@ def serve_in_thread(runner: Any) -> Callable[[], None]:
 
 
 def drain_idle(subject: Any, target: Target, n: int, tag: str, warm: int, children: Sequence[Child] = ()) -> float:
-    """jobs/s of idle workers (``children``, or a runner on a thread): a moment to reach the LISTEN, then
-    ``warm`` jobs drained so every worker has connected and is idle again; then the clock runs from the
-    commit of ``n`` jobs in one transaction until the database shows none unfinished (polled every
-    5 ms, SQLite 20 ms); fails unless exactly ``n`` completed."""
+    """jobs/s of idle workers (``children``, or a runner on a thread) after ``warm`` jobs drained so every
+    worker has connected and is idle again; the timing: README.md, "What each figure means", the drain row."""
     with contextlib.closing(Probe(subject, target)) as probe:
         idle = lambda: not probe.live()
-        time.sleep(0.3)
+        time.sleep(0.3)  # a moment to reach the LISTEN
         subject.prefill(target, warm, f"{tag}-warm")
         poll_until(idle, timeout=60, interval=0.01, what="warm-up", children=children)
         before, started = probe.completed(), subject.prefill(target, n, tag)
@@ -974,46 +974,55 @@ class Bench:
         finally:
             drop(target)
 
-    def workers(self, subject: str, target: Target, tag: str, procs: int = 1, **options: Any) -> list[Child]:
-        """``procs`` worker processes of ``subject`` (see ``worker_main``), each ready."""
+    def workers(
+        self, subject: str, target: Target, tag: str, procs: int = 1, **options: Any
+    ) -> contextlib.AbstractContextManager[list[Child]]:
+        """:meth:`spawn` ``procs`` worker processes of ``subject`` (see ``worker_main``)."""
         return self.spawn(f"{tag}-{subject}", procs, worker_role, subject=subject, target=target, **options)
 
-    def spawn(self, tag: str, n: int, func: Callable[..., Any], **kwargs: Any) -> list[Child]:
-        """``n`` children running ``func(**kwargs)`` (logs ``<tag>-<i>.log``), each ready."""
+    @contextlib.contextmanager
+    def spawn(self, tag: str, n: int, func: Callable[..., Any], **kwargs: Any) -> Iterator[list[Child]]:
+        """``n`` children running ``func(**kwargs)`` (logs ``<tag>-<i>.log``), each ready; stopped after the block."""
         children = [Child(self.workdir / f"{tag}-{i}.log", func, **kwargs) for i in range(n)]
         try:
             for child in children:
                 child.wait_ready(60)
-        except BaseException:
+            yield children
+        finally:
             stop_all(children)
-            raise
-        return children
+
+    def subject(self, name: str) -> Any:
+        """The run's adapter of ``name``, or a new one if ``--subjects`` left it out."""
+        return self.subjects[name] if name in self.subjects else SUBJECTS[name]()
 
     def drain_once(self, subject: str, target: Target, n: int, tag: str, procs: int = 1, **options: Any) -> float:
         """:func:`drain_idle` of ``procs`` fresh worker processes (one warm-up job each) on an emptied queue."""
-        sub = self.subjects[subject] if subject in self.subjects else SUBJECTS[subject]()
+        sub = self.subject(subject)
         sub.reset(target)
-        children = self.workers(subject, target, tag, procs, **options)
-        try:
+        with self.workers(subject, target, tag, procs, **options) as children:
             return drain_idle(sub, target, n, tag, procs, children)
-        finally:
-            stop_all(children)
+
+    @contextlib.contextmanager
+    def idle_worker(self, subject: str, target: Target, tag: str, **options: Any) -> Iterator[tuple[Child, Any]]:
+        """One ``subject`` worker with its defaults whose handler reports its starts, and a client of
+        the subject; the block runs once the worker had half a second to reach its idle wait."""
+        with self.workers(subject, target, tag, defaults=True, latency=True, **options) as (child,):
+            client = self.subject(subject).client(target)
+            try:
+                time.sleep(0.5)
+                yield child, client
+            finally:
+                client.close()
 
     def latencies(
         self, subject: str, target: Target, tag: str, warmup: int, samples: int, enqueue: Any = None, **kw: Any
     ) -> list[float]:
-        """One ``subject`` worker with its defaults, idle, on an emptied queue; :meth:`start_latencies`
-        of its handler through a client of the subject (``enqueue(client, key)``: how a job goes in)."""
+        """:meth:`idle_worker` on an emptied queue; :meth:`start_latencies` of its handler through
+        the client (``enqueue(client, key)``: how a job goes in)."""
         self.subjects[subject].reset(target)
-        (child,) = self.workers(subject, target, tag, defaults=True, latency=True)
-        client = self.subjects[subject].client(target)
-        try:
-            time.sleep(0.5)  # let the worker reach its idle wait
+        with self.idle_worker(subject, target, tag) as (child, client):
             go = partial(enqueue, client) if enqueue else client.enqueue
             return self.start_latencies(child, go, tag, warmup, samples, **kw)
-        finally:
-            client.close()
-            child.stop()
 
     @staticmethod
     def start_latencies(

@@ -247,10 +247,8 @@ def otel_overhead(bench: h.Bench) -> None:
 # -- executors -------------------------------------------------------------------------------
 
 EXEC_QUEUE = "bench-exec"
-#: How often the drain's end is looked for. The drain is timed by the database's own
-#: timestamps (see :func:`_drain`), so the look may be rare: each is a query from the runner's
-#: own process, which on 2 cores takes CPU from the children (every 20 ms, as once, that was
-#: 50 queries a second).
+#: How often the drain's end is looked for: rarely, as the drain is timed by the database's own
+#: timestamps (README.md, "Executors": on 2 cores, every 20 ms took CPU from the children).
 DRAINED_POLL_S = 0.2
 
 
@@ -273,11 +271,8 @@ def _loops_for(ms: float, probe: int = 200_000) -> int:
 
 
 def _drain(target: h.Target, handler: Any, n: int, loops: int, tag: str, **options: Any) -> float:
-    """Jobs/s of one runner with its default settings (``options``: its executor or
-    concurrency) serving ``n`` jobs of ``handler``, started after a warm-up that starts every
-    child: ``n`` over the time from the first claim (``started_at``) to the last settle
-    (``settled_at``), both on the database clock -- the runner's throughput while busy, with
-    neither its pick-up of the first job nor the look for the drain's end in it."""
+    """Jobs/s of one runner with its defaults (``options``: its executor or concurrency) serving ``n``
+    jobs of ``handler`` after a warm-up: first claim to last settle on the database clock (README.md, "Executors")."""
     h.truncate(target)
     with h.disposed(h.engine(target)) as eng:
         watchdog = Watchdog(eng)

@@ -97,13 +97,9 @@ def _prunable(target: h.Target) -> int:
 
 
 def _prune_round(bench: h.Bench, target: h.Target, prune: bool, tag: str, samples: int) -> dict[str, Any]:
-    """One runner process with its defaults (``prune``: and a retention of 7 days) and ``samples`` jobs
-    enqueued one at a time: their latencies and what went."""
+    """One round of the prune row (README.md; ``prune``: with retention): latencies and what went."""
     options = {"retention_days": 7} if prune else {}
-    (child,) = bench.workers("watchdog", target, tag, defaults=True, latency=True, **options)
-    client = h.Watchdog().client(target)
-    try:
-        time.sleep(0.5)
+    with bench.idle_worker("watchdog", target, tag, **options) as (child, client):
         before = _prunable(target)
         if prune:  # measure only once the runner is deleting: its first batch has gone
             if before == 0:
@@ -114,9 +110,6 @@ def _prune_round(bench: h.Bench, target: h.Target, prune: bool, tag: str, sample
         started = time.perf_counter()
         values = bench.start_latencies(child, client.enqueue, tag, 2 if bench.quick else 3, samples, (0.03, 0.33))
         elapsed, after = time.perf_counter() - started, _prunable(target)
-    finally:
-        client.close()
-        child.stop()
     if prune and after == 0:
         raise h.ScenarioFailed(f"{tag}: every old row was pruned before the round ended; raise --rows")
     if prune and after >= before:
@@ -167,8 +160,7 @@ STATS_QUEUES = 10
 #: failed; then the queued ones over the last hour; round-robin over 10 queues.
 STATS_AT = f"({h.CLOCK_SQL['postgresql']} - CAST(:rows - n + 1 AS BIGINT) * :step)"
 STATS_QUEUE = f"'stats-' || mod(n, {STATS_QUEUES})"
-FAILED_1_IN_20 = "CASE WHEN mod(n, 20) = 0 THEN 'failed' ELSE 'completed' END"
-STATS_SETTLED = h.job_rows("settled", at=STATS_AT, queue_name=STATS_QUEUE, lane=STATS_QUEUE, outcome=FAILED_1_IN_20)
+STATS_SETTLED = h.job_rows("settled", at=STATS_AT, queue_name=STATS_QUEUE, lane=STATS_QUEUE, outcome=h.FAILED_1_IN_20)
 STATS_QUEUED = h.job_rows("queued", "queued", queue_name=STATS_QUEUE, lane=STATS_QUEUE, enqueued_at=STATS_AT)
 
 

@@ -145,11 +145,8 @@ def _limited_drain(bench: h.Bench, target: h.Target, n: int, tag: str, keyed: bo
         Watchdog(eng).clear_limits(h.QUEUE)
         if limits is not None:
             Watchdog(eng).set_limits(h.QUEUE, **limits)
-    children = bench.workers("watchdog", target, tag, 1, concurrency=16)
-    try:
+    with bench.workers("watchdog", target, tag, 1, concurrency=16) as children:
         return h.drain_idle(subject, target, n, tag, 1, children)
-    finally:
-        h.stop_all(children)
 
 
 @h.scenario("limits", per_repeat=True, options=h.JOBS)

@@ -42,9 +42,8 @@ def txn(bench: h.Bench, r: int) -> None:
 
 
 def _txn_cost(target: h.Target, samples: int, warmup: int = 20) -> dict[str, float]:
-    """Each way of adding 1 or 100 rows to an open transaction: p50/p99 us and round trips (counted
-    by a listener in the warm-up rounds only: with a listener the store sends its hot statements
-    through SQLAlchemy's execution, and the timed rounds must not)."""
+    """Each way of adding 1 or 100 rows to an open transaction: p50/p99 us and round trips, counted
+    in the warm-up rounds only (why: README.md, the ``txn`` row)."""
     h.truncate(target)
     eng, sent, payload = h.engine(target), list[int](), {"note": "x" * 40}
     Base.metadata.create_all(eng)
@@ -83,10 +82,9 @@ def _txn_cost(target: h.Target, samples: int, warmup: int = 20) -> dict[str, flo
                     trips[(kind, n)].append(statements)
     finally:
         eng.dispose()
-    out = {}
+    out: dict[str, float] = {}
     for kind, n in kinds:
-        for p in (50, 99):
-            out[f"{kind} {n} row(s) p{p} (us)"] = h.percentile(times[(kind, n)], p)
+        out |= h.percentiles(times[(kind, n)], (50, 99), f"{kind} {n} row(s) p{{}} (us)")
         out[f"{kind} {n} row(s) round trips"] = statistics.median(trips[(kind, n)])
     return out
 
@@ -112,18 +110,17 @@ def _trigger(target: h.Target, *, enabled: bool = True, notify_always: bool = Fa
 def _produce(bench: h.Bench, name: str, jobs: int, tag: str, runner: bool = False, **trigger: bool) -> float:
     """16 producer processes enqueueing at once (``runner``: a worker with its defaults beside; ``trigger``:
     :func:`_trigger` meanwhile): jobs/s from the first start to the last end."""
-    target, go, children = bench.target(name, "postgresql"), bench.workdir / f"{tag}.go", []
+    target, go = bench.target(name, "postgresql"), bench.workdir / f"{tag}.go"
     bench.subjects[name].reset(target)
     try:
         if trigger:
             _trigger(target, **trigger)
-        children = bench.workers(name, target, tag, defaults=True) if runner else []
-        procs = bench.spawn(tag, 16, producer_role, subject=name, target=target, jobs=jobs, prefix=tag, go=str(go))
-        children += procs
-        go.touch()
-        windows = [proc.result(600) for proc in procs]
+        runners = bench.workers(name, target, tag, int(runner), defaults=True)  # a runner beside, or none
+        producers = bench.spawn(tag, 16, producer_role, subject=name, target=target, jobs=jobs, prefix=tag, go=str(go))
+        with runners, producers as procs:
+            go.touch()
+            windows = [proc.result(600) for proc in procs]
     finally:
-        h.stop_all(children)
         if trigger:
             _trigger(target)
     if (stored := h.run_sql(target, f"SELECT count(*) FROM {bench.subjects[name].table}")) < 16 * jobs:
@@ -158,9 +155,8 @@ def producers(bench: h.Bench, r: int) -> None:
 
 
 def inprocess_role(target: h.Target, concurrency: int | None, jobs: int, use_asyncio: bool) -> None:
-    """A Runner thread (or an AsyncRunner on a thread's event loop) in this process, idle; the
-    main thread enqueues ``jobs`` jobs in one transaction and polls until none is left.
-    ``concurrency`` None: the runner's defaults (its engine too: the application's own)."""
+    """The in-process drain (README.md, the ``inprocess`` row); ``concurrency`` None: the runner's
+    defaults (its engine too: the application's own)."""
     from sqlalchemy.ext.asyncio import create_async_engine
 
     from sqlalchemy_watchdog.asyncio import AsyncRunner
@@ -175,11 +171,8 @@ def inprocess_role(target: h.Target, concurrency: int | None, jobs: int, use_asy
 
 
 def pgqueuer_inprocess_role(target: h.Target, jobs: int) -> None:
-    """pgqueuer with its defaults (``pgqueuer.run`` on uvloop) in this process, idle, while
-    another thread of it does the application's part as :func:`inprocess_role` does: enqueue
-    ``jobs`` jobs in one call and poll until none is left. pgqueuer takes the main thread
-    (its ``run`` installs signal handlers, which only the main thread may), the application
-    a second one: one process, one GIL, as for the watchdog rows."""
+    """pgqueuer with its defaults in this process, on the main thread (its ``run`` installs signal
+    handlers), and the application's part of :func:`inprocess_role` on a second (README.md, ``inprocess``)."""
     peer = h.PgQueuer()
 
     def application() -> None:
@@ -255,13 +248,11 @@ def _rows(prefix: str, state: str = "settled", at: str | None = None, **columns:
 
 
 def build_scale(target: h.Target, settled: int) -> None:
-    """``settled`` jobs settled 2 to 32 days ago (one in 20 failed), 3,600 in the last hour,
-    as many jobs delayed a day and more ahead, a tenth queued over 1,000 queues and 10,000
-    lanes, and one lane (``big-lane``) of 10,000 queued jobs; then VACUUM (ANALYZE)."""
+    """The scale table of ``settled`` settled jobs (what it holds: README.md, the ``scale`` row)."""
     h.install_watchdog(target, fresh=True)
     old = f"{CLOCK} - 2 * {h.DAY_MS} - (:rows - n) * CAST(:step AS BIGINT)"
-    failed = "CASE WHEN mod(n, 20) = 0 THEN 'failed' ELSE 'completed' END"
-    h.insert_jobs(target, settled, _rows("old", at=old, outcome=failed), analyse=False, step=30 * h.DAY_MS // settled)
+    old_rows = _rows("old", at=old, outcome=h.FAILED_1_IN_20)
+    h.insert_jobs(target, settled, old_rows, analyse=False, step=30 * h.DAY_MS // settled)
     h.insert_jobs(target, 3600, _rows("recent", at=f"{CLOCK} - n * 1000"), analyse=False)
     later = f"{CLOCK} + {h.DAY_MS} + n * 100"
     delayed = _rows("later", "delayed", run_at=later, ready_at=later, enqueued_at=CLOCK)

@@ -1,13 +1,5 @@
-"""SQLite under a web application's writes: runners beside paced app writers on one file.
-
-``--apps`` processes each commit, at a steady total ``--rate``, one transaction that inserts
-a row of their own table and enqueues one job, from ``--threads`` request threads;
-``--runners`` processes run ``Runner(engine, concurrency=8)`` whose handler writes a row too.
-Per configuration (journal mode x busy timeout): enqueue-to-start percentiles, the drain
-rate under load and the backlog left, the app's transaction latency and failures, and the
-quiet-file rate (the same runners draining ``--quiet-jobs`` jobs, no app writers).
-``WATCHDOG_BENCH_TRACE=1``: each runner logs its store operations' retries and waits at exit.
-"""
+"""SQLite under a web application's writes: runners beside paced app writers on one file (the
+processes, figures and ``WATCHDOG_BENCH_TRACE=1``: README.md, "SQLite under an application's writes")."""
 
 from __future__ import annotations
 
@@ -182,23 +174,25 @@ def one_run(bench: h.Bench, journal: str, timeout: float | None, tag: str) -> di
     app_tables().create_all(eng)
     common = {"db": db, "journal": journal, "timeout": timeout}
     each_runner = {"concurrency": opt("concurrency", 8), "poll_interval": opt("poll_interval", None), **common}
-    runners, apps = bench.spawn(f"{tag}-runner", opt("runners", 2), runner_role, **each_runner), []
-    try:
-        time.sleep(0.5)
-        start_at = time.time() + 2.0
-        each = {"rate": rate / apps_n, "duration": duration, "start": start_at, "threads": opt("threads", 8)}
-        log = lambda k: bench.workdir / f"{tag}-app{k}.log"
-        apps = [h.Child(log(k), app_role, index=k, **each, **common) for k in range(apps_n)]
-        for child in apps:
-            child.wait_ready()
-        rows = [row for child in apps for row in child.result(duration + 120)]
-        window_end, backlog = time.time(), _live(db)
-        drained = _drain(db, opt("drain_timeout", 60.0), 0.2)
-        Watchdog(eng).enqueue([Job(f"q-{i}", QUEUE) for i in range(opt("quiet_jobs", 2000, 300))])  # the quiet file
-        _drain(db, opt("drain_timeout", 60.0), 0.1)
-    finally:
-        eng.dispose()
-        h.stop_all(apps + runners)
+    apps: list[h.Child] = []
+    with bench.spawn(f"{tag}-runner", opt("runners", 2), runner_role, **each_runner) as runners:
+        try:
+            time.sleep(0.5)
+            start_at = time.time() + 2.0
+            each = {"rate": rate / apps_n, "duration": duration, "start": start_at, "threads": opt("threads", 8)}
+            log = lambda k: bench.workdir / f"{tag}-app{k}.log"
+            apps = [h.Child(log(k), app_role, index=k, **each, **common) for k in range(apps_n)]
+            for child in apps:
+                child.wait_ready()
+            rows = [row for child in apps for row in child.result(duration + 120)]
+            window_end, backlog = time.time(), _live(db)
+            drained = _drain(db, opt("drain_timeout", 60.0), 0.2)
+            quiet_file = [Job(f"q-{i}", QUEUE) for i in range(opt("quiet_jobs", 2000, 300))]
+            Watchdog(eng).enqueue(quiet_file)
+            _drain(db, opt("drain_timeout", 60.0), 0.1)
+        finally:
+            eng.dispose()
+            h.stop_all(apps)
     with sqlite3.connect(db) as conn:
         starts = dict(conn.execute("SELECT job_id, min(started_at) FROM handled GROUP BY job_id").fetchall())
     ok = [r for r in rows if r[3] is None]

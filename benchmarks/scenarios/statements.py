@@ -4,6 +4,7 @@ and a py-spy profile of a draining runner process."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -208,18 +209,16 @@ def _operation(frames: list[str]) -> str:
 
 
 def _profile(bench: h.Bench, shape: str, jobs: int) -> dict[str, float]:
-    """A worker process as the drain rows start it, under ``py-spy record --gil`` (samples of the
-    thread holding the GIL) attached after a warm-up; ``jobs`` jobs drained; per job: wall
-    time, the worker's CPU, and each group's share of the samples times that CPU."""
+    """us per job of a drain worker under ``py-spy record --gil`` (README.md, "Where a drained job's time goes")."""
     kind, concurrency = shape.split("-c")
-    target = bench.scratch("postgresql", f"profile_{kind}_{concurrency}")
-    h.install_watchdog(target)
     count_sql = bool(bench.opt("count_sql", False))
     options = {"concurrency": int(concurrency), "use_asyncio": kind == "async", "count_sql": count_sql}
-    stacks, spy = bench.workdir / f"{shape}.txt", None
-    (child,) = bench.workers("watchdog", target, f"profile-{shape}", **options)
-    probe, subject = h.Probe(h.Watchdog(), target), h.Watchdog()
-    try:
+    stacks, subject = bench.workdir / f"{shape}.txt", h.Watchdog()
+    with (
+        bench.database("postgresql", f"profile_{kind}_{concurrency}") as target,
+        bench.workers("watchdog", target, f"profile-{shape}", **options) as (child,),
+        contextlib.closing(h.Probe(subject, target)) as probe,
+    ):
         time.sleep(0.5)
         subject.prefill(target, 20, "warm")
         h.poll_until(lambda: not probe.live(), timeout=60, interval=0.005, what="warm-up")
@@ -227,19 +226,17 @@ def _profile(bench: h.Bench, shape: str, jobs: int) -> dict[str, float]:
         rate, pid = str(int(bench.opt("rate", 1000))), str(child.proc.pid)
         argv = [spy_bin, "record", "--gil", "--format", "raw", "--rate", rate, "--output", str(stacks), "--pid", pid]
         spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(bench.workdir / f"{shape}-py-spy.log", "w"))
-        time.sleep(1.0)
-        cpu = h.cpu_seconds(child.proc.pid)
-        started = subject.prefill(target, jobs, "profile")
-        finished = h.poll_until(lambda: not probe.live(), timeout=600, interval=0.005, what="drain")
-        cpu = h.cpu_seconds(child.proc.pid) - cpu
-        spy.send_signal(2)
-        spy.wait(timeout=60)
-    finally:
-        probe.close()
-        if spy is not None and spy.poll() is None:
-            spy.kill()
-        h.stop_all([child])
-        h.drop(target)
+        try:
+            time.sleep(1.0)
+            cpu = h.cpu_seconds(child.proc.pid)
+            started = subject.prefill(target, jobs, "profile")
+            finished = h.poll_until(lambda: not probe.live(), timeout=600, interval=0.005, what="drain")
+            cpu = h.cpu_seconds(child.proc.pid) - cpu
+            spy.send_signal(2)
+            spy.wait(timeout=60)
+        finally:
+            if spy.poll() is None:
+                spy.kill()
     groups: collections.Counter[str] = collections.Counter()
     operations: collections.Counter[str] = collections.Counter()
     for line in stacks.read_text().splitlines():  # py-spy's raw format: frame;frame;... count
