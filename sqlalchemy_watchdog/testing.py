@@ -466,19 +466,27 @@ def _parent(parent: tuple[str, str | None, str | None]) -> str:
 
 def _waiting(engine: Engine, queues: Iterable[str]) -> _Left:
     """Jobs of ``queues`` still waiting to run (delayed, or queued unpaused),
-    else those waiting for their parents."""
+    else those waiting for their parents.
+
+    The jobs waiting for parents are read first, the ready ones after, in
+    two statements: a job that another runner's settle of its last parent
+    releases (``waiting`` to ``queued``) between them is then seen in one
+    of the two -- waiting if the release commits after the first read,
+    queued if before the second. Read the other way round, a release
+    between the reads hid the job from both and the drain ended without
+    running it."""
     gateway = SyncGateway(engine)
     names = list(queues)
-    ready = gateway.perform(gateway.writing, "drain", store.waiting_jobs, names)
-    return _left(ready, {} if ready else gateway.perform(gateway.writing, "drain", store.waiting_for, names))
+    waiting = gateway.perform(gateway.writing, "drain", store.waiting_for, names)
+    return _left(gateway.perform(gateway.writing, "drain", store.waiting_jobs, names), waiting)
 
 
 async def _waiting_async(engine: AsyncEngine, queues: Iterable[str]) -> _Left:
-    """:func:`_waiting` on an ``AsyncEngine``."""
+    """:func:`_waiting` on an ``AsyncEngine`` (the same order of reads)."""
     gateway = AsyncGateway(engine)
     names = list(queues)
-    ready = await gateway.run(store.waiting_jobs, names)
-    return _left(ready, {} if ready else await gateway.run(store.waiting_for, names))
+    waiting = await gateway.run(store.waiting_for, names)
+    return _left(await gateway.run(store.waiting_jobs, names), waiting)
 
 
 class _IdlePasses:

@@ -33,6 +33,7 @@ from sqlalchemy_watchdog import (
     testing,
 )
 from sqlalchemy_watchdog import asyncio as wd_asyncio
+from sqlalchemy_watchdog import statements as sql
 from sqlalchemy_watchdog.testing import (
     ANY,
     RunnerFactory,
@@ -547,6 +548,59 @@ def test_advance_time_waits_for_a_parent_another_runner_is_running(engine: Engin
         assert ids(settled) == ["dependent"]
         assert read(engine, "parent").outcome is Outcome.COMPLETED
         assert read(engine, "dependent").outcome is Outcome.COMPLETED
+
+
+@contextmanager
+def _parent_settles_after_the_first_read(
+    engine: Engine, release: threading.Event, listened: Engine | None = None
+) -> Iterator[threading.Event]:
+    """Right after the drain's first read of an idle pass -- the jobs still
+    ready or the jobs waiting for parents, whichever it makes first -- let
+    the held parent go and wait until its settle has released ``dependent``,
+    so that the release commits between the drain's two reads. ``listened``:
+    the engine the drain runs on (an ``AsyncEngine``'s ``sync_engine``), when
+    it is not ``engine``."""
+    reads = (sql.waiting_jobs(), sql.waiting_for())
+    listened = engine if listened is None else listened
+    fired = threading.Event()
+
+    def after_first_read(conn: Any, clauseelement: Any, *args: Any) -> None:
+        if fired.is_set() or not any(clauseelement is statement for statement in reads):
+            return
+        fired.set()
+        release.set()
+        wait_until(lambda: read(engine, "dependent").state is JobState.QUEUED, what="the parent's settle")
+
+    event.listen(listened, "after_execute", after_first_read)
+    try:
+        yield fired
+    finally:
+        event.remove(listened, "after_execute", after_first_read)
+
+
+# Commits between two statements of a drain: PostgreSQL (on SQLite each read's
+# transaction holds the write lock, so the parent cannot settle inside it).
+@pytest.mark.dialect_specific
+@pytest.mark.parametrize("dialect", ["postgresql"])
+def test_a_parent_settled_between_the_drains_two_reads_still_has_its_dependent_run(engine: Engine) -> None:
+    with _held_parent(engine) as release, _parent_settles_after_the_first_read(engine, release) as fired:
+        settled = drain(engine, {"q": completed}, queues=["q"], advance_time=True)
+    assert fired.is_set()
+    assert ids(settled) == ["dependent"]
+
+
+@pytest.mark.dialect_specific
+@pytest.mark.parametrize("dialect", ["postgresql"])
+async def test_drain_async_runs_a_dependent_released_between_its_two_reads(engine: Engine) -> None:
+    async_engine = make_async_engine(engine)
+    try:
+        with _held_parent(engine) as release:
+            with _parent_settles_after_the_first_read(engine, release, async_engine.sync_engine) as fired:
+                settled = await drain_async(async_engine, {"q": completed}, queues=["q"], advance_time=True)
+        assert fired.is_set()
+        assert ids(settled) == ["dependent"]
+    finally:
+        await async_engine.dispose()
 
 
 async def test_drain_async_waits_for_a_parent_another_runner_is_running(engine: Engine) -> None:
