@@ -66,6 +66,48 @@ def _native(text: str) -> tuple[str, tuple[str, ...]]:
     return _PYFORMAT.sub(number, text), tuple(numbers)
 
 
+def _constant(value: Any) -> str | None:
+    """``value`` as an SQL literal, or None to keep it a parameter: whole
+    numbers and text only (what the builders' constants are)."""
+    if type(value) is int:
+        return str(value) if value >= 0 else f"({value})"
+    if type(value) is str:
+        return "'" + value.replace("'", "''").replace("%", "%%") + "'"
+    return None
+
+
+def _inline_constants(text: str, defaults: dict[str, Any]) -> str:
+    """``text`` (pyformat) with the statement's own constants -- the
+    parameters SQLAlchemy made of literal values in the builders: a
+    ``LIMIT 1``, a ``COALESCE(x, 0)``, a state's name in a ``CASE`` --
+    written in as literals and taken out of ``defaults``; the parameters
+    a caller supplies stay parameters.
+
+    PostgreSQL plans a prepared statement for its first five executions
+    with the values given (custom plans), then keeps one generic plan if
+    that is not estimated dearer. A constant sent as a parameter is unknown
+    to the generic plan -- a ``LIMIT $n`` is estimated at a tenth of the
+    rows -- so the limited claim's one statement with keyed jobs looked
+    dearer generic than custom and was planned again at every claim: 1.4 ms
+    of planning for a claim that runs in about 2. With its constants in the
+    text both plans know them, and the generic one is kept.
+    """
+
+    def inline(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name is None or name not in defaults:
+            return match.group(0)
+        literal = _constant(defaults[name])
+        if literal is None:
+            return match.group(0)
+        return literal
+
+    inlined = _PYFORMAT.sub(inline, text)
+    for name in [name for name, value in defaults.items() if _constant(value) is not None]:
+        del defaults[name]
+    return inlined
+
+
 @cache
 def _raw_cursor() -> type[Any]:
     """psycopg's ``RawCursor`` (imported once a psycopg engine runs a hot statement)."""
@@ -125,8 +167,11 @@ def _precompiled(dialect: Dialect, stmt: Executable) -> _Precompiled | None:
     result = None
     if plain and not compiled.literal_execute_params and not compiled.post_compile_params:
         positions = tuple(compiled.positiontup) if compiled.positional and compiled.positiontup else None
-        native = _native(compiled.string) if dialect.driver == "psycopg" and dialect.paramstyle == "pyformat" else None
-        result = _Precompiled(compiled.string, defaults, positions, native)
+        text, native = compiled.string, None
+        if dialect.driver == "psycopg" and dialect.paramstyle == "pyformat":
+            text = _inline_constants(text, defaults)
+            native = _native(text)
+        result = _Precompiled(text, defaults, positions, native)
     cached[id(stmt)] = (stmt, result)
     return result
 

@@ -23,6 +23,7 @@ ordinary path.
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 import psycopg
@@ -120,7 +121,10 @@ def _assert_native(sent: list[str]) -> None:
     """The limited claim, the claim of eight queues and the settle were sent as ``$n`` text."""
     long_texts = [text for text in sent if len(text) > _queries.MAX_CACHED_STATEMENT_LENGTH]
     assert len(long_texts) >= 2, [len(text) for text in sent]
-    assert any("watchdog_limits" in text for text in long_texts)  # the limited claim
+    limited = [text for text in long_texts if text.startswith("WITH RECURSIVE seen")]
+    assert limited  # the limited claim
+    # Its constants are in its text: the parameters left are the caller's queue, limit, token and lease.
+    assert {int(n) for text in limited for n in re.findall(r"\$(\d+)", text)} == {1, 2, 3, 4}
     for text in sent:
         assert "%(" not in text and "$1" in text, text[:200]
     assert any(text.startswith("UPDATE watchdog_jobs AS j") for text in sent)  # the settle
@@ -165,6 +169,22 @@ async def test_long_hot_statements_reach_async_psycopg_with_native_placeholders(
     finally:
         await async_engine.dispose()
     _assert_native(_AsyncRecording.sent)
+
+
+def test_a_hot_statements_own_constants_are_written_into_its_text() -> None:
+    """Whole numbers and text the builders wrote become literals (quotes doubled, a percent
+    sign escaped for pyformat, a negative number in parentheses); other values and the
+    caller's parameters stay parameters."""
+    defaults: dict[str, Any] = {"param_1": 1, "param_2": "it's 100%", "param_3": -2, "param_4": 1.5, "param_5": True}
+    text = views._inline_constants(
+        "SELECT %(param_1)s::INTEGER, %(param_2)s, 1 - %(param_3)s, %(param_4)s, %(param_5)s, %(given)s, '5%%'",
+        defaults,
+    )
+    assert text == "SELECT 1::INTEGER, 'it''s 100%%', 1 - (-2), %(param_4)s, %(param_5)s, %(given)s, '5%%'"
+    assert defaults == {"param_4": 1.5, "param_5": True}
+    native, names = views._native(text)
+    assert native == "SELECT 1::INTEGER, 'it''s 100%', 1 - (-2), $1, $2, $3, '5%'"
+    assert names == ("param_4", "param_5", "given")
 
 
 def test_native_placeholders_number_each_name_once_and_unescape_percent() -> None:
