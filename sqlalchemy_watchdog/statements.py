@@ -848,18 +848,61 @@ def claim_limited_at_once() -> Select[Any]:
         .prefix_with("MATERIALIZED")
     )
     u = usage.c
+
+    def take_of(key: ColumnElement[Any], *within: Any) -> ColumnElement[Any]:
+        """How many of key ``key``'s jobs the claim may take (the room, its
+        per-key room, its per-key rate left), counted in ``within``'s rows."""
+        key_running = (
+            select(func.count())
+            .where(c.queue_name == queue, IS_RUNNING, IS_KEYED, c.limit_key == key)
+            .correlate(*within)
+            .scalar_subquery()
+        )
+        # A key's claims in its per-key window (ix_watchdog_limit_claims_keyed);
+        # NULL (no per-key rate) leaves the take to the other limits.
+        key_used = (
+            select(func.coalesce(func.sum(logged.jobs), 0))
+            .where(
+                logged.queue_name == queue,
+                logged.limit_key.is_not(None),
+                logged.limit_key == key,
+                logged.claimed_at > u.clock - u.rate_per_key_period_ms,
+            )
+            .correlate(*within, usage)
+            .scalar_subquery()
+        )
+        return func.greatest(
+            0,
+            func.least(
+                u.room,
+                func.coalesce(u.concurrency_per_key - key_running, u.room),
+                func.coalesce(u.rate_per_key_count - key_used, u.room),
+            ),
+        )
+
     segment = func.least(u.room * 2 + 8, FAST_WALK_MAX)
-    # Keys above the cursor, ascending, one index probe each (walk_keys' skip scan).
+    # Keys above the cursor, ascending, one index probe each (walk_keys' skip
+    # scan); ``found``: the keys walked before this one that the claim may take
+    # from. The walk stops once they fill the room: every job it takes is the
+    # first of one of them (a key further on ranks after them all), so the
+    # keys beyond change nothing but the work.
     walk = (
-        select(_next_key(func.coalesce(u.cursor_key, "")).label("key"), literal_column("1", Integer()).label("step"))
+        select(
+            _next_key(func.coalesce(u.cursor_key, "")).label("key"),
+            literal_column("1", Integer()).label("step"),
+            literal_column("0", Integer()).label("found"),
+        )
         .where(u.room > 0)
         .cte("walk", recursive=True)
     )
+    found = walk.c.found + case((take_of(walk.c.key, walk) > 0, 1), else_=0)
     walk = walk.union_all(
-        select(_next_key(walk.c.key), walk.c.step + 1).where(walk.c.key.is_not(None), walk.c.step < segment)
+        select(_next_key(walk.c.key), walk.c.step + 1, found).where(
+            walk.c.key.is_not(None), walk.c.step < segment, found < u.room
+        )
     )
-    above = select(func.count(walk.c.key)).scalar_subquery()
-    ended = above < select(segment).scalar_subquery()
+    # The walk ran out of keys above the cursor (not cut by its bound or the room).
+    ended = select(walk.c.step).where(walk.c.key.is_(None)).exists()
     # Keys from the start up to the cursor (the rotation's wrap), once the walk above ended.
     wrap = (
         # No bound: with the literal '' PostgreSQL's custom plan read every key's entry and sorted them.
@@ -883,33 +926,7 @@ def claim_limited_at_once() -> Select[Any]:
         select(wrap.c.key, wrap.c.step + unkeyed_at).where(wrap.c.key.is_not(None), wrap.c.key <= u.cursor_key),
     ).cte("entries")
     e = entries.c
-    key_running = (
-        select(func.count())
-        .where(c.queue_name == queue, IS_RUNNING, IS_KEYED, c.limit_key == e.key)
-        .correlate(entries)
-        .scalar_subquery()
-    )
-    # A key's claims in its per-key window (ix_watchdog_limit_claims_keyed);
-    # NULL (no per-key rate) leaves the take to the other limits.
-    key_used = (
-        select(func.coalesce(func.sum(logged.jobs), 0))
-        .where(
-            logged.queue_name == queue,
-            logged.limit_key.is_not(None),
-            logged.limit_key == e.key,
-            logged.claimed_at > u.clock - u.rate_per_key_period_ms,
-        )
-        .correlate(entries, usage)
-        .scalar_subquery()
-    )
-    take = func.greatest(
-        0,
-        func.least(
-            u.room,
-            func.coalesce(u.concurrency_per_key - key_running, u.room),
-            func.coalesce(u.rate_per_key_count - key_used, u.room),
-        ),
-    )
+    take = take_of(e.key, entries)
     row: ColumnElement[Any] = literal_column("watchdog_jobs.ctid")
     keyed = (
         select(c.sequence, c.priority, row.label("row"))
@@ -1029,7 +1046,16 @@ def claim_limited_at_once() -> Select[Any]:
     )
     # Held back by a limit: more jobs were queued than taken, and either fewer
     # were taken than asked or the claim used up the queue's room.
-    queued = select(c.sequence).where(c.queue_name == queue, IS_QUEUED).limit(asked + 1).subquery("queued")
+    # In claim order, so the queue's range of ix_watchdog_jobs_live_queue is read
+    # (asked + 1 entries); unordered, a plan from a young table's statistics read
+    # the table from its start, past every settled job, to find them.
+    queued = (
+        select(c.sequence)
+        .where(c.queue_name == queue, IS_QUEUED)
+        .order_by(*CLAIM_ORDER)
+        .limit(asked + 1)
+        .subquery("queued")
+    )
     taken = select(func.count()).select_from(picks).scalar_subquery()
     headroom = select(u.headroom).scalar_subquery()
     held = and_(

@@ -939,6 +939,49 @@ def test_the_limited_claim_keeps_one_generic_plan_with_keyed_jobs(postgres_serve
         assert (generic, custom) == (4, CUSTOM_PLANS)
 
 
+@pytest.mark.parametrize("running", [0, 8], ids=["all-free", "half-at-their-limit"])
+def test_the_limited_claim_walks_no_more_keys_than_fill_its_room(postgres_server: URL, running: int) -> None:
+    """One job per key (100 keys with queued jobs): the walk stops at the key
+    that fills the room, instead of walking ``2 * room + 8`` keys and reading
+    the first jobs of each; keys at their limit ahead of the cursor are
+    walked past. The claim takes the first job of each key it may take from."""
+    seed = (
+        "INSERT INTO watchdog_jobs (job_id, queue_name, lane, priority, payload_json, state, enqueued_at, limit_key)"
+        " SELECT 'k-' || n, 'limited', 'default', 0, '{}', 'queued', 0, 'key-' || lpad(mod(n, 100)::text, 3, '0')"
+        " FROM generate_series(1, 2000) n"
+    )
+    room = 16
+    with seeded_database(postgres_server, seed) as engine:
+        Watchdog(engine).set_limits("limited", concurrency=100, concurrency_per_key=1)
+        with engine.begin() as conn:  # the first `running` keys have a job running: at their per-key limit
+            conn.exec_driver_sql(
+                "UPDATE watchdog_jobs SET state = 'running', claim_token = 'r.' || sequence, started_at = 0,"
+                " lease_until = 9000000000000 WHERE sequence IN (SELECT min(sequence) FROM watchdog_jobs"
+                f" WHERE limit_key < 'key-{running:03d}' GROUP BY limit_key)"
+            )
+        pre = views._precompiled(engine.dialect, sql.claim_limited_at_once())
+        assert pre is not None
+        parameters = {**pre.defaults, "queue": "limited", "limit": room, "token": "t", "lease_ms": 60_000}
+        with engine.connect() as conn:
+            document = conn.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT JSON) " + pre.text, parameters).scalar_one()
+            conn.rollback()
+            taken = conn.execute(sql.claim_limited_at_once(), parameters).all()
+            conn.rollback()
+
+        walked: list[int] = []
+
+        def find(node: dict[str, Any]) -> None:
+            if node.get("Subplan Name") == "CTE walk":
+                walked.append(node["Actual Rows"])
+            for child in node.get("Plans", []):
+                find(child)
+
+        find(document[0]["Plan"])
+        assert walked == [running + room], json.dumps(document, indent=1)
+        keys = sorted(row.limit_key for row in taken)
+        assert keys == [f"key-{n:03d}" for n in range(running, running + room)]
+
+
 @pytest.mark.parametrize("queue_count", [1, 3])
 def test_a_claim_never_reads_a_paused_queues_backlog(postgres_server: URL, queue_count: int) -> None:
     """The pause check of each queue's pick names the parameter, so it is a
