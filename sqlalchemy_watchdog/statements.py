@@ -895,10 +895,10 @@ def claim_limited_at_once() -> Select[Any]:
         .where(u.room > 0)
         .cte("walk", recursive=True)
     )
-    found = walk.c.found + case((take_of(walk.c.key, walk) > 0, 1), else_=0)
+    found_so_far = walk.c.found + case((take_of(walk.c.key, walk) > 0, 1), else_=0)
     walk = walk.union_all(
-        select(_next_key(walk.c.key), walk.c.step + 1, found).where(
-            walk.c.key.is_not(None), walk.c.step < segment, found < u.room
+        select(_next_key(walk.c.key), walk.c.step + 1, found_so_far).where(
+            walk.c.key.is_not(None), walk.c.step < segment, found_so_far < u.room
         )
     )
     # The walk ran out of keys above the cursor (not cut by its bound or the room).

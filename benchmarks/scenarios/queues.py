@@ -3,11 +3,14 @@ drain of a limited queue (flow control) beside the same drain unlimited."""
 
 from __future__ import annotations
 
+import statistics
+import time
 from functools import partial
 from typing import Any
 
 from benchmarks import harness as h
-from sqlalchemy_watchdog import Job, Watchdog
+from sqlalchemy_watchdog import Decision, Job, Watchdog, store
+from sqlalchemy_watchdog.gateway import SyncGateway
 
 PEER_JOBS = {"watchdog": 1.0, "procrastinate": 0.5, "pgqueuer": 1.0}  # procrastinate enqueues/drains slower
 DRAIN_JOBS = {"watchdog": 20_000, "procrastinate": 1_500, "pgqueuer": 20_000}
@@ -122,9 +125,12 @@ KEYS = 100  # job i of the keyed rows has key k<i mod KEYS>
 
 
 class KeyedWatchdog(h.Watchdog):
-    @staticmethod
-    def jobs(tag: str, n: int) -> list[Any]:
-        return [Job(f"{tag}-{i}", h.QUEUE, payload={"i": i}, key=f"k{i % KEYS}") for i in range(n)]
+    def __init__(self, keys: int = KEYS) -> None:
+        super().__init__()
+        self.keys = keys
+
+    def jobs(self, tag: str, n: int) -> list[Any]:  # type: ignore[override]
+        return [Job(f"{tag}-{i}", h.QUEUE, payload={"i": i}, key=f"k{i % self.keys}") for i in range(n)]
 
 
 #: row -> (keyed jobs, set_limits keywords; None: no limits)
@@ -135,6 +141,7 @@ LIMITS: dict[str, tuple[bool, dict[str, Any] | None]] = {
     "concurrency 1,000 (never reached)": (False, {"concurrency": 1000}),
     f"concurrency 16, 1 per key ({KEYS} keys)": (True, {"concurrency": 16, "concurrency_per_key": 1}),
 }
+PER_KEY_ROW = f"concurrency 16, 1 per key ({KEYS} keys)"
 
 
 def _limited_drain(bench: h.Bench, target: h.Target, n: int, tag: str, keyed: bool, limits: Any) -> float:
@@ -149,9 +156,49 @@ def _limited_drain(bench: h.Bench, target: h.Target, n: int, tag: str, keyed: bo
         return h.drain_idle(subject, target, n, tag, 1, children)
 
 
+#: The claim-cost rows -> (keys of the jobs, 0 for none; set_limits keywords): LIMITS', and the per-key
+#: row again over many more keys (a wider walk).
+MANY_KEYS = 10_000
+CLAIM_ROWS: dict[str, tuple[int, dict[str, Any] | None]] = {
+    **{row: (KEYS if keyed else 0, limited) for row, (keyed, limited) in LIMITS.items()},
+    f"concurrency 16, 1 per key ({MANY_KEYS:,} keys)": (MANY_KEYS, LIMITS[PER_KEY_ROW][1]),
+}
+CLAIM_BATCH = 16  # what a runner at concurrency 16 asks for when its slots are free
+
+
+def _claim_cost(target: h.Target, n: int, tag: str, keys: int, limits: Any) -> float:
+    """Median ms of one claim of up to :data:`CLAIM_BATCH` jobs as a runner's loop sends it (store-level,
+    one held connection, autocommit on PostgreSQL), ``n`` jobs queued; each claim's jobs are then settled
+    untimed, so the next claim finds the room they held free again. ``keys`` 0: unkeyed jobs."""
+    subject = KeyedWatchdog(keys) if keys else h.Watchdog()
+    subject.reset(target)
+    with h.disposed(h.engine(target)) as eng:
+        Watchdog(eng).clear_limits(h.QUEUE)
+        if limits is not None:
+            Watchdog(eng).set_limits(h.QUEUE, **limits)
+    subject.prefill(target, n, tag)
+    h.run_sql(target, "SELECT 1", analyse=True)  # as autovacuum keeps a table this size
+    times: list[float] = []
+    with h.disposed(h.engine(target)) as eng:
+        gateway = SyncGateway(eng)
+        with gateway.holding():
+            while True:
+                started = time.perf_counter()
+                claimed = gateway.run(store.claim, queues=[h.QUEUE], limit=CLAIM_BATCH, lease_ms=60_000).claimed
+                times.append(time.perf_counter() - started)
+                if not claimed:
+                    break
+                done = [store.SettleRequest(c.job.job_id, c.token, Decision.completed()) for c in claimed]
+                gateway.run(store.settle_many, done)
+    if (claims := len(times) - 1) < -(-n // CLAIM_BATCH):
+        raise h.ScenarioFailed(f"claim cost: {claims} claims drained {n} jobs")
+    return statistics.median(times[5:-1] or times) * 1000  # the first five: psycopg prepares at the fifth
+
+
 @h.scenario("limits", per_repeat=True, options=h.JOBS)
 def limits(bench: h.Bench, r: int) -> None:
-    """Jobs/s of one worker process at concurrency 16 draining a limited queue, beside the same queue unlimited."""
+    """Jobs/s of one worker process at concurrency 16 draining a limited queue, beside the same queue unlimited;
+    and what one claim of 16 costs under each limit (store-level)."""
     for dialect in bench.dialects():
         pg = dialect == "postgresql"
         n = bench.opt("jobs", (2000 if pg else 300) if bench.quick else (10_000 if pg else 1000))
@@ -161,3 +208,15 @@ def limits(bench: h.Bench, r: int) -> None:
             bench.measure(
                 f"limits: drain at concurrency 16 (jobs/s), {h.LABEL[dialect]}", row, "watchdog", run, 120 + n / 20
             )
+        table = f"limits: one claim of {CLAIM_BATCH} (ms), {h.LABEL[dialect]}"
+        bench.table(table, ratios=None)
+        for row, (keys, limited) in CLAIM_ROWS.items():
+            run = partial(_claim_cost, target, n, f"c{r}-{row.split()[0]}{len(row)}", keys, limited)
+            bench.measure(table, row, "watchdog", run, 120 + n / 20)
+    if r < bench.repeat - 1:
+        return
+    for dialect in bench.dialects():
+        table = f"limits: one claim of {CLAIM_BATCH} (ms), {h.LABEL[dialect]}"
+        for row in list(CLAIM_ROWS)[2:]:
+            goal = f"{h.LABEL[dialect]}: claim under '{row}' within 1.5x of unlimited"
+            bench.check_median(goal, table, row, "watchdog", lambda m: m <= 1.5, "x", "watchdog", "unlimited")
