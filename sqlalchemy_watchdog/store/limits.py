@@ -217,20 +217,25 @@ def _room(conn: Connection, row: Any, limit: int) -> Room:
     return Room(clock, running, used, room)
 
 
-def _rotation(conn: Connection, queue: str, cursor: str | None, segment: int) -> Iterator[list[str | None]]:
+def _rotation(
+    conn: Connection, queue: str, cursor: str | None, segment: int, first: int | None = None
+) -> Iterator[list[str | None]]:
     """The queue's rotation from after ``cursor``, in segments: its keys
     above the cursor (ascending, code point order), the unkeyed jobs as one
-    entry (None), then its keys up to the cursor -- each segment at most
-    ``segment`` keys, read by a skip scan."""
+    entry (None), then its keys up to the cursor -- the first segment at
+    most ``first`` keys (``segment`` if None), each other at most
+    ``segment``, read by a skip scan."""
     after = "" if cursor is None else cursor
+    size = segment if first is None else first
     while True:
         keys: list[str | None] = list(
-            conn.execute(sql.walk_keys(), {"queue": queue, "after": after, "walk": segment}).scalars()
+            conn.execute(sql.walk_keys(), {"queue": queue, "after": after, "walk": size}).scalars()
         )
         if keys:
             yield keys
-        if len(keys) < segment:
+        if len(keys) < size:
             break
+        size = segment
         last = keys[-1]
         assert last is not None
         after = last
@@ -270,7 +275,10 @@ def fair_pick(
     groups: list[list[tuple[int, int]]] = []  # per rotation entry: (priority, sequence)
     entries: list[str | None] = []
     found = 0  # entries with at least one job
-    for number, keys in enumerate(_rotation(conn, queue, row.cursor_key, segment)):
+    # The first segment only as many keys as the room: when each of them may
+    # take a job (the usual case: the keys at their limit are the ones just
+    # claimed, behind the cursor), no other key can be picked.
+    for number, keys in enumerate(_rotation(conn, queue, row.cursor_key, segment, first=min(room, segment))):
         named = [key for key in keys if key is not None]
         take = dict.fromkeys(named, room)
         if per_key is not None and named:
