@@ -642,7 +642,33 @@ def lock_limits(dialect: str) -> Select[Any]:
     if backend.repeats_partial_predicates:
         queued = queued.where(IS_LIVE)
     has_queued = queued.limit(1).exists().label("has_queued")
-    return backend.locked(select(*limits_table.c, has_queued).where(lim.queue_name == _QUEUE))
+    query = select(*limits_table.c, has_queued).where(lim.queue_name == _QUEUE)
+    if backend.locks_before_reading:
+        # The lock is held already, so this statement's counts are exact: what
+        # limit_usage reads, with the queue's own rate period, in the same
+        # statement (clock, running, rate_used, paused).
+        query = query.add_columns(*_usage(dialect, func.coalesce(lim.rate_period_ms, 0)))
+    return backend.locked(query)
+
+
+def _usage(dialect: str, period: ColumnElement[Any]) -> list[ColumnElement[Any]]:
+    """The database clock, queue ``:queue``'s running jobs, the jobs its limited
+    claims started after ``clock - period`` (none when ``period`` is 0), and
+    whether it is paused (1) or not (0), labelled as :func:`limit_usage` returns them."""
+    clock = db_clock_ms()
+    running = select(func.count()).where(c.queue_name == _QUEUE, IS_RUNNING)
+    if backend_of(dialect).repeats_partial_predicates:
+        running = running.where(IS_LIVE)
+    used = select(func.coalesce(func.sum(logged.jobs), 0)).where(
+        logged.queue_name == _QUEUE, logged.claimed_at > clock - period
+    )
+    paused = select(func.count()).where(pauses.c.queue_name == _QUEUE)
+    return [
+        clock.label("clock"),
+        running.scalar_subquery().label("running"),
+        used.scalar_subquery().label("rate_used"),
+        paused.scalar_subquery().label("paused"),
+    ]
 
 
 @cache
@@ -651,17 +677,9 @@ def limit_usage(dialect: str) -> Select[Any]:
     limited claims started after ``clock - :period_ms`` (0 when ``:period_ms``
     is 0), and whether it is paused (1) or not (0): what a limited claim has
     room for. Run after :func:`lock_limits`,
-    as a statement of its own, so its snapshot is taken after the lock."""
-    clock = db_clock_ms()
-    running = select(func.count()).where(c.queue_name == _QUEUE, IS_RUNNING)
-    if backend_of(dialect).repeats_partial_predicates:
-        running = running.where(IS_LIVE)
-    period = _p("period_ms", BigInteger())
-    used = select(func.coalesce(func.sum(logged.jobs), 0)).where(
-        logged.queue_name == _QUEUE, logged.claimed_at > clock - period
-    )
-    paused = select(func.count()).where(pauses.c.queue_name == _QUEUE)
-    return select(clock, running.scalar_subquery(), used.scalar_subquery(), paused.scalar_subquery())
+    as a statement of its own, so its snapshot is taken after the lock
+    (where the backend locks before reading, :func:`lock_limits` reads them itself)."""
+    return select(*_usage(dialect, _p("period_ms", BigInteger())))
 
 
 def _next_key(after: ColumnElement[Any] | None) -> ColumnElement[Any]:

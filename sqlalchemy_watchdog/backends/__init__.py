@@ -51,6 +51,11 @@ class Backend(Protocol):
     #: Whether the planner uses a partial index only for a query that repeats
     #: its predicate (SQLite), so a pick must say it again.
     repeats_partial_predicates: bool
+    #: Whether a write transaction holds its lock before its first statement
+    #: reads (SQLite's ``BEGIN IMMEDIATE``), so one statement can lock a row
+    #: and count what the lock protects; else (PostgreSQL) a statement that
+    #: waited for a row lock still reads with the snapshot it began with.
+    locks_before_reading: bool
 
     def insert(self, table: Any) -> Insert:
         """The dialect's INSERT construct (with ``on_conflict_do_*``)."""

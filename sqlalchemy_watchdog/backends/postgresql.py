@@ -31,6 +31,8 @@ class PostgreSQL:
     advisory_xact_lock = True
     prefix_range_marker = "job_id_range"
     repeats_partial_predicates = False
+    # Row locks: a statement that waited for one keeps its older snapshot.
+    locks_before_reading = False
 
     def __init__(self) -> None:
         #: Whether job_id sorts by code point, per database URL (asked once).

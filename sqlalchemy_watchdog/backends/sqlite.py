@@ -51,6 +51,8 @@ class SQLite:
     prefix_range_marker = "job_id_range_first"
     # SQLite uses a partial index only for a query repeating its predicate.
     repeats_partial_predicates = True
+    # BEGIN IMMEDIATE: the write lock is held before any statement reads.
+    locks_before_reading = True
 
     def insert(self, table: Any) -> Insert:
         return sqlite.insert(table)

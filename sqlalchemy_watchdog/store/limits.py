@@ -204,10 +204,13 @@ class Room:
 
 
 def _room(conn: Connection, row: Any, limit: int) -> Room:
-    period = row.rate_period_ms or 0
-    clock, running, used, paused = conn.execute(
-        sql.limit_usage(conn.dialect.name), {"queue": row.queue_name, "period_ms": period}
-    ).one()
+    if "clock" in row._fields:  # lock_limits read the usage with the lock held
+        clock, running, used, paused = row.clock, row.running, row.rate_used, row.paused
+    else:
+        period = row.rate_period_ms or 0
+        clock, running, used, paused = conn.execute(
+            sql.limit_usage(conn.dialect.name), {"queue": row.queue_name, "period_ms": period}
+        ).one()
     used = int(used or 0)
     room = 0 if paused else limit  # a paused queue: no claim takes its jobs
     if row.concurrency is not None:
