@@ -104,6 +104,8 @@ def test_the_limits_scenario_runs_on_sqlite(tmp_path: Path) -> None:
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     assert "| concurrency 16, 1 per key (100 keys)" in run.stdout
+    assert "| limits: one claim of 16 (ms), SQLite" in run.stdout
+    assert "| concurrency 16, 1 per key (10,000 keys)" in run.stdout
     assert '"errors": []' in out.read_text()
 
 
