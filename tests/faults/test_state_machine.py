@@ -918,6 +918,15 @@ class WatchdogMachine(RuleBasedStateMachine):
             if len(candidates) >= limit:
                 break
             candidates += self._limited_pick(queue, limit - len(candidates), db)
+        # A job the limited part settles cancelled (its cancellation recorded while
+        # it was queued) tells its dependents at once, as its settle's trigger does:
+        # one it releases is ready for the plain part, a statement after it.
+        for row in [r for r in candidates if r.cancellation_id is not None]:
+            row.state, row.outcome, row.failure_reason, row.failure_detail = "settled", "cancelled", None, None
+            row.settled_at = db
+            for (child, parent), outcome in sorted(self.model.edges.items()):
+                if parent == row.job_id and outcome is None:
+                    self._tell(child, parent, "cancelled", same_step=True)
         if len(candidates) < limit:
             candidates += sorted(
                 (
