@@ -938,13 +938,23 @@ def claim_limited_at_once() -> Select[Any]:
         >= FAST_WALK_MAX
     )
     unkeyed_at = FAST_WALK_MAX + 1
+    # ``before``: the entries ahead of this one that the claim takes a first job
+    # from (known for the walk's keys; 0, no bound, for the others).
     entries = union_all(
-        select(walk.c.key, walk.c.step.label("ord")).where(walk.c.key.is_not(None)),
-        select(null().label("key"), literal_column(str(unkeyed_at), Integer())).where(u.room > 0, ended),
-        select(wrap.c.key, wrap.c.step + unkeyed_at).where(wrap.c.key.is_not(None), wrap.c.key <= u.cursor_key),
+        select(walk.c.key, walk.c.step.label("ord"), walk.c.found.label("before")).where(walk.c.key.is_not(None)),
+        select(null().label("key"), literal_column(str(unkeyed_at), Integer()), literal_column("0", Integer())).where(
+            u.room > 0, ended
+        ),
+        select(wrap.c.key, wrap.c.step + unkeyed_at, literal_column("0", Integer())).where(
+            wrap.c.key.is_not(None), wrap.c.key <= u.cursor_key
+        ),
     ).cte("entries")
     e = entries.c
-    take = take_of(e.key, entries)
+    # A key's n-th job ranks after the first jobs of the ``before`` keys ahead of
+    # it and its own n - 1: with ``room`` picks, it can be one only for
+    # n <= room - before. A queue limit over many keys reads 16 + 15 + ... + 1
+    # jobs for a claim of 16, not 16 of each key walked.
+    take = func.greatest(0, func.least(take_of(e.key, entries), u.room - e.before))
     row: ColumnElement[Any] = literal_column("watchdog_jobs.ctid")
     keyed = (
         select(c.sequence, c.priority, row.label("row"))

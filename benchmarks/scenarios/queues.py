@@ -156,11 +156,12 @@ def _limited_drain(bench: h.Bench, target: h.Target, n: int, tag: str, keyed: bo
         return h.drain_idle(subject, target, n, tag, 1, children)
 
 
-#: The claim-cost rows -> (keys of the jobs, 0 for none; set_limits keywords): LIMITS', and the per-key
-#: row again over many more keys (a wider walk).
+#: The claim-cost rows -> (keys of the jobs, 0 for none; set_limits keywords): LIMITS', a queue limit
+#: over keyed jobs (the fair rotation without per-key limits), and the per-key row over many more keys.
 MANY_KEYS = 10_000
 CLAIM_ROWS: dict[str, tuple[int, dict[str, Any] | None]] = {
     **{row: (KEYS if keyed else 0, limited) for row, (keyed, limited) in LIMITS.items()},
+    f"concurrency 16, keyed jobs ({KEYS} keys)": (KEYS, {"concurrency": 16}),  # the fair rotation alone
     f"concurrency 16, 1 per key ({MANY_KEYS:,} keys)": (MANY_KEYS, LIMITS[PER_KEY_ROW][1]),
 }
 CLAIM_BATCH = 16  # what a runner at concurrency 16 asks for when its slots are free
