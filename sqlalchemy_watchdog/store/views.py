@@ -68,10 +68,12 @@ def _native(text: str) -> tuple[str, tuple[str, ...]]:
 
 def _constant(value: Any) -> str | None:
     """``value`` as an SQL literal, or None to keep it a parameter: whole
-    numbers and text only (what the builders' constants are)."""
+    numbers and text only (what the builders' constants are); text with a
+    backslash stays a parameter (its reading depends on the server's
+    ``standard_conforming_strings``)."""
     if type(value) is int:
         return str(value) if value >= 0 else f"({value})"
-    if type(value) is str:
+    if type(value) is str and "\\" not in value:
         return "'" + value.replace("'", "''").replace("%", "%%") + "'"
     return None
 

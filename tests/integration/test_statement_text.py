@@ -175,16 +175,21 @@ def test_a_hot_statements_own_constants_are_written_into_its_text() -> None:
     """Whole numbers and text the builders wrote become literals (quotes doubled, a percent
     sign escaped for pyformat, a negative number in parentheses); other values and the
     caller's parameters stay parameters."""
-    defaults: dict[str, Any] = {"param_1": 1, "param_2": "it's 100%", "param_3": -2, "param_4": 1.5, "param_5": True}
+    defaults: dict[str, Any] = {
+        "param_1": 1, "param_2": "it's 100%", "param_3": -2, "param_4": 1.5, "param_5": True, "param_6": "a\\b",
+    }  # fmt: skip
     text = views._inline_constants(
-        "SELECT %(param_1)s::INTEGER, %(param_2)s, 1 - %(param_3)s, %(param_4)s, %(param_5)s, %(given)s, '5%%'",
+        "SELECT %(param_1)s::INTEGER, %(param_2)s, 1 - %(param_3)s, %(param_4)s, %(param_5)s, %(param_6)s,"
+        " %(given)s, '5%%'",
         defaults,
     )
-    assert text == "SELECT 1::INTEGER, 'it''s 100%%', 1 - (-2), %(param_4)s, %(param_5)s, %(given)s, '5%%'"
-    assert defaults == {"param_4": 1.5, "param_5": True}
+    assert text == (
+        "SELECT 1::INTEGER, 'it''s 100%%', 1 - (-2), %(param_4)s, %(param_5)s, %(param_6)s, %(given)s, '5%%'"
+    )
+    assert defaults == {"param_4": 1.5, "param_5": True, "param_6": "a\\b"}
     native, names = views._native(text)
-    assert native == "SELECT 1::INTEGER, 'it''s 100%', 1 - (-2), $1, $2, $3, '5%'"
-    assert names == ("param_4", "param_5", "given")
+    assert native == "SELECT 1::INTEGER, 'it''s 100%', 1 - (-2), $1, $2, $3, $4, '5%'"
+    assert names == ("param_4", "param_5", "param_6", "given")
 
 
 def test_native_placeholders_number_each_name_once_and_unescape_percent() -> None:
