@@ -144,14 +144,19 @@ LIMITS: dict[str, tuple[bool, dict[str, Any] | None]] = {
 PER_KEY_ROW = f"concurrency 16, 1 per key ({KEYS} keys)"
 
 
-def _limited_drain(bench: h.Bench, target: h.Target, n: int, tag: str, keyed: bool, limits: Any) -> float:
-    """jobs/s of one worker process at concurrency 16 (:func:`h.drain_idle`) under ``limits``."""
-    subject = KeyedWatchdog() if keyed else h.Watchdog()
+def _limited_queue(target: h.Target, subject: h.Watchdog, limits: Any) -> None:
+    """The benchmark's queue emptied, under ``limits`` only (None: unlimited)."""
     subject.reset(target)
     with h.disposed(h.engine(target)) as eng:
         Watchdog(eng).clear_limits(h.QUEUE)
         if limits is not None:
             Watchdog(eng).set_limits(h.QUEUE, **limits)
+
+
+def _limited_drain(bench: h.Bench, target: h.Target, n: int, tag: str, keyed: bool, limits: Any) -> float:
+    """jobs/s of one worker process at concurrency 16 (:func:`h.drain_idle`) under ``limits``."""
+    subject = KeyedWatchdog() if keyed else h.Watchdog()
+    _limited_queue(target, subject, limits)
     with bench.workers("watchdog", target, tag, 1, concurrency=16) as children:
         return h.drain_idle(subject, target, n, tag, 1, children)
 
@@ -172,11 +177,7 @@ def _claim_cost(target: h.Target, n: int, tag: str, keys: int, limits: Any) -> f
     one held connection, autocommit on PostgreSQL), ``n`` jobs queued; each claim's jobs are then settled
     untimed, so the next claim finds the room they held free again. ``keys`` 0: unkeyed jobs."""
     subject = KeyedWatchdog(keys) if keys else h.Watchdog()
-    subject.reset(target)
-    with h.disposed(h.engine(target)) as eng:
-        Watchdog(eng).clear_limits(h.QUEUE)
-        if limits is not None:
-            Watchdog(eng).set_limits(h.QUEUE, **limits)
+    _limited_queue(target, subject, limits)
     subject.prefill(target, n, tag)
     h.run_sql(target, "SELECT 1", analyse=True)  # as autovacuum keeps a table this size
     times: list[float] = []

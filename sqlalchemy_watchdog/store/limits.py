@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 
 from .. import statements as sql
+from ..backends import backend_of
 from ..errors import InvalidJob
 from ..jobs import (
     KEY_MAX_LENGTH,
@@ -204,7 +205,7 @@ class Room:
 
 
 def _room(conn: Connection, row: Any, limit: int) -> Room:
-    if "clock" in row._fields:  # lock_limits read the usage with the lock held
+    if backend_of(conn).locks_before_reading:  # lock_limits read the usage with the lock held
         clock, running, used, paused = row.clock, row.running, row.rate_used, row.paused
     else:
         period = row.rate_period_ms or 0
