@@ -692,12 +692,25 @@ def _next_key(after: ColumnElement[Any] | None) -> ColumnElement[Any]:
     return query.order_by(c.limit_key).limit(1).scalar_subquery()
 
 
+def _key_running(key: ColumnElement[Any], *within: Any) -> ColumnElement[Any]:
+    """The running jobs of key ``key`` of queue ``:queue``, counted in
+    ``within``'s rows (one range of ``ix_watchdog_jobs_keyed_running``)."""
+    return (
+        select(func.count())
+        .where(c.queue_name == _QUEUE, IS_RUNNING, IS_KEYED, c.limit_key == key)
+        .correlate(*within)
+        .scalar_subquery()
+    )
+
+
 @cache
-def walk_keys() -> Select[Any]:
+def walk_keys(counted: bool = False) -> Select[Any]:
     """Up to ``:walk`` keys of queue ``:queue``'s queued jobs, ascending from
     the first above ``:after``: a skip scan, one index probe per key
     (``WITH RECURSIVE``: each key the next above the previous one), so the
-    cost is O(walk · log n) whatever the backlog of each key."""
+    cost is O(walk · log n) whatever the backlog of each key. ``counted``:
+    each key with its running jobs (what :func:`keys_running` counts), in
+    the same statement."""
     walk = select(_next_key(_p("after", Text())).label("key"), literal_column("1", Integer()).label("step")).cte(
         "walk", recursive=True
     )
@@ -705,7 +718,8 @@ def walk_keys() -> Select[Any]:
         walk.c.key.is_not(None), walk.c.step < _p("walk", Integer())
     )
     walk = walk.union_all(step)
-    return select(walk.c.key).where(walk.c.key.is_not(None)).order_by(walk.c.step)
+    columns = [walk.c.key, _key_running(walk.c.key, walk)] if counted else [walk.c.key]
+    return select(*columns).where(walk.c.key.is_not(None)).order_by(walk.c.step)
 
 
 @cache
@@ -771,10 +785,16 @@ def key_picks(dialect: str, parts: int) -> Select[Any]:
 
 
 @cache
-def claim_limited(dialect: str) -> Update:
-    """Claim the queued jobs among the expanding ``:sequences`` (a limited
-    claim's pick, made under the queue's lock), as :func:`claim` does."""
-    return _claim_update(and_(c.sequence.in_(bindparam("sequences", expanding=True)), IS_QUEUED))
+def claim_limited(parts: int) -> Update:
+    """Claim the queued jobs among ``:s_0`` ... ``:s_<parts - 1>`` (a limited
+    claim's pick, made under the queue's lock; NULL pads a shorter pick), as
+    :func:`claim` does. One parameter each, not an expanding ``IN``: the
+    statement is compiled once per size (see :func:`_parts` in the store)
+    and sent as it is, like the other hot statements."""
+    if parts < 1:
+        raise ValueError("parts: at least 1")
+    picked = c.sequence.in_([_p(f"s_{index}", BigInteger()) for index in range(parts)])
+    return _claim_update(and_(picked, IS_QUEUED))
 
 
 #: Rate-log rows a claim deletes at most (the queue's rows out of the window).
@@ -870,12 +890,7 @@ def claim_limited_at_once() -> Select[Any]:
     def take_of(key: ColumnElement[Any], *within: Any) -> ColumnElement[Any]:
         """How many of key ``key``'s jobs the claim may take (the room, its
         per-key room, its per-key rate left), counted in ``within``'s rows."""
-        key_running = (
-            select(func.count())
-            .where(c.queue_name == queue, IS_RUNNING, IS_KEYED, c.limit_key == key)
-            .correlate(*within)
-            .scalar_subquery()
-        )
+        key_running = _key_running(key, *within)
         # A key's claims in its per-key window (ix_watchdog_limit_claims_keyed);
         # NULL (no per-key rate) leaves the take to the other limits.
         key_used = (
@@ -889,12 +904,14 @@ def claim_limited_at_once() -> Select[Any]:
             .correlate(*within, usage)
             .scalar_subquery()
         )
+        # CASE, not COALESCE: a count whose limit is not set is not read at all
+        # (PostgreSQL runs a subquery an arithmetic operand names, NULL or not).
         return func.greatest(
             0,
             func.least(
                 u.room,
-                func.coalesce(u.concurrency_per_key - key_running, u.room),
-                func.coalesce(u.rate_per_key_count - key_used, u.room),
+                case((u.concurrency_per_key.is_(None), u.room), else_=u.concurrency_per_key - key_running),
+                case((u.rate_per_key_count.is_(None), u.room), else_=u.rate_per_key_count - key_used),
             ),
         )
 
@@ -950,18 +967,30 @@ def claim_limited_at_once() -> Select[Any]:
         ),
     ).cte("entries")
     e = entries.c
-    # A key's n-th job ranks after the first jobs of the ``before`` keys ahead of
-    # it and its own n - 1: with ``room`` picks, it can be one only for
-    # n <= room - before. A queue limit over many keys reads 16 + 15 + ... + 1
-    # jobs for a claim of 16, not 16 of each key walked.
-    take = func.greatest(0, func.least(take_of(e.key, entries), u.room - e.before))
+    # Each entry with what the limits let it take (evaluated once per entry).
+    sized = (
+        select(e.key, e.ord, e.before, take_of(e.key, entries).label("take"))
+        .select_from(entries.join(usage, true()))
+        .cte("sized")
+        .prefix_with("MATERIALIZED")
+    )
+    z = sized.c
+    # Keys the claim may take from: each has a queued job (the walk found it),
+    # so at least this many entries have a first job to rank.
+    ahead = select(func.count()).select_from(sized).where(z.key.is_not(None), z.take > 0).scalar_subquery()
+    # A key's n-th job ranks after its own n - 1 and the first jobs of the
+    # entries ahead of it in the rotation (``before``) -- and, for n >= 2, of
+    # every other key with a job (``ahead`` - 1): with ``room`` picks it can be
+    # one only for n <= room - before and n <= max(1, room - ahead + 1). A
+    # queue limit over many keys reads one job of each key walked, not 16.
+    take = func.greatest(0, func.least(z.take, u.room - z.before, func.greatest(1, u.room - ahead + 1)))
     row: ColumnElement[Any] = literal_column("watchdog_jobs.ctid")
     keyed = (
         select(c.sequence, c.priority, row.label("row"))
-        .where(c.queue_name == queue, IS_QUEUED, IS_KEYED, c.limit_key == e.key)
+        .where(c.queue_name == queue, IS_QUEUED, IS_KEYED, c.limit_key == z.key)
         .order_by(*CLAIM_ORDER)
         .limit(take)
-        .correlate(entries, usage)
+        .correlate(sized, usage)
         .lateral("keyed")
     )
     head = (
@@ -971,16 +1000,17 @@ def claim_limited_at_once() -> Select[Any]:
         .limit(select(u.room + UNKEYED_SCAN).scalar_subquery())
         .subquery("head")
     )
+    # The unkeyed entry's n-th job (n >= 2) ranks after the first job of every key ahead.
     unkeyed = (
         select(head.c.sequence, head.c.priority, head.c.row)
         .where(head.c.limit_key.is_(None))
-        .limit(select(u.room).scalar_subquery())
+        .limit(select(func.least(u.room, func.greatest(1, u.room - ahead))).scalar_subquery())
         .subquery("unkeyed")
     )
     found = union_all(
-        select(e.ord, e.key, keyed.c.sequence, keyed.c.priority, keyed.c.row)
-        .select_from(entries.join(usage, true()).join(keyed, true()))
-        .where(e.key.is_not(None)),
+        select(z.ord, z.key, keyed.c.sequence, keyed.c.priority, keyed.c.row)
+        .select_from(sized.join(usage, true()).join(keyed, true()))
+        .where(z.key.is_not(None)),
         select(
             literal_column(str(unkeyed_at), Integer()).label("ord"),
             null(),
@@ -1098,7 +1128,12 @@ def claim_limited_at_once() -> Select[Any]:
 def move_cursor() -> Update:
     """Queue ``:queue``'s round-robin position: ``:cursor``, the key that got
     the last job (NULL: the unkeyed jobs)."""
-    return update(limits_table).where(lim.queue_name == _QUEUE).values(cursor_key=_p("cursor", Text()))
+    return (
+        update(limits_table)
+        .where(lim.queue_name == _QUEUE)
+        .values(cursor_key=_p("cursor", Text()))
+        .returning(lim.queue_name)  # a row, as execute_rows reads one
+    )
 
 
 @cache

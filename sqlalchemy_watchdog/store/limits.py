@@ -6,7 +6,9 @@ the argument that the limits are exact are in docs/design.md ("Flow control").
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import math
 import time
 import weakref
@@ -221,40 +223,52 @@ def _room(conn: Connection, row: Any, limit: int) -> Room:
     return Room(clock, running, used, room)
 
 
+#: A walked entry of the rotation: a key (None: the unkeyed jobs) and its
+#: running jobs (counted only under a per-key concurrency limit, else 0).
+Entry = tuple[str | None, int]
+
+
 def _rotation(
-    conn: Connection, queue: str, cursor: str | None, segment: int, first: int | None = None
-) -> Iterator[list[str | None]]:
+    conn: Connection, queue: str, cursor: str | None, segment: int, first: int | None = None, counted: bool = False
+) -> Iterator[list[Entry]]:
     """The queue's rotation from after ``cursor``, in segments: its keys
     above the cursor (ascending, code point order), the unkeyed jobs as one
     entry (None), then its keys up to the cursor -- the first segment at
     most ``first`` keys (``segment`` if None), each other at most
-    ``segment``, read by a skip scan."""
+    ``segment``, read by a skip scan; each key with its running jobs when
+    ``counted``."""
+    walk = sql.walk_keys(counted)
+
+    def walked(after: str, size: int) -> list[Entry]:
+        rows = execute_rows(conn, walk, {"queue": queue, "after": after, "walk": size})
+        return [(row[0], int(row[1]) if counted else 0) for row in rows]
+
     after = "" if cursor is None else cursor
     size = segment if first is None else first
     while True:
-        keys: list[str | None] = list(
-            conn.execute(sql.walk_keys(), {"queue": queue, "after": after, "walk": size}).scalars()
-        )
+        keys = walked(after, size)
         if keys:
             yield keys
         if len(keys) < size:
             break
         size = segment
-        last = keys[-1]
+        last = keys[-1][0]
         assert last is not None
         after = last
-    yield [None]
+    yield [(None, 0)]
     if cursor is None:
         return
     after = ""
     while True:
-        walked = list(conn.execute(sql.walk_keys(), {"queue": queue, "after": after, "walk": segment}).scalars())
-        inside: list[str | None] = [key for key in walked if key <= cursor]
+        keys = walked(after, segment)
+        inside = [entry for entry in keys if entry[0] is not None and entry[0] <= cursor]
         if inside:
             yield inside
-        if len(inside) < len(walked) or len(walked) < segment:
+        if len(inside) < len(keys) or len(keys) < segment:
             return
-        after = walked[-1]
+        last = keys[-1][0]
+        assert last is not None
+        after = last
 
 
 def _parts(count: int) -> int:
@@ -282,14 +296,12 @@ def fair_pick(
     # The first segment only as many keys as the room: when each of them may
     # take a job (the usual case: the keys at their limit are the ones just
     # claimed, behind the cursor), no other key can be picked.
-    for number, keys in enumerate(_rotation(conn, queue, row.cursor_key, segment, first=min(room, segment))):
-        named = [key for key in keys if key is not None]
+    rotation = _rotation(conn, queue, row.cursor_key, segment, first=min(room, segment), counted=per_key is not None)
+    for number, keys in enumerate(rotation):
+        named = [key for key, _running in keys if key is not None]
         take = dict.fromkeys(named, room)
-        if per_key is not None and named:
-            running: dict[str, int] = {
-                key: count for key, count in conn.execute(sql.keys_running(), {"queue": queue, "keys": named})
-            }
-            take = {key: max(0, min(room, per_key - running.get(key, 0))) for key in named}
+        if per_key is not None:
+            take = {key: max(0, min(room, per_key - running)) for key, running in keys if key is not None}
         if rate_per_key is not None and named:
             since = clock - row.rate_per_key_period_ms
             used: dict[str, int] = {
@@ -300,19 +312,29 @@ def fair_pick(
             }
             take = {key: max(0, min(take[key], rate_per_key - used.get(key, 0))) for key in named}
         open_keys = [key for key in named if take[key] > 0]
+        # Every open key has a queued job (the walk found it), so at least
+        # ``ahead`` entries have a first job: an entry's n-th job (n >= 2)
+        # ranks after its own n - 1 and the first job of every other such
+        # entry, so with ``room`` picks it can be one only for
+        # n <= room - (ahead - 1) -- for a keyed entry among them; the
+        # unkeyed entry is not among them, so n <= room - ahead. A queue
+        # limit over many keys reads one job of each key, not ``room``.
+        ahead = found + len(open_keys)
+        keyed_bound = max(1, room - ahead + 1)
         parts = _parts(len(open_keys))
-        params: dict[str, Any] = {"queue": queue, "unkeyed_n": room if None in keys else 0}
-        params["unkeyed_scan"] = room + sql.UNKEYED_SCAN if None in keys else 0
+        unkeyed = any(key is None for key, _running in keys)
+        params: dict[str, Any] = {"queue": queue, "unkeyed_n": max(1, room - ahead) if unkeyed else 0}
+        params["unkeyed_scan"] = room + sql.UNKEYED_SCAN if unkeyed else 0
         for index in range(parts):
             key = open_keys[index] if index < len(open_keys) else None
             params[f"key_{index}"] = key
-            params[f"n_{index}"] = 0 if key is None else take[key]
+            params[f"n_{index}"] = 0 if key is None else min(take[key], keyed_bound)
         candidates: dict[int, list[tuple[int, int]]] = {}
-        if open_keys or None in keys:
-            for sequence, priority, part in conn.execute(sql.key_picks(dialect, parts), params):
+        if parts or unkeyed:
+            for sequence, priority, part in execute_rows(conn, sql.key_picks(dialect, parts), params):
                 candidates.setdefault(part, []).append((priority, sequence))
-        for key in keys:
-            part = -1 if key is None else (open_keys.index(key) if key in take and take[key] > 0 else None)
+        for key, _running in keys:
+            part = -1 if key is None else (open_keys.index(key) if take.get(key, 0) > 0 else None)
             jobs = sorted(candidates.get(part, []), key=lambda job: (-job[0], job[1])) if part is not None else []
             entries.append(key)
             groups.append(jobs)
@@ -385,6 +407,13 @@ def claim_queue(conn: Connection, queue: str, *, limit: int, lease_ms: int, toke
     return claim_in_transaction(conn, queue, limit=limit, lease_ms=lease_ms, token=token)
 
 
+@functools.cache
+def _locked_row(dialect: str) -> Any:
+    """The named tuple of a :func:`statements.lock_limits` row (sent by
+    :func:`execute_rows`, which returns the driver's plain tuples)."""
+    return collections.namedtuple("LockedLimits", list(sql.lock_limits(dialect).selected_columns.keys()))
+
+
 def claim_in_transaction(
     conn: Connection, queue: str, *, limit: int, lease_ms: int, token: str, at_once: bool = True
 ) -> Taken | None:
@@ -395,9 +424,10 @@ def claim_in_transaction(
     statement (``at_once`` False: always so -- for tests comparing the two)."""
     dialect = conn.dialect.name
     with own_transaction(conn):
-        row = conn.execute(sql.lock_limits(dialect), {"queue": queue}).first()
-        if row is None:
+        locked = execute_rows(conn, sql.lock_limits(dialect), {"queue": queue})
+        if not locked:
             return None
+        row = _locked_row(dialect)._make(locked[0])
         if at_once and dialect == "postgresql":
             # The lock is held now, so the one statement's snapshot is younger
             # than it: the usual claim in one more round trip. It declines only
@@ -418,14 +448,17 @@ def claim_in_transaction(
         picks, cursor, move = fair_pick(conn, row, room.room, room.clock)
         rows: list[Sequence[Any]] = []
         if picks:
-            params = {"token": token, "lease_ms": lease_ms, "sequences": [sequence for sequence, _ in picks]}
-            rows = list(conn.execute(sql.claim_limited(dialect), params))
+            params = {"token": token, "lease_ms": lease_ms}
+            parts = _parts(len(picks))
+            for index in range(parts):
+                params[f"s_{index}"] = picks[index][0] if index < len(picks) else None
+            rows = execute_rows(conn, sql.claim_limited(parts), params)
         if move or rows:
             # Always written when jobs were taken: under REPEATABLE READ a
             # claimer whose snapshot predates this commit then fails its lock
             # (a serialization failure, retried) instead of counting stale rows;
             # under READ COMMITTED claim_at_once sees another version of the row.
-            conn.execute(sql.move_cursor(), {"queue": queue, "cursor": cursor})
+            execute_rows(conn, sql.move_cursor(), {"queue": queue, "cursor": cursor})
         started: dict[str | None, int] = {}
         for claimed in rows:
             if claimed[STATE] == JobState.RUNNING.value:

@@ -417,7 +417,7 @@ def _picks(dialect: str) -> dict[str, Any]:
 
 
 def _claim_limited(dialect: str) -> dict[str, Any]:
-    return {"token": "tok", "lease_ms": 60_000, "sequences": [5, 6, 7]}
+    return {"token": "tok", "lease_ms": 60_000, "s_0": 5, "s_1": 6, "s_2": 7, "s_3": None}
 
 
 def _list(**values: Any) -> Params:
@@ -728,11 +728,12 @@ PLANS: list[Case] = [
     # The limits row locked, and whether the queue has a queued job (its first entry in live_queue).
     Case("lock_limits", "lock_limits", (D,), lambda d: {"queue": KEYED_QUEUE}, on(LIVE_QUEUE)),
     Case("walk_keys", "walk_keys", (), _walk, on(KEYED_QUEUED)),
+    Case("walk_keys(counted)", "walk_keys", (True,), _walk, on(KEYED_RUNNING)),
     Case(
         "keys_running", "keys_running", (), lambda d: {"queue": KEYED_QUEUE, "keys": ["k10", "k11"]}, on(KEYED_RUNNING)
     ),
     Case("key_picks", "key_picks", (D, 4), _picks, on(KEYED_QUEUED, LIVE_QUEUE), both=True, ordered=True),
-    Case("claim_limited", "claim_limited", (D,), _claim_limited, on(PK)),
+    Case("claim_limited", "claim_limited", (4,), _claim_limited, on(PK)),
     # The whole limited claim in one statement (PostgreSQL): the walk and each key's jobs in
     # keyed_queued, the unkeyed head in live_queue; the update goes to its rows by address.
     Case(
@@ -824,7 +825,9 @@ def test_every_statement_builder_is_planned() -> None:
 
 #: The builders whose statements the store sends itself (``store.views.execute_rows``):
 #: precompiled once, their constants written into the text.
-HOT_BUILDERS = frozenset({"claim", "claim_limited_at_once", "settle", "enqueue_rows"})
+HOT_BUILDERS = frozenset(
+    {"claim", "claim_limited_at_once", "settle", "enqueue_rows", "walk_keys", "key_picks", "claim_limited"}
+)
 
 
 def sent_as_the_store_does(engine: Engine, case: Case) -> tuple[str, Any]:
@@ -1218,6 +1221,8 @@ def test_the_limited_claim_stays_flat_at_a_million_jobs_and_ten_thousand_keys(
     try:
         cases: list[tuple[Any, dict[str, Any], tuple[str, ...], bool]] = [
             (sql.walk_keys(), {"queue": "many", "after": "key-05000", "walk": 40}, (KEYED_QUEUED,), False),
+            # ... with each key's running jobs counted (a per-key limit): one range of keyed_running per key.
+            (sql.walk_keys(True), {"queue": "many", "after": "key-05000", "walk": 40}, (KEYED_RUNNING,), False),
             (
                 sql.keys_running(),
                 {"queue": "many", "keys": [f"key-{n:05}" for n in range(40)]},
@@ -1239,7 +1244,12 @@ def test_the_limited_claim_stays_flat_at_a_million_jobs_and_ten_thousand_keys(
             # The queue's running jobs: its range of live_queue, or (PostgreSQL, few running
             # jobs anywhere) the running jobs of every queue in the lease index.
             (sql.limit_usage(dialect), {"queue": "many", "period_ms": 60_000}, (LIVE_QUEUE, LEASE), False),
-            (sql.claim_limited(dialect), {"token": "t", "lease_ms": 1000, "sequences": [1_000_001]}, (PK,), False),
+            (
+                sql.claim_limited(16),
+                {"token": "t", "lease_ms": 1000, "s_0": 1_000_001, **{f"s_{i}": None for i in range(1, 16)}},
+                (PK,),
+                False,
+            ),
             # A per-key rate: each walked key's claims in its window, one range each.
             (
                 sql.keys_rate_used(True),
