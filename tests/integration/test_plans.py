@@ -41,6 +41,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -1078,6 +1079,38 @@ def million_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]
         conn.exec_driver_sql("PRAGMA cache_size = -2000")  # SQLite's default again, for the tests
     yield engine
     engine.dispose()
+
+
+def test_each_keys_jobs_are_read_in_order_when_statistics_say_one_job_per_key(tmp_path: Path) -> None:
+    """SQLite, a limited queue whose keys hold one queued job each, analysed:
+    the limited claim's pick reads each key's jobs in ``keyed_queued``'s order.
+    With ``limit_key = ?`` the planner, told one row per key, sorted each
+    key's jobs in a temporary b-tree (a pager and its page cache, allocated
+    and freed per key per claim: up to 0.6 ms of heap trimming per claim)."""
+    engine = create_engine(f"sqlite:///{tmp_path / 'one_per_key.db'}")
+    try:
+        metadata.create_all(engine)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                f"WITH RECURSIVE n(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM n WHERE n < 2000)"
+                f" INSERT INTO {TABLE} (job_id, queue_name, lane, priority, payload_json, state, enqueued_at,"
+                f" limit_key) SELECT 'one-' || n, 'one', 'one', 0, '{{}}', 'queued', n, 'k' || n FROM n"
+            )
+            conn.exec_driver_sql("ANALYZE")
+        stat = "SELECT stat FROM sqlite_stat1 WHERE idx = 'ix_watchdog_jobs_keyed_queued'"
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql(stat).scalar_one().split()[2] == "1"  # one job per key, as analysed
+        params = {"queue": "one", "unkeyed_n": 0, "unkeyed_scan": 0}
+        params |= {f"key_{i}": f"k{100 + i}" for i in range(16)} | {f"n_{i}": 1 for i in range(16)}
+        statement, parameters = sent(engine, sql.key_picks(LITE, 16), params)
+        plan = sqlite_plan(engine, statement, parameters)
+        assert KEYED_QUEUED in plan.indexes, plan.text
+        assert not plan.sorts, f"each key's jobs sorted instead of read in order:\n{plan.text}"
+        with engine.connect() as conn:
+            picked = conn.execute(sql.key_picks(LITE, 16), params).all()
+        assert sorted(row.part for row in picked) == list(range(16))
+    finally:
+        engine.dispose()
 
 
 def test_a_job_id_prefix_is_an_index_range_at_a_million_jobs_under_a_linguistic_collation(
