@@ -56,6 +56,11 @@ class Backend(Protocol):
     #: and count what the lock protects; else (PostgreSQL) a statement that
     #: waited for a row lock still reads with the snapshot it began with.
     locks_before_reading: bool
+    #: The system column naming a row's current version (PostgreSQL
+    #: ``ctid``), by which a write reaches rows its own pick locked whatever
+    #: the planner knows of the table (a TID scan); None where the key is the
+    #: row's address already (SQLite: ``sequence`` is the rowid).
+    row_address: str | None
 
     def insert(self, table: Any) -> Insert:
         """The dialect's INSERT construct (with ``on_conflict_do_*``)."""

@@ -33,6 +33,7 @@ class PostgreSQL:
     repeats_partial_predicates = False
     # Row locks: a statement that waited for one keeps its older snapshot.
     locks_before_reading = False
+    row_address: str | None = "ctid"
 
     def __init__(self) -> None:
         #: Whether job_id sorts by code point, per database URL (asked once).
@@ -85,6 +86,14 @@ class PostgreSQL:
             pick = pick.with_for_update(skip_locked=True)
         cte = pick.cte(name).prefix_with("MATERIALIZED")
         sequence = cte.c[str(key.key)]
+        if as_array and "row" in cte.c:
+            # By the rows' addresses (a pick locked them, so they stay where they
+            # are until this transaction writes them): a TID scan, whatever the
+            # planner knows of the table. By key, a generic plan made while the
+            # table was young and never analysed scanned it whole for every
+            # later claim -- 1 ms a claim at 9,000 rows, growing with the table.
+            address: ColumnElement[Any] = literal_column(f"{key.table.name}.{self.row_address}")
+            return address == any_(func.array(select(cte.c.row).scalar_subquery()))
         if as_array:
             # = ANY(ARRAY(...)), not IN (SELECT ...): the planner takes the array for
             # a few elements whatever it knows of the table, so the generic plan of

@@ -53,6 +53,7 @@ class SQLite:
     repeats_partial_predicates = True
     # BEGIN IMMEDIATE: the write lock is held before any statement reads.
     locks_before_reading = True
+    row_address: str | None = None
 
     def insert(self, table: Any) -> Insert:
         return sqlite.insert(table)

@@ -57,6 +57,8 @@ from sqlalchemy_watchdog.store import views
 TABLE = "watchdog_jobs"
 #: The integer primary key (SQLite's rowid; PostgreSQL's pk index).
 PK = "pk"
+#: A write that reaches rows by their address (PostgreSQL's TID scan), not through an index.
+TID = "tid"
 NOW = int(time.time() * 1000)
 
 # -- the seed ----------------------------------------------------------------------
@@ -284,6 +286,8 @@ def _pg_plan(document: Any) -> Plan:
         nonlocal full_scan, sorts
         if "Index Name" in node:
             indexes.add(_PK_NAMES.get(node["Index Name"], node["Index Name"]))
+        elif node.get("Relation Name") == TABLE and node["Node Type"] == "Tid Scan":
+            indexes.add(TID)
         elif node.get("Relation Name") == TABLE and node["Node Type"] == "Seq Scan":
             full_scan = True
         if node["Node Type"] in ("Sort", "Incremental Sort") and reads_jobs(node):
@@ -854,6 +858,11 @@ def _plans(planned: Planned, case: Case) -> list[tuple[str, Plan]]:
     ]
 
 
+def _case(name: str) -> Case:
+    """The case of :data:`PLANS` named ``name``."""
+    return next(case for case in PLANS if case.name == name)
+
+
 def _case_param(case: Case) -> Any:
     return pytest.param(case, id=case.name)
 
@@ -893,20 +902,47 @@ def seeded_database(server: URL, *statements: str) -> Iterator[Engine]:
         yield engine
 
 
-def test_the_claims_generic_plan_goes_by_key_when_one_queue_holds_the_table(postgres_server: URL) -> None:
+def test_the_claims_generic_plan_goes_by_address_when_one_queue_holds_the_table(postgres_server: URL) -> None:
     """A queue that holds most of the table (one busy queue, a fresh history):
     the generic plan of the one-queue claim must still reach the picked rows
-    by key. With ``IN (SELECT ...)`` it hash-joined a scan of the whole table
-    (7 ms a claim at 20,000 jobs), ready for the plan cache to choose."""
+    by their address. With ``IN (SELECT ...)`` it hash-joined a scan of the
+    whole table (7 ms a claim at 20,000 jobs), ready for the plan cache to choose."""
     seed = (
         "INSERT INTO watchdog_jobs (job_id, queue_name, lane, priority, payload_json, state, enqueued_at)"
         " SELECT 'one-' || n, 'busy', 'one-' || n, 0, '{}', 'queued', 0 FROM generate_series(1, 20000) n"
     )
     with seeded_database(postgres_server, seed) as engine:
-        statement, parameters = sent(engine, sql.claim(PG, 1), _claim(["busy"])(PG))
+        statement, parameters = sent_as_the_store_does(engine, _case("claim(one queue)"))
         plan = pg_cached_plan(engine, statement, parameters, generic=True)
         assert not plan.full_scan, f"the generic claim plan scans {TABLE} whole:\n{plan.text}"
-        assert PK in plan.indexes, plan.text
+        assert TID in plan.indexes, plan.text
+
+
+@pytest.mark.parametrize("queues", [1, 3])
+def test_a_claim_planned_on_a_young_table_never_scans_it_once_it_grew(postgres_server: URL, queues: int) -> None:
+    """The claim's generic plan made while the table was young and never
+    analysed (a fresh deployment's first minute: autovacuum has not run) is
+    kept by the runner's prepared statement while the table grows. Reaching
+    the picked rows by ``sequence``, that plan scanned the whole table for
+    every claim (1 ms a claim at 9,000 rows, and growing); by their address
+    (``ctid``, locked by the pick) it is a TID scan, whatever the planner knows."""
+    with own_database(postgres_server) as engine:
+        metadata.create_all(engine)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE watchdog_jobs SET (autovacuum_enabled = false)")
+            conn.exec_driver_sql(
+                "INSERT INTO watchdog_jobs (job_id, queue_name, lane, priority, payload_json, state, enqueued_at)"
+                " SELECT 'y-' || n, 'q' || mod(n, 3), 'default', 0, '{}', 'queued', 0"
+                " FROM generate_series(1, 3000) n"
+            )
+        assert engine.dialect.name == PG
+        statement, parameters = sent_as_the_store_does(
+            engine, _case(f"claim({'one queue' if queues == 1 else 'three queues'})")
+        )
+        parameters = {**parameters, **sql.queue_params([f"q{n}" for n in range(queues)])}
+        plan = pg_cached_plan(engine, statement, parameters, generic=True)
+        assert not plan.full_scan, f"the generic claim plan scans {TABLE} whole:\n{plan.text}"
+        assert TID in plan.indexes, plan.text
 
 
 @pytest.mark.parametrize(
