@@ -24,6 +24,8 @@ from sqlalchemy import (
     Text,
     bindparam,
     create_engine,
+    func,
+    literal_column,
     select,
     text,
 )
@@ -343,6 +345,66 @@ def test_a_write_targets_exactly_the_picked_rows(engine: Engine) -> None:
     )  # fmt: skip
     with engine.begin() as conn:
         assert sorted(conn.execute(select(union.c.sequence)).scalars()) == [1, 5]
+
+
+def test_a_write_reaches_the_rows_a_pick_locked_by_their_address(engine: Engine) -> None:
+    """``row_address``: where the backend names one, a pick returns it as ``row``
+    and the write reaches those rows by it; where it names none, the jobs' key
+    is the row's address already (SQLite: ``sequence`` is the rowid)."""
+    backend = _backend(engine)
+    if backend.row_address is None:
+        with engine.connect() as conn:
+            store.transact(conn, store.enqueue, [Job("a", "q"), Job("b", "q")])
+            pairs = conn.execute(select(literal_column("rowid"), jobs_table.c.sequence)).all()
+        assert pairs and all(rowid == sequence for rowid, sequence in pairs)
+        return
+    table = _numbers(engine)
+    address: Any = literal_column(f"{table.name}.{backend.row_address}").label("row")
+    pick = backend.skip_locked(
+        select(table.c.sequence, address).where(table.c.state == "queued").order_by(table.c.sequence).limit(2)
+    )
+    target = backend.picked(table.c.sequence, pick, "pick", skip_locked=False, as_array=True)
+    with engine.begin() as conn:
+        done = conn.execute(table.update().where(target).values(state="taken").returning(table.c.sequence))
+        assert sorted(done.scalars()) == [1, 2]
+    with engine.connect() as conn:
+        assert sorted(conn.execute(select(table.c.sequence).where(table.c.state == "taken")).scalars()) == [1, 2]
+
+
+def test_a_locking_statement_counts_what_the_lock_protects_where_the_backend_locks_before_reading(
+    engine: Engine,
+) -> None:
+    """``locks_before_reading``: a writer that waited for another writer's
+    lock counts, in the statement that locks, the rows the other committed
+    (SQLite: the write lock is held before the statement reads); else
+    (PostgreSQL) the statement that waited for a row lock reads with the
+    snapshot it began with, and misses them -- why the limited claim there
+    checks its snapshot against the lock."""
+    backend = _backend(engine)
+    table = _numbers(engine)
+    holding, done = threading.Event(), threading.Event()
+
+    def other_writer() -> None:
+        with engine.connect() as conn, conn.begin():
+            backend.begin_write(conn)
+            conn.execute(table.update().where(table.c.sequence == 1).values(state="held"))
+            conn.execute(table.insert().values(sequence=6, state="queued"))
+            holding.set()
+            done.wait(0.3)
+
+    thread = threading.Thread(target=other_writer)
+    thread.start()
+    try:
+        assert holding.wait(5)
+        counted = select(func.count()).select_from(table).scalar_subquery()
+        query = backend.locked(select(table.c.sequence, counted.label("rows")).where(table.c.sequence == 1))
+        with engine.connect() as conn, conn.begin():
+            backend.begin_write(conn)
+            _sequence, rows = conn.execute(query).one()
+    finally:
+        done.set()
+        thread.join(5)
+    assert rows == (6 if backend.locks_before_reading else 5)
 
 
 def test_a_pick_skips_rows_another_transaction_holds_where_rows_lock(engine: Engine) -> None:
