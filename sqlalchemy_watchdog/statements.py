@@ -583,15 +583,10 @@ def claim(dialect: str, queue_count: int | None) -> Update:
         each = [
             _queue_pick(dialect, index, limit, "priority").subquery(f"queue_{index}") for index in range(queue_count)
         ]
-        addressed = backend_of(dialect).row_address is not None
-        best = union_all(
-            *(select(part.c.sequence, *([part.c.row] if addressed else []), part.c.priority) for part in each)
-        ).subquery("queues")
-        pick = (
-            select(best.c.sequence, *([best.c.row] if addressed else []))
-            .order_by(best.c.priority.desc(), best.c.sequence)
-            .limit(limit)
-        )
+        best = union_all(*(select(part) for part in each)).subquery("queues")
+        # The sequence and the row's address (where the backend has one); the priority only orders.
+        taken = [column for column in best.c if column.key != "priority"]
+        pick = select(*taken).order_by(best.c.priority.desc(), best.c.sequence).limit(limit)
     # The picks lock their rows already (skip_locked), and the update reaches
     # them by address where the backend has one (a TID scan on PostgreSQL). As
     # an array: with IN, the generic plan of a queue holding most of the table
