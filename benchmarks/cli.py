@@ -135,8 +135,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, default=None, help="also write every run, the medians and the checks here")
     p.add_argument("--plot", type=Path, default=None, help="write the charts (PNG, matplotlib) into this directory")
     p.add_argument("--workdir", type=Path, default=None, help="keep files and logs here, not in a temporary directory")
-    for flag, kwargs in sorted(h.OPTIONS.items()):
-        p.add_argument(flag, default=None, **kwargs)
+    for flag, (kind, text) in sorted(h.OPTIONS.items()):
+        p.add_argument(flag, default=None, help=text, **({"action": kind} if kind == "store_true" else {"type": kind}))
     return p
 
 

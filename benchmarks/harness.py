@@ -822,26 +822,51 @@ class Scenario:
 
 
 SCENARIOS: dict[str, Scenario] = {}
-#: Options several scenarios take (each scenario has its own default).
-JOBS = {"--jobs": {"type": int, "help": "jobs per measurement (for every queue)"}}
-SAMPLES = {"--samples": {"type": int, "help": "samples or timed calls per run"}}
-ROWS = {"--rows": {"type": int, "help": "rows of history beside the measured jobs"}}
-CONCURRENCY = {"--concurrency": {"type": int, "help": "one runner's concurrency"}}
-RATE = {"--rate": {"type": float, "help": "requests per second (profile-drain: py-spy samples per second)"}}
-#: Scenario options: flag -> argparse keywords (default None: the scenario picks its default).
-OPTIONS: dict[str, dict[str, Any]] = {}
+#: Every scenario's options: flag -> (argparse type, or "store_true"; help). Each defaults to None:
+#: the scenario that reads it picks its own default (:meth:`Bench.opt`).
+OPTIONS: dict[str, tuple[Any, str]] = {
+    "--apps": (int, "sqlite-load: app processes (default 2)"),
+    "--backlog": (int, "in-process: jobs enqueued before the busy phase (default 2,000)"),
+    "--batch": (str, "jobs per claim, pgbench and the library's runner alike (default 64)"),
+    "--batch-sizes": (str, "hot-statements: jobs per claim statement (default 1,10,50)"),
+    "--batches": (int, "index-review: 1,000-job transactions per variant (default 40)"),
+    "--clients": (str, "pgbench clients (comma-separated; default 2,4)"),
+    "--concurrencies": (str, "drain concurrencies per worker (default 1,4,16,64; SQLite 1,4)"),
+    "--concurrency": (int, "one runner's concurrency"),
+    "--count-sql": ("store_true", "profile-drain: also count statements per job (SQLAlchemy's path)"),
+    "--drain-rows": (str, "drain rows to run, by a word of their name: e.g. defaults,c16,p1"),
+    "--drain-timeout": (float, "sqlite-load: seconds to wait for a drain (default 60)"),
+    "--duration": (float, "sqlite-load: seconds of app load per run (default 20)"),
+    "--jobs": (int, "jobs per measurement (for every queue)"),
+    "--journals": (str, "sqlite-load: journal modes, of delete,wal,wal-full (default delete,wal)"),
+    "--links": (int, "jobs in the chain"),
+    "--parents": (int, "parents of the fan-in"),
+    "--poll-interval": (float, "sqlite-load: the runners' poll_interval in seconds"),
+    "--processes": (str, "scaleout: runner processes (default 1,2,4,8)"),
+    "--quiet-jobs": (int, "sqlite-load: jobs of the quiet-file drain (default 2,000)"),
+    "--rate": (float, "requests per second (profile-drain: py-spy samples per second)"),
+    "--raw": (str, "profile-drain: keep py-spy's collapsed stacks in this directory"),
+    "--rows": (int, "rows of history beside the measured jobs"),
+    "--runners": (int, "sqlite-load: runner processes (default 2)"),
+    "--samples": (int, "samples or timed calls per run"),
+    "--seconds": (float, "in-process: length of each phase (default 30)"),
+    "--shapes": (str, "profile-drain: worker shapes (default sync-c1,sync-c16,async-c16)"),
+    "--threads": (int, "sqlite-load: request threads per app process (default 8)"),
+    "--timeouts": (str, "sqlite-load: busy timeouts, 'default' (the driver's) or seconds (default default,30)"),
+    "--url": (str, "in-process: an async-capable database URL (default: a database of the run's own)"),
+    "--work-ms": (int, "in-process: each backlog job's work in ms (default 5)"),
+}
 
 
 def scenario(
-    name: str, *, per_repeat: bool = False, suite: bool = False, options: dict[str, dict[str, Any]] | None = None
+    name: str, *, per_repeat: bool = False, suite: bool = False, options: str = ""
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Declare a scenario; its docstring's first line is its help. ``options``: its own command-line
-    options (flag -> argparse keywords); an option several declare is one."""
+    """Declare a scenario; its docstring's first line is its help. ``options``: the :data:`OPTIONS` it
+    reads, by name without the dashes (``"jobs rows"``)."""
 
     def register(fn: Callable[..., None]) -> Callable[..., None]:
+        assert all(f"--{flag}" in OPTIONS for flag in options.split()), options
         SCENARIOS[name] = Scenario(name, fn, (fn.__doc__ or "").strip().splitlines()[0], per_repeat, suite)
-        for flag, kwargs in (options or {}).items():
-            OPTIONS.setdefault(flag, kwargs)
         return fn
 
     return register

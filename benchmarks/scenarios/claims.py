@@ -39,13 +39,7 @@ def _pgbench(target: h.Target, clients: int, batch: int, n: int, tag: str) -> fl
     return n / elapsed
 
 
-CEILING_OPTIONS = {
-    "--clients": {"help": "pgbench clients (comma-separated; default 2,4)"},
-    "--batch": {"help": "jobs per claim, pgbench and the library's runner alike (default 64)"},
-}
-
-
-@h.scenario("ceiling", per_repeat=True, options={**h.JOBS, **CEILING_OPTIONS})
+@h.scenario("ceiling", per_repeat=True, options="jobs clients batch")
 def ceiling(bench: h.Bench, r: int) -> None:
     """Jobs/s of pgbench claiming and settling in batches on the library's table (the raw-SQL ceiling),
     beside the library's c64 p2 drain of as many jobs."""
@@ -80,14 +74,7 @@ def _claimed_all(eng: Any, queue: str, jobs: list[Job]) -> float:
     return (time.perf_counter() - started) * 1000 / len(jobs)
 
 
-@h.scenario(
-    "dependencies",
-    suite=True,
-    options={
-        "--parents": {"type": int, "help": "parents of the fan-in"},
-        "--links": {"type": int, "help": "jobs in the chain"},
-    },
-)
+@h.scenario("dependencies", suite=True, options="parents links")
 def dependencies(bench: h.Bench) -> None:
     """Fan-in of 1,000 parents, a 10,000-job chain per link, and claim+settle without dependencies."""
     parents, links = bench.opt("parents", 1_000, 100), bench.opt("links", 10_000, 200)

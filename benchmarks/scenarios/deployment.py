@@ -54,16 +54,7 @@ def _phase(base: str, pid: int, rate: float, seconds: float, work_ms: int) -> di
     return figures | {"server CPU (%)": 100 * (h.cpu_seconds(pid) - cpu) / (time.monotonic() - wall)}
 
 
-@h.scenario(
-    "in-process",
-    options={
-        "--url": {"help": "in-process: an async-capable database URL (default: a database of the run's own)"},
-        **h.RATE,
-        "--seconds": {"type": float, "help": "in-process: length of each phase (default 30)"},
-        "--backlog": {"type": int, "help": "in-process: jobs enqueued before the busy phase (default 2,000)"},
-        "--work-ms": {"type": int, "help": "in-process: each backlog job's work in ms (default 5)"},
-    },
-)
+@h.scenario("in-process", options="url rate seconds backlog work-ms")
 def in_process(bench: h.Bench) -> None:
     """Request latency and CPU of examples/fastapi_in_process.py (uvicorn) with its runner idle and busy."""
     rate, seconds = bench.opt("rate", 75.0), bench.opt("seconds", 30.0, 5.0)
@@ -147,7 +138,7 @@ def _pool_enqueue(target: h.Target, url: Any, pooled: bool, batches: int, size: 
         return batches * size / h.Watchdog().enqueue_batch(target, batches, size, "enq", eng)
 
 
-@h.scenario("poolers", options={**h.JOBS, **h.SAMPLES})
+@h.scenario("poolers", options="jobs samples")
 def poolers(bench: h.Bench) -> None:
     """Direct beside PgBouncer in transaction mode: start latency, drain, enqueue (needs /usr/sbin/pgbouncer)."""
     sys.path.insert(0, str(h.ROOT))
@@ -229,7 +220,7 @@ def otel_role(target: h.Target, jobs: int, concurrency: int, mode: str) -> None:
     h.say("RESULT", rate)
 
 
-@h.scenario("otel-overhead", options={**h.JOBS, **h.CONCURRENCY})
+@h.scenario("otel-overhead", options="jobs concurrency")
 def otel_overhead(bench: h.Bench) -> None:
     """Drain jobs/s with OpenTelemetry off, on (SDK), on + queue-depth gauges; both dialects."""
     jobs, concurrency = bench.opt("jobs", 3000, 300), bench.opt("concurrency", 16)
@@ -299,7 +290,7 @@ def _drain(target: h.Target, handler: Any, n: int, loops: int, tag: str, **optio
         return n / ((last - first) / 1000)
 
 
-@h.scenario("executors", per_repeat=True, options=h.JOBS)
+@h.scenario("executors", per_repeat=True, options="jobs")
 def executors(bench: h.Bench, r: int) -> None:
     """Jobs/s of a ~10 ms pure-Python handler: threads vs 1 and N child processes; the no-op drain's cost per job."""
     cores, loops = len(os.sched_getaffinity(0)), _loops_for(10.0)

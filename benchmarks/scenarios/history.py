@@ -59,13 +59,13 @@ def _beside(bench: h.Bench, name: str, what: str, columns: dict[str, str], rows:
             bench.check_median(goal, table, "ratio", dialect, lambda m: m <= 1.3)
 
 
-@h.scenario("claim", suite=True, options=h.ROWS)
+@h.scenario("claim", suite=True, options="rows")
 def claim(bench: h.Bench) -> None:
     """Claim+settle ms/job beside 1,000,000 settled jobs vs an empty table."""
     _beside(bench, "claim", "settled rows", h.SETTLED, bench.opt("rows", 1_000_000, 100_000))
 
 
-@h.scenario("delayed", suite=True, options=h.ROWS)
+@h.scenario("delayed", suite=True, options="rows")
 def delayed(bench: h.Bench) -> None:
     """Claim+settle ms/job beside 1,000,000 jobs delayed far ahead vs empty."""
     _beside(bench, "delayed", "delayed jobs", DELAYED, bench.opt("rows", 1_000_000, 100_000))
@@ -78,7 +78,7 @@ def _enqueue_due(client: Any, key: str) -> float:
     return due_ms / 1000.0
 
 
-@h.scenario("lateness", per_repeat=True, suite=True, options=h.SAMPLES)
+@h.scenario("lateness", per_repeat=True, suite=True, options="samples")
 def lateness(bench: h.Bench, r: int) -> None:
     """Handler start - run_at (ms) of delayed jobs, an idle runner."""
     samples, warmup = bench.opt("samples", 100, 10), (2 if bench.quick else 3)
@@ -119,7 +119,7 @@ def _prune_round(bench: h.Bench, target: h.Target, prune: bool, tag: str, sample
     return {"samples": values, "pruned": before - after, "seconds": elapsed}
 
 
-@h.scenario("prune", suite=True, options={**h.ROWS, **h.SAMPLES})
+@h.scenario("prune", suite=True, options="rows samples")
 def prune(bench: h.Bench) -> None:
     """Claim latency (ms) of a runner while it prunes 1,000,000 old settled jobs vs without."""
     rows, samples = bench.opt("rows", 1_000_000, 100_000), bench.opt("samples", 200, 20)
@@ -164,7 +164,7 @@ STATS_SETTLED = h.job_rows("settled", at=STATS_AT, queue_name=STATS_QUEUE, lane=
 STATS_QUEUED = h.job_rows("queued", "queued", queue_name=STATS_QUEUE, lane=STATS_QUEUE, enqueued_at=STATS_AT)
 
 
-@h.scenario("stats", suite=True, options={**h.ROWS, **h.SAMPLES})
+@h.scenario("stats", suite=True, options="rows samples")
 def stats(bench: h.Bench) -> None:
     """stats() and list_jobs() ms beside 1,000,000 settled and 100,000 queued jobs, PostgreSQL."""
     settled, calls = bench.opt("rows", 1_000_000, 200_000), bench.opt("samples", 200, 30)

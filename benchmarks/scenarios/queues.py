@@ -25,7 +25,7 @@ def _rate(subject: Any, target: h.Target, call: Any, args: Any, jobs: int) -> fl
     return float(jobs / call(target, *args))
 
 
-@h.scenario("enqueue", per_repeat=True, suite=True, options=h.JOBS)
+@h.scenario("enqueue", per_repeat=True, suite=True, options="jobs")
 def enqueue(bench: h.Bench, r: int) -> None:
     """Jobs/s: one job per transaction (also in the caller's Session), 1,000 per statement."""
     batches = 3 if bench.quick else 10
@@ -61,13 +61,7 @@ def enqueue(bench: h.Bench, r: int) -> None:
         )
 
 
-DRAIN_OPTIONS = {
-    "--concurrencies": {"help": "drain concurrencies per worker (default 1,4,16,64; SQLite 1,4)"},
-    "--drain-rows": {"help": "drain rows to run, by a word of their name: e.g. defaults,c16,p1"},
-}
-
-
-@h.scenario("drain", per_repeat=True, suite=True, options={**h.JOBS, **DRAIN_OPTIONS})
+@h.scenario("drain", per_repeat=True, suite=True, options="jobs concurrencies drain-rows")
 def drain(bench: h.Bench, r: int) -> None:
     """Jobs/s of worker processes draining a prefilled queue (concurrency x processes, defaults, AsyncRunner)."""
     for dialect in bench.dialects():
@@ -104,7 +98,7 @@ def drain(bench: h.Bench, r: int) -> None:
         bench.check_median(goal, rows.title, f"defaults p{procs}", "watchdog", lambda m: m >= 1, versus="pgqueuer")
 
 
-@h.scenario("latency", per_repeat=True, suite=True, options=h.SAMPLES)
+@h.scenario("latency", per_repeat=True, suite=True, options="samples")
 def latency(bench: h.Bench, r: int) -> None:
     """Enqueue-to-start ms (p50/p95/p99) of one idle worker with its defaults, PostgreSQL."""
     table = "enqueue-to-start latency (ms), PostgreSQL"
@@ -197,7 +191,7 @@ def _claim_cost(target: h.Target, n: int, tag: str, keys: int, limits: Any) -> f
     return statistics.median(times[5:-1] or times) * 1000  # the first five: psycopg prepares at the fifth
 
 
-@h.scenario("limits", per_repeat=True, options=h.JOBS)
+@h.scenario("limits", per_repeat=True, options="jobs")
 def limits(bench: h.Bench, r: int) -> None:
     """Jobs/s of one worker process at concurrency 16 draining a limited queue, beside the same queue unlimited;
     and what one claim of 16 costs under each limit (store-level)."""

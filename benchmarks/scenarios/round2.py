@@ -34,7 +34,7 @@ class Order(Base):  # an application row about as wide as a job's
     payload: Mapped[str] = mapped_column(Text)
 
 
-@h.scenario("txn", per_repeat=True, suite=True, options=h.SAMPLES)
+@h.scenario("txn", per_repeat=True, suite=True, options="samples")
 def txn(bench: h.Bench, r: int) -> None:
     """Microseconds and round trips enqueue(session, ...) adds to an open transaction, beside session.add + flush."""
     target, samples = bench.target("watchdog", "postgresql"), bench.opt("samples", 300, 50)
@@ -193,7 +193,7 @@ def _in_child(bench: h.Bench, log: str, role: Any, target: h.Target, jobs: int, 
     return float(h.Child(bench.workdir / f"inprocess-{log}.log", role, target=target, jobs=jobs, **kwargs).result(600))
 
 
-@h.scenario("inprocess", per_repeat=True, suite=True, options=h.JOBS)
+@h.scenario("inprocess", per_repeat=True, suite=True, options="jobs")
 def inprocess(bench: h.Bench, r: int) -> None:
     """Jobs/s of a Runner / AsyncRunner draining in the enqueueing process vs in a process of its own."""
     target, jobs = bench.target("watchdog", "postgresql"), bench.opt("jobs", 20_000, 300)
@@ -224,10 +224,7 @@ def inprocess(bench: h.Bench, r: int) -> None:
             bench.check_median(goal, table, row, column, lambda m: m >= 1.5, versus="pgqueuer")
 
 
-PROCESSES = {"--processes": {"help": "scaleout: runner processes (default 1,2,4,8)"}}
-
-
-@h.scenario("scaleout", per_repeat=True, suite=True, options={**h.JOBS, **PROCESSES})
+@h.scenario("scaleout", per_repeat=True, suite=True, options="jobs processes")
 def scaleout(bench: h.Bench, r: int) -> None:
     """Jobs/s of 1, 2, 4, 8 runner processes (concurrency 4 each) draining one queue."""
     target, jobs = bench.target("watchdog", "postgresql"), bench.opt("jobs", 5000, 600)
@@ -302,7 +299,7 @@ def measure_scale(target: h.Target, calls: int, prune_limit: int) -> dict[str, f
     return {f"{k} (ms)": v for k, v in out.items()}
 
 
-@h.scenario("scale", suite=True, options=h.ROWS)
+@h.scenario("scale", suite=True, options="rows")
 def scale(bench: h.Bench) -> None:
     """Milliseconds per operation on a large table (settled, scheduled, queued) vs one with 1% of its history."""
     settled = bench.opt("rows", 1_000_000, 20_000)

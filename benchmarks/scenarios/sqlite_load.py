@@ -217,21 +217,10 @@ def one_run(bench: h.Bench, journal: str, timeout: float | None, tag: str) -> di
     }
 
 
-_opt = lambda kind, text: {"type": kind, "help": f"sqlite-load: {text}"}
-OPTIONS = {
-    "--apps": _opt(int, "app processes (default 2)"),
-    "--runners": _opt(int, "runner processes (default 2)"),
-    "--threads": _opt(int, "request threads per app process (default 8)"),
-    "--duration": _opt(float, "seconds of app load per run (default 20)"),
-    "--drain-timeout": _opt(float, "seconds to wait for a drain (default 60)"),
-    "--quiet-jobs": _opt(int, "jobs of the quiet-file drain (default 2,000)"),
-    "--journals": _opt(str, "journal modes, of delete,wal,wal-full (default delete,wal)"),
-    "--timeouts": _opt(str, "busy timeouts, 'default' (the driver's) or seconds (default default,30)"),
-    "--poll-interval": _opt(float, "the runners' poll_interval in seconds"),
-}
-
-
-@h.scenario("sqlite-load", options={**h.RATE, **h.CONCURRENCY, **OPTIONS})
+@h.scenario(
+    "sqlite-load",
+    options="rate concurrency apps runners threads duration drain-timeout quiet-jobs journals timeouts poll-interval",
+)
 def sqlite_load(bench: h.Bench) -> None:
     """SQLite: runners beside paced app writers (journal modes x busy timeouts): latency, drain, app failures."""
     table = "SQLite under an application's writes"

@@ -51,10 +51,7 @@ def _hot_round(target: h.Target, jobs: int, batch: int, tag: str) -> dict[str, f
     return {f"{name} (us/job)": seconds / measured * 1e6 for name, seconds in figures.items()}
 
 
-BATCH_SIZES = {"--batch-sizes": {"help": "hot-statements: jobs per claim statement (default 1,10,50)"}}
-
-
-@h.scenario("hot-statements", options={**h.JOBS, **BATCH_SIZES})
+@h.scenario("hot-statements", options="jobs batch-sizes")
 def hot_statements(bench: h.Bench) -> None:
     """Microseconds per job (wall, client CPU, server CPU) of store.claim + settle_many without a runner, PostgreSQL."""
     table = "claim + settle_many, one held connection (the server on this machine)"
@@ -139,10 +136,7 @@ class _Enqueuer:
         self.engine.dispose()
 
 
-BATCHES = {"--batches": {"type": int, "help": "index-review: 1,000-job transactions per variant (default 40)"}}
-
-
-@h.scenario("index-review", options={**BATCHES, **h.ROWS, **h.JOBS})
+@h.scenario("index-review", options="batches rows jobs")
 def index_review(bench: h.Bench) -> None:
     """Each index set of watchdog_jobs: batch enqueue jobs/s, and claim+settle ms/job beside a history."""
     batches, rows = bench.opt("batches", 40, 10), bench.opt("rows", 1_000_000, 100_000)
@@ -259,14 +253,7 @@ def _profile(bench: h.Bench, shape: str, jobs: int) -> dict[str, float]:
     }
 
 
-PROFILE_OPTIONS = {
-    "--shapes": {"help": "profile-drain: worker shapes (default sync-c1,sync-c16,async-c16)"},
-    "--raw": {"help": "profile-drain: keep py-spy's collapsed stacks in this directory"},
-    "--count-sql": {"action": "store_true", "help": "profile-drain: also count statements per job (SQLAlchemy's path)"},
-}
-
-
-@h.scenario("profile-drain", options={**h.JOBS, **h.RATE, **PROFILE_OPTIONS})
+@h.scenario("profile-drain", options="jobs rate shapes raw count-sql")
 def profile_drain(bench: h.Bench) -> None:
     """Where a drained job's time goes: py-spy samples of a runner process by function group (pip install py-spy)."""
     table = "us per job, py-spy --gil samples of the worker by group"
