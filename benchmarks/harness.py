@@ -94,16 +94,6 @@ def _admin(statement: str, name: str) -> None:
         conn.execute(pgsql.SQL(statement).format(pgsql.Identifier(name)))
 
 
-def create_database(suffix: str) -> Target:
-    """A new, empty PostgreSQL database ``watchdog_bench_<pid>_<suffix>``."""
-    name = f"{DB_PREFIX}{os.getpid()}_{suffix}"
-    _admin("DROP DATABASE IF EXISTS {} WITH (FORCE)", name)
-    _admin("CREATE DATABASE {}", name)
-    dsn = make_url(ADMIN_DSN).set(database=name).render_as_string(hide_password=False)
-    _created.append(target := Target("postgresql", dsn, name))
-    return target
-
-
 def drop(*targets: Target) -> None:
     """Drop the run's databases (never anyone else's) and delete its SQLite files."""
     for target in targets:
@@ -136,11 +126,13 @@ def run_sql(target: Target, statement: str, params: dict[str, Any] | None = None
 
 def insert_jobs(target: Target, rows: int, columns: dict[str, str], *, analyse: bool = True, **params: Any) -> float:
     """Seconds for ``rows`` jobs in one ``INSERT ... SELECT`` over ``n`` = 1..rows, each column an SQL
-    expression of ``n`` (``:queue`` the benchmark's queue); ``analyse`` as :func:`run_sql`'s."""
+    expression of ``n`` (``:queue`` the benchmark's queue, ``{clock}`` the database clock, :data:`CLOCK_SQL`);
+    ``analyse`` as :func:`run_sql`'s."""
     numbers = "generate_series(1, :rows) AS g(n)"
     if target.dialect == "sqlite":
         numbers = "(WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < :rows) SELECT n FROM g)"
     sql = f"INSERT INTO watchdog_jobs ({', '.join(columns)}) SELECT {', '.join(columns.values())} FROM {numbers}"
+    sql = sql.replace("{clock}", CLOCK_SQL[target.dialect])
     started = time.perf_counter()
     run_sql(target, sql, {"rows": rows, "queue": QUEUE, **params}, analyse=analyse)
     return time.perf_counter() - started
@@ -715,11 +707,9 @@ class Procrastinate(_AsyncPeer):
     def worker_main(self, target: Target, concurrency: int = 1, defaults: bool = False, latency: bool = False) -> None:
         pool = {} if defaults else {"min_size": min(4, concurrency + 2), "max_size": max(4, concurrency + 2)}
         app, _ = self.app(target.dsn, latency=latency, **pool)
-        options = {
-            "queues": [QUEUE],
-            "install_signal_handlers": True,
-            **({} if defaults else {"concurrency": concurrency}),
-        }
+        options = {"queues": [QUEUE], "install_signal_handlers": True} | (
+            {} if defaults else {"concurrency": concurrency}
+        )
 
         async def go() -> None:
             async with app.open_async():
@@ -973,7 +963,12 @@ class Bench:
     def scratch(self, dialect: str, name: str, drop: bool = True) -> Target:
         """An empty database of its own: ``watchdog_bench_<pid>_<name>`` or ``<name>.db``."""
         if dialect == "postgresql":
-            return create_database(name)
+            db = f"{DB_PREFIX}{os.getpid()}_{name}"
+            _admin("DROP DATABASE IF EXISTS {} WITH (FORCE)", db)
+            _admin("CREATE DATABASE {}", db)
+            dsn = make_url(ADMIN_DSN).set(database=db).render_as_string(hide_password=False)
+            _created.append(target := Target("postgresql", dsn, db))
+            return target
         path = self.workdir / f"{name}.db"
         if drop:
             path.unlink(missing_ok=True)

@@ -22,10 +22,6 @@ OLD = f"({{clock}} - 8 * {h.DAY_MS} - CAST(:rows - n AS BIGINT) * 1000)"
 PRUNABLE = h.job_rows("old", at=OLD)
 
 
-def _with_clock(columns: dict[str, str], target: h.Target) -> dict[str, str]:
-    return {k: v.replace("{clock}", h.CLOCK_SQL[target.dialect]) for k, v in columns.items()}
-
-
 def _beside(bench: h.Bench, name: str, what: str, columns: dict[str, str], rows: int) -> None:
     """Claim+settle ms/job in an empty table and in one holding ``rows`` jobs of ``columns``, in
     alternating rounds so a change in machine load hits both; the ratio of the medians."""
@@ -35,7 +31,7 @@ def _beside(bench: h.Bench, name: str, what: str, columns: dict[str, str], rows:
         with bench.database(dialect, f"{name}_empty", fails=f"{dialect} {name}") as empty:
             with bench.database(dialect, f"{name}_full") as full:
                 with h.deadline(900, f"{dialect}: inserting {rows:,} rows"):
-                    seconds = h.insert_jobs(full, rows, _with_clock(columns, full))
+                    seconds = h.insert_jobs(full, rows, columns)
                 bench.log(f"{dialect}: {rows:,} {what} inserted and analysed in {seconds:.1f}s")
                 for r in range(bench.repeat):
                     h.truncate(empty)
@@ -130,7 +126,7 @@ def prune(bench: h.Bench) -> None:
             for r in range(bench.repeat):
                 h.truncate(target)  # every repeat starts from the whole history
                 with h.deadline(900, "inserting the old jobs"):
-                    seconds = h.insert_jobs(target, rows, _with_clock(PRUNABLE, target))
+                    seconds = h.insert_jobs(target, rows, PRUNABLE)
                 bench.log(f"{dialect}: {rows:,} old settled jobs inserted and analysed in {seconds:.1f}s")
                 got: dict[bool, list[float]] = {False: [], True: []}
                 pruned = seconds = 0.0
