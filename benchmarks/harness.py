@@ -168,8 +168,8 @@ def truncate(target: Target) -> None:
             conn.execute(pgsql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(tables))
 
 
-def engine(target: Target, pool_size: int = 5, **kwargs: Any) -> Any:
-    return create_engine(target.url, pool_size=pool_size, max_overflow=10, **kwargs)
+def engine(target: Target, pool_size: int = 5) -> Any:
+    return create_engine(target.url, pool_size=pool_size, max_overflow=10)
 
 
 @contextlib.contextmanager
@@ -788,12 +788,10 @@ class Probe:
     """A connection answering ``live()`` (any job not yet finished?) and ``completed()``."""
 
     def __init__(self, subject: Any, target: Target) -> None:
-        lite = target.dialect == "sqlite"
-        self.conn: Any = (
-            sqlite3.connect(target.dsn, isolation_level=None, timeout=30)
-            if lite
-            else psycopg.connect(target.dsn, autocommit=True)
-        )
+        if target.dialect == "sqlite":
+            self.conn: Any = sqlite3.connect(target.dsn, isolation_level=None, timeout=30)
+        else:
+            self.conn = psycopg.connect(target.dsn, autocommit=True)
         self.live: Callable[[], bool] = lambda: bool(self.conn.execute(subject.live_sql).fetchone()[0])
         self.completed: Callable[[], int] = lambda: int(self.conn.execute(subject.completed_sql).fetchone()[0])
         self.close: Callable[[], None] = self.conn.close
@@ -849,14 +847,15 @@ OPTIONS: dict[str, tuple[Any, str]] = {
 
 
 def scenario(
-    name: str, *, per_repeat: bool = False, suite: bool = False, options: str = ""
+    name: str, *, per_repeat: bool = False, suite: bool = False, options: str = "", help: str | None = None
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Declare a scenario; its docstring's first line is its help. ``options``: the :data:`OPTIONS` it
-    reads, by name without the dashes (``"jobs rows"``)."""
+    """Declare a scenario; its help is ``help`` or its docstring's first line. ``options``: the
+    :data:`OPTIONS` it reads, by name without the dashes (``"jobs rows"``)."""
 
     def register(fn: Callable[..., None]) -> Callable[..., None]:
         assert all(f"--{flag}" in OPTIONS for flag in options.split()), options
-        SCENARIOS[name] = Scenario(name, fn, (fn.__doc__ or "").strip().splitlines()[0], per_repeat, suite)
+        text = help or (fn.__doc__ or "").strip().splitlines()[0]
+        SCENARIOS[name] = Scenario(name, fn, text, per_repeat, suite)
         return fn
 
     return register

@@ -22,10 +22,10 @@ OLD = f"({{clock}} - 8 * {h.DAY_MS} - CAST(:rows - n AS BIGINT) * 1000)"
 PRUNABLE = h.job_rows("old", at=OLD)
 
 
-def _beside(bench: h.Bench, name: str, what: str, columns: dict[str, str], rows: int) -> None:
-    """Claim+settle ms/job in an empty table and in one holding ``rows`` jobs of ``columns``, in
+def _beside(bench: h.Bench, name: str, what: str, columns: dict[str, str]) -> None:
+    """Claim+settle ms/job in an empty table and in one holding ``--rows`` jobs of ``columns``, in
     alternating rounds so a change in machine load hits both; the ratio of the medians."""
-    jobs, per_round = (200, 100) if bench.quick else (2000, 250)
+    rows, (jobs, per_round) = bench.opt("rows", 1_000_000, 100_000), (200, 100) if bench.quick else (2000, 250)
     table = f"claim+settle one job at a time, watchdog (ms/job, rounds; ratio {what} / empty)"
     for dialect in bench.dialects():
         with bench.database(dialect, f"{name}_empty", fails=f"{dialect} {name}") as empty:
@@ -55,16 +55,13 @@ def _beside(bench: h.Bench, name: str, what: str, columns: dict[str, str], rows:
             bench.check_median(goal, table, "ratio", dialect, lambda m: m <= 1.3)
 
 
-@h.scenario("claim", suite=True, options="rows")
-def claim(bench: h.Bench) -> None:
-    """Claim+settle ms/job beside 1,000,000 settled jobs vs an empty table."""
-    _beside(bench, "claim", "settled rows", h.SETTLED, bench.opt("rows", 1_000_000, 100_000))
-
-
-@h.scenario("delayed", suite=True, options="rows")
-def delayed(bench: h.Bench) -> None:
-    """Claim+settle ms/job beside 1,000,000 jobs delayed far ahead vs empty."""
-    _beside(bench, "delayed", "delayed jobs", DELAYED, bench.opt("rows", 1_000_000, 100_000))
+#: The two scenarios that differ only in the history beside the claims -> (its rows, their columns, help).
+BESIDE = {
+    "claim": ("settled rows", h.SETTLED, "Claim+settle ms/job beside 1,000,000 settled jobs vs an empty table."),
+    "delayed": ("delayed jobs", DELAYED, "Claim+settle ms/job beside 1,000,000 jobs delayed far ahead vs empty."),
+}
+for name, (what, history, text) in BESIDE.items():
+    h.scenario(name, suite=True, options="rows", help=text)(partial(_beside, name=name, what=what, columns=history))
 
 
 def _enqueue_due(client: Any, key: str) -> float:
