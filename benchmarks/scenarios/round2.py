@@ -143,15 +143,12 @@ def producers(bench: h.Bench, r: int) -> None:
     table = "16 producer processes, 1 job per transaction (jobs/s), PostgreSQL"
     bench.table(table, ratios="watchdog")
     jobs = {"watchdog": 300, "procrastinate": 150, "pgqueuer": 300}
-    for name in bench.in_order(r):
-        run = partial(_produce, bench, name, jobs[name] // (6 if bench.quick else 1), f"prod-{name}-{r}")
-        bench.measure(table, "every queue, its defaults", name, run, 900)
-    if "watchdog" not in bench.subjects:
-        return
-    n = jobs["watchdog"] // (6 if bench.quick else 1)
-    for row, (runner, trigger) in TRIGGER_ROWS.items():
-        run = partial(_produce, bench, "watchdog", n, f"prod-{len(row)}-{r}", runner, **trigger)
-        bench.measure(table, row, "watchdog", run, 900)
+    cells = [(name, "every queue, its defaults", f"prod-{name}-{r}", False, {}) for name in bench.in_order(r)]
+    if "watchdog" in bench.subjects:
+        cells += [("watchdog", row, f"prod-{len(row)}-{r}", *rest) for row, rest in TRIGGER_ROWS.items()]
+    for name, row, tag, runner, trigger in cells:
+        run = partial(_produce, bench, name, jobs[name] // (6 if bench.quick else 1), tag, runner, **trigger)
+        bench.measure(table, row, name, run, 900)
 
 
 def inprocess_role(target: h.Target, concurrency: int | None, jobs: int, use_asyncio: bool) -> None:
