@@ -143,6 +143,7 @@ def producers(bench: h.Bench, r: int) -> None:
     table = "16 producer processes, 1 job per transaction (jobs/s), PostgreSQL"
     bench.table(table, ratios="watchdog")
     jobs = {"watchdog": 300, "procrastinate": 150, "pgqueuer": 300}
+    cells: list[tuple[str, str, str, bool, dict[str, bool]]]  # subject, row, tag, runner, trigger
     cells = [(name, "every queue, its defaults", f"prod-{name}-{r}", False, {}) for name in bench.in_order(r)]
     if "watchdog" in bench.subjects:
         cells += [("watchdog", row, f"prod-{len(row)}-{r}", *rest) for row, rest in TRIGGER_ROWS.items()]
