@@ -45,10 +45,7 @@ def _txn_cost(target: h.Target, samples: int, warmup: int = 20) -> dict[str, flo
     """Each way of adding 1 or 100 rows to an open transaction: p50/p99 us and round trips, counted
     in the warm-up rounds only (why: README.md, the ``txn`` row)."""
     h.truncate(target)
-    eng, sent, payload = h.engine(target), list[int](), {"note": "x" * 40}
-    Base.metadata.create_all(eng)
-    count = lambda *args: sent.append(1)
-    event.listen(eng, "before_cursor_execute", count)
+    sent, payload = list[int](), {"note": "x" * 40}
     same = {"kind": h.QUEUE, "priority": 0, "payload": json.dumps(payload)}
 
     def make(kind: str, n: int, tag: str) -> list[Any]:
@@ -59,7 +56,10 @@ def _txn_cost(target: h.Target, samples: int, warmup: int = 20) -> dict[str, flo
     kinds = [(kind, n) for n in (1, 100) for kind in ("enqueue", "session.add")]
     times: dict[tuple[str, int], list[float]] = {k: [] for k in kinds}
     trips: dict[tuple[str, int], list[int]] = {k: [] for k in kinds}
-    try:
+    with h.disposed(h.engine(target)) as eng:
+        Base.metadata.create_all(eng)
+        count = lambda *args: sent.append(1)
+        event.listen(eng, "before_cursor_execute", count)
         for i in range(warmup + samples):
             if i == warmup:
                 event.remove(eng, "before_cursor_execute", count)
@@ -80,8 +80,6 @@ def _txn_cost(target: h.Target, samples: int, warmup: int = 20) -> dict[str, flo
                     times[(kind, n)].append(elapsed / 1000)
                 else:
                     trips[(kind, n)].append(statements)
-    finally:
-        eng.dispose()
     out: dict[str, float] = {}
     for kind, n in kinds:
         out |= h.percentiles(times[(kind, n)], (50, 99), f"{kind} {n} row(s) p{{}} (us)")
@@ -260,20 +258,19 @@ def build_scale(target: h.Target, settled: int) -> None:
 
 def measure_scale(target: h.Target, calls: int, prune_limit: int) -> dict[str, float]:
     """ms per operation on the scale table (median of ``calls``)."""
-    eng = h.engine(target)
-    client, out, claimed = Watchdog(eng), {}, []
-    ms = lambda call, n=calls: statistics.median(h.time_calls(call, n, 2))
+    with h.disposed(h.engine(target)) as eng:
+        client, out, claimed = Watchdog(eng), {}, []
+        ms = lambda call, n=calls: statistics.median(h.time_calls(call, n, 2))
 
-    def claim(queue: str) -> None:
-        with eng.begin() as conn:
-            claimed.extend(store.claim(conn, queues=[queue], limit=1, lease_ms=60_000).claimed)
+        def claim(queue: str) -> None:
+            with eng.begin() as conn:
+                claimed.extend(store.claim(conn, queues=[queue], limit=1, lease_ms=60_000).claimed)
 
-    def settle() -> None:
-        one = claimed.pop()
-        with eng.begin() as conn:
-            store.settle(conn, job_id=one.job.job_id, claim_token=one.token, decision=Decision.completed())
+        def settle() -> None:
+            one = claimed.pop()
+            with eng.begin() as conn:
+                store.settle(conn, job_id=one.job.job_id, claim_token=one.token, decision=Decision.completed())
 
-    try:
         out["claim"] = ms(partial(claim, "scale-7"))
         out["claim, 10,000-job backlog"] = ms(partial(claim, "scale-big"))
         out["settle"] = ms(settle, min(calls, len(claimed) - 2))
@@ -292,8 +289,6 @@ def measure_scale(target: h.Target, calls: int, prune_limit: int) -> dict[str, f
         if (deleted := client.prune(older_than=timedelta(days=1), limit=prune_limit)) != prune_limit:
             raise h.ScenarioFailed(f"prune deleted {deleted} of {prune_limit}")
         out["prune, per 1,000 old jobs"] = (time.perf_counter() - started) * 1000 / (prune_limit / 1000)
-    finally:
-        eng.dispose()
     return {f"{k} (ms)": v for k, v in out.items()}
 
 
