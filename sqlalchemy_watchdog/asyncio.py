@@ -1111,7 +1111,8 @@ class _AsyncSettler:
     """Settles finished executions in batches, as the sync runner's settler:
     every settle waiting when a batch starts shares one ``settle_many``
     statement and one commit (each row keeps its own guard), so a runner
-    needs one connection for settling however many handlers finish at once.
+    needs one connection for settling however many handlers finish at once
+    (gathered for a moment first when it claims ahead of its children).
     """
 
     MAX_BATCH = 256
@@ -1139,6 +1140,7 @@ class _AsyncSettler:
             while True:
                 await self._ready.wait()
                 self._ready.clear()
+                await self._gather()
                 while self._pending:
                     await self._settle_some()
         finally:
@@ -1147,6 +1149,18 @@ class _AsyncSettler:
                 if not future.done():
                     future.set_result(None)
             self._pending.clear()
+
+    async def _gather(self) -> None:
+        """Wait for as many settles as the runner's ``settle_gather`` asks, or
+        until its time is up (a cancellation ends the wait with the task)."""
+        want, gather_s = self.runner.settings.settle_gather
+        deadline = time.monotonic() + gather_s
+        while len(self._pending) < want:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            await _wait(self._ready, left)
+            self._ready.clear()
 
     async def _settle_some(self) -> None:
         batch = self._pending[: self.MAX_BATCH]

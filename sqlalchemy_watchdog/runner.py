@@ -610,7 +610,9 @@ class _Workers:
 
 class _Settler:
     """Settles finished executions in batches: every settle that is waiting
-    when a batch starts shares one statement and one commit.
+    when a batch starts shares one statement and one commit (a runner that
+    claims ahead of its children first gathers their answers for a moment:
+    ``RunnerSettings.settle_gather``).
 
     A handler thread hands its settle request over (:meth:`submit`) and goes
     on to the next job; the settler concludes and retires that execution
@@ -647,6 +649,17 @@ class _Settler:
         with self.runner._holding_connection():
             self._serve()
 
+    def _gather(self) -> None:
+        """Wait (the condition held) for as many settles as the runner's
+        ``settle_gather`` asks, or until its time is up or the settler stops."""
+        want, gather_s = self.runner.settings.settle_gather
+        deadline = time.monotonic() + gather_s
+        while len(self._pending) < want and not self._stopped:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._cond.wait(left)
+
     def _serve(self) -> None:
         while True:
             with self._cond:
@@ -654,6 +667,7 @@ class _Settler:
                     self._cond.wait()
                 if not self._pending:
                     return
+                self._gather()
                 batch = self._pending[: self.MAX_BATCH]
                 del self._pending[: self.MAX_BATCH]
             try:
