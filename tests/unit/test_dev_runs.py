@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 import dev
@@ -34,3 +38,32 @@ def test_the_timed_fault_tests_run_under_ci_or_when_asked(
 def test_naming_test_paths_makes_one_run_as_given() -> None:
     assert dev.pytest_runs(["tests/unit"], False) == [[*dev.parallel([]), "tests/unit"]]
     assert dev.pytest_runs(["-n", "0", "-k", "cli"], True) == [["-n", "0", "-k", "cli"]]
+
+
+def test_the_days_docs_build_reads_only_changed_pages_and_ci_reads_every_page() -> None:
+    assert dev.FRESH in dev.docs_command(fresh=True)
+    assert dev.FRESH not in dev.docs_command(fresh=False)
+    assert dev.FRESH in dev.docs_command(), "`dev.py docs` reads every page"
+
+
+def _sphinx(source: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "sphinx", *dev.SPHINX_OPTIONS, str(source), str(out)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def test_a_page_whose_warning_failed_the_docs_build_is_read_again_by_the_next_build(tmp_path: Path) -> None:
+    """An incremental build counts a page as read even when its warning failed
+    the build: without forgetting that build, the next one passes unchanged."""
+    source, out = tmp_path / "docs", tmp_path / "html"
+    source.mkdir()
+    (source / "conf.py").write_text("project = 'p'\n")
+    (source / "index.rst").write_text("Index\n=====\n\nSee :ref:`nowhere`.\n")
+    first = _sphinx(source, out)
+    assert first.returncode != 0 and "nowhere" in first.stderr
+    assert _sphinx(source, out).returncode == 0, "Sphinx alone forgets the warning (why the build is forgotten)"
+    dev.docs_passed(out)
+    dev.forget_docs_build(out)
+    assert not (out / ".doctrees").exists()
+    assert not (out / dev.PASSED_STAMP).exists(), "a site that failed is not one the suite may read"
+    again = _sphinx(source, out)
+    assert again.returncode != 0 and "nowhere" in again.stderr
