@@ -1151,9 +1151,9 @@ class _AsyncSettler:
             self._pending.clear()
 
     async def _gather(self) -> None:
-        """Wait for as many settles as the runner's ``settle_gather`` asks, or
+        """Wait for as many settles as the runner's core's ``settle_gather()`` asks, or
         until its time is up (a cancellation ends the wait with the task)."""
-        want, gather_s = self.runner.settings.settle_gather
+        want, gather_s = self.runner.core.settle_gather()
         deadline = time.monotonic() + gather_s
         while len(self._pending) < want:
             left = deadline - time.monotonic()

@@ -612,7 +612,7 @@ class _Settler:
     """Settles finished executions in batches: every settle that is waiting
     when a batch starts shares one statement and one commit (a runner that
     claims ahead of its children first gathers their answers for a moment:
-    ``RunnerSettings.settle_gather``).
+    ``RunnerCore.settle_gather``).
 
     A handler thread hands its settle request over (:meth:`submit`) and goes
     on to the next job; the settler concludes and retires that execution
@@ -651,8 +651,8 @@ class _Settler:
 
     def _gather(self) -> None:
         """Wait (the condition held) for as many settles as the runner's
-        ``settle_gather`` asks, or until its time is up or the settler stops."""
-        want, gather_s = self.runner.settings.settle_gather
+        core's ``settle_gather()`` asks, or until its time is up or the settler stops."""
+        want, gather_s = self.runner.core.settle_gather()
         deadline = time.monotonic() + gather_s
         while len(self._pending) < want and not self._stopped:
             left = deadline - time.monotonic()

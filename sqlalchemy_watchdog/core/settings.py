@@ -74,8 +74,8 @@ DEFAULT_CONCURRENCY = 10
 #: (the process executor's ``prefetch``) waits for other children's answers
 #: before it sends a settle, so that they share one statement and one commit.
 #: The children have their next jobs meanwhile: the wait delays when a
-#: settlement is seen, never the next job's start. On two cores this halves
-#: the runner's and the database's work per job (docs/explanation/benchmarks.md).
+#: settlement is seen, not the next job's start (the journal,
+#: benchmarks/README.md, has what it saved: SQLite's commits most).
 SETTLE_GATHER_S = 0.010
 
 

@@ -278,6 +278,16 @@ class RunnerCore:
         up new claims instead of growing the runner's memory."""
         return max(self.SETTLE_BACKLOG_MIN, 2 * self.settings.concurrency)
 
+    def settle_gather(self) -> tuple[int, float]:
+        """How many finished jobs the settler waits for, and for how long at
+        most, before it sends a batch (:attr:`RunnerSettings.settle_gather`);
+        ``(1, 0.0)`` -- settle at once -- while the last claim was held back
+        by the queues' limits, where a slot stays taken until its settle
+        commits and waiting would keep the next claim waiting too."""
+        if self.held_back:
+            return 1, 0.0
+        return self.settings.settle_gather
+
     def free_slots(self) -> int:
         """How many of the runner's concurrency slots are free, with the
         jobs it may claim ahead of its children (``claim_ahead``); none

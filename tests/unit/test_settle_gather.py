@@ -24,10 +24,11 @@ from sqlalchemy_watchdog import Decision
 from sqlalchemy_watchdog.asyncio import _AsyncSettler
 from sqlalchemy_watchdog.core import settings as settings_module
 from sqlalchemy_watchdog.core.settings import SETTLE_GATHER_S, RunnerSettings
+from sqlalchemy_watchdog.core.state import RunnerCore
 from sqlalchemy_watchdog.runner import _Settler
 from sqlalchemy_watchdog.store import SettleRequest
 
-from .scripted import settings
+from .scripted import FakeTime, settings
 
 #: The gather window while these tests run: long, so that "settled before
 #: the window ended" cannot be a matter of luck.
@@ -53,6 +54,7 @@ class Recorder:
 
     def __init__(self, runner_settings: RunnerSettings) -> None:
         self.settings = runner_settings
+        self.core = RunnerCore(runner_settings, FakeTime().clock)
         self.batches: list[list[str]] = []
         self.finished: list[object] = []
         self.settled = threading.Event()
@@ -90,6 +92,30 @@ def test_a_runner_claiming_ahead_gathers_one_answer_per_child_for_ten_millisecon
 def test_a_runner_without_jobs_claimed_ahead_settles_at_once() -> None:
     assert settings().settle_gather == (1, 0.0)
     assert dataclasses.replace(settings(), concurrency=4, claim_ahead=0).settle_gather == (1, 0.0)
+
+
+def test_a_runner_whose_claims_limits_hold_back_settles_at_once() -> None:
+    """Under a binding limit a job keeps its room until its settle commits:
+    a gathered settle would hold the next claim back too."""
+    core = RunnerCore(claiming_ahead(2), FakeTime().clock)
+    assert core.settle_gather() == (2, SETTLE_GATHER_S)
+    core.held_back = True
+    assert core.settle_gather() == (1, 0.0)
+    core.held_back = False
+    assert core.settle_gather() == (2, SETTLE_GATHER_S)
+
+
+@pytest.mark.usefixtures("wide_gather")
+def test_a_settler_under_binding_limits_settles_without_waiting_for_others() -> None:
+    runner = Recorder(claiming_ahead(2))
+    runner.core.held_back = True
+    settler = _Settler(cast(Any, runner))
+    try:
+        settler.submit(request("a"), execution("a"))
+        assert runner.settled.wait(5), "settled alone, long before the (widened) window"
+    finally:
+        settler.stop()
+    assert runner.batches == [["a"]]
 
 
 @pytest.mark.usefixtures("wide_gather")
@@ -154,6 +180,7 @@ def async_settler(runner: Recorder) -> _AsyncSettler:
         (),
         {
             "settings": runner.settings,
+            "core": runner.core,
             "_holding_connection": staticmethod(runner._holding_connection_async),
             "_settle": staticmethod(runner._settle_async),
         },
