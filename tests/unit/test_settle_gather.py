@@ -106,19 +106,6 @@ def test_a_runner_whose_claims_limits_hold_back_settles_at_once() -> None:
 
 
 @pytest.mark.usefixtures("wide_gather")
-def test_a_settler_under_binding_limits_settles_without_waiting_for_others() -> None:
-    runner = Recorder(claiming_ahead(2))
-    runner.core.held_back = True
-    settler = _Settler(cast(Any, runner))
-    try:
-        settler.submit(request("a"), execution("a"))
-        assert runner.settled.wait(5), "settled alone, long before the (widened) window"
-    finally:
-        settler.stop()
-    assert runner.batches == [["a"]]
-
-
-@pytest.mark.usefixtures("wide_gather")
 def test_two_childrens_answers_share_one_settle() -> None:
     runner = Recorder(claiming_ahead(2))
     settler = _Settler(cast(Any, runner))
@@ -151,8 +138,13 @@ def test_a_lone_answer_is_settled_when_the_window_ends(monkeypatch: pytest.Monke
 
 
 @pytest.mark.usefixtures("wide_gather")
-def test_a_thread_runner_settles_without_waiting_for_others() -> None:
-    runner = Recorder(dataclasses.replace(settings(), concurrency=4))
+@pytest.mark.parametrize("runner_kind", ["threads", "process children under binding limits"])
+def test_a_settler_that_may_not_gather_settles_without_waiting_for_others(runner_kind: str) -> None:
+    if runner_kind == "threads":
+        runner = Recorder(dataclasses.replace(settings(), concurrency=4))
+    else:
+        runner = Recorder(claiming_ahead(2))
+        runner.core.held_back = True
     settler = _Settler(cast(Any, runner))
     try:
         settler.submit(request("a"), execution("a"))
