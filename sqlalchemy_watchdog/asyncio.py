@@ -572,6 +572,9 @@ class AsyncRunner:
             except Exception as error:
                 return probe_failed(step.job, error)
         if isinstance(step, Spawn):
+            ranks = [e.rank for e in step.executions if e.killable]
+            if ranks:  # before their threads start: those reach the pool in no set order
+                self._process_pool().expect(ranks)
             for execution in step.executions:
                 task = asyncio.create_task(self._execute_logged(execution))
                 self._tasks.add(task)
@@ -682,20 +685,24 @@ class AsyncRunner:
 
         if execution.started_late(self.settings.heartbeat_s):
             return STARTED_LATE
+        return self._process_pool().call(
+            ref,
+            execution.job,
+            execution.signal,
+            stop_wait_s=self.settings.stop_wait_s,
+            on_start=started,
+            rank=execution.rank,
+        )
+
+    def _process_pool(self) -> ProcessPool:
+        """The process executor's children, started as jobs need them."""
         with self._pool_lock:  # handler threads ask at once
             pool = self._pool
             if pool is None:
                 assert self.settings.executor is not None
                 pool = self._pool = ProcessPool(self.settings.executor)
                 weakref.finalize(self, pool.close)  # tick() alone never closes it
-        return pool.call(
-            ref,
-            execution.job,
-            execution.signal,
-            stop_wait_s=self.settings.stop_wait_s,
-            on_start=started,
-            rank=(-execution.job.priority, execution.claim.job.sequence),
-        )
+            return pool
 
     async def _close_pool(self) -> None:
         """End the process executor's children (after the shutdown ended every job)."""
@@ -712,7 +719,12 @@ class AsyncRunner:
         settler's next batch while :meth:`run_forever` runs). ``quiet``: the
         result is not wanted (None), only logged and traced."""
         try:
-            outcome = await drive_async(execute(self.core, execution), self._perform)
+            try:
+                outcome = await drive_async(execute(self.core, execution), self._perform)
+            finally:
+                pool = self._pool
+                if pool is not None and execution.killable:
+                    pool.withdraw(execution.rank)
             if isinstance(outcome, TickResult):
                 return outcome
             settler = self._settler

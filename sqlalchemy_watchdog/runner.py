@@ -198,6 +198,9 @@ class Runner:
         if isinstance(step, Spawn):
             workers = self._workers
             assert workers is not None, "executions are spawned only by run_forever"
+            ranks = [e.rank for e in step.executions if e.killable]
+            if ranks:  # before their threads start: those reach the pool in no set order
+                self._process_pool().expect(ranks)
             for execution in step.executions:
                 workers.run(execution)
             return None
@@ -223,7 +226,7 @@ class Runner:
                     execution.signal,
                     stop_wait_s=self.settings.stop_wait_s,
                     on_start=functools.partial(self._child_started, execution),
-                    rank=(-job.priority, execution.claim.job.sequence),
+                    rank=execution.rank,
                 )
                 return decision_of_outcome(execution, outcome)
             finally:
@@ -250,6 +253,12 @@ class Runner:
         if self.core.start_deadline(execution) is not None:
             self._heartbeat_now.set()  # the heartbeat thread keeps the deadlines
         return True
+
+    def _withdraw(self, execution: Execution) -> None:
+        """``execution`` asks the process executor for no child any more."""
+        pool = self._pool
+        if pool is not None and execution.killable:
+            pool.withdraw(execution.rank)
 
     def _process_pool(self) -> ProcessPool:
         """The process executor's children, started as jobs need them."""
@@ -281,6 +290,8 @@ class Runner:
         except BaseException:
             self._retire(execution)
             raise
+        finally:
+            self._withdraw(execution)
         if isinstance(outcome, TickResult):
             self._retire(execution)
             return outcome

@@ -112,6 +112,11 @@ class Execution:
             with telemetry.guarded(what):
                 getattr(trace, what)(*args)
 
+    @property
+    def rank(self) -> tuple[int, int]:
+        """Its place in its claim's order: priority first, then admission."""
+        return (-self.job.priority, self.claim.job.sequence)
+
     def started_late(self, heartbeat_s: float) -> bool:
         """Whether more than a heartbeat interval passed since the claim was
         last known live: its handler must not start before a renewal says

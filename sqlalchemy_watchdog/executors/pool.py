@@ -14,7 +14,9 @@ if needed), sends it the job, and waits for the answer while watching the
 job's stop signal. With every child busy (a job claimed ahead, see
 ``ProcessExecutor.prefetch``) the job is sent to a busy child's pipe behind
 its running job -- the child starts it as soon as it has answered -- or
-waits in the pool for the first child that frees up, in claim order. A stop
+waits in the pool for the first child that frees up, in claim order (the
+runner tells the pool a claim's order first, :meth:`ProcessPool.expect`,
+since its threads arrive in no set order). A stop
 is forwarded to the child at once; a child still busy
 :attr:`~.ProcessExecutor.kill_grace` later is killed with SIGKILL and
 *reaped* (``waitpid``) before ``call`` returns, so the job is settled only
@@ -38,7 +40,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -312,6 +314,11 @@ class ProcessPool:
         self._used = 0
         #: Jobs claimed ahead, waiting for a child (first come, first served).
         self._waiters: collections.deque[_Waiter] = collections.deque()
+        #: The ranks of jobs claimed that have not asked for a child yet
+        #: (:meth:`expect`): no child goes to a job ranked after one of them.
+        #: The runner's threads reach the pool in no set order, so without
+        #: this a job could take a child before one claimed ahead of it.
+        self._expected: set[tuple[int, int]] = set()
         self._lock = threading.Lock()
         self._closed = False
         #: Set once the runner stops: no job waits for a child any more.
@@ -332,6 +339,45 @@ class ProcessPool:
         """How many jobs wait for a child now (claimed ahead)."""
         with self._lock:
             return len(self._waiters)
+
+    # -- the claim's order
+
+    def expect(self, ranks: Iterable[tuple[int, int]]) -> None:
+        """Jobs of one claim, of these ``ranks``, will ask for a child: until
+        each asks (:meth:`call`) or is withdrawn, no job ranked after it takes
+        a child. The runner calls this before it starts their executions,
+        whose threads reach the pool in no set order."""
+        with self._lock:
+            self._expected.update(ranks)
+
+    def withdraw(self, rank: tuple[int, int]) -> None:
+        """The job of ``rank`` asks for no child any more: its execution
+        ended, having asked or not (a job stopped before it started never
+        asks). Idempotent."""
+        with self._lock:
+            if rank not in self._expected:
+                return
+            self._expected.discard(rank)
+        self._dispatch()
+
+    def _blocked(self, rank: tuple[int, int]) -> bool:
+        """Whether a job expected has not asked yet and ranks before ``rank`` (the lock held)."""
+        return bool(self._expected) and min(self._expected) < rank
+
+    def _dispatch(self) -> None:
+        """Hand the idle children to the first jobs in line that may take
+        them now, then pipe: after a job expected asks or is withdrawn."""
+        while True:
+            with self._lock:
+                if self._closed or not self._idle or not self._waiters or self._blocked(self._waiters[0].rank):
+                    break
+                child = self._idle.pop()
+            if child.alive():
+                self._hand_on(child)
+            else:
+                child.reap()
+                self._forget(child)
+        self._pipe()
 
     # -- starting and ending children
 
@@ -455,7 +501,7 @@ class ProcessPool:
             with self._lock:
                 if self._closed:
                     break
-                if not self._waiters:
+                if not self._waiters or self._blocked(self._waiters[0].rank):
                     self._idle.append(child)
                     return
                 waiter = self._waiters.popleft()
@@ -508,7 +554,7 @@ class ProcessPool:
         waiting for the runner (its thread, the GIL, the scheduler)."""
         while True:
             with self._lock:
-                if self._closed or self._giving_back or not self._waiters:
+                if self._closed or self._giving_back or not self._waiters or self._blocked(self._waiters[0].rank):
                     return
                 serving = [c for c in self._live if c.counted]
                 if len(serving) < self.config.children or not all(c.running for c in serving):
@@ -554,6 +600,7 @@ class ProcessPool:
         Jobs running in children go on."""
         with self._lock:
             self._giving_back = True
+            self._expected.clear()
             waiters, self._waiters = list(self._waiters), collections.deque()
             piped = [(c, c.queued) for c in self._live if c.queued is not None]
         for waiter in waiters:
@@ -572,6 +619,7 @@ class ProcessPool:
         child end as :attr:`Ending.DIED` (the pool closed)."""
         with self._lock:
             self._closed = True
+            self._expected.clear()
             children = list(self._live)
             idle, self._idle = self._idle, []
             waiters, self._waiters = list(self._waiters), collections.deque()
@@ -640,9 +688,11 @@ class ProcessPool:
                 return _closed()
             if self._giving_back:
                 return ChildOutcome(Ending.NOT_STARTED, stop=StopReason.SHUTDOWN)
+            self._expected.discard(rank)
             child: _Child | None = None
             dead: list[_Child] = []
-            while self._idle:
+            # A job ranked before this one and not here yet takes the idle child.
+            while self._idle and not self._blocked(rank):
                 candidate = self._idle.pop()
                 if candidate.alive():
                     child = candidate
@@ -657,13 +707,20 @@ class ProcessPool:
             if child is None:
                 waiter = _Waiter(data, signal, on_start, rank)
                 self._wait_in_line(waiter)
+            # Its arrival may free jobs ranked after it that waited beside an idle child.
+            others = bool(self._idle) and any(w is not waiter for w in self._waiters)
         for gone in dead:
             gone.reap()
         if waiter is None:
             assert child is not None
-            return self._send(child, data, on_start)
+            sent = self._send(child, data, on_start)
+            if others:
+                self._dispatch()
+            return sent
         if start:
             self._start_for(waiter)
+        elif others:
+            self._dispatch()
         else:
             self._pipe()
         return self._await(waiter, data, on_start, rank)

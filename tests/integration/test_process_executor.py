@@ -16,8 +16,10 @@ children are recycled by job count and memory.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -39,6 +41,9 @@ from sqlalchemy_watchdog import (
     Watchdog,
     store,
 )
+from sqlalchemy_watchdog.core.handlers import StopSignal
+from sqlalchemy_watchdog.executors import locate
+from sqlalchemy_watchdog.executors.pool import ProcessPool
 from tests import process_handlers as h
 from tests.helpers import add, read, settled, wait_until
 from tests.runner_kinds import KILL_GRACE, PROCESS_KINDS, RunnerDriver
@@ -564,6 +569,64 @@ def test_a_job_claimed_ahead_waits_leased_for_a_child_then_runs_in_claim_order(
         done = read(engine, j)
         assert (done.outcome, done.attempt, done.recovery_count) == (Outcome.COMPLETED, 1, 0), j
     assert len({h.wait_for_mark(marks, j, "started")[0] for j in order}) == 1
+
+
+def _pooled(job_id: str, marks: Path, wait: float = 0) -> tuple[RunningJob, StopSignal]:
+    """A job for a bare pool: ``h.naps`` marks ``started`` and sleeps ``wait`` s."""
+    signal = StopSignal()
+    return RunningJob(job_id, "q", "q", 0, {"dir": str(marks), "wait": wait}, 0, None, _signal=signal), signal
+
+
+def test_jobs_of_one_claim_take_the_children_in_claim_order_whatever_order_they_arrive_in(marks: Path) -> None:
+    """The runner's threads reach the pool in no set order. Told the claim's
+    ranks first (``expect``), an idle child goes to no job ranked after one
+    that has not asked yet: here the jobs arrive last-ranked first, beside
+    an idle child, and still run by rank."""
+    pool = ProcessPool(ProcessExecutor(processes=1, kill_grace=KILL_GRACE))
+    ref = locate("q", h.naps)
+    ranks = {"high": (-5, 3), "first": (0, 1), "mid": (0, 4), "low": (5, 2)}
+    calls: list[threading.Thread] = []
+    try:
+        warm, signal = _pooled("warm", marks)
+        pool.call(ref, warm, signal, stop_wait_s=5)  # the child is up, and idle
+        pool.expect(ranks.values())
+        for n, job_id in enumerate(("low", "mid", "first", "high"), 1):
+            running, signal = _pooled(job_id, marks, wait=0.2)
+            call = functools.partial(pool.call, ref, running, signal, stop_wait_s=5, rank=ranks[job_id])
+            calls.append(threading.Thread(target=call))
+            calls[-1].start()
+            if job_id != "high":  # it waits in line beside the idle child
+                wait_until(lambda: pool.waiting == n, 10, f"{job_id} in line")
+        for thread in calls:
+            thread.join(30)
+    finally:
+        pool.close()
+    order = sorted(ranks, key=lambda j: h.wait_for_mark(marks, j, "started")[1])
+    assert order == ["high", "first", "mid", "low"]
+
+
+def test_a_job_expected_that_never_asks_holds_no_child_once_withdrawn(marks: Path) -> None:
+    """A job of the claim stopped before it started never asks for a child:
+    its execution's end withdraws it, and the job ranked after it, which
+    waited beside the idle child, runs."""
+    pool = ProcessPool(ProcessExecutor(processes=1, kill_grace=KILL_GRACE))
+    ref = locate("q", h.naps)
+    try:
+        warm, signal = _pooled("warm", marks)
+        pool.call(ref, warm, signal, stop_wait_s=5)
+        pool.expect([(0, 1), (0, 2)])
+        later, signal = _pooled("later", marks)
+        thread = threading.Thread(target=functools.partial(pool.call, ref, later, signal, stop_wait_s=5, rank=(0, 2)))
+        thread.start()
+        wait_until(lambda: pool.waiting == 1, 10, "the later job in line")
+        time.sleep(0.3)
+        assert h.marks(marks, "later", "started") == []  # the idle child waits for the job ranked first
+        pool.withdraw((0, 1))
+        h.wait_for_mark(marks, "later", "started", timeout=10)
+        thread.join(30)
+        pool.withdraw((0, 1))  # idempotent
+    finally:
+        pool.close()
 
 
 def test_cancelling_a_job_claimed_ahead_settles_it_cancelled_and_it_never_runs(
