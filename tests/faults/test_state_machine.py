@@ -1270,7 +1270,10 @@ class WatchdogMachine(RuleBasedStateMachine):
             assert result.status is SettleStatus.MISSING
             return
         if not self.model.live_claim(job_id, token, max(app, db)):
-            replay = row.state == "settled" and row.claim_token == token and row.outcome == "failed"
+            # A give-back settled ``cancelled`` (a cancellation was recorded) keeps
+            # its token: its replay is recognised. One requeued dropped it.
+            outcome = "cancelled" if row.cancellation_id is not None else "failed"
+            replay = row.state == "settled" and row.claim_token == token and row.outcome == outcome
             assert result.status is (SettleStatus.REPLAYED if replay else SettleStatus.CONFLICT), (result, row)
             return
         row.lease_until = None
@@ -2247,6 +2250,30 @@ def test_queue_matches_model_thoroughly(engine: Engine) -> None:
 
 
 # -- what the machine found, pinned ---------------------------------------------------
+
+
+def test_a_claim_given_back_after_its_cancellation_settles_cancelled_and_its_replay_is_recognised(
+    engine: Engine,
+) -> None:
+    """Found by the machine: a stopping runner gives back a claim whose job
+    was cancelled meanwhile -- it settles ``cancelled``, keeping its token --
+    and the give-back sent again is a replay of that settlement, not a
+    conflict."""
+    store_tx = store.write_transaction
+    with store_tx(engine) as conn:
+        store.enqueue(conn, [Job("a", "q")])
+    with store_tx(engine) as conn:
+        (claim,) = store.claim(conn, queues=["q"], lease_ms=60_000).claimed
+    with store_tx(engine) as conn:
+        store.cancel(conn, "a", "bulk")
+    give_back = store.SettleRequest("a", claim.token, NEVER_STARTED, None, given_back=(None, None))
+    with store_tx(engine) as conn:
+        (first,) = store.settle_many(conn, [give_back])
+    with store_tx(engine) as conn:
+        (again,) = store.settle_many(conn, [give_back])
+    assert first.status is SettleStatus.SETTLED
+    assert again.status is SettleStatus.REPLAYED and again.job is not None
+    assert (again.job.state.value, again.job.outcome) == ("settled", Outcome.CANCELLED)
 
 
 @pytest.mark.parametrize(
