@@ -53,26 +53,13 @@ PUBLIC_MODULES = (
 BUILT = "WATCHDOG_TEST_DOCS_HTML"
 
 
-def _newest_source() -> float:
-    """The latest modification time of what the site is built from: the
-    pages, the files they include, and the package (autodoc)."""
-    sources = [
-        *(path for path in DOCS.rglob("*") if "_build" not in path.relative_to(DOCS).parts),
-        *(ROOT / "sqlalchemy_watchdog").rglob("*.py"),
-        *ROOT.glob("*.md"),
-        ROOT / "benchmarks" / "README.md",
-    ]
-    return max(path.stat().st_mtime for path in sources if path.is_file())
-
-
 def _fresh_build() -> Path | None:
     """dev.py's build of this run (:data:`BUILT`), unless under CI (which
     builds its own, as before) or older than a source."""
     built = os.environ.get(BUILT)
     if not built or IN_CI:
         return None
-    passed = Path(built) / dev.PASSED_STAMP  # the incremental build rewrites only what it read again
-    if not passed.is_file() or passed.stat().st_mtime < _newest_source():
+    if dev.docs_outdated(Path(built)):  # an incremental build with nothing to read writes nothing
         return None
     return Path(built)
 

@@ -40,15 +40,36 @@ def test_naming_test_paths_makes_one_run_as_given() -> None:
     assert dev.pytest_runs(["-n", "0", "-k", "cli"], True) == [["-n", "0", "-k", "cli"]]
 
 
-def test_the_days_docs_build_reads_only_changed_pages_and_ci_reads_every_page() -> None:
-    assert dev.FRESH in dev.docs_command(fresh=True)
-    assert dev.FRESH not in dev.docs_command(fresh=False)
-    assert dev.FRESH in dev.docs_command(), "`dev.py docs` reads every page"
+def test_the_days_docs_build_reads_only_changed_pages_and_ci_reads_every_page(tmp_path: Path) -> None:
+    assert dev.FRESH in dev.docs_command(tmp_path, fresh=True)
+    assert dev.FRESH not in dev.docs_command(tmp_path, fresh=False)
+    assert dev.FRESH in dev.docs_command(tmp_path), "`dev.py docs` reads every page"
+    # A page newer than the last build that passed: every page is written, its links checked.
+    assert dev.docs_outdated(tmp_path) and dev.WRITE_ALL in dev.docs_command(tmp_path, fresh=False)
+    dev.docs_passed(tmp_path)
+    assert not dev.docs_outdated(tmp_path) and dev.WRITE_ALL not in dev.docs_command(tmp_path, fresh=False)
 
 
-def _sphinx(source: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "sphinx", *dev.SPHINX_OPTIONS, str(source), str(out)]
+def _sphinx(source: Path, out: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "sphinx", *dev.SPHINX_OPTIONS, *options, str(source), str(out)]
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def test_the_days_docs_build_fails_on_an_unchanged_page_whose_link_a_change_broke(tmp_path: Path) -> None:
+    """Only the changed page is read again, but every page is written again:
+    a reference on an unchanged page to a label the change removed fails the
+    incremental build, as it fails CI's fresh one."""
+    source, out = tmp_path / "docs", tmp_path / "html"
+    source.mkdir()
+    (source / "conf.py").write_text("project = 'p'\n")
+    (source / "index.rst").write_text("Index\n=====\n\n.. toctree::\n\n   linking\n   target\n")
+    (source / "linking.rst").write_text("Linking\n=======\n\nSee :ref:`there`.\n")
+    (source / "target.rst").write_text("Target\n======\n\n.. _there:\n\nThere\n-----\n")
+    assert _sphinx(source, out, dev.WRITE_ALL).returncode == 0
+    (source / "target.rst").write_text("Target\n======\n\nThere\n-----\n")  # the label is gone
+    assert _sphinx(source, out).returncode == 0, "writing only the pages read misses it (why every page is written)"
+    broken = _sphinx(source, out, dev.WRITE_ALL)
+    assert broken.returncode != 0 and "there" in broken.stderr and "linking.rst" in broken.stderr
 
 
 def test_a_page_whose_warning_failed_the_docs_build_is_read_again_by_the_next_build(tmp_path: Path) -> None:
