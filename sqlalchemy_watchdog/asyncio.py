@@ -18,7 +18,6 @@ import queue
 import signal
 import threading
 import time
-import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -55,7 +54,7 @@ from .core.state import Execution, RunnerCore, TickResult
 from .core.steps import STARTED_LATE, Probe, RunHandler, Spawn, Step, Steps, Stop, StoreCall, WaitDone, drive_async
 from .errors import InvalidJob, redacted
 from .executors import HandlerRef
-from .executors.pool import ChildOutcome, ProcessPool, decision_of_outcome
+from .executors.pool import ChildOutcome, RunnerChildren, decision_of_outcome
 from .gateway import AsyncGateway, AsyncOperations
 from .jobs import (
     JOB_ID_MAX_LENGTH,
@@ -501,8 +500,7 @@ class AsyncRunner:
         )
         self.core = RunnerCore(self.settings, Clock.of(options))
         #: The process executor's children, for plain handlers (made on first use).
-        self._pool: ProcessPool | None = None
-        self._pool_lock = threading.Lock()
+        self._children = RunnerChildren(self.settings.executor)
         #: The wake-ups in force (see :attr:`Runner.wakeup_status <sqlalchemy_watchdog.Runner.wakeup_status>`).
         self.wakeup_status = WakeupStatus(self.wakeups, False, "not started", self.settings.poll_interval_s)
         #: Store calls: connections (one kept by each holding task), retries.
@@ -572,9 +570,7 @@ class AsyncRunner:
             except Exception as error:
                 return probe_failed(step.job, error)
         if isinstance(step, Spawn):
-            ranks = [e.rank for e in step.executions if e.killable]
-            if ranks:  # before their threads start: those reach the pool in no set order
-                self._process_pool().expect(ranks)
+            self._children.expect(step.executions)  # before their threads: those arrive in no set order
             for execution in step.executions:
                 task = asyncio.create_task(self._execute_logged(execution))
                 self._tasks.add(task)
@@ -685,7 +681,7 @@ class AsyncRunner:
 
         if execution.started_late(self.settings.heartbeat_s):
             return STARTED_LATE
-        return self._process_pool().call(
+        return self._children.get().call(
             ref,
             execution.job,
             execution.signal,
@@ -694,20 +690,9 @@ class AsyncRunner:
             rank=execution.rank,
         )
 
-    def _process_pool(self) -> ProcessPool:
-        """The process executor's children, started as jobs need them."""
-        with self._pool_lock:  # handler threads ask at once
-            pool = self._pool
-            if pool is None:
-                assert self.settings.executor is not None
-                pool = self._pool = ProcessPool(self.settings.executor)
-                weakref.finalize(self, pool.close)  # tick() alone never closes it
-            return pool
-
     async def _close_pool(self) -> None:
         """End the process executor's children (after the shutdown ended every job)."""
-        with self._pool_lock:
-            pool, self._pool = self._pool, None
+        pool = self._children.take()
         if pool is not None:
             await asyncio.get_running_loop().run_in_executor(None, pool.close)
 
@@ -722,9 +707,7 @@ class AsyncRunner:
             try:
                 outcome = await drive_async(execute(self.core, execution), self._perform)
             finally:
-                pool = self._pool
-                if pool is not None and execution.killable:
-                    pool.withdraw(execution.rank)
+                self._children.withdraw(execution)
             if isinstance(outcome, TickResult):
                 return outcome
             settler = self._settler
@@ -856,8 +839,7 @@ class AsyncRunner:
             await self._loop()
         finally:
             try:
-                with self._pool_lock:
-                    pool = self._pool
+                pool = self._children.current
                 if pool is not None:
                     pool.give_back_waiting()  # jobs claimed ahead never start once stopping
                 await drive_async(shutdown(self.core), self._perform)

@@ -23,7 +23,6 @@ import queue
 import signal
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
@@ -51,7 +50,7 @@ from .core.signals import restore_signal, signals_to_install
 from .core.state import Execution, RunnerCore, TickResult
 from .core.steps import STARTED_LATE, Probe, RunHandler, Spawn, Step, Steps, Stop, StoreCall, WaitDone, drive
 from .errors import InvalidJob, redacted
-from .executors.pool import ProcessPool, decision_of_outcome
+from .executors.pool import RunnerChildren, decision_of_outcome
 from .gateway import SyncGateway
 from .jobs import Decision, JobView
 from .store import Settlement, SettleRequest, parent_results, report_progress
@@ -144,8 +143,7 @@ class Runner:
         #: Set once run_forever serves (its listener started), or has ended.
         self._serving = threading.Event()
         #: The process executor's children (made on first use).
-        self._pool: ProcessPool | None = None
-        self._pool_lock = threading.Lock()
+        self._children = RunnerChildren(self.settings.executor)
 
     @property
     def queues(self) -> tuple[str, ...]:
@@ -198,9 +196,7 @@ class Runner:
         if isinstance(step, Spawn):
             workers = self._workers
             assert workers is not None, "executions are spawned only by run_forever"
-            ranks = [e.rank for e in step.executions if e.killable]
-            if ranks:  # before their threads start: those reach the pool in no set order
-                self._process_pool().expect(ranks)
+            self._children.expect(step.executions)  # before their threads: those arrive in no set order
             for execution in step.executions:
                 workers.run(execution)
             return None
@@ -220,7 +216,7 @@ class Runner:
         ref = self.settings.handler_refs.get(job.queue)
         if ref is not None:
             try:
-                outcome = self._process_pool().call(
+                outcome = self._children.get().call(
                     ref,
                     job,
                     execution.signal,
@@ -254,26 +250,9 @@ class Runner:
             self._heartbeat_now.set()  # the heartbeat thread keeps the deadlines
         return True
 
-    def _withdraw(self, execution: Execution) -> None:
-        """``execution`` asks the process executor for no child any more."""
-        pool = self._pool
-        if pool is not None and execution.killable:
-            pool.withdraw(execution.rank)
-
-    def _process_pool(self) -> ProcessPool:
-        """The process executor's children, started as jobs need them."""
-        with self._pool_lock:
-            pool = self._pool
-            if pool is None:
-                assert self.settings.executor is not None
-                pool = self._pool = ProcessPool(self.settings.executor)
-                weakref.finalize(self, pool.close)  # tick() alone never closes it
-            return pool
-
     def _close_pool(self) -> None:
         """End the process executor's children (after the shutdown ended every job)."""
-        with self._pool_lock:
-            pool, self._pool = self._pool, None
+        pool = self._children.take()
         if pool is not None:
             pool.close()
 
@@ -291,7 +270,7 @@ class Runner:
             self._retire(execution)
             raise
         finally:
-            self._withdraw(execution)
+            self._children.withdraw(execution)
         if isinstance(outcome, TickResult):
             self._retire(execution)
             return outcome
@@ -461,8 +440,7 @@ class Runner:
                 self._loop()
         finally:
             try:
-                with self._pool_lock:
-                    pool = self._pool
+                pool = self._children.current
                 if pool is not None:
                     pool.give_back_waiting()  # jobs claimed ahead never start once stopping
                 drive(shutdown(self.core), self._perform)

@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -301,6 +301,51 @@ def _close_pools() -> None:
     file would end them too, a moment later)."""
     for pool in list(_POOLS):
         pool.close(wait_s=1.0)
+
+
+class RunnerChildren:
+    """A runner's :class:`ProcessPool`, made when a job first needs it
+    (handler threads ask at once) and taken away to be closed; what both
+    runners do with it around a claim's executions."""
+
+    def __init__(self, config: ProcessExecutor | None) -> None:
+        self._config = config
+        self._pool: ProcessPool | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def current(self) -> ProcessPool | None:
+        """The pool, if one was made (and not taken away)."""
+        return self._pool
+
+    def get(self) -> ProcessPool:
+        """The pool, made now if none is."""
+        with self._lock:
+            pool = self._pool
+            if pool is None:
+                assert self._config is not None, "a runner without the process executor has no children"
+                pool = self._pool = ProcessPool(self._config)
+                weakref.finalize(self, pool.close)  # tick() alone never closes it
+            return pool
+
+    def take(self) -> ProcessPool | None:
+        """The pool, for the caller to close; the next :meth:`get` makes another."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        return pool
+
+    def expect(self, executions: Sequence[Execution]) -> None:
+        """Before a claim's executions start: the claim's order of those whose
+        handlers run in children (:meth:`ProcessPool.expect`)."""
+        ranks = [e.rank for e in executions if e.killable]
+        if ranks:
+            self.get().expect(ranks)
+
+    def withdraw(self, execution: Execution) -> None:
+        """``execution`` asks for no child any more (:meth:`ProcessPool.withdraw`)."""
+        pool = self._pool
+        if pool is not None and execution.killable:
+            pool.withdraw(execution.rank)
 
 
 class ProcessPool:
