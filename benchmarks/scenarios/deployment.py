@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import json
+import multiprocessing
 import os
 import random
 import socket
@@ -238,16 +239,24 @@ def otel_overhead(bench: h.Bench) -> None:
 # -- executors -------------------------------------------------------------------------------
 
 EXEC_QUEUE = "bench-exec"
+#: The peer column of the CPU-bound rows: a bare process pool, no queue (the machine's ceiling).
+BARE_POOL = "bare multiprocessing pool"
 #: How often the drain's end is looked for: rarely, as the drain is timed by the database's own
 #: timestamps (README.md, "Executors": on 2 cores, every 20 ms took CPU from the children).
 DRAINED_POLL_S = 0.2
 
 
+def spin_loops(loops: int) -> int:
+    """``loops`` rounds of pure Python: the CPU-bound handler's work, also run by the bare pool."""
+    total = 0
+    for i in range(loops):
+        total += i * i % 7
+    return total
+
+
 def spin(job: RunningJob) -> None:
     """The CPU-bound handler: ``payload["loops"]`` rounds of pure Python (about 10 ms, calibrated)."""
-    total = 0
-    for i in range(job.payload["loops"]):
-        total += i * i % 7
+    spin_loops(job.payload["loops"])
 
 
 def noop(job: RunningJob) -> None:
@@ -290,9 +299,22 @@ def _drain(target: h.Target, handler: Any, n: int, loops: int, tag: str, **optio
         return n / ((last - first) / 1000)
 
 
+def _bare_pool(processes: int, n: int, loops: int) -> float:
+    """Jobs/s of a bare ``multiprocessing`` pool of ``processes`` spawned children running ``n``
+    rounds of the CPU-bound handler's work, one task at a time, after one warm-up task each: no
+    queue and no database, what this machine's cores give -- the ceiling of the executor's rows."""
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        pool.map(spin_loops, [loops] * processes, chunksize=1)
+        started = time.perf_counter()
+        for _ in pool.imap_unordered(spin_loops, [loops] * n, chunksize=1):
+            pass
+        return n / (time.perf_counter() - started)
+
+
 @h.scenario("executors", per_repeat=True, options="jobs")
 def executors(bench: h.Bench, r: int) -> None:
-    """Jobs/s of a ~10 ms pure-Python handler: threads vs 1 and N child processes; the no-op drain's cost per job."""
+    """Jobs/s of a ~10 ms pure-Python handler: threads vs 1 and N child processes, beside a bare process
+    pool's (the machine's ceiling); the no-op drain's cost per job."""
     cores, loops = len(os.sched_getaffinity(0)), _loops_for(10.0)
     for dialect in bench.dialects():
         target, label = bench.target("watchdog", dialect), h.LABEL[dialect]
@@ -309,10 +331,17 @@ def executors(bench: h.Bench, r: int) -> None:
             for row in rows:
                 run = partial(_drain, target, handler, n, spins, f"{handler.__name__[:4]}-{row}-{r}", **options[row])
                 bench.measure(table, row, "watchdog", run, timeout=120 + (n if handler is spin else n / 10))
+                if handler is spin and row != threads:  # the bare pool beside it, in the same minute
+                    bare = partial(_bare_pool, 1 if row == one else cores, n, loops)
+                    bench.measure(table, row, BARE_POOL, bare, timeout=120 + n)
         if r == bench.repeat - 1:
             if cores >= 2:
                 goal = f"CPU-bound throughput scales with processes: p{cores} >= 1.8x p1 ({label})"
                 bench.check_median(goal, cpu, many, "watchdog", lambda m: m >= 1.8, versus="watchdog", versus_row=one)
+                for column in ("watchdog", BARE_POOL):  # the same ratio for the machine alone
+                    p1, pn = bench.medians(cpu, one).get(column), bench.medians(cpu, many).get(column)
+                    if p1 and pn:
+                        bench.record(cpu, f"p{cores} / p1 (x)", column, pn / p1)
             t, p = bench.medians(overhead, threads).get("watchdog"), bench.medians(overhead, many).get("watchdog")
             if t and p:  # the drain's wall time per job that the children add
                 bench.record(overhead, "process - threads (us per job)", "watchdog", (1 / p - 1 / t) * 1e6)

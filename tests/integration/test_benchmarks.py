@@ -93,6 +93,7 @@ def test_the_executors_scenario_runs_on_sqlite(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     assert "| CPU-bound handler, ~10 ms (jobs/s), SQLite" in run.stdout
     assert "| process p1" in run.stdout and "| no-op handler (jobs/s), SQLite" in run.stdout
+    assert "bare multiprocessing pool" in run.stdout, "the machine's ceiling is measured beside the executor"
     assert '"errors": []' in out.read_text()
 
 
