@@ -296,16 +296,33 @@ class RunnerCore:
     def free_slots(self) -> int:
         """How many of the runner's concurrency slots are free, with the
         jobs it may claim ahead of its children (``claim_ahead``); none
-        while the settle backlog is full."""
+        while the settle backlog is full.
+
+        Claims ahead go in batches: while a job claimed ahead still waits
+        for a child (more jobs for children hold slots than there are
+        children), every child is busy and has its next job, so no claim is
+        made until the children have taken the jobs waiting for them or
+        ``claim_ahead`` slots are free -- one claim statement for several
+        jobs rather than one for each child that frees, which leaves the
+        CPU of the cores the children share with the runner and the
+        database to the handlers."""
+        concurrency, ahead = self.settings.concurrency, self.settings.claim_ahead
         with self._lock:
-            running = sum(1 for e in self._active.values() if e.slot_held)
+            running = for_children = 0
+            for e in self._active.values():
+                if e.slot_held:
+                    running += 1
+                    for_children += e.killable
             settling = len(self._active) - running
         if settling >= self.settle_backlog_max:
             return 0
-        capacity = self.settings.concurrency + self.settings.claim_ahead
+        capacity = concurrency + ahead
         if self.held_back:
             return capacity - running - settling
-        return capacity - running
+        free = capacity - running
+        if for_children > concurrency and free < ahead:
+            return 0
+        return free
 
     def admit(self, claim: Claim, asked_at: float) -> Execution:
         """Register the execution of ``claim``, asked for at ``asked_at``

@@ -84,7 +84,9 @@ class ProcessExecutor:
         children, so that a child that finishes a job gets the next one at
         once instead of after a claim's round trip; a job claimed ahead
         waits in the runner (leased, its timeout not yet running) for the
-        first child that frees up. Default: one per process; 0 claims only
+        first child that frees up. The runner claims again once no job
+        waits for a child or ``prefetch`` slots are free, for all of them
+        in one statement. Default: one per process; 0 claims only
         for idle children (long handlers: a job claimed ahead waits until a
         child frees up, which another runner could have used).
     """

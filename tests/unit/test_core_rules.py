@@ -9,6 +9,7 @@ tests are named by the guarantee they check.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -58,6 +59,51 @@ def test_a_claimed_job_runs_once_and_settles_with_its_exact_claim(time: FakeTime
     assert request.decision.outcome is Outcome.COMPLETED
     assert request.now == time.now_ms(), "the settle carries the runner's clock"
     assert request.requeue_after_ms is None and request.history is None
+
+
+def child_handler(job: Any) -> None:
+    """A handler the process executor can locate (module level)."""
+
+
+async def local_handler(job: Any) -> None:
+    """A coroutine handler: an async runner runs it in its own process."""
+
+
+def test_jobs_claimed_ahead_of_busy_children_are_claimed_again_in_batches(time: FakeTime) -> None:
+    """Two children, two jobs claimed ahead: while a job claimed ahead still
+    waits for a child, a freed slot is not claimed for at once -- every child
+    has its next job -- so the claims come one statement for two jobs, not one
+    for each child that frees; once no job waits (or ``prefetch`` slots are
+    free) the runner claims for every free slot."""
+    from sqlalchemy_watchdog import ProcessExecutor
+
+    runner = core(time, {"q": child_handler}, executor=ProcessExecutor(processes=2, prefetch=2))
+    assert runner.free_slots() == 4
+    executions = [admitted(runner) for _ in range(4)]
+    assert all(e.killable for e in executions) and runner.free_slots() == 0
+    runner.release_slot(executions[0])  # a child answered; it takes the first job waiting
+    assert runner.free_slots() == 0, "a job claimed ahead still waits for a child: no claim yet"
+    runner.release_slot(executions[1])  # the other child answered and took the last one waiting
+    assert runner.free_slots() == 2, "nothing waits for a child now: one claim for both slots"
+
+
+def test_slots_of_coroutine_or_thread_handlers_are_claimed_for_at_once_beside_children(time: FakeTime) -> None:
+    """The batching counts only jobs for children: a runner whose other
+    queue's handlers run in its own process claims for their freed slots at
+    once, as without the process executor."""
+    from sqlalchemy_watchdog import ProcessExecutor
+    from sqlalchemy_watchdog.core.state import RunnerCore
+
+    options: Any = {"summary_every": None, "executor": ProcessExecutor(processes=2, prefetch=2)}
+    # What AsyncRunner builds: its coroutine handlers stay in its process.
+    handlers = {"q": child_handler, "local": local_handler}
+    stays = inspect.iscoroutinefunction
+    built = RunnerSettings.build(handlers, options, default_poll_interval=timedelta(seconds=2), stays=stays)
+    runner = RunnerCore(built, time.clock)
+    local = [admitted(runner, "local") for _ in range(4)]
+    assert not any(e.killable for e in local) and runner.free_slots() == 0
+    runner.release_slot(local[0])
+    assert runner.free_slots() == 1, "no job waits for a child: the freed slot is claimed for at once"
 
 
 def test_a_slot_held_back_by_a_limit_is_free_again_only_when_its_settle_is_in(time: FakeTime) -> None:
