@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import functools
 import logging
 import os
@@ -302,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--asyncio", action="store_true", help="run an AsyncRunner instead")
     parser.add_argument("--plain", action="store_true", help="with --asyncio: give it the plain handler")
     args = parser.parse_args(argv)
+    # SIGUSR1 prints every thread's stack to the log: how a test reports a worker that hangs.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     logging.basicConfig(
         level=args.log_level,

@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -250,7 +251,17 @@ class Worker:
         self.proc.wait(timeout=30)
 
     def wait(self, timeout: float) -> int:
-        return self.proc.wait(timeout=timeout)
+        """Its exit code once it exits within ``timeout``; else a failure
+        with every thread's stack (SIGUSR1: ``faulthandler``) and its log."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.send(signal.SIGUSR1)
+            time.sleep(1.0)
+            raise AssertionError(
+                f"worker {self.name} (pid {self.pid}) still running {timeout}s later; its threads and log:\n"
+                + self.log_text()[-12000:]
+            ) from None
 
     def log_text(self) -> str:
         self._log.flush()

@@ -19,7 +19,6 @@ with ``AsyncRunner`` workers (the async soak is shorter).
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 from collections import Counter, defaultdict
 from itertools import pairwise
@@ -157,10 +156,7 @@ def test_audit_every_job_settled_once_and_no_overlapping_runs(
     for worker in survivors:
         worker.send(signal.SIGTERM)
     for worker in survivors:
-        try:
-            code = worker.wait(60)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"{worker.name} still runs 60 s after SIGTERM; its log:\n{worker.log_text()[-4000:]}")
+        code = worker.wait(60)  # past it: a failure with the worker's threads and log
         assert code == 0, worker.log_text()[-2000:]
         assert "Traceback" not in worker.log_text(), worker.log_text()[-4000:]
 
