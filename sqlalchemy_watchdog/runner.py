@@ -46,7 +46,7 @@ from .core.settings import (
     default_poll_interval,
     pool_shortfall,
 )
-from .core.signals import restore_signal, signals_to_install
+from .core.signals import SignalSafeEvent, restore_signal, signals_to_install
 from .core.state import Execution, RunnerCore, TickResult
 from .core.steps import STARTED_LATE, Probe, RunHandler, Spawn, Step, Steps, Stop, StoreCall, WaitDone, drive
 from .errors import InvalidJob, redacted
@@ -128,8 +128,10 @@ class Runner:
         #: (LISTEN/NOTIFY on a proven session) and why not, and its poll
         #: interval. Known once :meth:`run_forever` has started.
         self.wakeup_status = WakeupStatus(self.wakeups, False, "not started", self.settings.poll_interval_s)
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
+        # Set by the stop signals' handler, which may run while the loop's
+        # thread is inside one of them (see SignalSafeEvent).
+        self._wake = SignalSafeEvent()
+        self._stopping = SignalSafeEvent()
         # Wakes the heartbeat thread: to renew now (_renew_requested), to
         # look at a new handler's deadline, or to stop.
         self._heartbeat_now = threading.Event()
@@ -514,7 +516,8 @@ class Runner:
                 self._stopping.wait(self.core.pass_failed(error))
                 continue
             self.core.pass_succeeded()
-            if wait > 0:
+            # A stop whose wake-up a clear() above swallowed is seen here.
+            if wait > 0 and not self._stopping.is_set():
                 self._wake.wait(wait)
 
     def _jobs_arrived(self) -> None:
@@ -546,8 +549,8 @@ class Runner:
         handlers replaced, to put back."""
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
+            self.stop()  # first: nothing the log line might run into can keep the stop back
             log.info("received %s; shutting down", signal.Signals(signum).name)
-            self.stop()
 
         return {sig: signal.signal(sig, on_signal) for sig in signals_to_install(install)}
 

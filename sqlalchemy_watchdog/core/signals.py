@@ -39,6 +39,23 @@ def signals_to_install(install: bool | None) -> tuple[signal.Signals, ...]:
     return tuple(sig for sig in STOP_SIGNALS if _unclaimed(sig, signal.getsignal(sig)))
 
 
+class SignalSafeEvent(threading.Event):
+    """A ``threading.Event`` that a signal handler may set.
+
+    Python runs a signal handler in the main thread, between two of its
+    bytecodes -- possibly while that thread is inside this event's ``wait``
+    or ``clear`` and holds its lock. A plain event's lock is not reentrant:
+    the handler's ``set()`` would wait forever for a lock its own thread
+    holds, and a runner told to stop would never stop. This one's lock is
+    reentrant, so ``set()`` goes through: a ``wait()`` it interrupted
+    before blocking returns at once, one past its block sees the flag on
+    its next look."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cond = threading.Condition(threading.RLock())
+
+
 def restore_signal(sig: signal.Signals, previous: Any) -> None:
     """Put back the handler a runner replaced (one installed outside Python,
     which cannot be put back, becomes the default action)."""

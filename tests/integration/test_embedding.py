@@ -12,10 +12,13 @@ import asyncio
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -155,6 +158,38 @@ def test_a_script_runner_stops_on_sigterm_and_puts_the_default_back(
     assert read(sqlite_engine, "a").outcome is Outcome.COMPLETED
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+#: A runner's process whose main thread holds the lock of the loop's wake-up event -- where
+#: the loop is, for a few bytecodes, inside ``Event.wait`` or ``Event.clear`` -- when SIGTERM
+#: arrives: Python runs the handler there, between two bytecodes of that thread.
+_SIGNAL_IN_THE_LOOPS_LOCK = """
+import os, signal, sys
+from sqlalchemy import create_engine
+from sqlalchemy_watchdog import Runner
+runner = Runner(create_engine(sys.argv[1]), {"q": lambda job: None})
+runner._install_signals(True)
+with runner._wake._cond:
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(100_000):
+        pass
+print("stopping" if runner._stopping.is_set() else "not stopping", flush=True)
+"""
+
+
+def test_a_stop_signal_landing_while_the_loop_holds_its_wake_up_lock_stops_the_runner(tmp_path: Path) -> None:
+    """SIGTERM may arrive while the loop's thread holds the lock of its
+    wake-up event (inside ``Event.wait`` or ``clear``). The handler then runs
+    in that same thread and sets the event: with a plain ``threading.Event``
+    it would wait forever for a lock its own thread holds, and the runner
+    would never stop. The runner's events let a signal handler in."""
+    url = f"sqlite:///{tmp_path / 'watchdog.db'}"
+    run = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_IN_THE_LOOPS_LOCK, url],
+        capture_output=True, text=True, timeout=20, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.strip() == "stopping"
 
 
 async def test_a_script_async_runner_under_asyncio_run_takes_the_signals_and_puts_them_back(
