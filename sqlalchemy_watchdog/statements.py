@@ -513,7 +513,7 @@ def _addressed(dialect: str) -> list[ColumnElement[Any]]:
     return [] if address is None else [literal_column(f"watchdog_jobs.{address}").label("row")]
 
 
-def _queue_pick(dialect: str, index: int, limit: BindParameter[Any], *more: str) -> Select[Any]:
+def _queue_pick(dialect: str, index: int, limit: BindParameter[Any] | int, *more: str) -> Select[Any]:
     """The ``sequence``, the row's address where the backend has one
     (:func:`_addressed`) and the ``more`` columns of up to ``limit`` of queue
     ``:queue_<index>``'s queued jobs in claim order, read in that order in
@@ -538,8 +538,16 @@ def _queue_pick(dialect: str, index: int, limit: BindParameter[Any], *more: str)
     return backend.skip_locked(pick.order_by(*CLAIM_ORDER).limit(limit))
 
 
+#: The largest claim whose ``LIMIT`` is written into the statement's text
+#: (:func:`claim`'s ``limit``): every smaller batch size is a statement of its
+#: own, prepared and planned once per connection; a larger batch sends its
+#: limit as the parameter ``:limit`` and is planned at each claim (its
+#: planning then shared by more than this many jobs).
+LITERAL_LIMIT_MAX = 32
+
+
 @cache
-def claim(dialect: str, queue_count: int | None) -> Update:
+def claim(dialect: str, queue_count: int | None, limit_value: int | None = None) -> Update:
     """Take up to ``:limit`` of the best queued jobs (of the ``queue_count``
     queues ``:queue_0``, ``:queue_1``, ...; of every queue when None) for
     ``:lease_ms``, each under its own claim token ``:token.<sequence>``, so
@@ -557,8 +565,23 @@ def claim(dialect: str, queue_count: int | None) -> Update:
     One bind parameter per queue (not an expanding ``IN``): the text of the
     statement is fixed for a runner's queues, so the store can send it
     precompiled and the driver prepares it once (see ``store.execute_rows``).
+
+    ``limit_value`` (1 to :data:`LITERAL_LIMIT_MAX`) writes the limit into
+    the text instead of ``:limit``. A prepared statement's generic plan does
+    not know a ``LIMIT $n``: PostgreSQL estimates it at a tenth of the queued
+    rows, so the generic plan of a deep queue looked many times dearer than
+    the custom ones and the claim was planned again at every execution (about
+    a quarter of its server time). With the number in the text the generic
+    plan costs what the custom ones do, and it is kept -- until a statement
+    turns slow on a grown table (``store.views._replan_if_slow``).
     """
-    limit = _p("limit", Integer())
+    limit: BindParameter[Any] | int
+    if limit_value is None:
+        limit = _p("limit", Integer())
+    elif type(limit_value) is int and 1 <= limit_value <= LITERAL_LIMIT_MAX:
+        limit = limit_value
+    else:
+        raise ValueError(f"limit_value: a whole number from 1 to {LITERAL_LIMIT_MAX}, or None")
     pick: Select[Any]
     if queue_count is None:
         # Every queue: every queued job sorted (no index holds them all in claim
@@ -588,12 +611,16 @@ def claim(dialect: str, queue_count: int | None) -> Update:
         taken = [column for column in best.c if column.key != "priority"]
         pick = select(*taken).order_by(best.c.priority.desc(), best.c.sequence).limit(limit)
     # The picks lock their rows already (skip_locked), and the update reaches
-    # them by address where the backend has one (a TID scan on PostgreSQL). As
-    # an array: with IN, the generic plan of a queue holding most of the table
-    # hash-joined a scan of the whole table (7 ms a claim at 20,000 jobs,
-    # against 0.3); by sequence, a generic plan made on a young table never
-    # analysed scanned it whole (1 ms a claim at 9,000 rows, growing).
-    target = backend_of(dialect).picked(c.sequence, pick, "ready", skip_locked=False, as_array=True, recheck=IS_QUEUED)
+    # them by address where the backend has one (TID scans on PostgreSQL):
+    # joined to a pick of a constant number of rows, one TID scan per row in
+    # every plan; as an array with `LIMIT :limit` (joined, the generic plan of
+    # a queue holding most of the table hash-joined a scan of the whole table:
+    # 7 ms a claim at 20,000 jobs, against 0.3). By sequence, a generic plan
+    # made on a young table never analysed scanned it whole (1 ms a claim at
+    # 9,000 rows, growing).
+    target = backend_of(dialect).picked(
+        c.sequence, pick, "ready", skip_locked=False, as_array=True, joined=limit_value is not None, recheck=IS_QUEUED
+    )
     return _claim_update(target)
 
 

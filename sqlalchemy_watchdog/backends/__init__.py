@@ -96,6 +96,7 @@ class Backend(Protocol):
         *,
         skip_locked: bool = True,
         as_array: bool = False,
+        joined: bool = False,
         recheck: ColumnElement[bool] | None = None,
     ) -> ColumnElement[bool]:
         """The WHERE clause of a write that targets the rows whose ``key``
@@ -103,9 +104,12 @@ class Backend(Protocol):
         ``name`` of them, locked (``FOR UPDATE``, skipping locked rows when
         ``skip_locked``; ``pick`` already locked when None is wanted, see
         :meth:`skip_locked`), matched with ``= ANY(ARRAY(...))`` when
-        ``as_array`` (a generic plan that goes by key); elsewhere ``IN (pick)``,
-        with ``recheck``, the condition the write checks again where the pick
-        locks no rows (a locked row is re-read by PostgreSQL anyway)."""
+        ``as_array`` (a generic plan that goes by key; by address where the
+        pick has a ``row`` column, joined to the pick when ``joined`` -- for a
+        pick whose ``LIMIT`` is a constant, see ``statements.claim``);
+        elsewhere ``IN (pick)``, with ``recheck``, the condition the write
+        checks again where the pick locks no rows (a locked row is re-read by
+        PostgreSQL anyway)."""
         ...
 
     def union_picked(self, parts: Sequence[tuple[Select[Any], str]]) -> Any:

@@ -80,6 +80,7 @@ class PostgreSQL:
         *,
         skip_locked: bool = True,
         as_array: bool = False,
+        joined: bool = False,
         recheck: ColumnElement[bool] | None = None,
     ) -> ColumnElement[bool]:
         if skip_locked:
@@ -88,11 +89,20 @@ class PostgreSQL:
         sequence = cte.c[str(key.key)]
         if as_array and "row" in cte.c:
             # By the rows' addresses (a pick locked them, so they stay where they
-            # are until this transaction writes them): a TID scan, whatever the
+            # are until this transaction writes them): TID scans, whatever the
             # planner knows of the table. By key, a generic plan made while the
             # table was young and never analysed scanned it whole for every
             # later claim -- 1 ms a claim at 9,000 rows, growing with the table.
             address: ColumnElement[Any] = literal_column(f"{key.table.name}.{self.row_address}")
+            if joined:
+                # Joined to a pick of a constant number of rows: a nested loop
+                # of one TID scan per picked row, in every plan -- also one made
+                # on a table of a few pages, where `ctid = ANY(array)` (a list of
+                # unknown length) looked dearer than scanning the table.
+                return address == cte.c.row
+            # A pick of `LIMIT $n` (estimated at a tenth of the rows): joined,
+            # its generic plan hash-joined a scan of the table; as an array it
+            # is one TID scan of the list.
             return address == any_(func.array(select(cte.c.row).scalar_subquery()))
         if as_array:
             # = ANY(ARRAY(...)), not IN (SELECT ...): the planner takes the array for

@@ -87,6 +87,7 @@ class SQLite:
         *,
         skip_locked: bool = True,
         as_array: bool = False,
+        joined: bool = False,
         recheck: ColumnElement[bool] | None = None,
     ) -> ColumnElement[bool]:
         return key.in_(pick) if recheck is None else and_(key.in_(pick), recheck)

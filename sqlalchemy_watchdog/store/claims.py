@@ -202,11 +202,17 @@ def claim(
                 return _batch(conn, rows, held)
     if len(rows) >= limit:
         return _batch(conn, rows, held)
-    params: dict[str, Any] = {"token": token, "lease_ms": lease_ms, "limit": limit - len(rows)}
+    params: dict[str, Any] = {"token": token, "lease_ms": lease_ms}
+    # A batch size up to LITERAL_LIMIT_MAX is written into the statement (one
+    # prepared statement, planned once, per size: see statements.claim).
+    batch = limit - len(rows)
+    literal = batch if batch <= sql.LITERAL_LIMIT_MAX else None
+    if literal is None:
+        params["limit"] = batch
     if distinct is None:
-        stmt = sql.claim(conn.dialect.name, None)
+        stmt = sql.claim(conn.dialect.name, None, literal)
     else:
-        stmt = sql.claim(conn.dialect.name, len(distinct))
+        stmt = sql.claim(conn.dialect.name, len(distinct), literal)
         params.update(sql.queue_params(distinct))
     rows.extend(execute_rows(conn, stmt, params))
     return _batch(conn, rows, held)

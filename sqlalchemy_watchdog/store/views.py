@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -178,6 +179,70 @@ def _precompiled(dialect: Dialect, stmt: Executable) -> _Precompiled | None:
     return result
 
 
+# -- plans made anew when a hot statement turns slow ----------------------------
+
+#: A hot statement that takes longer than this, plus :data:`REPLAN_PER_ROW_S`
+#: for each row it returned, has its connection's hot statements planned anew
+#: (:func:`_replan_if_slow`). A claim or settle of a dozen jobs takes about
+#: 1 ms; one that reads the table whole, 10 ms at 50,000 rows.
+REPLAN_AFTER_S = 0.003
+REPLAN_PER_ROW_S = 0.0002
+#: At most one renewal per connection in this many seconds: on a server too
+#: busy for the bound above, plans are not thrown away at every statement.
+REPLAN_EVERY_S = 10.0
+#: Keys of the connection's pool entry ``info``: its plans' generation (0, or
+#: absent, at first) and when it was last renewed (``time.monotonic()``).
+_PLANS = "sqlalchemy_watchdog.plans"
+_PLANS_RENEWED_AT = "sqlalchemy_watchdog.plans_renewed_at"
+
+
+def plans_generation(conn: Connection) -> int:
+    """How often ``conn``'s hot statements were planned anew (:func:`_replan_if_slow`)."""
+    return int(conn.connection.info.get(_PLANS, 0))
+
+
+def _renewed(text: str, generation: int) -> str:
+    """``text`` as sent in plans generation ``generation``: a comment at the end
+    makes it another statement for the driver's cache and the server."""
+    return text if not generation else f"{text} /* plans {generation} */"
+
+
+def _replan_if_slow(conn: Connection, elapsed: float, rows: int) -> None:
+    """Have ``conn``'s hot statements planned anew (psycopg with prepared
+    statements only) when the one it just ran took ``elapsed`` seconds for
+    ``rows`` rows, longer than the bound above.
+
+    PostgreSQL keeps the generic plan of a prepared statement once it looks no
+    dearer than the custom ones, until the table is analysed again. A generic
+    plan made while ``watchdog_jobs`` held a few rows (a new deployment, a
+    small table before a burst) reads the table whole -- cheaper than an index
+    or TID lookup per row when the table has a few pages, 10 ms a statement
+    once it holds 50,000 rows -- until autovacuum's next analyze, a minute or
+    more later. The connection's next generation of texts (:func:`_renewed`)
+    is prepared anew by psycopg and planned on the table as it is now; the old
+    statements leave psycopg's cache as it rotates (``prepared_max``). Not
+    ``DEALLOCATE ALL``: psycopg would not always notice it, and would then
+    execute statements the server no longer has. At most once per
+    :data:`REPLAN_EVERY_S` per connection.
+    """
+    if elapsed <= REPLAN_AFTER_S + REPLAN_PER_ROW_S * rows or conn.dialect.driver != "psycopg":
+        return
+    if getattr(conn.connection.driver_connection, "prepare_threshold", None) is None:
+        return  # prepared statements are off (a transaction-mode pooler): every statement is planned anew
+    info = conn.connection.info
+    now = time.monotonic()
+    if now - info.get(_PLANS_RENEWED_AT, -REPLAN_EVERY_S) < REPLAN_EVERY_S:
+        return
+    info[_PLANS_RENEWED_AT] = now
+    info[_PLANS] = generation = info.get(_PLANS, 0) + 1
+    log.debug(
+        "a hot statement took %.1f ms for %d rows: its connection's plans are made anew (generation %d)",
+        elapsed * 1e3,
+        rows,
+        generation,
+    )
+
+
 def _observed(conn: Connection) -> bool:
     """Whether anything listens to ``conn``'s statements (SQLAlchemy engine
     or connection events: OpenTelemetry's SQLAlchemy instrumentation, a test
@@ -204,15 +269,25 @@ def execute_rows(conn: Connection, stmt: Executable, params: Mapping[str, Any]) 
     retry rules and error mapping are those of every other statement. When
     engine or connection events listen, the statement goes through
     ``Connection.exec_driver_sql`` instead, so listeners see every
-    statement the store sends.
+    statement the store sends. A statement far slower than its rows
+    explain has the connection's plans made anew (:func:`_replan_if_slow`).
     """
+    started = time.perf_counter()
+    rows = _execute_rows(conn, stmt, params)
+    _replan_if_slow(conn, time.perf_counter() - started, len(rows))
+    return rows
+
+
+def _execute_rows(conn: Connection, stmt: Executable, params: Mapping[str, Any]) -> list[Sequence[Any]]:
+    """:func:`execute_rows` without its plan check."""
     pre = _precompiled(conn.dialect, stmt)
     if pre is None:
         return list(conn.execute(stmt, dict(params)))
     values = {**pre.defaults, **params}
     args: Any = values if pre.positions is None else tuple(values[name] for name in pre.positions)
+    generation = conn.connection.info.get(_PLANS, 0) if pre.native is not None else 0
     if _observed(conn):
-        return list(conn.exec_driver_sql(pre.text, args))
+        return list(conn.exec_driver_sql(_renewed(pre.text, generation), args))
     if not conn.in_transaction():
         # What Connection.execute does first (its autobegin): the caller's
         # commit() or rollback() then ends the transaction this statement is in.
@@ -224,6 +299,7 @@ def execute_rows(conn: Connection, stmt: Executable, params: Mapping[str, Any]) 
     text = pre.text
     if pre.native is not None:
         text, names = pre.native
+        text = _renewed(text, generation)
         args = tuple(values[name] for name in names)
         if conn.dialect.is_async:
             return _execute_native_async(conn, text, args)

@@ -196,3 +196,39 @@ def test_native_placeholders_number_each_name_once_and_unescape_percent() -> Non
     text, names = views._native("SELECT %(a)s::INTEGER, %(b)s, %(a)s, '100%%', '%%(a)s'")
     assert text == "SELECT $1::INTEGER, $2, $1, '100%', '%(a)s'"
     assert names == ("a", "b")
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])
+async def test_async_psycopg_plans_anew_after_a_slow_hot_statement(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The renewal of a connection's plans after a slow hot statement
+    (``views._replan_if_slow``) reaches async psycopg's connection too: its
+    claim is then sent as another statement, prepared anew."""
+    monkeypatch.setattr(views, "REPLAN_AFTER_S", 60.0)  # the claims themselves renew nothing
+    async_engine = make_async_engine(engine)
+
+    def prepared_claims(conn: Any) -> int:
+        count = conn.exec_driver_sql(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'WITH ready%%'"
+        ).scalar_one()
+        conn.commit()
+        return int(count)
+
+    def claim_until_prepared(conn: Any) -> int:
+        for _ in range(6):  # psycopg prepares a statement at its sixth execution
+            store.claim(conn, queues=["q"], limit=2, lease_ms=30_000)
+            conn.commit()
+        return prepared_claims(conn)
+
+    def renew(conn: Any) -> int:
+        views._replan_if_slow(conn, 100.0, 2)
+        return views.plans_generation(conn)
+
+    try:
+        async with async_engine.connect() as conn:
+            assert await conn.run_sync(claim_until_prepared) == 1
+            assert await conn.run_sync(renew) == 1
+            assert await conn.run_sync(claim_until_prepared) == 2  # sent, prepared and planned anew
+    finally:
+        await async_engine.dispose()
