@@ -321,6 +321,17 @@ def make_async_engine(engine: Engine) -> AsyncEngine:
     return create_async_engine(async_url(engine.url))
 
 
+def prepared_claims(conn: Any) -> int:
+    """How many claim statements ``conn`` (PostgreSQL, a sync ``Connection`` or
+    the one ``AsyncConnection.run_sync`` passes) has prepared on the server;
+    commits."""
+    count = conn.exec_driver_sql(
+        "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'WITH ready%%'"
+    ).scalar_one()
+    conn.commit()
+    return int(count)
+
+
 # -- the two runner kinds ---------------------------------------------------------
 
 

@@ -53,6 +53,7 @@ from sqlalchemy_watchdog import Decision, Watchdog, metadata, store
 from sqlalchemy_watchdog import statements as sql
 from sqlalchemy_watchdog.backends import backend_of
 from sqlalchemy_watchdog.store import views
+from tests.conftest import prepared_claims
 
 TABLE = "watchdog_jobs"
 #: The integer primary key (SQLite's rowid; PostgreSQL's pk index).
@@ -1064,13 +1065,6 @@ def test_a_connection_plans_anew_only_after_a_slow_statement_and_at_most_once_in
     monkeypatch.setattr(views, "REPLAN_AFTER_S", 60.0)
     with own_database(postgres_server) as engine:
         metadata.create_all(engine)
-
-        def prepared_claims(conn: Any) -> int:
-            count = conn.exec_driver_sql(
-                "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'WITH ready%%'"
-            ).scalar_one()
-            conn.commit()
-            return int(count)
 
         with engine.connect() as conn:
 

@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy_watchdog import Decision, Job, Watchdog, WatchdogError, enqueue, store
 from sqlalchemy_watchdog.gateway import AsyncGateway, SyncGateway
 from sqlalchemy_watchdog.store import views
-from tests.conftest import make_async_engine
+from tests.conftest import make_async_engine, prepared_claims
 
 
 @pytest.mark.parametrize("dialect", ["postgresql"])
@@ -207,13 +207,6 @@ async def test_async_psycopg_plans_anew_after_a_slow_hot_statement(
     claim is then sent as another statement, prepared anew."""
     monkeypatch.setattr(views, "REPLAN_AFTER_S", 60.0)  # the claims themselves renew nothing
     async_engine = make_async_engine(engine)
-
-    def prepared_claims(conn: Any) -> int:
-        count = conn.exec_driver_sql(
-            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'WITH ready%%'"
-        ).scalar_one()
-        conn.commit()
-        return int(count)
 
     def claim_until_prepared(conn: Any) -> int:
         for _ in range(6):  # psycopg prepares a statement at its sixth execution
