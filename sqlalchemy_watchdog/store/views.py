@@ -285,7 +285,7 @@ def _execute_rows(conn: Connection, stmt: Executable, params: Mapping[str, Any])
         return list(conn.execute(stmt, dict(params)))
     values = {**pre.defaults, **params}
     args: Any = values if pre.positions is None else tuple(values[name] for name in pre.positions)
-    generation = conn.connection.info.get(_PLANS, 0) if pre.native is not None else 0
+    generation = plans_generation(conn) if pre.native is not None else 0
     if _observed(conn):
         return list(conn.exec_driver_sql(_renewed(pre.text, generation), args))
     if not conn.in_transaction():
