@@ -568,17 +568,26 @@ class ProcessPool:
             return
         self._leave(child)
 
-    @staticmethod
-    def _still_wanted(waiter: _Waiter) -> bool:
+    def _still_wanted(self, waiter: _Waiter) -> bool:
         """Whether a job taken from the line may go to a child: not stopped
         meanwhile, and its claim still live (else it is settled here)."""
         if waiter.signal.is_set():
             waiter.settle(_Wait.STOPPED)
             return False
         if waiter.on_start is not None and not waiter.on_start(False):
+            self._renewing(waiter.rank)
             waiter.settle(_Wait.LATE)
             return False
         return True
+
+    def _renewing(self, rank: tuple[int, int]) -> None:
+        """The job of ``rank`` was about to take a child, but its claim must
+        be renewed first: it asks again once renewed (or its execution ends,
+        which withdraws it), and until then it is expected like a job of a
+        claim that has not asked yet -- no job ranked after it takes the
+        child it would have had."""
+        with self._lock:
+            self._expected.add(rank)
 
     def _may_pipe(self, child: _Child) -> bool:
         """Whether ``child`` may be sent a job behind its running one (the
@@ -758,7 +767,7 @@ class ProcessPool:
             gone.reap()
         if waiter is None:
             assert child is not None
-            sent = self._send(child, data, on_start)
+            sent = self._send(child, data, on_start, rank)
             if others:
                 self._dispatch()
             return sent
@@ -797,8 +806,11 @@ class ProcessPool:
             return
         self._hand_on(child)
 
-    def _send(self, child: _Child, data: bytes, on_start: Callable[[bool], bool] | None) -> _Child | ChildOutcome:
+    def _send(
+        self, child: _Child, data: bytes, on_start: Callable[[bool], bool] | None, rank: tuple[int, int]
+    ) -> _Child | ChildOutcome:
         if on_start is not None and not on_start(False):
+            self._renewing(rank)
             self._hand_on(child)
             return ChildOutcome(Ending.LATE)
         if on_start is not None:

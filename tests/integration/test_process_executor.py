@@ -43,7 +43,7 @@ from sqlalchemy_watchdog import (
 )
 from sqlalchemy_watchdog.core.handlers import StopSignal
 from sqlalchemy_watchdog.executors import locate
-from sqlalchemy_watchdog.executors.pool import ProcessPool
+from sqlalchemy_watchdog.executors.pool import Ending, ProcessPool
 from tests import process_handlers as h
 from tests.helpers import add, read, settled, wait_until
 from tests.runner_kinds import KILL_GRACE, PROCESS_KINDS, RunnerDriver
@@ -627,6 +627,48 @@ def test_a_job_expected_that_never_asks_holds_no_child_once_withdrawn(marks: Pat
         pool.withdraw((0, 1))  # idempotent
     finally:
         pool.close()
+
+
+def test_a_job_whose_claim_is_renewed_before_it_starts_keeps_its_place_in_claim_order(marks: Path) -> None:
+    """A job about to take a child whose claim was last known live over a
+    heartbeat ago is not sent (``Ending.LATE``): it renews its claim, then
+    asks again. Meanwhile it keeps its place: a job ranked after it that
+    arrives and renews faster still starts after it."""
+    pool = ProcessPool(ProcessExecutor(processes=1, kill_grace=KILL_GRACE))
+    ref = locate("q", h.naps)
+    ranks = {"first": (0, 1), "mid": (0, 2)}
+    renewal_s = {"first": 0.5, "mid": 0.0}  # the job ranked first renews slower
+    endings: dict[str, list[Ending]] = {j: [] for j in ranks}
+
+    def run(job_id: str) -> None:
+        on_start: Any = lambda now: now  # noqa: E731 -- the claim's last check is stale: not sent
+        while True:
+            running, signal = _pooled(job_id, marks)
+            ending = pool.call(ref, running, signal, stop_wait_s=5, on_start=on_start, rank=ranks[job_id]).ending
+            endings[job_id].append(ending)
+            if ending is not Ending.LATE:
+                return
+            time.sleep(renewal_s[job_id])
+            on_start = None  # renewed
+
+    try:
+        busy, signal = _pooled("busy", marks, wait=2)
+        holder = threading.Thread(target=functools.partial(pool.call, ref, busy, signal, stop_wait_s=5))
+        holder.start()
+        h.wait_for_mark(marks, "busy", "started", timeout=30)
+        first = threading.Thread(target=run, args=("first",))
+        first.start()  # to be sent behind the running job, found late: it renews
+        wait_until(lambda: endings["first"] == [Ending.LATE], 10, "the first job found late")
+        mid = threading.Thread(target=run, args=("mid",))
+        mid.start()
+        for thread in (holder, first, mid):
+            thread.join(30)
+    finally:
+        pool.close()
+    assert endings["first"] == [Ending.LATE, Ending.RETURNED]
+    assert endings["mid"][-1] is Ending.RETURNED
+    order = sorted(ranks, key=lambda j: h.wait_for_mark(marks, j, "started")[1])
+    assert order == ["first", "mid"]
 
 
 def test_cancelling_a_job_claimed_ahead_settles_it_cancelled_and_it_never_runs(
