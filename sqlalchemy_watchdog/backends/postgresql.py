@@ -43,7 +43,7 @@ class PostgreSQL:
         return postgresql.insert(table)
 
     def json_rows(
-        self, name: str, fields: Sequence[tuple[str, Any]], *, counted: bool
+        self, name: str, fields: Sequence[tuple[str, Any]], *, counted: bool, count: int | None = None
     ) -> tuple[Any, dict[str, ColumnElement[Any]], Any]:
         # jsonb, parsed once: ->> on json re-parses the element for every field.
         source: Any = (
@@ -62,7 +62,9 @@ class PostgreSQL:
             # than psycopg's 4,096-character query cache takes, so every
             # settle re-parsed its placeholders in Python.
             typed = select(*(column.label(field) for field, column in columns.items()), source.c.ordinal)
-            counted_source = typed.limit(bindparam(f"{name}_count", type_=Integer())).subquery(name)
+            counted_source = typed.limit(
+                bindparam(f"{name}_count", type_=Integer()) if count is None else count
+            ).subquery(name)
             return counted_source, {field: counted_source.c[field] for field in columns}, counted_source.c.ordinal
         return source, columns, source.c.ordinal
 

@@ -59,7 +59,7 @@ class SQLite:
         return sqlite.insert(table)
 
     def json_rows(
-        self, name: str, fields: Sequence[tuple[str, Any]], *, counted: bool
+        self, name: str, fields: Sequence[tuple[str, Any]], *, counted: bool, count: int | None = None
     ) -> tuple[Any, dict[str, ColumnElement[Any]], Any]:
         source: Any = func.json_each(bindparam(name, type_=Text())).table_valued("key", "value").alias(name)
         columns: dict[str, ColumnElement[Any]] = {
@@ -69,7 +69,9 @@ class SQLite:
         if counted:
             # Each field extracted once, in the subquery, and named (as on PostgreSQL).
             typed = select(*(column.label(field) for field, column in columns.items()), source.c.key)
-            counted_source = typed.limit(bindparam(f"{name}_count", type_=Integer())).subquery(name)
+            counted_source = typed.limit(
+                bindparam(f"{name}_count", type_=Integer()) if count is None else count
+            ).subquery(name)
             return counted_source, {field: counted_source.c[field] for field in columns}, counted_source.c.key
         return source, columns, source.c.key
 

@@ -396,7 +396,12 @@ def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Set
     dialect = conn.dialect.name
     params = sql.rows_params(dialect, "settles", sql.SETTLE_FIELDS, [r.row for r in requests])
     params["now"] = max((r.now or now_ms()) for r in requests)
-    settled = {row[1]: row for row in execute_rows(conn, sql.settle(dialect), params)}
+    # A batch of up to LITERAL_LIMIT_MAX rows has its count in the statement
+    # (one prepared statement, planned once, per size: see statements.settle).
+    count = len(requests) if len(requests) <= sql.LITERAL_LIMIT_MAX else None
+    if count is not None:
+        del params["settles_count"]
+    settled = {row[1]: row for row in execute_rows(conn, sql.settle(dialect, count), params)}
     if settled:
         limited = limited_queues(conn)  # cached: no statement for a deployment without limits
         if limited and any(row[2] in limited for row in settled.values()):
