@@ -13,7 +13,10 @@ Internal module (:func:`follow_failover` is re-exported by the package).
 * **Prepared statements behind a pooler.** :func:`prepared_statement_failure`
   turns the driver's error of a prepared statement that a transaction-mode
   pooler lost into :class:`~sqlalchemy_watchdog.errors.PreparedStatementsRefused`,
-  which names the engine setting to use.
+  which names the engine setting to use; :func:`follow_failover` has such a
+  connection replaced, since its driver's cache of prepared statements and
+  its server session no longer agree (and in autocommit nothing else would
+  ever make them agree again).
 * **One server session, proven.** LISTEN and the waiting lock (a session
   advisory lock) are only correct on a connection that stays one server
   session. Behind a pooler in transaction mode each transaction may run on
@@ -96,8 +99,20 @@ def is_failover_error(error: BaseException | None) -> bool:
 
 
 def _mark_failover(context: ExceptionContext) -> None:
-    if not context.is_disconnect and is_failover_error(context.original_exception):
+    if context.is_disconnect:
+        return
+    error = context.original_exception
+    if is_failover_error(error):
         context.is_disconnect = True
+    elif sqlstate_of(error) in _PREPARED_SQLSTATES:
+        # The driver's prepared statements and its server session's disagree
+        # (a transaction-mode pooler, or a DEALLOCATE / DISCARD ALL the driver
+        # missed). In autocommit -- the store's mode on PostgreSQL -- no
+        # rollback ever clears psycopg's cache, so the connection would fail
+        # the same way for ever: replace it (it alone; the error still
+        # reaches the caller, as PreparedStatementsRefused from the store).
+        context.is_disconnect = True
+        context.invalidate_pool_on_disconnect = False
 
 
 def follow_failover(engine: Engine | AsyncEngine) -> None:
@@ -106,6 +121,8 @@ def follow_failover(engine: Engine | AsyncEngine) -> None:
     class 08), as it replaces a dropped connection: the error reaches the
     caller as a disconnect (``DBAPIError.connection_invalidated``), and the
     pool's connections opened before it are replaced on their next checkout.
+    A connection whose prepared statements its server session no longer has,
+    or has already (SQLSTATE 26000, 42P05), is replaced too, alone.
 
     Runners and :class:`~sqlalchemy_watchdog.Watchdog` call it on their own
     engine; call it on your application's engine so that its sessions follow

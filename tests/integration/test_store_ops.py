@@ -1020,6 +1020,96 @@ def test_a_dropped_connection_under_a_hot_statement_is_invalidated_and_transient
     assert claim_one(engine, queues=["q"]).job.job_id == "a"
 
 
+@pytest.mark.parametrize("dialect", ["postgresql"])  # prepared statements: psycopg's
+def test_a_connection_whose_server_lost_its_prepared_statements_is_replaced_and_the_next_call_works(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """psycopg's cache of prepared statements and its server session disagree
+    (a ``DEALLOCATE`` psycopg did not see; a transaction-mode pooler). In
+    autocommit, the store's mode on PostgreSQL, no rollback clears that cache:
+    the pooled connection failed every claim for ever, and a runner retried
+    it for ever. The call that meets it fails with PreparedStatementsRefused
+    (its remedy named); the connection is replaced, and the next call works."""
+    from sqlalchemy import create_engine
+
+    from sqlalchemy_watchdog import PreparedStatementsRefused, follow_failover
+    from sqlalchemy_watchdog.gateway import SyncGateway
+    from sqlalchemy_watchdog.store import views
+
+    # A claim slowed by a busy machine would be sent anew (views._replan_if_slow), and counted apart.
+    monkeypatch.setattr(views, "REPLAN_AFTER_S", 60.0)
+    add(engine, *(Job(f"j{n}", "q") for n in range(10)))
+    own = create_engine(engine.url, pool_size=1, max_overflow=0)  # one connection: each call gets it again
+    try:
+        follow_failover(own)  # as every runner and Watchdog do
+        gateway = SyncGateway(own)
+
+        def claim() -> store.ClaimBatch:
+            return gateway.run(store.claim, queues=["q"], limit=1, lease_ms=LEASE_MS)
+
+        with gateway.holding():  # as a runner's loop does: one connection across its calls
+            for _ in range(6):  # psycopg prepares the claim at its sixth execution
+                assert len(claim().claimed) == 1
+            raw = gateway._held.conn.connection.driver_connection
+            names = [row[0] for row in raw.execute("SELECT name FROM pg_prepared_statements", prepare=False)]
+            assert names, "the claim is prepared"
+            for name in names:  # behind psycopg's back: it still counts them prepared
+                raw.execute(f"DEALLOCATE {name}", prepare=False)
+            with pytest.raises(PreparedStatementsRefused, match="prepare_threshold"):
+                claim()
+            assert [len(claim().claimed) for _ in range(3)] == [1, 1, 1]
+    finally:
+        own.dispose()
+    assert sum(row(engine, f"j{n}")["state"] == "running" for n in range(10)) == 9  # type: ignore[index]
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])
+def test_async_a_connection_whose_server_lost_its_prepared_statements_is_replaced(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same through ``AsyncGateway`` (the ``AsyncRunner``'s calls), on
+    psycopg's async connection: refused once, then the next call works."""
+    import asyncio
+
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from sqlalchemy_watchdog import PreparedStatementsRefused, follow_failover
+    from sqlalchemy_watchdog.gateway import AsyncGateway
+    from sqlalchemy_watchdog.store import views
+    from tests.conftest import async_url
+
+    monkeypatch.setattr(views, "REPLAN_AFTER_S", 60.0)
+    add(engine, *(Job(f"j{n}", "q") for n in range(10)))
+
+    async def scenario() -> list[int]:
+        own = create_async_engine(async_url(engine.url), pool_size=1, max_overflow=0)
+        try:
+            follow_failover(own)
+            gateway = AsyncGateway(own)
+
+            async def claim() -> int:
+                return len((await gateway.run(store.claim, queues=["q"], limit=1, lease_ms=LEASE_MS)).claimed)
+
+            async with gateway.holding():
+                assert [await claim() for _ in range(6)] == [1] * 6  # prepared at the sixth
+                held = gateway._held[asyncio.current_task()]  # type: ignore[index]
+                assert held is not None
+                raw: Any = (await held.get_raw_connection()).driver_connection
+                names = [
+                    row[0] for row in await (await raw.execute("SELECT name FROM pg_prepared_statements")).fetchall()
+                ]
+                assert names, "the claim is prepared"
+                for name in names:
+                    await raw.execute(f"DEALLOCATE {name}", prepare=False)
+                with pytest.raises(PreparedStatementsRefused):
+                    await claim()
+                return [await claim() for _ in range(3)]
+        finally:
+            await own.dispose()
+
+    assert asyncio.run(scenario()) == [1, 1, 1]
+
+
 def test_shutdown_recovery_takes_the_current_claim_of_a_job_whose_older_execution_is_still_held(
     engine: Engine,
 ) -> None:
