@@ -300,7 +300,10 @@ def _rows(
 
     Returns the source, its columns by field name, and its ordering column.
     """
-    return backend_of(dialect).json_rows(name, fields, counted=counted, count=count)
+    limit: BindParameter[Any] | int | None = None
+    if counted:
+        limit = _p(f"{name}_count", Integer()) if count is None else literal_size("count", count)
+    return backend_of(dialect).json_rows(name, fields, limit=limit)
 
 
 def rows_params(dialect: str, name: str, fields: Fields, rows: Sequence[Sequence[Any]]) -> dict[str, Any]:
@@ -551,6 +554,20 @@ def _queue_pick(dialect: str, index: int, limit: BindParameter[Any] | int, *more
 LITERAL_LIMIT_MAX = 32
 
 
+def literal_size(field: str, size: int) -> int:
+    """``size``, a batch size that may be written into a statement's text
+    (1 to :data:`LITERAL_LIMIT_MAX`), or a ValueError naming ``field``."""
+    if type(size) is int and 1 <= size <= LITERAL_LIMIT_MAX:
+        return size
+    raise ValueError(f"{field}: a whole number from 1 to {LITERAL_LIMIT_MAX}, or None")
+
+
+def size_in_text(size: int) -> int | None:
+    """``size`` when a batch that size has it written into the statement's
+    text (:data:`LITERAL_LIMIT_MAX`), else None (sent as a parameter)."""
+    return size if 0 < size <= LITERAL_LIMIT_MAX else None
+
+
 @cache
 def claim(dialect: str, queue_count: int | None, limit_value: int | None = None) -> Update:
     """Take up to ``:limit`` of the best queued jobs (of the ``queue_count``
@@ -580,13 +597,7 @@ def claim(dialect: str, queue_count: int | None, limit_value: int | None = None)
     plan costs what the custom ones do, and it is kept -- until a statement
     turns slow on a grown table (``store.views._replan_if_slow``).
     """
-    limit: BindParameter[Any] | int
-    if limit_value is None:
-        limit = _p("limit", Integer())
-    elif type(limit_value) is int and 1 <= limit_value <= LITERAL_LIMIT_MAX:
-        limit = limit_value
-    else:
-        raise ValueError(f"limit_value: a whole number from 1 to {LITERAL_LIMIT_MAX}, or None")
+    limit = _p("limit", Integer()) if limit_value is None else literal_size("limit_value", limit_value)
     pick: Select[Any]
     if queue_count is None:
         # Every queue: every queued job sorted (no index holds them all in claim
@@ -1315,8 +1326,6 @@ def settle(dialect: str, count: int | None = None) -> Update:
     settle was planned again at every execution (0.16 ms of its 0.33 at
     3,000 jobs). Each batch size up to that is then a statement of its own.
     """
-    if count is not None and not (type(count) is int and 1 <= count <= LITERAL_LIMIT_MAX):
-        raise ValueError(f"count: a whole number from 1 to {LITERAL_LIMIT_MAX}, or None")
     _source, cols, _ = _rows(dialect, "settles", SETTLE_FIELDS, counted=True, count=count)
     cancelled = c.cancellation_id.is_not(None)
     delay = cols["delay_ms"]

@@ -69,12 +69,12 @@ class Backend(Protocol):
     # -- statement variants (the statements module asks for these) -----------------
 
     def json_rows(
-        self, name: str, fields: Sequence[tuple[str, Any]], *, counted: bool, count: int | None = None
+        self, name: str, fields: Sequence[tuple[str, Any]], *, limit: ColumnElement[Any] | int | None = None
     ) -> tuple[Any, dict[str, ColumnElement[Any]], Any]:
         """A FROM source yielding the rows sent as one JSON array of arrays
         in the bind parameter ``name``, its columns by field name and its
-        ordering column (see ``statements._rows``); ``counted`` with a
-        ``count``: that number written in the text, not ``:<name>_count``."""
+        ordering column (see ``statements._rows``); with a ``limit``, at
+        most that many rows (a parameter, or a number written in the text)."""
         ...
 
     def skip_locked(self, pick: Select[Any]) -> Select[Any]:

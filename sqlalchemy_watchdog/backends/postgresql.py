@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Integer, Select, Text, any_, bindparam, cast, func, literal_column, select, union_all
+from sqlalchemy import Connection, Select, Text, any_, bindparam, cast, func, literal_column, select, union_all
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.sql.dml import Insert
@@ -43,7 +43,7 @@ class PostgreSQL:
         return postgresql.insert(table)
 
     def json_rows(
-        self, name: str, fields: Sequence[tuple[str, Any]], *, counted: bool, count: int | None = None
+        self, name: str, fields: Sequence[tuple[str, Any]], *, limit: ColumnElement[Any] | int | None = None
     ) -> tuple[Any, dict[str, ColumnElement[Any]], Any]:
         # jsonb, parsed once: ->> on json re-parses the element for every field.
         source: Any = (
@@ -55,16 +55,14 @@ class PostgreSQL:
             field: cast(source.c.value.op("->>")(literal_column(str(index))), type_)
             for index, (field, type_) in enumerate(fields)
         }
-        if counted:
+        if limit is not None:
             # Each field read and cast once, in the subquery, and named: the
             # statement refers to ``settles.delay_ms`` rather than repeating the
             # cast at every use -- which had made the settle statement longer
             # than psycopg's 4,096-character query cache takes, so every
             # settle re-parsed its placeholders in Python.
             typed = select(*(column.label(field) for field, column in columns.items()), source.c.ordinal)
-            counted_source = typed.limit(
-                bindparam(f"{name}_count", type_=Integer()) if count is None else count
-            ).subquery(name)
+            counted_source = typed.limit(limit).subquery(name)
             return counted_source, {field: counted_source.c[field] for field in columns}, counted_source.c.ordinal
         return source, columns, source.c.ordinal
 

@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Integer, Select, Text, and_, bindparam, func, select, type_coerce, union_all
+from sqlalchemy import Connection, Select, Text, and_, bindparam, func, select, type_coerce, union_all
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.sql.dml import Insert
@@ -59,19 +59,17 @@ class SQLite:
         return sqlite.insert(table)
 
     def json_rows(
-        self, name: str, fields: Sequence[tuple[str, Any]], *, counted: bool, count: int | None = None
+        self, name: str, fields: Sequence[tuple[str, Any]], *, limit: ColumnElement[Any] | int | None = None
     ) -> tuple[Any, dict[str, ColumnElement[Any]], Any]:
         source: Any = func.json_each(bindparam(name, type_=Text())).table_valued("key", "value").alias(name)
         columns: dict[str, ColumnElement[Any]] = {
             field: type_coerce(func.json_extract(source.c.value, f"$[{index}]"), type_)
             for index, (field, type_) in enumerate(fields)
         }
-        if counted:
+        if limit is not None:
             # Each field extracted once, in the subquery, and named (as on PostgreSQL).
             typed = select(*(column.label(field) for field, column in columns.items()), source.c.key)
-            counted_source = typed.limit(
-                bindparam(f"{name}_count", type_=Integer()) if count is None else count
-            ).subquery(name)
+            counted_source = typed.limit(limit).subquery(name)
             return counted_source, {field: counted_source.c[field] for field in columns}, counted_source.c.key
         return source, columns, source.c.key
 

@@ -206,7 +206,7 @@ def claim(
     # A batch size up to LITERAL_LIMIT_MAX is written into the statement (one
     # prepared statement, planned once, per size: see statements.claim).
     batch = limit - len(rows)
-    literal = batch if batch <= sql.LITERAL_LIMIT_MAX else None
+    literal = sql.size_in_text(batch)
     if literal is None:
         params["limit"] = batch
     if distinct is None:
@@ -398,7 +398,7 @@ def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Set
     params["now"] = max((r.now or now_ms()) for r in requests)
     # A batch of up to LITERAL_LIMIT_MAX rows has its count in the statement
     # (one prepared statement, planned once, per size: see statements.settle).
-    count = len(requests) if len(requests) <= sql.LITERAL_LIMIT_MAX else None
+    count = sql.size_in_text(len(requests))
     if count is not None:
         del params["settles_count"]
     settled = {row[1]: row for row in execute_rows(conn, sql.settle(dialect, count), params)}

@@ -322,7 +322,8 @@ def test_json_rows_yield_every_row_in_order_with_typed_fields(engine: Engine) ->
     backend = _backend(engine)
     fields = (("name", Text()), ("n", BigInteger()))
     for counted in (False, True):
-        source, columns, order = backend.json_rows("rows", fields, counted=counted)
+        limit = bindparam("rows_count", type_=Integer()) if counted else None  # rows_params sends the count
+        source, columns, order = backend.json_rows("rows", fields, limit=limit)
         query = select(columns["name"], columns["n"]).select_from(source).order_by(order)
         params = sql.rows_params(engine.dialect.name, "rows", fields, [("a", 1), ("b", 2**40), ("c",)])
         with engine.connect() as conn:
