@@ -80,6 +80,11 @@ def check_progress(fraction: object, note: object) -> tuple[float, str | None]:
     return value, note
 
 
+#: Guards every reporter's rate limit: a few instructions under it, and no
+#: lock allocated per job (a reporter is made for every job claimed).
+_DUE_LOCK = threading.Lock()
+
+
 class ProgressReporter:
     """The progress of one execution: its rate limit, its pending value,
     and how it writes (``write`` from a thread, ``write_async`` on the
@@ -88,7 +93,6 @@ class ProgressReporter:
     __slots__ = (
         "_interval",
         "_last",
-        "_lock",
         "_loop",
         "_monotonic",
         "_write",
@@ -121,7 +125,6 @@ class ProgressReporter:
         self._write_async = write_async
         self._interval = interval_s
         self._monotonic = monotonic
-        self._lock = threading.Lock()
         self._last: float | None = None
         #: The newest value not written yet: (fraction, note).
         self.pending: tuple[float, str | None] | None = None
@@ -131,7 +134,7 @@ class ProgressReporter:
 
     def _due(self, value: tuple[float, str | None]) -> bool:
         """Whether to write ``value`` now; else it is kept pending."""
-        with self._lock:
+        with _DUE_LOCK:
             now = self._monotonic()
             if self._last is not None and now - self._last < self._interval:
                 self.pending = value

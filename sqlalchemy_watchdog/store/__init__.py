@@ -22,7 +22,6 @@ from ..backends import UnreadableText as UnreadableText
 from ..jobs import SettleStatus as SettleStatus
 from .base import _ITSELF as _ITSELF
 from .base import _JOBVIEW_FIELDS as _JOBVIEW_FIELDS
-from .base import _JOBVIEW_SETTERS as _JOBVIEW_SETTERS
 from .base import _OUTCOMES as _OUTCOMES
 from .base import _STATES as _STATES
 from .base import _VIEW_ORDER as _VIEW_ORDER

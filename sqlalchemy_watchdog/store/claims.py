@@ -225,9 +225,12 @@ def _batch(conn: Connection, found: Sequence[Sequence[Any]], held_back: bool = F
     claimed: list[Claim] = []
     cancelled: list[JobView] = []
     for row in rows:
-        if row[9] is not None and (columns := unreadable_columns(row)):
-            # Text that is not UTF-8 (SQLite): its job_id may not read back as
-            # stored, so no settle by job_id could find it. Failed here, by key.
+        job = view(row)
+        # Text that is not UTF-8 (SQLite) is always listed undecodable by
+        # view(), so a row without any is not scanned again column by column.
+        if job.undecodable and row[9] is not None and (columns := unreadable_columns(row)):
+            # Its job_id may not read back as stored, so no settle by job_id
+            # could find it. Failed here, by key.
             failed = {
                 "key": row[0],
                 "token": row[9],
@@ -235,7 +238,6 @@ def _batch(conn: Connection, found: Sequence[Sequence[Any]], held_back: bool = F
             }
             cancelled.extend(view(settled) for settled in conn.execute(sql.settle_unreadable(), failed))
             continue
-        job = view(row)
         if job.state is JobState.RUNNING:
             claimed.append(Claim(job, row[9]))
         elif job.state is JobState.SETTLED:

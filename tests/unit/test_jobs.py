@@ -285,3 +285,43 @@ def test_jobs_with_equal_fields_are_equal() -> None:
     b = Job("job-1", "emails", priority=2, payload=[1, 2])
     assert a == b
     assert a != Job("job-1", "emails", priority=3, payload=[1, 2])
+
+
+def test_a_built_view_is_a_frozen_jobview_equal_to_one_made_by_its_constructor() -> None:
+    """store.view() makes a JobView per claimed job without its __init__
+    (jobs.frozen_builder): what it returns is exactly a JobView, equal to and
+    hashed like one made by the constructor, frozen, and copied, replaced and
+    pickled like any other."""
+    import pickle
+
+    from sqlalchemy_watchdog import JobState, JobView
+    from sqlalchemy_watchdog.jobs import frozen_builder
+
+    names = tuple(f.name for f in dataclasses.fields(JobView))
+    made = JobView(
+        sequence=7, job_id="j", queue="q", lane="q", priority=0, payload=("n", 1), max_recoveries=3,
+        state=JobState.QUEUED, outcome=None, failure_reason=None, recovery_count=0, cancellation_id=None,
+    )  # fmt: skip
+    built = frozen_builder(JobView, names)(*(getattr(made, name) for name in names))
+    assert type(built) is JobView
+    assert built == made and hash(built) == hash(made) and repr(built) == repr(made)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.job_id = "other"  # type: ignore[misc]
+    assert dataclasses.replace(built, job_id="k").job_id == "k"
+    assert pickle.loads(pickle.dumps(built)) == made
+    with pytest.raises(TypeError, match="JobView has the fields"):
+        frozen_builder(JobView, names[::-1])
+
+
+def test_a_built_running_job_is_a_frozen_running_job() -> None:
+    """The same for a dataclass without slots (the RunningJob a handler gets)."""
+    from sqlalchemy_watchdog import RunningJob
+    from sqlalchemy_watchdog.core.handlers import StopSignal
+    from sqlalchemy_watchdog.jobs import frozen_builder
+
+    names = tuple(f.name for f in dataclasses.fields(RunningJob))
+    made = RunningJob("j", "q", "q", 0, {"n": 1}, 0, None, StopSignal(), attempt=2)
+    built = frozen_builder(RunningJob, names)(*(getattr(made, name) for name in names))
+    assert type(built) is RunningJob and built == made and vars(built) == vars(made)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.attempt = 3  # type: ignore[misc]
