@@ -278,7 +278,7 @@ SETTLE_FIELDS: Fields = (
 
 
 def _rows(
-    dialect: str, name: str, fields: Fields, *, counted: bool = False, count: int | None = None
+    dialect: str, name: str, fields: Fields, *, counted: bool = False, sized: bool = False
 ) -> tuple[Any, dict[str, Any], Any]:
     """A FROM source yielding the rows sent as one JSON array of arrays in
     the bind parameter ``name``, in order (see :func:`rows_params`).
@@ -294,15 +294,16 @@ def _rows(
     them (:func:`rows_params` sends the count), but a planner that cannot
     see into the JSON then estimates a tenth of its default hundred rows
     instead of the hundred, which is what makes it look the rows up one by
-    one (see :func:`settle`). With a ``count``, that number is written in
-    the text instead: the generic plan of a prepared statement then knows
-    it as a custom plan does (see :func:`settle`).
+    one (see :func:`settle`). ``sized``: that number is written into the
+    text at each execution instead (:func:`batch_size`): the generic plan of
+    a prepared statement then knows it as a custom plan does (see
+    :func:`settle`).
 
     Returns the source, its columns by field name, and its ordering column.
     """
-    limit: BindParameter[Any] | int | None = None
+    limit: BindParameter[Any] | None = None
     if counted:
-        limit = _p(f"{name}_count", Integer()) if count is None else literal_size("count", count)
+        limit = batch_size(f"{name}_count") if sized else _p(f"{name}_count", Integer())
     return backend_of(dialect).json_rows(name, fields, limit=limit)
 
 
@@ -546,30 +547,46 @@ def _queue_pick(dialect: str, index: int, limit: BindParameter[Any] | int, *more
 
 
 #: The largest claim whose ``LIMIT`` is written into the statement's text
-#: (:func:`claim`'s ``limit``), and the largest settle whose row count is
-#: (:func:`settle`'s ``count``): every smaller batch size is a statement of
-#: its own, prepared and planned once per connection; a larger batch sends
-#: its number as a parameter and is planned at each execution (its planning
-#: then shared by more than this many jobs).
+#: (:func:`claim` with ``sized``), and the largest settle whose row count is
+#: (:func:`settle` with ``sized``): every smaller batch size is a text of its
+#: own, prepared and planned once per connection; a larger batch sends its
+#: number as a parameter and is planned at each execution (its planning then
+#: shared by more than this many jobs).
 LITERAL_LIMIT_MAX = 32
 
 
-def literal_size(field: str, size: int) -> int:
+def batch_size(name: str) -> BindParameter[Any]:
+    """The parameter ``:name``, a batch size written into the statement's
+    text at each execution (SQLAlchemy's ``literal_execute``), so a prepared
+    statement's generic plan knows it as its custom plans do.
+
+    One statement is built and compiled for every size: SQLAlchemy renders
+    the number where its compiled text has ``__[POSTCOMPILE_<name>]``, and
+    so does ``store.views`` for the statements it sends precompiled (once
+    per size, checked by :func:`literal_size`). Built with the number
+    itself, each size was a statement of its own to build and compile:
+    about 6 ms for a settle, 1.5 ms for a claim, up to a quarter of a
+    second in every new worker process."""
+    return bindparam(name, type_=Integer(), literal_execute=True)
+
+
+def literal_size(field: str, size: object) -> int:
     """``size``, a batch size that may be written into a statement's text
     (1 to :data:`LITERAL_LIMIT_MAX`), or a ValueError naming ``field``."""
     if type(size) is int and 1 <= size <= LITERAL_LIMIT_MAX:
         return size
-    raise ValueError(f"{field}: a whole number from 1 to {LITERAL_LIMIT_MAX}, or None")
+    raise ValueError(f"{field}: a whole number from 1 to {LITERAL_LIMIT_MAX}, got {size!r}")
 
 
-def size_in_text(size: int) -> int | None:
-    """``size`` when a batch that size has it written into the statement's
-    text (:data:`LITERAL_LIMIT_MAX`), else None (sent as a parameter)."""
-    return size if 0 < size <= LITERAL_LIMIT_MAX else None
+def size_in_text(size: int) -> bool:
+    """Whether a batch of ``size`` has its size written into the statement's
+    text (the ``sized`` statement, up to :data:`LITERAL_LIMIT_MAX`), or
+    sent as a parameter."""
+    return 0 < size <= LITERAL_LIMIT_MAX
 
 
 @cache
-def claim(dialect: str, queue_count: int | None, limit_value: int | None = None) -> Update:
+def claim(dialect: str, queue_count: int | None, sized: bool = False) -> Update:
     """Take up to ``:limit`` of the best queued jobs (of the ``queue_count``
     queues ``:queue_0``, ``:queue_1``, ...; of every queue when None) for
     ``:lease_ms``, each under its own claim token ``:token.<sequence>``, so
@@ -588,8 +605,8 @@ def claim(dialect: str, queue_count: int | None, limit_value: int | None = None)
     statement is fixed for a runner's queues, so the store can send it
     precompiled and the driver prepares it once (see ``store.execute_rows``).
 
-    ``limit_value`` (1 to :data:`LITERAL_LIMIT_MAX`) writes the limit into
-    the text instead of ``:limit``. A prepared statement's generic plan does
+    ``sized`` writes ``:limit`` (1 to :data:`LITERAL_LIMIT_MAX`) into the
+    text at each execution (:func:`batch_size`). A prepared statement's generic plan does
     not know a ``LIMIT $n``: PostgreSQL estimates it at a tenth of the queued
     rows, so the generic plan of a deep queue looked many times dearer than
     the custom ones and the claim was planned again at every execution (about
@@ -597,7 +614,7 @@ def claim(dialect: str, queue_count: int | None, limit_value: int | None = None)
     plan costs what the custom ones do, and it is kept -- until a statement
     turns slow on a grown table (``store.views._replan_if_slow``).
     """
-    limit = _p("limit", Integer()) if limit_value is None else literal_size("limit_value", limit_value)
+    limit = batch_size("limit") if sized else _p("limit", Integer())
     pick: Select[Any]
     if queue_count is None:
         # Every queue: every queued job sorted (no index holds them all in claim
@@ -635,7 +652,7 @@ def claim(dialect: str, queue_count: int | None, limit_value: int | None = None)
     # made on a young table never analysed scanned it whole (1 ms a claim at
     # 9,000 rows, growing).
     target = backend_of(dialect).picked(
-        c.sequence, pick, "ready", skip_locked=False, as_array=True, joined=limit_value is not None, recheck=IS_QUEUED
+        c.sequence, pick, "ready", skip_locked=False, as_array=True, joined=sized, recheck=IS_QUEUED
     )
     return _claim_update(target)
 
@@ -1295,7 +1312,7 @@ def keyed_counts(dialect: str) -> Select[Any]:
 
 
 @cache
-def settle(dialect: str, count: int | None = None) -> Update:
+def settle(dialect: str, sized: bool = False) -> Update:
     """Settle exact claims (rows of :data:`SETTLE_FIELDS` in ``settles``),
     each only while its lease lives by ``max(:now, database clock)``.
 
@@ -1318,15 +1335,15 @@ def settle(dialect: str, count: int | None = None) -> Update:
     counted source (:func:`_rows`) makes the lookups by ``job_id`` the
     cheaper plan even on a small table.
 
-    ``count`` (1 to :data:`LITERAL_LIMIT_MAX`) writes the number of rows
-    into the text instead of ``:settles_count``, as the claim does with its
-    limit (see :func:`claim`). A generic plan that does not know the count
+    ``sized`` writes ``:settles_count`` (1 to :data:`LITERAL_LIMIT_MAX`)
+    into the text at each execution, as the claim does with its limit (see
+    :func:`claim`). A generic plan that does not know the count
     estimates a tenth of the source's hundred rows, which on a table never
     analysed made the custom plans of one-row settles look cheaper: the
     settle was planned again at every execution (0.16 ms of its 0.33 at
-    3,000 jobs). Each batch size up to that is then a statement of its own.
+    3,000 jobs). Each batch size up to that is then a text of its own.
     """
-    _source, cols, _ = _rows(dialect, "settles", SETTLE_FIELDS, counted=True, count=count)
+    _source, cols, _ = _rows(dialect, "settles", SETTLE_FIELDS, counted=True, sized=sized)
     cancelled = c.cancellation_id.is_not(None)
     delay = cols["delay_ms"]
     # A requeue (retry or snooze) of an uncancelled job: back to waiting.

@@ -202,17 +202,15 @@ def claim(
                 return _batch(conn, rows, held)
     if len(rows) >= limit:
         return _batch(conn, rows, held)
-    params: dict[str, Any] = {"token": token, "lease_ms": lease_ms}
-    # A batch size up to LITERAL_LIMIT_MAX is written into the statement (one
-    # prepared statement, planned once, per size: see statements.claim).
     batch = limit - len(rows)
-    literal = sql.size_in_text(batch)
-    if literal is None:
-        params["limit"] = batch
+    params: dict[str, Any] = {"token": token, "lease_ms": lease_ms, "limit": batch}
+    # A batch size up to LITERAL_LIMIT_MAX is written into the statement's
+    # text (one prepared statement, planned once, per size: see statements.claim).
+    sized = sql.size_in_text(batch)
     if distinct is None:
-        stmt = sql.claim(conn.dialect.name, None, literal)
+        stmt = sql.claim(conn.dialect.name, None, sized)
     else:
-        stmt = sql.claim(conn.dialect.name, len(distinct), literal)
+        stmt = sql.claim(conn.dialect.name, len(distinct), sized)
         params.update(sql.queue_params(distinct))
     rows.extend(execute_rows(conn, stmt, params))
     return _batch(conn, rows, held)
@@ -398,12 +396,11 @@ def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Set
     dialect = conn.dialect.name
     params = sql.rows_params(dialect, "settles", sql.SETTLE_FIELDS, [r.row for r in requests])
     params["now"] = max((r.now or now_ms()) for r in requests)
-    # A batch of up to LITERAL_LIMIT_MAX rows has its count in the statement
-    # (one prepared statement, planned once, per size: see statements.settle).
-    count = sql.size_in_text(len(requests))
-    if count is not None:
-        del params["settles_count"]
-    settled = {row[1]: row for row in execute_rows(conn, sql.settle(dialect, count), params)}
+    # A batch of up to LITERAL_LIMIT_MAX rows has its count written into the
+    # statement's text (one prepared statement, planned once, per size: see
+    # statements.settle).
+    sized = sql.size_in_text(len(requests))
+    settled = {row[1]: row for row in execute_rows(conn, sql.settle(dialect, sized), params)}
     if settled:
         limited = limited_queues(conn)  # cached: no statement for a deployment without limits
         if limited and any(row[2] in limited for row in settled.values()):

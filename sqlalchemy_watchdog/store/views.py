@@ -10,16 +10,18 @@ import re
 import time
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, cast
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Integer
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
 from sqlalchemy.util import await_only
+
+from .. import statements as sql
 
 log = logging.getLogger("sqlalchemy_watchdog.store")
 
@@ -39,6 +41,30 @@ class _Precompiled:
     #: psycopg 3: the text with PostgreSQL's own ``$n`` placeholders and the
     #: parameter name of each ``n`` (see :func:`_native`); None for others.
     native: tuple[str, tuple[str, ...]] | None = None
+    #: The batch sizes written into the text at each execution
+    #: (``statements.batch_size``), by parameter name; their places in the
+    #: texts are SQLAlchemy's ``__[POSTCOMPILE_<name>]``.
+    sized: tuple[str, ...] = ()
+    #: This statement with its sizes written in, per their values (each made
+    #: once, by :func:`_with_sizes`).
+    variants: dict[tuple[int, ...], _Precompiled] = field(default_factory=dict, compare=False)
+
+
+def _with_sizes(pre: _Precompiled, values: Mapping[str, Any]) -> _Precompiled:
+    """``pre`` with the batch sizes in ``values`` written into its texts (a
+    size outside 1..LITERAL_LIMIT_MAX is a ValueError naming it)."""
+    key = tuple(values[name] for name in pre.sized)
+    variant = pre.variants.get(key)
+    # Not a cached text for an equal value of another type (8.0, True).
+    if variant is None or not all(type(size) is int for size in key):
+        text, native = pre.text, pre.native
+        for name, size in zip(pre.sized, key, strict=True):
+            marker, literal = f"__[POSTCOMPILE_{name}]", str(sql.literal_size(name, size))
+            text = text.replace(marker, literal)
+            native = None if native is None else (native[0].replace(marker, literal), native[1])
+        variant = _Precompiled(text, pre.defaults, pre.positions, native)
+        pre.variants[key] = variant  # a race makes the same variant twice: harmless
+    return variant
 
 
 #: psycopg's named placeholder, and its escaped percent sign.
@@ -162,19 +188,26 @@ def _precompiled(dialect: Dialect, stmt: Executable) -> _Precompiled | None:
     compiled = cast(SQLCompiler, cast(ClauseElement, stmt).compile(dialect=dialect))
     plain = True
     defaults: dict[str, Any] = {}
+    # Batch sizes (statements.batch_size): whole numbers written in at execution.
+    sized = tuple(sorted(bind.key for bind in compiled.literal_execute_params))
+    for bind in compiled.literal_execute_params:
+        if bind.expanding or not isinstance(bind.type, Integer) or not bind.required:
+            plain = False
     for bind, name in compiled.bind_names.items():
         if bind.expanding or bind.type.dialect_impl(dialect).bind_processor(dialect) is not None:
             plain = False
-        if not bind.required:
+        if not bind.required and name not in sized:
             defaults[name] = bind.effective_value
     result = None
-    if plain and not compiled.literal_execute_params and not compiled.post_compile_params:
-        positions = tuple(compiled.positiontup) if compiled.positional and compiled.positiontup else None
+    if plain and not compiled.post_compile_params:
+        positions = None
+        if compiled.positional and compiled.positiontup:
+            positions = tuple(name for name in compiled.positiontup if name not in sized)
         text, native = compiled.string, None
         if dialect.driver == "psycopg" and dialect.paramstyle == "pyformat":
             text = _inline_constants(text, defaults)
             native = _native(text)
-        result = _Precompiled(text, defaults, positions, native)
+        result = _Precompiled(text, defaults, positions, native, sized)
     cached[id(stmt)] = (stmt, result)
     return result
 
@@ -284,6 +317,8 @@ def _execute_rows(conn: Connection, stmt: Executable, params: Mapping[str, Any])
     if pre is None:
         return list(conn.execute(stmt, dict(params)))
     values = {**pre.defaults, **params}
+    if pre.sized:
+        pre = _with_sizes(pre, values)
     args: Any = values if pre.positions is None else tuple(values[name] for name in pre.positions)
     generation = plans_generation(conn) if pre.native is not None else 0
     if _observed(conn):

@@ -321,8 +321,8 @@ def _numbers(engine: Engine) -> Table:
 def test_json_rows_yield_every_row_in_order_with_typed_fields(engine: Engine) -> None:
     backend = _backend(engine)
     fields = (("name", Text()), ("n", BigInteger()))
-    for counted in (False, True):
-        limit = bindparam("rows_count", type_=Integer()) if counted else None  # rows_params sends the count
+    # Not counted; counted by a parameter (rows_params sends the count); the count written in the text.
+    for limit in (None, bindparam("rows_count", type_=Integer()), sql.batch_size("rows_count")):
         source, columns, order = backend.json_rows("rows", fields, limit=limit)
         query = select(columns["name"], columns["n"]).select_from(source).order_by(order)
         params = sql.rows_params(engine.dialect.name, "rows", fields, [("a", 1), ("b", 2**40), ("c",)])

@@ -403,9 +403,9 @@ def _claims(dialect: str) -> dict[str, Any]:
     return {"claims": [("r-2", "rt-2"), ("r-4", "rt-4")], "now": NOW, "lease_ms": 60_000}
 
 
-def _claim(queues: list[str] | None) -> Params:
+def _claim(queues: list[str] | None, limit: int = 1) -> Params:
     def params(dialect: str) -> dict[str, Any]:
-        values: dict[str, Any] = {"token": "tok", "lease_ms": 60_000, "limit": 1}
+        values: dict[str, Any] = {"token": "tok", "lease_ms": 60_000, "limit": limit}
         if queues is not None:
             values.update(sql.queue_params(queues))
         return values
@@ -541,8 +541,8 @@ PLANS: list[Case] = [
     Case(
         "claim(one queue, a constant limit)",
         "claim",
-        (D, 1, 8),
-        _claim([BACKLOG_QUEUE]),
+        (D, 1, True),
+        _claim([BACKLOG_QUEUE], limit=8),
         on(LIVE_QUEUE, {PG: TID, LITE: PK}),
         ordered=True,
         both=True,
@@ -550,8 +550,8 @@ PLANS: list[Case] = [
     Case(
         "claim(three queues, a constant limit)",
         "claim",
-        (D, 3, 8),
-        _claim(["q3", "q4", BACKLOG_QUEUE]),
+        (D, 3, True),
+        _claim(["q3", "q4", BACKLOG_QUEUE], limit=8),
         on(LIVE_QUEUE, {PG: TID, LITE: PK}),
         ordered=True,
         both=True,
@@ -564,8 +564,8 @@ PLANS: list[Case] = [
     Case("settle(50)", "settle", (D,), _settle(50), on(JOB_ID)),
     # A batch of up to LITERAL_LIMIT_MAX rows (every batch at the default
     # concurrency): the count written into the text.
-    Case("settle(1, a constant count)", "settle", (D, 1), _settle(1), on(JOB_ID), both=True),
-    Case("settle(8, a constant count)", "settle", (D, 8), _settle(8), on(JOB_ID), both=True),
+    Case("settle(1, a constant count)", "settle", (D, True), _settle(1), on(JOB_ID), both=True),
+    Case("settle(8, a constant count)", "settle", (D, True), _settle(8), on(JOB_ID), both=True),
     Case("renew", "renew", (), _claims, on(JOB_ID, LEASE)),
     # A handler's progress, by job_id like a settle (revision w0012).
     Case(
@@ -868,7 +868,10 @@ def sent_as_the_store_does(engine: Engine, case: Case) -> tuple[str, Any]:
     pre = views._precompiled(engine.dialect, statement) if case.builder in HOT_BUILDERS else None
     if pre is None or pre.native is None:
         return sent(engine, statement, params)
-    return pre.text, {**pre.defaults, **params}
+    values = {**pre.defaults, **params}
+    if pre.sized:  # its batch size written into the text, as the store writes it
+        pre = views._with_sizes(pre, values)
+    return pre.text, values
 
 
 def _plans(planned: Planned, case: Case) -> list[tuple[str, Plan]]:
@@ -1012,18 +1015,21 @@ def test_a_plan_kept_from_a_table_of_a_few_rows_is_made_anew_once_the_table_grew
             conn.exec_driver_sql("ALTER TABLE watchdog_jobs SET (autovacuum_enabled = false)")
             conn.exec_driver_sql(insert.format(prefix="few", count=6))
         if statement == "claim":
-            pre = views._precompiled(engine.dialect, sql.claim(PG, 3, 8))
+            template = views._precompiled(engine.dialect, sql.claim(PG, 3, True))
+            assert template is not None
+            pre = views._with_sizes(template, {"limit": 8})
             prefix = "WITH ready AS MATERIALIZED"
             arguments = {"token": "t", "lease_ms": 60_000, **sql.queue_params(names)}
 
             def run(conn: Any) -> None:
                 store.claim(conn, queues=names, limit=8, lease_ms=60_000)
         else:
-            pre = views._precompiled(engine.dialect, sql.settle(PG, 8))
+            template = views._precompiled(engine.dialect, sql.settle(PG, True))
+            assert template is not None
+            pre = views._with_sizes(template, {"settles_count": 8})
             prefix = "UPDATE watchdog_jobs AS j"
             requests = [store.SettleRequest(f"gone-{n}", f"t-{n}", Decision.completed(), NOW) for n in range(8)]
             arguments = {"now": NOW, **sql.rows_params(PG, "settles", sql.SETTLE_FIELDS, [r.row for r in requests])}
-            del arguments["settles_count"]  # a batch of eight: its count is in the text
 
             def run(conn: Any) -> None:
                 store.settle_many(conn, requests)

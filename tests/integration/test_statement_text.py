@@ -30,9 +30,12 @@ import psycopg
 import pytest
 from psycopg import _queries
 from sqlalchemy import Engine, event
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.dialects.postgresql import psycopg as postgresql_psycopg
 from sqlalchemy.orm import Session
 
 from sqlalchemy_watchdog import Decision, Job, Watchdog, WatchdogError, enqueue, store
+from sqlalchemy_watchdog import statements as sql
 from sqlalchemy_watchdog.gateway import AsyncGateway, SyncGateway
 from sqlalchemy_watchdog.store import views
 from tests.conftest import make_async_engine, prepared_claims
@@ -225,3 +228,32 @@ async def test_async_psycopg_plans_anew_after_a_slow_hot_statement(
             assert await conn.run_sync(claim_until_prepared) == 2  # sent, prepared and planned anew
     finally:
         await async_engine.dispose()
+
+
+@pytest.mark.parametrize("builder", ["claim", "settle"])
+@pytest.mark.parametrize("dialect_name", ["postgresql", "sqlite"])
+def test_every_batch_size_is_written_into_one_compiled_statement(builder: str, dialect_name: str) -> None:
+    """A claim or settle of up to LITERAL_LIMIT_MAX jobs has its size written
+    into the text (so a prepared statement's generic plan knows it), from one
+    statement built and compiled once: each size's text is made once, from
+    the compiled one, and a size outside the range is refused by name."""
+    dialect: Any = postgresql_psycopg.dialect() if dialect_name == "postgresql" else sqlite_dialect.dialect()  # type: ignore[no-untyped-call]
+    name = "limit" if builder == "claim" else "settles_count"
+    statement = sql.claim(dialect_name, 2, True) if builder == "claim" else sql.settle(dialect_name, True)
+    pre = views._precompiled(dialect, statement)
+    assert pre is not None and pre.sized == (name,)
+    marker = f"__[POSTCOMPILE_{name}]"
+    template = pre.native[0] if pre.native is not None else pre.text
+    assert marker in template
+    for size in (1, 8, sql.LITERAL_LIMIT_MAX):
+        variant = views._with_sizes(pre, {name: size})
+        text = variant.native[0] if variant.native is not None else variant.text
+        assert text == template.replace(marker, str(size))
+        assert "POSTCOMPILE" not in text and "POSTCOMPILE" not in variant.text
+        assert views._with_sizes(pre, {name: size}) is variant  # made once
+        if variant.positions is not None:  # SQLite's ?: the size is no parameter
+            assert name not in variant.positions
+    for bad in (0, sql.LITERAL_LIMIT_MAX + 1, "8", 8.0, True):
+        with pytest.raises(ValueError, match=f"^{name}: a whole number from 1 to {sql.LITERAL_LIMIT_MAX}"):
+            views._with_sizes(pre, {name: bad})
+    assert sql.size_in_text(sql.LITERAL_LIMIT_MAX) and not sql.size_in_text(sql.LITERAL_LIMIT_MAX + 1)
