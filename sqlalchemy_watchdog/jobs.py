@@ -722,7 +722,8 @@ def frozen_builder(cls: type[_T], names: tuple[str, ...]) -> Callable[..., _T]:
     instance of a private subclass with the plain ``__setattr__`` -- for a
     slots class one specialised bytecode per field, no call -- then sets its
     ``__class__`` to ``cls`` (the same layout: the subclass adds no slot and
-    no ``__dict__``): 0.35 us. What it returns is a plain, frozen ``cls``."""
+    no ``__dict__``): 0.4 us. What it returns is a plain, frozen ``cls``.
+    A dataclass without slots has its ``__dict__`` filled in one update."""
     declared = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
     if declared != names:
         raise TypeError(f"{cls.__name__} has the fields {declared}, not {names}")
@@ -738,11 +739,11 @@ def frozen_builder(cls: type[_T], names: tuple[str, ...]) -> Callable[..., _T]:
         )
         assign = "".join(f"    made.{name} = v{i}\n" for i, name in enumerate(names))
         source = f"def build({params}):\n    made = new(open_twin)\n{assign}    made.__class__ = cls\n    return made\n"
+        namespace: dict[str, Any] = {"new": object.__new__, "open_twin": open_twin, "cls": cls}
     else:  # the fields live in the instance's __dict__: set it whole
-        open_twin = cls
         assign = ", ".join(f"{name!r}: v{i}" for i, name in enumerate(names))
         source = f"def build({params}):\n    made = new(cls)\n    made.__dict__.update({{{assign}}})\n    return made\n"
-    namespace: dict[str, Any] = {"new": object.__new__, "open_twin": open_twin, "cls": cls}
+        namespace = {"new": object.__new__, "cls": cls}
     exec(source, namespace)  # generated from the dataclass's own field names
     build: Callable[..., _T] = namespace["build"]
     return build

@@ -84,9 +84,10 @@ _JOBVIEW_FIELDS = (
     "settled_at", "rerun_of", "reruns", "trace_context", "undecodable", "key", "held_by", "result",
     "progress", "progress_note", "waiting_on", "after_policy", "parents", "dependents",
 )  # fmt: skip
-#: A JobView from its fields' values (jobs.frozen_builder): a frozen
+#: A JobView from its fields' values (jobs.frozen_builder), 0.4 us: the frozen
 #: dataclass's __init__ sets its 37 slots one object.__setattr__ call at a
-#: time, 7x slower -- and view() runs for every claimed job.
+#: time (4.6 us), the slots' own setters took 2.5 -- and view() runs for
+#: every claimed job.
 _build_view = frozen_builder(JobView, _JOBVIEW_FIELDS)
 _new_object = object.__new__
 
