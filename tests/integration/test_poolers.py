@@ -372,31 +372,48 @@ def test_prepared_statements_lost_by_the_pooler_raise_an_error_naming_the_settin
 def test_asyncpg_default_settings_behind_the_pooler_raise_an_error_naming_the_setting(
     postgres_url: URL, direct: Engine, pgbouncer: PgBouncer
 ) -> None:
+    """asyncpg prepares every statement on its connection's server session; behind a
+    transaction-mode pooler a client's next transaction may get another session, where
+    its statements do not exist: enqueue fails with PreparedStatementsRefused, never a raw
+    driver error.
+
+    Made to happen, not left to timing (four clients racing over two sessions never met
+    on a busy CI machine, where their transactions did not overlap and the pooler served
+    them all from one session): two clients each hold a transaction, so each has a
+    session of its own, and enqueue; A commits, then B, so B's session is the one the
+    pooler hands out next (PgBouncer reuses the last freed); A's next transaction gets
+    it, and A's statements are not there. A pooler that hands sessions out otherwise
+    would still swap them in some of the rounds."""
     from sqlalchemy.ext.asyncio import AsyncSession
 
     from sqlalchemy_watchdog.asyncio import enqueue as enqueue_async
 
     async def run(bouncer: PgBouncer) -> list[BaseException]:
-        # Four clients, two server sessions: a statement prepared on one is
-        # executed on the other, or prepared twice.
         engine = create_async_engine(bouncer.url(str(postgres_url.database), "postgresql+asyncpg"))
         failures: list[BaseException] = []
+        try:
+            async with engine.connect() as conn_a, engine.connect() as conn_b:
+                session_a, session_b = AsyncSession(bind=conn_a), AsyncSession(bind=conn_b)
 
-        async def client(k: int) -> None:
-            for n in range(30):
-                try:
-                    async with AsyncSession(engine) as session, session.begin():
-                        await enqueue_async(session, Job(f"a-{k}-{n}", "q"))
-                        await enqueue_async(session, Job(f"b-{k}-{n}", "q"))
-                except Exception as error:
-                    failures.append(error)
+                async def enqueue_in(session: AsyncSession, job: Job) -> None:
+                    try:
+                        await enqueue_async(session, job)  # begins the session's transaction
+                    except Exception as error:
+                        failures.append(error)
+                        await session.rollback()
 
-        await asyncio.gather(*(client(k) for k in range(4)))
-        await engine.dispose()
+                for n in range(6):
+                    await enqueue_in(session_a, Job(f"a-{n}", "q"))
+                    await enqueue_in(session_b, Job(f"b-{n}", "q"))
+                    await session_a.commit()
+                    await session_b.commit()
+        finally:
+            await engine.dispose()
         return failures
 
     with PgBouncer(direct.url, pool_size=2) as bouncer:
         failures = asyncio.run(run(bouncer))
+    # Rounds 2 to 6 each swap the sessions (PgBouncer hands out the last freed).
     assert failures and all(isinstance(error, PreparedStatementsRefused) for error in failures), failures
     assert "statement_cache_size" in str(failures[0])
 
