@@ -838,7 +838,10 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "--runners": (int, "sqlite-load: runner processes (default 2)"),
     "--samples": (int, "samples or timed calls per run"),
     "--seconds": (float, "in-process: length of each phase (default 30)"),
-    "--shapes": (str, "profile-drain: worker shapes (default sync-c1,sync-c16,async-c16)"),
+    "--shapes": (
+        str,
+        "profile-drain: worker shapes (default sync-c1,sync-c16,async-c16); bytecodes: runner shapes (default sync-c16,async-c16)",
+    ),
     "--threads": (int, "sqlite-load: request threads per app process (default 8)"),
     "--timeouts": (str, "sqlite-load: busy timeouts, 'default' (the driver's) or seconds (default default,30)"),
     "--url": (str, "in-process: an async-capable database URL (default: a database of the run's own)"),

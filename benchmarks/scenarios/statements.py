@@ -8,6 +8,7 @@ import contextlib
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -259,3 +260,62 @@ def profile_drain(bench: h.Bench) -> None:
     table = "us per job, py-spy --gil samples of the worker by group"
     for shape in bench.opt("shapes", "sync-c1,sync-c16,async-c16").split(","):
         bench.measure(table, "", shape, partial(_profile, bench, shape, bench.opt("jobs", 3000, 500)), 900)
+
+
+def _bytecodes(bench: h.Bench, shape: str, jobs: int) -> dict[str, float]:
+    """Bytecodes a runner on a thread of this process executes per job of a drain, by group
+    (README.md, "The sync runner's lean found"): counted, so two runs agree within a few
+    per cent where a drain's CPU time here varies by fifteen."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from sqlalchemy_watchdog import Runner
+    from sqlalchemy_watchdog.asyncio import AsyncRunner
+
+    kind, concurrency = shape.split("-c")
+    counts: collections.Counter[str] = collections.Counter()
+    counting = [False]
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        if counting[0] and event == "opcode":
+            counts[frame.f_code.co_filename] += 1
+        return tracer
+
+    subject = h.Watchdog()
+    with bench.database("postgresql", f"bytecodes_{kind}_{concurrency}") as target:
+        size = int(concurrency) + 3
+        runner: Any
+        if kind == "async":
+            eng: Any = create_async_engine(target.url, pool_size=size)
+            runner = AsyncRunner(eng, {h.QUEUE: h.anoop}, concurrency=int(concurrency))
+        else:
+            eng = h.engine(target, pool_size=size)
+            runner = Runner(eng, {h.QUEUE: lambda job: None}, concurrency=int(concurrency))
+        # Every thread started from here on (the runner's, its handlers'), not this one.
+        threading.settrace(tracer)
+        stop = h.serve_in_thread(runner)
+        try:
+            with contextlib.closing(h.Probe(subject, target)) as probe:
+                subject.prefill(target, 20, "warm")
+                h.poll_until(lambda: not probe.live(), timeout=60, interval=0.01, what="warm-up")
+                counting[0] = True
+                subject.prefill(target, jobs, "counted")
+                h.poll_until(lambda: not probe.live(), timeout=600, interval=0.01, what="drain")
+                counting[0] = False
+        finally:
+            threading.settrace(None)  # type: ignore[arg-type]
+            stop()
+            if kind != "async":  # an async engine's connections belong to the runner's loop: dropped with the database
+                eng.dispose()
+    groups: collections.Counter[str] = collections.Counter()
+    for filename, n in counts.items():
+        groups[_group(filename)] += n
+    return {"all": sum(counts.values()) / jobs, **{name: n / jobs for name, n in groups.most_common()}}
+
+
+@h.scenario("bytecodes", options="jobs shapes")
+def bytecodes(bench: h.Bench) -> None:
+    """Bytecodes per drained job of a runner in this process, by group: a CPU figure that repeats."""
+    table = "bytecodes per job, a runner draining on a thread of this process, by group"
+    for shape in bench.opt("shapes", "sync-c16,async-c16").split(","):
+        bench.measure(table, "", shape, partial(_bytecodes, bench, shape, bench.opt("jobs", 2000, 200)), 900)

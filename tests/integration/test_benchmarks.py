@@ -70,7 +70,7 @@ def test_every_scenario_is_listed_with_its_help() -> None:
         assert scenario in names
     assert {
         "in-process", "otel-overhead", "profile-drain", "hot-statements", "index-review", "executors", "dependencies",
-        "ceiling",
+        "ceiling", "bytecodes",
     } <= names  # fmt: skip
 
 
