@@ -374,6 +374,7 @@ def promote(core: RunnerCore, *, defer: bool = False) -> Steps[None]:
     the next one is due. A failure is logged (with ``defer``, together with
     the pass's: :meth:`RunnerCore.defer_failure`) and tried again later: it
     never keeps the runner from claiming what is ready."""
+    core.promotion_starting()
     try:
         promotion = yield from call(store.promote, limit=store.PROMOTE_BATCH)
     except WatchdogError as error:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextvars
 import enum
 import logging
+import math
 import threading
 import time
 import uuid
@@ -195,6 +196,11 @@ class RunnerCore:
         self.propagation_due = 0.0
         #: When to make due delayed jobs ready next (monotonic).
         self.promotion_due = 0.0
+        #: The earliest time (monotonic) a requeue of this runner is due
+        #: (expect_ready), kept until a promotion starts at or after it. A
+        #: promotion that read the table before that requeue committed must
+        #: not schedule the next one later than it (schedule_promotion).
+        self._expected_ready = math.inf
         #: When to prune settled jobs next (monotonic).
         self.retention_due = 0.0
         #: When to enqueue the schedules' next slots (monotonic).
@@ -472,7 +478,17 @@ class RunnerCore:
         poll = self.settings.poll_interval_s
         if self.waiting is not None and not self.waiting.waits():
             poll = min(poll, self.BUSY_PROMOTION_S)
-        self.promotion_due = self.clock.monotonic() + min(poll, poll if next_in is None else next_in)
+        due = self.clock.monotonic() + min(poll, poll if next_in is None else next_in)
+        with self._lock:  # against expect_ready on a settling thread
+            self.promotion_due = min(due, self._expected_ready)
+
+    def promotion_starting(self) -> None:
+        """A promotion reads the delayed jobs now: a requeue expected by now
+        committed before (expect_ready runs after its settle), so the read
+        sees it, and its expectation is done with."""
+        with self._lock:
+            if self.clock.monotonic() >= self._expected_ready:
+                self._expected_ready = math.inf
 
     #: The longest wait before the schedules are looked at again (a clock
     #: that jumps is noticed within it).
@@ -489,8 +505,13 @@ class RunnerCore:
 
     def expect_ready(self, seconds: float) -> None:
         """A job will be due in ``seconds`` (a retry or a snooze of this
-        runner, or a new delayed job): promote no later than that."""
-        self.promotion_due = min(self.promotion_due, self.clock.monotonic() + max(0.0, seconds))
+        runner, or a new delayed job): promote no later than that -- also when
+        a promotion under way read the table before this job's requeue
+        committed and would schedule the next one later."""
+        due = self.clock.monotonic() + max(0.0, seconds)
+        with self._lock:
+            self._expected_ready = min(self._expected_ready, due)
+            self.promotion_due = min(self.promotion_due, due)
 
     def jobs_arrived(self) -> None:
         """New jobs were enqueued (a wake-up): one may be delayed only briefly."""

@@ -491,3 +491,26 @@ def test_every_store_call_of_the_core_is_made_through_the_typed_call() -> None:
         if "yield StoreCall(" in path.read_text()
     }
     assert bare == {"steps.py": 1}
+
+
+def test_a_retry_that_commits_while_a_promotion_reads_is_promoted_when_due(time: FakeTime) -> None:
+    """A promotion reads the delayed jobs (none yet) while a settle thread
+    commits a retry due in 0.3 s and expects it: the promotion's answer
+    ("nothing delayed: look again in a poll interval") must not push the
+    runner's next promotion past the retry's time. It did: with a 30 s poll
+    interval the retried job waited up to 30 s."""
+    from sqlalchemy_watchdog.core.maintenance import promote
+
+    runner = core(time, poll_interval=timedelta(seconds=30))
+
+    def read_before_the_retry_committed(step: Any) -> Promotion:
+        runner.expect_ready(0.3)  # the settle thread's retire(), while the promotion's read ran
+        return Promotion(0, None)
+
+    run(promote(runner), Expect(store.promote, read_before_the_retry_committed, computed=True))
+    assert runner.promotion_due - time.mono == pytest.approx(0.3)
+    time.advance(0.3)
+    assert runner.promotion_is_due()
+    # The next promotion, at the retry's time, reads it: the expectation is done with.
+    run(promote(runner), Expect(store.promote, Promotion(1, None)))
+    assert runner.promotion_due - time.mono == pytest.approx(30.0)
