@@ -521,7 +521,7 @@ def _addressed(dialect: str) -> list[ColumnElement[Any]]:
     return [] if address is None else [literal_column(f"watchdog_jobs.{address}").label("row")]
 
 
-def _queue_pick(dialect: str, index: int, limit: BindParameter[Any] | int, *more: str) -> Select[Any]:
+def _queue_pick(dialect: str, index: int, limit: BindParameter[Any], *more: str) -> Select[Any]:
     """The ``sequence``, the row's address where the backend has one
     (:func:`_addressed`) and the ``more`` columns of up to ``limit`` of queue
     ``:queue_<index>``'s queued jobs in claim order, read in that order in

@@ -69,12 +69,12 @@ class Backend(Protocol):
     # -- statement variants (the statements module asks for these) -----------------
 
     def json_rows(
-        self, name: str, fields: Sequence[tuple[str, Any]], *, limit: ColumnElement[Any] | int | None = None
+        self, name: str, fields: Sequence[tuple[str, Any]], *, limit: ColumnElement[Any] | None = None
     ) -> tuple[Any, dict[str, ColumnElement[Any]], Any]:
         """A FROM source yielding the rows sent as one JSON array of arrays
         in the bind parameter ``name``, its columns by field name and its
-        ordering column (see ``statements._rows``); with a ``limit``, at
-        most that many rows (a parameter, or a number written in the text)."""
+        ordering column (see ``statements._rows``); with a ``limit`` (a
+        parameter, plain or ``statements.batch_size``), at most that many rows."""
         ...
 
     def skip_locked(self, pick: Select[Any]) -> Select[Any]:

@@ -43,7 +43,7 @@ class PostgreSQL:
         return postgresql.insert(table)
 
     def json_rows(
-        self, name: str, fields: Sequence[tuple[str, Any]], *, limit: ColumnElement[Any] | int | None = None
+        self, name: str, fields: Sequence[tuple[str, Any]], *, limit: ColumnElement[Any] | None = None
     ) -> tuple[Any, dict[str, ColumnElement[Any]], Any]:
         # jsonb, parsed once: ->> on json re-parses the element for every field.
         source: Any = (

@@ -59,7 +59,7 @@ class SQLite:
         return sqlite.insert(table)
 
     def json_rows(
-        self, name: str, fields: Sequence[tuple[str, Any]], *, limit: ColumnElement[Any] | int | None = None
+        self, name: str, fields: Sequence[tuple[str, Any]], *, limit: ColumnElement[Any] | None = None
     ) -> tuple[Any, dict[str, ColumnElement[Any]], Any]:
         source: Any = func.json_each(bindparam(name, type_=Text())).table_valued("key", "value").alias(name)
         columns: dict[str, ColumnElement[Any]] = {

@@ -34,7 +34,6 @@ from .base import F as F
 from .base import P as P
 from .base import T as T
 from .base import _decoded_field_by_field as _decoded_field_by_field
-from .base import _new_object as _new_object
 from .base import _one_chunk as _one_chunk
 from .base import new_claim_token as new_claim_token
 from .base import now_ms as now_ms
@@ -95,8 +94,6 @@ from .enqueue import _first_conflict as _first_conflict
 from .enqueue import _queued as _queued
 from .enqueue import _row as _row
 from .enqueue import _same as _same
-from .enqueue import _set_result_job_id as _set_result_job_id
-from .enqueue import _set_result_status as _set_result_status
 from .enqueue import _values as _values
 from .enqueue import check_delay as check_delay
 from .enqueue import enqueue as enqueue

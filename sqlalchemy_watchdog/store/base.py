@@ -89,7 +89,6 @@ _JOBVIEW_FIELDS = (
 #: time (4.6 us), the slots' own setters took 2.5 -- and view() runs for
 #: every claimed job.
 _build_view = frozen_builder(JobView, _JOBVIEW_FIELDS)
-_new_object = object.__new__
 
 
 def unreadable_columns(row: Sequence[Any]) -> list[str]:

@@ -24,11 +24,10 @@ from ..jobs import (
     Job,
     check_duration,
     duration_ms,
-    slot_setters,
+    frozen_builder,
 )
 from .base import (
     ENQUEUE_CHUNK,
-    _new_object,
     _one_chunk,
 )
 from .operation import Shape, operation
@@ -159,16 +158,13 @@ def _enqueue(
     return results
 
 
-_set_result_job_id, _set_result_status = slot_setters(EnqueueResult, ("job_id", "status"))
+_build_result = frozen_builder(EnqueueResult, ("job_id", "status"))
 
 
 def _queued(job_id: str) -> EnqueueResult:
     """``EnqueueResult(job_id, QUEUED)`` without the frozen dataclass's
     per-field ``object.__setattr__`` (a batch enqueue makes one per job)."""
-    result = _new_object(EnqueueResult)
-    _set_result_job_id(result, job_id)
-    _set_result_status(result, EnqueueStatus.QUEUED)
-    return result
+    return _build_result(job_id, EnqueueStatus.QUEUED)
 
 
 @operation(Shape.WRITE)
