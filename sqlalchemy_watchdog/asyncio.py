@@ -16,6 +16,7 @@ import inspect
 import logging
 import queue
 import signal
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -29,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from . import client, store
 from .applies import JobExplanation, explain
 from .connections import follow_failover
+from .core.ahead import AHEAD_WAIT_MAX_S, Parking
 from .core.clock import Clock
 from .core.handlers import RunningJob, StopReason
 from .core.loop import execute, loop_pass, renew, shutdown, tick, time_out, until_idle
@@ -511,6 +513,8 @@ class AsyncRunner:
         self._async_queues: dict[str, bool] = {}
         self._settler: _AsyncSettler | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: Jobs claimed ahead of the free slots, waiting for a task to finish its job.
+        self._parking = Parking(self.settings.concurrency if self.settings.executor is None else sys.maxsize)
         self._threads = _DaemonThreads()
         self._wake: asyncio.Event | None = None
         self._stopping: asyncio.Event | None = None
@@ -571,8 +575,11 @@ class AsyncRunner:
                 return probe_failed(step.job, error)
         if isinstance(step, Spawn):
             self._children.expect(step.executions)  # before their threads: those arrive in no set order
+            now = self.core.clock.monotonic()
             for execution in step.executions:
-                task = asyncio.create_task(self._execute_logged(execution))
+                if not self._parking.offer(execution, now):
+                    continue  # claimed ahead: the next task that finishes its job takes it
+                task = asyncio.create_task(self._execute_in_turn(execution))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
             return None
@@ -732,6 +739,33 @@ class AsyncRunner:
         except Exception:
             log.exception("job %s: execution failed", execution.job_id)
 
+    async def _execute_in_turn(self, execution: Execution) -> None:
+        """:meth:`_execute_logged`, then each job claimed ahead that waits
+        for a slot when this one is done (:class:`~.core.ahead.Parking`)."""
+        next_one: Execution | None = execution
+        while next_one is not None:
+            await self._execute_logged(next_one)
+            next_one = self._parking.next()
+
+    async def _give_back(self, executions: list[Execution]) -> None:
+        """Give jobs claimed ahead back without running them (queued again,
+        nothing counted): they waited too long for a slot, or the runner is
+        stopping."""
+        for execution in executions:
+            execution.given_back = True
+        await asyncio.gather(*(self._execute_logged(e) for e in executions))
+
+    async def _give_back_loop(self) -> None:
+        """Give back the jobs claimed ahead that waited for a slot over
+        :data:`~.core.ahead.AHEAD_WAIT_MAX_S`, looking once a wait."""
+        while True:
+            await asyncio.sleep(AHEAD_WAIT_MAX_S)
+            stale = self._parking.stale(self.core.clock.monotonic(), AHEAD_WAIT_MAX_S)
+            if stale:
+                log.info("%d job(s) claimed ahead waited %gs for a slot: given back", len(stale), AHEAD_WAIT_MAX_S)
+                self.core.run_times.gave_back()
+                await self._give_back(stale)
+
     async def _renew_all(self) -> None:
         await drive_async(renew(self.core), self._perform)
 
@@ -802,6 +836,8 @@ class AsyncRunner:
         background = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(settler.run())]
         if self.settings.retention is not None:
             background.append(asyncio.create_task(self._prune_loop()))
+        if self.settings.ahead_cap > 0:
+            background.append(asyncio.create_task(self._give_back_loop()))
         try:
             listening = await self._start_listener(heartbeat_now)
         except BaseException:
@@ -842,6 +878,7 @@ class AsyncRunner:
                 pool = self._children.current
                 if pool is not None:
                     pool.give_back_waiting()  # jobs claimed ahead never start once stopping
+                await self._give_back(self._parking.take_all())  # as those waiting for a task
                 await drive_async(shutdown(self.core), self._perform)
             finally:
                 unwake()

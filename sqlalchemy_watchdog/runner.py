@@ -21,6 +21,7 @@ import functools
 import logging
 import queue
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 from sqlalchemy import Engine
 
 from .connections import follow_failover
+from .core.ahead import AHEAD_WAIT_MAX_S, Parking
 from .core.clock import Clock
 from .core.handlers import RunningJob
 from .core.loop import execute, loop_pass, renew, shutdown, tick, time_out, until_idle
@@ -445,6 +447,7 @@ class Runner:
                 pool = self._children.current
                 if pool is not None:
                     pool.give_back_waiting()  # jobs claimed ahead never start once stopping
+                workers.give_back(workers.parking.take_all())  # as those waiting for a thread
                 drive(shutdown(self.core), self._perform)
             finally:
                 unwake()
@@ -560,7 +563,9 @@ class _Workers:
 
     A thread per job cost more than a no-op handler; a worker that is busy
     with a handler that ignores its stop signal is simply not reused (it is
-    a daemon thread and never blocks the process from exiting).
+    a daemon thread and never blocks the process from exiting). Jobs claimed
+    ahead of the free slots wait in :attr:`parking` for the next thread that
+    finishes its job (the process executor's wait for a child instead).
     """
 
     def __init__(self, runner: Runner) -> None:
@@ -569,8 +574,12 @@ class _Workers:
         self._idle = 0
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
+        settings = runner.settings
+        self.parking = Parking(settings.concurrency if settings.executor is None else sys.maxsize)
 
     def run(self, execution: Execution) -> None:
+        if not self.parking.offer(execution, self.runner.core.clock.monotonic()):
+            return  # claimed ahead: the next thread that finishes its job takes it
         with self._lock:
             if self._idle > 0:
                 self._idle -= 1
@@ -584,15 +593,36 @@ class _Workers:
 
     def _serve(self) -> None:
         while True:
-            execution = self._queue.get()
+            execution: Execution | None = self._queue.get()
             if execution is None:
                 return
+            while execution is not None:
+                try:
+                    self.runner._execute(execution, hand_off=True)
+                except BaseException:  # pragma: no cover - a bug; the lease then ends and recovery covers it
+                    log.exception("job %s: execution failed", execution.job_id)
+                execution = self.parking.next()
+            with self._lock:
+                self._idle += 1
+
+    def give_back(self, executions: list[Execution]) -> None:
+        """Give jobs claimed ahead back without running them (queued again,
+        nothing counted): they waited too long for a thread, or the runner
+        is stopping. On the calling thread: no handler runs."""
+        for execution in executions:
+            execution.given_back = True
             try:
                 self.runner._execute(execution, hand_off=True)
             except BaseException:  # pragma: no cover - a bug; the lease then ends and recovery covers it
-                log.exception("job %s: execution failed", execution.job_id)
-            with self._lock:
-                self._idle += 1
+                log.exception("job %s: giving back failed", execution.job_id)
+
+    def give_back_stale(self) -> None:
+        """Give back the jobs that waited for a thread over :data:`AHEAD_WAIT_MAX_S`."""
+        stale = self.parking.stale(self.runner.core.clock.monotonic(), AHEAD_WAIT_MAX_S)
+        if stale:
+            log.info("%d job(s) claimed ahead waited %gs for a thread: given back", len(stale), AHEAD_WAIT_MAX_S)
+            self.runner.core.run_times.gave_back()
+            self.give_back(stale)
 
     def stop(self) -> None:
         """Let idle workers end; busy ones end after their execution."""
@@ -728,6 +758,8 @@ class _Heartbeat:
             deadline = runner.core.next_deadline()
             if deadline is not None:
                 wait = min(wait, deadline - runner.core.clock.monotonic())
+            if runner.settings.ahead_cap > 0:
+                wait = min(wait, AHEAD_WAIT_MAX_S)  # jobs claimed ahead are given back if they waited too long
             runner._heartbeat_now.wait(max(0.0, wait))
             runner._heartbeat_now.clear()
             if self._stop.is_set():
@@ -736,6 +768,9 @@ class _Heartbeat:
                 runner._time_out()
             except Exception:  # pragma: no cover - time_out only signals handlers
                 log.exception("heartbeat: stopping timed-out handlers failed")
+            workers = runner._workers
+            if workers is not None:
+                workers.give_back_stale()
             if not runner._renew_requested and time.monotonic() < next_renewal:
                 continue
             runner._renew_requested = False

@@ -66,6 +66,8 @@ def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | Tic
             execution.trace = instrumentation.attempt(execution)
     try:
         while True:
+            if execution.given_back:
+                return _given_back(core, execution, NEVER_STARTED)
             if execution.started_late(settings.heartbeat_s) and not execution.signal.is_set():
                 asked = core.clock.monotonic()
                 held = yield from call(
@@ -88,20 +90,17 @@ def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | Tic
                     # A child process's handler: its driver starts the clock
                     # once the child is ready (core.start_deadline).
                     execution.deadline = core.clock.monotonic() + timeout.total_seconds()
+                started = core.clock.monotonic()
                 decision = yield RunHandler(execution)
                 if decision is NEVER_STARTED:
-                    request = SettleRequest(
-                        job_id, execution.claim.token, decision, core.clock.now_ms(),
-                        given_back=(execution.claim.job.failure_reason, execution.claim.job.failure_detail),
-                    )  # fmt: skip
-                    log.info("job %s: claimed ahead, never started; given back", job_id, extra=execution.job.log_fields)
-                    execution.traced("decided", decision, request)
-                    return request
+                    return _given_back(core, execution, decision)
                 if decision is STARTED_LATE:
                     # The driver found the claim's last check over a heartbeat
                     # old when the handler was about to start: check again.
                     execution.slot_held = True
                     continue
+                if not execution.killable and decision is not None:
+                    core.run_times.note(core.clock.monotonic() - started)
             break
         if decision is None:
             # Stopped by shutdown before it decided: hand it to recovery now.
@@ -114,6 +113,19 @@ def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | Tic
         execution.traced("concluded", rejected)
         return rejected
     request = settle_request(core, execution, decision)
+    execution.traced("decided", decision, request)
+    return request
+
+
+def _given_back(core: RunnerCore, execution: Execution, decision: Decision) -> SettleRequest:
+    """The request that gives a job claimed ahead back untouched: queued
+    again, its attempt and failure fields as the claim found them."""
+    claimed = execution.claim.job
+    request = SettleRequest(
+        execution.job_id, execution.claim.token, decision, core.clock.now_ms(),
+        given_back=(claimed.failure_reason, claimed.failure_detail),
+    )  # fmt: skip
+    log.info("job %s: claimed ahead, never started; given back", execution.job_id, extra=execution.job.log_fields)
     execution.traced("decided", decision, request)
     return request
 

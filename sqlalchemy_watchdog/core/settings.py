@@ -67,6 +67,8 @@ def default_poll_interval(engine: Any, wakeups: WakeupMode = WakeupMode.AUTO) ->
 #: staying inside SQLAlchemy's default pool (5 + 10 overflow) even when every
 #: handler uses the same engine beside the runner's own three connections.
 #: A handler that must never run beside another of the process: concurrency=1.
+#: Short handlers get larger batches without more threads by claiming ahead
+#: (``claim_ahead``, :mod:`.ahead`), not by a larger default.
 DEFAULT_CONCURRENCY = 10
 
 
@@ -247,6 +249,15 @@ class RunnerOptions(TypedDict, total=False):
         hard timeouts and crash containment; handlers located by module
         path; ``concurrency`` is its ``processes``). An async runner's
         coroutine handlers always stay on its loop.
+    ``claim_ahead``
+        how many jobs a runner may claim beyond ``concurrency`` while its
+        handlers are short, to wait for the next free slot (default None:
+        twice ``concurrency``; 0: never). It claims only as many as its
+        handlers start within about 10 ms at their recent run time, none
+        until the first handler returned, and gives back (queued again,
+        nothing counted) a job that waited a second; see
+        :mod:`sqlalchemy_watchdog.core.ahead`. The process executor claims
+        ahead by its own ``prefetch`` instead.
     """
 
     queues: Iterable[str] | None
@@ -266,6 +277,7 @@ class RunnerOptions(TypedDict, total=False):
     wakeups: WakeupMode | str
     summary_every: timedelta | int | None
     executor: ExecutorName | ProcessExecutor
+    claim_ahead: int | None
 
 
 def check_options(who: str, options: Mapping[str, object]) -> None:
@@ -314,6 +326,10 @@ class RunnerSettings:
     #: How many jobs are claimed beyond ``concurrency``, to wait for the
     #: first free child (the process executor's ``prefetch``; 0 for threads).
     claim_ahead: int = 0
+    #: The most jobs a thread or task runner claims ahead of its free slots
+    #: while its handlers are short (``claim_ahead``; 0: never). How many
+    #: it does claim ahead depends on their run time (:mod:`.ahead`).
+    ahead_cap: int = 0
 
     @property
     def settle_gather(self) -> tuple[int, float]:
@@ -396,6 +412,7 @@ class RunnerSettings:
                 )
             concurrency = executor.children
             refs = locate_all(table, served, stays=stays)
+        ahead_cap = check_claim_ahead(options.get("claim_ahead"), concurrency, executor is not None)
         lease = _duration(lease, "lease")
         heartbeat = _duration(heartbeat, "heartbeat")
         if heartbeat * 3 > lease:
@@ -446,6 +463,7 @@ class RunnerSettings:
             executor=executor,
             handler_refs=refs,
             claim_ahead=executor.claim_ahead if executor is not None and refs else 0,
+            ahead_cap=ahead_cap,
         )
 
     def budget_for(self, job: JobView) -> int | None:
@@ -466,6 +484,28 @@ class RunnerSettings:
         if job.timeout is not None:
             return job.timeout
         return self.timeouts.get(job.queue, self.timeout)
+
+
+#: The most jobs a runner may be told to claim ahead of its slots.
+MAX_CLAIM_AHEAD = 10_000
+
+
+def check_claim_ahead(value: object, concurrency: int, process_executor: bool) -> int:
+    """``claim_ahead``: None (twice ``concurrency``, at most
+    :data:`MAX_CLAIM_AHEAD`) or an int from 0 to that; refused beside the
+    process executor, which claims ahead by its ``prefetch``."""
+    if process_executor:
+        if value is not None:
+            raise InvalidJob(
+                "claim_ahead",
+                "the process executor claims ahead by its own prefetch: give ProcessExecutor(prefetch=...) instead",
+            )
+        return 0
+    if value is None:
+        return min(2 * concurrency, MAX_CLAIM_AHEAD)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_CLAIM_AHEAD:
+        raise InvalidJob("claim_ahead", f"must be None or an int from 0 to {MAX_CLAIM_AHEAD}, got {value!r}")
+    return value
 
 
 def _checked_retention(retention: object) -> Retention | None:

@@ -24,6 +24,7 @@ from ..jobs import (
 )
 from ..store import Claim
 from ..wakeups import Waiting
+from .ahead import RunTimes
 from .clock import Clock
 from .handlers import Flag, RunningJob, StopReason, StopSignal
 from .progress import AsyncWrite, ProgressReporter, SyncWrite
@@ -109,6 +110,9 @@ class Execution:
     #: the process executor): a timed-out attempt then keeps its claim
     #: renewed until its child is confirmed dead and the job settled.
     killable: bool = False
+    #: Whether it is given back without running: claimed ahead, it waited
+    #: for a slot too long, or its runner is stopping (:mod:`.ahead`).
+    given_back: bool = False
     #: The instrumentation's view of this attempt (:mod:`.telemetry`), if any.
     trace: telemetry.AttemptTrace | None = None
     #: The monotonic clock of its runner's core (:class:`~.clock.Clock`).
@@ -232,6 +236,8 @@ class RunnerCore:
         self.worker_prune_due = 0.0
         #: Whether recording the schedules failed last time (logged once).
         self.schedule_record_failed = False
+        #: The recent handlers' run time: how many jobs to claim ahead.
+        self.run_times = RunTimes()
 
         #: What the jobs that ended since the last summary became, counted.
         self._counts: dict[str, int] = {}
@@ -309,19 +315,19 @@ class RunnerCore:
         return self.settings.settle_gather
 
     def free_slots(self) -> int:
-        """How many of the runner's concurrency slots are free, with the
-        jobs it may claim ahead of its children (``claim_ahead``); none
-        while the settle backlog is full.
+        """How many jobs to claim now: the free concurrency slots, with the
+        jobs the runner may claim ahead (:meth:`claim_ahead`); none while
+        the settle backlog is full.
 
         Claims ahead go in batches: while a job claimed ahead still waits
-        for a child (more jobs for children hold slots than there are
-        children), every child is busy and has its next job, so no claim is
-        made until the children have taken the jobs waiting for them or
-        ``claim_ahead`` slots are free -- one claim statement for several
-        jobs rather than one for each child that frees, which leaves the
-        CPU of the cores the children share with the runner and the
-        database to the handlers."""
-        concurrency, ahead = self.settings.concurrency, self.settings.claim_ahead
+        for a slot (a child, or a thread or task), every slot is busy and
+        has its next job, so no claim is made until the slots have taken the
+        jobs waiting for them or ``claim_ahead`` slots are free -- one claim
+        statement for several jobs rather than one for each slot that frees,
+        which leaves the CPU of the cores the handlers share with the runner
+        and the database to the handlers."""
+        concurrency, ahead = self.settings.concurrency, self.claim_ahead()
+        children = self.settings.claim_ahead > 0
         with self._lock:
             running = for_children = 0
             for e in self._active.values():
@@ -335,9 +341,21 @@ class RunnerCore:
         if self.held_back:
             return capacity - running - settling
         free = capacity - running
-        if for_children > concurrency and free < ahead:
+        if (for_children if children else running) > concurrency and free < ahead:
             return 0
         return free
+
+    def claim_ahead(self) -> int:
+        """How many jobs to claim beyond ``concurrency``: the process
+        executor's ``prefetch``; for threads and tasks as many as the recent
+        handlers' run time allows (:mod:`.ahead`), none while a limit holds
+        claims back (a job claimed ahead would hold its room unused)."""
+        settings = self.settings
+        if settings.claim_ahead > 0:
+            return settings.claim_ahead
+        if self.held_back or settings.ahead_cap <= 0:
+            return 0
+        return self.run_times.ahead(settings.concurrency, settings.ahead_cap)
 
     def admit(self, claim: Claim, asked_at: float) -> Execution:
         """Register the execution of ``claim``, asked for at ``asked_at``

@@ -690,6 +690,15 @@ REFUSED: dict[str, Entry] = {
     "Runner concurrency bool": Entry("concurrency", runner(concurrency=True)),
     "Runner concurrency str": Entry("concurrency", runner(concurrency="2")),
     "Runner concurrency float": Entry("concurrency", runner(concurrency=2.0)),
+    "Runner claim_ahead negative": Entry("claim_ahead", runner(claim_ahead=-1), says="from 0 to 10000"),
+    "Runner claim_ahead huge": Entry("claim_ahead", runner(claim_ahead=10_001)),
+    "Runner claim_ahead bool": Entry("claim_ahead", runner(claim_ahead=True)),
+    "Runner claim_ahead float": Entry("claim_ahead", runner(claim_ahead=2.0)),
+    "Runner claim_ahead str": Entry("claim_ahead", runner(claim_ahead="4")),
+    "Runner claim_ahead beside the process executor": Entry(
+        "claim_ahead", runner(executor=ProcessExecutor(processes=2), claim_ahead=2), says="prefetch"
+    ),
+    "AsyncRunner claim_ahead negative": Entry("claim_ahead", async_runner(claim_ahead=-1)),
     "Runner lease int": Entry("lease", runner(lease=120)),
     "Runner lease zero": Entry("lease", runner(lease=timedelta(0))),
     "Runner lease negative": Entry("lease", runner(lease=timedelta(seconds=-5))),

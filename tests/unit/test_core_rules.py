@@ -111,9 +111,10 @@ def test_a_slot_held_back_by_a_limit_is_free_again_only_when_its_settle_is_in(ti
     a slot whose handler returned is claimed for only once its settle commits --
     until then the job still counts as running in the database, and a claim
     could only come back empty (a wasted round trip per job). Without a limit
-    the slot is claimed for at once, beside the settle."""
+    the slot is claimed for at once, beside the settle (claiming ahead off: see
+    the claim-ahead tests for what it adds)."""
     for held in (True, False):
-        runner = core(time, concurrency=2)
+        runner = core(time, concurrency=2, claim_ahead=0)
         taken = (claim(), claim())
         executions, _ = run(claim_steps(runner, 2), Expect(store.claim, ClaimBatch(taken, (), held_back=held)))
         assert runner.held_back is held and runner.free_slots() == 0
