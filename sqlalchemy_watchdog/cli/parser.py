@@ -8,6 +8,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from ..core.settings import MAX_CLAIM_AHEAD
 from ..execution import DEFAULT_CONCURRENCY
 from ..executors import MAX_PREFETCH, MAX_PROCESSES
 from ..jobs import BULK_BATCH_MAX, LIMIT_MAX, JobState, Outcome
@@ -364,6 +365,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--concurrency",
         type=concurrency,
         help=f"handlers run at once, 1-{CONCURRENCY_MAX} (default: {DEFAULT_CONCURRENCY})",
+    )
+    run.add_argument(
+        "--claim-ahead",
+        type=int_between(0, MAX_CLAIM_AHEAD),
+        metavar="N",
+        help="jobs claimed beyond --concurrency while handlers are short, to wait for a free slot "
+        "(default: twice the concurrency; 0: never)",
     )
     run.add_argument("--lease", type=seconds, metavar="SECONDS", help="claim lease (default: 120)")
     run.add_argument("--heartbeat", type=seconds, metavar="SECONDS", help="lease renewal period (default: 10)")

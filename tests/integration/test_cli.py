@@ -525,6 +525,8 @@ HOSTILE_ARGV = [
     (["run", "json", "--lease", "ten"], "--lease"),
     (["run", "json", "--concurrency", "9" * 400], "--concurrency"),
     (["run", "json", "--concurrency", "0"], "--concurrency"),
+    (["run", "json", "--claim-ahead", "-1"], "--claim-ahead"),
+    (["run", "json", "--claim-ahead", "10001"], "--claim-ahead"),
     (["--url", "postgresql://u:pw-secret@127.0.0.1:notaport/db", "show", "x"], "notaport"),
     (["show", "x", "--url", "postgresql://u:pw-secret@127.0.0.1:notaport/db"], "notaport"),
     (["--url", "postgresql://u:pw-secret@127.0.0.1:99999999999999999999999/db", "head", "q"], "URL"),
@@ -826,6 +828,16 @@ def test_run_refuses_a_runner_that_does_not_serve_the_modules_schedules(
     assert _built_runner(engine, f"{name}:unscheduled_runner", "--no-schedules").settings.schedules == ()
 
 
+def test_run_passes_claim_ahead_to_the_runner_it_builds(engine: Engine, app_module: tuple[str, Path]) -> None:
+    """``--claim-ahead N`` caps the jobs claimed beyond the concurrency (0: never);
+    without it the runner's default, twice the concurrency."""
+    name, path = app_module
+    path.write_text(FACTORY_MODULE)
+    assert _built_runner(engine, f"{name}:HANDLERS", "--claim-ahead", "0").settings.ahead_cap == 0
+    assert _built_runner(engine, f"{name}:HANDLERS", "--claim-ahead", "7").settings.ahead_cap == 7
+    assert _built_runner(engine, f"{name}:HANDLERS", "--concurrency", "3").settings.ahead_cap == 6
+
+
 WORKER_MODULE = """
 from sqlalchemy_watchdog import handler
 
@@ -925,12 +937,14 @@ def test_run_with_the_process_executor_in_a_subprocess_until_sigterm(
         (["--executor", "thread", "--kill-grace", "3"], "--kill-grace apply only with --executor process"),
         (["--prefetch", "0"], "--prefetch apply only with --executor process"),
         (["--executor", "process", "--concurrency", "4"], "not --concurrency"),
+        (["--executor", "process", "--claim-ahead", "4"], "not --claim-ahead"),
     ],
     ids=[
         "processes-without-executor",
         "kill-grace-with-threads",
         "prefetch-with-threads",
         "concurrency-with-processes",
+        "claim-ahead-with-processes",
     ],
 )
 def test_run_refuses_process_options_that_do_not_go_together(

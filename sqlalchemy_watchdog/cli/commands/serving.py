@@ -72,6 +72,12 @@ def build_runner(args: argparse.Namespace, engine: Engine) -> Any:
         options["queues"] = args.queues
     if args.concurrency is not None:
         options["concurrency"] = args.concurrency
+    if args.claim_ahead is not None:
+        if args.executor == "process":
+            raise UsageError(
+                "with --executor process, --prefetch sets how many jobs are claimed ahead, not --claim-ahead"
+            )
+        options["claim_ahead"] = args.claim_ahead
     for name in ("lease", "heartbeat", "poll_interval", "grace"):
         seconds = getattr(args, name)
         if seconds is not None:
@@ -168,7 +174,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     ``Runner(engine)`` serves them. ``MODULE:ATTR`` names instead a mapping
     ``{queue: handler}``, a ``Runner`` / ``AsyncRunner``, or a factory
     ``engine -> Runner | AsyncRunner`` (an async runner brings its own
-    ``AsyncEngine``). The options ``--queue``, ``--concurrency``, ``--lease``,
+    ``AsyncEngine``). The options ``--queue``, ``--concurrency``, ``--claim-ahead``, ``--lease``,
     ``--heartbeat``, ``--poll-interval``, ``--grace``, ``--wakeups``,
     ``--listen-url`` and the executor's (``--executor process --processes N``,
     ``--max-jobs-per-child``, ``--max-memory-per-child``, ``--kill-grace``)
