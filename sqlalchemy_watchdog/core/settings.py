@@ -255,9 +255,9 @@ class RunnerOptions(TypedDict, total=False):
         twice ``concurrency``; 0: never). It claims only as many as its
         handlers start within about 10 ms at their recent run time, none
         until the first handler returned, and gives back (queued again,
-        nothing counted) a job that waited a second; see
-        :mod:`sqlalchemy_watchdog.core.ahead`. The process executor claims
-        ahead by its own ``prefetch`` instead.
+        nothing counted) a job that waited a second (the how-to's "Claiming
+        ahead of short handlers"). The process executor claims ahead by its
+        own ``prefetch`` instead.
     """
 
     queues: Iterable[str] | None
