@@ -12,9 +12,11 @@ tests/unit/test_claim_ahead.py.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -62,6 +64,21 @@ def warmed(engine: Engine, handler: Recorder) -> None:
     assert handler.ran == ["warm"]
 
 
+@contextlib.contextmanager
+def busy_with_a_slow_job(
+    engine: Engine, runners: RunnerDriver, handler: Recorder, claim_ahead: int, *others: str
+) -> Iterator[None]:
+    """A serving runner with one slot (``concurrency=1``), warmed, then given a
+    slow job and ``others`` in one transaction -- claimed together, the slow
+    one first -- and running the slow one; stopped at the end of the block."""
+    worker = runners.runner({"q": handler}, concurrency=1, claim_ahead=claim_ahead, poll_interval=FAST_POLL)
+    with worker.serving():
+        warmed(engine, handler)
+        add(engine, Job("slow", "q", priority=1), *(Job(job_id, "q") for job_id in others))
+        assert handler.slow_started.wait(10)
+        yield
+
+
 def test_no_more_handlers_run_at_once_than_concurrency_and_each_job_runs_once(
     engine: Engine, runners: RunnerDriver
 ) -> None:
@@ -81,11 +98,7 @@ def test_a_job_claimed_ahead_that_waits_too_long_is_given_back_and_runs_later_un
 ) -> None:
     caplog.set_level(logging.INFO, logger="sqlalchemy_watchdog")
     handler = Recorder(slow_s=3.0)
-    worker = runners.runner({"q": handler}, concurrency=1, claim_ahead=1, poll_interval=FAST_POLL)
-    with worker.serving():
-        warmed(engine, handler)
-        # One transaction: the runner claims both at once, the slow one first.
-        add(engine, Job("slow", "q", priority=1), Job("next", "q"))
+    with busy_with_a_slow_job(engine, runners, handler, 1, "next"):
         wait_until(lambda: any("given back" in r.getMessage() for r in caplog.records), 10, "the give-back")
         assert handler.ran == ["warm", "slow"], "the job given back did not run"
         job = read(engine, "next")
@@ -97,11 +110,8 @@ def test_a_job_claimed_ahead_that_waits_too_long_is_given_back_and_runs_later_un
 
 def test_jobs_claimed_ahead_are_given_back_at_shutdown_never_started(engine: Engine, runners: RunnerDriver) -> None:
     handler = Recorder(slow_s=1.0)
-    worker = runners.runner({"q": handler}, concurrency=1, claim_ahead=3, poll_interval=FAST_POLL)
-    with worker.serving():
-        warmed(engine, handler)
-        add(engine, Job("slow", "q", priority=1), *(Job(f"ahead-{i}", "q") for i in range(3)))
-        assert handler.slow_started.wait(10)
+    with busy_with_a_slow_job(engine, runners, handler, 3, *(f"ahead-{i}" for i in range(3))):
+        pass
     # run_forever has returned: the slow job finished within the grace; the others never started.
     assert read(engine, "slow").outcome is Outcome.COMPLETED
     assert handler.ran == ["warm", "slow"]
@@ -114,11 +124,7 @@ def test_claim_ahead_zero_claims_only_the_free_slots(engine: Engine, runners: Ru
     """With ``claim_ahead=0`` a runner busy with a long job leaves the next one
     to any other runner: it stays queued, unclaimed."""
     handler = Recorder(slow_s=1.0)
-    worker = runners.runner({"q": handler}, concurrency=1, claim_ahead=0, poll_interval=FAST_POLL)
-    with worker.serving():
-        warmed(engine, handler)
-        add(engine, Job("slow", "q", priority=1), Job("next", "q"))
-        assert handler.slow_started.wait(10)
+    with busy_with_a_slow_job(engine, runners, handler, 0, "next"):
         assert read(engine, "next").state is JobState.QUEUED, "not claimed while the slot is busy"
         settled(engine, "next")
     assert handler.ran == ["warm", "slow", "next"]
@@ -152,11 +158,7 @@ def test_cancelling_a_job_claimed_ahead_settles_it_cancelled_and_it_never_runs(
     a running job's, and it settles ``cancelled`` without its handler starting,
     long before the slow job frees the slot."""
     handler = Recorder(slow_s=4.0)
-    worker = runners.runner({"q": handler}, concurrency=1, claim_ahead=1, poll_interval=FAST_POLL)
-    with worker.serving():
-        warmed(engine, handler)
-        add(engine, Job("slow", "q", priority=1), Job("ahead", "q"))
-        assert handler.slow_started.wait(10)
+    with busy_with_a_slow_job(engine, runners, handler, 1, "ahead"):
         wait_until(lambda: read(engine, "ahead").state is JobState.RUNNING, 10, "the job claimed ahead")
         Watchdog(engine).cancel("ahead", "not needed")
         cancelled = settled(engine, "ahead", timeout=3.5)
