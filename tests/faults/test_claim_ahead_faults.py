@@ -30,6 +30,10 @@ from tests.faults.helpers import (
 pytestmark = pytest.mark.slow
 
 TIMING: dict[str, Any] = {"lease": 3.0, "heartbeat": 0.5, "poll": 0.2}
+#: The worker's slots, each held by a victim that blocks: room to claim a few
+#: jobs ahead even when a no-op handler takes tens of milliseconds.
+SLOTS = 8
+VICTIMS = [f"victim-{i}" for i in range(SLOTS)]
 AHEAD = [f"ahead-{i}" for i in range(3)]
 
 
@@ -38,7 +42,7 @@ def test_sigkill_with_jobs_claimed_ahead_loses_none_and_runs_each_at_most_once(
 ) -> None:
     engine = instrumented
     asyncio = {"asyncio": runner_kind == "async"}
-    w1 = workers.start(db_url, "w1", concurrency=1, claim_ahead=4, **TIMING, **asyncio)
+    w1 = workers.start(db_url, "w1", concurrency=SLOTS, claim_ahead=4, **TIMING, **asyncio)
     # Short runs: the worker then claims ahead (up to the horizon's worth of them).
     enqueue_jobs(engine, [Job(f"warm-{i}", "chaos", payload={"action": "noop"}) for i in range(10)])
     wait_until(
@@ -46,21 +50,25 @@ def test_sigkill_with_jobs_claimed_ahead_loses_none_and_runs_each_at_most_once(
         timeout=60,
         what="the warm-up jobs",
     )
+    block = {"action": "block", "only_first": 1}
     jobs = [
-        Job("victim", "chaos", payload={"action": "block", "only_first": 1}, max_recoveries=1, priority=9),
+        *(Job(job_id, "chaos", payload=block, max_recoveries=1, priority=9) for job_id in VICTIMS),
         *(Job(job_id, "chaos", max_recoveries=1) for job_id in AHEAD),
         Job("no-budget", "chaos"),  # at most once: interrupted if its claim vanishes
     ]
-    enqueue_jobs(engine, jobs)  # one transaction: claimed together, the victim first
+    enqueue_jobs(engine, jobs)  # one transaction: claimed together, the victims first
     wait_until(
-        lambda: audit_rows(engine, "victim") and all(jobs_by_id(engine)[j.job_id]["state"] == "running" for j in jobs),
+        lambda: (
+            len({r["job_id"] for r in audit_rows(engine)}) == SLOTS
+            and all(jobs_by_id(engine)[j.job_id]["state"] == "running" for j in jobs)
+        ),
         timeout=30,
-        what="the victim to run and the others to be claimed ahead",
+        what="the victims to run and the others to be claimed ahead",
     )
-    assert [r["job_id"] for r in audit_rows(engine)] == ["victim"], "only the victim started"
+    assert sorted({r["job_id"] for r in audit_rows(engine)}) == sorted(VICTIMS), "only the victims started"
     w1.kill()
 
-    w2 = workers.start(db_url, "w2", **TIMING, **asyncio)
+    w2 = workers.start(db_url, "w2", concurrency=SLOTS, **TIMING, **asyncio)
     ids = [j.job_id for j in jobs]
     wait_until(lambda: all(jobs_by_id(engine)[j]["state"] == "settled" for j in ids), timeout=60, what="recovery")
     rows = assert_settled_exactly_once(engine, ids)
@@ -68,6 +76,7 @@ def test_sigkill_with_jobs_claimed_ahead_loses_none_and_runs_each_at_most_once(
         runs = audit_rows(engine, job_id)
         assert len(runs) == 1 and runs[0]["pid"] == w2.pid, f"{job_id} ran once, on the survivor: {runs}"
         assert (rows[job_id]["outcome"], rows[job_id]["attempt"], rows[job_id]["recovery_count"]) == ("completed", 1, 1)
-    assert [r["pid"] for r in audit_rows(engine, "victim")] == [w1.pid, w2.pid]
-    assert rows["victim"]["outcome"] == "completed"
+    for job_id in VICTIMS:
+        assert [r["pid"] for r in audit_rows(engine, job_id)] == [w1.pid, w2.pid], job_id
+        assert rows[job_id]["outcome"] == "completed"
     assert rows["no-budget"]["outcome"] == "interrupted" and audit_rows(engine, "no-budget") == []
