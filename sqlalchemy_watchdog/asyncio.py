@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from . import client, store
 from .applies import JobExplanation, explain
 from .connections import follow_failover
-from .core.ahead import AHEAD_WAIT_MAX_S, Parking
+from .core.ahead import AHEAD_WAIT_MAX_S, Parking, take_stale
 from .core.clock import Clock
 from .core.handlers import RunningJob, StopReason
 from .core.loop import execute, loop_pass, renew, shutdown, tick, time_out, until_idle
@@ -749,10 +749,8 @@ class AsyncRunner:
 
     async def _give_back(self, executions: list[Execution]) -> None:
         """Give jobs claimed ahead back without running them (queued again,
-        nothing counted): they waited too long for a slot, or the runner is
-        stopping."""
-        for execution in executions:
-            execution.given_back = True
+        nothing counted; taken out of the parking, which marked them): they
+        waited too long for a slot, or the runner is stopping."""
         await asyncio.gather(*(self._execute_logged(e) for e in executions))
 
     async def _give_back_loop(self) -> None:
@@ -760,10 +758,8 @@ class AsyncRunner:
         :data:`~.core.ahead.AHEAD_WAIT_MAX_S`, looking once a wait."""
         while True:
             await asyncio.sleep(AHEAD_WAIT_MAX_S)
-            stale = self._parking.stale(self.core.clock.monotonic(), AHEAD_WAIT_MAX_S)
+            stale = take_stale(self._parking, self.core.run_times, self.core.clock.monotonic())
             if stale:
-                log.info("%d job(s) claimed ahead waited %gs for a slot: given back", len(stale), AHEAD_WAIT_MAX_S)
-                self.core.run_times.gave_back()
                 await self._give_back(stale)
 
     async def _renew_all(self) -> None:

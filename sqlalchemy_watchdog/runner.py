@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 from sqlalchemy import Engine
 
 from .connections import follow_failover
-from .core.ahead import AHEAD_WAIT_MAX_S, Parking
+from .core.ahead import AHEAD_WAIT_MAX_S, Parking, take_stale
 from .core.clock import Clock
 from .core.handlers import RunningJob
 from .core.loop import execute, loop_pass, renew, shutdown, tick, time_out, until_idle
@@ -607,10 +607,10 @@ class _Workers:
 
     def give_back(self, executions: list[Execution]) -> None:
         """Give jobs claimed ahead back without running them (queued again,
-        nothing counted): they waited too long for a thread, or the runner
-        is stopping. On the calling thread: no handler runs."""
+        nothing counted; taken out of :attr:`parking`, which marked them):
+        they waited too long for a thread, or the runner is stopping. On the
+        calling thread: no handler runs."""
         for execution in executions:
-            execution.given_back = True
             try:
                 self.runner._execute(execution, hand_off=True)
             except BaseException:  # pragma: no cover - a bug; the lease then ends and recovery covers it
@@ -618,11 +618,8 @@ class _Workers:
 
     def give_back_stale(self) -> None:
         """Give back the jobs that waited for a thread over :data:`AHEAD_WAIT_MAX_S`."""
-        stale = self.parking.stale(self.runner.core.clock.monotonic(), AHEAD_WAIT_MAX_S)
-        if stale:
-            log.info("%d job(s) claimed ahead waited %gs for a thread: given back", len(stale), AHEAD_WAIT_MAX_S)
-            self.runner.core.run_times.gave_back()
-            self.give_back(stale)
+        core = self.runner.core
+        self.give_back(take_stale(self.parking, core.run_times, core.clock.monotonic()))
 
     def stop(self) -> None:
         """Let idle workers end; busy ones end after their execution."""

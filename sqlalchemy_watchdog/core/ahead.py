@@ -26,11 +26,14 @@ wait for it, not the runner's threads.
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .state import Execution
+
+log = logging.getLogger("sqlalchemy_watchdog.runner")
 
 #: How long, on average, a job claimed ahead may expect to wait for a slot:
 #: a runner claims ahead at most ``concurrency * AHEAD_HORIZON_S / run time``
@@ -117,20 +120,22 @@ class Parking:
             return None
 
     def stale(self, now: float, wait_s: float) -> list[Execution]:
-        """Take out the executions parked at or before ``now - wait_s``."""
+        """Take out the executions parked at or before ``now - wait_s``,
+        marked to be given back."""
         taken: list[Execution] = []
         with self._lock:
             parked = self._parked
             while parked and parked[0][0] <= now - wait_s:
                 taken.append(parked.popleft()[1])
-        return taken
+        return _given_back(taken)
 
     def take_all(self) -> list[Execution]:
-        """Take out every parked execution (the runner is stopping)."""
+        """Take out every parked execution, marked to be given back (the
+        runner is stopping)."""
         with self._lock:
             taken = [execution for _, execution in self._parked]
             self._parked.clear()
-        return taken
+        return _given_back(taken)
 
     def due(self, wait_s: float) -> float | None:
         """When the oldest parked execution becomes stale (the clock of
@@ -141,3 +146,20 @@ class Parking:
     def __len__(self) -> int:
         with self._lock:
             return len(self._parked)
+
+
+def _given_back(executions: list[Execution]) -> list[Execution]:
+    for execution in executions:
+        execution.given_back = True
+    return executions
+
+
+def take_stale(parking: Parking, run_times: RunTimes, now: float) -> list[Execution]:
+    """The rule both drivers follow each :data:`AHEAD_WAIT_MAX_S`: take out
+    the jobs that waited that long for a slot, to give back, and stop
+    claiming ahead until the handlers are short again."""
+    stale = parking.stale(now, AHEAD_WAIT_MAX_S)
+    if stale:
+        log.info("%d job(s) claimed ahead waited %gs for a slot: given back", len(stale), AHEAD_WAIT_MAX_S)
+        run_times.gave_back()
+    return stale

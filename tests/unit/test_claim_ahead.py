@@ -11,6 +11,7 @@ wait, at shutdown) is in tests/integration/test_claim_ahead.py.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -178,7 +179,7 @@ def test_parked_executions_start_in_claim_order_as_slots_free() -> None:
 
 def test_stale_parked_executions_are_taken_out_oldest_first_and_never_run() -> None:
     parking = Parking(1)
-    running, old, new = (object() for _ in range(3))
+    running, old, new = (SimpleNamespace() for _ in range(3))  # executions the parking marks
     parking.offer(running, 0.0)  # type: ignore[arg-type]
     parking.offer(old, 0.0)  # type: ignore[arg-type]
     parking.offer(new, 0.9)  # type: ignore[arg-type]
