@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import inspect
 import logging
@@ -512,7 +513,12 @@ class AsyncRunner:
         #: Whether each queue's handler is a coroutine function (asked on first use).
         self._async_queues: dict[str, bool] = {}
         self._settler: _AsyncSettler | None = None
+        #: The executions' tasks under run_forever: each runs its job's
+        #: coroutine handler itself (see :meth:`_await_inline`).
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: The context each execution's task starts from: the claiming
+        #: loop's (a handler's changes to context variables never reach the next job).
+        self._spawn_context: contextvars.Context | None = None
         #: Jobs claimed ahead of the free slots, waiting for a task to finish its job.
         self._parking = Parking(self.settings.concurrency if self.settings.executor is None else sys.maxsize)
         self._threads = _DaemonThreads()
@@ -579,9 +585,7 @@ class AsyncRunner:
             for execution in step.executions:
                 if not self._parking.offer(execution, now):
                     continue  # claimed ahead: the next task that finishes its job takes it
-                task = asyncio.create_task(self._execute_in_turn(execution))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._spawn(execution)
             return None
         if isinstance(step, WaitDone):
             # Polled rather than waited on in threads: a thread blocked on an
@@ -606,27 +610,28 @@ class AsyncRunner:
         ref = self.settings.handler_refs.get(job.queue)
         task: asyncio.Future[Any]
         timers: list[asyncio.TimerHandle] = []
-        if ref is not None:
-            task = self._threads.submit(functools.partial(self._call_in_child, ref, execution, loop, timers))
-            execution.threaded = True
-        elif is_async:
-            task = loop.create_task(_unless_late(fn, job, execution, heartbeat_s), context=context)
-        else:
-            call = functools.partial(_call_unless_late, fn, job, execution, heartbeat_s)
-            task = self._threads.submit(call) if context is None else self._threads.submit(context.run, call)
-            execution.threaded = True
         timer = None
-        if execution.deadline is not None:
-            timer = asyncio.get_running_loop().call_later(
-                max(0.0, execution.deadline - self.core.clock.monotonic()), self._time_out
-            )
+        if execution.deadline is not None:  # set first: an inline handler has run once dispatched
+            timer = loop.call_later(max(0.0, execution.deadline - self.core.clock.monotonic()), self._time_out)
         try:
+            if ref is not None:
+                task = self._threads.submit(functools.partial(self._call_in_child, ref, execution, loop, timers))
+                execution.threaded = True
+            elif is_async and context is None and asyncio.current_task() in self._tasks:
+                task = await self._await_inline(fn, job, execution, heartbeat_s)
+            elif is_async:
+                task = loop.create_task(_unless_late(fn, job, execution, heartbeat_s), context=context)
+            else:
+                call = functools.partial(_call_unless_late, fn, job, execution, heartbeat_s)
+                task = self._threads.submit(call) if context is None else self._threads.submit(context.run, call)
+                execution.threaded = True
             while True:
                 execution.task = task
                 if execution.signal.is_set() and not execution.threaded:
                     task.cancel()
                 # Never raises the handler's own cancellation into this task.
-                await _finished(task)
+                if not task.done():
+                    await _finished(task)
                 if task.cancelled() or task.exception() is not None:
                     break
                 if not inspect.isawaitable(task.result()):
@@ -657,6 +662,38 @@ class AsyncRunner:
         if isinstance(result, ChildOutcome):
             return decision_of_outcome(execution, result)
         return decision_of_result(result, job)
+
+    async def _await_inline(
+        self, fn: Callable[[RunningJob], Any], job: RunningJob, execution: Execution, heartbeat_s: float
+    ) -> asyncio.Future[Any]:
+        """Await a coroutine handler in its execution's own task (one that
+        :meth:`_spawn` started, in a fresh copy of the loop's context) rather
+        than in a task of its own: a future done as that task would have
+        ended -- its result, its exception, or cancelled.
+
+        A stop cancels this task while the handler runs (:meth:`_stop` counts
+        each cancel it asks for in ``execution.cancels``); those are taken
+        back once the handler has ended, so they never reach the settle. A
+        cancellation nobody here asked for (the application cancelling the
+        runner's tasks) is raised on, as it would be from any await."""
+        task = asyncio.current_task()
+        assert task is not None
+        outcome: asyncio.Future[Any] = task.get_loop().create_future()
+        execution.task, execution.inline = task, True
+        try:
+            outcome.set_result(await _unless_late(fn, job, execution, heartbeat_s))
+        except asyncio.CancelledError:
+            outcome.cancel()
+        except Exception as error:
+            outcome.set_exception(error)
+        finally:
+            execution.task, execution.inline = None, False
+            for _ in range(execution.cancels):
+                task.uncancel()
+            execution.cancels = 0
+        if outcome.cancelled() and task.cancelling() > 0:
+            raise asyncio.CancelledError
+        return outcome
 
     def _call_in_child(
         self,
@@ -709,7 +746,11 @@ class AsyncRunner:
     async def _execute(self, execution: Execution, *, quiet: bool = False) -> TickResult | None:
         """Run ``execution`` to the end: its steps, then its settle (in the
         settler's next batch while :meth:`run_forever` runs). ``quiet``: the
-        result is not wanted (None), only logged and traced."""
+        result is not wanted (None), only logged and traced -- and, while the
+        settler runs, the settle request is handed to it and this returns at
+        once: the settler settles it in a batch and finishes the execution,
+        so the task goes on to the next job claimed ahead meanwhile."""
+        handed_off = False
         try:
             try:
                 outcome = await drive_async(execute(self.core, execution), self._perform)
@@ -718,6 +759,9 @@ class AsyncRunner:
             if isinstance(outcome, TickResult):
                 return outcome
             settler = self._settler
+            if quiet and settler is not None and settler.submit(outcome, execution):
+                handed_off = True
+                return None
             if settler is not None and not settler.stopped:
                 settlement = await settler.settle(outcome)
             else:
@@ -727,8 +771,20 @@ class AsyncRunner:
                 return None
             return conclude(execution, settlement)
         finally:
-            self.core.retire(execution)
-            self._events()[0].set()
+            if not handed_off:
+                self._retire(execution)
+
+    def _finish(self, execution: Execution, settlement: Settlement | None) -> None:
+        """A handed-off execution's settle is in (or, None, was refused or
+        never sent): conclude it and retire it."""
+        try:
+            finish(execution, settlement)
+        finally:
+            self._retire(execution)
+
+    def _retire(self, execution: Execution) -> None:
+        self.core.retire(execution)
+        self._events()[0].set()
 
     async def _execute_logged(self, execution: Execution) -> None:
         """:meth:`_execute` as a background task: a failure is logged (the
@@ -739,13 +795,22 @@ class AsyncRunner:
         except Exception:
             log.exception("job %s: execution failed", execution.job_id)
 
+    def _spawn(self, execution: Execution) -> None:
+        """Start ``execution`` in a task of its own (kept in :attr:`_tasks`),
+        in a fresh copy of the claiming loop's context."""
+        base = self._spawn_context if self._spawn_context is not None else contextvars.copy_context()
+        task = asyncio.create_task(self._execute_in_turn(execution), context=base.copy())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     async def _execute_in_turn(self, execution: Execution) -> None:
-        """:meth:`_execute_logged`, then each job claimed ahead that waits
-        for a slot when this one is done (:class:`~.core.ahead.Parking`)."""
-        next_one: Execution | None = execution
-        while next_one is not None:
-            await self._execute_logged(next_one)
-            next_one = self._parking.next()
+        """:meth:`_execute_logged`; then the job claimed ahead that waits for
+        a slot, if any, takes this one's (:class:`~.core.ahead.Parking`), in
+        a task of its own."""
+        await self._execute_logged(execution)
+        next_one = self._parking.next()
+        if next_one is not None:
+            self._spawn(next_one)
 
     async def _give_back(self, executions: list[Execution]) -> None:
         """Give jobs claimed ahead back without running them (queued again,
@@ -770,8 +835,8 @@ class AsyncRunner:
         plain handler's thread cannot be, so it is only signalled and keeps
         its slot and claim until it returns (as under the sync runner)."""
         execution.signal.request(reason)
-        if execution.task is not None and not execution.threaded:
-            execution.task.cancel()
+        if execution.task is not None and not execution.threaded and execution.task.cancel() and execution.inline:
+            execution.cancels += 1  # taken back once the handler ended (_await_inline)
 
     def _time_out(self) -> None:
         """Stop the handlers past their deadline (see :meth:`_stop`)."""
@@ -987,6 +1052,7 @@ class AsyncRunner:
     # -- the loop --------------------------------------------------------------------
 
     async def _loop(self) -> None:
+        self._spawn_context = contextvars.copy_context()
         async with self._holding_connection():
             await self._serve()
 
@@ -1146,7 +1212,9 @@ class _AsyncSettler:
 
     def __init__(self, runner: AsyncRunner) -> None:
         self.runner = runner
-        self._pending: list[tuple[SettleRequest, asyncio.Future[Settlement | None]]] = []
+        # Each settle waits with whoever wants its answer: a future, or the
+        # execution handed off (the settler finishes and retires it).
+        self._pending: list[tuple[SettleRequest, asyncio.Future[Settlement | None] | Execution]] = []
         self._ready = asyncio.Event()
         self.stopped = False
 
@@ -1156,6 +1224,25 @@ class _AsyncSettler:
         self._pending.append((request, future))
         self._ready.set()
         return await future
+
+    def submit(self, request: SettleRequest, execution: Execution) -> bool:
+        """Settle ``request`` in the next batch, then finish and retire
+        ``execution``; False once the settler stopped (the caller then
+        settles it itself)."""
+        if self.stopped:
+            return False
+        self._pending.append((request, execution))
+        self._ready.set()
+        return True
+
+    def _answer(self, waiter: asyncio.Future[Settlement | None] | Execution, settlement: Settlement | None) -> None:
+        if isinstance(waiter, Execution):
+            try:
+                self.runner._finish(waiter, settlement)
+            except Exception:  # pragma: no cover - a bug; the lease then ends and recovery covers it
+                log.exception("job %s: finishing its settle failed", waiter.job_id)
+        elif not waiter.done():
+            waiter.set_result(settlement)
 
     async def run(self) -> None:
         """Settle until cancelled; then settle whatever still waits one by one."""
@@ -1172,10 +1259,9 @@ class _AsyncSettler:
                     await self._settle_some()
         finally:
             self.stopped = True
-            for _, future in self._pending:
-                if not future.done():
-                    future.set_result(None)
-            self._pending.clear()
+            pending, self._pending = self._pending, []
+            for _, waiter in pending:  # never sent: recovery covers those jobs
+                self._answer(waiter, None)
 
     async def _gather(self) -> None:
         """Wait for as many settles as the runner's core's ``settle_gather()`` asks, or
@@ -1198,12 +1284,10 @@ class _AsyncSettler:
             # Cancelled mid-batch, or a bug: whoever waits learns it was not settled.
             if isinstance(error, Exception):  # pragma: no cover - settle_batch answers store failures
                 log.exception("settler: a batch of %d settles failed", len(batch))
-            for _, future in batch:
-                if not future.done():
-                    future.set_result(None)
+            for _, waiter in batch:
+                self._answer(waiter, None)
             if not isinstance(error, Exception):
                 raise
             return
-        for (_, future), settlement in zip(batch, settlements, strict=True):
-            if not future.done():
-                future.set_result(settlement)
+        for (_, waiter), settlement in zip(batch, settlements, strict=True):
+            self._answer(waiter, settlement)
