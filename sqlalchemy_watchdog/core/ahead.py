@@ -79,9 +79,10 @@ class RunTimes:
         average = self.average
         if cap <= 0 or average is None:
             return 0
-        if average <= 0.0:
+        budget = concurrency * AHEAD_HORIZON_S
+        if average * cap <= budget:  # also a zero or denormal average, whose quotient overflows int()
             return cap
-        return min(cap, int(concurrency * AHEAD_HORIZON_S / average))
+        return int(budget / average)
 
 
 class Parking:

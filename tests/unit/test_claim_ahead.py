@@ -166,6 +166,14 @@ def test_run_times_are_unknown_until_noted_and_then_a_weighted_average() -> None
     assert times.average == pytest.approx(0.0064)
 
 
+def test_a_vanishing_run_time_claims_the_cap_ahead_and_never_overflows() -> None:
+    """Hypothesis found a denormal average (2e-311 s) whose quotient is infinite."""
+    for run_time in (0.0, 5e-324, 2.225073858507e-311, 1e-9):
+        times = RunTimes()
+        times.note(run_time)
+        assert times.ahead(1, 1) == 1 and times.ahead(10, 10_000) == 10_000, run_time
+
+
 def test_parked_executions_start_in_claim_order_as_slots_free() -> None:
     parking = Parking(2)
     first, second, third, fourth = (object() for _ in range(4))
