@@ -371,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int_between(0, MAX_CLAIM_AHEAD),
         metavar="N",
         help="jobs claimed beyond --concurrency while handlers are short, to wait for a free slot "
-        "(default: twice the concurrency; 0: never)",
+        "(default: four times the concurrency; 0: never)",
     )
     run.add_argument("--lease", type=seconds, metavar="SECONDS", help="claim lease (default: 120)")
     run.add_argument("--heartbeat", type=seconds, metavar="SECONDS", help="lease renewal period (default: 10)")

@@ -252,7 +252,7 @@ class RunnerOptions(TypedDict, total=False):
     ``claim_ahead``
         how many jobs a runner may claim beyond ``concurrency`` while its
         handlers are short, to wait for the next free slot (default None:
-        twice ``concurrency``; 0: never). It claims only as many as its
+        four times ``concurrency``; 0: never). It claims only as many as its
         handlers start within about 10 ms at their recent run time, none
         until the first handler returned, and gives back (queued again,
         nothing counted) a job that waited a second (the how-to's "Claiming
@@ -488,10 +488,16 @@ class RunnerSettings:
 
 #: The most jobs a runner may be told to claim ahead of its slots.
 MAX_CLAIM_AHEAD = 10_000
+#: The default ``claim_ahead``: this many jobs per concurrency slot. How
+#: many are claimed ahead is still bounded by what the handlers start within
+#: about 10 ms (:mod:`.ahead`); the cap matters for handlers of a few ms or
+#: less, where a batch of ``concurrency`` x (1 + 4) jobs per claim and per
+#: settle is what a runner at its defaults needs to outrun its peers.
+CLAIM_AHEAD_PER_SLOT = 4
 
 
 def check_claim_ahead(value: object, concurrency: int, process_executor: bool) -> int:
-    """``claim_ahead``: None (twice ``concurrency``, at most
+    """``claim_ahead``: None (:data:`CLAIM_AHEAD_PER_SLOT` x ``concurrency``, at most
     :data:`MAX_CLAIM_AHEAD`) or an int from 0 to that; refused beside the
     process executor, which claims ahead by its ``prefetch``."""
     if process_executor:
@@ -502,7 +508,7 @@ def check_claim_ahead(value: object, concurrency: int, process_executor: bool) -
             )
         return 0
     if value is None:
-        return min(2 * concurrency, MAX_CLAIM_AHEAD)
+        return min(CLAIM_AHEAD_PER_SLOT * concurrency, MAX_CLAIM_AHEAD)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_CLAIM_AHEAD:
         raise InvalidJob("claim_ahead", f"must be None or an int from 0 to {MAX_CLAIM_AHEAD}, got {value!r}")
     return value

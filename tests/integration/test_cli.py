@@ -835,7 +835,7 @@ def test_run_passes_claim_ahead_to_the_runner_it_builds(engine: Engine, app_modu
     path.write_text(FACTORY_MODULE)
     assert _built_runner(engine, f"{name}:HANDLERS", "--claim-ahead", "0").settings.ahead_cap == 0
     assert _built_runner(engine, f"{name}:HANDLERS", "--claim-ahead", "7").settings.ahead_cap == 7
-    assert _built_runner(engine, f"{name}:HANDLERS", "--concurrency", "3").settings.ahead_cap == 6
+    assert _built_runner(engine, f"{name}:HANDLERS", "--concurrency", "3").settings.ahead_cap == 12
 
 
 WORKER_MODULE = """

@@ -50,14 +50,14 @@ def ran(runner: Any, time: FakeTime, seconds: float) -> None:
 
 def test_nothing_is_claimed_ahead_until_a_handler_returned(time: FakeTime) -> None:
     runner = core(time, concurrency=10)
-    assert runner.settings.ahead_cap == 20, "the default cap is twice the concurrency"
+    assert runner.settings.ahead_cap == 40, "the default cap is four times the concurrency"
     assert runner.free_slots() == 10, "the run time is unknown: only the free slots"
 
 
 def test_short_handlers_let_the_runner_claim_ahead_up_to_its_cap(time: FakeTime) -> None:
     runner = core(time, concurrency=10)
     ran(runner, time, 0.0001)
-    assert runner.claim_ahead() == 20 and runner.free_slots() == 30
+    assert runner.claim_ahead() == 40 and runner.free_slots() == 50
 
 
 def test_how_many_are_claimed_ahead_follows_the_run_time(time: FakeTime) -> None:
@@ -73,11 +73,11 @@ def test_how_many_are_claimed_ahead_follows_the_run_time(time: FakeTime) -> None
 def test_one_long_handler_stops_claiming_ahead_until_short_ones_bring_the_average_down(time: FakeTime) -> None:
     runner = core(time, concurrency=10)
     ran(runner, time, 0.0001)
-    assert runner.claim_ahead() == 20
+    assert runner.claim_ahead() == 40
     ran(runner, time, 2.0)
     assert runner.claim_ahead() == 0
     resumed = full = 0
-    while runner.claim_ahead() < 20:
+    while runner.claim_ahead() < 40:
         ran(runner, time, 0.0001)
         full += 1
         resumed = resumed or (full if runner.claim_ahead() > 0 else 0)
@@ -114,7 +114,7 @@ def test_the_next_claim_waits_until_the_jobs_claimed_ahead_have_started(time: Fa
 def test_a_give_back_stops_claiming_ahead(time: FakeTime) -> None:
     runner = core(time, concurrency=4)
     ran(runner, time, 0.0)
-    assert runner.claim_ahead() == 8
+    assert runner.claim_ahead() == 16
     runner.run_times.gave_back()
     assert runner.run_times.average is not None and runner.run_times.average >= AHEAD_WAIT_MAX_S * 0.2
     assert runner.claim_ahead() == 0
