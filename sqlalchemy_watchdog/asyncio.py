@@ -42,6 +42,7 @@ from .core.rules.settle import (
     decision_of_exception,
     decision_of_result,
     finish,
+    finish_handed_off,
     settle_batch,
 )
 from .core.settings import (
@@ -775,12 +776,11 @@ class AsyncRunner:
                 self._retire(execution)
 
     def _finish(self, execution: Execution, settlement: Settlement | None) -> None:
-        """A handed-off execution's settle is in (or, None, was refused or
-        never sent): conclude it and retire it."""
+        """A handed-off execution's settle is in: conclude it and retire it."""
         try:
-            finish(execution, settlement)
+            finish_handed_off(self.core, execution, settlement)
         finally:
-            self._retire(execution)
+            self._events()[0].set()
 
     def _retire(self, execution: Execution) -> None:
         self.core.retire(execution)

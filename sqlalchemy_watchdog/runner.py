@@ -39,7 +39,7 @@ from .core.clock import Clock
 from .core.handlers import RunningJob
 from .core.loop import execute, loop_pass, renew, shutdown, tick, time_out, until_idle
 from .core.maintenance import deregister_worker, probe_failed, prune, refresh_worker, register_worker
-from .core.rules.settle import conclude, decision_of_exception, decision_of_result, finish, settle_batch
+from .core.rules.settle import conclude, decision_of_exception, decision_of_result, finish_handed_off, settle_batch
 from .core.settings import (
     EXIT_MARGIN_S,
     RunnerOptions,
@@ -290,9 +290,9 @@ class Runner:
     def _finish(self, execution: Execution, settlement: Settlement | None) -> None:
         """A handed-off execution's settle is in: conclude it and retire it."""
         try:
-            finish(execution, settlement)
+            finish_handed_off(self.core, execution, settlement)
         finally:
-            self._retire(execution)
+            self._wake.set()
 
     def _retire(self, execution: Execution) -> None:
         self.core.retire(execution)

@@ -301,6 +301,17 @@ def finish(execution: Execution, settlement: Settlement | None) -> None:
     conclude(execution, settlement)
 
 
+def finish_handed_off(core: RunnerCore, execution: Execution, settlement: Settlement | None) -> None:
+    """A handed-off execution's settle is in (``settlement`` None: refused,
+    or never sent because the settler stopped): :func:`finish` it and retire
+    it from ``core``, whatever the finishing raised -- its slot never stays
+    taken. The driver then wakes its loop (a slot is free)."""
+    try:
+        finish(execution, settlement)
+    finally:
+        core.retire(execution)
+
+
 def _concluded(execution: Execution, settlement: Settlement | None) -> TickResult:
     job_id = execution.job_id
     if settlement is None:
