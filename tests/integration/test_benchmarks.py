@@ -154,3 +154,19 @@ def test_the_in_process_and_producer_scenarios_run_on_postgresql(postgres_server
     assert "| Runner, concurrency 4" in run.stdout and "| defaults, in-process" in run.stdout
     assert "| every queue, its defaults" in run.stdout and "| watchdog, NOTIFY trigger disabled" in run.stdout
     assert '"errors": []' in out.read_text()
+
+
+def test_the_enqueue_profile_measures_every_layer_on_postgresql(postgres_server: URL, tmp_path: Path) -> None:
+    """The one-job enqueue's profile (README.md) reports each layer and the
+    server's execution of the library's INSERT beside a plain row's."""
+    out = tmp_path / "bench.json"
+    server = postgres_server.set(drivername="postgresql").render_as_string(hide_password=False)
+    run = bench(
+        "enqueue-profile", "--quick", "--subjects", "watchdog", "--json", str(out), timeout=300,
+        env={"WATCHDOG_BENCH_POSTGRES": server},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    for row in ("| raw library INSERT, autocommit", "| enqueue(session, job) + commit", "| Watchdog(engine).enqueue"):
+        assert row in run.stdout, run.stdout
+    assert "library INSERT: server execution p50 (us)" in run.stdout
+    assert '"errors": []' in out.read_text()
