@@ -680,7 +680,7 @@ class AsyncRunner:
         task = asyncio.current_task()
         assert task is not None
         outcome: asyncio.Future[Any] = task.get_loop().create_future()
-        execution.task, execution.inline = task, True
+        execution.task = task
         try:
             outcome.set_result(await _unless_late(fn, job, execution, heartbeat_s))
         except asyncio.CancelledError:
@@ -688,7 +688,7 @@ class AsyncRunner:
         except Exception as error:
             outcome.set_exception(error)
         finally:
-            execution.task, execution.inline = None, False
+            execution.task = None
             for _ in range(execution.cancels):
                 task.uncancel()
             execution.cancels = 0
@@ -835,8 +835,9 @@ class AsyncRunner:
         plain handler's thread cannot be, so it is only signalled and keeps
         its slot and claim until it returns (as under the sync runner)."""
         execution.signal.request(reason)
-        if execution.task is not None and not execution.threaded and execution.task.cancel() and execution.inline:
-            execution.cancels += 1  # taken back once the handler ended (_await_inline)
+        task = execution.task
+        if task is not None and not execution.threaded and task.cancel() and task in self._tasks:
+            execution.cancels += 1  # its execution's own task: taken back once the handler ended (_await_inline)
 
     def _time_out(self) -> None:
         """Stop the handlers past their deadline (see :meth:`_stop`)."""

@@ -106,10 +106,9 @@ class Execution:
     #: plain handler under the async driver): a stop only signals it, and
     #: its slot and claim stay held until the thread returns.
     threaded: bool = False
-    #: Whether its coroutine handler runs in the execution's own task (the
-    #: async driver's; see ``AsyncRunner._await_inline``), and how many
-    #: cancels a stop asked of that task meanwhile.
-    inline: bool = False
+    #: How many cancels a stop asked of the execution's own task while its
+    #: coroutine handler ran there (the async driver's; see
+    #: ``AsyncRunner._await_inline``), taken back once the handler ended.
     cancels: int = 0
     #: Whether its handler runs where the driver can kill it (a child of
     #: the process executor): a timed-out attempt then keeps its claim
