@@ -5,7 +5,6 @@ plain row's, read from ``EXPLAIN ANALYZE``."""
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 import uuid
@@ -49,12 +48,9 @@ def _library_insert(eng: Any) -> tuple[str, Callable[[str], dict[str, Any]]]:
     finally:
         event.remove(eng, "before_cursor_execute", capture)
     parameters: dict[str, Any] = seen["parameters"]
-    rows = json.loads(parameters["jobs"])
 
     def bound(job_id: str) -> dict[str, Any]:
-        row = list(rows[0])
-        row[0] = job_id
-        return {**parameters, "jobs": json.dumps([row], separators=(",", ":"))}
+        return {**parameters, "job_job_id": job_id}  # the one-job form: a parameter per field
 
     return seen["sql"], bound
 

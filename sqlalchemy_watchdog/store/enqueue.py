@@ -117,7 +117,9 @@ def _enqueue(
 ) -> list[EnqueueResult]:
     admitted: set[str] = set()
     dialect = conn.dialect.name
-    stmt = sql.enqueue_rows(dialect)
+    # One job (the common call) is its own statement form: short to plan
+    # where statements are not prepared (see statements._bound_row).
+    stmt = sql.enqueue_rows(dialect, one=len(unique) == 1)
     plain = delay_ms is None and trace_context is None and waits is None
     for start in range(0, len(unique), ENQUEUE_CHUNK):
         chunk = unique[start : start + ENQUEUE_CHUNK]
@@ -136,7 +138,10 @@ def _enqueue(
             else (*_values(job), delay_ms, trace_context, *_waiting(job, waits))
             for job in chunk
         ]
-        params = sql.rows_params(dialect, "jobs", sql.ENQUEUE_FIELDS, rows)
+        if len(unique) == 1:
+            params = sql.row_params("job", sql.ENQUEUE_FIELDS, rows[0])
+        else:
+            params = sql.rows_params(dialect, "jobs", sql.ENQUEUE_FIELDS, rows)
         # One statement, no savepoint around it: one round trip in the
         # caller's transaction. A conflict's offender is named afterwards
         # (see _conflict_of).

@@ -391,6 +391,10 @@ def _enqueue(dialect: str) -> dict[str, Any]:
     return sql.rows_params(dialect, "jobs", sql.ENQUEUE_FIELDS, rows)
 
 
+def _enqueue_one(dialect: str) -> dict[str, Any]:
+    return sql.row_params("job", sql.ENQUEUE_FIELDS, ("new-1", "q3", "l3", 0, "{}"))
+
+
 def _settle(count: int) -> Params:
     def params(dialect: str) -> dict[str, Any]:
         rows = [(f"r-{n}", f"rt-{n}", "completed", None, None, None, 0, 0, None) for n in range(2, 2 + 2 * count, 2)]
@@ -494,6 +498,7 @@ D = "dialect"
 PLANS: list[Case] = [
     # -- enqueue: the ON CONFLICT arbiter (SQLite's plan of an upsert does not name it)
     Case("enqueue_rows", "enqueue_rows", (D,), _enqueue, {PG: ("arbiter:uq_watchdog_jobs_job_id",)}),
+    Case("enqueue_one", "enqueue_rows", (D, True), _enqueue_one, {PG: ("arbiter:uq_watchdog_jobs_job_id",)}),
     Case("stored_contents", "stored_contents", (), lambda d: {"job_ids": ["s-5", "qd-5"]}, on(JOB_ID)),
     # -- reads
     Case("read_job", "read_job", (), lambda d: {"job": "qd-5"}, on(JOB_ID)),
