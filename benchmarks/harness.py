@@ -141,7 +141,9 @@ def insert_jobs(target: Target, rows: int, columns: dict[str, str], *, analyse: 
 def job_rows(prefix: str, state: str = "settled", at: str | None = None, **columns: str) -> dict[str, str]:
     """:func:`insert_jobs` columns of jobs ``<prefix>-n``: settled ones completed (``at``: settled then,
     SQL epoch ms, started 1 s and enqueued 2 s before); ``columns`` add to or replace these."""
-    rows = {"job_id": f"'{prefix}-' || n", "queue_name": ":queue", "lane": ":queue", "priority": "0"}
+    # CAST: one parameter for two columns of different domains (PostgreSQL, w0016) must carry its type.
+    queue = "CAST(:queue AS TEXT)"
+    rows = {"job_id": f"'{prefix}-' || n", "queue_name": queue, "lane": queue, "priority": "0"}
     rows |= {"payload_json": "'{\"i\":' || n || '}'", "state": f"'{state}'"}
     if state == "settled":
         rows |= {"outcome": "'completed'", "claim_token": f"'claim_{prefix}_' || n"}

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
-from sqlalchemy import Engine, select, text
+from sqlalchemy import Engine, inspect, select, text
 
 from sqlalchemy_watchdog import Job, JobState, JobView, Watchdog, enqueue
 from sqlalchemy_watchdog.model import jobs_table
@@ -60,6 +60,20 @@ def settled(engine: Engine, job_id: str, timeout: float = 20.0) -> JobView:
     return wait_until(
         lambda: (job := read(engine, job_id)).state is JobState.SETTLED and job, timeout, f"{job_id} to settle"
     )
+
+
+def check_names(engine: Engine, table: str = "watchdog_jobs") -> set[str]:
+    """The names of the CHECKs ``table``'s rows must meet: its own, and on
+    PostgreSQL those of its columns' domains (revision w0016)."""
+    names = {c["name"] for c in inspect(engine).get_check_constraints(table)}
+    if engine.dialect.name == "postgresql":
+        query = (
+            "SELECT c.conname FROM pg_attribute a JOIN pg_constraint c ON c.contypid = a.atttypid"
+            " WHERE a.attrelid = CAST(:t AS regclass) AND a.attnum > 0 AND NOT a.attisdropped AND c.contype = 'c'"
+        )
+        with engine.connect() as conn:
+            names |= set(conn.execute(text(query), {"t": table}).scalars())
+    return {str(name) for name in names}
 
 
 def index_names(engine: Engine, table: str = "watchdog_jobs") -> set[str]:
@@ -165,4 +179,4 @@ def stable_repr(value: object) -> str:
 
 #: The package's newest revision: what `upgrade` reaches (one place for the
 #: tests that name it; the migrations' own test checks the chain).
-HEAD_REVISION = "w0015_rate_per_key"
+HEAD_REVISION = "w0016_column_domains"

@@ -25,7 +25,7 @@ from sqlalchemy.exc import IntegrityError
 import sqlalchemy_watchdog
 from sqlalchemy_watchdog import Decision, Job, JobState, Outcome, Rate, RetryPolicy, Watchdog, enqueue, store
 from sqlalchemy_watchdog.backends import backend_of
-from tests.helpers import HEAD_REVISION, index_names
+from tests.helpers import HEAD_REVISION, check_names, index_names
 
 REPO = Path(__file__).resolve().parents[2]
 ALEMBIC_INI = REPO / "alembic.ini"
@@ -62,14 +62,10 @@ def schema_names(engine: Engine) -> dict[str, set[Any]]:
     """Names of watchdog_jobs' constraints and indexes as the database reports them."""
     inspector = inspect(engine)
     return {
-        "check": {c["name"] for c in inspector.get_check_constraints("watchdog_jobs")},
+        "check": check_names(engine),
         "unique": {c["name"] for c in inspector.get_unique_constraints("watchdog_jobs")},
         "index": index_names(engine),
-        **{
-            f"check {table}": {c["name"] for c in inspector.get_check_constraints(table)}
-            for table in OTHER_TABLES
-            if inspector.has_table(table)
-        },
+        **{f"check {table}": check_names(engine, table) for table in OTHER_TABLES if inspector.has_table(table)},
     }
 
 
@@ -1375,5 +1371,115 @@ def test_w0015_adds_per_key_rates_keeping_every_limit_and_logged_claim_and_downg
         assert "rate_per_key_count" not in list(conn.execute(text("SELECT * FROM watchdog_limits")).keys())
     with pytest.raises(IntegrityError), engine.begin() as conn:  # w0014's some_limit again
         conn.execute(text("UPDATE watchdog_limits SET concurrency = NULL, concurrency_per_key = NULL"))
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []
+
+
+W0015 = "w0015_rate_per_key"
+#: One-column values each refused by exactly one CHECK, on the settled ``failed`` job "broken".
+ONE_COLUMN_BREAKS = [
+    ("job_id = ''", "ck_watchdog_jobs_job_id_length"),
+    ("lane = ''", "ck_watchdog_jobs_lane_length"),
+    (f"queue_name = '{'q' * 257}'", "ck_watchdog_jobs_queue_name_length"),
+    ("outcome = 'maybe'", "ck_watchdog_jobs_outcome_known"),
+    ("recovery_count = -1", "ck_watchdog_jobs_recovery_count_nonnegative"),
+    ("max_attempts = 1001", "ck_watchdog_jobs_max_attempts_range"),
+    ("timeout_ms = 0", "ck_watchdog_jobs_timeout_positive"),
+    ("progress = 2", "ck_watchdog_jobs_progress_range"),
+    ("watched = 2", "ck_watchdog_jobs_watched_flag"),
+]
+
+
+def _job_rows(engine: Engine) -> list[tuple[Any, ...]]:
+    with engine.connect() as conn:
+        return [tuple(row) for row in conn.execute(text("SELECT * FROM watchdog_jobs ORDER BY sequence"))]
+
+
+def _triggers(engine: Engine) -> list[tuple[Any, ...]]:
+    """The table's triggers: SQLite's as written; PostgreSQL's name, events,
+    function and columns (its printed WHEN casts the columns of a domain)."""
+    if engine.dialect.name == "sqlite":
+        query = "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'watchdog_jobs' ORDER BY name"
+    else:
+        query = (
+            "SELECT tgname, tgtype, tgfoid::regproc::text, tgattr::text, tgqual IS NULL FROM pg_trigger"
+            " WHERE tgrelid = 'watchdog_jobs'::regclass AND NOT tgisinternal ORDER BY tgname"
+        )
+    with engine.connect() as conn:
+        return [tuple(row) for row in conn.execute(text(query))]
+
+
+def _refuses_each_break(engine: Engine) -> None:
+    for change, constraint in ONE_COLUMN_BREAKS:
+        with pytest.raises(IntegrityError) as refused, engine.begin() as conn:
+            conn.execute(text(f"UPDATE watchdog_jobs SET {change} WHERE job_id = 'broken'"))
+        assert constraint in str(refused.value), change
+
+
+def test_w0016_moves_the_one_column_checks_into_domains_keeping_every_row_and_trigger_and_downgrades(
+    empty_engine: Engine,
+) -> None:
+    """Up (PostgreSQL): the 18 one-column CHECKs are their columns' domains'
+    under the same names, the 5 that relate columns stay the table's; every
+    row, trigger and index is as it was, and each broken value is refused
+    naming its CHECK. Down: the table's CHECKs again, no domain left. SQLite
+    is unchanged both ways."""
+    engine = empty_engine
+    run(engine, command.upgrade, W0015)
+    _jobs_in_every_state(engine)
+    with engine.begin() as conn:  # every column that gets a domain, set
+        conn.execute(
+            text(
+                "INSERT INTO watchdog_jobs (job_id, queue_name, lane, priority, payload_json, state, outcome,"
+                " recovery_count, recovery_max, cancellation_id, attempt, max_attempts, timeout_ms, snoozes,"
+                " rerun_of, trace_context, limit_key, result_json, progress, progress_note, after_policy, watched)"
+                " VALUES ('full', 'q', 'l', 0, '{}', 'settled', 'completed', 1, 2, 'c-1', 2, 3, 1000, 1,"
+                " 'done', '{}', 'tenant-7', '1', 0.5, 'half', 'any_outcome', 1)"
+            )
+        )
+    rows, triggers, indexes = _job_rows(engine), _triggers(engine), index_names(engine)
+    _refuses_each_break(engine)
+
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []
+    assert schema_names(engine) == model_names(engine.dialect.name)
+    assert (_job_rows(engine), _triggers(engine), index_names(engine)) == (rows, triggers, indexes)
+    _refuses_each_break(engine)
+    relating = {
+        "ck_watchdog_jobs_state_grammar",
+        "ck_watchdog_jobs_attempt_bounds",
+        "ck_watchdog_jobs_settled_at_settled",
+        "ck_watchdog_jobs_result_completed",
+        "ck_watchdog_jobs_waiting_on_state",
+    }
+    table_checks = {c["name"] for c in inspect(engine).get_check_constraints("watchdog_jobs")}
+    if engine.dialect.name == "postgresql":
+        assert table_checks == relating
+        with engine.connect() as conn:
+            collations = conn.execute(
+                text(
+                    "SELECT a.attname, c.collname FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation"
+                    " WHERE a.attrelid = 'watchdog_jobs'::regclass AND a.attname IN ('job_id', 'limit_key')"
+                )
+            )
+            assert dict(collations.all()) == {"job_id": "C", "limit_key": "C"}  # one range per prefix, as before
+    else:
+        assert relating < table_checks and len(check_names(engine)) == len(table_checks)
+    wd = Watchdog(engine)
+    wd.enqueue(Job("after-upgrade", "q"))
+    job = wd.read("after-upgrade")
+    assert job is not None and job.state is JobState.QUEUED
+
+    run(engine, command.downgrade, W0015)
+    assert _job_rows(engine)[: len(rows)] == rows
+    assert (_triggers(engine), index_names(engine)) == (triggers, indexes)
+    _refuses_each_break(engine)
+    assert {c["name"] for c in inspect(engine).get_check_constraints("watchdog_jobs")} == check_names(engine)
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            domains = conn.execute(
+                text("SELECT count(*) FROM pg_type WHERE typtype = 'd' AND typname LIKE 'watchdog%'")
+            )
+            assert domains.scalar_one() == 0
     run(engine, command.upgrade, "head")
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
