@@ -361,6 +361,15 @@ def test_constraint_names_in_the_model_are_stable() -> None:
     assert {i.name for i in jobs_table.indexes} == INDEX_NAMES
 
 
+def test_comparing_a_column_with_a_value_its_check_refuses_finds_nothing(engine: Engine) -> None:
+    """Binds keep the base type (w0016): on PostgreSQL a lookup by a state or a
+    job_id the domain would refuse is an empty result, not a CheckViolation."""
+    with engine.begin() as conn:
+        insert(conn)
+        for where in (jobs_table.c.state == "lost", jobs_table.c.job_id == "", jobs_table.c.progress == 2.0):
+            assert conn.execute(select(jobs_table.c.job_id).where(where)).all() == []
+
+
 def test_created_database_carries_the_stable_constraint_names(engine: Engine) -> None:
     inspector = inspect(engine)
     stored_types = STORED_TYPE_NAMES if engine.dialect.name == "sqlite" else set()
