@@ -350,8 +350,8 @@ def _bound_row(name: str, fields: Fields) -> dict[str, Any]:
     :func:`row_params`): the one-row form of :func:`_rows`, with no FROM.
 
     A statement over it is short to parse and plan: where statements cannot
-    be prepared (a pooler in transaction mode), planning the ``jsonb`` source
-    of one job cost about 150 us more than this form.
+    be prepared (a pooler in transaction mode), parsing and planning the
+    ``jsonb`` source of one job cost about 150 us more than this form.
     """
     # CAST: a NULL bound without a type (psycopg2, asyncpg) is read as text.
     names = _bound_names(name, fields)
