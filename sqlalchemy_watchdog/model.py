@@ -765,30 +765,25 @@ def _postgresql_ddl(statement: str) -> DDL:
     return ddl
 
 
-def domains_sql(dialect: Any) -> list[str]:
-    """Revision w0016: ``CREATE DOMAIN`` of each :class:`ColumnDomain` of ``watchdog_jobs``, with its CHECK."""
-    statements = []
-    for column, name, condition in JOB_COLUMN_CHECKS:
-        type_ = jobs_table.c[column].type
-        assert isinstance(type_, ColumnDomain)
-        base = type_.base.compile(dialect=dialect)
-        check = NAMING_CONVENTION["ck"] % {"table_name": jobs_table.name, "constraint_name": name}
-        statements.append(
-            f"CREATE DOMAIN {type_.domain} AS {base} CONSTRAINT {check} CHECK ({condition.format(c='VALUE')})"
-        )
-    return statements
+def _column_domains() -> list[tuple[ColumnDomain, str, str]]:
+    """Revision w0016: each :class:`ColumnDomain` of ``watchdog_jobs``, its CHECK's name and condition."""
+    return [(cast(ColumnDomain, jobs_table.c[column].type), name, cond) for column, name, cond in JOB_COLUMN_CHECKS]
 
 
 def _create_domains(target: Table, connection: Any, **_: Any) -> None:
     if connection.dialect.name == "postgresql":
-        for statement in domains_sql(connection.dialect):
-            connection.exec_driver_sql(statement)
+        for type_, name, condition in _column_domains():
+            base = type_.base.compile(dialect=connection.dialect)
+            check = NAMING_CONVENTION["ck"] % {"table_name": jobs_table.name, "constraint_name": name}
+            connection.exec_driver_sql(
+                f"CREATE DOMAIN {type_.domain} AS {base} CONSTRAINT {check} CHECK ({condition.format(c='VALUE')})"
+            )
 
 
 def _drop_domains(target: Table, connection: Any, **_: Any) -> None:
     if connection.dialect.name == "postgresql":
-        for column, *_checks in JOB_COLUMN_CHECKS:
-            connection.exec_driver_sql(f"DROP DOMAIN IF EXISTS {cast(ColumnDomain, jobs_table.c[column].type).domain}")
+        for type_, *_check in _column_domains():
+            connection.exec_driver_sql(f"DROP DOMAIN IF EXISTS {type_.domain}")
 
 
 event.listen(jobs_table, "before_create", _create_domains)
