@@ -624,7 +624,12 @@ class AsyncRunner:
                 task = loop.create_task(_unless_late(fn, job, execution, heartbeat_s), context=context)
             else:
                 call = functools.partial(_call_unless_late, fn, job, execution, heartbeat_s)
-                task = self._threads.submit(call) if context is None else self._threads.submit(context.run, call)
+                # In a copy of this task's context (as a coroutine handler's own
+                # task gets), not the handler thread's: what one job sets in a
+                # context variable is never seen by the next job on that thread.
+                if context is None:
+                    context = contextvars.copy_context()
+                task = self._threads.submit(context.run, call)
                 execution.threaded = True
             while True:
                 execution.task = task

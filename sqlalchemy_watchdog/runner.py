@@ -17,6 +17,7 @@ this module only performs its steps with threads and a sync ``Connection``.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 import queue
@@ -234,8 +235,11 @@ class Runner:
                     self._wake.set()
         try:
             handler = self.settings.handlers[job.queue]
+            # A context of its own (its trace's, else a copy of this thread's):
+            # what the handler sets in context variables ends with its job and
+            # is never seen by the next job this thread runs.
             context = execution.handler_context()
-            result = handler(job) if context is None else context.run(handler, job)
+            result = (contextvars.copy_context() if context is None else context).run(handler, job)
             return decision_of_result(result, job)
         except Exception as error:
             return decision_of_exception(execution, error)

@@ -18,6 +18,7 @@ the child ignores them and the parent stops, then kills it.
 
 from __future__ import annotations
 
+import contextvars
 import ctypes
 import ctypes.util
 import importlib
@@ -223,7 +224,9 @@ class _Child:
             fn = self.handlers.get(key)
             if fn is None:
                 fn = self.handlers[key] = resolve(module, qualname)
-            result = fn(_child_job(RunningJob)(_signal=stop, **fields))
+            # A fresh context per job: what a handler sets in a context
+            # variable is never seen by the next job this child runs.
+            result = contextvars.copy_context().run(fn, _child_job(RunningJob)(_signal=stop, **fields))
         except Exception as error:
             encoded: bytes | None = None
             try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import threading
 import time
@@ -88,6 +89,18 @@ def make(runners: RunnerDriver, handlers: dict[str, Callable[[RunningJob], Any]]
 
 def done(job: RunningJob) -> None:
     return None
+
+
+#: A context variable a handler sets (see :func:`remembers`).
+CURRENT_JOB: contextvars.ContextVar[str | None] = contextvars.ContextVar("current_job", default=None)
+
+
+def remembers(job: RunningJob) -> str | None:
+    """Returns the job_id an earlier job left in :data:`CURRENT_JOB` (None:
+    nothing), then leaves its own there."""
+    earlier = CURRENT_JOB.get()
+    CURRENT_JOB.set(job.job_id)
+    return earlier
 
 
 class Blocking:
@@ -248,6 +261,21 @@ def test_handler_returning_a_value_completes_keeping_it_as_the_result(
     (job,) = make(runners, {"q": dual(lambda job: value, returns)}).run_until_idle()
     assert job.outcome is Outcome.COMPLETED and job.failure_reason is None
     assert job.result == value == read(engine, "a").result
+
+
+@pytest.mark.parametrize("runner_kind", KINDS)  # module-level handler: the process kinds too
+def test_a_plain_handler_never_sees_what_an_earlier_job_set_in_a_context_variable(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    """Each job's plain handler runs in a context of its own, whatever thread
+    or child process runs it: a context variable one job sets is unset for
+    the next, and for the caller of the runner."""
+    ids = [f"job-{i:02}" for i in range(12)]
+    add(engine, *(Job(job_id, "q") for job_id in ids))
+    jobs = make(runners, {"q": remembers}, concurrency=2).run_until_idle()
+    assert sorted(job.job_id for job in jobs) == ids
+    assert {job.job_id: job.result for job in jobs} == dict.fromkeys(ids), "a job saw what an earlier one set"
+    assert CURRENT_JOB.get() is None
 
 
 # -- order and queues ----------------------------------------------------------
