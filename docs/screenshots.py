@@ -93,16 +93,17 @@ def seed(engine: Engine) -> None:
         invoices.run_until_idle()
         time.sleep(0.02)
     watchdog.pause("webhooks", reason="partner maintenance until 18:00")
-    # Two workers serving (demo rows, as runner processes would register them),
-    # one that died an hour ago, and the schedules they serve.
+    # Two workers serving (demo rows, as runner processes would register them;
+    # worker-2 holds jobs it claimed ahead of its 8 slots), one that died an
+    # hour ago, and the schedules they serve.
     with engine.begin() as conn:
         for worker_id, host, pid, queues, running in (
             ("3f9c2a7e51d84b6f9e0a1c2d3e4f5a6b", "worker-1", 4121, ("emails", "payments"), 3),
-            ("8b1d6e4c2a9f4e7d8c6b5a4f3e2d1c0b", "worker-2", 4187, ("emails", "invoices", "webhooks"), 1),
+            ("8b1d6e4c2a9f4e7d8c6b5a4f3e2d1c0b", "worker-2", 4187, ("emails", "invoices", "webhooks"), 14),
             ("c0ffee00aa114b2c9d8e7f6a5b4c3d2e", "worker-3", 3902, ("payments",), 0),
         ):
             registration = store.WorkerRegistration(
-                worker_id, host, pid, queues, 8, "listening (LISTEN/NOTIFY)", __version__, 10_000
+                worker_id, host, pid, queues, 8, "listening (LISTEN/NOTIFY)", __version__, 10_000, claim_ahead=32
             )
             store.register_worker(conn, registration, running)
         conn.execute(

@@ -1253,8 +1253,13 @@ class WorkerView:
     #: When it started serving, and its last heartbeat (database clock).
     started_at: datetime
     last_seen: datetime
-    #: Jobs it was running at its last heartbeat.
+    #: Jobs it held at its last heartbeat: running, or claimed ahead and
+    #: waiting for a free slot (so at most ``concurrency + claim_ahead``).
     running: int
+    #: The most jobs it claims beyond its concurrency: the process
+    #: executor's ``prefetch``, else the cap of the runner's ``claim_ahead``
+    #: (0: none). 0 for a runner older than revision w0017.
+    claim_ahead: int
     #: How long it has not been seen, by the database clock when read.
     silent_for: timedelta
     #: How long without a heartbeat makes it gone.

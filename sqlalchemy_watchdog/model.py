@@ -584,8 +584,13 @@ class WatchdogWorker(WatchdogBase):
     #: Epoch milliseconds, database clock.
     started_at: Mapped[int] = mapped_column(BigInteger)
     last_seen: Mapped[int] = mapped_column(BigInteger)
-    #: Jobs it was running at its last heartbeat.
+    #: Jobs it held at its last heartbeat: running, or claimed ahead and
+    #: waiting for a free slot (at most ``concurrency + claim_ahead``).
     running: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    #: The most jobs it claims beyond its concurrency (revision w0017): the
+    #: process executor's ``prefetch``, else the cap of ``claim_ahead``; 0:
+    #: none. Written with every heartbeat (0 until the first after the upgrade).
+    claim_ahead: Mapped[int] = mapped_column(Integer, server_default=text("0"))
 
     __table_args__ = (
         CheckConstraint(f"length(worker_id) BETWEEN 1 AND {WORKER_ID_MAX_LENGTH}", name="worker_id_length"),
@@ -598,6 +603,7 @@ class WatchdogWorker(WatchdogBase):
         CheckConstraint("heartbeat_ms > 0", name="heartbeat_positive"),
         CheckConstraint("last_seen >= started_at", name="seen_after_start"),
         CheckConstraint("running >= 0", name="running_nonnegative"),
+        CheckConstraint("claim_ahead >= 0", name="claim_ahead_nonnegative"),
     )
 
 

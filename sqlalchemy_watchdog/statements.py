@@ -2048,7 +2048,8 @@ def worker_gone_after(heartbeat_ms: ColumnElement[int], gone_heartbeats: int, ma
 @cache
 def register_worker(dialect: str) -> Insert:
     """Register the worker ``:worker_id`` -- or, for one registered already,
-    refresh its ``last_seen`` (database clock) and ``running``: the same one
+    refresh its ``last_seen`` (database clock), ``running``, ``wakeups``
+    and ``claim_ahead``: the same one
     statement serves the start and every heartbeat, and brings back a row
     pruned while its worker was frozen."""
     clock = db_clock_ms()
@@ -2064,10 +2065,13 @@ def register_worker(dialect: str) -> Insert:
         started_at=clock,
         last_seen=clock,
         running=_p("running", Integer()),
+        claim_ahead=_p("claim_ahead", Integer()),
     )
+    ex = stmt.excluded
     upsert: Insert = stmt.on_conflict_do_update(
         index_elements=[w.worker_id],
-        set_={"last_seen": clock, "running": stmt.excluded.running, "wakeups": stmt.excluded.wakeups},
+        # claim_ahead too: a row registered before revision w0017 reads 0 until then.
+        set_={"last_seen": clock, "running": ex.running, "wakeups": ex.wakeups, "claim_ahead": ex.claim_ahead},
     )
     return upsert
 

@@ -482,6 +482,7 @@ def worker_dict(worker: WorkerView) -> dict[str, Any]:
         "queues": list(worker.queues),
         "concurrency": worker.concurrency,
         "running": worker.running,
+        "claim_ahead": worker.claim_ahead,
         "wakeups": worker.wakeups,
         "version": worker.version,
         "heartbeat_seconds": worker.heartbeat.total_seconds(),
@@ -499,7 +500,18 @@ def _worker_status(worker: WorkerView) -> str:
 
 def render_workers(workers: Sequence[WorkerView]) -> str:
     """What ``workers`` prints: a table, one row per registered runner."""
-    header = ("worker_id", "host", "pid", "queues", "concurrency", "running", "started_at", "status", "wakeups")
+    header = (
+        "worker_id",
+        "host",
+        "pid",
+        "queues",
+        "concurrency",
+        "ahead",
+        "running",
+        "started_at",
+        "status",
+        "wakeups",
+    )
     rows = [
         (
             worker.worker_id,
@@ -507,6 +519,7 @@ def render_workers(workers: Sequence[WorkerView]) -> str:
             str(worker.pid),
             ",".join(worker.queues),
             str(worker.concurrency),
+            str(worker.claim_ahead),
             str(worker.running),
             when(worker.started_at),
             _worker_status(worker),

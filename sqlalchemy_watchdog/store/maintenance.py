@@ -357,6 +357,8 @@ class WorkerRegistration:
     wakeups: str
     version: str
     heartbeat_ms: int
+    #: The most jobs it claims beyond ``concurrency`` (0: none).
+    claim_ahead: int = 0
 
     def params(self, running: int) -> dict[str, Any]:
         from ..model import HOST_MAX_LENGTH, VERSION_MAX_LENGTH, WAKEUPS_MAX_LENGTH, WORKER_QUEUES_MAX_LENGTH
@@ -376,6 +378,7 @@ class WorkerRegistration:
             "version": self.version[:VERSION_MAX_LENGTH] or "?",
             "heartbeat_ms": max(1, self.heartbeat_ms),
             "running": max(0, running),
+            "claim_ahead": max(0, self.claim_ahead),
         }
 
 
@@ -419,6 +422,7 @@ def workers(conn: Connection) -> list[WorkerView]:
                 started_at=at_epoch_ms(row["started_at"]),
                 last_seen=at_epoch_ms(row["last_seen"]),
                 running=row["running"],
+                claim_ahead=row["claim_ahead"],
                 silent_for=timedelta(milliseconds=max(0, row["now"] - row["last_seen"])),
                 gone_after=timedelta(milliseconds=_gone_after_ms(heartbeat_ms)),
             )

@@ -567,6 +567,8 @@ class WatchdogMachine(RuleBasedStateMachine):
         self.pauses: dict[str, tuple[str | None, int]] = {}  # queue -> (reason, paused_at)
         # worker_id -> (queues, heartbeat_ms, last_seen): the workers table's model
         self.worker_rows: dict[str, tuple[tuple[str, ...], int, int]] = {}
+        #: Each worker's claim ahead as its latest registration or heartbeat wrote it.
+        self.worker_ahead: dict[str, int] = {}
         self.watchdog = Watchdog(self.engine)
         self.limits: dict[str, Limit] = {}  # queue -> its limits (watchdog_limits)
         # (queue, claimed_at, jobs, key): watchdog_limit_claims (the key with a per-key rate, w0015)
@@ -1586,17 +1588,20 @@ class WatchdogMachine(RuleBasedStateMachine):
         worker=st.sampled_from(["w1", "w2", "w3"]),
         queues=st.sampled_from([("q1",), ("q1", "q2"), ("q3",)]),
         heartbeat_ms=st.sampled_from([1_000, 60_000]),
+        ahead=st.sampled_from([0, 4, 40]),
     )
-    def register_or_refresh_worker(self, worker: str, queues: tuple[str, ...], heartbeat_ms: int) -> None:
+    def register_or_refresh_worker(self, worker: str, queues: tuple[str, ...], heartbeat_ms: int, ahead: int) -> None:
         """A runner registering (or its heartbeat refreshing its row: the same
         statement) -- the jobs are left exactly as they were (the model
-        invariant checks every row)."""
+        invariant checks every row). A refresh writes the claim ahead too (a
+        row from before revision w0017 gets it with the next heartbeat)."""
         known = self.worker_rows.get(worker)
         if known is not None:  # a refresh keeps what the registration wrote
             queues, heartbeat_ms = known[0], known[1]
-        registration = store.WorkerRegistration(worker, "h", 1, queues, 1, "poll", "0", heartbeat_ms)
+        registration = store.WorkerRegistration(worker, "h", 1, queues, 1, "poll", "0", heartbeat_ms, ahead)
         self.tx(store.register_worker, registration, 1)
         self.worker_rows[worker] = (queues, heartbeat_ms, self.db)
+        self.worker_ahead[worker] = ahead
 
     @rule(worker=st.sampled_from(["w1", "w2", "w3"]))
     def deregister_worker(self, worker: str) -> None:
@@ -1630,6 +1635,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             gone = now - seen > hb * store.WORKER_GONE_HEARTBEATS + store.WORKER_GONE_MARGIN_MS
             assert shown[worker].gone is gone, (worker, now - seen, hb)
             assert shown[worker].queues == queues
+            assert shown[worker].claim_ahead == self.worker_ahead[worker]
             for queue in queues if not gone else ():
                 live[queue] = live.get(queue, 0) + 1
         assert serving == live

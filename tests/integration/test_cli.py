@@ -1755,7 +1755,7 @@ def test_json_output_stays_exact(engine: Engine, cli: Cli) -> None:
 
 
 def _register_worker(engine: Engine, worker_id: str, queues: tuple[str, ...], *, host: str = "host-1") -> None:
-    registration = store.WorkerRegistration(worker_id, host, 42, queues, 4, "listen", "0.1.0", 10_000)
+    registration = store.WorkerRegistration(worker_id, host, 42, queues, 4, "listen", "0.1.0", 10_000, claim_ahead=16)
     with engine.begin() as conn:
         store.register_worker(conn, registration)
 
@@ -1776,15 +1776,16 @@ def test_workers_lists_live_and_gone_runners_as_a_table_and_json(engine: Engine,
     assert status == 0
     header, *rows = out.splitlines()
     assert header.split() == [
-        "worker_id", "host", "pid", "queues", "concurrency", "running", "started_at", "status", "wakeups",
+        "worker_id", "host", "pid", "queues", "concurrency", "ahead", "running", "started_at", "status", "wakeups",
     ]  # fmt: skip
     dead, live = sorted(rows)
-    assert live.split()[:6] == ["w-live", "host-1", "42", "emails,sms", "4", "0"] and "live (seen" in live
+    assert live.split()[:7] == ["w-live", "host-1", "42", "emails,sms", "4", "16", "0"] and "live (seen" in live
     assert "GONE (silent 10m" in dead
     assert "\x1b" not in out  # a host name's control characters are escaped
     status, out, _ = cli("--json", "workers")
     documents = {d["worker_id"]: d for d in map(json.loads, out.splitlines())}
     assert documents["w-live"]["queues"] == ["emails", "sms"] and documents["w-live"]["gone"] is False
+    assert (documents["w-live"]["concurrency"], documents["w-live"]["claim_ahead"]) == (4, 16)
     assert documents["w-dead"]["gone"] is True and documents["w-dead"]["gone_after_seconds"] == 60.0
 
 

@@ -1483,3 +1483,52 @@ def test_w0016_moves_the_one_column_checks_into_domains_keeping_every_row_and_tr
             assert domains.scalar_one() == 0
     run(engine, command.upgrade, "head")
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
+
+
+# -- w0017: workers' claim ahead ---------------------------------------------------------------
+
+W0016 = "w0016_column_domains"
+
+
+def test_w0017_adds_the_workers_claim_ahead_keeping_every_worker_and_downgrades(empty_engine: Engine) -> None:
+    """Up: a worker registered before reads 0 until its next heartbeat, which
+    writes its claim ahead; a negative one is refused by its CHECK. Down: the
+    column goes, every worker stays."""
+    engine = empty_engine
+    run(engine, command.upgrade, W0016)
+    with engine.begin() as conn:  # by hand: the package's statement writes w0017's column
+        conn.execute(
+            text(
+                "INSERT INTO watchdog_workers (worker_id, host, pid, queues, concurrency, wakeups, version,"
+                " heartbeat_ms, started_at, last_seen, running)"
+                " VALUES ('w-old', 'host-1', 42, '[\"emails\"]', 4, 'listen', '0.1.0', 10000, 1000, 2000, 3)"
+            )
+        )
+    columns = "worker_id, host, pid, queues, concurrency, wakeups, version, heartbeat_ms, started_at, running"
+
+    def rows() -> list[tuple[Any, ...]]:
+        with engine.connect() as conn:
+            return [tuple(row) for row in conn.execute(text(f"SELECT {columns} FROM watchdog_workers"))]
+
+    before = rows()
+
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []
+    assert schema_names(engine) == model_names(engine.dialect.name)
+    assert rows() == before
+    [old] = Watchdog(engine).workers()
+    assert (old.worker_id, old.running, old.claim_ahead) == ("w-old", 3, 0)
+    registration = store.WorkerRegistration("w-old", "host-1", 42, ("emails",), 4, "listen", "0.1.0", 10_000, 16)
+    with engine.begin() as conn:  # its next heartbeat
+        store.register_worker(conn, registration, running=3)
+    assert [w.claim_ahead for w in Watchdog(engine).workers()] == [16]
+    with pytest.raises(IntegrityError) as refused, engine.begin() as conn:
+        conn.execute(text("UPDATE watchdog_workers SET claim_ahead = -1"))
+    assert "ck_watchdog_workers_claim_ahead_nonnegative" in str(refused.value)
+
+    run(engine, command.downgrade, W0016)
+    assert rows() == before
+    with engine.connect() as conn:
+        assert "claim_ahead" not in list(conn.execute(text("SELECT * FROM watchdog_workers")).keys())
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []

@@ -168,8 +168,10 @@ def test_the_workers_page_shows_live_and_gone_workers_and_disputed_schedules(
     assert "No worker is registered" in dashboard.get("/workers").text
     with engine.begin() as conn:
         for worker_id, host in (("w-live", "web-1"), ("w-dead", "<b>evil</b>")):
-            registration = store.WorkerRegistration(worker_id, host, 42, ("emails",), 4, "listen", "0.1.0", 10_000)
-            store.register_worker(conn, registration)
+            registration = store.WorkerRegistration(
+                worker_id, host, 42, ("emails",), 4, "listen", "0.1.0", 10_000, claim_ahead=16
+            )
+            store.register_worker(conn, registration, running=19)
         conn.execute(
             text(
                 "UPDATE watchdog_workers SET last_seen = last_seen - 600000, started_at = started_at - 600000 WHERE worker_id = 'w-dead'"
@@ -189,6 +191,9 @@ def test_the_workers_page_shows_live_and_gone_workers_and_disputed_schedules(
     text_ = page.text
     assert "1 live, 1 gone" in text_ and 'class="badge gone">gone</span>' in text_
     assert "web-1" in text_ and "&lt;b&gt;evil&lt;/b&gt;" in text_ and "<b>evil</b>" not in text_
+    # It holds 19 jobs on 4 slots: the page says it may claim 16 ahead, and that running counts them.
+    assert '<td class="num">19</td>\n<td class="num">4</td>\n<td class="num">16</td>' in text_
+    assert "claim ahead</abbr>" in text_ and "at most <em>concurrency</em> + <em>claim ahead</em>" in text_
     assert "Deploys disagree about the definition of <strong>report</strong>" in text_
     assert text_.count(">disputed</span>") == 2 and "Europe/Paris" in text_
     assert 'href="/workers" aria-current="page">Workers</a>' in text_  # in the nav

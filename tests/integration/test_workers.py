@@ -43,6 +43,7 @@ def test_a_serving_runner_is_listed_while_it_serves_and_removed_on_clean_shutdow
         [row] = wait_until(lambda: _workers(engine), what="the worker's row")
         assert (row.host, row.pid) == (socket.gethostname()[:255], os.getpid())
         assert (row.queues, row.concurrency, row.running) == (("q", "r"), 3, 0)
+        assert row.claim_ahead == 4 * 3  # the default: up to four jobs ahead per slot
         assert row.version == sqlalchemy_watchdog.__version__
         assert row.wakeups == str(worker.runner.wakeup_status)
         assert row.heartbeat == timedelta(seconds=10)
@@ -73,6 +74,29 @@ def test_the_heartbeat_refreshes_last_seen_and_the_jobs_running_now(engine: Engi
             wait_until(lambda: [w for w in _workers(engine) if w.running == 0], what="the job done")
     finally:
         release.set()
+
+
+@pytest.mark.parametrize(
+    ("options", "ahead"), [({"claim_ahead": 0}, 0), ({"claim_ahead": 7}, 7)], ids=["none", "seven"]
+)
+def test_a_worker_says_how_many_jobs_it_may_claim_beyond_its_concurrency(
+    engine: Engine, runners: RunnerDriver, options: dict[str, Any], ahead: int
+) -> None:
+    worker = runners.runner({"q": lambda job: None}, concurrency=2, **options)
+    with worker.serving():
+        [row] = wait_until(lambda: _workers(engine), what="the worker's row")
+        assert (row.concurrency, row.claim_ahead) == (2, ahead)
+
+
+def test_a_process_executor_worker_says_its_prefetch_as_its_claim_ahead(engine: Engine) -> None:
+    from sqlalchemy_watchdog import ProcessExecutor, Runner
+    from tests import process_handlers
+
+    runner = Runner(engine, {"q": process_handlers.done}, executor=ProcessExecutor(processes=1, prefetch=3))
+    with runner.running():
+        [row] = wait_until(lambda: _workers(engine), what="the worker's row")
+        assert (row.concurrency, row.claim_ahead) == (1, 3)
+    assert _workers(engine) == []
 
 
 def test_each_runner_object_is_a_worker_of_its_own(engine: Engine, runners: RunnerDriver) -> None:
@@ -239,23 +263,41 @@ def test_async_watchdog_reads_workers_and_schedules(engine: Engine) -> None:
     assert [(s.name, s.recorded_by) for s in schedules] == [("s", "w-1")]
 
 
+@pytest.mark.parametrize("missing", ["table", "claim_ahead"])
 def test_a_runner_that_cannot_register_serves_on_and_a_heartbeat_registers_it_later(
-    engine: Engine, runners: RunnerDriver, caplog: pytest.LogCaptureFixture
+    engine: Engine, runners: RunnerDriver, caplog: pytest.LogCaptureFixture, missing: str
 ) -> None:
-    """A database without the workers table (not upgraded yet): the runner
+    """A database not upgraded yet -- without the workers table (w0009), or
+    with the table but not its ``claim_ahead`` column (w0017): the runner
     logs one WARNING, serves its jobs, and registers with the first
-    heartbeat after the table appears."""
+    heartbeat after the upgrade."""
+    from sqlalchemy import MetaData, Table
+
     from sqlalchemy_watchdog.model import workers_table
 
     workers_table.drop(engine)
+    before_w0017 = Table(
+        workers_table.name, MetaData(), *(c._copy() for c in workers_table.columns if c.name != "claim_ahead")
+    )
+    if missing == "claim_ahead":
+        before_w0017.create(engine)
     caplog.set_level(logging.INFO, logger="sqlalchemy_watchdog")
-    worker = runners.runner({"q": lambda job: None}, lease=timedelta(seconds=1.5), heartbeat=timedelta(seconds=0.3))
+    worker = runners.runner(
+        {"q": lambda job: None}, lease=timedelta(seconds=1.5), heartbeat=timedelta(seconds=0.3), claim_ahead=5
+    )
     with worker.serving():
         add(engine, Job("a", "q"))
         assert settled(engine, "a").outcome is not None
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert any("could not register as worker" in m for m in warnings), warnings
-        workers_table.create(engine)
+        if missing == "claim_ahead":  # what revision w0017 adds
+            with engine.begin() as conn:
+                conn.execute(text("ALTER TABLE watchdog_workers ADD COLUMN claim_ahead INTEGER DEFAULT 0 NOT NULL"))
+        else:
+            workers_table.create(engine)
         [row] = wait_until(lambda: _workers(engine), what="a heartbeat registering the runner")
-        assert row.worker_id == worker.runner.core.worker_id
+        assert (row.worker_id, row.claim_ahead) == (worker.runner.core.worker_id, 5)
     assert _workers(engine) == []
+    if missing == "claim_ahead":  # as the model makes it, for the tests after this one
+        before_w0017.drop(engine)
+        workers_table.create(engine)
