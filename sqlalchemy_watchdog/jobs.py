@@ -1258,7 +1258,7 @@ class WorkerView:
     running: int
     #: The most jobs it claims beyond its concurrency: the process
     #: executor's ``prefetch``, else the cap of the runner's ``claim_ahead``
-    #: (0: none). 0 for a runner older than revision w0017.
+    #: (0: none). 0 for a runner of a version before revision w0017.
     claim_ahead: int
     #: How long it has not been seen, by the database clock when read.
     silent_for: timedelta

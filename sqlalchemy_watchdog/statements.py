@@ -2048,10 +2048,9 @@ def worker_gone_after(heartbeat_ms: ColumnElement[int], gone_heartbeats: int, ma
 @cache
 def register_worker(dialect: str) -> Insert:
     """Register the worker ``:worker_id`` -- or, for one registered already,
-    refresh its ``last_seen`` (database clock), ``running``, ``wakeups``
-    and ``claim_ahead``: the same one
-    statement serves the start and every heartbeat, and brings back a row
-    pruned while its worker was frozen."""
+    refresh its ``last_seen`` (database clock), ``running``, ``wakeups`` and
+    ``claim_ahead``: the same one statement serves the start and every
+    heartbeat, and brings back a row pruned while its worker was frozen."""
     clock = db_clock_ms()
     stmt = _insert_into(dialect, workers).values(
         worker_id=_p("worker_id", Text()),

@@ -242,7 +242,7 @@ def register_worker(core: RunnerCore, wakeups: str) -> Steps[None]:
         wakeups=wakeups,
         version=__version__,
         heartbeat_ms=max(1, round(settings.heartbeat_s * 1000)),
-        claim_ahead=settings.claim_ahead if settings.claim_ahead > 0 else max(0, settings.ahead_cap),
+        claim_ahead=settings.most_ahead,
     )
     try:
         yield from call(store.register_worker, registration, len(core.active()))

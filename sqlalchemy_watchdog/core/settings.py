@@ -332,6 +332,13 @@ class RunnerSettings:
     ahead_cap: int = 0
 
     @property
+    def most_ahead(self) -> int:
+        """The most jobs it ever holds beyond ``concurrency``: the process
+        executor's ``prefetch``, else the cap of thread or task runners' claims
+        ahead (what ``watchdog_workers.claim_ahead`` shows)."""
+        return self.claim_ahead if self.claim_ahead > 0 else max(0, self.ahead_cap)
+
+    @property
     def settle_gather(self) -> tuple[int, float]:
         """How many finished jobs the settler waits for, and for how long at
         most, before it sends a batch: one per child for at most
