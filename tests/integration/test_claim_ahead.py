@@ -41,10 +41,13 @@ SLOW = [f"slow-{i}" for i in range(SLOTS)]
 
 class Recorder:
     """A handler that records the jobs it ran, in order, and how many ran at once;
-    a job named ``slow*`` takes ``slow_s`` seconds."""
+    a job named ``slow*`` takes ``slow_s`` seconds, or until :attr:`release`
+    is set (a test that needs every slot busy while it looks holds them so,
+    however slowly the machine starts the handlers, then lets them go)."""
 
     def __init__(self, slow_s: float = 0.0, each_s: float = 0.0) -> None:
         self.slow_s, self.each_s = slow_s, each_s
+        self.release = threading.Event()
         self.ran: list[str] = []
         self.running = self.most = 0
         self._lock = threading.Lock()
@@ -56,7 +59,7 @@ class Recorder:
             self.most = max(self.most, self.running)
         try:
             if job.job_id.startswith("slow"):
-                time.sleep(self.slow_s)
+                self.release.wait(self.slow_s)
             elif self.each_s:
                 time.sleep(self.each_s)
         finally:
@@ -120,12 +123,13 @@ def test_a_job_claimed_ahead_that_waits_too_long_is_given_back_and_runs_later_un
     engine: Engine, runners: RunnerDriver, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="sqlalchemy_watchdog")
-    handler = Recorder(slow_s=4.0)
+    handler = Recorder(slow_s=20.0)
     with busy_with_slow_jobs(engine, runners, handler, 1, "next"):
         job = wait_until(lambda: (job := read(engine, "next")).state is JobState.QUEUED and job, 10, "the give-back")
         assert job.attempt == 1 and job.recovery_count == 0, "given back: queued again, nothing counted"
         assert any("given back" in r.getMessage() for r in caplog.records)
         assert "next" not in handler.ran, "the job given back did not run"
+        handler.release.set()  # the slow jobs end: a slot frees
         done = settled(engine, "next", timeout=20)
     assert done.outcome is Outcome.COMPLETED and done.attempt == 1
     assert handler.ran.count("next") == 1 and handler.ran[-1] == "next", "it ran once, after a slow job"
@@ -180,10 +184,11 @@ def test_cancelling_a_job_claimed_ahead_settles_it_cancelled_and_it_never_runs(
     """Waiting for a slot, it holds a live claim: a cancellation reaches it like
     a running job's, and it settles ``cancelled`` without its handler starting,
     long before the slow jobs free a slot."""
-    handler = Recorder(slow_s=4.0)
+    handler = Recorder(slow_s=20.0)
     with busy_with_slow_jobs(engine, runners, handler, 1, "ahead"):
         Watchdog(engine).cancel("ahead", "not needed")
         cancelled = settled(engine, "ahead", timeout=3.5)
         assert handler.running == SLOTS, "the slow jobs still hold every slot"
+        handler.release.set()
     assert (cancelled.outcome, cancelled.attempt) == (Outcome.CANCELLED, 1)
     assert "ahead" not in handler.ran
