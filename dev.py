@@ -10,11 +10,25 @@
                              # to pytest, -n 0 runs it in one process)
     python3 dev.py test --faults
                              # the same, then the timed fault tests in one
-                             # process of their own (always under CI=true)
+                             # process of their own (always under CI=true;
+                             # CI=true also ends with the release check below)
     python3 dev.py test --install-system-packages
                              # the same, after installing the Debian packages
                              # that optional test groups need (apt-get, as root
                              # or through `sudo -n`; prints what it installs)
+    python3 dev.py release-check
+                             # what users install: the sdist and the wheel built
+                             # from a clean copy of the checkout, `twine check`, the
+                             # wheel with its extras in a fresh environment
+                             # outside the checkout and the smoke suite
+                             # (tests/release) against that installed copy, a
+                             # plain `pip install CHECKOUT[...]`, and the docs
+                             # built as Read the Docs builds them (CI=true:
+                             # `dev.py test` runs it after the tests)
+
+release-check works in a temporary directory outside the checkout, with
+virtual environments of its own there (deleted afterwards unless it
+failed), and leaves the checkout as it was.
 
 Each command creates ./.venv on first use and (re)installs the package
 (editable) with its test extras into it from the package index whenever
@@ -32,6 +46,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import venv
 from dataclasses import dataclass
 from pathlib import Path
@@ -384,11 +399,165 @@ def test(rest: list[str]) -> int:
     if all(code == 5 for code in codes):
         print("pytest collected no tests (exit 5): that is a failure", file=sys.stderr)
         return 5
-    return exit_status(next((code for code in codes if code not in (0, 5)), 0))
+    status = exit_status(next((code for code in codes if code not in (0, 5)), 0))
+    if with_release_check(rest):
+        # What users install, after the suite of the checkout: the built wheel
+        # in a fresh environment outside it (about 3 minutes on 2 cores).
+        release = release_check([])
+        status = status or release
+    elif not as_given(rest):
+        print("left out: the release check (the built wheel, installed outside the checkout);"
+              " `python3 dev.py release-check` runs it, and CI always does", flush=True)  # fmt: skip
+    return status
+
+
+def with_release_check(rest: list[str]) -> bool:
+    """Whether ``dev.py test`` ends with :func:`release_check`: under CI=true,
+    unless the arguments name test paths or choose the workers (a run as given)."""
+    return in_ci() and not as_given(rest)
+
+
+#: The extras a user installs, per the README's Install section.
+USER_EXTRAS = "web,otel,cron"
+#: The smoke suite, run against the installed wheel (tests/release/).
+RELEASE_TESTS = "tests/release"
+#: Tests of the main suite that also run against the installed wheel: the
+#: README's quickstart (its blocks only) and the docs' Alembic recipe.
+RELEASE_ALSO = ("tests/integration/test_readme.py", "tests/integration/test_alembic_recipe.py")
+#: What the smoke run copies from the clean clone beside its tests -- never the
+#: package itself, so only the installed copy can be imported.
+SMOKE_COPIES = ("tests", "docs", "examples", "README.md", "pyproject.toml", "RELIABILITY.md", "benchmarks/README.md")
+
+
+class ReleaseCheckFailed(Exception):
+    """A step of :func:`release_check` failed; the message says which."""
+
+
+def _run_step(what: str, command: list[str], **kwargs: object) -> None:
+    """Run one step of the release check, printing it; raise naming it on failure."""
+    print(f"release-check: {what}", flush=True)
+    print("  $", shlex.join(str(part) for part in command), flush=True)
+    result = subprocess.run(command, **kwargs)  # type: ignore[call-overload]
+    if result.returncode != 0:
+        raise ReleaseCheckFailed(f"{what} (exit {exit_status(result.returncode)})")
+
+
+def _fresh_env(path: Path) -> Path:
+    """A new virtual environment at ``path``; its python."""
+    venv.EnvBuilder(with_pip=True, clear=True).create(path)
+    return path / ("Scripts" if os.name == "nt" else "bin") / ("python.exe" if os.name == "nt" else "python")
+
+
+def clean_copy(destination: Path) -> int:
+    """Copy the checkout as git sees it -- tracked files with their changes,
+    and new files git does not ignore -- into ``destination``: what a clean
+    clone would hold once the changes are committed, without ``.venv``,
+    build artefacts or caches. In CI's fresh clone that is the clone. The
+    number of files copied."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT, capture_output=True, check=True,
+    ).stdout.decode().split("\0")  # fmt: skip
+    count = 0
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():  # a tracked file deleted in the work tree is not copied
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / name)
+            count += 1
+    return count
+
+
+def release_check(rest: list[str]) -> int:
+    """Build, check, install and smoke-test the package as users get it.
+
+    Works in a temporary directory outside the checkout: a clean copy of
+    the checkout (:func:`clean_copy`), the sdist and the wheel built from
+    it (``python -m build``: the wheel is built from the sdist, so the sdist
+    is complete too), ``twine check --strict``, then a fresh virtual environment holding the wheel
+    with its extras (and the test extra), where the smoke suite
+    (:data:`RELEASE_TESTS` and :data:`RELEASE_ALSO`) runs from a copy of the
+    copy's tests without the package, so every import is of the installed
+    copy (tests/release/conftest.py refuses any other); then a second
+    environment with a plain ``pip install CHECKOUT[...]`` as the README says,
+    which imports every module and builds the docs as Read the Docs does
+    (.readthedocs.yaml). Arguments go to the smoke suite's pytest. Says which
+    step failed."""
+    work = Path(tempfile.mkdtemp(prefix="watchdog-release-"))
+    keep = False
+    try:
+        clone = work / "source"
+        print(
+            f"release-check: a clean copy of the checkout ({clean_copy(clone)} files git sees) in {clone}", flush=True
+        )
+        dist = work / "dist"
+        _run_step("build the sdist and the wheel", [str(PYTHON), "-m", "build", "--outdir", str(dist), str(clone)])
+        artifacts = sorted(dist.iterdir())
+        _run_step("twine check", [str(PYTHON), "-m", "twine", "check", "--strict", *map(str, artifacts)])
+        [wheel] = [path for path in artifacts if path.suffix == ".whl"]
+
+        wheel_python = _fresh_env(work / "wheel-env")
+        pip = ["-m", "pip", "--disable-pip-version-check", "-q", "install"]
+        _run_step(
+            f"install {wheel.name}[{USER_EXTRAS},test] into a fresh environment",
+            [str(wheel_python), *pip, f"{wheel}[{USER_EXTRAS},test]"],
+        )
+        smoke = work / "smoke"
+        smoke.mkdir()
+        for name in SMOKE_COPIES:
+            source = clone / name
+            if source.is_dir():
+                shutil.copytree(source, smoke / name)
+            else:
+                (smoke / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, smoke / name)
+        env = {
+            **os.environ,
+            "WATCHDOG_RELEASE_CHECK": "1",
+            "WATCHDOG_RELEASE_WHEEL": str(wheel),
+            "WATCHDOG_RELEASE_SOURCE": str(clone),
+            "WATCHDOG_RELEASE_CHECKOUT": str(ROOT),
+        }
+        env.pop("PYTHONPATH", None)
+        tests = [RELEASE_TESTS, RELEASE_ALSO[1], RELEASE_ALSO[0], "-k", "release or alembic_recipe or README.md"]
+        _run_step(
+            "the smoke suite against the installed wheel",
+            [str(wheel_python), "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "-q", *tests, *rest],
+            cwd=smoke,
+            env=env,
+        )
+
+        checkout_python = _fresh_env(work / "checkout-env")
+        _run_step(
+            f"pip install CHECKOUT[{USER_EXTRAS},docs] (not editable)",
+            [str(checkout_python), *pip, f"{clone}[{USER_EXTRAS},docs]"],
+        )
+        _run_step(
+            "every module imports from the checkout's plain install",
+            [str(checkout_python), str(clone / RELEASE_TESTS / "import_all.py"), str(clone)],
+            cwd=work,
+            env={key: value for key, value in os.environ.items() if key != "PYTHONPATH"},
+        )
+        _run_step(
+            "the docs as Read the Docs builds them (.readthedocs.yaml: -W)",
+            [str(checkout_python), "-m", "sphinx", *SPHINX_OPTIONS, str(clone / "docs"), str(work / "html")],
+            cwd=clone,
+        )
+    except ReleaseCheckFailed as failed:
+        keep = True
+        print(f"release-check FAILED at: {failed}; its files are kept in {work}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(
+        "release-check: the built wheel installs, imports and passes its smoke suite outside the checkout", flush=True
+    )
+    return 0
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("example", "docs", "test"):
+    if not argv or argv[0] not in ("example", "docs", "test", "release-check"):
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
@@ -396,6 +565,8 @@ def main(argv: list[str]) -> int:
     if command == "example":
         cmd = [str(PYTHON), str(ROOT / "examples" / "orders.py"), *rest]
         return exit_status(subprocess.run(cmd, cwd=ROOT).returncode)
+    if command == "release-check":
+        return release_check(rest)
     if command == "docs":
         returncode = exit_status(build_docs(DOCS_HTML, *rest))
         if returncode == 0:
