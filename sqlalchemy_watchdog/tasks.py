@@ -214,8 +214,8 @@ def dump(owner: str, annotation: Any, value: Any, path: str) -> Any:
     a dataclass (an instance, or a mapping of its fields) as the object of
     its fields, each checked in turn; a Pydantic model as
     ``model_dump(mode="json")`` of the model validated; a list or dict item
-    by item; a plain type as :func:`check_of` checks it; any other annotation
-    as it is (a codec may carry it).
+    by item (a tuple as a list); a plain type as :func:`check_of` checks it;
+    any other annotation as it is (a codec may carry it).
 
     :raises InvalidJob: naming the field by its path (``invoice.lines[0].amount``).
     """
@@ -245,6 +245,13 @@ def dump(owner: str, annotation: Any, value: Any, path: str) -> Any:
             raise _refused(owner, path, _describe(annotation), value)
         (item,) = typing.get_args(annotation) or (Any,)
         return [dump(owner, item, one, f"{path}[{index}]") for index, one in enumerate(value)]
+    if origin is tuple:
+        if not isinstance(value, (tuple, list)):
+            raise _refused(owner, path, _describe(annotation), value)
+        items = _tuple_items(annotation, len(value))
+        if items is None:
+            raise _refused(owner, path, _describe(annotation), value)
+        return [dump(owner, item, one, f"{path}[{index}]") for index, (item, one) in enumerate(zip(items, value))]
     if origin is dict or annotation is dict:
         if not isinstance(value, dict):
             raise _refused(owner, path, _describe(annotation), value)
@@ -258,6 +265,17 @@ def dump(owner: str, annotation: Any, value: Any, path: str) -> Any:
     if check is not None and not check.accepts(value):
         raise _refused(owner, path, check.expected, value)
     return value
+
+
+def _tuple_items(annotation: Any, length: int) -> list[Any] | None:
+    """The annotation of each of ``length`` items of a ``tuple[...]``
+    (``tuple[X, ...]``: X each), or None when the length does not fit."""
+    args = typing.get_args(annotation)
+    if len(args) == 2 and args[1] is Ellipsis:
+        return [args[0]] * length
+    if args == ((),):  # tuple[()]
+        args = ()
+    return list(args) if len(args) == length else None
 
 
 def _dump_dataclass(owner: str, cls: type[Any], value: Any, path: str) -> dict[str, Any]:
@@ -332,6 +350,11 @@ def load(annotation: Any, value: Any) -> Any:
             raise TypeError(f"a list, not {type(value).__name__}")
         (item,) = typing.get_args(annotation) or (Any,)
         return [load(item, one) for one in value]
+    if origin is tuple:
+        items = _tuple_items(annotation, len(value)) if isinstance(value, (tuple, list)) else None
+        if items is None:
+            raise TypeError(f"{_describe(annotation)}, not {type(value).__name__}")
+        return tuple(load(item, one) for item, one in zip(items, value))
     if origin is dict or annotation is dict:
         if not isinstance(value, dict):
             raise TypeError(f"a dict, not {type(value).__name__}")
@@ -345,6 +368,16 @@ def load(annotation: Any, value: Any) -> Any:
 
 
 # -- per-call options ---------------------------------------------------------------------
+
+
+class _Keep:
+    """The default of each :meth:`Task.configure` option: keep what the task has."""
+
+    def __repr__(self) -> str:
+        return "unchanged"
+
+
+_KEEP: Any = _Keep()
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,17 +465,15 @@ class Task(Generic[P, R]):
             if parameter.name in RESERVED:
                 raise TypeError(f"@task {self.name}: parameter {parameter.name!r} is reserved for the job's id")
         #: The parameters a job's arguments fill (all but the job's, with ``pass_job``).
-        self.parameters: Mapping[str, inspect.Parameter] = types.MappingProxyType({p.name: p for p in parameters})
+        self.parameters = types.MappingProxyType({p.name: p for p in parameters})
         #: The parameter ``**kwargs`` is, if any.
         self.open_ended = next((p.name for p in parameters if p.kind is inspect.Parameter.VAR_KEYWORD), None)
         hints = _hints_of(fn, self.parameters)
         #: The annotations of the arguments that are (or hold) dataclasses or
         #: Pydantic models: validated at enqueue, rebuilt for the function.
-        self.structured: Mapping[str, Any] = types.MappingProxyType(
-            {name: hint for name, hint in hints.items() if structured(hint)}
-        )
+        self.structured = types.MappingProxyType({name: hint for name, hint in hints.items() if structured(hint)})
         #: The checks of the other arguments whose annotations are plain payload types.
-        self.checks: Mapping[str, ArgumentCheck] = types.MappingProxyType(
+        self.checks = types.MappingProxyType(
             {
                 name: check
                 for name, hint in hints.items()
@@ -495,8 +526,7 @@ class Task(Generic[P, R]):
         # Where the function is, as ``<module>.<function>.handler``: the process
         # executor's children import the function's module and find it there.
         handler.__module__ = getattr(fn, "__module__", None) or __name__
-        handler.__name__ = "handler"
-        handler.__qualname__ = f"{self.name}.handler"
+        handler.__name__ = handler.__qualname__ = f"{self.name}.handler"
         return handler
 
     def _arguments_of(self, job: RunningJob) -> dict[str, Any]:
@@ -529,16 +559,16 @@ class Task(Generic[P, R]):
     def configure(
         self,
         *,
-        key: str | None = _UNSET,
-        after: Iterable[str] | None = _UNSET,
-        after_policy: str = _UNSET,
-        lane: str | None = _UNSET,
-        priority: int = _UNSET,
-        delay: timedelta | None = _UNSET,
-        run_at: datetime | None = _UNSET,
-        retry: RetryPolicy | None = _UNSET,
-        timeout: timedelta | None = _UNSET,
-        max_recoveries: int | None = _UNSET,
+        key: str | None = _KEEP,
+        after: Iterable[str] | None = _KEEP,
+        after_policy: str = _KEEP,
+        lane: str | None = _KEEP,
+        priority: int = _KEEP,
+        delay: timedelta | None = _KEEP,
+        run_at: datetime | None = _KEEP,
+        retry: RetryPolicy | None = _KEEP,
+        timeout: timedelta | None = _KEEP,
+        max_recoveries: int | None = _KEEP,
         **unknown: Any,
     ) -> Task[P, R]:
         """This task with options for the jobs its :meth:`enqueue` and
@@ -574,7 +604,7 @@ class Task(Generic[P, R]):
                 ("timeout", timeout),
                 ("max_recoveries", max_recoveries),
             )
-            if value is not _UNSET
+            if value is not _KEEP
         }
         if given.get("after", ()) is None:
             given["after"] = ()

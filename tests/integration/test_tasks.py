@@ -473,6 +473,7 @@ class Invoice:
     lines: list[Line]
     ship_to: Address | None = None
     notes: dict[str, str] = field(default_factory=dict)
+    tags: tuple[str, ...] = ()
 
 
 class Customer(BaseModel):
@@ -487,6 +488,7 @@ def _invoice() -> Invoice:
         Address("1 Main St", "Springfield"),
         [Line("A-1", 2, 350), Line("B-2", 1, 1200)],
         notes={"po": "PO-9"},
+        tags=("rush", "gift"),
     )
 
 
@@ -532,6 +534,7 @@ def test_dataclass_and_pydantic_arguments_are_stored_as_json_and_rebuilt_for_the
             ],
             "ship_to": None,
             "notes": {"po": "PO-9"},
+            "tags": ["rush", "gift"],  # a tuple travels as a list, and is a tuple again for the task
         },
         "customer": {"name": "Ada", "email": "ada@example.com", "vip": False},
     }
@@ -567,6 +570,7 @@ def test_a_typed_argument_that_fails_validation_names_its_field_and_writes_nothi
         ({"invoice": {**good, "ship_to": "home"}}, "invoice.ship_to", "as Address, got str"),
         ({"invoice": {**good, "notes": {"po": 9}}}, "invoice.notes['po']", "as str, got int 9"),
         ({"invoice": "INV-7"}, "invoice", "as Invoice, got str"),
+        ({"invoice": {**good, "tags": ["a", 2]}}, "invoice.tags[1]", "as str, got int 2"),
         ({"customer": {"name": "Ada"}}, "customer.email", "Field required"),
         ({"customer": {"name": "Ada", "email": "a@b", "vip": "perhaps"}}, "customer.vip", "valid boolean"),
         ({"copies": [{"street": "s", "city": 5}]}, "copies[0].city", "as str, got int 5"),
