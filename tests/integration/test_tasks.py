@@ -222,8 +222,11 @@ async def test_async_tasks_enqueue_on_an_async_session_and_read_results(engine: 
     try:
         async with AsyncSession(async_engine) as session:
             queued = await shout.enqueue(session, word="hi", job_id="s-1")
+            later = await shout.configure(key="k-1", delay=timedelta(hours=1)).enqueue(session, word="yo", job_id="s-2")
             await session.commit()
-        assert queued.status is EnqueueStatus.QUEUED
+        assert queued.status is later.status is EnqueueStatus.QUEUED
+        delayed = present(Watchdog(engine).read("s-2"))
+        assert (delayed.state, delayed.key) == (JobState.DELAYED, "k-1")  # the options reach an async enqueue too
         await AsyncRunner(async_engine, registry.handlers()).run_until_idle()
         awd = AsyncWatchdog(async_engine)
         assert (await shout.result(awd, "s-1")).value == "HI"
