@@ -64,6 +64,8 @@ nitpick_ignore = [
     ("py:class", "R"),
     ("py:obj", "sqlalchemy_watchdog.tasks.P"),
     ("py:obj", "sqlalchemy_watchdog.tasks.R"),
+    ("py:class", "sqlalchemy_watchdog.tasks.P"),
+    ("py:class", "sqlalchemy_watchdog.tasks.R"),
     # task(registry=...): an internal registry class, for tests and embedders.
     ("py:class", "HandlerRegistry"),
 ]

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy_watchdog import Decision, InvalidJob, RunningJob
+from sqlalchemy_watchdog import Decision, InvalidJob, RunningJob, task
+from sqlalchemy_watchdog.core.handlers import HandlerRegistry
 
 #: What a memory-hungry handler keeps alive in its child (never freed).
 _HOARD: list[bytes] = []
@@ -274,3 +275,25 @@ def reports_and_reads(job: RunningJob) -> list[Any]:
 def returns_nan(job: RunningJob) -> Any:
     """Returns NaN: it crosses the pipe, but no JSON result can hold it."""
     return float("nan")
+
+
+# -- @task functions: the process executor finds a task's handler in its module ---------
+
+#: The registry the tasks below register with (not the default one, which
+#: other tests' runners serve).
+TASKS = HandlerRegistry()
+
+
+@task("doubles", registry=TASKS)
+def double(n: int) -> dict[str, int]:
+    """A task run in a child: its argument doubled, and the child's pid."""
+    return {"n": n * 2, "pid": os.getpid()}
+
+
+@task("doubles-with-job", pass_job=True, registry=TASKS)
+def double_with_job(job: RunningJob, n: int) -> dict[str, Any]:
+    """A task given its job in a child: reports its progress (the runner
+    writes it) and reads its parents (the runner reads them) as a handler would."""
+    parents = [[p.job_id, None if p.outcome is None else p.outcome.value, p.result] for p in job.parent_results()]
+    written = job.progress(1.0, "doubled").value
+    return {"n": n * 2, "job_id": job.job_id, "attempt": job.attempt, "progress": written, "parents": parents}

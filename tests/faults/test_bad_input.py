@@ -24,9 +24,11 @@ from datetime import UTC, timedelta, timezone
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 from sqlalchemy import Engine, create_engine, literal, select, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.orm import Session
 
 from sqlalchemy_watchdog import (
     Decision,
@@ -354,6 +356,38 @@ def _typed(count: int, label: str | None = None) -> None:
 
 
 _typed_task = task("typed-task", registry=HandlerRegistry())(_typed)
+
+
+@dataclass
+class _Line:
+    sku: str
+    quantity: int
+
+
+@dataclass
+class _Invoice:
+    number: int
+    lines: list[_Line]
+
+
+class _Customer(BaseModel):
+    name: str
+    email: str
+
+
+def _render(invoice: _Invoice, customer: _Customer | None = None) -> None:
+    """A task's function with a dataclass argument and a Pydantic one."""
+
+
+_invoice_task = task("invoice-task", registry=HandlerRegistry())(_render)
+
+
+def _task_enqueue(engine: Engine, made: Any, **arguments: Any) -> Any:
+    """Enqueue a call of the task ``made`` in a session of ``engine`` (committed if it gets that far)."""
+    with Session(engine) as session:
+        result = made.enqueue(session, job_id="task-job", **arguments)
+        session.commit()
+        return result
 
 
 REFUSED: dict[str, Entry] = {
@@ -897,6 +931,64 @@ REFUSED: dict[str, Entry] = {
     "task argument a bool for an int": Entry("count", lambda e: _typed_task.job(job_id="t", count=True)),
     "task argument unknown": Entry("cuont", lambda e: _typed_task.job(job_id="t", cuont=1)),
     "task argument missing": Entry("count", lambda e: _typed_task.job(job_id="t")),
+    # -- task options (configure) and typed arguments ----------------------------------
+    "task configure an unknown option": Entry(
+        "priorty", lambda e: _typed_task.configure(priorty=3), says="takes no option 'priorty'"
+    ),
+    "task configure priority a str": Entry("priority", lambda e: _typed_task.configure(priority="high")),  # type: ignore[arg-type]
+    "task configure priority out of range": Entry("priority", lambda e: _typed_task.configure(priority=2**63)),
+    "task configure key empty": Entry("key", lambda e: _typed_task.configure(key="")),
+    "task configure lane too long": Entry("lane", lambda e: _typed_task.configure(lane="l" * 513)),
+    "task configure after a str": Entry("after", lambda e: _typed_task.configure(after="parent")),
+    "task configure after_policy unknown": Entry("after_policy", lambda e: _typed_task.configure(after_policy="maybe")),
+    "task configure run_at naive": Entry(
+        "run_at", lambda e: _typed_task.configure(run_at=datetime.datetime(2030, 1, 1))
+    ),
+    "task configure retry not a policy": Entry("retry", lambda e: _typed_task.configure(retry=3)),  # type: ignore[arg-type]
+    "task configure timeout negative": Entry("timeout", lambda e: _typed_task.configure(timeout=timedelta(seconds=-1))),
+    "task configure max_recoveries negative": Entry(
+        "max_recoveries", lambda e: _typed_task.configure(max_recoveries=-1)
+    ),
+    "task configure delay zero": Entry("delay", lambda e: _typed_task.configure(delay=timedelta(0))),
+    "task configure delay and run_at": Entry(
+        "delay",
+        lambda e: _typed_task.configure(delay=timedelta(seconds=5), run_at=datetime.datetime(2030, 1, 1, tzinfo=UTC)),
+        says="cannot be combined with run_at",
+    ),
+    "task job of a delayed task": Entry(
+        "delay", lambda e: _typed_task.configure(delay=timedelta(seconds=5)).job(job_id="t", count=1)
+    ),
+    "task enqueue to an unknown parent": Entry(
+        "after", lambda e: _task_enqueue(e, _typed_task.configure(after=["nobody"]), count=1)
+    ),
+    "task dataclass field of another type": Entry(
+        "invoice.number",
+        lambda e: _task_enqueue(e, _invoice_task, invoice=_Invoice("7", [])),  # type: ignore[arg-type]
+        says="takes 'invoice.number' as int, got str '7'",
+    ),
+    "task dataclass nested field of another type": Entry(
+        "invoice.lines[1].quantity",
+        lambda e: _task_enqueue(
+            e,
+            _invoice_task,
+            invoice={"number": 1, "lines": [{"sku": "a", "quantity": 1}, {"sku": "b", "quantity": "2"}]},
+        ),
+    ),
+    "task dataclass unknown field": Entry(
+        "invoice.totl", lambda e: _task_enqueue(e, _invoice_task, invoice={"number": 1, "lines": [], "totl": 3})
+    ),
+    "task dataclass missing field": Entry(
+        "invoice.lines", lambda e: _task_enqueue(e, _invoice_task, invoice={"number": 1}), says="missing"
+    ),
+    "task pydantic field invalid": Entry(
+        "customer.email",
+        lambda e: _task_enqueue(e, _invoice_task, invoice=_Invoice(1, []), customer={"name": "Ada", "email": 7}),
+    ),
+    "task pydantic field missing": Entry(
+        "customer.name",
+        lambda e: _task_enqueue(e, _invoice_task, invoice=_Invoice(1, []), customer={"email": "a@example.com"}),
+        says="Field required",
+    ),
 }
 
 #: Entries expected to fail: {entry: reason}. Empty: every known bug is fixed.

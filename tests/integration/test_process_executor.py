@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
 
 from sqlalchemy_watchdog import (
     Decision,
@@ -39,6 +40,7 @@ from sqlalchemy_watchdog import (
     RunningJob,
     TickStatus,
     Watchdog,
+    enqueue,
     store,
 )
 from sqlalchemy_watchdog.core.handlers import StopSignal
@@ -195,6 +197,38 @@ def test_parent_results_in_a_child_are_read_by_the_runner(engine: Engine, runner
     result = make(runners, {"q": h.reads_parents}, queues=["q"]).tick()
     assert result.job is not None and result.job.outcome is Outcome.COMPLETED, result
     assert Watchdog(engine).result("cb").value == [["p1", "completed", {"n": 1}], ["p2", "failed", None]]
+
+
+def test_a_task_runs_in_a_child_found_by_the_module_that_defines_it(engine: Engine, runners: RunnerDriver) -> None:
+    """@task's handler is ``<module>.<function>.handler`` (the function's
+    module, not the library's): a child imports tests.process_handlers and
+    finds it there, runs the function -- with pass_job, given its job, whose
+    progress and parents the runner writes and reads -- and the job keeps
+    what it returned."""
+    where = locate("doubles", h.double.handler)
+    assert (where.module, where.qualname) == ("tests.process_handlers", "double.handler")
+    with Session(engine) as session:
+        enqueue(session, Job("count", "parents"))
+        h.double.enqueue(session, n=21, job_id="double-21")
+        h.double_with_job.configure(after=["count"], after_policy="any_outcome").enqueue(
+            session, n=5, job_id="double-5"
+        )
+        session.commit()
+    with store.write_transaction(engine) as conn:
+        (claim,) = store.claim(conn, queues=["parents"], limit=1, lease_ms=60_000).claimed
+        store.settle_many(conn, [store.SettleRequest("count", claim.token, Decision.completed(), result_json="12")])
+    jobs = make(runners, h.TASKS.handlers(), queues=["doubles", "doubles-with-job"]).run_until_idle()
+    assert [job.outcome for job in jobs] == [Outcome.COMPLETED] * 2, [job.failure_reason for job in jobs]
+    doubled = Watchdog(engine).result("double-21").value
+    assert doubled["n"] == 42 and doubled["pid"] != os.getpid()
+    assert Watchdog(engine).result("double-5").value == {
+        "n": 10,
+        "job_id": "double-5",
+        "attempt": 1,
+        "progress": "written",
+        "parents": [["count", "completed", 12]],
+    }
+    assert (read(engine, "double-5").progress, read(engine, "double-5").progress_note) == (1.0, "doubled")
 
 
 @pytest.mark.parametrize(

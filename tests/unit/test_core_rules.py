@@ -179,11 +179,34 @@ def test_a_failed_attempt_with_attempts_left_is_retried_after_the_backoff(time: 
 def test_the_last_attempt_settles_the_job_failed(time: FakeTime, caplog: pytest.LogCaptureFixture) -> None:
     runner = core(time, retry=NO_JITTER)
     execution = admitted(runner, attempt=3)
+    execution.error = RuntimeError("boom")  # its handler raised
     with caplog.at_level(logging.WARNING, "sqlalchemy_watchdog.runner"):
         request = settle_request(runner, execution, Decision.failed("boom"))
     assert request.requeue_after_ms is None and request.history is not None
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
         (logging.ERROR, f"job {execution.job_id}: attempt 3 of 3 failed (boom); the job failed")
+    ]
+
+
+def test_a_failure_the_handler_returned_is_a_warning_and_a_timeout_an_error(
+    time: FakeTime, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``Decision.failed(...)`` returned is the handler's answer (a declined
+    card), not a fault: one WARNING line with its reason; what raised, was
+    killed or timed out stays an ERROR."""
+    runner = core(time, retry=NO_JITTER)
+    decided, timed_out = admitted(runner), admitted(runner, attempt=3)
+    timed_out.signal.request(StopReason.TIMEOUT)
+    with caplog.at_level(logging.WARNING, "sqlalchemy_watchdog.runner"):
+        settle_request(runner, decided, Decision.failed("card declined", retry=False))
+        settle_request(runner, timed_out, Decision.failed("timed out after 5s"))
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (
+            logging.WARNING,
+            f"job {decided.job_id}: attempt 1 of 3 failed (card declined); not retried; "
+            "the job failed, as its handler decided",
+        ),
+        (logging.ERROR, f"job {timed_out.job_id}: attempt 3 of 3 failed (timed out after 5s); the job failed"),
     ]
 
 

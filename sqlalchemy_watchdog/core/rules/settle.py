@@ -168,6 +168,11 @@ def verdict(decision: Decision, job: JobView, policy: RetryPolicy | None, error:
       the policy's ``retry_on`` does not list -- it settles ``failed``;
     * every failed attempt goes into the job's bounded failure history;
     * ``completed`` and ``outcome_unknown`` settle (never retried).
+
+    The level is the attempt's as far as the decision tells: WARNING for a
+    retry, ERROR for a final failure; :func:`_log_verdict` lowers the
+    latter to WARNING when the handler decided it (returned it) rather than
+    raised, was killed or timed out -- a business outcome pages nobody.
     """
     if decision.snoozed:
         assert decision.after is not None
@@ -227,10 +232,21 @@ def settle_request(core: RunnerCore, execution: Execution, decision: Decision) -
 
 def _log_verdict(execution: Execution, judged: Verdict, now: int) -> None:
     """The attempt's one line: a retry's WARNING (when the next attempt is),
-    or the final failure's ERROR (with its handler's traceback when it raised)."""
+    or the final failure's ERROR (with its handler's traceback when it
+    raised) -- but a WARNING when the handler decided that failure itself:
+    it returned ``Decision.failed(...)`` (or a ``Decision.retry`` with no
+    attempt left), so nothing raised, nothing was killed or stopped (no
+    timeout), and its payload was read. A declined card is the handler's
+    answer, not a fault to page anyone for; the reason is in the line."""
     if judged.level is None:
         return
     job = execution.job
+    decided = (
+        execution.error is None
+        and execution.failure_detail is None  # a killed or dead child leaves its cause here
+        and execution.refused is None
+        and execution.signal.reason is None
+    )
     if judged.fate is Fate.RETRY:
         assert judged.wait is not None
         log.log(
@@ -247,13 +263,14 @@ def _log_verdict(execution: Execution, judged: Verdict, now: int) -> None:
         return
     error = execution.error
     log.log(
-        judged.level,
-        "job %s: attempt %d%s failed (%s)%s; the job failed",
+        min(judged.level, logging.WARNING) if decided else judged.level,
+        "job %s: attempt %d%s failed (%s)%s; the job failed%s",
         job.job_id,
         job.attempt,
         "" if judged.max_attempts is None else f" of {judged.max_attempts}",
         judged.reason,
         "; not retried" if judged.not_retried else "",
+        ", as its handler decided" if decided else "",
         exc_info=None if error is None else (type(error), error, error.__traceback__),
         extra=job.log_fields,
     )
