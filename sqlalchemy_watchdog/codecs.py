@@ -277,10 +277,20 @@ class EncryptedJSON:
         ``inner``'s encoding) encrypted with the newest key.
 
         :raises InvalidJob: (field ``payload``) what is not strict JSON, or
-            what ``inner`` refuses.
+            what ``inner`` refuses -- naming ``inner`` and its error's type
+            but not its message, which may quote the value (a refused result
+            is a failure reason, stored in the clear): call
+            ``inner.encode(value)`` to see it.
         """
         if self._inner is not None:
-            value = self._inner.encode(value)
+            try:
+                value = self._inner.encode(value)
+            except Exception as error:
+                raise InvalidJob(
+                    "payload",
+                    f"EncryptedJSON's inner codec {type(self._inner).__name__} refused the value "
+                    f"({type(error).__name__}; message not shown: it may quote the value)",
+                ) from None
         text = encode_payload(value, "payload", max(PAYLOAD_MAX_BYTES, RESULT_MAX_BYTES))
         return {ENCRYPTED: self._token(text.encode("utf-8"))}
 

@@ -490,7 +490,7 @@ REFUSED: dict[str, Entry] = {
     "encrypted naive datetime": Entry(
         "payload",
         job(codec=EncryptedJSON([FERNET_KEY], inner=TaggedJSON()), payload=datetime.datetime(2024, 1, 1)),
-        says="naive datetime",
+        says="inner codec TaggedJSON refused the value (InvalidJob; message not shown",
     ),
     # priority and budget
     "priority bool": Entry("priority", job(priority=True)),

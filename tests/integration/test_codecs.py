@@ -283,6 +283,26 @@ def test_a_payload_the_runner_cannot_decrypt_fails_the_job_with_a_reason_naming_
             assert secret not in text_kept
 
 
+def test_a_result_the_inner_codec_refuses_fails_the_job_without_quoting_the_value(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    """The refusal of a result is a failure reason, stored in the clear: it
+    names the inner codec and the error's type, not the message that quotes
+    the value (TaggedJSON's names the naive datetime)."""
+    codec = encrypted(NEW_KEY)
+    watchdog = Watchdog(engine)
+    watchdog.enqueue(Job("charge-1", "charges", codec=codec, payload=SECRET_PAYLOAD))
+    naive = datetime.datetime(2031, 7, 9, 4, 5, 6)
+    runners.runner({"charges": lambda job: {"at": naive}}, codec=codec).run_until_idle()
+    failed = present(watchdog.read("charge-1"))
+    assert failed.outcome is Outcome.FAILED and failed.result is None
+    assert failed.failure_reason == (
+        "the handler's result: EncryptedJSON's inner codec TaggedJSON refused the value "
+        "(InvalidJob; message not shown: it may quote the value)"
+    )
+    assert "2031" not in (failed.failure_detail or "")
+
+
 def test_an_inner_codec_that_fails_after_decryption_does_not_quote_the_value() -> None:
     codec = EncryptedJSON([NEW_KEY], inner=TaggedJSON())
     stored = EncryptedJSON([NEW_KEY]).encode({"$decimal": SECRET})  # decrypts to a tag TaggedJSON refuses
