@@ -15,6 +15,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from cryptography.fernet import Fernet
 from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
 from sqlalchemy_watchdog import (
@@ -28,9 +29,11 @@ from sqlalchemy_watchdog import (
     RunningJob,
     TaggedJSON,
     Watchdog,
+    task,
 )
 from sqlalchemy_watchdog.cli import main as cli_main
 from sqlalchemy_watchdog.codecs import is_encrypted
+from sqlalchemy_watchdog.core.handlers import HandlerRegistry
 from sqlalchemy_watchdog.web import create_app
 from tests.helpers import present, stable_repr
 from tests.runner_kinds import RunnerDriver
@@ -209,6 +212,24 @@ def test_an_encrypted_job_round_trips_through_a_runner_and_the_row_holds_no_plai
     # A standard Fernet token: cryptography's own Fernet opens it.
     token = json.loads(payload_json)["$encrypted"]
     assert json.loads(Fernet(NEW_KEY).decrypt(token))["card"] == SECRET
+
+
+def test_a_task_with_the_encrypting_codec_carries_its_arguments_and_result_encrypted(engine: Engine) -> None:
+    registry = HandlerRegistry()
+
+    @task("billing", codec=encrypted(NEW_KEY), registry=registry)
+    def invoice(card: str, amount: Decimal) -> dict[str, object]:
+        return {"receipt": card[::-1], "amount": amount * 2}
+
+    with Session(engine) as session:
+        invoice.enqueue(session, card=SECRET, amount=Decimal("9.95"), job_id="inv-1")
+        session.commit()
+    Runner(engine, registry.handlers()).run_until_idle()
+    assert invoice.result(Watchdog(engine), "inv-1").unwrap() == {"receipt": SECRET[::-1], "amount": Decimal("19.90")}
+    payload_json, result_json = raw_columns(engine, "inv-1")
+    assert result_json is not None
+    for stored in (payload_json, result_json):
+        assert is_encrypted(json.loads(stored)) and SECRET not in stored and SECRET[::-1] not in stored
 
 
 def test_an_identical_replay_of_an_encrypted_job_is_a_duplicate(engine: Engine) -> None:
