@@ -8,7 +8,7 @@ process with :class:`Watchdog`. The asyncio twins live in
 
 from .applies import Applied, JobExplanation, PolicyLevel
 from .client import Watchdog, enqueue, enqueue_select
-from .codecs import PayloadCodec, TaggedJSON
+from .codecs import EncryptedJSON, PayloadCodec, TaggedJSON
 from .connections import follow_failover
 from .core.progress import ProgressStatus
 from .core.settings import RunnerOptions
@@ -88,6 +88,7 @@ __all__ = [
     "ParentResult",
     "PauseStatus",
     "PayloadCodec",
+    "EncryptedJSON",
     "PolicyLevel",
     "PreparedStatementsRefused",
     "ProcessExecutor",

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 from zoneinfo import ZoneInfo
 
 from ..applies import JobExplanation
+from ..codecs import ENCRYPTED_TEXT, is_encrypted
 from ..jobs import (
     BulkResult,
     JobView,
@@ -45,26 +46,39 @@ def job_dict(job: JobView) -> dict[str, Any]:
         "recovery_count": job.recovery_count,
         "max_recoveries": job.max_recoveries,
         "cancellation_id": job.cancellation_id,
-        "payload": None if isinstance(job.payload, Undecodable) else job.payload,
+        "payload": _json_value(job.payload),
         "key": job.key,
         "held_by": None if job.held_by is None else job.held_by.value,
         **({"undecodable": {u.field: u.reason for u in job.undecodable}} if job.undecodable else {}),
     }
 
 
+def _json_value(value: Any) -> Any:
+    """A payload or result as ``--json`` prints it: ``[encrypted]`` for an
+    :class:`~sqlalchemy_watchdog.EncryptedJSON` value (no key here), None for
+    an undecodable one (its reason is under ``undecodable``)."""
+    if isinstance(value, Undecodable):
+        return None
+    return ENCRYPTED_TEXT if is_encrypted(value) else value
+
+
 def _payload_text(job: JobView) -> str:
-    """The payload as one line of JSON, or what makes it undecodable."""
+    """The payload as one line of JSON, ``[encrypted]``, or what makes it undecodable."""
     if isinstance(job.payload, Undecodable):
         return str(job.payload)
+    if is_encrypted(job.payload):
+        return ENCRYPTED_TEXT
     return json.dumps(job.payload, ensure_ascii=False, sort_keys=True)
 
 
 def _result_text(job: JobView) -> str | None:
-    """The result as one line of JSON (None: none), or what makes it undecodable."""
+    """The result as one line of JSON (None: none), ``[encrypted]``, or what makes it undecodable."""
     if job.result is None:
         return None
     if isinstance(job.result, Undecodable):
         return str(job.result)
+    if is_encrypted(job.result):
+        return ENCRYPTED_TEXT
     return json.dumps(job.result, ensure_ascii=False, sort_keys=True)
 
 
@@ -143,7 +157,7 @@ def show_dict(job: JobView) -> dict[str, Any]:
         rerun_of=job.rerun_of,
         reruns=list(job.reruns),
         trace_context=None if job.trace_context is None else dict(job.trace_context),
-        result=None if isinstance(job.result, Undecodable) else job.result,
+        result=_json_value(job.result),
         progress=job.progress,
         progress_note=job.progress_note,
         parents=[{"job_id": parent, "outcome": outcome} for parent, outcome in job.parents],

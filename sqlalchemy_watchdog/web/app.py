@@ -36,6 +36,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..asyncio import AsyncWatchdog
+from ..codecs import ENCRYPTED_TEXT, is_encrypted
 from ..connections import follow_failover
 from ..errors import InvalidJob, WatchdogError
 from ..gateway import SyncGateway
@@ -163,6 +164,8 @@ def age(value: timedelta | None) -> str:
 def pretty_json(value: Any) -> str:
     if isinstance(value, Undecodable):  # a payload written by hand that no JSON reader takes
         return str(value)
+    if is_encrypted(value):  # EncryptedJSON's: the dashboard has no key, and shows no token
+        return ENCRYPTED_TEXT
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
 
 

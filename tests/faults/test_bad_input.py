@@ -56,7 +56,7 @@ from sqlalchemy_watchdog import execution as ex
 from sqlalchemy_watchdog import handler as register_handler
 from sqlalchemy_watchdog.asyncio import AsyncRunner, AsyncWatchdog
 from sqlalchemy_watchdog.asyncio import enqueue as async_enqueue
-from sqlalchemy_watchdog.codecs import TaggedJSON
+from sqlalchemy_watchdog.codecs import EncryptedJSON, TaggedJSON
 from sqlalchemy_watchdog.core.handlers import HandlerRegistry
 from sqlalchemy_watchdog.jobs import (
     FAILURE_REASON_MAX_LENGTH,
@@ -71,7 +71,7 @@ from sqlalchemy_watchdog.model import jobs_table, pauses_table, schedules_table,
 from tests import process_handlers
 from tests.conftest import DIALECTS, make_async_engine
 from tests.faults.helpers import dump_jobs
-from tests.helpers import present, wait_until
+from tests.helpers import present, stable_repr, wait_until
 from tests.runner_kinds import RunnerDriver
 
 # The dialect does not matter here but where a test says dialect_specific: the PostgreSQL copy
@@ -80,6 +80,9 @@ pytestmark = pytest.mark.dialect_neutral
 
 HEAVY = "x" * (PAYLOAD_MAX_BYTES - 2)  # '"' + HEAVY + '"' is exactly the limit
 LATER = datetime.datetime(2100, 1, 1, tzinfo=UTC)
+FERNET_KEY = "b" * 43 + "="  # 32 bytes, url-safe base64: a Fernet key
+NOT_A_KEY = "secret-passphrase-not-a-key"
+SHORT_KEY = "c" * 22 + "=="  # 16 bytes: too short
 
 
 def nested(depth: int, leaf: Any = 0) -> Any:
@@ -504,6 +507,25 @@ REFUSED: dict[str, Entry] = {
     "codec bytes": Entry("payload", job(codec=TaggedJSON(), payload=b"raw"), says="bytes"),
     "codec time of day": Entry("payload", job(codec=TaggedJSON(), payload=datetime.time(12)), says="time"),
     "codec not a codec": Entry("codec", job(codec="json", payload=1)),
+    # the encrypting codec: its keys, and what it encrypts
+    "encrypted no keys": Entry("codec", lambda engine: EncryptedJSON([]), says="at least one key"),
+    "encrypted keys a str": Entry("codec", lambda engine: EncryptedJSON(FERNET_KEY), says="list of keys"),
+    "encrypted key not base64": Entry("codec", lambda engine: EncryptedJSON([NOT_A_KEY]), says="key #1"),
+    "encrypted key 16 bytes": Entry(
+        "codec", lambda engine: EncryptedJSON([FERNET_KEY, SHORT_KEY]), says="key #2 (str) is not a Fernet key"
+    ),
+    "encrypted key int": Entry("codec", lambda engine: EncryptedJSON([7]), says="key #1 (int)"),  # type: ignore[list-item]
+    "encrypted inner not a codec": Entry(
+        "codec",
+        lambda engine: EncryptedJSON([FERNET_KEY], inner="json"),  # type: ignore[arg-type]
+        says="inner",
+    ),
+    "encrypted NaN": Entry("payload", job(codec=EncryptedJSON([FERNET_KEY]), payload=math.nan)),
+    "encrypted naive datetime": Entry(
+        "payload",
+        job(codec=EncryptedJSON([FERNET_KEY], inner=TaggedJSON()), payload=datetime.datetime(2024, 1, 1)),
+        says="inner codec TaggedJSON refused the value (InvalidJob; message not shown",
+    ),
     # priority and budget
     "priority bool": Entry("priority", job(priority=True)),
     "priority float": Entry("priority", job(priority=1.5)),
@@ -1066,6 +1088,15 @@ def test_refused_with_a_clear_error_and_nothing_written(
 
 
 @pytest.mark.dialect_specific
+@pytest.mark.parametrize("keys", [[NOT_A_KEY], [FERNET_KEY, SHORT_KEY], [NOT_A_KEY.encode()]], ids=stable_repr)
+def test_a_refused_encryption_key_is_never_quoted(keys: list[Any]) -> None:
+    with pytest.raises(InvalidJob) as refused:
+        EncryptedJSON(keys)
+    for key in keys:
+        shown = key.decode() if isinstance(key, bytes) else key
+        assert shown not in str(refused.value) and shown not in repr(refused.value)
+
+
 def test_a_hand_written_worker_row_with_odd_queues_reads_as_it_is_and_never_stops_stats(engine: Engine) -> None:
     """Queues that are not a JSON array (written by hand) are shown as the
     text they are; workers() and stats() still answer."""
