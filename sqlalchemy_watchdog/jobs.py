@@ -567,8 +567,10 @@ class Job:
     :param after: job_ids of jobs this one waits for (its parents): until
         every one of them is settled it is ``waiting``, and no runner claims
         it. Each must exist, or come earlier in the same enqueue call (so no
-        cycle can be built), and not be the job itself. Not part of the
-        job's identity: a replay is a duplicate whatever it names.
+        cycle can be built), and not be the job itself. Part of the job's
+        identity, in any order: a replay naming other parents (or none) is an
+        :class:`~sqlalchemy_watchdog.EnqueueConflict` whose ``field`` is
+        ``"after"``.
     :param after_policy: ``completed`` (the default): a parent that ends
         other than ``completed`` settles this job ``cancelled``, with a
         reason naming it (a parent already ended so is refused at enqueue);
@@ -1086,8 +1088,10 @@ _PERIOD_UNITS = {
 
 @dataclass(frozen=True, slots=True)
 class Rate:
-    """A rate limit: at most ``count`` claims of a queue's jobs in any window
-    of length ``per``, on the database clock (:meth:`Watchdog.set_limits`).
+    """A rate limit: at most ``count`` of a queue's jobs start (are claimed)
+    in any window ``[t, t + per)`` of the database clock -- a sliding,
+    half-open window, a start being the job's ``started_at``
+    (:meth:`Watchdog.set_limits`; docs/howto/limits.md, "The window, exactly").
 
     ``count`` is 1 to :data:`LIMIT_MAX`; ``per`` whole milliseconds from 1 ms
     to :data:`RATE_PERIOD_MAX` (a day). :meth:`parse` reads ``"100/minute"``.

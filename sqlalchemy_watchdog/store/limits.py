@@ -363,6 +363,7 @@ def fair_pick(
 #: Positions in a claimed row (statements.COLUMNS).
 STATE = [column.name for column in sql.COLUMNS].index("state")
 LIMIT_KEY = [column.name for column in sql.COLUMNS].index("limit_key")
+STARTED_AT = [column.name for column in sql.COLUMNS].index("started_at")
 
 #: What :func:`claim_at_once` returns when the transaction must claim instead.
 AGAIN = object()
@@ -459,15 +460,23 @@ def claim_in_transaction(
             # (a serialization failure, retried) instead of counting stale rows;
             # under READ COMMITTED claim_at_once sees another version of the row.
             execute_rows(conn, sql.move_cursor(), {"queue": queue, "cursor": cursor})
-        started: dict[str | None, int] = {}
+        # Logged at the jobs' own start (the claim statement's clock, which
+        # wrote started_at), not at room.clock read statements before it: a
+        # claim delayed between the two (a descheduled process) would
+        # otherwise log its starts earlier than they happened, and a claim a
+        # period after that log row would no longer count them although they
+        # started less than a period before it. Counting from room.clock <=
+        # the start only counts more (see "Flow control" in the design).
+        started: dict[tuple[str | None, int], int] = {}
         for claimed in rows:
             if claimed[STATE] == JobState.RUNNING.value:
                 # With a per-key rate one log row per key (NULL: the unkeyed jobs).
                 key = claimed[LIMIT_KEY] if row.rate_per_key_count is not None else None
-                started[key] = started.get(key, 0) + 1
+                at = int(claimed[STARTED_AT])
+                started[key, at] = started.get((key, at), 0) + 1
         if periods:
-            for key, jobs in started.items():
-                conn.execute(sql.log_claim(), {"queue": queue, "clock": room.clock, "jobs": jobs, "key": key})
+            for (key, at), jobs in started.items():
+                conn.execute(sql.log_claim(), {"queue": queue, "clock": at, "jobs": jobs, "key": key})
         # Held back: the room was below the ask or is used up now, or a
         # per-key limit left walked keys' jobs behind (an approximation: the
         # queue may simply have had fewer jobs than the room).
