@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from .asyncio import AsyncWatchdog
     from .client import Watchdog
     from .codecs import PayloadCodec
+    from .executors import ExecutorName, ProcessExecutor
 
 __all__ = ["task", "Task"]
 
@@ -328,6 +329,7 @@ def task(
     lane: str | None = None,
     priority: int = 0,
     registry: HandlerRegistry | None = None,
+    executor: ProcessExecutor | ExecutorName = _UNSET,
 ) -> Callable[[Callable[P, R]], Task[P, R]]:
     """Make the decorated function a :class:`Task`: the handler of ``queue``
     and an enqueuer of calls to it.
@@ -340,7 +342,8 @@ def task(
     its own. ``lane`` and ``priority`` go to every job of the task.
     ``registry``: the ``HandlerRegistry`` (``sqlalchemy_watchdog.core.handlers``)
     to register with (default: the one a ``Runner`` built without handlers
-    serves).
+    serves). ``executor``: where the task's jobs run, as
+    :func:`~sqlalchemy_watchdog.handler` takes it.
 
     The function's parameters are the job's arguments: passed by keyword
     (no positional-only parameter or ``*args``), and none named ``job_id``.
@@ -351,7 +354,7 @@ def task(
     ):
         raise InvalidJob("codec", f"must be a PayloadCodec (encode and decode), not {type(codec).__name__}")
     register = (registry or default_registry).register(
-        queue, retry=retry, timeout=timeout, max_recoveries=max_recoveries
+        queue, retry=retry, timeout=timeout, max_recoveries=max_recoveries, executor=executor
     )
 
     def decorate(fn: Callable[P, R]) -> Task[P, R]:

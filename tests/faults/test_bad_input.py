@@ -305,6 +305,20 @@ def registered(**kwargs: Any) -> Callable[[Engine], Any]:
     return call
 
 
+async def _coroutine_in_a_process(job: Any) -> None:
+    """A coroutine handler that names the process executor (refused: it runs on the loop)."""
+
+
+HandlerRegistry().register("q", executor="process")(_coroutine_in_a_process)
+
+
+def _process_lambda() -> Callable[[Any], None]:
+    """A lambda that names the process executor itself (a child could not import it)."""
+    fn: Callable[[Any], None] = lambda job: None  # noqa: E731
+    HandlerRegistry().register("q", executor="process")(fn)
+    return fn
+
+
 def settle_with(decision: Any) -> Callable[[Engine], Any]:
     """Settle the seeded running job's exact claim with ``decision``."""
 
@@ -625,6 +639,21 @@ REFUSED: dict[str, Entry] = {
         "handlers", async_runner_with({"q": lambda job: None}, executor="process"), says="is a lambda"
     ),
     "AsyncRunner process executor processes 0": Entry("processes", async_process_runner(processes=0)),
+    # an executor per handler
+    "handler executor unknown": Entry("executor", registered(executor="fork"), says='"thread", "process"'),
+    "handler executor int": Entry("executor", registered(executor=4)),
+    "handler executor None": Entry("executor", registered(executor=None)),
+    "handler executor class": Entry("executor", registered(executor=ProcessExecutor)),
+    "task executor unknown": Entry(
+        "executor",
+        lambda e: task("q-task-bad", registry=HandlerRegistry(), executor="fork"),  # type: ignore[arg-type]
+    ),
+    "Runner handler naming the process executor is a lambda": Entry(
+        "handlers", runner(handlers={"q": _process_lambda()}), says="is a lambda"
+    ),
+    "AsyncRunner coroutine handler naming the process executor": Entry(
+        "executor", async_runner_with({"q": _coroutine_in_a_process}), says="coroutine function"
+    ),
     # reads
     "read empty id": Entry("job_id", wd("read", "")),
     "read int id": Entry("job_id", wd("read", 5)),
