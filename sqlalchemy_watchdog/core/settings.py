@@ -18,7 +18,15 @@ from ..jobs import (
     check_text,
 )
 from ..wakeups import WakeupMode, listens
-from .handlers import _UNSET, _check_budget, check_retry, check_timeout, default_registry, registered_handlers
+from .handlers import (
+    _UNSET,
+    _check_budget,
+    check_handler_executor,
+    check_retry,
+    check_timeout,
+    default_registry,
+    registered_handlers,
+)
 
 if TYPE_CHECKING:
     from ..codecs import PayloadCodec
@@ -292,6 +300,12 @@ class RunnerOptions(TypedDict, total=False):
         process queues side by side -- ``concurrency`` then bounds the
         handlers in the runner's process, and each process executor its
         own ``processes``.
+    ``executors``
+        ``{queue: executor}``: where the named queues' handlers run,
+        overriding both ``executor`` and what their ``@handler(queue,
+        executor=...)`` says (``"thread"``, ``"process"`` or a
+        :class:`~sqlalchemy_watchdog.ProcessExecutor`); what the command
+        line's ``--executor QUEUE=process`` gives. Each queue must be served.
     ``claim_ahead``
         how many jobs a runner may claim beyond ``concurrency`` while its
         handlers are short, to wait for the next free slot (default None:
@@ -320,6 +334,7 @@ class RunnerOptions(TypedDict, total=False):
     wakeups: WakeupMode | str
     summary_every: timedelta | int | None
     executor: ExecutorName | ProcessExecutor
+    executors: Mapping[str, ExecutorName | ProcessExecutor] | None
     claim_ahead: int | None
 
 
@@ -503,7 +518,7 @@ class RunnerSettings:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= 10_000:
             raise InvalidJob("concurrency", f"must be an int from 1 to 10000, got {concurrency!r}")
         executor = check_executor(options.get("executor", "thread"))
-        placed = _place(table, served, executor, stays)
+        placed = _place(table, served, executor, stays, _checked_executors(options.get("executors"), served))
         refs = locate_all(table, tuple(q for q, where in placed.items() if where is not None), stays=stays)
         if executor is not None and None not in placed.values():
             if "concurrency" in options and concurrency != executor.children:
@@ -629,18 +644,20 @@ def _place(
     served: tuple[str, ...],
     default: ProcessExecutor | None,
     stays: Callable[[Any], bool] | None,
+    overrides: Mapping[str, ProcessExecutor | ExecutorName],
 ) -> dict[str, ProcessExecutor | None]:
     """Where each served queue's handler runs: the process executor it
     names (``@handler(queue, executor=...)``), or the runner's ``default``
     when it names none; None for the runner's own process. A handler the
     runner keeps in its process (``stays``: an async runner's coroutine
     handlers) goes with the default's group, as before handlers could name
-    one; naming a process executor for it is refused."""
+    one; naming a process executor for it is refused. ``overrides`` (the
+    runner's ``executors``) win over what the handlers name."""
     placed: dict[str, ProcessExecutor | None] = {}
     for queue in served:
         fn = table[queue]
         policy = default_registry.policy_for(queue, fn)
-        own = _UNSET if policy is None else policy.executor
+        own = overrides.get(queue, _UNSET if policy is None else policy.executor)
         if own is _UNSET:
             placed[queue] = default
         elif own == "thread":
@@ -654,6 +671,25 @@ def _place(
         else:
             placed[queue] = own if isinstance(own, ProcessExecutor) else check_executor(own)
     return placed
+
+
+def _checked_executors(value: object, served: tuple[str, ...]) -> dict[str, ProcessExecutor | ExecutorName]:
+    """The ``executors`` option: None or ``{served queue: executor}``."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidJob("executors", f"must be a mapping of queue names to executors, not {type(value).__name__}")
+    checked: dict[str, ProcessExecutor | ExecutorName] = {}
+    for queue, executor in value.items():
+        if queue not in served:
+            raise InvalidJob(
+                "executors", f"queue {queue!r} is not served by this runner (it serves {', '.join(map(repr, served))})"
+            )
+        try:
+            checked[queue] = check_handler_executor(executor)
+        except InvalidJob as error:
+            raise InvalidJob("executors", f"the executor of {queue!r}: {error}") from None
+    return checked
 
 
 def _groups(
