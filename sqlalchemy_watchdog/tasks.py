@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from .asyncio import AsyncWatchdog
     from .client import Watchdog
     from .codecs import PayloadCodec
-    from .executors import ExecutorName, ProcessExecutor
+    from .executors import ProcessExecutor
 
 __all__ = ["task", "Task"]
 
@@ -329,7 +329,7 @@ def task(
     lane: str | None = None,
     priority: int = 0,
     registry: HandlerRegistry | None = None,
-    executor: ProcessExecutor | ExecutorName = _UNSET,
+    executor: ProcessExecutor | str = _UNSET,
 ) -> Callable[[Callable[P, R]], Task[P, R]]:
     """Make the decorated function a :class:`Task`: the handler of ``queue``
     and an enqueuer of calls to it.

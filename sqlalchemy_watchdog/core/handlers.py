@@ -136,14 +136,16 @@ class HandlerRegistry:
         max_recoveries: int | None = _UNSET,
         retry: RetryPolicy | None = _UNSET,
         timeout: timedelta | None = _UNSET,
-        executor: ProcessExecutor | ExecutorName = _UNSET,
+        executor: ProcessExecutor | str = _UNSET,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """The decorator of :func:`handler`, for this registry."""
         check_text("queue", queue, QUEUE_MAX_LENGTH)
         budget = _UNSET if max_recoveries is _UNSET else _check_budget("max_recoveries", max_recoveries)
         policy = _UNSET if retry is _UNSET else check_retry(retry)
         limit = _UNSET if timeout is _UNSET else check_timeout(timeout)
-        where = _UNSET if executor is _UNSET else check_handler_executor(executor)
+        where: ProcessExecutor | ExecutorName = _UNSET
+        if executor is not _UNSET:
+            where = check_handler_executor(executor)
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             existing = self.entries.get(queue)
@@ -186,7 +188,7 @@ def handler(
     max_recoveries: int | None = _UNSET,
     retry: RetryPolicy | None = _UNSET,
     timeout: timedelta | None = _UNSET,
-    executor: ProcessExecutor | ExecutorName = _UNSET,
+    executor: ProcessExecutor | str = _UNSET,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as the handler of ``queue``.
 

@@ -1851,8 +1851,12 @@ def test_json_output_stays_exact(engine: Engine, cli: Cli) -> None:
 # -- workers, recorded schedules ------------------------------------------------------------
 
 
-def _register_worker(engine: Engine, worker_id: str, queues: tuple[str, ...], *, host: str = "host-1") -> None:
-    registration = store.WorkerRegistration(worker_id, host, 42, queues, 4, "listen", "0.1.0", 10_000, claim_ahead=16)
+def _register_worker(
+    engine: Engine, worker_id: str, queues: tuple[str, ...], *, host: str = "host-1", processes: tuple[str, ...] = ()
+) -> None:
+    registration = store.WorkerRegistration(
+        worker_id, host, 42, queues, 4, "listen", "0.1.0", 10_000, claim_ahead=16, process_queues=processes
+    )
     with engine.begin() as conn:
         store.register_worker(conn, registration)
 
@@ -1860,7 +1864,7 @@ def _register_worker(engine: Engine, worker_id: str, queues: tuple[str, ...], *,
 def test_workers_lists_live_and_gone_runners_as_a_table_and_json(engine: Engine, cli: Cli) -> None:
     status, out, _ = cli("workers")
     assert (status, out.strip()) == (0, "no workers registered (none serving, or none since the last clean shutdown)")
-    _register_worker(engine, "w-live", ("emails", "sms"))
+    _register_worker(engine, "w-live", ("emails", "sms"), processes=("sms",))
     _register_worker(engine, "w-dead", ("emails",), host="evil\x1b[2Jhost")
     with engine.begin() as conn:
         conn.execute(
@@ -1876,13 +1880,17 @@ def test_workers_lists_live_and_gone_runners_as_a_table_and_json(engine: Engine,
         "worker_id", "host", "pid", "queues", "concurrency", "ahead", "running", "started_at", "status", "wakeups",
     ]  # fmt: skip
     dead, live = sorted(rows)
-    assert live.split()[:7] == ["w-live", "host-1", "42", "emails,sms", "4", "16", "0"] and "live (seen" in live
+    # Its sms handlers run in child processes, its emails handlers in its own process.
+    assert live.split()[:7] == ["w-live", "host-1", "42", "emails,sms(process)", "4", "16", "0"]
+    assert "live (seen" in live and dead.split()[3] == "emails"
     assert "GONE (silent 10m" in dead
     assert "\x1b" not in out  # a host name's control characters are escaped
     status, out, _ = cli("--json", "workers")
     documents = {d["worker_id"]: d for d in map(json.loads, out.splitlines())}
     assert documents["w-live"]["queues"] == ["emails", "sms"] and documents["w-live"]["gone"] is False
     assert (documents["w-live"]["concurrency"], documents["w-live"]["claim_ahead"]) == (4, 16)
+    assert documents["w-live"]["executors"] == {"emails": "thread", "sms": "process"}
+    assert documents["w-dead"]["executors"] == {"emails": "thread"}
     assert documents["w-dead"]["gone"] is True and documents["w-dead"]["gone_after_seconds"] == 60.0
 
 
