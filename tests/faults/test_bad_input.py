@@ -648,6 +648,14 @@ REFUSED: dict[str, Entry] = {
         "executor",
         lambda e: task("q-task-bad", registry=HandlerRegistry(), executor="fork"),
     ),
+    "Runner executors not a mapping": Entry("executors", runner(executors=["q"]), says="must be a mapping"),
+    "Runner executors unserved queue": Entry(
+        "executors", runner(executors={"nope": "process"}), says="'nope' is not served by this runner"
+    ),
+    "Runner executors unknown executor": Entry("executors", runner(executors={"q": "fork"}), says="of 'q'"),
+    "Runner executors process for a lambda": Entry(
+        "handlers", runner(handlers={"q": lambda job: None}, executors={"q": "process"}), says="is a lambda"
+    ),
     "Runner handler naming the process executor is a lambda": Entry(
         "handlers", runner(handlers={"q": _process_lambda()}), says="is a lambda"
     ),
