@@ -218,7 +218,8 @@ class RunnerOptions(TypedDict, total=False):
         handlers run at once, each in its own thread (the async runner: its
         own task); default 10,
         :data:`~sqlalchemy_watchdog.execution.DEFAULT_CONCURRENCY`; 1 runs one
-        handler at a time.
+        handler at a time. Handlers that run in child processes (a process
+        executor) have that executor's ``processes`` instead, beside these.
     ``lease``
         how long a claim lives without a heartbeat (default 120 s).
     ``heartbeat``
