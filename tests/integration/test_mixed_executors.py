@@ -124,3 +124,20 @@ def test_a_handler_naming_thread_runs_in_the_runners_process_beside_a_process_de
     )
     assert settings.executors == {"local": "thread", "cpu": "process"}
     assert [g.concurrency for g in settings.slot_groups] == [10, 2], "threads: the default concurrency"
+
+
+def test_a_task_passes_its_executor_to_its_handlers_registration() -> None:
+    """``@task(queue, executor=...)`` registers the task's handler with that
+    executor: here ``"thread"``, beside a runner whose default is children."""
+    from sqlalchemy_watchdog import task
+
+    @task("t-local", registry=HandlerRegistry(), executor="thread")
+    def local(n: int) -> int:
+        return n
+
+    settings = RunnerSettings.build(
+        {"t-local": local.handler, "cpu": h.done},
+        {"executor": "process"},
+        default_poll_interval=timedelta(seconds=1),
+    )
+    assert settings.executors == {"t-local": "thread", "cpu": "process"}
