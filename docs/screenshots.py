@@ -94,8 +94,9 @@ def seed(engine: Engine) -> None:
         time.sleep(0.02)
     watchdog.pause("webhooks", reason="partner maintenance until 18:00")
     # Two workers serving (demo rows, as runner processes would register them;
-    # worker-2 holds jobs it claimed ahead of its 8 slots), one that died an
-    # hour ago, and the schedules they serve.
+    # worker-2 holds jobs it claimed ahead of its 8 slots and runs its invoices
+    # handlers in child processes), one that died an hour ago, and the
+    # schedules they serve.
     with engine.begin() as conn:
         for worker_id, host, pid, queues, running in (
             ("3f9c2a7e51d84b6f9e0a1c2d3e4f5a6b", "worker-1", 4121, ("emails", "payments"), 3),
@@ -103,8 +104,9 @@ def seed(engine: Engine) -> None:
             ("c0ffee00aa114b2c9d8e7f6a5b4c3d2e", "worker-3", 3902, ("payments",), 0),
         ):
             registration = store.WorkerRegistration(
-                worker_id, host, pid, queues, 8, "listening (LISTEN/NOTIFY)", __version__, 10_000, claim_ahead=32
-            )
+                worker_id, host, pid, queues, 8, "listening (LISTEN/NOTIFY)", __version__, 10_000, claim_ahead=32,
+                process_queues=("invoices",) if host == "worker-2" else (),
+            )  # fmt: skip
             store.register_worker(conn, registration, running)
         conn.execute(
             text(

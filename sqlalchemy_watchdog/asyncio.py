@@ -503,8 +503,8 @@ class AsyncRunner:
             stays=_is_async,
         )
         self.core = RunnerCore(self.settings, Clock.of(options))
-        #: The process executor's children, for plain handlers (made on first use).
-        self._children = RunnerChildren(self.settings.executor)
+        #: The process executors' children, for plain handlers (each pool made on first use).
+        self._children = RunnerChildren(self.settings.child_executors)
         #: The wake-ups in force (see :attr:`Runner.wakeup_status <sqlalchemy_watchdog.Runner.wakeup_status>`).
         self.wakeup_status = WakeupStatus(self.wakeups, False, "not started", self.settings.poll_interval_s)
         #: Store calls: connections (one kept by each holding task), retries.
@@ -521,7 +521,11 @@ class AsyncRunner:
         #: loop's (a handler's changes to context variables never reach the next job).
         self._spawn_context: contextvars.Context | None = None
         #: Jobs claimed ahead of the free slots, waiting for a task to finish its job.
-        self._parking = Parking(self.settings.concurrency if self.settings.executor is None else sys.maxsize)
+        local = self.settings.local_group
+        self._parking = Parking(local.concurrency if local is not None else sys.maxsize)
+        #: The queues whose jobs wait for a task when claimed ahead; a job
+        #: run in a child waits for the child instead (its pool's line).
+        self._parked = frozenset(local.queues) if local is not None else frozenset()
         self._threads = _DaemonThreads()
         self._wake: asyncio.Event | None = None
         self._stopping: asyncio.Event | None = None
@@ -584,7 +588,7 @@ class AsyncRunner:
             self._children.expect(step.executions)  # before their threads: those arrive in no set order
             now = self.core.clock.monotonic()
             for execution in step.executions:
-                if not self._parking.offer(execution, now):
+                if execution.job.queue in self._parked and not self._parking.offer(execution, now):
                     continue  # claimed ahead: the next task that finishes its job takes it
                 self._spawn(execution)
             return None
@@ -731,7 +735,7 @@ class AsyncRunner:
 
         if execution.started_late(self.settings.heartbeat_s):
             return STARTED_LATE
-        return self._children.get().call(
+        return self._children.get(execution.job.queue).call(
             ref,
             execution.job,
             execution.signal,
@@ -741,9 +745,8 @@ class AsyncRunner:
         )
 
     async def _close_pool(self) -> None:
-        """End the process executor's children (after the shutdown ended every job)."""
-        pool = self._children.take()
-        if pool is not None:
+        """End the process executors' children (after the shutdown ended every job)."""
+        for pool in self._children.take():
             await asyncio.get_running_loop().run_in_executor(None, pool.close)
 
     async def _settle(self, requests: list[SettleRequest]) -> list[Settlement | None]:
@@ -813,6 +816,8 @@ class AsyncRunner:
         a slot, if any, takes this one's (:class:`~.core.ahead.Parking`), in
         a task of its own."""
         await self._execute_logged(execution)
+        if execution.job.queue not in self._parked:
+            return  # it held no slot of the runner's tasks
         next_one = self._parking.next()
         if next_one is not None:
             self._spawn(next_one)
@@ -924,9 +929,11 @@ class AsyncRunner:
         unwake = wake_locally(local_key(self.engine.sync_engine), room_freed)
         await self._worker_step(register_worker(self.core, str(self.wakeup_status)))
         log.info(
-            "async runner started: queues=%s concurrency=%d wakeups=%s shutdown_budget=%gs (grace %gs + stop wait %gs)",
+            "async runner started: queues=%s concurrency=%d%s wakeups=%s shutdown_budget=%gs "
+            "(grace %gs + stop wait %gs)",
             ",".join(self.queues),
             self.settings.concurrency,
+            self.settings.slots_note,
             self.wakeup_status,
             self.settings.shutdown_budget_s,
             self.settings.grace_s,
@@ -942,8 +949,7 @@ class AsyncRunner:
             await self._loop()
         finally:
             try:
-                pool = self._children.current
-                if pool is not None:
+                for pool in self._children.current:
                     pool.give_back_waiting()  # jobs claimed ahead never start once stopping
                 await self._give_back(self._parking.take_all())  # as those waiting for a task
                 await drive_async(shutdown(self.core), self._perform)

@@ -1268,11 +1268,22 @@ class WorkerView:
     silent_for: timedelta
     #: How long without a heartbeat makes it gone.
     gone_after: timedelta
+    #: Its queues whose handlers run in child processes (a process
+    #: executor); the others run in its own process (threads, or an async
+    #: runner's tasks). Empty for a runner of a version before revision w0018.
+    process_queues: tuple[str, ...] = ()
 
     @property
     def gone(self) -> bool:
         """Not seen for longer than :attr:`gone_after`: dead, frozen or cut off."""
         return self.silent_for > self.gone_after
+
+    @property
+    def executors(self) -> dict[str, str]:
+        """Where each of its queues' handlers run: ``process`` (child
+        processes) or ``thread`` (its own process)."""
+        processes = set(self.process_queues)
+        return {queue: ("process" if queue in processes else "thread") for queue in self.queues}
 
 
 @dataclass(frozen=True, slots=True)

@@ -591,6 +591,10 @@ class WatchdogWorker(WatchdogBase):
     #: process executor's ``prefetch``, else the cap of ``claim_ahead``; 0:
     #: none. Written with every heartbeat (0 until the first after the upgrade).
     claim_ahead: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    #: Its queues whose handlers run in child processes, a JSON array of
+    #: names (revision w0018); the others run in its own process. Written
+    #: with every heartbeat (``[]`` until the first after the upgrade).
+    process_queues: Mapped[str] = mapped_column(Text, server_default=text("'[]'"))
 
     __table_args__ = (
         CheckConstraint(f"length(worker_id) BETWEEN 1 AND {WORKER_ID_MAX_LENGTH}", name="worker_id_length"),
@@ -604,6 +608,9 @@ class WatchdogWorker(WatchdogBase):
         CheckConstraint("last_seen >= started_at", name="seen_after_start"),
         CheckConstraint("running >= 0", name="running_nonnegative"),
         CheckConstraint("claim_ahead >= 0", name="claim_ahead_nonnegative"),
+        CheckConstraint(
+            f"length(process_queues) BETWEEN 2 AND {WORKER_QUEUES_MAX_LENGTH}", name="process_queues_length"
+        ),
     )
 
 

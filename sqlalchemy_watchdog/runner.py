@@ -147,8 +147,8 @@ class Runner:
         self.core.parents_read = lambda job_id: self._gateway.read(parent_results, job_id)
         #: Set once run_forever serves (its listener started), or has ended.
         self._serving = threading.Event()
-        #: The process executor's children (made on first use).
-        self._children = RunnerChildren(self.settings.executor)
+        #: The process executors' children (each pool made on first use).
+        self._children = RunnerChildren(self.settings.child_executors)
 
     @property
     def queues(self) -> tuple[str, ...]:
@@ -221,7 +221,7 @@ class Runner:
         ref = self.settings.handler_refs.get(job.queue)
         if ref is not None:
             try:
-                outcome = self._children.get().call(
+                outcome = self._children.get(job.queue).call(
                     ref,
                     job,
                     execution.signal,
@@ -259,9 +259,8 @@ class Runner:
         return True
 
     def _close_pool(self) -> None:
-        """End the process executor's children (after the shutdown ended every job)."""
-        pool = self._children.take()
-        if pool is not None:
+        """End the process executors' children (after the shutdown ended every job)."""
+        for pool in self._children.take():
             pool.close()
 
     def _settle(self, requests: list[SettleRequest]) -> list[Settlement | None]:
@@ -433,7 +432,7 @@ class Runner:
             "runner started: queues=%s concurrency=%d%s wakeups=%s shutdown_budget=%gs (grace %gs + stop wait %gs)",
             ",".join(self.queues),
             self.settings.concurrency,
-            " (processes)" if self.settings.executor is not None else "",
+            self.settings.slots_note,
             self.wakeup_status,
             self.settings.shutdown_budget_s,
             self.settings.grace_s,
@@ -448,8 +447,7 @@ class Runner:
                 self._loop()
         finally:
             try:
-                pool = self._children.current
-                if pool is not None:
+                for pool in self._children.current:
                     pool.give_back_waiting()  # jobs claimed ahead never start once stopping
                 workers.give_back(workers.parking.take_all())  # as those waiting for a thread
                 drive(shutdown(self.core), self._perform)
@@ -578,11 +576,15 @@ class _Workers:
         self._idle = 0
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
-        settings = runner.settings
-        self.parking = Parking(settings.concurrency if settings.executor is None else sys.maxsize)
+        local = runner.settings.local_group
+        self.parking = Parking(local.concurrency if local is not None else sys.maxsize)
+        #: The queues whose jobs wait for a thread when claimed ahead; a job
+        #: run in a child waits for the child instead (its pool's line).
+        self._parked = frozenset(local.queues) if local is not None else frozenset()
 
     def run(self, execution: Execution) -> None:
-        if not self.parking.offer(execution, self.runner.core.clock.monotonic()):
+        parks = execution.job.queue in self._parked
+        if parks and not self.parking.offer(execution, self.runner.core.clock.monotonic()):
             return  # claimed ahead: the next thread that finishes its job takes it
         with self._lock:
             if self._idle > 0:
@@ -605,7 +607,8 @@ class _Workers:
                     self.runner._execute(execution, hand_off=True)
                 except BaseException:  # pragma: no cover - a bug; the lease then ends and recovery covers it
                     log.exception("job %s: execution failed", execution.job_id)
-                execution = self.parking.next()
+                # Its slot goes to the next job parked for a thread, if it held one.
+                execution = self.parking.next() if execution.job.queue in self._parked else None
             with self._lock:
                 self._idle += 1
 

@@ -2048,8 +2048,8 @@ def worker_gone_after(heartbeat_ms: ColumnElement[int], gone_heartbeats: int, ma
 @cache
 def register_worker(dialect: str) -> Insert:
     """Register the worker ``:worker_id`` -- or, for one registered already,
-    refresh its ``last_seen`` (database clock), ``running``, ``wakeups`` and
-    ``claim_ahead``: the same one statement serves the start and every
+    refresh its ``last_seen`` (database clock), ``running``, ``wakeups``,
+    ``claim_ahead`` and ``process_queues``: the same one statement serves the start and every
     heartbeat, and brings back a row pruned while its worker was frozen."""
     clock = db_clock_ms()
     stmt = _insert_into(dialect, workers).values(
@@ -2065,12 +2065,20 @@ def register_worker(dialect: str) -> Insert:
         last_seen=clock,
         running=_p("running", Integer()),
         claim_ahead=_p("claim_ahead", Integer()),
+        process_queues=_p("process_queues", Text()),
     )
     ex = stmt.excluded
     upsert: Insert = stmt.on_conflict_do_update(
         index_elements=[w.worker_id],
-        # claim_ahead too: a row registered before revision w0017 reads 0 until then.
-        set_={"last_seen": clock, "running": ex.running, "wakeups": ex.wakeups, "claim_ahead": ex.claim_ahead},
+        # claim_ahead and process_queues too: a row registered before revision
+        # w0017 (w0018) reads 0 ([]) until then.
+        set_={
+            "last_seen": clock,
+            "running": ex.running,
+            "wakeups": ex.wakeups,
+            "claim_ahead": ex.claim_ahead,
+            "process_queues": ex.process_queues,
+        },
     )
     return upsert
 

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from .asyncio import AsyncWatchdog
     from .client import Watchdog
     from .codecs import PayloadCodec
+    from .executors import ProcessExecutor
 
 __all__ = ["task", "Task"]
 
@@ -762,6 +763,7 @@ def task(
     lane: str | None = None,
     priority: int = 0,
     registry: HandlerRegistry | None = None,
+    executor: ProcessExecutor | str = _UNSET,
 ) -> Callable[[Callable[P, R]], Task[P, R]]:
     """Make the decorated function a :class:`Task`: the handler of ``queue``
     and an enqueuer of calls to it.
@@ -775,7 +777,8 @@ def task(
     :meth:`Task.configure` sets them; it sets the other options of a job).
     ``registry``: the ``HandlerRegistry`` (``sqlalchemy_watchdog.core.handlers``)
     to register with (default: the one a ``Runner`` built without handlers
-    serves).
+    serves). ``executor``: where the task's jobs run, as
+    :func:`~sqlalchemy_watchdog.handler` takes it.
 
     The function's parameters are the job's arguments: passed by keyword
     (no positional-only parameter or ``*args``), and none named ``job_id``.
@@ -791,7 +794,7 @@ def task(
         raise InvalidJob("codec", f"must be a PayloadCodec (encode and decode), not {type(codec).__name__}")
     checked_options(queue, CallOptions(lane=lane, priority=priority))
     register = (registry or default_registry).register(
-        queue, retry=retry, timeout=timeout, max_recoveries=max_recoveries
+        queue, retry=retry, timeout=timeout, max_recoveries=max_recoveries, executor=executor
     )
 
     def decorate(fn: Callable[P, R]) -> Task[P, R]:

@@ -15,10 +15,11 @@ import os
 import signal
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy_watchdog import Decision, InvalidJob, RunningJob, task
+from sqlalchemy_watchdog import Decision, InvalidJob, ProcessExecutor, RunningJob, task
 from sqlalchemy_watchdog.core.handlers import HandlerRegistry
 
 #: What a memory-hungry handler keeps alive in its child (never freed).
@@ -224,6 +225,36 @@ def kills_itself(job: RunningJob) -> None:
 def pid(job: RunningJob) -> None:
     """Marks ``ran`` (with its pid) and completes."""
     mark(job, "ran")
+
+
+#: A registry of these tests' own: registering with it attaches the
+#: handler's policy (its executor) to the function, while the registry a
+#: ``Runner()`` without handlers serves stays as the other tests expect.
+own_registry = HandlerRegistry()
+
+
+@own_registry.register("crunch", executor="process")
+def crunch(job: RunningJob) -> None:
+    """Names the process executor itself: runs in a child whatever the
+    runner's own executor. Marks ``ran`` (with its pid) and completes."""
+    mark(job, "ran")
+
+
+@own_registry.register("crunch-two", executor="process")
+def crunch_two(job: RunningJob) -> None:
+    """Like :func:`crunch`, for a second queue sharing its executor."""
+    mark(job, "ran")
+
+
+@own_registry.register("held", executor=ProcessExecutor(processes=1, prefetch=0, kill_grace=timedelta(seconds=1)))
+def held(job: RunningJob) -> None:
+    """One child, nothing claimed ahead of it. Marks ``started``, then waits
+    (at most 30 s) for a file ``release`` in the marks directory, and completes."""
+    mark(job, "started")
+    release = Path(job.payload["dir"]) / "release"
+    deadline = time.monotonic() + 30
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def hoard(job: RunningJob) -> None:

@@ -29,6 +29,8 @@
     rerun --where KEY=VALUE ... --rerun-id ID [--yes]
                                               rerun every matching settled job (counts first; --yes acts)
     run MODULE[:ATTR]                         serve the queues until SIGINT / SIGTERM
+        [--executor [QUEUE=]{thread,process} ...]
+                                              where handlers run: the runner's default, or one queue's
     schedules MODULE[:ATTR] [--count N]       the cron schedules a module defines, and their next slots
     schedules                                 the schedules the runners record they serve
     workers                                   the registered runners, live or gone
@@ -42,6 +44,16 @@ directory. A bare ``postgresql://`` URL uses psycopg 3. Only ``upgrade``
 creates anything: every other command (``run`` included) refuses a database
 without the ``watchdog_jobs`` table, and never creates a SQLite file.
 ``schedules MODULE`` uses no database at all.
+
+``run --executor process`` runs the handlers in child processes;
+``--executor QUEUE=process`` (repeatable, and ``QUEUE=thread``) places one
+queue's handlers, the others keeping the default, so one runner serves
+thread and process queues side by side, each executor with its own slots
+(``--concurrency`` threads, ``--processes`` children). The process options
+(``--processes``, ``--max-jobs-per-child``, ``--max-memory-per-child``,
+``--kill-grace``, ``--prefetch``) need a process executor named. A
+malformed value, a queue the runner does not serve, two defaults or a queue
+named twice exit 2.
 
 Times (``ls``, ``stats``) are UTC, by the database clock. ``ls`` pages like
 ``settled``: a full page ends with the ``--after`` value of the next one.

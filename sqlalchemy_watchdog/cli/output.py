@@ -497,6 +497,7 @@ def worker_dict(worker: WorkerView) -> dict[str, Any]:
         "concurrency": worker.concurrency,
         "running": worker.running,
         "claim_ahead": worker.claim_ahead,
+        "executors": worker.executors,
         "wakeups": worker.wakeups,
         "version": worker.version,
         "heartbeat_seconds": worker.heartbeat.total_seconds(),
@@ -510,6 +511,11 @@ def worker_dict(worker: WorkerView) -> dict[str, Any]:
 
 def _worker_status(worker: WorkerView) -> str:
     return f"GONE (silent {age(worker.silent_for)})" if worker.gone else f"live (seen {age(worker.silent_for)} ago)"
+
+
+def _worker_queues(worker: WorkerView) -> str:
+    """Its queues, each run in child processes marked ``(process)``."""
+    return ",".join(f"{queue}(process)" if where == "process" else queue for queue, where in worker.executors.items())
 
 
 def render_workers(workers: Sequence[WorkerView]) -> str:
@@ -531,7 +537,7 @@ def render_workers(workers: Sequence[WorkerView]) -> str:
             worker.worker_id,
             worker.host,
             str(worker.pid),
-            ",".join(worker.queues),
+            _worker_queues(worker),
             str(worker.concurrency),
             str(worker.claim_ahead),
             str(worker.running),

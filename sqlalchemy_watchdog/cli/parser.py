@@ -28,6 +28,7 @@ from .values import (
     WATCH_INTERVAL_DEFAULT,
     WATCH_INTERVAL_MIN,
     concurrency,
+    executor_choice,
     int_between,
     loopback_host,
     non_negative_int,
@@ -242,38 +243,41 @@ def _executor_options(run: argparse.ArgumentParser) -> None:
     """``run``'s options of the process executor (docs/howto/executors.md)."""
     run.add_argument(
         "--executor",
-        choices=["thread", "process"],
+        type=executor_choice,
+        action="append",
+        metavar="[QUEUE=]{thread,process}",
         help="where handlers run: thread (default) or process (child processes: hard timeouts, "
-        "crash containment, every core)",
+        "crash containment, every core); QUEUE=process (or QUEUE=thread) for one queue's handlers, "
+        "the others keeping the default; repeat for several queues",
     )
     run.add_argument(
         "--processes",
         type=int_between(1, MAX_PROCESSES),
-        help=f"with --executor process: child processes, 1-{MAX_PROCESSES} (default: one per CPU)",
+        help=f"with a process executor: child processes, 1-{MAX_PROCESSES} (default: one per CPU)",
     )
     run.add_argument(
         "--max-jobs-per-child",
         type=positive_int,
         metavar="N",
-        help="with --executor process: replace a child after N jobs (default: never)",
+        help="with a process executor: replace a child after N jobs (default: never)",
     )
     run.add_argument(
         "--max-memory-per-child",
         type=int_between(16, 1024 * 1024),
         metavar="MIB",
-        help="with --executor process: replace a child whose resident memory is over MIB after a job",
+        help="with a process executor: replace a child whose resident memory is over MIB after a job",
     )
     run.add_argument(
         "--kill-grace",
         type=seconds,
         metavar="SECONDS",
-        help="with --executor process: how long a child told to stop has before it is killed (default: 5)",
+        help="with a process executor: how long a child told to stop has before it is killed (default: 5)",
     )
     run.add_argument(
         "--prefetch",
         type=int_between(0, MAX_PREFETCH),
         metavar="N",
-        help="with --executor process: jobs claimed ahead of the busy children (default: one per process; "
+        help="with a process executor: jobs claimed ahead of the busy children (default: one per process; "
         "0: claim only for an idle child)",
     )
 

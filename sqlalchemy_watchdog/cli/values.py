@@ -105,6 +105,23 @@ def concurrency(text: str) -> int:
     return value
 
 
+#: The executors ``run --executor`` names.
+EXECUTOR_NAMES = ("thread", "process")
+
+
+def executor_choice(text: str) -> tuple[str | None, str]:
+    """``--executor``: ``thread`` or ``process`` (the runner's default), or
+    ``QUEUE=thread`` / ``QUEUE=process`` (that queue's): (queue or None, executor)."""
+    queue, sep, name = text.rpartition("=")
+    if not sep:
+        queue, name = "", text
+    if name not in EXECUTOR_NAMES:
+        raise argparse.ArgumentTypeError(f"expected thread, process, QUEUE=thread or QUEUE=process, got {text[:80]!r}")
+    if sep and not queue:
+        raise argparse.ArgumentTypeError(f"the queue before '=' is empty in {text[:80]!r}")
+    return (queue if sep else None), name
+
+
 #: The most slots ``schedules --count`` prints per schedule.
 SCHEDULE_COUNT_MAX = 1000
 

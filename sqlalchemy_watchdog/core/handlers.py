@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidJob
+from ..executors import ExecutorName, ProcessExecutor, check_executor
 
 if TYPE_CHECKING:
     from ..store.dependencies import ParentResult
@@ -44,6 +45,9 @@ class HandlerPolicy:
     max_recoveries: int | None = _UNSET
     retry: RetryPolicy | None = _UNSET
     timeout: timedelta | None = _UNSET
+    #: Where the handler runs: ``"thread"`` (the runner's own process) or a
+    #: :class:`~sqlalchemy_watchdog.ProcessExecutor` (child processes).
+    executor: ProcessExecutor | ExecutorName = _UNSET
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +58,22 @@ class _Registered:
     max_recoveries: int | None
     retry: RetryPolicy | None = None
     timeout: timedelta | None = None
+    executor: ProcessExecutor | ExecutorName = _UNSET
 
     @property
     def policy(self) -> HandlerPolicy:
-        return HandlerPolicy(self.max_recoveries, self.retry, self.timeout)
+        return HandlerPolicy(self.max_recoveries, self.retry, self.timeout, self.executor)
+
+
+def check_handler_executor(value: object) -> ProcessExecutor | ExecutorName:
+    """A handler's own ``executor``: ``"thread"``, or the
+    :class:`~sqlalchemy_watchdog.ProcessExecutor` that ``"process"`` or the
+    value given names (an :class:`~sqlalchemy_watchdog.InvalidJob` naming
+    ``executor`` otherwise)."""
+    if value is None:
+        raise InvalidJob("executor", 'must be "thread", "process" or a ProcessExecutor, got None')
+    checked = check_executor(value)
+    return "thread" if checked is None else checked
 
 
 #: The attribute ``@handler`` puts on the function it registers: its
@@ -120,18 +136,22 @@ class HandlerRegistry:
         max_recoveries: int | None = _UNSET,
         retry: RetryPolicy | None = _UNSET,
         timeout: timedelta | None = _UNSET,
+        executor: ProcessExecutor | str = _UNSET,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """The decorator of :func:`handler`, for this registry."""
         check_text("queue", queue, QUEUE_MAX_LENGTH)
         budget = _UNSET if max_recoveries is _UNSET else _check_budget("max_recoveries", max_recoveries)
         policy = _UNSET if retry is _UNSET else check_retry(retry)
         limit = _UNSET if timeout is _UNSET else check_timeout(timeout)
+        where: ProcessExecutor | ExecutorName = _UNSET
+        if executor is not _UNSET:
+            where = check_handler_executor(executor)
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             existing = self.entries.get(queue)
             if existing is not None and existing.fn is not fn:
                 raise ValueError(f"queue {queue!r} already has a handler: {existing.fn!r}")
-            entry = _Registered(fn, budget, policy, limit)
+            entry = _Registered(fn, budget, policy, limit, where)
             try:  # a new mapping: a wrapper sharing the old one (functools.wraps) keeps what it had
                 setattr(fn, POLICY_ATTRIBUTE, {**_attached(fn), queue: entry.policy})
             except (AttributeError, TypeError):
@@ -168,6 +188,7 @@ def handler(
     max_recoveries: int | None = _UNSET,
     retry: RetryPolicy | None = _UNSET,
     timeout: timedelta | None = _UNSET,
+    executor: ProcessExecutor | str = _UNSET,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as the handler of ``queue``.
 
@@ -185,8 +206,16 @@ def handler(
         queue's jobs that carry none of their own; overrides the runner's.
     :param timeout: how long one attempt of this queue's jobs may run when
         the job sets no ``timeout`` of its own; overrides the runner's.
+    :param executor: where this queue's jobs run, whatever the runner's
+        own ``executor``: ``"thread"`` (the runner's process), ``"process"``
+        or a :class:`~sqlalchemy_watchdog.ProcessExecutor` (child
+        processes; the function must then be importable by module path).
+        One runner serves thread and process queues side by side, each
+        executor with slots of its own (see the executors how-to).
     """
-    return default_registry.register(queue, max_recoveries=max_recoveries, retry=retry, timeout=timeout)
+    return default_registry.register(
+        queue, max_recoveries=max_recoveries, retry=retry, timeout=timeout, executor=executor
+    )
 
 
 def registered_handlers() -> dict[str, Callable[..., Any]]:

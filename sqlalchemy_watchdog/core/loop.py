@@ -22,12 +22,20 @@ from .steps import NEVER_STARTED, STARTED_LATE, RunHandler, Spawn, Steps, WaitDo
 log = logging.getLogger("sqlalchemy_watchdog.runner")
 
 
-def claim_steps(core: RunnerCore, limit: int) -> Steps[tuple[list[Execution], tuple[JobView, ...]]]:
-    """Claim up to ``limit`` jobs: the executions to run, and the jobs the
-    claim found cancelled while queued (settled by the claim itself)."""
+def claim_steps(
+    core: RunnerCore, limit: int, group: int | None = None
+) -> Steps[tuple[list[Execution], tuple[JobView, ...]]]:
+    """Claim up to ``limit`` jobs -- of slot group ``group``'s queues, or of
+    every queue the runner serves -- : the executions to run, and the jobs
+    the claim found cancelled while queued (settled by the claim itself)."""
     asked_at = core.clock.monotonic()
-    batch = yield from call(store.claim, queues=core.settings.queues, limit=limit, lease_ms=core.settings.lease_ms)
-    core.held_back = batch.held_back
+    settings = core.settings
+    queues = settings.queues if group is None else settings.slot_groups[group].queues
+    batch = yield from call(store.claim, queues=queues, limit=limit, lease_ms=settings.lease_ms)
+    if group is None:
+        core.held_back = batch.held_back
+    else:
+        core.hold_back(group, batch.held_back)
     instrumentation = telemetry.active()
     core.count("cancelled", len(batch.cancelled))
     for job in batch.cancelled:
@@ -191,16 +199,22 @@ def loop_pass(core: RunnerCore) -> Steps[float]:
     if core.summary_is_due():
         yield from summarize(core)
     yield from prune_workers(core)
-    free = core.free_slots()
-    if free <= 0:
+    # Each executor's slot group is claimed for apart (one statement each),
+    # up to its own free slots: one queue's backlog never takes another
+    # executor's slots.
+    wanted = [(group, free) for group, free in core.free_by_group() if free > 0]
+    if not wanted:
         core.report_deferred()
         return core.idle_wait()
-    executions, cancelled = yield from claim_steps(core, free)
+    backlog = False
+    for group, free in wanted:
+        executions, cancelled = yield from claim_steps(core, free, group)
+        if executions:
+            yield Spawn(tuple(executions))
+        taken = len(executions) + len(cancelled)
+        backlog = backlog or (taken > 0 and taken == free)
     core.report_deferred()
-    if executions:
-        yield Spawn(tuple(executions))
-    taken = len(executions) + len(cancelled)
-    if taken and taken == free:
+    if backlog:
         if core.waiting is not None:
             core.waiting.busy()  # a backlog: no wake-up needed
         return 0.0

@@ -243,6 +243,7 @@ def register_worker(core: RunnerCore, wakeups: str) -> Steps[None]:
         version=__version__,
         heartbeat_ms=max(1, round(settings.heartbeat_s * 1000)),
         claim_ahead=settings.most_ahead,
+        process_queues=tuple(queue for queue, where in settings.executors.items() if where == "process"),
     )
     try:
         yield from call(store.register_worker, registration, len(core.active()))

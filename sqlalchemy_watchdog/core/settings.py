@@ -18,7 +18,15 @@ from ..jobs import (
     check_text,
 )
 from ..wakeups import WakeupMode, listens
-from .handlers import _UNSET, _check_budget, check_retry, check_timeout, default_registry, registered_handlers
+from .handlers import (
+    _UNSET,
+    _check_budget,
+    check_handler_executor,
+    check_retry,
+    check_timeout,
+    default_registry,
+    registered_handlers,
+)
 
 if TYPE_CHECKING:
     from ..codecs import PayloadCodec
@@ -135,20 +143,23 @@ def pool_shortfall(pool: Any, settings: RunnerSettings) -> str | None:
     """Why ``pool`` (the runner's engine's) cannot serve the runner beside
     ``concurrency`` handlers that each use one connection of it; None when
     it can, or when the pool has no fixed limit (``NullPool``, ...)."""
-    if settings.executor is not None:
-        return None  # handlers run in child processes, which cannot use the runner's engine
+    # Handlers in child processes cannot use the runner's engine: only those
+    # in the runner's own process count.
+    local = sum(group.concurrency for group in settings.slot_groups if group.executor is None)
+    if local == 0:
+        return None
     size = getattr(pool, "size", None)
     overflow = getattr(pool, "_max_overflow", None)
     if not callable(size) or not isinstance(overflow, int) or overflow < 0:
         return None
     capacity = int(size()) + overflow
     held = RUNNER_CONNECTIONS + (1 if settings.retention is not None else 0)
-    needed = held + settings.concurrency
+    needed = held + local
     if capacity >= needed:
         return None
     return (
         f"the engine's pool holds at most {capacity} connections (pool_size + max_overflow); the runner keeps "
-        f"{held} and its {settings.concurrency} handlers may need one each: create the engine with "
+        f"{held} and its {local} handlers may need one each: create the engine with "
         f"pool_size={needed} (or more), or lower concurrency -- else handlers wait for a connection "
         "(pool_timeout) and fail"
     )
@@ -158,6 +169,41 @@ def pool_shortfall(pool: Any, settings: RunnerSettings) -> str | None:
 DEFAULT_LEASE = timedelta(seconds=120)
 #: How often running claims are renewed unless told otherwise.
 DEFAULT_HEARTBEAT = timedelta(seconds=10)
+
+
+@dataclass(frozen=True)
+class SlotGroup:
+    """The queues of a runner whose handlers share one executor's slots.
+
+    A runner has one group per executor its served handlers run in: the
+    runner's own process (threads, or an async runner's tasks) with
+    ``concurrency`` slots, and each distinct
+    :class:`~sqlalchemy_watchdog.ProcessExecutor` with its ``processes``.
+    Each group is claimed for separately, up to its own free slots (and what
+    it claims ahead), so a queue never gets more jobs than its executor can
+    run."""
+
+    queues: tuple[str, ...]
+    #: How many of its handlers run at once.
+    concurrency: int
+    #: Its process executor, None for the runner's own process.
+    executor: ProcessExecutor | None = None
+    #: Jobs claimed ahead of its busy children (its executor's ``prefetch``;
+    #: 0 for the runner's own process).
+    prefetch: int = 0
+    #: The most jobs claimed ahead of its threads or tasks while their
+    #: handlers are short (the runner's ``claim_ahead``; 0 for children).
+    ahead_cap: int = 0
+
+    @property
+    def most_ahead(self) -> int:
+        """The most jobs it ever holds beyond ``concurrency``."""
+        return self.prefetch if self.prefetch > 0 else max(0, self.ahead_cap)
+
+    @property
+    def label(self) -> str:
+        """``thread`` or ``process``: where its handlers run."""
+        return "thread" if self.executor is None else "process"
 
 
 class RunnerOptions(TypedDict, total=False):
@@ -172,7 +218,8 @@ class RunnerOptions(TypedDict, total=False):
         handlers run at once, each in its own thread (the async runner: its
         own task); default 10,
         :data:`~sqlalchemy_watchdog.execution.DEFAULT_CONCURRENCY`; 1 runs one
-        handler at a time.
+        handler at a time. Handlers that run in child processes (a process
+        executor) have that executor's ``processes`` instead, beside these.
     ``lease``
         how long a claim lives without a heartbeat (default 120 s).
     ``heartbeat``
@@ -248,7 +295,18 @@ class RunnerOptions(TypedDict, total=False):
         :class:`~sqlalchemy_watchdog.ProcessExecutor` (child processes, with
         hard timeouts and crash containment; handlers located by module
         path; ``concurrency`` is its ``processes``). An async runner's
-        coroutine handlers always stay on its loop.
+        coroutine handlers always stay on its loop. It is the default of
+        the handlers that name none: ``@handler(queue, executor=...)`` (and
+        ``@task``) choose their own, so that one runner serves thread and
+        process queues side by side -- ``concurrency`` then bounds the
+        handlers in the runner's process, and each process executor its
+        own ``processes``.
+    ``executors``
+        ``{queue: executor}``: where the named queues' handlers run,
+        overriding both ``executor`` and what their ``@handler(queue,
+        executor=...)`` says (``"thread"``, ``"process"`` or a
+        :class:`~sqlalchemy_watchdog.ProcessExecutor`); what the command
+        line's ``--executor QUEUE=process`` gives. Each queue must be served.
     ``claim_ahead``
         how many jobs a runner may claim beyond ``concurrency`` while its
         handlers are short, to wait for the next free slot (default None:
@@ -277,6 +335,7 @@ class RunnerOptions(TypedDict, total=False):
     wakeups: WakeupMode | str
     summary_every: timedelta | int | None
     executor: ExecutorName | ProcessExecutor
+    executors: Mapping[str, ExecutorName | ProcessExecutor] | None
     claim_ahead: int | None
 
 
@@ -330,13 +389,64 @@ class RunnerSettings:
     #: while its handlers are short (``claim_ahead``; 0: never). How many
     #: it does claim ahead depends on their run time (:mod:`.ahead`).
     ahead_cap: int = 0
+    #: The executors' slot groups of a runner whose handlers run in more
+    #: than one executor (handlers that name their own); ``()``: one group,
+    #: which the fields above describe (:attr:`slot_groups`). With several,
+    #: ``concurrency`` is their sum and ``claim_ahead`` the sum of their
+    #: ``prefetch``.
+    groups: tuple[SlotGroup, ...] = ()
+
+    @property
+    def slot_groups(self) -> tuple[SlotGroup, ...]:
+        """The groups of queues that share one executor's slots (at least one)."""
+        if self.groups:
+            return self.groups
+        return (SlotGroup(self.queues, self.concurrency, self.executor, self.claim_ahead, self.ahead_cap),)
+
+    @property
+    def child_executors(self) -> dict[str, ProcessExecutor]:
+        """The process executor of each queue whose handlers run in children."""
+        return {
+            queue: group.executor
+            for group in self.slot_groups
+            if group.executor is not None
+            for queue in group.queues
+            if queue in self.handler_refs
+        }
+
+    @property
+    def local_group(self) -> SlotGroup | None:
+        """The group of the queues whose handlers run in the runner's own
+        process (threads, or an async runner's tasks), if any: its jobs
+        claimed ahead wait for one of its slots (:class:`~.ahead.Parking`)."""
+        for group in self.slot_groups:
+            if group.executor is None:
+                return group
+        return None
+
+    @property
+    def slots_note(self) -> str:
+        """Where the runner's handlers run, for its start line: nothing for
+        the runner's process alone, `` (processes)`` for children alone,
+        else each executor's slots and queues."""
+        groups = self.slot_groups
+        if len(groups) == 1:
+            return "" if groups[0].executor is None else " (processes)"
+        return " (" + "; ".join(f"{g.label} {g.concurrency}: {','.join(g.queues)}" for g in groups) + ")"
+
+    @property
+    def executors(self) -> dict[str, str]:
+        """Where each served queue's handlers run: ``thread`` (the runner's
+        process: threads, or an async runner's tasks) or ``process``."""
+        return {queue: ("process" if queue in self.handler_refs else "thread") for queue in self.queues}
 
     @property
     def most_ahead(self) -> int:
         """The most jobs it ever holds beyond ``concurrency``: the process
         executor's ``prefetch``, else the cap of thread or task runners' claims
-        ahead (what ``watchdog_workers.claim_ahead`` shows)."""
-        return self.claim_ahead if self.claim_ahead > 0 else max(0, self.ahead_cap)
+        ahead, summed over its executors (what ``watchdog_workers.claim_ahead``
+        shows)."""
+        return sum(group.most_ahead for group in self.slot_groups)
 
     @property
     def settle_gather(self) -> tuple[int, float]:
@@ -346,7 +456,7 @@ class RunnerSettings:
         (they are not idle while a settle waits); ``(1, 0.0)`` -- settle at
         once -- otherwise."""
         if self.claim_ahead > 0:
-            return self.concurrency, SETTLE_GATHER_S
+            return sum(g.concurrency for g in self.slot_groups if g.prefetch > 0), SETTLE_GATHER_S
         return 1, 0.0
 
     @property
@@ -409,8 +519,9 @@ class RunnerSettings:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= 10_000:
             raise InvalidJob("concurrency", f"must be an int from 1 to 10000, got {concurrency!r}")
         executor = check_executor(options.get("executor", "thread"))
-        refs: dict[str, HandlerRef] = {}
-        if executor is not None:
+        placed = _place(table, served, executor, stays, _checked_executors(options.get("executors"), served))
+        refs = locate_all(table, tuple(q for q, where in placed.items() if where is not None), stays=stays)
+        if executor is not None and None not in placed.values():
             if "concurrency" in options and concurrency != executor.children:
                 raise InvalidJob(
                     "concurrency",
@@ -418,8 +529,15 @@ class RunnerSettings:
                     f"{concurrency}: leave concurrency out and give ProcessExecutor(processes={concurrency})",
                 )
             concurrency = executor.children
-            refs = locate_all(table, served, stays=stays)
         ahead_cap = check_claim_ahead(options.get("claim_ahead"), concurrency, executor is not None)
+        groups = _groups(placed, refs, concurrency, ahead_cap)
+        if len(groups) == 1 and groups[0].executor == executor:
+            (group,) = groups
+            concurrency, prefetch, groups = group.concurrency, group.prefetch, ()
+        else:
+            concurrency = sum(g.concurrency for g in groups)
+            prefetch = sum(g.prefetch for g in groups)
+            ahead_cap = sum(g.ahead_cap for g in groups)
         lease = _duration(lease, "lease")
         heartbeat = _duration(heartbeat, "heartbeat")
         if heartbeat * 3 > lease:
@@ -469,8 +587,9 @@ class RunnerSettings:
             summary_every=check_summary_every(summary_every),
             executor=executor,
             handler_refs=refs,
-            claim_ahead=executor.claim_ahead if executor is not None and refs else 0,
+            claim_ahead=prefetch,
             ahead_cap=ahead_cap,
+            groups=groups,
         )
 
     def budget_for(self, job: JobView) -> int | None:
@@ -519,6 +638,84 @@ def check_claim_ahead(value: object, concurrency: int, process_executor: bool) -
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_CLAIM_AHEAD:
         raise InvalidJob("claim_ahead", f"must be None or an int from 0 to {MAX_CLAIM_AHEAD}, got {value!r}")
     return value
+
+
+def _place(
+    table: Mapping[str, Callable[..., Any]],
+    served: tuple[str, ...],
+    default: ProcessExecutor | None,
+    stays: Callable[[Any], bool] | None,
+    overrides: Mapping[str, ProcessExecutor | ExecutorName],
+) -> dict[str, ProcessExecutor | None]:
+    """Where each served queue's handler runs: the process executor it
+    names (``@handler(queue, executor=...)``), or the runner's ``default``
+    when it names none; None for the runner's own process. A handler the
+    runner keeps in its process (``stays``: an async runner's coroutine
+    handlers) goes with the default's group, as before handlers could name
+    one; naming a process executor for it is refused. ``overrides`` (the
+    runner's ``executors``) win over what the handlers name."""
+    placed: dict[str, ProcessExecutor | None] = {}
+    for queue in served:
+        fn = table[queue]
+        policy = default_registry.policy_for(queue, fn)
+        own = overrides.get(queue, _UNSET if policy is None else policy.executor)
+        if own is _UNSET:
+            placed[queue] = default
+        elif own == "thread":
+            placed[queue] = None
+        elif stays is not None and stays(fn):
+            raise InvalidJob(
+                "executor",
+                f"the handler of {queue!r} is a coroutine function, which runs on the async runner's event loop: "
+                'it cannot name a process executor (give it executor="thread" or none, or make it a plain function)',
+            )
+        else:
+            placed[queue] = own if isinstance(own, ProcessExecutor) else check_executor(own)
+    return placed
+
+
+def _checked_executors(value: object, served: tuple[str, ...]) -> dict[str, ProcessExecutor | ExecutorName]:
+    """The ``executors`` option: None or ``{served queue: executor}``."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidJob("executors", f"must be a mapping of queue names to executors, not {type(value).__name__}")
+    checked: dict[str, ProcessExecutor | ExecutorName] = {}
+    for queue, executor in value.items():
+        if queue not in served:
+            raise InvalidJob(
+                "executors", f"queue {queue!r} is not served by this runner (it serves {', '.join(map(repr, served))})"
+            )
+        try:
+            checked[queue] = check_handler_executor(executor)
+        except InvalidJob as error:
+            raise InvalidJob("executors", f"the executor of {queue!r}: {error}") from None
+    return checked
+
+
+def _groups(
+    placed: Mapping[str, ProcessExecutor | None],
+    refs: Mapping[str, HandlerRef],
+    concurrency: int,
+    ahead_cap: int,
+) -> tuple[SlotGroup, ...]:
+    """The runner's slot groups, one per executor in ``placed`` (equal
+    process executors are one: their handlers share its children), in the
+    order of the queues first served by each. The runner's own process has
+    ``concurrency`` slots and claims ahead up to ``ahead_cap``; a process
+    executor has its ``processes`` and claims its ``prefetch`` ahead when
+    any of its handlers runs in children."""
+    members: dict[ProcessExecutor | None, list[str]] = {}
+    for queue, where in placed.items():
+        members.setdefault(where, []).append(queue)
+    groups = []
+    for where, queues in members.items():
+        if where is None:
+            groups.append(SlotGroup(tuple(queues), concurrency, None, 0, ahead_cap))
+        else:
+            children = any(queue in refs for queue in queues)
+            groups.append(SlotGroup(tuple(queues), where.children, where, where.claim_ahead if children else 0, 0))
+    return tuple(groups)
 
 
 def _checked_retention(retention: object) -> Retention | None:

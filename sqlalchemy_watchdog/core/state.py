@@ -224,8 +224,10 @@ class RunnerCore:
         #: The last claim came back short because a limit held it back: until
         #: a claim is not, a slot whose handler returned stays taken until its
         #: settle commits (before that, the job still counts against the limit
-        #: and a claim for the slot could only come back empty).
-        self.held_back = False
+        #: and a claim for the slot could only come back empty). By slot
+        #: group (:attr:`RunnerSettings.slot_groups`), each claimed apart.
+        self._held_back: dict[int, bool] = {}
+        self._group_index: tuple[tuple[Any, ...], dict[str, int]] | None = None
         #: Where NOTIFY wakes the runner: its side of the waiting lock, told
         #: after each claim whether the runner now waits for work.
         self.waiting: Waiting | None = None
@@ -308,6 +310,20 @@ class RunnerCore:
         up new claims instead of growing the runner's memory."""
         return max(self.SETTLE_BACKLOG_MIN, 2 * self.settings.concurrency)
 
+    @property
+    def held_back(self) -> bool:
+        """Whether the last claim of any slot group came back short because
+        a limit held it back (setting it sets it for every group)."""
+        return any(self._held_back.values())
+
+    @held_back.setter
+    def held_back(self, value: bool) -> None:
+        self._held_back = dict.fromkeys(range(len(self.settings.slot_groups)), value)
+
+    def hold_back(self, group: int, value: bool) -> None:
+        """The last claim of slot group ``group`` was (not) held back by a limit."""
+        self._held_back[group] = value
+
     def settle_gather(self) -> tuple[int, float]:
         """How many finished jobs the settler waits for, and for how long at
         most, before it sends a batch (:attr:`RunnerSettings.settle_gather`);
@@ -318,10 +334,34 @@ class RunnerCore:
             return 1, 0.0
         return self.settings.settle_gather
 
+    def group_of(self, queue: str) -> int:
+        """The index of the slot group serving ``queue`` (0 for a queue it
+        does not serve: a custom loop's claim over every queue)."""
+        groups = self.settings.groups
+        if not groups:
+            return 0
+        index = self._group_index
+        if index is None or index[0] is not groups:
+            index = self._group_index = (groups, {q: i for i, g in enumerate(groups) for q in g.queues})
+        return index[1].get(queue, 0)
+
     def free_slots(self) -> int:
-        """How many jobs to claim now: the free concurrency slots, with the
-        jobs the runner may claim ahead (:meth:`claim_ahead`); none while
-        the settle backlog is full.
+        """How many jobs to claim now, over every slot group
+        (:meth:`free_by_group`)."""
+        return sum(free for _, free in self._free())
+
+    def free_by_group(self) -> list[tuple[int, int]]:
+        """:meth:`free_slots` for each slot group: (index, count)."""
+        if not self.settings.groups:
+            return [(0, self.free_slots())]
+        return self._free()
+
+    def _free(self) -> list[tuple[int, int]]:
+        """How many jobs to claim now for each slot group (index, count):
+        the group's free slots, with the jobs it may claim ahead
+        (:meth:`claim_ahead`); none while the settle backlog is full. Each
+        group is counted apart -- a queue's claims never take more jobs than
+        its executor can run, whatever the other executors' slots.
 
         Claims ahead go in batches: while a job claimed ahead still waits
         for a slot (a child, or a thread or task), every slot is busy and
@@ -330,36 +370,46 @@ class RunnerCore:
         statement for several jobs rather than one for each slot that frees,
         which leaves the CPU of the cores the handlers share with the runner
         and the database to the handlers."""
-        concurrency, ahead = self.settings.concurrency, self.claim_ahead()
-        children = self.settings.claim_ahead > 0
+        groups = self.settings.slot_groups
+        running = [0] * len(groups)
+        for_children = [0] * len(groups)
+        settling = [0] * len(groups)
+        many = len(groups) > 1
         with self._lock:
-            running = for_children = 0
             for e in self._active.values():
+                i = self.group_of(e.job.queue) if many else 0
                 if e.slot_held:
-                    running += 1
-                    for_children += e.killable
-            settling = len(self._active) - running
-        if settling >= self.settle_backlog_max:
-            return 0
-        capacity = concurrency + ahead
-        if self.held_back:
-            return capacity - running - settling
-        free = capacity - running
-        if (for_children if children else running) > concurrency and free < ahead:
-            return 0
-        return free
+                    running[i] += 1
+                    for_children[i] += e.killable
+                else:
+                    settling[i] += 1
+        if sum(settling) >= self.settle_backlog_max:
+            return [(i, 0) for i in range(len(groups))]
+        found = []
+        for i, group in enumerate(groups):
+            concurrency, ahead = group.concurrency, self.claim_ahead(i)
+            capacity = concurrency + ahead
+            if self._held_back.get(i, False):
+                found.append((i, capacity - running[i] - settling[i]))
+                continue
+            free = capacity - running[i]
+            if (for_children[i] if group.prefetch > 0 else running[i]) > concurrency and free < ahead:
+                free = 0
+            found.append((i, free))
+        return found
 
-    def claim_ahead(self) -> int:
-        """How many jobs to claim beyond ``concurrency``: the process
-        executor's ``prefetch``; for threads and tasks as many as the recent
-        handlers' run time allows (:mod:`.ahead`), none while a limit holds
-        claims back (a job claimed ahead would hold its room unused)."""
-        settings = self.settings
-        if settings.claim_ahead > 0:
-            return settings.claim_ahead
-        if self.held_back or settings.ahead_cap <= 0:
+    def claim_ahead(self, group: int = 0) -> int:
+        """How many jobs slot group ``group`` claims beyond its concurrency:
+        the process executor's ``prefetch``; for threads and tasks as many
+        as the recent handlers' run time allows (:mod:`.ahead`), none while
+        a limit holds claims back (a job claimed ahead would hold its room
+        unused)."""
+        slots = self.settings.slot_groups[group]
+        if slots.prefetch > 0:
+            return slots.prefetch
+        if self._held_back.get(group, False) or slots.ahead_cap <= 0:
             return 0
-        return self.run_times.ahead(settings.concurrency, settings.ahead_cap)
+        return self.run_times.ahead(slots.concurrency, slots.ahead_cap)
 
     def admit(self, claim: Claim, asked_at: float) -> Execution:
         """Register the execution of ``claim``, asked for at ``asked_at``

@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -304,47 +304,64 @@ def _close_pools() -> None:
 
 
 class RunnerChildren:
-    """A runner's :class:`ProcessPool`, made when a job first needs it
-    (handler threads ask at once) and taken away to be closed; what both
-    runners do with it around a claim's executions."""
+    """A runner's :class:`ProcessPool` of each process executor its
+    handlers run in (one per executor, handlers naming equal executors
+    sharing it), each made when a job first needs it (handler threads ask at
+    once) and taken away to be closed; what both runners do with them around
+    a claim's executions."""
 
-    def __init__(self, config: ProcessExecutor | None) -> None:
-        self._config = config
-        self._pool: ProcessPool | None = None
+    def __init__(self, executors: Mapping[str, ProcessExecutor]) -> None:
+        #: The executor of each queue whose handlers run in children.
+        self._executors = dict(executors)
+        self._pools: dict[ProcessExecutor, ProcessPool] = {}
         self._lock = threading.Lock()
 
     @property
-    def current(self) -> ProcessPool | None:
-        """The pool, if one was made (and not taken away)."""
-        return self._pool
-
-    def get(self) -> ProcessPool:
-        """The pool, made now if none is."""
+    def current(self) -> tuple[ProcessPool, ...]:
+        """The pools made so far (and not taken away)."""
         with self._lock:
-            pool = self._pool
+            return tuple(self._pools.values())
+
+    def get(self, queue: str) -> ProcessPool:
+        """The pool of ``queue``'s executor, made now if none is."""
+        config = self._executors.get(queue)
+        assert config is not None, f"the handlers of {queue!r} do not run in children"
+        with self._lock:
+            pool = self._pools.get(config)
             if pool is None:
-                assert self._config is not None, "a runner without the process executor has no children"
-                pool = self._pool = ProcessPool(self._config)
+                pool = self._pools[config] = ProcessPool(config)
                 weakref.finalize(self, pool.close)  # tick() alone never closes it
             return pool
 
-    def take(self) -> ProcessPool | None:
-        """The pool, for the caller to close; the next :meth:`get` makes another."""
+    def take(self) -> tuple[ProcessPool, ...]:
+        """The pools, for the caller to close; the next :meth:`get` makes another."""
         with self._lock:
-            pool, self._pool = self._pool, None
-        return pool
+            pools = tuple(self._pools.values())
+            self._pools.clear()
+        return pools
 
     def expect(self, executions: Sequence[Execution]) -> None:
         """Before a claim's executions start: the claim's order of those whose
-        handlers run in children (:meth:`ProcessPool.expect`)."""
-        ranks = [e.rank for e in executions if e.killable]
-        if ranks:
-            self.get().expect(ranks)
+        handlers run in children (:meth:`ProcessPool.expect`), each told to
+        the pool of its queue's executor."""
+        ranks: dict[str, list[tuple[int, int]]] = {}
+        for e in executions:
+            if e.killable:
+                ranks.setdefault(e.job.queue, []).append(e.rank)
+        by_pool: dict[int, tuple[ProcessPool, list[tuple[int, int]]]] = {}
+        for queue, found in ranks.items():
+            pool = self.get(queue)
+            by_pool.setdefault(id(pool), (pool, []))[1].extend(found)
+        for pool, found in by_pool.values():
+            pool.expect(found)
 
     def withdraw(self, execution: Execution) -> None:
         """``execution`` asks for no child any more (:meth:`ProcessPool.withdraw`)."""
-        pool = self._pool
-        if pool is not None and execution.killable:
+        if not execution.killable:
+            return
+        config = self._executors.get(execution.job.queue)
+        pool = None if config is None else self._pools.get(config)
+        if pool is not None:
             pool.withdraw(execution.rank)
 
 

@@ -359,15 +359,13 @@ class WorkerRegistration:
     heartbeat_ms: int
     #: The most jobs it claims beyond ``concurrency`` (0: none).
     claim_ahead: int = 0
+    #: Its queues whose handlers run in child processes.
+    process_queues: tuple[str, ...] = ()
 
     def params(self, running: int) -> dict[str, Any]:
-        from ..model import HOST_MAX_LENGTH, VERSION_MAX_LENGTH, WAKEUPS_MAX_LENGTH, WORKER_QUEUES_MAX_LENGTH
+        from ..model import HOST_MAX_LENGTH, VERSION_MAX_LENGTH, WAKEUPS_MAX_LENGTH
 
-        queues = list(self.queues)
-        encoded = json.dumps(queues, ensure_ascii=False)
-        while len(encoded) > WORKER_QUEUES_MAX_LENGTH and queues:  # thousands of long names: keep what fits
-            queues.pop()
-            encoded = json.dumps(queues, ensure_ascii=False)
+        encoded = _names(self.queues)
         return {
             "worker_id": self.worker_id,
             "host": self.host[:HOST_MAX_LENGTH] or "?",
@@ -379,7 +377,20 @@ class WorkerRegistration:
             "heartbeat_ms": max(1, self.heartbeat_ms),
             "running": max(0, running),
             "claim_ahead": max(0, self.claim_ahead),
+            "process_queues": _names(self.process_queues),
         }
+
+
+def _names(names: tuple[str, ...]) -> str:
+    """``names`` as a JSON array, cut to what the column holds."""
+    from ..model import WORKER_QUEUES_MAX_LENGTH
+
+    kept = list(names)
+    encoded = json.dumps(kept, ensure_ascii=False)
+    while len(encoded) > WORKER_QUEUES_MAX_LENGTH and kept:  # thousands of long names: keep what fits
+        kept.pop()
+        encoded = json.dumps(kept, ensure_ascii=False)
+    return encoded
 
 
 @operation(Shape.WRITE)
@@ -423,6 +434,7 @@ def workers(conn: Connection) -> list[WorkerView]:
                 last_seen=at_epoch_ms(row["last_seen"]),
                 running=row["running"],
                 claim_ahead=row["claim_ahead"],
+                process_queues=_queues_of(row["process_queues"]),
                 silent_for=timedelta(milliseconds=max(0, row["now"] - row["last_seen"])),
                 gone_after=timedelta(milliseconds=_gone_after_ms(heartbeat_ms)),
             )

@@ -310,6 +310,20 @@ def registered(**kwargs: Any) -> Callable[[Engine], Any]:
     return call
 
 
+async def _coroutine_in_a_process(job: Any) -> None:
+    """A coroutine handler that names the process executor (refused: it runs on the loop)."""
+
+
+HandlerRegistry().register("q", executor="process")(_coroutine_in_a_process)
+
+
+def _process_lambda() -> Callable[[Any], None]:
+    """A lambda that names the process executor itself (a child could not import it)."""
+    fn: Callable[[Any], None] = lambda job: None  # noqa: E731
+    HandlerRegistry().register("q", executor="process")(fn)
+    return fn
+
+
 def settle_with(decision: Any) -> Callable[[Engine], Any]:
     """Settle the seeded running job's exact claim with ``decision``."""
 
@@ -681,6 +695,29 @@ REFUSED: dict[str, Entry] = {
         "handlers", async_runner_with({"q": lambda job: None}, executor="process"), says="is a lambda"
     ),
     "AsyncRunner process executor processes 0": Entry("processes", async_process_runner(processes=0)),
+    # an executor per handler
+    "handler executor unknown": Entry("executor", registered(executor="fork"), says='"thread", "process"'),
+    "handler executor int": Entry("executor", registered(executor=4)),
+    "handler executor None": Entry("executor", registered(executor=None)),
+    "handler executor class": Entry("executor", registered(executor=ProcessExecutor)),
+    "task executor unknown": Entry(
+        "executor",
+        lambda e: task("q-task-bad", registry=HandlerRegistry(), executor="fork"),
+    ),
+    "Runner executors not a mapping": Entry("executors", runner(executors=["q"]), says="must be a mapping"),
+    "Runner executors unserved queue": Entry(
+        "executors", runner(executors={"nope": "process"}), says="'nope' is not served by this runner"
+    ),
+    "Runner executors unknown executor": Entry("executors", runner(executors={"q": "fork"}), says="of 'q'"),
+    "Runner executors process for a lambda": Entry(
+        "handlers", runner(handlers={"q": lambda job: None}, executors={"q": "process"}), says="is a lambda"
+    ),
+    "Runner handler naming the process executor is a lambda": Entry(
+        "handlers", runner(handlers={"q": _process_lambda()}), says="is a lambda"
+    ),
+    "AsyncRunner coroutine handler naming the process executor": Entry(
+        "executor", async_runner_with({"q": _coroutine_in_a_process}), says="coroutine function"
+    ),
     # reads
     "read empty id": Entry("job_id", wd("read", "")),
     "read int id": Entry("job_id", wd("read", 5)),
@@ -897,6 +934,10 @@ REFUSED: dict[str, Entry] = {
     "worker heartbeat 0": Entry("heartbeat", worker_row(heartbeat_ms=0), error=IntegrityError),
     "worker seen before it started": Entry("seen_after_start", worker_row(last_seen=1), error=IntegrityError),
     "worker queues empty": Entry("queues", worker_row(queues=""), error=IntegrityError),
+    "worker process queues empty": Entry("process_queues", worker_row(process_queues=""), error=IntegrityError),
+    "worker process queues too long": Entry(
+        "process_queues", worker_row(process_queues="[" + "q" * 65_536 + "]"), error=IntegrityError
+    ),
     "worker id too long": Entry("worker_id", worker_row(worker_id="w" * 65), error=IntegrityError),
     "schedule name too long": Entry("name", schedule_row(name="s" * 201), error=IntegrityError),
     "schedule cron empty": Entry("cron", schedule_row(cron=""), error=IntegrityError),
@@ -1101,9 +1142,16 @@ def test_a_hand_written_worker_row_with_odd_queues_reads_as_it_is_and_never_stop
     """Queues that are not a JSON array (written by hand) are shown as the
     text they are; workers() and stats() still answer."""
     for worker_id, queues in (("not-json", "q1,q2"), ("object", '{"q": 1}'), ("list", '["q", 7]')):
-        worker_row(worker_id=worker_id, queues=queues, started_at=0, last_seen=0)(engine)
+        worker_row(worker_id=worker_id, queues=queues, process_queues=queues, started_at=0, last_seen=0)(engine)
     shown = {w.worker_id: w.queues for w in Watchdog(engine).workers()}
     assert shown == {"not-json": ("q1,q2",), "object": ('{"q": 1}',), "list": ("q", "7")}
+    # Its process queues (revision w0018) read the same way: each queue says where it runs.
+    executors = {w.worker_id: w.executors for w in Watchdog(engine).workers()}
+    assert executors == {
+        "not-json": {"q1,q2": "process"},
+        "object": {'{"q": 1}': "process"},
+        "list": {"q": "process", "7": "process"},
+    }
     assert all(w.gone for w in Watchdog(engine).workers())  # last seen at the epoch
     assert Watchdog(engine).stats().queue("q").workers == 0
 

@@ -930,6 +930,103 @@ def test_run_with_the_process_executor_in_a_subprocess_until_sigterm(
     assert [j.outcome for j in Watchdog(engine).read_settled()] == [Outcome.COMPLETED] * 4
 
 
+MIXED_WORKER_MODULE = """
+import os
+from pathlib import Path
+from sqlalchemy_watchdog import handler
+
+@handler("cli-io")
+def io(job):
+    Path(f"ran-{job.job_id}").write_text(str(os.getpid()))
+
+@handler("cli-cpu")
+def cpu(job):
+    Path(f"ran-{job.job_id}").write_text(str(os.getpid()))
+"""
+
+
+def test_run_with_one_queue_in_children_beside_the_others_in_threads_in_a_subprocess(
+    engine: Engine, db_url: URL, tmp_path: Path
+) -> None:
+    """``run MODULE --executor cli-cpu=process --processes 1``: that queue's
+    handler runs in a child of the command, the other queue's in the
+    command's own process; the start line says which runs where."""
+    name = f"watchdog_cli_mixed_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(MIXED_WORKER_MODULE)
+    add(engine, *(Job(f"io{i}", "cli-io") for i in range(3)), *(Job(f"cpu{i}", "cli-cpu") for i in range(3)))
+    env = {**os.environ, "WATCHDOG_DATABASE_URL": url_arg(db_url), "PYTHONPATH": str(ROOT)}
+    argv = ["run", name, "--poll-interval", "0.1", "--concurrency", "2", "--executor", "cli-cpu=process"]
+    argv += ["--processes", "1", "--kill-grace", "1"]
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "sqlalchemy_watchdog.cli", *argv],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        watchdog = Watchdog(engine)
+        deadline = time.monotonic() + 60
+        while watchdog.has_pending_work() and time.monotonic() < deadline and worker.poll() is None:
+            time.sleep(0.05)
+        assert not watchdog.has_pending_work(), worker.poll()
+        worker.send_signal(signal.SIGTERM)
+        _, err = worker.communicate(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert worker.returncode == 0, err
+    assert "concurrency=3 (thread 2: cli-io; process 1: cli-cpu)" in err
+    assert {int((tmp_path / f"ran-io{i}").read_text()) for i in range(3)} == {worker.pid}
+    cpu_pids = {int((tmp_path / f"ran-cpu{i}").read_text()) for i in range(3)}
+    assert len(cpu_pids) == 1 and worker.pid not in cpu_pids
+    assert [j.outcome for j in Watchdog(engine).read_settled()] == [Outcome.COMPLETED] * 6
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--executor", "fork"], "expected thread, process, QUEUE=thread or QUEUE=process, got 'fork'"),
+        (["--executor", "cli-q=fork"], "got 'cli-q=fork'"),
+        (["--executor", "=process"], "the queue before '=' is empty"),
+        (["--executor", "nope=process"], "--executor: queue 'nope' is not served by this runner"),
+        (["--executor", "process", "--executor", "thread"], "give the runner's default once"),
+        (["--executor", "cli-q=process", "--executor", "cli-q=thread"], "give a queue's once"),
+        (["--executor", "cli-q=thread", "--processes", "2"], "--processes apply only with --executor process"),
+    ],
+    ids=["unknown", "unknown-for-a-queue", "no-queue", "unknown-queue", "two-defaults", "a-queue-twice", "no-process"],
+)
+def test_run_refuses_a_malformed_or_unknown_executor(
+    engine: Engine, cli: Cli, app_module: tuple[str, Path], flags: list[str], says: str
+) -> None:
+    name, path = app_module
+    path.write_text(FACTORY_MODULE)
+    status, _, err = cli("run", f"{name}:HANDLERS", *flags)
+    assert status == 2, err
+    assert says in err
+
+
+def test_run_gives_a_queues_executor_to_the_runner(
+    engine: Engine, app_module: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--executor QUEUE=process`` with the process options: that queue's
+    handler is placed in children of one ``ProcessExecutor`` built from them,
+    the others keep the default."""
+    from sqlalchemy_watchdog.cli.commands.serving import build_runner
+    from sqlalchemy_watchdog.cli.parser import build_parser
+
+    name, path = app_module
+    path.write_text(FACTORY_MODULE + "\nHANDLERS['cli-r'] = handle_mapped\n")
+    args = build_parser().parse_args(
+        ["run", f"{name}:HANDLERS", "--executor", "cli-r=process", "--processes", "3", "--concurrency", "5"]
+    )
+    runner = build_runner(args, engine)
+    assert runner.settings.executors == {"cli-q": "thread", "cli-r": "process"}
+    assert [(g.queues, g.concurrency) for g in runner.settings.slot_groups] == [(("cli-q",), 5), (("cli-r",), 3)]
+
+
 @pytest.mark.parametrize(
     ("flags", "says"),
     [
@@ -1754,8 +1851,12 @@ def test_json_output_stays_exact(engine: Engine, cli: Cli) -> None:
 # -- workers, recorded schedules ------------------------------------------------------------
 
 
-def _register_worker(engine: Engine, worker_id: str, queues: tuple[str, ...], *, host: str = "host-1") -> None:
-    registration = store.WorkerRegistration(worker_id, host, 42, queues, 4, "listen", "0.1.0", 10_000, claim_ahead=16)
+def _register_worker(
+    engine: Engine, worker_id: str, queues: tuple[str, ...], *, host: str = "host-1", processes: tuple[str, ...] = ()
+) -> None:
+    registration = store.WorkerRegistration(
+        worker_id, host, 42, queues, 4, "listen", "0.1.0", 10_000, claim_ahead=16, process_queues=processes
+    )
     with engine.begin() as conn:
         store.register_worker(conn, registration)
 
@@ -1763,7 +1864,7 @@ def _register_worker(engine: Engine, worker_id: str, queues: tuple[str, ...], *,
 def test_workers_lists_live_and_gone_runners_as_a_table_and_json(engine: Engine, cli: Cli) -> None:
     status, out, _ = cli("workers")
     assert (status, out.strip()) == (0, "no workers registered (none serving, or none since the last clean shutdown)")
-    _register_worker(engine, "w-live", ("emails", "sms"))
+    _register_worker(engine, "w-live", ("emails", "sms"), processes=("sms",))
     _register_worker(engine, "w-dead", ("emails",), host="evil\x1b[2Jhost")
     with engine.begin() as conn:
         conn.execute(
@@ -1779,13 +1880,17 @@ def test_workers_lists_live_and_gone_runners_as_a_table_and_json(engine: Engine,
         "worker_id", "host", "pid", "queues", "concurrency", "ahead", "running", "started_at", "status", "wakeups",
     ]  # fmt: skip
     dead, live = sorted(rows)
-    assert live.split()[:7] == ["w-live", "host-1", "42", "emails,sms", "4", "16", "0"] and "live (seen" in live
+    # Its sms handlers run in child processes, its emails handlers in its own process.
+    assert live.split()[:7] == ["w-live", "host-1", "42", "emails,sms(process)", "4", "16", "0"]
+    assert "live (seen" in live and dead.split()[3] == "emails"
     assert "GONE (silent 10m" in dead
     assert "\x1b" not in out  # a host name's control characters are escaped
     status, out, _ = cli("--json", "workers")
     documents = {d["worker_id"]: d for d in map(json.loads, out.splitlines())}
     assert documents["w-live"]["queues"] == ["emails", "sms"] and documents["w-live"]["gone"] is False
     assert (documents["w-live"]["concurrency"], documents["w-live"]["claim_ahead"]) == (4, 16)
+    assert documents["w-live"]["executors"] == {"emails": "thread", "sms": "process"}
+    assert documents["w-dead"]["executors"] == {"emails": "thread"}
     assert documents["w-dead"]["gone"] is True and documents["w-dead"]["gone_after_seconds"] == 60.0
 
 

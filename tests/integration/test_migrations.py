@@ -1485,6 +1485,58 @@ def test_w0016_moves_the_one_column_checks_into_domains_keeping_every_row_and_tr
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
 
 
+# -- w0018: workers' process queues -------------------------------------------------------------
+
+W0017 = "w0017_worker_claim_ahead"
+
+
+def test_w0018_adds_the_workers_process_queues_keeping_every_worker_and_downgrades(empty_engine: Engine) -> None:
+    """Up: a worker registered before reads no process queue until its next
+    heartbeat, which writes them; a value out of bounds is refused by its
+    CHECK. Down: the column goes, every worker stays."""
+    engine = empty_engine
+    run(engine, command.upgrade, W0017)
+    with engine.begin() as conn:  # by hand: the package's statement writes w0018's column
+        conn.execute(
+            text(
+                "INSERT INTO watchdog_workers (worker_id, host, pid, queues, concurrency, wakeups, version,"
+                " heartbeat_ms, started_at, last_seen, running, claim_ahead)"
+                " VALUES ('w-old', 'host-1', 42, '[\"emails\",\"pdf\"]', 4, 'listen', '0.1.0', 10000, 1000, 2000,"
+                " 3, 2)"
+            )
+        )
+    columns = "worker_id, host, pid, queues, concurrency, wakeups, version, heartbeat_ms, started_at, running"
+
+    def rows() -> list[tuple[Any, ...]]:
+        with engine.connect() as conn:
+            return [tuple(row) for row in conn.execute(text(f"SELECT {columns}, claim_ahead FROM watchdog_workers"))]
+
+    before = rows()
+
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []
+    assert schema_names(engine) == model_names(engine.dialect.name)
+    assert rows() == before
+    [old] = Watchdog(engine).workers()
+    assert (old.worker_id, old.process_queues, old.executors) == ("w-old", (), {"emails": "thread", "pdf": "thread"})
+    registration = store.WorkerRegistration(
+        "w-old", "host-1", 42, ("emails", "pdf"), 4, "listen", "0.1.0", 10_000, 2, process_queues=("pdf",)
+    )
+    with engine.begin() as conn:  # its next heartbeat
+        store.register_worker(conn, registration, running=3)
+    assert [w.executors for w in Watchdog(engine).workers()] == [{"emails": "thread", "pdf": "process"}]
+    with pytest.raises(IntegrityError) as refused, engine.begin() as conn:
+        conn.execute(text("UPDATE watchdog_workers SET process_queues = ''"))
+    assert "ck_watchdog_workers_process_queues_length" in str(refused.value)
+
+    run(engine, command.downgrade, W0017)
+    assert rows() == before
+    with engine.connect() as conn:
+        assert "process_queues" not in list(conn.execute(text("SELECT * FROM watchdog_workers")).keys())
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []
+
+
 # -- w0017: workers' claim ahead ---------------------------------------------------------------
 
 W0016 = "w0016_column_domains"

@@ -169,8 +169,9 @@ def test_the_workers_page_shows_live_and_gone_workers_and_disputed_schedules(
     with engine.begin() as conn:
         for worker_id, host in (("w-live", "web-1"), ("w-dead", "<b>evil</b>")):
             registration = store.WorkerRegistration(
-                worker_id, host, 42, ("emails",), 4, "listen", "0.1.0", 10_000, claim_ahead=16
-            )
+                worker_id, host, 42, ("emails", "pdf"), 4, "listen", "0.1.0", 10_000, claim_ahead=16,
+                process_queues=("pdf",),
+            )  # fmt: skip
             store.register_worker(conn, registration, running=19)
         conn.execute(
             text(
@@ -194,6 +195,12 @@ def test_the_workers_page_shows_live_and_gone_workers_and_disputed_schedules(
     # It holds 19 jobs on 4 slots: the page says it may claim 16 ahead, and that running counts them.
     assert '<td class="num">19</td>\n<td class="num">4</td>\n<td class="num">16</td>' in text_
     assert "claim ahead</abbr>" in text_ and "at most <em>concurrency</em> + <em>claim ahead</em>" in text_
+    # Its pdf handlers run in child processes, its emails handlers in its own process.
+    assert (
+        '<a href="/jobs?queue=emails">emails</a>, <a href="/jobs?queue=pdf">pdf</a> '
+        '<span class="badge" title="its handlers run in child processes of the worker">process</span></td>'
+    ) in text_
+    assert text_.count(">process</span>") == 2 and "A queue marked <em>process</em> runs its handlers" in text_
     assert "Deploys disagree about the definition of <strong>report</strong>" in text_
     assert text_.count(">disputed</span>") == 2 and "Europe/Paris" in text_
     assert 'href="/workers" aria-current="page">Workers</a>' in text_  # in the nav

@@ -99,6 +99,24 @@ def test_a_process_executor_worker_says_its_prefetch_as_its_claim_ahead(engine: 
     assert _workers(engine) == []
 
 
+def test_a_worker_says_which_of_its_queues_run_in_child_processes(engine: Engine, runners: RunnerDriver) -> None:
+    """One runner serving a thread queue and a queue whose handler names the
+    process executor: its row says which runs where, and its concurrency and
+    claim ahead are both executors' (threads 2 + one per CPU, the claim
+    ahead of threads capped at 4 x 2 + the children's prefetch)."""
+    from tests import process_handlers
+
+    worker = runners.runner({"io": lambda job: None, "crunch": process_handlers.crunch}, concurrency=2)
+    settings = worker.runner.settings
+    with worker.serving():
+        [row] = wait_until(lambda: _workers(engine), what="the worker's row")
+        assert row.queues == ("io", "crunch") and row.process_queues == ("crunch",)
+        assert row.executors == {"io": "thread", "crunch": "process"}
+        children = settings.slot_groups[1].concurrency
+        assert (row.concurrency, row.claim_ahead) == (2 + children, 4 * 2 + children)
+    assert _workers(engine) == []
+
+
 def test_each_runner_object_is_a_worker_of_its_own(engine: Engine, runners: RunnerDriver) -> None:
     first = runners.runner({"q": lambda job: None})
     second = runners.runner({"q": lambda job: None})

@@ -106,6 +106,47 @@ def test_slots_of_coroutine_or_thread_handlers_are_claimed_for_at_once_beside_ch
     assert runner.free_slots() == 1, "no job waits for a child: the freed slot is claimed for at once"
 
 
+def test_each_executor_is_claimed_for_apart_up_to_its_own_slots(time: FakeTime) -> None:
+    """A runner with a thread queue and a queue whose handler names a process
+    executor (2 children, 1 claimed ahead): each group's free slots are its
+    own, and a pass claims each group's queues with its own limit -- busy
+    threads never stop the children's claim, nor busy children the threads'."""
+    from sqlalchemy_watchdog import ProcessExecutor
+    from sqlalchemy_watchdog.core.handlers import HandlerRegistry
+
+    registry = HandlerRegistry()
+    registry.register("cpu", executor=ProcessExecutor(processes=2, prefetch=1))(child_handler)
+    runner = core(time, {"io": lambda job: None, "cpu": child_handler}, concurrency=3, claim_ahead=0)
+    assert runner.free_by_group() == [(0, 3), (1, 3)] and runner.free_slots() == 6
+    io = [admitted(runner, "io") for _ in range(3)]
+    assert not any(e.killable for e in io)
+    assert runner.free_by_group() == [(0, 0), (1, 3)], "busy threads leave the children's slots free"
+    cpu = [admitted(runner, "cpu") for _ in range(3)]
+    assert all(e.killable for e in cpu) and runner.free_by_group() == [(0, 0), (1, 0)]
+    runner.release_slot(io[0])
+    assert runner.free_by_group() == [(0, 1), (1, 0)], "a thread's freed slot is the threads' alone"
+
+    claimed: list[tuple[tuple[str, ...], int]] = []
+
+    def claims(step: Any) -> None:
+        claimed.append((step.kwargs["queues"], step.kwargs["limit"]))
+
+    runner.retire(io[0])
+    for execution in cpu[:2]:
+        runner.release_slot(execution)  # two children answered; one took the job claimed ahead
+    assert runner.free_by_group() == [(0, 1), (1, 2)]
+    run(
+        loop_pass(runner),
+        Expect(store.expired_claims, []),
+        Expect(store.seconds_until_next_expiry, None),
+        Expect(store.promote, Promotion(0, None)),
+        Expect(store.propagate, 0),
+        Expect(store.claim, ClaimBatch((), ()), check=claims),
+        Expect(store.claim, ClaimBatch((), ()), check=claims),
+    )
+    assert claimed == [(("io",), 1), (("cpu",), 2)]
+
+
 def test_a_slot_held_back_by_a_limit_is_free_again_only_when_its_settle_is_in(time: FakeTime) -> None:
     """A limit holds the runner back (its claim used up a limited queue's room):
     a slot whose handler returned is claimed for only once its settle commits --

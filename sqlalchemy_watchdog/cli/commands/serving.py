@@ -17,6 +17,7 @@ from typing import Any, TextIO
 from sqlalchemy import Engine
 
 from ...client import Watchdog
+from ...errors import InvalidJob
 from ...schedules import Schedule, check_schedules
 from ..exits import CommandFailed, UsageError
 from ..output import (
@@ -72,8 +73,9 @@ def build_runner(args: argparse.Namespace, engine: Engine) -> Any:
         options["queues"] = args.queues
     if args.concurrency is not None:
         options["concurrency"] = args.concurrency
+    default_executor, per_queue = _executor_choices(args)
     if args.claim_ahead is not None:
-        if args.executor == "process":
+        if default_executor == "process":
             raise UsageError(
                 "with --executor process, --prefetch sets how many jobs are claimed ahead, not --claim-ahead"
             )
@@ -84,9 +86,11 @@ def build_runner(args: argparse.Namespace, engine: Engine) -> Any:
             options[name] = timedelta(seconds=seconds)
     if args.wakeups is not None:
         options["wakeups"] = args.wakeups
-    executor = _executor(args)
+    executor, executors = _executor(args, default_executor, per_queue)
     if executor is not None:
         options["executor"] = executor
+    if executors:
+        options["executors"] = executors
     if args.listen_url is not None:
         listen_url = database_url(args.listen_url)
         if listen_url.get_backend_name() != "postgresql":
@@ -100,14 +104,20 @@ def build_runner(args: argparse.Namespace, engine: Engine) -> Any:
         # Without an attribute: the handlers registered with @handler.
         if schedules:
             options["schedules"] = schedules
-        runner: Any = Runner(engine, target if named else None, **options)
+        try:
+            runner: Any = Runner(engine, target if named else None, **options)
+        except InvalidJob as error:
+            if error.field != "executors":
+                raise
+            # --executor QUEUE=...: a queue the runner does not serve is the command line's mistake.
+            raise UsageError(f"--executor: {str(error).removeprefix('executors: ')}") from None
         _say_schedules(runner, module_name)
         return runner
     if isinstance(target, (Runner, AsyncRunner)) or callable(target):
         if options:
             raise UsageError(
                 f"{args.target} builds its own runner; the options "
-                f"{', '.join('--' + n.replace('_', '-') for n in options)} apply only "
+                f"{', '.join(dict.fromkeys(_flag(name) for name in options))} apply only "
                 "to `run MODULE` or `run MODULE:HANDLERS_MAPPING`"
             )
         runner = target if isinstance(target, (Runner, AsyncRunner)) else target(engine)
@@ -131,21 +141,48 @@ def build_runner(args: argparse.Namespace, engine: Engine) -> Any:
     )
 
 
+def _flag(option: str) -> str:
+    """The ``run`` flag that gives the runner option ``option``."""
+    return "--executor" if option == "executors" else "--" + option.replace("_", "-")
+
+
 #: ``run``'s options that configure the process executor.
 _PROCESS_OPTIONS = ("processes", "max_jobs_per_child", "max_memory_per_child", "kill_grace", "prefetch")
 
 
-def _executor(args: argparse.Namespace) -> Any:
-    """The ``executor`` option ``--executor`` and its companions ask for (None: not given)."""
+def _executor_choices(args: argparse.Namespace) -> tuple[str | None, dict[str, str]]:
+    """What the ``--executor`` options name: the runner's default executor
+    (None: not given) and each queue's (``QUEUE=process``)."""
+    default: str | None = None
+    per_queue: dict[str, str] = {}
+    for queue, name in args.executor or ():
+        if queue is None:
+            if default is not None and default != name:
+                raise UsageError(f"--executor {default} and --executor {name}: give the runner's default once")
+            default = name
+        elif per_queue.setdefault(queue, name) != name:
+            first = per_queue[queue]
+            raise UsageError(f"--executor {queue}={first} and --executor {queue}={name}: give a queue's once")
+    return default, per_queue
+
+
+def _executor(
+    args: argparse.Namespace, default: str | None, per_queue: Mapping[str, str]
+) -> tuple[Any, dict[str, Any]]:
+    """The ``executor`` and ``executors`` options the ``--executor`` options
+    and their companions ask for (None and ``{}``: not given). The process
+    companions (``--processes``, ...) configure every process executor
+    named, the default's and the queues' alike: those queues share its
+    children."""
     from ...executors import ProcessExecutor
 
     given = [name for name in _PROCESS_OPTIONS if getattr(args, name, None) is not None]
-    if args.executor != "process":
+    if default != "process" and "process" not in per_queue.values():
         if given:
             flags = ", ".join("--" + name.replace("_", "-") for name in given)
-            raise UsageError(f"{flags} apply only with --executor process")
-        return args.executor
-    if args.concurrency is not None:
+            raise UsageError(f"{flags} apply only with --executor process (or --executor QUEUE=process)")
+        return default, dict(per_queue)
+    if default == "process" and args.concurrency is not None and "thread" not in per_queue.values():
         raise UsageError("with --executor process, --processes sets how many handlers run at once, not --concurrency")
     fields: dict[str, Any] = {
         "processes": args.processes,
@@ -155,7 +192,9 @@ def _executor(args: argparse.Namespace) -> Any:
     }
     if args.kill_grace is not None:
         fields["kill_grace"] = timedelta(seconds=args.kill_grace)
-    return ProcessExecutor(**fields)
+    process = ProcessExecutor(**fields)
+    executors = {queue: (process if name == "process" else name) for queue, name in per_queue.items()}
+    return (process if default == "process" else default), executors
 
 
 def _say_schedules(runner: Any, module_name: str) -> None:
@@ -177,6 +216,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     ``AsyncEngine``). The options ``--queue``, ``--concurrency``, ``--claim-ahead``, ``--lease``,
     ``--heartbeat``, ``--poll-interval``, ``--grace``, ``--wakeups``,
     ``--listen-url`` and the executor's (``--executor process --processes N``,
+    or ``--executor QUEUE=process`` for one queue's handlers beside the others' threads,
     ``--max-jobs-per-child``, ``--max-memory-per-child``, ``--kill-grace``)
     apply when this command builds the runner (behind a
     connection pooler in transaction mode, ``--listen-url`` names a direct
