@@ -328,3 +328,10 @@ def double_with_job(job: RunningJob, n: int) -> dict[str, Any]:
     parents = [[p.job_id, None if p.outcome is None else p.outcome.value, p.result] for p in job.parent_results()]
     written = job.progress(1.0, "doubled").value
     return {"n": n * 2, "job_id": job.job_id, "attempt": job.attempt, "progress": written, "parents": parents}
+
+
+@task("doubles-in-child", registry=TASKS, executor="process")
+def double_in_child(n: int) -> dict[str, int]:
+    """A task naming the process executor itself: runs in a child whatever
+    the runner's own executor; its argument doubled, and the child's pid."""
+    return {"n": n * 2, "pid": os.getpid()}

@@ -141,3 +141,21 @@ def test_a_task_passes_its_executor_to_its_handlers_registration() -> None:
         default_poll_interval=timedelta(seconds=1),
     )
     assert settings.executors == {"t-local": "thread", "cpu": "process"}
+
+
+def test_a_task_naming_the_process_executor_runs_in_a_child_beside_a_thread_queue(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    """``@task(queue, executor="process")`` at the top level of a module: its
+    handler is found in that module by the child, while the runner's own
+    (thread) handlers run in its process."""
+    seen: list[int] = []
+    add(engine, h.double_in_child.job(n=21, job_id="task-cpu"), Job("io", "io"))
+    done = runners.runner(
+        {"io": lambda job: seen.append(os.getpid()), "doubles-in-child": h.double_in_child.handler}
+    ).run_until_idle()
+    assert {j.job_id: j.outcome for j in done} == {"io": Outcome.COMPLETED, "task-cpu": Outcome.COMPLETED}
+    assert seen == [os.getpid()]
+    result = read(engine, "task-cpu").result
+    assert result is not None and result["n"] == 42
+    assert result["pid"] != os.getpid(), "the task ran in a child"
