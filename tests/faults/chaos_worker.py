@@ -28,6 +28,10 @@ A job's payload says what its handler does (``{"action": ...}``):
 * ``noop``: return at once, writing no audit row (a warm-up: a runner that
   ran it knows its handlers are short, and claims ahead).
 
+``{"no_end": true}`` leaves the audit end row out: the handler's last
+database write is its start row, so it returns (and its job settles)
+without touching the database -- during an outage too.
+
 ``{"per_attempt": {"1": ACTION, ...}}`` picks the action of an attempt
 (``RunningJob.attempt``) instead of ``action``. ``{"only_first": N}``
 applies the chosen action to runs with ``recovery_count < N`` only; later
@@ -131,6 +135,8 @@ def make_handler(engine: Engine):  # type: ignore[no-untyped-def]
         elif action == "ignore_stop":
             time.sleep(float(payload.get("seconds", 600)))
             told = job.stop_reason.value if job.stop_reason else None
+        if payload.get("no_end") and stopped is None:
+            return None
         _audit_write(
             engine,
             update(audit)
@@ -231,6 +237,8 @@ def make_async_handler(aengine: AsyncEngine):  # type: ignore[no-untyped-def]
                 stopped = job.stop_reason.value if job.stop_reason else "unknown"
                 await _audit_write_async(aengine, end(stopped), "end")
                 raise
+            if payload.get("no_end"):
+                return None
         elif action == "ignore_stop":
             # A blocking call the task's cancellation cannot reach, in a daemon
             # thread: asyncio.to_thread's would hold the process at exit.
