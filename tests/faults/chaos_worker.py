@@ -3,7 +3,7 @@ that leave an audit trail, and hooks to die at precise moments.
 
     python tests/faults/chaos_worker.py --url URL [--queue chaos] [--concurrency N]
         [--lease S] [--heartbeat S] [--poll S] [--grace S] [--clock-offset-ms MS] [--claim-ahead N]
-        [--kill-in-settle JOB_ID --kill-phase before|after] [--asyncio [--plain]]
+        [--kill-in-settle JOB_ID --kill-phase before|after] [--asyncio [--plain]] [--pooled]
 
 With ``--asyncio`` it runs an ``AsyncRunner`` (``asyncio.run(runner.run_forever())``
 on an ``AsyncEngine``) with the coroutine twin of the handler: the same
@@ -317,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--asyncio", action="store_true", help="run an AsyncRunner instead")
     parser.add_argument("--plain", action="store_true", help="with --asyncio: give it the plain handler")
+    parser.add_argument("--pooled", action="store_true", help="behind PgBouncer: psycopg's prepare_threshold=None")
     args = parser.parse_args(argv)
     # SIGUSR1 prints every thread's stack to the log: how a test reports a worker that hangs.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -326,7 +327,9 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format=f"%(asctime)s {args.name}[%(process)d] %(levelname)s %(name)s: %(message)s",
     )
-    engine = create_engine(args.url)
+    # Behind a pooler in transaction mode: no prepared statements (the deployment guide's setting).
+    pooled: dict[str, Any] = {"prepare_threshold": None} if args.pooled else {}
+    engine = create_engine(args.url, connect_args=pooled)
     if args.kill_in_settle:
         install_settle_kill(set(args.kill_in_settle), args.kill_phase)
     queues = args.queue or ["chaos"]
@@ -346,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             engine.dispose()  # the async worker uses its AsyncEngine alone
 
         async def serve() -> None:
-            aengine = create_async_engine(async_url(args.url))
+            aengine = create_async_engine(async_url(args.url), connect_args=pooled)
             try:
                 handle = make_handler(engine) if args.plain else make_async_handler(aengine)
                 runner = AsyncRunner(aengine, {queue: handle for queue in queues}, **settings)
