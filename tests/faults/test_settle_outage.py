@@ -15,6 +15,7 @@ Each case runs with a ``Runner`` and with an ``AsyncRunner`` worker.
 from __future__ import annotations
 
 import re
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -232,3 +233,31 @@ def test_an_outage_longer_than_the_lease_hands_the_jobs_to_recovery(
     # A decision lost is an ERROR, once per batch given up.
     assert re.search(r"ERROR .*given up: the database stayed unreachable until their leases ended", log), log[-4000:]
     assert worker.alive
+
+
+def test_a_shutdown_during_a_blip_waits_for_the_settles_within_its_grace(
+    database: tuple[PrivatePostgres, str, Engine], workers: WorkerPool, runner_kind: str
+) -> None:
+    """SIGTERM while the server is down and every handler has returned: the
+    shutdown keeps the settles being retried (its grace is 5 s), the server
+    comes back within it, and every job still ends ``completed`` by its
+    first claim; the worker then exits cleanly, having logged no ERROR."""
+    server, name, engine = database
+    jobs = _jobs("term", 4)
+    ids = [job.job_id for job in jobs]
+    enqueue_jobs(engine, jobs)
+    worker = _start(server.url(name, application_name="term"), workers, runner_kind, lease=10, heartbeat=2)
+
+    def halt_then_stop() -> None:
+        server.halt()
+        time.sleep(HANDLER_S + 0.5)  # every handler has returned into the outage
+        worker.send(signal.SIGTERM)
+
+    _outage(halt_then_stop, server.resume, engine, ids, 4.0)
+    assert worker.wait(timeout=30) == 0
+    rows = assert_settled_exactly_once(engine, ids)
+    log = worker.log_text()
+    assert {j: rows[j]["outcome"] for j in ids} == dict.fromkeys(ids, "completed"), log[-4000:]
+    assert sorted(row["job_id"] for row in audit_rows(engine)) == sorted(ids), log[-4000:]
+    errors = re.findall(r".* (?:ERROR|CRITICAL) .*", log)
+    assert not errors, "\n".join(errors) + "\n" + log[-4000:]
