@@ -55,7 +55,19 @@ from .core.settings import (
 )
 from .core.signals import restore_signal, signals_to_install
 from .core.state import Execution, RunnerCore, TickResult
-from .core.steps import STARTED_LATE, Probe, RunHandler, Spawn, Step, Steps, Stop, StoreCall, WaitDone, drive_async
+from .core.steps import (
+    STARTED_LATE,
+    Pause,
+    Probe,
+    RunHandler,
+    Spawn,
+    Step,
+    Steps,
+    Stop,
+    StoreCall,
+    WaitDone,
+    drive_async,
+)
 from .errors import InvalidJob, redacted
 from .executors import HandlerRef
 from .executors.pool import ChildOutcome, RunnerChildren, decision_of_outcome
@@ -569,7 +581,13 @@ class AsyncRunner:
 
     async def _perform(self, step: Step) -> Any:
         if isinstance(step, StoreCall):
-            return await self._store(step.fn, *step.args, **step.kwargs)
+            answer = await self._store(step.fn, *step.args, **step.kwargs)
+            self.core.outage.succeeded()  # the database answers: an outage episode is over
+            return answer
+        if isinstance(step, Pause):
+            # A settler stopped during the pause has its task cancelled.
+            await asyncio.sleep(step.seconds)
+            return True
         if isinstance(step, RunHandler):
             return await self._run_handler(step.execution)
         if isinstance(step, Stop):
@@ -750,7 +768,9 @@ class AsyncRunner:
             await asyncio.get_running_loop().run_in_executor(None, pool.close)
 
     async def _settle(self, requests: list[SettleRequest]) -> list[Settlement | None]:
-        return await drive_async(settle_batch(requests), self._perform)
+        """Settle ``requests`` (:func:`settle_batch`: retried while the
+        database is unreachable and their leases may live)."""
+        return await drive_async(settle_batch(self.core, requests), self._perform)
 
     async def _execute(self, execution: Execution, *, quiet: bool = False) -> TickResult | None:
         """Run ``execution`` to the end: its steps, then its settle (in the
@@ -837,8 +857,10 @@ class AsyncRunner:
             if stale:
                 await self._give_back(stale)
 
-    async def _renew_all(self) -> None:
-        await drive_async(renew(self.core), self._perform)
+    async def _renew_all(self) -> float:
+        """Renew every claim; how long until the next renewal (sooner after
+        a transient failure: see :func:`renew`)."""
+        return await drive_async(renew(self.core), self._perform)
 
     def _stop(self, execution: Execution, reason: StopReason) -> None:
         """Tell a handler to stop: a coroutine handler's task is cancelled; a
@@ -1103,14 +1125,19 @@ class AsyncRunner:
 
     async def _beat(self) -> None:
         _, _, now = self._events()
+        wait = self.settings.heartbeat_s
         while True:
-            await _wait(now, self.settings.heartbeat_s)
+            await _wait(now, wait)
             now.clear()
+            wait = self.settings.heartbeat_s
             try:
-                await self._renew_all()
+                # Sooner after a transient failure: the renewal is retried
+                # while the leases may be alive (see core.loop.renew).
+                wait = await self._renew_all()
             except Exception as error:
                 log.error("heartbeat failed: %s", error)
-            await self._worker_step(refresh_worker(self.core))
+            if not self.core.outage.ongoing:
+                await self._worker_step(refresh_worker(self.core))
 
     async def _worker_step(self, steps: Steps[None]) -> None:
         """Perform a step on this runner's worker row; its failures are the
@@ -1212,6 +1239,17 @@ async def _wait(event: asyncio.Event, timeout: float) -> None:
         pass
 
 
+def _log_given_up(count: int, why: str) -> None:
+    """The async settler's one ERROR for settles given up at stop: their
+    decisions are lost (the sync settler's are logged by ``settle_batch``)."""
+    log.error(
+        "settle of %d job(s) given up: %s; their decisions are lost and recovery will handle them"
+        " once their leases end",
+        count,
+        why,
+    )
+
+
 class _AsyncSettler:
     """Settles finished executions in batches, as the sync runner's settler:
     every settle waiting when a batch starts shares one ``settle_many``
@@ -1229,6 +1267,8 @@ class _AsyncSettler:
         self._pending: list[tuple[SettleRequest, asyncio.Future[Settlement | None] | Execution]] = []
         self._ready = asyncio.Event()
         self.stopped = False
+        #: Whether the settles given up at stop were logged.
+        self._given_up_logged = False
 
     async def settle(self, request: SettleRequest) -> Settlement | None:
         """Settle ``request`` in the next batch."""
@@ -1272,6 +1312,8 @@ class _AsyncSettler:
         finally:
             self.stopped = True
             pending, self._pending = self._pending, []
+            if pending and not self._given_up_logged:
+                _log_given_up(len(pending), "the runner stopped before they were sent")
             for _, waiter in pending:  # never sent: recovery covers those jobs
                 self._answer(waiter, None)
 
@@ -1296,6 +1338,11 @@ class _AsyncSettler:
             # Cancelled mid-batch, or a bug: whoever waits learns it was not settled.
             if isinstance(error, Exception):  # pragma: no cover - settle_batch answers store failures
                 log.exception("settler: a batch of %d settles failed", len(batch))
+            elif batch:
+                # Stopped (after the shutdown waited for them) while the batch
+                # was still being tried: the database did not take it in time.
+                _log_given_up(len(batch) + len(self._pending), "the runner stopped while they were being sent")
+                self._given_up_logged = True
             for _, waiter in batch:
                 self._answer(waiter, None)
             if not isinstance(error, Exception):

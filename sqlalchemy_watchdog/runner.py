@@ -51,7 +51,7 @@ from .core.settings import (
 )
 from .core.signals import SignalSafeEvent, restore_signal, signals_to_install
 from .core.state import Execution, RunnerCore, TickResult
-from .core.steps import STARTED_LATE, Probe, RunHandler, Spawn, Step, Steps, Stop, StoreCall, WaitDone, drive
+from .core.steps import STARTED_LATE, Pause, Probe, RunHandler, Spawn, Step, Steps, Stop, StoreCall, WaitDone, drive
 from .errors import InvalidJob, redacted
 from .executors.pool import RunnerChildren, decision_of_outcome
 from .gateway import SyncGateway
@@ -186,7 +186,12 @@ class Runner:
 
     def _perform(self, step: Step) -> Any:
         if isinstance(step, StoreCall):
-            return self._store(step.fn, *step.args, **step.kwargs)
+            answer = self._store(step.fn, *step.args, **step.kwargs)
+            self.core.outage.succeeded()  # the database answers: an outage episode is over
+            return answer
+        if isinstance(step, Pause):
+            time.sleep(step.seconds)
+            return True
         if isinstance(step, RunHandler):
             return self._run_handler(step.execution)
         if isinstance(step, Stop):
@@ -263,8 +268,13 @@ class Runner:
         for pool in self._children.take():
             pool.close()
 
-    def _settle(self, requests: list[SettleRequest]) -> list[Settlement | None]:
-        return drive(settle_batch(requests), self._perform)
+    def _settle(
+        self, requests: list[SettleRequest], perform: Callable[[Step], Any] | None = None
+    ) -> list[Settlement | None]:
+        """Settle ``requests`` (:func:`settle_batch`: retried while the
+        database is unreachable and their leases may live); ``perform``:
+        the settler's, whose pauses end when it is stopped."""
+        return drive(settle_batch(self.core, requests), perform or self._perform)
 
     def _execute(self, execution: Execution, *, hand_off: bool = False) -> TickResult | None:
         """Run ``execution`` to its settle request in this thread, then settle
@@ -535,8 +545,10 @@ class Runner:
         self._renew_requested = True
         self._heartbeat_now.set()
 
-    def _renew_all(self) -> None:
-        drive(renew(self.core), self._perform)
+    def _renew_all(self) -> float:
+        """Renew every claim; how long until the next renewal (sooner after
+        a transient failure: see :func:`renew`)."""
+        return drive(renew(self.core), self._perform)
 
     def _worker_step(self, steps: Steps[None]) -> None:
         """Perform a step on this runner's worker row; its failures are the
@@ -652,6 +664,9 @@ class _Settler:
         self._pending: list[tuple[SettleRequest, Execution]] = []
         self._cond = threading.Condition()
         self._stopped = False
+        #: Set by :meth:`stop`: a batch retried while the database is
+        #: unreachable is given up (its pause ends at once, answered False).
+        self._giving_up = threading.Event()
         self._thread = threading.Thread(target=self._run, name="watchdog-settler", daemon=True)
         self._thread.start()
 
@@ -666,14 +681,24 @@ class _Settler:
             return True
 
     def stop(self) -> None:
+        """Stop once the settles waiting are sent; a batch retried while the
+        database is unreachable is given up (logged by :func:`settle_batch`),
+        and so is every one after it (the shutdown waited for them first)."""
         with self._cond:
             self._stopped = True
             self._cond.notify()
+        self._giving_up.set()
         self._thread.join(timeout=30)
 
     def _run(self) -> None:
         with self.runner._holding_connection():
             self._serve()
+
+    def _perform(self, step: Step) -> Any:
+        """The runner's steps, but a pause ends when the settler is stopped."""
+        if isinstance(step, Pause):
+            return not self._giving_up.wait(step.seconds)
+        return self.runner._perform(step)
 
     def _gather(self) -> None:
         """Wait (the condition held) for as many settles as the runner's
@@ -697,7 +722,7 @@ class _Settler:
                 batch = self._pending[: self.MAX_BATCH]
                 del self._pending[: self.MAX_BATCH]
             try:
-                settlements = self.runner._settle([request for request, _ in batch])
+                settlements = self.runner._settle([request for request, _ in batch], self._perform)
             except Exception:  # pragma: no cover - settle_batch answers store failures itself
                 log.exception("settler: a batch of %d settles failed", len(batch))
                 settlements = [None] * len(batch)
@@ -780,7 +805,10 @@ class _Heartbeat:
             runner._renew_requested = False
             next_renewal = time.monotonic() + interval
             try:
-                runner._renew_all()
+                # Sooner after a transient failure: the renewal is retried
+                # while the leases may be alive (see core.loop.renew).
+                next_renewal = min(next_renewal, time.monotonic() + runner._renew_all())
             except Exception as error:
                 log.error("heartbeat failed: %s", error)
-            runner._worker_step(refresh_worker(runner.core))
+            if not runner.core.outage.ongoing:
+                runner._worker_step(refresh_worker(runner.core))

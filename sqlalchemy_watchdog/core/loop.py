@@ -16,8 +16,8 @@ from .handlers import StopReason
 from .maintenance import abandon, enqueue_schedules, promote, propagate, prune_workers, recover, summarize
 from .rules.settle import settle_request, stop_reason_of
 from .settings import stop_wait_s
-from .state import Execution, RunnerCore, TickResult, TickStatus, _reason, stop
-from .steps import NEVER_STARTED, STARTED_LATE, RunHandler, Spawn, Steps, WaitDone, call
+from .state import RENEW_RETRY_FIRST_S, Execution, RunnerCore, TickResult, TickStatus, _reason, stop
+from .steps import NEVER_STARTED, STARTED_LATE, Pause, RunHandler, Spawn, Steps, WaitDone, call
 
 log = logging.getLogger("sqlalchemy_watchdog.runner")
 
@@ -78,14 +78,13 @@ def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | Tic
                 return _given_back(core, execution, NEVER_STARTED)
             if execution.started_late(settings.heartbeat_s) and not execution.signal.is_set():
                 asked = core.clock.monotonic()
-                held = yield from call(
-                    store.renew, [execution.pair], lease_ms=settings.lease_ms, now=core.clock.now_ms()
-                )
+                held = yield from _renew_before_start(core, execution)
                 if job_id not in held:
                     row = yield from call(store.read, job_id)
                     yield from stop(execution, stop_reason_of(row))
                 else:
                     execution.checked_at = asked
+                    core.renewed(execution, core.lease_bound())
             if execution.signal.reason is StopReason.SHUTDOWN:
                 decision: Decision | None = None
             elif execution.signal.is_set():
@@ -125,6 +124,27 @@ def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | Tic
     return request
 
 
+def _renew_before_start(core: RunnerCore, execution: Execution) -> Steps[set[str]]:
+    """Renew the claim of a handler about to start late; a transient failure
+    is tried again (back-off from :data:`~.state.RENEW_RETRY_FIRST_S`) while
+    the claim's lease may be alive -- only after that, or when the driver
+    stops, is it raised (the job is then left to recovery)."""
+    settings = core.settings
+    pause = RENEW_RETRY_FIRST_S
+    while True:
+        try:
+            held = yield from call(store.renew, [execution.pair], lease_ms=settings.lease_ms, now=core.clock.now_ms())
+            return held
+        except WatchdogError as error:
+            left = execution.lease_ends_by - core.clock.monotonic()
+            if not store.transient_failure(error) or left <= 0:
+                raise
+            core.outage.failed("renewing a claim before its handler starts", error)
+            if not (yield Pause(min(pause, left))):
+                raise
+            pause = min(settings.heartbeat_s, pause * 2)
+
+
 def _given_back(core: RunnerCore, execution: Execution, decision: Decision) -> SettleRequest:
     """The request that gives a job claimed ahead back untouched: queued
     again, its attempt and failure fields as the claim found them."""
@@ -138,14 +158,25 @@ def _given_back(core: RunnerCore, execution: Execution, decision: Decision) -> S
     return request
 
 
-def renew(core: RunnerCore) -> Steps[None]:
+def renew(core: RunnerCore) -> Steps[float]:
     """The heartbeat: renew every claim this runner holds; tell the handlers
     whose claim was not renewed to stop, and why (judged from the row).
+    Returns how long until the next renewal.
 
     One whose handler has returned is settling: its renewal fails because
     the settle just committed (nothing to stop), or its claim was lost and
     the database refuses the settle (which logs it) -- either way there is
     no handler left to tell.
+
+    A renewal that fails transiently (the database unreachable, the store's
+    own retries spent) tells no handler anything: only the database can say
+    a claim was lost (a renewal that does not hold it, or recovery finding
+    its lease ended by the database clock). It is tried again after a short
+    back-off (:data:`~.state.RENEW_RETRY_FIRST_S`, doubling up to the heartbeat
+    interval) rather than a whole interval later, so that the first renewal
+    that goes through after a blip shorter than the lease keeps every claim
+    -- and the settles waiting for the database (:func:`~.rules.settle.settle_batch`)
+    their time. Logged once per outage episode (:class:`~.outage.Outage`).
     """
     # A timed-out attempt is not renewed: its handler settles within the
     # lease it still has, or -- if it ignores the stop -- its lease ends and
@@ -154,21 +185,30 @@ def renew(core: RunnerCore) -> Steps[None]:
     # is confirmed and it settled: recovery never runs it beside the child.
     executions = [e for e in core.active() if e.signal.reason is not StopReason.TIMEOUT or e.killable]
     if not executions:
-        return
+        return core.renewal_went_through()
     asked = core.clock.monotonic()
-    held = yield from call(
-        store.renew, [e.pair for e in executions], lease_ms=core.settings.lease_ms, now=core.clock.now_ms()
-    )
-    for execution in executions:
-        if execution.job_id in held:
-            # Known live as of the renewal's start: a job claimed ahead that
-            # waits for a child need not renew once more before it starts.
-            execution.checked_at = max(execution.checked_at, asked)
-            continue
-        if not execution.slot_held or execution.signal.is_set() or execution.done.is_set():
-            continue
-        row = yield from call(store.read, execution.job_id)
-        yield from stop(execution, stop_reason_of(row))
+    try:
+        held = yield from call(
+            store.renew, [e.pair for e in executions], lease_ms=core.settings.lease_ms, now=core.clock.now_ms()
+        )
+        bound = core.lease_bound()
+        for execution in executions:
+            if execution.job_id in held:
+                # Known live as of the renewal's start: a job claimed ahead that
+                # waits for a child need not renew once more before it starts.
+                execution.checked_at = max(execution.checked_at, asked)
+                core.renewed(execution, bound)
+                continue
+            if not execution.slot_held or execution.signal.is_set() or execution.done.is_set():
+                continue
+            row = yield from call(store.read, execution.job_id)
+            yield from stop(execution, stop_reason_of(row))
+    except WatchdogError as error:
+        if not store.transient_failure(error):
+            raise
+        core.outage.failed("heartbeat", error, f"{len(executions)} claim(s) to renew, retrying while their leases last")
+        return core.renewal_failed()
+    return core.renewal_went_through()
 
 
 def loop_pass(core: RunnerCore) -> Steps[float]:
@@ -262,23 +302,54 @@ def shutdown(core: RunnerCore) -> Steps[None]:
     """Shut down: give running handlers ``grace`` to finish, then ask them to
     stop (an async handler's task is cancelled) and give them a short moment
     to settle; what still runs after that has its lease ended on purpose and
-    is recovered at once -- never left running under a live lease, never lost."""
+    is recovered at once -- never left running under a live lease, never lost.
+
+    An execution whose handler has returned is settling: there is nothing
+    to stop and nothing to hand to recovery (its decision is made). Its
+    settle -- retried while the database is unreachable
+    (:func:`~.rules.settle.settle_batch`) -- is waited for until the
+    shutdown budget (grace and stop wait) is spent, or its lease has surely
+    ended if that is sooner; what is still waiting then is said (WARNING),
+    and the driver stops its settler, which gives those settles up (their
+    decisions lost, logged ERROR; recovery handles the jobs once their
+    leases end)."""
     grace = core.settings.grace_s
+    budget_ends = core.clock.monotonic() + core.settings.shutdown_budget_s
     yield WaitDone(tuple(core.active()), grace)
-    leftover = [e for e in core.active() if not e.done.is_set()]
-    if not leftover:
+    leftover = [e for e in core.active() if not e.done.is_set() and e.slot_held]
+    if leftover:
+        yield from _stop_running(core, leftover, grace)
+    settling = [e for e in core.active() if not e.done.is_set() and not e.slot_held]
+    if not settling:
         return
+    until = min(budget_ends, max(e.lease_ends_by for e in settling))
+    wait = until - core.clock.monotonic()
+    if wait > 0:
+        yield WaitDone(tuple(settling), wait)
+    settling = [e for e in settling if not e.done.is_set()]
+    if settling:
+        log.warning(
+            "shutdown: %d settle(s) still waiting for the database after the shutdown budget (%gs): %s",
+            len(settling),
+            core.settings.shutdown_budget_s,
+            ", ".join(e.job_id for e in settling[:10]) + (" and more" if len(settling) > 10 else ""),
+        )
+
+
+def _stop_running(core: RunnerCore, leftover: list[Execution], grace: float) -> Steps[None]:
+    """Tell the handlers still running after the grace to stop; hand what
+    still runs after the stop wait to recovery."""
     for execution in leftover:
         yield from stop(execution, StopReason.SHUTDOWN)
     yield WaitDone(tuple(leftover), stop_wait_s(grace))
-    leftover = [e for e in leftover if not e.done.is_set()]
+    leftover = [e for e in leftover if not e.done.is_set() and e.slot_held]
     killing = tuple(e for e in leftover if e.killable)
     if killing:
         # Children told to stop are killed within half the stop wait; each such
         # execution hands its job to recovery itself once the kill is confirmed,
         # never before: wait for that rather than end their leases beside them.
         yield WaitDone(killing, KILL_CONFIRM_WAIT_S)
-        leftover = [e for e in leftover if not e.done.is_set()]
+        leftover = [e for e in leftover if not e.done.is_set() and e.slot_held]
     if not leftover:
         return
     try:

@@ -167,7 +167,10 @@ def prune(core: RunnerCore) -> Steps[None]:
     try:
         deleted = yield from call(store.prune_retention, ages, retention.batch)
     except WatchdogError as error:
-        log.error("runner: pruning settled jobs failed (%s); trying again later", error)
+        if store.transient_failure(error):
+            core.outage.failed("pruning", error)
+        else:
+            log.error("runner: pruning settled jobs failed (%s); trying again later", error)
         core.schedule_retention(retention.every.total_seconds())
         return
     if deleted is None:
@@ -196,7 +199,9 @@ def enqueue_schedules(core: RunnerCore, *, defer: bool = False) -> Steps[None]:
     try:
         results = yield from call(store.enqueue_each, jobs)
     except WatchdogError as error:
-        if defer:
+        if store.transient_failure(error):
+            core.outage.failed("scheduling", error)  # one line per outage episode
+        elif defer:
             core.defer_failure("scheduling", error)
         else:
             log.error("runner: enqueueing scheduled jobs failed (%s); trying again soon", error)
@@ -269,6 +274,9 @@ def refresh_worker(core: RunnerCore) -> Steps[None]:
     try:
         yield from call(store.register_worker, registration, len(core.active()))
     except WatchdogError as error:
+        if core.registration is not None and store.transient_failure(error):
+            core.outage.failed("refreshing the worker row", error)  # one line per outage episode
+            return
         # A runner that never registered (a database without the table) says so once, at start.
         level = logging.WARNING if core.registration is not None else logging.DEBUG
         log.log(level, "heartbeat: refreshing worker %s failed (%s)", registration.worker_id, error)
@@ -360,7 +368,9 @@ def propagate(core: RunnerCore, *, defer: bool = False, force: bool = False) -> 
         try:
             told = yield from call(store.propagate, limit=store.PROPAGATE_BATCH)
         except WatchdogError as error:
-            if defer:
+            if store.transient_failure(error):
+                core.outage.failed("propagation", error)  # one line per outage episode
+            elif defer:
                 core.defer_failure("propagation", error)
             else:
                 log.error("runner: telling waiting jobs of their parents failed (%s)", error)
@@ -380,7 +390,9 @@ def promote(core: RunnerCore, *, defer: bool = False) -> Steps[None]:
     try:
         promotion = yield from call(store.promote, limit=store.PROMOTE_BATCH)
     except WatchdogError as error:
-        if defer:
+        if store.transient_failure(error):
+            core.outage.failed("promotion", error)  # one line per outage episode
+        elif defer:
             core.defer_failure("promotion", error)
         else:
             log.error("runner: promoting delayed jobs failed (%s); claiming goes on", error)

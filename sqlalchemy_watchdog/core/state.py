@@ -27,6 +27,7 @@ from ..wakeups import Waiting
 from .ahead import RunTimes
 from .clock import Clock
 from .handlers import Flag, RunningJob, StopReason, StopSignal
+from .outage import Outage
 from .progress import AsyncWrite, ProgressReporter, SyncWrite
 from .settings import RunnerSettings
 from .steps import Steps, Stop
@@ -121,6 +122,15 @@ class Execution:
     trace: telemetry.AttemptTrace | None = None
     #: The monotonic clock of its runner's core (:class:`~.clock.Clock`).
     monotonic: Callable[[], float] = field(default=time.monotonic, repr=False)
+    #: When its claim's lease has surely ended, on the monotonic clock: the
+    #: database set ``lease_until`` (its clock) to the claim's or the last
+    #: held renewal's execution time plus the lease, and that time was no
+    #: later than the moment the answer came back here -- so the answer's
+    #: time plus the lease (and :data:`LEASE_END_MARGIN_S`) is a bound the
+    #: lease never outlives. A settle the database cannot take is retried
+    #: until then (:func:`~.rules.settle.settle_batch`); infinite until
+    #: :meth:`RunnerCore.admit` sets it.
+    lease_ends_by: float = math.inf
 
     def traced(self, what: str, *args: Any) -> None:
         """Tell the attempt's trace ``what`` happened (a no-op without one;
@@ -159,6 +169,17 @@ class Execution:
     @property
     def pair(self) -> tuple[str, str]:
         return (self.claim.job.job_id, self.claim.token)
+
+
+#: What the bound of a lease (:attr:`Execution.lease_ends_by`) adds to the
+#: lease for the database's and this process's clocks running at slightly
+#: different rates; a settle tried in this margin is refused by the database
+#: if the lease did end (its statement checks the lease on its own clock).
+LEASE_END_MARGIN_S = 1.0
+
+#: The first pause before a renewal that failed transiently is tried again
+#: (doubling up to the heartbeat interval; see :func:`~.loop.renew`).
+RENEW_RETRY_FIRST_S = 0.5
 
 
 def _reason(execution: Execution) -> str:
@@ -244,6 +265,11 @@ class RunnerCore:
         self.schedule_record_failed = False
         #: The recent handlers' run time: how many jobs to claim ahead.
         self.run_times = RunTimes()
+        #: Whether the database answers: transient failures are logged once
+        #: per outage episode, not once per operation.
+        self.outage = Outage(self.clock.monotonic, settings.lease_ms / 1000)
+        #: The heartbeat's last pause after a renewal that failed (0: none failed).
+        self._renew_pause = 0.0
 
         #: What the jobs that ended since the last summary became, counted.
         self._counts: dict[str, int] = {}
@@ -454,6 +480,7 @@ class RunnerCore:
             refused=refused,
             monotonic=self.clock.monotonic,
             killable=job.queue in self.settings.handler_refs,
+            lease_ends_by=self.lease_bound(),
         )
         with self._lock:
             self._active[execution.pair] = execution
@@ -467,6 +494,38 @@ class RunnerCore:
                 extra=running.log_fields,
             )
         return execution
+
+    def lease_bound(self) -> float:
+        """When a lease the database granted or renewed before now has surely
+        ended (monotonic): now plus the lease plus :data:`LEASE_END_MARGIN_S`.
+        Called once the claim's or renewal's answer is in."""
+        return self.clock.monotonic() + self.settings.lease_ms / 1000 + LEASE_END_MARGIN_S
+
+    def renewed(self, execution: Execution, bound: float) -> None:
+        """A renewal of ``execution``'s claim held; ``bound`` is
+        :meth:`lease_bound` read once its answer was in."""
+        if bound > execution.lease_ends_by:
+            execution.lease_ends_by = bound
+
+    def lease_ends_by(self, job_id: str, token: str) -> float:
+        """When the claim ``(job_id, token)`` has surely ended (monotonic):
+        its execution's bound, or now for a claim this runner does not hold."""
+        execution = self.own(job_id, token)
+        return execution.lease_ends_by if execution is not None else self.clock.monotonic()
+
+    def renewal_went_through(self) -> float:
+        """The heartbeat's renewal went through (or had nothing to renew):
+        the next one is a heartbeat interval away."""
+        self._renew_pause = 0.0
+        return self.settings.heartbeat_s
+
+    def renewal_failed(self) -> float:
+        """The heartbeat's renewal failed transiently: how long until it is
+        tried again (from :data:`RENEW_RETRY_FIRST_S`, doubling up to
+        the heartbeat interval)."""
+        pause = min(self.settings.heartbeat_s, max(RENEW_RETRY_FIRST_S, self._renew_pause * 2))
+        self._renew_pause = pause
+        return pause
 
     def _decoded(self, job: JobView) -> tuple[Any, Decision | None]:
         """The payload the handler sees (through the runner's codec), or the
@@ -627,12 +686,16 @@ class RunnerCore:
     def pass_failed(self, error: BaseException, who: str = "runner") -> float:
         """Log a failed loop pass -- one line, naming the maintenance steps
         that failed before it in the same pass -- and return how long to
-        back off before the next one."""
+        back off before the next one. A transient failure (the database
+        unreachable) is part of an outage episode: logged once for the
+        episode (:class:`~.outage.Outage`), not once per pass."""
         self.failures += 1
         delay = min(self.MAX_BACKOFF_S, 0.25 * 2.0 ** min(self.failures, 7))
         deferred, self.deferred = self.deferred, []
         also = f" ({' and '.join(what for what, _ in deferred)} failed too)" if deferred else ""
-        if isinstance(error, WatchdogError):
+        if isinstance(error, WatchdogError) and store.transient_failure(error):
+            self.outage.failed(f"{who}'s loop (claiming){also}", error, f"next pass in {delay:.1f}s")
+        elif isinstance(error, WatchdogError):
             log.error("%s: %s%s; retrying in %.1fs", who, error, also, delay)
         else:
             log.error(
@@ -642,8 +705,12 @@ class RunnerCore:
 
     def defer_failure(self, what: str, error: WatchdogError) -> None:
         """A maintenance step (recovery, promotion, scheduling) of this pass
-        failed; the pass goes on to claim (see :meth:`report_deferred`)."""
-        self.deferred.append((what, error))
+        failed; the pass goes on to claim (see :meth:`report_deferred`). A
+        transient failure is told to the outage episode at once instead."""
+        if store.transient_failure(error):
+            self.outage.failed(what, error)
+        else:
+            self.deferred.append((what, error))
 
     def report_deferred(self) -> None:
         """The pass went through: log each maintenance step that failed in it."""

@@ -72,10 +72,20 @@ class WaitDone:
     timeout: float
 
 
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Wait ``seconds`` before trying again (a retry's back-off); the answer
+    is True, or False when the driver is stopping the work that paused and
+    the rule should give up now (the sync settler when it is stopped; the
+    async driver cancels its task instead)."""
+
+    seconds: float
+
+
 UNKNOWN: Any = object()
 
 
-Step = StoreCall[Any] | RunHandler | Stop | Probe | Spawn | WaitDone
+Step = StoreCall[Any] | RunHandler | Stop | Probe | Spawn | WaitDone | Pause
 
 
 Steps = Generator[Step, Any, T]

@@ -3,7 +3,7 @@ that leave an audit trail, and hooks to die at precise moments.
 
     python tests/faults/chaos_worker.py --url URL [--queue chaos] [--concurrency N]
         [--lease S] [--heartbeat S] [--poll S] [--grace S] [--clock-offset-ms MS] [--claim-ahead N]
-        [--kill-in-settle JOB_ID --kill-phase before|after] [--asyncio [--plain]]
+        [--kill-in-settle JOB_ID --kill-phase before|after] [--asyncio [--plain]] [--pooled]
 
 With ``--asyncio`` it runs an ``AsyncRunner`` (``asyncio.run(runner.run_forever())``
 on an ``AsyncEngine``) with the coroutine twin of the handler: the same
@@ -27,6 +27,10 @@ A job's payload says what its handler does (``{"action": ...}``):
 * ``fail``: return ``Decision.failed("chaos failure")`` (retryable).
 * ``noop``: return at once, writing no audit row (a warm-up: a runner that
   ran it knows its handlers are short, and claims ahead).
+
+``{"no_end": true}`` leaves the audit end row out: the handler's last
+database write is its start row, so it returns (and its job settles)
+without touching the database -- during an outage too.
 
 ``{"per_attempt": {"1": ACTION, ...}}`` picks the action of an attempt
 (``RunningJob.attempt``) instead of ``action``. ``{"only_first": N}``
@@ -131,6 +135,8 @@ def make_handler(engine: Engine):  # type: ignore[no-untyped-def]
         elif action == "ignore_stop":
             time.sleep(float(payload.get("seconds", 600)))
             told = job.stop_reason.value if job.stop_reason else None
+        if payload.get("no_end") and stopped is None:
+            return None
         _audit_write(
             engine,
             update(audit)
@@ -231,6 +237,8 @@ def make_async_handler(aengine: AsyncEngine):  # type: ignore[no-untyped-def]
                 stopped = job.stop_reason.value if job.stop_reason else "unknown"
                 await _audit_write_async(aengine, end(stopped), "end")
                 raise
+            if payload.get("no_end"):
+                return None
         elif action == "ignore_stop":
             # A blocking call the task's cancellation cannot reach, in a daemon
             # thread: asyncio.to_thread's would hold the process at exit.
@@ -309,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--asyncio", action="store_true", help="run an AsyncRunner instead")
     parser.add_argument("--plain", action="store_true", help="with --asyncio: give it the plain handler")
+    parser.add_argument("--pooled", action="store_true", help="behind PgBouncer: psycopg's prepare_threshold=None")
     args = parser.parse_args(argv)
     # SIGUSR1 prints every thread's stack to the log: how a test reports a worker that hangs.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -318,7 +327,9 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format=f"%(asctime)s {args.name}[%(process)d] %(levelname)s %(name)s: %(message)s",
     )
-    engine = create_engine(args.url)
+    # Behind a pooler in transaction mode: no prepared statements (the deployment guide's setting).
+    pooled: dict[str, Any] = {"prepare_threshold": None} if args.pooled else {}
+    engine = create_engine(args.url, connect_args=pooled)
     if args.kill_in_settle:
         install_settle_kill(set(args.kill_in_settle), args.kill_phase)
     queues = args.queue or ["chaos"]
@@ -338,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             engine.dispose()  # the async worker uses its AsyncEngine alone
 
         async def serve() -> None:
-            aengine = create_async_engine(async_url(args.url))
+            aengine = create_async_engine(async_url(args.url), connect_args=pooled)
             try:
                 handle = make_handler(engine) if args.plain else make_async_handler(aengine)
                 runner = AsyncRunner(aengine, {queue: handle for queue in queues}, **settings)

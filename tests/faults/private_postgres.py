@@ -105,6 +105,17 @@ class PrivatePostgres:
             "restart",
         )
 
+    def halt(self) -> None:
+        """Crash-stop the server (clients cut off, connections refused) and
+        keep its data, for :meth:`resume`."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "-t", "60", "stop")
+
+    def resume(self) -> None:
+        """Start the server :meth:`halt` stopped, on the same port and data."""
+        self._run(
+            "pg_ctl", "-D", str(self.data), "-o", self.options, "-l", str(self.logfile), "-w", "-t", "60", "start"
+        )
+
     def stop(self) -> None:
         try:
             if (self.data / "postmaster.pid").exists():

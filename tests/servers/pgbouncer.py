@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -102,6 +103,22 @@ server_check_delay = 0
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"pgbouncer did not listen on port {self.port} within 15 s:\n{self.log()[-3000:]}")
+
+    def halt(self) -> None:
+        """Kill the PgBouncer process (its clients' connections cut, new ones
+        refused) and keep its directory, for :meth:`start` to start it again
+        on the same port."""
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        # At once, as a crash (SIGTERM may wait for the clients to leave), and
+        # the PgBouncer itself: under runuser, the process started is runuser.
+        try:
+            os.kill(int((self.base / "pgbouncer.pid").read_text().split()[0]), signal.SIGKILL)
+        except (FileNotFoundError, ValueError, ProcessLookupError):
+            process.kill()
+        process.wait(10)
+        (self.base / "pgbouncer.pid").unlink(missing_ok=True)
 
     def log(self) -> str:
         try:

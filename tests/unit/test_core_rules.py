@@ -19,12 +19,12 @@ import pytest
 from sqlalchemy_watchdog import Decision, RetryPolicy, Schedule, handler, store
 from sqlalchemy_watchdog.core import handlers as handlers_module
 from sqlalchemy_watchdog.core.handlers import StopReason
-from sqlalchemy_watchdog.core.loop import claim_steps, execute, loop_pass, renew, time_out
+from sqlalchemy_watchdog.core.loop import claim_steps, execute, loop_pass, renew, shutdown, time_out
 from sqlalchemy_watchdog.core.maintenance import enqueue_schedules, recover
-from sqlalchemy_watchdog.core.rules.settle import Fate, decision_of_result, settle_request, verdict
+from sqlalchemy_watchdog.core.rules.settle import Fate, decision_of_result, settle_batch, settle_request, verdict
 from sqlalchemy_watchdog.core.settings import RunnerSettings
-from sqlalchemy_watchdog.core.state import TickStatus
-from sqlalchemy_watchdog.core.steps import RunHandler, Spawn, Stop
+from sqlalchemy_watchdog.core.state import Execution, RunnerCore, TickStatus
+from sqlalchemy_watchdog.core.steps import Pause, RunHandler, Spawn, Stop, WaitDone, drive
 from sqlalchemy_watchdog.errors import ErrorCode, WatchdogError
 from sqlalchemy_watchdog.jobs import JobState, Outcome
 from sqlalchemy_watchdog.store import ClaimBatch, Promotion, Recovery, RecoveryStatus, SettleRequest
@@ -579,3 +579,108 @@ def test_a_retry_that_commits_while_a_promotion_reads_is_promoted_when_due(time:
     # The next promotion, at the retry's time, reads it: the expectation is done with.
     run(promote(runner), Expect(store.promote, Promotion(1, None)))
     assert runner.promotion_due - time.mono == pytest.approx(30.0)
+
+
+# -- a database that does not answer (issue 54) --------------------------------------------
+
+
+def unreachable() -> WatchdogError:
+    """What a store call raises once its own retries of a refused connection are spent."""
+    error = WatchdogError(ErrorCode.STORE_UNAVAILABLE, "settle_many failed: connection refused")
+    error.__cause__ = ConnectionRefusedError("connection refused")
+    return error
+
+
+def settling(runner: RunnerCore) -> tuple[Execution, SettleRequest]:
+    """An execution whose handler returned ``completed``, and its settle request."""
+    execution = admitted(runner)
+    runner.release_slot(execution)
+    request = SettleRequest(execution.job_id, execution.claim.token, Decision.completed(), runner.clock.now_ms())
+    return execution, request
+
+
+def test_a_settle_the_database_cannot_take_is_kept_and_retried_while_its_lease_may_live(
+    time: FakeTime, caplog: pytest.LogCaptureFixture
+) -> None:
+    runner = core(time, lease=timedelta(seconds=10), heartbeat=timedelta(seconds=2))
+    _, request = settling(runner)
+    settled = object()
+    caplog.set_level(logging.DEBUG, logger="sqlalchemy_watchdog")
+    result = run(
+        settle_batch(runner, [request]),
+        Expect(store.settle_many, unreachable()),
+        Expect(Pause, True, check=lambda step: time.advance(step.seconds)),
+        Expect(store.settle_many, unreachable()),
+        Expect(Pause, True, check=lambda step: time.advance(step.seconds)),
+        Expect(store.settle_many, [settled], check=lambda step: assert_same_requests(step, [request])),
+    )
+    assert result == [settled], "the decision was kept through the failures"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "database unreachable" in warnings[0] and "1 settle(s) waiting" in warnings[0]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "nothing was lost: no ERROR"
+
+
+def assert_same_requests(step: Any, requests: list[SettleRequest]) -> None:
+    assert step.args == (requests,), "the retry sends the same decision"
+
+
+def test_a_settle_is_given_up_only_once_its_lease_has_surely_ended(
+    time: FakeTime, caplog: pytest.LogCaptureFixture
+) -> None:
+    runner = core(time, lease=timedelta(seconds=3), heartbeat=timedelta(seconds=1))
+    execution, request = settling(runner)
+    started = time.mono
+    tries = 0
+
+    def perform(step: Any) -> Any:
+        nonlocal tries
+        if isinstance(step, Pause):
+            assert time.mono + step.seconds <= execution.lease_ends_by + 0.01, "no pause past the lease's end"
+            time.advance(step.seconds)
+            return True
+        assert step.fn is store.settle_many
+        tries += 1
+        raise unreachable()
+
+    caplog.set_level(logging.WARNING, logger="sqlalchemy_watchdog")
+    assert drive(settle_batch(runner, [request]), perform) == [None]
+    assert time.mono - started >= 3.0, "given up before the lease could have ended"
+    assert tries >= 4, "retried with back-off meanwhile"
+    lost = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and "given up" in r.getMessage()]
+    assert len(lost) == 1 and execution.job_id in lost[0], "the lost decision is one ERROR, naming the job"
+
+
+def test_a_held_renewal_moves_the_end_of_the_lease_the_settles_wait_for(time: FakeTime) -> None:
+    runner = core(time, lease=timedelta(seconds=3), heartbeat=timedelta(seconds=1))
+    execution = admitted(runner)
+    first = execution.lease_ends_by
+    time.advance(1.0)
+    run(renew(runner), Expect(store.renew, {execution.job_id}))
+    assert execution.lease_ends_by == pytest.approx(first + 1.0)
+
+
+def test_a_renewal_that_fails_transiently_tells_no_handler_and_is_tried_again_soon(time: FakeTime) -> None:
+    runner = core(time, lease=timedelta(seconds=30), heartbeat=timedelta(seconds=10))
+    execution = admitted(runner)
+    waits = [run(renew(runner), Expect(store.renew, unreachable())) for _ in range(7)]
+    assert not execution.signal.is_set(), "a renewal the database never answered says nothing of the lease"
+    assert waits == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0], "back-off up to the heartbeat interval"
+    assert run(renew(runner), Expect(store.renew, {execution.job_id})) == 10.0
+    assert run(renew(runner), Expect(store.renew, unreachable())) == 0.5, "a new failure starts over"
+
+
+def test_shutdown_neither_stops_nor_abandons_an_execution_whose_settle_waits_for_the_database(
+    time: FakeTime, caplog: pytest.LogCaptureFixture
+) -> None:
+    runner = core(time, lease=timedelta(seconds=30), heartbeat=timedelta(seconds=10), grace=timedelta(seconds=5))
+    execution, _ = settling(runner)
+    caplog.set_level(logging.WARNING, logger="sqlalchemy_watchdog")
+    waits: list[float] = []
+    run(
+        shutdown(runner),
+        Expect(WaitDone, check=lambda step: waits.append(step.timeout)),
+        Expect(WaitDone, check=lambda step: waits.append(step.timeout)),
+    )
+    assert not execution.signal.is_set(), "its handler has returned: nothing to stop"
+    assert waits[0] == 5.0 and 0 < waits[1] <= runner.settings.shutdown_budget_s
+    assert any("1 settle(s) still waiting" in r.getMessage() for r in caplog.records)

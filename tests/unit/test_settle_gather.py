@@ -67,7 +67,7 @@ class Recorder:
     async def _holding_connection_async(self) -> AsyncIterator[None]:
         yield
 
-    def _settle(self, requests: list[SettleRequest]) -> list[None]:
+    def _settle(self, requests: list[SettleRequest], perform: object = None) -> list[None]:
         self.batches.append([r.job_id for r in requests])
         self.settled.set()
         return [None] * len(requests)

@@ -26,7 +26,7 @@ from ...jobs import (
 from ...store import Settlement, SettleRequest
 from ..handlers import RunningJob, StopReason
 from ..state import Execution, RunnerCore, TickResult, TickStatus, _outcome
-from ..steps import Steps, call
+from ..steps import Pause, Steps, call
 
 log = logging.getLogger("sqlalchemy_watchdog.runner")
 
@@ -368,7 +368,15 @@ def _concluded(execution: Execution, settlement: Settlement | None) -> TickResul
 REFUSED_SETTLE_REASON = "settle refused by the database"
 
 
-def settle_batch(requests: Sequence[SettleRequest], *, fallback: bool = True) -> Steps[list[Settlement | None]]:
+#: The first and the longest pause between tries of settles the database
+#: could not take (each try is a store call with retries of its own first).
+SETTLE_RETRY_FIRST_S = 0.25
+SETTLE_RETRY_MAX_S = 2.0
+
+
+def settle_batch(
+    core: RunnerCore, requests: Sequence[SettleRequest], *, fallback: bool = True
+) -> Steps[list[Settlement | None]]:
     """Settle ``requests`` in one statement; isolate a row the database refuses.
 
     Every row keeps its own guard (exact token, live lease); only the
@@ -377,26 +385,87 @@ def settle_batch(requests: Sequence[SettleRequest], *, fallback: bool = True) ->
     not create, say), each request is settled alone, so one poison row
     cannot take the others with it; a row refused alone is settled
     ``failed`` with :data:`REFUSED_SETTLE_REASON`, and if even that is
-    refused it is left to its lease (logged; recovery then isolates it). A
-    transient failure (the database is unreachable) fails the batch:
-    recovery covers its jobs.
+    refused it is left to its lease (logged; recovery then isolates it).
+
+    A transient failure (the database unreachable, the store's own retries
+    spent) loses nothing yet: the settles are kept and tried again, with
+    back-off, for as long as their claims' leases may be alive
+    (:attr:`Execution.lease_ends_by <sqlalchemy_watchdog.core.state.Execution.lease_ends_by>`,
+    which each held renewal moves on) -- logged once per outage episode
+    (:class:`~sqlalchemy_watchdog.core.outage.Outage`). Retrying can never
+    settle a job twice: the statement refuses a settle whose lease ended
+    by the database clock, or whose job was recovered meanwhile. Only a
+    settle whose lease has surely ended is given up -- its decision is
+    lost, logged ERROR once, and recovery handles the job -- and every one
+    still waiting when the driver stops the settler (:class:`Pause`
+    answered False).
     """
-    try:
-        return list((yield from call(store.settle_many, list(requests))))
-    except WatchdogError as error:
-        if store.transient_failure(error):
-            log.error("settle of %d job(s) failed (%s); recovery will handle them", len(requests), error)
-            return [None] * len(requests)
-        if len(requests) > 1:
-            log.warning("a batch of %d settles was refused (%s); settling each alone", len(requests), error)
-            results: list[Settlement | None] = []
-            for request in requests:
-                results.extend((yield from settle_batch([request], fallback=fallback)))
-            return results
-        (request,) = requests
-        if not fallback:
-            log.error("job %s: the database refused its settlement (%s); left to its lease", request.job_id, error)
-            return [None]
-        log.error("job %s: the database refused its settlement (%s); settling it failed instead", request.job_id, error)
-        failed = SettleRequest(request.job_id, request.claim_token, Decision.failed(REFUSED_SETTLE_REASON), request.now)
-        return list((yield from settle_batch([failed], fallback=False)))
+    results: list[Settlement | None] = [None] * len(requests)
+    waiting = list(range(len(requests)))
+    pause = SETTLE_RETRY_FIRST_S
+    while True:
+        batch = [requests[i] for i in waiting]
+        try:
+            settled = yield from call(store.settle_many, batch)
+        except WatchdogError as error:
+            if not store.transient_failure(error):
+                refused = yield from _settle_refused(core, batch, error, fallback)
+                for i, settlement in zip(waiting, refused, strict=True):
+                    results[i] = settlement
+                return results
+            now = core.clock.monotonic()
+            bounds = {i: core.lease_ends_by(requests[i].job_id, requests[i].claim_token) for i in waiting}
+            lost = [i for i in waiting if bounds[i] <= now]
+            if lost:
+                log.error(
+                    "settle of %d job(s) given up: the database stayed unreachable until their leases ended (%s);"
+                    " their decisions are lost and recovery will handle them: %s",
+                    len(lost),
+                    error,
+                    _some_ids(requests, lost),
+                )
+                waiting = [i for i in waiting if bounds[i] > now]
+            if not waiting:
+                return results
+            core.outage.failed("settle", error, f"{len(waiting)} settle(s) waiting, retrying while their leases last")
+            wait = min(pause, max(0.01, min(bounds[i] for i in waiting) - now))
+            pause = min(SETTLE_RETRY_MAX_S, pause * 2)
+            if not (yield Pause(wait)):
+                log.error(
+                    "settle of %d job(s) given up: the runner stopped while the database was unreachable;"
+                    " their decisions are lost and recovery will handle them once their leases end: %s",
+                    len(waiting),
+                    _some_ids(requests, waiting),
+                )
+                return results
+            continue
+        for i, settlement in zip(waiting, settled, strict=True):
+            results[i] = settlement
+        return results
+
+
+def _some_ids(requests: Sequence[SettleRequest], indexes: Sequence[int], most: int = 10) -> str:
+    """The job_ids of ``requests[indexes]`` for a log line (the first ``most``)."""
+    ids = [requests[i].job_id for i in indexes[:most]]
+    return ", ".join(ids) + (f" and {len(indexes) - most} more" if len(indexes) > most else "")
+
+
+def _settle_refused(
+    core: RunnerCore, requests: Sequence[SettleRequest], error: WatchdogError, fallback: bool
+) -> Steps[list[Settlement | None]]:
+    """The database refused the batch ``requests`` (not transiently): settle
+    each alone; one refused alone is settled ``failed`` instead (``fallback``),
+    else left to its lease."""
+    if len(requests) > 1:
+        log.warning("a batch of %d settles was refused (%s); settling each alone", len(requests), error)
+        results: list[Settlement | None] = []
+        for request in requests:
+            results.extend((yield from settle_batch(core, [request], fallback=fallback)))
+        return results
+    (request,) = requests
+    if not fallback:
+        log.error("job %s: the database refused its settlement (%s); left to its lease", request.job_id, error)
+        return [None]
+    log.error("job %s: the database refused its settlement (%s); settling it failed instead", request.job_id, error)
+    failed = SettleRequest(request.job_id, request.claim_token, Decision.failed(REFUSED_SETTLE_REASON), request.now)
+    return list((yield from settle_batch(core, [failed], fallback=False)))
