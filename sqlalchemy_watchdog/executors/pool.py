@@ -744,12 +744,12 @@ class ProcessPool:
         ready, just before the job is sent: when it returns False the job is
         not sent (:attr:`Ending.LATE`). ``on_start(True)`` says the job's
         timeout counts from now: once the child began its handler, having
-        imported the handler's module (for a job with a timeout, which the
-        child reports), so neither a new child's start-up, nor the wait for a
-        free one, nor the import counts against it; a child that has not begun
-        :data:`START_TIMEOUT_S` after the job was sent is told so then. Waiting jobs take the
-        children that free up in ``rank`` order (the claim's: ``(-priority,
-        sequence)``)."""
+        imported the handler's module (the child reports it for a job with a
+        timeout), so neither a new child's start-up, nor the wait for a free
+        one, nor that import counts against it -- or :data:`START_TIMEOUT_S`
+        after the job was sent, for a child that has not begun by then.
+        Waiting jobs take the children that free up in ``rank`` order (the
+        claim's: ``(-priority, sequence)``)."""
         try:
             message = (child_module.RUN, job.job_id, ref.module, ref.qualname, _fields(job), self._log_plan(ref.module))
             data = pickle.dumps(message, protocol=5)

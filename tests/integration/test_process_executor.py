@@ -357,14 +357,14 @@ def test_a_handler_ignoring_its_timeout_is_killed_before_its_job_settles_and_the
     first attempt's process is gone, and its side effect never happened."""
     add(engine, job("a", marks, timeout=timedelta(milliseconds=300), retry=quick_retry(2), behave_from=2, sleep=5))
     worker = make(runners, {"q": h.stubborn})
-    began = time.monotonic()
     first = worker.tick()
-    took = time.monotonic() - began
+    ended = time.time()
     assert first.status is TickStatus.REQUEUED
     reason = f"killed after timeout (timed out after 0.3s, then {KILL_GRACE.total_seconds():g}s to stop)"
     assert first.job is not None and first.job.failure_history[0].reason == reason
-    assert took < 4  # the timeout and the grace, never the handler's 5 s
-    ((_, first_pid, _, _),) = h.marks(marks, "a", "started")
+    ((_, first_pid, began, _),) = h.marks(marks, "a", "started")
+    # From the handler's first line (not the child's start-up, seconds on a busy machine):
+    assert ended - began < 4  # the timeout and the grace, never the handler's 5 s
     assert not h.pid_alive(first_pid)  # reaped before the settle
     wait_until(lambda: worker.tick() and read(engine, "a").state is JobState.SETTLED, what="the retry to settle")
     done = read(engine, "a")
