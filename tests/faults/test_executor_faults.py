@@ -331,5 +331,7 @@ def test_at_sigterm_a_handler_that_never_pauses_talking_is_killed_before_its_job
     assert death.at is not None and death.at <= seen_at
     assert seen_at - began < budget + MARGIN_S, (seen_at - began, budget)
     assert worker.proc.wait(15) == 0, worker.log_text()[-3000:]
+    # And the runner is gone soon after (its last statements, its engine closed).
+    assert time.monotonic() - began < budget + 2 * MARGIN_S, worker.log_text()[-3000:]
     assert read(engine, "talker").recovery_count == 1
     assert h.marks(marks, "talker", "finished") == []
