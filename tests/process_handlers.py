@@ -335,3 +335,43 @@ def double_in_child(n: int) -> dict[str, int]:
     """A task naming the process executor itself: runs in a child whatever
     the runner's own executor; its argument doubled, and the child's pid."""
     return {"n": n * 2, "pid": os.getpid()}
+def chatty(job: RunningJob) -> None:
+    """Marks ``started``, then reports progress every ``payload["every"]``
+    seconds (default 10 ms) for ``payload["seconds"]`` (default 8), ignoring
+    every stop, and marks ``finished`` -- which must never happen once its
+    child was killed."""
+    mark(job, "started")
+    every, until = job.payload.get("every", 0.01), time.monotonic() + job.payload.get("seconds", 8)
+    n = 0
+    while time.monotonic() < until:
+        n += 1
+        job.progress(min(1.0, n / 1000), f"step {n}")
+        time.sleep(every)
+    mark(job, "finished")
+
+
+def floods(job: RunningJob) -> None:
+    """Marks ``started``, then logs a WARNING every ``payload["every"]``
+    seconds (default 2 ms) for ``payload["seconds"]`` (default 8), ignoring
+    every stop, and marks ``finished``."""
+    mark(job, "started")
+    every, until = job.payload.get("every", 0.002), time.monotonic() + job.payload.get("seconds", 8)
+    flood = logging.getLogger("tests.process_handlers.flood")
+    n = 0
+    while time.monotonic() < until:
+        n += 1
+        flood.warning("line %d", n)
+        time.sleep(every)
+    mark(job, "finished")
+
+
+def logs_everywhere(job: RunningJob) -> None:
+    """Logs an INFO and a WARNING through a third-party library's logger
+    (``thirdparty.http``), an INFO through its own module's and one through
+    ``job.log``; marks ``ran``."""
+    library = logging.getLogger("thirdparty.http")
+    library.info("GET https://api.example/1 200")
+    library.warning("GET https://api.example/2 took 9s")
+    logging.getLogger(__name__).info("handler info")
+    job.log.info("job info")
+    mark(job, "ran")

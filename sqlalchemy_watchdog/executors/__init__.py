@@ -48,6 +48,9 @@ MAX_MEMORY = 1024**4
 MAX_KILL_GRACE = timedelta(hours=1)
 #: The kill grace unless told otherwise.
 DEFAULT_KILL_GRACE = timedelta(seconds=5)
+#: The most loggers ``forward_loggers`` may name, and the longest name.
+MAX_FORWARD_LOGGERS = 100
+MAX_LOGGER_NAME = 200
 
 
 def default_processes() -> int:
@@ -89,6 +92,14 @@ class ProcessExecutor:
         in one statement. Default: one per process; 0 claims only
         for idle children (long handlers: a job claimed ahead waits until a
         child frees up, which another runner could have used).
+    :param forward_loggers: the loggers (each with its descendants) whose
+        records a child sends to the runner from the runner's levels, beside
+        the ones it always sends that way: ``sqlalchemy_watchdog``'s, those
+        of the handler's top-level package and the root logger's. Records of
+        other loggers (third-party libraries: ``httpx``, ``botocore``, ...)
+        are sent from WARNING up only. ``("httpx",)`` sends httpx's INFO
+        lines too (when the runner logs INFO); ``("",)`` every logger's.
+        Default: none.
     """
 
     processes: int | None = None
@@ -96,6 +107,7 @@ class ProcessExecutor:
     max_memory_per_child: int | None = None
     kill_grace: timedelta = DEFAULT_KILL_GRACE
     prefetch: int | None = None
+    forward_loggers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.processes is None:
@@ -122,6 +134,7 @@ class ProcessExecutor:
             raise InvalidJob("kill_grace", f"must be a datetime.timedelta, not {type(grace).__name__}")
         if not timedelta(0) <= grace <= MAX_KILL_GRACE:
             raise InvalidJob("kill_grace", f"must be from 0 to {MAX_KILL_GRACE}, got {grace}")
+        object.__setattr__(self, "forward_loggers", _logger_names(self.forward_loggers))
 
     @property
     def children(self) -> int:
@@ -138,6 +151,24 @@ class ProcessExecutor:
     @property
     def kill_grace_s(self) -> float:
         return self.kill_grace.total_seconds()
+
+
+def _logger_names(value: object) -> tuple[str, ...]:
+    """``forward_loggers`` as a tuple of logger names, or a clear InvalidJob."""
+    if isinstance(value, str) or not isinstance(value, (tuple, list)):
+        raise InvalidJob("forward_loggers", f"must be a tuple of logger names, not {type(value).__name__}")
+    if len(value) > MAX_FORWARD_LOGGERS:
+        raise InvalidJob("forward_loggers", f"must name at most {MAX_FORWARD_LOGGERS} loggers, got {len(value)}")
+    for name in value:
+        if not isinstance(name, str):
+            raise InvalidJob("forward_loggers", f"must hold logger names (str), not {type(name).__name__}")
+        if len(name) > MAX_LOGGER_NAME or not name.isprintable() or name != name.strip(" ."):
+            raise InvalidJob(
+                "forward_loggers",
+                f"a logger name must be printable, at most {MAX_LOGGER_NAME} characters, with no leading or "
+                f"trailing space or dot, got {name[:MAX_LOGGER_NAME]!r}",
+            )
+    return tuple(value)
 
 
 def check_executor(value: object) -> ProcessExecutor | None:

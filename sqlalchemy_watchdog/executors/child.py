@@ -37,9 +37,11 @@ from typing import Any
 PR_SET_PDEATHSIG = 1
 
 #: Messages (pickled tuples). Parent to child: ``("run", job_id, module,
-#: qualname, fields)``, ``("stop", job_id, reason)``, ``("exit",)``,
-#: ``("reply", request, ok, value)``. Child to parent: ``("ready", pid)``,
-#: ``("log", record_fields)``, ``("returned", job_id, value, rss)``, ``("skipped", ...)``,
+#: qualname, fields, logs)`` (``logs``: see :meth:`_Child.follow`), ``("stop",
+#: job_id, reason)``, ``("exit",)``, ``("reply", request, ok, value)``. Child to
+#: parent: ``("ready", pid)``, ``("log", record_fields)``, ``("begun", job_id)``
+#: (the handler of a job with a timeout begins, its module imported: the
+#: timeout counts from now), ``("returned", job_id, value, rss)``, ``("skipped", ...)``,
 #: ``("unencodable", job_id, text, rss)``, ``("raised", job_id, error_bytes,
 #: type_name, text, detail, rss)``, and the running handler's requests, which
 #: the parent answers with a ``reply`` of the same ``request`` number:
@@ -49,6 +51,7 @@ PR_SET_PDEATHSIG = 1
 #: A refused request's value is ``(type_name, field, text)``.
 RUN, STOP, EXIT, REPLY = "run", "stop", "exit", "reply"
 READY, RETURNED, UNENCODABLE, RAISED, LOG = "ready", "returned", "unencodable", "raised", "log"
+BEGUN = "begun"
 PROGRESS, PARENTS = "progress", "parents"
 #: Child to parent: ``("skipped", job_id, reason)`` -- a job stopped before it started
 #: here (sent behind a running one, or stopped as it arrived): its handler never ran.
@@ -88,15 +91,59 @@ def resolve(module: str, qualname: str) -> Callable[..., Any]:
     return found  # type: ignore[no-any-return]
 
 
+#: What a ``run`` message tells a child of the runner's logging: ``(levels,
+#: followed)``, see :meth:`_Child.follow`.
+LogPlan = tuple[tuple[tuple[str, int], ...], tuple[str, ...]]
+#: The loggers whose records a child always sends from the runner's levels
+#: (besides the handler's top-level package and ``forward_loggers``).
+OWN_LOGGERS = ("sqlalchemy_watchdog",)
+#: The level from which a child sends the records of every other logger.
+OTHERS_FROM = logging.WARNING
+
+
+class Followed(logging.Filter):
+    """Passes the records of the loggers it follows (a name and its
+    descendants; "" every logger, "root" the root logger's own records) at
+    any level, and every other record from :data:`OTHERS_FROM` up."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        super().__init__()
+        self.names = names
+        self._decided: dict[str, bool] = {}
+
+    def follow(self, names: frozenset[str]) -> None:
+        if names != self.names:
+            self.names, self._decided = names, {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= OTHERS_FROM:
+            return True
+        name = record.name
+        passed = self._decided.get(name)
+        if passed is None:
+            names, parts = self.names, name.split(".")
+            passed = "" in names or any(".".join(parts[:i]) in names for i in range(1, len(parts) + 1))
+            self._decided[name] = passed
+        return passed
+
+
 class PipeLogHandler(logging.Handler):
-    """Sends every log record of the child to the parent, which hands it to
-    its own logger of the same name (its handlers, formatters and filters):
-    a handler's ``job.log`` lines appear in the runner's log, with their
-    fields and the child's pid (``%(process)d``)."""
+    """Sends the child's log records to the parent, which hands each to its
+    own logger of the same name (its levels, handlers, formatters and
+    filters): a handler's ``job.log`` lines appear in the runner's log, with
+    their fields and the child's pid (``%(process)d``).
+
+    Sent are the records of the loggers it follows (:attr:`followed`, set by
+    :meth:`_Child.follow`) -- ``sqlalchemy_watchdog``'s, the handler's
+    top-level package's, the root logger's own and those of
+    ``ProcessExecutor.forward_loggers`` -- and those of any other logger (a
+    third-party library's) from :data:`OTHERS_FROM` up."""
 
     def __init__(self, child: _Child) -> None:
         super().__init__()
         self.child = child
+        self.followed = Followed(frozenset((*OWN_LOGGERS, "root")))
+        self.addFilter(self.followed)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -138,6 +185,8 @@ class _Child:
         self.replies: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.request_lock = threading.Lock()
         self.requests = 0
+        self.pipe_log: PipeLogHandler | None = None
+        self.logs: LogPlan | None = None
 
     def read(self) -> None:
         """The reader thread: hand ``run`` messages to the main thread, set
@@ -205,8 +254,24 @@ class _Child:
             message = self.inbox.get()
             if message is None:
                 return
-            _, job_id, module, qualname, fields = message
+            _, job_id, module, qualname, fields, logs = message
+            if logs != self.logs:
+                self.follow(logs)
             self.run(job_id, module, qualname, fields)
+
+    def follow(self, logs: LogPlan) -> None:
+        """Take the runner's logging plan for the next job: ``(levels,
+        followed)`` -- the runner's levels of the root logger (``""``), of
+        ``sqlalchemy_watchdog``, of the handler's top-level package and of
+        its ``forward_loggers`` (given to the same loggers here, so that
+        their records are made from the same levels), and the names of the
+        loggers whose records are sent at any level (others: from WARNING)."""
+        levels, followed = logs
+        for name, level in levels:
+            logging.getLogger(name or None).setLevel(level)
+        if self.pipe_log is not None:
+            self.pipe_log.followed.follow(frozenset(followed))
+        self.logs = logs
 
     def run(self, job_id: str, module: str, qualname: str, fields: dict[str, Any]) -> None:
         from ..core.handlers import RunningJob, StopSignal
@@ -224,6 +289,9 @@ class _Child:
             fn = self.handlers.get(key)
             if fn is None:
                 fn = self.handlers[key] = resolve(module, qualname)
+            if fields["timeout"] is not None:
+                # Its module imported: the job's timeout counts from now.
+                self.send((BEGUN, job_id))
             # A fresh context per job: what a handler sets in a context
             # variable is never seen by the next job this child runs.
             result = contextvars.copy_context().run(fn, _child_job(RunningJob)(_signal=stop, **fields))
@@ -261,7 +329,8 @@ def main(fd: int, parent_pid: int, level: int = logging.WARNING) -> None:
     global _child
     child = _child = _Child(conn)
     root = logging.getLogger()
-    root.handlers[:] = [PipeLogHandler(child)]
+    child.pipe_log = PipeLogHandler(child)
+    root.handlers[:] = [child.pipe_log]
     root.setLevel(level)
     reader = threading.Thread(target=child.read, name="watchdog-child-reader", daemon=True)
     reader.start()

@@ -63,6 +63,8 @@ STOP_POLL_S = 0.05
 START_TIMEOUT_S = 120.0
 #: How long an idle child asked to exit may take before it is killed.
 EXIT_WAIT_S = 5.0
+#: How long the runner's logging levels, as told to children, are kept.
+LOG_PLAN_TTL_S = 1.0
 
 
 class Ending(str, enum.Enum):
@@ -388,6 +390,8 @@ class ProcessPool:
         self._spawner = _Spawner()
         #: Children started in all (replacements included), for logs and tests.
         self.started = 0
+        #: The logging plan sent with each job, by handler module, and when it was made.
+        self._log_plans: dict[str, tuple[float, child_module.LogPlan]] = {}
         _POOLS.add(self)
 
     @property
@@ -401,6 +405,35 @@ class ProcessPool:
         """How many jobs wait for a child now (claimed ahead)."""
         with self._lock:
             return len(self._waiters)
+
+    def _log_plan(self, module: str) -> child_module.LogPlan:
+        """What a child running a handler of ``module`` is told of the
+        runner's logging (made again at most every :data:`LOG_PLAN_TTL_S`):
+        the loggers whose records it sends at any level -- the package's,
+        those of the handler's top-level package and of ``forward_loggers``,
+        and the root logger's own -- each with the lowest level the runner
+        has for it or a logger below it (the runner applies its exact levels
+        to what it receives), and the root logger's level."""
+        now = time.monotonic()
+        made = self._log_plans.get(module)
+        if made is not None and now - made[0] < LOG_PLAN_TTL_S:
+            return made[1]
+        names = tuple(
+            dict.fromkeys((*child_module.OWN_LOGGERS, module.partition(".")[0], *self.config.forward_loggers))
+        )
+        loggers = [
+            (n, lg.level)
+            for n, lg in list(logging.Logger.manager.loggerDict.items())
+            if isinstance(lg, logging.Logger) and lg.level
+        ]
+        levels = [("", logging.getLogger().getEffectiveLevel())]
+        for name in names:
+            level = logging.getLogger(name or None).getEffectiveLevel()
+            below = [lv for other, lv in loggers if not name or other.startswith(f"{name}.")]
+            levels.append((name, min([level, *below])))
+        plan = (tuple(levels), ("root", *names))
+        self._log_plans[module] = (now, plan)
+        return plan
 
     # -- the claim's order
 
@@ -521,8 +554,6 @@ class ProcessPool:
             queued, child.queued = child.queued, None
         if queued is not None:
             # Its next job was piped: it runs now (the child took it on its own).
-            if queued.on_start is not None:
-                queued.on_start(True)
             queued.settle(_Wait.SENT)
             self._pipe()
             return
@@ -570,8 +601,6 @@ class ProcessPool:
                 waiter.state = _Wait.TAKING
             if not self._still_wanted(waiter):
                 continue
-            if waiter.on_start is not None:
-                waiter.on_start(True)
             child.running = True
             try:
                 child.send(waiter.data)
@@ -728,14 +757,19 @@ class ProcessPool:
 
         With every child busy (a job claimed ahead) it waits for the first
         that frees up; stopped meanwhile, it ends as :attr:`Ending.NOT_STARTED`
-        without reaching a child. ``on_start`` is called once a child is ready,
-        just before the job is sent (a new child's start-up and the wait for a
-        free one do not count against the job's timeout); when it returns
-        False the job is not sent (:attr:`Ending.LATE`). Waiting jobs take the
-        children that free up in ``rank`` order (the claim's: ``(-priority,
-        sequence)``)."""
+        without reaching a child. ``on_start(False)`` is asked once a child is
+        ready, just before the job is sent: when it returns False the job is
+        not sent (:attr:`Ending.LATE`). ``on_start(True)`` says the job's
+        timeout counts from now: once the child began its handler, having
+        imported the handler's module (the child reports it for a job with a
+        timeout), so neither a new child's start-up, nor the wait for a free
+        one, nor that import counts against it -- or :data:`START_TIMEOUT_S`
+        after the job was sent, for a child that has not begun by then.
+        Waiting jobs take the children that free up in ``rank`` order (the
+        claim's: ``(-priority, sequence)``)."""
         try:
-            data = pickle.dumps((child_module.RUN, job.job_id, ref.module, ref.qualname, _fields(job)), protocol=5)
+            message = (child_module.RUN, job.job_id, ref.module, ref.qualname, _fields(job), self._log_plan(ref.module))
+            data = pickle.dumps(message, protocol=5)
         except Exception as error:
             text = f"the job's payload cannot be sent to the handler's process ({safe_text(error)})"
             return ChildOutcome(Ending.UNENCODABLE, text=text[:500])
@@ -743,7 +777,7 @@ class ProcessPool:
         if isinstance(taken, ChildOutcome):
             return taken
         try:
-            return self._run(taken, job, signal, stop_wait_s)
+            return self._run(taken, job, signal, stop_wait_s, on_start)
         finally:
             self._release(taken)
 
@@ -830,8 +864,6 @@ class ProcessPool:
             self._renewing(rank)
             self._hand_on(child)
             return ChildOutcome(Ending.LATE)
-        if on_start is not None:
-            on_start(True)
         child.running = True
         try:
             child.send(data)
@@ -882,51 +914,87 @@ class ProcessPool:
             return waiter.outcome
         return _closed()
 
-    def _run(self, child: _Child, job: RunningJob, stop: StopSignal, stop_wait_s: float) -> ChildOutcome:
-        """Wait for the answer of ``job``, sent to ``child``, forwarding a stop
-        and killing the child a grace after it."""
+    def _run(
+        self,
+        child: _Child,
+        job: RunningJob,
+        stop: StopSignal,
+        stop_wait_s: float,
+        on_start: Callable[[bool], bool] | None = None,
+    ) -> ChildOutcome:
+        """Wait for the answer of ``job``, sent to ``child``: relay its log
+        records, serve its requests, start its timeout once its handler
+        begins (``on_start(True)``, see :meth:`call`), forward a stop and kill
+        the child a grace after it. The stop and the kill are looked at
+        before every message read, so a child that never pauses (progress
+        reports, log records) cannot put them off."""
         forwarded: StopReason | None = None
         kill_at: float | None = None
         grace = 0.0
+        # A job with a timeout: the child says when its handler begins.
+        begin_by: float | None = None
+        if on_start is not None:
+            if job.timeout is None:
+                on_start(True)
+            else:
+                begin_by = time.monotonic() + START_TIMEOUT_S
+
+        def begun() -> None:
+            nonlocal begin_by
+            if begin_by is not None and on_start is not None:
+                begin_by = None
+                on_start(True)
+
         while True:
-            # A child that dies closes its end: the pipe reads as end-of-file.
-            if wait([child.conn], STOP_POLL_S):
-                try:
-                    raw = child.conn.recv_bytes()
-                except (EOFError, OSError):
-                    return self._died(child, forwarded)
-                answer = self._answer(child, raw, job)
-                if answer is not None:
-                    return answer
-                continue
+            now = time.monotonic()
+            if begin_by is not None and now >= begin_by:
+                begun()  # an import that hangs: the timeout counts from here
             if forwarded is None and stop.is_set():
                 forwarded = stop.reason or StopReason.SHUTDOWN
                 grace = self.config.kill_grace_s
                 if forwarded is StopReason.SHUTDOWN:
                     grace = min(grace, stop_wait_s / 2)
-                kill_at = time.monotonic() + grace
+                kill_at = now + grace
                 try:
                     child.send(pickle.dumps((child_module.STOP, job.job_id, forwarded.value)))
                 except OSError:
                     return self._died(child, forwarded)
-            if kill_at is not None and time.monotonic() >= kill_at:
+            if kill_at is not None and now >= kill_at:
                 assert forwarded is not None
-                # A last look: an answer that arrived with the deadline wins.
-                while child.conn.poll(0):
-                    try:
-                        answer = self._answer(child, child.conn.recv_bytes(), job)
-                    except (EOFError, OSError):
-                        return self._died(child, forwarded)
-                    if answer is not None:
-                        return answer
-                cause = child.kill()
-                self._unpipe(child)
-                self._forget(child)
-                text = f"its process (pid {child.pid}) did not stop within {grace:g}s and was {cause}"
-                log.warning("job %s: %s (%s)", job.job_id, text, forwarded.value, extra=job.log_fields)
-                return ChildOutcome(
-                    Ending.KILLED, error=HandlerProcessDied(text), text=text, stop=forwarded, grace_s=grace
-                )
+                return self._kill(child, job, forwarded, grace, begun)
+            # A child that dies closes its end: the pipe reads as end-of-file.
+            if not wait([child.conn], STOP_POLL_S if kill_at is None else min(STOP_POLL_S, kill_at - now)):
+                continue
+            try:
+                raw = child.conn.recv_bytes()
+            except (EOFError, OSError):
+                return self._died(child, forwarded)
+            answer = self._answer(child, raw, job, begun)
+            if answer is not None:
+                return answer
+
+    def _kill(
+        self, child: _Child, job: RunningJob, forwarded: StopReason, grace: float, begun: Callable[[], None]
+    ) -> ChildOutcome:
+        """``child`` did not answer within ``grace`` of its stop: kill it and
+        wait until it is gone (``waitpid``) -- after a last look at what it
+        sent, where an answer that arrived with the deadline wins. The look
+        is short (:data:`STOP_POLL_S`): a child that keeps sending is killed
+        all the same."""
+        until = time.monotonic() + STOP_POLL_S
+        while time.monotonic() < until and child.conn.poll(0):
+            try:
+                answer = self._answer(child, child.conn.recv_bytes(), job, begun)
+            except (EOFError, OSError):
+                return self._died(child, forwarded)
+            if answer is not None:
+                return answer
+        cause = child.kill()
+        self._unpipe(child)
+        self._forget(child)
+        text = f"its process (pid {child.pid}) did not stop within {grace:g}s and was {cause}"
+        log.warning("job %s: %s (%s)", job.job_id, text, forwarded.value, extra=job.log_fields)
+        return ChildOutcome(Ending.KILLED, error=HandlerProcessDied(text), text=text, stop=forwarded, grace_s=grace)
 
     def _unpipe(self, child: _Child) -> None:
         """``child`` is gone before its running job answered: the job piped
@@ -953,11 +1021,14 @@ class ProcessPool:
         log.error("%s; a new one takes its place", text)
         return ChildOutcome(Ending.DIED, error=HandlerProcessDied(text), text=text, stop=stop)
 
-    def _answer(self, child: _Child, raw: bytes, job: RunningJob) -> ChildOutcome | None:
+    def _answer(
+        self, child: _Child, raw: bytes, job: RunningJob, begun: Callable[[], None] | None = None
+    ) -> ChildOutcome | None:
         """What a message from the child says: the end of ``job``, or None
         for a log record (relayed to the runner's logging), a request of the
-        running handler (answered: :meth:`_serve`) or the skip of the job
-        piped behind it (handed to that job's waiting thread)."""
+        running handler (answered: :meth:`_serve`), the start of ``job``'s
+        handler (``begun`` is called) or the skip of the job piped behind it
+        (handed to that job's waiting thread)."""
         try:
             message = pickle.loads(raw)
         except Exception as unreadable:
@@ -967,6 +1038,10 @@ class ProcessPool:
         kind = message[0]
         if kind == child_module.LOG:
             _relay(message)
+            return None
+        if kind == child_module.BEGUN:
+            if begun is not None and message[1] == job.job_id:
+                begun()
             return None
         if kind in (child_module.PROGRESS, child_module.PARENTS):
             self._serve(child, job, message)
@@ -1018,7 +1093,7 @@ class ProcessPool:
             refused = (type(error).__name__, getattr(error, "field", None), safe_text(error)[:500])
             reply = (child_module.REPLY, number, False, refused)
         try:
-            child.conn.send_bytes(pickle.dumps(reply, protocol=5))
+            child.send(pickle.dumps(reply, protocol=5))  # beside a stop another thread may send
         except OSError:
             pass
 

@@ -676,6 +676,21 @@ REFUSED: dict[str, Entry] = {
     "ProcessExecutor prefetch huge": Entry("prefetch", process_runner(prefetch=10_001)),
     "ProcessExecutor prefetch bool": Entry("prefetch", process_runner(prefetch=True)),
     "ProcessExecutor prefetch float": Entry("prefetch", process_runner(prefetch=1.5)),
+    "ProcessExecutor forward_loggers str": Entry(
+        "forward_loggers", process_runner(forward_loggers="httpx"), says="a tuple of logger names"
+    ),
+    "ProcessExecutor forward_loggers None": Entry("forward_loggers", process_runner(forward_loggers=None)),
+    "ProcessExecutor forward_loggers int name": Entry("forward_loggers", process_runner(forward_loggers=(3,))),
+    "ProcessExecutor forward_loggers newline": Entry(
+        "forward_loggers", process_runner(forward_loggers=("httpx\nforged",)), says="printable"
+    ),
+    "ProcessExecutor forward_loggers trailing dot": Entry(
+        "forward_loggers", process_runner(forward_loggers=("httpx.",))
+    ),
+    "ProcessExecutor forward_loggers too long": Entry("forward_loggers", process_runner(forward_loggers=("x" * 201,))),
+    "ProcessExecutor forward_loggers too many": Entry(
+        "forward_loggers", process_runner(forward_loggers=tuple(f"lib{i}" for i in range(101))), says="at most 100"
+    ),
     "Runner process executor with another concurrency": Entry(
         "concurrency", runner(executor=ProcessExecutor(processes=2), concurrency=4), says="processes=4"
     ),

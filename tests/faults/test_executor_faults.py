@@ -10,15 +10,22 @@
   when asked settles ``completed``, one that ignores its stop is killed
   after the grace and its job handed to recovery with the shutdown reason,
   a job claimed ahead that no child took is given back untouched;
-  the runner exits within its budget and leaves no child behind.
+  the runner exits within its budget and leaves no child behind;
+* a handler that never pauses talking to the runner -- progress reports
+  every 10 ms, or a flood of log records -- is stopped and killed on time
+  all the same: at its timeout, at a cancellation, and at a SIGTERM, where
+  its job goes to recovery only once its child is dead, within the budget
+  the runner printed.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -28,9 +35,10 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 
-from sqlalchemy_watchdog import Job, JobState, Outcome, Runner, store
+from sqlalchemy_watchdog import Job, JobState, Outcome, ProcessExecutor, Runner, TickStatus, Watchdog, store
 from tests import process_handlers as h
 from tests.helpers import add, read, settled, wait_until
+from tests.runner_kinds import PROCESS_KINDS, DrivenRunner, RunnerDriver
 
 pytestmark = pytest.mark.dialect_neutral
 
@@ -207,3 +215,123 @@ def test_sigterm_with_busy_children_settles_or_hands_over_every_job_and_leaves_n
     waiting = read(engine, "waiting")
     assert (waiting.state, waiting.attempt, waiting.snoozes, waiting.recovery_count) == (JobState.QUEUED, 1, 0, 0)
     assert h.marks(marks, "waiting", "ran") == []
+
+
+# -- a handler that never pauses talking to the runner -------------------------------------
+
+#: Progress reports every 10 ms, or a WARNING every 2 ms: never a pause of
+#: the 50 ms the runner's wait for its child's answer lasts.
+TALKERS = ["chatty", "floods"]
+#: The timeout and the kill grace of these tests, and what the kill may take
+#: beyond them (the kill, the reap, the settle, on a busy machine).
+TIMEOUT = timedelta(milliseconds=500)
+KILL_GRACE = timedelta(milliseconds=500)
+MARGIN_S = 1.5
+
+
+@pytest.fixture(params=PROCESS_KINDS)
+def process_runners(request: pytest.FixtureRequest, engine: Engine) -> Iterator[RunnerDriver]:
+    """``Runner`` and ``AsyncRunner`` with the process executor, in this process."""
+    driver = RunnerDriver(request.param, engine.url)
+    try:
+        yield driver
+    finally:
+        driver.close()
+
+
+def talker(runners: RunnerDriver, queue: str) -> DrivenRunner:
+    return runners.runner(
+        {queue: getattr(h, queue)},
+        executor=ProcessExecutor(processes=1, kill_grace=KILL_GRACE),
+        lease=LEASE,
+        heartbeat=timedelta(milliseconds=500),
+        poll_interval=timedelta(milliseconds=100),
+    )
+
+
+@pytest.mark.parametrize("queue", TALKERS)
+def test_a_handler_that_never_pauses_talking_is_still_killed_at_its_timeout_and_grace(
+    engine: Engine, process_runners: RunnerDriver, marks: Path, queue: str
+) -> None:
+    add(engine, Job("talker", queue, payload=payload(marks), timeout=TIMEOUT))
+    result = talker(process_runners, queue).tick()
+    ended = time.time()
+    pid, began, _ = h.wait_for_mark(marks, "talker", "started")
+    assert result.status is TickStatus.SETTLED and result.job is not None
+    assert (result.job.outcome, result.job.failure_reason) == (
+        Outcome.FAILED,
+        "killed after timeout (timed out after 0.5s, then 0.5s to stop)",
+    )
+    # From its first line to its settle: the timeout, the grace, the kill -- never its 8 s.
+    assert ended - began < (TIMEOUT + KILL_GRACE).total_seconds() + MARGIN_S
+    assert not h.pid_alive(pid)
+    assert h.marks(marks, "talker", "finished") == []
+
+
+@pytest.mark.parametrize("queue", TALKERS)
+def test_a_handler_that_never_pauses_talking_is_still_killed_at_a_cancellation(
+    engine: Engine, process_runners: RunnerDriver, marks: Path, queue: str
+) -> None:
+    add(engine, Job("talker", queue, payload=payload(marks)))
+    with talker(process_runners, queue).serving():
+        pid = h.wait_for_mark(marks, "talker", "started")[0]
+        began = time.monotonic()
+        Watchdog(engine).cancel("talker", "stop-it")
+        cancelled = settled(engine, "talker", timeout=15)
+        took = time.monotonic() - began
+        assert not h.pid_alive(pid)
+    assert cancelled.outcome is Outcome.CANCELLED
+    assert took < KILL_GRACE.total_seconds() + MARGIN_S  # never the handler's 8 s
+    assert h.marks(marks, "talker", "finished") == []
+
+
+class Death:
+    """When the process ``pid`` was first seen gone (a thread polls every 5 ms)."""
+
+    def __init__(self, pid: int) -> None:
+        self.at: float | None = None
+        self._pid = pid
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if not h.pid_alive(self._pid):
+                self.at = time.monotonic()
+                return
+            time.sleep(0.005)
+
+
+@pytest.mark.parametrize("queue", TALKERS)
+def test_at_sigterm_a_handler_that_never_pauses_talking_is_killed_before_its_job_is_requeued_within_the_budget(
+    engine: Engine, start: Callable[..., ProcessWorker], marks: Path, queue: str
+) -> None:
+    """The job goes to recovery only once its child's kill is confirmed:
+    when the test first sees it queued again, the child is already gone --
+    and that is within the shutdown budget the runner printed."""
+    add(engine, Job("talker", queue, payload=payload(marks, seconds=30), max_recoveries=1))
+    worker = start(grace=1.0)
+    worker.wait_ready()
+    pid = h.wait_for_mark(marks, "talker", "started")[0]
+    found = re.search(r"shutdown_budget=([0-9.]+)s", worker.log_text())
+    assert found is not None, worker.log_text()[-3000:]
+    budget = float(found.group(1))
+    death = Death(pid)
+    began = time.monotonic()
+    worker.proc.send_signal(signal.SIGTERM)
+
+    def requeued() -> tuple[float, bool] | None:
+        if read(engine, "talker").state is not JobState.QUEUED:
+            return None
+        return time.monotonic(), h.pid_alive(pid)
+
+    seen_at, alive = wait_until(requeued, 30, "the job to be requeued")
+    assert not alive, "the job was requeued while its child still ran"
+    assert death.at is not None and death.at <= seen_at
+    assert seen_at - began < budget + MARGIN_S, (seen_at - began, budget)
+    assert worker.proc.wait(15) == 0, worker.log_text()[-3000:]
+    # And the runner is gone soon after (its last statements, its engine closed).
+    assert time.monotonic() - began < budget + 2 * MARGIN_S, worker.log_text()[-3000:]
+    assert read(engine, "talker").recovery_count == 1
+    assert h.marks(marks, "talker", "finished") == []

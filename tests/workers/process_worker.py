@@ -5,7 +5,9 @@
 
 Serves the queues ``block`` (:func:`tests.process_handlers.blocking`),
 ``stubborn`` (:func:`tests.process_handlers.stubborn`), ``pid``
-(:func:`tests.process_handlers.pid`) and ``hog`` (:func:`tests.process_handlers.hog`) with ``Runner(...,
+(:func:`tests.process_handlers.pid`), ``hog`` (:func:`tests.process_handlers.hog`),
+``chatty`` (:func:`tests.process_handlers.chatty`) and ``floods``
+(:func:`tests.process_handlers.floods`) with ``Runner(...,
 executor=ProcessExecutor(processes=N, kill_grace=1s))`` -- or an
 ``AsyncRunner`` with ``--asyncio`` -- until SIGTERM/SIGINT. Prints
 ``process-worker ready`` once the runner is built.
@@ -43,7 +45,14 @@ def main() -> None:
         "grace": timedelta(seconds=args.grace),
         "poll_interval": timedelta(milliseconds=100),
     }
-    handlers = {"block": h.blocking, "stubborn": h.stubborn, "pid": h.pid, "hog": h.hog}
+    handlers = {
+        "block": h.blocking,
+        "stubborn": h.stubborn,
+        "pid": h.pid,
+        "hog": h.hog,
+        "chatty": h.chatty,
+        "floods": h.floods,
+    }
     if args.asyncio:
         url = args.url.replace("sqlite://", "sqlite+aiosqlite://").replace(
             "postgresql+psycopg2://", "postgresql+psycopg://"
