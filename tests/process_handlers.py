@@ -335,6 +335,8 @@ def double_in_child(n: int) -> dict[str, int]:
     """A task naming the process executor itself: runs in a child whatever
     the runner's own executor; its argument doubled, and the child's pid."""
     return {"n": n * 2, "pid": os.getpid()}
+
+
 def chatty(job: RunningJob) -> None:
     """Marks ``started``, then reports progress every ``payload["every"]``
     seconds (default 10 ms) for ``payload["seconds"]`` (default 8), ignoring
