@@ -732,9 +732,10 @@ class AsyncRunner:
     ) -> object:
         """Run ``execution``'s job in a child of the process executor (in a
         handler thread: the wait blocks) -- unless it starts late, as
-        :func:`_call_unless_late`. Its timeout counts from the moment a child
-        takes the job: then a timer (kept in ``timers``, for the caller to
-        cancel) is set on ``loop``."""
+        :func:`_call_unless_late`. Its timeout counts from the moment the
+        child begins the handler, its module imported (or 120 s after the job
+        was sent, for an import that hangs): then a timer (kept in
+        ``timers``, for the caller to cancel) is set on ``loop``."""
 
         def arm() -> None:
             deadline = self.core.start_deadline(execution)

@@ -280,6 +280,14 @@ def _executor_options(run: argparse.ArgumentParser) -> None:
         help="with a process executor: jobs claimed ahead of the busy children (default: one per process; "
         "0: claim only for an idle child)",
     )
+    run.add_argument(
+        "--forward-logger",
+        dest="forward_loggers",
+        action="append",
+        metavar="NAME",
+        help="with a process executor: also send this logger's records (and its descendants') from the "
+        "children at the runner's levels, not only from WARNING up; repeat for several, '' for every logger",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

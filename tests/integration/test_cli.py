@@ -985,6 +985,14 @@ def test_run_with_one_queue_in_children_beside_the_others_in_threads_in_a_subpro
     assert [j.outcome for j in Watchdog(engine).read_settled()] == [Outcome.COMPLETED] * 6
 
 
+def test_run_forward_logger_reaches_the_process_executor(engine: Engine, app_module: tuple[str, Path]) -> None:
+    name, path = app_module
+    path.write_text(FACTORY_MODULE)
+    argv = ["--executor", "process", "--forward-logger", "httpx", "--forward-logger", "app.db"]
+    runner = _built_runner(engine, f"{name}:HANDLERS", *argv)
+    assert runner.settings.executor.forward_loggers == ("httpx", "app.db")
+
+
 @pytest.mark.parametrize(
     ("flags", "says"),
     [
@@ -1033,6 +1041,7 @@ def test_run_gives_a_queues_executor_to_the_runner(
         (["--processes", "2"], "--processes apply only with --executor process"),
         (["--executor", "thread", "--kill-grace", "3"], "--kill-grace apply only with --executor process"),
         (["--prefetch", "0"], "--prefetch apply only with --executor process"),
+        (["--forward-logger", "httpx"], "--forward-loggers apply only with --executor process"),
         (["--executor", "process", "--concurrency", "4"], "not --concurrency"),
         (["--executor", "process", "--claim-ahead", "4"], "not --claim-ahead"),
     ],
@@ -1040,6 +1049,7 @@ def test_run_gives_a_queues_executor_to_the_runner(
         "processes-without-executor",
         "kill-grace-with-threads",
         "prefetch-with-threads",
+        "forward-logger-with-threads",
         "concurrency-with-processes",
         "claim-ahead-with-processes",
     ],

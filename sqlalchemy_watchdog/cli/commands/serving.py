@@ -147,7 +147,14 @@ def _flag(option: str) -> str:
 
 
 #: ``run``'s options that configure the process executor.
-_PROCESS_OPTIONS = ("processes", "max_jobs_per_child", "max_memory_per_child", "kill_grace", "prefetch")
+_PROCESS_OPTIONS = (
+    "processes",
+    "max_jobs_per_child",
+    "max_memory_per_child",
+    "kill_grace",
+    "prefetch",
+    "forward_loggers",
+)
 
 
 def _executor_choices(args: argparse.Namespace) -> tuple[str | None, dict[str, str]]:
@@ -192,6 +199,8 @@ def _executor(
     }
     if args.kill_grace is not None:
         fields["kill_grace"] = timedelta(seconds=args.kill_grace)
+    if args.forward_loggers is not None:
+        fields["forward_loggers"] = tuple(args.forward_loggers)
     process = ProcessExecutor(**fields)
     executors = {queue: (process if name == "process" else name) for queue, name in per_queue.items()}
     return (process if default == "process" else default), executors
