@@ -222,6 +222,7 @@ def test_the_job_page_says_what_applies_and_the_reason_in_plain_words(
         [
             Job("own", "emails", retry=RetryPolicy(max_attempts=4), timeout=timedelta(seconds=30)),
             Job("runners", "emails"),
+            Job("budgeted", "emails", max_recoveries=3),
         ]
     )
     watchdog.pause("emails", reason="smtp maintenance")
@@ -230,8 +231,12 @@ def test_the_job_page_says_what_applies_and_the_reason_in_plain_words(
     assert '<dd id="f-timeout">30s (the job&#39;s own)</dd>' in own
     assert "paused since" in own and "smtp maintenance" in own
     runners = dashboard.get("/job", job_id="runners").text
-    assert "1 (of the runner&#39;s maximum, not known here)" in runners
-    assert "the runner&#39;s timeout (Runner(timeout=...)): not known in this process" in runners
+    assert "1 (of its handler&#39;s or runner&#39;s maximum, not known here)" in runners
+    assert (
+        "its handler&#39;s or the runner&#39;s timeout (@handler(queue, timeout=...) or Runner(timeout=...)" in runners
+    )
+    assert '<dd id="f-recoveries">0 (of its handler&#39;s or runner&#39;s budget, not known here;' in runners
+    assert '<dd id="f-recoveries">0 of 3 (the job&#39;s own)</dd>' in dashboard.get("/job", job_id="budgeted").text
 
     watchdog.resume("emails")
     watchdog.enqueue(Job("lost", "lost-q"))
