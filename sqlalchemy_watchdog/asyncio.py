@@ -1029,7 +1029,7 @@ class AsyncRunner:
         reason = polling_reason(self.wakeups, engine.dialect.name, engine.dialect.driver)
         first: Any = None
         if reason is None:
-            first, proof = await connect_and_prove_async(engine)
+            first, proof = await connect_and_prove_async(engine, self.engine)  # as Runner's: the runner's NOTIFY
             if proof is not None and not proof.proven:
                 reason = proof.reason
         if reason is not None:
@@ -1046,7 +1046,9 @@ class AsyncRunner:
         self.core.waiting = Waiting(self.settings.poll_interval_s)
         self.wakeup_status = WakeupStatus(self.wakeups, True, "", self.settings.poll_interval_s)
         return asyncio.create_task(
-            listen_async(engine, self._jobs_arrived, heartbeat_now.set, self.core.waiting, first=first)
+            listen_async(
+                engine, self._jobs_arrived, heartbeat_now.set, self.core.waiting, first=first, notify_engine=self.engine
+            )
         )
 
     def __repr__(self) -> str:

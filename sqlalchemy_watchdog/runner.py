@@ -480,7 +480,9 @@ class Runner:
         reason = polling_reason(self.wakeups, engine.dialect.name, engine.dialect.driver)
         first: Any = None
         if reason is None:
-            first, proof = connect_and_prove(engine)
+            # The proof's NOTIFY goes through the runner's own engine: a listen_engine on another
+            # database would otherwise prove itself and then hear none of the runner's notifications.
+            first, proof = connect_and_prove(engine, self.engine)
             if proof is not None and not proof.proven:
                 reason = proof.reason
         if reason is not None:
@@ -493,7 +495,9 @@ class Runner:
             )
             return None
         waiting = Waiting(self.settings.poll_interval_s)
-        listener = Listener.start_for(engine, self._jobs_arrived, self._renew_now, waiting, first=first)
+        listener = Listener.start_for(
+            engine, self._jobs_arrived, self._renew_now, waiting, first=first, notify_engine=self.engine
+        )
         self.core.waiting = waiting if listener is not None else None
         self.wakeup_status = WakeupStatus(self.wakeups, True, "", self.settings.poll_interval_s)
         return listener

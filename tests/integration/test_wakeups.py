@@ -11,6 +11,7 @@ waits for a poll interval in the races the lock is there for.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -185,6 +186,37 @@ def test_a_runner_whose_waiting_session_is_terminated_waits_again_and_is_still_w
         add(engine, Job("a", "q"))
         assert settled(engine, "a", timeout=5).outcome is Outcome.COMPLETED
         assert time.monotonic() - started < 3
+
+
+def test_a_listener_whose_session_is_terminated_says_it_listens_again_and_nothing_misleading(
+    engine: Engine, runners: RunnerDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After ``pg_terminate_backend`` of the listening session the log says
+    the listener lost it and then that it listens again -- not that the new
+    connection "is not one PostgreSQL session" and the runner polls, while it
+    in fact listens."""
+    worker = runners.runner({"q": lambda job: None}, concurrency=1, poll_interval=POLL)
+    with caplog.at_level(logging.INFO, logger="sqlalchemy_watchdog"), worker.serving():
+        wait_until(lambda: waiting_sessions(engine) == 1, what="the idle runner to wait")
+        pid = _lock_holder(engine)
+        assert pid is not None
+        with engine.connect() as conn:
+            conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        wait_until(
+            lambda: waiting_sessions(engine) == 1 and _lock_holder(engine) not in (None, pid),
+            timeout=15,
+            what="the listener to reconnect and wait again",
+        )
+        wait_until(lambda: "listening again" in caplog.text, timeout=5, what="the log to say it listens again")
+        started = time.monotonic()
+        add(engine, Job("a", "q"))
+        assert settled(engine, "a", timeout=5).outcome is Outcome.COMPLETED
+        assert time.monotonic() - started < 3
+    messages = [record.getMessage() for record in caplog.records if record.name.startswith("sqlalchemy_watchdog")]
+    assert not [m for m in messages if "not one PostgreSQL session" in m or m.endswith("; polling")], messages
+    lost = next(i for i, m in enumerate(messages) if "connection lost" in m)
+    again = next(i for i, m in enumerate(messages) if "listening again" in m)
+    assert lost < again, messages
 
 
 def _lock_holder(engine: Engine) -> int | None:
