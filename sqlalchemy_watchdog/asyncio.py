@@ -528,6 +528,8 @@ class AsyncRunner:
         self._heartbeat_now: asyncio.Event | None = None
         #: Resolved once run_forever serves (for running()).
         self._started: asyncio.Future[None] | None = None
+        #: True while run_forever (or a running() block) serves this runner.
+        self._loop_claimed = False
 
     @property
     def queues(self) -> tuple[str, ...]:
@@ -892,7 +894,23 @@ class AsyncRunner:
         runner owns the process); signals and shutdown as
         :meth:`Runner.run_forever <sqlalchemy_watchdog.Runner.run_forever>`:
         as a task inside a running server (whose handlers are in place) it
-        never replaces the server's signal handlers."""
+        never replaces the server's signal handlers. One runner serves one
+        loop at a time: a second ``run_forever`` (or :meth:`running` block)
+        while it serves raises :class:`RuntimeError`."""
+        if self._loop_claimed:
+            raise RuntimeError(
+                "run_forever(): this runner is already serving (in run_forever() or a running() block); "
+                "one runner runs one loop -- leave the running block or stop() it first, "
+                "or make a second AsyncRunner"
+            )
+        # Set and cleared with no await between the check and here: one event loop, no race.
+        self._loop_claimed = True
+        try:
+            await self._run_forever(install_signal_handlers=install_signal_handlers)
+        finally:
+            self._loop_claimed = False
+
+    async def _run_forever(self, *, install_signal_handlers: bool | None) -> None:
         _, stopping, heartbeat_now = self._events()
         loop = asyncio.get_running_loop()
         installed: dict[signal.Signals, Any] = {}
@@ -992,6 +1010,12 @@ class AsyncRunner:
         (leases and recovery cover its jobs). A failure of the runner while
         the block ran is logged at once and raised on leaving (after the
         block's own exception, if any)."""
+        if self._loop_claimed:
+            raise RuntimeError(
+                "running(): this runner is already serving (in run_forever() or a running() block); "
+                "one runner runs one loop -- leave the running block or stop() it first, "
+                "or make a second AsyncRunner"
+            )
         started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._started = started
         task = asyncio.create_task(self.run_forever(install_signal_handlers=False))

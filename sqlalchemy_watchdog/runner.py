@@ -147,6 +147,9 @@ class Runner:
         self.core.parents_read = lambda job_id: self._gateway.read(parent_results, job_id)
         #: Set once run_forever serves (its listener started), or has ended.
         self._serving = threading.Event()
+        #: Held by the one run_forever (or running() block) serving this runner.
+        self._loop_lock = threading.Lock()
+        self._loop_claimed = False
         #: The process executor's children (made on first use).
         self._children = RunnerChildren(self.settings.executor)
 
@@ -329,14 +332,16 @@ class Runner:
         (after the block's own exception, if any).
         """
         failure: list[BaseException] = []
+        self._claim_loop("running()")
 
         def serve() -> None:
             try:
-                self.run_forever(install_signal_handlers=False)
+                self._run_forever(install_signal_handlers=False)
             except BaseException as error:
                 failure.append(error)
                 log.error("runner failed: %s", redacted(error), exc_info=error)
             finally:
+                self._release_loop()
                 self._serving.set()
 
         self._serving.clear()
@@ -406,7 +411,35 @@ class Runner:
         the shutdown's grace ran out) -- never left running under a live
         lease, never lost. A handler that returns normally meanwhile has
         done its work: its job settles ``completed``.
+
+        One runner serves one loop at a time: calling it while the runner
+        already serves (here or in :meth:`running`) raises
+        :class:`RuntimeError` and leaves the serving loop alone.
         """
+        self._claim_loop("run_forever()")
+        try:
+            self._run_forever(install_signal_handlers=install_signal_handlers)
+        finally:
+            self._release_loop()
+
+    def _claim_loop(self, entry: str) -> None:
+        """Mark the runner as serving, or refuse a second loop on it: a
+        second loop would share its stop event, so leaving either would stop
+        both and the outer block's jobs would wait unserved."""
+        with self._loop_lock:
+            if self._loop_claimed:
+                raise RuntimeError(
+                    f"{entry}: this runner is already serving (in run_forever() or a running() block); "
+                    "one runner runs one loop -- leave the running block or stop() it first, "
+                    "or make a second Runner"
+                )
+            self._loop_claimed = True
+
+    def _release_loop(self) -> None:
+        with self._loop_lock:
+            self._loop_claimed = False
+
+    def _run_forever(self, *, install_signal_handlers: bool | None) -> None:
         previous = self._install_signals(install_signal_handlers)
         heartbeat = _Heartbeat(self)
         heartbeat.start()
