@@ -1009,7 +1009,8 @@ class AsyncRunner:
         seconds for the last statements, after which the task is cancelled
         (leases and recovery cover its jobs). A failure of the runner while
         the block ran is logged at once and raised on leaving (after the
-        block's own exception, if any)."""
+        block's own exception, if any). Entering it while the runner already
+        serves raises :class:`RuntimeError`."""
         if self._loop_claimed:
             raise RuntimeError(
                 "running(): this runner is already serving (in run_forever() or a running() block); "

@@ -329,7 +329,8 @@ class Runner:
         statements; a runner still stopping after that is logged and left to
         finish in its daemon thread (leases and recovery cover its jobs). A
         failure of the runner while the block ran is raised on leaving
-        (after the block's own exception, if any).
+        (after the block's own exception, if any). Entering it while the
+        runner already serves raises :class:`RuntimeError`.
         """
         failure: list[BaseException] = []
         self._claim_loop("running()")
