@@ -128,9 +128,25 @@ def test_a_listen_engine_on_another_database_is_refused_in_listen_mode_and_polle
     try:
         metadata.create_all(engine)
         strict = Runner(engine, {"q": lambda job: None}, listen_engine=elsewhere, wakeups="listen")
-        with pytest.raises(WakeupsUnavailable, match="the listen_engine is not on the runner's database") as error:
-            strict.run_forever(install_signal_handlers=False)
-        assert "'postgres'" in str(error.value) and repr(postgres_url.database) in str(error.value)
+        refused: list[BaseException] = []
+
+        def serve_strictly() -> None:
+            try:
+                strict.run_forever(install_signal_handlers=False)
+            except BaseException as error:
+                refused.append(error)
+
+        thread = threading.Thread(target=serve_strictly)
+        thread.start()
+        thread.join(30)
+        if thread.is_alive():  # it started listening where nothing reaches it
+            strict.stop()
+            thread.join(30)
+            pytest.fail('wakeups="listen" started with a listen_engine on another database')
+        assert len(refused) == 1 and isinstance(refused[0], WakeupsUnavailable), refused
+        message = str(refused[0])
+        assert "the listen_engine is not on the runner's database" in message
+        assert "'postgres'" in message and repr(postgres_url.database) in message
         auto = Runner(engine, {"q": lambda job: None}, listen_engine=elsewhere)
         _serve_briefly(auto)
         assert not auto.wakeup_status.listening
@@ -169,7 +185,7 @@ def test_an_async_listen_engine_on_another_database_is_refused_in_listen_mode_an
         try:
             strict = AsyncRunner(engine, {"q": lambda job: None}, listen_engine=elsewhere, wakeups="listen")
             with pytest.raises(WakeupsUnavailable, match="the listen_engine is not on the runner's database"):
-                await strict.run_forever(install_signal_handlers=False)
+                await asyncio.wait_for(strict.run_forever(install_signal_handlers=False), 30)  # not serving for ever
             auto = AsyncRunner(engine, {"q": lambda job: None}, listen_engine=elsewhere)
             task = asyncio.create_task(auto.run_forever(install_signal_handlers=False))
             for _ in range(200):
