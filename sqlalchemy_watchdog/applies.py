@@ -1,10 +1,11 @@
-"""What applies to a job, said plainly: its effective timeout and retry
-policy and where each comes from, "attempt n of m", its queue's pause, and
-its outcome's reason in plain words.
+"""What applies to a job, said plainly: its effective timeout, retry
+policy and recovery budget and where each comes from, "attempt n of m", its
+queue's pause, and its outcome's reason in plain words.
 
 A job's policy is the first of: the job's own (stored with it), its queue's
-``@handler(queue, retry=, timeout=)``, the runner's ``Runner(retry=,
-timeout=)``. Only the job's own is in the database. A process that reads
+``@handler(queue, retry=, timeout=, max_recoveries=)``, the runner's
+``Runner(retry=, timeout=, max_recoveries=)``. Only the job's own is in the
+database. A process that reads
 the queue -- the CLI, the dashboard, your application -- knows the
 ``@handler`` registrations it has imported itself, and never a runner's
 settings, which live in the runner's process: what it cannot know, it says
@@ -36,7 +37,9 @@ class PolicyLevel(str, enum.Enum):
     JOB = "job"
     #: Its queue's ``@handler(queue, retry=..., timeout=...)``, registered in this process.
     HANDLER = "handler"
-    #: The runner's (``Runner(retry=..., timeout=...)``): not stored, not known to a reader.
+    #: Not the job's own and not a ``@handler`` of this process: its handler's
+    #: where the runner runs, else the runner's (``Runner(retry=..., timeout=...)``).
+    #: Not stored, not known to a reader.
     RUNNER = "runner"
 
 
@@ -66,13 +69,32 @@ class JobExplanation:
     pause: QueuePause | None
     #: Its ``failure_reason`` in plain words (the stored text itself when it is a handler's own).
     reason: str | None
+    #: Its recovery budget (``max_recoveries``): how many times a vanished execution is requeued.
+    recovery: Applied[int] = Applied(None, PolicyLevel.RUNNER, known=False)
 
     @property
     def attempt_text(self) -> str:
-        """``3 of 5``; ``3 (of the runner's maximum, not known here)``."""
+        """``3 of 5``; ``3 (of its handler's or runner's maximum, not known here)``."""
         if self.max_attempts is None:
-            return f"{self.job.attempt} (of the runner's maximum, not known here)"
+            return f"{self.job.attempt} (of its handler's or runner's maximum, not known here)"
         return f"{self.job.attempt} of {self.max_attempts}"
+
+    @property
+    def recovery_text(self) -> str:
+        """Recoveries used and the budget that applies, with where it comes
+        from: ``1 of 3 (its handler's, @handler in this process)``."""
+        used = self.job.recovery_count
+        if not self.recovery.known:
+            # A requeue proves a budget of at least the recoveries used, whoever set it.
+            floor = f", at least {used}: it was requeued" if used else ""
+            return (
+                f"{used} (of its handler's or runner's budget, not known here{floor}; "
+                "with neither, a vanished execution settles interrupted)"
+            )
+        level = _LEVEL_TEXT[self.recovery.level]
+        if self.recovery.value is None:
+            return f"{used} (no recovery budget, {level}: a vanished execution settles interrupted)"
+        return f"{used} of {self.recovery.value} ({level})"
 
     @property
     def timeout_text(self) -> str:
@@ -111,7 +133,10 @@ _LEVEL_TEXT = {
     PolicyLevel.HANDLER: "its handler's, @handler in this process",
     PolicyLevel.RUNNER: "the runner's",
 }
-_UNKNOWN = "the runner's {what} (Runner({arg}=...)): not known in this process; a Runner without {arg}= gives {default}"
+_UNKNOWN = (
+    "its handler's or the runner's {what} (@handler(queue, {arg}=...) or Runner({arg}=...) where the runner "
+    "runs): not known in this process; with neither, {default}"
+)
 
 
 def _duration(value: timedelta) -> str:
@@ -144,10 +169,17 @@ def explain(job: JobView, pause: QueuePause | None = None) -> JobExplanation:
         retry = Applied(registered.retry, PolicyLevel.HANDLER)
     else:
         retry = Applied(None, PolicyLevel.RUNNER, known=False)
+    # As the runner's budget_for: the job's own, else its handler's, else the runner's.
+    if job.max_recoveries is not None:
+        recovery: Applied[int] = Applied(job.max_recoveries, PolicyLevel.JOB)
+    elif registered is not None and registered.max_recoveries is not execution._UNSET:
+        recovery = Applied(registered.max_recoveries, PolicyLevel.HANDLER)
+    else:
+        recovery = Applied(None, PolicyLevel.RUNNER, known=False)
     # As the runner counts them: a job past its policy's attempts (a policy
     # lowered since) is on its last.
     max_attempts = None if not retry.known else max(job.attempt, retry.value.max_attempts if retry.value else 1)
-    return JobExplanation(job, timeout, retry, max_attempts, pause, plain_reason(job.failure_reason))
+    return JobExplanation(job, timeout, retry, max_attempts, pause, plain_reason(job.failure_reason), recovery)
 
 
 def plain_reason(reason: str | None) -> str | None:

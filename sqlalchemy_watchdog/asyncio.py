@@ -544,6 +544,8 @@ class AsyncRunner:
         self._heartbeat_now: asyncio.Event | None = None
         #: Resolved once run_forever serves (for running()).
         self._started: asyncio.Future[None] | None = None
+        #: True while run_forever (or a running() block) serves this runner.
+        self._loop_claimed = False
 
     @property
     def queues(self) -> tuple[str, ...]:
@@ -920,7 +922,23 @@ class AsyncRunner:
         runner owns the process); signals and shutdown as
         :meth:`Runner.run_forever <sqlalchemy_watchdog.Runner.run_forever>`:
         as a task inside a running server (whose handlers are in place) it
-        never replaces the server's signal handlers."""
+        never replaces the server's signal handlers. One runner serves one
+        loop at a time: a second ``run_forever`` (or :meth:`running` block)
+        while it serves raises :class:`RuntimeError`."""
+        if self._loop_claimed:
+            raise RuntimeError(
+                "run_forever(): this runner is already serving (in run_forever() or a running() block); "
+                "one runner runs one loop -- leave the running block or stop() it first, "
+                "or make a second AsyncRunner"
+            )
+        # Set and cleared with no await between the check and here: one event loop, no race.
+        self._loop_claimed = True
+        try:
+            await self._run_forever(install_signal_handlers=install_signal_handlers)
+        finally:
+            self._loop_claimed = False
+
+    async def _run_forever(self, *, install_signal_handlers: bool | None) -> None:
         _, stopping, heartbeat_now = self._events()
         loop = asyncio.get_running_loop()
         installed: dict[signal.Signals, Any] = {}
@@ -1020,7 +1038,14 @@ class AsyncRunner:
         seconds for the last statements, after which the task is cancelled
         (leases and recovery cover its jobs). A failure of the runner while
         the block ran is logged at once and raised on leaving (after the
-        block's own exception, if any)."""
+        block's own exception, if any). Entering it while the runner already
+        serves raises :class:`RuntimeError`."""
+        if self._loop_claimed:
+            raise RuntimeError(
+                "running(): this runner is already serving (in run_forever() or a running() block); "
+                "one runner runs one loop -- leave the running block or stop() it first, "
+                "or make a second AsyncRunner"
+            )
         started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._started = started
         task = asyncio.create_task(self.run_forever(install_signal_handlers=False))
@@ -1058,7 +1083,7 @@ class AsyncRunner:
         reason = polling_reason(self.wakeups, engine.dialect.name, engine.dialect.driver)
         first: Any = None
         if reason is None:
-            first, proof = await connect_and_prove_async(engine)
+            first, proof = await connect_and_prove_async(engine, self.engine)  # as Runner's: the runner's NOTIFY
             if proof is not None and not proof.proven:
                 reason = proof.reason
         if reason is not None:
@@ -1075,7 +1100,9 @@ class AsyncRunner:
         self.core.waiting = Waiting(self.settings.poll_interval_s)
         self.wakeup_status = WakeupStatus(self.wakeups, True, "", self.settings.poll_interval_s)
         return asyncio.create_task(
-            listen_async(engine, self._jobs_arrived, heartbeat_now.set, self.core.waiting, first=first)
+            listen_async(
+                engine, self._jobs_arrived, heartbeat_now.set, self.core.waiting, first=first, notify_engine=self.engine
+            )
         )
 
     def __repr__(self) -> str:

@@ -25,7 +25,9 @@ Internal module (:func:`follow_failover` is re-exported by the package).
   :func:`prove_session` (and :func:`prove_session_async`) checks a
   connection before a runner listens on it: ``pg_backend_pid()`` is the
   same across two autocommit statements, the server is a primary, and a
-  NOTIFY sent from *another* connection of the same engine reaches it. A
+  NOTIFY sent from *another* connection -- of the runner's own engine, so
+  that a ``listen_engine`` on another database or server fails too --
+  reaches it. A
   pooler fails the last check whichever server sessions it hands out: the
   other connection either runs on the listening server session (the
   notification then goes to that other client) or on another one (the
@@ -178,13 +180,17 @@ class SessionProof:
 
     proven: bool
     reason: str = ""
+    #: The check itself failed (an error, not a verdict on the session).
+    failed: bool = False
 
 
 def _channel() -> str:
     return f"watchdog_probe_{secrets.token_hex(6)}"
 
 
-def _verdict(before: tuple[Any, Any], after: tuple[Any, Any], delivered: bool) -> SessionProof:
+def _verdict(
+    before: tuple[Any, Any], after: tuple[Any, Any], delivered: bool, elsewhere: str | None = None
+) -> SessionProof:
     if before[1] or after[1]:
         return SessionProof(False, "the server is read-only (a standby or a fenced primary, not the primary)")
     if before[0] != after[0]:
@@ -192,6 +198,13 @@ def _verdict(before: tuple[Any, Any], after: tuple[Any, Any], delivered: bool) -
             False,
             f"pg_backend_pid() changed between two statements ({before[0]} -> {after[0]}): "
             "each statement ran on another server session (a connection pooler in transaction mode?)",
+        )
+    if not delivered and elsewhere is not None:
+        return SessionProof(
+            False,
+            f"a NOTIFY sent through the runner's engine did not reach the listen_engine's connection within "
+            f"{PROOF_TIMEOUT_S:g}s: the listen_engine is not on the runner's database ({elsewhere}); its "
+            "URL must name the same server and database as the runner's engine",
         )
     if not delivered:
         return SessionProof(
@@ -206,12 +219,46 @@ def _notify_sql(channel: str) -> Any:
     return text("SELECT pg_notify(:channel, 'probe')").bindparams(channel=channel)
 
 
-def prove_session(engine: Engine, driver_conn: Any) -> SessionProof:
+def _databases_sql() -> Any:
+    return text("SELECT current_database(), inet_server_port()")
+
+
+def _elsewhere(listening: tuple[Any, Any], sending: tuple[Any, Any]) -> str:
+    """Where the two sessions are, in words, for a listen_engine that heard nothing."""
+    return (
+        f"it listens in database {listening[0]!r}, port {listening[1]}; "
+        f"the runner's engine reaches {sending[0]!r}, port {sending[1]}"
+    )
+
+
+def _notify_with_retry(notify_engine: Engine, channel: str) -> tuple[Any, Any]:
+    """Send the probe through a pooled connection of ``notify_engine`` (once
+    more on a fresh one when the pooled one turned out dead: after a lost
+    connection the pool may hold others the server ended too); returns the
+    sender's database and port."""
+    from sqlalchemy.exc import DBAPIError
+
+    for attempt in (1, 2):
+        try:
+            with notify_engine.connect() as other:
+                other = other.execution_options(isolation_level="AUTOCOMMIT")
+                where = other.execute(_databases_sql()).one()
+                other.execute(_notify_sql(channel))
+                return (where[0], where[1])
+        except DBAPIError as error:
+            if attempt == 2 or not error.connection_invalidated:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def prove_session(engine: Engine, driver_conn: Any, notify_engine: Engine | None = None) -> SessionProof:
     """Prove that ``driver_conn`` (an autocommit psycopg 3 or psycopg2
     connection of ``engine``, detached from its pool) is one server session
-    of a primary; the NOTIFY comes from another connection of ``engine``."""
+    of a primary; the NOTIFY comes from another connection, of
+    ``notify_engine`` (the runner's own engine; default ``engine``)."""
     channel = _channel()
     driver = engine.dialect.driver
+    notify_engine = engine if notify_engine is None else notify_engine
 
     def row(statement: str) -> tuple[Any, Any]:
         if driver == "psycopg2":
@@ -231,13 +278,14 @@ def prove_session(engine: Engine, driver_conn: Any) -> SessionProof:
 
     before = row(_PID_SQL)
     run(f"LISTEN {channel}")
-    with engine.connect() as other:
-        other = other.execution_options(isolation_level="AUTOCOMMIT")
-        other.execute(_notify_sql(channel))
+    sender = _notify_with_retry(notify_engine, channel)
     delivered = _wait_sync(driver_conn, driver, channel)
     after = row(_PID_SQL)
     run(f"UNLISTEN {channel}")
-    return _verdict(before, after, delivered)
+    elsewhere = None
+    if not delivered and notify_engine is not engine:
+        elsewhere = _elsewhere(row("SELECT current_database(), inet_server_port()"), sender)
+    return _verdict(before, after, delivered, elsewhere)
 
 
 def _wait_sync(driver_conn: Any, driver: str, channel: str) -> bool:
@@ -259,15 +307,34 @@ def _wait_sync(driver_conn: Any, driver: str, channel: str) -> bool:
     return False
 
 
-async def prove_session_async(engine: AsyncEngine, driver_conn: Any) -> SessionProof:
+async def prove_session_async(
+    engine: AsyncEngine, driver_conn: Any, notify_engine: AsyncEngine | None = None
+) -> SessionProof:
     """:func:`prove_session` for an ``AsyncEngine`` (asyncpg, async psycopg)."""
+    from sqlalchemy.exc import DBAPIError
+
     channel = _channel()
     notify_sql = _notify_sql(channel)
+    sender_engine = engine if notify_engine is None else notify_engine
+    sender: list[tuple[Any, Any]] = []
 
     async def send() -> None:
-        async with engine.connect() as other:
-            other = await other.execution_options(isolation_level="AUTOCOMMIT")
-            await other.execute(notify_sql)
+        for attempt in (1, 2):  # as _notify_with_retry
+            try:
+                async with sender_engine.connect() as other:
+                    other = await other.execution_options(isolation_level="AUTOCOMMIT")
+                    where = (await other.execute(_databases_sql())).one()
+                    await other.execute(notify_sql)
+                    sender.append((where[0], where[1]))
+                    return
+            except DBAPIError as error:
+                if attempt == 2 or not error.connection_invalidated:
+                    raise
+
+    def elsewhere(delivered: bool, listening: tuple[Any, Any]) -> str | None:
+        if delivered or sender_engine is engine or not sender:
+            return None
+        return _elsewhere(listening, sender[0])
 
     if engine.dialect.driver == "asyncpg":
         arrived = asyncio.Event()
@@ -286,9 +353,10 @@ async def prove_session_async(engine: AsyncEngine, driver_conn: Any) -> SessionP
                 pass
             record = await driver_conn.fetchrow(_PID_SQL)
             after = (record[0], record[1])
+            where = await driver_conn.fetchrow("SELECT current_database(), inet_server_port()")
         finally:
             await driver_conn.remove_listener(channel, deliver)
-        return _verdict(before, after, arrived.is_set())
+        return _verdict(before, after, arrived.is_set(), elsewhere(arrived.is_set(), (where[0], where[1])))
 
     async def row() -> tuple[Any, Any]:
         fetched = await (await driver_conn.execute(_PID_SQL)).fetchone()
@@ -304,4 +372,5 @@ async def prove_session_async(engine: AsyncEngine, driver_conn: Any) -> SessionP
             delivered = delivered or note.channel == channel
     after = await row()
     await driver_conn.execute(f"UNLISTEN {channel}")
-    return _verdict(before, after, delivered)
+    where = await (await driver_conn.execute("SELECT current_database(), inet_server_port()")).fetchone()
+    return _verdict(before, after, delivered, elsewhere(delivered, (where[0], where[1])))

@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import random
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, field, fields
 from datetime import UTC, datetime, timedelta
@@ -1070,6 +1071,9 @@ class HeldBy(str, enum.Enum):
     RATE_PER_KEY = "rate_per_key"
 
 
+# N/[AMOUNT]UNIT in ASCII: \d and \w would take any script's digits and letters.
+_RATE_TEXT = re.compile(r"([0-9]+)/([0-9]*)([A-Za-z]+)")
+
 _PERIOD_UNITS = {
     "ms": timedelta(milliseconds=1),
     "millisecond": timedelta(milliseconds=1),
@@ -1118,22 +1122,22 @@ class Rate:
     def parse(cls, text: str) -> Rate:
         """``"N/PERIOD"``: ``100/minute``, ``10/s``, ``5/30s``, ``1000/2h``
         (units ``ms``, ``s``, ``m``/``min``/``minute``, ``h``/``hour``,
-        ``d``/``day``, plurals too); :class:`InvalidJob` otherwise."""
+        ``d``/``day``, plurals too; ASCII digits, no space inside);
+        :class:`InvalidJob` otherwise."""
         if not isinstance(text, str):
             raise InvalidJob("rate", f"must be a str such as '100/minute', not {type(text).__name__}")
-        count_text, slash, period_text = text.strip().partition("/")
-        if not slash or not count_text.strip().isdecimal():
-            raise InvalidJob("rate", f"must be N/PERIOD such as '100/minute', got {text!r}")
-        period_text = period_text.strip().lower()
-        digits = len(period_text) - len(period_text.lstrip("0123456789"))
-        amount_text, unit = period_text[:digits], period_text[digits:].strip()
+        # ASCII digits and letters only, with no space inside: "5 / s" or "٣/s" is refused, not guessed at.
+        match = _RATE_TEXT.fullmatch(text.strip())
+        if match is None:
+            raise InvalidJob("rate", f"must be N/PERIOD such as '100/minute' or '10/s', got {text!r}")
+        count_text, amount_text, unit = match.group(1), match.group(2), match.group(3).lower()
         if unit.endswith("s") and unit[:-1] in _PERIOD_UNITS and unit not in _PERIOD_UNITS:
             unit = unit[:-1]
         if unit not in _PERIOD_UNITS or (amount_text and int(amount_text) == 0) or len(amount_text) > 9:
             raise InvalidJob("rate", f"must be N/PERIOD such as '100/minute' or '10/s', got {text!r}")
         amount = int(amount_text) if amount_text else 1
-        if len(count_text.strip()) > 9:
-            raise InvalidJob("rate", f"count must be between 1 and {LIMIT_MAX}, got {count_text.strip()}")
+        if len(count_text) > 9:
+            raise InvalidJob("rate", f"count must be between 1 and {LIMIT_MAX}, got {count_text}")
         return cls(int(count_text), _PERIOD_UNITS[unit] * amount)
 
     def __str__(self) -> str:

@@ -44,7 +44,7 @@ from sqlalchemy.sql.ddl import BaseDDLElement
 from sqlalchemy.types import TypeEngine
 
 from .core.progress import PROGRESS_NOTE_MAX_LENGTH
-from .dependencies import EDGE_OUTCOMES, drop_sql, trigger_sql
+from .dependencies import EDGE_OUTCOMES, TRIGGER_NAMES, drop_sql, trigger_sql
 from .jobs import (
     AFTER_POLICIES,
     CANCELLATION_ID_MAX_LENGTH,
@@ -788,6 +788,10 @@ def _create_domains(target: Table, connection: Any, **_: Any) -> None:
         for type_, name, condition in _column_domains():
             base = type_.base.compile(dialect=connection.dialect)
             check = NAMING_CONVENTION["ck"] % {"table_name": jobs_table.name, "constraint_name": name}
+            # A table dropped by hand (DROP TABLE watchdog_jobs) leaves its domains behind: made
+            # afresh, so the new table's CHECKs are this version's. Without CASCADE, a domain some
+            # other column still uses is not dropped: the error names it.
+            connection.exec_driver_sql(f"DROP DOMAIN IF EXISTS {type_.domain}")
             connection.exec_driver_sql(
                 f"CREATE DOMAIN {type_.domain} AS {base} CONSTRAINT {check} CHECK ({condition.format(c='VALUE')})"
             )
@@ -799,7 +803,16 @@ def _drop_domains(target: Table, connection: Any, **_: Any) -> None:
             connection.exec_driver_sql(f"DROP DOMAIN IF EXISTS {type_.domain}")
 
 
+def _forget_orphaned_edges(target: Table, connection: Any, **_: Any) -> None:
+    # watchdog_jobs is being made while watchdog_job_edges is there: the jobs table was dropped
+    # by hand, and every edge names jobs that are gone. Kept, they would hold a new job of a
+    # reused job_id waiting for ever (its edge to the parent already counted).
+    if connection.dialect.has_table(connection, "watchdog_job_edges"):
+        connection.exec_driver_sql("DELETE FROM watchdog_job_edges")
+
+
 event.listen(jobs_table, "before_create", _create_domains)
+event.listen(jobs_table, "before_create", _forget_orphaned_edges)
 event.listen(jobs_table, "after_drop", _drop_domains)
 event.listen(jobs_table, "after_create", _postgresql_ddl(NOTIFY_FUNCTION_SQL))
 event.listen(jobs_table, "after_create", _postgresql_ddl(NOTIFY_TRIGGER_SQL))
@@ -821,14 +834,18 @@ def _dependency_triggers(target: MetaData, connection: Any, **_: Any) -> None:
     tables = set(connection.dialect.get_table_names(connection))
     if not {"watchdog_jobs", "watchdog_job_edges"} <= tables:
         return
-    # create_all on existing tables creates nothing, and no trigger twice.
+    # create_all on existing tables creates nothing, and no trigger twice; but a watchdog_jobs
+    # dropped by hand took its triggers along while the edges' stayed: then all are made afresh.
+    names = ", ".join(f"'{name}'" for name in TRIGGER_NAMES)
     existing = (
-        "SELECT 1 FROM pg_trigger WHERE tgname = 'watchdog_job_edges_counted'"
+        f"SELECT count(*) FROM pg_trigger WHERE tgname IN ({names})"
         if dialect == "postgresql"
-        else "SELECT 1 FROM sqlite_master WHERE type = 'trigger' AND name = 'watchdog_job_edges_counted'"
+        else f"SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND name IN ({names})"
     )
-    if connection.exec_driver_sql(existing).first() is not None:
+    if connection.exec_driver_sql(existing).scalar() == len(TRIGGER_NAMES):
         return
+    for statement in drop_sql(dialect):
+        connection.exec_driver_sql(statement)
     for statement in trigger_sql(dialect, backend_of(dialect).clock_ms_sql()):
         connection.exec_driver_sql(statement)
 

@@ -147,6 +147,9 @@ class Runner:
         self.core.parents_read = lambda job_id: self._gateway.read(parent_results, job_id)
         #: Set once run_forever serves (its listener started), or has ended.
         self._serving = threading.Event()
+        #: Held by the one run_forever (or running() block) serving this runner.
+        self._loop_lock = threading.Lock()
+        self._loop_claimed = False
         #: The process executors' children (each pool made on first use).
         self._children = RunnerChildren(self.settings.child_executors)
 
@@ -335,17 +338,20 @@ class Runner:
         statements; a runner still stopping after that is logged and left to
         finish in its daemon thread (leases and recovery cover its jobs). A
         failure of the runner while the block ran is raised on leaving
-        (after the block's own exception, if any).
+        (after the block's own exception, if any). Entering it while the
+        runner already serves raises :class:`RuntimeError`.
         """
         failure: list[BaseException] = []
+        self._claim_loop("running()")
 
         def serve() -> None:
             try:
-                self.run_forever(install_signal_handlers=False)
+                self._run_forever(install_signal_handlers=False)
             except BaseException as error:
                 failure.append(error)
                 log.error("runner failed: %s", redacted(error), exc_info=error)
             finally:
+                self._release_loop()
                 self._serving.set()
 
         self._serving.clear()
@@ -415,7 +421,35 @@ class Runner:
         the shutdown's grace ran out) -- never left running under a live
         lease, never lost. A handler that returns normally meanwhile has
         done its work: its job settles ``completed``.
+
+        One runner serves one loop at a time: calling it while the runner
+        already serves (here or in :meth:`running`) raises
+        :class:`RuntimeError` and leaves the serving loop alone.
         """
+        self._claim_loop("run_forever()")
+        try:
+            self._run_forever(install_signal_handlers=install_signal_handlers)
+        finally:
+            self._release_loop()
+
+    def _claim_loop(self, entry: str) -> None:
+        """Mark the runner as serving, or refuse a second loop on it: a
+        second loop would share its stop event, so leaving either would stop
+        both and the outer block's jobs would wait unserved."""
+        with self._loop_lock:
+            if self._loop_claimed:
+                raise RuntimeError(
+                    f"{entry}: this runner is already serving (in run_forever() or a running() block); "
+                    "one runner runs one loop -- leave the running block or stop() it first, "
+                    "or make a second Runner"
+                )
+            self._loop_claimed = True
+
+    def _release_loop(self) -> None:
+        with self._loop_lock:
+            self._loop_claimed = False
+
+    def _run_forever(self, *, install_signal_handlers: bool | None) -> None:
         previous = self._install_signals(install_signal_handlers)
         heartbeat = _Heartbeat(self)
         heartbeat.start()
@@ -488,7 +522,9 @@ class Runner:
         reason = polling_reason(self.wakeups, engine.dialect.name, engine.dialect.driver)
         first: Any = None
         if reason is None:
-            first, proof = connect_and_prove(engine)
+            # The proof's NOTIFY goes through the runner's own engine: a listen_engine on another
+            # database would otherwise prove itself and then hear none of the runner's notifications.
+            first, proof = connect_and_prove(engine, self.engine)
             if proof is not None and not proof.proven:
                 reason = proof.reason
         if reason is not None:
@@ -501,7 +537,9 @@ class Runner:
             )
             return None
         waiting = Waiting(self.settings.poll_interval_s)
-        listener = Listener.start_for(engine, self._jobs_arrived, self._renew_now, waiting, first=first)
+        listener = Listener.start_for(
+            engine, self._jobs_arrived, self._renew_now, waiting, first=first, notify_engine=self.engine
+        )
         self.core.waiting = waiting if listener is not None else None
         self.wakeup_status = WakeupStatus(self.wakeups, True, "", self.settings.poll_interval_s)
         return listener

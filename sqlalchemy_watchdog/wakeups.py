@@ -303,20 +303,22 @@ def _autocommit_driver_connection(engine: Engine) -> Any:
     return driver_conn
 
 
-def connect_and_prove(engine: Engine) -> tuple[Any, SessionProof | None]:
+def connect_and_prove(engine: Engine, notify_engine: Engine | None = None) -> tuple[Any, SessionProof | None]:
     """A detached autocommit driver connection of ``engine`` and its
-    :func:`~sqlalchemy_watchdog.connections.prove_session` verdict; ``(None,
-    None)`` when no connection could be made (the listener connects later).
-    A connection that failed its proof is closed and returned as None."""
+    :func:`~sqlalchemy_watchdog.connections.prove_session` verdict (the
+    NOTIFY sent through ``notify_engine``, the runner's own, default
+    ``engine``); ``(None, None)`` when no connection could be made (the
+    listener connects later). A connection that failed its proof is closed
+    and returned as None."""
     try:
         driver_conn = _autocommit_driver_connection(engine)
     except Exception as error:
         log.warning("listener: cannot connect (%s); polling meanwhile", redacted(error))
         return None, None
     try:
-        proof = prove_session(engine, driver_conn)
+        proof = prove_session(engine, driver_conn, notify_engine)
     except Exception as error:
-        proof = SessionProof(False, f"the session check failed: {redacted(error)}")
+        proof = SessionProof(False, f"the session check failed: {redacted(error)}", failed=True)
     if not proof.proven:
         with contextlib.suppress(Exception):
             driver_conn.close()
@@ -346,7 +348,9 @@ async def _close_async(engine: AsyncEngine, driver_conn: Any) -> None:
             await driver_conn.close()
 
 
-async def connect_and_prove_async(engine: AsyncEngine) -> tuple[Any, SessionProof | None]:
+async def connect_and_prove_async(
+    engine: AsyncEngine, notify_engine: AsyncEngine | None = None
+) -> tuple[Any, SessionProof | None]:
     """:func:`connect_and_prove` for an ``AsyncEngine``."""
     try:
         driver_conn = await _async_driver_connection(engine)
@@ -356,12 +360,12 @@ async def connect_and_prove_async(engine: AsyncEngine) -> tuple[Any, SessionProo
         log.warning("listener: cannot connect (%s); polling meanwhile", redacted(error))
         return None, None
     try:
-        proof = await prove_session_async(engine, driver_conn)
+        proof = await prove_session_async(engine, driver_conn, notify_engine)
     except asyncio.CancelledError:
         await _close_async(engine, driver_conn)
         raise
     except Exception as error:
-        proof = SessionProof(False, f"the session check failed: {redacted(error)}")
+        proof = SessionProof(False, f"the session check failed: {redacted(error)}", failed=True)
     if not proof.proven:
         await _close_async(engine, driver_conn)
         return None, proof
@@ -403,6 +407,17 @@ class _Health:
 
 def _backoff(failures: int) -> float:
     return min(30.0, 0.25 * 2.0 ** min(failures, 7))
+
+
+def _log_unproven(proof: SessionProof, failures: int) -> None:
+    """A new listening connection (after a lost one) failed its proof: the
+    runner polls until a later one passes, which "listening again" says."""
+    what = (
+        "could not check the new listening connection"
+        if proof.failed
+        else "the new listening connection is not one PostgreSQL session"
+    )
+    log.warning("listener: %s (%s); polling meanwhile, trying again in %gs", what, proof.reason, _backoff(failures))
 
 
 class Waiting:
@@ -533,6 +548,13 @@ class _Wakeups:
         self.on_queued = on_queued
         self.on_stop = on_stop
         self.waiting = waiting
+        #: When the listening session was lost (monotonic), until LISTEN is in place again.
+        self._lost_at: float | None = None
+
+    def lost(self) -> None:
+        """The listening session is gone: the runner polls until :meth:`connected`."""
+        if self._lost_at is None:
+            self._lost_at = time.monotonic()
 
     def dispatch(self, payload: str) -> None:
         if payload == EVENT_STOP:
@@ -581,6 +603,14 @@ class _Wakeups:
         (before the first LISTEN, or across a reconnect) is looked for now."""
         if self.waiting is not None:
             self.waiting.disconnected()
+        if self._lost_at is not None:
+            # The line that pairs with "connection lost": without it the last word in the
+            # log would be that the runner polls, while it listens again.
+            log.warning(
+                "listener: listening again (LISTEN resumed %.1fs after the connection was lost)",
+                time.monotonic() - self._lost_at,
+            )
+            self._lost_at = None
         self.on_queued()
 
 
@@ -604,8 +634,13 @@ class Listener:
         *,
         first: Any = None,
         prove: bool = True,
+        notify_engine: Engine | None = None,
     ) -> None:
         self.engine = engine
+        #: Whose NOTIFY a new connection's proof must receive: the runner's own engine.
+        self._notify_engine = notify_engine
+        #: New connections that failed in a row (the backoff's count).
+        self._failures = 0
         self.wakeups = _Wakeups(on_queued, on_stop, waiting)
         #: A proven driver connection to serve first (see :func:`connect_and_prove`).
         self._first = first
@@ -629,11 +664,12 @@ class Listener:
         *,
         first: Any = None,
         prove: bool = True,
+        notify_engine: Engine | None = None,
     ) -> Listener | None:
         """A started listener, or None where the engine cannot listen."""
         if not listens(engine.dialect.name, engine.dialect.driver):
             return None
-        listener = cls(engine, on_queued, on_stop, waiting, first=first, prove=prove)
+        listener = cls(engine, on_queued, on_stop, waiting, first=first, prove=prove, notify_engine=notify_engine)
         listener._thread.start()
         return listener
 
@@ -671,20 +707,19 @@ class Listener:
             except Exception as error:
                 log.warning("listener: cannot connect (%s); polling meanwhile", redacted(error))
                 return None
-        driver_conn, proof = connect_and_prove(self.engine)
+        driver_conn, proof = connect_and_prove(self.engine, self._notify_engine)
         if proof is not None and not proof.proven:
-            log.warning("listener: the new connection is not one PostgreSQL session (%s); polling", proof.reason)
+            _log_unproven(proof, self._failures + 1)
         return driver_conn
 
     def _run(self) -> None:
-        failures = 0
         while not self._stop.is_set():
             driver_conn = self._connect()
             if driver_conn is None:
-                failures += 1
-                self._stop.wait(_backoff(failures))
+                self._failures += 1
+                self._stop.wait(_backoff(self._failures))
                 continue
-            failures = 0
+            self._failures = 0
             try:
                 if self.engine.dialect.driver == "psycopg2":
                     self._serve_psycopg2(driver_conn)
@@ -692,7 +727,8 @@ class Listener:
                     self._serve_psycopg(driver_conn)
             except Exception as error:
                 if not self._stop.is_set():
-                    log.warning("listener: connection lost (%s); reconnecting", redacted(error))
+                    self.wakeups.lost()
+                    log.warning("listener: connection lost (%s); polling until it listens again", redacted(error))
                     self._stop.wait(0.5)
             finally:
                 # Closed directly: the pool's close would first roll back, and
@@ -822,10 +858,12 @@ async def listen_async(
     *,
     first: Any = None,
     prove: bool = True,
+    notify_engine: AsyncEngine | None = None,
 ) -> None:
     """:class:`Listener` for an ``AsyncEngine``, until cancelled: ``first``
     is a proven connection to serve first; every new one is proven first
-    (unless ``prove`` is false)."""
+    (unless ``prove`` is false), with a NOTIFY sent through
+    ``notify_engine`` (the runner's own; default ``engine``)."""
     wakeups = _Wakeups(on_queued, on_stop, waiting)
     kicked = asyncio.Event()
     if waiting is not None:
@@ -835,11 +873,9 @@ async def listen_async(
         driver_conn, first = first, None
         if driver_conn is None:
             if prove:
-                driver_conn, proof = await connect_and_prove_async(engine)
+                driver_conn, proof = await connect_and_prove_async(engine, notify_engine)
                 if proof is not None and not proof.proven:
-                    log.warning(
-                        "listener: the new connection is not one PostgreSQL session (%s); polling", proof.reason
-                    )
+                    _log_unproven(proof, failures + 1)
             else:
                 try:
                     driver_conn = await _async_driver_connection(engine)
@@ -860,7 +896,8 @@ async def listen_async(
         except asyncio.CancelledError:
             raise
         except Exception as error:
-            log.warning("listener: connection lost (%s); reconnecting", redacted(error))
+            wakeups.lost()
+            log.warning("listener: connection lost (%s); polling until it listens again", redacted(error))
             await asyncio.sleep(0.5)
         finally:
             await _close_async(engine, driver_conn)

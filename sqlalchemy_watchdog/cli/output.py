@@ -184,6 +184,11 @@ def applies_dict(explained: JobExplanation) -> dict[str, Any]:
             "known": explained.retry.known,
         },
         "max_attempts": explained.max_attempts,
+        "recovery": {
+            "max_recoveries": explained.recovery.value,
+            "from": explained.recovery.level.value,
+            "known": explained.recovery.known,
+        },
         "queue_pause": None if pause is None else {"reason": pause.reason, "paused_at": iso(pause.paused_at)},
         "reason": explained.reason,
     }
@@ -191,7 +196,7 @@ def applies_dict(explained: JobExplanation) -> dict[str, Any]:
 
 def render_show(explained: JobExplanation) -> str:
     """What ``show`` prints: one ``name  value`` line per field -- the
-    timeout and retry policy that apply and where each comes from, the
+    timeout, retry policy and recovery budget that apply and where each comes from, the
     reason in plain words -- then the failure history (one line per failed
     attempt) and the traceback."""
     lines: list[str] = []
@@ -215,6 +220,7 @@ def render_show(explained: JobExplanation) -> str:
         ("queue_pause", explained.pause_text),
         ("outcome", None if job.outcome is None else job.outcome.value),
         ("failure_reason", explained.reason),
+        ("recoveries", explained.recovery_text),
         ("recovery_count", job.recovery_count),
         ("max_recoveries", job.max_recoveries),
         ("cancellation_id", job.cancellation_id),

@@ -23,7 +23,10 @@ URL_ENV = "WATCHDOG_DATABASE_URL"
 DEFAULT_URL = "sqlite:///watchdog.db"
 
 #: The message for a database without the table (every command but upgrade).
-NO_TABLE = "no watchdog_jobs table: run `sqlalchemy-watchdog upgrade` first"
+NO_TABLE = (
+    "no watchdog_jobs table: run `sqlalchemy-watchdog upgrade` first "
+    "(it also restores a table dropped by hand; with your own Alembic environment, metadata.create_all)"
+)
 
 
 def database_url(value: str | None) -> URL:

@@ -44,16 +44,37 @@ def apply_revisions(conn: Connection, revision: str = "heads") -> None:
     ``sqlalchemy-watchdog upgrade`` runs; the pytest plugin's
     ``watchdog_engine`` too.
 
+    A ``watchdog_jobs`` table dropped by hand while ``alembic_version``
+    still records the latest revision is made again (with
+    ``metadata.create_all``: the tables that are there are left as they
+    are); dropped at an older revision, it is refused with what to do.
+
     :raises alembic.util.CommandError: e.g. the database holds revisions
-        these do not know (an application's own Alembic environment).
+        these do not know (an application's own Alembic environment), or
+        the table is gone at an older revision.
     """
     from alembic.config import Config
     from alembic.runtime.environment import EnvironmentContext
     from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
 
     from ..model import metadata
 
     script = ScriptDirectory(str(_SCRIPT_DIR.resolve()), version_locations=[str(VERSIONS_DIR.resolve())])
+    ours = {rev.revision for rev in script.walk_revisions()}
+    heads = set(script.get_heads())
+    was_in_transaction = conn.in_transaction()
+    recorded = ours.intersection(current_revisions(conn))
+    missing = bool(recorded) and not has_jobs_table(conn)
+    if not was_in_transaction and conn.in_transaction():
+        conn.rollback()  # only read: leave the connection as it came
+    if missing and not recorded <= heads:
+        raise CommandError(
+            f"the watchdog_jobs table is missing but alembic_version records revision {', '.join(sorted(recorded))}: "
+            "it was dropped by hand. Drop the other watchdog_* tables too, delete that row "
+            f"(DELETE FROM alembic_version WHERE version_num IN ({', '.join(repr(r) for r in sorted(recorded))})), "
+            "then upgrade again to make them all afresh"
+        )
 
     def upgrade(rev: Any, context: Any) -> Any:
         return script._upgrade_revs(revision, rev)
@@ -64,6 +85,12 @@ def apply_revisions(conn: Connection, revision: str = "heads") -> None:
             env.run_migrations()
     if conn.in_transaction():
         conn.commit()
+    if missing:
+        # At the latest revision the model is that revision's schema: create_all restores the
+        # dropped table (its leftover domains and the dependency triggers are made afresh).
+        metadata.create_all(conn)
+        if conn.in_transaction():
+            conn.commit()
 
 
 def current_revisions(conn: Connection) -> list[str]:

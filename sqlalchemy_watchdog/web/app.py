@@ -987,14 +987,43 @@ class _Event:
     at: datetime
     what: str
     detail: str | None = None
+    #: False: ``at`` only places it (its own time is not stored).
+    timed: bool = True
+
+
+def _earlier_claims(job: JobView) -> str | None:
+    """The claims before the last one, as far as the row tells them: each
+    ended a failed attempt (the latest 10 with their times), a recovery (an
+    execution that vanished; requeued, its time not stored) or a snooze."""
+    failed = job.attempt - 1
+    if not (failed or job.recovery_count or job.snoozes):
+        return None
+    parts = []
+    if failed:
+        shown = sum(1 for entry in job.failure_history if entry.attempt < job.attempt)
+        kept = "" if shown >= failed else f"; {failed - shown} before the {shown} listed here are not kept"
+        parts.append(f"{failed} failed attempt{'s' if failed != 1 else ''}{kept}")
+    if job.recovery_count:
+        parts.append(
+            f"{job.recovery_count} recover{'ies' if job.recovery_count != 1 else 'y'} "
+            "(its execution vanished and it was requeued; when is not stored)"
+        )
+    if job.snoozes:
+        parts.append(f"{job.snoozes} snooze{'s' if job.snoozes != 1 else ''}")
+    claims = failed + job.recovery_count + job.snoozes
+    return f"{claims} earlier claim{'s' if claims != 1 else ''}: " + ", ".join(parts)
 
 
 def _timeline(job: JobView) -> Sequence[_Event]:
-    """The job's recorded times, oldest first."""
+    """The job's recorded times, oldest first; the claims before the last
+    one (failed attempts, recoveries, snoozes) just before its start."""
+    earlier = _earlier_claims(job)
     events = [
         _Event(job.enqueued_at, "enqueued") if job.enqueued_at else None,
         _Event(job.run_at, "requested start (run_at)") if job.run_at else None,
         _Event(job.ready_at, "ready") if job.ready_at and job.ready_at != job.run_at else None,
+        # Sorted by time, and stable: said just before the last claim's start, which it preceded.
+        _Event(job.started_at, "earlier claims", earlier, timed=False) if job.started_at and earlier else None,
         _Event(job.started_at, f"attempt {job.attempt} started") if job.started_at else None,
         *(_Event(f.at, f"attempt {f.attempt} failed", f.reason) for f in job.failure_history),
         _Event(job.settled_at, f"settled {job.outcome.value if job.outcome else ''}", job.failure_reason)

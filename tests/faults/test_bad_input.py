@@ -463,6 +463,11 @@ REFUSED: dict[str, Entry] = {
     "set_limits rate period sub-millisecond": Entry("rate", lambda engine: Rate(10, timedelta(microseconds=10))),
     "set_limits rate period an int": Entry("rate", lambda engine: Rate(10, 60)),  # type: ignore[arg-type]
     "set_limits rate text zero period": Entry("rate", lambda engine: Rate.parse("10/0s")),
+    "set_limits rate text spaces around the slash": Entry("rate", lambda engine: Rate.parse("5 / s")),
+    "set_limits rate text a space before the unit": Entry("rate", lambda engine: Rate.parse("5/30 s")),
+    "set_limits rate text arabic-indic digits": Entry("rate", lambda engine: Rate.parse("\u0663/s")),
+    "set_limits rate text fullwidth digits": Entry("rate", lambda engine: Rate.parse("\uff15/s")),
+    "set_limits rate text non-ASCII period amount": Entry("rate", lambda engine: Rate.parse("5/\u0663s")),
     "set_limits rate_per_key a tuple": Entry(
         "rate_per_key", wd("set_limits", "q", rate_per_key=(100, timedelta(minutes=1)))
     ),

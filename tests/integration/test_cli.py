@@ -234,11 +234,12 @@ def test_show_a_job_without_a_policy_of_its_own(engine: Engine, cli: Cli) -> Non
     lines = show_lines(cli("show", "plain")[1])
     assert (lines["run_at"], lines["ready_at"]) == ("-", "-")  # it never waited
     # No policy of its own, no @handler here: the runner's applies, which this process cannot know.
-    assert lines["attempt"] == "1 (of the runner's maximum, not known here)"
+    assert lines["attempt"] == "1 (of its handler's or runner's maximum, not known here)"
     assert lines["timeout"] == (
-        "the runner's timeout (Runner(timeout=...)): not known in this process; a Runner without timeout= gives none"
+        "its handler's or the runner's timeout (@handler(queue, timeout=...) or Runner(timeout=...) where the "
+        "runner runs): not known in this process; with neither, none"
     )
-    assert lines["retry"].startswith("the runner's retry policy (Runner(retry=...)): not known in this process")
+    assert lines["retry"].startswith("its handler's or the runner's retry policy (@handler(queue, retry=...) or")
     shown = json.loads(cli("--json", "show", "plain")[1])
     assert {k: shown[k] for k in ("run_at", "ready_at", "max_attempts", "timeout_ms", "retry")} == dict.fromkeys(
         ("run_at", "ready_at", "max_attempts", "timeout_ms", "retry")
@@ -289,6 +290,47 @@ def test_show_says_what_applies_from_which_level_the_pause_and_the_reason_in_pla
         _registry.pop("handled", None)
 
 
+def test_show_says_the_recovery_budget_that_applies_and_where_it_comes_from(engine: Engine, cli: Cli) -> None:
+    """A job without a budget of its own runs under its handler's (or the
+    runner's): ``show`` says so, and never "no recovery budget" for a job
+    that was requeued."""
+    from sqlalchemy_watchdog import handler
+    from sqlalchemy_watchdog.execution import _registry
+
+    add(engine, Job("own", "budgets", max_recoveries=2), Job("by-handler", "budgets"))
+    with engine.begin() as conn:  # one recovery used, as the runner's requeue leaves it
+        conn.exec_driver_sql("UPDATE watchdog_jobs SET recovery_count = 1 WHERE job_id = 'by-handler'")
+    assert show_lines(cli("show", "own")[1])["recoveries"] == "0 of 2 (the job's own)"
+    requeued = show_lines(cli("show", "by-handler")[1])["recoveries"]
+    assert requeued == (
+        "1 (of its handler's or runner's budget, not known here, at least 1: it was requeued; "
+        "with neither, a vanished execution settles interrupted)"
+    )
+    assert "no recovery budget" not in requeued
+
+    @handler("budgets", max_recoveries=3)
+    def budgets(job: RunningJob) -> None:
+        return None
+
+    try:
+        lines = show_lines(cli("show", "by-handler")[1])
+        assert lines["recoveries"] == "1 of 3 (its handler's, @handler in this process)"
+        shown = json.loads(cli("--json", "show", "by-handler")[1])
+        assert shown["applies"]["recovery"] == {"max_recoveries": 3, "from": "handler", "known": True}
+        add(engine, Job("none", "at-most-once"))
+
+        @handler("at-most-once", max_recoveries=None)
+        def at_most_once(job: RunningJob) -> None:
+            return None
+
+        assert show_lines(cli("show", "none")[1])["recoveries"] == (
+            "0 (no recovery budget, its handler's, @handler in this process: a vanished execution settles interrupted)"
+        )
+    finally:
+        _registry.pop("budgets", None)
+        _registry.pop("at-most-once", None)
+
+
 def test_show_prints_the_failure_history_one_line_per_attempt(engine: Engine, cli: Cli) -> None:
     own = RetryPolicy(max_attempts=3, backoff=timedelta(milliseconds=1), jitter=0)
     add(engine, Job("own", "emails", retry=own), Job("runners", "emails"))
@@ -327,7 +369,7 @@ def test_show_prints_the_failure_history_one_line_per_attempt(engine: Engine, cl
     status, out, _ = cli("show", "runners")
     lines = show_lines(out)
     assert (lines["state"], lines["snoozes"]) == ("delayed", "1")
-    assert lines["attempt"] == "2 (of the runner's maximum, not known here)"
+    assert lines["attempt"] == "2 (of its handler's or runner's maximum, not known here)"
     ready_at = datetime.fromisoformat(lines["ready_at"])
     assert after + timedelta(minutes=59) < ready_at < after + timedelta(minutes=61)
     assert [line.split()[2] for line in out[out.index("failure_history") :].splitlines()[1:]] == ["1"]

@@ -290,6 +290,61 @@ def test_runner_running_hands_the_blocks_exception_back_after_stopping(sqlite_en
     assert not [t for t in threading.enumerate() if t.name == "watchdog-runner"]
 
 
+def test_a_runner_serves_one_loop_a_second_entry_is_refused_and_the_first_keeps_serving(
+    sqlite_engine: Engine,
+) -> None:
+    """Entering ``running()`` (or ``run_forever``) again on a serving runner is
+    refused with a clear error; the outer block goes on serving its jobs, and
+    after it ends the runner can serve again."""
+    ran: list[str] = []
+    runner = Runner(sqlite_engine, {"q": lambda job: ran.append(job.job_id)}, poll_interval=timedelta(milliseconds=50))
+    with runner.running():
+        with pytest.raises(RuntimeError, match=r"running\(\): this runner is already serving"), runner.running():
+            pytest.fail("the inner block must not run")  # pragma: no cover
+        with pytest.raises(RuntimeError, match=r"run_forever\(\): this runner is already serving"):
+            runner.run_forever(install_signal_handlers=False)
+        add(sqlite_engine, Job("after-the-refusals", "q"))
+        wait_until(lambda: "after-the-refusals" in ran, timeout=20)
+    assert settled(sqlite_engine, "after-the-refusals").outcome is Outcome.COMPLETED
+    with runner.running():  # one loop after the other is fine
+        add(sqlite_engine, Job("second-block", "q"))
+        wait_until(lambda: "second-block" in ran, timeout=20)
+
+
+async def test_an_async_runner_serves_one_loop_a_second_entry_is_refused_and_the_first_keeps_serving(
+    sqlite_engine: Engine,
+) -> None:
+    ran: list[str] = []
+
+    async def work(job: RunningJob) -> None:
+        ran.append(job.job_id)
+
+    async_engine = make_async_engine(sqlite_engine)
+    runner = AsyncRunner(async_engine, {"q": work}, poll_interval=timedelta(milliseconds=50))
+    try:
+        async with runner.running():
+            with pytest.raises(RuntimeError, match=r"running\(\): this runner is already serving"):
+                async with runner.running():
+                    pytest.fail("the inner block must not run")  # pragma: no cover
+            with pytest.raises(RuntimeError, match=r"run_forever\(\): this runner is already serving"):
+                await runner.run_forever(install_signal_handlers=False)
+            add(sqlite_engine, Job("after-the-refusals", "q"))
+            for _ in range(400):
+                if "after-the-refusals" in ran:
+                    break
+                await asyncio.sleep(0.05)
+            assert "after-the-refusals" in ran
+        async with runner.running():
+            add(sqlite_engine, Job("second-block", "q"))
+            for _ in range(400):
+                if "second-block" in ran:
+                    break
+                await asyncio.sleep(0.05)
+            assert "second-block" in ran
+    finally:
+        await async_engine.dispose()
+
+
 async def test_async_runner_running_serves_for_the_block_and_a_job_finishing_within_grace_completes(
     engine: Engine,
 ) -> None:

@@ -162,9 +162,22 @@ def test_rate_refuses_a_bad_count_or_period_and_parses_the_cli_form() -> None:
     assert Rate.parse("10/s") == Rate(10, timedelta(seconds=1))
     assert Rate.parse("5/30s") == Rate(5, timedelta(seconds=30))
     assert Rate.parse("1000/2hours") == Rate(1000, timedelta(hours=2))
-    assert Rate.parse(" 7 / day ") == Rate(7, timedelta(days=1))
+    assert Rate.parse(" 7/day ") == Rate(7, timedelta(days=1))
     assert str(Rate(100, timedelta(minutes=1))) == "100/m" and str(Rate(5, timedelta(seconds=30))) == "5/30s"
-    for bad in ["", "100", "/s", "x/s", "10/0s", "10/fortnight", "0/s", "10/2d", "-1/s", "9999999999/s"]:
+    for bad in [
+        "",
+        "100",
+        "/s",
+        "x/s",
+        "10/0s",
+        "10/fortnight",
+        "0/s",
+        "10/2d",
+        "-1/s",
+        "9999999999/s",
+        "5 / s",
+        "\u0663/s",
+    ]:
         with pytest.raises(InvalidJob):
             Rate.parse(bad)
 

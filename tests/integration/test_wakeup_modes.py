@@ -115,6 +115,94 @@ def test_a_direct_postgresql_runner_listens_and_keeps_its_backstop_poll(postgres
         engine.dispose()
 
 
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
+def test_a_listen_engine_on_another_database_is_refused_in_listen_mode_and_polled_past_in_auto(
+    postgres_url: URL, driver: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A listen_engine whose URL names another database (a typo) proves its
+    own session, but never hears the runner's engine: the proof's NOTIFY
+    goes through the runner's engine, so "listen" refuses to start naming
+    listen_engine and "auto" polls with a WARNING saying why."""
+    engine = create_engine(postgres_url.set(drivername=f"postgresql+{driver}"))
+    elsewhere = create_engine(postgres_url.set(drivername=f"postgresql+{driver}", database="postgres"))
+    try:
+        metadata.create_all(engine)
+        strict = Runner(engine, {"q": lambda job: None}, listen_engine=elsewhere, wakeups="listen")
+        refused: list[BaseException] = []
+
+        def serve_strictly() -> None:
+            try:
+                strict.run_forever(install_signal_handlers=False)
+            except BaseException as error:
+                refused.append(error)
+
+        thread = threading.Thread(target=serve_strictly)
+        thread.start()
+        thread.join(30)
+        if thread.is_alive():  # it started listening where nothing reaches it
+            strict.stop()
+            thread.join(30)
+            pytest.fail('wakeups="listen" started with a listen_engine on another database')
+        assert len(refused) == 1 and isinstance(refused[0], WakeupsUnavailable), refused
+        message = str(refused[0])
+        assert "the listen_engine is not on the runner's database" in message
+        assert "'postgres'" in message and repr(postgres_url.database) in message
+        auto = Runner(engine, {"q": lambda job: None}, listen_engine=elsewhere)
+        _serve_briefly(auto)
+        assert not auto.wakeup_status.listening
+        assert "listen_engine is not on the runner's database" in auto.wakeup_status.reason
+        assert [
+            r
+            for r in caplog.records
+            if r.levelno == logging.WARNING
+            and "LISTEN/NOTIFY wake-ups are off" in r.getMessage()
+            and "listen_engine is not on the runner's database" in r.getMessage()
+        ]
+        # The same database through a second engine still listens.
+        same = create_engine(postgres_url.set(drivername=f"postgresql+{driver}"))
+        try:
+            direct = Runner(engine, {"q": lambda job: None}, listen_engine=same, wakeups="listen")
+            _serve_briefly(direct)
+            assert direct.wakeup_status.listening
+        finally:
+            same.dispose()
+    finally:
+        engine.dispose()
+        elsewhere.dispose()
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "asyncpg"])
+def test_an_async_listen_engine_on_another_database_is_refused_in_listen_mode_and_polled_past_in_auto(
+    postgres_url: URL, driver: str
+) -> None:
+    sync_engine = create_engine(postgres_url)
+    metadata.create_all(sync_engine)
+    sync_engine.dispose()
+
+    async def serve() -> None:
+        engine = create_async_engine(postgres_url.set(drivername=f"postgresql+{driver}"))
+        elsewhere = create_async_engine(postgres_url.set(drivername=f"postgresql+{driver}", database="postgres"))
+        try:
+            strict = AsyncRunner(engine, {"q": lambda job: None}, listen_engine=elsewhere, wakeups="listen")
+            with pytest.raises(WakeupsUnavailable, match="the listen_engine is not on the runner's database"):
+                await asyncio.wait_for(strict.run_forever(install_signal_handlers=False), 30)  # not serving for ever
+            auto = AsyncRunner(engine, {"q": lambda job: None}, listen_engine=elsewhere)
+            task = asyncio.create_task(auto.run_forever(install_signal_handlers=False))
+            for _ in range(200):
+                if auto.wakeup_status.reason != "not started":
+                    break
+                await asyncio.sleep(0.05)
+            auto.stop()
+            await asyncio.wait_for(task, 30)
+            assert not auto.wakeup_status.listening
+            assert "listen_engine is not on the runner's database" in auto.wakeup_status.reason
+        finally:
+            await engine.dispose()
+            await elsewhere.dispose()
+
+    asyncio.run(serve())
+
+
 def test_async_runner_reports_its_mode(sqlite_engine: Engine) -> None:
 
     async def serve() -> Any:

@@ -11,6 +11,7 @@ waits for a poll interval in the races the lock is there for.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +19,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.pool import NullPool
 
 from sqlalchemy_watchdog import Job, JobState, Outcome, RunningJob, enqueue
 from sqlalchemy_watchdog.wakeups import EVENT_QUEUED, WAIT_SQL, WAITING_LOCK
@@ -185,6 +187,49 @@ def test_a_runner_whose_waiting_session_is_terminated_waits_again_and_is_still_w
         add(engine, Job("a", "q"))
         assert settled(engine, "a", timeout=5).outcome is Outcome.COMPLETED
         assert time.monotonic() - started < 3
+
+
+def test_a_listener_whose_session_is_terminated_says_it_listens_again_and_nothing_misleading(
+    engine: Engine, runners: RunnerDriver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After ``pg_terminate_backend`` of the listening session -- and of every
+    other session of the database, the pooled ones its proof borrows
+    included -- the log says the listener lost it and then that it listens
+    again: not that the new connection "is not one PostgreSQL session" and
+    the runner polls, while it in fact listens."""
+    observer = create_engine(engine.url, poolclass=NullPool)  # never a connection the kill ended
+    worker = runners.runner({"q": lambda job: None}, concurrency=1, poll_interval=POLL)
+    try:
+        with caplog.at_level(logging.INFO, logger="sqlalchemy_watchdog"), worker.serving():
+            wait_until(lambda: waiting_sessions(observer) == 1, what="the idle runner to wait")
+            pid = _lock_holder(observer)
+            assert pid is not None
+            with observer.connect() as conn:
+                ended = conn.execute(
+                    text(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                ).scalar_one()
+            assert ended >= 2  # the listener and at least one pooled session
+            wait_until(
+                lambda: waiting_sessions(observer) == 1 and _lock_holder(observer) not in (None, pid),
+                timeout=15,
+                what="the listener to reconnect and wait again",
+            )
+            wait_until(lambda: "listening again" in caplog.text, timeout=5, what="the log to say it listens again")
+            started = time.monotonic()
+            add(observer, Job("a", "q"))
+            assert settled(observer, "a", timeout=5).outcome is Outcome.COMPLETED
+            assert time.monotonic() - started < 3
+    finally:
+        observer.dispose()
+    messages = [record.getMessage() for record in caplog.records if record.name.startswith("sqlalchemy_watchdog")]
+    listener = [m for m in messages if m.startswith("listener:")]
+    assert not [m for m in listener if "not one PostgreSQL session" in m or m.endswith("; polling")], listener
+    lost = next(i for i, m in enumerate(listener) if "connection lost" in m)
+    again = next(i for i, m in enumerate(listener) if "listening again" in m)
+    assert lost < again, listener
 
 
 def _lock_holder(engine: Engine) -> int | None:

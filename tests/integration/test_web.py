@@ -36,6 +36,7 @@ from sqlalchemy_watchdog import (
     Rate,
     RetryPolicy,
     Runner,
+    RunningJob,
     Watchdog,
     store,
 )
@@ -206,6 +207,61 @@ def test_the_workers_page_shows_live_and_gone_workers_and_disputed_schedules(
     assert 'href="/workers" aria-current="page">Workers</a>' in text_  # in the nav
 
 
+def test_a_gone_worker_shows_no_running_count(engine: Engine, dashboard: Dashboard) -> None:
+    """A worker past its expiry holds nothing any more (its jobs are recovered
+    when their leases end): its last count is not shown as if it ran them."""
+    from sqlalchemy import text
+
+    with engine.begin() as conn:
+        for worker_id in ("w-live", "w-dead"):
+            registration = store.WorkerRegistration(worker_id, "web-1", 42, ("emails",), 4, "listen", "0.1.0", 10_000)
+            store.register_worker(conn, registration, running=3)
+        conn.execute(
+            text(
+                "UPDATE watchdog_workers SET last_seen = last_seen - 600000, started_at = started_at - 600000"
+                " WHERE worker_id = 'w-dead'"
+            )
+        )
+    rows = {
+        row.split("</th>")[0].rsplit(">", 1)[-1]: row
+        for row in dashboard.get("/workers").text.split("<tr")
+        if 'scope="row"' in row
+    }
+    assert '<td class="num">3</td>' in rows["w-live"]
+    assert '<td class="num">3</td>' not in rows["w-dead"] and 'class="badge gone">gone</span>' in rows["w-dead"]
+
+
+def test_the_timeline_shows_the_claims_before_the_last(
+    engine: Engine, watchdog: Watchdog, dashboard: Dashboard
+) -> None:
+    """A job recovered once, then failed once and completed: its timeline
+    says the two claims before the last -- not only the last start."""
+    policy = RetryPolicy(max_attempts=3, backoff=timedelta(milliseconds=1), jitter=0)
+    watchdog.enqueue(Job("twice", "tq", max_recoveries=2, retry=policy))
+    with engine.begin() as conn:  # its first worker died: the lease ends
+        store.claim(conn, queues=["tq"], limit=1, lease_ms=60_000)
+        conn.exec_driver_sql("UPDATE watchdog_jobs SET lease_until = 0 WHERE job_id = 'twice'")
+
+    def flaky(job: RunningJob) -> None:
+        if job.attempt == 1:
+            raise RuntimeError("smtp said no")
+
+    runner = Runner(engine, {"tq": flaky})
+    for _ in range(200):
+        runner.run_until_idle()
+        if present(watchdog.read("twice")).state is JobState.SETTLED:
+            break
+        time.sleep(0.02)
+    job = present(watchdog.read("twice"))
+    assert (job.outcome, job.attempt, job.recovery_count) == (Outcome.COMPLETED, 2, 1)
+    page = html.unescape(dashboard.get("/job", job_id="twice").text)
+    assert "attempt 1 failed" in page and "attempt 2 started" in page
+    assert (
+        'before the last start <strong>earlier claims</strong>: <span class="reason">2 earlier claims: '
+        "1 failed attempt, 1 recovery (its execution vanished and it was requeued; when is not stored)</span>"
+    ) in page
+
+
 def test_the_overview_flags_a_queue_with_ready_jobs_and_no_live_worker(
     engine: Engine, watchdog: Watchdog, dashboard: Dashboard
 ) -> None:
@@ -229,6 +285,7 @@ def test_the_job_page_says_what_applies_and_the_reason_in_plain_words(
         [
             Job("own", "emails", retry=RetryPolicy(max_attempts=4), timeout=timedelta(seconds=30)),
             Job("runners", "emails"),
+            Job("budgeted", "emails", max_recoveries=3),
         ]
     )
     watchdog.pause("emails", reason="smtp maintenance")
@@ -237,8 +294,12 @@ def test_the_job_page_says_what_applies_and_the_reason_in_plain_words(
     assert '<dd id="f-timeout">30s (the job&#39;s own)</dd>' in own
     assert "paused since" in own and "smtp maintenance" in own
     runners = dashboard.get("/job", job_id="runners").text
-    assert "1 (of the runner&#39;s maximum, not known here)" in runners
-    assert "the runner&#39;s timeout (Runner(timeout=...)): not known in this process" in runners
+    assert "1 (of its handler&#39;s or runner&#39;s maximum, not known here)" in runners
+    assert (
+        "its handler&#39;s or the runner&#39;s timeout (@handler(queue, timeout=...) or Runner(timeout=...)" in runners
+    )
+    assert '<dd id="f-recoveries">0 (of its handler&#39;s or runner&#39;s budget, not known here;' in runners
+    assert '<dd id="f-recoveries">0 of 3 (the job&#39;s own)</dd>' in dashboard.get("/job", job_id="budgeted").text
 
     watchdog.resume("emails")
     watchdog.enqueue(Job("lost", "lost-q"))

@@ -220,8 +220,8 @@ def test_overview_list_filter_and_job_page(browser: Any, base_url: str, engine: 
     wait_for(lambda: "Job mail-3" in by_css(browser, "h1").text, "the job page")
     assert '"to": "user3@example.com"' in by_css(browser, "pre.payload").text
     # What applies, and where from: this page's process knows no runner settings.
-    assert by_css(browser, "#f-attempt").text == "1 (of the runner's maximum, not known here)"
-    assert by_css(browser, "#f-timeout").text.startswith("the runner's timeout (Runner(timeout=...)): not known")
+    assert by_css(browser, "#f-attempt").text == "1 (of its handler's or runner's maximum, not known here)"
+    assert by_css(browser, "#f-timeout").text.startswith("its handler's or the runner's timeout (@handler(queue, ")
     assert by_css(browser, "#f-pause").text == "not paused"
     assert "enqueued" in by_css(browser, "ol.timeline").text
 
