@@ -114,9 +114,8 @@ async def run_store_as(
 
 class AsyncWatchdog:
     """Async twin of :class:`sqlalchemy_watchdog.Watchdog` over an ``AsyncEngine``:
-    the same operations (declared once in :mod:`sqlalchemy_watchdog.client.operations`),
-    each a coroutine, performed over an
-    :class:`~sqlalchemy_watchdog.gateway.AsyncGateway`."""
+    the same operations (declared once, in ``sqlalchemy_watchdog.client.operations``),
+    each a coroutine."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         if not isinstance(engine, AsyncEngine):

@@ -165,7 +165,7 @@ def read(job_id: str) -> Program[JobView | None]:
 
 
 def result(job_id: str, *, codec: PayloadCodec | None = None) -> Program[JobResult]:
-    """The job's result now, or why there is none: a :class:`JobResult`
+    """The job's result now, or why there is none: a :class:`~sqlalchemy_watchdog.JobResult`
     whose ``status`` is ``completed`` (``value`` is the result, decoded
     by ``codec`` if given: use the runner's), ``failed`` (``reason``
     says why), ``cancelled``, ``pending``, ``running`` or ``unknown``

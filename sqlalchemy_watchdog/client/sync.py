@@ -179,9 +179,10 @@ class Watchdog:
     next to your own writes, use :func:`enqueue` with your session instead;
     :meth:`enqueue` here is the stand-alone convenience.
 
-    Every method is declared once, with :class:`~sqlalchemy_watchdog.asyncio.AsyncWatchdog`'s
-    twin, in :mod:`sqlalchemy_watchdog.client.operations`; here it is
-    performed over a :class:`~sqlalchemy_watchdog.gateway.SyncGateway`.
+    Every method is declared once, with its
+    :class:`~sqlalchemy_watchdog.asyncio.AsyncWatchdog` twin, in
+    ``sqlalchemy_watchdog.client.operations``; here it runs over a sync
+    ``Engine``.
     """
 
     def __init__(self, engine: Engine) -> None:

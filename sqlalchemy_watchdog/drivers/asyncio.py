@@ -21,16 +21,13 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .. import store
-from ..connections import follow_failover
 from ..core.ahead import AHEAD_WAIT_MAX_S, Parking, take_stale
-from ..core.clock import Clock
 from ..core.handlers import RunningJob, StopReason
 from ..core.loop import execute, loop_pass, renew, shutdown, tick, time_out, until_idle
 from ..core.maintenance import deregister_worker, probe_failed, prune, refresh_worker, register_worker
@@ -44,15 +41,10 @@ from ..core.rules.settle import (
     settle_batch,
 )
 from ..core.settings import (
-    EXIT_MARGIN_S,
     RunnerOptions,
-    RunnerSettings,
-    check_options,
-    default_poll_interval,
-    pool_shortfall,
 )
 from ..core.signals import restore_signal, signals_to_install
-from ..core.state import Execution, RunnerCore, TickResult
+from ..core.state import Execution, TickResult
 from ..core.steps import (
     STARTED_LATE,
     Pause,
@@ -66,7 +58,7 @@ from ..core.steps import (
     WaitDone,
     drive_async,
 )
-from ..errors import InvalidJob, redacted
+from ..errors import redacted
 from ..executors import HandlerRef
 from ..executors.pool import ChildOutcome, RunnerChildren, decision_of_outcome
 from ..gateway import AsyncGateway
@@ -77,16 +69,14 @@ from ..jobs import (
 from ..store import Settlement, SettleRequest
 from ..wakeups import (
     Waiting,
-    WakeupMode,
     WakeupStatus,
-    check_wakeups,
     connect_and_prove_async,
-    decide,
     listen_async,
     local_key,
     polling_reason,
     wake_locally,
 )
+from . import base
 
 if TYPE_CHECKING:
     pass
@@ -148,31 +138,26 @@ class AsyncRunner:
         listen_engine: AsyncEngine | None = None,
         **options: Unpack[RunnerOptions],
     ) -> None:
-        check_options("AsyncRunner", options)
-        if not isinstance(engine, AsyncEngine):
-            raise TypeError(
-                f"AsyncRunner takes an AsyncEngine, not {type(engine).__name__}"
-                " (use sqlalchemy_watchdog.Runner for a sync Engine)"
-            )
-        if listen_engine is not None and not isinstance(listen_engine, AsyncEngine):
-            raise InvalidJob("listen_engine", f"must be an AsyncEngine, not {type(listen_engine).__name__}")
-        self.engine = engine
-        self.listen_engine = listen_engine if listen_engine is not None else engine
-        self.wakeups = check_wakeups(options.get("wakeups", WakeupMode.AUTO))
-        follow_failover(engine)
-        follow_failover(self.listen_engine)
-        self._default_poll = options.get("poll_interval") is None
-        self.settings = RunnerSettings.build(
+        setup = base.set_up(
+            "AsyncRunner",
+            engine,
             handlers,
+            listen_engine,
             options,
-            default_poll_interval=default_poll_interval(self.listen_engine, self.wakeups),
+            engine_type=AsyncEngine,
+            other="sqlalchemy_watchdog.Runner for a sync Engine",
             stays=_is_async,
         )
-        self.core = RunnerCore(self.settings, Clock.of(options))
+        self.engine = setup.engine
+        self.listen_engine = setup.listen_engine
+        self.wakeups = setup.wakeups
+        self._default_poll = setup.default_poll
+        self.settings = setup.settings
+        self.core = setup.core
         #: The process executors' children, for plain handlers (each pool made on first use).
         self._children = RunnerChildren(self.settings.child_executors)
         #: The wake-ups in force (see :attr:`Runner.wakeup_status <sqlalchemy_watchdog.Runner.wakeup_status>`).
-        self.wakeup_status = WakeupStatus(self.wakeups, False, "not started", self.settings.poll_interval_s)
+        self.wakeup_status = setup.wakeup_status
         #: Store calls: connections (one kept by each holding task), retries.
         self._gateway = AsyncGateway(engine)
         self.core.progress_write_async = lambda *report: self._gateway.run(store.report_progress, *report)
@@ -580,11 +565,7 @@ class AsyncRunner:
         loop at a time: a second ``run_forever`` (or :meth:`running` block)
         while it serves raises :class:`RuntimeError`."""
         if self._loop_claimed:
-            raise RuntimeError(
-                "run_forever(): this runner is already serving (in run_forever() or a running() block); "
-                "one runner runs one loop -- leave the running block or stop() it first, "
-                "or make a second AsyncRunner"
-            )
+            raise base.already_serving("run_forever()", "AsyncRunner")
         # Set and cleared with no await between the check and here: one event loop, no race.
         self._loop_claimed = True
         try:
@@ -623,20 +604,7 @@ class AsyncRunner:
 
         unwake = wake_locally(local_key(self.engine.sync_engine), room_freed)
         await self._worker_step(register_worker(self.core, str(self.wakeup_status)))
-        log.info(
-            "async runner started: queues=%s concurrency=%d%s wakeups=%s shutdown_budget=%gs "
-            "(grace %gs + stop wait %gs)",
-            ",".join(self.queues),
-            self.settings.concurrency,
-            self.settings.slots_note,
-            self.wakeup_status,
-            self.settings.shutdown_budget_s,
-            self.settings.grace_s,
-            self.settings.stop_wait_s,
-        )
-        shortfall = pool_shortfall(self.engine.sync_engine.pool, self.settings)
-        if shortfall is not None:
-            log.warning("async runner: %s", shortfall)
+        base.log_started(log, "async runner", self.settings, self.wakeup_status, self.engine.sync_engine.pool)
         started, self._started = self._started, None
         if started is not None and not started.done():
             started.set_result(None)
@@ -695,11 +663,7 @@ class AsyncRunner:
         block's own exception, if any). Entering it while the runner already
         serves raises :class:`RuntimeError`."""
         if self._loop_claimed:
-            raise RuntimeError(
-                "running(): this runner is already serving (in run_forever() or a running() block); "
-                "one runner runs one loop -- leave the running block or stop() it first, "
-                "or make a second AsyncRunner"
-            )
+            raise base.already_serving("running()", "AsyncRunner")
         started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._started = started
         task = asyncio.create_task(self.run_forever(install_signal_handlers=False))
@@ -719,11 +683,11 @@ class AsyncRunner:
             yield self
         finally:
             self.stop()
-            done, _ = await asyncio.wait({task}, timeout=self.settings.shutdown_budget_s + EXIT_MARGIN_S)
+            done, _ = await asyncio.wait({task}, timeout=base.exit_wait_s(self.settings))
             if not done:
                 log.warning(
                     "async runner: still shutting down %gs after it was asked to stop; cancelled",
-                    self.settings.shutdown_budget_s + EXIT_MARGIN_S,
+                    base.exit_wait_s(self.settings),
                 )
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -741,15 +705,14 @@ class AsyncRunner:
             if proof is not None and not proof.proven:
                 reason = proof.reason
         if reason is not None:
-            if self._default_poll:
-                fast = default_poll_interval(engine, WakeupMode.POLL).total_seconds()
-                self.settings = self.core.settings = replace(self.settings, poll_interval_s=fast)
-            self.wakeup_status = decide(
-                self.wakeups,
+            self.settings, self.wakeup_status = base.poll_instead(
                 reason,
-                dialect_name=engine.dialect.name,
-                poll_interval_s=self.settings.poll_interval_s,
+                wakeups=self.wakeups,
+                listen_engine=engine,
+                settings=self.settings,
+                default_poll=self._default_poll,
             )
+            self.core.settings = self.settings
             return None
         self.core.waiting = Waiting(self.settings.poll_interval_s)
         self.wakeup_status = WakeupStatus(self.wakeups, True, "", self.settings.poll_interval_s)
@@ -760,10 +723,7 @@ class AsyncRunner:
         )
 
     def __repr__(self) -> str:
-        return (
-            f"<AsyncRunner queues={','.join(self.queues)} concurrency={self.settings.concurrency} "
-            f"wakeups={self.wakeup_status}>"
-        )
+        return base.describe("AsyncRunner", self.settings, self.wakeup_status)
 
     # -- the loop --------------------------------------------------------------------
 

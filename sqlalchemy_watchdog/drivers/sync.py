@@ -27,32 +27,24 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import replace
 from datetime import timedelta
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from sqlalchemy import Engine
 
-from ..connections import follow_failover
 from ..core.ahead import AHEAD_WAIT_MAX_S, Parking, take_stale
-from ..core.clock import Clock
 from ..core.handlers import RunningJob
 from ..core.loop import execute, loop_pass, renew, shutdown, tick, time_out, until_idle
 from ..core.maintenance import deregister_worker, probe_failed, prune, refresh_worker, register_worker
 from ..core.rules.settle import conclude, decision_of_exception, decision_of_result, finish_handed_off, settle_batch
 from ..core.settings import (
-    EXIT_MARGIN_S,
     RunnerOptions,
-    RunnerSettings,
-    check_options,
-    default_poll_interval,
-    pool_shortfall,
 )
 from ..core.signals import SignalSafeEvent, restore_signal, signals_to_install
-from ..core.state import Execution, RunnerCore, TickResult
+from ..core.state import Execution, TickResult
 from ..core.steps import STARTED_LATE, Pause, Probe, RunHandler, Spawn, Step, Steps, Stop, StoreCall, WaitDone, drive
-from ..errors import InvalidJob, redacted
+from ..errors import redacted
 from ..executors.pool import RunnerChildren, decision_of_outcome
 from ..gateway import SyncGateway
 from ..jobs import Decision, JobView
@@ -60,15 +52,13 @@ from ..store import Settlement, SettleRequest, parent_results, report_progress
 from ..wakeups import (
     Listener,
     Waiting,
-    WakeupMode,
     WakeupStatus,
-    check_wakeups,
     connect_and_prove,
-    decide,
     local_key,
     polling_reason,
     wake_locally,
 )
+from . import base
 
 if TYPE_CHECKING:
     pass
@@ -109,29 +99,26 @@ class Runner:
         listen_engine: Engine | None = None,
         **options: Unpack[RunnerOptions],
     ) -> None:
-        check_options("Runner", options)
-        if not isinstance(engine, Engine):
-            raise TypeError(
-                f"Runner takes an Engine, not {type(engine).__name__}"
-                " (use sqlalchemy_watchdog.asyncio.AsyncRunner for an AsyncEngine)"
-            )
-        if listen_engine is not None and not isinstance(listen_engine, Engine):
-            raise InvalidJob("listen_engine", f"must be an Engine, not {type(listen_engine).__name__}")
-        self.engine = engine
-        self.listen_engine = listen_engine if listen_engine is not None else engine
-        self.wakeups = check_wakeups(options.get("wakeups", WakeupMode.AUTO))
-        follow_failover(engine)
-        follow_failover(self.listen_engine)
-        #: Whether the poll interval is the default's (shortened when the runner cannot listen).
-        self._default_poll = options.get("poll_interval") is None
-        self.settings = RunnerSettings.build(
-            handlers, options, default_poll_interval=default_poll_interval(self.listen_engine, self.wakeups)
+        setup = base.set_up(
+            "Runner",
+            engine,
+            handlers,
+            listen_engine,
+            options,
+            engine_type=Engine,
+            other="sqlalchemy_watchdog.asyncio.AsyncRunner for an AsyncEngine",
         )
-        self.core = RunnerCore(self.settings, Clock.of(options))
+        self.engine = setup.engine
+        self.listen_engine = setup.listen_engine
+        self.wakeups = setup.wakeups
+        #: Whether the poll interval is the default's (shortened when the runner cannot listen).
+        self._default_poll = setup.default_poll
+        self.settings = setup.settings
+        self.core = setup.core
         #: The wake-ups in force: what was asked, whether the runner listens
         #: (LISTEN/NOTIFY on a proven session) and why not, and its poll
         #: interval. Known once :meth:`run_forever` has started.
-        self.wakeup_status = WakeupStatus(self.wakeups, False, "not started", self.settings.poll_interval_s)
+        self.wakeup_status = setup.wakeup_status
         # Set by the stop signals' handler, which may run while the loop's
         # thread is inside one of them (see SignalSafeEvent).
         self._wake = SignalSafeEvent()
@@ -366,11 +353,11 @@ class Runner:
             yield self
         finally:
             self.stop()
-            thread.join(self.settings.shutdown_budget_s + EXIT_MARGIN_S)
+            thread.join(base.exit_wait_s(self.settings))
             if thread.is_alive():
                 log.warning(
                     "runner: still shutting down %gs after it was asked to stop; leaving it to finish",
-                    self.settings.shutdown_budget_s + EXIT_MARGIN_S,
+                    base.exit_wait_s(self.settings),
                 )
         if failure:
             raise failure[0]
@@ -439,11 +426,7 @@ class Runner:
         both and the outer block's jobs would wait unserved."""
         with self._loop_lock:
             if self._loop_claimed:
-                raise RuntimeError(
-                    f"{entry}: this runner is already serving (in run_forever() or a running() block); "
-                    "one runner runs one loop -- leave the running block or stop() it first, "
-                    "or make a second Runner"
-                )
+                raise base.already_serving(entry, "Runner")
             self._loop_claimed = True
 
     def _release_loop(self) -> None:
@@ -473,19 +456,7 @@ class Runner:
         # Room freed in a limited queue by a settle in this process (SQLite's only wake-up).
         unwake = wake_locally(local_key(self.engine), self._jobs_arrived)
         self._worker_step(register_worker(self.core, str(self.wakeup_status)))
-        log.info(
-            "runner started: queues=%s concurrency=%d%s wakeups=%s shutdown_budget=%gs (grace %gs + stop wait %gs)",
-            ",".join(self.queues),
-            self.settings.concurrency,
-            self.settings.slots_note,
-            self.wakeup_status,
-            self.settings.shutdown_budget_s,
-            self.settings.grace_s,
-            self.settings.stop_wait_s,
-        )
-        shortfall = pool_shortfall(self.engine.pool, self.settings)
-        if shortfall is not None:
-            log.warning("runner: %s", shortfall)
+        base.log_started(log, "runner", self.settings, self.wakeup_status, self.engine.pool)
         self._serving.set()
         try:
             with self._holding_connection():
@@ -529,13 +500,14 @@ class Runner:
             if proof is not None and not proof.proven:
                 reason = proof.reason
         if reason is not None:
-            self._poll_without_listening()
-            self.wakeup_status = decide(
-                self.wakeups,
+            self.settings, self.wakeup_status = base.poll_instead(
                 reason,
-                dialect_name=engine.dialect.name,
-                poll_interval_s=self.settings.poll_interval_s,
+                wakeups=self.wakeups,
+                listen_engine=engine,
+                settings=self.settings,
+                default_poll=self._default_poll,
             )
+            self.core.settings = self.settings
             return None
         waiting = Waiting(self.settings.poll_interval_s)
         listener = Listener.start_for(
@@ -545,17 +517,8 @@ class Runner:
         self.wakeup_status = WakeupStatus(self.wakeups, True, "", self.settings.poll_interval_s)
         return listener
 
-    def _poll_without_listening(self) -> None:
-        """The runner will not listen: a default poll interval becomes the fast one."""
-        if self._default_poll:
-            fast = default_poll_interval(self.listen_engine, WakeupMode.POLL).total_seconds()
-            self.settings = self.core.settings = replace(self.settings, poll_interval_s=fast)
-
     def __repr__(self) -> str:
-        return (
-            f"<Runner queues={','.join(self.queues)} concurrency={self.settings.concurrency} "
-            f"wakeups={self.wakeup_status}>"
-        )
+        return base.describe("Runner", self.settings, self.wakeup_status)
 
     # -- the loop --------------------------------------------------------------------
 

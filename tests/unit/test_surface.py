@@ -8,24 +8,27 @@ result (the async one a coroutine function: ``async def`` annotates the
 awaited value), the declaration's docstring, and the same overloads.
 Neither facade has a public name the other lacks, and neither has a public
 method that is not declared, except the differences listed in
-:data:`DIFFERENCES`, each with its reason. The module-level enqueue helpers
-are twins in the same way.
+:data:`DIFFERENCES`, each with its reason. Each method runs its own
+declaration with the arguments it was given (its first request to the
+database is the declaration's, on both facades). The module-level enqueue
+helpers are twins in the same way.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import typing
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from sqlalchemy_watchdog import Watchdog
+from sqlalchemy_watchdog import Job, Outcome, Rate, TaggedJSON, Watchdog, client
 from sqlalchemy_watchdog import asyncio as async_api
-from sqlalchemy_watchdog import client
 from sqlalchemy_watchdog.asyncio import AsyncWatchdog
 from sqlalchemy_watchdog.client import operations
 from sqlalchemy_watchdog.client.operations import OPERATIONS, Program
@@ -148,6 +151,152 @@ def test_every_declaration_is_a_generator_function_with_a_docstring() -> None:
         assert declaration.__name__ == name
         assert inspect.isgeneratorfunction(declaration), name
         assert declaration.__module__ == operations.__name__, name
+
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+#: Arguments for each operation, every parameter given a value other than its
+#: default where one can be, so that a method passing one on wrongly is seen.
+SAMPLES: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
+    "enqueue": ((Job("j1", "q"),), {"delay": timedelta(seconds=5)}),
+    "read": (("j1",), {}),
+    "result": (("j1",), {"codec": TaggedJSON()}),
+    "wait": (
+        ("j1",),
+        {"timeout": timedelta(seconds=7), "codec": TaggedJSON(), "poll_interval": timedelta(seconds=2)},
+    ),
+    "explain": (("j1",), {}),
+    "read_queue_head": (("q",), {}),
+    "read_settled": ((17, 3), {}),
+    "has_pending_work": ((), {}),
+    "list_jobs": (
+        (),
+        {
+            "queue": "q",
+            "state": "queued",
+            "outcome": "failed",
+            "lane": "l",
+            "job_id_prefix": "j",
+            "limit": 7,
+            "after_sequence": 2,
+            "before_sequence": 90,
+            "newest_first": True,
+            "with_payload": False,
+        },
+    ),
+    "stats": ((), {}),
+    "workers": ((), {}),
+    "schedules": ((), {}),
+    "prune": (
+        (),
+        {
+            "older_than": timedelta(days=3),
+            "outcomes": [Outcome.FAILED],
+            "limit": 40,
+            "batch": 20,
+            "include_undated": True,
+        },
+    ),
+    "pause": (("q",), {"reason": "deploy"}),
+    "resume": (("q",), {}),
+    "set_limits": (
+        ("q",),
+        {
+            "concurrency": 3,
+            "concurrency_per_key": 2,
+            "rate": Rate(5, timedelta(seconds=1)),
+            "rate_per_key": Rate(1, timedelta(seconds=1)),
+        },
+    ),
+    "clear_limits": (("q",), {}),
+    "limits": ((), {}),
+    "rerun": (("j1",), {"rerun_id": "r1"}),
+    "rerun_many": (
+        (),
+        {
+            "rerun_id": "r1",
+            "queue": "q",
+            "lane": "l",
+            "outcome": "failed",
+            "settled_after": T0,
+            "settled_before": T0 + timedelta(days=1),
+            "enqueued_after": T0 - timedelta(days=1),
+            "enqueued_before": T0 + timedelta(days=2),
+            "batch": 10,
+            "limit": 30,
+            "dry_run": True,
+        },
+    ),
+    "cancel_many": (
+        (),
+        {
+            "cancellation_id": "c1",
+            "queue": "q",
+            "lane": "l",
+            "enqueued_after": T0,
+            "enqueued_before": T0 + timedelta(days=1),
+            "only_if_queued": True,
+            "batch": 10,
+            "limit": 30,
+            "dry_run": True,
+        },
+    ),
+    "cancel": (("j1", "c1"), {"only_if_queued": True}),
+    "fail_lane": (("l", "why"), {}),
+    "purge": (("q",), {}),
+    "throughput": ((), {}),
+}
+
+
+class Asked(Exception):
+    """What a recording facade raises at an operation's first step."""
+
+    def __init__(self, step: operations.Step) -> None:
+        super().__init__(step)
+        self.step = step
+
+
+class RecordingWatchdog(Watchdog):
+    def _step(self, step: operations.Step) -> Any:
+        raise Asked(step)
+
+
+class RecordingAsyncWatchdog(AsyncWatchdog):
+    async def _step(self, step: operations.Step) -> Any:
+        raise Asked(step)
+
+
+def first_step(call: Callable[[], Any]) -> operations.Step:
+    with pytest.raises(Asked) as asked:
+        result = call()
+        if inspect.iscoroutine(result):
+            asyncio.run(result)
+    return asked.value.step
+
+
+def comparable(step: operations.Step) -> object:
+    """A step as a value: a bound method (``Pruning.run_batch``) compares
+    by its function and an equal object (method equality is by identity)."""
+    if isinstance(step, operations.WaitFor):
+        return step
+    fn: Any = step.fn
+    key = (fn.__func__, fn.__self__) if inspect.ismethod(fn) else fn
+    return (key, step.as_look, step.args, dict(step.kwargs))
+
+
+def test_the_samples_cover_every_operation() -> None:
+    assert set(SAMPLES) == set(OPERATIONS)
+
+
+@pytest.mark.parametrize("name", sorted(OPERATIONS))
+def test_each_method_runs_its_own_declaration_with_the_arguments_it_was_given(name: str) -> None:
+    """Both facades ask the database for what the declaration asks first,
+    with every argument passed on where the declaration puts it."""
+    args, kwargs = SAMPLES[name]
+    expected = comparable(next(OPERATIONS[name](*args, **kwargs)))
+    sync = RecordingWatchdog.__new__(RecordingWatchdog)
+    async_ = RecordingAsyncWatchdog.__new__(RecordingAsyncWatchdog)
+    assert comparable(first_step(lambda: getattr(sync, name)(*args, **kwargs))) == expected
+    assert comparable(first_step(lambda: getattr(async_, name)(*args, **kwargs))) == expected
 
 
 def test_a_drifted_facade_is_reported() -> None:
