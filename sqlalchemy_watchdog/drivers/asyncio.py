@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack
+from typing import Any, TypeVar, Unpack
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -78,16 +78,12 @@ from ..wakeups import (
 )
 from . import base
 
-if TYPE_CHECKING:
-    pass
-
 #: The name the async runner has always logged under (its public module's).
 log = logging.getLogger("sqlalchemy_watchdog.asyncio")
 
 __all__ = ["AsyncRunner"]
 
 T = TypeVar("T")
-P = ParamSpec("P")
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:

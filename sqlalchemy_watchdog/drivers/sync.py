@@ -11,8 +11,10 @@ their handlers in threads and settles them with the exact claim.
 
     Runner(engine).run_forever()            # until SIGINT/SIGTERM or stop()
 
-Every rule the runner follows lives in :mod:`sqlalchemy_watchdog.execution`;
-this module only performs its steps with threads and a sync ``Connection``.
+Every rule the runner follows lives in :mod:`sqlalchemy_watchdog.core`;
+this module only performs its steps with threads and a sync ``Connection``
+(what it does alike with the asyncio driver is in ``drivers/base.py``).
+Public as :class:`sqlalchemy_watchdog.Runner` and ``sqlalchemy_watchdog.runner.Runner``.
 """
 
 from __future__ import annotations
@@ -38,9 +40,7 @@ from ..core.handlers import RunningJob
 from ..core.loop import execute, loop_pass, renew, shutdown, tick, time_out, until_idle
 from ..core.maintenance import deregister_worker, probe_failed, prune, refresh_worker, register_worker
 from ..core.rules.settle import conclude, decision_of_exception, decision_of_result, finish_handed_off, settle_batch
-from ..core.settings import (
-    RunnerOptions,
-)
+from ..core.settings import RunnerOptions
 from ..core.signals import SignalSafeEvent, restore_signal, signals_to_install
 from ..core.state import Execution, TickResult
 from ..core.steps import STARTED_LATE, Pause, Probe, RunHandler, Spawn, Step, Steps, Stop, StoreCall, WaitDone, drive
