@@ -701,14 +701,11 @@ class AsyncRunner:
             if proof is not None and not proof.proven:
                 reason = proof.reason
         if reason is not None:
-            self.settings, self.wakeup_status = base.poll_instead(
-                reason,
-                wakeups=self.wakeups,
-                listen_engine=engine,
-                settings=self.settings,
-                default_poll=self._default_poll,
+            settings = base.poll_settings(self.settings, listen_engine=engine, default_poll=self._default_poll)
+            self.settings = self.core.settings = settings
+            self.wakeup_status = base.polling_status(
+                reason, wakeups=self.wakeups, listen_engine=engine, settings=settings
             )
-            self.core.settings = self.settings
             return None
         self.core.waiting = Waiting(self.settings.poll_interval_s)
         self.wakeup_status = WakeupStatus(self.wakeups, True, "", self.settings.poll_interval_s)

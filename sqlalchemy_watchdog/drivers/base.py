@@ -4,8 +4,8 @@
 :class:`~sqlalchemy_watchdog.asyncio.AsyncRunner` (``drivers/asyncio.py``)
 perform the same core's steps with threads or tasks; around the core they
 also did the same things with twin blocks of lines: build their settings
-and core from the declared options (:func:`set_up`), decide to poll when
-the listening session is refused (:func:`poll_instead`), refuse a second
+and core from the declared options (:func:`set_up`), poll when the
+listening session is refused (:func:`poll_settings`, :func:`polling_status`), refuse a second
 loop (:func:`already_serving`), say that they started (:func:`log_started`)
 and how long a shutdown may take (:func:`exit_wait_s`), and describe
 themselves (:func:`describe`). Those are functions over plain values, not
@@ -38,7 +38,16 @@ from ..core.state import RunnerCore
 from ..errors import InvalidJob
 from ..wakeups import WakeupMode, WakeupStatus, check_wakeups, decide
 
-__all__ = ["Setup", "already_serving", "describe", "exit_wait_s", "log_started", "poll_instead", "set_up"]
+__all__ = [
+    "Setup",
+    "already_serving",
+    "describe",
+    "exit_wait_s",
+    "log_started",
+    "poll_settings",
+    "polling_status",
+    "set_up",
+]
 
 E = TypeVar("E", Engine, AsyncEngine)
 
@@ -100,18 +109,21 @@ def set_up(
     )
 
 
-def poll_instead(
-    reason: str, *, wakeups: WakeupMode, listen_engine: Any, settings: RunnerSettings, default_poll: bool
-) -> tuple[RunnerSettings, WakeupStatus]:
-    """The runner will not listen, for ``reason``: its settings (a default
-    poll interval becomes the fast one) and the wake-ups in force (or the
-    error :func:`~sqlalchemy_watchdog.wakeups.decide` raises where
-    ``wakeups="listen"`` demanded listening)."""
-    if default_poll:
-        fast = default_poll_interval(listen_engine, WakeupMode.POLL).total_seconds()
-        settings = replace(settings, poll_interval_s=fast)
-    status = decide(wakeups, reason, dialect_name=listen_engine.dialect.name, poll_interval_s=settings.poll_interval_s)
-    return settings, status
+def poll_settings(settings: RunnerSettings, *, listen_engine: Any, default_poll: bool) -> RunnerSettings:
+    """The settings of a runner that will not listen: a default poll
+    interval becomes the fast one."""
+    if not default_poll:
+        return settings
+    fast = default_poll_interval(listen_engine, WakeupMode.POLL).total_seconds()
+    return replace(settings, poll_interval_s=fast)
+
+
+def polling_status(reason: str, *, wakeups: WakeupMode, listen_engine: Any, settings: RunnerSettings) -> WakeupStatus:
+    """The wake-ups in force of a runner that polls for ``reason`` (with
+    :func:`poll_settings` already its settings); raises where
+    ``wakeups="listen"`` demanded listening (see
+    :func:`~sqlalchemy_watchdog.wakeups.decide`)."""
+    return decide(wakeups, reason, dialect_name=listen_engine.dialect.name, poll_interval_s=settings.poll_interval_s)
 
 
 def already_serving(entry: str, kind: str) -> RuntimeError:
