@@ -65,4 +65,3 @@ def db(backend_database: URL) -> Iterator[Engine]:
             conn.execute(table.delete())
     yield engine
     engine.dispose()
-

@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import Engine
 
-from sqlalchemy_watchdog import Job, JobState, Outcome, store
+from sqlalchemy_watchdog import Job, JobState, Outcome, Watchdog, store
 from sqlalchemy_watchdog.jobs import CancelStatus, PauseStatus
 from tests.backends.ops import LEASE_MS, add, claim, claim_one, claimed_ids, op, read, token_of
 
@@ -145,3 +145,12 @@ def test_fail_lane_settles_the_lanes_live_jobs_failed_and_leaves_other_lanes_cla
         )
     assert claimed_ids(claim(db, limit=5)) == ["ok"]
     assert op(db, store.fail_lane, "bad", "again").jobs == ()
+
+
+@pytest.mark.operation("fail_lane_in")
+def test_the_clients_fail_lane_settles_the_lane_in_batches_until_none_is_live(db: Engine) -> None:
+    add(db, Job("a", "q", lane="bad"), Job("b", "q", lane="bad"), Job("ok", "q"))
+    failure = Watchdog(db).fail_lane("bad", "down")
+    assert sorted(job.job_id for job in failure.jobs) == ["a", "b"] and failure.settled == 2 and not failure.more
+    assert Watchdog(db).fail_lane("bad", "down").settled == 0
+    assert claimed_ids(claim(db, limit=5)) == ["ok"]

@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import Engine
 
-from sqlalchemy_watchdog import Decision, Job, JobState, Outcome, store
+from sqlalchemy_watchdog import Decision, Job, JobState, Outcome, Watchdog, store
 from sqlalchemy_watchdog.jobs import CancelStatus, SettleStatus
 from sqlalchemy_watchdog.store import SettleRequest
 from tests.backends.ops import add, claim, claim_one, claimed_ids, end_lease, far_future, op, read, requeue, settle
@@ -152,3 +152,17 @@ def test_a_cancellation_id_names_one_job_only_and_an_unknown_job_is_missing(db: 
     assert op(db, store.cancel, "b", "c-1").status is CancelStatus.CONFLICT
     assert read(db, "b").cancellation_id is None
     assert op(db, store.cancel, "ghost", "c-2").status is CancelStatus.MISSING
+
+
+@pytest.mark.operation("cancel_in")
+def test_the_clients_cancel_reports_the_same_statuses_as_the_store(db: Engine) -> None:
+    watchdog = Watchdog(db)
+    add(db, Job("a", "q"), Job("b", "q"))
+    assert watchdog.cancel("a", "c-1").status is CancelStatus.RECORDED
+    assert watchdog.cancel("a", "c-1").status is CancelStatus.REPLAYED
+    assert watchdog.cancel("b", "c-1").status is CancelStatus.CONFLICT
+    assert watchdog.cancel("ghost", "c-2").status is CancelStatus.MISSING
+    batch = claim(db, limit=5)
+    assert claimed_ids(batch) == ["b"] and [job.job_id for job in batch.cancelled] == ["a"]
+    assert watchdog.cancel("b", "c-3", only_if_queued=True).status is CancelStatus.CONFLICT  # running
+    assert read(db, "b").cancellation_id is None

@@ -7,12 +7,13 @@ Every backend runs this file (SQLite on a real file, PostgreSQL); see
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 
 import pytest
 from sqlalchemy import Engine
 
-from sqlalchemy_watchdog import Decision, InvalidJob, Job, JobState, Outcome, store
+from sqlalchemy_watchdog import Decision, InvalidJob, Job, JobState, JobView, Outcome, store
 from tests.backends.ops import add, claim, claim_one, end_lease, op, read, settle
 
 
@@ -68,10 +69,13 @@ def test_a_detailed_read_lists_reruns_relations_and_the_queues_pause(db: Engine)
     assert op(db, store.read_with_pause, "ghost") is None
 
 
+def ids(jobs: Sequence[JobView]) -> list[str]:
+    return [job.job_id for job in jobs]
+
+
 @pytest.mark.operation("list_jobs")
 def test_list_jobs_pages_by_sequence_both_ways_and_filters(db: Engine) -> None:
     add(db, *(Job(f"a{n}", "qa", lane="x") for n in range(3)), Job("b0", "qb"), Job("b1", "qb"))
-    ids = lambda jobs: [job.job_id for job in jobs]  # noqa: E731
     page = op(db, store.list_jobs, limit=2)
     assert ids(page) == ["a0", "a1"]
     assert ids(op(db, store.list_jobs, limit=2, after_sequence=page[-1].sequence)) == ["a2", "b0"]
