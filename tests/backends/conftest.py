@@ -1,15 +1,17 @@
 """The backends the conformance suite runs against, and its ``db`` fixture.
 
-A backend under test is one param of :func:`backend_database`: SQLite on a
-real file, PostgreSQL from ``WATCHDOG_TEST_POSTGRES_URL`` (tests/conftest.py).
-A new dialect's backend joins by adding its param here (and its URL below);
-it is done when every test of ``tests/backends`` passes on it.
+A backend under test is one param of :func:`backend_database`, taken from
+``tests.conftest.DIALECTS``: SQLite on a real file, PostgreSQL from
+``WATCHDOG_TEST_POSTGRES_URL`` (tests/conftest.py). A new dialect's backend
+joins by adding its name there and its database below (and in
+``tests.conftest.db_url``, for ``test_capabilities.py``); it is done when
+every test of ``tests/backends`` passes on it.
 
 The per-operation files (``test_ops_*.py``) share one database per backend
 and per test process, its schema created once; each test gets a new engine
 on it with every table emptied. Emptying takes milliseconds where dropping
-and creating the schema (``engine``) takes a second on PostgreSQL, which
-keeps the suite inside the default run's time budget.
+and creating the schema (the ``engine`` fixture) takes a second on a busy
+PostgreSQL, which keeps the suite inside the default run's time budget.
 """
 
 from __future__ import annotations
