@@ -31,6 +31,10 @@ from tests.conftest import DIALECTS
 
 @contextlib.contextmanager
 def _postgres_database(request: pytest.FixtureRequest) -> Iterator[URL]:
+    """A database of its own on the test server (the ``engine`` fixture of
+    other tests in this process drops and recreates ``public`` in theirs).
+    Not a schema beside ``public``: ``create_all`` skips the dependency
+    triggers when a trigger of theirs exists in any schema of the database."""
     server: URL = request.getfixturevalue("postgres_server")
     name = f"watchdog_ops_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     admin = create_engine(server, isolation_level="AUTOCOMMIT")
