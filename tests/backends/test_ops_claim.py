@@ -129,6 +129,28 @@ def test_concurrent_claimers_never_take_the_same_job_and_together_take_every_job
     assert sorted(ids) == sorted(f"j{n}" for n in range(12))
 
 
+@pytest.mark.operation("claim")
+def test_a_claim_beside_an_uncommitted_claim_takes_the_next_job_and_never_the_held_one(db: Engine) -> None:
+    """Row locks skip the held job (PostgreSQL: SKIP LOCKED, no wait); a
+    backend with one writer at a time makes the second claim wait for the
+    first's commit instead. Either way no job is claimed twice."""
+    one_writer = db.dialect.name == "sqlite"
+    add(db, Job("a", "q"), Job("b", "q"))
+    other: list[list[str]] = []
+    with db.connect() as holder:
+        transaction = holder.begin()
+        store.begin_write(holder)
+        assert claimed_ids(store.claim(holder, queues=None, lease_ms=LEASE_MS)) == ["a"]
+        second = threading.Thread(target=lambda: other.append(claimed_ids(claim(db))))
+        second.start()
+        second.join(0.2 if one_writer else 10)
+        assert second.is_alive() is one_writer  # waits for the writer, or skips its locked row
+        transaction.commit()
+    second.join(10)
+    assert other == [["b"]]
+    assert claim(db).claimed == ()
+
+
 @pytest.mark.operation("fail_lane")
 def test_fail_lane_settles_the_lanes_live_jobs_failed_and_leaves_other_lanes_claimable(db: Engine) -> None:
     add(db, Job("r", "q", lane="bad"), Job("w", "q", lane="bad"), Job("ok", "q", lane="good"))
