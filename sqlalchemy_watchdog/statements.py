@@ -67,6 +67,7 @@ from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.sql.util import ClauseAdapter
 
 from .backends import Backend, backend_of
+from .columns import JOB_COLUMNS
 from .jobs import JobState, Outcome
 from .model import (
     KEYED_QUEUED,
@@ -123,43 +124,9 @@ c = t.c
 pauses = pauses_table
 edges = edges_table
 
-#: The columns every read returns (``lease_until`` only where a caller needs it).
-COLUMNS = (
-    c.sequence,
-    c.job_id,
-    c.queue_name,
-    c.lane,
-    c.priority,
-    c.payload_json,
-    c.recovery_max,
-    c.state,
-    c.outcome,
-    c.claim_token,
-    c.recovery_count,
-    c.cancellation_id,
-    c.failure_reason,
-    c.failure_detail,
-    c.lease_until,
-    c.run_at,
-    c.ready_at,
-    c.attempt,
-    c.max_attempts,
-    c.retry_policy,
-    c.timeout_ms,
-    c.snoozes,
-    c.failure_history,
-    c.enqueued_at,
-    c.started_at,
-    c.settled_at,
-    c.rerun_of,
-    c.trace_context,
-    c.limit_key,
-    c.result_json,
-    c.progress,
-    c.progress_note,
-    c.waiting_on,
-    c.after_policy,
-)
+#: The columns every read returns (``lease_until`` only where a caller needs
+#: it), as :data:`~sqlalchemy_watchdog.columns.JOB_COLUMNS` declares them.
+COLUMNS = tuple(c[spec.column] for spec in JOB_COLUMNS)
 
 _DELAYED = JobState.DELAYED.value
 _QUEUED = JobState.QUEUED.value
@@ -233,21 +200,9 @@ NOW = _p("now", BigInteger())
 
 Fields = tuple[tuple[str, Any], ...]
 
-#: What identifies a job: an identical replay has equal values in all of these.
-IDENTITY_FIELDS: Fields = (
-    ("job_id", Text()),
-    ("queue_name", Text()),
-    ("lane", Text()),
-    ("priority", BigInteger()),
-    ("payload_json", Text()),
-    ("recovery_max", Integer()),
-    ("run_at", BigInteger()),
-    ("max_attempts", Integer()),
-    ("retry_policy", Text()),
-    ("timeout_ms", BigInteger()),
-    ("rerun_of", Text()),
-    ("limit_key", Text()),
-)
+#: What identifies a job: an identical replay has equal values in all of these
+#: (the columns :data:`~sqlalchemy_watchdog.columns.JOB_COLUMNS` marks ``identity``).
+IDENTITY_FIELDS: Fields = tuple((spec.column, spec.identity.bind) for spec in JOB_COLUMNS if spec.identity is not None)
 #: An enqueued row: its identity, then what is not part of it -- the
 #: enqueue's delay and the trace context it was enqueued under.
 ENQUEUE_FIELDS: Fields = (
