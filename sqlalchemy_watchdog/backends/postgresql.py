@@ -76,12 +76,25 @@ class PostgreSQL:
         return statements
 
     def drop_trigger_sql(self) -> list[str]:
-        # The functions, and with them (CASCADE) their triggers.
-        return [f"DROP FUNCTION IF EXISTS {name}() CASCADE" for name in TRIGGER_NAMES]
+        # The functions, and with them (CASCADE) their triggers -- those of the
+        # current schema only: with a search_path such as "tenant, public", an
+        # unqualified name would find public's functions when the tenant has none
+        # yet, and drop the triggers of another installation.
+        return [
+            f"DO $$ BEGIN EXECUTE 'DROP FUNCTION IF EXISTS ' || quote_ident(current_schema()) || "
+            f"'.{name}() CASCADE'; END $$"
+            for name in TRIGGER_NAMES
+        ]
 
     def count_triggers_sql(self) -> str:
+        # The triggers on the tables this search_path finds: an installation in
+        # another schema of the database (the pytest plugin gives each test one)
+        # has triggers of the same names, which are not these tables'.
         names = ", ".join(f"'{name}'" for name in TRIGGER_NAMES)
-        return f"SELECT count(*) FROM pg_trigger WHERE tgname IN ({names})"
+        return (
+            f"SELECT count(*) FROM pg_trigger WHERE tgname IN ({names}) "
+            "AND tgrelid IN (to_regclass('watchdog_jobs'), to_regclass('watchdog_job_edges'))"
+        )
 
     def domain_sql(self, domain: str, base: str, check: str, condition: str) -> list[str]:
         # A table dropped by hand (DROP TABLE watchdog_jobs) leaves its domains behind: made

@@ -30,10 +30,12 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.pool import NullPool
 
-from sqlalchemy_watchdog import Job, store
+from sqlalchemy_watchdog import Job, metadata, store
 from sqlalchemy_watchdog import statements as sql
 from sqlalchemy_watchdog.backends import BACKENDS, Backend, backend_of, backend_of_error
+from sqlalchemy_watchdog.backends.triggers import TRIGGER_NAMES
 from sqlalchemy_watchdog.model import jobs_table
 
 
@@ -528,3 +530,53 @@ def test_hot_statement_text_runs_on_the_backends_cursor_and_errors_take_sqlalche
             assert [tuple(row) for row in native] == [(42,)]
         with pytest.raises(DBAPIError):
             backend.execute_rows(conn, "SELECT n FROM conformance_no_such_table", ())
+
+
+def test_an_installation_in_a_second_schema_gets_its_own_dependency_triggers(engine: Engine) -> None:
+    """Two installations in one PostgreSQL database (a schema each, as the
+    pytest plugin gives each test): the second's ``create_all`` makes the
+    triggers on its own tables, though triggers of the same names exist on
+    the first's; and making or dropping them leaves the first's alone."""
+    backend = _backend(engine)
+    if not backend.has_schemas:
+        pytest.skip(f"{backend.name} has one schema per database")
+    schema = "watchdog_second_install"
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
+    # Only its own schema on the path, as the pytest plugin sets it.
+    second = create_engine(engine.url.update_query_dict({"options": f"-csearch_path={schema}"}), poolclass=NullPool)
+    try:
+        metadata.create_all(second)
+        assert _triggers_in(engine, schema) == 4
+        assert _triggers_in(engine, "public") == 4
+        with second.begin() as conn:
+            store.enqueue(conn, [Job("parent", "q"), Job("child", "q", after=["parent"])])
+        with second.begin() as conn:
+            conn.execute(
+                jobs_table.update()
+                .where(jobs_table.c.job_id == "parent")
+                .values(state="settled", outcome="completed", settled_at=1)
+            )
+            child = conn.execute(select(jobs_table.c.state).where(jobs_table.c.job_id == "child")).scalar_one()
+        assert child == "queued"  # the second installation's own trigger released it
+        metadata.drop_all(second)
+        assert _triggers_in(engine, schema) == 0
+        assert _triggers_in(engine, "public") == 4  # the first installation keeps its triggers
+    finally:
+        second.dispose()
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def _triggers_in(engine: Engine, schema: str) -> int:
+    """How many dependency triggers sit on tables of ``schema``."""
+    with engine.connect() as conn:
+        return int(
+            conn.exec_driver_sql(
+                "SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = %(schema)s AND t.tgname = ANY(%(names)s)",
+                {"schema": schema, "names": list(TRIGGER_NAMES)},
+            ).scalar_one()
+        )
