@@ -43,7 +43,6 @@ from sqlalchemy.sql.compiler import DDLCompiler
 from sqlalchemy.sql.ddl import BaseDDLElement
 from sqlalchemy.types import TypeEngine
 
-from .core.progress import PROGRESS_NOTE_MAX_LENGTH
 from .dependencies import EDGE_OUTCOMES, TRIGGER_NAMES, drop_sql, trigger_sql
 from .jobs import (
     AFTER_POLICIES,
@@ -59,6 +58,7 @@ from .jobs import (
     JobState,
     Outcome,
 )
+from .records import PROGRESS_NOTE_MAX_LENGTH
 from .results import DROP_NOTIFY_SETTLED_SQL, NOTIFY_SETTLED_FUNCTION_SQL, NOTIFY_SETTLED_TRIGGER_SQL
 from .schedules import CRON_MAX_LENGTH, SCHEDULE_NAME_MAX_LENGTH
 from .wakeups import DROP_NOTIFY_FUNCTION_SQL, NOTIFY_FUNCTION_SQL, NOTIFY_TRIGGER_SQL

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import enum
 import inspect
 import logging
 import threading
@@ -13,10 +12,11 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidJob
-from ..executors import ExecutorName, ProcessExecutor, check_executor
+from ..executor_config import ExecutorName, ProcessExecutor, check_executor
+from ..records import StopReason as StopReason
 
 if TYPE_CHECKING:
-    from ..store.dependencies import ParentResult
+    from ..records import ParentResult
 from ..jobs import (
     QUEUE_MAX_LENGTH,
     RetryPolicy,
@@ -221,17 +221,6 @@ def handler(
 def registered_handlers() -> dict[str, Callable[..., Any]]:
     """A copy of the handlers registered with :func:`handler`."""
     return default_registry.handlers()
-
-
-class StopReason(str, enum.Enum):
-    """Why a running handler was asked to stop."""
-
-    CANCELLED = "cancelled"
-    LANE_FAILED = "lane_failed"
-    LEASE_LOST = "lease_lost"
-    SHUTDOWN = "shutdown"
-    #: The attempt outlived its timeout; it counts as a failed attempt.
-    TIMEOUT = "timeout"
 
 
 #: Guards the creation of every :class:`Flag`'s event against its setting.
