@@ -1183,7 +1183,7 @@ async def _unless_late(
 ) -> Any:
     """Await ``fn(job)`` -- unless, now that its task runs, the claim's last
     check is over a heartbeat old (the process was frozen or starved since):
-    then :data:`~sqlalchemy_watchdog.execution.STARTED_LATE`, never calling it."""
+    then :data:`~sqlalchemy_watchdog.core.steps.STARTED_LATE`, never calling it."""
     if execution.started_late(heartbeat_s):
         return STARTED_LATE
     return await fn(job)

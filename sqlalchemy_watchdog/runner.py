@@ -11,7 +11,7 @@ their handlers in threads and settles them with the exact claim.
 
     Runner(engine).run_forever()            # until SIGINT/SIGTERM or stop()
 
-Every rule the runner follows lives in :mod:`sqlalchemy_watchdog.execution`;
+Every rule the runner follows lives in :mod:`sqlalchemy_watchdog.core`;
 this module only performs its steps with threads and a sync ``Connection``.
 """
 

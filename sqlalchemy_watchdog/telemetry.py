@@ -22,10 +22,11 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .jobs import TRACE_CONTEXT_MAX_LENGTH
+from .records import Claim
 
 if TYPE_CHECKING:
     from .jobs import Decision, EnqueueResult, Job, JobView
-    from .records import Claim, Recovery, SettleRequest, StopReason, TickResult
+    from .records import Recovery, SettleRequest, StopReason, TickResult
 
 __all__ = [
     "Attempt",

@@ -74,7 +74,7 @@ def default_poll_interval(listening: bool) -> timedelta:
 #: handler uses the same engine beside the runner's own three connections.
 #: A handler that must never run beside another of the process: concurrency=1.
 #: Short handlers get larger batches without more threads by claiming ahead
-#: (``claim_ahead``, :mod:`.ahead`), not by a larger default.
+#: (``claim_ahead``, ``core/ahead.py``), not by a larger default.
 DEFAULT_CONCURRENCY = 10
 
 
@@ -215,7 +215,7 @@ class RunnerOptions(TypedDict, total=False):
     ``concurrency``
         handlers run at once, each in its own thread (the async runner: its
         own task); default 10,
-        :data:`~sqlalchemy_watchdog.execution.DEFAULT_CONCURRENCY`; 1 runs one
+        :data:`~sqlalchemy_watchdog.core.settings.DEFAULT_CONCURRENCY`; 1 runs one
         handler at a time. Handlers that run in child processes (a process
         executor) have that executor's ``processes`` instead, beside these.
     ``lease``
@@ -231,7 +231,7 @@ class RunnerOptions(TypedDict, total=False):
     ``grace``
         on shutdown, how long running handlers may take to finish before
         they are asked to stop (default 20 s,
-        :data:`~sqlalchemy_watchdog.execution.DEFAULT_GRACE`); those
+        :data:`~sqlalchemy_watchdog.core.settings.DEFAULT_GRACE`); those
         still running ``min(2 s, grace)`` later have their jobs handed to
         recovery. The runner's ``shutdown_budget`` is the sum: keep it
         under the platform's termination period minus the server's own
