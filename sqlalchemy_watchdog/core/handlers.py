@@ -13,17 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidJob
 from ..executor_config import ExecutorName, ProcessExecutor, check_executor
-from ..records import StopReason as StopReason
-
-if TYPE_CHECKING:
-    from ..records import ParentResult
 from ..jobs import (
     QUEUE_MAX_LENGTH,
     RetryPolicy,
     check_duration,
     check_text,
 )
+from ..records import StopReason as StopReason
 from .progress import ProgressReporter, ProgressStatus, check_progress
+
+if TYPE_CHECKING:
+    from ..records import ParentResult
 
 log = logging.getLogger("sqlalchemy_watchdog.runner")
 
