@@ -36,6 +36,7 @@ from .core.clock import Clock
 from .core.handlers import RunningJob, StopReason
 from .core.loop import execute, loop_pass, renew, shutdown, tick, time_out, until_idle
 from .core.maintenance import deregister_worker, probe_failed, prune, refresh_worker, register_worker
+from .core.ports import Settlement
 from .core.rules.settle import (
     conclude,
     decision_of_cancelled_task,
@@ -95,8 +96,8 @@ from .jobs import (
     job_batch,
     result_of,
 )
+from .records import SettleRequest
 from .results import check_wait, wait_for_async
-from .store import Settlement, SettleRequest
 from .wakeups import (
     Waiting,
     WakeupMode,
@@ -105,6 +106,7 @@ from .wakeups import (
     connect_and_prove_async,
     decide,
     listen_async,
+    listens_on,
     local_key,
     polling_reason,
     wake_locally,
@@ -511,10 +513,10 @@ class AsyncRunner:
         self.settings = RunnerSettings.build(
             handlers,
             options,
-            default_poll_interval=default_poll_interval(self.listen_engine, self.wakeups),
+            default_poll_interval=default_poll_interval(listens_on(self.listen_engine, self.wakeups)),
             stays=_is_async,
         )
-        self.core = RunnerCore(self.settings, Clock.of(options))
+        self.core = RunnerCore(self.settings, Clock.of(options), store)
         #: The process executors' children, for plain handlers (each pool made on first use).
         self._children = RunnerChildren(self.settings.child_executors)
         #: The wake-ups in force (see :attr:`Runner.wakeup_status <sqlalchemy_watchdog.Runner.wakeup_status>`).
@@ -1088,7 +1090,7 @@ class AsyncRunner:
                 reason = proof.reason
         if reason is not None:
             if self._default_poll:
-                fast = default_poll_interval(engine, WakeupMode.POLL).total_seconds()
+                fast = default_poll_interval(False).total_seconds()
                 self.settings = self.core.settings = replace(self.settings, poll_interval_s=fast)
             self.wakeup_status = decide(
                 self.wakeups,
@@ -1181,7 +1183,7 @@ async def _unless_late(
 ) -> Any:
     """Await ``fn(job)`` -- unless, now that its task runs, the claim's last
     check is over a heartbeat old (the process was frozen or starved since):
-    then :data:`~sqlalchemy_watchdog.execution.STARTED_LATE`, never calling it."""
+    then :data:`~sqlalchemy_watchdog.core.steps.STARTED_LATE`, never calling it."""
     if execution.started_late(heartbeat_s):
         return STARTED_LATE
     return await fn(job)

@@ -45,7 +45,6 @@ from sqlalchemy.types import TypeEngine
 
 from .backends import BACKENDS, Backend, known_backend, with_variants
 from .backends.triggers import EDGE_OUTCOMES, TRIGGER_NAMES
-from .core.progress import PROGRESS_NOTE_MAX_LENGTH
 from .jobs import (
     AFTER_POLICIES,
     CANCELLATION_ID_MAX_LENGTH,
@@ -60,6 +59,7 @@ from .jobs import (
     JobState,
     Outcome,
 )
+from .records import PROGRESS_NOTE_MAX_LENGTH
 from .results import DROP_NOTIFY_SETTLED_SQL, NOTIFY_SETTLED_FUNCTION_SQL, NOTIFY_SETTLED_TRIGGER_SQL
 from .schedules import CRON_MAX_LENGTH, SCHEDULE_NAME_MAX_LENGTH
 from .wakeups import DROP_NOTIFY_FUNCTION_SQL, NOTIFY_FUNCTION_SQL, NOTIFY_TRIGGER_SQL
@@ -535,7 +535,7 @@ class WatchdogJobEdge(WatchdogBase):
     settled parent may be pruned once no live job waits for it.
 
     Written by ``enqueue`` and the triggers of
-    :mod:`sqlalchemy_watchdog.dependencies`; read through ``Watchdog.read``.
+    :mod:`sqlalchemy_watchdog.backends.triggers`; read through ``Watchdog.read``.
     """
 
     __tablename__ = "watchdog_job_edges"

@@ -11,7 +11,7 @@ their handlers in threads and settles them with the exact claim.
 
     Runner(engine).run_forever()            # until SIGINT/SIGTERM or stop()
 
-Every rule the runner follows lives in :mod:`sqlalchemy_watchdog.execution`;
+Every rule the runner follows lives in :mod:`sqlalchemy_watchdog.core`;
 this module only performs its steps with threads and a sync ``Connection``.
 """
 
@@ -34,12 +34,14 @@ from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from sqlalchemy import Engine
 
+from . import store
 from .connections import follow_failover
 from .core.ahead import AHEAD_WAIT_MAX_S, Parking, take_stale
 from .core.clock import Clock
 from .core.handlers import RunningJob
 from .core.loop import execute, loop_pass, renew, shutdown, tick, time_out, until_idle
 from .core.maintenance import deregister_worker, probe_failed, prune, refresh_worker, register_worker
+from .core.ports import Settlement
 from .core.rules.settle import conclude, decision_of_exception, decision_of_result, finish_handed_off, settle_batch
 from .core.settings import (
     EXIT_MARGIN_S,
@@ -56,7 +58,8 @@ from .errors import InvalidJob, redacted
 from .executors.pool import RunnerChildren, decision_of_outcome
 from .gateway import SyncGateway
 from .jobs import Decision, JobView
-from .store import Settlement, SettleRequest, parent_results, report_progress
+from .records import SettleRequest
+from .store import parent_results, report_progress
 from .wakeups import (
     Listener,
     Waiting,
@@ -65,6 +68,7 @@ from .wakeups import (
     check_wakeups,
     connect_and_prove,
     decide,
+    listens_on,
     local_key,
     polling_reason,
     wake_locally,
@@ -124,9 +128,9 @@ class Runner:
         #: Whether the poll interval is the default's (shortened when the runner cannot listen).
         self._default_poll = options.get("poll_interval") is None
         self.settings = RunnerSettings.build(
-            handlers, options, default_poll_interval=default_poll_interval(self.listen_engine, self.wakeups)
+            handlers, options, default_poll_interval=default_poll_interval(listens_on(self.listen_engine, self.wakeups))
         )
-        self.core = RunnerCore(self.settings, Clock.of(options))
+        self.core = RunnerCore(self.settings, Clock.of(options), store)
         #: The wake-ups in force: what was asked, whether the runner listens
         #: (LISTEN/NOTIFY on a proven session) and why not, and its poll
         #: interval. Known once :meth:`run_forever` has started.
@@ -547,7 +551,7 @@ class Runner:
     def _poll_without_listening(self) -> None:
         """The runner will not listen: a default poll interval becomes the fast one."""
         if self._default_poll:
-            fast = default_poll_interval(self.listen_engine, WakeupMode.POLL).total_seconds()
+            fast = default_poll_interval(False).total_seconds()
             self.settings = self.core.settings = replace(self.settings, poll_interval_s=fast)
 
     def __repr__(self) -> str:

@@ -8,18 +8,15 @@ Part of :mod:`sqlalchemy_watchdog.store` (see its docstring and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import Connection
 
 from .. import statements as sql
 from ..backends import backend_of
 from ..jobs import JOB_ID_MAX_LENGTH, JobState, Outcome, Undecodable, check_text, payload_of
+from ..records import PROPAGATE_BATCH as PROPAGATE_BATCH
+from ..records import ParentResult as ParentResult
 from .operation import Shape, operation
-
-#: Jobs whose dependents one propagate call tells (one hop of a cascade).
-PROPAGATE_BATCH = 100
 
 
 def _untold_peek(conn: Connection, *, limit: int = PROPAGATE_BATCH) -> int | None:
@@ -50,18 +47,6 @@ def relations(conn: Connection, job_id: str) -> tuple[tuple[tuple[str, str | Non
     parents = tuple((row[0], row[1]) for row in conn.execute(sql.parents_of(), {"job": job_id}))
     dependents = tuple(conn.execute(sql.dependents_of(), {"job": job_id}).scalars())
     return parents, dependents
-
-
-@dataclass(frozen=True, slots=True)
-class ParentResult:
-    """One parent of a job as its handler reads it (``job.parent_results()``)."""
-
-    job_id: str
-    #: None: the parent is gone (pruned while no live job waited for it).
-    state: JobState | None
-    outcome: Outcome | None
-    #: Its result (the stored JSON form), None for none.
-    result: Any
 
 
 @operation(Shape.READ)

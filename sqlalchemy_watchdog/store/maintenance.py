@@ -52,6 +52,8 @@ from ..jobs import (
     epoch_ms,
     rerun_job_id,
 )
+from ..records import ScheduleRecord as ScheduleRecord
+from ..records import WorkerRegistration as WorkerRegistration
 from ..wakeups import EVENT_QUEUED, EVENT_STOP
 from .base import (
     view,
@@ -344,41 +346,24 @@ def _gone_after_ms(heartbeat_ms: int) -> int:
     return heartbeat_ms * WORKER_GONE_HEARTBEATS + WORKER_GONE_MARGIN_MS
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerRegistration:
-    """What a runner writes of itself to ``watchdog_workers`` (cut to the
-    columns' bounds, so registering never fails on a long host name)."""
+def registration_params(registration: WorkerRegistration, running: int) -> dict[str, Any]:
+    """The registration as the statement's parameters, cut to the columns' bounds."""
+    from ..model import HOST_MAX_LENGTH, VERSION_MAX_LENGTH, WAKEUPS_MAX_LENGTH
 
-    worker_id: str
-    host: str
-    pid: int
-    queues: tuple[str, ...]
-    concurrency: int
-    wakeups: str
-    version: str
-    heartbeat_ms: int
-    #: The most jobs it claims beyond ``concurrency`` (0: none).
-    claim_ahead: int = 0
-    #: Its queues whose handlers run in child processes.
-    process_queues: tuple[str, ...] = ()
-
-    def params(self, running: int) -> dict[str, Any]:
-        from ..model import HOST_MAX_LENGTH, VERSION_MAX_LENGTH, WAKEUPS_MAX_LENGTH
-
-        encoded = _names(self.queues)
-        return {
-            "worker_id": self.worker_id,
-            "host": self.host[:HOST_MAX_LENGTH] or "?",
-            "pid": max(0, self.pid),
-            "queues": encoded,
-            "concurrency": max(1, self.concurrency),
-            "wakeups": self.wakeups[:WAKEUPS_MAX_LENGTH] or "?",
-            "version": self.version[:VERSION_MAX_LENGTH] or "?",
-            "heartbeat_ms": max(1, self.heartbeat_ms),
-            "running": max(0, running),
-            "claim_ahead": max(0, self.claim_ahead),
-            "process_queues": _names(self.process_queues),
-        }
+    encoded = _names(registration.queues)
+    return {
+        "worker_id": registration.worker_id,
+        "host": registration.host[:HOST_MAX_LENGTH] or "?",
+        "pid": max(0, registration.pid),
+        "queues": encoded,
+        "concurrency": max(1, registration.concurrency),
+        "wakeups": registration.wakeups[:WAKEUPS_MAX_LENGTH] or "?",
+        "version": registration.version[:VERSION_MAX_LENGTH] or "?",
+        "heartbeat_ms": max(1, registration.heartbeat_ms),
+        "running": max(0, running),
+        "claim_ahead": max(0, registration.claim_ahead),
+        "process_queues": _names(registration.process_queues),
+    }
 
 
 def _names(names: tuple[str, ...]) -> str:
@@ -397,7 +382,7 @@ def _names(names: tuple[str, ...]) -> str:
 def register_worker(conn: Connection, registration: WorkerRegistration, running: int = 0) -> None:
     """Register the worker, or refresh its ``last_seen`` and ``running`` (one
     statement, database clock; a row pruned meanwhile comes back)."""
-    conn.execute(sql.register_worker(backend_of(conn)), registration.params(running))
+    conn.execute(sql.register_worker(backend_of(conn)), registration_params(registration, running))
 
 
 @operation(Shape.WRITE)
@@ -463,19 +448,6 @@ def prune_workers(conn: Connection, limit: int = WORKER_PRUNE_BATCH) -> int:
     ).rowcount
     schedules_deleted = conn.execute(sql.prune_schedules(), {"keep_ms": SCHEDULE_KEEP_MS, "limit": limit}).rowcount
     return int(workers_deleted or 0) + int(schedules_deleted or 0)
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduleRecord:
-    """What a runner records of a schedule it serves."""
-
-    name: str
-    fingerprint: str
-    cron: str
-    timezone: str
-    queue: str
-    next_slot_ms: int | None
-    last_enqueued_ms: int | None
 
 
 @operation(Shape.WRITE)

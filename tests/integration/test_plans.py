@@ -1034,7 +1034,10 @@ def test_a_plan_kept_from_a_table_of_a_few_rows_is_made_anew_once_the_table_grew
             pre = views._with_sizes(template, {"settles_count": 8})
             prefix = "UPDATE watchdog_jobs AS j"
             requests = [store.SettleRequest(f"gone-{n}", f"t-{n}", Decision.completed(), NOW) for n in range(8)]
-            arguments = {"now": NOW, **sql.rows_params(PG, "settles", sql.SETTLE_FIELDS, [r.row for r in requests])}
+            arguments = {
+                "now": NOW,
+                **sql.rows_params(PG, "settles", sql.SETTLE_FIELDS, [store.settle_row(r) for r in requests]),
+            }
 
             def run(conn: Any) -> None:
                 store.settle_many(conn, requests)
