@@ -55,7 +55,7 @@ nitpick_ignore_regex = [
 # Private types that appear only in the generated signatures of dataclasses
 # (a field of RunningJob) and of internal helpers.
 nitpick_ignore = [
-    ("py:class", "sqlalchemy_watchdog.execution.StopSignal"),
+    ("py:class", "sqlalchemy_watchdog.core.handlers.StopSignal"),
     ("py:class", "sqlalchemy_watchdog.core.progress.ProgressReporter"),
     ("py:class", "Execution"),
     # The type variable of Applied[T] (the setting's type) in its generated signature.

@@ -6,10 +6,12 @@ process with :class:`Watchdog`. The asyncio twins live in
 :mod:`sqlalchemy_watchdog.asyncio`.
 """
 
+from ._version import __version__ as __version__
 from .applies import Applied, JobExplanation, PolicyLevel
 from .client import Watchdog, enqueue, enqueue_select
 from .codecs import EncryptedJSON, PayloadCodec, TaggedJSON
 from .connections import follow_failover
+from .core.handlers import RunningJob, handler
 from .core.progress import ProgressStatus
 from .core.settings import RunnerOptions
 from .errors import (
@@ -23,7 +25,6 @@ from .errors import (
     redacted_detail,
     safe_text,
 )
-from .execution import RunningJob, StopReason, TickResult, TickStatus, handler
 from .executors import HandlerProcessDied, ProcessExecutor
 from .jobs import (
     BulkResult,
@@ -56,6 +57,7 @@ from .jobs import (
     WorkerView,
 )
 from .model import WatchdogJob, metadata
+from .records import StopReason, TickResult, TickStatus
 from .runner import Runner
 from .schedules import Schedule
 from .store.dependencies import ParentResult
@@ -133,5 +135,3 @@ __all__ = [
     "safe_text",
     "task",
 ]
-
-__version__ = "0.1.0"

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Generic, TypeVar
 
-from . import execution, store
+from . import store
+from .core.handlers import _UNSET, _registry
+from .core.rules.settle import REFUSED_SETTLE_REASON
 from .jobs import JobView, QueuePause, RetryPolicy
 
 __all__ = ["PolicyLevel", "Applied", "JobExplanation", "explain", "plain_reason"]
@@ -156,23 +158,23 @@ def explain(job: JobView, pause: QueuePause | None = None) -> JobExplanation:
     """What applies to ``job`` as this process knows it: its own policy, else
     its queue's ``@handler`` registered here, else the runner's (not known).
     Pure: reads only this process's ``@handler`` registrations."""
-    registered = execution._registry.get(job.queue)
+    registered = _registry.get(job.queue)
     if job.timeout is not None:
         timeout: Applied[timedelta] = Applied(job.timeout, PolicyLevel.JOB)
-    elif registered is not None and registered.timeout is not execution._UNSET:
+    elif registered is not None and registered.timeout is not _UNSET:
         timeout = Applied(registered.timeout, PolicyLevel.HANDLER)
     else:
         timeout = Applied(None, PolicyLevel.RUNNER, known=False)
     if job.retry is not None:
         retry: Applied[RetryPolicy] = Applied(job.retry, PolicyLevel.JOB)
-    elif registered is not None and registered.retry is not execution._UNSET:
+    elif registered is not None and registered.retry is not _UNSET:
         retry = Applied(registered.retry, PolicyLevel.HANDLER)
     else:
         retry = Applied(None, PolicyLevel.RUNNER, known=False)
     # As the runner's budget_for: the job's own, else its handler's, else the runner's.
     if job.max_recoveries is not None:
         recovery: Applied[int] = Applied(job.max_recoveries, PolicyLevel.JOB)
-    elif registered is not None and registered.max_recoveries is not execution._UNSET:
+    elif registered is not None and registered.max_recoveries is not _UNSET:
         recovery = Applied(registered.max_recoveries, PolicyLevel.HANDLER)
     else:
         recovery = Applied(None, PolicyLevel.RUNNER, known=False)
@@ -205,6 +207,6 @@ def plain_reason(reason: str | None) -> str | None:
             )
         )
         return f"its runner shut down while it ran and the handler outlived the grace period ({budget})"
-    if reason == execution.REFUSED_SETTLE_REASON:
+    if reason == REFUSED_SETTLE_REASON:
         return "the database refused its settlement (a row it could not store; see the runner's log)"
     return reason

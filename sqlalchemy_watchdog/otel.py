@@ -46,7 +46,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 try:
     from opentelemetry import context as otel_context
@@ -63,12 +63,8 @@ from sqlalchemy import Engine
 
 from . import telemetry
 from .errors import InvalidJob
-from .execution import StopReason, TickResult, TickStatus
 from .jobs import Decision, EnqueueResult, EnqueueStatus, Job, JobView, Outcome
-from .store import Recovery, RecoveryStatus, SettleRequest
-
-if TYPE_CHECKING:
-    from .execution import Execution
+from .records import Recovery, RecoveryStatus, SettleRequest, StopReason, TickResult, TickStatus
 
 __all__ = ["MESSAGING_SYSTEM", "OpenTelemetryInstrumentation", "instrument", "uninstrument"]
 
@@ -192,7 +188,7 @@ class OpenTelemetryInstrumentation(telemetry.Instrumentation):
 
     # -- consumer
 
-    def attempt(self, execution: Execution) -> telemetry.AttemptTrace:
+    def attempt(self, execution: telemetry.Attempt) -> telemetry.AttemptTrace:
         job = execution.claim.job
         running = execution.job
         attributes: dict[str, Any] = {

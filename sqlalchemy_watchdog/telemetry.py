@@ -19,16 +19,17 @@ import json
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .jobs import TRACE_CONTEXT_MAX_LENGTH
+from .records import Claim
 
 if TYPE_CHECKING:
-    from .execution import Execution, StopReason, TickResult
     from .jobs import Decision, EnqueueResult, Job, JobView
-    from .store import Recovery, SettleRequest
+    from .records import Recovery, SettleRequest, StopReason, TickResult
 
 __all__ = [
+    "Attempt",
     "AttemptTrace",
     "EnqueueTrace",
     "Instrumentation",
@@ -43,6 +44,26 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+class AttemptedJob(Protocol):
+    """What :meth:`Instrumentation.attempt` reads of the job a handler runs
+    (a :class:`~sqlalchemy_watchdog.RunningJob`)."""
+
+    @property
+    def max_attempts(self) -> int: ...
+
+
+class Attempt(Protocol):
+    """What :meth:`Instrumentation.attempt` reads of an attempt: the runner's
+    execution of one claim (declared here, so this seam imports nothing of
+    the runner's core)."""
+
+    @property
+    def claim(self) -> Claim: ...
+
+    @property
+    def job(self) -> AttemptedJob: ...
 
 
 class EnqueueTrace:
@@ -97,7 +118,7 @@ class Instrumentation:
         """An enqueue of ``jobs`` (unique job_ids, in order) starts."""
         return EnqueueTrace()
 
-    def attempt(self, execution: Execution) -> AttemptTrace:
+    def attempt(self, execution: Attempt) -> AttemptTrace:
         """The runner starts executing a claimed job."""
         return AttemptTrace()
 

@@ -52,11 +52,12 @@ from sqlalchemy.orm import Session
 
 from . import store
 from .asyncio import AsyncRunner
+from .core.handlers import RunningJob
 from .errors import InvalidJob
-from .execution import RunningJob, TickStatus
 from .gateway import AsyncGateway, SyncGateway
 from .jobs import JOB_ID_MAX_LENGTH, QUEUE_MAX_LENGTH, JobState, JobView, check_int, check_text
 from .model import WatchdogJob
+from .records import TickStatus
 from .runner import Runner
 
 __all__ = [

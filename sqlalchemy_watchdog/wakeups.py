@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import select
 import socket
@@ -69,7 +68,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .backends import BACKENDS
 from .connections import SessionProof, prove_session, prove_session_async
-from .errors import InvalidJob, WakeupsUnavailable, redacted
+from .errors import WakeupsUnavailable, redacted
+from .wakeup_mode import WakeupMode as WakeupMode
+from .wakeup_mode import check_wakeups as check_wakeups
 
 __all__ = [
     "CHANNEL",
@@ -208,6 +209,14 @@ def _notifies(dialect_name: str) -> bool:
     return backend is not None and backend.notifies
 
 
+def listens_on(engine: Any, wakeups: WakeupMode = WakeupMode.AUTO) -> bool:
+    """Whether a runner on ``engine`` (sync or async) that listens as
+    ``wakeups`` says is woken by NOTIFY (what its default ``poll_interval``
+    depends on: :func:`~sqlalchemy_watchdog.core.settings.default_poll_interval`)."""
+    dialect = engine.dialect
+    return wakeups is not WakeupMode.POLL and listens(dialect.name, dialect.driver)
+
+
 def listens(dialect_name: str, driver: str) -> bool:
     """Whether a runner on this dialect and driver is woken by NOTIFY."""
     if not _notifies(dialect_name):
@@ -216,29 +225,6 @@ def listens(dialect_name: str, driver: str) -> bool:
         log.debug("runner: the %s driver delivers no notifications here; polling instead", driver)
         return False
     return True
-
-
-class WakeupMode(str, enum.Enum):
-    """How a runner learns of new work (its ``wakeups`` argument).
-
-    ``AUTO`` (the default) listens where the connection is proven to be one
-    PostgreSQL session, else polls at the fast interval and logs one WARNING
-    saying why and what to set. ``LISTEN`` refuses to start without that
-    proof. ``POLL`` never LISTENs and never takes the waiting lock.
-    """
-
-    AUTO = "auto"
-    LISTEN = "listen"
-    POLL = "poll"
-
-
-def check_wakeups(value: object) -> WakeupMode:
-    """``value`` as a :class:`WakeupMode`, or a clear error naming ``wakeups``."""
-    try:
-        return WakeupMode(value)
-    except ValueError:
-        known = ", ".join(repr(mode.value) for mode in WakeupMode)
-        raise InvalidJob("wakeups", f"{value!r} is not a wake-up mode (known: {known})") from None
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from ..core.settings import MAX_CLAIM_AHEAD
-from ..execution import DEFAULT_CONCURRENCY
+from ..core.settings import DEFAULT_CONCURRENCY, MAX_CLAIM_AHEAD
 from ..executors import MAX_PREFETCH, MAX_PROCESSES
 from ..jobs import BULK_BATCH_MAX, LIMIT_MAX, JobState, Outcome
 from ..store import LIST_LIMIT_MAX

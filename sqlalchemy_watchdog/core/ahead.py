@@ -31,7 +31,7 @@ import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .state import Execution
+    from .execution import Execution
 
 log = logging.getLogger("sqlalchemy_watchdog.runner")
 

@@ -12,9 +12,14 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
 
-from .. import store
 from ..errors import InvalidJob
 from ..jobs import at_epoch_ms
+
+
+def now_ms() -> int:
+    """The application clock in milliseconds since the epoch (a runner's
+    default ``clock``)."""
+    return time.time_ns() // 1_000_000
 
 
 def check_clock(clock: object) -> Callable[[], int]:
@@ -38,9 +43,7 @@ class Clock:
 
     __slots__ = ("_monotonic", "_now_ms")
 
-    def __init__(
-        self, now_ms: Callable[[], int] = store.now_ms, monotonic: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, now_ms: Callable[[], int] = now_ms, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._now_ms = check_clock(now_ms)
         self._monotonic = monotonic
 
@@ -48,7 +51,7 @@ class Clock:
     def of(cls, options: Mapping[str, object]) -> Clock:
         """The clock of a runner built with ``options`` (its ``clock`` for the
         application clock, the process's monotonic clock)."""
-        return cls(options.get("clock", store.now_ms))  # type: ignore[arg-type]
+        return cls(options.get("clock", now_ms))  # type: ignore[arg-type]
 
     def now_ms(self) -> int:
         """The application clock, epoch milliseconds."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import enum
 import inspect
 import logging
 import threading
@@ -13,17 +12,18 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidJob
-from ..executors import ExecutorName, ProcessExecutor, check_executor
-
-if TYPE_CHECKING:
-    from ..store.dependencies import ParentResult
+from ..executor_config import ExecutorName, ProcessExecutor, check_executor
 from ..jobs import (
     QUEUE_MAX_LENGTH,
     RetryPolicy,
     check_duration,
     check_text,
 )
+from ..records import StopReason as StopReason
 from .progress import ProgressReporter, ProgressStatus, check_progress
+
+if TYPE_CHECKING:
+    from ..records import ParentResult
 
 log = logging.getLogger("sqlalchemy_watchdog.runner")
 
@@ -221,17 +221,6 @@ def handler(
 def registered_handlers() -> dict[str, Callable[..., Any]]:
     """A copy of the handlers registered with :func:`handler`."""
     return default_registry.handlers()
-
-
-class StopReason(str, enum.Enum):
-    """Why a running handler was asked to stop."""
-
-    CANCELLED = "cancelled"
-    LANE_FAILED = "lane_failed"
-    LEASE_LOST = "lease_lost"
-    SHUTDOWN = "shutdown"
-    #: The attempt outlived its timeout; it counts as a failed attempt.
-    TIMEOUT = "timeout"
 
 
 #: Guards the creation of every :class:`Flag`'s event against its setting.

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import logging
 
-from .. import store, telemetry
+from .. import telemetry
 from ..errors import WatchdogError
 from ..jobs import (
     Decision,
     JobState,
     JobView,
 )
-from ..store import SettleRequest
+from ..records import SettleRequest
 from .handlers import StopReason
 from .maintenance import abandon, enqueue_schedules, promote, propagate, prune_workers, recover, summarize
 from .rules.settle import settle_request, stop_reason_of
@@ -31,7 +31,7 @@ def claim_steps(
     asked_at = core.clock.monotonic()
     settings = core.settings
     queues = settings.queues if group is None else settings.slot_groups[group].queues
-    batch = yield from call(store.claim, queues=queues, limit=limit, lease_ms=settings.lease_ms)
+    batch = yield from call(core.store.claim, queues=queues, limit=limit, lease_ms=settings.lease_ms)
     if group is None:
         core.held_back = batch.held_back
     else:
@@ -80,7 +80,7 @@ def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | Tic
                 asked = core.clock.monotonic()
                 held = yield from _renew_before_start(core, execution)
                 if job_id not in held:
-                    row = yield from call(store.read, job_id)
+                    row = yield from call(core.store.read, job_id)
                     yield from stop(execution, stop_reason_of(row))
                 else:
                     execution.checked_at = asked
@@ -133,11 +133,13 @@ def _renew_before_start(core: RunnerCore, execution: Execution) -> Steps[set[str
     pause = RENEW_RETRY_FIRST_S
     while True:
         try:
-            held = yield from call(store.renew, [execution.pair], lease_ms=settings.lease_ms, now=core.clock.now_ms())
+            held = yield from call(
+                core.store.renew, [execution.pair], lease_ms=settings.lease_ms, now=core.clock.now_ms()
+            )
             return held
         except WatchdogError as error:
             left = execution.lease_ends_by - core.clock.monotonic()
-            if not store.transient_failure(error) or left <= 0:
+            if not core.store.transient_failure(error) or left <= 0:
                 raise
             core.outage.failed("renewing a claim before its handler starts", error)
             if not (yield Pause(min(pause, left))):
@@ -189,7 +191,7 @@ def renew(core: RunnerCore) -> Steps[float]:
     asked = core.clock.monotonic()
     try:
         held = yield from call(
-            store.renew, [e.pair for e in executions], lease_ms=core.settings.lease_ms, now=core.clock.now_ms()
+            core.store.renew, [e.pair for e in executions], lease_ms=core.settings.lease_ms, now=core.clock.now_ms()
         )
         bound = core.lease_bound()
         for execution in executions:
@@ -201,10 +203,10 @@ def renew(core: RunnerCore) -> Steps[float]:
                 continue
             if not execution.slot_held or execution.signal.is_set() or execution.done.is_set():
                 continue
-            row = yield from call(store.read, execution.job_id)
+            row = yield from call(core.store.read, execution.job_id)
             yield from stop(execution, stop_reason_of(row))
     except WatchdogError as error:
-        if not store.transient_failure(error):
+        if not core.store.transient_failure(error):
             raise
         core.outage.failed("heartbeat", error, f"{len(executions)} claim(s) to renew, retrying while their leases last")
         return core.renewal_failed()
@@ -224,7 +226,7 @@ def loop_pass(core: RunnerCore) -> Steps[float]:
         until_expiry: float | None = None
         try:
             result = yield from recover(core)
-            until_expiry = yield from call(store.seconds_until_next_expiry)
+            until_expiry = yield from call(core.store.seconds_until_next_expiry)
         except WatchdogError as error:
             core.defer_failure("recovery", error)
             result = None

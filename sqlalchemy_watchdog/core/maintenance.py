@@ -8,14 +8,23 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from .. import store, telemetry
+from .. import telemetry
 from ..errors import WatchdogError, redacted
 from ..jobs import (
     Job,
     JobView,
     duration_ms,
 )
-from ..store import Claim, Recovery, RecoveryCause, RecoveryStatus
+from ..records import (
+    PROMOTE_BATCH,
+    PROPAGATE_BATCH,
+    Claim,
+    Recovery,
+    RecoveryCause,
+    RecoveryStatus,
+    ScheduleRecord,
+    WorkerRegistration,
+)
 from .handlers import StopReason
 from .settings import SUMMARY_BACKLOG_CAP
 from .state import Execution, RunnerCore, TickResult, TickStatus, _outcome, stop
@@ -30,7 +39,7 @@ def abandon(core: RunnerCore, executions: Sequence[Execution]) -> Steps[TickResu
     ``interrupted`` with a reason saying the shutdown's grace ran out."""
     budgets = {e.job_id: core.settings.budget_for(e.claim.job) for e in executions}
     recoveries = yield from call(
-        store.release_and_recover, [e.pair for e in executions], budgets, cause=RecoveryCause.SHUTDOWN
+        core.store.release_and_recover, [e.pair for e in executions], budgets, cause=RecoveryCause.SHUTDOWN
     )
     result = TickResult(TickStatus.REJECTED, None, executions[0].job_id if executions else None)
     claimed = {e.job_id: e.claim.job for e in executions}
@@ -60,7 +69,7 @@ def recover(core: RunnerCore) -> Steps[TickResult | None]:
     """
     settings = core.settings
     expired: list[Claim] = yield from call(
-        store.expired_claims, limit=settings.recovery_batch + len(core.isolated_jobs)
+        core.store.expired_claims, limit=settings.recovery_batch + len(core.isolated_jobs)
     )
     core.forget_isolated(expired)
     unknown: TickResult | None = None
@@ -79,9 +88,9 @@ def recover(core: RunnerCore) -> Steps[TickResult | None]:
             if alive:
                 continue
         try:
-            recovery = yield from call(store.reconcile, claim, max_recoveries=settings.budget_for(job))
+            recovery = yield from call(core.store.reconcile, claim, max_recoveries=settings.budget_for(job))
         except WatchdogError as error:
-            if store.transient_failure(error):
+            if core.store.transient_failure(error):
                 raise
             core.isolate(claim, error)
             continue
@@ -131,7 +140,7 @@ def summarize(core: RunnerCore) -> Steps[None]:
     count is left out, never stopping the loop)."""
     seconds, counts, running = core.take_summary()
     try:
-        backlog = yield from call(store.count_ready, core.settings.queues, SUMMARY_BACKLOG_CAP)
+        backlog = yield from call(core.store.count_ready, core.settings.queues, SUMMARY_BACKLOG_CAP)
         ready = f"{backlog}+" if backlog >= SUMMARY_BACKLOG_CAP else str(backlog)
     except WatchdogError:
         ready = "unknown"
@@ -165,9 +174,9 @@ def prune(core: RunnerCore) -> Steps[None]:
         core.schedule_retention(retention.every.total_seconds())
         return
     try:
-        deleted = yield from call(store.prune_retention, ages, retention.batch)
+        deleted = yield from call(core.store.prune_retention, ages, retention.batch)
     except WatchdogError as error:
-        if store.transient_failure(error):
+        if core.store.transient_failure(error):
             core.outage.failed("pruning", error)
         else:
             log.error("runner: pruning settled jobs failed (%s); trying again later", error)
@@ -197,9 +206,9 @@ def enqueue_schedules(core: RunnerCore, *, defer: bool = False) -> Steps[None]:
     now = core.clock.now()  # the runner's clock (a test's fake one too), not datetime.now
     jobs, next_at = plan(core.settings.schedules, now)
     try:
-        results = yield from call(store.enqueue_each, jobs)
+        results = yield from call(core.store.enqueue_each, jobs)
     except WatchdogError as error:
-        if store.transient_failure(error):
+        if core.store.transient_failure(error):
             core.outage.failed("scheduling", error)  # one line per outage episode
         elif defer:
             core.defer_failure("scheduling", error)
@@ -235,10 +244,10 @@ def register_worker(core: RunnerCore, wakeups: str) -> Steps[None]:
     import os
     import socket
 
-    from .. import __version__
+    from .._version import __version__
 
     settings = core.settings
-    registration = store.WorkerRegistration(
+    registration = WorkerRegistration(
         worker_id=core.worker_id,
         host=socket.gethostname(),
         pid=os.getpid(),
@@ -251,7 +260,7 @@ def register_worker(core: RunnerCore, wakeups: str) -> Steps[None]:
         process_queues=tuple(queue for queue, where in settings.executors.items() if where == "process"),
     )
     try:
-        yield from call(store.register_worker, registration, len(core.active()))
+        yield from call(core.store.register_worker, registration, len(core.active()))
     except WatchdogError as error:
         log.warning(
             "runner: could not register as worker %s (%s); it serves on, unlisted until a heartbeat registers it "
@@ -272,9 +281,9 @@ def refresh_worker(core: RunnerCore) -> Steps[None]:
     if registration is None:
         return
     try:
-        yield from call(store.register_worker, registration, len(core.active()))
+        yield from call(core.store.register_worker, registration, len(core.active()))
     except WatchdogError as error:
-        if core.registration is not None and store.transient_failure(error):
+        if core.registration is not None and core.store.transient_failure(error):
             core.outage.failed("refreshing the worker row", error)  # one line per outage episode
             return
         # A runner that never registered (a database without the table) says so once, at start.
@@ -293,7 +302,7 @@ def deregister_worker(core: RunnerCore) -> Steps[None]:
     if registration is None:
         return
     try:
-        yield from call(store.deregister_worker, registration.worker_id)
+        yield from call(core.store.deregister_worker, registration.worker_id)
     except WatchdogError as error:
         log.warning("shutdown: removing worker %s failed (%s); it will show as gone", registration.worker_id, error)
 
@@ -306,7 +315,7 @@ def prune_workers(core: RunnerCore) -> Steps[None]:
         return
     core.worker_prune_due = core.clock.monotonic() + WORKER_PRUNE_EVERY_S
     try:
-        deleted = yield from call(store.prune_workers)
+        deleted = yield from call(core.store.prune_workers)
     except WatchdogError as error:
         core.defer_failure("pruning gone workers", error)
         return
@@ -331,7 +340,7 @@ def record_schedules(core: RunnerCore, jobs: Sequence[Job], enqueued: Sequence[b
         past = [slot for slot, done in slots if done and slot <= now]
         upcoming = [slot for slot, _ in slots if slot > now]
         records.append(
-            store.ScheduleRecord(
+            ScheduleRecord(
                 name=schedule.name,
                 fingerprint=fingerprint(schedule),
                 cron=schedule.cron,
@@ -342,7 +351,7 @@ def record_schedules(core: RunnerCore, jobs: Sequence[Job], enqueued: Sequence[b
             )
         )
     try:
-        yield from call(store.record_schedules, records, core.worker_id)
+        yield from call(core.store.record_schedules, records, core.worker_id)
     except WatchdogError as error:
         level = logging.DEBUG if core.schedule_record_failed else logging.WARNING
         core.schedule_record_failed = True
@@ -366,9 +375,9 @@ def propagate(core: RunnerCore, *, defer: bool = False, force: bool = False) -> 
     core.propagation_due = now + PROPAGATE_INTERVAL_S
     for _ in range(8):
         try:
-            told = yield from call(store.propagate, limit=store.PROPAGATE_BATCH)
+            told = yield from call(core.store.propagate, limit=PROPAGATE_BATCH)
         except WatchdogError as error:
-            if store.transient_failure(error):
+            if core.store.transient_failure(error):
                 core.outage.failed("propagation", error)  # one line per outage episode
             elif defer:
                 core.defer_failure("propagation", error)
@@ -388,9 +397,9 @@ def promote(core: RunnerCore, *, defer: bool = False) -> Steps[None]:
     never keeps the runner from claiming what is ready."""
     core.promotion_starting()
     try:
-        promotion = yield from call(store.promote, limit=store.PROMOTE_BATCH)
+        promotion = yield from call(core.store.promote, limit=PROMOTE_BATCH)
     except WatchdogError as error:
-        if store.transient_failure(error):
+        if core.store.transient_failure(error):
             core.outage.failed("promotion", error)  # one line per outage episode
         elif defer:
             core.defer_failure("promotion", error)
@@ -400,4 +409,4 @@ def promote(core: RunnerCore, *, defer: bool = False) -> Steps[None]:
         return
     if promotion.promoted:
         log.debug("%d delayed job(s) are ready", promotion.promoted)
-    core.schedule_promotion(0.0 if promotion.promoted >= store.PROMOTE_BATCH else promotion.next_in)
+    core.schedule_promotion(0.0 if promotion.promoted >= PROMOTE_BATCH else promotion.next_in)

@@ -27,6 +27,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ..errors import InvalidJob
+from ..records import PROGRESS_NOTE_MAX_LENGTH as PROGRESS_NOTE_MAX_LENGTH
 
 __all__ = [
     "PROGRESS_INTERVAL_S",
@@ -38,8 +39,6 @@ __all__ = [
 
 #: At most one progress write per job per this many seconds.
 PROGRESS_INTERVAL_S = 1.0
-#: The longest progress note kept.
-PROGRESS_NOTE_MAX_LENGTH = 500
 
 #: ``write(job_id, claim_token, fraction, note) -> whether the claim still held``.
 SyncWrite = Callable[[str, str, float, "str | None"], bool]

@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..errors import InvalidJob
-from ..executors import ExecutorName, HandlerRef, ProcessExecutor, check_executor, locate_all
+from ..executor_config import ExecutorName, HandlerRef, ProcessExecutor, check_executor, locate_all
 from ..jobs import (
     QUEUE_MAX_LENGTH,
     JobView,
@@ -17,7 +17,7 @@ from ..jobs import (
     RetryPolicy,
     check_text,
 )
-from ..wakeups import WakeupMode, listens
+from ..wakeup_mode import WakeupMode
 from .handlers import (
     _UNSET,
     _check_budget,
@@ -58,14 +58,12 @@ NOTIFIED_POLL_INTERVAL = timedelta(seconds=2)
 POLLING_POLL_INTERVAL = timedelta(milliseconds=250)
 
 
-def default_poll_interval(engine: Any, wakeups: WakeupMode = WakeupMode.AUTO) -> timedelta:
-    """The default ``poll_interval`` of a runner on ``engine`` (sync or async)
-    that listens there as ``wakeups`` says (a runner whose session proof
-    fails polls at :data:`POLLING_POLL_INTERVAL` instead)."""
-    dialect = engine.dialect
-    if wakeups is not WakeupMode.POLL and listens(dialect.name, dialect.driver):
-        return NOTIFIED_POLL_INTERVAL
-    return POLLING_POLL_INTERVAL
+def default_poll_interval(listening: bool) -> timedelta:
+    """The default ``poll_interval`` of a runner that is woken by NOTIFY
+    (``listening``: :func:`sqlalchemy_watchdog.wakeups.listens_on` of its
+    engine and ``wakeups``) or not (a runner whose session proof fails polls
+    at :data:`POLLING_POLL_INTERVAL` instead)."""
+    return NOTIFIED_POLL_INTERVAL if listening else POLLING_POLL_INTERVAL
 
 
 #: Handlers a runner runs at once unless told otherwise. Ten threads (the
@@ -76,7 +74,7 @@ def default_poll_interval(engine: Any, wakeups: WakeupMode = WakeupMode.AUTO) ->
 #: handler uses the same engine beside the runner's own three connections.
 #: A handler that must never run beside another of the process: concurrency=1.
 #: Short handlers get larger batches without more threads by claiming ahead
-#: (``claim_ahead``, :mod:`.ahead`), not by a larger default.
+#: (``claim_ahead``, ``core/ahead.py``), not by a larger default.
 DEFAULT_CONCURRENCY = 10
 
 
@@ -217,7 +215,7 @@ class RunnerOptions(TypedDict, total=False):
     ``concurrency``
         handlers run at once, each in its own thread (the async runner: its
         own task); default 10,
-        :data:`~sqlalchemy_watchdog.execution.DEFAULT_CONCURRENCY`; 1 runs one
+        :data:`~sqlalchemy_watchdog.core.settings.DEFAULT_CONCURRENCY`; 1 runs one
         handler at a time. Handlers that run in child processes (a process
         executor) have that executor's ``processes`` instead, beside these.
     ``lease``
@@ -233,7 +231,7 @@ class RunnerOptions(TypedDict, total=False):
     ``grace``
         on shutdown, how long running handlers may take to finish before
         they are asked to stop (default 20 s,
-        :data:`~sqlalchemy_watchdog.execution.DEFAULT_GRACE`); those
+        :data:`~sqlalchemy_watchdog.core.settings.DEFAULT_GRACE`); those
         still running ``min(2 s, grace)`` later have their jobs handed to
         recovery. The runner's ``shutdown_budget`` is the sum: keep it
         under the platform's termination period minus the server's own

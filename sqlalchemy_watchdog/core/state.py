@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import contextvars
-import enum
 import logging
 import math
 import threading
-import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
-from .. import store, telemetry
 from ..errors import WatchdogError, redacted
 from ..jobs import (
     Decision,
@@ -22,12 +17,15 @@ from ..jobs import (
     bound_reason,
     frozen_builder,
 )
-from ..store import Claim
-from ..wakeups import Waiting
+from ..records import Claim, WorkerRegistration
+from ..records import TickResult as TickResult
+from ..records import TickStatus as TickStatus
 from .ahead import RunTimes
 from .clock import Clock
-from .handlers import Flag, RunningJob, StopReason, StopSignal
+from .execution import Execution as Execution
+from .handlers import RunningJob, StopReason, StopSignal
 from .outage import Outage
+from .ports import Store, Waiting
 from .progress import AsyncWrite, ProgressReporter, SyncWrite
 from .settings import RunnerSettings
 from .steps import Steps, Stop
@@ -41,134 +39,6 @@ _build_running_job = frozen_builder(RunningJob, (
     "job_id", "queue", "lane", "priority", "payload", "recovery_count", "max_recoveries", "_signal", "attempt",
     "max_attempts", "snoozes", "timeout", "trace_context", "key", "_progress",
 ))  # fmt: skip
-
-
-class TickStatus(str, enum.Enum):
-    """What one tick of a runner did."""
-
-    IDLE = "idle"
-    SETTLED = "settled"
-    RECOVERED = "recovered"
-    REQUEUED = "requeued"
-    REJECTED = "rejected"
-    LIVENESS_UNKNOWN = "liveness_unknown"
-
-
-@dataclass(frozen=True, slots=True)
-class TickResult:
-    """What one :meth:`Runner.tick` did, and the job it settled if any."""
-
-    status: TickStatus
-    job: JobView | None = None
-    job_id: str | None = None
-
-
-@dataclass(eq=False)
-class Execution:
-    """A claim this runner is executing, with its handler's view and stop signal."""
-
-    claim: Claim
-    job: RunningJob
-    signal: StopSignal
-    done: Flag = field(default_factory=Flag)
-    #: The driver's handle on the running handler (the async driver's task).
-    task: Any = None
-    #: When the claim was asked for, on this process's monotonic clock: no
-    #: later than the database took it, so a pause anywhere after that point
-    #: (even before the claim's answer was read) counts against the start.
-    claimed_at: float = field(default_factory=time.monotonic)
-    #: When :func:`execute` last knew the claim live before the handler
-    #: starts (the moment it sent a renewal that held), monotonic; 0: only
-    #: the claim itself.
-    checked_at: float = 0.0
-    #: The decision made without running the handler (its payload could
-    #: not be decoded), if any.
-    refused: Decision | None = None
-    #: The traceback of its handler's exception, kept with the job (bound
-    #: parameters and driver details of database errors left out).
-    failure_detail: str | None = None
-    #: The exception its handler raised, if any (a retry policy's
-    #: ``retry_on`` is matched against it).
-    error: BaseException | None = None
-    #: What became of it, for the runner's summary: an outcome's value,
-    #: ``requeued`` or ``rejected`` (set when it is concluded).
-    result: str | None = None
-    #: Whether it still occupies one of the runner's ``concurrency`` slots:
-    #: from the claim until its handler returns. Its settle then overlaps
-    #: with the next claim; the heartbeat keeps renewing it until settled.
-    slot_held: bool = True
-    #: When its handler must have returned (monotonic), if it has a timeout;
-    #: set when the handler starts. The driver stops it then.
-    deadline: float | None = None
-    #: In how many seconds a retry or snooze asked for makes the job due
-    #: again; the runner promotes then, once the requeue has committed.
-    requeue_in: float | None = None
-    #: Whether its handler runs in a thread the driver cannot interrupt (a
-    #: plain handler under the async driver): a stop only signals it, and
-    #: its slot and claim stay held until the thread returns.
-    threaded: bool = False
-    #: How many cancels a stop asked of the execution's own task while its
-    #: coroutine handler ran there (the async driver's; see
-    #: ``AsyncRunner._await_inline``), taken back once the handler ended.
-    cancels: int = 0
-    #: Whether its handler runs where the driver can kill it (a child of
-    #: the process executor): a timed-out attempt then keeps its claim
-    #: renewed until its child is confirmed dead and the job settled.
-    killable: bool = False
-    #: Whether it is given back without running: claimed ahead, it waited
-    #: for a slot too long, or its runner is stopping (:mod:`.ahead`).
-    given_back: bool = False
-    #: The instrumentation's view of this attempt (:mod:`.telemetry`), if any.
-    trace: telemetry.AttemptTrace | None = None
-    #: The monotonic clock of its runner's core (:class:`~.clock.Clock`).
-    monotonic: Callable[[], float] = field(default=time.monotonic, repr=False)
-    #: When its claim's lease has surely ended, on the monotonic clock: the
-    #: database set ``lease_until`` (its clock) to the claim's or the last
-    #: held renewal's execution time plus the lease, and that time was no
-    #: later than the moment the answer came back here -- so the answer's
-    #: time plus the lease (and :data:`LEASE_END_MARGIN_S`) is a bound the
-    #: lease never outlives. A settle the database cannot take is retried
-    #: until then (:func:`~.rules.settle.settle_batch`); infinite until
-    #: :meth:`RunnerCore.admit` sets it.
-    lease_ends_by: float = math.inf
-
-    def traced(self, what: str, *args: Any) -> None:
-        """Tell the attempt's trace ``what`` happened (a no-op without one;
-        an instrumentation failure is logged, never raised)."""
-        trace = self.trace
-        if trace is not None:
-            with telemetry.guarded(what):
-                getattr(trace, what)(*args)
-
-    @property
-    def rank(self) -> tuple[int, int]:
-        """Its place in its claim's order: priority first, then admission."""
-        return (-self.job.priority, self.claim.job.sequence)
-
-    def started_late(self, heartbeat_s: float) -> bool:
-        """Whether more than a heartbeat interval passed since the claim was
-        last known live: its handler must not start before a renewal says
-        the claim still holds (the process may have been frozen or starved
-        past the lease in between)."""
-        return self.monotonic() - max(self.claimed_at, self.checked_at) > heartbeat_s
-
-    def handler_context(self) -> contextvars.Context | None:
-        """The context the handler runs in: its trace's (None without a
-        trace, or when the instrumentation fails to give one -- logged, and
-        the handler runs as it would untraced)."""
-        trace = self.trace
-        if trace is not None:
-            with telemetry.guarded("context"):
-                return trace.context()
-        return None
-
-    @property
-    def job_id(self) -> str:
-        return self.claim.job.job_id
-
-    @property
-    def pair(self) -> tuple[str, str]:
-        return (self.claim.job.job_id, self.claim.token)
 
 
 #: What the bound of a lease (:attr:`Execution.lease_ends_by`) adds to the
@@ -204,8 +74,11 @@ class RunnerCore:
     #: How long a claim the database refuses to recover is left alone, at most.
     MAX_ISOLATION_S = 600.0
 
-    def __init__(self, settings: RunnerSettings, clock: Clock) -> None:
+    def __init__(self, settings: RunnerSettings, clock: Clock, store: Store) -> None:
         self.settings = settings
+        #: The store the rules' steps name (:class:`~.ports.Store`): the
+        #: driver fills it with :mod:`sqlalchemy_watchdog.store`.
+        self.store = store
         #: The runner's one clock: every rule reads the time from it.
         self.clock = clock
         #: By claim, (job_id, token): a slot belongs to an execution, not to
@@ -256,9 +129,9 @@ class RunnerCore:
         #: schedules' records; new for every runner object.
         self.worker_id = uuid.uuid4().hex
         #: Its row as registered while it serves (None: not registered).
-        self.registration: store.WorkerRegistration | None = None
+        self.registration: WorkerRegistration | None = None
         #: Its row when registering at start failed: each heartbeat tries again.
-        self.unregistered: store.WorkerRegistration | None = None
+        self.unregistered: WorkerRegistration | None = None
         #: When to prune long-gone workers next (monotonic).
         self.worker_prune_due = 0.0
         #: Whether recording the schedules failed last time (logged once).
@@ -693,7 +566,7 @@ class RunnerCore:
         delay = min(self.MAX_BACKOFF_S, 0.25 * 2.0 ** min(self.failures, 7))
         deferred, self.deferred = self.deferred, []
         also = f" ({' and '.join(what for what, _ in deferred)} failed too)" if deferred else ""
-        if isinstance(error, WatchdogError) and store.transient_failure(error):
+        if isinstance(error, WatchdogError) and self.store.transient_failure(error):
             self.outage.failed(f"{who}'s loop (claiming){also}", error, f"next pass in {delay:.1f}s")
         elif isinstance(error, WatchdogError):
             log.error("%s: %s%s; retrying in %.1fs", who, error, also, delay)
@@ -707,7 +580,7 @@ class RunnerCore:
         """A maintenance step (recovery, promotion, scheduling) of this pass
         failed; the pass goes on to claim (see :meth:`report_deferred`). A
         transient failure is told to the outage episode at once instead."""
-        if store.transient_failure(error):
+        if self.store.transient_failure(error):
             self.outage.failed(what, error)
         else:
             self.deferred.append((what, error))

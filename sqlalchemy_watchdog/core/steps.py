@@ -6,17 +6,16 @@ from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, cast
 
-from sqlalchemy import Connection
-
 from ..errors import WatchdogError
 from ..jobs import (
     Decision,
     JobView,
 )
+from .ports import Connection
 
 if TYPE_CHECKING:
+    from .execution import Execution
     from .handlers import StopReason
-    from .state import Execution
 
 
 T = TypeVar("T")
@@ -26,8 +25,9 @@ P = ParamSpec("P")
 
 @dataclass(frozen=True, slots=True)
 class StoreCall(Generic[T]):
-    """Run ``fn(conn, *args, **kwargs)`` in a transaction of its own; the
-    answer is its result (a failure comes back as a WatchdogError)."""
+    """Run ``fn(conn, *args, **kwargs)`` -- an operation of the core's
+    :class:`~.ports.Store` -- in a transaction of its own; the answer is
+    its result (a failure comes back as a WatchdogError)."""
 
     fn: Callable[..., T]
     args: tuple[Any, ...] = ()
@@ -93,7 +93,7 @@ Steps = Generator[Step, Any, T]
 
 def call(fn: Callable[Concatenate[Connection, P], R], /, *args: P.args, **kwargs: P.kwargs) -> Generator[Step, Any, R]:
     """The step that runs the store function ``fn(conn, *args, **kwargs)``,
-    typed: ``batch = yield from call(store.claim, queues=..., limit=...,
+    typed: ``batch = yield from call(core.store.claim, queues=..., limit=...,
     lease_ms=...)`` is a ``ClaimBatch``, and an argument ``fn`` does not take
     fails the type check. A failure of the call is raised here (the driver
     throws it in at the :class:`StoreCall` this yields)."""

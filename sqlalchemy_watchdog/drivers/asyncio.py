@@ -31,6 +31,7 @@ from ..core.ahead import AHEAD_WAIT_MAX_S, Parking, take_stale
 from ..core.handlers import RunningJob, StopReason
 from ..core.loop import execute, loop_pass, renew, shutdown, tick, time_out, until_idle
 from ..core.maintenance import deregister_worker, probe_failed, prune, refresh_worker, register_worker
+from ..core.ports import Settlement
 from ..core.rules.settle import (
     conclude,
     decision_of_cancelled_task,
@@ -66,7 +67,7 @@ from ..jobs import (
     Decision,
     JobView,
 )
-from ..store import Settlement, SettleRequest
+from ..records import SettleRequest
 from ..wakeups import (
     Waiting,
     WakeupStatus,
@@ -701,7 +702,7 @@ class AsyncRunner:
             if proof is not None and not proof.proven:
                 reason = proof.reason
         if reason is not None:
-            settings = base.poll_settings(self.settings, listen_engine=engine, default_poll=self._default_poll)
+            settings = base.poll_settings(self.settings, default_poll=self._default_poll)
             self.settings = self.core.settings = settings
             self.wakeup_status = base.polling_status(
                 reason, wakeups=self.wakeups, listen_engine=engine, settings=settings
@@ -788,7 +789,7 @@ async def _unless_late(
 ) -> Any:
     """Await ``fn(job)`` -- unless, now that its task runs, the claim's last
     check is over a heartbeat old (the process was frozen or starved since):
-    then :data:`~sqlalchemy_watchdog.execution.STARTED_LATE`, never calling it."""
+    then :data:`~sqlalchemy_watchdog.core.steps.STARTED_LATE`, never calling it."""
     if execution.started_late(heartbeat_s):
         return STARTED_LATE
     return await fn(job)

@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeVar
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from .. import store
 from ..connections import follow_failover
 from ..core.clock import Clock
 from ..core.handlers import RunningJob
@@ -36,7 +37,7 @@ from ..core.settings import (
 )
 from ..core.state import RunnerCore
 from ..errors import InvalidJob
-from ..wakeups import WakeupMode, WakeupStatus, check_wakeups, decide
+from ..wakeups import WakeupMode, WakeupStatus, check_wakeups, decide, listens_on
 
 __all__ = [
     "Setup",
@@ -96,7 +97,7 @@ def set_up(
     follow_failover(engine)
     follow_failover(listening)
     settings = RunnerSettings.build(
-        handlers, options, default_poll_interval=default_poll_interval(listening, wakeups), stays=stays
+        handlers, options, default_poll_interval=default_poll_interval(listens_on(listening, wakeups)), stays=stays
     )
     return Setup(
         engine=engine,
@@ -104,17 +105,17 @@ def set_up(
         wakeups=wakeups,
         default_poll=options.get("poll_interval") is None,
         settings=settings,
-        core=RunnerCore(settings, Clock.of(options)),
+        core=RunnerCore(settings, Clock.of(options), store),
         wakeup_status=WakeupStatus(wakeups, False, "not started", settings.poll_interval_s),
     )
 
 
-def poll_settings(settings: RunnerSettings, *, listen_engine: Any, default_poll: bool) -> RunnerSettings:
+def poll_settings(settings: RunnerSettings, *, default_poll: bool) -> RunnerSettings:
     """The settings of a runner that will not listen: a default poll
     interval becomes the fast one."""
     if not default_poll:
         return settings
-    fast = default_poll_interval(listen_engine, WakeupMode.POLL).total_seconds()
+    fast = default_poll_interval(False).total_seconds()
     return replace(settings, poll_interval_s=fast)
 
 

@@ -39,6 +39,7 @@ from ..core.ahead import AHEAD_WAIT_MAX_S, Parking, take_stale
 from ..core.handlers import RunningJob
 from ..core.loop import execute, loop_pass, renew, shutdown, tick, time_out, until_idle
 from ..core.maintenance import deregister_worker, probe_failed, prune, refresh_worker, register_worker
+from ..core.ports import Settlement
 from ..core.rules.settle import conclude, decision_of_exception, decision_of_result, finish_handed_off, settle_batch
 from ..core.settings import RunnerOptions
 from ..core.signals import SignalSafeEvent, restore_signal, signals_to_install
@@ -48,7 +49,8 @@ from ..errors import redacted
 from ..executors.pool import RunnerChildren, decision_of_outcome
 from ..gateway import SyncGateway
 from ..jobs import Decision, JobView
-from ..store import Settlement, SettleRequest, parent_results, report_progress
+from ..records import SettleRequest
+from ..store import parent_results, report_progress
 from ..wakeups import (
     Listener,
     Waiting,
@@ -500,7 +502,7 @@ class Runner:
             if proof is not None and not proof.proven:
                 reason = proof.reason
         if reason is not None:
-            settings = base.poll_settings(self.settings, listen_engine=engine, default_poll=self._default_poll)
+            settings = base.poll_settings(self.settings, default_poll=self._default_poll)
             self.settings = self.core.settings = settings
             self.wakeup_status = base.polling_status(
                 reason, wakeups=self.wakeups, listen_engine=engine, settings=settings

@@ -79,6 +79,7 @@ from .claims import report_progress as report_progress
 from .claims import seconds_until_next_expiry as seconds_until_next_expiry
 from .claims import settle as settle
 from .claims import settle_many as settle_many
+from .claims import settle_row as settle_row
 from .dependencies import PROPAGATE_BATCH as PROPAGATE_BATCH
 from .dependencies import ParentResult as ParentResult
 from .dependencies import parent_results as parent_results
@@ -237,4 +238,13 @@ __all__ = [
     "ScheduleRecord",
     "record_schedules",
     "schedules",
+    # The rest of the operations the runner's core calls (its port,
+    # sqlalchemy_watchdog.core.ports.Store, which this module implements).
+    "settle_many",
+    "release_and_recover",
+    "propagate",
+    "count_ready",
+    "prune_retention",
+    "enqueue_each",
+    "transient_failure",
 ]

@@ -30,6 +30,7 @@ from ..jobs import (
     history_of,
     payload_of,
 )
+from ..records import PROMOTE_BATCH as PROMOTE_BATCH
 
 log = logging.getLogger("sqlalchemy_watchdog.store")
 
@@ -48,8 +49,6 @@ def _one_chunk(jobs: Sequence[Job], **_: object) -> bool:
     return len({job.job_id for job in jobs}) <= ENQUEUE_CHUNK and not any(job.after for job in jobs)
 
 
-#: Delayed jobs made queued per promotion statement.
-PROMOTE_BATCH = 1000
 #: Live jobs settled per ``fail_lane`` call.
 LANE_FAILURE_BATCH = 100
 NO_POLICY_REASON = "Execution disappeared without a recovery policy"

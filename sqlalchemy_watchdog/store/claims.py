@@ -5,10 +5,8 @@ Part of :mod:`sqlalchemy_watchdog.store` (see its docstring).
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection
@@ -16,7 +14,7 @@ from sqlalchemy import Connection
 from .. import statements as sql
 from ..backends import backend_of
 from ..columns import position
-from ..errors import ErrorCode, InvalidJob, WatchdogError
+from ..errors import ErrorCode, WatchdogError
 from ..jobs import (
     CANCELLATION_ID_MAX_LENGTH,
     FAILURE_DETAIL_MAX_LENGTH,
@@ -35,8 +33,14 @@ from ..jobs import (
     check_int,
     check_text,
     duration_ms,
-    encode_result,
 )
+from ..records import Claim as Claim
+from ..records import ClaimBatch as ClaimBatch
+from ..records import Promotion as Promotion
+from ..records import Recovery as Recovery
+from ..records import RecoveryCause as RecoveryCause
+from ..records import RecoveryStatus as RecoveryStatus
+from ..records import SettleRequest as SettleRequest
 from ..wakeups import local_key, room_freed_locally
 from .base import (
     _OUTCOMES,
@@ -101,15 +105,6 @@ def count_ready(conn: Connection, queues: Sequence[str], cap: int) -> int:
 # -- the claim life cycle ----------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Promotion:
-    """What one promotion did: how many delayed jobs became queued, and in
-    how many seconds the next delayed job is due (None: none is delayed)."""
-
-    promoted: int
-    next_in: float | None
-
-
 @operation(Shape.READ)
 def next_ready_in(conn: Connection) -> float | None:
     """Seconds until the earliest delayed job is due by the database clock
@@ -135,25 +130,6 @@ def promote(conn: Connection, *, limit: int = PROMOTE_BATCH) -> Promotion:
         return Promotion(0, due)
     promoted = len(conn.execute(sql.promote(conn.dialect.name), {"limit": limit}).all())
     return Promotion(promoted, next_ready_in(conn))
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """A job this process claimed, with the secret token that settles it."""
-
-    job: JobView
-    token: str
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimBatch:
-    """What one claim statement took: jobs to run, and jobs it found cancelled."""
-
-    claimed: tuple[Claim, ...]
-    cancelled: tuple[JobView, ...]
-    #: A limit held the claim back: a limited queue had more jobs queued than
-    #: it let the claim take (room frees only when one of its jobs ends).
-    held_back: bool = False
 
 
 def _claim_peek(conn: Connection, *, queues: Sequence[str] | None, limit: int = 1, lease_ms: int) -> ClaimBatch | None:
@@ -257,87 +233,30 @@ def _batch(conn: Connection, found: Sequence[Sequence[Any]], held_back: bool = F
     return ClaimBatch(tuple(claimed), tuple(cancelled), held_back)
 
 
-@dataclass(frozen=True, slots=True)
-class SettleRequest:
-    """One settle of a batch: the exact claim and what its handler decided.
-
-    ``now`` is the application clock (epoch milliseconds) when the handler
-    returned; the database clock is consulted too (the later one counts).
-    """
-
-    job_id: str
-    claim_token: str
-    decision: Decision
-    now: int | None = None
-    #: The traceback of a handler that raised, kept with a ``failed`` job.
-    detail: str | None = None
-    #: Requeue instead of settling (a retry or a snooze): ready again this
-    #: many milliseconds after the database clock. None settles the job
-    #: with ``decision.outcome``.
-    requeue_after_ms: int | None = None
-    #: The failure history to store (JSON), when this attempt failed.
-    history: str | None = None
-    #: The result to keep with a ``completed`` job, as canonical JSON
-    #: (:func:`~sqlalchemy_watchdog.jobs.encode_result`). None: the
-    #: decision's own ``result`` encoded without a codec (the runner's core
-    #: passes its codec's encoding here instead), or none.
-    result_json: str | None = None
-    #: The attempt's last progress that the rate limit kept back, written
-    #: with the settlement: (fraction, note); None: none pending.
-    progress: tuple[float, str | None] | None = None
-    #: Give the claim back instead (a job claimed ahead that never started):
-    #: queued again at once, no attempt or snooze counted, the job's failure
-    #: reason and detail as they were (these). ``decision`` is then unused.
-    given_back: tuple[str | None, str | None] | None = None
-
-    def __post_init__(self) -> None:
-        # Checked once, where the request is made: the runner's core builds
-        # its requests from a Decision it checked already; a direct caller
-        # of settle()/settle_many() gets the same refusal, before any write.
-        if not isinstance(self.decision, Decision):
-            raise WatchdogError(
-                ErrorCode.INVALID_INPUT,
-                f"decision: must be a Decision, not {type(self.decision).__name__}",
-            )
-        if self.result_json is not None and (
-            self.decision.outcome is not Outcome.COMPLETED or self.requeue_after_ms is not None
-        ):
-            raise WatchdogError(ErrorCode.INVALID_INPUT, "result_json: only a completed settle keeps a result")
-        if self.result_json is None and self.decision.result is not None and self.given_back is None:
-            # The Decision's result reaches the statement whoever settles: the
-            # runner's core encodes it with its codec (and turns a refusal into
-            # a failed job); a direct caller's request encodes it here with the
-            # default codec, and a value that cannot be kept refuses the whole
-            # request (InvalidJob naming ``result``) before anything is written.
-            if self.requeue_after_ms is not None:
-                raise InvalidJob("result", "a requeued settle keeps no result")
-            object.__setattr__(self, "result_json", encode_result(self.decision.result))
-
-    @property
-    def row(self) -> tuple[Any, ...]:
-        """The request in :data:`statements.SETTLE_FIELDS` order."""
-        if self.given_back is not None:
-            reason, detail = self.given_back
-            return (self.job_id, self.claim_token, None, reason, detail, 0, 0, 0, None, None, None, None)
-        decision = self.decision
-        delay = self.requeue_after_ms
-        if delay is None and decision.snoozed:
-            assert decision.after is not None
-            delay = duration_ms(decision.after)
-        requeued = delay is not None
-        return (
-            self.job_id,
-            self.claim_token,
-            None if requeued or decision.outcome is None else decision.outcome.value,
-            decision.reason,
-            _detail(self),
-            delay,
-            1 if requeued and not decision.snoozed else 0,
-            1 if requeued and decision.snoozed else 0,
-            self.history,
-            self.result_json,
-            *((None, None) if self.progress is None else self.progress),
-        )
+def settle_row(request: SettleRequest) -> tuple[Any, ...]:
+    """The request in :data:`statements.SETTLE_FIELDS` order."""
+    if request.given_back is not None:
+        reason, detail = request.given_back
+        return (request.job_id, request.claim_token, None, reason, detail, 0, 0, 0, None, None, None, None)
+    decision = request.decision
+    delay = request.requeue_after_ms
+    if delay is None and decision.snoozed:
+        assert decision.after is not None
+        delay = duration_ms(decision.after)
+    requeued = delay is not None
+    return (
+        request.job_id,
+        request.claim_token,
+        None if requeued or decision.outcome is None else decision.outcome.value,
+        decision.reason,
+        _detail(request),
+        delay,
+        1 if requeued and not decision.snoozed else 0,
+        1 if requeued and decision.snoozed else 0,
+        request.history,
+        request.result_json,
+        *((None, None) if request.progress is None else request.progress),
+    )
 
 
 class Settlement:
@@ -406,7 +325,7 @@ def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Set
     if len(set(job_ids)) < len(job_ids):  # one statement updates a row once
         return [result for request in requests for result in settle_many(conn, [request])]
     dialect = conn.dialect.name
-    params = sql.rows_params(dialect, "settles", sql.SETTLE_FIELDS, [r.row for r in requests])
+    params = sql.rows_params(dialect, "settles", sql.SETTLE_FIELDS, [settle_row(r) for r in requests])
     params["now"] = max((r.now or now_ms()) for r in requests)
     # A batch of up to LITERAL_LIMIT_MAX rows has its count written into the
     # statement's text (one prepared statement, planned once, per size: see
@@ -604,35 +523,6 @@ def expired_claims(conn: Connection, *, limit: int) -> list[Claim]:
     """
     rows = conn.execute(sql.expired_claims(), {"limit": limit})
     return [Claim(view(row), row.claim_token) for row in rows]
-
-
-class RecoveryStatus(str, enum.Enum):
-    """What recovering one disappeared claim did."""
-
-    #: Back in the queue, its recovery count one higher.
-    REQUEUED = "requeued"
-    #: Settled: ``interrupted`` (no budget left), or ``cancelled``.
-    SETTLED = "settled"
-    #: Somebody else recovered, renewed or settled it first; nothing changed.
-    LOST_RACE = "lost_race"
-
-
-class RecoveryCause(str, enum.Enum):
-    """Why a claim is being recovered; an ``interrupted`` job's reason says which."""
-
-    #: Its lease ended: the worker died, froze or lost its database.
-    VANISHED = "vanished"
-    #: Its runner shut down and the handler outlived the grace period.
-    SHUTDOWN = "shutdown"
-
-
-@dataclass(frozen=True, slots=True)
-class Recovery:
-    """What recovering one disappeared claim did."""
-
-    job_id: str
-    status: RecoveryStatus
-    job: JobView | None
 
 
 #: ``interrupted`` after a shutdown whose grace the handler outlived.

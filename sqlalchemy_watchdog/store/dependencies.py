@@ -8,24 +8,22 @@ Part of :mod:`sqlalchemy_watchdog.store` (see its docstring and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import Connection
 
 from .. import statements as sql
+from ..backends import backend_of
 from ..jobs import JOB_ID_MAX_LENGTH, JobState, Outcome, Undecodable, check_text, payload_of
+from ..records import PROPAGATE_BATCH as PROPAGATE_BATCH
+from ..records import ParentResult as ParentResult
 from .operation import Shape, operation
-
-#: Jobs whose dependents one propagate call tells (one hop of a cascade).
-PROPAGATE_BATCH = 100
 
 
 def _untold_peek(conn: Connection, *, limit: int = PROPAGATE_BATCH) -> int | None:
     """0 when no job waits to have its dependents told (read without the
     write lock); None to propagate."""
-    # The pick without its lock (SQLite's form is plain on either dialect).
-    return 0 if conn.execute(sql.untold("sqlite"), {"limit": 1}).first() is None else None
+    # The pick without its lock.
+    return 0 if conn.execute(sql.untold(backend_of(conn), locked=False), {"limit": 1}).first() is None else None
 
 
 @operation(Shape.WRITE, peek=_untold_peek)
@@ -35,7 +33,7 @@ def propagate(conn: Connection, *, limit: int = PROPAGATE_BATCH) -> int:
     outcome, which the edges trigger counts -- settling those dependents
     ``cancelled`` in turn where their policy says so (the next call tells
     theirs: one hop per transaction). Returns how many jobs were told."""
-    rows = conn.execute(sql.untold(conn.dialect.name), {"limit": limit}).all()
+    rows = conn.execute(sql.untold(backend_of(conn)), {"limit": limit}).all()
     for job_id, outcome in rows:
         conn.execute(sql.tell_dependents(), {"job": job_id, "outcome": outcome})
     if rows:
@@ -49,18 +47,6 @@ def relations(conn: Connection, job_id: str) -> tuple[tuple[tuple[str, str | Non
     parents = tuple((row[0], row[1]) for row in conn.execute(sql.parents_of(), {"job": job_id}))
     dependents = tuple(conn.execute(sql.dependents_of(), {"job": job_id}).scalars())
     return parents, dependents
-
-
-@dataclass(frozen=True, slots=True)
-class ParentResult:
-    """One parent of a job as its handler reads it (``job.parent_results()``)."""
-
-    job_id: str
-    #: None: the parent is gone (pruned while no live job waited for it).
-    state: JobState | None
-    outcome: Outcome | None
-    #: Its result (the stored JSON form), None for none.
-    result: Any
 
 
 @operation(Shape.READ)

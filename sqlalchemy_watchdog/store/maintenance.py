@@ -52,6 +52,8 @@ from ..jobs import (
     epoch_ms,
     rerun_job_id,
 )
+from ..records import ScheduleRecord as ScheduleRecord
+from ..records import WorkerRegistration as WorkerRegistration
 from ..wakeups import EVENT_QUEUED, EVENT_STOP
 from .base import (
     view,
@@ -148,14 +150,14 @@ def prune_batch(
     time), outcome by outcome, each the oldest first; returns how many."""
     check_duration("older_than", older_than, low=timedelta(0))
     check_int("limit", limit, 1, PRUNE_BATCH_MAX)
-    dialect = conn.dialect.name
+    backend = backend_of(conn)
     deleted = 0
     for outcome in outcomes if outcomes is not None else [o.value for o in Outcome]:
         for undated in (True, False) if include_undated else (False,):
             if deleted >= limit:
                 return deleted
             params = {"outcome": outcome, "age_ms": duration_ms(older_than), "limit": limit - deleted}
-            deleted += conn.execute(sql.prune(dialect, undated), params).rowcount
+            deleted += conn.execute(sql.prune(backend, undated), params).rowcount
     return deleted
 
 
@@ -344,41 +346,24 @@ def _gone_after_ms(heartbeat_ms: int) -> int:
     return heartbeat_ms * WORKER_GONE_HEARTBEATS + WORKER_GONE_MARGIN_MS
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerRegistration:
-    """What a runner writes of itself to ``watchdog_workers`` (cut to the
-    columns' bounds, so registering never fails on a long host name)."""
+def registration_params(registration: WorkerRegistration, running: int) -> dict[str, Any]:
+    """The registration as the statement's parameters, cut to the columns' bounds."""
+    from ..model import HOST_MAX_LENGTH, VERSION_MAX_LENGTH, WAKEUPS_MAX_LENGTH
 
-    worker_id: str
-    host: str
-    pid: int
-    queues: tuple[str, ...]
-    concurrency: int
-    wakeups: str
-    version: str
-    heartbeat_ms: int
-    #: The most jobs it claims beyond ``concurrency`` (0: none).
-    claim_ahead: int = 0
-    #: Its queues whose handlers run in child processes.
-    process_queues: tuple[str, ...] = ()
-
-    def params(self, running: int) -> dict[str, Any]:
-        from ..model import HOST_MAX_LENGTH, VERSION_MAX_LENGTH, WAKEUPS_MAX_LENGTH
-
-        encoded = _names(self.queues)
-        return {
-            "worker_id": self.worker_id,
-            "host": self.host[:HOST_MAX_LENGTH] or "?",
-            "pid": max(0, self.pid),
-            "queues": encoded,
-            "concurrency": max(1, self.concurrency),
-            "wakeups": self.wakeups[:WAKEUPS_MAX_LENGTH] or "?",
-            "version": self.version[:VERSION_MAX_LENGTH] or "?",
-            "heartbeat_ms": max(1, self.heartbeat_ms),
-            "running": max(0, running),
-            "claim_ahead": max(0, self.claim_ahead),
-            "process_queues": _names(self.process_queues),
-        }
+    encoded = _names(registration.queues)
+    return {
+        "worker_id": registration.worker_id,
+        "host": registration.host[:HOST_MAX_LENGTH] or "?",
+        "pid": max(0, registration.pid),
+        "queues": encoded,
+        "concurrency": max(1, registration.concurrency),
+        "wakeups": registration.wakeups[:WAKEUPS_MAX_LENGTH] or "?",
+        "version": registration.version[:VERSION_MAX_LENGTH] or "?",
+        "heartbeat_ms": max(1, registration.heartbeat_ms),
+        "running": max(0, running),
+        "claim_ahead": max(0, registration.claim_ahead),
+        "process_queues": _names(registration.process_queues),
+    }
 
 
 def _names(names: tuple[str, ...]) -> str:
@@ -397,7 +382,7 @@ def _names(names: tuple[str, ...]) -> str:
 def register_worker(conn: Connection, registration: WorkerRegistration, running: int = 0) -> None:
     """Register the worker, or refresh its ``last_seen`` and ``running`` (one
     statement, database clock; a row pruned meanwhile comes back)."""
-    conn.execute(sql.register_worker(conn.dialect.name), registration.params(running))
+    conn.execute(sql.register_worker(backend_of(conn)), registration_params(registration, running))
 
 
 @operation(Shape.WRITE)
@@ -465,26 +450,13 @@ def prune_workers(conn: Connection, limit: int = WORKER_PRUNE_BATCH) -> int:
     return int(workers_deleted or 0) + int(schedules_deleted or 0)
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduleRecord:
-    """What a runner records of a schedule it serves."""
-
-    name: str
-    fingerprint: str
-    cron: str
-    timezone: str
-    queue: str
-    next_slot_ms: int | None
-    last_enqueued_ms: int | None
-
-
 @operation(Shape.WRITE)
 def record_schedules(conn: Connection, records: Sequence[ScheduleRecord], recorded_by: str) -> None:
     """Record the schedules a runner serves (one row per name and definition)."""
     if not records:
         return
     conn.execute(
-        sql.record_schedule(conn.dialect.name),
+        sql.record_schedule(backend_of(conn)),
         [
             {
                 "name": record.name,
@@ -535,7 +507,7 @@ def pause(conn: Connection, queue: str, reason: str | None = None) -> PauseStatu
     check_text("queue", queue, QUEUE_MAX_LENGTH)
     if reason is not None:
         check_text("reason", reason, PAUSE_REASON_MAX_LENGTH)
-    row = conn.execute(sql.pause(conn.dialect.name), {"queue": queue, "reason": reason}).first()
+    row = conn.execute(sql.pause(backend_of(conn)), {"queue": queue, "reason": reason}).first()
     return PauseStatus.PAUSED if row is not None else PauseStatus.ALREADY_PAUSED
 
 
@@ -757,7 +729,7 @@ def bulk_batch(conn: Connection, action: BulkAction, after: int, end: int, size:
     selected jobs with ``after < sequence <= end``, acted on (or, dry run,
     counted)."""
     params = {**action.params, "after_sequence": after, "before_sequence": end + 1, "limit": size}
-    rows = conn.execute(sql.bulk_pick(conn.dialect.name, action.kind.value, action.filters), params).all()
+    rows = conn.execute(sql.bulk_pick(backend_of(conn), action.kind.value, action.filters), params).all()
     if action.kind is BulkKind.CANCEL:
         # Revision w0014: the waiting jobs too (cancel settles them at once),
         # from their own index, merged in admission order.

@@ -52,12 +52,11 @@ from sqlalchemy_watchdog import (
     store,
     task,
 )
-from sqlalchemy_watchdog import execution as ex
 from sqlalchemy_watchdog import handler as register_handler
 from sqlalchemy_watchdog.asyncio import AsyncRunner, AsyncWatchdog
 from sqlalchemy_watchdog.asyncio import enqueue as async_enqueue
 from sqlalchemy_watchdog.codecs import EncryptedJSON, TaggedJSON
-from sqlalchemy_watchdog.core.handlers import HandlerRegistry
+from sqlalchemy_watchdog.core.handlers import HandlerRegistry, _registry
 from sqlalchemy_watchdog.jobs import (
     FAILURE_REASON_MAX_LENGTH,
     MAX_DELAY,
@@ -301,11 +300,11 @@ def registered(**kwargs: Any) -> Callable[[Engine], Any]:
     """``@handler("q-bad", **kwargs)``: refused before anything is registered."""
 
     def call(engine: Engine) -> Any:
-        before = dict(ex._registry)
+        before = dict(_registry)
         try:
             return register_handler("q-bad", **kwargs)(handler)
         finally:
-            assert ex._registry == before, "a refused @handler registered something"
+            assert _registry == before, "a refused @handler registered something"
 
     return call
 

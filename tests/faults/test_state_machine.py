@@ -122,11 +122,16 @@ from sqlalchemy_watchdog import (
     store,
     telemetry,
 )
-from sqlalchemy_watchdog import execution as ex
 from sqlalchemy_watchdog.backends import backend_of
+from sqlalchemy_watchdog.core.handlers import _registry
+from sqlalchemy_watchdog.core.rules.settle import (
+    decision_of_cancelled_task,
+    decision_of_exception,
+    decision_of_result,
+    settle_request,
+)
+from sqlalchemy_watchdog.core.state import Execution
 from sqlalchemy_watchdog.core.steps import NEVER_STARTED
-from sqlalchemy_watchdog.dependencies import drop_sql, trigger_sql
-from sqlalchemy_watchdog.execution import StopReason
 from sqlalchemy_watchdog.jobs import (
     FAILURE_DETAIL_MAX_LENGTH,
     FAILURE_HISTORY_LENGTH,
@@ -145,6 +150,7 @@ from sqlalchemy_watchdog.model import (
     pauses_table,
     workers_table,
 )
+from sqlalchemy_watchdog.records import StopReason
 from tests.faults.helpers import controlled_db_clock, dump_jobs
 
 JOB_IDS = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]
@@ -1131,23 +1137,23 @@ class WatchdogMachine(RuleBasedStateMachine):
         }
         assert sorted((tuple(row) for row in logged), key=repr) == sorted(self.rate_log, key=repr)
 
-    def _decide(self, execution: ex.Execution, kind: str, returned: Any) -> Decision:
+    def _decide(self, execution: Execution, kind: str, returned: Any) -> Decision:
         """What the runner makes of a handler that ended as ``kind``."""
         job: RunningJob = execution.job
         if kind.startswith("timeout"):
             execution.signal.request(StopReason.TIMEOUT)
         decision: Decision | None
         if kind in ("return", "value"):
-            decision = ex.decision_of_result(returned, job)
+            decision = decision_of_result(returned, job)
         elif kind == "timeout":
-            decision = ex.decision_of_result(None, job)
+            decision = decision_of_result(None, job)
         elif kind == "timeout-cancelled":
-            decision = ex.decision_of_cancelled_task(execution)
+            decision = decision_of_cancelled_task(execution)
         else:
             try:
                 raise (RuntimeError("stuck") if kind == "timeout-raise" else ValueError("bad input"))
             except Exception as error:
-                decision = ex.decision_of_exception(execution, error)
+                decision = decision_of_exception(execution, error)
         assert decision is not None
         return decision
 
@@ -1222,14 +1228,14 @@ class WatchdogMachine(RuleBasedStateMachine):
         kind, returned = how
         db = self.db
         app = self.app_now = db + skew
-        execution: ex.Execution | None = None
+        execution: Execution | None = None
         request: store.SettleRequest | None = None
         claim = self.claimed.get((job_id, token))
         if claim is not None:
             execution = self.runner.core.admit(claim, time.monotonic())
             decision = self._decide(execution, kind, returned)
             assert decision.reason == self._expected_reason(claim, kind, returned)
-            request = ex.settle_request(self.runner.core, execution, decision)
+            request = settle_request(self.runner.core, execution, decision)
             assert request.now == app
             decision = self._kept(decision, request)
             (result,) = self.tx(store.settle_many, [request])
@@ -1308,7 +1314,7 @@ class WatchdogMachine(RuleBasedStateMachine):
         return decision
 
     def _settled(
-        self, row: Row, decision: Decision, request: store.SettleRequest, execution: ex.Execution, app: int, db: int
+        self, row: Row, decision: Decision, request: store.SettleRequest, execution: Execution, app: int, db: int
     ) -> SettleStatus:
         """Apply a settle of the live claim to the model; the status it answers."""
         row.lease_until = None
@@ -2180,14 +2186,14 @@ def q3_handler(job: RunningJob) -> None:
 def _registered_handlers() -> Iterator[None]:
     """Register q2's and q3's handlers with their own policy for the run, and
     restore the registry after (other tests register queues of their own)."""
-    saved = dict(ex._registry)
+    saved = dict(_registry)
     try:
         handler("q2", retry=HANDLER_RETRY["q2"], timeout=HANDLER_TIMEOUT["q2"])(q2_handler)
         handler("q3", retry=None)(q3_handler)
         yield
     finally:
-        ex._registry.clear()
-        ex._registry.update(saved)
+        _registry.clear()
+        _registry.update(saved)
 
 
 FAST = settings(
@@ -2227,7 +2233,8 @@ TAGGING = _Tagging()
 def _replace_triggers(engine: Engine, clock: str) -> None:
     """Re-create the dependency triggers reading ``clock`` for the database time."""
     with engine.begin() as conn:
-        for statement in [*drop_sql(conn.dialect.name), *trigger_sql(conn.dialect.name, clock)]:
+        backend = backend_of(conn)
+        for statement in [*backend.drop_trigger_sql(), *backend.trigger_sql(clock)]:
             conn.exec_driver_sql(statement)
 
 

@@ -251,7 +251,7 @@ def test_show_says_what_applies_from_which_level_the_pause_and_the_reason_in_pla
     engine: Engine, cli: Cli
 ) -> None:
     from sqlalchemy_watchdog import Watchdog, handler
-    from sqlalchemy_watchdog.execution import _registry
+    from sqlalchemy_watchdog.core.handlers import _registry
 
     @handler("handled", retry=RetryPolicy(max_attempts=5, backoff=timedelta(seconds=1)), timeout=timedelta(seconds=2))
     def handled(job: RunningJob) -> None:
@@ -295,7 +295,7 @@ def test_show_says_the_recovery_budget_that_applies_and_where_it_comes_from(engi
     runner's): ``show`` says so, and never "no recovery budget" for a job
     that was requeued."""
     from sqlalchemy_watchdog import handler
-    from sqlalchemy_watchdog.execution import _registry
+    from sqlalchemy_watchdog.core.handlers import _registry
 
     add(engine, Job("own", "budgets", max_recoveries=2), Job("by-handler", "budgets"))
     with engine.begin() as conn:  # one recovery used, as the runner's requeue leaves it

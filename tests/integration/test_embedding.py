@@ -39,8 +39,9 @@ from sqlalchemy_watchdog import (
     metadata,
 )
 from sqlalchemy_watchdog.asyncio import AsyncRunner
+from sqlalchemy_watchdog.core.settings import DEFAULT_GRACE
+from sqlalchemy_watchdog.core.signals import signals_to_install
 from sqlalchemy_watchdog.errors import redacted_detail, safe_text
-from sqlalchemy_watchdog.execution import DEFAULT_GRACE, signals_to_install
 from tests.conftest import make_async_engine
 from tests.helpers import add, read, settled, wait_until
 from tests.runner_kinds import RunnerDriver

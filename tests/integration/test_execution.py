@@ -28,9 +28,11 @@ from sqlalchemy_watchdog import (
     store,
 )
 from sqlalchemy_watchdog.codecs import TaggedJSON
-from sqlalchemy_watchdog.execution import REFUSED_SETTLE_REASON, Flag, StopReason, StopSignal
+from sqlalchemy_watchdog.core.handlers import Flag, StopSignal
+from sqlalchemy_watchdog.core.rules.settle import REFUSED_SETTLE_REASON
 from sqlalchemy_watchdog.jobs import SettleStatus
 from sqlalchemy_watchdog.model import jobs_table
+from sqlalchemy_watchdog.records import StopReason
 from tests.helpers import add, read, settled, wait_until
 from tests.runner_kinds import RunnerDriver
 

@@ -24,7 +24,9 @@ from sqlalchemy import Engine, text
 
 from sqlalchemy_watchdog import Job, Runner, RunningJob, Watchdog, store
 from sqlalchemy_watchdog.asyncio import AsyncRunner
-from sqlalchemy_watchdog.execution import STARTED_LATE, Execution, drive, drive_async, execute
+from sqlalchemy_watchdog.core.loop import execute
+from sqlalchemy_watchdog.core.state import Execution
+from sqlalchemy_watchdog.core.steps import STARTED_LATE, drive, drive_async
 from tests.conftest import make_async_engine
 
 LEASE = timedelta(seconds=6)

@@ -1380,7 +1380,7 @@ JOB_VIEW = store.view((1, "j", "q", "q", 0, "null", None, "settled", "interrupte
 
 def test_explain_says_each_settings_level_and_what_it_cannot_know(engine: Engine, api: Ops) -> None:
     from sqlalchemy_watchdog import PolicyLevel, handler
-    from sqlalchemy_watchdog.execution import _registry
+    from sqlalchemy_watchdog.core.handlers import _registry
 
     own = RetryPolicy(max_attempts=4, backoff=timedelta(seconds=1), jitter=0.0)
     api.enqueue(

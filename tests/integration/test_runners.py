@@ -48,12 +48,12 @@ from sqlalchemy_watchdog import (
     TickStatus,
     Watchdog,
     enqueue,
-    execution,
     handler,
     statements,
     store,
 )
 from sqlalchemy_watchdog.asyncio import AsyncRunner
+from sqlalchemy_watchdog.core.handlers import _registry
 from sqlalchemy_watchdog.jobs import FAILURE_REASON_MAX_LENGTH
 from tests.helpers import add, listening_sessions, raw, read, settled, wait_until, waiting_sessions
 from tests.runner_kinds import KINDS, RunnerDriver, dual
@@ -332,13 +332,13 @@ def test_runner_ignores_queues_it_does_not_serve(engine: Engine, runners: Runner
 
 @pytest.fixture
 def empty_registry() -> Iterator[dict[str, Any]]:
-    saved = dict(execution._registry)
-    execution._registry.clear()
+    saved = dict(_registry)
+    _registry.clear()
     try:
-        yield execution._registry
+        yield _registry
     finally:
-        execution._registry.clear()
-        execution._registry.update(saved)
+        _registry.clear()
+        _registry.update(saved)
 
 
 def test_handlers_registered_with_the_decorator_are_used_when_handlers_is_none(
@@ -475,7 +475,7 @@ def test_cancelling_a_running_job_settles_it_cancelled_whatever_its_handler_then
 
 
 def test_the_default_concurrency_runs_ten_handlers_at_once(engine: Engine, runners: RunnerDriver) -> None:
-    from sqlalchemy_watchdog.execution import DEFAULT_CONCURRENCY
+    from sqlalchemy_watchdog.core.settings import DEFAULT_CONCURRENCY
 
     assert DEFAULT_CONCURRENCY == 10
     add(engine, *(Job(f"j{i}", "q") for i in range(12)))

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from sqlalchemy_watchdog import Job, Outcome, RunningJob
-from sqlalchemy_watchdog.execution import RunnerCore
+from sqlalchemy_watchdog.core.state import RunnerCore
 from tests.helpers import add, wait_until
 from tests.runner_kinds import RunnerDriver
 

@@ -27,7 +27,7 @@ import pytest
 from sqlalchemy import Engine, create_engine
 
 from sqlalchemy_watchdog import Job, JobState, Outcome, Runner, Watchdog, metadata, store
-from sqlalchemy_watchdog.execution import TickStatus
+from sqlalchemy_watchdog.records import TickStatus
 
 QUEUE = "orders"
 

@@ -28,12 +28,12 @@ from sqlalchemy_watchdog import (
     TickStatus,
     Watchdog,
     enqueue,
-    execution,
     handler,
     testing,
 )
 from sqlalchemy_watchdog import asyncio as wd_asyncio
 from sqlalchemy_watchdog import statements as sql
+from sqlalchemy_watchdog.core.handlers import _registry
 from sqlalchemy_watchdog.testing import (
     ANY,
     RunnerFactory,
@@ -82,13 +82,13 @@ def db(engine: Engine) -> Engine:
 @pytest.fixture
 def empty_registry() -> Iterator[None]:
     """The @handler registry emptied for the test and restored after it."""
-    saved = dict(execution._registry)
-    execution._registry.clear()
+    saved = dict(_registry)
+    _registry.clear()
     try:
         yield
     finally:
-        execution._registry.clear()
-        execution._registry.update(saved)
+        _registry.clear()
+        _registry.update(saved)
 
 
 def ids(jobs: list[Any]) -> list[str]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+from sqlalchemy_watchdog import store
 from sqlalchemy_watchdog.core.clock import Clock
 from sqlalchemy_watchdog.core.settings import RunnerOptions, RunnerSettings
 from sqlalchemy_watchdog.core.state import Execution, RunnerCore
@@ -104,7 +105,7 @@ def settings(handlers: Mapping[str, Callable[..., Any]] | None = None, **options
 
 
 def core(time: FakeTime, handlers: Mapping[str, Callable[..., Any]] | None = None, **options: Any) -> RunnerCore:
-    return RunnerCore(settings(handlers, **options), time.clock)
+    return RunnerCore(settings(handlers, **options), time.clock, store)
 
 
 _ids = itertools.count(1)

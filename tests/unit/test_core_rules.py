@@ -99,7 +99,7 @@ def test_slots_of_coroutine_or_thread_handlers_are_claimed_for_at_once_beside_ch
     handlers = {"q": child_handler, "local": local_handler}
     stays = inspect.iscoroutinefunction
     built = RunnerSettings.build(handlers, options, default_poll_interval=timedelta(seconds=2), stays=stays)
-    runner = RunnerCore(built, time.clock)
+    runner = RunnerCore(built, time.clock, store)
     local = [admitted(runner, "local") for _ in range(4)]
     assert not any(e.killable for e in local) and runner.free_slots() == 0
     runner.release_slot(local[0])

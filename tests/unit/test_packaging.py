@@ -74,7 +74,7 @@ def test_packages_are_found_not_listed() -> None:
 def test_the_version_has_one_source() -> None:
     project = PYPROJECT["project"]
     assert "version" not in project and project["dynamic"] == ["version"]
-    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "sqlalchemy_watchdog.__version__"}
+    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "sqlalchemy_watchdog._version.__version__"}
     assert re.fullmatch(r"\d+\.\d+\.\d+", sqlalchemy_watchdog.__version__)
 
 

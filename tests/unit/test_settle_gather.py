@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import pytest
 
-from sqlalchemy_watchdog import Decision
+from sqlalchemy_watchdog import Decision, store
 from sqlalchemy_watchdog.core import settings as settings_module
 from sqlalchemy_watchdog.core.settings import SETTLE_GATHER_S, RunnerSettings
 from sqlalchemy_watchdog.core.state import RunnerCore
@@ -54,7 +54,7 @@ class Recorder:
 
     def __init__(self, runner_settings: RunnerSettings) -> None:
         self.settings = runner_settings
-        self.core = RunnerCore(runner_settings, FakeTime().clock)
+        self.core = RunnerCore(runner_settings, FakeTime().clock, store)
         self.batches: list[list[str]] = []
         self.finished: list[object] = []
         self.settled = threading.Event()
@@ -97,7 +97,7 @@ def test_a_runner_without_jobs_claimed_ahead_settles_at_once() -> None:
 def test_a_runner_whose_claims_limits_hold_back_settles_at_once() -> None:
     """Under a binding limit a job keeps its room until its settle commits:
     a gathered settle would hold the next claim back too."""
-    core = RunnerCore(claiming_ahead(2), FakeTime().clock)
+    core = RunnerCore(claiming_ahead(2), FakeTime().clock, store)
     assert core.settle_gather() == (2, SETTLE_GATHER_S)
     core.held_back = True
     assert core.settle_gather() == (1, 0.0)

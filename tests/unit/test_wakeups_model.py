@@ -578,6 +578,7 @@ class _Core(RunnerCore):
         super().__init__(
             RunnerSettings.build({"q": lambda job: None}, options, default_poll_interval=timedelta(seconds=POLL)),
             Clock(monotonic=CLOCK.monotonic),
+            store,
         )
         self.runner = runner
         # As the runners do: no Waiting where nothing listens.

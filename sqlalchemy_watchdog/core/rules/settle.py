@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
-from ... import store
 from ...errors import InvalidJob, WatchdogError, redacted_detail, safe_text
 from ...jobs import (
     Decision,
@@ -23,8 +22,9 @@ from ...jobs import (
     encode_result,
     history_with,
 )
-from ...store import Settlement, SettleRequest
+from ...records import SettleRequest
 from ..handlers import RunningJob, StopReason
+from ..ports import Settlement
 from ..state import Execution, RunnerCore, TickResult, TickStatus, _outcome
 from ..steps import Pause, Steps, call
 
@@ -406,9 +406,9 @@ def settle_batch(
     while True:
         batch = [requests[i] for i in waiting]
         try:
-            settled = yield from call(store.settle_many, batch)
+            settled = yield from call(core.store.settle_many, batch)
         except WatchdogError as error:
-            if not store.transient_failure(error):
+            if not core.store.transient_failure(error):
                 refused = yield from _settle_refused(core, batch, error, fallback)
                 for i, settlement in zip(waiting, refused, strict=True):
                     results[i] = settlement
