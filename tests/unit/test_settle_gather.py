@@ -21,11 +21,11 @@ from typing import Any, cast
 import pytest
 
 from sqlalchemy_watchdog import Decision, store
-from sqlalchemy_watchdog.asyncio import _AsyncSettler
 from sqlalchemy_watchdog.core import settings as settings_module
 from sqlalchemy_watchdog.core.settings import SETTLE_GATHER_S, RunnerSettings
 from sqlalchemy_watchdog.core.state import RunnerCore
-from sqlalchemy_watchdog.runner import _Settler
+from sqlalchemy_watchdog.drivers.asyncio import _AsyncSettler
+from sqlalchemy_watchdog.drivers.sync import _Settler
 from sqlalchemy_watchdog.store import SettleRequest
 
 from .scripted import FakeTime, settings
