@@ -1425,7 +1425,7 @@ class _AsyncSettler:
         until its time is up (a cancellation ends the wait with the task)."""
         want, gather_s = self.runner.core.settle_gather()
         deadline = time.monotonic() + gather_s
-        while len(self._pending) < want:
+        while len(self._pending) < want and not self._starts:  # a start waiting ends the gather
             left = deadline - time.monotonic()
             if left <= 0:
                 return

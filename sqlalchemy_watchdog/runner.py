@@ -825,10 +825,11 @@ class _Settler:
 
     def _gather(self) -> None:
         """Wait (the condition held) for as many settles as the runner's
-        core's ``settle_gather()`` asks, or until its time is up or the settler stops."""
+        core's ``settle_gather()`` asks, or until its time is up, the settler
+        stops or a handler waits for the record of its start."""
         want, gather_s = self.runner.core.settle_gather()
         deadline = time.monotonic() + gather_s
-        while len(self._pending) < want and not self._stopped:
+        while len(self._pending) < want and not self._stopped and not self._starts:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
@@ -841,9 +842,9 @@ class _Settler:
                     self._cond.wait()
                 if not self._pending and not self._starts:
                     return
-                starts, self._starts = self._starts, []
-                if not starts:
+                if not self._starts:
                     self._gather()  # a handler waiting for its start is never kept waiting
+                starts, self._starts = self._starts, []
                 batch = self._pending[: self.MAX_BATCH]
                 del self._pending[: self.MAX_BATCH]
             if starts:
