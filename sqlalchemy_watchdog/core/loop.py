@@ -33,7 +33,7 @@ def claim_steps(
     queues = settings.queues if group is None else settings.slot_groups[group].queues
     # Claiming ahead of the runner's own slots (threads or tasks): every job
     # taken is marked unstarted until its start is recorded (RecordStart).
-    ahead = group is not None and settings.slot_groups[group].executor is None and core.claim_ahead(group) > 0
+    ahead = group is not None and _may_wait_for_a_slot(core, group, limit)
     if ahead:
         batch = yield from call(store.claim, queues=queues, limit=limit, lease_ms=settings.lease_ms, ahead=True)
     else:
@@ -55,6 +55,22 @@ def claim_steps(
         for execution in executions:
             execution.unstarted = True
     return executions, batch.cancelled
+
+
+def _may_wait_for_a_slot(core: RunnerCore, group: int, limit: int) -> bool:
+    """Whether a claim of ``limit`` jobs for slot group ``group`` may take
+    jobs that wait for one of the runner's own slots (threads or tasks):
+    it claims ahead now, or ``limit`` exceeds the slots its running
+    executions leave (the limit was reckoned while it claimed ahead, and
+    the run times moved since). Those claims mark their jobs unstarted."""
+    slots = core.settings.slot_groups[group]
+    if slots.executor is not None or slots.ahead_cap <= 0:
+        return False
+    if core.claim_ahead(group) > 0:
+        return True
+    many = len(core.settings.slot_groups) > 1
+    running = sum(1 for e in core.active() if e.slot_held and (not many or core.group_of(e.job.queue) == group))
+    return limit > slots.concurrency - running
 
 
 def time_out(core: RunnerCore) -> Steps[None]:
