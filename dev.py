@@ -328,6 +328,11 @@ def with_faults(rest: list[str]) -> bool:
     return in_ci() or FAULTS_FLAG in rest or os.environ.get("WATCHDOG_SLOW_TESTS") == "1"
 
 
+#: Each whole run ends with its slowest tests, so a run that nears its time
+#: budget (the default suite under 5 minutes, CI under 30) says where the time went.
+DURATIONS = ["--durations=15", "--durations-min=3"]
+
+
 def pytest_runs(rest: list[str], faults: bool = True) -> list[list[str]]:
     """The pytest runs of ``dev.py test``: the suite spread over the CPUs
     (:func:`parallel`), then -- with ``faults`` -- the timed fault tests
@@ -341,9 +346,9 @@ def pytest_runs(rest: list[str], faults: bool = True) -> list[list[str]]:
         return [[*parallel(rest), *rest]]
     timed = timed_faults()
     ignored = [option for file in timed for option in ("--ignore", file)]
-    runs = [[*parallel(rest), *ignored, *rest]]
+    runs = [[*parallel(rest), *ignored, *DURATIONS, *rest]]
     if faults:
-        runs.append(["-p", "no:xdist", *timed, *rest])
+        runs.append(["-p", "no:xdist", *timed, *DURATIONS, *rest])
     return runs
 
 

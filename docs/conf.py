@@ -9,6 +9,8 @@ cross-reference included, fails it.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import re
 import sys
 from pathlib import Path
@@ -107,6 +109,36 @@ def _resolve_within_package(app, env, node, contnode):  # type: ignore[no-untype
     return make_refnode(app.builder, node["refdoc"], obj.docname, obj.node_id, contnode, candidates[0])
 
 
+def _comment_of_reexported_data(app, what, name, obj, options, lines):  # type: ignore[no-untyped-def]
+    """The ``#:`` comment of a constant documented where a package re-exports
+    it (``sqlalchemy_watchdog.jobs.PAYLOAD_MAX_BYTES``) but defined in one of
+    its modules (``sqlalchemy_watchdog.jobs.encoding``): autodoc reads the
+    comments of the module the directive names only."""
+    if what != "data" or not name.startswith("sqlalchemy_watchdog."):
+        return
+    from sphinx.errors import PycodeError
+    from sphinx.pycode import ModuleAnalyzer
+
+    package_name, _, attribute = name.rpartition(".")
+    package = sys.modules.get(package_name)
+    if package is None or not hasattr(package, "__path__"):
+        return
+    key = ("", attribute)
+    own = ModuleAnalyzer.for_module(package_name)
+    own.analyze()
+    if key in own.attr_docs:
+        return
+    for module in pkgutil.iter_modules(package.__path__, package_name + "."):
+        try:
+            analyzer = ModuleAnalyzer.for_module(module.name)
+            analyzer.analyze()
+        except PycodeError:
+            continue
+        if key in analyzer.attr_docs and getattr(importlib.import_module(module.name), attribute, None) is obj:
+            lines[:] = list(analyzer.attr_docs[key])
+            return
+
+
 #: Markdown files of the repository that enter the site through an
 #: ``{include}`` page, and that page: their links to each other (RELIABILITY.md
 #: to docs/design.md, say) are rewritten to the pages that show them.
@@ -143,4 +175,5 @@ def setup(app):  # type: ignore[no-untyped-def]
     # Code of an API that is not there, or of files the reader has (see tests/integration/test_readme.py).
     app.add_lexer("python-untested", PythonLexer)
     app.connect("missing-reference", _resolve_within_package)
+    app.connect("autodoc-process-docstring", _comment_of_reexported_data)
     app.connect("include-read", _relink_included)

@@ -1,7 +1,7 @@
 """Opt-in payload codecs: richer Python values in, canonical JSON stored.
 
 A payload is stored as strict, canonical JSON, and a plain :class:`~sqlalchemy_watchdog.Job`
-refuses anything else. A :class:`PayloadCodec` turns richer values into
+refuses anything else. A :class:`~sqlalchemy_watchdog.PayloadCodec` turns richer values into
 JSON-able ones before that validation (``Job(..., codec=...)``), and a
 runner given the same codec hands its handler ``codec.decode(payload)``.
 What is stored does not change: still canonical JSON, compared as such when
@@ -43,10 +43,10 @@ import hmac
 import json
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidJob
-from .jobs import PAYLOAD_MAX_BYTES, PAYLOAD_MAX_DEPTH, RESULT_MAX_BYTES, encode_payload
+from .jobs.encoding import PAYLOAD_MAX_BYTES, PAYLOAD_MAX_DEPTH, RESULT_MAX_BYTES, PayloadCodec, encode_payload
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -54,27 +54,6 @@ if TYPE_CHECKING:
     from cryptography.fernet import MultiFernet
 
 __all__ = ["ENCRYPTED", "EncryptedJSON", "PayloadCodec", "TaggedJSON", "is_encrypted"]
-
-
-@runtime_checkable
-class PayloadCodec(Protocol):
-    """Converts payloads between application values and JSON values.
-
-    ``encode(value)`` returns a strict-JSON value (dicts with str keys,
-    lists, str, int, finite float, bool, None) or raises
-    :class:`~sqlalchemy_watchdog.InvalidJob` (field ``payload``) for what it
-    refuses; ``decode(json_value)`` returns the application value. A codec
-    should be deterministic, so that equal values encode equally and an
-    identical replay stays a duplicate.
-    """
-
-    def encode(self, value: Any) -> Any:
-        """The JSON-able form of ``value``."""
-        ...
-
-    def decode(self, json_value: Any) -> Any:
-        """The application value of a stored ``json_value``."""
-        ...
 
 
 _DATETIME = "$datetime"

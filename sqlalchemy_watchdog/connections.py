@@ -48,6 +48,7 @@ from sqlalchemy import Engine, event, text
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from .backends import known_backend
 from .errors import PreparedStatementsRefused, redacted
 
 __all__ = [
@@ -131,7 +132,8 @@ def follow_failover(engine: Engine | AsyncEngine) -> None:
     a failover too. Idempotent; a no-op on SQLite.
     """
     sync_engine = engine.sync_engine if isinstance(engine, AsyncEngine) else engine
-    if sync_engine.dialect.name != "postgresql":
+    backend = known_backend(sync_engine.dialect)
+    if backend is None or not backend.fails_over:
         return
     if not event.contains(sync_engine, "handle_error", _mark_failover):
         event.listen(sync_engine, "handle_error", _mark_failover)

@@ -43,8 +43,9 @@ from sqlalchemy.sql.compiler import DDLCompiler
 from sqlalchemy.sql.ddl import BaseDDLElement
 from sqlalchemy.types import TypeEngine
 
+from .backends import BACKENDS, Backend, known_backend, with_variants
+from .backends.triggers import EDGE_OUTCOMES, TRIGGER_NAMES
 from .core.progress import PROGRESS_NOTE_MAX_LENGTH
-from .dependencies import EDGE_OUTCOMES, TRIGGER_NAMES, drop_sql, trigger_sql
 from .jobs import (
     AFTER_POLICIES,
     CANCELLATION_ID_MAX_LENGTH,
@@ -170,6 +171,33 @@ NULLABLE_TEXT_COLUMNS = (
 REAL_COLUMNS = ("progress",)
 
 
+def _on_backends(fact: Callable[[Backend], bool], *, unknown: bool) -> Callable[..., bool]:
+    """A ``ddl_if(callable_=...)`` condition: ``fact`` of the dialect's
+    backend, ``unknown`` on a dialect without one."""
+
+    def condition(
+        ddl: BaseDDLElement,
+        target: SchemaItem | str,
+        bind: Connection | None,
+        tables: list[Table] | None = None,
+        state: Any | None = None,
+        *,
+        dialect: Dialect,
+        compiler: DDLCompiler | None = None,
+        checkfirst: bool = False,
+    ) -> bool:
+        backend = known_backend(dialect)
+        return unknown if backend is None else fact(backend)
+
+    return condition
+
+
+#: Where a column's CHECK of its stored type is made (SQLite's, revision w0010).
+_checks_stored_types = _on_backends(lambda backend: backend.checks_stored_types, unknown=False)
+#: Where a one-column CHECK is the table's: every dialect without domains (revision w0016).
+_table_column_checks = _on_backends(lambda backend: not backend.column_domains, unknown=True)
+
+
 def stored_type_check(column: str) -> str:
     """The CHECK (SQLite only, revision w0010) that ``column`` holds its own type."""
     if column in REAL_COLUMNS:
@@ -183,7 +211,7 @@ def stored_type_check(column: str) -> str:
 #: Named ``ck_watchdog_jobs_<column>_stored_type``; PostgreSQL's types already hold.
 STORED_TYPE_COLUMNS = INTEGER_COLUMNS + NULLABLE_INTEGER_COLUMNS + TEXT_COLUMNS + NULLABLE_TEXT_COLUMNS + REAL_COLUMNS
 STORED_TYPE_CHECKS = tuple(
-    CheckConstraint(stored_type_check(column), name=f"{column}_stored_type").ddl_if(dialect="sqlite")
+    CheckConstraint(stored_type_check(column), name=f"{column}_stored_type").ddl_if(callable_=_checks_stored_types)
     for column in STORED_TYPE_COLUMNS
 )
 
@@ -212,9 +240,13 @@ class ColumnDomain(TypeDecorator[Any]):
         self.domain = domain
 
 
-@compiles(ColumnDomain, "postgresql")
 def _domain_name(type_: ColumnDomain, compiler: Any, **kw: Any) -> str:
     return type_.domain
+
+
+for _backend in BACKENDS.values():
+    if _backend.column_domains:
+        compiles(ColumnDomain, _backend.name)(_domain_name)
 
 
 #: Revision w0016: the one-column CHECKs of ``watchdog_jobs`` (column, its
@@ -227,21 +259,17 @@ def _column_check(column: str, name: str, condition: str) -> CheckConstraint:
     """The table CHECK ``condition`` (on ``{c}``) of one column, on every dialect but PostgreSQL."""
     JOB_COLUMN_CHECKS.append((column, name, condition))
     check = CheckConstraint(condition.format(c=column), name=name)
-    return check.ddl_if(callable_=_not_postgresql)
+    return check.ddl_if(callable_=_table_column_checks)
 
 
-def _not_postgresql(
-    ddl: BaseDDLElement,
-    target: SchemaItem | str,
-    bind: Connection | None,
-    tables: list[Table] | None = None,
-    state: Any | None = None,
-    *,
-    dialect: Dialect,
-    compiler: DDLCompiler | None = None,
-    checkfirst: bool = False,
-) -> bool:
-    return dialect.name != "postgresql"
+def _code_point_text() -> TypeEngine[str]:
+    """``TEXT`` sorting by code point on every backend (revision w0010)."""
+    return with_variants(Text(), lambda backend: backend.code_point_text)
+
+
+def _bigint_key() -> TypeEngine[int]:
+    """``BIGINT`` as an autoincrementing primary key on every backend."""
+    return with_variants(BigInteger(), lambda backend: backend.bigint_pk_type)
 
 
 def _domain(column: str, base: TypeEngine[Any]) -> ColumnDomain:
@@ -263,15 +291,11 @@ class WatchdogJob(WatchdogBase):
 
     __tablename__ = "watchdog_jobs"
 
-    sequence: Mapped[int] = mapped_column(
-        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-    )
+    sequence: Mapped[int] = mapped_column(_bigint_key(), primary_key=True, autoincrement=True)
     #: ``COLLATE "C"`` on PostgreSQL (revision w0010): uniqueness is the same
     #: (a deterministic collation is equal only when the bytes are), and the
     #: unique index sorts by code point, so a prefix is one range of it.
-    job_id: Mapped[str] = mapped_column(
-        _domain("job_id", Text().with_variant(Text(collation="C"), "postgresql")), unique=True
-    )
+    job_id: Mapped[str] = mapped_column(_domain("job_id", _code_point_text()), unique=True)
     queue_name: Mapped[str] = mapped_column(_domain("queue_name", Text()))
     lane: Mapped[str] = mapped_column(_domain("lane", Text()))
     priority: Mapped[int] = mapped_column(BigInteger)
@@ -320,9 +344,7 @@ class WatchdogJob(WatchdogBase):
     #: The job's flow-control key (``Job.key``); part of its identity.
     #: ``COLLATE "C"`` on PostgreSQL: a limited claim walks the keys in code
     #: point order, as SQLite's BINARY sorts them.
-    limit_key: Mapped[str | None] = mapped_column(
-        _domain("limit_key", Text().with_variant(Text(collation="C"), "postgresql"))
-    )
+    limit_key: Mapped[str | None] = mapped_column(_domain("limit_key", _code_point_text()))
     # -- revision w0012: results
     #: The result a completed job's handler returned, as canonical JSON
     #: (written by the settle statement itself; CHECK ``result_completed``).
@@ -532,8 +554,8 @@ class WatchdogJobEdge(WatchdogBase):
 
     __tablename__ = "watchdog_job_edges"
 
-    child: Mapped[str] = mapped_column(Text().with_variant(Text(collation="C"), "postgresql"), primary_key=True)
-    parent: Mapped[str] = mapped_column(Text().with_variant(Text(collation="C"), "postgresql"), primary_key=True)
+    child: Mapped[str] = mapped_column(_code_point_text(), primary_key=True)
+    parent: Mapped[str] = mapped_column(_code_point_text(), primary_key=True)
     outcome: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
@@ -706,7 +728,7 @@ class WatchdogLimit(WatchdogBase):
     rate_per_key_count: Mapped[int | None] = mapped_column(Integer)
     rate_per_key_period_ms: Mapped[int | None] = mapped_column(BigInteger)
     #: The key that got the last job of the rotation (NULL: the unkeyed jobs, or none yet).
-    cursor_key: Mapped[str | None] = mapped_column(Text().with_variant(Text(collation="C"), "postgresql"))
+    cursor_key: Mapped[str | None] = mapped_column(_code_point_text())
     #: Epoch milliseconds, database clock.
     updated_at: Mapped[int] = mapped_column(BigInteger)
 
@@ -751,13 +773,13 @@ class WatchdogLimitClaim(WatchdogBase):
 
     __tablename__ = "watchdog_limit_claims"
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(_bigint_key(), primary_key=True, autoincrement=True)
     queue_name: Mapped[str] = mapped_column(Text)
     #: Epoch milliseconds, database clock.
     claimed_at: Mapped[int] = mapped_column(BigInteger)
     jobs: Mapped[int] = mapped_column(Integer)
     #: The key whose jobs these were (a queue with a per-key rate; revision w0015), else NULL.
-    limit_key: Mapped[str | None] = mapped_column(Text().with_variant(Text(collation="C"), "postgresql"))
+    limit_key: Mapped[str | None] = mapped_column(_code_point_text())
 
     __table_args__ = (
         CheckConstraint(f"length(queue_name) BETWEEN 1 AND {QUEUE_MAX_LENGTH}", name="queue_name_length"),
@@ -785,11 +807,15 @@ limit_claims_table: Table = cast(Table, WatchdogLimitClaim.__table__)
 # commits (see the wakeups module).
 
 
-def _postgresql_ddl(statement: str) -> DDL:
-    """``DDL(statement)`` run on PostgreSQL only (SQLAlchemy leaves ``DDL.__init__`` unannotated)."""
+def _notifying_ddl(statement: str) -> DDL:
+    """``DDL(statement)`` run where the backend delivers LISTEN/NOTIFY
+    wake-ups (SQLAlchemy leaves ``DDL.__init__`` unannotated)."""
     make: Callable[[str], DDL] = DDL
-    ddl: DDL = make(statement).execute_if(dialect="postgresql")
+    ddl: DDL = make(statement).execute_if(callable_=_notifies)
     return ddl
+
+
+_notifies = _on_backends(lambda backend: backend.notifies, unknown=False)
 
 
 def _column_domains() -> list[tuple[ColumnDomain, str, str]]:
@@ -798,23 +824,23 @@ def _column_domains() -> list[tuple[ColumnDomain, str, str]]:
 
 
 def _create_domains(target: Table, connection: Any, **_: Any) -> None:
-    if connection.dialect.name == "postgresql":
-        for type_, name, condition in _column_domains():
-            base = type_.base.compile(dialect=connection.dialect)
-            check = NAMING_CONVENTION["ck"] % {"table_name": jobs_table.name, "constraint_name": name}
-            # A table dropped by hand (DROP TABLE watchdog_jobs) leaves its domains behind: made
-            # afresh, so the new table's CHECKs are this version's. Without CASCADE, a domain some
-            # other column still uses is not dropped: the error names it.
-            connection.exec_driver_sql(f"DROP DOMAIN IF EXISTS {type_.domain}")
-            connection.exec_driver_sql(
-                f"CREATE DOMAIN {type_.domain} AS {base} CONSTRAINT {check} CHECK ({condition.format(c='VALUE')})"
-            )
+    backend = known_backend(connection.dialect)
+    if backend is None:
+        return
+    for type_, name, condition in _column_domains():
+        base = type_.base.compile(dialect=connection.dialect)
+        check = NAMING_CONVENTION["ck"] % {"table_name": jobs_table.name, "constraint_name": name}
+        for statement in backend.domain_sql(type_.domain, base, check, condition):
+            connection.exec_driver_sql(statement)
 
 
 def _drop_domains(target: Table, connection: Any, **_: Any) -> None:
-    if connection.dialect.name == "postgresql":
-        for type_, *_check in _column_domains():
-            connection.exec_driver_sql(f"DROP DOMAIN IF EXISTS {type_.domain}")
+    backend = known_backend(connection.dialect)
+    if backend is None:
+        return
+    for type_, *_check in _column_domains():
+        for statement in backend.drop_domain_sql(type_.domain):
+            connection.exec_driver_sql(statement)
 
 
 def _forget_orphaned_edges(target: Table, connection: Any, **_: Any) -> None:
@@ -828,46 +854,37 @@ def _forget_orphaned_edges(target: Table, connection: Any, **_: Any) -> None:
 event.listen(jobs_table, "before_create", _create_domains)
 event.listen(jobs_table, "before_create", _forget_orphaned_edges)
 event.listen(jobs_table, "after_drop", _drop_domains)
-event.listen(jobs_table, "after_create", _postgresql_ddl(NOTIFY_FUNCTION_SQL))
-event.listen(jobs_table, "after_create", _postgresql_ddl(NOTIFY_TRIGGER_SQL))
-event.listen(jobs_table, "after_drop", _postgresql_ddl(DROP_NOTIFY_FUNCTION_SQL))
+event.listen(jobs_table, "after_create", _notifying_ddl(NOTIFY_FUNCTION_SQL))
+event.listen(jobs_table, "after_create", _notifying_ddl(NOTIFY_TRIGGER_SQL))
+event.listen(jobs_table, "after_drop", _notifying_ddl(DROP_NOTIFY_FUNCTION_SQL))
 # Revision w0012: a row becoming settled notifies result waiters, while any
 # wait (see the results module).
-event.listen(jobs_table, "after_create", _postgresql_ddl(NOTIFY_SETTLED_FUNCTION_SQL))
-event.listen(jobs_table, "after_create", _postgresql_ddl(NOTIFY_SETTLED_TRIGGER_SQL))
-event.listen(jobs_table, "after_drop", _postgresql_ddl(DROP_NOTIFY_SETTLED_SQL))
+event.listen(jobs_table, "after_create", _notifying_ddl(NOTIFY_SETTLED_FUNCTION_SQL))
+event.listen(jobs_table, "after_create", _notifying_ddl(NOTIFY_SETTLED_TRIGGER_SQL))
+event.listen(jobs_table, "after_drop", _notifying_ddl(DROP_NOTIFY_SETTLED_SQL))
 
 
 # Revision w0012: the dependency triggers, once both tables exist.
 def _dependency_triggers(target: MetaData, connection: Any, **_: Any) -> None:
-    from .backends import backend_of
-
-    dialect = connection.dialect.name
-    if dialect not in ("postgresql", "sqlite"):
+    backend = known_backend(connection.dialect)
+    if backend is None:
         return
     tables = set(connection.dialect.get_table_names(connection))
     if not {"watchdog_jobs", "watchdog_job_edges"} <= tables:
         return
     # create_all on existing tables creates nothing, and no trigger twice; but a watchdog_jobs
     # dropped by hand took its triggers along while the edges' stayed: then all are made afresh.
-    names = ", ".join(f"'{name}'" for name in TRIGGER_NAMES)
-    existing = (
-        f"SELECT count(*) FROM pg_trigger WHERE tgname IN ({names})"
-        if dialect == "postgresql"
-        else f"SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND name IN ({names})"
-    )
-    if connection.exec_driver_sql(existing).scalar() == len(TRIGGER_NAMES):
+    if connection.exec_driver_sql(backend.count_triggers_sql()).scalar() == len(TRIGGER_NAMES):
         return
-    for statement in drop_sql(dialect):
-        connection.exec_driver_sql(statement)
-    for statement in trigger_sql(dialect, backend_of(dialect).clock_ms_sql()):
+    for statement in [*backend.drop_trigger_sql(), *backend.trigger_sql()]:
         connection.exec_driver_sql(statement)
 
 
 def _drop_dependency_triggers(target: MetaData, connection: Any, **_: Any) -> None:
     # Before the tables: SQLite refuses to drop a table another table's trigger names.
-    if connection.dialect.name in ("postgresql", "sqlite"):
-        for statement in drop_sql(connection.dialect.name):
+    backend = known_backend(connection.dialect)
+    if backend is not None:
+        for statement in backend.drop_trigger_sql():
             connection.exec_driver_sql(statement)
 
 

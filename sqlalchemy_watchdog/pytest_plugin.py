@@ -95,13 +95,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def _sync_url(url: URL) -> URL:
     """``url`` with a sync driver: a bare ``postgresql://`` and the asyncio
     drivers mean psycopg 3 (a dependency of the package), aiosqlite means
-    pysqlite."""
-    backend, driver = url.get_backend_name(), url.get_driver_name()
-    if backend == "postgresql" and ("+" not in url.drivername or driver in ("asyncpg", "psycopg_async")):
-        return url.set(drivername="postgresql+psycopg")
-    if backend == "sqlite" and driver == "aiosqlite":
-        return url.set(drivername="sqlite")
-    return url
+    pysqlite (``Backend.sync_url``)."""
+    from .backends import backend_of
+
+    return backend_of(url.get_backend_name()).sync_url(url)
 
 
 @pytest.fixture
@@ -118,15 +115,17 @@ def watchdog_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> URL
         url = make_url(configured)
     except ArgumentError as error:
         pytest.fail(f"{source}: {error}", pytrace=False)
-    backend = url.get_backend_name()
-    if backend not in ("sqlite", "postgresql"):
-        pytest.fail(f"{source}: sqlalchemy_watchdog runs on PostgreSQL and SQLite, not {backend}", pytrace=False)
-    if backend == "sqlite" and (url.database or ":memory:") == ":memory:":
+    from .backends import known_backend
+
+    backend = known_backend(url.get_backend_name())
+    if backend is None:
         pytest.fail(
-            f"{source}: an in-memory SQLite database is private to one connection, and a runner uses "
-            "several; name a file (or leave the option out: a fresh file per test)",
+            f"{source}: sqlalchemy_watchdog runs on PostgreSQL and SQLite, not {url.get_backend_name()}",
             pytrace=False,
         )
+    unshareable = backend.unshareable(url)
+    if unshareable is not None:
+        pytest.fail(f"{source}: {unshareable}", pytrace=False)
     return url
 
 
@@ -134,11 +133,13 @@ def watchdog_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> URL
 def watchdog_engine(watchdog_database_url: URL) -> Iterator[Engine]:
     """An ``Engine`` on a database (PostgreSQL: a schema of its own) with
     the watchdog tables freshly migrated to the package's head revision."""
+    from .backends import backend_of
+
     url = _sync_url(watchdog_database_url)
-    if url.get_backend_name() == "postgresql":
-        yield from _postgresql_engine(url)
+    if backend_of(url.get_backend_name()).has_schemas:
+        yield from _engine_in_schema(url)
     else:
-        yield from _sqlite_engine(url)
+        yield from _engine_on_file(url)
 
 
 def _connecting(url: URL, connect: Callable[[], T]) -> T:
@@ -183,7 +184,8 @@ def _migrated(url: URL) -> Engine:
     return engine
 
 
-def _postgresql_engine(url: URL) -> Iterator[Engine]:
+def _engine_in_schema(url: URL) -> Iterator[Engine]:
+    """An engine on a schema of its own (PostgreSQL), dropped afterwards."""
     from sqlalchemy import create_engine, text
 
     schema = f"watchdog_test_{os.getpid()}_{uuid.uuid4().hex[:10]}"
@@ -217,7 +219,8 @@ def _postgresql_engine(url: URL) -> Iterator[Engine]:
         admin.dispose()
 
 
-def _sqlite_engine(url: URL) -> Iterator[Engine]:
+def _engine_on_file(url: URL) -> Iterator[Engine]:
+    """An engine on a database file (SQLite), the tables it made dropped afterwards."""
     from sqlalchemy import inspect, text
 
     engine, preexisting = _created_sqlite(url)

@@ -66,7 +66,8 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.sql.util import ClauseAdapter
 
-from .backends import backend_of
+from .backends import Backend, backend_of
+from .columns import JOB_COLUMNS
 from .jobs import JobState, Outcome
 from .model import (
     KEYED_QUEUED,
@@ -123,43 +124,9 @@ c = t.c
 pauses = pauses_table
 edges = edges_table
 
-#: The columns every read returns (``lease_until`` only where a caller needs it).
-COLUMNS = (
-    c.sequence,
-    c.job_id,
-    c.queue_name,
-    c.lane,
-    c.priority,
-    c.payload_json,
-    c.recovery_max,
-    c.state,
-    c.outcome,
-    c.claim_token,
-    c.recovery_count,
-    c.cancellation_id,
-    c.failure_reason,
-    c.failure_detail,
-    c.lease_until,
-    c.run_at,
-    c.ready_at,
-    c.attempt,
-    c.max_attempts,
-    c.retry_policy,
-    c.timeout_ms,
-    c.snoozes,
-    c.failure_history,
-    c.enqueued_at,
-    c.started_at,
-    c.settled_at,
-    c.rerun_of,
-    c.trace_context,
-    c.limit_key,
-    c.result_json,
-    c.progress,
-    c.progress_note,
-    c.waiting_on,
-    c.after_policy,
-)
+#: The columns every read returns (``lease_until`` only where a caller needs
+#: it), as :data:`~sqlalchemy_watchdog.columns.JOB_COLUMNS` declares them.
+COLUMNS = tuple(c[spec.column] for spec in JOB_COLUMNS)
 
 _DELAYED = JobState.DELAYED.value
 _QUEUED = JobState.QUEUED.value
@@ -217,8 +184,8 @@ def _insert(dialect: str) -> Any:
     return _insert_into(dialect, t)
 
 
-def _insert_into(dialect: str, table: Any) -> Any:
-    return backend_of(dialect).insert(table)
+def _insert_into(backend: Backend | str, table: Any) -> Any:
+    return backend_of(backend).insert(table)
 
 
 def _p(name: str, type_: Any = None) -> BindParameter[Any]:
@@ -233,21 +200,9 @@ NOW = _p("now", BigInteger())
 
 Fields = tuple[tuple[str, Any], ...]
 
-#: What identifies a job: an identical replay has equal values in all of these.
-IDENTITY_FIELDS: Fields = (
-    ("job_id", Text()),
-    ("queue_name", Text()),
-    ("lane", Text()),
-    ("priority", BigInteger()),
-    ("payload_json", Text()),
-    ("recovery_max", Integer()),
-    ("run_at", BigInteger()),
-    ("max_attempts", Integer()),
-    ("retry_policy", Text()),
-    ("timeout_ms", BigInteger()),
-    ("rerun_of", Text()),
-    ("limit_key", Text()),
-)
+#: What identifies a job: an identical replay has equal values in all of these
+#: (the columns :data:`~sqlalchemy_watchdog.columns.JOB_COLUMNS` marks ``identity``).
+IDENTITY_FIELDS: Fields = tuple((spec.column, spec.identity.bind) for spec in JOB_COLUMNS if spec.identity is not None)
 #: An enqueued row: its identity, then what is not part of it -- the
 #: enqueue's delay and the trace context it was enqueued under.
 ENQUEUE_FIELDS: Fields = (
@@ -745,7 +700,7 @@ def read_limits(filtered: bool) -> Select[Any]:
 
 
 @cache
-def lock_limits(dialect: str) -> Select[Any]:
+def lock_limits(backend: Backend) -> Select[Any]:
     """Queue ``:queue``'s limits, its row locked until the transaction ends
     (PostgreSQL ``FOR UPDATE``; SQLite's write lock is held already): the
     limited claimers of one queue take turns, and each one's next statement
@@ -753,7 +708,6 @@ def lock_limits(dialect: str) -> Select[Any]:
     had a queued job when the statement started (a hint, from the snapshot
     before the lock: a claim that finds none ends there, as a claim racing
     an enqueue may miss it anyway)."""
-    backend = backend_of(dialect)
     queued = select(c.sequence).where(c.queue_name == _QUEUE, IS_QUEUED)
     if backend.repeats_partial_predicates:
         queued = queued.where(IS_LIVE)
@@ -763,17 +717,17 @@ def lock_limits(dialect: str) -> Select[Any]:
         # The lock is held already, so this statement's counts are exact: what
         # limit_usage reads, with the queue's own rate period, in the same
         # statement (clock, running, rate_used, paused).
-        query = query.add_columns(*_usage(dialect, func.coalesce(lim.rate_period_ms, 0)))
+        query = query.add_columns(*_usage(backend, func.coalesce(lim.rate_period_ms, 0)))
     return backend.locked(query)
 
 
-def _usage(dialect: str, period: ColumnElement[Any]) -> list[ColumnElement[Any]]:
+def _usage(backend: Backend, period: ColumnElement[Any]) -> list[ColumnElement[Any]]:
     """The database clock, queue ``:queue``'s running jobs, the jobs its limited
     claims started after ``clock - period`` (none when ``period`` is 0), and
     whether it is paused (1) or not (0), labelled as :func:`limit_usage` returns them."""
     clock = db_clock_ms()
     running = select(func.count()).where(c.queue_name == _QUEUE, IS_RUNNING)
-    if backend_of(dialect).repeats_partial_predicates:
+    if backend.repeats_partial_predicates:
         running = running.where(IS_LIVE)
     used = select(func.coalesce(func.sum(logged.jobs), 0)).where(
         logged.queue_name == _QUEUE, logged.claimed_at > clock - period
@@ -788,14 +742,14 @@ def _usage(dialect: str, period: ColumnElement[Any]) -> list[ColumnElement[Any]]
 
 
 @cache
-def limit_usage(dialect: str) -> Select[Any]:
+def limit_usage(backend: Backend) -> Select[Any]:
     """The database clock, queue ``:queue``'s running jobs, the jobs its
     limited claims started after ``clock - :period_ms`` (0 when ``:period_ms``
     is 0), and whether it is paused (1) or not (0): what a limited claim has
     room for. Run after :func:`lock_limits`,
     as a statement of its own, so its snapshot is taken after the lock
     (where the backend locks before reading, :func:`lock_limits` reads them itself)."""
-    return select(*_usage(dialect, _p("period_ms", BigInteger())))
+    return select(*_usage(backend, _p("period_ms", BigInteger())))
 
 
 def _next_key(after: ColumnElement[Any] | None) -> ColumnElement[Any]:
@@ -869,14 +823,13 @@ UNKEYED_SCAN = 256
 
 
 @cache
-def key_picks(dialect: str, parts: int) -> Select[Any]:
+def key_picks(backend: Backend, parts: int) -> Select[Any]:
     """The candidates of a limited claim, ``(sequence, priority, part)``:
     for each part ``i`` below ``parts`` the best ``:n_<i>`` queued jobs of
     key ``:key_<i>`` of queue ``:queue`` (one range of
     ``ix_watchdog_jobs_keyed_queued`` each; a NULL key matches nothing), and
     as part -1 up to ``:unkeyed_n`` unkeyed jobs among the queue's first
     ``:unkeyed_scan`` queued jobs in claim order (``ix_watchdog_jobs_live_queue``)."""
-    backend = backend_of(dialect)
     head = select(c.sequence, c.priority, c.limit_key).where(c.queue_name == _QUEUE, IS_QUEUED)
     if backend.repeats_partial_predicates:
         head = head.where(IS_LIVE)
@@ -1291,13 +1244,13 @@ def forget_queue_claims() -> Delete:
 
 
 @cache
-def set_limits(dialect: str) -> Insert:
+def set_limits(backend: Backend) -> Insert:
     """Store queue ``:queue``'s limits (``:concurrency``, ``:per_key``,
     ``:rate_count``, ``:rate_period_ms``, ``:rate_per_key_count``,
     ``:rate_per_key_period_ms``), its round-robin cursor kept; a
     row already holding exactly these is left alone (no row returned)."""
     clock = db_clock_ms()
-    stmt = _insert_into(dialect, limits_table).values(
+    stmt = _insert_into(backend, limits_table).values(
         queue_name=_QUEUE,
         concurrency=_p("concurrency", Integer()),
         concurrency_per_key=_p("per_key", Integer()),
@@ -1339,14 +1292,14 @@ def clear_limits() -> ReturningDelete[Any]:
 
 
 @cache
-def keyed_counts(dialect: str) -> Select[Any]:
+def keyed_counts(backend: Backend) -> Select[Any]:
     """Queue ``:queue``'s queued and running jobs per key (NULL: unkeyed),
     for the stats of a limited queue: one read of its live jobs in
     ``ix_watchdog_jobs_live_queue``."""
     query = select(c.limit_key, c.state, func.count()).where(
         c.queue_name == _QUEUE, c.state.in_([literal_column(f"'{_QUEUED}'"), literal_column(f"'{_RUNNING}'")])
     )
-    if backend_of(dialect).repeats_partial_predicates:
+    if backend.repeats_partial_predicates:
         query = query.where(IS_LIVE)
     return query.group_by(c.limit_key, c.state)
 
@@ -1793,7 +1746,7 @@ def reconcile(requeue: bool) -> Update:
 
 
 @cache
-def prune(dialect: str, undated: bool) -> Delete:
+def prune(backend: Backend, undated: bool) -> Delete:
     """Delete up to ``:limit`` settled jobs of outcome ``:outcome`` that
     settled before ``database clock - :age_ms``, oldest first -- or, when
     ``undated``, that have no recorded ``settled_at`` (settled before
@@ -1822,7 +1775,7 @@ def prune(dialect: str, undated: bool) -> Delete:
         .exists()
     )
     pick = pick.where(not_(waited_on)).limit(_p("limit", Integer()))
-    return delete(t).where(backend_of(dialect).picked(c.sequence, pick, "old"), IS_SETTLED)
+    return delete(t).where(backend.picked(c.sequence, pick, "old"), IS_SETTLED)
 
 
 #: The payload column of a list that does not read payloads.
@@ -1896,7 +1849,7 @@ BULK_FILTERS = (
 
 
 @cache
-def bulk_pick(dialect: str, kind: str, filters: tuple[str, ...]) -> Select[Any]:
+def bulk_pick(backend: Backend, kind: str, filters: tuple[str, ...]) -> Select[Any]:
     """The next ``:limit`` jobs a bulk action selects, with ``:after_sequence
     < sequence < :before_sequence``, in admission order: settled ones for
     ``kind`` ``rerun`` (whole rows, to copy; on PostgreSQL share-locked
@@ -1933,7 +1886,7 @@ def bulk_pick(dialect: str, kind: str, filters: tuple[str, ...]) -> Select[Any]:
         else:  # pragma: no cover - the store checks the names
             raise ValueError(name)
     query = query.order_by(c.sequence).limit(_p("limit", Integer()))
-    return query if live else backend_of(dialect).share_locked(query, t)
+    return query if live else backend.share_locked(query, t)
 
 
 @cache
@@ -2040,10 +1993,10 @@ def paused_queues() -> Select[Any]:
 
 
 @cache
-def pause(dialect: str) -> Insert:
+def pause(backend: Backend) -> Insert:
     """Pause ``:queue`` with ``:reason`` unless it is paused already (then no row returns)."""
     stmt: Insert = (
-        _insert_into(dialect, pauses)
+        _insert_into(backend, pauses)
         .values(queue_name=_p("queue", Text()), reason=_p("reason", Text()), paused_at=db_clock_ms())
         .on_conflict_do_nothing(index_elements=[pauses.c.queue_name])
         .returning(pauses.c.queue_name)
@@ -2085,13 +2038,13 @@ def worker_gone_after(heartbeat_ms: ColumnElement[int], gone_heartbeats: int, ma
 
 
 @cache
-def register_worker(dialect: str) -> Insert:
+def register_worker(backend: Backend) -> Insert:
     """Register the worker ``:worker_id`` -- or, for one registered already,
     refresh its ``last_seen`` (database clock), ``running``, ``wakeups``,
     ``claim_ahead`` and ``process_queues``: the same one statement serves the start and every
     heartbeat, and brings back a row pruned while its worker was frozen."""
     clock = db_clock_ms()
-    stmt = _insert_into(dialect, workers).values(
+    stmt = _insert_into(backend, workers).values(
         worker_id=_p("worker_id", Text()),
         host=_p("host", Text()),
         pid=_p("pid", Integer()),
@@ -2156,12 +2109,12 @@ def prune_workers(gone_heartbeats: int, margin_ms: int) -> Delete:
 
 
 @cache
-def record_schedule(dialect: str) -> Insert:
+def record_schedule(backend: Backend) -> Insert:
     """Record that ``:recorded_by`` serves a schedule (one row per name and
     definition): its next slot and the latest slot enqueued (never moved
     back), seen now by the database clock."""
     clock = db_clock_ms()
-    stmt = _insert_into(dialect, recorded).values(
+    stmt = _insert_into(backend, recorded).values(
         name=_p("name", Text()),
         fingerprint=_p("fingerprint", Text()),
         cron=_p("cron", Text()),
@@ -2358,17 +2311,17 @@ def insert_edges(dialect: str) -> Insert:
 
 
 @cache
-def untold(dialect: str) -> Select[Any]:
+def untold(backend: Backend, *, locked: bool = True) -> Select[Any]:
     """Up to ``:limit`` jobs settled while waiting whose dependents are not
-    told yet (``waiting_on = 0``), oldest first; locked, skipping locked
-    ones, on PostgreSQL."""
+    told yet (``waiting_on = 0``), oldest first; when ``locked``, locked,
+    skipping locked ones, where rows lock (``Backend.skip_locked``)."""
     pick = (
         select(c.job_id, c.outcome)
         .where(c.waiting_on == literal_column("0"))
         .order_by(c.sequence)
         .limit(_p("limit", Integer()))
     )
-    return backend_of(dialect).skip_locked(pick)
+    return backend.skip_locked(pick) if locked else pick
 
 
 @cache

@@ -5,10 +5,14 @@ construct (``ON CONFLICT``), the clock SQL, how a writer takes its lock
 (``BEGIN IMMEDIATE`` or nothing), whether reads run beside the writer (the
 look-before-lock rule), error classification (transient or not, integrity
 violations), wake-ups (LISTEN/NOTIFY or none), whether operations run in
-autocommit, and how ``job_id`` sorts. The store and the statements ask
-:func:`backend_of` instead of comparing dialect names; a third dialect is a
-module here registered in :data:`BACKENDS` (and its statement variants; see
-the design document, "Store operations and backends").
+autocommit, how ``job_id`` sorts, the schema's dialect DDL (column types,
+CHECKs or domains, the dependency triggers), the URLs the CLI and the
+pytest plugin derive, and the hot statements' raw-driver fast path. Nothing
+outside this package (and the frozen revisions) compares dialect names
+(``tests/unit/test_dialect_boundary.py`` holds it so): the store, the
+statements, the model and the tools ask :func:`backend_of`. A third dialect
+is a module here implementing :class:`Backend`, registered in
+:data:`BACKENDS` (see the design document, "Store operations and backends").
 """
 
 from __future__ import annotations
@@ -18,15 +22,26 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from sqlalchemy import Connection, Select
-from sqlalchemy.engine import Dialect
+from sqlalchemy.engine import URL, Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.types import TypeEngine
 
 from .postgresql import PostgreSQL
 from .sqlite import SQLite, UnreadableText
 
-__all__ = ["BACKENDS", "Backend", "PostgreSQL", "SQLite", "UnreadableText", "backend_of", "backend_of_error"]
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "PostgreSQL",
+    "SQLite",
+    "UnreadableText",
+    "backend_of",
+    "backend_of_error",
+    "known_backend",
+    "with_variants",
+]
 
 
 class Backend(Protocol):
@@ -62,8 +77,91 @@ class Backend(Protocol):
     #: row's address already (SQLite: ``sequence`` is the rowid).
     row_address: str | None
 
+    # -- the schema (model.py asks; the revisions keep their own frozen copies) -----
+
+    #: Whether each column of ``watchdog_jobs`` has a CHECK that its stored
+    #: value is of the column's type (revision w0010: SQLite keeps any type).
+    checks_stored_types: bool
+    #: Whether a one-column CHECK of ``watchdog_jobs`` is a domain's (the
+    #: column's type, revision w0016) rather than the table's.
+    column_domains: bool
+    #: The type of a ``BIGINT`` autoincrementing primary key here, where
+    #: ``BigInteger`` is not it (SQLite's ``INTEGER PRIMARY KEY``); else None.
+    bigint_pk_type: TypeEngine[int] | None
+    #: The text type sorting by code point (a prefix is one index range),
+    #: where the default collation may not (PostgreSQL's ``COLLATE "C"``); else None.
+    code_point_text: TypeEngine[str] | None
+
+    # -- connections and tools -------------------------------------------------------
+
+    #: Whether a server can stop being a writable primary under a pool's
+    #: connections (``connections.follow_failover`` listens for it).
+    fails_over: bool
+    #: Whether a limited queue's claim can be one statement
+    #: (``statements.claim_limited_at_once``) in autocommit or once the
+    #: limits row is locked.
+    limited_claim_at_once: bool
+    #: Whether a test can run in a schema of its own (the pytest plugin's
+    #: ``watchdog_engine``); else it gets the tables of a database file.
+    has_schemas: bool
+
+    def __hash__(self) -> int:
+        """Backends key the statement builders' caches (one instance each)."""
+        ...
+
     def insert(self, table: Any) -> Insert:
         """The dialect's INSERT construct (with ``on_conflict_do_*``)."""
+        ...
+
+    def trigger_sql(self, clock: str | None = None) -> list[str]:
+        """The DDL creating the dependency triggers (``backends.triggers``),
+        and whatever they run (PostgreSQL: a function each); ``clock``: the
+        SQL of the time they read, :meth:`clock_ms_sql` unless given."""
+        ...
+
+    def drop_trigger_sql(self) -> list[str]:
+        """The DDL dropping them, if they exist."""
+        ...
+
+    def count_triggers_sql(self) -> str:
+        """SQL counting those of the dependency triggers that exist."""
+        ...
+
+    def domain_sql(self, domain: str, base: str, check: str, condition: str) -> list[str]:
+        """The DDL (re)creating domain ``domain`` over the compiled type
+        ``base`` with the CHECK named ``check`` on ``condition`` (``{c}`` the
+        value), where :attr:`column_domains`; else nothing."""
+        ...
+
+    def drop_domain_sql(self, domain: str) -> list[str]:
+        """The DDL dropping domain ``domain`` if it exists (or nothing)."""
+        ...
+
+    def with_default_driver(self, url: URL) -> URL:
+        """``url``, its driver the package's default when it names none."""
+        ...
+
+    def sync_url(self, url: URL) -> URL:
+        """``url`` with a sync driver (a bare or asyncio one replaced by the
+        package's default)."""
+        ...
+
+    def unshareable(self, url: URL) -> str | None:
+        """Why the database of ``url`` cannot be shared by a runner's several
+        connections (an in-memory SQLite database), or None."""
+        ...
+
+    def missing_database(self, url: URL) -> str | None:
+        """Why connecting to ``url`` would create its database rather than
+        find it (a SQLite file that is not there), or None."""
+        ...
+
+    def execute_rows(self, conn: Connection, text: str, args: Any, *, native: bool = False) -> list[Sequence[Any]]:
+        """Run a hot statement's compiled ``text`` with ``args`` on the
+        DBAPI connection of ``conn`` (whose transaction has begun) and return
+        the driver's rows; a driver error takes SQLAlchemy's own path.
+        ``native``: ``text`` is in the driver's native form (psycopg 3's
+        ``$n``, see ``store.views``), which this backend's fast path runs."""
         ...
 
     # -- statement variants (the statements module asks for these) -----------------
@@ -172,18 +270,40 @@ class Backend(Protocol):
 BACKENDS: dict[str, Backend] = {backend.name: backend for backend in (PostgreSQL(), SQLite())}
 
 
-def backend_of(conn_or_dialect: Connection | Dialect | str) -> Backend:
-    """The backend of a connection, a dialect or a dialect name."""
+def _name_of(conn_or_dialect: Connection | Dialect | str) -> str:
     if isinstance(conn_or_dialect, str):
-        name = conn_or_dialect
-    elif isinstance(conn_or_dialect, Connection):
-        name = conn_or_dialect.dialect.name
-    else:
-        name = conn_or_dialect.name
+        return conn_or_dialect
+    if isinstance(conn_or_dialect, Connection):
+        return conn_or_dialect.dialect.name
+    return conn_or_dialect.name
+
+
+def backend_of(conn_or_dialect: Connection | Dialect | str | Backend) -> Backend:
+    """The backend of a connection, a dialect or a dialect name (a backend is its own)."""
+    if not isinstance(conn_or_dialect, (str, Connection, Dialect)):
+        return conn_or_dialect
+    name = _name_of(conn_or_dialect)
     found = BACKENDS.get(name)
     if found is None:
         raise NotImplementedError(f"sqlalchemy_watchdog supports PostgreSQL and SQLite, not {name}")
     return found
+
+
+def known_backend(conn_or_dialect: Connection | Dialect | str) -> Backend | None:
+    """:func:`backend_of`, or None for a dialect without a backend (for
+    what leaves such a database alone rather than refusing it: the
+    model's DDL hooks, ``follow_failover``)."""
+    return BACKENDS.get(_name_of(conn_or_dialect))
+
+
+def with_variants(base: TypeEngine[Any], variant: Callable[[Backend], TypeEngine[Any] | None]) -> TypeEngine[Any]:
+    """``base``, with each backend's ``variant(backend)`` (where not None)
+    as its type on that backend's dialect (``TypeEngine.with_variant``)."""
+    for backend in BACKENDS.values():
+        chosen = variant(backend)
+        if chosen is not None:
+            base = base.with_variant(chosen, backend.name)
+    return base
 
 
 def backend_of_error(error: DBAPIError) -> Backend:

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import cache
 from typing import Any
 
 from sqlalchemy import Connection, Select, Text, any_, bindparam, cast, func, literal_column, select, union_all
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.types import TypeEngine
+from sqlalchemy.util import await_only
+
+from ._dbapi import execute_plain
+from .triggers import TRIGGER_NAMES, edge_triggers
 
 #: SQLSTATEs of the integrity violations the store interprets.
 _VIOLATIONS = {"23502": "not_null", "23505": "unique"}
@@ -34,6 +41,19 @@ class PostgreSQL:
     # Row locks: a statement that waited for one keeps its older snapshot.
     locks_before_reading = False
     row_address: str | None = "ctid"
+    # The column types hold (no CHECK of a value's stored type); each
+    # one-column CHECK of watchdog_jobs is a domain's (revision w0016).
+    checks_stored_types = False
+    column_domains = True
+    bigint_pk_type: TypeEngine[int] | None = None
+    # Revision w0010: job_id and the keys sort by code point.
+    code_point_text: TypeEngine[str] | None = Text(collation="C")
+    # A server can stop being a writable primary under a pool's connections.
+    fails_over = True
+    # The limited claim can be one statement (statements.claim_limited_at_once).
+    limited_claim_at_once = True
+    # Each test of the pytest plugin gets a schema of its own.
+    has_schemas = True
 
     def __init__(self) -> None:
         #: Whether job_id sorts by code point, per database URL (asked once).
@@ -41,6 +61,93 @@ class PostgreSQL:
 
     def insert(self, table: Any) -> Insert:
         return postgresql.insert(table)
+
+    # -- DDL ------------------------------------------------------------------------
+
+    def trigger_sql(self, clock: str | None = None) -> list[str]:
+        """A PL/pgSQL function and a row trigger running it, per edge trigger."""
+        statements: list[str] = []
+        for name, event, when, body in edge_triggers(clock or self.clock_ms_sql()):
+            statements.append(
+                f"CREATE OR REPLACE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
+                f"BEGIN\n    {body};\n    RETURN NULL;\nEND\n$$"
+            )
+            statements.append(f"CREATE TRIGGER {name} {event} FOR EACH ROW WHEN ({when}) EXECUTE FUNCTION {name}()")
+        return statements
+
+    def drop_trigger_sql(self) -> list[str]:
+        # The functions, and with them (CASCADE) their triggers -- those of the
+        # current schema only: with a search_path such as "tenant, public", an
+        # unqualified name would find public's functions when the tenant has none
+        # yet, and drop the triggers of another installation.
+        return [
+            f"DO $$ BEGIN EXECUTE 'DROP FUNCTION IF EXISTS ' || quote_ident(current_schema()) || "
+            f"'.{name}() CASCADE'; END $$"
+            for name in TRIGGER_NAMES
+        ]
+
+    def count_triggers_sql(self) -> str:
+        # The triggers on the tables this search_path finds: an installation in
+        # another schema of the database (the pytest plugin gives each test one)
+        # has triggers of the same names, which are not these tables'.
+        names = ", ".join(f"'{name}'" for name in TRIGGER_NAMES)
+        return (
+            f"SELECT count(*) FROM pg_trigger WHERE tgname IN ({names}) "
+            "AND tgrelid IN (to_regclass('watchdog_jobs'), to_regclass('watchdog_job_edges'))"
+        )
+
+    def domain_sql(self, domain: str, base: str, check: str, condition: str) -> list[str]:
+        # A table dropped by hand (DROP TABLE watchdog_jobs) leaves its domains behind: made
+        # afresh, so the new table's CHECKs are this version's. Without CASCADE, a domain some
+        # other column still uses is not dropped: the error names it.
+        return [
+            *self.drop_domain_sql(domain),
+            f"CREATE DOMAIN {domain} AS {base} CONSTRAINT {check} CHECK ({condition.format(c='VALUE')})",
+        ]
+
+    def drop_domain_sql(self, domain: str) -> list[str]:
+        return [f"DROP DOMAIN IF EXISTS {domain}"]
+
+    # -- URLs -----------------------------------------------------------------------
+
+    def with_default_driver(self, url: URL) -> URL:
+        # psycopg 3 is a dependency of the package; psycopg2 is not.
+        return url.set(drivername="postgresql+psycopg") if "+" not in url.drivername else url
+
+    def sync_url(self, url: URL) -> URL:
+        if "+" not in url.drivername or url.get_driver_name() in ("asyncpg", "psycopg_async"):
+            return url.set(drivername="postgresql+psycopg")
+        return url
+
+    def unshareable(self, url: URL) -> str | None:
+        return None
+
+    def missing_database(self, url: URL) -> str | None:
+        return None  # a server says so itself when connected to
+
+    # -- the hot statements' fast path ----------------------------------------------
+
+    def execute_rows(self, conn: Connection, text: str, args: Any, *, native: bool = False) -> list[Sequence[Any]]:
+        """``native``: ``text`` has PostgreSQL's own ``$n`` placeholders
+        (psycopg 3), run on psycopg's raw cursor -- no placeholder
+        conversion in Python at each execution; sync or async."""
+        if not native:
+            return execute_plain(conn, text, args)
+        if conn.dialect.is_async:
+            return _execute_native_async(conn, text, args)
+        dbapi_connection = conn.connection.dbapi_connection
+        assert dbapi_connection is not None
+        cursor = None
+        try:
+            cursor = _raw_cursor()(dbapi_connection)
+            cursor.execute(text, args)
+            rows: list[Sequence[Any]] = list(cursor.fetchall())
+            cursor.close()
+        except conn.dialect.loaded_dbapi.Error as error:
+            # Wrapped as DBAPIError, the connection invalidated on a disconnect,
+            # the cursor closed otherwise: SQLAlchemy's own handling.
+            conn._handle_dbapi_exception(error, text, args, cursor, None)
+        return rows
 
     def json_rows(
         self, name: str, fields: Sequence[tuple[str, Any]], *, limit: ColumnElement[Any] | None = None
@@ -187,3 +294,36 @@ class PostgreSQL:
                 or (row[0] == "default" and (row[2] == "b" or (row[2] == "c" and row[1] in _CODE_POINT_COLLATIONS)))
             )
         return known
+
+
+@cache
+def _raw_cursor() -> type[Any]:
+    """psycopg's ``RawCursor`` (imported once a psycopg engine runs a hot statement)."""
+    import psycopg
+
+    return psycopg.RawCursor
+
+
+@cache
+def _raw_async_cursor() -> type[Any]:
+    """psycopg's ``AsyncRawCursor`` (as :func:`_raw_cursor`, for the async driver)."""
+    import psycopg
+
+    return psycopg.AsyncRawCursor
+
+
+def _execute_native_async(conn: Connection, text: str, args: tuple[Any, ...]) -> list[Sequence[Any]]:
+    """``PostgreSQL.execute_rows`` for async psycopg: the ``AsyncRawCursor`` on the
+    driver's connection, awaited from the greenlet the async engine runs its
+    sync API in (as SQLAlchemy's own adapted cursor awaits). Errors take
+    SQLAlchemy's path as in the sync case; the cursor is closed here."""
+    driver_connection = conn.connection.driver_connection
+    cursor = _raw_async_cursor()(driver_connection)
+    try:
+        await_only(cursor.execute(text, args))
+        rows: list[Sequence[Any]] = await_only(cursor.fetchall())
+    except conn.dialect.loaded_dbapi.Error as error:
+        conn._handle_dbapi_exception(error, text, args, None, None)
+    finally:
+        await_only(cursor.close())
+    return rows

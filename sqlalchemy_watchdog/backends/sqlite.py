@@ -5,13 +5,19 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Select, Text, and_, bindparam, func, select, type_coerce, union_all
+from sqlalchemy import Connection, Integer, Select, Text, and_, bindparam, func, select, type_coerce, union_all
 from sqlalchemy.dialects import sqlite
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.types import TypeEngine
+
+from ._dbapi import execute_plain
+from .triggers import TRIGGER_NAMES, edge_triggers
 
 
 class UnreadableText(str):
@@ -54,9 +60,70 @@ class SQLite:
     # BEGIN IMMEDIATE: the write lock is held before any statement reads.
     locks_before_reading = True
     row_address: str | None = None
+    # Revision w0010: a column keeps whatever type a writer gave a value
+    # unless a CHECK refuses it; the one-column CHECKs are the table's.
+    checks_stored_types = True
+    column_domains = False
+    # INTEGER PRIMARY KEY: the rowid itself (BIGINT would not autoincrement).
+    bigint_pk_type: TypeEngine[int] | None = Integer()
+    # BINARY already sorts by code point.
+    code_point_text: TypeEngine[str] | None = None
+    fails_over = False
+    limited_claim_at_once = False
+    has_schemas = False
 
     def insert(self, table: Any) -> Insert:
         return sqlite.insert(table)
+
+    # -- DDL ------------------------------------------------------------------------
+
+    def trigger_sql(self, clock: str | None = None) -> list[str]:
+        return [
+            f"CREATE TRIGGER {name} {event} FOR EACH ROW WHEN {when} BEGIN {body}; END"
+            for name, event, when, body in edge_triggers(clock or self.clock_ms_sql())
+        ]
+
+    def drop_trigger_sql(self) -> list[str]:
+        return [f"DROP TRIGGER IF EXISTS {name}" for name in TRIGGER_NAMES]
+
+    def count_triggers_sql(self) -> str:
+        names = ", ".join(f"'{name}'" for name in TRIGGER_NAMES)
+        return f"SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND name IN ({names})"
+
+    def domain_sql(self, domain: str, base: str, check: str, condition: str) -> list[str]:
+        return []  # no domains: the table's own CHECKs
+
+    def drop_domain_sql(self, domain: str) -> list[str]:
+        return []
+
+    # -- URLs -----------------------------------------------------------------------
+
+    def with_default_driver(self, url: URL) -> URL:
+        return url  # pysqlite, the standard library's
+
+    def sync_url(self, url: URL) -> URL:
+        return url.set(drivername="sqlite") if url.get_driver_name() == "aiosqlite" else url
+
+    def unshareable(self, url: URL) -> str | None:
+        if (url.database or ":memory:") == ":memory:":
+            return (
+                "an in-memory SQLite database is private to one connection, and a runner uses "
+                "several; name a file (or leave the option out: a fresh file per test)"
+            )
+        return None
+
+    def missing_database(self, url: URL) -> str | None:
+        """Connecting would create the file: a name that is not there is said here."""
+        database = url.database or ""
+        on_disk = database not in ("", ":memory:") and not database.startswith("file:")
+        if on_disk and not Path(database).exists():
+            return f"there is no SQLite database at {database}"
+        return None
+
+    # -- the hot statements' fast path ----------------------------------------------
+
+    def execute_rows(self, conn: Connection, text: str, args: Any, *, native: bool = False) -> list[Sequence[Any]]:
+        return execute_plain(conn, text, args)  # no native form here
 
     def json_rows(
         self, name: str, fields: Sequence[tuple[str, Any]], *, limit: ColumnElement[Any] | None = None

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, make_url
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError
 
+from ..backends import known_backend
 from ..migrations import has_jobs_table
 from .exits import CommandFailed, UsageError
 
@@ -44,9 +44,8 @@ def database_url(value: str | None) -> URL:
         raise UsageError(f"invalid database URL {mask_password(raw, raw)!r}: {reason}") from None
     if url.port is not None and not 0 < url.port < 65536:
         raise UsageError(f"invalid database URL {shown(url)!r}: port {url.port} is not 1-65535")
-    if url.drivername == "postgresql":
-        url = url.set(drivername="postgresql+psycopg")
-    return url
+    backend = known_backend(url.get_backend_name())
+    return url if backend is None else backend.with_default_driver(url)
 
 
 def mask_password(text: str, raw: str) -> str:
@@ -106,9 +105,8 @@ async def require_table_async(engine: Any) -> None:
 
 
 def _require_file(url: URL) -> None:
-    """Refuse a SQLite URL whose database file does not exist (connecting would create it)."""
-    if url.get_backend_name() == "sqlite":
-        database = url.database or ""
-        on_disk = database not in ("", ":memory:") and not database.startswith("file:")
-        if on_disk and not Path(database).exists():
-            raise CommandFailed(f"{NO_TABLE} (there is no SQLite database at {database})")
+    """Refuse a URL whose database connecting would create (a SQLite file that does not exist)."""
+    backend = known_backend(url.get_backend_name())
+    missing = None if backend is None else backend.missing_database(url)
+    if missing is not None:
+        raise CommandFailed(f"{NO_TABLE} ({missing})")

@@ -5,16 +5,19 @@ Part of :mod:`sqlalchemy_watchdog.store` (see its docstring).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
 
 from .. import statements as sql
 from .. import telemetry
 from ..backends import UnreadableText
+from ..columns import FILLED_ELSEWHERE, JOB_COLUMNS, JobColumn, ReadAs, column_names
 from ..jobs import (
     Job,
     JobState,
@@ -63,32 +66,101 @@ def new_claim_token() -> str:
 
 _STATES = {state.value: state for state in JobState}
 _OUTCOMES = {outcome.value: outcome for outcome in Outcome}
-#: The order :func:`view` unpacks (asserted against :data:`statements.COLUMNS`).
-_VIEW_ORDER = (
-    "sequence", "job_id", "queue_name", "lane", "priority", "payload_json", "recovery_max", "state",
-    "outcome", "claim_token", "recovery_count", "cancellation_id", "failure_reason", "failure_detail",
-    "lease_until", "run_at", "ready_at", "attempt", "max_attempts", "retry_policy", "timeout_ms",
-    "snoozes", "failure_history", "enqueued_at", "started_at", "settled_at", "rerun_of", "trace_context",
-    "limit_key",
-    "result_json", "progress", "progress_note", "waiting_on", "after_policy",
-)  # fmt: skip
+#: The columns a row starts with, in :data:`~sqlalchemy_watchdog.columns.JOB_COLUMNS` order.
+_VIEW_ORDER = column_names()
 assert tuple(column.key for column in sql.COLUMNS) == _VIEW_ORDER, "view() must unpack statements.COLUMNS"
 _WIDTH = len(_VIEW_ORDER)
-
-
-#: JobView's fields in the order :func:`view` fills them (asserted against the class).
-_JOBVIEW_FIELDS = (
-    "sequence", "job_id", "queue", "lane", "priority", "payload", "max_recoveries", "state", "outcome",
-    "failure_reason", "recovery_count", "cancellation_id", "failure_detail", "run_at", "ready_at", "attempt",
-    "max_attempts", "snoozes", "timeout", "retry", "failure_history", "enqueued_at", "started_at",
-    "settled_at", "rerun_of", "reruns", "trace_context", "undecodable", "key", "held_by", "result",
-    "progress", "progress_note", "waiting_on", "after_policy", "parents", "dependents",
-)  # fmt: skip
+#: JobView's fields, in its order: what :func:`view` fills.
+_JOBVIEW_FIELDS = tuple(field.name for field in dataclasses.fields(JobView))
+_FILLING = {spec.field: spec for spec in JOB_COLUMNS if spec.field is not None}
+assert set(_FILLING).isdisjoint(FILLED_ELSEWHERE), "a JobView field filled twice"
+assert set(_JOBVIEW_FIELDS) == set(_FILLING) | set(FILLED_ELSEWHERE), (
+    "every JobView field is filled by one column of columns.JOB_COLUMNS or named in columns.FILLED_ELSEWHERE"
+)
 #: A JobView from its fields' values (jobs.frozen_builder), 0.4 us: the frozen
-#: dataclass's __init__ sets its 37 slots one object.__setattr__ call at a
+#: dataclass's __init__ sets its slots one object.__setattr__ call at a
 #: time (4.6 us), the slots' own setters took 2.5 -- and view() runs for
 #: every claimed job.
 _build_view = frozen_builder(JobView, _JOBVIEW_FIELDS)
+
+#: How each kind of stored value reads on :func:`view`'s fast path: an
+#: expression of the column's value ``{v}`` (and of ``max_attempts``, ``{m}``, which
+#: the stored retry policy needs).
+_FAST_READ = {
+    ReadAs.STORED: "{v}",
+    ReadAs.TEXT: "{v}",
+    ReadAs.STATE: "_STATES[{v}]",
+    ReadAs.OUTCOME: "None if {v} is None else _OUTCOMES[{v}]",
+    ReadAs.JSON: "None if {v} is None else payload_of({v})",
+    ReadAs.EPOCH_MS: "None if {v} is None else at_epoch_ms({v})",
+    ReadAs.DURATION_MS: "None if {v} is None else timedelta(milliseconds={v})",
+    ReadAs.RETRY: "None if {m} is None else RetryPolicy.from_stored({m}, {v})",
+    ReadAs.HISTORY: "history_of({v}) if {v} else ()",
+    ReadAs.TRACE: "None if {v} is None else trace_context_of({v})",
+}
+
+
+def _view_source() -> str:
+    """The source of :func:`view`, written from the column declarations:
+    positional, not by name, as a hand-written unpack would be -- the
+    runner's hot statements hand over the driver's tuples
+    (:func:`execute_rows`), and it runs once per claimed job (and per settled
+    job whose view is read)."""
+    names = ", ".join(f"c_{column}" for column in _VIEW_ORDER)
+    values = []
+    for field in _JOBVIEW_FIELDS:
+        spec = _FILLING.get(field)
+        if spec is None:
+            values.append(f"ELSEWHERE_{field}")
+        else:
+            values.append(_FAST_READ[spec.read_as].format(v=f"c_{spec.column}", m="c_max_attempts"))
+    body = ",\n            ".join(values)
+    return (
+        "def view(row):\n"
+        f"    ({names},) = row[:{_WIDTH}]\n"
+        "    try:\n"
+        f"        values = (\n            {body},\n        )\n"
+        "        if UnreadableText in map(type, row):  # text that is not UTF-8 (SQLite)\n"
+        "            raise ValueError('unreadable text')\n"
+        "    except Exception:  # a value the library would never have stored\n"
+        "        values = _decoded_field_by_field(row)\n"
+        "    return _build_view(*values)\n"
+    )
+
+
+def _compiled_view() -> Callable[[Sequence[Any]], JobView]:
+    scope: dict[str, Any] = {
+        "_STATES": _STATES,
+        "_OUTCOMES": _OUTCOMES,
+        "payload_of": payload_of,
+        "at_epoch_ms": at_epoch_ms,
+        "timedelta": timedelta,
+        "RetryPolicy": RetryPolicy,
+        "history_of": history_of,
+        "trace_context_of": telemetry.trace_context_of,
+        "UnreadableText": UnreadableText,
+        "_decoded_field_by_field": _decoded_field_by_field,
+        "_build_view": _build_view,
+        **{f"ELSEWHERE_{field}": value for field, value in FILLED_ELSEWHERE.items()},
+    }
+    exec(compile(_view_source(), f"<{__name__}.view, from columns.JOB_COLUMNS>", "exec"), scope)
+    function: Callable[[Sequence[Any]], JobView] = scope["view"]
+    function.__doc__ = _VIEW_DOC
+    function.__module__ = __name__
+    function.__qualname__ = "view"
+    return function
+
+
+_VIEW_DOC = """Turn a row that starts with :data:`statements.COLUMNS` (a ``Row`` or
+    a driver's tuple) into a :class:`JobView`.
+
+    Written from :data:`~sqlalchemy_watchdog.columns.JOB_COLUMNS` when the
+    module loads (positional, for speed: it runs once per claimed job).
+
+    Never raises for a stored value it cannot decode (a row a producer
+    wrote itself): that field reads as unknown (:class:`~sqlalchemy_watchdog.Undecodable`,
+    see :attr:`JobView.undecodable`), so one such row never stops a claim,
+    a settle, a recovery or a read of the others."""
 
 
 def unreadable_columns(row: Sequence[Any]) -> list[str]:
@@ -97,168 +169,72 @@ def unreadable_columns(row: Sequence[Any]) -> list[str]:
     return [name for name, value in zip(_VIEW_ORDER, row) if type(value) is UnreadableText]
 
 
-def view(row: Sequence[Any]) -> JobView:
-    """Turn a row that starts with :data:`statements.COLUMNS` (a ``Row`` or
-    a driver's tuple) into a :class:`JobView`.
-
-    Positional, not by name: the runner's hot statements hand over the
-    driver's tuples (:func:`execute_rows`), and this runs once per claimed
-    job (and per settled job whose view is read).
-
-    Never raises for a stored value it cannot decode (a row a producer
-    wrote itself): that field reads as unknown (:class:`~sqlalchemy_watchdog.Undecodable`,
-    see :attr:`JobView.undecodable`), so one such row never stops a claim,
-    a settle, a recovery or a read of the others."""
-    (
-        sequence, job_id, queue_name, lane, priority, payload_json, recovery_max, state,
-        outcome, _token, recovery_count, cancellation_id, failure_reason, failure_detail,
-        _lease, run_at, ready_at, attempt, max_attempts, retry_policy, timeout_ms,
-        snoozes, failure_history, enqueued_at, started_at, settled_at, rerun_of, trace_context, limit_key,
-        result_json, progress, progress_note, waiting_on, after_policy,
-    ) = row[:_WIDTH]  # fmt: skip
-    try:
-        values = (
-            sequence,
-            job_id,
-            queue_name,
-            lane,
-            priority,
-            payload_of(payload_json),
-            recovery_max,
-            _STATES[state],
-            None if outcome is None else _OUTCOMES[outcome],
-            failure_reason,
-            recovery_count,
-            cancellation_id,
-            failure_detail,
-            None if run_at is None else at_epoch_ms(run_at),
-            None if ready_at is None else at_epoch_ms(ready_at),
-            attempt,
-            max_attempts,
-            snoozes,
-            None if timeout_ms is None else timedelta(milliseconds=timeout_ms),
-            None if max_attempts is None else RetryPolicy.from_stored(max_attempts, retry_policy),
-            history_of(failure_history) if failure_history else (),
-            None if enqueued_at is None else at_epoch_ms(enqueued_at),
-            None if started_at is None else at_epoch_ms(started_at),
-            None if settled_at is None else at_epoch_ms(settled_at),
-            rerun_of,
-            (),
-            None if trace_context is None else telemetry.trace_context_of(trace_context),
-            (),
-            limit_key,
-            None,
-            None if result_json is None else payload_of(result_json),
-            progress,
-            progress_note,
-            waiting_on,
-            after_policy,
-            (),
-            (),
-        )
-        if UnreadableText in map(type, row):  # text that is not UTF-8 (SQLite)
-            raise ValueError("unreadable text")
-    except Exception:  # a value the library would never have stored
-        values = _decoded_field_by_field(row)
-    return _build_view(*values)
+#: ``decoded(..., otherwise=_ITSELF)``: an undecodable value reads as its :class:`Undecodable`.
+_ITSELF: Any = object()
+_NOT_UTF8 = "stored text is not UTF-8"
 
 
 def _decoded_field_by_field(row: Sequence[Any]) -> tuple[Any, ...]:
     """:func:`view`'s values for a row with a value it cannot decode: each
-    decoded on its own, what fails read as unknown and listed."""
-    (
-        sequence, job_id, queue_name, lane, priority, payload_json, recovery_max, state,
-        outcome, _token, recovery_count, cancellation_id, failure_reason, failure_detail,
-        _lease, run_at, ready_at, attempt, max_attempts, retry_policy, timeout_ms,
-        snoozes, failure_history, enqueued_at, started_at, settled_at, rerun_of, trace_context, limit_key,
-        result_json, progress, progress_note, waiting_on, after_policy,
-    ) = row[:_WIDTH]  # fmt: skip
+    decoded on its own, what fails read as unknown (as its
+    :class:`~sqlalchemy_watchdog.columns.ReadAs` says) and listed, in
+    column order."""
+    stored = dict(zip(_VIEW_ORDER, row[:_WIDTH], strict=True))
     unknown: list[Undecodable] = []
 
-    def decoded(field: str, column: str, decode: Callable[[Any], Any], value: Any, otherwise: Any) -> Any:
+    def decoded(spec: JobColumn, decode: Callable[[Any], Any], value: Any, otherwise: Any) -> Any:
         if value is None:
             return None
         try:
             if type(value) is UnreadableText:
-                raise UnicodeError("stored text is not UTF-8")
+                raise UnicodeError(_NOT_UTF8)
             return decode(value)
         except Exception as error:
-            unknown.append(Undecodable.of(field, column, error))
+            assert spec.field is not None
+            unknown.append(Undecodable.of(spec.field, spec.column, error))
             return unknown[-1] if otherwise is _ITSELF else otherwise
 
-    def time_of(field: str, value: Any) -> datetime | None:
-        return decoded(field, field, at_epoch_ms, value, None)  # type: ignore[no-any-return]
-
-    payload = decoded("payload", "payload_json", payload_of, payload_json, _ITSELF)
-    run = time_of("run_at", run_at)
-    ready = time_of("ready_at", ready_at)
-    timeout = decoded("timeout", "timeout_ms", lambda ms: timedelta(milliseconds=ms), timeout_ms, None)
-    # The stored max_attempts (a plain, CHECKed column) still bounds the job's
-    # attempts: only the backoff falls back to the defaults.
-    fallback = None if max_attempts is None else RetryPolicy(max_attempts=max_attempts)
-    retry = (
-        None
-        if max_attempts is None
-        else decoded(
-            "retry", "retry_policy", lambda text: RetryPolicy.from_stored(max_attempts, text), retry_policy, fallback
-        )
-        or fallback
-    )
-    history = decoded("failure_history", "failure_history", history_of, failure_history or None, ()) or ()
-    enqueued = time_of("enqueued_at", enqueued_at)
-    started = time_of("started_at", started_at)
-    settled = time_of("settled_at", settled_at)
-    trace = decoded("trace_context", "trace_context", telemetry.trace_context_of, trace_context, None)
-    result = decoded("result", "result_json", payload_of, result_json, _ITSELF)
-    for field, column, value in (
-        ("job_id", "job_id", job_id), ("queue", "queue_name", queue_name), ("lane", "lane", lane),
-        ("cancellation_id", "cancellation_id", cancellation_id), ("failure_reason", "failure_reason", failure_reason),
-        ("failure_detail", "failure_detail", failure_detail), ("rerun_of", "rerun_of", rerun_of),
-        ("key", "limit_key", limit_key),
-        ("progress_note", "progress_note", progress_note),
-    ):  # fmt: skip
-        if type(value) is UnreadableText:  # read as it is (U+FFFD for the bytes), listed unknown
-            unknown.append(Undecodable(field, column, "stored text is not UTF-8"))
-    return (
-        sequence,
-        job_id,
-        queue_name,
-        lane,
-        priority,
-        payload,
-        recovery_max,
-        _STATES[state],
-        None if outcome is None else _OUTCOMES[outcome],
-        failure_reason,
-        recovery_count,
-        cancellation_id,
-        failure_detail,
-        run,
-        ready,
-        attempt,
-        max_attempts,
-        snoozes,
-        timeout,
-        retry,
-        history,
-        enqueued,
-        started,
-        settled,
-        rerun_of,
-        (),
-        trace,
-        tuple(unknown),
-        limit_key,
-        None,
-        result,
-        progress,
-        progress_note,
-        waiting_on,
-        after_policy,
-        (),
-        (),
-    )
+    values: dict[str, Any] = dict(FILLED_ELSEWHERE)
+    for spec in JOB_COLUMNS:
+        if spec.field is None:
+            continue
+        value = stored[spec.column]
+        kind = spec.read_as
+        if kind is ReadAs.STORED:
+            read = value
+        elif kind is ReadAs.TEXT:
+            read = value
+            if type(value) is UnreadableText:  # read as it is (U+FFFD for the bytes), listed unknown
+                unknown.append(Undecodable(spec.field, spec.column, _NOT_UTF8))
+        elif kind is ReadAs.STATE:
+            read = _STATES[value]
+        elif kind is ReadAs.OUTCOME:
+            read = None if value is None else _OUTCOMES[value]
+        elif kind is ReadAs.JSON:
+            read = decoded(spec, payload_of, value, _ITSELF)
+        elif kind is ReadAs.EPOCH_MS:
+            read = decoded(spec, at_epoch_ms, value, None)
+        elif kind is ReadAs.DURATION_MS:
+            read = decoded(spec, lambda ms: timedelta(milliseconds=ms), value, None)
+        elif kind is ReadAs.RETRY:
+            # The stored max_attempts (a plain, CHECKed column) still bounds
+            # the job's attempts: only the backoff falls back to the defaults.
+            max_attempts = stored["max_attempts"]
+            fallback = None if max_attempts is None else RetryPolicy(max_attempts=max_attempts)
+            read = (
+                None
+                if max_attempts is None
+                else decoded(spec, functools.partial(RetryPolicy.from_stored, max_attempts), value, fallback)
+                or fallback
+            )
+        elif kind is ReadAs.HISTORY:
+            read = decoded(spec, history_of, value or None, ()) or ()
+        else:
+            assert kind is ReadAs.TRACE, kind
+            read = decoded(spec, telemetry.trace_context_of, value, None)
+        values[spec.field] = read
+    values["undecodable"] = tuple(unknown)
+    return tuple(values[field] for field in _JOBVIEW_FIELDS)
 
 
-#: ``decoded(..., otherwise=_ITSELF)``: an undecodable value reads as its :class:`Undecodable`.
-_ITSELF: Any = object()
+view = _compiled_view()

@@ -15,6 +15,7 @@ from sqlalchemy import Connection
 
 from .. import statements as sql
 from ..backends import backend_of
+from ..columns import position
 from ..errors import ErrorCode, InvalidJob, WatchdogError
 from ..jobs import (
     CANCELLATION_ID_MAX_LENGTH,
@@ -224,28 +225,39 @@ def claim(
     return _batch(conn, rows, held)
 
 
+# Where a row read by columns.JOB_COLUMNS holds what the store reads
+# without building the job's view.
+_SEQUENCE = position("sequence")
+_JOB_ID = position("job_id")
+_QUEUE = position("queue_name")
+_PRIORITY = position("priority")
+_STATE = position("state")
+_OUTCOME = position("outcome")
+_TOKEN = position("claim_token")
+
+
 def _batch(conn: Connection, found: Sequence[Sequence[Any]], held_back: bool = False) -> ClaimBatch:
     """The claim statements' rows as a batch (jobs found cancelled apart)."""
-    # By priority, then admission (positions 4 and 0 of statements.COLUMNS).
-    rows = sorted(found, key=lambda r: (-r[4] if type(r[4]) is int else 0, r[0]))
+    # By priority, then admission.
+    rows = sorted(found, key=lambda r: (-r[_PRIORITY] if type(r[_PRIORITY]) is int else 0, r[_SEQUENCE]))
     claimed: list[Claim] = []
     cancelled: list[JobView] = []
     for row in rows:
         job = view(row)
         # Text that is not UTF-8 (SQLite) is always listed undecodable by
         # view(), so a row without any is not scanned again column by column.
-        if job.undecodable and row[9] is not None and (columns := unreadable_columns(row)):
+        if job.undecodable and row[_TOKEN] is not None and (columns := unreadable_columns(row)):
             # Its job_id may not read back as stored, so no settle by job_id
             # could find it. Failed here, by key.
             failed = {
-                "key": row[0],
-                "token": row[9],
+                "key": row[_SEQUENCE],
+                "token": row[_TOKEN],
                 "why": f"stored value unreadable: {', '.join(columns)}",
             }
             cancelled.extend(view(settled) for settled in conn.execute(sql.settle_unreadable(), failed))
             continue
         if job.state is JobState.RUNNING:
-            claimed.append(Claim(job, row[9]))
+            claimed.append(Claim(job, row[_TOKEN]))
         elif job.state is JobState.SETTLED:
             cancelled.append(job)
         else:  # pragma: no cover - the CHECK grammar forbids it
@@ -354,7 +366,7 @@ class Settlement:
         """The settled job's outcome, read without building its view."""
         row = self._row
         if row is not None:
-            return _OUTCOMES.get(row[8])
+            return _OUTCOMES.get(row[_OUTCOME])
         return None if self._job is None else self._job.outcome
 
     @property
@@ -408,10 +420,10 @@ def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Set
     # statement's text (one prepared statement, planned once, per size: see
     # statements.settle).
     sized = sql.size_in_text(len(requests))
-    settled = {row[1]: row for row in execute_rows(conn, sql.settle(dialect, sized), params)}
+    settled = {row[_JOB_ID]: row for row in execute_rows(conn, sql.settle(dialect, sized), params)}
     if settled:
         limited = limited_queues(conn)  # cached: no statement for a deployment without limits
-        if limited and any(row[2] in limited for row in settled.values()):
+        if limited and any(row[_QUEUE] in limited for row in settled.values()):
             room_freed(conn)
     return [
         _settled(settled[r.job_id]) if r.job_id in settled else _unsettled(conn, r.job_id, r.claim_token, r.decision)
@@ -420,8 +432,7 @@ def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Set
 
 
 def _settled(row: Sequence[Any]) -> Settlement:
-    # Position 7 of statements.COLUMNS is the state.
-    status = SettleStatus.SETTLED if row[7] == JobState.SETTLED.value else SettleStatus.REQUEUED
+    status = SettleStatus.SETTLED if row[_STATE] == JobState.SETTLED.value else SettleStatus.REQUEUED
     return Settlement(status, row=row)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from .. import statements as sql
+from ..backends import backend_of
 from ..jobs import JOB_ID_MAX_LENGTH, JobState, Outcome, Undecodable, check_text, payload_of
 from .operation import Shape, operation
 
@@ -24,8 +25,8 @@ PROPAGATE_BATCH = 100
 def _untold_peek(conn: Connection, *, limit: int = PROPAGATE_BATCH) -> int | None:
     """0 when no job waits to have its dependents told (read without the
     write lock); None to propagate."""
-    # The pick without its lock (SQLite's form is plain on either dialect).
-    return 0 if conn.execute(sql.untold("sqlite"), {"limit": 1}).first() is None else None
+    # The pick without its lock.
+    return 0 if conn.execute(sql.untold(backend_of(conn), locked=False), {"limit": 1}).first() is None else None
 
 
 @operation(Shape.WRITE, peek=_untold_peek)
@@ -35,7 +36,7 @@ def propagate(conn: Connection, *, limit: int = PROPAGATE_BATCH) -> int:
     outcome, which the edges trigger counts -- settling those dependents
     ``cancelled`` in turn where their policy says so (the next call tells
     theirs: one hop per transaction). Returns how many jobs were told."""
-    rows = conn.execute(sql.untold(conn.dialect.name), {"limit": limit}).all()
+    rows = conn.execute(sql.untold(backend_of(conn)), {"limit": limit}).all()
     for job_id, outcome in rows:
         conn.execute(sql.tell_dependents(), {"job": job_id, "outcome": outcome})
     if rows:

@@ -6,7 +6,8 @@ Part of :mod:`sqlalchemy_watchdog.store` (see its docstring).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -16,6 +17,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from .. import statements as sql
 from .. import telemetry
 from ..backends import backend_of, backend_of_error
+from ..columns import JOB_COLUMNS
 from ..connections import prepared_statement_failure
 from ..errors import EnqueueConflict, InvalidJob
 from ..jobs import (
@@ -248,22 +250,12 @@ def self_committing(dialect: str) -> bool:
     return backend_of(dialect).self_committing
 
 
-def _values(job: Job) -> tuple[Any, ...]:
-    """The job in :data:`statements.IDENTITY_FIELDS` order."""
-    return (
-        job.job_id,
-        job.queue,
-        job.lane,
-        job.priority,
-        job.payload_json,
-        job.max_recoveries,
-        job.run_at_ms,
-        job.max_attempts,
-        job.retry_json,
-        job.timeout_ms,
-        job.rerun_of,
-        job.key,
-    )
+#: The job in :data:`statements.IDENTITY_FIELDS` order: the attributes
+#: :data:`~sqlalchemy_watchdog.columns.JOB_COLUMNS` names as each identity
+#: column's source (one C call per job).
+_values: Callable[[Job], tuple[Any, ...]] = operator.attrgetter(
+    *(spec.identity.attribute for spec in JOB_COLUMNS if spec.identity is not None)
+)
 
 
 def _row(job: Job) -> dict[str, Any]:

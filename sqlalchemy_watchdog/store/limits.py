@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 
 from .. import statements as sql
-from ..backends import backend_of
+from ..backends import Backend, backend_of
 from ..errors import InvalidJob
 from ..jobs import (
     KEY_MAX_LENGTH,
@@ -147,7 +147,7 @@ def set_limits(
         "rate_per_key_count": None if rate_per_key is None else rate_per_key.count,
         "rate_per_key_period_ms": None if rate_per_key is None else rate_per_key.period_ms,
     }
-    conn.execute(sql.set_limits(conn.dialect.name), params)
+    conn.execute(sql.set_limits(backend_of(conn)), params)
     forget_limited(conn)
     stored = conn.execute(sql.read_limits(True), {"queues": [queue]}).one()
     return _limits_of(stored)
@@ -212,7 +212,7 @@ def _room(conn: Connection, row: Any, limit: int) -> Room:
     else:
         period = row.rate_period_ms or 0
         clock, running, used, paused = conn.execute(
-            sql.limit_usage(conn.dialect.name), {"queue": row.queue_name, "period_ms": period}
+            sql.limit_usage(backend_of(conn)), {"queue": row.queue_name, "period_ms": period}
         ).one()
     used = int(used or 0)
     room = 0 if paused else limit  # a paused queue: no claim takes its jobs
@@ -289,7 +289,7 @@ def fair_pick(
     per_key = row.concurrency_per_key
     rate_per_key = row.rate_per_key_count
     segment = min(room * 2 + 8, WALK_MAX)
-    dialect = conn.dialect.name
+    backend = backend_of(conn)
     groups: list[list[tuple[int, int]]] = []  # per rotation entry: (priority, sequence)
     entries: list[str | None] = []
     found = 0  # entries with at least one job
@@ -331,7 +331,7 @@ def fair_pick(
             params[f"n_{index}"] = 0 if key is None else min(take[key], keyed_bound)
         candidates: dict[int, list[tuple[int, int]]] = {}
         if parts or unkeyed:
-            for sequence, priority, part in execute_rows(conn, sql.key_picks(dialect, parts), params):
+            for sequence, priority, part in execute_rows(conn, sql.key_picks(backend, parts), params):
                 candidates.setdefault(part, []).append((priority, sequence))
         for key, _running in keys:
             part = -1 if key is None else (open_keys.index(key) if take.get(key, 0) > 0 else None)
@@ -402,7 +402,8 @@ def claim_queue(
     plain way). On PostgreSQL in autocommit usually one statement
     (:func:`claim_at_once`), else a transaction of a few
     (:func:`claim_in_transaction`)."""
-    if conn.dialect.name == "postgresql" and conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+    at_once = backend_of(conn).limited_claim_at_once
+    if at_once and conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
         taken = claim_at_once(conn, queue, limit=limit, lease_ms=lease_ms, token=token, ahead=ahead)
         if taken is not AGAIN:
             done: Taken | None = taken
@@ -411,10 +412,10 @@ def claim_queue(
 
 
 @functools.cache
-def _locked_row(dialect: str) -> Any:
+def _locked_row(backend: Backend) -> Any:
     """The named tuple of a :func:`statements.lock_limits` row (sent by
     :func:`execute_rows`, which returns the driver's plain tuples)."""
-    return collections.namedtuple("LockedLimits", list(sql.lock_limits(dialect).selected_columns.keys()))
+    return collections.namedtuple("LockedLimits", list(sql.lock_limits(backend).selected_columns.keys()))
 
 
 def claim_in_transaction(
@@ -432,13 +433,13 @@ def claim_in_transaction(
     (its snapshot now younger than the lock); else the room read, the keys
     walked segment by segment, the jobs picked and claimed, each its own
     statement (``at_once`` False: always so -- for tests comparing the two)."""
-    dialect = conn.dialect.name
+    backend = backend_of(conn)
     with own_transaction(conn):
-        locked = execute_rows(conn, sql.lock_limits(dialect), {"queue": queue})
+        locked = execute_rows(conn, sql.lock_limits(backend), {"queue": queue})
         if not locked:
             return None
-        row = _locked_row(dialect)._make(locked[0])
-        if at_once and dialect == "postgresql":
+        row = _locked_row(backend)._make(locked[0])
+        if at_once and backend.limited_claim_at_once:
             # The lock is held now, so the one statement's snapshot is younger
             # than it: the usual claim in one more round trip. It declines only
             # when its walk was too short; the walk below goes further.
@@ -514,15 +515,15 @@ class LimitUse:
 
 def queue_use(conn: Connection, limits: QueueLimits) -> LimitUse:
     """How much of ``limits`` is used, and how many queued jobs no claim could take now."""
-    dialect = conn.dialect.name
+    backend = backend_of(conn)
     period = 0 if limits.rate is None else limits.rate.period_ms
     clock, running, used, _paused = conn.execute(
-        sql.limit_usage(dialect), {"queue": limits.queue, "period_ms": period}
+        sql.limit_usage(backend), {"queue": limits.queue, "period_ms": period}
     ).one()
     used = int(used or 0)
     queued: dict[str | None, int] = {}
     running_by_key: dict[str | None, int] = {}
-    for key, state, count in conn.execute(sql.keyed_counts(dialect), {"queue": limits.queue}):
+    for key, state, count in conn.execute(sql.keyed_counts(backend), {"queue": limits.queue}):
         (queued if state == JobState.QUEUED.value else running_by_key)[key] = count
     total = sum(queued.values())
     key_used: dict[str | None, int] = {}
@@ -557,7 +558,7 @@ def held_by(conn: Connection, job: JobView) -> HeldBy | None:
     limits = _limits_of(found)
     period = 0 if limits.rate is None else limits.rate.period_ms
     clock, running, used, _paused = conn.execute(
-        sql.limit_usage(conn.dialect.name), {"queue": job.queue, "period_ms": period}
+        sql.limit_usage(backend_of(conn)), {"queue": job.queue, "period_ms": period}
     ).one()
     if limits.concurrency is not None and running >= limits.concurrency:
         return HeldBy.CONCURRENCY

@@ -148,14 +148,14 @@ def prune_batch(
     time), outcome by outcome, each the oldest first; returns how many."""
     check_duration("older_than", older_than, low=timedelta(0))
     check_int("limit", limit, 1, PRUNE_BATCH_MAX)
-    dialect = conn.dialect.name
+    backend = backend_of(conn)
     deleted = 0
     for outcome in outcomes if outcomes is not None else [o.value for o in Outcome]:
         for undated in (True, False) if include_undated else (False,):
             if deleted >= limit:
                 return deleted
             params = {"outcome": outcome, "age_ms": duration_ms(older_than), "limit": limit - deleted}
-            deleted += conn.execute(sql.prune(dialect, undated), params).rowcount
+            deleted += conn.execute(sql.prune(backend, undated), params).rowcount
     return deleted
 
 
@@ -397,7 +397,7 @@ def _names(names: tuple[str, ...]) -> str:
 def register_worker(conn: Connection, registration: WorkerRegistration, running: int = 0) -> None:
     """Register the worker, or refresh its ``last_seen`` and ``running`` (one
     statement, database clock; a row pruned meanwhile comes back)."""
-    conn.execute(sql.register_worker(conn.dialect.name), registration.params(running))
+    conn.execute(sql.register_worker(backend_of(conn)), registration.params(running))
 
 
 @operation(Shape.WRITE)
@@ -484,7 +484,7 @@ def record_schedules(conn: Connection, records: Sequence[ScheduleRecord], record
     if not records:
         return
     conn.execute(
-        sql.record_schedule(conn.dialect.name),
+        sql.record_schedule(backend_of(conn)),
         [
             {
                 "name": record.name,
@@ -535,7 +535,7 @@ def pause(conn: Connection, queue: str, reason: str | None = None) -> PauseStatu
     check_text("queue", queue, QUEUE_MAX_LENGTH)
     if reason is not None:
         check_text("reason", reason, PAUSE_REASON_MAX_LENGTH)
-    row = conn.execute(sql.pause(conn.dialect.name), {"queue": queue, "reason": reason}).first()
+    row = conn.execute(sql.pause(backend_of(conn)), {"queue": queue, "reason": reason}).first()
     return PauseStatus.PAUSED if row is not None else PauseStatus.ALREADY_PAUSED
 
 
@@ -757,7 +757,7 @@ def bulk_batch(conn: Connection, action: BulkAction, after: int, end: int, size:
     selected jobs with ``after < sequence <= end``, acted on (or, dry run,
     counted)."""
     params = {**action.params, "after_sequence": after, "before_sequence": end + 1, "limit": size}
-    rows = conn.execute(sql.bulk_pick(conn.dialect.name, action.kind.value, action.filters), params).all()
+    rows = conn.execute(sql.bulk_pick(backend_of(conn), action.kind.value, action.filters), params).all()
     if action.kind is BulkKind.CANCEL:
         # Revision w0014: the waiting jobs too (cancel settles them at once),
         # from their own index, merged in admission order.

@@ -64,6 +64,14 @@ UNDECLARED = Operation(Shape.WRITE)
 
 _OPERATION_ATTRIBUTE = "__watchdog_operation__"
 
+#: Every function declared with :func:`operation` inside this package, by
+#: qualified name (``claim``, ``Pruning.run_batch``), in declaration order:
+#: what the backend conformance suite (tests/backends) must cover, one test
+#: at least per name. Functions declared elsewhere (an application's, a
+#: test's) are declared all the same but not listed.
+OPERATIONS: dict[str, Callable[..., Any]] = {}
+_PACKAGE = __name__.split(".", 1)[0]
+
 
 def operation(
     shape: Shape,
@@ -81,6 +89,9 @@ def operation(
 
     def declare(fn: F) -> F:
         setattr(fn, _OPERATION_ATTRIBUTE, declaration)
+        module = getattr(fn, "__module__", "") or ""
+        if module == _PACKAGE or module.startswith(_PACKAGE + "."):
+            OPERATIONS[fn.__qualname__] = fn
         return fn
 
     return declare

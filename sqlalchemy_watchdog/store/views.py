@@ -11,7 +11,6 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any, cast
 
 from sqlalchemy import Connection, Integer
@@ -19,9 +18,9 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
-from sqlalchemy.util import await_only
 
 from .. import statements as sql
+from ..backends import backend_of
 
 log = logging.getLogger("sqlalchemy_watchdog.store")
 
@@ -135,39 +134,6 @@ def _inline_constants(text: str, defaults: dict[str, Any]) -> str:
     for name in [name for name, value in defaults.items() if _constant(value) is not None]:
         del defaults[name]
     return inlined
-
-
-@cache
-def _raw_cursor() -> type[Any]:
-    """psycopg's ``RawCursor`` (imported once a psycopg engine runs a hot statement)."""
-    import psycopg
-
-    return psycopg.RawCursor
-
-
-@cache
-def _raw_async_cursor() -> type[Any]:
-    """psycopg's ``AsyncRawCursor`` (as :func:`_raw_cursor`, for the async driver)."""
-    import psycopg
-
-    return psycopg.AsyncRawCursor
-
-
-def _execute_native_async(conn: Connection, text: str, args: tuple[Any, ...]) -> list[Sequence[Any]]:
-    """:func:`execute_rows` for async psycopg: the ``AsyncRawCursor`` on the
-    driver's connection, awaited from the greenlet the async engine runs its
-    sync API in (as SQLAlchemy's own adapted cursor awaits). Errors take
-    SQLAlchemy's path as in the sync case; the cursor is closed here."""
-    driver_connection = conn.connection.driver_connection
-    cursor = _raw_async_cursor()(driver_connection)
-    try:
-        await_only(cursor.execute(text, args))
-        rows: list[Sequence[Any]] = await_only(cursor.fetchall())
-    except conn.dialect.loaded_dbapi.Error as error:
-        conn._handle_dbapi_exception(error, text, args, None, None)
-    finally:
-        await_only(cursor.close())
-    return rows
 
 
 #: Per dialect (an engine's), per statement (by identity: the builders of
@@ -327,27 +293,10 @@ def _execute_rows(conn: Connection, stmt: Executable, params: Mapping[str, Any])
         # What Connection.execute does first (its autobegin): the caller's
         # commit() or rollback() then ends the transaction this statement is in.
         conn.begin()
-    # Outside the try: SQLAlchemy's own errors (a connection left invalid
-    # inside a transaction) propagate as they are, as from Connection.execute.
-    dbapi_connection = conn.connection.dbapi_connection
-    assert dbapi_connection is not None
-    text = pre.text
-    if pre.native is not None:
-        text, names = pre.native
-        text = _renewed(text, generation)
-        args = tuple(values[name] for name in names)
-        if conn.dialect.is_async:
-            return _execute_native_async(conn, text, args)
-    cursor = None
-    try:
-        cursor = _raw_cursor()(dbapi_connection) if pre.native is not None else dbapi_connection.cursor()
-        cursor.execute(text, args)
-        # Every hot statement has RETURNING (and cursor.description would
-        # build a column object per column per execute).
-        rows: list[Sequence[Any]] = list(cursor.fetchall())
-        cursor.close()
-    except conn.dialect.loaded_dbapi.Error as error:
-        # Wrapped as DBAPIError, the connection invalidated on a disconnect,
-        # the cursor closed otherwise: SQLAlchemy's own handling.
-        conn._handle_dbapi_exception(error, text, args, cursor, None)
-    return rows
+    # The driver's cursor, or the backend's fast path for a native text (psycopg's
+    # raw cursor): a driver error takes SQLAlchemy's own path in either.
+    if pre.native is None:
+        return backend_of(conn).execute_rows(conn, pre.text, args)
+    text, names = pre.native
+    native_args = tuple(values[name] for name in names)
+    return backend_of(conn).execute_rows(conn, _renewed(text, generation), native_args, native=True)

@@ -25,6 +25,7 @@ except ImportError as error:  # pragma: no cover - exercised by a subprocess tes
         name=error.name,
     ) from error
 
-from .app import ACTIONS, DESTRUCTIVE_ACTIONS, VIEW, Authorize, Identify, create_app, scope_user
+from .app import create_app
+from .security import ACTIONS, DESTRUCTIVE_ACTIONS, VIEW, Authorize, Identify, scope_user
 
 __all__ = ["ACTIONS", "DESTRUCTIVE_ACTIONS", "VIEW", "Authorize", "Identify", "create_app", "scope_user"]

@@ -8,6 +8,10 @@ go stale and are recovered. Every handler execution writes an audit row (job,
 pid, recovery count, start and end in the database clock), and a trigger
 logs every state change with the lease the row had.
 
+A job goes back from ``running`` to ``queued`` in two ways only: a recovery
+(counted), or a runner giving back a job it claimed ahead that waited too
+long for a slot (not counted: that claim never ran its handler).
+
 Then: every job is settled exactly once (``completed``); each claim ran its
 handler at most once, and only while its lease was live; and a later
 execution of a job only started after the earlier claim was recovered -- at
@@ -71,6 +75,30 @@ def _busiest(engine: Engine, candidates: list[Worker]) -> Worker:
     return max(candidates, key=lambda worker: runs[worker.pid])
 
 
+def _is_recovery(transition: dict[str, Any]) -> bool:
+    """A recovery: ``running`` back to ``queued`` counting one more recovery."""
+    return bool(
+        transition["old_state"] == "running"
+        and transition["new_state"] == "queued"
+        and transition["new_count"] == transition["old_count"] + 1
+    )
+
+
+def _check_given_back(given_back: dict[str, Any], runs: list[dict[str, Any]], history: list[dict[str, Any]]) -> None:
+    """The other way from ``running`` back to ``queued``: a runner gives back
+    a job it claimed ahead that waited too long for a slot (on SQLite a frozen
+    process holding the write lock stalls every slot). That claim never ran
+    its handler, so it counts no recovery: the one run of its recovery count
+    was called after the give-back."""
+    assert given_back["new_count"] == given_back["old_count"], f"requeued neither recovered nor given back: {history}"
+    assert given_back["new_token"] is None, f"given back with a claim token: {history}"
+    for run in runs:
+        if run["recovery_count"] == given_back["old_count"]:
+            assert run["called_ms"] >= given_back["at_ms"], (
+                f"a claim given back as never started had run its handler ({run}); history {history}"
+            )
+
+
 def _check_no_overlap(runs_by_job: dict[str, list[dict[str, Any]]], log_by_job: dict[str, list[dict[str, Any]]]) -> int:
     """Returns how many jobs ran more than once (all checked).
 
@@ -98,13 +126,7 @@ def _check_no_overlap(runs_by_job: dict[str, list[dict[str, Any]]], log_by_job: 
             reruns += 1
         history = log_by_job[job_id]
         for earlier, later in pairwise(runs):
-            recoveries = [
-                t
-                for t in history
-                if t["old_state"] == "running"
-                and t["new_state"] == "queued"
-                and t["old_count"] == earlier["recovery_count"]
-            ]
+            recoveries = [t for t in history if _is_recovery(t) and t["old_count"] == earlier["recovery_count"]]
             assert len(recoveries) == 1, f"{job_id}: rerun without exactly one recovery: {history}"
             (recovery,) = recoveries
             assert recovery["old_lease"] is not None and recovery["old_lease"] <= recovery["at_ms"], (
@@ -173,7 +195,10 @@ def test_audit_every_job_settled_once_and_no_overlapping_runs(
     reruns = _check_no_overlap(runs_by_job, log_by_job)
     for job_id, row in rows.items():
         requeues = [t for t in log_by_job[job_id] if t["old_state"] == "running" and t["new_state"] == "queued"]
-        assert row["recovery_count"] == len(requeues), (job_id, row, requeues)
+        recoveries = [t for t in requeues if _is_recovery(t)]
+        assert row["recovery_count"] == len(recoveries), (job_id, row, requeues)
+        for given_back in (t for t in requeues if not _is_recovery(t)):
+            _check_given_back(given_back, runs_by_job[job_id], log_by_job[job_id])
         settling = [r for r in runs_by_job[job_id] if r["recovery_count"] == row["recovery_count"]]
         assert len(settling) == 1 and settling[0]["ended_ms"] is not None, (job_id, runs_by_job[job_id])
     runs_by_pid = Counter(run["pid"] for runs in runs_by_job.values() for run in runs)

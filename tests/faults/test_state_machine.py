@@ -125,7 +125,6 @@ from sqlalchemy_watchdog import (
 from sqlalchemy_watchdog import execution as ex
 from sqlalchemy_watchdog.backends import backend_of
 from sqlalchemy_watchdog.core.steps import NEVER_STARTED
-from sqlalchemy_watchdog.dependencies import drop_sql, trigger_sql
 from sqlalchemy_watchdog.execution import StopReason
 from sqlalchemy_watchdog.jobs import (
     FAILURE_DETAIL_MAX_LENGTH,
@@ -2260,7 +2259,8 @@ TAGGING = _Tagging()
 def _replace_triggers(engine: Engine, clock: str) -> None:
     """Re-create the dependency triggers reading ``clock`` for the database time."""
     with engine.begin() as conn:
-        for statement in [*drop_sql(conn.dialect.name), *trigger_sql(conn.dialect.name, clock)]:
+        backend = backend_of(conn)
+        for statement in [*backend.drop_trigger_sql(), *backend.trigger_sql(clock)]:
             conn.exec_driver_sql(statement)
 
 

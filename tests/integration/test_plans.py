@@ -467,7 +467,7 @@ class Case:
     name: str
     #: The statements.py builder (its name: the coverage test checks every builder has a case).
     builder: str
-    #: The builder's arguments; the string "dialect" is replaced by the dialect's name.
+    #: The builder's arguments; the string "dialect" is replaced by the dialect's backend.
     args: tuple[Any, ...]
     params: Params
     #: dialect -> the acceptable indexes on watchdog_jobs (one of them must be read);
@@ -481,7 +481,7 @@ class Case:
     both: bool = False
 
     def build(self, dialect: str) -> Any:
-        args = [dialect if arg == "dialect" else arg for arg in self.args]
+        args = [backend_of(dialect) if arg == "dialect" else arg for arg in self.args]
         return getattr(sql, self.builder)(*args)
 
 
@@ -1343,12 +1343,12 @@ def test_each_keys_jobs_are_read_in_order_when_statistics_say_one_job_per_key(tm
             assert conn.exec_driver_sql(stat).scalar_one().split()[2] == "1"  # one job per key, as analysed
         params = {"queue": "one", "unkeyed_n": 0, "unkeyed_scan": 0}
         params |= {f"key_{i}": f"k{100 + i}" for i in range(16)} | {f"n_{i}": 1 for i in range(16)}
-        statement, parameters = sent(engine, sql.key_picks(LITE, 16), params)
+        statement, parameters = sent(engine, sql.key_picks(backend_of(LITE), 16), params)
         plan = sqlite_plan(engine, statement, parameters)
         assert KEYED_QUEUED in plan.indexes, plan.text
         assert not plan.sorts, f"each key's jobs sorted instead of read in order:\n{plan.text}"
         with engine.connect() as conn:
-            picked = conn.execute(sql.key_picks(LITE, 16), params).all()
+            picked = conn.execute(sql.key_picks(backend_of(LITE), 16), params).all()
         assert sorted(row.part for row in picked) == list(range(16))
     finally:
         engine.dispose()
@@ -1504,7 +1504,7 @@ def test_the_limited_claim_stays_flat_at_a_million_jobs_and_ten_thousand_keys(
                 False,
             ),
             (
-                sql.key_picks(dialect, 64),
+                sql.key_picks(backend_of(dialect), 64),
                 {
                     "queue": "many",
                     "unkeyed_n": 16,
@@ -1517,7 +1517,7 @@ def test_the_limited_claim_stays_flat_at_a_million_jobs_and_ten_thousand_keys(
             ),
             # The queue's running jobs: its range of live_queue, or (PostgreSQL, few running
             # jobs anywhere) the running jobs of every queue in the lease index.
-            (sql.limit_usage(dialect), {"queue": "many", "period_ms": 60_000}, (LIVE_QUEUE, LEASE), False),
+            (sql.limit_usage(backend_of(dialect)), {"queue": "many", "period_ms": 60_000}, (LIVE_QUEUE, LEASE), False),
             (
                 sql.claim_limited(16),
                 {"token": "t", "lease_ms": 1000, "s_0": 1_000_001, **{f"s_{i}": None for i in range(1, 16)}},

@@ -36,6 +36,7 @@ from sqlalchemy.orm import Session
 
 from sqlalchemy_watchdog import Decision, Job, Watchdog, WatchdogError, enqueue, store
 from sqlalchemy_watchdog import statements as sql
+from sqlalchemy_watchdog.backends import postgresql as postgresql_backend
 from sqlalchemy_watchdog.gateway import AsyncGateway, SyncGateway
 from sqlalchemy_watchdog.store import views
 from tests.conftest import make_async_engine, prepared_claims
@@ -91,7 +92,7 @@ def test_long_hot_statements_reach_psycopg_with_native_placeholders(
     """The limited claim (14,000 characters) and a claim of eight queues go to
     the server as ``$n`` text through a ``RawCursor``: psycopg parses neither
     for placeholders, and each claims what its limits and queues allow."""
-    monkeypatch.setattr(views, "_raw_cursor", lambda: _Recording)
+    monkeypatch.setattr(postgresql_backend, "_raw_cursor", lambda: _Recording)
     _Recording.sent.clear()
     queues = _seed_limited_and_eight_queues(engine)
     gateway = SyncGateway(engine)
@@ -149,7 +150,7 @@ async def test_long_hot_statements_reach_async_psycopg_with_native_placeholders(
 ) -> None:
     """The same through an ``AsyncEngine``: the store's greenlet awaits an
     ``AsyncRawCursor`` on the driver's connection."""
-    monkeypatch.setattr(views, "_raw_async_cursor", lambda: _AsyncRecording)
+    monkeypatch.setattr(postgresql_backend, "_raw_async_cursor", lambda: _AsyncRecording)
     _AsyncRecording.sent.clear()
     queues = _seed_limited_and_eight_queues(engine)
     async_engine = make_async_engine(engine)

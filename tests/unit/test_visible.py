@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from sqlalchemy_watchdog.cli import _one_line
 from sqlalchemy_watchdog.visible import ESCAPED_BIDI_CLASSES, ESCAPED_CATEGORIES, escape, escape_code, is_escaped
-from sqlalchemy_watchdog.web.app import plain, visible, visible_text
+from sqlalchemy_watchdog.web.filters import plain, visible, visible_text
 
 #: The categories the issue names: controls, format characters, line and paragraph separators.
 NAMED_CATEGORIES = {"Cc", "Cf", "Zl", "Zp"}

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from sqlalchemy import Engine
 
+from ...backends import known_backend
 from ...client import Watchdog
 from ...errors import InvalidJob
 from ...schedules import Schedule, check_schedules
@@ -93,7 +94,8 @@ def build_runner(args: argparse.Namespace, engine: Engine) -> Any:
         options["executors"] = executors
     if args.listen_url is not None:
         listen_url = database_url(args.listen_url)
-        if listen_url.get_backend_name() != "postgresql":
+        listens_there = known_backend(listen_url.get_backend_name())
+        if listens_there is None or not listens_there.notifies:
             raise UsageError(f"--listen-url must be a PostgreSQL URL, not {shown(listen_url)}")
         options["listen_engine"] = open_engine(listen_url)
     # The module's schedules, found exactly as `schedules MODULE` finds them.

@@ -1,4 +1,5 @@
-"""Jobs, decisions and the results of queue operations.
+"""What a job is: its states and outcomes, the job itself, a handler's
+decision, a retry policy, a job read back, and a queue's limits.
 
 Everything here is a small frozen value. :class:`Job` validates its fields
 when it is built, so bad input is refused before any SQL runs.
@@ -12,118 +13,60 @@ import json
 import math
 import random
 import re
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import KW_ONLY, dataclass, field, fields
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Iterable, Mapping
+from dataclasses import KW_ONLY, dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
 
-from .errors import InvalidJob
-
-if TYPE_CHECKING:
-    from .codecs import PayloadCodec
-
-_T = TypeVar("_T")
+from ..errors import InvalidJob
+from .builders import slot_setters
+from .encoding import PayloadCodec, at_epoch_ms, duration_ms, encode_payload, epoch_ms
+from .validation import (
+    _INT32_MAX,
+    AFTER_POLICIES,
+    CANCELLATION_ID_MAX_LENGTH,
+    FAILURE_HISTORY_LENGTH,
+    FAILURE_HISTORY_REASON_LENGTH,
+    JOB_ID_MAX_LENGTH,
+    KEY_MAX_LENGTH,
+    LANE_MAX_LENGTH,
+    LIMIT_MAX,
+    MAX_ATTEMPTS_LIMIT,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    QUEUE_MAX_LENGTH,
+    RATE_PERIOD_MAX,
+    RATE_PERIOD_MIN,
+    bound_reason,
+    check_datetime,
+    check_duration,
+    check_int,
+    check_parents,
+    check_text,
+)
 
 __all__ = [
-    "JOB_ID_MAX_LENGTH",
-    "QUEUE_MAX_LENGTH",
-    "LANE_MAX_LENGTH",
-    "CANCELLATION_ID_MAX_LENGTH",
-    "FAILURE_REASON_MAX_LENGTH",
-    "PAYLOAD_MAX_BYTES",
-    "PAYLOAD_MAX_DEPTH",
-    "RESULT_MAX_BYTES",
-    "PRIORITY_MIN",
-    "PRIORITY_MAX",
-    "MAX_ATTEMPTS_LIMIT",
-    "FAILURE_HISTORY_LENGTH",
-    "MAX_DELAY",
-    "JobState",
-    "Outcome",
-    "RetryPolicy",
-    "FailedAttempt",
-    "Job",
+    "PRUNE_BATCH_MAX",
+    "UNDECODABLE_REASON_LENGTH",
     "Decision",
-    "JobView",
-    "Undecodable",
-    "EnqueueStatus",
-    "EnqueueResult",
-    "PauseStatus",
-    "QueuePause",
-    "QueueStats",
-    "WorkerView",
-    "ScheduleView",
-    "Stats",
-    "Throughput",
-    "THROUGHPUT_MINUTES",
-    "Retention",
-    "CancelStatus",
-    "CancelResult",
-    "SettleStatus",
-    "LaneFailure",
-    "BulkSkip",
-    "BulkResult",
-    "BULK_BATCH_MAX",
-    "KEY_MAX_LENGTH",
-    "LIMIT_MAX",
-    "RATE_PERIOD_MAX",
-    "Rate",
-    "QueueLimits",
+    "FailedAttempt",
     "HeldBy",
-    "encode_payload",
-    "encode_result",
-    "ResultStatus",
-    "JobResult",
+    "Job",
+    "JobState",
+    "JobView",
+    "Outcome",
+    "QueueLimits",
+    "Rate",
+    "Retention",
+    "RetryPolicy",
+    "Undecodable",
+    "bulk_cancellation_id",
+    "history_of",
+    "history_with",
+    "job_batch",
+    "rerun_job_id",
+    "set_after",
 ]
-
-JOB_ID_MAX_LENGTH = 256
-#: The longest stored trace context (JSON text of its propagation fields).
-TRACE_CONTEXT_MAX_LENGTH = 4096
-QUEUE_MAX_LENGTH = 256
-#: The longest flow-control key of a job (``Job.key``).
-KEY_MAX_LENGTH = 256
-#: The largest limit (concurrency, per-key concurrency, rate count) accepted.
-LIMIT_MAX = 1_000_000
-#: The longest rate period accepted (a rate limit's window), and the shortest.
-RATE_PERIOD_MAX = timedelta(days=1)
-RATE_PERIOD_MIN = timedelta(milliseconds=1)
-#: A 256-character identity plus a prefix such as ``team-key:`` still fits.
-LANE_MAX_LENGTH = 512
-CANCELLATION_ID_MAX_LENGTH = 256
-#: The longest pause reason accepted.
-PAUSE_REASON_MAX_LENGTH = 2000
-#: Failure reasons are cut to this many characters before they are stored.
-FAILURE_REASON_MAX_LENGTH = 2000
-#: The longest traceback kept with a failed job (its last characters are kept).
-FAILURE_DETAIL_MAX_LENGTH = 8000
-#: The largest payload accepted, measured as its canonical UTF-8 JSON text.
-PAYLOAD_MAX_BYTES = 1024 * 1024
-#: The deepest nesting of arrays and objects accepted in a payload.
-PAYLOAD_MAX_DEPTH = 64
-#: The largest result a handler may return, in bytes of its canonical JSON
-#: (the same bound as a payload's).
-RESULT_MAX_BYTES = PAYLOAD_MAX_BYTES
-PRIORITY_MIN = -(2**63)
-PRIORITY_MAX = 2**63 - 1
-_INT32_MAX = 2**31 - 1
-#: The largest ``max_attempts`` a retry policy may ask for.
-MAX_ATTEMPTS_LIMIT = 1000
-#: How many failed attempts a job remembers (the latest ones).
-FAILURE_HISTORY_LENGTH = 10
-#: Each remembered failure keeps at most this many characters of its reason.
-FAILURE_HISTORY_REASON_LENGTH = 500
-#: The longest delay, backoff, snooze or timeout accepted (about ten years).
-MAX_DELAY = timedelta(days=3650)
-#: The most parents one job may wait for (``Job(after=...)``).
-MAX_PARENTS = 10_000
-#: ``Job(after_policy=...)``: run only after every parent completed (a parent
-#: ending otherwise settles the job ``cancelled``), or after every parent
-#: settled, however it ended.
-AFTER_POLICIES = ("completed", "any_outcome")
-
-#: The range of ``run_at`` accepted (stored as epoch milliseconds).
-_RUN_AT_MIN = datetime(1970, 1, 1, tzinfo=UTC)
-_RUN_AT_MAX = datetime(9999, 1, 1, tzinfo=UTC)
 
 
 class JobState(str, enum.Enum):
@@ -153,218 +96,6 @@ class Outcome(str, enum.Enum):
     CANCELLED = "cancelled"
     OUTCOME_UNKNOWN = "outcome_unknown"
     INTERRUPTED = "interrupted"
-
-
-def check_text(field_name: str, value: object, max_length: int) -> str:
-    """Return ``value`` if it is a usable identifier, else raise :class:`InvalidJob`."""
-    if not isinstance(value, str):
-        raise InvalidJob(field_name, f"must be a str, not {type(value).__name__}")
-    if not 1 <= len(value) <= max_length:
-        raise InvalidJob(field_name, f"must be 1 to {max_length} characters long, got {len(value)}")
-    if "\x00" in value:
-        raise InvalidJob(field_name, "must not contain a NUL character")
-    if not value.isascii():  # isascii() is O(1); only non-ASCII text can hold a lone surrogate
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidJob(field_name, "must be valid Unicode (no lone surrogates)") from None
-    return value
-
-
-def check_int(field_name: str, value: object, low: int, high: int) -> int:
-    """Return ``value`` if it is an int (not a bool) within ``[low, high]``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidJob(field_name, f"must be an int, not {type(value).__name__}")
-    if not low <= value <= high:
-        raise InvalidJob(field_name, f"must be between {low} and {high}, got {value}")
-    return value
-
-
-def check_duration(field_name: str, value: object, *, low: timedelta = timedelta(milliseconds=1)) -> timedelta:
-    """Return ``value`` if it is a timedelta within ``[low, MAX_DELAY]`` (whole milliseconds count)."""
-    if not isinstance(value, timedelta):
-        raise InvalidJob(field_name, f"must be a datetime.timedelta, not {type(value).__name__}")
-    if value < low:
-        what = "positive" if low > timedelta(0) else "non-negative"
-        raise InvalidJob(field_name, f"must be {what} (at least {low}), got {value}")
-    if value > MAX_DELAY:
-        raise InvalidJob(field_name, f"must be at most {MAX_DELAY}, got {value}")
-    return value
-
-
-def duration_ms(value: timedelta) -> int:
-    """A checked duration in whole milliseconds."""
-    return value // timedelta(milliseconds=1)
-
-
-def check_aware(field_name: str, value: object) -> datetime:
-    """Return ``value`` if it is a timezone-aware datetime, else :class:`InvalidJob`."""
-    if not isinstance(value, datetime):
-        raise InvalidJob(field_name, f"must be a timezone-aware datetime.datetime, not {type(value).__name__}")
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise InvalidJob(
-            field_name, f"must be timezone-aware (e.g. datetime.now(timezone.utc)), got naive {value.isoformat()}"
-        )
-    return value
-
-
-def check_datetime(field_name: str, value: object) -> datetime:
-    """Return ``value`` if it is a timezone-aware datetime the table can hold."""
-    value = check_aware(field_name, value)
-    if not _RUN_AT_MIN <= value < _RUN_AT_MAX:
-        raise InvalidJob(field_name, f"must be between 1970 and 9999, got {value.isoformat()}")
-    return value
-
-
-def epoch_ms(value: datetime) -> int:
-    """A checked aware datetime in milliseconds since the Unix epoch."""
-    return (value - _RUN_AT_MIN) // timedelta(milliseconds=1)
-
-
-def from_epoch_ms(value: int | None) -> datetime | None:
-    """Epoch milliseconds as an aware UTC datetime (None stays None)."""
-    return None if value is None else at_epoch_ms(value)
-
-
-def at_epoch_ms(value: int) -> datetime:
-    """Epoch milliseconds as an aware UTC datetime."""
-    return _RUN_AT_MIN + timedelta(0, 0, 0, value)  # positional: keywords cost a third more
-
-
-def _check_json(value: Any, name: str = "payload") -> None:
-    """Refuse anything that is not strict JSON, without recursion.
-
-    Strings are not looked into here: a lone surrogate in any of them (keys
-    included) makes the encoded text fail UTF-8 encoding in
-    :func:`encode_payload`, which checks the whole text once.
-    """
-    if type(value) is dict and _flat(value):
-        return
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if item is None or isinstance(item, (str, bool, int)):
-            continue
-        if isinstance(item, float):
-            if not math.isfinite(item):
-                raise InvalidJob(name, f"must be strict JSON; {item!r} is not a JSON number")
-            continue
-        if depth >= PAYLOAD_MAX_DEPTH:
-            raise InvalidJob(name, f"must nest at most {PAYLOAD_MAX_DEPTH} levels deep")
-        if isinstance(item, (list, tuple)):
-            stack.extend((child, depth + 1) for child in item)
-        elif isinstance(item, Mapping):
-            for key, child in item.items():
-                if not isinstance(key, str):
-                    raise InvalidJob(
-                        name,
-                        f"object keys must be str, not {type(key).__name__} ({key!r})",
-                    )
-                stack.append((child, depth + 1))
-        else:
-            raise InvalidJob(name, f"must be strict JSON; {type(item).__name__} is not a JSON type")
-
-
-#: Exact types a flat payload's values may have without a closer look.
-_SCALARS = frozenset({str, int, bool, type(None)})
-
-
-def _flat(value: dict[Any, Any]) -> bool:
-    """Whether ``value`` is a plain dict of ``str`` keys and finite scalars,
-    the common payload: strict JSON as it stands (the fast path of
-    :func:`_check_json`; False sends anything else to the full check)."""
-    for key, item in value.items():
-        if type(key) is not str:
-            return False
-        kind = type(item)
-        if kind in _SCALARS or (kind is float and math.isfinite(item)):
-            continue
-        return False
-    return True
-
-
-#: Canonical payload JSON: sorted keys, fixed separators, strict numbers.
-_PAYLOAD_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-def _one_shot_encoder() -> Callable[[Any], str]:
-    """``_PAYLOAD_ENCODER.encode``, the same text, without its per-call set-up.
-
-    ``JSONEncoder.encode`` builds CPython's C encoder object on every call,
-    about half the cost of encoding a small payload. This builds it once,
-    with the very arguments ``encode`` passes, but no circular-reference
-    markers: :func:`_check_json` has already refused anything nested deeper
-    than :data:`PAYLOAD_MAX_DEPTH`, which a cycle would be. Where the C
-    encoder is missing (another Python), ``encode`` itself.
-    """
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:  # pragma: no cover - CPython always has it
-        return _PAYLOAD_ENCODER.encode
-    e = _PAYLOAD_ENCODER
-    iterate = make(
-        None,
-        e.default,
-        json.encoder.encode_basestring,
-        e.indent,
-        e.key_separator,
-        e.item_separator,
-        e.sort_keys,
-        e.skipkeys,
-        e.allow_nan,
-    )
-
-    def encode(payload: Any) -> str:
-        return "".join(iterate(payload, 0))
-
-    return encode
-
-
-_encode_checked_json = _one_shot_encoder()
-
-
-def encode_payload(payload: Any, name: str = "payload", max_bytes: int = PAYLOAD_MAX_BYTES) -> str:
-    """Validate ``payload`` and return its canonical JSON text.
-
-    Keys are sorted and separators fixed, so equal payloads always encode to
-    the same text and an identical replay is recognised as a duplicate.
-    ``name`` is the field an error names (``result`` for a handler's result).
-    """
-    if payload is None:  # the default: no need for the encoder
-        return "null"
-    _check_json(payload, name)
-    try:
-        text = _encode_checked_json(payload)
-    except (TypeError, ValueError) as error:  # e.g. a read-only mapping, a 5,000-digit int
-        raise InvalidJob(name, f"cannot be encoded as JSON: {error}") from None
-    try:
-        size = len(text) if text.isascii() else len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise InvalidJob(name, "strings must be valid Unicode (no lone surrogates)") from None
-    if size > max_bytes:
-        raise InvalidJob(name, f"must be at most {max_bytes} bytes of JSON, got {size}")
-    return text
-
-
-def encode_result(value: Any, codec: PayloadCodec | None = None) -> str | None:
-    """A handler's result as stored: ``codec.encode(value)`` (when a codec is
-    given), then canonical JSON of at most :data:`RESULT_MAX_BYTES`; None for
-    no result (``None``).
-
-    :raises InvalidJob: (field ``result``) a value the codec refuses, that is
-        not strict JSON, or that is too large.
-    """
-    if value is None:
-        return None
-    if codec is not None:
-        try:
-            value = codec.encode(value)
-        except InvalidJob as error:
-            raise InvalidJob("result", str(error).split(": ", 1)[-1]) from None
-        except Exception as error:  # a codec refusing a value, in its own words
-            raise InvalidJob(
-                "result", f"{type(codec).__name__}.encode failed: {type(error).__name__}: {error}"
-            ) from None
-    return encode_payload(value, "result", RESULT_MAX_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,26 +218,6 @@ class FailedAttempt:
     attempt: int
     #: Why, cut to ``FAILURE_HISTORY_REASON_LENGTH`` characters.
     reason: str
-
-
-def _not_json(constant: str) -> Any:
-    raise ValueError(f"{constant} is not a JSON number")
-
-
-#: Strict JSON: ``NaN`` and ``Infinity`` are refused (Python's default takes them).
-_STRICT_JSON = json.JSONDecoder(parse_constant=_not_json)
-
-
-def payload_of(text: str) -> Any:
-    """A stored payload's value; raises for text the library would never
-    have stored: not strict JSON, or nested deeper than :data:`PAYLOAD_MAX_DEPTH`
-    (a ``RecursionError`` from the decoder included)."""
-    value = _STRICT_JSON.decode(text)
-    # Only text with that many brackets can nest that deep: a flat payload
-    # is not walked again.
-    if len(text) > PAYLOAD_MAX_DEPTH and text.count("[") + text.count("{") > PAYLOAD_MAX_DEPTH:
-        _check_json(value)
-    return value
 
 
 def history_of(text: str | None) -> tuple[FailedAttempt, ...]:
@@ -697,61 +408,6 @@ class Job:
         return None if self.retry is None else self.retry.to_json()
 
 
-def slot_setters(cls: type, names: tuple[str, ...]) -> tuple[Callable[[Any, Any], None], ...]:
-    """The setters of a frozen slots dataclass's fields, in ``names`` order,
-    which must name all its fields in their declared order (else TypeError).
-
-    For building instances on a hot path: a frozen dataclass's own ``__init__``
-    sets each field through ``object.__setattr__``, several times slower than
-    the slot's setter. Whoever uses them must set every field."""
-    declared = tuple(f.name for f in fields(cls))
-    if declared != names:
-        raise TypeError(f"{cls.__name__} has the fields {declared}, not {names}")
-    return tuple(cls.__dict__[name].__set__ for name in names)
-
-
-def frozen_builder(cls: type[_T], names: tuple[str, ...]) -> Callable[..., _T]:
-    """A function ``build(*values)`` making an instance of the frozen
-    dataclass ``cls`` with its fields ``names`` (all of them, in declared
-    order, else TypeError) set to ``values``, without ``__init__``: no
-    defaults, no ``__post_init__``, so whoever calls it passes values the
-    class's own checks would accept.
-
-    For the instances the runner makes per job (a :class:`JobView` per
-    claimed row). A frozen dataclass's ``__init__`` sets each field through
-    ``object.__setattr__``, and even the slots' own setters are a call per
-    field: 2.5 us for a ``JobView``. The builder is generated code (as
-    dataclasses generate ``__init__``) that assigns each field on an
-    instance of a private subclass with the plain ``__setattr__`` -- for a
-    slots class one specialised bytecode per field, no call -- then sets its
-    ``__class__`` to ``cls`` (the same layout: the subclass adds no slot and
-    no ``__dict__``): 0.4 us. What it returns is a plain, frozen ``cls``.
-    A dataclass without slots has its ``__dict__`` filled in one update."""
-    declared = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
-    if declared != names:
-        raise TypeError(f"{cls.__name__} has the fields {declared}, not {names}")
-    params = ", ".join(f"v{i}" for i in range(len(names)))
-    if "__slots__" in cls.__dict__:
-        open_twin = type(
-            f"_Building{cls.__name__}",
-            (cls,),
-            # Both plain: CPython then gives the twin the generic set-attribute
-            # slot, which STORE_ATTR specialises for slots; with either of the
-            # dataclass's own left, every assignment calls through it.
-            {"__slots__": (), "__setattr__": object.__setattr__, "__delattr__": object.__delattr__},
-        )
-        assign = "".join(f"    made.{name} = v{i}\n" for i, name in enumerate(names))
-        source = f"def build({params}):\n    made = new(open_twin)\n{assign}    made.__class__ = cls\n    return made\n"
-        namespace: dict[str, Any] = {"new": object.__new__, "open_twin": open_twin, "cls": cls}
-    else:  # the fields live in the instance's __dict__: set it whole
-        assign = ", ".join(f"{name!r}: v{i}" for i, name in enumerate(names))
-        source = f"def build({params}):\n    made = new(cls)\n    made.__dict__.update({{{assign}}})\n    return made\n"
-        namespace = {"new": object.__new__, "cls": cls}
-    exec(source, namespace)  # generated from the dataclass's own field names
-    build: Callable[..., _T] = namespace["build"]
-    return build
-
-
 (
     _set_job_id, _set_queue, _set_lane, _set_priority, _set_payload, _set_max_recoveries, _set_run_at,
     _set_retry, _set_timeout, _set_rerun_of, _set_key, _set_codec, _set_payload_json, _set_after, _set_after_policy,
@@ -764,22 +420,6 @@ def frozen_builder(cls: type[_T], names: tuple[str, ...]) -> Callable[..., _T]:
 #: Set a checked ``after`` on a copy of a job (workflows.py: a step made to
 #: wait for the step before it).
 set_after = _set_after
-
-
-def check_parents(job_id: str, after: object) -> tuple[str, ...]:
-    """``after`` as a tuple of distinct job_ids (first mention kept), checked."""
-    if after is None:
-        return ()
-    if isinstance(after, (str, bytes)) or not isinstance(after, Iterable):
-        raise InvalidJob("after", f"must be an iterable of job_ids, not {type(after).__name__}")
-    parents = tuple(dict.fromkeys(after))
-    if len(parents) > MAX_PARENTS:
-        raise InvalidJob("after", f"may name at most {MAX_PARENTS} jobs, got {len(parents)}")
-    for parent in parents:
-        check_text("after", parent, JOB_ID_MAX_LENGTH)
-        if parent == job_id:
-            raise InvalidJob("after", f"job {job_id!r} cannot wait for itself")
-    return parents
 
 
 def _encoded(codec: Any, payload: Any) -> Any:
@@ -927,14 +567,6 @@ class Decision:
 
 
 _DECIDABLE = frozenset({Outcome.COMPLETED, Outcome.FAILED, Outcome.OUTCOME_UNKNOWN})
-
-
-def bound_reason(reason: str) -> str:
-    """Cut a failure reason to :data:`FAILURE_REASON_MAX_LENGTH` and strip NULs."""
-    reason = reason.replace("\x00", "\\0").encode("utf-8", "replace").decode("utf-8")
-    if len(reason) > FAILURE_REASON_MAX_LENGTH:
-        reason = reason[: FAILURE_REASON_MAX_LENGTH - 1] + "…"
-    return reason
 
 
 #: The longest :attr:`Undecodable.reason` kept.
@@ -1170,172 +802,6 @@ class QueueLimits:
     rate_per_key: Rate | None = None
 
 
-class PauseStatus(str, enum.Enum):
-    """What :meth:`Watchdog.pause` / :meth:`Watchdog.resume` did."""
-
-    PAUSED = "paused"
-    ALREADY_PAUSED = "already_paused"
-    RESUMED = "resumed"
-    NOT_PAUSED = "not_paused"
-
-
-@dataclass(frozen=True, slots=True)
-class QueuePause:
-    """A paused queue: no runner claims its jobs until it is resumed."""
-
-    queue: str
-    reason: str | None
-    #: When the pause committed, by the database clock.
-    paused_at: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class QueueStats:
-    """How one queue is doing (:meth:`Watchdog.stats`)."""
-
-    queue: str
-    #: Jobs by live state.
-    delayed: int = 0
-    queued: int = 0
-    running: int = 0
-    #: Running jobs whose lease has ended (their worker is gone or frozen;
-    #: recovery takes them).
-    expired_leases: int = 0
-    #: How long the oldest ready (queued) job has been ready; None when none is queued.
-    oldest_ready_age: timedelta | None = None
-    #: Jobs settled in the last minute and in the last hour, by outcome.
-    settled_last_minute: Mapping[Outcome, int] = field(default_factory=dict)
-    settled_last_hour: Mapping[Outcome, int] = field(default_factory=dict)
-    #: The pause, if the queue is paused.
-    pause: QueuePause | None = None
-    #: Live workers serving the queue (registered runners not gone; see
-    #: :meth:`Watchdog.workers`).
-    workers: int = 0
-    #: The queue's limits, if it has any (:meth:`Watchdog.set_limits`).
-    limits: QueueLimits | None = None
-    #: Claims counted against its rate in the current window (None: no rate limit).
-    rate_used: int | None = None
-    #: With a per-key rate: the claims of its busiest key in that key's current
-    #: window, i.e. how close the nearest key is to its rate (None: no per-key rate).
-    rate_per_key_used: int | None = None
-    #: Queued jobs no claim could take now because of a limit (0 without limits).
-    held_back: int = 0
-    #: Jobs waiting for their parents (``Job(after=...)``): not claimable
-    #: until released, and not counted in ``queued`` or ``delayed``.
-    waiting: int = 0
-
-    @property
-    def paused(self) -> bool:
-        return self.pause is not None
-
-    @property
-    def unserved(self) -> bool:
-        """Ready jobs wait and no live worker serves the queue: nothing will
-        run them until a worker for it starts."""
-        return self.queued > 0 and self.workers == 0
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerView:
-    """A registered runner, as :meth:`Watchdog.workers` reads it.
-
-    A runner registers itself when it starts serving (``run_forever``),
-    refreshes ``last_seen`` (database clock) and ``running`` with every
-    heartbeat and removes its row when it shuts down cleanly. A runner that
-    died without shutting down (SIGKILL, a lost host) stops refreshing: once
-    it has not been seen for :attr:`gone_after` -- three of its heartbeats
-    and 30 seconds -- it is :attr:`gone`; runners prune gone workers an hour
-    later. A restarted runner is a new worker (a new ``worker_id``).
-    """
-
-    worker_id: str
-    host: str
-    pid: int
-    queues: tuple[str, ...]
-    concurrency: int
-    #: Its wake-up mode as it runs (``Runner.wakeup_status``).
-    wakeups: str
-    #: The library version it runs.
-    version: str
-    heartbeat: timedelta
-    #: When it started serving, and its last heartbeat (database clock).
-    started_at: datetime
-    last_seen: datetime
-    #: Jobs it held at its last heartbeat: running, or claimed ahead and
-    #: waiting for a free slot (so at most ``concurrency + claim_ahead``).
-    running: int
-    #: The most jobs it claims beyond its concurrency: the process
-    #: executor's ``prefetch``, else the cap of the runner's ``claim_ahead``
-    #: (0: none). 0 for a runner of a version before revision w0017.
-    claim_ahead: int
-    #: How long it has not been seen, by the database clock when read.
-    silent_for: timedelta
-    #: How long without a heartbeat makes it gone.
-    gone_after: timedelta
-    #: Its queues whose handlers run in child processes (a process
-    #: executor); the others run in its own process (threads, or an async
-    #: runner's tasks). Empty for a runner of a version before revision w0018.
-    process_queues: tuple[str, ...] = ()
-
-    @property
-    def gone(self) -> bool:
-        """Not seen for longer than :attr:`gone_after`: dead, frozen or cut off."""
-        return self.silent_for > self.gone_after
-
-    @property
-    def executors(self) -> dict[str, str]:
-        """Where each of its queues' handlers run: ``process`` (child
-        processes) or ``thread`` (its own process)."""
-        processes = set(self.process_queues)
-        return {queue: ("process" if queue in processes else "thread") for queue in self.queues}
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduleView:
-    """A schedule as the runners serving it recorded it (:meth:`Watchdog.schedules`).
-
-    One view per name and definition: two deploys that serve a schedule of
-    the same name with different definitions (cron, time zone, queue, the
-    jobs' contents) are two views, both :attr:`current` and each
-    :attr:`disputed`.
-    """
-
-    name: str
-    #: A digest of the whole definition.
-    fingerprint: str
-    cron: str
-    timezone: str
-    queue: str
-    #: Its next slot, and the latest slot a runner enqueued (None: none yet).
-    next_slot: datetime | None
-    last_enqueued: datetime | None
-    #: The worker_id of the runner that recorded it last.
-    recorded_by: str
-    #: When it was recorded last (database clock).
-    last_seen: datetime
-    #: Whether a runner served it recently (within 3.5 minutes: runners
-    #: record their schedules at least every minute).
-    current: bool
-    #: Whether another current definition of the same name exists.
-    disputed: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Stats:
-    """A snapshot of every queue that has live jobs, recent settlements or a pause."""
-
-    #: The database clock when the snapshot was taken.
-    at: datetime
-    queues: tuple[QueueStats, ...]
-
-    def queue(self, name: str) -> QueueStats:
-        """The stats of queue ``name`` (all zero if it has nothing)."""
-        for stats in self.queues:
-            if stats.queue == name:
-                return stats
-        return QueueStats(name)
-
-
 @dataclass(frozen=True, slots=True)
 class Retention:
     """How long a runner keeps settled jobs before it prunes them, by outcome.
@@ -1370,202 +836,3 @@ class Retention:
 
 #: The most rows one prune statement deletes.
 PRUNE_BATCH_MAX = 10_000
-
-
-class EnqueueStatus(str, enum.Enum):
-    QUEUED = "queued"
-    DUPLICATE = "duplicate"
-
-
-@dataclass(frozen=True, slots=True)
-class EnqueueResult:
-    """What :func:`~sqlalchemy_watchdog.enqueue` did with one job."""
-
-    job_id: str
-    status: EnqueueStatus
-
-
-class CancelStatus(str, enum.Enum):
-    RECORDED = "recorded"
-    REPLAYED = "replayed"
-    CONFLICT = "conflict"
-    MISSING = "missing"
-
-
-@dataclass(frozen=True, slots=True)
-class CancelResult:
-    """What a cancellation request did."""
-
-    job_id: str
-    status: CancelStatus
-
-
-class ResultStatus(str, enum.Enum):
-    """Where a job's result stands (:class:`JobResult`)."""
-
-    #: Settled ``completed``: :attr:`JobResult.value` is its result.
-    COMPLETED = "completed"
-    #: Settled ``failed``, ``interrupted`` or ``outcome_unknown``: no result;
-    #: :attr:`JobResult.reason` says why.
-    FAILED = "failed"
-    #: Settled ``cancelled``: no result.
-    CANCELLED = "cancelled"
-    #: Not started yet (``delayed``, ``queued`` or ``waiting``).
-    PENDING = "pending"
-    #: A handler is running it.
-    RUNNING = "running"
-    #: No job has this job_id (never enqueued, purged, or pruned).
-    UNKNOWN = "unknown"
-    #: :meth:`Watchdog.wait <sqlalchemy_watchdog.Watchdog.wait>` gave up: the
-    #: job was not settled within its timeout.
-    TIMED_OUT = "timed_out"
-
-    @property
-    def final(self) -> bool:
-        """Whether the answer can no longer change (the job is settled)."""
-        return self in (ResultStatus.COMPLETED, ResultStatus.FAILED, ResultStatus.CANCELLED)
-
-
-@dataclass(frozen=True, slots=True)
-class JobResult:
-    """A job's result, or why there is none (:meth:`Watchdog.result
-    <sqlalchemy_watchdog.Watchdog.result>`, :meth:`~sqlalchemy_watchdog.Watchdog.wait`)."""
-
-    job_id: str
-    status: ResultStatus
-    #: The handler's result (decoded by the codec given, if any); None
-    #: unless :attr:`status` is ``completed`` (and None when it returned none).
-    value: Any = None
-    #: The outcome of a settled job.
-    outcome: Outcome | None = None
-    #: Why a job failed (its failure reason), or was cancelled (None if the
-    #: cancellation gave no reason); None otherwise.
-    reason: str | None = None
-
-    @property
-    def completed(self) -> bool:
-        """Whether the job completed (its :attr:`value` is its result)."""
-        return self.status is ResultStatus.COMPLETED
-
-    def unwrap(self) -> Any:
-        """The value of a completed job.
-
-        :raises ~sqlalchemy_watchdog.WatchdogError: (code ``invalid_input``)
-            the job did not complete; the message says why.
-        """
-        if self.status is ResultStatus.COMPLETED:
-            return self.value
-        why = f": {self.reason}" if self.reason else ""
-        raise InvalidJob("job_id", f"job {self.job_id!r} has no result ({self.status.value}{why})")
-
-
-_RESULT_STATUS_OF_STATE = {
-    JobState.DELAYED: ResultStatus.PENDING,
-    JobState.QUEUED: ResultStatus.PENDING,
-    JobState.RUNNING: ResultStatus.RUNNING,
-}
-
-
-def result_of(job_id: str, job: JobView | None, codec: PayloadCodec | None = None) -> JobResult:
-    """The :class:`JobResult` of the stored ``job`` (None: no such job)."""
-    if job is None:
-        return JobResult(job_id, ResultStatus.UNKNOWN)
-    if job.state is not JobState.SETTLED:
-        return JobResult(job_id, _RESULT_STATUS_OF_STATE.get(job.state, ResultStatus.PENDING))
-    outcome = job.outcome
-    if outcome is Outcome.COMPLETED:
-        value = job.result
-        if codec is not None and value is not None and not isinstance(value, Undecodable):
-            value = codec.decode(value)
-        return JobResult(job_id, ResultStatus.COMPLETED, value, outcome)
-    if outcome is Outcome.CANCELLED:
-        return JobResult(job_id, ResultStatus.CANCELLED, None, outcome, job.failure_reason)
-    return JobResult(job_id, ResultStatus.FAILED, None, outcome, job.failure_reason or (outcome and outcome.value))
-
-
-class SettleStatus(str, enum.Enum):
-    SETTLED = "settled"
-    #: Not settled: back to ``delayed``/``queued`` for a retry or a snooze.
-    REQUEUED = "requeued"
-    REPLAYED = "replayed"
-    CONFLICT = "conflict"
-    MISSING = "missing"
-
-
-@dataclass(frozen=True, slots=True)
-class LaneFailure:
-    """What :meth:`Watchdog.fail_lane` did: one batch of the lane's live jobs."""
-
-    jobs: tuple[JobView, ...]
-    more: bool
-
-    @property
-    def settled(self) -> int:
-        """How many jobs this call settled ``failed``."""
-        return len(self.jobs)
-
-
-#: The largest batch of :meth:`Watchdog.rerun_many` / :meth:`Watchdog.cancel_many`.
-BULK_BATCH_MAX = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class BulkSkip:
-    """A job a bulk action selected and left alone, and why (in plain words)."""
-
-    job_id: str
-    why: str
-
-
-@dataclass(frozen=True, slots=True)
-class BulkResult:
-    """What :meth:`Watchdog.rerun_many` or :meth:`Watchdog.cancel_many` did
-    (with ``dry_run``: what it selected, changing nothing).
-
-    ``done`` are the jobs acted on now (the reruns' new job_ids; the jobs
-    whose cancellation was recorded), ``repeated`` the ones an earlier call
-    with the same id had already done (the rerun is a duplicate, the
-    cancellation a replay), ``skipped`` the ones left alone.
-    """
-
-    matched: int
-    done: tuple[str, ...]
-    repeated: tuple[str, ...]
-    skipped: tuple[BulkSkip, ...]
-    #: How many transactions it took (one per batch).
-    batches: int
-    dry_run: bool
-
-
-#: The minutes :meth:`Watchdog.throughput` counts (the last hour).
-THROUGHPUT_MINUTES = 60
-
-
-@dataclass(frozen=True, slots=True)
-class Throughput:
-    """Jobs settled per minute over the last hour, by queue and outcome
-    (:meth:`Watchdog.throughput`): what the dashboard's chart draws."""
-
-    #: The database clock when it was read; the last minute ends here.
-    at: datetime
-    #: ``{queue: {outcome: counts}}``, each ``counts`` a tuple of
-    #: :data:`THROUGHPUT_MINUTES` numbers, the oldest minute first; only the
-    #: queues and outcomes that settled anything in the hour.
-    queues: Mapping[str, Mapping[Outcome, tuple[int, ...]]]
-
-    @property
-    def start(self) -> datetime:
-        """When the first minute begins (an hour before :attr:`at`)."""
-        return self.at - timedelta(minutes=THROUGHPUT_MINUTES)
-
-    def per_minute(self, queue: str | None = None) -> dict[Outcome, tuple[int, ...]]:
-        """The counts of ``queue`` (None: every queue added up), by outcome."""
-        total: dict[Outcome, list[int]] = {}
-        for name, outcomes in self.queues.items():
-            if queue is not None and name != queue:
-                continue
-            for outcome, counts in outcomes.items():
-                sums = total.setdefault(outcome, [0] * THROUGHPUT_MINUTES)
-                for minute, count in enumerate(counts):
-                    sums[minute] += count
-        return {outcome: tuple(total[outcome]) for outcome in Outcome if outcome in total}

@@ -1,6 +1,9 @@
-"""Dependencies between jobs: the edges table's triggers, on both dialects.
+"""Dependencies between jobs: the edges table's triggers, what every dialect shares.
 
-Internal module; see ``docs/design.md`` ("Dependencies").
+Internal module; see ``docs/design.md`` ("Dependencies"). Each backend
+renders :func:`edge_triggers` in its own DDL (``Backend.trigger_sql``: a
+PL/pgSQL function and a trigger on PostgreSQL, a trigger with its body on
+SQLite); the store's side of dependencies is ``store/dependencies.py``.
 
 A job enqueued with ``after=[...]`` is ``waiting`` with ``waiting_on`` = the
 number of its parents not settled yet; one row of ``watchdog_job_edges``
@@ -49,7 +52,9 @@ pruned without running them: their cost is paid by the jobs that use them.
 
 from __future__ import annotations
 
-__all__ = ["EDGE_OUTCOMES", "trigger_sql", "drop_sql", "TRIGGER_NAMES"]
+from typing import NamedTuple
+
+__all__ = ["EDGE_OUTCOMES", "TRIGGER_NAMES", "Trigger", "edge_triggers"]
 
 #: What an edge may record: a parent's outcome, or ``purged``.
 EDGE_OUTCOMES = ("completed", "failed", "cancelled", "outcome_unknown", "interrupted", "purged")
@@ -85,40 +90,37 @@ TRIGGER_NAMES = (
 )
 
 
-def trigger_sql(dialect: str, clock: str) -> list[str]:
-    """The DDL creating the triggers (and on PostgreSQL their functions)."""
+class Trigger(NamedTuple):
+    """One trigger of the edges, whatever the dialect: each backend writes it
+    in its own DDL."""
+
+    #: The trigger's name (and on PostgreSQL its function's).
+    name: str
+    #: When it fires, e.g. ``AFTER DELETE ON watchdog_jobs``.
+    event: str
+    #: The condition (on ``NEW``/``OLD``) under which it runs.
+    when: str
+    #: The one statement it runs.
+    body: str
+
+
+def edge_triggers(clock: str) -> tuple[Trigger, ...]:
+    """The triggers of :data:`TRIGGER_NAMES`, ``clock`` being the dialect's
+    clock SQL (``Backend.clock_ms_sql()``)."""
     count = _COUNT_EDGE.format(parent_outcome="NEW.outcome", parent="NEW.parent", child="NEW.child", clock=clock)
     settled = _SETTLE_EDGES.format(outcome="NEW.outcome", job_id="NEW.job_id")
     purged = _SETTLE_EDGES.format(outcome="'purged'", job_id="OLD.job_id")
     pruned = _FORGET_CHILD.format(job_id="OLD.job_id")
-    parts = (
-        ("watchdog_jobs_parent_settled", "AFTER UPDATE OF state ON watchdog_jobs",
-         f"NEW.state = 'settled' AND OLD.state IN {_LIVE} AND NEW.watched = 1", settled),
+    return (
+        Trigger("watchdog_jobs_parent_settled", "AFTER UPDATE OF state ON watchdog_jobs",
+                f"NEW.state = 'settled' AND OLD.state IN {_LIVE} AND NEW.watched = 1", settled),
         # Revision w0014: a waiting job too (purge deletes them), and a job
         # settled while waiting whose dependents are not told yet (SQLite's
         # DELETE also removes a row its own statement's trigger settled).
-        ("watchdog_jobs_parent_deleted", "AFTER DELETE ON watchdog_jobs",
-         f"OLD.watched = 1 AND (OLD.state IN {_UNSETTLED} OR OLD.waiting_on = 0)", purged),
+        Trigger("watchdog_jobs_parent_deleted", "AFTER DELETE ON watchdog_jobs",
+                f"OLD.watched = 1 AND (OLD.state IN {_UNSETTLED} OR OLD.waiting_on = 0)", purged),
         # Revision w0014: a deleted job of any state (a purged one left its edges).
-        ("watchdog_jobs_child_pruned", "AFTER DELETE ON watchdog_jobs", "OLD.after_policy IS NOT NULL", pruned),
-        ("watchdog_job_edges_counted", "AFTER UPDATE OF outcome ON watchdog_job_edges",
-         "OLD.outcome IS NULL AND NEW.outcome IS NOT NULL", count),
+        Trigger("watchdog_jobs_child_pruned", "AFTER DELETE ON watchdog_jobs", "OLD.after_policy IS NOT NULL", pruned),
+        Trigger("watchdog_job_edges_counted", "AFTER UPDATE OF outcome ON watchdog_job_edges",
+                "OLD.outcome IS NULL AND NEW.outcome IS NOT NULL", count),
     )  # fmt: skip
-    statements: list[str] = []
-    for name, event, when, body in parts:
-        if dialect == "postgresql":
-            statements.append(
-                f"CREATE OR REPLACE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
-                f"BEGIN\n    {body};\n    RETURN NULL;\nEND\n$$"
-            )
-            statements.append(f"CREATE TRIGGER {name} {event} FOR EACH ROW WHEN ({when}) EXECUTE FUNCTION {name}()")
-        else:
-            statements.append(f"CREATE TRIGGER {name} {event} FOR EACH ROW WHEN {when} BEGIN {body}; END")
-    return statements
-
-
-def drop_sql(dialect: str) -> list[str]:
-    """The DDL dropping them (the table's own drop takes the triggers)."""
-    if dialect == "postgresql":
-        return [f"DROP FUNCTION IF EXISTS {name}() CASCADE" for name in TRIGGER_NAMES]
-    return [f"DROP TRIGGER IF EXISTS {name}" for name in TRIGGER_NAMES]

@@ -30,10 +30,12 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.pool import NullPool
 
-from sqlalchemy_watchdog import Job, store
+from sqlalchemy_watchdog import Job, metadata, store
 from sqlalchemy_watchdog import statements as sql
 from sqlalchemy_watchdog.backends import BACKENDS, Backend, backend_of, backend_of_error
+from sqlalchemy_watchdog.backends.triggers import TRIGGER_NAMES
 from sqlalchemy_watchdog.model import jobs_table
 
 
@@ -442,3 +444,139 @@ def test_a_share_locked_read_holds_its_rows_against_a_delete_where_rows_lock(eng
                 deleter.exec_driver_sql("SET LOCAL lock_timeout = '200ms'")
                 with pytest.raises(DBAPIError, match="lock timeout"):
                     deleter.execute(table.delete().where(table.c.sequence == 1))
+
+
+# -- the schema's dialect DDL, the URLs, the hot statements' fast path ----------------
+
+
+def _triggers(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.exec_driver_sql(_backend(engine).count_triggers_sql()).scalar_one())
+
+
+def test_the_dependency_triggers_are_made_counted_and_dropped_by_the_backends_ddl(engine: Engine) -> None:
+    backend = _backend(engine)
+    assert _triggers(engine) == 4  # create_all made them
+    with engine.begin() as conn:
+        for statement in backend.drop_trigger_sql():
+            conn.exec_driver_sql(statement)
+    assert _triggers(engine) == 0
+    with engine.begin() as conn:
+        for statement in [*backend.drop_trigger_sql(), *backend.trigger_sql()]:  # dropping none is no error
+            conn.exec_driver_sql(statement)
+    assert _triggers(engine) == 4
+    # They run: a parent's settlement releases its child.
+    enqueue = store.enqueue
+    with engine.begin() as conn:
+        enqueue(conn, [Job("parent", "q"), Job("child", "q", after=["parent"])])
+    with engine.begin() as conn:
+        conn.execute(
+            jobs_table.update()
+            .where(jobs_table.c.job_id == "parent")
+            .values(state="settled", outcome="completed", settled_at=1)
+        )
+        state = conn.execute(select(jobs_table.c.state).where(jobs_table.c.job_id == "child")).scalar_one()
+    assert state == "queued"
+
+
+def test_a_domain_refuses_what_its_check_refuses_where_the_backend_has_domains(engine: Engine) -> None:
+    backend = _backend(engine)
+    statements = backend.domain_sql("conformance_positive", "BIGINT", "ck_conformance_positive", "{c} > 0")
+    if not backend.column_domains:
+        assert statements == [] and backend.drop_domain_sql("conformance_positive") == []
+        return
+    with engine.begin() as conn:
+        for statement in statements:
+            conn.exec_driver_sql(statement)
+        conn.exec_driver_sql("CREATE TABLE conformance_domains (n conformance_positive)")
+        conn.exec_driver_sql("INSERT INTO conformance_domains VALUES (1)")
+    with pytest.raises(IntegrityError, match="ck_conformance_positive"), engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO conformance_domains VALUES (-1)")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE conformance_domains")
+        for statement in backend.drop_domain_sql("conformance_positive"):
+            conn.exec_driver_sql(statement)
+        count = conn.exec_driver_sql("SELECT count(*) FROM pg_type WHERE typname = 'conformance_positive'")
+        assert count.scalar_one() == 0
+
+
+def test_the_url_rules_give_urls_the_driver_accepts(engine: Engine, tmp_path: Path) -> None:
+    backend = _backend(engine)
+    url = engine.url
+    assert backend.sync_url(url) == url  # already sync
+    assert backend.with_default_driver(url) == url  # names its driver already
+    bare = url.set(drivername=url.get_backend_name())
+    assert backend.with_default_driver(bare).get_dialect().driver == url.get_dialect().driver
+    assert backend.sync_url(bare).get_dialect().driver == url.get_dialect().driver
+    assert backend.unshareable(url) is None
+    assert backend.missing_database(url) is None
+    if backend.has_schemas:
+        return
+    # A file database (SQLite): in memory it is one connection's, and a missing file is said.
+    assert backend.unshareable(url.set(database=":memory:")) is not None
+    missing = url.set(database=str(tmp_path / "absent.db"))
+    assert backend.missing_database(missing) == f"there is no SQLite database at {tmp_path / 'absent.db'}"
+
+
+def test_hot_statement_text_runs_on_the_backends_cursor_and_errors_take_sqlalchemys_path(engine: Engine) -> None:
+    backend = _backend(engine)
+    placeholder = "?" if engine.dialect.paramstyle == "qmark" else "%(n)s"
+    args: Any = (41,) if placeholder == "?" else {"n": 41}
+    with engine.connect() as conn:
+        conn.begin()
+        assert [tuple(row) for row in backend.execute_rows(conn, f"SELECT {placeholder} + 1", args)] == [(42,)]
+        if engine.dialect.driver == "psycopg":
+            native = backend.execute_rows(conn, "SELECT $1::bigint + 1", (41,), native=True)
+            assert [tuple(row) for row in native] == [(42,)]
+        with pytest.raises(DBAPIError):
+            backend.execute_rows(conn, "SELECT n FROM conformance_no_such_table", ())
+
+
+def test_an_installation_in_a_second_schema_gets_its_own_dependency_triggers(engine: Engine) -> None:
+    """Two installations in one PostgreSQL database (a schema each, as the
+    pytest plugin gives each test): the second's ``create_all`` makes the
+    triggers on its own tables, though triggers of the same names exist on
+    the first's; and making or dropping them leaves the first's alone."""
+    backend = _backend(engine)
+    if not backend.has_schemas:
+        pytest.skip(f"{backend.name} has one schema per database")
+    schema = "watchdog_second_install"
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
+    # Only its own schema on the path, as the pytest plugin sets it.
+    second = create_engine(engine.url.update_query_dict({"options": f"-csearch_path={schema}"}), poolclass=NullPool)
+    try:
+        metadata.create_all(second)
+        assert _triggers_in(engine, schema) == 4
+        assert _triggers_in(engine, "public") == 4
+        with second.begin() as conn:
+            store.enqueue(conn, [Job("parent", "q"), Job("child", "q", after=["parent"])])
+        with second.begin() as conn:
+            conn.execute(
+                jobs_table.update()
+                .where(jobs_table.c.job_id == "parent")
+                .values(state="settled", outcome="completed", settled_at=1)
+            )
+            child = conn.execute(select(jobs_table.c.state).where(jobs_table.c.job_id == "child")).scalar_one()
+        assert child == "queued"  # the second installation's own trigger released it
+        metadata.drop_all(second)
+        assert _triggers_in(engine, schema) == 0
+        assert _triggers_in(engine, "public") == 4  # the first installation keeps its triggers
+    finally:
+        second.dispose()
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def _triggers_in(engine: Engine, schema: str) -> int:
+    """How many dependency triggers sit on tables of ``schema``."""
+    with engine.connect() as conn:
+        return int(
+            conn.exec_driver_sql(
+                "SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = %(schema)s AND t.tgname = ANY(%(names)s)",
+                {"schema": schema, "names": list(TRIGGER_NAMES)},
+            ).scalar_one()
+        )

@@ -1,0 +1,65 @@
+"""Conformance of dependencies: a job waits for its parents, runs once they
+completed, reads their results, and is cancelled hop by hop when one did not.
+
+Every backend runs this file (SQLite on a real file, PostgreSQL); see
+``tests/backends/ops.py`` for how the operations are run.
+"""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import Engine
+
+from sqlalchemy_watchdog import Decision, Job, JobState, Outcome, store
+from tests.backends.ops import add, claim, claim_one, claimed_ids, op, read, settle
+
+
+@pytest.mark.operation("relations", "parent_results")
+def test_a_dependent_waits_for_its_parent_then_runs_and_reads_its_result(db: Engine) -> None:
+    add(db, Job("parent", "q"), Job("child", "q", after=("parent",)))
+    assert read(db, "child").state is JobState.WAITING
+    assert op(db, store.relations, "child") == ((("parent", None),), ())
+    assert op(db, store.relations, "parent") == ((), ("child",))
+    assert [(p.job_id, p.state, p.outcome) for p in op(db, store.parent_results, "child")] == [
+        ("parent", JobState.QUEUED, None)
+    ]
+    held = claim_one(db)
+    assert held.job.job_id == "parent"  # the waiting child is not claimable
+    settle(db, held, Decision.completed({"rows": 3}))
+    assert read(db, "child").state is JobState.QUEUED  # released in the parent's settle
+    assert op(db, store.relations, "child") == ((("parent", "completed"),), ())
+    (parent,) = op(db, store.parent_results, "child")
+    assert (parent.state, parent.outcome, parent.result) == (JobState.SETTLED, Outcome.COMPLETED, {"rows": 3})
+    assert claimed_ids(claim(db)) == ["child"]
+
+
+@pytest.mark.operation("propagate")
+def test_a_cancellation_reaches_dependents_one_hop_per_propagation(db: Engine) -> None:
+    add(
+        db,
+        Job("p", "q"),
+        Job("child", "q", after=("p",)),
+        Job("grandchild", "q", after=("child",)),
+        Job("tolerant", "q", after=("p",), after_policy="any_outcome"),
+    )
+    assert op(db, store.propagate) == 0  # nothing to tell
+    settle(db, claim_one(db), Decision.failed("broken", retry=False))
+    child = read(db, "child")
+    assert (child.outcome, child.failure_reason) == (Outcome.CANCELLED, "parent p ended failed")
+    assert read(db, "tolerant").state is JobState.QUEUED
+    assert read(db, "grandchild").state is JobState.WAITING
+    assert op(db, store.propagate) == 1
+    grandchild = read(db, "grandchild")
+    assert (grandchild.outcome, grandchild.failure_reason) == (Outcome.CANCELLED, "parent child ended cancelled")
+    assert op(db, store.propagate) == 1  # the grandchild's turn: it has no dependents to tell
+    assert op(db, store.propagate) == 0
+
+
+@pytest.mark.operation("waiting_for")
+def test_waiting_for_lists_each_waiting_job_with_the_parents_it_still_waits_for(db: Engine) -> None:
+    add(db, Job("p1", "a"), Job("p2", "b"), Job("w", "q", after=("p1", "p2")), Job("free", "q"))
+    waiting = op(db, store.waiting_for, ["q"])
+    assert list(waiting) == ["w"] and sorted(waiting["w"]) == [("p1", "a", "queued"), ("p2", "b", "queued")]
+    settle(db, claim_one(db, ["a"]), Decision.completed())
+    assert op(db, store.waiting_for, ["q"]) == {"w": [("p2", "b", "queued")]}
+    assert op(db, store.waiting_for, ["a"]) == {} and op(db, store.waiting_for, []) == {}

@@ -1,0 +1,119 @@
+"""Conformance of the enqueue operations: admission, replays, delays.
+
+Every backend runs this file (SQLite on a real file, PostgreSQL); see
+``tests/backends/ops.py`` for how the operations are run.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import Engine, literal, select, union_all
+
+from sqlalchemy_watchdog import EnqueueConflict, Job, JobState, enqueue_select, store
+from sqlalchemy_watchdog.jobs import EnqueueStatus
+from tests.backends.ops import add, claim, claimed_ids, op, read
+
+QUEUED, DUPLICATE = EnqueueStatus.QUEUED, EnqueueStatus.DUPLICATE
+
+
+def _count(db: Engine) -> int:
+    return len(op(db, store.list_jobs, limit=1000))
+
+
+@pytest.mark.operation("enqueue")
+def test_enqueue_admits_every_new_job_queued_in_admission_order(db: Engine) -> None:
+    results = add(db, Job("a", "q", payload={"n": 1}), Job("b", "q", priority=5), Job("c", "other"))
+    assert [(r.job_id, r.status) for r in results] == [("a", QUEUED), ("b", QUEUED), ("c", QUEUED)]
+    jobs = [read(db, job_id) for job_id in ("a", "b", "c")]
+    assert [job.state for job in jobs] == [JobState.QUEUED] * 3
+    assert jobs[0].sequence < jobs[1].sequence < jobs[2].sequence
+    assert jobs[0].payload == {"n": 1} and jobs[1].priority == 5 and jobs[2].queue == "other"
+    assert jobs[0].lane == "q"  # the lane defaults to the queue
+    assert jobs[0].attempt == 1 and jobs[0].recovery_count == 0 and jobs[0].outcome is None
+
+
+@pytest.mark.operation("enqueue")
+def test_an_identical_replay_is_a_duplicate_and_writes_nothing(db: Engine) -> None:
+    add(db, Job("a", "q", payload=[1, 2]))
+    before = read(db, "a")
+    assert [r.status for r in add(db, Job("a", "q", payload=[1, 2]), Job("b", "q"))] == [DUPLICATE, QUEUED]
+    assert read(db, "a") == before
+    assert _count(db) == 2
+
+
+@pytest.mark.operation("enqueue")
+def test_a_replay_of_a_job_that_already_ran_is_still_a_duplicate(db: Engine) -> None:
+    add(db, Job("a", "q"))
+    assert claimed_ids(claim(db)) == ["a"]
+    assert [r.status for r in add(db, Job("a", "q"))] == [DUPLICATE]
+    assert read(db, "a").state is JobState.RUNNING
+
+
+@pytest.mark.operation("enqueue")
+def test_a_conflicting_replay_raises_and_its_whole_batch_writes_nothing(db: Engine) -> None:
+    add(db, Job("a", "q", payload=1))
+    before = read(db, "a")
+    with pytest.raises(EnqueueConflict) as caught:
+        add(db, Job("new", "q"), Job("a", "q", payload=2))
+    assert caught.value.job_id == "a"
+    assert read(db, "a") == before
+    assert read(db, "new") is None  # the transaction rolled back whole
+    assert _count(db) == 1
+
+
+@pytest.mark.operation("enqueue")
+def test_a_replay_into_another_queue_is_a_conflict(db: Engine) -> None:
+    add(db, Job("a", "q"))
+    with pytest.raises(EnqueueConflict):
+        add(db, Job("a", "elsewhere"))
+    assert read(db, "a").queue == "q"
+
+
+@pytest.mark.operation("enqueue")
+def test_one_job_twice_in_a_batch_is_admitted_once_and_a_conflicting_twin_refuses_the_batch(db: Engine) -> None:
+    results = add(db, Job("a", "q"), Job("a", "q"))
+    assert [r.job_id for r in results][:1] == ["a"] and results[0].status is QUEUED
+    assert _count(db) == 1
+    with pytest.raises(EnqueueConflict):
+        add(db, Job("b", "q", payload=1), Job("b", "q", payload=2))
+    assert read(db, "b") is None
+
+
+@pytest.mark.operation("enqueue")
+def test_an_enqueue_delay_keeps_the_job_delayed_and_unclaimable_until_the_database_clock_reaches_it(
+    db: Engine,
+) -> None:
+    add(db, Job("later", "q"), delay=timedelta(hours=1))
+    job = read(db, "later")
+    assert job.state is JobState.DELAYED
+    assert job.ready_at is not None and job.enqueued_at is not None
+    assert timedelta(minutes=59) <= job.ready_at - job.enqueued_at <= timedelta(minutes=61)
+    assert claim(db).claimed == ()
+    # The delay is not part of the job's identity: a replay without it is a duplicate.
+    assert [r.status for r in add(db, Job("later", "q"))] == [DUPLICATE]
+
+
+@pytest.mark.operation("enqueue_each")
+def test_enqueue_each_skips_a_conflicting_replay_and_admits_the_others(db: Engine) -> None:
+    add(db, Job("taken", "q", payload="old"))
+    results = op(db, store.enqueue_each, [Job("x", "q"), Job("taken", "q", payload="new"), Job("y", "q")])
+    assert [None if r is None else (r.job_id, r.status) for r in results] == [("x", QUEUED), None, ("y", QUEUED)]
+    assert read(db, "taken").payload == "old"
+    replayed = op(db, store.enqueue_each, [Job("x", "q")])
+    assert [None if r is None else r.status for r in replayed] == [DUPLICATE]
+
+
+@pytest.mark.operation("enqueue")
+def test_enqueue_select_admits_one_job_per_row_in_the_callers_transaction(db: Engine) -> None:
+    rows = union_all(
+        select(literal("s1").label("job_id"), literal("q").label("queue"), literal(3).label("priority")),
+        select(literal("s2").label("job_id"), literal("q").label("queue"), literal(0).label("priority")),
+    )
+    with db.begin() as conn:
+        results = enqueue_select(conn, select(rows.subquery()))
+    assert sorted((r.job_id, r.status) for r in results) == [("s1", QUEUED), ("s2", QUEUED)]
+    assert claimed_ids(claim(db, limit=2)) == ["s1", "s2"]  # priority 3 first
+    with db.begin() as conn:
+        assert {r.status for r in enqueue_select(conn, select(rows.subquery()))} == {DUPLICATE}
