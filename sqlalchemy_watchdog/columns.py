@@ -152,6 +152,7 @@ FILLED_ELSEWHERE: dict[str, Any] = {
 #: model, so a new column is declared here or there).
 NOT_READ: dict[str, str] = {
     "watched": "a flag for the triggers that count a watched job's edges (revision w0013)",
+    "unstarted": "a running job claimed ahead, its handler not started; read by recovery's statement (revision w0019)",
 }
 
 _POSITIONS = {spec.column: index for index, spec in enumerate(JOB_COLUMNS)}

@@ -146,6 +146,11 @@ RESULT_GRAMMAR = "result_json IS NULL OR (state = 'settled' AND outcome = 'compl
 #: Revision w0013: ``watched`` is a flag, 1 or NULL.
 WATCHED_FLAG = "{c} IS NULL OR {c} = 1"
 
+#: Revision w0019: ``unstarted`` is a flag, 1 or NULL ...
+UNSTARTED_FLAG = "{c} IS NULL OR {c} = 1"
+#: ... set only while the job runs (a claim ahead whose handler has not started).
+UNSTARTED_RUNNING = "unstarted IS NULL OR state = 'running'"
+
 
 #: The columns of ``watchdog_jobs`` by the type SQLite must store in them
 #: (revision w0010): SQLite's type affinity keeps ``'abc'`` in an INTEGER
@@ -154,7 +159,7 @@ WATCHED_FLAG = "{c} IS NULL OR {c} = 1"
 INTEGER_COLUMNS = ("priority", "recovery_count", "attempt", "snoozes")
 NULLABLE_INTEGER_COLUMNS = (
     "recovery_max", "lease_until", "run_at", "ready_at", "max_attempts", "timeout_ms",
-    "enqueued_at", "started_at", "settled_at", "waiting_on", "watched",
+    "enqueued_at", "started_at", "settled_at", "waiting_on", "watched", "unstarted",
 )  # fmt: skip
 TEXT_COLUMNS = ("job_id", "queue_name", "lane", "payload_json", "state")
 NULLABLE_TEXT_COLUMNS = (
@@ -359,6 +364,12 @@ class WatchdogJob(WatchdogBase):
     #: watched job's settlement runs the triggers that count its edges and
     #: notify result waiters; any other settles without them.
     watched: Mapped[int | None] = mapped_column(_domain("watched", Integer()))
+    # -- revision w0019: starts of jobs claimed ahead
+    #: 1 while a job claimed ahead of its runner's free slots waits for one:
+    #: its handler has not started (the runner clears it, with one statement
+    #: for every job it is about to start, before calling the handler), else
+    #: NULL. Recovery requeues a job still marked without counting a recovery.
+    unstarted: Mapped[int | None] = mapped_column(_domain("unstarted", Integer()))
 
     __table_args__ = (
         _column_check("job_id", "job_id_length", f"length({{c}}) BETWEEN 1 AND {JOB_ID_MAX_LENGTH}"),
@@ -402,6 +413,9 @@ class WatchdogJob(WatchdogBase):
         ),
         #: Revision w0013: a flag, set or NULL.
         _column_check("watched", "watched_flag", WATCHED_FLAG),
+        #: Revision w0019: a flag, set only on a running job.
+        _column_check("unstarted", "unstarted_flag", UNSTARTED_FLAG),
+        CheckConstraint(UNSTARTED_RUNNING, name="unstarted_running"),
         # Last, as revision w0010 appends them to the stored definition.
         *STORED_TYPE_CHECKS,
         {"sqlite_autoincrement": True},

@@ -159,6 +159,9 @@ class Recovery:
     job_id: str
     status: RecoveryStatus
     job: JobView | None
+    #: Revision w0019: requeued because it was claimed ahead and its handler
+    #: never started -- no recovery counted, whatever the budget.
+    unstarted: bool = False
 
 
 @dataclass(frozen=True, slots=True)

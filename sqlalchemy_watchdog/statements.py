@@ -576,7 +576,7 @@ def size_in_text(size: int) -> bool:
 
 
 @cache
-def claim(dialect: str, queue_count: int | None, sized: bool = False) -> Update:
+def claim(dialect: str, queue_count: int | None, sized: bool = False, ahead: bool = False) -> Update:
     """Take up to ``:limit`` of the best queued jobs (of the ``queue_count``
     queues ``:queue_0``, ``:queue_1``, ...; of every queue when None) for
     ``:lease_ms``, each under its own claim token ``:token.<sequence>``, so
@@ -644,14 +644,15 @@ def claim(dialect: str, queue_count: int | None, sized: bool = False) -> Update:
     target = backend_of(dialect).picked(
         c.sequence, pick, "ready", skip_locked=False, as_array=True, joined=sized, recheck=IS_QUEUED
     )
-    return _claim_update(target)
+    return _claim_update(target, ahead)
 
 
-def _claim_update(target: ColumnElement[bool]) -> Update:
+def _claim_update(target: ColumnElement[bool], ahead: bool = False) -> Update:
     """The claim's UPDATE of the rows ``target`` selects (shared by
     :func:`claim` and :func:`claim_limited`): each runnable job running under
-    its own token ``:token.<sequence>`` for ``:lease_ms``; a job with a
-    recorded cancellation settled ``cancelled`` instead."""
+    its own token ``:token.<sequence>`` for ``:lease_ms`` -- with ``ahead``
+    marked ``unstarted`` (claimed ahead of the runner's free slots) --; a
+    job with a recorded cancellation settled ``cancelled`` instead."""
     runnable = c.cancellation_id.is_(None)
     clock = db_clock_ms()
     return (
@@ -669,6 +670,10 @@ def _claim_update(target: ColumnElement[bool]) -> Update:
             claim_token=case((runnable, _p("token", Text()) + "." + cast(c.sequence, Text)), else_=null()),
             lease_until=case((runnable, db_clock_ms() + _p("lease_ms", BigInteger())), else_=null()),
         )
+        # Revision w0019: a claim ahead of the runner's free slots marks its
+        # jobs (their handlers not started until the runner's start() clears
+        # it); any other claim leaves the column as a queued job has it, NULL.
+        .values(**({"unstarted": case((runnable, 1), else_=null())} if ahead else {}))
         .returning(*COLUMNS)
     )
 
@@ -856,7 +861,7 @@ def key_picks(backend: Backend, parts: int) -> Select[Any]:
 
 
 @cache
-def claim_limited(parts: int) -> Update:
+def claim_limited(parts: int, ahead: bool = False) -> Update:
     """Claim the queued jobs among ``:s_0`` ... ``:s_<parts - 1>`` (a limited
     claim's pick, made under the queue's lock; NULL pads a shorter pick), as
     :func:`claim` does. One parameter each, not an expanding ``IN``: the
@@ -865,7 +870,7 @@ def claim_limited(parts: int) -> Update:
     if parts < 1:
         raise ValueError("parts: at least 1")
     picked = c.sequence.in_([_p(f"s_{index}", BigInteger()) for index in range(parts)])
-    return _claim_update(and_(picked, IS_QUEUED))
+    return _claim_update(and_(picked, IS_QUEUED), ahead)
 
 
 #: Rate-log rows a claim deletes at most (the queue's rows out of the window).
@@ -877,7 +882,7 @@ FAST_WALK_MAX = 256
 
 
 @cache
-def claim_limited_at_once() -> Select[Any]:
+def claim_limited_at_once(mark_ahead: bool = False) -> Select[Any]:
     """The whole limited claim of queue ``:queue`` in one statement
     (PostgreSQL, autocommit): its limits row locked, the room, the fair walk
     and pick, the claim of up to ``:limit`` jobs (``:token``, ``:lease_ms``),
@@ -1129,7 +1134,7 @@ def claim_limited_at_once() -> Select[Any]:
     # are found by key (with state = 'queued' PostgreSQL read every queued
     # job's entry in live_queue for a bitmap).
     still_queued = c.state.not_in([literal_column(f"'{state}'") for state in (_DELAYED, _RUNNING, _SETTLED, _WAITING)])
-    claimed = _claim_update(and_(picked, still_queued)).cte("claimed")
+    claimed = _claim_update(and_(picked, still_queued), mark_ahead).cte("claimed")
     # Always written when jobs were taken: a claimer whose snapshot predates
     # this commit then sees another version of the row than it locks.
     moved = (
@@ -1375,6 +1380,7 @@ def _settle_values(
         failure_history=case((cancelled, c.failure_history), else_=func.coalesce(cols["history"], c.failure_history)),
         settled_at=case((requeue, null()), else_=db_clock_ms()),
         lease_until=null(),
+        unstarted=null(),
         # Kept only by the completion itself: a cancellation or a requeue drops it.
         result_json=case((cancelled, null()), (requeue, null()), else_=cols["result"]),
         # A requeue starts the next run from nothing; a settle keeps the
@@ -1402,6 +1408,7 @@ def settle_unreadable() -> Update:
             failure_detail=null(),
             settled_at=db_clock_ms(),
             lease_until=null(),
+            unstarted=null(),
         )
         .returning(*COLUMNS)
     )
@@ -1426,6 +1433,30 @@ def renew() -> Update:
             c.cancellation_id.is_(None),
         )
         .values(lease_until=db_clock_ms() + _p("lease_ms", BigInteger()))
+        .returning(c.job_id, c.claim_token)
+    )
+
+
+@cache
+def start() -> Update:
+    """Record that the handlers of exact, live, uncancelled ``:claims``
+    ``(job_id, token)`` are about to start (revision w0019): their
+    ``unstarted`` mark is cleared and their lease renewed, in one statement
+    for every job a runner is about to start at that moment.
+
+    Guarded as :func:`renew` (the exact token, a lease alive by
+    ``max(:now, database clock)``, no cancellation recorded): a claim not
+    returned was lost, and its handler must not start.
+    """
+    return (
+        update(t)
+        .where(
+            tuple_(c.job_id, c.claim_token).in_(_CLAIMS),
+            IS_RUNNING,
+            c.lease_until > effective_now(NOW),
+            c.cancellation_id.is_(None),
+        )
+        .values(lease_until=db_clock_ms() + _p("lease_ms", BigInteger()), unstarted=null())
         .returning(c.job_id, c.claim_token)
     )
 
@@ -1567,6 +1598,7 @@ def fail_lane(dialect: str) -> Update:
             failure_reason=_p("reason", Text()),
             failure_detail=null(),
             lease_until=null(),
+            unstarted=null(),
             claim_token=null(),
             settled_at=db_clock_ms(),
         )
@@ -1668,26 +1700,33 @@ def reconcile(requeue: bool) -> Update:
     Conditional on the same token, the same recovery count and a lease
     ended by the database clock, so of two recoverers only one wins, and a
     claim that was renewed or settled meanwhile is left alone. A recorded
-    cancellation settles the job ``cancelled`` instead.
+    cancellation settles the job ``cancelled`` instead. A job still marked
+    ``unstarted`` (claimed ahead, its handler never called) is requeued in
+    either form, its recovery count and failure fields unchanged.
     """
     uncancelled = c.cancellation_id.is_(None)
+    # Revision w0019: a job claimed ahead whose handler never started goes
+    # back to the queue as it was -- no recovery counted, its failure fields
+    # kept (a retried job's last failure) -- whatever the budget.
+    unstarted = and_(uncancelled, c.unstarted.is_not(None))
     if requeue:
         values: dict[str, Any] = dict(
             state=case((uncancelled, _QUEUED), else_=_SETTLED),
             outcome=case((uncancelled, null()), else_=Outcome.CANCELLED.value),
             claim_token=case((uncancelled, null()), else_=c.claim_token),
-            recovery_count=c.recovery_count + case((uncancelled, 1), else_=0),
-            failure_reason=null(),
-            failure_detail=null(),
+            recovery_count=c.recovery_count + case((unstarted, 0), (uncancelled, 1), else_=0),
+            failure_reason=case((unstarted, c.failure_reason), else_=null()),
+            failure_detail=case((unstarted, c.failure_detail), else_=null()),
             settled_at=case((uncancelled, null()), else_=db_clock_ms()),
         )
     else:
         values = dict(
-            state=_SETTLED,
-            outcome=case((uncancelled, Outcome.INTERRUPTED.value), else_=Outcome.CANCELLED.value),
-            failure_reason=case((uncancelled, _p("reason", Text())), else_=null()),
-            failure_detail=null(),
-            settled_at=db_clock_ms(),
+            state=case((unstarted, _QUEUED), else_=_SETTLED),
+            outcome=case((unstarted, null()), (uncancelled, Outcome.INTERRUPTED.value), else_=Outcome.CANCELLED.value),
+            claim_token=case((unstarted, null()), else_=c.claim_token),
+            failure_reason=case((unstarted, c.failure_reason), (uncancelled, _p("reason", Text())), else_=null()),
+            failure_detail=case((unstarted, c.failure_detail), else_=null()),
+            settled_at=case((unstarted, null()), else_=db_clock_ms()),
         )
     return (
         update(t)
@@ -1698,7 +1737,7 @@ def reconcile(requeue: bool) -> Update:
             c.recovery_count == _p("count"),
             c.lease_until <= db_clock_ms(),
         )
-        .values(**values, lease_until=null())
+        .values(**values, lease_until=null(), unstarted=null())
         .returning(*COLUMNS)
     )
 

@@ -76,6 +76,10 @@ class Execution:
     #: Whether it is given back without running: claimed ahead, it waited
     #: for a slot too long, or its runner is stopping (:mod:`.ahead`).
     given_back: bool = False
+    #: Whether its claim marked it ``unstarted`` (claimed ahead of the free
+    #: slots; revision w0019) and no start was recorded yet: its handler is
+    #: called only once the runner recorded the start (:class:`~.steps.RecordStart`).
+    unstarted: bool = False
     #: The instrumentation's view of this attempt (:mod:`.telemetry`), if any.
     trace: telemetry.AttemptTrace | None = None
     #: The monotonic clock of its runner's core (:class:`~.clock.Clock`).

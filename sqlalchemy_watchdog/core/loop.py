@@ -17,7 +17,7 @@ from .maintenance import abandon, enqueue_schedules, promote, propagate, prune_w
 from .rules.settle import settle_request, stop_reason_of
 from .settings import stop_wait_s
 from .state import RENEW_RETRY_FIRST_S, Execution, RunnerCore, TickResult, TickStatus, _reason, stop
-from .steps import NEVER_STARTED, STARTED_LATE, Pause, RunHandler, Spawn, Steps, WaitDone, call
+from .steps import NEVER_STARTED, STARTED_LATE, Pause, RecordStart, RunHandler, Spawn, Steps, WaitDone, call
 
 log = logging.getLogger("sqlalchemy_watchdog.runner")
 
@@ -31,7 +31,14 @@ def claim_steps(
     asked_at = core.clock.monotonic()
     settings = core.settings
     queues = settings.queues if group is None else settings.slot_groups[group].queues
-    batch = yield from call(core.store.claim, queues=queues, limit=limit, lease_ms=settings.lease_ms)
+    # Claiming ahead of the runner's own slots (threads or tasks): every job
+    # taken is marked unstarted until its start is recorded (RecordStart).
+    ahead = group is not None and _may_wait_for_a_slot(core, group, limit)
+    if ahead:
+        batch = yield from call(core.store.claim, queues=queues, limit=limit, lease_ms=settings.lease_ms, ahead=True)
+    else:
+        batch = yield from call(core.store.claim, queues=queues, limit=limit, lease_ms=settings.lease_ms)
+    core.run_times.note_round_trip(core.clock.monotonic() - asked_at)
     if group is None:
         core.held_back = batch.held_back
     else:
@@ -43,7 +50,27 @@ def claim_steps(
         if instrumentation is not None:
             with telemetry.guarded("settled_unrun"):
                 instrumentation.settled_unrun(job)
-    return [core.admit(claim, asked_at) for claim in batch.claimed], batch.cancelled
+    executions = [core.admit(claim, asked_at) for claim in batch.claimed]
+    if ahead:
+        for execution in executions:
+            execution.unstarted = True
+    return executions, batch.cancelled
+
+
+def _may_wait_for_a_slot(core: RunnerCore, group: int, limit: int) -> bool:
+    """Whether a claim of ``limit`` jobs for slot group ``group`` may take
+    jobs that wait for one of the runner's own slots (threads or tasks):
+    it claims ahead now, or ``limit`` exceeds the slots its running
+    executions leave (the limit was reckoned while it claimed ahead, and
+    the run times moved since). Those claims mark their jobs unstarted."""
+    slots = core.settings.slot_groups[group]
+    if slots.executor is not None or slots.ahead_cap <= 0:
+        return False
+    if core.claim_ahead(group) > 0:
+        return True
+    many = len(core.settings.slot_groups) > 1
+    running = sum(1 for e in core.active() if e.slot_held and (not many or core.group_of(e.job.queue) == group))
+    return limit > slots.concurrency - running
 
 
 def time_out(core: RunnerCore) -> Steps[None]:
@@ -76,7 +103,20 @@ def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | Tic
         while True:
             if execution.given_back:
                 return _given_back(core, execution, NEVER_STARTED)
-            if execution.started_late(settings.heartbeat_s) and not execution.signal.is_set():
+            if execution.unstarted and not execution.signal.is_set() and execution.refused is None:
+                # Claimed ahead: its start is recorded before the handler is
+                # called (the claim alive, its mark cleared), else recovery
+                # would take it for one that never ran.
+                asked = core.clock.monotonic()
+                held = yield from _record_start(core, execution)
+                execution.unstarted = False
+                if job_id not in held:
+                    row = yield from call(core.store.read, job_id)
+                    yield from stop(execution, stop_reason_of(row))
+                else:
+                    execution.checked_at = asked
+                    core.renewed(execution, core.lease_bound())
+            elif execution.started_late(settings.heartbeat_s) and not execution.signal.is_set():
                 asked = core.clock.monotonic()
                 held = yield from _renew_before_start(core, execution)
                 if job_id not in held:
@@ -142,6 +182,27 @@ def _renew_before_start(core: RunnerCore, execution: Execution) -> Steps[set[str
             if not core.store.transient_failure(error) or left <= 0:
                 raise
             core.outage.failed("renewing a claim before its handler starts", error)
+            if not (yield Pause(min(pause, left))):
+                raise
+            pause = min(settings.heartbeat_s, pause * 2)
+
+
+def _record_start(core: RunnerCore, execution: Execution) -> Steps[set[str]]:
+    """Record the start of a job claimed ahead (:class:`RecordStart`: the
+    driver groups the starts asked for at one moment into one statement); a
+    transient failure is tried again as :func:`_renew_before_start` does,
+    while the claim's lease may be alive."""
+    settings = core.settings
+    pause = RENEW_RETRY_FIRST_S
+    while True:
+        try:
+            held: set[str] = yield RecordStart(execution)
+            return held
+        except WatchdogError as error:
+            left = execution.lease_ends_by - core.clock.monotonic()
+            if not core.store.transient_failure(error) or left <= 0:
+                raise
+            core.outage.failed("recording the start of a job claimed ahead", error)
             if not (yield Pause(min(pause, left))):
                 raise
             pause = min(settings.heartbeat_s, pause * 2)

@@ -98,6 +98,9 @@ def recover(core: RunnerCore) -> Steps[TickResult | None]:
             continue
         _trace_recovery(job, recovery, RecoveryCause.VANISHED)
         core.count("recovered")
+        if recovery.unstarted:
+            log.warning("recovered job %s: claimed ahead, never started; requeued (no recovery counted)", job.job_id)
+            return TickResult(TickStatus.REQUEUED, recovery.job, job.job_id)
         if recovery.status is RecoveryStatus.REQUEUED:
             log.warning(
                 "recovered job %s: requeued (recovery %d of %s)",

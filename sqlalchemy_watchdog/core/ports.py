@@ -65,7 +65,14 @@ class Store(Protocol):
     """
 
     def claim(
-        self, conn: Connection, /, *, queues: Sequence[str] | None, limit: int = ..., lease_ms: int
+        self,
+        conn: Connection,
+        /,
+        *,
+        queues: Sequence[str] | None,
+        limit: int = ...,
+        lease_ms: int,
+        ahead: bool = ...,
     ) -> ClaimBatch: ...
 
     def read(self, conn: Connection, job_id: str, /) -> JobView | None: ...

@@ -43,6 +43,17 @@ class RunHandler:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordStart:
+    """Record that the handler of an execution claimed ahead is about to
+    start (``store.start``: its ``unstarted`` mark cleared, its lease
+    renewed); the answer is the set of job_ids whose claim held. Drivers
+    send the starts asked for at one moment in one statement, beside their
+    settler's batch; a failure comes back as a WatchdogError."""
+
+    execution: Execution
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     """Tell an execution's handler to stop (an async handler's task is cancelled)."""
 
@@ -85,7 +96,7 @@ class Pause:
 UNKNOWN: Any = object()
 
 
-Step = StoreCall[Any] | RunHandler | Stop | Probe | Spawn | WaitDone | Pause
+Step = StoreCall[Any] | RunHandler | RecordStart | Stop | Probe | Spawn | WaitDone | Pause
 
 
 Steps = Generator[Step, Any, T]

@@ -50,6 +50,7 @@ from ..core.steps import (
     STARTED_LATE,
     Pause,
     Probe,
+    RecordStart,
     RunHandler,
     Spawn,
     Step,
@@ -59,7 +60,7 @@ from ..core.steps import (
     WaitDone,
     drive_async,
 )
-from ..errors import redacted
+from ..errors import WatchdogError, redacted
 from ..executors import HandlerRef
 from ..executors.pool import ChildOutcome, RunnerChildren, decision_of_outcome
 from ..gateway import AsyncGateway
@@ -228,6 +229,8 @@ class AsyncRunner:
             return True
         if isinstance(step, RunHandler):
             return await self._run_handler(step.execution)
+        if isinstance(step, RecordStart):
+            return await self._record_start(step.execution)
         if isinstance(step, Stop):
             self._stop(step.execution, step.reason)
             return None
@@ -256,6 +259,27 @@ class AsyncRunner:
                 await asyncio.sleep(0.02)
             return None
         raise TypeError(step)  # pragma: no cover
+
+    async def _record_start(self, execution: Execution) -> set[str]:
+        """Record the start of a job claimed ahead: in the settler's next
+        statement of starts, with every other start asked for meanwhile
+        (:meth:`_AsyncSettler.start`) -- or, without a settler, alone."""
+        settler = self._settler
+        answer = await settler.start(execution.pair) if settler is not None else None
+        if answer is None:
+            asked = time.monotonic()
+            answer = await self._perform(
+                StoreCall(
+                    store.start,
+                    ([execution.pair],),
+                    {"lease_ms": self.settings.lease_ms, "now": self.core.clock.now_ms()},
+                )
+            )
+            self.core.run_times.note_round_trip(time.monotonic() - asked)
+        if isinstance(answer, WatchdogError):
+            raise answer
+        held: set[str] = answer
+        return held
 
     async def _run_handler(self, execution: Execution) -> Decision | None:
         job = execution.job
@@ -902,6 +926,8 @@ class _AsyncSettler:
         # execution handed off (the settler finishes and retires it).
         self._pending: list[tuple[SettleRequest, asyncio.Future[Settlement | None] | Execution]] = []
         self._ready = asyncio.Event()
+        #: Starts of jobs claimed ahead waiting to be recorded (:meth:`start`).
+        self._starts: list[tuple[tuple[str, str], asyncio.Future[set[str] | WatchdogError | None]]] = []
         self.stopped = False
         #: Whether the settles given up at stop were logged.
         self._given_up_logged = False
@@ -912,6 +938,46 @@ class _AsyncSettler:
         self._pending.append((request, future))
         self._ready.set()
         return await future
+
+    async def start(self, pair: tuple[str, str]) -> set[str] | WatchdogError | None:
+        """Record the start of the claim ``pair`` (a job claimed ahead whose
+        handler is about to be called) in the settler's next statement of
+        starts, shared by every start asked for until it is sent, and sent
+        before the settles waiting beside it: the job_ids whose claim held,
+        the failure, or None once the settler stopped (the caller then
+        records it itself)."""
+        if self.stopped:
+            return None
+        future: asyncio.Future[set[str] | WatchdogError | None] = asyncio.get_running_loop().create_future()
+        self._starts.append((pair, future))
+        self._ready.set()
+        return await future
+
+    async def _send_starts(self) -> None:
+        """One statement records every start waiting; each waiter gets its answer."""
+        starts, self._starts = self._starts, []
+        runner = self.runner
+        answer: set[str] | WatchdogError | None
+        asked = time.monotonic()
+        try:
+            answer = await runner._perform(
+                StoreCall(
+                    store.start,
+                    ([pair for pair, _ in starts],),
+                    {"lease_ms": runner.settings.lease_ms, "now": runner.core.clock.now_ms()},
+                )
+            )
+            runner.core.run_times.note_round_trip(time.monotonic() - asked)
+        except WatchdogError as error:
+            answer = error
+        except BaseException:
+            for _, future in starts:  # cancelled (stopping), or a bug: each records its own
+                if not future.done():
+                    future.set_result(None)
+            raise
+        for _, future in starts:
+            if not future.done():
+                future.set_result(answer)
 
     def submit(self, request: SettleRequest, execution: Execution) -> bool:
         """Settle ``request`` in the next batch, then finish and retire
@@ -942,11 +1008,20 @@ class _AsyncSettler:
             while True:
                 await self._ready.wait()
                 self._ready.clear()
-                await self._gather()
-                while self._pending:
-                    await self._settle_some()
+                if not self._starts:
+                    await self._gather()  # a handler waiting for its start is never kept waiting
+                while self._pending or self._starts:
+                    if self._starts:
+                        # First: the handlers wait for these, the settles for nobody.
+                        await self._send_starts()
+                    if self._pending:
+                        await self._settle_some()
         finally:
             self.stopped = True
+            starts, self._starts = self._starts, []
+            for _, future in starts:  # never sent: each handler records its own
+                if not future.done():
+                    future.set_result(None)
             pending, self._pending = self._pending, []
             if pending and not self._given_up_logged:
                 _log_given_up(len(pending), "the runner stopped before they were sent")
@@ -958,7 +1033,7 @@ class _AsyncSettler:
         until its time is up (a cancellation ends the wait with the task)."""
         want, gather_s = self.runner.core.settle_gather()
         deadline = time.monotonic() + gather_s
-        while len(self._pending) < want:
+        while len(self._pending) < want and not self._starts:  # a start waiting ends the gather
             left = deadline - time.monotonic()
             if left <= 0:
                 return

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from sqlalchemy import Engine
 
+from .. import store
 from ..core.ahead import AHEAD_WAIT_MAX_S, Parking, take_stale
 from ..core.handlers import RunningJob
 from ..core.loop import execute, loop_pass, renew, shutdown, tick, time_out, until_idle
@@ -44,8 +45,21 @@ from ..core.rules.settle import conclude, decision_of_exception, decision_of_res
 from ..core.settings import RunnerOptions
 from ..core.signals import SignalSafeEvent, restore_signal, signals_to_install
 from ..core.state import Execution, TickResult
-from ..core.steps import STARTED_LATE, Pause, Probe, RunHandler, Spawn, Step, Steps, Stop, StoreCall, WaitDone, drive
-from ..errors import redacted
+from ..core.steps import (
+    STARTED_LATE,
+    Pause,
+    Probe,
+    RecordStart,
+    RunHandler,
+    Spawn,
+    Step,
+    Steps,
+    Stop,
+    StoreCall,
+    WaitDone,
+    drive,
+)
+from ..errors import WatchdogError, redacted
 from ..executors.pool import RunnerChildren, decision_of_outcome
 from ..gateway import SyncGateway
 from ..jobs import Decision, JobView
@@ -187,6 +201,8 @@ class Runner:
             return True
         if isinstance(step, RunHandler):
             return self._run_handler(step.execution)
+        if isinstance(step, RecordStart):
+            return self._record_start(step.execution)
         if isinstance(step, Stop):
             step.execution.signal.request(step.reason)
             return None
@@ -209,6 +225,27 @@ class Runner:
                 execution.done.wait(max(0.0, deadline - time.monotonic()))
             return None
         raise TypeError(step)  # pragma: no cover
+
+    def _record_start(self, execution: Execution) -> set[str]:
+        """Record the start of a job claimed ahead: in the settler's next
+        statement of starts, with every other start asked for meanwhile
+        (:meth:`_Settler.start`) -- or, without a settler, alone."""
+        settler = self._settler
+        answer = settler.start(execution.pair) if settler is not None else None
+        if answer is None:
+            asked = time.monotonic()
+            answer = self._perform(
+                StoreCall(
+                    store.start,
+                    ([execution.pair],),
+                    {"lease_ms": self.settings.lease_ms, "now": self.core.clock.now_ms()},
+                )
+            )
+            self.core.run_times.note_round_trip(time.monotonic() - asked)
+        if isinstance(answer, WatchdogError):
+            raise answer
+        held: set[str] = answer
+        return held
 
     def _run_handler(self, execution: Execution) -> Decision | None:
         if execution.started_late(self.settings.heartbeat_s):
@@ -663,6 +700,8 @@ class _Settler:
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
         self._pending: list[tuple[SettleRequest, Execution]] = []
+        #: Starts of jobs claimed ahead waiting to be recorded (:meth:`start`).
+        self._starts: list[_Start] = []
         self._cond = threading.Condition()
         self._stopped = False
         #: Set by :meth:`stop`: a batch retried while the database is
@@ -681,6 +720,45 @@ class _Settler:
             self._cond.notify()
             return True
 
+    def start(self, pair: tuple[str, str]) -> set[str] | WatchdogError | None:
+        """Record the start of the claim ``pair`` (a job claimed ahead whose
+        handler is about to be called) in the settler's next statement of
+        starts, shared by every start asked for until it is sent, and sent
+        before the settles waiting beside it. Blocks until it is in: the
+        job_ids whose claim held, the failure, or None once the settler
+        stopped (the caller then records it itself)."""
+        waiter = _Start(pair)
+        with self._cond:
+            if self._stopped:
+                return None
+            self._starts.append(waiter)
+            self._cond.notify()
+        waiter.done.wait()
+        return waiter.answer
+
+    def _send_starts(self, starts: list[_Start]) -> None:
+        """One statement records every start in ``starts``; each waiter gets its answer."""
+        runner = self.runner
+        answer: set[str] | WatchdogError | None
+        asked = time.monotonic()
+        try:
+            answer = runner._perform(
+                StoreCall(
+                    store.start,
+                    ([waiter.pair for waiter in starts],),
+                    {"lease_ms": runner.settings.lease_ms, "now": runner.core.clock.now_ms()},
+                )
+            )
+            runner.core.run_times.note_round_trip(time.monotonic() - asked)
+        except WatchdogError as error:
+            answer = error
+        except BaseException:  # pragma: no cover - a bug: the handlers record their starts themselves
+            log.exception("settler: recording %d start(s) failed", len(starts))
+            answer = None
+        for waiter in starts:
+            waiter.answer = answer
+            waiter.done.set()
+
     def stop(self) -> None:
         """Stop once the settles waiting are sent; a batch retried while the
         database is unreachable is given up (logged by :func:`settle_batch`),
@@ -692,8 +770,15 @@ class _Settler:
         self._thread.join(timeout=30)
 
     def _run(self) -> None:
-        with self.runner._holding_connection():
-            self._serve()
+        try:
+            with self.runner._holding_connection():
+                self._serve()
+        finally:
+            with self._cond:
+                self._stopped = True
+                starts, self._starts = self._starts, []
+            for waiter in starts:  # never sent: each handler records its own
+                waiter.done.set()
 
     def _perform(self, step: Step) -> Any:
         """The runner's steps, but a pause ends when the settler is stopped."""
@@ -703,10 +788,11 @@ class _Settler:
 
     def _gather(self) -> None:
         """Wait (the condition held) for as many settles as the runner's
-        core's ``settle_gather()`` asks, or until its time is up or the settler stops."""
+        core's ``settle_gather()`` asks, or until its time is up, the settler
+        stops or a handler waits for the record of its start."""
         want, gather_s = self.runner.core.settle_gather()
         deadline = time.monotonic() + gather_s
-        while len(self._pending) < want and not self._stopped:
+        while len(self._pending) < want and not self._stopped and not self._starts:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
@@ -715,13 +801,20 @@ class _Settler:
     def _serve(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._stopped:
+                while not self._pending and not self._starts and not self._stopped:
                     self._cond.wait()
-                if not self._pending:
+                if not self._pending and not self._starts:
                     return
-                self._gather()
+                if not self._starts:
+                    self._gather()  # a handler waiting for its start is never kept waiting
+                starts, self._starts = self._starts, []
                 batch = self._pending[: self.MAX_BATCH]
                 del self._pending[: self.MAX_BATCH]
+            if starts:
+                # First: the handlers wait for these, the settles for nobody.
+                self._send_starts(starts)
+            if not batch:
+                continue
             try:
                 settlements = self.runner._settle([request for request, _ in batch], self._perform)
             except Exception:  # pragma: no cover - settle_batch answers store failures itself
@@ -729,6 +822,17 @@ class _Settler:
                 settlements = [None] * len(batch)
             for (_, execution), settlement in zip(batch, settlements, strict=True):
                 self.runner._finish(execution, settlement)
+
+
+class _Start:
+    """A start waiting in the settler (:meth:`_Settler.start`), and its answer."""
+
+    __slots__ = ("answer", "done", "pair")
+
+    def __init__(self, pair: tuple[str, str]) -> None:
+        self.pair = pair
+        self.answer: set[str] | WatchdogError | None = None
+        self.done = threading.Event()
 
 
 class _Pruner:

@@ -80,6 +80,7 @@ from .claims import seconds_until_next_expiry as seconds_until_next_expiry
 from .claims import settle as settle
 from .claims import settle_many as settle_many
 from .claims import settle_row as settle_row
+from .claims import start as start
 from .dependencies import PROPAGATE_BATCH as PROPAGATE_BATCH
 from .dependencies import ParentResult as ParentResult
 from .dependencies import parent_results as parent_results
@@ -211,6 +212,7 @@ __all__ = [
     "claim",
     "settle",
     "renew",
+    "start",
     "release",
     "cancel",
     "fail_lane",

@@ -132,7 +132,9 @@ def promote(conn: Connection, *, limit: int = PROMOTE_BATCH) -> Promotion:
     return Promotion(promoted, next_ready_in(conn))
 
 
-def _claim_peek(conn: Connection, *, queues: Sequence[str] | None, limit: int = 1, lease_ms: int) -> ClaimBatch | None:
+def _claim_peek(
+    conn: Connection, *, queues: Sequence[str] | None, limit: int = 1, lease_ms: int, ahead: bool = False
+) -> ClaimBatch | None:
     """An empty batch when no job of ``queues`` is queued at all, read
     without the write lock (a claim that finds nothing must not queue for
     the lock); None to claim."""
@@ -148,9 +150,15 @@ def claim(
     queues: Sequence[str] | None,
     limit: int = 1,
     lease_ms: int,
+    ahead: bool = False,
 ) -> ClaimBatch:
     """Claim up to ``limit`` ready jobs of ``queues`` (all queues if None),
-    leased for ``lease_ms`` from the database clock."""
+    leased for ``lease_ms`` from the database clock.
+
+    ``ahead``: the runner claims ahead of its free slots -- every job taken
+    is marked ``unstarted`` until :func:`start` records that its handler is
+    about to start (recovery requeues a job still marked without counting a
+    recovery)."""
     token = new_claim_token()
     distinct = None if queues is None else list(dict.fromkeys(queues))
     if distinct is not None and not distinct:
@@ -167,7 +175,7 @@ def claim(
         for queue in names:
             if len(rows) >= limit:
                 break
-            taken = claim_queue(conn, queue, limit=limit - len(rows), lease_ms=lease_ms, token=token)
+            taken = claim_queue(conn, queue, limit=limit - len(rows), lease_ms=lease_ms, token=token, ahead=ahead)
             if taken is None:  # its limits were cleared meanwhile: claimed the plain way
                 plain.append(queue)
             else:
@@ -185,9 +193,9 @@ def claim(
     # text (one prepared statement, planned once, per size: see statements.claim).
     sized = sql.size_in_text(batch)
     if distinct is None:
-        stmt = sql.claim(conn.dialect.name, None, sized)
+        stmt = sql.claim(conn.dialect.name, None, sized, ahead)
     else:
-        stmt = sql.claim(conn.dialect.name, len(distinct), sized)
+        stmt = sql.claim(conn.dialect.name, len(distinct), sized, ahead)
         params.update(sql.queue_params(distinct))
     rows.extend(execute_rows(conn, stmt, params))
     return _batch(conn, rows, held)
@@ -397,6 +405,18 @@ def renew(conn: Connection, claims: Sequence[tuple[str, str]], *, lease_ms: int,
 
 
 @operation(Shape.WRITE)
+def start(conn: Connection, claims: Sequence[tuple[str, str]], *, lease_ms: int, now: int | None = None) -> set[str]:
+    """Record that the handlers of exact claims ``(job_id, token)`` are about
+    to start: their ``unstarted`` mark cleared and their lease renewed, in one
+    statement (:func:`statements.start`). Returns the job_ids whose claim
+    held; a handler whose claim is not among them must not start."""
+    if not claims:
+        return set()
+    params = {"claims": list(claims), "now": now_ms() if now is None else now, "lease_ms": lease_ms}
+    return {row.job_id for row in conn.execute(sql.start(), params)}
+
+
+@operation(Shape.WRITE)
 def release(conn: Connection, claims: Sequence[tuple[str, str]]) -> set[str]:
     """End the leases of claims a stopping runner could not finish."""
     if not claims:
@@ -551,7 +571,9 @@ def reconcile(
     max_recoveries: int | None = _FROM_JOB,
     cause: RecoveryCause = RecoveryCause.VANISHED,
 ) -> Recovery:
-    """Requeue the dead claim within its budget, else settle it ``interrupted``.
+    """Requeue the dead claim within its budget, else settle it ``interrupted``
+    -- but requeue a job claimed ahead whose handler never started (still
+    marked ``unstarted``) without counting a recovery, whatever its budget.
 
     The budget is ``max_recoveries`` (default: the job's own); ``cause``
     goes into an ``interrupted`` job's reason. One conditional statement:
@@ -573,7 +595,9 @@ def reconcile(
     status = RecoveryStatus.REQUEUED if after.state is JobState.QUEUED else RecoveryStatus.SETTLED
     # It left running (requeued or settled): room in a limited queue.
     room_freed_in(conn, (after.queue,))
-    return Recovery(job.job_id, status, after)
+    # Requeued with its count unchanged: it was still marked unstarted (w0019).
+    unstarted = status is RecoveryStatus.REQUEUED and after.recovery_count == job.recovery_count
+    return Recovery(job.job_id, status, after, unstarted)
 
 
 @operation(Shape.WRITE)

@@ -379,14 +379,14 @@ class Taken:
     held: bool
 
 
-def claim_at_once(conn: Connection, queue: str, *, limit: int, lease_ms: int, token: str) -> Any:
+def claim_at_once(conn: Connection, queue: str, *, limit: int, lease_ms: int, token: str, ahead: bool = False) -> Any:
     """The limited claim in one statement (PostgreSQL, autocommit): what it
     took (:class:`Taken`), None when the queue has no limits, or
     :data:`AGAIN` when the statement changed nothing and
     :func:`claim_in_transaction` must claim (see
     :func:`statements.claim_limited_at_once`)."""
     params = {"queue": queue, "limit": limit, "token": token, "lease_ms": lease_ms}
-    found = execute_rows(conn, sql.claim_limited_at_once(), params)
+    found = execute_rows(conn, sql.claim_limited_at_once(ahead), params)
     if not found:
         return None
     if not found[0][0]:
@@ -394,7 +394,9 @@ def claim_at_once(conn: Connection, queue: str, *, limit: int, lease_ms: int, to
     return Taken([row[2:] for row in found if row[2] is not None], bool(found[0][1]))
 
 
-def claim_queue(conn: Connection, queue: str, *, limit: int, lease_ms: int, token: str) -> Taken | None:
+def claim_queue(
+    conn: Connection, queue: str, *, limit: int, lease_ms: int, token: str, ahead: bool = False
+) -> Taken | None:
     """Claim up to ``limit`` of limited queue ``queue``'s jobs within its
     limits; None when the queue has no limits now (the caller claims it the
     plain way). On PostgreSQL in autocommit usually one statement
@@ -402,11 +404,11 @@ def claim_queue(conn: Connection, queue: str, *, limit: int, lease_ms: int, toke
     (:func:`claim_in_transaction`)."""
     at_once = backend_of(conn).limited_claim_at_once
     if at_once and conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
-        taken = claim_at_once(conn, queue, limit=limit, lease_ms=lease_ms, token=token)
+        taken = claim_at_once(conn, queue, limit=limit, lease_ms=lease_ms, token=token, ahead=ahead)
         if taken is not AGAIN:
             done: Taken | None = taken
             return done
-    return claim_in_transaction(conn, queue, limit=limit, lease_ms=lease_ms, token=token)
+    return claim_in_transaction(conn, queue, limit=limit, lease_ms=lease_ms, token=token, ahead=ahead)
 
 
 @functools.cache
@@ -417,7 +419,14 @@ def _locked_row(backend: Backend) -> Any:
 
 
 def claim_in_transaction(
-    conn: Connection, queue: str, *, limit: int, lease_ms: int, token: str, at_once: bool = True
+    conn: Connection,
+    queue: str,
+    *,
+    limit: int,
+    lease_ms: int,
+    token: str,
+    at_once: bool = True,
+    ahead: bool = False,
 ) -> Taken | None:
     """:func:`claim_queue` as a transaction (see :func:`own_transaction`): the
     limits row locked first; on PostgreSQL then usually the one statement
@@ -434,7 +443,7 @@ def claim_in_transaction(
             # The lock is held now, so the one statement's snapshot is younger
             # than it: the usual claim in one more round trip. It declines only
             # when its walk was too short; the walk below goes further.
-            taken = claim_at_once(conn, queue, limit=limit, lease_ms=lease_ms, token=token)
+            taken = claim_at_once(conn, queue, limit=limit, lease_ms=lease_ms, token=token, ahead=ahead)
             if taken is not AGAIN:
                 done: Taken | None = taken
                 return done
@@ -454,7 +463,7 @@ def claim_in_transaction(
             parts = _parts(len(picks))
             for index in range(parts):
                 params[f"s_{index}"] = picks[index][0] if index < len(picks) else None
-            rows = execute_rows(conn, sql.claim_limited(parts), params)
+            rows = execute_rows(conn, sql.claim_limited(parts, ahead), params)
         if move or rows:
             # Always written when jobs were taken: under REPEATABLE READ a
             # claimer whose snapshot predates this commit then fails its lock

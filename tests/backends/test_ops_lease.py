@@ -154,3 +154,28 @@ def test_shutdown_recovery_ends_the_named_claims_and_recovers_them_within_their_
     assert spent.outcome is Outcome.INTERRUPTED and spent.failure_reason.startswith(store.SHUTDOWN_REASON)
     assert read(db, "other").state is JobState.RUNNING  # not named: untouched
     assert token_of(db, "other") == claims["other"].token
+
+
+@pytest.mark.operation("start", "claim", "reconcile")
+def test_a_job_claimed_ahead_is_marked_until_its_start_is_recorded_and_recovered_uncounted_if_never(
+    db: Engine,
+) -> None:
+    """Revision w0019: a claim ahead marks its jobs; ``start`` clears the marks
+    of exact, live, uncancelled claims (a stale one changes nothing); a job
+    still marked when its lease ends is requeued with no recovery counted,
+    whatever its budget, and one whose start was recorded is recovered as
+    any running job."""
+    add(db, Job("never", "q"), Job("started", "q"), Job("stale", "q"))
+    never, started, stale = op(db, store.claim, queues=None, limit=3, lease_ms=LEASE_MS, ahead=True).claimed
+    pairs = [(started.job.job_id, started.token), (stale.job.job_id, "stale-token")]
+    assert op(db, store.start, pairs, lease_ms=LEASE_MS) == {"started"}
+    assert op(db, store.start, [], lease_ms=LEASE_MS) == set()
+    end_lease(db, never)
+    end_lease(db, started)
+    recovered = {}
+    for expired in op(db, store.expired_claims, limit=10):
+        recovered[expired.job.job_id] = op(db, store.reconcile, expired)
+    assert (recovered["never"].status, recovered["never"].unstarted) == (RecoveryStatus.REQUEUED, True)
+    assert read(db, "never").state is JobState.QUEUED and read(db, "never").recovery_count == 0
+    assert (recovered["started"].status, recovered["started"].unstarted) == (RecoveryStatus.SETTLED, False)
+    assert read(db, "started").outcome is Outcome.INTERRUPTED

@@ -25,8 +25,9 @@ A job's payload says what its handler does (``{"action": ...}``):
 * ``ignore_cancel`` (``--asyncio``): sleep ``seconds``, swallowing every
   cancellation of its task -- an async handler that ignores its stop.
 * ``fail``: return ``Decision.failed("chaos failure")`` (retryable).
-* ``noop``: return at once, writing no audit row (a warm-up: a runner that
-  ran it knows its handlers are short, and claims ahead).
+* ``noop``: return at once -- or after ``seconds``, if given --, writing no
+  audit row (a warm-up: a runner that ran it knows its handlers are short,
+  and claims ahead while they run several of its round trips).
 
 ``{"no_end": true}`` leaves the audit end row out: the handler's last
 database write is its start row, so it returns (and its job settles)
@@ -75,6 +76,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from sqlalchemy_watchdog import Decision, Runner, RunningJob, statements, store
 from sqlalchemy_watchdog.asyncio import AsyncRunner, run_store
+from sqlalchemy_watchdog.core import ahead as ahead_rules
 from sqlalchemy_watchdog.errors import WatchdogError
 from sqlalchemy_watchdog.model import jobs_table
 from tests.faults.helpers import audit
@@ -105,7 +107,8 @@ def make_handler(engine: Engine):  # type: ignore[no-untyped-def]
         called = store.now_ms()
         payload = job.payload if isinstance(job.payload, dict) else {}
         if payload.get("action") == "noop":
-            return None  # no audit rows: a run as short as a handler gets
+            time.sleep(float(payload.get("seconds", 0)))
+            return None  # no audit rows: a run as short as a handler gets (or just its sleep)
         action = payload.get("per_attempt", {}).get(str(job.attempt), payload.get("action", "quick"))
         if job.recovery_count >= payload.get("only_first", 1 << 30):
             action = "quick"  # the chaos applies to the first run(s) only
@@ -201,7 +204,8 @@ def make_async_handler(aengine: AsyncEngine):  # type: ignore[no-untyped-def]
         called = store.now_ms()
         payload = job.payload if isinstance(job.payload, dict) else {}
         if payload.get("action") == "noop":
-            return None  # no audit rows: a run as short as a handler gets
+            await asyncio.sleep(float(payload.get("seconds", 0)))
+            return None  # no audit rows: a run as short as a handler gets (or just its sleep)
         action = payload.get("per_attempt", {}).get(str(job.attempt), payload.get("action", "quick"))
         if job.recovery_count >= payload.get("only_first", 1 << 30):
             action = "quick"
@@ -307,6 +311,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queue", action="append")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--claim-ahead", type=int, default=None, help="the runner's claim_ahead (default: its own)")
+    parser.add_argument(
+        "--claim-ahead-of-any-handler",
+        action="store_true",
+        help="claim ahead whatever the handlers' run time against the round trip (AHEAD_MIN_ROUND_TRIPS 0)",
+    )
     parser.add_argument("--lease", type=float, default=3.0)
     parser.add_argument("--heartbeat", type=float, default=0.5)
     parser.add_argument("--poll", type=float, default=0.2)
@@ -344,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.claim_ahead is not None:
         settings["claim_ahead"] = args.claim_ahead
+    if args.claim_ahead_of_any_handler:
+        ahead_rules.AHEAD_MIN_ROUND_TRIPS = 0.0
     if args.asyncio:
         if not args.plain:
             engine.dispose()  # the async worker uses its AsyncEngine alone

@@ -366,6 +366,8 @@ class Row:
     after_policy: str | None = None
     #: Revision w0013: 1 once an enqueue gave it a dependent while it was not settled.
     watched: int | None = None
+    #: Revision w0019: 1 while it is running, claimed ahead, its start not recorded.
+    unstarted: int | None = None
     #: Its parents (``Job.after``; the edges hold what each ended).
     parents: tuple[str, ...] = ()
     #: The failure reasons the database may have written, when two parents
@@ -913,8 +915,11 @@ class WatchdogMachine(RuleBasedStateMachine):
         lease=st.sampled_from(LEASES),
         skew=st.sampled_from(SKEWS),
         promote_first=st.booleans(),
+        ahead=st.booleans(),
     )
-    def claim(self, queues: list[str] | None, limit: int, lease: int, skew: int, promote_first: bool) -> None:
+    def claim(
+        self, queues: list[str] | None, limit: int, lease: int, skew: int, promote_first: bool, ahead: bool
+    ) -> None:
         if promote_first:  # as a runner's tick does
             self.promote(1_000)
         db = self.db
@@ -948,7 +953,10 @@ class WatchdogMachine(RuleBasedStateMachine):
                 key=lambda r: (-r.priority, r.order),
             )[: limit - len(candidates)]
         candidates.sort(key=lambda r: (-r.priority, r.order))
-        batch = self.tx(store.claim, queues=queues, limit=limit, lease_ms=lease)
+        if ahead:  # claimed ahead of a runner's free slots: marked unstarted (w0019)
+            batch = self.tx(store.claim, queues=queues, limit=limit, lease_ms=lease, ahead=True)
+        else:
+            batch = self.tx(store.claim, queues=queues, limit=limit, lease_ms=lease)
         runnable = [r.job_id for r in candidates if r.cancellation_id is None]
         cancelled = [r.job_id for r in candidates if r.cancellation_id is not None]
         assert [c.job.job_id for c in batch.claimed] == runnable
@@ -963,6 +971,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             if row.cancellation_id is None:
                 row.state, row.claim_token, row.lease_until = "running", tokens[row.job_id], db + lease
                 row.started_at = db  # each attempt's start
+                row.unstarted = 1 if ahead else None
                 self.claims.append((row.job_id, row.claim_token))
             else:
                 # Settled cancelled: a retried attempt's failure is not its end.
@@ -1199,7 +1208,7 @@ class WatchdogMachine(RuleBasedStateMachine):
         how, lease, skew, wait = tick
         self.advance_time(wait)
         before = len(self.claims)
-        self.claim(None, 1, lease, 0, True)
+        self.claim(None, 1, lease, 0, True, False)
         if len(self.claims) > before:
             self._settle(*self.claims[-1], how, skew)
 
@@ -1218,7 +1227,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             return
         parent = data.draw(st.sampled_from(parents), "parent")
         before = len(self.claims)
-        self.claim([self.model.rows[parent].queue_name], 1, lease, 0, True)
+        self.claim([self.model.rows[parent].queue_name], 1, lease, 0, True, False)
         if len(self.claims) > before:
             self._settle(*self.claims[-1], how, 0)
 
@@ -1284,7 +1293,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             replay = row.state == "settled" and row.claim_token == token and row.outcome == outcome
             assert result.status is (SettleStatus.REPLAYED if replay else SettleStatus.CONFLICT), (result, row)
             return
-        row.lease_until = None
+        row.lease_until = row.unstarted = None
         if row.cancellation_id is not None:
             row.state, row.outcome, row.failure_reason, row.failure_detail = "settled", "cancelled", None, None
             row.settled_at = db
@@ -1317,7 +1326,7 @@ class WatchdogMachine(RuleBasedStateMachine):
         self, row: Row, decision: Decision, request: store.SettleRequest, execution: Execution, app: int, db: int
     ) -> SettleStatus:
         """Apply a settle of the live claim to the model; the status it answers."""
-        row.lease_until = None
+        row.lease_until = row.unstarted = None
         # Whatever settles writes settled_at; a requeue (retry, snooze) leaves it NULL.
         settled_now = db
         policy = policy_of(row.queue_name, row.policy)
@@ -1390,6 +1399,24 @@ class WatchdogMachine(RuleBasedStateMachine):
             self.model.rows[job_id].lease_until = db + lease
 
     @precondition(lambda self: bool(self.claims))
+    @rule(data=st.data(), lease=st.sampled_from(LEASES), skew=st.sampled_from(SKEWS))
+    def record_start(self, data: st.DataObject, lease: int, skew: int) -> None:
+        """A runner records the starts of jobs it claimed ahead (w0019): the
+        exact, live, uncancelled claims are renewed and their marks cleared,
+        in one statement; a stale claim changes nothing."""
+        pairs = data.draw(st.lists(st.sampled_from(self.claims), min_size=1, max_size=3), "claims")
+        db, app = self.db, self.db + skew
+        held = {
+            j
+            for j, tok in pairs
+            if self.model.live_claim(j, tok, max(app, db)) and self.model.rows[j].cancellation_id is None
+        }
+        assert self.tx(store.start, pairs, lease_ms=lease, now=app) == held
+        for job_id in held:
+            self.model.rows[job_id].lease_until = db + lease
+            self.model.rows[job_id].unstarted = None
+
+    @precondition(lambda self: bool(self.claims))
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
         """A stopping runner ends the leases of claims it could not finish."""
@@ -1451,7 +1478,7 @@ class WatchdogMachine(RuleBasedStateMachine):
         for row in taken:
             row.state, row.outcome, row.failure_reason = "settled", "failed", bound_reason(reason)
             row.failure_detail = None
-            row.lease_until = row.claim_token = None
+            row.lease_until = row.claim_token = row.unstarted = None
             row.settled_at = self.db
         # The triggers of that statement (a released child may be the lane's
         # now); then, once the lane has no live job, a batch of its waiting
@@ -1495,8 +1522,14 @@ class WatchdogMachine(RuleBasedStateMachine):
             return "lost_race", None
         view = claim.job
         requeue = view.max_recoveries is not None and view.recovery_count < view.max_recoveries
-        row.lease_until = None
-        row.failure_detail = None  # every reconcile clears a traceback
+        unstarted = row.unstarted is not None
+        row.lease_until = row.unstarted = None
+        if unstarted and row.cancellation_id is None:
+            # Claimed ahead, never started (w0019): back as it was, whatever
+            # the budget -- no recovery counted, its failure fields kept.
+            row.state, row.claim_token = "queued", None
+            return "requeued", row
+        row.failure_detail = None  # every other reconcile clears a traceback
         if row.cancellation_id is not None:
             row.state, row.outcome, row.failure_reason = "settled", "cancelled", None
             row.settled_at = now

@@ -13,7 +13,11 @@ How many jobs a runner claims ahead depends on its handlers' measured run
 time (as many as start within 10 ms), so the tests that need jobs claimed
 ahead give the runner :data:`SLOTS` slots (a no-op handler may take tens of
 milliseconds on a loaded machine and still leave room for a few) and check
-that the jobs were claimed ahead before they go on.
+that the jobs were claimed ahead before they go on. A runner claims ahead
+only while its handlers run several of its round trips (each job claimed
+ahead waits one for the record of its start: ``AHEAD_MIN_ROUND_TRIPS``);
+the tests of what claiming ahead does set that rule aside
+(:func:`claims_ahead_of_any_handler`), and one test checks the rule itself.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import pytest
 from sqlalchemy import Engine
 
 from sqlalchemy_watchdog import Job, JobState, Outcome, RunningJob, Watchdog
+from sqlalchemy_watchdog.core import ahead as ahead_rules
 
 from ..helpers import add, raw, read, settled, wait_until
 from ..runner_kinds import RunnerDriver
@@ -37,6 +42,14 @@ FAST_POLL = timedelta(milliseconds=50)
 #: The slots of a runner kept busy by slow jobs while others wait claimed ahead.
 SLOTS = 8
 SLOW = [f"slow-{i}" for i in range(SLOTS)]
+
+
+@pytest.fixture
+def claims_ahead_of_any_handler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Claim ahead whatever the handlers' run time against the round trip
+    (the premise of the tests of what claiming ahead does; the rule's own
+    test is :func:`test_handlers_shorter_than_a_few_round_trips_are_not_claimed_ahead`)."""
+    monkeypatch.setattr(ahead_rules, "AHEAD_MIN_ROUND_TRIPS", 0.0)
 
 
 class Recorder:
@@ -125,6 +138,7 @@ def test_no_more_handlers_run_at_once_than_concurrency_and_each_job_runs_once(
     assert sorted(handler.ran) == sorted([*WARM, *(f"job-{i}" for i in range(60))]), "each job ran once"
 
 
+@pytest.mark.usefixtures("claims_ahead_of_any_handler")
 def test_a_job_claimed_ahead_that_waits_too_long_is_given_back_and_runs_later_uncounted(
     engine: Engine, runners: RunnerDriver, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -141,6 +155,7 @@ def test_a_job_claimed_ahead_that_waits_too_long_is_given_back_and_runs_later_un
     assert handler.ran.count("next") == 1 and handler.ran[-1] == "next", "it ran once, after a slow job"
 
 
+@pytest.mark.usefixtures("claims_ahead_of_any_handler")
 def test_jobs_claimed_ahead_are_given_back_at_shutdown_never_started(engine: Engine, runners: RunnerDriver) -> None:
     handler = Recorder(slow_s=1.0)
     ahead = tuple(f"ahead-{i}" for i in range(3))
@@ -164,6 +179,7 @@ def test_claim_ahead_zero_claims_only_the_free_slots(engine: Engine, runners: Ru
     assert handler.ran[-1] == "next"
 
 
+@pytest.mark.usefixtures("claims_ahead_of_any_handler")
 def test_a_runner_claims_in_larger_batches_when_its_handlers_are_short(engine: Engine, runners: RunnerDriver) -> None:
     """The point of claiming ahead: fewer claim statements per job. One claim
     gives its batch one token (each job's claim token is it + "." + the job's
@@ -184,6 +200,7 @@ def test_a_runner_claims_in_larger_batches_when_its_handlers_are_short(engine: E
     assert batches[12] <= 11, f"claiming ahead, batches of more than 5: {batches}"
 
 
+@pytest.mark.usefixtures("claims_ahead_of_any_handler")
 def test_cancelling_a_job_claimed_ahead_settles_it_cancelled_and_it_never_runs(
     engine: Engine, runners: RunnerDriver
 ) -> None:
@@ -198,3 +215,24 @@ def test_cancelling_a_job_claimed_ahead_settles_it_cancelled_and_it_never_runs(
         handler.release.set()
     assert (cancelled.outcome, cancelled.attempt) == (Outcome.CANCELLED, 1)
     assert "ahead" not in handler.ran
+
+
+def test_handlers_shorter_than_a_few_round_trips_are_not_claimed_ahead(engine: Engine, runners: RunnerDriver) -> None:
+    """Each job claimed ahead waits one round trip for the record of its
+    start before its handler runs: with no-op handlers (far shorter than
+    ``AHEAD_MIN_ROUND_TRIPS`` round trips) a runner with ``claim_ahead=12``
+    claims only its free slots, in batches of at most ``concurrency`` as
+    with ``claim_ahead=0`` -- no job is marked unstarted, no handler waits
+    for a start record."""
+    handler = Recorder()
+    worker = runners.runner({"q": handler}, concurrency=4, claim_ahead=12, poll_interval=FAST_POLL)
+    with worker.serving():
+        warmed(engine, handler)
+        assert worker.runner.core.run_times.round_trip is not None, "the claims' round trip is measured"
+        ids = [f"job-{i}" for i in range(40)]
+        add(engine, *(Job(job_id, "q") for job_id in ids))
+        for job_id in ids:
+            assert settled(engine, job_id).outcome is Outcome.COMPLETED
+    tokens = [raw(engine, job_id)["claim_token"].rsplit(".", 1)[0] for job_id in ids]
+    largest = max(tokens.count(token) for token in tokens)
+    assert largest <= 4, f"a claim of {largest} jobs: claimed ahead of no-op handlers"

@@ -846,7 +846,7 @@ W0007 = "w0007_notify_when_waiting"
 #: Columns of revisions after w0010, left out of the earlier revisions'
 #: round trips (their own test covers them: test_w0012_...).
 LATER_COLUMNS = frozenset(
-    {"limit_key", "result_json", "progress", "progress_note", "waiting_on", "after_policy", "watched"}
+    {"limit_key", "result_json", "progress", "progress_note", "waiting_on", "after_policy", "watched", "unstarted"}
 )
 
 
@@ -1337,9 +1337,12 @@ def test_w0014_deletes_a_purged_childs_edges_and_orphans_of_before(empty_engine:
     wd = Watchdog(engine)
     wd.enqueue([Job("p", "parents"), Job("held", "held", after=["p"])])
     wd.enqueue(Job("done", "done"))
-    with store.write_transaction(engine) as conn:
-        (claim,) = store.claim(conn, queues=["done"], limit=1, lease_ms=60_000).claimed
-        store.settle(conn, job_id="done", claim_token=claim.token, decision=Decision.completed())
+    with engine.begin() as conn:  # by hand: the package's settle writes a column of w0019
+        conn.execute(
+            text(
+                "UPDATE watchdog_jobs SET state = 'settled', outcome = 'completed', settled_at = 1 WHERE job_id = 'done'"
+            )
+        )
     wd.enqueue(Job("released", "children", after=["done"]))  # queued at once: its parent completed
     assert wd.purge("children") == 1
     assert _edges(engine) == {("held", "p", None), ("released", "done", "completed")}
@@ -1450,8 +1453,12 @@ ONE_COLUMN_BREAKS = [
 
 
 def _job_rows(engine: Engine) -> list[tuple[Any, ...]]:
+    """Every row, every column but those of revisions after w0016 (w0019's
+    ``unstarted``: NULL on every row from before it, its own test checks it)."""
     with engine.connect() as conn:
-        return [tuple(row) for row in conn.execute(text("SELECT * FROM watchdog_jobs ORDER BY sequence"))]
+        rows = conn.execute(text("SELECT * FROM watchdog_jobs ORDER BY sequence"))
+        keep = [i for i, name in enumerate(rows.keys()) if name != "unstarted"]
+        return [tuple(row[i] for i in keep) for row in rows]
 
 
 def _triggers(engine: Engine) -> list[tuple[Any, ...]]:
@@ -1505,6 +1512,7 @@ def test_w0016_moves_the_one_column_checks_into_domains_keeping_every_row_and_tr
     assert (_job_rows(engine), _triggers(engine), index_names(engine)) == (rows, triggers, indexes)
     _refuses_each_break(engine)
     relating = {
+        "ck_watchdog_jobs_unstarted_running",  # w0019's, at head
         "ck_watchdog_jobs_state_grammar",
         "ck_watchdog_jobs_attempt_bounds",
         "ck_watchdog_jobs_settled_at_settled",
@@ -1592,6 +1600,62 @@ def test_w0018_adds_the_workers_process_queues_keeping_every_worker_and_downgrad
     assert rows() == before
     with engine.connect() as conn:
         assert "process_queues" not in list(conn.execute(text("SELECT * FROM watchdog_workers")).keys())
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []
+
+
+# -- w0019: jobs claimed ahead, their handler not started -------------------------------------
+
+W0018 = "w0018_worker_process_queues"
+
+
+def test_w0019_adds_the_unstarted_mark_keeping_every_job_and_downgrades(empty_engine: Engine) -> None:
+    """Up: every job stays as it was, unmarked; a claim ahead marks its jobs
+    and recovery requeues a marked one uncounted; the CHECKs refuse a mark
+    other than 1 and one on a job that is not running. Down: the column (and
+    on PostgreSQL its domain) goes, every job stays; up again matches the model."""
+    engine = empty_engine
+    run(engine, command.upgrade, W0018)
+    Watchdog(engine).enqueue([Job("queued", "q"), Job("running", "r"), Job("settled", "s")])
+    with engine.begin() as conn:  # by hand: the package's claim and settle are w0019's
+        conn.execute(
+            text(
+                "UPDATE watchdog_jobs SET state = 'running', claim_token = 't.1', lease_until = 1 WHERE job_id = 'running'"
+            )
+        )
+        conn.execute(
+            text(
+                "UPDATE watchdog_jobs SET state = 'settled', outcome = 'completed', settled_at = 1 WHERE job_id = 'settled'"
+            )
+        )
+    rows = _job_rows(engine)
+
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []
+    assert schema_names(engine) == model_names(engine.dialect.name)
+    assert _job_rows(engine) == rows
+    with engine.connect() as conn:
+        assert set(conn.execute(text("SELECT unstarted FROM watchdog_jobs")).scalars()) == {None}
+    with engine.begin() as conn:
+        enqueue(conn, [Job("ahead", "fresh-queue", max_recoveries=0)])
+    with store.write_transaction(engine) as conn:
+        (claim,) = store.claim(conn, queues=["fresh-queue"], limit=1, lease_ms=60_000, ahead=True).claimed
+        store.release(conn, [("ahead", claim.token)])
+    with store.write_transaction(engine) as conn:
+        (expired,) = [c for c in store.expired_claims(conn, limit=64) if c.job.job_id == "ahead"]
+        recovery = store.reconcile(conn, expired)
+    assert recovery.unstarted and recovery.job is not None
+    assert (recovery.job.state, recovery.job.recovery_count) == (JobState.QUEUED, 0)
+    for change, constraint in (("unstarted = 2", "unstarted_flag"), ("unstarted = 1", "unstarted_running")):
+        with pytest.raises(IntegrityError) as refused, engine.begin() as conn:
+            conn.execute(text(f"UPDATE watchdog_jobs SET {change} WHERE job_id = 'ahead'"))
+        assert f"ck_watchdog_jobs_{constraint}" in str(refused.value), change
+
+    run(engine, command.downgrade, W0018)
+    with engine.connect() as conn:
+        assert "unstarted" not in list(conn.execute(text("SELECT * FROM watchdog_jobs")).keys())
+        if engine.dialect.name == "postgresql":
+            assert conn.execute(text("SELECT 1 FROM pg_type WHERE typname = 'watchdog_jobs_unstarted'")).first() is None
     run(engine, command.upgrade, "head")
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
 

@@ -316,9 +316,19 @@ CHECK_NAMES = {
     "ck_watchdog_jobs_after_policy_known",
     # revision w0013: settle watch
     "ck_watchdog_jobs_watched_flag",
+    # revision w0019: jobs claimed ahead, their handler not started
+    "ck_watchdog_jobs_unstarted_flag",
+    "ck_watchdog_jobs_unstarted_running",
 }
 #: The CHECKs that relate columns: the table's own on PostgreSQL too (w0016).
-RELATING_CHECKS = {"state_grammar", "attempt_bounds", "settled_at_settled", "result_completed", "waiting_on_state"}
+RELATING_CHECKS = {
+    "state_grammar",
+    "attempt_bounds",
+    "settled_at_settled",
+    "result_completed",
+    "waiting_on_state",
+    "unstarted_running",
+}
 #: SQLite's stored-type CHECKs (revision w0010): every column but the rowid
 #: ``sequence``; PostgreSQL's column types already hold.
 STORED_TYPE_NAMES = {

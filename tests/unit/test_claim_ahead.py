@@ -19,7 +19,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sqlalchemy_watchdog import Decision, ProcessExecutor, store
-from sqlalchemy_watchdog.core.ahead import AHEAD_HORIZON_S, AHEAD_WAIT_MAX_S, Parking, RunTimes
+from sqlalchemy_watchdog.core.ahead import (
+    AHEAD_HORIZON_S,
+    AHEAD_MIN_ROUND_TRIPS,
+    AHEAD_WAIT_MAX_S,
+    RUN_TIME_WEIGHT,
+    Parking,
+    RunTimes,
+)
 from sqlalchemy_watchdog.core.loop import claim_steps, execute
 from sqlalchemy_watchdog.core.steps import NEVER_STARTED, RunHandler
 from sqlalchemy_watchdog.errors import InvalidJob
@@ -257,3 +264,26 @@ def test_jobs_claimed_ahead_never_run_beyond_concurrency_and_each_ends_once(
     assert sorted(ends) == sorted(claimed) and len(set(ends)) == len(ends), "each claimed job ends once"
     order = [job_id for job_id in claimed if job_id in set(started)]
     assert started == order, "jobs start in claim order"
+
+
+def test_handlers_shorter_than_a_few_round_trips_are_not_claimed_ahead() -> None:
+    """A job claimed ahead waits one round trip for its start record: below
+    ``AHEAD_MIN_ROUND_TRIPS`` round trips of run time nothing is claimed
+    ahead; at or above it the horizon decides as before."""
+    run_times = RunTimes()
+    run_times.note(0.001)
+    assert run_times.ahead(10, 40) == 40, "no round trip measured yet: the horizon alone"
+    run_times.note_round_trip(0.001)
+    assert run_times.ahead(10, 40) == 0, "handlers of one round trip: nothing claimed ahead"
+    run_times.average = AHEAD_MIN_ROUND_TRIPS * 0.001
+    assert run_times.ahead(10, 40) == 25 == int(10 * AHEAD_HORIZON_S / run_times.average)
+
+
+def test_the_round_trip_is_a_weighted_average_of_claims_and_starts() -> None:
+    run_times = RunTimes()
+    assert run_times.round_trip is None
+    run_times.note_round_trip(0.002)
+    run_times.note_round_trip(0.001)
+    assert run_times.round_trip == pytest.approx(0.002 - RUN_TIME_WEIGHT * 0.001)
+    run_times.note_round_trip(-1.0)  # a clock step back counts as nothing, never negative
+    assert run_times.round_trip is not None and run_times.round_trip >= 0
