@@ -3,7 +3,7 @@
 Internal module: its names may change in any release; the public API is
 what :mod:`sqlalchemy_watchdog` exports.
 
-Each statement is built once per dialect (``postgresql`` or ``sqlite``) and
+Each statement is built once per backend (PostgreSQL or SQLite) and
 kept: values travel as named bind parameters, so SQLAlchemy compiles each
 statement once, psycopg can prepare it server-side, and the hot path (claim,
 settle, renew) builds nothing per call. Many rows travel as one JSON array
@@ -180,8 +180,8 @@ def _effective_now(element: effective_now, compiler: Any, **kw: Any) -> str:
     return backend_of(compiler.dialect).greatest_sql(compiler.process(element.clauses, **kw))
 
 
-def _insert(dialect: str) -> Any:
-    return _insert_into(dialect, t)
+def _insert(backend: Backend) -> Any:
+    return _insert_into(backend, t)
 
 
 def _insert_into(backend: Backend | str, table: Any) -> Any:
@@ -234,7 +234,7 @@ SETTLE_FIELDS: Fields = (
 
 
 def _rows(
-    dialect: str, name: str, fields: Fields, *, counted: bool = False, sized: bool = False
+    backend: Backend, name: str, fields: Fields, *, counted: bool = False, sized: bool = False
 ) -> tuple[Any, dict[str, Any], Any]:
     """A FROM source yielding the rows sent as one JSON array of arrays in
     the bind parameter ``name``, in order (see :func:`rows_params`).
@@ -260,10 +260,10 @@ def _rows(
     limit: BindParameter[Any] | None = None
     if counted:
         limit = batch_size(f"{name}_count") if sized else _p(f"{name}_count", Integer())
-    return backend_of(dialect).json_rows(name, fields, limit=limit)
+    return backend.json_rows(name, fields, limit=limit)
 
 
-def rows_params(dialect: str, name: str, fields: Fields, rows: Sequence[Sequence[Any]]) -> dict[str, Any]:
+def rows_params(backend: Backend, name: str, fields: Fields, rows: Sequence[Sequence[Any]]) -> dict[str, Any]:
     """The bind parameters that carry ``rows`` (tuples in ``fields`` order),
     and their count (for a ``counted`` source).
 
@@ -314,7 +314,7 @@ def _bound_row(name: str, fields: Fields) -> dict[str, Any]:
 
 
 @cache
-def enqueue_rows(dialect: str, one: bool = False) -> Insert:
+def enqueue_rows(backend: Backend, one: bool = False) -> Insert:
     """Insert queued jobs (rows of :data:`ENQUEUE_FIELDS` in the ``jobs``
     parameter(s), admitted in their order); ``RETURNING job_id`` names the
     ones newly admitted. ``one``: a single job, its fields each a bind
@@ -328,7 +328,7 @@ def enqueue_rows(dialect: str, one: bool = False) -> Insert:
     caller's writes beside an unrelated old job.
     """
     source, cols, order = (
-        (None, _bound_row("job", ENQUEUE_FIELDS), None) if one else _rows(dialect, "jobs", ENQUEUE_FIELDS)
+        (None, _bound_row("job", ENQUEUE_FIELDS), None) if one else _rows(backend, "jobs", ENQUEUE_FIELDS)
     )
     names = [field for field, _ in IDENTITY_FIELDS]
     clock = db_clock_ms()
@@ -356,7 +356,7 @@ def enqueue_rows(dialect: str, one: bool = False) -> Insert:
     ).where(true())
     if source is not None:
         rows = rows.select_from(source).order_by(order)
-    ins = _insert(dialect).from_select(
+    ins = _insert(backend).from_select(
         [*names, "ready_at", "state", "enqueued_at", "trace_context", "waiting_on", "after_policy"], rows
     )
     ex = ins.excluded
@@ -476,7 +476,7 @@ def next_ready() -> Select[Any]:
 
 
 @cache
-def promote(dialect: str) -> Update:
+def promote(backend: Backend) -> Update:
     """Make up to ``:limit`` delayed jobs whose time has come (by the
     database clock) ``queued``, earliest first; they keep their ``sequence``,
     so among ready jobs the order stays priority, then admission.
@@ -491,7 +491,7 @@ def promote(dialect: str) -> Update:
         .order_by(c.ready_at, c.sequence)
         .limit(_p("limit", Integer()))
     )
-    target = backend_of(dialect).picked(c.sequence, pick, "due")
+    target = backend.picked(c.sequence, pick, "due")
     return update(t).where(target, IS_DELAYED).values(state=_QUEUED).returning(c.sequence)
 
 
@@ -504,14 +504,14 @@ def queue_params(queues: Sequence[str]) -> dict[str, str]:
 CLAIM_ORDER = (c.priority.desc(), c.sequence)
 
 
-def _addressed(dialect: str) -> list[ColumnElement[Any]]:
+def _addressed(backend: Backend) -> list[ColumnElement[Any]]:
     """The row's address as column ``row`` where the backend has one (see
     ``Backend.row_address``), for a pick a write then reaches by address."""
-    address = backend_of(dialect).row_address
+    address = backend.row_address
     return [] if address is None else [literal_column(f"watchdog_jobs.{address}").label("row")]
 
 
-def _queue_pick(dialect: str, index: int, limit: BindParameter[Any], *more: str) -> Select[Any]:
+def _queue_pick(backend: Backend, index: int, limit: BindParameter[Any], *more: str) -> Select[Any]:
     """The ``sequence``, the row's address where the backend has one
     (:func:`_addressed`) and the ``more`` columns of up to ``limit`` of queue
     ``:queue_<index>``'s queued jobs in claim order, read in that order in
@@ -527,10 +527,9 @@ def _queue_pick(dialect: str, index: int, limit: BindParameter[Any], *more: str)
     # The same for limits (revision w0011): a limited queue's jobs are the
     # limited claim's, never this statement's.
     unlimited = queue.not_in(select(limits_table.c.queue_name).scalar_subquery())
-    pick = select(c.sequence, *_addressed(dialect), *(c[name] for name in more)).where(
+    pick = select(c.sequence, *_addressed(backend), *(c[name] for name in more)).where(
         IS_QUEUED, unpaused, unlimited, c.queue_name.in_([queue])
     )
-    backend = backend_of(dialect)
     if backend.repeats_partial_predicates:
         pick = pick.where(IS_LIVE)
     return backend.skip_locked(pick.order_by(*CLAIM_ORDER).limit(limit))
@@ -576,7 +575,7 @@ def size_in_text(size: int) -> bool:
 
 
 @cache
-def claim(dialect: str, queue_count: int | None, sized: bool = False, ahead: bool = False) -> Update:
+def claim(backend: Backend, queue_count: int | None, sized: bool = False, ahead: bool = False) -> Update:
     """Take up to ``:limit`` of the best queued jobs (of the ``queue_count``
     queues ``:queue_0``, ``:queue_1``, ...; of every queue when None) for
     ``:lease_ms``, each under its own claim token ``:token.<sequence>``, so
@@ -609,8 +608,8 @@ def claim(dialect: str, queue_count: int | None, sized: bool = False, ahead: boo
     if queue_count is None:
         # Every queue: every queued job sorted (no index holds them all in claim
         # order). Runners always name their queues; this serves tests and tools.
-        pick = backend_of(dialect).skip_locked(
-            select(c.sequence, *_addressed(dialect))
+        pick = backend.skip_locked(
+            select(c.sequence, *_addressed(backend))
             .where(IS_QUEUED, UNPAUSED, UNLIMITED)
             .order_by(*CLAIM_ORDER)
             .limit(limit)
@@ -618,7 +617,7 @@ def claim(dialect: str, queue_count: int | None, sized: bool = False, ahead: boo
     elif queue_count < 1:
         raise ValueError("queue_count: at least 1")
     elif queue_count == 1:
-        pick = _queue_pick(dialect, 0, limit)
+        pick = _queue_pick(backend, 0, limit)
     else:
         # Several queues: the best `limit` of each queue (each read in claim
         # order in ix_watchdog_jobs_live_queue and, on PostgreSQL, locked), and
@@ -627,7 +626,7 @@ def claim(dialect: str, queue_count: int | None, sized: bool = False, ahead: boo
         # claim order (it would cost every enqueue an entry), and one that did
         # made a claim read past the backlogs of queues it does not serve.
         each = [
-            _queue_pick(dialect, index, limit, "priority").subquery(f"queue_{index}") for index in range(queue_count)
+            _queue_pick(backend, index, limit, "priority").subquery(f"queue_{index}") for index in range(queue_count)
         ]
         best = union_all(*(select(part) for part in each)).subquery("queues")
         # The sequence and the row's address (where the backend has one); the priority only orders.
@@ -641,7 +640,7 @@ def claim(dialect: str, queue_count: int | None, sized: bool = False, ahead: boo
     # 7 ms a claim at 20,000 jobs, against 0.3). By sequence, a generic plan
     # made on a young table never analysed scanned it whole (1 ms a claim at
     # 9,000 rows, growing).
-    target = backend_of(dialect).picked(
+    target = backend.picked(
         c.sequence, pick, "ready", skip_locked=False, as_array=True, joined=sized, recheck=IS_QUEUED
     )
     return _claim_update(target, ahead)
@@ -1305,7 +1304,7 @@ def keyed_counts(backend: Backend) -> Select[Any]:
 
 
 @cache
-def settle(dialect: str, sized: bool = False) -> Update:
+def settle(backend: Backend, sized: bool = False) -> Update:
     """Settle exact claims (rows of :data:`SETTLE_FIELDS` in ``settles``),
     each only while its lease lives by ``max(:now, database clock)``.
 
@@ -1336,7 +1335,7 @@ def settle(dialect: str, sized: bool = False) -> Update:
     settle was planned again at every execution (0.16 ms of its 0.33 at
     3,000 jobs). Each batch size up to that is then a text of its own.
     """
-    _source, cols, _ = _rows(dialect, "settles", SETTLE_FIELDS, counted=True, sized=sized)
+    _source, cols, _ = _rows(backend, "settles", SETTLE_FIELDS, counted=True, sized=sized)
     cancelled = c.cancellation_id.is_not(None)
     delay = cols["delay_ms"]
     # A requeue (retry or snooze) of an uncancelled job: back to waiting.
@@ -1577,7 +1576,7 @@ def _lane_jobs(lane: ColumnElement[Any]) -> tuple[Select[Any], Select[Any]]:
 
 
 @cache
-def fail_lane(dialect: str) -> Update:
+def fail_lane(backend: Backend) -> Update:
     """Settle a batch (``:batch``) of lane ``:lane_name``'s live jobs ``failed``
     with ``:reason``, running ones first; their claims are dropped.
 
@@ -1587,7 +1586,7 @@ def fail_lane(dialect: str) -> Update:
     the calls that follow settle the rest."""
     batch = _p("batch", Integer())
     custom, own = (part.limit(batch) for part in _lane_jobs(_p("lane_name", Text())))
-    both = backend_of(dialect).union_picked(((custom, "custom_lane"), (own, "default_lane")))
+    both = backend.union_picked(((custom, "custom_lane"), (own, "default_lane")))
     pick = select(both.c.sequence).order_by(both.c.state.desc(), both.c.sequence).limit(batch)
     return (
         update(t)
@@ -1632,7 +1631,7 @@ def purge_waiting() -> Delete:
 
 
 @cache
-def fail_lane_waiting(dialect: str) -> Update:
+def fail_lane_waiting(backend: Backend) -> Update:
     """Settle a batch (``:batch``) of lane ``:lane_name``'s waiting jobs
     ``failed`` with ``:reason``, oldest first (revision w0014). Like a
     cancelled waiting job, each keeps ``waiting_on = 0``: a runner's pass
@@ -1646,7 +1645,7 @@ def fail_lane_waiting(dialect: str) -> Update:
     return (
         update(t)
         .where(
-            backend_of(dialect).picked(c.sequence, backend_of(dialect).locked(pick), "waiting", skip_locked=False),
+            backend.picked(c.sequence, backend.locked(pick), "waiting", skip_locked=False),
             IS_WAITING,
         )
         .values(
@@ -2297,13 +2296,13 @@ EDGE_FIELDS: Fields = (("child", Text()), ("parent", Text()), ("outcome", Text()
 
 
 @cache
-def insert_edges(dialect: str) -> Insert:
+def insert_edges(backend: Backend) -> Insert:
     """Insert dependency rows (``:edges``, rows of :data:`EDGE_FIELDS`); an
     existing (child, parent) is left as it is."""
-    source, cols, order = _rows(dialect, "edges", EDGE_FIELDS)
+    source, cols, order = _rows(backend, "edges", EDGE_FIELDS)
     rows = select(cols["child"], cols["parent"], cols["outcome"]).select_from(source).where(true()).order_by(order)
     stmt: Insert = (
-        _insert_into(dialect, edges)
+        _insert_into(backend, edges)
         .from_select(["child", "parent", "outcome"], rows)
         .on_conflict_do_nothing(index_elements=[edges.c.child, edges.c.parent])
     )

@@ -128,7 +128,7 @@ def promote(conn: Connection, *, limit: int = PROMOTE_BATCH) -> Promotion:
     due = next_ready_in(conn)
     if due is None or due > 0:
         return Promotion(0, due)
-    promoted = len(conn.execute(sql.promote(conn.dialect.name), {"limit": limit}).all())
+    promoted = len(conn.execute(sql.promote(backend_of(conn)), {"limit": limit}).all())
     return Promotion(promoted, next_ready_in(conn))
 
 
@@ -193,9 +193,9 @@ def claim(
     # text (one prepared statement, planned once, per size: see statements.claim).
     sized = sql.size_in_text(batch)
     if distinct is None:
-        stmt = sql.claim(conn.dialect.name, None, sized, ahead)
+        stmt = sql.claim(backend_of(conn), None, sized, ahead)
     else:
-        stmt = sql.claim(conn.dialect.name, len(distinct), sized, ahead)
+        stmt = sql.claim(backend_of(conn), len(distinct), sized, ahead)
         params.update(sql.queue_params(distinct))
     rows.extend(execute_rows(conn, stmt, params))
     return _batch(conn, rows, held)
@@ -332,14 +332,14 @@ def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Set
     job_ids = [request.job_id for request in requests]
     if len(set(job_ids)) < len(job_ids):  # one statement updates a row once
         return [result for request in requests for result in settle_many(conn, [request])]
-    dialect = conn.dialect.name
-    params = sql.rows_params(dialect, "settles", sql.SETTLE_FIELDS, [settle_row(r) for r in requests])
+    backend = backend_of(conn)
+    params = sql.rows_params(backend, "settles", sql.SETTLE_FIELDS, [settle_row(r) for r in requests])
     params["now"] = max((r.now or now_ms()) for r in requests)
     # A batch of up to LITERAL_LIMIT_MAX rows has its count written into the
     # statement's text (one prepared statement, planned once, per size: see
     # statements.settle).
     sized = sql.size_in_text(len(requests))
-    settled = {row[_JOB_ID]: row for row in execute_rows(conn, sql.settle(dialect, sized), params)}
+    settled = {row[_JOB_ID]: row for row in execute_rows(conn, sql.settle(backend, sized), params)}
     if settled:
         limited = limited_queues(conn)  # cached: no statement for a deployment without limits
         if limited and any(row[_QUEUE] in limited for row in settled.values()):
@@ -505,11 +505,11 @@ def fail_lane(conn: Connection, lane: str, reason: str, *, batch: int = LANE_FAI
     if not isinstance(reason, str) or not reason:
         raise WatchdogError(ErrorCode.INVALID_INPUT, "reason: must be a non-empty str")
     params = {"lane_name": lane, "reason": bound_reason(reason), "batch": batch}
-    rows = list(conn.execute(sql.fail_lane(conn.dialect.name), params).all())
+    rows = list(conn.execute(sql.fail_lane(backend_of(conn)), params).all())
     more = bool(conn.execute(sql.lane_has_live_jobs(), {"lane_name": lane}).scalar())
     if not more and len(rows) < batch:
         params["batch"] = batch - len(rows)
-        rows += conn.execute(sql.fail_lane_waiting(conn.dialect.name), params).all()
+        rows += conn.execute(sql.fail_lane_waiting(backend_of(conn)), params).all()
     more = more or conn.execute(sql.lane_has_waiting_jobs(), {"lane_name": lane}).first() is not None
     jobs = tuple(sorted((view(row) for row in rows), key=lambda j: j.sequence))
     if jobs:  # running jobs of a limited queue may have ended: wake the runners it holds back

@@ -118,10 +118,10 @@ def _enqueue(
     waits: Waits | None = None,
 ) -> list[EnqueueResult]:
     admitted: set[str] = set()
-    dialect = conn.dialect.name
+    backend = backend_of(conn)
     # One job (the common call) is its own statement form: short to plan
     # where statements are not prepared (see statements._bound_row).
-    stmt = sql.enqueue_rows(dialect, one=len(unique) == 1)
+    stmt = sql.enqueue_rows(backend, one=len(unique) == 1)
     plain = delay_ms is None and trace_context is None and waits is None
     for start in range(0, len(unique), ENQUEUE_CHUNK):
         chunk = unique[start : start + ENQUEUE_CHUNK]
@@ -143,7 +143,7 @@ def _enqueue(
         if len(unique) == 1:
             params = sql.row_params("job", sql.ENQUEUE_FIELDS, rows[0])
         else:
-            params = sql.rows_params(dialect, "jobs", sql.ENQUEUE_FIELDS, rows)
+            params = sql.rows_params(backend, "jobs", sql.ENQUEUE_FIELDS, rows)
         # One statement, no savepoint around it: one round trip in the
         # caller's transaction. A conflict's offender is named afterwards
         # (see _conflict_of).
@@ -414,10 +414,10 @@ def _insert_edges(conn: Connection, unique: Sequence[Job], admitted: set[str], w
         if job.job_id in admitted and job.job_id in waits
         for parent, outcome in waits[job.job_id][1]
     ]
-    dialect = conn.dialect.name
+    backend = backend_of(conn)
     for start in range(0, len(rows), 5000):
-        params = sql.rows_params(dialect, "edges", sql.EDGE_FIELDS, rows[start : start + 5000])
-        conn.execute(sql.insert_edges(dialect), params)
+        params = sql.rows_params(backend, "edges", sql.EDGE_FIELDS, rows[start : start + 5000])
+        conn.execute(sql.insert_edges(backend), params)
     # Their live parents are watched from now on (revision w0013): only a
     # watched job's settlement runs the trigger that counts its edges, so a
     # job nobody depends on settles without it. Stored parents are locked

@@ -327,7 +327,7 @@ def test_json_rows_yield_every_row_in_order_with_typed_fields(engine: Engine) ->
     for limit in (None, bindparam("rows_count", type_=Integer()), sql.batch_size("rows_count")):
         source, columns, order = backend.json_rows("rows", fields, limit=limit)
         query = select(columns["name"], columns["n"]).select_from(source).order_by(order)
-        params = sql.rows_params(engine.dialect.name, "rows", fields, [("a", 1), ("b", 2**40), ("c",)])
+        params = sql.rows_params(_backend(engine), "rows", fields, [("a", 1), ("b", 2**40), ("c",)])
         with engine.connect() as conn:
             assert [tuple(row) for row in conn.execute(query, params)] == [("a", 1), ("b", 2**40), ("c", None)]
 

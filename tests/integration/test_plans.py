@@ -388,7 +388,7 @@ def _none(dialect: str) -> dict[str, Any]:
 
 def _enqueue(dialect: str) -> dict[str, Any]:
     rows = [("new-1", "q3", "l3", 0, "{}", None, None, None, None, None, None, None)]
-    return sql.rows_params(dialect, "jobs", sql.ENQUEUE_FIELDS, rows)
+    return sql.rows_params(backend_of(dialect), "jobs", sql.ENQUEUE_FIELDS, rows)
 
 
 def _enqueue_one(dialect: str) -> dict[str, Any]:
@@ -398,7 +398,7 @@ def _enqueue_one(dialect: str) -> dict[str, Any]:
 def _settle(count: int) -> Params:
     def params(dialect: str) -> dict[str, Any]:
         rows = [(f"r-{n}", f"rt-{n}", "completed", None, None, None, 0, 0, None) for n in range(2, 2 + 2 * count, 2)]
-        return {"now": NOW, **sql.rows_params(dialect, "settles", sql.SETTLE_FIELDS, rows)}
+        return {"now": NOW, **sql.rows_params(backend_of(dialect), "settles", sql.SETTLE_FIELDS, rows)}
 
     return params
 
@@ -572,6 +572,8 @@ PLANS: list[Case] = [
     Case("settle(1, a constant count)", "settle", (D, True), _settle(1), on(JOB_ID), both=True),
     Case("settle(8, a constant count)", "settle", (D, True), _settle(8), on(JOB_ID), both=True),
     Case("renew", "renew", (), _claims, on(JOB_ID, LEASE)),
+    # The starts of jobs claimed ahead (revision w0019), found as a renewal finds its claims.
+    Case("start", "start", (), _claims, on(JOB_ID, LEASE)),
     # A handler's progress, by job_id like a settle (revision w0012).
     Case(
         "progress",
@@ -1020,7 +1022,7 @@ def test_a_plan_kept_from_a_table_of_a_few_rows_is_made_anew_once_the_table_grew
             conn.exec_driver_sql("ALTER TABLE watchdog_jobs SET (autovacuum_enabled = false)")
             conn.exec_driver_sql(insert.format(prefix="few", count=6))
         if statement == "claim":
-            template = views._precompiled(engine.dialect, sql.claim(PG, 3, True))
+            template = views._precompiled(engine.dialect, sql.claim(backend_of(PG), 3, True))
             assert template is not None
             pre = views._with_sizes(template, {"limit": 8})
             prefix = "WITH ready AS MATERIALIZED"
@@ -1029,14 +1031,16 @@ def test_a_plan_kept_from_a_table_of_a_few_rows_is_made_anew_once_the_table_grew
             def run(conn: Any) -> None:
                 store.claim(conn, queues=names, limit=8, lease_ms=60_000)
         else:
-            template = views._precompiled(engine.dialect, sql.settle(PG, True))
+            template = views._precompiled(engine.dialect, sql.settle(backend_of(PG), True))
             assert template is not None
             pre = views._with_sizes(template, {"settles_count": 8})
             prefix = "UPDATE watchdog_jobs AS j"
             requests = [store.SettleRequest(f"gone-{n}", f"t-{n}", Decision.completed(), NOW) for n in range(8)]
             arguments = {
                 "now": NOW,
-                **sql.rows_params(PG, "settles", sql.SETTLE_FIELDS, [store.settle_row(r) for r in requests]),
+                **sql.rows_params(
+                    backend_of(PG), "settles", sql.SETTLE_FIELDS, [store.settle_row(r) for r in requests]
+                ),
             }
 
             def run(conn: Any) -> None:
@@ -1243,7 +1247,7 @@ def test_a_claim_never_reads_a_paused_queues_backlog(postgres_server: URL, queue
     pause = "INSERT INTO watchdog_queue_pauses (queue_name, paused_at) VALUES ('paused', 0)"
     with seeded_database(postgres_server, seed, pause) as engine:
         queues = ["paused", "open", "empty"][:queue_count]
-        statement, parameters = sent(engine, sql.claim(PG, queue_count), _claim(queues)(PG))
+        statement, parameters = sent(engine, sql.claim(backend_of(PG), queue_count), _claim(queues)(PG))
         with engine.connect() as conn:
             document = conn.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters).scalar_one()
             conn.rollback()

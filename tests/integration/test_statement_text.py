@@ -36,6 +36,7 @@ from sqlalchemy.orm import Session
 
 from sqlalchemy_watchdog import Decision, Job, Watchdog, WatchdogError, enqueue, store
 from sqlalchemy_watchdog import statements as sql
+from sqlalchemy_watchdog.backends import backend_of
 from sqlalchemy_watchdog.backends import postgresql as postgresql_backend
 from sqlalchemy_watchdog.gateway import AsyncGateway, SyncGateway
 from sqlalchemy_watchdog.store import views
@@ -240,7 +241,8 @@ def test_every_batch_size_is_written_into_one_compiled_statement(builder: str, d
     the compiled one, and a size outside the range is refused by name."""
     dialect: Any = postgresql_psycopg.dialect() if dialect_name == "postgresql" else sqlite_dialect.dialect()  # type: ignore[no-untyped-call]
     name = "limit" if builder == "claim" else "settles_count"
-    statement = sql.claim(dialect_name, 2, True) if builder == "claim" else sql.settle(dialect_name, True)
+    backend = backend_of(dialect_name)
+    statement = sql.claim(backend, 2, True) if builder == "claim" else sql.settle(backend, True)
     pre = views._precompiled(dialect, statement)
     assert pre is not None and pre.sized == (name,)
     marker = f"__[POSTCOMPILE_{name}]"
