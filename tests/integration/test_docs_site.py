@@ -47,18 +47,21 @@ PUBLIC_MODULES = (
 
 
 #: Set by ``python3 dev.py test`` to the site it has just built (as ``dev.py
-#: docs`` builds it, warnings as errors) before it runs pytest: outside CI the
-#: tests read that build instead of making their own, if it is newer than
-#: every source it was built from.
+#: docs`` builds it, warnings as errors) before it runs pytest: the tests read
+#: that build instead of making their own -- under CI (a fresh build of every
+#: page), and outside it if it is newer than every source it was built from.
 BUILT = "WATCHDOG_TEST_DOCS_HTML"
 
 
 def _fresh_build() -> Path | None:
-    """dev.py's build of this run (:data:`BUILT`), unless under CI (which
-    builds its own, as before) or older than a source."""
+    """dev.py's build of this run (:data:`BUILT`), unless older than a source.
+    Under CI, dev.py's build is a fresh one of every page (a clean clone),
+    made minutes before: read as it is, not built a second time."""
     built = os.environ.get(BUILT)
-    if not built or IN_CI:
+    if not built:
         return None
+    if IN_CI:
+        return Path(built) if (Path(built) / "index.html").is_file() else None
     if dev.docs_outdated(Path(built)):  # an incremental build with nothing to read writes nothing
         return None
     return Path(built)
