@@ -63,12 +63,15 @@ def test_packages_are_found_not_listed() -> None:
     data = setuptools["package-data"]
     assert "py.typed" in data["sqlalchemy_watchdog"]
     assert (ROOT / "sqlalchemy_watchdog" / "py.typed").is_file()
-    # Every file of the dashboard's data directories matches a package-data pattern.
+    # The dashboard's data folders are found as namespace packages (so setuptools
+    # lists them, not warns they are absent) and every file of them matches a
+    # package-data pattern of its folder.
+    assert setuptools["packages"]["find"]["namespaces"] is True
     web = ROOT / "sqlalchemy_watchdog" / "web"
-    patterns = data["sqlalchemy_watchdog.web"]
-    for path in [*web.glob("templates/*"), *web.glob("static/*")]:
-        relative = path.relative_to(web)
-        assert any(relative.match(pattern) for pattern in patterns), relative
+    for folder in ("templates", "static"):
+        patterns = data[f"sqlalchemy_watchdog.web.{folder}"]
+        for path in (web / folder).iterdir():
+            assert any(path.match(pattern) for pattern in patterns), path.relative_to(web)
 
 
 def test_the_version_has_one_source() -> None:
