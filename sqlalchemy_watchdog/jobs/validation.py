@@ -43,9 +43,11 @@ __all__ = [
 ]
 
 
+#: The longest ``job_id`` accepted, in characters (a CHECK of the table holds it too).
 JOB_ID_MAX_LENGTH = 256
 #: The longest stored trace context (JSON text of its propagation fields).
 TRACE_CONTEXT_MAX_LENGTH = 4096
+#: The longest queue name accepted, in characters.
 QUEUE_MAX_LENGTH = 256
 #: The longest flow-control key of a job (``Job.key``).
 KEY_MAX_LENGTH = 256
@@ -56,6 +58,7 @@ RATE_PERIOD_MAX = timedelta(days=1)
 RATE_PERIOD_MIN = timedelta(milliseconds=1)
 #: A 256-character identity plus a prefix such as ``team-key:`` still fits.
 LANE_MAX_LENGTH = 512
+#: The longest cancellation id accepted (``Job.cancellation_id``), in characters.
 CANCELLATION_ID_MAX_LENGTH = 256
 #: The longest pause reason accepted.
 PAUSE_REASON_MAX_LENGTH = 2000
@@ -63,7 +66,9 @@ PAUSE_REASON_MAX_LENGTH = 2000
 FAILURE_REASON_MAX_LENGTH = 2000
 #: The longest traceback kept with a failed job (its last characters are kept).
 FAILURE_DETAIL_MAX_LENGTH = 8000
+#: The lowest priority accepted (a signed 64-bit integer, as stored).
 PRIORITY_MIN = -(2**63)
+#: The highest priority accepted; a higher priority is claimed first.
 PRIORITY_MAX = 2**63 - 1
 _INT32_MAX = 2**31 - 1
 #: The largest ``max_attempts`` a retry policy may ask for.

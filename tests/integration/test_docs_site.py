@@ -130,6 +130,26 @@ def test_the_reference_documents_every_public_name(site: Path) -> None:
     assert not missing, f"public names missing from the reference: {missing}"
 
 
+#: What autodoc shows for a constant it found no ``#:`` comment for: the
+#: docstring of the constant's type (``int``, ``str``, ``dict``, ...).
+BUILTIN_DOCSTRINGS = (
+    "Convert a number or string to an integer",
+    "Create a new string object",
+    "dict() -&gt; new empty",
+)
+
+
+def test_every_documented_constant_says_what_it_is(site: Path) -> None:
+    borrowed = []
+    for page in sorted((site / "reference").glob("*.html")):
+        text = page.read_text()
+        for match in re.finditer(r'<dt class="sig sig-object py" id="([^"]+)"', text):
+            entry = text[match.end() : text.find("</dd>", match.end())]
+            if any(phrase in entry for phrase in BUILTIN_DOCSTRINGS):
+                borrowed.append(f"{page.name}: {match.group(1)}")
+    assert not borrowed, f"constants documented by their type's docstring (add a #: comment): {borrowed}"
+
+
 def test_the_index_page_leads_to_every_part_of_the_site(site: Path, browser: Any) -> None:
     open_page(browser, site, "index.html")
     from selenium.webdriver.common.by import By
