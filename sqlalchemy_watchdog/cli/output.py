@@ -546,7 +546,9 @@ def render_workers(workers: Sequence[WorkerView]) -> str:
             _worker_queues(worker),
             str(worker.concurrency),
             str(worker.claim_ahead),
-            str(worker.running),
+            # A gone worker's last count is stale (its jobs are recovered when their
+            # leases end): "-", as on the dashboard's workers page.
+            "-" if worker.gone else str(worker.running),
             when(worker.started_at),
             _worker_status(worker),
             f"{worker.wakeups} (v{worker.version})",

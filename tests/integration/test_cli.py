@@ -1921,8 +1921,8 @@ def test_workers_lists_live_and_gone_runners_as_a_table_and_json(engine: Engine,
     with engine.begin() as conn:
         conn.execute(
             text(
-                "UPDATE watchdog_workers SET last_seen = last_seen - 600000, started_at = started_at - 600000"
-                " WHERE worker_id = 'w-dead'"
+                "UPDATE watchdog_workers SET last_seen = last_seen - 600000, started_at = started_at - 600000,"
+                " running = 3 WHERE worker_id = 'w-dead'"
             )
         )
     status, out, _ = cli("workers")
@@ -1936,6 +1936,8 @@ def test_workers_lists_live_and_gone_runners_as_a_table_and_json(engine: Engine,
     assert live.split()[:7] == ["w-live", "host-1", "42", "emails,sms(process)", "4", "16", "0"]
     assert "live (seen" in live and dead.split()[3] == "emails"
     assert "GONE (silent 10m" in dead
+    # A gone worker's last count is stale: the table shows none (JSON keeps it, beside "gone").
+    assert dead.split()[6] == "-"
     assert "\x1b" not in out  # a host name's control characters are escaped
     status, out, _ = cli("--json", "workers")
     documents = {d["worker_id"]: d for d in map(json.loads, out.splitlines())}
@@ -1944,6 +1946,7 @@ def test_workers_lists_live_and_gone_runners_as_a_table_and_json(engine: Engine,
     assert documents["w-live"]["executors"] == {"emails": "thread", "sms": "process"}
     assert documents["w-dead"]["executors"] == {"emails": "thread"}
     assert documents["w-dead"]["gone"] is True and documents["w-dead"]["gone_after_seconds"] == 60.0
+    assert documents["w-dead"]["running"] == 3
 
 
 def test_schedules_without_a_module_shows_what_the_runners_serve_and_disputed_definitions(
