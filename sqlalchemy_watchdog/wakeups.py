@@ -289,17 +289,20 @@ def _autocommit_driver_connection(engine: Engine) -> Any:
     return driver_conn
 
 
-def connect_and_prove(engine: Engine, notify_engine: Engine | None = None) -> tuple[Any, SessionProof | None]:
+def connect_and_prove(
+    engine: Engine, notify_engine: Engine | None = None, *, failures: int = 0
+) -> tuple[Any, SessionProof | None]:
     """A detached autocommit driver connection of ``engine`` and its
     :func:`~sqlalchemy_watchdog.connections.prove_session` verdict (the
     NOTIFY sent through ``notify_engine``, the runner's own, default
     ``engine``); ``(None, None)`` when no connection could be made (the
     listener connects later). A connection that failed its proof is closed
-    and returned as None."""
+    and returned as None. ``failures``: the listener's failed connections
+    in a row before this one (only the first of an episode logs a WARNING)."""
     try:
         driver_conn = _autocommit_driver_connection(engine)
     except Exception as error:
-        log.warning("listener: cannot connect (%s); polling meanwhile", redacted(error))
+        _log_cannot_connect(error, failures)
         return None, None
     try:
         proof = prove_session(engine, driver_conn, notify_engine)
@@ -335,7 +338,7 @@ async def _close_async(engine: AsyncEngine, driver_conn: Any) -> None:
 
 
 async def connect_and_prove_async(
-    engine: AsyncEngine, notify_engine: AsyncEngine | None = None
+    engine: AsyncEngine, notify_engine: AsyncEngine | None = None, *, failures: int = 0
 ) -> tuple[Any, SessionProof | None]:
     """:func:`connect_and_prove` for an ``AsyncEngine``."""
     try:
@@ -343,7 +346,7 @@ async def connect_and_prove_async(
     except asyncio.CancelledError:
         raise
     except Exception as error:
-        log.warning("listener: cannot connect (%s); polling meanwhile", redacted(error))
+        _log_cannot_connect(error, failures)
         return None, None
     try:
         proof = await prove_session_async(engine, driver_conn, notify_engine)
@@ -395,15 +398,41 @@ def _backoff(failures: int) -> float:
     return min(30.0, 0.25 * 2.0 ** min(failures, 7))
 
 
+def _episode_level(failures: int) -> int:
+    """The level of a listener's failure to connect: WARNING for the first of
+    an episode (``failures`` before it: 0), DEBUG for the retries after it --
+    an outage of a minute is one line, not one per backoff; "listening
+    again" closes the episode."""
+    return logging.WARNING if failures == 0 else logging.DEBUG
+
+
+def _log_cannot_connect(error: BaseException, failures: int) -> None:
+    """No connection to listen on (see :func:`_episode_level`)."""
+    log.log(
+        _episode_level(failures),
+        "listener: cannot connect (%s); polling meanwhile, trying again in %gs",
+        redacted(error),
+        _backoff(failures + 1),
+    )
+
+
 def _log_unproven(proof: SessionProof, failures: int) -> None:
     """A new listening connection (after a lost one) failed its proof: the
-    runner polls until a later one passes, which "listening again" says."""
+    runner polls until a later one passes, which "listening again" says
+    (``failures``: the failed connections before this one, see
+    :func:`_episode_level`)."""
     what = (
         "could not check the new listening connection"
         if proof.failed
         else "the new listening connection is not one PostgreSQL session"
     )
-    log.warning("listener: %s (%s); polling meanwhile, trying again in %gs", what, proof.reason, _backoff(failures))
+    log.log(
+        _episode_level(failures),
+        "listener: %s (%s); polling meanwhile, trying again in %gs",
+        what,
+        proof.reason,
+        _backoff(failures + 1),
+    )
 
 
 class Waiting:
@@ -691,11 +720,11 @@ class Listener:
             try:
                 return _autocommit_driver_connection(self.engine)
             except Exception as error:
-                log.warning("listener: cannot connect (%s); polling meanwhile", redacted(error))
+                _log_cannot_connect(error, self._failures)
                 return None
-        driver_conn, proof = connect_and_prove(self.engine, self._notify_engine)
+        driver_conn, proof = connect_and_prove(self.engine, self._notify_engine, failures=self._failures)
         if proof is not None and not proof.proven:
-            _log_unproven(proof, self._failures + 1)
+            _log_unproven(proof, self._failures)
         return driver_conn
 
     def _run(self) -> None:
@@ -859,16 +888,16 @@ async def listen_async(
         driver_conn, first = first, None
         if driver_conn is None:
             if prove:
-                driver_conn, proof = await connect_and_prove_async(engine, notify_engine)
+                driver_conn, proof = await connect_and_prove_async(engine, notify_engine, failures=failures)
                 if proof is not None and not proof.proven:
-                    _log_unproven(proof, failures + 1)
+                    _log_unproven(proof, failures)
             else:
                 try:
                     driver_conn = await _async_driver_connection(engine)
                 except asyncio.CancelledError:
                     raise
                 except Exception as error:
-                    log.warning("listener: cannot connect (%s); polling meanwhile", redacted(error))
+                    _log_cannot_connect(error, failures)
             if driver_conn is None:
                 failures += 1
                 await asyncio.sleep(_backoff(failures))

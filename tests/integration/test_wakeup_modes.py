@@ -9,6 +9,7 @@ the CLI's options are checked.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy_watchdog import Runner, WakeupMode, WakeupsUnavailable, metadata
 from sqlalchemy_watchdog.asyncio import AsyncRunner
 from sqlalchemy_watchdog.cli import main
-from sqlalchemy_watchdog.wakeups import connect_and_prove, connect_and_prove_async
+from sqlalchemy_watchdog.wakeups import Listener, connect_and_prove, connect_and_prove_async, listen_async
 
 
 @pytest.fixture
@@ -68,6 +69,54 @@ def test_an_unreachable_database_leaves_the_proof_to_the_listener(caplog: pytest
     connection, proof = connect_and_prove(engine)
     assert connection is None and proof is None  # not a failed proof: the listener connects later
     assert any("cannot connect" in r.getMessage() for r in caplog.records)
+
+
+UNREACHABLE = "postgresql+psycopg://postgres@127.0.0.1:9/nowhere"
+
+
+def _cannot_connect_lines(caplog: pytest.LogCaptureFixture) -> dict[int, int]:
+    """How many "cannot connect" records the listener logged, by level."""
+    counts: dict[int, int] = {}
+    for record in caplog.records:
+        if record.getMessage().startswith("listener: cannot connect"):
+            counts[record.levelno] = counts.get(record.levelno, 0) + 1
+    return counts
+
+
+def test_a_listener_that_cannot_connect_warns_once_per_outage(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="sqlalchemy_watchdog")
+    engine = create_engine(UNREACHABLE, connect_args={"connect_timeout": 2})
+    listener = Listener.start_for(engine, lambda: None, lambda: None)
+    assert listener is not None
+    try:
+        # Backoff 0.5 s, 1 s, ...: three attempts or more within 2 s.
+        threading.Event().wait(2.0)
+    finally:
+        listener.stop()
+        engine.dispose()
+    counts = _cannot_connect_lines(caplog)
+    assert counts.get(logging.WARNING) == 1, counts  # the episode's first failure pages
+    assert counts.get(logging.DEBUG, 0) >= 2, counts  # its retries are there for whoever looks
+
+
+def test_an_async_listener_that_cannot_connect_warns_once_per_outage(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="sqlalchemy_watchdog")
+
+    async def listen_for_a_while() -> None:
+        engine = create_async_engine(UNREACHABLE, connect_args={"connect_timeout": 2})
+        task = asyncio.create_task(listen_async(engine, lambda: None, lambda: None))
+        try:
+            await asyncio.sleep(2.0)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await engine.dispose()
+
+    asyncio.run(listen_for_a_while())
+    counts = _cannot_connect_lines(caplog)
+    assert counts.get(logging.WARNING) == 1, counts
+    assert counts.get(logging.DEBUG, 0) >= 2, counts
 
 
 def _serve_briefly(runner: Runner) -> None:
