@@ -15,7 +15,7 @@ from ..records import SettleRequest
 from .handlers import StopReason
 from .maintenance import abandon, enqueue_schedules, promote, propagate, prune_workers, recover, summarize
 from .rules.settle import settle_request, stop_reason_of
-from .settings import stop_wait_s
+from .settings import LAST_STATEMENTS_S, stop_wait_s
 from .state import RENEW_RETRY_FIRST_S, Execution, RunnerCore, TickResult, TickStatus, _reason, stop
 from .steps import NEVER_STARTED, STARTED_LATE, Pause, RecordStart, RunHandler, Spawn, Steps, WaitDone, call
 
@@ -371,7 +371,9 @@ def shutdown(core: RunnerCore) -> Steps[None]:
     to stop and nothing to hand to recovery (its decision is made). Its
     settle -- retried while the database is unreachable
     (:func:`~.rules.settle.settle_batch`) -- is waited for until the
-    shutdown budget (grace and stop wait) is spent, or its lease has surely
+    shutdown budget (grace and stop wait) is spent, and at least
+    :data:`~.settings.LAST_STATEMENTS_S` from then (a settle or a hand-off
+    to recovery just begun is one statement), or until its lease has surely
     ended if that is sooner; what is still waiting then is said (WARNING),
     and the driver stops its settler, which gives those settles up (their
     decisions lost, logged ERROR; recovery handles the jobs once their
@@ -385,7 +387,10 @@ def shutdown(core: RunnerCore) -> Steps[None]:
     settling = [e for e in core.active() if not e.done.is_set() and not e.slot_held]
     if not settling:
         return
-    until = min(budget_ends, max(e.lease_ends_by for e in settling))
+    until = min(
+        max(budget_ends, core.clock.monotonic() + LAST_STATEMENTS_S),
+        max(e.lease_ends_by for e in settling),
+    )
     wait = until - core.clock.monotonic()
     if wait > 0:
         yield WaitDone(tuple(settling), wait)

@@ -104,6 +104,15 @@ STOP_WAIT_MAX_S = 2.0
 EXIT_MARGIN_S = 5.0
 
 
+#: The least a shutdown waits, once its budget is spent, for what is still
+#: settling or being handed to recovery (one statement each): the "1 s for
+#: the last statements" the shutdown-budget rule of the workers page counts.
+#: Without it a short grace left no time at all for the hand-off of a child
+#: killed at the end of the budget, which then held its job ``running``
+#: under its live lease.
+LAST_STATEMENTS_S = 1.0
+
+
 def stop_wait_s(grace_s: float) -> float:
     """How long shutdown waits, after the grace, for the handlers it told to
     stop: ``min(2 s, grace)``, at least 0.1 s."""

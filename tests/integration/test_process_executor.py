@@ -567,6 +567,37 @@ def test_shutdown_lets_a_handler_finish_after_its_stop_and_settles_it_completed(
     assert (done.outcome, done.recovery_count) == (Outcome.COMPLETED, 0)
 
 
+def test_a_hand_off_to_recovery_slower_than_the_shutdown_budget_ends_before_the_runner_returns(
+    engine: Engine, runners: RunnerDriver, marks: Path
+) -> None:
+    """With no grace the budget (0.1 s) is spent by the time the killed
+    child's job is handed to recovery; that last statement still gets its
+    second (workers page: "1 s covers the last statements"), so a loaded
+    database does not leave the job ``running`` under its live lease."""
+    add(engine, job("a", marks, sleep=10, max_recoveries=1))
+    stopping = threading.Event()
+
+    def slow_writes_once_stopping(
+        conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool
+    ) -> None:
+        if stopping.is_set() and statement.lstrip().upper().startswith("UPDATE"):
+            time.sleep(0.4)
+
+    worker = make(
+        runners,
+        {"q": h.stubborn},
+        lease=timedelta(seconds=60),
+        heartbeat=timedelta(seconds=5),
+        grace=timedelta(0),
+        listen={"before_cursor_execute": slow_writes_once_stopping},
+    )
+    with worker.serving():
+        h.wait_for_mark(marks, "a", "started")
+        stopping.set()
+    after = read(engine, "a")
+    assert (after.state, after.recovery_count) == (JobState.QUEUED, 1)
+
+
 @pytest.mark.parametrize(
     ("max_recoveries", "state", "outcome"),
     [(1, JobState.QUEUED, None), (None, JobState.SETTLED, Outcome.INTERRUPTED)],

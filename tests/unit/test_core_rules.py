@@ -22,7 +22,7 @@ from sqlalchemy_watchdog.core.handlers import StopReason
 from sqlalchemy_watchdog.core.loop import claim_steps, execute, loop_pass, renew, shutdown, time_out
 from sqlalchemy_watchdog.core.maintenance import enqueue_schedules, recover
 from sqlalchemy_watchdog.core.rules.settle import Fate, decision_of_result, settle_batch, settle_request, verdict
-from sqlalchemy_watchdog.core.settings import RunnerSettings
+from sqlalchemy_watchdog.core.settings import LAST_STATEMENTS_S, RunnerSettings
 from sqlalchemy_watchdog.core.state import Execution, RunnerCore, TickStatus
 from sqlalchemy_watchdog.core.steps import Pause, RunHandler, Spawn, Stop, WaitDone, drive
 from sqlalchemy_watchdog.errors import ErrorCode, WatchdogError
@@ -684,3 +684,21 @@ def test_shutdown_neither_stops_nor_abandons_an_execution_whose_settle_waits_for
     assert not execution.signal.is_set(), "its handler has returned: nothing to stop"
     assert waits[0] == 5.0 and 0 < waits[1] <= runner.settings.shutdown_budget_s
     assert any("1 settle(s) still waiting" in r.getMessage() for r in caplog.records)
+
+
+def test_shutdown_with_its_budget_spent_still_gives_a_settle_in_flight_its_last_statement_time(
+    time: FakeTime,
+) -> None:
+    """No grace: the budget (0.1 s) is spent before a hand-off or a settle
+    just begun can finish; it still gets LAST_STATEMENTS_S, never past its
+    lease."""
+    runner = core(time, lease=timedelta(seconds=30), heartbeat=timedelta(seconds=10), grace=timedelta(0))
+    settling(runner)
+    waits: list[float] = []
+    run(
+        shutdown(runner),
+        Expect(WaitDone, check=lambda step: waits.append(step.timeout)),
+        Expect(WaitDone, check=lambda step: waits.append(step.timeout)),
+    )
+    assert waits[0] == 0.0
+    assert waits[1] == pytest.approx(LAST_STATEMENTS_S)
