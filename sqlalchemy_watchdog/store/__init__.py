@@ -185,6 +185,9 @@ from .transactions import transact as transact
 from .transactions import transact_as as transact_as
 from .transactions import transient_failure as transient_failure
 from .transactions import write_transaction as write_transaction
+from .unique import keys_held_by as keys_held_by
+from .unique import prune_keys as prune_keys
+from .unique import replace as replace
 from .views import _PRECOMPILED as _PRECOMPILED
 from .views import _observed as _observed
 from .views import _Precompiled as _Precompiled
