@@ -21,8 +21,11 @@ def enqueue_rounds(
 ) -> None:
     """``rounds`` enqueues per key, as ``Job(f"w{worker}-r{round}-{key}", ...)``."""
     engine = create_engine(url, connect_args={"timeout": 60} if url.startswith("sqlite") else {})
-    window = {name: timedelta(milliseconds=value) for name, value in options.items() if name.endswith("_ms")}
-    rest = {name: value for name, value in options.items() if not name.endswith("_ms")}
+    # Durations cross the process boundary as milliseconds ("unique_for_ms").
+    chosen: dict[str, Any] = {
+        name.removesuffix("_ms"): timedelta(milliseconds=value) if name.endswith("_ms") else value
+        for name, value in options.items()
+    }
     answers: list[tuple[str, str, str]] = []
     barrier.wait()
     for round_ in range(rounds):
@@ -32,8 +35,7 @@ def enqueue_rounds(
                 "races",
                 payload={"worker": worker, "round": round_},
                 unique_key=key,
-                **{name[: -len("_ms")]: value for name, value in window.items()},
-                **rest,
+                **chosen,
             )
             with Session(engine) as session:
                 result = enqueue(session, job)
