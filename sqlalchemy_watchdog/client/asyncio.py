@@ -43,8 +43,8 @@ from ..jobs import (
 )
 from ..results import wait_for_async
 from . import operations as ops
-from .operations import KEEP, Keep
 from . import sync
+from .operations import KEEP, Keep
 
 if TYPE_CHECKING:
     from ..codecs import PayloadCodec
