@@ -57,6 +57,8 @@ from .jobs import (
     ThrottleExcess,
     Throughput,
     Undecodable,
+    UniqueKeyHold,
+    UniqueKind,
     UniqueStates,
     WorkerView,
 )
@@ -76,6 +78,8 @@ __all__ = [
     "ReplaceResult",
     "ReplaceStatus",
     "ThrottleExcess",
+    "UniqueKeyHold",
+    "UniqueKind",
     "UniqueStates",
     "Decision",
     "EnqueueConflict",

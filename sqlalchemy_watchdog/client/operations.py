@@ -527,7 +527,7 @@ def cancel(job_id: str, cancellation_id: str, *, only_if_queued: bool = False) -
 
 
 class Keep(enum.Enum):
-    """The default of :meth:`replace`'s ``payload`` and ``run_at``: keep the job's own."""
+    """The default of ``replace``'s ``payload`` and ``run_at``: keep the job's own."""
 
     KEEP = "keep"
 

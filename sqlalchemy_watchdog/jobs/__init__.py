@@ -81,6 +81,8 @@ from .types import job_batch as job_batch
 from .types import rerun_job_id as rerun_job_id
 from .types import set_after as set_after
 from .uniqueness import ThrottleExcess as ThrottleExcess
+from .uniqueness import UniqueKeyHold as UniqueKeyHold
+from .uniqueness import UniqueKind as UniqueKind
 from .uniqueness import UniqueStates as UniqueStates
 from .validation import AFTER_POLICIES as AFTER_POLICIES
 from .validation import (
@@ -150,6 +152,8 @@ __all__ = [
     "ReplaceStatus",
     "ReplaceResult",
     "ThrottleExcess",
+    "UniqueKeyHold",
+    "UniqueKind",
     "UniqueStates",
     "SettleStatus",
     "LaneFailure",
