@@ -164,7 +164,7 @@ class Backend(Protocol):
         ``$n``, see ``store.views``), which this backend's fast path runs."""
         ...
 
-    # -- statement variants (the statements module asks for these) -----------------
+    # -- statement variants (the store's statement builders ask for these) --------
 
     def json_rows(
         self, name: str, fields: Sequence[tuple[str, Any]], *, limit: ColumnElement[Any] | None = None

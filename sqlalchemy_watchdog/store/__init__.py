@@ -1,4 +1,4 @@
-"""The one store: runs the statements of :mod:`.statements` on a sync ``Connection``.
+"""The one store: runs its statements (each feature's ``<feature>_sql``) on a sync ``Connection``.
 
 Internal module: its names may change in any release; the public API is
 what :mod:`sqlalchemy_watchdog` exports.

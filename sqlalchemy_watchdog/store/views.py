@@ -136,8 +136,8 @@ def _inline_constants(text: str, defaults: dict[str, Any]) -> str:
     return inlined
 
 
-#: Per dialect (an engine's), per statement (by identity: the builders of
-#: :mod:`.statements` cache theirs, and the entry keeps it alive).
+#: Per dialect (an engine's), per statement (by identity: the statement
+#: builders of the store cache theirs, and the entry keeps it alive).
 _PRECOMPILED: weakref.WeakKeyDictionary[Dialect, dict[int, tuple[Executable, _Precompiled | None]]] = (
     weakref.WeakKeyDictionary()
 )

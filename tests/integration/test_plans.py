@@ -1,4 +1,4 @@
-"""Query plans: every statement of ``statements.py`` reads the index it was built for.
+"""Query plans: every statement of the store reads the index it was built for.
 
 One table, :data:`PLANS`, names for each statement builder (and each of its
 variants) the index the database must use on ``watchdog_jobs``. Each case is
