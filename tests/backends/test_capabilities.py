@@ -37,6 +37,7 @@ from sqlalchemy_watchdog.backends import BACKENDS, Backend, backend_of, backend_
 from sqlalchemy_watchdog.backends.triggers import TRIGGER_NAMES
 from sqlalchemy_watchdog.model import jobs_table
 from sqlalchemy_watchdog.store import maintenance_sql, sql
+from sqlalchemy_watchdog.store.enqueue import _UNIQUE_COLUMNS
 
 
 def _backend(engine: Engine) -> Backend:
@@ -96,10 +97,10 @@ def test_a_real_duplicate_and_a_real_null_are_parsed(engine: Engine) -> None:
     duplicate, null = errors
     backend = _backend(engine)
     assert backend_of_error(duplicate) is backend
-    assert backend.violation(duplicate, jobs_table.name, store._UNIQUE_COLUMNS) == ("unique", "job_id")
-    assert backend.violation(null, jobs_table.name, store._UNIQUE_COLUMNS) == ("not_null", "queue_name")
+    assert backend.violation(duplicate, jobs_table.name, _UNIQUE_COLUMNS) == ("unique", "job_id")
+    assert backend.violation(null, jobs_table.name, _UNIQUE_COLUMNS) == ("not_null", "queue_name")
     assert store.violation(duplicate) == ("unique", "job_id")
-    assert backend.violation(duplicate, "another_table", store._UNIQUE_COLUMNS) is None
+    assert backend.violation(duplicate, "another_table", _UNIQUE_COLUMNS) is None
 
 
 def test_a_missing_table_is_not_transient(engine: Engine) -> None:
