@@ -5,11 +5,11 @@ a job's row is read by: the :class:`~sqlalchemy_watchdog.JobView` field it
 fills (or None: the store's own, such as the claim token) and how its stored
 value reads (:class:`ReadAs`). From it derive
 
-* the selected columns (``statements.COLUMNS``),
+* the selected columns (``sql.COLUMNS``),
 * the view builder (``store.base.view``: the positions, the decoders, the
   fallback that reads an undecodable value as unknown),
 * the identity an enqueue writes and a replay compares
-  (``statements.IDENTITY_FIELDS`` and ``store.enqueue``'s values of a
+  (``sql.IDENTITY_FIELDS`` and ``store.enqueue``'s values of a
   :class:`~sqlalchemy_watchdog.Job`: :attr:`JobColumn.identity`),
 * the named positions the store reads a row by (:func:`position`),
 

@@ -853,6 +853,8 @@ class WatchdogUniqueKey(WatchdogBase):
         CheckConstraint("replacements >= 0", name="replacements_nonnegative"),
         # The keys a job holds, for show and the dashboard.
         Index("ix_watchdog_unique_keys_job_id", "job_id"),
+        # Ended windows, for the retention pass.
+        Index("ix_watchdog_unique_keys_until_ms", "until_ms"),
     )
 
 

@@ -15,7 +15,7 @@ or its module) is deselected by default and runs when ``CI=true`` or
 on both, even inside a ``dialect_neutral`` module. The dialect matters -- and
 a test is not marked neutral -- where it is about locking and concurrent
 claims, LISTEN/NOTIFY and wake-ups, query plans, poolers and failover,
-migrations and DDL, the SQL a dialect gets of its own (statements.py), the
+migrations and DDL, the SQL a dialect gets of its own (store/*sql.py), the
 database clock, or how a value is stored and read back.
 """
 

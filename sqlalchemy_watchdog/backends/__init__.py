@@ -98,7 +98,7 @@ class Backend(Protocol):
     #: connections (``connections.follow_failover`` listens for it).
     fails_over: bool
     #: Whether a limited queue's claim can be one statement
-    #: (``statements.claim_limited_at_once``) in autocommit or once the
+    #: (``limits_sql.claim_limited_at_once``) in autocommit or once the
     #: limits row is locked.
     limited_claim_at_once: bool
     #: Whether a test can run in a schema of its own (the pytest plugin's
@@ -164,15 +164,15 @@ class Backend(Protocol):
         ``$n``, see ``store.views``), which this backend's fast path runs."""
         ...
 
-    # -- statement variants (the statements module asks for these) -----------------
+    # -- statement variants (the store's statement builders ask for these) --------
 
     def json_rows(
         self, name: str, fields: Sequence[tuple[str, Any]], *, limit: ColumnElement[Any] | None = None
     ) -> tuple[Any, dict[str, ColumnElement[Any]], Any]:
         """A FROM source yielding the rows sent as one JSON array of arrays
         in the bind parameter ``name``, its columns by field name and its
-        ordering column (see ``statements._rows``); with a ``limit`` (a
-        parameter, plain or ``statements.batch_size``), at most that many rows."""
+        ordering column (see ``sql._rows``); with a ``limit`` (a
+        parameter, plain or ``sql.batch_size``), at most that many rows."""
         ...
 
     def skip_locked(self, pick: Select[Any]) -> Select[Any]:
@@ -205,7 +205,7 @@ class Backend(Protocol):
         :meth:`skip_locked`), matched with ``= ANY(ARRAY(...))`` when
         ``as_array`` (a generic plan that goes by key; by address where the
         pick has a ``row`` column, joined to the pick when ``joined`` -- for a
-        pick whose ``LIMIT`` is a constant, see ``statements.claim``);
+        pick whose ``LIMIT`` is a constant, see ``claims_sql.claim``);
         elsewhere ``IN (pick)``, with ``recheck``, the condition the write
         checks again where the pick locks no rows (a locked row is re-read by
         PostgreSQL anyway)."""

@@ -50,7 +50,7 @@ class PostgreSQL:
     code_point_text: TypeEngine[str] | None = Text(collation="C")
     # A server can stop being a writable primary under a pool's connections.
     fails_over = True
-    # The limited claim can be one statement (statements.claim_limited_at_once).
+    # The limited claim can be one statement (limits_sql.claim_limited_at_once).
     limited_claim_at_once = True
     # Each test of the pytest plugin gets a schema of its own.
     has_schemas = True

@@ -12,7 +12,7 @@ never lost while the claim lives.
 
 Each write is one ``UPDATE`` guarded by the job_id, the exact claim token,
 ``state = 'running'`` and a live lease by the database clock
-(:func:`sqlalchemy_watchdog.statements.progress`), like a renew: a job that
+(:func:`sqlalchemy_watchdog.store.claims_sql.progress`), like a renew: a job that
 lost its claim writes nothing (:attr:`ProgressStatus.LOST`).
 """
 

@@ -1,4 +1,4 @@
-"""The one store: runs the statements of :mod:`.statements` on a sync ``Connection``.
+"""The one store: runs its statements (each feature's ``<feature>_sql``) on a sync ``Connection``.
 
 Internal module: its names may change in any release; the public API is
 what :mod:`sqlalchemy_watchdog` exports.
@@ -7,25 +7,23 @@ Every function here takes a ``Connection`` already inside a transaction and
 leaves committing to its caller, so the same code serves the sync client,
 the runner, and (through ``AsyncConnection.run_sync``) the asyncio API.
 
-A package of rooms, every name re-exported here (``store.claim`` as before):
+A package of rooms, every public name re-exported here (``store.claim`` as
+before; a private one is imported from the room that defines it):
 ``base`` (constants, rows made views), ``operation`` (the declarations),
 ``views`` (the hot statements precompiled), ``enqueue``, ``claims`` (reads of
 one job, the claim life cycle, recovery), ``maintenance`` (retention,
 listing, stats, pauses, reruns, workers, schedules, bulk actions, make_due),
 ``transactions`` (transact_as, locks, retries), ``limits`` (flow control:
-the queues' limits and the limited claim) and ``chart``.
+the queues' limits and the limited claim) and ``chart``. Beside each room
+its statements, built with SQLAlchemy Core: ``enqueue_sql``, ``claims_sql``,
+``limits_sql``, ``maintenance_sql``, ``dependencies_sql``, ``chart_sql``, and
+what they share in ``sql``.
 """
 
 from __future__ import annotations
 
 from ..backends import UnreadableText as UnreadableText
 from ..jobs import SettleStatus as SettleStatus
-from .base import _ITSELF as _ITSELF
-from .base import _JOBVIEW_FIELDS as _JOBVIEW_FIELDS
-from .base import _OUTCOMES as _OUTCOMES
-from .base import _STATES as _STATES
-from .base import _VIEW_ORDER as _VIEW_ORDER
-from .base import _WIDTH as _WIDTH
 from .base import ENQUEUE_CHUNK as ENQUEUE_CHUNK
 from .base import LANE_FAILURE_BATCH as LANE_FAILURE_BATCH
 from .base import NO_POLICY_REASON as NO_POLICY_REASON
@@ -33,14 +31,11 @@ from .base import PROMOTE_BATCH as PROMOTE_BATCH
 from .base import F as F
 from .base import P as P
 from .base import T as T
-from .base import _decoded_field_by_field as _decoded_field_by_field
-from .base import _one_chunk as _one_chunk
 from .base import new_claim_token as new_claim_token
 from .base import now_ms as now_ms
 from .base import unreadable_columns as unreadable_columns
 from .base import view as view
 from .chart import throughput as throughput
-from .claims import _FROM_JOB as _FROM_JOB
 from .claims import SHUTDOWN_REASON as SHUTDOWN_REASON
 from .claims import Claim as Claim
 from .claims import ClaimBatch as ClaimBatch
@@ -50,11 +45,6 @@ from .claims import RecoveryCause as RecoveryCause
 from .claims import RecoveryStatus as RecoveryStatus
 from .claims import Settlement as Settlement
 from .claims import SettleRequest as SettleRequest
-from .claims import _claim_peek as _claim_peek
-from .claims import _detail as _detail
-from .claims import _promote_peek as _promote_peek
-from .claims import _settled as _settled
-from .claims import _unsettled as _unsettled
 from .claims import cancel as cancel
 from .claims import cancel_status_now as cancel_status_now
 from .claims import claim as claim
@@ -87,16 +77,6 @@ from .dependencies import parent_results as parent_results
 from .dependencies import propagate as propagate
 from .dependencies import relations as relations
 from .dependencies import waiting_for as waiting_for
-from .enqueue import _UNIQUE_COLUMNS as _UNIQUE_COLUMNS
-from .enqueue import _autocommit as _autocommit
-from .enqueue import _conflict_of as _conflict_of
-from .enqueue import _enqueue as _enqueue
-from .enqueue import _enqueue_traced as _enqueue_traced
-from .enqueue import _first_conflict as _first_conflict
-from .enqueue import _queued as _queued
-from .enqueue import _row as _row
-from .enqueue import _same as _same
-from .enqueue import _values as _values
 from .enqueue import check_delay as check_delay
 from .enqueue import enqueue as enqueue
 from .enqueue import enqueue_each as enqueue_each
@@ -115,8 +95,6 @@ from .limits import own_transaction as own_transaction
 from .limits import queue_use as queue_use
 from .limits import read_limits as read_limits
 from .limits import set_limits as set_limits
-from .maintenance import _MS_MAX as _MS_MAX
-from .maintenance import _MS_MIN as _MS_MIN
 from .maintenance import LIST_LIMIT_MAX as LIST_LIMIT_MAX
 from .maintenance import PRUNE_LOCK_KEY as PRUNE_LOCK_KEY
 from .maintenance import RERUN_ID_MAX_LENGTH as RERUN_ID_MAX_LENGTH
@@ -134,13 +112,6 @@ from .maintenance import BulkStep as BulkStep
 from .maintenance import Pruning as Pruning
 from .maintenance import ScheduleRecord as ScheduleRecord
 from .maintenance import WorkerRegistration as WorkerRegistration
-from .maintenance import _cancel_batch as _cancel_batch
-from .maintenance import _gone_after_ms as _gone_after_ms
-from .maintenance import _member as _member
-from .maintenance import _queues_of as _queues_of
-from .maintenance import _rerun_batch as _rerun_batch
-from .maintenance import _rerun_copy as _rerun_copy
-from .maintenance import _time_bound as _time_bound
 from .maintenance import bulk_batch as bulk_batch
 from .maintenance import check_outcomes as check_outcomes
 from .maintenance import deregister_worker as deregister_worker
@@ -164,7 +135,6 @@ from .maintenance import sorts_by_code_point as sorts_by_code_point
 from .maintenance import stats as stats
 from .maintenance import waiting_jobs as waiting_jobs
 from .maintenance import workers as workers
-from .operation import _OPERATION_ATTRIBUTE as _OPERATION_ATTRIBUTE
 from .operation import UNDECLARED as UNDECLARED
 from .operation import Operation as Operation
 from .operation import Shape as Shape
@@ -175,8 +145,6 @@ from .transactions import READ as READ
 from .transactions import WRITE as WRITE
 from .transactions import Backoff as Backoff
 from .transactions import TxMode as TxMode
-from .transactions import _in_transaction as _in_transaction
-from .transactions import _prepares_per_statement as _prepares_per_statement
 from .transactions import begin_write as begin_write
 from .transactions import is_transient as is_transient
 from .transactions import reads_beside_writer as reads_beside_writer
@@ -188,14 +156,13 @@ from .transactions import write_transaction as write_transaction
 from .unique import keys_held_by as keys_held_by
 from .unique import prune_keys as prune_keys
 from .unique import replace as replace
-from .views import _PRECOMPILED as _PRECOMPILED
-from .views import _observed as _observed
-from .views import _Precompiled as _Precompiled
-from .views import _precompiled as _precompiled
 from .views import execute_rows as execute_rows
 
 __all__ = [
     "check_duration",
+    "keys_held_by",
+    "prune_keys",
+    "replace",
     "Claim",
     "ClaimBatch",
     "Recovery",

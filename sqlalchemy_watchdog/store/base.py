@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
 
-from .. import statements as sql
 from .. import telemetry
 from ..backends import UnreadableText
 from ..columns import FILLED_ELSEWHERE, JOB_COLUMNS, JobColumn, ReadAs, column_names
@@ -31,6 +30,7 @@ from ..jobs import (
     payload_of,
 )
 from ..records import PROMOTE_BATCH as PROMOTE_BATCH
+from . import sql
 
 log = logging.getLogger("sqlalchemy_watchdog.store")
 
@@ -70,7 +70,7 @@ _STATES = {state.value: state for state in JobState}
 _OUTCOMES = {outcome.value: outcome for outcome in Outcome}
 #: The columns a row starts with, in :data:`~sqlalchemy_watchdog.columns.JOB_COLUMNS` order.
 _VIEW_ORDER = column_names()
-assert tuple(column.key for column in sql.COLUMNS) == _VIEW_ORDER, "view() must unpack statements.COLUMNS"
+assert tuple(column.key for column in sql.COLUMNS) == _VIEW_ORDER, "view() must unpack sql.COLUMNS"
 _WIDTH = len(_VIEW_ORDER)
 #: JobView's fields, in its order: what :func:`view` fills.
 _JOBVIEW_FIELDS = tuple(field.name for field in dataclasses.fields(JobView))
@@ -153,7 +153,7 @@ def _compiled_view() -> Callable[[Sequence[Any]], JobView]:
     return function
 
 
-_VIEW_DOC = """Turn a row that starts with :data:`statements.COLUMNS` (a ``Row`` or
+_VIEW_DOC = """Turn a row that starts with :data:`sql.COLUMNS` (a ``Row`` or
     a driver's tuple) into a :class:`JobView`.
 
     Written from :data:`~sqlalchemy_watchdog.columns.JOB_COLUMNS` when the
@@ -166,7 +166,7 @@ _VIEW_DOC = """Turn a row that starts with :data:`statements.COLUMNS` (a ``Row``
 
 
 def unreadable_columns(row: Sequence[Any]) -> list[str]:
-    """The columns of a row starting with :data:`statements.COLUMNS` that
+    """The columns of a row starting with :data:`sql.COLUMNS` that
     hold :class:`~sqlalchemy_watchdog.backends.UnreadableText`."""
     return [name for name, value in zip(_VIEW_ORDER, row) if type(value) is UnreadableText]
 

@@ -11,7 +11,6 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from .. import statements as sql
 from ..backends import backend_of
 from ..columns import position
 from ..errors import ErrorCode, WatchdogError
@@ -42,6 +41,7 @@ from ..records import RecoveryCause as RecoveryCause
 from ..records import RecoveryStatus as RecoveryStatus
 from ..records import SettleRequest as SettleRequest
 from ..wakeups import local_key, room_freed_locally
+from . import claims_sql, limits_sql, maintenance_sql, sql
 from .base import (
     _OUTCOMES,
     LANE_FAILURE_BATCH,
@@ -65,21 +65,21 @@ log = logging.getLogger("sqlalchemy_watchdog.store")
 @operation(Shape.READ)
 def read(conn: Connection, job_id: str) -> JobView | None:
     check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
-    row = conn.execute(sql.read_job(), {"job": job_id}).first()
+    row = conn.execute(claims_sql.read_job(), {"job": job_id}).first()
     return None if row is None else view(row)
 
 
 @operation(Shape.READ)
 def read_claim(conn: Connection, job_id: str) -> tuple[JobView, str | None] | None:
     """The job and its current claim token (private to the runner)."""
-    row = conn.execute(sql.read_job(), {"job": job_id}).first()
+    row = conn.execute(claims_sql.read_job(), {"job": job_id}).first()
     return None if row is None else (view(row), row.claim_token)
 
 
 @operation(Shape.READ)
 def read_queue_head(conn: Connection, queue: str) -> JobView | None:
     check_text("queue", queue, QUEUE_MAX_LENGTH)
-    row = conn.execute(sql.read_queue_head(), {"queue": queue}).first()
+    row = conn.execute(claims_sql.read_queue_head(), {"queue": queue}).first()
     return None if row is None else view(row)
 
 
@@ -88,18 +88,18 @@ def read_settled(conn: Connection, limit: int, after_sequence: int = 0) -> list[
     check_int("limit", limit, 1, 256)
     check_int("after_sequence", after_sequence, 0, 2**63 - 1)
     params = {"limit": limit, "after_sequence": after_sequence}
-    return [view(row) for row in conn.execute(sql.read_settled(), params)]
+    return [view(row) for row in conn.execute(claims_sql.read_settled(), params)]
 
 
 @operation(Shape.READ)
 def has_pending_work(conn: Connection) -> bool:
-    return conn.execute(sql.has_pending_work()).first() is not None
+    return conn.execute(claims_sql.has_pending_work()).first() is not None
 
 
 @operation(Shape.READ)
 def count_ready(conn: Connection, queues: Sequence[str], cap: int) -> int:
     """How many queued jobs of ``queues`` wait, counted up to ``cap``."""
-    return int(conn.execute(sql.count_ready(), {"queues": list(queues), "cap": cap}).scalar_one())
+    return int(conn.execute(claims_sql.count_ready(), {"queues": list(queues), "cap": cap}).scalar_one())
 
 
 # -- the claim life cycle ----------------------------------------------------
@@ -109,7 +109,7 @@ def count_ready(conn: Connection, queues: Sequence[str], cap: int) -> int:
 def next_ready_in(conn: Connection) -> float | None:
     """Seconds until the earliest delayed job is due by the database clock
     (0 when one is due now; None when none is delayed)."""
-    ready_at, clock = conn.execute(sql.next_ready()).one()
+    ready_at, clock = conn.execute(claims_sql.next_ready()).one()
     if ready_at is None:
         return None
     seconds: float = max(0.0, (ready_at - clock) / 1000.0)
@@ -128,7 +128,7 @@ def promote(conn: Connection, *, limit: int = PROMOTE_BATCH) -> Promotion:
     due = next_ready_in(conn)
     if due is None or due > 0:
         return Promotion(0, due)
-    promoted = len(conn.execute(sql.promote(backend_of(conn)), {"limit": limit}).all())
+    promoted = len(conn.execute(claims_sql.promote(backend_of(conn)), {"limit": limit}).all())
     return Promotion(promoted, next_ready_in(conn))
 
 
@@ -139,7 +139,7 @@ def _claim_peek(
     without the write lock (a claim that finds nothing must not queue for
     the lock); None to claim."""
     params = {} if queues is None else {"queues": list(queues)}
-    found = conn.execute(sql.any_queued(queues is not None), params).first()
+    found = conn.execute(claims_sql.any_queued(queues is not None), params).first()
     return ClaimBatch((), ()) if found is None else None
 
 
@@ -190,12 +190,12 @@ def claim(
     batch = limit - len(rows)
     params: dict[str, Any] = {"token": token, "lease_ms": lease_ms, "limit": batch}
     # A batch size up to LITERAL_LIMIT_MAX is written into the statement's
-    # text (one prepared statement, planned once, per size: see statements.claim).
+    # text (one prepared statement, planned once, per size: see claims_sql.claim).
     sized = sql.size_in_text(batch)
     if distinct is None:
-        stmt = sql.claim(backend_of(conn), None, sized, ahead)
+        stmt = claims_sql.claim(backend_of(conn), None, sized, ahead)
     else:
-        stmt = sql.claim(backend_of(conn), len(distinct), sized, ahead)
+        stmt = claims_sql.claim(backend_of(conn), len(distinct), sized, ahead)
         params.update(sql.queue_params(distinct))
     rows.extend(execute_rows(conn, stmt, params))
     return _batch(conn, rows, held)
@@ -230,7 +230,7 @@ def _batch(conn: Connection, found: Sequence[Sequence[Any]], held_back: bool = F
                 "token": row[_TOKEN],
                 "why": f"stored value unreadable: {', '.join(columns)}",
             }
-            cancelled.extend(view(settled) for settled in conn.execute(sql.settle_unreadable(), failed))
+            cancelled.extend(view(settled) for settled in conn.execute(claims_sql.settle_unreadable(), failed))
             continue
         if job.state is JobState.RUNNING:
             claimed.append(Claim(job, row[_TOKEN]))
@@ -242,7 +242,7 @@ def _batch(conn: Connection, found: Sequence[Sequence[Any]], held_back: bool = F
 
 
 def settle_row(request: SettleRequest) -> tuple[Any, ...]:
-    """The request in :data:`statements.SETTLE_FIELDS` order."""
+    """The request in :data:`sql.SETTLE_FIELDS` order."""
     if request.given_back is not None:
         reason, detail = request.given_back
         return (request.job_id, request.claim_token, None, reason, detail, 0, 0, 0, None, None, None, None)
@@ -316,7 +316,7 @@ def settle(
     decision: Decision,
     now: int | None = None,
 ) -> Settlement:
-    """Settle the exact claim; see :func:`statements.settle`."""
+    """Settle the exact claim; see :func:`limits_sql.settle`."""
     return settle_many(conn, [SettleRequest(job_id, claim_token, decision, now)])[0]
 
 
@@ -337,9 +337,9 @@ def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Set
     params["now"] = max((r.now or now_ms()) for r in requests)
     # A batch of up to LITERAL_LIMIT_MAX rows has its count written into the
     # statement's text (one prepared statement, planned once, per size: see
-    # statements.settle).
+    # limits_sql.settle).
     sized = sql.size_in_text(len(requests))
-    settled = {row[_JOB_ID]: row for row in execute_rows(conn, sql.settle(backend, sized), params)}
+    settled = {row[_JOB_ID]: row for row in execute_rows(conn, limits_sql.settle(backend, sized), params)}
     if settled:
         limited = limited_queues(conn)  # cached: no statement for a deployment without limits
         if limited and any(row[_QUEUE] in limited for row in settled.values()):
@@ -392,7 +392,7 @@ def report_progress(
     """Record a running job's progress under its exact, live claim; whether
     the claim still held (False: nothing written)."""
     params = {"job": job_id, "token": claim_token, "fraction": fraction, "note": note, "now": now or now_ms()}
-    return conn.execute(sql.progress(), params).first() is not None
+    return conn.execute(claims_sql.progress(), params).first() is not None
 
 
 @operation(Shape.WRITE)
@@ -401,19 +401,19 @@ def renew(conn: Connection, claims: Sequence[tuple[str, str]], *, lease_ms: int,
     if not claims:
         return set()
     params = {"claims": list(claims), "now": now_ms() if now is None else now, "lease_ms": lease_ms}
-    return {row.job_id for row in conn.execute(sql.renew(), params)}
+    return {row.job_id for row in conn.execute(claims_sql.renew(), params)}
 
 
 @operation(Shape.WRITE)
 def start(conn: Connection, claims: Sequence[tuple[str, str]], *, lease_ms: int, now: int | None = None) -> set[str]:
     """Record that the handlers of exact claims ``(job_id, token)`` are about
     to start: their ``unstarted`` mark cleared and their lease renewed, in one
-    statement (:func:`statements.start`). Returns the job_ids whose claim
+    statement (:func:`claims_sql.start`). Returns the job_ids whose claim
     held; a handler whose claim is not among them must not start."""
     if not claims:
         return set()
     params = {"claims": list(claims), "now": now_ms() if now is None else now, "lease_ms": lease_ms}
-    return {row.job_id for row in conn.execute(sql.start(), params)}
+    return {row.job_id for row in conn.execute(claims_sql.start(), params)}
 
 
 @operation(Shape.WRITE)
@@ -421,7 +421,7 @@ def release(conn: Connection, claims: Sequence[tuple[str, str]]) -> set[str]:
     """End the leases of claims a stopping runner could not finish."""
     if not claims:
         return set()
-    return set(conn.execute(sql.release(), {"claims": list(claims)}).scalars())
+    return set(conn.execute(claims_sql.release(), {"claims": list(claims)}).scalars())
 
 
 @operation(Shape.WRITE)
@@ -441,12 +441,12 @@ def cancel(conn: Connection, job_id: str, cancellation_id: str, *, only_if_queue
     check_text("cancellation_id", cancellation_id, CANCELLATION_ID_MAX_LENGTH)
     if not isinstance(only_if_queued, bool):
         raise WatchdogError(ErrorCode.INVALID_INPUT, "only_if_queued: must be a bool")
-    holder = conn.execute(sql.cancellation_holder(), {"cancellation": cancellation_id}).scalar()
+    holder = conn.execute(claims_sql.cancellation_holder(), {"cancellation": cancellation_id}).scalar()
     if holder is not None:
         status = CancelStatus.REPLAYED if holder == job_id else CancelStatus.CONFLICT
         return CancelResult(job_id, status)
     params = {"job": job_id, "cancellation": cancellation_id}
-    if conn.execute(sql.cancel(only_if_queued), params).first() is not None:
+    if conn.execute(claims_sql.cancel(only_if_queued), params).first() is not None:
         return CancelResult(job_id, CancelStatus.RECORDED)
     # Nothing updated. The read above and the update are separate statements
     # (each committed on its own on PostgreSQL): an identical request may have
@@ -474,7 +474,7 @@ def room_freed(conn: Connection) -> None:
     transaction's write lock, so it sees the room). Unlimited queues never
     come here."""
     if backend_of(conn).notifies:
-        conn.execute(sql.notify_room())
+        conn.execute(claims_sql.notify_room())
     else:
         room_freed_locally(local_key(conn.engine))
 
@@ -491,7 +491,7 @@ def room_freed_in(conn: Connection, queues: Iterable[str]) -> None:
 def notify(conn: Connection, event: str) -> None:
     """Wake listening runners when the transaction commits (PostgreSQL only)."""
     if backend_of(conn).notifies:
-        conn.execute(sql.notify(), {"event": event})
+        conn.execute(claims_sql.notify(), {"event": event})
 
 
 @operation(Shape.WRITE)
@@ -505,12 +505,12 @@ def fail_lane(conn: Connection, lane: str, reason: str, *, batch: int = LANE_FAI
     if not isinstance(reason, str) or not reason:
         raise WatchdogError(ErrorCode.INVALID_INPUT, "reason: must be a non-empty str")
     params = {"lane_name": lane, "reason": bound_reason(reason), "batch": batch}
-    rows = list(conn.execute(sql.fail_lane(backend_of(conn)), params).all())
-    more = bool(conn.execute(sql.lane_has_live_jobs(), {"lane_name": lane}).scalar())
+    rows = list(conn.execute(maintenance_sql.fail_lane(backend_of(conn)), params).all())
+    more = bool(conn.execute(maintenance_sql.lane_has_live_jobs(), {"lane_name": lane}).scalar())
     if not more and len(rows) < batch:
         params["batch"] = batch - len(rows)
-        rows += conn.execute(sql.fail_lane_waiting(backend_of(conn)), params).all()
-    more = more or conn.execute(sql.lane_has_waiting_jobs(), {"lane_name": lane}).first() is not None
+        rows += conn.execute(maintenance_sql.fail_lane_waiting(backend_of(conn)), params).all()
+    more = more or conn.execute(maintenance_sql.lane_has_waiting_jobs(), {"lane_name": lane}).first() is not None
     jobs = tuple(sorted((view(row) for row in rows), key=lambda j: j.sequence))
     if jobs:  # running jobs of a limited queue may have ended: wake the runners it holds back
         room_freed_in(conn, {job.queue for job in jobs})
@@ -527,8 +527,8 @@ def purge(conn: Connection, queue: str) -> int:
     (the delete trigger), so in another queue they are cancelled (default
     policy) or released (``any_outcome``)."""
     check_text("queue", queue, QUEUE_MAX_LENGTH)
-    waiting = conn.execute(sql.purge_waiting(), {"queue": queue}).rowcount
-    return int(waiting or 0) + int(conn.execute(sql.purge(), {"queue": queue}).rowcount or 0)
+    waiting = conn.execute(maintenance_sql.purge_waiting(), {"queue": queue}).rowcount
+    return int(waiting or 0) + int(conn.execute(maintenance_sql.purge(), {"queue": queue}).rowcount or 0)
 
 
 # -- recovery ----------------------------------------------------------------
@@ -541,7 +541,7 @@ def expired_claims(conn: Connection, *, limit: int) -> list[Claim]:
     Only the database clock decides whether another runner's claim is dead,
     so a recoverer whose own clock runs ahead cannot steal a live lease.
     """
-    rows = conn.execute(sql.expired_claims(), {"limit": limit})
+    rows = conn.execute(claims_sql.expired_claims(), {"limit": limit})
     return [Claim(view(row), row.claim_token) for row in rows]
 
 
@@ -588,7 +588,7 @@ def reconcile(
         "count": job.recovery_count,
         "reason": recovery_reason(job, budget, cause),
     }
-    row = conn.execute(sql.reconcile(requeue), params).first()
+    row = conn.execute(claims_sql.reconcile(requeue), params).first()
     if row is None:
         return Recovery(job.job_id, RecoveryStatus.LOST_RACE, None)
     after = view(row)
@@ -628,7 +628,7 @@ def release_and_recover(
 @operation(Shape.READ)
 def seconds_until_next_expiry(conn: Connection) -> float | None:
     """Seconds until the earliest running lease ends (by the database clock)."""
-    lease_until, clock = conn.execute(sql.next_lease_expiry()).one()
+    lease_until, clock = conn.execute(claims_sql.next_lease_expiry()).one()
     if lease_until is None:
         return None
     seconds: float = (lease_until - clock) / 1000.0

@@ -11,11 +11,11 @@ from collections.abc import Sequence
 
 from sqlalchemy import Connection
 
-from .. import statements as sql
 from ..backends import backend_of
 from ..jobs import JOB_ID_MAX_LENGTH, JobState, Outcome, Undecodable, check_text, payload_of
 from ..records import PROPAGATE_BATCH as PROPAGATE_BATCH
 from ..records import ParentResult as ParentResult
+from . import dependencies_sql
 from .operation import Shape, operation
 
 
@@ -23,7 +23,11 @@ def _untold_peek(conn: Connection, *, limit: int = PROPAGATE_BATCH) -> int | Non
     """0 when no job waits to have its dependents told (read without the
     write lock); None to propagate."""
     # The pick without its lock.
-    return 0 if conn.execute(sql.untold(backend_of(conn), locked=False), {"limit": 1}).first() is None else None
+    return (
+        0
+        if conn.execute(dependencies_sql.untold(backend_of(conn), locked=False), {"limit": 1}).first() is None
+        else None
+    )
 
 
 @operation(Shape.WRITE, peek=_untold_peek)
@@ -33,19 +37,19 @@ def propagate(conn: Connection, *, limit: int = PROPAGATE_BATCH) -> int:
     outcome, which the edges trigger counts -- settling those dependents
     ``cancelled`` in turn where their policy says so (the next call tells
     theirs: one hop per transaction). Returns how many jobs were told."""
-    rows = conn.execute(sql.untold(backend_of(conn)), {"limit": limit}).all()
+    rows = conn.execute(dependencies_sql.untold(backend_of(conn)), {"limit": limit}).all()
     for job_id, outcome in rows:
-        conn.execute(sql.tell_dependents(), {"job": job_id, "outcome": outcome})
+        conn.execute(dependencies_sql.tell_dependents(), {"job": job_id, "outcome": outcome})
     if rows:
-        conn.execute(sql.told(), {"job_ids": [row[0] for row in rows]})
+        conn.execute(dependencies_sql.told(), {"job_ids": [row[0] for row in rows]})
     return len(rows)
 
 
 @operation(Shape.READ)
 def relations(conn: Connection, job_id: str) -> tuple[tuple[tuple[str, str | None], ...], tuple[str, ...]]:
     """The job's parents (each with the outcome counted for it) and its dependents."""
-    parents = tuple((row[0], row[1]) for row in conn.execute(sql.parents_of(), {"job": job_id}))
-    dependents = tuple(conn.execute(sql.dependents_of(), {"job": job_id}).scalars())
+    parents = tuple((row[0], row[1]) for row in conn.execute(dependencies_sql.parents_of(), {"job": job_id}))
+    dependents = tuple(conn.execute(dependencies_sql.dependents_of(), {"job": job_id}).scalars())
     return parents, dependents
 
 
@@ -54,7 +58,7 @@ def parent_results(conn: Connection, job_id: str) -> tuple[ParentResult, ...]:
     """The parents of ``job_id`` with their outcomes and results, by parent job_id."""
     check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
     found: list[ParentResult] = []
-    for parent, state, outcome, result_json in conn.execute(sql.parent_results(), {"job": job_id}):
+    for parent, state, outcome, result_json in conn.execute(dependencies_sql.parent_results(), {"job": job_id}):
         try:
             result = None if result_json is None else payload_of(result_json)
         except Exception as error:
@@ -81,6 +85,8 @@ def waiting_for(
     if not queues:
         return {}
     found: dict[str, list[tuple[str, str | None, str | None]]] = {}
-    for job_id, parent, queue, state in conn.execute(sql.waiting_for(), {"queues": list(queues), "limit": limit}):
+    for job_id, parent, queue, state in conn.execute(
+        dependencies_sql.waiting_for(), {"queues": list(queues), "limit": limit}
+    ):
         found.setdefault(job_id, []).append((parent, queue, state))
     return found

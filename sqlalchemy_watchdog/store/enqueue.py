@@ -14,7 +14,6 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from .. import statements as sql
 from .. import telemetry
 from ..backends import backend_of, backend_of_error
 from ..columns import JOB_COLUMNS
@@ -29,6 +28,7 @@ from ..jobs import (
     frozen_builder,
 )
 from ..jobs.uniqueness import UniqueKind
+from . import dependencies_sql, enqueue_sql, sql
 from .base import (
     ENQUEUE_CHUNK,
     _one_chunk,
@@ -124,8 +124,8 @@ def _enqueue(
     admitted: set[str] = set()
     backend = backend_of(conn)
     # One job (the common call) is its own statement form: short to plan
-    # where statements are not prepared (see statements._bound_row).
-    stmt = sql.enqueue_rows(backend, one=len(unique) == 1)
+    # where statements are not prepared (see sql._bound_row).
+    stmt = enqueue_sql.enqueue_rows(backend, one=len(unique) == 1)
     plain = delay_ms is None and trace_context is None and waits is None
     for start in range(0, len(unique), ENQUEUE_CHUNK):
         chunk = unique[start : start + ENQUEUE_CHUNK]
@@ -269,7 +269,9 @@ def _check_replayed_parents(conn: Connection, unique: Sequence[Job], admitted: s
     stored: dict[str, set[str]] = {job_id: set() for job_id in replays}
     names = sorted(replays)
     for start in range(0, len(names), 1000):
-        for child, parent in conn.execute(sql.parents_of_children(), {"job_ids": names[start : start + 1000]}):
+        for child, parent in conn.execute(
+            dependencies_sql.parents_of_children(), {"job_ids": names[start : start + 1000]}
+        ):
             stored[child].add(parent)
     for job_id in names:
         if stored[job_id] != replays[job_id]:
@@ -280,7 +282,7 @@ def _first_conflict(conn: Connection, chunk: Sequence[Job]) -> str | None:
     """The first job of ``chunk`` stored with other contents, if any."""
     stored = {
         row.job_id: row._asdict()
-        for row in conn.execute(sql.stored_contents(), {"job_ids": [job.job_id for job in chunk]})
+        for row in conn.execute(enqueue_sql.stored_contents(), {"job_ids": [job.job_id for job in chunk]})
     }
     for job in chunk:
         row = stored.get(job.job_id)
@@ -305,7 +307,7 @@ def self_committing(dialect: str) -> bool:
     return backend_of(dialect).self_committing
 
 
-#: The job in :data:`statements.IDENTITY_FIELDS` order: the attributes
+#: The job in :data:`sql.IDENTITY_FIELDS` order: the attributes
 #: :data:`~sqlalchemy_watchdog.columns.JOB_COLUMNS` names as each identity
 #: column's source (one C call per job).
 _values: Callable[[Job], tuple[Any, ...]] = operator.attrgetter(
@@ -314,8 +316,8 @@ _values: Callable[[Job], tuple[Any, ...]] = operator.attrgetter(
 
 
 def _row(job: Job) -> dict[str, Any]:
-    """The job's identity as the stored row's columns (:func:`statements.stored_contents`):
-    its :data:`statements.IDENTITY_FIELDS`, and ``after_policy`` (stored only
+    """The job's identity as the stored row's columns (:func:`enqueue_sql.stored_contents`):
+    its :data:`sql.IDENTITY_FIELDS`, and ``after_policy`` (stored only
     for a job with parents)."""
     row = dict(zip((name for name, _ in sql.IDENTITY_FIELDS), _values(job), strict=True))
     row["after_policy"] = job.after_policy if job.after else None
@@ -395,7 +397,7 @@ def _dependencies(conn: Connection, unique: Sequence[Job]) -> Waits:
     names = sorted({parent for job in unique for parent in job.after})
     stored: dict[str, tuple[str, str | None]] = {}
     for start in range(0, len(names), 1000):
-        rows = conn.execute(sql.read_parents(), {"job_ids": names[start : start + 1000]})
+        rows = conn.execute(dependencies_sql.read_parents(), {"job_ids": names[start : start + 1000]})
         stored.update((row.job_id, (row.state, row.outcome)) for row in rows)
     waits: Waits = {}
     refused: list[tuple[Job, InvalidJob]] = []
@@ -412,7 +414,7 @@ def _dependencies(conn: Connection, unique: Sequence[Job]) -> Waits:
         # or been pruned since it was first enqueued, and an identical replay
         # stays a no-op. Its edges exist already (a replay adds none).
         children = [job.job_id for job, _ in refused]
-        replayed = {row.job_id for row in conn.execute(sql.read_parents(), {"job_ids": children})}
+        replayed = {row.job_id for row in conn.execute(dependencies_sql.read_parents(), {"job_ids": children})}
         for job, why in refused:
             if job.job_id not in replayed:
                 raise why
@@ -471,17 +473,17 @@ def _insert_edges(conn: Connection, unique: Sequence[Job], admitted: set[str], w
     ]
     backend = backend_of(conn)
     for start in range(0, len(rows), 5000):
-        params = sql.rows_params(backend, "edges", sql.EDGE_FIELDS, rows[start : start + 5000])
-        conn.execute(sql.insert_edges(backend), params)
+        params = sql.rows_params(backend, "edges", dependencies_sql.EDGE_FIELDS, rows[start : start + 5000])
+        conn.execute(dependencies_sql.insert_edges(backend), params)
     # Their live parents are watched from now on (revision w0013): only a
     # watched job's settlement runs the trigger that counts its edges, so a
     # job nobody depends on settles without it. Stored parents are locked
     # already (read_parents); parents of this call are this transaction's.
     parents = sorted({parent for _child, parent, outcome in rows if outcome is None})
     for start in range(0, len(parents), 1000):
-        conn.execute(sql.watch_parents(), {"job_ids": parents[start : start + 1000]})
+        conn.execute(dependencies_sql.watch_parents(), {"job_ids": parents[start : start + 1000]})
     # A parent that settled after the check above read it (see
-    # statements.count_settled_parents) is counted now.
+    # dependencies_sql.count_settled_parents) is counted now.
     children = sorted({child for child, _parent, outcome in rows if outcome is None})
     for start in range(0, len(children), 1000):
-        conn.execute(sql.count_settled_parents(), {"children": children[start : start + 1000]})
+        conn.execute(dependencies_sql.count_settled_parents(), {"children": children[start : start + 1000]})

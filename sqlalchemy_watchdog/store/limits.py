@@ -19,7 +19,6 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from .. import statements as sql
 from ..backends import Backend, backend_of
 from ..errors import InvalidJob
 from ..jobs import (
@@ -35,13 +34,14 @@ from ..jobs import (
     check_int,
     check_text,
 )
+from . import limits_sql, sql
 from .operation import Shape, operation
 from .views import execute_rows
 
 # -- which queues are limited ---------------------------------------------------
 
 #: How long a process trusts its list of limited queues. The plain claim
-#: statement itself refuses a limited queue's jobs (``statements.UNLIMITED``),
+#: statement itself refuses a limited queue's jobs (``sql.UNLIMITED``),
 #: so a stale list never breaks a limit: a queue limited meanwhile is claimed
 #: by nobody until the list is read again (at most this long), a queue whose
 #: limits were cleared is claimed the plain way within the limited path.
@@ -59,7 +59,9 @@ def limited_queues(conn: Connection) -> frozenset[str]:
     known = _limited.get(engine)
     if known is not None and now - known[0] < LIMITED_TTL:
         return known[1]
-    names = frozenset(conn.execute(sql.read_limits(False).with_only_columns(sql.lim.queue_name)).scalars())
+    names = frozenset(
+        conn.execute(limits_sql.read_limits(False).with_only_columns(limits_sql.lim.queue_name)).scalars()
+    )
     _limited[engine] = (now, names)
     return names
 
@@ -112,9 +114,9 @@ def check_limit(name: str, value: object) -> int | None:
 def read_limits(conn: Connection, queues: Sequence[str] | None = None) -> tuple[QueueLimits, ...]:
     """Every limited queue's limits (of ``queues`` when given), by name."""
     if queues is None:
-        return tuple(_limits_of(row) for row in conn.execute(sql.read_limits(False)))
+        return tuple(_limits_of(row) for row in conn.execute(limits_sql.read_limits(False)))
     names = [check_text("queue", queue, QUEUE_MAX_LENGTH) for queue in queues]
-    return tuple(_limits_of(row) for row in conn.execute(sql.read_limits(True), {"queues": names}))
+    return tuple(_limits_of(row) for row in conn.execute(limits_sql.read_limits(True), {"queues": names}))
 
 
 @operation(Shape.WRITE)
@@ -147,9 +149,9 @@ def set_limits(
         "rate_per_key_count": None if rate_per_key is None else rate_per_key.count,
         "rate_per_key_period_ms": None if rate_per_key is None else rate_per_key.period_ms,
     }
-    conn.execute(sql.set_limits(backend_of(conn)), params)
+    conn.execute(limits_sql.set_limits(backend_of(conn)), params)
     forget_limited(conn)
-    stored = conn.execute(sql.read_limits(True), {"queues": [queue]}).one()
+    stored = conn.execute(limits_sql.read_limits(True), {"queues": [queue]}).one()
     return _limits_of(stored)
 
 
@@ -157,8 +159,8 @@ def set_limits(
 def clear_limits(conn: Connection, queue: str) -> bool:
     """Remove ``queue``'s limits (and its rate log); whether it had any."""
     check_text("queue", queue, QUEUE_MAX_LENGTH)
-    had = conn.execute(sql.clear_limits(), {"queue": queue}).first() is not None
-    conn.execute(sql.forget_queue_claims(), {"queue": queue})
+    had = conn.execute(limits_sql.clear_limits(), {"queue": queue}).first() is not None
+    conn.execute(limits_sql.forget_queue_claims(), {"queue": queue})
     forget_limited(conn)
     return had
 
@@ -166,7 +168,7 @@ def clear_limits(conn: Connection, queue: str) -> bool:
 # -- the limited claim -----------------------------------------------------------
 
 #: Rate-log rows a claim deletes at most (the queue's rows out of the window).
-FORGET_BATCH = sql.FORGET_BATCH
+FORGET_BATCH = limits_sql.FORGET_BATCH
 #: Keys walked per segment at most, and segments per claim at most.
 WALK_MAX = 256
 WALK_SEGMENTS = 4
@@ -212,7 +214,7 @@ def _room(conn: Connection, row: Any, limit: int) -> Room:
     else:
         period = row.rate_period_ms or 0
         clock, running, used, paused = conn.execute(
-            sql.limit_usage(backend_of(conn)), {"queue": row.queue_name, "period_ms": period}
+            limits_sql.limit_usage(backend_of(conn)), {"queue": row.queue_name, "period_ms": period}
         ).one()
     used = int(used or 0)
     room = 0 if paused else limit  # a paused queue: no claim takes its jobs
@@ -237,7 +239,7 @@ def _rotation(
     most ``first`` keys (``segment`` if None), each other at most
     ``segment``, read by a skip scan; each key with its running jobs when
     ``counted``."""
-    walk = sql.walk_keys(counted)
+    walk = limits_sql.walk_keys(counted)
 
     def walked(after: str, size: int) -> list[Entry]:
         rows = execute_rows(conn, walk, {"queue": queue, "after": after, "walk": size})
@@ -307,7 +309,7 @@ def fair_pick(
             used: dict[str, int] = {
                 key: int(count)
                 for key, count in conn.execute(
-                    sql.keys_rate_used(True), {"queue": queue, "keys": named, "since": since}
+                    limits_sql.keys_rate_used(True), {"queue": queue, "keys": named, "since": since}
                 )
             }
             take = {key: max(0, min(take[key], rate_per_key - used.get(key, 0))) for key in named}
@@ -324,14 +326,14 @@ def fair_pick(
         parts = _parts(len(open_keys))
         unkeyed = any(key is None for key, _running in keys)
         params: dict[str, Any] = {"queue": queue, "unkeyed_n": max(1, room - ahead) if unkeyed else 0}
-        params["unkeyed_scan"] = room + sql.UNKEYED_SCAN if unkeyed else 0
+        params["unkeyed_scan"] = room + limits_sql.UNKEYED_SCAN if unkeyed else 0
         for index in range(parts):
             key = open_keys[index] if index < len(open_keys) else None
             params[f"key_{index}"] = key
             params[f"n_{index}"] = 0 if key is None else min(take[key], keyed_bound)
         candidates: dict[int, list[tuple[int, int]]] = {}
         if parts or unkeyed:
-            for sequence, priority, part in execute_rows(conn, sql.key_picks(backend, parts), params):
+            for sequence, priority, part in execute_rows(conn, limits_sql.key_picks(backend, parts), params):
                 candidates.setdefault(part, []).append((priority, sequence))
         for key, _running in keys:
             part = -1 if key is None else (open_keys.index(key) if take.get(key, 0) > 0 else None)
@@ -360,7 +362,7 @@ def fair_pick(
     return picks, None, False
 
 
-#: Positions in a claimed row (statements.COLUMNS).
+#: Positions in a claimed row (sql.COLUMNS).
 STATE = [column.name for column in sql.COLUMNS].index("state")
 LIMIT_KEY = [column.name for column in sql.COLUMNS].index("limit_key")
 STARTED_AT = [column.name for column in sql.COLUMNS].index("started_at")
@@ -384,9 +386,9 @@ def claim_at_once(conn: Connection, queue: str, *, limit: int, lease_ms: int, to
     took (:class:`Taken`), None when the queue has no limits, or
     :data:`AGAIN` when the statement changed nothing and
     :func:`claim_in_transaction` must claim (see
-    :func:`statements.claim_limited_at_once`)."""
+    :func:`limits_sql.claim_limited_at_once`)."""
     params = {"queue": queue, "limit": limit, "token": token, "lease_ms": lease_ms}
-    found = execute_rows(conn, sql.claim_limited_at_once(ahead), params)
+    found = execute_rows(conn, limits_sql.claim_limited_at_once(ahead), params)
     if not found:
         return None
     if not found[0][0]:
@@ -413,9 +415,9 @@ def claim_queue(
 
 @functools.cache
 def _locked_row(backend: Backend) -> Any:
-    """The named tuple of a :func:`statements.lock_limits` row (sent by
+    """The named tuple of a :func:`limits_sql.lock_limits` row (sent by
     :func:`execute_rows`, which returns the driver's plain tuples)."""
-    return collections.namedtuple("LockedLimits", list(sql.lock_limits(backend).selected_columns.keys()))
+    return collections.namedtuple("LockedLimits", list(limits_sql.lock_limits(backend).selected_columns.keys()))
 
 
 def claim_in_transaction(
@@ -435,7 +437,7 @@ def claim_in_transaction(
     statement (``at_once`` False: always so -- for tests comparing the two)."""
     backend = backend_of(conn)
     with own_transaction(conn):
-        locked = execute_rows(conn, sql.lock_limits(backend), {"queue": queue})
+        locked = execute_rows(conn, limits_sql.lock_limits(backend), {"queue": queue})
         if not locked:
             return None
         row = _locked_row(backend)._make(locked[0])
@@ -451,7 +453,7 @@ def claim_in_transaction(
         periods = [period for period in (row.rate_period_ms, row.rate_per_key_period_ms) if period is not None]
         if periods:  # out of every window a claim looks at: the longer period's
             before = room.clock - max(periods)
-            conn.execute(sql.forget_claims(), {"queue": queue, "before": before, "batch": FORGET_BATCH})
+            conn.execute(limits_sql.forget_claims(), {"queue": queue, "before": before, "batch": FORGET_BATCH})
         if not row.has_queued:
             return Taken([], False)
         if room.room <= 0:
@@ -463,13 +465,13 @@ def claim_in_transaction(
             parts = _parts(len(picks))
             for index in range(parts):
                 params[f"s_{index}"] = picks[index][0] if index < len(picks) else None
-            rows = execute_rows(conn, sql.claim_limited(parts, ahead), params)
+            rows = execute_rows(conn, limits_sql.claim_limited(parts, ahead), params)
         if move or rows:
             # Always written when jobs were taken: under REPEATABLE READ a
             # claimer whose snapshot predates this commit then fails its lock
             # (a serialization failure, retried) instead of counting stale rows;
             # under READ COMMITTED claim_at_once sees another version of the row.
-            execute_rows(conn, sql.move_cursor(), {"queue": queue, "cursor": cursor})
+            execute_rows(conn, limits_sql.move_cursor(), {"queue": queue, "cursor": cursor})
         # Logged at the jobs' own start (the claim statement's clock, which
         # wrote started_at), not at room.clock read statements before it: a
         # claim delayed between the two (a descheduled process) would
@@ -486,7 +488,7 @@ def claim_in_transaction(
                 started[key, at] = started.get((key, at), 0) + 1
         if periods:
             for (key, at), jobs in started.items():
-                conn.execute(sql.log_claim(), {"queue": queue, "clock": at, "jobs": jobs, "key": key})
+                conn.execute(limits_sql.log_claim(), {"queue": queue, "clock": at, "jobs": jobs, "key": key})
         # Held back: the room was below the ask or is used up now, or a
         # per-key limit left walked keys' jobs behind (an approximation: the
         # queue may simply have had fewer jobs than the room).
@@ -518,12 +520,12 @@ def queue_use(conn: Connection, limits: QueueLimits) -> LimitUse:
     backend = backend_of(conn)
     period = 0 if limits.rate is None else limits.rate.period_ms
     clock, running, used, _paused = conn.execute(
-        sql.limit_usage(backend), {"queue": limits.queue, "period_ms": period}
+        limits_sql.limit_usage(backend), {"queue": limits.queue, "period_ms": period}
     ).one()
     used = int(used or 0)
     queued: dict[str | None, int] = {}
     running_by_key: dict[str | None, int] = {}
-    for key, state, count in conn.execute(sql.keyed_counts(backend), {"queue": limits.queue}):
+    for key, state, count in conn.execute(limits_sql.keyed_counts(backend), {"queue": limits.queue}):
         (queued if state == JobState.QUEUED.value else running_by_key)[key] = count
     total = sum(queued.values())
     key_used: dict[str | None, int] = {}
@@ -531,7 +533,7 @@ def queue_use(conn: Connection, limits: QueueLimits) -> LimitUse:
         since = clock - limits.rate_per_key.period_ms
         key_used = {
             key: int(count)
-            for key, count in conn.execute(sql.keys_rate_used(False), {"queue": limits.queue, "since": since})
+            for key, count in conn.execute(limits_sql.keys_rate_used(False), {"queue": limits.queue, "since": since})
         }
     claimable = 0
     for key, count in queued.items():
@@ -552,13 +554,13 @@ def held_by(conn: Connection, job: JobView) -> HeldBy | None:
     """The limit that leaves queued ``job`` no room now, if any."""
     if job.state is not JobState.QUEUED:
         return None
-    found = conn.execute(sql.read_limits(True), {"queues": [job.queue]}).first()
+    found = conn.execute(limits_sql.read_limits(True), {"queues": [job.queue]}).first()
     if found is None:
         return None
     limits = _limits_of(found)
     period = 0 if limits.rate is None else limits.rate.period_ms
     clock, running, used, _paused = conn.execute(
-        sql.limit_usage(backend_of(conn)), {"queue": job.queue, "period_ms": period}
+        limits_sql.limit_usage(backend_of(conn)), {"queue": job.queue, "period_ms": period}
     ).one()
     if limits.concurrency is not None and running >= limits.concurrency:
         return HeldBy.CONCURRENCY
@@ -566,13 +568,16 @@ def held_by(conn: Connection, job: JobView) -> HeldBy | None:
         return HeldBy.RATE
     if limits.concurrency_per_key is not None and job.key is not None:
         counts: dict[str, int] = {
-            key: count for key, count in conn.execute(sql.keys_running(), {"queue": job.queue, "keys": [job.key]})
+            key: count
+            for key, count in conn.execute(limits_sql.keys_running(), {"queue": job.queue, "keys": [job.key]})
         }
         if counts.get(job.key, 0) >= limits.concurrency_per_key:
             return HeldBy.CONCURRENCY_PER_KEY
     if limits.rate_per_key is not None and job.key is not None:
         since = clock - limits.rate_per_key.period_ms
-        logged = conn.execute(sql.keys_rate_used(True), {"queue": job.queue, "keys": [job.key], "since": since}).first()
+        logged = conn.execute(
+            limits_sql.keys_rate_used(True), {"queue": job.queue, "keys": [job.key], "since": since}
+        ).first()
         if logged is not None and int(logged[1]) >= limits.rate_per_key.count:
             return HeldBy.RATE_PER_KEY
     return None

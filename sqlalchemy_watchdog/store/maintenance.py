@@ -16,7 +16,6 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from .. import statements as sql
 from ..backends import backend_of
 from ..errors import InvalidJob
 from ..jobs import (
@@ -55,6 +54,7 @@ from ..jobs import (
 from ..records import ScheduleRecord as ScheduleRecord
 from ..records import WorkerRegistration as WorkerRegistration
 from ..wakeups import EVENT_QUEUED, EVENT_STOP
+from . import enqueue_sql, maintenance_sql
 from .base import (
     view,
 )
@@ -160,7 +160,7 @@ def prune_batch(
             if deleted >= limit:
                 return deleted
             params = {"outcome": outcome, "age_ms": duration_ms(older_than), "limit": limit - deleted}
-            deleted += conn.execute(sql.prune(backend, undated), params).rowcount
+            deleted += conn.execute(maintenance_sql.prune(backend, undated), params).rowcount
     return deleted
 
 
@@ -182,7 +182,7 @@ def prune_retention(conn: Connection, ages: Mapping[str, timedelta], batch: int)
     """
     if (
         backend_of(conn).advisory_xact_lock
-        and not conn.execute(sql.try_advisory_xact_lock(), {"key": PRUNE_LOCK_KEY}).scalar()
+        and not conn.execute(maintenance_sql.try_advisory_xact_lock(), {"key": PRUNE_LOCK_KEY}).scalar()
     ):
         return None
     prune_keys(conn, limit=batch)  # unique keys a day past their window (revision w0020)
@@ -217,7 +217,7 @@ def sorts_by_code_point(conn: Connection) -> bool:
     ``POSIX`` or ``C.UTF-8`` (libc) or the builtin provider's, never under a
     linguistic collation (glibc's ``en_US.UTF-8``, ICU). Asked once per
     database and remembered."""
-    return backend_of(conn).sorts_by_code_point(conn, lambda: conn.execute(sql.job_id_collation()).first())
+    return backend_of(conn).sorts_by_code_point(conn, lambda: conn.execute(maintenance_sql.job_id_collation()).first())
 
 
 @operation(Shape.READ)
@@ -262,25 +262,27 @@ def list_jobs(
         params[backend_of(conn).prefix_range_marker] = True
         params["job_id_low"], params["job_id_high"] = job_id_prefix, high
     filters = tuple(
-        f"state={params.pop('state')}" if name == "state" else name for name in sql.LIST_FILTERS if name in params
+        f"state={params.pop('state')}" if name == "state" else name
+        for name in maintenance_sql.LIST_FILTERS
+        if name in params
     )
     params.pop("job_id_range", None)
     params.pop("job_id_range_first", None)
     if not isinstance(with_payload, bool):
         raise InvalidJob("with_payload", f"must be a bool, not {type(with_payload).__name__}")
-    return [view(row) for row in conn.execute(sql.list_jobs(filters, with_payload, newest_first), params)]
+    return [view(row) for row in conn.execute(maintenance_sql.list_jobs(filters, with_payload, newest_first), params)]
 
 
 @operation(Shape.READ)
 def stats(conn: Connection) -> Stats:
     """Every queue's counts, recent outcomes, oldest ready age and pause."""
-    clock = conn.execute(sql.stats_clock()).scalar_one()
+    clock = conn.execute(maintenance_sql.stats_clock()).scalar_one()
     queues: dict[str, dict[str, Any]] = {}
 
     def entry(queue: str) -> dict[str, Any]:
         return queues.setdefault(queue, {"minute": {}, "hour": {}})
 
-    for queue, state, count, since in conn.execute(sql.live_counts()):
+    for queue, state, count, since in conn.execute(maintenance_sql.live_counts()):
         e = entry(queue)
         e[state] = count
         if state == JobState.QUEUED.value and since is not None:
@@ -288,15 +290,15 @@ def stats(conn: Connection) -> Stats:
                 e["oldest_ready_age"] = timedelta(milliseconds=max(0, clock - since))
             except (OverflowError, TypeError):  # a ready time written by hand, out of range: unknown
                 pass
-    for queue, count in conn.execute(sql.waiting_counts()):
+    for queue, count in conn.execute(maintenance_sql.waiting_counts()):
         entry(queue)["waiting"] = count
-    for queue, count in conn.execute(sql.expired_counts()):
+    for queue, count in conn.execute(maintenance_sql.expired_counts()):
         entry(queue)["expired_leases"] = count
-    for queue, outcome, last_minute, last_hour in conn.execute(sql.recent_outcomes()):
+    for queue, outcome, last_minute, last_hour in conn.execute(maintenance_sql.recent_outcomes()):
         e = entry(queue)
         e["minute"][Outcome(outcome)] = int(last_minute or 0)
         e["hour"][Outcome(outcome)] = int(last_hour)
-    for queue, reason, paused_at in conn.execute(sql.paused_queues()):
+    for queue, reason, paused_at in conn.execute(maintenance_sql.paused_queues()):
         entry(queue)["pause"] = QueuePause(queue, reason, at_epoch_ms(paused_at))
     serving = live_workers_per_queue(conn)
     uses = {limits.queue: queue_use(conn, limits) for limits in read_limits(conn)}
@@ -386,13 +388,13 @@ def _names(names: tuple[str, ...]) -> str:
 def register_worker(conn: Connection, registration: WorkerRegistration, running: int = 0) -> None:
     """Register the worker, or refresh its ``last_seen`` and ``running`` (one
     statement, database clock; a row pruned meanwhile comes back)."""
-    conn.execute(sql.register_worker(backend_of(conn)), registration_params(registration, running))
+    conn.execute(maintenance_sql.register_worker(backend_of(conn)), registration_params(registration, running))
 
 
 @operation(Shape.WRITE)
 def deregister_worker(conn: Connection, worker_id: str) -> None:
     """Remove the worker's row (a clean shutdown)."""
-    conn.execute(sql.deregister_worker(), {"worker_id": worker_id})
+    conn.execute(maintenance_sql.deregister_worker(), {"worker_id": worker_id})
 
 
 def _queues_of(encoded: str) -> tuple[str, ...]:
@@ -407,7 +409,7 @@ def _queues_of(encoded: str) -> tuple[str, ...]:
 def workers(conn: Connection) -> list[WorkerView]:
     """Every registered worker, oldest first; gone ones say so."""
     result = []
-    for row in conn.execute(sql.list_workers()).mappings():
+    for row in conn.execute(maintenance_sql.list_workers()).mappings():
         heartbeat_ms = row["heartbeat_ms"]
         result.append(
             WorkerView(
@@ -435,7 +437,7 @@ def workers(conn: Connection) -> list[WorkerView]:
 def live_workers_per_queue(conn: Connection) -> dict[str, int]:
     """How many live (not gone) workers serve each queue."""
     counts: dict[str, int] = {}
-    for (encoded,) in conn.execute(sql.live_worker_queues(WORKER_GONE_HEARTBEATS, WORKER_GONE_MARGIN_MS)):
+    for (encoded,) in conn.execute(maintenance_sql.live_worker_queues(WORKER_GONE_HEARTBEATS, WORKER_GONE_MARGIN_MS)):
         for queue in set(_queues_of(encoded)):
             counts[queue] = counts.get(queue, 0) + 1
     return counts
@@ -447,10 +449,12 @@ def prune_workers(conn: Connection, limit: int = WORKER_PRUNE_BATCH) -> int:
     recorded schedules not seen for a week; returns how many rows. Never
     touches a job."""
     workers_deleted = conn.execute(
-        sql.prune_workers(WORKER_GONE_HEARTBEATS, WORKER_GONE_MARGIN_MS),
+        maintenance_sql.prune_workers(WORKER_GONE_HEARTBEATS, WORKER_GONE_MARGIN_MS),
         {"keep_ms": WORKER_KEEP_GONE_MS, "limit": limit},
     ).rowcount
-    schedules_deleted = conn.execute(sql.prune_schedules(), {"keep_ms": SCHEDULE_KEEP_MS, "limit": limit}).rowcount
+    schedules_deleted = conn.execute(
+        maintenance_sql.prune_schedules(), {"keep_ms": SCHEDULE_KEEP_MS, "limit": limit}
+    ).rowcount
     return int(workers_deleted or 0) + int(schedules_deleted or 0)
 
 
@@ -460,7 +464,7 @@ def record_schedules(conn: Connection, records: Sequence[ScheduleRecord], record
     if not records:
         return
     conn.execute(
-        sql.record_schedule(backend_of(conn)),
+        maintenance_sql.record_schedule(backend_of(conn)),
         [
             {
                 "name": record.name,
@@ -480,7 +484,7 @@ def record_schedules(conn: Connection, records: Sequence[ScheduleRecord], record
 @operation(Shape.READ)
 def schedules(conn: Connection) -> list[ScheduleView]:
     """Every recorded schedule by name, its most recently seen definition first."""
-    rows = list(conn.execute(sql.list_schedules()).mappings())
+    rows = list(conn.execute(maintenance_sql.list_schedules()).mappings())
     current = {
         (row["name"], row["fingerprint"]) for row in rows if row["now"] - row["last_seen"] <= SCHEDULE_CURRENT_MS
     }
@@ -511,7 +515,7 @@ def pause(conn: Connection, queue: str, reason: str | None = None) -> PauseStatu
     check_text("queue", queue, QUEUE_MAX_LENGTH)
     if reason is not None:
         check_text("reason", reason, PAUSE_REASON_MAX_LENGTH)
-    row = conn.execute(sql.pause(backend_of(conn)), {"queue": queue, "reason": reason}).first()
+    row = conn.execute(maintenance_sql.pause(backend_of(conn)), {"queue": queue, "reason": reason}).first()
     return PauseStatus.PAUSED if row is not None else PauseStatus.ALREADY_PAUSED
 
 
@@ -519,7 +523,7 @@ def pause(conn: Connection, queue: str, reason: str | None = None) -> PauseStatu
 def resume(conn: Connection, queue: str) -> PauseStatus:
     """Resume ``queue``; idle runners are woken (NOTIFY on PostgreSQL)."""
     check_text("queue", queue, QUEUE_MAX_LENGTH)
-    if conn.execute(sql.resume(), {"queue": queue}).first() is None:
+    if conn.execute(maintenance_sql.resume(), {"queue": queue}).first() is None:
         return PauseStatus.NOT_PAUSED
     notify(conn, EVENT_QUEUED)
     return PauseStatus.RESUMED
@@ -531,7 +535,7 @@ def read_with_reruns(conn: Connection, job_id: str) -> JobView | None:
     job = read(conn, job_id)
     if job is None:
         return None
-    reruns = tuple(conn.execute(sql.reruns_of(), {"job": job_id}).scalars())
+    reruns = tuple(conn.execute(maintenance_sql.reruns_of(), {"job": job_id}).scalars())
     held = held_by(conn, job)
     parents, dependents = relations(conn, job_id)
     if reruns or held or parents or dependents:
@@ -545,7 +549,7 @@ def read_with_pause(conn: Connection, job_id: str) -> tuple[JobView, QueuePause 
     job = read_with_reruns(conn, job_id)
     if job is None:
         return None
-    for queue, reason, paused_at in conn.execute(sql.paused_queues()):
+    for queue, reason, paused_at in conn.execute(maintenance_sql.paused_queues()):
         if queue == job.queue:
             return job, QueuePause(queue, reason, at_epoch_ms(paused_at))
     return job, None
@@ -592,7 +596,7 @@ def _time_bound(field: str, value: object) -> int:
 @dataclass(frozen=True, slots=True)
 class BulkAction:
     """A checked :meth:`Watchdog.rerun_many` / ``cancel_many`` request: which
-    jobs (``params`` of :func:`statements.bulk_pick`), what to do to them,
+    jobs (``params`` of :func:`maintenance_sql.bulk_pick`), what to do to them,
     in batches of ``batch``, at most ``limit`` of them."""
 
     kind: BulkKind
@@ -664,7 +668,7 @@ class BulkAction:
         for field, flag in (("dry_run", dry_run), ("only_if_queued", only_if_queued)):
             if not isinstance(flag, bool):
                 raise InvalidJob(field, f"must be a bool, not {type(flag).__name__}")
-        filters = tuple(name for name in sql.BULK_FILTERS if name in params)
+        filters = tuple(name for name in maintenance_sql.BULK_FILTERS if name in params)
         return cls(kind, action, filters, params, size, total, bool(dry_run), bool(only_if_queued))
 
     def next_size(self, matched: int) -> int:
@@ -724,7 +728,7 @@ class BulkProgress:
 def newest_sequence(conn: Connection) -> int:
     """The greatest sequence there is (0: no job): where a bulk action stops,
     so the jobs it creates are never selected by itself."""
-    return int(conn.execute(sql.newest_sequence()).scalar() or 0)
+    return int(conn.execute(maintenance_sql.newest_sequence()).scalar() or 0)
 
 
 @operation(Shape.TRANSACTION)
@@ -733,11 +737,11 @@ def bulk_batch(conn: Connection, action: BulkAction, after: int, end: int, size:
     selected jobs with ``after < sequence <= end``, acted on (or, dry run,
     counted)."""
     params = {**action.params, "after_sequence": after, "before_sequence": end + 1, "limit": size}
-    rows = conn.execute(sql.bulk_pick(backend_of(conn), action.kind.value, action.filters), params).all()
+    rows = conn.execute(maintenance_sql.bulk_pick(backend_of(conn), action.kind.value, action.filters), params).all()
     if action.kind is BulkKind.CANCEL:
         # Revision w0014: the waiting jobs too (cancel settles them at once),
         # from their own index, merged in admission order.
-        waiting = conn.execute(sql.bulk_pick_waiting(action.filters), params).all()
+        waiting = conn.execute(maintenance_sql.bulk_pick_waiting(action.filters), params).all()
         if waiting:
             rows = sorted([*rows, *waiting], key=lambda row: int(row[0]))[:size]
     if not rows:
@@ -785,7 +789,7 @@ def _rerun_batch(conn: Connection, action: BulkAction, originals: list[JobView],
     # A job_id taken by a job with other contents: skipped, never a failed batch.
     stored = {
         row.job_id: row._asdict()
-        for row in conn.execute(sql.stored_contents(), {"job_ids": [copy.job_id for copy in copies]})
+        for row in conn.execute(enqueue_sql.stored_contents(), {"job_ids": [copy.job_id for copy in copies]})
     }
     fresh: list[Job] = []
     repeated: list[str] = []
@@ -849,13 +853,13 @@ def make_due(conn: Connection, queues: Iterable[str] | None = None) -> int:
     to play a test's delayed jobs without waiting.
     """
     if queues is None:
-        return len(conn.execute(sql.make_due(False)).all())
+        return len(conn.execute(maintenance_sql.make_due(False)).all())
     if isinstance(queues, str):
         raise InvalidJob("queues", "must be an iterable of queue names, not one string")
     names = [check_text("queue", queue, QUEUE_MAX_LENGTH) for queue in queues]
     if not names:
         return 0
-    return len(conn.execute(sql.make_due(True), {"queues": names}).all())
+    return len(conn.execute(maintenance_sql.make_due(True), {"queues": names}).all())
 
 
 @operation(Shape.READ)
@@ -864,5 +868,5 @@ def waiting_jobs(conn: Connection, queues: Sequence[str], limit: int = 10) -> li
     run (delayed, or queued in a queue not paused), as (job_id, state)."""
     if not queues:
         return []
-    rows = conn.execute(sql.waiting_jobs(), {"queues": list(queues), "limit": limit})
+    rows = conn.execute(maintenance_sql.waiting_jobs(), {"queues": list(queues), "limit": limit})
     return [(job_id, state) for job_id, state in rows]

@@ -19,8 +19,8 @@ from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
 
-from .. import statements as sql
 from ..backends import backend_of
+from . import sql
 
 log = logging.getLogger("sqlalchemy_watchdog.store")
 
@@ -41,7 +41,7 @@ class _Precompiled:
     #: parameter name of each ``n`` (see :func:`_native`); None for others.
     native: tuple[str, tuple[str, ...]] | None = None
     #: The batch sizes written into the text at each execution
-    #: (``statements.batch_size``), by parameter name; their places in the
+    #: (``sql.batch_size``), by parameter name; their places in the
     #: texts are SQLAlchemy's ``__[POSTCOMPILE_<name>]``.
     sized: tuple[str, ...] = ()
     #: This statement with its sizes written in, per their values (each made
@@ -136,8 +136,8 @@ def _inline_constants(text: str, defaults: dict[str, Any]) -> str:
     return inlined
 
 
-#: Per dialect (an engine's), per statement (by identity: the builders of
-#: :mod:`.statements` cache theirs, and the entry keeps it alive).
+#: Per dialect (an engine's), per statement (by identity: the statement
+#: builders of the store cache theirs, and the entry keeps it alive).
 _PRECOMPILED: weakref.WeakKeyDictionary[Dialect, dict[int, tuple[Executable, _Precompiled | None]]] = (
     weakref.WeakKeyDictionary()
 )
@@ -154,7 +154,7 @@ def _precompiled(dialect: Dialect, stmt: Executable) -> _Precompiled | None:
     compiled = cast(SQLCompiler, cast(ClauseElement, stmt).compile(dialect=dialect))
     plain = True
     defaults: dict[str, Any] = {}
-    # Batch sizes (statements.batch_size): whole numbers written in at execution.
+    # Batch sizes (sql.batch_size): whole numbers written in at execution.
     sized = tuple(sorted(bind.key for bind in compiled.literal_execute_params))
     for bind in compiled.literal_execute_params:
         if bind.expanding or not isinstance(bind.type, Integer) or not bind.required:

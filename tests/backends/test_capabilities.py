@@ -33,10 +33,11 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.pool import NullPool
 
 from sqlalchemy_watchdog import Job, metadata, store
-from sqlalchemy_watchdog import statements as sql
 from sqlalchemy_watchdog.backends import BACKENDS, Backend, backend_of, backend_of_error
 from sqlalchemy_watchdog.backends.triggers import TRIGGER_NAMES
 from sqlalchemy_watchdog.model import jobs_table
+from sqlalchemy_watchdog.store import maintenance_sql, sql
+from sqlalchemy_watchdog.store.enqueue import _UNIQUE_COLUMNS
 
 
 def _backend(engine: Engine) -> Backend:
@@ -96,10 +97,10 @@ def test_a_real_duplicate_and_a_real_null_are_parsed(engine: Engine) -> None:
     duplicate, null = errors
     backend = _backend(engine)
     assert backend_of_error(duplicate) is backend
-    assert backend.violation(duplicate, jobs_table.name, store._UNIQUE_COLUMNS) == ("unique", "job_id")
-    assert backend.violation(null, jobs_table.name, store._UNIQUE_COLUMNS) == ("not_null", "queue_name")
+    assert backend.violation(duplicate, jobs_table.name, _UNIQUE_COLUMNS) == ("unique", "job_id")
+    assert backend.violation(null, jobs_table.name, _UNIQUE_COLUMNS) == ("not_null", "queue_name")
     assert store.violation(duplicate) == ("unique", "job_id")
-    assert backend.violation(duplicate, "another_table", store._UNIQUE_COLUMNS) is None
+    assert backend.violation(duplicate, "another_table", _UNIQUE_COLUMNS) is None
 
 
 def test_a_missing_table_is_not_transient(engine: Engine) -> None:
@@ -281,15 +282,15 @@ def test_wake_ups_are_delivered_where_the_backend_notifies(engine: Engine) -> No
 def test_advisory_transaction_locks_exclude_a_second_taker_where_the_backend_has_them(engine: Engine) -> None:
     if not _backend(engine).advisory_xact_lock:
         with engine.connect() as conn, pytest.raises(DBAPIError):
-            conn.execute(sql.try_advisory_xact_lock(), {"key": 42})
+            conn.execute(maintenance_sql.try_advisory_xact_lock(), {"key": 42})
         return
     with engine.connect() as first, engine.connect() as second:
         with first.begin():
-            assert first.execute(sql.try_advisory_xact_lock(), {"key": 42}).scalar()
+            assert first.execute(maintenance_sql.try_advisory_xact_lock(), {"key": 42}).scalar()
             with second.begin():
-                assert not second.execute(sql.try_advisory_xact_lock(), {"key": 42}).scalar()
+                assert not second.execute(maintenance_sql.try_advisory_xact_lock(), {"key": 42}).scalar()
         with second.begin():
-            assert second.execute(sql.try_advisory_xact_lock(), {"key": 42}).scalar()  # released at commit
+            assert second.execute(maintenance_sql.try_advisory_xact_lock(), {"key": 42}).scalar()  # released at commit
 
 
 def test_pruning_skips_while_another_transaction_prunes(engine: Engine) -> None:
@@ -302,7 +303,7 @@ def test_pruning_skips_while_another_transaction_prunes(engine: Engine) -> None:
             assert store.transact(conn, store.prune_retention, ages, 10) == 0  # never skips
         return
     with engine.connect() as holder, holder.begin():
-        holder.execute(sql.try_advisory_xact_lock(), {"key": store.PRUNE_LOCK_KEY})
+        holder.execute(maintenance_sql.try_advisory_xact_lock(), {"key": store.PRUNE_LOCK_KEY})
         with engine.connect() as conn:
             assert store.transact(conn, store.prune_retention, ages, 10) is None
 

@@ -74,11 +74,12 @@ from sqlalchemy import Engine, create_engine, insert, literal, select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from sqlalchemy_watchdog import Decision, Runner, RunningJob, statements, store
+from sqlalchemy_watchdog import Decision, Runner, RunningJob, store
 from sqlalchemy_watchdog.asyncio import AsyncRunner, run_store
 from sqlalchemy_watchdog.core import ahead as ahead_rules
 from sqlalchemy_watchdog.errors import WatchdogError
 from sqlalchemy_watchdog.model import jobs_table
+from sqlalchemy_watchdog.store import sql
 from tests.faults.helpers import audit
 
 log = logging.getLogger("chaos_worker")
@@ -113,7 +114,7 @@ def make_handler(engine: Engine):  # type: ignore[no-untyped-def]
         if job.recovery_count >= payload.get("only_first", 1 << 30):
             action = "quick"  # the chaos applies to the first run(s) only
         exec_id = uuid.uuid4().hex
-        clock = statements.db_clock_ms()
+        clock = sql.db_clock_ms()
         lease = select(jobs_table.c.lease_until).where(jobs_table.c.job_id == job.job_id).scalar_subquery()
         _audit_write(
             engine,
@@ -145,7 +146,7 @@ def make_handler(engine: Engine):  # type: ignore[no-untyped-def]
             update(audit)
             .where(audit.c.exec_id == exec_id)
             .values(
-                ended_ms=statements.db_clock_ms(),
+                ended_ms=sql.db_clock_ms(),
                 stop_reason=stopped or told,
                 note=literal(f"attempt {job.attempt}: {action}"),
             ),
@@ -217,7 +218,7 @@ def make_async_handler(aengine: AsyncEngine):  # type: ignore[no-untyped-def]
             pid=pid,
             recovery_count=job.recovery_count,
             called_ms=called,
-            started_ms=statements.db_clock_ms(),
+            started_ms=sql.db_clock_ms(),
             lease_seen=lease,
             note=f"attempt {job.attempt}",
         )
@@ -228,7 +229,7 @@ def make_async_handler(aengine: AsyncEngine):  # type: ignore[no-untyped-def]
                 update(audit)
                 .where(audit.c.exec_id == exec_id)
                 .values(
-                    ended_ms=statements.db_clock_ms(),
+                    ended_ms=sql.db_clock_ms(),
                     stop_reason=stopped,
                     note=literal(f"attempt {job.attempt}: {action}"),
                 )

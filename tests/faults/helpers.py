@@ -38,8 +38,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import URL
 
-from sqlalchemy_watchdog import Job, enqueue, statements
+from sqlalchemy_watchdog import Job, enqueue
 from sqlalchemy_watchdog.model import jobs_table
+from sqlalchemy_watchdog.store import sql
 from tests.helpers import wait_until as wait_until
 
 T = TypeVar("T")
@@ -175,7 +176,7 @@ def transition_rows(engine: Engine, job_id: str | None = None) -> list[dict[str,
 
 def db_now_ms(engine: Engine) -> int:
     with engine.connect() as conn:
-        return int(conn.execute(select(statements.db_clock_ms())).scalar_one())
+        return int(conn.execute(select(sql.db_clock_ms())).scalar_one())
 
 
 def assert_settled_exactly_once(engine: Engine, job_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
@@ -334,12 +335,12 @@ def controlled_db_clock(url: URL | str, start_ms: int) -> Iterator[tuple[Engine,
     one-row table ``fault_clock`` instead of the real clock, and a function
     setting that clock.
 
-    It swaps the SQL that :class:`statements.db_clock_ms` compiles to for the
+    It swaps the SQL that :class:`sql.db_clock_ms` compiles to for the
     duration (restoring it after) and uses a fresh engine, so no statement
     compiled with the real clock is reused from a cache. The library code is
     unchanged: every lease comparison still happens inside its statements.
     """
-    dispatcher = statements.db_clock_ms.__dict__["_compiler_dispatcher"]
+    dispatcher = sql.db_clock_ms.__dict__["_compiler_dispatcher"]
     saved = dict(dispatcher.specs)
     dispatcher.specs["postgresql"] = _clock_from_table
     dispatcher.specs["sqlite"] = _clock_from_table

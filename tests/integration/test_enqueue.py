@@ -298,7 +298,7 @@ def test_batch_returns_one_result_per_job_in_input_order(engine: Engine) -> None
 
 
 def test_a_batch_mixing_plain_jobs_and_jobs_with_every_option_stores_each_as_given(engine: Engine) -> None:
-    # Plain jobs travel as shorter rows than the others (store._enqueue): the
+    # Plain jobs travel as shorter rows than the others (store.enqueue._enqueue): the
     # fields a row leaves out must read as NULL, never as a neighbour's values.
     run_at = datetime(2031, 5, 6, 7, 8, 9, 123000, tzinfo=UTC)
     full = Job(

@@ -32,8 +32,7 @@ from sqlalchemy_watchdog import (
     Watchdog,
     store,
 )
-from sqlalchemy_watchdog import statements as sql
-from sqlalchemy_watchdog.store import Claim, SettleRequest
+from sqlalchemy_watchdog.store import Claim, SettleRequest, limits_sql, sql
 from tests.integration.test_operations import Ops
 from tests.runner_kinds import RunnerDriver
 
@@ -389,7 +388,7 @@ def test_a_long_run_of_keys_at_their_limit_does_not_hide_a_free_key(engine: Engi
     assert found == ["late"]
 
 
-@pytest.mark.parametrize("ahead", [sql.UNKEYED_SCAN, sql.UNKEYED_SCAN + 1])
+@pytest.mark.parametrize("ahead", [limits_sql.UNKEYED_SCAN, limits_sql.UNKEYED_SCAN + 1])
 def test_unkeyed_jobs_are_found_among_the_first_room_plus_256_queued(engine: Engine, ahead: int) -> None:
     """The documented bound of the unkeyed jobs' turn: it looks at the queue's
     first ``room + 256`` queued jobs in claim order. An unkeyed job behind
@@ -400,7 +399,7 @@ def test_unkeyed_jobs_are_found_among_the_first_room_plus_256_queued(engine: Eng
     Watchdog(engine).set_limits("q", concurrency_per_key=1)
     assert [c.job.job_id for c in claim(engine, ["q"], limit=1)] == ["a-0000"]  # key a is at its limit now
     found = [c.job.job_id for c in claim(engine, ["q"], limit=1)]
-    assert found == (["plain"] if ahead <= sql.UNKEYED_SCAN else [])
+    assert found == (["plain"] if ahead <= limits_sql.UNKEYED_SCAN else [])
 
 
 # -- races ---------------------------------------------------------------------------

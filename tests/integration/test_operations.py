@@ -47,11 +47,10 @@ from sqlalchemy_watchdog import (
     Watchdog,
     store,
 )
-from sqlalchemy_watchdog import statements as sql
 from sqlalchemy_watchdog.asyncio import AsyncWatchdog
 from sqlalchemy_watchdog.backends import backend_of
 from sqlalchemy_watchdog.jobs import SettleStatus, epoch_ms
-from sqlalchemy_watchdog.store import Claim, RecoveryStatus, Settlement, SettleRequest
+from sqlalchemy_watchdog.store import Claim, RecoveryStatus, Settlement, SettleRequest, sql
 from tests.conftest import async_url, make_async_engine
 from tests.helpers import add, settled, wait_until
 from tests.runner_kinds import RunnerDriver

@@ -1,4 +1,4 @@
-"""Query plans: every statement of ``statements.py`` reads the index it was built for.
+"""Query plans: every statement of the store reads the index it was built for.
 
 One table, :data:`PLANS`, names for each statement builder (and each of its
 variants) the index the database must use on ``watchdog_jobs``. Each case is
@@ -42,6 +42,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -50,9 +51,18 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL
 
 from sqlalchemy_watchdog import Decision, Watchdog, metadata, store
-from sqlalchemy_watchdog import statements as sql
 from sqlalchemy_watchdog.backends import backend_of
-from sqlalchemy_watchdog.store import views
+from sqlalchemy_watchdog.store import (
+    chart_sql,
+    claims_sql,
+    dependencies_sql,
+    enqueue_sql,
+    limits_sql,
+    maintenance_sql,
+    sql,
+    unique_sql,
+    views,
+)
 from tests.conftest import prepared_claims
 
 TABLE = "watchdog_jobs"
@@ -170,6 +180,26 @@ def seed_statements(dialect: str) -> list[str]:
         f" 'completed' FROM {source}"
     )
     return out
+
+
+#: Where the statement builders live: the shared module and each store feature's own.
+STATEMENT_MODULES: tuple[ModuleType, ...] = (
+    sql,
+    enqueue_sql,
+    claims_sql,
+    limits_sql,
+    maintenance_sql,
+    dependencies_sql,
+    chart_sql,
+    unique_sql,
+)
+
+
+def builder_named(name: str) -> Any:
+    """The statement builder ``name``, from whichever statement module defines it."""
+    found = [vars(module)[name] for module in STATEMENT_MODULES if name in vars(module)]
+    assert found, f"no statement builder {name!r}"
+    return found[0]
 
 
 @dataclass
@@ -465,7 +495,7 @@ class Case:
     """One statement, its parameters, and on each dialect the index its plan must read."""
 
     name: str
-    #: The statements.py builder (its name: the coverage test checks every builder has a case).
+    #: The statement builder (its name: the coverage test checks every builder has a case).
     builder: str
     #: The builder's arguments; the string "dialect" is replaced by the dialect's backend.
     args: tuple[Any, ...]
@@ -482,7 +512,7 @@ class Case:
 
     def build(self, dialect: str) -> Any:
         args = [backend_of(dialect) if arg == "dialect" else arg for arg in self.args]
-        return getattr(sql, self.builder)(*args)
+        return builder_named(self.builder)(*args)
 
 
 def on(index: str | dict[str, str], *more: str | dict[str, str]) -> dict[str, tuple[str, ...]]:
@@ -562,7 +592,7 @@ PLANS: list[Case] = [
         both=True,
     ),
     # By job_id, one lookup per row: never the lease index, which also holds the entries
-    # of jobs settled since the last vacuum (statements.settle).
+    # of jobs settled since the last vacuum (limits_sql.settle).
     # A claimed job whose stored text is not UTF-8 (SQLite), failed by its key.
     Case("settle_unreadable", "settle_unreadable", (), lambda d: {"key": 5, "token": "t-5", "why": "x"}, on(PK)),
     Case("settle(1)", "settle", (D,), _settle(1), on(JOB_ID)),
@@ -586,6 +616,22 @@ PLANS: list[Case] = [
     Case("cancel(live)", "cancel", (False,), lambda d: {"job": "qd-5", "cancellation": "x"}, on(JOB_ID)),
     Case("cancel(not started)", "cancel", (True,), lambda d: {"job": "qd-5", "cancellation": "x"}, on(JOB_ID)),
     Case("cancellation_holder", "cancellation_holder", (), lambda d: {"cancellation": "c-21"}, on(CANCELLATION_ID)),
+    # Uniqueness windows (w0020): the holder's state, a debounced or replaced waiting job.
+    Case("job_state", "job_state", (), lambda d: {"job_id": "qd-5"}, on(JOB_ID)),
+    Case(
+        "replace_waiting",
+        "replace_waiting",
+        (),
+        lambda d: {"holder": "qd-5", "payload": "1", "ready_at": 5},
+        on(JOB_ID),
+    ),
+    Case(
+        "replace_job",
+        "replace_job",
+        (),
+        lambda d: {"target": "qd-5", "payload": "1", "start": None, "set_start": 0},
+        on(JOB_ID),
+    ),
     # A lane's jobs in two parts: those given it as their lane (live_lane holds only
     # lanes other than the job's queue), and a queue's default-lane jobs (live_queue).
     # Both parts are planned whatever the lane: each must read its own index.
@@ -848,15 +894,25 @@ NOT_ON_JOBS = {
     "parents_of",
     "parents_of_children",
     "dependents_of",
+    # watchdog_unique_keys (w0020): one row per key in use, read and written by its
+    # primary key, by job_id (ix_watchdog_unique_keys_job_id) or pruned by until_ms
+    # (ix_watchdog_unique_keys_until_ms).
+    "lock_key",
+    "pass_key",
+    "count_duplicate",
+    "count_replacement",
+    "held_by",
+    "prune_ended",
 }
 
 
 def test_every_statement_builder_is_planned() -> None:
-    """A new statement builder in statements.py needs a row in PLANS (or in NOT_ON_JOBS)."""
+    """A new statement builder in a store statement module needs a row in PLANS (or in NOT_ON_JOBS)."""
     builders = {
         name
-        for name, value in vars(sql).items()
-        if getattr(value, "__module__", None) == sql.__name__ and hasattr(value, "cache_info")
+        for module in STATEMENT_MODULES
+        for name, value in vars(module).items()
+        if getattr(value, "__module__", None) == module.__name__ and hasattr(value, "cache_info")
     }
     assert builders == {case.builder for case in PLANS} | NOT_ON_JOBS
 
@@ -1022,7 +1078,7 @@ def test_a_plan_kept_from_a_table_of_a_few_rows_is_made_anew_once_the_table_grew
             conn.exec_driver_sql("ALTER TABLE watchdog_jobs SET (autovacuum_enabled = false)")
             conn.exec_driver_sql(insert.format(prefix="few", count=6))
         if statement == "claim":
-            template = views._precompiled(engine.dialect, sql.claim(backend_of(PG), 3, True))
+            template = views._precompiled(engine.dialect, claims_sql.claim(backend_of(PG), 3, True))
             assert template is not None
             pre = views._with_sizes(template, {"limit": 8})
             prefix = "WITH ready AS MATERIALIZED"
@@ -1031,7 +1087,7 @@ def test_a_plan_kept_from_a_table_of_a_few_rows_is_made_anew_once_the_table_grew
             def run(conn: Any) -> None:
                 store.claim(conn, queues=names, limit=8, lease_ms=60_000)
         else:
-            template = views._precompiled(engine.dialect, sql.settle(backend_of(PG), True))
+            template = views._precompiled(engine.dialect, limits_sql.settle(backend_of(PG), True))
             assert template is not None
             pre = views._with_sizes(template, {"settles_count": 8})
             prefix = "UPDATE watchdog_jobs AS j"
@@ -1211,13 +1267,13 @@ def test_the_limited_claim_walks_no_more_keys_than_fill_its_room(postgres_server
                 " lease_until = 9000000000000 WHERE sequence IN (SELECT min(sequence) FROM watchdog_jobs"
                 f" WHERE limit_key < 'key-{running:03d}' GROUP BY limit_key)"
             )
-        pre = views._precompiled(engine.dialect, sql.claim_limited_at_once())
+        pre = views._precompiled(engine.dialect, limits_sql.claim_limited_at_once())
         assert pre is not None
         parameters = {**pre.defaults, "queue": "limited", "limit": room, "token": "t", "lease_ms": 60_000}
         with engine.connect() as conn:
             document = conn.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT JSON) " + pre.text, parameters).scalar_one()
             conn.rollback()
-            taken = conn.execute(sql.claim_limited_at_once(), parameters).all()
+            taken = conn.execute(limits_sql.claim_limited_at_once(), parameters).all()
             conn.rollback()
 
         walked: list[int] = []
@@ -1247,7 +1303,7 @@ def test_a_claim_never_reads_a_paused_queues_backlog(postgres_server: URL, queue
     pause = "INSERT INTO watchdog_queue_pauses (queue_name, paused_at) VALUES ('paused', 0)"
     with seeded_database(postgres_server, seed, pause) as engine:
         queues = ["paused", "open", "empty"][:queue_count]
-        statement, parameters = sent(engine, sql.claim(backend_of(PG), queue_count), _claim(queues)(PG))
+        statement, parameters = sent(engine, claims_sql.claim(backend_of(PG), queue_count), _claim(queues)(PG))
         with engine.connect() as conn:
             document = conn.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters).scalar_one()
             conn.rollback()
@@ -1350,12 +1406,12 @@ def test_each_keys_jobs_are_read_in_order_when_statistics_say_one_job_per_key(tm
             assert conn.exec_driver_sql(stat).scalar_one().split()[2] == "1"  # one job per key, as analysed
         params = {"queue": "one", "unkeyed_n": 0, "unkeyed_scan": 0}
         params |= {f"key_{i}": f"k{100 + i}" for i in range(16)} | {f"n_{i}": 1 for i in range(16)}
-        statement, parameters = sent(engine, sql.key_picks(backend_of(LITE), 16), params)
+        statement, parameters = sent(engine, limits_sql.key_picks(backend_of(LITE), 16), params)
         plan = sqlite_plan(engine, statement, parameters)
         assert KEYED_QUEUED in plan.indexes, plan.text
         assert not plan.sorts, f"each key's jobs sorted instead of read in order:\n{plan.text}"
         with engine.connect() as conn:
-            picked = conn.execute(sql.key_picks(backend_of(LITE), 16), params).all()
+            picked = conn.execute(limits_sql.key_picks(backend_of(LITE), 16), params).all()
         assert sorted(row.part for row in picked) == list(range(16))
     finally:
         engine.dispose()
@@ -1383,7 +1439,7 @@ def test_a_job_id_prefix_is_an_index_range_at_a_million_jobs_under_a_linguistic_
         for bounds in ({}, {"after_sequence": 300_000, "before_sequence": 700_000}):
             params = _list(job_id_prefix="t7-", job_id_low="t7-", job_id_high="t7.", **bounds)(PG)
             statement, parameters = sent(
-                engine, sql.list_jobs(("job_id_prefix", "job_id_range"), False, newest), params
+                engine, maintenance_sql.list_jobs(("job_id_prefix", "job_id_range"), False, newest), params
             )
             for label, plan in (
                 ("first executions", pg_first_plan(engine, statement, parameters)),
@@ -1418,7 +1474,7 @@ def test_a_lane_is_an_index_range_at_a_million_jobs(dialect: str, request: pytes
         for newest in (False, True):
             for bounds in ({}, {"after_sequence": 300_000, "before_sequence": 700_000}):
                 statement, parameters = sent(
-                    engine, sql.list_jobs(filters, False, newest), _list(**values, **bounds)(dialect)
+                    engine, maintenance_sql.list_jobs(filters, False, newest), _list(**values, **bounds)(dialect)
                 )
                 if dialect == LITE:
                     plans = [("plan", sqlite_plan(engine, statement, parameters))]
@@ -1501,17 +1557,17 @@ def test_the_limited_claim_stays_flat_at_a_million_jobs_and_ten_thousand_keys(
             conn.exec_driver_sql(f"VACUUM (ANALYZE) {TABLE}")
     try:
         cases: list[tuple[Any, dict[str, Any], tuple[str, ...], bool]] = [
-            (sql.walk_keys(), {"queue": "many", "after": "key-05000", "walk": 40}, (KEYED_QUEUED,), False),
+            (limits_sql.walk_keys(), {"queue": "many", "after": "key-05000", "walk": 40}, (KEYED_QUEUED,), False),
             # ... with each key's running jobs counted (a per-key limit): one range of keyed_running per key.
-            (sql.walk_keys(True), {"queue": "many", "after": "key-05000", "walk": 40}, (KEYED_RUNNING,), False),
+            (limits_sql.walk_keys(True), {"queue": "many", "after": "key-05000", "walk": 40}, (KEYED_RUNNING,), False),
             (
-                sql.keys_running(),
+                limits_sql.keys_running(),
                 {"queue": "many", "keys": [f"key-{n:05}" for n in range(40)]},
                 (KEYED_RUNNING,),
                 False,
             ),
             (
-                sql.key_picks(backend_of(dialect), 64),
+                limits_sql.key_picks(backend_of(dialect), 64),
                 {
                     "queue": "many",
                     "unkeyed_n": 16,
@@ -1524,16 +1580,21 @@ def test_the_limited_claim_stays_flat_at_a_million_jobs_and_ten_thousand_keys(
             ),
             # The queue's running jobs: its range of live_queue, or (PostgreSQL, few running
             # jobs anywhere) the running jobs of every queue in the lease index.
-            (sql.limit_usage(backend_of(dialect)), {"queue": "many", "period_ms": 60_000}, (LIVE_QUEUE, LEASE), False),
             (
-                sql.claim_limited(16),
+                limits_sql.limit_usage(backend_of(dialect)),
+                {"queue": "many", "period_ms": 60_000},
+                (LIVE_QUEUE, LEASE),
+                False,
+            ),
+            (
+                limits_sql.claim_limited(16),
                 {"token": "t", "lease_ms": 1000, "s_0": 1_000_001, **{f"s_{i}": None for i in range(1, 16)}},
                 (PK,),
                 False,
             ),
             # A per-key rate: each walked key's claims in its window, one range each.
             (
-                sql.keys_rate_used(True),
+                limits_sql.keys_rate_used(True),
                 {"queue": "many", "keys": [f"key-{n:05}" for n in range(40)], "since": NOW - 60_000},
                 (CLAIMS_KEYED,),
                 False,
@@ -1543,9 +1604,9 @@ def test_the_limited_claim_stays_flat_at_a_million_jobs_and_ten_thousand_keys(
             at_once = {"queue": "many", "limit": 16, "token": "t", "lease_ms": 1000}
             # No sort of rows read from the table in any of its plans: the walk's
             # probes read keyed_queued in order (see the VACUUM above).
-            cases.append((sql.claim_limited_at_once(), at_once, (KEYED_QUEUED,), True))
+            cases.append((limits_sql.claim_limited_at_once(), at_once, (KEYED_QUEUED,), True))
             # ... and each walked key's claims in its per-key window by the keyed log index.
-            cases.append((sql.claim_limited_at_once(), at_once, (CLAIMS_KEYED,), False))
+            cases.append((limits_sql.claim_limited_at_once(), at_once, (CLAIMS_KEYED,), False))
         misses: list[tuple[Any, ...]] = []
         for statement, params, index, ordered in cases:
             caught, parameters = sent(engine, statement, params)

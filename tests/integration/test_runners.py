@@ -49,12 +49,12 @@ from sqlalchemy_watchdog import (
     Watchdog,
     enqueue,
     handler,
-    statements,
     store,
 )
 from sqlalchemy_watchdog.asyncio import AsyncRunner
 from sqlalchemy_watchdog.core.handlers import _registry
 from sqlalchemy_watchdog.jobs import FAILURE_REASON_MAX_LENGTH
+from sqlalchemy_watchdog.store import sql
 from tests.helpers import add, listening_sessions, raw, read, settled, wait_until, waiting_sessions
 from tests.runner_kinds import KINDS, RunnerDriver, dual
 
@@ -73,7 +73,7 @@ NO_POLICY = "Execution disappeared without a recovery policy"
 
 def db_clock(engine: Engine) -> int:
     with engine.connect() as conn:
-        return int(conn.execute(select(statements.db_clock_ms())).scalar_one())
+        return int(conn.execute(select(sql.db_clock_ms())).scalar_one())
 
 
 def make(runners: RunnerDriver, handlers: dict[str, Callable[[RunningJob], Any]] | None, **kwargs: Any) -> Any:

@@ -35,11 +35,10 @@ from sqlalchemy.dialects.postgresql import psycopg as postgresql_psycopg
 from sqlalchemy.orm import Session
 
 from sqlalchemy_watchdog import Decision, Job, Watchdog, WatchdogError, enqueue, store
-from sqlalchemy_watchdog import statements as sql
 from sqlalchemy_watchdog.backends import backend_of
 from sqlalchemy_watchdog.backends import postgresql as postgresql_backend
 from sqlalchemy_watchdog.gateway import AsyncGateway, SyncGateway
-from sqlalchemy_watchdog.store import views
+from sqlalchemy_watchdog.store import claims_sql, limits_sql, sql, views
 from tests.conftest import make_async_engine, prepared_claims
 
 
@@ -242,7 +241,7 @@ def test_every_batch_size_is_written_into_one_compiled_statement(builder: str, d
     dialect: Any = postgresql_psycopg.dialect() if dialect_name == "postgresql" else sqlite_dialect.dialect()  # type: ignore[no-untyped-call]
     name = "limit" if builder == "claim" else "settles_count"
     backend = backend_of(dialect_name)
-    statement = sql.claim(backend, 2, True) if builder == "claim" else sql.settle(backend, True)
+    statement = claims_sql.claim(backend, 2, True) if builder == "claim" else limits_sql.settle(backend, True)
     pre = views._precompiled(dialect, statement)
     assert pre is not None and pre.sized == (name,)
     marker = f"__[POSTCOMPILE_{name}]"

@@ -31,11 +31,10 @@ from sqlalchemy_watchdog import (
     enqueue,
     store,
 )
-from sqlalchemy_watchdog import statements as sql
 from sqlalchemy_watchdog.errors import ErrorCode
 from sqlalchemy_watchdog.jobs import SettleStatus
 from sqlalchemy_watchdog.model import jobs_table
-from sqlalchemy_watchdog.store import Claim
+from sqlalchemy_watchdog.store import Claim, maintenance_sql, sql
 from tests.helpers import present
 
 T = TypeVar("T")
@@ -705,7 +704,7 @@ def test_fail_lane_of_a_queues_name_takes_its_default_lane_jobs_and_jobs_given_t
 
 def lane_has_live_jobs(engine: Engine, lane: str) -> bool:
     with engine.connect() as conn:
-        return bool(conn.execute(sql.lane_has_live_jobs(), {"lane_name": lane}).scalar())
+        return bool(conn.execute(maintenance_sql.lane_has_live_jobs(), {"lane_name": lane}).scalar())
 
 
 def test_client_fail_lane_reports_count_and_more(engine: Engine) -> None:

@@ -32,8 +32,8 @@ from sqlalchemy_watchdog import (
     testing,
 )
 from sqlalchemy_watchdog import asyncio as wd_asyncio
-from sqlalchemy_watchdog import statements as sql
 from sqlalchemy_watchdog.core.handlers import _registry
+from sqlalchemy_watchdog.store import dependencies_sql, maintenance_sql
 from sqlalchemy_watchdog.testing import (
     ANY,
     RunnerFactory,
@@ -560,7 +560,7 @@ def _parent_settles_after_the_first_read(
     so that the release commits between the drain's two reads. ``listened``:
     the engine the drain runs on (an ``AsyncEngine``'s ``sync_engine``), when
     it is not ``engine``."""
-    reads = (sql.waiting_jobs(), sql.waiting_for())
+    reads = (maintenance_sql.waiting_jobs(), dependencies_sql.waiting_for())
     listened = engine if listened is None else listened
     fired = threading.Event()
 

@@ -43,7 +43,6 @@ from sqlalchemy_watchdog import (
     store,
 )
 from sqlalchemy_watchdog import asyncio as watchdog_asyncio
-from sqlalchemy_watchdog import statements as sql
 from sqlalchemy_watchdog.asyncio import AsyncWatchdog
 from sqlalchemy_watchdog.jobs import (
     FAILURE_HISTORY_LENGTH,
@@ -52,7 +51,7 @@ from sqlalchemy_watchdog.jobs import (
     SettleStatus,
 )
 from sqlalchemy_watchdog.model import jobs_table
-from sqlalchemy_watchdog.store import Claim, SettleRequest
+from sqlalchemy_watchdog.store import Claim, SettleRequest, sql
 from tests.conftest import make_async_engine
 from tests.helpers import add, raw, read, wait_until
 from tests.runner_kinds import RunnerDriver

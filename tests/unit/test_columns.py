@@ -8,10 +8,10 @@ import importlib
 
 import pytest
 
-from sqlalchemy_watchdog import Job, JobView, RetryPolicy, columns, statements
+from sqlalchemy_watchdog import Job, JobView, RetryPolicy, columns
 from sqlalchemy_watchdog.columns import FILLED_ELSEWHERE, JOB_COLUMNS, NOT_READ, ReadAs, position
 from sqlalchemy_watchdog.model import jobs_table
-from sqlalchemy_watchdog.store import base
+from sqlalchemy_watchdog.store import base, sql
 
 
 def test_every_column_of_the_table_is_read_or_declared_not_read() -> None:
@@ -29,13 +29,13 @@ def test_every_jobview_field_is_filled_by_exactly_one_column_or_named_elsewhere(
 
 
 def test_the_statements_select_the_declared_columns_in_order() -> None:
-    assert tuple(column.key for column in statements.COLUMNS) == columns.column_names()
+    assert tuple(column.key for column in sql.COLUMNS) == columns.column_names()
     assert [position(spec.column) for spec in JOB_COLUMNS] == list(range(len(JOB_COLUMNS)))
 
 
 def test_the_enqueue_identity_is_the_declared_identity_columns_from_job_attributes() -> None:
     identity = [spec for spec in JOB_COLUMNS if spec.identity is not None]
-    assert [name for name, _ in statements.IDENTITY_FIELDS] == [spec.column for spec in identity]
+    assert [name for name, _ in sql.IDENTITY_FIELDS] == [spec.column for spec in identity]
     job = Job("the-job", "the-queue", payload={"n": 1}, priority=3, key="k", retry=RetryPolicy(max_attempts=2))
     values = dict(zip((spec.column for spec in identity), base_values(job), strict=True))
     assert values["job_id"] == "the-job"

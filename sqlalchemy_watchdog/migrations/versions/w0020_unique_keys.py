@@ -11,7 +11,8 @@ holding it (``job_id``), how (``kind``: ``unique_for``, ``debounce`` or
 debounce's ``until_ms`` is its holder's planned start) and how many
 enqueues it absorbed (``duplicates``, ``replacements``). Every value is held
 by a CHECK; the primary key on ``unique_key`` serialises concurrent enqueues
-of one key; ``ix_watchdog_unique_keys_job_id`` finds a job's keys.
+of one key; ``ix_watchdog_unique_keys_job_id`` finds a job's keys and
+``ix_watchdog_unique_keys_until_ms`` the ended windows retention deletes.
 
 A new table: nothing else changes, and downgrading drops it (jobs already
 enqueued stay as they are; later enqueues with a ``unique_key`` then fail,
@@ -59,8 +60,10 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("unique_key", name=op.f(f"pk_{TABLE}")),
     )
     op.create_index(op.f(f"ix_{TABLE}_job_id"), TABLE, ["job_id"])
+    op.create_index(op.f(f"ix_{TABLE}_until_ms"), TABLE, ["until_ms"])
 
 
 def downgrade() -> None:
+    op.drop_index(op.f(f"ix_{TABLE}_until_ms"), table_name=TABLE)
     op.drop_index(op.f(f"ix_{TABLE}_job_id"), table_name=TABLE)
     op.drop_table(TABLE)
