@@ -302,12 +302,14 @@ FAULTS = "tests/faults"
 #: the field, nothing written, poisoned rows read and skipped), the
 #: Hypothesis state machine (its database clock is a table it sets: leases
 #: end when the model says, however slow the machine; its pinned cases only
-#: wait for a 1 ms lease or backoff to be over) and the bulk races (each race
-#: forced at its worst moment by an event hook, no sleeps).
+#: wait for a 1 ms lease or backoff to be over), the bulk races (each race
+#: forced at its worst moment by an event hook, no sleeps) and the unique-key
+#: races (processes released by one barrier; an hour's windows never end).
 UNTIMED_FAULTS = (
     "tests/faults/test_bad_input.py",
     "tests/faults/test_bulk_races.py",
     "tests/faults/test_state_machine.py",
+    "tests/faults/test_unique_races.py",
 )
 
 

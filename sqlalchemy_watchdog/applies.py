@@ -26,6 +26,7 @@ from . import store
 from .core.handlers import _UNSET, _registry
 from .core.rules.settle import REFUSED_SETTLE_REASON
 from .jobs import JobView, QueuePause, RetryPolicy
+from .jobs.uniqueness import UniqueKeyHold
 
 __all__ = ["PolicyLevel", "Applied", "JobExplanation", "explain", "plain_reason"]
 
@@ -73,6 +74,9 @@ class JobExplanation:
     reason: str | None
     #: Its recovery budget (``max_recoveries``): how many times a vanished execution is requeued.
     recovery: Applied[int] = Applied(None, PolicyLevel.RUNNER, known=False)
+    #: The ``unique_key`` s it holds (``unique_for``, ``debounce``, ``throttle``),
+    #: with the enqueues each absorbed: why a later enqueue was a duplicate or a replacement.
+    unique_keys: tuple[UniqueKeyHold, ...] = ()
 
     @property
     def attempt_text(self) -> str:
@@ -154,7 +158,9 @@ def _duration(value: timedelta) -> str:
     return f"{seconds}s"
 
 
-def explain(job: JobView, pause: QueuePause | None = None) -> JobExplanation:
+def explain(
+    job: JobView, pause: QueuePause | None = None, unique_keys: tuple[UniqueKeyHold, ...] = ()
+) -> JobExplanation:
     """What applies to ``job`` as this process knows it: its own policy, else
     its queue's ``@handler`` registered here, else the runner's (not known).
     Pure: reads only this process's ``@handler`` registrations."""
@@ -181,7 +187,9 @@ def explain(job: JobView, pause: QueuePause | None = None) -> JobExplanation:
     # As the runner counts them: a job past its policy's attempts (a policy
     # lowered since) is on its last.
     max_attempts = None if not retry.known else max(job.attempt, retry.value.max_attempts if retry.value else 1)
-    return JobExplanation(job, timeout, retry, max_attempts, pause, plain_reason(job.failure_reason), recovery)
+    return JobExplanation(
+        job, timeout, retry, max_attempts, pause, plain_reason(job.failure_reason), recovery, unique_keys
+    )
 
 
 def plain_reason(reason: str | None) -> str | None:

@@ -59,6 +59,7 @@ from .jobs import (
     JobState,
     Outcome,
 )
+from .jobs.uniqueness import UNIQUE_KEY_MAX_LENGTH
 from .records import PROGRESS_NOTE_MAX_LENGTH
 from .results import DROP_NOTIFY_SETTLED_SQL, NOTIFY_SETTLED_FUNCTION_SQL, NOTIFY_SETTLED_TRIGGER_SQL
 from .schedules import CRON_MAX_LENGTH, SCHEDULE_NAME_MAX_LENGTH
@@ -81,6 +82,8 @@ __all__ = [
     "schedules_table",
     "limits_table",
     "limit_claims_table",
+    "WatchdogUniqueKey",
+    "unique_keys_table",
 ]
 
 #: Bounds of the workers and schedules tables (revision w0009); what a runner
@@ -801,6 +804,62 @@ class WatchdogLimitClaim(WatchdogBase):
 
 #: The Core ``Table`` behind :class:`WatchdogLimitClaim`.
 limit_claims_table: Table = cast(Table, WatchdogLimitClaim.__table__)
+
+
+#: ``watchdog_unique_keys.kind``: which option holds the key.
+UNIQUE_KINDS = ["unique_for", "debounce", "throttle"]
+#: ``watchdog_unique_keys.states``: while its holder is in which states a key is held.
+UNIQUE_STATES = ["waiting", "unsettled", "any"]
+#: A window ends after it starts.
+UNIQUE_WINDOW = "until_ms > since_ms"
+
+
+class WatchdogUniqueKey(WatchdogBase):
+    """A key held by a job's uniqueness option (revision w0020):
+    ``Job(unique_key=..., unique_for=... | debounce=... | throttle=...)``.
+
+    One row per key: the job that holds it (``job_id``), how (``kind``,
+    ``states``) and for which window (``since_ms`` to ``until_ms``, database
+    clock); an enqueue with the key locks the row, so concurrent enqueues
+    of one key are judged one after the other. ``duplicates`` and
+    ``replacements`` count the enqueues this holder absorbed. No foreign
+    key: a holder may be purged or pruned; its row then holds by its window
+    alone. Written by ``enqueue``; read by ``show`` and the dashboard.
+    """
+
+    __tablename__ = "watchdog_unique_keys"
+
+    unique_key: Mapped[str] = mapped_column(_code_point_text(), primary_key=True)
+    #: The job holding the key.
+    job_id: Mapped[str] = mapped_column(_code_point_text())
+    kind: Mapped[str] = mapped_column(Text)
+    states: Mapped[str] = mapped_column(Text)
+    #: Epoch milliseconds, database clock: the holder's window (a throttled
+    #: job delayed to the next period holds from that period's start).
+    since_ms: Mapped[int] = mapped_column(BigInteger)
+    #: A debounce's holds while its holder waits; its ``until_ms`` is the
+    #: holder's planned start (retention deletes rows a day past it).
+    until_ms: Mapped[int] = mapped_column(BigInteger)
+    duplicates: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    replacements: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+
+    __table_args__ = (
+        CheckConstraint(f"length(unique_key) BETWEEN 1 AND {UNIQUE_KEY_MAX_LENGTH}", name="unique_key_length"),
+        CheckConstraint(f"length(job_id) BETWEEN 1 AND {JOB_ID_MAX_LENGTH}", name="job_id_length"),
+        CheckConstraint(_in("kind", UNIQUE_KINDS), name="kind_known"),
+        CheckConstraint(_in("states", UNIQUE_STATES), name="states_known"),
+        CheckConstraint(UNIQUE_WINDOW, name="window_order"),
+        CheckConstraint("duplicates >= 0", name="duplicates_nonnegative"),
+        CheckConstraint("replacements >= 0", name="replacements_nonnegative"),
+        # The keys a job holds, for show and the dashboard.
+        Index("ix_watchdog_unique_keys_job_id", "job_id"),
+        # Ended windows, for the retention pass.
+        Index("ix_watchdog_unique_keys_until_ms", "until_ms"),
+    )
+
+
+#: The Core ``Table`` behind :class:`WatchdogUniqueKey`.
+unique_keys_table: Table = cast(Table, WatchdogUniqueKey.__table__)
 
 # On PostgreSQL every INSERT statement into the table (enqueue, enqueue_select,
 # or your own SQL) wakes idle runners through NOTIFY when its transaction

@@ -70,6 +70,7 @@ _TABLES = (
     "watchdog_schedules",
     "watchdog_limits",
     "watchdog_limit_claims",
+    "watchdog_unique_keys",
     "alembic_version",
 )
 

@@ -55,6 +55,7 @@ from .jobs import (
     check_duration,
     check_text,
 )
+from .jobs.uniqueness import ThrottleExcess, UniqueKind, UniqueStates
 
 if TYPE_CHECKING:
     from .asyncio import AsyncWatchdog
@@ -75,7 +76,10 @@ RESERVED = frozenset({"job_id"})
 #: a :class:`~sqlalchemy_watchdog.Job` that is the call's to choose (not
 #: ``job_id``, the payload, the task's codec or ``rerun_of``), and the
 #: enqueue's ``delay``.
-OPTIONS = ("key", "after", "after_policy", "lane", "priority", "delay", "run_at", "retry", "timeout", "max_recoveries")
+OPTIONS = (
+    "key", "after", "after_policy", "lane", "priority", "delay", "run_at", "retry", "timeout", "max_recoveries",
+    "unique_key", "unique_for", "unique_states", "debounce", "max_wait", "throttle", "throttle_excess",
+)  # fmt: skip
 
 
 #: The annotations an argument is checked against, with their names in
@@ -397,6 +401,14 @@ class CallOptions:
     retry: RetryPolicy | None = None
     timeout: timedelta | None = None
     max_recoveries: int | None = None
+    #: Uniqueness windows, debounce and throttle (docs/howto/uniqueness.md).
+    unique_key: str | None = None
+    unique_for: timedelta | None = None
+    unique_states: UniqueStates | str | None = None
+    debounce: timedelta | None = None
+    max_wait: timedelta | None = None
+    throttle: timedelta | None = None
+    throttle_excess: ThrottleExcess | str | None = None
 
     def job_fields(self) -> dict[str, Any]:
         """The options a :class:`~sqlalchemy_watchdog.Job` takes (all but ``delay``)."""
@@ -415,7 +427,11 @@ def checked_options(queue: str, options: CallOptions) -> CallOptions:
         check_duration("delay", options.delay)
         if options.run_at is not None:
             raise InvalidJob("delay", "cannot be combined with run_at (configure one of them)")
-    return dataclasses.replace(options, after=probe.after)
+        if probe.unique is not None and probe.unique.kind is not UniqueKind.UNIQUE_FOR:
+            raise InvalidJob("delay", f"cannot be combined with {probe.unique.kind.value}, which decides the start")
+    return dataclasses.replace(
+        options, after=probe.after, unique_states=probe.unique_states, throttle_excess=probe.throttle_excess
+    )
 
 
 class Task(Generic[P, R]):
@@ -570,6 +586,13 @@ class Task(Generic[P, R]):
         retry: RetryPolicy | None = _KEEP,
         timeout: timedelta | None = _KEEP,
         max_recoveries: int | None = _KEEP,
+        unique_key: str | None = _KEEP,
+        unique_for: timedelta | None = _KEEP,
+        unique_states: UniqueStates | str | None = _KEEP,
+        debounce: timedelta | None = _KEEP,
+        max_wait: timedelta | None = _KEEP,
+        throttle: timedelta | None = _KEEP,
+        throttle_excess: ThrottleExcess | str | None = _KEEP,
         **unknown: Any,
     ) -> Task[P, R]:
         """This task with options for the jobs its :meth:`enqueue` and
@@ -577,9 +600,12 @@ class Task(Generic[P, R]):
         given replacing this task's, the others kept. They are the
         :class:`~sqlalchemy_watchdog.Job` fields of the same names --
         ``key``, ``after``, ``after_policy``, ``lane`` (None: the queue's),
-        ``priority``, ``run_at``, ``retry``, ``timeout``, ``max_recoveries``
-        -- and ``delay``, counted from the database clock at enqueue (not
-        with ``run_at``). They never mix with the function's arguments, so a
+        ``priority``, ``run_at``, ``retry``, ``timeout``, ``max_recoveries``,
+        the uniqueness options ``unique_key`` with ``unique_for`` (and
+        ``unique_states``), ``debounce`` (and ``max_wait``) or ``throttle``
+        (and ``throttle_excess``) -- and ``delay``, counted from the
+        database clock at enqueue (not with ``run_at``, ``debounce`` or
+        ``throttle``). They never mix with the function's arguments, so a
         function may have a parameter named ``key`` or ``priority``.
 
         :raises InvalidJob: naming an option this method does not take, or
@@ -604,6 +630,13 @@ class Task(Generic[P, R]):
                 ("retry", retry),
                 ("timeout", timeout),
                 ("max_recoveries", max_recoveries),
+                ("unique_key", unique_key),
+                ("unique_for", unique_for),
+                ("unique_states", unique_states),
+                ("debounce", debounce),
+                ("max_wait", max_wait),
+                ("throttle", throttle),
+                ("throttle_excess", throttle_excess),
             )
             if value is not _KEEP
         }

@@ -191,6 +191,18 @@ def applies_dict(explained: JobExplanation) -> dict[str, Any]:
         },
         "queue_pause": None if pause is None else {"reason": pause.reason, "paused_at": iso(pause.paused_at)},
         "reason": explained.reason,
+        "unique_keys": [
+            {
+                "unique_key": hold.unique_key,
+                "kind": hold.kind.value,
+                "states": hold.states.value,
+                "since": iso(hold.since),
+                "until": iso(hold.until),
+                "duplicates": hold.duplicates,
+                "replacements": hold.replacements,
+            }
+            for hold in explained.unique_keys
+        ],
     }
 
 
@@ -227,6 +239,7 @@ def render_show(explained: JobExplanation) -> str:
         ("rerun_of", job.rerun_of),
         ("reruns", ", ".join(job.reruns) or None),
         ("key", job.key),
+        ("unique_key", "; ".join(hold.text for hold in explained.unique_keys) or None),
         ("waiting_for_room", None if job.held_by is None else f"its queue's {job.held_by.value} limit is reached"),
         ("waits_for", ", ".join(f"{p} ({o or 'not settled'})" for p, o in job.parents) or None),
         ("dependents", ", ".join(job.dependents) or None),

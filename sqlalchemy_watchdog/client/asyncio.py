@@ -35,6 +35,7 @@ from ..jobs import (
     PauseStatus,
     QueueLimits,
     Rate,
+    ReplaceResult,
     ScheduleView,
     Stats,
     Throughput,
@@ -43,6 +44,7 @@ from ..jobs import (
 from ..results import wait_for_async
 from . import operations as ops
 from . import sync
+from .operations import KEEP, Keep
 
 if TYPE_CHECKING:
     from ..codecs import PayloadCodec
@@ -355,6 +357,17 @@ class AsyncWatchdog:
     @ops.declared_by(ops.cancel)
     async def cancel(self, job_id: str, cancellation_id: str, *, only_if_queued: bool = False) -> CancelResult:
         return await self._perform(ops.cancel(job_id, cancellation_id, only_if_queued=only_if_queued))
+
+    @ops.declared_by(ops.replace)
+    async def replace(
+        self,
+        job_id: str,
+        *,
+        payload: Any = KEEP,
+        run_at: datetime | Keep | None = KEEP,
+        codec: PayloadCodec | None = None,
+    ) -> ReplaceResult:
+        return await self._perform(ops.replace(job_id, payload=payload, run_at=run_at, codec=codec))
 
     @ops.declared_by(ops.fail_lane)
     async def fail_lane(self, lane: str, reason: str) -> LaneFailure:

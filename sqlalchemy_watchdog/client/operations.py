@@ -22,6 +22,7 @@ proxies are the model: one behaviour, two explicit surfaces).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -33,6 +34,7 @@ from sqlalchemy.exc import IntegrityError
 from .. import store
 from ..applies import JobExplanation
 from ..applies import explain as explain_job
+from ..errors import InvalidJob
 from ..jobs import (
     JOB_ID_MAX_LENGTH,
     BulkResult,
@@ -47,22 +49,27 @@ from ..jobs import (
     Outcome,
     PauseStatus,
     QueueLimits,
+    QueuePause,
     Rate,
+    ReplaceResult,
     ScheduleView,
     Stats,
     Throughput,
     WorkerView,
+    check_datetime,
     check_text,
+    encode_payload,
     job_batch,
     result_of,
 )
+from ..jobs.uniqueness import UniqueKeyHold
 from ..results import check_wait
 from ..wakeups import EVENT_STOP
 
 if TYPE_CHECKING:
     from ..codecs import PayloadCodec
 
-__all__ = ["OPERATIONS", "Call", "Program", "Step", "WaitFor", "declared_by", "look", "write"]
+__all__ = ["KEEP", "OPERATIONS", "Call", "Keep", "Program", "Step", "WaitFor", "declared_by", "look", "write"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -202,8 +209,12 @@ def explain(job_id: str) -> Program[JobExplanation | None]:
     the runner's -- which a process other than the runner's cannot know,
     and says so), "attempt n of m", its queue's pause, and its reason in
     plain words (a :class:`~sqlalchemy_watchdog.JobExplanation`)."""
-    found = yield look(store.read_with_pause, job_id)
-    return None if found is None else explain_job(*found)
+    found: tuple[JobView, QueuePause | None] | None = yield look(store.read_with_pause, job_id)
+    if found is None:
+        return None
+    held: list[UniqueKeyHold] = yield look(store.keys_held_by, job_id)
+    job, pause = found
+    return explain_job(job, pause, tuple(held))
 
 
 def read_queue_head(queue: str) -> Program[JobView | None]:
@@ -515,6 +526,46 @@ def cancel(job_id: str, cancellation_id: str, *, only_if_queued: bool = False) -
     return recorded
 
 
+class Keep(enum.Enum):
+    """The default of ``replace``'s ``payload`` and ``run_at``: keep the job's own."""
+
+    KEEP = "keep"
+
+
+#: ``replace(job_id, payload=...)`` leaves ``run_at`` as it is, and the reverse.
+KEEP = Keep.KEEP
+
+
+def replace(
+    job_id: str,
+    *,
+    payload: Any = KEEP,
+    run_at: datetime | Keep | None = KEEP,
+    codec: PayloadCodec | None = None,
+) -> Program[ReplaceResult]:
+    """Change a job that still waits (delayed, queued, or waiting for its
+    parents): its ``payload`` (encoded by ``codec`` if given, checked like
+    an enqueued one) and/or its start ``run_at`` (an aware datetime; None:
+    at once). One statement guarded by the job's state: ``replaced``, or
+    ``not_waiting`` once a runner claimed it (nothing changed), or
+    ``missing``. Idempotent: the same replacement again changes nothing
+    more. A job's ``payload`` and ``run_at`` are part of its identity: a
+    later replay of its original enqueue is an ``EnqueueConflict``."""
+    check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
+    if payload is KEEP and run_at is KEEP:
+        raise InvalidJob("payload", "replace needs a payload or a run_at to change")
+    encoded: str | None = None
+    if payload is not KEEP:
+        encoded = encode_payload(payload if codec is None else codec.encode(payload))
+    start: datetime | None = None
+    if run_at is not KEEP:
+        start = None if run_at is None else check_datetime("run_at", run_at)
+    replaced: ReplaceResult = yield write(
+        store.replace, job_id, payload=encoded, start=start, set_start=run_at is not KEEP
+    )
+    return replaced
+
+
 def fail_lane(lane: str, reason: str) -> Program[LaneFailure]:
     """Settle up to one batch of the lane's live jobs ``failed``, running
     ones first (their handlers are told to stop), then its waiting jobs
@@ -578,6 +629,7 @@ OPERATIONS: Mapping[str, Callable[..., Program[Any]]] = {
         enqueue,
         read,
         result,
+        replace,
         wait,
         explain,
         read_queue_head,

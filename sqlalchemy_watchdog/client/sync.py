@@ -28,6 +28,7 @@ from ..jobs import (
     PauseStatus,
     QueueLimits,
     Rate,
+    ReplaceResult,
     ScheduleView,
     Stats,
     Throughput,
@@ -38,6 +39,7 @@ from ..model import WatchdogJob
 from ..results import wait_for
 from ..wakeups import EVENT_QUEUED, EVENT_STOP
 from . import operations as ops
+from .operations import KEEP, Keep
 
 if TYPE_CHECKING:
     from ..codecs import PayloadCodec
@@ -414,6 +416,17 @@ class Watchdog:
     @ops.declared_by(ops.cancel)
     def cancel(self, job_id: str, cancellation_id: str, *, only_if_queued: bool = False) -> CancelResult:
         return self._perform(ops.cancel(job_id, cancellation_id, only_if_queued=only_if_queued))
+
+    @ops.declared_by(ops.replace)
+    def replace(
+        self,
+        job_id: str,
+        *,
+        payload: Any = KEEP,
+        run_at: datetime | Keep | None = KEEP,
+        codec: PayloadCodec | None = None,
+    ) -> ReplaceResult:
+        return self._perform(ops.replace(job_id, payload=payload, run_at=run_at, codec=codec))
 
     @ops.declared_by(ops.fail_lane)
     def fail_lane(self, lane: str, reason: str) -> LaneFailure:

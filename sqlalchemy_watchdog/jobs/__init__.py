@@ -48,6 +48,8 @@ from .results import (
     PauseStatus,
     QueuePause,
     QueueStats,
+    ReplaceResult,
+    ReplaceStatus,
     ResultStatus,
     ScheduleView,
     SettleStatus,
@@ -78,6 +80,10 @@ from .types import history_with as history_with
 from .types import job_batch as job_batch
 from .types import rerun_job_id as rerun_job_id
 from .types import set_after as set_after
+from .uniqueness import ThrottleExcess as ThrottleExcess
+from .uniqueness import UniqueKeyHold as UniqueKeyHold
+from .uniqueness import UniqueKind as UniqueKind
+from .uniqueness import UniqueStates as UniqueStates
 from .validation import AFTER_POLICIES as AFTER_POLICIES
 from .validation import (
     CANCELLATION_ID_MAX_LENGTH,
@@ -143,6 +149,12 @@ __all__ = [
     "Retention",
     "CancelStatus",
     "CancelResult",
+    "ReplaceStatus",
+    "ReplaceResult",
+    "ThrottleExcess",
+    "UniqueKeyHold",
+    "UniqueKind",
+    "UniqueStates",
     "SettleStatus",
     "LaneFailure",
     "BulkSkip",

@@ -26,6 +26,8 @@ __all__ = [
     "CancelResult",
     "CancelStatus",
     "EnqueueResult",
+    "ReplaceResult",
+    "ReplaceStatus",
     "EnqueueStatus",
     "JobResult",
     "LaneFailure",
@@ -209,16 +211,48 @@ class Stats:
 
 
 class EnqueueStatus(str, enum.Enum):
+    """What an enqueue did with one job (:class:`EnqueueResult`)."""
+
+    #: Written: the job is new.
     QUEUED = "queued"
+    #: Nothing written: the job is stored already (an identical replay of
+    #: its ``job_id``), or -- with a ``unique_key`` -- the key's holder
+    #: absorbed it (``unique_for``, ``throttle``): ``job_id`` is the holder's.
     DUPLICATE = "duplicate"
+    #: ``debounce``: the key's holder, still waiting, took this job's
+    #: payload and a later start; ``job_id`` is the holder's.
+    REPLACED = "replaced"
 
 
 @dataclass(frozen=True, slots=True)
 class EnqueueResult:
     """What :func:`~sqlalchemy_watchdog.enqueue` did with one job."""
 
+    #: The job now standing for it: its own, or the holder of its ``unique_key``.
     job_id: str
     status: EnqueueStatus
+    #: The job's ``unique_key`` when it had one (the key that decided), else None.
+    unique_key: str | None = None
+
+
+class ReplaceStatus(str, enum.Enum):
+    """What :meth:`Watchdog.replace <sqlalchemy_watchdog.Watchdog.replace>` did."""
+
+    #: The job was waiting (delayed, queued, or waiting for parents) and now
+    #: has the new payload and start.
+    REPLACED = "replaced"
+    #: A runner claimed it already (or it settled): nothing was changed.
+    NOT_WAITING = "not_waiting"
+    #: No such job (never enqueued, purged or pruned).
+    MISSING = "missing"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaceResult:
+    """What a replacement of a waiting job did."""
+
+    job_id: str
+    status: ReplaceStatus
 
 
 class CancelStatus(str, enum.Enum):

@@ -21,6 +21,7 @@ from typing import Any
 from ..errors import InvalidJob
 from .builders import slot_setters
 from .encoding import PayloadCodec, at_epoch_ms, duration_ms, encode_payload, epoch_ms
+from .uniqueness import ThrottleExcess, UniqueIntent, UniqueStates, check_unique
 from .validation import (
     _INT32_MAX,
     AFTER_POLICIES,
@@ -287,6 +288,27 @@ class Job:
         other than ``completed`` settles this job ``cancelled``, with a
         reason naming it (a parent already ended so is refused at enqueue);
         ``any_outcome``: it runs once every parent settled, however.
+    :param unique_key: the key of ``unique_for``, ``debounce`` or
+        ``throttle`` (1-256 characters): jobs enqueued with the same key are
+        judged together (docs/howto/uniqueness.md). Not part of the job's
+        identity, nor are the options below.
+    :param unique_for: a later enqueue with the same ``unique_key`` within
+        this period of this one (by the database clock) is a ``duplicate``
+        of it (:attr:`EnqueueResult.job_id` is this job's), while this job
+        is in one of ``unique_states``.
+    :param unique_states: ``"any"`` (the default: the whole period, settled
+        or not), ``"unsettled"`` (until it settles) or ``"waiting"`` (until
+        a runner claims it); see :class:`~sqlalchemy_watchdog.UniqueStates`.
+    :param debounce: enqueueing again with the same ``unique_key`` while
+        this job still waits replaces its payload (status ``replaced``) and
+        moves its start to now + ``debounce``; the job starts ``debounce``
+        after the last such enqueue.
+    :param max_wait: with ``debounce``: the job starts at most this long
+        after its first enqueue, however often it is replaced.
+    :param throttle: at most one job per ``unique_key`` per this period.
+    :param throttle_excess: what happens to an enqueue beyond that:
+        ``"drop"`` (the default: a ``duplicate``) or ``"delay"`` (it waits
+        for the next period; see :class:`~sqlalchemy_watchdog.ThrottleExcess`).
     """
 
     job_id: str
@@ -309,6 +331,16 @@ class Job:
     after: tuple[str, ...] = ()
     #: ``completed`` (the default) or ``any_outcome`` (``jobs.AFTER_POLICIES``).
     after_policy: str = "completed"
+    #: Uniqueness, debounce and throttle (see the parameters above).
+    unique_key: str | None = None
+    unique_for: timedelta | None = None
+    unique_states: UniqueStates | None = None
+    debounce: timedelta | None = None
+    max_wait: timedelta | None = None
+    throttle: timedelta | None = None
+    throttle_excess: ThrottleExcess | None = None
+    #: The options above as the store applies them (None: none given).
+    unique: UniqueIntent | None = field(init=False, repr=False, compare=False)
 
     # Written out rather than generated: a frozen dataclass's own __init__
     # sets each field through object.__setattr__, which made building a Job
@@ -331,6 +363,13 @@ class Job:
         codec: PayloadCodec | None = None,
         after: Iterable[str] | None = None,
         after_policy: str = "completed",
+        unique_key: str | None = None,
+        unique_for: timedelta | None = None,
+        unique_states: UniqueStates | str | None = None,
+        debounce: timedelta | None = None,
+        max_wait: timedelta | None = None,
+        throttle: timedelta | None = None,
+        throttle_excess: ThrottleExcess | str | None = None,
     ) -> None:
         check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
         check_text("queue", queue, QUEUE_MAX_LENGTH)
@@ -361,6 +400,18 @@ class Job:
         parents = check_parents(job_id, after)
         if after_policy not in AFTER_POLICIES:
             raise InvalidJob("after_policy", f"must be one of {list(AFTER_POLICIES)}, got {after_policy!r}")
+        intent: UniqueIntent | None = None
+        states: UniqueStates | None = None
+        excess: ThrottleExcess | None = None
+        if not (
+            unique_key is None and unique_for is None and unique_states is None and debounce is None
+            and max_wait is None and throttle is None and throttle_excess is None
+        ):  # fmt: skip
+            intent, states, excess = check_unique(
+                unique_key=unique_key, unique_for=unique_for, unique_states=unique_states, debounce=debounce,
+                max_wait=max_wait, throttle=throttle, throttle_excess=throttle_excess,
+                has_run_at=run_at is not None, has_parents=bool(parents),
+            )  # fmt: skip
         _set_job_id(self, job_id)
         _set_queue(self, queue)
         _set_lane(self, lane)
@@ -376,6 +427,14 @@ class Job:
         _set_payload_json(self, payload_json)
         _set_after(self, parents)
         _set_after_policy(self, after_policy)
+        _set_unique_key(self, unique_key)
+        _set_unique_for(self, unique_for)
+        _set_unique_states(self, states)
+        _set_debounce(self, debounce)
+        _set_max_wait(self, max_wait)
+        _set_throttle(self, throttle)
+        _set_throttle_excess(self, excess)
+        _set_unique(self, intent)
 
     def __post_init__(self) -> None:
         # Not called by Job's own __init__: a dataclass subclass's generated
@@ -385,6 +444,9 @@ class Job:
             self, self.job_id, self.queue, lane=self.lane, priority=self.priority, payload=self.payload,
             max_recoveries=self.max_recoveries, run_at=self.run_at, retry=self.retry, timeout=self.timeout,
             rerun_of=self.rerun_of, key=self.key, codec=self.codec, after=self.after, after_policy=self.after_policy,
+            unique_key=self.unique_key, unique_for=self.unique_for, unique_states=self.unique_states,
+            debounce=self.debounce, max_wait=self.max_wait, throttle=self.throttle,
+            throttle_excess=self.throttle_excess,
         )  # fmt: skip
 
     @property
@@ -411,9 +473,12 @@ class Job:
 (
     _set_job_id, _set_queue, _set_lane, _set_priority, _set_payload, _set_max_recoveries, _set_run_at,
     _set_retry, _set_timeout, _set_rerun_of, _set_key, _set_codec, _set_payload_json, _set_after, _set_after_policy,
+    _set_unique_key, _set_unique_for, _set_unique_states, _set_debounce, _set_max_wait, _set_throttle,
+    _set_throttle_excess, _set_unique,
 ) = slot_setters(Job, (
     "job_id", "queue", "lane", "priority", "payload", "max_recoveries", "run_at",
     "retry", "timeout", "rerun_of", "key", "codec", "payload_json", "after", "after_policy",
+    "unique_key", "unique_for", "unique_states", "debounce", "max_wait", "throttle", "throttle_excess", "unique",
 ))  # fmt: skip
 
 

@@ -153,10 +153,16 @@ from .transactions import transact as transact
 from .transactions import transact_as as transact_as
 from .transactions import transient_failure as transient_failure
 from .transactions import write_transaction as write_transaction
+from .unique import keys_held_by as keys_held_by
+from .unique import prune_keys as prune_keys
+from .unique import replace as replace
 from .views import execute_rows as execute_rows
 
 __all__ = [
     "check_duration",
+    "keys_held_by",
+    "prune_keys",
+    "replace",
     "Claim",
     "ClaimBatch",
     "Recovery",

@@ -45,8 +45,11 @@ ENQUEUE_CHUNK = 1000
 
 def _one_chunk(jobs: Sequence[Job], **_: object) -> bool:
     """Whether enqueueing ``jobs`` writes with one statement (atomic by itself)."""
-    # Jobs with parents read them and write their edges: a transaction.
-    return len({job.job_id for job in jobs}) <= ENQUEUE_CHUNK and not any(job.after for job in jobs)
+    # Jobs with parents read them and write their edges, and a job with a
+    # unique_key locks its key before it is written: a transaction.
+    return len({job.job_id for job in jobs}) <= ENQUEUE_CHUNK and not any(
+        job.after or job.unique is not None for job in jobs
+    )
 
 
 #: Live jobs settled per ``fail_lane`` call.

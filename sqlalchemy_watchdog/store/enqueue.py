@@ -27,12 +27,14 @@ from ..jobs import (
     duration_ms,
     frozen_builder,
 )
+from ..jobs.uniqueness import UniqueKind
 from . import dependencies_sql, enqueue_sql, sql
 from .base import (
     ENQUEUE_CHUNK,
     _one_chunk,
 )
 from .operation import Shape, operation
+from .unique import Decision, admit
 from .views import execute_rows
 
 log = logging.getLogger("sqlalchemy_watchdog.store")
@@ -75,6 +77,8 @@ def enqueue(conn: Connection, jobs: Sequence[Job], *, delay: timedelta | None = 
         elif not _same(seen, job):
             raise EnqueueConflict(job.job_id, "after" if _row(seen) == _row(job) else None)
     unique = list(firsts.values())
+    if any(job.unique is not None for job in unique):
+        return _enqueue_keyed(conn, jobs, unique, delay_ms)
     waits = _dependencies(conn, unique) if any(job.after for job in unique) else None
     try:
         return _enqueue_traced(conn, jobs, unique, delay_ms, waits)
@@ -165,13 +169,64 @@ def _enqueue(
     return results
 
 
-_build_result = frozen_builder(EnqueueResult, ("job_id", "status"))
+_build_result = frozen_builder(EnqueueResult, ("job_id", "status", "unique_key"))
 
 
 def _queued(job_id: str) -> EnqueueResult:
     """``EnqueueResult(job_id, QUEUED)`` without the frozen dataclass's
     per-field ``object.__setattr__`` (a batch enqueue makes one per job)."""
-    return _build_result(job_id, EnqueueStatus.QUEUED)
+    return _build_result(job_id, EnqueueStatus.QUEUED, None)
+
+
+def _enqueue_keyed(
+    conn: Connection, jobs: Sequence[Job], unique: list[Job], delay_ms: int | None
+) -> list[EnqueueResult]:
+    """Enqueue a call in which some jobs have a ``unique_key``: one job at a
+    time, in order, each keyed one after its key's decision
+    (:func:`.unique.admit`), so a later job of the call sees what an earlier
+    one did to a shared key."""
+    keyed = {job.job_id for job in unique if job.unique is not None}
+    for job in unique:
+        if job.unique is not None and job.unique.kind is not UniqueKind.UNIQUE_FOR and delay_ms is not None:
+            raise InvalidJob("delay", f"cannot be combined with {job.unique.kind.value} (job {job.job_id!r} has it)")
+        for parent in job.after:
+            if parent in keyed:
+                raise InvalidJob(
+                    "after",
+                    f"job {job.job_id!r} waits for {parent!r}, which has a unique_key in the same call: it may be "
+                    "a duplicate of another job; enqueue it first and name the job_id its enqueue returns",
+                )
+    by_id: dict[str, EnqueueResult] = {}
+    for job in unique:
+        if job.unique is None:
+            by_id[job.job_id] = _enqueue_alone(conn, job, delay_ms)
+            continue
+        admission = admit(conn, job)
+        if admission.decision is Decision.DUPLICATE:
+            by_id[job.job_id] = EnqueueResult(admission.holder, EnqueueStatus.DUPLICATE, job.unique.key)
+        elif admission.decision is Decision.REPLACED:
+            by_id[job.job_id] = EnqueueResult(admission.holder, EnqueueStatus.REPLACED, job.unique.key)
+        else:
+            delay = admission.delay_ms if admission.delay_ms is not None else delay_ms
+            by_id[job.job_id] = _enqueue_alone(conn, job, delay)
+    results: list[EnqueueResult] = []
+    seen: set[str] = set()
+    for job in jobs:
+        result = by_id[job.job_id]
+        if job.job_id in seen:  # the same job twice in one call: the second is a duplicate
+            result = EnqueueResult(result.job_id, EnqueueStatus.DUPLICATE, result.unique_key)
+        seen.add(job.job_id)
+        results.append(result)
+    return results
+
+
+def _enqueue_alone(conn: Connection, job: Job, delay_ms: int | None) -> EnqueueResult:
+    """One job through the enqueue statement (its parents checked first)."""
+    waits = _dependencies(conn, [job]) if job.after else None
+    result = _enqueue_traced(conn, [job], [job], delay_ms, waits)[0]
+    if result.status is EnqueueStatus.DUPLICATE or job.unique is None:
+        return result
+    return EnqueueResult(job.job_id, EnqueueStatus.QUEUED, job.unique.key)
 
 
 @operation(Shape.WRITE)

@@ -70,6 +70,7 @@ from .enqueue import (
 )
 from .limits import held_by, queue_use, read_limits
 from .operation import Shape, operation
+from .unique import prune_keys
 
 log = logging.getLogger("sqlalchemy_watchdog.store")
 
@@ -130,6 +131,8 @@ class Pruning:
 
     @operation(Shape.WRITE)
     def run_batch(self, conn: Connection, size: int) -> int:
+        """One batch of jobs (how many it deleted), and as many ended unique keys."""
+        prune_keys(conn, limit=size)
         return prune_batch(
             conn, older_than=self.older_than, outcomes=self.outcomes, limit=size, include_undated=self.include_undated
         )
@@ -182,6 +185,7 @@ def prune_retention(conn: Connection, ages: Mapping[str, timedelta], batch: int)
         and not conn.execute(maintenance_sql.try_advisory_xact_lock(), {"key": PRUNE_LOCK_KEY}).scalar()
     ):
         return None
+    prune_keys(conn, limit=batch)  # unique keys a day past their window (revision w0020)
     return sum(prune_batch(conn, older_than=age, outcomes=[outcome], limit=batch) for outcome, age in ages.items())
 
 

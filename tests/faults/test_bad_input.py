@@ -443,6 +443,53 @@ REFUSED: dict[str, Entry] = {
     "key lone surrogate": Entry("key", job(key="k\ud800")),
     "key int": Entry("key", job(key=42)),
     "key bytes": Entry("key", job(key=b"tenant")),
+    # uniqueness windows, debounce, throttle (revision w0020)
+    "unique_key without how long it holds": Entry("unique_key", job(unique_key="k"), says="needs unique_for"),
+    "unique_for without a unique_key": Entry("unique_for", job(unique_for=timedelta(hours=1)), says="unique_key"),
+    "unique_key empty": Entry("unique_key", job(unique_key="", unique_for=timedelta(hours=1))),
+    "unique_key 257 chars": Entry("unique_key", job(unique_key="k" * 257, unique_for=timedelta(hours=1))),
+    "unique_key with NUL": Entry("unique_key", job(unique_key="k\x00", unique_for=timedelta(hours=1))),
+    "unique_key int": Entry("unique_key", job(unique_key=7, unique_for=timedelta(hours=1))),
+    "unique_for zero": Entry("unique_for", job(unique_key="k", unique_for=timedelta(0))),
+    "unique_for over a year": Entry("unique_for", job(unique_key="k", unique_for=timedelta(days=367))),
+    "unique_for a number": Entry("unique_for", job(unique_key="k", unique_for=3600)),
+    "unique_states unknown": Entry(
+        "unique_states", job(unique_key="k", unique_for=timedelta(hours=1), unique_states="sometimes")
+    ),
+    "unique_states without unique_for": Entry(
+        "unique_states", job(unique_key="k", throttle=timedelta(hours=1), unique_states="any")
+    ),
+    "debounce and unique_for together": Entry(
+        "debounce", job(unique_key="k", unique_for=timedelta(hours=1), debounce=timedelta(seconds=5))
+    ),
+    "max_wait shorter than debounce": Entry(
+        "max_wait", job(unique_key="k", debounce=timedelta(seconds=5), max_wait=timedelta(seconds=1))
+    ),
+    "max_wait without debounce": Entry("max_wait", job(max_wait=timedelta(seconds=5))),
+    "debounce with run_at": Entry(
+        "run_at",
+        job(unique_key="k", debounce=timedelta(seconds=5), run_at=datetime.datetime(2030, 1, 1, tzinfo=UTC)),
+    ),
+    "throttle with parents": Entry("after", job(unique_key="k", throttle=timedelta(hours=1), after=["seed-queued"])),
+    "throttle_excess unknown": Entry(
+        "throttle_excess", job(unique_key="k", throttle=timedelta(hours=1), throttle_excess="queue")
+    ),
+    "enqueue debounce with a delay": Entry(
+        "delay",
+        lambda e: Watchdog(e).enqueue(
+            Job("new-job", "q", unique_key="k", debounce=timedelta(seconds=5)), delay=timedelta(seconds=1)
+        ),
+    ),
+    "enqueue a child of a keyed job in one call": Entry(
+        "after",
+        lambda e: Watchdog(e).enqueue(
+            [Job("k1", "q", unique_key="k", unique_for=timedelta(hours=1)), Job("k2", "q", after=["k1"])]
+        ),
+    ),
+    "replace with nothing to change": Entry("payload", wd("replace", "seed-queued")),
+    "replace payload not JSON": Entry("payload", wd("replace", "seed-queued", payload={1, 2})),
+    "replace run_at naive": Entry("run_at", wd("replace", "seed-queued", run_at=datetime.datetime(2030, 1, 1))),
+    "replace job_id empty": Entry("job_id", wd("replace", "", payload=1)),
     "set_limits concurrency 0": Entry("concurrency", wd("set_limits", "q", concurrency=0)),
     "set_limits concurrency negative": Entry("concurrency", wd("set_limits", "q", concurrency=-5)),
     "set_limits concurrency huge": Entry("concurrency", wd("set_limits", "q", concurrency=10**12)),
@@ -1020,6 +1067,13 @@ REFUSED: dict[str, Entry] = {
     "task configure priority a str": Entry("priority", lambda e: _typed_task.configure(priority="high")),  # type: ignore[arg-type]
     "task configure priority out of range": Entry("priority", lambda e: _typed_task.configure(priority=2**63)),
     "task configure key empty": Entry("key", lambda e: _typed_task.configure(key="")),
+    "task configure unique_for without a key": Entry(
+        "unique_for", lambda e: _typed_task.configure(unique_for=timedelta(hours=1))
+    ),
+    "task configure debounce with a delay": Entry(
+        "delay",
+        lambda e: _typed_task.configure(unique_key="k", debounce=timedelta(seconds=5), delay=timedelta(seconds=1)),
+    ),
     "task configure lane too long": Entry("lane", lambda e: _typed_task.configure(lane="l" * 513)),
     "task configure after a str": Entry("after", lambda e: _typed_task.configure(after="parent")),
     "task configure after_policy unknown": Entry("after_policy", lambda e: _typed_task.configure(after_policy="maybe")),

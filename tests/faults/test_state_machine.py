@@ -148,6 +148,7 @@ from sqlalchemy_watchdog.model import (
     limit_claims_table,
     limits_table,
     pauses_table,
+    unique_keys_table,
     workers_table,
 )
 from sqlalchemy_watchdog.records import StopReason
@@ -163,6 +164,8 @@ FAMILY_IDS = ["m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8"]
 #: A dependent's run_at, from the database clock (milliseconds): past, soon, later.
 FAMILY_RUN_ATS: list[int | None] = [None, -1_000, 300, 2_000, 60_000, 3_600_000, 3_600_000]
 QUEUES = ["q1", "q2", "q3"]
+#: Revision w0020: the unique keys jobs hold (``enqueue_unique``).
+UNIQUE_KEYS = ["uk1", "uk2"]
 #: Lanes of their own, one of them a queue's name; a job without one has its queue's.
 LANES = ["l1", "l2", "q1"]
 CANCEL_IDS = ["x1", "x2", "x3", "x4"]
@@ -564,6 +567,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             conn.execute(delete(workers_table))
             conn.execute(delete(limits_table))
             conn.execute(delete(limit_claims_table))
+            conn.execute(delete(unique_keys_table))
             store.forget_limited(conn)
         self.t = 0
         self.set_clock(self.db)
@@ -581,6 +585,9 @@ class WatchdogMachine(RuleBasedStateMachine):
         self.limits: dict[str, Limit] = {}  # queue -> its limits (watchdog_limits)
         # (queue, claimed_at, jobs, key): watchdog_limit_claims (the key with a per-key rate, w0015)
         self.rate_log: list[tuple[str, int, int, str | None]] = []
+        # Revision w0020: unique key -> (holder, unique_states, until_ms) as watchdog_unique_keys holds it.
+        self.unique: dict[str, tuple[str, str, int]] = {}
+        self.unique_serial = 0
         for job in jobs:  # start with some work (conflicting replays are refused as usual)
             self.enqueue([job], None)
         for index, parent in enumerate(waiting):  # and some jobs waiting for it (revision w0012)
@@ -631,6 +638,78 @@ class WatchdogMachine(RuleBasedStateMachine):
                 self.model.admit(job, self.db, None if delay is None else delay // ms(1), TAGGING.last)
                 expected.append("queued")
         assert [r.status.value for r in results] == expected
+
+    # -- uniqueness windows and replacement (revision w0020) ----------------------
+
+    @rule(
+        key=st.sampled_from(UNIQUE_KEYS),
+        window=st.sampled_from([1_000, 60_000]),
+        states=st.sampled_from(["any", "unsettled", "waiting"]),
+        queue=st.sampled_from(QUEUES),
+        replay=st.booleans(),
+    )
+    def enqueue_unique(self, key: str, window: int, states: str, queue: str, replay: bool) -> None:
+        """A job with a ``unique_key`` held ``window`` ms: a duplicate of the
+        key's holder while its window lasts and it is in its states (by the
+        database clock the machine sets), else a new holder; a replay of a
+        stored job_id is judged by the job_id alone."""
+        held = self.unique.get(key)
+        if replay and held is not None and held[0] in self.model.rows:
+            job_id = held[0]
+            row = self.model.rows[job_id]
+            job = Job(job_id, row.queue_name, payload=json.loads(row.payload_json), unique_key=key,
+                      unique_for=timedelta(milliseconds=window), unique_states=states)  # fmt: skip
+            if not self.model.same(row, job):
+                return  # a conflicting replay: the enqueue rule covers it
+            (result,) = self.tx(store.enqueue, [job])
+            assert (result.job_id, result.status.value) == (job_id, "duplicate")
+            return
+        job_id = f"u{self.unique_serial}"
+        self.unique_serial += 1
+        job = Job(job_id, queue, unique_key=key, unique_for=timedelta(milliseconds=window), unique_states=states)
+        (result,) = self.tx(store.enqueue, [job])
+        if held is not None:
+            holder, holds_in, until = held
+            holder_row = self.model.rows.get(holder)
+            state = None if holder_row is None else holder_row.state
+            scope = {
+                "waiting": {"delayed", "queued", "waiting"},
+                "unsettled": {"delayed", "queued", "waiting", "running"},
+            }
+            if until > self.db and (holds_in == "any" or state in scope[holds_in]):
+                assert (result.job_id, result.status.value, result.unique_key) == (holder, "duplicate", key)
+                assert job_id not in self.model.rows
+                return
+        assert (result.job_id, result.status.value, result.unique_key) == (job_id, "queued", key)
+        self.model.admit(job, self.db, None, TAGGING.last)
+        self.unique[key] = (job_id, states, self.db + window)
+
+    @rule(
+        job_id=st.sampled_from([*JOB_IDS[:4], *DEP_IDS[:2], "u0", "nobody"]),
+        payload=st.sampled_from([None, {"v": 1}, "x"]),
+        start=st.sampled_from(["keep", None, 500, 120_000]),
+    )
+    def replace(self, job_id: str, payload: Any, start: str | int | None) -> None:
+        """Watchdog.replace: a waiting job takes the payload and start, a
+        claimed or settled one is never changed."""
+        kwargs: dict[str, Any] = {"payload": payload}
+        if start != "keep":
+            kwargs["run_at"] = None if start is None else EPOCH + timedelta(milliseconds=self.db + int(start))
+        result = self.watchdog.replace(job_id, **kwargs)
+        row = self.model.rows.get(job_id)
+        if row is None:
+            assert result.status.value == "missing"
+            return
+        if row.state not in ("delayed", "queued", "waiting"):
+            assert result.status.value == "not_waiting"
+            return
+        assert result.status.value == "replaced"
+        row.payload_json = encode_payload(payload)
+        if start != "keep":
+            row.run_at = None if start is None else self.db + int(start)
+            row.ready_at = row.run_at
+        if row.state != "waiting":
+            row.state = "delayed" if row.ready_at is not None and row.ready_at > self.db else "queued"
 
     # -- dependencies (revision w0012) --------------------------------------------
 

@@ -138,6 +138,19 @@ def test_show(engine: Engine, cli: Cli) -> None:
     assert shown["priority"] == 3 and shown["payload"] == {"to": "ada@example.com"}
 
 
+def test_show_says_which_unique_key_a_job_holds_and_how_many_enqueues_it_absorbed(engine: Engine, cli: Cli) -> None:
+    digest = {"unique_key": "digest:ada", "unique_for": timedelta(hours=1)}
+    add(engine, Job("digest-1", "emails", **digest))  # type: ignore[arg-type]
+    add(engine, Job("digest-2", "emails", **digest))  # type: ignore[arg-type]
+    status, out, _ = cli("show", "digest-1")
+    line = dict(line.split(None, 1) for line in out.splitlines())["unique_key"]
+    assert status == 0 and "'digest:ada' (unique_for" in line and "1 later enqueue(s) were duplicates" in line
+    status, out, _ = cli("--json", "show", "digest-1")
+    (hold,) = json.loads(out)["applies"]["unique_keys"]
+    assert (hold["unique_key"], hold["kind"], hold["duplicates"]) == ("digest:ada", "unique_for", 1)
+    assert cli("show", "digest-2")[0] != 0  # the duplicate was never written
+
+
 def test_show_prints_the_trace_context_a_job_was_enqueued_under(engine: Engine, cli: Cli) -> None:
     parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     add(engine, Job("traced", "emails"))

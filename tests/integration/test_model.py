@@ -283,6 +283,7 @@ def test_watchdog_metadata_holds_only_the_watchdog_tables() -> None:
         "watchdog_limits",
         "watchdog_queue_pauses",
         "watchdog_schedules",
+        "watchdog_unique_keys",  # revision w0020: uniqueness windows
         "watchdog_workers",
     ]
     assert AppBase.metadata is not sqlalchemy_watchdog.metadata

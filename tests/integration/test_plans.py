@@ -60,6 +60,7 @@ from sqlalchemy_watchdog.store import (
     limits_sql,
     maintenance_sql,
     sql,
+    unique_sql,
     views,
 )
 from tests.conftest import prepared_claims
@@ -190,6 +191,7 @@ STATEMENT_MODULES: tuple[ModuleType, ...] = (
     maintenance_sql,
     dependencies_sql,
     chart_sql,
+    unique_sql,
 )
 
 
@@ -614,6 +616,22 @@ PLANS: list[Case] = [
     Case("cancel(live)", "cancel", (False,), lambda d: {"job": "qd-5", "cancellation": "x"}, on(JOB_ID)),
     Case("cancel(not started)", "cancel", (True,), lambda d: {"job": "qd-5", "cancellation": "x"}, on(JOB_ID)),
     Case("cancellation_holder", "cancellation_holder", (), lambda d: {"cancellation": "c-21"}, on(CANCELLATION_ID)),
+    # Uniqueness windows (w0020): the holder's state, a debounced or replaced waiting job.
+    Case("job_state", "job_state", (), lambda d: {"job_id": "qd-5"}, on(JOB_ID)),
+    Case(
+        "replace_waiting",
+        "replace_waiting",
+        (),
+        lambda d: {"holder": "qd-5", "payload": "1", "ready_at": 5},
+        on(JOB_ID),
+    ),
+    Case(
+        "replace_job",
+        "replace_job",
+        (),
+        lambda d: {"target": "qd-5", "payload": "1", "start": None, "set_start": 0},
+        on(JOB_ID),
+    ),
     # A lane's jobs in two parts: those given it as their lane (live_lane holds only
     # lanes other than the job's queue), and a queue's default-lane jobs (live_queue).
     # Both parts are planned whatever the lane: each must read its own index.
@@ -876,6 +894,15 @@ NOT_ON_JOBS = {
     "parents_of",
     "parents_of_children",
     "dependents_of",
+    # watchdog_unique_keys (w0020): one row per key in use, read and written by its
+    # primary key, by job_id (ix_watchdog_unique_keys_job_id) or pruned by until_ms
+    # (ix_watchdog_unique_keys_until_ms).
+    "lock_key",
+    "pass_key",
+    "count_duplicate",
+    "count_replacement",
+    "held_by",
+    "prune_ended",
 }
 
 

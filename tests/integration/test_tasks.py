@@ -172,6 +172,24 @@ def test_without_a_job_id_each_enqueue_is_a_new_job(engine: Engine) -> None:
     assert count(engine) == 2
 
 
+def test_a_configured_task_debounces_its_calls_into_one_job_with_the_last_arguments(engine: Engine) -> None:
+    registry = HandlerRegistry()
+
+    @task("search", registry=registry)
+    def reindex(document: str, revision: int) -> None:
+        return None
+
+    burst = reindex.configure(unique_key="reindex:doc-7", debounce=timedelta(seconds=30))
+    with Session(engine) as session:
+        results = [burst.enqueue(session, document="doc-7", revision=n) for n in range(1, 4)]
+        session.commit()
+    assert [r.status for r in results] == [EnqueueStatus.QUEUED, EnqueueStatus.REPLACED, EnqueueStatus.REPLACED]
+    assert {r.job_id for r in results} == {results[0].job_id}
+    assert count(engine) == 1
+    stored = Watchdog(engine).read(results[0].job_id)
+    assert stored is not None and stored.payload["revision"] == 3 and stored.state is JobState.DELAYED
+
+
 def test_a_tasks_codec_carries_rich_arguments_and_results_both_ways(engine: Engine) -> None:
     registry = HandlerRegistry()
 

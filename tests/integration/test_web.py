@@ -291,6 +291,12 @@ def test_the_job_page_says_what_applies_and_the_reason_in_plain_words(
     watchdog.pause("emails", reason="smtp maintenance")
     own = dashboard.get("/job", job_id="own").text
     assert '<dd id="f-attempt">1 of 4</dd>' in own
+    assert "unique key" not in own
+    watchdog.enqueue(Job("held", "emails", unique_key="export:7", debounce=timedelta(minutes=5)))
+    replaced = watchdog.enqueue(Job("later", "emails", unique_key="export:7", debounce=timedelta(minutes=5)))
+    assert (replaced.job_id, replaced.status.value) == ("held", "replaced")
+    held = dashboard.get("/job", job_id="held").text
+    assert "&#39;export:7&#39; (debounce: starts" in held and "1 replaced its payload" in held
     assert '<dd id="f-timeout">30s (the job&#39;s own)</dd>' in own
     assert "paused since" in own and "smtp maintenance" in own
     runners = dashboard.get("/job", job_id="runners").text

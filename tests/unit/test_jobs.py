@@ -259,6 +259,8 @@ def test_every_field_of_a_job_is_set_when_it_is_built() -> None:
         "job_id": "job-1", "queue": "emails", "lane": "emails", "priority": 0, "payload": None,
         "max_recoveries": None, "run_at": None, "retry": None, "timeout": None, "rerun_of": None,
         "key": None, "codec": None, "payload_json": "null", "after": (), "after_policy": "completed",
+        "unique_key": None, "unique_for": None, "unique_states": None, "debounce": None, "max_wait": None,
+        "throttle": None, "throttle_excess": None, "unique": None,
     }  # fmt: skip
 
 

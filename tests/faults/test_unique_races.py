@@ -1,0 +1,98 @@
+"""Uniqueness under concurrency: 8 processes enqueue the same keys at once.
+
+Each process waits at one barrier, then enqueues ``ROUNDS`` jobs per key,
+each in a transaction of its own (tests/faults/unique_enqueuer.py). The key's
+row is the database's: exactly one job per key and window, whatever the
+interleaving -- never check-then-insert. On SQLite (a real file) the write
+lock serialises the processes; on PostgreSQL they run truly at once.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections import Counter
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, select
+
+from sqlalchemy_watchdog.model import jobs_table, unique_keys_table
+from tests.faults.helpers import url_string
+from tests.faults.unique_enqueuer import enqueue_rounds
+
+PROCESSES = 8
+ROUNDS = 6
+KEYS = ["k1", "k2", "k3"]
+HOUR_MS = 3_600_000
+
+
+def _race(engine: Engine, options: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Every process's answers, once all of them are done."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(PROCESSES)
+    out = ctx.Queue()
+    url = url_string(engine.url)
+    processes = [
+        ctx.Process(target=enqueue_rounds, args=(url, worker, ROUNDS, KEYS, options, barrier, out))
+        for worker in range(PROCESSES)
+    ]
+    for process in processes:
+        process.start()
+    answers = [answer for _ in processes for answer in out.get(timeout=120)]
+    for process in processes:
+        process.join(timeout=60)
+        assert process.exitcode == 0, f"an enqueuing process failed (exit {process.exitcode})"
+    assert len(answers) == PROCESSES * ROUNDS * len(KEYS)
+    return answers
+
+
+def _jobs_by_key(engine: Engine) -> dict[str, list[str]]:
+    with engine.connect() as conn:
+        ids = conn.execute(select(jobs_table.c.job_id).order_by(jobs_table.c.sequence)).scalars().all()
+    found: dict[str, list[str]] = {key: [] for key in KEYS}
+    for job_id in ids:
+        found[job_id.rsplit("-", 1)[1]].append(job_id)
+    return found
+
+
+def _key_rows(engine: Engine) -> dict[str, Any]:
+    with engine.connect() as conn:
+        return {row.unique_key: row for row in conn.execute(select(unique_keys_table))}
+
+
+def test_eight_processes_enqueueing_the_same_keys_store_exactly_one_job_per_key_and_period(engine: Engine) -> None:
+    answers = _race(engine, {"unique_for_ms": HOUR_MS})
+    stored = _jobs_by_key(engine)
+    rows = _key_rows(engine)
+    for key in KEYS:
+        assert len(stored[key]) == 1, f"{key}: {stored[key]}"
+        (holder,) = stored[key]
+        mine = [answer for answer in answers if answer[0].endswith(f"-{key}")]
+        assert Counter(status for _, _, status in mine) == Counter({"queued": 1, "duplicate": PROCESSES * ROUNDS - 1})
+        assert {answered for _, answered, _ in mine} == {holder}, "every enqueue names the one job"
+        assert rows[key].job_id == holder and rows[key].duplicates == PROCESSES * ROUNDS - 1
+
+
+def test_eight_processes_debouncing_one_key_leave_one_waiting_job_that_took_every_replacement(
+    engine: Engine,
+) -> None:
+    answers = _race(engine, {"debounce_ms": HOUR_MS})
+    stored = _jobs_by_key(engine)
+    rows = _key_rows(engine)
+    for key in KEYS:
+        assert len(stored[key]) == 1, f"{key}: {stored[key]}"
+        mine = [answer for answer in answers if answer[0].endswith(f"-{key}")]
+        assert Counter(status for _, _, status in mine) == Counter({"queued": 1, "replaced": PROCESSES * ROUNDS - 1})
+        assert rows[key].replacements == PROCESSES * ROUNDS - 1
+
+
+@pytest.mark.parametrize("excess", ["drop", "delay"])
+def test_eight_processes_throttling_one_key_store_one_job_per_period(engine: Engine, excess: str) -> None:
+    answers = _race(engine, {"throttle_ms": HOUR_MS, "throttle_excess": excess})
+    stored = _jobs_by_key(engine)
+    expected = 1 if excess == "drop" else 2  # this period's, and with "delay" one in the next
+    for key in KEYS:
+        assert len(stored[key]) == expected, f"{key}: {stored[key]}"
+        mine = [answer for answer in answers if answer[0].endswith(f"-{key}")]
+        statuses = Counter(status for _, _, status in mine)
+        assert statuses == Counter({"queued": expected, "duplicate": PROCESSES * ROUNDS - expected})

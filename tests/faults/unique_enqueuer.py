@@ -1,0 +1,45 @@
+"""A process that enqueues jobs sharing unique keys (tests/faults/test_unique_races.py).
+
+Run by ``multiprocessing`` (spawn): each process waits at a barrier with the
+others, then enqueues its jobs one transaction each and reports the
+``(job_id asked, job_id answered, status)`` of every enqueue.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
+
+from sqlalchemy_watchdog import Job, enqueue
+
+
+def enqueue_rounds(
+    url: str, worker: int, rounds: int, keys: list[str], options: dict[str, Any], barrier: Any, out: Any
+) -> None:
+    """``rounds`` enqueues per key, as ``Job(f"w{worker}-r{round}-{key}", ...)``."""
+    engine = create_engine(url, connect_args={"timeout": 60} if url.startswith("sqlite") else {})
+    # Durations cross the process boundary as milliseconds ("unique_for_ms").
+    chosen: dict[str, Any] = {
+        name.removesuffix("_ms"): timedelta(milliseconds=value) if name.endswith("_ms") else value
+        for name, value in options.items()
+    }
+    answers: list[tuple[str, str, str]] = []
+    barrier.wait()
+    for round_ in range(rounds):
+        for key in keys:
+            job = Job(
+                f"w{worker}-r{round_}-{key}",
+                "races",
+                payload={"worker": worker, "round": round_},
+                unique_key=key,
+                **chosen,
+            )
+            with Session(engine) as session:
+                result = enqueue(session, job)
+                session.commit()
+            answers.append((job.job_id, result.job_id, result.status.value))
+    engine.dispose()
+    out.put(answers)
