@@ -37,6 +37,7 @@ from sqlalchemy import Engine
 
 from .. import store
 from ..core.ahead import AHEAD_WAIT_MAX_S, Parking, take_stale
+from ..core.durable import StepPort
 from ..core.handlers import RunningJob
 from ..core.loop import execute, loop_pass, renew, shutdown, tick, time_out, until_idle
 from ..core.maintenance import deregister_worker, probe_failed, prune, refresh_worker, register_worker
@@ -75,6 +76,7 @@ from ..wakeups import (
     wake_locally,
 )
 from . import base
+from .base import record_step_in, step_writer
 
 if TYPE_CHECKING:
     pass
@@ -149,6 +151,12 @@ class Runner:
         self._gateway = SyncGateway(engine)
         self.core.progress_write = lambda *report: self._gateway.run(report_progress, *report)
         self.core.parents_read = lambda job_id: self._gateway.read(parent_results, job_id)
+        self.core.step_port = StepPort(
+            read=lambda job_id: self._gateway.read(store.read_steps, job_id),
+            write=step_writer(self._gateway.run),
+            write_in=record_step_in,
+            codec=self.settings.codec,
+        )
         #: Set once run_forever serves (its listener started), or has ended.
         self._serving = threading.Event()
         #: Held by the one run_forever (or running() block) serving this runner.
