@@ -13,13 +13,15 @@ enforced ``CHECK`` constraints), tested on MariaDB 10.11.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Select, String, and_, event, select, union_all
+from sqlalchemy import CheckConstraint, Connection, Engine, Select, String, and_, event, select, union_all
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import URL, ExceptionContext
 from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeEngine
@@ -286,6 +288,21 @@ def _check_violation_as_integrity_error(context: ExceptionContext) -> BaseExcept
     assert isinstance(original, Exception)
     return IntegrityError(context.statement, context.parameters, original)
 
+
+#: ``length(`` as a function call in a CHECK's text.
+_LENGTH_CALL = re.compile(r"\blength\(", re.IGNORECASE)
+
+
+def _check_in_characters(constraint: CheckConstraint, compiler: Any, **kw: Any) -> str:
+    """A CHECK constraint's DDL with ``length()`` as ``CHAR_LENGTH()``: the
+    schema's CHECKs bound text in characters (PostgreSQL's and SQLite's
+    ``length``), MySQL's ``LENGTH`` counts bytes -- a 256-character job_id of
+    emoji would be refused as 1,024 long."""
+    return _LENGTH_CALL.sub("CHAR_LENGTH(", compiler.visit_check_constraint(constraint, **kw))
+
+
+compiles(CheckConstraint, "mysql")(_check_in_characters)
+compiles(CheckConstraint, "mariadb")(_check_in_characters)
 
 # Every engine (sync, and the sync engine under each AsyncEngine): the
 # listener returns at once for other dialects.
