@@ -39,6 +39,8 @@ DISCONNECT_ERRORS = frozenset({2006, 2013, 1927, 4031})
 #: ER_CHECK_CONSTRAINT_VIOLATED. PyMySQL raises them as OperationalError;
 #: the store and its users expect IntegrityError, as on the other dialects.
 CHECK_VIOLATIONS = frozenset({4025, 3819})
+#: ER_CANT_CHANGE_TX_CHARACTERISTICS.
+_IN_TRANSACTION = 1568
 #: ER_BAD_NULL_ERROR, ER_DUP_ENTRY.
 _NOT_NULL, _DUPLICATE = 1048, 1062
 
@@ -221,8 +223,13 @@ class MySQL:
         claim and an enqueue then lock the gaps between rows they never
         touch, and deadlock (1213). READ COMMITTED locks only the rows read.
         """
-        with contextlib.suppress(DBAPIError):
+        try:
             conn.exec_driver_sql(f"SET TRANSACTION ISOLATION LEVEL {self.isolation_level}")
+        except DBAPIError as error:
+            # 1568: a statement of this transaction ran already (its level is
+            # fixed); it goes on at the session's level rather than failing.
+            if error_number(error.orig) != _IN_TRANSACTION:
+                raise
 
     def reads_beside_writer(self, conn: Connection) -> bool:
         # MVCC reads never block writers; row locks: no look before the lock.

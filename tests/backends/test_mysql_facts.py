@@ -6,6 +6,7 @@ test's own (the store's statements are phase 2 of issue 57)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -91,3 +92,22 @@ def test_a_check_violation_is_an_integrity_error_and_not_transient(maria: Engine
         conn.execute(text("UPDATE t SET n = -1 WHERE id = 1"))
     assert caught.value.orig.args[0] == 4025  # type: ignore[union-attr]
     assert not store.is_transient(caught.value)
+
+
+async def test_the_async_driver_reads_the_clock_and_raises_the_same_errors(maria: Engine) -> None:
+    """aiomysql: the same backend, the same error numbers and classes as PyMySQL."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    engine = create_async_engine(maria.url.set(drivername="mysql+aiomysql"))
+    try:
+        async with engine.connect() as conn:
+            backend = backend_of(engine.dialect)
+            assert backend is backend_of("mysql")
+            clock = (await conn.execute(text(f"SELECT {backend.clock_ms_sql()}"))).scalar_one()
+            assert abs(clock - int(time.time() * 1000)) < 2_000
+            with pytest.raises(IntegrityError) as caught:
+                await conn.execute(text("UPDATE t SET n = -1 WHERE id = 1"))
+        assert caught.value.orig.args[0] == 4025  # type: ignore[union-attr]
+        assert backend_of_error(caught.value) is backend
+    finally:
+        await engine.dispose()
