@@ -273,6 +273,13 @@ def _code_point_text() -> TypeEngine[str]:
     return with_variants(Text(), lambda backend: backend.code_point_text)
 
 
+def _bounded_text(length: int) -> TypeEngine[str]:
+    """``TEXT`` of at most ``length`` characters (its CHECK says so), which
+    an index or key holds: ``VARCHAR`` where the backend cannot index
+    ``TEXT`` whole (``Backend.bounded_text``)."""
+    return with_variants(Text(), lambda backend: backend.bounded_text(length))
+
+
 def _bigint_key() -> TypeEngine[int]:
     """``BIGINT`` as an autoincrementing primary key on every backend."""
     return with_variants(BigInteger(), lambda backend: backend.bigint_pk_type)
@@ -280,6 +287,10 @@ def _bigint_key() -> TypeEngine[int]:
 
 def _domain(column: str, base: TypeEngine[Any]) -> ColumnDomain:
     return ColumnDomain(base, f"watchdog_jobs_{column}")
+
+
+#: The longest state or outcome word (their CHECKs list them).
+_WORD = 32
 
 
 class WatchdogBase(DeclarativeBase):
@@ -302,18 +313,20 @@ class WatchdogJob(WatchdogBase):
     #: (a deterministic collation is equal only when the bytes are), and the
     #: unique index sorts by code point, so a prefix is one range of it.
     job_id: Mapped[str] = mapped_column(_domain("job_id", _code_point_text()), unique=True)
-    queue_name: Mapped[str] = mapped_column(_domain("queue_name", Text()))
-    lane: Mapped[str] = mapped_column(_domain("lane", Text()))
+    queue_name: Mapped[str] = mapped_column(_domain("queue_name", _bounded_text(QUEUE_MAX_LENGTH)))
+    lane: Mapped[str] = mapped_column(_domain("lane", _bounded_text(LANE_MAX_LENGTH)))
     priority: Mapped[int] = mapped_column(BigInteger)
     payload_json: Mapped[str] = mapped_column(Text)
     recovery_max: Mapped[int | None] = mapped_column(_domain("recovery_max", Integer()))
-    state: Mapped[str] = mapped_column(_domain("state", Text()))
-    outcome: Mapped[str | None] = mapped_column(_domain("outcome", Text()))
+    state: Mapped[str] = mapped_column(_domain("state", _bounded_text(_WORD)))
+    outcome: Mapped[str | None] = mapped_column(_domain("outcome", _bounded_text(_WORD)))
     claim_token: Mapped[str | None] = mapped_column(Text)
     recovery_count: Mapped[int] = mapped_column(_domain("recovery_count", Integer()), server_default=text("0"))
     #: Unique among the jobs that have one (``uq_watchdog_jobs_cancellation_id``,
     #: a partial index since revision w0008).
-    cancellation_id: Mapped[str | None] = mapped_column(_domain("cancellation_id", Text()))
+    cancellation_id: Mapped[str | None] = mapped_column(
+        _domain("cancellation_id", _bounded_text(CANCELLATION_ID_MAX_LENGTH))
+    )
     failure_reason: Mapped[str | None] = mapped_column(Text)
     #: The traceback of a handler that raised (bounded; revision w0002).
     failure_detail: Mapped[str | None] = mapped_column(Text)
@@ -341,7 +354,7 @@ class WatchdogJob(WatchdogBase):
     started_at: Mapped[int | None] = mapped_column(BigInteger)
     settled_at: Mapped[int | None] = mapped_column(BigInteger)
     #: The job_id this job reruns (Watchdog.rerun); part of its identity.
-    rerun_of: Mapped[str | None] = mapped_column(_domain("rerun_of", Text()))
+    rerun_of: Mapped[str | None] = mapped_column(_domain("rerun_of", _bounded_text(JOB_ID_MAX_LENGTH)))
     # -- revision w0005: trace context
     #: The W3C trace context (JSON object of propagation fields) the job was
     #: enqueued under, continued by the runner; not part of its identity.
@@ -432,7 +445,21 @@ class WatchdogJob(WatchdogBase):
 
 
 def _partial(where: str) -> dict[str, Any]:
-    return {"postgresql_where": text(where), "sqlite_where": text(where)}
+    """Each backend's keyword arguments of a partial index on ``where``
+    (none where the database has no partial indexes: every row enters)."""
+    options: dict[str, Any] = {}
+    for backend in BACKENDS.values():
+        options.update(backend.partial_index(where))
+    return options
+
+
+def _key_prefix(lengths: dict[str, int]) -> dict[str, Any]:
+    """Each backend's keyword arguments indexing the columns of ``lengths``
+    by a prefix, where a key's length is limited."""
+    options: dict[str, Any] = {}
+    for backend in BACKENDS.values():
+        options.update(backend.key_prefix(lengths))
+    return options
 
 
 #: Jobs not settled yet; the literal order matters: SQLite uses a partial
@@ -542,7 +569,15 @@ Index("ix_watchdog_jobs_untold", WatchdogJob.sequence, **_partial("waiting_on = 
 # operations that act on them (fail_lane, purge, cancel_many, stats); only
 # waiting rows enter it, and leave it when released.
 WAITING = "state = 'waiting'"
-Index("ix_watchdog_jobs_waiting", WatchdogJob.lane, WatchdogJob.queue_name, WatchdogJob.sequence, **_partial(WAITING))
+Index(
+    "ix_watchdog_jobs_waiting",
+    WatchdogJob.lane,
+    WatchdogJob.queue_name,
+    WatchdogJob.sequence,
+    **_partial(WAITING),
+    # MariaDB/MySQL: lane (512) and queue_name (256) exceed InnoDB's key together.
+    **_key_prefix({"lane": 255}),
+)
 
 #: The Core ``Table`` behind :class:`WatchdogJob`; the statements use it.
 jobs_table: Table = cast(Table, WatchdogJob.__table__)
@@ -586,7 +621,7 @@ class WatchdogQueuePause(WatchdogBase):
 
     __tablename__ = "watchdog_queue_pauses"
 
-    queue_name: Mapped[str] = mapped_column(Text, primary_key=True)
+    queue_name: Mapped[str] = mapped_column(_bounded_text(QUEUE_MAX_LENGTH), primary_key=True)
     reason: Mapped[str | None] = mapped_column(Text)
     #: Epoch milliseconds, database clock.
     paused_at: Mapped[int] = mapped_column(BigInteger)
@@ -611,7 +646,7 @@ class WatchdogWorker(WatchdogBase):
 
     __tablename__ = "watchdog_workers"
 
-    worker_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    worker_id: Mapped[str] = mapped_column(_bounded_text(WORKER_ID_MAX_LENGTH), primary_key=True)
     host: Mapped[str] = mapped_column(Text)
     pid: Mapped[int] = mapped_column(Integer)
     #: The queues it serves, a JSON array of names.
@@ -670,9 +705,9 @@ class WatchdogSchedule(WatchdogBase):
 
     __tablename__ = "watchdog_schedules"
 
-    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    name: Mapped[str] = mapped_column(_bounded_text(SCHEDULE_NAME_MAX_LENGTH), primary_key=True)
     #: A digest of the whole definition (cron, time zone, the jobs' contents).
-    fingerprint: Mapped[str] = mapped_column(Text, primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(_bounded_text(FINGERPRINT_MAX_LENGTH), primary_key=True)
     cron: Mapped[str] = mapped_column(Text)
     timezone: Mapped[str] = mapped_column(Text)
     queue_name: Mapped[str] = mapped_column(Text)
@@ -721,7 +756,7 @@ class WatchdogLimit(WatchdogBase):
 
     __tablename__ = "watchdog_limits"
 
-    queue_name: Mapped[str] = mapped_column(Text, primary_key=True)
+    queue_name: Mapped[str] = mapped_column(_bounded_text(QUEUE_MAX_LENGTH), primary_key=True)
     #: At most this many of the queue's jobs running at once.
     concurrency: Mapped[int | None] = mapped_column(Integer)
     #: At most this many running jobs of one key.
@@ -780,7 +815,7 @@ class WatchdogLimitClaim(WatchdogBase):
     __tablename__ = "watchdog_limit_claims"
 
     id: Mapped[int] = mapped_column(_bigint_key(), primary_key=True, autoincrement=True)
-    queue_name: Mapped[str] = mapped_column(Text)
+    queue_name: Mapped[str] = mapped_column(_bounded_text(QUEUE_MAX_LENGTH))
     #: Epoch milliseconds, database clock.
     claimed_at: Mapped[int] = mapped_column(BigInteger)
     jobs: Mapped[int] = mapped_column(Integer)

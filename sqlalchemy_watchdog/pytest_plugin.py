@@ -122,7 +122,8 @@ def watchdog_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> URL
     backend = known_backend(url.get_backend_name())
     if backend is None:
         pytest.fail(
-            f"{source}: sqlalchemy_watchdog runs on PostgreSQL and SQLite, not {url.get_backend_name()}",
+            f"{source}: sqlalchemy_watchdog runs on PostgreSQL, SQLite, MariaDB and MySQL, "
+            f"not {url.get_backend_name()}",
             pytrace=False,
         )
     unshareable = backend.unshareable(url)

@@ -22,6 +22,7 @@ database clock, or how a value is stored and read back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import os
@@ -228,6 +229,68 @@ def postgres_url(postgres_server: URL) -> Iterator[URL]:
         admin.dispose()
 
 
+# -- MariaDB / MySQL ----------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def mysql_server() -> Iterator[URL]:
+    """A URL of a MariaDB (or MySQL) server where this run may create
+    databases: ``WATCHDOG_TEST_MYSQL_URL`` (e.g.
+    ``mysql+pymysql://root@127.0.0.1:3306/test``), else the tests skip with
+    the reason; under ``CI=true`` a missing or unreachable server fails the run."""
+    configured = os.environ.get("WATCHDOG_TEST_MYSQL_URL")
+    if not configured:
+        message = "no MariaDB: set WATCHDOG_TEST_MYSQL_URL (e.g. mysql+pymysql://root@127.0.0.1:3306/test)"
+        if IN_CI:
+            pytest.fail(message + " -- CI=true requires the MariaDB tests to run")
+        pytest.skip(message)
+    url = make_url(configured)
+    if "+" not in url.drivername:
+        url = url.set(drivername=f"{url.get_backend_name()}+pymysql")
+    try:
+        engine = create_engine(url)
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        engine.dispose()
+    except Exception as error:
+        message = f"WATCHDOG_TEST_MYSQL_URL={configured} is unreachable: {error}"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    yield url
+
+
+@contextlib.contextmanager
+def mysql_database(server: URL, prefix: str) -> Iterator[URL]:
+    """A database of its own on the MariaDB server (a MySQL schema is a
+    database), dropped afterwards."""
+    name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE `{name}`"))
+    try:
+        yield server.set(database=name)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS `{name}`"))
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def mysql_url(mysql_server: URL) -> Iterator[URL]:
+    """A throwaway database of this test run on the MariaDB server."""
+    with mysql_database(mysql_server, "watchdog_test") as url:
+        yield url
+
+
+def _reset_mysql(url: URL) -> None:
+    engine = create_engine(url.set(database=None), isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f"DROP DATABASE IF EXISTS `{url.database}`"))
+        conn.execute(text(f"CREATE DATABASE `{url.database}`"))
+    engine.dispose()
+
+
 # -- programs of this interpreter, forked ---------------------------------------------
 
 
@@ -268,6 +331,9 @@ def pgbouncer(postgres_server: URL) -> Iterator[Any]:
 # -- the two dialects -----------------------------------------------------------
 
 DIALECTS = ["sqlite", "postgresql"]
+#: The dialects of phase 1 of issue 57: MariaDB runs the schema's tests
+#: (CHECK grammar) and the conformance suite, not yet every store test.
+WITH_MARIADB = [*DIALECTS, "mariadb"]
 
 
 @pytest.fixture(params=DIALECTS)
@@ -281,7 +347,7 @@ def db_url(dialect: str, request: pytest.FixtureRequest, tmp_path: Path) -> URL:
     """A URL of an empty database of the test's dialect (sync driver)."""
     if dialect == "sqlite":
         return make_url(f"sqlite:///{tmp_path / 'watchdog.db'}")
-    url: URL = request.getfixturevalue("postgres_url")
+    url: URL = request.getfixturevalue("mysql_url" if dialect == "mariadb" else "postgres_url")
     return url
 
 
@@ -298,6 +364,8 @@ def empty_engine(db_url: URL) -> Iterator[Engine]:
     """An engine on an empty database (no tables)."""
     if db_url.get_backend_name() == "postgresql":
         _reset_postgres(db_url)
+    if db_url.get_backend_name() in ("mysql", "mariadb"):
+        _reset_mysql(db_url)
     engine = create_engine(db_url)
     yield engine
     engine.dispose()

@@ -82,6 +82,12 @@ def index_names(engine: Engine, table: str = "watchdog_jobs") -> set[str]:
     primary key or unique constraint left out."""
     if engine.dialect.name == "sqlite":
         query = "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = :t AND sql IS NOT NULL"
+    elif engine.dialect.name in ("mysql", "mariadb"):
+        # A unique index is the unique constraint itself there.
+        query = (
+            "SELECT DISTINCT index_name FROM information_schema.statistics"
+            " WHERE table_schema = DATABASE() AND table_name = :t AND non_unique = 1"
+        )
     else:
         query = (
             "SELECT i.relname FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid"

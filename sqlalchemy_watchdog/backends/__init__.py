@@ -28,12 +28,15 @@ from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeEngine
 
+from .mysql import MariaDB, MySQL
 from .postgresql import PostgreSQL
 from .sqlite import SQLite, UnreadableText
 
 __all__ = [
     "BACKENDS",
     "Backend",
+    "MariaDB",
+    "MySQL",
     "PostgreSQL",
     "SQLite",
     "UnreadableText",
@@ -105,8 +108,26 @@ class Backend(Protocol):
     #: ``watchdog_engine``); else it gets the tables of a database file.
     has_schemas: bool
 
+    def bounded_text(self, length: int) -> TypeEngine[str] | None:
+        """The type of an indexed text column of at most ``length``
+        characters where ``TEXT`` cannot be indexed whole (MariaDB/MySQL:
+        ``VARCHAR`` in a binary collation); else None (``TEXT``)."""
+        ...
+
+    def partial_index(self, where: str) -> dict[str, Any]:
+        """The ``Index`` keyword arguments making it partial on ``where``
+        (``postgresql_where``, ``sqlite_where``), or none where the
+        database has no partial indexes (MariaDB/MySQL: every row enters)."""
+        ...
+
     def __hash__(self) -> int:
         """Backends key the statement builders' caches (one instance each)."""
+        ...
+
+    def key_prefix(self, lengths: Mapping[str, int]) -> dict[str, Any]:
+        """The ``Index`` keyword arguments indexing each column of
+        ``lengths`` by that many leading characters, where a key's length is
+        limited (MariaDB/MySQL: 3,072 bytes); else none."""
         ...
 
     def insert(self, table: Any) -> Insert:
@@ -267,7 +288,7 @@ class Backend(Protocol):
 
 
 #: The backends by dialect name.
-BACKENDS: dict[str, Backend] = {backend.name: backend for backend in (PostgreSQL(), SQLite())}
+BACKENDS: dict[str, Backend] = {backend.name: backend for backend in (PostgreSQL(), SQLite(), MySQL(), MariaDB())}
 
 
 def _name_of(conn_or_dialect: Connection | Dialect | str) -> str:
@@ -285,7 +306,7 @@ def backend_of(conn_or_dialect: Connection | Dialect | str | Backend) -> Backend
     name = _name_of(conn_or_dialect)
     found = BACKENDS.get(name)
     if found is None:
-        raise NotImplementedError(f"sqlalchemy_watchdog supports PostgreSQL and SQLite, not {name}")
+        raise NotImplementedError(f"sqlalchemy_watchdog supports PostgreSQL, SQLite, MariaDB and MySQL, not {name}")
     return found
 
 

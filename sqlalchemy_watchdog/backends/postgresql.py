@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Connection, Select, Text, any_, bindparam, cast, func, literal_column, select, union_all
+from sqlalchemy import Connection, Select, Text, any_, bindparam, cast, func, literal_column, select, text, union_all
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -58,6 +58,15 @@ class PostgreSQL:
     def __init__(self) -> None:
         #: Whether job_id sorts by code point, per database URL (asked once).
         self._code_point_order: dict[str, bool] = {}
+
+    def bounded_text(self, length: int) -> TypeEngine[str] | None:
+        return None  # TEXT indexes whole
+
+    def partial_index(self, where: str) -> dict[str, Any]:
+        return {"postgresql_where": text(where)}
+
+    def key_prefix(self, lengths: Mapping[str, int]) -> dict[str, Any]:
+        return {}  # no limit on a key's length that the schema reaches
 
     def insert(self, table: Any) -> Insert:
         return postgresql.insert(table)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Integer, Select, Text, and_, bindparam, func, select, type_coerce, union_all
+from sqlalchemy import Connection, Integer, Select, Text, and_, bindparam, func, select, text, type_coerce, union_all
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -71,6 +71,15 @@ class SQLite:
     fails_over = False
     limited_claim_at_once = False
     has_schemas = False
+
+    def bounded_text(self, length: int) -> TypeEngine[str] | None:
+        return None  # TEXT indexes whole
+
+    def partial_index(self, where: str) -> dict[str, Any]:
+        return {"sqlite_where": text(where)}
+
+    def key_prefix(self, lengths: Mapping[str, int]) -> dict[str, Any]:
+        return {}  # no limit on a key's length that the schema reaches
 
     def insert(self, table: Any) -> Insert:
         return sqlite.insert(table)

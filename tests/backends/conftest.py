@@ -26,7 +26,7 @@ from sqlalchemy import Engine, create_engine, make_url, text
 from sqlalchemy.engine import URL
 
 from sqlalchemy_watchdog import metadata
-from tests.conftest import DIALECTS
+from tests.conftest import WITH_MARIADB, mysql_database
 
 
 @contextlib.contextmanager
@@ -48,12 +48,82 @@ def _postgres_database(request: pytest.FixtureRequest) -> Iterator[URL]:
         admin.dispose()
 
 
-@pytest.fixture(scope="session", params=DIALECTS)
+#: Issue 57, phase 1: what each operation file still needs on MariaDB from the
+#: statement builders (phase 2). Every test of these files that takes the
+#: MariaDB database is a strict xfail with this reason, so the suite says
+#: exactly what remains, and a test that starts passing fails until its
+#: mark goes (RUNS_ON_MARIADB).
+NOT_YET_ON_MARIADB = {
+    "test_ops_enqueue.py": "enqueue: ON CONFLICT (Backend.insert's on_conflict_do_*/excluded) -> "
+    "ON DUPLICATE KEY UPDATE / INSERT IGNORE; the batch's JSON rows (Backend.json_rows -> JSON_TABLE); RETURNING",
+    "test_ops_claim.py": "claim: UPDATE ... RETURNING of a pick of its own table -> a SKIP LOCKED locking read "
+    "and an UPDATE by primary key in one transaction (and enqueue, to set up)",
+    "test_ops_settle.py": "settle: batch rows (Backend.json_rows), UPDATE ... RETURNING (and enqueue, claim)",
+    "test_ops_lease.py": "renew/release/recover: UPDATE ... RETURNING and picks of their own table "
+    "(error 1093) (and enqueue, claim)",
+    "test_ops_limits.py": "limits: the upsert of watchdog_limits (ON CONFLICT -> ON DUPLICATE KEY), "
+    "the limited claim (and enqueue)",
+    "test_ops_maintenance.py": "pause/workers/schedules upserts (ON CONFLICT), prune/purge/cancel "
+    "DELETE/UPDATE ... RETURNING and self-referencing picks (and enqueue)",
+    "test_ops_dependencies.py": "enqueue with after=; the edge triggers cascade into watchdog_jobs from a "
+    "trigger on it (MariaDB error 1442): propagation must leave the triggers",
+    "test_ops_unique.py": "the unique keys' upsert (store/unique_sql.py: on_conflict_do_nothing -> "
+    "INSERT IGNORE / ON DUPLICATE KEY) and RETURNING (and enqueue)",
+    "test_ops_views.py": "the views' rows come from enqueue/claim/settle, which are phase 2",
+}
+#: The capabilities (test_capabilities.py) MariaDB does not meet yet, by test.
+CAPABILITIES_NOT_YET = {
+    "test_a_real_duplicate_and_a_real_null_are_parsed": "needs enqueue (ON CONFLICT, statements)",
+    "test_a_real_lock_conflict_is_transient": "needs enqueue to store the row it locks (ON CONFLICT)",
+    "test_insert_on_conflict_does_nothing_and_returns_only_new_rows": "Backend.insert has no "
+    "on_conflict_do_nothing: ON DUPLICATE KEY / INSERT IGNORE and no RETURNING (phase 2 decides the seam)",
+    "test_job_id_order_is_code_point_order_where_the_backend_says_so": "needs the batch enqueue (json_rows)",
+    "test_json_rows_yield_every_row_in_order_with_typed_fields": "Backend.json_rows (JSON_TABLE)",
+    "test_a_write_targets_exactly_the_picked_rows": "UPDATE ... RETURNING; picked() is an IN over "
+    "its own table (error 1093): a locking read, then a write by key",
+    "test_a_write_reaches_the_rows_a_pick_locked_by_their_address": "needs json_rows / RETURNING",
+    "test_a_pick_skips_rows_another_transaction_holds_where_rows_lock": "the test expects PostgreSQL's or "
+    "SQLite's pick SQL; MariaDB's FOR UPDATE SKIP LOCKED is right, the test's dialect rule is phase 2",
+    "test_the_dependency_triggers_are_made_counted_and_dropped_by_the_backends_ddl": "the edge triggers "
+    "update watchdog_jobs from a trigger on it (error 1442); and enqueue",
+    "test_a_locking_statement_counts_what_the_lock_protects_where_the_backend_locks_before_reading": "needs "
+    "json_rows / RETURNING",
+    "test_a_share_locked_read_holds_its_rows_against_a_delete_where_rows_lock": "the test expects "
+    "PostgreSQL's FOR KEY SHARE or none; MariaDB's LOCK IN SHARE MODE is phase 2's to assert",
+    "test_pruning_skips_while_another_transaction_prunes": "retention's pruning of the unique keys: "
+    "IN (subquery with LIMIT), which MariaDB refuses (error 1235)",
+    "test_the_url_rules_give_urls_the_driver_accepts": "has_schemas is False without a database file: "
+    "the pytest plugin's per-test database on MariaDB is phase 2",
+}
+#: The operation tests that already pass on MariaDB.
+RUNS_ON_MARIADB = {
+    "test_limits_without_any_limit_are_refused_and_write_nothing",
+    "test_bad_combinations_are_refused_before_anything_is_written",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None or "mariadb" not in (
+            callspec.params.get("backend_database"),
+            callspec.params.get("dialect"),
+        ):
+            continue
+        name: str = item.originalname  # type: ignore[attr-defined]
+        reason = CAPABILITIES_NOT_YET.get(name) or NOT_YET_ON_MARIADB.get(item.path.name)
+        if reason is not None and name not in RUNS_ON_MARIADB:
+            item.add_marker(pytest.mark.xfail(strict=True, reason=f"not yet on MariaDB: {reason}"))
+
+
+@pytest.fixture(scope="session", params=WITH_MARIADB)
 def backend_database(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[URL]:
     """A database of the param's backend with the schema created (one per test process)."""
     with contextlib.ExitStack() as stack:
         if request.param == "sqlite":
             url = make_url(f"sqlite:///{tmp_path_factory.mktemp('backend') / 'watchdog.db'}")
+        elif request.param == "mariadb":
+            url = stack.enter_context(mysql_database(request.getfixturevalue("mysql_server"), "watchdog_ops"))
         else:
             url = stack.enter_context(_postgres_database(request))
         engine = create_engine(url)

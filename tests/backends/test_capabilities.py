@@ -38,10 +38,18 @@ from sqlalchemy_watchdog.backends.triggers import TRIGGER_NAMES
 from sqlalchemy_watchdog.model import jobs_table
 from sqlalchemy_watchdog.store import maintenance_sql, sql
 from sqlalchemy_watchdog.store.enqueue import _UNIQUE_COLUMNS
+from tests.conftest import WITH_MARIADB
 
 
 def _backend(engine: Engine) -> Backend:
     return backend_of(engine.dialect)
+
+
+@pytest.fixture(params=WITH_MARIADB)
+def dialect(request: pytest.FixtureRequest) -> str:
+    """Every dialect with a backend, MariaDB included (WATCHDOG_TEST_MYSQL_URL)."""
+    name: str = request.param
+    return name
 
 
 def test_backend_of_finds_each_dialect_and_refuses_others(engine: Engine) -> None:
@@ -50,8 +58,8 @@ def test_backend_of_finds_each_dialect_and_refuses_others(engine: Engine) -> Non
     with engine.connect() as conn:
         assert backend_of(conn) is backend
     assert backend_of(engine.dialect.name) is backend
-    with pytest.raises(NotImplementedError, match="not mysql"):
-        backend_of("mysql")
+    with pytest.raises(NotImplementedError, match="not oracle"):
+        backend_of("oracle")
 
 
 def test_the_clock_is_the_database_clock_in_epoch_milliseconds(engine: Engine) -> None:
@@ -128,7 +136,10 @@ def _contention(engine: Engine) -> DBAPIError:
         with holder.begin():
             holder.execute(text("SELECT 1 FROM watchdog_jobs WHERE job_id = 'dup' FOR UPDATE"))
             with pytest.raises(DBAPIError) as caught, waiter.begin():
-                waiter.execute(text("SET LOCAL lock_timeout = '50ms'"))
+                if engine.dialect.name in ("mysql", "mariadb"):  # 1205, after 1 s
+                    waiter.execute(text("SET SESSION innodb_lock_wait_timeout = 1"))
+                else:
+                    waiter.execute(text("SET LOCAL lock_timeout = '50ms'"))
                 waiter.execute(text("UPDATE watchdog_jobs SET priority = 1 WHERE job_id = 'dup'"))
     return caught.value
 
@@ -140,12 +151,16 @@ def test_a_real_lock_conflict_is_transient(engine: Engine) -> None:
     assert store.is_transient(error)
 
 
-@pytest.mark.parametrize("dialect", ["postgresql"])
+@pytest.mark.parametrize("dialect", ["postgresql", "mariadb"])
 def test_a_terminated_connection_is_transient(engine: Engine) -> None:
     """(SQLite has no server to lose: its only transient failure is contention.)"""
     with engine.connect() as victim, engine.connect() as killer:
-        pid = victim.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
-        killer.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        if engine.dialect.name == "postgresql":
+            pid = victim.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+            killer.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        else:  # KILL CONNECTION: MariaDB's 1927, or the lost connection (2013)
+            pid = victim.exec_driver_sql("SELECT CONNECTION_ID()").scalar_one()
+            killer.exec_driver_sql(f"KILL CONNECTION {int(pid)}")
         killer.commit()
         with pytest.raises(DBAPIError) as caught:
             victim.exec_driver_sql("SELECT 1")

@@ -31,9 +31,25 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 import sqlalchemy_watchdog
 from sqlalchemy_watchdog import Job, JobState, WatchdogJob, enqueue
 from sqlalchemy_watchdog.model import jobs_table
+from tests.conftest import DIALECTS, WITH_MARIADB
 from tests.helpers import check_names, index_names
 
 ALEMBIC_INI = Path(__file__).resolve().parents[2] / "alembic.ini"
+
+
+@pytest.fixture(params=WITH_MARIADB)
+def dialect(request: pytest.FixtureRequest) -> str:
+    """The CHECK grammar on MariaDB too (WATCHDOG_TEST_MYSQL_URL, see
+    tests/conftest.py): the same rejections, by the server's own CHECKs."""
+    name: str = request.param
+    return name
+
+
+def not_yet_on_mariadb(reason: str) -> pytest.MarkDecorator:
+    """The test's dialects, its MariaDB copy a strict xfail (issue 57, phase 2)."""
+    xfail = pytest.mark.xfail(strict=True, reason=f"not yet on MariaDB: {reason}")
+    return pytest.mark.parametrize("dialect", [*DIALECTS, pytest.param("mariadb", marks=xfail)], indirect=True)
+
 
 VALID: dict[str, Any] = {
     "job_id": "job-1",
@@ -205,6 +221,7 @@ def test_database_accepts_the_state_machine_transitions(engine: Engine) -> None:
     assert tuple(row) == ("settled", "failed", "d")
 
 
+@not_yet_on_mariadb("the revisions (sqlalchemy_watchdog/migrations) are PostgreSQL's and SQLite's")
 def test_migrated_schema_rejects_and_accepts_the_same_rows_as_the_model(migrated: Engine) -> None:
     for overrides, constraints in IMPOSSIBLE_ROWS.values():
         rejected(migrated, lambda conn: insert(conn, **overrides), constraints)
@@ -259,6 +276,7 @@ def test_watchdog_job_and_an_application_model_share_one_session(engine: Engine)
         assert job.sequence >= 1
 
 
+@not_yet_on_mariadb("enqueue's statement (store/enqueue_sql.py) uses ON CONFLICT and RETURNING")
 def test_enqueued_job_joins_with_the_application_row_in_an_orm_query(engine: Engine) -> None:
     AppBase.metadata.create_all(engine)
     with Session(engine) as session:
@@ -389,8 +407,12 @@ def test_created_database_carries_the_stable_constraint_names(engine: Engine) ->
     if engine.dialect.name == "postgresql":  # the one-column CHECKs are the columns' domains' (w0016)
         own = {c["name"] for c in inspector.get_check_constraints("watchdog_jobs")}
         assert own == {f"ck_watchdog_jobs_{name}" for name in RELATING_CHECKS}
-    assert {c["name"] for c in inspector.get_unique_constraints("watchdog_jobs")} == UNIQUE_NAMES
-    assert index_names(engine) == INDEX_NAMES
+    # MariaDB has no partial indexes: the unique index of cancellation ids is
+    # whole (several NULLs are still allowed), which its inspector reports
+    # as a unique constraint.
+    whole_unique = {"uq_watchdog_jobs_cancellation_id"} if engine.dialect.name in ("mysql", "mariadb") else set()
+    assert {c["name"] for c in inspector.get_unique_constraints("watchdog_jobs")} == UNIQUE_NAMES | whole_unique
+    assert index_names(engine) == INDEX_NAMES - whole_unique
 
 
 @pytest.mark.parametrize(
@@ -403,6 +425,14 @@ def test_database_rejects_a_value_of_another_type_than_its_column(engine: Engine
     the library reads (a real rounded, a bytea in its text form)."""
     with engine.begin() as conn:
         insert(conn)
+    if engine.dialect.name in ("mysql", "mariadb") and column in ("attempt", "job_id", "payload_json"):
+        # MariaDB rounds a real into an integer column and stores a binary
+        # string's bytes in a text column as the text they spell: readable.
+        with engine.begin() as conn:
+            conn.execute(text(f"UPDATE watchdog_jobs SET {column} = {value}"))
+            stored = conn.execute(text(f"SELECT {column} FROM watchdog_jobs")).scalar_one()
+        assert stored == {"attempt": 2, "job_id": "j", "payload_json": "{}"}[column]
+        return
     if engine.dialect.name == "postgresql":
         value = {"x'01'": "'\\x01'::bytea", "x'6a'": "'\\x6a'::bytea", "x'7b7d'": "'\\x7b7d'::bytea"}.get(value, value)
         if column == "attempt":  # PostgreSQL rounds a real into an integer column: a readable integer

@@ -1030,7 +1030,7 @@ def test_a_named_sqlite_file_gets_the_tables_for_each_test_and_loses_them_after(
     [
         ("sqlite://", "*in-memory SQLite database*"),
         ("sqlite:///:memory:", "*in-memory SQLite database*"),
-        ("mysql://app@localhost/app", "*runs on PostgreSQL and SQLite, not mysql*"),
+        ("oracle://app@localhost/app", "*runs on PostgreSQL, SQLite, MariaDB and MySQL, not oracle*"),
         ("not a url", "*--watchdog-database-url: Could not parse*"),
     ],
 )

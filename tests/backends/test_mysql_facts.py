@@ -1,0 +1,113 @@
+"""The MariaDB backend's own facts, on the real server (WATCHDOG_TEST_MYSQL_URL):
+the isolation level of the queue's transactions, and the error numbers it
+retries -- a real lock-wait timeout and a real deadlock, on a table of the
+test's own (the store's statements are phase 2 of issue 57)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError, IntegrityError
+
+from sqlalchemy_watchdog import store
+from sqlalchemy_watchdog.backends import MariaDB, MySQL, backend_of, backend_of_error
+from tests.conftest import mysql_database
+
+
+@pytest.fixture
+def maria(request: pytest.FixtureRequest) -> Iterator[Engine]:
+    """An engine on a database of its own, with a two-row table ``t``."""
+    server: URL = request.getfixturevalue("mysql_server")
+    with mysql_database(server, "watchdog_facts") as url:
+        engine = create_engine(url)
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE t (id INT PRIMARY KEY, n INT NOT NULL, CHECK (n >= 0)) ENGINE=InnoDB"))
+            conn.execute(text("INSERT INTO t VALUES (1, 0), (2, 0)"))
+        yield engine
+        engine.dispose()
+
+
+def test_mysql_and_mariadb_urls_find_their_backends(maria: Engine) -> None:
+    assert isinstance(backend_of("mysql"), MySQL)
+    assert isinstance(backend_of("mariadb"), MariaDB)
+    assert backend_of(maria.dialect).name == maria.dialect.name
+
+
+def test_the_queues_transactions_run_at_read_committed(maria: Engine) -> None:
+    with maria.connect() as conn:
+        conn.begin()
+        backend_of(conn).begin_write(conn)
+        # The level of the transaction begun now (the session's stays REPEATABLE READ).
+        conn.execute(text("UPDATE t SET n = n + 1 WHERE id = 1"))
+        level = conn.execute(text("SELECT trx_isolation_level FROM information_schema.innodb_trx"
+                                  " WHERE trx_mysql_thread_id = CONNECTION_ID()")).scalar_one()  # fmt: skip
+        conn.rollback()
+    assert level == "READ COMMITTED"
+
+
+def test_a_lock_wait_timeout_is_transient(maria: Engine) -> None:
+    with maria.connect() as holder, maria.connect() as waiter:
+        holder.begin()
+        holder.execute(text("SELECT n FROM t WHERE id = 1 FOR UPDATE"))
+        waiter.execute(text("SET SESSION innodb_lock_wait_timeout = 1"))
+        with pytest.raises(DBAPIError) as caught:
+            waiter.execute(text("UPDATE t SET n = 1 WHERE id = 1"))
+        holder.rollback()
+    assert caught.value.orig.args[0] == 1205  # type: ignore[union-attr]
+    assert backend_of_error(caught.value) is backend_of(maria.dialect)
+    assert store.is_transient(caught.value)
+
+
+def test_a_deadlock_is_transient(maria: Engine) -> None:
+    errors: list[DBAPIError] = []
+    both_hold = threading.Barrier(2, timeout=5)
+
+    def cross(first: int, second: int) -> None:
+        with maria.connect() as conn:
+            conn.begin()
+            conn.execute(text("UPDATE t SET n = n + 1 WHERE id = :id"), {"id": first})
+            both_hold.wait()
+            try:
+                conn.execute(text("UPDATE t SET n = n + 1 WHERE id = :id"), {"id": second})
+            except DBAPIError as error:
+                errors.append(error)
+            conn.rollback()
+
+    threads = [threading.Thread(target=cross, args=pair) for pair in ((1, 2), (2, 1))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert [error.orig.args[0] for error in errors] == [1213]  # type: ignore[union-attr]
+    assert store.is_transient(errors[0])
+
+
+def test_a_check_violation_is_an_integrity_error_and_not_transient(maria: Engine) -> None:
+    with maria.connect() as conn, pytest.raises(IntegrityError) as caught:
+        conn.execute(text("UPDATE t SET n = -1 WHERE id = 1"))
+    assert caught.value.orig.args[0] == 4025  # type: ignore[union-attr]
+    assert not store.is_transient(caught.value)
+
+
+async def test_the_async_driver_reads_the_clock_and_raises_the_same_errors(maria: Engine) -> None:
+    """aiomysql: the same backend, the same error numbers and classes as PyMySQL."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    engine = create_async_engine(maria.url.set(drivername="mysql+aiomysql"))
+    try:
+        async with engine.connect() as conn:
+            backend = backend_of(engine.dialect)
+            assert backend is backend_of("mysql")
+            clock = (await conn.execute(text(f"SELECT {backend.clock_ms_sql()}"))).scalar_one()
+            assert abs(clock - int(time.time() * 1000)) < 2_000
+            with pytest.raises(IntegrityError) as caught:
+                await conn.execute(text("UPDATE t SET n = -1 WHERE id = 1"))
+        assert caught.value.orig.args[0] == 4025  # type: ignore[union-attr]
+        assert backend_of_error(caught.value) is backend
+    finally:
+        await engine.dispose()
