@@ -159,7 +159,6 @@ from .unique import replace as replace
 from .views import execute_rows as execute_rows
 
 __all__ = [
-    "check_duration",
     "keys_held_by",
     "prune_keys",
     "replace",
