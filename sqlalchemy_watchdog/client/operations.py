@@ -70,7 +70,21 @@ from ..wakeups import EVENT_STOP
 if TYPE_CHECKING:
     from ..codecs import PayloadCodec
 
-__all__ = ["KEEP", "OPERATIONS", "Call", "Keep", "Program", "Step", "WaitFor", "declared_by", "look", "write"]
+__all__ = [
+    "KEEP",
+    "OPERATIONS",
+    "Call",
+    "Keep",
+    "Program",
+    "Step",
+    "WaitFor",
+    "declared_by",
+    "look",
+    "write",
+    # The client's own store operations (store/declaration.py: ClientStoreOperations).
+    "cancel_in",
+    "fail_lane_in",
+]
 
 T = TypeVar("T")
 P = ParamSpec("P")

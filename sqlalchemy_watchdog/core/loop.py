@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from .. import telemetry
 from ..errors import WatchdogError
@@ -185,6 +186,21 @@ def _renew_before_start(core: RunnerCore, execution: Execution) -> Steps[set[str
             if not (yield Pause(min(pause, left))):
                 raise
             pause = min(settings.heartbeat_s, pause * 2)
+
+
+def record_starts(core: RunnerCore, pairs: Sequence[tuple[str, str]]) -> Steps[set[str]]:
+    """One statement records the starts of the claims ``pairs`` (jobs
+    claimed ahead whose handlers are about to be called: ``store.start``
+    clears their ``unstarted`` mark and renews their leases); the job_ids
+    whose claim held. What a driver runs for a :class:`RecordStart` -- alone,
+    or with every start asked for at that moment (its settler's batch).
+    Like a claim's, its round trip is noted for the claim-ahead rule
+    (:meth:`~.ahead.RunTimes.note_round_trip`); a failure is raised here,
+    unnoted."""
+    asked = core.clock.monotonic()
+    held = yield from call(core.store.start, pairs, lease_ms=core.settings.lease_ms, now=core.clock.now_ms())
+    core.run_times.note_round_trip(core.clock.monotonic() - asked)
+    return held
 
 
 def _record_start(core: RunnerCore, execution: Execution) -> Steps[set[str]]:

@@ -48,7 +48,8 @@ class RecordStart:
     start (``store.start``: its ``unstarted`` mark cleared, its lease
     renewed); the answer is the set of job_ids whose claim held. Drivers
     send the starts asked for at one moment in one statement, beside their
-    settler's batch; a failure comes back as a WatchdogError."""
+    settler's batch, by driving :func:`~.loop.record_starts` (the call and
+    its round trip, written once); a failure comes back as a WatchdogError."""
 
     execution: Execution
 

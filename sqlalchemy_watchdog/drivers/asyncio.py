@@ -30,7 +30,7 @@ from .. import store
 from ..core.ahead import AHEAD_WAIT_MAX_S, Parking, take_stale
 from ..core.durable import StepPort
 from ..core.handlers import RunningJob, StopReason
-from ..core.loop import execute, loop_pass, renew, shutdown, tick, time_out, until_idle
+from ..core.loop import execute, loop_pass, record_starts, renew, shutdown, tick, time_out, until_idle
 from ..core.maintenance import deregister_worker, probe_failed, prune, refresh_worker, register_worker
 from ..core.ports import Settlement
 from ..core.rules.settle import (
@@ -276,15 +276,7 @@ class AsyncRunner:
         settler = self._settler
         answer = await settler.start(execution.pair) if settler is not None else None
         if answer is None:
-            asked = time.monotonic()
-            answer = await self._perform(
-                StoreCall(
-                    store.start,
-                    ([execution.pair],),
-                    {"lease_ms": self.settings.lease_ms, "now": self.core.clock.now_ms()},
-                )
-            )
-            self.core.run_times.note_round_trip(time.monotonic() - asked)
+            answer = await drive_async(record_starts(self.core, [execution.pair]), self._perform)
         if isinstance(answer, WatchdogError):
             raise answer
         held: set[str] = answer
@@ -967,16 +959,8 @@ class _AsyncSettler:
         starts, self._starts = self._starts, []
         runner = self.runner
         answer: set[str] | WatchdogError | None
-        asked = time.monotonic()
         try:
-            answer = await runner._perform(
-                StoreCall(
-                    store.start,
-                    ([pair for pair, _ in starts],),
-                    {"lease_ms": runner.settings.lease_ms, "now": runner.core.clock.now_ms()},
-                )
-            )
-            runner.core.run_times.note_round_trip(time.monotonic() - asked)
+            answer = await drive_async(record_starts(runner.core, [pair for pair, _ in starts]), runner._perform)
         except WatchdogError as error:
             answer = error
         except BaseException:

@@ -35,11 +35,10 @@ from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from sqlalchemy import Engine
 
-from .. import store
 from ..core.ahead import AHEAD_WAIT_MAX_S, Parking, take_stale
 from ..core.durable import StepPort
 from ..core.handlers import RunningJob
-from ..core.loop import execute, loop_pass, renew, shutdown, tick, time_out, until_idle
+from ..core.loop import execute, loop_pass, record_starts, renew, shutdown, tick, time_out, until_idle
 from ..core.maintenance import deregister_worker, probe_failed, prune, refresh_worker, register_worker
 from ..core.ports import Settlement
 from ..core.rules.settle import conclude, decision_of_exception, decision_of_result, finish_handed_off, settle_batch
@@ -241,15 +240,7 @@ class Runner:
         settler = self._settler
         answer = settler.start(execution.pair) if settler is not None else None
         if answer is None:
-            asked = time.monotonic()
-            answer = self._perform(
-                StoreCall(
-                    store.start,
-                    ([execution.pair],),
-                    {"lease_ms": self.settings.lease_ms, "now": self.core.clock.now_ms()},
-                )
-            )
-            self.core.run_times.note_round_trip(time.monotonic() - asked)
+            answer = drive(record_starts(self.core, [execution.pair]), self._perform)
         if isinstance(answer, WatchdogError):
             raise answer
         held: set[str] = answer
@@ -748,16 +739,8 @@ class _Settler:
         """One statement records every start in ``starts``; each waiter gets its answer."""
         runner = self.runner
         answer: set[str] | WatchdogError | None
-        asked = time.monotonic()
         try:
-            answer = runner._perform(
-                StoreCall(
-                    store.start,
-                    ([waiter.pair for waiter in starts],),
-                    {"lease_ms": runner.settings.lease_ms, "now": runner.core.clock.now_ms()},
-                )
-            )
-            runner.core.run_times.note_round_trip(time.monotonic() - asked)
+            answer = drive(record_starts(runner.core, [waiter.pair for waiter in starts]), runner._perform)
         except WatchdogError as error:
             answer = error
         except BaseException:  # pragma: no cover - a bug: the handlers record their starts themselves

@@ -11,6 +11,7 @@ wait, at shutdown) is in tests/integration/test_claim_ahead.py.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -27,9 +28,9 @@ from sqlalchemy_watchdog.core.ahead import (
     Parking,
     RunTimes,
 )
-from sqlalchemy_watchdog.core.loop import claim_steps, execute
-from sqlalchemy_watchdog.core.steps import NEVER_STARTED, RunHandler
-from sqlalchemy_watchdog.errors import InvalidJob
+from sqlalchemy_watchdog.core.loop import claim_steps, execute, record_starts
+from sqlalchemy_watchdog.core.steps import NEVER_STARTED, RunHandler, StoreCall
+from sqlalchemy_watchdog.errors import ErrorCode, InvalidJob, WatchdogError
 from sqlalchemy_watchdog.jobs import Outcome
 from sqlalchemy_watchdog.store import ClaimBatch, SettleRequest
 
@@ -287,3 +288,31 @@ def test_the_round_trip_is_a_weighted_average_of_claims_and_starts() -> None:
     assert run_times.round_trip == pytest.approx(0.002 - RUN_TIME_WEIGHT * 0.001)
     run_times.note_round_trip(-1.0)  # a clock step back counts as nothing, never negative
     assert run_times.round_trip is not None and run_times.round_trip >= 0
+
+
+def test_the_starts_asked_for_at_once_are_one_store_start_whose_round_trip_is_noted(time: FakeTime) -> None:
+    """``record_starts`` -- what both drivers run for a ``RecordStart``, alone
+    or for their settler's batch -- asks for one ``store.start`` of every
+    claim, with the runner's lease and its application clock, answers the
+    claims that held, and notes the call's round trip as a claim's is."""
+    runner = core(time, lease=timedelta(seconds=30))
+    pairs = [("job-a", "token-a"), ("job-b", "token-b")]
+
+    def answered(step: StoreCall[Any]) -> set[str]:
+        assert step.args == (pairs,)
+        assert step.kwargs == {"lease_ms": 30_000, "now": time.now_ms()}
+        time.advance(0.004)  # the database's answer takes 4 ms
+        return {"job-a"}
+
+    held = run(record_starts(runner, pairs), Expect(store.start, answered, computed=True))
+    assert held == {"job-a"}
+    assert runner.run_times.round_trip == pytest.approx(0.004)
+
+
+def test_a_failed_start_record_is_raised_and_not_noted(time: FakeTime) -> None:
+    runner = core(time)
+    lost = WatchdogError(ErrorCode.STORE_UNAVAILABLE, "connection lost")
+    with pytest.raises(WatchdogError) as raised:
+        run(record_starts(runner, [("job-a", "token-a")]), Expect(store.start, lost))
+    assert raised.value is lost
+    assert runner.run_times.round_trip is None
