@@ -64,7 +64,7 @@ from ..executors.pool import RunnerChildren, decision_of_outcome
 from ..gateway import SyncGateway
 from ..jobs import Decision, JobView
 from ..records import SettleRequest
-from ..store import parent_results, report_progress
+from ..store import parent_results, read_steps, report_progress
 from ..wakeups import (
     Listener,
     Waiting,
@@ -151,7 +151,7 @@ class Runner:
         self.core.progress_write = lambda *report: self._gateway.run(report_progress, *report)
         self.core.parents_read = lambda job_id: self._gateway.read(parent_results, job_id)
         self.core.step_port = StepPort(
-            read=lambda job_id: self._gateway.read(store.read_steps, job_id),
+            read=lambda job_id: self._gateway.read(read_steps, job_id),
             write=step_writer(self._gateway.run),
             write_in=record_step_in,
             codec=self.settings.codec,
