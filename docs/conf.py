@@ -61,6 +61,9 @@ nitpick_ignore = [
     # The type variable of Applied[T] (the setting's type) in its generated signature.
     ("py:class", "sqlalchemy_watchdog.applies.T"),
     ("py:obj", "sqlalchemy_watchdog.applies.T"),
+    # The type variable of RunningJob.step's result (the step function's).
+    ("py:class", "sqlalchemy_watchdog.core.handlers.T"),
+    ("py:obj", "sqlalchemy_watchdog.core.handlers.T"),
     # The type variables of Task[P, R] (the function's parameters and result).
     ("py:class", "P"),
     ("py:class", "R"),

@@ -26,6 +26,7 @@ from . import store
 from .core.handlers import _UNSET, _registry
 from .core.rules.settle import REFUSED_SETTLE_REASON
 from .jobs import JobView, QueuePause, RetryPolicy
+from .jobs.durable import JobStep
 from .jobs.uniqueness import UniqueKeyHold
 
 __all__ = ["PolicyLevel", "Applied", "JobExplanation", "explain", "plain_reason"]
@@ -77,6 +78,8 @@ class JobExplanation:
     #: The ``unique_key`` s it holds (``unique_for``, ``debounce``, ``throttle``),
     #: with the enqueues each absorbed: why a later enqueue was a duplicate or a replacement.
     unique_keys: tuple[UniqueKeyHold, ...] = ()
+    #: Its durable steps (``job.step``, ``job.sleep``), in the order they were recorded.
+    steps: tuple[JobStep, ...] = ()
 
     @property
     def attempt_text(self) -> str:
@@ -159,7 +162,10 @@ def _duration(value: timedelta) -> str:
 
 
 def explain(
-    job: JobView, pause: QueuePause | None = None, unique_keys: tuple[UniqueKeyHold, ...] = ()
+    job: JobView,
+    pause: QueuePause | None = None,
+    unique_keys: tuple[UniqueKeyHold, ...] = (),
+    steps: tuple[JobStep, ...] = (),
 ) -> JobExplanation:
     """What applies to ``job`` as this process knows it: its own policy, else
     its queue's ``@handler`` registered here, else the runner's (not known).
@@ -188,7 +194,7 @@ def explain(
     # lowered since) is on its last.
     max_attempts = None if not retry.known else max(job.attempt, retry.value.max_attempts if retry.value else 1)
     return JobExplanation(
-        job, timeout, retry, max_attempts, pause, plain_reason(job.failure_reason), recovery, unique_keys
+        job, timeout, retry, max_attempts, pause, plain_reason(job.failure_reason), recovery, unique_keys, steps
     )
 
 

@@ -59,6 +59,7 @@ from .jobs import (
     JobState,
     Outcome,
 )
+from .jobs.durable import STEP_NAME_MAX_LENGTH
 from .jobs.uniqueness import UNIQUE_KEY_MAX_LENGTH
 from .records import PROGRESS_NOTE_MAX_LENGTH
 from .results import DROP_NOTIFY_SETTLED_SQL, NOTIFY_SETTLED_FUNCTION_SQL, NOTIFY_SETTLED_TRIGGER_SQL
@@ -84,6 +85,8 @@ __all__ = [
     "limit_claims_table",
     "WatchdogUniqueKey",
     "unique_keys_table",
+    "WatchdogJobStep",
+    "job_steps_table",
 ]
 
 #: Bounds of the workers and schedules tables (revision w0009); what a runner
@@ -895,6 +898,55 @@ class WatchdogUniqueKey(WatchdogBase):
 
 #: The Core ``Table`` behind :class:`WatchdogUniqueKey`.
 unique_keys_table: Table = cast(Table, WatchdogUniqueKey.__table__)
+
+#: ``watchdog_job_steps.kind``: a step's result, or a durable sleep's end.
+STEP_KINDS = ["step", "sleep"]
+#: A sleep has its end, a step none.
+STEP_WAKE = "(kind = 'sleep') = (wake_at IS NOT NULL)"
+
+
+class WatchdogJobStep(WatchdogBase):
+    """A finished step of a job (revision w0021): ``job.step(name, fn)``
+    recorded its result, or ``job.sleep(...)`` its end; a later attempt of
+    the same job (a retry, a recovery, a resumed sleep) returns it instead
+    of running the step again.
+
+    Written by the running handler's runner, one ``INSERT ... SELECT`` guarded
+    by the job's exact claim token and live lease (or, for
+    ``job.transaction_step``, in the handler's own transaction); read by the
+    next attempt, ``show`` and the dashboard. Keyed by the job's
+    ``sequence``; the steps of a pruned or purged job are deleted by the
+    next prune, in bounded batches.
+    """
+
+    __tablename__ = "watchdog_job_steps"
+
+    #: The job's ``sequence``: a ``job_id`` pruned and enqueued again is a
+    #: new job, with a new sequence, and never sees the old one's steps.
+    job_sequence: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    name: Mapped[str] = mapped_column(_code_point_text(), primary_key=True)
+    job_id: Mapped[str] = mapped_column(_code_point_text())
+    kind: Mapped[str] = mapped_column(Text)
+    #: The step's result (canonical JSON, the runner's codec applied); NULL: None.
+    result_json: Mapped[str | None] = mapped_column(Text)
+    #: A sleep's end, epoch milliseconds on the database clock.
+    wake_at: Mapped[int | None] = mapped_column(BigInteger)
+    #: The attempt that recorded it.
+    attempt: Mapped[int] = mapped_column(Integer)
+    #: Epoch milliseconds, database clock.
+    recorded_at: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        CheckConstraint(f"length(job_id) BETWEEN 1 AND {JOB_ID_MAX_LENGTH}", name="job_id_length"),
+        CheckConstraint(f"length(name) BETWEEN 1 AND {STEP_NAME_MAX_LENGTH}", name="name_length"),
+        CheckConstraint(_in("kind", STEP_KINDS), name="kind_known"),
+        CheckConstraint(STEP_WAKE, name="sleep_has_wake_at"),
+        CheckConstraint("attempt >= 1", name="attempt_positive"),
+    )
+
+
+#: The Core ``Table`` behind :class:`WatchdogJobStep`.
+job_steps_table: Table = cast(Table, WatchdogJobStep.__table__)
 
 # On PostgreSQL every INSERT statement into the table (enqueue, enqueue_select,
 # or your own SQL) wakes idle runners through NOTIFY when its transaction

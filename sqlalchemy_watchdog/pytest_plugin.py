@@ -71,6 +71,7 @@ _TABLES = (
     "watchdog_limits",
     "watchdog_limit_claims",
     "watchdog_unique_keys",
+    "watchdog_job_steps",
     "alembic_version",
 )
 

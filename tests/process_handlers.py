@@ -377,3 +377,25 @@ def logs_everywhere(job: RunningJob) -> None:
     logging.getLogger(__name__).info("handler info")
     job.log.info("job info")
     mark(job, "ran")
+
+
+def durable(job: RunningJob) -> Any:
+    """Durable steps in a child: step ``a`` (marked each time it runs), a
+    durable sleep of ``sleep_ms`` (if given), then step ``b``; the first
+    attempt raises after ``b`` (payload ``fail_first``)."""
+
+    def step_a() -> dict[str, int]:
+        mark(job, "a")
+        return {"a": 1}
+
+    def step_b() -> int:
+        mark(job, "b")
+        return 2
+
+    a = job.step("a", step_a)
+    if job.payload.get("sleep_ms"):
+        job.sleep(timedelta(milliseconds=job.payload["sleep_ms"]))
+    b = job.step("b", step_b)
+    if job.payload.get("fail_first") and job.attempt == 1:
+        raise RuntimeError("after b")
+    return {"a": a, "b": b}

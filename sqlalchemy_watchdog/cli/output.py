@@ -28,6 +28,7 @@ from ..jobs import (
     Undecodable,
     WorkerView,
 )
+from ..jobs.durable import JobStep, StepKind
 from ..schedules import Schedule
 from ..visible import escape
 
@@ -203,7 +204,26 @@ def applies_dict(explained: JobExplanation) -> dict[str, Any]:
             }
             for hold in explained.unique_keys
         ],
+        "steps": [
+            {
+                "name": step.name,
+                "kind": step.kind.value,
+                "result": step.result,
+                "wake_at": iso(step.wake_at),
+                "attempt": step.attempt,
+                "recorded_at": iso(step.recorded_at),
+            }
+            for step in explained.steps
+        ],
     }
+
+
+def _step_text(step: JobStep) -> str:
+    """One durable step for ``show``: ``charge (attempt 1, 12:00:01)``, a sleep with its end."""
+    at = "-" if step.recorded_at is None else f"{step.recorded_at:%Y-%m-%d %H:%M:%S}"
+    if step.kind is StepKind.SLEEP and step.wake_at is not None:
+        return f"{step.name} (sleep until {step.wake_at:%Y-%m-%d %H:%M:%S}, attempt {step.attempt}, {at})"
+    return f"{step.name} (attempt {step.attempt}, {at})"
 
 
 def render_show(explained: JobExplanation) -> str:
@@ -240,6 +260,7 @@ def render_show(explained: JobExplanation) -> str:
         ("reruns", ", ".join(job.reruns) or None),
         ("key", job.key),
         ("unique_key", "; ".join(hold.text for hold in explained.unique_keys) or None),
+        ("steps", "; ".join(_step_text(step) for step in explained.steps) or None),
         ("waiting_for_room", None if job.held_by is None else f"its queue's {job.held_by.value} limit is reached"),
         ("waits_for", ", ".join(f"{p} ({o or 'not settled'})" for p, o in job.parents) or None),
         ("dependents", ", ".join(job.dependents) or None),

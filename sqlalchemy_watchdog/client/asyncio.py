@@ -41,6 +41,7 @@ from ..jobs import (
     Throughput,
     WorkerView,
 )
+from ..jobs.durable import JobStep
 from ..results import wait_for_async
 from . import operations as ops
 from . import sync
@@ -368,6 +369,10 @@ class AsyncWatchdog:
         codec: PayloadCodec | None = None,
     ) -> ReplaceResult:
         return await self._perform(ops.replace(job_id, payload=payload, run_at=run_at, codec=codec))
+
+    @ops.declared_by(ops.steps)
+    async def steps(self, job_id: str) -> list[JobStep]:
+        return await self._perform(ops.steps(job_id))
 
     @ops.declared_by(ops.fail_lane)
     async def fail_lane(self, lane: str, reason: str) -> LaneFailure:

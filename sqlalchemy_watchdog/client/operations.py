@@ -62,6 +62,7 @@ from ..jobs import (
     job_batch,
     result_of,
 )
+from ..jobs.durable import JobStep
 from ..jobs.uniqueness import UniqueKeyHold
 from ..results import check_wait
 from ..wakeups import EVENT_STOP
@@ -227,8 +228,18 @@ def explain(job_id: str) -> Program[JobExplanation | None]:
     if found is None:
         return None
     held: list[UniqueKeyHold] = yield look(store.keys_held_by, job_id)
+    steps: list[JobStep] = yield look(store.read_steps, job_id)
     job, pause = found
-    return explain_job(job, pause, tuple(held))
+    return explain_job(job, pause, tuple(held), tuple(steps))
+
+
+def steps(job_id: str) -> Program[list[JobStep]]:
+    """The durable steps the job's attempts finished (``job.step``,
+    ``job.sleep``), in the order they were recorded: each step's name,
+    kind, result as stored, the attempt that recorded it and when."""
+    check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
+    found: list[JobStep] = yield look(store.read_steps, job_id)
+    return found
 
 
 def read_queue_head(queue: str) -> Program[JobView | None]:
@@ -644,6 +655,7 @@ OPERATIONS: Mapping[str, Callable[..., Program[Any]]] = {
         read,
         result,
         replace,
+        steps,
         wait,
         explain,
         read_queue_head,

@@ -35,6 +35,7 @@ from ..jobs import (
     WorkerView,
     job_batch,
 )
+from ..jobs.durable import JobStep
 from ..model import WatchdogJob
 from ..results import wait_for
 from ..wakeups import EVENT_QUEUED, EVENT_STOP
@@ -427,6 +428,10 @@ class Watchdog:
         codec: PayloadCodec | None = None,
     ) -> ReplaceResult:
         return self._perform(ops.replace(job_id, payload=payload, run_at=run_at, codec=codec))
+
+    @ops.declared_by(ops.steps)
+    def steps(self, job_id: str) -> list[JobStep]:
+        return self._perform(ops.steps(job_id))
 
     @ops.declared_by(ops.fail_lane)
     def fail_lane(self, lane: str, reason: str) -> LaneFailure:

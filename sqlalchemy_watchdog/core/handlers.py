@@ -8,8 +8,8 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import InvalidJob
 from ..executor_config import ExecutorName, ProcessExecutor, check_executor
@@ -20,7 +20,10 @@ from ..jobs import (
     check_text,
 )
 from ..records import StopReason as StopReason
+from .durable import DurableSteps, run_without_runner
 from .progress import ProgressReporter, ProgressStatus, check_progress
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from ..records import ParentResult
@@ -380,6 +383,104 @@ class RunningJob:
         if reporter is not None and reporter.read is not None:
             return tuple(await asyncio.to_thread(reporter.read, self.job_id))
         raise RuntimeError("parent_results() reads through a runner; this job was not claimed by one")
+
+    # -- durable steps (revision w0021) ---------------------------------------------
+
+    def _steps(self) -> DurableSteps | None:
+        reporter = self._progress
+        return None if reporter is None else reporter.steps
+
+    def step(self, name: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` as the durable step ``name``: the first
+        time, ``fn`` runs and its result (encoded by the runner's codec, a
+        job result's limits) is recorded under this job's exact claim; a
+        later attempt of this job -- a retry, a recovery after its runner
+        died, a resumed :meth:`sleep` -- gets the recorded result back and
+        ``fn`` does not run again. Names are unique per job (1-256
+        characters); keep the steps' order and names when you change the
+        handler's code while jobs run (docs/howto/durable-steps.md). In a
+        coroutine handler use :meth:`step_async`.
+
+        :raises ~sqlalchemy_watchdog.InvalidJob: a bad ``name``, a name used
+            twice in one attempt, or a result the codec or JSON cannot hold
+            (checked before anything is recorded).
+        :raises ~sqlalchemy_watchdog.core.durable.StepNotRecorded: ``fn``
+            ran but the job no longer holds its claim: stop.
+        """
+        steps = self._steps()
+        if steps is None:
+            return run_without_runner(name, fn, args, kwargs)  # type: ignore[no-any-return]
+        return steps.step(name, fn, args, kwargs)  # type: ignore[no-any-return]
+
+    async def step_async(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`step` in a coroutine handler; ``fn`` may be a coroutine function."""
+        steps = self._steps()
+        if steps is None:
+            value = run_without_runner(name, fn, args, kwargs)
+            return await value if inspect.isawaitable(value) else value
+        return await steps.step_async(name, fn, args, kwargs)
+
+    def transaction_step(self, session: Any, name: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """:meth:`step` whose record commits with ``fn``'s own writes: ``fn``
+        writes through ``session`` (a ``Session`` or ``Connection`` on the
+        queue's database, not inside a transaction of yours yet), then the
+        step is recorded on that same transaction and it is committed. A
+        crash before the commit leaves neither the writes nor the record,
+        and the step runs again; after it, never. If ``fn`` raises, the
+        transaction is rolled back. In a coroutine handler (``AsyncSession``)
+        use :meth:`transaction_step_async`; not in a process child."""
+        steps = self._steps()
+        if steps is None:
+            value = run_without_runner(name, fn, args, kwargs)
+            session.commit()
+            return value  # type: ignore[no-any-return]
+        return steps.transaction_step(session, name, fn, args, kwargs)  # type: ignore[no-any-return]
+
+    async def transaction_step_async(
+        self, session: Any, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> Any:
+        """:meth:`transaction_step` with an ``AsyncSession``; ``fn`` may be a coroutine function."""
+        steps = self._steps()
+        if steps is None:
+            value = run_without_runner(name, fn, args, kwargs)
+            value = await value if inspect.isawaitable(value) else value
+            await session.commit()
+            return value
+        return await steps.transaction_step_async(session, name, fn, args, kwargs)
+
+    def sleep(self, delay: timedelta, *, name: str | None = None) -> None:
+        """Sleep durably for ``delay``: the end of the sleep (database clock)
+        is recorded, the attempt ends (the job is snoozed: its slot is freed,
+        no attempt counted) and the job runs again when the time comes --
+        across restarts -- its recorded steps returning their results and
+        this sleep passing at once. ``name``: the sleep's step name
+        (default ``sleep#N``, the N-th sleep of the run). In a coroutine
+        handler use :meth:`sleep_async`.
+
+        :raises ~sqlalchemy_watchdog.core.durable.SleepRequested: to end the
+            attempt; let it propagate.
+        """
+        steps = self._steps()
+        if steps is None:
+            DurableSteps._delay_ms(delay)
+            raise RuntimeError("sleep() needs a runner: this job was not claimed by one")
+        steps.sleep(name, delay=delay)
+
+    def sleep_until(self, when: datetime, *, name: str | None = None) -> None:
+        """:meth:`sleep` until ``when`` (an aware datetime; in the past: no sleep)."""
+        steps = self._steps()
+        if steps is None:
+            DurableSteps._delay_ms(until=when)
+            raise RuntimeError("sleep_until() needs a runner: this job was not claimed by one")
+        steps.sleep(name, until=when)
+
+    async def sleep_async(self, delay: timedelta, *, name: str | None = None) -> None:
+        """:meth:`sleep` in a coroutine handler."""
+        steps = self._steps()
+        if steps is None:
+            DurableSteps._delay_ms(delay)
+            raise RuntimeError("sleep_async() needs a runner: this job was not claimed by one")
+        await steps.sleep_async(name, delay=delay)
 
     @property
     def stop_requested(self) -> threading.Event:

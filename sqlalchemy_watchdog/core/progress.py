@@ -101,6 +101,7 @@ class ProgressReporter:
         "pending",
         "read",
         "read_async",
+        "steps",
     )  # fmt: skip
 
     def __init__(
@@ -114,9 +115,12 @@ class ProgressReporter:
         monotonic: Callable[[], float] = time.monotonic,
         read: Callable[[str], Any] | None = None,
         read_async: Callable[[str], Coroutine[Any, Any, Any]] | None = None,
+        steps: Any = None,
     ) -> None:
         #: How the handler reads its parents' results (``job.parent_results()``).
         self.read = read
+        #: Its durable steps (a :class:`~sqlalchemy_watchdog.core.durable.DurableSteps`), None outside a runner.
+        self.steps = steps
         self.read_async = read_async
         self.job_id = job_id
         self.claim_token = claim_token

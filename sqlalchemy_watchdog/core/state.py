@@ -22,6 +22,7 @@ from ..records import TickResult as TickResult
 from ..records import TickStatus as TickStatus
 from .ahead import RunTimes
 from .clock import Clock
+from .durable import DurableSteps, StepPort
 from .execution import Execution as Execution
 from .handlers import RunningJob, StopReason, StopSignal
 from .outage import Outage
@@ -94,6 +95,8 @@ class RunnerCore:
         #: How a handler's ``job.parent_results()`` reads (set by the driver too).
         self.parents_read: Callable[[str], Any] | None = None
         self.parents_read_async: Callable[[str], Coroutine[Any, Any, Any]] | None = None
+        #: How its executions' durable steps reach the database (the driver sets it).
+        self.step_port: StepPort | None = None
         #: When to tell the dependents of jobs settled while waiting next (monotonic).
         self.propagation_due = 0.0
         #: When to make due delayed jobs ready next (monotonic).
@@ -343,6 +346,9 @@ class RunnerCore:
                 monotonic=self.clock.monotonic,
                 read=self.parents_read,
                 read_async=self.parents_read_async,
+                steps=None
+                if self.step_port is None
+                else DurableSteps(job.job_id, claim.token, job.attempt, self.step_port),
             ),
         )
         execution = Execution(

@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .. import store
 from ..core.ahead import AHEAD_WAIT_MAX_S, Parking, take_stale
+from ..core.durable import StepPort
 from ..core.handlers import RunningJob, StopReason
 from ..core.loop import execute, loop_pass, record_starts, renew, shutdown, tick, time_out, until_idle
 from ..core.maintenance import deregister_worker, probe_failed, prune, refresh_worker, register_worker
@@ -79,6 +80,7 @@ from ..wakeups import (
     wake_locally,
 )
 from . import base
+from .base import record_step_in, step_writer
 
 #: The name the async runner has always logged under (its public module's).
 log = logging.getLogger("sqlalchemy_watchdog.asyncio")
@@ -160,6 +162,13 @@ class AsyncRunner:
         self._gateway = AsyncGateway(engine)
         self.core.progress_write_async = lambda *report: self._gateway.run(store.report_progress, *report)
         self.core.parents_read_async = lambda job_id: self._gateway.read(store.parent_results, job_id)
+        self.core.step_port = StepPort(
+            read_async=lambda job_id: self._gateway.read(store.read_steps, job_id),
+            write_async=step_writer(self._gateway.run),
+            write_in=record_step_in,
+            write_in_async=base.record_step_in_async,
+            codec=self.settings.codec,
+        )
         #: Whether each queue's handler is a coroutine function (asked on first use).
         self._async_queues: dict[str, bool] = {}
         self._settler: _AsyncSettler | None = None

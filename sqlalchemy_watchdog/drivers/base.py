@@ -37,6 +37,7 @@ from ..core.settings import (
 )
 from ..core.state import RunnerCore
 from ..errors import InvalidJob
+from ..jobs import JobStep, StepKind
 from ..wakeups import WakeupMode, WakeupStatus, check_wakeups, decide, listens_on
 
 __all__ = [
@@ -166,3 +167,60 @@ def exit_wait_s(settings: RunnerSettings) -> float:
 def describe(kind: str, settings: RunnerSettings, status: WakeupStatus) -> str:
     """A runner's ``repr``."""
     return f"<{kind} queues={','.join(settings.queues)} concurrency={settings.concurrency} wakeups={status}>"
+
+
+def _connection_of(session: Any) -> Any:
+    """The ``Connection`` of a ``Session`` (its transaction begun), or the connection itself."""
+    connection = getattr(session, "connection", None)
+    return connection() if callable(connection) else session
+
+
+def record_step_in(
+    session: Any,
+    job_id: str,
+    claim_token: str,
+    name: str,
+    kind: StepKind,
+    result_json: str | None,
+    delay_ms: int | None,
+    attempt: int,
+) -> JobStep | None:
+    """A durable step recorded on the handler's own ``Session`` or
+    ``Connection``, in its transaction (``job.transaction_step``)."""
+    return store.record_step_in(
+        _connection_of(session),
+        job_id,
+        claim_token,
+        name,
+        kind=kind,
+        result_json=result_json,
+        delay_ms=delay_ms,
+        attempt=attempt,
+    )
+
+
+async def record_step_in_async(session: Any, *args: Any) -> JobStep | None:
+    """:func:`record_step_in` on an ``AsyncSession`` or ``AsyncConnection`` (``transaction_step_async``)."""
+    recorded: JobStep | None = await session.run_sync(record_step_in, *args)
+    return recorded
+
+
+def step_writer(run: Callable[..., Any]) -> Callable[..., Any]:
+    """``write(job_id, token, name, kind, result_json, delay_ms, attempt)``
+    through a driver's ``run`` of a declared store operation."""
+
+    def write(
+        job_id: str, token: str, name: str, kind: StepKind, result_json: str | None, delay_ms: int | None, attempt: int
+    ) -> Any:
+        return run(
+            store.record_step,
+            job_id,
+            token,
+            name,
+            kind=kind,
+            result_json=result_json,
+            delay_ms=delay_ms,
+            attempt=attempt,
+        )
+
+    return write

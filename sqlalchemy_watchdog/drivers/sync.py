@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 from sqlalchemy import Engine
 
 from ..core.ahead import AHEAD_WAIT_MAX_S, Parking, take_stale
+from ..core.durable import StepPort
 from ..core.handlers import RunningJob
 from ..core.loop import execute, loop_pass, record_starts, renew, shutdown, tick, time_out, until_idle
 from ..core.maintenance import deregister_worker, probe_failed, prune, refresh_worker, register_worker
@@ -63,7 +64,7 @@ from ..executors.pool import RunnerChildren, decision_of_outcome
 from ..gateway import SyncGateway
 from ..jobs import Decision, JobView
 from ..records import SettleRequest
-from ..store import parent_results, report_progress
+from ..store import parent_results, read_steps, report_progress
 from ..wakeups import (
     Listener,
     Waiting,
@@ -74,6 +75,7 @@ from ..wakeups import (
     wake_locally,
 )
 from . import base
+from .base import record_step_in, step_writer
 
 if TYPE_CHECKING:
     pass
@@ -148,6 +150,12 @@ class Runner:
         self._gateway = SyncGateway(engine)
         self.core.progress_write = lambda *report: self._gateway.run(report_progress, *report)
         self.core.parents_read = lambda job_id: self._gateway.read(parent_results, job_id)
+        self.core.step_port = StepPort(
+            read=lambda job_id: self._gateway.read(read_steps, job_id),
+            write=step_writer(self._gateway.run),
+            write_in=record_step_in,
+            codec=self.settings.codec,
+        )
         #: Set once run_forever serves (its listener started), or has ended.
         self._serving = threading.Event()
         #: Held by the one run_forever (or running() block) serving this runner.

@@ -53,6 +53,12 @@ RUN, STOP, EXIT, REPLY = "run", "stop", "exit", "reply"
 READY, RETURNED, UNENCODABLE, RAISED, LOG = "ready", "returned", "unencodable", "raised", "log"
 BEGUN = "begun"
 PROGRESS, PARENTS = "progress", "parents"
+#: The running handler's durable steps (revision w0021), answered by the runner:
+#: ``("step", job_id, request, name)`` (the value ``(recorded, result)``),
+#: ``("record", job_id, request, name, value)`` and ``("sleep", job_id,
+#: request, name, delay_ms)`` (the value: the sleep's end in epoch ms, or None).
+STEP, RECORD, SLEEP = "step", "record", "sleep"
+STEP_KINDS = (STEP, RECORD, SLEEP)
 #: Child to parent: ``("skipped", job_id, reason)`` -- a job stopped before it started
 #: here (sent behind a running one, or stopped as it arrived): its handler never ran.
 SKIPPED = "skipped"
@@ -376,6 +382,52 @@ def _child_job(base: type[Any]) -> type[Any]:
 
             return await asyncio.to_thread(parent_results, self)
 
+        from ..core.durable import DurableSteps, SleepRequested
+        from ..jobs import check_step_name
+
+        def step(self: Any, name: str, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            check_step_name(name)  # bad input is refused here, before anything is sent
+            recorded, value = _ask(STEP, self.job_id, name)
+            if recorded:
+                return value
+            value = fn(*args, **kwargs)
+            _ask(RECORD, self.job_id, name, value)
+            return value
+
+        async def step_async(self: Any, name: str, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            import asyncio
+            import inspect
+
+            recorded, value = await asyncio.to_thread(_ask, STEP, self.job_id, check_step_name(name))
+            if recorded:
+                return value
+            value = fn(*args, **kwargs)
+            if inspect.isawaitable(value):
+                value = await value
+            await asyncio.to_thread(_ask, RECORD, self.job_id, name, value)
+            return value
+
+        def sleep(self: Any, delay: Any, *, name: str | None = None) -> None:
+            wake_at = _ask(SLEEP, self.job_id, name, DurableSteps._delay_ms(delay))
+            if wake_at is not None:
+                raise SleepRequested(name or "sleep", wake_at)
+
+        def sleep_until(self: Any, when: Any, *, name: str | None = None) -> None:
+            wake_at = _ask(SLEEP, self.job_id, name, DurableSteps._delay_ms(until=when))
+            if wake_at is not None:
+                raise SleepRequested(name or "sleep", wake_at)
+
+        async def sleep_async(self: Any, delay: Any, *, name: str | None = None) -> None:
+            import asyncio
+
+            await asyncio.to_thread(sleep, self, delay, name=name)
+
+        def transaction_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError(
+                "transaction_step() records the step in the runner's database transaction: use it in a thread "
+                "or coroutine handler, not in a process child (job.step() works here)"
+            )
+
         made = type(
             "RunningJob",
             (base,),
@@ -384,6 +436,13 @@ def _child_job(base: type[Any]) -> type[Any]:
                 "progress_async": progress_async,
                 "parent_results": parent_results,
                 "parent_results_async": parent_results_async,
+                "step": step,
+                "step_async": step_async,
+                "sleep": sleep,
+                "sleep_until": sleep_until,
+                "sleep_async": sleep_async,
+                "transaction_step": transaction_step,
+                "transaction_step_async": transaction_step,
             },
         )
         _child_classes[base] = made

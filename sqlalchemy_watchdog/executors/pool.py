@@ -1043,7 +1043,7 @@ class ProcessPool:
             if begun is not None and message[1] == job.job_id:
                 begun()
             return None
-        if kind in (child_module.PROGRESS, child_module.PARENTS):
+        if kind in (child_module.PROGRESS, child_module.PARENTS, *child_module.STEP_KINDS):
             self._serve(child, job, message)
             return None
         if kind == child_module.SKIPPED:  # stopped before it started there
@@ -1087,7 +1087,13 @@ class ProcessPool:
         try:
             if job is None or job_id != job.job_id:
                 raise RuntimeError(f"job {job_id!r} is not the job this process runs")
-            value: Any = job.progress(*args).value if kind == child_module.PROGRESS else tuple(job.parent_results())
+            value: Any
+            if kind == child_module.PROGRESS:
+                value = job.progress(*args).value
+            elif kind == child_module.PARENTS:
+                value = tuple(job.parent_results())
+            else:
+                value = _serve_step(job, kind, args)
             reply: tuple[Any, ...] = (child_module.REPLY, number, True, value)
         except Exception as error:
             refused = (type(error).__name__, getattr(error, "field", None), safe_text(error)[:500])
@@ -1096,6 +1102,21 @@ class ProcessPool:
             child.send(pickle.dumps(reply, protocol=5))  # beside a stop another thread may send
         except OSError:
             pass
+
+
+def _serve_step(job: RunningJob, kind: str, args: list[Any]) -> Any:
+    """A child's durable step request, done with the execution's own steps
+    (the runner's connection, the job's exact claim)."""
+    reporter = job._progress
+    steps = None if reporter is None else reporter.steps
+    if steps is None:
+        raise RuntimeError("this runner records no steps")
+    if kind == child_module.STEP:
+        return steps.remote_begin(args[0])
+    if kind == child_module.RECORD:
+        steps.remote_record(args[0], args[1])
+        return None
+    return steps.remote_sleep(args[0], args[1])
 
 
 def _fields(job: RunningJob) -> dict[str, Any]:

@@ -28,6 +28,10 @@ from __future__ import annotations
 
 from .builders import frozen_builder as frozen_builder
 from .builders import slot_setters as slot_setters
+from .durable import STEP_NAME_MAX_LENGTH as STEP_NAME_MAX_LENGTH
+from .durable import JobStep as JobStep
+from .durable import StepKind as StepKind
+from .durable import check_step_name as check_step_name
 from .encoding import PAYLOAD_MAX_BYTES, PAYLOAD_MAX_DEPTH, RESULT_MAX_BYTES, encode_payload, encode_result
 from .encoding import at_epoch_ms as at_epoch_ms
 from .encoding import duration_ms as duration_ms
@@ -151,6 +155,8 @@ __all__ = [
     "CancelResult",
     "ReplaceStatus",
     "ReplaceResult",
+    "JobStep",
+    "StepKind",
     "ThrottleExcess",
     "UniqueKeyHold",
     "UniqueKind",

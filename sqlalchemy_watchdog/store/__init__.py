@@ -83,6 +83,9 @@ from .enqueue import enqueue as enqueue
 from .enqueue import enqueue_each as enqueue_each
 from .enqueue import self_committing as self_committing
 from .enqueue import violation as violation
+from .job_steps import read_steps as read_steps
+from .job_steps import record_step as record_step
+from .job_steps import record_step_in as record_step_in
 from .limits import LIMITED_TTL as LIMITED_TTL
 from .limits import LimitUse as LimitUse
 from .limits import check_limit as check_limit
@@ -161,6 +164,9 @@ from .views import execute_rows as execute_rows
 
 __all__ = [
     "keys_held_by",
+    "read_steps",
+    "record_step",
+    "record_step_in",
     "prune_keys",
     "replace",
     "Claim",

@@ -69,6 +69,7 @@ from ..jobs import (
     Throughput,
     WorkerView,
 )
+from ..jobs.durable import JobStep, StepKind
 from ..jobs.uniqueness import UniqueKeyHold
 from ..records import (
     Claim,
@@ -198,6 +199,23 @@ class StoreOperations(Protocol):
     ) -> ReplaceResult: ...
     def keys_held_by(self, conn: Connection, job_id: str) -> list[UniqueKeyHold]: ...
 
+    # -- store/job_steps.py
+
+    def record_step(
+        self,
+        conn: Connection,
+        job_id: str,
+        claim_token: str,
+        name: str,
+        *,
+        kind: StepKind,
+        result_json: str | None,
+        delay_ms: int | None,
+        attempt: int,
+        now: int | None = None,
+    ) -> JobStep | None: ...
+    def read_steps(self, conn: Connection, job_id: str) -> list[JobStep]: ...
+
     # -- store/enqueue.py
 
     def enqueue(
@@ -313,6 +331,9 @@ SHAPES: Mapping[str, Shape] = {
     # store/unique.py
     "replace": Shape.WRITE,
     "keys_held_by": Shape.READ,
+    # store/job_steps.py
+    "record_step": Shape.WRITE,
+    "read_steps": Shape.READ,
     # store/enqueue.py
     "enqueue": Shape.WRITE,
     "enqueue_each": Shape.WRITE,

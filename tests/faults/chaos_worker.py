@@ -25,6 +25,9 @@ A job's payload says what its handler does (``{"action": ...}``):
 * ``ignore_cancel`` (``--asyncio``): sleep ``seconds``, swallowing every
   cancellation of its task -- an async handler that ignores its stop.
 * ``fail``: return ``Decision.failed("chaos failure")`` (retryable).
+* ``steps``: ``steps`` durable steps (``job.transaction_step``), ``gap``
+  seconds apart, each inserting its effect row into ``fault_step_effects``
+  (the test creates it) in the step's own transaction.
 * ``noop``: return at once -- or after ``seconds``, if given --, writing no
   audit row (a warm-up: a runner that ran it knows its handlers are short,
   and claims ahead while they run several of its round trips).
@@ -70,9 +73,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from sqlalchemy import Engine, create_engine, insert, literal, select, update
+from sqlalchemy import Engine, create_engine, insert, literal, select, text, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.orm import Session
 
 from sqlalchemy_watchdog import Decision, Runner, RunningJob, store
 from sqlalchemy_watchdog.asyncio import AsyncRunner, run_store
@@ -99,6 +103,24 @@ def _audit_write(engine: Engine, stmt: Any, what: str) -> None:
                 raise
             log.warning("audit %s failed (%s); retrying", what, type(error).__name__)
             time.sleep(0.2)
+
+
+def _durable_steps(engine: Engine, job: RunningJob, payload: dict[str, Any], pid: int) -> None:
+    """``steps``: ``job.transaction_step`` ``steps`` times, each inserting its
+    effect row into ``fault_step_effects`` in the step's own transaction,
+    ``gap`` seconds apart (a kill lands between steps, or inside one)."""
+    for index in range(int(payload.get("steps", 3))):
+        with Session(engine) as session:
+
+            def effect(index: int = index, session: Session = session) -> int:
+                session.execute(
+                    text("INSERT INTO fault_step_effects (job_id, step, pid) VALUES (:job, :step, :pid)"),
+                    {"job": job.job_id, "step": index, "pid": pid},
+                )
+                return index
+
+            job.transaction_step(session, f"step-{index}", effect)
+        time.sleep(float(payload.get("gap", 0.3)))
 
 
 def make_handler(engine: Engine):  # type: ignore[no-untyped-def]
@@ -139,6 +161,8 @@ def make_handler(engine: Engine):  # type: ignore[no-untyped-def]
         elif action == "ignore_stop":
             time.sleep(float(payload.get("seconds", 600)))
             told = job.stop_reason.value if job.stop_reason else None
+        elif action == "steps":
+            _durable_steps(engine, job, payload, pid)
         if payload.get("no_end") and stopped is None:
             return None
         _audit_write(

@@ -57,6 +57,7 @@ from sqlalchemy_watchdog.store import (
     claims_sql,
     dependencies_sql,
     enqueue_sql,
+    job_steps_sql,
     limits_sql,
     maintenance_sql,
     sql,
@@ -192,6 +193,7 @@ STATEMENT_MODULES: tuple[ModuleType, ...] = (
     dependencies_sql,
     chart_sql,
     unique_sql,
+    job_steps_sql,
 )
 
 
@@ -903,6 +905,10 @@ NOT_ON_JOBS = {
     "count_replacement",
     "held_by",
     "prune_ended",
+    # watchdog_job_steps (w0021): read by its primary key (job_sequence, name) after the
+    # job's by job_id; orphans found by the jobs' primary key (sequence).
+    "read_steps",
+    "forget_orphans",
 }
 
 

@@ -278,6 +278,18 @@ def test_the_overview_flags_a_queue_with_ready_jobs_and_no_live_worker(
     assert 'aria-label="1 live workers serve served"' in page
 
 
+def test_the_job_page_lists_the_jobs_durable_steps(engine: Engine, watchdog: Watchdog, dashboard: Dashboard) -> None:
+    watchdog.enqueue(Job("booking", "emails"))
+
+    def book(job: RunningJob) -> None:
+        job.step("reserve", lambda: "12C")
+        job.step("charge", lambda: "ch_1")
+
+    Runner(engine, {"emails": book}).run_until_idle()
+    page = dashboard.get("/job", job_id="booking").text
+    assert page.index("reserve</span> step, attempt 1") < page.index("charge</span> step, attempt 1")
+
+
 def test_the_job_page_says_what_applies_and_the_reason_in_plain_words(
     engine: Engine, watchdog: Watchdog, dashboard: Dashboard
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,6 +24,7 @@ from ...jobs import (
     history_with,
 )
 from ...records import SettleRequest
+from ..durable import SleepRequested
 from ..handlers import RunningJob, StopReason
 from ..ports import Settlement
 from ..state import Execution, RunnerCore, TickResult, TickStatus, _outcome
@@ -67,6 +69,12 @@ def decision_of_exception(execution: Execution, error: BaseException) -> Decisio
     Raised after a shutdown stop, the exception is the handler saying it
     stopped early: no decision (None), and the job is handed to recovery."""
     job = execution.job
+    if isinstance(error, SleepRequested):
+        # job.sleep(): the attempt ends here and the job is snoozed until the
+        # sleep's end (no attempt counted); its slot goes to another job.
+        log.info("job %s: %s", job.job_id, error, extra=job.log_fields)
+        remaining_ms = max(1, error.wake_at_ms - time.time_ns() // 1_000_000)
+        return Decision.snooze(timedelta(milliseconds=remaining_ms))
     if job.stop_reason is StopReason.SHUTDOWN:
         log.warning(
             "job %s: its handler stopped for shutdown (%s); handing it to recovery",

@@ -1,0 +1,80 @@
+"""The statements of :mod:`.job_steps` (durable steps and sleeps; revision
+w0021): built here, run there.
+
+Part of :mod:`sqlalchemy_watchdog.store` (see its docstring).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from sqlalchemy import BigInteger, Delete, Integer, Select, Text, case, delete, literal, null, select, true
+from sqlalchemy.sql.dml import Insert
+
+from ..backends import Backend
+from ..model import job_steps_table
+from . import sql
+
+steps = job_steps_table
+s = steps.c
+j = sql.c
+
+
+def record(backend: Backend) -> Insert:
+    """Record step ``:name`` (``:kind``; ``:result``; a sleep's end ``:delay``
+    ms after the database clock) of job ``:job``, attempt ``:attempt`` -- only
+    under the exact, live claim ``:job`` / ``:token`` (the lease on
+    ``max(:now, database clock)``, as a renewal) and only once per name.
+    One ``INSERT ... SELECT`` from the job's row: no row returns when the
+    claim is gone (nothing written) or the name was recorded already."""
+    delay = sql._p("delay", BigInteger())
+    rows = select(
+        j.sequence,
+        sql._p("name", Text()),
+        j.job_id,
+        sql._p("kind", Text()),
+        sql._p("result", Text()),
+        case((delay.is_(None), null()), else_=sql.db_clock_ms() + delay),
+        sql._p("attempt", Integer()),
+        sql.db_clock_ms(),
+    ).where(
+        j.job_id == sql._p("job", Text()),
+        j.claim_token == sql._p("token", Text()),
+        sql.IS_RUNNING_UNINDEXED,
+        j.lease_until > sql.effective_now(sql.NOW),
+        true(),  # SQLite's parser needs a WHERE between INSERT ... SELECT and ON CONFLICT
+    )
+    insert: Any = sql._insert_into(backend, steps)
+    stmt: Insert = (
+        insert.from_select(
+            ["job_sequence", "name", "job_id", "kind", "result_json", "wake_at", "attempt", "recorded_at"], rows
+        )
+        .on_conflict_do_nothing(index_elements=[s.job_sequence, s.name])
+        .returning(s.name, s.wake_at)
+    )
+    return stmt
+
+
+@cache
+def read_steps() -> Select[Any]:
+    """The recorded steps of job ``:job`` (the job now stored under that
+    job_id, by its sequence), in the order they were recorded."""
+    return (
+        select(s.name, s.kind, s.result_json, s.wake_at, s.attempt, s.recorded_at)
+        .join(sql.t, j.sequence == s.job_sequence)
+        .where(j.job_id == sql._p("job", Text()))
+        .order_by(s.recorded_at, s.name)
+    )
+
+
+@cache
+def forget_orphans() -> Delete:
+    """At most ``:limit`` steps whose job is gone (pruned or purged)."""
+    orphans = (
+        select(s.job_sequence)
+        .where(~select(literal(1)).where(j.sequence == s.job_sequence).exists())
+        .limit(sql._p("limit", BigInteger()))
+        .scalar_subquery()
+    )
+    return delete(steps).where(s.job_sequence.in_(orphans))

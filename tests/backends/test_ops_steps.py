@@ -1,0 +1,77 @@
+"""Conformance of durable steps' store operations (revision w0021): a step is
+recorded once, only under its job's exact live claim, read back in order,
+and never seen by a later job of the same job_id.
+
+Every backend runs this file; see ``tests/backends/ops.py``.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import Engine
+
+from sqlalchemy_watchdog import Decision, Job, store
+from sqlalchemy_watchdog.jobs import StepKind
+from tests.backends.ops import LEASE_MS, add, claim_one, end_lease, op, settle
+
+
+def _record(db: Engine, job_id: str, token: str, name: str, **options: object) -> object:
+    fields: dict[str, object] = {"kind": StepKind.STEP, "result_json": '{"n":1}', "delay_ms": None, "attempt": 1}
+    fields.update(options)
+    return op(db, store.record_step, job_id, token, name, **fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.operation("record_step", "read_steps")
+def test_a_step_is_recorded_once_under_its_claim_and_read_back_in_order(db: Engine) -> None:
+    add(db, Job("a", "q"))
+    held = claim_one(db, ["q"])
+    first = _record(db, "a", held.token, "reserve")
+    assert first is not None
+    assert _record(db, "a", held.token, "reserve", result_json='{"n":2}') is None, "a name is recorded once"
+    slept = op(
+        db, store.record_step, "a", held.token, "sleep#0", kind=StepKind.SLEEP, result_json=None, delay_ms=60_000,
+        attempt=1,
+    )  # fmt: skip
+    assert slept is not None and slept.wake_at is not None
+    steps = op(db, store.read_steps, "a")
+    assert [(s.name, s.kind, s.result, s.attempt) for s in steps] == [
+        ("reserve", StepKind.STEP, {"n": 1}, 1),
+        ("sleep#0", StepKind.SLEEP, None, 1),
+    ]
+    recorded, wake = steps[1].recorded_at, steps[1].wake_at
+    assert recorded is not None and wake is not None and wake > recorded
+
+
+@pytest.mark.operation("record_step")
+def test_a_step_of_a_claim_that_is_gone_records_nothing(db: Engine) -> None:
+    add(db, Job("a", "q", max_recoveries=1))
+    held = claim_one(db, ["q"])
+    assert _record(db, "a", "not-the-token", "x") is None
+    end_lease(db, held)
+    assert _record(db, "a", held.token, "x") is None, "an ended lease records nothing"
+    assert op(db, store.read_steps, "a") == []
+
+
+@pytest.mark.operation("record_step")
+def test_a_settled_job_records_no_step(db: Engine) -> None:
+    add(db, Job("a", "q"))
+    held = claim_one(db, ["q"], lease_ms=LEASE_MS)
+    settle(db, held, Decision.completed())
+    assert _record(db, "a", held.token, "late") is None
+
+
+@pytest.mark.operation("read_steps", "prune_retention")
+def test_a_job_id_enqueued_again_after_a_prune_starts_with_no_steps(db: Engine) -> None:
+    add(db, Job("a", "q"))
+    held = claim_one(db, ["q"])
+    _record(db, "a", held.token, "reserve")
+    settle(db, held, Decision.completed())
+    with db.begin() as conn:  # as prune would: the job row goes
+        conn.exec_driver_sql("DELETE FROM watchdog_jobs WHERE job_id = 'a'")
+    add(db, Job("a", "q"))
+    assert op(db, store.read_steps, "a") == [], "the new job is not the old one"
+    op(db, store.prune_retention, {"completed": timedelta(days=1)}, 100)
+    with db.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM watchdog_job_steps").scalar() == 0, "orphans pruned"

@@ -1,0 +1,63 @@
+"""Durable steps under SIGKILL: a job killed between (or inside) its steps
+resumes at the next one, and each finished step's effect is seen once.
+
+The chaos worker's ``steps`` action runs ``job.transaction_step`` steps a
+moment apart, each inserting its effect row in the step's own transaction
+with the step's record (tests/faults/chaos_worker.py). The worker is
+SIGKILLed once some steps are done; a second worker recovers the job after
+the lease (``max_recoveries=1``) and finishes it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from sqlalchemy import Engine, text
+from sqlalchemy.engine import URL
+
+from sqlalchemy_watchdog import Job
+from tests.faults.helpers import WorkerPool, enqueue_jobs, jobs_by_id, wait_until
+
+STEPS = 5
+TIMING: dict[str, Any] = {"lease": 3.0, "heartbeat": 0.5, "poll": 0.2}
+
+
+def _effects(engine: Engine) -> Counter[tuple[str, int]]:
+    with engine.connect() as conn:
+        return Counter(
+            (row.job_id, row.step) for row in conn.execute(text("SELECT job_id, step FROM fault_step_effects"))
+        )
+
+
+def test_a_job_killed_between_its_steps_resumes_at_the_next_and_each_effect_is_seen_once(
+    instrumented: Engine, db_url: URL, workers: WorkerPool
+) -> None:
+    engine = instrumented
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE fault_step_effects (job_id TEXT NOT NULL, step INTEGER NOT NULL, pid INTEGER)"))
+    ids = ["saga-1", "saga-2"]
+    payload = {"action": "steps", "steps": STEPS, "gap": 0.4}
+    enqueue_jobs(engine, [Job(job_id, "chaos", payload=payload, max_recoveries=1) for job_id in ids])
+    w1 = workers.start(db_url, "w1", concurrency=2, **TIMING)
+    wait_until(lambda: sum(_effects(engine).values()) >= 4, timeout=60, what="a few steps to finish")
+    w1.kill()
+    done_before = _effects(engine)
+    assert all(count == 1 for count in done_before.values()), done_before
+    assert sum(done_before.values()) < STEPS * len(ids), "killed mid-way"
+    workers.start(db_url, "w2", concurrency=2, **TIMING)
+    wait_until(
+        lambda: all(row["state"] == "settled" for row in jobs_by_id(engine).values()), timeout=60, what="recovery"
+    )
+    rows = jobs_by_id(engine)
+    effects = _effects(engine)
+    for job_id in ids:
+        assert (rows[job_id]["outcome"], rows[job_id]["recovery_count"]) == ("completed", 1), rows[job_id]
+        assert [effects[(job_id, step)] for step in range(STEPS)] == [1] * STEPS, "each step's effect once"
+    with engine.connect() as conn:
+        pids = {
+            (row.job_id, row.step): row.pid
+            for row in conn.execute(text("SELECT job_id, step, pid FROM fault_step_effects"))
+        }
+    for key in done_before:
+        assert pids[key] == w1.pid, "a step done before the kill was never run again"
