@@ -137,6 +137,7 @@ from sqlalchemy_watchdog.jobs import (
     FAILURE_HISTORY_LENGTH,
     CancelStatus,
     SettleStatus,
+    StepKind,
     bound_reason,
     bulk_cancellation_id,
     encode_payload,
@@ -144,6 +145,7 @@ from sqlalchemy_watchdog.jobs import (
 )
 from sqlalchemy_watchdog.model import (
     edges_table,
+    job_steps_table,
     jobs_table,
     limit_claims_table,
     limits_table,
@@ -568,6 +570,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             conn.execute(delete(limits_table))
             conn.execute(delete(limit_claims_table))
             conn.execute(delete(unique_keys_table))
+            conn.execute(delete(job_steps_table))
             store.forget_limited(conn)
         self.t = 0
         self.set_clock(self.db)
@@ -588,6 +591,8 @@ class WatchdogMachine(RuleBasedStateMachine):
         # Revision w0020: unique key -> (holder, unique_states, until_ms) as watchdog_unique_keys holds it.
         self.unique: dict[str, tuple[str, str, int]] = {}
         self.unique_serial = 0
+        # Revision w0021: (the job's admission, step name) -> the attempt that recorded it.
+        self.steps: dict[tuple[int, str], int] = {}
         for job in jobs:  # start with some work (conflicting replays are refused as usual)
             self.enqueue([job], None)
         for index, parent in enumerate(waiting):  # and some jobs waiting for it (revision w0012)
@@ -1476,6 +1481,46 @@ class WatchdogMachine(RuleBasedStateMachine):
         assert self.tx(store.renew, pairs, lease_ms=lease, now=app) == held
         for job_id in held:
             self.model.rows[job_id].lease_until = db + lease
+
+    @precondition(lambda self: bool(self.claims))
+    @rule(data=st.data(), name=st.sampled_from(["reserve", "charge"]), skew=st.sampled_from(SKEWS))
+    def record_step(self, data: st.DataObject, name: str, skew: int) -> None:
+        """A handler's durable step (w0021): recorded once per job and name,
+        only by the exact claim of a running job whose lease is alive (on
+        ``max(app now, db clock)``); anything else writes nothing."""
+        job_id, token = data.draw(st.sampled_from(self.claims), "claim")
+        db, app = self.db, self.db + skew
+        row = self.model.rows.get(job_id)
+        live = row is not None and self.model.live_claim(job_id, token, max(app, db))
+        expected = live and row is not None and (row.order, name) not in self.steps
+        attempt = 1 if row is None else row.attempt
+        recorded = self.tx(
+            store.record_step, job_id, token, name, kind=StepKind.STEP, result_json='"done"', delay_ms=None,
+            attempt=attempt, now=app,
+        )  # fmt: skip
+        assert (recorded is not None) == expected, (job_id, name, live)
+        if expected and row is not None:
+            self.steps[(row.order, name)] = attempt
+
+    @invariant()
+    def steps_match_model(self) -> None:
+        """The steps the database holds for each stored job are the model's
+        for that job's admission: a pruned or purged job's are never read
+        back by a new job of the same job_id."""
+        if not hasattr(self, "steps"):
+            return
+        with self.engine.connect() as conn:
+            stored = {
+                (row.job_id, row.name, row.attempt)
+                for row in conn.execute(
+                    select(jobs_table.c.job_id, job_steps_table.c.name, job_steps_table.c.attempt).join(
+                        jobs_table, jobs_table.c.sequence == job_steps_table.c.job_sequence
+                    )
+                )
+            }
+        orders = {row.order: job_id for job_id, row in self.model.rows.items()}
+        expected = {(orders[order], name, attempt) for (order, name), attempt in self.steps.items() if order in orders}
+        assert stored == expected
 
     @precondition(lambda self: bool(self.claims))
     @rule(data=st.data(), lease=st.sampled_from(LEASES), skew=st.sampled_from(SKEWS))
