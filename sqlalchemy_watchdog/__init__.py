@@ -8,7 +8,7 @@ process with :class:`Watchdog`. The asyncio twins live in
 
 from ._version import __version__ as __version__
 from .applies import Applied, JobExplanation, PolicyLevel
-from .client import Watchdog, enqueue, enqueue_select
+from .client import Watchdog, enqueue, enqueue_select, replace_job
 from .codecs import EncryptedJSON, PayloadCodec, TaggedJSON
 from .connections import follow_failover
 from .core.handlers import RunningJob, handler
@@ -142,6 +142,7 @@ __all__ = [
     "chain",
     "enqueue",
     "enqueue_select",
+    "replace_job",
     "follow_failover",
     "group",
     "handler",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
+from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
 from sqlalchemy import Connection, Select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
@@ -42,13 +42,11 @@ from ..jobs import (
     WorkerView,
 )
 from ..jobs.durable import JobStep
+from ..jobs.encoding import PayloadCodec
 from ..results import wait_for_async
 from . import operations as ops
 from . import sync
 from .operations import KEEP, Keep
-
-if TYPE_CHECKING:
-    from ..codecs import PayloadCodec
 
 __all__ = ["enqueue", "enqueue_select", "AsyncWatchdog"]
 
@@ -85,6 +83,18 @@ async def enqueue(
 async def enqueue_select(target: AsyncSession | AsyncConnection, source: Select[Any]) -> list[EnqueueResult]:
     """Async :func:`sqlalchemy_watchdog.enqueue_select`."""
     return await _run_sync(target, sync.enqueue_select, source)
+
+
+async def replace_job(
+    target: AsyncSession | AsyncConnection,
+    job_id: str,
+    *,
+    payload: Any = KEEP,
+    run_at: datetime | Keep | None = KEEP,
+    codec: PayloadCodec | None = None,
+) -> ReplaceResult:
+    """Async :func:`sqlalchemy_watchdog.replace_job`: same semantics, same code."""
+    return await _run_sync(target, sync.replace_job, job_id, payload=payload, run_at=run_at, codec=codec)
 
 
 async def run_store(

@@ -576,6 +576,15 @@ def replace(
     ``missing``. Idempotent: the same replacement again changes nothing
     more. A job's ``payload`` and ``run_at`` are part of its identity: a
     later replay of its original enqueue is an ``EnqueueConflict``."""
+    arguments = replace_arguments(job_id, payload, run_at, codec)
+    replaced: ReplaceResult = yield write(store.replace, job_id, **arguments)
+    return replaced
+
+
+def replace_arguments(job_id: object, payload: Any, run_at: object, codec: PayloadCodec | None) -> dict[str, Any]:
+    """:func:`replace`'s arguments checked, as ``store.replace`` takes them
+    (``payload`` encoded, ``start``, ``set_start``): bad input is refused
+    by name before anything runs."""
     check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
     if payload is KEEP and run_at is KEEP:
         raise InvalidJob("payload", "replace needs a payload or a run_at to change")
@@ -585,10 +594,7 @@ def replace(
     start: datetime | None = None
     if run_at is not KEEP:
         start = None if run_at is None else check_datetime("run_at", run_at)
-    replaced: ReplaceResult = yield write(
-        store.replace, job_id, payload=encoded, start=start, set_start=run_at is not KEEP
-    )
-    return replaced
+    return {"payload": encoded, "start": start, "set_start": run_at is not KEEP}
 
 
 def fail_lane(lane: str, reason: str) -> Program[LaneFailure]:

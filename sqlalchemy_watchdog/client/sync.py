@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from sqlalchemy import Connection, Engine, Select
 from sqlalchemy.orm import Session
@@ -36,16 +36,14 @@ from ..jobs import (
     job_batch,
 )
 from ..jobs.durable import JobStep
+from ..jobs.encoding import PayloadCodec
 from ..model import WatchdogJob
 from ..results import wait_for
 from ..wakeups import EVENT_QUEUED, EVENT_STOP
 from . import operations as ops
 from .operations import KEEP, Keep
 
-if TYPE_CHECKING:
-    from ..codecs import PayloadCodec
-
-__all__ = ["enqueue", "enqueue_select", "Watchdog", "EVENT_QUEUED", "EVENT_STOP"]
+__all__ = ["enqueue", "enqueue_select", "replace_job", "Watchdog", "EVENT_QUEUED", "EVENT_STOP"]
 
 T = TypeVar("T")
 
@@ -118,6 +116,22 @@ def enqueue(
         raise
     # On PostgreSQL a statement trigger NOTIFYs idle runners at commit.
     return results[0] if single else results
+
+
+def replace_job(
+    target: Session | Connection,
+    job_id: str,
+    *,
+    payload: Any = KEEP,
+    run_at: datetime | Keep | None = KEEP,
+    codec: PayloadCodec | None = None,
+) -> ReplaceResult:
+    """:meth:`Watchdog.replace` inside the caller's transaction: the job that
+    still waits takes ``payload`` and/or ``run_at`` when the caller commits,
+    with the caller's own writes (a rollback drops both). One statement
+    guarded by the job's state; ``replaced``, ``not_waiting`` or ``missing``."""
+    arguments = ops.replace_arguments(job_id, payload, run_at, codec)
+    return store.replace(_connection(target), job_id, **arguments)
 
 
 _SELECT_COLUMNS = ("job_id", "queue", "lane", "priority", "payload", "max_recoveries", "run_at")

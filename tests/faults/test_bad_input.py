@@ -359,6 +359,16 @@ def enqueue_select_of(**columns: Any) -> Callable[[Engine], Any]:
     return call
 
 
+def _replace_in_session(engine: Engine) -> Any:
+    """``replace_job`` with nothing to change, in a session of ``engine`` (committed if it gets that far)."""
+    from sqlalchemy_watchdog import replace_job
+
+    with Session(engine) as session:
+        result = replace_job(session, "seed-queued")
+        session.commit()
+        return result
+
+
 def _unclaimed() -> Any:
     """A job as a handler sees it, made outside a runner: it checks a progress report's input."""
     from sqlalchemy_watchdog import RunningJob
@@ -490,6 +500,7 @@ REFUSED: dict[str, Entry] = {
     "replace payload not JSON": Entry("payload", wd("replace", "seed-queued", payload={1, 2})),
     "replace run_at naive": Entry("run_at", wd("replace", "seed-queued", run_at=datetime.datetime(2030, 1, 1))),
     "replace job_id empty": Entry("job_id", wd("replace", "", payload=1)),
+    "replace_job in a session with nothing to change": Entry("payload", lambda e: _replace_in_session(e)),
     "set_limits concurrency 0": Entry("concurrency", wd("set_limits", "q", concurrency=0)),
     "set_limits concurrency negative": Entry("concurrency", wd("set_limits", "q", concurrency=-5)),
     "set_limits concurrency huge": Entry("concurrency", wd("set_limits", "q", concurrency=10**12)),

@@ -168,6 +168,8 @@ FAMILY_RUN_ATS: list[int | None] = [None, -1_000, 300, 2_000, 60_000, 3_600_000,
 QUEUES = ["q1", "q2", "q3"]
 #: Revision w0020: the unique keys jobs hold (``enqueue_unique``).
 UNIQUE_KEYS = ["uk1", "uk2"]
+#: Revision w0020: the keys of debounced and throttled jobs (one kind per key).
+WINDOWED_KEYS = ["debounce", "throttle-drop", "throttle-delay"]
 #: Lanes of their own, one of them a queue's name; a job without one has its queue's.
 LANES = ["l1", "l2", "q1"]
 CANCEL_IDS = ["x1", "x2", "x3", "x4"]
@@ -590,6 +592,8 @@ class WatchdogMachine(RuleBasedStateMachine):
         self.rate_log: list[tuple[str, int, int, str | None]] = []
         # Revision w0020: unique key -> (holder, unique_states, until_ms) as watchdog_unique_keys holds it.
         self.unique: dict[str, tuple[str, str, int]] = {}
+        # ... and the debounced and throttled keys: key -> (holder, since_ms, until_ms).
+        self.windows: dict[str, tuple[str, int, int]] = {}
         self.unique_serial = 0
         # Revision w0021: (the job's admission, step name) -> the attempt that recorded it.
         self.steps: dict[tuple[int, str], int] = {}
@@ -688,6 +692,60 @@ class WatchdogMachine(RuleBasedStateMachine):
         assert (result.job_id, result.status.value, result.unique_key) == (job_id, "queued", key)
         self.model.admit(job, self.db, None, TAGGING.last)
         self.unique[key] = (job_id, states, self.db + window)
+
+    @rule(
+        key=st.sampled_from(WINDOWED_KEYS),
+        window=st.sampled_from([500, 60_000]),
+        max_wait=st.sampled_from([None, 1_000]),
+        queue=st.sampled_from(QUEUES),
+    )
+    def enqueue_windowed(self, key: str, window: int, max_wait: int | None, queue: str) -> None:
+        """Debounce (the waiting holder takes the newcomer's payload and a
+        later start, bounded by max_wait) and throttle (one job per period;
+        drop the rest, or delay one to the next period), on the machine's
+        database clock."""
+        job_id = f"u{self.unique_serial}"
+        self.unique_serial += 1
+        payload = {"n": self.unique_serial}
+        period = timedelta(milliseconds=window)
+        if key == "debounce":
+            wait = None if max_wait is None else timedelta(milliseconds=max(max_wait, window))
+            job = Job(job_id, queue, payload=payload, unique_key=key, debounce=period, max_wait=wait)
+        else:
+            excess = "delay" if key == "throttle-delay" else "drop"
+            job = Job(job_id, queue, payload=payload, unique_key=key, throttle=period, throttle_excess=excess)
+        (result,) = self.tx(store.enqueue, [job])
+        now = self.db
+        held = self.windows.get(key)
+        holder_row = None if held is None else self.model.rows.get(held[0])
+        if key == "debounce":
+            if held is not None and holder_row is not None and holder_row.state in ("delayed", "queued"):
+                holder, since, _ = held
+                start = now + window
+                if max_wait is not None:
+                    start = max(min(start, since + max(max_wait, window)), since + 1)
+                assert (result.job_id, result.status.value) == (holder, "replaced")
+                holder_row.payload_json = encode_payload(payload)
+                holder_row.ready_at = start
+                holder_row.state = "delayed" if start > now else "queued"
+                self.windows[key] = (holder, since, start)
+                return
+            assert (result.job_id, result.status.value) == (job_id, "queued")
+            self.model.admit(job, now, window, TAGGING.last)
+            self.windows[key] = (job_id, now, now + window)
+            return
+        if held is not None and held[2] > now:
+            holder, since, until = held
+            if key == "throttle-delay" and since <= now:
+                assert (result.job_id, result.status.value) == (job_id, "queued")
+                self.model.admit(job, now, until - now, TAGGING.last)
+                self.windows[key] = (job_id, until, until + window)
+                return
+            assert (result.job_id, result.status.value) == (holder, "duplicate")
+            return
+        assert (result.job_id, result.status.value) == (job_id, "queued")
+        self.model.admit(job, now, None, TAGGING.last)
+        self.windows[key] = (job_id, now, now + window)
 
     @rule(
         job_id=st.sampled_from([*JOB_IDS[:4], *DEP_IDS[:2], "u0", "nobody"]),

@@ -10,12 +10,15 @@ lock serialises the processes; on PostgreSQL they run truly at once.
 from __future__ import annotations
 
 import multiprocessing
+import time
 from collections import Counter
+from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, event, select
 
+from sqlalchemy_watchdog import Job, store
 from sqlalchemy_watchdog.model import jobs_table, unique_keys_table
 from tests.faults.helpers import url_string
 from tests.faults.unique_enqueuer import enqueue_rounds
@@ -96,3 +99,39 @@ def test_eight_processes_throttling_one_key_store_one_job_per_period(engine: Eng
         mine = [answer for answer in answers if answer[0].endswith(f"-{key}")]
         statuses = Counter(status for _, _, status in mine)
         assert statuses == Counter({"queued": expected, "duplicate": PROCESSES * ROUNDS - expected})
+
+
+def test_a_debounced_holder_claimed_during_its_replacement_is_never_changed(engine: Engine) -> None:
+    """The worst moment, forced: a runner claims the waiting holder after the
+    enqueue read its state and before the replacement's UPDATE runs. The
+    UPDATE is guarded by the state, so the running job keeps its payload and
+    the key passes to the newcomer, a new job. (PostgreSQL: on SQLite the
+    enqueue holds the write lock, so no claim can come in between.)"""
+    if engine.dialect.name == "sqlite":
+        pytest.skip("SQLite's write lock keeps every claim out of an enqueue's transaction")
+    window = timedelta(milliseconds=1)  # the holder is due at once
+    with engine.begin() as conn:
+        store.enqueue(conn, [Job("first", "races", payload=1, unique_key="doc", debounce=window)])
+    claimed: list[str] = []
+
+    def claim_first(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool) -> None:
+        if "SET payload_json" in statement and not claimed:
+            with engine.connect() as other:
+                store.transact(other, store.promote)  # its start has come: queued
+                batch = store.transact(other, store.claim, queues=["races"], limit=1, lease_ms=60_000)
+            claimed.extend(c.job.job_id for c in batch.claimed)
+
+    time.sleep(0.01)
+    event.listen(engine, "before_cursor_execute", claim_first)
+    try:
+        with engine.begin() as conn:
+            (result,) = store.enqueue(conn, [Job("second", "races", payload=2, unique_key="doc", debounce=window)])
+    finally:
+        event.remove(engine, "before_cursor_execute", claim_first)
+    assert claimed == ["first"]
+    assert (result.job_id, result.status.value) == ("second", "queued"), "the key passed to a new job"
+    with engine.connect() as conn:
+        first = conn.execute(
+            select(jobs_table.c.state, jobs_table.c.payload_json).where(jobs_table.c.job_id == "first")
+        ).one()
+    assert tuple(first) == ("running", "1"), "the running job was never changed"
