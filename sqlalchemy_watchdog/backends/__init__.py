@@ -58,6 +58,11 @@ class Backend(Protocol):
     #: Whether a failed statement aborts the whole transaction (so going on
     #: after one needs a savepoint around it).
     aborts_on_error: bool
+    #: Whether a write returns the rows it wrote: ``INSERT ... ON CONFLICT``
+    #: and ``UPDATE``/``DELETE ... RETURNING`` exist. Else (MariaDB/MySQL)
+    #: the store reads the rows under a lock (``FOR UPDATE``), writes by
+    #: primary key and reads back, in the same transaction.
+    writes_return_rows: bool
     #: Whether the database delivers LISTEN/NOTIFY wake-ups.
     notifies: bool
     #: Whether a transaction-scoped advisory lock exists (else the write

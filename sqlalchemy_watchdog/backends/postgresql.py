@@ -34,6 +34,7 @@ class PostgreSQL:
     # statements each correct on its own: autocommit, one round trip.
     self_committing = True
     aborts_on_error = True
+    writes_return_rows = True
     notifies = True
     advisory_xact_lock = True
     prefix_range_marker = "job_id_range"

@@ -51,6 +51,7 @@ class SQLite:
     self_committing = False
     # A failed statement undoes itself only.
     aborts_on_error = False
+    writes_return_rows = True
     notifies = False
     advisory_xact_lock = False
     # Its planner is told to read the prefix range first.

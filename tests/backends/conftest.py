@@ -54,8 +54,7 @@ def _postgres_database(request: pytest.FixtureRequest) -> Iterator[URL]:
 #: exactly what remains, and a test that starts passing fails until its
 #: mark goes (RUNS_ON_MARIADB).
 NOT_YET_ON_MARIADB = {
-    "test_ops_enqueue.py": "enqueue: ON CONFLICT (Backend.insert's on_conflict_do_*/excluded) -> "
-    "ON DUPLICATE KEY UPDATE / INSERT IGNORE; the batch's JSON rows (Backend.json_rows -> JSON_TABLE); RETURNING",
+    "test_ops_enqueue.py": "the enqueue tests that claim or promote their jobs: the claim (UPDATE ... RETURNING)",
     "test_ops_claim.py": "claim: UPDATE ... RETURNING of a pick of its own table -> a SKIP LOCKED locking read "
     "and an UPDATE by primary key in one transaction (and enqueue, to set up)",
     "test_ops_settle.py": "settle: batch rows (Backend.json_rows), UPDATE ... RETURNING (and enqueue, claim)",
@@ -73,12 +72,8 @@ NOT_YET_ON_MARIADB = {
 }
 #: The capabilities (test_capabilities.py) MariaDB does not meet yet, by test.
 CAPABILITIES_NOT_YET = {
-    "test_a_real_duplicate_and_a_real_null_are_parsed": "needs enqueue (ON CONFLICT, statements)",
-    "test_a_real_lock_conflict_is_transient": "needs enqueue to store the row it locks (ON CONFLICT)",
     "test_insert_on_conflict_does_nothing_and_returns_only_new_rows": "Backend.insert has no "
     "on_conflict_do_nothing: ON DUPLICATE KEY / INSERT IGNORE and no RETURNING (phase 2 decides the seam)",
-    "test_job_id_order_is_code_point_order_where_the_backend_says_so": "needs the batch enqueue (json_rows)",
-    "test_json_rows_yield_every_row_in_order_with_typed_fields": "Backend.json_rows (JSON_TABLE)",
     "test_a_write_targets_exactly_the_picked_rows": "UPDATE ... RETURNING; picked() is an IN over "
     "its own table (error 1093): a locking read, then a write by key",
     "test_a_write_reaches_the_rows_a_pick_locked_by_their_address": "needs json_rows / RETURNING",
@@ -97,6 +92,13 @@ CAPABILITIES_NOT_YET = {
 }
 #: The operation tests that already pass on MariaDB.
 RUNS_ON_MARIADB = {
+    # Enqueue: a locking read of the stored rows, then an INSERT of the new ones.
+    "test_enqueue_admits_every_new_job_queued_in_admission_order",
+    "test_an_identical_replay_is_a_duplicate_and_writes_nothing",
+    "test_a_replay_into_another_queue_is_a_conflict",
+    "test_a_conflicting_replay_raises_and_its_whole_batch_writes_nothing",
+    "test_one_job_twice_in_a_batch_is_admitted_once_and_a_conflicting_twin_refuses_the_batch",
+    "test_enqueue_each_skips_a_conflicting_replay_and_admits_the_others",
     "test_limits_without_any_limit_are_refused_and_write_nothing",
     "test_bad_combinations_are_refused_before_anything_is_written",
 }
