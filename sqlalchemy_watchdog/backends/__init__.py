@@ -63,6 +63,10 @@ class Backend(Protocol):
     #: the store reads the rows under a lock (``FOR UPDATE``), writes by
     #: primary key and reads back, in the same transaction.
     writes_return_rows: bool
+    #: The isolation level of the queue's transactions where it is not the
+    #: connection's default (MariaDB/MySQL: READ COMMITTED, see
+    #: ``begin_write``); None: the default.
+    isolation_level: str | None
     #: Whether the database delivers LISTEN/NOTIFY wake-ups.
     notifies: bool
     #: Whether a transaction-scoped advisory lock exists (else the write

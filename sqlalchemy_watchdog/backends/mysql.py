@@ -115,7 +115,7 @@ class MySQL:
     #: both MySQL and MariaDB have, as a ``mysql://`` URL may reach either.
     collation = "utf8mb4_bin"
     #: The isolation level of the queue's transactions (:meth:`begin_write`).
-    isolation_level = "READ COMMITTED"
+    isolation_level: str | None = "READ COMMITTED"
     fails_over = False
     limited_claim_at_once = False
     # A test gets a database of its own (a MySQL schema is a database).

@@ -35,6 +35,7 @@ class PostgreSQL:
     self_committing = True
     aborts_on_error = True
     writes_return_rows = True
+    isolation_level: str | None = None
     notifies = True
     advisory_xact_lock = True
     prefix_range_marker = "job_id_range"

@@ -52,6 +52,7 @@ class SQLite:
     # A failed statement undoes itself only.
     aborts_on_error = False
     writes_return_rows = True
+    isolation_level: str | None = None
     notifies = False
     advisory_xact_lock = False
     # Its planner is told to read the prefix range first.
