@@ -128,7 +128,12 @@ def promote(conn: Connection, *, limit: int = PROMOTE_BATCH) -> Promotion:
     due = next_ready_in(conn)
     if due is None or due > 0:
         return Promotion(0, due)
-    promoted = len(conn.execute(claims_sql.promote(backend_of(conn)), {"limit": limit}).all())
+    backend = backend_of(conn)
+    if backend.writes_return_rows:
+        promoted = len(conn.execute(claims_sql.promote(backend), {"limit": limit}).all())
+    else:  # a locking read, then a write by key
+        keys = [row[0] for row in conn.execute(claims_sql.promote_pick(backend), {"limit": limit})]
+        promoted = conn.execute(claims_sql.promote_by_key(), {"keys": keys}).rowcount if keys else 0
     return Promotion(promoted, next_ready_in(conn))
 
 
@@ -192,13 +197,34 @@ def claim(
     # A batch size up to LITERAL_LIMIT_MAX is written into the statement's
     # text (one prepared statement, planned once, per size: see claims_sql.claim).
     sized = sql.size_in_text(batch)
-    if distinct is None:
-        stmt = claims_sql.claim(backend_of(conn), None, sized, ahead)
-    else:
-        stmt = claims_sql.claim(backend_of(conn), len(distinct), sized, ahead)
+    backend = backend_of(conn)
+    if distinct is None and not backend.writes_return_rows:
+        # Each queue read in claim order (claims_sql.queued_queues).
+        distinct = list(conn.execute(claims_sql.queued_queues()).scalars())
+        if not distinct:
+            return _batch(conn, rows, held)
+    queue_count = None if distinct is None else len(distinct)
+    if distinct is not None:
         params.update(sql.queue_params(distinct))
-    rows.extend(execute_rows(conn, stmt, params))
+    if backend.writes_return_rows:
+        rows.extend(execute_rows(conn, claims_sql.claim(backend, queue_count, sized, ahead), params))
+    else:
+        rows.extend(_claim_by_key(conn, claims_sql.claim_pick(backend, queue_count, sized), params, ahead))
     return _batch(conn, rows, held)
+
+
+def _claim_by_key(conn: Connection, pick: Any, params: dict[str, Any], ahead: bool) -> list[Sequence[Any]]:
+    """The claim where a write returns no rows (MariaDB/MySQL), in the
+    caller's transaction: the pick locks the rows it returns, skipping rows
+    another claimer holds (``FOR UPDATE SKIP LOCKED``, each queue read in
+    its index's order, so it locks only the rows it takes); one UPDATE by
+    primary key takes them, guarded on their state; they are read back."""
+    keys = [row[0] for row in conn.execute(pick, params)]
+    if not keys:
+        return []
+    write = {"keys": keys, "token": params["token"], "lease_ms": params["lease_ms"]}
+    conn.execute(claims_sql.claim_by_key(ahead), write)
+    return list(conn.execute(claims_sql.read_by_key(), {"keys": keys}))
 
 
 # Where a row read by columns.JOB_COLUMNS holds what the store reads

@@ -54,9 +54,8 @@ def _postgres_database(request: pytest.FixtureRequest) -> Iterator[URL]:
 #: exactly what remains, and a test that starts passing fails until its
 #: mark goes (RUNS_ON_MARIADB).
 NOT_YET_ON_MARIADB = {
-    "test_ops_enqueue.py": "the enqueue tests that claim or promote their jobs: the claim (UPDATE ... RETURNING)",
-    "test_ops_claim.py": "claim: UPDATE ... RETURNING of a pick of its own table -> a SKIP LOCKED locking read "
-    "and an UPDATE by primary key in one transaction (and enqueue, to set up)",
+    "test_ops_claim.py": "the claim tests that pause (the pauses' upsert: ON CONFLICT), cancel or make due "
+    "(UPDATE ... RETURNING) or fail a lane (IN (subquery LIMIT), error 1235)",
     "test_ops_settle.py": "settle: batch rows (Backend.json_rows), UPDATE ... RETURNING (and enqueue, claim)",
     "test_ops_lease.py": "renew/release/recover: UPDATE ... RETURNING and picks of their own table "
     "(error 1093) (and enqueue, claim)",
@@ -99,6 +98,19 @@ RUNS_ON_MARIADB = {
     "test_a_conflicting_replay_raises_and_its_whole_batch_writes_nothing",
     "test_one_job_twice_in_a_batch_is_admitted_once_and_a_conflicting_twin_refuses_the_batch",
     "test_enqueue_each_skips_a_conflicting_replay_and_admits_the_others",
+    "test_an_enqueue_delay_keeps_the_job_delayed_and_unclaimable_until_the_database_clock_reaches_it",
+    "test_enqueue_select_admits_one_job_per_row_in_the_callers_transaction",
+    "test_a_replay_of_a_job_that_already_ran_is_still_a_duplicate",
+    # Claim and promote: a SKIP LOCKED locking read in index order, an UPDATE by primary key.
+    "test_a_claim_runs_the_job_under_a_fresh_secret_token_and_a_lease_from_the_database_clock",
+    "test_a_claim_takes_at_most_its_limit_and_nothing_when_nothing_is_ready",
+    "test_claim_order_is_priority_first_then_admission_order",
+    "test_a_claim_takes_only_jobs_of_the_queues_it_names_best_first_across_them",
+    "test_ready_counts_see_queued_jobs_of_the_named_queues_up_to_the_cap",
+    "test_concurrent_claimers_never_take_the_same_job_and_together_take_every_job",
+    "test_a_claim_beside_an_uncommitted_claim_takes_the_next_job_and_never_the_held_one",
+    "test_purge_deletes_the_queues_jobs_that_have_not_started_and_nothing_else",
+    "test_read_returns_the_job_as_stored_and_read_claim_adds_its_current_token",
     "test_limits_without_any_limit_are_refused_and_write_nothing",
     "test_bad_combinations_are_refused_before_anything_is_written",
 }
