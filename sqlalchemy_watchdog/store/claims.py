@@ -54,7 +54,7 @@ from .base import (
 )
 from .limits import claim_queue, limited_queues
 from .operation import Shape, operation
-from .views import execute_rows
+from .views import execute_rows, write_returning
 
 log = logging.getLogger("sqlalchemy_watchdog.store")
 
@@ -256,7 +256,7 @@ def _batch(conn: Connection, found: Sequence[Sequence[Any]], held_back: bool = F
                 "token": row[_TOKEN],
                 "why": f"stored value unreadable: {', '.join(columns)}",
             }
-            cancelled.extend(view(settled) for settled in conn.execute(claims_sql.settle_unreadable(), failed))
+            cancelled.extend(view(settled) for settled in write_returning(conn, claims_sql.settle_unreadable(), failed))
             continue
         if job.state is JobState.RUNNING:
             claimed.append(Claim(job, row[_TOKEN]))
@@ -365,7 +365,9 @@ def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Set
     # statement's text (one prepared statement, planned once, per size: see
     # limits_sql.settle).
     sized = sql.size_in_text(len(requests))
-    settled = {row[_JOB_ID]: row for row in execute_rows(conn, limits_sql.settle(backend, sized), params)}
+    stmt = limits_sql.settle(backend, sized)
+    written = execute_rows(conn, stmt, params) if backend.writes_return_rows else write_returning(conn, stmt, params)
+    settled = {row[_JOB_ID]: row for row in written}
     if settled:
         limited = limited_queues(conn)  # cached: no statement for a deployment without limits
         if limited and any(row[_QUEUE] in limited for row in settled.values()):
@@ -418,7 +420,7 @@ def report_progress(
     """Record a running job's progress under its exact, live claim; whether
     the claim still held (False: nothing written)."""
     params = {"job": job_id, "token": claim_token, "fraction": fraction, "note": note, "now": now or now_ms()}
-    return conn.execute(claims_sql.progress(), params).first() is not None
+    return bool(write_returning(conn, claims_sql.progress(), params))
 
 
 @operation(Shape.WRITE)
@@ -427,7 +429,7 @@ def renew(conn: Connection, claims: Sequence[tuple[str, str]], *, lease_ms: int,
     if not claims:
         return set()
     params = {"claims": list(claims), "now": now_ms() if now is None else now, "lease_ms": lease_ms}
-    return {row.job_id for row in conn.execute(claims_sql.renew(), params)}
+    return {row.job_id for row in write_returning(conn, claims_sql.renew(), params)}
 
 
 @operation(Shape.WRITE)
@@ -439,7 +441,7 @@ def start(conn: Connection, claims: Sequence[tuple[str, str]], *, lease_ms: int,
     if not claims:
         return set()
     params = {"claims": list(claims), "now": now_ms() if now is None else now, "lease_ms": lease_ms}
-    return {row.job_id for row in conn.execute(claims_sql.start(), params)}
+    return {row.job_id for row in write_returning(conn, claims_sql.start(), params)}
 
 
 @operation(Shape.WRITE)
@@ -447,7 +449,7 @@ def release(conn: Connection, claims: Sequence[tuple[str, str]]) -> set[str]:
     """End the leases of claims a stopping runner could not finish."""
     if not claims:
         return set()
-    return set(conn.execute(claims_sql.release(), {"claims": list(claims)}).scalars())
+    return {row.job_id for row in write_returning(conn, claims_sql.release(), {"claims": list(claims)})}
 
 
 @operation(Shape.WRITE)
@@ -472,7 +474,7 @@ def cancel(conn: Connection, job_id: str, cancellation_id: str, *, only_if_queue
         status = CancelStatus.REPLAYED if holder == job_id else CancelStatus.CONFLICT
         return CancelResult(job_id, status)
     params = {"job": job_id, "cancellation": cancellation_id}
-    if conn.execute(claims_sql.cancel(only_if_queued), params).first() is not None:
+    if write_returning(conn, claims_sql.cancel(only_if_queued), params):
         return CancelResult(job_id, CancelStatus.RECORDED)
     # Nothing updated. The read above and the update are separate statements
     # (each committed on its own on PostgreSQL): an identical request may have
@@ -614,7 +616,8 @@ def reconcile(
         "count": job.recovery_count,
         "reason": recovery_reason(job, budget, cause),
     }
-    row = conn.execute(claims_sql.reconcile(requeue), params).first()
+    rows = write_returning(conn, claims_sql.reconcile(requeue), params)
+    row = rows[0] if rows else None
     if row is None:
         return Recovery(job.job_id, RecoveryStatus.LOST_RACE, None)
     after = view(row)

@@ -54,11 +54,8 @@ def _postgres_database(request: pytest.FixtureRequest) -> Iterator[URL]:
 #: exactly what remains, and a test that starts passing fails until its
 #: mark goes (RUNS_ON_MARIADB).
 NOT_YET_ON_MARIADB = {
-    "test_ops_claim.py": "the claim tests that pause (the pauses' upsert: ON CONFLICT), cancel or make due "
+    "test_ops_claim.py": "the claim tests that pause (the pauses' upsert: ON CONFLICT), make due "
     "(UPDATE ... RETURNING) or fail a lane (IN (subquery LIMIT), error 1235)",
-    "test_ops_settle.py": "settle: batch rows (Backend.json_rows), UPDATE ... RETURNING (and enqueue, claim)",
-    "test_ops_lease.py": "renew/release/recover: UPDATE ... RETURNING and picks of their own table "
-    "(error 1093) (and enqueue, claim)",
     "test_ops_limits.py": "limits: the upsert of watchdog_limits (ON CONFLICT -> ON DUPLICATE KEY), "
     "the limited claim (and enqueue)",
     "test_ops_maintenance.py": "pause/workers/schedules upserts (ON CONFLICT), prune/purge/cancel "
@@ -109,8 +106,18 @@ RUNS_ON_MARIADB = {
     "test_ready_counts_see_queued_jobs_of_the_named_queues_up_to_the_cap",
     "test_concurrent_claimers_never_take_the_same_job_and_together_take_every_job",
     "test_a_claim_beside_an_uncommitted_claim_takes_the_next_job_and_never_the_held_one",
+    "test_a_job_cancelled_while_queued_is_settled_cancelled_by_the_claim_and_not_run",
+    # Maintenance and views over what enqueue, claim and settle now write.
     "test_purge_deletes_the_queues_jobs_that_have_not_started_and_nothing_else",
+    "test_prune_deletes_only_settled_jobs_old_enough_of_the_named_outcomes",
+    "test_a_rerun_enqueues_a_copy_of_a_settled_job_once",
+    "test_a_bulk_cancel_acts_in_batches_on_the_selected_live_jobs_below_its_end",
+    "test_a_bulk_rerun_copies_the_selected_settled_jobs_and_a_dry_run_writes_nothing",
     "test_read_returns_the_job_as_stored_and_read_claim_adds_its_current_token",
+    "test_the_queue_head_is_its_running_job_else_the_next_one_a_claim_would_take",
+    "test_read_settled_pages_settled_jobs_in_admission_order",
+    "test_list_jobs_pages_by_sequence_both_ways_and_filters",
+    "test_throughput_counts_the_last_hours_settlements_per_queue_and_outcome",
     "test_limits_without_any_limit_are_refused_and_write_nothing",
     "test_bad_combinations_are_refused_before_anything_is_written",
 }
