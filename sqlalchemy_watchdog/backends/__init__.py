@@ -241,6 +241,12 @@ class Backend(Protocol):
         PostgreSQL anyway)."""
         ...
 
+    def among(self, key: ColumnElement[Any], pick: Select[Any]) -> ColumnElement[bool]:
+        """``key IN (pick)`` for a ``pick`` that may have a ``LIMIT``
+        (MariaDB/MySQL refuse a LIMIT in an IN subquery, error 1235: there
+        the pick is read from a derived table of its own)."""
+        ...
+
     def union_picked(self, parts: Sequence[tuple[Select[Any], str]]) -> Any:
         """One subquery ``lane_jobs`` of the rows of several picks (each
         ``(select, name)``), locked ``FOR UPDATE`` where rows lock."""

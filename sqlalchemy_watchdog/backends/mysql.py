@@ -246,6 +246,11 @@ class MySQL:
         derived = select(pick.subquery(name).c[str(key.key)])
         return key.in_(derived) if recheck is None else and_(key.in_(derived), recheck)
 
+    def among(self, key: ColumnElement[Any], pick: Select[Any]) -> ColumnElement[bool]:
+        # Error 1235 refuses a LIMIT in an IN subquery, not in a derived table.
+        derived = pick.subquery("limited")
+        return key.in_(select(*derived.c))
+
     def union_picked(self, parts: Sequence[tuple[Select[Any], str]]) -> Any:
         return union_all(*(select(part.subquery(name)) for part, name in parts)).subquery("lane_jobs")
 

@@ -229,6 +229,9 @@ class PostgreSQL:
             return key == any_(func.array(select(sequence).scalar_subquery()))
         return key.in_(select(sequence))
 
+    def among(self, key: ColumnElement[Any], pick: Select[Any]) -> ColumnElement[bool]:
+        return key.in_(pick)
+
     def union_picked(self, parts: Sequence[tuple[Select[Any], str]]) -> Any:
         ctes = [part.with_for_update().cte(name).prefix_with("MATERIALIZED") for part, name in parts]
         return union_all(*(select(cte.c.sequence, cte.c.state) for cte in ctes)).subquery("lane_jobs")

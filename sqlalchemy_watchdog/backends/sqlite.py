@@ -170,6 +170,9 @@ class SQLite:
     ) -> ColumnElement[bool]:
         return key.in_(pick) if recheck is None else and_(key.in_(pick), recheck)
 
+    def among(self, key: ColumnElement[Any], pick: Select[Any]) -> ColumnElement[bool]:
+        return key.in_(pick)
+
     def union_picked(self, parts: Sequence[tuple[Select[Any], str]]) -> Any:
         return union_all(*(select(part.subquery()) for part, _name in parts)).subquery("lane_jobs")
 

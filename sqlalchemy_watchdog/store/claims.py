@@ -533,11 +533,11 @@ def fail_lane(conn: Connection, lane: str, reason: str, *, batch: int = LANE_FAI
     if not isinstance(reason, str) or not reason:
         raise WatchdogError(ErrorCode.INVALID_INPUT, "reason: must be a non-empty str")
     params = {"lane_name": lane, "reason": bound_reason(reason), "batch": batch}
-    rows = list(conn.execute(maintenance_sql.fail_lane(backend_of(conn)), params).all())
+    rows = write_returning(conn, maintenance_sql.fail_lane(backend_of(conn)), params)
     more = bool(conn.execute(maintenance_sql.lane_has_live_jobs(), {"lane_name": lane}).scalar())
     if not more and len(rows) < batch:
         params["batch"] = batch - len(rows)
-        rows += conn.execute(maintenance_sql.fail_lane_waiting(backend_of(conn)), params).all()
+        rows += write_returning(conn, maintenance_sql.fail_lane_waiting(backend_of(conn)), params)
     more = more or conn.execute(maintenance_sql.lane_has_waiting_jobs(), {"lane_name": lane}).first() is not None
     jobs = tuple(sorted((view(row) for row in rows), key=lambda j: j.sequence))
     if jobs:  # running jobs of a limited queue may have ended: wake the runners it holds back

@@ -71,6 +71,7 @@ from .enqueue import (
 from .limits import held_by, queue_use, read_limits
 from .operation import Shape, operation
 from .unique import prune_keys
+from .views import write_returning
 
 log = logging.getLogger("sqlalchemy_watchdog.store")
 
@@ -853,13 +854,13 @@ def make_due(conn: Connection, queues: Iterable[str] | None = None) -> int:
     to play a test's delayed jobs without waiting.
     """
     if queues is None:
-        return len(conn.execute(maintenance_sql.make_due(False)).all())
+        return len(write_returning(conn, maintenance_sql.make_due(False), {}))
     if isinstance(queues, str):
         raise InvalidJob("queues", "must be an iterable of queue names, not one string")
     names = [check_text("queue", queue, QUEUE_MAX_LENGTH) for queue in queues]
     if not names:
         return 0
-    return len(conn.execute(maintenance_sql.make_due(True), {"queues": names}).all())
+    return len(write_returning(conn, maintenance_sql.make_due(True), {"queues": names}))
 
 
 @operation(Shape.READ)

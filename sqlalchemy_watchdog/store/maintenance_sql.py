@@ -107,7 +107,7 @@ def fail_lane(backend: Backend) -> Update:
     pick = select(both.c.sequence).order_by(both.c.state.desc(), both.c.sequence).limit(batch)
     return (
         update(t)
-        .where(c.sequence.in_(pick), IS_LIVE)
+        .where(backend.among(c.sequence, pick), IS_LIVE)
         .values(
             state=_SETTLED,
             outcome=Outcome.FAILED.value,

@@ -54,12 +54,11 @@ def _postgres_database(request: pytest.FixtureRequest) -> Iterator[URL]:
 #: exactly what remains, and a test that starts passing fails until its
 #: mark goes (RUNS_ON_MARIADB).
 NOT_YET_ON_MARIADB = {
-    "test_ops_claim.py": "the claim tests that pause (the pauses' upsert: ON CONFLICT), make due "
-    "(UPDATE ... RETURNING) or fail a lane (IN (subquery LIMIT), error 1235)",
+    "test_ops_claim.py": "the claim tests that pause a queue (the pauses' insert: ON CONFLICT DO NOTHING RETURNING)",
     "test_ops_limits.py": "limits: the upsert of watchdog_limits (ON CONFLICT -> ON DUPLICATE KEY), "
     "the limited claim (and enqueue)",
-    "test_ops_maintenance.py": "pause/workers/schedules upserts (ON CONFLICT), prune/purge/cancel "
-    "DELETE/UPDATE ... RETURNING and self-referencing picks (and enqueue)",
+    "test_ops_maintenance.py": "pause/workers/schedules upserts (ON CONFLICT), pruning's picks "
+    "(IN (subquery LIMIT), error 1235) and DELETE ... RETURNING",
     "test_ops_dependencies.py": "enqueue with after=; the edge triggers cascade into watchdog_jobs from a "
     "trigger on it (MariaDB error 1442): propagation must leave the triggers",
     "test_ops_unique.py": "the unique keys' upsert (store/unique_sql.py: on_conflict_do_nothing -> "
@@ -107,6 +106,10 @@ RUNS_ON_MARIADB = {
     "test_concurrent_claimers_never_take_the_same_job_and_together_take_every_job",
     "test_a_claim_beside_an_uncommitted_claim_takes_the_next_job_and_never_the_held_one",
     "test_a_job_cancelled_while_queued_is_settled_cancelled_by_the_claim_and_not_run",
+    "test_fail_lane_settles_the_lanes_live_jobs_failed_and_leaves_other_lanes_claimable",
+    "test_the_clients_fail_lane_settles_the_lane_in_batches_until_none_is_live",
+    "test_a_delayed_job_is_claimed_only_after_promotion_once_due",
+    "test_make_due_readies_only_the_named_queues_delayed_jobs",
     # Maintenance and views over what enqueue, claim and settle now write.
     "test_purge_deletes_the_queues_jobs_that_have_not_started_and_nothing_else",
     "test_prune_deletes_only_settled_jobs_old_enough_of_the_named_outcomes",
