@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Connection
+from sqlalchemy.exc import IntegrityError
 
 from ..backends import backend_of
 from ..errors import InvalidJob
@@ -516,15 +517,39 @@ def pause(conn: Connection, queue: str, reason: str | None = None) -> PauseStatu
     check_text("queue", queue, QUEUE_MAX_LENGTH)
     if reason is not None:
         check_text("reason", reason, PAUSE_REASON_MAX_LENGTH)
-    row = conn.execute(maintenance_sql.pause(backend_of(conn)), {"queue": queue, "reason": reason}).first()
+    params = {"queue": queue, "reason": reason}
+    backend = backend_of(conn)
+    if not backend.writes_return_rows:
+        return _pause_by_key(conn, params)
+    row = conn.execute(maintenance_sql.pause(backend), params).first()
     return PauseStatus.PAUSED if row is not None else PauseStatus.ALREADY_PAUSED
+
+
+def _pause_by_key(conn: Connection, params: dict[str, Any]) -> PauseStatus:
+    """:func:`pause` where writes return no rows (no ``ON CONFLICT``): the
+    pause is read under a lock, and inserted if there is none. A concurrent
+    pause of the same queue makes the INSERT wait and fail as a duplicate
+    key (only that statement undone); the pause is then there to read."""
+    if conn.execute(maintenance_sql.locked_pause(backend_of(conn)), params).first() is not None:
+        return PauseStatus.ALREADY_PAUSED
+    try:
+        conn.execute(maintenance_sql.insert_pause(), params)
+    except IntegrityError:
+        if conn.execute(maintenance_sql.locked_pause(backend_of(conn)), params).first() is None:
+            raise
+        return PauseStatus.ALREADY_PAUSED
+    return PauseStatus.PAUSED
 
 
 @operation(Shape.WRITE)
 def resume(conn: Connection, queue: str) -> PauseStatus:
     """Resume ``queue``; idle runners are woken (NOTIFY on PostgreSQL)."""
     check_text("queue", queue, QUEUE_MAX_LENGTH)
-    if conn.execute(maintenance_sql.resume(), {"queue": queue}).first() is None:
+    if backend_of(conn).writes_return_rows:
+        resumed = conn.execute(maintenance_sql.resume(), {"queue": queue}).first() is not None
+    else:
+        resumed = conn.execute(maintenance_sql.delete_pause(), {"queue": queue}).rowcount > 0
+    if not resumed:
         return PauseStatus.NOT_PAUSED
     notify(conn, EVENT_QUEUED)
     return PauseStatus.RESUMED

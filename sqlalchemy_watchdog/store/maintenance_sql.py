@@ -22,6 +22,7 @@ from sqlalchemy import (
     case,
     delete,
     func,
+    insert,
     literal_column,
     not_,
     null,
@@ -440,6 +441,28 @@ def pause(backend: Backend) -> Insert:
         .returning(pauses.c.queue_name)
     )
     return stmt
+
+
+@cache
+def insert_pause() -> Insert:
+    """Pause ``:queue`` with ``:reason``, a plain INSERT: where writes return
+    no rows, after :func:`locked_pause` found no row (``store.maintenance.pause``)."""
+    stmt: Insert = insert(pauses).values(
+        queue_name=_p("queue", Text()), reason=_p("reason", Text()), paused_at=db_clock_ms()
+    )
+    return stmt
+
+
+@cache
+def locked_pause(backend: Backend) -> Select[Any]:
+    """The pause of ``:queue``, if any, locked until the transaction ends."""
+    return backend.locked(select(pauses.c.queue_name).where(pauses.c.queue_name == _p("queue", Text())))
+
+
+@cache
+def delete_pause() -> Delete:
+    """:func:`resume` returning nothing (its row count says whether it was paused)."""
+    return delete(pauses).where(pauses.c.queue_name == _p("queue", Text()))
 
 
 @cache

@@ -919,6 +919,9 @@ BY_KEY_ONLY = {
     "queued_queues",
     "promote_pick",
     "promote_by_key",
+    "insert_pause",
+    "locked_pause",
+    "delete_pause",
 }
 
 
