@@ -143,6 +143,15 @@ class Backend(Protocol):
         """The dialect's INSERT construct (with ``on_conflict_do_*``)."""
         ...
 
+    def upsert(self, stmt: Insert, key: Sequence[Any], set_: Callable[[Any], dict[str, Any]]) -> Insert:
+        """``stmt`` (an INSERT of one row) updating instead the row whose
+        ``key`` columns it repeats, with the values ``set_(new)`` computes
+        from ``new``, the proposed row's columns: ``ON CONFLICT DO UPDATE``
+        with ``excluded``, or MariaDB/MySQL's ``ON DUPLICATE KEY UPDATE``
+        with ``VALUES()`` (which fires on any unique key: for tables whose
+        only one is ``key``). Returns no rows."""
+        ...
+
     def trigger_sql(self, clock: str | None = None) -> list[str]:
         """The DDL creating the dependency triggers (``backends.triggers``),
         and whatever they run (PostgreSQL: a function each); ``clock``: the

@@ -149,6 +149,10 @@ class MySQL:
     def insert(self, table: Any) -> Insert:
         return mysql.insert(table)
 
+    def upsert(self, stmt: Insert, key: Sequence[Any], set_: Callable[[Any], dict[str, Any]]) -> Insert:
+        upserted: Insert = stmt.on_duplicate_key_update(set_(stmt.inserted))  # type: ignore[attr-defined]
+        return upserted
+
     # -- DDL ------------------------------------------------------------------------
 
     def trigger_sql(self, clock: str | None = None) -> list[str]:

@@ -73,6 +73,10 @@ class PostgreSQL:
     def insert(self, table: Any) -> Insert:
         return postgresql.insert(table)
 
+    def upsert(self, stmt: Insert, key: Sequence[Any], set_: Callable[[Any], dict[str, Any]]) -> Insert:
+        upserted: Insert = stmt.on_conflict_do_update(index_elements=list(key), set_=set_(stmt.excluded))  # type: ignore[attr-defined]
+        return upserted
+
     # -- DDL ------------------------------------------------------------------------
 
     def trigger_sql(self, clock: str | None = None) -> list[str]:

@@ -451,11 +451,11 @@ def prune_workers(conn: Connection, limit: int = WORKER_PRUNE_BATCH) -> int:
     recorded schedules not seen for a week; returns how many rows. Never
     touches a job."""
     workers_deleted = conn.execute(
-        maintenance_sql.prune_workers(WORKER_GONE_HEARTBEATS, WORKER_GONE_MARGIN_MS),
+        maintenance_sql.prune_workers(backend_of(conn), WORKER_GONE_HEARTBEATS, WORKER_GONE_MARGIN_MS),
         {"keep_ms": WORKER_KEEP_GONE_MS, "limit": limit},
     ).rowcount
     schedules_deleted = conn.execute(
-        maintenance_sql.prune_schedules(), {"keep_ms": SCHEDULE_KEEP_MS, "limit": limit}
+        maintenance_sql.prune_schedules(backend_of(conn)), {"keep_ms": SCHEDULE_KEEP_MS, "limit": limit}
     ).rowcount
     return int(workers_deleted or 0) + int(schedules_deleted or 0)
 

@@ -518,12 +518,12 @@ def register_worker(backend: Backend) -> Insert:
         claim_ahead=_p("claim_ahead", Integer()),
         process_queues=_p("process_queues", Text()),
     )
-    ex = stmt.excluded
-    upsert: Insert = stmt.on_conflict_do_update(
-        index_elements=[w.worker_id],
-        # claim_ahead and process_queues too: a row registered before revision
-        # w0017 (w0018) reads 0 ([]) until then.
-        set_={
+    # claim_ahead and process_queues too: a row registered before revision
+    # w0017 (w0018) reads 0 ([]) until then.
+    return backend.upsert(
+        stmt,
+        [w.worker_id],
+        lambda ex: {
             "last_seen": clock,
             "running": ex.running,
             "wakeups": ex.wakeups,
@@ -531,7 +531,6 @@ def register_worker(backend: Backend) -> Insert:
             "process_queues": ex.process_queues,
         },
     )
-    return upsert
 
 
 @cache
@@ -554,7 +553,7 @@ def live_worker_queues(gone_heartbeats: int, margin_ms: int) -> Select[Any]:
 
 
 @cache
-def prune_workers(gone_heartbeats: int, margin_ms: int) -> Delete:
+def prune_workers(backend: Backend, gone_heartbeats: int, margin_ms: int) -> Delete:
     """Delete at most ``:limit`` workers gone for longer than ``:keep_ms``."""
     long_gone = (
         select(w.worker_id)
@@ -564,7 +563,7 @@ def prune_workers(gone_heartbeats: int, margin_ms: int) -> Delete:
         )
         .limit(_p("limit", Integer()))
     )
-    return delete(workers).where(w.worker_id.in_(long_gone.scalar_subquery()))
+    return delete(workers).where(backend.among(w.worker_id, long_gone))
 
 
 @cache
@@ -584,23 +583,24 @@ def record_schedule(backend: Backend) -> Insert:
         recorded_by=_p("recorded_by", Text()),
         last_seen=clock,
     )
-    excluded = stmt.excluded
-    latest = case(
-        (r.last_enqueued.is_(None), excluded.last_enqueued),
-        (excluded.last_enqueued.is_(None), r.last_enqueued),
-        (excluded.last_enqueued > r.last_enqueued, excluded.last_enqueued),
-        else_=r.last_enqueued,
-    )
-    upsert: Insert = stmt.on_conflict_do_update(
-        index_elements=[r.name, r.fingerprint],
-        set_={
+
+    def updated(excluded: Any) -> dict[str, Any]:
+        # The latest slot enqueued, never moved back (MariaDB assigns in
+        # order: last_enqueued is read before anything assigns it).
+        latest = case(
+            (r.last_enqueued.is_(None), excluded.last_enqueued),
+            (excluded.last_enqueued.is_(None), r.last_enqueued),
+            (excluded.last_enqueued > r.last_enqueued, excluded.last_enqueued),
+            else_=r.last_enqueued,
+        )
+        return {
             "next_slot": excluded.next_slot,
             "last_enqueued": latest,
             "recorded_by": excluded.recorded_by,
             "last_seen": clock,
-        },
-    )
-    return upsert
+        }
+
+    return backend.upsert(stmt, [r.name, r.fingerprint], updated)
 
 
 @cache
@@ -610,14 +610,14 @@ def list_schedules() -> Select[Any]:
 
 
 @cache
-def prune_schedules() -> Delete:
+def prune_schedules(backend: Backend) -> Delete:
     """Forget at most ``:limit`` recorded schedules not seen for ``:keep_ms``."""
     stale = (
         select(r.name, r.fingerprint)
         .where(r.last_seen + _p("keep_ms", BigInteger()) < db_clock_ms())
         .limit(_p("limit", Integer()))
     )
-    return delete(recorded).where(tuple_(r.name, r.fingerprint).in_(stale))
+    return delete(recorded).where(backend.among(tuple_(r.name, r.fingerprint), stale))
 
 
 @cache

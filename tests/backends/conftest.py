@@ -56,7 +56,7 @@ def _postgres_database(request: pytest.FixtureRequest) -> Iterator[URL]:
 NOT_YET_ON_MARIADB = {
     "test_ops_limits.py": "limits: the upsert of watchdog_limits (ON CONFLICT -> ON DUPLICATE KEY), "
     "the limited claim (and enqueue)",
-    "test_ops_maintenance.py": "workers/schedules upserts (ON CONFLICT), pruning's picks "
+    "test_ops_maintenance.py": "the jobs' pruning and retention: their picks and the unique keys' "
     "(IN (subquery LIMIT), error 1235) and DELETE ... RETURNING",
     "test_ops_dependencies.py": "enqueue with after=; the edge triggers cascade into watchdog_jobs from a "
     "trigger on it (MariaDB error 1442): propagation must leave the triggers",
@@ -112,6 +112,9 @@ RUNS_ON_MARIADB = {
     # Pauses: a locking read of the pause, then a plain INSERT; resume by row count.
     "test_pause_and_resume_report_what_they_changed_and_are_idempotent",
     "test_stats_count_each_queues_jobs_by_state_recent_outcomes_and_expired_leases",
+    # Workers and schedules: ON DUPLICATE KEY UPDATE (Backend.upsert), pruned by Backend.among.
+    "test_workers_register_refresh_show_and_leave",
+    "test_recorded_schedules_are_listed_current_and_a_second_definition_is_disputed",
     # Maintenance and views over what enqueue, claim and settle now write.
     "test_purge_deletes_the_queues_jobs_that_have_not_started_and_nothing_else",
     "test_prune_deletes_only_settled_jobs_old_enough_of_the_named_outcomes",
