@@ -58,6 +58,15 @@ class Backend(Protocol):
     #: Whether a failed statement aborts the whole transaction (so going on
     #: after one needs a savepoint around it).
     aborts_on_error: bool
+    #: Whether a write returns the rows it wrote: ``INSERT ... ON CONFLICT``
+    #: and ``UPDATE``/``DELETE ... RETURNING`` exist. Else (MariaDB/MySQL)
+    #: the store reads the rows under a lock (``FOR UPDATE``), writes by
+    #: primary key and reads back, in the same transaction.
+    writes_return_rows: bool
+    #: The isolation level of the queue's transactions where it is not the
+    #: connection's default (MariaDB/MySQL: READ COMMITTED, see
+    #: ``begin_write``); None: the default.
+    isolation_level: str | None
     #: Whether the database delivers LISTEN/NOTIFY wake-ups.
     notifies: bool
     #: Whether a transaction-scoped advisory lock exists (else the write
@@ -132,6 +141,15 @@ class Backend(Protocol):
 
     def insert(self, table: Any) -> Insert:
         """The dialect's INSERT construct (with ``on_conflict_do_*``)."""
+        ...
+
+    def upsert(self, stmt: Insert, key: Sequence[Any], set_: Callable[[Any], dict[str, Any]]) -> Insert:
+        """``stmt`` (an INSERT of one row) updating instead the row whose
+        ``key`` columns it repeats, with the values ``set_(new)`` computes
+        from ``new``, the proposed row's columns: ``ON CONFLICT DO UPDATE``
+        with ``excluded``, or MariaDB/MySQL's ``ON DUPLICATE KEY UPDATE``
+        with ``VALUES()`` (which fires on any unique key: for tables whose
+        only one is ``key``). Returns no rows."""
         ...
 
     def trigger_sql(self, clock: str | None = None) -> list[str]:
@@ -230,6 +248,12 @@ class Backend(Protocol):
         elsewhere ``IN (pick)``, with ``recheck``, the condition the write
         checks again where the pick locks no rows (a locked row is re-read by
         PostgreSQL anyway)."""
+        ...
+
+    def among(self, key: ColumnElement[Any], pick: Select[Any]) -> ColumnElement[bool]:
+        """``key IN (pick)`` for a ``pick`` that may have a ``LIMIT``
+        (MariaDB/MySQL refuse a LIMIT in an IN subquery, error 1235: there
+        the pick is read from a derived table of its own)."""
         ...
 
     def union_picked(self, parts: Sequence[tuple[Select[Any], str]]) -> Any:

@@ -17,7 +17,24 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import CheckConstraint, Connection, Engine, Select, String, and_, event, select, union_all
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Connection,
+    Engine,
+    Float,
+    Integer,
+    Select,
+    String,
+    Text,
+    and_,
+    bindparam,
+    column,
+    event,
+    select,
+    text,
+    union_all,
+)
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import URL, ExceptionContext
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -48,6 +65,17 @@ _NOT_NULL, _DUPLICATE = 1048, 1062
 _DRIVER_MODULES = ("pymysql", "aiomysql", "asyncmy", "MySQLdb", "mysql.connector", "mariadb")
 
 
+def _json_table_type(type_: Any) -> str:
+    """The ``JSON_TABLE`` column type of a field's SQLAlchemy type."""
+    if isinstance(type_, Float):
+        return "DOUBLE"  # FLOAT is single precision here
+    if isinstance(type_, BigInteger):
+        return "BIGINT"
+    if isinstance(type_, Integer):
+        return "INT"
+    return "LONGTEXT"
+
+
 def error_number(error: BaseException | None) -> int | None:
     """The server's (or client library's) error number of a driver exception."""
     args = getattr(error, "args", ())
@@ -64,6 +92,9 @@ class MySQL:
     # A failed statement is rolled back alone (a deadlock rolls back the
     # transaction, and is retried whole: RETRYABLE_ERRORS).
     aborts_on_error = False
+    # No ON CONFLICT, no UPDATE ... RETURNING (MariaDB returns from INSERT
+    # and DELETE only, MySQL from nothing): a locking read, a write by key.
+    writes_return_rows = False
     # No LISTEN/NOTIFY: runners poll.
     notifies = False
     # GET_LOCK is a session's, not a transaction's.
@@ -84,7 +115,7 @@ class MySQL:
     #: both MySQL and MariaDB have, as a ``mysql://`` URL may reach either.
     collation = "utf8mb4_bin"
     #: The isolation level of the queue's transactions (:meth:`begin_write`).
-    isolation_level = "READ COMMITTED"
+    isolation_level: str | None = "READ COMMITTED"
     fails_over = False
     limited_claim_at_once = False
     # A test gets a database of its own (a MySQL schema is a database).
@@ -117,6 +148,10 @@ class MySQL:
 
     def insert(self, table: Any) -> Insert:
         return mysql.insert(table)
+
+    def upsert(self, stmt: Insert, key: Sequence[Any], set_: Callable[[Any], dict[str, Any]]) -> Insert:
+        upserted: Insert = stmt.on_duplicate_key_update(set_(stmt.inserted))  # type: ignore[attr-defined]
+        return upserted
 
     # -- DDL ------------------------------------------------------------------------
 
@@ -174,9 +209,23 @@ class MySQL:
     def json_rows(
         self, name: str, fields: Sequence[tuple[str, Any]], *, limit: ColumnElement[Any] | None = None
     ) -> tuple[Any, dict[str, ColumnElement[Any]], Any]:
-        """Phase 2 (``JSON_TABLE``, MariaDB >= 10.6): the batch statements
-        (settles, enqueues of many jobs) do not run on MariaDB yet."""
-        raise NotImplementedError("sqlalchemy_watchdog: batch statements are not yet implemented on MariaDB/MySQL")
+        """``JSON_TABLE`` over the parameter (MariaDB >= 10.6, MySQL >= 8.0):
+        each field a column read by its array index (a missing element or a
+        JSON ``null`` is NULL), ``ordinal`` the row's position (``FOR
+        ORDINALITY``, from 1). A derived table of its own, so the statement
+        refers to ``name.field`` like the other backends' sources."""
+        columns_sql = ", ".join(
+            f"`{field}` {_json_table_type(type_)} PATH '$[{index}]'" for index, (field, type_) in enumerate(fields)
+        )
+        table = (
+            text(f"SELECT * FROM JSON_TABLE(:{name}, '$[*]' COLUMNS (ordinal FOR ORDINALITY, {columns_sql})) AS rows_")
+            .bindparams(bindparam(name, type_=Text()))
+            .columns(column("ordinal", BigInteger()), *(column(field, type_) for field, type_ in fields))
+        )
+        source: Any = table.subquery(name)
+        if limit is not None:
+            source = select(source).order_by(source.c.ordinal).limit(limit).subquery(name)
+        return source, {field: source.c[field] for field, _ in fields}, source.c.ordinal
 
     def skip_locked(self, pick: Select[Any]) -> Select[Any]:
         return pick.with_for_update(skip_locked=True)
@@ -200,6 +249,11 @@ class MySQL:
         # phase 2 replaces this with a locking read and a write by key.
         derived = select(pick.subquery(name).c[str(key.key)])
         return key.in_(derived) if recheck is None else and_(key.in_(derived), recheck)
+
+    def among(self, key: ColumnElement[Any], pick: Select[Any]) -> ColumnElement[bool]:
+        # Error 1235 refuses a LIMIT in an IN subquery, not in a derived table.
+        derived = pick.subquery("limited")
+        return key.in_(select(*derived.c))
 
     def union_picked(self, parts: Sequence[tuple[Select[Any], str]]) -> Any:
         return union_all(*(select(part.subquery(name)) for part, name in parts)).subquery("lane_jobs")
@@ -246,14 +300,18 @@ class MySQL:
         """From the error number and the fixed wording of 1048 / 1062.
 
         1048: ``Column 'x' cannot be null``; 1062: ``Duplicate entry '...'
-        for key 'name'`` (the key's name, possibly qualified by its table).
+        for key 'name'`` (the key's name, qualified by its table on MySQL;
+        MariaDB names the key alone, which is ``table``'s when it says so:
+        the schema's unique keys are named ``uq_<table>_<column>``).
         """
         number = error_number(error.orig)
         message = str(getattr(error.orig, "args", ("", ""))[-1])
         if number == _NOT_NULL and message.startswith("Column '"):
             return ("not_null", message.split("'")[1])
         if number == _DUPLICATE and " for key '" in message:
-            key = message.rsplit(" for key '", 1)[1].rstrip("'").rsplit(".", 1)[-1]
+            owner, _, key = message.rsplit(" for key '", 1)[1].rstrip("'").rpartition(".")
+            if owner != table if owner else not key.startswith(f"uq_{table}_"):
+                return None
             column = unique_columns.get(key)
             return ("unique", column) if column else None
         return None

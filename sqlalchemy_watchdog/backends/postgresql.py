@@ -34,6 +34,8 @@ class PostgreSQL:
     # statements each correct on its own: autocommit, one round trip.
     self_committing = True
     aborts_on_error = True
+    writes_return_rows = True
+    isolation_level: str | None = None
     notifies = True
     advisory_xact_lock = True
     prefix_range_marker = "job_id_range"
@@ -70,6 +72,10 @@ class PostgreSQL:
 
     def insert(self, table: Any) -> Insert:
         return postgresql.insert(table)
+
+    def upsert(self, stmt: Insert, key: Sequence[Any], set_: Callable[[Any], dict[str, Any]]) -> Insert:
+        upserted: Insert = stmt.on_conflict_do_update(index_elements=list(key), set_=set_(stmt.excluded))  # type: ignore[attr-defined]
+        return upserted
 
     # -- DDL ------------------------------------------------------------------------
 
@@ -226,6 +232,9 @@ class PostgreSQL:
             # a prepared statement goes to each row by key too.
             return key == any_(func.array(select(sequence).scalar_subquery()))
         return key.in_(select(sequence))
+
+    def among(self, key: ColumnElement[Any], pick: Select[Any]) -> ColumnElement[bool]:
+        return key.in_(pick)
 
     def union_picked(self, parts: Sequence[tuple[Select[Any], str]]) -> Any:
         ctes = [part.with_for_update().cte(name).prefix_with("MATERIALIZED") for part, name in parts]

@@ -51,6 +51,8 @@ class SQLite:
     self_committing = False
     # A failed statement undoes itself only.
     aborts_on_error = False
+    writes_return_rows = True
+    isolation_level: str | None = None
     notifies = False
     advisory_xact_lock = False
     # Its planner is told to read the prefix range first.
@@ -83,6 +85,10 @@ class SQLite:
 
     def insert(self, table: Any) -> Insert:
         return sqlite.insert(table)
+
+    def upsert(self, stmt: Insert, key: Sequence[Any], set_: Callable[[Any], dict[str, Any]]) -> Insert:
+        upserted: Insert = stmt.on_conflict_do_update(index_elements=list(key), set_=set_(stmt.excluded))  # type: ignore[attr-defined]
+        return upserted
 
     # -- DDL ------------------------------------------------------------------------
 
@@ -167,6 +173,9 @@ class SQLite:
         recheck: ColumnElement[bool] | None = None,
     ) -> ColumnElement[bool]:
         return key.in_(pick) if recheck is None else and_(key.in_(pick), recheck)
+
+    def among(self, key: ColumnElement[Any], pick: Select[Any]) -> ColumnElement[bool]:
+        return key.in_(pick)
 
     def union_picked(self, parts: Sequence[tuple[Select[Any], str]]) -> Any:
         return union_all(*(select(part.subquery()) for part, _name in parts)).subquery("lane_jobs")

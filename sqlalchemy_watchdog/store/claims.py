@@ -54,7 +54,7 @@ from .base import (
 )
 from .limits import claim_queue, limited_queues
 from .operation import Shape, operation
-from .views import execute_rows
+from .views import execute_rows, write_returning
 
 log = logging.getLogger("sqlalchemy_watchdog.store")
 
@@ -128,7 +128,12 @@ def promote(conn: Connection, *, limit: int = PROMOTE_BATCH) -> Promotion:
     due = next_ready_in(conn)
     if due is None or due > 0:
         return Promotion(0, due)
-    promoted = len(conn.execute(claims_sql.promote(backend_of(conn)), {"limit": limit}).all())
+    backend = backend_of(conn)
+    if backend.writes_return_rows:
+        promoted = len(conn.execute(claims_sql.promote(backend), {"limit": limit}).all())
+    else:  # a locking read, then a write by key
+        keys = [row[0] for row in conn.execute(claims_sql.promote_pick(backend), {"limit": limit})]
+        promoted = conn.execute(claims_sql.promote_by_key(), {"keys": keys}).rowcount if keys else 0
     return Promotion(promoted, next_ready_in(conn))
 
 
@@ -192,13 +197,34 @@ def claim(
     # A batch size up to LITERAL_LIMIT_MAX is written into the statement's
     # text (one prepared statement, planned once, per size: see claims_sql.claim).
     sized = sql.size_in_text(batch)
-    if distinct is None:
-        stmt = claims_sql.claim(backend_of(conn), None, sized, ahead)
-    else:
-        stmt = claims_sql.claim(backend_of(conn), len(distinct), sized, ahead)
+    backend = backend_of(conn)
+    if distinct is None and not backend.writes_return_rows:
+        # Each queue read in claim order (claims_sql.queued_queues).
+        distinct = list(conn.execute(claims_sql.queued_queues()).scalars())
+        if not distinct:
+            return _batch(conn, rows, held)
+    queue_count = None if distinct is None else len(distinct)
+    if distinct is not None:
         params.update(sql.queue_params(distinct))
-    rows.extend(execute_rows(conn, stmt, params))
+    if backend.writes_return_rows:
+        rows.extend(execute_rows(conn, claims_sql.claim(backend, queue_count, sized, ahead), params))
+    else:
+        rows.extend(_claim_by_key(conn, claims_sql.claim_pick(backend, queue_count, sized), params, ahead))
     return _batch(conn, rows, held)
+
+
+def _claim_by_key(conn: Connection, pick: Any, params: dict[str, Any], ahead: bool) -> list[Sequence[Any]]:
+    """The claim where a write returns no rows (MariaDB/MySQL), in the
+    caller's transaction: the pick locks the rows it returns, skipping rows
+    another claimer holds (``FOR UPDATE SKIP LOCKED``, each queue read in
+    its index's order, so it locks only the rows it takes); one UPDATE by
+    primary key takes them, guarded on their state; they are read back."""
+    keys = [row[0] for row in conn.execute(pick, params)]
+    if not keys:
+        return []
+    write = {"keys": keys, "token": params["token"], "lease_ms": params["lease_ms"]}
+    conn.execute(claims_sql.claim_by_key(ahead), write)
+    return list(conn.execute(claims_sql.read_by_key(), {"keys": keys}))
 
 
 # Where a row read by columns.JOB_COLUMNS holds what the store reads
@@ -230,7 +256,7 @@ def _batch(conn: Connection, found: Sequence[Sequence[Any]], held_back: bool = F
                 "token": row[_TOKEN],
                 "why": f"stored value unreadable: {', '.join(columns)}",
             }
-            cancelled.extend(view(settled) for settled in conn.execute(claims_sql.settle_unreadable(), failed))
+            cancelled.extend(view(settled) for settled in write_returning(conn, claims_sql.settle_unreadable(), failed))
             continue
         if job.state is JobState.RUNNING:
             claimed.append(Claim(job, row[_TOKEN]))
@@ -339,7 +365,9 @@ def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Set
     # statement's text (one prepared statement, planned once, per size: see
     # limits_sql.settle).
     sized = sql.size_in_text(len(requests))
-    settled = {row[_JOB_ID]: row for row in execute_rows(conn, limits_sql.settle(backend, sized), params)}
+    stmt = limits_sql.settle(backend, sized)
+    written = execute_rows(conn, stmt, params) if backend.writes_return_rows else write_returning(conn, stmt, params)
+    settled = {row[_JOB_ID]: row for row in written}
     if settled:
         limited = limited_queues(conn)  # cached: no statement for a deployment without limits
         if limited and any(row[_QUEUE] in limited for row in settled.values()):
@@ -392,7 +420,7 @@ def report_progress(
     """Record a running job's progress under its exact, live claim; whether
     the claim still held (False: nothing written)."""
     params = {"job": job_id, "token": claim_token, "fraction": fraction, "note": note, "now": now or now_ms()}
-    return conn.execute(claims_sql.progress(), params).first() is not None
+    return bool(write_returning(conn, claims_sql.progress(), params))
 
 
 @operation(Shape.WRITE)
@@ -401,7 +429,7 @@ def renew(conn: Connection, claims: Sequence[tuple[str, str]], *, lease_ms: int,
     if not claims:
         return set()
     params = {"claims": list(claims), "now": now_ms() if now is None else now, "lease_ms": lease_ms}
-    return {row.job_id for row in conn.execute(claims_sql.renew(), params)}
+    return {row.job_id for row in write_returning(conn, claims_sql.renew(), params)}
 
 
 @operation(Shape.WRITE)
@@ -413,7 +441,7 @@ def start(conn: Connection, claims: Sequence[tuple[str, str]], *, lease_ms: int,
     if not claims:
         return set()
     params = {"claims": list(claims), "now": now_ms() if now is None else now, "lease_ms": lease_ms}
-    return {row.job_id for row in conn.execute(claims_sql.start(), params)}
+    return {row.job_id for row in write_returning(conn, claims_sql.start(), params)}
 
 
 @operation(Shape.WRITE)
@@ -421,7 +449,7 @@ def release(conn: Connection, claims: Sequence[tuple[str, str]]) -> set[str]:
     """End the leases of claims a stopping runner could not finish."""
     if not claims:
         return set()
-    return set(conn.execute(claims_sql.release(), {"claims": list(claims)}).scalars())
+    return {row.job_id for row in write_returning(conn, claims_sql.release(), {"claims": list(claims)})}
 
 
 @operation(Shape.WRITE)
@@ -446,7 +474,7 @@ def cancel(conn: Connection, job_id: str, cancellation_id: str, *, only_if_queue
         status = CancelStatus.REPLAYED if holder == job_id else CancelStatus.CONFLICT
         return CancelResult(job_id, status)
     params = {"job": job_id, "cancellation": cancellation_id}
-    if conn.execute(claims_sql.cancel(only_if_queued), params).first() is not None:
+    if write_returning(conn, claims_sql.cancel(only_if_queued), params):
         return CancelResult(job_id, CancelStatus.RECORDED)
     # Nothing updated. The read above and the update are separate statements
     # (each committed on its own on PostgreSQL): an identical request may have
@@ -505,11 +533,11 @@ def fail_lane(conn: Connection, lane: str, reason: str, *, batch: int = LANE_FAI
     if not isinstance(reason, str) or not reason:
         raise WatchdogError(ErrorCode.INVALID_INPUT, "reason: must be a non-empty str")
     params = {"lane_name": lane, "reason": bound_reason(reason), "batch": batch}
-    rows = list(conn.execute(maintenance_sql.fail_lane(backend_of(conn)), params).all())
+    rows = write_returning(conn, maintenance_sql.fail_lane(backend_of(conn)), params)
     more = bool(conn.execute(maintenance_sql.lane_has_live_jobs(), {"lane_name": lane}).scalar())
     if not more and len(rows) < batch:
         params["batch"] = batch - len(rows)
-        rows += conn.execute(maintenance_sql.fail_lane_waiting(backend_of(conn)), params).all()
+        rows += write_returning(conn, maintenance_sql.fail_lane_waiting(backend_of(conn)), params)
     more = more or conn.execute(maintenance_sql.lane_has_waiting_jobs(), {"lane_name": lane}).first() is not None
     jobs = tuple(sorted((view(row) for row in rows), key=lambda j: j.sequence))
     if jobs:  # running jobs of a limited queue may have ended: wake the runners it holds back
@@ -588,7 +616,8 @@ def reconcile(
         "count": job.recovery_count,
         "reason": recovery_reason(job, budget, cause),
     }
-    row = conn.execute(claims_sql.reconcile(requeue), params).first()
+    rows = write_returning(conn, claims_sql.reconcile(requeue), params)
+    row = rows[0] if rows else None
     if row is None:
         return Recovery(job.job_id, RecoveryStatus.LOST_RACE, None)
     after = view(row)

@@ -66,6 +66,10 @@ from .sql import (
     t,
 )
 
+#: The keys (``sequence``) of the jobs a pick locked, as an expanding
+#: parameter: the write by key where a write returns no rows.
+_KEYS: BindParameter[Any] = bindparam("keys", expanding=True)
+
 
 @cache
 def read_job() -> Select[Any]:
@@ -140,14 +144,32 @@ def promote(backend: Backend) -> Update:
     lane failure; it is idempotent, and two runners promoting at once skip
     each other's rows (PostgreSQL) or take turns (SQLite's one writer).
     """
-    pick = (
+    target = backend.picked(c.sequence, _due(), "due")
+    return update(t).where(target, IS_DELAYED).values(state=_QUEUED).returning(c.sequence)
+
+
+def _due() -> Select[Any]:
+    """Up to ``:limit`` delayed jobs whose time has come, earliest first."""
+    return (
         select(c.sequence)
         .where(IS_DELAYED, c.ready_at <= db_clock_ms())
         .order_by(c.ready_at, c.sequence)
         .limit(_p("limit", Integer()))
     )
-    target = backend.picked(c.sequence, pick, "due")
-    return update(t).where(target, IS_DELAYED).values(state=_QUEUED).returning(c.sequence)
+
+
+@cache
+def promote_pick(backend: Backend) -> Select[Any]:
+    """:func:`promote`'s rows, locked, skipping rows another promoter holds:
+    where a write returns no rows, the store runs it, then
+    :func:`promote_by_key` on what it returned."""
+    return backend.skip_locked(_due())
+
+
+@cache
+def promote_by_key() -> Update:
+    """:func:`promote`'s write of the delayed jobs among ``:keys``."""
+    return update(t).where(c.sequence.in_(_KEYS), IS_DELAYED).values(state=_QUEUED)
 
 
 def _addressed(backend: Backend) -> list[ColumnElement[Any]]:
@@ -210,6 +232,29 @@ def claim(backend: Backend, queue_count: int | None, sized: bool = False, ahead:
     plan costs what the custom ones do, and it is kept -- until a statement
     turns slow on a grown table (``store.views._replan_if_slow``).
     """
+    pick = claim_pick(backend, queue_count, sized)
+    # The picks lock their rows already (skip_locked), and the update reaches
+    # them by address where the backend has one (TID scans on PostgreSQL):
+    # joined to a pick of a constant number of rows, one TID scan per row in
+    # every plan; as an array with `LIMIT :limit` (joined, the generic plan of
+    # a queue holding most of the table hash-joined a scan of the whole table:
+    # 7 ms a claim at 20,000 jobs, against 0.3). By sequence, a generic plan
+    # made on a young table never analysed scanned it whole (1 ms a claim at
+    # 9,000 rows, growing).
+    target = backend.picked(
+        c.sequence, pick, "ready", skip_locked=False, as_array=True, joined=sized, recheck=IS_QUEUED
+    )
+    return _claim_update(target, ahead)
+
+
+@cache
+def claim_pick(backend: Backend, queue_count: int | None, sized: bool = False) -> Select[Any]:
+    """The rows :func:`claim` takes (their ``sequence`` first): up to
+    ``:limit`` queued jobs in claim order, each queue read in the order of
+    ``ix_watchdog_jobs_live_queue`` and locked, skipping rows another
+    claimer holds. Where a write returns no rows (MariaDB/MySQL) the store
+    runs it alone, then :func:`claim_by_key` on what it returned (see
+    ``store.claims.claim``)."""
     limit = batch_size("limit") if sized else _p("limit", Integer())
     pick: Select[Any]
     if queue_count is None:
@@ -239,29 +284,45 @@ def claim(backend: Backend, queue_count: int | None, sized: bool = False, ahead:
         # The sequence and the row's address (where the backend has one); the priority only orders.
         taken = [column for column in best.c if column.key != "priority"]
         pick = select(*taken).order_by(best.c.priority.desc(), best.c.sequence).limit(limit)
-    # The picks lock their rows already (skip_locked), and the update reaches
-    # them by address where the backend has one (TID scans on PostgreSQL):
-    # joined to a pick of a constant number of rows, one TID scan per row in
-    # every plan; as an array with `LIMIT :limit` (joined, the generic plan of
-    # a queue holding most of the table hash-joined a scan of the whole table:
-    # 7 ms a claim at 20,000 jobs, against 0.3). By sequence, a generic plan
-    # made on a young table never analysed scanned it whole (1 ms a claim at
-    # 9,000 rows, growing).
-    target = backend.picked(
-        c.sequence, pick, "ready", skip_locked=False, as_array=True, joined=sized, recheck=IS_QUEUED
-    )
-    return _claim_update(target, ahead)
+    return pick
 
 
-def _claim_update(target: ColumnElement[bool], ahead: bool = False) -> Update:
+@cache
+def claim_by_key(ahead: bool = False) -> Update:
+    """:func:`claim`'s write of the rows whose ``sequence`` is among
+    ``:keys`` and still queued (the guard, though the pick locked them),
+    returning nothing: for a backend whose writes return no rows, after
+    :func:`claim_pick` locked them; :func:`read_by_key` reads them back."""
+    return _claim_update(and_(c.sequence.in_(_KEYS), IS_QUEUED), ahead, returning=False)
+
+
+@cache
+def queued_queues() -> Select[Any]:
+    """The queues that have a queued job (read in ``ix_watchdog_jobs_live_queue``):
+    a claim of every queue where a write returns no rows claims these by
+    name, each read in its index's order, since no index holds every
+    queue's jobs in claim order -- a locking read sorting them locks every
+    queued job it sorts, and a concurrent claimer then finds none free."""
+    return select(c.queue_name).where(IS_QUEUED).distinct()
+
+
+@cache
+def read_by_key() -> Select[Any]:
+    """The jobs whose ``sequence`` is among ``:keys``, every column a
+    claim returns (what a write returned where writes return rows)."""
+    return select(*COLUMNS).where(c.sequence.in_(_KEYS))
+
+
+def _claim_update(target: ColumnElement[bool], ahead: bool = False, *, returning: bool = True) -> Update:
     """The claim's UPDATE of the rows ``target`` selects (shared by
     :func:`claim` and :func:`claim_limited`): each runnable job running under
     its own token ``:token.<sequence>`` for ``:lease_ms`` -- with ``ahead``
     marked ``unstarted`` (claimed ahead of the runner's free slots) --; a
-    job with a recorded cancellation settled ``cancelled`` instead."""
+    job with a recorded cancellation settled ``cancelled`` instead.
+    ``returning``: every column of the rows written (else none)."""
     runnable = c.cancellation_id.is_(None)
     clock = db_clock_ms()
-    return (
+    stmt = (
         update(t)
         .where(target)
         .values(
@@ -280,8 +341,8 @@ def _claim_update(target: ColumnElement[bool], ahead: bool = False) -> Update:
         # jobs (their handlers not started until the runner's start() clears
         # it); any other claim leaves the column as a queued job has it, NULL.
         .values(**({"unstarted": case((runnable, 1), else_=null())} if ahead else {}))
-        .returning(*COLUMNS)
     )
+    return stmt.returning(*COLUMNS) if returning else stmt
 
 
 def _settle_values(

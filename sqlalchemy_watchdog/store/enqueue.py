@@ -125,7 +125,7 @@ def _enqueue(
     backend = backend_of(conn)
     # One job (the common call) is its own statement form: short to plan
     # where statements are not prepared (see sql._bound_row).
-    stmt = enqueue_sql.enqueue_rows(backend, one=len(unique) == 1)
+    stmt = enqueue_sql.enqueue_rows(backend, one=len(unique) == 1) if backend.writes_return_rows else None
     plain = delay_ms is None and trace_context is None and waits is None
     for start in range(0, len(unique), ENQUEUE_CHUNK):
         chunk = unique[start : start + ENQUEUE_CHUNK]
@@ -144,6 +144,9 @@ def _enqueue(
             else (*_values(job), delay_ms, trace_context, *_waiting(job, waits))
             for job in chunk
         ]
+        if stmt is None:  # no ON CONFLICT: a locking read, then an INSERT of the new jobs
+            admitted.update(_insert_new(conn, chunk, rows))
+            continue
         if len(unique) == 1:
             params = sql.row_params("job", sql.ENQUEUE_FIELDS, rows[0])
         else:
@@ -167,6 +170,51 @@ def _enqueue(
         first_seen.add(job.job_id)
         results.append(EnqueueResult(job.job_id, EnqueueStatus.QUEUED if queued else EnqueueStatus.DUPLICATE))
     return results
+
+
+#: How many times an enqueue without ``ON CONFLICT`` reads and inserts again
+#: when a concurrent transaction stored one of its new job ids in between.
+_INSERT_ATTEMPTS = 3
+
+
+def _insert_new(conn: Connection, chunk: Sequence[Job], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """Admit ``chunk`` (``rows``: its rows of :data:`sql.ENQUEUE_FIELDS`)
+    where a write returns no rows (``Backend.writes_return_rows`` is False:
+    MariaDB/MySQL), and return the job ids newly admitted.
+
+    The stored rows of these job ids are read under a lock (``FOR
+    UPDATE``): an identical one is a duplicate, another raises
+    :class:`EnqueueConflict` naming the job before anything of the chunk is
+    written; the others are inserted by one plain INSERT. A concurrent
+    transaction that inserts one of them first makes the INSERT wait for it
+    and then fail as a duplicate key (nothing of the statement is written):
+    the read sees its row then, and the chunk is admitted again.
+    """
+    backend = backend_of(conn)
+    ids = [job.job_id for job in chunk]
+    for attempt in range(_INSERT_ATTEMPTS):
+        stored = {
+            row.job_id: row._asdict() for row in conn.execute(enqueue_sql.locked_contents(backend), {"job_ids": ids})
+        }
+        for job in chunk:
+            found = stored.get(job.job_id)
+            if found is not None and found != _row(job):
+                raise EnqueueConflict(job.job_id)
+        new = [row for job, row in zip(chunk, rows, strict=True) if job.job_id not in stored]
+        if not new:
+            return []
+        if len(new) == 1:
+            params = sql.row_params("job", sql.ENQUEUE_FIELDS, new[0])
+        else:
+            params = sql.rows_params(backend, "jobs", sql.ENQUEUE_FIELDS, new)
+        try:
+            conn.execute(enqueue_sql.insert_rows(backend, one=len(new) == 1), params)
+        except IntegrityError as error:
+            if violation(error) != ("unique", "job_id") or attempt == _INSERT_ATTEMPTS - 1:
+                raise
+            continue
+        return [job.job_id for job in chunk if job.job_id not in stored]
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 _build_result = frozen_builder(EnqueueResult, ("job_id", "status", "unique_key"))

@@ -36,18 +36,14 @@ from .sql import (
 
 
 @cache
-def enqueue_rows(backend: Backend, one: bool = False) -> Insert:
+def insert_rows(backend: Backend, one: bool = False) -> Insert:
     """Insert queued jobs (rows of :data:`ENQUEUE_FIELDS` in the ``jobs``
-    parameter(s), admitted in their order); ``RETURNING job_id`` names the
-    ones newly admitted. ``one``: a single job, its fields each a bind
-    parameter ``job_<field>`` (:func:`row_params`), for the common one-job
-    enqueue.
-
-    A replay of an identical job matches the conflict target and updates
-    nothing (no row returned: a duplicate). A replay with other contents sets
-    the NOT NULL ``job_id`` to NULL, which fails the statement and with it the
-    caller's transaction -- never a silent no-op that would commit the
-    caller's writes beside an unrelated old job.
+    parameter(s), admitted in their order), with no conflict handling: the
+    plain INSERT of :func:`enqueue_rows`, for a backend without ``ON
+    CONFLICT`` (``Backend.writes_return_rows``), where the store has read
+    the stored rows of these job ids under a lock first
+    (:func:`locked_contents`) and inserts only the new ones. ``one``: a
+    single job, its fields each a bind parameter ``job_<field>``.
     """
     source, cols, order = (
         (None, _bound_row("job", ENQUEUE_FIELDS), None) if one else _rows(backend, "jobs", ENQUEUE_FIELDS)
@@ -78,9 +74,24 @@ def enqueue_rows(backend: Backend, one: bool = False) -> Insert:
     ).where(true())
     if source is not None:
         rows = rows.select_from(source).order_by(order)
-    ins = _insert(backend).from_select(
+    ins: Insert = _insert(backend).from_select(
         [*names, "ready_at", "state", "enqueued_at", "trace_context", "waiting_on", "after_policy"], rows
     )
+    return ins
+
+
+@cache
+def enqueue_rows(backend: Backend, one: bool = False) -> Insert:
+    """Insert queued jobs (:func:`insert_rows`); ``RETURNING job_id`` names
+    the ones newly admitted (PostgreSQL, SQLite: ``Backend.writes_return_rows``).
+
+    A replay of an identical job matches the conflict target and updates
+    nothing (no row returned: a duplicate). A replay with other contents sets
+    the NOT NULL ``job_id`` to NULL, which fails the statement and with it the
+    caller's transaction -- never a silent no-op that would commit the
+    caller's writes beside an unrelated old job.
+    """
+    ins: Any = insert_rows(backend, one)
     ex = ins.excluded
     identical = and_(
         c.queue_name == ex.queue_name,
@@ -102,6 +113,14 @@ def enqueue_rows(backend: Backend, one: bool = False) -> Insert:
         index_elements=[c.job_id], set_={"job_id": null()}, where=not_(identical)
     ).returning(c.job_id)
     return stmt
+
+
+@cache
+def locked_contents(backend: Backend) -> Select[Any]:
+    """:func:`stored_contents`, its rows locked until the transaction ends
+    (``FOR UPDATE``): what an enqueue without ``ON CONFLICT`` compares
+    before inserting the job ids not stored (``store.enqueue``)."""
+    return backend.locked(stored_contents())
 
 
 @cache

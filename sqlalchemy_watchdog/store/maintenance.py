@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Connection
+from sqlalchemy.exc import IntegrityError
 
 from ..backends import backend_of
 from ..errors import InvalidJob
@@ -72,6 +73,7 @@ from .job_steps import forget_orphan_steps
 from .limits import held_by, queue_use, read_limits
 from .operation import Shape, operation
 from .unique import prune_keys
+from .views import write_returning
 
 log = logging.getLogger("sqlalchemy_watchdog.store")
 
@@ -452,11 +454,11 @@ def prune_workers(conn: Connection, limit: int = WORKER_PRUNE_BATCH) -> int:
     recorded schedules not seen for a week; returns how many rows. Never
     touches a job."""
     workers_deleted = conn.execute(
-        maintenance_sql.prune_workers(WORKER_GONE_HEARTBEATS, WORKER_GONE_MARGIN_MS),
+        maintenance_sql.prune_workers(backend_of(conn), WORKER_GONE_HEARTBEATS, WORKER_GONE_MARGIN_MS),
         {"keep_ms": WORKER_KEEP_GONE_MS, "limit": limit},
     ).rowcount
     schedules_deleted = conn.execute(
-        maintenance_sql.prune_schedules(), {"keep_ms": SCHEDULE_KEEP_MS, "limit": limit}
+        maintenance_sql.prune_schedules(backend_of(conn)), {"keep_ms": SCHEDULE_KEEP_MS, "limit": limit}
     ).rowcount
     return int(workers_deleted or 0) + int(schedules_deleted or 0)
 
@@ -518,15 +520,39 @@ def pause(conn: Connection, queue: str, reason: str | None = None) -> PauseStatu
     check_text("queue", queue, QUEUE_MAX_LENGTH)
     if reason is not None:
         check_text("reason", reason, PAUSE_REASON_MAX_LENGTH)
-    row = conn.execute(maintenance_sql.pause(backend_of(conn)), {"queue": queue, "reason": reason}).first()
+    params = {"queue": queue, "reason": reason}
+    backend = backend_of(conn)
+    if not backend.writes_return_rows:
+        return _pause_by_key(conn, params)
+    row = conn.execute(maintenance_sql.pause(backend), params).first()
     return PauseStatus.PAUSED if row is not None else PauseStatus.ALREADY_PAUSED
+
+
+def _pause_by_key(conn: Connection, params: dict[str, Any]) -> PauseStatus:
+    """:func:`pause` where writes return no rows (no ``ON CONFLICT``): the
+    pause is read under a lock, and inserted if there is none. A concurrent
+    pause of the same queue makes the INSERT wait and fail as a duplicate
+    key (only that statement undone); the pause is then there to read."""
+    if conn.execute(maintenance_sql.locked_pause(backend_of(conn)), params).first() is not None:
+        return PauseStatus.ALREADY_PAUSED
+    try:
+        conn.execute(maintenance_sql.insert_pause(), params)
+    except IntegrityError:
+        if conn.execute(maintenance_sql.locked_pause(backend_of(conn)), params).first() is None:
+            raise
+        return PauseStatus.ALREADY_PAUSED
+    return PauseStatus.PAUSED
 
 
 @operation(Shape.WRITE)
 def resume(conn: Connection, queue: str) -> PauseStatus:
     """Resume ``queue``; idle runners are woken (NOTIFY on PostgreSQL)."""
     check_text("queue", queue, QUEUE_MAX_LENGTH)
-    if conn.execute(maintenance_sql.resume(), {"queue": queue}).first() is None:
+    if backend_of(conn).writes_return_rows:
+        resumed = conn.execute(maintenance_sql.resume(), {"queue": queue}).first() is not None
+    else:
+        resumed = conn.execute(maintenance_sql.delete_pause(), {"queue": queue}).rowcount > 0
+    if not resumed:
         return PauseStatus.NOT_PAUSED
     notify(conn, EVENT_QUEUED)
     return PauseStatus.RESUMED
@@ -856,13 +882,13 @@ def make_due(conn: Connection, queues: Iterable[str] | None = None) -> int:
     to play a test's delayed jobs without waiting.
     """
     if queues is None:
-        return len(conn.execute(maintenance_sql.make_due(False)).all())
+        return len(write_returning(conn, maintenance_sql.make_due(False), {}))
     if isinstance(queues, str):
         raise InvalidJob("queues", "must be an iterable of queue names, not one string")
     names = [check_text("queue", queue, QUEUE_MAX_LENGTH) for queue in queues]
     if not names:
         return 0
-    return len(conn.execute(maintenance_sql.make_due(True), {"queues": names}).all())
+    return len(write_returning(conn, maintenance_sql.make_due(True), {"queues": names}))
 
 
 @operation(Shape.READ)

@@ -22,6 +22,7 @@ from sqlalchemy import (
     case,
     delete,
     func,
+    insert,
     literal_column,
     not_,
     null,
@@ -107,7 +108,7 @@ def fail_lane(backend: Backend) -> Update:
     pick = select(both.c.sequence).order_by(both.c.state.desc(), both.c.sequence).limit(batch)
     return (
         update(t)
-        .where(c.sequence.in_(pick), IS_LIVE)
+        .where(backend.among(c.sequence, pick), IS_LIVE)
         .values(
             state=_SETTLED,
             outcome=Outcome.FAILED.value,
@@ -443,6 +444,28 @@ def pause(backend: Backend) -> Insert:
 
 
 @cache
+def insert_pause() -> Insert:
+    """Pause ``:queue`` with ``:reason``, a plain INSERT: where writes return
+    no rows, after :func:`locked_pause` found no row (``store.maintenance.pause``)."""
+    stmt: Insert = insert(pauses).values(
+        queue_name=_p("queue", Text()), reason=_p("reason", Text()), paused_at=db_clock_ms()
+    )
+    return stmt
+
+
+@cache
+def locked_pause(backend: Backend) -> Select[Any]:
+    """The pause of ``:queue``, if any, locked until the transaction ends."""
+    return backend.locked(select(pauses.c.queue_name).where(pauses.c.queue_name == _p("queue", Text())))
+
+
+@cache
+def delete_pause() -> Delete:
+    """:func:`resume` returning nothing (its row count says whether it was paused)."""
+    return delete(pauses).where(pauses.c.queue_name == _p("queue", Text()))
+
+
+@cache
 def resume() -> ReturningDelete[Any]:
     """Resume ``:queue``; returns its row if it was paused."""
     return delete(pauses).where(pauses.c.queue_name == _p("queue", Text())).returning(pauses.c.queue_name)
@@ -495,12 +518,12 @@ def register_worker(backend: Backend) -> Insert:
         claim_ahead=_p("claim_ahead", Integer()),
         process_queues=_p("process_queues", Text()),
     )
-    ex = stmt.excluded
-    upsert: Insert = stmt.on_conflict_do_update(
-        index_elements=[w.worker_id],
-        # claim_ahead and process_queues too: a row registered before revision
-        # w0017 (w0018) reads 0 ([]) until then.
-        set_={
+    # claim_ahead and process_queues too: a row registered before revision
+    # w0017 (w0018) reads 0 ([]) until then.
+    return backend.upsert(
+        stmt,
+        [w.worker_id],
+        lambda ex: {
             "last_seen": clock,
             "running": ex.running,
             "wakeups": ex.wakeups,
@@ -508,7 +531,6 @@ def register_worker(backend: Backend) -> Insert:
             "process_queues": ex.process_queues,
         },
     )
-    return upsert
 
 
 @cache
@@ -531,7 +553,7 @@ def live_worker_queues(gone_heartbeats: int, margin_ms: int) -> Select[Any]:
 
 
 @cache
-def prune_workers(gone_heartbeats: int, margin_ms: int) -> Delete:
+def prune_workers(backend: Backend, gone_heartbeats: int, margin_ms: int) -> Delete:
     """Delete at most ``:limit`` workers gone for longer than ``:keep_ms``."""
     long_gone = (
         select(w.worker_id)
@@ -541,7 +563,7 @@ def prune_workers(gone_heartbeats: int, margin_ms: int) -> Delete:
         )
         .limit(_p("limit", Integer()))
     )
-    return delete(workers).where(w.worker_id.in_(long_gone.scalar_subquery()))
+    return delete(workers).where(backend.among(w.worker_id, long_gone))
 
 
 @cache
@@ -561,23 +583,24 @@ def record_schedule(backend: Backend) -> Insert:
         recorded_by=_p("recorded_by", Text()),
         last_seen=clock,
     )
-    excluded = stmt.excluded
-    latest = case(
-        (r.last_enqueued.is_(None), excluded.last_enqueued),
-        (excluded.last_enqueued.is_(None), r.last_enqueued),
-        (excluded.last_enqueued > r.last_enqueued, excluded.last_enqueued),
-        else_=r.last_enqueued,
-    )
-    upsert: Insert = stmt.on_conflict_do_update(
-        index_elements=[r.name, r.fingerprint],
-        set_={
+
+    def updated(excluded: Any) -> dict[str, Any]:
+        # The latest slot enqueued, never moved back (MariaDB assigns in
+        # order: last_enqueued is read before anything assigns it).
+        latest = case(
+            (r.last_enqueued.is_(None), excluded.last_enqueued),
+            (excluded.last_enqueued.is_(None), r.last_enqueued),
+            (excluded.last_enqueued > r.last_enqueued, excluded.last_enqueued),
+            else_=r.last_enqueued,
+        )
+        return {
             "next_slot": excluded.next_slot,
             "last_enqueued": latest,
             "recorded_by": excluded.recorded_by,
             "last_seen": clock,
-        },
-    )
-    return upsert
+        }
+
+    return backend.upsert(stmt, [r.name, r.fingerprint], updated)
 
 
 @cache
@@ -587,14 +610,14 @@ def list_schedules() -> Select[Any]:
 
 
 @cache
-def prune_schedules() -> Delete:
+def prune_schedules(backend: Backend) -> Delete:
     """Forget at most ``:limit`` recorded schedules not seen for ``:keep_ms``."""
     stale = (
         select(r.name, r.fingerprint)
         .where(r.last_seen + _p("keep_ms", BigInteger()) < db_clock_ms())
         .limit(_p("limit", Integer()))
     )
-    return delete(recorded).where(tuple_(r.name, r.fingerprint).in_(stale))
+    return delete(recorded).where(backend.among(tuple_(r.name, r.fingerprint), stale))
 
 
 @cache

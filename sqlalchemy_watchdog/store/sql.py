@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -40,7 +41,9 @@ from sqlalchemy import (
     BindParameter,
     Float,
     Integer,
+    Select,
     Text,
+    Update,
     bindparam,
     cast,
     literal_column,
@@ -311,3 +314,47 @@ def size_in_text(size: int) -> bool:
     text (the ``sized`` statement, up to :data:`LITERAL_LIMIT_MAX`), or
     sent as a parameter."""
     return 0 < size <= LITERAL_LIMIT_MAX
+
+
+#: The keys (``sequence``) of the jobs a locking read returned, as an
+#: expanding parameter (:func:`by_key`).
+KEYS: BindParameter[Any] = bindparam("keys", expanding=True)
+
+
+@dataclass(frozen=True)
+class ByKey:
+    """A guarded ``UPDATE ... RETURNING`` of ``watchdog_jobs`` as three
+    statements, for a backend whose writes return no rows
+    (``Backend.writes_return_rows``; see ``store.views.write_returning``):
+
+    * ``pick``: the ``sequence`` of the rows the write's WHERE selects,
+      locked (``FOR UPDATE``) -- the same guard, the same parameters;
+    * ``write``: the write itself, its guard kept, also limited to ``:keys``;
+    * ``read``: what the write returned, read back by ``:keys``.
+    """
+
+    pick: Select[Any]
+    write: Update
+    read: Select[Any]
+
+
+_BY_KEY: dict[tuple[Update, Backend], ByKey] = {}
+
+
+def by_key(backend: Backend, stmt: Update) -> ByKey:
+    """:class:`ByKey` of ``stmt`` (a cached statement of the store: built once each)."""
+    found = _BY_KEY.get((stmt, backend))
+    if found is None:
+        where = stmt.whereclause
+        assert where is not None, "a guarded write has a WHERE clause"
+        returned = list(stmt.exported_columns)
+        # The jobs' table or its alias (the settle's ``j``, updated from its rows).
+        key = stmt.table.c.sequence
+        write = stmt._generate()
+        write._returning = ()  # the same SET and WHERE, nothing returned
+        found = _BY_KEY[(stmt, backend)] = ByKey(
+            pick=backend.locked(select(key).where(where)),
+            write=write.where(key.in_(KEYS)),
+            read=select(*returned).where(key.in_(KEYS)),
+        )
+    return found

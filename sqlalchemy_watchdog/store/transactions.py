@@ -143,7 +143,10 @@ def _transact_as(
             conn = conn.execution_options(isolation_level="AUTOCOMMIT")
         return fn(conn, *args, **kwargs)
     if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
-        conn = conn.execution_options(isolation_level=conn.default_isolation_level)
+        # Out of autocommit: at the level the backend's transactions run at
+        # (MariaDB: READ COMMITTED), else the connection's default.
+        level = backend_of(conn).isolation_level or conn.default_isolation_level
+        conn = conn.execution_options(isolation_level=level)
     with conn.begin():
         lock_free_reads = reads_beside_writer(conn)
         if declared_as.peek is not None and lock_free_reads and not _in_transaction(conn):

@@ -231,4 +231,4 @@ def keys_held_by(conn: Connection, job_id: str) -> list[UniqueKeyHold]:
 
 def prune_keys(conn: Connection, *, limit: int) -> int:
     """Delete at most ``limit`` key rows a day past their window; how many."""
-    return int(conn.execute(prune_ended(), {"age": KEY_RETENTION_MS, "limit": limit}).rowcount)
+    return int(conn.execute(prune_ended(backend_of(conn)), {"age": KEY_RETENTION_MS, "limit": limit}).rowcount)

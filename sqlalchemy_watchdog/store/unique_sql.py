@@ -141,7 +141,7 @@ def held_by() -> Select[Any]:
 
 
 @cache
-def prune_ended() -> Delete:
+def prune_ended(backend: Backend) -> Delete:
     """At most ``:limit`` key rows whose window ended over ``:age`` ms ago
     (database clock). The condition is the row's own, so a row an enqueue
     just renewed (it waits for that enqueue's lock, then reads the new row)
@@ -150,9 +150,10 @@ def prune_ended() -> Delete:
         select(k.unique_key)
         .where(k.until_ms < sql.db_clock_ms() - _p("age", BigInteger()))
         .limit(_p("limit", BigInteger()))
-        .scalar_subquery()
     )
-    return delete(keys).where(k.unique_key.in_(ended), k.until_ms < sql.db_clock_ms() - _p("age", BigInteger()))
+    return delete(keys).where(
+        backend.among(k.unique_key, ended), k.until_ms < sql.db_clock_ms() - _p("age", BigInteger())
+    )
 
 
 @cache

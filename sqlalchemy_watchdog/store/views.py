@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from sqlalchemy import Connection, Integer
+from sqlalchemy import Connection, Integer, Row, Update
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -300,3 +300,39 @@ def _execute_rows(conn: Connection, stmt: Executable, params: Mapping[str, Any])
     text, names = pre.native
     native_args = tuple(values[name] for name in names)
     return backend_of(conn).execute_rows(conn, _renewed(text, generation), native_args, native=True)
+
+
+#: How many times :func:`write_returning` picks again when its write reached
+#: fewer rows than its locking read returned.
+_BY_KEY_ATTEMPTS = 3
+
+
+def write_returning(conn: Connection, stmt: Update, params: Mapping[str, Any]) -> list[Row[Any]]:
+    """Run ``stmt``, a guarded ``UPDATE ... RETURNING`` of ``watchdog_jobs``,
+    and return its rows -- where the backend's writes return none
+    (MariaDB/MySQL: ``Backend.writes_return_rows``) as three statements of
+    the caller's transaction (:func:`sql.by_key`): a locking read of the
+    rows the guard selects, the same guarded write limited to them by
+    primary key, and a read of what it returned.
+
+    The rows are locked between the read and the write, but the guard may
+    read the clock (a lease): should the write reach fewer rows than the
+    read locked (a lease ended in between), it is undone to a savepoint and
+    the rows are picked again, so what is returned is exactly what was written.
+    """
+    backend = backend_of(conn)
+    if backend.writes_return_rows:
+        return list(conn.execute(stmt, params))
+    parts = sql.by_key(backend, stmt)
+    for _ in range(_BY_KEY_ATTEMPTS):
+        keys = [row[0] for row in conn.execute(parts.pick, params)]
+        if not keys:
+            return []
+        savepoint = conn.begin_nested()
+        written = conn.execute(parts.write, {**params, "keys": keys}).rowcount
+        if written != len(keys):
+            savepoint.rollback()
+            continue
+        savepoint.commit()
+        return list(conn.execute(parts.read, {"keys": keys}))
+    return []

@@ -48,39 +48,26 @@ def _postgres_database(request: pytest.FixtureRequest) -> Iterator[URL]:
         admin.dispose()
 
 
-#: Issue 57, phase 1: what each operation file still needs on MariaDB from the
-#: statement builders (phase 2). Every test of these files that takes the
+#: Issue 57: what each operation file still needs on MariaDB from the statement
+#: builders (phase 2 made enqueue, claim, settle, leases and maintenance run). Every test of these files that takes the
 #: MariaDB database is a strict xfail with this reason, so the suite says
 #: exactly what remains, and a test that starts passing fails until its
 #: mark goes (RUNS_ON_MARIADB).
 NOT_YET_ON_MARIADB = {
-    "test_ops_enqueue.py": "enqueue: ON CONFLICT (Backend.insert's on_conflict_do_*/excluded) -> "
-    "ON DUPLICATE KEY UPDATE / INSERT IGNORE; the batch's JSON rows (Backend.json_rows -> JSON_TABLE); RETURNING",
-    "test_ops_claim.py": "claim: UPDATE ... RETURNING of a pick of its own table -> a SKIP LOCKED locking read "
-    "and an UPDATE by primary key in one transaction (and enqueue, to set up)",
-    "test_ops_settle.py": "settle: batch rows (Backend.json_rows), UPDATE ... RETURNING (and enqueue, claim)",
-    "test_ops_lease.py": "renew/release/recover: UPDATE ... RETURNING and picks of their own table "
-    "(error 1093) (and enqueue, claim)",
     "test_ops_limits.py": "limits: the upsert of watchdog_limits (ON CONFLICT -> ON DUPLICATE KEY), "
     "the limited claim (and enqueue)",
-    "test_ops_maintenance.py": "pause/workers/schedules upserts (ON CONFLICT), prune/purge/cancel "
-    "DELETE/UPDATE ... RETURNING and self-referencing picks (and enqueue)",
     "test_ops_dependencies.py": "enqueue with after=; the edge triggers cascade into watchdog_jobs from a "
     "trigger on it (MariaDB error 1442): propagation must leave the triggers",
     "test_ops_unique.py": "the unique keys' upsert (store/unique_sql.py: on_conflict_do_nothing -> "
     "INSERT IGNORE / ON DUPLICATE KEY) and RETURNING (and enqueue)",
-    "test_ops_views.py": "the views' rows come from enqueue/claim/settle, which are phase 2",
-    "test_ops_steps.py": "the steps' INSERT ... SELECT ... ON CONFLICT ... RETURNING (store/job_steps_sql.py), "
-    "and enqueue and claims",
+    "test_ops_views.py": "the detailed read's relations: enqueue with after= (the dependency edges' "
+    "insert, on_conflict_do_nothing)",
+    "test_ops_steps.py": "the steps' INSERT ... SELECT ... ON CONFLICT ... RETURNING (store/job_steps_sql.py)",
 }
 #: The capabilities (test_capabilities.py) MariaDB does not meet yet, by test.
 CAPABILITIES_NOT_YET = {
-    "test_a_real_duplicate_and_a_real_null_are_parsed": "needs enqueue (ON CONFLICT, statements)",
-    "test_a_real_lock_conflict_is_transient": "needs enqueue to store the row it locks (ON CONFLICT)",
     "test_insert_on_conflict_does_nothing_and_returns_only_new_rows": "Backend.insert has no "
     "on_conflict_do_nothing: ON DUPLICATE KEY / INSERT IGNORE and no RETURNING (phase 2 decides the seam)",
-    "test_job_id_order_is_code_point_order_where_the_backend_says_so": "needs the batch enqueue (json_rows)",
-    "test_json_rows_yield_every_row_in_order_with_typed_fields": "Backend.json_rows (JSON_TABLE)",
     "test_a_write_targets_exactly_the_picked_rows": "UPDATE ... RETURNING; picked() is an IN over "
     "its own table (error 1093): a locking read, then a write by key",
     "test_a_write_reaches_the_rows_a_pick_locked_by_their_address": "needs json_rows / RETURNING",
@@ -92,13 +79,18 @@ CAPABILITIES_NOT_YET = {
     "json_rows / RETURNING",
     "test_a_share_locked_read_holds_its_rows_against_a_delete_where_rows_lock": "the test expects "
     "PostgreSQL's FOR KEY SHARE or none; MariaDB's LOCK IN SHARE MODE is phase 2's to assert",
-    "test_pruning_skips_while_another_transaction_prunes": "retention's pruning of the unique keys: "
-    "IN (subquery with LIMIT), which MariaDB refuses (error 1235)",
     "test_the_url_rules_give_urls_the_driver_accepts": "has_schemas is False without a database file: "
     "the pytest plugin's per-test database on MariaDB is phase 2",
 }
 #: The operation tests that already pass on MariaDB.
 RUNS_ON_MARIADB = {
+    # Views over what enqueue, claim, settle and pause write.
+    "test_stats_count_each_queues_jobs_by_state_recent_outcomes_and_expired_leases",
+    "test_read_returns_the_job_as_stored_and_read_claim_adds_its_current_token",
+    "test_the_queue_head_is_its_running_job_else_the_next_one_a_claim_would_take",
+    "test_read_settled_pages_settled_jobs_in_admission_order",
+    "test_list_jobs_pages_by_sequence_both_ways_and_filters",
+    "test_throughput_counts_the_last_hours_settlements_per_queue_and_outcome",
     "test_limits_without_any_limit_are_refused_and_write_nothing",
     "test_bad_combinations_are_refused_before_anything_is_written",
 }

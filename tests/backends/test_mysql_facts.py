@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
@@ -47,6 +47,24 @@ def test_the_queues_transactions_run_at_read_committed(maria: Engine) -> None:
         level = conn.execute(text("SELECT trx_isolation_level FROM information_schema.innodb_trx"
                                   " WHERE trx_mysql_thread_id = CONNECTION_ID()")).scalar_one()  # fmt: skip
         conn.rollback()
+    assert level == "READ COMMITTED"
+
+
+def _level_of_a_transaction(conn: Connection) -> str:
+    """The isolation level of the transaction ``conn`` runs, as InnoDB reports it."""
+    conn.execute(text("UPDATE t SET n = n + 1 WHERE id = 1"))
+    level: str = conn.execute(text("SELECT trx_isolation_level FROM information_schema.innodb_trx"
+                                    " WHERE trx_mysql_thread_id = CONNECTION_ID()")).scalar_one()  # fmt: skip
+    return level
+
+
+def test_a_store_transaction_begun_from_autocommit_runs_at_the_backends_level(maria: Engine) -> None:
+    """``transact_as`` leaves autocommit for the backend's level (READ
+    COMMITTED), not the connection's default (InnoDB's REPEATABLE READ),
+    for reading work too (no ``begin_write``)."""
+    with maria.connect() as conn:
+        auto = conn.execution_options(isolation_level="AUTOCOMMIT")
+        level = store.transact_as(auto, store.TxMode(write=False), _level_of_a_transaction)
     assert level == "READ COMMITTED"
 
 

@@ -276,7 +276,6 @@ def test_watchdog_job_and_an_application_model_share_one_session(engine: Engine)
         assert job.sequence >= 1
 
 
-@not_yet_on_mariadb("enqueue's statement (store/enqueue_sql.py) uses ON CONFLICT and RETURNING")
 def test_enqueued_job_joins_with_the_application_row_in_an_orm_query(engine: Engine) -> None:
     AppBase.metadata.create_all(engine)
     with Session(engine) as session:

@@ -912,6 +912,25 @@ NOT_ON_JOBS = {
 }
 
 
+#: The statements only a backend whose writes return no rows runs (MariaDB/MySQL:
+#: ``Backend.writes_return_rows``): the locking reads, writes by key and reads back
+#: that stand for one PostgreSQL statement (``claim_pick`` is planned inside ``claim``).
+#: These plans are PostgreSQL's; MariaDB's own are not checked yet (issue 57).
+BY_KEY_ONLY = {
+    "insert_rows",
+    "locked_contents",
+    "claim_pick",
+    "claim_by_key",
+    "read_by_key",
+    "queued_queues",
+    "promote_pick",
+    "promote_by_key",
+    "insert_pause",
+    "locked_pause",
+    "delete_pause",
+}
+
+
 def test_every_statement_builder_is_planned() -> None:
     """A new statement builder in a store statement module needs a row in PLANS (or in NOT_ON_JOBS)."""
     builders = {
@@ -920,7 +939,7 @@ def test_every_statement_builder_is_planned() -> None:
         for name, value in vars(module).items()
         if getattr(value, "__module__", None) == module.__name__ and hasattr(value, "cache_info")
     }
-    assert builders == {case.builder for case in PLANS} | NOT_ON_JOBS
+    assert builders == {case.builder for case in PLANS} | NOT_ON_JOBS | BY_KEY_ONLY
 
 
 #: The builders whose statements the store sends itself (``store.views.execute_rows``):
