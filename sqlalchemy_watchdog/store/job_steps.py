@@ -104,4 +104,4 @@ def read_steps(conn: Connection, job_id: str) -> list[JobStep]:
 
 def forget_orphan_steps(conn: Connection, *, limit: int) -> int:
     """Delete at most ``limit`` steps whose job was pruned or purged; how many."""
-    return int(conn.execute(job_steps_sql.forget_orphans(), {"limit": limit}).rowcount)
+    return int(conn.execute(job_steps_sql.forget_orphans(backend_of(conn)), {"limit": limit}).rowcount)

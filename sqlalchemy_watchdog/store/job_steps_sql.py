@@ -69,12 +69,13 @@ def read_steps() -> Select[Any]:
 
 
 @cache
-def forget_orphans() -> Delete:
-    """At most ``:limit`` steps whose job is gone (pruned or purged)."""
+def forget_orphans(backend: Backend) -> Delete:
+    """At most ``:limit`` steps whose job is gone (pruned or purged): a
+    LIMITed pick (through :meth:`Backend.among`: MariaDB refuses ``IN``
+    over a subquery with ``LIMIT``)."""
     orphans = (
         select(s.job_sequence)
         .where(~select(literal(1)).where(j.sequence == s.job_sequence).exists())
         .limit(sql._p("limit", BigInteger()))
-        .scalar_subquery()
     )
-    return delete(steps).where(s.job_sequence.in_(orphans))
+    return delete(steps).where(backend.among(s.job_sequence, orphans))
