@@ -149,7 +149,7 @@ def test_progress_of_a_child_whose_job_lost_its_claim_answers_lost(engine: Engin
     signal = StopSignal()
     running = RunningJob(
         "lost", "q", "q", 0, None, 0, None, _signal=signal,
-        _progress=ProgressReporter("lost", "not-the-token", write, None),
+        _progress=ProgressReporter("lost", "not-the-token", write, None, interval_s=3600),
     )  # fmt: skip
     pool = ProcessPool(ProcessExecutor(processes=1))
     try:
