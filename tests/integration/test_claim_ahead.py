@@ -157,10 +157,12 @@ def test_a_job_claimed_ahead_that_waits_too_long_is_given_back_and_runs_later_un
 
 @pytest.mark.usefixtures("claims_ahead_of_any_handler")
 def test_jobs_claimed_ahead_are_given_back_at_shutdown_never_started(engine: Engine, runners: RunnerDriver) -> None:
-    handler = Recorder(slow_s=1.0)
+    handler = Recorder(slow_s=30.0)
     ahead = tuple(f"ahead-{i}" for i in range(3))
     with busy_with_slow_jobs(engine, runners, handler, 3, *ahead):
-        pass
+        # The slow jobs hold every slot however slowly the machine claimed the
+        # others; they finish a moment after the shutdown begins, within its grace.
+        threading.Timer(1.0, handler.release.set).start()
     # run_forever has returned: the slow jobs finished within the grace; the others never started.
     assert all(read(engine, job_id).outcome is Outcome.COMPLETED for job_id in SLOW)
     assert sorted(handler.ran) == sorted([*WARM, *SLOW])
@@ -197,7 +199,10 @@ def test_a_runner_claims_in_larger_batches_when_its_handlers_are_short(engine: E
         assert sorted(handler.ran) == sorted([*(f"warm-{ahead}-{i}" for i in range(10)), *ids]), "each ran once"
         batches[ahead] = len({raw(engine, job_id)["claim_token"].rsplit(".", 1)[0] for job_id in ids})
     assert batches[0] >= 15, f"without claiming ahead, batches of at most 4: {batches}"
-    assert batches[12] <= 11, f"claiming ahead, batches of more than 5: {batches}"
+    # Fewer claims than any run without claiming ahead can make (60 jobs, at most
+    # 4 a claim: 15); typically 4-8, more on a loaded machine, whose handlers
+    # finish before the runner's next claim as often as not.
+    assert batches[12] < 15, f"claiming ahead, batches of more than 4: {batches}"
 
 
 @pytest.mark.usefixtures("claims_ahead_of_any_handler")
