@@ -1565,8 +1565,8 @@ class WatchdogMachine(RuleBasedStateMachine):
         """The steps the database holds for each stored job are the model's
         for that job's admission: a pruned or purged job's are never read
         back by a new job of the same job_id."""
-        if not hasattr(self, "steps"):
-            return
+        if not getattr(self, "steps", None):
+            return  # no step recorded in this run: nothing to compare (and one query saved per step)
         with self.engine.connect() as conn:
             stored = {
                 (row.job_id, row.name, row.attempt)
