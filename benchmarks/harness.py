@@ -572,10 +572,12 @@ class Watchdog:
     def worker_main(
         self, target: Target, concurrency: int = 1, defaults: bool = False, latency: bool = False,
         use_asyncio: bool = False, retention_days: int | None = None, count_sql: bool = False,
+        work_ms: float = 0.0, claim_ahead: int | None = None,
     ) -> None:  # fmt: skip
         """``Runner`` (``defaults``: ``Runner(engine, handlers)`` on ``create_engine(url)``; else a pool of
         concurrency + 3), or ``AsyncRunner`` over an async engine. ``count_sql``: ``SQLCOUNT n words``
-        to stderr at exit, the statements sent by their first words."""
+        to stderr at exit, the statements sent by their first words. ``work_ms``: each handler sleeps
+        that long (I/O-like work that releases the GIL); ``claim_ahead``: the runner's option."""
         logging.basicConfig(level=logging.WARNING)
         if count_sql:
             counts: collections.Counter[str] = collections.Counter()
@@ -589,13 +591,19 @@ class Watchdog:
 
             from sqlalchemy_watchdog.asyncio import AsyncRunner
 
+            async def work(job: Any) -> None:
+                await asyncio.sleep(work_ms / 1000.0)
+
             async def main() -> None:
                 eng = create_async_engine(target.url)
                 async with eng.connect() as conn:
                     await conn.execute(text("SELECT 1"))
                 say("READY")
+                extra: dict[str, Any] = {} if claim_ahead is None else {"claim_ahead": claim_ahead}
                 try:
-                    await AsyncRunner(eng, {QUEUE: anoop}, concurrency=concurrency).run_forever()
+                    await AsyncRunner(
+                        eng, {QUEUE: work if work_ms else anoop}, concurrency=concurrency, **extra
+                    ).run_forever()
                 finally:
                     await eng.dispose()
 
@@ -604,8 +612,12 @@ class Watchdog:
         def handler(job: Any) -> None:
             if latency:
                 say("START", f"{job.job_id} {time.time():.6f}")
+            if work_ms:
+                time.sleep(work_ms / 1000.0)
 
         options: dict[str, Any] = {} if defaults else {"concurrency": concurrency}
+        if claim_ahead is not None:
+            options["claim_ahead"] = claim_ahead
         if retention_days is not None:
             options["retention"] = Retention(completed=timedelta(days=retention_days))
         eng = create_engine(target.url) if defaults else engine(target, pool_size=concurrency + 3)
@@ -827,6 +839,7 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "--drain-rows": (str, "drain rows to run, by a word of their name: e.g. defaults,c16,p1"),
     "--drain-timeout": (float, "sqlite-load: seconds to wait for a drain (default 60)"),
     "--duration": (float, "sqlite-load: seconds of app load per run (default 20)"),
+    "--handler-ms": (str, "claim-ahead: each handler's sleep in ms, comma-separated (default 0,1,2,5)"),
     "--jobs": (int, "jobs per measurement (for every queue)"),
     "--journals": (str, "sqlite-load: journal modes, of delete,wal,wal-full (default delete,wal)"),
     "--links": (int, "jobs in the chain"),
