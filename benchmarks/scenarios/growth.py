@@ -325,10 +325,11 @@ def soak_runner_role(target: h.Target, retain_seconds: float) -> None:
 
 
 #: One sample of the soak: sizes (bytes), the table's tuple counts, the age of the oldest xmin or xid a
-#: session holds (transactions; what keeps vacuum from removing dead rows).
+#: session of this database holds (transactions; what keeps vacuum from removing dead rows).
 SIZES_SQL = """
 SELECT pg_total_relation_size(relid), pg_relation_size(relid), n_live_tup, n_dead_tup, autovacuum_count,
-       (SELECT max(greatest(age(backend_xmin), age(backend_xid))) FROM pg_stat_activity)
+       (SELECT max(greatest(age(backend_xmin), age(backend_xid))) FROM pg_stat_activity
+        WHERE datname = current_database())
 FROM pg_stat_user_tables WHERE relname = 'watchdog_jobs'
 """
 INDEX_SIZES_SQL = """
