@@ -200,6 +200,7 @@ def record(bench: h.Bench, table: str, row: str, figures: Callable[[], dict[str,
 
 
 RATES = "growth: rates by table size (jobs/s), PostgreSQL, watchdog"
+RELATIVE = "growth: rates by table size, relative to the first cell (median / its median)"
 TIMES = "growth: start latency and reads by table size (ms; reads: median), PostgreSQL, watchdog"
 
 
@@ -215,7 +216,7 @@ def growth(bench: h.Bench) -> None:
     jobs, warm = bench.opt("jobs", 20_000, 300), (100 if bench.quick else 1000)
     single, batches = (200, 3) if bench.quick else (2000, 10)
     samples, calls = bench.opt("samples", 100, 10), (5 if bench.quick else 20)
-    bench.table(RATES, chart="growth.png")
+    bench.table(RATES), bench.table(TIMES), bench.table(RELATIVE, chart="growth.png")  # in this order
     with bench.database("postgresql", "growth", fails="growth") as target:
         for history in histories:
             for backlog in backlogs:
@@ -239,6 +240,10 @@ def growth(bench: h.Bench) -> None:
         for column in ("drain (runner defaults)", "enqueue, 1 per transaction", "enqueue, 1,000 per statement"):
             goal = f"{column} at {cell(*big)} >= 0.9x at {base}"
             bench.check_median(goal, RATES, cell(*big), column, lambda m: m >= 0.9, versus=column, versus_row=base)
+            first = bench.medians(RATES, base).get(column)
+            for row in bench.tables[RATES].cells if RATES in bench.tables and first else ():
+                if (value := bench.medians(RATES, row).get(column)) is not None:
+                    bench.record(RELATIVE, row, column, value / first)
     if prune_rows := bench.opt("prune-rows", 1_000_000, 10_000):
         prune_beside_drain(bench, prune_rows, warm)
 
