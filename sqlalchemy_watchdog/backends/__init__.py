@@ -149,7 +149,9 @@ class Backend(Protocol):
         from ``new``, the proposed row's columns: ``ON CONFLICT DO UPDATE``
         with ``excluded``, or MariaDB/MySQL's ``ON DUPLICATE KEY UPDATE``
         with ``VALUES()`` (which fires on any unique key: for tables whose
-        only one is ``key``). Returns no rows."""
+        only one is ``key``). Returns no rows. MariaDB/MySQL assign in
+        ``set_``'s order, each assignment reading the row as the earlier
+        ones left it: a value that depends on the old row goes first."""
         ...
 
     def trigger_sql(self, clock: str | None = None) -> list[str]:

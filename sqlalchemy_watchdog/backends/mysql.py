@@ -150,7 +150,9 @@ class MySQL:
         return mysql.insert(table)
 
     def upsert(self, stmt: Insert, key: Sequence[Any], set_: Callable[[Any], dict[str, Any]]) -> Insert:
-        upserted: Insert = stmt.on_duplicate_key_update(set_(stmt.inserted))  # type: ignore[attr-defined]
+        # As a list: the assignments in set_'s order (a dict would be put in
+        # the table's column order), each reading the row as the earlier ones left it.
+        upserted: Insert = stmt.on_duplicate_key_update(list(set_(stmt.inserted).items()))  # type: ignore[attr-defined]
         return upserted
 
     # -- DDL ------------------------------------------------------------------------

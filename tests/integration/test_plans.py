@@ -886,6 +886,7 @@ NOT_ON_JOBS = {
     "forget_queue_claims",
     "set_limits",
     "clear_limits",
+    "delete_limits",
     # A key's claims in its per-key window: ix_watchdog_limit_claims_keyed (w0015),
     # asserted by test_the_limited_claim_stays_flat_at_a_million_jobs_and_ten_thousand_keys.
     "keys_rate_used",
