@@ -56,6 +56,8 @@ class PostgreSQL:
     limited_claim_at_once = True
     # Each test of the pytest plugin gets a schema of its own.
     has_schemas = True
+    triggers_tell_dependents = True
+    trigger_names = TRIGGER_NAMES
 
     def __init__(self) -> None:
         #: Whether job_id sorts by code point, per database URL (asked once).

@@ -73,6 +73,8 @@ class SQLite:
     fails_over = False
     limited_claim_at_once = False
     has_schemas = False
+    triggers_tell_dependents = True
+    trigger_names = TRIGGER_NAMES
 
     def bounded_text(self, length: int) -> TypeEngine[str] | None:
         return None  # TEXT indexes whole

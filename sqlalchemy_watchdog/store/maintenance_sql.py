@@ -149,6 +149,28 @@ def purge_waiting() -> Delete:
 
 
 @cache
+def purge_pick(backend: Backend, waiting: bool) -> Select[Any]:
+    """The jobs :func:`purge_waiting` (``waiting``) or :func:`purge` would
+    delete -- ``sequence``, ``job_id`` and ``watched`` -- locked until the
+    transaction ends: where the store tells dependents itself (MariaDB), it
+    deletes them by key (:func:`purge_by_key`) and tells the watched ones'."""
+    pick = select(c.sequence, c.job_id, c.watched).where(c.queue_name == _p("queue"), _purged(waiting))
+    return backend.locked(pick)
+
+
+@cache
+def purge_by_key(waiting: bool) -> Delete:
+    """Delete the jobs among ``:keys`` (their ``sequence``) that
+    :func:`purge_pick` locked, their state checked again."""
+    return delete(t).where(c.sequence.in_(bindparam("keys", expanding=True)), _purged(waiting))
+
+
+def _purged(waiting: bool) -> ColumnElement[bool]:
+    """The state of a job a purge deletes: waiting, or queued and delayed."""
+    return IS_WAITING if waiting else and_(IS_LIVE, c.state != literal_column(f"'{_RUNNING}'"))
+
+
+@cache
 def fail_lane_waiting(backend: Backend) -> Update:
     """Settle a batch (``:batch``) of lane ``:lane_name``'s waiting jobs
     ``failed`` with ``:reason``, oldest first (revision w0014). Like a

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import Engine
 
 from sqlalchemy_watchdog import Decision, Job, JobState, Outcome, store
-from tests.backends.ops import add, claim, claim_one, claimed_ids, op, read, settle
+from tests.backends.ops import add, claim, claim_one, claimed_ids, end_lease, op, read, settle
 
 
 @pytest.mark.operation("relations", "parent_results")
@@ -63,3 +63,43 @@ def test_waiting_for_lists_each_waiting_job_with_the_parents_it_still_waits_for(
     settle(db, claim_one(db, ["a"]), Decision.completed())
     assert op(db, store.waiting_for, ["q"]) == {"w": [("p2", "b", "queued")]}
     assert op(db, store.waiting_for, ["a"]) == {} and op(db, store.waiting_for, []) == {}
+
+
+@pytest.mark.operation("cancel", "claim", "fail_lane", "reconcile", "purge")
+def test_every_statement_that_ends_a_live_parent_tells_its_dependents_in_its_own_transaction(db: Engine) -> None:
+    """A claim finding a recorded cancellation, a lane failure, recovery
+    settling ``interrupted`` and a purge end a parent as a settle does: its
+    dependents are cancelled (the default policy) or released
+    (``any_outcome``) when that operation commits, not by a later pass."""
+    parents = {
+        "cancelled": Job("cancelled", "c"),
+        "lane": Job("lane", "l", lane="down"),
+        "lost": Job("lost", "r"),
+        "purged": Job("purged", "gone"),
+    }
+    add(db, *parents.values())
+    add(db, *(Job(f"{name}-child", "kids", after=(name,)) for name in parents))
+    add(db, *(Job(f"{name}-tolerant", "kids", after=(name,), after_policy="any_outcome") for name in parents))
+
+    assert op(db, store.cancel, "cancelled", "stop-1").status.value == "recorded"
+    assert claim(db, ["c"]).cancelled[0].job_id == "cancelled"  # the claim settles it cancelled
+    op(db, store.fail_lane, "down", "the lane's host is down")
+    end_lease(db, claim_one(db, ["r"]))
+    (expired,) = op(db, store.expired_claims, limit=10)
+    assert op(db, store.reconcile, expired).job.outcome is Outcome.INTERRUPTED  # type: ignore[union-attr]
+    assert op(db, store.purge, "gone") == 1
+
+    for name, outcome in (
+        ("cancelled", "cancelled"),
+        ("lane", "failed"),
+        ("lost", "interrupted"),
+        ("purged", "purged"),
+    ):
+        child = read(db, f"{name}-child")
+        assert (child.state, child.outcome, child.failure_reason) == (
+            JobState.SETTLED,
+            Outcome.CANCELLED,
+            f"parent {name} ended {outcome}",
+        ), name
+        assert read(db, f"{name}-tolerant").state is JobState.QUEUED, name
+        assert op(db, store.relations, f"{name}-tolerant") == (((name, outcome),), ())

@@ -900,6 +900,7 @@ NOT_ON_JOBS = {
     # watchdog_unique_keys (w0020): one row per key in use, read and written by its
     # primary key, by job_id (ix_watchdog_unique_keys_job_id) or pruned by until_ms
     # (ix_watchdog_unique_keys_until_ms).
+    "take_fresh",
     "lock_key",
     "pass_key",
     "count_duplicate",
@@ -929,6 +930,12 @@ BY_KEY_ONLY = {
     "insert_pause",
     "locked_pause",
     "delete_pause",
+    "insert_key",
+    "read_step",
+    "tell_parents",
+    "settled_parents",
+    "purge_pick",
+    "purge_by_key",
 }
 
 
