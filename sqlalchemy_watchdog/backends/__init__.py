@@ -127,6 +127,10 @@ class Backend(Protocol):
     #: Whether a test can run in a schema of its own (the pytest plugin's
     #: ``watchdog_engine``); else it gets the tables of a database file.
     has_schemas: bool
+    #: Whether a test can run in a database of its own on the server, made
+    #: and dropped by the pytest plugin's ``watchdog_engine`` (MariaDB/MySQL,
+    #: where a schema is a database), when it has no schemas.
+    has_databases: bool
 
     def bounded_text(self, length: int) -> TypeEngine[str] | None:
         """The type of an indexed text column of at most ``length``

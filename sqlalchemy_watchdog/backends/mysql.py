@@ -120,6 +120,7 @@ class MySQL:
     limited_claim_at_once = False
     # A test gets a database of its own (a MySQL schema is a database).
     has_schemas = False
+    has_databases = True
     # A trigger may not write the table whose statement fired it, even
     # through another table's trigger (1442): the parent triggers on
     # watchdog_jobs would update the edges, whose trigger updates

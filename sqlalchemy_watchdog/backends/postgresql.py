@@ -56,6 +56,7 @@ class PostgreSQL:
     limited_claim_at_once = True
     # Each test of the pytest plugin gets a schema of its own.
     has_schemas = True
+    has_databases = False
     triggers_tell_dependents = True
     trigger_names = TRIGGER_NAMES
 

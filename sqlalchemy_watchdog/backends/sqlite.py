@@ -73,6 +73,7 @@ class SQLite:
     fails_over = False
     limited_claim_at_once = False
     has_schemas = False
+    has_databases = False
     triggers_tell_dependents = True
     trigger_names = TRIGGER_NAMES
 

@@ -67,8 +67,6 @@ CAPABILITIES_NOT_YET = {
     "json_rows / RETURNING",
     "test_a_share_locked_read_holds_its_rows_against_a_delete_where_rows_lock": "the test expects "
     "PostgreSQL's FOR KEY SHARE or none; MariaDB's LOCK IN SHARE MODE is phase 2's to assert",
-    "test_the_url_rules_give_urls_the_driver_accepts": "has_schemas is False without a database file: "
-    "the pytest plugin's per-test database on MariaDB is phase 2",
 }
 #: The operation tests that already pass on MariaDB in a file of NOT_YET_ON_MARIADB.
 RUNS_ON_MARIADB: set[str] = set()
