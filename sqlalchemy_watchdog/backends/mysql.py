@@ -128,7 +128,7 @@ class MySQL:
     # (fired by the store's UPDATE of the edges) and the deleted child's
     # (which writes only the edges) stay.
     triggers_tell_dependents = False
-    trigger_names = ("watchdog_jobs_child_pruned", "watchdog_job_edges_counted")
+    trigger_names: tuple[str, ...] = ("watchdog_jobs_child_pruned", "watchdog_job_edges_counted")
 
     def __init__(self) -> None:
         # The longest job_id, limit key and cursor key (jobs.validation: 256).

@@ -58,7 +58,7 @@ class PostgreSQL:
     has_schemas = True
     has_databases = False
     triggers_tell_dependents = True
-    trigger_names = TRIGGER_NAMES
+    trigger_names: tuple[str, ...] = TRIGGER_NAMES
 
     def __init__(self) -> None:
         #: Whether job_id sorts by code point, per database URL (asked once).

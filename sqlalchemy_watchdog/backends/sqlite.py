@@ -75,7 +75,7 @@ class SQLite:
     has_schemas = False
     has_databases = False
     triggers_tell_dependents = True
-    trigger_names = TRIGGER_NAMES
+    trigger_names: tuple[str, ...] = TRIGGER_NAMES
 
     def bounded_text(self, length: int) -> TypeEngine[str] | None:
         return None  # TEXT indexes whole

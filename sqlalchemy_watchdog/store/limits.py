@@ -468,11 +468,11 @@ def claim_in_transaction(
             parts = _parts(len(picks))
             for index in range(parts):
                 params[f"s_{index}"] = picks[index][0] if index < len(picks) else None
-            claimed = limits_sql.claim_limited(parts, ahead)
+            claim = limits_sql.claim_limited(parts, ahead)
             if backend.writes_return_rows:
-                rows = execute_rows(conn, claimed, params)
+                rows = execute_rows(conn, claim, params)
             else:  # MariaDB: the picks still queued locked, claimed by key, read back
-                rows.extend(write_returning(conn, claimed, params))
+                rows.extend(write_returning(conn, claim, params))
         if move or rows:
             # Always written when jobs were taken: under REPEATABLE READ a
             # claimer whose snapshot predates this commit then fails its lock
