@@ -7,6 +7,8 @@ Every backend runs this file (SQLite on a real file, PostgreSQL); see
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from sqlalchemy import Engine
 
@@ -103,3 +105,28 @@ def test_every_statement_that_ends_a_live_parent_tells_its_dependents_in_its_own
         ), name
         assert read(db, f"{name}-tolerant").state is JobState.QUEUED, name
         assert op(db, store.relations, f"{name}-tolerant") == (((name, outcome),), ())
+
+
+@pytest.mark.operation("cancel", "propagate")
+def test_a_cancelled_waiting_job_is_settled_cancelled_at_once_and_its_dependents_are_told_by_the_next_pass(
+    db: Engine,
+) -> None:
+    add(db, Job("p", "q"), Job("waits", "q", after=("p",)), Job("next", "q", after=("waits",)))
+    assert op(db, store.cancel, "waits", "stop-waits").status.value == "recorded"
+    waits = read(db, "waits")
+    assert (waits.state, waits.outcome, waits.cancellation_id) == (JobState.SETTLED, Outcome.CANCELLED, "stop-waits")
+    assert read(db, "next").state is JobState.WAITING  # one hop per transaction
+    assert op(db, store.propagate) == 1
+    assert read(db, "next").failure_reason == "parent waits ended cancelled"
+
+
+@pytest.mark.operation("prune_batch")
+def test_prune_keeps_a_parent_while_a_dependent_waits_and_deletes_it_once_that_dependent_settled(db: Engine) -> None:
+    add(db, Job("p", "q"), Job("other", "q"), Job("child", "q", after=("p", "other")))
+    settle(db, claim_one(db, ["q"]), Decision.completed())  # p: the child still waits for "other"
+    assert op(db, store.prune_batch, older_than=timedelta(0)) == 0
+    assert read(db, "p").outcome is Outcome.COMPLETED
+    settle(db, claim_one(db, ["q"]), Decision.completed())  # other: the child is released
+    settle(db, claim_one(db, ["q"]), Decision.completed())  # the child
+    assert op(db, store.prune_batch, older_than=timedelta(0)) == 3
+    assert op(db, store.relations, "p") == ((), ())  # the child's edges went with it
