@@ -936,6 +936,8 @@ BY_KEY_ONLY = {
     "settled_parents",
     "purge_pick",
     "purge_by_key",
+    "prune_pick",
+    "delete_settled",
 }
 
 
