@@ -41,6 +41,7 @@ def machine_facts(workdir: Path, mariadb: bool = False) -> dict[str, Any]:
     """The machine, the servers' durability settings, the versions: the run's header (``mariadb``:
     the MariaDB server's too)."""
     facts: dict[str, Any] = {"nproc": os.cpu_count(), "python": platform.python_version(), "load_at_start": h.load()}
+    facts["pid"] = os.getpid()  # the run's databases are watchdog_bench_<pid>_<name>
     with contextlib.suppress(Exception), psycopg.connect(h.ADMIN_DSN, autocommit=True) as conn:
         show = lambda name: conn.execute(pgsql.SQL("SHOW {}").format(pgsql.Identifier(name))).fetchone()[0]  # type: ignore[index]
         facts["postgresql"] = {s: show(s) for s in ("server_version", "fsync", "synchronous_commit", "wal_sync_method")}
