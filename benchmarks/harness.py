@@ -33,7 +33,7 @@ from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 import pymysql
@@ -570,6 +570,12 @@ class Watchdog:
     dialects, table = QUEUE_DIALECTS, "watchdog_jobs"
     live_sql = "SELECT EXISTS (SELECT 1 FROM watchdog_jobs WHERE state IN ('queued', 'running'))"
     completed_sql = "SELECT count(*) FROM watchdog_jobs WHERE state = 'settled' AND outcome = 'completed'"
+    #: MariaDB has no partial index of the live jobs: without the queue, the probe reads every job's
+    #: entry of ix_watchdog_jobs_live_queue (3 ms at 5,000 settled jobs, every 5 ms of a drain);
+    #: with it, one range of that index (0.3 ms).
+    live_sql_of: ClassVar[dict[str, str]] = {
+        "mariadb": live_sql.replace("WHERE state", f"WHERE queue_name = '{QUEUE}' AND state")
+    }
 
     install, reset = staticmethod(install_watchdog), staticmethod(truncate)
 
@@ -897,7 +903,8 @@ class Probe:
             self.conn = _Cursoring(mysql_connect(target.dsn))
         else:
             self.conn = psycopg.connect(target.dsn, autocommit=True)
-        self.live: Callable[[], bool] = lambda: bool(self.conn.execute(subject.live_sql).fetchone()[0])
+        live_sql = getattr(subject, "live_sql_of", {}).get(target.dialect, subject.live_sql)
+        self.live: Callable[[], bool] = lambda: bool(self.conn.execute(live_sql).fetchone()[0])
         self.completed: Callable[[], int] = lambda: int(self.conn.execute(subject.completed_sql).fetchone()[0])
         self.close: Callable[[], None] = self.conn.close
 

@@ -136,7 +136,7 @@ def latency(bench: h.Bench, r: int) -> None:
     samples, warmup = bench.opt("samples", 200, 20), (3 if bench.quick else 5)
     # PostgreSQL unless --dialects names MariaDB without it (SQLite has no rows here).
     for dialect in bench.dialects(("postgresql", "mariadb")) or ["postgresql"]:
-        if dialect == "mariadb":
+        if dialect == "mariadb" and "watchdog" in bench.subjects:  # watchdog alone on MariaDB
             table = "enqueue-to-start latency (ms), MariaDB (runner polls)"
             bench.table(table, ratios="watchdog")
             target = bench.target("watchdog", dialect)
@@ -144,6 +144,7 @@ def latency(bench: h.Bench, r: int) -> None:
             polled = partial(_polled_latencies, bench, target, f"lat-maria-{r}", warmup, samples, polls)
             bench.measure(table, "enqueue-to-start", "watchdog", polled)
             bench.record(table, POLL_ROW, "watchdog", polls[0] if polls else None)
+        if dialect != "postgresql":
             continue
         table = "enqueue-to-start latency (ms), PostgreSQL"
         bench.table(table, ratios="watchdog", chart="latency.png")
