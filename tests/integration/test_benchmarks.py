@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,6 +87,33 @@ def test_enqueue_and_a_drain_run_on_sqlite(tmp_path: Path) -> None:
     assert "| enqueue (jobs/s), SQLite" in run.stdout
     assert "| c2 p1" in run.stdout
     assert '"errors": []' in out.read_text()
+
+
+def test_enqueue_a_drain_and_the_polled_latency_run_on_mariadb(mysql_server: URL, tmp_path: Path) -> None:
+    """The MariaDB rows: enqueue, an AsyncRunner (aiomysql) drain, and the start latency of a sync
+    Runner that polls, which says the poll_interval it used; the run's databases are gone after it."""
+    out = tmp_path / "bench.json"
+    server = mysql_server.render_as_string(hide_password=False)
+    run = bench(
+        "enqueue,drain,latency", "--quick", "--subjects", "watchdog", "--dialects", "mariadb", "--jobs", "20",
+        "--concurrencies", "2", "--drain-rows", "async", "--samples", "3", "--json", str(out),
+        env={"WATCHDOG_BENCH_MYSQL": server},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "| enqueue (jobs/s), MariaDB" in run.stdout and "| 1,000 jobs per statement" in run.stdout
+    assert "| async c2 p1" in run.stdout  # the sync Runner is the latency row's
+    assert "| enqueue-to-start p95 (ms)" in run.stdout
+    body = json.loads(out.read_text())
+    assert body["errors"] == []
+    latency = body["runs"]["enqueue-to-start latency (ms), MariaDB (runner polls)"]
+    assert latency["the runner's poll_interval (ms)"]["watchdog"] == [250.0]  # the default where nothing wakes it
+    admin = create_engine(mysql_server)
+    try:
+        with admin.connect() as conn:
+            left = conn.execute(text("SHOW DATABASES LIKE 'watchdog\\_bench\\_%'")).scalars().all()
+    finally:
+        admin.dispose()
+    assert not [name for name in left if name.startswith(f"watchdog_bench_{body['machine']['pid']}_")], left
 
 
 @pytest.mark.slow  # ten seconds of child processes each: CI runs it, a day's run need not
