@@ -421,11 +421,7 @@ class ProcessPool:
         names = tuple(
             dict.fromkeys((*child_module.OWN_LOGGERS, module.partition(".")[0], *self.config.forward_loggers))
         )
-        loggers = [
-            (n, lg.level)
-            for n, lg in list(logging.Logger.manager.loggerDict.items())
-            if isinstance(lg, logging.Logger) and lg.level
-        ]
+        loggers = [(n, lg.level) for n, lg in _logger_items() if isinstance(lg, logging.Logger) and lg.level]
         levels = [("", logging.getLogger().getEffectiveLevel())]
         for name in names:
             level = logging.getLogger(name or None).getEffectiveLevel()
@@ -767,8 +763,9 @@ class ProcessPool:
         after the job was sent, for a child that has not begun by then.
         Waiting jobs take the children that free up in ``rank`` order (the
         claim's: ``(-priority, sequence)``)."""
+        log_plan = self._log_plan(ref.module)  # the runner's logging, not the job's: never the job's failure
         try:
-            message = (child_module.RUN, job.job_id, ref.module, ref.qualname, _fields(job), self._log_plan(ref.module))
+            message = (child_module.RUN, job.job_id, ref.module, ref.qualname, _fields(job), log_plan)
             data = pickle.dumps(message, protocol=5)
         except Exception as error:
             text = f"the job's payload cannot be sent to the handler's process ({safe_text(error)})"
@@ -1117,6 +1114,24 @@ def _serve_step(job: RunningJob, kind: str, args: list[Any]) -> Any:
         steps.remote_record(args[0], args[1])
         return None
     return steps.remote_sleep(args[0], args[1])
+
+
+def _logger_items() -> list[tuple[str, Any]]:
+    """A snapshot of every logger the ``logging`` module made, by name.
+
+    Another thread may make a logger (``logging.getLogger``) while the
+    registry is copied, which fails the copy with ``RuntimeError: dictionary
+    changed size during iteration``; it is copied again then -- a logger
+    made meanwhile is in the next copy or only in the next plan. (After a
+    hundred failed copies, none: the plan then keeps the named loggers'
+    own levels only.)"""
+    registry = logging.Logger.manager.loggerDict
+    for _ in range(100):
+        try:
+            return list(registry.items())
+        except RuntimeError:
+            continue
+    return []  # pragma: no cover - a registry changing through a hundred copies in a row
 
 
 def _fields(job: RunningJob) -> dict[str, Any]:

@@ -995,3 +995,39 @@ def test_a_handler_a_child_cannot_import_is_refused_at_start(fn: Any, says: str)
         Runner(create_engine("sqlite://"), {"q": fn}, executor="process")
     assert caught.value.field == "handlers"
     assert says in str(caught.value) and "top level of an importable module" in str(caught.value)
+
+
+class _RegistryChangedWhileCopied(dict[str, Any]):
+    """The ``logging`` module's registry of loggers as another thread adding
+    a logger leaves it for a copy in progress: its first ``failures`` copies
+    fail as CPython's iteration of a dict that changed size does."""
+
+    def __init__(self, loggers: dict[str, Any], failures: int) -> None:
+        super().__init__(loggers)
+        self.failures = failures
+
+    def items(self) -> Any:
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError("dictionary changed size during iteration")
+        return super().items()
+
+
+def test_a_logger_made_by_another_thread_while_a_job_is_sent_to_a_child_does_not_fail_the_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Sending a job tells its child the runner's logging levels, read from
+    the registry of loggers; another thread making a logger meanwhile (an
+    ORM's first query, a library imported late) once failed the job as
+    "the job's payload cannot be sent" -- it is read again instead."""
+    registry = _RegistryChangedWhileCopied(logging.Logger.manager.loggerDict, failures=3)
+    monkeypatch.setattr(logging.Logger.manager, "loggerDict", registry)
+    signal = StopSignal()
+    running = RunningJob("logged", "q", "q", 0, {"value": 7}, 0, None, _signal=signal)
+    pool = ProcessPool(ProcessExecutor(processes=1))
+    try:
+        outcome = pool.call(locate("q", h.returns_value), running, signal, stop_wait_s=5)
+    finally:
+        pool.close()
+    assert (outcome.ending, outcome.value) == (Ending.RETURNED, 7), outcome
+    assert registry.failures == 0
