@@ -52,6 +52,7 @@ from .base import (
     unreadable_columns,
     view,
 )
+from .job_signals import wake_snoozed
 from .limits import claim_queue, limited_queues
 from .operation import Shape, operation
 from .views import execute_rows, write_returning
@@ -368,6 +369,11 @@ def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Set
     stmt = limits_sql.settle(backend, sized)
     written = execute_rows(conn, stmt, params) if backend.writes_return_rows else write_returning(conn, stmt, params)
     settled = {row[_JOB_ID]: row for row in written}
+    for request in requests:
+        if request.waits_for is not None and request.job_id in settled:
+            # A later statement than the snooze's: it sees a signal committed
+            # while the snooze waited for the job's row (docs/design.md, "Events").
+            wake_snoozed(conn, request.job_id, request.waits_for)
     if settled:
         limited = limited_queues(conn)  # cached: no statement for a deployment without limits
         if limited and any(row[_QUEUE] in limited for row in settled.values()):

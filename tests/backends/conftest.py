@@ -63,6 +63,8 @@ NOT_YET_ON_MARIADB = {
     "test_ops_views.py": "the detailed read's relations: enqueue with after= (the dependency edges' "
     "insert, on_conflict_do_nothing)",
     "test_ops_steps.py": "the steps' INSERT ... SELECT ... ON CONFLICT ... RETURNING (store/job_steps_sql.py)",
+    "test_ops_signals.py": "the signals' INSERT ... ON CONFLICT ... RETURNING (store/job_signals_sql.py), "
+    "and the steps'",
 }
 #: The capabilities (test_capabilities.py) MariaDB does not meet yet, by test.
 CAPABILITIES_NOT_YET = {
