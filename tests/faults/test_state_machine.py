@@ -1574,16 +1574,21 @@ class WatchdogMachine(RuleBasedStateMachine):
         data=st.data(),
         name=st.sampled_from(SIGNAL_NAMES),
         timeout=st.sampled_from([400, 60_000]),
-        signal_between=st.booleans(),
-        skew=st.sampled_from(SKEWS),
+        signal=st.sampled_from(["none", "between", "after"]),
+        skew=st.sampled_from([0, 0, 40, -40, 600_000]),
     )
-    def wait_for_signal(self, data: st.DataObject, name: str, timeout: int, signal_between: bool, skew: int) -> None:
+    def wait_for_signal(self, data: st.DataObject, name: str, timeout: int, signal: str, skew: int) -> None:
         """A handler waits for a signal (w0022): its wait is recorded like a
         step (once per job and name, by the exact live claim); with no signal
         kept it ends the attempt -- a snooze until the timeout -- and a signal
         kept by then (maybe one committed between the handler's read and the
-        snooze: ``signal_between``) makes the job queued at once."""
-        job_id, token = data.draw(st.sampled_from(self.claims), "claim")
+        snooze: ``between``) makes the job queued at once, as does one sent
+        while it sleeps (``after``)."""
+        held = [c for c in self.claims if self.model.live_claim(*c, self.db)]
+        if held and data.draw(st.integers(0, 3), "a claim still held?"):  # mostly: a handler runs
+            job_id, token = data.draw(st.sampled_from(held), "live claim")
+        else:
+            job_id, token = data.draw(st.sampled_from(self.claims), "claim")
         db, app = self.db, self.db + skew
         row = self.model.rows.get(job_id)
         live = row is not None and self.model.live_claim(job_id, token, max(app, db))
@@ -1602,8 +1607,10 @@ class WatchdogMachine(RuleBasedStateMachine):
             self.steps[key] = attempt
             self.waits[key] = db + timeout
         if key in self.signals or key not in self.waits or self.waits[key] < db:
+            event("wait: the handler goes on (a signal kept, or timed out)")
             return  # the handler goes on with the payload, or its wait timed out
-        if signal_between:
+        event(f"wait: snoozed, signal {signal}")
+        if signal == "between":
             self.send_signal(job_id, name, 1)
         request = store.SettleRequest(job_id, token, Decision.snooze(ms(timeout)), app, waits_for=name)
         (result,) = self.tx(store.settle_many, [request])
@@ -1619,6 +1626,24 @@ class WatchdogMachine(RuleBasedStateMachine):
         if key in self.signals:
             row.state, row.ready_at = "queued", db
         assert result.status is SettleStatus.REQUEUED
+        if signal == "after":
+            self.send_signal(job_id, name, 2)
+
+    def _waiting_for_signals(self) -> list[tuple[str, str]]:
+        """(job_id, signal name) of the stored jobs whose handler waits for a signal not kept yet."""
+        orders = {row.order: job_id for job_id, row in self.model.rows.items()}
+        return sorted(
+            (orders[order], name)
+            for (order, name) in getattr(self, "waits", {})
+            if order in orders and (order, name) not in self.signals
+        )
+
+    @precondition(lambda self: bool(self._waiting_for_signals()))
+    @rule(data=st.data(), payload=st.sampled_from([1, 2]))
+    def a_signal_for_a_waiting_job(self, data: st.DataObject, payload: int) -> None:
+        """The signal a handler waits for arrives (what random signals reach rarely)."""
+        job_id, name = data.draw(st.sampled_from(self._waiting_for_signals()), "waiting for")
+        self.send_signal(job_id, name, payload)
 
     @rule(job_id=st.sampled_from(JOB_IDS), name=st.sampled_from(SIGNAL_NAMES), payload=st.sampled_from([1, 2]))
     def send_signal(self, job_id: str, name: str, payload: int) -> None:

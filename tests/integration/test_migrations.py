@@ -1710,7 +1710,9 @@ def test_w0017_adds_the_workers_claim_ahead_keeping_every_worker_and_downgrades(
 
 
 W0021 = "w0021_job_steps"
-_STEP_ROWS = "SELECT job_sequence, name, job_id, kind, result_json, wake_at, attempt, recorded_at FROM watchdog_job_steps"
+_STEP_ROWS = (
+    "SELECT job_sequence, name, job_id, kind, result_json, wake_at, attempt, recorded_at FROM watchdog_job_steps"
+)
 
 
 def test_w0022_adds_signals_and_the_wait_and_undo_kinds_keeping_every_step_and_downgrades(
