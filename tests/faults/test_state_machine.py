@@ -1585,7 +1585,8 @@ class WatchdogMachine(RuleBasedStateMachine):
         snooze: ``between``) makes the job queued at once, as does one sent
         while it sleeps (``after``)."""
         held = [c for c in self.claims if self.model.live_claim(*c, self.db)]
-        if held and data.draw(st.integers(0, 3), "a claim still held?"):  # mostly: a handler runs
+        mostly = data.draw(st.integers(0, 3), "a claim still held?") > 0  # mostly: a handler runs
+        if held and mostly:
             job_id, token = data.draw(st.sampled_from(held), "live claim")
         else:
             job_id, token = data.draw(st.sampled_from(self.claims), "claim")
