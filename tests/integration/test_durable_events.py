@@ -34,7 +34,7 @@ from sqlalchemy_watchdog import (
 from sqlalchemy_watchdog.core.durable import WaitTimedOut
 from sqlalchemy_watchdog.jobs import StepKind
 from tests import process_handlers as h
-from tests.helpers import add, present, read
+from tests.helpers import add, present, read, wait_until
 from tests.runner_kinds import RunnerDriver, dual
 
 pytestmark = pytest.mark.dialect_neutral
@@ -102,6 +102,20 @@ def test_a_waiting_job_sleeps_until_its_signal_makes_it_due_and_then_returns_the
     assert ran == ["draft", "publish"], "the recorded step did not run again"
 
 
+def test_a_serving_runner_is_woken_by_the_signal_not_by_its_poll(engine: Engine, runners: RunnerDriver) -> None:
+    """The signal wakes an idle runner (NOTIFY on PostgreSQL, this process's
+    runners on SQLite): with an hour's poll interval and an hour's wait, the
+    job completes with the payload soon after the signal."""
+    add(engine, Job("j", "q"))
+    runner = runners.runner({"q": _approval([])}, poll_interval=HOUR)
+    with runner.serving():
+        wait_until(lambda: read(engine, "j").state is JobState.DELAYED, timeout=30, what="the wait")
+        Watchdog(engine).signal("j", "approved", {"by": "ann"})
+        wait_until(lambda: read(engine, "j").state is JobState.SETTLED, timeout=30, what="the signal's wake-up")
+    job = read(engine, "j")
+    assert (job.outcome, job.result) == (Outcome.COMPLETED, {"by": "ann"}), job.failure_reason
+
+
 def test_a_wait_whose_timeout_passed_raises_wait_timed_out_and_fails_the_job_without_a_retry(
     engine: Engine, runners: RunnerDriver
 ) -> None:
@@ -163,6 +177,26 @@ def test_a_signal_in_the_callers_transaction_is_kept_only_when_it_commits(engine
         signal_job(session, "j", "approved", 2)
         session.commit()
     assert [s.payload for s in Watchdog(engine).signals("j")] == [2]
+
+
+async def test_the_async_api_signals_too_in_its_own_and_in_the_callers_transaction(engine: Engine) -> None:
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    from sqlalchemy_watchdog.asyncio import AsyncWatchdog
+    from sqlalchemy_watchdog.asyncio import signal_job as signal_job_async
+    from tests.conftest import make_async_engine
+
+    add(engine, Job("j", "q"))
+    aengine = make_async_engine(engine)
+    try:
+        watchdog = AsyncWatchdog(aengine)
+        assert (await watchdog.signal("j", "approved", 1)).status is SignalStatus.DELIVERED
+        async with AsyncSession(aengine) as session:
+            assert (await signal_job_async(session, "j", "shipped", 2)).status is SignalStatus.DELIVERED
+            await session.rollback()
+        assert [(s.name, s.payload) for s in await watchdog.signals("j")] == [("approved", 1)]
+    finally:
+        await aengine.dispose()
 
 
 @pytest.mark.parametrize(
