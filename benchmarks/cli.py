@@ -3,7 +3,8 @@
 size small. It loads the scenario modules (``benchmarks/scenarios/*.py``, each importing only
 :mod:`benchmarks.harness`), runs them through one :class:`~benchmarks.harness.Bench`, and
 prints the tables as median (min-max) over the repeats. PostgreSQL: ``WATCHDOG_BENCH_POSTGRES``
-(default ``postgresql://postgres@127.0.0.1:5432/postgres``); the run's databases
+(default ``postgresql://postgres@127.0.0.1:5432/postgres``); MariaDB (``--dialects ...,mariadb``):
+``WATCHDOG_BENCH_MYSQL`` (default ``mysql+pymysql://root@127.0.0.1:3306/test``); the run's databases
 (``watchdog_bench_<pid>_*``) are dropped at the end. See README.md."""
 
 from __future__ import annotations
@@ -31,18 +32,38 @@ from psycopg import sql as pgsql
 from benchmarks import harness as h
 from benchmarks import scenarios
 
+#: The MariaDB server's settings in the header: its version and what a commit waits for (durable:
+#: innodb_flush_log_at_trx_commit=1; sync_binlog matters only with log_bin on).
+MARIADB_FACTS = ("version", "innodb_flush_log_at_trx_commit", "log_bin", "sync_binlog", "innodb_buffer_pool_size")
 
-def machine_facts(workdir: Path) -> dict[str, Any]:
-    """The machine, the servers' durability settings, the versions: the run's header."""
+
+def machine_facts(workdir: Path, mariadb: bool = False) -> dict[str, Any]:
+    """The machine, the servers' durability settings, the versions: the run's header (``mariadb``:
+    the MariaDB server's too)."""
     facts: dict[str, Any] = {"nproc": os.cpu_count(), "python": platform.python_version(), "load_at_start": h.load()}
+    facts["pid"] = os.getpid()  # the run's databases are watchdog_bench_<pid>_<name>
     with contextlib.suppress(Exception), psycopg.connect(h.ADMIN_DSN, autocommit=True) as conn:
         show = lambda name: conn.execute(pgsql.SQL("SHOW {}").format(pgsql.Identifier(name))).fetchone()[0]  # type: ignore[index]
         facts["postgresql"] = {s: show(s) for s in ("server_version", "fsync", "synchronous_commit", "wal_sync_method")}
+    if mariadb:
+        with contextlib.suppress(Exception), contextlib.closing(h.mysql_connect(database="")) as maria:
+            with maria.cursor() as cursor:
+                cursor.execute("SELECT " + ", ".join(f"@@{name}" for name in MARIADB_FACTS))
+                facts["mariadb"] = dict(zip(MARIADB_FACTS, cursor.fetchone(), strict=True))
     with contextlib.closing(sqlite3.connect(str(workdir / "facts.db"))) as lite:
         facts["sqlite"] = {p: lite.execute(f"PRAGMA {p}").fetchone()[0] for p in ("journal_mode", "synchronous")}
         facts["sqlite"]["version"] = sqlite3.sqlite_version
     facts["packages"] = {}
-    for package in ("sqlalchemy-watchdog", "SQLAlchemy", "psycopg", "procrastinate", "pgqueuer", "asyncpg"):
+    for package in (
+        "sqlalchemy-watchdog",
+        "SQLAlchemy",
+        "psycopg",
+        "procrastinate",
+        "pgqueuer",
+        "asyncpg",
+        "PyMySQL",
+        "aiomysql",
+    ):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             facts["packages"][package] = importlib.metadata.version(package)
     git = lambda *a: subprocess.run(["git", "-C", str(h.ROOT), *a], capture_output=True, text=True).stdout.strip()
@@ -53,9 +74,10 @@ def machine_facts(workdir: Path) -> dict[str, Any]:
 
 def describe(facts: dict[str, Any]) -> str:
     pg, lite = facts.get("postgresql", {"error": "not reachable"}), facts["sqlite"]
+    maria = f"MariaDB {', '.join(f'{k}={v}' for k, v in facts['mariadb'].items())}\n" if "mariadb" in facts else ""
     return (
         f"machine: {facts['nproc']} CPUs, load {facts['load_at_start']} at start; Python {facts['python']}\n"
-        f"PostgreSQL {', '.join(f'{k}={v}' for k, v in pg.items())}\n"
+        f"PostgreSQL {', '.join(f'{k}={v}' for k, v in pg.items())}\n{maria}"
         f"SQLite {lite['version']}: journal_mode={lite['journal_mode']}, synchronous={lite['synchronous']} (defaults)\n"
         f"versions: {', '.join(f'{k} {v}' for k, v in facts['packages'].items())}; watchdog at {facts['watchdog_commit']}"
     )
@@ -157,16 +179,25 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := [n for n in names if n not in h.SCENARIOS]:
         p.error(f"unknown scenario {unknown[0]!r}; --list shows them")
     chosen = [h.SCENARIOS[n] for n in names]
+    # MariaDB only when asked for; an unreachable server skips its rows, listed as a failure (exit 1).
+    unreachable = h.mysql_unreachable() if "mariadb" in args.dialects.split(",") else None
+    if unreachable:
+        print(f"skipping MariaDB: {unreachable}", file=sys.stderr)
+        args.dialects = ",".join(d for d in args.dialects.split(",") if d != "mariadb")
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt: report what was measured
     with tempfile.TemporaryDirectory(prefix="watchdog_bench_") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        facts = machine_facts(workdir)
+        facts = machine_facts(workdir, mariadb="mariadb" in args.dialects.split(","))
         print(describe(facts), file=sys.stderr, flush=True)
         if facts.get("postgresql", {}).get("fsync") != "on" or facts["postgresql"].get("synchronous_commit") != "on":
             print("WARNING: the server is not at durable defaults; figures are not comparable", file=sys.stderr)
+        if str(facts.get("mariadb", {}).get("innodb_flush_log_at_trx_commit", 1)) != "1":
+            print("WARNING: MariaDB does not flush its log at each commit; figures are not comparable", file=sys.stderr)
         bench = h.Bench(args, workdir)
+        if unreachable:
+            bench.errors.append(f"MariaDB rows skipped: {unreachable}")
         # Per-repeat scenarios interleave (repeat 1 of each, then repeat 2, ...); the others repeat inside themselves.
         steps = [(s, (r,)) for r in range(bench.repeat) for s in chosen if s.per_repeat]
         try:

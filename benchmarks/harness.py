@@ -33,7 +33,7 @@ from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 from psycopg import sql as pgsql
@@ -47,14 +47,20 @@ from sqlalchemy_watchdog import Watchdog as Client
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 ADMIN_DSN = os.environ.get("WATCHDOG_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+#: The MariaDB (or MySQL) server, a SQLAlchemy URL of any database on it: the run creates its own there.
+MYSQL_SERVER = os.environ.get("WATCHDOG_BENCH_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test")
 DB_PREFIX = "watchdog_bench_"
 QUEUE = "bench"
+#: The dialects of a scenario that does not say which it supports.
 DIALECTS = ("postgresql", "sqlite")
-LABEL = {"postgresql": "PostgreSQL", "sqlite": "SQLite"}  # a dialect in a table's title
+#: The dialects of the enqueue, drain and latency rows (watchdog only on MariaDB, as on SQLite).
+QUEUE_DIALECTS = ("postgresql", "sqlite", "mariadb")
+LABEL = {"postgresql": "PostgreSQL", "sqlite": "SQLite", "mariadb": "MariaDB"}  # a dialect in a table's title
 #: The database clock in epoch milliseconds, as the library reads it.
 CLOCK_SQL = {
     "postgresql": "CAST(floor(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) AS BIGINT)",
     "sqlite": "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+    "mariadb": "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) DIV 1000)",
 }
 DAY_MS = 86_400_000
 
@@ -72,7 +78,8 @@ class ScenarioFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class Target:
-    """One database: PostgreSQL (``dsn`` a libpq URL) or a SQLite file (``dsn`` its path)."""
+    """One database: PostgreSQL (``dsn`` a libpq URL), a SQLite file (``dsn`` its path) or a MariaDB
+    database (``dsn`` its SQLAlchemy URL, :data:`MYSQL_SERVER`'s driver)."""
 
     dialect: str
     dsn: str
@@ -82,7 +89,17 @@ class Target:
     def url(self) -> str:
         if self.dialect == "sqlite":
             return f"sqlite:///{self.dsn}"
+        if self.dialect == "mariadb":
+            return self.dsn
         return "postgresql+psycopg://" + self.dsn.split("://", 1)[1]
+
+    @property
+    def async_url(self) -> str:
+        """The URL of an async engine: psycopg's async mode, aiomysql, aiosqlite."""
+        if self.dialect == "mariadb":
+            url = make_url(self.dsn)
+            return url.set(drivername=f"{url.get_backend_name()}+aiomysql").render_as_string(hide_password=False)
+        return f"sqlite+aiosqlite:///{self.dsn}" if self.dialect == "sqlite" else self.url
 
 
 _created: list[Target] = []
@@ -94,6 +111,44 @@ def _admin(statement: str, name: str) -> None:
         conn.execute(pgsql.SQL(statement).format(pgsql.Identifier(name)))
 
 
+def mysql_connect(url: str = MYSQL_SERVER, database: str | None = None, **options: Any) -> Any:
+    """A PyMySQL connection in autocommit to the database of ``url`` (``database``: that one instead;
+    ``""``: none), whatever the URL's driver (``mysql+pymysql``, ``mariadb+pymysql``). PyMySQL is
+    imported here: a run without MariaDB needs only the ``bench`` extra, MariaDB's the ``mysql`` one too."""
+    import pymysql
+
+    parsed = make_url(url)
+    return pymysql.connect(
+        host=parsed.host or "127.0.0.1", port=parsed.port or 3306, user=parsed.username or "root",
+        password=parsed.password or "", database=(parsed.database if database is None else database) or None,
+        autocommit=True, **options,
+    )  # fmt: skip
+
+
+def mysql_unreachable() -> str | None:
+    """Why the MariaDB server (:data:`MYSQL_SERVER`) cannot be used, or None."""
+    try:
+        with contextlib.closing(mysql_connect(database="", connect_timeout=5)) as conn, conn.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except ImportError as error:
+        return f"{error} (pip install -e '.[bench,mysql]')"
+    except Exception as error:
+        return f"MariaDB at {make_url(MYSQL_SERVER).render_as_string()} is not reachable ({error}); set WATCHDOG_BENCH_MYSQL"
+    return None
+
+
+def _admin_mysql(name: str, create: bool) -> None:
+    """Drop the MariaDB database ``name`` (ending the connections still on it first), then create it afresh."""
+    with contextlib.closing(mysql_connect(database="")) as conn, conn.cursor() as cursor:
+        cursor.execute("SELECT id FROM information_schema.processlist WHERE db = %s AND id <> CONNECTION_ID()", name)
+        for (pid,) in cursor.fetchall():
+            with contextlib.suppress(Exception):  # it ended meanwhile
+                cursor.execute(f"KILL CONNECTION {int(pid)}")
+        cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
+        if create:
+            cursor.execute(f"CREATE DATABASE `{name}`")
+
+
 def drop(*targets: Target) -> None:
     """Drop the run's databases (never anyone else's) and delete its SQLite files."""
     for target in targets:
@@ -102,7 +157,10 @@ def drop(*targets: Target) -> None:
             continue
         assert target.name.startswith(DB_PREFIX), target.name
         try:
-            _admin("DROP DATABASE IF EXISTS {} WITH (FORCE)", target.name)
+            if target.dialect == "mariadb":
+                _admin_mysql(target.name, create=False)
+            else:
+                _admin("DROP DATABASE IF EXISTS {} WITH (FORCE)", target.name)
         except Exception as error:  # pragma: no cover - best effort
             print(f"warning: could not drop {target.name}: {error}", file=sys.stderr)
         if target in _created:
@@ -111,7 +169,16 @@ def drop(*targets: Target) -> None:
 
 def run_sql(target: Target, statement: str, params: dict[str, Any] | None = None, *, analyse: bool = False) -> Any:
     """One statement (``:name`` parameters) in autocommit: the first column of its first row, if any.
-    ``analyse``: then what autovacuum would do to a table grown this big (VACUUM (ANALYZE); SQLite ANALYZE)."""
+    ``analyse``: then what autovacuum would do to a table grown this big (VACUUM (ANALYZE); SQLite ANALYZE;
+    MariaDB ANALYZE TABLE). On MariaDB ``||`` concatenates (``PIPES_AS_CONCAT``), as on the others."""
+    if target.dialect == "mariadb":
+        with contextlib.closing(mysql_connect(target.dsn)) as maria, maria.cursor() as cursor:
+            cursor.execute("SET SESSION sql_mode = CONCAT(@@sql_mode, ',PIPES_AS_CONCAT')")
+            cursor.execute(re.sub(r"(?<!:):(\w+)", r"%(\1)s", statement), params or None)
+            row = cursor.fetchone() if cursor.description else None
+            if analyse:
+                cursor.execute("ANALYZE TABLE watchdog_jobs")
+            return row[0] if row else None
     if pg := target.dialect == "postgresql":
         conn: Any = psycopg.connect(target.dsn, autocommit=True)
     else:
@@ -131,8 +198,12 @@ def insert_jobs(target: Target, rows: int, columns: dict[str, str], *, analyse: 
     numbers = "generate_series(1, :rows) AS g(n)"
     if target.dialect == "sqlite":
         numbers = "(WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < :rows) SELECT n FROM g)"
+    elif target.dialect == "mariadb":  # the SEQUENCE engine's table (a recursive CTE stops at 1,000 rows)
+        numbers = f"(SELECT seq AS n FROM seq_1_to_{int(rows)}) AS g"
     sql = f"INSERT INTO watchdog_jobs ({', '.join(columns)}) SELECT {', '.join(columns.values())} FROM {numbers}"
     sql = sql.replace("{clock}", CLOCK_SQL[target.dialect])
+    if target.dialect == "mariadb":  # no CAST(... AS TEXT) there
+        sql = sql.replace(" AS TEXT)", " AS CHAR)")
     started = time.perf_counter()
     run_sql(target, sql, {"rows": rows, "queue": QUEUE, **params}, analyse=analyse)
     return time.perf_counter() - started
@@ -164,6 +235,14 @@ def truncate(target: Target) -> None:
         run_sql(target, "DELETE FROM watchdog_jobs")
         return
     assert target.name.startswith(DB_PREFIX), target.name
+    if target.dialect == "mariadb":
+        with contextlib.closing(mysql_connect(target.dsn)) as conn, conn.cursor() as cursor:
+            cursor.execute("SHOW FULL TABLES WHERE Table_type = 'BASE TABLE'")
+            names = [r[0] for r in cursor.fetchall()]
+            cursor.execute("SET SESSION foreign_key_checks = 0")
+            for name in names:
+                cursor.execute(f"TRUNCATE TABLE `{name}`")
+        return
     with psycopg.connect(target.dsn, autocommit=True) as conn:
         if names := [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]:
             tables = pgsql.SQL(", ").join(pgsql.Identifier(n) for n in names)
@@ -212,6 +291,7 @@ class Child:
     def __init__(self, log: Path, func: Callable[..., Any], **kwargs: Any) -> None:
         self.log_path, self._log = log, open(log, "w", buffering=1)
         self.ready, self.results = threading.Event(), list[Any]()
+        self.wakeup: tuple[float, str] | None = None  # a worker's (poll_interval_s, its wake-ups), if it said
         self.starts: queue.Queue[tuple[str, float]] = queue.Queue()
         role = json.dumps(kwargs, default=lambda o: {"__target__": asdict(o)})
         argv = [sys.executable, "-m", "benchmarks", "--role", f"{func.__module__}:{func.__name__}", role]
@@ -232,6 +312,9 @@ class Child:
                 self.ready.set()
             elif line.startswith("RESULT "):
                 self.results.append(json.loads(line[7:]))
+            elif line.startswith("WAKEUP "):
+                poll, how = line[7:].rstrip("\n").split(" ", 1)
+                self.wakeup = (float(poll), how)
             else:
                 self._log.write(line)
 
@@ -377,7 +460,7 @@ def drain_idle(subject: Any, target: Target, n: int, tag: str, warm: int, childr
         subject.prefill(target, warm, f"{tag}-warm")
         poll_until(idle, timeout=60, interval=0.01, what="warm-up", children=children)
         before, started = probe.completed(), subject.prefill(target, n, tag)
-        interval = 0.005 if target.dialect == "postgresql" else 0.02
+        interval = 0.02 if target.dialect == "sqlite" else 0.005
         finished = poll_until(idle, timeout=60 + n / 20, interval=interval, what="drain", children=children)
         if (done := probe.completed() - before) != n:
             raise ScenarioFailed(f"drain: {done} of {n} jobs completed")
@@ -486,11 +569,17 @@ class _PlainRow(_PlainBase):
 
 
 class Watchdog:
-    """sqlalchemy_watchdog, on PostgreSQL and SQLite, through its sync SQLAlchemy API."""
+    """sqlalchemy_watchdog, on PostgreSQL, SQLite and MariaDB, through its sync SQLAlchemy API."""
 
-    dialects, table = DIALECTS, "watchdog_jobs"
+    dialects, table = QUEUE_DIALECTS, "watchdog_jobs"
     live_sql = "SELECT EXISTS (SELECT 1 FROM watchdog_jobs WHERE state IN ('queued', 'running'))"
     completed_sql = "SELECT count(*) FROM watchdog_jobs WHERE state = 'settled' AND outcome = 'completed'"
+    #: MariaDB has no partial index of the live jobs: without the queue, the probe reads every job's
+    #: entry of ix_watchdog_jobs_live_queue (3 ms at 5,000 settled jobs, every 5 ms of a drain);
+    #: with it, one range of that index (0.3 ms).
+    live_sql_of: ClassVar[dict[str, str]] = {
+        "mariadb": live_sql.replace("WHERE state", f"WHERE queue_name = '{QUEUE}' AND state")
+    }
 
     install, reset = staticmethod(install_watchdog), staticmethod(truncate)
 
@@ -572,10 +661,12 @@ class Watchdog:
     def worker_main(
         self, target: Target, concurrency: int = 1, defaults: bool = False, latency: bool = False,
         use_asyncio: bool = False, retention_days: int | None = None, count_sql: bool = False,
+        work_ms: float = 0.0, claim_ahead: int | None = None,
     ) -> None:  # fmt: skip
         """``Runner`` (``defaults``: ``Runner(engine, handlers)`` on ``create_engine(url)``; else a pool of
         concurrency + 3), or ``AsyncRunner`` over an async engine. ``count_sql``: ``SQLCOUNT n words``
-        to stderr at exit, the statements sent by their first words."""
+        to stderr at exit, the statements sent by their first words. ``work_ms``: each handler sleeps
+        that long (I/O-like work that releases the GIL); ``claim_ahead``: the runner's option."""
         logging.basicConfig(level=logging.WARNING)
         if count_sql:
             counts: collections.Counter[str] = collections.Counter()
@@ -589,13 +680,19 @@ class Watchdog:
 
             from sqlalchemy_watchdog.asyncio import AsyncRunner
 
+            async def work(job: Any) -> None:
+                await asyncio.sleep(work_ms / 1000.0)
+
             async def main() -> None:
-                eng = create_async_engine(target.url)
+                eng = create_async_engine(target.async_url)
                 async with eng.connect() as conn:
                     await conn.execute(text("SELECT 1"))
                 say("READY")
+                extra: dict[str, Any] = {} if claim_ahead is None else {"claim_ahead": claim_ahead}
                 try:
-                    await AsyncRunner(eng, {QUEUE: anoop}, concurrency=concurrency).run_forever()
+                    await AsyncRunner(
+                        eng, {QUEUE: work if work_ms else anoop}, concurrency=concurrency, **extra
+                    ).run_forever()
                 finally:
                     await eng.dispose()
 
@@ -604,17 +701,31 @@ class Watchdog:
         def handler(job: Any) -> None:
             if latency:
                 say("START", f"{job.job_id} {time.time():.6f}")
+            if work_ms:
+                time.sleep(work_ms / 1000.0)
 
         options: dict[str, Any] = {} if defaults else {"concurrency": concurrency}
+        if claim_ahead is not None:
+            options["claim_ahead"] = claim_ahead
         if retention_days is not None:
             options["retention"] = Retention(completed=timedelta(days=retention_days))
         eng = create_engine(target.url) if defaults else engine(target, pool_size=concurrency + 3)
         runner = Runner(eng, {QUEUE: handler}, **options)
         with eng.connect() as conn:
             conn.execute(text("SELECT 1"))
+        if latency:
+            threading.Thread(target=report_wakeups, args=(runner,), daemon=True).start()
         say("READY")
         runner.run_forever()
         eng.dispose()
+
+
+def report_wakeups(runner: Any) -> None:
+    """In a worker child: ``WAKEUP <poll_interval_s> <how>`` once ``run_forever`` has chosen its wake-ups
+    (LISTEN/NOTIFY, or polling and why): :attr:`Child.wakeup`."""
+    while (status := runner.wakeup_status).reason == "not started":
+        time.sleep(0.01)
+    say("WAKEUP", f"{status.poll_interval_s} {status}")
 
 
 async def anoop(job: Any) -> None:
@@ -792,11 +903,29 @@ class Probe:
     def __init__(self, subject: Any, target: Target) -> None:
         if target.dialect == "sqlite":
             self.conn: Any = sqlite3.connect(target.dsn, isolation_level=None, timeout=30)
+        elif target.dialect == "mariadb":
+            self.conn = _Cursoring(mysql_connect(target.dsn))
         else:
             self.conn = psycopg.connect(target.dsn, autocommit=True)
-        self.live: Callable[[], bool] = lambda: bool(self.conn.execute(subject.live_sql).fetchone()[0])
+        live_sql = getattr(subject, "live_sql_of", {}).get(target.dialect, subject.live_sql)
+        self.live: Callable[[], bool] = lambda: bool(self.conn.execute(live_sql).fetchone()[0])
         self.completed: Callable[[], int] = lambda: int(self.conn.execute(subject.completed_sql).fetchone()[0])
         self.close: Callable[[], None] = self.conn.close
+
+
+class _Cursoring:
+    """A PyMySQL connection with ``execute(sql)`` returning its cursor, as psycopg's and sqlite3's do."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    def execute(self, statement: str) -> Any:
+        cursor = self._conn.cursor()
+        cursor.execute(statement)
+        return cursor
+
+    def close(self) -> None:
+        self._conn.close()
 
 
 # -- scenarios and the run ---------------------------------------------------------------
@@ -819,6 +948,7 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "--backlog": (int, "in-process: jobs enqueued before the busy phase (default 2,000)"),
     "--batch": (str, "jobs per claim, pgbench and the library's runner alike (default 64)"),
     "--batch-sizes": (str, "hot-statements: jobs per claim statement (default 1,10,50)"),
+    "--backlogs": (str, "growth: queued jobs of each cell, comma-separated (default 10000,1000000,5000000)"),
     "--batches": (int, "index-review: 1,000-job transactions per variant (default 40)"),
     "--clients": (str, "pgbench clients (comma-separated; default 2,4)"),
     "--concurrencies": (str, "drain concurrencies per worker (default 1,4,16,64; SQLite 1,4)"),
@@ -827,17 +957,24 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "--drain-rows": (str, "drain rows to run, by a word of their name: e.g. defaults,c16,p1"),
     "--drain-timeout": (float, "sqlite-load: seconds to wait for a drain (default 60)"),
     "--duration": (float, "sqlite-load: seconds of app load per run (default 20)"),
+    "--handler-ms": (str, "claim-ahead: each handler's sleep in ms, comma-separated (default 0,1,2,5)"),
+    "--histories": (str, "growth: settled jobs of each cell, comma-separated (default 0,1000000,10000000)"),
+    "--hold-minutes": (float, "soak: minutes one transaction holds back xmin, mid-churn (default 0: none)"),
     "--jobs": (int, "jobs per measurement (for every queue)"),
     "--journals": (str, "sqlite-load: journal modes, of delete,wal,wal-full (default delete,wal)"),
     "--links": (int, "jobs in the chain"),
+    "--minutes": (float, "soak: minutes of churn (default 30)"),
     "--parents": (int, "parents of the fan-in"),
     "--poll-interval": (float, "sqlite-load: the runners' poll_interval in seconds"),
     "--processes": (str, "scaleout: runner processes (default 1,2,4,8)"),
+    "--prune-rows": (int, "growth: settled jobs pruned beside a draining runner (default 1,000,000; 0: none)"),
     "--quiet-jobs": (int, "sqlite-load: jobs of the quiet-file drain (default 2,000)"),
-    "--rate": (float, "requests per second (profile-drain: py-spy samples per second)"),
+    "--rate": (float, "requests per second (profile-drain: py-spy samples per second; soak: jobs enqueued)"),
+    "--retain-seconds": (float, "soak: how long the runner keeps completed jobs before pruning (default 300)"),
     "--raw": (str, "profile-drain: keep py-spy's collapsed stacks in this directory"),
     "--rows": (int, "rows of history beside the measured jobs"),
     "--runners": (int, "sqlite-load: runner processes (default 2)"),
+    "--sample-every": (float, "soak: seconds between samples of the sizes (default 30)"),
     "--samples": (int, "samples or timed calls per run"),
     "--seconds": (float, "in-process: length of each phase (default 30)"),
     "--shapes": (
@@ -966,6 +1103,12 @@ class Bench:
 
     def scratch(self, dialect: str, name: str, drop: bool = True) -> Target:
         """An empty database of its own: ``watchdog_bench_<pid>_<name>`` or ``<name>.db``."""
+        if dialect == "mariadb":
+            db = f"{DB_PREFIX}{os.getpid()}_{name}"
+            _admin_mysql(db, create=True)
+            dsn = make_url(MYSQL_SERVER).set(database=db).render_as_string(hide_password=False)
+            _created.append(target := Target("mariadb", dsn, db))
+            return target
         if dialect == "postgresql":
             db = f"{DB_PREFIX}{os.getpid()}_{name}"
             _admin("DROP DATABASE IF EXISTS {} WITH (FORCE)", db)

@@ -44,7 +44,7 @@ from sqlalchemy.sql.ddl import BaseDDLElement
 from sqlalchemy.types import TypeEngine
 
 from .backends import BACKENDS, Backend, known_backend, with_variants
-from .backends.triggers import EDGE_OUTCOMES, TRIGGER_NAMES
+from .backends.triggers import EDGE_OUTCOMES
 from .jobs import (
     AFTER_POLICIES,
     CANCELLATION_ID_MAX_LENGTH,
@@ -1064,7 +1064,7 @@ def _dependency_triggers(target: MetaData, connection: Any, **_: Any) -> None:
         return
     # create_all on existing tables creates nothing, and no trigger twice; but a watchdog_jobs
     # dropped by hand took its triggers along while the edges' stayed: then all are made afresh.
-    if connection.exec_driver_sql(backend.count_triggers_sql()).scalar() == len(TRIGGER_NAMES):
+    if connection.exec_driver_sql(backend.count_triggers_sql()).scalar() == len(backend.trigger_names):
         return
     for statement in [*backend.drop_trigger_sql(), *backend.trigger_sql()]:
         connection.exec_driver_sql(statement)

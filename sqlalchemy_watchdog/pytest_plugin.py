@@ -15,7 +15,9 @@ the plugin off.
   PostgreSQL each test gets a schema of its own (the engine's connections
   put it first on their ``search_path``, so your own tables created on this
   engine land there too), dropped with everything in it afterwards; connect
-  other engines with ``watchdog_engine.url`` to reach the same schema. A
+  other engines with ``watchdog_engine.url`` to reach the same schema. On
+  MariaDB and MySQL each test gets a database of its own on the server
+  (``watchdog_engine.url`` names it), dropped afterwards. A
   SQLite URL names a file shared by every test: the watchdog tables are
   created in it before each test and dropped after (it must not hold a
   ``watchdog_jobs`` table to begin with); your own tables there are yours
@@ -90,7 +92,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="URL",
         help=(
             f"database of the watchdog_engine fixture (default: ${URL_ENV}, else a fresh SQLite file per test); "
-            "on PostgreSQL each test gets a schema of its own, dropped afterwards"
+            "on PostgreSQL each test gets a schema of its own, on MariaDB/MySQL a database, dropped afterwards"
         ),
     )
 
@@ -140,8 +142,11 @@ def watchdog_engine(watchdog_database_url: URL) -> Iterator[Engine]:
     from .backends import backend_of
 
     url = _sync_url(watchdog_database_url)
-    if backend_of(url.get_backend_name()).has_schemas:
+    backend = backend_of(url.get_backend_name())
+    if backend.has_schemas:
         yield from _engine_in_schema(url)
+    elif backend.has_databases:
+        yield from _engine_in_database(url)
     else:
         yield from _engine_on_file(url)
 
@@ -219,6 +224,30 @@ def _engine_in_schema(url: URL) -> Iterator[Engine]:
                 with conn.begin():
                     conn.execute(text("SET LOCAL lock_timeout = '10s'"))
                     conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+    finally:
+        admin.dispose()
+
+
+def _engine_in_database(url: URL) -> Iterator[Engine]:
+    """An engine on a database of its own on the server (MariaDB/MySQL: a
+    schema is a database), made next to the URL's and dropped afterwards."""
+    from sqlalchemy import create_engine, text
+
+    name = f"watchdog_test_{os.getpid()}_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(url, isolation_level="AUTOCOMMIT", poolclass=_null_pool())
+    quoted = admin.dialect.identifier_preparer.quote(name)
+    try:
+        with _connecting(url, admin.connect) as conn:
+            conn.execute(text(f"CREATE DATABASE {quoted}"))
+        try:
+            engine = _migrated(url.set(database=name))
+            try:
+                yield engine
+            finally:
+                engine.dispose()
+        finally:
+            with admin.connect() as conn:
+                conn.execute(text(f"DROP DATABASE IF EXISTS {quoted}"))
     finally:
         admin.dispose()
 

@@ -1,5 +1,5 @@
-"""The side-by-side rows: enqueue, drain and enqueue-to-start latency of every subject; and a
-drain of a limited queue (flow control) beside the same drain unlimited."""
+"""The side-by-side rows: enqueue, drain and enqueue-to-start latency of every subject (watchdog alone
+on SQLite and MariaDB); and a drain of a limited queue (flow control) beside the same drain unlimited."""
 
 from __future__ import annotations
 
@@ -15,6 +15,11 @@ from sqlalchemy_watchdog.gateway import SyncGateway
 PEER_JOBS = {"watchdog": 1.0, "procrastinate": 0.5, "pgqueuer": 1.0}  # procrastinate enqueues/drains slower
 DRAIN_JOBS = {"watchdog": 20_000, "procrastinate": 1_500, "pgqueuer": 20_000}
 QUICK_DRAIN_JOBS = {"watchdog": 300, "procrastinate": 100, "pgqueuer": 300}
+#: watchdog's drain of each other dialect: (jobs, --quick jobs). MariaDB's runners poll (0.25 s by
+#: default), and a drain's clock includes the wake-up: enough jobs that it is a small part.
+OTHER_DRAIN_JOBS = {"sqlite": (500, 60), "mariadb": (5000, 300)}
+#: Drain concurrencies of each dialect, and its AsyncRunner rows' (none on SQLite).
+DRAIN_CONCURRENCIES = {"postgresql": ("1,4,16,64", "4,16,64"), "sqlite": ("1,4", ""), "mariadb": ("1,4,16", "16")}
 PLAIN_ROW = "baseline: session.add(row) + commit, no queue"  # an application's own row, no queue
 SESSION_ROW = "1 job in the caller's Session + commit"
 
@@ -29,10 +34,10 @@ def _rate(subject: Any, target: h.Target, call: Any, args: Any, jobs: int) -> fl
 def enqueue(bench: h.Bench, r: int) -> None:
     """Jobs/s: one job per transaction (also in the caller's Session), 1,000 per statement."""
     batches = 3 if bench.quick else 10
-    for dialect in bench.dialects():
+    for dialect in bench.dialects(h.QUEUE_DIALECTS):
         table = f"enqueue (jobs/s), {h.LABEL[dialect]}"
         bench.table(table, ratios="watchdog")
-        base = (200 if bench.quick else 2000) if dialect == "postgresql" else (50 if bench.quick else 300)
+        base = (50 if bench.quick else 300) if dialect == "sqlite" else (200 if bench.quick else 2000)
         for name in bench.in_order(r, dialect):
             subject, target = bench.subjects[name], bench.target(name, dialect)
             n = bench.opt("jobs", int(base * PEER_JOBS[name]))
@@ -53,7 +58,7 @@ def enqueue(bench: h.Bench, r: int) -> None:
         bench.check_median(f"{row}: watchdog >= {factor:g}x pgqueuer", pg, row, "watchdog", ok, versus="pgqueuer")
     goal = "enqueue in the caller's Session + commit >= 1.0x pgqueuer's one-call enqueue"
     bench.check_median(goal, pg, SESSION_ROW, "watchdog", lambda m: m >= 1, versus="pgqueuer", versus_row=single)
-    for label in (h.LABEL[dialect] for dialect in bench.dialects()):
+    for label in (h.LABEL[dialect] for dialect in bench.dialects(h.QUEUE_DIALECTS)):
         goal = f"{label}: enqueue in a Session + commit within 1.3x of session.add(row) + commit"
         table = f"enqueue (jobs/s), {label}"
         bench.check_median(
@@ -64,24 +69,28 @@ def enqueue(bench: h.Bench, r: int) -> None:
 @h.scenario("drain", per_repeat=True, suite=True, options="jobs concurrencies drain-rows")
 def drain(bench: h.Bench, r: int) -> None:
     """Jobs/s of worker processes draining a prefilled queue (concurrency x processes, defaults, AsyncRunner)."""
-    for dialect in bench.dialects():
+    for dialect in bench.dialects(h.QUEUE_DIALECTS):
         pg = dialect == "postgresql"
         table = f"drain (jobs/s), {h.LABEL[dialect]}"
         bench.table(table, ratios="watchdog", chart="drain.png" if pg else None)
         # row, processes, options; watchdog_only: the AsyncRunner rows (the peers are asyncio already)
         shapes: list[tuple[str, int, dict[str, Any], bool]] = []
+        sync_c, async_c = DRAIN_CONCURRENCIES[dialect]
         for procs in (1, 2):
-            for c in bench.ints("concurrencies", "1,4,16,64" if pg else "1,4"):
+            for c in bench.ints("concurrencies", sync_c):
                 shapes.append((f"c{c} p{procs}", procs, {"concurrency": c}, False))
-            if pg:
+            if dialect != "sqlite":
                 shapes.append((f"defaults p{procs}", procs, {"defaults": True}, False))
-        for c in bench.ints("concurrencies", "4,16,64") if pg else []:
+        for c in bench.ints("concurrencies", async_c) if async_c else []:
             shapes.append((f"async c{c} p1", 1, {"concurrency": c, "use_asyncio": True}, True))
         if wanted := set(bench.opt("drain_rows", "").split(",")) - {""}:
             shapes = [s for s in shapes if wanted & set(s[0].split())]
         for row, procs, options, watchdog_only in shapes:
             for name in (n for n in bench.in_order(r, dialect) if n == "watchdog" or not watchdog_only):
-                default = (QUICK_DRAIN_JOBS if bench.quick else DRAIN_JOBS)[name] if pg else 60 if bench.quick else 500
+                if pg:
+                    default = (QUICK_DRAIN_JOBS if bench.quick else DRAIN_JOBS)[name]
+                else:
+                    default = OTHER_DRAIN_JOBS[dialect][1 if bench.quick else 0]
                 n, tag, target = bench.opt("jobs", default), f"{row.replace(' ', '-')}-{r}", bench.target(name, dialect)
                 run = partial(bench.drain_once, name, target, n, tag, procs, **options)
                 bench.measure(table, row, name, run, timeout=60 + n / 20 + 180)  # + worker start, warm-up and shutdown
@@ -98,20 +107,56 @@ def drain(bench: h.Bench, r: int) -> None:
         bench.check_median(goal, rows.title, f"defaults p{procs}", "watchdog", lambda m: m >= 1.5, versus="pgqueuer")
 
 
+POLL_ROW = "the runner's poll_interval (ms)"
+
+
+def _polled_latencies(
+    bench: h.Bench, target: h.Target, tag: str, warmup: int, samples: int, polls: list[float]
+) -> dict[str, float]:
+    """:meth:`h.Bench.latencies` of watchdog's runner with its defaults where it polls (MariaDB): each
+    pause a random 0.03 s to 0.03 s + its poll_interval, so jobs arrive at every phase of its poll (a
+    fixed pause would meet it at the same phase each time); the percentiles (the poll_interval the
+    runner said it uses: appended to ``polls``, in ms)."""
+    h.Watchdog().reset(target)
+    with bench.idle_worker("watchdog", target, tag) as (child, client):
+        h.poll_until(lambda: child.wakeup is not None, timeout=30, interval=0.05, what="wake-ups", children=[child])
+        assert child.wakeup is not None
+        poll_s, how = child.wakeup
+        if how.startswith("listen"):
+            raise h.ScenarioFailed(f"expected a polling runner, got: {how}")
+        bench.log(f"{target.dialect} runner wake-ups: {how}")
+        polls.append(poll_s * 1000.0)
+        pause = (0.03, 0.03 + poll_s)
+        return h.percentiles(bench.start_latencies(child, client.enqueue, tag, warmup, samples, pause=pause))
+
+
 @h.scenario("latency", per_repeat=True, suite=True, options="samples")
 def latency(bench: h.Bench, r: int) -> None:
-    """Enqueue-to-start ms (p50/p95/p99) of one idle worker with its defaults, PostgreSQL."""
-    table = "enqueue-to-start latency (ms), PostgreSQL"
-    bench.table(table, ratios="watchdog", chart="latency.png")
+    """Enqueue-to-start ms (p50/p95/p99) of one idle worker with its defaults, PostgreSQL (and MariaDB: polling)."""
     samples, warmup = bench.opt("samples", 200, 20), (3 if bench.quick else 5)
-    for name in bench.in_order(r):
-        target = bench.target(name, "postgresql")
-        once = lambda name=name, target=target: h.percentiles(
-            bench.latencies(name, target, f"lat-{r}", warmup, samples)
-        )
-        bench.measure(table, "enqueue-to-start", name, once)
-    if r == bench.repeat - 1:
+    # PostgreSQL unless --dialects names MariaDB without it (SQLite has no rows here).
+    for dialect in bench.dialects(("postgresql", "mariadb")) or ["postgresql"]:
+        if dialect == "mariadb" and "watchdog" in bench.subjects:  # watchdog alone on MariaDB
+            table = "enqueue-to-start latency (ms), MariaDB (runner polls)"
+            bench.table(table, ratios="watchdog")
+            target = bench.target("watchdog", dialect)
+            polls: list[float] = []
+            polled = partial(_polled_latencies, bench, target, f"lat-maria-{r}", warmup, samples, polls)
+            bench.measure(table, "enqueue-to-start", "watchdog", polled)
+            bench.record(table, POLL_ROW, "watchdog", polls[0] if polls else None)
+        if dialect != "postgresql":
+            continue
+        table = "enqueue-to-start latency (ms), PostgreSQL"
+        bench.table(table, ratios="watchdog", chart="latency.png")
+        for name in bench.in_order(r):
+            target = bench.target(name, "postgresql")
+            once = lambda name=name, target=target: h.percentiles(
+                bench.latencies(name, target, f"lat-{r}", warmup, samples)
+            )
+            bench.measure(table, "enqueue-to-start", name, once)
+    if r == bench.repeat - 1 and "enqueue-to-start latency (ms), PostgreSQL" in bench.tables:
         goal, row = "median wake latency <= 5 ms", "enqueue-to-start p50 (ms)"
+        table = "enqueue-to-start latency (ms), PostgreSQL"
         bench.check_median(goal, table, row, "watchdog", lambda m: m <= 5, " ms")
 
 
@@ -216,3 +261,23 @@ def limits(bench: h.Bench, r: int) -> None:
         for row in list(CLAIM_ROWS)[2:]:
             goal = f"{h.LABEL[dialect]}: claim under '{row}' within 1.5x of unlimited"
             bench.check_median(goal, table, row, "watchdog", lambda m: m <= 1.5, "x", "watchdog", "unlimited")
+
+
+@h.scenario("claim-ahead", per_repeat=True, options="jobs concurrencies handler-ms")
+def claim_ahead(bench: h.Bench, r: int) -> None:
+    """Jobs/s of one worker process whose handlers sleep --handler-ms (default 0,1,2,5), claiming ahead or not."""
+    table = "claim-ahead drain (jobs/s), PostgreSQL, one worker process"
+    bench.table(table)
+    target = bench.target("watchdog", "postgresql")
+    works = [float(w) for w in str(bench.opt("handler_ms", "0,1,2,5")).split(",")]
+    for c in bench.ints("concurrencies", "1,4,16"):
+        for work in works:
+            # Each handler's sleep bounds the drain at c * 1000 / work jobs/s: size the run to ~2 s of it.
+            ceiling = c * 1000.0 / work if work else 5000.0
+            n = bench.opt("jobs", max(200, min(5000, int(ceiling * (0.4 if bench.quick else 2.0)))))
+            for label, ahead in (("claim_ahead default", None), ("claim_ahead=0", 0)):
+                row = f"c{c} handler {work:g} ms"
+                tag = f"ahead-c{c}-w{work:g}-{ahead}-{r}"
+                options: dict[str, Any] = {"concurrency": c, "work_ms": work, "claim_ahead": ahead}
+                run = partial(bench.drain_once, "watchdog", target, n, tag, 1, **options)
+                bench.measure(table, row, label, run, timeout=60 + n / 20 + 180)

@@ -113,9 +113,24 @@ class Backend(Protocol):
     #: (``limits_sql.claim_limited_at_once``) in autocommit or once the
     #: limits row is locked.
     limited_claim_at_once: bool
+    #: Whether the dependency triggers tell a parent's dependents: a trigger
+    #: on ``watchdog_jobs`` writes a settled or deleted parent's outcome on
+    #: its edges, whose own trigger counts each for its child. Else
+    #: (MariaDB/MySQL: a trigger may not write the table of the statement
+    #: that fired it, even through another table's trigger -- error 1442)
+    #: only the edges' trigger exists, and the store writes the outcome on
+    #: the edges itself, in the transaction of each statement that settles
+    #: or deletes live jobs (``store.dependencies.tell``).
+    triggers_tell_dependents: bool
+    #: The dependency triggers this backend makes (of ``backends.triggers.TRIGGER_NAMES``).
+    trigger_names: tuple[str, ...]
     #: Whether a test can run in a schema of its own (the pytest plugin's
     #: ``watchdog_engine``); else it gets the tables of a database file.
     has_schemas: bool
+    #: Whether a test can run in a database of its own on the server, made
+    #: and dropped by the pytest plugin's ``watchdog_engine`` (MariaDB/MySQL,
+    #: where a schema is a database), when it has no schemas.
+    has_databases: bool
 
     def bounded_text(self, length: int) -> TypeEngine[str] | None:
         """The type of an indexed text column of at most ``length``
@@ -149,7 +164,9 @@ class Backend(Protocol):
         from ``new``, the proposed row's columns: ``ON CONFLICT DO UPDATE``
         with ``excluded``, or MariaDB/MySQL's ``ON DUPLICATE KEY UPDATE``
         with ``VALUES()`` (which fires on any unique key: for tables whose
-        only one is ``key``). Returns no rows."""
+        only one is ``key``). Returns no rows. MariaDB/MySQL assign in
+        ``set_``'s order, each assignment reading the row as the earlier
+        ones left it: a value that depends on the old row goes first."""
         ...
 
     def trigger_sql(self, clock: str | None = None) -> list[str]:

@@ -120,6 +120,15 @@ class MySQL:
     limited_claim_at_once = False
     # A test gets a database of its own (a MySQL schema is a database).
     has_schemas = False
+    has_databases = True
+    # A trigger may not write the table whose statement fired it, even
+    # through another table's trigger (1442): the parent triggers on
+    # watchdog_jobs would update the edges, whose trigger updates
+    # watchdog_jobs. The store tells the edges itself; the edges' trigger
+    # (fired by the store's UPDATE of the edges) and the deleted child's
+    # (which writes only the edges) stay.
+    triggers_tell_dependents = False
+    trigger_names: tuple[str, ...] = ("watchdog_jobs_child_pruned", "watchdog_job_edges_counted")
 
     def __init__(self) -> None:
         # The longest job_id, limit key and cursor key (jobs.validation: 256).
@@ -150,18 +159,24 @@ class MySQL:
         return mysql.insert(table)
 
     def upsert(self, stmt: Insert, key: Sequence[Any], set_: Callable[[Any], dict[str, Any]]) -> Insert:
-        upserted: Insert = stmt.on_duplicate_key_update(set_(stmt.inserted))  # type: ignore[attr-defined]
+        # As a list: the assignments in set_'s order (a dict would be put in
+        # the table's column order), each reading the row as the earlier ones left it.
+        upserted: Insert = stmt.on_duplicate_key_update(list(set_(stmt.inserted).items()))  # type: ignore[attr-defined]
         return upserted
 
     # -- DDL ------------------------------------------------------------------------
 
     def trigger_sql(self, clock: str | None = None) -> list[str]:
-        """A row trigger per edge trigger, its condition an ``IF`` (no
-        ``WHEN``), created under ``PIPES_AS_CONCAT`` (the bodies concatenate
-        with ``||``; a trigger keeps the sql_mode it was created under)."""
+        """A row trigger per edge trigger of :attr:`trigger_names`, its
+        condition an ``IF`` (no ``WHEN``), created under ``PIPES_AS_CONCAT``
+        (the bodies concatenate with ``||``; a trigger keeps the sql_mode it
+        was created under). The parent triggers are not made: the store
+        tells the edges (:attr:`triggers_tell_dependents`)."""
         statements = ["SET @watchdog_sql_mode = @@SESSION.sql_mode",
                       "SET SESSION sql_mode = CONCAT(@@SESSION.sql_mode, ',PIPES_AS_CONCAT')"]  # fmt: skip
         for name, fires, when, body in edge_triggers(clock or self.clock_ms_sql()):
+            if name not in self.trigger_names:
+                continue
             fires = fires.replace("UPDATE OF state ON", "UPDATE ON").replace("UPDATE OF outcome ON", "UPDATE ON")
             statements.append(f"CREATE TRIGGER {name} {fires} FOR EACH ROW BEGIN IF {when} THEN {body}; END IF; END")
         statements.append("SET SESSION sql_mode = @watchdog_sql_mode")

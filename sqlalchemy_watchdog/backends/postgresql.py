@@ -56,6 +56,9 @@ class PostgreSQL:
     limited_claim_at_once = True
     # Each test of the pytest plugin gets a schema of its own.
     has_schemas = True
+    has_databases = False
+    triggers_tell_dependents = True
+    trigger_names: tuple[str, ...] = TRIGGER_NAMES
 
     def __init__(self) -> None:
         #: Whether job_id sorts by code point, per database URL (asked once).

@@ -73,6 +73,9 @@ class SQLite:
     fails_over = False
     limited_claim_at_once = False
     has_schemas = False
+    has_databases = False
+    triggers_tell_dependents = True
+    trigger_names: tuple[str, ...] = TRIGGER_NAMES
 
     def bounded_text(self, length: int) -> TypeEngine[str] | None:
         return None  # TEXT indexes whole

@@ -52,6 +52,7 @@ from .base import (
     unreadable_columns,
     view,
 )
+from .dependencies import tell
 from .job_signals import wake_snoozed
 from .limits import claim_queue, limited_queues
 from .operation import Shape, operation
@@ -237,6 +238,7 @@ _PRIORITY = position("priority")
 _STATE = position("state")
 _OUTCOME = position("outcome")
 _TOKEN = position("claim_token")
+_SETTLED_STATE = JobState.SETTLED.value
 
 
 def _batch(conn: Connection, found: Sequence[Sequence[Any]], held_back: bool = False) -> ClaimBatch:
@@ -265,6 +267,8 @@ def _batch(conn: Connection, found: Sequence[Sequence[Any]], held_back: bool = F
             cancelled.append(job)
         else:  # pragma: no cover - the CHECK grammar forbids it
             raise WatchdogError(ErrorCode.CLAIM_UNAVAILABLE, f"claim returned {job.state}")
+    if cancelled:  # settled from queued (or running): their dependents are told
+        tell(conn, [(job.job_id, None if job.outcome is None else job.outcome.value) for job in cancelled])
     return ClaimBatch(tuple(claimed), tuple(cancelled), held_back)
 
 
@@ -369,6 +373,8 @@ def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Set
     stmt = limits_sql.settle(backend, sized)
     written = execute_rows(conn, stmt, params) if backend.writes_return_rows else write_returning(conn, stmt, params)
     settled = {row[_JOB_ID]: row for row in written}
+    if settled and not backend.triggers_tell_dependents:  # MariaDB: the store tells the dependents
+        tell(conn, [(row[_JOB_ID], row[_OUTCOME]) for row in settled.values() if row[_STATE] == _SETTLED_STATE])
     for request in requests:
         if request.waits_for is not None and request.job_id in settled:
             # A later statement than the snooze's: it sees a signal committed
@@ -540,6 +546,7 @@ def fail_lane(conn: Connection, lane: str, reason: str, *, batch: int = LANE_FAI
         raise WatchdogError(ErrorCode.INVALID_INPUT, "reason: must be a non-empty str")
     params = {"lane_name": lane, "reason": bound_reason(reason), "batch": batch}
     rows = write_returning(conn, maintenance_sql.fail_lane(backend_of(conn)), params)
+    tell(conn, [(row[_JOB_ID], row[_OUTCOME]) for row in rows])  # live jobs settled (not the waiting ones below)
     more = bool(conn.execute(maintenance_sql.lane_has_live_jobs(), {"lane_name": lane}).scalar())
     if not more and len(rows) < batch:
         params["batch"] = batch - len(rows)
@@ -561,8 +568,28 @@ def purge(conn: Connection, queue: str) -> int:
     (the delete trigger), so in another queue they are cancelled (default
     policy) or released (``any_outcome``)."""
     check_text("queue", queue, QUEUE_MAX_LENGTH)
+    if not backend_of(conn).triggers_tell_dependents:
+        return _purge_by_key(conn, queue)
     waiting = conn.execute(maintenance_sql.purge_waiting(), {"queue": queue}).rowcount
     return int(waiting or 0) + int(conn.execute(maintenance_sql.purge(), {"queue": queue}).rowcount or 0)
+
+
+def _purge_by_key(conn: Connection, queue: str) -> int:
+    """:func:`purge` where the store tells dependents itself (MariaDB/MySQL):
+    the jobs each delete would take are read under a lock and deleted by
+    key, then the dependents of the watched ones are told ``purged`` -- after
+    the delete, so that a dependent deleted with them (its edges go with
+    it) is not counted first."""
+    deleted = 0
+    for waiting in (True, False):
+        rows = conn.execute(maintenance_sql.purge_pick(backend_of(conn), waiting), {"queue": queue}).all()
+        if not rows:
+            continue
+        for start in range(0, len(rows), 1000):
+            keys = [row[0] for row in rows[start : start + 1000]]
+            deleted += int(conn.execute(maintenance_sql.purge_by_key(waiting), {"keys": keys}).rowcount or 0)
+        tell(conn, [(row[1], "purged") for row in rows if row[2] is not None])
+    return deleted
 
 
 # -- recovery ----------------------------------------------------------------
@@ -628,6 +655,8 @@ def reconcile(
         return Recovery(job.job_id, RecoveryStatus.LOST_RACE, None)
     after = view(row)
     status = RecoveryStatus.REQUEUED if after.state is JobState.QUEUED else RecoveryStatus.SETTLED
+    if status is RecoveryStatus.SETTLED:
+        tell(conn, [(row[_JOB_ID], row[_OUTCOME])])
     # It left running (requeued or settled): room in a limited queue.
     room_freed_in(conn, (after.queue,))
     # Requeued with its count unchanged: it was still marked unstarted (w0019).

@@ -495,14 +495,17 @@ def cancel(only_if_queued: bool) -> Update:
             c.cancellation_id.is_(None),
             or_(not_started if only_if_queued else IS_LIVE, waiting),
         )
-        .values(
-            cancellation_id=_p("cancellation", Text()),
+        # In this order, state last: MariaDB assigns one column after the
+        # other, each expression reading the row as the earlier ones left it,
+        # and the others read the state the job had.
+        .ordered_values(
+            (c.cancellation_id, _p("cancellation", Text())),
+            (c.outcome, case((waiting, Outcome.CANCELLED.value), else_=c.outcome)),
+            (c.settled_at, case((waiting, db_clock_ms()), else_=c.settled_at)),
+            (c.waiting_on, case((waiting, 0), else_=c.waiting_on)),
             # A delayed job is made queued, so the next claim settles it
             # cancelled instead of it waiting for its time.
-            state=case((IS_DELAYED, _QUEUED), (waiting, _SETTLED), else_=c.state),
-            outcome=case((waiting, Outcome.CANCELLED.value), else_=c.outcome),
-            settled_at=case((waiting, db_clock_ms()), else_=c.settled_at),
-            waiting_on=case((waiting, 0), else_=c.waiting_on),
+            (c.state, case((IS_DELAYED, _QUEUED), (waiting, _SETTLED), else_=c.state)),
         )
         .returning(c.job_id)
     )

@@ -7,7 +7,7 @@ Part of :mod:`sqlalchemy_watchdog.store` (see its docstring and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from sqlalchemy import Connection
 
@@ -43,6 +43,40 @@ def propagate(conn: Connection, *, limit: int = PROPAGATE_BATCH) -> int:
     if rows:
         conn.execute(dependencies_sql.told(), {"job_ids": [row[0] for row in rows]})
     return len(rows)
+
+
+def tell(conn: Connection, ended: Iterable[tuple[str, str | None]]) -> None:
+    """Tell the dependents of the jobs ``ended`` (``(job_id, outcome)``),
+    which a statement of this transaction settled from a live state or
+    deleted, that they ended so: their uncounted edges get the outcome, and
+    the edges' trigger counts each for its child -- where the triggers on
+    ``watchdog_jobs`` do not do it themselves
+    (``Backend.triggers_tell_dependents`` is false: MariaDB/MySQL); else
+    nothing. Jobs settled from ``waiting`` are not passed: as with the
+    triggers, a runner's pass (:func:`propagate`) tells theirs."""
+    if backend_of(conn).triggers_tell_dependents:
+        return
+    by_outcome: dict[str | None, list[str]] = {}
+    for job_id, outcome in ended:
+        by_outcome.setdefault(outcome, []).append(job_id)
+    for outcome, parents in sorted(by_outcome.items(), key=lambda item: item[0] or ""):
+        for start in range(0, len(parents), 1000):
+            conn.execute(
+                dependencies_sql.tell_parents(), {"parents": sorted(parents[start : start + 1000]), "outcome": outcome}
+            )
+
+
+def count_settled_parents(conn: Connection, children: Sequence[str]) -> None:
+    """Record the outcome of every parent already settled on the uncounted
+    edges of ``children`` (see :func:`dependencies_sql.count_settled_parents`);
+    where the store tells the edges itself, the settled parents are read
+    first, then told (a statement that fires the edges' trigger reads no
+    ``watchdog_jobs``: MariaDB, error 1442)."""
+    if backend_of(conn).triggers_tell_dependents:
+        conn.execute(dependencies_sql.count_settled_parents(), {"children": list(children)})
+        return
+    settled = conn.execute(dependencies_sql.settled_parents(), {"children": list(children)})
+    tell(conn, [(row[0], row[1]) for row in settled])
 
 
 @operation(Shape.READ)

@@ -120,14 +120,17 @@ EDGE_FIELDS: Fields = (("child", Text()), ("parent", Text()), ("outcome", Text()
 @cache
 def insert_edges(backend: Backend) -> Insert:
     """Insert dependency rows (``:edges``, rows of :data:`EDGE_FIELDS`); an
-    existing (child, parent) is left as it is."""
+    existing (child, parent) is left as it is (``ON CONFLICT DO NOTHING``;
+    MariaDB/MySQL: ``ON DUPLICATE KEY UPDATE child = child``, the edges'
+    only unique key -- not ``INSERT IGNORE``, which would also let a row
+    its CHECKs refuse through as a warning)."""
     source, cols, order = _rows(backend, "edges", EDGE_FIELDS)
     rows = select(cols["child"], cols["parent"], cols["outcome"]).select_from(source).where(true()).order_by(order)
-    stmt: Insert = (
-        _insert_into(backend, edges)
-        .from_select(["child", "parent", "outcome"], rows)
-        .on_conflict_do_nothing(index_elements=[edges.c.child, edges.c.parent])
-    )
+    insert: Any = _insert_into(backend, edges).from_select(["child", "parent", "outcome"], rows)
+    if not backend.writes_return_rows:  # no ON CONFLICT
+        kept: Insert = backend.upsert(insert, [edges.c.child, edges.c.parent], lambda _new: {"child": edges.c.child})
+        return kept
+    stmt: Insert = insert.on_conflict_do_nothing(index_elements=[edges.c.child, edges.c.parent])
     return stmt
 
 
@@ -153,6 +156,40 @@ def tell_dependents() -> Update:
         update(edges)
         .where(edges.c.parent == _p("job", Text()), edges.c.outcome.is_(None))
         .values(outcome=_p("outcome", Text()))
+    )
+
+
+@cache
+def tell_parents() -> Update:
+    """Record ``:outcome`` on the uncounted edges of the parents among the
+    expanding ``:parents`` (the edges trigger counts each for its child):
+    what the parent triggers do where a trigger may write the edges
+    (``Backend.triggers_tell_dependents``); elsewhere the store runs this
+    after the statement that settled or deleted them. It reads no other
+    table, so the edges' trigger may write ``watchdog_jobs`` (MariaDB,
+    error 1442)."""
+    return (
+        update(edges)
+        .where(edges.c.parent.in_(bindparam("parents", expanding=True)), edges.c.outcome.is_(None))
+        .values(outcome=_p("outcome", Text()))
+    )
+
+
+@cache
+def settled_parents() -> Select[Any]:
+    """The settled parents, with their outcomes, of the uncounted edges of
+    the children ``:children``: what :func:`count_settled_parents` counts,
+    read first where the edges' trigger may not write a table the statement
+    that fired it reads (MariaDB: then :func:`tell_parents`)."""
+    return (
+        select(edges.c.parent, c.outcome)
+        .select_from(edges.join(t, c.job_id == edges.c.parent))
+        .where(
+            edges.c.child.in_(bindparam("children", expanding=True)),
+            edges.c.outcome.is_(None),
+            c.state == _SETTLED,
+        )
+        .distinct()
     )
 
 

@@ -33,6 +33,7 @@ from .base import (
     ENQUEUE_CHUNK,
     _one_chunk,
 )
+from .dependencies import count_settled_parents
 from .operation import Shape, operation
 from .unique import Decision, admit
 from .views import execute_rows
@@ -534,4 +535,4 @@ def _insert_edges(conn: Connection, unique: Sequence[Job], admitted: set[str], w
     # dependencies_sql.count_settled_parents) is counted now.
     children = sorted({child for child, _parent, outcome in rows if outcome is None})
     for start in range(0, len(children), 1000):
-        conn.execute(dependencies_sql.count_settled_parents(), {"children": children[start : start + 1000]})
+        count_settled_parents(conn, children[start : start + 1000])

@@ -15,7 +15,10 @@ writes and its record commit together or not at all.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import Connection
+from sqlalchemy.exc import IntegrityError
 
 from ..backends import backend_of
 from ..jobs import JobStep, StepKind, at_epoch_ms
@@ -79,11 +82,30 @@ def record_step_in(
         "attempt": attempt,
         "now": now_ms() if now is None else now,
     }
-    row = conn.execute(job_steps_sql.record(backend_of(conn)), params).first()
+    backend = backend_of(conn)
+    if backend.writes_return_rows:
+        row = conn.execute(job_steps_sql.record(backend), params).first()
+    else:
+        row = _record_plain(conn, params)
     if row is None:
         return None
     wake_at = None if row.wake_at is None else at_epoch_ms(row.wake_at)
     return JobStep(name, kind, result_json, wake_at, attempt, None)
+
+
+def _record_plain(conn: Connection, params: dict[str, Any]) -> Any:
+    """:func:`record_step_in` where writes return no rows (MariaDB/MySQL):
+    the same guarded ``INSERT ... SELECT``, which inserts nothing for a name
+    recorded already; the step read back when it inserted one. A concurrent
+    record of the same name fails it as a duplicate key (only the statement
+    undone): then it was recorded already, and nothing is returned."""
+    try:
+        inserted = conn.execute(job_steps_sql.record(backend_of(conn)), params).rowcount
+    except IntegrityError:
+        if conn.execute(job_steps_sql.read_step(), params).first() is None:
+            raise
+        return None
+    return conn.execute(job_steps_sql.read_step(), params).first() if inserted else None
 
 
 @operation(Shape.READ)

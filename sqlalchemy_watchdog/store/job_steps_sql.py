@@ -46,14 +46,31 @@ def record(backend: Backend) -> Insert:
         true(),  # SQLite's parser needs a WHERE between INSERT ... SELECT and ON CONFLICT
     )
     insert: Any = sql._insert_into(backend, steps)
+    columns = ["job_sequence", "name", "job_id", "kind", "result_json", "wake_at", "attempt", "recorded_at"]
+    if not backend.writes_return_rows:
+        # MariaDB/MySQL: no ON CONFLICT, no RETURNING. A name recorded already
+        # inserts no row (the row count says); the store reads the step back
+        # (read_step), and takes a duplicate key of a concurrent record for one.
+        recorded = select(literal(1)).where(s.job_sequence == j.sequence, s.name == sql._p("name", Text()))
+        plain: Insert = insert.from_select(columns, rows.where(~recorded.exists()))
+        return plain
     stmt: Insert = (
-        insert.from_select(
-            ["job_sequence", "name", "job_id", "kind", "result_json", "wake_at", "attempt", "recorded_at"], rows
-        )
+        insert.from_select(columns, rows)
         .on_conflict_do_nothing(index_elements=[s.job_sequence, s.name])
         .returning(s.name, s.wake_at)
     )
     return stmt
+
+
+@cache
+def read_step() -> Select[Any]:
+    """Step ``:name`` of job ``:job`` (the job now stored under that job_id):
+    what :func:`record` returns, read back where writes return no rows."""
+    return (
+        select(s.name, s.wake_at)
+        .join(sql.t, j.sequence == s.job_sequence)
+        .where(j.job_id == sql._p("job", Text()), s.name == sql._p("name", Text()))
+    )
 
 
 @cache

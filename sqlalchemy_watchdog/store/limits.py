@@ -36,7 +36,7 @@ from ..jobs import (
 )
 from . import limits_sql, sql
 from .operation import Shape, operation
-from .views import execute_rows
+from .views import execute_rows, write_returning
 
 # -- which queues are limited ---------------------------------------------------
 
@@ -159,7 +159,10 @@ def set_limits(
 def clear_limits(conn: Connection, queue: str) -> bool:
     """Remove ``queue``'s limits (and its rate log); whether it had any."""
     check_text("queue", queue, QUEUE_MAX_LENGTH)
-    had = conn.execute(limits_sql.clear_limits(), {"queue": queue}).first() is not None
+    if backend_of(conn).writes_return_rows:
+        had = conn.execute(limits_sql.clear_limits(), {"queue": queue}).first() is not None
+    else:  # MySQL has no DELETE ... RETURNING: the row count
+        had = conn.execute(limits_sql.delete_limits(), {"queue": queue}).rowcount > 0
     conn.execute(limits_sql.forget_queue_claims(), {"queue": queue})
     forget_limited(conn)
     return had
@@ -453,7 +456,7 @@ def claim_in_transaction(
         periods = [period for period in (row.rate_period_ms, row.rate_per_key_period_ms) if period is not None]
         if periods:  # out of every window a claim looks at: the longer period's
             before = room.clock - max(periods)
-            conn.execute(limits_sql.forget_claims(), {"queue": queue, "before": before, "batch": FORGET_BATCH})
+            conn.execute(limits_sql.forget_claims(backend), {"queue": queue, "before": before, "batch": FORGET_BATCH})
         if not row.has_queued:
             return Taken([], False)
         if room.room <= 0:
@@ -465,13 +468,20 @@ def claim_in_transaction(
             parts = _parts(len(picks))
             for index in range(parts):
                 params[f"s_{index}"] = picks[index][0] if index < len(picks) else None
-            rows = execute_rows(conn, limits_sql.claim_limited(parts, ahead), params)
+            claim = limits_sql.claim_limited(parts, ahead)
+            if backend.writes_return_rows:
+                rows = execute_rows(conn, claim, params)
+            else:  # MariaDB: the picks still queued locked, claimed by key, read back
+                rows.extend(write_returning(conn, claim, params))
         if move or rows:
             # Always written when jobs were taken: under REPEATABLE READ a
             # claimer whose snapshot predates this commit then fails its lock
             # (a serialization failure, retried) instead of counting stale rows;
             # under READ COMMITTED claim_at_once sees another version of the row.
-            execute_rows(conn, limits_sql.move_cursor(), {"queue": queue, "cursor": cursor})
+            if backend.writes_return_rows:
+                execute_rows(conn, limits_sql.move_cursor(), {"queue": queue, "cursor": cursor})
+            else:
+                conn.execute(limits_sql.move_cursor(False), {"queue": queue, "cursor": cursor})
         # Logged at the jobs' own start (the claim statement's clock, which
         # wrote started_at), not at room.clock read statements before it: a
         # claim delayed between the two (a descheduled process) would

@@ -594,15 +594,12 @@ def claim_limited_at_once(mark_ahead: bool = False) -> Select[Any]:
 
 
 @cache
-def move_cursor() -> Update:
+def move_cursor(returning: bool = True) -> Update:
     """Queue ``:queue``'s round-robin position: ``:cursor``, the key that got
-    the last job (NULL: the unkeyed jobs)."""
-    return (
-        update(limits_table)
-        .where(lim.queue_name == _QUEUE)
-        .values(cursor_key=_p("cursor", Text()))
-        .returning(lim.queue_name)  # a row, as execute_rows reads one
-    )
+    the last job (NULL: the unkeyed jobs). ``returning``: the row, as
+    ``execute_rows`` reads one (where writes return rows; else nothing)."""
+    stmt = update(limits_table).where(lim.queue_name == _QUEUE).values(cursor_key=_p("cursor", Text()))
+    return stmt.returning(lim.queue_name) if returning else stmt
 
 
 @cache
@@ -618,16 +615,17 @@ def log_claim() -> Insert:
 
 
 @cache
-def forget_claims() -> Delete:
+def forget_claims(backend: Backend) -> Delete:
     """Delete up to ``:batch`` of queue ``:queue``'s logged claims made at or
-    before ``:before`` (outside every window a claim will look at)."""
+    before ``:before`` (outside every window a claim will look at); the
+    ``LIMIT``ed pick through :meth:`Backend.among` (MariaDB, error 1235)."""
     old = (
         select(logged.id)
         .where(logged.queue_name == _QUEUE, logged.claimed_at <= _p("before", BigInteger()))
         .order_by(logged.claimed_at)
         .limit(_p("batch", Integer()))
     )
-    return delete(limit_claims_table).where(logged.id.in_(old.scalar_subquery()))
+    return delete(limit_claims_table).where(backend.among(logged.id, old))
 
 
 @cache
@@ -640,8 +638,10 @@ def forget_queue_claims() -> Delete:
 def set_limits(backend: Backend) -> Insert:
     """Store queue ``:queue``'s limits (``:concurrency``, ``:per_key``,
     ``:rate_count``, ``:rate_period_ms``, ``:rate_per_key_count``,
-    ``:rate_per_key_period_ms``), its round-robin cursor kept; a
-    row already holding exactly these is left alone (no row returned)."""
+    ``:rate_per_key_period_ms``), its round-robin cursor kept; a row already
+    holding exactly these keeps its ``updated_at`` (and its values). One
+    upsert (:meth:`Backend.upsert`: ``ON CONFLICT DO UPDATE``, or MariaDB's
+    ``ON DUPLICATE KEY UPDATE``); it returns nothing."""
     clock = db_clock_ms()
     stmt = _insert_into(backend, limits_table).values(
         queue_name=_QUEUE,
@@ -653,35 +653,43 @@ def set_limits(backend: Backend) -> Insert:
         rate_per_key_period_ms=_p("rate_per_key_period_ms", BigInteger()),
         updated_at=clock,
     )
-    ex = stmt.excluded
-    same = and_(
-        lim.concurrency.is_not_distinct_from(ex.concurrency),
-        lim.concurrency_per_key.is_not_distinct_from(ex.concurrency_per_key),
-        lim.rate_count.is_not_distinct_from(ex.rate_count),
-        lim.rate_period_ms.is_not_distinct_from(ex.rate_period_ms),
-        lim.rate_per_key_count.is_not_distinct_from(ex.rate_per_key_count),
-        lim.rate_per_key_period_ms.is_not_distinct_from(ex.rate_per_key_period_ms),
-    )
-    upsert: Insert = stmt.on_conflict_do_update(
-        index_elements=[lim.queue_name],
-        set_={
-            "concurrency": ex.concurrency,
-            "concurrency_per_key": ex.concurrency_per_key,
-            "rate_count": ex.rate_count,
-            "rate_period_ms": ex.rate_period_ms,
-            "rate_per_key_count": ex.rate_per_key_count,
-            "rate_per_key_period_ms": ex.rate_per_key_period_ms,
-            "updated_at": clock,
-        },
-        where=not_(same),
-    ).returning(lim.queue_name)
-    return upsert
+
+    def updated(new: Any) -> dict[str, Any]:
+        same = and_(
+            lim.concurrency.is_not_distinct_from(new.concurrency),
+            lim.concurrency_per_key.is_not_distinct_from(new.concurrency_per_key),
+            lim.rate_count.is_not_distinct_from(new.rate_count),
+            lim.rate_period_ms.is_not_distinct_from(new.rate_period_ms),
+            lim.rate_per_key_count.is_not_distinct_from(new.rate_per_key_count),
+            lim.rate_per_key_period_ms.is_not_distinct_from(new.rate_per_key_period_ms),
+        )
+        # updated_at first: MariaDB assigns in order, each assignment reading
+        # the row as the earlier ones left it, so `same` must be read before
+        # any limit changes (the other dialects read the old row throughout).
+        return {
+            "updated_at": case((same, lim.updated_at), else_=clock),
+            "concurrency": new.concurrency,
+            "concurrency_per_key": new.concurrency_per_key,
+            "rate_count": new.rate_count,
+            "rate_period_ms": new.rate_period_ms,
+            "rate_per_key_count": new.rate_per_key_count,
+            "rate_per_key_period_ms": new.rate_per_key_period_ms,
+        }
+
+    return backend.upsert(stmt, [lim.queue_name], updated)
 
 
 @cache
 def clear_limits() -> ReturningDelete[Any]:
     """Remove queue ``:queue``'s limits; returns its row if it had any."""
     return delete(limits_table).where(lim.queue_name == _QUEUE).returning(lim.queue_name)
+
+
+@cache
+def delete_limits() -> Delete:
+    """:func:`clear_limits` returning nothing (MySQL has no ``DELETE ...
+    RETURNING``): whether the queue had limits is the row count."""
+    return delete(limits_table).where(lim.queue_name == _QUEUE)
 
 
 @cache

@@ -166,7 +166,14 @@ def prune_batch(
             if deleted >= limit:
                 return deleted
             params = {"outcome": outcome, "age_ms": duration_ms(older_than), "limit": limit - deleted}
-            deleted += conn.execute(maintenance_sql.prune(backend, undated), params).rowcount
+            if backend.writes_return_rows:
+                deleted += conn.execute(maintenance_sql.prune(backend, undated), params).rowcount
+                continue
+            # MariaDB/MySQL: the picked jobs locked, then deleted by key (a DELETE
+            # reading the edges would clash with the trigger deleting theirs, 1442).
+            keys = [row[0] for row in conn.execute(maintenance_sql.prune_pick(backend, undated), params)]
+            if keys:
+                deleted += conn.execute(maintenance_sql.delete_settled(), {"keys": keys}).rowcount
     return deleted
 
 

@@ -149,6 +149,28 @@ def purge_waiting() -> Delete:
 
 
 @cache
+def purge_pick(backend: Backend, waiting: bool) -> Select[Any]:
+    """The jobs :func:`purge_waiting` (``waiting``) or :func:`purge` would
+    delete -- ``sequence``, ``job_id`` and ``watched`` -- locked until the
+    transaction ends: where the store tells dependents itself (MariaDB), it
+    deletes them by key (:func:`purge_by_key`) and tells the watched ones'."""
+    pick = select(c.sequence, c.job_id, c.watched).where(c.queue_name == _p("queue"), _purged(waiting))
+    return backend.locked(pick)
+
+
+@cache
+def purge_by_key(waiting: bool) -> Delete:
+    """Delete the jobs among ``:keys`` (their ``sequence``) that
+    :func:`purge_pick` locked, their state checked again."""
+    return delete(t).where(c.sequence.in_(bindparam("keys", expanding=True)), _purged(waiting))
+
+
+def _purged(waiting: bool) -> ColumnElement[bool]:
+    """The state of a job a purge deletes: waiting, or queued and delayed."""
+    return IS_WAITING if waiting else and_(IS_LIVE, c.state != literal_column(f"'{_RUNNING}'"))
+
+
+@cache
 def fail_lane_waiting(backend: Backend) -> Update:
     """Settle a batch (``:batch``) of lane ``:lane_name``'s waiting jobs
     ``failed`` with ``:reason``, oldest first (revision w0014). Like a
@@ -196,6 +218,11 @@ def prune(backend: Backend, undated: bool) -> Delete:
     then time) in order, so a batch costs O(limit) however long the history
     is, other outcomes' rows included.
     """
+    return delete(t).where(backend.picked(c.sequence, _prune_pick(undated), "old"), IS_SETTLED)
+
+
+def _prune_pick(undated: bool) -> Select[Any]:
+    """Up to ``:limit`` settled jobs of :func:`prune` (their ``sequence``)."""
     pick = select(c.sequence).where(IS_SETTLED, c.outcome == _p("outcome", Text()))
     if undated:
         # Ordered as the index is (settled_at is NULL throughout), so the pick
@@ -213,8 +240,23 @@ def prune(backend: Backend, undated: bool) -> Delete:
         .where(edges.c.parent == c.job_id, child.c.state != literal_column(f"'{_SETTLED}'"))
         .exists()
     )
-    pick = pick.where(not_(waited_on)).limit(_p("limit", Integer()))
-    return delete(t).where(backend.picked(c.sequence, pick, "old"), IS_SETTLED)
+    return pick.where(not_(waited_on)).limit(_p("limit", Integer()))
+
+
+@cache
+def prune_pick(backend: Backend, undated: bool) -> Select[Any]:
+    """The ``sequence`` of the jobs :func:`prune` deletes, locked: where writes
+    return no rows (MariaDB/MySQL) the store reads them first, then deletes
+    them by key (:func:`delete_settled`): a DELETE of jobs must not read
+    ``watchdog_job_edges``, which the deleted jobs' trigger writes (error 1442)."""
+    return backend.locked(_prune_pick(undated))
+
+
+@cache
+def delete_settled() -> Delete:
+    """Delete the settled jobs among ``:keys`` (their ``sequence``, locked by
+    :func:`prune_pick`)."""
+    return delete(t).where(c.sequence.in_(bindparam("keys", expanding=True)), IS_SETTLED)
 
 
 #: The payload column of a list that does not read payloads.

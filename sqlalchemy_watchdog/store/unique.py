@@ -32,6 +32,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Connection
 
@@ -43,6 +44,7 @@ from .unique_sql import (
     count_duplicate,
     count_replacement,
     held_by,
+    insert_key,
     job_state,
     lock_key,
     pass_key,
@@ -119,7 +121,7 @@ def replace(
         "start": None if start is None else epoch_ms(start),
         "set_start": 1 if set_start else 0,
     }
-    if conn.execute(replace_job(), params).first() is not None:
+    if conn.execute(replace_job(), params).rowcount > 0:
         return ReplaceResult(job_id, ReplaceStatus.REPLACED)
     found = conn.execute(job_state(), {"job_id": job_id}).first()
     return ReplaceResult(job_id, ReplaceStatus.MISSING if found is None else ReplaceStatus.NOT_WAITING)
@@ -130,20 +132,16 @@ def admit(conn: Connection, job: Job) -> Admission:
     the key's row; the caller then enqueues the job if it holds the key."""
     intent = job.unique
     assert intent is not None
-    backend = backend_of(conn)
-    fresh = conn.execute(
-        take_fresh(backend),
-        {
-            "key": intent.key,
-            "job_id": job.job_id,
-            "kind": intent.kind.value,
-            "states": intent.states.value,
-            "window": intent.window_ms,
-        },
-    ).first()
-    if fresh is not None:
+    params = {
+        "key": intent.key,
+        "job_id": job.job_id,
+        "kind": intent.kind.value,
+        "states": intent.states.value,
+        "window": intent.window_ms,
+    }
+    row = _take_fresh(conn, params)
+    if row is None:
         return Admission(Decision.HOLD, job.job_id, _first_delay(intent))
-    row = conn.execute(lock_key(), {"key": intent.key}).one()
     if row.job_id == job.job_id:
         return Admission(Decision.REPLAY, job.job_id)
     if conn.execute(job_state(), {"job_id": job.job_id}).first() is not None:
@@ -158,8 +156,8 @@ def admit(conn: Connection, job: Job) -> Admission:
             start = max(min(start, row.since_ms + intent.max_wait_ms), row.since_ms + 1)
         replaced = conn.execute(
             replace_waiting(), {"holder": row.job_id, "payload": job.payload_json, "ready_at": start}
-        ).first()
-        if replaced is None:  # claimed since its state was read: the key is free
+        ).rowcount
+        if not replaced:  # claimed since its state was read: the key is free
             return _take(conn, job, intent, now)
         conn.execute(count_replacement(), {"key": intent.key, "until": start})
         return Admission(Decision.REPLACED, row.job_id)
@@ -175,6 +173,28 @@ def admit(conn: Connection, job: Job) -> Admission:
         return Admission(Decision.HOLD, job.job_id, since - now)
     conn.execute(count_duplicate(), {"key": intent.key})
     return Admission(Decision.DUPLICATE, row.job_id)
+
+
+def _take_fresh(conn: Connection, params: dict[str, Any]) -> Any:
+    """Take the key for the job if no row holds it (None), else the key's
+    row, locked (steps 1 and 2 of the module's docstring).
+
+    Where writes return no rows (MariaDB/MySQL: no ``ON CONFLICT``), one
+    ``INSERT ... ON DUPLICATE KEY UPDATE`` inserts the row or locks the one
+    there (waiting for the enqueue that holds it), and the row is read: it
+    is this job's own when it names the job and no such job is stored (a
+    stored one is a replay, as below)."""
+    backend = backend_of(conn)
+    key = {"key": params["key"]}
+    if backend.writes_return_rows:
+        if conn.execute(take_fresh(backend), params).first() is not None:
+            return None
+        return conn.execute(lock_key(), key).one()
+    conn.execute(insert_key(backend), params)
+    row = conn.execute(lock_key(), key).one()
+    if row.job_id == params["job_id"] and conn.execute(job_state(), {"job_id": params["job_id"]}).first() is None:
+        return None
+    return row
 
 
 def _held(kind: str, states: str, until_ms: int, state: str | None, now: int) -> bool:

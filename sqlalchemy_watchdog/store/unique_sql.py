@@ -41,22 +41,43 @@ def _p(name: str, type_: Any = None) -> Any:
     return bindparam(name, type_=type_)
 
 
+def _key_row(backend: Backend) -> Any:
+    """The INSERT of key ``:key``'s row for ``:job_id``, its window from now
+    (database clock) for ``:window`` ms."""
+    insert: Any = backend.insert(keys)
+    return insert.values(
+        unique_key=_p("key", Text()),
+        job_id=_p("job_id", Text()),
+        kind=_p("kind", Text()),
+        states=_p("states", Text()),
+        since_ms=sql.db_clock_ms(),
+        until_ms=sql.db_clock_ms() + _p("window", BigInteger()),
+    )
+
+
+@cache
 def take_fresh(backend: Backend) -> Insert:
     """The key ``:key`` for ``:job_id`` unless a row holds it already (then
-    no row returns): its window from now (database clock) for ``:window`` ms."""
-    insert: Any = backend.insert(keys)
-    stmt: Insert = (
-        insert.values(
-            unique_key=_p("key", Text()),
-            job_id=_p("job_id", Text()),
-            kind=_p("kind", Text()),
-            states=_p("states", Text()),
-            since_ms=sql.db_clock_ms(),
-            until_ms=sql.db_clock_ms() + _p("window", BigInteger()),
-        )
-        .on_conflict_do_nothing(index_elements=[k.unique_key])
-        .returning(k.until_ms)
-    )
+    no row returns): its window from now (database clock) for ``:window`` ms.
+    Where writes return rows (``ON CONFLICT DO NOTHING ... RETURNING``)."""
+    stmt: Insert = _key_row(backend).on_conflict_do_nothing(index_elements=[k.unique_key]).returning(k.until_ms)
+    return stmt
+
+
+@cache
+def insert_key(backend: Backend) -> Insert:
+    """:func:`take_fresh` for a backend without ``ON CONFLICT`` (MariaDB/MySQL):
+    ``INSERT ... ON DUPLICATE KEY UPDATE unique_key = unique_key`` (the
+    table's only unique key), returning nothing. A key nobody holds is
+    inserted, its CHECKs enforced; a key another enqueue holds is left as it
+    is but locked (exclusively: concurrent enqueues of one key queue up
+    behind each other, where a plain INSERT failing as a duplicate would
+    keep a shared lock that two of them then both try to upgrade, and
+    deadlock). Not ``INSERT IGNORE``, which would also turn a row its CHECKs
+    refuse into a warning. Whether the row is the enqueue's own is read
+    next (``store.unique``): the row count cannot say, as the driver counts
+    a row found as a row changed."""
+    stmt: Insert = backend.upsert(_key_row(backend), [k.unique_key], lambda _new: {"unique_key": k.unique_key})
     return stmt
 
 
@@ -114,7 +135,9 @@ def count_replacement() -> Update:
 def replace_waiting() -> Update:
     """Job ``:holder`` gets ``:payload`` and starts at ``:ready_at`` -- only
     while it is ``delayed`` or ``queued`` (one statement: a job a runner
-    claimed meanwhile is never changed; no row returns then)."""
+    claimed meanwhile is never changed: the row count is 0 then). Nothing
+    returned, so that it runs as it is where writes return no rows
+    (MariaDB): one UPDATE whose WHERE reads only the row it writes."""
     ready_at = _p("ready_at", BigInteger())
     delayed: ColumnElement[str] = literal_column(f"'{JobState.DELAYED.value}'")
     queued: ColumnElement[str] = literal_column(f"'{JobState.QUEUED.value}'")
@@ -126,7 +149,6 @@ def replace_waiting() -> Update:
             ready_at=ready_at,
             state=case((ready_at > sql.db_clock_ms(), delayed), else_=queued),
         )
-        .returning(j.job_id)
     )
 
 
@@ -161,7 +183,8 @@ def replace_job() -> Update:
     """Job ``:target`` gets ``:payload`` (NULL: keeps its own) and, when
     ``:set_start``, the start ``:start`` (its ``run_at`` and ready time;
     NULL: at once) -- only while it waits (delayed, queued, or waiting for
-    parents, which keeps waiting). One statement guarded by the state."""
+    parents, which keeps waiting). One statement guarded by the state; its
+    row count says whether it replaced (nothing returned, as on MariaDB)."""
     start = _p("start", BigInteger())
     set_start = _p("set_start", Integer())
     waiting: ColumnElement[str] = literal_column(f"'{JobState.WAITING.value}'")
@@ -181,5 +204,4 @@ def replace_job() -> Update:
                 else_=queued,
             ),
         )
-        .returning(j.job_id)
     )

@@ -49,22 +49,12 @@ def _postgres_database(request: pytest.FixtureRequest) -> Iterator[URL]:
 
 
 #: Issue 57: what each operation file still needs on MariaDB from the statement
-#: builders (phase 2 made enqueue, claim, settle, leases and maintenance run). Every test of these files that takes the
-#: MariaDB database is a strict xfail with this reason, so the suite says
-#: exactly what remains, and a test that starts passing fails until its
-#: mark goes (RUNS_ON_MARIADB).
-NOT_YET_ON_MARIADB = {
-    "test_ops_limits.py": "limits: the upsert of watchdog_limits (ON CONFLICT -> ON DUPLICATE KEY), "
-    "the limited claim (and enqueue)",
-    "test_ops_dependencies.py": "enqueue with after=; the edge triggers cascade into watchdog_jobs from a "
-    "trigger on it (MariaDB error 1442): propagation must leave the triggers",
-    "test_ops_unique.py": "the unique keys' upsert (store/unique_sql.py: on_conflict_do_nothing -> "
-    "INSERT IGNORE / ON DUPLICATE KEY) and RETURNING (and enqueue)",
-    "test_ops_views.py": "the detailed read's relations: enqueue with after= (the dependency edges' "
-    "insert, on_conflict_do_nothing)",
-    "test_ops_steps.py": "the steps' INSERT ... SELECT ... ON CONFLICT ... RETURNING (store/job_steps_sql.py)",
-    "test_ops_signals.py": "the signals' INSERT ... ON CONFLICT ... RETURNING (store/job_signals_sql.py), "
-    "and the steps'",
+#: builders. Every test of these files that takes the MariaDB database is a
+#: strict xfail with this reason, so the suite says exactly what remains, and a
+#: test that starts passing fails until its mark goes (RUNS_ON_MARIADB).
+#: Phase 3 made limits, unique keys, durable steps and dependencies run; the signals (w0022) remain.
+NOT_YET_ON_MARIADB: dict[str, str] = {
+    "test_ops_signals.py": "the signals' INSERT ... ON CONFLICT ... RETURNING (store/job_signals_sql.py)",
 }
 #: The capabilities (test_capabilities.py) MariaDB does not meet yet, by test.
 CAPABILITIES_NOT_YET = {
@@ -75,27 +65,13 @@ CAPABILITIES_NOT_YET = {
     "test_a_write_reaches_the_rows_a_pick_locked_by_their_address": "needs json_rows / RETURNING",
     "test_a_pick_skips_rows_another_transaction_holds_where_rows_lock": "the test expects PostgreSQL's or "
     "SQLite's pick SQL; MariaDB's FOR UPDATE SKIP LOCKED is right, the test's dialect rule is phase 2",
-    "test_the_dependency_triggers_are_made_counted_and_dropped_by_the_backends_ddl": "the edge triggers "
-    "update watchdog_jobs from a trigger on it (error 1442); and enqueue",
     "test_a_locking_statement_counts_what_the_lock_protects_where_the_backend_locks_before_reading": "needs "
     "json_rows / RETURNING",
     "test_a_share_locked_read_holds_its_rows_against_a_delete_where_rows_lock": "the test expects "
     "PostgreSQL's FOR KEY SHARE or none; MariaDB's LOCK IN SHARE MODE is phase 2's to assert",
-    "test_the_url_rules_give_urls_the_driver_accepts": "has_schemas is False without a database file: "
-    "the pytest plugin's per-test database on MariaDB is phase 2",
 }
-#: The operation tests that already pass on MariaDB.
-RUNS_ON_MARIADB = {
-    # Views over what enqueue, claim, settle and pause write.
-    "test_stats_count_each_queues_jobs_by_state_recent_outcomes_and_expired_leases",
-    "test_read_returns_the_job_as_stored_and_read_claim_adds_its_current_token",
-    "test_the_queue_head_is_its_running_job_else_the_next_one_a_claim_would_take",
-    "test_read_settled_pages_settled_jobs_in_admission_order",
-    "test_list_jobs_pages_by_sequence_both_ways_and_filters",
-    "test_throughput_counts_the_last_hours_settlements_per_queue_and_outcome",
-    "test_limits_without_any_limit_are_refused_and_write_nothing",
-    "test_bad_combinations_are_refused_before_anything_is_written",
-}
+#: The operation tests that already pass on MariaDB in a file of NOT_YET_ON_MARIADB.
+RUNS_ON_MARIADB: set[str] = set()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -7,11 +7,13 @@ Every backend runs this file (SQLite on a real file, PostgreSQL); see
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from sqlalchemy import Engine
 
 from sqlalchemy_watchdog import Decision, Job, JobState, Outcome, store
-from tests.backends.ops import add, claim, claim_one, claimed_ids, op, read, settle
+from tests.backends.ops import add, claim, claim_one, claimed_ids, end_lease, op, read, settle
 
 
 @pytest.mark.operation("relations", "parent_results")
@@ -63,3 +65,68 @@ def test_waiting_for_lists_each_waiting_job_with_the_parents_it_still_waits_for(
     settle(db, claim_one(db, ["a"]), Decision.completed())
     assert op(db, store.waiting_for, ["q"]) == {"w": [("p2", "b", "queued")]}
     assert op(db, store.waiting_for, ["a"]) == {} and op(db, store.waiting_for, []) == {}
+
+
+@pytest.mark.operation("cancel", "claim", "fail_lane", "reconcile", "purge")
+def test_every_statement_that_ends_a_live_parent_tells_its_dependents_in_its_own_transaction(db: Engine) -> None:
+    """A claim finding a recorded cancellation, a lane failure, recovery
+    settling ``interrupted`` and a purge end a parent as a settle does: its
+    dependents are cancelled (the default policy) or released
+    (``any_outcome``) when that operation commits, not by a later pass."""
+    parents = {
+        "cancelled": Job("cancelled", "c"),
+        "lane": Job("lane", "l", lane="down"),
+        "lost": Job("lost", "r"),
+        "purged": Job("purged", "gone"),
+    }
+    add(db, *parents.values())
+    add(db, *(Job(f"{name}-child", "kids", after=(name,)) for name in parents))
+    add(db, *(Job(f"{name}-tolerant", "kids", after=(name,), after_policy="any_outcome") for name in parents))
+
+    assert op(db, store.cancel, "cancelled", "stop-1").status.value == "recorded"
+    assert claim(db, ["c"]).cancelled[0].job_id == "cancelled"  # the claim settles it cancelled
+    op(db, store.fail_lane, "down", "the lane's host is down")
+    end_lease(db, claim_one(db, ["r"]))
+    (expired,) = op(db, store.expired_claims, limit=10)
+    assert op(db, store.reconcile, expired).job.outcome is Outcome.INTERRUPTED  # type: ignore[union-attr]
+    assert op(db, store.purge, "gone") == 1
+
+    for name, outcome in (
+        ("cancelled", "cancelled"),
+        ("lane", "failed"),
+        ("lost", "interrupted"),
+        ("purged", "purged"),
+    ):
+        child = read(db, f"{name}-child")
+        assert (child.state, child.outcome, child.failure_reason) == (
+            JobState.SETTLED,
+            Outcome.CANCELLED,
+            f"parent {name} ended {outcome}",
+        ), name
+        assert read(db, f"{name}-tolerant").state is JobState.QUEUED, name
+        assert op(db, store.relations, f"{name}-tolerant") == (((name, outcome),), ())
+
+
+@pytest.mark.operation("cancel", "propagate")
+def test_a_cancelled_waiting_job_is_settled_cancelled_at_once_and_its_dependents_are_told_by_the_next_pass(
+    db: Engine,
+) -> None:
+    add(db, Job("p", "q"), Job("waits", "q", after=("p",)), Job("next", "q", after=("waits",)))
+    assert op(db, store.cancel, "waits", "stop-waits").status.value == "recorded"
+    waits = read(db, "waits")
+    assert (waits.state, waits.outcome, waits.cancellation_id) == (JobState.SETTLED, Outcome.CANCELLED, "stop-waits")
+    assert read(db, "next").state is JobState.WAITING  # one hop per transaction
+    assert op(db, store.propagate) == 1
+    assert read(db, "next").failure_reason == "parent waits ended cancelled"
+
+
+@pytest.mark.operation("prune_batch")
+def test_prune_keeps_a_parent_while_a_dependent_waits_and_deletes_it_once_that_dependent_settled(db: Engine) -> None:
+    add(db, Job("p", "q"), Job("other", "q"), Job("child", "q", after=("p", "other")))
+    settle(db, claim_one(db, ["q"]), Decision.completed())  # p: the child still waits for "other"
+    assert op(db, store.prune_batch, older_than=timedelta(0)) == 0
+    assert read(db, "p").outcome is Outcome.COMPLETED
+    settle(db, claim_one(db, ["q"]), Decision.completed())  # other: the child is released
+    settle(db, claim_one(db, ["q"]), Decision.completed())  # the child
+    assert op(db, store.prune_batch, older_than=timedelta(0)) == 3
+    assert op(db, store.relations, "p") == ((), ())  # the child's edges went with it

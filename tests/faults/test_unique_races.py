@@ -4,7 +4,8 @@ Each process waits at one barrier, then enqueues ``ROUNDS`` jobs per key,
 each in a transaction of its own (tests/faults/unique_enqueuer.py). The key's
 row is the database's: exactly one job per key and window, whatever the
 interleaving -- never check-then-insert. On SQLite (a real file) the write
-lock serialises the processes; on PostgreSQL they run truly at once.
+lock serialises the processes; on PostgreSQL and MariaDB they run truly at
+once (MariaDB with ``WATCHDOG_TEST_MYSQL_URL``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from sqlalchemy import Engine, event, select
 
 from sqlalchemy_watchdog import Job, store
 from sqlalchemy_watchdog.model import jobs_table, unique_keys_table
+from tests.conftest import WITH_MARIADB
 from tests.faults.helpers import url_string
 from tests.faults.unique_enqueuer import enqueue_rounds
 
@@ -27,6 +29,13 @@ PROCESSES = 8
 ROUNDS = 6
 KEYS = ["k1", "k2", "k3"]
 HOUR_MS = 3_600_000
+
+
+@pytest.fixture(params=WITH_MARIADB)
+def dialect(request: pytest.FixtureRequest) -> str:
+    """SQLite, PostgreSQL and MariaDB: the key's decision is each one's own SQL."""
+    name: str = request.param
+    return name
 
 
 def _race(engine: Engine, options: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -105,8 +114,8 @@ def test_a_debounced_holder_claimed_during_its_replacement_is_never_changed(engi
     """The worst moment, forced: a runner claims the waiting holder after the
     enqueue read its state and before the replacement's UPDATE runs. The
     UPDATE is guarded by the state, so the running job keeps its payload and
-    the key passes to the newcomer, a new job. (PostgreSQL: on SQLite the
-    enqueue holds the write lock, so no claim can come in between.)"""
+    the key passes to the newcomer, a new job. (PostgreSQL and MariaDB: on
+    SQLite the enqueue holds the write lock, so no claim can come in between.)"""
     if engine.dialect.name == "sqlite":
         pytest.skip("SQLite's write lock keeps every claim out of an enqueue's transaction")
     window = timedelta(milliseconds=1)  # the holder is due at once

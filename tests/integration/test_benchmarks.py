@@ -4,12 +4,15 @@ module, and two scenarios end to end on SQLite at tiny sizes (a smoke test, not 
 from __future__ import annotations
 
 import ast
+import itertools
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,6 +87,33 @@ def test_enqueue_and_a_drain_run_on_sqlite(tmp_path: Path) -> None:
     assert "| enqueue (jobs/s), SQLite" in run.stdout
     assert "| c2 p1" in run.stdout
     assert '"errors": []' in out.read_text()
+
+
+def test_enqueue_a_drain_and_the_polled_latency_run_on_mariadb(mysql_server: URL, tmp_path: Path) -> None:
+    """The MariaDB rows: enqueue, an AsyncRunner (aiomysql) drain, and the start latency of a sync
+    Runner that polls, which says the poll_interval it used; the run's databases are gone after it."""
+    out = tmp_path / "bench.json"
+    server = mysql_server.render_as_string(hide_password=False)
+    run = bench(
+        "enqueue,drain,latency", "--quick", "--subjects", "watchdog", "--dialects", "mariadb", "--jobs", "20",
+        "--concurrencies", "2", "--drain-rows", "async", "--samples", "3", "--json", str(out),
+        env={"WATCHDOG_BENCH_MYSQL": server},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "| enqueue (jobs/s), MariaDB" in run.stdout and "| 1,000 jobs per statement" in run.stdout
+    assert "| async c2 p1" in run.stdout  # the sync Runner is the latency row's
+    assert "| enqueue-to-start p95 (ms)" in run.stdout
+    body = json.loads(out.read_text())
+    assert body["errors"] == []
+    latency = body["runs"]["enqueue-to-start latency (ms), MariaDB (runner polls)"]
+    assert latency["the runner's poll_interval (ms)"]["watchdog"] == [250.0]  # the default where nothing wakes it
+    admin = create_engine(mysql_server)
+    try:
+        with admin.connect() as conn:
+            left = conn.execute(text("SHOW DATABASES LIKE 'watchdog\\_bench\\_%'")).scalars().all()
+    finally:
+        admin.dispose()
+    assert not [name for name in left if name.startswith(f"watchdog_bench_{body['machine']['pid']}_")], left
 
 
 @pytest.mark.slow  # ten seconds of child processes each: CI runs it, a day's run need not
@@ -170,3 +200,45 @@ def test_the_enqueue_profile_measures_every_layer_on_postgresql(postgres_server:
         assert row in run.stdout, run.stdout
     assert "library INSERT: server execution p50 (us)" in run.stdout
     assert '"errors": []' in out.read_text()
+
+
+@pytest.mark.slow  # twenty seconds of child processes: CI runs it, a day's run need not
+def test_the_growth_scenario_reports_every_cell_and_the_prune_on_postgresql(
+    postgres_server: URL, tmp_path: Path
+) -> None:
+    """Each cell of backlog x history gets its rates, start latency and reads (the drain checks
+    that exactly its jobs completed), and the prune beside a drain gets its windows."""
+    out = tmp_path / "bench.json"
+    server = postgres_server.set(drivername="postgresql").render_as_string(hide_password=False)
+    run = bench(
+        "growth", "--quick", "--backlogs", "400", "--histories", "0,500", "--jobs", "100", "--samples", "3",
+        "--prune-rows", "500", "--json", str(out), timeout=300, env={"WATCHDOG_BENCH_POSTGRES": server},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    for row in ("| backlog 400, history 0 ", "| backlog 400, history 500 ", "| drain during the prune (jobs/s)"):
+        assert row in run.stdout, run.stdout
+    assert "drain (runner defaults) at backlog 400, history 500 >= 0.9x at backlog 400, history 0" in run.stdout
+    assert '"errors": []' in out.read_text()
+
+
+@pytest.mark.slow  # twenty seconds of churn: CI runs it, a day's run need not
+def test_the_soak_samples_the_sizes_and_holds_xmin_midway_on_postgresql(postgres_server: URL, tmp_path: Path) -> None:
+    """The churn soak samples the table's and each index's size, and a transaction held in the
+    middle shows in the samples (the oldest xmin's age) and in the before/during/after rows."""
+    out = tmp_path / "bench.json"
+    server = postgres_server.set(drivername="postgresql").render_as_string(hide_password=False)
+    run = bench(
+        "soak", "--quick", "--minutes", "0.4", "--sample-every", "3", "--hold-minutes", "0.2", "--rate", "50",
+        "--json", str(out), timeout=300, env={"WATCHDOG_BENCH_POSTGRES": server},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "ix_live_queue (MB)" in run.stdout and "| t=24s" in run.stdout
+    for row in ("settled/s, before", "settled/s, during", "settled/s, after"):
+        assert row in run.stdout, run.stdout
+    body = json.loads(out.read_text())
+    assert body["errors"] == []
+    samples = next(cells for title, cells in body["runs"].items() if title.startswith("soak samples"))
+    held = [row["oldest xmin age (xacts)"][0] for row in samples.values() if row["xmin held"][0]]
+    # Held from 6 s to 18 s: sampled at 9, 12 and 15 s, its age grows by every enqueue between
+    # two samples (50 a second, each a transaction of its own), which no passing snapshot does.
+    assert len(held) >= 2 and all(b - a >= 100 for a, b in itertools.pairwise(held)), samples

@@ -39,6 +39,7 @@ from sqlalchemy_watchdog import (
 )
 from sqlalchemy_watchdog.cli import main
 from sqlalchemy_watchdog.store import LANE_FAILURE_BATCH
+from tests.conftest import WITH_MARIADB
 from tests.helpers import HEAD_REVISION, add, present, read
 
 # The dialect does not matter here but where a test says dialect_specific: the PostgreSQL copy
@@ -80,6 +81,7 @@ def claim_one(engine: Engine, queue: str) -> store.Claim:
 
 
 @pytest.mark.dialect_specific
+@pytest.mark.parametrize("dialect", WITH_MARIADB)
 def test_upgrade_creates_the_table_and_is_idempotent(empty_engine: Engine, cli: Cli) -> None:
     assert not inspect(empty_engine).has_table("watchdog_jobs")
     status, out, _ = cli("upgrade")
@@ -98,6 +100,7 @@ def test_upgrade_creates_the_table_and_is_idempotent(empty_engine: Engine, cli: 
 
 
 @pytest.mark.dialect_specific
+@pytest.mark.parametrize("dialect", WITH_MARIADB)
 def test_upgrade_matches_the_model(empty_engine: Engine, cli: Cli) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
@@ -109,6 +112,7 @@ def test_upgrade_matches_the_model(empty_engine: Engine, cli: Cli) -> None:
 
 
 @pytest.mark.dialect_specific
+@pytest.mark.parametrize("dialect", WITH_MARIADB)
 def test_upgrade_refuses_a_database_with_foreign_revisions(empty_engine: Engine, cli: Cli) -> None:
     with empty_engine.begin() as conn:
         conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)"))
@@ -119,6 +123,26 @@ def test_upgrade_refuses_a_database_with_foreign_revisions(empty_engine: Engine,
 
 
 # -- reads ----------------------------------------------------------------------------
+
+
+@pytest.mark.dialect_specific
+@pytest.mark.parametrize("dialect", WITH_MARIADB)
+def test_show_ls_stats_and_purge_read_and_act_on_a_migrated_database_of_every_dialect(
+    empty_engine: Engine, cli: Cli
+) -> None:
+    assert cli("upgrade")[0] == 0
+    add(empty_engine, Job("parent", "q", payload={"n": 1}), Job("child", "q", after=("parent",)))
+    status, out, _ = cli("show", "parent")
+    assert status == 0 and "dependents        child" in out and '{"n": 1}' in out
+    status, out, _ = cli("--json", "ls")
+    assert status == 0 and [json.loads(line)["job_id"] for line in out.splitlines()] == ["parent", "child"]
+    status, out, _ = cli("--json", "stats")
+    assert status == 0
+    (queue,) = json.loads(out)["queues"]
+    assert (queue["queue"], queue["queued"], queue["waiting"]) == ("q", 1, 1)
+    status, out, _ = cli("purge", "q")
+    assert status == 0 and "2 queued or delayed job(s) deleted" in out
+    assert Watchdog(empty_engine).read("parent") is None and Watchdog(empty_engine).read("child") is None
 
 
 def test_show(engine: Engine, cli: Cli) -> None:

@@ -148,6 +148,60 @@ def test_migrated_constraint_names_equal_the_models(empty_engine: Engine) -> Non
     assert schema_names(empty_engine) == model_names(empty_engine.dialect.name)
 
 
+def _mysql_schema(engine: Engine) -> dict[str, str]:
+    """Every table's ``SHOW CREATE TABLE`` (its lines, in any order) and every
+    trigger's event, timing, body and sql_mode in ``engine``'s MariaDB
+    database: the schema as the server holds it."""
+    with engine.connect() as conn:
+        # Each table's lines sorted: the server lists indexes in the order they were made.
+        found = {
+            f"table {name}": "\n".join(
+                sorted(str(conn.exec_driver_sql(f"SHOW CREATE TABLE `{name}`").one()[1]).splitlines())
+            )
+            for name in conn.exec_driver_sql("SHOW TABLES").scalars()
+            if name != "alembic_version"
+        }
+        triggers = conn.exec_driver_sql(
+            "SELECT trigger_name, event_manipulation, event_object_table, action_timing, action_statement, sql_mode"
+            " FROM information_schema.triggers WHERE trigger_schema = DATABASE()"
+        )
+        return found | {f"trigger {row[0]}": repr(tuple(row[1:])) for row in triggers}
+
+
+@pytest.mark.parametrize("dialect", ["mariadb"])
+def test_upgrade_head_on_mariadb_makes_what_create_all_makes_and_downgrading_to_base_drops_it(
+    empty_engine: Engine, mysql_server: URL
+) -> None:
+    from tests.conftest import mysql_database
+
+    run(empty_engine, command.upgrade, "head")
+    with empty_engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == HEAD
+    with mysql_database(mysql_server, "watchdog_model") as url:
+        model = create_engine(url)
+        try:
+            sqlalchemy_watchdog.metadata.create_all(model)
+            expected = _mysql_schema(model)
+        finally:
+            model.dispose()
+    assert _mysql_schema(empty_engine) == expected
+    assert differences(empty_engine, sqlalchemy_watchdog.metadata) == []
+    # The CHECKs by the model's names (a unique index is the unique constraint itself there).
+    checks = {kind: names for kind, names in schema_names(empty_engine).items() if kind.startswith("check")}
+    assert checks == {kind: names for kind, names in model_names("mariadb").items() if kind.startswith("check")}
+    # It takes jobs, and a dependent is released by its parent's settlement.
+    with empty_engine.begin() as conn:
+        enqueue(conn, [Job("parent", "q"), Job("child", "q", after=["parent"])])
+    watchdog = Watchdog(empty_engine)
+    ran = Runner(empty_engine, {"q": lambda job: Decision.completed()}).run_until_idle()
+    assert [job.job_id for job in ran] == ["parent", "child"]
+    assert watchdog.read("child").outcome is Outcome.COMPLETED  # type: ignore[union-attr]
+    run(empty_engine, command.downgrade, "base")
+    assert not any(key.startswith(("table watchdog", "trigger")) for key in _mysql_schema(empty_engine))
+    run(empty_engine, command.upgrade, "head")
+    assert _mysql_schema(empty_engine) == expected
+
+
 def triggers_and_functions(engine: Engine) -> dict[str, str]:
     """Our triggers (and, on PostgreSQL, our trigger functions) by name, each
     with its definition as the database reports it."""

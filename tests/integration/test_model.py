@@ -31,7 +31,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 import sqlalchemy_watchdog
 from sqlalchemy_watchdog import Job, JobState, WatchdogJob, enqueue
 from sqlalchemy_watchdog.model import jobs_table
-from tests.conftest import DIALECTS, WITH_MARIADB
+from tests.conftest import WITH_MARIADB
 from tests.helpers import check_names, index_names
 
 ALEMBIC_INI = Path(__file__).resolve().parents[2] / "alembic.ini"
@@ -43,12 +43,6 @@ def dialect(request: pytest.FixtureRequest) -> str:
     tests/conftest.py): the same rejections, by the server's own CHECKs."""
     name: str = request.param
     return name
-
-
-def not_yet_on_mariadb(reason: str) -> pytest.MarkDecorator:
-    """The test's dialects, its MariaDB copy a strict xfail (issue 57, phase 2)."""
-    xfail = pytest.mark.xfail(strict=True, reason=f"not yet on MariaDB: {reason}")
-    return pytest.mark.parametrize("dialect", [*DIALECTS, pytest.param("mariadb", marks=xfail)], indirect=True)
 
 
 VALID: dict[str, Any] = {
@@ -221,7 +215,6 @@ def test_database_accepts_the_state_machine_transitions(engine: Engine) -> None:
     assert tuple(row) == ("settled", "failed", "d")
 
 
-@not_yet_on_mariadb("the revisions (sqlalchemy_watchdog/migrations) are PostgreSQL's and SQLite's")
 def test_migrated_schema_rejects_and_accepts_the_same_rows_as_the_model(migrated: Engine) -> None:
     for overrides, constraints in IMPOSSIBLE_ROWS.values():
         rejected(migrated, lambda conn: insert(conn, **overrides), constraints)

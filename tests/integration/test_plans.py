@@ -894,6 +894,7 @@ NOT_ON_JOBS = {
     "forget_queue_claims",
     "set_limits",
     "clear_limits",
+    "delete_limits",
     # A key's claims in its per-key window: ix_watchdog_limit_claims_keyed (w0015),
     # asserted by test_the_limited_claim_stays_flat_at_a_million_jobs_and_ten_thousand_keys.
     "keys_rate_used",
@@ -907,6 +908,7 @@ NOT_ON_JOBS = {
     # watchdog_unique_keys (w0020): one row per key in use, read and written by its
     # primary key, by job_id (ix_watchdog_unique_keys_job_id) or pruned by until_ms
     # (ix_watchdog_unique_keys_until_ms).
+    "take_fresh",
     "lock_key",
     "pass_key",
     "count_duplicate",
@@ -940,6 +942,14 @@ BY_KEY_ONLY = {
     "insert_pause",
     "locked_pause",
     "delete_pause",
+    "insert_key",
+    "read_step",
+    "tell_parents",
+    "settled_parents",
+    "purge_pick",
+    "purge_by_key",
+    "prune_pick",
+    "delete_settled",
 }
 
 

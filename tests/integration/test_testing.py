@@ -987,6 +987,57 @@ def test_on_postgresql_each_test_gets_a_schema_of_its_own_dropped_afterwards(
     assert left == []
 
 
+@pytest.mark.dialect_specific
+@pytest.mark.parametrize("dialect", ["mariadb"])
+def test_on_mariadb_each_test_gets_a_database_of_its_own_dropped_afterwards(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, engine: Engine, tmp_path: Path
+) -> None:
+    url = engine.url.render_as_string(hide_password=False)
+    monkeypatch.setenv("WATCHDOG_TEST_DATABASE_URL", url)
+    seen = tmp_path / "databases.txt"
+    monkeypatch.setenv("WATCHDOG_SEEN_DATABASES", str(seen))
+    user_tests(pytester)
+    pytester.makepyfile(
+        test_database="""
+        import os
+
+        from sqlalchemy import text
+
+
+        def seen():
+            with open(os.environ["WATCHDOG_SEEN_DATABASES"], "a+") as file:
+                file.seek(0)
+                return file.read().split()
+
+
+        def record(name):
+            with open(os.environ["WATCHDOG_SEEN_DATABASES"], "a") as file:
+                file.write(name + "\\n")
+
+
+        def test_a_database_of_its_own(watchdog_engine, watchdog_database_url):
+            with watchdog_engine.connect() as conn:
+                name = conn.execute(text("SELECT DATABASE()")).scalar_one()
+            assert name.startswith("watchdog_test_") and name == watchdog_engine.url.database
+            assert watchdog_database_url.database != name
+            record(name)
+
+
+        def test_another_database(watchdog_engine):
+            name = watchdog_engine.url.database
+            assert name.startswith("watchdog_test_") and name not in seen()
+            record(name)
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=7, failed=1)
+    names = seen.read_text().split()
+    assert len(names) == 2
+    with engine.connect() as conn:
+        left = set(conn.exec_driver_sql("SHOW DATABASES").scalars()) & set(names)
+    assert left == set(), "each test's database is dropped after it"
+
+
 def test_a_named_sqlite_file_gets_the_tables_for_each_test_and_loses_them_after(
     pytester: pytest.Pytester, tmp_path: Path
 ) -> None:

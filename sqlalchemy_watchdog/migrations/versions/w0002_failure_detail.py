@@ -16,6 +16,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from sqlalchemy_watchdog.migrations.versions import w0001_watchdog_jobs as w0001
+
 revision = "w0002_failure_detail"
 down_revision = "w0001_watchdog_jobs"
 branch_labels = None
@@ -23,10 +25,14 @@ depends_on = None
 
 
 def upgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     op.add_column("watchdog_jobs", sa.Column("failure_detail", sa.Text(), nullable=True))
 
 
 def downgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     if op.get_bind().dialect.name == "sqlite":
         op.execute("ALTER TABLE watchdog_jobs DROP COLUMN failure_detail")
     else:

@@ -32,6 +32,8 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
+from sqlalchemy_watchdog.migrations.versions import w0001_watchdog_jobs as w0001
+
 revision = "w0003_time_and_retries"
 down_revision = "w0002_failure_detail"
 branch_labels = None
@@ -182,6 +184,8 @@ def _rebuild_sqlite(*, new: bool) -> None:
 
 
 def upgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     if op.get_bind().dialect.name == "sqlite":
         _rebuild_sqlite(new=True)
         return
@@ -208,6 +212,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     if op.get_bind().dialect.name == "sqlite":
         _rebuild_sqlite(new=False)
         return

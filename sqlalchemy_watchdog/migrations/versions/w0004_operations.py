@@ -25,6 +25,8 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
+from sqlalchemy_watchdog.migrations.versions import w0001_watchdog_jobs as w0001
+
 revision = "w0004_operations"
 down_revision = "w0003_time_and_retries"
 branch_labels = None
@@ -44,6 +46,8 @@ def _partial(where: str) -> dict[str, Any]:
 
 
 def upgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     sqlite = op.get_bind().dialect.name == "sqlite"
     for column, type_ in COLUMNS.items():
         check = CHECKS.get(column)
@@ -76,6 +80,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     sqlite = op.get_bind().dialect.name == "sqlite"
     op.drop_table(PAUSES)
     op.drop_index(op.f(f"ix_{TABLE}_queued_since"), table_name=TABLE)

@@ -19,6 +19,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from sqlalchemy_watchdog.migrations.versions import w0001_watchdog_jobs as w0001
+
 revision = "w0005_trace_context"
 down_revision = "w0004_operations"
 branch_labels = None
@@ -30,6 +32,8 @@ CHECK = "trace_context IS NULL OR length(trace_context) BETWEEN 2 AND 4096"
 
 
 def upgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     if op.get_bind().dialect.name == "sqlite":
         name = op.f(f"ck_{TABLE}_{CHECK_NAME}")
         op.execute(f"ALTER TABLE {TABLE} ADD COLUMN trace_context TEXT CONSTRAINT {name} CHECK ({CHECK})")
@@ -39,6 +43,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     if op.get_bind().dialect.name == "sqlite":
         op.execute(f"ALTER TABLE {TABLE} DROP COLUMN trace_context")
     else:

@@ -19,6 +19,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from sqlalchemy_watchdog.migrations.versions import w0001_watchdog_jobs as w0001
+
 revision = "w0006_index_review"
 down_revision = "w0005_trace_context"
 branch_labels = None
@@ -29,11 +31,15 @@ INDEX = "ix_watchdog_jobs_queued_since"
 
 
 def upgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     if op.get_bind().dialect.name == "sqlite":
         op.drop_index(op.f(INDEX), table_name=TABLE)
 
 
 def downgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     if op.get_bind().dialect.name == "sqlite":
         op.create_index(
             op.f(INDEX),

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from sqlalchemy_watchdog.migrations.versions import w0001_watchdog_jobs as w0001
+
 revision = "w0007_notify_when_waiting"
 down_revision = "w0006_index_review"
 branch_labels = None
@@ -53,10 +55,14 @@ $$"""
 
 
 def upgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     if op.get_bind().dialect.name == "postgresql":
         op.execute(NOTIFY_WHEN_WAITING_SQL)
 
 
 def downgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     if op.get_bind().dialect.name == "postgresql":
         op.execute(NOTIFY_ALWAYS_SQL)

@@ -44,6 +44,8 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
+from sqlalchemy_watchdog.migrations.versions import w0001_watchdog_jobs as w0001
+
 revision = "w0008_fewer_index_entries"
 down_revision = "w0007_notify_when_waiting"
 branch_labels = None
@@ -125,6 +127,8 @@ def _rebuild_sqlite(*, unique_constraint: bool) -> None:
 
 
 def upgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     op.drop_index(op.f(READY), table_name=TABLE)
     _drop_live_indexes()
     if op.get_bind().dialect.name == "sqlite":
@@ -137,6 +141,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     op.drop_index(CANCELLATION, table_name=TABLE)
     _drop_live_indexes()
     if op.get_bind().dialect.name == "sqlite":

@@ -25,6 +25,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from sqlalchemy_watchdog.migrations.versions import w0001_watchdog_jobs as w0001
+
 revision = "w0009_workers_and_schedules"
 down_revision = "w0008_fewer_index_entries"
 branch_labels = None
@@ -39,6 +41,8 @@ def _check(table: str, name: str, condition: str) -> sa.CheckConstraint:
 
 
 def upgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     op.create_table(
         WORKERS,
         sa.Column("worker_id", sa.Text(), nullable=False),
@@ -86,5 +90,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     op.drop_table(SCHEDULES)
     op.drop_table(WORKERS)

@@ -52,6 +52,8 @@ import time
 import sqlalchemy as sa
 from alembic import op
 
+from sqlalchemy_watchdog.migrations.versions import w0001_watchdog_jobs as w0001
+
 revision = "w0010_stored_types_and_ranges"
 down_revision = "w0009_workers_and_schedules"
 branch_labels = None
@@ -157,6 +159,8 @@ LANE_HISTORY = f"ix_{TABLE}_lane_history"
 
 
 def upgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     if op.get_bind().dialect.name == "sqlite":
         _repair_sqlite()
         _rebuild_sqlite(checks=True)
@@ -167,6 +171,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     # Before the rebuild, which recreates every index the table has.
     op.drop_index(op.f(LANE_HISTORY), table_name=TABLE)
     if op.get_bind().dialect.name == "sqlite":

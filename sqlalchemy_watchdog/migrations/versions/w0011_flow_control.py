@@ -33,6 +33,8 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
+from sqlalchemy_watchdog.migrations.versions import w0001_watchdog_jobs as w0001
+
 revision = "w0011_flow_control"
 down_revision = "w0010_stored_types_and_ranges"
 branch_labels = None
@@ -68,6 +70,8 @@ def _key_type(dialect: str) -> sa.types.TypeEngine[Any]:
 
 
 def upgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     dialect = op.get_bind().dialect.name
     if dialect == "sqlite":
         op.execute(
@@ -124,6 +128,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     dialect = op.get_bind().dialect.name
     op.drop_index(op.f(f"ix_{CLAIMS}_queue_name_claimed_at"), table_name=CLAIMS)
     op.drop_table(CLAIMS)

@@ -49,6 +49,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from sqlalchemy_watchdog.backends import backend_of
+from sqlalchemy_watchdog.migrations.versions import w0001_watchdog_jobs as w0001
 
 revision = "w0012_results_and_dependencies"
 down_revision = "w0011_flow_control"
@@ -245,6 +246,8 @@ NOTIFY_SETTLED_TRIGGER_SQL = (
 
 
 def upgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     sqlite = op.get_bind().dialect.name == "sqlite"
     if not sqlite:
         op.execute(NOTIFY_SETTLED_FUNCTION_SQL)
@@ -286,6 +289,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     sqlite = op.get_bind().dialect.name == "sqlite"
     dialect = op.get_bind().dialect.name
     for statement in _drop_sql(dialect):

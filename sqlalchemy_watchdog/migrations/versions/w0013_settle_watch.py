@@ -31,6 +31,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from sqlalchemy_watchdog.backends import backend_of
+from sqlalchemy_watchdog.migrations.versions import w0001_watchdog_jobs as w0001
 
 # w0012's frozen definitions: what this revision changes and its downgrade restores.
 from sqlalchemy_watchdog.migrations.versions import w0012_results_and_dependencies as w0012
@@ -93,6 +94,8 @@ def _replace_triggers(statements: list[str]) -> None:
 
 
 def upgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     dialect = op.get_bind().dialect.name
     if dialect == "sqlite":
         op.execute(
@@ -116,6 +119,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     dialect = op.get_bind().dialect.name
     _replace_triggers(w0012._trigger_sql(dialect, backend_of(dialect).clock_ms_sql()))
     if dialect == "sqlite":

@@ -38,6 +38,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from sqlalchemy_watchdog.backends import backend_of
+from sqlalchemy_watchdog.migrations.versions import w0001_watchdog_jobs as w0001
 
 # w0013's frozen definitions: what this revision changes and its downgrade restores.
 from sqlalchemy_watchdog.migrations.versions import w0012_results_and_dependencies as w0012
@@ -84,6 +85,8 @@ def _replace_triggers(statements: list[str]) -> None:
 
 
 def upgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     dialect = op.get_bind().dialect.name
     _replace_triggers(trigger_sql(dialect, backend_of(dialect).clock_ms_sql()))
     op.create_index(
@@ -100,6 +103,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     dialect = op.get_bind().dialect.name
     op.drop_index(WAITING_INDEX, table_name="watchdog_jobs")
     _replace_triggers(w0013.trigger_sql(dialect, backend_of(dialect).clock_ms_sql()))

@@ -31,6 +31,8 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
+from sqlalchemy_watchdog.migrations.versions import w0001_watchdog_jobs as w0001
+
 revision = "w0015_rate_per_key"
 down_revision = "w0014_waiting_jobs"
 branch_labels = None
@@ -116,6 +118,8 @@ def _rebuild_limits(per_key: bool) -> None:
 
 
 def upgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     dialect = op.get_bind().dialect.name
     if dialect == "sqlite":
         _rebuild_limits(per_key=True)
@@ -143,6 +147,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     dialect = op.get_bind().dialect.name
     op.execute(f"DELETE FROM {LIMITS} WHERE NOT ({SOME_LIMIT_BEFORE})")
     op.drop_index(op.f(KEYED_INDEX), table_name=CLAIMS)

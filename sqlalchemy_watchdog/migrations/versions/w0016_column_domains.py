@@ -38,6 +38,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from sqlalchemy_watchdog.migrations.versions import w0001_watchdog_jobs as w0001
+
 revision = "w0016_column_domains"
 down_revision = "w0015_rate_per_key"
 branch_labels = None
@@ -94,6 +96,8 @@ def _retyped(types: list[tuple[str, str]]) -> None:
 
 
 def upgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     if op.get_bind().dialect.name != "postgresql":
         return
     for column, base, _, _ in COLUMN_CHECKS:
@@ -106,6 +110,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     if op.get_bind().dialect.name != "postgresql":
         return
     _retyped([(column, base) for column, base, _, _ in COLUMN_CHECKS])

@@ -21,6 +21,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from sqlalchemy_watchdog.migrations.versions import w0001_watchdog_jobs as w0001
+
 revision = "w0017_worker_claim_ahead"
 down_revision = "w0016_column_domains"
 branch_labels = None
@@ -32,6 +34,8 @@ CONDITION = "claim_ahead >= 0"
 
 
 def upgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     if op.get_bind().dialect.name == "sqlite":
         op.execute(
             f"ALTER TABLE {WORKERS} ADD COLUMN claim_ahead INTEGER DEFAULT 0 NOT NULL"
@@ -43,6 +47,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     if op.get_bind().dialect.name == "sqlite":
         # SQLite drops a column whose own CHECKs name only it.
         op.execute(f"ALTER TABLE {WORKERS} DROP COLUMN claim_ahead")

@@ -22,6 +22,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from sqlalchemy_watchdog.migrations.versions import w0001_watchdog_jobs as w0001
+
 revision = "w0018_worker_process_queues"
 down_revision = "w0017_worker_claim_ahead"
 branch_labels = None
@@ -34,6 +36,8 @@ CONDITION = "length(process_queues) BETWEEN 2 AND 65536"
 
 
 def upgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     if op.get_bind().dialect.name == "sqlite":
         op.execute(
             f"ALTER TABLE {WORKERS} ADD COLUMN process_queues TEXT DEFAULT '[]' NOT NULL"
@@ -45,6 +49,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     if op.get_bind().dialect.name == "sqlite":
         # SQLite drops a column whose own CHECKs name only it.
         op.execute(f"ALTER TABLE {WORKERS} DROP COLUMN process_queues")

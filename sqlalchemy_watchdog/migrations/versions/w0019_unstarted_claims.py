@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from sqlalchemy_watchdog.migrations.versions import w0001_watchdog_jobs as w0001
+
 revision = "w0019_unstarted_claims"
 down_revision = "w0018_worker_process_queues"
 branch_labels = None
@@ -41,6 +43,8 @@ STORED_TYPE = "typeof(unstarted) IN ('integer', 'null')"
 
 
 def upgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     if op.get_bind().dialect.name == "sqlite":
         op.execute(
             f"ALTER TABLE {TABLE} ADD COLUMN unstarted INTEGER"
@@ -55,6 +59,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     if op.get_bind().dialect.name == "sqlite":
         # SQLite drops a column whose own CHECKs name only it and the state.
         op.execute(f"ALTER TABLE {TABLE} DROP COLUMN unstarted")

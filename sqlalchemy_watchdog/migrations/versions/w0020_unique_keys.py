@@ -24,6 +24,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from sqlalchemy_watchdog.migrations.versions import w0001_watchdog_jobs as w0001
+
 revision = "w0020_unique_keys"
 down_revision = "w0019_unstarted_claims"
 branch_labels = None
@@ -45,6 +47,8 @@ CHECKS = {
 
 
 def upgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     collated = sa.Text().with_variant(sa.Text(collation="C"), "postgresql")
     op.create_table(
         TABLE,
@@ -64,6 +68,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     op.drop_index(op.f(f"ix_{TABLE}_until_ms"), table_name=TABLE)
     op.drop_index(op.f(f"ix_{TABLE}_job_id"), table_name=TABLE)
     op.drop_table(TABLE)

@@ -19,6 +19,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from sqlalchemy_watchdog.migrations.versions import w0001_watchdog_jobs as w0001
+
 revision = "w0021_job_steps"
 down_revision = "w0020_unique_keys"
 branch_labels = None
@@ -36,6 +38,8 @@ CHECKS = {
 
 
 def upgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     collated = sa.Text().with_variant(sa.Text(collation="C"), "postgresql")
     op.create_table(
         TABLE,
@@ -53,4 +57,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if w0001.made_whole(op.get_bind()):  # MariaDB/MySQL: w0001 made the schema of w0021
+        return
     op.drop_table(TABLE)

@@ -25,6 +25,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from sqlalchemy_watchdog.migrations.versions import w0001_watchdog_jobs as w0001
+
 revision = "w0022_job_signals"
 down_revision = "w0021_job_steps"
 branch_labels = None
@@ -86,7 +88,16 @@ def _checks(old: dict[str, str], new: dict[str, str], keep_rows: str | None = No
     ``keep_rows`` deleted first, on the way down)."""
     if keep_rows is not None:
         op.execute(f"DELETE FROM {STEPS} WHERE NOT ({keep_rows})")
-    if op.get_bind().dialect.name == "sqlite":
+    bind = op.get_bind()
+    if w0001.made_whole(bind):
+        # MariaDB/MySQL: DROP CONSTRAINT names a CHECK there. All of them go and
+        # come back in the model's order (the server keeps them in the order added).
+        for key in old:
+            op.execute(f"ALTER TABLE {STEPS} DROP CONSTRAINT ck_{STEPS}_{key}")
+        for key, check in new.items():
+            op.execute(f"ALTER TABLE {STEPS} ADD CONSTRAINT ck_{STEPS}_{key} CHECK ({_mysql(check)})")
+        return
+    if bind.dialect.name == "sqlite":
         # SQLite cannot change a CHECK: copy the rows into a table made afresh.
         op.execute(f"ALTER TABLE {STEPS} RENAME TO {STEPS}_w0022")
         _steps_table(STEPS, new)
@@ -101,7 +112,23 @@ def _checks(old: dict[str, str], new: dict[str, str], keep_rows: str | None = No
             op.create_check_constraint(op.f(f"ck_{STEPS}_{key}"), STEPS, check)
 
 
+def _mysql(check: str) -> str:
+    """A CHECK as w0001 writes them on MariaDB and MySQL (``CHAR_LENGTH``: characters, not bytes)."""
+    return check.replace("length(", "CHAR_LENGTH(")
+
+
 def upgrade() -> None:
+    bind = op.get_bind()
+    if w0001.made_whole(bind):
+        collation = w0001.MYSQL_COLLATIONS[bind.dialect.name]
+        checks = ", ".join(f"CONSTRAINT ck_{SIGNALS}_{key} CHECK ({_mysql(c)})" for key, c in SIGNAL_CHECKS.items())
+        op.execute(
+            f"CREATE TABLE {SIGNALS} (job_sequence BIGINT NOT NULL, name VARCHAR(257) COLLATE {collation} NOT NULL,"
+            f" job_id VARCHAR(257) COLLATE {collation} NOT NULL, payload_json TEXT NOT NULL, sent_at BIGINT NOT NULL,"
+            f" CONSTRAINT pk_{SIGNALS} PRIMARY KEY (job_sequence, name), {checks})"
+        )
+        _checks(STEP_CHECKS_BEFORE, STEP_CHECKS)
+        return
     op.create_table(
         SIGNALS,
         sa.Column("job_sequence", sa.BigInteger(), nullable=False),
