@@ -8,7 +8,7 @@ process with :class:`Watchdog`. The asyncio twins live in
 
 from ._version import __version__ as __version__
 from .applies import Applied, JobExplanation, PolicyLevel
-from .client import Watchdog, enqueue, enqueue_select, replace_job
+from .client import Watchdog, enqueue, enqueue_select, replace_job, signal_job
 from .codecs import EncryptedJSON, PayloadCodec, TaggedJSON
 from .connections import follow_failover
 from .core.handlers import RunningJob, handler
@@ -38,6 +38,7 @@ from .jobs import (
     HeldBy,
     Job,
     JobResult,
+    JobSignal,
     JobState,
     JobStep,
     JobView,
@@ -54,6 +55,8 @@ from .jobs import (
     Retention,
     RetryPolicy,
     ScheduleView,
+    SignalResult,
+    SignalStatus,
     Stats,
     StepKind,
     ThrottleExcess,
@@ -79,6 +82,9 @@ __all__ = [
     "CancelStatus",
     "JobStep",
     "StepKind",
+    "JobSignal",
+    "SignalResult",
+    "SignalStatus",
     "ReplaceResult",
     "ReplaceStatus",
     "ThrottleExcess",
@@ -143,6 +149,7 @@ __all__ = [
     "enqueue",
     "enqueue_select",
     "replace_job",
+    "signal_job",
     "follow_failover",
     "group",
     "handler",

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Generic, TypeVar
 
 from . import store
 from .core.handlers import _UNSET, _registry
 from .core.rules.settle import REFUSED_SETTLE_REASON
 from .jobs import JobView, QueuePause, RetryPolicy
-from .jobs.durable import JobStep
+from .jobs.durable import JobSignal, JobStep
 from .jobs.uniqueness import UniqueKeyHold
 
 __all__ = ["PolicyLevel", "Applied", "JobExplanation", "explain", "plain_reason"]
@@ -80,6 +80,19 @@ class JobExplanation:
     unique_keys: tuple[UniqueKeyHold, ...] = ()
     #: Its durable steps (``job.step``, ``job.sleep``), in the order they were recorded.
     steps: tuple[JobStep, ...] = ()
+    #: The signals kept for it (``Watchdog.signal``), oldest first.
+    signals: tuple[JobSignal, ...] = ()
+
+    def wait_text(self, step: JobStep) -> str:
+        """How a wait (a step of kind ``wait``) stands: ``signalled at
+        <time>``, ``timed out at <time>`` or ``waiting until <time>`` (UTC)."""
+        assert step.wake_at is not None
+        signal = next((kept for kept in self.signals if kept.name == step.name), None)
+        if signal is not None and signal.sent_at <= step.wake_at:
+            return f"signalled at {signal.sent_at:%Y-%m-%d %H:%M:%S}"
+        if step.wake_at <= datetime.now(UTC):
+            return f"timed out at {step.wake_at:%Y-%m-%d %H:%M:%S}"
+        return f"waiting until {step.wake_at:%Y-%m-%d %H:%M:%S}"
 
     @property
     def attempt_text(self) -> str:
@@ -166,6 +179,7 @@ def explain(
     pause: QueuePause | None = None,
     unique_keys: tuple[UniqueKeyHold, ...] = (),
     steps: tuple[JobStep, ...] = (),
+    signals: tuple[JobSignal, ...] = (),
 ) -> JobExplanation:
     """What applies to ``job`` as this process knows it: its own policy, else
     its queue's ``@handler`` registered here, else the runner's (not known).
@@ -194,7 +208,16 @@ def explain(
     # lowered since) is on its last.
     max_attempts = None if not retry.known else max(job.attempt, retry.value.max_attempts if retry.value else 1)
     return JobExplanation(
-        job, timeout, retry, max_attempts, pause, plain_reason(job.failure_reason), recovery, unique_keys, steps
+        job,
+        timeout,
+        retry,
+        max_attempts,
+        pause,
+        plain_reason(job.failure_reason),
+        recovery,
+        unique_keys,
+        steps,
+        signals,
     )
 
 

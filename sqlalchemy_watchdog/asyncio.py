@@ -13,9 +13,9 @@ The public home of the asyncio twins: the client's live in
 
 from __future__ import annotations
 
-from .client.asyncio import AsyncWatchdog, enqueue, enqueue_select, replace_job
+from .client.asyncio import AsyncWatchdog, enqueue, enqueue_select, replace_job, signal_job
 from .client.asyncio import run_store as run_store
 from .client.asyncio import run_store_as as run_store_as
 from .drivers.asyncio import AsyncRunner
 
-__all__ = ["enqueue", "enqueue_select", "replace_job", "AsyncWatchdog", "AsyncRunner"]
+__all__ = ["enqueue", "enqueue_select", "replace_job", "signal_job", "AsyncWatchdog", "AsyncRunner"]

@@ -87,6 +87,8 @@ __all__ = [
     "unique_keys_table",
     "WatchdogJobStep",
     "job_steps_table",
+    "WatchdogJobSignal",
+    "job_signals_table",
 ]
 
 #: Bounds of the workers and schedules tables (revision w0009); what a runner
@@ -899,17 +901,23 @@ class WatchdogUniqueKey(WatchdogBase):
 #: The Core ``Table`` behind :class:`WatchdogUniqueKey`.
 unique_keys_table: Table = cast(Table, WatchdogUniqueKey.__table__)
 
-#: ``watchdog_job_steps.kind``: a step's result, or a durable sleep's end.
-STEP_KINDS = ["step", "sleep"]
-#: A sleep has its end, a step none.
-STEP_WAKE = "(kind = 'sleep') = (wake_at IS NOT NULL)"
+#: ``watchdog_job_steps.kind``: a step's result, a durable sleep's end, a
+#: wait for a signal (its timeout), a finished undo (revision w0022 added the last two).
+STEP_KINDS = ["step", "sleep", "wait", "undo"]
+#: A sleep has its end and a wait its timeout; a step and an undo have none (revision w0022).
+STEP_WAKE = "(kind IN ('sleep', 'wait')) = (wake_at IS NOT NULL)"
+#: Only a step keeps a result (revision w0022).
+STEP_RESULT = "result_json IS NULL OR kind = 'step'"
 
 
 class WatchdogJobStep(WatchdogBase):
     """A finished step of a job (revision w0021): ``job.step(name, fn)``
     recorded its result, or ``job.sleep(...)`` its end; a later attempt of
     the same job (a retry, a recovery, a resumed sleep) returns it instead
-    of running the step again.
+    of running the step again. Since revision w0022 also ``job.wait_for(name,
+    timeout)``'s wait (``kind = 'wait'``, named as the signal, its timeout in
+    ``wake_at``) and each finished undo of a failed job's compensation
+    (``kind = 'undo'``, named ``undo:<step>``).
 
     Written by the running handler's runner, one ``INSERT ... SELECT`` guarded
     by the job's exact claim token and live lease (or, for
@@ -929,7 +937,7 @@ class WatchdogJobStep(WatchdogBase):
     kind: Mapped[str] = mapped_column(Text)
     #: The step's result (canonical JSON, the runner's codec applied); NULL: None.
     result_json: Mapped[str | None] = mapped_column(Text)
-    #: A sleep's end, epoch milliseconds on the database clock.
+    #: A sleep's end or a wait's timeout, epoch milliseconds on the database clock.
     wake_at: Mapped[int | None] = mapped_column(BigInteger)
     #: The attempt that recorded it.
     attempt: Mapped[int] = mapped_column(Integer)
@@ -940,13 +948,49 @@ class WatchdogJobStep(WatchdogBase):
         CheckConstraint(f"length(job_id) BETWEEN 1 AND {JOB_ID_MAX_LENGTH}", name="job_id_length"),
         CheckConstraint(f"length(name) BETWEEN 1 AND {STEP_NAME_MAX_LENGTH}", name="name_length"),
         CheckConstraint(_in("kind", STEP_KINDS), name="kind_known"),
-        CheckConstraint(STEP_WAKE, name="sleep_has_wake_at"),
+        CheckConstraint(STEP_WAKE, name="wake_at_timed"),
+        CheckConstraint(STEP_RESULT, name="result_step_only"),
         CheckConstraint("attempt >= 1", name="attempt_positive"),
     )
 
 
 #: The Core ``Table`` behind :class:`WatchdogJobStep`.
 job_steps_table: Table = cast(Table, WatchdogJobStep.__table__)
+
+
+class WatchdogJobSignal(WatchdogBase):
+    """A signal sent to a job (revision w0022): ``Watchdog.signal(job_id,
+    name, payload)`` keeps the first signal of each name, so one sent before
+    the job waits for it is there when it does (``job.wait_for(name)``).
+
+    Written by ``signal`` (in its own transaction or the caller's), which
+    locks the job's row first, and never changed afterwards; read by the
+    waiting handler, ``show`` and the dashboard. Keyed by the job's
+    ``sequence``, like the steps; the signals of a pruned or purged job are
+    deleted by the next prune, in bounded batches.
+    """
+
+    __tablename__ = "watchdog_job_signals"
+
+    #: The job's ``sequence`` (a ``job_id`` enqueued again after a prune never sees these).
+    job_sequence: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    name: Mapped[str] = mapped_column(_code_point_text(), primary_key=True)
+    job_id: Mapped[str] = mapped_column(_code_point_text())
+    #: The payload, canonical JSON (``null`` for None).
+    payload_json: Mapped[str] = mapped_column(Text)
+    #: When it was kept: epoch milliseconds, database clock.
+    sent_at: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        CheckConstraint(f"length(job_id) BETWEEN 1 AND {JOB_ID_MAX_LENGTH}", name="job_id_length"),
+        CheckConstraint(f"length(name) BETWEEN 1 AND {STEP_NAME_MAX_LENGTH}", name="name_length"),
+        CheckConstraint("length(payload_json) >= 1", name="payload_present"),
+        CheckConstraint("sent_at >= 0", name="sent_at_nonnegative"),
+    )
+
+
+#: The Core ``Table`` behind :class:`WatchdogJobSignal`.
+job_signals_table: Table = cast(Table, WatchdogJobSignal.__table__)
 
 # On PostgreSQL every INSERT statement into the table (enqueue, enqueue_select,
 # or your own SQL) wakes idle runners through NOTIFY when its transaction

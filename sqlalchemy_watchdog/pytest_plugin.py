@@ -74,6 +74,7 @@ _TABLES = (
     "watchdog_limit_claims",
     "watchdog_unique_keys",
     "watchdog_job_steps",
+    "watchdog_job_signals",
     "alembic_version",
 )
 

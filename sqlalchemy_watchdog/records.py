@@ -107,6 +107,10 @@ class SettleRequest:
     #: queued again at once, no attempt or snooze counted, the job's failure
     #: reason and detail as they were (these). ``decision`` is then unused.
     given_back: tuple[str | None, str | None] | None = None
+    #: A snooze of a handler waiting for this signal (``job.wait_for``;
+    #: revision w0022): after the snooze, in the same transaction, the job is
+    #: made ``queued`` at once if the signal is kept by then.
+    waits_for: str | None = None
 
     def __post_init__(self) -> None:
         # Checked once, where the request is made: the runner's core builds

@@ -399,3 +399,8 @@ def durable(job: RunningJob) -> Any:
     if job.payload.get("fail_first") and job.attempt == 1:
         raise RuntimeError("after b")
     return {"a": a, "b": b}
+
+
+def waits(job: RunningJob) -> Any:
+    """A wait for signal ``approved`` in a child (an hour's timeout): its payload returned."""
+    return {"approval": job.wait_for("approved", timeout=timedelta(hours=1))}

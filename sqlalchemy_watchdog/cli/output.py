@@ -212,17 +212,27 @@ def applies_dict(explained: JobExplanation) -> dict[str, Any]:
                 "wake_at": iso(step.wake_at),
                 "attempt": step.attempt,
                 "recorded_at": iso(step.recorded_at),
+                "wait": explained.wait_text(step) if step.kind is StepKind.WAIT else None,
             }
             for step in explained.steps
+        ],
+        "signals": [
+            {"name": signal.name, "payload": signal.payload, "sent_at": iso(signal.sent_at)}
+            for signal in explained.signals
         ],
     }
 
 
-def _step_text(step: JobStep) -> str:
-    """One durable step for ``show``: ``charge (attempt 1, 12:00:01)``, a sleep with its end."""
+def _step_text(explained: JobExplanation, step: JobStep) -> str:
+    """One durable step for ``show``: ``charge (attempt 1, 12:00:01)``, a
+    sleep with its end, a wait with how it stands, an undo as such."""
     at = "-" if step.recorded_at is None else f"{step.recorded_at:%Y-%m-%d %H:%M:%S}"
     if step.kind is StepKind.SLEEP and step.wake_at is not None:
         return f"{step.name} (sleep until {step.wake_at:%Y-%m-%d %H:%M:%S}, attempt {step.attempt}, {at})"
+    if step.kind is StepKind.WAIT and step.wake_at is not None:
+        return f"{step.name} (wait for the signal: {explained.wait_text(step)}; attempt {step.attempt}, {at})"
+    if step.kind is StepKind.UNDO:
+        return f"{step.name} (undone, attempt {step.attempt}, {at})"
     return f"{step.name} (attempt {step.attempt}, {at})"
 
 
@@ -260,7 +270,12 @@ def render_show(explained: JobExplanation) -> str:
         ("reruns", ", ".join(job.reruns) or None),
         ("key", job.key),
         ("unique_key", "; ".join(hold.text for hold in explained.unique_keys) or None),
-        ("steps", "; ".join(_step_text(step) for step in explained.steps) or None),
+        ("steps", "; ".join(_step_text(explained, step) for step in explained.steps) or None),
+        (
+            "signals",
+            "; ".join(f"{signal.name} (kept at {signal.sent_at:%Y-%m-%d %H:%M:%S})" for signal in explained.signals)
+            or None,
+        ),
         ("waiting_for_room", None if job.held_by is None else f"its queue's {job.held_by.value} limit is reached"),
         ("waits_for", ", ".join(f"{p} ({o or 'not settled'})" for p, o in job.parents) or None),
         ("dependents", ", ".join(job.dependents) or None),

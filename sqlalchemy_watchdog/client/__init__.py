@@ -13,6 +13,6 @@ This package exports what the module ``sqlalchemy_watchdog.client`` always did.
 
 from __future__ import annotations
 
-from .sync import EVENT_QUEUED, EVENT_STOP, Watchdog, enqueue, enqueue_select, replace_job
+from .sync import EVENT_QUEUED, EVENT_STOP, Watchdog, enqueue, enqueue_select, replace_job, signal_job
 
-__all__ = ["enqueue", "enqueue_select", "replace_job", "Watchdog", "EVENT_QUEUED", "EVENT_STOP"]
+__all__ = ["enqueue", "enqueue_select", "replace_job", "signal_job", "Watchdog", "EVENT_QUEUED", "EVENT_STOP"]

@@ -41,7 +41,7 @@ from ..jobs import (
     Throughput,
     WorkerView,
 )
-from ..jobs.durable import JobStep
+from ..jobs.durable import JobSignal, JobStep, SignalResult
 from ..jobs.encoding import PayloadCodec
 from ..results import wait_for_async
 from . import operations as ops
@@ -95,6 +95,13 @@ async def replace_job(
 ) -> ReplaceResult:
     """Async :func:`sqlalchemy_watchdog.replace_job`: same semantics, same code."""
     return await _run_sync(target, sync.replace_job, job_id, payload=payload, run_at=run_at, codec=codec)
+
+
+async def signal_job(
+    target: AsyncSession | AsyncConnection, job_id: str, name: str, payload: Any = None
+) -> SignalResult:
+    """Async :func:`sqlalchemy_watchdog.signal_job`: same semantics, same code."""
+    return await _run_sync(target, sync.signal_job, job_id, name, payload)
 
 
 async def run_store(
@@ -383,6 +390,14 @@ class AsyncWatchdog:
     @ops.declared_by(ops.steps)
     async def steps(self, job_id: str) -> list[JobStep]:
         return await self._perform(ops.steps(job_id))
+
+    @ops.declared_by(ops.signal)
+    async def signal(self, job_id: str, name: str, payload: Any = None) -> SignalResult:
+        return await self._perform(ops.signal(job_id, name, payload))
+
+    @ops.declared_by(ops.signals)
+    async def signals(self, job_id: str) -> list[JobSignal]:
+        return await self._perform(ops.signals(job_id))
 
     @ops.declared_by(ops.fail_lane)
     async def fail_lane(self, lane: str, reason: str) -> LaneFailure:

@@ -62,7 +62,7 @@ from ..jobs import (
     job_batch,
     result_of,
 )
-from ..jobs.durable import JobStep
+from ..jobs.durable import JobSignal, JobStep, SignalResult, check_step_name
 from ..jobs.uniqueness import UniqueKeyHold
 from ..results import check_wait
 from ..wakeups import EVENT_STOP
@@ -229,8 +229,9 @@ def explain(job_id: str) -> Program[JobExplanation | None]:
         return None
     held: list[UniqueKeyHold] = yield look(store.keys_held_by, job_id)
     steps: list[JobStep] = yield look(store.read_steps, job_id)
+    signals: list[JobSignal] = yield look(store.read_signals, job_id)
     job, pause = found
-    return explain_job(job, pause, tuple(held), tuple(steps))
+    return explain_job(job, pause, tuple(held), tuple(steps), tuple(signals))
 
 
 def steps(job_id: str) -> Program[list[JobStep]]:
@@ -597,6 +598,35 @@ def replace_arguments(job_id: object, payload: Any, run_at: object, codec: Paylo
     return {"payload": encoded, "start": start, "set_start": run_at is not KEEP}
 
 
+def signal(job_id: str, name: str, payload: Any = None) -> Program[SignalResult]:
+    """Send signal ``name`` to job ``job_id`` with ``payload`` (JSON, as a
+    job's payload is): the first signal of each name is kept, and a handler
+    waiting for it (``job.wait_for(name, ...)``) is made due at once; one
+    sent before the wait is kept for it. Idempotent: ``delivered``; a repeat
+    is a ``duplicate`` (same payload) or a ``conflict`` (another payload:
+    the first one stays); nothing is kept for a ``job_settled`` or
+    ``no_such_job``. Lock the job's row, keep, wake: one transaction."""
+    arguments = signal_arguments(job_id, name, payload)
+    sent: SignalResult = yield write(store.send_signal, *arguments)
+    return sent
+
+
+def signal_arguments(job_id: object, name: object, payload: Any) -> tuple[str, str, str]:
+    """:func:`signal`'s arguments checked, as ``store.send_signal`` takes
+    them (``payload`` encoded): bad input is refused by name before anything runs."""
+    checked_id = check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
+    checked_name = check_step_name(name)
+    return checked_id, checked_name, encode_payload(payload)
+
+
+def signals(job_id: str) -> Program[list[JobSignal]]:
+    """The signals kept for the job (``signal``), oldest first: each one's
+    name, payload and when it was kept."""
+    check_text("job_id", job_id, JOB_ID_MAX_LENGTH)
+    found: list[JobSignal] = yield look(store.read_signals, job_id)
+    return found
+
+
 def fail_lane(lane: str, reason: str) -> Program[LaneFailure]:
     """Settle up to one batch of the lane's live jobs ``failed``, running
     ones first (their handlers are told to stop), then its waiting jobs
@@ -662,6 +692,8 @@ OPERATIONS: Mapping[str, Callable[..., Program[Any]]] = {
         result,
         replace,
         steps,
+        signal,
+        signals,
         wait,
         explain,
         read_queue_head,

@@ -35,7 +35,7 @@ from ..jobs import (
     WorkerView,
     job_batch,
 )
-from ..jobs.durable import JobStep
+from ..jobs.durable import JobSignal, JobStep, SignalResult
 from ..jobs.encoding import PayloadCodec
 from ..model import WatchdogJob
 from ..results import wait_for
@@ -43,7 +43,7 @@ from ..wakeups import EVENT_QUEUED, EVENT_STOP
 from . import operations as ops
 from .operations import KEEP, Keep
 
-__all__ = ["enqueue", "enqueue_select", "replace_job", "Watchdog", "EVENT_QUEUED", "EVENT_STOP"]
+__all__ = ["enqueue", "enqueue_select", "replace_job", "signal_job", "Watchdog", "EVENT_QUEUED", "EVENT_STOP"]
 
 T = TypeVar("T")
 
@@ -132,6 +132,14 @@ def replace_job(
     guarded by the job's state; ``replaced``, ``not_waiting`` or ``missing``."""
     arguments = ops.replace_arguments(job_id, payload, run_at, codec)
     return store.replace(_connection(target), job_id, **arguments)
+
+
+def signal_job(target: Session | Connection, job_id: str, name: str, payload: Any = None) -> SignalResult:
+    """:meth:`Watchdog.signal` inside the caller's transaction: the signal is
+    kept, and a job waiting for it made due, when the caller commits, with
+    the caller's own writes (a rollback drops both). The job's row stays
+    locked until then (PostgreSQL): commit soon."""
+    return store.send_signal(_connection(target), *ops.signal_arguments(job_id, name, payload))
 
 
 _SELECT_COLUMNS = ("job_id", "queue", "lane", "priority", "payload", "max_recoveries", "run_at")
@@ -446,6 +454,14 @@ class Watchdog:
     @ops.declared_by(ops.steps)
     def steps(self, job_id: str) -> list[JobStep]:
         return self._perform(ops.steps(job_id))
+
+    @ops.declared_by(ops.signal)
+    def signal(self, job_id: str, name: str, payload: Any = None) -> SignalResult:
+        return self._perform(ops.signal(job_id, name, payload))
+
+    @ops.declared_by(ops.signals)
+    def signals(self, job_id: str) -> list[JobSignal]:
+        return self._perform(ops.signals(job_id))
 
     @ops.declared_by(ops.fail_lane)
     def fail_lane(self, lane: str, reason: str) -> LaneFailure:

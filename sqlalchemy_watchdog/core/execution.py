@@ -48,6 +48,9 @@ class Execution:
     #: The exception its handler raised, if any (a retry policy's
     #: ``retry_on`` is matched against it).
     error: BaseException | None = None
+    #: The sleep or wait its handler asked for (``job.sleep``, ``job.wait_for``:
+    #: a :class:`~sqlalchemy_watchdog.core.durable.SleepRequested`), if any.
+    error_requested: BaseException | None = None
     #: What became of it, for the runner's summary: an outcome's value,
     #: ``requeued`` or ``rejected`` (set when it is concluded).
     result: str | None = None

@@ -17,10 +17,11 @@ from ..jobs import (
     QUEUE_MAX_LENGTH,
     RetryPolicy,
     check_duration,
+    check_step_name,
     check_text,
 )
 from ..records import StopReason as StopReason
-from .durable import DurableSteps, run_without_runner
+from .durable import DurableSteps, check_undo, check_wait, run_without_runner
 from .progress import ProgressReporter, ProgressStatus, check_progress
 
 T = TypeVar("T")
@@ -37,6 +38,12 @@ Handler = Callable[["RunningJob"], Any]
 
 
 _UNSET: Any = object()
+
+
+def _check_undo(name: object, undo: object) -> None:
+    """A step's ``undo``, checked where no runner records it."""
+    if undo is not None:
+        check_undo(check_step_name(name), undo)
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,7 +397,9 @@ class RunningJob:
         reporter = self._progress
         return None if reporter is None else reporter.steps
 
-    def step(self, name: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    def step(
+        self, name: str, fn: Callable[..., T], /, *args: Any, undo: Callable[[T], Any] | None = None, **kwargs: Any
+    ) -> T:
         """Run ``fn(*args, **kwargs)`` as the durable step ``name``: the first
         time, ``fn`` runs and its result (encoded by the runner's codec, a
         job result's limits) is recorded under this job's exact claim; a
@@ -401,6 +410,11 @@ class RunningJob:
         handler's code while jobs run (docs/howto/durable-steps.md). In a
         coroutine handler use :meth:`step_async`.
 
+        ``undo``: a function called with the step's result if the job fails
+        for good (its handler raised and no retry follows): the undos of the
+        recorded steps run last step first, each recorded once it returned
+        (compensation; not in a process child). ``undo`` is not passed to ``fn``.
+
         :raises ~sqlalchemy_watchdog.InvalidJob: a bad ``name``, a name used
             twice in one attempt, or a result the codec or JSON cannot hold
             (checked before anything is recorded).
@@ -409,18 +423,31 @@ class RunningJob:
         """
         steps = self._steps()
         if steps is None:
+            _check_undo(name, undo)
             return run_without_runner(name, fn, args, kwargs)  # type: ignore[no-any-return]
-        return steps.step(name, fn, args, kwargs)  # type: ignore[no-any-return]
+        return steps.step(name, fn, args, kwargs, undo)  # type: ignore[no-any-return]
 
-    async def step_async(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        """:meth:`step` in a coroutine handler; ``fn`` may be a coroutine function."""
+    async def step_async(
+        self, name: str, fn: Callable[..., Any], /, *args: Any, undo: Callable[[Any], Any] | None = None, **kwargs: Any
+    ) -> Any:
+        """:meth:`step` in a coroutine handler; ``fn`` (and ``undo``) may be coroutine functions."""
         steps = self._steps()
         if steps is None:
+            _check_undo(name, undo)
             value = run_without_runner(name, fn, args, kwargs)
             return await value if inspect.isawaitable(value) else value
-        return await steps.step_async(name, fn, args, kwargs)
+        return await steps.step_async(name, fn, args, kwargs, undo)
 
-    def transaction_step(self, session: Any, name: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    def transaction_step(
+        self,
+        session: Any,
+        name: str,
+        fn: Callable[..., T],
+        /,
+        *args: Any,
+        undo: Callable[[T], Any] | None = None,
+        **kwargs: Any,
+    ) -> T:
         """:meth:`step` whose record commits with ``fn``'s own writes: ``fn``
         writes through ``session`` (a ``Session`` or ``Connection`` on the
         queue's database, not inside a transaction of yours yet), then the
@@ -431,22 +458,69 @@ class RunningJob:
         use :meth:`transaction_step_async`; not in a process child."""
         steps = self._steps()
         if steps is None:
+            _check_undo(name, undo)
             value = run_without_runner(name, fn, args, kwargs)
             session.commit()
             return value  # type: ignore[no-any-return]
-        return steps.transaction_step(session, name, fn, args, kwargs)  # type: ignore[no-any-return]
+        return steps.transaction_step(session, name, fn, args, kwargs, undo)  # type: ignore[no-any-return]
 
     async def transaction_step_async(
-        self, session: Any, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+        self,
+        session: Any,
+        name: str,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        undo: Callable[[Any], Any] | None = None,
+        **kwargs: Any,
     ) -> Any:
-        """:meth:`transaction_step` with an ``AsyncSession``; ``fn`` may be a coroutine function."""
+        """:meth:`transaction_step` with an ``AsyncSession``; ``fn`` (and ``undo``) may be coroutine functions."""
         steps = self._steps()
         if steps is None:
+            _check_undo(name, undo)
             value = run_without_runner(name, fn, args, kwargs)
             value = await value if inspect.isawaitable(value) else value
             await session.commit()
             return value
-        return await steps.transaction_step_async(session, name, fn, args, kwargs)
+        return await steps.transaction_step_async(session, name, fn, args, kwargs, undo)
+
+    def wait_for(self, name: str, *, timeout: timedelta) -> Any:
+        """Wait durably for signal ``name`` (``Watchdog.signal(job_id, name,
+        payload)``) for at most ``timeout`` (counted on the database clock
+        from the first time this job waits for it) and return its payload.
+
+        The wait is recorded as a step named ``name``. When the signal is
+        kept already -- sent before the wait, or by an earlier attempt's
+        wait -- its payload returns at once. Otherwise the attempt ends (the
+        job is snoozed until the timeout, its slot freed, no attempt
+        counted) and the signal, when it comes, makes the job due at once:
+        it runs again from the top, its recorded steps returning their
+        results, and this call returns the payload. Every attempt gets the
+        same answer. In a coroutine handler use :meth:`wait_for_async`.
+
+        :raises ~sqlalchemy_watchdog.core.durable.WaitRequested: to end the
+            attempt; let it propagate.
+        :raises ~sqlalchemy_watchdog.core.durable.WaitTimedOut: the timeout
+            passed with no signal ``name`` kept within it (a signal kept
+            later does not count). Uncaught, the job fails without a retry.
+        :raises ~sqlalchemy_watchdog.InvalidJob: a bad ``name`` or
+            ``timeout`` (a positive timedelta), before anything is recorded.
+        """
+        steps = self._steps()
+        if steps is None:
+            check_wait(timeout)
+            check_step_name(name)
+            raise RuntimeError("wait_for() needs a runner: this job was not claimed by one")
+        return steps.wait_for(name, timeout)
+
+    async def wait_for_async(self, name: str, *, timeout: timedelta) -> Any:
+        """:meth:`wait_for` in a coroutine handler."""
+        steps = self._steps()
+        if steps is None:
+            check_wait(timeout)
+            check_step_name(name)
+            raise RuntimeError("wait_for_async() needs a runner: this job was not claimed by one")
+        return await steps.wait_for_async(name, timeout)
 
     def sleep(self, delay: timedelta, *, name: str | None = None) -> None:
         """Sleep durably for ``delay``: the end of the sleep (database clock)

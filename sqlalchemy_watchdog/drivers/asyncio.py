@@ -34,6 +34,9 @@ from ..core.loop import execute, loop_pass, record_starts, renew, shutdown, tick
 from ..core.maintenance import deregister_worker, probe_failed, prune, refresh_worker, register_worker
 from ..core.ports import Settlement
 from ..core.rules.settle import (
+    compensate,
+    compensate_async,
+    compensation_due,
     conclude,
     decision_of_cancelled_task,
     decision_of_exception,
@@ -168,6 +171,7 @@ class AsyncRunner:
             write_in=record_step_in,
             write_in_async=base.record_step_in_async,
             codec=self.settings.codec,
+            read_signal_async=lambda job_id, name: self._gateway.read(store.read_signal, job_id, name),
         )
         #: Whether each queue's handler is a coroutine function (asked on first use).
         self._async_queues: dict[str, bool] = {}
@@ -346,13 +350,22 @@ class AsyncRunner:
             return decision_of_cancelled_task(execution)
         error = task.exception()
         if error is not None:
-            return decision_of_exception(execution, error)
-        result: object = task.result()
-        if result is STARTED_LATE:
-            return STARTED_LATE  # execute() renews the claim first, then asks again
-        if isinstance(result, ChildOutcome):
-            return decision_of_outcome(execution, result)
-        return decision_of_result(result, job)
+            decision = decision_of_exception(execution, error)
+        else:
+            result: object = task.result()
+            if result is STARTED_LATE:
+                return STARTED_LATE  # execute() renews the claim first, then asks again
+            if isinstance(result, ChildOutcome):
+                return decision_of_outcome(execution, result)
+            decision = decision_of_result(result, job)
+        if ref is not None or not compensation_due(self.core, execution, decision):
+            return decision
+        # A failure for good runs the undos of its steps: a coroutine
+        # handler's on this loop (an undo may be a coroutine function), a
+        # thread handler's in a thread.
+        if is_async:
+            return await compensate_async(self.core, execution, decision)
+        return await asyncio.to_thread(compensate, self.core, execution, decision)
 
     async def _await_inline(
         self, fn: Callable[[RunningJob], Any], job: RunningJob, execution: Execution, heartbeat_s: float

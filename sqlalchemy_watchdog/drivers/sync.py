@@ -41,7 +41,14 @@ from ..core.handlers import RunningJob
 from ..core.loop import execute, loop_pass, record_starts, renew, shutdown, tick, time_out, until_idle
 from ..core.maintenance import deregister_worker, probe_failed, prune, refresh_worker, register_worker
 from ..core.ports import Settlement
-from ..core.rules.settle import conclude, decision_of_exception, decision_of_result, finish_handed_off, settle_batch
+from ..core.rules.settle import (
+    compensate,
+    conclude,
+    decision_of_exception,
+    decision_of_result,
+    finish_handed_off,
+    settle_batch,
+)
 from ..core.settings import RunnerOptions
 from ..core.signals import SignalSafeEvent, restore_signal, signals_to_install
 from ..core.state import Execution, TickResult
@@ -64,7 +71,7 @@ from ..executors.pool import RunnerChildren, decision_of_outcome
 from ..gateway import SyncGateway
 from ..jobs import Decision, JobView
 from ..records import SettleRequest
-from ..store import parent_results, read_steps, report_progress
+from ..store import parent_results, read_signal, read_steps, report_progress
 from ..wakeups import (
     Listener,
     Waiting,
@@ -155,6 +162,7 @@ class Runner:
             write=step_writer(self._gateway.run),
             write_in=record_step_in,
             codec=self.settings.codec,
+            read_signal=lambda job_id, name: self._gateway.read(read_signal, job_id, name),
         )
         #: Set once run_forever serves (its listener started), or has ended.
         self._serving = threading.Event()
@@ -273,10 +281,15 @@ class Runner:
             # what the handler sets in context variables ends with its job and
             # is never seen by the next job this thread runs.
             context = execution.handler_context()
-            result = (contextvars.copy_context() if context is None else context).run(handler, job)
-            return decision_of_result(result, job)
-        except Exception as error:
-            return decision_of_exception(execution, error)
+            if context is None:
+                context = contextvars.copy_context()
+            try:
+                decision = decision_of_result(context.run(handler, job), job)
+            except Exception as error:
+                decision = decision_of_exception(execution, error)
+            # A failure for good runs the undos of its steps here, in the
+            # handler's thread and context, before the slot is freed.
+            return context.run(compensate, self.core, execution, decision)
         finally:
             if self.core.release_slot(execution):
                 self._wake.set()

@@ -30,6 +30,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from datetime import UTC
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -57,8 +58,8 @@ PROGRESS, PARENTS = "progress", "parents"
 #: ``("step", job_id, request, name)`` (the value ``(recorded, result)``),
 #: ``("record", job_id, request, name, value)`` and ``("sleep", job_id,
 #: request, name, delay_ms)`` (the value: the sleep's end in epoch ms, or None).
-STEP, RECORD, SLEEP = "step", "record", "sleep"
-STEP_KINDS = (STEP, RECORD, SLEEP)
+STEP, RECORD, SLEEP, WAIT = "step", "record", "sleep", "wait"
+STEP_KINDS = (STEP, RECORD, SLEEP, WAIT)
 #: Child to parent: ``("skipped", job_id, reason)`` -- a job stopped before it started
 #: here (sent behind a running one, or stopped as it arrived): its handler never ran.
 SKIPPED = "skipped"
@@ -385,8 +386,15 @@ def _child_job(base: type[Any]) -> type[Any]:
         from ..core.durable import DurableSteps, SleepRequested
         from ..jobs import check_step_name
 
+        def _no_undo(kwargs: dict[str, Any]) -> None:
+            if kwargs.pop("undo", None) is not None:
+                raise RuntimeError(
+                    "a step's undo runs in the runner's process (a thread or coroutine handler), not in a process child"
+                )
+
         def step(self: Any, name: str, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
             check_step_name(name)  # bad input is refused here, before anything is sent
+            _no_undo(kwargs)
             recorded, value = _ask(STEP, self.job_id, name)
             if recorded:
                 return value
@@ -398,6 +406,7 @@ def _child_job(base: type[Any]) -> type[Any]:
             import asyncio
             import inspect
 
+            _no_undo(kwargs)
             recorded, value = await asyncio.to_thread(_ask, STEP, self.job_id, check_step_name(name))
             if recorded:
                 return value
@@ -422,6 +431,25 @@ def _child_job(base: type[Any]) -> type[Any]:
 
             await asyncio.to_thread(sleep, self, delay, name=name)
 
+        from datetime import datetime
+
+        from ..core.durable import WaitRequested, WaitTimedOut, check_wait
+
+        def wait_for(self: Any, name: str, *, timeout: Any) -> Any:
+            timeout_ms = check_wait(timeout)  # bad input is refused here, before anything is sent
+            check_step_name(name)
+            how, value = _ask(WAIT, self.job_id, name, timeout_ms)
+            if how == "signal":
+                return value
+            if how == "wait":
+                raise WaitRequested(name, value)
+            raise WaitTimedOut(name, datetime.fromtimestamp(value / 1000, UTC))
+
+        async def wait_for_async(self: Any, name: str, *, timeout: Any) -> Any:
+            import asyncio
+
+            return await asyncio.to_thread(wait_for, self, name, timeout=timeout)
+
         def transaction_step(self: Any, *args: Any, **kwargs: Any) -> Any:
             raise RuntimeError(
                 "transaction_step() records the step in the runner's database transaction: use it in a thread "
@@ -441,6 +469,8 @@ def _child_job(base: type[Any]) -> type[Any]:
                 "sleep": sleep,
                 "sleep_until": sleep_until,
                 "sleep_async": sleep_async,
+                "wait_for": wait_for,
+                "wait_for_async": wait_for_async,
                 "transaction_step": transaction_step,
                 "transaction_step_async": transaction_step,
             },

@@ -1113,6 +1113,8 @@ def _serve_step(job: RunningJob, kind: str, args: list[Any]) -> Any:
     if kind == child_module.RECORD:
         steps.remote_record(args[0], args[1])
         return None
+    if kind == child_module.WAIT:
+        return steps.remote_wait(args[0], args[1])
     return steps.remote_sleep(args[0], args[1])
 
 

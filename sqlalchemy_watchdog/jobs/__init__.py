@@ -29,7 +29,10 @@ from __future__ import annotations
 from .builders import frozen_builder as frozen_builder
 from .builders import slot_setters as slot_setters
 from .durable import STEP_NAME_MAX_LENGTH as STEP_NAME_MAX_LENGTH
+from .durable import JobSignal as JobSignal
 from .durable import JobStep as JobStep
+from .durable import SignalResult as SignalResult
+from .durable import SignalStatus as SignalStatus
 from .durable import StepKind as StepKind
 from .durable import check_step_name as check_step_name
 from .encoding import PAYLOAD_MAX_BYTES, PAYLOAD_MAX_DEPTH, RESULT_MAX_BYTES, encode_payload, encode_result
@@ -157,6 +160,9 @@ __all__ = [
     "ReplaceResult",
     "JobStep",
     "StepKind",
+    "JobSignal",
+    "SignalResult",
+    "SignalStatus",
     "ThrottleExcess",
     "UniqueKeyHold",
     "UniqueKind",

@@ -83,6 +83,9 @@ from .enqueue import enqueue as enqueue
 from .enqueue import enqueue_each as enqueue_each
 from .enqueue import self_committing as self_committing
 from .enqueue import violation as violation
+from .job_signals import read_signal as read_signal
+from .job_signals import read_signals as read_signals
+from .job_signals import send_signal as send_signal
 from .job_steps import read_steps as read_steps
 from .job_steps import record_step as record_step
 from .job_steps import record_step_in as record_step_in
@@ -165,6 +168,9 @@ from .views import execute_rows as execute_rows
 __all__ = [
     "keys_held_by",
     "read_steps",
+    "read_signal",
+    "read_signals",
+    "send_signal",
     "record_step",
     "record_step_in",
     "prune_keys",

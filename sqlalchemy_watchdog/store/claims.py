@@ -53,6 +53,7 @@ from .base import (
     view,
 )
 from .dependencies import tell
+from .job_signals import wake_snoozed
 from .limits import claim_queue, limited_queues
 from .operation import Shape, operation
 from .views import execute_rows, write_returning
@@ -374,6 +375,11 @@ def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Set
     settled = {row[_JOB_ID]: row for row in written}
     if settled and not backend.triggers_tell_dependents:  # MariaDB: the store tells the dependents
         tell(conn, [(row[_JOB_ID], row[_OUTCOME]) for row in settled.values() if row[_STATE] == _SETTLED_STATE])
+    for request in requests:
+        if request.waits_for is not None and request.job_id in settled:
+            # A later statement than the snooze's: it sees a signal committed
+            # while the snooze waited for the job's row (docs/design.md, "Events").
+            wake_snoozed(conn, request.job_id, request.waits_for)
     if settled:
         limited = limited_queues(conn)  # cached: no statement for a deployment without limits
         if limited and any(row[_QUEUE] in limited for row in settled.values()):

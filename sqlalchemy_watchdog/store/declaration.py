@@ -69,7 +69,7 @@ from ..jobs import (
     Throughput,
     WorkerView,
 )
-from ..jobs.durable import JobStep, StepKind
+from ..jobs.durable import JobSignal, JobStep, SignalResult, StepKind
 from ..jobs.uniqueness import UniqueKeyHold
 from ..records import (
     Claim,
@@ -216,6 +216,12 @@ class StoreOperations(Protocol):
     ) -> JobStep | None: ...
     def read_steps(self, conn: Connection, job_id: str) -> list[JobStep]: ...
 
+    # -- store/job_signals.py
+
+    def send_signal(self, conn: Connection, job_id: str, name: str, payload_json: str) -> SignalResult: ...
+    def read_signal(self, conn: Connection, job_id: str, name: str) -> tuple[JobSignal | None, int]: ...
+    def read_signals(self, conn: Connection, job_id: str) -> list[JobSignal]: ...
+
     # -- store/enqueue.py
 
     def enqueue(
@@ -334,6 +340,10 @@ SHAPES: Mapping[str, Shape] = {
     # store/job_steps.py
     "record_step": Shape.WRITE,
     "read_steps": Shape.READ,
+    # store/job_signals.py
+    "send_signal": Shape.WRITE,
+    "read_signal": Shape.READ,
+    "read_signals": Shape.READ,
     # store/enqueue.py
     "enqueue": Shape.WRITE,
     "enqueue_each": Shape.WRITE,

@@ -69,6 +69,7 @@ from .enqueue import (
     _row,
     enqueue,
 )
+from .job_signals import forget_orphan_signals
 from .job_steps import forget_orphan_steps
 from .limits import held_by, queue_use, read_limits
 from .operation import Shape, operation
@@ -137,6 +138,7 @@ class Pruning:
         """One batch of jobs (how many it deleted), and as many ended unique keys."""
         prune_keys(conn, limit=size)
         forget_orphan_steps(conn, limit=size)  # steps of jobs deleted earlier (revision w0021)
+        forget_orphan_signals(conn, limit=size)  # and their signals (revision w0022)
         return prune_batch(
             conn, older_than=self.older_than, outcomes=self.outcomes, limit=size, include_undated=self.include_undated
         )
@@ -198,6 +200,7 @@ def prune_retention(conn: Connection, ages: Mapping[str, timedelta], batch: int)
         return None
     prune_keys(conn, limit=batch)  # unique keys a day past their window (revision w0020)
     forget_orphan_steps(conn, limit=batch)  # steps of jobs deleted earlier (revision w0021)
+    forget_orphan_signals(conn, limit=batch)  # and their signals (revision w0022)
     return sum(prune_batch(conn, older_than=age, outcomes=[outcome], limit=batch) for outcome, age in ages.items())
 
 

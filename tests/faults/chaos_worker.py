@@ -28,6 +28,10 @@ A job's payload says what its handler does (``{"action": ...}``):
 * ``steps``: ``steps`` durable steps (``job.transaction_step``), ``gap``
   seconds apart, each inserting its effect row into ``fault_step_effects``
   (the test creates it) in the step's own transaction.
+* ``saga``: ``steps`` durable steps (``job.step``), each naming an undo that
+  sleeps ``gap`` seconds, then inserts its effect row into
+  ``fault_saga_effects`` (the test creates it); then raises: a job with no
+  retry left compensates (its undos run, last first).
 * ``noop``: return at once -- or after ``seconds``, if given --, writing no
   audit row (a warm-up: a runner that ran it knows its handlers are short,
   and claims ahead while they run several of its round trips).
@@ -123,6 +127,26 @@ def _durable_steps(engine: Engine, job: RunningJob, payload: dict[str, Any], pid
         time.sleep(float(payload.get("gap", 0.3)))
 
 
+def _saga(engine: Engine, job: RunningJob, payload: dict[str, Any], pid: int) -> None:
+    """``saga``: ``steps`` durable steps with undos, then a failure (compensation)."""
+    gap = float(payload.get("gap", 0.3))
+
+    def undo(index: int) -> Any:
+        def run(result: int) -> None:
+            time.sleep(gap)  # a kill lands here, between undos
+            with engine.begin() as conn:
+                conn.execute(
+                    text("INSERT INTO fault_saga_effects (job_id, step, pid, at_ns) VALUES (:job, :step, :pid, :at)"),
+                    {"job": job.job_id, "step": result, "pid": pid, "at": time.time_ns()},
+                )
+
+        return run
+
+    for index in range(int(payload.get("steps", 3))):
+        job.step(f"step-{index}", lambda index=index: index, undo=undo(index))
+    raise RuntimeError("the saga failed: compensate")
+
+
 def make_handler(engine: Engine):  # type: ignore[no-untyped-def]
     pid = os.getpid()
 
@@ -163,6 +187,8 @@ def make_handler(engine: Engine):  # type: ignore[no-untyped-def]
             told = job.stop_reason.value if job.stop_reason else None
         elif action == "steps":
             _durable_steps(engine, job, payload, pid)
+        elif action == "saga":
+            _saga(engine, job, payload, pid)
         if payload.get("no_end") and stopped is None:
             return None
         _audit_write(

@@ -49,6 +49,7 @@ from sqlalchemy_watchdog import (
     enqueue_select,
     metadata,
     otel,
+    signal_job,
     store,
     task,
 )
@@ -66,7 +67,14 @@ from sqlalchemy_watchdog.jobs import (
     RESULT_MAX_BYTES,
     CancelStatus,
 )
-from sqlalchemy_watchdog.model import jobs_table, pauses_table, schedules_table, workers_table
+from sqlalchemy_watchdog.model import (
+    job_signals_table,
+    job_steps_table,
+    jobs_table,
+    pauses_table,
+    schedules_table,
+    workers_table,
+)
 from tests import process_handlers
 from tests.conftest import DIALECTS, make_async_engine
 from tests.faults.helpers import dump_jobs
@@ -206,6 +214,14 @@ def job(**overrides: Any) -> Callable[[Engine], Any]:
     """Enqueue ``Job(**defaults | overrides)`` through the public client."""
     fields = {"job_id": "new-job", "queue": "q", **overrides}
     return lambda engine: Watchdog(engine).enqueue(Job(**fields))
+
+
+def _signal_in_session(engine: Engine, *args: Any) -> Any:
+    """``signal_job`` in a session of the caller's (committed if it returns)."""
+    with Session(engine) as session:
+        result = signal_job(session, *args)
+        session.commit()
+        return result
 
 
 def wd(method: str, *args: Any, **kwargs: Any) -> Callable[[Engine], Any]:
@@ -1076,6 +1092,24 @@ REFUSED: dict[str, Entry] = {
     "sleep delay not a timedelta": Entry("delay", lambda e: _unclaimed().sleep(5)),
     "sleep_until naive": Entry("until", lambda e: _unclaimed().sleep_until(datetime.datetime(2030, 1, 1))),
     "steps job_id empty": Entry("job_id", wd("steps", "")),
+    # events and compensation (revision w0022): checked before anything is kept or recorded
+    "signal name empty": Entry("name", wd("signal", "seed-queued", "", 1)),
+    "signal name 257 chars": Entry("name", wd("signal", "seed-queued", "s" * 257, 1)),
+    "signal name not text": Entry("name", wd("signal", "seed-queued", 7, 1)),
+    "signal payload not JSON": Entry("payload", wd("signal", "seed-queued", "approved", {1, 2})),
+    "signal payload NaN": Entry("payload", wd("signal", "seed-queued", "approved", math.nan)),
+    "signal job_id empty": Entry("job_id", wd("signal", "", "approved", 1)),
+    "signal_job name empty": Entry("name", lambda e: _signal_in_session(e, "seed-queued", "", 1)),
+    "signal_job payload not JSON": Entry("payload", lambda e: _signal_in_session(e, "seed-queued", "a", object())),
+    "signals job_id empty": Entry("job_id", wd("signals", "")),
+    "wait_for timeout negative": Entry(
+        "timeout", lambda e: _unclaimed().wait_for("approved", timeout=timedelta(seconds=-1))
+    ),
+    "wait_for timeout zero": Entry("timeout", lambda e: _unclaimed().wait_for("approved", timeout=timedelta(0))),
+    "wait_for timeout not a timedelta": Entry("timeout", lambda e: _unclaimed().wait_for("approved", timeout=5)),
+    "wait_for name empty": Entry("name", lambda e: _unclaimed().wait_for("", timeout=timedelta(seconds=1))),
+    "step undo not callable": Entry("undo", lambda e: _unclaimed().step("x", lambda: 1, undo="release")),
+    "step undo with no room for its name": Entry("name", lambda e: _unclaimed().step("s" * 252, lambda: 1, undo=print)),
     "task argument of another type": Entry("count", lambda e: _typed_task.job(job_id="t", count="1")),
     "task argument a bool for an int": Entry("count", lambda e: _typed_task.job(job_id="t", count=True)),
     "task argument unknown": Entry("cuont", lambda e: _typed_task.job(job_id="t", cuont=1)),
@@ -1219,6 +1253,8 @@ def test_refused_with_a_clear_error_and_nothing_written(
     with engine.connect() as conn:
         assert conn.execute(select(workers_table)).all() == [], "a worker row was written"
         assert conn.execute(select(schedules_table)).all() == [], "a schedule row was written"
+        assert conn.execute(select(job_signals_table)).all() == [], "a signal was kept"
+        assert conn.execute(select(job_steps_table)).all() == [], "a step was recorded"
 
 
 @pytest.mark.dialect_specific

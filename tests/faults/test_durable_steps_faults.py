@@ -1,5 +1,6 @@
 """Durable steps under SIGKILL: a job killed between (or inside) its steps
-resumes at the next one, and each finished step's effect is seen once.
+resumes at the next one, and each finished step's effect is seen once; a
+compensation killed between its undos finishes after recovery, each undo once.
 
 The chaos worker's ``steps`` action runs ``job.transaction_step`` steps a
 moment apart, each inserting its effect row in the step's own transaction
@@ -16,7 +17,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
 
-from sqlalchemy_watchdog import Job
+from sqlalchemy_watchdog import Job, RetryPolicy
 from tests.faults.helpers import WorkerPool, enqueue_jobs, jobs_by_id, wait_until
 
 STEPS = 5
@@ -61,3 +62,53 @@ def test_a_job_killed_between_its_steps_resumes_at_the_next_and_each_effect_is_s
         }
     for key in done_before:
         assert pids[key] == w1.pid, "a step done before the kill was never run again"
+
+
+def _undos(engine: Engine) -> tuple[list[tuple[str, int, int]], int]:
+    """The saga effects (job, step, pid) in the order they were made, and how many undos are recorded."""
+    with engine.connect() as conn:
+        effects = [
+            (row.job_id, row.step, row.pid)
+            for row in conn.execute(text("SELECT job_id, step, pid FROM fault_saga_effects ORDER BY at_ns"))
+        ]
+        recorded = conn.execute(text("SELECT count(*) FROM watchdog_job_steps WHERE kind = 'undo'")).scalar_one()
+    return effects, int(recorded)
+
+
+def test_a_compensation_killed_midway_finishes_after_recovery_each_undo_once_last_first(
+    instrumented: Engine, db_url: URL, workers: WorkerPool
+) -> None:
+    """A job with no retry left fails and runs the undos of its steps; its
+    runner is SIGKILLed between two undos. The recovered run passes its
+    recorded steps, fails again, and finishes the compensation: the undos
+    recorded before the kill do not run again."""
+    engine = instrumented
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "CREATE TABLE fault_saga_effects (job_id TEXT NOT NULL, step INTEGER NOT NULL, pid INTEGER, at_ns BIGINT)"
+            )
+        )
+    payload = {"action": "saga", "steps": STEPS, "gap": 1.0}
+    once = RetryPolicy(max_attempts=1)
+    enqueue_jobs(engine, [Job("saga", "chaos", payload=payload, max_recoveries=1, retry=once)])
+    w1 = workers.start(db_url, "w1", concurrency=1, **TIMING)
+
+    def two_undos_done() -> bool:
+        effects, recorded = _undos(engine)
+        return len(effects) >= 2 and recorded == len(effects)  # not inside one undo's effect and its record
+
+    wait_until(two_undos_done, timeout=60, what="two undos to finish")
+    w1.kill()
+    before, _ = _undos(engine)
+    assert len(before) < STEPS, "killed mid-way"
+    workers.start(db_url, "w2", concurrency=1, **TIMING)
+    wait_until(lambda: jobs_by_id(engine)["saga"]["state"] == "settled", timeout=60, what="recovery")
+    row = jobs_by_id(engine)["saga"]
+    assert (row["outcome"], row["recovery_count"]) == ("failed", 1), row
+    assert "compensated" in row["failure_reason"], row["failure_reason"]
+    effects, recorded = _undos(engine)
+    assert [step for _, step, _ in effects] == list(reversed(range(STEPS))), "each undo once, last step first"
+    assert recorded == STEPS
+    assert effects[: len(before)] == before and all(pid == w1.pid for _, _, pid in before)
+    assert all(pid != w1.pid for _, _, pid in effects[len(before) :]), "the rest ran after the recovery"

@@ -117,6 +117,7 @@ from sqlalchemy_watchdog import (
     RetryPolicy,
     Runner,
     RunningJob,
+    SignalStatus,
     Watchdog,
     handler,
     store,
@@ -145,6 +146,7 @@ from sqlalchemy_watchdog.jobs import (
 )
 from sqlalchemy_watchdog.model import (
     edges_table,
+    job_signals_table,
     job_steps_table,
     jobs_table,
     limit_claims_table,
@@ -157,6 +159,8 @@ from sqlalchemy_watchdog.records import StopReason
 from tests.faults.helpers import controlled_db_clock, dump_jobs
 
 JOB_IDS = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]
+#: Revision w0022: the names of the signals jobs wait for and are sent.
+SIGNAL_NAMES = ["approved", "shipped"]
 #: Revision w0012: the job_ids of jobs enqueued with parents (and "a": a
 #: replay with parents of a job stored without, or the reverse, conflicts).
 DEP_IDS = ["w1", "w2", "w3", "w4"]
@@ -573,6 +577,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             conn.execute(delete(limit_claims_table))
             conn.execute(delete(unique_keys_table))
             conn.execute(delete(job_steps_table))
+            conn.execute(delete(job_signals_table))
             store.forget_limited(conn)
         self.t = 0
         self.set_clock(self.db)
@@ -597,6 +602,10 @@ class WatchdogMachine(RuleBasedStateMachine):
         self.unique_serial = 0
         # Revision w0021: (the job's admission, step name) -> the attempt that recorded it.
         self.steps: dict[tuple[int, str], int] = {}
+        # Revision w0022: (admission, signal name) -> the payload kept (JSON), and
+        # (admission, signal name) -> the wait's timeout (db ms) its handler recorded.
+        self.signals: dict[tuple[int, str], str] = {}
+        self.waits: dict[tuple[int, str], int] = {}
         for job in jobs:  # start with some work (conflicting replays are refused as usual)
             self.enqueue([job], None)
         for index, parent in enumerate(waiting):  # and some jobs waiting for it (revision w0012)
@@ -1559,6 +1568,129 @@ class WatchdogMachine(RuleBasedStateMachine):
         assert (recorded is not None) == expected, (job_id, name, live)
         if expected and row is not None:
             self.steps[(row.order, name)] = attempt
+
+    @precondition(lambda self: bool(self.claims))
+    @rule(
+        data=st.data(),
+        name=st.sampled_from(SIGNAL_NAMES),
+        timeout=st.sampled_from([400, 60_000]),
+        signal=st.sampled_from(["none", "between", "after"]),
+        skew=st.sampled_from([0, 0, 40, -40, 600_000]),
+    )
+    def wait_for_signal(self, data: st.DataObject, name: str, timeout: int, signal: str, skew: int) -> None:
+        """A handler waits for a signal (w0022): its wait is recorded like a
+        step (once per job and name, by the exact live claim); with no signal
+        kept it ends the attempt -- a snooze until the timeout -- and a signal
+        kept by then (maybe one committed between the handler's read and the
+        snooze: ``between``) makes the job queued at once, as does one sent
+        while it sleeps (``after``)."""
+        held = [c for c in self.claims if self.model.live_claim(*c, self.db)]
+        mostly = data.draw(st.integers(0, 3), "a claim still held?") > 0  # mostly: a handler runs
+        if held and mostly:
+            job_id, token = data.draw(st.sampled_from(held), "live claim")
+        else:
+            job_id, token = data.draw(st.sampled_from(self.claims), "claim")
+        db, app = self.db, self.db + skew
+        row = self.model.rows.get(job_id)
+        live = row is not None and self.model.live_claim(job_id, token, max(app, db))
+        key = None if row is None else (row.order, name)
+        fresh = live and key not in self.steps
+        attempt = 1 if row is None else row.attempt
+        recorded = self.tx(
+            store.record_step, job_id, token, name, kind=StepKind.WAIT, result_json=None, delay_ms=timeout,
+            attempt=attempt, now=app,
+        )  # fmt: skip
+        assert (recorded is not None) == fresh, (job_id, name, live)
+        if not live:
+            return
+        assert row is not None and key is not None
+        if fresh:
+            self.steps[key] = attempt
+            self.waits[key] = db + timeout
+        if key in self.signals or key not in self.waits or self.waits[key] < db:
+            event("wait: the handler goes on (a signal kept, or timed out)")
+            return  # the handler goes on with the payload, or its wait timed out
+        event(f"wait: snoozed, signal {signal}")
+        if signal == "between":
+            self.send_signal(job_id, name, 1)
+        request = store.SettleRequest(job_id, token, Decision.snooze(ms(timeout)), app, waits_for=name)
+        (result,) = self.tx(store.settle_many, [request])
+        row.lease_until = row.unstarted = None
+        if row.cancellation_id is not None:
+            row.state, row.outcome, row.failure_reason, row.failure_detail = "settled", "cancelled", None, None
+            row.settled_at = db
+            assert result.status is SettleStatus.SETTLED
+            return
+        row.state, row.claim_token, row.ready_at = "delayed", None, db + timeout
+        row.snoozes += 1
+        row.progress = row.progress_note = None
+        if key in self.signals:
+            row.state, row.ready_at = "queued", db
+        assert result.status is SettleStatus.REQUEUED
+        if signal == "after":
+            self.send_signal(job_id, name, 2)
+
+    def _waiting_for_signals(self) -> list[tuple[str, str]]:
+        """(job_id, signal name) of the stored jobs whose handler waits for a signal not kept yet."""
+        orders = {row.order: job_id for job_id, row in self.model.rows.items()}
+        return sorted(
+            (orders[order], name)
+            for (order, name) in getattr(self, "waits", {})
+            if order in orders and (order, name) not in self.signals
+        )
+
+    @precondition(lambda self: bool(self._waiting_for_signals()))
+    @rule(data=st.data(), payload=st.sampled_from([1, 2]))
+    def a_signal_for_a_waiting_job(self, data: st.DataObject, payload: int) -> None:
+        """The signal a handler waits for arrives (what random signals reach rarely)."""
+        job_id, name = data.draw(st.sampled_from(self._waiting_for_signals()), "waiting for")
+        self.send_signal(job_id, name, payload)
+
+    @rule(job_id=st.sampled_from(JOB_IDS), name=st.sampled_from(SIGNAL_NAMES), payload=st.sampled_from([1, 2]))
+    def send_signal(self, job_id: str, name: str, payload: int) -> None:
+        """``Watchdog.signal`` (w0022): the first signal of a name is kept for
+        a live job (a repeat: duplicate, or conflict keeping the first);
+        nothing for a settled or unknown one; a job delayed while it waits
+        for that name (its wait's timeout not passed) is made queued now."""
+        db = self.db
+        encoded = json.dumps(payload)
+        result = self.watchdog.signal(job_id, name, payload)
+        row = self.model.rows.get(job_id)
+        if row is None:
+            assert result.status is SignalStatus.NO_SUCH_JOB
+            return
+        key = (row.order, name)
+        kept = self.signals.get(key)
+        if row.state == "settled":
+            expected = SignalStatus.DUPLICATE if kept == encoded else SignalStatus.JOB_SETTLED
+        elif kept is not None:
+            expected = SignalStatus.DUPLICATE if kept == encoded else SignalStatus.CONFLICT
+        else:
+            expected = SignalStatus.DELIVERED
+            self.signals[key] = encoded
+            if row.state == "delayed" and self.waits.get(key, -1) >= db:
+                row.state, row.ready_at = "queued", db
+        assert result.status is expected, (result, row.state)
+
+    @invariant()
+    def signals_match_model(self) -> None:
+        """The signals the database keeps are the model's, for each stored job's admission."""
+        if not getattr(self, "signals", None):
+            return
+        with self.engine.connect() as conn:
+            stored = {
+                (row.job_id, row.name, row.payload_json)
+                for row in conn.execute(
+                    select(jobs_table.c.job_id, job_signals_table.c.name, job_signals_table.c.payload_json).join(
+                        jobs_table, jobs_table.c.sequence == job_signals_table.c.job_sequence
+                    )
+                )
+            }
+        orders = {row.order: job_id for job_id, row in self.model.rows.items()}
+        expected = {
+            (orders[order], name, payload) for (order, name), payload in self.signals.items() if order in orders
+        }
+        assert stored == expected
 
     @invariant()
     def steps_match_model(self) -> None:

@@ -1761,3 +1761,67 @@ def test_w0017_adds_the_workers_claim_ahead_keeping_every_worker_and_downgrades(
         assert "claim_ahead" not in list(conn.execute(text("SELECT * FROM watchdog_workers")).keys())
     run(engine, command.upgrade, "head")
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
+
+
+W0021 = "w0021_job_steps"
+_STEP_ROWS = (
+    "SELECT job_sequence, name, job_id, kind, result_json, wake_at, attempt, recorded_at FROM watchdog_job_steps"
+)
+
+
+def test_w0022_adds_signals_and_the_wait_and_undo_kinds_keeping_every_step_and_downgrades(
+    empty_engine: Engine,
+) -> None:
+    """Up: every recorded step and sleep stays as it was (SQLite copies them
+    into the table made afresh), waits and undos are accepted, and the new
+    CHECKs refuse a wait without its timeout or an undo with a result. Down:
+    the signals and the wait and undo rows go, the steps and sleeps stay."""
+    engine = empty_engine
+    run(engine, command.upgrade, W0021)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO watchdog_job_steps (job_sequence, name, job_id, kind, result_json, wake_at, attempt,"
+                " recorded_at) VALUES (7, 'reserve', 'j', 'step', '12', NULL, 1, 5),"
+                " (7, 'sleep#0', 'j', 'sleep', NULL, 99, 1, 6)"
+            )
+        )
+    with engine.connect() as conn:
+        before = sorted(tuple(row) for row in conn.execute(text(_STEP_ROWS)))
+
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []
+    assert schema_names(engine) == model_names(engine.dialect.name)
+    with engine.begin() as conn:
+        assert sorted(tuple(row) for row in conn.execute(text(_STEP_ROWS))) == before
+        conn.execute(
+            text(
+                "INSERT INTO watchdog_job_steps (job_sequence, name, job_id, kind, result_json, wake_at, attempt,"
+                " recorded_at) VALUES (7, 'approved', 'j', 'wait', NULL, 100, 1, 7),"
+                " (7, 'undo:reserve', 'j', 'undo', NULL, NULL, 1, 8)"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO watchdog_job_signals (job_sequence, name, job_id, payload_json, sent_at)"
+                " VALUES (7, 'approved', 'j', '1', 9)"
+            )
+        )
+    for bad in (
+        "(7, 'w', 'j', 'wait', NULL, NULL, 1, 1)",  # a wait has its timeout
+        "(7, 'u', 'j', 'undo', '1', NULL, 1, 1)",  # only a step keeps a result
+        "(7, 'k', 'j', 'kill', NULL, NULL, 1, 1)",
+    ):
+        with pytest.raises(IntegrityError), engine.begin() as conn:
+            conn.execute(text(f"INSERT INTO watchdog_job_steps VALUES {bad}"))
+    with pytest.raises(IntegrityError), engine.begin() as conn:
+        conn.execute(text("INSERT INTO watchdog_job_signals VALUES (7, '', 'j', '1', 9)"))
+
+    run(engine, command.downgrade, W0021)
+    with engine.connect() as conn:
+        assert sorted(tuple(row) for row in conn.execute(text(_STEP_ROWS))) == before
+        assert "watchdog_job_signals" not in inspect(conn).get_table_names()
+    with pytest.raises(IntegrityError), engine.begin() as conn:  # w0021's kinds again
+        conn.execute(text("INSERT INTO watchdog_job_steps VALUES (7, 'w', 'j', 'wait', NULL, 100, 1, 1)"))
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []

@@ -288,6 +288,7 @@ def test_watchdog_metadata_holds_only_the_watchdog_tables() -> None:
     assert sqlalchemy_watchdog.metadata is WatchdogJob.metadata
     assert sorted(sqlalchemy_watchdog.metadata.tables) == [
         "watchdog_job_edges",  # revision w0012: dependencies
+        "watchdog_job_signals",  # revision w0022: events
         "watchdog_job_steps",  # revision w0021: durable steps
         "watchdog_jobs",
         "watchdog_limit_claims",

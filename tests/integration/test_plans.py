@@ -57,6 +57,7 @@ from sqlalchemy_watchdog.store import (
     claims_sql,
     dependencies_sql,
     enqueue_sql,
+    job_signals_sql,
     job_steps_sql,
     limits_sql,
     maintenance_sql,
@@ -194,6 +195,7 @@ STATEMENT_MODULES: tuple[ModuleType, ...] = (
     chart_sql,
     unique_sql,
     job_steps_sql,
+    job_signals_sql,
 )
 
 
@@ -634,6 +636,12 @@ PLANS: list[Case] = [
         lambda d: {"target": "qd-5", "payload": "1", "start": None, "set_start": 0},
         on(JOB_ID),
     ),
+    # Events (w0022): a signal locks its job by job_id and wakes it by sequence; a
+    # waiting job's snooze wakes it by job_id; the wait's read joins by job_id.
+    Case("lock_job", "lock_job", ("dialect",), lambda d: {"job": "qd-5"}, on(JOB_ID)),
+    Case("wake_waiting", "wake_waiting", (), lambda d: {"seq": 5, "signal": "approved", "sent": 5}, on(PK)),
+    Case("wake_snoozed", "wake_snoozed", (), lambda d: {"job": "qd-5", "signal": "approved"}, on(JOB_ID)),
+    Case("read_signal", "read_signal", (), lambda d: {"job": "qd-5", "signal": "approved"}, on(JOB_ID)),
     # A lane's jobs in two parts: those given it as their lane (live_lane holds only
     # lanes other than the job's queue), and a queue's default-lane jobs (live_queue).
     # Both parts are planned whatever the lane: each must read its own index.
@@ -911,6 +919,10 @@ NOT_ON_JOBS = {
     # job's by job_id; orphans found by the jobs' primary key (sequence).
     "read_steps",
     "forget_orphans",
+    # watchdog_job_signals (w0022): read by its primary key (job_sequence, name) after the
+    # job's by job_id (read_signals), or by that key alone (kept).
+    "read_signals",
+    "kept",
 }
 
 

@@ -290,6 +290,30 @@ def test_the_job_page_lists_the_jobs_durable_steps(engine: Engine, watchdog: Wat
     assert page.index("reserve</span> step, attempt 1") < page.index("charge</span> step, attempt 1")
 
 
+def test_the_job_page_lists_a_jobs_wait_with_how_it_stands_its_signals_and_undos(
+    engine: Engine, watchdog: Watchdog, dashboard: Dashboard
+) -> None:
+    watchdog.enqueue([Job("post", "emails"), Job("saga", "emails")])
+
+    def handle(job: RunningJob) -> None:
+        if job.job_id == "post":
+            job.wait_for("approved", timeout=timedelta(hours=1))
+            return
+        job.step("reserve", lambda: "12C", undo=lambda seat: None)
+        raise RuntimeError("fails for good")
+
+    runner = Runner(engine, {"emails": handle})
+    runner.run_until_idle()
+    page = dashboard.get("/job", job_id="post").text
+    assert "approved</span> wait for the signal: waiting until " in page
+    watchdog.signal("post", "approved", "yes")
+    page = dashboard.get("/job", job_id="post").text
+    assert "approved</span> wait for the signal: signalled at " in page
+    assert 'id="f-signals"' in page and "approved</span> kept at " in page
+    page = dashboard.get("/job", job_id="saga").text
+    assert page.index("reserve</span> step, attempt 1") < page.index("undo:reserve</span> undo, attempt 1")
+
+
 def test_the_job_page_says_what_applies_and_the_reason_in_plain_words(
     engine: Engine, watchdog: Watchdog, dashboard: Dashboard
 ) -> None:

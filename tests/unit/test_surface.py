@@ -243,6 +243,8 @@ SAMPLES: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "cancel": (("j1", "c1"), {"only_if_queued": True}),
     "replace": (("j1",), {"payload": {"n": 2}, "run_at": None, "codec": None}),
     "steps": (("j1",), {}),
+    "signal": (("j1", "approved"), {"payload": {"by": "ann"}}),
+    "signals": (("j1",), {}),
     "fail_lane": (("l", "why"), {}),
     "purge": (("q",), {}),
     "throughput": ((), {}),

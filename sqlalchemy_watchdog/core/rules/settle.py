@@ -24,7 +24,7 @@ from ...jobs import (
     history_with,
 )
 from ...records import SettleRequest
-from ..durable import SleepRequested
+from ..durable import CompensationFailed, SleepRequested, WaitRequested, WaitTimedOut
 from ..handlers import RunningJob, StopReason
 from ..ports import Settlement
 from ..state import Execution, RunnerCore, TickResult, TickStatus, _outcome
@@ -73,6 +73,7 @@ def decision_of_exception(execution: Execution, error: BaseException) -> Decisio
         # job.sleep(): the attempt ends here and the job is snoozed until the
         # sleep's end (no attempt counted); its slot goes to another job.
         log.info("job %s: %s", job.job_id, error, extra=job.log_fields)
+        execution.error_requested = error
         remaining_ms = max(1, error.wake_at_ms - time.time_ns() // 1_000_000)
         return Decision.snooze(timedelta(milliseconds=remaining_ms))
     if job.stop_reason is StopReason.SHUTDOWN:
@@ -100,7 +101,78 @@ def decision_of_exception(execution: Execution, error: BaseException) -> Decisio
         )
     if job.stop_reason is StopReason.TIMEOUT:
         return Decision.failed(bound_reason(f"{timed_out(job)} ({safe_text(error)})"))
+    if isinstance(error, (WaitTimedOut, CompensationFailed)):
+        # Final: a timed-out wait times out again on every attempt.
+        return Decision.failed(bound_reason(safe_text(error)), retry=False)
     return Decision.failed(bound_reason(safe_text(error)))
+
+
+# -- compensation (revision w0022) -------------------------------------------
+
+
+def _said(error: BaseException) -> str:
+    """A compensation's stop, for the reason and the log (no database details)."""
+    return str(error) if isinstance(error, CompensationFailed) else safe_text(error)
+
+
+def compensation_due(core: RunnerCore, execution: Execution, decision: Decision | None) -> bool:
+    """Whether the handler's undos run now, in its own thread or task: the
+    attempt failed for good (the handler raised or decided a failure, no
+    retry follows, it was not stopped -- a timeout, a cancellation, a
+    shutdown) and a step of it named an undo; or an earlier run of the job
+    began compensating (it must end failed, compensated)."""
+    steps = execution.job._steps()
+    if steps is None or decision is None or decision.snoozed:
+        return False
+    if steps.compensation_began:
+        return True
+    if steps.undo_count == 0 or decision.outcome is not Outcome.FAILED or execution.job.stop_reason is not None:
+        return False
+    job = execution.claim.job
+    return verdict(decision, job, core.settings.policy_for(job), execution.error).fate is Fate.SETTLE
+
+
+def compensated(decision: Decision, undone: Sequence[str], error: BaseException | None) -> Decision:
+    """The job's final decision after its compensation: failed, not retried,
+    the reason saying what was undone (or where compensation stopped)."""
+    reason = decision.reason if decision.outcome is Outcome.FAILED and decision.reason else None
+    if reason is None:
+        reason = "compensation began in an earlier run"
+    if undone:
+        reason += f"; compensated: undid {', '.join(repr(name) for name in undone)}"
+    if error is not None:
+        reason += f"; compensation stopped: {_said(error)}"
+    return Decision.failed(bound_reason(reason), retry=False)
+
+
+def compensate(core: RunnerCore, execution: Execution, decision: Decision | None) -> Decision | None:
+    """:func:`compensation_due`, then the undos, in the handler's thread."""
+    if not compensation_due(core, execution, decision):
+        return decision
+    assert decision is not None
+    steps = execution.job._steps()
+    assert steps is not None
+    try:
+        undone = steps.compensate()
+    except Exception as error:  # an undo raised, the claim is gone, or the database failed
+        log.error("job %s: compensation stopped: %s", execution.job_id, _said(error), extra=execution.job.log_fields)
+        return compensated(decision, [], error)
+    return compensated(decision, undone, None)
+
+
+async def compensate_async(core: RunnerCore, execution: Execution, decision: Decision | None) -> Decision | None:
+    """:func:`compensate` for a coroutine handler, on the runner's event loop."""
+    if not compensation_due(core, execution, decision):
+        return decision
+    assert decision is not None
+    steps = execution.job._steps()
+    assert steps is not None
+    try:
+        undone = await steps.compensate_async()
+    except Exception as error:  # an undo raised, the claim is gone, or the database failed
+        log.error("job %s: compensation stopped: %s", execution.job_id, _said(error), extra=execution.job.log_fields)
+        return compensated(decision, [], error)
+    return compensated(decision, undone, None)
 
 
 def timed_out(job: RunningJob) -> str:
@@ -223,7 +295,9 @@ def settle_request(core: RunnerCore, execution: Execution, decision: Decision) -
         execution.requeue_in = judged.wait.total_seconds()
     _log_verdict(execution, judged, now)
     if judged.fate is Fate.SNOOZE:
-        return SettleRequest(job.job_id, claim.token, decision, now)
+        waiting = execution.error_requested
+        waits_for = waiting.name if isinstance(waiting, WaitRequested) else None
+        return SettleRequest(job.job_id, claim.token, decision, now, waits_for=waits_for)
     reporter = execution.job._progress
     progress = None if reporter is None or judged.fate is not Fate.SETTLE else reporter.pending
     if not judged.recorded:

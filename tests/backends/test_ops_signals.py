@@ -1,0 +1,168 @@
+"""Conformance of signals' store operations (revision w0022): the first
+signal of a name is kept (a repeat changes nothing), nothing is kept for a
+settled or unknown job, a job delayed while it waits for the signal is made
+due, and a snooze of a waiting job that a signal beat is made due too --
+including when the signal committed while the snooze waited for the job's
+row (PostgreSQL, forced interleaving).
+
+Every backend runs this file; see ``tests/backends/ops.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import Engine, text
+
+from sqlalchemy_watchdog import Decision, Job, JobState, SignalStatus, store
+from sqlalchemy_watchdog.jobs import StepKind
+from sqlalchemy_watchdog.store import Settlement, SettleRequest
+from tests.backends.ops import add, claim_one, op, settle
+
+WAIT_MS = 3_600_000
+
+
+def _state(db: Engine, job_id: str) -> tuple[str, int]:
+    """The job's state, and its ready time's distance from the database clock (ms, rounded to minutes)."""
+    job = op(db, store.read, job_id)
+    assert job is not None
+    with db.connect() as conn:
+        clock = conn.execute(text("SELECT ready_at FROM watchdog_jobs WHERE job_id = :j"), {"j": job_id}).scalar_one()
+    now = store.now_ms()
+    return job.state.value, round((clock - now) / 60_000)
+
+
+def _waiting(db: Engine, job_id: str = "a", name: str = "approved") -> store.Claim:
+    """Job ``job_id`` claimed, its wait for ``name`` recorded (an hour's timeout)."""
+    add(db, Job(job_id, job_id))  # a queue of its own: the claim takes this job
+    held = claim_one(db, [job_id])
+    recorded = op(
+        db, store.record_step, job_id, held.token, name, kind=StepKind.WAIT, result_json=None, delay_ms=WAIT_MS,
+        attempt=1,
+    )  # fmt: skip
+    assert recorded is not None and recorded.wake_at is not None
+    return held
+
+
+def _snooze(db: Engine, held: store.Claim, waits_for: str | None) -> Settlement:
+    request = SettleRequest(
+        held.job.job_id, held.token, Decision.snooze(timedelta(milliseconds=WAIT_MS)), waits_for=waits_for
+    )
+    (result,) = op(db, store.settle_many, [request])
+    return result
+
+
+@pytest.mark.operation("send_signal", "read_signal", "read_signals")
+def test_the_first_signal_of_a_name_is_kept_and_a_repeat_changes_nothing(db: Engine) -> None:
+    add(db, Job("a", "q"))
+    sent = op(db, store.send_signal, "a", "approved", '{"by":"ann"}')
+    assert (sent.status, sent.payload_json) == (SignalStatus.DELIVERED, '{"by":"ann"}')
+    again = op(db, store.send_signal, "a", "approved", '{"by":"ann"}')
+    assert (again.status, again.payload_json) == (SignalStatus.DUPLICATE, '{"by":"ann"}')
+    other = op(db, store.send_signal, "a", "approved", '{"by":"bob"}')
+    assert (other.status, other.payload_json) == (SignalStatus.CONFLICT, '{"by":"ann"}'), "the first one stays"
+    op(db, store.send_signal, "a", "shipped", "null")
+    kept = op(db, store.read_signals, "a")
+    assert [(s.name, s.payload) for s in kept] == [("approved", {"by": "ann"}), ("shipped", None)]
+    found, clock = op(db, store.read_signal, "a", "approved")
+    assert found is not None and found.payload == {"by": "ann"} and clock > 0
+    missing, _ = op(db, store.read_signal, "a", "rejected")
+    assert missing is None
+
+
+@pytest.mark.operation("send_signal")
+def test_nothing_is_kept_for_a_settled_or_unknown_job(db: Engine) -> None:
+    add(db, Job("a", "q"))
+    held = claim_one(db, ["q"])
+    op(db, store.send_signal, "a", "early", "1")
+    settle(db, held, Decision.completed())
+    assert op(db, store.send_signal, "a", "late", "1").status is SignalStatus.JOB_SETTLED
+    assert op(db, store.send_signal, "a", "early", "1").status is SignalStatus.DUPLICATE, "a repeat stays a repeat"
+    assert op(db, store.send_signal, "a", "early", "2").status is SignalStatus.JOB_SETTLED
+    assert op(db, store.send_signal, "nobody", "x", "1").status is SignalStatus.NO_SUCH_JOB
+    assert [s.name for s in op(db, store.read_signals, "a")] == ["early"]
+
+
+@pytest.mark.operation("send_signal", "settle_many")
+def test_a_signal_wakes_a_job_delayed_while_it_waits_for_it(db: Engine) -> None:
+    held = _waiting(db)
+    assert _snooze(db, held, "approved").status.value == "requeued"
+    assert _state(db, "a") == ("delayed", 60), "snoozed until the wait's timeout"
+    op(db, store.send_signal, "a", "other", "1")
+    assert _state(db, "a") == ("delayed", 60), "another name wakes nothing"
+    assert op(db, store.send_signal, "a", "approved", "1").status is SignalStatus.DELIVERED
+    assert _state(db, "a") == ("queued", 0), "due now"
+
+
+@pytest.mark.operation("settle_many")
+def test_a_snooze_that_a_signal_beat_is_made_due_in_its_own_transaction(db: Engine) -> None:
+    # The handler read "no signal"; the signal commits (the job still
+    # running: nothing to wake); then the snooze: its later statement wakes it.
+    held = _waiting(db)
+    op(db, store.send_signal, "a", "approved", "1")
+    assert op(db, store.read, "a").state is JobState.RUNNING  # type: ignore[union-attr]
+    _snooze(db, held, "approved")
+    assert _state(db, "a") == ("queued", 0)
+
+
+@pytest.mark.operation("settle_many", "send_signal")
+def test_a_signal_committed_while_the_snooze_waited_for_the_row_is_not_lost(db: Engine) -> None:
+    """The race: the signal's transaction holds the job's row (its ``FOR
+    UPDATE``) when the snooze's ``UPDATE`` arrives and waits for it; the
+    signal commits (the job still running then: nothing woken); the
+    ``UPDATE`` goes on. Under READ COMMITTED a subquery of that ``UPDATE``
+    would not see the signal (its snapshot is older); the settle's next
+    statement does, and the job is due now, not in an hour. Without that
+    statement (``waits_for=None``) the same interleaving leaves it asleep."""
+    if db.dialect.name != "postgresql":
+        pytest.skip("rows lock on PostgreSQL; SQLite's one writer runs the two one after the other")
+    outcomes = {}
+    for job_id, waits_for in (("woken", "approved"), ("lost", None)):
+        held = _waiting(db, job_id)
+        with db.connect() as signal_conn:
+            transaction = signal_conn.begin()
+            sent = store.send_signal(signal_conn, job_id, "approved", "1")
+            assert sent.status is SignalStatus.DELIVERED
+            snoozed: list[Settlement] = []
+            snooze = threading.Thread(target=lambda: snoozed.append(_snooze(db, held, waits_for)))
+            snooze.start()
+            _until_blocked(db, job_id)
+            transaction.commit()
+            snooze.join(timeout=60)
+        assert snoozed and snoozed[0].status.value == "requeued", snoozed
+        outcomes[job_id] = _state(db, job_id)
+    assert outcomes == {"woken": ("queued", 0), "lost": ("delayed", 60)}
+
+
+def _until_blocked(db: Engine, job_id: str) -> None:
+    """Until another session waits for a lock (the snooze, for the job's row)."""
+    deadline = time.monotonic() + 60
+    with db.connect() as conn:
+        while time.monotonic() < deadline:
+            waiting = conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+                )
+            ).scalar_one()
+            conn.rollback()
+            if waiting:
+                return
+            time.sleep(0.02)
+    raise AssertionError(f"the snooze of {job_id} never waited for the signal's row lock")
+
+
+@pytest.mark.operation("read_signals", "prune_retention")
+def test_a_pruned_jobs_signals_are_forgotten_and_a_new_job_of_its_id_has_none(db: Engine) -> None:
+    add(db, Job("a", "q"))
+    op(db, store.send_signal, "a", "approved", "1")
+    with db.begin() as conn:  # as prune would: the job row goes
+        conn.exec_driver_sql("DELETE FROM watchdog_jobs WHERE job_id = 'a'")
+    add(db, Job("a", "q"))
+    assert op(db, store.read_signals, "a") == [], "the new job is not the old one"
+    op(db, store.prune_retention, {"completed": timedelta(days=1)}, 100)
+    with db.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM watchdog_job_signals").scalar() == 0, "orphans pruned"

@@ -1,0 +1,331 @@
+"""Events and compensation (revision w0022): job.wait_for / Watchdog.signal,
+and job.step(..., undo=...).
+
+A signal sent before the wait is kept for it; a wait with no signal ends the
+attempt and the signal makes the job due at once; a wait whose timeout passed
+raises WaitTimedOut (the job fails, not retried, unless the handler goes on);
+a signal is idempotent, kept only for a live job, and part of the caller's
+transaction in its session form. A job that fails for good runs the undos of
+its recorded steps, last first, each once. On both dialects, with Runner and
+AsyncRunner (plain and coroutine handlers), and in process children for waits.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
+
+from sqlalchemy_watchdog import (
+    InvalidJob,
+    Job,
+    JobState,
+    Outcome,
+    RetryPolicy,
+    RunningJob,
+    SignalStatus,
+    Watchdog,
+    signal_job,
+)
+from sqlalchemy_watchdog.core.durable import WaitTimedOut
+from sqlalchemy_watchdog.jobs import StepKind
+from tests import process_handlers as h
+from tests.helpers import add, present, read, wait_until
+from tests.runner_kinds import RunnerDriver, dual
+
+pytestmark = pytest.mark.dialect_neutral
+
+RETRY = RetryPolicy(max_attempts=3, backoff=timedelta(milliseconds=1), factor=1.0, jitter=0.0)
+HOUR = timedelta(hours=1)
+
+
+def _drain(runner: Any, engine: Engine, job_id: str, timeout: float = 20.0) -> Any:
+    """Run ``runner`` until ``job_id`` settles (a backoff, a sleep or a short wait may keep it delayed a moment)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        runner.run_until_idle()
+        job = present(Watchdog(engine).read(job_id))
+        if job.state is JobState.SETTLED or time.monotonic() > deadline:
+            return job
+        time.sleep(0.05)
+
+
+def _approval(ran: list[str], timeout: timedelta = HOUR) -> Any:
+    def plain(job: RunningJob) -> Any:
+        job.step("draft", lambda: ran.append("draft"))
+        approval = job.wait_for("approved", timeout=timeout)
+        job.step("publish", lambda: ran.append("publish"))
+        return approval
+
+    async def coroutine(job: RunningJob) -> Any:
+        await job.step_async("draft", lambda: ran.append("draft"))
+        approval = await job.wait_for_async("approved", timeout=timeout)
+        await job.step_async("publish", lambda: ran.append("publish"))
+        return approval
+
+    return dual(plain, coroutine)
+
+
+def test_a_signal_sent_before_the_wait_is_kept_and_the_wait_returns_it_at_once(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    add(engine, Job("j", "q"))
+    assert Watchdog(engine).signal("j", "approved", {"by": "ann"}).status is SignalStatus.DELIVERED
+    ran: list[str] = []
+    runners.runner({"q": _approval(ran)}).run_until_idle()
+    job = read(engine, "j")
+    assert (job.outcome, job.result, job.snoozes) == (Outcome.COMPLETED, {"by": "ann"}, 0), job.failure_reason
+    assert ran == ["draft", "publish"]
+    kinds = [(s.name, s.kind) for s in Watchdog(engine).steps("j")]
+    assert kinds == [("draft", StepKind.STEP), ("approved", StepKind.WAIT), ("publish", StepKind.STEP)]
+
+
+def test_a_waiting_job_sleeps_until_its_signal_makes_it_due_and_then_returns_the_payload(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    add(engine, Job("j", "q"))
+    ran: list[str] = []
+    runner = runners.runner({"q": _approval(ran)}, poll_interval=timedelta(milliseconds=50))
+    runner.run_until_idle()
+    waiting = read(engine, "j")
+    assert (waiting.state, waiting.snoozes) == (JobState.DELAYED, 1), "the attempt ended; its slot is free"
+    runner.run_until_idle()
+    assert read(engine, "j").state is JobState.DELAYED, "no signal: it sleeps on (an hour)"
+    assert Watchdog(engine).signal("j", "approved", {"by": "ann"}).status is SignalStatus.DELIVERED
+    assert read(engine, "j").state is JobState.QUEUED, "the signal made it due now"
+    job = _drain(runner, engine, "j")
+    assert (job.outcome, job.result, job.attempt) == (Outcome.COMPLETED, {"by": "ann"}, 1), job.failure_reason
+    assert ran == ["draft", "publish"], "the recorded step did not run again"
+
+
+def test_a_serving_runner_is_woken_by_the_signal_not_by_its_poll(engine: Engine, runners: RunnerDriver) -> None:
+    """The signal wakes an idle runner (NOTIFY on PostgreSQL, this process's
+    runners on SQLite): with an hour's poll interval and an hour's wait, the
+    job completes with the payload soon after the signal."""
+    add(engine, Job("j", "q"))
+    runner = runners.runner({"q": _approval([])}, poll_interval=HOUR)
+    with runner.serving():
+        wait_until(lambda: read(engine, "j").state is JobState.DELAYED, timeout=30, what="the wait")
+        Watchdog(engine).signal("j", "approved", {"by": "ann"})
+        wait_until(lambda: read(engine, "j").state is JobState.SETTLED, timeout=30, what="the signal's wake-up")
+    job = read(engine, "j")
+    assert (job.outcome, job.result) == (Outcome.COMPLETED, {"by": "ann"}), job.failure_reason
+
+
+def test_a_wait_whose_timeout_passed_raises_wait_timed_out_and_fails_the_job_without_a_retry(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    add(engine, Job("j", "q", retry=RETRY), Job("caught", "q", retry=RETRY))
+    short = timedelta(milliseconds=300)
+
+    def plain(job: RunningJob) -> Any:
+        try:
+            return job.wait_for("approved", timeout=short)
+        except WaitTimedOut:
+            if job.job_id == "caught":
+                return "escalated"
+            raise
+
+    async def coroutine(job: RunningJob) -> Any:
+        try:
+            return await job.wait_for_async("approved", timeout=short)
+        except WaitTimedOut:
+            if job.job_id == "caught":
+                return "escalated"
+            raise
+
+    runner = runners.runner({"q": dual(plain, coroutine)}, poll_interval=timedelta(milliseconds=50))
+    failed = _drain(runner, engine, "j")
+    caught = _drain(runner, engine, "caught")
+    assert (failed.outcome, failed.attempt) == (Outcome.FAILED, 1), "a timed-out wait is not retried"
+    assert "no signal 'approved' came before the wait's timeout" in (failed.failure_reason or "")
+    assert (caught.outcome, caught.result) == (Outcome.COMPLETED, "escalated")
+    assert Watchdog(engine).signal("caught", "approved", 1).status is SignalStatus.JOB_SETTLED
+
+
+def test_a_signal_is_idempotent_and_a_different_repeat_keeps_the_first(engine: Engine) -> None:
+    add(engine, Job("j", "q"))
+    watchdog = Watchdog(engine)
+    first = watchdog.signal("j", "approved", {"by": "ann"})
+    assert (first.status, first.kept) == (SignalStatus.DELIVERED, True)
+    assert watchdog.signal("j", "approved", {"by": "ann"}).status is SignalStatus.DUPLICATE
+    conflict = watchdog.signal("j", "approved", {"by": "bob"})
+    assert (conflict.status, conflict.payload_json) == (SignalStatus.CONFLICT, '{"by":"ann"}')
+    assert [(s.name, s.payload) for s in watchdog.signals("j")] == [("approved", {"by": "ann"})]
+
+
+def test_a_settled_or_unknown_job_keeps_no_signal(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("j", "q"))
+    runners.runner({"q": lambda job: None}).run_until_idle()
+    watchdog = Watchdog(engine)
+    assert watchdog.signal("j", "approved").status is SignalStatus.JOB_SETTLED
+    assert watchdog.signal("nobody", "approved").status is SignalStatus.NO_SUCH_JOB
+    assert watchdog.signals("j") == []
+
+
+def test_a_signal_in_the_callers_transaction_is_kept_only_when_it_commits(engine: Engine) -> None:
+    add(engine, Job("j", "q"))
+    with Session(engine) as session:
+        assert signal_job(session, "j", "approved", 1).status is SignalStatus.DELIVERED
+        session.rollback()
+    assert Watchdog(engine).signals("j") == [], "rolled back with the caller's transaction"
+    with Session(engine) as session:
+        signal_job(session, "j", "approved", 2)
+        session.commit()
+    assert [s.payload for s in Watchdog(engine).signals("j")] == [2]
+
+
+async def test_the_async_api_signals_too_in_its_own_and_in_the_callers_transaction(engine: Engine) -> None:
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    from sqlalchemy_watchdog.asyncio import AsyncWatchdog
+    from sqlalchemy_watchdog.asyncio import signal_job as signal_job_async
+    from tests.conftest import make_async_engine
+
+    add(engine, Job("j", "q"))
+    aengine = make_async_engine(engine)
+    try:
+        watchdog = AsyncWatchdog(aengine)
+        assert (await watchdog.signal("j", "approved", 1)).status is SignalStatus.DELIVERED
+        async with AsyncSession(aengine) as session:
+            assert (await signal_job_async(session, "j", "shipped", 2)).status is SignalStatus.DELIVERED
+            await session.rollback()
+        assert [(s.name, s.payload) for s in await watchdog.signals("j")] == [("approved", 1)]
+    finally:
+        await aengine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda w: w.signal("j", "", 1), "name"),
+        (lambda w: w.signal("j", "x" * 257, 1), "name"),
+        (lambda w: w.signal("j", "approved", {1, 2}), "payload"),
+        (lambda w: w.signal("", "approved", 1), "job_id"),
+    ],
+)
+def test_bad_signals_are_refused_by_name_before_anything_is_kept(engine: Engine, call: Any, field: str) -> None:
+    add(engine, Job("j", "q"))
+    with pytest.raises(InvalidJob) as refused:
+        call(Watchdog(engine))
+    assert refused.value.field == field
+    assert Watchdog(engine).signals("j") == []
+
+
+def _saga(undone: list[tuple[str, Any]], fail_undo: str | None = None) -> Any:
+    def undo(name: str) -> Any:
+        def run(result: Any) -> None:
+            if name == fail_undo:
+                raise RuntimeError(f"cannot undo {name}")
+            undone.append((name, result))
+
+        return run
+
+    def plain(job: RunningJob) -> None:
+        job.step("reserve", lambda: {"seat": 12}, undo=undo("reserve"))
+        job.step("audit", lambda: "logged")  # no undo
+        job.step("charge", lambda: "ch_1", undo=undo("charge"))
+        if job.attempt == 1:
+            raise RuntimeError("a retry follows: nothing is undone yet")
+        job.step("ship", lambda: 1 / 0, undo=undo("ship"))  # raised: never recorded, never undone
+
+    async def coroutine(job: RunningJob) -> None:
+        async def charge() -> str:
+            return "ch_1"
+
+        async def undo_charge(result: Any) -> None:
+            undo("charge")(result)
+
+        await job.step_async("reserve", lambda: {"seat": 12}, undo=undo("reserve"))
+        await job.step_async("audit", lambda: "logged")
+        await job.step_async("charge", charge, undo=undo_charge)
+        if job.attempt == 1:
+            raise RuntimeError("a retry follows: nothing is undone yet")
+        await job.step_async("ship", lambda: 1 / 0, undo=undo("ship"))
+
+    return dual(plain, coroutine)
+
+
+def test_a_job_that_fails_for_good_undoes_its_recorded_steps_last_first_each_once(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    add(engine, Job("j", "q", retry=RetryPolicy(max_attempts=2, backoff=timedelta(milliseconds=1), jitter=0.0)))
+    undone: list[tuple[str, Any]] = []
+    job = _drain(runners.runner({"q": _saga(undone)}), engine, "j")
+    assert (job.outcome, job.attempt) == (Outcome.FAILED, 2)
+    assert undone == [("charge", "ch_1"), ("reserve", {"seat": 12})], "last first, with each step's result"
+    assert "compensated: undid 'charge', 'reserve'" in (job.failure_reason or "")
+    steps = [(s.name, s.kind) for s in Watchdog(engine).steps("j")]
+    assert steps[-2:] == [("undo:charge", StepKind.UNDO), ("undo:reserve", StepKind.UNDO)]
+
+
+def test_an_undo_that_raises_stops_the_compensation_and_the_job_says_so(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("j", "q", retry=RetryPolicy(max_attempts=2, backoff=timedelta(milliseconds=1), jitter=0.0)))
+    undone: list[tuple[str, Any]] = []
+    job = _drain(runners.runner({"q": _saga(undone, fail_undo="charge")}), engine, "j")
+    assert job.outcome is Outcome.FAILED and undone == [], "stopped at the first undo"
+    assert "compensation stopped: the undo of step 'charge' raised RuntimeError" in (job.failure_reason or "")
+    assert [s.name for s in Watchdog(engine).steps("j") if s.kind is StepKind.UNDO] == []
+
+
+def test_an_undo_must_be_callable_and_leave_room_for_its_name(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("not-callable", "q"), Job("long", "q"))
+    seen: dict[str, str | None] = {}
+
+    def plain(job: RunningJob) -> None:
+        name, undo = ("x", "release") if job.job_id == "not-callable" else ("y" * 252, print)
+        try:
+            job.step(name, lambda: 1, undo=undo)  # type: ignore[arg-type]
+        except InvalidJob as refused:
+            seen[job.job_id] = refused.field
+
+    async def coroutine(job: RunningJob) -> None:
+        name, undo = ("x", "release") if job.job_id == "not-callable" else ("y" * 252, print)
+        try:
+            await job.step_async(name, lambda: 1, undo=undo)  # type: ignore[arg-type]
+        except InvalidJob as refused:
+            seen[job.job_id] = refused.field
+
+    runners.runner({"q": dual(plain, coroutine)}).run_until_idle()
+    assert seen == {"not-callable": "undo", "long": "name"}
+    assert Watchdog(engine).steps("not-callable") == [], "nothing ran or was recorded"
+
+
+@pytest.mark.parametrize("kind", ["process", "async-process"])
+def test_a_wait_in_a_process_child_is_woken_by_its_signal(engine: Engine, kind: str) -> None:
+    add(engine, Job("j", "q"))
+    driver = RunnerDriver(kind, engine.url)
+    try:
+        runner = driver.runner({"q": h.waits}, poll_interval=timedelta(milliseconds=50), concurrency=1)
+        runner.run_until_idle()
+        assert read(engine, "j").state is JobState.DELAYED
+        Watchdog(engine).signal("j", "approved", {"by": "ann"})
+        job = _drain(runner, engine, "j", timeout=60)
+    finally:
+        driver.close()
+    assert (job.outcome, job.result) == (Outcome.COMPLETED, {"approval": {"by": "ann"}}), job.failure_reason
+
+
+def test_show_and_the_dashboard_list_waits_signals_and_undos(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("j", "q"))
+    runners.runner({"q": _approval([])}).run_until_idle()
+    from sqlalchemy_watchdog.cli.output import applies_dict, render_show
+
+    def shown() -> dict[str, str]:
+        explained = present(Watchdog(engine).explain("j"))
+        lines = render_show(explained).splitlines()
+        return dict(line.split(None, 1) for line in lines if line and not line[0].isspace())
+
+    assert "approved (wait for the signal: waiting until " in shown()["steps"]
+    Watchdog(engine).signal("j", "approved", "yes")
+    assert "approved (wait for the signal: signalled at " in shown()["steps"]
+    assert shown()["signals"].startswith("approved (kept at ")
+    as_json = applies_dict(present(Watchdog(engine).explain("j")))
+    assert as_json["signals"][0]["payload"] == "yes"
+    assert as_json["steps"][1]["wait"].startswith("signalled at ")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM watchdog_job_signals")).scalar_one() == 1
