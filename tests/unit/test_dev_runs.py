@@ -90,3 +90,16 @@ def test_a_page_whose_warning_failed_the_docs_build_is_read_again_by_the_next_bu
     assert not (out / dev.PASSED_STAMP).exists(), "a site that failed is not one the suite may read"
     again = _sphinx(source, out)
     assert again.returncode != 0 and "nowhere" in again.stderr
+
+
+def test_the_release_check_beside_the_timed_faults_shows_its_output_after_them_and_keeps_its_status(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """CI runs the release check beside the timed fault tests: its output
+    is held until it ended, then shown whole, and its exit status is the
+    run's to report (a failed release check fails CI)."""
+    script = "import sys; print('built and installed'); sys.exit(3)"
+    background = dev.BackgroundRelease.start([sys.executable, "-c", script])
+    assert background.finish() == 3
+    assert "built and installed" in capsys.readouterr().out
+    assert not background.log.exists()
