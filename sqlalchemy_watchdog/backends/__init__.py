@@ -88,6 +88,13 @@ class Backend(Protocol):
     #: the planner knows of the table (a TID scan); None where the key is the
     #: row's address already (SQLite: ``sequence`` is the rowid).
     row_address: str | None
+    #: An ``INSERT ... SELECT`` holds a table-wide lock on the auto-increment
+    #: counter for the whole statement (InnoDB's AUTO-INC lock at the default
+    #: ``innodb_autoinc_lock_mode=1``), which can close a deadlock with the row
+    #: locks of another transaction -- reported by MariaDB as error 1467,
+    #: "Failed to read auto-increment value". A single row is then inserted
+    #: with ``VALUES`` (a "simple insert": a short mutex, no table lock).
+    insert_select_locks_table: bool
 
     # -- the schema (model.py asks; the revisions keep their own frozen copies) -----
 

@@ -105,6 +105,9 @@ class MySQL:
     locks_before_reading = False
     # InnoDB clusters rows by primary key: sequence is the row's address.
     row_address: str | None = None
+    # One row is inserted with VALUES: INSERT ... SELECT takes InnoDB's
+    # table-wide AUTO-INC lock for the statement (deadlocks: error 1467).
+    insert_select_locks_table = True
     checks_stored_types = False
     # No domains: every one-column CHECK is the table's.
     column_domains = False

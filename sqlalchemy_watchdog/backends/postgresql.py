@@ -43,6 +43,7 @@ class PostgreSQL:
     # Row locks: a statement that waited for one keeps its older snapshot.
     locks_before_reading = False
     row_address: str | None = "ctid"
+    insert_select_locks_table = False
     # The column types hold (no CHECK of a value's stored type); each
     # one-column CHECK of watchdog_jobs is a domain's (revision w0016).
     checks_stored_types = False

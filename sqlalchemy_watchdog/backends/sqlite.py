@@ -62,6 +62,7 @@ class SQLite:
     # BEGIN IMMEDIATE: the write lock is held before any statement reads.
     locks_before_reading = True
     row_address: str | None = None
+    insert_select_locks_table = False
     # Revision w0010: a column keeps whatever type a writer gave a value
     # unless a CHECK refuses it; the one-column CHECKs are the table's.
     checks_stored_types = True

@@ -62,8 +62,8 @@ def insert_rows(backend: Backend, one: bool = False) -> Insert:
         (ready_at > clock, literal_column(f"'{_DELAYED}'")),
         else_=literal_column(f"'{_QUEUED}'"),
     )
-    # WHERE true: SQLite's parser needs it between INSERT ... SELECT and ON CONFLICT.
-    rows = select(
+    into = [*names, "ready_at", "state", "enqueued_at", "trace_context", "waiting_on", "after_policy"]
+    values = [
         *(cols[name] for name in names),
         ready_at,
         state,
@@ -71,12 +71,16 @@ def insert_rows(backend: Backend, one: bool = False) -> Insert:
         cols["trace_context"],
         case((cols["waiting_on"] > 0, cols["waiting_on"]), else_=null()),
         cols["after_policy"],
-    ).where(true())
+    ]
+    if one and backend.insert_select_locks_table:
+        # VALUES: a "simple insert" takes no table-wide AUTO-INC lock.
+        simple: Insert = _insert(backend).values(dict(zip(into, values, strict=True)))
+        return simple
+    # WHERE true: SQLite's parser needs it between INSERT ... SELECT and ON CONFLICT.
+    rows = select(*values).where(true())
     if source is not None:
         rows = rows.select_from(source).order_by(order)
-    ins: Insert = _insert(backend).from_select(
-        [*names, "ready_at", "state", "enqueued_at", "trace_context", "waiting_on", "after_policy"], rows
-    )
+    ins: Insert = _insert(backend).from_select(into, rows)
     return ins
 
 

@@ -50,7 +50,11 @@ def _race(engine: Engine, options: dict[str, Any]) -> list[tuple[str, str, str]]
     ]
     for process in processes:
         process.start()
-    answers = [answer for _ in processes for answer in out.get(timeout=120)]
+    answers: list[tuple[str, str, str]] = []
+    for _ in processes:
+        reported = out.get(timeout=120)
+        assert not isinstance(reported, str), reported
+        answers.extend(reported)
     for process in processes:
         process.join(timeout=60)
         assert process.exitcode == 0, f"an enqueuing process failed (exit {process.exitcode})"

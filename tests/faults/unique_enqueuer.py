@@ -28,6 +28,19 @@ def enqueue_rounds(
     }
     answers: list[tuple[str, str, str]] = []
     barrier.wait()
+    try:
+        _rounds(engine, worker, rounds, keys, chosen, answers)
+    except Exception as error:  # reported to the test at once, not after its timeout
+        out.put(f"worker {worker} failed: {error!r}")
+        raise
+    finally:
+        engine.dispose()
+    out.put(answers)
+
+
+def _rounds(
+    engine: Any, worker: int, rounds: int, keys: list[str], chosen: dict[str, Any], answers: list[tuple[str, str, str]]
+) -> None:
     for round_ in range(rounds):
         for key in keys:
             job = Job(
@@ -41,5 +54,3 @@ def enqueue_rounds(
                 result = enqueue(session, job)
                 session.commit()
             answers.append((job.job_id, result.job_id, result.status.value))
-    engine.dispose()
-    out.put(answers)
