@@ -34,7 +34,10 @@ starts (:meth:`RunTimes.ahead`); below that, each claim takes only the free
 slots and nothing waits for a start record.
 
 The process executor's ``prefetch`` is its own, fixed number: its children
-wait for it, not the runner's threads.
+wait for it, not the runner's threads. Its jobs beyond the idle children are
+marked the same way, and the start of each is recorded when a free child is
+about to take it (``Execution.child_may_take``), never while it waits -- so
+they are never sent behind a busy child's running job either.
 """
 
 from __future__ import annotations

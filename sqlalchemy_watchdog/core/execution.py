@@ -83,6 +83,15 @@ class Execution:
     #: slots; revision w0019) and no start was recorded yet: its handler is
     #: called only once the runner recorded the start (:class:`~.steps.RecordStart`).
     unstarted: bool = False
+    #: Whether its claim marked it ``unstarted`` (it stays True once the
+    #: start is recorded): a child process's job of such a claim is never
+    #: sent behind a busy child's running job, where it would start with
+    #: nobody to record it (``ProcessPool.call(pipe=False)``).
+    claimed_ahead: bool = False
+    #: A child process's job claimed ahead: a child is free for it, so its
+    #: start is recorded now, then it asks the pool again (the start of such
+    #: a job is recorded as a child takes it, not when its claim arrives).
+    child_ready: bool = False
     #: The instrumentation's view of this attempt (:mod:`.telemetry`), if any.
     trace: telemetry.AttemptTrace | None = None
     #: The monotonic clock of its runner's core (:class:`~.clock.Clock`).
@@ -116,6 +125,16 @@ class Execution:
         the claim still holds (the process may have been frozen or starved
         past the lease in between)."""
         return self.monotonic() - max(self.claimed_at, self.checked_at) > heartbeat_s
+
+    def child_may_take(self, heartbeat_s: float) -> bool:
+        """The pool asks whether a free child may take this job now: not
+        before its start is recorded (claimed ahead: :attr:`child_ready` is
+        set, and the driver's answer makes ``execute`` record it and ask
+        again), nor when it :meth:`started_late` (renewed first)."""
+        if self.unstarted:
+            self.child_ready = True
+            return False
+        return not self.started_late(heartbeat_s)
 
     def handler_context(self) -> contextvars.Context | None:
         """The context the handler runs in: its trace's (None without a

@@ -54,7 +54,7 @@ def claim_steps(
     executions = [core.admit(claim, asked_at) for claim in batch.claimed]
     if ahead:
         for execution in executions:
-            execution.unstarted = True
+            execution.unstarted = execution.claimed_ahead = True
     return executions, batch.cancelled
 
 
@@ -65,9 +65,14 @@ def _may_wait_for_a_slot(core: RunnerCore, group: int, limit: int) -> bool:
     executions leave (the limit was reckoned while it claimed ahead, and
     the run times moved since). Those claims mark their jobs unstarted."""
     slots = core.settings.slot_groups[group]
-    if slots.executor is not None or slots.ahead_cap <= 0:
+    if slots.executor is not None:
+        # A process executor's prefetch: the jobs beyond its idle children
+        # wait for one; their starts are recorded as a child takes each.
+        if slots.prefetch <= 0:
+            return False
+    elif slots.ahead_cap <= 0:
         return False
-    if core.claim_ahead(group) > 0:
+    elif core.claim_ahead(group) > 0:
         return True
     many = len(core.settings.slot_groups) > 1
     running = sum(1 for e in core.active() if e.slot_held and (not many or core.group_of(e.job.queue) == group))
@@ -104,10 +109,17 @@ def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | Tic
         while True:
             if execution.given_back:
                 return _given_back(core, execution, NEVER_STARTED)
-            if execution.unstarted and not execution.signal.is_set() and execution.refused is None:
+            if (
+                execution.unstarted
+                and (execution.child_ready or not execution.killable)
+                and not execution.signal.is_set()
+                and execution.refused is None
+            ):
                 # Claimed ahead: its start is recorded before the handler is
                 # called (the claim alive, its mark cleared), else recovery
-                # would take it for one that never ran.
+                # would take it for one that never ran. A child process's job
+                # waits for a free child first (its driver's answer to the
+                # pool then is STARTED_LATE, and child_ready set).
                 asked = core.clock.monotonic()
                 held = yield from _record_start(core, execution)
                 execution.unstarted = False

@@ -420,8 +420,8 @@ class AsyncRunner:
                 timers.append(loop.call_later(delay, self._time_out))
 
         def started(now: bool) -> bool:
-            if not now:  # may a child take it? Not if it waited that long: renewed first
-                return not execution.started_late(self.settings.heartbeat_s)
+            if not now:  # may a child take it? Not before its start is recorded, nor if it waited that long
+                return execution.child_may_take(self.settings.heartbeat_s)
             try:
                 loop.call_soon_threadsafe(arm)
             except RuntimeError:  # pragma: no cover - the loop closed: nobody waits
@@ -437,6 +437,7 @@ class AsyncRunner:
             stop_wait_s=self.settings.stop_wait_s,
             on_start=started,
             rank=execution.rank,
+            pipe=not execution.claimed_ahead,
         )
 
     async def _close_pool(self) -> None:

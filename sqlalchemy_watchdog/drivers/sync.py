@@ -270,6 +270,7 @@ class Runner:
                     stop_wait_s=self.settings.stop_wait_s,
                     on_start=functools.partial(self._child_started, execution),
                     rank=execution.rank,
+                    pipe=not execution.claimed_ahead,
                 )
                 return decision_of_outcome(execution, outcome)
             finally:
@@ -296,11 +297,13 @@ class Runner:
 
     def _child_started(self, execution: Execution, now: bool) -> bool:
         """The pool asks whether a child may take ``execution``'s job (``now``
-        False): not when the claim was last known live over a heartbeat ago --
-        it waited for a child that long -- and must be renewed first. Then it
-        says the job starts (``now`` True): its timeout counts from now."""
+        False): not before the start of a job claimed ahead is recorded, nor
+        when the claim was last known live over a heartbeat ago -- it waited
+        for a child that long -- and must be renewed first
+        (:meth:`~.Execution.child_may_take`). Then it says the job starts
+        (``now`` True): its timeout counts from now."""
         if not now:
-            return not execution.started_late(self.settings.heartbeat_s)
+            return execution.child_may_take(self.settings.heartbeat_s)
         if self.core.start_deadline(execution) is not None:
             self._heartbeat_now.set()  # the heartbeat thread keeps the deadlines
         return True

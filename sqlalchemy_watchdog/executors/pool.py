@@ -12,9 +12,11 @@ A handler thread of the runner (or of ``AsyncRunner``) calls
 :meth:`ProcessPool.call` for one job: it takes an idle child (starting one
 if needed), sends it the job, and waits for the answer while watching the
 job's stop signal. With every child busy (a job claimed ahead, see
-``ProcessExecutor.prefetch``) the job is sent to a busy child's pipe behind
-its running job -- the child starts it as soon as it has answered -- or
-waits in the pool for the first child that frees up, in claim order (the
+``ProcessExecutor.prefetch``) the job waits in the pool for the first child
+that frees up -- or, unless its caller forbids it (``pipe=False``: a job
+whose start is recorded only as a free child takes it), is sent to a busy
+child's pipe behind its running job, which the child starts as soon as it
+has answered -- in claim order (the
 runner tells the pool a claim's order first, :meth:`ProcessPool.expect`,
 since its threads arrive in no set order). A stop
 is forwarded to the child at once; a child still busy
@@ -270,12 +272,22 @@ class _Waiter:
     a child hands it the next waiter's job itself (already pickled), so the
     child's next job follows its answer without a wake-up in between."""
 
-    __slots__ = ("child", "data", "event", "job_id", "on_start", "outcome", "rank", "reason", "signal", "state")
+    __slots__ = (
+        "child", "data", "event", "job_id", "on_start", "outcome", "pipe", "rank", "reason", "signal", "state",
+    )  # fmt: skip
 
     def __init__(
-        self, data: bytes, signal: StopSignal, on_start: Callable[[bool], bool] | None, rank: tuple[int, int]
+        self,
+        data: bytes,
+        signal: StopSignal,
+        on_start: Callable[[bool], bool] | None,
+        rank: tuple[int, int],
+        pipe: bool = True,
     ) -> None:
         self.data = data
+        #: Whether it may be sent behind a busy child's running job (see
+        #: :meth:`ProcessPool.call`).
+        self.pipe = pipe
         self.job_id: str = pickle.loads(data)[1]
         #: Its place in the claim order (priority first, then admission).
         self.rank = rank
@@ -652,6 +664,8 @@ class ProcessPool:
             with self._lock:
                 if self._closed or self._giving_back or not self._waiters or self._blocked(self._waiters[0].rank):
                     return
+                if not self._waiters[0].pipe:
+                    return  # it waits for a free child; those after it wait behind it
                 serving = [c for c in self._live if c.counted]
                 if len(serving) < self.config.children or not all(c.running for c in serving):
                     return  # a child is idle or starting: the job is its, not one behind another
@@ -747,6 +761,7 @@ class ProcessPool:
         stop_wait_s: float,
         on_start: Callable[[bool], bool] | None = None,
         rank: tuple[int, int] = (0, 0),
+        pipe: bool = True,
     ) -> ChildOutcome:
         """Run ``job`` with the handler ``ref`` in a child; return once the
         handler answered, or its child died or was killed -- and reaped.
@@ -762,7 +777,10 @@ class ProcessPool:
         one, nor that import counts against it -- or :data:`START_TIMEOUT_S`
         after the job was sent, for a child that has not begun by then.
         Waiting jobs take the children that free up in ``rank`` order (the
-        claim's: ``(-priority, sequence)``)."""
+        claim's: ``(-priority, sequence)``). ``pipe`` False: the job is
+        never sent behind a busy child's running job (a job claimed ahead,
+        whose start is recorded only as a free child takes it: a child
+        would start a piped job with nobody to record it)."""
         log_plan = self._log_plan(ref.module)  # the runner's logging, not the job's: never the job's failure
         try:
             message = (child_module.RUN, job.job_id, ref.module, ref.qualname, _fields(job), log_plan)
@@ -770,7 +788,7 @@ class ProcessPool:
         except Exception as error:
             text = f"the job's payload cannot be sent to the handler's process ({safe_text(error)})"
             return ChildOutcome(Ending.UNENCODABLE, text=text[:500])
-        taken = self._take(data, signal, on_start, rank)
+        taken = self._take(data, signal, on_start, rank, pipe)
         if isinstance(taken, ChildOutcome):
             return taken
         try:
@@ -779,7 +797,12 @@ class ProcessPool:
             self._release(taken)
 
     def _take(
-        self, data: bytes, signal: StopSignal, on_start: Callable[[bool], bool] | None, rank: tuple[int, int]
+        self,
+        data: bytes,
+        signal: StopSignal,
+        on_start: Callable[[bool], bool] | None,
+        rank: tuple[int, int],
+        pipe: bool = True,
     ) -> _Child | ChildOutcome:
         """A child that was sent ``data``: an idle one, or the first that frees
         up or is started (while fewer than ``processes`` serve) -- to the
@@ -807,7 +830,7 @@ class ProcessPool:
             if start:
                 self._used += 1
             if child is None:
-                waiter = _Waiter(data, signal, on_start, rank)
+                waiter = _Waiter(data, signal, on_start, rank, pipe)
                 self._wait_in_line(waiter)
             # Its arrival may free jobs ranked after it that waited beside an idle child.
             others = bool(self._idle) and any(w is not waiter for w in self._waiters)
@@ -897,7 +920,7 @@ class ProcessPool:
         if state is _Wait.START:
             # A place for a child was freed for this job: start one, for the
             # first job waiting (this one, or one claimed before it).
-            fresh = _Waiter(data, waiter.signal, on_start, rank)
+            fresh = _Waiter(data, waiter.signal, on_start, rank, waiter.pipe)
             with self._lock:
                 self._wait_in_line(fresh)
             self._start_for(fresh)

@@ -32,10 +32,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 from sqlalchemy.engine import URL
 
 from sqlalchemy_watchdog import Job, JobState, Outcome, ProcessExecutor, Runner, TickStatus, Watchdog, store
+from sqlalchemy_watchdog.model import jobs_table
 from tests import process_handlers as h
 from tests.helpers import add, read, settled, wait_until
 from tests.runner_kinds import PROCESS_KINDS, DrivenRunner, RunnerDriver
@@ -215,6 +216,42 @@ def test_sigterm_with_busy_children_settles_or_hands_over_every_job_and_leaves_n
     waiting = read(engine, "waiting")
     assert (waiting.state, waiting.attempt, waiting.snoozes, waiting.recovery_count) == (JobState.QUEUED, 1, 0, 0)
     assert h.marks(marks, "waiting", "ran") == []
+
+
+def test_sigkill_with_jobs_prefetched_for_busy_children_requeues_those_never_started_uncounted(
+    engine: Engine, start: Callable[..., ProcessWorker], marks: Path
+) -> None:
+    """Issue 54: jobs the process executor claims ahead of its busy children
+    (``prefetch``) are marked ``unstarted`` by their claim, and the mark is
+    cleared only once a child is free to take the job -- never while it waits,
+    nor behind a busy child's running job. A runner SIGKILLed while they wait
+    leaves them marked: recovery requeues them without counting a recovery,
+    at-most-once budget or not, and each runs once, on the survivor."""
+    add(engine, *(Job(j, "block", payload=payload(marks, wait=60), max_recoveries=1) for j in ("a", "b")))
+    worker = start()
+    worker.wait_ready()
+    children = [h.wait_for_mark(marks, j, "started")[0] for j in ("a", "b")]
+    # Both children busy: the default prefetch (one per process) claims these two ahead.
+    waiting = ["w1", "w2"]
+    add(engine, *(Job(j, "pid", payload=payload(marks)) for j in waiting))  # no recovery budget
+    wait_until(lambda: all(read(engine, j).state is JobState.RUNNING for j in waiting), 10, "claimed ahead")
+    time.sleep(0.3)  # a mark cleared too early would be cleared by now
+    with engine.connect() as conn:
+        flags = {row.job_id: row.unstarted for row in conn.execute(select(jobs_table.c.job_id, jobs_table.c.unstarted))}
+    assert {j: flags[j] for j in waiting} == {"w1": 1, "w2": 1}, "marked while waiting for a child"
+    worker.proc.send_signal(signal.SIGKILL)
+    worker.proc.wait(10)
+    assert gone_within(children, 5)
+    assert all(h.marks(marks, j, "ran") == [] for j in waiting)
+    recoverer = Runner(engine, {"block": h.done, "pid": h.pid}, lease=LEASE, heartbeat=timedelta(seconds=1))
+    ids = ["a", "b", *waiting]
+    wait_until(lambda: recoverer.tick() and all(read(engine, j).state is JobState.SETTLED for j in ids), 30)
+    for j in waiting:
+        job = read(engine, j)
+        assert (job.outcome, job.recovery_count) == (Outcome.COMPLETED, 0), (j, job.failure_reason)
+        assert [pid for _, pid, *_ in h.marks(marks, j, "ran")] == [os.getpid()], "ran once, on the survivor"
+    for j in ("a", "b"):  # they had started: recovered as before, within their budget
+        assert (read(engine, j).outcome, read(engine, j).recovery_count) == (Outcome.COMPLETED, 1)
 
 
 # -- a handler that never pauses talking to the runner -------------------------------------
