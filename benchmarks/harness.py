@@ -966,7 +966,7 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "--minutes": (float, "soak: minutes of churn (default 30)"),
     "--parents": (int, "parents of the fan-in"),
     "--poll-interval": (float, "sqlite-load: the runners' poll_interval in seconds"),
-    "--processes": (str, "scaleout: runner processes (default 1,2,4,8)"),
+    "--processes": (str, "scaleout: runner processes (default 1,2,4,8); claim-ahead: worker processes (default 1)"),
     "--prune-rows": (int, "growth: settled jobs pruned beside a draining runner (default 1,000,000; 0: none)"),
     "--quiet-jobs": (int, "sqlite-load: jobs of the quiet-file drain (default 2,000)"),
     "--rate": (float, "requests per second (profile-drain: py-spy samples per second; soak: jobs enqueued)"),

@@ -263,21 +263,23 @@ def limits(bench: h.Bench, r: int) -> None:
             bench.check_median(goal, table, row, "watchdog", lambda m: m <= 1.5, "x", "watchdog", "unlimited")
 
 
-@h.scenario("claim-ahead", per_repeat=True, options="jobs concurrencies handler-ms")
+@h.scenario("claim-ahead", per_repeat=True, options="jobs concurrencies handler-ms processes")
 def claim_ahead(bench: h.Bench, r: int) -> None:
-    """Jobs/s of one worker process whose handlers sleep --handler-ms (default 0,1,2,5), claiming ahead or not."""
-    table = "claim-ahead drain (jobs/s), PostgreSQL, one worker process"
-    bench.table(table)
+    """Jobs/s of --processes worker processes (default 1) sharing one queue, whose handlers sleep
+    --handler-ms (default 0,1,2,5), each at --concurrencies, claiming ahead or not."""
     target = bench.target("watchdog", "postgresql")
     works = [float(w) for w in str(bench.opt("handler_ms", "0,1,2,5")).split(",")]
-    for c in bench.ints("concurrencies", "1,4,16"):
-        for work in works:
-            # Each handler's sleep bounds the drain at c * 1000 / work jobs/s: size the run to ~2 s of it.
-            ceiling = c * 1000.0 / work if work else 5000.0
-            n = bench.opt("jobs", max(200, min(5000, int(ceiling * (0.4 if bench.quick else 2.0)))))
-            for label, ahead in (("claim_ahead default", None), ("claim_ahead=0", 0)):
-                row = f"c{c} handler {work:g} ms"
-                tag = f"ahead-c{c}-w{work:g}-{ahead}-{r}"
-                options: dict[str, Any] = {"concurrency": c, "work_ms": work, "claim_ahead": ahead}
-                run = partial(bench.drain_once, "watchdog", target, n, tag, 1, **options)
-                bench.measure(table, row, label, run, timeout=60 + n / 20 + 180)
+    for procs in bench.ints("processes", "1"):
+        table = f"claim-ahead drain (jobs/s), PostgreSQL, {procs} worker process{'es' if procs > 1 else ''}"
+        bench.table(table)
+        for c in bench.ints("concurrencies", "1,4,16"):
+            for work in works:
+                # Each handler's sleep bounds the drain at procs * c * 1000 / work jobs/s: ~2 s of it.
+                ceiling = procs * c * 1000.0 / work if work else 5000.0
+                n = bench.opt("jobs", max(200, min(5000, int(ceiling * (0.4 if bench.quick else 2.0)))))
+                for label, ahead in (("claim_ahead default", None), ("claim_ahead=0", 0)):
+                    row = f"c{c} handler {work:g} ms"
+                    tag = f"ahead-p{procs}-c{c}-w{work:g}-{ahead}-{r}"
+                    options: dict[str, Any] = {"concurrency": c, "work_ms": work, "claim_ahead": ahead}
+                    run = partial(bench.drain_once, "watchdog", target, n, tag, procs, **options)
+                    bench.measure(table, row, label, run, timeout=60 + n / 20 + 180)
