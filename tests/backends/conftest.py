@@ -52,10 +52,8 @@ def _postgres_database(request: pytest.FixtureRequest) -> Iterator[URL]:
 #: builders. Every test of these files that takes the MariaDB database is a
 #: strict xfail with this reason, so the suite says exactly what remains, and a
 #: test that starts passing fails until its mark goes (RUNS_ON_MARIADB).
-#: Phase 3 made limits, unique keys, durable steps and dependencies run; the signals (w0022) remain.
-NOT_YET_ON_MARIADB: dict[str, str] = {
-    "test_ops_signals.py": "the signals' INSERT ... ON CONFLICT ... RETURNING (store/job_signals_sql.py)",
-}
+#: Phase 3 made limits, unique keys, durable steps, dependencies and signals run.
+NOT_YET_ON_MARIADB: dict[str, str] = {}
 #: The capabilities (test_capabilities.py) MariaDB does not meet yet, by test.
 CAPABILITIES_NOT_YET = {
     "test_insert_on_conflict_does_nothing_and_returns_only_new_rows": "Backend.insert has no "
