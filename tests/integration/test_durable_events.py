@@ -6,8 +6,9 @@ attempt and the signal makes the job due at once; a wait whose timeout passed
 raises WaitTimedOut (the job fails, not retried, unless the handler goes on);
 a signal is idempotent, kept only for a live job, and part of the caller's
 transaction in its session form. A job that fails for good runs the undos of
-its recorded steps, last first, each once. On both dialects, with Runner and
-AsyncRunner (plain and coroutine handlers), and in process children for waits.
+its recorded steps, last first, each once. On SQLite, PostgreSQL and MariaDB
+(with ``WATCHDOG_TEST_MYSQL_URL``), with Runner and AsyncRunner (plain and
+coroutine handlers; aiomysql on MariaDB), and in process children for waits.
 """
 
 from __future__ import annotations
@@ -34,10 +35,19 @@ from sqlalchemy_watchdog import (
 from sqlalchemy_watchdog.core.durable import WaitTimedOut
 from sqlalchemy_watchdog.jobs import StepKind
 from tests import process_handlers as h
+from tests.conftest import WITH_MARIADB
 from tests.helpers import add, present, read, wait_until
 from tests.runner_kinds import RunnerDriver, dual
 
 pytestmark = pytest.mark.dialect_neutral
+
+
+@pytest.fixture(params=WITH_MARIADB)
+def dialect(request: pytest.FixtureRequest) -> str:
+    """SQLite, PostgreSQL and MariaDB: a signal is each one's own SQL."""
+    name: str = request.param
+    return name
+
 
 RETRY = RetryPolicy(max_attempts=3, backoff=timedelta(milliseconds=1), factor=1.0, jitter=0.0)
 HOUR = timedelta(hours=1)
