@@ -12,9 +12,9 @@ job, in three statements of one transaction (its own, or the caller's):
 2. ``INSERT ... ON CONFLICT DO NOTHING`` the signal, on the database clock
    (no row: one of that name is kept already -- a duplicate, or a conflict
    when its payload differs; the first one stays). Where writes return no
-   rows (MariaDB/MySQL) a locking read of the name, then a plain ``INSERT``
-   when none is kept and its time read back: the job's row lock of step 1
-   keeps any other signal of the job out between the two;
+   rows (MariaDB/MySQL) a plain ``INSERT`` and its time read back, or, when
+   it fails as a duplicate key, a locking read of the one kept
+   (:func:`_keep_plain`);
 3. make the job ``queued`` now if it is ``delayed`` while its handler waits
    for that name (a ``wait`` step recorded whose timeout the signal is within).
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import Connection
+from sqlalchemy.exc import IntegrityError
 
 from ..backends import backend_of
 from ..jobs import JobState, at_epoch_ms
@@ -75,14 +76,24 @@ def send_signal(conn: Connection, job_id: str, name: str, payload_json: str) -> 
 def _keep_plain(conn: Connection, params: dict[str, Any]) -> tuple[Any, Any]:
     """Step 2 where writes return no rows (MariaDB/MySQL): ``(the kept
     signal's row, None)`` once it is kept, or ``(None, the row kept
-    already)``. A locking read of the name first, then a plain ``INSERT``
-    and its ``sent_at`` read back. No concurrent signal of the job can come
-    between the two: the job's row, locked by step 1, makes each wait for
-    the one before to end."""
-    prior = conn.execute(job_signals_sql.kept_locked(backend_of(conn)), params).first()
-    if prior is not None:
+    already)``. A plain ``INSERT`` and its ``sent_at`` read back; one of that
+    name kept already fails it as a duplicate key (only the statement is
+    undone), and a locking read then returns that one. The read locks so
+    that it sees the newest committed row: in a caller's REPEATABLE READ
+    transaction whose snapshot is older than a signal committed while this
+    one waited for the job's row (step 1), a plain read would miss it.
+    Inserting first, not reading first, keeps that transaction from taking
+    a gap lock on a missing name: a signal of another job inserting into
+    that gap would wait for the caller's commit (or, the two interleaved,
+    could deadlock)."""
+    backend = backend_of(conn)
+    try:
+        conn.execute(job_signals_sql.keep(backend), params)
+    except IntegrityError:
+        prior = conn.execute(job_signals_sql.kept_locked(backend), params).first()
+        if prior is None:
+            raise
         return None, prior
-    conn.execute(job_signals_sql.keep(backend_of(conn)), params)
     return conn.execute(job_signals_sql.kept(), params).one(), None
 
 

@@ -37,8 +37,9 @@ def keep(backend: Backend) -> Insert:
     one of that name is kept already (no row returns then).
 
     Where writes return no rows (``Backend.writes_return_rows`` False:
-    MariaDB/MySQL) a plain ``INSERT``, run only once :func:`kept_locked`
-    found none of that name, its ``sent_at`` read back with :func:`kept`."""
+    MariaDB/MySQL) a plain ``INSERT``, failing as a duplicate key when one of
+    that name is kept (then :func:`kept_locked` reads it), its ``sent_at``
+    read back with :func:`kept`."""
     insert: Any = sql._insert_into(backend, signals).values(
         job_sequence=sql._p("seq", BigInteger()),
         name=sql._p("signal", Text()),

@@ -174,6 +174,28 @@ def test_two_transactions_signalling_the_same_name_at_once_keep_one_and_the_seco
     assert [(s.name, s.payload) for s in op(db, store.read_signals, "a")] == [("approved", "ann")]
 
 
+@pytest.mark.operation("send_signal")
+def test_a_callers_open_signal_does_not_hold_up_a_signal_of_another_job(db: Engine) -> None:
+    """Two callers' own transactions at MariaDB's default REPEATABLE READ
+    (``signal_job(session, ...)``), each signalling its job, the first still
+    open: the second keeps its signal at once. A locking read of the missing
+    name before the insert would take a gap lock there, and the second's
+    insert into that gap would wait for the first to end."""
+    if db.dialect.name == "sqlite":
+        pytest.skip("SQLite's one writer: the second transaction waits for the first whatever it does")
+    add(db, Job("a", "q"), Job("b", "q"))
+    with db.connect() as first, db.connect() as second:
+        with first.begin():
+            assert store.send_signal(first, "a", "approved", "1").status is SignalStatus.DELIVERED
+            with second.begin():
+                if db.dialect.name == "postgresql":
+                    second.exec_driver_sql("SET LOCAL lock_timeout = '1s'")
+                else:
+                    second.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 1")
+                assert store.send_signal(second, "b", "approved", "1").status is SignalStatus.DELIVERED
+    assert [s.name for s in op(db, store.read_signals, "b")] == ["approved"]
+
+
 #: SQL counting the other sessions of this database that wait for a lock:
 #: PostgreSQL's, and InnoDB's (a ``mysql://`` or ``mariadb://`` URL).
 _LOCK_WAITS = {
