@@ -142,10 +142,11 @@ def test_two_transactions_signalling_the_same_name_at_once_keep_one_and_the_seco
     """The race, forced: the first signal's transaction holds the job's row
     when the second, whose own transaction has read already (its snapshot,
     at MariaDB's default REPEATABLE READ, older than the first signal),
-    arrives and waits for it; the first commits. The second still sees the
-    first signal -- a conflict naming the first payload, nothing written --
-    where a plain read in its snapshot would miss it and its INSERT fail
-    on the duplicate key."""
+    arrives and waits for it; the first commits. The second still finds the
+    first signal -- a conflict naming the first payload, nothing written.
+    (On MariaDB its INSERT fails on the duplicate key and a locking read
+    finds the first signal, where a plain read in its older snapshot would
+    find none and the duplicate key would reach the caller.)"""
     if db.dialect.name == "sqlite":
         pytest.skip("rows lock on PostgreSQL and MariaDB; SQLite's one writer runs the two one after the other")
     add(db, Job("a", "q"))
@@ -209,9 +210,9 @@ _LOCK_WAITS = {
 
 def _until_blocked(db: Engine, job_id: str) -> None:
     """Until another session waits for a lock (the snooze or a second
-    signal, for the job's row).
-    InnoDB refreshes ``information_schema.innodb_trx`` only when it was not
-    read for 0.1 s: read more often, it would show the first answer forever."""
+    signal, for the job's row). InnoDB refreshes
+    ``information_schema.innodb_trx`` only when it was not read for 0.1 s:
+    read more often, it would show the first answer forever."""
     query = text(_LOCK_WAITS.get(db.dialect.name) or _LOCK_WAITS["innodb"])
     pause = 0.02 if db.dialect.name == "postgresql" else 0.15
     deadline = time.monotonic() + 60
