@@ -39,6 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from sqlalchemy_watchdog import metadata
 from tests.runner_kinds import RunnerDriver
+from tests.runner_kinds import async_url as async_url
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 #: tests/release is the smoke suite of an installed wheel: `python3 dev.py
@@ -426,14 +427,8 @@ def _mysql_schema_kept(engine: Engine) -> bool:
     return True
 
 
-def async_url(url: URL) -> URL:
-    if url.get_backend_name() == "sqlite":
-        return url.set(drivername="sqlite+aiosqlite")
-    return url.set(drivername="postgresql+psycopg")
-
-
 def make_async_engine(engine: Engine) -> AsyncEngine:
-    """An AsyncEngine (aiosqlite / async psycopg) on ``engine``'s database.
+    """An AsyncEngine (aiosqlite / aiomysql / async psycopg) on ``engine``'s database.
 
     Create it inside the async test (an engine belongs to one event loop) and
     ``await dispose()`` it at the end.

@@ -78,8 +78,12 @@ def dual(plain: Callable[[RunningJob], Any], coroutine: Callable[[RunningJob], A
 
 
 def async_url(url: URL) -> URL:
-    if url.get_backend_name() == "sqlite":
+    """``url`` with the async driver of its database: aiosqlite, aiomysql (MariaDB), async psycopg."""
+    backend = url.get_backend_name()
+    if backend == "sqlite":
         return url.set(drivername="sqlite+aiosqlite")
+    if backend in ("mysql", "mariadb"):
+        return url.set(drivername=f"{backend}+aiomysql")
     return url.set(drivername="postgresql+psycopg")
 
 

@@ -6,12 +6,15 @@ statements are its own, in :mod:`.job_signals_sql`.
 ``signal(job_id, name, payload)`` keeps the first signal of each name for a
 job, in three statements of one transaction (its own, or the caller's):
 
-1. lock the job's row (PostgreSQL ``FOR UPDATE``; SQLite holds the write
-   lock) and read its ``sequence`` and state -- no job, or a settled one,
-   and nothing is written;
+1. lock the job's row (PostgreSQL, MariaDB ``FOR UPDATE``; SQLite holds
+   the write lock) and read its ``sequence`` and state -- no job, or a
+   settled one, and nothing is written;
 2. ``INSERT ... ON CONFLICT DO NOTHING`` the signal, on the database clock
    (no row: one of that name is kept already -- a duplicate, or a conflict
-   when its payload differs; the first one stays);
+   when its payload differs; the first one stays). Where writes return no
+   rows (MariaDB/MySQL) a plain ``INSERT`` and its time read back, or, when
+   it fails as a duplicate key, a locking read of the one kept
+   (:func:`_keep_plain`);
 3. make the job ``queued`` now if it is ``delayed`` while its handler waits
    for that name (a ``wait`` step recorded whose timeout the signal is within).
 
@@ -24,7 +27,10 @@ Between the two sides no signal is lost (docs/design.md, "Events").
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import Connection
+from sqlalchemy.exc import IntegrityError
 
 from ..backends import backend_of
 from ..jobs import JobState, at_epoch_ms
@@ -48,18 +54,47 @@ def send_signal(conn: Connection, job_id: str, name: str, payload_json: str) -> 
     params = {"seq": sequence, "signal": name, "job": job_id, "payload": payload_json}
     if state == JobState.SETTLED.value:
         # Settled stays final: nothing is kept; a repeat of a signal it had is still a duplicate.
-        prior = conn.execute(job_signals_sql.kept(), params).first()
+        read = job_signals_sql.kept() if backend.writes_return_rows else job_signals_sql.kept_locked(backend)
+        prior = conn.execute(read, params).first()
         if prior is not None and prior.payload_json == payload_json:
             return SignalResult(job_id, name, SignalStatus.DUPLICATE, prior.payload_json)
         return SignalResult(job_id, name, SignalStatus.JOB_SETTLED)
-    sent = conn.execute(job_signals_sql.keep(backend), params).first()
-    if sent is None:
-        prior = conn.execute(job_signals_sql.kept(), params).one()
+    if backend.writes_return_rows:
+        sent = conn.execute(job_signals_sql.keep(backend), params).first()
+        prior = None if sent is not None else conn.execute(job_signals_sql.kept(), params).one()
+    else:
+        sent, prior = _keep_plain(conn, params)
+    if prior is not None:
         status = SignalStatus.DUPLICATE if prior.payload_json == payload_json else SignalStatus.CONFLICT
         return SignalResult(job_id, name, status, prior.payload_json)
+    assert sent is not None
     if conn.execute(job_signals_sql.wake_waiting(), {**params, "sent": sent.sent_at}).rowcount:
         _wake_runners(conn)
     return SignalResult(job_id, name, SignalStatus.DELIVERED, payload_json)
+
+
+def _keep_plain(conn: Connection, params: dict[str, Any]) -> tuple[Any, Any]:
+    """Step 2 where writes return no rows (MariaDB/MySQL): ``(the kept
+    signal's row, None)`` once it is kept, or ``(None, the row kept
+    already)``. A plain ``INSERT`` and its ``sent_at`` read back; one of that
+    name kept already fails it as a duplicate key (only the statement is
+    undone), and a locking read then returns that one. The read locks so
+    that it sees the newest committed row: in a caller's REPEATABLE READ
+    transaction whose snapshot is older than a signal committed while this
+    one waited for the job's row (step 1), a plain read would miss it.
+    Inserting first, not reading first, keeps that transaction from taking
+    a gap lock on a missing name: a signal of another job inserting into
+    that gap would wait for the caller's commit (or, the two interleaved,
+    could deadlock)."""
+    backend = backend_of(conn)
+    try:
+        conn.execute(job_signals_sql.keep(backend), params)
+    except IntegrityError:
+        prior = conn.execute(job_signals_sql.kept_locked(backend), params).first()
+        if prior is None:
+            raise
+        return None, prior
+    return conn.execute(job_signals_sql.kept(), params).one(), None
 
 
 def _wake_runners(conn: Connection) -> None:

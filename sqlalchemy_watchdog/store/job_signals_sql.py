@@ -34,19 +34,23 @@ def lock_job(backend: Backend) -> Select[Any]:
 def keep(backend: Backend) -> Insert:
     """Keep signal ``:signal`` (payload ``:payload``) of the job whose sequence
     is ``:seq`` (``:job`` its job_id), on the database clock -- unless
-    one of that name is kept already (no row returns then)."""
-    insert: Any = sql._insert_into(backend, signals)
-    stmt: Insert = (
-        insert.values(
-            job_sequence=sql._p("seq", BigInteger()),
-            name=sql._p("signal", Text()),
-            job_id=sql._p("job", Text()),
-            payload_json=sql._p("payload", Text()),
-            sent_at=sql.db_clock_ms(),
-        )
-        .on_conflict_do_nothing(index_elements=[g.job_sequence, g.name])
-        .returning(g.sent_at)
+    one of that name is kept already (no row returns then).
+
+    Where writes return no rows (``Backend.writes_return_rows`` False:
+    MariaDB/MySQL) a plain ``INSERT``, failing as a duplicate key when one of
+    that name is kept (then :func:`kept_locked` reads it), its ``sent_at``
+    read back with :func:`kept`."""
+    insert: Any = sql._insert_into(backend, signals).values(
+        job_sequence=sql._p("seq", BigInteger()),
+        name=sql._p("signal", Text()),
+        job_id=sql._p("job", Text()),
+        payload_json=sql._p("payload", Text()),
+        sent_at=sql.db_clock_ms(),
     )
+    if not backend.writes_return_rows:
+        plain: Insert = insert
+        return plain
+    stmt: Insert = insert.on_conflict_do_nothing(index_elements=[g.job_sequence, g.name]).returning(g.sent_at)
     return stmt
 
 
@@ -56,6 +60,16 @@ def kept() -> Select[Any]:
     return select(g.payload_json, g.sent_at).where(
         g.job_sequence == sql._p("seq", BigInteger()), g.name == sql._p("signal", Text())
     )
+
+
+@cache
+def kept_locked(backend: Backend) -> Select[Any]:
+    """:func:`kept` as a locking read (MariaDB/MySQL ``LOCK IN SHARE
+    MODE``), which reads the latest committed row whatever the transaction's
+    isolation level: a caller's ``REPEATABLE READ`` transaction whose
+    snapshot is older than a signal committed while it waited for the
+    job's row still sees that signal."""
+    return backend.share_locked(kept(), signals)
 
 
 @cache
@@ -140,4 +154,14 @@ def forget_orphans(backend: Backend) -> Delete:
     return delete(signals).where(backend.among(g.job_sequence, orphans))
 
 
-__all__ = ["forget_orphans", "keep", "kept", "lock_job", "read_signal", "read_signals", "wake_snoozed", "wake_waiting"]
+__all__ = [
+    "forget_orphans",
+    "keep",
+    "kept",
+    "kept_locked",
+    "lock_job",
+    "read_signal",
+    "read_signals",
+    "wake_snoozed",
+    "wake_waiting",
+]

@@ -52,24 +52,11 @@ def _postgres_database(request: pytest.FixtureRequest) -> Iterator[URL]:
 #: builders. Every test of these files that takes the MariaDB database is a
 #: strict xfail with this reason, so the suite says exactly what remains, and a
 #: test that starts passing fails until its mark goes (RUNS_ON_MARIADB).
-#: Phase 3 made limits, unique keys, durable steps and dependencies run; the signals (w0022) remain.
-NOT_YET_ON_MARIADB: dict[str, str] = {
-    "test_ops_signals.py": "the signals' INSERT ... ON CONFLICT ... RETURNING (store/job_signals_sql.py)",
-}
-#: The capabilities (test_capabilities.py) MariaDB does not meet yet, by test.
-CAPABILITIES_NOT_YET = {
-    "test_insert_on_conflict_does_nothing_and_returns_only_new_rows": "Backend.insert has no "
-    "on_conflict_do_nothing: ON DUPLICATE KEY / INSERT IGNORE and no RETURNING (phase 2 decides the seam)",
-    "test_a_write_targets_exactly_the_picked_rows": "UPDATE ... RETURNING; picked() is an IN over "
-    "its own table (error 1093): a locking read, then a write by key",
-    "test_a_write_reaches_the_rows_a_pick_locked_by_their_address": "needs json_rows / RETURNING",
-    "test_a_pick_skips_rows_another_transaction_holds_where_rows_lock": "the test expects PostgreSQL's or "
-    "SQLite's pick SQL; MariaDB's FOR UPDATE SKIP LOCKED is right, the test's dialect rule is phase 2",
-    "test_a_locking_statement_counts_what_the_lock_protects_where_the_backend_locks_before_reading": "needs "
-    "json_rows / RETURNING",
-    "test_a_share_locked_read_holds_its_rows_against_a_delete_where_rows_lock": "the test expects "
-    "PostgreSQL's FOR KEY SHARE or none; MariaDB's LOCK IN SHARE MODE is phase 2's to assert",
-}
+#: Phase 3 made limits, unique keys, durable steps, dependencies and signals run.
+NOT_YET_ON_MARIADB: dict[str, str] = {}
+#: The capabilities (test_capabilities.py) MariaDB does not meet yet, by test:
+#: none left -- each test asserts MariaDB's own way where it differs.
+CAPABILITIES_NOT_YET: dict[str, str] = {}
 #: The operation tests that already pass on MariaDB in a file of NOT_YET_ON_MARIADB.
 RUNS_ON_MARIADB: set[str] = set()
 

@@ -3,7 +3,7 @@ signal of a name is kept (a repeat changes nothing), nothing is kept for a
 settled or unknown job, a job delayed while it waits for the signal is made
 due, and a snooze of a waiting job that a signal beat is made due too --
 including when the signal committed while the snooze waited for the job's
-row (PostgreSQL, forced interleaving).
+row (PostgreSQL and MariaDB, forced interleaving).
 
 Every backend runs this file; see ``tests/backends/ops.py``.
 """
@@ -17,7 +17,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import Engine, text
 
-from sqlalchemy_watchdog import Decision, Job, JobState, SignalStatus, store
+from sqlalchemy_watchdog import Decision, Job, JobState, SignalResult, SignalStatus, store
 from sqlalchemy_watchdog.jobs import StepKind
 from sqlalchemy_watchdog.store import Settlement, SettleRequest
 from tests.backends.ops import add, claim_one, op, settle
@@ -117,8 +117,8 @@ def test_a_signal_committed_while_the_snooze_waited_for_the_row_is_not_lost(db: 
     would not see the signal (its snapshot is older); the settle's next
     statement does, and the job is due now, not in an hour. Without that
     statement (``waits_for=None``) the same interleaving leaves it asleep."""
-    if db.dialect.name != "postgresql":
-        pytest.skip("rows lock on PostgreSQL; SQLite's one writer runs the two one after the other")
+    if db.dialect.name == "sqlite":
+        pytest.skip("rows lock on PostgreSQL and MariaDB; SQLite's one writer runs the two one after the other")
     outcomes = {}
     for job_id, waits_for in (("woken", "approved"), ("lost", None)):
         held = _waiting(db, job_id)
@@ -137,22 +137,93 @@ def test_a_signal_committed_while_the_snooze_waited_for_the_row_is_not_lost(db: 
     assert outcomes == {"woken": ("queued", 0), "lost": ("delayed", 60)}
 
 
+@pytest.mark.operation("send_signal")
+def test_two_transactions_signalling_the_same_name_at_once_keep_one_and_the_second_says_which(db: Engine) -> None:
+    """The race, forced: the first signal's transaction holds the job's row
+    when the second, whose own transaction has read already (its snapshot,
+    at MariaDB's default REPEATABLE READ, older than the first signal),
+    arrives and waits for it; the first commits. The second still finds the
+    first signal -- a conflict naming the first payload, nothing written.
+    (On MariaDB its INSERT fails on the duplicate key and a locking read
+    finds the first signal, where a plain read in its older snapshot would
+    find none and the duplicate key would reach the caller.)"""
+    if db.dialect.name == "sqlite":
+        pytest.skip("rows lock on PostgreSQL and MariaDB; SQLite's one writer runs the two one after the other")
+    add(db, Job("a", "q"))
+    with db.connect() as first, db.connect() as second:
+        first_transaction = first.begin()
+        assert store.send_signal(first, "a", "approved", '"ann"').status is SignalStatus.DELIVERED
+        second_transaction = second.begin()
+        assert second.execute(text("SELECT count(*) FROM watchdog_job_signals")).scalar_one() == 0
+        answers: list[object] = []
+
+        def send_second() -> None:
+            try:
+                answers.append(store.send_signal(second, "a", "approved", '"bob"'))
+            except Exception as error:  # shown by the assertion below
+                answers.append(error)
+
+        sender = threading.Thread(target=send_second)
+        sender.start()
+        _until_blocked(db, "a")
+        first_transaction.commit()
+        sender.join(timeout=60)
+        second_transaction.commit()
+    (answer,) = answers
+    assert isinstance(answer, SignalResult), answer
+    assert (answer.status, answer.payload_json) == (SignalStatus.CONFLICT, '"ann"'), "the first one stays"
+    assert [(s.name, s.payload) for s in op(db, store.read_signals, "a")] == [("approved", "ann")]
+
+
+@pytest.mark.operation("send_signal")
+def test_a_callers_open_signal_does_not_hold_up_a_signal_of_another_job(db: Engine) -> None:
+    """Two callers' own transactions at MariaDB's default REPEATABLE READ
+    (``signal_job(session, ...)``), each signalling its job, the first still
+    open: the second keeps its signal at once. A locking read of the missing
+    name before the insert would take a gap lock there, and the second's
+    insert into that gap would wait for the first to end."""
+    if db.dialect.name == "sqlite":
+        pytest.skip("SQLite's one writer: the second transaction waits for the first whatever it does")
+    add(db, Job("a", "q"), Job("b", "q"))
+    with db.connect() as first, db.connect() as second:
+        with first.begin():
+            assert store.send_signal(first, "a", "approved", "1").status is SignalStatus.DELIVERED
+            with second.begin():
+                if db.dialect.name == "postgresql":
+                    second.exec_driver_sql("SET LOCAL lock_timeout = '1s'")
+                else:
+                    second.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 1")
+                assert store.send_signal(second, "b", "approved", "1").status is SignalStatus.DELIVERED
+    assert [s.name for s in op(db, store.read_signals, "b")] == ["approved"]
+
+
+#: SQL counting the other sessions of this database that wait for a lock:
+#: PostgreSQL's, and InnoDB's (a ``mysql://`` or ``mariadb://`` URL).
+_LOCK_WAITS = {
+    "postgresql": "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+    " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
+    "innodb": "SELECT count(*) FROM information_schema.innodb_trx t"
+    " JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id"
+    " WHERE t.trx_state = 'LOCK WAIT' AND p.db = DATABASE() AND p.id <> CONNECTION_ID()",
+}
+
+
 def _until_blocked(db: Engine, job_id: str) -> None:
-    """Until another session waits for a lock (the snooze, for the job's row)."""
+    """Until another session waits for a lock (the snooze or a second
+    signal, for the job's row). InnoDB refreshes
+    ``information_schema.innodb_trx`` only when it was not read for 0.1 s:
+    read more often, it would show the first answer forever."""
+    query = text(_LOCK_WAITS.get(db.dialect.name) or _LOCK_WAITS["innodb"])
+    pause = 0.02 if db.dialect.name == "postgresql" else 0.15
     deadline = time.monotonic() + 60
     with db.connect() as conn:
         while time.monotonic() < deadline:
-            waiting = conn.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-                )
-            ).scalar_one()
+            waiting = conn.execute(query).scalar_one()
             conn.rollback()
             if waiting:
                 return
-            time.sleep(0.02)
-    raise AssertionError(f"the snooze of {job_id} never waited for the signal's row lock")
+            time.sleep(pause)
+    raise AssertionError(f"no transaction ever waited for the row lock of {job_id}")
 
 
 @pytest.mark.operation("read_signals", "prune_retention")

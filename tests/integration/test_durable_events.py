@@ -6,8 +6,10 @@ attempt and the signal makes the job due at once; a wait whose timeout passed
 raises WaitTimedOut (the job fails, not retried, unless the handler goes on);
 a signal is idempotent, kept only for a live job, and part of the caller's
 transaction in its session form. A job that fails for good runs the undos of
-its recorded steps, last first, each once. On both dialects, with Runner and
-AsyncRunner (plain and coroutine handlers), and in process children for waits.
+its recorded steps, last first, each once. On both dialects -- the signals and
+waits on MariaDB too (with ``WATCHDOG_TEST_MYSQL_URL``; aiomysql there) --, with
+Runner and AsyncRunner (plain and coroutine handlers), and in process children
+for waits.
 """
 
 from __future__ import annotations
@@ -34,10 +36,17 @@ from sqlalchemy_watchdog import (
 from sqlalchemy_watchdog.core.durable import WaitTimedOut
 from sqlalchemy_watchdog.jobs import StepKind
 from tests import process_handlers as h
+from tests.conftest import WITH_MARIADB
 from tests.helpers import add, present, read, wait_until
 from tests.runner_kinds import RunnerDriver, dual
 
 pytestmark = pytest.mark.dialect_neutral
+
+#: The tests of signals and waits run on MariaDB too (with WATCHDOG_TEST_MYSQL_URL):
+#: a signal is each backend's own SQL. The undos' tests stay on SQLite and
+#: PostgreSQL: the steps they record are the conformance suite's on MariaDB.
+ALSO_ON_MARIADB = pytest.mark.parametrize("dialect", WITH_MARIADB)
+
 
 RETRY = RetryPolicy(max_attempts=3, backoff=timedelta(milliseconds=1), factor=1.0, jitter=0.0)
 HOUR = timedelta(hours=1)
@@ -70,6 +79,7 @@ def _approval(ran: list[str], timeout: timedelta = HOUR) -> Any:
     return dual(plain, coroutine)
 
 
+@ALSO_ON_MARIADB
 def test_a_signal_sent_before_the_wait_is_kept_and_the_wait_returns_it_at_once(
     engine: Engine, runners: RunnerDriver
 ) -> None:
@@ -84,6 +94,7 @@ def test_a_signal_sent_before_the_wait_is_kept_and_the_wait_returns_it_at_once(
     assert kinds == [("draft", StepKind.STEP), ("approved", StepKind.WAIT), ("publish", StepKind.STEP)]
 
 
+@ALSO_ON_MARIADB
 def test_a_waiting_job_sleeps_until_its_signal_makes_it_due_and_then_returns_the_payload(
     engine: Engine, runners: RunnerDriver
 ) -> None:
@@ -102,6 +113,7 @@ def test_a_waiting_job_sleeps_until_its_signal_makes_it_due_and_then_returns_the
     assert ran == ["draft", "publish"], "the recorded step did not run again"
 
 
+@ALSO_ON_MARIADB
 def test_a_serving_runner_is_woken_by_the_signal_not_by_its_poll(engine: Engine, runners: RunnerDriver) -> None:
     """The signal wakes an idle runner (NOTIFY on PostgreSQL, this process's
     runners on SQLite): with an hour's poll interval and an hour's wait, the
@@ -116,6 +128,7 @@ def test_a_serving_runner_is_woken_by_the_signal_not_by_its_poll(engine: Engine,
     assert (job.outcome, job.result) == (Outcome.COMPLETED, {"by": "ann"}), job.failure_reason
 
 
+@ALSO_ON_MARIADB
 def test_a_wait_whose_timeout_passed_raises_wait_timed_out_and_fails_the_job_without_a_retry(
     engine: Engine, runners: RunnerDriver
 ) -> None:
@@ -147,6 +160,7 @@ def test_a_wait_whose_timeout_passed_raises_wait_timed_out_and_fails_the_job_wit
     assert Watchdog(engine).signal("caught", "approved", 1).status is SignalStatus.JOB_SETTLED
 
 
+@ALSO_ON_MARIADB
 def test_a_signal_is_idempotent_and_a_different_repeat_keeps_the_first(engine: Engine) -> None:
     add(engine, Job("j", "q"))
     watchdog = Watchdog(engine)
@@ -158,6 +172,7 @@ def test_a_signal_is_idempotent_and_a_different_repeat_keeps_the_first(engine: E
     assert [(s.name, s.payload) for s in watchdog.signals("j")] == [("approved", {"by": "ann"})]
 
 
+@ALSO_ON_MARIADB
 def test_a_settled_or_unknown_job_keeps_no_signal(engine: Engine, runners: RunnerDriver) -> None:
     add(engine, Job("j", "q"))
     runners.runner({"q": lambda job: None}).run_until_idle()
@@ -167,6 +182,7 @@ def test_a_settled_or_unknown_job_keeps_no_signal(engine: Engine, runners: Runne
     assert watchdog.signals("j") == []
 
 
+@ALSO_ON_MARIADB
 def test_a_signal_in_the_callers_transaction_is_kept_only_when_it_commits(engine: Engine) -> None:
     add(engine, Job("j", "q"))
     with Session(engine) as session:
@@ -179,6 +195,7 @@ def test_a_signal_in_the_callers_transaction_is_kept_only_when_it_commits(engine
     assert [s.payload for s in Watchdog(engine).signals("j")] == [2]
 
 
+@ALSO_ON_MARIADB
 async def test_the_async_api_signals_too_in_its_own_and_in_the_callers_transaction(engine: Engine) -> None:
     from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -296,6 +313,7 @@ def test_an_undo_must_be_callable_and_leave_room_for_its_name(engine: Engine, ru
 
 
 @pytest.mark.parametrize("kind", ["process", "async-process"])
+@ALSO_ON_MARIADB
 def test_a_wait_in_a_process_child_is_woken_by_its_signal(engine: Engine, kind: str) -> None:
     add(engine, Job("j", "q"))
     driver = RunnerDriver(kind, engine.url)
@@ -310,6 +328,7 @@ def test_a_wait_in_a_process_child_is_woken_by_its_signal(engine: Engine, kind: 
     assert (job.outcome, job.result) == (Outcome.COMPLETED, {"approval": {"by": "ann"}}), job.failure_reason
 
 
+@ALSO_ON_MARIADB
 def test_show_and_the_dashboard_list_waits_signals_and_undos(engine: Engine, runners: RunnerDriver) -> None:
     add(engine, Job("j", "q"))
     runners.runner({"q": _approval([])}).run_until_idle()

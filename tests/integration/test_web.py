@@ -1,5 +1,5 @@
 """The web dashboard (``sqlalchemy_watchdog.web``) through Starlette's TestClient,
-on SQLite and PostgreSQL: pages, each action's result in the library's words,
+on SQLite and PostgreSQL, its pages on MariaDB too: pages, each action's result in the library's words,
 CSRF, ``read_only``, ``authorize``, escaping, mounting, the sync and async
 engines, the ``throughput()`` read behind the chart, and the ``dashboard``
 command. The real-browser tests are in ``test_web_browser.py``.
@@ -45,12 +45,20 @@ from sqlalchemy_watchdog.cli import main
 from sqlalchemy_watchdog.jobs import THROUGHPUT_MINUTES
 from sqlalchemy_watchdog.model import jobs_table
 from sqlalchemy_watchdog.web import ACTIONS, create_app
-from tests.conftest import make_async_engine
+from tests.conftest import WITH_MARIADB, make_async_engine
 from tests.helpers import present
 
 # The dialect does not matter here but where a test says dialect_specific: the PostgreSQL copy
 # runs under CI=true or WATCHDOG_ALL_DIALECTS=1 (tests/conftest.py).
 pytestmark = pytest.mark.dialect_neutral
+
+#: The tests of the pages (the overview and its fragment, the job lists, a
+#: lane, a job, the workers) run on MariaDB too, with WATCHDOG_TEST_MYSQL_URL:
+#: their reads are each dialect's own SQL. The actions' tests stay on SQLite and
+#: PostgreSQL (each action is a store operation the conformance suite runs on
+#: MariaDB), and so does the test of 100 KB payloads: MariaDB's TEXT column
+#: holds 64 KiB.
+ALSO_ON_MARIADB = pytest.mark.parametrize("dialect", WITH_MARIADB)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -110,6 +118,7 @@ def settle(engine: Engine, handlers: dict[str, Any]) -> None:
 # -- pages ---------------------------------------------------------------------------
 
 
+@ALSO_ON_MARIADB
 def test_a_job_whose_stored_payload_is_undecodable_is_shown_as_unknown(
     engine: Engine, watchdog: Watchdog, dashboard: Dashboard
 ) -> None:
@@ -127,6 +136,7 @@ def test_a_job_whose_stored_payload_is_undecodable_is_shown_as_unknown(
     assert dashboard.get("/").status_code == 200
 
 
+@ALSO_ON_MARIADB
 def test_pages_show_queues_jobs_and_a_job(engine: Engine, watchdog: Watchdog, dashboard: Dashboard) -> None:
     watchdog.enqueue(
         [Job(f"order-{n}", "emails", lane=f"customer:{n % 2}", payload={"order_id": n}) for n in range(6)]
@@ -159,6 +169,7 @@ def test_pages_show_queues_jobs_and_a_job(engine: Engine, watchdog: Watchdog, da
     assert dashboard.get("/job", job_id="nope").status_code == 404
 
 
+@ALSO_ON_MARIADB
 def test_the_workers_page_shows_live_and_gone_workers_and_disputed_schedules(
     engine: Engine, dashboard: Dashboard
 ) -> None:
@@ -207,6 +218,7 @@ def test_the_workers_page_shows_live_and_gone_workers_and_disputed_schedules(
     assert 'href="/workers" aria-current="page">Workers</a>' in text_  # in the nav
 
 
+@ALSO_ON_MARIADB
 def test_a_gone_worker_shows_no_running_count(engine: Engine, dashboard: Dashboard) -> None:
     """A worker past its expiry holds nothing any more (its jobs are recovered
     when their leases end): its last count is not shown as if it ran them."""
@@ -231,6 +243,7 @@ def test_a_gone_worker_shows_no_running_count(engine: Engine, dashboard: Dashboa
     assert '<td class="num">3</td>' not in rows["w-dead"] and 'class="badge gone">gone</span>' in rows["w-dead"]
 
 
+@ALSO_ON_MARIADB
 def test_the_timeline_shows_the_claims_before_the_last(
     engine: Engine, watchdog: Watchdog, dashboard: Dashboard
 ) -> None:
@@ -262,6 +275,7 @@ def test_the_timeline_shows_the_claims_before_the_last(
     ) in page
 
 
+@ALSO_ON_MARIADB
 def test_the_overview_flags_a_queue_with_ready_jobs_and_no_live_worker(
     engine: Engine, watchdog: Watchdog, dashboard: Dashboard
 ) -> None:
@@ -278,6 +292,7 @@ def test_the_overview_flags_a_queue_with_ready_jobs_and_no_live_worker(
     assert 'aria-label="1 live workers serve served"' in page
 
 
+@ALSO_ON_MARIADB
 def test_the_job_page_lists_the_jobs_durable_steps(engine: Engine, watchdog: Watchdog, dashboard: Dashboard) -> None:
     watchdog.enqueue(Job("booking", "emails"))
 
@@ -290,6 +305,7 @@ def test_the_job_page_lists_the_jobs_durable_steps(engine: Engine, watchdog: Wat
     assert page.index("reserve</span> step, attempt 1") < page.index("charge</span> step, attempt 1")
 
 
+@ALSO_ON_MARIADB
 def test_the_job_page_lists_a_jobs_wait_with_how_it_stands_its_signals_and_undos(
     engine: Engine, watchdog: Watchdog, dashboard: Dashboard
 ) -> None:
@@ -314,6 +330,7 @@ def test_the_job_page_lists_a_jobs_wait_with_how_it_stands_its_signals_and_undos
     assert page.index("reserve</span> step, attempt 1") < page.index("undo:reserve</span> undo, attempt 1")
 
 
+@ALSO_ON_MARIADB
 def test_the_job_page_says_what_applies_and_the_reason_in_plain_words(
     engine: Engine, watchdog: Watchdog, dashboard: Dashboard
 ) -> None:
@@ -355,6 +372,7 @@ def test_the_job_page_says_what_applies_and_the_reason_in_plain_words(
     assert "not paused" in lost
 
 
+@ALSO_ON_MARIADB
 def test_job_and_lane_lists_show_the_newest_first_and_page_both_ways(watchdog: Watchdog, dashboard: Dashboard) -> None:
     watchdog.enqueue([Job(f"bulk-{n:03d}", "bulk", lane="lane-b") for n in range(60)])
     for path, query in (("/jobs", {"queue": "bulk"}), ("/lane", {"lane": "lane-b"})):
@@ -518,6 +536,7 @@ def test_pause_resume_purge_fail_lane_rerun(engine: Engine, watchdog: Watchdog, 
     assert "only a settled job can be rerun" in html.unescape(refused.text)
 
 
+@ALSO_ON_MARIADB
 def test_limits_are_shown_set_and_cleared_by_form(engine: Engine, watchdog: Watchdog, dashboard: Dashboard) -> None:
     assert "No queue has limits" in dashboard.get("/").text
     watchdog.enqueue([Job(f"e{n}", "exports", key=f"customer-{n % 2}") for n in range(4)])
@@ -831,6 +850,7 @@ def test_base_path_must_be_a_path_of_this_site(engine: Engine, base_path: Any) -
 # -- untrusted data stays data ------------------------------------------------------------------
 
 
+@ALSO_ON_MARIADB
 def test_untrusted_text_is_escaped_everywhere(engine: Engine, watchdog: Watchdog) -> None:
     nasty_id = f"{SCRIPT}{IMG}{CONTROL}"
     watchdog.enqueue(Job(nasty_id, f"q{SCRIPT}", lane=f"lane{IMG}{CONTROL}", payload={SCRIPT: [IMG, CONTROL]}))
@@ -867,6 +887,7 @@ def test_untrusted_text_is_escaped_everywhere(engine: Engine, watchdog: Watchdog
 
 
 @pytest.mark.dialect_specific
+@ALSO_ON_MARIADB
 def test_an_async_engine_serves_the_same_pages_and_actions(engine: Engine) -> None:
     async def prepare() -> None:
         async_engine = make_async_engine(engine)
@@ -933,6 +954,7 @@ def test_create_app_refuses_bad_arguments(engine: Engine) -> None:
 # -- the chart's read ---------------------------------------------------------------------------
 
 
+@ALSO_ON_MARIADB
 def test_throughput_counts_settled_jobs_per_minute(engine: Engine, watchdog: Watchdog) -> None:
     assert watchdog.throughput().queues == {}
     watchdog.enqueue([Job(f"t{n}", "ok" if n % 3 else "bad") for n in range(9)])
@@ -1054,6 +1076,7 @@ def test_the_job_lists_do_not_read_payloads(engine: Engine, watchdog: Watchdog) 
     assert [len(job.payload) for job in watchdog.list_jobs()] == [100_000] * 3
 
 
+@ALSO_ON_MARIADB
 def test_the_job_page_shows_a_completed_jobs_result_escaped(
     engine: Engine, watchdog: Watchdog, dashboard: Dashboard
 ) -> None:
@@ -1080,6 +1103,7 @@ def test_the_job_page_shows_a_completed_jobs_result_escaped(
     assert '<progress max="1" value="0.425">42.5%</progress> 42.5%: step &lt;3&gt;</dd>' in plain
 
 
+@ALSO_ON_MARIADB
 def test_the_job_page_shows_a_workflows_parents_dependents_and_progress(
     engine: Engine, watchdog: Watchdog, dashboard: Dashboard
 ) -> None:
