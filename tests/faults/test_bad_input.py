@@ -76,7 +76,7 @@ from sqlalchemy_watchdog.model import (
     workers_table,
 )
 from tests import process_handlers
-from tests.conftest import DIALECTS, WITH_MARIADB, make_async_engine, mysql_database
+from tests.conftest import WITH_MARIADB, make_async_engine, mysql_database
 from tests.faults.helpers import dump_jobs
 from tests.helpers import present, stable_repr, wait_until
 from tests.runner_kinds import RunnerDriver
