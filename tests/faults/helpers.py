@@ -342,8 +342,8 @@ def controlled_db_clock(url: URL | str, start_ms: int) -> Iterator[tuple[Engine,
     """
     dispatcher = sql.db_clock_ms.__dict__["_compiler_dispatcher"]
     saved = dict(dispatcher.specs)
-    dispatcher.specs["postgresql"] = _clock_from_table
-    dispatcher.specs["sqlite"] = _clock_from_table
+    for dialect in ("postgresql", "sqlite", "mysql", "mariadb"):
+        dispatcher.specs[dialect] = _clock_from_table
     engine = create_engine(url)
     try:
         fault_clock.create(engine, checkfirst=True)
