@@ -135,10 +135,31 @@ _SQLITE_TRIGGER = [
 ]
 
 
+_MYSQL_TRIGGER = [
+    "DROP TRIGGER IF EXISTS fault_log_transition",
+    f"""
+    CREATE TRIGGER fault_log_transition AFTER UPDATE ON watchdog_jobs FOR EACH ROW
+    BEGIN
+        IF NOT (OLD.state <=> NEW.state) OR NOT (OLD.outcome <=> NEW.outcome)
+           OR NOT (OLD.claim_token <=> NEW.claim_token)
+           OR NOT (OLD.recovery_count <=> NEW.recovery_count)
+           OR NOT (OLD.failure_reason <=> NEW.failure_reason)
+           OR NOT (OLD.payload_json <=> NEW.payload_json) THEN
+            INSERT INTO fault_transitions ({_COLS}) VALUES ({
+        _VALS.format(clock="TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) DIV 1000")
+    });
+        END IF;
+    END
+    """,
+]
+
+
 def install_instrumentation(engine: Engine) -> None:
     """Create the audit and transition tables and the transition trigger."""
     fault_metadata.create_all(engine)
-    statements_ = _PG_TRIGGER if engine.dialect.name == "postgresql" else _SQLITE_TRIGGER
+    statements_ = {"postgresql": _PG_TRIGGER, "mysql": _MYSQL_TRIGGER, "mariadb": _MYSQL_TRIGGER}.get(
+        engine.dialect.name, _SQLITE_TRIGGER
+    )
     with engine.begin() as conn:
         for ddl in statements_:
             conn.exec_driver_sql(ddl)
