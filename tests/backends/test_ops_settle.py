@@ -11,10 +11,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from sqlalchemy_watchdog import Decision, Job, JobState, Outcome, Watchdog, store
-from sqlalchemy_watchdog.jobs import CancelStatus, SettleStatus
+from sqlalchemy_watchdog.jobs import CancelStatus, SettleStatus, encode_result
 from sqlalchemy_watchdog.store import SettleRequest
 from tests.backends.ops import add, claim, claim_one, claimed_ids, end_lease, far_future, op, read, requeue, settle
 
@@ -166,3 +166,16 @@ def test_the_clients_cancel_reports_the_same_statuses_as_the_store(db: Engine) -
     assert claimed_ids(batch) == ["b"] and [job.job_id for job in batch.cancelled] == ["a"]
     assert watchdog.cancel("b", "c-3", only_if_queued=True).status is CancelStatus.CONFLICT  # running
     assert read(db, "b").cancellation_id is None
+
+
+@pytest.mark.operation("settle")
+def test_a_result_far_over_64_kib_is_stored_byte_for_byte(db: Engine) -> None:
+    """Issue 57: a result over the 65,535 bytes of MariaDB's TEXT is kept whole (LONGTEXT, revision w0023)."""
+    result = {"text": "é" * 50_000 + "x" * 100_000, "list": list(range(5_000))}
+    add(db, Job("a", "q"))
+    held = claim_one(db)
+    assert settle(db, held, Decision.completed(result)).status is SETTLED
+    assert read(db, "a").result == result
+    with db.connect() as conn:
+        stored = conn.execute(text("SELECT result_json FROM watchdog_jobs WHERE job_id = 'a'")).scalar_one()
+    assert stored == encode_result(result) and len(stored.encode()) > 200_000
