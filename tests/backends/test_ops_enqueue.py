@@ -159,6 +159,15 @@ def test_enqueue_select_stores_a_payload_far_over_64_kib_byte_for_byte(db: Engin
 
 
 @pytest.mark.operation("enqueue")
+def test_payloads_of_exactly_the_limit_are_stored_whole_in_a_batch(db: Engine) -> None:
+    heaviest = "x" * (PAYLOAD_MAX_BYTES - 2)  # its JSON, quotes and all, is the limit
+    add(db, Job("a", "q", payload=heaviest), Job("b", "q", payload="é" * ((PAYLOAD_MAX_BYTES - 2) // 2)))
+    assert len(_stored_payload(db, "a").encode()) == PAYLOAD_MAX_BYTES
+    assert read(db, "a").payload == heaviest
+    assert read(db, "b").payload == "é" * ((PAYLOAD_MAX_BYTES - 2) // 2)
+
+
+@pytest.mark.operation("enqueue")
 def test_a_payload_over_the_limit_is_refused_naming_the_field_and_its_batch_writes_nothing(db: Engine) -> None:
     with pytest.raises(InvalidJob) as caught:
         add(db, Job("fine", "q", payload=LONG_PAYLOAD), Job("huge", "q", payload="x" * PAYLOAD_MAX_BYTES))
