@@ -1886,3 +1886,15 @@ def test_w0023_makes_the_payload_and_result_columns_longtext_on_mariadb_and_neve
     assert watchdog.read("short").payload == {"n": 1}  # type: ignore[union-attr]
     run(engine, command.upgrade, "head")
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
+
+
+def test_w0023_changes_nothing_on_postgresql_and_sqlite_where_text_holds_any_length(empty_engine: Engine) -> None:
+    run(empty_engine, command.upgrade, "head")
+    long_payload = {"text": "é" * 50_000 + "x" * 100_000}
+    with empty_engine.begin() as conn:
+        enqueue(conn, [Job("long", "q", payload=long_payload), Job("other", "q")])
+    run(empty_engine, command.downgrade, W0022)
+    assert Watchdog(empty_engine).read("long").payload == long_payload  # type: ignore[union-attr]
+    run(empty_engine, command.upgrade, "head")
+    assert differences(empty_engine, sqlalchemy_watchdog.metadata) == []
+    assert Watchdog(empty_engine).read("long").payload == long_payload  # type: ignore[union-attr]
