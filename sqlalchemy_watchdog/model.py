@@ -282,6 +282,13 @@ def _bounded_text(length: int) -> TypeEngine[str]:
     return with_variants(Text(), lambda backend: backend.bounded_text(length))
 
 
+def _long_text() -> TypeEngine[str]:
+    """``TEXT`` holding a payload's or result's JSON whole (up to
+    ``PAYLOAD_MAX_BYTES``): ``LONGTEXT`` where ``TEXT`` holds less
+    (``Backend.long_text``, revision w0023)."""
+    return with_variants(Text(), lambda backend: backend.long_text)
+
+
 def _bigint_key() -> TypeEngine[int]:
     """``BIGINT`` as an autoincrementing primary key on every backend."""
     return with_variants(BigInteger(), lambda backend: backend.bigint_pk_type)
@@ -318,7 +325,7 @@ class WatchdogJob(WatchdogBase):
     queue_name: Mapped[str] = mapped_column(_domain("queue_name", _bounded_text(QUEUE_MAX_LENGTH)))
     lane: Mapped[str] = mapped_column(_domain("lane", _bounded_text(LANE_MAX_LENGTH)))
     priority: Mapped[int] = mapped_column(BigInteger)
-    payload_json: Mapped[str] = mapped_column(Text)
+    payload_json: Mapped[str] = mapped_column(_long_text())
     recovery_max: Mapped[int | None] = mapped_column(_domain("recovery_max", Integer()))
     state: Mapped[str] = mapped_column(_domain("state", _bounded_text(_WORD)))
     outcome: Mapped[str | None] = mapped_column(_domain("outcome", _bounded_text(_WORD)))
@@ -369,7 +376,7 @@ class WatchdogJob(WatchdogBase):
     # -- revision w0012: results
     #: The result a completed job's handler returned, as canonical JSON
     #: (written by the settle statement itself; CHECK ``result_completed``).
-    result_json: Mapped[str | None] = mapped_column(Text)
+    result_json: Mapped[str | None] = mapped_column(_long_text())
     #: A running job's progress as its handler last reported it (0 to 1),
     #: and its note; kept when it settles, cleared by a requeue.
     progress: Mapped[float | None] = mapped_column(_domain("progress", Float()))
@@ -651,8 +658,9 @@ class WatchdogWorker(WatchdogBase):
     worker_id: Mapped[str] = mapped_column(_bounded_text(WORKER_ID_MAX_LENGTH), primary_key=True)
     host: Mapped[str] = mapped_column(Text)
     pid: Mapped[int] = mapped_column(Integer)
-    #: The queues it serves, a JSON array of names.
-    queues: Mapped[str] = mapped_column(Text)
+    #: The queues it serves, a JSON array of names (up to
+    #: ``WORKER_QUEUES_MAX_LENGTH`` characters: LONGTEXT on MariaDB, revision w0023).
+    queues: Mapped[str] = mapped_column(_long_text())
     concurrency: Mapped[int] = mapped_column(Integer)
     #: Its wake-up mode as it runs (its ``wakeup_status``).
     wakeups: Mapped[str] = mapped_column(Text)
@@ -673,7 +681,7 @@ class WatchdogWorker(WatchdogBase):
     #: Its queues whose handlers run in child processes, a JSON array of
     #: names (revision w0018); the others run in its own process. Written
     #: with every heartbeat (``[]`` until the first after the upgrade).
-    process_queues: Mapped[str] = mapped_column(Text, server_default=text("'[]'"))
+    process_queues: Mapped[str] = mapped_column(_long_text(), server_default=text("'[]'"))
 
     __table_args__ = (
         CheckConstraint(f"length(worker_id) BETWEEN 1 AND {WORKER_ID_MAX_LENGTH}", name="worker_id_length"),
@@ -936,7 +944,7 @@ class WatchdogJobStep(WatchdogBase):
     job_id: Mapped[str] = mapped_column(_code_point_text())
     kind: Mapped[str] = mapped_column(Text)
     #: The step's result (canonical JSON, the runner's codec applied); NULL: None.
-    result_json: Mapped[str | None] = mapped_column(Text)
+    result_json: Mapped[str | None] = mapped_column(_long_text())
     #: A sleep's end or a wait's timeout, epoch milliseconds on the database clock.
     wake_at: Mapped[int | None] = mapped_column(BigInteger)
     #: The attempt that recorded it.
@@ -977,7 +985,7 @@ class WatchdogJobSignal(WatchdogBase):
     name: Mapped[str] = mapped_column(_code_point_text(), primary_key=True)
     job_id: Mapped[str] = mapped_column(_code_point_text())
     #: The payload, canonical JSON (``null`` for None).
-    payload_json: Mapped[str] = mapped_column(Text)
+    payload_json: Mapped[str] = mapped_column(_long_text())
     #: When it was kept: epoch milliseconds, database clock.
     sent_at: Mapped[int] = mapped_column(BigInteger)
 

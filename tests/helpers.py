@@ -185,4 +185,4 @@ def stable_repr(value: object) -> str:
 
 #: The package's newest revision: what `upgrade` reaches (one place for the
 #: tests that name it; the migrations' own test checks the chain).
-HEAD_REVISION = "w0022_job_signals"
+HEAD_REVISION = "w0023_long_text"

@@ -110,6 +110,10 @@ class Backend(Protocol):
     #: The text type sorting by code point (a prefix is one index range),
     #: where the default collation may not (PostgreSQL's ``COLLATE "C"``); else None.
     code_point_text: TypeEngine[str] | None
+    #: The type of a text column holding up to a payload's or result's
+    #: 1 MiB of JSON (``PAYLOAD_MAX_BYTES``), where ``TEXT`` holds less
+    #: (MariaDB/MySQL: 65,535 bytes, ``LONGTEXT``, revision w0023); else None.
+    long_text: TypeEngine[str] | None
 
     # -- connections and tools -------------------------------------------------------
 

@@ -113,6 +113,9 @@ class MySQL:
     column_domains = False
     # BIGINT AUTO_INCREMENT.
     bigint_pk_type: TypeEngine[int] | None = None
+    #: Revision w0023: TEXT holds 65,535 bytes, and an ``INSERT ... SELECT``
+    #: (a batch enqueue) cuts a longer value short without an error.
+    long_text: TypeEngine[str] | None = mysql.LONGTEXT()
     #: The binary collation: code-point order, equality of the exact text
     #: (but PAD SPACE: 'a' = 'a '). utf8mb4_bin, the one binary collation
     #: both MySQL and MariaDB have, as a ``mysql://`` URL may reach either.

@@ -51,6 +51,8 @@ class PostgreSQL:
     bigint_pk_type: TypeEngine[int] | None = None
     # Revision w0010: job_id and the keys sort by code point.
     code_point_text: TypeEngine[str] | None = Text(collation="C")
+    # TEXT holds any length.
+    long_text: TypeEngine[str] | None = None
     # A server can stop being a writable primary under a pool's connections.
     fails_over = True
     # The limited claim can be one statement (limits_sql.claim_limited_at_once).

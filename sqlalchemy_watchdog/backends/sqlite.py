@@ -71,6 +71,8 @@ class SQLite:
     bigint_pk_type: TypeEngine[int] | None = Integer()
     # BINARY already sorts by code point.
     code_point_text: TypeEngine[str] | None = None
+    # TEXT holds any length.
+    long_text: TypeEngine[str] | None = None
     fails_over = False
     limited_claim_at_once = False
     has_schemas = False

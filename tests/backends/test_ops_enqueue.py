@@ -9,13 +9,17 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import Engine, literal, select, union_all
+from sqlalchemy import Engine, literal, select, text, union_all
 
-from sqlalchemy_watchdog import EnqueueConflict, Job, JobState, enqueue_select, store
-from sqlalchemy_watchdog.jobs import EnqueueStatus
+from sqlalchemy_watchdog import EnqueueConflict, InvalidJob, Job, JobState, enqueue_select, store
+from sqlalchemy_watchdog.jobs import PAYLOAD_MAX_BYTES, EnqueueStatus, encode_payload
 from tests.backends.ops import add, claim, claimed_ids, op, read
 
 QUEUED, DUPLICATE = EnqueueStatus.QUEUED, EnqueueStatus.DUPLICATE
+
+#: A payload of about 200 KB of JSON, multibyte characters among them: over
+#: the 65,535 bytes of a MariaDB/MySQL TEXT column (issue 57, revision w0023).
+LONG_PAYLOAD = {"text": "é" * 50_000 + "x" * 100_000, "list": list(range(5_000))}
 
 
 def _count(db: Engine) -> int:
@@ -117,3 +121,55 @@ def test_enqueue_select_admits_one_job_per_row_in_the_callers_transaction(db: En
     assert claimed_ids(claim(db, limit=2)) == ["s1", "s2"]  # priority 3 first
     with db.begin() as conn:
         assert {r.status for r in enqueue_select(conn, select(rows.subquery()))} == {DUPLICATE}
+
+
+def _stored_payload(db: Engine, job_id: str) -> str:
+    with db.connect() as conn:
+        stored: str = conn.execute(
+            text("SELECT payload_json FROM watchdog_jobs WHERE job_id = :j"), {"j": job_id}
+        ).scalar_one()
+        return stored
+
+
+@pytest.mark.operation("enqueue")
+def test_a_payload_far_over_64_kib_is_stored_byte_for_byte_alone_and_in_a_batch(db: Engine) -> None:
+    """Issue 57: MariaDB cut a batch's 70,000-byte payload to 4,464 bytes
+    without an error (an INSERT ... SELECT into TEXT); LONGTEXT keeps it whole."""
+    expected = encode_payload(LONG_PAYLOAD)
+    assert len(expected.encode()) > 200_000
+    add(db, Job("alone", "q", payload=LONG_PAYLOAD))
+    add(db, Job("first", "q", payload=LONG_PAYLOAD), Job("short", "q"), Job("last", "q", payload=LONG_PAYLOAD))
+    for job_id in ("alone", "first", "last"):
+        assert _stored_payload(db, job_id) == expected, job_id
+        assert read(db, job_id).payload == LONG_PAYLOAD
+    # A replay of the long job compares the whole payload: a duplicate, not a conflict.
+    assert [r.status for r in add(db, Job("first", "q", payload=LONG_PAYLOAD))] == [DUPLICATE]
+
+
+@pytest.mark.operation("enqueue")
+def test_enqueue_select_stores_a_payload_far_over_64_kib_byte_for_byte(db: Engine) -> None:
+    expected = encode_payload(LONG_PAYLOAD)
+    rows = union_all(
+        select(literal("s1").label("job_id"), literal("q").label("queue"), literal(expected).label("payload")),
+        select(literal("s2").label("job_id"), literal("q").label("queue"), literal(expected).label("payload")),
+    )
+    with db.begin() as conn:
+        assert {r.status for r in enqueue_select(conn, select(rows.subquery()))} == {QUEUED}
+    assert _stored_payload(db, "s1") == _stored_payload(db, "s2") == expected
+
+
+@pytest.mark.operation("enqueue")
+def test_payloads_of_exactly_the_limit_are_stored_whole_in_a_batch(db: Engine) -> None:
+    heaviest = "x" * (PAYLOAD_MAX_BYTES - 2)  # its JSON, quotes and all, is the limit
+    add(db, Job("a", "q", payload=heaviest), Job("b", "q", payload="é" * ((PAYLOAD_MAX_BYTES - 2) // 2)))
+    assert len(_stored_payload(db, "a").encode()) == PAYLOAD_MAX_BYTES
+    assert read(db, "a").payload == heaviest
+    assert read(db, "b").payload == "é" * ((PAYLOAD_MAX_BYTES - 2) // 2)
+
+
+@pytest.mark.operation("enqueue")
+def test_a_payload_over_the_limit_is_refused_naming_the_field_and_its_batch_writes_nothing(db: Engine) -> None:
+    with pytest.raises(InvalidJob) as caught:
+        add(db, Job("fine", "q", payload=LONG_PAYLOAD), Job("huge", "q", payload="x" * PAYLOAD_MAX_BYTES))
+    assert caught.value.field == "payload" and str(PAYLOAD_MAX_BYTES) in str(caught.value)
+    assert _count(db) == 0

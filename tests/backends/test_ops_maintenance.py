@@ -7,7 +7,9 @@ Every backend runs this file (SQLite on a real file, PostgreSQL); see
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -189,3 +191,15 @@ def test_make_due_readies_only_the_named_queues_delayed_jobs(db: Engine) -> None
     assert read(db, "d2").state is JobState.DELAYED
     assert op(db, store.waiting_jobs, ["a"]) == [] and op(db, store.waiting_jobs, []) == []
     assert op(db, store.make_due) == 1 and read(db, "d2").outcome is None
+
+
+@pytest.mark.operation("register_worker", "workers")
+def test_a_worker_serving_queue_lists_over_64_kib_is_registered_with_every_queue(db: Engine) -> None:
+    """The queue lists hold up to 65,536 characters: as UTF-8 more bytes than
+    MariaDB's TEXT holds, so they are LONGTEXT there (revision w0023)."""
+    names = tuple(f"{n:03}" + "é" * 200 for n in range(300))
+    assert len(json.dumps(names, ensure_ascii=False).encode()) > 100_000
+    registration = _registration("w1", names)
+    op(db, store.register_worker, replace(registration, process_queues=names[:150]))
+    (shown,) = op(db, store.workers)
+    assert shown.queues == names and shown.process_queues == names[:150]

@@ -11,10 +11,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from sqlalchemy_watchdog import Decision, Job, JobState, Outcome, Watchdog, store
-from sqlalchemy_watchdog.jobs import CancelStatus, SettleStatus
+from sqlalchemy_watchdog.jobs import CancelStatus, SettleStatus, encode_result
 from sqlalchemy_watchdog.store import SettleRequest
 from tests.backends.ops import add, claim, claim_one, claimed_ids, end_lease, far_future, op, read, requeue, settle
 
@@ -166,3 +166,36 @@ def test_the_clients_cancel_reports_the_same_statuses_as_the_store(db: Engine) -
     assert claimed_ids(batch) == ["b"] and [job.job_id for job in batch.cancelled] == ["a"]
     assert watchdog.cancel("b", "c-3", only_if_queued=True).status is CancelStatus.CONFLICT  # running
     assert read(db, "b").cancellation_id is None
+
+
+#: A result of about 200 KB of JSON, multibyte characters among them: over
+#: the 65,535 bytes of a MariaDB/MySQL TEXT column (issue 57, revision w0023).
+LONG_RESULT = {"text": "é" * 50_000 + "x" * 100_000, "list": list(range(5_000))}
+
+
+def _stored_result(db: Engine, job_id: str) -> str:
+    with db.connect() as conn:
+        stored: str = conn.execute(
+            text("SELECT result_json FROM watchdog_jobs WHERE job_id = :j"), {"j": job_id}
+        ).scalar_one()
+        return stored
+
+
+@pytest.mark.operation("settle", "settle_many")
+def test_a_result_far_over_64_kib_is_stored_byte_for_byte_alone_and_in_a_batch(db: Engine) -> None:
+    """Issue 57: a result over the 65,535 bytes of MariaDB's TEXT is kept
+    whole by a settle and by a batch of settles (a JSON row source, which
+    MariaDB cut short into TEXT without an error); LONGTEXT, revision w0023."""
+    expected = encode_result(LONG_RESULT)
+    assert expected is not None and len(expected.encode()) > 200_000
+    add(db, Job("alone", "q"), Job("first", "q"), Job("last", "q"))
+    alone, first, last = claim(db, limit=3).claimed
+    assert settle(db, alone, Decision.completed(LONG_RESULT)).status is SETTLED
+    requests = [
+        SettleRequest("first", first.token, Decision.completed(LONG_RESULT)),
+        SettleRequest("last", last.token, Decision.completed(LONG_RESULT)),
+    ]
+    assert [r.status for r in op(db, store.settle_many, requests)] == [SETTLED, SETTLED]
+    for job_id in ("alone", "first", "last"):
+        assert _stored_result(db, job_id) == expected, job_id
+        assert read(db, job_id).result == LONG_RESULT

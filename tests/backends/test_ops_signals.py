@@ -10,6 +10,7 @@ Every backend runs this file; see ``tests/backends/ops.py``.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from datetime import timedelta
@@ -237,3 +238,16 @@ def test_a_pruned_jobs_signals_are_forgotten_and_a_new_job_of_its_id_has_none(db
     op(db, store.prune_retention, {"completed": timedelta(days=1)}, 100)
     with db.connect() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM watchdog_job_signals").scalar() == 0, "orphans pruned"
+
+
+@pytest.mark.operation("send_signal", "read_signal", "read_signals")
+def test_a_signal_payload_far_over_64_kib_is_kept_byte_for_byte(db: Engine) -> None:
+    """Issue 57: a signal's payload over the 65,535 bytes of MariaDB's TEXT is kept whole (LONGTEXT, revision w0023)."""
+    payload_json = json.dumps({"text": "é" * 50_000 + "x" * 100_000}, ensure_ascii=False, separators=(",", ":"))
+    assert len(payload_json.encode()) > 200_000
+    add(db, Job("a", "q"))
+    assert op(db, store.send_signal, "a", "big", payload_json).status is SignalStatus.DELIVERED
+    assert op(db, store.send_signal, "a", "big", payload_json).status is SignalStatus.DUPLICATE, "compared whole"
+    found, _ = op(db, store.read_signal, "a", "big")
+    assert found is not None and found.payload_json == payload_json
+    assert [s.payload_json for s in op(db, store.read_signals, "a")] == [payload_json]

@@ -7,10 +7,11 @@ Every backend runs this file; see ``tests/backends/ops.py``.
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from sqlalchemy_watchdog import Decision, Job, store
 from sqlalchemy_watchdog.jobs import StepKind
@@ -75,3 +76,17 @@ def test_a_job_id_enqueued_again_after_a_prune_starts_with_no_steps(db: Engine) 
     op(db, store.prune_retention, {"completed": timedelta(days=1)}, 100)
     with db.connect() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM watchdog_job_steps").scalar() == 0, "orphans pruned"
+
+
+@pytest.mark.operation("record_step", "read_steps")
+def test_a_step_result_far_over_64_kib_is_read_back_byte_for_byte(db: Engine) -> None:
+    """Issue 57: a step's result over the 65,535 bytes of MariaDB's TEXT is kept whole (LONGTEXT, revision w0023)."""
+    result_json = json.dumps({"text": "é" * 50_000 + "x" * 100_000}, ensure_ascii=False, separators=(",", ":"))
+    assert len(result_json.encode()) > 200_000
+    add(db, Job("a", "q"))
+    held = claim_one(db, ["q"])
+    assert _record(db, "a", held.token, "big", result_json=result_json) is not None
+    [step] = op(db, store.read_steps, "a")
+    assert step.result == json.loads(result_json)
+    with db.connect() as conn:
+        assert conn.execute(text("SELECT result_json FROM watchdog_job_steps")).scalar_one() == result_json

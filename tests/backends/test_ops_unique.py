@@ -24,7 +24,7 @@ from sqlalchemy_watchdog import (
     enqueue,
     store,
 )
-from sqlalchemy_watchdog.jobs import EnqueueStatus
+from sqlalchemy_watchdog.jobs import EnqueueStatus, encode_payload
 from sqlalchemy_watchdog.model import jobs_table, unique_keys_table
 from tests.backends.ops import add, claim_one, op, read, settle
 
@@ -226,6 +226,25 @@ def test_replace_changes_a_waiting_jobs_payload_and_start_and_is_idempotent(db: 
     assert abs(job.run_at - later) < timedelta(milliseconds=2)
     op(db, store.replace, "a", payload=None, start=None, set_start=True)
     assert (read(db, "a").payload, read(db, "a").state) == (2, JobState.QUEUED)
+
+
+@pytest.mark.operation("replace", "enqueue")
+def test_a_replacement_payload_far_over_64_kib_is_stored_byte_for_byte(db: Engine) -> None:
+    """Issue 57: replace and debounce write a payload over the 65,535 bytes
+    of MariaDB's TEXT whole (LONGTEXT, revision w0023)."""
+    long_payload = {"text": "é" * 50_000 + "x" * 100_000}
+    longer_payload = {"text": "é" * 60_000 + "y" * 100_000}
+    add(db, Job("a", "q", payload=1))
+    replaced = op(db, store.replace, "a", payload=encode_payload(long_payload), start=None, set_start=False)
+    assert replaced.status is ReplaceStatus.REPLACED and read(db, "a").payload == long_payload
+    window = timedelta(seconds=30)
+    add(db, Job("d1", "digests", payload=long_payload, unique_key="digest:42", debounce=window))
+    (second,) = add(db, Job("d2", "digests", payload=longer_payload, unique_key="digest:42", debounce=window))
+    assert (second.job_id, second.status) == ("d1", REPLACED)
+    assert read(db, "d1").payload == longer_payload
+    with db.connect() as conn:
+        stored = conn.execute(select(jobs_table.c.payload_json).where(jobs_table.c.job_id == "d1")).scalar_one()
+    assert stored == encode_payload(longer_payload)
 
 
 @pytest.mark.operation("replace")

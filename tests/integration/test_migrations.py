@@ -1825,3 +1825,76 @@ def test_w0022_adds_signals_and_the_wait_and_undo_kinds_keeping_every_step_and_d
         conn.execute(text("INSERT INTO watchdog_job_steps VALUES (7, 'w', 'j', 'wait', NULL, 100, 1, 1)"))
     run(engine, command.upgrade, "head")
     assert differences(engine, sqlalchemy_watchdog.metadata) == []
+
+
+W0022 = "w0022_job_signals"
+
+#: The columns revision w0023 makes LONGTEXT on MariaDB/MySQL, by table.
+_LONG_COLUMNS = {
+    ("watchdog_jobs", "payload_json"),
+    ("watchdog_jobs", "result_json"),
+    ("watchdog_job_steps", "result_json"),
+    ("watchdog_job_signals", "payload_json"),
+    ("watchdog_workers", "queues"),
+    ("watchdog_workers", "process_queues"),
+}
+
+
+def _long_column_types(engine: Engine) -> set[tuple[str, str, str]]:
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql(
+            "SELECT table_name, column_name, data_type FROM information_schema.columns"
+            " WHERE table_schema = DATABASE() AND data_type IN ('text', 'longtext')"
+        )
+        return {(str(t), str(c), str(d)) for t, c, d in rows if (str(t), str(c)) in _LONG_COLUMNS}
+
+
+@pytest.mark.parametrize("dialect", ["mariadb"])
+def test_w0023_makes_the_payload_and_result_columns_longtext_on_mariadb_and_never_downgrades_a_long_one_short(
+    empty_engine: Engine,
+) -> None:
+    """Up: the jobs kept stay as they were, the six columns are LONGTEXT and
+    a 200 KB payload is kept whole. Down: refused while a value is longer
+    than TEXT holds (nothing changed), else TEXT again."""
+    engine = empty_engine
+    run(engine, command.upgrade, W0022)
+    assert {kind for _, _, kind in _long_column_types(engine)} == {"text"}
+    with engine.begin() as conn:
+        enqueue(conn, Job("short", "q", payload={"n": 1}))
+
+    run(engine, command.upgrade, "head")
+    assert _long_column_types(engine) == {(t, c, "longtext") for t, c in _LONG_COLUMNS}
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []
+    watchdog = Watchdog(engine)
+    assert watchdog.read("short").payload == {"n": 1}  # type: ignore[union-attr]
+    long_payload = {"text": "x" * 200_000}
+    with engine.begin() as conn:
+        enqueue(conn, [Job("long", "q", payload=long_payload), Job("other", "q")])
+    assert watchdog.read("long").payload == long_payload  # type: ignore[union-attr]
+
+    with pytest.raises(RuntimeError, match="watchdog_jobs hold a payload_json longer than TEXT"):
+        run(engine, command.downgrade, W0022)
+    assert _long_column_types(engine) == {(t, c, "longtext") for t, c in _LONG_COLUMNS}
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == HEAD
+    assert watchdog.read("long").payload == long_payload  # type: ignore[union-attr]
+
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM watchdog_jobs WHERE job_id = 'long'"))
+    run(engine, command.downgrade, W0022)
+    assert {kind for _, _, kind in _long_column_types(engine)} == {"text"}
+    assert watchdog.read("short").payload == {"n": 1}  # type: ignore[union-attr]
+    run(engine, command.upgrade, "head")
+    assert differences(engine, sqlalchemy_watchdog.metadata) == []
+
+
+def test_w0023_changes_nothing_on_postgresql_and_sqlite_where_text_holds_any_length(empty_engine: Engine) -> None:
+    run(empty_engine, command.upgrade, "head")
+    long_payload = {"text": "é" * 50_000 + "x" * 100_000}
+    with empty_engine.begin() as conn:
+        enqueue(conn, [Job("long", "q", payload=long_payload), Job("other", "q")])
+    run(empty_engine, command.downgrade, W0022)
+    assert Watchdog(empty_engine).read("long").payload == long_payload  # type: ignore[union-attr]
+    run(empty_engine, command.upgrade, "head")
+    assert differences(empty_engine, sqlalchemy_watchdog.metadata) == []
+    assert Watchdog(empty_engine).read("long").payload == long_payload  # type: ignore[union-attr]
