@@ -1184,10 +1184,7 @@ REFUSED: dict[str, Entry] = {
 #: Entries expected to fail: {entry: reason}. Empty: every known bug is fixed.
 XFAIL: dict[str, str] = {}
 #: Entries failing on one dialect only: {(entry, dialect): reason}.
-XFAIL_ON: dict[tuple[str, str], str] = {
-    ("worker process queues too long", "mysql"): "refused, but as DataError 1406 (a TEXT column holds "
-    "65,535 bytes on MariaDB) before the length CHECK's IntegrityError",
-}
+XFAIL_ON: dict[tuple[str, str], str] = {}
 
 
 def _params() -> list[Any]:
