@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CompensationFailed",
+    "Compensating",
     "DurableSteps",
     "SleepRequested",
     "StepNotRecorded",
@@ -121,6 +122,18 @@ class CompensationFailed(Exception):
     def __init__(self, step: str, error: BaseException) -> None:
         super().__init__(f"the undo of step {step!r} raised {safe_text(error)}")
         self.step = step
+
+
+class Compensating(Exception):
+    """Raised by a step, a sleep or a wait not recorded yet in a run that
+    must finish a compensation an earlier run began (an undo of the job is
+    recorded): such a run does no new work. The handler stops there -- let
+    it propagate -- and the runner runs the undos not recorded yet, then
+    settles the job failed; it is never the job's failure reason."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"{name!r} not run: this run finishes the compensation an earlier run began")
+        self.name = name
 
 
 class StepNotRecorded(RuntimeError):
@@ -250,6 +263,12 @@ class DurableSteps:
         failed, finishing the compensation (the steps' records read already)."""
         return self._done is not None and any(step.kind is StepKind.UNDO for step in self._done.values())
 
+    def _no_new_work(self, name: str) -> None:
+        """A step, sleep or wait ``name`` not recorded yet is about to run:
+        not in a run that finishes a compensation (:class:`Compensating`)."""
+        if self.compensation_began:
+            raise Compensating(name)
+
     @staticmethod
     def _waited(name: str, found: JobStep, signal: JobSignal | None, clock_ms: int) -> Any:
         """The wait's outcome, the same for every attempt: the payload of a
@@ -314,6 +333,7 @@ class DurableSteps:
         found = self._recorded(checked, StepKind.STEP)
         if found is not None:
             return self._decoded(found)
+        self._no_new_work(checked)
         value = fn(*args, **kwargs)
         self._kept(checked, self._write(checked, StepKind.STEP, self._encoded(value), None))
         return value
@@ -333,6 +353,7 @@ class DurableSteps:
         found = self._recorded(checked, StepKind.STEP)
         if found is not None:
             return self._decoded(found)
+        self._no_new_work(checked)
         if self.port.write_in is None:
             raise RuntimeError("transaction_step runs in the runner's process (a thread handler)")
         try:
@@ -356,6 +377,7 @@ class DurableSteps:
         self._load()
         found = self._recorded(checked, StepKind.SLEEP)
         if found is None:
+            self._no_new_work(checked)
             found = self._kept(checked, self._write(checked, StepKind.SLEEP, None, delay_ms))
         self._wake(checked, found)
 
@@ -372,6 +394,7 @@ class DurableSteps:
         self._load()
         found = self._recorded(checked, StepKind.WAIT)
         if found is None:
+            self._no_new_work(checked)
             found = self._kept(checked, self._write(checked, StepKind.WAIT, None, timeout_ms))
         signal, clock_ms = self._read_signal(checked)
         return self._waited(checked, found, signal, clock_ms)
@@ -414,6 +437,7 @@ class DurableSteps:
         self._load()
         found = self._recorded(checked, StepKind.SLEEP)
         if found is None:
+            self._no_new_work(checked)
             found = self._kept(checked, self._write(checked, StepKind.SLEEP, None, delay_ms))
         try:
             self._wake(checked, found)
@@ -453,6 +477,7 @@ class DurableSteps:
         found = self._recorded(checked, StepKind.STEP)
         if found is not None:
             return self._decoded(found)
+        self._no_new_work(checked)
         value = fn(*args, **kwargs)
         if inspect.isawaitable(value):
             value = await value
@@ -481,6 +506,7 @@ class DurableSteps:
         found = self._recorded(checked, StepKind.STEP)
         if found is not None:
             return self._decoded(found)
+        self._no_new_work(checked)
         if self.port.write_in_async is None:
             raise RuntimeError("transaction_step_async runs on an AsyncRunner (a coroutine handler)")
         try:
@@ -506,6 +532,7 @@ class DurableSteps:
         await self._load_async()
         found = self._recorded(checked, StepKind.SLEEP)
         if found is None:
+            self._no_new_work(checked)
             assert self.port.write_async is not None
             found = self._kept(
                 checked,
@@ -526,6 +553,7 @@ class DurableSteps:
         await self._load_async()
         found = self._recorded(checked, StepKind.WAIT)
         if found is None:
+            self._no_new_work(checked)
             found = self._kept(checked, await self._write_async(checked, StepKind.WAIT, timeout_ms))
         assert self.port.read_signal_async is not None
         signal, clock_ms = await self.port.read_signal_async(self.job_id, checked)

@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, insert, select, text
 from sqlalchemy.orm import Session
 
 from sqlalchemy_watchdog import (
@@ -33,6 +33,7 @@ from sqlalchemy_watchdog import (
 )
 from sqlalchemy_watchdog.core.durable import WaitTimedOut
 from sqlalchemy_watchdog.jobs import StepKind
+from sqlalchemy_watchdog.model import job_steps_table, jobs_table
 from tests import process_handlers as h
 from tests.helpers import add, present, read, wait_until
 from tests.runner_kinds import RunnerDriver, dual
@@ -270,6 +271,108 @@ def test_an_undo_that_raises_stops_the_compensation_and_the_job_says_so(engine: 
     assert job.outcome is Outcome.FAILED and undone == [], "stopped at the first undo"
     assert "compensation stopped: the undo of step 'charge' raised RuntimeError" in (job.failure_reason or "")
     assert [s.name for s in Watchdog(engine).steps("j") if s.kind is StepKind.UNDO] == []
+
+
+def _recorded_before(engine: Engine, job_id: str, *steps: tuple[str, str, str | None]) -> None:
+    """Record ``(name, kind, result_json)`` steps of ``job_id`` as an earlier
+    run would have (attempt 1): that run then crashed, its job requeued."""
+    with engine.begin() as conn:
+        sequence = conn.execute(select(jobs_table.c.sequence).where(jobs_table.c.job_id == job_id)).scalar_one()
+        conn.execute(
+            insert(job_steps_table),
+            [
+                {"job_sequence": sequence, "job_id": job_id, "name": name, "kind": kind, "result_json": result,
+                 "wake_at": None, "attempt": 1, "recorded_at": 0}
+                for name, kind, result in steps
+            ],
+        )  # fmt: skip
+
+
+def test_a_run_that_finishes_an_earlier_compensation_runs_no_new_step_and_undoes_the_rest(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    """An earlier run recorded steps A and B, failed for good and recorded
+    B's undo, then crashed. The next run passes A and B, stops at C (never
+    run: a run that compensates does no new work), undoes A only, and the
+    job fails saying it compensated -- not why C stopped."""
+    add(engine, Job("j", "q"))
+    _recorded_before(engine, "j", ("A", "step", '"a"'), ("B", "step", '"b"'), ("undo:B", "undo", None))
+    ran: list[str] = []
+
+    def plain(job: RunningJob) -> None:
+        job.step("A", lambda: ran.append("A"), undo=lambda a: ran.append(f"undo {a}"))
+        job.step("B", lambda: ran.append("B"), undo=lambda b: ran.append(f"undo {b}"))
+        job.step("C", lambda: ran.append("C"), undo=lambda c: ran.append(f"undo {c}"))
+        job.sleep(timedelta(hours=1))
+
+    async def coroutine(job: RunningJob) -> None:
+        await job.step_async("A", lambda: ran.append("A"), undo=lambda a: ran.append(f"undo {a}"))
+        await job.step_async("B", lambda: ran.append("B"), undo=lambda b: ran.append(f"undo {b}"))
+        await job.step_async("C", lambda: ran.append("C"), undo=lambda c: ran.append(f"undo {c}"))
+        await job.sleep_async(timedelta(hours=1))
+
+    job = _drain(runners.runner({"q": dual(plain, coroutine)}), engine, "j")
+    assert ran == ["undo a"], "no new step ran; only the undo not recorded yet"
+    assert job.outcome is Outcome.FAILED
+    assert job.failure_reason == "compensation began in an earlier run; compensated: undid 'A'"
+    assert job.failure_detail is None, "the stop at C is no failure of the handler's"
+    assert [s.name for s in Watchdog(engine).steps("j")] == ["A", "B", "undo:B", "undo:A"]
+
+
+@pytest.mark.parametrize("new_work", ["sleep", "wait"])
+def test_a_run_that_finishes_an_earlier_compensation_neither_sleeps_nor_waits_anew(
+    engine: Engine, runners: RunnerDriver, new_work: str
+) -> None:
+    add(engine, Job("j", "q"))
+    _recorded_before(engine, "j", ("A", "step", '"a"'), ("undo:A", "undo", None))
+    undone: list[str] = []
+
+    def plain(job: RunningJob) -> None:
+        job.step("A", lambda: "a", undo=undone.append)
+        if new_work == "sleep":
+            job.sleep(timedelta(hours=1))
+        else:
+            job.wait_for("approved", timeout=HOUR)
+
+    async def coroutine(job: RunningJob) -> None:
+        await job.step_async("A", lambda: "a", undo=undone.append)
+        if new_work == "sleep":
+            await job.sleep_async(timedelta(hours=1))
+        else:
+            await job.wait_for_async("approved", timeout=HOUR)
+
+    job = _drain(runners.runner({"q": dual(plain, coroutine)}), engine, "j")
+    assert (job.outcome, job.snoozes, undone) == (Outcome.FAILED, 0, []), "failed at once, A undone already"
+    assert job.failure_reason == "compensation began in an earlier run"
+    assert [s.name for s in Watchdog(engine).steps("j")] == ["A", "undo:A"]
+
+
+def test_a_handler_that_swallows_the_stop_of_a_compensating_run_still_fails_compensated(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    add(engine, Job("j", "q"))
+    _recorded_before(engine, "j", ("A", "step", '"a"'), ("B", "step", '"b"'), ("undo:B", "undo", None))
+    undone: list[str] = []
+
+    def plain(job: RunningJob) -> str:
+        job.step("A", lambda: "a", undo=undone.append)
+        try:
+            job.step("C", lambda: undone.append("C ran"))
+        except Exception:
+            pass
+        return "done anyway"
+
+    async def coroutine(job: RunningJob) -> str:
+        await job.step_async("A", lambda: "a", undo=undone.append)
+        try:
+            await job.step_async("C", lambda: undone.append("C ran"))
+        except Exception:
+            pass
+        return "done anyway"
+
+    job = _drain(runners.runner({"q": dual(plain, coroutine)}), engine, "j")
+    assert (job.outcome, job.result, undone) == (Outcome.FAILED, None, ["a"])
+    assert job.failure_reason == "compensation began in an earlier run; compensated: undid 'A'"
 
 
 def test_an_undo_must_be_callable_and_leave_room_for_its_name(engine: Engine, runners: RunnerDriver) -> None:

@@ -24,7 +24,7 @@ from ...jobs import (
     history_with,
 )
 from ...records import SettleRequest
-from ..durable import CompensationFailed, SleepRequested, WaitRequested, WaitTimedOut
+from ..durable import Compensating, CompensationFailed, SleepRequested, WaitRequested, WaitTimedOut
 from ..handlers import RunningJob, StopReason
 from ..ports import Settlement
 from ..state import Execution, RunnerCore, TickResult, TickStatus, _outcome
@@ -84,6 +84,12 @@ def decision_of_exception(execution: Execution, error: BaseException) -> Decisio
             extra=job.log_fields,
         )
         return None
+    if isinstance(error, Compensating):
+        # A run that finishes an earlier run's compensation stopped at its
+        # first new step: not a failure of its own (no reason, no traceback);
+        # the runner runs the undos not recorded yet (compensate).
+        log.info("job %s: %s", job.job_id, error, extra=job.log_fields)
+        return Decision.failed(COMPENSATION_RESUMED, retry=False)
     execution.error = error
     execution.failure_detail = redacted_detail(error)
     execution.traced("raised", error)
@@ -108,6 +114,10 @@ def decision_of_exception(execution: Execution, error: BaseException) -> Decisio
 
 
 # -- compensation (revision w0022) -------------------------------------------
+
+#: The reason of a run that finished a compensation an earlier run began
+#: (that run's own reason was never stored: it did not settle).
+COMPENSATION_RESUMED = "compensation began in an earlier run"
 
 
 def _said(error: BaseException) -> str:
@@ -137,7 +147,7 @@ def compensated(decision: Decision, undone: Sequence[str], error: BaseException 
     the reason saying what was undone (or where compensation stopped)."""
     reason = decision.reason if decision.outcome is Outcome.FAILED and decision.reason else None
     if reason is None:
-        reason = "compensation began in an earlier run"
+        reason = COMPENSATION_RESUMED
     if undone:
         reason += f"; compensated: undid {', '.join(repr(name) for name in undone)}"
     if error is not None:
