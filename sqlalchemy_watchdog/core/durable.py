@@ -399,10 +399,14 @@ class DurableSteps:
         signal, clock_ms = self._read_signal(checked)
         return self._waited(checked, found, signal, clock_ms)
 
-    def compensate(self) -> list[str]:
+    def compensate(self, fresh: bool = False) -> list[str]:
         """Run the due undos (last step first), each recorded under the claim
         once it returned; the steps undone. An undo that raises stops it:
-        :class:`CompensationFailed`."""
+        :class:`CompensationFailed`. ``fresh``: read the recorded steps
+        again first (a handler stopped by its timeout may have recorded a
+        step it was not told of: a cancelled coroutine's commit)."""
+        if fresh:
+            self._done = None
         self._load()
         undone = []
         for name, undo, value in self._undo_due():
@@ -559,8 +563,10 @@ class DurableSteps:
         signal, clock_ms = await self.port.read_signal_async(self.job_id, checked)
         return self._waited(checked, found, signal, clock_ms)
 
-    async def compensate_async(self) -> list[str]:
+    async def compensate_async(self, fresh: bool = False) -> list[str]:
         """:meth:`compensate` on the runner's event loop: an undo may be a coroutine function."""
+        if fresh:
+            self._done = None
         await self._load_async()
         undone = []
         for name, undo, value in self._undo_due():

@@ -34,6 +34,7 @@ from ..core.loop import execute, loop_pass, record_starts, renew, shutdown, tick
 from ..core.maintenance import deregister_worker, probe_failed, prune, refresh_worker, register_worker
 from ..core.ports import Settlement
 from ..core.rules.settle import (
+    claim_kept,
     compensate,
     compensate_async,
     compensation_due,
@@ -346,10 +347,12 @@ class AsyncRunner:
                 child_timer.cancel()
             if self.core.release_slot(execution):
                 self._events()[0].set()
+        error = None if task.cancelled() else task.exception()
         if task.cancelled():
-            return decision_of_cancelled_task(execution)
-        error = task.exception()
-        if error is not None:
+            # A timeout on the last attempt compensates below; a cancellation
+            # or a shutdown does not (compensation_due).
+            decision = decision_of_cancelled_task(execution)
+        elif error is not None:
             decision = decision_of_exception(execution, error)
         else:
             result: object = task.result()
@@ -360,6 +363,8 @@ class AsyncRunner:
             decision = decision_of_result(result, job)
         if ref is not None or not compensation_due(self.core, execution, decision):
             return decision
+        if not await drive_async(claim_kept(self.core, execution), self._perform):
+            return decision  # it outlived its timeout and its claim: recovery's
         # A failure for good runs the undos of its steps: a coroutine
         # handler's on this loop (an undo may be a coroutine function), a
         # thread handler's in a thread.

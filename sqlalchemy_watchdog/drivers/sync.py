@@ -42,7 +42,9 @@ from ..core.loop import execute, loop_pass, record_starts, renew, shutdown, tick
 from ..core.maintenance import deregister_worker, probe_failed, prune, refresh_worker, register_worker
 from ..core.ports import Settlement
 from ..core.rules.settle import (
+    claim_kept,
     compensate,
+    compensation_due,
     conclude,
     decision_of_exception,
     decision_of_result,
@@ -288,7 +290,12 @@ class Runner:
             except Exception as error:
                 decision = decision_of_exception(execution, error)
             # A failure for good runs the undos of its steps here, in the
-            # handler's thread and context, before the slot is freed.
+            # handler's thread and context, before the slot is freed -- under
+            # a claim renewed first if the handler outlived its timeout.
+            if compensation_due(self.core, execution, decision) and not drive(
+                claim_kept(self.core, execution), self._perform
+            ):
+                return decision
             return context.run(compensate, self.core, execution, decision)
         finally:
             if self.core.release_slot(execution):

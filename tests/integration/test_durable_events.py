@@ -12,6 +12,7 @@ AsyncRunner (plain and coroutine handlers), and in process children for waits.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import timedelta
 from typing import Any
@@ -28,6 +29,7 @@ from sqlalchemy_watchdog import (
     RetryPolicy,
     RunningJob,
     SignalStatus,
+    TickStatus,
     Watchdog,
     signal_job,
 )
@@ -373,6 +375,105 @@ def test_a_handler_that_swallows_the_stop_of_a_compensating_run_still_fails_comp
     job = _drain(runners.runner({"q": dual(plain, coroutine)}), engine, "j")
     assert (job.outcome, job.result, undone) == (Outcome.FAILED, None, ["a"])
     assert job.failure_reason == "compensation began in an earlier run; compensated: undid 'A'"
+
+
+def _stalled_saga(undone: list[Any]) -> Any:
+    """Steps A and B (each with an undo), then a stall until the runner stops
+    the handler: a function waits for its stop and returns, a coroutine
+    sleeps until its task is cancelled. Later attempts return at once."""
+
+    def plain(job: RunningJob) -> None:
+        job.step("A", lambda: "a", undo=undone.append)
+        job.step("B", lambda: "b", undo=undone.append)
+        if job.attempt == 1:
+            job.stop_requested.wait(10)
+
+    async def coroutine(job: RunningJob) -> None:
+        await job.step_async("A", lambda: "a", undo=undone.append)
+        await job.step_async("B", lambda: "b", undo=undone.append)
+        if job.attempt == 1:
+            await asyncio.sleep(10)
+
+    return dual(plain, coroutine)
+
+
+STOPPING: dict[str, Any] = {"lease": timedelta(seconds=3), "heartbeat": timedelta(milliseconds=200)}
+
+
+def test_a_job_that_times_out_on_its_last_attempt_runs_the_undos_of_its_steps(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    add(engine, Job("j", "q", timeout=timedelta(milliseconds=200)))
+    undone: list[Any] = []
+    job = _drain(runners.runner({"q": _stalled_saga(undone)}, **STOPPING), engine, "j")
+    assert (job.outcome, undone) == (Outcome.FAILED, ["b", "a"]), "last step first"
+    assert job.failure_reason == "timed out after 0.2s; compensated: undid 'B', 'A'"
+    assert [s.name for s in Watchdog(engine).steps("j")] == ["A", "B", "undo:B", "undo:A"]
+
+
+def test_a_timeout_followed_by_a_retry_undoes_nothing(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("j", "q", timeout=timedelta(milliseconds=200), retry=RETRY))
+    undone: list[Any] = []
+    job = _drain(runners.runner({"q": _stalled_saga(undone)}, **STOPPING), engine, "j")
+    assert (job.outcome, job.attempt, undone) == (Outcome.COMPLETED, 2, [])
+    assert [e.reason for e in job.failure_history] == ["timed out after 0.2s"]
+
+
+def test_a_cancelled_job_undoes_nothing(engine: Engine, runners: RunnerDriver) -> None:
+    """A cancellation is no failure: the job ends ``cancelled``, its steps kept as they are."""
+    add(engine, Job("j", "q"))
+    undone: list[Any] = []
+    with runners.runner({"q": _stalled_saga(undone)}, **STOPPING, poll_interval=timedelta(milliseconds=50)).serving():
+        wait_until(lambda: len(Watchdog(engine).steps("j")) == 2, what="steps A and B")
+        Watchdog(engine).cancel("j", "stop-j")
+        wait_until(lambda: read(engine, "j").state is JobState.SETTLED, what="the cancellation")
+    assert (read(engine, "j").outcome, undone) == (Outcome.CANCELLED, [])
+    assert [s.name for s in Watchdog(engine).steps("j")] == ["A", "B"]
+
+
+@pytest.mark.parametrize("runner_kind", ["sync"])
+def test_a_handler_that_outlives_its_timeout_and_its_lease_undoes_nothing_under_the_lost_claim(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    """The heartbeat stops renewing a timed-out claim; a handler that goes
+    on past the lease may have been recovered and run elsewhere meanwhile:
+    its runner renews the claim before the undos run, finds it gone, and
+    leaves the job to recovery (its settle refused) -- no undo runs there."""
+    add(engine, Job("j", "q", timeout=timedelta(milliseconds=100)))
+    undone: list[Any] = []
+
+    def stubborn(job: RunningJob) -> None:
+        job.step("A", lambda: "a", undo=undone.append)
+        job.stop_requested.wait(10)
+        time.sleep(1.6)  # past the 1 s lease, counted from the timeout's stop at the latest
+
+    result = runners.runner({"q": stubborn}, lease=timedelta(seconds=1), heartbeat=timedelta(milliseconds=200)).tick()
+    assert result.status is TickStatus.REJECTED
+    assert undone == []
+    assert read(engine, "j").state is JobState.RUNNING, "left to recovery"
+
+
+@pytest.mark.parametrize("runner_kind", ["sync"])
+def test_the_undos_after_a_timeout_may_outlast_the_lease_the_heartbeat_renews_the_claim_again(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    add(engine, Job("j", "q", timeout=timedelta(milliseconds=100)))
+    undone: list[Any] = []
+
+    def slowly(result: Any) -> None:
+        time.sleep(1.2)  # the two undos take longer than the 2 s lease
+        undone.append(result)
+
+    def handler(job: RunningJob) -> None:
+        job.step("A", lambda: "a", undo=slowly)
+        job.step("B", lambda: "b", undo=slowly)
+        job.stop_requested.wait(10)
+
+    runner = runners.runner({"q": handler}, lease=timedelta(seconds=2), heartbeat=timedelta(milliseconds=200))
+    result = runner.tick()
+    assert result.status is TickStatus.SETTLED and result.job is not None
+    assert (result.job.outcome, undone) == (Outcome.FAILED, ["b", "a"])
+    assert result.job.failure_reason == "timed out after 0.1s; compensated: undid 'B', 'A'"
 
 
 def test_an_undo_must_be_callable_and_leave_room_for_its_name(engine: Engine, runners: RunnerDriver) -> None:

@@ -127,16 +127,18 @@ def _said(error: BaseException) -> str:
 
 def compensation_due(core: RunnerCore, execution: Execution, decision: Decision | None) -> bool:
     """Whether the handler's undos run now, in its own thread or task: the
-    attempt failed for good (the handler raised or decided a failure, no
-    retry follows, it was not stopped -- a timeout, a cancellation, a
-    shutdown) and a step of it named an undo; or an earlier run of the job
-    began compensating (it must end failed, compensated)."""
+    attempt failed for good (the handler raised or decided a failure, or
+    outlived its timeout; no retry follows; it was not stopped by a
+    cancellation or a shutdown, which are no failures) and a step of it
+    named an undo; or an earlier run of the job began compensating (it must
+    end failed, compensated)."""
     steps = execution.job._steps()
     if steps is None or decision is None or decision.snoozed:
         return False
     if steps.compensation_began:
         return True
-    if steps.undo_count == 0 or decision.outcome is not Outcome.FAILED or execution.job.stop_reason is not None:
+    stopped = execution.job.stop_reason
+    if steps.undo_count == 0 or decision.outcome is not Outcome.FAILED or stopped not in (None, StopReason.TIMEOUT):
         return False
     job = execution.claim.job
     return verdict(decision, job, core.settings.policy_for(job), execution.error).fate is Fate.SETTLE
@@ -155,15 +157,44 @@ def compensated(decision: Decision, undone: Sequence[str], error: BaseException 
     return Decision.failed(bound_reason(reason), retry=False)
 
 
+def claim_kept(core: RunnerCore, execution: Execution) -> Steps[bool]:
+    """Whether the undos of an execution due to compensate may run under its
+    claim: at once yes, unless its handler outlived its timeout -- the
+    heartbeat stopped renewing that claim then, and the handler may have run
+    on past its lease, the job recovered and run elsewhere meanwhile. Such a
+    claim is renewed first (one statement, guarded by the exact token and a
+    live lease, as the heartbeat's): if it holds, the heartbeat renews it
+    again until the job settles (:attr:`Execution.compensating`); if not, no
+    undo runs here -- the settle will be refused too, and the job is
+    recovery's. A renewal that fails is raised (the job is left to its lease)."""
+    if execution.job.stop_reason is not StopReason.TIMEOUT:
+        return True
+    asked = core.clock.monotonic()
+    held = yield from call(core.store.renew, [execution.pair], lease_ms=core.settings.lease_ms, now=core.clock.now_ms())
+    if execution.job_id not in held:
+        log.warning(
+            "job %s: its handler outlived its timeout and its claim: not compensating here (recovery takes the job)",
+            execution.job_id,
+            extra=execution.job.log_fields,
+        )
+        return False
+    execution.checked_at = max(execution.checked_at, asked)
+    core.renewed(execution, core.lease_bound())
+    execution.compensating = True
+    return True
+
+
 def compensate(core: RunnerCore, execution: Execution, decision: Decision | None) -> Decision | None:
-    """:func:`compensation_due`, then the undos, in the handler's thread."""
+    """:func:`compensation_due`, then the undos, in the handler's thread
+    (the driver saw to :func:`claim_kept` first)."""
     if not compensation_due(core, execution, decision):
         return decision
     assert decision is not None
     steps = execution.job._steps()
     assert steps is not None
+    timed_out = execution.job.stop_reason is StopReason.TIMEOUT
     try:
-        undone = steps.compensate()
+        undone = steps.compensate(fresh=timed_out)
     except Exception as error:  # an undo raised, the claim is gone, or the database failed
         log.error("job %s: compensation stopped: %s", execution.job_id, _said(error), extra=execution.job.log_fields)
         return compensated(decision, [], error)
@@ -177,8 +208,9 @@ async def compensate_async(core: RunnerCore, execution: Execution, decision: Dec
     assert decision is not None
     steps = execution.job._steps()
     assert steps is not None
+    timed_out = execution.job.stop_reason is StopReason.TIMEOUT
     try:
-        undone = await steps.compensate_async()
+        undone = await steps.compensate_async(fresh=timed_out)
     except Exception as error:  # an undo raised, the claim is gone, or the database failed
         log.error("job %s: compensation stopped: %s", execution.job_id, _said(error), extra=execution.job.log_fields)
         return compensated(decision, [], error)
