@@ -431,7 +431,7 @@ def test_a_cancelled_job_undoes_nothing(engine: Engine, runners: RunnerDriver) -
     assert [s.name for s in Watchdog(engine).steps("j")] == ["A", "B"]
 
 
-@pytest.mark.parametrize("runner_kind", ["sync"])
+@pytest.mark.parametrize("runner_kind", ["sync", "async"])  # a plain handler: in a thread on both
 def test_a_handler_that_outlives_its_timeout_and_its_lease_undoes_nothing_under_the_lost_claim(
     engine: Engine, runners: RunnerDriver
 ) -> None:
@@ -453,7 +453,7 @@ def test_a_handler_that_outlives_its_timeout_and_its_lease_undoes_nothing_under_
     assert read(engine, "j").state is JobState.RUNNING, "left to recovery"
 
 
-@pytest.mark.parametrize("runner_kind", ["sync"])
+@pytest.mark.parametrize("runner_kind", ["sync", "async"])  # a plain handler: in a thread on both
 def test_the_undos_after_a_timeout_may_outlast_the_lease_the_heartbeat_renews_the_claim_again(
     engine: Engine, runners: RunnerDriver
 ) -> None:
