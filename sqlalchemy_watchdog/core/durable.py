@@ -257,6 +257,11 @@ class DurableSteps:
             self._undos.append((name, undo))
 
     @property
+    def loaded(self) -> bool:
+        """Whether the recorded steps were read (a step, sleep or wait asked)."""
+        return self._done is not None
+
+    @property
     def compensation_began(self) -> bool:
         """Whether an undo of this job is recorded (by an earlier run that
         compensated, then crashed or was interrupted): this run must end
@@ -313,6 +318,14 @@ class DurableSteps:
             return self.port.write(*args)
         assert self.port.write_async is not None and self._loop is not None
         return asyncio.run_coroutine_threadsafe(self.port.write_async(*args), self._loop).result()
+
+    def load(self) -> None:
+        """Read the recorded steps now, if not read yet (from a thread)."""
+        self._load()
+
+    async def load_async(self) -> None:
+        """Read the recorded steps now, if not read yet (on the runner's event loop)."""
+        await self._load_async()
 
     def _load(self) -> dict[str, JobStep]:
         if self._done is None:

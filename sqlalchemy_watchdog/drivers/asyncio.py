@@ -45,6 +45,7 @@ from ..core.rules.settle import (
     finish,
     finish_handed_off,
     settle_batch,
+    steps_unread,
 )
 from ..core.settings import (
     RunnerOptions,
@@ -361,6 +362,9 @@ class AsyncRunner:
             if isinstance(result, ChildOutcome):
                 return decision_of_outcome(execution, result)
             decision = decision_of_result(result, job)
+        unread = None if ref is not None or decision is None else steps_unread(execution)
+        if unread is not None:
+            await unread.load_async()  # a run recovery requeued to compensate may not have read its steps
         if ref is not None or not compensation_due(self.core, execution, decision):
             return decision
         if not await drive_async(claim_kept(self.core, execution), self._perform):

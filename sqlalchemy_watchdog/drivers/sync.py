@@ -50,6 +50,7 @@ from ..core.rules.settle import (
     decision_of_result,
     finish_handed_off,
     settle_batch,
+    steps_unread,
 )
 from ..core.settings import RunnerOptions
 from ..core.signals import SignalSafeEvent, restore_signal, signals_to_install
@@ -292,6 +293,9 @@ class Runner:
             # A failure for good runs the undos of its steps here, in the
             # handler's thread and context, before the slot is freed -- under
             # a claim renewed first if the handler outlived its timeout.
+            unread = None if decision is None else steps_unread(execution)
+            if unread is not None:
+                unread.load()  # a run recovery requeued to compensate may not have read its steps
             if compensation_due(self.core, execution, decision) and not drive(
                 claim_kept(self.core, execution), self._perform
             ):

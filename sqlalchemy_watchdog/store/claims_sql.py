@@ -36,6 +36,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from ..backends import Backend
 from ..jobs import Outcome
 from ..model import (
+    job_steps_table,
     limits_table,
 )
 from ..wakeups import CHANNEL, EVENT_QUEUED, WAITING_LOCK
@@ -555,10 +556,16 @@ def next_lease_expiry() -> Select[Any]:
 
 
 @cache
-def reconcile(requeue: bool) -> Update:
+def reconcile(requeue: bool, compensate: bool = False) -> Update:
     """Requeue (or settle ``interrupted`` with ``:reason``) the disappeared
     claim ``:job`` / ``:token`` / ``:count``, if nobody
     else got there first.
+
+    ``compensate`` (with ``requeue`` False): a job that has recorded steps
+    and no compensation marker yet (the ``undo:`` row, :data:`~..jobs.durable.COMPENSATION_MARK`)
+    is requeued instead of settled, keeping ``:reason`` and counting a
+    recovery, for one run that compensates (revision w0022); the store
+    writes the marker in the same transaction.
 
     Conditional on the same token, the same recovery count and a lease
     ended by the database clock, so of two recoverers only one wins, and a
@@ -581,6 +588,26 @@ def reconcile(requeue: bool) -> Update:
             failure_reason=case((unstarted, c.failure_reason), else_=null()),
             failure_detail=case((unstarted, c.failure_detail), else_=null()),
             settled_at=case((uncancelled, null()), else_=db_clock_ms()),
+        )
+    elif compensate:
+        # Revision w0022: a started job with recorded steps and no marker yet
+        # goes back to the queue once, for a run that runs its undos.
+        steps = job_steps_table.c
+        stepped = select(literal_column("1")).where(steps.job_sequence == c.sequence, steps.kind == "step").exists()
+        marked = (
+            select(literal_column("1"))
+            .where(steps.job_sequence == c.sequence, steps.name == _p("mark", Text()))
+            .exists()
+        )
+        again = or_(unstarted, and_(uncancelled, stepped, ~marked))
+        values = dict(
+            state=case((again, _QUEUED), else_=_SETTLED),
+            outcome=case((again, null()), (uncancelled, Outcome.INTERRUPTED.value), else_=Outcome.CANCELLED.value),
+            claim_token=case((again, null()), else_=c.claim_token),
+            recovery_count=c.recovery_count + case((unstarted, 0), (again, 1), else_=0),
+            failure_reason=case((unstarted, c.failure_reason), (uncancelled, _p("reason", Text())), else_=null()),
+            failure_detail=case((unstarted, c.failure_detail), else_=null()),
+            settled_at=case((again, null()), else_=db_clock_ms()),
         )
     else:
         values = dict(

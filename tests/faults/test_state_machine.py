@@ -144,6 +144,7 @@ from sqlalchemy_watchdog.jobs import (
     encode_payload,
     rerun_job_id,
 )
+from sqlalchemy_watchdog.jobs.durable import COMPENSATION_MARK
 from sqlalchemy_watchdog.model import (
     edges_table,
     job_signals_table,
@@ -161,6 +162,8 @@ from tests.faults.helpers import controlled_db_clock, dump_jobs
 JOB_IDS = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]
 #: Revision w0022: the names of the signals jobs wait for and are sent.
 SIGNAL_NAMES = ["approved", "shipped"]
+#: The steps' names (kind ``step``: what makes recovery requeue a job to compensate, w0022).
+STEP_NAMES = ["reserve", "charge"]
 #: Revision w0012: the job_ids of jobs enqueued with parents (and "a": a
 #: replay with parents of a job stored without, or the reverse, conflicts).
 DEP_IDS = ["w1", "w2", "w3", "w4"]
@@ -1550,7 +1553,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             self.model.rows[job_id].lease_until = db + lease
 
     @precondition(lambda self: bool(self.claims))
-    @rule(data=st.data(), name=st.sampled_from(["reserve", "charge"]), skew=st.sampled_from(SKEWS))
+    @rule(data=st.data(), name=st.sampled_from(STEP_NAMES), skew=st.sampled_from(SKEWS))
     def record_step(self, data: st.DataObject, name: str, skew: int) -> None:
         """A handler's durable step (w0021): recorded once per job and name,
         only by the exact claim of a running job whose lease is alive (on
@@ -1852,6 +1855,15 @@ class WatchdogMachine(RuleBasedStateMachine):
             # A recovery is not an attempt: attempt, snoozes and history stay.
             row.state, row.claim_token, row.failure_reason = "queued", None, None
             row.recovery_count += 1
+            return "requeued", row
+        stepped = any(order == row.order and name in STEP_NAMES for order, name in self.steps)
+        if stepped and (row.order, COMPENSATION_MARK) not in self.steps:
+            # Revision w0022: a job with recorded steps is requeued once, its
+            # reason kept and a recovery counted, for a run that undoes them;
+            # the marker is recorded with the requeue.
+            row.state, row.claim_token, row.failure_reason = "queued", None, store.recovery_reason(view)
+            row.recovery_count += 1
+            self.steps[(row.order, COMPENSATION_MARK)] = row.attempt
             return "requeued", row
         row.state, row.outcome, row.failure_reason = "settled", "interrupted", store.recovery_reason(view)
         row.settled_at = now

@@ -32,6 +32,7 @@ from sqlalchemy_watchdog import (
     TickStatus,
     Watchdog,
     signal_job,
+    store,
 )
 from sqlalchemy_watchdog.core.durable import WaitTimedOut
 from sqlalchemy_watchdog.jobs import StepKind
@@ -474,6 +475,100 @@ def test_the_undos_after_a_timeout_may_outlast_the_lease_the_heartbeat_renews_th
     assert result.status is TickStatus.SETTLED and result.job is not None
     assert (result.job.outcome, undone) == (Outcome.FAILED, ["b", "a"])
     assert result.job.failure_reason == "timed out after 0.1s; compensated: undid 'B', 'A'"
+
+
+def _vanished(engine: Engine, job_id: str, *steps: str) -> store.Claim:
+    """A runner claimed ``job_id``, recorded ``steps`` (results: the names
+    lowercased) and vanished: its lease ended."""
+    with store.write_transaction(engine) as conn:
+        [taken] = store.claim(conn, queues=["q"], limit=1, lease_ms=60_000).claimed
+        for name in steps:
+            assert store.record_step(
+                conn, job_id, taken.token, name, kind=StepKind.STEP, result_json=f'"{name.lower()}"', delay_ms=None,
+                attempt=taken.job.attempt,
+            ) is not None  # fmt: skip
+        store.release(conn, [(job_id, taken.token)])
+    return taken
+
+
+def _saga_ab(ran: list[str]) -> Any:
+    def plain(job: RunningJob) -> None:
+        job.step("A", lambda: ran.append("A"), undo=lambda a: ran.append(f"undo {a}"))
+        job.step("B", lambda: ran.append("B"), undo=lambda b: ran.append(f"undo {b}"))
+        job.step("C", lambda: ran.append("C"), undo=lambda c: ran.append(f"undo {c}"))
+
+    async def coroutine(job: RunningJob) -> None:
+        await job.step_async("A", lambda: ran.append("A"), undo=lambda a: ran.append(f"undo {a}"))
+        await job.step_async("B", lambda: ran.append("B"), undo=lambda b: ran.append(f"undo {b}"))
+        await job.step_async("C", lambda: ran.append("C"), undo=lambda c: ran.append(f"undo {c}"))
+
+    return dual(plain, coroutine)
+
+
+@pytest.mark.parametrize("max_recoveries", [None, 0])
+def test_a_job_recovery_would_settle_interrupted_runs_once_more_to_undo_its_recorded_steps(
+    engine: Engine, runners: RunnerDriver, max_recoveries: int | None
+) -> None:
+    """Its runner vanished after steps A and B, its recovery budget spent:
+    recovery requeues it (its reason kept, the ``undo:`` marker recorded in
+    the same transaction) for one run that passes A and B, runs no new step,
+    undoes B then A, and fails saying both."""
+    add(engine, Job("j", "q", max_recoveries=max_recoveries))
+    _vanished(engine, "j", "A", "B")
+    ran: list[str] = []
+    job = _drain(runners.runner({"q": _saga_ab(ran)}), engine, "j")
+    assert ran == ["undo b", "undo a"], "no step ran again, C never; the undos last first"
+    recovered = "Execution disappeared without a recovery policy" if max_recoveries is None else (
+        "Restart recovery budget exhausted (0 recoveries)"
+    )  # fmt: skip
+    assert (job.outcome, job.recovery_count, job.attempt) == (Outcome.FAILED, 1, 1)
+    assert job.failure_reason == f"{recovered}; compensated: undid 'B', 'A'"
+    assert [(s.name, s.kind) for s in Watchdog(engine).steps("j")][2:] == [
+        ("undo:", StepKind.UNDO), ("undo:B", StepKind.UNDO), ("undo:A", StepKind.UNDO),
+    ]  # fmt: skip
+
+
+def test_a_job_requeued_to_compensate_ends_failed_even_if_its_handler_never_reaches_a_step(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    add(engine, Job("j", "q"))
+    _vanished(engine, "j", "A")
+    job = _drain(runners.runner({"q": dual(lambda job: "done", _returns_done)}), engine, "j")
+    assert (job.outcome, job.result) == (Outcome.FAILED, None)
+    assert job.failure_reason == "Execution disappeared without a recovery policy"
+
+
+async def _returns_done(job: RunningJob) -> str:
+    return "done"
+
+
+def test_recovery_requeues_a_job_to_compensate_once_and_only_for_a_vanished_claim_with_steps(engine: Engine) -> None:
+    """Once: the compensating run vanishing too settles ``interrupted``. A
+    job without steps, or one a shutdown gave up (no failure), settles
+    ``interrupted`` as before. A cancelled one settles ``cancelled``."""
+    add(engine, Job("twice", "q"))
+    first = _vanished(engine, "twice", "A")
+    with store.write_transaction(engine) as conn:
+        recovery = store.reconcile(conn, first)
+        assert (recovery.status, recovery.compensating) == (store.RecoveryStatus.REQUEUED, True)
+        assert store.reconcile(conn, first).status is store.RecoveryStatus.LOST_RACE, "one statement, guarded"
+    second = _vanished(engine, "twice")
+    with store.write_transaction(engine) as conn:
+        assert store.reconcile(conn, second).status is store.RecoveryStatus.SETTLED
+    assert read(engine, "twice").outcome is Outcome.INTERRUPTED
+    assert [s.name for s in Watchdog(engine).steps("twice")] == ["A", "undo:"]
+
+    for job_id in ("plain", "shutdown", "cancelled"):
+        add(engine, Job(job_id, "q"))
+        taken = _vanished(engine, job_id, *([] if job_id == "plain" else ["A"]))
+        if job_id == "cancelled":
+            Watchdog(engine).cancel(job_id, "stop")
+        with store.write_transaction(engine) as conn:
+            cause = store.RecoveryCause.SHUTDOWN if job_id == "shutdown" else store.RecoveryCause.VANISHED
+            assert store.reconcile(conn, taken, cause=cause).status is store.RecoveryStatus.SETTLED
+        expected = Outcome.CANCELLED if job_id == "cancelled" else Outcome.INTERRUPTED
+        assert read(engine, job_id).outcome is expected
+        assert all(s.kind is StepKind.STEP for s in Watchdog(engine).steps(job_id)), "no marker"
 
 
 def test_an_undo_must_be_callable_and_leave_room_for_its_name(engine: Engine, runners: RunnerDriver) -> None:

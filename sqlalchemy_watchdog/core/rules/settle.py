@@ -24,7 +24,7 @@ from ...jobs import (
     history_with,
 )
 from ...records import SettleRequest
-from ..durable import Compensating, CompensationFailed, SleepRequested, WaitRequested, WaitTimedOut
+from ..durable import Compensating, CompensationFailed, DurableSteps, SleepRequested, WaitRequested, WaitTimedOut
 from ..handlers import RunningJob, StopReason
 from ..ports import Settlement
 from ..state import Execution, RunnerCore, TickResult, TickStatus, _outcome
@@ -144,10 +144,16 @@ def compensation_due(core: RunnerCore, execution: Execution, decision: Decision 
     return verdict(decision, job, core.settings.policy_for(job), execution.error).fate is Fate.SETTLE
 
 
-def compensated(decision: Decision, undone: Sequence[str], error: BaseException | None) -> Decision:
+def compensated(
+    decision: Decision, undone: Sequence[str], error: BaseException | None, earlier: str | None = None
+) -> Decision:
     """The job's final decision after its compensation: failed, not retried,
-    the reason saying what was undone (or where compensation stopped)."""
+    the reason saying what was undone (or where compensation stopped).
+    ``earlier``: the reason recovery kept when it requeued the job for this
+    run (its budget spent), which comes first."""
     reason = decision.reason if decision.outcome is Outcome.FAILED and decision.reason else None
+    if earlier is not None:
+        reason = earlier
     if reason is None:
         reason = COMPENSATION_RESUMED
     if undone:
@@ -184,6 +190,30 @@ def claim_kept(core: RunnerCore, execution: Execution) -> Steps[bool]:
     return True
 
 
+def _earlier(execution: Execution) -> str | None:
+    """The reason recovery kept for a run that finishes a compensation: a
+    job requeued for one keeps its reason (``Restart recovery budget
+    exhausted ...``); any other requeue by recovery clears it."""
+    steps = execution.job._steps()
+    claimed = execution.claim.job
+    if steps is None or not steps.compensation_began or claimed.recovery_count == 0:
+        return None
+    return claimed.failure_reason
+
+
+def steps_unread(execution: Execution) -> DurableSteps | None:
+    """The steps of a run that may have been requeued by recovery to
+    compensate (recovered, a reason kept) and whose handler ended before
+    its first step read them: the driver reads them before
+    :func:`compensation_due`, which then finds the marker. None for every
+    other run (no read)."""
+    steps = execution.job._steps()
+    claimed = execution.claim.job
+    if steps is None or steps.loaded or claimed.recovery_count == 0 or claimed.failure_reason is None:
+        return None
+    return steps
+
+
 def compensate(core: RunnerCore, execution: Execution, decision: Decision | None) -> Decision | None:
     """:func:`compensation_due`, then the undos, in the handler's thread
     (the driver saw to :func:`claim_kept` first)."""
@@ -193,12 +223,13 @@ def compensate(core: RunnerCore, execution: Execution, decision: Decision | None
     steps = execution.job._steps()
     assert steps is not None
     timed_out = execution.job.stop_reason is StopReason.TIMEOUT
+    earlier = _earlier(execution)
     try:
         undone = steps.compensate(fresh=timed_out)
     except Exception as error:  # an undo raised, the claim is gone, or the database failed
         log.error("job %s: compensation stopped: %s", execution.job_id, _said(error), extra=execution.job.log_fields)
-        return compensated(decision, [], error)
-    return compensated(decision, undone, None)
+        return compensated(decision, [], error, earlier)
+    return compensated(decision, undone, None, earlier)
 
 
 async def compensate_async(core: RunnerCore, execution: Execution, decision: Decision | None) -> Decision | None:
@@ -209,12 +240,13 @@ async def compensate_async(core: RunnerCore, execution: Execution, decision: Dec
     steps = execution.job._steps()
     assert steps is not None
     timed_out = execution.job.stop_reason is StopReason.TIMEOUT
+    earlier = _earlier(execution)
     try:
         undone = await steps.compensate_async(fresh=timed_out)
     except Exception as error:  # an undo raised, the claim is gone, or the database failed
         log.error("job %s: compensation stopped: %s", execution.job_id, _said(error), extra=execution.job.log_fields)
-        return compensated(decision, [], error)
-    return compensated(decision, undone, None)
+        return compensated(decision, [], error, earlier)
+    return compensated(decision, undone, None, earlier)
 
 
 def timed_out(job: RunningJob) -> str:
