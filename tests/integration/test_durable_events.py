@@ -526,6 +526,11 @@ def test_a_job_recovery_would_settle_interrupted_runs_once_more_to_undo_its_reco
     assert [(s.name, s.kind) for s in Watchdog(engine).steps("j")][2:] == [
         ("undo:", StepKind.UNDO), ("undo:B", StepKind.UNDO), ("undo:A", StepKind.UNDO),
     ]  # fmt: skip
+    from sqlalchemy_watchdog.cli.output import render_show
+
+    shown = render_show(present(Watchdog(engine).explain("j")))
+    assert "undo: (recovery asked for a compensating run, attempt 1," in shown
+    assert "undo:B (undone, attempt 1," in shown
 
 
 def test_a_job_requeued_to_compensate_ends_failed_even_if_its_handler_never_reaches_a_step(
