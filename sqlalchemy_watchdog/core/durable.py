@@ -243,12 +243,13 @@ class DurableSteps:
             return max(0, epoch_ms(wake) - time.time_ns() // 1_000_000)
         return check_duration("delay", delay, low=timedelta(0)) // timedelta(milliseconds=1)
 
-    @staticmethod
-    def _wake(name: str, found: JobStep) -> None:
-        """Pass a recorded sleep whose time has come; else sleep on."""
+    def _wake(self, name: str, found: JobStep) -> None:
+        """Pass a recorded sleep whose time has come; else sleep on -- but
+        not in a run that finishes a compensation (it stops there)."""
         assert found.wake_at is not None
         wake_at_ms = epoch_ms(found.wake_at)
         if wake_at_ms > time.time_ns() // 1_000_000:
+            self._no_new_work(name)
             raise SleepRequested(name, wake_at_ms)
 
     def _undo(self, name: str, undo: Callable[[Any], Any] | None) -> None:
@@ -274,17 +275,18 @@ class DurableSteps:
         if self.compensation_began:
             raise Compensating(name)
 
-    @staticmethod
-    def _waited(name: str, found: JobStep, signal: JobSignal | None, clock_ms: int) -> Any:
+    def _waited(self, name: str, found: JobStep, signal: JobSignal | None, clock_ms: int) -> Any:
         """The wait's outcome, the same for every attempt: the payload of a
         signal kept by the timeout; else, once the timeout passed (database
-        clock), :class:`WaitTimedOut`; else wait on."""
+        clock), :class:`WaitTimedOut`; else wait on -- but not in a run that
+        finishes a compensation (it stops there)."""
         assert found.wake_at is not None
         timeout_ms = epoch_ms(found.wake_at)
         if signal is not None and epoch_ms(signal.sent_at) <= timeout_ms:
             return signal.payload
         if clock_ms > timeout_ms:
             raise WaitTimedOut(name, found.wake_at)
+        self._no_new_work(name)
         raise WaitRequested(name, timeout_ms)
 
     @property

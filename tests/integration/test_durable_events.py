@@ -322,24 +322,37 @@ def test_a_run_that_finishes_an_earlier_compensation_runs_no_new_step_and_undoes
     assert [s.name for s in Watchdog(engine).steps("j")] == ["A", "B", "undo:B", "undo:A"]
 
 
-@pytest.mark.parametrize("new_work", ["sleep", "wait"])
+@pytest.mark.parametrize("new_work", ["sleep", "wait", "recorded sleep", "recorded wait"])
 def test_a_run_that_finishes_an_earlier_compensation_neither_sleeps_nor_waits_anew(
     engine: Engine, runners: RunnerDriver, new_work: str
 ) -> None:
+    """Nor on: a recorded sleep whose end has not come, or a recorded wait
+    with no signal before its timeout, stops it too (no snooze first)."""
     add(engine, Job("j", "q"))
     _recorded_before(engine, "j", ("A", "step", '"a"'), ("undo:A", "undo", None))
+    if new_work.startswith("recorded"):
+        later = int(time.time() * 1000) + 3_600_000
+        name = "sleep#0" if new_work == "recorded sleep" else "approved"
+        with engine.begin() as conn:
+            sequence = conn.execute(select(jobs_table.c.sequence).where(jobs_table.c.job_id == "j")).scalar_one()
+            conn.execute(
+                insert(job_steps_table).values(
+                    job_sequence=sequence, job_id="j", name=name, kind=new_work.split()[1], result_json=None,
+                    wake_at=later, attempt=1, recorded_at=1,
+                )
+            )  # fmt: skip
     undone: list[str] = []
 
     def plain(job: RunningJob) -> None:
         job.step("A", lambda: "a", undo=undone.append)
-        if new_work == "sleep":
+        if new_work.endswith("sleep"):
             job.sleep(timedelta(hours=1))
         else:
             job.wait_for("approved", timeout=HOUR)
 
     async def coroutine(job: RunningJob) -> None:
         await job.step_async("A", lambda: "a", undo=undone.append)
-        if new_work == "sleep":
+        if new_work.endswith("sleep"):
             await job.sleep_async(timedelta(hours=1))
         else:
             await job.wait_for_async("approved", timeout=HOUR)
@@ -347,7 +360,8 @@ def test_a_run_that_finishes_an_earlier_compensation_neither_sleeps_nor_waits_an
     job = _drain(runners.runner({"q": dual(plain, coroutine)}), engine, "j")
     assert (job.outcome, job.snoozes, undone) == (Outcome.FAILED, 0, []), "failed at once, A undone already"
     assert job.failure_reason == "compensation began in an earlier run"
-    assert [s.name for s in Watchdog(engine).steps("j")] == ["A", "undo:A"]
+    assert [s.name for s in Watchdog(engine).steps("j")][:2] == ["A", "undo:A"]
+    assert len(Watchdog(engine).steps("j")) == (3 if new_work.startswith("recorded") else 2), "nothing recorded"
 
 
 def test_a_handler_that_swallows_the_stop_of_a_compensating_run_still_fails_compensated(
