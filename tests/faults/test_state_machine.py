@@ -609,6 +609,8 @@ class WatchdogMachine(RuleBasedStateMachine):
         # (admission, signal name) -> the wait's timeout (db ms) its handler recorded.
         self.signals: dict[tuple[int, str], str] = {}
         self.waits: dict[tuple[int, str], int] = {}
+        # Revision w0021: (admission, sleep name) -> when the recorded sleep ends (db ms).
+        self.sleeps: dict[tuple[int, str], int] = {}
         for job in jobs:  # start with some work (conflicting replays are refused as usual)
             self.enqueue([job], None)
         for index, parent in enumerate(waiting):  # and some jobs waiting for it (revision w0012)
@@ -1632,6 +1634,62 @@ class WatchdogMachine(RuleBasedStateMachine):
         assert result.status is SettleStatus.REQUEUED
         if signal == "after":
             self.send_signal(job_id, name, 2)
+
+    @precondition(lambda self: bool(self.claims))
+    @rule(
+        data=st.data(),
+        name=st.sampled_from(["sleep#0", "sleep#1"]),
+        delay=st.sampled_from([0, 400, 60_000]),
+        skew=st.sampled_from([0, 0, 40, -40, 600_000]),
+    )
+    def durable_sleep(self, data: st.DataObject, name: str, delay: int, skew: int) -> None:
+        """A handler's ``job.sleep`` (w0021): its end is recorded like a step
+        (once per job and name, by the exact live claim, ``delay`` after the
+        database clock); while that end has not come the attempt ends -- a
+        snooze until it, no attempt counted -- and once it has, the handler
+        goes on."""
+        held = [c for c in self.claims if self.model.live_claim(*c, self.db)]
+        if held and data.draw(st.integers(0, 3), "a claim still held?") > 0:  # mostly: a handler runs
+            job_id, token = data.draw(st.sampled_from(held), "live claim")
+        else:
+            job_id, token = data.draw(st.sampled_from(self.claims), "claim")
+        db, app = self.db, self.db + skew
+        row = self.model.rows.get(job_id)
+        live = row is not None and self.model.live_claim(job_id, token, max(app, db))
+        key = None if row is None else (row.order, name)
+        fresh = live and key not in self.steps
+        attempt = 1 if row is None else row.attempt
+        recorded = self.tx(
+            store.record_step, job_id, token, name, kind=StepKind.SLEEP, result_json=None, delay_ms=delay,
+            attempt=attempt, now=app,
+        )  # fmt: skip
+        assert (recorded is not None) == fresh, (job_id, name, live)
+        if fresh:
+            assert recorded is not None and recorded.wake_at is not None and row is not None and key is not None
+            assert recorded.wake_at == at(db + delay), "the end on the database clock"
+            self.steps[key] = attempt
+            self.sleeps[key] = db + delay
+        if not live:
+            return
+        assert row is not None and key is not None
+        wake = self.sleeps.get(key)
+        if wake is None or wake <= db:
+            event("sleep: the handler goes on (its end came, or the name is another kind's)")
+            return
+        event("sleep: snoozed")
+        (result,) = self.tx(
+            store.settle_many, [store.SettleRequest(job_id, token, Decision.snooze(ms(wake - db)), app)]
+        )
+        row.lease_until = row.unstarted = None
+        if row.cancellation_id is not None:
+            row.state, row.outcome, row.failure_reason, row.failure_detail = "settled", "cancelled", None, None
+            row.settled_at = db
+            assert result.status is SettleStatus.SETTLED
+            return
+        row.state, row.claim_token, row.ready_at = "delayed", None, wake
+        row.snoozes += 1
+        row.progress = row.progress_note = None
+        assert result.status is SettleStatus.REQUEUED
 
     def _waiting_for_signals(self) -> list[tuple[str, str]]:
         """(job_id, signal name) of the stored jobs whose handler waits for a signal not kept yet."""
