@@ -443,7 +443,10 @@ class DurableSteps:
         checked = self._name(name)
         self._load()
         found = self._recorded(checked, StepKind.STEP)
-        return (False, None) if found is None else (True, self._decoded(found))
+        if found is None:
+            self._no_new_work(checked)  # refused: the child's step raises, not run
+            return (False, None)
+        return (True, self._decoded(found))
 
     def remote_record(self, name: str, value: Any) -> None:
         """A child's step ``name`` returned ``value``: record it."""

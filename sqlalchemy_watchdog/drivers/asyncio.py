@@ -44,6 +44,7 @@ from ..core.rules.settle import (
     decision_of_result,
     finish,
     finish_handed_off,
+    in_child,
     settle_batch,
     steps_unread,
 )
@@ -53,6 +54,7 @@ from ..core.settings import (
 from ..core.signals import restore_signal, signals_to_install
 from ..core.state import Execution, TickResult
 from ..core.steps import (
+    NEVER_STARTED,
     STARTED_LATE,
     Pause,
     Probe,
@@ -360,7 +362,13 @@ class AsyncRunner:
             if result is STARTED_LATE:
                 return STARTED_LATE  # execute() renews the claim first, then asks again
             if isinstance(result, ChildOutcome):
-                return decision_of_outcome(execution, result)
+                decided = decision_of_outcome(execution, result)
+                if decided is STARTED_LATE or decided is NEVER_STARTED:
+                    return decided
+                unread = None if decided is None else steps_unread(execution)
+                if unread is not None:
+                    await unread.load_async()
+                return in_child(execution, decided)
             decision = decision_of_result(result, job)
         unread = None if ref is not None or decision is None else steps_unread(execution)
         if unread is not None:

@@ -49,6 +49,7 @@ from ..core.rules.settle import (
     decision_of_exception,
     decision_of_result,
     finish_handed_off,
+    in_child,
     settle_batch,
     steps_unread,
 )
@@ -56,6 +57,7 @@ from ..core.settings import RunnerOptions
 from ..core.signals import SignalSafeEvent, restore_signal, signals_to_install
 from ..core.state import Execution, TickResult
 from ..core.steps import (
+    NEVER_STARTED,
     STARTED_LATE,
     Pause,
     Probe,
@@ -274,7 +276,13 @@ class Runner:
                     on_start=functools.partial(self._child_started, execution),
                     rank=execution.rank,
                 )
-                return decision_of_outcome(execution, outcome)
+                decided = decision_of_outcome(execution, outcome)
+                if decided is STARTED_LATE or decided is NEVER_STARTED:
+                    return decided
+                unread = None if decided is None else steps_unread(execution)
+                if unread is not None:
+                    unread.load()
+                return in_child(execution, decided)
             finally:
                 if self.core.release_slot(execution):
                     self._wake.set()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -559,6 +560,27 @@ def test_a_job_requeued_to_compensate_ends_failed_even_if_its_handler_never_reac
 
 async def _returns_done(job: RunningJob) -> str:
     return "done"
+
+
+@pytest.mark.parametrize("kind", ["process", "async-process"])
+def test_a_job_requeued_to_compensate_in_a_process_child_runs_no_new_step_and_fails(
+    engine: Engine, kind: str, tmp_path: Path
+) -> None:
+    """A handler in a child names no undo: nothing is undone, but the run
+    still does no new step (the runner refuses it) and the job fails, not
+    retried, with recovery's reason."""
+    add(engine, Job("j", "q", payload={"dir": str(tmp_path)}, retry=RETRY))
+    _vanished(engine, "j", "a")
+    driver = RunnerDriver(kind, engine.url)
+    try:
+        runner = driver.runner({"q": h.durable}, poll_interval=timedelta(milliseconds=50), concurrency=1)
+        job = _drain(runner, engine, "j", timeout=60)
+    finally:
+        driver.close()
+    assert (job.outcome, job.attempt) == (Outcome.FAILED, 1)
+    assert job.failure_reason == "Execution disappeared without a recovery policy"
+    assert h.marks(tmp_path, "j", "a") == [] and h.marks(tmp_path, "j", "b") == [], "no step ran"
+    assert [s.name for s in Watchdog(engine).steps("j")] == ["a", "undo:"]
 
 
 def test_recovery_requeues_a_job_to_compensate_once_and_only_for_a_vanished_claim_with_steps(engine: Engine) -> None:
