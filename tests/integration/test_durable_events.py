@@ -427,6 +427,19 @@ def test_a_job_that_times_out_on_its_last_attempt_runs_the_undos_of_its_steps(
     assert [s.name for s in Watchdog(engine).steps("j")] == ["A", "B", "undo:B", "undo:A"]
 
 
+def test_a_serving_runner_compensates_a_timed_out_last_attempt_too(engine: Engine, runners: RunnerDriver) -> None:
+    """Under ``run_forever`` a coroutine handler runs in its execution's own
+    task, which the timeout cancels: the undos still run there after it."""
+    add(engine, Job("j", "q", timeout=timedelta(milliseconds=200)))
+    undone: list[Any] = []
+    runner = runners.runner({"q": _stalled_saga(undone)}, **STOPPING, poll_interval=timedelta(milliseconds=50))
+    with runner.serving():
+        wait_until(lambda: read(engine, "j").state is JobState.SETTLED, what="the job to settle")
+    job = read(engine, "j")
+    assert (job.outcome, undone) == (Outcome.FAILED, ["b", "a"])
+    assert job.failure_reason == "timed out after 0.2s; compensated: undid 'B', 'A'"
+
+
 def test_a_timeout_followed_by_a_retry_undoes_nothing(engine: Engine, runners: RunnerDriver) -> None:
     add(engine, Job("j", "q", timeout=timedelta(milliseconds=200), retry=RETRY))
     undone: list[Any] = []
