@@ -168,7 +168,7 @@ class Recovery:
     unstarted: bool = False
     #: Revision w0022: requeued, its recovery budget spent, for one run that
     #: runs the undos of its recorded steps (recovery would have settled it
-    #: ``interrupted``); its ``undo:`` marker recorded with the requeue.
+    #: ``interrupted``); its ``undo:`` marker recorded with the requeue, no recovery counted.
     compensating: bool = False
 
 

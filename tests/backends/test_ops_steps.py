@@ -80,7 +80,7 @@ def test_a_job_id_enqueued_again_after_a_prune_starts_with_no_steps(db: Engine) 
 @pytest.mark.operation("reconcile", "record_step", "read_steps")
 def test_recovery_requeues_a_job_with_recorded_steps_once_to_compensate_with_its_marker(db: Engine) -> None:
     """Revision w0022: no recovery left, a vanished claim of a job with a
-    recorded step is requeued (its reason kept, a recovery counted) and its
+    recorded step is requeued (its reason kept, no recovery counted) and its
     marker ``undo:`` recorded with it; the next vanished claim settles
     ``interrupted``. A job without steps settles ``interrupted`` at once."""
     add(db, Job("a", "q", max_recoveries=0), Job("none", "q"))
@@ -91,7 +91,7 @@ def test_recovery_requeues_a_job_with_recorded_steps_once_to_compensate_with_its
     by_id = {c.job.job_id: c for c in op(db, store.expired_claims, limit=10)}
     requeued = op(db, store.reconcile, by_id["a"])
     assert (requeued.status, requeued.compensating) == (store.RecoveryStatus.REQUEUED, True)
-    assert requeued.job is not None and requeued.job.recovery_count == 1
+    assert requeued.job is not None and requeued.job.recovery_count == 0, "within its budget still"
     assert requeued.job.failure_reason == "Restart recovery budget exhausted (0 recoveries)"
     assert [(s.name, s.kind) for s in op(db, store.read_steps, "a")] == [
         ("reserve", StepKind.STEP), ("undo:", StepKind.UNDO),

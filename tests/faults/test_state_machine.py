@@ -1917,10 +1917,9 @@ class WatchdogMachine(RuleBasedStateMachine):
         stepped = any(order == row.order and name in STEP_NAMES for order, name in self.steps)
         if stepped and (row.order, COMPENSATION_MARK) not in self.steps:
             # Revision w0022: a job with recorded steps is requeued once, its
-            # reason kept and a recovery counted, for a run that undoes them;
+            # reason kept and no recovery counted, for a run that undoes them;
             # the marker is recorded with the requeue.
             row.state, row.claim_token, row.failure_reason = "queued", None, store.recovery_reason(view)
-            row.recovery_count += 1
             self.steps[(row.order, COMPENSATION_MARK)] = row.attempt
             return "requeued", row
         row.state, row.outcome, row.failure_reason = "settled", "interrupted", store.recovery_reason(view)

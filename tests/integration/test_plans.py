@@ -696,6 +696,13 @@ PLANS: list[Case] = [
         on(JOB_ID, LEASE),
     ),
     Case(
+        "reconcile_steps",
+        "reconcile_steps",
+        (),
+        lambda d: {"job": "r-3", "token": "rt-3", "mark": "undo:"},
+        on(JOB_ID),
+    ),
+    Case(
         "reconcile(interrupt, compensate)",
         "reconcile",
         (False, True),

@@ -193,23 +193,22 @@ def claim_kept(core: RunnerCore, execution: Execution) -> Steps[bool]:
 def _earlier(execution: Execution) -> str | None:
     """The reason recovery kept for a run that finishes a compensation: a
     job requeued for one keeps its reason (``Restart recovery budget
-    exhausted ...``); any other requeue by recovery clears it."""
+    exhausted ...``); a requeue by recovery within its budget clears it, and
+    a run with an ``undo`` row neither retries nor snoozes."""
     steps = execution.job._steps()
-    claimed = execution.claim.job
-    if steps is None or not steps.compensation_began or claimed.recovery_count == 0:
+    if steps is None or not steps.compensation_began:
         return None
-    return claimed.failure_reason
+    return execution.claim.job.failure_reason
 
 
 def steps_unread(execution: Execution) -> DurableSteps | None:
     """The steps of a run that may have been requeued by recovery to
-    compensate (recovered, a reason kept) and whose handler ended before
-    its first step read them: the driver reads them before
-    :func:`compensation_due`, which then finds the marker. None for every
-    other run (no read)."""
+    compensate (its claimed row keeps a reason: that, or a retry) and whose
+    handler ended before its first step read them: the driver reads them
+    before :func:`compensation_due`, which then finds the marker. None for
+    every other run (no read)."""
     steps = execution.job._steps()
-    claimed = execution.claim.job
-    if steps is None or steps.loaded or claimed.recovery_count == 0 or claimed.failure_reason is None:
+    if steps is None or steps.loaded or execution.claim.job.failure_reason is None:
         return None
     return steps
 
