@@ -166,6 +166,10 @@ class Recovery:
     #: Revision w0019: requeued because it was claimed ahead and its handler
     #: never started -- no recovery counted, whatever the budget.
     unstarted: bool = False
+    #: Revision w0022: requeued, its recovery budget spent, for one run that
+    #: runs the undos of its recorded steps (recovery would have settled it
+    #: ``interrupted``); its ``undo:`` marker recorded with the requeue, no recovery counted.
+    compensating: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from ..jobs import (
     Undecodable,
     WorkerView,
 )
-from ..jobs.durable import JobStep, StepKind
+from ..jobs.durable import COMPENSATION_MARK, JobStep, StepKind
 from ..schedules import Schedule
 from ..visible import escape
 
@@ -231,6 +231,8 @@ def _step_text(explained: JobExplanation, step: JobStep) -> str:
         return f"{step.name} (sleep until {step.wake_at:%Y-%m-%d %H:%M:%S}, attempt {step.attempt}, {at})"
     if step.kind is StepKind.WAIT and step.wake_at is not None:
         return f"{step.name} (wait for the signal: {explained.wait_text(step)}; attempt {step.attempt}, {at})"
+    if step.kind is StepKind.UNDO and step.name == COMPENSATION_MARK:
+        return f"{step.name} (recovery asked for a compensating run, attempt {step.attempt}, {at})"
     if step.kind is StepKind.UNDO:
         return f"{step.name} (undone, attempt {step.attempt}, {at})"
     return f"{step.name} (attempt {step.attempt}, {at})"

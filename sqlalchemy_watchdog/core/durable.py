@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CompensationFailed",
+    "Compensating",
     "DurableSteps",
     "SleepRequested",
     "StepNotRecorded",
@@ -121,6 +122,18 @@ class CompensationFailed(Exception):
     def __init__(self, step: str, error: BaseException) -> None:
         super().__init__(f"the undo of step {step!r} raised {safe_text(error)}")
         self.step = step
+
+
+class Compensating(Exception):
+    """Raised by a step, a sleep or a wait not recorded yet in a run that
+    must finish a compensation an earlier run began (an undo of the job is
+    recorded): such a run does no new work. The handler stops there -- let
+    it propagate -- and the runner runs the undos not recorded yet, then
+    settles the job failed; it is never the job's failure reason."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"{name!r} not run: this run finishes the compensation an earlier run began")
+        self.name = name
 
 
 class StepNotRecorded(RuntimeError):
@@ -230,12 +243,13 @@ class DurableSteps:
             return max(0, epoch_ms(wake) - time.time_ns() // 1_000_000)
         return check_duration("delay", delay, low=timedelta(0)) // timedelta(milliseconds=1)
 
-    @staticmethod
-    def _wake(name: str, found: JobStep) -> None:
-        """Pass a recorded sleep whose time has come; else sleep on."""
+    def _wake(self, name: str, found: JobStep) -> None:
+        """Pass a recorded sleep whose time has come; else sleep on -- but
+        not in a run that finishes a compensation (it stops there)."""
         assert found.wake_at is not None
         wake_at_ms = epoch_ms(found.wake_at)
         if wake_at_ms > time.time_ns() // 1_000_000:
+            self._no_new_work(name)
             raise SleepRequested(name, wake_at_ms)
 
     def _undo(self, name: str, undo: Callable[[Any], Any] | None) -> None:
@@ -244,23 +258,35 @@ class DurableSteps:
             self._undos.append((name, undo))
 
     @property
+    def loaded(self) -> bool:
+        """Whether the recorded steps were read (a step, sleep or wait asked)."""
+        return self._done is not None
+
+    @property
     def compensation_began(self) -> bool:
         """Whether an undo of this job is recorded (by an earlier run that
         compensated, then crashed or was interrupted): this run must end
         failed, finishing the compensation (the steps' records read already)."""
         return self._done is not None and any(step.kind is StepKind.UNDO for step in self._done.values())
 
-    @staticmethod
-    def _waited(name: str, found: JobStep, signal: JobSignal | None, clock_ms: int) -> Any:
+    def _no_new_work(self, name: str) -> None:
+        """A step, sleep or wait ``name`` not recorded yet is about to run:
+        not in a run that finishes a compensation (:class:`Compensating`)."""
+        if self.compensation_began:
+            raise Compensating(name)
+
+    def _waited(self, name: str, found: JobStep, signal: JobSignal | None, clock_ms: int) -> Any:
         """The wait's outcome, the same for every attempt: the payload of a
         signal kept by the timeout; else, once the timeout passed (database
-        clock), :class:`WaitTimedOut`; else wait on."""
+        clock), :class:`WaitTimedOut`; else wait on -- but not in a run that
+        finishes a compensation (it stops there)."""
         assert found.wake_at is not None
         timeout_ms = epoch_ms(found.wake_at)
         if signal is not None and epoch_ms(signal.sent_at) <= timeout_ms:
             return signal.payload
         if clock_ms > timeout_ms:
             raise WaitTimedOut(name, found.wake_at)
+        self._no_new_work(name)
         raise WaitRequested(name, timeout_ms)
 
     @property
@@ -295,6 +321,14 @@ class DurableSteps:
         assert self.port.write_async is not None and self._loop is not None
         return asyncio.run_coroutine_threadsafe(self.port.write_async(*args), self._loop).result()
 
+    def load(self) -> None:
+        """Read the recorded steps now, if not read yet (from a thread)."""
+        self._load()
+
+    async def load_async(self) -> None:
+        """Read the recorded steps now, if not read yet (on the runner's event loop)."""
+        await self._load_async()
+
     def _load(self) -> dict[str, JobStep]:
         if self._done is None:
             self._done = {step.name: step for step in self._read()}
@@ -314,6 +348,7 @@ class DurableSteps:
         found = self._recorded(checked, StepKind.STEP)
         if found is not None:
             return self._decoded(found)
+        self._no_new_work(checked)
         value = fn(*args, **kwargs)
         self._kept(checked, self._write(checked, StepKind.STEP, self._encoded(value), None))
         return value
@@ -333,6 +368,7 @@ class DurableSteps:
         found = self._recorded(checked, StepKind.STEP)
         if found is not None:
             return self._decoded(found)
+        self._no_new_work(checked)
         if self.port.write_in is None:
             raise RuntimeError("transaction_step runs in the runner's process (a thread handler)")
         try:
@@ -356,6 +392,7 @@ class DurableSteps:
         self._load()
         found = self._recorded(checked, StepKind.SLEEP)
         if found is None:
+            self._no_new_work(checked)
             found = self._kept(checked, self._write(checked, StepKind.SLEEP, None, delay_ms))
         self._wake(checked, found)
 
@@ -372,14 +409,19 @@ class DurableSteps:
         self._load()
         found = self._recorded(checked, StepKind.WAIT)
         if found is None:
+            self._no_new_work(checked)
             found = self._kept(checked, self._write(checked, StepKind.WAIT, None, timeout_ms))
         signal, clock_ms = self._read_signal(checked)
         return self._waited(checked, found, signal, clock_ms)
 
-    def compensate(self) -> list[str]:
+    def compensate(self, fresh: bool = False) -> list[str]:
         """Run the due undos (last step first), each recorded under the claim
         once it returned; the steps undone. An undo that raises stops it:
-        :class:`CompensationFailed`."""
+        :class:`CompensationFailed`. ``fresh``: read the recorded steps
+        again first (a handler stopped by its timeout may have recorded a
+        step it was not told of: a cancelled coroutine's commit)."""
+        if fresh:
+            self._done = None
         self._load()
         undone = []
         for name, undo, value in self._undo_due():
@@ -401,7 +443,10 @@ class DurableSteps:
         checked = self._name(name)
         self._load()
         found = self._recorded(checked, StepKind.STEP)
-        return (False, None) if found is None else (True, self._decoded(found))
+        if found is None:
+            self._no_new_work(checked)  # refused: the child's step raises, not run
+            return (False, None)
+        return (True, self._decoded(found))
 
     def remote_record(self, name: str, value: Any) -> None:
         """A child's step ``name`` returned ``value``: record it."""
@@ -414,6 +459,7 @@ class DurableSteps:
         self._load()
         found = self._recorded(checked, StepKind.SLEEP)
         if found is None:
+            self._no_new_work(checked)
             found = self._kept(checked, self._write(checked, StepKind.SLEEP, None, delay_ms))
         try:
             self._wake(checked, found)
@@ -453,6 +499,7 @@ class DurableSteps:
         found = self._recorded(checked, StepKind.STEP)
         if found is not None:
             return self._decoded(found)
+        self._no_new_work(checked)
         value = fn(*args, **kwargs)
         if inspect.isawaitable(value):
             value = await value
@@ -481,6 +528,7 @@ class DurableSteps:
         found = self._recorded(checked, StepKind.STEP)
         if found is not None:
             return self._decoded(found)
+        self._no_new_work(checked)
         if self.port.write_in_async is None:
             raise RuntimeError("transaction_step_async runs on an AsyncRunner (a coroutine handler)")
         try:
@@ -506,6 +554,7 @@ class DurableSteps:
         await self._load_async()
         found = self._recorded(checked, StepKind.SLEEP)
         if found is None:
+            self._no_new_work(checked)
             assert self.port.write_async is not None
             found = self._kept(
                 checked,
@@ -526,13 +575,16 @@ class DurableSteps:
         await self._load_async()
         found = self._recorded(checked, StepKind.WAIT)
         if found is None:
+            self._no_new_work(checked)
             found = self._kept(checked, await self._write_async(checked, StepKind.WAIT, timeout_ms))
         assert self.port.read_signal_async is not None
         signal, clock_ms = await self.port.read_signal_async(self.job_id, checked)
         return self._waited(checked, found, signal, clock_ms)
 
-    async def compensate_async(self) -> list[str]:
+    async def compensate_async(self, fresh: bool = False) -> list[str]:
         """:meth:`compensate` on the runner's event loop: an undo may be a coroutine function."""
+        if fresh:
+            self._done = None
         await self._load_async()
         undone = []
         for name, undo, value in self._undo_due():

@@ -105,6 +105,10 @@ class Execution:
     #: until then (:func:`~.rules.settle.settle_batch`); infinite until
     #: :meth:`RunnerCore.admit` sets it.
     lease_ends_by: float = math.inf
+    #: Whether its handler's undos run (or ran) before it settles: the
+    #: heartbeat renews its claim again after a timeout (which stopped its
+    #: renewals) until it is retired.
+    compensating: bool = False
 
     def traced(self, what: str, *args: Any) -> None:
         """Tell the attempt's trace ``what`` happened (a no-op without one;

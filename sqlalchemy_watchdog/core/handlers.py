@@ -411,7 +411,7 @@ class RunningJob:
         coroutine handler use :meth:`step_async`.
 
         ``undo``: a function called with the step's result if the job fails
-        for good (its handler raised and no retry follows): the undos of the
+        for good (its handler raised or timed out, and no retry follows): the undos of the
         recorded steps run last step first, each recorded once it returned
         (compensation; not in a process child). ``undo`` is not passed to ``fn``.
 

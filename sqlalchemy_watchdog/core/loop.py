@@ -274,7 +274,9 @@ def renew(core: RunnerCore) -> Steps[float]:
     # recovery takes the job, as for any execution that stopped answering.
     # One the driver can kill (a child process) is renewed until its kill
     # is confirmed and it settled: recovery never runs it beside the child.
-    executions = [e for e in core.active() if e.signal.reason is not StopReason.TIMEOUT or e.killable]
+    # One whose handler returned and runs its undos (a timeout on its last
+    # attempt compensates) is renewed again until it settled.
+    executions = [e for e in core.active() if e.signal.reason is not StopReason.TIMEOUT or e.killable or e.compensating]
     if not executions:
         return core.renewal_went_through()
     asked = core.clock.monotonic()

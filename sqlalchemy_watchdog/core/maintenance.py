@@ -101,6 +101,13 @@ def recover(core: RunnerCore) -> Steps[TickResult | None]:
         if recovery.unstarted:
             log.warning("recovered job %s: claimed ahead, never started; requeued (no recovery counted)", job.job_id)
             return TickResult(TickStatus.REQUEUED, recovery.job, job.job_id)
+        if recovery.compensating:
+            log.warning(
+                "recovered job %s: requeued for one run that undoes its recorded steps (%s)",
+                job.job_id,
+                recovery.job.failure_reason if recovery.job else None,
+            )
+            return TickResult(TickStatus.REQUEUED, recovery.job, job.job_id)
         if recovery.status is RecoveryStatus.REQUEUED:
             log.warning(
                 "recovered job %s: requeued (recovery %d of %s)",

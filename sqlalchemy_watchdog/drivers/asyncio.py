@@ -34,6 +34,7 @@ from ..core.loop import execute, loop_pass, record_starts, renew, shutdown, tick
 from ..core.maintenance import deregister_worker, probe_failed, prune, refresh_worker, register_worker
 from ..core.ports import Settlement
 from ..core.rules.settle import (
+    claim_kept,
     compensate,
     compensate_async,
     compensation_due,
@@ -43,7 +44,9 @@ from ..core.rules.settle import (
     decision_of_result,
     finish,
     finish_handed_off,
+    in_child,
     settle_batch,
+    steps_unread,
 )
 from ..core.settings import (
     RunnerOptions,
@@ -51,6 +54,7 @@ from ..core.settings import (
 from ..core.signals import restore_signal, signals_to_install
 from ..core.state import Execution, TickResult
 from ..core.steps import (
+    NEVER_STARTED,
     STARTED_LATE,
     Pause,
     Probe,
@@ -346,20 +350,33 @@ class AsyncRunner:
                 child_timer.cancel()
             if self.core.release_slot(execution):
                 self._events()[0].set()
+        error = None if task.cancelled() else task.exception()
         if task.cancelled():
-            return decision_of_cancelled_task(execution)
-        error = task.exception()
-        if error is not None:
+            # A timeout on the last attempt compensates below; a cancellation
+            # or a shutdown does not (compensation_due).
+            decision = decision_of_cancelled_task(execution)
+        elif error is not None:
             decision = decision_of_exception(execution, error)
         else:
             result: object = task.result()
             if result is STARTED_LATE:
                 return STARTED_LATE  # execute() renews the claim first, then asks again
             if isinstance(result, ChildOutcome):
-                return decision_of_outcome(execution, result)
+                decided = decision_of_outcome(execution, result)
+                if decided is STARTED_LATE or decided is NEVER_STARTED:
+                    return decided
+                unread = None if decided is None else steps_unread(execution)
+                if unread is not None:
+                    await unread.load_async()
+                return in_child(execution, decided)
             decision = decision_of_result(result, job)
+        unread = None if ref is not None or decision is None else steps_unread(execution)
+        if unread is not None:
+            await unread.load_async()  # a run recovery requeued to compensate may not have read its steps
         if ref is not None or not compensation_due(self.core, execution, decision):
             return decision
+        if not await drive_async(claim_kept(self.core, execution), self._perform):
+            return decision  # it outlived its timeout and its claim: recovery's
         # A failure for good runs the undos of its steps: a coroutine
         # handler's on this loop (an undo may be a coroutine function), a
         # thread handler's in a thread.

@@ -42,17 +42,22 @@ from ..core.loop import execute, loop_pass, record_starts, renew, shutdown, tick
 from ..core.maintenance import deregister_worker, probe_failed, prune, refresh_worker, register_worker
 from ..core.ports import Settlement
 from ..core.rules.settle import (
+    claim_kept,
     compensate,
+    compensation_due,
     conclude,
     decision_of_exception,
     decision_of_result,
     finish_handed_off,
+    in_child,
     settle_batch,
+    steps_unread,
 )
 from ..core.settings import RunnerOptions
 from ..core.signals import SignalSafeEvent, restore_signal, signals_to_install
 from ..core.state import Execution, TickResult
 from ..core.steps import (
+    NEVER_STARTED,
     STARTED_LATE,
     Pause,
     Probe,
@@ -272,7 +277,13 @@ class Runner:
                     rank=execution.rank,
                     pipe=not execution.claimed_ahead,
                 )
-                return decision_of_outcome(execution, outcome)
+                decided = decision_of_outcome(execution, outcome)
+                if decided is STARTED_LATE or decided is NEVER_STARTED:
+                    return decided
+                unread = None if decided is None else steps_unread(execution)
+                if unread is not None:
+                    unread.load()
+                return in_child(execution, decided)
             finally:
                 if self.core.release_slot(execution):
                     self._wake.set()
@@ -289,7 +300,15 @@ class Runner:
             except Exception as error:
                 decision = decision_of_exception(execution, error)
             # A failure for good runs the undos of its steps here, in the
-            # handler's thread and context, before the slot is freed.
+            # handler's thread and context, before the slot is freed -- under
+            # a claim renewed first if the handler outlived its timeout.
+            unread = None if decision is None else steps_unread(execution)
+            if unread is not None:
+                unread.load()  # a run recovery requeued to compensate may not have read its steps
+            if compensation_due(self.core, execution, decision) and not drive(
+                claim_kept(self.core, execution), self._perform
+            ):
+                return decision
             return context.run(compensate, self.core, execution, decision)
         finally:
             if self.core.release_slot(execution):

@@ -16,6 +16,7 @@ from typing import Any
 from .validation import check_text
 
 __all__ = [
+    "COMPENSATION_MARK",
     "STEP_NAME_MAX_LENGTH",
     "UNDO_PREFIX",
     "JobSignal",
@@ -30,6 +31,10 @@ __all__ = [
 STEP_NAME_MAX_LENGTH = 256
 #: What an undo's step name starts with: ``undo:<the step's name>`` (revision w0022).
 UNDO_PREFIX = "undo:"
+#: The step recovery records (kind ``undo``) when it requeues a job, its
+#: recovery budget spent, for one run that compensates rather than settling
+#: it ``interrupted`` (revision w0022): ``undo:`` and no step's name after it.
+COMPENSATION_MARK = UNDO_PREFIX
 
 
 class StepKind(str, enum.Enum):

@@ -33,6 +33,7 @@ from ..jobs import (
     check_text,
     duration_ms,
 )
+from ..jobs.durable import COMPENSATION_MARK
 from ..records import Claim as Claim
 from ..records import ClaimBatch as ClaimBatch
 from ..records import Promotion as Promotion
@@ -41,7 +42,7 @@ from ..records import RecoveryCause as RecoveryCause
 from ..records import RecoveryStatus as RecoveryStatus
 from ..records import SettleRequest as SettleRequest
 from ..wakeups import local_key, room_freed_locally
-from . import claims_sql, limits_sql, maintenance_sql, sql
+from . import claims_sql, job_steps_sql, limits_sql, maintenance_sql, sql
 from .base import (
     _OUTCOMES,
     LANE_FAILURE_BATCH,
@@ -639,22 +640,40 @@ def reconcile(
     The budget is ``max_recoveries`` (default: the job's own); ``cause``
     goes into an ``interrupted`` job's reason. One conditional statement:
     the same token, the same recovery count and an ended lease.
+
+    Revision w0022: a claim that vanished (not a shutdown's) of a started
+    job with recorded steps is, rather than settled ``interrupted``, requeued
+    once -- its reason kept, no recovery counted -- for a run that runs the undos of
+    its steps (compensation); the marker that makes that run compensate
+    (the ``undo:`` row) is written in the same transaction. A job whose
+    marker is there already (its compensating run vanished too) is settled
+    ``interrupted``.
     """
     job = expired.job
     budget = job.max_recoveries if max_recoveries is _FROM_JOB else max_recoveries
     requeue = budget is not None and job.recovery_count < budget
+    compensate = False
+    if not requeue and cause is RecoveryCause.VANISHED:
+        found = conn.execute(
+            claims_sql.reconcile_steps(), {"job": job.job_id, "token": expired.token, "mark": COMPENSATION_MARK}
+        ).first()
+        compensate = found is not None and bool(found[0]) and bool(found[1]) and not found[2]
     params = {
         "job": job.job_id,
         "token": expired.token,
         "count": job.recovery_count,
         "reason": recovery_reason(job, budget, cause),
     }
-    rows = write_returning(conn, claims_sql.reconcile(requeue), params)
+    rows = write_returning(conn, claims_sql.reconcile(requeue, compensate), params)
     row = rows[0] if rows else None
     if row is None:
         return Recovery(job.job_id, RecoveryStatus.LOST_RACE, None)
     after = view(row)
     status = RecoveryStatus.REQUEUED if after.state is JobState.QUEUED else RecoveryStatus.SETTLED
+    if compensate and status is RecoveryStatus.REQUEUED:
+        conn.execute(job_steps_sql.mark_compensation(), {"job": job.job_id, "name": COMPENSATION_MARK})
+        room_freed_in(conn, (after.queue,))
+        return Recovery(job.job_id, status, after, compensating=True)
     if status is RecoveryStatus.SETTLED:
         tell(conn, [(row[_JOB_ID], row[_OUTCOME])])
     # It left running (requeued or settled): room in a limited queue.

@@ -36,6 +36,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from ..backends import Backend
 from ..jobs import Outcome
 from ..model import (
+    job_steps_table,
     limits_table,
 )
 from ..wakeups import CHANNEL, EVENT_QUEUED, WAITING_LOCK
@@ -555,10 +556,33 @@ def next_lease_expiry() -> Select[Any]:
 
 
 @cache
-def reconcile(requeue: bool) -> Update:
+def reconcile_steps() -> Select[Any]:
+    """Whether the disappeared claim ``:job`` / ``:token`` was started (not
+    marked ``unstarted``), whether its job has a recorded step (kind
+    ``step``) and whether it has the compensation marker ``:mark`` -- what
+    decides a compensating requeue (revision w0022). Neither can change
+    while the lease is over: steps and starts are written only under a live
+    lease, the marker only by the recovery that wins the row."""
+    steps = job_steps_table.c
+    stepped = select(literal_column("1")).where(steps.job_sequence == c.sequence, steps.kind == "step").exists()
+    marked = (
+        select(literal_column("1")).where(steps.job_sequence == c.sequence, steps.name == _p("mark", Text())).exists()
+    )
+    started: Any = c.unstarted.is_(None)
+    return select(started, stepped, marked).where(c.job_id == _p("job", Text()), c.claim_token == _p("token", Text()))
+
+
+@cache
+def reconcile(requeue: bool, compensate: bool = False) -> Update:
     """Requeue (or settle ``interrupted`` with ``:reason``) the disappeared
     claim ``:job`` / ``:token`` / ``:count``, if nobody
     else got there first.
+
+    ``compensate`` (with ``requeue`` False; the recoverer read the job's
+    steps first, :func:`reconcile_steps`): the job is requeued instead of
+    settled ``interrupted``, keeping ``:reason``, no recovery counted, for one
+    run that compensates (revision w0022); the store writes the marker in the
+    same transaction.
 
     Conditional on the same token, the same recovery count and a lease
     ended by the database clock, so of two recoverers only one wins, and a
@@ -579,6 +603,19 @@ def reconcile(requeue: bool) -> Update:
             claim_token=case((uncancelled, null()), else_=c.claim_token),
             recovery_count=c.recovery_count + case((unstarted, 0), (uncancelled, 1), else_=0),
             failure_reason=case((unstarted, c.failure_reason), else_=null()),
+            failure_detail=case((unstarted, c.failure_detail), else_=null()),
+            settled_at=case((uncancelled, null()), else_=db_clock_ms()),
+        )
+    elif compensate:
+        # Revision w0022: the recoverer found a started job with recorded steps
+        # and no compensation marker (reconcile_steps): it goes back to the
+        # queue once, for a run that runs its undos -- its reason kept, no
+        # recovery counted (recovery_count stays within its budget).
+        values = dict(
+            state=case((uncancelled, _QUEUED), else_=_SETTLED),
+            outcome=case((uncancelled, null()), else_=Outcome.CANCELLED.value),
+            claim_token=case((uncancelled, null()), else_=c.claim_token),
+            failure_reason=case((unstarted, c.failure_reason), (uncancelled, _p("reason", Text())), else_=null()),
             failure_detail=case((unstarted, c.failure_detail), else_=null()),
             settled_at=case((uncancelled, null()), else_=db_clock_ms()),
         )

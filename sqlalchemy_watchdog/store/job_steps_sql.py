@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from sqlalchemy import BigInteger, Delete, Integer, Select, Text, case, delete, literal, null, select, true
+from sqlalchemy import BigInteger, Delete, Integer, Select, Text, case, delete, insert, literal, null, select, true
 from sqlalchemy.sql.dml import Insert
 
 from ..backends import Backend
@@ -59,6 +59,28 @@ def record(backend: Backend) -> Insert:
         .on_conflict_do_nothing(index_elements=[s.job_sequence, s.name])
         .returning(s.name, s.wake_at)
     )
+    return stmt
+
+
+@cache
+def mark_compensation() -> Insert:
+    """Record the compensation marker ``:name`` (kind ``undo``) of job
+    ``:job``, which recovery just requeued for a compensating run -- in the
+    requeue's transaction, once: nothing when the job is not queued or the
+    marker is there already."""
+    marked = select(literal(1)).where(s.job_sequence == j.sequence, s.name == sql._p("name", Text())).exists()
+    rows = select(
+        j.sequence,
+        sql._p("name", Text()),
+        j.job_id,
+        literal("undo"),
+        null(),
+        null(),
+        j.attempt,
+        sql.db_clock_ms(),
+    ).where(j.job_id == sql._p("job", Text()), sql.IS_QUEUED, ~marked)
+    columns = ["job_sequence", "name", "job_id", "kind", "result_json", "wake_at", "attempt", "recorded_at"]
+    stmt: Insert = insert(steps).from_select(columns, rows)
     return stmt
 
 

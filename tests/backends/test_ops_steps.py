@@ -90,3 +90,32 @@ def test_a_step_result_far_over_64_kib_is_read_back_byte_for_byte(db: Engine) ->
     assert step.result == json.loads(result_json)
     with db.connect() as conn:
         assert conn.execute(text("SELECT result_json FROM watchdog_job_steps")).scalar_one() == result_json
+
+
+@pytest.mark.operation("reconcile", "record_step", "read_steps")
+def test_recovery_requeues_a_job_with_recorded_steps_once_to_compensate_with_its_marker(db: Engine) -> None:
+    """Revision w0022: no recovery left, a vanished claim of a job with a
+    recorded step is requeued (its reason kept, no recovery counted) and its
+    marker ``undo:`` recorded with it; the next vanished claim settles
+    ``interrupted``. A job without steps settles ``interrupted`` at once."""
+    add(db, Job("a", "q", max_recoveries=0), Job("none", "q"))
+    for held in op(db, store.claim, queues=["q"], limit=2, lease_ms=LEASE_MS).claimed:
+        if held.job.job_id == "a":
+            assert _record(db, "a", held.token, "reserve") is not None
+        op(db, store.release, [(held.job.job_id, held.token)])
+    by_id = {c.job.job_id: c for c in op(db, store.expired_claims, limit=10)}
+    requeued = op(db, store.reconcile, by_id["a"])
+    assert (requeued.status, requeued.compensating) == (store.RecoveryStatus.REQUEUED, True)
+    assert requeued.job is not None and requeued.job.recovery_count == 0, "within its budget still"
+    assert requeued.job.failure_reason == "Restart recovery budget exhausted (0 recoveries)"
+    assert [(s.name, s.kind) for s in op(db, store.read_steps, "a")] == [
+        ("reserve", StepKind.STEP), ("undo:", StepKind.UNDO),
+    ]  # fmt: skip
+    assert op(db, store.reconcile, by_id["a"]).status is store.RecoveryStatus.LOST_RACE
+    assert op(db, store.reconcile, by_id["none"]).job.outcome.value == "interrupted"  # type: ignore[union-attr]
+    again = claim_one(db, ["q"])
+    end_lease(db, again)
+    (expired,) = op(db, store.expired_claims, limit=10)
+    settled = op(db, store.reconcile, expired)
+    assert (settled.status, settled.compensating) == (store.RecoveryStatus.SETTLED, False)
+    assert len(op(db, store.read_steps, "a")) == 2, "the marker once"

@@ -31,7 +31,8 @@ A job's payload says what its handler does (``{"action": ...}``):
 * ``saga``: ``steps`` durable steps (``job.step``), each naming an undo that
   sleeps ``gap`` seconds, then inserts its effect row into
   ``fault_saga_effects`` (the test creates it); then raises: a job with no
-  retry left compensates (its undos run, last first).
+  retry left compensates (its undos run, last first). With ``hang`` (seconds):
+  one more step first, which sleeps that long (a kill lands in it).
 * ``noop``: return at once -- or after ``seconds``, if given --, writing no
   audit row (a warm-up: a runner that ran it knows its handlers are short,
   and claims ahead while they run several of its round trips).
@@ -142,8 +143,12 @@ def _saga(engine: Engine, job: RunningJob, payload: dict[str, Any], pid: int) ->
 
         return run
 
-    for index in range(int(payload.get("steps", 3))):
+    steps = int(payload.get("steps", 3))
+    for index in range(steps):
         job.step(f"step-{index}", lambda index=index: index, undo=undo(index))
+    if payload.get("hang"):
+        # Inside one more step, never recorded: the worker is killed here.
+        job.step(f"step-{steps}", lambda: time.sleep(float(payload["hang"])), undo=undo(steps))
     raise RuntimeError("the saga failed: compensate")
 
 

@@ -1,6 +1,8 @@
 """Durable steps under SIGKILL: a job killed between (or inside) its steps
 resumes at the next one, and each finished step's effect is seen once; a
-compensation killed between its undos finishes after recovery, each undo once.
+compensation killed between its undos finishes after recovery, each undo once;
+a job killed mid-step with no recovery left is run once more by recovery to
+undo its recorded steps (revision w0022), each once.
 
 The chaos worker's ``steps`` action runs ``job.transaction_step`` steps a
 moment apart, each inserting its effect row in the step's own transaction
@@ -112,3 +114,41 @@ def test_a_compensation_killed_midway_finishes_after_recovery_each_undo_once_las
     assert recorded == STEPS
     assert effects[: len(before)] == before and all(pid == w1.pid for _, _, pid in before)
     assert all(pid != w1.pid for _, _, pid in effects[len(before) :]), "the rest ran after the recovery"
+
+
+def test_a_job_killed_mid_step_without_a_recovery_left_undoes_its_recorded_steps_once_after_recovery(
+    instrumented: Engine, db_url: URL, workers: WorkerPool
+) -> None:
+    """Its runner is SIGKILLed inside a step (never recorded) after three
+    recorded ones, with ``max_recoveries=0``: recovery would settle it
+    ``interrupted``; instead it requeues it once, and a second worker's run
+    passes the recorded steps, stops at the unrecorded one (not run again)
+    and runs the three undos, last first, each once."""
+    engine = instrumented
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "CREATE TABLE fault_saga_effects (job_id TEXT NOT NULL, step INTEGER NOT NULL, pid INTEGER, at_ns BIGINT)"
+            )
+        )
+    steps = 3
+    payload = {"action": "saga", "steps": steps, "gap": 0.0, "hang": 60}
+    enqueue_jobs(engine, [Job("saga", "chaos", payload=payload, max_recoveries=0)])
+    w1 = workers.start(db_url, "w1", concurrency=1, **TIMING)
+
+    def recorded() -> int:
+        with engine.connect() as conn:
+            return int(conn.execute(text("SELECT count(*) FROM watchdog_job_steps WHERE kind = 'step'")).scalar_one())
+
+    wait_until(lambda: recorded() == steps, timeout=60, what="the steps to be recorded")
+    w1.kill()
+    w2 = workers.start(db_url, "w2", concurrency=1, **TIMING)
+    wait_until(lambda: jobs_by_id(engine)["saga"]["state"] == "settled", timeout=60, what="recovery")
+    row = jobs_by_id(engine)["saga"]
+    assert (row["outcome"], row["recovery_count"]) == ("failed", 0), row
+    assert row["failure_reason"] == (
+        "Restart recovery budget exhausted (0 recoveries); compensated: undid 'step-2', 'step-1', 'step-0'"
+    )
+    effects, undos = _undos(engine)
+    assert [(step, pid) for _, step, pid in effects] == [(2, w2.pid), (1, w2.pid), (0, w2.pid)]
+    assert undos == steps + 1, "each undo recorded, and the marker"

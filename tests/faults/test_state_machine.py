@@ -145,6 +145,7 @@ from sqlalchemy_watchdog.jobs import (
     encode_payload,
     rerun_job_id,
 )
+from sqlalchemy_watchdog.jobs.durable import COMPENSATION_MARK
 from sqlalchemy_watchdog.model import (
     edges_table,
     job_signals_table,
@@ -162,6 +163,8 @@ from tests.faults.helpers import controlled_db_clock, dump_jobs
 JOB_IDS = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]
 #: Revision w0022: the names of the signals jobs wait for and are sent.
 SIGNAL_NAMES = ["approved", "shipped"]
+#: The steps' names (kind ``step``: what makes recovery requeue a job to compensate, w0022).
+STEP_NAMES = ["reserve", "charge"]
 #: Revision w0012: the job_ids of jobs enqueued with parents (and "a": a
 #: replay with parents of a job stored without, or the reverse, conflicts).
 DEP_IDS = ["w1", "w2", "w3", "w4"]
@@ -607,6 +610,8 @@ class WatchdogMachine(RuleBasedStateMachine):
         # (admission, signal name) -> the wait's timeout (db ms) its handler recorded.
         self.signals: dict[tuple[int, str], str] = {}
         self.waits: dict[tuple[int, str], int] = {}
+        # Revision w0021: (admission, sleep name) -> when the recorded sleep ends (db ms).
+        self.sleeps: dict[tuple[int, str], int] = {}
         for job in jobs:  # start with some work (conflicting replays are refused as usual)
             self.enqueue([job], None)
         for index, parent in enumerate(waiting):  # and some jobs waiting for it (revision w0012)
@@ -1551,7 +1556,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             self.model.rows[job_id].lease_until = db + lease
 
     @precondition(lambda self: bool(self.claims))
-    @rule(data=st.data(), name=st.sampled_from(["reserve", "charge"]), skew=st.sampled_from(SKEWS))
+    @rule(data=st.data(), name=st.sampled_from(STEP_NAMES), skew=st.sampled_from(SKEWS))
     def record_step(self, data: st.DataObject, name: str, skew: int) -> None:
         """A handler's durable step (w0021): recorded once per job and name,
         only by the exact claim of a running job whose lease is alive (on
@@ -1630,6 +1635,62 @@ class WatchdogMachine(RuleBasedStateMachine):
         assert result.status is SettleStatus.REQUEUED
         if signal == "after":
             self.send_signal(job_id, name, 2)
+
+    @precondition(lambda self: bool(self.claims))
+    @rule(
+        data=st.data(),
+        name=st.sampled_from(["sleep#0", "sleep#1"]),
+        delay=st.sampled_from([0, 400, 60_000]),
+        skew=st.sampled_from([0, 0, 40, -40, 600_000]),
+    )
+    def durable_sleep(self, data: st.DataObject, name: str, delay: int, skew: int) -> None:
+        """A handler's ``job.sleep`` (w0021): its end is recorded like a step
+        (once per job and name, by the exact live claim, ``delay`` after the
+        database clock); while that end has not come the attempt ends -- a
+        snooze until it, no attempt counted -- and once it has, the handler
+        goes on."""
+        held = [c for c in self.claims if self.model.live_claim(*c, self.db)]
+        if held and data.draw(st.integers(0, 3), "a claim still held?") > 0:  # mostly: a handler runs
+            job_id, token = data.draw(st.sampled_from(held), "live claim")
+        else:
+            job_id, token = data.draw(st.sampled_from(self.claims), "claim")
+        db, app = self.db, self.db + skew
+        row = self.model.rows.get(job_id)
+        live = row is not None and self.model.live_claim(job_id, token, max(app, db))
+        key = None if row is None else (row.order, name)
+        fresh = live and key not in self.steps
+        attempt = 1 if row is None else row.attempt
+        recorded = self.tx(
+            store.record_step, job_id, token, name, kind=StepKind.SLEEP, result_json=None, delay_ms=delay,
+            attempt=attempt, now=app,
+        )  # fmt: skip
+        assert (recorded is not None) == fresh, (job_id, name, live)
+        if fresh:
+            assert recorded is not None and recorded.wake_at is not None and row is not None and key is not None
+            assert recorded.wake_at == at(db + delay), "the end on the database clock"
+            self.steps[key] = attempt
+            self.sleeps[key] = db + delay
+        if not live:
+            return
+        assert row is not None and key is not None
+        wake = self.sleeps.get(key)
+        if wake is None or wake <= db:
+            event("sleep: the handler goes on (its end came, or the name is another kind's)")
+            return
+        event("sleep: snoozed")
+        (result,) = self.tx(
+            store.settle_many, [store.SettleRequest(job_id, token, Decision.snooze(ms(wake - db)), app)]
+        )
+        row.lease_until = row.unstarted = None
+        if row.cancellation_id is not None:
+            row.state, row.outcome, row.failure_reason, row.failure_detail = "settled", "cancelled", None, None
+            row.settled_at = db
+            assert result.status is SettleStatus.SETTLED
+            return
+        row.state, row.claim_token, row.ready_at = "delayed", None, wake
+        row.snoozes += 1
+        row.progress = row.progress_note = None
+        assert result.status is SettleStatus.REQUEUED
 
     def _waiting_for_signals(self) -> list[tuple[str, str]]:
         """(job_id, signal name) of the stored jobs whose handler waits for a signal not kept yet."""
@@ -1853,6 +1914,14 @@ class WatchdogMachine(RuleBasedStateMachine):
             # A recovery is not an attempt: attempt, snoozes and history stay.
             row.state, row.claim_token, row.failure_reason = "queued", None, None
             row.recovery_count += 1
+            return "requeued", row
+        stepped = any(order == row.order and name in STEP_NAMES for order, name in self.steps)
+        if stepped and (row.order, COMPENSATION_MARK) not in self.steps:
+            # Revision w0022: a job with recorded steps is requeued once, its
+            # reason kept and no recovery counted, for a run that undoes them;
+            # the marker is recorded with the requeue.
+            row.state, row.claim_token, row.failure_reason = "queued", None, store.recovery_reason(view)
+            self.steps[(row.order, COMPENSATION_MARK)] = row.attempt
             return "requeued", row
         row.state, row.outcome, row.failure_reason = "settled", "interrupted", store.recovery_reason(view)
         row.settled_at = now

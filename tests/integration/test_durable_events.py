@@ -14,12 +14,14 @@ for waits.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, insert, select, text
 from sqlalchemy.orm import Session
 
 from sqlalchemy_watchdog import (
@@ -30,11 +32,14 @@ from sqlalchemy_watchdog import (
     RetryPolicy,
     RunningJob,
     SignalStatus,
+    TickStatus,
     Watchdog,
     signal_job,
+    store,
 )
 from sqlalchemy_watchdog.core.durable import WaitTimedOut
 from sqlalchemy_watchdog.jobs import StepKind
+from sqlalchemy_watchdog.model import job_steps_table, jobs_table
 from tests import process_handlers as h
 from tests.conftest import WITH_MARIADB
 from tests.helpers import add, present, read, wait_until
@@ -287,6 +292,354 @@ def test_an_undo_that_raises_stops_the_compensation_and_the_job_says_so(engine: 
     assert job.outcome is Outcome.FAILED and undone == [], "stopped at the first undo"
     assert "compensation stopped: the undo of step 'charge' raised RuntimeError" in (job.failure_reason or "")
     assert [s.name for s in Watchdog(engine).steps("j") if s.kind is StepKind.UNDO] == []
+
+
+def _recorded_before(engine: Engine, job_id: str, *steps: tuple[str, str, str | None]) -> None:
+    """Record ``(name, kind, result_json)`` steps of ``job_id`` as an earlier
+    run would have (attempt 1): that run then crashed, its job requeued."""
+    with engine.begin() as conn:
+        sequence = conn.execute(select(jobs_table.c.sequence).where(jobs_table.c.job_id == job_id)).scalar_one()
+        conn.execute(
+            insert(job_steps_table),
+            [
+                {"job_sequence": sequence, "job_id": job_id, "name": name, "kind": kind, "result_json": result,
+                 "wake_at": None, "attempt": 1, "recorded_at": 0}
+                for name, kind, result in steps
+            ],
+        )  # fmt: skip
+
+
+def test_a_run_that_finishes_an_earlier_compensation_runs_no_new_step_and_undoes_the_rest(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    """An earlier run recorded steps A and B, failed for good and recorded
+    B's undo, then crashed. The next run passes A and B, stops at C (never
+    run: a run that compensates does no new work), undoes A only, and the
+    job fails saying it compensated -- not why C stopped."""
+    add(engine, Job("j", "q"))
+    _recorded_before(engine, "j", ("A", "step", '"a"'), ("B", "step", '"b"'), ("undo:B", "undo", None))
+    ran: list[str] = []
+
+    def plain(job: RunningJob) -> None:
+        job.step("A", lambda: ran.append("A"), undo=lambda a: ran.append(f"undo {a}"))
+        job.step("B", lambda: ran.append("B"), undo=lambda b: ran.append(f"undo {b}"))
+        job.step("C", lambda: ran.append("C"), undo=lambda c: ran.append(f"undo {c}"))
+        job.sleep(timedelta(hours=1))
+
+    async def coroutine(job: RunningJob) -> None:
+        await job.step_async("A", lambda: ran.append("A"), undo=lambda a: ran.append(f"undo {a}"))
+        await job.step_async("B", lambda: ran.append("B"), undo=lambda b: ran.append(f"undo {b}"))
+        await job.step_async("C", lambda: ran.append("C"), undo=lambda c: ran.append(f"undo {c}"))
+        await job.sleep_async(timedelta(hours=1))
+
+    job = _drain(runners.runner({"q": dual(plain, coroutine)}), engine, "j")
+    assert ran == ["undo a"], "no new step ran; only the undo not recorded yet"
+    assert job.outcome is Outcome.FAILED
+    assert job.failure_reason == "compensation began in an earlier run; compensated: undid 'A'"
+    assert job.failure_detail is None, "the stop at C is no failure of the handler's"
+    assert [s.name for s in Watchdog(engine).steps("j")] == ["A", "B", "undo:B", "undo:A"]
+
+
+@pytest.mark.parametrize("new_work", ["sleep", "wait", "recorded sleep", "recorded wait"])
+def test_a_run_that_finishes_an_earlier_compensation_neither_sleeps_nor_waits_anew(
+    engine: Engine, runners: RunnerDriver, new_work: str
+) -> None:
+    """Nor on: a recorded sleep whose end has not come, or a recorded wait
+    with no signal before its timeout, stops it too (no snooze first)."""
+    add(engine, Job("j", "q"))
+    _recorded_before(engine, "j", ("A", "step", '"a"'), ("undo:A", "undo", None))
+    if new_work.startswith("recorded"):
+        later = int(time.time() * 1000) + 3_600_000
+        name = "sleep#0" if new_work == "recorded sleep" else "approved"
+        with engine.begin() as conn:
+            sequence = conn.execute(select(jobs_table.c.sequence).where(jobs_table.c.job_id == "j")).scalar_one()
+            conn.execute(
+                insert(job_steps_table).values(
+                    job_sequence=sequence, job_id="j", name=name, kind=new_work.split()[1], result_json=None,
+                    wake_at=later, attempt=1, recorded_at=1,
+                )
+            )  # fmt: skip
+    undone: list[str] = []
+
+    def plain(job: RunningJob) -> None:
+        job.step("A", lambda: "a", undo=undone.append)
+        if new_work.endswith("sleep"):
+            job.sleep(timedelta(hours=1))
+        else:
+            job.wait_for("approved", timeout=HOUR)
+
+    async def coroutine(job: RunningJob) -> None:
+        await job.step_async("A", lambda: "a", undo=undone.append)
+        if new_work.endswith("sleep"):
+            await job.sleep_async(timedelta(hours=1))
+        else:
+            await job.wait_for_async("approved", timeout=HOUR)
+
+    job = _drain(runners.runner({"q": dual(plain, coroutine)}), engine, "j")
+    assert (job.outcome, job.snoozes, undone) == (Outcome.FAILED, 0, []), "failed at once, A undone already"
+    assert job.failure_reason == "compensation began in an earlier run"
+    assert [s.name for s in Watchdog(engine).steps("j")][:2] == ["A", "undo:A"]
+    assert len(Watchdog(engine).steps("j")) == (3 if new_work.startswith("recorded") else 2), "nothing recorded"
+
+
+def test_a_handler_that_swallows_the_stop_of_a_compensating_run_still_fails_compensated(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    add(engine, Job("j", "q"))
+    _recorded_before(engine, "j", ("A", "step", '"a"'), ("B", "step", '"b"'), ("undo:B", "undo", None))
+    undone: list[str] = []
+
+    def plain(job: RunningJob) -> str:
+        job.step("A", lambda: "a", undo=undone.append)
+        try:
+            job.step("C", lambda: undone.append("C ran"))
+        except Exception:
+            pass
+        return "done anyway"
+
+    async def coroutine(job: RunningJob) -> str:
+        await job.step_async("A", lambda: "a", undo=undone.append)
+        try:
+            await job.step_async("C", lambda: undone.append("C ran"))
+        except Exception:
+            pass
+        return "done anyway"
+
+    job = _drain(runners.runner({"q": dual(plain, coroutine)}), engine, "j")
+    assert (job.outcome, job.result, undone) == (Outcome.FAILED, None, ["a"])
+    assert job.failure_reason == "compensation began in an earlier run; compensated: undid 'A'"
+
+
+def _stalled_saga(undone: list[Any]) -> Any:
+    """Steps A and B (each with an undo), then a stall until the runner stops
+    the handler: a function waits for its stop and returns, a coroutine
+    sleeps until its task is cancelled. Later attempts return at once."""
+
+    def plain(job: RunningJob) -> None:
+        job.step("A", lambda: "a", undo=undone.append)
+        job.step("B", lambda: "b", undo=undone.append)
+        if job.attempt == 1:
+            job.stop_requested.wait(10)
+
+    async def coroutine(job: RunningJob) -> None:
+        await job.step_async("A", lambda: "a", undo=undone.append)
+        await job.step_async("B", lambda: "b", undo=undone.append)
+        if job.attempt == 1:
+            await asyncio.sleep(10)
+
+    return dual(plain, coroutine)
+
+
+STOPPING: dict[str, Any] = {"lease": timedelta(seconds=3), "heartbeat": timedelta(milliseconds=200)}
+
+
+def test_a_job_that_times_out_on_its_last_attempt_runs_the_undos_of_its_steps(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    add(engine, Job("j", "q", timeout=timedelta(milliseconds=200)))
+    undone: list[Any] = []
+    job = _drain(runners.runner({"q": _stalled_saga(undone)}, **STOPPING), engine, "j")
+    assert (job.outcome, undone) == (Outcome.FAILED, ["b", "a"]), "last step first"
+    assert job.failure_reason == "timed out after 0.2s; compensated: undid 'B', 'A'"
+    assert [s.name for s in Watchdog(engine).steps("j")] == ["A", "B", "undo:B", "undo:A"]
+
+
+def test_a_serving_runner_compensates_a_timed_out_last_attempt_too(engine: Engine, runners: RunnerDriver) -> None:
+    """Under ``run_forever`` a coroutine handler runs in its execution's own
+    task, which the timeout cancels: the undos still run there after it."""
+    add(engine, Job("j", "q", timeout=timedelta(milliseconds=200)))
+    undone: list[Any] = []
+    runner = runners.runner({"q": _stalled_saga(undone)}, **STOPPING, poll_interval=timedelta(milliseconds=50))
+    with runner.serving():
+        wait_until(lambda: read(engine, "j").state is JobState.SETTLED, what="the job to settle")
+    job = read(engine, "j")
+    assert (job.outcome, undone) == (Outcome.FAILED, ["b", "a"])
+    assert job.failure_reason == "timed out after 0.2s; compensated: undid 'B', 'A'"
+
+
+def test_a_timeout_followed_by_a_retry_undoes_nothing(engine: Engine, runners: RunnerDriver) -> None:
+    add(engine, Job("j", "q", timeout=timedelta(milliseconds=200), retry=RETRY))
+    undone: list[Any] = []
+    job = _drain(runners.runner({"q": _stalled_saga(undone)}, **STOPPING), engine, "j")
+    assert (job.outcome, job.attempt, undone) == (Outcome.COMPLETED, 2, [])
+    assert [e.reason for e in job.failure_history] == ["timed out after 0.2s"]
+
+
+def test_a_cancelled_job_undoes_nothing(engine: Engine, runners: RunnerDriver) -> None:
+    """A cancellation is no failure: the job ends ``cancelled``, its steps kept as they are."""
+    add(engine, Job("j", "q"))
+    undone: list[Any] = []
+    with runners.runner({"q": _stalled_saga(undone)}, **STOPPING, poll_interval=timedelta(milliseconds=50)).serving():
+        wait_until(lambda: len(Watchdog(engine).steps("j")) == 2, what="steps A and B")
+        Watchdog(engine).cancel("j", "stop-j")
+        wait_until(lambda: read(engine, "j").state is JobState.SETTLED, what="the cancellation")
+    assert (read(engine, "j").outcome, undone) == (Outcome.CANCELLED, [])
+    assert [s.name for s in Watchdog(engine).steps("j")] == ["A", "B"]
+
+
+@pytest.mark.parametrize("runner_kind", ["sync", "async"])  # a plain handler: in a thread on both
+def test_a_handler_that_outlives_its_timeout_and_its_lease_undoes_nothing_under_the_lost_claim(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    """The heartbeat stops renewing a timed-out claim; a handler that goes
+    on past the lease may have been recovered and run elsewhere meanwhile:
+    its runner renews the claim before the undos run, finds it gone, and
+    leaves the job to recovery (its settle refused) -- no undo runs there."""
+    add(engine, Job("j", "q", timeout=timedelta(milliseconds=100)))
+    undone: list[Any] = []
+
+    def stubborn(job: RunningJob) -> None:
+        job.step("A", lambda: "a", undo=undone.append)
+        job.stop_requested.wait(10)
+        time.sleep(1.6)  # past the 1 s lease, counted from the timeout's stop at the latest
+
+    result = runners.runner({"q": stubborn}, lease=timedelta(seconds=1), heartbeat=timedelta(milliseconds=200)).tick()
+    assert result.status is TickStatus.REJECTED
+    assert undone == []
+    assert read(engine, "j").state is JobState.RUNNING, "left to recovery"
+
+
+@pytest.mark.parametrize("runner_kind", ["sync", "async"])  # a plain handler: in a thread on both
+def test_the_undos_after_a_timeout_may_outlast_the_lease_the_heartbeat_renews_the_claim_again(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    add(engine, Job("j", "q", timeout=timedelta(milliseconds=100)))
+    undone: list[Any] = []
+
+    def slowly(result: Any) -> None:
+        time.sleep(1.2)  # the two undos take longer than the 2 s lease
+        undone.append(result)
+
+    def handler(job: RunningJob) -> None:
+        job.step("A", lambda: "a", undo=slowly)
+        job.step("B", lambda: "b", undo=slowly)
+        job.stop_requested.wait(10)
+
+    runner = runners.runner({"q": handler}, lease=timedelta(seconds=2), heartbeat=timedelta(milliseconds=200))
+    result = runner.tick()
+    assert result.status is TickStatus.SETTLED and result.job is not None
+    assert (result.job.outcome, undone) == (Outcome.FAILED, ["b", "a"])
+    assert result.job.failure_reason == "timed out after 0.1s; compensated: undid 'B', 'A'"
+
+
+def _vanished(engine: Engine, job_id: str, *steps: str) -> store.Claim:
+    """A runner claimed ``job_id``, recorded ``steps`` (results: the names
+    lowercased) and vanished: its lease ended."""
+    with store.write_transaction(engine) as conn:
+        [taken] = store.claim(conn, queues=["q"], limit=1, lease_ms=60_000).claimed
+        for name in steps:
+            assert store.record_step(
+                conn, job_id, taken.token, name, kind=StepKind.STEP, result_json=f'"{name.lower()}"', delay_ms=None,
+                attempt=taken.job.attempt,
+            ) is not None  # fmt: skip
+        store.release(conn, [(job_id, taken.token)])
+    return taken
+
+
+def _saga_ab(ran: list[str]) -> Any:
+    def plain(job: RunningJob) -> None:
+        job.step("A", lambda: ran.append("A"), undo=lambda a: ran.append(f"undo {a}"))
+        job.step("B", lambda: ran.append("B"), undo=lambda b: ran.append(f"undo {b}"))
+        job.step("C", lambda: ran.append("C"), undo=lambda c: ran.append(f"undo {c}"))
+
+    async def coroutine(job: RunningJob) -> None:
+        await job.step_async("A", lambda: ran.append("A"), undo=lambda a: ran.append(f"undo {a}"))
+        await job.step_async("B", lambda: ran.append("B"), undo=lambda b: ran.append(f"undo {b}"))
+        await job.step_async("C", lambda: ran.append("C"), undo=lambda c: ran.append(f"undo {c}"))
+
+    return dual(plain, coroutine)
+
+
+@pytest.mark.parametrize("max_recoveries", [None, 0])
+def test_a_job_recovery_would_settle_interrupted_runs_once_more_to_undo_its_recorded_steps(
+    engine: Engine, runners: RunnerDriver, max_recoveries: int | None
+) -> None:
+    """Its runner vanished after steps A and B, its recovery budget spent:
+    recovery requeues it (its reason kept, the ``undo:`` marker recorded in
+    the same transaction) for one run that passes A and B, runs no new step,
+    undoes B then A, and fails saying both."""
+    add(engine, Job("j", "q", max_recoveries=max_recoveries))
+    _vanished(engine, "j", "A", "B")
+    ran: list[str] = []
+    job = _drain(runners.runner({"q": _saga_ab(ran)}), engine, "j")
+    assert ran == ["undo b", "undo a"], "no step ran again, C never; the undos last first"
+    recovered = "Execution disappeared without a recovery policy" if max_recoveries is None else (
+        "Restart recovery budget exhausted (0 recoveries)"
+    )  # fmt: skip
+    assert (job.outcome, job.recovery_count, job.attempt) == (Outcome.FAILED, 0, 1), "no recovery counted"
+    assert job.failure_reason == f"{recovered}; compensated: undid 'B', 'A'"
+    assert [(s.name, s.kind) for s in Watchdog(engine).steps("j")][2:] == [
+        ("undo:", StepKind.UNDO), ("undo:B", StepKind.UNDO), ("undo:A", StepKind.UNDO),
+    ]  # fmt: skip
+    from sqlalchemy_watchdog.cli.output import render_show
+
+    shown = render_show(present(Watchdog(engine).explain("j")))
+    assert "undo: (recovery asked for a compensating run, attempt 1," in shown
+    assert "undo:B (undone, attempt 1," in shown
+
+
+def test_a_job_requeued_to_compensate_ends_failed_even_if_its_handler_never_reaches_a_step(
+    engine: Engine, runners: RunnerDriver
+) -> None:
+    add(engine, Job("j", "q"))
+    _vanished(engine, "j", "A")
+    job = _drain(runners.runner({"q": dual(lambda job: "done", _returns_done)}), engine, "j")
+    assert (job.outcome, job.result) == (Outcome.FAILED, None)
+    assert job.failure_reason == "Execution disappeared without a recovery policy"
+
+
+async def _returns_done(job: RunningJob) -> str:
+    return "done"
+
+
+@pytest.mark.parametrize("kind", ["process", "async-process"])
+def test_a_job_requeued_to_compensate_in_a_process_child_runs_no_new_step_and_fails(
+    engine: Engine, kind: str, tmp_path: Path
+) -> None:
+    """A handler in a child names no undo: nothing is undone, but the run
+    still does no new step (the runner refuses it) and the job fails, not
+    retried, with recovery's reason."""
+    add(engine, Job("j", "q", payload={"dir": str(tmp_path)}, retry=RETRY))
+    _vanished(engine, "j", "a")
+    driver = RunnerDriver(kind, engine.url)
+    try:
+        runner = driver.runner({"q": h.durable}, poll_interval=timedelta(milliseconds=50), concurrency=1)
+        job = _drain(runner, engine, "j", timeout=60)
+    finally:
+        driver.close()
+    assert (job.outcome, job.attempt) == (Outcome.FAILED, 1)
+    assert job.failure_reason == "Execution disappeared without a recovery policy"
+    assert h.marks(tmp_path, "j", "a") == [] and h.marks(tmp_path, "j", "b") == [], "no step ran"
+    assert [s.name for s in Watchdog(engine).steps("j")] == ["a", "undo:"]
+
+
+def test_recovery_requeues_a_job_to_compensate_once_and_only_for_a_vanished_claim_with_steps(engine: Engine) -> None:
+    """Once: the compensating run vanishing too settles ``interrupted``. A
+    job without steps, or one a shutdown gave up (no failure), settles
+    ``interrupted`` as before. A cancelled one settles ``cancelled``."""
+    add(engine, Job("twice", "q"))
+    first = _vanished(engine, "twice", "A")
+    with store.write_transaction(engine) as conn:
+        recovery = store.reconcile(conn, first)
+        assert (recovery.status, recovery.compensating) == (store.RecoveryStatus.REQUEUED, True)
+        assert store.reconcile(conn, first).status is store.RecoveryStatus.LOST_RACE, "one statement, guarded"
+    second = _vanished(engine, "twice")
+    with store.write_transaction(engine) as conn:
+        assert store.reconcile(conn, second).status is store.RecoveryStatus.SETTLED
+    assert read(engine, "twice").outcome is Outcome.INTERRUPTED
+    assert [s.name for s in Watchdog(engine).steps("twice")] == ["A", "undo:"]
+
+    for job_id in ("plain", "shutdown", "cancelled"):
+        add(engine, Job(job_id, "q"))
+        taken = _vanished(engine, job_id, *([] if job_id == "plain" else ["A"]))
+        if job_id == "cancelled":
+            Watchdog(engine).cancel(job_id, "stop")
+        with store.write_transaction(engine) as conn:
+            cause = store.RecoveryCause.SHUTDOWN if job_id == "shutdown" else store.RecoveryCause.VANISHED
+            assert store.reconcile(conn, taken, cause=cause).status is store.RecoveryStatus.SETTLED
+        expected = Outcome.CANCELLED if job_id == "cancelled" else Outcome.INTERRUPTED
+        assert read(engine, job_id).outcome is expected
+        assert all(s.kind is StepKind.STEP for s in Watchdog(engine).steps(job_id)), "no marker"
 
 
 def test_an_undo_must_be_callable_and_leave_room_for_its_name(engine: Engine, runners: RunnerDriver) -> None:

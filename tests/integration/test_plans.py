@@ -695,6 +695,20 @@ PLANS: list[Case] = [
         lambda d: {"job": "r-3", "token": "rt-3", "count": 0, "reason": "x"},
         on(JOB_ID, LEASE),
     ),
+    Case(
+        "reconcile_steps",
+        "reconcile_steps",
+        (),
+        lambda d: {"job": "r-3", "token": "rt-3", "mark": "undo:"},
+        on(JOB_ID),
+    ),
+    Case(
+        "reconcile(interrupt, compensate)",
+        "reconcile",
+        (False, True),
+        lambda d: {"job": "r-3", "token": "rt-3", "count": 0, "reason": "x", "mark": "undo:"},
+        on(JOB_ID, LEASE),
+    ),
     # -- operations
     Case(
         "prune(dated)",
@@ -919,6 +933,9 @@ NOT_ON_JOBS = {
     # job's by job_id; orphans found by the jobs' primary key (sequence).
     "read_steps",
     "forget_orphans",
+    # The compensation marker recovery records (w0022): the job's row by job_id, the
+    # marker looked for by the primary key.
+    "mark_compensation",
     # watchdog_job_signals (w0022): read by its primary key (job_sequence, name) after the
     # job's by job_id (read_signals), or by that key alone (kept).
     "read_signals",

@@ -24,7 +24,7 @@ from ...jobs import (
     history_with,
 )
 from ...records import SettleRequest
-from ..durable import CompensationFailed, SleepRequested, WaitRequested, WaitTimedOut
+from ..durable import Compensating, CompensationFailed, DurableSteps, SleepRequested, WaitRequested, WaitTimedOut
 from ..handlers import RunningJob, StopReason
 from ..ports import Settlement
 from ..state import Execution, RunnerCore, TickResult, TickStatus, _outcome
@@ -84,6 +84,12 @@ def decision_of_exception(execution: Execution, error: BaseException) -> Decisio
             extra=job.log_fields,
         )
         return None
+    if isinstance(error, Compensating):
+        # A run that finishes an earlier run's compensation stopped at its
+        # first new step: not a failure of its own (no reason, no traceback);
+        # the runner runs the undos not recorded yet (compensate).
+        log.info("job %s: %s", job.job_id, error, extra=job.log_fields)
+        return Decision.failed(COMPENSATION_RESUMED, retry=False)
     execution.error = error
     execution.failure_detail = redacted_detail(error)
     execution.traced("raised", error)
@@ -109,6 +115,10 @@ def decision_of_exception(execution: Execution, error: BaseException) -> Decisio
 
 # -- compensation (revision w0022) -------------------------------------------
 
+#: The reason of a run that finished a compensation an earlier run began
+#: (that run's own reason was never stored: it did not settle).
+COMPENSATION_RESUMED = "compensation began in an earlier run"
+
 
 def _said(error: BaseException) -> str:
     """A compensation's stop, for the reason and the log (no database details)."""
@@ -117,27 +127,35 @@ def _said(error: BaseException) -> str:
 
 def compensation_due(core: RunnerCore, execution: Execution, decision: Decision | None) -> bool:
     """Whether the handler's undos run now, in its own thread or task: the
-    attempt failed for good (the handler raised or decided a failure, no
-    retry follows, it was not stopped -- a timeout, a cancellation, a
-    shutdown) and a step of it named an undo; or an earlier run of the job
-    began compensating (it must end failed, compensated)."""
+    attempt failed for good (the handler raised or decided a failure, or
+    outlived its timeout; no retry follows; it was not stopped by a
+    cancellation or a shutdown, which are no failures) and a step of it
+    named an undo; or an earlier run of the job began compensating (it must
+    end failed, compensated)."""
     steps = execution.job._steps()
     if steps is None or decision is None or decision.snoozed:
         return False
     if steps.compensation_began:
         return True
-    if steps.undo_count == 0 or decision.outcome is not Outcome.FAILED or execution.job.stop_reason is not None:
+    stopped = execution.job.stop_reason
+    if steps.undo_count == 0 or decision.outcome is not Outcome.FAILED or stopped not in (None, StopReason.TIMEOUT):
         return False
     job = execution.claim.job
     return verdict(decision, job, core.settings.policy_for(job), execution.error).fate is Fate.SETTLE
 
 
-def compensated(decision: Decision, undone: Sequence[str], error: BaseException | None) -> Decision:
+def compensated(
+    decision: Decision, undone: Sequence[str], error: BaseException | None, earlier: str | None = None
+) -> Decision:
     """The job's final decision after its compensation: failed, not retried,
-    the reason saying what was undone (or where compensation stopped)."""
+    the reason saying what was undone (or where compensation stopped).
+    ``earlier``: the reason recovery kept when it requeued the job for this
+    run (its budget spent), which comes first."""
     reason = decision.reason if decision.outcome is Outcome.FAILED and decision.reason else None
+    if earlier is not None:
+        reason = earlier
     if reason is None:
-        reason = "compensation began in an earlier run"
+        reason = COMPENSATION_RESUMED
     if undone:
         reason += f"; compensated: undid {', '.join(repr(name) for name in undone)}"
     if error is not None:
@@ -145,19 +163,83 @@ def compensated(decision: Decision, undone: Sequence[str], error: BaseException 
     return Decision.failed(bound_reason(reason), retry=False)
 
 
+def claim_kept(core: RunnerCore, execution: Execution) -> Steps[bool]:
+    """Whether the undos of an execution due to compensate may run under its
+    claim: at once yes, unless its handler outlived its timeout -- the
+    heartbeat stopped renewing that claim then, and the handler may have run
+    on past its lease, the job recovered and run elsewhere meanwhile. Such a
+    claim is renewed first (one statement, guarded by the exact token and a
+    live lease, as the heartbeat's): if it holds, the heartbeat renews it
+    again until the job settles (:attr:`Execution.compensating`); if not, no
+    undo runs here -- the settle will be refused too, and the job is
+    recovery's. A renewal that fails is raised (the job is left to its lease)."""
+    if execution.job.stop_reason is not StopReason.TIMEOUT:
+        return True
+    asked = core.clock.monotonic()
+    held = yield from call(core.store.renew, [execution.pair], lease_ms=core.settings.lease_ms, now=core.clock.now_ms())
+    if execution.job_id not in held:
+        log.warning(
+            "job %s: its handler outlived its timeout and its claim: not compensating here (recovery takes the job)",
+            execution.job_id,
+            extra=execution.job.log_fields,
+        )
+        return False
+    execution.checked_at = max(execution.checked_at, asked)
+    core.renewed(execution, core.lease_bound())
+    execution.compensating = True
+    return True
+
+
+def _earlier(execution: Execution) -> str | None:
+    """The reason recovery kept for a run that finishes a compensation: a
+    job requeued for one keeps its reason (``Restart recovery budget
+    exhausted ...``); a requeue by recovery within its budget clears it, and
+    a run with an ``undo`` row neither retries nor snoozes."""
+    steps = execution.job._steps()
+    if steps is None or not steps.compensation_began:
+        return None
+    return execution.claim.job.failure_reason
+
+
+def steps_unread(execution: Execution) -> DurableSteps | None:
+    """The steps of a run that may have been requeued by recovery to
+    compensate (its claimed row keeps a reason: that, or a retry) and whose
+    handler ended before its first step read them: the driver reads them
+    before :func:`compensation_due`, which then finds the marker. None for
+    every other run (no read)."""
+    steps = execution.job._steps()
+    if steps is None or steps.loaded or execution.claim.job.failure_reason is None:
+        return None
+    return steps
+
+
+def in_child(execution: Execution, decision: Decision | None) -> Decision | None:
+    """A process child's decision in a run that finishes a compensation
+    (an ``undo`` row recorded, the steps read): failed, not retried, with
+    the reason recovery kept -- a handler in a child names no undo, so
+    nothing is undone, and the run did no new step (the runner refused it)."""
+    steps = execution.job._steps()
+    if decision is None or decision.snoozed or steps is None or not steps.compensation_began:
+        return decision
+    return compensated(decision, [], None, _earlier(execution))
+
+
 def compensate(core: RunnerCore, execution: Execution, decision: Decision | None) -> Decision | None:
-    """:func:`compensation_due`, then the undos, in the handler's thread."""
+    """:func:`compensation_due`, then the undos, in the handler's thread
+    (the driver saw to :func:`claim_kept` first)."""
     if not compensation_due(core, execution, decision):
         return decision
     assert decision is not None
     steps = execution.job._steps()
     assert steps is not None
+    timed_out = execution.job.stop_reason is StopReason.TIMEOUT
+    earlier = _earlier(execution)
     try:
-        undone = steps.compensate()
+        undone = steps.compensate(fresh=timed_out)
     except Exception as error:  # an undo raised, the claim is gone, or the database failed
         log.error("job %s: compensation stopped: %s", execution.job_id, _said(error), extra=execution.job.log_fields)
-        return compensated(decision, [], error)
-    return compensated(decision, undone, None)
+        return compensated(decision, [], error, earlier)
+    return compensated(decision, undone, None, earlier)
 
 
 async def compensate_async(core: RunnerCore, execution: Execution, decision: Decision | None) -> Decision | None:
@@ -167,12 +249,14 @@ async def compensate_async(core: RunnerCore, execution: Execution, decision: Dec
     assert decision is not None
     steps = execution.job._steps()
     assert steps is not None
+    timed_out = execution.job.stop_reason is StopReason.TIMEOUT
+    earlier = _earlier(execution)
     try:
-        undone = await steps.compensate_async()
+        undone = await steps.compensate_async(fresh=timed_out)
     except Exception as error:  # an undo raised, the claim is gone, or the database failed
         log.error("job %s: compensation stopped: %s", execution.job_id, _said(error), extra=execution.job.log_fields)
-        return compensated(decision, [], error)
-    return compensated(decision, undone, None)
+        return compensated(decision, [], error, earlier)
+    return compensated(decision, undone, None, earlier)
 
 
 def timed_out(job: RunningJob) -> str:
