@@ -21,6 +21,7 @@ import re
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -35,6 +36,7 @@ from tests.faults.helpers import (
     Worker,
     WorkerPool,
     assert_settled_exactly_once,
+    audit_rows,
     enqueue_jobs,
     install_instrumentation,
     wait_until,
@@ -170,6 +172,14 @@ def _finish_and_check(engine: Engine, worker: Worker, ids: list[str], sampler: C
     rows = assert_settled_exactly_once(engine, ids)
     not_completed = {j: (r["outcome"], r["failure_reason"]) for j, r in rows.items() if r["outcome"] != "completed"}
     assert not not_completed, f"{not_completed}\n{worker.log_text()[-6000:]}"
+    # None ran twice beyond the guarantee: a handler runs again only after a
+    # recovery of its job (an audit start row per run, retried writes of one
+    # run sharing its exec_id).
+    runs = Counter(row["job_id"] for row in {r["exec_id"]: r for r in audit_rows(engine)}.values())
+    rerun = {j: (runs[j], rows[j]["recovery_count"]) for j in ids if runs[j] > 1 + rows[j]["recovery_count"]}
+    assert not rerun, f"(runs, recoveries) of jobs run more often than recovered: {rerun}"
+    never = [j for j in ids if runs[j] == 0]
+    assert not never, f"settled completed without a run: {never[:10]}"
     assert worker.alive, worker.log_text()[-3000:]
 
     # An unreachable server is an outage, waited out -- never a settle the
