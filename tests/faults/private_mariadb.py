@@ -178,14 +178,6 @@ class PrivateMariaDB:
         time.sleep(down)
         self._launch()
 
-    def halt(self) -> None:
-        """SIGKILL the server and keep its data, for :meth:`resume`."""
-        self._kill()
-
-    def resume(self) -> None:
-        """Start the server :meth:`halt` stopped, on the same port and data."""
-        self._launch()
-
     def stop(self) -> None:
         try:
             if self.proc is not None and self.proc.poll() is None:
