@@ -50,8 +50,12 @@ from .triggers import TRIGGER_NAMES, edge_triggers
 #: deadlock: the whole transaction) back; the transaction may be run again.
 RETRYABLE_ERRORS = frozenset({1213, 1205})
 #: The connection is gone: CR_SERVER_GONE_ERROR, CR_SERVER_LOST, MariaDB's
-#: ER_CONNECTION_KILLED (``KILL CONNECTION``), ER_CLIENT_INTERACTION_TIMEOUT.
-DISCONNECT_ERRORS = frozenset({2006, 2013, 1927, 4031})
+#: ER_CONNECTION_KILLED (``KILL CONNECTION``), ER_CLIENT_INTERACTION_TIMEOUT;
+#: or none can be made: CR_CONNECTION_ERROR (unix socket), CR_CONN_HOST_ERROR
+#: (TCP) -- a server being restarted refuses connections for a moment, and
+#: must not be taken for one refusing the statement (a runner then settled a
+#: completed job as failed).
+DISCONNECT_ERRORS = frozenset({2006, 2013, 1927, 4031, 2002, 2003})
 #: A CHECK constraint refused a row: MariaDB's ER_CONSTRAINT_FAILED, MySQL's
 #: ER_CHECK_CONSTRAINT_VIOLATED. PyMySQL raises them as OperationalError;
 #: the store and its users expect IntegrityError, as on the other dialects.

@@ -5,6 +5,7 @@ test's own (the store's statements are phase 2 of issue 57)."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -143,3 +144,54 @@ async def test_the_async_driver_reads_the_clock_and_raises_the_same_errors(maria
         assert backend_of_error(caught.value) is backend
     finally:
         await engine.dispose()
+
+
+def _refusing_url(maria: Engine, drivername: str) -> URL:
+    """``maria``'s URL on a loopback port where nothing listens: a server
+    that is down (restarting) refuses the connection."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    return maria.url.set(drivername=drivername, host="127.0.0.1", port=port)
+
+
+def test_a_refused_connection_is_transient(maria: Engine) -> None:
+    """A server being restarted refuses connections (CR_CONN_HOST_ERROR,
+    2003): retried like a lost connection, not taken for a refused statement
+    (it was, and a runner settled a completed job as failed)."""
+    engine = create_engine(_refusing_url(maria, "mysql+pymysql"))
+    try:
+        with pytest.raises(DBAPIError) as caught, engine.connect():
+            pass
+    finally:
+        engine.dispose()
+    assert caught.value.orig.args[0] == 2003  # type: ignore[union-attr]
+    assert backend_of_error(caught.value) is backend_of(maria.dialect)
+    assert store.is_transient(caught.value)
+
+
+async def test_a_refused_connection_is_transient_for_the_async_driver_too(maria: Engine) -> None:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    engine = create_async_engine(_refusing_url(maria, "mysql+aiomysql"))
+    try:
+        with pytest.raises(DBAPIError) as caught:
+            async with engine.connect():
+                pass
+    finally:
+        await engine.dispose()
+    assert caught.value.orig.args[0] == 2003  # type: ignore[union-attr]
+    assert store.is_transient(caught.value)
+
+
+def test_a_statement_on_a_connection_killed_by_the_server_is_transient(maria: Engine) -> None:
+    """``KILL CONNECTION`` of a session (an operator's, or the server's
+    own): its next statement fails as a lost connection, retried."""
+    with maria.connect() as victim, maria.connect() as killer:
+        thread_id = victim.execute(text("SELECT CONNECTION_ID()")).scalar_one()
+        victim.commit()
+        killer.exec_driver_sql(f"KILL CONNECTION {int(thread_id)}")
+        with pytest.raises(DBAPIError) as caught:
+            victim.execute(text("SELECT 1"))
+    assert caught.value.orig.args[0] in (2006, 2013, 1927)  # type: ignore[union-attr]
+    assert store.is_transient(caught.value)

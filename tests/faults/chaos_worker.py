@@ -322,8 +322,15 @@ def make_async_handler(aengine: AsyncEngine):  # type: ignore[no-untyped-def]
 
 
 def async_url(url: str) -> str:
+    """``url`` with the async driver of its database: aiosqlite, aiomysql
+    (MariaDB and MySQL), async psycopg."""
     backend, rest = url.split(":", 1)
-    return ("sqlite+aiosqlite:" if backend.startswith("sqlite") else "postgresql+psycopg:") + rest
+    name = backend.split("+", 1)[0]
+    if name == "sqlite":
+        return "sqlite+aiosqlite:" + rest
+    if name in ("mysql", "mariadb"):
+        return f"{name}+aiomysql:" + rest
+    return "postgresql+psycopg:" + rest
 
 
 def install_settle_kill(job_ids: set[str], phase: str) -> None:
