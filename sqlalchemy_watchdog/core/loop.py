@@ -236,6 +236,29 @@ def _record_start(core: RunnerCore, execution: Execution) -> Steps[set[str]]:
             pause = min(settings.heartbeat_s, pause * 2)
 
 
+def start_in_child(core: RunnerCore, execution: Execution) -> Steps[bool]:
+    """A child process is free for ``execution``, a job claimed ahead whose
+    start is not recorded yet: record it now (:class:`RecordStart`, shared
+    with every start asked for at that moment), in the pool's thread, so the
+    child gets the job one round trip after it answered its last one. True:
+    recorded, the child may take the job. False -- the claim was not held,
+    or the database failed -- : the job is not sent, and ``execute`` records
+    it again with its retries (or finds the claim lost and stops it), then
+    asks the pool again."""
+    execution.child_ready = True
+    asked = core.clock.monotonic()
+    try:
+        held: set[str] = yield RecordStart(execution)
+    except WatchdogError:
+        return False
+    if execution.job_id not in held:
+        return False
+    execution.unstarted = False
+    execution.checked_at = asked
+    core.renewed(execution, core.lease_bound())
+    return True
+
+
 def _given_back(core: RunnerCore, execution: Execution, decision: Decision) -> SettleRequest:
     """The request that gives a job claimed ahead back untouched: queued
     again, its attempt and failure fields as the claim found them."""

@@ -30,7 +30,17 @@ from .. import store
 from ..core.ahead import AHEAD_WAIT_MAX_S, Parking, take_stale
 from ..core.durable import StepPort
 from ..core.handlers import RunningJob, StopReason
-from ..core.loop import execute, loop_pass, record_starts, renew, shutdown, tick, time_out, until_idle
+from ..core.loop import (
+    execute,
+    loop_pass,
+    record_starts,
+    renew,
+    shutdown,
+    start_in_child,
+    tick,
+    time_out,
+    until_idle,
+)
 from ..core.maintenance import deregister_worker, probe_failed, prune, refresh_worker, register_worker
 from ..core.ports import Settlement
 from ..core.rules.settle import (
@@ -438,6 +448,10 @@ class AsyncRunner:
 
         def started(now: bool) -> bool:
             if not now:  # may a child take it? Not before its start is recorded, nor if it waited that long
+                if execution.unstarted and not execution.child_ready:
+                    # Claimed ahead: its start is recorded now (on the loop; this is the pool's thread).
+                    program = drive_async(start_in_child(self.core, execution), self._perform)
+                    return asyncio.run_coroutine_threadsafe(program, loop).result()
                 return execution.child_may_take(self.settings.heartbeat_s)
             try:
                 loop.call_soon_threadsafe(arm)

@@ -38,7 +38,17 @@ from sqlalchemy import Engine
 from ..core.ahead import AHEAD_WAIT_MAX_S, Parking, take_stale
 from ..core.durable import StepPort
 from ..core.handlers import RunningJob
-from ..core.loop import execute, loop_pass, record_starts, renew, shutdown, tick, time_out, until_idle
+from ..core.loop import (
+    execute,
+    loop_pass,
+    record_starts,
+    renew,
+    shutdown,
+    start_in_child,
+    tick,
+    time_out,
+    until_idle,
+)
 from ..core.maintenance import deregister_worker, probe_failed, prune, refresh_worker, register_worker
 from ..core.ports import Settlement
 from ..core.rules.settle import (
@@ -322,6 +332,9 @@ class Runner:
         (:meth:`~.Execution.child_may_take`). Then it says the job starts
         (``now`` True): its timeout counts from now."""
         if not now:
+            if execution.unstarted and not execution.child_ready:
+                # Claimed ahead: its start is recorded here, in the pool's thread, as a child takes it.
+                return drive(start_in_child(self.core, execution), self._perform)
             return execution.child_may_take(self.settings.heartbeat_s)
         if self.core.start_deadline(execution) is not None:
             self._heartbeat_now.set()  # the heartbeat thread keeps the deadlines
