@@ -314,7 +314,7 @@ UNTIMED_FAULTS = (
 
 
 def timed_faults() -> list[str]:
-    """The fault test files that run in one process of their own."""
+    """The fault test files that run apart from the rest of the suite (:func:`pytest_runs`)."""
     files = sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / FAULTS).glob("test_*.py"))
     return [file for file in files if file not in UNTIMED_FAULTS]
 
@@ -336,12 +336,20 @@ def with_faults(rest: list[str]) -> bool:
 DURATIONS = ["--durations=15", "--durations-min=3"]
 
 
+#: The timed fault tests run in two workers, each taking whole files
+#: (``--dist loadfile``): they mostly wait -- on leases, restarts, kills --
+#: so two streams of them share the two CPUs without starving each other,
+#: where eight workers of the whole suite made them flaky. One stream took
+#: about 16 of CI's 30 minutes once MariaDB's fault tests joined them.
+TIMED_WORKERS = ["-n", "2", "--dist", "loadfile"]
+
+
 def pytest_runs(rest: list[str], faults: bool = True) -> list[list[str]]:
     """The pytest runs of ``dev.py test``: the suite spread over the CPUs
     (:func:`parallel`), then -- with ``faults`` -- the timed fault tests
-    (:func:`timed_faults`) in one process of their own, so their leases,
-    heartbeats and kills never share the CPUs with another worker's tests (on
-    2 cores that made them flaky, not wrong). Without ``faults`` (a day's run
+    (:func:`timed_faults`) in two workers of their own (:data:`TIMED_WORKERS`),
+    so their leases, heartbeats and kills never share the CPUs with the
+    suite's eight workers (on 2 cores that made them flaky, not wrong). Without ``faults`` (a day's run
     outside CI) they are left out: they wait out real leases and take about
     two minutes, which a run within its time cannot hold. Arguments naming
     test paths, or choosing the workers, make it one run as given."""
@@ -351,7 +359,7 @@ def pytest_runs(rest: list[str], faults: bool = True) -> list[list[str]]:
     ignored = [option for file in timed for option in ("--ignore", file)]
     runs = [[*parallel(rest), *ignored, *DURATIONS, *rest]]
     if faults:
-        runs.append(["-p", "no:xdist", *timed, *DURATIONS, *rest])
+        runs.append([*TIMED_WORKERS, *timed, *DURATIONS, *rest])
     return runs
 
 

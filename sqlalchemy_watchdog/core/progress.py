@@ -3,7 +3,7 @@
 A handler calls ``job.progress(fraction, note=None)`` (``await
 job.progress_async(...)`` in a coroutine handler). The value is checked
 (a fraction in [0, 1], a note of at most :data:`PROGRESS_NOTE_MAX_LENGTH`
-characters), then written at once if this job's last write was at least
+characters), then written at once if this job's last write began and ended at least
 :data:`PROGRESS_INTERVAL_S` ago, else kept as *pending*: a later call
 writes the newest value, and the settle of the attempt writes a pending one
 with the job's settlement (the same statement). So a tight loop costs at
@@ -166,7 +166,15 @@ class ProgressReporter:
         else:
             self.pending = value
             return ProgressStatus.DEFERRED
+        self._written()
         return ProgressStatus.WRITTEN if held else ProgressStatus.LOST
+
+    def _written(self) -> None:
+        """The interval counts from the end of a write too: a write that took
+        longer than the interval (a busy database) is not followed at once by
+        the next one."""
+        with _DUE_LOCK:
+            self._last = self._monotonic()
 
     async def report_async(self, fraction: object, note: object = None) -> ProgressStatus:
         """Check and report from a coroutine handler."""
@@ -180,4 +188,5 @@ class ProgressReporter:
         else:
             self.pending = value
             return ProgressStatus.DEFERRED
+        self._written()
         return ProgressStatus.WRITTEN if held else ProgressStatus.LOST

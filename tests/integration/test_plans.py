@@ -940,6 +940,8 @@ NOT_ON_JOBS = {
     # job's by job_id (read_signals), or by that key alone (kept).
     "read_signals",
     "kept",
+    # kept as MariaDB's locking read (LOCK IN SHARE MODE): the same primary-key lookup.
+    "kept_locked",
 }
 
 

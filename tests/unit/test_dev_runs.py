@@ -30,9 +30,10 @@ def test_the_timed_fault_tests_run_under_ci_or_when_asked(
     runs = dev.pytest_runs([], faults)
     timed = dev.timed_faults()
     assert timed and all(file not in dev.UNTIMED_FAULTS for file in timed)
-    # The parallel run never holds a timed fault file; the serial run holds them all, or is left out.
+    # The parallel run never holds a timed fault file; the timed run (two workers, whole
+    # files each) holds them all, or is left out.
     assert all(file in runs[0] for file in timed) and runs[0].count("--ignore") == len(timed)
-    assert runs[1:] == ([["-p", "no:xdist", *timed, *dev.DURATIONS]] if faults else [])
+    assert runs[1:] == ([["-n", "2", "--dist", "loadfile", *timed, *dev.DURATIONS]] if faults else [])
     # Each whole run ends with its slowest tests (the time budgets).
     assert runs[0][-len(dev.DURATIONS) :] == dev.DURATIONS
 
