@@ -2619,11 +2619,15 @@ FAST = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-#: The CI-only run: 80 examples of up to 45 steps each dialect. 300 of 60 took
+#: The CI-only run: 60 examples of up to 40 steps each dialect. 300 of 60 took
 #: 341 s on PostgreSQL; with the durable steps', signals' and waits' rules, 150 of
 #: 60 took 272 s and 100 of 50 179 s -- the longest test of CI's parallel run,
 #: which pushed the whole CI run past its 30 minutes.
-THOROUGH = settings(FAST, max_examples=80, stateful_step_count=45)
+#: 80 of 45 took 127-174 s on PostgreSQL in two CI rehearsals of the same code
+#: (the run's load), with the compensation rules: 60 of 40 keeps CI within its time.
+THOROUGH = settings(FAST, max_examples=60, stateful_step_count=40)
+#: MariaDB's copy (issue 57), beside the others in CI's parallel run: 45-63 s at FAST.
+ON_MARIADB = settings(FAST, max_examples=25)
 
 
 class _Tagging(telemetry.Instrumentation):
@@ -2687,7 +2691,7 @@ def test_queue_matches_model_thoroughly(engine: Engine) -> None:
 def test_queue_matches_model_on_mariadb(engine: Engine) -> None:
     """The same machine on MariaDB (issue 57): its statements are its own
     (a locking read, then a write by key), the model is the same."""
-    _run(engine, FAST)
+    _run(engine, ON_MARIADB)
 
 
 # -- what the machine found, pinned ---------------------------------------------------
