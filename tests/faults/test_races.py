@@ -72,14 +72,16 @@ def test_late_recovery_of_a_completed_claim_loses(engine: Engine) -> None:
     """The completion commits first; a recoverer acting on that claim later
     (after its lease would have ended) loses: completed stays completed."""
     enqueue_jobs(engine, [Job(f"j{i}", "q", max_recoveries=3) for i in range(5)])
-    claims = _tx(engine, store.claim, queues=["q"], limit=5, lease_ms=150).claimed
+    # The five settles must all land inside the lease: two seconds leaves room
+    # for a loaded machine (150 ms did not, once, in CI's parallel run).
+    claims = _tx(engine, store.claim, queues=["q"], limit=5, lease_ms=2_000).claimed
     for claim in claims:
         done = _tx(
             engine, store.settle, job_id=claim.job.job_id, claim_token=claim.token, decision=Decision.completed()
         )
         assert done.status is SettleStatus.SETTLED
     before = jobs_by_id(engine)
-    time.sleep(0.2)  # every lease would have ended by now
+    time.sleep(2.1)  # every lease would have ended by now
     assert _tx(engine, store.expired_claims, limit=10) == []
     for claim in claims:
         assert _tx(engine, store.reconcile, claim).status == "lost_race"
