@@ -81,7 +81,11 @@ class ProcessExecutor:
         waits in the runner (leased, its timeout not yet running) for the
         first child that frees up. The runner claims again once no job
         waits for a child or ``prefetch`` slots are free, for all of them
-        in one statement. Default: one per process; 0 claims only
+        in one statement. It claims ahead only while the recent
+        handlers run at least four round trips of its claims and start
+        records (a job claimed ahead waits one for the record of its start
+        as a child takes it); shorter handlers are claimed for idle children
+        only. Default: one per process; 0 claims only
         for idle children (long handlers: a job claimed ahead waits until a
         child frees up, which another runner could have used).
     :param forward_loggers: the loggers (each with its descendants) whose

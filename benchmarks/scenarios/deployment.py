@@ -321,17 +321,21 @@ def executors(bench: h.Bench, r: int) -> None:
         cpu = f"CPU-bound handler, ~10 ms (jobs/s), {label}, {cores} core(s)"
         overhead = f"no-op handler (jobs/s), {label}"
         threads, one, many = f"threads c{cores}", "process p1", f"process p{cores}"
+        # The same children claiming nothing ahead of them (prefetch=0): what prefetch buys, or costs.
+        one_bare, many_bare = f"{one} prefetch 0", f"{many} prefetch 0"
         options = {threads: {"concurrency": cores}, one: {"executor": ProcessExecutor(processes=1)}}
         options[many] = {"executor": ProcessExecutor(processes=cores)}
+        options[one_bare] = {"executor": ProcessExecutor(processes=1, prefetch=0)}
+        options[many_bare] = {"executor": ProcessExecutor(processes=cores, prefetch=0)}
         for table, handler, rows, n, spins in (
-            (cpu, spin, options, bench.opt("jobs", 600, 40), loops),
-            (overhead, noop, (threads, many), bench.opt("jobs", 3000, 200), 0),
+            (cpu, spin, (threads, one, one_bare, many, many_bare), bench.opt("jobs", 600, 40), loops),
+            (overhead, noop, (threads, many, many_bare), bench.opt("jobs", 3000, 200), 0),
         ):
             bench.table(table)
             for row in rows:
                 run = partial(_drain, target, handler, n, spins, f"{handler.__name__[:4]}-{row}-{r}", **options[row])
                 bench.measure(table, row, "watchdog", run, timeout=120 + (n if handler is spin else n / 10))
-                if handler is spin and row != threads:  # the bare pool beside it, in the same minute
+                if handler is spin and row in (one, many):  # the bare pool beside it, in the same minute
                     bare = partial(_bare_pool, 1 if row == one else cores, n, loops)
                     bench.measure(table, row, BARE_POOL, bare, timeout=120 + n)
         if r == bench.repeat - 1:

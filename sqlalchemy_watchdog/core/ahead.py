@@ -125,6 +125,23 @@ class RunTimes:
             return cap
         return int(budget / average)
 
+    def prefetch(self, cap: int, round_trip: float | None) -> int:
+        """How many jobs a process executor claims ahead of its busy
+        children: its ``prefetch`` (``cap``) while its handlers -- these run
+        times -- run at least :data:`AHEAD_MIN_ROUND_TRIPS` round trips
+        (``round_trip``, the runner's claims and start records), or while
+        their run time is unknown (the first claims); none while they are
+        shorter. Each job claimed ahead waits one round trip for its start
+        record once a child frees up -- as long as a child that claims
+        nothing ahead waits for its next claim -- so below that the claims
+        ahead cost more (a statement per job) than they save."""
+        average = self.average
+        if cap <= 0:
+            return 0
+        if average is not None and round_trip is not None and average < AHEAD_MIN_ROUND_TRIPS * round_trip:
+            return 0
+        return cap
+
 
 class Parking:
     """Where jobs claimed ahead wait for a slot: the driver's handler threads

@@ -61,6 +61,11 @@ class Execution:
     #: When its handler must have returned (monotonic), if it has a timeout;
     #: set when the handler starts. The driver stops it then.
     deadline: float | None = None
+    #: When its handler began in a child process (monotonic; set with the
+    #: deadline, :meth:`~.state.RunnerCore.start_deadline`): its run time,
+    #: noted for the executor's prefetch rule, counts from here -- not from
+    #: the wait for a free child.
+    began_at: float | None = None
     #: In how many seconds a retry or snooze asked for makes the job due
     #: again; the runner promotes then, once the requeue has committed.
     requeue_in: float | None = None

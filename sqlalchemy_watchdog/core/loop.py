@@ -159,8 +159,11 @@ def execute(core: RunnerCore, execution: Execution) -> Steps[SettleRequest | Tic
                     # old when the handler was about to start: check again.
                     execution.slot_held = True
                     continue
-                if not execution.killable and decision is not None:
-                    core.run_times.note(core.clock.monotonic() - started)
+                if decision is not None:
+                    if execution.killable:
+                        core.note_child_run_time(execution)
+                    else:
+                        core.run_times.note(core.clock.monotonic() - started)
             break
         if decision is None:
             # Stopped by shutdown before it decided: hand it to recovery now.

@@ -141,6 +141,10 @@ class RunnerCore:
         self.schedule_record_failed = False
         #: The recent handlers' run time: how many jobs to claim ahead.
         self.run_times = RunTimes()
+        #: The run times of each process executor's handlers (by slot group),
+        #: for its prefetch (:meth:`claim_ahead`); the claims' and start
+        #: records' round trip is :attr:`run_times`'.
+        self._child_run_times: dict[int, RunTimes] = {}
         #: Whether the database answers: transient failures are logged once
         #: per outage episode, not once per operation.
         self.outage = Outage(self.clock.monotonic, settings.lease_ms / 1000)
@@ -231,10 +235,16 @@ class RunnerCore:
         most, before it sends a batch (:attr:`RunnerSettings.settle_gather`);
         ``(1, 0.0)`` -- settle at once -- while the last claim was held back
         by the queues' limits, where a slot stays taken until its settle
-        commits and waiting would keep the next claim waiting too."""
+        commits and waiting would keep the next claim waiting too -- or
+        while no executor claims ahead of its children (their handlers are
+        too short: :meth:`claim_ahead`), where an idle child waits for it."""
         if self.held_back:
             return 1, 0.0
-        return self.settings.settle_gather
+        want, gather_s = self.settings.settle_gather
+        groups = self.settings.slot_groups
+        if gather_s > 0 and not any(self.claim_ahead(i) > 0 for i, g in enumerate(groups) if g.prefetch > 0):
+            return 1, 0.0  # its children's handlers are too short to claim ahead of them: nobody waits
+        return want, gather_s
 
     def group_of(self, queue: str) -> int:
         """The index of the slot group serving ``queue`` (0 for a queue it
@@ -300,15 +310,31 @@ class RunnerCore:
             found.append((i, free))
         return found
 
+    def child_run_times(self, group: int) -> RunTimes:
+        """The run times of slot group ``group``'s handlers in child processes."""
+        times = self._child_run_times.get(group)
+        if times is None:
+            times = self._child_run_times[group] = RunTimes()
+        return times
+
+    def note_child_run_time(self, execution: Execution) -> None:
+        """The handler of ``execution`` (a child process's) returned: its
+        run time since it began counts for its executor's prefetch."""
+        began = execution.began_at
+        if began is not None:
+            group = self.group_of(execution.job.queue) if len(self.settings.slot_groups) > 1 else 0
+            self.child_run_times(group).note(self.clock.monotonic() - began)
+
     def claim_ahead(self, group: int = 0) -> int:
         """How many jobs slot group ``group`` claims beyond its concurrency:
-        the process executor's ``prefetch``; for threads and tasks as many
+        the process executor's ``prefetch`` while its handlers run several
+        round trips (:meth:`~.ahead.RunTimes.prefetch`); for threads and tasks as many
         as the recent handlers' run time allows (:mod:`.ahead`), none while
         a limit holds claims back (a job claimed ahead would hold its room
         unused)."""
         slots = self.settings.slot_groups[group]
         if slots.prefetch > 0:
-            return slots.prefetch
+            return self.child_run_times(group).prefetch(slots.prefetch, self.run_times.round_trip)
         if self._held_back.get(group, False) or slots.ahead_cap <= 0:
             return 0
         return self.run_times.ahead(slots.concurrency, slots.ahead_cap)
@@ -538,9 +564,10 @@ class RunnerCore:
     def start_deadline(self, execution: Execution) -> float | None:
         """The handler of a killable execution starts now (its child process
         is ready): its timeout counts from now. The deadline, if any."""
+        now = execution.began_at = self.clock.monotonic()
         timeout = execution.job.timeout
         if timeout is not None:
-            execution.deadline = self.clock.monotonic() + timeout.total_seconds()
+            execution.deadline = now + timeout.total_seconds()
         return execution.deadline
 
     def next_deadline(self) -> float | None:

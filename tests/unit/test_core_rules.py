@@ -702,3 +702,47 @@ def test_shutdown_with_its_budget_spent_still_gives_a_settle_in_flight_its_last_
     )
     assert waits[0] == 0.0
     assert waits[1] == pytest.approx(LAST_STATEMENTS_S)
+
+
+def test_a_process_executor_stops_claiming_ahead_of_children_whose_handlers_are_shorter_than_a_few_round_trips(
+    time: FakeTime,
+) -> None:
+    """Each job claimed ahead of busy children waits one round trip for its
+    start record as a child frees up: with handlers of fewer than
+    ``AHEAD_MIN_ROUND_TRIPS`` round trips the runner claims only for idle
+    children (and its settler waits for no other child's answer), as with
+    ``prefetch=0``; longer handlers get the whole ``prefetch`` again. Unknown
+    run times (the first claims) keep the ``prefetch`` asked for. The run time
+    counts from the moment the handler began in its child, never the wait
+    for a free child."""
+    from sqlalchemy_watchdog import ProcessExecutor
+    from sqlalchemy_watchdog.core.ahead import AHEAD_MIN_ROUND_TRIPS
+
+    runner = core(time, {"q": child_handler}, executor=ProcessExecutor(processes=2, prefetch=2))
+    assert runner.claim_ahead() == 2 and runner.free_slots() == 4, "run times unknown: the prefetch asked for"
+    assert runner.settle_gather()[0] == 2
+    runner.run_times.note_round_trip(0.002)
+
+    def child_ran(seconds: float, waited: float = 0.0) -> None:
+        execution = admitted(runner)
+        time.advance(waited)  # the wait for a free child does not count
+        runner.start_deadline(execution)
+
+        def handler_runs(step: Any) -> Decision:
+            time.advance(seconds)
+            return Decision.completed()
+
+        run(execute(runner, execution), Expect(RunHandler, handler_runs, computed=True))
+        runner.release_slot(execution)
+        runner.retire(execution)
+
+    child_ran(0.001, waited=1.0)  # half a round trip of handler after a second's wait for a child
+    assert runner.child_run_times(0).average == pytest.approx(0.001)
+    assert runner.claim_ahead() == 0, "handlers shorter than a few round trips: nothing claimed ahead"
+    assert runner.free_slots() == 2, "only the idle children are claimed for"
+    assert runner.settle_gather() == (1, 0.0), "no child has a next job: settles go at once"
+    assert runner.run_times.average is None, "the threads' run times are their own"
+    for _ in range(40):
+        child_ran(AHEAD_MIN_ROUND_TRIPS * 0.002 * 2)
+    assert runner.claim_ahead() == 2 and runner.free_slots() == 4, "long enough again: the whole prefetch"
+    assert runner.settle_gather()[0] == 2
