@@ -15,6 +15,7 @@ for waits.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -310,12 +311,14 @@ def _recorded_before(engine: Engine, job_id: str, *steps: tuple[str, str, str | 
 
 
 def test_a_run_that_finishes_an_earlier_compensation_runs_no_new_step_and_undoes_the_rest(
-    engine: Engine, runners: RunnerDriver
+    engine: Engine, runners: RunnerDriver, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An earlier run recorded steps A and B, failed for good and recorded
     B's undo, then crashed. The next run passes A and B, stops at C (never
     run: a run that compensates does no new work), undoes A only, and the
-    job fails saying it compensated -- not why C stopped."""
+    job fails saying it compensated -- not why C stopped -- in an ERROR line
+    that does not say its handler decided the failure (it decided nothing)."""
+    caplog.set_level(logging.INFO, logger="sqlalchemy_watchdog")
     add(engine, Job("j", "q"))
     _recorded_before(engine, "j", ("A", "step", '"a"'), ("B", "step", '"b"'), ("undo:B", "undo", None))
     ran: list[str] = []
@@ -338,6 +341,8 @@ def test_a_run_that_finishes_an_earlier_compensation_runs_no_new_step_and_undoes
     assert job.failure_reason == "compensation began in an earlier run; compensated: undid 'A'"
     assert job.failure_detail is None, "the stop at C is no failure of the handler's"
     assert [s.name for s in Watchdog(engine).steps("j")] == ["A", "B", "undo:B", "undo:A"]
+    (line,) = [r for r in caplog.records if "the job failed" in r.getMessage()]
+    assert line.levelno == logging.ERROR and "as its handler decided" not in line.getMessage(), line.getMessage()
 
 
 @pytest.mark.parametrize("new_work", ["sleep", "wait", "recorded sleep", "recorded wait"])

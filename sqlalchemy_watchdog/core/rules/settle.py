@@ -403,15 +403,19 @@ def _log_verdict(execution: Execution, judged: Verdict, now: int) -> None:
     it returned ``Decision.failed(...)`` (or a ``Decision.retry`` with no
     attempt left), so nothing raised, nothing was killed or stopped (no
     timeout), and its payload was read. A declined card is the handler's
-    answer, not a fault to page anyone for; the reason is in the line."""
+    answer, not a fault to page anyone for; the reason is in the line. A
+    run that finished an earlier run's compensation decided nothing: that
+    run failed and its runner vanished mid-saga (an ERROR)."""
     if judged.level is None:
         return
     job = execution.job
+    steps = job._steps()
     decided = (
         execution.error is None
         and execution.failure_detail is None  # a killed or dead child leaves its cause here
         and execution.refused is None
         and execution.signal.reason is None
+        and not (steps is not None and steps.compensation_began)
     )
     if judged.fate is Fate.RETRY:
         assert judged.wait is not None
