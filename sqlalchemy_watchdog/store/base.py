@@ -42,13 +42,49 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: Rows per multi-row INSERT (all rows travel as one JSON parameter).
 ENQUEUE_CHUNK = 1000
 
+#: The most characters of text one multi-row statement carries (enqueue,
+#: settle): all its rows travel as one JSON parameter, and MariaDB refuses a
+#: packet over its ``max_allowed_packet`` (16 MiB by default; MySQL 8's is
+#: 64 MiB) by closing the connection. Two million characters stay under 16
+#: MiB even when each encodes to four bytes of UTF-8 and JSON escapes add
+#: half again; one job's payload or result is at most 1 MiB.
+STATEMENT_CHARS_MAX = 2 * 1024 * 1024
+
+#: What a job's row carries besides its payload (fields, separators), counted
+#: towards :data:`STATEMENT_CHARS_MAX`.
+_ROW_CHARS = 256
+
+
+def job_chars(job: Job) -> int:
+    """About how many characters ``job``'s row adds to an enqueue statement."""
+    return len(job.payload_json) + len(job.job_id) + _ROW_CHARS
+
+
+def sized_chunks(items: Sequence[T], size: Callable[[T], int], count_max: int) -> list[Sequence[T]]:
+    """``items`` cut, in order, into runs of at most ``count_max`` items and
+    :data:`STATEMENT_CHARS_MAX` characters (by ``size``) -- one statement
+    each; an item alone over the limit is a run of its own."""
+    chunks: list[Sequence[T]] = []
+    start = chars = 0
+    for index, item in enumerate(items):
+        n = size(item)
+        if index > start and (index - start >= count_max or chars + n > STATEMENT_CHARS_MAX):
+            chunks.append(items[start:index])
+            start, chars = index, 0
+        chars += n
+    if start < len(items):
+        chunks.append(items[start:])
+    return chunks
+
 
 def _one_chunk(jobs: Sequence[Job], **_: object) -> bool:
     """Whether enqueueing ``jobs`` writes with one statement (atomic by itself)."""
     # Jobs with parents read them and write their edges, and a job with a
     # unique_key locks its key before it is written: a transaction.
-    return len({job.job_id for job in jobs}) <= ENQUEUE_CHUNK and not any(
-        job.after or job.unique is not None for job in jobs
+    return (
+        len({job.job_id for job in jobs}) <= ENQUEUE_CHUNK
+        and sum(map(job_chars, jobs)) <= STATEMENT_CHARS_MAX
+        and not any(job.after or job.unique is not None for job in jobs)
     )
 
 

@@ -48,8 +48,10 @@ from .base import (
     LANE_FAILURE_BATCH,
     NO_POLICY_REASON,
     PROMOTE_BATCH,
+    STATEMENT_CHARS_MAX,
     new_claim_token,
     now_ms,
+    sized_chunks,
     unreadable_columns,
     view,
 )
@@ -365,7 +367,13 @@ def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Set
     if len(set(job_ids)) < len(job_ids):  # one statement updates a row once
         return [result for request in requests for result in settle_many(conn, [request])]
     backend = backend_of(conn)
-    params = sql.rows_params(backend, "settles", sql.SETTLE_FIELDS, [settle_row(r) for r in requests])
+    rows = [settle_row(r) for r in requests]
+    if len(rows) > 1 and sum(map(_row_chars, rows)) > STATEMENT_CHARS_MAX:
+        # Large results: statements MariaDB's max_allowed_packet takes (each
+        # settle keeps its own guard, so several statements settle as one).
+        chunks = sized_chunks(range(len(requests)), lambda i: _row_chars(rows[i]), len(requests))
+        return [result for chunk in chunks for result in settle_many(conn, [requests[i] for i in chunk])]
+    params = sql.rows_params(backend, "settles", sql.SETTLE_FIELDS, rows)
     params["now"] = max((r.now or now_ms()) for r in requests)
     # A batch of up to LITERAL_LIMIT_MAX rows has its count written into the
     # statement's text (one prepared statement, planned once, per size: see
@@ -389,6 +397,11 @@ def settle_many(conn: Connection, requests: Sequence[SettleRequest]) -> list[Set
         _settled(settled[r.job_id]) if r.job_id in settled else _unsettled(conn, r.job_id, r.claim_token, r.decision)
         for r in requests
     ]
+
+
+def _row_chars(row: Sequence[Any]) -> int:
+    """The characters of a settle's row (its result, traceback, history) in a statement."""
+    return sum(len(value) for value in row if isinstance(value, str)) + 64
 
 
 def _settled(row: Sequence[Any]) -> Settlement:

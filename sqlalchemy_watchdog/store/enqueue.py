@@ -32,6 +32,8 @@ from . import dependencies_sql, enqueue_sql, sql
 from .base import (
     ENQUEUE_CHUNK,
     _one_chunk,
+    job_chars,
+    sized_chunks,
 )
 from .dependencies import count_settled_parents
 from .operation import Shape, operation
@@ -128,8 +130,11 @@ def _enqueue(
     # where statements are not prepared (see sql._bound_row).
     stmt = enqueue_sql.enqueue_rows(backend, one=len(unique) == 1) if backend.writes_return_rows else None
     plain = delay_ms is None and trace_context is None and waits is None
-    for start in range(0, len(unique), ENQUEUE_CHUNK):
-        chunk = unique[start : start + ENQUEUE_CHUNK]
+    # Chunks of at most ENQUEUE_CHUNK jobs and STATEMENT_CHARS_MAX characters:
+    # a statement MariaDB's max_allowed_packet takes (one chunk, the common
+    # call, is all _one_chunk lets run without a transaction).
+    chunks = [unique] if len(unique) == 1 else sized_chunks(unique, job_chars, ENQUEUE_CHUNK)
+    for chunk in chunks:
         # A row may stop after its last non-NULL field (the statement reads a
         # missing one as NULL): most jobs are their first five fields, which
         # halves encoding the parameter.

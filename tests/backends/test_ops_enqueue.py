@@ -173,3 +173,26 @@ def test_a_payload_over_the_limit_is_refused_naming_the_field_and_its_batch_writ
         add(db, Job("fine", "q", payload=LONG_PAYLOAD), Job("huge", "q", payload="x" * PAYLOAD_MAX_BYTES))
     assert caught.value.field == "payload" and str(PAYLOAD_MAX_BYTES) in str(caught.value)
     assert _count(db) == 0
+
+
+#: Jobs whose payloads (each just under the 1 MiB limit) add up to 18 MiB:
+#: over MariaDB's default max_allowed_packet (16 MiB), which closed the
+#: connection on a batch sent as one statement (error 2006).
+HEAVY_JOBS = 18
+
+
+@pytest.mark.operation("enqueue")
+def test_a_batch_over_the_servers_packet_limit_is_admitted_whole_or_not_at_all(db: Engine) -> None:
+    """A batch too large for one statement is sent as several, in one
+    transaction: all admitted, byte for byte; and a conflict in its last
+    statement writes nothing of the first ones."""
+    heavy = "x" * (PAYLOAD_MAX_BYTES - 2)
+    jobs = [Job(f"h{i:02d}", "q", payload=heavy) for i in range(HEAVY_JOBS)]
+    add(db, Job("taken", "q", payload=1))
+    with pytest.raises(EnqueueConflict) as caught:
+        add(db, *jobs, Job("taken", "q", payload=2))
+    assert caught.value.job_id == "taken"
+    assert _count(db) == 1, "nothing of the earlier statements was kept"
+    assert {r.status for r in add(db, *jobs)} == {QUEUED}
+    assert _count(db) == 1 + HEAVY_JOBS
+    assert read(db, "h00").payload == heavy and read(db, f"h{HEAVY_JOBS - 1}").payload == heavy

@@ -199,3 +199,18 @@ def test_a_result_far_over_64_kib_is_stored_byte_for_byte_alone_and_in_a_batch(d
     for job_id in ("alone", "first", "last"):
         assert _stored_result(db, job_id) == expected, job_id
         assert read(db, job_id).result == LONG_RESULT
+
+
+@pytest.mark.operation("settle_many")
+def test_a_batch_of_settles_over_the_servers_packet_limit_settles_every_job(db: Engine) -> None:
+    """Eighteen results of almost 1 MiB each (18 MiB: over MariaDB's default
+    max_allowed_packet, which closed the connection on one statement and so
+    lost every settle of the batch) settle, each kept byte for byte."""
+    from sqlalchemy_watchdog.jobs import RESULT_MAX_BYTES
+
+    heavy = "y" * (RESULT_MAX_BYTES - 2)
+    add(db, *[Job(f"r{i:02d}", "q") for i in range(18)])
+    held = claim(db, limit=18).claimed
+    requests = [SettleRequest(c.job.job_id, c.token, Decision.completed(heavy)) for c in held]
+    assert [r.status for r in op(db, store.settle_many, requests)] == [SETTLED] * 18
+    assert {read(db, c.job.job_id).result for c in held} == {heavy}
