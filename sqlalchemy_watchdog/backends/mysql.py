@@ -48,7 +48,10 @@ from .triggers import TRIGGER_NAMES, edge_triggers
 
 #: ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT: InnoDB rolled the statement (a
 #: deadlock: the whole transaction) back; the transaction may be run again.
-RETRYABLE_ERRORS = frozenset({1213, 1205})
+#: ER_AUTOINC_READ_FAILED: a deadlock on the table-wide AUTO-INC lock an
+#: INSERT ... SELECT holds, reported this way; the whole transaction was
+#: rolled back, as for 1213 (tests/backends/test_mysql_facts.py).
+RETRYABLE_ERRORS = frozenset({1213, 1205, 1467})
 #: The connection is gone: CR_SERVER_GONE_ERROR, CR_SERVER_LOST, MariaDB's
 #: ER_CONNECTION_KILLED (``KILL CONNECTION``), ER_CLIENT_INTERACTION_TIMEOUT;
 #: or none can be made: CR_CONNECTION_ERROR (unix socket), CR_CONN_HOST_ERROR

@@ -120,6 +120,40 @@ def test_a_deadlock_is_transient(maria: Engine) -> None:
     assert store.is_transient(errors[0])
 
 
+def test_an_auto_increment_deadlock_rolls_back_the_whole_transaction_and_is_transient(maria: Engine) -> None:
+    """Error 1467: a transaction that holds a row lock on a unique key and
+    then runs an INSERT ... SELECT (which takes InnoDB's table-wide AUTO-INC
+    lock) behind another INSERT ... SELECT waiting for that row deadlocks on
+    the AUTO-INC lock; InnoDB rolls its whole transaction back (the other
+    goes through, its row no longer locked), like a deadlock's 1213 -- so
+    the store runs its own transaction again, and a caller is told to."""
+    with maria.begin() as conn:
+        conn.execute(text("CREATE TABLE ai (id BIGINT AUTO_INCREMENT PRIMARY KEY, u VARCHAR(20) UNIQUE) ENGINE=InnoDB"))
+    bulk = "INSERT INTO ai (u) SELECT :a FROM DUAL UNION ALL SELECT :b FROM DUAL"
+    outcome: dict[str, object] = {}
+    with maria.connect() as victim, maria.connect() as other:
+        victim.begin()
+        victim.execute(text("INSERT INTO ai (u) VALUES ('x')"))
+
+        def waits_for_x() -> None:
+            with other.begin():
+                other.execute(text(bulk), {"a": "x", "b": "z"})
+            outcome["other"] = "committed"
+
+        thread = threading.Thread(target=waits_for_x)
+        thread.start()
+        time.sleep(0.5)  # the other insert holds the AUTO-INC lock and waits for 'x'
+        with pytest.raises(DBAPIError) as caught:
+            victim.execute(text(bulk), {"a": "y", "b": "w"})
+        victim.rollback()
+        thread.join(30)
+    assert caught.value.orig.args[0] == 1467  # type: ignore[union-attr]
+    assert outcome == {"other": "committed"}, "the victim's row lock on 'x' was released: rolled back"
+    with maria.connect() as conn:
+        assert sorted(conn.execute(text("SELECT u FROM ai")).scalars()) == ["x", "z"]
+    assert store.is_transient(caught.value)
+
+
 def test_a_check_violation_is_an_integrity_error_and_not_transient(maria: Engine) -> None:
     with maria.connect() as conn, pytest.raises(IntegrityError) as caught:
         conn.execute(text("UPDATE t SET n = -1 WHERE id = 1"))
