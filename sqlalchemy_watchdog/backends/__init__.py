@@ -302,6 +302,10 @@ class Backend(Protocol):
         """SQL for the largest of ``arguments`` (a compiled argument list)."""
         ...
 
+    def text_length_sql(self, argument: str) -> str:
+        """SQL for the length of the text ``argument`` (compiled) in characters."""
+        ...
+
     def begin_write(self, conn: Connection) -> None:
         """Take the write lock at the start of the transaction (if any)."""
         ...

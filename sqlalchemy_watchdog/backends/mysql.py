@@ -297,6 +297,10 @@ class MySQL:
     def greatest_sql(self, arguments: str) -> str:
         return f"GREATEST({arguments})"
 
+    def text_length_sql(self, argument: str) -> str:
+        # LENGTH counts bytes here: 'é' is 2.
+        return f"CHAR_LENGTH({argument})"
+
     def begin_write(self, conn: Connection) -> None:
         """Run the transaction at READ COMMITTED (before its first statement).
 

@@ -255,6 +255,9 @@ class PostgreSQL:
     def greatest_sql(self, arguments: str) -> str:
         return f"GREATEST({arguments})"
 
+    def text_length_sql(self, argument: str) -> str:
+        return f"length({argument})"
+
     def begin_write(self, conn: Connection) -> None:
         # Row locks: a writer locks what it writes, no lock up front.
         return None

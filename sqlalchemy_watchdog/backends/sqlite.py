@@ -223,6 +223,9 @@ class SQLite:
         # SQLite's multi-argument max() is the scalar maximum.
         return f"max({arguments})"
 
+    def text_length_sql(self, argument: str) -> str:
+        return f"length({argument})"
+
     def begin_write(self, conn: Connection) -> None:
         """Take the write lock at the start of the transaction.
 

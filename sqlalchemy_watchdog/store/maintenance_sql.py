@@ -60,6 +60,7 @@ from .sql import (
     edges,
     pauses,
     t,
+    text_length,
 )
 
 #: A lane's jobs that name it as their own lane (ix_watchdog_jobs_live_lane's
@@ -301,7 +302,7 @@ def list_jobs(filters: tuple[str, ...], with_payload: bool = True, newest_first:
             query = query.where(c.lane == _p("lane", Text()))
         elif name == "job_id_prefix":
             prefix = _p("job_id_prefix", Text())
-            query = query.where(func.substr(c.job_id, 1, func.length(prefix)) == prefix)
+            query = query.where(func.substr(c.job_id, 1, text_length(prefix)) == prefix)
         elif name in ("job_id_range", "job_id_range_first"):
             # The same jobs as the prefix, said as a range uq_watchdog_jobs_job_id
             # can read: exact only where job_id sorts by code point (the store checks).

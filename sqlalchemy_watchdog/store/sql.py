@@ -124,6 +124,19 @@ def _effective_now(element: effective_now, compiler: Any, **kw: Any) -> str:
     return backend_of(compiler.dialect).greatest_sql(compiler.process(element.clauses, **kw))
 
 
+class text_length(FunctionElement[int]):
+    """The length of a text in characters (MySQL's ``LENGTH`` counts bytes)."""
+
+    type = Integer()
+    inherit_cache = True
+    name = "text_length"
+
+
+@compiles(text_length)
+def _text_length(element: text_length, compiler: Any, **kw: Any) -> str:
+    return backend_of(compiler.dialect).text_length_sql(compiler.process(element.clauses, **kw))
+
+
 def _insert(backend: Backend) -> Any:
     return _insert_into(backend, t)
 

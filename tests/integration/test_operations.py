@@ -51,7 +51,7 @@ from sqlalchemy_watchdog.asyncio import AsyncWatchdog
 from sqlalchemy_watchdog.backends import backend_of
 from sqlalchemy_watchdog.jobs import SettleStatus, epoch_ms
 from sqlalchemy_watchdog.store import Claim, RecoveryStatus, Settlement, SettleRequest, sql
-from tests.conftest import async_url, make_async_engine
+from tests.conftest import WITH_MARIADB, async_url, make_async_engine
 from tests.helpers import add, settled, wait_until
 from tests.runner_kinds import RunnerDriver
 
@@ -843,7 +843,10 @@ def test_newest_first_pages_down_by_before_sequence_and_back_up_by_after(engine:
         assert error.value.field == field, kwargs
 
 
+@pytest.mark.parametrize("dialect", WITH_MARIADB)
 def test_job_id_prefix_is_literal_not_a_like_pattern(engine: Engine, api: Ops) -> None:
+    """Also on MariaDB, where ``LENGTH`` counts bytes: a prefix of non-ASCII
+    characters found nothing there (its length in bytes cut the job ids)."""
     ids = ["a%b", "a_c", "axb", "abc", "a%", "A%b", "a\\d", "ab%", "é%1", "éx"]
     add(engine, *(Job(job_id, "q") for job_id in ids))
     assert listed(api, job_id_prefix="a%") == ["a%b", "a%"]
