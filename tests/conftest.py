@@ -17,6 +17,12 @@ a test is not marked neutral -- where it is about locking and concurrent
 claims, LISTEN/NOTIFY and wake-ups, query plans, poolers and failover,
 migrations and DDL, the SQL a dialect gets of its own (store/*sql.py), the
 database clock, or how a value is stored and read back.
+
+Likewise where the runner's driver does not matter: the ``AsyncRunner`` copy
+(runner kind ``async`` or ``async-process``) of a test marked
+``driver_neutral`` is deselected by default and runs under the same two
+settings. A module is marked so where what it tests lies below the driver
+(the process executor's pool and children), and the ``Runner`` copy stays.
 """
 
 from __future__ import annotations
@@ -60,7 +66,8 @@ def pytest_report_header(config: pytest.Config) -> str:
     if ALL_DIALECTS:
         return "dialects: every test on each of its dialects (CI=true or WATCHDOG_ALL_DIALECTS=1)"
     return (
-        "dialects: dialect_neutral tests on SQLite only (WATCHDOG_ALL_DIALECTS=1 or CI=true runs their PostgreSQL copy)"
+        "dialects: dialect_neutral tests on SQLite only, driver_neutral ones under Runner only "
+        "(WATCHDOG_ALL_DIALECTS=1 or CI=true runs their PostgreSQL and AsyncRunner copies)"
     )
 
 
@@ -78,6 +85,23 @@ def _on_postgresql(item: pytest.Item) -> bool:
         value == "postgresql" and name in definitions and list(definitions[name][-1].params or ()) == DIALECTS
         for name, value in params.params.items()
     )
+
+
+#: The runner kinds of the AsyncRunner, whose copy of a ``driver_neutral`` test is a CI copy.
+ASYNC_KINDS = ("async", "async-process")
+
+
+def _neutral_async_copy(item: pytest.Item) -> bool:
+    """The ``AsyncRunner`` copy of a ``driver_neutral`` test."""
+    params = getattr(item, "callspec", None)
+    if params is None or params.params.get("runner_kind") not in ASYNC_KINDS:
+        return False
+    return item.get_closest_marker("driver_neutral") is not None
+
+
+def _day_copy_left_out(item: pytest.Item) -> bool:
+    """A copy a day's run leaves to CI (the module's docstring)."""
+    return _neutral_postgres_copy(item) or _neutral_async_copy(item)
 
 
 def _neutral_postgres_copy(item: pytest.Item) -> bool:
@@ -98,10 +122,10 @@ def xfail_kind(kind: str, reason: str) -> pytest.MarkDecorator:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not ALL_DIALECTS:
-        deselected = [item for item in items if _neutral_postgres_copy(item)]
+        deselected = [item for item in items if _day_copy_left_out(item)]
         if deselected:
             config.hook.pytest_deselected(items=deselected)
-            items[:] = [item for item in items if not _neutral_postgres_copy(item)]
+            items[:] = [item for item in items if not _day_copy_left_out(item)]
     for item in items:
         params = getattr(item, "callspec", None)
         kind = params.params.get("runner_kind") if params is not None else None

@@ -140,6 +140,7 @@ def test_the_limits_scenario_runs_on_sqlite(tmp_path: Path) -> None:
     assert '"errors": []' in out.read_text()
 
 
+@pytest.mark.slow  # pgbench's runs and a subprocess: CI runs it, a day's run need not
 def test_the_raw_sql_ceiling_runs_pgbench_on_postgresql(postgres_server: URL, tmp_path: Path) -> None:
     """The pgbench script drains every job it is given (the scenario checks
     none is left unsettled) beside the library's drain of as many."""
@@ -186,6 +187,7 @@ def test_the_in_process_and_producer_scenarios_run_on_postgresql(postgres_server
     assert '"errors": []' in out.read_text()
 
 
+@pytest.mark.slow  # ten seconds of profiled enqueues: CI runs it, a day's run need not
 def test_the_enqueue_profile_measures_every_layer_on_postgresql(postgres_server: URL, tmp_path: Path) -> None:
     """The one-job enqueue's profile (README.md) reports each layer and the
     server's execution of the library's INSERT beside a plain row's."""

@@ -1390,6 +1390,9 @@ def test_a_claim_never_reads_a_paused_queues_backlog(postgres_server: URL, queue
 
 
 # -- 1,000,000 jobs: a job_id prefix and a lane are index ranges ------------------------------
+#
+# Seeding a million rows takes a minute of one CPU: these run in CI and with
+# WATCHDOG_SLOW_TESTS=1 (marker slow), not in a day's run, whose budget is five minutes.
 
 MILLION = 1_000_000
 TENANTS = 1_000
@@ -1483,6 +1486,7 @@ def test_each_keys_jobs_are_read_in_order_when_statistics_say_one_job_per_key(tm
         engine.dispose()
 
 
+@pytest.mark.slow
 def test_a_job_id_prefix_is_an_index_range_at_a_million_jobs_under_a_linguistic_collation(
     million_icu: Engine,
 ) -> None:
@@ -1525,6 +1529,7 @@ def test_a_job_id_prefix_is_an_index_range_at_a_million_jobs_under_a_linguistic_
     assert [job.sequence for job in newest_page] == [699_007 - 1000 * i for i in range(50)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dialect", [LITE, PG])
 def test_a_lane_is_an_index_range_at_a_million_jobs(dialect: str, request: pytest.FixtureRequest) -> None:
     """1,000,000 settled jobs, lane ``q8`` 2 in 1,000 of them, half in queue
@@ -1577,6 +1582,7 @@ CLAIMS_KEYED = "ix_watchdog_limit_claims_keyed"
 MANY_KEYS = 10_000
 
 
+@pytest.mark.slow  # a million rows too (see above)
 @pytest.mark.parametrize("dialect", [LITE, PG])
 def test_the_limited_claim_stays_flat_at_a_million_jobs_and_ten_thousand_keys(
     dialect: str, request: pytest.FixtureRequest

@@ -50,7 +50,9 @@ from tests import process_handlers as h
 from tests.helpers import add, read, settled, wait_until
 from tests.runner_kinds import KILL_GRACE, PROCESS_KINDS, RunnerDriver
 
-pytestmark = pytest.mark.dialect_neutral
+# What these tests prove lies in the pool and its children, below the runner's
+# driver: a day's run takes the Runner copy, CI both (tests/conftest.py).
+pytestmark = [pytest.mark.dialect_neutral, pytest.mark.driver_neutral]
 
 LEASE = timedelta(seconds=3)
 HEARTBEAT = timedelta(seconds=1)
