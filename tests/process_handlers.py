@@ -404,3 +404,44 @@ def durable(job: RunningJob) -> Any:
 def waits(job: RunningJob) -> Any:
     """A wait for signal ``approved`` in a child (an hour's timeout): its payload returned."""
     return {"approval": job.wait_for("approved", timeout=timedelta(hours=1))}
+
+
+def _booked(directory: str, what: str) -> dict[str, str]:
+    return {"dir": directory, "what": what}
+
+
+def undo_booking(booked: dict[str, str]) -> None:
+    """The undo of a :func:`saga` step, called with the step's result: it
+    leaves ``undo-<what>`` (its pid, the time) -- in the runner's process."""
+    path = Path(booked["dir"]) / f"undo-{booked['what']}"
+    path.write_text(f"{os.getpid()} {time.time()!r}")
+
+
+def saga(job: RunningJob) -> Any:
+    """Two steps in a child naming module-level undos, then a failure: with
+    no retry left the runner runs both undos (``charge``'s first). Payload
+    ``timeout_sleep``: sleep that long after the steps instead (a timeout
+    kills the child)."""
+    directory = job.payload["dir"]
+    job.step("reserve", _booked, directory, "reserve", undo=undo_booking)
+    job.step("charge", _booked, directory, "charge", undo=undo_booking)
+    if job.payload.get("timeout_sleep"):
+        time.sleep(job.payload["timeout_sleep"])
+    raise RuntimeError("declined")
+
+
+async def _async_undo(value: Any) -> None:
+    return None
+
+
+def undo_refused(job: RunningJob) -> dict[str, Any]:
+    """Undos a child cannot send: a lambda (not picklable by reference) and a
+    coroutine function (the runner calls it plainly). Each refusal's field
+    and text, and whether the step ran."""
+    seen: dict[str, Any] = {"ran": []}
+    for name, undo in (("lambda", lambda value: None), ("coroutine", _async_undo)):
+        try:
+            job.step(name, seen["ran"].append, name, undo=undo)
+        except InvalidJob as refused:
+            seen[name] = [refused.field, str(refused)]
+    return seen

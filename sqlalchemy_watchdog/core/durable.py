@@ -437,10 +437,13 @@ class DurableSteps:
 
     # -- for a handler in a process child (it asks; the runner records) ------------
 
-    def remote_begin(self, name: object) -> tuple[bool, Any]:
+    def remote_begin(self, name: object, undo: Callable[[Any], Any] | None = None) -> tuple[bool, Any]:
         """A child's step ``name`` begins: ``(True, result)`` if recorded
-        (the child returns it), else ``(False, None)`` (the child runs it)."""
+        (the child returns it), else ``(False, None)`` (the child runs it).
+        ``undo``: the step's undo, unpickled in this process -- it runs here,
+        in the runner, if the job fails for good (:meth:`compensate`)."""
         checked = self._name(name)
+        self._undo(checked, undo)
         self._load()
         found = self._recorded(checked, StepKind.STEP)
         if found is None:

@@ -413,7 +413,9 @@ class RunningJob:
         ``undo``: a function called with the step's result if the job fails
         for good (its handler raised or timed out, and no retry follows): the undos of the
         recorded steps run last step first, each recorded once it returned
-        (compensation; not in a process child). ``undo`` is not passed to ``fn``.
+        (compensation). In a process child it must be a plain module-level
+        function: the child sends it by reference and the runner runs it in its
+        own process. ``undo`` is not passed to ``fn``.
 
         :raises ~sqlalchemy_watchdog.InvalidJob: a bad ``name``, a name used
             twice in one attempt, or a result the codec or JSON cannot hold

@@ -54,7 +54,6 @@ from ..core.rules.settle import (
     decision_of_result,
     finish,
     finish_handed_off,
-    in_child,
     settle_batch,
     steps_unread,
 )
@@ -378,7 +377,13 @@ class AsyncRunner:
                 unread = None if decided is None else steps_unread(execution)
                 if unread is not None:
                     await unread.load_async()
-                return in_child(execution, decided)
+                # A failure for good runs the undos the child's steps named
+                # here, in a thread of the runner (the child sent them by reference).
+                if not compensation_due(self.core, execution, decided) or not await drive_async(
+                    claim_kept(self.core, execution), self._perform
+                ):
+                    return decided
+                return await asyncio.to_thread(compensate, self.core, execution, decided)
             decision = decision_of_result(result, job)
         unread = None if ref is not None or decision is None else steps_unread(execution)
         if unread is not None:

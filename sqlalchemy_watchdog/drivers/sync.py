@@ -59,7 +59,6 @@ from ..core.rules.settle import (
     decision_of_exception,
     decision_of_result,
     finish_handed_off,
-    in_child,
     settle_batch,
     steps_unread,
 )
@@ -293,7 +292,13 @@ class Runner:
                 unread = None if decided is None else steps_unread(execution)
                 if unread is not None:
                     unread.load()
-                return in_child(execution, decided)
+                # A failure for good runs the undos the child's steps named
+                # here, in the runner (the child sent them by reference).
+                if not compensation_due(self.core, execution, decided) or not drive(
+                    claim_kept(self.core, execution), self._perform
+                ):
+                    return decided
+                return compensate(self.core, execution, decided)
             finally:
                 if self.core.release_slot(execution):
                     self._wake.set()

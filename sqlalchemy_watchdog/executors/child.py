@@ -386,16 +386,33 @@ def _child_job(base: type[Any]) -> type[Any]:
         from ..core.durable import DurableSteps, SleepRequested
         from ..jobs import check_step_name
 
-        def _no_undo(kwargs: dict[str, Any]) -> None:
-            if kwargs.pop("undo", None) is not None:
-                raise RuntimeError(
-                    "a step's undo runs in the runner's process (a thread or coroutine handler), not in a process child"
-                )
+        def _undo_sent(name: str, kwargs: dict[str, Any]) -> bytes | None:
+            """The step's undo, pickled for the runner, which runs it if the
+            job fails for good: by reference, so a module-level function."""
+            undo = kwargs.pop("undo", None)
+            if undo is None:
+                return None
+            import inspect
+
+            from ..core.durable import check_undo
+            from ..errors import InvalidJob, safe_text
+
+            check_undo(name, undo)
+            if inspect.iscoroutinefunction(undo):
+                raise InvalidJob("undo", "of a step in a process child is a plain function (the runner calls it)")
+            try:
+                return pickle.dumps(undo, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as error:
+                raise InvalidJob(
+                    "undo",
+                    "of a step in a process child runs in the runner's process, so it must be picklable "
+                    f"(a module-level function): {safe_text(error)}",
+                ) from error
 
         def step(self: Any, name: str, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
             check_step_name(name)  # bad input is refused here, before anything is sent
-            _no_undo(kwargs)
-            recorded, value = _ask(STEP, self.job_id, name)
+            undo = _undo_sent(name, kwargs)
+            recorded, value = _ask(STEP, self.job_id, name, undo)
             if recorded:
                 return value
             value = fn(*args, **kwargs)
@@ -406,8 +423,8 @@ def _child_job(base: type[Any]) -> type[Any]:
             import asyncio
             import inspect
 
-            _no_undo(kwargs)
-            recorded, value = await asyncio.to_thread(_ask, STEP, self.job_id, check_step_name(name))
+            undo = _undo_sent(check_step_name(name), kwargs)
+            recorded, value = await asyncio.to_thread(_ask, STEP, self.job_id, name, undo)
             if recorded:
                 return value
             value = fn(*args, **kwargs)

@@ -52,7 +52,7 @@ from ..core.handlers import RunningJob, StopReason, StopSignal
 from ..core.rules.settle import decision_of_exception, decision_of_result, timed_out
 from ..core.state import Execution
 from ..core.steps import NEVER_STARTED, STARTED_LATE
-from ..errors import safe_text
+from ..errors import InvalidJob, safe_text
 from ..jobs import Decision, bound_reason
 from . import HandlerError, HandlerProcessDied, HandlerRef, ProcessExecutor
 from . import child as child_module
@@ -1132,13 +1132,23 @@ def _serve_step(job: RunningJob, kind: str, args: list[Any]) -> Any:
     if steps is None:
         raise RuntimeError("this runner records no steps")
     if kind == child_module.STEP:
-        return steps.remote_begin(args[0])
+        return steps.remote_begin(args[0], _undo_of(args[1]) if len(args) > 1 and args[1] is not None else None)
     if kind == child_module.RECORD:
         steps.remote_record(args[0], args[1])
         return None
     if kind == child_module.WAIT:
         return steps.remote_wait(args[0], args[1])
     return steps.remote_sleep(args[0], args[1])
+
+
+def _undo_of(pickled: bytes) -> Any:
+    """A child's step's undo, unpickled here (its module imported in the
+    runner's process, where it runs if the job fails for good)."""
+    try:
+        return pickle.loads(pickled)
+    except Exception as error:
+        text = f"cannot be loaded in the runner's process, which runs it: {safe_text(error)}"
+        raise InvalidJob("undo", text) from error
 
 
 def _logger_items() -> list[tuple[str, Any]]:

@@ -15,7 +15,9 @@ for waits.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -616,6 +618,96 @@ def test_a_job_requeued_to_compensate_in_a_process_child_runs_no_new_step_and_fa
     assert job.failure_reason == "Execution disappeared without a recovery policy"
     assert h.marks(tmp_path, "j", "a") == [] and h.marks(tmp_path, "j", "b") == [], "no step ran"
     assert [s.name for s in Watchdog(engine).steps("j")] == ["a", "undo:"]
+
+
+def _in_child(engine: Engine, kind: str, handler: Any, job_id: str, **options: Any) -> Any:
+    driver = RunnerDriver(kind, engine.url)
+    try:
+        runner = driver.runner({"q": handler}, poll_interval=timedelta(milliseconds=50), concurrency=1, **options)
+        return _drain(runner, engine, job_id, timeout=60)
+    finally:
+        driver.close()
+
+
+def _undone(directory: Path) -> dict[str, tuple[int, float]]:
+    """The undo marks :func:`tests.process_handlers.undo_booking` left: their pid and time."""
+    found = {}
+    for path in directory.glob("undo-*"):
+        pid, at = path.read_text().split()
+        found[path.name.removeprefix("undo-")] = (int(pid), float(at))
+    return found
+
+
+@pytest.mark.parametrize("kind", ["process", "async-process"])
+def test_a_process_childs_steps_name_undos_that_the_runner_runs_last_first_when_the_job_fails_for_good(
+    engine: Engine, kind: str, tmp_path: Path
+) -> None:
+    """The child sends each undo by reference; the runner records the steps,
+    and once the job fails with no retry left runs the undos in its own
+    process, last step first, each recorded once."""
+    add(engine, Job("saga", "q", payload={"dir": str(tmp_path)}))
+    job = _in_child(engine, kind, h.saga, "saga")
+    assert (job.outcome, job.attempt) == (Outcome.FAILED, 1)
+    assert job.failure_reason == "RuntimeError: declined; compensated: undid 'charge', 'reserve'"
+    undone = _undone(tmp_path)
+    assert set(undone) == {"charge", "reserve"} and undone["charge"][1] <= undone["reserve"][1]
+    assert {pid for pid, _ in undone.values()} == {os.getpid()}, "the undos ran in the runner's process"
+    steps = Watchdog(engine).steps("saga")
+    assert [(s.name, s.kind) for s in steps] == [
+        ("reserve", StepKind.STEP), ("charge", StepKind.STEP),
+        ("undo:charge", StepKind.UNDO), ("undo:reserve", StepKind.UNDO),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["process", "async-process"])
+def test_a_process_child_killed_at_the_timeout_of_its_last_attempt_is_compensated_by_the_runner(
+    engine: Engine, kind: str, tmp_path: Path
+) -> None:
+    add(engine, Job("late", "q", payload={"dir": str(tmp_path), "timeout_sleep": 30}, timeout=timedelta(seconds=1)))
+    job = _in_child(engine, kind, h.saga, "late")
+    assert job.outcome is Outcome.FAILED
+    assert job.failure_reason == (
+        "killed after timeout (timed out after 1s, then 1s to stop); compensated: undid 'charge', 'reserve'"
+    )
+    assert set(_undone(tmp_path)) == {"charge", "reserve"}
+
+
+@pytest.mark.parametrize("kind", ["process", "async-process"])
+def test_a_process_child_requeued_to_compensate_undoes_the_steps_an_earlier_run_recorded(
+    engine: Engine, kind: str, tmp_path: Path
+) -> None:
+    """Recovery requeues a vanished run with a recorded step (its budget
+    spent): the child's handler passes that step (its undo sent again), runs
+    no new one, and the runner undoes it."""
+    add(engine, Job("resumed", "q", payload={"dir": str(tmp_path)}))
+    with store.write_transaction(engine) as conn:
+        [taken] = store.claim(conn, queues=["q"], limit=1, lease_ms=60_000).claimed
+        result = json.dumps({"dir": str(tmp_path), "what": "reserve"})
+        assert store.record_step(
+            conn, "resumed", taken.token, "reserve", kind=StepKind.STEP, result_json=result, delay_ms=None,
+            attempt=taken.job.attempt,
+        ) is not None  # fmt: skip
+        store.release(conn, [("resumed", taken.token)])
+    job = _in_child(engine, kind, h.saga, "resumed")
+    assert job.outcome is Outcome.FAILED
+    assert job.failure_reason == "Execution disappeared without a recovery policy; compensated: undid 'reserve'"
+    assert set(_undone(tmp_path)) == {"reserve"}, "charge, a new step, never ran"
+    assert [s.name for s in Watchdog(engine).steps("resumed")] == ["reserve", "undo:", "undo:reserve"]
+
+
+@pytest.mark.parametrize("kind", ["process", "async-process"])
+def test_a_process_childs_undo_must_be_a_plain_module_level_function(engine: Engine, kind: str, tmp_path: Path) -> None:
+    """A lambda cannot be sent by reference, a coroutine function is not
+    called by the runner: each refused at its step, naming ``undo``, and the
+    step does not run."""
+    add(engine, Job("refused", "q", payload={"dir": str(tmp_path)}))
+    job = _in_child(engine, kind, h.undo_refused, "refused")
+    assert job.outcome is Outcome.COMPLETED
+    result = job.result
+    assert result["ran"] == [], "neither step ran"
+    assert result["lambda"][0] == "undo" and "module-level function" in result["lambda"][1]
+    assert result["coroutine"][0] == "undo" and "plain function" in result["coroutine"][1]
+    assert Watchdog(engine).steps("refused") == [], "nothing recorded"
 
 
 def test_recovery_requeues_a_job_to_compensate_once_and_only_for_a_vanished_claim_with_steps(engine: Engine) -> None:

@@ -213,17 +213,6 @@ def steps_unread(execution: Execution) -> DurableSteps | None:
     return steps
 
 
-def in_child(execution: Execution, decision: Decision | None) -> Decision | None:
-    """A process child's decision in a run that finishes a compensation
-    (an ``undo`` row recorded, the steps read): failed, not retried, with
-    the reason recovery kept -- a handler in a child names no undo, so
-    nothing is undone, and the run did no new step (the runner refused it)."""
-    steps = execution.job._steps()
-    if decision is None or decision.snoozed or steps is None or not steps.compensation_began:
-        return decision
-    return compensated(decision, [], None, _earlier(execution))
-
-
 def compensate(core: RunnerCore, execution: Execution, decision: Decision | None) -> Decision | None:
     """:func:`compensation_due`, then the undos, in the handler's thread
     (the driver saw to :func:`claim_kept` first)."""
