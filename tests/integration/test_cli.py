@@ -800,7 +800,7 @@ from sqlalchemy.pool import NullPool
 from sqlalchemy_watchdog.asyncio import AsyncRunner
 
 def make_runner(engine):
-    driver = "sqlite+aiosqlite" if engine.dialect.name == "sqlite" else "postgresql+psycopg"
+    driver = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+psycopg"}.get(engine.dialect.name, "mysql+aiomysql")
     async_engine = create_async_engine(engine.url.set(drivername=driver), poolclass=NullPool)
 
     async def handle(job):
