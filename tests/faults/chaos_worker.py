@@ -86,6 +86,8 @@ from sqlalchemy.orm import Session
 from sqlalchemy_watchdog import Decision, Runner, RunningJob, store
 from sqlalchemy_watchdog.asyncio import AsyncRunner, run_store
 from sqlalchemy_watchdog.core import ahead as ahead_rules
+from sqlalchemy_watchdog.drivers import asyncio as async_driver
+from sqlalchemy_watchdog.drivers import sync as sync_driver
 from sqlalchemy_watchdog.errors import WatchdogError
 from sqlalchemy_watchdog.model import jobs_table
 from sqlalchemy_watchdog.store import sql
@@ -377,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--claim-ahead-of-any-handler",
         action="store_true",
-        help="claim ahead whatever the handlers' run time against the round trip (AHEAD_MIN_ROUND_TRIPS 0)",
+        help="claim ahead up to the cap whatever the handlers' run time (AHEAD_MIN_ROUND_TRIPS 0, AHEAD_HORIZON_S"
+        " an hour), and keep jobs claimed ahead waiting for a slot for a minute before giving them back",
     )
     parser.add_argument("--lease", type=float, default=3.0)
     parser.add_argument("--heartbeat", type=float, default=0.5)
@@ -417,7 +420,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.claim_ahead is not None:
         settings["claim_ahead"] = args.claim_ahead
     if args.claim_ahead_of_any_handler:
+        # A test that needs jobs claimed ahead and waiting: on a loaded machine a
+        # no-op's measured run time could shrink the horizon's share below the cap,
+        # and jobs waiting behind blocked slots were given back after a second,
+        # before the test saw them all claimed.
         ahead_rules.AHEAD_MIN_ROUND_TRIPS = 0.0
+        ahead_rules.AHEAD_HORIZON_S = 3600.0
+        ahead_rules.AHEAD_WAIT_MAX_S = 60.0
+        sync_driver.AHEAD_WAIT_MAX_S = 60.0  # type: ignore[attr-defined]  # the name the driver imported
+        async_driver.AHEAD_WAIT_MAX_S = 60.0  # type: ignore[attr-defined]
     if args.asyncio:
         if not args.plain:
             engine.dispose()  # the async worker uses its AsyncEngine alone
