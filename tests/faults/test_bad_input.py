@@ -393,6 +393,20 @@ def _unclaimed() -> Any:
     return RunningJob("x", "q", "q", 0, None, 0, None, _signal=StopSignal())
 
 
+def _in_child() -> Any:
+    """A job as a handler in a process child sees it: its step refuses an
+    undo the runner could not be sent, before it asks the runner anything."""
+    from sqlalchemy_watchdog import RunningJob
+    from sqlalchemy_watchdog.core.handlers import StopSignal
+    from sqlalchemy_watchdog.executors.child import _child_job
+
+    return _child_job(RunningJob)("x", "q", "q", 0, None, 0, None, _signal=StopSignal())
+
+
+async def _async_undo(value: Any) -> None:
+    """An undo a process child's step cannot name (the runner calls it plainly)."""
+
+
 def _typed(count: int, label: str | None = None) -> None:
     """A task's function with plain annotations (checked on enqueue)."""
 
@@ -1110,6 +1124,9 @@ REFUSED: dict[str, Entry] = {
     "wait_for name empty": Entry("name", lambda e: _unclaimed().wait_for("", timeout=timedelta(seconds=1))),
     "step undo not callable": Entry("undo", lambda e: _unclaimed().step("x", lambda: 1, undo="release")),
     "step undo with no room for its name": Entry("name", lambda e: _unclaimed().step("s" * 252, lambda: 1, undo=print)),
+    "child step undo a lambda": Entry("undo", lambda e: _in_child().step("x", lambda: 1, undo=lambda value: None)),
+    "child step undo a coroutine function": Entry("undo", lambda e: _in_child().step("x", lambda: 1, undo=_async_undo)),
+    "child step undo not callable": Entry("undo", lambda e: _in_child().step("x", lambda: 1, undo="release")),
     "task argument of another type": Entry("count", lambda e: _typed_task.job(job_id="t", count="1")),
     "task argument a bool for an int": Entry("count", lambda e: _typed_task.job(job_id="t", count=True)),
     "task argument unknown": Entry("cuont", lambda e: _typed_task.job(job_id="t", cuont=1)),
