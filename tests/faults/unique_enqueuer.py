@@ -7,13 +7,15 @@ others, then enqueues its jobs one transaction each and reports the
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import create_engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from sqlalchemy_watchdog import Job, enqueue
+from sqlalchemy_watchdog import Job, enqueue, store
 
 
 def enqueue_rounds(
@@ -50,7 +52,23 @@ def _rounds(
                 unique_key=key,
                 **chosen,
             )
+            result = _enqueued(engine, job)
+            answers.append((job.job_id, result.job_id, result.status.value))
+
+
+def _enqueued(engine: Any, job: Job) -> Any:
+    """``job`` enqueued in a transaction of its own, run again on a transient
+    error -- a deadlock (1213) between MariaDB's racing enqueuers rolls the
+    whole transaction back, and the MariaDB page tells an application to run
+    it again, as this one does (at most 20 times)."""
+    for attempt in range(20):
+        try:
             with Session(engine) as session:
                 result = enqueue(session, job)
                 session.commit()
-            answers.append((job.job_id, result.job_id, result.status.value))
+                return result
+        except DBAPIError as error:
+            if attempt == 19 or not store.is_transient(error):
+                raise
+            time.sleep(0.01 * (attempt + 1))
+    raise AssertionError("unreachable")
