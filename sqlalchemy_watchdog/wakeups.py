@@ -63,7 +63,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine, event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .backends import BACKENDS
@@ -95,6 +95,7 @@ __all__ = [
     "local_key",
     "wake_locally",
     "room_freed_locally",
+    "room_freed_at_commit",
 ]
 
 log = logging.getLogger("sqlalchemy_watchdog.runner")
@@ -201,6 +202,25 @@ def room_freed_locally(key: str) -> None:
             callback()
         except Exception:  # pragma: no cover - a wake-up callback only sets an event
             log.exception("a local wake-up failed")
+
+
+def room_freed_at_commit(conn: Connection) -> None:
+    """:func:`room_freed_locally` for ``conn``'s database once its transaction
+    commits (at once outside one): a runner woken earlier could claim before
+    the change is visible -- on MariaDB its read of the running jobs does not
+    wait for this transaction, sees the settling job still running and is held
+    back until its next poll (SQLite's claim waits for the write lock, so
+    either order works there). A transaction rolled back leaves the callback
+    for that connection's next commit: one spurious look, no lost wake-up."""
+    key = local_key(conn.engine)
+    if not conn.in_transaction():
+        room_freed_locally(key)
+        return
+
+    def committed(_: Connection) -> None:
+        room_freed_locally(key)
+
+    event.listen(conn, "commit", committed, once=True)
 
 
 def _notifies(dialect_name: str) -> bool:

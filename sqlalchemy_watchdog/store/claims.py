@@ -41,7 +41,7 @@ from ..records import Recovery as Recovery
 from ..records import RecoveryCause as RecoveryCause
 from ..records import RecoveryStatus as RecoveryStatus
 from ..records import SettleRequest as SettleRequest
-from ..wakeups import local_key, room_freed_locally
+from ..wakeups import room_freed_at_commit
 from . import claims_sql, job_steps_sql, limits_sql, maintenance_sql, sql
 from .base import (
     _OUTCOMES,
@@ -523,14 +523,13 @@ def cancel_status_now(conn: Connection, job_id: str, cancellation_id: str) -> Ca
 
 def room_freed(conn: Connection) -> None:
     """Jobs of a limited queue left ``running``: wake the runners a limit holds
-    back (PostgreSQL: NOTIFY while one waits, delivered at commit; SQLite: this
-    process's runners of the database -- their claim then waits for this
-    transaction's write lock, so it sees the room). Unlimited queues never
-    come here."""
+    back (PostgreSQL: NOTIFY while one waits, delivered at commit; SQLite and
+    MariaDB: this process's runners of the database, once this transaction
+    committed). Unlimited queues never come here."""
     if backend_of(conn).notifies:
         conn.execute(claims_sql.notify_room())
     else:
-        room_freed_locally(local_key(conn.engine))
+        room_freed_at_commit(conn)
 
 
 def room_freed_in(conn: Connection, queues: Iterable[str]) -> None:

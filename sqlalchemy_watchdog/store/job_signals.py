@@ -35,7 +35,7 @@ from sqlalchemy.exc import IntegrityError
 from ..backends import backend_of
 from ..jobs import JobState, at_epoch_ms
 from ..jobs.durable import JobSignal, SignalResult, SignalStatus
-from ..wakeups import EVENT_QUEUED, local_key, room_freed_locally
+from ..wakeups import EVENT_QUEUED, room_freed_at_commit
 from . import claims_sql, job_signals_sql
 from .operation import Shape, operation
 
@@ -99,11 +99,12 @@ def _keep_plain(conn: Connection, params: dict[str, Any]) -> tuple[Any, Any]:
 
 def _wake_runners(conn: Connection) -> None:
     """A job became ``queued``: wake idle runners (PostgreSQL: NOTIFY at
-    commit; SQLite: this process's runners of the database)."""
+    commit; SQLite and MariaDB: this process's runners of the database, once
+    this transaction committed)."""
     if backend_of(conn).notifies:
         conn.execute(claims_sql.notify(), {"event": EVENT_QUEUED})
     else:
-        room_freed_locally(local_key(conn.engine))
+        room_freed_at_commit(conn)
 
 
 def wake_snoozed(conn: Connection, job_id: str, name: str) -> bool:
