@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 import traceback
 from collections.abc import Iterator, Mapping
 from typing import ClassVar
@@ -178,6 +179,13 @@ def redacted(error: BaseException) -> str:
     errorname = getattr(err, "sqlite_errorname", None)
     if isinstance(errorname, str) and errorname:
         notes.append(errorname)
+    number, message = _numbered(err)
+    if number is not None:  # the MySQL family's drivers: (error number, message)
+        notes.append(f"error {number}")
+        named = _CONSTRAINT_NAMED.search(message)
+        if named:
+            notes.append(f"constraint {named.group(1) or named.group(2)}")
+        primary = _DUPLICATE_ENTRY.sub(r"Duplicate entry (value not shown) for key \1", message)
     if primary is None:
         if err is error and not isinstance(err, WatchdogError) and _is_sqlalchemy(err):
             # A SQLAlchemy error without a driver error: its first argument is
@@ -195,12 +203,41 @@ def redacted(error: BaseException) -> str:
     return text
 
 
+#: A CHECK violation's message in the MySQL family names its constraint
+#: (MariaDB: ``CONSTRAINT `ck_...` failed for `db`.`table```; MySQL:
+#: ``Check constraint 'ck_...' is violated.``).
+_CONSTRAINT_NAMED = re.compile(r"^(?:CONSTRAINT `([^`]+)` failed|Check constraint '([^']+)' is violated)")
+#: A duplicate key's message in the MySQL family quotes the row's value.
+_DUPLICATE_ENTRY = re.compile(r"^Duplicate entry '.*' for key ('[^']*')$", re.DOTALL)
+
+
+def _numbered(error: BaseException) -> tuple[int | None, str]:
+    """A MySQL-family driver error's number and message (PyMySQL, aiomysql,
+    mysqlclient raise ``(number, message)``); ``(None, "")`` for any other."""
+    args: tuple[object, ...] = getattr(error, "args", ())
+    if len(args) == 2 and type(args[0]) is int and isinstance(args[1], str):
+        return args[0], args[1]
+    return None, ""
+
+
 def _is_sqlalchemy(error: BaseException) -> bool:
     return any(cls.__module__.startswith("sqlalchemy.") for cls in type(error).__mro__)
 
 
 #: The modules of the database drivers whose exceptions may quote data.
-_DRIVER_MODULES = ("psycopg", "psycopg2", "asyncpg", "sqlite3", "aiosqlite", "pg8000", "_sqlite3")
+_DRIVER_MODULES = (
+    "psycopg",
+    "psycopg2",
+    "asyncpg",
+    "sqlite3",
+    "aiosqlite",
+    "pg8000",
+    "_sqlite3",
+    "pymysql",
+    "aiomysql",
+    "asyncmy",
+    "MySQLdb",
+)
 
 
 def is_database_error(error: BaseException) -> bool:

@@ -63,6 +63,12 @@ DISCONNECT_ERRORS = frozenset({2006, 2013, 1927, 4031, 2002, 2003})
 #: ER_CHECK_CONSTRAINT_VIOLATED. PyMySQL raises them as OperationalError;
 #: the store and its users expect IntegrityError, as on the other dialects.
 CHECK_VIOLATIONS = frozenset({4025, 3819})
+#: A NOT NULL column without a default left out of an INSERT (strict mode's
+#: ER_NO_DEFAULT_FOR_FIELD): PostgreSQL's NotNullViolation, an IntegrityError
+#: there; PyMySQL raises it as OperationalError too.
+NO_DEFAULT_FOR_FIELD = 1364
+#: The refusals of a row raised as ``IntegrityError`` (:func:`_refusal_as_integrity_error`).
+ROW_REFUSALS = CHECK_VIOLATIONS | {NO_DEFAULT_FOR_FIELD}
 #: ER_CANT_CHANGE_TX_CHARACTERISTICS.
 _IN_TRANSACTION = 1568
 #: ER_BAD_NULL_ERROR, ER_DUP_ENTRY.
@@ -331,7 +337,8 @@ class MySQL:
     def violation(self, error: DBAPIError, table: str, unique_columns: Mapping[str, str]) -> tuple[str, str] | None:
         """From the error number and the fixed wording of 1048 / 1062.
 
-        1048: ``Column 'x' cannot be null``; 1062: ``Duplicate entry '...'
+        1048: ``Column 'x' cannot be null``; 1364: ``Field 'x' doesn't have a
+        default value`` (a NOT NULL column the INSERT left out); 1062: ``Duplicate entry '...'
         for key 'name'`` (the key's name, qualified by its table on MySQL;
         MariaDB names the key alone, which is ``table``'s when it says so:
         the schema's unique keys are named ``uq_<table>_<column>``).
@@ -339,6 +346,8 @@ class MySQL:
         number = error_number(error.orig)
         message = str(getattr(error.orig, "args", ("", ""))[-1])
         if number == _NOT_NULL and message.startswith("Column '"):
+            return ("not_null", message.split("'")[1])
+        if number == NO_DEFAULT_FOR_FIELD and message.startswith("Field '"):
             return ("not_null", message.split("'")[1])
         if number == _DUPLICATE and " for key '" in message:
             owner, _, key = message.rsplit(" for key '", 1)[1].rstrip("'").rpartition(".")
@@ -369,15 +378,16 @@ class MariaDB(MySQL):
     collation = "utf8mb4_nopad_bin"
 
 
-def _check_violation_as_integrity_error(context: ExceptionContext) -> BaseException | None:
-    """A CHECK violation (MariaDB 4025, MySQL 3819) raised as SQLAlchemy's
-    ``IntegrityError``, as PostgreSQL's and SQLite's are: PyMySQL classifies
-    these error numbers as ``OperationalError``, which also means a lost
-    connection or a deadlock -- a caller retrying "operational" errors would
-    retry a row the schema refuses. Only MariaDB/MySQL engines are affected."""
+def _refusal_as_integrity_error(context: ExceptionContext) -> BaseException | None:
+    """A CHECK violation (MariaDB 4025, MySQL 3819) or a NOT NULL column
+    left without a value (1364) raised as SQLAlchemy's ``IntegrityError``,
+    as PostgreSQL's and SQLite's are: PyMySQL classifies these error numbers
+    as ``OperationalError``, which also means a lost connection or a
+    deadlock -- a caller retrying "operational" errors would retry a row the
+    schema refuses. Only MariaDB/MySQL engines are affected."""
     if context.dialect.name not in ("mysql", "mariadb"):
         return None
-    if error_number(context.original_exception) not in CHECK_VIOLATIONS:
+    if error_number(context.original_exception) not in ROW_REFUSALS:
         return None
     if isinstance(context.sqlalchemy_exception, IntegrityError):
         return None
@@ -403,4 +413,4 @@ compiles(CheckConstraint, "mariadb")(_check_in_characters)
 
 # Every engine (sync, and the sync engine under each AsyncEngine): the
 # listener returns at once for other dialects.
-event.listen(Engine, "handle_error", _check_violation_as_integrity_error)
+event.listen(Engine, "handle_error", _refusal_as_integrity_error)

@@ -25,6 +25,7 @@ from sqlalchemy_watchdog import (
     enqueue,
     enqueue_select,
 )
+from sqlalchemy_watchdog.backends import backend_of
 from sqlalchemy_watchdog.model import jobs_table
 from sqlalchemy_watchdog.testing import assert_enqueued, assert_not_enqueued, enqueued_jobs
 
@@ -396,7 +397,8 @@ def test_a_batch_in_the_callers_transaction_is_one_statement_and_a_conflict_stil
         event.listen(engine, "before_cursor_execute", count)
         try:
             enqueue(session, [Job(f"batch-{i}", "q", payload={"i": i}) for i in range(100)])
-            assert len(statements) == 1, statements
+            # MariaDB has no INSERT ... ON CONFLICT ... RETURNING: a locking read of the ids, then the INSERT.
+            assert len(statements) == (1 if backend_of(engine.dialect.name).writes_return_rows else 2), statements
             with pytest.raises(EnqueueConflict) as caught:
                 enqueue(session, [Job("new-1", "q"), CONFLICTS["priority"], Job("new-2", "q")])
         finally:
@@ -713,7 +715,7 @@ def altered(empty_engine: Engine) -> Engine:
     a default, so there the table is created with the column."""
     from sqlalchemy import Column, MetaData
 
-    if empty_engine.dialect.name == "postgresql":
+    if empty_engine.dialect.name in ("postgresql", "mysql", "mariadb"):
         jobs_table.create(empty_engine)
         with empty_engine.begin() as conn:
             conn.execute(text("ALTER TABLE watchdog_jobs ADD COLUMN parent_job_id text NOT NULL"))
