@@ -38,7 +38,11 @@ from tests.helpers import HEAD_REVISION
 README = Path(__file__).resolve().parents[2] / "docs" / "howto" / "alembic.md"
 SECTION = "# Alembic: the package's revisions in your own environment"
 
+# An application's own models, as it would write them for any of the three
+# databases: MySQL and MariaDB need a length on every VARCHAR (SQLAlchemy's
+# rule for String), so the strings have one.
 MODELS = """\
+from sqlalchemy import String
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -49,9 +53,9 @@ class Base(DeclarativeBase):
 class Order(Base):
     __tablename__ = "orders"
     id: Mapped[int] = mapped_column(primary_key=True)
-    email: Mapped[str]
+    email: Mapped[str] = mapped_column(String(320))
 """
-MODELS_LATER = MODELS + "    status: Mapped[str | None]\n"
+MODELS_LATER = MODELS + "    status: Mapped[str | None] = mapped_column(String(20))\n"
 
 FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
 

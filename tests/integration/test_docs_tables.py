@@ -90,14 +90,22 @@ def _sql_examples() -> dict[str, str]:
     page = TABLES_PAGE.read_text(encoding="utf-8")
     found: dict[str, str] = {}
     for intro, block in re.findall(r"([^\n]*)\n\n```sql\n(.*?)```", page, flags=re.S):
-        dialect = "postgresql" if "(PostgreSQL)" in intro else "sqlite" if "(SQLite)" in intro else None
+        dialect = (
+            "postgresql"
+            if "(PostgreSQL)" in intro
+            else "sqlite"
+            if "(SQLite)" in intro
+            else "mariadb"
+            if "(MariaDB and MySQL" in intro
+            else None
+        )
         assert dialect is not None, f"an SQL example must say its database: {intro!r}"
         found[dialect] = block
     return found
 
 
 def test_the_tables_page_has_an_example_for_each_database() -> None:
-    assert sorted(_sql_examples()) == ["postgresql", "sqlite"]
+    assert sorted(_sql_examples()) == ["mariadb", "postgresql", "sqlite"]
 
 
 @pytest.mark.dialect_specific

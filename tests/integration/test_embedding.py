@@ -439,6 +439,12 @@ def cut_connection(engine: Engine) -> None:
         if engine.dialect.name == "postgresql":
             # The server ends this session (what pg_terminate_backend does from outside).
             conn.execute(text("SELECT pg_terminate_backend(pg_backend_pid()) WHERE :email <> ''"), {"email": SECRET})
+        elif engine.dialect.name in ("mysql", "mariadb"):
+            # Another session kills this one (KILL CONNECTION); its next statement finds it gone.
+            session_id = conn.execute(text("SELECT CONNECTION_ID()")).scalar_one()
+            with engine.connect() as killer:
+                killer.execute(text(f"KILL CONNECTION {int(session_id)}"))
+            conn.execute(text("SELECT :email"), {"email": SECRET})
         else:
             conn.execute(text("SELECT * FROM no_such_table WHERE email = :email"), {"email": SECRET})
 

@@ -48,10 +48,12 @@ POLL = timedelta(milliseconds=100)
 def refuse(engine: Engine, name: str, condition_pg: str, condition_sqlite: str) -> None:
     """A rule of the user's own that the library did not create: a CHECK on
     PostgreSQL (its error's DETAIL echoes the whole row, claim token
-    included), a trigger raising a constraint error on SQLite."""
+    included) and MariaDB, a trigger raising a constraint error on SQLite."""
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
             conn.execute(text(f"ALTER TABLE watchdog_jobs ADD CONSTRAINT {name} CHECK ({condition_pg}) NOT VALID"))
+        elif engine.dialect.name in ("mysql", "mariadb"):
+            conn.execute(text(f"ALTER TABLE watchdog_jobs ADD CONSTRAINT {name} CHECK ({condition_pg})"))
         else:
             conn.execute(
                 text(

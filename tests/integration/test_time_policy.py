@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import DateTime, Engine, Integer, String, Table, TypeDecorator, insert, literal, select, text
+from sqlalchemy.dialects import mysql
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
@@ -421,6 +422,11 @@ class UTCDateTime(TypeDecorator[datetime]):
 
     impl = DateTime()
     cache_ok = True
+
+    def load_dialect_impl(self, dialect: Any) -> Any:
+        if dialect.name in ("mysql", "mariadb"):  # a plain DATETIME there keeps whole seconds
+            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        return dialect.type_descriptor(DateTime())
 
     def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
         return None if value is None else value.astimezone(UTC).replace(tzinfo=None)

@@ -28,6 +28,18 @@ from sqlalchemy_watchdog.asyncio import AsyncRunner
 from tests import process_handlers as h
 
 
+def async_url(url: str) -> str:
+    """``url`` with the async driver of its database: aiosqlite, aiomysql
+    (MariaDB and MySQL), async psycopg."""
+    backend, rest = url.split(":", 1)
+    name = backend.split("+", 1)[0]
+    if name == "sqlite":
+        return "sqlite+aiosqlite:" + rest
+    if name in ("mysql", "mariadb"):
+        return f"{name}+aiomysql:" + rest
+    return "postgresql+psycopg:" + rest
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("url")
@@ -54,9 +66,7 @@ def main() -> None:
         "floods": h.floods,
     }
     if args.asyncio:
-        url = args.url.replace("sqlite://", "sqlite+aiosqlite://").replace(
-            "postgresql+psycopg2://", "postgresql+psycopg://"
-        )
+        url = async_url(args.url)
 
         async def serve() -> None:
             runner = AsyncRunner(create_async_engine(url), handlers, **options)  # type: ignore[arg-type]

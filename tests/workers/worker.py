@@ -93,9 +93,15 @@ def make_async_handler(engine: Engine, kind: str, sleep_ms: int) -> Callable[[Ru
 
 
 def async_url(url: str) -> str:
-    backend = url.split(":", 1)[0].split("+", 1)[0]
-    rest = url.split(":", 1)[1]
-    return ("sqlite+aiosqlite:" if backend == "sqlite" else "postgresql+psycopg:") + rest
+    """``url`` with the async driver of its database: aiosqlite, aiomysql
+    (MariaDB and MySQL), async psycopg."""
+    backend, rest = url.split(":", 1)
+    name = backend.split("+", 1)[0]
+    if name == "sqlite":
+        return "sqlite+aiosqlite:" + rest
+    if name in ("mysql", "mariadb"):
+        return f"{name}+aiomysql:" + rest
+    return "postgresql+psycopg:" + rest
 
 
 def main(argv: list[str] | None = None) -> None:
