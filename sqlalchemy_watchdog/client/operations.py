@@ -34,6 +34,7 @@ from sqlalchemy.exc import IntegrityError
 from .. import store
 from ..applies import JobExplanation
 from ..applies import explain as explain_job
+from ..backends import backend_of
 from ..errors import InvalidJob
 from ..jobs import (
     JOB_ID_MAX_LENGTH,
@@ -659,15 +660,31 @@ def throughput() -> Program[Throughput]:
 @store.operation(store.Shape.WRITE)
 def cancel_in(conn: Connection, job_id: str, cancellation_id: str, *, only_if_queued: bool = False) -> CancelResult:
     """:func:`store.cancel` plus the wake-up, in the caller's transaction."""
+    # A concurrent request may take this cancellation_id between the store's
+    # read and its update: the update then fails on the unique index, and the
+    # status is read afresh. Where the failed statement aborts the transaction
+    # (PostgreSQL) and there is one -- asyncpg with its statement cache off runs
+    # the store's operations in a transaction, not in autocommit -- the update
+    # runs in a savepoint, so only the savepoint is rolled back: a rollback of
+    # the transaction would end the one the store began for this operation
+    # ("Can't operate on closed transaction"). MariaDB and SQLite undo the
+    # failed statement alone; the read then runs in the same transaction, at
+    # READ COMMITTED on MariaDB, where the winner's commit is seen.
+    aborts = backend_of(conn).aborts_on_error
+    autocommit = conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+    savepoint = conn.begin_nested() if aborts and not autocommit else None
     try:
         result = store.cancel(conn, job_id, cancellation_id, only_if_queued=only_if_queued)
     except IntegrityError as error:
         if store.violation(error) != ("unique", "cancellation_id"):
             raise
-        # A concurrent request took this cancellation_id between our read and
-        # our update: another job's (a conflict), or this job's (a replay).
-        conn.rollback()
+        if savepoint is not None:
+            savepoint.rollback()
+        elif aborts:
+            conn.rollback()  # autocommit: the statement's own transaction, ended already
         return CancelResult(job_id, store.cancel_status_now(conn, job_id, cancellation_id))
+    if savepoint is not None:
+        savepoint.commit()
     if result.status is CancelStatus.RECORDED:
         store.notify(conn, EVENT_STOP)
     return result

@@ -27,6 +27,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from sqlalchemy_watchdog import (
+    CancelStatus,
     Decision,
     EnqueueConflict,
     EnqueueResult,
@@ -50,6 +51,7 @@ from sqlalchemy_watchdog import (
 from sqlalchemy_watchdog.asyncio import AsyncWatchdog
 from sqlalchemy_watchdog.backends import backend_of
 from sqlalchemy_watchdog.jobs import SettleStatus, epoch_ms
+from sqlalchemy_watchdog.model import jobs_table
 from sqlalchemy_watchdog.store import Claim, RecoveryStatus, Settlement, SettleRequest, sql
 from tests.conftest import WITH_MARIADB, async_url, make_async_engine
 from tests.helpers import add, settled, wait_until
@@ -1299,6 +1301,65 @@ def test_rerun_many_selects_by_lane_and_time_ranges(engine: Engine, api: Ops) ->
     assert api.rerun_many(rerun_id="x", enqueued_after=now + timedelta(hours=1), dry_run=True).matched == 0
     assert api.rerun_many(rerun_id="x", enqueued_before=now + timedelta(hours=1), dry_run=True).matched == 5
     assert api.rerun_many(rerun_id="x", queue="mail", limit=2, batch=1, dry_run=True).matched == 2
+
+
+def _taken_before_the_update(engine: Engine, hooked: Engine, job_id: str, cancellation_id: str) -> Callable[[], None]:
+    """Make ``hooked``'s next cancel lose a race: just before its ``UPDATE``
+    (after its read found ``cancellation_id`` free), another connection of
+    ``engine`` records that id for job ``job_id`` and commits. Returns the
+    function that removes the hook."""
+    fired: list[bool] = []
+
+    def take(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if not fired and statement.lstrip().startswith("UPDATE watchdog_jobs"):
+            fired.append(True)
+            with engine.begin() as other:
+                other.execute(
+                    jobs_table.update().where(jobs_table.c.job_id == job_id).values(cancellation_id=cancellation_id)
+                )
+
+    event.listen(hooked, "before_cursor_execute", take)
+    return lambda: event.remove(hooked, "before_cursor_execute", take)
+
+
+@pytest.mark.parametrize("dialect", ["postgresql", "mariadb"])  # SQLite's writers take turns: no such race
+def test_a_cancellation_id_taken_between_the_read_and_the_update_answers_conflict(engine: Engine) -> None:
+    """The unique index refuses the update (the id was free when read): the
+    answer is ``conflict``, read afresh, and the job stays uncancelled."""
+    add(engine, Job("a", "q"), Job("b", "q"))
+    unhook = _taken_before_the_update(engine, engine, "b", "shared")
+    try:
+        result = Watchdog(engine).cancel("a", "shared")
+    finally:
+        unhook()
+    assert result.status is CancelStatus.CONFLICT
+    assert {j.job_id: j.cancellation_id for j in Watchdog(engine).list_jobs()} == {"a": None, "b": "shared"}
+    assert Watchdog(engine).cancel("b", "shared").status is CancelStatus.REPLAYED
+
+
+@pytest.mark.parametrize("dialect", ["postgresql"])
+def test_a_cancellation_id_race_lost_through_asyncpg_without_its_statement_cache_answers_conflict(
+    engine: Engine,
+) -> None:
+    """asyncpg with its statement cache off (the setting behind a pooler in
+    transaction mode) runs the store's operations in a transaction, which the
+    refused update aborts on PostgreSQL: the update runs in a savepoint, so
+    the status is read in the same transaction (a rollback of the whole one
+    failed with "Can't operate on closed transaction")."""
+    add(engine, Job("a", "q"), Job("b", "q"))
+    pooled = {"statement_cache_size": 0, "prepared_statement_cache_size": 0}
+
+    async def race() -> CancelStatus:
+        aengine = create_async_engine(engine.url.set(drivername="postgresql+asyncpg"), connect_args=pooled)
+        unhook = _taken_before_the_update(engine, aengine.sync_engine, "b", "shared")
+        try:
+            return (await AsyncWatchdog(aengine).cancel("a", "shared")).status
+        finally:
+            unhook()
+            await aengine.dispose()
+
+    assert asyncio.run(race()) is CancelStatus.CONFLICT
+    assert {j.job_id: j.cancellation_id for j in Watchdog(engine).list_jobs()} == {"a": None, "b": "shared"}
 
 
 def test_cancel_many_cancels_matching_live_jobs_and_again_replays(engine: Engine, api: Ops) -> None:
