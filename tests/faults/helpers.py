@@ -326,6 +326,24 @@ class WorkerPool:
     def logs(self) -> str:
         return "\n".join(f"--- {w.name} (pid {w.pid}) ---\n{w.log_text()[-4000:]}" for w in self.workers)
 
+    def wait_until(
+        self, predicate: Callable[[], T | None], *, timeout: float, what: str, state: Callable[[], object] | None = None
+    ) -> T:
+        """:func:`wait_until`; on a timeout the failure also says what every
+        live worker was doing -- its threads' stacks (SIGUSR1: faulthandler)
+        and the tail of its log -- and ``state()`` if given (the rows): a
+        worker stuck, or failing and retrying, says so in the report itself
+        (pytest's temporary directories, where the logs are, do not outlive
+        a few more runs)."""
+        try:
+            return wait_until(predicate, timeout=timeout, what=what)
+        except AssertionError as error:
+            for worker in self.workers:
+                worker.send(signal.SIGUSR1)
+            time.sleep(1.0)
+            seen = f"\n{state()}" if state is not None else ""
+            raise AssertionError(f"{error}{seen}\n{self.logs()}") from None
+
     def close(self) -> None:
         for worker in self.workers:
             worker.close()

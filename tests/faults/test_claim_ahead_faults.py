@@ -109,7 +109,12 @@ def test_sigkill_with_jobs_claimed_ahead_requeues_those_never_started_uncounted(
     assert "no-budget" in ahead and ahead <= {"no-budget", *AHEAD}, ahead
 
     w2 = workers.start(db_url, "w2", concurrency=SLOTS, **TIMING, **asyncio)
-    wait_until(lambda: all(jobs_by_id(engine)[j]["state"] == "settled" for j in ids), timeout=60, what="recovery")
+    workers.wait_until(
+        lambda: all(jobs_by_id(engine)[j]["state"] == "settled" for j in ids),
+        timeout=60,
+        what="recovery",
+        state=lambda: {j: (r["state"], r["unstarted"], r["lease_until"]) for j, r in jobs_by_id(engine).items()},
+    )
     rows = assert_settled_exactly_once(engine, ids)
     for job_id in [*AHEAD, "no-budget"]:
         runs = audit_rows(engine, job_id)

@@ -1,16 +1,21 @@
 """Limits under faults: a trigger in the database records every moment a
 queue's (or a key's) running jobs exceed its limit, while worker processes
-race, are SIGKILLed, frozen with SIGSTOP past their leases and (PostgreSQL)
-have their connections cut with ``pg_terminate_backend``.
+race, are SIGKILLed, frozen with SIGSTOP past their leases and have their
+connections cut (PostgreSQL: ``pg_terminate_backend``; MariaDB: ``KILL
+CONNECTION``).
 
 PostgreSQL: a deferred constraint trigger checks, when each transaction that
 made a job ``running`` commits, the queue's and the key's running jobs
 against ``watchdog_limits`` (the claimers of a queue take turns on its limits
 row, so the check at each commit sees every claim committed before it);
 SQLite: a row trigger checks after each row a claim makes running (one writer
-at a time). A sampling thread also counts, from a connection of its own, the
-running jobs per queue and key every few milliseconds. The test fails if
-either found a moment over a limit, and every job must end ``completed``.
+at a time); MariaDB: a row trigger too (MariaDB has no deferred triggers): the
+claimers of a queue take turns on its limits row there as well, so each row
+a claim makes running is counted with every claim committed before it and
+the rows its own statement made running so far. A sampling thread also
+counts, from a connection of its own, the running jobs per queue and key
+every few milliseconds. The test fails if either found a moment over a
+limit, and every job must end ``completed``.
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Connection, Engine, String, cast, create_engine, literal, text, update
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError
 
 from sqlalchemy_watchdog import Job, Rate, Watchdog
+from sqlalchemy_watchdog.model import jobs_table
 from tests.faults.helpers import WorkerPool, assert_settled_exactly_once, enqueue_jobs, wait_until
 
 pytestmark = pytest.mark.slow
@@ -90,10 +97,51 @@ END""",
 ]
 
 
+#: The database clock in epoch ms, as the library computes it on MariaDB.
+_MYSQL_CLOCK = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) DIV 1000"
+
+#: MariaDB: a row trigger (no ``WHEN``, no ``UPDATE OF``: an ``IF`` in the
+#: body), the counts as on SQLite. It reads ``watchdog_jobs`` and writes
+#: another table only (a trigger writing the table that fired it is error 1442).
+_MYSQL_AUDIT = [
+    "CREATE TABLE IF NOT EXISTS limit_audit (id INTEGER AUTO_INCREMENT PRIMARY KEY, at BIGINT,"
+    " queue_name TEXT, limit_key TEXT, kind TEXT, running INT, lim INT)",
+    "DROP TRIGGER IF EXISTS limit_audit",
+    f"""CREATE TRIGGER limit_audit AFTER UPDATE ON watchdog_jobs FOR EACH ROW
+BEGIN
+    IF NEW.state = 'running' AND OLD.state <> 'running' THEN
+        INSERT INTO limit_audit (at, queue_name, kind, running, lim)
+        SELECT {_MYSQL_CLOCK}, NEW.queue_name, 'concurrency', ({_RUNNING}), l.concurrency FROM watchdog_limits l
+        WHERE l.queue_name = NEW.queue_name AND l.concurrency IS NOT NULL AND ({_RUNNING}) > l.concurrency;
+        INSERT INTO limit_audit (at, queue_name, limit_key, kind, running, lim)
+        SELECT {_MYSQL_CLOCK}, NEW.queue_name, NEW.limit_key, 'concurrency_per_key', ({_KEY_RUNNING}),
+            l.concurrency_per_key
+        FROM watchdog_limits l
+        WHERE l.queue_name = NEW.queue_name AND NEW.limit_key IS NOT NULL AND l.concurrency_per_key IS NOT NULL
+        AND ({_KEY_RUNNING}) > l.concurrency_per_key;
+    END IF;
+END""",
+]
+
+
+def _of_dialect(engine: Engine, postgresql: list[str], sqlite: list[str], mariadb: list[str]) -> list[str]:
+    """The statements of ``engine``'s dialect (MySQL's are MariaDB's)."""
+    return {"postgresql": postgresql, "mysql": mariadb, "mariadb": mariadb}.get(engine.dialect.name, sqlite)
+
+
 def install_audit(engine: Engine) -> None:
     with engine.begin() as conn:
-        for ddl in _PG_AUDIT if engine.dialect.name == "postgresql" else _SQLITE_AUDIT:
+        for ddl in _of_dialect(engine, _PG_AUDIT, _SQLITE_AUDIT, _MYSQL_AUDIT):
             conn.exec_driver_sql(ddl)
+
+
+def _make_running(conn: Connection, *job_ids: str, queue: str | None = None) -> None:
+    """Make jobs ``running`` by hand, ignoring every limit: the given ones,
+    or every job of ``queue``. Each gets claim token ``x<sequence>`` (built
+    by SQLAlchemy: ``||`` concatenates on PostgreSQL and SQLite, not on MariaDB)."""
+    token = literal("x") + cast(jobs_table.c.sequence, String)
+    where = jobs_table.c.queue_name == queue if queue is not None else jobs_table.c.job_id.in_(job_ids)
+    conn.execute(update(jobs_table).where(where).values(state="running", claim_token=token, lease_until=9999999999999))
 
 
 def audit_findings(engine: Engine) -> list[tuple[object, ...]]:
@@ -111,12 +159,7 @@ def test_the_audit_trigger_sees_an_excess(engine: Engine) -> None:
     watchdog.enqueue([Job(f"j{i}", "q", key="k") for i in range(3)])
     watchdog.set_limits("q", concurrency=1, concurrency_per_key=1)
     with engine.begin() as conn:
-        conn.execute(
-            text(
-                "UPDATE watchdog_jobs SET state = 'running', claim_token = 'x' || sequence,"
-                " lease_until = 9999999999999 WHERE queue_name = 'q'"
-            )
-        )
+        _make_running(conn, queue="q")
     kinds = {row[2] for row in audit_findings(engine)}
     assert kinds == {"concurrency", "concurrency_per_key"}
 
@@ -161,17 +204,35 @@ class Sampler:
         self.engine.dispose()
 
 
+#: The dialects whose connections the tests cut (SQLite has none to cut).
+CUT_OFF = ("postgresql", "mariadb")
+
+
 def _terminate_backends(engine: Engine) -> int:
-    """Cut every other connection to this database (PostgreSQL)."""
+    """Cut every other connection to this database: PostgreSQL's
+    ``pg_terminate_backend``, MariaDB's ``KILL CONNECTION``; how many."""
     with engine.connect() as conn:
-        return len(
-            conn.execute(
-                text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                )
-            ).all()
-        )
+        if engine.dialect.name == "postgresql":
+            return len(
+                conn.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                ).all()
+            )
+        killed = 0
+        ids = conn.execute(
+            text("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = DATABASE() AND ID <> CONNECTION_ID()")
+        ).scalars()
+        for thread_id in list(ids):
+            try:
+                conn.exec_driver_sql(f"KILL CONNECTION {int(thread_id)}")
+                killed += 1
+            except DBAPIError as error:
+                if "Unknown thread id" not in str(error.orig):  # gone by itself meanwhile
+                    raise
+        return killed
 
 
 @pytest.fixture
@@ -189,6 +250,7 @@ def test_limits_hold_across_processes_killed_frozen_and_cut_off(
 ) -> None:
     engine = limited
     pg = dialect == "postgresql"
+    cut = dialect in CUT_OFF
     processes, threads, total = (5, 4, 400) if pg else (3, 3, 150)
     ids = [f"limited-{i:04d}" for i in range(total)]
     enqueue_jobs(
@@ -220,11 +282,11 @@ def test_limits_hold_across_processes_killed_frozen_and_cut_off(
         pool.append(workers.start(db_url, "replacement", **timing))
         wait_until(lambda: settled() >= total // 2, timeout=300, what="half of the jobs", interval=0.1)
         pool[1].send(signal.SIGSTOP)  # frozen past its lease: recovered while its handlers "run"
-        if pg:
+        if cut:
             assert _terminate_backends(engine) > 0  # every connection of every worker cut at once
         time.sleep(lease + 1.5)
         pool[1].send(signal.SIGCONT)
-        if pg:
+        if cut:
             _terminate_backends(engine)
         wait_until(lambda: settled() == total, timeout=480, what="every job to settle", interval=0.2)
 
@@ -284,33 +346,60 @@ _SQLITE_RATE_AUDIT = [
 ]
 
 
+#: MariaDB: as on SQLite, one table in write order, each event with the
+#: connection that wrote it. MariaDB has no transaction id a trigger could
+#: read reliably (``information_schema.INNODB_TRX`` is a cache refreshed at
+#: most every 0.1 s), but a queue's limited claims take turns on its limits
+#: row, held until each commits: a claim's events are one run of starts
+#: followed by its log rows, of one connection (the ids of ``AUTO_INCREMENT``
+#: are taken in write order; a rolled-back claim's events go with it).
+_MYSQL_RATE_AUDIT = [
+    "CREATE TABLE IF NOT EXISTS rate_events (id INTEGER AUTO_INCREMENT PRIMARY KEY, conn BIGINT, kind TEXT,"
+    " queue_name TEXT, limit_key TEXT, claimed_at BIGINT, jobs INT)",
+    "DROP TRIGGER IF EXISTS rate_start_audit",
+    "CREATE TRIGGER rate_start_audit AFTER UPDATE ON watchdog_jobs FOR EACH ROW"
+    " BEGIN IF NEW.state = 'running' AND OLD.state <> 'running' THEN"
+    " INSERT INTO rate_events (conn, kind, queue_name, limit_key)"
+    " VALUES (CONNECTION_ID(), 'start', NEW.queue_name, NEW.limit_key); END IF; END",
+    "DROP TRIGGER IF EXISTS rate_log_audit",
+    "CREATE TRIGGER rate_log_audit AFTER INSERT ON watchdog_limit_claims FOR EACH ROW"
+    " INSERT INTO rate_events (conn, kind, queue_name, limit_key, claimed_at, jobs)"
+    " VALUES (CONNECTION_ID(), 'log', NEW.queue_name, NEW.limit_key, NEW.claimed_at, NEW.jobs)",
+]
+
+
 def install_rate_audit(engine: Engine) -> None:
     with engine.begin() as conn:
-        for ddl in _PG_RATE_AUDIT if engine.dialect.name == "postgresql" else _SQLITE_RATE_AUDIT:
+        for ddl in _of_dialect(engine, _PG_RATE_AUDIT, _SQLITE_RATE_AUDIT, _MYSQL_RATE_AUDIT):
             conn.exec_driver_sql(ddl)
 
 
-def _sqlite_rate_events(
+def _ordered_rate_events(
     engine: Engine, queue: str
 ) -> tuple[list[tuple[object, str | None, int]], list[tuple[object, int, int, str | None]]]:
-    """The audited starts and log rows of ``queue`` on SQLite, each named by
-    its claim: a start after a log row begins the next claim."""
+    """The audited starts and log rows of ``queue`` on SQLite or MariaDB,
+    each named by its claim: a start after a log row, or an event of another
+    connection (MariaDB), begins the next claim."""
+    mariadb = engine.dialect.name != "sqlite"
     with engine.connect() as conn:
         events = conn.execute(
-            text("SELECT kind, limit_key, claimed_at, jobs FROM rate_events WHERE queue_name = :q ORDER BY id"),
+            text(
+                f"SELECT {'conn' if mariadb else '0'}, kind, limit_key, claimed_at, jobs FROM rate_events"
+                " WHERE queue_name = :q ORDER BY id"
+            ),
             {"q": queue},
         ).all()
     starts: list[tuple[object, str | None, int]] = []
     logs: list[tuple[object, int, int, str | None]] = []
-    claim, previous = 0, "log"
-    for kind, key, at, jobs in events:
+    claim, previous, previous_conn = 0, "log", None
+    for connection, kind, key, at, jobs in events:
+        if connection != previous_conn or (kind == "start" and previous == "log"):
+            claim += 1
         if kind == "start":
-            if previous == "log":
-                claim += 1
             starts.append((claim, key, 1))
         else:
             logs.append((claim, int(at), int(jobs), key))
-        previous = kind
+        previous, previous_conn = kind, connection
     return starts, sorted(logs, key=lambda log: log[1])
 
 
@@ -323,9 +412,9 @@ def rate_findings(
     on the database clock holds more than ``count`` logged starts -- of the
     queue, or with ``per_key`` of any one key (each transaction's starts then
     logged per key)."""
-    if engine.dialect.name == "sqlite":
-        lite_starts, lite_logs = _sqlite_rate_events(engine, queue)
-        return window_findings(lite_starts, lite_logs, count, period_ms, per_key=per_key)
+    if engine.dialect.name != "postgresql":
+        ordered_starts, ordered_logs = _ordered_rate_events(engine, queue)
+        return window_findings(ordered_starts, ordered_logs, count, period_ms, per_key=per_key)
     with engine.connect() as conn:
         starts = conn.execute(
             text("SELECT txid, limit_key, count(*) FROM rate_starts WHERE queue_name = :q GROUP BY txid, limit_key"),
@@ -390,21 +479,11 @@ def test_the_rate_audit_sees_an_excess_and_an_unlogged_start(engine: Engine) -> 
     watchdog.enqueue([Job(f"j{i}", "q") for i in range(3)])
     watchdog.set_limits("q", rate=Rate(1, timedelta(seconds=1)))
     with engine.begin() as conn:
-        conn.execute(
-            text(
-                "UPDATE watchdog_jobs SET state = 'running', claim_token = 'x' || sequence,"
-                " lease_until = 9999999999999 WHERE job_id IN ('j0', 'j1')"
-            )
-        )
+        _make_running(conn, "j0", "j1")
         conn.execute(text("INSERT INTO watchdog_limit_claims (queue_name, claimed_at, jobs) VALUES ('q', 5000, 2)"))
     assert rate_findings(engine, "q", 1, 1000) == (["2 starts in the 1000 ms up to 5000"], 2)
     with engine.begin() as conn:
-        conn.execute(
-            text(
-                "UPDATE watchdog_jobs SET state = 'running', claim_token = 'x' || sequence,"
-                " lease_until = 9999999999999 WHERE job_id = 'j2'"
-            )
-        )
+        _make_running(conn, "j2")
     found, _peak = rate_findings(engine, "q", 1, 1000)
     assert any(finding.startswith("starts not logged") for finding in found)
 
@@ -415,12 +494,7 @@ def test_the_per_key_rate_audit_sees_a_keys_excess_and_a_start_logged_under_anot
     watchdog.enqueue([Job(f"{key}{i}", "q", key=key) for key in "ab" for i in range(2)])
     watchdog.set_limits("q", rate_per_key=Rate(1, timedelta(seconds=1)))
     with engine.begin() as conn:  # one start of each key, logged per key: within the rate
-        conn.execute(
-            text(
-                "UPDATE watchdog_jobs SET state = 'running', claim_token = 'x' || sequence,"
-                " lease_until = 9999999999999 WHERE job_id IN ('a0', 'b0')"
-            )
-        )
+        _make_running(conn, "a0", "b0")
         conn.execute(
             text(
                 "INSERT INTO watchdog_limit_claims (queue_name, claimed_at, jobs, limit_key)"
@@ -429,12 +503,7 @@ def test_the_per_key_rate_audit_sees_a_keys_excess_and_a_start_logged_under_anot
         )
     assert rate_findings(engine, "q", 1, 1000, per_key=True) == ([], 1)
     with engine.begin() as conn:  # a second start of a, logged as b's
-        conn.execute(
-            text(
-                "UPDATE watchdog_jobs SET state = 'running', claim_token = 'x' || sequence,"
-                " lease_until = 9999999999999 WHERE job_id = 'a1'"
-            )
-        )
+        _make_running(conn, "a1")
         conn.execute(
             text(
                 "INSERT INTO watchdog_limit_claims (queue_name, claimed_at, jobs, limit_key) VALUES ('q', 5500, 1, 'b')"
@@ -461,6 +530,7 @@ def test_a_rate_holds_across_processes_killed_frozen_and_cut_off(
     connection to cut)."""
     engine = instrumented
     pg = dialect == "postgresql"
+    cut = dialect in CUT_OFF
     install_rate_audit(engine)
     rate = Rate(RATE_COUNT, timedelta(milliseconds=RATE_PERIOD_MS))
     total = 90
@@ -495,11 +565,11 @@ def test_a_rate_holds_across_processes_killed_frozen_and_cut_off(
     pool.append(workers.start(db_url, "replacement", **timing))
     wait_until(lambda: settled() >= total // 2, timeout=300, what="half of the jobs", interval=0.1)
     pool[1].send(signal.SIGSTOP)
-    if pg:
+    if cut:
         assert _terminate_backends(engine) > 0
     time.sleep(lease + 1.5)
     pool[1].send(signal.SIGCONT)
-    if pg:
+    if cut:
         _terminate_backends(engine)
     wait_until(lambda: settled() == total, timeout=480, what="every job to settle", interval=0.2)
     for worker in pool[1:]:

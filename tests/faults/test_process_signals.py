@@ -253,10 +253,14 @@ def test_sigterm_stops_claiming_and_hands_over_unfinished_work(
     assert code == 0, w1.log_text()
 
     workers.start(db_url, "w2", concurrency=2, **TIMING, **kind(runner_kind))
-    wait_until(
+    workers.wait_until(
         lambda: all(r["state"] == "settled" for r in jobs_by_id(engine).values()),
         timeout=60,
         what="every job to settle",
+        state=lambda: (
+            f"database clock {db_now_ms(engine)}; job: (state, ready_at, lease_until) "
+            f"{ {j: (r['state'], r['ready_at'], r['lease_until']) for j, r in jobs_by_id(engine).items()} }"
+        ),
     )
     rows = assert_settled_exactly_once(engine, [j.job_id for j in jobs + waiting])
     assert rows["ignores"]["outcome"] == "completed"

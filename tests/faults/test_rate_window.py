@@ -47,11 +47,21 @@ _SQLITE_STARTS = [
     " INSERT INTO start_audit (job_id, started_at) VALUES (NEW.job_id, NEW.started_at); END",
 ]
 
+#: MariaDB: no ``WHEN`` nor ``UPDATE OF``, an ``IF`` in the body.
+_MYSQL_STARTS = [
+    "CREATE TABLE IF NOT EXISTS start_audit (id INTEGER AUTO_INCREMENT PRIMARY KEY, job_id TEXT, started_at BIGINT)",
+    "DROP TRIGGER IF EXISTS start_audit",
+    "CREATE TRIGGER start_audit AFTER UPDATE ON watchdog_jobs FOR EACH ROW"
+    " BEGIN IF NEW.state = 'running' AND OLD.state <> 'running' THEN"
+    " INSERT INTO start_audit (job_id, started_at) VALUES (NEW.job_id, NEW.started_at); END IF; END",
+]
+
 
 def install_start_audit(engine: Engine) -> None:
     """Record every job's start (a transition into ``running``) with its ``started_at``."""
+    statements = {"postgresql": _PG_STARTS, "mysql": _MYSQL_STARTS, "mariadb": _MYSQL_STARTS}
     with engine.begin() as conn:
-        for ddl in _PG_STARTS if engine.dialect.name == "postgresql" else _SQLITE_STARTS:
+        for ddl in statements.get(engine.dialect.name, _SQLITE_STARTS):
             conn.exec_driver_sql(ddl)
 
 
@@ -122,8 +132,11 @@ def test_a_claim_delayed_before_its_start_still_counts_in_the_next_window(
 
     def descheduled(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         if delay["ms"] and statement.lstrip().startswith("UPDATE watchdog_jobs"):
-            # The claim's UPDATE: its clock, read from fault_clock, moves on first.
-            cursor.connection.execute(f"UPDATE fault_clock SET ms = ms + {delay['ms']} WHERE id = 1")
+            # The claim's UPDATE: its clock, read from fault_clock, moves on first
+            # (through a cursor of its own: PyMySQL's connection has no execute()).
+            other = cursor.connection.cursor()
+            other.execute(f"UPDATE fault_clock SET ms = ms + {delay['ms']} WHERE id = 1")
+            other.close()
             delay["ms"] = 0
 
     def claim() -> int:
