@@ -59,6 +59,7 @@ import select
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -204,23 +205,48 @@ def room_freed_locally(key: str) -> None:
             log.exception("a local wake-up failed")
 
 
+#: The connections :func:`room_freed_at_commit` listens on (two listeners
+#: each, for the connection's life), and the wake-up each owes at its commit.
+_HOOKED: weakref.WeakSet[Connection] = weakref.WeakSet()
+_OWED: weakref.WeakKeyDictionary[Connection, str] = weakref.WeakKeyDictionary()
+_OWED_LOCK = threading.Lock()
+
+
 def room_freed_at_commit(conn: Connection) -> None:
     """:func:`room_freed_locally` for ``conn``'s database once its transaction
     commits (at once outside one): a runner woken earlier could claim before
     the change is visible -- on MariaDB its read of the running jobs does not
     wait for this transaction, sees the settling job still running and is held
     back until its next poll (SQLite's claim waits for the write lock, so
-    either order works there). A transaction rolled back leaves the callback
-    for that connection's next commit: one spurious look, no lost wake-up."""
+    either order works there). A rollback owes nothing.
+
+    Each connection gets its ``commit`` and ``rollback`` listeners once, not
+    once per transaction: a runner keeps its connections for a long time, and
+    SQLAlchemy keeps a spent ``once=True`` listener in the connection's list."""
     key = local_key(conn.engine)
     if not conn.in_transaction():
         room_freed_locally(key)
         return
+    with _OWED_LOCK:
+        hooked = conn in _HOOKED
+        if not hooked:
+            _HOOKED.add(conn)
+        _OWED[conn] = key
+    if not hooked:
+        event.listen(conn, "commit", _committed)
+        event.listen(conn, "rollback", _rolled_back)
 
-    def committed(_: Connection) -> None:
+
+def _committed(conn: Connection) -> None:
+    with _OWED_LOCK:
+        key = _OWED.pop(conn, None)
+    if key is not None:
         room_freed_locally(key)
 
-    event.listen(conn, "commit", committed, once=True)
+
+def _rolled_back(conn: Connection) -> None:
+    with _OWED_LOCK:
+        _OWED.pop(conn, None)
 
 
 def _notifies(dialect_name: str) -> bool:

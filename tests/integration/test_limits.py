@@ -32,6 +32,7 @@ from sqlalchemy_watchdog import (
     RunningJob,
     Watchdog,
     store,
+    wakeups,
 )
 from sqlalchemy_watchdog.backends import backend_of
 from sqlalchemy_watchdog.store import Claim, SettleRequest, limits_sql, sql
@@ -509,6 +510,29 @@ def test_a_held_back_runner_is_woken_once_the_settle_committed_not_before(
 
     started, _ = _serve_held_back(runners, settle_and_linger, within=20)
     assert started == ["second"]
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "mariadb"])  # the dialects woken in-process
+def test_a_connection_kept_for_many_transactions_owes_one_wake_up_per_commit_and_gathers_no_listeners(
+    engine: Engine,
+) -> None:
+    """A runner keeps its connections: the wake-up owed at commit is
+    registered on a connection once, fires once per committed transaction
+    that freed room and never for one rolled back."""
+    woken: list[int] = []
+    stop = wakeups.wake_locally(wakeups.local_key(engine), lambda: woken.append(1))
+    try:
+        with engine.connect() as conn:
+            for round_ in range(50):
+                conn.execute(text("SELECT 1"))
+                wakeups.room_freed_at_commit(conn)
+                assert len(woken) == round_ // 2 + round_ % 2  # not before the commit
+                conn.commit() if round_ % 2 == 0 else conn.rollback()
+            listeners = len(conn.dispatch.commit) + len(conn.dispatch.rollback)
+    finally:
+        stop()
+    assert len(woken) == 25
+    assert listeners <= 2
 
 
 def _serve_held_back(runners: RunnerDriver, free: Callable[[], None], *, within: float) -> tuple[list[str], float]:
