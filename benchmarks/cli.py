@@ -44,7 +44,9 @@ def machine_facts(workdir: Path, mariadb: bool = False) -> dict[str, Any]:
     facts["pid"] = os.getpid()  # the run's databases are watchdog_bench_<pid>_<name>
     with contextlib.suppress(Exception), psycopg.connect(h.ADMIN_DSN, autocommit=True) as conn:
         show = lambda name: conn.execute(pgsql.SQL("SHOW {}").format(pgsql.Identifier(name))).fetchone()[0]  # type: ignore[index]
-        facts["postgresql"] = {s: show(s) for s in ("server_version", "fsync", "synchronous_commit", "wal_sync_method")}
+        facts["postgresql"] = {
+            s: show(s) for s in ("server_version", "fsync", "synchronous_commit", "wal_sync_method", "autovacuum")
+        }
     if mariadb:
         with contextlib.suppress(Exception), contextlib.closing(h.mysql_connect(database="")) as maria:
             with maria.cursor() as cursor:
@@ -193,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
         print(describe(facts), file=sys.stderr, flush=True)
         if facts.get("postgresql", {}).get("fsync") != "on" or facts["postgresql"].get("synchronous_commit") != "on":
             print("WARNING: the server is not at durable defaults; figures are not comparable", file=sys.stderr)
+        if facts.get("postgresql", {}).get("autovacuum") == "off":
+            # Dead row versions stay until a VACUUM: a run that churns (soak) measures bloat, not a deployment.
+            print(
+                "WARNING: autovacuum is off on the PostgreSQL server; the soak measures nothing real", file=sys.stderr
+            )
         if str(facts.get("mariadb", {}).get("innodb_flush_log_at_trx_commit", 1)) != "1":
             print("WARNING: MariaDB does not flush its log at each commit; figures are not comparable", file=sys.stderr)
         bench = h.Bench(args, workdir)
