@@ -35,6 +35,7 @@ from sqlalchemy import (
     Text,
     create_engine,
     select,
+    text,
 )
 from sqlalchemy.engine import URL
 
@@ -198,6 +199,32 @@ def transition_rows(engine: Engine, job_id: str | None = None) -> list[dict[str,
 def db_now_ms(engine: Engine) -> int:
     with engine.connect() as conn:
         return int(conn.execute(select(sql.db_clock_ms())).scalar_one())
+
+
+#: Other sessions of this database still running a statement: a SIGKILLed
+#: worker's last statement runs on in the server (in autocommit it commits)
+#: until the server notices the client gone. SQLite has no server.
+_BUSY_SESSIONS = {
+    "postgresql": "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+    " AND pid <> pg_backend_pid() AND backend_type = 'client backend' AND state <> 'idle'",
+    "mysql": "SELECT count(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE()"
+    " AND ID <> CONNECTION_ID() AND COMMAND <> 'Sleep'",
+}
+
+
+def wait_for_the_servers_statements(engine: Engine, timeout: float = 10.0) -> None:
+    """Wait until no other session of ``engine``'s database runs a statement:
+    once a worker is SIGKILLed, what its last statements did is then all
+    committed or rolled back, and a read of the rows sees the end of it."""
+    query = _BUSY_SESSIONS.get("mysql" if engine.dialect.name == "mariadb" else engine.dialect.name)
+    if query is None:
+        return
+
+    def idle() -> bool:
+        with engine.connect() as conn:
+            return int(conn.execute(text(query)).scalar_one()) == 0
+
+    wait_until(idle, timeout=timeout, what="the killed worker's statements to end in the server")
 
 
 def assert_settled_exactly_once(engine: Engine, job_ids: Iterable[str]) -> dict[str, dict[str, Any]]:

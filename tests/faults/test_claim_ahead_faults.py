@@ -29,6 +29,7 @@ from tests.faults.helpers import (
     audit_rows,
     enqueue_jobs,
     jobs_by_id,
+    wait_for_the_servers_statements,
     wait_until,
 )
 
@@ -154,6 +155,10 @@ def test_sigkill_amid_short_jobs_at_the_defaults_settles_interrupted_only_jobs_t
     enqueue_jobs(engine, [Job(job_id, "chaos", payload=SHORT, max_recoveries=0) for job_id in ids])
     wait_until(lambda: len(audit_rows(engine)) >= MANY // 4, timeout=60, what="a quarter of the jobs to start")
     w1.kill()
+    # Its last statement (a start recorded, clearing a job's mark) may still be
+    # committing in the server: the rows are read once it has ended (a mark
+    # read before it, then cleared, was taken for a job never started).
+    wait_for_the_servers_statements(engine)
     on_w1 = {r["job_id"] for r in audit_rows(engine) if r["pid"] == w1.pid}
     assert 0 < len(on_w1) < MANY, "killed mid-drain"
     at_kill = jobs_by_id(engine)
